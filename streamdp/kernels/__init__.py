@@ -1,0 +1,1 @@
+"""Numba kernels on raw arrays only (no objects, no I/O)."""

@@ -1,0 +1,125 @@
+"""CSR helpers used when building stores: held-out split, per-user sort, synthetic rows."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def split_holdout(indptr, items, ratings, fraction, seed, tr_indptr, tr_items, tr_ratings,
+                  te_indptr, te_items, te_ratings):
+    """Hold out ``floor(fraction * n + 1/2)`` random ratings of each user (at most ``n - 1``).
+
+    Writes the two CSR parts into the preallocated outputs (each as long as the
+    input) and returns ``(n_train, n_test)``. Order within each user is kept.
+    Deterministic for a given ``seed`` (numba's thread-local generator is seeded
+    here, so the result does not depend on which thread runs the block).
+    """
+    np.random.seed(seed)
+    n_users = len(indptr) - 1
+    a = 0
+    t = 0
+    tr_indptr[0] = 0
+    te_indptr[0] = 0
+    for u in range(n_users):
+        s = indptr[u]
+        e = indptr[u + 1]
+        n = e - s
+        k = int(np.floor(fraction * n + 0.5))
+        if k > n - 1:
+            k = n - 1
+        if k < 0:
+            k = 0
+        # choose k of n positions: partial Fisher-Yates on a mask
+        perm = np.arange(n)
+        for i in range(k):
+            j = i + np.random.randint(0, n - i)
+            tmp = perm[i]
+            perm[i] = perm[j]
+            perm[j] = tmp
+        held = np.zeros(n, dtype=np.bool_)
+        for i in range(k):
+            held[perm[i]] = True
+        for i in range(n):
+            if held[i]:
+                te_items[t] = items[s + i]
+                te_ratings[t] = ratings[s + i]
+                t += 1
+            else:
+                tr_items[a] = items[s + i]
+                tr_ratings[a] = ratings[s + i]
+                a += 1
+        tr_indptr[u + 1] = a
+        te_indptr[u + 1] = t
+    return a, t
+
+
+@njit(cache=True, nogil=True)
+def synth_block(seed, counts, item_cdf, item_factors, item_bias, global_mean, rank,
+                noise, rmin, rmax, step, out_indptr, out_items, out_ratings):
+    """Draw the ratings of one block of synthetic users.
+
+    User ``j`` rates ``counts[j]`` distinct items drawn from the popularity
+    distribution given by ``item_cdf`` (rejection of repeats), with rating
+    ``global_mean + item_bias[i] + u_j . v_i + N(0, noise^2)``, rounded to ``step``
+    (if ``step > 0``) and clipped to ``[rmin, rmax]``; ``u_j ~ N(0, I/sqrt(rank))``
+    so that ``u.v`` has unit variance when ``v ~ N(0, I/sqrt(rank))``.
+    Items within a user are sorted. Returns the number of ratings written.
+    """
+    np.random.seed(seed)
+    n_items = len(item_cdf)
+    n_users = len(counts)
+    scale = 1.0 / np.sqrt(np.sqrt(rank))
+    seen = np.zeros(n_items, dtype=np.int64)
+    u = np.empty(rank, dtype=np.float64)
+    pos = 0
+    out_indptr[0] = 0
+    for j in range(n_users):
+        stamp = j + 1
+        c = counts[j]
+        if c > n_items:
+            c = n_items
+        for d in range(rank):
+            u[d] = np.random.normal() * scale
+        start = pos
+        drawn = 0
+        tries = 0
+        while drawn < c:
+            tries += 1
+            if tries > 50 * c + 1000:
+                # extremely popular-heavy draws: fill the rest with unseen items in order
+                for i in range(n_items):
+                    if drawn >= c:
+                        break
+                    if seen[i] != stamp:
+                        seen[i] = stamp
+                        out_items[pos] = i
+                        pos += 1
+                        drawn += 1
+                break
+            x = np.random.random() * item_cdf[n_items - 1]
+            i = np.searchsorted(item_cdf, x, side="right")
+            if i >= n_items:
+                i = n_items - 1
+            if seen[i] == stamp:
+                continue
+            seen[i] = stamp
+            out_items[pos] = i
+            pos += 1
+            drawn += 1
+        out_items[start:pos].sort()
+        for p in range(start, pos):
+            i = out_items[p]
+            r = global_mean + item_bias[i] + np.random.normal() * noise
+            for d in range(rank):
+                r += u[d] * item_factors[i, d]
+            if step > 0:
+                r = rmin + np.floor((r - rmin) / step + 0.5) * step
+            if r < rmin:
+                r = rmin
+            if r > rmax:
+                r = rmax
+            out_ratings[p] = r
+        out_indptr[j + 1] = pos
+    return pos

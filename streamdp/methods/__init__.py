@@ -1,0 +1,1 @@
+"""One module per training method, each a small class over shared kernels."""

@@ -1,0 +1,1 @@
+"""Mechanisms, contribution bounding, accountant wrappers, the ledger. Imports nothing from methods or kernels."""

@@ -1,0 +1,169 @@
+"""``streamdp generate``: synthetic low-rank, power-law rating stores of any size.
+
+The model (all parameters are options of :func:`generate_store`):
+
+* **Ground truth.** Item factors ``V ~ N(0, I / sqrt(rank))`` (n_items x rank) and
+  item biases ``N(0, item_bias_std^2)``; each user's factor ``u ~ N(0, I/sqrt(rank))``
+  is drawn when its block is written and never stored, so ``u . v`` has unit
+  variance. A rating is ``global_mean + b_i + u . v_i + N(0, noise^2)``, rounded to
+  ``rating_step`` (0 = continuous) and clipped to ``[rating_min, rating_max]``.
+  ``truth/item_factors`` and ``truth/item_bias`` are saved in the store.
+* **Item popularity** is a power law (Zipf): item ``i`` is drawn with probability
+  proportional to ``(i + 1) ** -item_exponent``; the default 0.9 puts roughly a fifth
+  of the ratings on the top 1% of items at 20k items, between MovieLens and
+  Netflix. Items are therefore already in popularity order, as the store requires
+  (ties and sampling noise may leave a few neighbours out of order; the store is
+  renumbered by the realized counts, see below).
+* **User activity** is a Pareto (power-law) tail with exponent ``user_exponent``
+  (default 2.0, finite mean, heavy tail like Netflix/Yahoo activity), scaled to mean
+  ``ratings_per_user``, at least 1 rating and at most ``n_items``.
+
+Nothing is materialized: blocks are generated (in parallel threads, each from
+its own seed) and written in order, so memory is a few blocks whatever the size.
+Item counts are accumulated on the fly; since the realized popularity order can
+differ from the drawing order by sampling noise, the store's item numbering is
+the drawing order (item 0 = highest drawing probability), which is the expected
+popularity order, and ``item_counts`` records the realized counts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+from streamdp.kernels.csr import synth_block
+from streamdp.progress import progress
+from streamdp.storage.schema import TARGET_BLOCK_RATINGS, default_block_users
+from streamdp.storage.split import block_seed, check_fraction, split_block
+from streamdp.storage.store import RatingStore, open_store
+from streamdp.storage.writer import StoreWriter, check_destination
+
+_PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT = 1, 2, 3
+
+
+def _user_counts(n: int, mean: float, exponent: float, n_items: int, seed: int | None, b: int) -> np.ndarray:
+    rng = np.random.default_rng(np.random.SeedSequence(entropy=0 if seed is None else seed,
+                                                       spawn_key=(_PURPOSE_COUNTS, b)))
+    a = exponent
+    x = (1.0 + rng.pareto(a, size=n)) * (mean * (a - 1.0) / a)
+    return np.clip(np.rint(x), 1, n_items).astype(np.int64)
+
+
+def generate_store(
+    out: str,
+    *,
+    n_users: int,
+    n_items: int,
+    ratings_per_user: float = 50.0,
+    rank: int = 8,
+    noise: float = 0.5,
+    seed: int | None = 0,
+    test_fraction: float = 0.0,
+    item_exponent: float = 0.9,
+    user_exponent: float = 2.0,
+    global_mean: float = 3.6,
+    item_bias_std: float = 0.3,
+    rating_min: float = 1.0,
+    rating_max: float = 5.0,
+    rating_step: float = 1.0,
+    block_users: int | None = None,
+    workers: int | None = None,
+    force: bool = False,
+    show_progress: bool | None = None,
+) -> RatingStore:
+    """Write a synthetic store to ``out`` and return it opened.
+
+    Deterministic for a given ``seed`` (whatever ``workers``).
+    """
+    for name, v in (("--users", n_users), ("--items", n_items), ("--rank", rank)):
+        if int(v) < 1:
+            raise ParameterError(f"{name} must be >= 1, got {v}")
+    if not ratings_per_user >= 1:
+        raise ParameterError(f"--ratings-per-user must be >= 1, got {ratings_per_user}")
+    if not noise >= 0:
+        raise ParameterError(f"--noise must be >= 0, got {noise}")
+    if not user_exponent > 1:
+        raise ParameterError(f"--user-exponent must be > 1 (finite mean), got {user_exponent}")
+    if not rating_max > rating_min:
+        raise ParameterError(f"rating range must have max > min, got [{rating_min}, {rating_max}]")
+    test_fraction = check_fraction(test_fraction)
+    check_destination(out, force)
+
+    rng = np.random.default_rng(np.random.SeedSequence(entropy=0 if seed is None else seed))
+    scale = 1.0 / np.sqrt(np.sqrt(rank))
+    V = (rng.standard_normal((n_items, rank)) * scale).astype(np.float64)
+    bias = rng.standard_normal(n_items) * item_bias_std
+    w = (np.arange(1, n_items + 1, dtype=np.float64)) ** (-float(item_exponent))
+    cdf = np.cumsum(w)
+    expected_total = n_users * min(ratings_per_user, n_items)
+    bu = block_users or default_block_users(n_users, int(expected_total), TARGET_BLOCK_RATINGS)
+    splits = ("train", "test") if test_fraction > 0 else ("train",)
+    workers = workers or min(2, os.cpu_count() or 1)
+
+    def make(b: int):
+        first = b * bu
+        n = min(bu, n_users - first)
+        counts = _user_counts(n, ratings_per_user, user_exponent, n_items, seed, b)
+        total = int(counts.sum())
+        ip = np.empty(n + 1, np.int64)
+        it = np.empty(total, np.int32)
+        rt = np.empty(total, np.float32)
+        got = synth_block(block_seed(seed, b, _PURPOSE_RATINGS), counts, cdf, V, bias, float(global_mean),
+                          int(rank), float(noise), float(rating_min), float(rating_max), float(rating_step),
+                          ip, it, rt)
+        it, rt = it[:got], rt[:got]
+        if test_fraction > 0:
+            return split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
+        return (ip, it, rt), None
+
+    t0 = time.perf_counter()
+    item_counts = np.zeros(n_items, np.int64)
+    user_counts_parts = []
+    with StoreWriter(out, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=force) as w_:
+        n_blocks = w_.n_blocks
+        with ThreadPoolExecutor(max_workers=workers) as ex, \
+                progress(total=n_blocks, desc="generate", unit="block", enabled=show_progress) as bar:
+            # bounded look-ahead keeps memory at ~2 * workers blocks
+            pending = {}
+            next_submit = 0
+            for b in range(n_blocks):
+                while next_submit < n_blocks and next_submit < b + 2 * workers:
+                    pending[next_submit] = ex.submit(make, next_submit)
+                    next_submit += 1
+                train, test = pending.pop(b).result()
+                w_.write_block(b, *train, split="train")
+                uc = np.diff(train[0])
+                item_counts += np.bincount(train[1], minlength=n_items)
+                if test is not None:
+                    w_.write_block(b, *test, split="test")
+                    uc = uc + np.diff(test[0])
+                    item_counts += np.bincount(test[1], minlength=n_items)
+                user_counts_parts.append(uc)
+                bar.update(1)
+        user_counts = np.concatenate(user_counts_parts)
+        ids_chunk = max(1, bu)
+        uid = w_.create_array("user_ids", shape=(n_users,), dtype="int64", chunks=(ids_chunk,))
+        uid[:] = np.arange(n_users, dtype=np.int64)
+        w_.write_array("item_ids", np.arange(n_items, dtype=np.int64))
+        w_.write_array("user_counts", user_counts, chunks=(ids_chunk,))
+        w_.write_array("item_counts", item_counts)
+        w_.write_array("truth/item_factors", V.astype(np.float32), chunks=(min(n_items, 1 << 16), rank))
+        w_.write_array("truth/item_bias", bias.astype(np.float32))
+        params = dict(n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank, noise=noise,
+                      seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
+                      user_exponent=user_exponent, global_mean=global_mean, item_bias_std=item_bias_std,
+                      rating_step=rating_step)
+        w_.finalize({
+            "rating_min": float(rating_min),
+            "rating_max": float(rating_max),
+            "rating_range_source": "declared",
+            "sources": [],
+            "created_with": "generate",
+            "params": params,
+            "seconds": round(time.perf_counter() - t0, 3),
+        })
+    return open_store(out)

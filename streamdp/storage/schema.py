@@ -1,0 +1,60 @@
+"""The on-disk layout of a streamdp rating store (format version 1).
+
+A store is a Zarr v3 group::
+
+    STORE/
+      zarr.json              root attributes under the key ``"streamdp"`` (see below)
+      train/indptr           int64 (n_users + 1,)  CSR row pointer, no gaps, chunks = block_users
+      train/items            int32 (padded,)       item index of each rating, users in order
+      train/ratings          float32 (padded,)     the rating values
+      train/block_offsets    int64 (n_blocks + 1,) position in items/ratings where each block starts
+      test/...               the same four arrays for the held-out split, if there is one
+      user_ids, item_ids     original ids (int64 or str), indexed by the dense index
+      user_counts            int64 (n_users,)  ratings per user, train + test
+      item_counts            int64 (n_items,)  ratings per item, train + test
+      truth/item_factors     float32 (n_items, rank), only in generated stores
+
+Users are grouped into **user blocks** of ``block_users`` consecutive users. Every
+block's ratings start on a chunk boundary of ``items``/``ratings`` (the gap after a
+block is padding: item -1, rating 0), so reading or writing a block touches whole
+chunks only and blocks can be written independently. ``block_offsets[b]`` is the
+padded position of block ``b``'s first rating; the CSR positions in ``indptr``
+are unpadded (``indptr[-1] == n_ratings``).
+
+Items are numbered by descending popularity (item 0 is the most rated, ties broken
+by original id order) so that later methods can tier items by index alone.
+"""
+
+from __future__ import annotations
+
+FORMAT_NAME = "streamdp-ratings"
+FORMAT_VERSION = 1
+ATTRS_KEY = "streamdp"
+
+SPLITS = ("train", "test")
+CSR_ARRAYS = ("indptr", "items", "ratings", "block_offsets")
+
+#: Default number of ratings per chunk of ``items``/``ratings`` (256 KiB of int32).
+DEFAULT_CHUNK_RATINGS = 1 << 16
+#: Target mean number of ratings in one user block when choosing ``block_users``
+#: (about 4 MB of items + ratings before compression).
+TARGET_BLOCK_RATINGS = 1 << 19
+
+ITEM_PAD = -1
+
+
+def default_block_users(n_users: int, n_ratings: int, target: int = TARGET_BLOCK_RATINGS) -> int:
+    """Users per block so that a mean block holds about ``target`` ratings.
+
+    Uses only the counts, which are public parameters of the store's shape.
+
+    >>> default_block_users(1000, 100_000)
+    1000
+    >>> default_block_users(10_000_000, 1_000_000_000)
+    5242
+    """
+    if n_users <= 0:
+        return 1
+    mean = max(n_ratings / n_users, 1e-9)
+    users = int(target / mean)
+    return max(1, min(n_users, users))

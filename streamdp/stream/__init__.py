@@ -1,0 +1,1 @@
+"""The block scheduler: memory budget, Dask, prefetch, per-user state on disk."""

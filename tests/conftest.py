@@ -1,0 +1,29 @@
+"""Shared fixtures: small generated stores and the path to ../shared/data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("STREAMDP_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def shared_file(*parts: str) -> Path:
+    """A file under ../shared/data, or skip the test with the reason."""
+    p = SHARED_DATA.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"real data not available: {p} is absent (../shared/data is not part of the repo)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def small_store(tmp_path_factory):
+    """A generated store with a 20% test split: 3000 users, 400 items, rank 4, several blocks."""
+    from streamdp.storage.generate import generate_store
+
+    path = tmp_path_factory.mktemp("stores") / "small.zarr"
+    return generate_store(str(path), n_users=3000, n_items=400, ratings_per_user=30, rank=4, seed=7,
+                          test_fraction=0.2, block_users=700)
