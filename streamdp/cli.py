@@ -111,5 +111,42 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
                f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s")
 
 
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("--out", required=True, help="Destination store directory.")
+@click.option("--format", "fmt", type=click.Choice(["udata", "dat", "csv", "ws", "parquet"]), default=None,
+              help="Input format (default: detected from each file).")
+@click.option("--sep", default=None, help="Field separator: one character, '\\t', '::', or 'ws' (whitespace runs).")
+@click.option("--columns", default=None, metavar="U,I,R[,T]",
+              help="Names or 0-based indices of the user, item, rating[, timestamp] columns.")
+@click.option("--rating-range", default=None, metavar="MIN,MAX",
+              help="Declared rating range; ratings outside it are bad lines (default: observed range).")
+@click.option("--test-fraction", type=float, default=0.0, show_default=True,
+              help="Hold out this fraction of each user's ratings into the test split.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out split.")
+@click.option("--skip-bad-lines", is_flag=True, help="Skip and count malformed lines instead of failing.")
+@memory_limit_option
+@click.option("--block-users", type=int, default=None, help="Users per block (default: ~0.5M ratings a block).")
+@click.option("--force", is_flag=True, help="Overwrite an existing store.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+def ingest(inputs, out, fmt, sep, columns, rating_range, test_fraction, seed, skip_bad_lines, memory_limit,
+           block_users, force, as_json):
+    """Ingest rating files (u.data, ::-.dat, CSV, whitespace, Parquet; .gz) into a store, out of core."""
+    from streamdp.storage.ingest import ingest as ingest_files
+
+    s = ingest_files(list(inputs), out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
+                     test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
+                     memory_limit=memory_limit, block_users=block_users, force=force)
+    a = s.attrs
+    if as_json:
+        print_json({"store": s.path, "n_users": s.n_users, "n_items": s.n_items, "n_ratings": s.n_ratings,
+                    "n_test": s.n_test, "n_duplicates_dropped": a["n_duplicates_dropped"],
+                    "n_bad_lines_skipped": a["n_bad_lines_skipped"], "seconds": a["seconds"]})
+    else:
+        click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
+                   f"{s.n_test:,} test ratings; {a['n_duplicates_dropped']:,} duplicates dropped, "
+                   f"{a['n_bad_lines_skipped']:,} bad lines skipped, in {a['seconds']:.1f}s")
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -1,0 +1,123 @@
+"""Numba kernels of ``streamdp ingest``: group a partition by user, de-duplicate, re-sort.
+
+All kernels work on raw arrays and write into preallocated outputs. Reference
+implementations in NumPy live in ``tests/storage/test_ingest_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def group_dedup(users, items, ratings, ts, has_ts, n_users, out_indptr, out_items, out_ratings):
+    """Group ratings by user, sort each user's items, keep one rating per (user, item).
+
+    Parameters
+    ----------
+    users : int32 array
+        Local user index (``0 <= users < n_users``) of each rating, in input order.
+    items : int32 array
+        Item index of each rating.
+    ratings : float32 array
+    ts : int64 array
+        Timestamps (ignored unless ``has_ts``).
+    out_indptr : int64 array (n_users + 1)
+    out_items, out_ratings : arrays as long as the input
+
+    Returns
+    -------
+    (nnz, n_dropped) : the number of ratings kept and of duplicates dropped.
+
+    Of duplicated pairs the one with the largest timestamp is kept, ties (and all
+    pairs when there are no timestamps) going to the one seen last in input order.
+    """
+    n = len(users)
+    counts = np.zeros(n_users + 1, np.int64)
+    for k in range(n):
+        counts[users[k] + 1] += 1
+    for u in range(n_users):
+        counts[u + 1] += counts[u]
+    # stable counting sort of positions by user
+    pos = np.empty(n, np.int64)
+    fill = counts[:-1].copy()
+    for k in range(n):
+        u = users[k]
+        pos[fill[u]] = k
+        fill[u] += 1
+    w = 0
+    dropped = 0
+    out_indptr[0] = 0
+    for u in range(n_users):
+        s = counts[u]
+        e = counts[u + 1]
+        m = e - s
+        if m == 1:
+            k = pos[s]
+            out_items[w] = items[k]
+            out_ratings[w] = ratings[k]
+            w += 1
+        elif m > 1:
+            seg = pos[s:e]
+            keys = np.empty(m, np.int32)
+            for j in range(m):
+                keys[j] = items[seg[j]]
+            order = np.argsort(keys, kind="mergesort")  # stable: input order within an item
+            j = 0
+            while j < m:
+                best = seg[order[j]]
+                it = keys[order[j]]
+                j2 = j + 1
+                while j2 < m and keys[order[j2]] == it:
+                    k = seg[order[j2]]
+                    if (not has_ts) or ts[k] >= ts[best]:
+                        best = k
+                    dropped += 1
+                    j2 += 1
+                out_items[w] = it
+                out_ratings[w] = ratings[best]
+                w += 1
+                j = j2
+        out_indptr[u + 1] = w
+    return w, dropped
+
+
+@njit(cache=True, nogil=True)
+def remap_sort(indptr, items, ratings, new_index):
+    """Renumber items by ``new_index`` and re-sort each user's ratings by the new index (in place)."""
+    n_users = len(indptr) - 1
+    for u in range(n_users):
+        s = indptr[u]
+        e = indptr[u + 1]
+        m = e - s
+        if m == 0:
+            continue
+        if m == 1:
+            items[s] = new_index[items[s]]
+            continue
+        keys = np.empty(m, np.int32)
+        vals = np.empty(m, np.float32)
+        for j in range(m):
+            keys[j] = new_index[items[s + j]]
+            vals[j] = ratings[s + j]
+        order = np.argsort(keys)
+        for j in range(m):
+            items[s + j] = keys[order[j]]
+            ratings[s + j] = vals[order[j]]
+
+
+@njit(cache=True, nogil=True)
+def bucket_rows(part, n_parts, order, starts):
+    """Stable counting sort of row positions by partition: fills ``order`` (len(part)) and
+    ``starts`` (n_parts + 1) so rows of partition ``p`` are ``order[starts[p]:starts[p+1]]``."""
+    starts[:] = 0
+    for k in range(len(part)):
+        starts[part[k] + 1] += 1
+    for p in range(n_parts):
+        starts[p + 1] += starts[p]
+    fill = starts[:-1].copy()
+    for k in range(len(part)):
+        p = part[k]
+        order[fill[p]] = k
+        fill[p] += 1

@@ -1,0 +1,602 @@
+"""Input formats of ``streamdp ingest``: detection, streaming readers, and error location.
+
+Supported (``--format``):
+
+``udata``
+    MovieLens 100K ``u.data``: ``user<TAB>item<TAB>rating<TAB>timestamp``, no header.
+``dat``
+    MovieLens 1M/10M ``ratings.dat``: ``user::item::rating::timestamp``, no header.
+``csv``
+    Comma separated with a header line (MovieLens latest ``userId,movieId,rating,timestamp``).
+``ws``
+    Runs of spaces/tabs separate the fields (FilmTrust ``user item rating``), no header.
+``parquet``
+    A Parquet file; columns found by name (or ``--columns``).
+
+Anything else: ``--sep`` (one character, ``\\t``, a multi-character separator such as
+``::``, or ``ws`` for runs of whitespace) and ``--columns`` (names or 0-based indices
+of ``user,item,rating[,timestamp]``). ``.gz`` (and other pyarrow-detected compressions)
+are decompressed on the fly.
+
+Text is parsed by pyarrow's streaming CSV reader in blocks of ``block_size`` bytes; a
+multi-character separator or whitespace runs are first rewritten to a single ``\\x1f``
+byte, a whole number of lines at a time (``bytes.replace`` / one ``re.sub`` per chunk,
+never a Python loop over lines). A header line is recognised when its rating field is
+not a number. Blank lines are ignored (pyarrow's default).
+
+Line numbers in error messages come from :func:`locate_error`, a plain Python re-read
+of the file that runs **only after** the fast path has failed.
+
+Decisions: ids are integers (int64) when every id of that column in every file parses
+as an integer, else strings (the integer ids are then compared as their decimal
+text). Timestamps are integers; a file without one gets none (see ``ingest``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from streamdp.errors import InputError
+
+FORMATS = ("udata", "dat", "csv", "ws", "parquet")
+FIELD_SEP = "\x1f"  # what multi-character separators and whitespace runs are rewritten to
+
+_NAMES = {
+    "user": ("userid", "user_id", "user", "uid", "customerid", "customer_id", "u"),
+    "item": ("movieid", "itemid", "item_id", "movie_id", "item", "iid", "movie", "productid", "product_id", "i"),
+    "rating": ("rating", "ratings", "score", "stars", "value", "r"),
+    "timestamp": ("timestamp", "time", "ts", "date", "datetime", "t"),
+}
+ROLES = ("user", "item", "rating", "timestamp")
+
+
+@dataclass
+class Spec:
+    """How to read one input file (resolved by :func:`resolve_spec`)."""
+
+    path: str
+    format: str
+    sep: str | None  # pyarrow delimiter after rewriting (one char), None for parquet
+    rewrite: bytes | None  # multi-char separator to rewrite, b"" = whitespace runs, None = none
+    header: bool
+    n_fields: int
+    cols: dict = field(default_factory=dict)  # role -> column index (text) or name (parquet)
+    names: list = field(default_factory=list)  # column names (header or generated)
+
+    @property
+    def has_timestamp(self) -> bool:
+        return self.cols.get("timestamp") is not None
+
+
+# --------------------------------------------------------------------------------------
+# opening and sniffing
+# --------------------------------------------------------------------------------------
+
+
+def _display(path: str) -> str:
+    return os.path.basename(path) or path
+
+
+def check_file(path: str) -> int:
+    """Size in bytes of an input file, or an InputError naming it."""
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, not a ratings file")
+    try:
+        return os.path.getsize(path)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _is_parquet(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PAR1"
+
+
+def _open_bytes(path: str):
+    """A binary stream of the decompressed file content."""
+    try:
+        return pa.input_stream(path, compression="detect")
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path}: cannot open ({exc})") from None
+
+
+def _first_lines(path: str, n: int = 5) -> list[str]:
+    try:
+        s = _open_bytes(path)
+        data = s.read(1 << 16)
+        s.close()
+    except (pa.ArrowInvalid, OSError, EOFError) as exc:
+        raise InputError(f"{path}: cannot read ({exc})") from None
+    if b"\x00" in data:
+        raise InputError(f"{path}: line 1: binary data, not a text ratings file (use --format parquet for Parquet)")
+    text = data.decode("utf-8", errors="replace")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(data) == 1 << 16 and lines:
+        lines = lines[:-1] or lines  # the last line may be cut
+    return lines[:n]
+
+
+def split_fields(line: str, sep: str | None, rewrite: bytes | None) -> list[str]:
+    """Split one text line the way the fast path does."""
+    line = line.rstrip("\r\n")
+    if rewrite == b"":
+        return line.split()
+    if rewrite is not None:
+        return line.split(rewrite.decode())
+    return line.split(sep)
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_int(s: str) -> bool:
+    try:
+        int(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _sep_from_option(sep: str) -> tuple[str, bytes | None]:
+    if sep in ("ws", "whitespace", " +", r"\s+"):
+        return FIELD_SEP, b""
+    sep = sep.encode().decode("unicode_escape") if "\\" in sep else sep
+    if len(sep) == 1:
+        return sep, None
+    if not sep:
+        raise InputError("--sep: empty separator")
+    return FIELD_SEP, sep.encode()
+
+
+def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, columns: str | None = None) -> Spec:
+    """Detect (or apply the overrides for) the format of ``path``.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); p = os.path.join(d, "u.data")
+    >>> _ = open(p, "w").write("196\\t242\\t3\\t881250949\\n186\\t302\\t3\\t891717742\\n")
+    >>> s = resolve_spec(p); (s.format, s.header, s.cols)
+    ('udata', False, {'user': 0, 'item': 1, 'rating': 2, 'timestamp': 3})
+    """
+    check_file(path)
+    if fmt is not None and fmt not in FORMATS:
+        raise InputError(f"--format: unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+    if fmt == "parquet" or (fmt is None and sep is None and _is_parquet(path)):
+        return _parquet_spec(path, columns)
+    lines = _first_lines(path)
+    if not lines:
+        raise InputError(f"{path}: empty file (no ratings)")
+    first = lines[0]
+    if sep is not None:
+        delim, rewrite = _sep_from_option(sep)
+        name = fmt or "custom"
+    else:
+        if fmt is None:
+            if "::" in first:
+                fmt = "dat"
+            elif "\t" in first and len(first.split("\t")) >= 3:
+                fmt = "udata"
+            elif "," in first and len(first.split(",")) >= 3:
+                fmt = "csv"
+            elif len(first.split()) >= 3:
+                fmt = "ws"
+            else:
+                raise InputError(
+                    f"{path}: line 1: cannot detect the format (expected at least 3 fields separated by "
+                    f"tab, '::', ',' or spaces); use --format/--sep/--columns"
+                )
+        name = fmt
+        delim, rewrite = {"udata": ("\t", None), "dat": (FIELD_SEP, b"::"), "csv": (",", None),
+                          "ws": (FIELD_SEP, b"")}[fmt]
+    fields = split_fields(first, delim, rewrite)
+    n_fields = len(fields)
+    header = False
+    if columns is not None:
+        roles = [c.strip() for c in columns.split(",")]
+        if len(roles) not in (3, 4) or not all(roles):
+            raise InputError(f"--columns: expected user,item,rating[,timestamp], got {columns!r}")
+        if all(_is_int(c) for c in roles):
+            idx = [int(c) for c in roles]
+            rating_field = fields[idx[2]] if idx[2] < n_fields else ""
+            header = not _is_float(rating_field)
+        else:
+            header = True
+            lower = [f.strip().lower() for f in fields]
+            idx = []
+            for c in roles:
+                if c.lower() not in lower:
+                    raise InputError(f"{path}: line 1: no column named {c!r} in the header {fields}")
+                idx.append(lower.index(c.lower()))
+        for i in idx:
+            if not 0 <= i < n_fields:
+                raise InputError(f"{path}: line 1: column {i} out of range (the line has {n_fields} fields)")
+        cols = dict(zip(ROLES, idx))
+    else:
+        if n_fields < 3:
+            raise InputError(f"{path}: line 1: expected at least 3 fields (user, item, rating), got {n_fields}")
+        lower = [f.strip().strip('"').lower() for f in fields]
+        header = not _is_float(fields[2])
+        if header:
+            cols = {}
+            for role in ROLES:
+                hit = next((lower.index(a) for a in _NAMES[role] if a in lower), None)
+                cols[role] = hit
+            if cols["user"] is None or cols["item"] is None or cols["rating"] is None:
+                if n_fields >= 3 and not any(_is_float(f) for f in fields[:3]):
+                    cols = {"user": 0, "item": 1, "rating": 2, "timestamp": 3 if n_fields >= 4 else None}
+                else:
+                    raise InputError(f"{path}: line 1: cannot find user/item/rating columns in {fields}; "
+                                     f"use --columns")
+        else:
+            cols = {"user": 0, "item": 1, "rating": 2, "timestamp": 3 if n_fields >= 4 else None}
+    cols.setdefault("timestamp", None)
+    data = lines[1] if header and len(lines) > 1 else (None if header else first)
+    if cols["timestamp"] is not None and data is not None:
+        dfields = split_fields(data, delim, rewrite)
+        if len(dfields) == n_fields and not _is_int(dfields[cols["timestamp"]].strip().strip('"')):
+            cols["timestamp"] = None  # not integer seconds: ignored (ties go to the last seen)
+    return Spec(path=path, format=name, sep=delim, rewrite=rewrite, header=header, n_fields=n_fields,
+                cols=cols, names=[f"f{i}" for i in range(n_fields)])
+
+
+def _parquet_spec(path: str, columns: str | None) -> Spec:
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+    names = list(schema.names)
+    lower = [n.lower() for n in names]
+    cols: dict = {}
+    if columns is not None:
+        roles = [c.strip() for c in columns.split(",")]
+        if len(roles) not in (3, 4):
+            raise InputError(f"--columns: expected user,item,rating[,timestamp], got {columns!r}")
+        for role, c in zip(ROLES, roles):
+            if _is_int(c):
+                if not 0 <= int(c) < len(names):
+                    raise InputError(f"{path}: column {c} out of range (the file has {len(names)} columns)")
+                cols[role] = names[int(c)]
+            elif c.lower() in lower:
+                cols[role] = names[lower.index(c.lower())]
+            else:
+                raise InputError(f"{path}: no column named {c!r} (columns: {names})")
+    else:
+        for role in ROLES:
+            hit = next((lower.index(a) for a in _NAMES[role] if a in lower), None)
+            cols[role] = None if hit is None else names[hit]
+        if cols["user"] is None or cols["item"] is None or cols["rating"] is None:
+            raise InputError(f"{path}: cannot find user/item/rating columns in {names}; use --columns")
+    cols.setdefault("timestamp", None)
+    return Spec(path=path, format="parquet", sep=None, rewrite=None, header=True, n_fields=len(names),
+                cols=cols, names=names)
+
+
+def sniff_id_kinds(spec: Spec) -> tuple[bool, bool]:
+    """Whether the user and item ids of the first data lines look like integers."""
+    if spec.format == "parquet":
+        import pyarrow.parquet as pq
+
+        sch = pq.read_schema(spec.path)
+        return (pa.types.is_integer(sch.field(spec.cols["user"]).type),
+                pa.types.is_integer(sch.field(spec.cols["item"]).type))
+    lines = _first_lines(spec.path, 6)[1 if spec.header else 0:]
+    ok_u = ok_i = True
+    for ln in lines:
+        f = split_fields(ln, spec.sep, spec.rewrite)
+        if len(f) != spec.n_fields:
+            continue
+        ok_u &= _is_int(f[spec.cols["user"]])
+        ok_i &= _is_int(f[spec.cols["item"]])
+    return ok_u, ok_i
+
+
+# --------------------------------------------------------------------------------------
+# the fast path
+# --------------------------------------------------------------------------------------
+
+
+class _Rewriter(io.RawIOBase):
+    """A byte stream with a multi-character separator (or whitespace runs) rewritten to
+    ``\\x1f``, processed a whole number of lines at a time."""
+
+    _WS = re.compile(rb"[ \t\f\v]+")
+
+    def __init__(self, raw, sep: bytes, chunk: int):
+        super().__init__()
+        self.raw, self.sep, self.chunk = raw, sep, max(chunk, 1 << 16)
+        self.buf = b""
+        self.rest = b""
+        self.eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _convert(self, data: bytes) -> bytes:
+        if self.sep:
+            return data.replace(self.sep, b"\x1f")
+        out = self._WS.sub(b"\x1f", data)
+        out = out.replace(b"\n\x1f", b"\n").replace(b"\x1f\n", b"\n").replace(b"\x1f\r\n", b"\r\n")
+        if out.startswith(b"\x1f"):
+            out = out[1:]
+        return out
+
+    def _fill(self) -> None:
+        while not self.buf and not self.eof:
+            data = self.raw.read(self.chunk)
+            if not data:
+                self.eof = True
+                data, self.rest = self.rest, b""
+                if data and not data.endswith(b"\n"):
+                    data += b"\n"
+            else:
+                data = self.rest + data
+                cut = data.rfind(b"\n") + 1
+                data, self.rest = data[:cut], data[cut:]
+            if data:
+                self.buf = self._convert(data)
+
+    def read(self, n: int = -1) -> bytes:
+        self._fill()
+        if n is None or n < 0 or n >= len(self.buf):
+            out, self.buf = self.buf, b""
+        else:
+            out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+class _IdNotInteger(Exception):
+    """An id column did not parse as integers: restart the ingest with string ids."""
+
+    def __init__(self, role: str):
+        super().__init__(role)
+        self.role = role
+
+
+@dataclass
+class Batch:
+    """A parsed batch: ``user``/``item`` are Arrow arrays (int64 or string),
+    ``rating`` float64 NumPy, ``timestamp`` int64 NumPy or None; ``row0`` is the file
+    row (0-based data row) of the first entry, valid when no row was skipped before."""
+
+    user: pa.Array
+    item: pa.Array
+    rating: np.ndarray
+    timestamp: np.ndarray | None
+    row0: int
+
+
+def _coerce(arr: pa.Array, typ, role: str, skip: bool):
+    """Cast a string column; returns (array, bad_mask or None)."""
+    try:
+        return pc.cast(arr, typ), None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        if role in ("user", "item"):
+            raise _IdNotInteger(role) from None
+        if not skip:
+            raise
+    import pandas as pd
+
+    # unparsable -> NaN (a literal "nan" rating is not finite, so bad anyway)
+    vals = pd.to_numeric(pd.Series(arr.to_numpy(zero_copy_only=False)), errors="coerce").to_numpy(np.float64)
+    bad = np.isnan(vals)
+    if role == "timestamp":
+        bad |= vals != np.floor(vals)
+        vals = np.where(bad, 0, vals).astype(np.int64)
+    return pa.array(vals), bad
+
+
+def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: bool, bad: list) -> "iter[Batch]":
+    """Stream-parse a text file into :class:`Batch` es.
+
+    With ``skip``, rows with a wrong number of fields or unparsable numbers are
+    dropped and counted in ``bad[0]``; otherwise pyarrow's error propagates (the
+    caller then calls :func:`locate_error`). Raises ``_IdNotInteger`` when integer
+    ids were assumed and a non-integer id appears.
+    """
+    roles = [r for r in ROLES if spec.cols.get(r) is not None]
+    names = [f"f{i}" for i in range(spec.n_fields)]
+    sel = {r: names[spec.cols[r]] for r in roles}
+    if skip:
+        types = {sel[r]: pa.string() for r in roles}
+    else:
+        types = {sel["user"]: pa.int64() if int_ids[0] else pa.string(),
+                 sel["item"]: pa.int64() if int_ids[1] else pa.string(),
+                 sel["rating"]: pa.float64()}
+        if "timestamp" in sel:
+            types[sel["timestamp"]] = pa.int64()
+
+    def on_invalid(row):
+        if skip:
+            bad[0] += 1
+            return "skip"
+        return "error"
+
+    ropts = pacsv.ReadOptions(block_size=int(block_size), column_names=names, skip_rows=1 if spec.header else 0,
+                              use_threads=True)
+    popts = pacsv.ParseOptions(delimiter=spec.sep, quote_char='"' if spec.format == "csv" else False,
+                               invalid_row_handler=on_invalid)
+    copts = pacsv.ConvertOptions(column_types=types, include_columns=[sel[r] for r in roles], null_values=[],
+                                 strings_can_be_null=False, quoted_strings_can_be_null=False)
+    raw = _open_bytes(spec.path)
+    src = _Rewriter(raw, spec.rewrite, block_size) if spec.rewrite is not None else raw
+    try:
+        reader = pacsv.open_csv(src, read_options=ropts, parse_options=popts, convert_options=copts)
+    except pa.ArrowInvalid as exc:
+        if "Empty CSV file" in str(exc):
+            src.close()
+            return
+        raise
+    row = 0
+    try:
+        for rb in reader:
+            n = rb.num_rows
+            if n == 0:
+                continue
+            cols = {r: rb.column(sel[r]) for r in roles}
+            if skip:
+                bad_mask = np.zeros(n, bool)
+                out = {}
+                for r in roles:
+                    typ = {"user": pa.int64() if int_ids[0] else pa.string(),
+                           "item": pa.int64() if int_ids[1] else pa.string(),
+                           "rating": pa.float64(), "timestamp": pa.int64()}[r]
+                    if typ == pa.string():
+                        out[r] = cols[r]
+                        continue
+                    out[r], m = _coerce(cols[r], typ, r, True)
+                    if m is not None:
+                        bad_mask |= m
+                if bad_mask.any():
+                    keep = pa.array(~bad_mask)
+                    bad[0] += int(bad_mask.sum())
+                    out = {r: pc.filter(a, keep) for r, a in out.items()}
+                cols = out
+            rating = cols["rating"].to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+            ts = cols["timestamp"].to_numpy(zero_copy_only=False).astype(np.int64, copy=False) \
+                if "timestamp" in cols else None
+            yield Batch(cols["user"], cols["item"], rating, ts, row)
+            row += n
+    except pa.ArrowInvalid as exc:
+        m = re.search(r"In CSV column #(\d+)", str(exc))
+        if m:
+            col = int(m.group(1))
+            for r, c in (("user", spec.cols["user"]), ("item", spec.cols["item"])):
+                if c == col and int_ids[("user", "item").index(r)]:
+                    raise _IdNotInteger(r) from None
+        raise
+    finally:
+        src.close()
+
+
+def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int) -> "iter[Batch]":
+    """Stream a Parquet file by record batches."""
+    import pyarrow.parquet as pq
+
+    roles = [r for r in ROLES if spec.cols.get(r) is not None]
+    pf = pq.ParquetFile(spec.path)
+    row = 0
+    for rb in pf.iter_batches(batch_size=int(batch_rows), columns=[spec.cols[r] for r in roles]):
+        n = rb.num_rows
+        if n == 0:
+            continue
+        out = {}
+        for r in roles:
+            a = rb.column(spec.cols[r])
+            if a.null_count:
+                k = int(np.flatnonzero(a.is_null().to_numpy(zero_copy_only=False))[0])
+                raise InputError(f"{spec.path}: row {row + k + 1}: missing {r}")
+            if r in ("user", "item"):
+                want_int = int_ids[0 if r == "user" else 1]
+                if want_int:
+                    if not pa.types.is_integer(a.type):
+                        raise _IdNotInteger(r)
+                    a = pc.cast(a, pa.int64())
+                else:
+                    a = pc.cast(a, pa.string())
+            elif r == "rating":
+                try:
+                    a = pc.cast(a, pa.float64())
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    raise InputError(f"{spec.path}: column {spec.cols[r]!r} ({a.type}) is not numeric") from None
+            else:
+                try:
+                    a = pc.cast(a, pa.int64()) if not pa.types.is_timestamp(a.type) else pc.cast(
+                        pc.cast(a, pa.timestamp("s")), pa.int64())
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    raise InputError(f"{spec.path}: timestamp column {spec.cols[r]!r} ({a.type}) is not an "
+                                     f"integer or timestamp") from None
+            out[r] = a
+        yield Batch(out["user"], out["item"], out["rating"].to_numpy(zero_copy_only=False),
+                    out["timestamp"].to_numpy(zero_copy_only=False) if "timestamp" in out else None, row)
+        row += n
+
+
+# --------------------------------------------------------------------------------------
+# the slow path: find the line of an error (only after the fast path failed)
+# --------------------------------------------------------------------------------------
+
+
+def _text_lines(path: str):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
+        yield from enumerate(f, start=1)
+
+
+def check_fields(fields: list[str], spec: Spec, int_ids: tuple[bool, bool], rating_range) -> str | None:
+    """Why one split line is bad, or None."""
+    if len(fields) != spec.n_fields:
+        return f"expected {spec.n_fields} fields, got {len(fields)}"
+    if spec.format == "csv":
+        fields = [f[1:-1] if len(f) >= 2 and f[0] == f[-1] == '"' else f for f in fields]
+    c = spec.cols
+    for r, want in (("user", int_ids[0]), ("item", int_ids[1])):
+        if fields[c[r]] == "":
+            return f"empty {r} id"
+    r = fields[c["rating"]]
+    try:
+        v = float(r)
+    except ValueError:
+        return f"rating {r!r} is not a number"
+    if not math.isfinite(v):
+        return f"rating {r!r} is not finite"
+    if rating_range is not None and not (rating_range[0] <= v <= rating_range[1]):
+        return f"rating {v:g} outside --rating-range [{rating_range[0]:g}, {rating_range[1]:g}]"
+    if c.get("timestamp") is not None and not _is_int(fields[c["timestamp"]].strip()):
+        return f"timestamp {fields[c['timestamp']]!r} is not an integer"
+    return None
+
+
+def locate_error(spec: Spec, int_ids: tuple[bool, bool], rating_range, *, row: int | None = None) -> tuple[int, str]:
+    """Re-read ``spec.path`` in Python and return ``(line_number, reason)``.
+
+    With ``row`` (0-based data row as counted by the fast path), the line of that
+    row; otherwise the first line that fails :func:`check_fields`.
+    """
+    data_row = -1
+    for lineno, line in _text_lines(spec.path):
+        if lineno == 1 and spec.header:
+            continue
+        if not line.strip():
+            continue
+        data_row += 1
+        fields = split_fields(line, spec.sep, spec.rewrite)
+        if row is not None:
+            if data_row == row:
+                return lineno, check_fields(fields, spec, int_ids, rating_range) or "bad rating"
+            continue
+        why = check_fields(fields, spec, int_ids, rating_range)
+        if why:
+            return lineno, why
+    return 0, ""
+
+
+def error_at(spec: Spec, line: int, reason: str) -> InputError:
+    where = f"line {line}" if line else "unknown line"
+    return InputError(f"{spec.path}: {where}: {reason}")

@@ -1,0 +1,465 @@
+"""``streamdp ingest``: rating files of any size -> a rating store, out of core.
+
+The pipeline (each pass streams; nothing holds all ratings in memory):
+
+1. **Parse** every input with pyarrow's streaming readers (:mod:`streamdp.storage.formats`)
+   in blocks sized from ``memory_limit``; check ratings (finite, inside
+   ``--rating-range``); count distinct user and item ids (pyarrow hash
+   group-by, merged in bounded buffers); spill the parsed columns in Arrow IPC to
+   a temporary directory next to ``--out``.
+2. **Number** users by sorted original id and **partition**: read the spill back,
+   map ids to dense indices (a lookup table for dense-ish integer ids,
+   ``searchsorted`` otherwise, pyarrow ``index_in`` for strings: never a Python
+   dict), and append each rating to the partition file of its user block. A
+   partition is a run of consecutive user blocks holding at most a
+   memory-limit-derived number of ratings.
+3. **Group and de-duplicate** each partition (Numba :func:`group_dedup`): counting
+   sort by user, sort by item within a user, keep the latest of duplicated
+   (user, item) pairs by timestamp, else the last seen in input order (files in
+   the order given). Exact per-item counts are accumulated after de-duplication.
+4. **Renumber items** by descending count (ties by original id order) and
+   **write** each partition's blocks in order through :class:`StoreWriter`
+   (optionally splitting each block with :func:`split_block`).
+
+Memory: ``memory_limit`` bounds the working data (parse blocks, two partitions in
+flight, write buffers); on top of it come the interpreter with its libraries
+(about 150 MB) and the id maps, which are ``O(n_users + n_items)`` (about 30 bytes
+per integer id; strings cost their length more). The temporary files need about
+twice the size of the parsed ratings (~30 bytes per rating) of free disk next to
+``--out``.
+
+Decisions where the issue is loose: users are numbered by sorted original id
+(integer order for integer ids, byte order for strings); when only some input
+files have a timestamp column, timestamps are ignored and the last seen rating of a
+duplicated pair is kept; ``n_bad_lines_skipped`` counts lines dropped by
+``--skip-bad-lines`` (wrong field count, unparsable or non-finite numbers, ratings
+outside ``--rating-range``); blank lines are ignored and not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamdp.errors import InputError, ParameterError
+from streamdp.kernels.ingest import bucket_rows, group_dedup, remap_sort
+from streamdp.progress import progress
+from streamdp.storage import formats as F
+from streamdp.storage.schema import default_block_users
+from streamdp.storage.split import block_seed, check_fraction, split_block
+from streamdp.storage.store import RatingStore, open_store
+from streamdp.storage.writer import StoreWriter, check_destination
+from streamdp.stream.memory import resolve_memory_limit
+
+_PURPOSE_SPLIT = 3  # same purpose key as generate: the split of block b depends on (seed, b) only
+#: Bytes of working memory per rating of a partition while it is grouped or written.
+_BYTES_PER_PART_RATING = 160
+
+
+@dataclass
+class _Source:
+    spec: F.Spec
+    size: int
+    spill: str
+    rows: int = 0
+
+
+class _KeyCounter:
+    """Distinct keys and their counts, merged in bounded buffers (pyarrow hash group-by)."""
+
+    def __init__(self):
+        self.keys: pa.Array | None = None
+        self.counts: pa.Array | None = None
+        self.buf: list = []
+        self.buffered = 0
+
+    def add(self, arr: pa.Array) -> None:
+        vc = pc.value_counts(arr)
+        self.buf.append((vc.field("values"), vc.field("counts")))
+        self.buffered += len(vc)
+        if self.buffered > max(1 << 20, 0 if self.keys is None else len(self.keys)):
+            self._merge()
+
+    def _merge(self) -> None:
+        ks = [k for k, _ in self.buf]
+        cs = [c for _, c in self.buf]
+        if self.keys is not None:
+            ks.insert(0, self.keys)
+            cs.insert(0, self.counts)
+        self.buf, self.buffered = [], 0
+        if not ks:
+            return
+        t = pa.table({"k": pa.concat_arrays(ks), "c": pa.concat_arrays(cs)})
+        g = t.group_by("k", use_threads=False).aggregate([("c", "sum")])
+        self.keys = g.column("k").combine_chunks()
+        self.counts = g.column("c_sum").combine_chunks()
+
+    def finish(self) -> tuple[pa.Array, np.ndarray]:
+        """(keys sorted ascending, counts as int64)."""
+        self._merge()
+        idx = pc.sort_indices(self.keys)
+        return self.keys.take(idx), self.counts.take(idx).to_numpy().astype(np.int64)
+
+
+class _IdMap:
+    """Original id -> dense index for sorted unique ``keys`` (never a Python dict)."""
+
+    def __init__(self, keys: pa.Array):
+        self.is_int = pa.types.is_integer(keys.type)
+        self.lut = None
+        if self.is_int:
+            self.np = keys.to_numpy()
+            lo, hi = int(self.np[0]), int(self.np[-1])
+            if hi - lo + 1 <= 4 * len(self.np) + (1 << 20):
+                self.lo = lo
+                self.lut = np.full(hi - lo + 1, -1, np.int32)
+                self.lut[self.np - lo] = np.arange(len(self.np), dtype=np.int32)
+        else:
+            self.keys = keys
+
+    def __call__(self, arr: pa.Array) -> np.ndarray:
+        if self.is_int:
+            a = arr.to_numpy()
+            if self.lut is not None:
+                return self.lut[a - self.lo]
+            return np.searchsorted(self.np, a).astype(np.int32)
+        return pc.index_in(arr, value_set=self.keys).to_numpy().astype(np.int32)
+
+
+def _parse_range(rating_range) -> tuple[float, float] | None:
+    if rating_range is None:
+        return None
+    if isinstance(rating_range, str):
+        try:
+            lo, hi = (float(x) for x in rating_range.split(","))
+        except ValueError:
+            raise ParameterError(f"--rating-range: expected MIN,MAX, got {rating_range!r}") from None
+    else:
+        lo, hi = (float(x) for x in rating_range)
+    if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
+        raise ParameterError(f"--rating-range: need finite MIN < MAX, got {lo:g},{hi:g}")
+    return lo, hi
+
+
+def ingest(
+    inputs: list[str],
+    out: str,
+    *,
+    fmt: str | None = None,
+    sep: str | None = None,
+    columns: str | None = None,
+    rating_range=None,
+    test_fraction: float = 0.0,
+    seed: int | None = 0,
+    skip_bad_lines: bool = False,
+    memory_limit: str | int | None = None,
+    block_users: int | None = None,
+    force: bool = False,
+    show_progress: bool | None = None,
+) -> RatingStore:
+    """Ingest rating files into a store at ``out`` and return it opened.
+
+    The store's attributes carry ``n_duplicates_dropped``, ``n_bad_lines_skipped``,
+    ``sources`` and ``params``. Raises :class:`InputError` (file and line) for bad
+    input, :class:`ParameterError` for bad options; nothing is left at ``out`` (nor
+    temporary files) unless the ingest succeeded.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); p = os.path.join(d, "r.csv")
+    >>> _ = open(p, "w").write("userId,movieId,rating,timestamp\\n7,a,4,1\\n7,b,3,2\\n9,a,5,3\\n7,a,2,0\\n")
+    >>> s = ingest([p], os.path.join(d, "s.zarr"))
+    >>> s.n_users, s.n_items, s.n_ratings, s.attrs["n_duplicates_dropped"]
+    (2, 2, 3, 1)
+    >>> list(s.item_ids()), [int(x) for x in s.user_ids()]
+    (['a', 'b'], [7, 9])
+    """
+    t0 = time.perf_counter()
+    if not inputs:
+        raise ParameterError("ingest: no input files given")
+    rr = _parse_range(rating_range)
+    test_fraction = check_fraction(test_fraction)
+    if block_users is not None and block_users < 1:
+        raise ParameterError(f"--block-users must be >= 1, got {block_users}")
+    limit = resolve_memory_limit(memory_limit)
+    check_destination(out, force)
+    out_abs = os.path.abspath(out)
+    parent = os.path.dirname(out_abs) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out_abs)}.ingest-{uuid.uuid4().hex[:12]}")
+    os.makedirs(tmp)
+    try:
+        specs = [F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns) for p in inputs]
+        int_ids = [True, True]
+        for s in specs:
+            a, b = F.sniff_id_kinds(s)
+            int_ids[0] &= a
+            int_ids[1] &= b
+        while True:
+            try:
+                parsed = _pass_parse(specs, tmp, tuple(int_ids), rr, skip_bad_lines, limit, show_progress)
+                break
+            except F._IdNotInteger as exc:
+                int_ids[0 if exc.role == "user" else 1] = False
+        return _build(parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress,
+                      params=dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
+                                  test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
+                                  memory_limit=limit, block_users=block_users,
+                                  formats=[s.format for s in specs]),
+                      t0=t0)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass
+class _Parsed:
+    sources: list
+    users: pa.Array
+    user_rows: np.ndarray
+    items: pa.Array
+    n_rows: int
+    n_bad: int
+    rmin: float
+    rmax: float
+    has_ts: bool
+
+
+def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
+    """Pass 1: parse, validate, count ids, spill."""
+    block_size = int(min(max(limit // 64, 1 << 18), 64 << 20))
+    ucount, icount = _KeyCounter(), _KeyCounter()
+    bad = [0]
+    rmin, rmax = np.inf, -np.inf
+    sources = []
+    utype = pa.int64() if int_ids[0] else pa.string()
+    itype = pa.int64() if int_ids[1] else pa.string()
+    schema = pa.schema([("u", utype), ("i", itype), ("r", pa.float32()), ("t", pa.int64())])
+    with progress(total=None, desc="parse", unit="rating", enabled=show_progress) as bar:
+        for k, spec in enumerate(specs):
+            src = _Source(spec, F.check_file(spec.path), os.path.join(tmp, f"spill{k}.arrow"))
+            if spec.format == "parquet":
+                it = F.iter_parquet(spec, int_ids=int_ids, batch_rows=max(block_size // 32, 4096))
+            else:
+                it = F.iter_text(spec, int_ids=int_ids, block_size=block_size, skip=skip, bad=bad)
+            with pa.OSFile(src.spill, "wb") as sink, pa.ipc.new_stream(sink, schema) as w:
+                try:
+                    for b in it:
+                        r = b.rating
+                        badm = ~np.isfinite(r)
+                        if rr is not None:
+                            badm |= (r < rr[0]) | (r > rr[1])
+                        u, i, ts = b.user, b.item, b.timestamp
+                        if badm.any():
+                            if not skip:
+                                j = int(np.argmax(badm))
+                                if spec.format == "parquet":
+                                    raise InputError(f"{spec.path}: row {b.row0 + j + 1}: rating {r[j]!r} is "
+                                                     + ("not finite" if not np.isfinite(r[j]) else
+                                                        f"outside --rating-range [{rr[0]:g}, {rr[1]:g}]"))
+                                line, why = F.locate_error(spec, int_ids, rr, row=b.row0 + j)
+                                raise F.error_at(spec, line, why)
+                            keep = ~badm
+                            bad[0] += int(badm.sum())
+                            km = pa.array(keep)
+                            u, i, r = pc.filter(u, km), pc.filter(i, km), r[keep]
+                            ts = ts[keep] if ts is not None else None
+                        n = len(r)
+                        if n == 0:
+                            continue
+                        rmin = min(rmin, float(r.min()))
+                        rmax = max(rmax, float(r.max()))
+                        ucount.add(u)
+                        icount.add(i)
+                        t = pa.array(ts) if ts is not None else pa.nulls(n, pa.int64())
+                        w.write_batch(pa.record_batch([u, i, pa.array(r.astype(np.float32)), t], schema=schema))
+                        src.rows += n
+                        bar.update(n)
+                except pa.ArrowInvalid as exc:
+                    line, why = F.locate_error(spec, int_ids, rr)
+                    if line:
+                        raise F.error_at(spec, line, why) from None
+                    raise InputError(f"{spec.path}: {str(exc).splitlines()[0]}") from None
+            if src.rows == 0:
+                raise InputError(f"{spec.path}: no ratings" + (" (all lines were bad)" if bad[0] else " (empty file)"))
+            sources.append(src)
+    users, user_rows = ucount.finish()
+    items, _ = icount.finish()
+    return _Parsed(sources, users, user_rows, items, int(user_rows.sum()), bad[0], rmin, rmax,
+                   all(s.spec.has_timestamp for s in sources))
+
+
+def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int, int]]:
+    """Runs of consecutive blocks ``(b0, b1)`` holding at most ``cap`` ratings (or one block)."""
+    n_users = len(user_rows)
+    block_rows = np.add.reduceat(user_rows, np.arange(0, n_users, bu))
+    parts, b0, acc = [], 0, 0
+    for b, c in enumerate(block_rows.tolist()):
+        if b > b0 and acc + c > cap:
+            parts.append((b0, b))
+            b0, acc = b, 0
+        acc += c
+    parts.append((b0, len(block_rows)))
+    return parts
+
+
+def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress, *,
+           params, t0) -> RatingStore:
+    n_users, n_raw_items = len(parsed.users), len(parsed.items)
+    bu = int(block_users or default_block_users(n_users, parsed.n_rows))
+    n_blocks = -(-n_users // bu)
+    cap = max(1 << 16, limit // _BYTES_PER_PART_RATING)
+    parts = _plan_partitions(parsed.user_rows, bu, cap)
+    n_parts = len(parts)
+    part_first = np.array([b0 * bu for b0, _ in parts] + [n_users], dtype=np.int64)
+    has_ts = parsed.has_ts
+    umap, imap = _IdMap(parsed.users), _IdMap(parsed.items)
+    base = [os.path.join(tmp, f"part{p}") for p in range(n_parts)]
+
+    # -- pass 2: dense ids, scatter to partition files -----------------------------------
+    keep_open = n_parts <= 256
+    handles: dict = {}
+
+    def fh(p, col):
+        key = (p, col)
+        if key in handles:
+            return handles[key]
+        f = open(f"{base[p]}.{col}", "ab")
+        if keep_open:
+            handles[key] = f
+        return f
+
+    cols = ("u", "i", "r", "t") if has_ts else ("u", "i", "r")
+    with progress(total=parsed.n_rows, desc="partition", unit="rating", enabled=show_progress) as bar:
+        for src in parsed.sources:
+            with pa.OSFile(src.spill, "rb") as f, pa.ipc.open_stream(f) as rd:
+                for rb in rd:
+                    u = umap(rb.column(0))
+                    arrays = {"u": u, "i": imap(rb.column(1)), "r": rb.column(2).to_numpy()}
+                    if has_ts:
+                        arrays["t"] = rb.column(3).to_numpy()
+                    if n_parts == 1:
+                        for c in cols:
+                            g = fh(0, c)
+                            arrays[c].tofile(g)
+                            if not keep_open:
+                                g.close()
+                    else:
+                        part = (np.searchsorted(part_first, u, side="right") - 1).astype(np.int32)
+                        order = np.empty(len(u), np.int64)
+                        starts = np.empty(n_parts + 1, np.int64)
+                        bucket_rows(part, n_parts, order, starts)
+                        for c in cols:
+                            a = arrays[c][order]
+                            for p in np.flatnonzero(np.diff(starts)).tolist():
+                                g = fh(p, c)
+                                a[starts[p]:starts[p + 1]].tofile(g)
+                                if not keep_open:
+                                    g.close()
+                    bar.update(rb.num_rows)
+            os.remove(src.spill)
+    for f in handles.values():
+        f.close()
+    handles.clear()
+
+    # -- pass 3: group by user, de-duplicate, count items -------------------------------
+    def dedup(p):
+        b0, b1 = parts[p]
+        n_loc = int(part_first[p + 1] - part_first[p])
+        u = np.fromfile(f"{base[p]}.u", np.int32) - np.int32(part_first[p])
+        it = np.fromfile(f"{base[p]}.i", np.int32)
+        r = np.fromfile(f"{base[p]}.r", np.float32)
+        t = np.fromfile(f"{base[p]}.t", np.int64) if has_ts else np.empty(0, np.int64)
+        ip = np.empty(n_loc + 1, np.int64)
+        oi = np.empty(len(u), np.int32)
+        orr = np.empty(len(u), np.float32)
+        nnz, dropped = group_dedup(u, it, r, t, has_ts, n_loc, ip, oi, orr)
+        del u, it, r, t
+        for c in cols:
+            os.remove(f"{base[p]}.{c}")
+        ip.tofile(f"{base[p]}.ip")
+        oi[:nnz].tofile(f"{base[p]}.i")
+        orr[:nnz].tofile(f"{base[p]}.r")
+        return np.bincount(oi[:nnz], minlength=n_raw_items).astype(np.int64), int(dropped)
+
+    item_counts_raw = np.zeros(n_raw_items, np.int64)
+    n_dup = 0
+    workers = min(2, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as ex, \
+            progress(total=n_parts, desc="dedup", unit="part", enabled=show_progress) as bar:
+        for cnt, d in ex.map(dedup, range(n_parts)):
+            item_counts_raw += cnt
+            n_dup += d
+            bar.update(1)
+
+    # -- pass 4: items by descending count, write blocks --------------------------------
+    order = np.lexsort((np.arange(n_raw_items), -item_counts_raw))  # new item k = raw item order[k]
+    new_index = np.empty(n_raw_items, np.int32)
+    new_index[order] = np.arange(n_raw_items, dtype=np.int32)
+    splits = ("train", "test") if test_fraction > 0 else ("train",)
+
+    def load(p):
+        ip = np.fromfile(f"{base[p]}.ip", np.int64)
+        it = np.fromfile(f"{base[p]}.i", np.int32)
+        r = np.fromfile(f"{base[p]}.r", np.float32)
+        remap_sort(ip, it, r, new_index)
+        for c in ("ip", "i", "r"):
+            os.remove(f"{base[p]}.{c}")
+        return ip, it, r
+
+    with StoreWriter(out, n_users=n_users, n_items=n_raw_items, block_users=bu, splits=splits,
+                     force=force) as w:
+        uc_arr = w.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
+        with ThreadPoolExecutor(max_workers=1) as ex, \
+                progress(total=n_blocks, desc="write", unit="block", enabled=show_progress) as bar:
+            nxt = ex.submit(load, 0)
+            for p, (b0, b1) in enumerate(parts):
+                ip, it, r = nxt.result()
+                if p + 1 < n_parts:
+                    nxt = ex.submit(load, p + 1)
+                for b in range(b0, b1):
+                    lo = b * bu - part_first[p]
+                    hi = min((b + 1) * bu, n_users) - part_first[p]
+                    s, e = ip[lo], ip[hi]
+                    bip, bit, brt = ip[lo:hi + 1] - s, it[s:e], r[s:e]
+                    if test_fraction > 0:
+                        train, test = split_block(bip, bit, brt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
+                        w.write_block(b, *train, split="train")
+                        w.write_block(b, *test, split="test")
+                    else:
+                        w.write_block(b, bip, bit, brt, split="train")
+                    uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
+                    bar.update(1)
+                del ip, it, r
+        w.write_array("user_ids", _ids_numpy(parsed.users), chunks=(bu,))
+        w.write_array("item_ids", _ids_numpy(parsed.items.take(pa.array(order))))
+        w.write_array("item_counts", item_counts_raw[order])
+        if rr is not None:
+            rating_min, rating_max, source = rr[0], rr[1], "declared"
+        else:
+            rating_min, rating_max, source = parsed.rmin, parsed.rmax, "observed"
+        w.finalize({
+            "rating_min": float(rating_min),
+            "rating_max": float(rating_max),
+            "rating_range_source": source,
+            "sources": [{"name": os.path.basename(s.spec.path), "path": os.path.abspath(s.spec.path),
+                         "size": s.size, "format": s.spec.format, "rows": s.rows} for s in parsed.sources],
+            "created_with": "ingest",
+            "params": params,
+            "n_duplicates_dropped": n_dup,
+            "n_bad_lines_skipped": parsed.n_bad,
+            "seconds": round(time.perf_counter() - t0, 3),
+        })
+    return open_store(out)
+
+
+def _ids_numpy(keys: pa.Array) -> np.ndarray:
+    if pa.types.is_integer(keys.type):
+        return keys.to_numpy().astype(np.int64)
+    return keys.to_numpy(zero_copy_only=False)  # object array of str
