@@ -1,0 +1,543 @@
+"""SGD and SGLD block kernels for biased matrix factorization (Liu, Wang & Smola 2015).
+
+Model: ``r_ij ~ mu + bu_i + bv_j + <u_i, v_j>``. All kernels work on one user block
+(local CSR ``indptr``/``items``/``ratings``) with the block's user rows ``U``/``bu``
+updated in place and the item state ``V``/``bv`` shared between worker threads
+(Hogwild: no locks, as in Niu et al. and Liu et al. Sec. 5.2).
+
+Processing order and tiering
+----------------------------
+A block's users are taken in **groups** of ``group_users`` consecutive users. Within
+a group all *hot-tier* ratings (item index ``< hot_items``) are processed first, user
+by user, then all cold ratings (see :func:`partition_tiers`, which moves each user's
+hot ratings to the front and records where the cold ones start). Items are numbered
+by popularity in the store, so the hot tier is a prefix ``0..hot_items-1`` of ``V``
+whose rows stay in the core's cache while a group's hot ratings stream past
+(Liu et al. Sec. 5.2, "tiers of popularity"). Without tiering, ``split`` is
+``indptr[1:]`` and each user's ratings are processed in one sweep; the arithmetic
+per rating is the same either way, only the order changes.
+
+SGD (noise off)
+---------------
+Per rating, with ``e = r - prediction`` (old values on the right-hand side)::
+
+    bu += lr (w e - reg_b bu)        u += lr (w e v - reg u)
+    bv += lr (w e - reg_b bv)        v += lr (w e u - reg v)
+
+the update of scikit-surprise's ``SVD`` (regularization per rating) when ``w = 1``.
+
+SGLD: steps, the energy and lazy noise
+--------------------------------------
+SGLD samples ``theta = (U, bu, V, bv)`` from ``p(theta) ~ exp(-E(theta) / T)`` with
+``E = s * F``, ``F = sum_ij w_i l(e_ij) + lam (|U|^2 + |V|^2) + lam_b (|bu|^2 + |bv|^2)``
+and ``l(e) = min(e^2, c^2)`` (the squared loss truncated at the bound ``c``, see
+:mod:`streamdp.methods.sgld` for why). One **epoch** is one Langevin step of length
+``h`` for the whole energy, discretized in the ratings' order: every rating has a
+position ``P`` on a clock (the global, deterministic order: block offset + local
+position) and one unit of the clock is ``delta = h / N`` of Langevin time. A **step**
+of the chain is one group of users. The likelihood part of the drift acts on the
+touched parameters only, as a kick ``lr * w * l'(e) / 2`` per rating
+(``lr = 2 s h``, so in SGD units the kicks are the SGD update above without the
+per-rating regularization). The prior part and the Brownian noise act on *every*
+parameter all the time: between two steps a parameter follows the
+Ornstein-Uhlenbeck flow ``d theta = -a theta dt + sqrt(2 T) dW`` with ``a = 2 s lam``,
+whose exact transition over a duration ``tau`` is::
+
+    theta <- exp(-a tau) theta + N(0, T (1 - exp(-2 a tau)) / a)      (2 T tau when a = 0)
+
+The transitions compose exactly (``flow(t1) o flow(t2) = flow(t1 + t2)`` in law, the
+Gaussian family is closed under these affine maps and under sums of independent
+draws). Hence the **lazy** bookkeeping here is *exactly* equal in distribution to the
+**eager** chain that, at the start of every step, applies the flow of the previous
+step's duration to every parameter of the model and then the step's kicks
+(:func:`sgld_epoch_eager_reference` is that eager chain):
+
+* an item remembers the clock position ``item_last[j]`` of its last flow; at its first
+  touch in a step starting at ``P_s`` it gets one flow of duration
+  ``delta * (P_s - item_last[j])`` - one Gaussian draw per coordinate for all the
+  steps it sat out, instead of one per step (Liu et al. Sec. 5.4: ``c`` additions are
+  one draw from ``N(0, c eta)``; with the prior applied by the same exact flow the
+  equivalence holds also with a non-zero prior, which the paper's plain
+  ``N(0, c eta)`` ignores);
+* a user is touched in exactly one step per epoch, at the same clock position every
+  epoch; its flow at the start of its group covers the time since its previous group
+  (``u_dt0 + u_dt1 * P_s``, see :func:`user_flow_coefficients`);
+* further touches within the same step draw nothing (duration 0), so noise is drawn
+  once per (step, touched item) and once per user per epoch, never per rating per
+  dimension; hot items touched by many users of a group get one draw per group;
+* :func:`flush_items` brings every item up to the end of the epoch before ``V`` is
+  checkpointed or released.
+
+The equivalence needs (i) that a parameter's drift while untouched is the prior's
+(true: the likelihood kicks are sparse) and (ii) that nothing reads a parameter
+between its last touch and its next flow (true: the kernels read ``v_j`` only at a
+touch, after its flow). With several workers (Hogwild) another thread may already
+have moved ``item_last[j]`` past this step's start; the flow is then skipped
+(duration clamped at 0), so an item's total flowed time in an epoch is still exactly
+the epoch (the durations telescope), but the interleaving with kicks is the
+scheduler's, as for any Hogwild update; a lost race on ``item_last`` can also give an
+item one flow interval twice (more noise, never less).
+
+Noise source
+------------
+The kernels draw nothing. The caller fills ``noise`` with standard normals from a
+``numpy.random.Generator`` (:func:`streamdp.privacy.make_rng`/``spawn_rngs``, PCG64)
+and the kernels consume it in a fixed order: ``k + 1`` values per flow (``k``
+coordinates, then the bias). :func:`count_block_draws` says how many values a block
+needs. With ``use_table=True`` the slot of flow ``t`` starts at ``offsets[t]`` in a
+fixed lookup table instead (Liu et al.'s Gaussian table, contiguous segments at
+random offsets; no privacy proof). No ``fastmath`` anywhere in this module.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from numba import njit
+
+# ---------------------------------------------------------------------------------------
+# block preparation
+# ---------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def partition_tiers(indptr, items, ratings, hot_items, split):
+    """Stable in-place partition of each user's ratings: hot items (``< hot_items``) first.
+
+    Writes into ``split[u]`` the absolute position where user ``u``'s cold ratings
+    start. Relative order within the hot and within the cold part is kept.
+    """
+    n_users = len(indptr) - 1
+    tmp_i = np.empty(0, np.int32)
+    tmp_r = np.empty(0, np.float32)
+    for u in range(n_users):
+        s = indptr[u]
+        e = indptr[u + 1]
+        n = e - s
+        if len(tmp_i) < n:
+            tmp_i = np.empty(n, np.int32)
+            tmp_r = np.empty(n, np.float32)
+        h = 0
+        for p in range(s, e):
+            if items[p] < hot_items:
+                h += 1
+        c = h
+        h2 = 0
+        for p in range(s, e):
+            if items[p] < hot_items:
+                tmp_i[h2] = items[p]
+                tmp_r[h2] = ratings[p]
+                h2 += 1
+            else:
+                tmp_i[c] = items[p]
+                tmp_r[c] = ratings[p]
+                c += 1
+        for q in range(n):
+            items[s + q] = tmp_i[q]
+            ratings[s + q] = tmp_r[q]
+        split[u] = s + h
+
+
+@njit(cache=True, nogil=True)
+def count_step_touches(indptr, items, group_users, n_items):
+    """Number of distinct (group, item) pairs in a block: the item flows one block needs."""
+    n_users = len(indptr) - 1
+    stamp = np.full(n_items, -1, np.int64)
+    total = 0
+    g = 0
+    for g0 in range(0, n_users, group_users):
+        g1 = min(g0 + group_users, n_users)
+        for p in range(indptr[g0], indptr[g1]):
+            j = items[p]
+            if stamp[j] != g:
+                stamp[j] = g
+                total += 1
+        g += 1
+    return total
+
+
+def count_block_draws(indptr, items, group_users: int, n_items: int, k: int) -> int:
+    """Standard normals :func:`sgld_block` consumes for one block (users first, then items)."""
+    n_users = len(indptr) - 1
+    touches = int(count_step_touches(indptr, items, int(group_users), int(n_items)))
+    return (n_users + touches) * (k + 1)
+
+
+def user_flow_coefficients(epoch: int, deltas, n_epoch: int) -> tuple[float, float]:
+    """``(u_dt0, u_dt1)`` such that a user whose group starts at clock ``P`` flows ``u_dt0 + u_dt1 * P``.
+
+    ``deltas[e - 1]`` is the clock unit of epoch ``e`` (1-based). A user's previous flow
+    was at the same position ``P`` one epoch earlier (at time 0 before epoch 1), so
+    the duration is ``delta_{e-1} (N - P) + delta_e P``.
+
+    >>> user_flow_coefficients(1, [0.5], 10)
+    (0.0, 0.5)
+    >>> user_flow_coefficients(2, [0.5, 0.25], 10)
+    (5.0, -0.25)
+    """
+    d = float(deltas[epoch - 1])
+    if epoch == 1:
+        return 0.0, d
+    prev = float(deltas[epoch - 2])
+    return prev * n_epoch, d - prev
+
+
+def hot_tier_items(k: int, n_items: int, cache_bytes: int | None = None) -> int:
+    """Items whose rows fit in half of one core's L2 cache (``k`` float32 + bias + clock).
+
+    ``cache_bytes`` defaults to the L2 size of cpu0 read from sysfs (2 MiB when it
+    cannot be read).
+
+    >>> hot_tier_items(16, 10**6, cache_bytes=2**21)
+    13797
+    >>> hot_tier_items(16, 100, cache_bytes=2**21)
+    100
+    """
+    if cache_bytes is None:
+        cache_bytes = _l2_bytes()
+    per = 4 * int(k) + 4 + 8
+    return int(max(1, min(int(n_items), (int(cache_bytes) // 2) // per)))
+
+
+def _l2_bytes() -> int:
+    try:
+        base = "/sys/devices/system/cpu/cpu0/cache"
+        for idx in sorted(os.listdir(base)):
+            with open(os.path.join(base, idx, "level")) as f:
+                level = f.read().strip()
+            with open(os.path.join(base, idx, "type")) as f:
+                typ = f.read().strip()
+            if level == "2" and typ in ("Unified", "Data"):
+                with open(os.path.join(base, idx, "size")) as f:
+                    txt = f.read().strip().upper()
+                mult = {"K": 1024, "M": 1024 * 1024}.get(txt[-1], 1)
+                return int(txt.rstrip("KM")) * mult
+    except (OSError, ValueError):
+        pass
+    return 2 * 1024 * 1024
+
+
+# ---------------------------------------------------------------------------------------
+# SGD
+# ---------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _predict(U, bu, V, bv, mu, i, j):
+    k = U.shape[1]
+    dot = np.float32(0.0)
+    for d in range(k):
+        dot += U[i, d] * V[j, d]
+    return mu + bu[i] + bv[j] + dot
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _kick(U, bu, V, bv, i, j, g, lr, reg, reg_b):
+    """One rating's update with gradient factor ``g = w * e`` (old values on the right)."""
+    k = U.shape[1]
+    bu[i] += lr * (g - reg_b * bu[i])
+    bv[j] += lr * (g - reg_b * bv[j])
+    for d in range(k):
+        ud = U[i, d]
+        vd = V[j, d]
+        U[i, d] = ud + lr * (g * vd - reg * ud)
+        V[j, d] = vd + lr * (g * ud - reg * vd)
+
+
+@njit(cache=True, nogil=True)
+def sgd_block(indptr, items, ratings, weights, split, U, bu, V, bv, mu, lr, reg, reg_b, clip, group_users):
+    """One SGD sweep over a block (in place on ``U``, ``bu``, ``V``, ``bv``).
+
+    ``weights`` (float32, per user) multiplies each user's loss; ``clip > 0`` truncates
+    the loss at ``|e| = clip`` (no gradient beyond it); ``split`` from
+    :func:`partition_tiers` (or ``indptr[1:]`` for no tiering). Returns the sum of
+    ``w * e^2`` before each update (a training-loss monitor).
+    """
+    n_users = len(indptr) - 1
+    lr32 = np.float32(lr)
+    reg32 = np.float32(reg)
+    regb32 = np.float32(reg_b)
+    mu32 = np.float32(mu)
+    sse = 0.0
+    for g0 in range(0, n_users, group_users):
+        g1 = min(g0 + group_users, n_users)
+        for sweep in range(2):
+            for i in range(g0, g1):
+                if sweep == 0:
+                    s = indptr[i]
+                    e = split[i]
+                else:
+                    s = split[i]
+                    e = indptr[i + 1]
+                w = weights[i]
+                for p in range(s, e):
+                    j = items[p]
+                    err = ratings[p] - _predict(U, bu, V, bv, mu32, i, j)
+                    sse += w * err * err
+                    if clip > 0.0 and abs(err) > clip:
+                        continue
+                    _kick(U, bu, V, bv, i, j, w * err, lr32, reg32, regb32)
+    return sse
+
+
+# ---------------------------------------------------------------------------------------
+# SGLD
+# ---------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _flow_scale(a, tau, temp):
+    """``(decay, sd)`` of the exact OU transition over ``tau``."""
+    if a > 0.0:
+        decay = math.exp(-a * tau)
+        var = -temp * math.expm1(-2.0 * a * tau) / a
+    else:
+        decay = 1.0
+        var = 2.0 * temp * tau
+    return decay, math.sqrt(var)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _flow_row(X, b, r, tau, a, a_b, temp, noise, base):
+    if tau <= 0.0:
+        return
+    k = X.shape[1]
+    dec, sd = _flow_scale(a, tau, temp)
+    dec32 = np.float32(dec)
+    sd32 = np.float32(sd)
+    for d in range(k):
+        X[r, d] = X[r, d] * dec32 + sd32 * noise[base + d]
+    decb, sdb = _flow_scale(a_b, tau, temp)
+    b[r] = b[r] * np.float32(decb) + np.float32(sdb) * noise[base + k]
+
+
+@njit(cache=True, nogil=True)
+def sgld_block(indptr, items, ratings, weights, split, U, bu, V, bv, item_last, mu, lr, clip, group_users,
+               pos0, delta, u_dt0, u_dt1, a, a_b, temp, noise, offsets, use_table):
+    """One SGLD sweep over a block with lazy noise (see the module docstring).
+
+    Parameters beyond :func:`sgd_block`: ``item_last`` (int64, shared) clock position of
+    each item's last flow; ``pos0`` clock position of the block's first rating;
+    ``delta`` Langevin time per clock unit; ``u_dt0 + u_dt1 * P`` the users' flow
+    duration (:func:`user_flow_coefficients`); ``a``/``a_b`` OU rates of factors and
+    biases (``2 s lam``); ``temp`` temperature; ``noise`` standard normals (or the table),
+    ``offsets`` slot starts when ``use_table``. Returns ``(sum of w e^2, flows drawn)``.
+    """
+    n_users = len(indptr) - 1
+    n_items = V.shape[0]
+    k = V.shape[1]
+    lr32 = np.float32(lr)
+    zero = np.float32(0.0)
+    mu32 = np.float32(mu)
+    stamp = np.full(n_items, -1, np.int64)
+    slot = 0
+    sse = 0.0
+    g = 0
+    for g0 in range(0, n_users, group_users):
+        g1 = min(g0 + group_users, n_users)
+        P = pos0 + indptr[g0]
+        # users: one flow each at the start of their group
+        tau_u = u_dt0 + u_dt1 * P
+        for i in range(g0, g1):
+            base = offsets[slot] if use_table else slot * (k + 1)
+            _flow_row(U, bu, i, tau_u, a, a_b, temp, noise, base)
+            slot += 1
+        for sweep in range(2):
+            for i in range(g0, g1):
+                if sweep == 0:
+                    s = indptr[i]
+                    e = split[i]
+                else:
+                    s = split[i]
+                    e = indptr[i + 1]
+                w = weights[i]
+                for p in range(s, e):
+                    j = items[p]
+                    if stamp[j] != g:
+                        stamp[j] = g
+                        base = offsets[slot] if use_table else slot * (k + 1)
+                        slot += 1
+                        last = item_last[j]
+                        if last < P:
+                            item_last[j] = P
+                            _flow_row(V, bv, j, delta * (P - last), a, a_b, temp, noise, base)
+                    err = ratings[p] - _predict(U, bu, V, bv, mu32, i, j)
+                    sse += w * err * err
+                    if clip > 0.0 and abs(err) > clip:
+                        continue
+                    _kick(U, bu, V, bv, i, j, w * err, lr32, zero, zero)
+        g += 1
+    return sse, slot
+
+
+@njit(cache=True, nogil=True)
+def flush_items(V, bv, item_last, P_end, delta, a, a_b, temp, noise, offsets, use_table):
+    """Flow every item to clock position ``P_end`` (one slot per item, in item order); reset ``item_last`` to 0."""
+    n_items = V.shape[0]
+    k = V.shape[1]
+    for j in range(n_items):
+        base = offsets[j] if use_table else j * (k + 1)
+        last = item_last[j]
+        if last < P_end:
+            _flow_row(V, bv, j, delta * (P_end - last), a, a_b, temp, noise, base)
+        item_last[j] = 0
+
+
+@njit(cache=True, nogil=True)
+def block_sse(indptr, items, ratings, U, bu, V, bv, mu, rmin, rmax):
+    """Sum of squared errors of ``mu + bu + bv + u.v`` clipped to ``[rmin, rmax]`` (as surprise predicts)."""
+    n_users = len(indptr) - 1
+    k = V.shape[1]
+    sse = 0.0
+    for i in range(n_users):
+        for p in range(indptr[i], indptr[i + 1]):
+            j = items[p]
+            pred = mu + bu[i] + bv[j]
+            for d in range(k):
+                pred += U[i, d] * V[j, d]
+            if pred < rmin:
+                pred = rmin
+            if pred > rmax:
+                pred = rmax
+            err = ratings[p] - pred
+            sse += err * err
+    return sse
+
+
+# ---------------------------------------------------------------------------------------
+# slow NumPy references (for tests)
+# ---------------------------------------------------------------------------------------
+
+
+def _order(indptr, split, group_users):
+    """(group start, [(user, lo, hi), ...]) in the kernels' processing order."""
+    n = len(indptr) - 1
+    for g0 in range(0, n, group_users):
+        g1 = min(g0 + group_users, n)
+        spans = [(i, indptr[i], split[i]) for i in range(g0, g1)]
+        spans += [(i, split[i], indptr[i + 1]) for i in range(g0, g1)]
+        yield g0, g1, spans
+
+
+def sgd_block_reference(indptr, items, ratings, weights, split, U, bu, V, bv, mu, lr, reg, reg_b, clip,
+                        group_users):
+    """Plain-Python :func:`sgd_block` (float32 state, same order), in place; returns the loss monitor."""
+    f = np.float32
+    sse = 0.0
+    for _, _, spans in _order(indptr, split, group_users):
+        for i, lo, hi in spans:
+            for p in range(lo, hi):
+                j = items[p]
+                err = f(ratings[p]) - (f(mu) + bu[i] + bv[j] + f(np.dot(U[i], V[j])))
+                sse += float(weights[i]) * float(err) ** 2
+                if clip > 0 and abs(err) > clip:
+                    continue
+                gr = f(weights[i] * err)
+                ui, vj = U[i].copy(), V[j].copy()
+                bu[i] += f(lr) * (gr - f(reg_b) * bu[i])
+                bv[j] += f(lr) * (gr - f(reg_b) * bv[j])
+                U[i] = ui + f(lr) * (gr * vj - f(reg) * ui)
+                V[j] = vj + f(lr) * (gr * ui - f(reg) * vj)
+    return sse
+
+
+def _ou(x, tau, a, temp, z):
+    if tau <= 0:
+        return x
+    if a > 0:
+        dec, var = np.exp(-a * tau), temp * (1 - np.exp(-2 * a * tau)) / a
+    else:
+        dec, var = 1.0, 2 * temp * tau
+    return (x * dec + np.sqrt(var) * z).astype(np.float32)
+
+
+def sgld_block_reference(indptr, items, ratings, weights, split, U, bu, V, bv, item_last, mu, lr, clip,
+                         group_users, pos0, delta, u_dt0, u_dt1, a, a_b, temp, noise):
+    """Plain-Python :func:`sgld_block` (lazy noise, sequential slots), in place; returns ``(sse, slots)``."""
+    f = np.float32
+    k = V.shape[1]
+    slot = 0
+    sse = 0.0
+
+    def take():
+        nonlocal slot
+        z = noise[slot * (k + 1): (slot + 1) * (k + 1)].astype(np.float64)
+        slot += 1
+        return z
+
+    for g0, g1, spans in _order(indptr, split, group_users):
+        P = pos0 + indptr[g0]
+        for i in range(g0, g1):
+            z = take()
+            tau = u_dt0 + u_dt1 * P
+            U[i] = _ou(U[i].astype(np.float64), tau, a, temp, z[:k])
+            bu[i] = _ou(np.float64(bu[i]), tau, a_b, temp, z[k])
+        seen = set()
+        for i, lo, hi in spans:
+            for p in range(lo, hi):
+                j = items[p]
+                if j not in seen:
+                    seen.add(j)
+                    z = take()
+                    if item_last[j] < P:
+                        tau = delta * (P - item_last[j])
+                        V[j] = _ou(V[j].astype(np.float64), tau, a, temp, z[:k])
+                        bv[j] = _ou(np.float64(bv[j]), tau, a_b, temp, z[k])
+                        item_last[j] = P
+                err = f(ratings[p]) - (f(mu) + bu[i] + bv[j] + f(np.dot(U[i], V[j])))
+                sse += float(weights[i]) * float(err) ** 2
+                if clip > 0 and abs(err) > clip:
+                    continue
+                gr = f(weights[i] * err)
+                ui, vj = U[i].copy(), V[j].copy()
+                bu[i] += f(lr) * gr
+                bv[j] += f(lr) * gr
+                U[i] = ui + f(lr) * gr * vj
+                V[j] = vj + f(lr) * gr * ui
+    return sse, slot
+
+
+def sgld_epoch_eager_reference(indptr, items, ratings, weights, U, bu, V, bv, mu, lr, clip, group_users,
+                               delta, a, a_b, temp, rng):
+    """The **eager** chain of one epoch over one block holding all users (no tiering).
+
+    At the start of every step (group) the OU flow of the previous step's duration
+    is applied to *every* parameter with fresh draws from ``rng``; then the step's
+    kicks; at the end of the epoch everything is flowed to the epoch's end. The lazy
+    kernels are equal to this in distribution (tested statistically).
+    """
+    f = np.float32
+    n = len(indptr) - 1
+    N = int(indptr[-1])
+    prev = 0
+    k = V.shape[1]
+
+    def flow_all(tau):
+        for X, b in ((U, bu), (V, bv)):
+            if tau <= 0:
+                continue
+            z = rng.standard_normal(X.shape)
+            X[:] = _ou(X.astype(np.float64), tau, a, temp, z)
+            b[:] = _ou(b.astype(np.float64), tau, a_b, temp, rng.standard_normal(b.shape))
+
+    for g0 in range(0, n, group_users):
+        g1 = min(g0 + group_users, n)
+        P = int(indptr[g0])
+        flow_all(delta * (P - prev))
+        prev = P
+        for i in range(g0, g1):
+            for p in range(indptr[i], indptr[i + 1]):
+                j = items[p]
+                err = f(ratings[p]) - (f(mu) + bu[i] + bv[j] + f(np.dot(U[i], V[j])))
+                if clip > 0 and abs(err) > clip:
+                    continue
+                gr = f(weights[i] * err)
+                ui, vj = U[i].copy(), V[j].copy()
+                bu[i] += f(lr) * gr
+                bv[j] += f(lr) * gr
+                U[i] = ui + f(lr) * gr * vj
+                V[j] = vj + f(lr) * gr * ui
+    flow_all(delta * (N - prev))
+    _ = k
