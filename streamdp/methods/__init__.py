@@ -1,1 +1,118 @@
-"""One module per training method, each a small class over shared kernels."""
+"""Training methods: a name registry and :func:`train`, the library side of ``streamdp train``.
+
+Each method is a small class (see :class:`streamdp.methods.base.Method`) registered
+under its ``--method`` name with :func:`register`. :func:`train` is the one code
+path every method is trained through: check the privacy parameters, plan the
+releases, reserve them in the store's budget **before** anything is written, fit
+on the stream engine, write the model atomically, mark the budget entry complete
+(or failed), and evaluate on the store's test split when there is one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from streamdp.errors import ParameterError, StoreError
+from streamdp.methods.base import Fitted, Method, Plan
+
+__all__ = ["METHODS", "register", "get_method", "train", "Method", "Fitted", "Plan"]
+
+#: ``--method`` name -> method class.
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator adding ``cls`` to :data:`METHODS` under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in METHODS and METHODS[cls.name] is not cls:
+        raise ValueError(f"method name {cls.name!r} is already registered")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def get_method(name: str) -> type[Method]:
+    """The class registered as ``name`` (``ParameterError`` listing the choices otherwise)."""
+    _load_builtin()
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ParameterError(f"--method: unknown method {name!r} (choose from {', '.join(sorted(METHODS))})") \
+            from None
+
+
+def _load_builtin() -> None:
+    # Importing the modules registers their classes; a module another engineer has not
+    # written yet is simply absent from the registry.
+    import importlib
+
+    for mod in ("oja", "sgld"):
+        try:
+            importlib.import_module(f"streamdp.methods.{mod}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"streamdp.methods.{mod}":
+                raise
+
+
+def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: int, seed: int | None = None,
+          workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
+          force: bool = False, evaluate_test: bool = True, **options) -> dict:
+    """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
+
+    The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
+    accountant's ``epsilon_spent`` and, when the store has a test split,
+    ``test_rmse`` / ``test_mae`` (local ridge solves, see :mod:`streamdp.evaluate`).
+    Options that are ``None`` are left at the method's defaults.
+    """
+    from streamdp.privacy import check_privacy_params
+    from streamdp.privacy.budget import StoreBudget
+    from streamdp.storage.store import RatingStore, open_store
+    from streamdp.stream.engine import Engine
+
+    out = str(out)
+    if os.path.lexists(out) and not force:
+        raise StoreError(f"{out}: already exists (use --force to overwrite)")
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    check_privacy_params(epsilon, delta, n_users=st.n_users)
+    cls = get_method(method)
+    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
+    if rank > st.n_items:
+        raise ParameterError(f"--rank {rank} exceeds the number of items ({st.n_items})")
+    t0 = time.perf_counter()
+    planned = m.planned_ledger(st)
+    budget = StoreBudget(st.path)
+    entry = budget.reserve(planned.to_dict(), over_budget=over_budget)
+    try:
+        with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit) as engine:
+            fitted = m.fit(st, engine)
+            fitted.model_info.setdefault("engine", engine.describe())
+        seconds = time.perf_counter() - t0
+        fitted.model_info["seconds"] = round(seconds, 3)
+        fitted.save(out, force=force)
+    except BaseException as exc:
+        budget.fail(entry, f"{exc.__class__.__name__}: {exc}")
+        raise
+    budget.complete(entry)
+    led = fitted.ledger
+    acc = getattr(led, "accounting", None)
+    summary = {
+        "method": m.name,
+        "epsilon": epsilon if math.isfinite(epsilon) else "inf",
+        "delta": delta,
+        "rank": rank,
+        "guarantee": led.guarantee,
+        "epsilon_spent": (acc.epsilon if acc is not None else ("inf" if not math.isfinite(epsilon) else 0.0)),
+        "seeded": seed is not None,
+        "seconds": round(seconds, 3),
+        "out": out,
+    }
+    if evaluate_test and st.has_test:
+        from streamdp.evaluate import evaluate_model
+
+        ev = evaluate_model(out, st, workers=workers, memory_limit=memory_limit, baselines=False)
+        summary["test_rmse"] = ev["rmse"]
+        summary["test_mae"] = ev["mae"]
+        summary["test_ratings"] = ev["n_ratings"]
+    return summary

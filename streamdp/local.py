@@ -1,0 +1,149 @@
+"""What a user runs on their own device: solve their factor from the released model, recommend.
+
+Nothing here touches other users' data, so it costs no privacy: the model (item
+factors ``Q``, item biases ``b``, global mean ``mu``) is public once released, and a
+user combines it with their own ratings ``r`` on items ``I``::
+
+    u = argmin_x  sum_{j in I} (r_j - mu - b_j - Q_j . x)^2 + ridge ||x||^2
+
+(Jain et al. 2018, local component; Liu et al. 2015 eq. 5; Xin & Jaakkola eq. 4),
+and predicts ``mu + b_j + Q_j . u`` clipped to the rating range.
+
+The ridge default comes from the model (``model.json`` key ``ridge``; for
+``--method oja`` the factors are scaled to rows of mean squared norm 1, so the
+ridge is the ratio of residual to signal variance and is dimensionless); since the
+solve is local, a user may choose any ridge at no privacy cost.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import numpy as np
+
+from streamdp.errors import InputError, ParameterError
+from streamdp.kernels.linalg import predict_rows, residuals, solve_users
+
+#: Ridge used when a model does not state one.
+FALLBACK_RIDGE = 1.0
+
+
+def model_ridge(model, ridge: float | None = None) -> float:
+    """``ridge`` if given, else the model's default."""
+    r = float(model.info.get("ridge", FALLBACK_RIDGE)) if ridge is None else float(ridge)
+    if not (r > 0 and np.isfinite(r)):
+        raise ParameterError(f"--ridge must be a positive number, got {ridge}")
+    return r
+
+
+def rating_range(model) -> tuple[float, float]:
+    """The declared rating range the model was trained on (``(-inf, inf)`` if unknown)."""
+    p = model.info.get("rating_range") or {}
+    return float(p.get("min", -np.inf)), float(p.get("max", np.inf))
+
+
+def solve_block(model, indptr, items, ratings, ridge: float) -> np.ndarray:
+    """User factors ``(n_users, k)`` of a CSR block of users' own ratings (dense item indices)."""
+    Q = np.ascontiguousarray(model.item_factors, dtype=np.float64)
+    bias = np.ascontiguousarray(model.item_bias, dtype=np.float64)
+    res = np.empty(len(items), np.float64)
+    residuals(np.asarray(items, np.int32), np.asarray(ratings, np.float32), float(model.global_mean), bias, res)
+    U = np.zeros((len(indptr) - 1, Q.shape[1]))
+    solve_users(np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q, float(ridge), U)
+    return U
+
+
+def predict_block(model, U, indptr, items) -> np.ndarray:
+    """Predicted ratings of a block's users on ``items`` (CSR), clipped to the rating range."""
+    lo, hi = rating_range(model)
+    out = np.empty(len(items), np.float64)
+    predict_rows(np.asarray(indptr, np.int64), np.asarray(items, np.int32), np.asarray(U, np.float64),
+                 np.ascontiguousarray(model.item_factors, dtype=np.float64),
+                 np.ascontiguousarray(model.item_bias, dtype=np.float64), float(model.global_mean), lo, hi, out)
+    return out
+
+
+def solve_user(model, items, ratings, ridge: float | None = None) -> np.ndarray:
+    """One user's factor from their ratings on dense item indices.
+
+    >>> from types import SimpleNamespace
+    >>> m = SimpleNamespace(item_factors=np.eye(3), item_bias=np.zeros(3), global_mean=3.0, info={})
+    >>> solve_user(m, np.array([0, 2]), np.array([5.0, 1.0]), ridge=1.0).round(3).tolist()
+    [1.0, 0.0, -1.0]
+    """
+    items = np.asarray(items, np.int32)
+    return solve_block(model, np.array([0, len(items)], np.int64), items, np.asarray(ratings, np.float32),
+                       model_ridge(model, ridge))[0]
+
+
+def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = None):
+    """Top-``top`` unseen items for a user with ``ratings`` on dense ``items``.
+
+    Returns ``(dense_item_indices, predicted_ratings)``, best first; ties are broken
+    by the lower item index (the more popular item).
+    """
+    if top < 1:
+        raise ParameterError(f"--top must be >= 1, got {top}")
+    u = solve_user(model, items, ratings, ridge)
+    score = model.global_mean + model.item_bias.astype(np.float64) + model.item_factors.astype(np.float64) @ u
+    lo, hi = rating_range(model)
+    score = np.clip(score, lo, hi)
+    seen = np.zeros(len(score), bool)
+    seen[np.asarray(items, np.int64)] = True
+    cand = np.flatnonzero(~seen)
+    order = cand[np.lexsort((cand, -score[cand]))][:top]
+    return order, score[order]
+
+
+def read_user_ratings(path: str, item_ids) -> tuple[np.ndarray, np.ndarray, list]:
+    """Read one user's ``item,rating`` file and map items to the model's dense indices.
+
+    Accepts comma, tab or whitespace separated lines with two columns (an optional
+    header line ``item,rating``); items are in the original id space. Items the
+    model does not know are returned in the third value (and otherwise ignored).
+    Raises :class:`InputError` naming the file and line on malformed input.
+    """
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    ids = np.asarray(item_ids)
+    numeric = ids.dtype.kind in "iu"
+    index = {(int(x) if numeric else str(x)): i for i, x in enumerate(ids.tolist())}
+    items, ratings, unknown, seen = [], [], [], {}
+    with open(path, newline="") as f:
+        for lineno, line in enumerate(f, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            parts = next(csv.reader([text], delimiter="," if "," in text else "\t")) if ("," in text or "\t" in text) \
+                else text.split()
+            parts = [p.strip() for p in parts]
+            if len(parts) < 2:
+                raise InputError(f"{path}:{lineno}: expected 'item,rating', got {text!r}")
+            try:
+                r = float(parts[1])
+            except ValueError:
+                if lineno == 1 or not items:
+                    continue  # header
+                raise InputError(f"{path}:{lineno}: rating {parts[1]!r} is not a number") from None
+            if not np.isfinite(r):
+                raise InputError(f"{path}:{lineno}: rating {parts[1]!r} is not finite")
+            key = parts[0]
+            if numeric:
+                try:
+                    key = int(key)
+                except ValueError:
+                    raise InputError(f"{path}:{lineno}: item id {parts[0]!r} is not an integer (the model's item "
+                                     f"ids are integers)") from None
+            j = index.get(key)
+            if j is None:
+                unknown.append(parts[0])
+                continue
+            if j in seen:
+                raise InputError(f"{path}:{lineno}: item {parts[0]} rated twice (first on line {seen[j]})")
+            seen[j] = lineno
+            items.append(j)
+            ratings.append(r)
+    if not items:
+        raise InputError(f"{path}: no ratings of items the model knows")
+    return np.asarray(items, np.int32), np.asarray(ratings, np.float32), unknown

@@ -1,0 +1,120 @@
+"""What every training method is: a small class with planned events, ``fit`` and a saved model.
+
+A method is constructed from keyword-only privacy arguments and its own options,
+exposes the privacy events it will spend **before** it runs (:meth:`Method.plan`,
+so that a store budget can refuse it), and ``fit(store, engine)`` returns a
+:class:`Fitted` whose :meth:`Fitted.save` writes the common model layout of
+:mod:`streamdp.model`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+
+
+@dataclass
+class Plan:
+    """What a method will spend: events (dp-accounting), their ledger entries, noise settings.
+
+    ``entries`` are JSON-ready dicts describing each release (what, mechanism,
+    sensitivity, noise multiplier, count) for the ledger; ``event`` is their
+    composition for the accountant (``None`` when non-private).
+    """
+
+    event: object | None
+    entries: list[dict]
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class Fitted:
+    """A trained model in memory, ready to save."""
+
+    item_factors: np.ndarray
+    item_bias: np.ndarray
+    item_ids: np.ndarray
+    global_mean: float
+    model_info: dict
+    ledger: object
+    extras: dict = field(default_factory=dict)
+
+    def save(self, out: str, *, force: bool = False) -> str:
+        from streamdp.model import save_model
+
+        return save_model(out, item_factors=self.item_factors, item_bias=self.item_bias, item_ids=self.item_ids,
+                          global_mean=self.global_mean, model_info=self.model_info, ledger=self.ledger,
+                          extras=self.extras, force=force)
+
+
+class Method:
+    """Base class of training methods.
+
+    Subclasses set ``name``, ``OPTIONS`` (names of their own keyword options, which
+    the ``train`` command passes through when given) and implement :meth:`plan`
+    and :meth:`fit`.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        Target user-level guarantee; ``epsilon = inf`` trains without noise (labelled
+        non-private everywhere).
+    rank : int
+        Number of factors ``k``.
+    seed : int, optional
+        Seed of all randomness; a seeded run is reproducible, not private against
+        whoever knows the seed (the ledger says so).
+    """
+
+    name: ClassVar[str] = ""
+    OPTIONS: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, epsilon: float, delta: float, rank: int, seed: int | None = None, **options):
+        unknown = sorted(set(options) - set(self.OPTIONS))
+        if unknown:
+            opts = ", ".join("--" + u.replace("_", "-") for u in unknown)
+            raise ParameterError(f"{opts}: not an option of --method {self.name}")
+        if int(rank) != rank or rank < 1:
+            raise ParameterError(f"--rank must be a positive integer, got {rank}")
+        self.epsilon = float(epsilon)
+        self.delta = float(delta)
+        self.rank = int(rank)
+        self.seed = seed
+        self.options = options
+
+    @property
+    def private(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+    def plan(self, store) -> Plan:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def planned_events(self, store):
+        """The composed DpEvent this method will spend on ``store`` (``None`` if non-private)."""
+        return self.plan(store).event
+
+    def fit(self, store, engine) -> Fitted:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    #: Guarantee string of a private run (non-private runs are labelled ``GUARANTEE_NONE``).
+    guarantee: ClassVar[str] = "user-level (epsilon, delta)-DP"
+
+    def ledger(self, store, plan: Plan, *, notes=()):
+        """The :class:`streamdp.privacy.Ledger` of ``plan`` on ``store`` (one composed accounting)."""
+        from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
+
+        private = self.private and plan.event is not None
+        acc = epsilon_of(plan.event, self.delta) if private else None
+        return Ledger(method=self.name, guarantee=self.guarantee if private else GUARANTEE_NONE,
+                      epsilon=self.epsilon, delta=self.delta, events=list(plan.entries), accounting=acc,
+                      bounds=dict(plan.params.get("bounds", {})), seeded=self.seed is not None,
+                      store_checksum=store.checksum, notes=list(notes))
+
+    def planned_ledger(self, store):
+        """The ledger this method will write, computed before it runs (for budget reservation)."""
+        return self.ledger(store, self.plan(store))

@@ -1,0 +1,455 @@
+"""Private Oja and noisy subspace iteration: ``--method oja``.
+
+Releases the top-``k`` right singular subspace ``V`` (``n_items x k``) of the
+clipped, centered rating matrix ``A``, private singular values, item biases and a
+global mean, all under one composed user-level (epsilon, delta) accounting.
+Source: Jain, Thakkar, Thakurta (ICML 2018), Alg. 2 and Sec. 3.2, extended to
+rank ``k`` by QR; and noisy subspace iteration (Hardt & Price 2014).
+
+The matrix
+----------
+Row ``a_i`` of ``A`` holds user ``i``'s residuals ``r_ij - mu - b_j`` on the items
+they rated (zero elsewhere), then scaled to L2 norm ``<= L``
+(:func:`streamdp.privacy.bounding.clip_rows`). ``mu`` and ``b`` are the *private*
+global mean and item biases released first (``--center private``, default) or the
+public midpoint of the rating range with zero biases (``--center midpoint``).
+Because ``mu, b`` are themselves DP releases, centering with them is
+post-processing and does not change the sensitivity below.
+
+Sensitivity (add/remove one user, verified here)
+------------------------------------------------
+For an orthonormal ``V`` (``V^T V = I``, which QR guarantees before every step),
+user ``i`` contributes ``a_i a_i^T V = a_i (V^T a_i)^T`` to ``A^T A V``; its
+Frobenius norm is ``||a_i|| ||V^T a_i|| <= ||a_i||^2 <= L^2``. So a step
+``Y = A_S^T A_S V + G`` with ``G ~ N(0, sigma^2)^{n x k}`` is a Gaussian mechanism
+with L2 sensitivity ``L^2`` and noise multiplier ``z = sigma / L^2`` (never an
+``n x n`` noise matrix). Users are partitioned into steps by their slot in the
+store (a public function of the user, like a hash), so in one pass each user
+is in exactly one step: steps see disjoint users, and by parallel composition
+(adaptive, since ``V`` depends on earlier noisy steps) **a pass costs one
+Gaussian mechanism** however many steps it has. ``P`` passes compose as ``P``
+Gaussians (PLD accountant). The neighbouring relation is add/remove one user;
+removing user ``i`` is modelled as emptying their row in place (their slot stays),
+which for these sums is the same mechanism.
+
+Item biases and global mean are one more Gaussian mechanism: user ``i`` adds
+``w_i (r_ij - mid)`` to item sum ``S_j`` and ``w_i`` to item weight ``C_j``, with
+``w_i = min(1, 1/sqrt(n_i))`` (the indicator row clipped to norm 1 by
+``clip_rows``), so the user's vector ``(S, C)`` has L2 norm ``<= sqrt(1 + h^2)``
+with ``h = (rating_max - rating_min) / 2`` and ratings clipped into the declared
+range. ``mu = mid + sum(S) / sum(C)``, ``b_j = (S_j - (mu - mid) C_j) / (C_j + lambda_b)``.
+
+Singular values are the Ritz values of the last pass, ``eig(V^T Y)`` with ``Y`` the
+already released noisy product: post-processing, no extra privacy cost (Alg. 2
+spends a separate Gaussian on ``||A v||^2``; this is cheaper and just as private).
+
+Budget split and calibration
+----------------------------
+All releases are Gaussian, so their composition is governed by
+``sum 1/z_i^2`` (the PLD accountant computes the exact epsilon). A share
+``STATS_SHARE = 0.1`` of that sum goes to the bias release (0 with
+``--center midpoint``) and the rest is split evenly over the ``P`` passes:
+``z_pass = z sqrt(P / (1 - share))``, ``z_stats = z / sqrt(share)``, where ``z``
+is found by :func:`streamdp.privacy.calibrate` so that the composed epsilon is
+the largest not above the target. ``--calibration paper`` instead takes Alg. 2's
+``sigma = L^2 sqrt(256 Gamma log(2/delta)) / epsilon`` with ``Gamma`` = total number
+of steps (:func:`streamdp.privacy.paper_sigma_jain`), for comparison; the ledger
+then reports the epsilon that noise actually gives (much smaller than asked).
+
+Schedules (``--schedule``) and the default
+------------------------------------------
+* ``power``: noisy subspace iteration. Each pass is one step over all users:
+  ``V <- QR(A^T A V + G)``.
+* ``oja``: block Oja. Each pass is many steps of ``--step-users`` users:
+  ``V <- QR(V + eta_t (A_t^T A_t V + G_t))`` with
+  ``eta_t = eta / (n_t L^2)`` (``n_t`` users in the step, so ``eta_t ||A_t^T A_t V||
+  <= eta``).
+* ``warm``: one Oja pass, then ``P - 1`` power passes from its result.
+
+Measured (``bench/oja.py --compare``, see the module docstring of that script and
+the tests): with the default budget split, ``power`` with a few passes beats a
+one-pass Oja of many small steps, because each Oja step sees only
+``n_t`` users against a full-size noise matrix; a warm start adds a pass's worth
+of noise without a gain large enough to pay for it. The default is therefore
+``--schedule power`` with ``P`` passes chosen by :func:`default_passes` from
+public parameters.
+
+Defaults from public parameters only
+------------------------------------
+``L`` (``--clip``): ``h * sqrt(5)`` where ``h`` is half the declared rating range,
+i.e. a user's row is scaled down as soon as it carries more than about five
+ratings' worth of maximal residuals. Clipping every heavy user to the same norm
+costs a little bias but maximizes signal-to-noise (noise scales with ``L^2``,
+each user's signal with ``min(||a_i||, L)^2``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+from streamdp.kernels.linalg import gram_apply, gram_apply_range, residuals
+from streamdp.methods import register
+from streamdp.methods.base import Fitted, Method, Plan
+
+#: Share of the Gaussian budget (in sum of 1/z^2) given to the private item biases.
+STATS_SHARE = 0.1
+#: Default Oja step size constant (``eta_t = ETA / (n_t L^2)``).
+ETA = 4.0
+#: Key of this method's random streams (independent of other methods' streams).
+RNG_KEY = 0x0A1A
+SCHEDULES = ("power", "oja", "warm")
+CENTERS = ("private", "midpoint")
+CALIBRATIONS = ("pld", "paper")
+
+
+def default_passes(n_users: int, n_items: int, rank: int, epsilon: float) -> int:
+    """Passes of noisy subspace iteration, from public parameters only.
+
+    More passes converge further but each one gets ``1/P`` of the budget, so its
+    noise grows like ``sqrt(P)``. The signal of one pass is about ``n_users L^2``
+    spread over ``k`` directions against noise ``z_pass L^2 sqrt(n_items)``: when
+    that ratio is large, extra passes are nearly free and help convergence; when
+    it is small, one pass is best. Non-private runs iterate to convergence.
+
+    >>> default_passes(1_000_000, 2_000, 8, 1.0)
+    4
+    >>> default_passes(1_000, 2_000, 8, 1.0)
+    1
+    >>> default_passes(1_000, 2_000, 8, float("inf"))
+    20
+    """
+    if not math.isfinite(epsilon):
+        return 20
+    # rough signal-to-noise of a single-pass release at this epsilon (z ~ sqrt(2 log(1.25/delta))/eps)
+    snr = n_users * max(epsilon, 1e-3) / (rank * math.sqrt(n_items) * 5.0)
+    if snr >= 200:
+        return 4
+    if snr >= 20:
+        return 3
+    if snr >= 4:
+        return 2
+    return 1
+
+
+@register
+class PrivateOja(Method):
+    """Private top-``k`` subspace (block Oja / noisy subspace iteration) with private biases.
+
+    Options (all ``None`` = default from public parameters, see the module docstring):
+    ``passes``, ``schedule`` (power|oja|warm), ``step_users`` (users per Oja step),
+    ``clip`` (L), ``center`` (private|midpoint), ``calibration`` (pld|paper),
+    ``eta`` (Oja step size constant).
+    """
+
+    name = "oja"
+    OPTIONS = ("passes", "schedule", "step_users", "clip", "center", "calibration", "eta")
+
+    # -- settings ----------------------------------------------------------------------
+    def settings(self, store) -> dict:
+        """All parameters of a run on ``store``, defaults resolved from public parameters."""
+        o = self.options
+        n_users, n_items = store.n_users, store.n_items
+        lo, hi = store.rating_min, store.rating_max
+        half = (hi - lo) / 2.0
+        schedule = o.get("schedule") or "power"
+        if schedule not in SCHEDULES:
+            raise ParameterError(f"--schedule: expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        center = o.get("center") or "private"
+        if center not in CENTERS:
+            raise ParameterError(f"--center: expected one of {', '.join(CENTERS)}, got {center!r}")
+        calibration = o.get("calibration") or "pld"
+        if calibration not in CALIBRATIONS:
+            raise ParameterError(f"--calibration: expected one of {', '.join(CALIBRATIONS)}, got {calibration!r}")
+        passes = o.get("passes")
+        if passes is None:
+            passes = default_passes(n_users, n_items, self.rank, self.epsilon)
+            if schedule == "warm":
+                passes = max(2, passes)
+        passes = int(passes)
+        if passes < 1:
+            raise ParameterError(f"--passes must be >= 1, got {passes}")
+        if schedule == "warm" and passes < 2:
+            raise ParameterError("--schedule warm needs --passes >= 2 (one Oja pass, then power passes)")
+        clip = o.get("clip")
+        clip = float(clip) if clip is not None else half * math.sqrt(5.0)
+        if not (clip > 0 and math.isfinite(clip)):
+            raise ParameterError(f"--clip must be a positive number, got {clip}")
+        step_users = o.get("step_users")
+        if step_users is None:
+            # about 16 steps per Oja pass, at least 64 users a step
+            step_users = max(64, -(-n_users // 16))
+        step_users = int(step_users)
+        if step_users < 1:
+            raise ParameterError(f"--step-users must be >= 1, got {step_users}")
+        eta = float(o.get("eta") if o.get("eta") is not None else ETA)
+        if not eta > 0:
+            raise ParameterError(f"--eta must be > 0, got {eta}")
+        kinds = ["oja" if (schedule == "oja" or (schedule == "warm" and p == 0)) else "power"
+                 for p in range(passes)]
+        steps = [len(_step_ranges(store, step_users)) if kd == "oja" else 1 for kd in kinds]
+        return dict(schedule=schedule, passes=passes, pass_kinds=kinds, steps_per_pass=steps, clip=clip,
+                    center=center, calibration=calibration, step_users=step_users, eta=eta,
+                    rating_min=lo, rating_max=hi, stats_share=STATS_SHARE if center == "private" else 0.0)
+
+    # -- privacy plan ------------------------------------------------------------------
+    def _noise_multipliers(self, s: dict) -> tuple[float, float]:
+        """``(z_pass, z_stats)`` for the run (``z_stats`` is ``inf`` when biases are public)."""
+        from streamdp.privacy import calibrate, compose, gaussian_event, paper_sigma_jain
+
+        P, f = s["passes"], s["stats_share"]
+
+        def split(z):
+            zp = z * math.sqrt(P / (1.0 - f))
+            zs = z / math.sqrt(f) if f > 0 else math.inf
+            return zp, zs
+
+        def make(z):
+            zp, zs = split(z)
+            ev = [gaussian_event(zp, count=P)]
+            if f > 0:
+                ev.append(gaussian_event(zs))
+            return compose(ev)
+
+        if s["calibration"] == "paper":
+            zp = paper_sigma_jain(self.epsilon, self.delta, count=sum(s["steps_per_pass"]), which="alg2")
+            return split(zp / math.sqrt(P / (1.0 - f)))
+        return split(calibrate(make, self.epsilon, self.delta))
+
+    def plan(self, store) -> Plan:
+        from streamdp.privacy import compose, gaussian_event
+
+        s = self.settings(store)
+        L, half = s["clip"], (s["rating_max"] - s["rating_min"]) / 2.0
+        bounds = {"clip_L": L, "rating_min": s["rating_min"], "rating_max": s["rating_max"],
+                  "rating_range_source": getattr(store, "rating_range_source", "unknown"),
+                  "stats_weight": "w_i = min(1, 1/sqrt(n_i))"}
+        if not self.private:
+            entries = [{"release": "subspace passes and item biases", "mechanism": "none (non-private)",
+                        "passes": s["passes"]}]
+            return Plan(event=None, entries=entries, params={**s, "bounds": bounds, "z_pass": 0.0, "z_stats": 0.0})
+        zp, zs = self._noise_multipliers(s)
+        events = [gaussian_event(zp, count=s["passes"])]
+        entries = [{"release": "A^T A V + G per pass (one Gaussian per pass: each user in one step)",
+                    "mechanism": "gaussian", "l2_sensitivity": L * L, "noise_multiplier": zp,
+                    "sigma": zp * L * L, "count": s["passes"], "shape": [store.n_items, self.rank],
+                    "steps_per_pass": s["steps_per_pass"], "calibration": s["calibration"]}]
+        if s["stats_share"] > 0:
+            events.append(gaussian_event(zs))
+            d = math.sqrt(1.0 + half * half)
+            entries.append({"release": "item sums S_j and weights C_j (item biases, global mean)",
+                            "mechanism": "gaussian", "l2_sensitivity": d, "noise_multiplier": zs,
+                            "sigma": zs * d, "count": 1, "shape": [2, store.n_items]})
+        entries.append({"release": "singular values (Ritz values of the last pass)",
+                        "mechanism": "post-processing", "count": 0})
+        return Plan(event=compose(events), entries=entries,
+                    params={**s, "bounds": bounds, "z_pass": zp, "z_stats": zs})
+
+    # -- fitting -----------------------------------------------------------------------
+    def fit(self, store, engine) -> Fitted:
+        from streamdp.privacy import spawn_rngs
+
+        plan = self.plan(store)
+        s = plan.params
+        n, k = store.n_items, self.rank
+        L = s["clip"]
+        total_steps = sum(s["steps_per_pass"])
+        rngs = spawn_rngs(self.seed, 2 + total_steps, key=RNG_KEY)
+        sigma_pass = s["z_pass"] * L * L if self.private else 0.0
+
+        mu, bias = self._center(store, engine, s, rngs[1])
+        V = np.linalg.qr(rngs[0].standard_normal((n, k)))[0]
+        values_of = _values_fn(mu, bias, L, s["rating_min"], s["rating_max"])
+        t = 2
+        M = np.zeros((k, k))
+        for p, (kind, n_steps) in enumerate(zip(s["pass_kinds"], s["steps_per_pass"])):
+            step_rngs = rngs[t:t + n_steps]
+            t += n_steps
+            if kind == "power":
+                V, M = _power_pass(engine, V, values_of, step_rngs[0], sigma_pass)
+            else:
+                V, M = _oja_pass(engine, store, V, values_of, step_rngs, sigma_pass, s["step_users"], s["eta"], L)
+        # Ritz values of the last pass: post-processing of released products
+        lam, W = np.linalg.eigh((M + M.T) / 2.0)
+        order = np.argsort(lam)[::-1]
+        lam, W = lam[order], W[:, order]
+        V = V @ W
+        sv = np.sqrt(np.maximum(lam, 0.0))
+        Q = scaled_factors(V, sv)
+        notes = []
+        if not self.private:
+            notes.append("non-private: --epsilon inf, no noise added (clipping and centering still applied)")
+        if self.seed is not None:
+            notes.append("seeded run: reproducible, not private against whoever knows the seed")
+        if s["bounds"]["rating_range_source"] != "declared":
+            notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
+                         "exact guarantee")
+        ledger = self.ledger(store, plan, notes=notes)
+        info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
+                "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum,
+                "n_users": store.n_users, "n_items": n,
+                "parameters": {key: s[key] for key in ("schedule", "passes", "pass_kinds", "steps_per_pass", "clip",
+                                                        "center", "calibration", "step_users", "eta", "stats_share",
+                                                        "z_pass", "z_stats")},
+                "item_factors": "V diag(w) sqrt(n_items / sum w^2), w = s / max(s) (private singular values s)",
+                "ridge": DEFAULT_RIDGE}
+        return Fitted(item_factors=Q.astype(np.float32), item_bias=bias.astype(np.float32),
+                      item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
+                      extras={"singular_values": sv.astype(np.float64), "basis": V.astype(np.float32)})
+
+    def _center(self, store, engine, s, rng):
+        """Private (or public-midpoint) global mean and item biases."""
+        from streamdp.privacy import gaussian_noise
+        from streamdp.privacy.bounding import clip_rows
+
+        n = store.n_items
+        lo, hi = s["rating_min"], s["rating_max"]
+        mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
+        if s["center"] == "midpoint":
+            return mid, np.zeros(n)
+
+        def fn(block, b):
+            w = clip_rows(block.indptr, np.ones(block.nnz, np.float64), 1.0)
+            x = (np.clip(block.ratings.astype(np.float64), lo, hi) - mid) * w
+            return np.stack([np.bincount(block.items, weights=x, minlength=n),
+                             np.bincount(block.items, weights=w, minlength=n)])
+
+        SC = engine.map_reduce(fn, _add, np.zeros((2, n)), extra_per_block=16 * n)
+        sigma = 0.0
+        if self.private:
+            sigma = s["z_stats"] * math.sqrt(1.0 + half * half)
+            SC = SC + gaussian_noise(rng, SC.shape, sigma)
+        S, C = SC
+        mu = mid + float(S.sum()) / max(float(C.sum()), 1.0)
+        mu = min(max(mu, lo), hi)
+        lam_b = 1.0 + 2.0 * sigma
+        bias = (S - (mu - mid) * C) / (np.maximum(C, 0.0) + lam_b)
+        return mu, np.clip(bias, -half, half)
+
+
+#: Default ridge of the local user solve (see :mod:`streamdp.local`).
+DEFAULT_RIDGE = 1.0
+
+
+def scaled_factors(V: np.ndarray, sv: np.ndarray) -> np.ndarray:
+    """``V diag(w) sqrt(n / sum w^2)`` with ``w = sv / max(sv)``: rows of mean squared norm 1.
+
+    Directions with small private singular values are shrunk, so the local ridge
+    solve trusts them less; the overall scale makes the ridge dimensionless.
+
+    >>> Q = scaled_factors(np.linalg.qr(np.random.default_rng(0).normal(size=(50, 3)))[0], np.array([3., 2., 1.]))
+    >>> round(float((Q ** 2).sum(axis=1).mean()), 6)
+    1.0
+    """
+    n = V.shape[0]
+    top = float(np.max(sv)) if len(sv) else 0.0
+    w = sv / top if top > 0 else np.ones_like(sv)
+    w = np.maximum(w, 1e-3)
+    return V * w * math.sqrt(n / float(np.sum(w * w)))
+
+
+def _add(acc, x):
+    acc += x
+    return acc
+
+
+def _values_fn(mu, bias, L, lo, hi):
+    """Clipped residual rows of a block: ``clip_rows(r - mu - b, L)`` as float64."""
+    from streamdp.privacy.bounding import clip_rows
+
+    bias = np.ascontiguousarray(bias, dtype=np.float64)
+
+    def values(block):
+        r = np.clip(block.ratings, np.float32(lo), np.float32(hi))
+        v = np.empty(block.nnz, np.float64)
+        residuals(block.items, r, float(mu), bias, v)
+        return clip_rows(block.indptr, v, L)
+
+    return values
+
+
+def _power_pass(engine, V, values_of, rng, sigma):
+    """One pass of noisy subspace iteration: ``QR(A^T A V + G)``; returns ``(V_new, V^T Y)``."""
+    from streamdp.privacy import gaussian_noise
+
+    n, k = V.shape
+    Vc = np.ascontiguousarray(V)
+
+    def fn(block, b):
+        out = np.zeros((n, k))
+        gram_apply(block.indptr, block.items, values_of(block), Vc, out)
+        return out
+
+    Y = engine.map_reduce(fn, _add, np.zeros((n, k)), extra_per_block=8 * n * k)
+    if sigma > 0:
+        Y += gaussian_noise(rng, (n, k), sigma)
+    return np.linalg.qr(Y)[0], V.T @ Y
+
+
+def _step_ranges(store, step_users: int) -> list[tuple[int, int, int]]:
+    """Oja steps as ``(first_block, last_block_exclusive, users_per_sub_step)`` groups.
+
+    Steps of at least a block are whole groups of consecutive blocks (run in
+    parallel by ``map_reduce``); smaller steps split each block into sub-ranges of
+    ``step_users`` users, run in order. Depends on public shape only.
+    """
+    bu, nb = store.block_users, store.n_blocks
+    if step_users >= bu:
+        g = max(1, round(step_users / bu))
+        return [(b, min(b + g, nb), 0) for b in range(0, nb, g)]
+    out = []
+    for b in range(nb):
+        first, end = store.block_range(b)
+        for u0 in range(0, end - first, step_users):
+            out.append((b, b + 1, step_users))
+    return out
+
+
+def _oja_pass(engine, store, V, values_of, rngs, sigma, step_users, eta, L):
+    """One pass of block Oja; returns ``(V, sum_t V_{t-1}^T Y_t)``."""
+    from streamdp.privacy import gaussian_noise
+
+    n, k = V.shape
+    steps = _step_ranges(store, step_users)
+    M = np.zeros((k, k))
+    if steps and steps[0][2] == 0:  # whole-block steps, each a parallel map_reduce
+        for t, (b0, b1, _) in enumerate(steps):
+            Vc = np.ascontiguousarray(V)
+
+            def fn(block, b, Vc=Vc):
+                out = np.zeros((n, k))
+                gram_apply(block.indptr, block.items, values_of(block), Vc, out)
+                return out
+
+            Y = engine.map_reduce(fn, _add, np.zeros((n, k)), blocks=range(b0, b1), extra_per_block=8 * n * k)
+            users = store.block_range(b1 - 1)[1] - store.block_range(b0)[0]
+            if sigma > 0:
+                Y += gaussian_noise(rngs[t], (n, k), sigma)
+            M += V.T @ Y
+            V = np.linalg.qr(V + (eta / (users * L * L)) * Y)[0]
+        return V, M
+
+    # sub-block steps: values computed in parallel, steps applied in order in this thread
+    state = {"V": V, "t": 0, "M": M}
+
+    def prep(block, b):
+        return block, values_of(block)
+
+    def run_steps(st, item):
+        block, vals = item
+        for u0 in range(0, block.n_users, step_users):
+            u1 = min(u0 + step_users, block.n_users)
+            Vt = np.ascontiguousarray(st["V"])
+            Y = np.zeros((n, k))
+            gram_apply_range(block.indptr, block.items, vals, Vt, u0, u1, Y)
+            if sigma > 0:
+                Y += gaussian_noise(rngs[st["t"]], (n, k), sigma)
+            st["M"] += Vt.T @ Y
+            st["V"] = np.linalg.qr(Vt + (eta / ((u1 - u0) * L * L)) * Y)[0]
+            st["t"] += 1
+        return st
+
+    state = engine.map_reduce(prep, run_steps, state, extra_per_block=8 * n * k)
+    return state["V"], state["M"]

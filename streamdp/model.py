@@ -1,0 +1,169 @@
+"""The released model: one directory layout written by every method.
+
+::
+
+    MODEL/
+      privacy.json        the privacy ledger (streamdp.privacy.Ledger)
+      model.json          method, rank, all parameters, the store's checksum
+      factors.zarr/       Zarr group
+        item_factors      float32 (n_items, k), store item order
+        item_bias         float32 (n_items,)
+        item_ids          original item ids (int64 or str), store item order
+        <extras>          method-specific arrays (e.g. singular_values)
+        attrs: global_mean
+
+:func:`save_model` writes everything into a temporary directory beside ``out`` and
+renames it into place, so a failed or interrupted run leaves no partial model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import zarr
+
+from streamdp.errors import InputError, StoreError
+
+MODEL_FORMAT = "streamdp-model"
+MODEL_FORMAT_VERSION = 1
+_CORE_ARRAYS = ("item_factors", "item_bias", "item_ids")
+
+
+@dataclass
+class Model:
+    """A loaded model (arrays in memory: item-side state only)."""
+
+    path: str
+    item_factors: np.ndarray
+    item_bias: np.ndarray
+    item_ids: np.ndarray
+    global_mean: float
+    info: dict
+    ledger: object
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def n_items(self) -> int:
+        return int(self.item_factors.shape[0])
+
+    @property
+    def rank(self) -> int:
+        return int(self.item_factors.shape[1])
+
+    @property
+    def method(self) -> str:
+        return str(self.info.get("method", "?"))
+
+
+def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: float, model_info: dict, ledger,
+               extras: dict | None = None, force: bool = False) -> str:
+    """Write a model directory atomically (temp dir + rename) and return its path.
+
+    Parameters
+    ----------
+    out : str
+        Destination directory; must not exist unless ``force``.
+    item_factors : ndarray (n_items, k)
+        Stored as float32.
+    item_bias : ndarray (n_items,)
+    item_ids : ndarray (n_items,)
+        Original item ids in store item order.
+    global_mean : float
+    model_info : dict
+        JSON-serializable description (method, rank, parameters, store checksum...).
+    ledger : streamdp.privacy.Ledger
+        Written as ``privacy.json``.
+    extras : dict of str to ndarray, optional
+        Additional arrays written into ``factors.zarr``.
+    force : bool
+        Replace an existing ``out``.
+    """
+    out = str(out).rstrip("/")
+    if os.path.lexists(out) and not force:
+        raise StoreError(f"{out}: already exists (use --force to overwrite)")
+    V = np.ascontiguousarray(item_factors, dtype=np.float32)
+    if V.ndim != 2:
+        raise ValueError(f"item_factors must be 2-D, got shape {V.shape}")
+    n = V.shape[0]
+    bias = np.ascontiguousarray(item_bias, dtype=np.float32)
+    ids = np.asarray(item_ids)
+    if bias.shape != (n,) or ids.shape != (n,):
+        raise ValueError(f"item_bias {bias.shape} and item_ids {ids.shape} must have shape ({n},)")
+    if not (np.all(np.isfinite(V)) and np.all(np.isfinite(bias)) and np.isfinite(global_mean)):
+        raise ValueError("model arrays contain NaN or infinity")
+    parent = os.path.dirname(os.path.abspath(out)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        os.makedirs(tmp)
+        g = zarr.open_group(os.path.join(tmp, "factors.zarr"), mode="w")
+        g.create_array("item_factors", data=V, chunks=(min(max(n, 1), 1 << 16), V.shape[1]))
+        g.create_array("item_bias", data=bias)
+        if ids.dtype.kind in "OUS":
+            g.create_array("item_ids", data=ids.astype(str), dtype=str)
+        else:
+            g.create_array("item_ids", data=ids.astype(np.int64))
+        for name, arr in (extras or {}).items():
+            if name in _CORE_ARRAYS:
+                raise ValueError(f"extra array name {name!r} clashes with a core array")
+            g.create_array(name, data=np.asarray(arr))
+        g.attrs["global_mean"] = float(global_mean)
+        info = dict(model_info)
+        info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n), rank=int(V.shape[1]))
+        with open(os.path.join(tmp, "model.json"), "w") as f:
+            json.dump(info, f, indent=2, default=_json_default)
+            f.write("\n")
+        ledger.write(tmp)
+        if os.path.lexists(out):
+            shutil.rmtree(out) if os.path.isdir(out) and not os.path.islink(out) else os.remove(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load_model(path: str) -> Model:
+    """Open a model directory written by :func:`save_model`."""
+    from streamdp.privacy import Ledger
+
+    path = str(path)
+    mj = os.path.join(path, "model.json")
+    if not os.path.isfile(mj):
+        raise InputError(f"{path}: not a streamdp model (no model.json)")
+    try:
+        with open(mj) as f:
+            info = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{mj}: unreadable ({exc})") from None
+    if info.get("format") != MODEL_FORMAT:
+        raise InputError(f"{path}: not a streamdp model (format {info.get('format')!r})")
+    if info.get("format_version") != MODEL_FORMAT_VERSION:
+        raise InputError(f"{path}: model format version {info.get('format_version')}, this streamdp reads "
+                         f"{MODEL_FORMAT_VERSION}")
+    try:
+        g = zarr.open_group(os.path.join(path, "factors.zarr"), mode="r")
+        arrays = {name: g[name][:] for name in g.array_keys()}
+        global_mean = float(g.attrs["global_mean"])
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.GroupNotFoundError) as exc:
+        raise InputError(f"{path}/factors.zarr: missing or corrupt ({exc.__class__.__name__}: {exc})") from None
+    for name in _CORE_ARRAYS:
+        if name not in arrays:
+            raise InputError(f"{path}/factors.zarr: no array {name!r}")
+    ledger = Ledger.read(path)
+    return Model(path=path, item_factors=np.asarray(arrays.pop("item_factors"), np.float32),
+                 item_bias=np.asarray(arrays.pop("item_bias"), np.float32), item_ids=arrays.pop("item_ids"),
+                 global_mean=global_mean, info=info, ledger=ledger, extras=arrays)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")

@@ -1,0 +1,268 @@
+"""The stream engine: every pass of every method is a map over user blocks plus a reduction.
+
+:class:`Engine` owns three decisions that no method should make on its own:
+
+* **Scheduling.** Local runs use a pool of ``workers`` threads (the Numba kernels
+  release the GIL, so threads run on all cores without copying blocks); with
+  ``scheduler="tcp://..."`` (or a :class:`distributed.Client`) the same pass is
+  submitted to a Dask distributed cluster, each task reading its own block from the
+  store's URL. The local pool is a :class:`concurrent.futures.ThreadPoolExecutor`,
+  the same executor Dask's threaded scheduler runs on, driven directly rather than
+  through a task graph so that the number of blocks in flight is bounded and
+  partials are combined as soon as they are next in block order (a Dask graph
+  materializes all partials of a batch before reducing).
+* **Memory.** At most :attr:`Engine.in_flight` blocks are read-but-not-combined at
+  any moment; the number comes from ``memory_limit`` minus what the process already
+  uses and what the caller declares it holds in item-side state, divided by the
+  largest block's footprint. A dedicated reader thread reads/decompresses the next
+  blocks while the workers compute (prefetch).
+* **Determinism.** ``map_reduce`` combines partials strictly in block order, so the
+  result is bit-for-bit the same for 1 or N workers and on a cluster; randomness must
+  come from per-block/per-step generators (``streamdp.privacy.spawn_rngs``), never
+  from which thread ran a block.
+
+Thread budget: workers x Numba threads x BLAS threads <= cores (see
+:mod:`streamdp.stream.threads`); set for the duration of a pass and restored after.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+from streamdp.storage.store import Block, RatingStore, open_store
+from streamdp.stream.memory import current_rss, format_size, resolve_memory_limit
+from streamdp.stream.state import UserState  # noqa: F401  (re-exported: part of the engine API)
+from streamdp.stream.threads import available_cores, numba_threads, thread_budget, thread_limits
+
+#: Bytes of working memory per rating of a block in flight: the int32 item and float32
+#: rating as read, a float64 value per rating for kernels, and decompression buffers.
+BYTES_PER_RATING = 32
+#: Upper bound on blocks in flight per worker (beyond that, prefetching gains nothing).
+MAX_IN_FLIGHT_PER_WORKER = 3
+
+_store_cache: dict[str, RatingStore] = {}
+_store_lock = threading.Lock()
+
+
+def _cached_store(path: str) -> RatingStore:
+    """One opened store per process and path (used by tasks on cluster workers)."""
+    with _store_lock:
+        s = _store_cache.get(path)
+        if s is None:
+            s = _store_cache[path] = open_store(path)
+        return s
+
+
+def _remote_block(path: str, b: int, split: str, fn: Callable, inner: int):
+    """A task on a distributed worker: read block ``b`` there and apply ``fn``."""
+    store = _cached_store(path)
+    with numba_threads(inner):
+        return fn(store.read_block(b, split), b)
+
+
+class Engine:
+    """Runs passes over a rating store's user blocks.
+
+    Parameters
+    ----------
+    store : RatingStore or str
+        The store (or its path/URL).
+    workers : int, optional
+        Worker threads (default: all cores). With ``workers=1`` blocks are processed
+        strictly in order.
+    scheduler : str or distributed.Client, optional
+        Address of a Dask distributed scheduler (``tcp://host:port``) or a client.
+        ``map_reduce`` then runs on the cluster; ``foreach`` (shared in-memory item
+        state) always runs in local threads.
+    memory_limit : str or int, optional
+        Peak memory budget (``"512MB"``); default half of the available RAM.
+    state_bytes : int
+        Bytes the caller holds in item-side state for the whole run (e.g. V and its
+        per-worker partial sums); subtracted from the budget before sizing blocks.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from streamdp.storage.generate import generate_store
+    >>> d = tempfile.mkdtemp()
+    >>> s = generate_store(os.path.join(d, "s.zarr"), n_users=200, n_items=30, ratings_per_user=5,
+    ...                    rank=2, seed=0, block_users=50)
+    >>> with Engine(s, workers=2, memory_limit="1GB") as eng:
+    ...     eng.map_reduce(lambda blk, b: blk.nnz, lambda a, x: a + x, 0) == s.n_ratings
+    True
+    """
+
+    def __init__(self, store, *, workers: int | None = None, scheduler=None, memory_limit=None,
+                 state_bytes: int = 0):
+        self.store: RatingStore = store if isinstance(store, RatingStore) else open_store(store)
+        self.cores = available_cores()
+        self.memory_limit = resolve_memory_limit(memory_limit)
+        self._client = None
+        self._own_client = False
+        if scheduler is not None:
+            self._client, self._own_client = _connect(scheduler)
+            n = sum(w.get("nthreads", 1) for w in self._client.scheduler_info()["workers"].values())
+            self.workers = int(workers or max(1, n))
+            self.inner_threads = 1
+        else:
+            self.workers, self.inner_threads = thread_budget(workers, self.cores)
+        self.state_bytes = int(state_bytes)
+        self._nnz_cache: dict[str, np.ndarray] = {}
+        self.in_flight = self.blocks_in_flight()
+
+    # -- sizing ------------------------------------------------------------------------
+    def block_bytes(self, split: str = "train", extra_per_block: int = 0) -> int:
+        """Footprint of the largest block of ``split`` while it is in flight."""
+        if split not in self._nnz_cache:
+            self._nnz_cache[split] = self.store.block_nnz(split)
+        nnz = self._nnz_cache[split]
+        biggest = int(nnz.max()) if len(nnz) else 0
+        return biggest * BYTES_PER_RATING + (self.store.block_users + 1) * 16 + int(extra_per_block)
+
+    def blocks_in_flight(self, split: str = "train", extra_per_block: int = 0) -> int:
+        """How many blocks may be read-but-not-combined at once within the memory budget.
+
+        Raises :class:`~streamdp.errors.ParameterError` when not even one block fits.
+        """
+        free = self.memory_limit - current_rss() - self.state_bytes
+        per = self.block_bytes(split, extra_per_block)
+        n = int(free // max(per, 1))
+        if n < 1:
+            raise ParameterError(
+                f"--memory-limit {format_size(self.memory_limit)} is too small: the process already uses "
+                f"{format_size(current_rss())}, item-side state needs {format_size(self.state_bytes)} and one "
+                f"block needs {format_size(per)}")
+        return max(1, min(n, MAX_IN_FLIGHT_PER_WORKER * self.workers + 1))
+
+    @property
+    def n_blocks(self) -> int:
+        return self.store.n_blocks
+
+    @property
+    def distributed(self) -> bool:
+        return self._client is not None
+
+    # -- passes ------------------------------------------------------------------------
+    def map_reduce(self, fn: Callable[[Block, int], Any], combine: Callable[[Any, Any], Any], init: Any, *,
+                   split: str = "train", blocks: Iterable[int] | None = None, extra_per_block: int = 0) -> Any:
+        """``combine(...combine(combine(init, fn(B0, 0)), fn(B1, 1))..., fn(Bn, n))`` in block order.
+
+        ``fn(block, b)`` runs on a worker (it must not mutate shared state; on a
+        cluster it and what it references are pickled); ``combine`` runs in the
+        calling thread, in block order, so the result does not depend on the
+        number of workers. ``extra_per_block`` is the size of one partial result in
+        bytes (e.g. an ``n_items x k`` float64 matrix) to keep it inside the budget.
+        """
+        order = list(range(self.n_blocks)) if blocks is None else [int(b) for b in blocks]
+        window = self.blocks_in_flight(split, extra_per_block)
+        acc = init
+        if self._client is not None:
+            for b, part in self._run_distributed(fn, order, split, window):
+                acc = combine(acc, part)
+            return acc
+        for b, part in self._run_local(fn, order, split, window):
+            acc = combine(acc, part)
+        return acc
+
+    def foreach(self, fn: Callable[[Block, int], Any], *, split: str = "train", order: Sequence[int] | None = None,
+                extra_per_block: int = 0) -> list:
+        """Call ``fn(block, b)`` for each block on the local worker threads; return the results in ``order``.
+
+        For Hogwild-style methods that update shared in-memory item state from
+        several threads. With one worker the blocks are processed strictly in
+        ``order`` (default: block order), one after the other; the next blocks are
+        read ahead either way. Always local, also when a scheduler was given.
+        """
+        order = list(range(self.n_blocks)) if order is None else [int(b) for b in order]
+        window = self.blocks_in_flight(split, extra_per_block)
+        return [part for _, part in self._run_local(fn, order, split, window)]
+
+    def _run_local(self, fn, order, split, window):
+        store = self.store
+        inner = self.inner_threads
+
+        def compute(read_future, b):
+            with numba_threads(inner):
+                return fn(read_future.result(), b)
+
+        with thread_limits(inner), \
+                cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamdp-read") as reader, \
+                cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="streamdp-work") as pool:
+            pending: collections.deque = collections.deque()
+            it = iter(order)
+            try:
+                for b in it:
+                    pending.append((b, pool.submit(compute, reader.submit(store.read_block, b, split), b)))
+                    if len(pending) >= window:
+                        break
+                while pending:
+                    b, fut = pending.popleft()
+                    part = fut.result()
+                    nxt = next(it, None)
+                    if nxt is not None:
+                        pending.append((nxt, pool.submit(compute, reader.submit(store.read_block, nxt, split), nxt)))
+                    yield b, part
+            finally:
+                for _, fut in pending:
+                    fut.cancel()
+
+    def _run_distributed(self, fn, order, split, window):
+        client = self._client
+        path = self.store.path
+        pending: collections.deque = collections.deque()
+        it = iter(order)
+        try:
+            for b in it:
+                pending.append((b, client.submit(_remote_block, path, b, split, fn, 1, pure=False)))
+                if len(pending) >= window:
+                    break
+            while pending:
+                b, fut = pending.popleft()
+                part = fut.result()
+                fut.release()
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.append((nxt, client.submit(_remote_block, path, nxt, split, fn, 1, pure=False)))
+                yield b, part
+        finally:
+            for _, fut in pending:
+                fut.cancel()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        if self._client is not None and self._own_client:
+            self._client.close()
+        self._client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def describe(self) -> dict:
+        """The engine's configuration, for a model's ``model.json``."""
+        return {"workers": self.workers, "inner_threads": self.inner_threads, "cores": self.cores,
+                "scheduler": "distributed" if self._client is not None else "threads",
+                "memory_limit": self.memory_limit, "blocks_in_flight": self.in_flight}
+
+
+def _connect(scheduler):
+    """A distributed client from an address (owned) or a client passed in (borrowed)."""
+    try:
+        from distributed import Client
+    except ImportError:  # pragma: no cover - distributed is a declared extra
+        raise ParameterError("--scheduler needs the 'distributed' package (pip install 'streamdp[distributed]')") \
+            from None
+    if isinstance(scheduler, Client):
+        return scheduler, False
+    try:
+        return Client(str(scheduler), timeout="10s"), True
+    except (OSError, TimeoutError) as exc:
+        raise ParameterError(f"--scheduler {scheduler}: cannot connect ({exc.__class__.__name__}: {exc})") from None

@@ -1,0 +1,112 @@
+"""Per-user state on disk: user-block-aligned Zarr arrays read and written with their block.
+
+Methods that keep something per user (user factors, per-user coefficients of a
+Frank-Wolfe iterate) never hold ``n_users x k`` in memory: the rows of user block
+``b`` are one Zarr chunk, read when the block's ratings are read and written back
+when the block is done. Different blocks are different chunks, so worker threads
+write concurrently without locks.
+
+Where it lives: beside the store (``STORE.state/NAME``, a sibling directory, so the
+store directory itself and its checksum are untouched) or in any run directory
+given as a path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import zarr
+
+from streamdp.errors import ParameterError
+
+
+def state_dir_for(store) -> str:
+    """The default state directory of a store: ``<store path>.state`` beside it."""
+    return str(store.path).rstrip("/") + ".state"
+
+
+class UserState:
+    """An ``(n_users, k)`` array on disk, chunked by user block.
+
+    Parameters
+    ----------
+    path_or_store : str or RatingStore
+        A run directory, or a store (then the state lives in ``<store>.state/``).
+    name : str
+        Array name inside the directory.
+    n_users, k, block_users : int
+        Shape and chunking (one chunk = one user block).
+    dtype : numpy dtype
+        Element type (default float32).
+    fill : float
+        Initial value of rows never written.
+    mode : {"w", "a"}
+        ``"w"`` creates (replacing an existing array of that name), ``"a"`` opens an
+        existing one (and checks its shape).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> st = UserState(tempfile.mkdtemp(), "u", n_users=10, k=2, block_users=4)
+    >>> st.n_blocks
+    3
+    >>> st.write(2, np.ones((2, 2), np.float32))
+    >>> st.read(2).tolist(), st.read(0).shape
+    ([[1.0, 1.0], [1.0, 1.0]], (4, 2))
+    """
+
+    def __init__(self, path_or_store, name: str, n_users: int, k: int, block_users: int, dtype=np.float32, *,
+                 fill: float = 0.0, mode: str = "w"):
+        if isinstance(path_or_store, (str, os.PathLike)):
+            root = str(path_or_store)
+        else:
+            root = state_dir_for(path_or_store)
+        if n_users < 1 or k < 1 or block_users < 1:
+            raise ParameterError(f"UserState {name!r}: n_users, k and block_users must be >= 1")
+        self.root = root
+        self.name = name
+        self.n_users = int(n_users)
+        self.k = int(k)
+        self.block_users = int(block_users)
+        self.dtype = np.dtype(dtype)
+        self.path = os.path.join(root, name)
+        if mode == "w":
+            os.makedirs(root, exist_ok=True)
+            self._arr = zarr.create_array(self.path, shape=(self.n_users, self.k), dtype=self.dtype,
+                                          chunks=(self.block_users, self.k), fill_value=fill, overwrite=True)
+        elif mode == "a":
+            self._arr = zarr.open_array(self.path, mode="r+")
+            if self._arr.shape != (self.n_users, self.k):
+                raise ParameterError(f"{self.path}: user state has shape {self._arr.shape}, "
+                                     f"expected {(self.n_users, self.k)}")
+        else:
+            raise ValueError(f"mode must be 'w' or 'a', not {mode!r}")
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.n_users // self.block_users)
+
+    def _range(self, b: int) -> tuple[int, int]:
+        if not 0 <= b < self.n_blocks:
+            raise IndexError(f"block {b} out of range 0..{self.n_blocks - 1}")
+        first = b * self.block_users
+        return first, min(first + self.block_users, self.n_users)
+
+    def read(self, b: int) -> np.ndarray:
+        """Rows of user block ``b`` (a new array)."""
+        s, e = self._range(b)
+        return np.asarray(self._arr[s:e], dtype=self.dtype)
+
+    def write(self, b: int, arr: np.ndarray) -> None:
+        """Replace the rows of user block ``b``."""
+        s, e = self._range(b)
+        arr = np.asarray(arr, dtype=self.dtype)
+        if arr.shape != (e - s, self.k):
+            raise ValueError(f"block {b}: expected shape {(e - s, self.k)}, got {arr.shape}")
+        self._arr[s:e] = arr
+
+    def remove(self) -> None:
+        """Delete the array from disk."""
+        shutil.rmtree(self.path, ignore_errors=True)
