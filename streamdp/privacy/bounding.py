@@ -1,0 +1,310 @@
+"""User-level contribution bounding over CSR blocks: trimming, clipping, weights, centering.
+
+One implementation used by every method (the kernels live here, in ``privacy/``,
+so that what bounds a user's influence is written once, next to the accountant
+that relies on it). Kernels are ``@njit(cache=True, nogil=True)`` on raw arrays with
+explicit dtypes and no ``fastmath``; the Python wrappers validate once and allocate.
+
+A block is the CSR triple ``(indptr, items, ratings)`` with a local ``indptr``
+(``indptr[0] == 0``), as :meth:`streamdp.storage.store.RatingStore.read_block`
+returns it.
+
+- :func:`trim_block`: keep a uniformly random subset of at most ``tau`` ratings per
+  user (Liu et al. 2015's trimming; the sensitivity bounds of every method assume
+  it). Deterministic in ``seed``; kept ratings stay in their original order.
+- :func:`clip_rows`: scale each user's row of values to L2 norm at most ``L``.
+- :func:`weight_rows` and :func:`personalized_weights`: per-user weights ``w_i``
+  (personalized privacy, Liu et al. Thm 2).
+- :func:`center_ratings`: subtract a public or privately estimated mean.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from streamdp.errors import ParameterError
+from streamdp.privacy.mechanisms import make_rng
+
+__all__ = ["trim_block", "clip_rows", "row_norms", "weight_rows", "personalized_weights", "center_ratings",
+           "check_tau", "check_clip"]
+
+# float32 rounding of a scaled value can raise a row's norm by a relative 2^-24 per
+# entry; clipping to L * (1 - 2^-20) keeps the float32 result's norm <= L.
+_F32_SAFETY = 1.0 - 2.0 ** -20
+
+
+def check_tau(tau) -> int:
+    """Validate a per-user rating cap ``tau`` (an integer >= 1).
+
+    >>> check_tau(5)
+    5
+    """
+    if isinstance(tau, bool) or not isinstance(tau, (int, np.integer)) or tau < 1:
+        raise ParameterError(f"tau: expected an integer >= 1 (ratings kept per user), got {tau!r}")
+    return int(tau)
+
+
+def check_clip(L) -> float:
+    """Validate a row-norm bound ``L`` (> 0; ``inf`` means no clipping).
+
+    >>> check_clip(2)
+    2.0
+    """
+    try:
+        L = float(L)
+    except (TypeError, ValueError):
+        raise ParameterError(f"L: expected a positive number (row-norm bound), got {L!r}") from None
+    if math.isnan(L) or L <= 0:
+        raise ParameterError(f"L: expected a positive number (row-norm bound), got {L}")
+    return L
+
+
+def _check_indptr(indptr: np.ndarray, n_values: int) -> np.ndarray:
+    indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+    if indptr.ndim != 1 or indptr.size < 1 or indptr[0] != 0 or indptr[-1] != n_values:
+        raise ParameterError("indptr: expected a local CSR row pointer starting at 0 and ending at len(values)")
+    return indptr
+
+
+@njit(cache=True, nogil=True)
+def _trim_kernel(indptr, items, ratings, keys, tau, out_indptr, out_items, out_ratings):  # pragma: no cover - numba
+    n = indptr.shape[0] - 1
+    pos = 0
+    out_indptr[0] = 0
+    for u in range(n):
+        a = indptr[u]
+        b = indptr[u + 1]
+        if b - a <= tau:
+            for j in range(a, b):
+                out_items[pos] = items[j]
+                out_ratings[pos] = ratings[j]
+                pos += 1
+        else:
+            sel = np.sort(np.argsort(keys[a:b])[:tau])
+            for t in range(tau):
+                j = a + sel[t]
+                out_items[pos] = items[j]
+                out_ratings[pos] = ratings[j]
+                pos += 1
+        out_indptr[u + 1] = pos
+    return pos
+
+
+def trim_block(indptr, items, ratings, tau, seed=None):
+    """Keep a uniformly random subset of at most ``tau`` ratings of each user.
+
+    Parameters
+    ----------
+    indptr : ndarray of int
+        Local CSR row pointer of the block (``n_users_in_block + 1``).
+    items, ratings : ndarray
+        Item index and value of each rating (any numeric dtypes; kept).
+    tau : int
+        Ratings kept per user, >= 1.
+    seed : int, numpy.random.Generator or None
+        Randomness for the subset; give the block's own seed (e.g. from
+        :func:`streamdp.privacy.mechanisms.spawn_rngs`) for a result that does
+        not depend on scheduling. ``None`` uses OS entropy.
+
+    Returns
+    -------
+    (indptr, items, ratings)
+        New arrays (the inputs are not modified); ``indptr`` is int64. Users
+        with at most ``tau`` ratings are kept whole, in order; for the others the
+        kept ratings keep their original relative order.
+
+    Examples
+    --------
+    >>> ip, it, r = trim_block(np.array([0, 3, 4]), np.array([5, 6, 7, 8], np.int32),
+    ...                        np.array([1, 2, 3, 4], np.float32), 2, seed=0)
+    >>> ip.tolist(), len(it), int(it[-1])
+    ([0, 2, 3], 3, 8)
+    """
+    tau = check_tau(tau)
+    items = np.ascontiguousarray(items)
+    ratings = np.ascontiguousarray(ratings)
+    if items.shape != ratings.shape or items.ndim != 1:
+        raise ParameterError("trim_block: items and ratings must be 1-d arrays of the same length")
+    indptr = _check_indptr(indptr, items.size)
+    counts = np.diff(indptr)
+    if counts.size == 0 or counts.max() <= tau:
+        return indptr.copy(), items.copy(), ratings.copy()
+    rng = seed if isinstance(seed, np.random.Generator) else make_rng(seed)
+    keys = rng.random(items.size)
+    total = int(np.minimum(counts, tau).sum())
+    out_indptr = np.empty_like(indptr)
+    out_items = np.empty(total, dtype=items.dtype)
+    out_ratings = np.empty(total, dtype=ratings.dtype)
+    _trim_kernel(indptr, items, ratings, keys, np.int64(tau), out_indptr, out_items, out_ratings)
+    return out_indptr, out_items, out_ratings
+
+
+@njit(cache=True, nogil=True)
+def _row_norms_kernel(indptr, values, out):  # pragma: no cover - numba
+    for u in range(indptr.shape[0] - 1):
+        s = 0.0
+        for j in range(indptr[u], indptr[u + 1]):
+            v = np.float64(values[j])
+            s += v * v
+        out[u] = math.sqrt(s)
+
+
+@njit(cache=True, nogil=True)
+def _scale_rows_kernel(indptr, values, factors, out):  # pragma: no cover - numba
+    for u in range(indptr.shape[0] - 1):
+        f = factors[u]
+        if f != 1.0:
+            for j in range(indptr[u], indptr[u + 1]):
+                out[j] = values[j] * f
+        else:
+            for j in range(indptr[u], indptr[u + 1]):
+                out[j] = values[j]
+
+
+def row_norms(indptr, values) -> np.ndarray:
+    """L2 norm of each user's row of ``values`` (float64).
+
+    >>> row_norms(np.array([0, 2, 3]), np.array([3.0, 4.0, 1.0])).tolist()
+    [5.0, 1.0]
+    """
+    values = np.ascontiguousarray(values)
+    indptr = _check_indptr(indptr, values.size)
+    out = np.empty(indptr.size - 1, dtype=np.float64)
+    _row_norms_kernel(indptr, values, out)
+    return out
+
+
+def _float_values(values, inplace: bool) -> np.ndarray:
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise ParameterError("values: expected a 1-d array (one value per rating)")
+    if inplace:
+        if values.dtype not in (np.float32, np.float64) or not values.flags.c_contiguous:
+            raise ParameterError("values: in-place bounding needs a contiguous float32/float64 array")
+        return values
+    return np.ascontiguousarray(values, dtype=values.dtype if values.dtype in (np.float32, np.float64)
+                                else np.float64)
+
+
+def clip_rows(indptr, values, L, *, inplace: bool = False) -> np.ndarray:
+    """Scale each user's row of ``values`` so that its L2 norm is at most ``L``.
+
+    Parameters
+    ----------
+    indptr : ndarray of int
+        Local CSR row pointer.
+    values : ndarray
+        One value per rating (e.g. centered ratings).
+    L : float
+        Row-norm bound, > 0 (``inf``: no clipping).
+    inplace : bool
+        Modify ``values`` (contiguous float32/float64) instead of returning a copy.
+        By default a **copy** is returned (float64 unless the input is float32/64).
+
+    Returns
+    -------
+    ndarray
+        The clipped values; rows already within ``L`` are unchanged. For float32
+        output rows are clipped to ``L (1 - 2^-20)`` so that rounding cannot take
+        the stored norm past ``L``.
+
+    Examples
+    --------
+    >>> clip_rows(np.array([0, 2, 3]), np.array([3.0, 4.0, 0.5]), 1.0).round(12).tolist()
+    [0.6, 0.8, 0.5]
+    """
+    L = check_clip(L)
+    out = _float_values(values, inplace)
+    src = np.ascontiguousarray(values) if not inplace else out
+    indptr = _check_indptr(indptr, out.size)
+    if math.isinf(L):
+        if not inplace and out is src:
+            out = out.copy()
+        return out
+    norms = row_norms(indptr, src)
+    target = L * (_F32_SAFETY if out.dtype == np.float32 else 1.0)
+    factors = np.where(norms > L, target / np.maximum(norms, 1e-300), 1.0)
+    if not inplace:
+        res = np.empty_like(out)
+        _scale_rows_kernel(indptr, out, factors, res)
+        return res
+    _scale_rows_kernel(indptr, out, factors, out)
+    return out
+
+
+def weight_rows(indptr, values, weights, *, inplace: bool = False) -> np.ndarray:
+    """Multiply each user's row of ``values`` by that user's weight ``w_i`` in ``[0, inf)``.
+
+    Returns a copy unless ``inplace`` (as :func:`clip_rows`).
+
+    Examples
+    --------
+    >>> weight_rows(np.array([0, 2, 3]), np.array([1.0, 2.0, 3.0]), np.array([0.5, 0.0])).tolist()
+    [0.5, 1.0, 0.0]
+    """
+    out = _float_values(values, inplace)
+    indptr = _check_indptr(indptr, out.size)
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    if w.shape != (indptr.size - 1,):
+        raise ParameterError(f"weights: expected one weight per user ({indptr.size - 1}), got shape {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ParameterError("weights: expected finite non-negative per-user weights")
+    res = out if inplace else np.empty_like(out)
+    _scale_rows_kernel(indptr, out, w, res)
+    return res
+
+
+def personalized_weights(counts, tau, fractions) -> np.ndarray:
+    """Per-user weights for personalized privacy (Liu et al. 2015, Thm 2).
+
+    Thm 2: with ``B_i = min(tau, m_i) w_i (4 + kappa)^2 <= B``, user ``i`` gets
+    ``epsilon B_i / (2B)``-personalized DP, i.e. a fraction ``B_i / B`` of the
+    guarantee of a full user (``B = tau (4 + kappa)^2``). For a wanted fraction
+    ``f_i`` in ``[0, 1]`` of the global epsilon, ``w_i = f_i tau / min(tau, m_i)``
+    (``f_i = 0`` removes the user, ``f_i = 1`` is the default budget). Users with
+    no ratings get weight 0.
+
+    Parameters
+    ----------
+    counts : ndarray of int
+        Ratings of each user (``m_i``), before trimming.
+    tau : int
+        Per-user rating cap.
+    fractions : float or ndarray
+        ``f_i`` in ``[0, 1]``.
+
+    Examples
+    --------
+    >>> personalized_weights(np.array([10, 2, 0]), 4, np.array([1.0, 0.5, 1.0])).tolist()
+    [1.0, 1.0, 0.0]
+    """
+    tau = check_tau(tau)
+    m = np.minimum(np.asarray(counts, dtype=np.int64), tau)
+    f = np.broadcast_to(np.asarray(fractions, dtype=np.float64), m.shape)
+    if np.any(~np.isfinite(f)) or np.any((f < 0) | (f > 1)):
+        raise ParameterError("fractions: expected per-user privacy fractions in [0, 1]")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(m > 0, f * tau / np.maximum(m, 1), 0.0)
+    return w
+
+
+def center_ratings(ratings, mean) -> np.ndarray:
+    """``ratings - mean`` as a new float array (float32 stays float32).
+
+    ``mean`` must be public (a declared scale midpoint) or privately estimated
+    and accounted by the caller.
+
+    Examples
+    --------
+    >>> center_ratings(np.array([1, 5], np.float32), 3.0).tolist()
+    [-2.0, 2.0]
+    """
+    mean = float(mean)
+    if not math.isfinite(mean):
+        raise ParameterError(f"mean: expected a finite number, got {mean}")
+    r = np.asarray(ratings)
+    dtype = r.dtype if r.dtype in (np.float32, np.float64) else np.float64
+    return (r - np.asarray(mean, dtype=dtype)).astype(dtype, copy=False)

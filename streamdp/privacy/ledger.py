@@ -1,0 +1,244 @@
+"""The privacy ledger of a model: ``privacy.json`` in every trained model directory.
+
+It says what was released and under which guarantee, so that the claim can be
+re-checked: guarantee type, epsilon and delta, the neighbouring relation (add/remove
+one user and all of their ratings), the accountant and its version, every event
+with all of its parameters, the contribution bounds, whether the run was seeded,
+the store's checksum, and notes. :meth:`Ledger.recompute` recomposes the recorded
+events with the accountant and must give the recorded epsilon.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dp_accounting
+
+from streamdp.errors import ParameterError, StoreError
+from streamdp.privacy.accountant import (
+    DP_ACCOUNTING_VERSION,
+    NEIGHBOURING_RELATION,
+    AccountingResult,
+    epsilon_of,
+)
+from streamdp.privacy.events import compose, event_from_dict, event_to_dict
+
+__all__ = [
+    "Ledger",
+    "LEDGER_FILE",
+    "GUARANTEE_USER_DP",
+    "GUARANTEE_JOINT_DP",
+    "GUARANTEE_NONE",
+    "GUARANTEE_APPROX_PREFIX",
+    "SEEDED_NOTE",
+    "encode_json",
+    "decode_json",
+]
+
+LEDGER_FILE = "privacy.json"
+LEDGER_FORMAT = "streamdp-privacy-ledger"
+LEDGER_VERSION = 1
+
+GUARANTEE_USER_DP = "user-level (epsilon, delta)-DP"
+GUARANTEE_JOINT_DP = "joint user-level (epsilon, delta)-DP"
+GUARANTEE_NONE = "non-private"
+#: Guarantees that are not rigorous start with this, e.g. "approximate: SGLD ...".
+GUARANTEE_APPROX_PREFIX = "approximate:"
+
+SEEDED_NOTE = ("the run was seeded: it is reproducible, and NOT private against whoever knows the seed "
+               "(the noise can be regenerated and subtracted)")
+UNSEEDED_NOTE = "noise drawn from OS entropy (no seed given)"
+
+
+def _check_guarantee(g: str) -> str:
+    if g in (GUARANTEE_USER_DP, GUARANTEE_JOINT_DP, GUARANTEE_NONE) or (
+            isinstance(g, str) and g.startswith(GUARANTEE_APPROX_PREFIX) and len(g) > len(GUARANTEE_APPROX_PREFIX)):
+        return g
+    raise ParameterError(f"guarantee: expected one of {GUARANTEE_USER_DP!r}, {GUARANTEE_JOINT_DP!r}, "
+                         f"{GUARANTEE_NONE!r} or a string starting with {GUARANTEE_APPROX_PREFIX!r}, got {g!r}")
+
+
+def encode_json(obj):
+    """Replace non-finite floats by the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict JSON)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: encode_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [encode_json(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "shape", None) == ():
+        return encode_json(obj.item())
+    return obj
+
+
+_FLOAT_KEYS = {"epsilon", "delta", "epsilon_rdp", "rdp_order", "value_discretization_interval",
+               "epsilon_basic", "budget_epsilon", "budget_delta", "spent_epsilon", "spent_delta"}
+
+
+def decode_json(obj):
+    """Inverse of :func:`encode_json` for the float fields of ledgers and budgets."""
+    if isinstance(obj, dict):
+        return {k: (float(v) if k in _FLOAT_KEYS and isinstance(v, str) else decode_json(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_json(v) for v in obj]
+    return obj
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(encode_json(obj), fh, indent=2, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@dataclass
+class Ledger:
+    """What a model released and under which guarantee (``privacy.json``).
+
+    Parameters
+    ----------
+    method : str
+        The method name (registry key).
+    guarantee : str
+        One of the ``GUARANTEE_*`` constants or ``"approximate: ..."``.
+    epsilon, delta : float
+        The guarantee (``epsilon = inf`` for ``GUARANTEE_NONE``).
+    events : list of dict or DpEvent
+        What was spent, in order (DpEvents are stored via ``event_to_dict``).
+    accounting : AccountingResult or None
+        The accountant's result for the composition of ``events``.
+    bounds : dict
+        Contribution bounds: ``tau``, ``L``, weights summary, sensitivities...
+    seeded : bool
+        Whether a seed was given (reproducible, not private against its holder).
+    store_checksum : str
+        Checksum of the rating store trained on.
+    notes : list of str
+
+    Examples
+    --------
+    >>> from streamdp.privacy.events import gaussian_event
+    >>> from streamdp.privacy.accountant import epsilon_of
+    >>> ev = gaussian_event(5.0, 4)
+    >>> led = Ledger(method="demo", guarantee=GUARANTEE_USER_DP, epsilon=2.0, delta=1e-6, events=[ev],
+    ...              accounting=epsilon_of(ev, 1e-6), bounds={"tau": 50, "L": 1.0}, seeded=True,
+    ...              store_checksum="blake2b:00")
+    >>> d = led.to_dict()
+    >>> d["neighbouring_relation"], d["seeded"], d["events"][0]["count"]
+    ('add/remove one user and all of their ratings', True, 4)
+    """
+
+    method: str
+    guarantee: str
+    epsilon: float
+    delta: float
+    events: list = field(default_factory=list)
+    accounting: AccountingResult | None = None
+    bounds: dict = field(default_factory=dict)
+    seeded: bool = False
+    store_checksum: str = ""
+    notes: list = field(default_factory=list)
+
+    def __post_init__(self):
+        _check_guarantee(self.guarantee)
+        self.epsilon = float(self.epsilon)
+        self.delta = float(self.delta)
+        self.events = [event_to_dict(e) if isinstance(e, dp_accounting.DpEvent) else dict(e) for e in self.events]
+        if self.guarantee == GUARANTEE_NONE:
+            if not math.isinf(self.epsilon):
+                raise ParameterError("a non-private ledger must have epsilon = inf")
+        elif not (self.epsilon > 0) or not (0 < self.delta < 1) and self.delta != 0:
+            raise ParameterError(f"ledger: invalid (epsilon, delta) = ({self.epsilon}, {self.delta})")
+        if self.accounting is not None and self.guarantee != GUARANTEE_NONE and math.isfinite(self.epsilon):
+            if self.accounting.epsilon > self.epsilon * (1 + 1e-9):
+                raise ParameterError(f"ledger: the accountant's epsilon {self.accounting.epsilon:.6g} exceeds the "
+                                     f"claimed epsilon {self.epsilon:.6g}")
+
+    def event(self) -> dp_accounting.DpEvent:
+        """The composition of the recorded events, as one DpEvent."""
+        return compose([event_from_dict(e) for e in self.events])
+
+    def recompute(self) -> AccountingResult:
+        """Recompose the recorded events with the accountant (at the recorded delta)."""
+        return epsilon_of(self.event(), self.delta if self.delta > 0 else 1e-12)
+
+    def to_dict(self) -> dict:
+        """The ``privacy.json`` content (non-finite floats as strings via :func:`encode_json`)."""
+        acc = self.accounting.to_dict() if self.accounting is not None else None
+        return {
+            "format": LEDGER_FORMAT,
+            "format_version": LEDGER_VERSION,
+            "method": self.method,
+            "guarantee": self.guarantee,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "neighbouring_relation": NEIGHBOURING_RELATION,
+            "unit_of_privacy": "user",
+            "accountant": {
+                "name": "dp-accounting PLD",
+                "cross_check": "dp-accounting RDP",
+                "library": "dp-accounting",
+                "version": DP_ACCOUNTING_VERSION,
+            },
+            "accounting": acc,
+            "events": self.events,
+            "bounds": self.bounds,
+            "seeded": bool(self.seeded),
+            "seed_note": SEEDED_NOTE if self.seeded else UNSEEDED_NOTE,
+            "store_checksum": self.store_checksum,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Ledger":
+        """Rebuild a ledger from :meth:`to_dict` output (or parsed ``privacy.json``)."""
+        d = decode_json(d)
+        acc = d.get("accounting")
+        if acc is not None:
+            fields = AccountingResult.__dataclass_fields__
+            acc = AccountingResult(**{k: v for k, v in acc.items() if k in fields})
+        try:
+            return cls(method=d["method"], guarantee=d["guarantee"], epsilon=d["epsilon"], delta=d["delta"],
+                       events=d.get("events", []), accounting=acc, bounds=d.get("bounds", {}),
+                       seeded=bool(d.get("seeded", False)), store_checksum=d.get("store_checksum", ""),
+                       notes=d.get("notes", []))
+        except KeyError as exc:
+            raise StoreError(f"privacy ledger: missing field {exc}") from None
+
+    def write(self, model_dir: str | os.PathLike) -> Path:
+        """Write ``privacy.json`` into ``model_dir`` atomically (temp file + ``os.replace``)."""
+        path = Path(model_dir) / LEDGER_FILE
+        atomic_write_json(path, self.to_dict())
+        return path
+
+    @classmethod
+    def read(cls, model_dir: str | os.PathLike) -> "Ledger":
+        """Read ``privacy.json`` from ``model_dir`` (or the file itself)."""
+        path = Path(model_dir)
+        if path.is_dir():
+            path = path / LEDGER_FILE
+        try:
+            with open(path) as fh:
+                d = json.load(fh)
+        except FileNotFoundError:
+            raise StoreError(f"{path}: no privacy ledger") from None
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"{path}: line {exc.lineno}: not a valid privacy ledger ({exc.msg})") from None
+        return cls.from_dict(d)
