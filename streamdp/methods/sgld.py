@@ -1,0 +1,577 @@
+"""DP matrix factorization by SGLD posterior sampling (``--method sgld``) and its SGD twin (``--method sgd``).
+
+Liu, Wang & Smola (RecSys 2015): sample ``(U, V)`` from ``exp(-epsilon/(4B) F(U, V))``
+with Stochastic Gradient Langevin Dynamics, streaming user blocks, and release
+``V``, the item biases and the global mean; users solve their own ``u_i`` locally
+(eq. 5, :mod:`streamdp.local`). The same kernels without noise are ``--method sgd``,
+the project's non-private speed reference (scikit-surprise's ``SVD`` update).
+
+The objective and the bound B (decisions where the paper is loose)
+-----------------------------------------------------------------
+``F = sum_i w_i sum_{j in R_i} l(r_ij - mu - bu_i - bv_j - u_i.v_j) + lam (|U|^2 + |V|^2)
++ lam_b (|bu|^2 + |bv|^2)`` over the ratings left after **trimming** each user to at
+most ``tau`` uniformly random ratings (:func:`streamdp.privacy.bounding.trim_block`,
+seeded per block; the same subset every epoch, so the target does not change).
+
+* ``l(e) = min(e^2, c^2)`` with ``c = (r_max - r_min) + kappa``: the squared loss
+  truncated at the bound. Alg. 1 instead restricts ``(U, V)`` to the set where
+  predictions are within ``kappa`` of the rating range and re-samples until a
+  sample lands there (lines 5-6), which no finite SGLD run can do for all
+  ``(i, j)``. With the truncated loss, a user's term is bounded by
+  ``B_i = min(tau, m_i) w_i c^2`` for **every** ``(U, V)``, so Thm 1's
+  exponential-mechanism argument holds on the whole space with no rejection step.
+  Ratings are clipped into the declared range first. For SGD (``--method sgd``)
+  the loss is the plain square (no truncation).
+* ``B = tau c^2`` is public (Sec. 6.6: ``B = tau (5 - 1 + kappa)^2``), not Alg. 1
+  line 1's data-dependent max. Weights ``w_i = min(rho, B / (m_i c^2))`` (Sec. 6.6),
+  ``m_i = min(tau, n_i)``, so ``B_i <= B``.
+* ``mu`` is the declared midpoint of the rating range for ``sgld`` (public; a data
+  mean would be an unaccounted statistic) and the training mean for ``sgd``.
+* Privacy scaling ``s = epsilon / (4 B)`` (Alg. 1 line 4), temperature ``T``: the
+  chain targets ``exp(-s F / T)``. ``T < 1`` (the paper's ``zeta`` "to speed up
+  burn-in") samples a colder distribution whose exact-sample guarantee is
+  ``epsilon / T``; the ledger reports that, not ``epsilon``.
+* The prior (``lam``) is data-independent and not weighted by counts (a count-weighted
+  regularizer would make a user's term unbounded); it is applied by the exact lazy
+  Ornstein-Uhlenbeck flows of :mod:`streamdp.kernels.sgd`.
+
+Guarantee and accounting
+------------------------
+An **exact** sample from ``exp(-s F)`` is ``epsilon``-DP (Thm 1; exponential
+mechanism with utility ``-F`` and sensitivity ``2B``). Under add/remove-one-user,
+Thm 2 gives user ``i`` ``epsilon B_i / (2B)``; the ledger records that per-user
+distribution (min/median/max over the store's users, exact, from counts and
+weights; it is a statistic of the data for the data owner, not a DP release).
+dp-accounting has no notion of "approximately exact posterior sample": the
+release is recorded as one pure ``epsilon``-DP event (exponential mechanism,
+:func:`streamdp.privacy.pure_dp_event`) whose PLD value is what an exact sample
+would spend, and the guarantee string starts with ``approximate:`` because a finite
+SGLD run is not an exact sample: Thm 1's ``(epsilon, (1 + e^epsilon) delta)`` needs the
+run's law to be ``delta``-close in L1 to the target, which nothing bounds for a
+finite run (Jain et al. 2018 remark that SGLD's ``(epsilon, delta)`` is unquantified).
+``--noise-table SIZE`` (Liu et al. Sec. 5.4 lookup table) has no privacy proof at
+all and is labelled so in the ledger and the guarantee.
+
+Run state, checkpoints, resume
+------------------------------
+``U`` and ``bu`` live on disk in the run directory (``--checkpoint DIR``, default a
+temporary directory beside the store) as two :class:`~streamdp.stream.state.UserState`
+arrays used alternately by epoch (epoch ``e`` reads one and writes the other), so
+the state at the end of the last finished epoch is always intact. After each epoch
+``V``, ``bv``, the epoch number and the run's root entropy are written atomically
+to ``DIR/checkpoint.npz``. A run started with the same ``--checkpoint`` and the same
+settings resumes after the last finished epoch; all randomness comes from
+per-(purpose, epoch, block) generators of the root entropy, so the result equals
+the uninterrupted run's (bit for bit with one worker). The budget entry is made
+by ``streamdp train`` before fitting; a resumed run carries the ``run_id`` of the
+interrupted one in its ledger so the spend is one release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import secrets
+import shutil
+import tempfile
+
+import numpy as np
+
+from streamdp.errors import InputError, ParameterError
+from streamdp.kernels import sgd as K
+from streamdp.methods import register
+from streamdp.methods.base import Fitted, Method, Plan
+
+#: Key of this module's random streams.
+RNG_KEY = 0x5D1D
+_INIT, _TRIM, _NOISE, _FLUSH, _TABLE = 1, 2, 3, 4, 5
+
+GUARANTEE_SGLD = ("approximate: epsilon-DP for an exact posterior sample; approximate for a finite SGLD run "
+                  "(Liu et al. Thm 1; Jain et al. 2018 note SGLD's (epsilon, delta) is unquantified)")
+TABLE_LABEL = "Gaussian lookup table: no privacy proof"
+
+DEFAULTS = {
+    # sgd: scikit-surprise SVD's defaults
+    "sgd": dict(epochs=20, eta=0.005, gamma=0.0, reg=0.02, reg_bias=0.02, init_std=0.1, tau=None, kappa=1.0,
+                rho=1.0, temperature=1.0),
+    "sgld": dict(epochs=20, eta=0.005, gamma=0.0, reg=5.0, reg_bias=1.0, init_std=0.1, tau=100, kappa=1.0,
+                 rho=1.0, temperature=1.0),
+}
+
+
+def _rng(entropy: int, purpose: int, epoch: int) -> np.random.Generator:
+    """The one generator of (purpose, epoch): independent of scheduling and of resumes."""
+    from streamdp.privacy import spawn_rngs
+
+    return spawn_rngs(entropy, 1, key=(RNG_KEY << 24) | (purpose << 16) | epoch)[0]
+
+
+class _BlockRngs:
+    """Per-epoch family of block generators, spawned once per (purpose, epoch)."""
+
+    def __init__(self, entropy: int, purpose: int, epoch: int, n_blocks: int):
+        from streamdp.privacy import spawn_rngs
+
+        self.gens = spawn_rngs(entropy, n_blocks, key=(RNG_KEY << 24) | (purpose << 16) | epoch)
+
+    def __getitem__(self, b):
+        return self.gens[b]
+
+
+def read_user_weights(path: str):
+    """Read ``--user-weights FILE``: CSV with header ``user,weight`` or ``user,epsilon``.
+
+    Returns ``(kind, ids, values)`` with ``ids`` sorted (original user ids, int64 when
+    they all parse as integers, else str). Weights must be ``>= 0``, epsilons ``> 0``.
+    """
+    try:
+        with open(path) as f:
+            header = f.readline().strip()
+            cols = [c.strip().lower() for c in header.replace("\t", ",").split(",")]
+            if len(cols) != 2 or cols[1] not in ("weight", "epsilon"):
+                raise InputError(f"{path}:1: expected a header 'user,weight' or 'user,epsilon', got {header!r}")
+            kind = cols[1]
+            ids, vals = [], []
+            for ln, line in enumerate(f, start=2):
+                line = line.strip()
+                if not line:
+                    continue
+                parts = [p.strip() for p in line.replace("\t", ",").split(",")]
+                if len(parts) != 2:
+                    raise InputError(f"{path}:{ln}: expected 'user,{kind}', got {line!r}")
+                try:
+                    v = float(parts[1])
+                except ValueError:
+                    raise InputError(f"{path}:{ln}: {kind} {parts[1]!r} is not a number") from None
+                if not math.isfinite(v) or v < 0 or (kind == "epsilon" and v == 0):
+                    raise InputError(f"{path}:{ln}: {kind} must be {'> 0' if kind == 'epsilon' else '>= 0'}, "
+                                     f"got {parts[1]}")
+                ids.append(parts[0])
+                vals.append(v)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read user weights ({exc.strerror})") from None
+    try:
+        arr = np.array([int(x) for x in ids], dtype=np.int64)
+    except ValueError:
+        arr = np.array(ids, dtype=str)
+    order = np.argsort(arr, kind="stable")
+    arr, vals = arr[order], np.asarray(vals, np.float64)[order]
+    if len(arr) > 1 and np.any(arr[1:] == arr[:-1]):
+        raise InputError(f"{path}: user id {arr[1:][arr[1:] == arr[:-1]][0]} listed twice")
+    return kind, arr, vals
+
+
+class _SgdBase(Method):
+    """Shared settings, preprocessing and the epoch loop of ``sgd`` and ``sgld``."""
+
+    OPTIONS = ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau", "kappa", "rho", "user_weights",
+               "temperature", "noise_table", "tiering", "hot_items", "step_users", "checkpoint")
+    noisy = False
+
+    # -- settings ----------------------------------------------------------------------
+    def settings(self, store) -> dict:
+        o = {**DEFAULTS[self.name], **{k: v for k, v in self.options.items() if v is not None}}
+        s = dict(o)
+        for key in ("epochs",):
+            if int(s[key]) != s[key] or s[key] < 1:
+                raise ParameterError(f"--{key} must be a positive integer, got {s[key]}")
+            s[key] = int(s[key])
+        for key in ("eta", "temperature", "kappa", "rho"):
+            if not (float(s[key]) > 0 and math.isfinite(float(s[key]))):
+                raise ParameterError(f"--{key.replace('_', '-')} must be a positive number, got {s[key]}")
+        for key in ("gamma", "reg", "reg_bias", "init_std"):
+            if not (float(s[key]) >= 0 and math.isfinite(float(s[key]))):
+                raise ParameterError(f"--{key.replace('_', '-')} must be a non-negative number, got {s[key]}")
+        if s["tau"] is not None:
+            from streamdp.privacy.bounding import check_tau
+
+            try:
+                s["tau"] = check_tau(int(s["tau"]) if float(s["tau"]) == int(s["tau"]) else s["tau"])
+            except (TypeError, ValueError):
+                raise ParameterError(f"--tau must be an integer >= 1, got {s['tau']}") from None
+        elif self.noisy:
+            raise ParameterError("--tau is required for --method sgld (the bound B needs it)")
+        s["tiering"] = bool(s.get("tiering", True))
+        hot = s.get("hot_items")
+        s["hot_items"] = int(hot) if hot is not None else K.hot_tier_items(self.rank, store.n_items)
+        if s["hot_items"] < 0:
+            raise ParameterError(f"--hot-items must be >= 0, got {hot}")
+        su = s.get("step_users")
+        s["step_users"] = int(su) if su is not None else 256
+        if s["step_users"] < 1:
+            raise ParameterError(f"--step-users must be >= 1, got {su}")
+        nt = s.get("noise_table")
+        if nt is not None:
+            nt = int(nt)
+            if nt < 4 * (self.rank + 1):
+                raise ParameterError(f"--noise-table must hold at least {4 * (self.rank + 1)} numbers, got {nt}")
+            if not self.noisy:
+                raise ParameterError("--noise-table only applies to --method sgld")
+        s["noise_table"] = nt
+        if s.get("user_weights") is not None and not self.noisy:
+            raise ParameterError("--user-weights only applies to --method sgld (personalized privacy)")
+        lo, hi = store.rating_min, store.rating_max
+        s["rating_min"], s["rating_max"] = lo, hi
+        s["clip"] = (hi - lo) + float(s["kappa"]) if self.noisy else 0.0
+        if self.noisy and s["tau"] is not None:
+            s["B"] = s["tau"] * s["clip"] ** 2
+        if self.noisy:
+            if self.private:
+                s["scale"] = self.epsilon / (4.0 * s["B"])
+                s["epsilon_exact_sample"] = self.epsilon / float(s["temperature"])
+            else:
+                s["scale"] = 1.0
+        s["checkpoint"] = s.get("checkpoint")
+        return s
+
+    def _fingerprint(self, store, s) -> str:
+        keep = {k: v for k, v in s.items() if k not in ("checkpoint",)}
+        blob = json.dumps({"m": self.name, "k": self.rank, "eps": str(self.epsilon), "seed": self.seed,
+                           "store": store.checksum, "s": keep}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    # -- preprocessing: counts, weights ------------------------------------------------
+    def _user_weight_lookup(self, store, s):
+        path = s.get("user_weights")
+        if path is None:
+            return None
+        return read_user_weights(str(path))
+
+    def _block_weights(self, store, b, counts, s, lookup):
+        """Per-user weights (float32) of block ``b`` from trimmed counts ``m``; and per-user epsilons."""
+        m = counts if s["tau"] is None else np.minimum(counts, s["tau"])
+        if not self.noisy:
+            return np.ones(len(m), np.float32), None
+        from streamdp.privacy.bounding import personalized_weights
+
+        rho, tau = float(s["rho"]), s["tau"]
+        frac = np.ones(len(m))
+        cap = np.full(len(m), np.inf)
+        if lookup is not None:
+            kind, ids, vals = lookup
+            first, end = store.block_range(b)
+            uid = np.asarray(store.user_ids(first, end))
+            if ids.dtype.kind in "iu" and uid.dtype.kind not in "iu":
+                uid_cmp = uid.astype(str)
+                ids_cmp = ids.astype(str)
+                order = np.argsort(ids_cmp)
+                ids_cmp, vals_l = ids_cmp[order], vals[order]
+            else:
+                uid_cmp, ids_cmp, vals_l = (uid.astype(ids.dtype) if ids.dtype.kind == "U" else uid), ids, vals
+            pos = np.searchsorted(ids_cmp, uid_cmp)
+            pos_c = np.minimum(pos, max(len(ids_cmp) - 1, 0))
+            hit = (len(ids_cmp) > 0) & (ids_cmp[pos_c] == uid_cmp) if len(ids_cmp) else np.zeros(len(uid), bool)
+            if kind == "epsilon":
+                # Thm 2: eps_i = eps B_i / (2B)  =>  B_i / B = min(1, 2 eps_i / eps)
+                eps_t = s["epsilon_exact_sample"] if self.private else math.inf
+                frac[hit] = np.minimum(1.0, 2.0 * vals_l[pos_c[hit]] / eps_t) if math.isfinite(eps_t) else 1.0
+            else:
+                cap[hit] = vals_l[pos_c[hit]]
+        w = personalized_weights(m, tau, frac)          # f tau / m  (B_i = f B)
+        w = np.minimum(np.minimum(w, rho), cap)
+        B_frac = w * m / tau                             # B_i / B
+        eps_i = None
+        if self.private:
+            eps_i = s["epsilon_exact_sample"] * B_frac / 2.0
+        return w.astype(np.float32), eps_i
+
+    def _prepass(self, store, s, lookup):
+        """Trimmed rating count of each block and the per-user epsilon distribution (from indptr only)."""
+        ip_arr = store.array("train/indptr")
+        nb = store.n_blocks
+        block_n = np.zeros(nb, np.int64)
+        dist: dict = {}
+        for b in range(nb):
+            first, end = store.block_range(b)
+            ip = np.asarray(ip_arr[first:end + 1], np.int64)
+            c = np.diff(ip)
+            m = c if s["tau"] is None else np.minimum(c, s["tau"])
+            block_n[b] = int(m.sum())
+            if self.noisy and self.private:
+                _, eps_i = self._block_weights(store, b, c, s, lookup)
+                vals, cnt = np.unique(np.round(eps_i, 12), return_counts=True)
+                for v, n_ in zip(vals.tolist(), cnt.tolist()):
+                    dist[v] = dist.get(v, 0) + n_
+        per_user = None
+        if dist:
+            keys = sorted(dist)
+            counts = np.array([dist[k] for k in keys])
+            cum = np.cumsum(counts)
+            total = int(cum[-1])
+            med_lo = keys[int(np.searchsorted(cum, (total + 1) // 2))]
+            med_hi = keys[int(np.searchsorted(cum, total // 2 + 1))]
+            per_user = {"min": keys[0], "median": (med_lo + med_hi) / 2.0, "max": keys[-1], "n_users": total,
+                        "rule": "Thm 2: epsilon_i = epsilon_exact_sample * B_i / (2B), B_i = m_i w_i c^2",
+                        "note": "a statistic of the training data (counts, weights) for the data owner, not a "
+                                "DP release"}
+        return block_n, per_user
+
+    # -- plan --------------------------------------------------------------------------
+    def plan(self, store) -> Plan:
+        from streamdp.privacy import pure_dp_event
+
+        s = self.settings(store)
+        bounds = {"rating_min": s["rating_min"], "rating_max": s["rating_max"],
+                  "rating_range_source": getattr(store, "rating_range_source", "unknown"), "tau": s["tau"]}
+        if self.noisy:
+            bounds.update({"kappa": s["kappa"], "loss_bound_c": s["clip"], "B": s.get("B"), "rho": s["rho"],
+                           "weights": "w_i = min(rho, B / (m_i c^2)), m_i = min(tau, n_i); --user-weights caps "
+                                      "them" if s.get("user_weights") is None else
+                                      "w_i = min(rho, f_i B / (m_i c^2), file weight) from --user-weights",
+                           "loss": "min(e^2, c^2), c = r_max - r_min + kappa",
+                           "scale_s": s.get("scale"), "temperature": s["temperature"]})
+        if not (self.noisy and self.private):
+            entries = [{"release": "item factors, item biases, global mean", "mechanism": "none (non-private)",
+                        "epochs": s["epochs"]}]
+            return Plan(event=None, entries=entries, params={**s, "bounds": bounds})
+        eps = s["epsilon_exact_sample"]
+        label = "exponential mechanism via an approximate posterior sample (SGLD)"
+        if s["noise_table"]:
+            label += "; " + TABLE_LABEL
+        event = pure_dp_event(eps, mechanism="exponential (SGLD posterior sample, approximate)")
+        entries = [{"release": "V, item biases (one posterior sample after the last epoch); global mean public "
+                               "(midpoint)",
+                    "mechanism": label, "epsilon_exact_sample": eps, "scale_s": s["scale"],
+                    "sensitivity_of_F": 2 * s["B"], "count": 1, "epochs": s["epochs"],
+                    "approximation": "exact only for an exact sample; a finite SGLD run is not one (no delta bound)",
+                    "noise": TABLE_LABEL if s["noise_table"] else "numpy Generator (PCG64DXSM) standard normals"}]
+        return Plan(event=event, entries=entries, params={**s, "bounds": bounds})
+
+    guarantee = GUARANTEE_SGLD
+
+    def ledger(self, store, plan: Plan, *, notes=()):
+        """The ledger: one pure-DP event (exact-sample epsilon), the release entries in ``bounds``."""
+        from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
+
+        private = self.noisy and self.private
+        s = plan.params
+        bounds = dict(s.get("bounds", {}))
+        bounds["releases"] = list(plan.entries)
+        if not private:
+            return Ledger(method=self.name, guarantee=GUARANTEE_NONE, epsilon=math.inf, delta=self.delta,
+                          events=[], accounting=None, bounds=bounds, seeded=self.seed is not None,
+                          store_checksum=store.checksum, notes=list(notes))
+        guarantee = GUARANTEE_SGLD + ("; " + TABLE_LABEL if s.get("noise_table") else "")
+        acc = epsilon_of(plan.event, self.delta)
+        # the PLD of a pure event can exceed its epsilon by the discretization; claim the larger
+        return Ledger(method=self.name, guarantee=guarantee, epsilon=max(s["epsilon_exact_sample"], acc.epsilon),
+                      delta=self.delta, events=[plan.event], accounting=acc, bounds=bounds,
+                      seeded=self.seed is not None, store_checksum=store.checksum, notes=list(notes))
+
+    # -- fit ---------------------------------------------------------------------------
+    def fit(self, store, engine) -> Fitted:
+        from streamdp.stream.state import UserState, state_dir_for
+
+        plan = self.plan(store)
+        s = plan.params
+        k, n_items = self.rank, store.n_items
+        lookup = self._user_weight_lookup(store, s)
+        block_n, per_user = self._prepass(store, s, lookup)
+        N = int(block_n.sum())
+        if N == 0:
+            raise ParameterError(f"{store.path}: the training split has no ratings")
+        pos0 = np.concatenate([[0], np.cumsum(block_n)[:-1]]).astype(np.int64)
+        fp = self._fingerprint(store, s)
+
+        own_dir = s["checkpoint"] is None
+        run_dir = s["checkpoint"] or tempfile.mkdtemp(prefix=f"{self.name}-", dir=_ensure(state_dir_for(store)))
+        os.makedirs(run_dir, exist_ok=True)
+        ck_path = os.path.join(run_dir, "checkpoint.npz")
+        start = 1
+        ck = _load_checkpoint(ck_path, fp)
+        bufs = None
+        if ck is not None:
+            entropy, start = int(ck["entropy"]), int(ck["epoch"]) + 1
+            V, bv = ck["V"].copy(), ck["bv"].copy()
+            run_id = str(ck["run_id"])
+            bufs = [UserState(run_dir, f"user_state_{i}", store.n_users, k + 1, store.block_users, mode="a")
+                    for i in range(2)]
+        else:
+            entropy = int(self.seed) if self.seed is not None else secrets.randbits(63)
+            g = _rng(entropy, _INIT, 0)
+            V = (g.standard_normal((n_items, k)) * s["init_std"]).astype(np.float32)
+            bv = np.zeros(n_items, np.float32)
+            run_id = fp + "-" + secrets.token_hex(4)
+        if bufs is None:
+            bufs = [UserState(run_dir, f"user_state_{i}", store.n_users, k + 1, store.block_users)
+                    for i in range(2)]
+
+        lo, hi = s["rating_min"], s["rating_max"]
+        mu = (lo + hi) / 2.0 if self.noisy else self._train_mean(store, engine)
+        sc = s.get("scale", 1.0)
+        lrs = [s["eta"] / (e ** s["gamma"]) for e in range(1, s["epochs"] + 1)]
+        deltas = [lr / (2.0 * sc) / N for lr in lrs]          # Langevin time per rating
+        a, a_b = 2.0 * sc * s["reg"], 2.0 * sc * s["reg_bias"]
+        temp = float(s["temperature"]) if self.noisy else 0.0
+        item_last = np.zeros(n_items, np.int64)
+        table = None
+        if s["noise_table"]:
+            table = _rng(entropy, _TABLE, 0).standard_normal(s["noise_table"]).astype(np.float32)
+        tiering, hot = s["tiering"], s["hot_items"]
+        history = list(ck["history"]) if ck is not None and "history" in ck else []
+
+        for e in range(start, s["epochs"] + 1):
+            lr, delta = lrs[e - 1], deltas[e - 1]
+            u_dt0, u_dt1 = K.user_flow_coefficients(e, deltas, N)
+            src, dst = bufs[(e - 1) % 2], bufs[e % 2]
+            trim_g = _BlockRngs(entropy, _TRIM, 0, store.n_blocks)     # epoch 0: same subset every epoch
+            noise_g = _BlockRngs(entropy, _NOISE, e, store.n_blocks) if self.noisy else None
+            init_g = _BlockRngs(entropy, _INIT, 1, store.n_blocks) if e == 1 else None
+
+            def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst,
+                   trim_g=trim_g, noise_g=noise_g, init_g=init_g):
+                ip, it, rt = block.indptr, block.items, block.ratings
+                if s["tau"] is not None:
+                    from streamdp.privacy.bounding import trim_block
+
+                    ip, it, rt = trim_block(ip, it, rt, s["tau"], seed=trim_g[b])
+                it = np.ascontiguousarray(it, np.int32)
+                rt = np.clip(np.asarray(rt, np.float32), np.float32(lo), np.float32(hi)) if self.noisy else \
+                    np.array(rt, np.float32)
+                ip = np.ascontiguousarray(ip, np.int64)
+                w, _ = self._block_weights(store, b, np.diff(block.indptr), s, lookup)
+                split = ip[1:].copy()
+                if tiering:
+                    K.partition_tiers(ip, it, rt, hot, split)
+                if e == 1:
+                    n_u = len(ip) - 1
+                    UB = np.zeros((n_u, k + 1), np.float32)
+                    UB[:, :k] = init_g[b].standard_normal((n_u, k)) * s["init_std"]
+                else:
+                    UB = src.read(b)
+                U = np.ascontiguousarray(UB[:, :k])
+                bu = np.ascontiguousarray(UB[:, k])
+                if self.noisy:
+                    g = noise_g[b]
+                    draws = K.count_block_draws(ip, it, s["step_users"], n_items, k)
+                    if table is not None:
+                        slots = draws // (k + 1)
+                        offsets = g.integers(0, len(table) - k - 1, size=slots).astype(np.int64)
+                        noise, use_table = table, True
+                    else:
+                        noise = g.standard_normal(draws, dtype=np.float32)
+                        offsets, use_table = np.zeros(0, np.int64), False
+                    sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, V, bv, item_last, mu, lr, s["clip"],
+                                          s["step_users"], int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
+                                          noise, offsets, use_table)
+                else:
+                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, V, bv, mu, lr, s["reg"], s["reg_bias"], 0.0,
+                                      s["step_users"])
+                UB[:, :k] = U
+                UB[:, k] = bu
+                dst.write(b, UB)
+                return float(sse), int(ip[-1])
+
+            parts = engine.foreach(fn, extra_per_block=8 * n_items if self.noisy else 0)
+            if self.noisy:
+                g = _rng(entropy, _FLUSH, e)
+                if table is not None:
+                    offsets = g.integers(0, len(table) - k - 1, size=n_items).astype(np.int64)
+                    K.flush_items(V, bv, item_last, N, delta, a, a_b, temp, table, offsets, True)
+                else:
+                    K.flush_items(V, bv, item_last, N, delta, a, a_b, temp,
+                                  g.standard_normal(n_items * (k + 1), dtype=np.float32), np.zeros(0, np.int64),
+                                  False)
+            sse = sum(p[0] for p in parts)
+            history.append(math.sqrt(sse / max(N, 1)))
+            _save_checkpoint(ck_path, fp=fp, epoch=e, entropy=entropy, V=V, bv=bv, run_id=run_id,
+                             history=np.asarray(history))
+            if not np.all(np.isfinite(V)):
+                raise ParameterError(f"{self.name} diverged at epoch {e} (non-finite item factors): lower --eta")
+
+        notes = []
+        if self.noisy and self.private:
+            notes.append("approximate guarantee: an exact posterior sample would be epsilon-DP (Thm 1); this is "
+                         "a finite SGLD run")
+            if float(s["temperature"]) != 1.0:
+                notes.append(f"temperature {s['temperature']}: the chain targets exp(-s F / T), whose exact-sample "
+                             f"guarantee is epsilon / T = {s['epsilon_exact_sample']:.4g}")
+            if s["noise_table"]:
+                notes.append(TABLE_LABEL + f" (--noise-table {s['noise_table']})")
+            if s["tiering"]:
+                notes.append("tiering uses the store's item order (popularity); it only reorders updates and does "
+                             "not change the target distribution")
+        if not (self.noisy and self.private):
+            notes.append("non-private: no privacy noise (" + ("--method sgd" if not self.noisy else
+                                                              "--epsilon inf: SGLD of the unscaled posterior") + ")")
+        if self.seed is not None:
+            notes.append("seeded run: reproducible, not private against whoever knows the seed")
+        if bounds_src(s, store) != "declared":
+            notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
+                         "exact guarantee")
+        ledger = self.ledger(store, plan, notes=notes)
+        if per_user is not None:
+            ledger.bounds["per_user_epsilon"] = per_user
+        ledger.bounds["run_id"] = run_id
+        params = {key: s[key] for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau", "kappa",
+                                          "rho", "temperature", "noise_table", "tiering", "hot_items",
+                                          "step_users")}
+        params.update({"scale_s": s.get("scale"), "B": s.get("B"), "loss_bound_c": s["clip"] or None,
+                       "user_weights": str(s["user_weights"]) if s.get("user_weights") else None})
+        info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
+                "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum, "n_users": store.n_users,
+                "n_items": n_items, "n_train_used": N, "parameters": params, "train_rmse_by_epoch": history,
+                "resumed_from_epoch": start - 1 if start > 1 else None, "run_id": run_id,
+                "ridge": 1.0, "rating_range": {"min": lo, "max": hi}, "user_state": run_dir}
+        fitted = Fitted(item_factors=V.copy(), item_bias=bv.copy(), item_ids=store.item_ids(), global_mean=float(mu),
+                        model_info=info, ledger=ledger)
+        fitted.run_dir = run_dir
+        fitted.user_states = bufs[s["epochs"] % 2]
+        if own_dir:  # nothing to resume from or to read afterwards: U is not released
+            shutil.rmtree(run_dir, ignore_errors=True)
+            fitted.user_states = None
+        return fitted
+
+    def _train_mean(self, store, engine) -> float:
+        tot = engine.map_reduce(lambda blk, b: (float(blk.ratings.sum(dtype=np.float64)), blk.nnz),
+                                lambda acc, x: (acc[0] + x[0], acc[1] + x[1]), (0.0, 0))
+        return tot[0] / max(tot[1], 1)
+
+
+def bounds_src(s, store) -> str:
+    return str(getattr(store, "rating_range_source", "unknown"))
+
+
+def _ensure(d: str) -> str:
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _save_checkpoint(path: str, **arrays) -> None:
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: str, fp: str):
+    if not os.path.exists(path):
+        return None
+    with np.load(path) as z:
+        d = {k: z[k] for k in z.files}
+    if str(d.get("fp")) != fp:
+        raise ParameterError(f"{path}: a checkpoint of a different run (settings, store or seed differ); "
+                             f"use another --checkpoint directory")
+    return d
+
+
+@register
+class SGLD(_SgdBase):
+    """``--method sgld``: DP-SGLD posterior sample (Liu et al. 2015) with lazy noise and tiering."""
+
+    name = "sgld"
+    noisy = True
+
+
+@register
+class SGD(_SgdBase):
+    """``--method sgd``: plain biased-MF SGD (surprise's SVD update), non-private speed reference."""
+
+    name = "sgd"
+    noisy = False
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        if self.private:
+            raise ParameterError("--method sgd is non-private: pass --epsilon inf (use --method sgld for privacy)")
