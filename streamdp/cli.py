@@ -180,13 +180,35 @@ def _default_delta(n_users: int) -> float:
 @click.option("--passes", type=int, default=None, help="[oja] passes over the data (default from public parameters).")
 @click.option("--schedule", type=click.Choice(["power", "oja", "warm"]), default=None,
               help="[oja] power: noisy subspace iteration (default); oja: block Oja steps; warm: Oja then power.")
-@click.option("--step-users", type=int, default=None, help="[oja] users per Oja step (schedule oja/warm).")
+@click.option("--step-users", type=int, default=None,
+              help="[oja] users per Oja step (schedule oja/warm); [sgd/sgld] users per step/group (default 256).")
 @click.option("--clip", type=float, default=None, help="[oja] row-norm bound L (default: half range x sqrt 5).")
 @click.option("--center", type=click.Choice(["private", "midpoint"]), default=None,
               help="[oja] private item biases + mean (default) or the public midpoint of the rating range.")
 @click.option("--calibration", type=click.Choice(["pld", "paper"]), default=None,
               help="[oja] pld: tight accountant (default); paper: Jain et al. Alg. 2 sigma, for comparison.")
-@click.option("--eta", type=float, default=None, help="[oja] Oja step size constant.")
+@click.option("--eta", type=float, default=None,
+              help="[oja] Oja step size constant; [sgd/sgld] initial learning rate eta_0 (default 0.005).")
+@click.option("--epochs", type=int, default=None, help="[sgd/sgld] epochs (default 20).")
+@click.option("--gamma", type=float, default=None, help="[sgd/sgld] step decay: eta_t = eta_0 / t^gamma (default 0).")
+@click.option("--reg", type=float, default=None,
+              help="[sgd] per-rating L2 regularization (default 0.02); [sgld] prior lambda on U, V (default 5).")
+@click.option("--reg-bias", type=float, default=None, help="[sgd/sgld] the same for the biases.")
+@click.option("--init-std", type=float, default=None, help="[sgd/sgld] std of the initial factors (default 0.1).")
+@click.option("--tau", type=int, default=None, help="[sgd/sgld] ratings kept per user (random trimming; sgld "
+              "default 100, sgd none).")
+@click.option("--kappa", type=float, default=None, help="[sgld] loss bound slack: c = r_max - r_min + kappa (1).")
+@click.option("--rho", type=float, default=None, help="[sgld] cap of the per-user weights w_i (default 1).")
+@click.option("--user-weights", default=None, metavar="FILE",
+              help="[sgld] personalized privacy: CSV 'user,weight' or 'user,epsilon' (Liu et al. Thm 2).")
+@click.option("--temperature", type=float, default=None,
+              help="[sgld] temperature T (default 1); the exact-sample guarantee becomes epsilon / T.")
+@click.option("--noise-table", type=int, default=None, metavar="SIZE",
+              help="[sgld] Gaussian lookup table of SIZE numbers instead of fresh draws (NO privacy proof).")
+@click.option("--tiering/--no-tiering", default=None, help="[sgd/sgld] process hot items first (default on).")
+@click.option("--hot-items", type=int, default=None, help="[sgd/sgld] hot-tier size (default: half of L2).")
+@click.option("--checkpoint", default=None, metavar="DIR",
+              help="[sgd/sgld] run directory (U on disk, per-epoch checkpoints); resumes if it holds one.")
 def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit, scheduler, over_budget, force,
           as_json, **options):
     """Train a private model on STORE and write it to --out."""
@@ -265,6 +287,92 @@ def demo(out, epsilon, as_json):
     res = run_demo(out, epsilon=epsilon, echo=None if as_json else click.echo)
     if as_json:
         print_json(res)
+
+
+# ---------------------------------------------------------------------------------------
+# privacy: privacy epsilon / privacy calibrate / budget
+# ---------------------------------------------------------------------------------------
+
+
+def _fmt_eps(x: float) -> str:
+    return f"{x:.6g}"
+
+
+@main.group()
+def privacy():
+    """Accountant queries: epsilon of Gaussian releases, noise calibration."""
+
+
+@privacy.command("epsilon")
+@click.option("--noise-multiplier", "noise_multiplier", type=float, required=True,
+              help="Gaussian noise std divided by the L2 sensitivity (0: non-private).")
+@click.option("--count", type=int, default=1, show_default=True, help="Number of Gaussian releases composed.")
+@click.option("--delta", type=float, required=True, help="Target delta.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def privacy_epsilon(noise_multiplier, count, delta, as_json):
+    """Epsilon of COUNT Gaussian releases (PLD accountant; RDP beside it)."""
+    from streamdp.privacy import epsilon_of, gaussian_event
+    from streamdp.privacy.ledger import encode_json
+
+    r = epsilon_of(gaussian_event(noise_multiplier, count), delta)
+    if as_json:
+        print_json(encode_json({"noise_multiplier": noise_multiplier, "count": count, **r.to_dict()}))
+        return
+    click.echo(f"epsilon {_fmt_eps(r.epsilon)} (PLD)   epsilon_rdp {_fmt_eps(r.epsilon_rdp)} (RDP cross-check)   "
+               f"for {count} Gaussian release(s), noise multiplier {noise_multiplier:g}, delta {delta:g}, "
+               f"dp-accounting {r.dp_accounting_version}")
+
+
+@privacy.command("calibrate")
+@click.option("--epsilon", type=float, required=True, help="Target epsilon.")
+@click.option("--delta", type=float, required=True, help="Target delta.")
+@click.option("--count", type=int, default=1, show_default=True,
+              help="Number of Gaussian releases composed (Jain et al.: T for Alg. 1, Gamma for Alg. 2).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def privacy_calibrate(epsilon, delta, count, as_json):
+    """Smallest Gaussian noise multiplier for (EPSILON, DELTA) over COUNT releases, beside the papers' forms."""
+    from streamdp.privacy import calibrate_gaussian, epsilon_of, gaussian_event, paper_sigma_jain
+    from streamdp.privacy.ledger import encode_json
+
+    z = calibrate_gaussian(epsilon, delta, count)
+    r = epsilon_of(gaussian_event(z, count), delta)
+    alg1 = paper_sigma_jain(epsilon, delta, count, "alg1")
+    alg2 = paper_sigma_jain(epsilon, delta, count, "alg2")
+    out = {"noise_multiplier": z, "epsilon_achieved": r.epsilon, "epsilon_rdp": r.epsilon_rdp, "epsilon": epsilon,
+           "delta": delta, "count": count, "paper_jain_alg1": alg1, "paper_jain_alg2": alg2,
+           "ratio_alg1": alg1 / z, "ratio_alg2": alg2 / z, "accountant": "pld",
+           "dp_accounting_version": r.dp_accounting_version}
+    if as_json:
+        print_json(encode_json(out))
+        return
+    click.echo(f"noise multiplier {z:.6g}  (PLD; achieves epsilon {_fmt_eps(r.epsilon)}, RDP "
+               f"{_fmt_eps(r.epsilon_rdp)}, for {count} release(s) at delta {delta:g})")
+    click.echo(f"Jain et al. Alg. 1  {alg1:.6g}  ({alg1 / z:.2f}x)   sqrt(64 T log(1/delta)) / epsilon")
+    click.echo(f"Jain et al. Alg. 2  {alg2:.6g}  ({alg2 / z:.2f}x)   sqrt(256 Gamma log(2/delta)) / epsilon")
+
+
+@main.command()
+@click.argument("store")
+@click.option("--set", "set_budget", default=None, metavar="EPSILON,DELTA", help="Set the store's total budget.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def budget(store, set_budget, as_json):
+    """Show (or --set) the privacy budget of STORE and everything released from it."""
+    from streamdp.errors import ParameterError
+    from streamdp.privacy.budget import StoreBudget, format_budget
+    from streamdp.privacy.ledger import encode_json
+
+    b = StoreBudget(store)
+    if set_budget is not None:
+        try:
+            eps, delta = (float(x) for x in set_budget.split(","))
+        except ValueError:
+            raise ParameterError(f"--set: expected EPSILON,DELTA, got {set_budget!r}") from None
+        b.set(eps, delta)
+    s = b.show()
+    if as_json:
+        print_json(encode_json(s))
+    else:
+        click.echo(format_budget(s))
 
 
 if __name__ == "__main__":  # pragma: no cover
