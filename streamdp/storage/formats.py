@@ -49,6 +49,7 @@ import pyarrow.csv as pacsv
 from streamdp.errors import InputError
 
 FORMATS = ("udata", "dat", "csv", "ws", "parquet")
+_USE_THREADS = True
 FIELD_SEP = "\x1f"  # what multi-character separators and whitespace runs are rewritten to
 
 _NAMES = {
@@ -190,7 +191,8 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
         if fmt is None:
             if "::" in first:
                 fmt = "dat"
-            elif "\t" in first and len(first.split("\t")) >= 3:
+            elif "\t" in first and len(first.split("\t")) >= 3 and all(
+                    f and f == f.strip() for f in first.split("\t")):
                 fmt = "udata"
             elif "," in first and len(first.split(",")) >= 3:
                 fmt = "csv"
@@ -439,20 +441,29 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
         return "error"
 
     ropts = pacsv.ReadOptions(block_size=int(block_size), column_names=names, skip_rows=1 if spec.header else 0,
-                              use_threads=True)
+                              use_threads=_USE_THREADS)
     popts = pacsv.ParseOptions(delimiter=spec.sep, quote_char='"' if spec.format == "csv" else False,
                                invalid_row_handler=on_invalid)
     copts = pacsv.ConvertOptions(column_types=types, include_columns=[sel[r] for r in roles], null_values=[],
                                  strings_can_be_null=False, quoted_strings_can_be_null=False)
     raw = _open_bytes(spec.path)
     src = _Rewriter(raw, spec.rewrite, block_size) if spec.rewrite is not None else raw
+    def id_column_failed(exc):
+        m = re.search(r"In CSV column #(\d+)", str(exc))
+        if m:
+            col = int(m.group(1))
+            for k, r in enumerate(("user", "item")):
+                if spec.cols[r] == col and int_ids[k]:
+                    return _IdNotInteger(r)
+        return None
+
     try:
         reader = pacsv.open_csv(src, read_options=ropts, parse_options=popts, convert_options=copts)
     except pa.ArrowInvalid as exc:
+        src.close()
         if "Empty CSV file" in str(exc):
-            src.close()
             return
-        raise
+        raise (id_column_failed(exc) or exc) from None
     row = 0
     try:
         for rb in reader:
@@ -484,13 +495,7 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
             yield Batch(cols["user"], cols["item"], rating, ts, row)
             row += n
     except pa.ArrowInvalid as exc:
-        m = re.search(r"In CSV column #(\d+)", str(exc))
-        if m:
-            col = int(m.group(1))
-            for r, c in (("user", spec.cols["user"]), ("item", spec.cols["item"])):
-                if c == col and int_ids[("user", "item").index(r)]:
-                    raise _IdNotInteger(r) from None
-        raise
+        raise (id_column_failed(exc) or exc) from None
     finally:
         src.close()
 

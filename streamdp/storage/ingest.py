@@ -61,7 +61,7 @@ from streamdp.stream.memory import resolve_memory_limit
 
 _PURPOSE_SPLIT = 3  # same purpose key as generate: the split of block b depends on (seed, b) only
 #: Bytes of working memory per rating of a partition while it is grouped or written.
-_BYTES_PER_PART_RATING = 160
+_BYTES_PER_PART_RATING = 256
 
 
 @dataclass
@@ -75,7 +75,8 @@ class _Source:
 class _KeyCounter:
     """Distinct keys and their counts, merged in bounded buffers (pyarrow hash group-by)."""
 
-    def __init__(self):
+    def __init__(self, max_buffered: int = 1 << 20):
+        self.max_buffered = max_buffered
         self.keys: pa.Array | None = None
         self.counts: pa.Array | None = None
         self.buf: list = []
@@ -85,7 +86,7 @@ class _KeyCounter:
         vc = pc.value_counts(arr)
         self.buf.append((vc.field("values"), vc.field("counts")))
         self.buffered += len(vc)
-        if self.buffered > max(1 << 20, 0 if self.keys is None else len(self.keys)):
+        if self.buffered > max(self.max_buffered, 0 if self.keys is None else len(self.keys)):
             self._merge()
 
     def _merge(self) -> None:
@@ -205,6 +206,7 @@ def ingest(
         while True:
             try:
                 parsed = _pass_parse(specs, tmp, tuple(int_ids), rr, skip_bad_lines, limit, show_progress)
+                parsed.phases["parse"] = round(time.perf_counter() - t0, 3)
                 break
             except F._IdNotInteger as exc:
                 int_ids[0 if exc.role == "user" else 1] = False
@@ -229,12 +231,17 @@ class _Parsed:
     rmin: float
     rmax: float
     has_ts: bool
+    phases: dict
 
 
 def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
     """Pass 1: parse, validate, count ids, spill."""
-    block_size = int(min(max(limit // 64, 1 << 18), 64 << 20))
-    ucount, icount = _KeyCounter(), _KeyCounter()
+    # pyarrow's streaming CSV reader reads ahead up to ~32 blocks when parsing is the
+    # bottleneck, so a block is a small share of the limit.
+    block_size = int(min(max(limit // 160, 1 << 18), 16 << 20))
+    pool = pa.default_memory_pool()
+    # a buffered (key, count) pair costs ~16 bytes, twice while merging
+    ucount, icount = _KeyCounter(max(limit // 512, 4096)), _KeyCounter(max(limit // 512, 4096))
     bad = [0]
     rmin, rmax = np.inf, -np.inf
     sources = []
@@ -281,6 +288,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
                         w.write_batch(pa.record_batch([u, i, pa.array(r.astype(np.float32)), t], schema=schema))
                         src.rows += n
                         bar.update(n)
+                        pool.release_unused()  # mimalloc keeps freed pages otherwise
                 except pa.ArrowInvalid as exc:
                     line, why = F.locate_error(spec, int_ids, rr)
                     if line:
@@ -289,10 +297,11 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
             if src.rows == 0:
                 raise InputError(f"{spec.path}: no ratings" + (" (all lines were bad)" if bad[0] else " (empty file)"))
             sources.append(src)
+    pool.release_unused()
     users, user_rows = ucount.finish()
     items, _ = icount.finish()
     return _Parsed(sources, users, user_rows, items, int(user_rows.sum()), bad[0], rmin, rmax,
-                   all(s.spec.has_timestamp for s in sources))
+                   all(s.spec.has_timestamp for s in sources), {})
 
 
 def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int, int]]:
@@ -314,7 +323,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
     n_users, n_raw_items = len(parsed.users), len(parsed.items)
     bu = int(block_users or default_block_users(n_users, parsed.n_rows))
     n_blocks = -(-n_users // bu)
-    cap = max(1 << 16, limit // _BYTES_PER_PART_RATING)
+    cap = max(1 << 12, limit // _BYTES_PER_PART_RATING)
     parts = _plan_partitions(parsed.user_rows, bu, cap)
     n_parts = len(parts)
     part_first = np.array([b0 * bu for b0, _ in parts] + [n_users], dtype=np.int64)
@@ -368,6 +377,8 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
         f.close()
     handles.clear()
 
+    parsed.phases["partition"] = round(time.perf_counter() - t0, 3)
+
     # -- pass 3: group by user, de-duplicate, count items -------------------------------
     def dedup(p):
         b0, b1 = parts[p]
@@ -397,6 +408,9 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             item_counts_raw += cnt
             n_dup += d
             bar.update(1)
+
+    parsed.phases["dedup"] = round(time.perf_counter() - t0, 3)
+    pa.default_memory_pool().release_unused()
 
     # -- pass 4: items by descending count, write blocks --------------------------------
     order = np.lexsort((np.arange(n_raw_items), -item_counts_raw))  # new item k = raw item order[k]
@@ -455,6 +469,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             "n_duplicates_dropped": n_dup,
             "n_bad_lines_skipped": parsed.n_bad,
             "seconds": round(time.perf_counter() - t0, 3),
+            "phase_end_seconds": parsed.phases,
         })
     return open_store(out)
 

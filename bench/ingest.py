@@ -1,0 +1,146 @@
+"""Benchmark ``streamdp ingest`` against an in-memory pyarrow baseline, and ``generate``.
+
+Usage::
+
+    python bench/ingest.py                  # 20M ratings
+    python bench/ingest.py --ratings 5000000 --memory-limit 512MB
+
+Writes a synthetic MovieLens-latest style CSV (``userId,movieId,rating,timestamp``,
+power-law items, some duplicated pairs) to a temporary directory, then in the same
+run times, each in a fresh subprocess with its peak RSS measured by polling psutil:
+
+* ``streamdp ingest CSV --out STORE --memory-limit M``;
+* the baseline: ``pyarrow.csv.read_csv`` of the whole file, a stable sort by user,
+  ``numpy.savez`` of the sorted columns (what one would write without streamdp);
+* ``streamdp generate`` of the same number of ratings (200k users x 50 by default
+  scaled with ``--ratings``).
+
+Prints ratings/s and peak RSS of each and the ratios ingest/baseline. Each timing
+is the median of ``--repeat`` runs (default 1: the runs are long).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+BASELINE = r"""
+import sys, numpy as np, pyarrow.csv as c
+t = c.read_csv(sys.argv[1])
+u = t.column("userId").to_numpy(); i = t.column("movieId").to_numpy()
+r = t.column("rating").to_numpy().astype(np.float32); ts = t.column("timestamp").to_numpy()
+del t
+o = np.argsort(u, kind="stable")
+np.savez(sys.argv[2], users=u[o], items=i[o].astype(np.int32), ratings=r[o], timestamps=ts[o])
+"""
+
+
+def write_synthetic_csv(path: str, n_ratings: int, *, n_users: int | None = None, n_items: int = 20_000,
+                        seed: int = 0, chunk: int = 2_000_000, dup_fraction: float = 0.001) -> int:
+    """Write a ``userId,movieId,rating,timestamp`` CSV of ``n_ratings`` rows in chunks; returns its size."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    rng = np.random.default_rng(seed)
+    n_users = n_users or max(1, n_ratings // 100)
+    w = np.arange(1, n_items + 1, dtype=np.float64) ** -0.9
+    cdf = np.cumsum(w) / w.sum()
+    item_ids = rng.permutation(n_items).astype(np.int64) * 7 + 1  # non-contiguous original ids
+    opts = pacsv.WriteOptions(include_header=True)
+    with pacsv.CSVWriter(path, pa.schema([("userId", pa.int64()), ("movieId", pa.int64()),
+                                          ("rating", pa.float64()), ("timestamp", pa.int64())]),
+                         write_options=opts) as wr:
+        done = 0
+        while done < n_ratings:
+            n = min(chunk, n_ratings - done)
+            u = rng.integers(0, n_users, n) * 3 + 11
+            i = item_ids[np.minimum(np.searchsorted(cdf, rng.random(n)), n_items - 1)]
+            r = rng.integers(1, 11, n) / 2.0
+            t = rng.integers(800_000_000, 1_600_000_000, n)
+            wr.write_table(pa.table({"userId": u, "movieId": i, "rating": r, "timestamp": t}))
+            done += n
+    return os.path.getsize(path)
+
+
+def run_measured(cmd: list[str], poll: float = 0.02) -> tuple[float, int, str]:
+    """Run ``cmd``; return (seconds, peak RSS bytes of the child tree, stderr)."""
+    import psutil
+
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = psutil.Process(p.pid)
+    peak = 0
+    while p.poll() is None:
+        try:
+            rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
+            peak = max(peak, rss)
+        except psutil.Error:
+            pass
+        time.sleep(poll)
+    out, err = p.communicate()
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{err.decode()}")
+    return dt, peak, err.decode()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ratings", type=int, default=20_000_000)
+    ap.add_argument("--memory-limit", default="256MB")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--dir", default=None, help="Work directory (default: a temporary one, removed).")
+    a = ap.parse_args(argv)
+    d = a.dir or tempfile.mkdtemp(prefix="streamdp-bench-")
+    try:
+        csv = os.path.join(d, "ratings.csv")
+        t0 = time.perf_counter()
+        size = write_synthetic_csv(csv, a.ratings)
+        print(f"input: {a.ratings:,} ratings, {size / 1e6:.0f} MB CSV (written in {time.perf_counter() - t0:.1f}s)")
+        exe = [sys.executable, "-m", "streamdp.cli"]
+        # warm the Numba cache so that compile time is not timed
+        small = os.path.join(d, "small.csv")
+        write_synthetic_csv(small, 1000)
+        subprocess.run(exe + ["ingest", small, "--out", os.path.join(d, "small.zarr"), "--force"], check=True,
+                       capture_output=True)
+        rows = []
+        runs = {"ingest": [], "baseline": [], "generate": []}
+        for _ in range(a.repeat):
+            runs["ingest"].append(run_measured(exe + ["ingest", csv, "--out", os.path.join(d, "s.zarr"), "--force",
+                                                      "--memory-limit", a.memory_limit]))
+            runs["baseline"].append(run_measured([sys.executable, "-c", BASELINE, csv, os.path.join(d, "b.npz")]))
+            n_users = max(1, a.ratings // 100)
+            runs["generate"].append(run_measured(exe + ["generate", "--out", os.path.join(d, "g.zarr"), "--force",
+                                                        "--users", str(n_users), "--items", "20000",
+                                                        "--ratings-per-user", "100"]))
+        from streamdp import open_store
+
+        n_gen = open_store(os.path.join(d, "g.zarr")).n_ratings
+        n_ing = open_store(os.path.join(d, "s.zarr")).n_ratings
+        for name, rs in runs.items():
+            sec = statistics.median(r[0] for r in rs)
+            rss = statistics.median(r[1] for r in rs)
+            n = n_gen if name == "generate" else a.ratings
+            rows.append((name, n, sec, n / sec, rss))
+        print(f"{'':10s} {'ratings':>12s} {'seconds':>9s} {'ratings/s':>12s} {'peak RSS':>10s}")
+        for name, n, sec, rate, rss in rows:
+            print(f"{name:10s} {n:12,d} {sec:9.2f} {rate / 1e6:10.2f}M {rss / 1e6:8.0f}MB")
+        ing, base = rows[0], rows[1]
+        print(f"ingest/baseline: speed {ing[3] / base[3]:.2f}x (target >= 1), peak RSS {ing[4] / base[4]:.2f}x "
+              f"(target <= 0.25); ingest kept {n_ing:,} ratings after de-duplication")
+        print(f"generate: {rows[2][3] / 1e6:.2f}M ratings/s (target >= 5M/s)")
+    finally:
+        if a.dir is None:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

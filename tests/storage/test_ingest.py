@@ -1,0 +1,327 @@
+"""``streamdp ingest``: real data counts, round trip, formats, split, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from streamdp import open_store
+from streamdp.cli import main
+from tests.conftest import shared_file
+
+
+def run_cli(*args):
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    err = r.stderr if hasattr(r, "stderr") and r.stderr_bytes is not None else r.output
+    return r.exit_code, r.output, err
+
+
+def ingest_ok(*args):
+    code, out, err = run_cli("ingest", *args)
+    assert code == 0, err
+    return out
+
+
+def info_json(path):
+    code, out, err = run_cli("info", path, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def read_store(path, split="train") -> pd.DataFrame:
+    """Every rating of a split with original ids, read block by block."""
+    s = open_store(path)
+    uids, iids = s.user_ids(), s.item_ids()
+    frames = []
+    for b in s.blocks(split):
+        users = np.repeat(np.arange(b.first_user, b.first_user + b.n_users), np.diff(b.indptr))
+        assert (b.items >= 0).all() and (b.items < s.n_items).all()
+        frames.append(pd.DataFrame({"user": uids[users], "item": iids[b.items], "rating": b.ratings}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def synthetic_ratings(n=20_000, n_users=700, n_items=150, seed=0, str_users=True, str_items=False):
+    """Ratings with duplicated pairs and timestamps (ties included), in input order."""
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, n_users, n)
+    i = np.minimum(rng.zipf(1.6, n) - 1, n_items - 1)
+    df = pd.DataFrame({
+        "user": [f"u{x:04d}x" for x in u] if str_users else u * 5 + 3,
+        "item": [f"it-{x}" for x in i] if str_items else i * 11 + 100,
+        "rating": (rng.integers(1, 11, n) / 2.0).astype(np.float32),
+        "timestamp": rng.integers(0, 50, n),  # few values: ties between duplicates
+    })
+    return df
+
+
+def expected_after_dedup(df: pd.DataFrame, use_ts=True) -> pd.DataFrame:
+    """Reference: the latest by timestamp, ties to the last seen; else the last seen."""
+    d = df.reset_index(drop=True).assign(seq=np.arange(len(df)))
+    d = d.sort_values(["timestamp", "seq"] if use_ts else ["seq"], kind="stable")
+    d = d.drop_duplicates(["user", "item"], keep="last")
+    return d[["user", "item", "rating"]]
+
+
+def same(a: pd.DataFrame, b: pd.DataFrame):
+    key = ["user", "item"]
+    a = a.astype({"user": str, "item": str}).sort_values(key).reset_index(drop=True)
+    b = b.astype({"user": str, "item": str}).sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
+
+
+# --------------------------------------------------------------------------------------
+# real data
+# --------------------------------------------------------------------------------------
+
+
+def test_ml100k_counts(tmp_path):
+    src = shared_file("ml-100k", "u.data")
+    ingest_ok(src, "--out", tmp_path / "s.zarr")
+    d = info_json(tmp_path / "s.zarr")
+    assert (d["n_users"], d["n_items"], d["n_ratings"], d["n_test"]) == (943, 1682, 100000, 0)
+    assert (d["rating_min"], d["rating_max"], d["rating_range_source"]) == (1.0, 5.0, "observed")
+    s = open_store(tmp_path / "s.zarr")
+    assert s.attrs["created_with"] == "ingest" and s.attrs["sources"][0]["name"] == "u.data"
+    assert s.attrs["sources"][0]["size"] == os.path.getsize(src)
+    counts = s.item_counts()
+    assert (np.diff(counts) <= 0).all() and counts.sum() == 100000
+    assert s.user_counts().sum() == 100000
+    assert list(s.user_ids()[:3]) == [1, 2, 3]  # users in sorted original id order
+
+
+def test_filmtrust_duplicates(tmp_path):
+    src = shared_file("filmtrust", "ratings.txt")
+    out = ingest_ok(src, "--out", tmp_path / "f.zarr", "--json")
+    rep = json.loads(out)
+    assert rep["n_duplicates_dropped"] == 3 and rep["n_ratings"] == 35494
+    s = open_store(tmp_path / "f.zarr")
+    assert s.attrs["n_duplicates_dropped"] == 3 and s.n_ratings == 35494
+    # no timestamps: the last seen wins (user 308, item 235: 4 at line 7412, then 1.5 at line 7468)
+    df = read_store(tmp_path / "f.zarr")
+    assert float(df[(df.user == 308) & (df.item == 235)].rating.iloc[0]) == 1.5
+    assert float(df[(df.user == 308) & (df.item == 207)].rating.iloc[0]) == 3.0
+
+
+# --------------------------------------------------------------------------------------
+# round trip and formats
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("str_users,str_items", [(True, False), (False, True)])
+def test_roundtrip_csv(tmp_path, str_users, str_items):
+    df = synthetic_ratings(str_users=str_users, str_items=str_items)
+    csv = tmp_path / "r.csv"
+    df.rename(columns={"user": "userId", "item": "movieId"}).to_csv(csv, index=False)
+    # tiny memory limit and blocks: many partitions and blocks
+    out = ingest_ok(csv, "--out", tmp_path / "s.zarr", "--block-users", 37, "--memory-limit", "1MB", "--json")
+    assert len(json.loads(out)) and open_store(tmp_path / "s.zarr").n_blocks > 5
+    exp = expected_after_dedup(df)
+    rep = json.loads(out)
+    assert rep["n_duplicates_dropped"] == len(df) - len(exp) > 0
+    same(read_store(tmp_path / "s.zarr"), exp)
+    s = open_store(tmp_path / "s.zarr")
+    uids, iids = s.user_ids(), s.item_ids()
+    assert uids.dtype.kind in ("UOT" if str_users else "i")
+    assert iids.dtype.kind in ("UOT" if str_items else "i")
+    assert list(uids) == sorted(uids)  # users by sorted original id
+    counts = s.item_counts()
+    ref = exp.groupby(exp["item"].astype(str)).size()
+    assert list(counts) == [ref[str(x)] for x in iids]
+    # items by descending count, ties by original id
+    keys = list(zip(-counts, [x if not str_items else str(x) for x in iids]))
+    assert keys == sorted(keys)
+    ref_u = exp.groupby(exp["user"].astype(str)).size()
+    assert list(s.user_counts()) == [ref_u[str(x)] for x in uids]
+    assert s.rating_min == exp.rating.min() and s.rating_range_source == "observed"
+    # items are sorted within each user
+    for b in s.blocks():
+        for j in range(b.n_users):
+            seg = b.items[b.indptr[j]:b.indptr[j + 1]]
+            assert (np.diff(seg) > 0).all()
+
+
+def _write_formats(df: pd.DataFrame, d):
+    """The same ratings in every supported format; returns {name: (path, extra args)}."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = df.itertuples(index=False)
+    lines = [(str(r.user), str(r.item), f"{r.rating:g}", str(r.timestamp)) for r in rows]
+    files = {}
+    p = d / "u.data"
+    p.write_text("".join("\t".join(x) + "\n" for x in lines))
+    files["udata"] = (p, [])
+    p = d / "ratings.dat.gz"
+    with gzip.open(p, "wt") as f:
+        f.write("".join("::".join(x) + "\n" for x in lines))
+    files["dat"] = (p, [])
+    p = d / "ratings.txt"
+    p.write_text("".join(("  " if k % 7 == 0 else "") + " \t ".join(x) + "  \n" for k, x in enumerate(lines)))
+    files["ws"] = (p, [])
+    p = d / "ratings.csv"
+    p.write_text('"userId","movieId","rating","timestamp"\n' + "".join(",".join(x) + "\n" for x in lines))
+    files["csv"] = (p, [])
+    p = d / "ratings.parquet"
+    pq.write_table(pa.table({"user_id": df.user.to_numpy(), "item_id": df.item.to_numpy(),
+                             "rating": df.rating.to_numpy(), "timestamp": df.timestamp.to_numpy()}), p,
+                   row_group_size=1000)
+    files["parquet"] = (p, [])
+    p = d / "custom.txt"
+    p.write_text("".join("|".join((x[3], "junk", x[1], x[0], x[2])) + "\n" for x in lines))
+    files["custom"] = (p, ["--sep", "|", "--columns", "3,2,4,0"])
+    p = d / "custom2.txt"
+    p.write_text("".join(";;".join((x[0], x[1], x[2])) + "\n" for x in lines))
+    files["custom-multichar"] = (p, ["--sep", ";;", "--columns", "0,1,2"])
+    return files
+
+
+@pytest.mark.parametrize("fmt", ["udata", "dat", "ws", "csv", "parquet", "custom", "custom-multichar"])
+def test_formats(tmp_path, fmt):
+    df = synthetic_ratings(n=3000, str_users=False, str_items=fmt == "custom")
+    path, extra = _write_formats(df, tmp_path)[fmt]
+    ingest_ok(path, "--out", tmp_path / "s.zarr", *extra)
+    s = open_store(tmp_path / "s.zarr")
+    if fmt in ("udata", "dat", "ws", "csv", "parquet", "custom"):
+        assert s.attrs["params"]["formats"][0] == {"custom": "custom", "custom-multichar": "custom"}.get(fmt, fmt)
+    same(read_store(tmp_path / "s.zarr"), expected_after_dedup(df, use_ts=fmt != "custom-multichar"))
+
+
+def test_format_override_and_several_inputs(tmp_path):
+    df = synthetic_ratings(n=2000, str_users=False)
+    a, b = df.iloc[:1200], df.iloc[1200:]
+    pa_ = tmp_path / "a.tsv"
+    pa_.write_text("".join(f"{r.user}\t{r.item}\t{r.rating:g}\t{r.timestamp}\n" for r in a.itertuples()))
+    pb = tmp_path / "b.tsv"
+    pb.write_text("".join(f"{r.user}\t{r.item}\t{r.rating:g}\t{r.timestamp}\n" for r in b.itertuples()))
+    ingest_ok(pa_, pb, "--format", "udata", "--out", tmp_path / "s.zarr", "--rating-range", "0.5,5")
+    s = open_store(tmp_path / "s.zarr")
+    assert (s.rating_min, s.rating_max, s.rating_range_source) == (0.5, 5.0, "declared")
+    assert [x["name"] for x in s.attrs["sources"]] == ["a.tsv", "b.tsv"]
+    same(read_store(tmp_path / "s.zarr"), expected_after_dedup(df))
+
+
+def test_split(tmp_path):
+    df = synthetic_ratings(n=30_000, n_users=400, n_items=400, str_users=False)
+    csv = tmp_path / "r.csv"
+    df.rename(columns={"user": "userId", "item": "movieId"}).to_csv(csv, index=False)
+    F = 0.3
+    ingest_ok(csv, "--out", tmp_path / "s.zarr", "--test-fraction", F, "--seed", 5, "--block-users", 64)
+    s = open_store(tmp_path / "s.zarr")
+    assert s.has_test and s.n_ratings + s.n_test == len(expected_after_dedup(df))
+    for btr, bte in zip(s.blocks("train"), s.blocks("test")):
+        for j in range(btr.n_users):
+            tr = set(btr.items[btr.indptr[j]:btr.indptr[j + 1]].tolist())
+            te = set(bte.items[bte.indptr[j]:bte.indptr[j + 1]].tolist())
+            assert not tr & te
+            n = len(tr) + len(te)
+            assert abs(len(te) - F * n) <= 1.0
+    same(pd.concat([read_store(tmp_path / "s.zarr"), read_store(tmp_path / "s.zarr", "test")]),
+         expected_after_dedup(df))
+    # deterministic in the seed
+    ingest_ok(csv, "--out", tmp_path / "t.zarr", "--test-fraction", F, "--seed", 5, "--block-users", 64)
+    assert open_store(tmp_path / "t.zarr").checksum == s.checksum
+
+
+# --------------------------------------------------------------------------------------
+# bad input: message names file and line, exit code 2, nothing left behind
+# --------------------------------------------------------------------------------------
+
+GOOD = "1\t10\t4\t100\n2\t10\t3\t101\n2\t11\t5\t102\n"
+
+BAD_CASES = {
+    # name: (content, bad line, expected words, extra args)
+    "malformed": (GOOD + "3\t12\n" + GOOD, 4, "expected 4 fields", []),
+    "not-a-number": (GOOD + GOOD + "3\t12\tfive\t103\n", 7, "not a number", []),
+    "nan": (GOOD + "3\t12\tnan\t103\n", 4, "not finite", []),
+    "inf": (GOOD + GOOD + GOOD + "3\t12\tinf\t103\n", 10, "not finite", []),
+    "out-of-range": ("1\t10\t4\t100\n3\t12\t7\t103\n" + GOOD, 2, "outside --rating-range", ["--rating-range", "1,5"]),
+    "bad-timestamp": (GOOD + "3\t12\t4\tyesterday\n", 4, "timestamp", []),
+}
+
+
+def _leftovers(d, keep):
+    return sorted(set(os.listdir(d)) - set(keep))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_lines(tmp_path, case):
+    content, line, words, extra = BAD_CASES[case]
+    p = tmp_path / "in.data"
+    p.write_text(content)
+    code, _, err = run_cli("ingest", p, "--out", tmp_path / "s.zarr", *extra)
+    assert code == 2
+    assert f"in.data: line {line}:" in err and words in err, err
+    assert err.startswith("streamdp: error:") and "Traceback" not in err
+    assert _leftovers(tmp_path, ["in.data"]) == []
+    # with --skip-bad-lines: skipped and counted
+    code, out, err = run_cli("ingest", p, "--out", tmp_path / "s.zarr", "--skip-bad-lines", "--json", *extra)
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["n_bad_lines_skipped"] == 1
+    assert rep["n_ratings"] + rep["n_duplicates_dropped"] == content.count("\n") - 1
+    assert _leftovers(tmp_path, ["in.data", "s.zarr"]) == []
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "blank-lines", "unknown-format", "binary", "directory"])
+def test_bad_files(tmp_path, case):
+    p = tmp_path / "in.txt"
+    if case == "empty":
+        p.write_text("")
+    elif case == "blank-lines":
+        p.write_text("\n\n  \n")
+    elif case == "unknown-format":
+        p.write_text("hello\nworld\n")
+    elif case == "binary":
+        p.write_bytes(b"\x00\x01\x02garbage\x00" * 10)
+    elif case == "directory":
+        p.mkdir()
+    good = tmp_path / "good.data"
+    good.write_text(GOOD)
+    keep = ["in.txt", "good.data"] if case != "missing" else ["good.data"]
+    code, _, err = run_cli("ingest", good, p, "--out", tmp_path / "s.zarr")
+    assert code == 2, err
+    assert "in.txt" in err and err.startswith("streamdp: error:") and "Traceback" not in err
+    assert {"missing": "no such file", "empty": "empty", "blank-lines": "empty", "unknown-format": "line 1",
+            "binary": "line 1", "directory": "directory"}[case] in err
+    assert _leftovers(tmp_path, keep) == []
+
+
+def test_bad_options(tmp_path):
+    good = tmp_path / "good.data"
+    good.write_text(GOOD)
+    for args, words in [(["--rating-range", "5,1"], "--rating-range"), (["--test-fraction", "1.5"], "--test-fraction"),
+                        (["--memory-limit", "lots"], "--memory-limit"), (["--columns", "0,1"], "--columns"),
+                        (["--format", "csv", "--columns", "user,item,rating"], "no column named")]:
+        code, _, err = run_cli("ingest", good, "--out", tmp_path / "s.zarr", *args)
+        assert code == 2 and words in err, (args, err)
+        assert _leftovers(tmp_path, ["good.data"]) == []
+
+
+def test_no_overwrite_without_force(tmp_path):
+    good = tmp_path / "good.data"
+    good.write_text(GOOD)
+    ingest_ok(good, "--out", tmp_path / "s.zarr")
+    before = open_store(tmp_path / "s.zarr").checksum
+    good.write_text(GOOD + "9\t9\t1\t1\n")
+    code, _, err = run_cli("ingest", good, "--out", tmp_path / "s.zarr")
+    assert code == 2 and "already exists" in err
+    assert open_store(tmp_path / "s.zarr").checksum == before
+    ingest_ok(good, "--out", tmp_path / "s.zarr", "--force")
+    assert open_store(tmp_path / "s.zarr").n_users == 3
+    assert _leftovers(tmp_path, ["good.data", "s.zarr"]) == []
+
+
+def test_mixed_int_and_string_ids(tmp_path):
+    """An id column that is integer in the first lines but not later is read as strings."""
+    p = tmp_path / "in.data"
+    p.write_text(GOOD * 50 + "abc\t10\t2\t200\n")
+    ingest_ok(p, "--out", tmp_path / "s.zarr")
+    s = open_store(tmp_path / "s.zarr")
+    assert sorted(map(str, s.user_ids())) == ["1", "2", "abc"]
+    assert s.attrs["n_duplicates_dropped"] == 3 * 50 - 3
