@@ -128,15 +128,17 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 @memory_limit_option
 @click.option("--block-users", type=int, default=None, help="Users per block (default: ~0.5M ratings a block).")
 @click.option("--force", is_flag=True, help="Overwrite an existing store.")
+@click.option("--budget", default=None, metavar="EPSILON,DELTA",
+              help="Set the store's total privacy budget (see `streamdp budget`).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def ingest(inputs, out, fmt, sep, columns, rating_range, test_fraction, seed, skip_bad_lines, memory_limit,
-           block_users, force, as_json):
+           block_users, force, budget, as_json):
     """Ingest rating files (u.data, ::-.dat, CSV, whitespace, Parquet; .gz) into a store, out of core."""
     from streamdp.storage.ingest import ingest as ingest_files
 
     s = ingest_files(list(inputs), out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
-                     memory_limit=memory_limit, block_users=block_users, force=force)
+                     memory_limit=memory_limit, block_users=block_users, force=force, budget=budget)
     a = s.attrs
     if as_json:
         print_json({"store": s.path, "n_users": s.n_users, "n_items": s.n_items, "n_ratings": s.n_ratings,

@@ -150,6 +150,19 @@ def _parse_range(rating_range) -> tuple[float, float] | None:
     return lo, hi
 
 
+def _parse_budget(budget) -> tuple[float, float] | None:
+    if budget is None:
+        return None
+    try:
+        e, d = (float(x) for x in (budget.split(",") if isinstance(budget, str) else budget))
+    except ValueError:
+        raise ParameterError(f"--budget: expected EPSILON,DELTA, got {budget!r}") from None
+    from streamdp.privacy import check_privacy_params
+
+    check_privacy_params(e, d)
+    return e, d
+
+
 def ingest(
     inputs: list[str],
     out: str,
@@ -164,12 +177,15 @@ def ingest(
     memory_limit: str | int | None = None,
     block_users: int | None = None,
     force: bool = False,
+    budget=None,
     show_progress: bool | None = None,
 ) -> RatingStore:
     """Ingest rating files into a store at ``out`` and return it opened.
 
     The store's attributes carry ``n_duplicates_dropped``, ``n_bad_lines_skipped``,
-    ``sources`` and ``params``. Raises :class:`InputError` (file and line) for bad
+    ``sources`` and ``params``. ``budget`` (``(epsilon, delta)`` or ``"E,D"``) sets the
+    store's privacy budget (:class:`streamdp.privacy.budget.StoreBudget`) once the
+    store is written. Raises :class:`InputError` (file and line) for bad
     input, :class:`ParameterError` for bad options; nothing is left at ``out`` (nor
     temporary files) unless the ingest succeeded.
 
@@ -190,6 +206,7 @@ def ingest(
     if block_users is not None and block_users < 1:
         raise ParameterError(f"--block-users must be >= 1, got {block_users}")
     limit = resolve_memory_limit(memory_limit)
+    budget = _parse_budget(budget)
     check_destination(out, force)
     out_abs = os.path.abspath(out)
     parent = os.path.dirname(out_abs) or "."
@@ -210,12 +227,20 @@ def ingest(
                 break
             except F._IdNotInteger as exc:
                 int_ids[0 if exc.role == "user" else 1] = False
-        return _build(parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress,
-                      params=dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
-                                  test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
-                                  memory_limit=limit, block_users=block_users,
-                                  formats=[s.format for s in specs]),
-                      t0=t0)
+        if budget is not None:
+            from streamdp.privacy import check_privacy_params
+
+            check_privacy_params(*budget, n_users=len(parsed.users))
+        params = dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
+                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines, memory_limit=limit,
+                      block_users=block_users, formats=[s.format for s in specs])
+        store = _build(parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress,
+                       params=params, t0=t0)
+        if budget is not None:
+            from streamdp.privacy.budget import StoreBudget
+
+            StoreBudget(store.path).set(*budget)
+        return store
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

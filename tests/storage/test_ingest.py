@@ -325,3 +325,18 @@ def test_mixed_int_and_string_ids(tmp_path):
     s = open_store(tmp_path / "s.zarr")
     assert sorted(map(str, s.user_ids())) == ["1", "2", "abc"]
     assert s.attrs["n_duplicates_dropped"] == 3 * 50 - 3
+
+
+def test_budget_option(tmp_path):
+    from streamdp.privacy.budget import StoreBudget
+
+    good = tmp_path / "good.data"
+    good.write_text(GOOD)
+    ingest_ok(good, "--out", tmp_path / "s.zarr", "--budget", "2.5,1e-6")
+    b = StoreBudget(tmp_path / "s.zarr").show()
+    assert b["budget"]["epsilon"] == 2.5 and b["budget"]["delta"] == 1e-6
+    code, _, err = run_cli("ingest", good, "--out", tmp_path / "t.zarr", "--budget", "0,1e-6")
+    assert code == 2 and "epsilon" in err
+    code, _, err = run_cli("ingest", good, "--out", tmp_path / "t.zarr", "--budget", "1,0.5")  # delta >= 1/n_users
+    assert code == 2 and "delta" in err
+    assert _leftovers(tmp_path, ["good.data", "s.zarr"]) == []
