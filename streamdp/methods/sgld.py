@@ -227,7 +227,7 @@ class _SgdBase(Method):
         return s
 
     def _fingerprint(self, store, s) -> str:
-        keep = {k: v for k, v in s.items() if k not in ("checkpoint",)}
+        keep = {k: v for k, v in s.items() if k not in ("checkpoint", "epochs")}  # a run may be extended
         blob = json.dumps({"m": self.name, "k": self.rank, "eps": str(self.epsilon), "seed": self.seed,
                            "store": store.checksum, "s": keep}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
