@@ -76,6 +76,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 
 import numpy as np
 
@@ -199,7 +200,7 @@ class _SgdBase(Method):
         if s["hot_items"] < 0:
             raise ParameterError(f"--hot-items must be >= 0, got {hot}")
         su = s.get("step_users")
-        s["step_users"] = int(su) if su is not None else 256
+        s["step_users"] = int(su) if su is not None else default_step_users(store, self.noisy)
         if s["step_users"] < 1:
             raise ParameterError(f"--step-users must be >= 1, got {su}")
         nt = s.get("noise_table")
@@ -412,7 +413,9 @@ class _SgdBase(Method):
         tiering, hot = s["tiering"], s["hot_items"]
         history = list(ck["history"]) if ck is not None and "history" in ck else []
 
+        epoch_seconds = []
         for e in range(start, s["epochs"] + 1):
+            t_epoch = time.perf_counter()
             lr, delta = lrs[e - 1], deltas[e - 1]
             u_dt0, u_dt1 = K.user_flow_coefficients(e, deltas, N)
             src, dst = bufs[(e - 1) % 2], bufs[e % 2]
@@ -474,6 +477,7 @@ class _SgdBase(Method):
                     K.flush_items(V, bv, item_last, N, delta, a, a_b, temp,
                                   g.standard_normal(n_items * (k + 1), dtype=np.float32), np.zeros(0, np.int64),
                                   False)
+            epoch_seconds.append(round(time.perf_counter() - t_epoch, 4))
             sse = sum(p[0] for p in parts)
             history.append(math.sqrt(sse / max(N, 1)))
             _save_checkpoint(ck_path, fp=fp, epoch=e, entropy=entropy, V=V, bv=bv, run_id=run_id,
@@ -512,7 +516,7 @@ class _SgdBase(Method):
                        "user_weights": str(s["user_weights"]) if s.get("user_weights") else None})
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum, "n_users": store.n_users,
-                "n_items": n_items, "n_train_used": N, "parameters": params, "train_rmse_by_epoch": history,
+                "n_items": n_items, "n_train_used": N, "parameters": params, "train_rmse_by_epoch": history, "epoch_seconds": epoch_seconds,
                 "resumed_from_epoch": start - 1 if start > 1 else None, "run_id": run_id,
                 "ridge": 1.0, "rating_range": {"min": lo, "max": hi}, "user_state": run_dir}
         fitted = Fitted(item_factors=V.copy(), item_bias=bv.copy(), item_ids=store.item_ids(), global_mean=float(mu),
@@ -528,6 +532,28 @@ class _SgdBase(Method):
         tot = engine.map_reduce(lambda blk, b: (float(blk.ratings.sum(dtype=np.float64)), blk.nnz),
                                 lambda acc, x: (acc[0] + x[0], acc[1] + x[1]), (0.0, 0))
         return tot[0] / max(tot[1], 1)
+
+
+def default_step_users(store, noisy: bool) -> int:
+    """Users per step/group, from the store's public shape.
+
+    SGD: 256 (a group's hot ratings keep the hot tier in cache). SGLD: enough users
+    that a step holds about ``16 n_items`` ratings, so that each item is drawn for at
+    most once per step however often it is touched (noise draws per rating <=
+    ``(k+1)/16`` for the items; a normal from numpy's Generator costs about as much as
+    a rating's update at k=16), capped at a block; the step's Langevin time is then
+    still a small fraction of the epoch for any store of more than a few blocks.
+
+    >>> from types import SimpleNamespace as S
+    >>> default_step_users(S(n_items=20_000, n_ratings=10**8, n_users=10**6, block_users=5000), True)
+    3200
+    >>> default_step_users(S(n_items=20_000, n_ratings=10**8, n_users=10**6, block_users=5000), False)
+    256
+    """
+    if not noisy:
+        return 256
+    per_user = max(store.n_ratings / max(store.n_users, 1), 1.0)
+    return int(max(64, min(store.block_users, math.ceil(16 * store.n_items / per_user))))
 
 
 def bounds_src(s, store) -> str:
