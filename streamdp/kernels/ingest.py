@@ -121,3 +121,10 @@ def bucket_rows(part, n_parts, order, starts):
         p = part[k]
         order[fill[p]] = k
         fill[p] += 1
+
+
+@njit(cache=True, nogil=True)
+def count_into(counts, keys, lo):
+    """``counts[k - lo] += 1`` for every key (the caller guarantees the range)."""
+    for k in range(len(keys)):
+        counts[keys[k] - lo] += 1

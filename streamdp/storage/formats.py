@@ -414,8 +414,72 @@ def _coerce(arr: pa.Array, typ, role: str, skip: bool):
     return pa.array(vals), bad
 
 
-def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: bool, bad: list) -> "iter[Batch]":
-    """Stream-parse a text file into :class:`Batch` es.
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".br")
+
+
+#: Uncompressed text files at least this large are parsed by several threads.
+PARALLEL_MIN_BYTES = 32 << 20
+
+
+def byte_ranges(path: str, parts: int, min_bytes: int | None = None) -> list[tuple[int, int] | None]:
+    """Split an uncompressed text file into ``parts`` ranges cut just after a newline
+    (so they can be parsed in parallel), or ``[None]`` (the whole file) when it is
+    compressed or small."""
+    size = os.path.getsize(path)
+    min_bytes = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
+    if parts <= 1 or size < min_bytes or path.lower().endswith(_COMPRESSED):
+        return [None]
+    cuts = [0]
+    with open(path, "rb") as f:
+        for j in range(1, parts):
+            pos = max(size * j // parts, cuts[-1])
+            f.seek(pos)
+            while True:
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    pos = size
+                    break
+                k = chunk.find(b"\n")
+                if k >= 0:
+                    pos += k + 1
+                    break
+                pos += len(chunk)
+            cuts.append(pos)
+    cuts.append(size)
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+class _RangeReader(io.RawIOBase):
+    """Bytes ``[start, end)`` of a file."""
+
+    def __init__(self, path: str, start: int, end: int):
+        super().__init__()
+        self.f = open(path, "rb")
+        self.f.seek(start)
+        self.left = end - start
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.f.read(n)
+        self.left -= len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
+
+
+def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: bool, bad: list,
+              byte_range: tuple[int, int] | None = None) -> "iter[Batch]":
+    """Stream-parse a text file (or the lines in ``byte_range``) into :class:`Batch` es.
 
     With ``skip``, rows with a wrong number of fields or unparsable numbers are
     dropped and counted in ``bad[0]``; otherwise pyarrow's error propagates (the
@@ -440,13 +504,15 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
             return "skip"
         return "error"
 
-    ropts = pacsv.ReadOptions(block_size=int(block_size), column_names=names, skip_rows=1 if spec.header else 0,
+    first = byte_range is None or byte_range[0] == 0
+    ropts = pacsv.ReadOptions(block_size=int(block_size), column_names=names,
+                              skip_rows=1 if spec.header and first else 0,
                               use_threads=_USE_THREADS)
     popts = pacsv.ParseOptions(delimiter=spec.sep, quote_char='"' if spec.format == "csv" else False,
                                invalid_row_handler=on_invalid)
     copts = pacsv.ConvertOptions(column_types=types, include_columns=[sel[r] for r in roles], null_values=[],
                                  strings_can_be_null=False, quoted_strings_can_be_null=False)
-    raw = _open_bytes(spec.path)
+    raw = _open_bytes(spec.path) if byte_range is None else _RangeReader(spec.path, *byte_range)
     src = _Rewriter(raw, spec.rewrite, block_size) if spec.rewrite is not None else raw
     def id_column_failed(exc):
         m = re.search(r"In CSV column #(\d+)", str(exc))

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.kernels.ingest import bucket_rows, group_dedup, remap_sort
+from streamdp.kernels.ingest import bucket_rows, count_into, group_dedup, remap_sort
 from streamdp.progress import progress
 from streamdp.storage import formats as F
 from streamdp.storage.schema import default_block_users
@@ -68,8 +69,12 @@ _BYTES_PER_PART_RATING = 256
 class _Source:
     spec: F.Spec
     size: int
-    spill: str
+    spills: list
     rows: int = 0
+
+
+class _BadLine(Exception):
+    """A bad rating found by the fast path (its line is then located by the slow path)."""
 
 
 class _KeyCounter:
@@ -88,6 +93,10 @@ class _KeyCounter:
         self.buffered += len(vc)
         if self.buffered > max(self.max_buffered, 0 if self.keys is None else len(self.keys)):
             self._merge()
+
+    def add_counts(self, keys: pa.Array, counts: pa.Array) -> None:
+        self.buf.append((keys, counts))
+        self.buffered += len(keys)
 
     def _merge(self) -> None:
         ks = [k for k, _ in self.buf]
@@ -108,6 +117,48 @@ class _KeyCounter:
         self._merge()
         idx = pc.sort_indices(self.keys)
         return self.keys.take(idx), self.counts.take(idx).to_numpy().astype(np.int64)
+
+
+class _IntCounter:
+    """Counts of integer keys in a dense array over their observed range while the range
+    stays below ``max_range`` entries (O(1) per key, no hashing); falls back to
+    :class:`_KeyCounter` for sparse ids."""
+
+    def __init__(self, max_range: int, max_buffered: int):
+        self.max_range, self.max_buffered = max_range, max_buffered
+        self.lo = 0
+        self.counts: np.ndarray | None = None
+        self.fallback: _KeyCounter | None = None
+
+    def add(self, arr: pa.Array) -> None:
+        if self.fallback is not None:
+            return self.fallback.add(arr)
+        a = arr.to_numpy()
+        lo, hi = int(a.min()), int(a.max())
+        if self.counts is not None:
+            lo, hi = min(lo, self.lo), max(hi, self.lo + len(self.counts) - 1)
+        if hi - lo + 1 > self.max_range:
+            self.fallback = _KeyCounter(self.max_buffered)
+            if self.counts is not None:
+                nz = np.flatnonzero(self.counts)
+                self.fallback.add_counts(pa.array(nz + self.lo), pa.array(self.counts[nz]))
+                self.counts = None
+            return self.fallback.add(arr)
+        if self.counts is None or lo < self.lo or hi >= self.lo + len(self.counts):
+            # grow with slack so that a slowly widening range is not copied every batch
+            old = 0 if self.counts is None else len(self.counts)
+            hi = max(hi, min(lo + 2 * old, lo + self.max_range - 1))
+            new = np.zeros(hi - lo + 1, np.int64)
+            if self.counts is not None:
+                new[self.lo - lo: self.lo - lo + len(self.counts)] = self.counts
+            self.counts, self.lo = new, lo
+        count_into(self.counts, a, self.lo)
+
+    def finish(self) -> tuple[pa.Array, np.ndarray]:
+        if self.fallback is not None:
+            return self.fallback.finish()
+        nz = np.flatnonzero(self.counts)
+        return pa.array(nz + self.lo, pa.int64()), self.counts[nz]
 
 
 class _IdMap:
@@ -260,72 +311,109 @@ class _Parsed:
 
 
 def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
-    """Pass 1: parse, validate, count ids, spill."""
+    """Pass 1: parse, validate, count ids, spill.
+
+    A large uncompressed text file is cut into byte ranges at line ends that are
+    parsed by parallel threads (pyarrow and the counting kernel release the GIL);
+    each range spills to its own file, and the spills are read back in file order,
+    so "last seen" keeps meaning the input order.
+    """
+    workers = min(2, os.cpu_count() or 1)
     # pyarrow's streaming CSV reader reads ahead up to ~32 blocks when parsing is the
-    # bottleneck, so a block is a small share of the limit.
-    block_size = int(min(max(limit // 160, 1 << 18), 16 << 20))
+    # bottleneck, so a block is a small share of the limit (per parsing thread).
+    block_size = int(min(max(limit // (160 * workers), 1 << 18), 16 << 20))
     pool = pa.default_memory_pool()
     # a buffered (key, count) pair costs ~16 bytes, twice while merging
-    ucount, icount = _KeyCounter(max(limit // 512, 4096)), _KeyCounter(max(limit // 512, 4096))
-    bad = [0]
-    rmin, rmax = np.inf, -np.inf
-    sources = []
+    nbuf = max(limit // 512, 4096)
+    ucount = _IntCounter(max(limit // 32, 1 << 16), nbuf) if int_ids[0] else _KeyCounter(nbuf)
+    icount = _IntCounter(max(limit // 32, 1 << 16), nbuf) if int_ids[1] else _KeyCounter(nbuf)
+    lock = threading.Lock()
+    failed = threading.Event()
     utype = pa.int64() if int_ids[0] else pa.string()
     itype = pa.int64() if int_ids[1] else pa.string()
     schema = pa.schema([("u", utype), ("i", itype), ("r", pa.float32()), ("t", pa.int64())])
-    with progress(total=None, desc="parse", unit="rating", enabled=show_progress) as bar:
-        for k, spec in enumerate(specs):
-            src = _Source(spec, F.check_file(spec.path), os.path.join(tmp, f"spill{k}.arrow"))
-            if spec.format == "parquet":
-                it = F.iter_parquet(spec, int_ids=int_ids, batch_rows=max(block_size // 32, 4096))
-            else:
-                it = F.iter_text(spec, int_ids=int_ids, block_size=block_size, skip=skip, bad=bad)
-            with pa.OSFile(src.spill, "wb") as sink, pa.ipc.new_stream(sink, schema) as w:
-                try:
-                    for b in it:
-                        r = b.rating
-                        badm = ~np.isfinite(r)
-                        if rr is not None:
-                            badm |= (r < rr[0]) | (r > rr[1])
-                        u, i, ts = b.user, b.item, b.timestamp
-                        if badm.any():
-                            if not skip:
-                                j = int(np.argmax(badm))
-                                if spec.format == "parquet":
-                                    raise InputError(f"{spec.path}: row {b.row0 + j + 1}: rating {r[j]!r} is "
-                                                     + ("not finite" if not np.isfinite(r[j]) else
-                                                        f"outside --rating-range [{rr[0]:g}, {rr[1]:g}]"))
-                                line, why = F.locate_error(spec, int_ids, rr, row=b.row0 + j)
-                                raise F.error_at(spec, line, why)
-                            keep = ~badm
-                            bad[0] += int(badm.sum())
-                            km = pa.array(keep)
-                            u, i, r = pc.filter(u, km), pc.filter(i, km), r[keep]
-                            ts = ts[keep] if ts is not None else None
-                        n = len(r)
-                        if n == 0:
-                            continue
-                        rmin = min(rmin, float(r.min()))
-                        rmax = max(rmax, float(r.max()))
+
+    def parse_range(spec, spill, byte_range, bar):
+        """Parse one file or byte range into ``spill``; returns (rows, rmin, rmax, n_bad)."""
+        bad = [0]
+        rows, rmin, rmax = 0, np.inf, -np.inf
+        if spec.format == "parquet":
+            it = F.iter_parquet(spec, int_ids=int_ids, batch_rows=max(block_size // 32, 4096))
+        else:
+            it = F.iter_text(spec, int_ids=int_ids, block_size=block_size, skip=skip, bad=bad,
+                             byte_range=byte_range)
+        with pa.OSFile(spill, "wb") as sink, pa.ipc.new_stream(sink, schema) as w:
+            try:
+                for b in it:
+                    if failed.is_set():
+                        return rows, rmin, rmax, bad[0]
+                    r = b.rating
+                    badm = ~np.isfinite(r)
+                    if rr is not None:
+                        badm |= (r < rr[0]) | (r > rr[1])
+                    u, i, ts = b.user, b.item, b.timestamp
+                    if badm.any():
+                        if not skip:
+                            j = int(np.argmax(badm))
+                            if spec.format == "parquet":
+                                raise InputError(f"{spec.path}: row {b.row0 + j + 1}: rating {r[j]!r} is "
+                                                 + ("not finite" if not np.isfinite(r[j]) else
+                                                    f"outside --rating-range [{rr[0]:g}, {rr[1]:g}]"))
+                            raise _BadLine()
+                        keep = ~badm
+                        bad[0] += int(badm.sum())
+                        km = pa.array(keep)
+                        u, i, r = pc.filter(u, km), pc.filter(i, km), r[keep]
+                        ts = ts[keep] if ts is not None else None
+                    n = len(r)
+                    if n == 0:
+                        continue
+                    rmin = min(rmin, float(r.min()))
+                    rmax = max(rmax, float(r.max()))
+                    with lock:
                         ucount.add(u)
                         icount.add(i)
-                        t = pa.array(ts) if ts is not None else pa.nulls(n, pa.int64())
-                        w.write_batch(pa.record_batch([u, i, pa.array(r.astype(np.float32)), t], schema=schema))
-                        src.rows += n
-                        bar.update(n)
-                        pool.release_unused()  # mimalloc keeps freed pages otherwise
-                except pa.ArrowInvalid as exc:
-                    line, why = F.locate_error(spec, int_ids, rr)
-                    if line:
-                        raise F.error_at(spec, line, why) from None
-                    raise InputError(f"{spec.path}: {str(exc).splitlines()[0]}") from None
+                    t = pa.array(ts) if ts is not None else pa.nulls(n, pa.int64())
+                    w.write_batch(pa.record_batch([u, i, pa.array(r.astype(np.float32)), t], schema=schema))
+                    rows += n
+                    bar.update(n)
+                    pool.release_unused()  # mimalloc keeps freed pages otherwise
+            except (pa.ArrowInvalid, _BadLine) as exc:
+                failed.set()
+                # the slow path: re-read the file in Python to name the first bad line
+                line, why = F.locate_error(spec, int_ids, rr)
+                if line:
+                    raise F.error_at(spec, line, why) from None
+                raise InputError(f"{spec.path}: {str(exc).splitlines()[0] if str(exc) else 'bad input'}") from None
+            except BaseException:
+                failed.set()
+                raise
+        return rows, rmin, rmax, bad[0]
+
+    sources = []
+    n_bad = 0
+    rmin, rmax = np.inf, -np.inf
+    with progress(total=None, desc="parse", unit="rating", enabled=show_progress) as bar, \
+            ThreadPoolExecutor(max_workers=workers) as ex:
+        for k, spec in enumerate(specs):
+            ranges = [None] if spec.format == "parquet" else F.byte_ranges(spec.path, workers)
+            src = _Source(spec, F.check_file(spec.path), [os.path.join(tmp, f"spill{k}_{j}.arrow")
+                                                          for j in range(len(ranges))])
+            futs = [ex.submit(parse_range, spec, sp, br, bar) for sp, br in zip(src.spills, ranges)]
+            results = []
+            for f in futs:  # surface the first error in file order
+                results.append(f.result())
+            for rows, lo, hi, nb in results:
+                src.rows += rows
+                n_bad += nb
+                rmin, rmax = min(rmin, lo), max(rmax, hi)
             if src.rows == 0:
-                raise InputError(f"{spec.path}: no ratings" + (" (all lines were bad)" if bad[0] else " (empty file)"))
+                raise InputError(f"{spec.path}: no ratings" + (" (all lines were bad)" if n_bad else " (empty file)"))
             sources.append(src)
     pool.release_unused()
     users, user_rows = ucount.finish()
     items, _ = icount.finish()
-    return _Parsed(sources, users, user_rows, items, int(user_rows.sum()), bad[0], rmin, rmax,
+    return _Parsed(sources, users, user_rows, items, int(user_rows.sum()), n_bad, rmin, rmax,
                    all(s.spec.has_timestamp for s in sources), {})
 
 
@@ -371,8 +459,8 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
 
     cols = ("u", "i", "r", "t") if has_ts else ("u", "i", "r")
     with progress(total=parsed.n_rows, desc="partition", unit="rating", enabled=show_progress) as bar:
-        for src in parsed.sources:
-            with pa.OSFile(src.spill, "rb") as f, pa.ipc.open_stream(f) as rd:
+        for spill in [sp for src in parsed.sources for sp in src.spills]:
+            with pa.OSFile(spill, "rb") as f, pa.ipc.open_stream(f) as rd:
                 for rb in rd:
                     u = umap(rb.column(0))
                     arrays = {"u": u, "i": imap(rb.column(1)), "r": rb.column(2).to_numpy()}
@@ -397,7 +485,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
                                 if not keep_open:
                                     g.close()
                     bar.update(rb.num_rows)
-            os.remove(src.spill)
+            os.remove(spill)
     for f in handles.values():
         f.close()
     handles.clear()

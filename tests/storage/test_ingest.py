@@ -340,3 +340,22 @@ def test_budget_option(tmp_path):
     code, _, err = run_cli("ingest", good, "--out", tmp_path / "t.zarr", "--budget", "1,0.5")  # delta >= 1/n_users
     assert code == 2 and "delta" in err
     assert _leftovers(tmp_path, ["good.data", "s.zarr"]) == []
+
+
+@pytest.mark.parametrize("fmt", ["csv", "ws"])
+def test_parallel_byte_ranges(tmp_path, monkeypatch, fmt):
+    """Large files are parsed as byte ranges in threads: same result, same error lines."""
+    from streamdp.storage import formats
+
+    monkeypatch.setattr(formats, "PARALLEL_MIN_BYTES", 1)
+    df = synthetic_ratings(n=5000, str_users=False)
+    path, extra = _write_formats(df, tmp_path)[fmt]
+    assert len(formats.byte_ranges(str(path), 2)) == 2
+    ingest_ok(path, "--out", tmp_path / "s.zarr", *extra)
+    same(read_store(tmp_path / "s.zarr"), expected_after_dedup(df))
+    lines = path.read_text().splitlines(keepends=True)
+    lines[4000] = lines[4000].replace("\t", "  ").rstrip() + " 1e999 \n" if fmt == "ws" else "1,2,nan,3\n"
+    path.write_text("".join(lines))
+    code, _, err = run_cli("ingest", path, "--out", tmp_path / "t.zarr", *extra)
+    assert code == 2 and f"line {4001}:" in err, err
+    assert not (tmp_path / "t.zarr").exists()

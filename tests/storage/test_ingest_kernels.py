@@ -1,0 +1,81 @@
+"""The Numba kernels of ingest against slow NumPy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamdp.kernels.ingest import bucket_rows, group_dedup, remap_sort
+
+
+def group_dedup_reference(users, items, ratings, ts, has_ts, n_users):
+    """Sort by (user, item), keep per pair the max (timestamp, input position)."""
+    pos = np.arange(len(users))
+    key_ts = ts if has_ts else np.zeros(len(users), np.int64)
+    order = np.lexsort((pos, key_ts, items, users))  # last of each (user, item) run wins
+    u, i = users[order], items[order]
+    last = np.ones(len(order), bool)
+    last[:-1] = (u[1:] != u[:-1]) | (i[1:] != i[:-1])
+    keep = order[last]
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=n_users))])
+    return indptr, items[keep], ratings[keep], len(users) - len(keep)
+
+
+@pytest.mark.parametrize("has_ts", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_group_dedup_matches_reference(has_ts, seed):
+    rng = np.random.default_rng(seed)
+    n, n_users, n_items = 5000, 97, 40
+    users = rng.integers(0, n_users, n).astype(np.int32)
+    items = rng.integers(0, n_items, n).astype(np.int32)
+    ratings = rng.random(n).astype(np.float32)
+    ts = rng.integers(0, 5, n).astype(np.int64)  # many ties
+    ip = np.empty(n_users + 1, np.int64)
+    oi = np.empty(n, np.int32)
+    orr = np.empty(n, np.float32)
+    nnz, dropped = group_dedup(users, items, ratings, ts, has_ts, n_users, ip, oi, orr)
+    rip, ri, rr, rd = group_dedup_reference(users, items, ratings, ts, has_ts, n_users)
+    assert nnz == len(ri) and dropped == rd
+    np.testing.assert_array_equal(ip, rip)
+    np.testing.assert_array_equal(oi[:nnz], ri)
+    np.testing.assert_array_equal(orr[:nnz], rr)
+
+
+def test_remap_sort_and_bucket_rows():
+    rng = np.random.default_rng(3)
+    n_users, n_items = 50, 30
+    counts = rng.integers(0, 12, n_users)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    items = np.concatenate([rng.choice(n_items, c, replace=False) for c in counts]).astype(np.int32)
+    ratings = rng.random(len(items)).astype(np.float32)
+    perm = rng.permutation(n_items).astype(np.int32)
+    it, rt = items.copy(), ratings.copy()
+    remap_sort(indptr, it, rt, perm)
+    for u in range(n_users):
+        s, e = indptr[u], indptr[u + 1]
+        o = np.argsort(perm[items[s:e]])
+        np.testing.assert_array_equal(it[s:e], perm[items[s:e]][o])
+        np.testing.assert_array_equal(rt[s:e], ratings[s:e][o])
+    part = rng.integers(0, 7, 1000).astype(np.int32)
+    order = np.empty(1000, np.int64)
+    starts = np.empty(8, np.int64)
+    bucket_rows(part, 7, order, starts)
+    np.testing.assert_array_equal(order, np.argsort(part, kind="stable"))
+    np.testing.assert_array_equal(starts, np.concatenate([[0], np.cumsum(np.bincount(part, minlength=7))]))
+
+
+@pytest.mark.parametrize("max_range", [10, 1000, 10**6])
+def test_int_counter_matches_unique(max_range):
+    import pyarrow as pa
+
+    from streamdp.storage.ingest import _IntCounter
+
+    rng = np.random.default_rng(max_range)
+    c = _IntCounter(max_range, 64)
+    parts = [rng.integers(-50, 50, 100) * (k + 1) + 7 * k for k in range(12)]  # widening range
+    for p in parts:
+        c.add(pa.array(p))
+    keys, counts = c.finish()
+    ref_k, ref_c = np.unique(np.concatenate(parts), return_counts=True)
+    np.testing.assert_array_equal(keys.to_numpy(), ref_k)
+    np.testing.assert_array_equal(counts, ref_c)
