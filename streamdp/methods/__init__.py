@@ -88,6 +88,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
         with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit) as engine:
             fitted = m.fit(st, engine)
             fitted.model_info.setdefault("engine", engine.describe())
+            fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
         seconds = time.perf_counter() - t0
         fitted.model_info["seconds"] = round(seconds, 3)
         fitted.save(out, force=force)

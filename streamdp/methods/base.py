@@ -20,16 +20,27 @@ from streamdp.errors import ParameterError
 
 @dataclass
 class Plan:
-    """What a method will spend: events (dp-accounting), their ledger entries, noise settings.
+    """What a method will spend: events (dp-accounting), a description of each release, settings.
 
-    ``entries`` are JSON-ready dicts describing each release (what, mechanism,
-    sensitivity, noise multiplier, count) for the ledger; ``event`` is their
-    composition for the accountant (``None`` when non-private).
+    Give either ``events`` (the DpEvents in order; the ledger stores them one by
+    one) or ``event`` (one composed DpEvent); both empty/``None`` means
+    non-private. ``entries`` are JSON-ready dicts describing each release (what,
+    mechanism, sensitivity, noise multiplier, count), written into the ledger's
+    ``bounds["releases"]``.
     """
 
-    event: object | None
-    entries: list[dict]
+    event: object | None = None
+    entries: list = field(default_factory=list)
     params: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)
+
+    def __post_init__(self):
+        from streamdp.privacy import compose
+
+        if self.events and self.event is None:
+            self.event = compose(self.events)
+        elif self.event is not None and not self.events:
+            self.events = [self.event]
 
 
 @dataclass
@@ -108,11 +119,14 @@ class Method:
         """The :class:`streamdp.privacy.Ledger` of ``plan`` on ``store`` (one composed accounting)."""
         from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
 
-        private = self.private and plan.event is not None
+        private = self.private and bool(plan.events)
         acc = epsilon_of(plan.event, self.delta) if private else None
+        bounds = dict(plan.params.get("bounds", {}))
+        bounds["releases"] = list(plan.entries)
         return Ledger(method=self.name, guarantee=self.guarantee if private else GUARANTEE_NONE,
-                      epsilon=self.epsilon, delta=self.delta, events=list(plan.entries), accounting=acc,
-                      bounds=dict(plan.params.get("bounds", {})), seeded=self.seed is not None,
+                      epsilon=self.epsilon if private else float("inf"), delta=self.delta,
+                      events=list(plan.events) if private else [], accounting=acc, bounds=bounds,
+                      seeded=self.seed is not None,
                       store_checksum=store.checksum, notes=list(notes))
 
     def planned_ledger(self, store):
