@@ -47,6 +47,32 @@ def epoch_rate(store, method, k, tiering, workers, repeats):
     return statistics.median(rates)
 
 
+def kernel_tiering(store, k, repeats):
+    """Kernel-only ratings/s of sgd_block on one in-memory block, tiered vs untiered (no I/O)."""
+    from streamdp.kernels import sgd as K
+
+    blk = store.read_block(0)
+    ip = blk.indptr
+    n_u, n_i = blk.n_users, store.n_items
+    out = {}
+    for tiered in (True, False):
+        it, rt = blk.items.copy(), blk.ratings.copy()
+        split = ip[1:].copy()
+        if tiered:
+            K.partition_tiers(ip, it, rt, K.hot_tier_items(k, n_i), split)
+        g = np.random.default_rng(0)
+        rates = []
+        for _ in range(repeats):
+            U = (g.standard_normal((n_u, k)) * 0.1).astype(np.float32)
+            V = (g.standard_normal((n_i, k)) * 0.1).astype(np.float32)
+            bu, bv = np.zeros(n_u, np.float32), np.zeros(n_i, np.float32)
+            t = time.perf_counter()
+            K.sgd_block(ip, it, rt, np.ones(n_u, np.float32), split, U, bu, V, bv, 3.6, 0.005, 0.02, 0.02, 0.0, 256)
+            rates.append(blk.nnz / (time.perf_counter() - t))
+        out["tiered" if tiered else "untiered"] = statistics.median(rates)
+    return out
+
+
 def surprise_rate(store, n, k, repeats):
     import pandas as pd
     from surprise import SVD, Dataset, Reader
@@ -98,6 +124,10 @@ def main():
     for k in ranks:
         sur[k] = surprise_rate(store, a.surprise_ratings, k, a.repeats)
         print(f"k={k:4d} surprise SVD (1 core, {a.surprise_ratings:,} ratings): {sur[k] / 1e6:8.3f} M ratings/s")
+        kt = kernel_tiering(store, k, a.repeats)
+        res.setdefault("kernel_tiering", {})[str(k)] = kt
+        print(f"k={k:4d} sgd kernel only, one in-memory block: tiered {kt['tiered'] / 1e6:8.3f}, untiered "
+              f"{kt['untiered'] / 1e6:8.3f} M ratings/s (ratio {kt['tiered'] / kt['untiered']:.2f})", flush=True)
         for method in ("sgd", "sgld"):
             for tiering in (True, False):
                 for workers in (1, 2):

@@ -62,9 +62,13 @@ the state at the end of the last finished epoch is always intact. After each epo
 to ``DIR/checkpoint.npz``. A run started with the same ``--checkpoint`` and the same
 settings resumes after the last finished epoch; all randomness comes from
 per-(purpose, epoch, block) generators of the root entropy, so the result equals
-the uninterrupted run's (bit for bit with one worker). The budget entry is made
-by ``streamdp train`` before fitting; a resumed run carries the ``run_id`` of the
-interrupted one in its ledger so the spend is one release.
+the uninterrupted run's (bit for bit with one worker). The run directory holds
+private state (``U`` and, for an unseeded run, the noise's root entropy): keep it
+private and delete it after the run; without ``--checkpoint`` a temporary one is
+used and removed (also on failure). Privacy spend is recorded once: ``streamdp
+train`` reserves the release in the store's budget before fitting and marks it
+failed when the run is interrupted (nothing was released: the checkpoint is
+private state), so only the resumed run that writes the model counts.
 """
 
 from __future__ import annotations
@@ -363,7 +367,21 @@ class _SgdBase(Method):
 
     # -- fit ---------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
-        from streamdp.stream.state import UserState, state_dir_for
+        """Run the epochs on ``engine`` and return the released item side (see the module docstring)."""
+        from streamdp.stream.state import state_dir_for
+
+        ck = self.options.get("checkpoint")
+        run_dir = str(ck) if ck is not None else \
+            tempfile.mkdtemp(prefix=f"{self.name}-", dir=_ensure(state_dir_for(store)))
+        try:
+            return self._fit(store, engine, run_dir, own_dir=ck is None)
+        except BaseException:
+            if ck is None:  # a temporary run directory holds private state (U, the seed): never leave it
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+    def _fit(self, store, engine, run_dir: str, *, own_dir: bool) -> Fitted:
+        from streamdp.stream.state import UserState
 
         plan = self.plan(store)
         s = plan.params
@@ -376,8 +394,6 @@ class _SgdBase(Method):
         pos0 = np.concatenate([[0], np.cumsum(block_n)[:-1]]).astype(np.int64)
         fp = self._fingerprint(store, s)
 
-        own_dir = s["checkpoint"] is None
-        run_dir = s["checkpoint"] or tempfile.mkdtemp(prefix=f"{self.name}-", dir=_ensure(state_dir_for(store)))
         os.makedirs(run_dir, exist_ok=True)
         ck_path = os.path.join(run_dir, "checkpoint.npz")
         start = 1
@@ -413,6 +429,14 @@ class _SgdBase(Method):
         tiering, hot = s["tiering"], s["hot_items"]
         history = list(ck["history"]) if ck is not None and "history" in ck else []
 
+        # per block in flight beyond the ratings: U rows (read, copies, written), the item
+        # stamps and, for SGLD, the noise buffer (users + at most n_items flows per step)
+        bu_ = store.block_users
+        extra = 3 * bu_ * (k + 1) * 4 + bu_ * 16
+        if self.noisy:
+            steps = -(-bu_ // s["step_users"])
+            max_nnz = int(store.block_nnz().max()) if store.n_blocks else 0
+            extra += 8 * n_items + 4 * (k + 1) * (bu_ + min(max_nnz, steps * n_items))
         epoch_seconds = []
         for e in range(start, s["epochs"] + 1):
             t_epoch = time.perf_counter()
@@ -467,7 +491,7 @@ class _SgdBase(Method):
                 dst.write(b, UB)
                 return float(sse), int(ip[-1])
 
-            parts = engine.foreach(fn, extra_per_block=8 * n_items if self.noisy else 0)
+            parts = engine.foreach(fn, extra_per_block=extra)
             if self.noisy:
                 g = _rng(entropy, _FLUSH, e)
                 if table is not None:
