@@ -141,28 +141,42 @@ def partition_tiers(indptr, items, ratings, hot_items, split):
 
 
 @njit(cache=True, nogil=True)
-def count_step_touches(indptr, items, group_users, n_items):
-    """Number of distinct (group, item) pairs in a block: the item flows one block needs."""
+def count_group_touches(indptr, items, group_users, n_items, out):
+    """Distinct items of each group of ``group_users`` users (the item flows of each step), into ``out``."""
     n_users = len(indptr) - 1
     stamp = np.full(n_items, -1, np.int64)
-    total = 0
     g = 0
     for g0 in range(0, n_users, group_users):
         g1 = min(g0 + group_users, n_users)
+        c = 0
         for p in range(indptr[g0], indptr[g1]):
             j = items[p]
             if stamp[j] != g:
                 stamp[j] = g
-                total += 1
+                c += 1
+        out[g] = c
         g += 1
-    return total
+
+
+def group_draws(indptr, items, group_users: int, n_items: int, k: int) -> np.ndarray:
+    """Standard normals :func:`sgld_block` consumes per group, in order (users of the group, then its items).
+
+    The kernel's noise buffer is the concatenation of these per-group segments, so
+    each group's noise can come from its own generator.
+    """
+    n_users = len(indptr) - 1
+    n_groups = -(-n_users // group_users) if n_users else 0
+    touches = np.zeros(n_groups, np.int64)
+    count_group_touches(indptr, items, int(group_users), int(n_items), touches)
+    users = np.full(n_groups, group_users, np.int64)
+    if n_groups:
+        users[-1] = n_users - group_users * (n_groups - 1)
+    return (users + touches) * (k + 1)
 
 
 def count_block_draws(indptr, items, group_users: int, n_items: int, k: int) -> int:
-    """Standard normals :func:`sgld_block` consumes for one block (users first, then items)."""
-    n_users = len(indptr) - 1
-    touches = int(count_step_touches(indptr, items, int(group_users), int(n_items)))
-    return (n_users + touches) * (k + 1)
+    """Standard normals :func:`sgld_block` consumes for one block (all groups)."""
+    return int(group_draws(indptr, items, group_users, n_items, k).sum())
 
 
 def user_flow_coefficients(epoch: int, deltas, n_epoch: int) -> tuple[float, float]:

@@ -73,6 +73,7 @@ private state), so only the resumed run that writes the model counts.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -106,23 +107,50 @@ DEFAULTS = {
 }
 
 
+def _family(purpose: int, epoch: int) -> int:
+    return (RNG_KEY << 24) | (purpose << 16) | epoch
+
+
 def _rng(entropy: int, purpose: int, epoch: int) -> np.random.Generator:
     """The one generator of (purpose, epoch): independent of scheduling and of resumes."""
     from streamdp.privacy import spawn_rngs
 
-    return spawn_rngs(entropy, 1, key=(RNG_KEY << 24) | (purpose << 16) | epoch)[0]
+    return spawn_rngs(entropy, 1, key=_family(purpose, epoch))[0]
 
 
-class _BlockRngs:
-    """Per-epoch family of block generators, spawned once per (purpose, epoch)."""
+def _group_rng(entropy: int, purpose: int, epoch: int, group: int) -> np.random.Generator:
+    """Generator of global user group ``group``: the stream ``spawn_rngs(entropy, n, key=family)[group]``.
 
-    def __init__(self, entropy: int, purpose: int, epoch: int, n_blocks: int):
-        from streamdp.privacy import spawn_rngs
+    Built directly from its ``SeedSequence`` (the ``group``-th child of the family)
+    instead of spawning all ``n`` streams.
+    """
+    from streamdp.privacy import make_rng
 
-        self.gens = spawn_rngs(entropy, n_blocks, key=(RNG_KEY << 24) | (purpose << 16) | epoch)
+    return make_rng(np.random.SeedSequence(int(entropy), spawn_key=(_family(purpose, epoch), int(group))))
 
-    def __getitem__(self, b):
-        return self.gens[b]
+
+def _trim_groups(ip, it, rt, tau, G, rng_of):
+    """:func:`streamdp.privacy.bounding.trim_block` per group of ``G`` users, each with its own generator."""
+    from streamdp.privacy.bounding import trim_block
+
+    n_u = len(ip) - 1
+    if n_u == 0 or int(np.diff(ip).max()) <= tau:
+        return ip, it, rt
+    ips, its, rts = [np.zeros(1, np.int64)], [], []
+    off = 0
+    for q, g0 in enumerate(range(0, n_u, G)):
+        g1 = min(g0 + G, n_u)
+        a, z = int(ip[g0]), int(ip[g1])
+        sub = ip[g0:g1 + 1] - a
+        if int(np.diff(sub).max(initial=0)) > tau:
+            sip, sit, srt = trim_block(sub, it[a:z], rt[a:z], tau, seed=rng_of(q))
+        else:
+            sip, sit, srt = sub, it[a:z], rt[a:z]
+        ips.append(np.asarray(sip[1:], np.int64) + off)
+        its.append(sit)
+        rts.append(srt)
+        off += int(sip[-1])
+    return np.concatenate(ips), np.concatenate(its), np.concatenate(rts)
 
 
 def read_user_weights(path: str):
@@ -174,6 +202,11 @@ class _SgdBase(Method):
     OPTIONS = ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau", "kappa", "rho", "user_weights",
                "temperature", "noise_table", "tiering", "hot_items", "step_users", "checkpoint")
     noisy = False
+    #: Several workers update V without locks: results with 2+ workers are not bit-reproducible
+    #: (the tests compare their RMSE instead); with 1 worker they are.
+    HOGWILD = True
+    #: ``--method sgd`` is non-private by design (the speed reference).
+    NON_PRIVATE = False
 
     # -- settings ----------------------------------------------------------------------
     def settings(self, store) -> dict:
@@ -224,8 +257,10 @@ class _SgdBase(Method):
             s["B"] = s["tau"] * s["clip"] ** 2
         if self.noisy:
             if self.private:
-                s["scale"] = self.epsilon / (4.0 * s["B"])
-                s["epsilon_exact_sample"] = self.epsilon / float(s["temperature"])
+                T = float(s["temperature"])
+                s["epsilon_claimed"] = self.epsilon / T
+                s["epsilon_exact_sample"] = event_epsilon(s["epsilon_claimed"], self.delta)
+                s["scale"] = s["epsilon_exact_sample"] * T / (4.0 * s["B"])
             else:
                 s["scale"] = 1.0
         s["checkpoint"] = s.get("checkpoint")
@@ -338,7 +373,8 @@ class _SgdBase(Method):
         event = pure_dp_event(eps, mechanism="exponential (SGLD posterior sample, approximate)")
         entries = [{"release": "V, item biases (one posterior sample after the last epoch); global mean public "
                                "(midpoint)",
-                    "mechanism": label, "epsilon_exact_sample": eps, "scale_s": s["scale"],
+                    "mechanism": label, "epsilon_exact_sample": eps, "epsilon_claimed": s["epsilon_claimed"],
+                    "scale_s": s["scale"],
                     "sensitivity_of_F": 2 * s["B"], "count": 1, "epochs": s["epochs"],
                     "approximation": "exact only for an exact sample; a finite SGLD run is not one (no delta bound)",
                     "noise": TABLE_LABEL if s["noise_table"] else "numpy Generator (PCG64DXSM) standard normals"}]
@@ -360,8 +396,7 @@ class _SgdBase(Method):
                           store_checksum=store.checksum, notes=list(notes))
         guarantee = GUARANTEE_SGLD + ("; " + TABLE_LABEL if s.get("noise_table") else "")
         acc = epsilon_of(plan.event, self.delta)
-        # the PLD of a pure event can exceed its epsilon by the discretization; claim the larger
-        return Ledger(method=self.name, guarantee=guarantee, epsilon=max(s["epsilon_exact_sample"], acc.epsilon),
+        return Ledger(method=self.name, guarantee=guarantee, epsilon=s["epsilon_claimed"],
                       delta=self.delta, events=[plan.event], accounting=acc, bounds=bounds,
                       seeded=self.seed is not None, store_checksum=store.checksum, notes=list(notes))
 
@@ -443,53 +478,61 @@ class _SgdBase(Method):
             lr, delta = lrs[e - 1], deltas[e - 1]
             u_dt0, u_dt1 = K.user_flow_coefficients(e, deltas, N)
             src, dst = bufs[(e - 1) % 2], bufs[e % 2]
-            trim_g = _BlockRngs(entropy, _TRIM, 0, store.n_blocks)     # epoch 0: same subset every epoch
-            noise_g = _BlockRngs(entropy, _NOISE, e, store.n_blocks) if self.noisy else None
-            init_g = _BlockRngs(entropy, _INIT, 1, store.n_blocks) if e == 1 else None
+            G = s["step_users"]
 
-            def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst,
-                   trim_g=trim_g, noise_g=noise_g, init_g=init_g):
+            def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst):
+                # all randomness comes from the generator of the user group (global group id), so the
+                # result does not depend on how users are cut into blocks when G divides block_users
+                gid0 = block.first_user // G
                 ip, it, rt = block.indptr, block.items, block.ratings
                 if s["tau"] is not None:
-                    from streamdp.privacy.bounding import trim_block
-
-                    ip, it, rt = trim_block(ip, it, rt, s["tau"], seed=trim_g[b])
+                    ip, it, rt = _trim_groups(ip, it, rt, s["tau"], G,
+                                              lambda q: _group_rng(entropy, _TRIM, 0, gid0 + q))
                 it = np.ascontiguousarray(it, np.int32)
                 rt = np.clip(np.asarray(rt, np.float32), np.float32(lo), np.float32(hi)) if self.noisy else \
                     np.array(rt, np.float32)
                 ip = np.ascontiguousarray(ip, np.int64)
+                n_u = len(ip) - 1
                 w, _ = self._block_weights(store, b, np.diff(block.indptr), s, lookup)
                 split = ip[1:].copy()
                 if tiering:
                     K.partition_tiers(ip, it, rt, hot, split)
                 if e == 1:
-                    n_u = len(ip) - 1
                     UB = np.zeros((n_u, k + 1), np.float32)
-                    UB[:, :k] = init_g[b].standard_normal((n_u, k)) * s["init_std"]
+                    for q, g0 in enumerate(range(0, n_u, G)):
+                        g1 = min(g0 + G, n_u)
+                        UB[g0:g1, :k] = _group_rng(entropy, _INIT, 1, gid0 + q).standard_normal((g1 - g0, k)) \
+                            * s["init_std"]
                 else:
                     UB = src.read(b)
                 U = np.ascontiguousarray(UB[:, :k])
                 bu = np.ascontiguousarray(UB[:, k])
                 if self.noisy:
-                    g = noise_g[b]
-                    draws = K.count_block_draws(ip, it, s["step_users"], n_items, k)
+                    per_group = K.group_draws(ip, it, G, n_items, k)
                     if table is not None:
-                        slots = draws // (k + 1)
-                        offsets = g.integers(0, len(table) - k - 1, size=slots).astype(np.int64)
+                        offsets = np.concatenate(
+                            [_group_rng(entropy, _NOISE, e, gid0 + q).integers(0, len(table) - k - 1,
+                                                                               size=int(d) // (k + 1))
+                             for q, d in enumerate(per_group)] or [np.zeros(0, np.int64)]).astype(np.int64)
                         noise, use_table = table, True
                     else:
-                        noise = g.standard_normal(draws, dtype=np.float32)
+                        noise = np.empty(int(per_group.sum()), np.float32)
+                        at = 0
+                        for q, d in enumerate(per_group):
+                            d = int(d)
+                            _group_rng(entropy, _NOISE, e, gid0 + q).standard_normal(out=noise[at:at + d],
+                                                                                     dtype=np.float32)
+                            at += d
                         offsets, use_table = np.zeros(0, np.int64), False
                     sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, V, bv, item_last, mu, lr, s["clip"],
-                                          s["step_users"], int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
+                                          G, int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
                                           noise, offsets, use_table)
                 else:
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, V, bv, mu, lr, s["reg"], s["reg_bias"], 0.0,
-                                      s["step_users"])
+                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, V, bv, mu, lr, s["reg"], s["reg_bias"], 0.0, G)
                 UB[:, :k] = U
                 UB[:, k] = bu
                 dst.write(b, UB)
-                return float(sse), int(ip[-1])
+                return float(sse), int(ip[-1]), float(bu.sum(dtype=np.float64)), n_u
 
             parts = engine.foreach(fn, extra_per_block=extra)
             if self.noisy:
@@ -509,6 +552,13 @@ class _SgdBase(Method):
             if not np.all(np.isfinite(V)):
                 raise ParameterError(f"{self.name} diverged at epoch {e} (non-finite item factors): lower --eta")
 
+        # released global mean: mu plus the mean user bias of the final state, so that a user solving
+        # only u_i locally (no bias) starts from the average user (post-processing of the sample)
+        final = bufs[s["epochs"] % 2]
+        bu_sum = 0.0
+        for b in range(store.n_blocks):
+            bu_sum += float(final.read(b)[:, k].sum(dtype=np.float64))
+        mu_release = float(mu + bu_sum / max(store.n_users, 1))
         notes = []
         if self.noisy and self.private:
             notes.append("approximate guarantee: an exact posterior sample would be epsilon-DP (Thm 1); this is "
@@ -542,8 +592,8 @@ class _SgdBase(Method):
                 "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum, "n_users": store.n_users,
                 "n_items": n_items, "n_train_used": N, "parameters": params, "train_rmse_by_epoch": history, "epoch_seconds": epoch_seconds,
                 "resumed_from_epoch": start - 1 if start > 1 else None, "run_id": run_id,
-                "ridge": 1.0, "rating_range": {"min": lo, "max": hi}, "user_state": run_dir}
-        fitted = Fitted(item_factors=V.copy(), item_bias=bv.copy(), item_ids=store.item_ids(), global_mean=float(mu),
+                "ridge": float(s["reg"]) if self.noisy else 1.0, "mu_train": float(mu), "rating_range": {"min": lo, "max": hi}, "user_state": run_dir}
+        fitted = Fitted(item_factors=V.copy(), item_bias=bv.copy(), item_ids=store.item_ids(), global_mean=mu_release,
                         model_info=info, ledger=ledger)
         fitted.run_dir = run_dir
         fitted.user_states = bufs[s["epochs"] % 2]
@@ -556,6 +606,29 @@ class _SgdBase(Method):
         tot = engine.map_reduce(lambda blk, b: (float(blk.ratings.sum(dtype=np.float64)), blk.nnz),
                                 lambda acc, x: (acc[0] + x[0], acc[1] + x[1]), (0.0, 0))
         return tot[0] / max(tot[1], 1)
+
+
+@functools.lru_cache(maxsize=64)
+def event_epsilon(epsilon: float, delta: float) -> float:
+    """The largest ``e <= epsilon`` whose pure-DP event the PLD accountant reports at ``<= epsilon``.
+
+    The PLD of a pure ``e``-DP event lands slightly above ``e`` (its discretization);
+    the sampler is then run at ``e`` (scale ``s = e T / (4B)``), so the exact sample
+    spends ``e`` and the accountant's conservative figure stays within the target.
+
+    >>> e = event_epsilon(2.0, 1e-5)
+    >>> e <= 2.0
+    True
+    """
+    from streamdp.privacy import epsilon_of, pure_dp_event
+
+    e = float(epsilon)
+    for _ in range(20):
+        got = epsilon_of(pure_dp_event(e), delta).epsilon
+        if got <= epsilon:
+            return e
+        e -= max(got - epsilon, 1e-9 * epsilon) * 1.5
+    raise ParameterError(f"cannot fit a pure-DP event under epsilon={epsilon} with the accountant")
 
 
 def default_step_users(store, noisy: bool) -> int:
@@ -620,6 +693,7 @@ class SGD(_SgdBase):
 
     name = "sgd"
     noisy = False
+    NON_PRIVATE = True
 
     def __init__(self, **kw):
         super().__init__(**kw)

@@ -25,7 +25,7 @@ from streamdp.stream.engine import Engine
 _load_builtin()
 EPS, DELTA, RANK, SEED = 2.0, 1e-5, 3, 11
 #: Fast settings per method so the suite stays quick (defaults otherwise).
-FAST = {"oja": {"passes": 3}, "sgld": {"epochs": 2}, "sgd": {"epochs": 2}}
+FAST = {"oja": {"passes": 3}, "sgld": {"epochs": 2, "step_users": 100}, "sgd": {"epochs": 2, "step_users": 100}}
 
 
 def _make(name):
@@ -63,9 +63,6 @@ def test_deterministic_with_seed(fitted, small_store):
 
 #: Known departures from the contract, reported to the method's owner (xfail, not strict: a fix turns them green).
 KNOWN = {
-    ("streamed_in_memory", "sgld"): "random streams are per user block, so a one-block copy draws other noise",
-    ("streamed_in_memory", "sgd"): "random streams are per user block, so a one-block copy draws other noise",
-    ("ledger", "sgld"): "pure-DP event through the PLD grid reports epsilon slightly above the target",
 }
 
 
@@ -77,8 +74,9 @@ def _known(what, name):
 def test_streamed_equals_in_memory(fitted, small_store, small_store_in_memory):
     name, (_, f1) = fitted
     _, f2 = _fit(name, small_store, workers=2)
+    hogwild = getattr(METHODS[name], "HOGWILD", False)  # lock-free V updates: 2 workers not bitwise (see its tests)
     for k, v in _arrays(f1).items():
-        assert np.array_equal(v, _arrays(f2)[k]), f"{k}: 1 worker != 2 workers"
+        assert hogwild or np.array_equal(v, _arrays(f2)[k]), f"{k}: 1 worker != 2 workers"
     _known("streamed_in_memory", name)
     _, fm = _fit(name, small_store_in_memory, workers=1)
     for k, v in _arrays(f1).items():

@@ -74,57 +74,21 @@ def test_sgd_ml100k_within_001_of_surprise(tmp_path):
     assert abs(ours - theirs) <= 0.01
 
 
-def test_streamed_equals_in_memory_one_worker(small_store, tmp_path):
-    """The streamed SGLD run (UserState on disk, prefetching engine) == the kernels over in-memory blocks."""
-    from streamdp.methods.sgld import _INIT, _NOISE, _FLUSH, _TRIM, _BlockRngs, _rng
-    from streamdp.privacy.bounding import trim_block
+@pytest.mark.parametrize("method,eps", [("sgld", 200.0), ("sgd", INF)])
+def test_streamed_equals_in_memory_one_worker(small_store, small_store_in_memory, method, eps):
+    """Streamed (5 blocks, U on disk, prefetch) == the same ratings as ONE in-memory block, 1 worker.
 
-    st = small_store
-    k, epochs, seed, tau = 4, 3, 11, 20
-    fitted = _fit(st, "sgld", epsilon=200.0, rank=k, seed=seed, epochs=epochs, tau=tau, tiering=True,
-                  hot_items=50, step_users=64)
-    # in memory: all blocks' U in a dict, the same generators, blocks in order
-    s = get_method("sgld")(epsilon=200.0, delta=1e-6, rank=k, seed=seed, epochs=epochs, tau=tau, tiering=True,
-                           hot_items=50, step_users=64).settings(st)
-    n_items = st.n_items
-    blocks = [st.read_block(b) for b in range(st.n_blocks)]
-    trim = _BlockRngs(seed, _TRIM, 0, st.n_blocks)
-    data = []
-    for b, blk in enumerate(blocks):
-        ip, it, rt = trim_block(blk.indptr, blk.items, blk.ratings, tau, seed=trim[b])
-        it, rt = it.astype(np.int32), np.clip(rt.astype(np.float32), 1, 5)
-        split = ip[1:].copy()
-        K.partition_tiers(ip, it, rt, 50, split)
-        w = np.ones(len(ip) - 1, np.float32)  # rho = 1, m_i <= tau: all weights 1
-        data.append((ip, it, rt, w, split))
-    N = sum(int(d[0][-1]) for d in data)
-    pos0 = np.concatenate([[0], np.cumsum([int(d[0][-1]) for d in data])[:-1]])
-    V = (_rng(seed, _INIT, 0).standard_normal((n_items, k)) * 0.1).astype(np.float32)
-    bv = np.zeros(n_items, np.float32)
-    last = np.zeros(n_items, np.int64)
-    sc = s["scale"]
-    lrs = [s["eta"]] * epochs
-    deltas = [lr / (2 * sc) / N for lr in lrs]
-    a, a_b = 2 * sc * s["reg"], 2 * sc * s["reg_bias"]
-    Us = {}
-    init = _BlockRngs(seed, _INIT, 1, st.n_blocks)
-    for e in range(1, epochs + 1):
-        d0, d1 = K.user_flow_coefficients(e, deltas, N)
-        noise_g = _BlockRngs(seed, _NOISE, e, st.n_blocks)
-        for b, (ip, it, rt, w, split) in enumerate(data):
-            if e == 1:
-                Us[b] = ((init[b].standard_normal((len(ip) - 1, k)) * 0.1).astype(np.float32),
-                         np.zeros(len(ip) - 1, np.float32))
-            U, bu = Us[b]
-            draws = K.count_block_draws(ip, it, 64, n_items, k)
-            K.sgld_block(ip, it, rt, w, split, U, bu, V, bv, last, 3.0, lrs[e - 1], s["clip"], 64, int(pos0[b]),
-                         deltas[e - 1], d0, d1, a, a_b, 1.0,
-                         noise_g[b].standard_normal(draws, dtype=np.float32), np.zeros(0, np.int64), False)
-        K.flush_items(V, bv, last, N, deltas[e - 1], a, a_b, 1.0,
-                      _rng(seed, _FLUSH, e).standard_normal(n_items * (k + 1), dtype=np.float32),
-                      np.zeros(0, np.int64), False)
-    np.testing.assert_array_equal(fitted.item_factors, V)
-    np.testing.assert_array_equal(fitted.item_bias, bv)
+    All randomness (trimming, init, noise) is keyed by global user group, so with
+    ``step_users`` dividing ``block_users`` (100 | 700) the chains are identical.
+    """
+    opts = dict(epochs=3, step_users=100, hot_items=50)
+    if method == "sgld":
+        opts["tau"] = 20
+    a = _fit(small_store, method, epsilon=eps, rank=4, seed=11, **opts)
+    b = _fit(small_store_in_memory, method, epsilon=eps, rank=4, seed=11, **opts)
+    np.testing.assert_array_equal(a.item_factors, b.item_factors)
+    np.testing.assert_array_equal(a.item_bias, b.item_bias)
+    assert a.global_mean == pytest.approx(b.global_mean, rel=1e-9)
 
 
 def test_two_workers_hogwild_rmse_close(small_store, tmp_path):
