@@ -108,16 +108,25 @@ def remap_sort(indptr, items, ratings, new_index):
 
 
 @njit(cache=True, nogil=True)
-def bucket_rows(part, n_parts, order, starts):
-    """Stable counting sort of row positions by partition: fills ``order`` (len(part)) and
-    ``starts`` (n_parts + 1) so rows of partition ``p`` are ``order[starts[p]:starts[p+1]]``."""
+def bucket_rows(users, block_users, part_of_block, order, starts):
+    """Stable counting sort of rows by the partition of their user's block.
+
+    Partition of row ``k`` is ``part_of_block[users[k] // block_users]``; fills
+    ``order`` (len(users)) and ``starts`` (n_parts + 1) so that the rows of
+    partition ``p`` are ``order[starts[p]:starts[p+1]]``, in input order.
+    """
+    n_parts = len(starts) - 1
+    n = len(users)
+    part = np.empty(n, np.int32)
     starts[:] = 0
-    for k in range(len(part)):
-        starts[part[k] + 1] += 1
+    for k in range(n):
+        p = part_of_block[users[k] // block_users]
+        part[k] = p
+        starts[p + 1] += 1
     for p in range(n_parts):
         starts[p + 1] += starts[p]
     fill = starts[:-1].copy()
-    for k in range(len(part)):
+    for k in range(n):
         p = part[k]
         order[fill[p]] = k
         fill[p] += 1

@@ -186,6 +186,18 @@ class _IdMap:
         return pc.index_in(arr, value_set=self.keys).to_numpy().astype(np.int32)
 
 
+def _release_memory() -> None:
+    """Give freed memory back to the OS: pyarrow's pool keeps freed pages, and glibc
+    keeps freed heap of the parsing threads' arenas."""
+    pa.default_memory_pool().release_unused()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _parse_range(rating_range) -> tuple[float, float] | None:
     if rating_range is None:
         return None
@@ -410,7 +422,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
             if src.rows == 0:
                 raise InputError(f"{spec.path}: no ratings" + (" (all lines were bad)" if n_bad else " (empty file)"))
             sources.append(src)
-    pool.release_unused()
+    _release_memory()
     users, user_rows = ucount.finish()
     items, _ = icount.finish()
     return _Parsed(sources, users, user_rows, items, int(user_rows.sum()), n_bad, rmin, rmax,
@@ -458,39 +470,56 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
         return f
 
     cols = ("u", "i", "r", "t") if has_ts else ("u", "i", "r")
+    # partition of each block, for the bucketing kernel
+    part_of_block = np.empty(n_blocks, np.int32)
+    for p, (b0, b1) in enumerate(parts):
+        part_of_block[b0:b1] = p
+    chunk_rows = max(1 << 14, limit // 320)  # ~40 bytes a row while bucketing, twice
+    pending: dict = {c: [] for c in cols}
+    n_pending = 0
+
+    def flush():
+        arrays = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in pending.items()}
+        for v in pending.values():
+            v.clear()
+        if n_parts == 1:
+            groups = [(0, None)]
+        else:
+            order = np.empty(len(arrays["u"]), np.int64)
+            starts = np.empty(n_parts + 1, np.int64)
+            bucket_rows(arrays["u"], bu, part_of_block, order, starts)
+            groups = [(p, (starts[p], starts[p + 1])) for p in np.flatnonzero(np.diff(starts)).tolist()]
+        for c in cols:
+            a = arrays[c] if n_parts == 1 else arrays[c][order]
+            for p, se in groups:
+                g = fh(p, c)
+                (a if se is None else a[se[0]:se[1]]).tofile(g)
+                if not keep_open:
+                    g.close()
+
     with progress(total=parsed.n_rows, desc="partition", unit="rating", enabled=show_progress) as bar:
         for spill in [sp for src in parsed.sources for sp in src.spills]:
             with pa.OSFile(spill, "rb") as f, pa.ipc.open_stream(f) as rd:
                 for rb in rd:
-                    u = umap(rb.column(0))
-                    arrays = {"u": u, "i": imap(rb.column(1)), "r": rb.column(2).to_numpy()}
+                    pending["u"].append(umap(rb.column(0)))
+                    pending["i"].append(imap(rb.column(1)))
+                    pending["r"].append(rb.column(2).to_numpy())
                     if has_ts:
-                        arrays["t"] = rb.column(3).to_numpy()
-                    if n_parts == 1:
-                        for c in cols:
-                            g = fh(0, c)
-                            arrays[c].tofile(g)
-                            if not keep_open:
-                                g.close()
-                    else:
-                        part = (np.searchsorted(part_first, u, side="right") - 1).astype(np.int32)
-                        order = np.empty(len(u), np.int64)
-                        starts = np.empty(n_parts + 1, np.int64)
-                        bucket_rows(part, n_parts, order, starts)
-                        for c in cols:
-                            a = arrays[c][order]
-                            for p in np.flatnonzero(np.diff(starts)).tolist():
-                                g = fh(p, c)
-                                a[starts[p]:starts[p + 1]].tofile(g)
-                                if not keep_open:
-                                    g.close()
+                        pending["t"].append(rb.column(3).to_numpy())
+                    n_pending += rb.num_rows
+                    if n_pending >= chunk_rows:
+                        flush()
+                        n_pending = 0
                     bar.update(rb.num_rows)
             os.remove(spill)
+        if n_pending:
+            flush()
     for f in handles.values():
         f.close()
     handles.clear()
 
     parsed.phases["partition"] = round(time.perf_counter() - t0, 3)
+    _release_memory()
 
     # -- pass 3: group by user, de-duplicate, count items -------------------------------
     def dedup(p):
@@ -523,7 +552,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             bar.update(1)
 
     parsed.phases["dedup"] = round(time.perf_counter() - t0, 3)
-    pa.default_memory_pool().release_unused()
+    _release_memory()
 
     # -- pass 4: items by descending count, write blocks --------------------------------
     order = np.lexsort((np.arange(n_raw_items), -item_counts_raw))  # new item k = raw item order[k]

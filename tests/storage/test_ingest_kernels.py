@@ -56,10 +56,12 @@ def test_remap_sort_and_bucket_rows():
         o = np.argsort(perm[items[s:e]])
         np.testing.assert_array_equal(it[s:e], perm[items[s:e]][o])
         np.testing.assert_array_equal(rt[s:e], ratings[s:e][o])
-    part = rng.integers(0, 7, 1000).astype(np.int32)
+    part_of_block = np.array([0, 0, 1, 2, 2, 2, 3, 4, 5, 6], np.int32)
+    users = rng.integers(0, 10 * 13, 1000).astype(np.int32)  # 13 users a block
+    part = part_of_block[users // 13]
     order = np.empty(1000, np.int64)
     starts = np.empty(8, np.int64)
-    bucket_rows(part, 7, order, starts)
+    bucket_rows(users, 13, part_of_block, order, starts)
     np.testing.assert_array_equal(order, np.argsort(part, kind="stable"))
     np.testing.assert_array_equal(starts, np.concatenate([[0], np.cumsum(np.bincount(part, minlength=7))]))
 
