@@ -226,6 +226,14 @@ class PrivateOja(Method):
         return split(calibrate(make, self.epsilon, self.delta))
 
     def plan(self, store) -> Plan:
+        """The releases on ``store`` with calibrated noise (memoized per store: calibration searches the accountant)."""
+        key = (str(store.path), store.checksum)
+        cache = self.__dict__.setdefault("_plans", {})
+        if key not in cache:
+            cache[key] = self._plan(store)
+        return cache[key]
+
+    def _plan(self, store) -> Plan:
         from streamdp.privacy import gaussian_event
 
         s = self.settings(store)
