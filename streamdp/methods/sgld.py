@@ -624,7 +624,11 @@ def event_epsilon(epsilon: float, delta: float) -> float:
 
     e = float(epsilon)
     for _ in range(20):
-        got = epsilon_of(pure_dp_event(e), delta).epsilon
+        try:
+            got = epsilon_of(pure_dp_event(e), delta).epsilon
+        except OverflowError:  # dp-accounting evaluates exp(epsilon)
+            raise ParameterError(f"--epsilon {epsilon:g} (after temperature) is beyond what the accountant can "
+                                 "evaluate (exp(epsilon) overflows above ~700)") from None
         if got <= epsilon:
             return e
         e -= max(got - epsilon, 1e-9 * epsilon) * 1.5
