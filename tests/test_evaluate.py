@@ -1,0 +1,91 @@
+"""evaluate: metrics against a direct computation, baselines, train --json, budget refusal."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+from click.testing import CliRunner
+
+from streamdp.cli import main
+from streamdp.evaluate import evaluate_model
+from streamdp.local import predict_block, solve_block
+from streamdp.model import load_model
+
+
+def _direct(model, store, ridge):
+    se = ae = n = 0.0
+    S = np.zeros(store.n_items)
+    C = np.zeros(store.n_items)
+    for b in range(store.n_blocks):
+        tr = store.read_block(b)
+        S += np.bincount(tr.items, weights=tr.ratings, minlength=store.n_items)
+        C += np.bincount(tr.items, minlength=store.n_items)
+    gm = S.sum() / C.sum()
+    im = np.where(C > 0, S / np.maximum(C, 1), gm)
+    e_gm = e_im = 0.0
+    for b in range(store.n_blocks):
+        tr, te = store.read_block(b), store.read_block(b, "test")
+        p = predict_block(model, solve_block(model, tr.indptr, tr.items, tr.ratings, ridge), te.indptr, te.items)
+        se += ((p - te.ratings) ** 2).sum()
+        ae += np.abs(p - te.ratings).sum()
+        n += te.nnz
+        e_gm += ((gm - te.ratings) ** 2).sum()
+        e_im += ((im[te.items] - te.ratings) ** 2).sum()
+    return math.sqrt(se / n), ae / n, n, math.sqrt(e_gm / n), math.sqrt(e_im / n)
+
+
+def test_train_json_and_evaluate(small_store, tmp_path):
+    runner = CliRunner()
+    out = str(tmp_path / "m")
+    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "2", "--rank", "4", "--out", out, "--seed",
+                               "1", "--json", "--workers", "2"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    for key in ("method", "epsilon", "delta", "rank", "guarantee", "seconds", "test_rmse"):
+        assert key in d, key
+    assert d["method"] == "oja" and d["guarantee"] == "user-level (epsilon, delta)-DP" and d["epsilon_spent"] <= 2
+    ev = evaluate_model(out, small_store.path)
+    m = load_model(out)
+    rmse, mae, n, gm, im = _direct(m, small_store, m.info["ridge"])
+    assert ev["n_ratings"] == n == small_store.n_test
+    assert math.isclose(ev["rmse"], rmse, rel_tol=1e-9) and math.isclose(ev["mae"], mae, rel_tol=1e-9)
+    assert math.isclose(ev["rmse"], d["test_rmse"], rel_tol=1e-9)
+    assert math.isclose(ev["baselines"]["global_mean"]["rmse"], gm, rel_tol=1e-9)
+    assert math.isclose(ev["baselines"]["item_mean"]["rmse"], im, rel_tol=1e-9)
+    res = runner.invoke(main, ["evaluate", out, small_store.path, "--json"])
+    assert res.exit_code == 0 and {"rmse", "mae", "n_ratings"} <= set(json.loads(res.output))
+    res = runner.invoke(main, ["evaluate", out, small_store.path])
+    assert "baseline item-mean (non-private)" in res.output
+
+
+def test_nonprivate_beats_item_mean(small_store, tmp_path):
+    out = str(tmp_path / "np")
+    res = CliRunner().invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "4", "--out", out])
+    assert res.exit_code == 0, res.output
+    ev = evaluate_model(out, small_store)
+    assert ev["guarantee"] == "non-private"
+    assert ev["rmse"] < 0.85 * ev["baselines"]["item_mean"]["rmse"]
+
+
+def test_budget_refusal_exit_3(tmp_path):
+    from streamdp.privacy.budget import StoreBudget
+    from streamdp.storage.generate import generate_store
+
+    st = generate_store(str(tmp_path / "b.zarr"), n_users=500, n_items=50, ratings_per_user=10, rank=2, seed=1)
+    StoreBudget(st.path).set(1.0, 1e-5)
+    runner = CliRunner()
+    args = ["train", st.path, "--epsilon", "2", "--rank", "2", "--out", str(tmp_path / "m"), "--delta", "1e-6"]
+    res = runner.invoke(main, args)
+    assert res.exit_code == 3 and "budget" in res.output and not (tmp_path / "m").exists()
+    res = runner.invoke(main, args + ["--over-budget"])
+    assert res.exit_code == 0, res.output
+    entries = StoreBudget(st.path).show()["entries"]
+    assert [e["status"] for e in entries] == ["complete"] and entries[0]["over_budget"]
+
+
+def test_existing_out_refused(small_store, tmp_path):
+    (tmp_path / "m").mkdir()
+    res = CliRunner().invoke(main, ["train", small_store.path, "--epsilon", "1", "--out", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "already exists" in res.output

@@ -1,0 +1,71 @@
+"""Local user solve and recommendations: NumPy reference, id mapping, bad input."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from streamdp.cli import main
+from streamdp.errors import InputError
+from streamdp.local import read_user_ratings, recommend, solve_user
+
+
+def _model(n=20, k=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return SimpleNamespace(item_factors=rng.normal(size=(n, k)).astype(np.float32),
+                           item_bias=rng.normal(size=n).astype(np.float32) * 0.2, global_mean=3.5,
+                           item_ids=np.arange(100, 100 + n), info={"ridge": 2.0, "rating_range": {"min": 1, "max": 5}})
+
+
+def test_solve_user_matches_numpy():
+    m = _model()
+    items = np.array([1, 4, 7, 9])
+    r = np.array([5, 3, 1, 4], np.float32)
+    Q = m.item_factors[items].astype(np.float64)
+    y = r - m.global_mean - m.item_bias[items]
+    ref = np.linalg.solve(Q.T @ Q + 2.0 * np.eye(3), Q.T @ y)
+    np.testing.assert_allclose(solve_user(m, items, r), ref, rtol=1e-5)
+
+
+def test_recommend_excludes_seen_and_sorts():
+    m = _model()
+    items = np.array([0, 1, 2])
+    idx, score = recommend(m, items, np.array([5, 1, 4], np.float32), top=5)
+    assert len(idx) == 5 and not set(idx) & {0, 1, 2}
+    assert np.all(np.diff(score) <= 0) and np.all((score >= 1) & (score <= 5))
+
+
+def test_read_user_ratings_maps_ids_and_reports_lines(tmp_path):
+    f = tmp_path / "me.csv"
+    f.write_text("item,rating\n105,4\n101,2.5\n999,5\n")
+    items, r, unknown = read_user_ratings(str(f), np.arange(100, 120))
+    assert items.tolist() == [5, 1] and r.tolist() == [4.0, 2.5] and unknown == ["999"]
+    f.write_text("105,4\n106,x\n")
+    with pytest.raises(InputError, match=r"me.csv:2: rating 'x'"):
+        read_user_ratings(str(f), np.arange(100, 120))
+    f.write_text("105,4\n105,3\n")
+    with pytest.raises(InputError, match=r"me.csv:2: item 105 rated twice"):
+        read_user_ratings(str(f), np.arange(100, 120))
+    with pytest.raises(InputError, match="no such file"):
+        read_user_ratings(str(tmp_path / "nope.csv"), np.arange(3))
+
+
+def test_recommend_cli(small_store, tmp_path):
+    runner = CliRunner()
+    out = str(tmp_path / "m")
+    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "3", "--out", out,
+                               "--seed", "1", "--passes", "5"])
+    assert res.exit_code == 0, res.output
+    ids = small_store.item_ids()
+    f = tmp_path / "me.csv"
+    f.write_text("".join(f"{ids[j]},{r}\n" for j, r in [(0, 5), (3, 1), (10, 4)]))
+    res = runner.invoke(main, ["recommend", out, "--ratings", str(f), "--top", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert len(d["items"]) == 4 and not set(d["items"]) & {int(ids[0]), int(ids[3]), int(ids[10])}
+    res = runner.invoke(main, ["recommend", out, "--ratings", str(tmp_path / "missing.csv")])
+    assert res.exit_code == 2 and "error:" in res.output and "Traceback" not in res.output
