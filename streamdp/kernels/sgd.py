@@ -239,6 +239,14 @@ def _l2_bytes() -> int:
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _span(indptr, split, i, sweep):
+    """User ``i``'s ratings in sweep 0 (hot tier) or 1 (cold tier)."""
+    if sweep == 0:
+        return indptr[i], split[i]
+    return split[i], indptr[i + 1]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _predict(U, bu, V, bv, mu, i, j):
     k = U.shape[1]
     dot = np.float32(0.0)
@@ -279,12 +287,7 @@ def sgd_block(indptr, items, ratings, weights, split, U, bu, V, bv, mu, lr, reg,
         g1 = min(g0 + group_users, n_users)
         for sweep in range(2):
             for i in range(g0, g1):
-                if sweep == 0:
-                    s = indptr[i]
-                    e = split[i]
-                else:
-                    s = split[i]
-                    e = indptr[i + 1]
+                s, e = _span(indptr, split, i, sweep)
                 w = weights[i]
                 for p in range(s, e):
                     j = items[p]
@@ -360,12 +363,7 @@ def sgld_block(indptr, items, ratings, weights, split, U, bu, V, bv, item_last, 
             slot += 1
         for sweep in range(2):
             for i in range(g0, g1):
-                if sweep == 0:
-                    s = indptr[i]
-                    e = split[i]
-                else:
-                    s = split[i]
-                    e = indptr[i + 1]
+                s, e = _span(indptr, split, i, sweep)
                 w = weights[i]
                 for p in range(s, e):
                     j = items[p]
@@ -397,27 +395,6 @@ def flush_items(V, bv, item_last, P_end, delta, a, a_b, temp, noise, offsets, us
         if last < P_end:
             _flow_row(V, bv, j, delta * (P_end - last), a, a_b, temp, noise, base)
         item_last[j] = 0
-
-
-@njit(cache=True, nogil=True)
-def block_sse(indptr, items, ratings, U, bu, V, bv, mu, rmin, rmax):
-    """Sum of squared errors of ``mu + bu + bv + u.v`` clipped to ``[rmin, rmax]`` (as surprise predicts)."""
-    n_users = len(indptr) - 1
-    k = V.shape[1]
-    sse = 0.0
-    for i in range(n_users):
-        for p in range(indptr[i], indptr[i + 1]):
-            j = items[p]
-            pred = mu + bu[i] + bv[j]
-            for d in range(k):
-                pred += U[i, d] * V[j, d]
-            if pred < rmin:
-                pred = rmin
-            if pred > rmax:
-                pred = rmax
-            err = ratings[p] - pred
-            sse += err * err
-    return sse
 
 
 # ---------------------------------------------------------------------------------------
