@@ -1,0 +1,45 @@
+"""Bounded memory: a pass over a >= 50M-rating store with --memory-limit 512MB stays under the limit.
+
+The store is generated into a temporary directory (block by block, ~75 s on two
+cores), then ``streamdp train`` runs in a child process that reports its own peak
+resident set size (``ru_maxrss``, exact, not sampled).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+CHILD = r"""
+import json, resource, sys, time
+from streamdp.cli import main
+t = time.perf_counter()
+try:
+    main(sys.argv[1:], standalone_mode=False)
+finally:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_rss": peak, "seconds": time.perf_counter() - t}), file=sys.stderr)
+"""
+
+
+def peak_rss_of_train(store: str, out: str, memory_limit: str, *extra: str) -> dict:
+    """Run ``streamdp train`` in a child process; return its peak RSS and wall time."""
+    cmd = [sys.executable, "-c", CHILD, "train", store, "--epsilon", "1", "--delta", "1e-7", "--out", out,
+           "--memory-limit", memory_limit, "--rank", "16", *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_pass_over_50M_ratings_within_512MB(tmp_path):
+    from streamdp.storage.generate import generate_store
+
+    st = generate_store(str(tmp_path / "big.zarr"), n_users=1_000_000, n_items=2_000, ratings_per_user=52, rank=8,
+                        seed=3, show_progress=False)
+    assert st.n_ratings >= 50_000_000
+    r = peak_rss_of_train(st.path, str(tmp_path / "m"), "512MB", "--passes", "2")
+    assert r["peak_rss"] < 512e6, r
