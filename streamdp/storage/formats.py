@@ -315,21 +315,38 @@ def sniff_id_kinds(spec: Spec) -> tuple[bool, bool]:
 # --------------------------------------------------------------------------------------
 
 
-class _Rewriter(io.RawIOBase):
+class _ByteStream(io.RawIOBase):
+    """A readable stream over ``self.src`` whose subclasses define ``read``."""
+
+    def __init__(self, src):
+        super().__init__()
+        self.src = src
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.src.close()
+        super().close()
+
+
+class _Rewriter(_ByteStream):
     """A byte stream with a multi-character separator (or whitespace runs) rewritten to
     ``\\x1f``, processed a whole number of lines at a time."""
 
     _WS = re.compile(rb"[ \t\f\v]+")
 
     def __init__(self, raw, sep: bytes, chunk: int):
-        super().__init__()
-        self.raw, self.sep, self.chunk = raw, sep, max(chunk, 1 << 16)
+        super().__init__(raw)
+        self.sep, self.chunk = sep, max(chunk, 1 << 16)
         self.buf = b""
         self.rest = b""
         self.eof = False
-
-    def readable(self) -> bool:
-        return True
 
     def _convert(self, data: bytes) -> bytes:
         if self.sep:
@@ -342,7 +359,7 @@ class _Rewriter(io.RawIOBase):
 
     def _fill(self) -> None:
         while not self.buf and not self.eof:
-            data = self.raw.read(self.chunk)
+            data = self.src.read(self.chunk)
             if not data:
                 self.eof = True
                 data, self.rest = self.rest, b""
@@ -362,15 +379,6 @@ class _Rewriter(io.RawIOBase):
         else:
             out, self.buf = self.buf[:n], self.buf[n:]
         return out
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.raw.close()
-        super().close()
 
 
 class _IdNotInteger(Exception):
@@ -449,32 +457,19 @@ def byte_ranges(path: str, parts: int, min_bytes: int | None = None) -> list[tup
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
-class _RangeReader(io.RawIOBase):
+class _RangeReader(_ByteStream):
     """Bytes ``[start, end)`` of a file."""
 
     def __init__(self, path: str, start: int, end: int):
-        super().__init__()
-        self.f = open(path, "rb")
-        self.f.seek(start)
+        super().__init__(open(path, "rb"))
+        self.src.seek(start)
         self.left = end - start
-
-    def readable(self) -> bool:
-        return True
 
     def read(self, n: int = -1) -> bytes:
         n = self.left if n is None or n < 0 else min(n, self.left)
-        data = self.f.read(n)
+        data = self.src.read(n)
         self.left -= len(data)
         return data
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.f.close()
-        super().close()
 
 
 def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: bool, bad: list,

@@ -364,13 +364,17 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
                     if rr is not None:
                         badm |= (r < rr[0]) | (r > rr[1])
                     u, i, ts = b.user, b.item, b.timestamp
+                    for ids in (u, i):
+                        if not pa.types.is_integer(ids.type):  # an empty string is no id
+                            badm |= pc.equal(pc.binary_length(ids), 0).to_numpy(zero_copy_only=False)
                     if badm.any():
                         if not skip:
                             j = int(np.argmax(badm))
                             if spec.format == "parquet":
-                                raise InputError(f"{spec.path}: row {b.row0 + j + 1}: rating {r[j]!r} is "
-                                                 + ("not finite" if not np.isfinite(r[j]) else
-                                                    f"outside --rating-range [{rr[0]:g}, {rr[1]:g}]"))
+                                why = (f"rating {float(r[j])} is not finite" if not np.isfinite(r[j]) else
+                                       f"rating {r[j]:g} outside --rating-range [{rr[0]:g}, {rr[1]:g}]"
+                                       if rr is not None and not rr[0] <= r[j] <= rr[1] else "empty id")
+                                raise InputError(f"{spec.path}: row {b.row0 + j + 1}: {why}")
                             raise _BadLine()
                         keep = ~badm
                         bad[0] += int(badm.sum())

@@ -242,6 +242,7 @@ BAD_CASES = {
     "inf": (GOOD + GOOD + GOOD + "3\t12\tinf\t103\n", 10, "not finite", []),
     "out-of-range": ("1\t10\t4\t100\n3\t12\t7\t103\n" + GOOD, 2, "outside --rating-range", ["--rating-range", "1,5"]),
     "bad-timestamp": (GOOD + "3\t12\t4\tyesterday\n", 4, "timestamp", []),
+    "empty-id": (GOOD + "\t12\t4\t100\n", 4, "empty user id", []),
 }
 
 
@@ -359,3 +360,22 @@ def test_parallel_byte_ranges(tmp_path, monkeypatch, fmt):
     code, _, err = run_cli("ingest", path, "--out", tmp_path / "t.zarr", *extra)
     assert code == 2 and f"line {4001}:" in err, err
     assert not (tmp_path / "t.zarr").exists()
+
+
+def test_bad_gz_and_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = tmp_path / "in.data.gz"
+    with gzip.open(p, "wt") as f:
+        f.write(GOOD * 3 + "3\t12\n")
+    code, _, err = run_cli("ingest", p, "--out", tmp_path / "s.zarr")
+    assert code == 2 and "in.data.gz: line 10:" in err, err
+    q = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"userId": [1, 2, 3], "movieId": [5, 6, 7], "rating": [1.0, float("nan"), 2.0]}), q)
+    code, _, err = run_cli("ingest", q, "--out", tmp_path / "s.zarr")
+    assert code == 2 and "in.parquet: row 2: rating nan is not finite" in err, err
+    pq.write_table(pa.table({"userId": [1, None, 3], "movieId": [5, 6, 7], "rating": [1.0, 2.0, 2.0]}), q)
+    code, _, err = run_cli("ingest", q, "--out", tmp_path / "s.zarr")
+    assert code == 2 and "in.parquet: row 2: missing user" in err, err
+    assert _leftovers(tmp_path, ["in.data.gz", "in.parquet"]) == []
