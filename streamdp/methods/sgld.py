@@ -568,6 +568,10 @@ class _SgdBase(Method):
                              f"guarantee is epsilon / T = {s['epsilon_exact_sample']:.4g}")
             if s["noise_table"]:
                 notes.append(TABLE_LABEL + f" (--noise-table {s['noise_table']})")
+            sd = math.sqrt(float(s["temperature"]) / (2.0 * s["scale"] * max(s["reg"], 1e-12)))
+            notes.append(f"the target's prior alone gives each factor coordinate sd {sd:.3g} (T / (2 s lam), "
+                         f"s = epsilon / (4B) = {s['scale']:.3g}); the data only outweighs it for parameters "
+                         f"with many ratings, so small epsilon on small stores releases mostly prior noise")
             if s["tiering"]:
                 notes.append("tiering uses the store's item order (popularity); it only reorders updates and does "
                              "not change the target distribution")
