@@ -31,9 +31,11 @@ from streamdp.privacy.mechanisms import make_rng
 __all__ = ["trim_block", "clip_rows", "row_norms", "weight_rows", "personalized_weights", "center_ratings",
            "check_tau", "check_clip"]
 
-# float32 rounding of a scaled value can raise a row's norm by a relative 2^-24 per
-# entry; clipping to L * (1 - 2^-20) keeps the float32 result's norm <= L.
+# Rounding of the scaled values can raise a row's norm by a relative 2^-24 (float32)
+# or 2^-53 (float64) per entry; clipping to L * (1 - 2^-20) resp. L * (1 - 2^-40)
+# keeps the stored result's norm <= L.
 _F32_SAFETY = 1.0 - 2.0 ** -20
+_F64_SAFETY = 1.0 - 2.0 ** -40
 
 
 def check_tau(tau) -> int:
@@ -207,13 +209,13 @@ def clip_rows(indptr, values, L, *, inplace: bool = False) -> np.ndarray:
     Returns
     -------
     ndarray
-        The clipped values; rows already within ``L`` are unchanged. For float32
-        output rows are clipped to ``L (1 - 2^-20)`` so that rounding cannot take
-        the stored norm past ``L``.
+        The clipped values; rows already within ``L`` are unchanged. Rows over ``L`` are scaled to
+        ``L (1 - 2^-20)`` (float32) or ``L (1 - 2^-40)`` (float64) so that rounding
+        cannot take the stored norm past ``L``.
 
     Examples
     --------
-    >>> clip_rows(np.array([0, 2, 3]), np.array([3.0, 4.0, 0.5]), 1.0).round(12).tolist()
+    >>> clip_rows(np.array([0, 2, 3]), np.array([3.0, 4.0, 0.5]), 1.0).round(9).tolist()
     [0.6, 0.8, 0.5]
     """
     L = check_clip(L)
@@ -225,7 +227,7 @@ def clip_rows(indptr, values, L, *, inplace: bool = False) -> np.ndarray:
             out = out.copy()
         return out
     norms = row_norms(indptr, src)
-    target = L * (_F32_SAFETY if out.dtype == np.float32 else 1.0)
+    target = L * (_F32_SAFETY if out.dtype == np.float32 else _F64_SAFETY)
     factors = np.where(norms > L, target / np.maximum(norms, 1e-300), 1.0)
     if not inplace:
         res = np.empty_like(out)

@@ -7,7 +7,9 @@ bracket, then dp-accounting's ``mechanism_calibration.calibrate_dp_mechanism``
 epsilon gap), then a final check with :func:`streamdp.privacy.accountant.epsilon_of`
 exactly as the ledger will compute it, nudging ``z`` up if the grids disagree. The
 result therefore never overshoots the target (property-tested), and is within a
-relative ``1e-4`` of the smallest such ``z``.
+relative ``1e-4`` of the smallest such ``z``. The bracket comes from the RDP
+accountant first (an upper bound on PLD's epsilon, microseconds per evaluation even
+where PLD is slow), so only noise levels near the answer are ever given to PLD.
 
 The closed forms of Jain, Thakkar & Thakurta (ICML 2018, ../shared/seeds/000) are
 kept for comparison and for ``--calibration paper`` (:func:`paper_sigma_jain`).
@@ -23,7 +25,7 @@ import numpy as np
 from dp_accounting import mechanism_calibration as _mc
 
 from streamdp.errors import ParameterError
-from streamdp.privacy.accountant import check_privacy_params, epsilon_of, pld_accountant
+from streamdp.privacy.accountant import check_privacy_params, epsilon_of, pld_accountant, rdp_accountant
 from streamdp.privacy.events import gaussian_event, huber_event, laplace_event
 
 __all__ = ["calibrate", "calibrate_gaussian", "calibrate_laplace", "calibrate_huber", "paper_sigma_jain"]
@@ -33,6 +35,25 @@ _REL_TOL = 1e-4
 
 def _grid(epsilon: float) -> float:
     return float(np.clip(1e-4 * max(epsilon, 1.0), 1e-4, 1e-1))
+
+
+def _bracket(gap: Callable[[float], float], z: float, epsilon: float, factor: float = 2.0) -> tuple[float, float]:
+    """``(lower, upper)`` around the root of the decreasing ``gap``: gap(lower) > 0 >= gap(upper)."""
+    if gap(z) > 0:
+        lo = z
+        for _ in range(80):
+            z *= factor
+            if gap(z) <= 0:
+                return lo, z
+            lo = z
+        raise ParameterError(f"calibration: no noise level up to {z:.3g} reaches epsilon={epsilon}")
+    hi = z
+    for _ in range(80):
+        z /= factor
+        if gap(z) > 0:
+            return z, hi
+        hi = z
+    raise ParameterError(f"calibration: epsilon={epsilon} is met even with noise {z:.3g}")
 
 
 def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: float, delta: float, *,
@@ -72,27 +93,18 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
         return acc.get_epsilon(delta) - epsilon
 
     if lower is None or upper is None:
-        z = 1.0 if upper is None else float(upper)
-        if gap(z) > 0:
-            lo = z
-            for _ in range(60):
-                z *= 2.0
-                if gap(z) <= 0:
-                    break
-                lo = z
-            else:
-                raise ParameterError(f"calibration: no noise level up to {z:.3g} reaches epsilon={epsilon}")
-            lower, upper = lo, z
-        else:
-            hi = z
-            for _ in range(60):
-                z /= 2.0
-                if gap(z) > 0:
-                    break
-                hi = z
-            else:
-                raise ParameterError(f"calibration: epsilon={epsilon} is met even with noise {z:.3g}")
-            lower, upper = z, hi
+        # RDP upper-bounds PLD and costs microseconds even where PLD is slow (tiny noise,
+        # huge epsilon), so bracket with RDP first: its answer is within PLD's budget.
+        def rdp_gap(z: float) -> float:
+            acc = rdp_accountant()
+            acc.compose(make_event(z))
+            return acc.get_epsilon(delta) - epsilon
+
+        lo, hi = _bracket(rdp_gap, 1.0 if upper is None else float(upper), epsilon)
+        z_rdp = float(_mc.calibrate_dp_mechanism(rdp_accountant, make_event, epsilon, delta,
+                                                 bracket_interval=_mc.ExplicitBracketInterval(lo, hi),
+                                                 tol=1e-3 * lo))
+        lower, upper = _bracket(gap, z_rdp, epsilon, factor=1.25)
     z = _mc.calibrate_dp_mechanism(lambda: pld_accountant(grid), make_event, epsilon, delta,
                                    bracket_interval=_mc.ExplicitBracketInterval(float(lower), float(upper)),
                                    tol=_REL_TOL * float(lower))

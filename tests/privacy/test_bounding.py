@@ -1,0 +1,124 @@
+"""Contribution-bounding kernels against slow NumPy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamdp.errors import ParameterError
+from streamdp.privacy import spawn_rngs
+from streamdp.privacy.bounding import (
+    center_ratings,
+    clip_rows,
+    personalized_weights,
+    row_norms,
+    trim_block,
+    weight_rows,
+)
+
+
+def _block(seed=0, n_users=300, max_count=60):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, max_count, n_users)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    items = np.concatenate([np.sort(rng.choice(1000, c, replace=False)) for c in counts]).astype(np.int32)
+    ratings = rng.integers(1, 6, indptr[-1]).astype(np.float32)
+    return indptr, items, ratings
+
+
+def test_trim_block_caps_keeps_order_and_is_a_subset():
+    indptr, items, ratings = _block()
+    tau = 20
+    ip, it, r = trim_block(indptr, items, ratings, tau, seed=1)
+    assert ip.dtype == np.int64 and it.dtype == np.int32 and r.dtype == np.float32
+    counts, new = np.diff(indptr), np.diff(ip)
+    assert np.array_equal(new, np.minimum(counts, tau))
+    for u in range(len(counts)):
+        a, b, c, d = indptr[u], indptr[u + 1], ip[u], ip[u + 1]
+        orig = dict(zip(items[a:b].tolist(), ratings[a:b].tolist()))
+        kept = it[c:d]
+        assert np.all(np.diff(kept) > 0)  # original (sorted) order kept
+        assert all(orig[i] == v for i, v in zip(kept.tolist(), r[c:d].tolist()))
+        if counts[u] <= tau:
+            assert np.array_equal(kept, items[a:b])
+
+
+def test_trim_block_deterministic_per_seed_and_uniform():
+    indptr, items, ratings = _block(2)
+    a = trim_block(indptr, items, ratings, 10, seed=5)
+    b = trim_block(indptr, items, ratings, 10, seed=5)
+    c = trim_block(indptr, items, ratings, 10, seed=6)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(a[1], c[1])
+    g = spawn_rngs(0, 1)[0]  # a block's own generator works too
+    assert trim_block(indptr, items, ratings, 10, seed=g)[0].tolist() == a[0].tolist()
+    # uniformity: one user with 50 ratings, tau 10 -> each rating kept w.p. 1/5
+    ip1, it1, r1 = np.array([0, 50]), np.arange(50, dtype=np.int32), np.ones(50, np.float32)
+    hits = np.zeros(50)
+    for s in range(2000):
+        hits[trim_block(ip1, it1, r1, 10, seed=s)[1]] += 1
+    p = hits / 2000
+    assert np.abs(p - 0.2).max() < 5 * np.sqrt(0.2 * 0.8 / 2000)
+
+
+def test_trim_block_no_trimming_needed_returns_copies():
+    indptr, items, ratings = _block(3, max_count=5)
+    ip, it, r = trim_block(indptr, items, ratings, 5, seed=0)
+    assert np.array_equal(it, items) and it is not items
+
+
+def _clip_ref(indptr, v, L):
+    out = v.astype(np.float64).copy()
+    for u in range(len(indptr) - 1):
+        s = slice(indptr[u], indptr[u + 1])
+        n = np.linalg.norm(out[s])
+        if n > L:
+            out[s] *= L / n
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_clip_rows_matches_reference_and_bounds_norms(dtype):
+    indptr, _, ratings = _block(4)
+    v = center_ratings(ratings, 3.0).astype(dtype)
+    L = 2.5
+    out = clip_rows(indptr, v, L)
+    assert out.dtype == dtype and out is not v
+    np.testing.assert_allclose(out, _clip_ref(indptr, v, L), rtol=1e-5 if dtype == np.float32 else 1e-12)
+    assert row_norms(indptr, out).max() <= L
+    w = v.copy()
+    assert clip_rows(indptr, w, L, inplace=True) is w
+    np.testing.assert_array_equal(w, out)
+    assert np.array_equal(clip_rows(indptr, v, np.inf), v)
+
+
+def test_weights_and_centering():
+    indptr, _, ratings = _block(5)
+    wts = np.linspace(0, 1, len(indptr) - 1)
+    out = weight_rows(indptr, ratings.astype(np.float64), wts)
+    ref = ratings.astype(np.float64) * np.repeat(wts, np.diff(indptr))
+    np.testing.assert_allclose(out, ref)
+    # personalized weights (Liu et al. Thm 2): min(tau, m_i) w_i = f_i tau
+    counts = np.diff(indptr)
+    f = np.full(len(counts), 0.5)
+    pw = personalized_weights(counts, 20, f)
+    has = counts > 0
+    np.testing.assert_allclose(np.minimum(counts, 20)[has] * pw[has], 0.5 * 20)
+    assert np.all(pw[~has] == 0)
+    c = center_ratings(np.array([1, 3, 5], np.int8), 3.0)
+    assert c.dtype == np.float64 and c.tolist() == [-2.0, 0.0, 2.0]
+
+
+@pytest.mark.parametrize("call,msg", [
+    (lambda: trim_block(np.array([0, 2]), np.zeros(2, np.int32), np.zeros(2), 0), "tau"),
+    (lambda: trim_block(np.array([0, 2]), np.zeros(2, np.int32), np.zeros(2), 1.5), "tau"),
+    (lambda: clip_rows(np.array([0, 2]), np.zeros(2), -1.0), "L"),
+    (lambda: clip_rows(np.array([0, 2]), np.zeros(2), 0.0), "L"),
+    (lambda: clip_rows(np.array([0, 3]), np.zeros(2), 1.0), "indptr"),
+    (lambda: weight_rows(np.array([0, 2]), np.zeros(2), np.array([-1.0])), "weights"),
+    (lambda: personalized_weights(np.array([3]), 2, np.array([1.5])), "fractions"),
+    (lambda: center_ratings(np.zeros(2), float("nan")), "mean"),
+])
+def test_invalid_bounding_parameters(call, msg):
+    with pytest.raises(ParameterError, match=msg):
+        call()
