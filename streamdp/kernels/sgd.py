@@ -107,7 +107,8 @@ def partition_tiers(indptr, items, ratings, hot_items, split):
     """Stable in-place partition of each user's ratings: hot items (``< hot_items``) first.
 
     Writes into ``split[u]`` the absolute position where user ``u``'s cold ratings
-    start. Relative order within the hot and within the cold part is kept.
+    start. Relative order within the hot and within the cold part is kept. A user
+    whose hot ratings already come first (items sorted per user) costs one read pass.
     """
     n_users = len(indptr) - 1
     tmp_i = np.empty(0, np.int32)
@@ -120,9 +121,15 @@ def partition_tiers(indptr, items, ratings, hot_items, split):
             tmp_i = np.empty(n, np.int32)
             tmp_r = np.empty(n, np.float32)
         h = 0
+        ordered = True
         for p in range(s, e):
             if items[p] < hot_items:
                 h += 1
+                if p > s and items[p - 1] >= hot_items:
+                    ordered = False
+        if ordered:  # hot items already a prefix (e.g. items sorted per user, as stores keep them)
+            split[u] = s + h
+            continue
         c = h
         h2 = 0
         for p in range(s, e):

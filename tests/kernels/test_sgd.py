@@ -32,8 +32,15 @@ def _state(seed, n_users, n_items, k):
             rng.normal(0, 0.1, (n_items, k)).astype(np.float32), np.zeros(n_items, np.float32))
 
 
-def test_partition_tiers_stable_and_complete():
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_partition_tiers_stable_and_complete(shuffled):
     indptr, items, ratings = _block(1)
+    if shuffled:  # items not sorted within users: the moving path
+        rng = np.random.default_rng(9)
+        for u in range(len(indptr) - 1):
+            perm = rng.permutation(indptr[u + 1] - indptr[u]) + indptr[u]
+            items[indptr[u]:indptr[u + 1]] = items[perm]
+            ratings[indptr[u]:indptr[u + 1]] = ratings[perm]
     it, rt = items.copy(), ratings.copy()
     split = np.empty(len(indptr) - 1, np.int64)
     K.partition_tiers(indptr, it, rt, 5, split)
