@@ -185,3 +185,31 @@ def test_budget_cli_set_show_json(store):
     r = CliRunner().invoke(main, ["budget", str(store.parent / "missing.zarr")])
     assert r.exit_code == 2 and "not a rating store" in r.output
     assert (store / BUDGET_FILE).exists()
+
+
+def test_train_refuses_second_release_with_exit_3(tmp_path):
+    """End to end: `streamdp train` twice against a budget that fits one model; the second exits 3,
+    writes no model, and the budget ledger shows the first release only."""
+    from streamdp.storage.generate import generate_store
+
+    s = str(tmp_path / "s.zarr")
+    generate_store(s, n_users=1500, n_items=60, ratings_per_user=8, rank=3, seed=3, test_fraction=0.0)
+    run = CliRunner()
+    assert run.invoke(main, ["budget", s, "--set", "1.3,1e-6"]).exit_code == 0
+    common = ["--method", "oja", "--epsilon", "1", "--delta", "1e-6", "--rank", "2", "--seed", "1"]
+    r1 = run.invoke(main, ["train", s, *common, "--out", str(tmp_path / "m1")])
+    assert r1.exit_code == 0, r1.output
+    r2 = run.invoke(main, ["train", s, *common, "--out", str(tmp_path / "m2")])
+    assert r2.exit_code == 3, r2.output
+    assert "streamdp: error:" in r2.output and "budget" in r2.output and "Traceback" not in r2.output
+    assert not (tmp_path / "m2").exists()
+    d = json.loads(run.invoke(main, ["budget", s, "--json"]).output)
+    assert len(d["entries"]) == 1 and d["entries"][0]["status"] == "complete"
+    assert d["spent"]["epsilon"] <= 1.0
+    led = Ledger.read(tmp_path / "m1")
+    assert led.recompute().epsilon <= 1.0 and led.seeded
+    # --over-budget releases it anyway, and the ledger records that it did
+    r3 = run.invoke(main, ["train", s, *common, "--out", str(tmp_path / "m3"), "--over-budget"])
+    assert r3.exit_code == 0, r3.output
+    d = json.loads(run.invoke(main, ["budget", s, "--json"]).output)
+    assert [e["over_budget"] for e in d["entries"]] == [False, True] and not d["within_budget"]
