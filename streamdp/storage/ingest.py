@@ -461,66 +461,84 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
     base = [os.path.join(tmp, f"part{p}") for p in range(n_parts)]
 
     # -- pass 2: dense ids, scatter to partition files -----------------------------------
-    keep_open = n_parts <= 256
-    handles: dict = {}
-
-    def fh(p, col):
-        key = (p, col)
-        if key in handles:
-            return handles[key]
-        f = open(f"{base[p]}.{col}", "ab")
-        if keep_open:
-            handles[key] = f
-        return f
-
+    # The spills are cut into consecutive groups scattered by parallel threads, each to
+    # its own partition files; pass 3 concatenates them in group order, which keeps
+    # the input order within every partition.
     cols = ("u", "i", "r", "t") if has_ts else ("u", "i", "r")
-    # partition of each block, for the bucketing kernel
-    part_of_block = np.empty(n_blocks, np.int32)
+    part_of_block = np.empty(n_blocks, np.int32)  # partition of each block, for the kernel
     for p, (b0, b1) in enumerate(parts):
         part_of_block[b0:b1] = p
-    chunk_rows = max(1 << 14, limit // 320)  # ~40 bytes a row while bucketing, twice
-    pending: dict = {c: [] for c in cols}
-    n_pending = 0
+    spills = [sp for src in parsed.sources for sp in src.spills]
+    workers = min(2, os.cpu_count() or 1, len(spills))
+    spill_groups = [list(g) for g in np.array_split(np.array(spills, dtype=object), workers)]
+    chunk_rows = max(1 << 14, limit // (320 * workers))  # ~40 bytes a row while bucketing, twice
+    keep_open = n_parts <= 256
 
-    def flush():
-        arrays = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in pending.items()}
-        for v in pending.values():
-            v.clear()
-        if n_parts == 1:
-            groups = [(0, None)]
-        else:
-            order = np.empty(len(arrays["u"]), np.int64)
-            starts = np.empty(n_parts + 1, np.int64)
-            bucket_rows(arrays["u"], bu, part_of_block, order, starts)
-            groups = [(p, (starts[p], starts[p + 1])) for p in np.flatnonzero(np.diff(starts)).tolist()]
-        for c in cols:
-            a = arrays[c] if n_parts == 1 else arrays[c][order]
-            for p, se in groups:
-                g = fh(p, c)
-                (a if se is None else a[se[0]:se[1]]).tofile(g)
-                if not keep_open:
-                    g.close()
+    def scatter(g: int) -> None:
+        handles: dict = {}
+        pending: dict = {c: [] for c in cols}
 
-    with progress(total=parsed.n_rows, desc="partition", unit="rating", enabled=show_progress) as bar:
-        for spill in [sp for src in parsed.sources for sp in src.spills]:
-            with pa.OSFile(spill, "rb") as f, pa.ipc.open_stream(f) as rd:
-                for rb in rd:
-                    pending["u"].append(umap(rb.column(0)))
-                    pending["i"].append(imap(rb.column(1)))
-                    pending["r"].append(rb.column(2).to_numpy())
-                    if has_ts:
-                        pending["t"].append(rb.column(3).to_numpy())
-                    n_pending += rb.num_rows
-                    if n_pending >= chunk_rows:
-                        flush()
-                        n_pending = 0
-                    bar.update(rb.num_rows)
-            os.remove(spill)
-        if n_pending:
-            flush()
-    for f in handles.values():
-        f.close()
-    handles.clear()
+        def fh(p, col):
+            f = handles.get((p, col))
+            if f is None:
+                f = open(f"{base[p]}.{g}.{col}", "ab")
+                if keep_open:
+                    handles[(p, col)] = f
+            return f
+
+        def flush():
+            arrays = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in pending.items()}
+            for v in pending.values():
+                v.clear()
+            if n_parts == 1:
+                groups = [(0, None)]
+            else:
+                order = np.empty(len(arrays["u"]), np.int64)
+                starts = np.empty(n_parts + 1, np.int64)
+                bucket_rows(arrays["u"], bu, part_of_block, order, starts)
+                groups = [(p, (starts[p], starts[p + 1])) for p in np.flatnonzero(np.diff(starts)).tolist()]
+            for c in cols:
+                a = arrays[c] if n_parts == 1 else arrays[c][order]
+                for p, se in groups:
+                    f = fh(p, c)
+                    (a if se is None else a[se[0]:se[1]]).tofile(f)
+                    if not keep_open:
+                        f.close()
+
+        try:
+            n_pending = 0
+            for spill in spill_groups[g]:
+                with pa.OSFile(spill, "rb") as f, pa.ipc.open_stream(f) as rd:
+                    for rb in rd:
+                        pending["u"].append(umap(rb.column(0)))
+                        pending["i"].append(imap(rb.column(1)))
+                        pending["r"].append(rb.column(2).to_numpy())
+                        if has_ts:
+                            pending["t"].append(rb.column(3).to_numpy())
+                        n_pending += rb.num_rows
+                        if n_pending >= chunk_rows:
+                            flush()
+                            n_pending = 0
+                        bar.update(rb.num_rows)
+                os.remove(spill)
+            if n_pending:
+                flush()
+        finally:
+            for f in handles.values():
+                f.close()
+
+    with progress(total=parsed.n_rows, desc="partition", unit="rating", enabled=show_progress) as bar, \
+            ThreadPoolExecutor(max_workers=workers) as ex:
+        for _ in ex.map(scatter, range(workers)):
+            pass
+
+    def load_groups(p: int, col: str, dtype) -> np.ndarray:
+        parts_ = [f"{base[p]}.{g}.{col}" for g in range(workers)]
+        arrs = [np.fromfile(x, dtype) for x in parts_ if os.path.exists(x)]
+        for x in parts_:
+            if os.path.exists(x):
+                os.remove(x)
+        return np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
 
     parsed.phases["partition"] = round(time.perf_counter() - t0, 3)
     _release_memory()
@@ -529,17 +547,15 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
     def dedup(p):
         b0, b1 = parts[p]
         n_loc = int(part_first[p + 1] - part_first[p])
-        u = np.fromfile(f"{base[p]}.u", np.int32) - np.int32(part_first[p])
-        it = np.fromfile(f"{base[p]}.i", np.int32)
-        r = np.fromfile(f"{base[p]}.r", np.float32)
-        t = np.fromfile(f"{base[p]}.t", np.int64) if has_ts else np.empty(0, np.int64)
+        u = load_groups(p, "u", np.int32) - np.int32(part_first[p])
+        it = load_groups(p, "i", np.int32)
+        r = load_groups(p, "r", np.float32)
+        t = load_groups(p, "t", np.int64) if has_ts else np.empty(0, np.int64)
         ip = np.empty(n_loc + 1, np.int64)
         oi = np.empty(len(u), np.int32)
         orr = np.empty(len(u), np.float32)
         nnz, dropped = group_dedup(u, it, r, t, has_ts, n_loc, ip, oi, orr)
         del u, it, r, t
-        for c in cols:
-            os.remove(f"{base[p]}.{c}")
         ip.tofile(f"{base[p]}.ip")
         oi[:nnz].tofile(f"{base[p]}.i")
         orr[:nnz].tofile(f"{base[p]}.r")
