@@ -28,6 +28,7 @@ import numpy as np
 import zarr
 
 from streamdp.errors import InputError, StoreError
+from streamdp.privacy.ledger import encode_json
 
 MODEL_FORMAT = "streamdp-model"
 MODEL_FORMAT_VERSION = 1
@@ -116,7 +117,7 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         info = dict(model_info)
         info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n), rank=int(V.shape[1]))
         with open(os.path.join(tmp, "model.json"), "w") as f:
-            json.dump(info, f, indent=2, default=_json_default)
+            json.dump(encode_json(info), f, indent=2)
             f.write("\n")
         ledger.write(tmp)
         if os.path.lexists(out):
@@ -160,10 +161,3 @@ def load_model(path: str) -> Model:
                  item_bias=np.asarray(arrays.pop("item_bias"), np.float32), item_ids=arrays.pop("item_ids"),
                  global_mean=global_mean, info=info, ledger=ledger, extras=arrays)
 
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")

@@ -19,26 +19,7 @@ def gram_apply(indptr, items, values, V, out):
     Two passes over each row: ``t = a_u^T V`` (k-vector), then ``out[j] += a_uj t``.
     Cost ``2 nnz k`` multiply-adds, memory ``k`` floats of scratch.
     """
-    k = V.shape[1]
-    t = np.empty(k, dtype=np.float64)
-    n_users = len(indptr) - 1
-    for u in range(n_users):
-        s = indptr[u]
-        e = indptr[u + 1]
-        if s == e:
-            continue
-        for d in range(k):
-            t[d] = 0.0
-        for p in range(s, e):
-            j = items[p]
-            x = values[p]
-            for d in range(k):
-                t[d] += x * V[j, d]
-        for p in range(s, e):
-            j = items[p]
-            x = values[p]
-            for d in range(k):
-                out[j, d] += x * t[d]
+    gram_apply_range(indptr, items, values, V, 0, len(indptr) - 1, out)
 
 
 @njit(cache=True, nogil=True)
