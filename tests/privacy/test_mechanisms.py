@@ -140,3 +140,9 @@ def test_huber_noise_reproducible_and_shaped():
 def test_invalid_noise_parameters(call):
     with pytest.raises(ParameterError):
         call()
+
+
+def test_huber_variance_grows_with_c_at_equal_epsilon():
+    """Documented trade-off: same b (same epsilon), more variance as c grows; c = 0 is Laplace's 2 b^2."""
+    v = [np.var(huber_noise(make_rng(6), N, 1.0, c)) for c in (0.0, 1.0, 5.0)]
+    assert abs(v[0] / 2.0 - 1) < 0.03 and abs(v[1] / 2.2445 - 1) < 0.03 and abs(v[2] / 5.2042 - 1) < 0.03
