@@ -142,3 +142,26 @@ def test_private_mean_noise_scale_and_bounds_summary():
     assert b["weights"]["n_zero"] == 1 and b["tau"] == 10
     with pytest.raises(ParameterError, match="tau"):
         contribution_bounds(tau=0)
+
+
+def _trim_ref(indptr, items, ratings, tau, seed):
+    """Slow reference: per user, the tau ratings with the smallest keys, in original order."""
+    from streamdp.privacy import make_rng
+
+    counts = np.diff(indptr)
+    keys = make_rng(seed).random(items.size) if counts.max() > tau else None
+    ip, it, rt = [0], [], []
+    for u in range(len(counts)):
+        a, b = indptr[u], indptr[u + 1]
+        sel = np.arange(a, b) if b - a <= tau else a + np.sort(np.argsort(keys[a:b])[:tau])
+        it.append(items[sel])
+        rt.append(ratings[sel])
+        ip.append(ip[-1] + len(sel))
+    return np.array(ip), np.concatenate(it), np.concatenate(rt)
+
+
+def test_trim_block_matches_reference():
+    indptr, items, ratings = _block(7)
+    for tau in (1, 7, 30):
+        got, ref = trim_block(indptr, items, ratings, tau, seed=11), _trim_ref(indptr, items, ratings, tau, 11)
+        assert all(np.array_equal(g, r) for g, r in zip(got, ref))
