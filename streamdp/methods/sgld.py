@@ -11,7 +11,7 @@ The objective and the bound B (decisions where the paper is loose)
 ``F = sum_i w_i sum_{j in R_i} l(r_ij - mu - bu_i - bv_j - u_i.v_j) + lam (|U|^2 + |V|^2)
 + lam_b (|bu|^2 + |bv|^2)`` over the ratings left after **trimming** each user to at
 most ``tau`` uniformly random ratings (:func:`streamdp.privacy.bounding.trim_block`,
-seeded per block; the same subset every epoch, so the target does not change).
+seeded per user group; the same subset every epoch, so the target does not change).
 
 * ``l(e) = min(e^2, c^2)`` with ``c = (r_max - r_min) + kappa``: the squared loss
   truncated at the bound. Alg. 1 instead restricts ``(U, V)`` to the set where
@@ -26,7 +26,16 @@ seeded per block; the same subset every epoch, so the target does not change).
   line 1's data-dependent max. Weights ``w_i = min(rho, B / (m_i c^2))`` (Sec. 6.6),
   ``m_i = min(tau, n_i)``, so ``B_i <= B``.
 * ``mu`` is the declared midpoint of the rating range for ``sgld`` (public; a data
-  mean would be an unaccounted statistic) and the training mean for ``sgd``.
+  mean would be an unaccounted statistic) and the training mean for ``sgd``. The
+  released global mean is ``mu`` plus the mean user bias of the final state (a
+  function of the sample, i.e. post-processing), because the local solve of
+  :mod:`streamdp.local` fits no user bias.
+* Neighbouring relation and the factor 4: for add/remove one user and a
+  non-negative loss bounded by ``B``, the probability ratio of an exact sample is
+  within ``exp(+-s B)``, so ``s = epsilon / (4B)`` is conservative by a factor 4 (the
+  paper's ``4B`` covers replace-one with sensitivity ``2B``). We keep the paper's
+  scaling and claim ``epsilon``; Thm 2's per-user ``epsilon B_i / (2B)`` is recorded as
+  stated in the paper.
 * Privacy scaling ``s = epsilon / (4 B)`` (Alg. 1 line 4), temperature ``T``: the
   chain targets ``exp(-s F / T)``. ``T < 1`` (the paper's ``zeta`` "to speed up
   burn-in") samples a colder distribution whose exact-sample guarantee is
@@ -43,9 +52,11 @@ Thm 2 gives user ``i`` ``epsilon B_i / (2B)``; the ledger records that per-user
 distribution (min/median/max over the store's users, exact, from counts and
 weights; it is a statistic of the data for the data owner, not a DP release).
 dp-accounting has no notion of "approximately exact posterior sample": the
-release is recorded as one pure ``epsilon``-DP event (exponential mechanism,
+release is recorded as one pure-DP event (exponential mechanism,
 :func:`streamdp.privacy.pure_dp_event`) whose PLD value is what an exact sample
-would spend, and the guarantee string starts with ``approximate:`` because a finite
+would spend (the event's epsilon is fitted just under the target so that the PLD
+grid's rounding stays within it, :func:`event_epsilon`; the sampler runs at that
+epsilon), and the guarantee string starts with ``approximate:`` because a finite
 SGLD run is not an exact sample: Thm 1's ``(epsilon, (1 + e^epsilon) delta)`` needs the
 run's law to be ``delta``-close in L1 to the target, which nothing bounds for a
 finite run (Jain et al. 2018 remark that SGLD's ``(epsilon, delta)`` is unquantified).
@@ -60,9 +71,11 @@ arrays used alternately by epoch (epoch ``e`` reads one and writes the other), s
 the state at the end of the last finished epoch is always intact. After each epoch
 ``V``, ``bv``, the epoch number and the run's root entropy are written atomically
 to ``DIR/checkpoint.npz``. A run started with the same ``--checkpoint`` and the same
-settings resumes after the last finished epoch; all randomness comes from
-per-(purpose, epoch, block) generators of the root entropy, so the result equals
-the uninterrupted run's (bit for bit with one worker). The run directory holds
+settings resumes after the last finished epoch (``--epochs`` may be raised to
+extend a run); all randomness comes from per-(purpose, epoch, user group)
+generators of the root entropy, so the result equals the uninterrupted run's (bit
+for bit with one worker) and does not depend on how users are cut into blocks
+when ``--step-users`` divides the store's block size (streamed == in-memory). The run directory holds
 private state (``U`` and, for an unseeded run, the noise's root entropy): keep it
 private and delete it after the run; without ``--checkpoint`` a temporary one is
 used and removed (also on failure). Privacy spend is recorded once: ``streamdp
