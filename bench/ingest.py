@@ -12,11 +12,12 @@ run times, each in a fresh subprocess with its peak RSS measured by polling psut
 * ``streamdp ingest CSV --out STORE --memory-limit M``;
 * the baseline: ``pyarrow.csv.read_csv`` of the whole file, a stable sort by user,
   ``numpy.savez`` of the sorted columns (what one would write without streamdp);
-* ``streamdp generate`` of the same number of ratings (200k users x 50 by default
-  scaled with ``--ratings``).
+* ``streamdp generate`` of about the same number of ratings (``ratings / 100`` users x 100
+  ratings on average, 20k items).
 
 Prints ratings/s and peak RSS of each and the ratios ingest/baseline. Each timing
-is the median of ``--repeat`` runs (default 1: the runs are long).
+is the median of ``--repeat`` runs (default 1: the runs are long); the CPU seconds
+(user + system) of each child are printed too, a steadier measure on a shared machine.
 """
 
 from __future__ import annotations
@@ -70,10 +71,18 @@ def write_synthetic_csv(path: str, n_ratings: int, *, n_users: int | None = None
     return os.path.getsize(path)
 
 
-def run_measured(cmd: list[str], poll: float = 0.02) -> tuple[float, int, str]:
-    """Run ``cmd``; return (seconds, peak RSS bytes of the child tree, stderr)."""
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_measured(cmd: list[str], poll: float = 0.02, with_cpu: bool = False):
+    """Run ``cmd``; return (seconds, peak RSS bytes of the child tree, stderr[, CPU seconds])."""
     import psutil
 
+    c0 = _children_cpu()
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc = psutil.Process(p.pid)
@@ -89,6 +98,8 @@ def run_measured(cmd: list[str], poll: float = 0.02) -> tuple[float, int, str]:
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{err.decode()}")
+    if with_cpu:
+        return dt, peak, err.decode(), _children_cpu() - c0
     return dt, peak, err.decode()
 
 
@@ -115,12 +126,13 @@ def main(argv=None) -> None:
         runs = {"ingest": [], "baseline": [], "generate": []}
         for _ in range(a.repeat):
             runs["ingest"].append(run_measured(exe + ["ingest", csv, "--out", os.path.join(d, "s.zarr"), "--force",
-                                                      "--memory-limit", a.memory_limit]))
-            runs["baseline"].append(run_measured([sys.executable, "-c", BASELINE, csv, os.path.join(d, "b.npz")]))
+                                                      "--memory-limit", a.memory_limit], with_cpu=True))
+            runs["baseline"].append(run_measured([sys.executable, "-c", BASELINE, csv, os.path.join(d, "b.npz")],
+                                                 with_cpu=True))
             n_users = max(1, a.ratings // 100)
             runs["generate"].append(run_measured(exe + ["generate", "--out", os.path.join(d, "g.zarr"), "--force",
                                                         "--users", str(n_users), "--items", "20000",
-                                                        "--ratings-per-user", "100"]))
+                                                        "--ratings-per-user", "100"], with_cpu=True))
         from streamdp import open_store
 
         n_gen = open_store(os.path.join(d, "g.zarr")).n_ratings
@@ -128,14 +140,18 @@ def main(argv=None) -> None:
         for name, rs in runs.items():
             sec = statistics.median(r[0] for r in rs)
             rss = statistics.median(r[1] for r in rs)
+            cpu = statistics.median(r[3] for r in rs)
             n = n_gen if name == "generate" else a.ratings
-            rows.append((name, n, sec, n / sec, rss))
-        print(f"{'':10s} {'ratings':>12s} {'seconds':>9s} {'ratings/s':>12s} {'peak RSS':>10s}")
-        for name, n, sec, rate, rss in rows:
-            print(f"{name:10s} {n:12,d} {sec:9.2f} {rate / 1e6:10.2f}M {rss / 1e6:8.0f}MB")
+            rows.append((name, n, sec, n / sec, rss, cpu))
+        print(f"{'':10s} {'ratings':>12s} {'seconds':>9s} {'ratings/s':>12s} {'peak RSS':>10s} {'CPU s':>8s}")
+        for name, n, sec, rate, rss, cpu in rows:
+            print(f"{name:10s} {n:12,d} {sec:9.2f} {rate / 1e6:10.2f}M {rss / 1e6:8.0f}MB {cpu:8.1f}")
         ing, base = rows[0], rows[1]
         print(f"ingest/baseline: speed {ing[3] / base[3]:.2f}x (target >= 1), peak RSS {ing[4] / base[4]:.2f}x "
-              f"(target <= 0.25); ingest kept {n_ing:,} ratings after de-duplication")
+              f"(target <= 0.25), CPU time {ing[5] / base[5]:.2f}x; ingest kept {n_ing:,} ratings after "
+              f"de-duplication")
+        print(f"(load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; wall-clock "
+              f"ratios are unreliable on a busy machine, CPU-time ratios less so)")
         print(f"generate: {rows[2][3] / 1e6:.2f}M ratings/s (target >= 5M/s)")
     finally:
         if a.dir is None:

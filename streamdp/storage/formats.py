@@ -49,7 +49,6 @@ import pyarrow.csv as pacsv
 from streamdp.errors import InputError
 
 FORMATS = ("udata", "dat", "csv", "ws", "parquet")
-_USE_THREADS = True
 FIELD_SEP = "\x1f"  # what multi-character separators and whitespace runs are rewritten to
 
 _NAMES = {
@@ -484,14 +483,10 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
     roles = [r for r in ROLES if spec.cols.get(r) is not None]
     names = [f"f{i}" for i in range(spec.n_fields)]
     sel = {r: names[spec.cols[r]] for r in roles}
-    if skip:
-        types = {sel[r]: pa.string() for r in roles}
-    else:
-        types = {sel["user"]: pa.int64() if int_ids[0] else pa.string(),
-                 sel["item"]: pa.int64() if int_ids[1] else pa.string(),
-                 sel["rating"]: pa.float64()}
-        if "timestamp" in sel:
-            types[sel["timestamp"]] = pa.int64()
+    want = {"user": pa.int64() if int_ids[0] else pa.string(), "item": pa.int64() if int_ids[1] else pa.string(),
+            "rating": pa.float64(), "timestamp": pa.int64()}
+    # with skip, numbers are parsed after the fact so that one bad value drops one row
+    types = {sel[r]: pa.string() if skip else want[r] for r in roles}
 
     def on_invalid(row):
         if skip:
@@ -502,13 +497,14 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
     first = byte_range is None or byte_range[0] == 0
     ropts = pacsv.ReadOptions(block_size=int(block_size), column_names=names,
                               skip_rows=1 if spec.header and first else 0,
-                              use_threads=_USE_THREADS)
+                              use_threads=True)
     popts = pacsv.ParseOptions(delimiter=spec.sep, quote_char='"' if spec.format == "csv" else False,
                                invalid_row_handler=on_invalid)
     copts = pacsv.ConvertOptions(column_types=types, include_columns=[sel[r] for r in roles], null_values=[],
                                  strings_can_be_null=False, quoted_strings_can_be_null=False)
     raw = _open_bytes(spec.path) if byte_range is None else _RangeReader(spec.path, *byte_range)
     src = _Rewriter(raw, spec.rewrite, block_size) if spec.rewrite is not None else raw
+
     def id_column_failed(exc):
         m = re.search(r"In CSV column #(\d+)", str(exc))
         if m:
@@ -536,13 +532,10 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
                 bad_mask = np.zeros(n, bool)
                 out = {}
                 for r in roles:
-                    typ = {"user": pa.int64() if int_ids[0] else pa.string(),
-                           "item": pa.int64() if int_ids[1] else pa.string(),
-                           "rating": pa.float64(), "timestamp": pa.int64()}[r]
-                    if typ == pa.string():
+                    if want[r] == pa.string():
                         out[r] = cols[r]
                         continue
-                    out[r], m = _coerce(cols[r], typ, r, True)
+                    out[r], m = _coerce(cols[r], want[r], r, True)
                     if m is not None:
                         bad_mask |= m
                 if bad_mask.any():

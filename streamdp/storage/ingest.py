@@ -348,7 +348,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
     def parse_range(spec, spill, byte_range, bar):
         """Parse one file or byte range into ``spill``; returns (rows, rmin, rmax, n_bad)."""
         bad = [0]
-        rows, rmin, rmax = 0, np.inf, -np.inf
+        rows, rmin, rmax, n_batches = 0, np.inf, -np.inf, 0
         if spec.format == "parquet":
             it = F.iter_parquet(spec, int_ids=int_ids, batch_rows=max(block_size // 32, 4096))
         else:
@@ -393,7 +393,9 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
                     w.write_batch(pa.record_batch([u, i, pa.array(r.astype(np.float32)), t], schema=schema))
                     rows += n
                     bar.update(n)
-                    pool.release_unused()  # mimalloc keeps freed pages otherwise
+                    n_batches += 1
+                    if n_batches % 16 == 0:
+                        pool.release_unused()  # mimalloc keeps freed pages otherwise
             except (pa.ArrowInvalid, _BadLine) as exc:
                 failed.set()
                 # the slow path: re-read the file in Python to name the first bad line
