@@ -510,7 +510,6 @@ def sgld_epoch_eager_reference(indptr, items, ratings, weights, U, bu, V, bv, mu
     n = len(indptr) - 1
     N = int(indptr[-1])
     prev = 0
-    k = V.shape[1]
 
     def flow_all(tau):
         for X, b in ((U, bu), (V, bv)):
@@ -538,4 +537,3 @@ def sgld_epoch_eager_reference(indptr, items, ratings, weights, U, bu, V, bv, mu
                 U[i] = ui + f(lr) * gr * vj
                 V[j] = vj + f(lr) * gr * ui
     flow_all(delta * (N - prev))
-    _ = k

@@ -593,7 +593,7 @@ class _SgdBase(Method):
                                                               "--epsilon inf: SGLD of the unscaled posterior") + ")")
         if self.seed is not None:
             notes.append("seeded run: reproducible, not private against whoever knows the seed")
-        if bounds_src(s, store) != "declared":
+        if getattr(store, "rating_range_source", "unknown") != "declared":
             notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
                          "exact guarantee")
         ledger = self.ledger(store, plan, notes=notes)
@@ -672,10 +672,6 @@ def default_step_users(store, noisy: bool) -> int:
         return 256
     per_user = max(store.n_ratings / max(store.n_users, 1), 1.0)
     return int(max(64, min(store.block_users, math.ceil(16 * store.n_items / per_user))))
-
-
-def bounds_src(s, store) -> str:
-    return str(getattr(store, "rating_range_source", "unknown"))
 
 
 def _ensure(d: str) -> str:
