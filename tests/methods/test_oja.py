@@ -100,7 +100,7 @@ def test_plan_is_calibrated_and_paper_is_noisier(small_store):
     pld = PrivateOja(epsilon=1.0, delta=1e-6, rank=4, passes=3).plan(small_store)
     acc = epsilon_of(pld.event, 1e-6)
     assert 0.99 <= acc.epsilon <= 1.0
-    assert len(pld.events) == 2  # passes (one Gaussian each, composed) + the bias release
+    assert len(pld.events) == 3  # passes (one Gaussian each, composed) + item biases + global mean
     paper = PrivateOja(epsilon=1.0, delta=1e-6, rank=4, passes=3, calibration="paper").plan(small_store)
     assert paper.params["z_pass"] > 5 * pld.params["z_pass"]
     assert epsilon_of(paper.event, 1e-6).epsilon < 0.3
