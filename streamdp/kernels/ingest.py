@@ -11,15 +11,15 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def group_dedup(users, items, ratings, ts, has_ts, n_users, out_indptr, out_items, out_ratings):
-    """Group ratings by user, sort each user's items, keep one rating per (user, item).
+def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr, out_items, out_ratings):
+    """Group ratings by user and keep one rating per (user, item).
 
     Parameters
     ----------
     users : int32 array
         Local user index (``0 <= users < n_users``) of each rating, in input order.
     items : int32 array
-        Item index of each rating.
+        Item index (``0 <= items < n_items``) of each rating.
     ratings : float32 array
     ts : int64 array
         Timestamps (ignored unless ``has_ts``).
@@ -32,6 +32,8 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, out_indptr, out_item
 
     Of duplicated pairs the one with the largest timestamp is kept, ties (and all
     pairs when there are no timestamps) going to the one seen last in input order.
+    Within a user, items come in order of first appearance (no sort: a per-item
+    stamp finds repeats in O(1)); ``remap_sort`` sorts them later.
     """
     n = len(users)
     counts = np.zeros(n_users + 1, np.int64)
@@ -46,39 +48,32 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, out_indptr, out_item
         u = users[k]
         pos[fill[u]] = k
         fill[u] += 1
+    stamp = np.full(n_items, -1, np.int64)  # last user that rated the item
+    slot = np.empty(n_items, np.int64)  # where that user's rating of the item was written
+    best = np.empty(n if has_ts else 0, np.int64)  # timestamp of the kept rating
     w = 0
     dropped = 0
     out_indptr[0] = 0
     for u in range(n_users):
-        s = counts[u]
-        e = counts[u + 1]
-        m = e - s
-        if m == 1:
-            k = pos[s]
-            out_items[w] = items[k]
-            out_ratings[w] = ratings[k]
-            w += 1
-        elif m > 1:
-            seg = pos[s:e]
-            keys = np.empty(m, np.int32)
-            for j in range(m):
-                keys[j] = items[seg[j]]
-            order = np.argsort(keys, kind="mergesort")  # stable: input order within an item
-            j = 0
-            while j < m:
-                best = seg[order[j]]
-                it = keys[order[j]]
-                j2 = j + 1
-                while j2 < m and keys[order[j2]] == it:
-                    k = seg[order[j2]]
-                    if (not has_ts) or ts[k] >= ts[best]:
-                        best = k
-                    dropped += 1
-                    j2 += 1
+        for j in range(counts[u], counts[u + 1]):
+            k = pos[j]
+            it = items[k]
+            if stamp[it] != u:
+                stamp[it] = u
+                slot[it] = w
                 out_items[w] = it
-                out_ratings[w] = ratings[best]
+                out_ratings[w] = ratings[k]
+                if has_ts:
+                    best[w] = ts[k]
                 w += 1
-                j = j2
+            else:
+                dropped += 1
+                q = slot[it]
+                if not has_ts:
+                    out_ratings[q] = ratings[k]
+                elif ts[k] >= best[q]:
+                    out_ratings[q] = ratings[k]
+                    best[q] = ts[k]
         out_indptr[u + 1] = w
     return w, dropped
 

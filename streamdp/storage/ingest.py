@@ -556,7 +556,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
         ip = np.empty(n_loc + 1, np.int64)
         oi = np.empty(len(u), np.int32)
         orr = np.empty(len(u), np.float32)
-        nnz, dropped = group_dedup(u, it, r, t, has_ts, n_loc, ip, oi, orr)
+        nnz, dropped = group_dedup(u, it, r, t, has_ts, n_loc, n_raw_items, ip, oi, orr)
         del u, it, r, t
         ip.tofile(f"{base[p]}.ip")
         oi[:nnz].tofile(f"{base[p]}.i")
