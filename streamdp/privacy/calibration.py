@@ -25,16 +25,12 @@ import numpy as np
 from dp_accounting import mechanism_calibration as _mc
 
 from streamdp.errors import ParameterError
-from streamdp.privacy.accountant import check_privacy_params, epsilon_of, pld_accountant, rdp_accountant
+from streamdp.privacy.accountant import check_privacy_params, epsilon_of, pld_accountant, pld_grid, rdp_accountant
 from streamdp.privacy.events import gaussian_event, huber_event, laplace_event
 
 __all__ = ["calibrate", "calibrate_gaussian", "calibrate_laplace", "calibrate_huber", "paper_sigma_jain"]
 
 _REL_TOL = 1e-4
-
-
-def _grid(epsilon: float) -> float:
-    return float(np.clip(1e-4 * max(epsilon, 1.0), 1e-4, 1e-1))
 
 
 def _bracket(gap: Callable[[float], float], z: float, epsilon: float, factor: float = 2.0) -> tuple[float, float]:
@@ -85,11 +81,11 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
     epsilon, delta = float(epsilon), float(delta)
     if math.isinf(epsilon):
         return 0.0
-    grid = _grid(epsilon)
 
     def gap(z: float) -> float:
-        acc = pld_accountant(grid)
-        acc.compose(make_event(z))
+        event = make_event(z)
+        acc = pld_accountant(pld_grid(event, epsilon))
+        acc.compose(event)
         return acc.get_epsilon(delta) - epsilon
 
     if lower is None or upper is None:
@@ -105,7 +101,18 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
                                                  bracket_interval=_mc.ExplicitBracketInterval(lo, hi),
                                                  tol=1e-3 * lo))
         lower, upper = _bracket(gap, z_rdp, epsilon, factor=1.25)
-    z = _mc.calibrate_dp_mechanism(lambda: pld_accountant(grid), make_event, epsilon, delta,
+    # calibrate_dp_mechanism asks for the event, then for a fresh accountant; the PLD
+    # grid depends on the event (pure epsilons are put on the grid), so the event
+    # factory records the grid for the accountant factory. Whatever grid is used,
+    # the final check below is the one the ledger makes.
+    last_grid = [pld_grid(make_event(float(upper)), epsilon)]
+
+    def recording_make_event(z: float):
+        event = make_event(z)
+        last_grid[0] = pld_grid(event, epsilon)
+        return event
+
+    z = _mc.calibrate_dp_mechanism(lambda: pld_accountant(last_grid[0]), recording_make_event, epsilon, delta,
                                    bracket_interval=_mc.ExplicitBracketInterval(float(lower), float(upper)),
                                    tol=_REL_TOL * float(lower))
     z = float(z)

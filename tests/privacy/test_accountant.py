@@ -158,3 +158,15 @@ def test_cli_invalid_parameters_one_line_exit_2(args, msg):
     assert res.exit_code == 2
     err = res.stderr if hasattr(res, "stderr") else res.output
     assert err.startswith("streamdp: error:") and msg in err and "Traceback" not in err
+
+
+def test_pure_epsilon_on_the_grid_and_overflow_guard():
+    """An eps-DP release is reported as eps (not eps + a grid width); absurd epsilons are inf in both."""
+    for e in (0.37, 5.0, 20.0):
+        r = epsilon_of(huber_event(e), 1e-12)
+        assert e - 1e-6 <= r.epsilon <= e * (1 + 1e-9)
+    # 10^4 tiny pure-DP releases: exact on the grid, so advanced composition shows (basic would say 1.0)
+    many = epsilon_of(huber_event(1e-4, 10_000), 1e-10)
+    assert 0.0 < many.epsilon < 0.1 and many.epsilon <= many.epsilon_rdp
+    big = epsilon_of(huber_event(800.0), 1e-6)
+    assert math.isinf(big.epsilon) and math.isinf(big.epsilon_rdp)
