@@ -80,26 +80,37 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr,
 
 @njit(cache=True, nogil=True)
 def remap_sort(indptr, items, ratings, new_index):
-    """Renumber items by ``new_index`` and re-sort each user's ratings by the new index (in place)."""
+    """Renumber items by ``new_index`` and sort each user's ratings by the new index (in place).
+
+    Two stable counting sorts (by new item, then by user) instead of one sort per
+    user: O(n + n_items) with sequential passes. Items must be distinct within a user.
+    """
     n_users = len(indptr) - 1
+    n = len(items)
+    n_items = len(new_index)
+    cnt = np.zeros(n_items + 1, np.int64)
+    for k in range(n):
+        cnt[new_index[items[k]] + 1] += 1
+    for i in range(n_items):
+        cnt[i + 1] += cnt[i]
+    t_item = np.empty(n, np.int32)
+    t_rating = np.empty(n, np.float32)
+    t_user = np.empty(n, np.int32)
     for u in range(n_users):
-        s = indptr[u]
-        e = indptr[u + 1]
-        m = e - s
-        if m == 0:
-            continue
-        if m == 1:
-            items[s] = new_index[items[s]]
-            continue
-        keys = np.empty(m, np.int32)
-        vals = np.empty(m, np.float32)
-        for j in range(m):
-            keys[j] = new_index[items[s + j]]
-            vals[j] = ratings[s + j]
-        order = np.argsort(keys)
-        for j in range(m):
-            items[s + j] = keys[order[j]]
-            ratings[s + j] = vals[order[j]]
+        for k in range(indptr[u], indptr[u + 1]):
+            key = new_index[items[k]]
+            p = cnt[key]
+            cnt[key] += 1
+            t_item[p] = key
+            t_rating[p] = ratings[k]
+            t_user[p] = u
+    fill = indptr[:-1].copy()
+    for p in range(n):
+        u = t_user[p]
+        q = fill[u]
+        fill[u] += 1
+        items[q] = t_item[p]
+        ratings[q] = t_rating[p]
 
 
 @njit(cache=True, nogil=True)
