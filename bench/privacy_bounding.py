@@ -17,10 +17,9 @@ compiled (and cached) before timing.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
 import numpy as np
+
+from oja import median_time  # bench/oja.py, on sys.path when run as a script
 
 from streamdp.privacy import huber_noise, make_rng
 from streamdp.privacy.bounding import clip_rows, trim_block
@@ -56,15 +55,6 @@ def clip_numpy(indptr, values, L):
     return values * np.repeat(f, counts)
 
 
-def _median_time(fn, repeats):
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ratings", type=int, default=5_000_000)
@@ -81,15 +71,15 @@ def main():
     np.testing.assert_allclose(clip_rows(indptr, vals, 2.0), clip_numpy(indptr, vals, 2.0), rtol=1e-9)
 
     rows = []
-    t_k = _median_time(lambda: trim_block(indptr, items, ratings, a.tau, seed=1), a.repeats)
-    t_b = _median_time(lambda: trim_numpy(indptr, items, ratings, a.tau, 1), a.repeats)
+    t_k = median_time(lambda: trim_block(indptr, items, ratings, a.tau, seed=1), a.repeats)
+    t_b = median_time(lambda: trim_numpy(indptr, items, ratings, a.tau, 1), a.repeats)
     rows.append(("trim_block", n, t_k, t_b, "numpy lexsort"))
-    t_k = _median_time(lambda: clip_rows(indptr, vals, 2.0), a.repeats)
-    t_b = _median_time(lambda: clip_numpy(indptr, vals, 2.0), a.repeats)
+    t_k = median_time(lambda: clip_rows(indptr, vals, 2.0), a.repeats)
+    t_b = median_time(lambda: clip_numpy(indptr, vals, 2.0), a.repeats)
     rows.append(("clip_rows", n, t_k, t_b, "numpy reduceat"))
     g = make_rng(0)
-    t_k = _median_time(lambda: huber_noise(g, n, 1.0, 1.0), a.repeats)
-    t_b = _median_time(lambda: g.laplace(0.0, 1.0, n), a.repeats)
+    t_k = median_time(lambda: huber_noise(g, n, 1.0, 1.0), a.repeats)
+    t_b = median_time(lambda: g.laplace(0.0, 1.0, n), a.repeats)
     rows.append(("huber_noise", n, t_k, t_b, "Generator.laplace"))
     print(f"{n:,} ratings in {indptr.size - 1:,} users, tau={a.tau}, median of {a.repeats}")
     print(f"{'what':<12} {'per s':>14} {'baseline per s':>16} {'speed ratio':>12}  baseline")
