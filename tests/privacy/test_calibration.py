@@ -82,3 +82,11 @@ def test_cli_calibrate_json_and_text():
     text = CliRunner().invoke(main, ["privacy", "calibrate", "--epsilon", "1", "--delta", "1e-6", "--count", "10"])
     assert text.exit_code == 0
     assert f"{out['noise_multiplier']:.6g}" in text.output and "Alg. 1" in text.output and "Alg. 2" in text.output
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(epsilon=st.floats(0.05, 20.0), log_delta=st.floats(-10.0, -3.0), count=st.integers(1, 10_000))
+def test_pure_dp_calibration_never_overshoots(epsilon, log_delta, count):
+    delta = 10.0 ** log_delta
+    b = calibrate_huber(epsilon, delta, count)
+    assert epsilon_of(huber_event(1 / b, count), delta).epsilon <= epsilon
