@@ -85,7 +85,8 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
     budget = StoreBudget(st.path)
     entry = budget.reserve(planned.to_dict(), over_budget=over_budget)
     try:
-        with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit) as engine:
+        with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
+                    state_bytes=m.state_bytes(st)) as engine:
             fitted = m.fit(st, engine)
             fitted.model_info.setdefault("engine", engine.describe())
             fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})

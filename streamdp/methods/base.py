@@ -112,6 +112,14 @@ class Method:
     def fit(self, store, engine) -> Fitted:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def state_bytes(self, store) -> int:
+        """Item-side memory the method holds during a run (sizes the engine's blocks in flight).
+
+        Default: a few ``n_items x rank`` float64 matrices (factors, their update, the
+        running reduction) plus per-item vectors; methods holding more override it.
+        """
+        return 4 * store.n_items * self.rank * 8 + 8 * store.n_items * 8
+
     #: Guarantee string of a private run (non-private runs are labelled ``GUARANTEE_NONE``).
     guarantee: ClassVar[str] = "user-level (epsilon, delta)-DP"
 

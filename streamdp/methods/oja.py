@@ -16,6 +16,9 @@ public midpoint of the rating range with zero biases (``--center midpoint``).
 Because ``mu, b`` are themselves DP releases, centering with them is
 post-processing and does not change the sensitivity below.
 
+No per-user trimming (``tau``) is needed: the sensitivity below only uses the row
+norm bound ``||a_i|| <= L`` that clipping enforces, whatever the number of ratings.
+
 Sensitivity (add/remove one user, verified here)
 ------------------------------------------------
 For an orthonormal ``V`` (``V^T V = I``, which QR guarantees before every step),
