@@ -138,20 +138,20 @@ def split_fields(line: str, sep: str | None, rewrite: bytes | None) -> list[str]
     return line.split(sep)
 
 
-def _is_float(s: str) -> bool:
+def _parses(convert, s: str) -> bool:
     try:
-        float(s)
+        convert(s)
         return True
     except ValueError:
         return False
+
+
+def _is_float(s: str) -> bool:
+    return _parses(float, s)
 
 
 def _is_int(s: str) -> bool:
-    try:
-        int(s)
-        return True
-    except ValueError:
-        return False
+    return _parses(int, s)
 
 
 def _sep_from_option(sep: str) -> tuple[str, bytes | None]:

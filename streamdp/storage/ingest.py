@@ -3,37 +3,44 @@
 The pipeline (each pass streams; nothing holds all ratings in memory):
 
 1. **Parse** every input with pyarrow's streaming readers (:mod:`streamdp.storage.formats`)
-   in blocks sized from ``memory_limit``; check ratings (finite, inside
-   ``--rating-range``); count distinct user and item ids (pyarrow hash
-   group-by, merged in bounded buffers); spill the parsed columns in Arrow IPC to
-   a temporary directory next to ``--out``.
-2. **Number** users by sorted original id and **partition**: read the spill back,
-   map ids to dense indices (a lookup table for dense-ish integer ids,
-   ``searchsorted`` otherwise, pyarrow ``index_in`` for strings: never a Python
-   dict), and append each rating to the partition file of its user block. A
-   partition is a run of consecutive user blocks holding at most a
-   memory-limit-derived number of ratings.
-3. **Group and de-duplicate** each partition (Numba :func:`group_dedup`): counting
-   sort by user, sort by item within a user, keep the latest of duplicated
-   (user, item) pairs by timestamp, else the last seen in input order (files in
-   the order given). Exact per-item counts are accumulated after de-duplication.
-4. **Renumber items** by descending count (ties by original id order) and
-   **write** each partition's blocks in order through :class:`StoreWriter`
-   (optionally splitting each block with :func:`split_block`).
+   in blocks sized from ``memory_limit`` (a large uncompressed text file is cut at
+   line ends into byte ranges parsed by parallel threads); check ratings (finite,
+   inside ``--rating-range``) and ids (not empty); count distinct user and item ids
+   (a dense count array over the id range for integer ids, pyarrow hash group-by
+   otherwise, merged in bounded buffers); spill the parsed columns in Arrow IPC to a
+   temporary directory next to ``--out``.
+2. **Number** users by sorted original id and **partition**: read the spills back
+   (in parallel threads, each with its own partition files), map ids to dense
+   indices (a lookup table for dense-ish integer ids, ``searchsorted`` otherwise,
+   pyarrow ``index_in`` for strings: never a Python dict), and append each rating
+   to the partition file of its user block (Numba :func:`bucket_rows`). A partition
+   is a run of consecutive user blocks holding at most a memory-limit-derived
+   number of ratings (at least one block).
+3. **Group and de-duplicate** each partition (Numba :func:`group_dedup`: counting
+   sort by user, a per-item stamp finds repeated (user, item) pairs), keeping the
+   latest by timestamp, else the last seen in input order (files in the order
+   given, then line order). Exact per-item counts are taken after de-duplication.
+4. **Renumber items** by descending count (ties by original id order), sort each
+   user's items (:func:`remap_sort`, two counting sorts) and **write** the blocks in
+   order through :class:`StoreWriter` (optionally splitting each block with
+   :func:`split_block`, seeded per block so the split does not depend on the
+   partitioning).
 
-Memory: ``memory_limit`` bounds the working data (parse blocks, two partitions in
-flight, write buffers); on top of it come the interpreter with its libraries
-(about 150 MB) and the id maps, which are ``O(n_users + n_items)`` (about 30 bytes
-per integer id; strings cost their length more). The temporary files need about
-twice the size of the parsed ratings (~30 bytes per rating) of free disk next to
-``--out``.
+Memory: ``memory_limit`` bounds the working data (parse blocks and pyarrow's
+read-ahead, two partitions in flight, write buffers). On top of it come the
+runtime, which does not grow with the input (Python with numpy, pyarrow, zarr and
+numba's LLVM once a kernel is loaded: about 230 MB), and the id maps, which are
+``O(n_users + n_items)`` (about 30 bytes per integer id; strings cost their
+length more). The temporary files need about twice the size of the parsed
+ratings (~30 bytes per rating) of free disk next to ``--out``.
 
 Decisions where the issue is loose: users are numbered by sorted original id
-(integer order for integer ids, byte order for strings); when only some input
-files have a timestamp column, timestamps are ignored and the last seen rating of a
+(integer order for integer ids, code-point order for strings); ids are integers
+when every id of the column parses as one, else strings; when only some input files
+have a timestamp column, timestamps are ignored and the last seen rating of a
 duplicated pair is kept; ``n_bad_lines_skipped`` counts lines dropped by
-``--skip-bad-lines`` (wrong field count, unparsable or non-finite numbers, ratings
-outside ``--rating-range``); blank lines are ignored and not counted.
+``--skip-bad-lines`` (wrong field count, unparsable or non-finite numbers, empty
+ids, ratings outside ``--rating-range``); blank lines are ignored and not counted.
 """
 
 from __future__ import annotations
