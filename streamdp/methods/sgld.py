@@ -285,6 +285,15 @@ class _SgdBase(Method):
                            "store": store.checksum, "s": keep}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def state_bytes(self, store) -> int:
+        """Item-side memory: ``V`` (float32), item biases, item clocks, the optional noise table.
+
+        Per-block working memory (U rows, stamps, noise buffers) is declared per pass
+        as ``extra_per_block``.
+        """
+        table = int(self.options.get("noise_table") or 0) * 4
+        return store.n_items * (4 * self.rank + 4 + 8) + table
+
     # -- preprocessing: counts, weights ------------------------------------------------
     def _user_weight_lookup(self, store, s):
         path = s.get("user_weights")
