@@ -203,6 +203,8 @@ def _default_delta(n_users: int) -> float:
 @click.option("--rho", type=float, default=None, help="[sgld] cap of the per-user weights w_i (default 1).")
 @click.option("--user-weights", default=None, metavar="FILE",
               help="[sgld] personalized privacy: CSV 'user,weight' or 'user,epsilon' (Liu et al. Thm 2).")
+@click.option("--posterior-scale", type=click.Choice(["paper", "tight"]), default=None,
+              help="[sgld] s = epsilon/(4B) as in Liu et al. (default) or epsilon/B (exact add/remove bound).")
 @click.option("--temperature", type=float, default=None,
               help="[sgld] temperature T (default 1); the exact-sample guarantee becomes epsilon / T.")
 @click.option("--noise-table", type=int, default=None, metavar="SIZE",

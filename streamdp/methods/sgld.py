@@ -33,9 +33,15 @@ seeded per user group; the same subset every epoch, so the target does not chang
 * Neighbouring relation and the factor 4: for add/remove one user and a
   non-negative loss bounded by ``B``, the probability ratio of an exact sample is
   within ``exp(+-s B)``, so ``s = epsilon / (4B)`` is conservative by a factor 4 (the
-  paper's ``4B`` covers replace-one with sensitivity ``2B``). We keep the paper's
-  scaling and claim ``epsilon``; Thm 2's per-user ``epsilon B_i / (2B)`` is recorded as
-  stated in the paper.
+  paper's ``4B`` covers replace-one with sensitivity ``2B``). Proof: with
+  ``F' = F + L_x``, ``0 <= L_x <= B``, the ratio ``p'(theta) / p(theta) =
+  exp(-s L_x(theta)) Z / Z'`` has its first factor in ``[e^{-sB}, 1]`` and its second in
+  ``[1, e^{sB}]``. The default (``--posterior-scale paper``) keeps Alg. 1's ``4B`` and
+  claims ``epsilon`` (Thm 2's per-user ``epsilon B_i / (2B)`` recorded as stated in
+  the paper); ``--posterior-scale tight`` samples at ``s = epsilon / B`` (4x less
+  diffuse at the same claim) with per-user ``epsilon B_i / B``. Trimming keeps this
+  valid: every user's subset is drawn independently and uniformly, so the other
+  users' trimmed data has the same law with or without user ``x``.
 * Privacy scaling ``s = epsilon / (4 B)`` (Alg. 1 line 4), temperature ``T``: the
   chain targets ``exp(-s F / T)``. ``T < 1`` (the paper's ``zeta`` "to speed up
   burn-in") samples a colder distribution whose exact-sample guarantee is
@@ -106,6 +112,12 @@ from streamdp.methods.base import Fitted, Method, Plan
 #: Key of this module's random streams.
 RNG_KEY = 0x5D1D
 _INIT, _TRIM, _NOISE, _FLUSH, _TABLE = 1, 2, 3, 4, 5
+
+#: ``--posterior-scale``: ``s = epsilon / (factor * B)``. ``paper``: Alg. 1's ``4B``; ``tight``: ``B``,
+#: the exact add/remove bound for a non-negative loss bounded by ``B`` (see the module docstring).
+SCALE_FACTOR = {"paper": 4.0, "tight": 1.0}
+#: Per-user epsilon as a share of ``epsilon * B_i / B``: Thm 2's 1/2 (paper) or 1 (tight).
+PER_USER_SHARE = {"paper": 0.5, "tight": 1.0}
 
 GUARANTEE_SGLD = ("approximate: epsilon-DP for an exact posterior sample; approximate for a finite SGLD run "
                   "(Liu et al. Thm 1; Jain et al. 2018 note SGLD's (epsilon, delta) is unquantified)")
@@ -213,6 +225,7 @@ class _SgdBase(Method):
     """Shared settings, preprocessing and the epoch loop of ``sgd`` and ``sgld``."""
 
     OPTIONS = ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau", "kappa", "rho", "user_weights",
+               "posterior_scale",
                "temperature", "noise_table", "tiering", "hot_items", "step_users", "checkpoint")
     noisy = False
     #: Several workers update V without locks: results with 2+ workers are not bit-reproducible
@@ -266,6 +279,7 @@ class _SgdBase(Method):
         lo, hi = store.rating_min, store.rating_max
         s["rating_min"], s["rating_max"] = lo, hi
         s["clip"] = (hi - lo) + float(s["kappa"]) if self.noisy else 0.0
+        s["posterior_scale"] = self._check_scale_choice(s.get("posterior_scale"))
         if self.noisy and s["tau"] is not None:
             s["B"] = s["tau"] * s["clip"] ** 2
         if self.noisy:
@@ -273,11 +287,18 @@ class _SgdBase(Method):
                 T = float(s["temperature"])
                 s["epsilon_claimed"] = self.epsilon / T
                 s["epsilon_exact_sample"] = event_epsilon(s["epsilon_claimed"], self.delta)
-                s["scale"] = s["epsilon_exact_sample"] * T / (4.0 * s["B"])
+                s["scale"] = s["epsilon_exact_sample"] * T / (SCALE_FACTOR[s["posterior_scale"]] * s["B"])
             else:
                 s["scale"] = 1.0
         s["checkpoint"] = s.get("checkpoint")
         return s
+
+    @staticmethod
+    def _check_scale_choice(v) -> str:
+        v = "paper" if v is None else str(v)
+        if v not in SCALE_FACTOR:
+            raise ParameterError(f"--posterior-scale: expected one of {', '.join(SCALE_FACTOR)}, got {v!r}")
+        return v
 
     def _fingerprint(self, store, s) -> str:
         keep = {k: v for k, v in s.items() if k not in ("checkpoint", "epochs")}  # a run may be extended
@@ -328,7 +349,8 @@ class _SgdBase(Method):
             if kind == "epsilon":
                 # Thm 2: eps_i = eps B_i / (2B)  =>  B_i / B = min(1, 2 eps_i / eps)
                 eps_t = s["epsilon_exact_sample"] if self.private else math.inf
-                frac[hit] = np.minimum(1.0, 2.0 * vals_l[pos_c[hit]] / eps_t) if math.isfinite(eps_t) else 1.0
+                frac[hit] = np.minimum(1.0, vals_l[pos_c[hit]] / (PER_USER_SHARE[s["posterior_scale"]] * eps_t)) \
+                    if math.isfinite(eps_t) else 1.0
             else:
                 cap[hit] = vals_l[pos_c[hit]]
         w = personalized_weights(m, tau, frac)          # f tau / m  (B_i = f B)
@@ -336,7 +358,7 @@ class _SgdBase(Method):
         B_frac = w * m / tau                             # B_i / B
         eps_i = None
         if self.private:
-            eps_i = s["epsilon_exact_sample"] * B_frac / 2.0
+            eps_i = s["epsilon_exact_sample"] * B_frac * PER_USER_SHARE[s["posterior_scale"]]
         return w.astype(np.float32), eps_i
 
     def _prepass(self, store, s, lookup):
@@ -365,7 +387,9 @@ class _SgdBase(Method):
             med_lo = keys[int(np.searchsorted(cum, (total + 1) // 2))]
             med_hi = keys[int(np.searchsorted(cum, total // 2 + 1))]
             per_user = {"min": keys[0], "median": (med_lo + med_hi) / 2.0, "max": keys[-1], "n_users": total,
-                        "rule": "Thm 2: epsilon_i = epsilon_exact_sample * B_i / (2B), B_i = m_i w_i c^2",
+                        "rule": ("Thm 2: epsilon_i = epsilon * B_i / (2B)" if s["posterior_scale"] == "paper" else
+                                 "add/remove, non-negative loss: epsilon_i = s B_i = epsilon * B_i / B")
+                        + ", B_i = m_i w_i c^2",
                         "note": "a statistic of the training data (counts, weights) for the data owner, not a "
                                 "DP release"}
         return block_n, per_user
@@ -383,7 +407,9 @@ class _SgdBase(Method):
                                       "them" if s.get("user_weights") is None else
                                       "w_i = min(rho, f_i B / (m_i c^2), file weight) from --user-weights",
                            "loss": "min(e^2, c^2), c = r_max - r_min + kappa",
-                           "scale_s": s.get("scale"), "temperature": s["temperature"]})
+                           "scale_s": s.get("scale"), "temperature": s["temperature"],
+                           "posterior_scale": f"{s['posterior_scale']}: s = epsilon / "
+                                              f"({SCALE_FACTOR[s['posterior_scale']]:g} B)"})
         if not (self.noisy and self.private):
             entries = [{"release": "item factors, item biases, global mean", "mechanism": "none (non-private)",
                         "epochs": s["epochs"]}]

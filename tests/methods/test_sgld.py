@@ -201,6 +201,17 @@ def test_ledger_guarantee_and_per_user_epsilon(small_store, tmp_path):
     assert led["events"][0]["name"] == "PureDpEvent"
 
 
+def test_posterior_scale_tight(small_store):
+    """--posterior-scale tight: s = epsilon / B (4x the paper's), per-user epsilon_i = epsilon B_i / B <= epsilon."""
+    m = get_method("sgld")
+    paper = m(epsilon=10.0, delta=1e-6, rank=4, tau=20).settings(small_store)
+    tight = m(epsilon=10.0, delta=1e-6, rank=4, tau=20, posterior_scale="tight")
+    st = tight.settings(small_store)
+    assert st["scale"] == pytest.approx(4 * paper["scale"]) and st["scale"] <= 10.0 / st["B"]
+    _, per_user = tight._prepass(small_store, st, None)
+    assert per_user["max"] <= 10.0 + 1e-9 and per_user["max"] == pytest.approx(10.0, rel=1e-3)
+
+
 def test_noise_table_labelled(small_store, tmp_path):
     train(small_store, method="sgld", out=str(tmp_path / "m"), epsilon=10.0, delta=1e-6, rank=4, seed=1,
           epochs=1, tau=20, noise_table=10000, workers=1)
