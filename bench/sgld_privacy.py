@@ -26,6 +26,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--tau", type=int, default=100)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--posterior-scale", choices=["paper", "tight"], default="paper")
     a = ap.parse_args()
     from streamdp.evaluate import evaluate_model
     from streamdp.methods import train
@@ -53,7 +54,7 @@ def main():
     print(f"sgld epsilon=inf (s = 1)   test RMSE {r['test_rmse']:.4f}")
     for eps in [float(x) for x in a.epsilons.split(",")]:
         r = train(st, method="sgld", out=os.path.join(d, f"sgld-{eps}"), epsilon=eps, delta=1e-6, rank=a.rank,
-                  seed=0, epochs=a.epochs, tau=a.tau, workers=a.workers)
+                  seed=0, epochs=a.epochs, tau=a.tau, workers=a.workers, posterior_scale=a.posterior_scale)
         print(f"sgld epsilon={eps:<6g}        test RMSE {r['test_rmse']:.4f}   (ledger epsilon "
               f"{r['epsilon_spent']:.4g}, approximate)", flush=True)
 
