@@ -683,6 +683,9 @@ def event_epsilon(epsilon: float, delta: float) -> float:
                                  "evaluate (exp(epsilon) overflows above ~700)") from None
         if got <= epsilon:
             return e
+        if not math.isfinite(got):
+            raise ParameterError(f"--epsilon {epsilon:g} (after temperature) is beyond what the accountant can "
+                                 f"evaluate for a pure-DP event (it reports {got})")
         e -= max(got - epsilon, 1e-9 * epsilon) * 1.5
     raise ParameterError(f"cannot fit a pure-DP event under epsilon={epsilon} with the accountant")
 
