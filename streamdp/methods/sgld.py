@@ -48,7 +48,15 @@ seeded per user group; the same subset every epoch, so the target does not chang
   ``epsilon / T``; the ledger reports that, not ``epsilon``.
 * The prior (``lam``) is data-independent and not weighted by counts (a count-weighted
   regularizer would make a user's term unbounded); it is applied by the exact lazy
-  Ornstein-Uhlenbeck flows of :mod:`streamdp.kernels.sgd`.
+  Ornstein-Uhlenbeck flows of :mod:`streamdp.kernels.sgd`. By default it is set by
+  its standard deviation under the target, ``lam = T / (2 s sd^2)`` with ``sd = 0.3``
+  for factor coordinates and ``1.0`` for biases (``--reg``/``--reg-bias`` override):
+  with a fixed ``lam`` (e.g. 5) a small ``s`` makes the prior itself enormous (sd
+  ``sqrt(T / (2 s lam))`` = 30 at ``s = 1e-4``), predictions leave the rating range,
+  the truncated loss goes flat and the release is noise far worse than the global
+  mean; with a fixed prior sd the sample degrades towards the prior's predictions
+  (the midpoint) as ``epsilon`` shrinks. Both choices use public parameters only
+  (Liu et al. instead fit ``Lambda`` with a non-private SGLD run, which leaks).
 
 Guarantee and accounting
 ------------------------
@@ -116,6 +124,9 @@ _INIT, _TRIM, _NOISE, _FLUSH, _TABLE = 1, 2, 3, 4, 5
 #: ``--posterior-scale``: ``s = epsilon / (factor * B)``. ``paper``: Alg. 1's ``4B``; ``tight``: ``B``,
 #: the exact add/remove bound for a non-negative loss bounded by ``B`` (see the module docstring).
 SCALE_FACTOR = {"paper": 4.0, "tight": 1.0}
+#: Default prior sd of a factor coordinate and of a bias under the target (``lam = T / (2 s sd^2)``).
+PRIOR_SD = 0.3
+PRIOR_SD_BIAS = 1.0
 #: Per-user epsilon as a share of ``epsilon * B_i / B``: Thm 2's 1/2 (paper) or 1 (tight).
 PER_USER_SHARE = {"paper": 0.5, "tight": 1.0}
 
@@ -127,7 +138,8 @@ DEFAULTS = {
     # sgd: scikit-surprise SVD's defaults
     "sgd": dict(epochs=20, eta=0.005, gamma=0.0, reg=0.02, reg_bias=0.02, init_std=0.1, tau=None, kappa=1.0,
                 rho=1.0, temperature=1.0),
-    "sgld": dict(epochs=20, eta=0.005, gamma=0.0, reg=5.0, reg_bias=1.0, init_std=0.1, tau=100, kappa=1.0,
+    # sgld: reg / reg_bias None = from the prior sds (PRIOR_SD, PRIOR_SD_BIAS) at the run's scale s
+    "sgld": dict(epochs=20, eta=0.005, gamma=0.0, reg=None, reg_bias=None, init_std=0.1, tau=100, kappa=1.0,
                  rho=1.0, temperature=1.0),
 }
 
@@ -246,6 +258,8 @@ class _SgdBase(Method):
             if not (float(s[key]) > 0 and math.isfinite(float(s[key]))):
                 raise ParameterError(f"--{key.replace('_', '-')} must be a positive number, got {s[key]}")
         for key in ("gamma", "reg", "reg_bias", "init_std"):
+            if s[key] is None:
+                continue
             if not (float(s[key]) >= 0 and math.isfinite(float(s[key]))):
                 raise ParameterError(f"--{key.replace('_', '-')} must be a non-negative number, got {s[key]}")
         if s["tau"] is not None:
@@ -290,6 +304,13 @@ class _SgdBase(Method):
                 s["scale"] = s["epsilon_exact_sample"] * T / (SCALE_FACTOR[s["posterior_scale"]] * s["B"])
             else:
                 s["scale"] = 1.0
+            # the prior: data-independent; by default its sd is fixed (not its lambda), so the
+            # target exp(-s F / T) keeps factors at a sensible scale whatever s is
+            T = float(s["temperature"])
+            if s["reg"] is None:
+                s["reg"] = T / (2.0 * s["scale"] * PRIOR_SD ** 2)
+            if s["reg_bias"] is None:
+                s["reg_bias"] = T / (2.0 * s["scale"] * PRIOR_SD_BIAS ** 2)
         s["checkpoint"] = s.get("checkpoint")
         return s
 
@@ -408,6 +429,7 @@ class _SgdBase(Method):
                                       "w_i = min(rho, f_i B / (m_i c^2), file weight) from --user-weights",
                            "loss": "min(e^2, c^2), c = r_max - r_min + kappa",
                            "scale_s": s.get("scale"), "temperature": s["temperature"],
+                           "prior_lambda": s["reg"], "prior_lambda_bias": s["reg_bias"],
                            "posterior_scale": f"{s['posterior_scale']}: s = epsilon / "
                                               f"({SCALE_FACTOR[s['posterior_scale']]:g} B)"})
         if not (self.noisy and self.private):
