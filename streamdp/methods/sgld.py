@@ -50,7 +50,7 @@ seeded per user group; the same subset every epoch, so the target does not chang
   regularizer would make a user's term unbounded); it is applied by the exact lazy
   Ornstein-Uhlenbeck flows of :mod:`streamdp.kernels.sgd`. By default it is set by
   its standard deviation under the target, ``lam = T / (2 s sd^2)`` with ``sd = 0.3``
-  for factor coordinates and ``1.0`` for biases (``--reg``/``--reg-bias`` override):
+  for factor coordinates and for biases (``--reg``/``--reg-bias`` override):
   with a fixed ``lam`` (e.g. 5) a small ``s`` makes the prior itself enormous (sd
   ``sqrt(T / (2 s lam))`` = 30 at ``s = 1e-4``), predictions leave the rating range,
   the truncated loss goes flat and the release is noise far worse than the global
@@ -126,7 +126,7 @@ _INIT, _TRIM, _NOISE, _FLUSH, _TABLE = 1, 2, 3, 4, 5
 SCALE_FACTOR = {"paper": 4.0, "tight": 1.0}
 #: Default prior sd of a factor coordinate and of a bias under the target (``lam = T / (2 s sd^2)``).
 PRIOR_SD = 0.3
-PRIOR_SD_BIAS = 1.0
+PRIOR_SD_BIAS = 0.3
 #: Per-user epsilon as a share of ``epsilon * B_i / B``: Thm 2's 1/2 (paper) or 1 (tight).
 PER_USER_SHARE = {"paper": 0.5, "tight": 1.0}
 
