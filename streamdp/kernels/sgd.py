@@ -409,6 +409,22 @@ def flush_items(V, bv, item_last, P_end, delta, a, a_b, temp, noise, offsets, us
 # ---------------------------------------------------------------------------------------
 
 
+def _rating_reference(U, bu, V, bv, i, j, r, w, mu, lr, reg, reg_b, clip):
+    """One rating's update in plain NumPy (float32 state); returns ``w * e^2`` before it."""
+    f = np.float32
+    err = f(r) - (f(mu) + bu[i] + bv[j] + f(np.dot(U[i], V[j])))
+    loss = float(w) * float(err) ** 2
+    if clip > 0 and abs(err) > clip:
+        return loss
+    gr = f(w * err)
+    ui, vj = U[i].copy(), V[j].copy()
+    bu[i] += f(lr) * (gr - f(reg_b) * bu[i])
+    bv[j] += f(lr) * (gr - f(reg_b) * bv[j])
+    U[i] = ui + f(lr) * (gr * vj - f(reg) * ui)
+    V[j] = vj + f(lr) * (gr * ui - f(reg) * vj)
+    return loss
+
+
 def _order(indptr, split, group_users):
     """(group start, [(user, lo, hi), ...]) in the kernels' processing order."""
     n = len(indptr) - 1
@@ -422,22 +438,11 @@ def _order(indptr, split, group_users):
 def sgd_block_reference(indptr, items, ratings, weights, split, U, bu, V, bv, mu, lr, reg, reg_b, clip,
                         group_users):
     """Plain-Python :func:`sgd_block` (float32 state, same order), in place; returns the loss monitor."""
-    f = np.float32
     sse = 0.0
     for _, _, spans in _order(indptr, split, group_users):
         for i, lo, hi in spans:
             for p in range(lo, hi):
-                j = items[p]
-                err = f(ratings[p]) - (f(mu) + bu[i] + bv[j] + f(np.dot(U[i], V[j])))
-                sse += float(weights[i]) * float(err) ** 2
-                if clip > 0 and abs(err) > clip:
-                    continue
-                gr = f(weights[i] * err)
-                ui, vj = U[i].copy(), V[j].copy()
-                bu[i] += f(lr) * (gr - f(reg_b) * bu[i])
-                bv[j] += f(lr) * (gr - f(reg_b) * bv[j])
-                U[i] = ui + f(lr) * (gr * vj - f(reg) * ui)
-                V[j] = vj + f(lr) * (gr * ui - f(reg) * vj)
+                sse += _rating_reference(U, bu, V, bv, i, items[p], ratings[p], weights[i], mu, lr, reg, reg_b, clip)
     return sse
 
 
@@ -454,7 +459,6 @@ def _ou(x, tau, a, temp, z):
 def sgld_block_reference(indptr, items, ratings, weights, split, U, bu, V, bv, item_last, mu, lr, clip,
                          group_users, pos0, delta, u_dt0, u_dt1, a, a_b, temp, noise):
     """Plain-Python :func:`sgld_block` (lazy noise, sequential slots), in place; returns ``(sse, slots)``."""
-    f = np.float32
     k = V.shape[1]
     slot = 0
     sse = 0.0
@@ -484,16 +488,7 @@ def sgld_block_reference(indptr, items, ratings, weights, split, U, bu, V, bv, i
                         V[j] = _ou(V[j].astype(np.float64), tau, a, temp, z[:k])
                         bv[j] = _ou(np.float64(bv[j]), tau, a_b, temp, z[k])
                         item_last[j] = P
-                err = f(ratings[p]) - (f(mu) + bu[i] + bv[j] + f(np.dot(U[i], V[j])))
-                sse += float(weights[i]) * float(err) ** 2
-                if clip > 0 and abs(err) > clip:
-                    continue
-                gr = f(weights[i] * err)
-                ui, vj = U[i].copy(), V[j].copy()
-                bu[i] += f(lr) * gr
-                bv[j] += f(lr) * gr
-                U[i] = ui + f(lr) * gr * vj
-                V[j] = vj + f(lr) * gr * ui
+                sse += _rating_reference(U, bu, V, bv, i, j, ratings[p], weights[i], mu, lr, 0.0, 0.0, clip)
     return sse, slot
 
 
@@ -506,7 +501,6 @@ def sgld_epoch_eager_reference(indptr, items, ratings, weights, U, bu, V, bv, mu
     kicks; at the end of the epoch everything is flowed to the epoch's end. The lazy
     kernels are equal to this in distribution (tested statistically).
     """
-    f = np.float32
     n = len(indptr) - 1
     N = int(indptr[-1])
     prev = 0
@@ -526,14 +520,5 @@ def sgld_epoch_eager_reference(indptr, items, ratings, weights, U, bu, V, bv, mu
         prev = P
         for i in range(g0, g1):
             for p in range(indptr[i], indptr[i + 1]):
-                j = items[p]
-                err = f(ratings[p]) - (f(mu) + bu[i] + bv[j] + f(np.dot(U[i], V[j])))
-                if clip > 0 and abs(err) > clip:
-                    continue
-                gr = f(weights[i] * err)
-                ui, vj = U[i].copy(), V[j].copy()
-                bu[i] += f(lr) * gr
-                bv[j] += f(lr) * gr
-                U[i] = ui + f(lr) * gr * vj
-                V[j] = vj + f(lr) * gr * ui
+                _rating_reference(U, bu, V, bv, i, items[p], ratings[p], weights[i], mu, lr, 0.0, 0.0, clip)
     flow_all(delta * (N - prev))
