@@ -14,7 +14,7 @@
 * **Memory.** At most :attr:`Engine.in_flight` blocks are read-but-not-combined at
   any moment; the number comes from ``memory_limit`` minus what the process already
   uses and what the caller declares it holds in item-side state, divided by the
-  largest block's footprint. A dedicated reader thread reads/decompresses the next
+  largest block's footprint. Reader threads (one per worker) read/decompress the next
   blocks while the workers compute (prefetch).
 * **Determinism.** ``map_reduce`` combines partials strictly in block order, so the
   result is bit-for-bit the same for 1 or N workers and on a cluster; randomness must
@@ -192,7 +192,7 @@ class Engine:
                 return fn(read_future.result(), b)
 
         with thread_limits(inner), \
-                cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamdp-read") as reader, \
+                cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="streamdp-read") as reader, \
                 cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="streamdp-work") as pool:
             pending: collections.deque = collections.deque()
             it = iter(order)
