@@ -4,10 +4,17 @@ Nothing here touches other users' data, so it costs no privacy: the model (item
 factors ``Q``, item biases ``b``, global mean ``mu``) is public once released, and a
 user combines it with their own ratings ``r`` on items ``I``::
 
-    u = argmin_x  sum_{j in I} (r_j - mu - b_j - Q_j . x)^2 + ridge ||x||^2
+    (u, c) = argmin_{x, c}  sum_{j in I} (r_j - mu - b_j - c - Q_j . x)^2 + ridge (||x||^2 + c^2)
 
 (Jain et al. 2018, local component; Liu et al. 2015 eq. 5; Xin & Jaakkola eq. 4),
-and predicts ``mu + b_j + Q_j . u`` clipped to the rating range.
+and predicts ``mu + b_j + c + Q_j . u`` clipped to the rating range.
+
+The papers' local solve has no user intercept ``c``. We add one (a column of ones
+next to ``Q``, shrunk by the same ridge) because users' rating levels differ far
+more than a released low-rank ``Q`` can express: measured on ML-100K (20% split,
+rank 16) it lowers the test RMSE of a released SGD model by about 0.1. It costs no
+privacy (it is part of the user's own solve) and can be turned off per model
+(``model.json`` key ``local_user_bias: false``) or per call (``user_bias=False``).
 
 The ridge default comes from the model (``model.json`` key ``ridge``; for
 ``--method oja`` the factors are scaled to rows of mean squared norm 1, so the
@@ -43,10 +50,37 @@ def rating_range(model) -> tuple[float, float]:
     return float(p.get("min", -np.inf)), float(p.get("max", np.inf))
 
 
-def solve_block(model, indptr, items, ratings, ridge: float) -> np.ndarray:
-    """User factors ``(n_users, k)`` of a CSR block of users' own ratings (dense item indices)."""
-    Q = np.ascontiguousarray(model.item_factors, dtype=np.float64)
+def uses_user_bias(model, user_bias: bool | None = None) -> bool:
+    """Whether the local solve fits a user intercept (default: yes, unless the model says no)."""
+    return bool(model.info.get("local_user_bias", True)) if user_bias is None else bool(user_bias)
+
+
+def local_design(model, user_bias: bool | None = None):
+    """``(Q, b)``: the float64 item matrix of the local solve (``[Q, 1]`` with a user
+    intercept) and item biases, computed once per model and kept on it."""
+    ub = uses_user_bias(model, user_bias)
+    cache = getattr(model, "_local_design", None)
+    if cache is not None and cache[0] == ub:
+        return cache[1], cache[2]
+    Q = np.asarray(model.item_factors, dtype=np.float64)
+    if ub:
+        Q = np.hstack([Q, np.ones((Q.shape[0], 1))])
+    Q = np.ascontiguousarray(Q)
     bias = np.ascontiguousarray(model.item_bias, dtype=np.float64)
+    try:
+        model._local_design = (ub, Q, bias)
+    except AttributeError:  # a frozen or slotted stand-in: no caching
+        pass
+    return Q, bias
+
+
+def solve_block(model, indptr, items, ratings, ridge: float, *, user_bias: bool | None = None) -> np.ndarray:
+    """User factors of a CSR block of users' own ratings (dense item indices).
+
+    Returns ``(n_users, k + 1)`` with the user intercept in the last column, or
+    ``(n_users, k)`` without one.
+    """
+    Q, bias = local_design(model, user_bias)
     res = np.empty(len(items), np.float64)
     residuals(np.asarray(items, np.int32), np.asarray(ratings, np.float32), float(model.global_mean), bias, res)
     U = np.zeros((len(indptr) - 1, Q.shape[1]))
@@ -54,30 +88,35 @@ def solve_block(model, indptr, items, ratings, ridge: float) -> np.ndarray:
     return U
 
 
-def predict_block(model, U, indptr, items) -> np.ndarray:
-    """Predicted ratings of a block's users on ``items`` (CSR), clipped to the rating range."""
+def predict_block(model, U, indptr, items, *, user_bias: bool | None = None) -> np.ndarray:
+    """Predicted ratings of a block's users on ``items`` (CSR), clipped to the rating range.
+
+    ``U`` is what :func:`solve_block` returned with the same ``user_bias``.
+    """
     lo, hi = rating_range(model)
+    Q, bias = local_design(model, user_bias)
     out = np.empty(len(items), np.float64)
     predict_rows(np.asarray(indptr, np.int64), np.asarray(items, np.int32), np.asarray(U, np.float64),
-                 np.ascontiguousarray(model.item_factors, dtype=np.float64),
-                 np.ascontiguousarray(model.item_bias, dtype=np.float64), float(model.global_mean), lo, hi, out)
+                 Q, bias, float(model.global_mean), lo, hi, out)
     return out
 
 
-def solve_user(model, items, ratings, ridge: float | None = None) -> np.ndarray:
-    """One user's factor from their ratings on dense item indices.
+def solve_user(model, items, ratings, ridge: float | None = None, *, user_bias: bool | None = None) -> np.ndarray:
+    """One user's factor from their ratings on dense item indices (intercept last, if fitted).
 
     >>> from types import SimpleNamespace
     >>> m = SimpleNamespace(item_factors=np.eye(3), item_bias=np.zeros(3), global_mean=3.0, info={})
-    >>> solve_user(m, np.array([0, 2]), np.array([5.0, 1.0]), ridge=1.0).round(3).tolist()
+    >>> solve_user(m, np.array([0, 2]), np.array([5.0, 1.0]), ridge=1.0, user_bias=False).round(3).tolist()
     [1.0, 0.0, -1.0]
+    >>> solve_user(m, np.array([0, 2]), np.array([5.0, 1.0]), ridge=1.0).round(3).tolist()
+    [1.0, 0.0, -1.0, 0.0]
     """
     items = np.asarray(items, np.int32)
     return solve_block(model, np.array([0, len(items)], np.int64), items, np.asarray(ratings, np.float32),
-                       model_ridge(model, ridge))[0]
+                       model_ridge(model, ridge), user_bias=user_bias)[0]
 
 
-def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = None):
+def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = None, user_bias: bool | None = None):
     """Top-``top`` unseen items for a user with ``ratings`` on dense ``items``.
 
     Returns ``(dense_item_indices, predicted_ratings)``, best first; ties are broken
@@ -85,8 +124,9 @@ def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = Non
     """
     if top < 1:
         raise ParameterError(f"--top must be >= 1, got {top}")
-    u = solve_user(model, items, ratings, ridge)
-    score = model.global_mean + model.item_bias.astype(np.float64) + model.item_factors.astype(np.float64) @ u
+    u = solve_user(model, items, ratings, ridge, user_bias=user_bias)
+    Q, bias = local_design(model, user_bias)
+    score = model.global_mean + bias + Q @ u
     lo, hi = rating_range(model)
     score = np.clip(score, lo, hi)
     seen = np.zeros(len(score), bool)

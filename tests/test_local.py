@@ -28,7 +28,11 @@ def test_solve_user_matches_numpy():
     Q = m.item_factors[items].astype(np.float64)
     y = r - m.global_mean - m.item_bias[items]
     ref = np.linalg.solve(Q.T @ Q + 2.0 * np.eye(3), Q.T @ y)
-    np.testing.assert_allclose(solve_user(m, items, r), ref, rtol=1e-5)
+    np.testing.assert_allclose(solve_user(m, items, r, user_bias=False), ref, rtol=1e-5)
+    # with the user intercept: the same ridge regression on [Q, 1]
+    Qa = np.hstack([Q, np.ones((len(items), 1))])
+    ref_b = np.linalg.solve(Qa.T @ Qa + 2.0 * np.eye(4), Qa.T @ y)
+    np.testing.assert_allclose(solve_user(m, items, r), ref_b, rtol=1e-5)
 
 
 def test_recommend_excludes_seen_and_sorts():

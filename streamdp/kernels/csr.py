@@ -56,19 +56,69 @@ def split_holdout(indptr, items, ratings, fraction, seed, tr_indptr, tr_items, t
 
 
 @njit(cache=True, nogil=True)
-def synth_block(seed, counts, item_cdf, item_factors, item_bias, global_mean, rank,
+def alias_table(weights, prob, alias):
+    """Walker/Vose alias table of ``weights`` (not necessarily normalized), into ``prob``/``alias``.
+
+    Item ``i`` is then drawn with ``x = U * n; j = int(x); i = j if x - j < prob[j] else alias[j]``,
+    in O(1) instead of a binary search over a CDF (measured 25M vs 7.6M draws/s per
+    core at 20k items).
+    """
+    n = len(weights)
+    total = 0.0
+    for i in range(n):
+        total += weights[i]
+    scaled = np.empty(n, np.float64)
+    small = np.empty(n, np.int64)
+    large = np.empty(n, np.int64)
+    ns = 0
+    nl = 0
+    for i in range(n):
+        scaled[i] = weights[i] * n / total
+        if scaled[i] < 1.0:
+            small[ns] = i
+            ns += 1
+        else:
+            large[nl] = i
+            nl += 1
+    while ns > 0 and nl > 0:
+        ns -= 1
+        sm = small[ns]
+        nl -= 1
+        lg = large[nl]
+        prob[sm] = scaled[sm]
+        alias[sm] = lg
+        scaled[lg] = (scaled[lg] + scaled[sm]) - 1.0
+        if scaled[lg] < 1.0:
+            small[ns] = lg
+            ns += 1
+        else:
+            large[nl] = lg
+            nl += 1
+    while nl > 0:
+        nl -= 1
+        prob[large[nl]] = 1.0
+        alias[large[nl]] = large[nl]
+    while ns > 0:  # only round-off leftovers
+        ns -= 1
+        prob[small[ns]] = 1.0
+        alias[small[ns]] = small[ns]
+
+
+@njit(cache=True, nogil=True)
+def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, global_mean, rank,
                 noise, rmin, rmax, step, out_indptr, out_items, out_ratings):
     """Draw the ratings of one block of synthetic users.
 
     User ``j`` rates ``counts[j]`` distinct items drawn from the popularity
-    distribution given by ``item_cdf`` (rejection of repeats), with rating
+    distribution given by the alias table ``item_prob``/``item_alias`` (see
+    :func:`alias_table`; repeats are rejected), with rating
     ``global_mean + item_bias[i] + u_j . v_i + N(0, noise^2)``, rounded to ``step``
     (if ``step > 0``) and clipped to ``[rmin, rmax]``; ``u_j ~ N(0, I/sqrt(rank))``
     so that ``u.v`` has unit variance when ``v ~ N(0, I/sqrt(rank))``.
     Items within a user are sorted. Returns the number of ratings written.
     """
     np.random.seed(seed)
-    n_items = len(item_cdf)
+    n_items = len(item_prob)
     n_users = len(counts)
     scale = 1.0 / np.sqrt(np.sqrt(rank))
     seen = np.zeros(n_items, dtype=np.int64)
@@ -98,10 +148,12 @@ def synth_block(seed, counts, item_cdf, item_factors, item_bias, global_mean, ra
                         pos += 1
                         drawn += 1
                 break
-            x = np.random.random() * item_cdf[n_items - 1]
-            i = np.searchsorted(item_cdf, x, side="right")
+            x = np.random.random() * n_items
+            i = int(x)
             if i >= n_items:
                 i = n_items - 1
+            if x - i >= item_prob[i]:
+                i = item_alias[i]
             if seen[i] == stamp:
                 continue
             seen[i] = stamp

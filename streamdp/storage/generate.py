@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from streamdp.errors import ParameterError
-from streamdp.kernels.csr import synth_block
+from streamdp.kernels.csr import alias_table, synth_block
 from streamdp.progress import progress
 from streamdp.storage.schema import TARGET_BLOCK_RATINGS, default_block_users
 from streamdp.storage.split import block_seed, check_fraction, split_block
@@ -98,7 +98,9 @@ def generate_store(
     V = (rng.standard_normal((n_items, rank)) * scale).astype(np.float64)
     bias = rng.standard_normal(n_items) * item_bias_std
     w = (np.arange(1, n_items + 1, dtype=np.float64)) ** (-float(item_exponent))
-    cdf = np.cumsum(w)
+    prob = np.empty(n_items, np.float64)
+    alias = np.empty(n_items, np.int64)
+    alias_table(w, prob, alias)
     expected_total = n_users * min(ratings_per_user, n_items)
     bu = block_users or default_block_users(n_users, int(expected_total), TARGET_BLOCK_RATINGS)
     splits = ("train", "test") if test_fraction > 0 else ("train",)
@@ -112,7 +114,7 @@ def generate_store(
         ip = np.empty(n + 1, np.int64)
         it = np.empty(total, np.int32)
         rt = np.empty(total, np.float32)
-        got = synth_block(block_seed(seed, b, _PURPOSE_RATINGS), counts, cdf, V, bias, float(global_mean),
+        got = synth_block(block_seed(seed, b, _PURPOSE_RATINGS), counts, prob, alias, V, bias, float(global_mean),
                           int(rank), float(noise), float(rating_min), float(rating_max), float(rating_step),
                           ip, it, rt)
         it, rt = it[:got], rt[:got]

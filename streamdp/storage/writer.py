@@ -24,6 +24,7 @@ from streamdp.storage.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
     ITEM_PAD,
+    rating_compressor,
 )
 
 
@@ -42,8 +43,10 @@ class _SplitWriter:
         self.indptr = group.create_array(
             "indptr", shape=(n_users + 1,), dtype="int64", chunks=(max(1, block_users),), fill_value=0
         )
-        self.items = group.create_array("items", shape=(0,), dtype="int32", chunks=(chunk,), fill_value=ITEM_PAD)
-        self.ratings = group.create_array("ratings", shape=(0,), dtype="float32", chunks=(chunk,), fill_value=0.0)
+        self.items = group.create_array("items", shape=(0,), dtype="int32", chunks=(chunk,), fill_value=ITEM_PAD,
+                                        compressors=rating_compressor())
+        self.ratings = group.create_array("ratings", shape=(0,), dtype="float32", chunks=(chunk,), fill_value=0.0,
+                                          compressors=rating_compressor())
         self.offsets = np.zeros(n_blocks + 1, dtype=np.int64)
         self.next_block = 0
         self.nnz = 0
