@@ -40,7 +40,7 @@ from streamdp.progress import progress
 from streamdp.storage.schema import TARGET_BLOCK_RATINGS, default_block_users
 from streamdp.storage.split import block_seed, check_fraction, split_block
 from streamdp.storage.store import RatingStore, open_store
-from streamdp.storage.writer import StoreWriter, check_destination
+from streamdp.storage.writer import StoreWriter, block_digest, check_destination
 
 _PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT = 1, 2, 3
 
@@ -119,8 +119,14 @@ def generate_store(
                           ip, it, rt)
         it, rt = it[:got], rt[:got]
         if test_fraction > 0:
-            return split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
-        return (ip, it, rt), None
+            train, test = split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
+        else:
+            train, test = (ip, it, rt), None
+        # digests and item counts in the worker thread, off the writing thread
+        train_d = block_digest(b, *train)
+        test_d = block_digest(b, *test) if test is not None else None
+        counts_b = np.bincount(it, minlength=n_items)
+        return train, train_d, test, test_d, counts_b
 
     t0 = time.perf_counter()
     item_counts = np.zeros(n_items, np.int64)
@@ -136,14 +142,13 @@ def generate_store(
                 while next_submit < n_blocks and next_submit < b + 2 * workers:
                     pending[next_submit] = ex.submit(make, next_submit)
                     next_submit += 1
-                train, test = pending.pop(b).result()
-                w_.write_block(b, *train, split="train")
+                train, train_d, test, test_d, counts_b = pending.pop(b).result()
+                w_.write_block(b, *train, split="train", digest=train_d)
                 uc = np.diff(train[0])
-                item_counts += np.bincount(train[1], minlength=n_items)
+                item_counts += counts_b
                 if test is not None:
-                    w_.write_block(b, *test, split="test")
+                    w_.write_block(b, *test, split="test", digest=test_d)
                     uc = uc + np.diff(test[0])
-                    item_counts += np.bincount(test[1], minlength=n_items)
                 user_counts_parts.append(uc)
                 bar.update(1)
         user_counts = np.concatenate(user_counts_parts)

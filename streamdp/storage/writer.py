@@ -28,6 +28,21 @@ from streamdp.storage.schema import (
 )
 
 
+def block_digest(b: int, indptr, items, ratings) -> bytes:
+    """Content digest of one block (its index, per-user counts, items, ratings).
+
+    The store checksum hashes these digests in block order, so producers may compute
+    them in parallel worker threads (hashlib releases the GIL on large buffers) and
+    pass them to :meth:`StoreWriter.write_block`.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.int64(b).tobytes())
+    h.update(np.diff(np.asarray(indptr, np.int64)).astype("<i8").tobytes())
+    h.update(np.ascontiguousarray(items, dtype="<i4").tobytes())
+    h.update(np.ascontiguousarray(ratings, dtype="<f4").tobytes())
+    return h.digest()
+
+
 def check_destination(path: str, force: bool) -> None:
     """Refuse to overwrite an existing path unless ``force``."""
     if os.path.lexists(path) and not force:
@@ -53,7 +68,8 @@ class _SplitWriter:
         self.padded = 0
         self.hash = hashlib.blake2b(digest_size=16)
 
-    def write(self, b: int, indptr: np.ndarray, items: np.ndarray, ratings: np.ndarray) -> None:
+    def write(self, b: int, indptr: np.ndarray, items: np.ndarray, ratings: np.ndarray,
+              digest: bytes | None = None) -> None:
         if b != self.next_block:
             raise ValueError(f"blocks must be written in order: expected {self.next_block}, got {b}")
         first = b * self.block_users
@@ -79,10 +95,7 @@ class _SplitWriter:
             self.ratings[start:padded_end] = np.concatenate([ratings, np.zeros(pad, np.float32)])
         self.indptr[first : first + n_local] = indptr[:-1] + self.nnz
         self.offsets[b] = start
-        self.hash.update(np.int64(b).tobytes())
-        self.hash.update(np.diff(indptr).astype("<i8").tobytes())
-        self.hash.update(items.astype("<i4").tobytes())
-        self.hash.update(ratings.astype("<f4").tobytes())
+        self.hash.update(digest if digest is not None else block_digest(b, indptr, items, ratings))
         self.nnz += nnz
         self.padded = padded_end
         self.offsets[b + 1] = padded_end
@@ -157,9 +170,14 @@ class StoreWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- content ------------------------------------------------------------------------
-    def write_block(self, b: int, indptr, items, ratings, split: str = "train") -> None:
-        """Write block ``b`` of ``split``; blocks of one split must come in order."""
-        self.splits[split].write(b, indptr, items, ratings)
+    def write_block(self, b: int, indptr, items, ratings, split: str = "train", *,
+                    digest: bytes | None = None) -> None:
+        """Write block ``b`` of ``split``; blocks of one split must come in order.
+
+        ``digest`` is :func:`block_digest` of the same arrays if the caller already
+        computed it (e.g. in a worker thread); it is computed here otherwise.
+        """
+        self.splits[split].write(b, indptr, items, ratings, digest)
 
     def write_array(self, name: str, data: np.ndarray, chunks: tuple[int, ...] | None = None) -> zarr.Array:
         """Write a whole auxiliary array (ids, counts, ground truth)."""
