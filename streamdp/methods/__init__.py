@@ -83,7 +83,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
     t0 = time.perf_counter()
     planned = m.planned_ledger(st)
     budget = StoreBudget(st.path)
-    entry = budget.reserve(planned.to_dict(), over_budget=over_budget)
+    entry = budget.reserve(planned.to_dict(), over_budget=over_budget, model=os.path.abspath(out))
     try:
         with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
                     state_bytes=m.state_bytes(st)) as engine:

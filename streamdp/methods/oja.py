@@ -27,13 +27,19 @@ Frobenius norm is ``||a_i|| ||V^T a_i|| <= ||a_i||^2 <= L^2``. So a step
 ``Y = A_S^T A_S V + G`` with ``G ~ N(0, sigma^2)^{n x k}`` is a Gaussian mechanism
 with L2 sensitivity ``L^2`` and noise multiplier ``z = sigma / L^2`` (never an
 ``n x n`` noise matrix). Users are partitioned into steps by their slot in the
-store (a public function of the user, like a hash), so in one pass each user
-is in exactly one step: steps see disjoint users, and by parallel composition
-(adaptive, since ``V`` depends on earlier noisy steps) **a pass costs one
-Gaussian mechanism** however many steps it has. ``P`` passes compose as ``P``
-Gaussians (PLD accountant). The neighbouring relation is add/remove one user;
-removing user ``i`` is modelled as emptying their row in place (their slot stays),
-which for these sums is the same mechanism.
+store, so in one pass each user is in exactly one step: steps see disjoint
+users, and by parallel composition (adaptive, since ``V`` depends on earlier
+noisy steps) **a pass costs one Gaussian mechanism** however many steps it has.
+``P`` passes compose as ``P`` Gaussians (PLD accountant).
+
+Neighbouring relation, stated exactly: with the default ``power`` schedule a pass
+is a single step over all users, so the accounting holds for add/remove one user
+as it stands. With several steps per pass (``oja``/``warm``), a user's step is
+their *position* in the store, and adding a user shifts the positions of the
+users after them; the parallel-composition argument then holds for the
+**zero-out** relation (one user's ratings replaced by none, their slot kept),
+whose Gaussian sensitivity, and so epsilon, is the same number. The ledger of
+such a run carries a note saying so rather than claiming add/remove.
 
 Item biases are one more Gaussian mechanism: user ``i`` adds
 ``w_i (r_ij - mid)`` to item sum ``S_j`` and ``w_i`` to item weight ``C_j``, with
@@ -351,6 +357,10 @@ class PrivateOja(Method):
             notes.append("non-private: --epsilon inf, no noise added (clipping and centering still applied)")
         if self.seed is not None:
             notes.append("seeded run: reproducible, not private against whoever knows the seed")
+        if max(s["steps_per_pass"]) > 1:
+            notes.append("several steps per pass: users are assigned to steps by their position in the store, so "
+                         "the accounting holds for the zero-out neighbouring relation (one user's ratings replaced "
+                         "by none); use --schedule power for add/remove one user")
         if s["bounds"]["rating_range_source"] != "declared":
             notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
                          "exact guarantee")
