@@ -75,7 +75,11 @@ class UserState:
         if mode == "w":
             os.makedirs(root, exist_ok=True)
             self._arr = zarr.create_array(self.path, shape=(self.n_users, self.k), dtype=self.dtype,
-                                          chunks=(self.block_users, self.k), fill_value=fill, overwrite=True)
+                                          chunks=(self.block_users, self.k), fill_value=fill, overwrite=True,
+                                          # per-user factors are dense noisy floats: Zstd saves little and
+                                          # costs 2x on write, 3x on read (7.9/5.6 ms vs 3.8/2.0 ms per block
+                                          # of 21k users x 17 float32)
+                                          compressors=None)
         elif mode == "a":
             self._arr = zarr.open_array(self.path, mode="r+")
             if self._arr.shape != (self.n_users, self.k):
