@@ -108,6 +108,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -243,6 +244,16 @@ class _SgdBase(Method):
     #: Several workers update V without locks: results with 2+ workers are not bit-reproducible
     #: (the tests compare their RMSE instead); with 1 worker they are.
     HOGWILD = True
+    #: ``sgd`` with 2+ workers: each block trains on a private copy of the item parameters and
+    #: adds its change to the shared ones under a lock when it ends (delayed-update Hogwild), as
+    #: long as a copy of ``V`` is at most this many bytes. Why: with power-law items both threads
+    #: keep writing the same hot rows of a shared ``V``, and the cache lines bounce between cores.
+    #: Measured on the bare kernel (k=16, 20k items, 8 blocks of 1M ratings): 1 thread 25-28M
+    #: ratings/s; 2 threads on a shared V 23-24.5M/s (0.81-0.94x); 2 threads on private copies
+    #: 47-51M/s (1.73-1.98x). The price is staleness: a block does not see the updates other
+    #: workers make while it runs (at most ``workers - 1`` blocks). ``sgld`` keeps plain Hogwild
+    #: (its lazy-noise clocks are shared state). One worker is unaffected (bit-reproducible).
+    REPLICA_MAX_BYTES = 16 * 2**20
     #: ``--method sgd`` is non-private by design (the speed reference).
     NON_PRIVATE = False
 
@@ -542,6 +553,11 @@ class _SgdBase(Method):
             steps = -(-bu_ // s["step_users"])
             max_nnz = int(store.block_nnz().max()) if store.n_blocks else 0
             extra += 8 * n_items + 4 * (k + 1) * (bu_ + min(max_nnz, steps * n_items))
+        replicate = (not self.noisy and getattr(engine, "workers", 1) > 1
+                     and n_items * (k + 1) * 4 <= self.REPLICA_MAX_BYTES)
+        merge_lock = threading.Lock()
+        if replicate:
+            extra += 3 * n_items * (k + 1) * 4
         epoch_seconds = []
         for e in range(start, s["epochs"] + 1):
             t_epoch = time.perf_counter()
@@ -597,6 +613,15 @@ class _SgdBase(Method):
                     sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, V, bv, item_last, mu, lr, s["clip"],
                                           G, int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
                                           noise, offsets, use_table)
+                elif replicate:
+                    V0, bv0 = V.copy(), bv.copy()
+                    Vl, bvl = V0.copy(), bv0.copy()
+                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vl, bvl, mu, lr, s["reg"], s["reg_bias"], 0.0, G)
+                    Vl -= V0
+                    bvl -= bv0
+                    with merge_lock:
+                        V[...] += Vl
+                        bv[...] += bvl
                 else:
                     sse = K.sgd_block(ip, it, rt, w, split, U, bu, V, bv, mu, lr, s["reg"], s["reg_bias"], 0.0, G)
                 UB[:, :k] = U
