@@ -130,9 +130,11 @@ def generate_store(
 
     t0 = time.perf_counter()
     item_counts = np.zeros(n_items, np.int64)
-    user_counts_parts = []
     with StoreWriter(out, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=force) as w_:
         n_blocks = w_.n_blocks
+        # per-user arrays are written block by block (chunks = blocks): nothing O(n_users) in memory
+        uid = w_.create_array("user_ids", shape=(n_users,), dtype="int64", chunks=(bu,))
+        ucnt = w_.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
         with ThreadPoolExecutor(max_workers=workers) as ex, \
                 progress(total=n_blocks, desc="generate", unit="block", enabled=show_progress) as bar:
             # bounded look-ahead keeps memory at ~2 * workers blocks
@@ -149,14 +151,11 @@ def generate_store(
                 if test is not None:
                     w_.write_block(b, *test, split="test", digest=test_d)
                     uc = uc + np.diff(test[0])
-                user_counts_parts.append(uc)
+                first = b * bu
+                uid[first:first + len(uc)] = np.arange(first, first + len(uc), dtype=np.int64)
+                ucnt[first:first + len(uc)] = uc
                 bar.update(1)
-        user_counts = np.concatenate(user_counts_parts)
-        ids_chunk = max(1, bu)
-        uid = w_.create_array("user_ids", shape=(n_users,), dtype="int64", chunks=(ids_chunk,))
-        uid[:] = np.arange(n_users, dtype=np.int64)
         w_.write_array("item_ids", np.arange(n_items, dtype=np.int64))
-        w_.write_array("user_counts", user_counts, chunks=(ids_chunk,))
         w_.write_array("item_counts", item_counts)
         w_.write_array("truth/item_factors", V.astype(np.float32), chunks=(min(n_items, 1 << 16), rank))
         w_.write_array("truth/item_bias", bias.astype(np.float32))
