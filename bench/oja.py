@@ -14,7 +14,9 @@ same run, for each k in ``--ranks``:
   whole matrix held in memory (one thread);
 * **in memory, scipy**: ``A.T @ (A @ V)`` with ``scipy.sparse`` CSR (one thread).
 
-It prints ratings/s (median of ``--repeats``) and the ratios the issue asks for:
+It prints ratings/s (median of ``--repeats``) and the ratios the issue asks for
+(kernel vs scipy as the median of back-to-back pairs, which this noisy shared
+machine needs):
 our in-memory kernel vs scipy per core (target >= 1) and the streamed pass on 2
 workers vs in-memory scipy (target >= 0.5). The issue names a >= 100M-rating store;
 on a shared 2-core machine pass a smaller ``--ratings`` that finishes in minutes and
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -62,10 +65,11 @@ def main(argv=None):
     from streamdp.storage.store import open_store
     from streamdp.stream.engine import Engine
 
+    tmp = None
     if args.store:
         st = open_store(args.store)
     else:
-        tmp = tempfile.mkdtemp(prefix="bench-oja-")
+        tmp = tempfile.mkdtemp(prefix="bench-oja-")  # removed at the end
         n_users = int(args.ratings / 50)
         t = time.perf_counter()
         st = generate_store(f"{tmp}/s.zarr", n_users=n_users, n_items=args.items, ratings_per_user=50, rank=8,
@@ -94,20 +98,26 @@ def main(argv=None):
         V = np.linalg.qr(np.random.default_rng(0).normal(size=(st.n_items, k)))[0]
         res = {"k": k, "ratings": nnz}
         with threadpool_limits(1):
-            res["scipy"] = nnz / median_time(lambda: A.T @ (A @ V), args.repeats)
 
             def ours():
                 out = np.zeros((st.n_items, k))
                 gram_apply(indptr, items, values, V, out)
 
             ours()  # compile
-            res["kernel"] = nnz / median_time(ours, args.repeats)
+            # paired: scipy and our kernel back to back in each repeat, so that drift
+            # in this shared machine's speed hits both; the ratio is the median of pairs
+            ts, tk = [], []
+            for _ in range(args.repeats):
+                ts.append(median_time(lambda: A.T @ (A @ V), 1))
+                tk.append(median_time(ours, 1))
+            res["scipy"] = nnz / statistics.median(ts)
+            res["kernel"] = nnz / statistics.median(tk)
+            res["kernel_vs_scipy"] = statistics.median(a / b for a, b in zip(ts, tk))
         for w in [int(x) for x in args.workers.split(",")]:
             with Engine(st, workers=w, memory_limit=args.memory_limit) as eng:
                 _power_pass(eng, V, values_of, None, 0.0)  # warm up: compile, page cache
                 res[f"stream_{w}"] = nnz / median_time(lambda: _power_pass(eng, V, values_of, None, 0.0),
                                                        args.repeats)
-        res["kernel_vs_scipy"] = res["kernel"] / res["scipy"]
         if "stream_2" in res:
             res["stream2_vs_scipy"] = res["stream_2"] / res["scipy"]
         if "stream_1" in res and "stream_2" in res:
@@ -120,6 +130,8 @@ def main(argv=None):
               flush=True)
     if args.json:
         print(json.dumps(rows))
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -141,10 +142,13 @@ def main():
     from streamdp.storage.generate import generate_store
     from streamdp.storage.store import open_store
 
+    tmp = None
     if a.store and os.path.exists(a.store):
         store = open_store(a.store)
     else:
-        path = a.store or os.path.join(tempfile.mkdtemp(prefix="bench-sgd-"), "s.zarr")
+        if not a.store:
+            tmp = tempfile.mkdtemp(prefix="bench-sgd-")  # removed at the end
+        path = a.store or os.path.join(tmp, "s.zarr")
         store = generate_store(path, n_users=a.ratings // 100, n_items=a.items, ratings_per_user=100, rank=16,
                                seed=0)
     print(f"store: {store.n_ratings:,} ratings, {store.n_users:,} users, {store.n_items:,} items, "
@@ -191,6 +195,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,14 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--posterior-scale", choices=["paper", "tight"], default="paper")
     a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-sgld-") as d:
+        run(a, d)
+
+
+def run(a, d):
     from streamdp.evaluate import evaluate_model
     from streamdp.methods import train
 
-    d = tempfile.mkdtemp(prefix="bench-sgld-")
     if a.generated_users:
         from streamdp.storage.generate import generate_store
 
