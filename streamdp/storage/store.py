@@ -13,6 +13,7 @@ import numpy as np
 import zarr
 
 from streamdp.errors import StoreError
+from streamdp.storage.chunks import ChunkReader
 from streamdp.storage.schema import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION, SPLITS
 
 
@@ -132,23 +133,28 @@ class RatingStore:
             if split not in self._root:
                 raise StoreError(f"{self.path}: store has no '{split}' split")
             g = self._root[split]
-            self._cache[split] = {
-                "indptr": g["indptr"],
-                "items": g["items"],
-                "ratings": g["ratings"],
-                "block_offsets": g["block_offsets"][:],
-            }
+            arrs = {"indptr": g["indptr"], "items": g["items"], "ratings": g["ratings"],
+                    "block_offsets": g["block_offsets"][:]}
+            # direct chunk decoding for local stores (2.35x Zarr's per-chunk path, see chunks.py)
+            arrs["fast"] = {name: ChunkReader.for_array(arrs[name]) for name in ("indptr", "items", "ratings")}
+            self._cache[split] = arrs
         return self._cache[split]
+
+    def _read(self, arrs: dict, name: str, start: int, stop: int) -> np.ndarray:
+        fast = arrs["fast"][name]
+        if fast is not None:
+            return fast.read(start, stop)
+        return arrs[name][start:stop]
 
     def read_block(self, b: int, split: str = "train") -> Block:
         """Read user block ``b`` of ``split`` into memory (whole chunks only)."""
         first, end = self.block_range(b)
         arrs = self._split(split)
-        indptr = np.asarray(arrs["indptr"][first : end + 1], dtype=np.int64)
+        indptr = np.asarray(self._read(arrs, "indptr", first, end + 1), dtype=np.int64)
         start = int(arrs["block_offsets"][b])
         nnz = int(indptr[-1] - indptr[0])
-        items = np.asarray(arrs["items"][start : start + nnz], dtype=np.int32)
-        ratings = np.asarray(arrs["ratings"][start : start + nnz], dtype=np.float32)
+        items = np.asarray(self._read(arrs, "items", start, start + nnz), dtype=np.int32)
+        ratings = np.asarray(self._read(arrs, "ratings", start, start + nnz), dtype=np.float32)
         return Block(first, indptr - indptr[0], items, ratings)
 
     def blocks(self, split: str = "train", *, start: int = 0, stop: int | None = None) -> Iterator[Block]:

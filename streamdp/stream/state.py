@@ -20,6 +20,7 @@ import numpy as np
 import zarr
 
 from streamdp.errors import ParameterError
+from streamdp.storage.chunks import RawChunks
 
 
 def state_dir_for(store) -> str:
@@ -87,6 +88,8 @@ class UserState:
                                      f"expected {(self.n_users, self.k)}")
         else:
             raise ValueError(f"mode must be 'w' or 'a', not {mode!r}")
+        # local, uncompressed: whole-chunk file reads and writes (see RawChunks); else Zarr
+        self._raw = RawChunks.for_array(self._arr)
 
     @property
     def n_blocks(self) -> int:
@@ -101,6 +104,8 @@ class UserState:
     def read(self, b: int) -> np.ndarray:
         """Rows of user block ``b`` (a new array)."""
         s, e = self._range(b)
+        if self._raw is not None:
+            return self._raw.read((b, 0))[:e - s]
         return np.asarray(self._arr[s:e], dtype=self.dtype)
 
     def write(self, b: int, arr: np.ndarray) -> None:
@@ -109,7 +114,10 @@ class UserState:
         arr = np.asarray(arr, dtype=self.dtype)
         if arr.shape != (e - s, self.k):
             raise ValueError(f"block {b}: expected shape {(e - s, self.k)}, got {arr.shape}")
-        self._arr[s:e] = arr
+        if self._raw is not None:
+            self._raw.write((b, 0), arr)
+        else:
+            self._arr[s:e] = arr
 
     def remove(self) -> None:
         """Delete the array from disk."""

@@ -1,0 +1,77 @@
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamdp.storage.chunks import ChunkReader
+
+
+def test_fast_path_is_used_and_equals_zarr_on_every_block(small_store):
+    for split in ("train", "test"):
+        arrs = small_store._split(split)
+        assert all(r is not None for r in arrs["fast"].values())
+        for b in range(small_store.n_blocks):
+            first, end = small_store.block_range(b)
+            ip = arrs["indptr"][first:end + 1]
+            np.testing.assert_array_equal(arrs["fast"]["indptr"].read(first, end + 1), ip)
+            s0, n = int(arrs["block_offsets"][b]), int(ip[-1] - ip[0])
+            for name in ("items", "ratings"):
+                got = arrs["fast"][name].read(s0, s0 + n)
+                assert got.dtype == arrs[name].dtype
+                np.testing.assert_array_equal(got, arrs[name][s0:s0 + n])
+
+
+@pytest.fixture(scope="module")
+def blosc_array(tmp_path_factory):
+    from zarr.codecs import BloscCodec
+
+    p = tmp_path_factory.mktemp("chunks") / "a.zarr"
+    a = zarr.create_array(str(p), shape=(1000,), chunks=(64,), dtype="int32", fill_value=-7,
+                          compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")])
+    a[100:900] = np.arange(800, dtype=np.int32)  # chunks 0 and 15 stay unwritten (fill value)
+    return a
+
+
+@settings(max_examples=60, deadline=None)
+@given(start=st.integers(-5, 1005), length=st.integers(0, 400))
+def test_any_slice_equals_zarr(blosc_array, start, length):
+    r = ChunkReader.for_array(blosc_array)
+    assert r is not None
+    lo, hi = max(0, start), min(1000, start + length)
+    np.testing.assert_array_equal(r.read(start, start + length), blosc_array[lo:hi] if hi > lo else [])
+
+
+def test_missing_chunk_reads_fill_value(blosc_array):
+    r = ChunkReader.for_array(blosc_array)
+    assert np.all(r.read(0, 64) == -7)
+
+
+def test_other_layouts_fall_back_to_zarr(tmp_path):
+    from zarr.codecs import GzipCodec
+
+    gz = zarr.create_array(str(tmp_path / "g.zarr"), shape=(10,), chunks=(4,), dtype="int32", compressors=[GzipCodec()])
+    assert ChunkReader.for_array(gz) is None
+    two_d = zarr.create_array(str(tmp_path / "m.zarr"), shape=(4, 4), chunks=(2, 2), dtype="float32")
+    assert ChunkReader.for_array(two_d) is None
+    mem = zarr.create_array(zarr.storage.MemoryStore(), shape=(10,), chunks=(4,), dtype="int32")
+    assert ChunkReader.for_array(mem) is None
+
+
+def test_user_state_raw_chunks_round_trip_through_zarr(tmp_path):
+    from streamdp.stream.state import UserState
+
+    st = UserState(str(tmp_path), "u", n_users=10, k=3, block_users=4, fill=-1.0)
+    assert st._raw is not None
+    rows = np.arange(6, dtype=np.float32).reshape(2, 3)
+    st.write(2, rows)                                  # last, short block
+    st.write(0, np.ones((4, 3), np.float32))
+    z = zarr.open_array(str(tmp_path / "u"), mode="r")  # what Zarr itself reads back
+    np.testing.assert_array_equal(z[8:10], rows)
+    np.testing.assert_array_equal(z[0:4], 1.0)
+    np.testing.assert_array_equal(z[4:8], -1.0)        # never written: fill value
+    np.testing.assert_array_equal(st.read(1), -1.0)
+    z2 = zarr.open_array(str(tmp_path / "u"), mode="r+")
+    z2[4:8] = 5.0                                      # and what Zarr writes, the fast path reads
+    np.testing.assert_array_equal(st.read(1), 5.0)
+    assert st.read(2).shape == (2, 3) and not list(tmp_path.rglob("*.tmp"))
