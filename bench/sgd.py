@@ -14,7 +14,8 @@ and on a synthetic Zipf block with ``--large-items`` items (V larger than the
 caches, where keeping the hot tier resident can matter), and, in the same run,
 scikit-surprise's ``SVD`` for one epoch on a subset of
 ``--surprise-ratings`` ratings (it holds everything in Python objects). Prints the
-median of ``--repeats`` runs per configuration and the ratios the issue asks for:
+median of ``--repeats`` round-robin runs per configuration and the ratios the issue asks for
+(medians of per-repeat ratios):
 sgd vs surprise per core at k=16 (target >= 5x), sgld vs sgd (target >= 0.5),
 2 workers vs 1 (target >= 1.6x). The issue names a >= 100M-rating store; on a
 shared 2-core machine use ``--ratings`` for a size that finishes in minutes and
@@ -34,7 +35,8 @@ import time
 import numpy as np
 
 
-def epoch_rate(store, method, k, tiering, workers, repeats):
+def epoch_rate(store, method, k, tiering, workers, seed):
+    """Ratings/s of one epoch (the method's own epoch wall time) for one configuration."""
     from streamdp.methods import get_method
     from streamdp.stream.engine import Engine
 
@@ -42,13 +44,10 @@ def epoch_rate(store, method, k, tiering, workers, repeats):
     opts = dict(epochs=1, tiering=tiering)
     if method == "sgld":
         opts["tau"] = 10**6  # no trimming effect: time the sampler itself on all ratings
-    rates = []
-    for r in range(repeats):
-        m = get_method(method)(epsilon=eps, delta=1e-9, rank=k, seed=r, **opts)
-        with Engine(store, workers=workers, memory_limit="2GB") as eng:
-            f = m.fit(store, eng)
-        rates.append(f.model_info["n_train_used"] / f.model_info["epoch_seconds"][0])
-    return statistics.median(rates)
+    m = get_method(method)(epsilon=eps, delta=1e-9, rank=k, seed=seed, **opts)
+    with Engine(store, workers=workers, memory_limit="2GB") as eng:
+        f = m.fit(store, eng)
+    return f.model_info["n_train_used"] / f.model_info["epoch_seconds"][0]
 
 
 def kernel_tiering(store, k, repeats):
@@ -155,7 +154,7 @@ def main():
           f"{store.n_blocks} blocks; {os.cpu_count()} cores")
     res = {"n_ratings": store.n_ratings, "rates": {}}
     for method in ("sgd", "sgld"):  # warm-up: load the compiled kernels before timing
-        epoch_rate(store, method, 4, True, 1, 1)
+        epoch_rate(store, method, 4, True, 1, 0)
     ranks = [int(x) for x in a.ranks.split(",")]
     sur = {}
     for k in ranks:
@@ -165,13 +164,19 @@ def main():
         res.setdefault("kernel_tiering", {})[str(k)] = kt
         print(f"k={k:4d} sgd kernel only, one in-memory block: tiered {kt['tiered'] / 1e6:8.3f}, untiered "
               f"{kt['untiered'] / 1e6:8.3f} M ratings/s (ratio {kt['tiered'] / kt['untiered']:.2f})", flush=True)
-        for method in ("sgd", "sgld"):
-            for tiering in (True, False):
-                for workers in (1, 2):
-                    r = epoch_rate(store, method, k, tiering, workers, a.repeats)
-                    res["rates"][f"{method} k={k} {'tiered' if tiering else 'untiered'} w={workers}"] = r
-                    print(f"k={k:4d} {method:5s} {'tiered  ' if tiering else 'untiered'} workers={workers}: "
-                          f"{r / 1e6:8.3f} M ratings/s", flush=True)
+        # round robin: every repeat runs each configuration once, so that this shared machine's
+        # drifting speed hits all of them alike; the medians and ratios are over repeats
+        configs = [(m, t, w) for m in ("sgd", "sgld") for t in (True, False) for w in (1, 2)]
+        runs = {c: [] for c in configs}
+        for r in range(a.repeats):
+            for c in configs:
+                runs[c].append(epoch_rate(store, c[0], k, c[1], c[2], r))
+        for (method, tiering, workers), v in runs.items():
+            name = f"{method} k={k} {'tiered' if tiering else 'untiered'} w={workers}"
+            res["rates"][name] = statistics.median(v)
+            res.setdefault("runs", {})[name] = v
+            print(f"k={k:4d} {method:5s} {'tiered  ' if tiering else 'untiered'} workers={workers}: "
+                  f"{statistics.median(v) / 1e6:8.3f} M ratings/s", flush=True)
     res["surprise"] = {str(k): v for k, v in sur.items()}
     if a.large_items:
         for k in ranks:
@@ -183,15 +188,21 @@ def main():
                   f"{kt['hot_items']:,} items = {kt['hot_share']:.0%} of ratings): tiered {kt['tiered'] / 1e6:.3f}, "
                   f"untiered {kt['untiered'] / 1e6:.3f} M ratings/s (ratio {kt['tiered'] / kt['untiered']:.2f})",
                   flush=True)
-    R = res["rates"]
-    print("\nratios (medians of %d runs):" % a.repeats)
+    R, runs = res["rates"], res["runs"]
+
+    def paired(a_, b_):  # median over repeats of the per-repeat ratio
+        return statistics.median(x / y for x, y in zip(runs[a_], runs[b_]))
+
+    print("\nratios (medians over %d round-robin repeats of the per-repeat ratios):" % a.repeats)
     for k in ranks:
-        sgd1 = R[f"sgd k={k} tiered w=1"]
-        print(f"k={k:4d}: sgd/surprise per core {sgd1 / sur[k]:6.2f}x (target >= 5 at k=16) | "
-              f"sgld/sgd {R[f'sgld k={k} tiered w=1'] / sgd1:5.2f} (>= 0.5) | "
-              f"sgd 2w/1w {R[f'sgd k={k} tiered w=2'] / sgd1:5.2f} (>= 1.6) | "
-              f"sgld 2w/1w {R[f'sgld k={k} tiered w=2'] / R[f'sgld k={k} tiered w=1']:5.2f} | "
-              f"tiered/untiered sgd {sgd1 / R[f'sgd k={k} untiered w=1']:5.2f}")
+        t1, t2 = f"sgd k={k} tiered w=1", f"sgd k={k} tiered w=2"
+        g1, g2 = f"sgld k={k} tiered w=1", f"sgld k={k} tiered w=2"
+        res.setdefault("ratios", {})[str(k)] = r_ = {
+            "sgd_vs_surprise_per_core": R[t1] / sur[k], "sgld_vs_sgd": paired(g1, t1), "sgd_2w_vs_1w": paired(t2, t1),
+            "sgld_2w_vs_1w": paired(g2, g1), "tiered_vs_untiered": paired(t1, f"sgd k={k} untiered w=1")}
+        print(f"k={k:4d}: sgd/surprise per core {r_['sgd_vs_surprise_per_core']:6.2f}x (target >= 5 at k=16) | "
+              f"sgld/sgd {r_['sgld_vs_sgd']:5.2f} (>= 0.5) | sgd 2w/1w {r_['sgd_2w_vs_1w']:5.2f} (>= 1.6) | "
+              f"sgld 2w/1w {r_['sgld_2w_vs_1w']:5.2f} | tiered/untiered sgd {r_['tiered_vs_untiered']:5.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
