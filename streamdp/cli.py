@@ -209,7 +209,7 @@ def _default_delta(n_users: int) -> float:
               help="[sgld] temperature T (default 1); the exact-sample guarantee becomes epsilon / T.")
 @click.option("--noise-table", type=int, default=None, metavar="SIZE",
               help="[sgld] Gaussian lookup table of SIZE numbers instead of fresh draws (NO privacy proof).")
-@click.option("--tiering/--no-tiering", default=None, help="[sgd/sgld] process hot items first (default on).")
+@click.option("--tiering/--no-tiering", default=None, help="[sgd/sgld] process hot items first (default off: measured no gain while V fits in cache).")
 @click.option("--hot-items", type=int, default=None, help="[sgd/sgld] hot-tier size (default: half of L2).")
 @click.option("--checkpoint", default=None, metavar="DIR",
               help="[sgd/sgld] run directory (U on disk, per-epoch checkpoints); resumes if it holds one.")
