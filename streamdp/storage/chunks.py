@@ -27,6 +27,31 @@ import numpy as np
 import zarr
 
 
+def _local_layout(arr: zarr.Array, n_codecs: int):
+    """``(chunk directory, little-endian dtype, codecs)`` of a local Zarr v3 array whose
+    chunks are plain files under ``c/`` and whose codec chain is ``bytes`` (little
+    endian) plus ``n_codecs - 1`` more; ``None`` for any other layout."""
+    try:
+        from zarr.codecs import BytesCodec
+        from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
+        from zarr.storage import LocalStore
+
+        md = arr.metadata
+        if md.zarr_format != 3 or not isinstance(arr.store, LocalStore):
+            return None
+        if not isinstance(md.chunk_key_encoding, DefaultChunkKeyEncoding) or md.chunk_key_encoding.separator != "/":
+            return None
+        codecs = tuple(md.codecs)
+        if len(codecs) != n_codecs or not isinstance(codecs[0], BytesCodec):
+            return None
+        dtype = np.dtype(arr.dtype)
+        if dtype.itemsize > 1 and getattr(codecs[0].endian, "value", codecs[0].endian) != "little":
+            return None
+        return os.path.join(str(arr.store.root), arr.path, "c"), dtype.newbyteorder("<"), codecs
+    except (AttributeError, ImportError, TypeError):  # another zarr version's layout: let Zarr read it
+        return None
+
+
 class ChunkReader:
     """Read ``[start, stop)`` of a 1-D local Zarr v3 array by decoding its chunk files."""
 
@@ -42,42 +67,24 @@ class ChunkReader:
     @classmethod
     def for_array(cls, arr: zarr.Array) -> "ChunkReader | None":
         """A reader for ``arr``, or ``None`` when ``arr`` is not of the covered kind."""
-        try:
-            from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
-            from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
-            from zarr.storage import LocalStore
-
-            md = arr.metadata
-            if md.zarr_format != 3 or arr.ndim != 1 or not isinstance(arr.store, LocalStore):
-                return None
-            if not isinstance(md.chunk_key_encoding, DefaultChunkKeyEncoding) or \
-                    md.chunk_key_encoding.separator != "/":
-                return None
-            codecs = tuple(md.codecs)
-            if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec):
-                return None
-            dtype = np.dtype(arr.dtype)
-            endian = getattr(codecs[0].endian, "value", codecs[0].endian)
-            if dtype.itemsize > 1 and endian != "little":
-                return None
-            comp = codecs[1]
-            if isinstance(comp, BloscCodec):
-                from numcodecs import blosc
-
-                decode = blosc.decompress
-                decode_into = blosc.decompress  # (source, dest): Blosc writes into dest
-            elif isinstance(comp, ZstdCodec):
-                from numcodecs import Zstd
-
-                decode = Zstd(level=comp.level, checksum=comp.checksum).decode
-                decode_into = None
-            else:
-                return None
-            directory = os.path.join(str(arr.store.root), arr.path, "c")
-            return cls(directory, arr.chunks[0], arr.shape[0], dtype.newbyteorder("<"), arr.fill_value, decode,
-                       decode_into)
-        except (AttributeError, ImportError, TypeError):  # another zarr layout: let Zarr read it
+        layout = _local_layout(arr, 2)
+        if layout is None or arr.ndim != 1:
             return None
+        directory, dtype, codecs = layout
+        from zarr.codecs import BloscCodec, ZstdCodec
+
+        comp = codecs[1]
+        if isinstance(comp, BloscCodec):
+            from numcodecs import blosc
+
+            decode = decode_into = blosc.decompress  # (source, dest): Blosc writes into dest
+        elif isinstance(comp, ZstdCodec):
+            from numcodecs import Zstd
+
+            decode, decode_into = Zstd(level=comp.level, checksum=comp.checksum).decode, None
+        else:
+            return None
+        return cls(directory, arr.chunks[0], arr.shape[0], dtype, arr.fill_value, decode, decode_into)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Elements ``start <= i < stop`` (clipped to the array) as a new array."""
@@ -114,36 +121,20 @@ class RawChunks:
     :meth:`for_array` returns ``None`` for anything else, and the caller uses Zarr.
     """
 
-    def __init__(self, directory: str, chunk_shape: tuple, dtype, fill_value, n_dims: int):
+    def __init__(self, directory: str, chunk_shape: tuple, dtype, fill_value):
         self._dir = directory
         self.chunk_shape = tuple(int(c) for c in chunk_shape)
         self.dtype = np.dtype(dtype)
         self.fill_value = fill_value
-        self._nd = n_dims
 
     @classmethod
     def for_array(cls, arr: zarr.Array) -> "RawChunks | None":
-        try:
-            from zarr.codecs import BytesCodec
-            from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
-            from zarr.storage import LocalStore
-
-            md = arr.metadata
-            if md.zarr_format != 3 or not isinstance(arr.store, LocalStore):
-                return None
-            if not isinstance(md.chunk_key_encoding, DefaultChunkKeyEncoding) or \
-                    md.chunk_key_encoding.separator != "/":
-                return None
-            codecs = tuple(md.codecs)
-            if len(codecs) != 1 or not isinstance(codecs[0], BytesCodec):
-                return None
-            dtype = np.dtype(arr.dtype)
-            if dtype.itemsize > 1 and getattr(codecs[0].endian, "value", codecs[0].endian) != "little":
-                return None
-            return cls(os.path.join(str(arr.store.root), arr.path, "c"), arr.chunks, dtype.newbyteorder("<"),
-                       arr.fill_value, arr.ndim)
-        except (AttributeError, ImportError, TypeError):
+        """Whole-chunk access to ``arr``, or ``None`` when it is not local and uncompressed."""
+        layout = _local_layout(arr, 1)
+        if layout is None:
             return None
+        directory, dtype, _ = layout
+        return cls(directory, arr.chunks, dtype, arr.fill_value)
 
     def _path(self, index: tuple) -> str:
         return os.path.join(self._dir, *(str(int(i)) for i in index))
