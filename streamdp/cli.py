@@ -162,14 +162,55 @@ def _default_delta(n_users: int) -> float:
     return 10.0 ** math.floor(math.log10(min(1e-6, 1.0 / (10.0 * max(n_users, 1)))))
 
 
-@main.command()
+class _TrainCommand(click.Command):
+    """``streamdp train``: its method options are generated from the methods' declarations.
+
+    They are added the first time the command parses or prints its help, so other
+    commands do not pay for importing the methods (Numba kernels).
+    """
+
+    def _load_method_options(self):
+        if getattr(self, "_method_options_loaded", False):
+            return
+        from streamdp.methods import METHODS, _load_builtin
+        from streamdp.methods.options import merge_options, option_help
+
+        _load_builtin()
+        for p in self.params:
+            if p.name == "method":
+                p.type = click.Choice(sorted(METHODS))
+                p.help = "Training method: " + "; ".join(f"{m}: {METHODS[m].SUMMARY}" for m in sorted(METHODS)
+                                                          if METHODS[m].SUMMARY) + "."
+        for name, slot in sorted(merge_options(METHODS).items()):
+            first = next(iter(slot["by_method"].values()))
+            kind = slot["kind"]
+            decls = [first.flag + "/--no-" + first.flag[2:]] if kind is bool else [first.flag]
+            kw = dict(default=None, help=option_help(slot["by_method"]), metavar=first.metavar)
+            if kind == "choice":
+                kw["type"] = click.Choice(slot["choices"])
+            elif kind is not bool:
+                kw["type"] = {int: int, float: float, str: str}[kind]
+            self.params.append(click.Option(decls + [name], **kw))
+        self._method_options_loaded = True
+
+    def parse_args(self, ctx, args):
+        self._load_method_options()
+        return super().parse_args(ctx, args)
+
+    def get_params(self, ctx):
+        self._load_method_options()
+        return super().get_params(ctx)
+
+
+@main.command(cls=_TrainCommand)
 @click.argument("store")
-@click.option("--method", default="oja", show_default=True, help="Training method (see streamdp.methods).")
+@click.option("--method", default="oja", show_default=True, help="Training method.")
 @click.option("--epsilon", type=float, required=True, help="User-level epsilon; 'inf' trains without noise "
               "(non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
-@click.option("--rank", type=int, default=8, show_default=True, help="Number of factors k.")
+@click.option("--rank", type=int, default=None, help="Number of factors k (default: the method's, 8 for most; als "
+              "derives it from public parameters).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
@@ -179,40 +220,6 @@ def _default_delta(n_users: int) -> float:
               help="Train even if the store's privacy budget would be exceeded (recorded).")
 @click.option("--force", is_flag=True, help="Overwrite an existing model directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--passes", type=int, default=None, help="[oja] passes over the data (default from public parameters).")
-@click.option("--schedule", type=click.Choice(["power", "oja", "warm"]), default=None,
-              help="[oja] power: noisy subspace iteration (default); oja: block Oja steps; warm: Oja then power.")
-@click.option("--step-users", type=int, default=None,
-              help="[oja] users per Oja step (schedule oja/warm); [sgd/sgld] users per step/group (default 256).")
-@click.option("--clip", type=float, default=None, help="[oja] row-norm bound L (default: half range x sqrt 5).")
-@click.option("--center", type=click.Choice(["private", "midpoint"]), default=None,
-              help="[oja] private item biases + mean (default) or the public midpoint of the rating range.")
-@click.option("--calibration", type=click.Choice(["pld", "paper"]), default=None,
-              help="[oja] pld: tight accountant (default); paper: Jain et al. Alg. 2 sigma, for comparison.")
-@click.option("--eta", type=float, default=None,
-              help="[oja] Oja step size constant; [sgd/sgld] initial learning rate eta_0 (default 0.005).")
-@click.option("--epochs", type=int, default=None, help="[sgd/sgld] epochs (default 20).")
-@click.option("--gamma", type=float, default=None, help="[sgd/sgld] step decay: eta_t = eta_0 / t^gamma (default 0).")
-@click.option("--reg", type=float, default=None,
-              help="[sgd] per-rating L2 regularization (default 0.02); [sgld] prior lambda on U, V (default 5).")
-@click.option("--reg-bias", type=float, default=None, help="[sgd/sgld] the same for the biases.")
-@click.option("--init-std", type=float, default=None, help="[sgd/sgld] std of the initial factors (default 0.1).")
-@click.option("--tau", type=int, default=None, help="[sgd/sgld] ratings kept per user (random trimming; sgld "
-              "default 100, sgd none).")
-@click.option("--kappa", type=float, default=None, help="[sgld] loss bound slack: c = r_max - r_min + kappa (1).")
-@click.option("--rho", type=float, default=None, help="[sgld] cap of the per-user weights w_i (default 1).")
-@click.option("--user-weights", default=None, metavar="FILE",
-              help="[sgld] personalized privacy: CSV 'user,weight' or 'user,epsilon' (Liu et al. Thm 2).")
-@click.option("--posterior-scale", type=click.Choice(["paper", "tight"]), default=None,
-              help="[sgld] s = epsilon/(4B) as in Liu et al. (default) or epsilon/B (exact add/remove bound).")
-@click.option("--temperature", type=float, default=None,
-              help="[sgld] temperature T (default 1); the exact-sample guarantee becomes epsilon / T.")
-@click.option("--noise-table", type=int, default=None, metavar="SIZE",
-              help="[sgld] Gaussian lookup table of SIZE numbers instead of fresh draws (NO privacy proof).")
-@click.option("--tiering/--no-tiering", default=None, help="[sgd/sgld] process hot items first (default off: measured no gain while V fits in cache).")
-@click.option("--hot-items", type=int, default=None, help="[sgd/sgld] hot-tier size (default: half of L2).")
-@click.option("--checkpoint", default=None, metavar="DIR",
-              help="[sgd/sgld] run directory (U on disk, per-epoch checkpoints); resumes if it holds one.")
 def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit, scheduler, over_budget, force,
           as_json, **options):
     """Train a private model on STORE and write it to --out."""
@@ -229,7 +236,7 @@ def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit,
         print_json(summary)
         return
     eps = summary["epsilon_spent"]
-    click.echo(f"wrote {out}: {summary['method']} rank {rank}, {summary['guarantee']}, epsilon {eps if isinstance(eps, str) else f'{eps:.4g}'} "
+    click.echo(f"wrote {out}: {summary['method']} rank {summary['rank']}, {summary['guarantee']}, epsilon {eps if isinstance(eps, str) else f'{eps:.4g}'} "
                f"(target {summary['epsilon']}), delta {delta:g}, {summary['seconds']:.1f}s")
     if "test_rmse" in summary:
         click.echo(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} "

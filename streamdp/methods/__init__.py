@@ -48,7 +48,7 @@ def _load_builtin() -> None:
     # written yet is simply absent from the registry.
     import importlib
 
-    for mod in ("oja", "sgld"):
+    for mod in ("oja", "sgld", "als"):
         try:
             importlib.import_module(f"streamdp.methods.{mod}")
         except ModuleNotFoundError as exc:
@@ -56,7 +56,8 @@ def _load_builtin() -> None:
                 raise
 
 
-def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: int, seed: int | None = None,
+def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: int | None = None,
+          seed: int | None = None,
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
           force: bool = False, evaluate_test: bool = True, **options) -> dict:
     """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
@@ -78,8 +79,8 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
     check_privacy_params(epsilon, delta, n_users=st.n_users)
     cls = get_method(method)
     m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
-    if rank > st.n_items:
-        raise ParameterError(f"--rank {rank} exceeds the number of items ({st.n_items})")
+    if m.rank > st.n_items:
+        raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
     t0 = time.perf_counter()
     planned = m.planned_ledger(st)
     budget = StoreBudget(st.path)
@@ -103,7 +104,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
         "method": m.name,
         "epsilon": epsilon if math.isfinite(epsilon) else "inf",
         "delta": delta,
-        "rank": rank,
+        "rank": m.rank,
         "guarantee": led.guarantee,
         "epsilon_spent": (acc.epsilon if acc is not None else ("inf" if not math.isfinite(epsilon) else 0.0)),
         "seeded": seed is not None,

@@ -66,9 +66,11 @@ class Fitted:
 class Method:
     """Base class of training methods.
 
-    Subclasses set ``name``, ``OPTIONS`` (names of their own keyword options, which
-    the ``train`` command passes through when given) and implement :meth:`plan`
-    and :meth:`fit`.
+    Subclasses set ``name``, ``OPTIONS`` (their own keyword options as
+    :class:`~streamdp.methods.options.Option` objects, from which ``streamdp train``
+    generates its flags) and implement :meth:`plan` and :meth:`fit`. Given options
+    are converted and checked by their declaration before the method sees them
+    (``self.options`` holds only what the user gave).
 
     Parameters
     ----------
@@ -83,20 +85,30 @@ class Method:
     """
 
     name: ClassVar[str] = ""
-    OPTIONS: ClassVar[tuple[str, ...]] = ()
+    OPTIONS: ClassVar[tuple] = ()
+    #: One line for ``streamdp train --help`` and the README's method table.
+    SUMMARY: ClassVar[str] = ""
 
-    def __init__(self, *, epsilon: float, delta: float, rank: int, seed: int | None = None, **options):
-        unknown = sorted(set(options) - set(self.OPTIONS))
+    def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None,
+                 **options):
+        declared = {o.name: o for o in self.OPTIONS}
+        unknown = sorted(set(options) - set(declared))
         if unknown:
             opts = ", ".join("--" + u.replace("_", "-") for u in unknown)
             raise ParameterError(f"{opts}: not an option of --method {self.name}")
-        if int(rank) != rank or rank < 1:
-            raise ParameterError(f"--rank must be a positive integer, got {rank}")
         self.epsilon = float(epsilon)
         self.delta = float(delta)
+        if rank is None:
+            rank = self.default_rank()
+        if isinstance(rank, bool) or int(rank) != rank or rank < 1:
+            raise ParameterError(f"--rank must be a positive integer, got {rank}")
         self.rank = int(rank)
         self.seed = seed
-        self.options = options
+        self.options = {k: declared[k].check(v) for k, v in options.items() if v is not None}
+
+    def default_rank(self) -> int:
+        """The rank when ``--rank`` is not given (8; methods may derive it from public parameters)."""
+        return 8
 
     @property
     def private(self) -> bool:

@@ -118,6 +118,7 @@ from streamdp.errors import ParameterError
 from streamdp.kernels.linalg import gram_apply, gram_apply_range, residuals
 from streamdp.methods import register
 from streamdp.methods.base import Fitted, Method, Plan
+from streamdp.methods.options import Option
 
 #: Share of the Gaussian budget (in sum of 1/z^2) given to the private item biases.
 STATS_SHARE = 0.1
@@ -199,7 +200,22 @@ class PrivateOja(Method):
     """
 
     name = "oja"
-    OPTIONS = ("passes", "schedule", "step_users", "clip", "center", "calibration", "eta")
+    SUMMARY = "private top-k item subspace by noisy subspace iteration / block Oja (Jain et al. 2018, Alg. 2)"
+    OPTIONS = (
+        Option("passes", int, "passes over the data", minimum=1,
+               default_text="4-6 from the public signal-to-noise proxy, 20 non-private"),
+        Option("schedule", SCHEDULES, "power: noisy subspace iteration; oja: block Oja steps; warm: Oja then power",
+               default="power"),
+        Option("step_users", int, "users per Oja step (schedule oja/warm)", minimum=1,
+               default_text="n_users / 16, at least 64"),
+        Option("clip", float, "row-norm bound L of the centred ratings", minimum=0, exclusive_minimum=True,
+               default_text="half the rating range x sqrt 5"),
+        Option("center", CENTERS, "private item biases and mean, or the public midpoint of the rating range",
+               default="private"),
+        Option("calibration", CALIBRATIONS, "pld: tight accountant; paper: Jain et al. Alg. 2 sigma, for comparison",
+               default="pld"),
+        Option("eta", float, "Oja step size constant", minimum=0, exclusive_minimum=True, default=ETA),
+    )
 
     # -- settings ----------------------------------------------------------------------
     def settings(self, store) -> dict:
@@ -252,29 +268,33 @@ class PrivateOja(Method):
                        if center == "private" else dict(stats_share=0.0, mean_share=0.0)))
 
     # -- privacy plan ------------------------------------------------------------------
-    def _noise_multipliers(self, s: dict) -> tuple[float, float, float]:
-        """``(z_pass, z_stats, z_mean)`` for the run (the last two ``inf`` when centering is public)."""
-        from streamdp.privacy import calibrate, compose, gaussian_event, paper_sigma_jain
+    def _shares(self, store, s: dict) -> list:
+        """The run's releases before calibration (the privacy core's :class:`~streamdp.privacy.release.Share`)."""
+        from streamdp.privacy.release import Share
 
+        L, half = s["clip"], (s["rating_max"] - s["rating_min"]) / 2.0
         P, f, g = s["passes"], s["stats_share"], s["mean_share"]
+        shares = [Share("A^T A V + G per pass (one Gaussian per pass: each user in one step)", "gaussian", L * L,
+                        1.0 - f - g, count=P, shape=(store.n_items, self.rank))]
+        if f > 0:
+            d = math.sqrt(1.0 + half * half)
+            shares += [Share("item sums S_j and weights C_j (item biases, global mean)", "gaussian", d, f,
+                             shape=(2, store.n_items)),
+                       Share("sum over users of (user mean - midpoint) and number of users (global mean)",
+                             "gaussian", d, g, shape=(2,))]
+        return shares
 
-        def split(z):
-            zp = z * math.sqrt(P / (1.0 - f - g))
-            zs = z / math.sqrt(f) if f > 0 else math.inf
-            zm = z / math.sqrt(g) if g > 0 else math.inf
-            return zp, zs, zm
+    def _releases(self, store, s: dict) -> list:
+        """Calibrated releases: PLD search (default), or Jain et al.'s Alg. 2 sigma (``--calibration paper``)."""
+        from streamdp.privacy import paper_sigma_jain
+        from streamdp.privacy.release import calibrate_releases
 
-        def make(z):
-            zp, zs, zm = split(z)
-            ev = [gaussian_event(zp, count=P)]
-            if f > 0:
-                ev += [gaussian_event(zs), gaussian_event(zm)]
-            return compose(ev)
-
+        shares = self._shares(store, s)
         if s["calibration"] == "paper":
             zp = paper_sigma_jain(self.epsilon, self.delta, count=sum(s["steps_per_pass"]), which="alg2")
-            return split(zp / math.sqrt(P / (1.0 - f - g)))
-        return split(calibrate(make, self.epsilon, self.delta))
+            z = zp / math.sqrt(s["passes"] / shares[0].share)
+            return [sh.at(z) for sh in shares]
+        return calibrate_releases(shares, self.epsilon, self.delta)
 
     def plan(self, store) -> Plan:
         """The releases on ``store`` with calibrated noise (memoized per store: calibration searches the accountant)."""
@@ -285,10 +305,8 @@ class PrivateOja(Method):
         return cache[key]
 
     def _plan(self, store) -> Plan:
-        from streamdp.privacy import gaussian_event
-
         s = self.settings(store)
-        L, half = s["clip"], (s["rating_max"] - s["rating_min"]) / 2.0
+        L = s["clip"]
         bounds = {"clip_L": L, "rating_min": s["rating_min"], "rating_max": s["rating_max"],
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"),
                   "stats_weight": "w_i = min(1, 1/sqrt(n_i))"}
@@ -297,26 +315,17 @@ class PrivateOja(Method):
                         "passes": s["passes"]}]
             return Plan(events=[], entries=entries, params={**s, "bounds": bounds, "z_pass": 0.0, "z_stats": 0.0,
                                                             "z_mean": 0.0})
-        zp, zs, zm = self._noise_multipliers(s)
-        events = [gaussian_event(zp, count=s["passes"])]
-        entries = [{"release": "A^T A V + G per pass (one Gaussian per pass: each user in one step)",
-                    "mechanism": "gaussian", "l2_sensitivity": L * L, "noise_multiplier": zp,
-                    "sigma": zp * L * L, "count": s["passes"], "shape": [store.n_items, self.rank],
-                    "steps_per_pass": s["steps_per_pass"], "calibration": s["calibration"]}]
-        if s["stats_share"] > 0:
-            events.append(gaussian_event(zs))
-            d = math.sqrt(1.0 + half * half)
-            entries.append({"release": "item sums S_j and weights C_j (item biases, global mean)",
-                            "mechanism": "gaussian", "l2_sensitivity": d, "noise_multiplier": zs,
-                            "sigma": zs * d, "count": 1, "shape": [2, store.n_items]})
-            events.append(gaussian_event(zm))
-            entries.append({"release": "sum over users of (user mean - midpoint) and number of users (global mean)",
-                            "mechanism": "gaussian", "l2_sensitivity": d, "noise_multiplier": zm,
-                            "sigma": zm * d, "count": 1, "shape": [2]})
+        releases = self._releases(store, s)
+        events = [r.event() for r in releases]
+        entries = [r.entry() for r in releases]
+        entries[0].update(steps_per_pass=s["steps_per_pass"], calibration=s["calibration"])
+        zp = releases[0].noise_multiplier
+        zs, zm = (releases[1].noise_multiplier, releases[2].noise_multiplier) if len(releases) > 1 else (0.0, 0.0)
         entries.append({"release": "singular values (Ritz values of the last pass)",
                         "mechanism": "post-processing", "count": 0})
         return Plan(events=events, entries=entries,
-                    params={**s, "bounds": bounds, "z_pass": zp, "z_stats": zs, "z_mean": zm})
+                    params={**s, "bounds": bounds, "z_pass": zp, "z_stats": zs, "z_mean": zm,
+                            "releases": releases})
 
     # -- fitting -----------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
@@ -331,6 +340,7 @@ class PrivateOja(Method):
         sigma_pass = s["z_pass"] * L * L if self.private else 0.0
 
         mu, bias, weight, weight_sigma = self._center(store, engine, s, rngs[1])
+        release_pass = s["releases"][0] if self.private else None
         V = np.linalg.qr(rngs[0].standard_normal((n, k)))[0]
         values_of = _values_fn(mu, bias, L, s["rating_min"], s["rating_max"])
         t = 2
@@ -339,9 +349,9 @@ class PrivateOja(Method):
             step_rngs = rngs[t:t + n_steps]
             t += n_steps
             if kind == "power":
-                V, M = _power_pass(engine, V, values_of, step_rngs[0], sigma_pass)
+                V, M = _power_pass(engine, V, values_of, step_rngs[0], release_pass)
             else:
-                V, M = _oja_pass(engine, store, V, values_of, step_rngs, sigma_pass, s["step_users"], s["eta"], L)
+                V, M = _oja_pass(engine, store, V, values_of, step_rngs, release_pass, s["step_users"], s["eta"], L)
         # Ritz values of the last pass: post-processing of released products
         lam, W = np.linalg.eigh((M + M.T) / 2.0)
         order = np.argsort(lam)[::-1]
@@ -381,7 +391,6 @@ class PrivateOja(Method):
 
     def _center(self, store, engine, s, rng):
         """Private (or public-midpoint) global mean and item biases."""
-        from streamdp.privacy import gaussian_noise
         from streamdp.privacy.bounding import clip_rows
 
         n = store.n_items
@@ -404,11 +413,11 @@ class PrivateOja(Method):
 
         SC = engine.map_reduce(fn, _add, np.zeros((2, n + 1)), extra_per_block=16 * n)
         sigma = 0.0
-        d = math.sqrt(1.0 + half * half)
         if self.private:
-            sigma = s["z_stats"] * d
-            SC[:, :n] += gaussian_noise(rng, (2, n), sigma)
-            SC[:, n] += gaussian_noise(rng, (2,), s["z_mean"] * d)
+            stats, mean = s["releases"][1], s["releases"][2]
+            sigma = stats.scale
+            SC[:, :n] = stats.add(SC[:, :n], rng)
+            SC[:, n] = mean.add(SC[:, n], rng)
         S, C = SC[:, :n]
         T, U = SC[:, n]
         mu = min(max(mid + float(T) / max(float(U), 1.0), lo), hi)
@@ -476,10 +485,11 @@ def _values_fn(mu, bias, L, lo, hi):
     return values
 
 
-def _power_pass(engine, V, values_of, rng, sigma):
-    """One pass of noisy subspace iteration: ``QR(A^T A V + G)``; returns ``(V_new, V^T Y)``."""
-    from streamdp.privacy import gaussian_noise
+def _power_pass(engine, V, values_of, rng, release):
+    """One pass of noisy subspace iteration: ``QR(A^T A V + G)``; returns ``(V_new, V^T Y)``.
 
+    ``release`` is the pass's noisy release (``None``: non-private).
+    """
     n, k = V.shape
     Vc = np.ascontiguousarray(V)
 
@@ -489,8 +499,8 @@ def _power_pass(engine, V, values_of, rng, sigma):
         return out
 
     Y = engine.map_reduce(fn, _add, np.zeros((n, k)), extra_per_block=8 * n * k)
-    if sigma > 0:
-        Y += gaussian_noise(rng, (n, k), sigma)
+    if release is not None:
+        Y = release.add(Y, rng)
     return np.linalg.qr(Y)[0], V.T @ Y
 
 
@@ -513,10 +523,8 @@ def _step_ranges(store, step_users: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _oja_pass(engine, store, V, values_of, rngs, sigma, step_users, eta, L):
-    """One pass of block Oja; returns ``(V, sum_t V_{t-1}^T Y_t)``."""
-    from streamdp.privacy import gaussian_noise
-
+def _oja_pass(engine, store, V, values_of, rngs, release, step_users, eta, L):
+    """One pass of block Oja; returns ``(V, sum_t V_{t-1}^T Y_t)`` (``release`` ``None``: non-private)."""
     n, k = V.shape
     steps = _step_ranges(store, step_users)
     M = np.zeros((k, k))
@@ -531,8 +539,8 @@ def _oja_pass(engine, store, V, values_of, rngs, sigma, step_users, eta, L):
 
             Y = engine.map_reduce(fn, _add, np.zeros((n, k)), blocks=range(b0, b1), extra_per_block=8 * n * k)
             users = store.block_range(b1 - 1)[1] - store.block_range(b0)[0]
-            if sigma > 0:
-                Y += gaussian_noise(rngs[t], (n, k), sigma)
+            if release is not None:
+                Y = release.add(Y, rngs[t])
             M += V.T @ Y
             V = np.linalg.qr(V + (eta / (users * L * L)) * Y)[0]
         return V, M
@@ -550,8 +558,8 @@ def _oja_pass(engine, store, V, values_of, rngs, sigma, step_users, eta, L):
             Vt = np.ascontiguousarray(st["V"])
             Y = np.zeros((n, k))
             gram_apply_range(block.indptr, block.items, vals, Vt, u0, u1, Y)
-            if sigma > 0:
-                Y += gaussian_noise(rngs[st["t"]], (n, k), sigma)
+            if release is not None:
+                Y = release.add(Y, rngs[st["t"]])
             st["M"] += Vt.T @ Y
             st["V"] = np.linalg.qr(Vt + (eta / ((u1 - u0) * L * L)) * Y)[0]
             st["t"] += 1

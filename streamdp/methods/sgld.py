@@ -79,12 +79,14 @@ all and is labelled so in the ledger and the guarantee.
 
 Run state, checkpoints, resume
 ------------------------------
-``U`` and ``bu`` live on disk in the run directory (``--checkpoint DIR``, default a
-temporary directory beside the store) as two :class:`~streamdp.stream.state.UserState`
-arrays used alternately by epoch (epoch ``e`` reads one and writes the other), so
-the state at the end of the last finished epoch is always intact. After each epoch
-``V``, ``bv``, the epoch number and the run's root entropy are written atomically
-to ``DIR/checkpoint.npz``. A run started with the same ``--checkpoint`` and the same
+The run directory, random families, checkpoints and per-user state are the shared
+driver's (:class:`streamdp.stream.driver.Run`): ``U`` and ``bu`` live on disk in
+the run directory (``--checkpoint DIR``, default a temporary directory beside the
+store) as two :class:`~streamdp.stream.state.UserState` arrays used alternately by
+epoch (epoch ``e`` reads one and writes the other), so the state at the end of the
+last finished epoch is always intact. After each epoch ``V``, ``bv``, the epoch
+number and the run's root entropy are written atomically to
+``DIR/checkpoint.npz``. A run started with the same ``--checkpoint`` and the same
 settings resumes after the last finished epoch (``--epochs`` may be raised to
 extend a run); all randomness comes from per-(purpose, epoch, user group)
 generators of the root entropy, so the result equals the uninterrupted run's (bit
@@ -101,13 +103,7 @@ private state), so only the resumed run that writes the model counts.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import math
-import os
-import secrets
-import shutil
-import tempfile
 import threading
 import time
 
@@ -117,6 +113,7 @@ from streamdp.errors import InputError, ParameterError
 from streamdp.kernels import sgd as K
 from streamdp.methods import register
 from streamdp.methods.base import Fitted, Method, Plan
+from streamdp.methods.options import Option
 
 #: Key of this module's random streams.
 RNG_KEY = 0x5D1D
@@ -145,26 +142,41 @@ DEFAULTS = {
 }
 
 
-def _family(purpose: int, epoch: int) -> int:
-    return (RNG_KEY << 24) | (purpose << 16) | epoch
-
-
-def _rng(entropy: int, purpose: int, epoch: int) -> np.random.Generator:
-    """The one generator of (purpose, epoch): independent of scheduling and of resumes."""
-    from streamdp.privacy import spawn_rngs
-
-    return spawn_rngs(entropy, 1, key=_family(purpose, epoch))[0]
-
-
-def _group_rng(entropy: int, purpose: int, epoch: int, group: int) -> np.random.Generator:
-    """Generator of global user group ``group``: the stream ``spawn_rngs(entropy, n, key=family)[group]``.
-
-    Built directly from its ``SeedSequence`` (the ``group``-th child of the family)
-    instead of spawning all ``n`` streams.
-    """
-    from streamdp.privacy import make_rng
-
-    return make_rng(np.random.SeedSequence(int(entropy), spawn_key=(_family(purpose, epoch), int(group))))
+_POS = dict(minimum=0, exclusive_minimum=True)
+_NONNEG = dict(minimum=0)
+#: ``--method sgd``'s options (surprise SVD's defaults).
+SGD_OPTIONS = (
+    Option("epochs", int, "passes over the data", default=20, minimum=1),
+    Option("eta", float, "initial learning rate eta_0", default=0.005, **_POS),
+    Option("gamma", float, "step decay: eta_t = eta_0 / t^gamma", default=0.0, **_NONNEG),
+    Option("reg", float, "L2 regularization per rating", default=0.02, **_NONNEG),
+    Option("reg_bias", float, "L2 regularization of the biases per rating", default=0.02, **_NONNEG),
+    Option("init_std", float, "std of the initial factors", default=0.1, **_NONNEG),
+    Option("tau", int, "ratings kept per user (random trimming)", default_text="all", minimum=1),
+    Option("tiering", bool, "process hot items first (measured no gain while V fits in cache)", default=False),
+    Option("hot_items", int, "hot-tier size", default_text="half of L2", minimum=0),
+    Option("step_users", int, "users per group", default=256, minimum=1),
+    Option("checkpoint", str, "run directory (U on disk, per-epoch checkpoints); resumes if it holds one",
+           metavar="DIR"),
+)
+#: ``--method sgld``'s options: the same names where they mean the same, its own help where they do not.
+SGLD_OPTIONS = tuple(o for o in SGD_OPTIONS if o.name not in ("reg", "reg_bias", "tau", "step_users")) + (
+    Option("reg", float, "prior lambda on U, V", default_text="from a prior sd of 0.3 at the run's scale s",
+           **_NONNEG),
+    Option("reg_bias", float, "prior lambda on the biases", default_text="from a prior sd of 0.3", **_NONNEG),
+    Option("tau", int, "ratings kept per user (random trimming; sets the loss bound B)", default=100, minimum=1),
+    Option("step_users", int, "users per SGLD step", default_text="about 16 n_items ratings a step", minimum=1),
+    Option("kappa", float, "loss bound slack: c = r_max - r_min + kappa", default=1.0, **_POS),
+    Option("rho", float, "cap of the per-user weights w_i", default=1.0, **_POS),
+    Option("user_weights", str, "personalized privacy: CSV 'user,weight' or 'user,epsilon' (Liu et al. Thm 2)",
+           metavar="FILE"),
+    Option("posterior_scale", ("paper", "tight"), "s = epsilon/(4B) as in Liu et al., or epsilon/B (exact "
+           "add/remove bound)", default="paper"),
+    Option("temperature", float, "temperature T; the exact-sample guarantee becomes epsilon / T", default=1.0,
+           **_POS),
+    Option("noise_table", int, "Gaussian lookup table of SIZE numbers instead of fresh draws (NO privacy proof)",
+           metavar="SIZE", minimum=1),
+)
 
 
 def _trim_groups(ip, it, rt, tau, G, rng_of):
@@ -237,9 +249,7 @@ def read_user_weights(path: str):
 class _SgdBase(Method):
     """Shared settings, preprocessing and the epoch loop of ``sgd`` and ``sgld``."""
 
-    OPTIONS = ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau", "kappa", "rho", "user_weights",
-               "posterior_scale",
-               "temperature", "noise_table", "tiering", "hot_items", "step_users", "checkpoint")
+    OPTIONS = SGD_OPTIONS
     noisy = False
     #: Several workers update V without locks: results with 2+ workers are not bit-reproducible
     #: (the tests compare their RMSE instead); with 1 worker they are.
@@ -335,12 +345,6 @@ class _SgdBase(Method):
         if v not in SCALE_FACTOR:
             raise ParameterError(f"--posterior-scale: expected one of {', '.join(SCALE_FACTOR)}, got {v!r}")
         return v
-
-    def _fingerprint(self, store, s) -> str:
-        keep = {k: v for k, v in s.items() if k not in ("checkpoint", "epochs")}  # a run may be extended
-        blob = json.dumps({"m": self.name, "k": self.rank, "eps": str(self.epsilon), "seed": self.seed,
-                           "store": store.checksum, "s": keep}, sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def state_bytes(self, store) -> int:
         """Item-side memory: ``V`` (float32), item biases, item clocks, the optional noise table.
@@ -488,21 +492,17 @@ class _SgdBase(Method):
     # -- fit ---------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         """Run the epochs on ``engine`` and return the released item side (see the module docstring)."""
-        from streamdp.stream.state import state_dir_for
+        from streamdp.stream.driver import Run, fingerprint
 
-        ck = self.options.get("checkpoint")
-        run_dir = str(ck) if ck is not None else \
-            tempfile.mkdtemp(prefix=f"{self.name}-", dir=_ensure(state_dir_for(store)))
-        try:
-            return self._fit(store, engine, run_dir, own_dir=ck is None)
-        except BaseException:
-            if ck is None:  # a temporary run directory holds private state (U, the seed): never leave it
-                shutil.rmtree(run_dir, ignore_errors=True)
-            raise
+        s = self.plan(store).params
+        keep = {k: v for k, v in s.items() if k not in ("checkpoint", "epochs")}  # a run may be extended
+        fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), seed=self.seed, store=store.checksum,
+                         s=keep)
+        with Run(store, method=self.name, fingerprint=fp, seed=self.seed, rng_key=RNG_KEY,
+                 checkpoint=self.options.get("checkpoint")) as run:
+            return self._fit(store, engine, run)
 
-    def _fit(self, store, engine, run_dir: str, *, own_dir: bool) -> Fitted:
-        from streamdp.stream.state import UserState
-
+    def _fit(self, store, engine, run) -> Fitted:
         plan = self.plan(store)
         s = plan.params
         k, n_items = self.rank, store.n_items
@@ -512,28 +512,15 @@ class _SgdBase(Method):
         if N == 0:
             raise ParameterError(f"{store.path}: the training split has no ratings")
         pos0 = np.concatenate([[0], np.cumsum(block_n)[:-1]]).astype(np.int64)
-        fp = self._fingerprint(store, s)
-
-        os.makedirs(run_dir, exist_ok=True)
-        ck_path = os.path.join(run_dir, "checkpoint.npz")
-        start = 1
-        ck = _load_checkpoint(ck_path, fp)
-        bufs = None
+        ck = run.checkpoint
         if ck is not None:
-            entropy, start = int(ck["entropy"]), int(ck["epoch"]) + 1
             V, bv = ck["V"].copy(), ck["bv"].copy()
-            run_id = str(ck["run_id"])
-            bufs = [UserState(run_dir, f"user_state_{i}", store.n_users, k + 1, store.block_users, mode="a")
-                    for i in range(2)]
         else:
-            entropy = int(self.seed) if self.seed is not None else secrets.randbits(63)
-            g = _rng(entropy, _INIT, 0)
+            g = run.rng(_INIT, 0)
             V = (g.standard_normal((n_items, k)) * s["init_std"]).astype(np.float32)
             bv = np.zeros(n_items, np.float32)
-            run_id = fp + "-" + secrets.token_hex(4)
-        if bufs is None:
-            bufs = [UserState(run_dir, f"user_state_{i}", store.n_users, k + 1, store.block_users)
-                    for i in range(2)]
+        bufs = run.user_state("user_state", k + 1)
+        run_id = run.run_id
 
         lo, hi = s["rating_min"], s["rating_max"]
         mu = (lo + hi) / 2.0 if self.noisy else self._train_mean(store, engine)
@@ -545,7 +532,7 @@ class _SgdBase(Method):
         item_last = np.zeros(n_items, np.int64)
         table = None
         if s["noise_table"]:
-            table = _rng(entropy, _TABLE, 0).standard_normal(s["noise_table"]).astype(np.float32)
+            table = run.rng(_TABLE, 0).standard_normal(s["noise_table"]).astype(np.float32)
         tiering, hot = s["tiering"], s["hot_items"]
         history = list(ck["history"]) if ck is not None and "history" in ck else []
 
@@ -563,7 +550,7 @@ class _SgdBase(Method):
         if replicate:
             extra += 3 * n_items * (k + 1) * 4
         epoch_seconds = []
-        for e in range(start, s["epochs"] + 1):
+        for e in run.epochs(s["epochs"]):
             t_epoch = time.perf_counter()
             lr, delta = lrs[e - 1], deltas[e - 1]
             u_dt0, u_dt1 = K.user_flow_coefficients(e, deltas, N)
@@ -577,7 +564,7 @@ class _SgdBase(Method):
                 ip, it, rt = block.indptr, block.items, block.ratings
                 if s["tau"] is not None:
                     ip, it, rt = _trim_groups(ip, it, rt, s["tau"], G,
-                                              lambda q: _group_rng(entropy, _TRIM, 0, gid0 + q))
+                                              lambda q: run.group_rng(_TRIM, 0, gid0 + q))
                 it = np.ascontiguousarray(it, np.int32)
                 rt = np.clip(np.asarray(rt, np.float32), np.float32(lo), np.float32(hi)) if self.noisy else \
                     np.array(rt, np.float32)
@@ -591,7 +578,7 @@ class _SgdBase(Method):
                     UB = np.zeros((n_u, k + 1), np.float32)
                     for q, g0 in enumerate(range(0, n_u, G)):
                         g1 = min(g0 + G, n_u)
-                        UB[g0:g1, :k] = _group_rng(entropy, _INIT, 1, gid0 + q).standard_normal((g1 - g0, k)) \
+                        UB[g0:g1, :k] = run.group_rng(_INIT, 1, gid0 + q).standard_normal((g1 - g0, k)) \
                             * s["init_std"]
                 else:
                     UB = src.read(b)
@@ -601,7 +588,7 @@ class _SgdBase(Method):
                     per_group = K.group_draws(ip, it, G, n_items, k)
                     if table is not None:
                         offsets = np.concatenate(
-                            [_group_rng(entropy, _NOISE, e, gid0 + q).integers(0, len(table) - k - 1,
+                            [run.group_rng(_NOISE, e, gid0 + q).integers(0, len(table) - k - 1,
                                                                                size=int(d) // (k + 1))
                              for q, d in enumerate(per_group)] or [np.zeros(0, np.int64)]).astype(np.int64)
                         noise, use_table = table, True
@@ -610,7 +597,7 @@ class _SgdBase(Method):
                         at = 0
                         for q, d in enumerate(per_group):
                             d = int(d)
-                            _group_rng(entropy, _NOISE, e, gid0 + q).standard_normal(out=noise[at:at + d],
+                            run.group_rng(_NOISE, e, gid0 + q).standard_normal(out=noise[at:at + d],
                                                                                      dtype=np.float32)
                             at += d
                         offsets, use_table = np.zeros(0, np.int64), False
@@ -635,7 +622,7 @@ class _SgdBase(Method):
 
             parts = engine.foreach(fn, extra_per_block=extra)
             if self.noisy:
-                g = _rng(entropy, _FLUSH, e)
+                g = run.rng(_FLUSH, e)
                 if table is not None:
                     offsets = g.integers(0, len(table) - k - 1, size=n_items).astype(np.int64)
                     K.flush_items(V, bv, item_last, N, delta, a, a_b, temp, table, offsets, True)
@@ -646,8 +633,7 @@ class _SgdBase(Method):
             epoch_seconds.append(round(time.perf_counter() - t_epoch, 4))
             sse = sum(p[0] for p in parts)
             history.append(math.sqrt(sse / max(N, 1)))
-            _save_checkpoint(ck_path, fp=fp, epoch=e, entropy=entropy, V=V, bv=bv, run_id=run_id,
-                             history=np.asarray(history))
+            run.save(e, V=V, bv=bv, history=np.asarray(history))
             if not np.all(np.isfinite(V)):
                 raise ParameterError(f"{self.name} diverged at epoch {e} (non-finite item factors): lower --eta")
 
@@ -694,15 +680,12 @@ class _SgdBase(Method):
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum, "n_users": store.n_users,
                 "n_items": n_items, "n_train_used": N, "parameters": params, "train_rmse_by_epoch": history, "epoch_seconds": epoch_seconds,
-                "resumed_from_epoch": start - 1 if start > 1 else None, "run_id": run_id,
-                "ridge": float(s["reg"]) if self.noisy else 1.0, "mu_train": float(mu), "rating_range": {"min": lo, "max": hi}, "user_state": run_dir}
+                "resumed_from_epoch": run.start - 1 if run.start > 1 else None, "run_id": run_id,
+                "ridge": float(s["reg"]) if self.noisy else 1.0, "mu_train": float(mu), "rating_range": {"min": lo, "max": hi}, "run_directory": None if run.own_dir else run.dir}
         fitted = Fitted(item_factors=V.copy(), item_bias=bv.copy(), item_ids=store.item_ids(), global_mean=mu_release,
                         model_info=info, ledger=ledger)
-        fitted.run_dir = run_dir
-        fitted.user_states = bufs[s["epochs"] % 2]
-        if own_dir:  # nothing to resume from or to read afterwards: U is not released
-            shutil.rmtree(run_dir, ignore_errors=True)
-            fitted.user_states = None
+        # U is not released; a named run directory keeps it for a resume (and for tests)
+        fitted.user_states = None if run.own_dir else bufs[s["epochs"] % 2]
         return fitted
 
     def _train_mean(self, store, engine) -> float:
@@ -763,33 +746,13 @@ def default_step_users(store, noisy: bool) -> int:
     return int(max(64, min(store.block_users, math.ceil(16 * store.n_items / per_user))))
 
 
-def _ensure(d: str) -> str:
-    os.makedirs(d, exist_ok=True)
-    return d
-
-
-def _save_checkpoint(path: str, **arrays) -> None:
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
-    os.replace(tmp, path)
-
-
-def _load_checkpoint(path: str, fp: str):
-    if not os.path.exists(path):
-        return None
-    with np.load(path) as z:
-        d = {k: z[k] for k in z.files}
-    if str(d.get("fp")) != fp:
-        raise ParameterError(f"{path}: a checkpoint of a different run (settings, store or seed differ); "
-                             f"use another --checkpoint directory")
-    return d
-
-
 @register
 class SGLD(_SgdBase):
     """``--method sgld``: DP-SGLD posterior sample (Liu et al. 2015) with lazy noise and tiering."""
 
     name = "sgld"
+    SUMMARY = "one SGLD posterior sample of DP matrix factorization (Liu, Wang & Smola 2015)"
+    OPTIONS = SGLD_OPTIONS
     noisy = True
 
 
@@ -798,6 +761,7 @@ class SGD(_SgdBase):
     """``--method sgd``: plain biased-MF SGD (surprise's SVD update), non-private speed reference."""
 
     name = "sgd"
+    SUMMARY = "plain biased-MF SGD, the non-private speed and accuracy reference (needs --epsilon inf)"
     noisy = False
     NON_PRIVATE = True
 

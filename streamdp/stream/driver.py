@@ -1,0 +1,199 @@
+"""The per-run driver of multi-pass methods: run directory, random families, checkpoints, per-user state.
+
+Every iterative method (``sgd``/``sgld`` epochs, ``als``/``irls`` iterations) needs
+the same machinery around its passes, written once here:
+
+* **Run directory.** ``--checkpoint DIR`` names it (kept, and resumed from); without
+  it a private temporary directory beside the store (``STORE.state/<method>-XXXX``)
+  is used and removed when the run ends, also on failure, and the ``STORE.state``
+  folder itself when nothing else is left in it. It holds private state (per-user
+  rows, the noise's root entropy): keep a named one private and delete it after.
+* **Randomness.** One root entropy per run (the seed, or 63 bits from the OS), saved
+  with the checkpoint so a resumed run continues the same streams. Every use draws
+  from its own family ``(purpose, epoch)`` and, per user group, from the group's
+  child stream (:meth:`Run.group_rng`), so results do not depend on scheduling or on
+  how users are cut into blocks, and an interrupted run resumes bit for bit.
+* **Checkpoints.** After each epoch the method's item-side arrays, the epoch number,
+  the root entropy and a run id are written atomically to ``DIR/checkpoint.npz``
+  together with a fingerprint of the settings; a run started with the same
+  ``--checkpoint`` and settings resumes after the last finished epoch, a run with
+  other settings is refused (one line naming the directory).
+* **Per-user state.** :meth:`Run.user_state` gives two
+  :class:`~streamdp.stream.state.UserState` arrays used alternately by epoch
+  (epoch ``e`` reads one and writes the other), so the state at the end of the last
+  finished epoch is always intact for a resume.
+* **Progress.** :meth:`Run.epochs` yields the epochs to run with a progress line on
+  a terminal (:mod:`streamdp.stream.progress`).
+
+Examples
+--------
+>>> import tempfile
+>>> from types import SimpleNamespace
+>>> store = SimpleNamespace(path=tempfile.mkdtemp() + "/s.zarr", n_users=10, block_users=4, checksum="x")
+>>> with Run(store, method="demo", fingerprint="f", seed=3, rng_key=7) as run:
+...     a = run.rng(1, 0).integers(1 << 30)
+...     run.save(1, V=np.zeros(2))
+>>> with Run(store, method="demo", fingerprint="f", seed=3, rng_key=7) as run:
+...     bool(a == run.rng(1, 0).integers(1 << 30)), run.start
+(True, 1)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import tempfile
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+from streamdp.stream.state import UserState, state_dir_for
+
+__all__ = ["Run", "fingerprint"]
+
+CHECKPOINT_FILE = "checkpoint.npz"
+
+
+def fingerprint(**parts) -> str:
+    """A short hash of a run's settings (JSON of ``parts``, sorted keys, ``str`` for the rest).
+
+    >>> fingerprint(method="als", eps=1.0) == fingerprint(eps=1.0, method="als")
+    True
+    """
+    blob = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class Run:
+    """One run of a multi-pass method (see the module docstring).
+
+    Parameters
+    ----------
+    store : RatingStore
+        The store trained on (its path places the default run directory).
+    method : str
+        Method name (prefix of a temporary run directory).
+    fingerprint : str
+        Hash of everything that must match for a resume (:func:`fingerprint`).
+    seed : int or None
+        Root entropy of the run's randomness; ``None`` draws 63 bits from the OS.
+    rng_key : int
+        The method's key: its random families never coincide with another method's.
+    checkpoint : str, optional
+        ``--checkpoint DIR``: kept and resumed from; default a temporary directory.
+    """
+
+    def __init__(self, store, *, method: str, fingerprint: str, seed: int | None, rng_key: int,
+                 checkpoint: str | None = None):
+        self.store = store
+        self.method = method
+        self.fingerprint = str(fingerprint)
+        self.rng_key = int(rng_key)
+        self.own_dir = checkpoint is None
+        if checkpoint is None:
+            parent = state_dir_for(store)
+            os.makedirs(parent, exist_ok=True)
+            self.dir = tempfile.mkdtemp(prefix=f"{method}-", dir=parent)
+        else:
+            self.dir = str(checkpoint)
+            try:
+                os.makedirs(self.dir, exist_ok=True)
+            except OSError as exc:
+                raise ParameterError(f"--checkpoint {self.dir}: cannot create the run directory "
+                                     f"({exc.strerror})") from None
+        self.path = os.path.join(self.dir, CHECKPOINT_FILE)
+        self.checkpoint = self._load()
+        if self.checkpoint is not None:
+            self.entropy = int(self.checkpoint["entropy"])
+            self.start = int(self.checkpoint["epoch"]) + 1
+            self.run_id = str(self.checkpoint["run_id"])
+        else:
+            self.entropy = int(seed) if seed is not None else secrets.randbits(63)
+            self.start = 1
+            self.run_id = self.fingerprint + "-" + secrets.token_hex(4)
+        self._states: dict[str, list[UserState]] = {}
+
+    # -- randomness ----------------------------------------------------------------------
+    def _family(self, purpose: int, epoch: int) -> int:
+        return (self.rng_key << 24) | (int(purpose) << 16) | int(epoch)
+
+    def rng(self, purpose: int, epoch: int) -> np.random.Generator:
+        """The one generator of ``(purpose, epoch)``: independent of scheduling and of resumes."""
+        from streamdp.privacy import spawn_rngs
+
+        return spawn_rngs(self.entropy, 1, key=self._family(purpose, epoch))[0]
+
+    def group_rng(self, purpose: int, epoch: int, group: int) -> np.random.Generator:
+        """Generator of global user group ``group``: ``spawn_rngs(entropy, n, key=family)[group]``.
+
+        Built directly from its ``SeedSequence`` (the ``group``-th child of the
+        family) instead of spawning all ``n`` streams.
+        """
+        from streamdp.privacy import make_rng
+
+        return make_rng(np.random.SeedSequence(self.entropy, spawn_key=(self._family(purpose, epoch), int(group))))
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _load(self):
+        if not os.path.exists(self.path):
+            return None
+        try:
+            with np.load(self.path) as z:
+                d = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as exc:
+            raise ParameterError(f"{self.path}: unreadable checkpoint ({exc}); use another --checkpoint "
+                                 f"directory") from None
+        if str(d.get("fp")) != self.fingerprint:
+            raise ParameterError(f"{self.path}: a checkpoint of a different run (settings, store or seed differ); "
+                                 f"use another --checkpoint directory")
+        return d
+
+    def save(self, epoch: int, **arrays) -> None:
+        """Write the checkpoint of finished ``epoch`` atomically (temp file + rename)."""
+        tmp = self.path + ".tmp.npz"
+        np.savez(tmp, fp=self.fingerprint, epoch=int(epoch), entropy=self.entropy, run_id=self.run_id,
+                 **{k: np.asarray(v) for k, v in arrays.items()})
+        os.replace(tmp, self.path)
+
+    # -- per-user state ------------------------------------------------------------------
+    def user_state(self, name: str, k: int, dtype=np.float32) -> list[UserState]:
+        """Two alternating ``(n_users, k)`` arrays on disk; ``[e % 2]`` is written by epoch ``e``.
+
+        On a resumed run the existing arrays are opened (their shape is checked).
+        """
+        if name not in self._states:
+            st = self.store
+            mode = "a" if self.checkpoint is not None else "w"
+            self._states[name] = [UserState(self.dir, f"{name}_{i}", st.n_users, k, st.block_users, dtype,
+                                            mode=mode) for i in range(2)]
+        return self._states[name]
+
+    def epochs(self, last: int, *, desc: str | None = None):
+        """Yield the epochs ``start..last`` with a progress line on a terminal."""
+        from streamdp.stream.progress import progress
+
+        with progress(total=last, initial=self.start - 1, desc=desc or self.method, unit="epoch") as bar:
+            for e in range(self.start, last + 1):
+                yield e
+                bar.update(1)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Remove a temporary run directory (and an empty ``STORE.state`` folder); keep a named one."""
+        if not self.own_dir:
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+        parent = os.path.dirname(self.dir)
+        try:
+            os.rmdir(parent)  # only succeeds when nothing else is in it
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
