@@ -7,7 +7,9 @@ user combines it with their own ratings ``r`` on items ``I``::
     (u, c) = argmin_{x, c}  sum_{j in I} (r_j - mu - b_j - c - Q_j . x)^2 + ridge (||x||^2 + c^2)
 
 (Jain et al. 2018, local component; Liu et al. 2015 eq. 5; Xin & Jaakkola eq. 4),
-and predicts ``mu + b_j + c + Q_j . u`` clipped to the rating range.
+and predicts ``mu + b_j + c + Q_j . u`` clipped to the rating range. Models of
+``--method irls`` replace the squared loss by the Huber loss (IRLS, the same kernel
+the training's user side ran; :func:`local_loss`).
 
 The papers' local solve has no user intercept ``c``. We add one (a column of ones
 next to ``Q``, shrunk by the same ridge) because users' rating levels differ far
@@ -30,7 +32,7 @@ import os
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.kernels.linalg import predict_rows, residuals, solve_users
+from streamdp.kernels.linalg import predict_rows, residuals, solve_users_huber
 
 #: Ridge used when a model does not state one.
 FALLBACK_RIDGE = 1.0
@@ -84,8 +86,20 @@ def solve_block(model, indptr, items, ratings, ridge: float, *, user_bias: bool 
     res = np.empty(len(items), np.float64)
     residuals(np.asarray(items, np.int32), np.asarray(ratings, np.float32), float(model.global_mean), bias, res)
     U = np.zeros((len(indptr) - 1, Q.shape[1]))
-    solve_users(np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q, float(ridge), U)
+    iters, delta = local_loss(model)
+    solve_users_huber(np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q, float(ridge), iters, delta,
+                      U)
     return U
+
+
+def local_loss(model) -> tuple[int, float]:
+    """``(irls_iters, huber_delta)`` of the model's local solve: ``(0, inf)`` is the squared loss.
+
+    ``--method irls`` models say ``model.json`` ``local_huber: {delta, irls_iters}``: the
+    user solves with the same Huber-loss IRLS the training's user side used.
+    """
+    h = (getattr(model, "info", None) or {}).get("local_huber") or {}
+    return int(h.get("irls_iters", 0)), float(h.get("delta", np.inf))
 
 
 def predict_block(model, U, indptr, items, *, user_bias: bool | None = None) -> np.ndarray:

@@ -112,32 +112,65 @@ def solve_users(indptr, items, resid, Q, ridge, U):
     """Per-user ridge regression: ``U[u] = argmin ||resid_u - Q_{I_u} x||^2 + ridge ||x||^2``.
 
     ``Q`` is ``(n_items, k)`` float64, ``U`` ``(n_users, k)`` float64 (written).
-    A user without ratings gets ``x = 0``.
+    A user without ratings gets ``x = 0``. (:func:`solve_users_huber` with no
+    reweighting.)
+    """
+    solve_users_huber(indptr, items, resid, Q, ridge, 0, np.inf, U)
+
+
+@njit(cache=True, nogil=True)
+def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
+    """Per-user ridge regression with a Huber data loss, by iteratively reweighted least squares.
+
+    ``U[u] = argmin_x sum_{p in I_u} H_delta(resid_p - Q_{items_p} . x) + ridge ||x||^2 / 2`` approximately:
+    ``irls_iters`` reweighting steps after the plain ridge solve, each with weights
+    ``w_p = min(1, delta / |e_p|)`` of the previous solve's residuals ``e_p`` (the
+    Huber influence function over the residual, Holland & Welsch 1977; the R-IRLS of
+    the Huber-mechanism paper, seed 001, Alg. 3). ``irls_iters = 0`` is the plain
+    ridge solve (the squared loss). ``Q`` is ``(n_items, k)`` float64 (the released
+    item factors, with a column of ones for a user intercept), ``U`` is written.
     """
     k = Q.shape[1]
     G = np.empty((k, k), dtype=np.float64)
     x = np.empty(k, dtype=np.float64)
+    longest = 0
+    for u in range(len(indptr) - 1):
+        longest = max(longest, indptr[u + 1] - indptr[u])
+    w = np.ones(longest, dtype=np.float64)
     for u in range(len(indptr) - 1):
         s = indptr[u]
         e = indptr[u + 1]
-        for a in range(k):
-            x[a] = 0.0
-            for b in range(k):
-                G[a, b] = 0.0
-            G[a, a] = ridge
-        for p in range(s, e):
-            j = items[p]
-            r = resid[p]
+        for t in range(e - s):
+            w[t] = 1.0
+        for it in range(irls_iters + 1):
             for a in range(k):
-                qa = Q[j, a]
-                x[a] += qa * r
-                for b in range(a + 1):
-                    G[a, b] += qa * Q[j, b]
-        for a in range(k):
-            for b in range(a + 1, k):
-                G[a, b] = G[b, a]
-        if e > s:
-            _ridge_solve(G, x, k)
+                x[a] = 0.0
+                for b in range(k):
+                    G[a, b] = 0.0
+                G[a, a] = ridge
+            for p in range(s, e):
+                j = items[p]
+                wr = w[p - s]
+                r = resid[p] * wr
+                for a in range(k):
+                    qa = Q[j, a]
+                    x[a] += qa * r
+                    qw = qa * wr
+                    for b in range(a + 1):
+                        G[a, b] += qw * Q[j, b]
+            for a in range(k):
+                for b in range(a + 1, k):
+                    G[a, b] = G[b, a]
+            if e > s:
+                _ridge_solve(G, x, k)
+            if it < irls_iters:
+                for p in range(s, e):
+                    j = items[p]
+                    r = resid[p]
+                    for a in range(k):
+                        r -= Q[j, a] * x[a]
+                    r = abs(r)
+                    w[p - s] = 1.0 if r <= delta else delta / r
         for a in range(k):
             U[u, a] = x[a]
 

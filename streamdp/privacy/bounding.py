@@ -28,7 +28,8 @@ from numba import njit
 from streamdp.errors import ParameterError
 from streamdp.privacy.mechanisms import make_rng
 
-__all__ = ["trim_block", "clip_rows", "row_norms", "weight_rows", "personalized_weights", "center_ratings",
+__all__ = ["trim_block", "trim_mask", "contribution_weights", "SAMPLING_RULES", "clip_rows", "row_norms", "weight_rows",
+           "personalized_weights", "center_ratings",
            "private_mean", "contribution_bounds", "check_tau", "check_clip"]
 
 # Rounding of the scaled values can raise a row's norm by a relative 2^-24 (float32)
@@ -72,27 +73,54 @@ def _check_indptr(indptr: np.ndarray, n_values: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _trim_kernel(indptr, items, ratings, keys, tau, out_indptr, out_items, out_ratings):  # pragma: no cover - numba
-    n = indptr.shape[0] - 1
-    pos = 0
-    out_indptr[0] = 0
-    for u in range(n):
+def _keep_smallest(indptr, keys, tau, mask):  # pragma: no cover - numba
+    """``mask[p]`` = rating ``p`` is among the ``tau`` smallest ``keys`` of its user (all kept when fewer)."""
+    for u in range(indptr.shape[0] - 1):
         a = indptr[u]
         b = indptr[u + 1]
         if b - a <= tau:
             for j in range(a, b):
-                out_items[pos] = items[j]
-                out_ratings[pos] = ratings[j]
-                pos += 1
+                mask[j] = True
         else:
-            sel = np.sort(np.argsort(keys[a:b])[:tau])
+            for j in range(a, b):
+                mask[j] = False
+            sel = np.argsort(keys[a:b])[:tau]
             for t in range(tau):
-                j = a + sel[t]
-                out_items[pos] = items[j]
-                out_ratings[pos] = ratings[j]
-                pos += 1
-        out_indptr[u + 1] = pos
-    return pos
+                mask[a + sel[t]] = True
+
+
+@njit(cache=True, nogil=True)
+def _hash_keys(first_user, indptr, items, seed, out):  # pragma: no cover - numba
+    """``out[p]`` uniform in [0, 1): splitmix64 of (seed, global user, item) for each rating."""
+    m = np.uint64(0xFFFFFFFFFFFFFFFF)
+    for u in range(indptr.shape[0] - 1):
+        gu = np.uint64(first_user + u)
+        for p in range(indptr[u], indptr[u + 1]):
+            z = (np.uint64(seed) ^ (gu * np.uint64(0x9E3779B97F4A7C15)) ^
+                 (np.uint64(items[p]) * np.uint64(0xC2B2AE3D27D4EB4F))) & m
+            z = (z + np.uint64(0x9E3779B97F4A7C15)) & m
+            z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & m
+            z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & m
+            z = z ^ (z >> np.uint64(31))
+            out[p] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+def trim_mask(indptr, keys, tau) -> np.ndarray:
+    """Boolean mask keeping, per user, the ratings with the ``tau`` smallest ``keys`` (all of a user with fewer).
+
+    The one trimming rule: :func:`trim_block` draws uniform keys (a random subset),
+    :func:`contribution_weights` uses hashed keys (``uniform``) or the items' noisy
+    counts (``tail``: the user's rarest items).
+
+    >>> trim_mask(np.array([0, 3, 4]), np.array([0.5, 0.1, 0.9, 0.3]), 2).tolist()
+    [True, True, False, True]
+    """
+    tau = check_tau(tau)
+    keys = np.ascontiguousarray(keys, dtype=np.float64)
+    indptr = _check_indptr(indptr, keys.size)
+    mask = np.empty(keys.size, dtype=np.bool_)
+    _keep_smallest(indptr, keys, np.int64(tau), mask)
+    return mask
 
 
 def trim_block(indptr, items, ratings, tau, seed=None):
@@ -135,12 +163,10 @@ def trim_block(indptr, items, ratings, tau, seed=None):
     if counts.size == 0 or counts.max() <= tau:
         return indptr.copy(), items.copy(), ratings.copy()
     rng = seed if isinstance(seed, np.random.Generator) else make_rng(seed)
-    keys = rng.random(items.size)
-    total = int(np.minimum(counts, tau).sum())
-    out_indptr = np.empty_like(indptr)
-    out_items = np.empty(total, dtype=items.dtype)
-    out_ratings = np.empty(total, dtype=ratings.dtype)
-    _trim_kernel(indptr, items, ratings, keys, np.int64(tau), out_indptr, out_items, out_ratings)
+    mask = trim_mask(indptr, rng.random(items.size), tau)
+    out_indptr = np.zeros_like(indptr)
+    np.cumsum(np.minimum(counts, tau), out=out_indptr[1:])
+    out_items, out_ratings = items[mask], ratings[mask]
     return out_indptr, out_items, out_ratings
 
 
@@ -164,6 +190,79 @@ def _scale_rows_kernel(indptr, values, factors, out):  # pragma: no cover - numb
         else:
             for j in range(indptr[u], indptr[u + 1]):
                 out[j] = values[j]
+
+
+#: ``contribution_weights`` rules.
+SAMPLING_RULES = ("uniform", "tail", "adaptive")
+
+
+def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2", first_user: int = 0,
+                         seed: int = 0, item_counts=None, exponent: float = 0.0) -> np.ndarray:
+    """Per-rating weights ``c_ij`` bounding each user's contribution: ``||c_i||_2 <= sqrt(tau)`` or ``||c_i||_1 <= tau``.
+
+    Rules (all public: they use only the user's own ratings, public parameters and
+    already released noisy item counts):
+
+    * ``uniform``: weight 1 on ``tau`` ratings of the user chosen uniformly at random
+      (all of a user with fewer), 0 on the rest. The choice is a keyed hash of
+      ``(seed, global user, item)``: deterministic in the seed, the same in every
+      pass and whatever the blocks are (no random stream is consumed), and
+      independent of the other users. It is not the privacy noise: a subset chosen
+      by any rule of the user's own data keeps the bound, randomness only avoids bias.
+    * ``tail``: weight 1 on the user's ``tau`` rarest items by ``item_counts`` (ties by
+      the same hash), 0 on the rest.
+    * ``adaptive`` (Krichene et al. 2023): every rating kept, with
+      ``c_ij = sqrt(tau) n_j^mu / sqrt(sum_{j' in user} n_{j'}^(2 mu))`` (``norm="l2"``) or
+      ``tau n_j^mu / sum_{j'} n_{j'}^mu`` (``norm="l1"``), ``n_j = max(item_counts_j, 1)``
+      and ``mu = exponent <= 0``: rarer items weigh more, and every user's weights
+      have the same norm, so a light user's ratings count more each and the noise,
+      fixed by the bound, meets as much signal from every user as it can. With
+      ``exponent = 0`` no counts are needed: ``c_ij = sqrt(tau / n_i)`` (``tau / n_i``).
+
+    The bound is exact for ``uniform``/``tail`` (``min(n_i, tau)`` ones); for
+    ``adaptive`` the weights are scaled by ``1 - 2^-40`` so rounding cannot exceed it.
+
+    >>> ip, it = np.array([0, 4, 5]), np.array([0, 1, 2, 3, 0], np.int32)
+    >>> w = contribution_weights(ip, it, rule="adaptive", tau=4)
+    >>> [round(float(np.sum(w[a:b] ** 2)), 9) for a, b in ((0, 4), (4, 5))]
+    [4.0, 4.0]
+    >>> contribution_weights(ip, it, rule="tail", tau=2, item_counts=np.array([9, 5, 1, 7])).tolist()
+    [0.0, 1.0, 1.0, 0.0, 1.0]
+    """
+    tau = check_tau(tau)
+    if rule not in SAMPLING_RULES:
+        raise ParameterError(f"--sampling: expected one of {', '.join(SAMPLING_RULES)}, got {rule!r}")
+    if norm not in ("l1", "l2"):
+        raise ParameterError(f"norm: expected 'l1' or 'l2', got {norm!r}")
+    items = np.ascontiguousarray(items, dtype=np.int32)
+    indptr = _check_indptr(indptr, items.size)
+    counts = np.diff(indptr)
+    if rule == "adaptive":
+        if exponent > 0 or not math.isfinite(exponent):
+            raise ParameterError(f"--adaptive-exponent must be <= 0, got {exponent}")
+        rows_n = np.repeat(counts, counts).astype(np.float64)
+        if exponent == 0.0:
+            w = np.sqrt(tau / rows_n) if norm == "l2" else tau / rows_n
+        else:
+            if item_counts is None:
+                raise ParameterError("adaptive weights with a non-zero exponent need the noisy item counts")
+            nj = np.maximum(np.asarray(item_counts, np.float64), 1.0)[items] ** exponent
+            starts = indptr[:-1][counts > 0]
+            if norm == "l2":
+                tot = np.add.reduceat(nj * nj, starts) if starts.size else np.zeros(0)
+                w = math.sqrt(tau) * nj / np.sqrt(np.repeat(tot, counts[counts > 0]))
+            else:
+                tot = np.add.reduceat(nj, starts) if starts.size else np.zeros(0)
+                w = tau * nj / np.repeat(tot, counts[counts > 0])
+        return w * _F64_SAFETY
+    keys = np.empty(items.size, np.float64)
+    _hash_keys(np.int64(first_user), indptr, items, np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), keys)
+    if rule == "tail":
+        if item_counts is None:
+            raise ParameterError("--sampling tail needs the noisy item counts")
+        # rarest first; the hash (in [0, 1)) only breaks ties between equal counts
+        keys = np.floor(np.asarray(item_counts, np.float64)[items]) + keys
+    return trim_mask(indptr, keys, tau).astype(np.float64)
 
 
 def row_norms(indptr, values) -> np.ndarray:

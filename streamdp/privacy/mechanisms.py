@@ -73,6 +73,7 @@ __all__ = [
     "laplace_noise",
     "huber_noise",
     "huber_epsilon",
+    "huber_variance",
     "huber_log_density",
     "huber_loss",
 ]
@@ -227,6 +228,24 @@ def huber_log_density(x, b: float, c: float) -> np.ndarray:
     c = _check_scale("c", c)
     core, tail = _huber_masses(b, c)
     return -huber_loss(x, c) / b - math.log(core + 2.0 * tail)
+
+
+def huber_variance(b: float, c: float) -> float:
+    """Variance of the Huber-mechanism noise of scale ``b`` and transition ``c`` (``2 b^2`` at ``c = 0``).
+
+    From the mixture of the module docstring: the core's second moment is
+    ``b c (M_core - 2 c e^{-c/(2b)})`` and each tail's ``b e^{-c/(2b)} (c^2 + 2 b c + 2 b^2)``,
+    over the total mass ``M_core + 2 b e^{-c/(2b)}``.
+
+    >>> huber_variance(1.0, 0.0), round(huber_variance(1.0, 1.0), 3)
+    (2.0, 2.244)
+    """
+    b = _check_scale("b", b, allow_zero=False)
+    c = _check_scale("c", c)
+    core, tail = _huber_masses(b, c)
+    et = math.exp(-c / (2.0 * b))
+    m2 = (b * c * (core - 2.0 * c * et) if c > 0 else 0.0) + 2.0 * b * et * (c * c + 2.0 * b * c + 2.0 * b * b)
+    return m2 / (core + 2.0 * tail)
 
 
 def huber_epsilon(b: float, sensitivity: float) -> float:

@@ -1,0 +1,90 @@
+"""ALS kernels against NumPy references: the Huber-IRLS user solve and the item-side accumulation."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from streamdp.kernels.als import als_accumulate, als_accumulate_reference, packed_index, symmetrize_upper, unpack_upper
+from streamdp.kernels.linalg import solve_users, solve_users_huber
+
+
+def _csr(seed=0, n_users=40, n_items=15, density=0.3):
+    rng = np.random.default_rng(seed)
+    A = sp.random(n_users, n_items, density=density, random_state=rng, format="csr")
+    A.data = rng.normal(size=A.nnz)
+    A.sort_indices()
+    return A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data.astype(np.float64)
+
+
+def _irls_reference(Q, y, ridge, iters, delta):
+    """Dense IRLS of one user: plain ridge, then ``iters`` reweighted solves, w = min(1, delta / |e|)."""
+    w = np.ones(len(y))
+    for _ in range(iters + 1):
+        x = np.linalg.solve((Q * w[:, None]).T @ Q + ridge * np.eye(Q.shape[1]), (Q * w[:, None]).T @ y)
+        e = np.abs(y - Q @ x)
+        w = np.where(e <= delta, 1.0, delta / np.maximum(e, 1e-300))
+    return x
+
+
+@pytest.mark.parametrize("iters,delta", [(0, np.inf), (1, 0.5), (3, 0.2)])
+def test_solve_users_huber_matches_dense_irls(iters, delta):
+    ip, it, v = _csr(1)
+    v[::7] *= 8.0  # outliers, where the Huber loss differs from the squared loss
+    Q = np.random.default_rng(2).normal(size=(15, 4))
+    U = np.zeros((40, 4))
+    solve_users_huber(ip, it, v, Q, 0.8, iters, delta, U)
+    for u in range(40):
+        s, e = ip[u], ip[u + 1]
+        ref = _irls_reference(Q[it[s:e]], v[s:e], 0.8, iters, delta) if e > s else np.zeros(4)
+        np.testing.assert_allclose(U[u], ref, rtol=1e-9, atol=1e-10)
+
+
+def test_solve_users_is_huber_without_reweighting():
+    ip, it, v = _csr(3)
+    Q = np.random.default_rng(4).normal(size=(15, 3))
+    U1, U2 = np.zeros((40, 3)), np.zeros((40, 3))
+    solve_users(ip, it, v, Q, 1.0, U1)
+    solve_users_huber(ip, it, v, Q, 1.0, 5, np.inf, U2)  # infinite transition: every weight stays 1
+    np.testing.assert_allclose(U1, U2, rtol=1e-12)
+
+
+@pytest.mark.parametrize("d_extra,item_mode", [(0, True), (1, True), (0, False), (1, False)])
+def test_als_accumulate_matches_numpy(d_extra, item_mode):
+    ip, it, target = _csr(5, n_users=50, n_items=12)
+    rng = np.random.default_rng(6)
+    k = 3
+    d = k + d_extra
+    U = rng.normal(size=(50, k + 1)) * 2.0
+    w = rng.random(len(it)) * (rng.random(len(it)) < 0.8)
+    B = np.zeros((12, d))
+    A = np.zeros((12, d * (d + 1) // 2) if item_mode else (0, 1))
+    S = np.zeros((0, 0) if item_mode else (d, d))
+    clipped = als_accumulate(ip, it, target, w, U, 1.5, 0.7, 0.9, B, A, S)
+    Br, Ar, Sr = als_accumulate_reference(ip, it, target, w, U, 1.5, 0.7, 0.9, d, 12)
+    np.testing.assert_allclose(B, Br, rtol=1e-10, atol=1e-12)
+    if item_mode:
+        np.testing.assert_allclose(unpack_upper(A, d), Ar, rtol=1e-10, atol=1e-12)
+    else:
+        np.testing.assert_allclose(symmetrize_upper(S), Sr, rtol=1e-10, atol=1e-12)
+    has = np.diff(ip) > 0
+    assert clipped == int((np.linalg.norm(U[:, :k], axis=1)[has] > 1.5).sum())
+
+
+def test_als_accumulate_bounds_one_users_contribution():
+    """The sensitivities the method releases with: ||B_i||_2 <= R Delta ||w_i||_2, ||S_i|| <= Delta^2."""
+    rng = np.random.default_rng(7)
+    it = rng.choice(30, size=25, replace=False).astype(np.int32)
+    ip = np.array([0, 25])
+    U = rng.normal(size=(1, 5)) * 10.0
+    w = rng.random(25)
+    B, A, S = np.zeros((30, 4)), np.zeros((30, 10)), np.zeros((4, 4))
+    als_accumulate(ip, it, rng.normal(size=25) * 10, w, U, 0.3, 2.0, 1.0, B, A, S)
+    assert np.linalg.norm(B) <= 2.0 * 0.3 * np.linalg.norm(w) * (1 + 1e-12)
+    assert np.linalg.norm(A) <= 0.3 ** 2 * np.linalg.norm(w) * (1 + 1e-12)
+    assert np.linalg.norm(S[np.triu_indices(4)]) <= 0.3 ** 2 * (1 + 1e-12)
+
+
+def test_packed_index_is_row_by_row():
+    d = 4
+    iu = np.triu_indices(d)
+    assert [packed_index(a, b, d) for a, b in zip(*iu)] == list(range(len(iu[0])))

@@ -1,0 +1,186 @@
+"""``--method als`` / ``irls``: exactness without noise, the ledger, resume, IRLS, utility."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from streamdp.errors import ParameterError
+from streamdp.methods import get_method, train
+from streamdp.methods.als import RNG_KEY, item_biases
+from streamdp.stream.engine import Engine
+
+INF = float("inf")
+
+
+def _fit(store, method="als", epsilon=INF, rank=3, workers=1, seed=5, **opts):
+    m = get_method(method)(epsilon=epsilon, delta=1e-6, rank=rank, seed=seed, **opts)
+    with Engine(store, workers=workers, memory_limit="2GB") as eng:
+        return m, m.fit(store, eng)
+
+
+def _all_ratings(store):
+    parts = [store.read_block(b) for b in range(store.n_blocks)]
+    ip = np.concatenate([[0]] + [p.indptr[1:] + off for p, off in
+                                 zip(parts, np.cumsum([0] + [p.nnz for p in parts[:-1]]))])
+    return ip, np.concatenate([p.items for p in parts]), np.concatenate([p.ratings for p in parts]).astype(float)
+
+
+def dense_als(store, *, rank, iters, ridge, reg, seed):
+    """Plain ALS with biases in dense NumPy: the reference of a non-private run.
+
+    Global mean = mean of the users' mean ratings; initial item biases = user-centred
+    offsets shrunk as :func:`item_biases` (no noise); ``V_0`` = the run's init stream
+    (family ``(RNG_KEY << 24) | (1 << 16) | 0`` of the seed). Each iteration: every user
+    solves ``[u, c]`` by ridge on ``[V, 1]`` against ``r - mu - b``; every item solves
+    ``[v, b]`` by ridge on ``[u, 1]`` against ``r - mu - c``.
+    """
+    from streamdp.privacy import spawn_rngs
+
+    ip, it, r = _all_ratings(store)
+    n, k = store.n_items, rank
+    R = np.zeros((len(ip) - 1, n))
+    M = np.zeros_like(R, dtype=bool)
+    rows = np.repeat(np.arange(len(ip) - 1), np.diff(ip))
+    R[rows, it], M[rows, it] = r, True
+    has = M.sum(1) > 0
+    umean = np.where(has, (R * M).sum(1) / np.maximum(M.sum(1), 1), 0.0)
+    mu = umean[has].mean()
+    E = (R - umean[:, None]) * M
+    h = (store.rating_max - store.rating_min) / 2
+    b = item_biases(E.sum(0), M.sum(0).astype(float), 0.0, h)
+    V = spawn_rngs(seed, 1, key=(RNG_KEY << 24) | (1 << 16))[0].standard_normal((n, k))
+    for _ in range(iters):
+        Q = np.hstack([V, np.ones((n, 1))])
+        U = np.zeros((len(ip) - 1, k + 1))
+        for u in np.flatnonzero(has):
+            m = M[u]
+            Qi = Q[m]
+            U[u] = np.linalg.solve(Qi.T @ Qi + ridge * np.eye(k + 1), Qi.T @ (R[u, m] - mu - b[m]))
+        X = np.hstack([U[:, :k], np.ones((len(ip) - 1, 1))])
+        theta = np.zeros((n, k + 1))
+        for j in range(n):
+            m = M[:, j]
+            Xj = X[m]
+            theta[j] = np.linalg.solve(Xj.T @ Xj + reg * np.eye(k + 1), Xj.T @ (R[m, j] - mu - U[m, k]))
+        V, b = theta[:, :k], theta[:, k]
+    return V, b, mu
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    from streamdp.storage.generate import generate_store
+
+    return generate_store(str(tmp_path_factory.mktemp("als") / "tiny.zarr"), n_users=300, n_items=40,
+                          ratings_per_user=8, rank=3, seed=3, test_fraction=0.2, block_users=70)
+
+
+def test_non_private_als_matches_dense_numpy(tiny_store):
+    _, f = _fit(tiny_store, iters=4, ridge=2.0, reg=3.0, workers=2)
+    V, b, mu = dense_als(tiny_store, rank=3, iters=4, ridge=2.0, reg=3.0, seed=5)
+    assert f.ledger.guarantee == "non-private" and not f.ledger.events
+    np.testing.assert_allclose(f.item_factors, V, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(f.item_bias, b, atol=1e-5, rtol=0)
+    assert abs(f.global_mean - mu) < 1e-9
+
+
+def test_private_ledger_lists_every_release_with_its_sensitivity(small_store):
+    m, f = _fit(small_store, epsilon=1.0, rank=4, iters=2, seed=1)
+    led = f.ledger
+    assert led.guarantee == "user-level (epsilon, delta)-DP" and led.accounting.epsilon <= 1.0
+    rel = led.bounds["releases"]
+    s = m.settings(small_store)
+    tau, D, R, c = s["tau"], s["clip"], s["residual_clip"], s["bias_clip"]
+    by = {e["release"].split(" ")[0] + " " + e["release"].split(" ")[1]: e for e in rel}
+    assert by["item right-hand"]["sensitivity"] == pytest.approx(R * D * math.sqrt(tau))
+    assert by["item right-hand"]["count"] == 2 and by["item right-hand"]["shape"] == [small_store.n_items, 4]
+    assert by["users' Gramian"]["sensitivity"] == pytest.approx(D * D) and by["users' Gramian"]["symmetric"]
+    assert by["item sums"]["sensitivity"] == pytest.approx(c * math.sqrt(tau))
+    assert by["item weight"]["sensitivity"] == pytest.approx(math.sqrt(tau))
+    assert all(e["mechanism"] == "gaussian" and e["sensitivity_norm"] == "l2" for e in rel)
+    assert led.recompute().epsilon == pytest.approx(led.accounting.epsilon, rel=1e-6)
+    assert led.bounds["tau"] == tau and "adaptive" in led.bounds["weights"]
+
+
+@pytest.mark.parametrize("mech", ["laplace", "huber"])
+def test_pure_mechanisms_report_the_pure_guarantee(small_store, mech):
+    _, f = _fit(small_store, epsilon=2.0, rank=4, iters=1, mechanism=mech, seed=2)
+    led = f.ledger
+    rel = led.bounds["releases"]
+    assert all(e["mechanism"] == mech and e["sensitivity_norm"] == "l1" for e in rel)
+    pure = sum(e["count"] * e["pure_epsilon_each"] for e in rel)
+    assert led.bounds["pure_epsilon"] == pytest.approx(pure)
+    # for a handful of pure releases the PLD figure at delta is (nearly) their basic composition
+    assert led.accounting.epsilon <= 2.0 and pure == pytest.approx(2.0, rel=0.01)
+    assert any("pure epsilon-DP" in n for n in led.notes)
+
+
+def test_no_factors_below_the_signal_to_noise_threshold(small_store):
+    # 3000 users x 400 items at epsilon 0.5: the public proxy says biases only
+    _, f = _fit(small_store, epsilon=0.5, rank=4, seed=3)
+    assert f.model_info["parameters"]["iters"] == 0 and not np.any(f.item_factors)
+    assert any("iters = 0" in n for n in f.ledger.notes)
+
+
+def test_resume_after_interruption_gives_the_same_model(small_store, tmp_path, monkeypatch):
+    import streamdp.stream.driver as drv
+
+    opts = dict(epsilon=1.0, rank=4, iters=3, seed=7)
+    _, full = _fit(small_store, checkpoint=str(tmp_path / "full"), **opts)
+    real_save = drv.Run.save
+
+    def save_then_stop(self, epoch, **arrays):
+        real_save(self, epoch, **arrays)
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(drv.Run, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
+    monkeypatch.setattr(drv.Run, "save", real_save)
+    _, res = _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
+    assert res.model_info["resumed_from_iteration"] == 2
+    np.testing.assert_array_equal(res.item_factors, full.item_factors)
+    np.testing.assert_array_equal(res.item_bias, full.item_bias)
+    with pytest.raises(ParameterError, match="different run"):
+        _fit(small_store, checkpoint=str(tmp_path / "ck"), **{**opts, "iters": 4})
+
+
+def test_temporary_run_directory_is_removed(small_store):
+    import os
+
+    _fit(small_store, epsilon=1.0, rank=4, iters=1)
+    assert not os.path.exists(str(small_store.path).rstrip("/") + ".state")
+
+
+def test_irls_model_solves_locally_with_the_huber_loss(small_store, tmp_path):
+    from streamdp.local import local_loss
+    from streamdp.model import load_model
+
+    out = str(tmp_path / "irls")
+    s = train(small_store, method="irls", out=out, epsilon=2.0, delta=1e-6, rank=4, seed=1, iters=2,
+              irls_iters=3, huber_delta=0.7)
+    m = load_model(out)
+    assert local_loss(m) == (3, 0.7)
+    assert json.load(open(f"{out}/model.json"))["local_huber"] == {"delta": 0.7, "irls_iters": 3}
+    assert math.isfinite(s["test_rmse"])
+
+
+def test_als_cli_end_to_end(small_store, tmp_path):
+    from click.testing import CliRunner
+
+    from streamdp.cli import main
+
+    out = str(tmp_path / "m")
+    r = CliRunner().invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "2", "--rank", "4",
+                                  "--iters", "2", "--mechanism", "laplace", "--sampling", "tail", "--tau", "20",
+                                  "--out", out, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output.strip().splitlines()[-1])
+    assert d["method"] == "als" and d["epsilon_spent"] <= 2.0 and d["test_rmse"] > 0
+    r = CliRunner().invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "1",
+                                  "--irls-iters", "2", "--out", str(tmp_path / "m2")])
+    assert r.exit_code == 2 and "--irls-iters: not an option of --method als" in r.output
