@@ -26,7 +26,7 @@ _load_builtin()
 EPS, DELTA, RANK, SEED = 2.0, 1e-5, 3, 11
 #: Fast settings per method so the suite stays quick (defaults otherwise).
 FAST = {"oja": {"passes": 3}, "sgld": {"epochs": 2, "step_users": 100}, "sgd": {"epochs": 2, "step_users": 100},
-        "als": {"iters": 2, "item_frac": 0.9}, "irls": {"iters": 2, "sampling": "uniform", "tau": 5}}
+        "als": {"iters": 2, "item_frac": 0.9}, "irls": {"iters": 2, "sampling": "uniform", "tau": 5}, "means": {}}
 
 
 def _make(name):

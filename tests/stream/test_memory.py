@@ -1,7 +1,8 @@
 """Bounded memory: a pass over a >= 50M-rating store with --memory-limit 512MB stays under the limit.
 
 The store is generated into a temporary directory (block by block, ~75 s on two
-cores), then ``streamdp train`` (stats pass + 2 subspace passes, k=16) runs in a
+cores), then ``streamdp train`` (oja: stats pass + 2 subspace passes, k=16; als:
+statistics pass + 2 iterations, k=16) runs in a
 child process that reports its own peak resident set size (``VmHWM`` of
 ``/proc/self/status``, exact, not sampled; ``ru_maxrss`` is not used because Linux
 carries the forking parent's high-water mark across ``exec``). A first child run on a tiny store compiles the Numba kernels into
@@ -44,16 +45,31 @@ def peak_rss_of_train(store: str, out: str, memory_limit: str, *extra: str) -> d
     return json.loads(p.stderr.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
-def test_pass_over_50M_ratings_within_512MB(tmp_path):
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory):
+    """A >= 50M-rating generated store, and the kernels compiled into their cache by a tiny run of each method."""
     from streamdp.storage.generate import generate_store
 
-    # compile (and cache) the Numba kernels first, so the measured run is the steady state
+    tmp = tmp_path_factory.mktemp("memory")
+    # compile (and cache) the Numba kernels first, so the measured runs are the steady state
     # (measured with an empty cache as well: 343 MB, compilation adds little)
-    tiny = generate_store(str(tmp_path / "tiny.zarr"), n_users=500, n_items=50, ratings_per_user=5, rank=2, seed=1)
-    peak_rss_of_train(tiny.path, str(tmp_path / "m0"), "512MB", "--passes", "2")
-    st = generate_store(str(tmp_path / "big.zarr"), n_users=1_000_000, n_items=2_000, ratings_per_user=52, rank=8,
+    tiny = generate_store(str(tmp / "tiny.zarr"), n_users=500, n_items=50, ratings_per_user=5, rank=2, seed=1)
+    peak_rss_of_train(tiny.path, str(tmp / "m0"), "512MB", "--passes", "2")
+    peak_rss_of_train(tiny.path, str(tmp / "m1"), "512MB", "--method", "als", "--iters", "1")
+    st = generate_store(str(tmp / "big.zarr"), n_users=1_000_000, n_items=2_000, ratings_per_user=52, rank=8,
                         seed=3, show_progress=False)
     assert st.n_ratings >= 50_000_000
-    r = peak_rss_of_train(st.path, str(tmp_path / "m"), "512MB", "--passes", "2")
+    return st
+
+
+@pytest.mark.slow
+def test_pass_over_50M_ratings_within_512MB(big_store, tmp_path):
+    r = peak_rss_of_train(big_store.path, str(tmp_path / "m"), "512MB", "--passes", "2")
+    assert r["peak_rss"] < 512e6, r
+
+
+@pytest.mark.slow
+def test_als_over_50M_ratings_within_512MB(big_store, tmp_path):
+    """DP-ALS: the statistics pass and two iterations (users solved per block, item sums reduced in order)."""
+    r = peak_rss_of_train(big_store.path, str(tmp_path / "m"), "512MB", "--method", "als", "--iters", "2")
     assert r["peak_rss"] < 512e6, r
