@@ -165,3 +165,58 @@ def test_trim_block_matches_reference():
     for tau in (1, 7, 30):
         got, ref = trim_block(indptr, items, ratings, tau, seed=11), _trim_ref(indptr, items, ratings, tau, 11)
         assert all(np.array_equal(g, r) for g, r in zip(got, ref))
+
+
+# -- contribution weights (als / irls / means) ----------------------------------------------
+
+import math  # noqa: E402
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 40), min_size=1, max_size=30), tau=st.integers(1, 30),
+       rule=st.sampled_from(["uniform", "tail", "adaptive"]), norm=st.sampled_from(["l1", "l2"]),
+       exponent=st.sampled_from([0.0, -0.5]), seed=st.integers(0, 2**31))
+def test_contribution_weights_bound_every_user(counts, tau, rule, norm, exponent, seed):
+    from streamdp.privacy.bounding import contribution_weights
+
+    rng = np.random.default_rng(seed)
+    ip = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    items = np.concatenate([rng.choice(50, size=c, replace=False) for c in counts] or [np.zeros(0)]).astype(np.int32)
+    noisy = rng.normal(20, 15, size=50)
+    w = contribution_weights(ip, items, rule=rule, tau=tau, norm=norm, first_user=7, seed=seed, item_counts=noisy,
+                             exponent=exponent)
+    assert w.shape == items.shape and np.all(w >= 0)
+    for u, c in enumerate(counts):
+        wu = w[ip[u]:ip[u + 1]]
+        bound = math.sqrt(tau) if norm == "l2" else tau
+        size = np.sqrt(np.sum(wu ** 2)) if norm == "l2" else np.sum(wu)
+        assert size <= bound, (u, size, bound)
+        if rule != "adaptive":
+            assert np.count_nonzero(wu) == min(c, tau)
+
+
+def test_uniform_weights_do_not_depend_on_blocks():
+    """The kept subset is a hash of (seed, global user, item): the same whether users come in one block or two."""
+    from streamdp.privacy.bounding import contribution_weights
+
+    rng = np.random.default_rng(1)
+    counts = rng.integers(1, 30, size=20)
+    ip = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    items = np.concatenate([rng.choice(100, size=c, replace=False) for c in counts]).astype(np.int32)
+    whole = contribution_weights(ip, items, rule="uniform", tau=8, seed=5)
+    cut = int(ip[9])
+    a = contribution_weights(ip[:10], items[:cut], rule="uniform", tau=8, seed=5)
+    b = contribution_weights(ip[9:] - ip[9], items[cut:], rule="uniform", tau=8, seed=5, first_user=9)
+    assert np.array_equal(whole, np.concatenate([a, b]))
+    assert not np.array_equal(whole, contribution_weights(ip, items, rule="uniform", tau=8, seed=6))
+
+
+def test_tail_keeps_the_rarest_items():
+    from streamdp.privacy.bounding import contribution_weights
+
+    ip = np.array([0, 5])
+    items = np.array([0, 1, 2, 3, 4], np.int32)
+    w = contribution_weights(ip, items, rule="tail", tau=2, item_counts=np.array([50.0, 3.0, 20.0, 1.0, 9.0]))
+    assert w.tolist() == [0.0, 1.0, 0.0, 1.0, 0.0]
