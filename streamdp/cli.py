@@ -1,8 +1,9 @@
 """The ``streamdp`` command line: parse, validate, call one library function, print.
 
 User errors (:class:`streamdp.errors.StreamdpError`) become one line on stderr and
-their exit code (2, or 3 for a refused budget); anything else is a bug and keeps
-its traceback.
+their exit code (2, or 3 for a refused budget); Ctrl-C is one line saying what was
+and was not released, and exit code 130; anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -13,18 +14,38 @@ import sys
 import click
 
 from streamdp import __version__
-from streamdp.errors import StreamdpError
+from streamdp.errors import Interrupted, StreamdpError
 
 
 class _Group(click.Group):
     """A click group that turns user errors into one-line messages."""
 
     def invoke(self, ctx):
+        from streamdp.outputs import interrupts_at_safe_points
+
         try:
-            return super().invoke(ctx)
+            with interrupts_at_safe_points():
+                return super().invoke(ctx)
+        except Interrupted as exc:  # Ctrl-C where a command knows what it released
+            _quiet_abandoned_io()
+            click.echo(f"streamdp: {exc}", err=True)
+            ctx.exit(exc.exit_code)
         except StreamdpError as exc:
             click.echo(f"streamdp: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            _quiet_abandoned_io()
+            click.echo("streamdp: interrupted; nothing was released and nothing is left half-written "
+                       "(outputs are written all or nothing)", err=True)
+            ctx.exit(130)
+
+
+def _quiet_abandoned_io() -> None:
+    """After Ctrl-C: Zarr's I/O tasks that the interrupted call was waiting for are abandoned (reads, or writes
+    into temporary directories already removed); asyncio would log each of them at exit."""
+    import logging
+
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
 
 
 def print_json(obj) -> None:
@@ -76,6 +97,20 @@ def info(store, as_json):
 
 
 @main.command()
+@click.argument("store")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def verify(store, as_json):
+    """Read all of STORE back, block by block, and check it against its recorded checksum."""
+    from streamdp.storage.verify import format_verify, verify_store
+
+    r = verify_store(store)
+    if as_json:
+        print_json(r)
+    else:
+        click.echo(format_verify(r))
+
+
+@main.command()
 @click.option("--out", required=True, help="Destination store directory.")
 @click.option("--users", "n_users", type=int, default=10_000, show_default=True, help="Number of users.")
 @click.option("--items", "n_items", type=int, default=2_000, show_default=True, help="Number of items.")
@@ -92,7 +127,8 @@ def info(store, as_json):
               help="Rating scale; STEP 0 keeps ratings continuous.")
 @click.option("--block-users", type=int, default=None, help="Users per block (default: ~0.5M ratings a block).")
 @click.option("--workers", type=int, default=None, help="Threads generating blocks (default: all cores).")
-@click.option("--force", is_flag=True, help="Overwrite an existing store.")
+@click.option("--force", is_flag=True, help="Replace an existing streamdp store at --out (anything else there is "
+              "an error); its privacy-budget ledger is carried over.")
 def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fraction, item_exponent,
              user_exponent, scale, block_users, workers, force):
     """Write a synthetic low-rank, power-law rating store, block by block."""
@@ -127,7 +163,8 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 @click.option("--skip-bad-lines", is_flag=True, help="Skip and count malformed lines instead of failing.")
 @memory_limit_option
 @click.option("--block-users", type=int, default=None, help="Users per block (default: ~0.5M ratings a block).")
-@click.option("--force", is_flag=True, help="Overwrite an existing store.")
+@click.option("--force", is_flag=True, help="Replace an existing streamdp store at --out (anything else there is "
+              "an error); its privacy-budget ledger is carried over.")
 @click.option("--budget", default=None, metavar="EPSILON,DELTA",
               help="Set the store's total privacy budget (see `streamdp budget`).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
@@ -153,6 +190,13 @@ def ingest(inputs, out, fmt, sep, columns, rating_range, test_fraction, seed, sk
 # ---------------------------------------------------------------------------------------
 # models: train / evaluate / recommend / demo
 # ---------------------------------------------------------------------------------------
+
+
+def _note_stale_runs(paths) -> None:
+    """Say on stderr which run directories of dead processes were removed."""
+    if paths:
+        click.echo(f"note: removed {len(paths)} run director{'y' if len(paths) == 1 else 'ies'} left by "
+                   f"process(es) that are gone: {', '.join(paths)}", err=True)
 
 
 def _default_delta(n_users: int) -> float:
@@ -218,7 +262,8 @@ class _TrainCommand(click.Command):
 @click.option("--scheduler", default=None, metavar="ADDRESS", help="Dask distributed scheduler (tcp://host:port).")
 @click.option("--over-budget", "--budget-override", "over_budget", is_flag=True,
               help="Train even if the store's privacy budget would be exceeded (recorded).")
-@click.option("--force", is_flag=True, help="Overwrite an existing model directory.")
+@click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
+              "an error).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit, scheduler, over_budget, force,
           as_json, **options):
@@ -232,6 +277,7 @@ def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit,
     summary = train_model(st, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
                           force=force, **options)
+    _note_stale_runs(summary.get("stale_runs_removed", []))
     if as_json:
         print_json(summary)
         return
@@ -288,14 +334,17 @@ def recommend(model, ratings_file, top, ridge, as_json):
 
 
 @main.command()
-@click.option("--out", default=None, help="Directory for the demo store and model (default: a temporary one).")
+@click.option("--out", default=None, metavar="DIR", help="Directory to keep the demo store and model in, "
+              "DIR/ratings.zarr and DIR/model (default: a temporary one, removed at the end).")
+@click.option("--force", is_flag=True, help="Replace DIR/ratings.zarr and DIR/model if they are a streamdp store "
+              "and model (the store's budget ledger is carried over).")
 @click.option("--epsilon", type=float, default=1.0, show_default=True, help="User-level epsilon of the model.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def demo(out, epsilon, as_json):
+def demo(out, force, epsilon, as_json):
     """Main job end to end: generate a store -> train oja -> evaluate, print RMSE and privacy spent."""
     from streamdp.demo import run_demo
 
-    res = run_demo(out, epsilon=epsilon, echo=None if as_json else click.echo)
+    res = run_demo(out, epsilon=epsilon, force=force, echo=None if as_json else click.echo)
     if as_json:
         print_json(res)
 
@@ -342,9 +391,15 @@ def privacy_epsilon(noise_multiplier, count, delta, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def privacy_calibrate(epsilon, delta, count, as_json):
     """Smallest Gaussian noise multiplier for (EPSILON, DELTA) over COUNT releases, beside the papers' forms."""
+    import math
+
+    from streamdp.errors import ParameterError
     from streamdp.privacy import calibrate_gaussian, epsilon_of, gaussian_event, paper_sigma_jain
     from streamdp.privacy.ledger import encode_json
 
+    if math.isinf(epsilon):
+        raise ParameterError("--epsilon inf: a non-private release needs no noise (multiplier 0), there is "
+                             "nothing to calibrate; give a finite epsilon")
     z = calibrate_gaussian(epsilon, delta, count)
     r = epsilon_of(gaussian_event(z, count), delta)
     alg1 = paper_sigma_jain(epsilon, delta, count, "alg1")
@@ -365,13 +420,19 @@ def privacy_calibrate(epsilon, delta, count, as_json):
 @main.command()
 @click.argument("store")
 @click.option("--set", "set_budget", default=None, metavar="EPSILON,DELTA", help="Set the store's total budget.")
+@click.option("--settle", is_flag=True, help="Settle reservations of runs that are gone (killed): complete if their "
+              "model is in place, else 'stale' (counted as spent); remove their run directories in STORE.state/.")
+@click.option("--refund-unreleased", is_flag=True, help="With --settle: mark 'failed' (not counted) the reservations "
+              "proven to have released nothing (their run died before it began writing the model).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def budget(store, set_budget, as_json):
-    """Show (or --set) the privacy budget of STORE and everything released from it."""
+def budget(store, set_budget, settle, refund_unreleased, as_json):
+    """Show (or --set, --settle) the privacy budget of STORE and everything released from it."""
     from streamdp.errors import ParameterError
     from streamdp.privacy.budget import StoreBudget, format_budget
     from streamdp.privacy.ledger import encode_json
 
+    if refund_unreleased and not settle:
+        raise ParameterError("--refund-unreleased: only with --settle")
     b = StoreBudget(store)
     if set_budget is not None:
         try:
@@ -379,11 +440,24 @@ def budget(store, set_budget, as_json):
         except ValueError:
             raise ParameterError(f"--set: expected EPSILON,DELTA, got {set_budget!r}") from None
         b.set(eps, delta)
+    settled = stale = None
+    if settle:
+        from streamdp.stream.driver import sweep_stale_runs
+
+        settled = b.settle(refund_unreleased=refund_unreleased)
+        stale = sweep_stale_runs(store)
     s = b.show()
     if as_json:
-        print_json(encode_json(s))
-    else:
-        click.echo(format_budget(s))
+        print_json(encode_json(s if settled is None else {**s, "settled": settled, "stale_runs_removed": stale}))
+        return
+    if settled is not None:
+        for r in settled:
+            click.echo(f"settled {r['id']}: {r['before']} -> {r['after']}: {r['why']}")
+        if not settled:
+            click.echo("settled: no reservations to settle")
+        for d in stale:
+            click.echo(f"removed {d}: run directory of a process that is gone")
+    click.echo(format_budget(s))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,29 +19,51 @@ DEMO_STORE = dict(n_users=100_000, n_items=1_000, ratings_per_user=40, rank=8, n
                   test_fraction=0.2)
 
 
-def run_demo(out: str | None = None, *, epsilon: float = 1.0, echo=None) -> dict:
-    """Run the demo; ``out`` keeps the store and model (default: a temporary directory, removed after)."""
+def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = False, echo=None) -> dict:
+    """Run the demo and return its summary.
+
+    ``out`` keeps the store and the model (``out/ratings.zarr``, ``out/model``);
+    without it they go to a temporary directory that is removed at the end, and then
+    no path into it is printed or returned (``store`` and ``model`` are ``None``).
+    Existing ``out/ratings.zarr`` / ``out/model`` are an error unless ``force``, and
+    ``force`` replaces only a streamdp store and model (both checked before anything
+    is generated; the store's budget ledger is carried over). Ctrl-C raises
+    :class:`~streamdp.errors.Interrupted` saying what was kept and released.
+    """
+    from streamdp.errors import Interrupted, StoreError
     from streamdp.evaluate import evaluate_model
     from streamdp.methods import train
+    from streamdp.model import check_model_destination
     from streamdp.privacy import Ledger
     from streamdp.storage.generate import generate_store
+    from streamdp.storage.writer import check_destination
 
     say = echo or (lambda *a, **k: None)
-    tmp = None
-    if out is None:
-        tmp = out = tempfile.mkdtemp(prefix="streamdp-demo-")
-    os.makedirs(out, exist_ok=True)
-    store_path = os.path.join(out, "ratings.zarr")
-    model_path = os.path.join(out, "model")
+    kept = out is not None
+    if kept:
+        if os.path.lexists(out) and not os.path.isdir(out):
+            raise StoreError(f"{out}: exists and is not a directory (--out names a directory for the demo)")
+        store_path, model_path = os.path.join(out, "ratings.zarr"), os.path.join(out, "model")
+        check_destination(store_path, force)
+        check_model_destination(model_path, force)
+        os.makedirs(out, exist_ok=True)
+    else:
+        out = tempfile.mkdtemp(prefix="streamdp-demo-")
+        store_path, model_path = os.path.join(out, "ratings.zarr"), os.path.join(out, "model")
+    store_name = store_path if kept else "a temporary store"
+    model_name = model_path if kept else "a temporary model"
+    stage = "generate"
     try:
         t0 = time.perf_counter()
-        st = generate_store(store_path, force=True, show_progress=False, **DEMO_STORE)
-        say(f"1. generated {store_path}: {st.n_users:,} users x {st.n_items:,} items, {st.n_ratings:,} train + "
+        st = generate_store(store_path, force=force, show_progress=False, **DEMO_STORE)
+        say(f"1. generated {store_name}: {st.n_users:,} users x {st.n_items:,} items, {st.n_ratings:,} train + "
             f"{st.n_test:,} test ratings (rank-{DEMO_STORE['rank']} truth) in {time.perf_counter() - t0:.1f}s")
         delta = 10.0 ** math.floor(math.log10(min(1e-6, 1.0 / (10 * st.n_users))))
+        stage = "train"
         summary = train(st, method="oja", out=model_path, epsilon=epsilon, delta=delta, rank=DEMO_STORE["rank"],
-                        seed=None, force=True, evaluate_test=False)
-        say(f"2. trained {model_path}: --method oja, rank {summary['rank']}, {summary['seconds']:.1f}s")
+                        seed=None, force=force, evaluate_test=False)
+        stage = "evaluate"
+        say(f"2. trained {model_name}: --method oja, rank {summary['rank']}, {summary['seconds']:.1f}s")
         ev = evaluate_model(model_path, st)
         led = Ledger.read(model_path)
         acc = led.accounting
@@ -50,12 +72,28 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, echo=None) -> dict
         say(f"3. test RMSE {ev['rmse']:.4f} on {ev['n_ratings']:,} held-out ratings "
             f"(non-private baselines: item mean {b['item_mean']['rmse']:.4f}, "
             f"global mean {b['global_mean']['rmse']:.4f})")
+        ledger_at = (f"{model_path}/privacy.json" if kept else
+                     "the model's privacy.json (removed with the temporary directory; --out DIR keeps it)")
         say(f"   privacy spent: epsilon {spent:.4g} (target {epsilon:g}), delta {delta:g}, "
-            f"guarantee: {led.guarantee}; ledger in {model_path}/privacy.json")
-        return {"store": store_path if tmp is None else None, "model": model_path if tmp is None else None,
+            f"guarantee: {led.guarantee}; ledger in {ledger_at}")
+        return {"store": store_path if kept else None, "model": model_path if kept else None,
                 "rmse": ev["rmse"], "mae": ev["mae"], "n_ratings": ev["n_ratings"],
                 "baselines": b, "epsilon": spent, "epsilon_target": epsilon, "delta": delta,
                 "guarantee": led.guarantee, "seconds": round(time.perf_counter() - t0, 2)}
+    except KeyboardInterrupt as exc:
+        if not kept:
+            raise Interrupted("interrupted; the demo's temporary store and model were removed, nothing was kept") \
+                from None
+        if isinstance(exc, Interrupted):  # from train: it says what was released
+            raise
+        if stage == "generate":
+            raise Interrupted(f"interrupted before the demo store {store_path} was written; nothing was released") \
+                from None
+        if stage == "train":
+            raise Interrupted(f"interrupted before anything was released (the store {store_path} was written)") \
+                from None
+        raise Interrupted(f"interrupted after the model was written to {model_path} and its budget recorded; "
+                          f"evaluation skipped") from None
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(out, ignore_errors=True)

@@ -33,3 +33,13 @@ class BudgetExceededError(StreamdpError):
 
 class NotImplementedMethodError(StreamdpError):
     """A method that exists in the registry but is not finished."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with a message saying what was and was not released (exit code 130, like a shell).
+
+    A ``KeyboardInterrupt`` still (so ``except Exception`` never swallows it); the
+    CLI prints its message instead of the generic one.
+    """
+
+    exit_code = 130

@@ -42,6 +42,12 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     dict
         ``rmse, mae, n_ratings, n_users, ridge, method, guarantee`` and, with
         baselines, ``baselines: {global_mean: {rmse, mae}, item_mean: {rmse, mae}}``.
+
+    Raises
+    ------
+    StoreError
+        No test split, other items than the model's, or a damaged store (a missing
+        or corrupt chunk, :meth:`~streamdp.storage.store.RatingStore.check_chunks`).
     """
     from streamdp.local import model_ridge, predict_block, solve_block
     from streamdp.model import Model, load_model
@@ -52,6 +58,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     st = store if isinstance(store, RatingStore) else open_store(store)
     if not st.has_test:
         raise StoreError(f"{st.path}: store has no test split (generate or ingest it with --test-fraction)")
+    st.check_chunks()  # a damaged store fails here with one line, not with a wrong RMSE
     if st.n_items != m.n_items:
         raise StoreError(f"{st.path}: store has {st.n_items} items but the model {m.path} has {m.n_items}")
     ck = m.info.get("store_checksum")

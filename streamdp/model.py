@@ -4,7 +4,8 @@
 
     MODEL/
       privacy.json        the privacy ledger (streamdp.privacy.Ledger)
-      model.json          method, rank, all parameters, the store's checksum
+      model.json          method, rank, all parameters, the store's checksum, and
+                          ``budget_entry``: the store-budget entry that released it
       factors.zarr/       Zarr group
         item_factors      float32 (n_items, k), store item order
         item_bias         float32 (n_items,)
@@ -13,7 +14,9 @@
         attrs: global_mean
 
 :func:`save_model` writes everything into a temporary directory beside ``out`` and
-renames it into place, so a failed or interrupted run leaves no partial model.
+renames it into place (:func:`streamdp.outputs.install_dir`), so a failed or
+interrupted run leaves no partial model; ``force`` replaces only an existing model
+(:func:`is_model_dir`), never another file or directory.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import zarr
 
-from streamdp.errors import InputError, StoreError
+from streamdp.errors import InputError
+from streamdp.outputs import check_destination, deferred_interrupts, install_dir
 from streamdp.privacy.ledger import encode_json
 
 MODEL_FORMAT = "streamdp-model"
@@ -61,6 +65,33 @@ class Model:
         return str(self.info.get("method", "?"))
 
 
+def _model_json(path) -> dict | None:
+    try:
+        with open(os.path.join(path, "model.json")) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def is_model_dir(path) -> bool:
+    """Whether ``path`` is a streamdp model directory (its ``model.json`` names the format; any version)."""
+    info = _model_json(path)
+    return info is not None and info.get("format") == MODEL_FORMAT
+
+
+def model_budget_entry(path) -> str | None:
+    """The id of the store-budget entry that released the model at ``path`` (``model.json``), if any."""
+    info = _model_json(path)
+    entry = info.get("budget_entry") if info is not None and info.get("format") == MODEL_FORMAT else None
+    return entry if isinstance(entry, str) else None
+
+
+def check_model_destination(out, force: bool) -> None:
+    """Refuse an existing ``out`` unless ``force`` and it is a streamdp model (then it may be replaced)."""
+    check_destination(out, force, what="model", is_ours=is_model_dir)
+
+
 def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: float, model_info: dict, ledger,
                extras: dict | None = None, force: bool = False) -> str:
     """Write a model directory atomically (temp dir + rename) and return its path.
@@ -82,11 +113,10 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
     extras : dict of str to ndarray, optional
         Additional arrays written into ``factors.zarr``.
     force : bool
-        Replace an existing ``out``.
+        Replace an existing model at ``out`` (anything else there is an error and is left untouched).
     """
     out = str(out).rstrip("/")
-    if os.path.lexists(out) and not force:
-        raise StoreError(f"{out}: already exists (use --force to overwrite)")
+    check_model_destination(out, force)
     V = np.ascontiguousarray(item_factors, dtype=np.float32)
     if V.ndim != 2:
         raise ValueError(f"item_factors must be 2-D, got shape {V.shape}")
@@ -101,28 +131,30 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:8]}")
     try:
-        os.makedirs(tmp)
-        g = zarr.open_group(os.path.join(tmp, "factors.zarr"), mode="w")
-        g.create_array("item_factors", data=V, chunks=(min(max(n, 1), 1 << 16), V.shape[1]))
-        g.create_array("item_bias", data=bias)
-        if ids.dtype.kind in "OUS":
-            g.create_array("item_ids", data=ids.astype(str), dtype=str)
-        else:
-            g.create_array("item_ids", data=ids.astype(np.int64))
-        for name, arr in (extras or {}).items():
-            if name in _CORE_ARRAYS:
-                raise ValueError(f"extra array name {name!r} clashes with a core array")
-            g.create_array(name, data=np.asarray(arr))
-        g.attrs["global_mean"] = float(global_mean)
-        info = dict(model_info)
-        info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n), rank=int(V.shape[1]))
-        with open(os.path.join(tmp, "model.json"), "w") as f:
-            json.dump(encode_json(info), f, indent=2)
-            f.write("\n")
-        ledger.write(tmp)
-        if os.path.lexists(out):
-            shutil.rmtree(out) if os.path.isdir(out) and not os.path.islink(out) else os.remove(out)
-        os.rename(tmp, out)
+        # Ctrl-C is taken after the model is in place (or the write failed): Zarr writes on a
+        # thread of its own, and a write cut off here could go on into a removed temp directory
+        with deferred_interrupts():
+            os.makedirs(tmp)
+            g = zarr.open_group(os.path.join(tmp, "factors.zarr"), mode="w")
+            g.create_array("item_factors", data=V, chunks=(min(max(n, 1), 1 << 16), V.shape[1]))
+            g.create_array("item_bias", data=bias)
+            if ids.dtype.kind in "OUS":
+                g.create_array("item_ids", data=ids.astype(str), dtype=str)
+            else:
+                g.create_array("item_ids", data=ids.astype(np.int64))
+            for name, arr in (extras or {}).items():
+                if name in _CORE_ARRAYS:
+                    raise ValueError(f"extra array name {name!r} clashes with a core array")
+                g.create_array(name, data=np.asarray(arr))
+            g.attrs["global_mean"] = float(global_mean)
+            info = dict(model_info)
+            info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n),
+                        rank=int(V.shape[1]))
+            with open(os.path.join(tmp, "model.json"), "w") as f:
+                json.dump(encode_json(info), f, indent=2)
+                f.write("\n")
+            ledger.write(tmp)
+            install_dir(tmp, out, force=force, what="model", is_ours=is_model_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -18,5 +18,5 @@ def test_demo_cli(tmp_path, monkeypatch):
     assert d["guarantee"] == "user-level (epsilon, delta)-DP" and 0.99 <= d["epsilon"] <= 1.0
     assert d["n_ratings"] > 0 and d["rmse"] < d["baselines"]["global_mean"]["rmse"]
     assert (tmp_path / "d" / "model" / "privacy.json").exists()
-    res = CliRunner().invoke(main, ["demo", "--out", str(tmp_path / "d")])
+    res = CliRunner().invoke(main, ["demo", "--out", str(tmp_path / "d"), "--force"])
     assert res.exit_code == 0 and "test RMSE" in res.output and "privacy spent: epsilon" in res.output

@@ -14,7 +14,7 @@ import math
 import os
 import time
 
-from streamdp.errors import ParameterError, StoreError
+from streamdp.errors import Interrupted, ParameterError
 from streamdp.methods.base import Fitted, Method, Plan
 
 __all__ = ["METHODS", "register", "get_method", "train", "Method", "Fitted", "Plan"]
@@ -64,23 +64,33 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
 
     The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
     accountant's ``epsilon_spent`` and, when the store has a test split,
-    ``test_rmse`` / ``test_mae`` (local ridge solves, see :mod:`streamdp.evaluate`).
-    Options that are ``None`` are left at the method's defaults.
+    ``test_rmse`` / ``test_mae`` (local ridge solves, see :mod:`streamdp.evaluate`);
+    ``stale_runs_removed`` lists the run directories of dead processes removed from
+    ``STORE.state/`` first (:func:`streamdp.stream.driver.sweep_stale_runs`), if any.
+    Options that are ``None`` are left at the method's defaults. ``force`` replaces
+    only an existing model at ``out``.
+
+    Ctrl-C raises :class:`~streamdp.errors.Interrupted` saying what was released:
+    nothing (the reservation is marked failed), or the model and its budget entry
+    (complete; the evaluation is skipped).
     """
+    from streamdp.model import check_model_destination, model_budget_entry
     from streamdp.privacy import check_privacy_params
     from streamdp.privacy.budget import StoreBudget
     from streamdp.storage.store import RatingStore, open_store
+    from streamdp.stream.driver import sweep_stale_runs
     from streamdp.stream.engine import Engine
 
     out = str(out)
-    if os.path.lexists(out) and not force:
-        raise StoreError(f"{out}: already exists (use --force to overwrite)")
+    check_model_destination(out, force)
     st = store if isinstance(store, RatingStore) else open_store(store)
+    st.check_chunks()  # a damaged store fails here, before any privacy budget is reserved
     check_privacy_params(epsilon, delta, n_users=st.n_users)
     cls = get_method(method)
     m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
     if m.rank > st.n_items:
         raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
+    stale = sweep_stale_runs(st)
     t0 = time.perf_counter()
     planned = m.planned_ledger(st)
     budget = StoreBudget(st.path)
@@ -93,11 +103,32 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
             fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
         seconds = time.perf_counter() - t0
         fitted.model_info["seconds"] = round(seconds, 3)
+        fitted.model_info["budget_entry"] = entry
+        budget.writing(entry)
         fitted.save(out, force=force)
+        budget.complete(entry)
     except BaseException as exc:
-        budget.fail(entry, f"{exc.__class__.__name__}: {exc}")
+        released = model_budget_entry(out) == entry  # the model was renamed into place before exc
+        if released:
+            budget.complete(entry)
+        else:
+            budget.fail(entry, "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
+                        else f"{exc.__class__.__name__}: {exc}")
+        if isinstance(exc, KeyboardInterrupt):
+            raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded"
+                              if released else f"interrupted before anything was released; the budget "
+                              f"reservation {entry} in {budget.path} was marked failed") from None
         raise
-    budget.complete(entry)
+    try:
+        return _summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
+                        evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
+                          f"evaluation skipped") from None
+
+
+def _summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evaluate_test, workers,
+             memory_limit) -> dict:
     led = fitted.ledger
     acc = getattr(led, "accounting", None)
     summary = {
@@ -111,6 +142,8 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
         "seconds": round(seconds, 3),
         "out": out,
     }
+    if stale:
+        summary["stale_runs_removed"] = stale
     if evaluate_test and st.has_test:
         from streamdp.evaluate import evaluate_model
 

@@ -403,14 +403,11 @@ class _SgdBase(Method):
 
     def _prepass(self, store, s, lookup):
         """Trimmed rating count of each block and the per-user epsilon distribution (from indptr only)."""
-        ip_arr = store.array("train/indptr")
         nb = store.n_blocks
         block_n = np.zeros(nb, np.int64)
         dist: dict = {}
         for b in range(nb):
-            first, end = store.block_range(b)
-            ip = np.asarray(ip_arr[first:end + 1], np.int64)
-            c = np.diff(ip)
+            c = store.block_user_counts(b)
             m = c if s["tau"] is None else np.minimum(c, s["tau"])
             block_n[b] = int(m.sum())
             if self.noisy and self.private:

@@ -13,10 +13,44 @@ Life of a release
    budget, :class:`~streamdp.errors.BudgetExceededError` (exit code 3) is raised and
    nothing is recorded, unless ``over_budget=True`` (then the entry is recorded
    with ``over_budget: true``). Otherwise the entry is recorded as ``reserved``.
-2. ``complete(entry_id)`` once the model is in place, or ``fail(entry_id, reason)``
+   The entry records its owner (pid, host, boot id and process start time, see
+   :mod:`streamdp.owner`) and its stage, ``training``.
+2. ``writing(entry_id)`` right before the model write starts (stage ``writing``).
+3. ``complete(entry_id)`` once the model is in place, or ``fail(entry_id, reason)``
    if the run failed or was interrupted before releasing anything. Failed entries
-   do not count: they released nothing. A run killed so hard that it could mark
-   nothing stays ``reserved`` and keeps counting (conservative).
+   do not count: they released nothing. Ledger updates run with Ctrl-C deferred
+   (:func:`streamdp.outputs.deferred_interrupts`), so none is cut in half.
+
+Stale reservations
+------------------
+A run killed so hard that it could mark nothing (``kill -9``, power loss) leaves its
+entry ``reserved``, and it keeps counting. :meth:`StoreBudget.settle`
+(``streamdp budget STORE --settle``) looks at every ``reserved`` entry whose owner
+is provably gone (:func:`streamdp.owner.owner_status`; a process on another host,
+or an entry without an owner, is left alone) and marks it:
+
+* ``complete`` if the model at its recorded path carries its id (``model.json``:
+  ``budget_entry``): the model was released;
+* ``stale`` otherwise: *counted as spent*, the default, because a missing model
+  proves nothing (it may have been written and then moved or deleted);
+* ``failed`` (not counted) only with ``refund_unreleased=True``
+  (``--refund-unreleased``) and only when it is *proven* that nothing was released:
+  the owner is gone, **and** the entry's stage is still ``training`` (``train``
+  records ``writing``, fsynced under the lock, before it starts writing the model,
+  and a model only becomes visible by the final rename of that write, so a run that
+  died in ``training`` never put a model in place), **and** nothing at the recorded
+  model path carries the entry's id. The proof also rests on ``train`` producing no
+  other output derived from the data before the model (true of every method here:
+  progress lines count epochs and blocks only, run state stays in a private run
+  directory); that is why the refund is an explicit choice and not the default.
+
+Replaced stores
+---------------
+``ingest --force`` / ``generate --force`` over a store carry its ledger over into
+the new store (:func:`carried_over`), with a ``history`` record of the replacement
+(when, by what, old and new checksum): the people in the old data are likely in the
+new data, and what was spent on them is never forgotten. ``--budget`` on such an
+ingest changes only the total, not the entries.
 
 How spends add up
 -----------------
@@ -41,17 +75,20 @@ import uuid
 from pathlib import Path
 
 from streamdp.errors import BudgetExceededError, ParameterError, StoreError
+from streamdp.outputs import deferred_interrupts
+from streamdp.owner import current_owner, describe_owner, owner_status
 from streamdp.privacy.accountant import check_privacy_params, epsilon_of
 from streamdp.privacy.events import compose, event_from_dict
 from streamdp.privacy.ledger import GUARANTEE_NONE, Ledger, atomic_write_json, decode_json
 
-__all__ = ["StoreBudget", "BUDGET_FILE", "format_budget"]
+__all__ = ["StoreBudget", "BUDGET_FILE", "carried_over", "format_budget"]
 
 BUDGET_FILE = "privacy_budget.json"
 LOCK_FILE = "privacy_budget.lock"
 BUDGET_FORMAT = "streamdp-privacy-budget"
 
-COUNTED = ("reserved", "complete")
+#: Statuses whose entries count as spent (``stale``: reserved by a run that is gone, see ``settle``).
+COUNTED = ("reserved", "complete", "stale")
 
 
 def _now() -> str:
@@ -92,7 +129,7 @@ class StoreBudget:
             fh = open(self.lock_path, "a+")
         except OSError as exc:
             raise StoreError(f"{self.lock_path}: cannot lock the budget ledger ({exc.strerror})") from None
-        with fh:
+        with fh, deferred_interrupts():
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -169,7 +206,8 @@ class StoreBudget:
         if budget is not None:
             remaining = max(budget["epsilon"] - spend["epsilon"], 0.0) if math.isfinite(spend["epsilon"]) else 0.0
         return {"store": str(self.store), "budget": budget, "spent": spend, "remaining_epsilon": remaining,
-                "within_budget": self._within(spend, budget), "entries": d["entries"]}
+                "within_budget": self._within(spend, budget), "entries": d["entries"],
+                "history": d.get("history", [])}
 
     def reserve(self, ledger, *, over_budget: bool = False, model: str | None = None) -> str:
         """Record a release before its model is written; refuse it if it would exceed the budget.
@@ -197,7 +235,8 @@ class StoreBudget:
         entry = {"id": uuid.uuid4().hex[:12], "status": "reserved", "created": _now(), "finished": None,
                  "method": led.method, "guarantee": led.guarantee, "epsilon": led.epsilon, "delta": led.delta,
                  "events": led.events, "seeded": led.seeded, "store_checksum": led.store_checksum,
-                 "model": None if model is None else str(model), "over_budget": False, "reason": None}
+                 "model": None if model is None else str(model), "over_budget": False, "reason": None,
+                 "owner": current_owner(), "stage": "training"}
         with self._locked():
             d = self._load()
             budget = d.get("budget")
@@ -218,17 +257,37 @@ class StoreBudget:
             self._save(d)
         return entry["id"]
 
-    def _finish(self, entry_id: str, status: str, reason: str | None) -> None:
+    def _update(self, entry_id: str, change) -> None:
+        """``change(entry)`` on entry ``entry_id`` under the lock; it returns True when it changed it."""
         with self._locked():
             d = self._load()
             for e in d["entries"]:
                 if e["id"] == entry_id:
-                    if e["status"] != "reserved":
-                        raise ParameterError(f"budget entry {entry_id} is already {e['status']}")
-                    e["status"], e["finished"], e["reason"] = status, _now(), reason
-                    self._save(d)
+                    if change(e):
+                        self._save(d)
                     return
         raise ParameterError(f"{self.path}: no budget entry {entry_id!r}")
+
+    def _finish(self, entry_id: str, status: str, reason: str | None) -> None:
+        def change(e):
+            if e["status"] == status:  # marked already (e.g. again after an interrupt)
+                return False
+            if e["status"] != "reserved":
+                raise ParameterError(f"budget entry {entry_id} is already {e['status']}")
+            e["status"], e["finished"], e["reason"] = status, _now(), reason
+            return True
+
+        self._update(entry_id, change)
+
+    def writing(self, entry_id: str) -> None:
+        """Record that the release's model write starts now (stage ``writing``; see "Stale reservations")."""
+        def change(e):
+            if e["status"] != "reserved":
+                raise ParameterError(f"budget entry {entry_id} is already {e['status']}")
+            e["stage"] = "writing"
+            return True
+
+        self._update(entry_id, change)
 
     def complete(self, entry_id: str) -> None:
         """Mark a reserved release as done (its model was written)."""
@@ -253,6 +312,83 @@ class StoreBudget:
             raise
         self.complete(entry_id)
 
+    def settle(self, *, refund_unreleased: bool = False) -> list[dict]:
+        """Settle the reservations of runs that are gone (see "Stale reservations" above).
+
+        Returns one dict per entry looked at (every ``reserved`` one, and with
+        ``refund_unreleased`` every ``stale`` one): ``id``, ``before``, ``after``
+        (the status now) and ``why``.
+        """
+        report = []
+        with self._locked():
+            d = self._load()
+            changed = False
+            for e in d["entries"]:
+                if e["status"] != "reserved" and not (refund_unreleased and e["status"] == "stale"):
+                    continue
+                after, why = _settled(e, refund_unreleased)
+                report.append({"id": e["id"], "before": e["status"], "after": after, "why": why})
+                if after != e["status"]:
+                    e["status"], e["finished"], e["reason"] = after, _now(), "settled: " + why
+                    changed = True
+            if changed:
+                self._save(d)
+        return report
+
+
+def _settled(e: dict, refund_unreleased: bool) -> tuple[str, str]:
+    """The status a ``reserved`` (or ``stale``) entry settles to, and why."""
+    from streamdp.model import model_budget_entry
+
+    owner, status = e.get("owner"), owner_status(e.get("owner"))
+    who = describe_owner(owner)
+    if status == "alive":
+        return e["status"], f"its run ({who}) is still going"
+    if status == "unknown":
+        if owner is None:
+            return e["status"], "no owner recorded (reserved by an older streamdp); counted as spent"
+        return e["status"], f"its run ({who}) cannot be checked from this host; settle it there"
+    model = e.get("model")
+    if model and model_budget_entry(model) == e["id"]:
+        return "complete", f"its run ({who}) is gone and its model {model} is in place: released"
+    if e.get("stage") == "training":
+        if refund_unreleased:
+            return "failed", f"its run ({who}) is gone and never began writing its model: nothing released"
+        return "stale", (f"its run ({who}) is gone; counted as spent (it never began writing its model: "
+                         f"--refund-unreleased would mark it failed)")
+    return "stale", f"its run ({who}) is gone, maybe while writing its model {model}; counted as spent"
+
+
+def _store_checksum(store: Path) -> str | None:
+    try:
+        with open(store / "zarr.json") as fh:
+            return json.load(fh)["attributes"]["streamdp"].get("checksum")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def carried_over(old_store: str | os.PathLike, new_store: str | os.PathLike, *, by: str,
+                 checksum: str | None = None):
+    """``with carried_over(old, new): <replace old by new>``: the old store's ledger moves into the new one.
+
+    Holds the old ledger's lock for the whole block (no release can be recorded in
+    between) and, if the old store has a ledger, writes it into ``new_store`` first
+    with a ``history`` record ``{"event": "data replaced", "at", "by", "old_checksum",
+    "new_checksum", "n_entries"}``. Every entry keeps counting against the new
+    store's budget. A corrupt old ledger raises :class:`StoreError` and nothing is
+    replaced.
+    """
+    old = StoreBudget(old_store)
+    with old._locked():
+        if old.path.exists():
+            d = old._load()
+            d.setdefault("history", []).append({
+                "event": "data replaced", "at": _now(), "by": by, "old_checksum": _store_checksum(old.store),
+                "new_checksum": checksum, "n_entries": len(d["entries"])})
+            atomic_write_json(Path(new_store) / BUDGET_FILE, d)
+        yield
+
 
 def format_budget(s: dict) -> str:
     """Human-readable summary of :meth:`StoreBudget.show`."""
@@ -270,6 +406,11 @@ def format_budget(s: dict) -> str:
                      + ("" if s["within_budget"] else "  (OVER BUDGET)"))
     for e in s["entries"]:
         flag = " over-budget" if e.get("over_budget") else ""
+        note = e.get("reason") or (f"{describe_owner(e.get('owner'))}, {e.get('stage', '?')}"
+                                   if e["status"] == "reserved" else None)
         lines.append(f"  {e['id']}  {e['status']:<8} {e['created']}  {e['method']:<12} epsilon={e['epsilon']:.4g} "
-                     f"delta={e['delta']:.3g}{flag}" + (f"  ({e['reason']})" if e.get("reason") else ""))
+                     f"delta={e['delta']:.3g}{flag}" + (f"  ({note})" if note else ""))
+    for h in s.get("history", []):
+        lines.append(f"  {h['at']}  data replaced by {h['by']} ({h['old_checksum']} -> {h['new_checksum']}); "
+                     f"the {h['n_entries']} release(s) before it still count")
     return "\n".join(lines)

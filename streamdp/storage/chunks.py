@@ -1,30 +1,56 @@
-"""Fast reads of 1-D slices of a local Zarr v3 array: chunk files decoded directly.
+"""Reads of 1-D slices of a store's Zarr v3 arrays that refuse missing or corrupt chunks.
 
-Why this exists (measured, 20M-rating store, one thread, 5 paired runs): reading
-every user block through ``zarr.Array.__getitem__`` ran at 37M ratings/s; reading
-the same chunk files and decoding them with numcodecs ran at 88M/s (2.35x). Zarr
-v3's synchronous API hands each chunk to its event-loop thread, then to a thread
-pool for the file read and again for the decode; at our 256k-rating chunks that
-hand-off costs about 3 ms per chunk against 1 ms of Blosc decoding, and the
+Why a reader of our own (measured, 20M-rating store, one thread, 5 paired runs):
+reading every user block through ``zarr.Array.__getitem__`` ran at 37M ratings/s;
+reading the same chunk files and decoding them with numcodecs ran at 88M/s (2.35x).
+Zarr v3's synchronous API hands each chunk to its event-loop thread, then to a
+thread pool for the file read and again for the decode; at our 256k-rating chunks
+that hand-off costs about 3 ms per chunk against 1 ms of Blosc decoding, and the
 blocks of every pass are read this way. Reading was as expensive as the SGD kernel
 itself, which left no room for a second worker.
 
-The fast path covers exactly what streamdp writes (:mod:`streamdp.storage.schema`):
-a local directory store, a 1-D array with the default ``c/<i>`` chunk keys, and the
-codec chain ``bytes`` (little endian) followed by one ``blosc`` or ``zstd``
-compressor. Decoding itself is numcodecs' (the same library Zarr calls); a missing
-chunk file is the array's fill value, as in Zarr. Anything else (a remote URL,
-other codecs, sharding) returns ``None`` from :meth:`ChunkReader.for_array` and the
-caller reads through Zarr. The tests compare both paths on every block.
+:class:`ChunkReader` (the fast path) covers exactly what streamdp writes
+(:mod:`streamdp.storage.schema`): a local directory store, a 1-D array with the
+default ``c/<i>`` chunk keys, and the codec chain ``bytes`` (little endian)
+followed by one ``blosc`` or ``zstd`` compressor. Decoding itself is numcodecs'
+(the same library Zarr calls). Anything else (a remote URL, other codecs, string
+ids) is read by :class:`ZarrReader` through Zarr; :func:`range_reader` picks one.
+The tests compare both paths on every block.
+
+Missing chunks. Zarr reads a chunk that is not in the store as the array's fill
+value, so a deleted chunk file of ``ratings`` reads as zeros and of ``items`` as
+item -1. In a rating store no chunk may legitimately be absent: the writer
+(:mod:`streamdp.storage.writer`) writes every chunk of every array, including one
+that happens to equal the fill value (``write_empty_chunks``), and the padding
+after a user block never fills a whole chunk (a block starts on a chunk boundary
+and its padding ends at the next one). Both readers therefore raise
+:class:`~streamdp.errors.StoreError` naming the array and the chunk for a missing,
+empty, truncated or undecodable chunk, and ``check()`` verifies that every chunk
+of an array is there (and, for Blosc, that each file is as long as its header says)
+without decoding anything. (Stores written by an earlier streamdp may lack a chunk
+that was all fill value, e.g. a leading ``test/indptr`` chunk of users without test
+ratings; they are reported as damaged and must be re-ingested.) The one place where
+an absent chunk is legitimate is per-user *state* (:class:`RawChunks`): a block
+not written yet holds its fill value.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import struct
 import threading
 
 import numpy as np
 import zarr
+
+from streamdp.errors import StoreError
+
+#: Bytes of a Blosc (1.x) chunk header: version, flags, typesize, then the uncompressed
+#: size, block size and compressed size as little-endian uint32 at offsets 4, 8, 12.
+_BLOSC_HEADER = 16
+#: What a failed decode raises (numcodecs: RuntimeError; a wrong buffer size: ValueError).
+_DECODE_ERRORS = (RuntimeError, ValueError, TypeError, OSError, EOFError)
 
 
 def _local_layout(arr: zarr.Array, n_codecs: int):
@@ -52,20 +78,32 @@ def _local_layout(arr: zarr.Array, n_codecs: int):
         return None
 
 
-class ChunkReader:
-    """Read ``[start, stop)`` of a 1-D local Zarr v3 array by decoding its chunk files."""
+def _blosc_sizes(raw: bytes) -> tuple[int, int]:
+    """``(uncompressed bytes, compressed bytes)`` from a Blosc chunk's header."""
+    nbytes, _, cbytes = struct.unpack_from("<III", raw, 4)
+    return nbytes, cbytes
 
-    def __init__(self, directory: str, chunk: int, shape: int, dtype, fill_value, decode, decode_into=None):
+
+class ChunkReader:
+    """Read ``[start, stop)`` of a 1-D local Zarr v3 array by decoding its chunk files.
+
+    ``label`` (e.g. ``"STORE: train/ratings"``) starts every error message.
+    """
+
+    def __init__(self, directory: str, chunk: int, shape: int, dtype, decode, decode_into=None, *,
+                 blosc: bool = False, label: str | None = None):
         self._dir = directory
+        self._decode = decode
         self._decode_into = decode_into
+        self._blosc = bool(blosc)
         self.chunk = int(chunk)
         self.shape = int(shape)
         self.dtype = np.dtype(dtype)
-        self.fill_value = fill_value
-        self._decode = decode
+        self.label = label or os.path.dirname(directory)
+        self.chunk_bytes = self.chunk * self.dtype.itemsize
 
     @classmethod
-    def for_array(cls, arr: zarr.Array) -> "ChunkReader | None":
+    def for_array(cls, arr: zarr.Array, label: str | None = None) -> "ChunkReader | None":
         """A reader for ``arr``, or ``None`` when ``arr`` is not of the covered kind."""
         layout = _local_layout(arr, 2)
         if layout is None or arr.ndim != 1:
@@ -84,7 +122,34 @@ class ChunkReader:
             decode, decode_into = Zstd(level=comp.level, checksum=comp.checksum).decode, None
         else:
             return None
-        return cls(directory, arr.chunks[0], arr.shape[0], dtype, arr.fill_value, decode, decode_into)
+        return cls(directory, arr.chunks[0], arr.shape[0], dtype, decode, decode_into,
+                   blosc=isinstance(comp, BloscCodec), label=label)
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.shape // self.chunk)
+
+    def _fail(self, c: int, why: str) -> StoreError:
+        return StoreError(f"{self.label}: chunk {c} {why} (the store is damaged)")
+
+    def _raw(self, c: int) -> bytes:
+        try:
+            with open(os.path.join(self._dir, str(c)), "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise self._fail(c, "is missing") from None
+        except OSError as exc:
+            raise self._fail(c, f"cannot be read ({exc.strerror})") from None
+        if not raw:
+            raise self._fail(c, "is empty")
+        if self._blosc:
+            if len(raw) < _BLOSC_HEADER:
+                raise self._fail(c, f"is truncated ({len(raw)} bytes)")
+            nbytes, cbytes = _blosc_sizes(raw)
+            if cbytes != len(raw) or nbytes != self.chunk_bytes:
+                raise self._fail(c, f"is truncated or corrupt ({len(raw)} bytes, its header says {cbytes} "
+                                    f"holding {nbytes})")
+        return raw
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Elements ``start <= i < stop`` (clipped to the array) as a new array."""
@@ -95,18 +160,102 @@ class ChunkReader:
         C = self.chunk
         for c in range(start // C, (stop - 1) // C + 1):
             lo, hi = max(start, c * C), min(stop, (c + 1) * C)
+            raw = self._raw(c)
             try:
-                with open(os.path.join(self._dir, str(c)), "rb") as f:
-                    raw = f.read()
-            except FileNotFoundError:
-                out[lo - start:hi - start] = self.fill_value
-                continue
-            if self._decode_into is not None and lo == c * C and hi == (c + 1) * C:
-                self._decode_into(raw, out[lo - start:hi - start])  # whole chunk: no copy
-                continue
-            chunk = np.frombuffer(self._decode(raw), self.dtype)
+                if self._decode_into is not None and lo == c * C and hi == (c + 1) * C:
+                    self._decode_into(raw, out[lo - start:hi - start])  # whole chunk: no copy
+                    continue
+                dec = self._decode(raw)
+            except _DECODE_ERRORS as exc:
+                raise self._fail(c, f"cannot be decoded ({exc})") from None
+            if len(dec) != self.chunk_bytes:
+                raise self._fail(c, f"decodes to {len(dec)} bytes, not {self.chunk_bytes}")
+            chunk = np.frombuffer(dec, self.dtype)
             out[lo - start:hi - start] = chunk[lo - c * C:hi - c * C]
         return out
+
+    def check(self) -> None:
+        """Every chunk file is there and not empty (and, for Blosc, as long as its header
+        says); nothing is decoded. Raises :class:`StoreError` for the first that is not."""
+        for c in range(self.n_chunks):
+            path = os.path.join(self._dir, str(c))
+            try:
+                size = os.path.getsize(path)
+                if self._blosc and size:
+                    with open(path, "rb") as f:
+                        head = f.read(_BLOSC_HEADER)
+            except FileNotFoundError:
+                raise self._fail(c, "is missing") from None
+            except OSError as exc:
+                raise self._fail(c, f"cannot be read ({exc.strerror})") from None
+            if size == 0:
+                raise self._fail(c, "is empty")
+            if self._blosc:
+                nbytes, cbytes = _blosc_sizes(head) if len(head) == _BLOSC_HEADER else (-1, -1)
+                if cbytes != size or nbytes != self.chunk_bytes:
+                    raise self._fail(c, f"is truncated or corrupt ({size} bytes, its header says {cbytes})")
+
+
+class ZarrReader:
+    """Read ``[start, stop)`` of any 1-D Zarr array through Zarr, refusing missing chunks.
+
+    The fallback of :class:`ChunkReader` (remote stores, string ids, other codecs).
+    Zarr 3.1 has no option to raise on a missing chunk, so the chunk keys of every
+    read are looked up first (``Store.getsize``, concurrently on Zarr's event loop:
+    one metadata request per chunk on a remote store). Later Zarr releases add the
+    config ``array.read_missing_chunks = False`` (zarr-python PR #3748), which would
+    make the lookup unnecessary. ``check()`` looks up every chunk key of an array of
+    any dimension.
+    """
+
+    def __init__(self, arr: zarr.Array, label: str | None = None):
+        self.arr = arr
+        self.label = label or f"{arr.store}/{arr.path}"
+        self.chunk = int(arr.chunks[0])
+        self.shape = int(arr.shape[0]) if arr.ndim else 1
+
+    def _fail(self, c, why: str) -> StoreError:
+        where = c[0] if isinstance(c, tuple) and len(c) == 1 else (".".join(map(str, c)) if isinstance(c, tuple) else c)
+        return StoreError(f"{self.label}: chunk {where} {why} (the store is damaged)")
+
+    def _require(self, coords: list) -> None:
+        import asyncio
+
+        from zarr.core.sync import sync
+
+        store, md, base = self.arr.store, self.arr.metadata, self.arr.path
+
+        async def sizes():
+            keys = [f"{base}/{md.encode_chunk_key(c)}" if base else md.encode_chunk_key(c) for c in coords]
+            return await asyncio.gather(*(store.getsize(k) for k in keys), return_exceptions=True)
+
+        for c, size in zip(coords, sync(sizes())):
+            if isinstance(size, (FileNotFoundError, KeyError)):
+                raise self._fail(c, "is missing")
+            if isinstance(size, BaseException):
+                raise self._fail(c, f"cannot be read ({size.__class__.__name__}: {size})")
+            if size == 0:
+                raise self._fail(c, "is empty")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Elements ``start <= i < stop`` (clipped to the array)."""
+        start, stop = max(0, int(start)), min(self.shape, int(stop))
+        if stop > start:
+            self._require([(c,) for c in range(start // self.chunk, (stop - 1) // self.chunk + 1)])
+        try:
+            return np.asarray(self.arr[start:max(start, stop)])
+        except _DECODE_ERRORS as exc:
+            raise StoreError(f"{self.label}: a chunk of [{start}, {stop}) cannot be decoded ({exc}) "
+                             f"(the store is damaged)") from None
+
+    def check(self) -> None:
+        """Every chunk key of the array is in the store and not empty."""
+        self._require(list(itertools.product(*(range(n) for n in self.arr.cdata_shape))))
+
+
+def range_reader(arr: zarr.Array, label: str | None = None) -> "ChunkReader | ZarrReader":
+    """The fastest reader of 1-D ``arr`` that refuses missing and corrupt chunks."""
+    return ChunkReader.for_array(arr, label) or ZarrReader(arr, label)
 
 
 class RawChunks:

@@ -7,7 +7,8 @@ Supported (``--format``):
 ``dat``
     MovieLens 1M/10M ``ratings.dat``: ``user::item::rating::timestamp``, no header.
 ``csv``
-    Comma separated with a header line (MovieLens latest ``userId,movieId,rating,timestamp``).
+    Comma separated, with a header line (MovieLens latest ``userId,movieId,rating,timestamp``)
+    or without one (then the columns are user, item, rating[, timestamp] by position).
 ``ws``
     Runs of spaces/tabs separate the fields (FilmTrust ``user item rating``), no header.
 ``parquet``
@@ -21,8 +22,27 @@ are decompressed on the fly.
 Text is parsed by pyarrow's streaming CSV reader in blocks of ``block_size`` bytes; a
 multi-character separator or whitespace runs are first rewritten to a single ``\\x1f``
 byte, a whole number of lines at a time (``bytes.replace`` / one ``re.sub`` per chunk,
-never a Python loop over lines). A header line is recognised when its rating field is
+never a Python loop over lines). A header line is recognised when its third field is
 not a number. Blank lines are ignored (pyarrow's default).
+
+Header names. The columns of a header line are mapped by name, never by position
+(:data:`COLUMN_NAMES`; case, quotes, ``_``, ``-`` and spaces are ignored, so
+``userId``, ``user_id`` and ``User ID`` are the same name):
+
+=========  ===========================================================
+role       names
+=========  ===========================================================
+user       user, userid, uid, customerid, u
+item       item, itemid, iid, movie, movieid, productid, i
+rating     rating, ratings, score, stars, value, r
+timestamp  timestamp, time, ts, date, datetime, t
+=========  ===========================================================
+
+A header with a column of another name, a name used twice, or without a user,
+item or rating column is an error naming the columns found; ``--columns`` (names
+or 0-based indices) maps any header. A Parquet file's columns are found by the
+same names, and its other columns are ignored (they are typed and named, not
+guessed by position).
 
 Line numbers in error messages come from :func:`locate_error`, a plain Python re-read
 of the file that runs **only after** the fast path has failed.
@@ -51,13 +71,54 @@ from streamdp.errors import InputError
 FORMATS = ("udata", "dat", "csv", "ws", "parquet")
 FIELD_SEP = "\x1f"  # what multi-character separators and whitespace runs are rewritten to
 
-_NAMES = {
-    "user": ("userid", "user_id", "user", "uid", "customerid", "customer_id", "u"),
-    "item": ("movieid", "itemid", "item_id", "movie_id", "item", "iid", "movie", "productid", "product_id", "i"),
+#: Header names of each column role, normalized (see :func:`column_role`).
+COLUMN_NAMES = {
+    "user": ("user", "userid", "uid", "customerid", "u"),
+    "item": ("item", "itemid", "iid", "movie", "movieid", "productid", "i"),
     "rating": ("rating", "ratings", "score", "stars", "value", "r"),
     "timestamp": ("timestamp", "time", "ts", "date", "datetime", "t"),
 }
 ROLES = ("user", "item", "rating", "timestamp")
+_ROLE_OF = {name: role for role, names in COLUMN_NAMES.items() for name in names}
+_NAMES_HINT = "user/userId/user_id/uid, item/itemId/movieId/item_id/iid, rating/score/stars, timestamp/time/ts"
+
+
+def column_role(name: str) -> str | None:
+    """The role (user, item, rating, timestamp) a header name stands for, or None.
+
+    >>> [column_role(n) for n in ("userId", '"movie_id"', "Rating", "foo")]
+    ['user', 'item', 'rating', None]
+    """
+    return _ROLE_OF.get(re.sub(r"[\s_\-]", "", name.strip().strip('"').lower()))
+
+
+def header_columns(path: str, names: list[str], *, extra_ok: bool = False) -> dict:
+    """``{role: column index}`` from a header's column ``names``; an InputError naming the
+    columns found unless every column has a known name (``extra_ok``: other columns are
+    ignored) and user, item and rating are all there."""
+    cols: dict = {}
+    unknown, twice = [], []
+    for j, name in enumerate(names):
+        role = column_role(name)
+        if role is None:
+            unknown.append(name)
+        elif role in cols:
+            twice.append(name)
+        else:
+            cols[role] = j
+    missing = [r for r in ROLES[:3] if r not in cols]
+    problems = ([f"unknown column name(s) {', '.join(map(repr, unknown))}"] if unknown and not extra_ok else []) + \
+               ([f"more than one {column_role(twice[0])} column"] if twice else []) + \
+               ([f"no {', '.join(missing[:-1]) + ' or ' if len(missing) > 1 else ''}{missing[-1]} column"]
+                if missing else [])
+    if problems:
+        where = "line 1: header" if not extra_ok else "columns"
+        raise InputError(
+            f"{path}: {where} {','.join(names)}: {'; '.join(problems)}. Name the columns with --columns "
+            f"USER,ITEM,RATING[,TIMESTAMP] (names or 0-based indices), or rename them to known names "
+            f"({_NAMES_HINT})")
+    cols.setdefault("timestamp", None)
+    return cols
 
 
 @dataclass
@@ -231,19 +292,9 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
     else:
         if n_fields < 3:
             raise InputError(f"{path}: line 1: expected at least 3 fields (user, item, rating), got {n_fields}")
-        lower = [f.strip().strip('"').lower() for f in fields]
         header = not _is_float(fields[2])
         if header:
-            cols = {}
-            for role in ROLES:
-                hit = next((lower.index(a) for a in _NAMES[role] if a in lower), None)
-                cols[role] = hit
-            if cols["user"] is None or cols["item"] is None or cols["rating"] is None:
-                if n_fields >= 3 and not any(_is_float(f) for f in fields[:3]):
-                    cols = {"user": 0, "item": 1, "rating": 2, "timestamp": 3 if n_fields >= 4 else None}
-                else:
-                    raise InputError(f"{path}: line 1: cannot find user/item/rating columns in {fields}; "
-                                     f"use --columns")
+            cols = header_columns(path, [f.strip() for f in fields])
         else:
             cols = {"user": 0, "item": 1, "rating": 2, "timestamp": 3 if n_fields >= 4 else None}
     cols.setdefault("timestamp", None)
@@ -280,11 +331,8 @@ def _parquet_spec(path: str, columns: str | None) -> Spec:
             else:
                 raise InputError(f"{path}: no column named {c!r} (columns: {names})")
     else:
-        for role in ROLES:
-            hit = next((lower.index(a) for a in _NAMES[role] if a in lower), None)
-            cols[role] = None if hit is None else names[hit]
-        if cols["user"] is None or cols["item"] is None or cols["rating"] is None:
-            raise InputError(f"{path}: cannot find user/item/rating columns in {names}; use --columns")
+        cols = {role: None if j is None else names[j]
+                for role, j in header_columns(path, names, extra_ok=True).items()}
     cols.setdefault("timestamp", None)
     return Spec(path=path, format="parquet", sep=None, rewrite=None, header=True, n_fields=len(names),
                 cols=cols, names=names)

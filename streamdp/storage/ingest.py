@@ -32,7 +32,9 @@ runtime, which does not grow with the input (Python with numpy, pyarrow, zarr an
 numba's LLVM once a kernel is loaded: about 230 MB), and the id maps, which are
 ``O(n_users + n_items)`` (about 30 bytes per integer id; strings cost their
 length more). The temporary files need about twice the size of the parsed
-ratings (~30 bytes per rating) of free disk next to ``--out``.
+ratings (~30 bytes per rating) of free disk next to ``--out``. A ``memory_limit``
+below :func:`min_memory_limit` (about 84 MB with two threads), where the working
+buffers stop shrinking, is refused rather than silently exceeded.
 
 Decisions where the issue is loose: users are numbered by sorted original id
 (integer order for integer ids, code-point order for strings); ids are integers
@@ -65,11 +67,34 @@ from streamdp.storage.schema import default_block_users
 from streamdp.storage.split import block_seed, check_fraction, split_block
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import StoreWriter, check_destination
-from streamdp.stream.memory import resolve_memory_limit
+from streamdp.stream.memory import format_size, resolve_memory_limit
 
 _PURPOSE_SPLIT = 3  # same purpose key as generate: the split of block b depends on (seed, b) only
 #: Bytes of working memory per rating of a partition while it is grouped or written.
 _BYTES_PER_PART_RATING = 256
+#: pyarrow's streaming CSV reader reads ahead up to ~32 blocks when parsing is the
+#: bottleneck, so a parse block is 1/_PARSE_SHARE of the limit per parsing thread,
+#: within [_MIN_PARSE_BLOCK, _MAX_PARSE_BLOCK].
+_PARSE_SHARE = 160
+_MIN_PARSE_BLOCK = 1 << 18
+_MAX_PARSE_BLOCK = 16 << 20
+
+
+def _threads() -> int:
+    """Threads of the parse, partition and de-duplication passes."""
+    return min(2, os.cpu_count() or 1)
+
+
+def min_memory_limit() -> int:
+    """The smallest ``memory_limit`` that ingest can keep to.
+
+    Every working buffer is sized from the limit with a floor below which it stops
+    shrinking; the largest floor is the parse blocks' (``_PARSE_SHARE`` blocks of
+    ``_MIN_PARSE_BLOCK`` bytes per parsing thread, about 84 MB with 2 threads). The
+    others (partition scatter chunks, id-count buffers, partitions) reach their floors
+    only below 11 MB.
+    """
+    return _PARSE_SHARE * _threads() * _MIN_PARSE_BLOCK
 
 
 @dataclass
@@ -256,8 +281,18 @@ def ingest(
     ``sources`` and ``params``. ``budget`` (``(epsilon, delta)`` or ``"E,D"``) sets the
     store's privacy budget (:class:`streamdp.privacy.budget.StoreBudget`) once the
     store is written. Raises :class:`InputError` (file and line) for bad
-    input, :class:`ParameterError` for bad options; nothing is left at ``out`` (nor
+    input (also a header naming no rating column, or a column of unknown name, see
+    :mod:`streamdp.storage.formats`), :class:`ParameterError` for bad options (also a
+    ``memory_limit`` below :func:`min_memory_limit`); nothing is left at ``out`` (nor
     temporary files) unless the ingest succeeded.
+
+    ``force`` replaces an existing streamdp store at ``out`` and nothing else (a
+    file or another directory there is a :class:`StoreError`, left untouched). The
+    replaced store's privacy-budget ledger is **kept**: it is carried over into the
+    new store with a record that the data changed, and its releases keep counting
+    (decision: the people in the old data are likely in the new data, so what was
+    spent on them must not be forgotten; ``budget`` then sets only the total). See
+    :func:`streamdp.privacy.budget.carried_over`.
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp(); p = os.path.join(d, "r.csv")
@@ -276,6 +311,13 @@ def ingest(
     if block_users is not None and block_users < 1:
         raise ParameterError(f"--block-users must be >= 1, got {block_users}")
     limit = resolve_memory_limit(memory_limit)
+    if limit < min_memory_limit():
+        need = min_memory_limit()
+        raise ParameterError(
+            f"--memory-limit {format_size(limit)} is too small for ingest: its working buffers need at least "
+            f"{format_size(need)} ({_threads()} parsing threads, each reading ahead up to {_PARSE_SHARE} blocks of "
+            f"{_MIN_PARSE_BLOCK >> 10} KiB; the Python runtime, about 230 MB, comes on top); use --memory-limit "
+            f"{-(-need // 10**6)}MB or more")
     budget = _parse_budget(budget)
     check_destination(out, force)
     out_abs = os.path.abspath(out)
@@ -337,10 +379,8 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
     each range spills to its own file, and the spills are read back in file order,
     so "last seen" keeps meaning the input order.
     """
-    workers = min(2, os.cpu_count() or 1)
-    # pyarrow's streaming CSV reader reads ahead up to ~32 blocks when parsing is the
-    # bottleneck, so a block is a small share of the limit (per parsing thread).
-    block_size = int(min(max(limit // (160 * workers), 1 << 18), 16 << 20))
+    workers = _threads()
+    block_size = int(min(max(limit // (_PARSE_SHARE * workers), _MIN_PARSE_BLOCK), _MAX_PARSE_BLOCK))
     pool = pa.default_memory_pool()
     # a buffered (key, count) pair costs ~16 bytes, twice while merging
     nbuf = max(limit // 512, 4096)
@@ -478,7 +518,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
     for p, (b0, b1) in enumerate(parts):
         part_of_block[b0:b1] = p
     spills = [sp for src in parsed.sources for sp in src.spills]
-    workers = min(2, os.cpu_count() or 1, len(spills))
+    workers = min(_threads(), len(spills))
     spill_groups = [list(g) for g in np.array_split(np.array(spills, dtype=object), workers)]
     chunk_rows = max(1 << 14, limit // (320 * workers))  # ~40 bytes a row while bucketing, twice
     keep_open = n_parts <= 256
@@ -572,7 +612,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
 
     item_counts_raw = np.zeros(n_raw_items, np.int64)
     n_dup = 0
-    workers = min(2, os.cpu_count() or 1)
+    workers = _threads()
     with ThreadPoolExecutor(max_workers=workers) as ex, \
             progress(total=n_parts, desc="dedup", unit="part", enabled=show_progress) as bar:
         for cnt, d in ex.map(dedup, range(n_parts)):

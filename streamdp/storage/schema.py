@@ -8,7 +8,8 @@ A store is a Zarr v3 group::
       train/items            int32 (padded,)       item index of each rating, users in order
       train/ratings          float32 (padded,)     the rating values
       train/block_offsets    int64 (n_blocks + 1,) position in items/ratings where each block starts
-      test/...               the same four arrays for the held-out split, if there is one
+      train/block_digests    uint8 (n_blocks, 16)  blake2b digest of each block (``streamdp verify``)
+      test/...               the same five arrays for the held-out split, if there is one
       user_ids, item_ids     original ids (int64 or str), indexed by the dense index
       user_counts            int64 (n_users,)  ratings per user, train + test
       item_counts            int64 (n_items,)  ratings per item, train + test
@@ -23,6 +24,14 @@ are unpadded (``indptr[-1] == n_ratings``).
 
 Items are numbered by descending popularity (item 0 is the most rated, ties broken
 by original id order) so that later methods can tier items by index alone.
+
+Every chunk of every array is present: the writer also writes chunks equal to the
+fill value, and the padding after a block never fills a whole chunk. A missing
+chunk is therefore damage, and readers refuse it (:mod:`streamdp.storage.chunks`).
+``block_digests`` was added within format version 1: stores written without it
+are read as before and ``verify`` compares only their whole checksum (the
+attribute ``checksum_ids`` names the id arrays the checksum covers; see
+:class:`streamdp.storage.writer.ContentHash`).
 """
 
 from __future__ import annotations

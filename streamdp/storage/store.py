@@ -1,7 +1,11 @@
 """Reading a rating store: :func:`open_store` and :class:`RatingStore`.
 
 This is the one block reader of streamdp: every method, the evaluator and the
-stream engine read ratings through :meth:`RatingStore.read_block`.
+stream engine read ratings through :meth:`RatingStore.read_block`. Every read
+refuses a missing or corrupt chunk and every block is validated before it is
+returned (:class:`~streamdp.errors.StoreError` naming the store, the array and
+the block); :meth:`RatingStore.check_chunks` is the cheap structural check that
+``train`` and ``evaluate`` run before spending anything.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ import numpy as np
 import zarr
 
 from streamdp.errors import StoreError
-from streamdp.storage.chunks import ChunkReader
-from streamdp.storage.schema import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION, SPLITS
+from streamdp.storage.chunks import ZarrReader, range_reader
+from streamdp.storage.schema import ATTRS_KEY, CSR_ARRAYS, FORMAT_NAME, FORMAT_VERSION, SPLITS
 
 
 class Block(NamedTuple):
@@ -92,7 +96,9 @@ class RatingStore:
             rating_range_source=str(attrs.get("rating_range_source", "observed")),
             checksum=str(attrs.get("checksum", "")),
         )
-        self._cache: dict[str, dict[str, zarr.Array]] = {}
+        self._cache: dict[str, dict] = {}
+        self._readers: dict = {}
+        self._nnz: dict[str, np.ndarray] = {}
 
     # -- public shape -----------------------------------------------------------------
     def __getattr__(self, name):
@@ -126,35 +132,110 @@ class RatingStore:
         return first, min(first + self.info.block_users, self.info.n_users)
 
     # -- reading ----------------------------------------------------------------------
-    def _split(self, split: str) -> dict[str, zarr.Array]:
+    # Every read goes through a range reader of streamdp.storage.chunks, which refuses a
+    # missing, empty, truncated or undecodable chunk with a StoreError naming the array;
+    # blocks are validated here, at the edge, so kernels never see out-of-range indices.
+    def _reader(self, name: str):
+        """The checked range reader of array ``name`` (e.g. ``train/items``), cached."""
+        r = self._readers.get(name)
+        if r is None:
+            try:
+                arr = self._root[name]
+            except (KeyError, ValueError, OSError) as exc:
+                raise StoreError(f"{self.path}: {name}: array is missing or unreadable ({exc.__class__.__name__}) "
+                                 f"(the store is damaged)") from None
+            if not isinstance(arr, zarr.Array):
+                raise StoreError(f"{self.path}: {name}: not an array (the store is damaged)")
+            r = self._readers[name] = range_reader(arr, f"{self.path}: {name}")
+        return r
+
+    def _damaged(self, name: str, b: int | None, why: str) -> StoreError:
+        where = "" if b is None else f"block {b}: "
+        return StoreError(f"{self.path}: {name}: {where}{why} (the store is damaged)")
+
+    def _split(self, split: str) -> dict:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
-        if split not in self._cache:
+        sp = self._cache.get(split)
+        if sp is None:
             if split not in self._root:
                 raise StoreError(f"{self.path}: store has no '{split}' split")
-            g = self._root[split]
-            arrs = {"indptr": g["indptr"], "items": g["items"], "ratings": g["ratings"],
-                    "block_offsets": g["block_offsets"][:]}
-            # direct chunk decoding for local stores (2.35x Zarr's per-chunk path, see chunks.py)
-            arrs["fast"] = {name: ChunkReader.for_array(arrs[name]) for name in ("indptr", "items", "ratings")}
-            self._cache[split] = arrs
-        return self._cache[split]
+            readers = {n: self._reader(f"{split}/{n}") for n in CSR_ARRAYS}
+            nb, chunk = self.info.n_blocks, readers["items"].chunk
+            if readers["indptr"].shape != self.info.n_users + 1:
+                raise self._damaged(f"{split}/indptr", None, f"has {readers['indptr'].shape} entries, not "
+                                                            f"n_users + 1 = {self.info.n_users + 1}")
+            off = np.asarray(readers["block_offsets"].read(0, nb + 1), np.int64)
+            padded = readers["items"].shape
+            if (len(off) != nb + 1 or off[0] != 0 or off[-1] != padded or readers["ratings"].shape != padded
+                    or np.any(np.diff(off) < 0) or np.any(off % chunk)):
+                raise self._damaged(f"{split}/block_offsets", None,
+                                    f"does not describe {nb} blocks on {chunk}-rating chunk boundaries of "
+                                    f"{padded} items and {readers['ratings'].shape} ratings")
+            total = self.info.n_ratings if split == "train" else self.info.n_test
+            sp = self._cache[split] = {"readers": readers, "offsets": off, "chunk": chunk, "total": total}
+        return sp
 
-    def _read(self, arrs: dict, name: str, start: int, stop: int) -> np.ndarray:
-        fast = arrs["fast"][name]
-        if fast is not None:
-            return fast.read(start, stop)
-        return arrs[name][start:stop]
+    def _check_indptr(self, split: str, b: int, indptr: np.ndarray, sp: dict) -> None:
+        """``indptr`` of block ``b`` (global positions) is non-decreasing inside the split, starts at
+        0 in block 0, ends at the split's rating count in the last block, and holds as many
+        ratings as ``block_offsets`` reserves for the block (rounded up to whole chunks)."""
+        total, C, off = sp["total"], sp["chunk"], sp["offsets"]
+        d = np.diff(indptr)
+        first, last = int(indptr[0]), int(indptr[-1])
+        why = None
+        if first < 0 or last > total or (len(d) and int(d.min()) < 0):
+            why = f"row pointers are not non-decreasing within [0, {total}]"
+        elif b == 0 and first != 0:
+            why = f"row pointers start at {first}, not 0"
+        elif b == self.info.n_blocks - 1 and last != total:
+            why = f"row pointers end at {last}, not at the {total} ratings of the split"
+        elif -(-(last - first) // C) * C != off[b + 1] - off[b]:
+            why = (f"row pointers give {last - first} ratings, but block_offsets reserve "
+                   f"{off[b + 1] - off[b]} positions")
+        if why:
+            raise self._damaged(f"{split}/indptr", b, why)
+
+    def _check_values(self, split: str, b: int, items: np.ndarray, ratings: np.ndarray) -> None:
+        """Item indices within ``[0, n_items)``; ratings finite and inside the store's rating range.
+
+        Four vectorized min/max reductions; a NaN makes ``min``/``max`` NaN, which fails
+        both comparisons. Measured on 1M-rating blocks: 0.17 ms per block in cache, about
+        0.4 ms over ten blocks read in turn (a fused Numba loop with an early exit took
+        0.55 ms: it does not vectorize); ``read_block`` with all checks took 3.3% longer
+        (median of 21 paired rounds, 6.7-7.6 ms per block unchecked).
+        """
+        if not len(items):
+            return
+        n = self.info.n_items
+        lo, hi = int(items.min()), int(items.max())
+        if lo < 0 or hi >= n:
+            raise self._damaged(f"{split}/items", b, f"item index {lo if lo < 0 else hi} outside [0, {n})")
+        rlo, rhi = np.float32(self.info.rating_min), np.float32(self.info.rating_max)
+        a, z = ratings.min(), ratings.max()
+        if not (a >= rlo and z <= rhi):
+            bad = a if not a >= rlo else z
+            why = "not finite" if not np.isfinite(bad) else f"outside the store's range [{rlo:g}, {rhi:g}]"
+            raise self._damaged(f"{split}/ratings", b, f"rating {bad:g} {why}")
 
     def read_block(self, b: int, split: str = "train") -> Block:
-        """Read user block ``b`` of ``split`` into memory (whole chunks only)."""
+        """Read user block ``b`` of ``split`` into memory (whole chunks only), validated.
+
+        Raises :class:`StoreError` naming the store, the array and the block for a
+        missing or corrupt chunk, row pointers that do not fit the block's extent, an
+        item index outside ``[0, n_items)`` or a rating that is not finite or outside
+        the store's rating range.
+        """
         first, end = self.block_range(b)
-        arrs = self._split(split)
-        indptr = np.asarray(self._read(arrs, "indptr", first, end + 1), dtype=np.int64)
-        start = int(arrs["block_offsets"][b])
+        sp = self._split(split)
+        r = sp["readers"]
+        indptr = np.asarray(r["indptr"].read(first, end + 1), dtype=np.int64)
+        self._check_indptr(split, b, indptr, sp)
+        start = int(sp["offsets"][b])
         nnz = int(indptr[-1] - indptr[0])
-        items = np.asarray(self._read(arrs, "items", start, start + nnz), dtype=np.int32)
-        ratings = np.asarray(self._read(arrs, "ratings", start, start + nnz), dtype=np.float32)
+        items = np.asarray(r["items"].read(start, start + nnz), dtype=np.int32)
+        ratings = np.asarray(r["ratings"].read(start, start + nnz), dtype=np.float32)
+        self._check_values(split, b, items, ratings)
         return Block(first, indptr - indptr[0], items, ratings)
 
     def blocks(self, split: str = "train", *, start: int = 0, stop: int | None = None) -> Iterator[Block]:
@@ -166,35 +247,92 @@ class RatingStore:
     __iter__ = blocks
 
     def block_nnz(self, split: str = "train") -> np.ndarray:
-        """Number of ratings in each block (reads only ``indptr`` at block edges)."""
-        arrs = self._split(split)
-        bu, n = self.info.block_users, self.info.n_users
-        edges = np.minimum(np.arange(self.info.n_blocks + 1, dtype=np.int64) * bu, n)
-        ip = arrs["indptr"]
-        vals = np.array([int(ip[int(e)]) for e in edges], dtype=np.int64)
-        return np.diff(vals)
+        """Number of ratings in each block (reads only ``indptr`` at block edges), validated
+        against ``block_offsets`` and the split's rating count."""
+        nnz = self._nnz.get(split)
+        if nnz is None:
+            sp = self._split(split)
+            bu, n = self.info.block_users, self.info.n_users
+            edges = np.minimum(np.arange(self.info.n_blocks + 1, dtype=np.int64) * bu, n)
+            ip = sp["readers"]["indptr"]
+            vals = np.array([int(ip.read(int(e), int(e) + 1)[0]) for e in edges], dtype=np.int64)
+            nnz = np.diff(vals)
+            C = sp["chunk"]
+            bad = np.flatnonzero((nnz < 0) | (-(-nnz // C) * C != np.diff(sp["offsets"])))
+            if vals[0] != 0 or vals[-1] != sp["total"] or len(bad):
+                b = int(bad[0]) if len(bad) else (0 if vals[0] != 0 else self.info.n_blocks - 1)
+                raise self._damaged(f"{split}/indptr", b, "row pointers at the block edges do not match "
+                                                          "block_offsets and the split's rating count")
+            self._nnz[split] = nnz
+        return nnz
+
+    def block_user_counts(self, b: int, split: str = "train") -> np.ndarray:
+        """Ratings of each user of block ``b`` (reads only ``indptr``), validated like
+        :meth:`read_block`."""
+        first, end = self.block_range(b)
+        sp = self._split(split)
+        indptr = np.asarray(sp["readers"]["indptr"].read(first, end + 1), dtype=np.int64)
+        self._check_indptr(split, b, indptr, sp)
+        return np.diff(indptr)
+
+    def block_digests(self, split: str = "train") -> np.ndarray | None:
+        """The recorded :func:`~streamdp.storage.writer.block_digest` of every block of
+        ``split`` (``(n_blocks, 16)`` uint8), or ``None`` for a store written without them."""
+        name = f"{split}/block_digests"
+        if name not in self._root:
+            return None
+        return np.asarray(self.array(name)[...], np.uint8)
+
+    def check_chunks(self) -> None:
+        """The cheap structural check run before anything is spent or written.
+
+        Every chunk of the CSR arrays of each split and of the id and count arrays
+        is present and not empty (Blosc chunks: as long as their header says);
+        ``block_offsets`` and the row pointers at the block edges agree with the
+        counts. Decodes only ``block_offsets``, one ``indptr`` chunk per block and
+        ``item_ids``. Raises :class:`StoreError` naming the store, the array and the
+        chunk; ``streamdp verify`` reads everything and recomputes the checksum.
+        """
+        names = [f"{s}/{a}" for s in SPLITS if s in self._root for a in CSR_ARRAYS]
+        names += ["user_ids", "item_ids"] + [a for a in ("user_counts", "item_counts") if a in self._root]
+        for name in names:
+            self._reader(name).check()
+        for s in SPLITS:
+            if s in self._root:
+                self.block_nnz(s)
+        self.item_ids()  # item-side and small: decoded once, since every model releases them
+
+    def _per_entity(self, name: str, n: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Entries ``start..stop`` of a per-user (``n = n_users``) or per-item array."""
+        r = self._reader(name)
+        if r.shape != n:
+            raise self._damaged(name, None, f"has {r.shape} entries, not {n}")
+        return r.read(start, n if stop is None else stop)
 
     def user_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Original user ids of dense users ``start..stop``."""
-        return self._root["user_ids"][start:stop]
+        return self._per_entity("user_ids", self.info.n_users, start, stop)
 
     def item_ids(self) -> np.ndarray:
         """Original item ids, indexed by the dense (popularity-ordered) item index."""
-        return self._root["item_ids"][:]
+        return self._per_entity("item_ids", self.info.n_items)
 
     def item_counts(self) -> np.ndarray:
         """Ratings per item over train and test (the popularity order)."""
-        return np.asarray(self._root["item_counts"][:], dtype=np.int64)
+        return np.asarray(self._per_entity("item_counts", self.info.n_items), dtype=np.int64)
 
     def user_counts(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Ratings per user over train and test."""
-        return np.asarray(self._root["user_counts"][start:stop], dtype=np.int64)
+        return np.asarray(self._per_entity("user_counts", self.info.n_users, start, stop), dtype=np.int64)
 
     def array(self, name: str) -> zarr.Array:
-        """Any other array of the store by path (e.g. ``truth/item_factors``)."""
+        """Any other array of the store by path (e.g. ``truth/item_factors``), after checking
+        that all its chunks are present."""
         if name not in self._root:
             raise StoreError(f"{self.path}: store has no array '{name}'")
-        return self._root[name]
+        arr = self._root[name]
+        ZarrReader(arr, f"{self.path}: {name}").check()
+        return arr
 
 
 def open_store(path: str, storage_options: dict | None = None) -> RatingStore:

@@ -3,13 +3,37 @@
 The writer builds the store in a temporary directory next to the destination and
 renames it into place only in :meth:`StoreWriter.finalize`; on any error (or when
 used as a context manager and the body raises) the temporary directory is removed,
-so nothing is ever left at the destination unless the write succeeded.
+so nothing is ever left at the destination unless the write succeeded. With
+``force`` only an existing *rating store* is replaced (anything else there is refused
+and left untouched, see :mod:`streamdp.outputs`), and its privacy-budget ledger is
+carried over into the new store with a record that the data changed
+(:func:`streamdp.privacy.budget.carried_over`): budget spent on the old data is never
+forgotten.
+
+Every write into the temporary directory runs with Ctrl-C deferred
+(:func:`streamdp.outputs.deferred_interrupts`; it is taken between writes): Zarr does
+the I/O on a thread of its own, and a write cut off in the main thread would go on
+there and could recreate files in the temporary directory after
+:meth:`StoreWriter.abort` removed it.
+
+Every chunk of every array is written, also one equal to the fill value (Zarr
+skips those by default), so that a reader can tell a deleted chunk file from
+data (see :mod:`streamdp.storage.chunks`).
+
+The content checksum (the ``checksum`` attribute) is :class:`ContentHash`: per
+split, the :func:`block_digest` of every block in block order; then the id arrays
+that were written whole with :meth:`StoreWriter.write_array` (their names are
+recorded in the ``checksum_ids`` attribute). ``streamdp verify`` recomputes it
+with the same class, block by block. The block digests themselves are kept in
+``<split>/block_digests`` so that ``verify`` can name the first damaged block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
+import json
 import os
 import shutil
 import uuid
@@ -18,6 +42,7 @@ import numpy as np
 import zarr
 
 from streamdp.errors import StoreError
+from streamdp.outputs import check_destination as _check, deferred_interrupts, install_dir
 from streamdp.storage.schema import (
     ATTRS_KEY,
     DEFAULT_CHUNK_RATINGS,
@@ -43,10 +68,91 @@ def block_digest(b: int, indptr, items, ratings) -> bytes:
     return h.digest()
 
 
+#: Written on every array of a store: chunks equal to the fill value are written too.
+_ARRAY_CONFIG = {"write_empty_chunks": True}
+#: The id arrays covered by the checksum of a store that has no ``checksum_ids``
+#: attribute (written before it was recorded): ``generate`` fills ``user_ids`` by
+#: slices, which were never hashed.
+_LEGACY_CHECKSUM_IDS = {"generate": ("item_ids",)}
+_DEFAULT_CHECKSUM_IDS = ("user_ids", "item_ids")
+
+
+def checksum_ids(attrs: dict) -> tuple[str, ...]:
+    """The id arrays, in hashing order, that the checksum of a store with ``attrs`` covers."""
+    ids = attrs.get("checksum_ids")
+    if ids is not None:
+        return tuple(ids)
+    return _LEGACY_CHECKSUM_IDS.get(attrs.get("created_with"), _DEFAULT_CHECKSUM_IDS)
+
+
+class ContentHash:
+    """The store checksum, fed with content in the order the writer produces it.
+
+    Per split, :meth:`add_block` takes the blocks' digests in block order; the id
+    arrays go to :meth:`add_ids` whole or in consecutive slices (the digest is the
+    same either way). :meth:`hexdigest` is the ``checksum`` attribute.
+
+    >>> import numpy as np
+    >>> a, b = ContentHash(), ContentHash()
+    >>> a.add_ids("item_ids", np.array(["x", "y", "z"], dtype=object))
+    >>> b.add_ids("item_ids", np.array(["x"], dtype=object)); b.add_ids("item_ids", np.array(["y", "z"], dtype=object))
+    >>> a.hexdigest() == b.hexdigest()
+    True
+    """
+
+    def __init__(self):
+        self._splits: dict[str, hashlib.blake2b] = {}
+        self._ids = hashlib.blake2b(digest_size=16)
+        self._ids_open: str | None = None
+        self.ids_names: list[str] = []
+
+    def add_block(self, split: str, digest: bytes) -> None:
+        self._splits.setdefault(split, hashlib.blake2b(digest_size=16)).update(digest)
+
+    def add_split(self, split: str) -> None:
+        """Count ``split`` even if it has no blocks."""
+        self._splits.setdefault(split, hashlib.blake2b(digest_size=16))
+
+    def add_ids(self, name: str, data: np.ndarray) -> None:
+        """The next slice of id array ``name`` (a new name starts a new array)."""
+        data = np.asarray(data)
+        continued = self._ids_open == name
+        if not continued:
+            self._ids.update(name.encode())
+            self._ids_open = name
+            self.ids_names.append(name)
+        if data.dtype.kind in "UOT":
+            text = "\x1f".join(map(str, data.tolist()))
+            self._ids.update((("\x1f" if continued and len(data) else "") + text).encode())
+        else:
+            self._ids.update(np.ascontiguousarray(data).tobytes())
+
+    def hexdigest(self) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for s in sorted(self._splits):
+            h.update(s.encode())
+            h.update(self._splits[s].digest())
+        h.update(self._ids.digest())
+        return "blake2b:" + h.hexdigest()
+
+
+def is_store_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a streamdp rating store (its ``zarr.json`` names the format; any version).
+
+    Read from the raw ``zarr.json``, so a store of another format version (or one
+    whose arrays are damaged) still counts as a store that ``--force`` may replace.
+    """
+    try:
+        with open(os.path.join(path, "zarr.json")) as fh:
+            attrs = json.load(fh).get("attributes", {}).get(ATTRS_KEY)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(attrs, dict) and attrs.get("format") == FORMAT_NAME
+
+
 def check_destination(path: str, force: bool) -> None:
-    """Refuse to overwrite an existing path unless ``force``."""
-    if os.path.lexists(path) and not force:
-        raise StoreError(f"{path}: already exists (use --force to overwrite)")
+    """Refuse an existing ``path`` unless ``force`` and it is a streamdp rating store (then it may be replaced)."""
+    _check(path, force, what="rating store", is_ours=is_store_dir)
 
 
 class _SplitWriter:
@@ -56,17 +162,18 @@ class _SplitWriter:
         self.block_users = block_users
         self.n_users = n_users
         self.indptr = group.create_array(
-            "indptr", shape=(n_users + 1,), dtype="int64", chunks=(max(1, block_users),), fill_value=0
+            "indptr", shape=(n_users + 1,), dtype="int64", chunks=(max(1, block_users),), fill_value=0,
+            config=_ARRAY_CONFIG,
         )
         self.items = group.create_array("items", shape=(0,), dtype="int32", chunks=(chunk,), fill_value=ITEM_PAD,
-                                        compressors=rating_compressor())
+                                        compressors=rating_compressor(), config=_ARRAY_CONFIG)
         self.ratings = group.create_array("ratings", shape=(0,), dtype="float32", chunks=(chunk,), fill_value=0.0,
-                                          compressors=rating_compressor())
+                                          compressors=rating_compressor(), config=_ARRAY_CONFIG)
         self.offsets = np.zeros(n_blocks + 1, dtype=np.int64)
         self.next_block = 0
         self.nnz = 0
         self.padded = 0
-        self.hash = hashlib.blake2b(digest_size=16)
+        self.digests: list[bytes] = []
 
     def write(self, b: int, indptr: np.ndarray, items: np.ndarray, ratings: np.ndarray,
               digest: bytes | None = None) -> None:
@@ -95,7 +202,7 @@ class _SplitWriter:
             self.ratings[start:padded_end] = np.concatenate([ratings, np.zeros(pad, np.float32)])
         self.indptr[first : first + n_local] = indptr[:-1] + self.nnz
         self.offsets[b] = start
-        self.hash.update(digest if digest is not None else block_digest(b, indptr, items, ratings))
+        self.digests.append(digest if digest is not None else block_digest(b, indptr, items, ratings))
         self.nnz += nnz
         self.padded = padded_end
         self.offsets[b + 1] = padded_end
@@ -106,9 +213,28 @@ class _SplitWriter:
             raise ValueError(f"only {self.next_block} of {n_blocks} blocks were written")
         self.indptr[self.n_users : self.n_users + 1] = np.array([self.nnz], dtype=np.int64)
         arr = self.g.create_array(
-            "block_offsets", shape=(n_blocks + 1,), dtype="int64", chunks=(max(1, n_blocks + 1),)
+            "block_offsets", shape=(n_blocks + 1,), dtype="int64", chunks=(max(1, n_blocks + 1),),
+            config=_ARRAY_CONFIG,
         )
         arr[:] = self.offsets
+        dig = self.g.create_array("block_digests", shape=(n_blocks, 16), dtype="uint8",
+                                  chunks=(max(1, n_blocks), 16), config=_ARRAY_CONFIG)
+        if n_blocks:
+            dig[...] = np.frombuffer(b"".join(self.digests), np.uint8).reshape(n_blocks, 16)
+
+
+class _FilledArray:
+    """An array of a store being written, filled in slices: each write runs with Ctrl-C deferred."""
+
+    def __init__(self, array: zarr.Array):
+        self.array = array
+
+    @deferred_interrupts()
+    def __setitem__(self, key, value) -> None:
+        self.array[key] = value
+
+    def __getattr__(self, name):
+        return getattr(self.array, name)
 
 
 class StoreWriter:
@@ -125,7 +251,8 @@ class StoreWriter:
     splits : tuple of str
         ``("train",)`` or ``("train", "test")``.
     force : bool
-        Overwrite an existing destination (only at :meth:`finalize`).
+        Replace an existing rating store at the destination (only at :meth:`finalize`,
+        carrying its privacy-budget ledger over); anything else there is an error.
     """
 
     def __init__(
@@ -149,12 +276,18 @@ class StoreWriter:
         parent = os.path.dirname(self.path) or "."
         os.makedirs(parent, exist_ok=True)
         self.tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp-{uuid.uuid4().hex[:12]}")
-        self.root = zarr.open_group(self.tmp, mode="w")
-        self.splits = {
-            s: _SplitWriter(self.root.create_group(s), self.n_users, self.n_blocks, self.block_users, chunk_ratings)
-            for s in splits
-        }
-        self._ids_hash = hashlib.blake2b(digest_size=16)
+        try:  # no `with` has been entered yet: an error or Ctrl-C here must remove the temp itself
+            with deferred_interrupts():
+                self.root = zarr.open_group(self.tmp, mode="w")
+                self.splits = {
+                    s: _SplitWriter(self.root.create_group(s), self.n_users, self.n_blocks, self.block_users,
+                                    chunk_ratings)
+                    for s in splits
+                }
+        except BaseException:
+            self.abort()
+            raise
+        self._hash = ContentHash()
         self._done = False
 
     # -- context manager: abort on error ----------------------------------------------
@@ -170,6 +303,7 @@ class StoreWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- content ------------------------------------------------------------------------
+    @deferred_interrupts()
     def write_block(self, b: int, indptr, items, ratings, split: str = "train", *,
                     digest: bytes | None = None) -> None:
         """Write block ``b`` of ``split``; blocks of one split must come in order.
@@ -179,6 +313,7 @@ class StoreWriter:
         """
         self.splits[split].write(b, indptr, items, ratings, digest)
 
+    @deferred_interrupts()
     def write_array(self, name: str, data: np.ndarray, chunks: tuple[int, ...] | None = None) -> zarr.Array:
         """Write a whole auxiliary array (ids, counts, ground truth)."""
         data = np.asarray(data)
@@ -190,23 +325,24 @@ class StoreWriter:
         else:
             g, leaf = self.root, name
         dtype = str if data.dtype.kind in "UOT" else data.dtype
-        arr = g.create_array(leaf, shape=data.shape, dtype=dtype, chunks=chunks)
+        arr = g.create_array(leaf, shape=data.shape, dtype=dtype, chunks=chunks, config=_ARRAY_CONFIG)
         if len(data):
             arr[...] = data
-        if name in ("user_ids", "item_ids"):
-            self._ids_hash.update(name.encode())
-            self._ids_hash.update("\x1f".join(map(str, data.tolist())).encode() if dtype is str else data.tobytes())
+        if name in _DEFAULT_CHECKSUM_IDS:
+            self._hash.add_ids(name, data)
         return arr
 
-    def create_array(self, name: str, shape, dtype, chunks) -> zarr.Array:
+    @deferred_interrupts()
+    def create_array(self, name: str, shape, dtype, chunks) -> "_FilledArray":
         """Create an auxiliary array to be filled in slices (e.g. ids streamed by block)."""
         if "/" in name:
             grp, leaf = name.rsplit("/", 1)
             g = self.root.require_group(grp)
         else:
             g, leaf = self.root, name
-        return g.create_array(leaf, shape=shape, dtype=dtype, chunks=chunks)
+        return _FilledArray(g.create_array(leaf, shape=shape, dtype=dtype, chunks=chunks, config=_ARRAY_CONFIG))
 
+    @deferred_interrupts()
     def finalize(self, attrs: dict) -> str:
         """Close the splits, write attributes and checksum, and move the store into place.
 
@@ -215,11 +351,9 @@ class StoreWriter:
         """
         for s, w in self.splits.items():
             w.close(self.n_blocks)
-        h = hashlib.blake2b(digest_size=16)
-        for s in sorted(self.splits):
-            h.update(s.encode())
-            h.update(self.splits[s].hash.digest())
-        h.update(self._ids_hash.digest())
+            self._hash.add_split(s)
+            for d in w.digests:
+                self._hash.add_block(s, d)
         full = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -229,7 +363,8 @@ class StoreWriter:
             "n_test": self.splits["test"].nnz if "test" in self.splits else 0,
             "block_users": self.block_users,
             "n_blocks": self.n_blocks,
-            "checksum": "blake2b:" + h.hexdigest(),
+            "checksum": self._hash.hexdigest(),
+            "checksum_ids": list(self._hash.ids_names),
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         from streamdp import __version__
@@ -241,15 +376,19 @@ class StoreWriter:
             if k not in full:
                 raise ValueError(f"finalize: missing attribute {k}")
         self.root.attrs[ATTRS_KEY] = full
-        if os.path.lexists(self.path):
-            if not self.force:
-                self.abort()
-                raise StoreError(f"{self.path}: already exists (use --force to overwrite)")
-            trash = self.tmp + ".old"
-            os.rename(self.path, trash)
-            os.rename(self.tmp, self.path)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(self.tmp, self.path)
+        try:
+            budget = contextlib.nullcontext()
+            if os.path.lexists(self.path):
+                check_destination(self.path, self.force)
+                from streamdp.privacy.budget import carried_over
+
+                # the replaced store's budget ledger moves into the new store, under its lock
+                budget = carried_over(self.path, self.tmp, by=str(attrs.get("created_with", "?")),
+                                      checksum=full["checksum"])
+            with budget:
+                install_dir(self.tmp, self.path, force=self.force, what="rating store", is_ours=is_store_dir)
+        except BaseException:
+            self.abort()
+            raise
         self._done = True
         return self.path

@@ -8,6 +8,10 @@ the same machinery around its passes, written once here:
   is used and removed when the run ends, also on failure, and the ``STORE.state``
   folder itself when nothing else is left in it. It holds private state (per-user
   rows, the noise's root entropy): keep a named one private and delete it after.
+  A temporary one records its owner (``owner.json``, :mod:`streamdp.owner`): if the
+  process is killed before it can clean up, :func:`sweep_stale_runs` removes the
+  directory later (``streamdp train`` on that store and ``streamdp budget --settle``
+  call it and say so).
 * **Randomness.** One root entropy per run (the seed, or 63 bits from the OS), saved
   with the checkpoint so a resumed run continues the same streams. Every use draws
   from its own family ``(purpose, epoch)`` and, per user group, from the group's
@@ -50,9 +54,10 @@ import tempfile
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.owner import owner_status, read_owner_file, write_owner_file
 from streamdp.stream.state import UserState, state_dir_for
 
-__all__ = ["Run", "fingerprint"]
+__all__ = ["Run", "fingerprint", "sweep_stale_runs"]
 
 CHECKPOINT_FILE = "checkpoint.npz"
 
@@ -65,6 +70,37 @@ def fingerprint(**parts) -> str:
     """
     blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def sweep_stale_runs(store) -> list[str]:
+    """Remove the temporary run directories under ``STORE.state/`` whose owning process is gone.
+
+    Only directories with an ``owner.json`` whose process is provably gone
+    (:func:`streamdp.owner.owner_status`) are removed: a live run's, one of another
+    host's, a ``--checkpoint`` directory and anything else are left alone. Returns
+    the removed paths; ``STORE.state`` itself goes too when that empties it.
+    """
+    parent = state_dir_for(store)
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        d = os.path.join(parent, name)
+        if os.path.isdir(d) and not os.path.islink(d) and owner_status(read_owner_file(d)) == "gone":
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    if removed:
+        _remove_if_empty(parent)
+    return removed
+
+
+def _remove_if_empty(directory: str) -> None:
+    try:
+        os.rmdir(directory)  # only succeeds when nothing else is in it
+    except OSError:
+        pass
 
 
 class Run:
@@ -97,6 +133,11 @@ class Run:
             parent = state_dir_for(store)
             os.makedirs(parent, exist_ok=True)
             self.dir = tempfile.mkdtemp(prefix=f"{method}-", dir=parent)
+            try:
+                write_owner_file(self.dir)
+            except BaseException:
+                self.close()
+                raise
         else:
             self.dir = str(checkpoint)
             try:
@@ -186,11 +227,7 @@ class Run:
         if not self.own_dir:
             return
         shutil.rmtree(self.dir, ignore_errors=True)
-        parent = os.path.dirname(self.dir)
-        try:
-            os.rmdir(parent)  # only succeeds when nothing else is in it
-        except OSError:
-            pass
+        _remove_if_empty(os.path.dirname(self.dir))
 
     def __enter__(self):
         return self

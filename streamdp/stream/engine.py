@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
+import os
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.outputs import deferred_interrupts
 from streamdp.storage.store import Block, RatingStore, open_store
 from streamdp.stream.memory import current_rss, format_size, resolve_memory_limit
 from streamdp.stream.state import UserState  # noqa: F401  (re-exported: part of the engine API)
@@ -162,12 +165,12 @@ class Engine:
         order = list(range(self.n_blocks)) if blocks is None else [int(b) for b in blocks]
         window = self.blocks_in_flight(split, extra_per_block)
         acc = init
-        if self._client is not None:
-            for b, part in self._run_distributed(fn, order, split, window):
+        run = self._run_distributed if self._client is not None else self._run_local
+        # closing(): on an error or Ctrl-C in `combine` the pass stops (and its workers finish) here and
+        # now, not whenever the traceback that holds the generator is freed
+        with contextlib.closing(run(fn, order, split, window)) as parts:
+            for b, part in parts:
                 acc = combine(acc, part)
-            return acc
-        for b, part in self._run_local(fn, order, split, window):
-            acc = combine(acc, part)
         return acc
 
     def foreach(self, fn: Callable[[Block, int], Any], *, split: str = "train", order: Sequence[int] | None = None,
@@ -181,7 +184,8 @@ class Engine:
         """
         order = list(range(self.n_blocks)) if order is None else [int(b) for b in order]
         window = self.blocks_in_flight(split, extra_per_block)
-        return [part for _, part in self._run_local(fn, order, split, window)]
+        with contextlib.closing(self._run_local(fn, order, split, window)) as parts:  # see map_reduce
+            return [part for _, part in parts]
 
     def _run_local(self, fn, order, split, window):
         store = self.store
@@ -196,9 +200,16 @@ class Engine:
                 cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="streamdp-work") as pool:
             pending: collections.deque = collections.deque()
             it = iter(order)
+
+            def submit(b):
+                # Ctrl-C deferred: cut off inside submit(), a worker thread may start untracked by the pool,
+                # and the shutdown below would not wait for it
+                with deferred_interrupts():
+                    pending.append((b, pool.submit(compute, reader.submit(store.read_block, b, split), b)))
+
             try:
                 for b in it:
-                    pending.append((b, pool.submit(compute, reader.submit(store.read_block, b, split), b)))
+                    submit(b)
                     if len(pending) >= window:
                         break
                 while pending:
@@ -206,15 +217,20 @@ class Engine:
                     part = fut.result()
                     nxt = next(it, None)
                     if nxt is not None:
-                        pending.append((nxt, pool.submit(compute, reader.submit(store.read_block, nxt, split), nxt)))
+                        submit(nxt)
                     yield b, part
             finally:
                 for _, fut in pending:
                     fut.cancel()
+                # the workers finish their blocks before the pass ends, also on Ctrl-C (taken after): none may
+                # still write per-user state once the caller has moved on (e.g. removed its run directory)
+                with deferred_interrupts():
+                    pool.shutdown(wait=True)
+                    reader.shutdown(wait=True)
 
     def _run_distributed(self, fn, order, split, window):
         client = self._client
-        path = self.store.path
+        path = _worker_path(self.store.path)
         pending: collections.deque = collections.deque()
         it = iter(order)
         try:
@@ -253,6 +269,12 @@ class Engine:
                 "memory_limit": self.memory_limit, "blocks_in_flight": self.in_flight}
 
 
+def _worker_path(path: str) -> str:
+    """The store's path as a cluster worker must open it: a local path made absolute (workers have
+    their own working directory), a URL as it is."""
+    return path if "://" in path else os.path.abspath(path)
+
+
 def _connect(scheduler):
     """A distributed client from an address (owned) or a client passed in (borrowed)."""
     try:
@@ -266,3 +288,6 @@ def _connect(scheduler):
         return Client(str(scheduler), timeout="10s"), True
     except (OSError, TimeoutError) as exc:
         raise ParameterError(f"--scheduler {scheduler}: cannot connect ({exc.__class__.__name__}: {exc})") from None
+    except ValueError as exc:  # distributed's address parser: "missing port number", "unknown scheme"...
+        raise ParameterError(f"--scheduler {scheduler}: not a scheduler address like tcp://host:port ({exc})") \
+            from None

@@ -72,11 +72,13 @@ def test_workers_identical(small_store):
 
 
 @pytest.mark.slow
-def test_local_cluster_identical(small_store):
+def test_local_cluster_identical(small_store, tmp_path):
     distributed = pytest.importorskip("distributed")
+    import dask  # a dependency of distributed
     _, f1 = _fit(small_store, workers=1, passes=2)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  memory_limit="1GB") as cluster, distributed.Client(cluster) as client:
+    with dask.config.set({"temporary-directory": str(tmp_path)}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     memory_limit="1GB") as cluster, distributed.Client(cluster) as client:
         _, fc = _fit(small_store, scheduler=client, passes=2)
     assert np.array_equal(f1.item_factors, fc.item_factors) and np.array_equal(f1.item_bias, fc.item_bias)
 

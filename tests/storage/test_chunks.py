@@ -4,22 +4,26 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamdp.storage.chunks import ChunkReader
+from streamdp.errors import StoreError
+from streamdp.storage.chunks import ChunkReader, ZarrReader
 
 
 def test_fast_path_is_used_and_equals_zarr_on_every_block(small_store):
     for split in ("train", "test"):
-        arrs = small_store._split(split)
-        assert all(r is not None for r in arrs["fast"].values())
+        readers = small_store._split(split)["readers"]
+        assert all(isinstance(r, ChunkReader) for r in readers.values())
+        z = {name: small_store.root[f"{split}/{name}"] for name in readers}
         for b in range(small_store.n_blocks):
             first, end = small_store.block_range(b)
-            ip = arrs["indptr"][first:end + 1]
-            np.testing.assert_array_equal(arrs["fast"]["indptr"].read(first, end + 1), ip)
-            s0, n = int(arrs["block_offsets"][b]), int(ip[-1] - ip[0])
+            ip = z["indptr"][first:end + 1]
+            np.testing.assert_array_equal(readers["indptr"].read(first, end + 1), ip)
+            np.testing.assert_array_equal(ZarrReader(z["indptr"]).read(first, end + 1), ip)
+            s0, n = int(z["block_offsets"][b]), int(ip[-1] - ip[0])
             for name in ("items", "ratings"):
-                got = arrs["fast"][name].read(s0, s0 + n)
-                assert got.dtype == arrs[name].dtype
-                np.testing.assert_array_equal(got, arrs[name][s0:s0 + n])
+                got = readers[name].read(s0, s0 + n)
+                assert got.dtype == z[name].dtype
+                np.testing.assert_array_equal(got, z[name][s0:s0 + n])
+                np.testing.assert_array_equal(ZarrReader(z[name]).read(s0, s0 + n), got)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +32,10 @@ def blosc_array(tmp_path_factory):
 
     p = tmp_path_factory.mktemp("chunks") / "a.zarr"
     a = zarr.create_array(str(p), shape=(1000,), chunks=(64,), dtype="int32", fill_value=-7,
-                          compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")])
-    a[100:900] = np.arange(800, dtype=np.int32)  # chunks 0 and 15 stay unwritten (fill value)
+                          compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
+                          config={"write_empty_chunks": True})
+    a[:] = -7
+    a[100:900] = np.arange(800, dtype=np.int32)  # chunks 0 and 15 hold only the fill value, and are written
     return a
 
 
@@ -42,9 +48,32 @@ def test_any_slice_equals_zarr(blosc_array, start, length):
     np.testing.assert_array_equal(r.read(start, start + length), blosc_array[lo:hi] if hi > lo else [])
 
 
-def test_missing_chunk_reads_fill_value(blosc_array):
-    r = ChunkReader.for_array(blosc_array)
-    assert np.all(r.read(0, 64) == -7)
+def test_missing_or_truncated_chunk_is_an_error_not_the_fill_value(tmp_path):
+    from zarr.codecs import BloscCodec
+
+    for comp in (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"), "zstd"):
+        p = tmp_path / f"{comp if isinstance(comp, str) else 'blosc'}.zarr"
+        a = zarr.create_array(str(p), shape=(300,), chunks=(64,), dtype="int64", fill_value=0,
+                              compressors=[comp] if not isinstance(comp, str) else "auto")
+        a[:] = np.arange(300)
+        for reader in (ChunkReader.for_array(a, "S: arr"), ZarrReader(a, "S: arr")):
+            assert reader is not None
+            reader.check()
+            np.testing.assert_array_equal(reader.read(0, 300), np.arange(300))
+        raw = (p / "c" / "2").read_bytes()
+        (p / "c" / "2").write_bytes(raw[: len(raw) // 2])
+        (p / "c" / "4").unlink()
+        # check() reads no data: it sees a truncated Blosc chunk (its header says how long it is),
+        # a truncated Zstd chunk only when it is decoded
+        for reader, checked in ((ChunkReader.for_array(a, "S: arr"), "chunk (2 is truncated|4 is missing)"),
+                                (ZarrReader(a, "S: arr"), "chunk 4 is missing")):
+            with pytest.raises(StoreError, match=r"^S: arr: .*(is truncated|cannot be decoded)"):
+                reader.read(100, 200)
+            with pytest.raises(StoreError, match=r"^S: arr: chunk 4 is missing"):
+                reader.read(290, 300)
+            with pytest.raises(StoreError, match=rf"^S: arr: {checked}"):
+                reader.check()
+            np.testing.assert_array_equal(reader.read(0, 128), np.arange(128))  # intact chunks still read
 
 
 def test_other_layouts_fall_back_to_zarr(tmp_path):

@@ -114,12 +114,15 @@ def test_filmtrust_duplicates(tmp_path):
 
 
 @pytest.mark.parametrize("str_users,str_items", [(True, False), (False, True)])
-def test_roundtrip_csv(tmp_path, str_users, str_items):
+def test_roundtrip_csv(tmp_path, monkeypatch, str_users, str_items):
+    import streamdp.storage.ingest as ingest_mod
+
     df = synthetic_ratings(str_users=str_users, str_items=str_items)
     csv = tmp_path / "r.csv"
     df.rename(columns={"user": "userId", "item": "movieId"}).to_csv(csv, index=False)
-    # tiny memory limit and blocks: many partitions and blocks
-    out = ingest_ok(csv, "--out", tmp_path / "s.zarr", "--block-users", 37, "--memory-limit", "1MB", "--json")
+    # partitions at their floor (4096 ratings) and tiny blocks: many partitions and blocks
+    monkeypatch.setattr(ingest_mod, "_BYTES_PER_PART_RATING", 1 << 40)
+    out = ingest_ok(csv, "--out", tmp_path / "s.zarr", "--block-users", 37, "--memory-limit", "84MB", "--json")
     assert len(json.loads(out)) and open_store(tmp_path / "s.zarr").n_blocks > 5
     exp = expected_after_dedup(df)
     rep = json.loads(out)
@@ -379,3 +382,82 @@ def test_bad_gz_and_parquet(tmp_path):
     code, _, err = run_cli("ingest", q, "--out", tmp_path / "s.zarr")
     assert code == 2 and "in.parquet: row 2: missing user" in err, err
     assert _leftovers(tmp_path, ["in.data.gz", "in.parquet"]) == []
+
+
+# --------------------------------------------------------------------------------------
+# careless input: header names, memory limit
+# --------------------------------------------------------------------------------------
+
+ROWS = [("7", "a", "4", "100"), ("7", "b", "3", "101"), ("9", "a", "5", "102")]
+
+
+@pytest.mark.parametrize("header,order", [
+    ("userId,movieId,rating,timestamp", (0, 1, 2, 3)),
+    ("rating,userId,movieId", (2, 0, 1)),                     # by name, not by position
+    ('"User ID","item_id",Stars,ts', (0, 1, 2, 3)),
+    ("score,uid,iid", (2, 0, 1)),
+    ("TIMESTAMP,ITEM,USER,RATING", (3, 1, 0, 2)),
+])
+def test_header_columns_are_mapped_by_name(tmp_path, header, order):
+    p = tmp_path / "r.csv"
+    p.write_text(header + "\n" + "".join(",".join(r[k] for k in order) + "\n" for r in ROWS))
+    ingest_ok(p, "--out", tmp_path / "s.zarr")
+    same(read_store(tmp_path / "s.zarr"),
+         pd.DataFrame({"user": [7, 7, 9], "item": ["a", "b", "a"], "rating": [4.0, 3.0, 5.0]}))
+
+
+@pytest.mark.parametrize("header,words", [
+    ("foo,bar,baz", "unknown column name(s) 'foo', 'bar', 'baz'; no user, item or rating column"),
+    ("user,item,timestamp", "no rating column"),
+    ("user,item,rating,comment", "unknown column name(s) 'comment'"),
+    ("user,user_id,item,rating", "more than one user column"),
+])
+def test_header_without_rating_or_with_unknown_names_is_an_error(tmp_path, header, words):
+    p = tmp_path / "r.csv"
+    p.write_text(header + "\n" + "".join(",".join(r[:len(header.split(","))]) + "\n" for r in ROWS))
+    code, _, err = run_cli("ingest", p, "--out", tmp_path / "s.zarr")
+    assert code == 2 and err.startswith("streamdp: error: ") and err.count("\n") == 1, err
+    assert f"r.csv: line 1: header {header}: {words}" in err and "--columns USER,ITEM,RATING" in err, err
+    assert _leftovers(tmp_path, ["r.csv"]) == []
+
+
+def test_unknown_header_mapped_with_columns_and_headerless_by_position(tmp_path):
+    p = tmp_path / "r.csv"
+    p.write_text("foo,bar,baz,qux\n" + "".join(f"{r[3]},{r[0]},{r[1]},{r[2]}\n" for r in ROWS))
+    ingest_ok(p, "--out", tmp_path / "s.zarr", "--columns", "bar,baz,qux,foo")
+    exp = pd.DataFrame({"user": [7, 7, 9], "item": ["a", "b", "a"], "rating": [4.0, 3.0, 5.0]})
+    same(read_store(tmp_path / "s.zarr"), exp)
+    q = tmp_path / "plain.csv"  # no header: user, item, rating[, timestamp] by position, as before
+    q.write_text("".join(",".join(r) + "\n" for r in ROWS))
+    ingest_ok(q, "--out", tmp_path / "t.zarr")
+    same(read_store(tmp_path / "t.zarr"), exp)
+
+
+def test_parquet_columns_by_name(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    q = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"title": ["x", "y", "z"], "Rating": [4.0, 3.0, 5.0], "movie_id": ["a", "b", "a"],
+                             "UserId": [7, 7, 9]}), q)
+    ingest_ok(q, "--out", tmp_path / "s.zarr")  # other Parquet columns are ignored
+    same(read_store(tmp_path / "s.zarr"),
+         pd.DataFrame({"user": [7, 7, 9], "item": ["a", "b", "a"], "rating": [4.0, 3.0, 5.0]}))
+    pq.write_table(pa.table({"user": [1], "item": [2], "timestamp": [3]}), q)
+    code, _, err = run_cli("ingest", q, "--out", tmp_path / "t.zarr")
+    assert code == 2 and "in.parquet: columns user,item,timestamp: no rating column" in err, err
+    assert not (tmp_path / "t.zarr").exists()
+
+
+def test_memory_limit_below_what_ingest_can_keep_is_an_error(tmp_path):
+    from streamdp.storage.ingest import min_memory_limit
+
+    good = tmp_path / "good.data"
+    good.write_text(GOOD)
+    need = min_memory_limit()
+    for limit in ("1KB", str(need - 1)):
+        code, _, err = run_cli("ingest", good, "--out", tmp_path / "s.zarr", "--memory-limit", limit)
+        assert code == 2 and err.startswith("streamdp: error: --memory-limit ") and err.count("\n") == 1, err
+        assert "too small for ingest" in err and f"use --memory-limit {-(-need // 10**6)}MB or more" in err, err
+        assert _leftovers(tmp_path, ["good.data"]) == []
+    ingest_ok(good, "--out", tmp_path / "s.zarr", "--memory-limit", str(need))

@@ -111,12 +111,14 @@ def test_user_state_roundtrip(tmp_path, small_store):
         UserState(str(tmp_path), "U", n_users=small_store.n_users + 1, k=3, block_users=10, mode="a")
 
 
-def test_local_cluster_equals_threads(small_store):
+def test_local_cluster_equals_threads(small_store, tmp_path):
     distributed = pytest.importorskip("distributed")
+    import dask  # a dependency of distributed
     V = np.random.default_rng(0).normal(size=(small_store.n_items, 3))
     ref = _in_memory_gram(small_store, V)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  memory_limit="1GB") as cluster, distributed.Client(cluster) as client:
+    with dask.config.set({"temporary-directory": str(tmp_path)}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     memory_limit="1GB") as cluster, distributed.Client(cluster) as client:
         with Engine(small_store, scheduler=client, memory_limit="4GB") as eng:
             assert eng.distributed
             out = eng.map_reduce(_gram_fn(V, small_store.n_items), _add, np.zeros_like(ref))

@@ -1,0 +1,64 @@
+"""Careless input gives one-line errors (exit 2), not tracebacks: scheduler addresses, calibrate at epsilon inf."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from streamdp.cli import main
+from streamdp.privacy.budget import StoreBudget
+
+
+@pytest.fixture
+def store(tmp_path):
+    from streamdp.storage.generate import generate_store
+
+    p = tmp_path / "s.zarr"
+    generate_store(str(p), n_users=1500, n_items=60, ratings_per_user=8, rank=3, seed=3, show_progress=False)
+    return p
+
+
+@pytest.mark.parametrize("address, words", [
+    ("notaurl", "missing port number"),
+    ("tcp://localhost", "missing port number"),
+    ("foo://host:1", "unknown address scheme"),
+])
+def test_bad_scheduler_address(store, tmp_path, address, words):
+    pytest.importorskip("distributed")
+    out = tmp_path / "m"
+    r = CliRunner().invoke(main, ["train", str(store), "--epsilon", "1", "--delta", "1e-6", "--out", str(out),
+                                  "--scheduler", address])
+    assert r.exit_code == 2, r.output
+    (line,) = r.output.splitlines()
+    assert line.startswith(f"streamdp: error: --scheduler {address}: not a scheduler address like tcp://host:port (")
+    assert words in line
+    assert not out.exists()
+    assert [e["status"] for e in StoreBudget(store).show()["entries"]] == ["failed"]  # nothing counted
+
+
+def test_calibrate_epsilon_inf():
+    r = CliRunner().invoke(main, ["privacy", "calibrate", "--epsilon", "inf", "--delta", "1e-6"])
+    assert r.exit_code == 2
+    assert r.output.splitlines() == ["streamdp: error: --epsilon inf: a non-private release needs no noise "
+                                     "(multiplier 0), there is nothing to calibrate; give a finite epsilon"]
+
+
+def test_scheduler_with_a_relative_store_path(store, tmp_path, monkeypatch):
+    """Cluster workers have their own working directory: the store path sent to them is absolute."""
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the workers start here
+    with dask.config.set({"temporary-directory": str(tmp_path)}), \
+            distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     memory_limit="1GB") as cluster:
+        monkeypatch.chdir(tmp_path)
+        r = CliRunner().invoke(main, ["train", "s.zarr", "--epsilon", "1", "--delta", "1e-6", "--rank", "2",
+                                      "--out", "m", "--scheduler", cluster.scheduler_address])
+    assert r.exit_code == 0, r.output
+    assert os.path.isfile(tmp_path / "m" / "model.json")
+    assert not (elsewhere / "s.zarr").exists()
