@@ -122,7 +122,7 @@ def _baselines(store):
     from streamdp.evaluate import evaluate_model
     from streamdp.model import Model
 
-    m = Model(path="(baselines)", item_factors=np.zeros((store.n_items, 1), np.float32),
+    m = Model(path="(baselines)", item_factors=np.zeros((store.n_items, 1), np.float32),  # zeros: any order
               item_bias=np.zeros(store.n_items, np.float32), item_ids=store.item_ids(),
               global_mean=(store.rating_min + store.rating_max) / 2, info={}, ledger=None)
     return evaluate_model(m, store)["baselines"]

@@ -280,13 +280,31 @@ def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit,
     _note_stale_runs(summary.get("stale_runs_removed", []))
     if as_json:
         print_json(summary)
-        return
+    else:
+        click.echo(format_train_summary(summary))
+    for w in summary.get("privacy_warnings", []):  # on stderr also under --json: stdout stays one object
+        click.echo(f"streamdp: warning: {w}", err=True)
+
+
+def format_train_summary(summary: dict) -> str:
+    """The lines ``streamdp train`` prints: what was written, the privacy spent, the RMSE beside the baselines."""
+    from streamdp.evaluate import format_verdict
+
     eps = summary["epsilon_spent"]
-    click.echo(f"wrote {out}: {summary['method']} rank {summary['rank']}, {summary['guarantee']}, epsilon {eps if isinstance(eps, str) else f'{eps:.4g}'} "
-               f"(target {summary['epsilon']}), delta {delta:g}, {summary['seconds']:.1f}s")
+    if summary["guarantee"] == "non-private":
+        privacy = "non-private (no noise, epsilon inf)"
+    else:
+        privacy = (f"{summary['guarantee']}, epsilon {eps if isinstance(eps, str) else f'{eps:.4g}'} "
+                   f"(target {summary['epsilon']}), delta {summary['delta']:g}")
+    lines = [f"wrote {summary['out']}: {summary['method']} rank {summary['rank']}, {privacy}, "
+             f"{summary['seconds']:.1f}s"]
     if "test_rmse" in summary:
-        click.echo(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} "
-                   f"on {summary['test_ratings']:,} held-out ratings")
+        b = summary.get("baselines", {})
+        lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "
+                     f"{summary['test_ratings']:,} held-out ratings; non-private baselines: item mean "
+                     f"{b['item_mean']['rmse']:.4f}, global mean {b['global_mean']['rmse']:.4f}")
+        lines.append("verdict: " + format_verdict(summary["verdict"], summary["test_rmse"]))
+    return "\n".join(lines)
 
 
 @main.command()

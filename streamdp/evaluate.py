@@ -61,6 +61,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     st.check_chunks()  # a damaged store fails here with one line, not with a wrong RMSE
     if st.n_items != m.n_items:
         raise StoreError(f"{st.path}: store has {st.n_items} items but the model {m.path} has {m.n_items}")
+    m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
     ck = m.info.get("store_checksum")
     ridge = model_ridge(m, ridge)
     n = st.n_items
@@ -109,7 +110,37 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
             "global_mean": {"rmse": math.sqrt(tot[3] / cnt), "mae": tot[4] / cnt, "guarantee": "non-private"},
             "item_mean": {"rmse": math.sqrt(tot[5] / cnt), "mae": tot[6] / cnt, "guarantee": "non-private"},
         }
+        out["verdict"] = verdict(out["rmse"], out["baselines"])
     return out
+
+
+def verdict(rmse: float, baselines: dict) -> dict:
+    """Whether a model beats the best non-private baseline (item mean or global mean) on the test split.
+
+    A private release that does not is no better than what anybody could publish
+    from item means, and the output says so plainly.
+
+    >>> verdict(0.9, {"item_mean": {"rmse": 1.0}, "global_mean": {"rmse": 1.1}})["better"]
+    True
+    """
+    name, b = min(baselines.items(), key=lambda kv: kv[1]["rmse"])
+    margin = b["rmse"] - rmse
+    return {"better": bool(margin > 0), "baseline": name, "baseline_rmse": b["rmse"], "margin": margin,
+            "relative": margin / b["rmse"] if b["rmse"] > 0 else 0.0}
+
+
+def format_verdict(v: dict, rmse: float) -> str:
+    """One line: better than the best baseline by how much, or plainly no better.
+
+    >>> format_verdict(verdict(1.02, {"item_mean": {"rmse": 1.0}, "global_mean": {"rmse": 1.1}}), 1.02)
+    'NO BETTER than the non-private item-mean baseline: RMSE 1.0200 vs 1.0000 (0.0200 worse); this release does not beat item means'
+    """
+    name = v["baseline"].replace("_", "-")
+    if v["better"]:
+        return (f"better than the non-private {name} baseline: RMSE {rmse:.4f} vs {v['baseline_rmse']:.4f} "
+                f"({v['margin']:.4f} lower, {100 * v['relative']:.1f}%)")
+    return (f"NO BETTER than the non-private {name} baseline: RMSE {rmse:.4f} vs {v['baseline_rmse']:.4f} "
+            f"({-v['margin']:.4f} worse); this release does not beat {name.replace('-', ' ')}s")
 
 
 def format_evaluation(ev: dict) -> str:
@@ -118,6 +149,8 @@ def format_evaluation(ev: dict) -> str:
              f"on {ev['n_ratings']:,} test ratings (local ridge {ev['ridge']:g})"]
     for name, b in (ev.get("baselines") or {}).items():
         lines.append(f"baseline {name.replace('_', '-')} (non-private): RMSE {b['rmse']:.4f}  MAE {b['mae']:.4f}")
+    if ev.get("verdict"):
+        lines.append("verdict: " + format_verdict(ev["verdict"], ev["rmse"]))
     if ev.get("store_matches_model") is False:
         lines.append("note: the store's checksum differs from the one the model was trained on")
     return "\n".join(lines)

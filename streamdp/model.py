@@ -7,11 +7,18 @@
       model.json          method, rank, all parameters, the store's checksum, and
                           ``budget_entry``: the store-budget entry that released it
       factors.zarr/       Zarr group
-        item_factors      float32 (n_items, k), store item order
+        item_factors      float32 (n_items, k), in ascending item id order
         item_bias         float32 (n_items,)
-        item_ids          original item ids (int64 or str), store item order
+        item_ids          original item ids (int64 or str), ascending
         <extras>          method-specific arrays (e.g. singular_values)
         attrs: global_mean
+
+Items are released in ascending order of their original ids, never in the store's
+order: a store numbers items by descending exact popularity (a statistic of the
+data), and a release listed in that order would publish the popularity ranking
+outside the accountant. Per-item arrays are permuted together
+(``per_item_extras`` names the method-specific ones); evaluation maps a store's
+items to the model's by id.
 
 :func:`save_model` writes everything into a temporary directory beside ``out`` and
 renames it into place (:func:`streamdp.outputs.install_dir`), so a failed or
@@ -64,6 +71,21 @@ class Model:
     def method(self) -> str:
         return str(self.info.get("method", "?"))
 
+    def in_order_of(self, item_ids) -> "Model":
+        """This model with its per-item arrays reordered to ``item_ids`` (e.g. a store's dense order).
+
+        Raises :class:`InputError` when an id is not one of the model's items.
+        """
+        ids = np.asarray(item_ids)
+        mine = np.asarray(self.item_ids)
+        srt = np.argsort(mine, kind="stable")
+        pos = srt[np.minimum(np.searchsorted(mine[srt], ids), len(mine) - 1)] if len(mine) else srt
+        if len(ids) != len(mine) or not np.array_equal(mine[pos], ids):
+            raise InputError(f"{self.path}: the store's items are not the model's items")
+        return Model(path=self.path, item_factors=self.item_factors[pos], item_bias=self.item_bias[pos],
+                     item_ids=ids, global_mean=self.global_mean, info=self.info, ledger=self.ledger,
+                     extras=self.extras)
+
 
 def _model_json(path) -> dict | None:
     try:
@@ -93,7 +115,7 @@ def check_model_destination(out, force: bool) -> None:
 
 
 def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: float, model_info: dict, ledger,
-               extras: dict | None = None, force: bool = False) -> str:
+               extras: dict | None = None, per_item_extras=(), force: bool = False) -> str:
     """Write a model directory atomically (temp dir + rename) and return its path.
 
     Parameters
@@ -112,6 +134,8 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         Written as ``privacy.json``.
     extras : dict of str to ndarray, optional
         Additional arrays written into ``factors.zarr``.
+    per_item_extras : iterable of str
+        The extras indexed by item (first axis), permuted with the core arrays.
     force : bool
         Replace an existing model at ``out`` (anything else there is an error and is left untouched).
     """
@@ -127,6 +151,12 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         raise ValueError(f"item_bias {bias.shape} and item_ids {ids.shape} must have shape ({n},)")
     if not (np.all(np.isfinite(V)) and np.all(np.isfinite(bias)) and np.isfinite(global_mean)):
         raise ValueError("model arrays contain NaN or infinity")
+    # release in ascending item id order: the store's order is the exact popularity ranking
+    order = np.argsort(ids, kind="stable")
+    V, bias, ids = np.ascontiguousarray(V[order]), bias[order], ids[order]
+    extras = dict(extras or {})
+    for name in per_item_extras:
+        extras[name] = np.asarray(extras[name])[order]
     parent = os.path.dirname(os.path.abspath(out)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:8]}")
@@ -149,7 +179,7 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
             g.attrs["global_mean"] = float(global_mean)
             info = dict(model_info)
             info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n),
-                        rank=int(V.shape[1]))
+                        rank=int(V.shape[1]), item_order="ascending item id")
             with open(os.path.join(tmp, "model.json"), "w") as f:
                 json.dump(encode_json(info), f, indent=2)
                 f.write("\n")
@@ -189,6 +219,10 @@ def load_model(path: str) -> Model:
         if name not in arrays:
             raise InputError(f"{path}/factors.zarr: no array {name!r}")
     ledger = Ledger.read(path)
+    ids = arrays["item_ids"]
+    if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
+        raise InputError(f"{path}/factors.zarr: item ids are not unique and ascending (a model written by an older "
+                         f"streamdp, whose item order leaks the store's popularity ranking: retrain it)")
     return Model(path=path, item_factors=np.asarray(arrays.pop("item_factors"), np.float32),
                  item_bias=np.asarray(arrays.pop("item_bias"), np.float32), item_ids=arrays.pop("item_ids"),
                  global_mean=global_mean, info=info, ledger=ledger, extras=arrays)

@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from streamdp.cli import main
@@ -42,7 +43,7 @@ def test_train_json_and_evaluate(small_store, tmp_path):
     res = runner.invoke(main, ["train", small_store.path, "--epsilon", "2", "--rank", "4", "--out", out, "--seed",
                                "1", "--json", "--workers", "2"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)  # stderr carries the warnings (seeded run)
     for key in ("method", "epsilon", "delta", "rank", "guarantee", "seconds", "test_rmse"):
         assert key in d, key
     assert d["method"] == "oja" and d["guarantee"] == "user-level (epsilon, delta)-DP" and d["epsilon_spent"] <= 2
@@ -89,3 +90,49 @@ def test_existing_out_refused(small_store, tmp_path):
     (tmp_path / "m").mkdir()
     res = CliRunner().invoke(main, ["train", small_store.path, "--epsilon", "1", "--out", str(tmp_path / "m")])
     assert res.exit_code == 2 and "already exists" in res.output
+
+
+def test_released_items_are_in_id_order_not_popularity_order(tmp_path):
+    """A store numbers items by exact popularity; the model lists them by id (the ranking is not released),
+    and evaluation maps them back by id: the same RMSE as the arrays in the store's order."""
+    import csv
+
+    from streamdp.evaluate import evaluate_model
+    from streamdp.methods import train
+    from streamdp.model import load_model
+    from streamdp.storage.ingest import ingest
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "r.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["user", "item", "rating"])
+        for u in range(300):
+            for i in rng.choice(60, size=12, replace=False, p=np.arange(60, 0, -1) / 1830 if u % 2 else None):
+                w.writerow([u, 1000 - 7 * int(i), int(rng.integers(1, 6))])
+    st = ingest([str(path)], str(tmp_path / "s.zarr"), test_fraction=0.2, seed=0, rating_range=(1, 5))
+    assert not np.all(np.diff(st.item_ids()) > 0)  # the store's order is the popularity order
+    out = str(tmp_path / "m")
+    train(st, method="als", out=out, epsilon=float("inf"), delta=1e-6, rank=2, seed=0, iters=2)
+    m = load_model(out)
+    assert np.all(np.diff(m.item_ids) > 0)
+    store_order = m.in_order_of(st.item_ids())
+    assert np.array_equal(store_order.item_ids, st.item_ids())
+    ev = evaluate_model(m, st)
+    assert ev["rmse"] == pytest.approx(evaluate_model(store_order, st)["rmse"], rel=1e-12)
+
+
+def test_train_prints_baselines_and_says_plainly_when_no_better(small_store, tmp_path):
+    good = CliRunner().invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "inf", "--rank", "4",
+                                     "--out", str(tmp_path / "good")])
+    assert good.exit_code == 0, good.output
+    assert "non-private baselines: item mean" in good.output and "verdict: better than" in good.output
+    assert "delta" not in good.output.splitlines()[0]  # a non-private model has no delta
+    bad = CliRunner().invoke(main, ["train", small_store.path, "--method", "means", "--epsilon", "0.02", "--seed", "1",
+                                    "--out", str(tmp_path / "bad"), "--json"])
+    assert bad.exit_code == 0, bad.output
+    d = json.loads(bad.stdout.strip().splitlines()[-1])
+    assert d["verdict"]["better"] is False and d["verdict"]["baseline"] == "item_mean"
+    assert "seeded run" in bad.stderr  # the warnings that qualify the guarantee go to stderr
+    text = CliRunner().invoke(main, ["evaluate", str(tmp_path / "bad"), small_store.path]).output
+    assert "verdict: NO BETTER than the non-private item-mean baseline" in text

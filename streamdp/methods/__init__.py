@@ -127,6 +127,20 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
                           f"evaluation skipped") from None
 
 
+def privacy_warnings(ledger) -> list[str]:
+    """The ledger notes that qualify its guarantee (printed on stderr by the CLI, not only kept in the ledger).
+
+    An observed (not declared) rating range, an approximate or unproven guarantee, a
+    seeded run, or a release that is the private biases only.
+    """
+    keys = ("observed from the data", "approximate", "no privacy proof", "seeded", "NO privacy", "iters = 0")
+    out = [n for n in getattr(ledger, "notes", []) if any(k in n for k in keys)]
+    g = getattr(ledger, "guarantee", "")
+    if g.startswith("approximate:") and not any(n.startswith("approximate") for n in out):
+        out.insert(0, "the guarantee is approximate: " + g[len("approximate:"):].strip())
+    return out
+
+
 def _summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evaluate_test, workers,
              memory_limit) -> dict:
     led = fitted.ledger
@@ -147,8 +161,11 @@ def _summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evalua
     if evaluate_test and st.has_test:
         from streamdp.evaluate import evaluate_model
 
-        ev = evaluate_model(out, st, workers=workers, memory_limit=memory_limit, baselines=False)
+        ev = evaluate_model(out, st, workers=workers, memory_limit=memory_limit, baselines=True)
         summary["test_rmse"] = ev["rmse"]
         summary["test_mae"] = ev["mae"]
         summary["test_ratings"] = ev["n_ratings"]
+        summary["baselines"] = {k: {"rmse": b["rmse"], "mae": b["mae"]} for k, b in ev["baselines"].items()}
+        summary["verdict"] = ev["verdict"]
+    summary["privacy_warnings"] = privacy_warnings(led)
     return summary

@@ -564,7 +564,7 @@ class _AlsBase(Method):
             info["local_user_bias"] = bool(self.options.get("user_intercept", False))
         return Fitted(item_factors=np.asarray(V, np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
-                      extras={"noisy_item_weight": np.asarray(C, np.float64)})
+                      extras={"noisy_item_weight": np.asarray(C, np.float64)}, per_item_extras=("noisy_item_weight",))
 
 
 def _weights_text(s) -> str:

@@ -54,13 +54,15 @@ class Fitted:
     model_info: dict
     ledger: object
     extras: dict = field(default_factory=dict)
+    #: Names of the ``extras`` indexed by item (released in the same item order as the factors).
+    per_item_extras: tuple = ()
 
     def save(self, out: str, *, force: bool = False) -> str:
         from streamdp.model import save_model
 
         return save_model(out, item_factors=self.item_factors, item_bias=self.item_bias, item_ids=self.item_ids,
                           global_mean=self.global_mean, model_info=self.model_info, ledger=self.ledger,
-                          extras=self.extras, force=force)
+                          extras=self.extras, per_item_extras=self.per_item_extras, force=force)
 
 
 class Method:

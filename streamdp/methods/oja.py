@@ -387,7 +387,7 @@ class PrivateOja(Method):
         return Fitted(item_factors=Q.astype(np.float32), item_bias=bias.astype(np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
                       extras={"singular_values": sv.astype(np.float64), "signal_share": signal_share,
-                              "basis": V.astype(np.float32)})
+                              "basis": V.astype(np.float32)}, per_item_extras=("basis",))
 
     def _center(self, store, engine, s, rng):
         """Private (or public-midpoint) global mean and item biases."""
