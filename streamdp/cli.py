@@ -248,7 +248,7 @@ class _TrainCommand(click.Command):
 
 @main.command(cls=_TrainCommand)
 @click.argument("store")
-@click.option("--method", default="oja", show_default=True, help="Training method.")
+@click.option("--method", default="als", show_default=True, help="Training method.")
 @click.option("--epsilon", type=float, required=True, help="User-level epsilon; 'inf' trains without noise "
               "(non-private, labelled so).")
 @click.option("--delta", type=float, default=None,

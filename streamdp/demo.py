@@ -1,7 +1,7 @@
 """``streamdp demo``: the main job end to end on synthetic data, in well under a minute.
 
 Generates a low-rank power-law store with a 20% per-user test split, trains
-``--method oja`` at epsilon 1 (user-level, delta below 1/n_users), evaluates it on
+``--method als`` (DP-ALS) at epsilon 1 (user-level, delta below 1/n_users), evaluates it on
 the test split next to the non-private global-mean and item-mean baselines, and
 prints the RMSEs and the privacy spent as the ledger records it.
 """
@@ -31,7 +31,7 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
     :class:`~streamdp.errors.Interrupted` saying what was kept and released.
     """
     from streamdp.errors import Interrupted, StoreError
-    from streamdp.evaluate import evaluate_model
+    from streamdp.evaluate import evaluate_model, format_verdict
     from streamdp.methods import train
     from streamdp.model import check_model_destination
     from streamdp.privacy import Ledger
@@ -60,10 +60,10 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
             f"{st.n_test:,} test ratings (rank-{DEMO_STORE['rank']} truth) in {time.perf_counter() - t0:.1f}s")
         delta = 10.0 ** math.floor(math.log10(min(1e-6, 1.0 / (10 * st.n_users))))
         stage = "train"
-        summary = train(st, method="oja", out=model_path, epsilon=epsilon, delta=delta, rank=DEMO_STORE["rank"],
+        summary = train(st, method="als", out=model_path, epsilon=epsilon, delta=delta, rank=DEMO_STORE["rank"],
                         seed=None, force=force, evaluate_test=False)
         stage = "evaluate"
-        say(f"2. trained {model_name}: --method oja, rank {summary['rank']}, {summary['seconds']:.1f}s")
+        say(f"2. trained {model_name}: --method als, rank {summary['rank']}, {summary['seconds']:.1f}s")
         ev = evaluate_model(model_path, st)
         led = Ledger.read(model_path)
         acc = led.accounting
@@ -72,13 +72,14 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
         say(f"3. test RMSE {ev['rmse']:.4f} on {ev['n_ratings']:,} held-out ratings "
             f"(non-private baselines: item mean {b['item_mean']['rmse']:.4f}, "
             f"global mean {b['global_mean']['rmse']:.4f})")
+        say("   " + format_verdict(ev["verdict"], ev["rmse"]))
         ledger_at = (f"{model_path}/privacy.json" if kept else
                      "the model's privacy.json (removed with the temporary directory; --out DIR keeps it)")
         say(f"   privacy spent: epsilon {spent:.4g} (target {epsilon:g}), delta {delta:g}, "
             f"guarantee: {led.guarantee}; ledger in {ledger_at}")
         return {"store": store_path if kept else None, "model": model_path if kept else None,
                 "rmse": ev["rmse"], "mae": ev["mae"], "n_ratings": ev["n_ratings"],
-                "baselines": b, "epsilon": spent, "epsilon_target": epsilon, "delta": delta,
+                "baselines": b, "verdict": ev["verdict"], "epsilon": spent, "epsilon_target": epsilon, "delta": delta,
                 "guarantee": led.guarantee, "seconds": round(time.perf_counter() - t0, 2)}
     except KeyboardInterrupt as exc:
         if not kept:

@@ -46,7 +46,7 @@ def test_train_json_and_evaluate(small_store, tmp_path):
     d = json.loads(res.stdout)  # stderr carries the warnings (seeded run)
     for key in ("method", "epsilon", "delta", "rank", "guarantee", "seconds", "test_rmse"):
         assert key in d, key
-    assert d["method"] == "oja" and d["guarantee"] == "user-level (epsilon, delta)-DP" and d["epsilon_spent"] <= 2
+    assert d["method"] == "als" and d["guarantee"] == "user-level (epsilon, delta)-DP" and d["epsilon_spent"] <= 2
     ev = evaluate_model(out, small_store.path)
     m = load_model(out)
     rmse, mae, n, gm, im = _direct(m, small_store, m.info["ridge"])
