@@ -292,14 +292,6 @@ class _AlsBase(Method):
                 tau * R * math.sqrt(k) * D, rest, count=T, shape=(n, d))
         return out
 
-    def plan(self, store) -> Plan:
-        """The releases on ``store`` with calibrated noise (memoized: calibration searches the accountant)."""
-        key = (str(store.path), store.checksum)
-        cache = self.__dict__.setdefault("_plans", {})
-        if key not in cache:
-            cache[key] = self._plan(store)
-        return cache[key]
-
     def _plan(self, store) -> Plan:
         from streamdp.privacy.release import calibrate_releases, pure_epsilon
 
@@ -379,7 +371,8 @@ class _AlsBase(Method):
             history = []
             Cw = C  # the item-side weight totals: the statistics' counts, or released in iteration 1
         for t in run.epochs(s["iters"], desc=f"{self.name} iterations"):
-            acc = self._iteration_sums(store, engine, run, s, mu, bias, V, C, d)
+            acc = self._iteration_sums(store, engine, run, s, mu, bias, V, C, d,
+                                       desc=f"{self.name} iteration {t}/{s['iters']}")
             B, A, G, clipped = acc[:4]
             g = run.rng(_ITER, t)
             if t == 1 and s["weight_counts"]:
@@ -435,7 +428,8 @@ class _AlsBase(Method):
             out[2 * n + 1] = float(has.sum())
             return out
 
-        tot = engine.map_reduce(fn, _add, np.zeros(2 * n + 2), extra_per_block=16 * n + 64 * store.block_users)
+        tot = engine.map_reduce(fn, _add, np.zeros(2 * n + 2), extra_per_block=16 * n + 64 * store.block_users,
+                                desc=f"{self.name} statistics")
         S, C, Tm, Um = tot[:n], tot[n:2 * n], tot[2 * n], tot[2 * n + 1]
         rel = s["releases"]
         g = run.rng(_STATS, 0)
@@ -452,7 +446,7 @@ class _AlsBase(Method):
         return mu, bias, C
 
     # -- one iteration's item-side sums --------------------------------------------------
-    def _iteration_sums(self, store, engine, run, s, mu, bias, V, C, d):
+    def _iteration_sums(self, store, engine, run, s, mu, bias, V, C, d, desc="iteration"):
         from streamdp.kernels.als import als_accumulate, symmetrize_upper
         from streamdp.kernels.linalg import residuals, solve_users_huber
         from streamdp.privacy.bounding import contribution_weights
@@ -502,7 +496,7 @@ class _AlsBase(Method):
             return acc
 
         per_block = 8 * n * d + (8 * n * npk if item_mode else 0) + 48 * store.block_users
-        acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block)
+        acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
         if acc is None:
             raise ParameterError(f"{store.path}: the training split has no users")
         if not item_mode:

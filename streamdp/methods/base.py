@@ -116,7 +116,16 @@ class Method:
     def private(self) -> bool:
         return math.isfinite(self.epsilon)
 
-    def plan(self, store) -> Plan:  # pragma: no cover - abstract
+    def plan(self, store) -> Plan:
+        """The releases on ``store`` with calibrated noise, computed once per store (memoized: calibration
+        searches the accountant, and ``plan`` is asked before the run for the budget and again by ``fit``)."""
+        key = (str(store.path), store.checksum)
+        cache = self.__dict__.setdefault("_plans", {})
+        if key not in cache:
+            cache[key] = self._plan(store)
+        return cache[key]
+
+    def _plan(self, store) -> Plan:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def planned_events(self, store):

@@ -296,14 +296,6 @@ class PrivateOja(Method):
             return [sh.at(z) for sh in shares]
         return calibrate_releases(shares, self.epsilon, self.delta)
 
-    def plan(self, store) -> Plan:
-        """The releases on ``store`` with calibrated noise (memoized per store: calibration searches the accountant)."""
-        key = (str(store.path), store.checksum)
-        cache = self.__dict__.setdefault("_plans", {})
-        if key not in cache:
-            cache[key] = self._plan(store)
-        return cache[key]
-
     def _plan(self, store) -> Plan:
         s = self.settings(store)
         L = s["clip"]
@@ -348,10 +340,12 @@ class PrivateOja(Method):
         for p, (kind, n_steps) in enumerate(zip(s["pass_kinds"], s["steps_per_pass"])):
             step_rngs = rngs[t:t + n_steps]
             t += n_steps
+            desc = f"oja pass {p + 1}/{len(s['pass_kinds'])}"
             if kind == "power":
-                V, M = _power_pass(engine, V, values_of, step_rngs[0], release_pass)
+                V, M = _power_pass(engine, V, values_of, step_rngs[0], release_pass, desc=desc)
             else:
-                V, M = _oja_pass(engine, store, V, values_of, step_rngs, release_pass, s["step_users"], s["eta"], L)
+                V, M = _oja_pass(engine, store, V, values_of, step_rngs, release_pass, s["step_users"], s["eta"], L,
+                                 desc=desc)
         # Ritz values of the last pass: post-processing of released products
         lam, W = np.linalg.eigh((M + M.T) / 2.0)
         order = np.argsort(lam)[::-1]
@@ -411,7 +405,7 @@ class PrivateOja(Method):
             out[:, n] = means.sum(), len(means)
             return out
 
-        SC = engine.map_reduce(fn, _add, np.zeros((2, n + 1)), extra_per_block=16 * n)
+        SC = engine.map_reduce(fn, _add, np.zeros((2, n + 1)), extra_per_block=16 * n, desc="oja statistics")
         sigma = 0.0
         if self.private:
             stats, mean = s["releases"][1], s["releases"][2]
@@ -485,7 +479,7 @@ def _values_fn(mu, bias, L, lo, hi):
     return values
 
 
-def _power_pass(engine, V, values_of, rng, release):
+def _power_pass(engine, V, values_of, rng, release, desc="oja pass"):
     """One pass of noisy subspace iteration: ``QR(A^T A V + G)``; returns ``(V_new, V^T Y)``.
 
     ``release`` is the pass's noisy release (``None``: non-private).
@@ -498,7 +492,7 @@ def _power_pass(engine, V, values_of, rng, release):
         gram_apply(block.indptr, block.items, values_of(block), Vc, out)
         return out
 
-    Y = engine.map_reduce(fn, _add, np.zeros((n, k)), extra_per_block=8 * n * k)
+    Y = engine.map_reduce(fn, _add, np.zeros((n, k)), extra_per_block=8 * n * k, desc=desc)
     if release is not None:
         Y = release.add(Y, rng)
     return np.linalg.qr(Y)[0], V.T @ Y
@@ -523,7 +517,7 @@ def _step_ranges(store, step_users: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _oja_pass(engine, store, V, values_of, rngs, release, step_users, eta, L):
+def _oja_pass(engine, store, V, values_of, rngs, release, step_users, eta, L, desc="oja pass"):
     """One pass of block Oja; returns ``(V, sum_t V_{t-1}^T Y_t)`` (``release`` ``None``: non-private)."""
     n, k = V.shape
     steps = _step_ranges(store, step_users)
@@ -537,7 +531,8 @@ def _oja_pass(engine, store, V, values_of, rngs, release, step_users, eta, L):
                 gram_apply(block.indptr, block.items, values_of(block), Vc, out)
                 return out
 
-            Y = engine.map_reduce(fn, _add, np.zeros((n, k)), blocks=range(b0, b1), extra_per_block=8 * n * k)
+            Y = engine.map_reduce(fn, _add, np.zeros((n, k)), blocks=range(b0, b1), extra_per_block=8 * n * k,
+                                  desc=f"{desc}, step {t + 1}/{len(steps)}")
             users = store.block_range(b1 - 1)[1] - store.block_range(b0)[0]
             if release is not None:
                 Y = release.add(Y, rngs[t])
@@ -565,5 +560,5 @@ def _oja_pass(engine, store, V, values_of, rngs, release, step_users, eta, L):
             st["t"] += 1
         return st
 
-    state = engine.map_reduce(prep, run_steps, state, extra_per_block=8 * n * k)
+    state = engine.map_reduce(prep, run_steps, state, extra_per_block=8 * n * k, desc=desc)
     return state["V"], state["M"]
