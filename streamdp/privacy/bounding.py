@@ -240,9 +240,9 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
     if rule == "adaptive":
         if exponent > 0 or not math.isfinite(exponent):
             raise ParameterError(f"--adaptive-exponent must be <= 0, got {exponent}")
-        rows_n = np.repeat(counts, counts).astype(np.float64)
-        if exponent == 0.0:
-            w = np.sqrt(tau / rows_n) if norm == "l2" else tau / rows_n
+        if exponent == 0.0:  # one weight per user, repeated over their ratings
+            per_user = np.where(counts > 0, tau / np.maximum(counts, 1), 0.0)
+            return np.repeat(np.sqrt(per_user) if norm == "l2" else per_user, counts) * _F64_SAFETY
         else:
             if item_counts is None:
                 raise ParameterError("adaptive weights with a non-zero exponent need the noisy item counts")
