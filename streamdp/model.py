@@ -59,6 +59,12 @@ class Model:
     ledger: object
     extras: dict = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        g = getattr(self.ledger, "guarantee", None)
+        eps = self.info.get("epsilon")
+        return (f"Model({self.path!r}, method={self.method!r}, rank={self.rank}, n_items={self.n_items}, "
+                f"epsilon={eps!r}, guarantee={g!r})")
+
     @property
     def n_items(self) -> int:
         return int(self.item_factors.shape[0])
