@@ -139,27 +139,41 @@ def main(argv=None):
     ap.add_argument("--no-generated", action="store_true", help="only the real stores")
     args = ap.parse_args(argv)
 
-    from streamdp.storage.generate import generate_store
-    from streamdp.storage.ingest import ingest
-
     tmp = tempfile.mkdtemp(prefix="bench-als-")
     try:
         if not args.no_generated:
-            st = generate_store(f"{tmp}/g.zarr", n_users=args.users, n_items=1000, ratings_per_user=20, rank=8,
-                                seed=11, test_fraction=0.2, show_progress=False)
-            table(st, "generated", args)
+            table(generated_store(tmp, args.users), "generated", args)
         if args.real:
-            data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
-            for name, rel, rr in (("ML-100K", "ml-100k/u.data", "1,5"), ("FilmTrust", "filmtrust/ratings.txt",
-                                                                        "0.5,4")):
-                path = os.path.join(data, rel)
-                if not os.path.exists(path):
-                    print(f"\n{name}: {path} absent, skipped")
-                    continue
-                st = ingest([path], f"{tmp}/{name}.zarr", test_fraction=0.2, seed=0, rating_range=rr)
-                table(st, name, args)
+            for name in REAL_STORES:
+                st = real_store(tmp, name)
+                if st is not None:
+                    table(st, name, args)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: The real stores of the privacy benches: file under ../shared/data and declared rating range.
+REAL_STORES = {"ML-100K": ("ml-100k/u.data", "1,5"), "FilmTrust": ("filmtrust/ratings.txt", "0.5,4")}
+
+
+def generated_store(tmp, users):
+    """The generated store of the privacy benches (issue 9's): ``users`` x 1,000 items, 20 ratings each, rank 8."""
+    from streamdp.storage.generate import generate_store
+
+    return generate_store(f"{tmp}/g.zarr", n_users=users, n_items=1000, ratings_per_user=20, rank=8, seed=11,
+                          test_fraction=0.2, show_progress=False)
+
+
+def real_store(tmp, name):
+    """``name`` of :data:`REAL_STORES` ingested with a 20% per-user split; ``None`` (said) when the data is absent."""
+    from streamdp.storage.ingest import ingest
+
+    rel, rr = REAL_STORES[name]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", rel)
+    if not os.path.exists(path):
+        print(f"\n{name}: {path} absent, skipped")
+        return None
+    return ingest([path], f"{tmp}/{name}.zarr", test_fraction=0.2, seed=0, rating_range=rr)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,16 @@ def print_json(obj) -> None:
     click.echo(json.dumps(obj, default=_json_default))
 
 
+def _quiet_under_json(ctx, param, value):
+    """Callback of every ``--json`` flag: no progress bars for the rest of the command (stdout is one JSON
+    object, and whoever reads it does not want a terminal drawn over)."""
+    if value:
+        from streamdp.progress import quiet
+
+        ctx.with_resource(quiet())
+    return value
+
+
 def _json_default(o):
     import numpy as np
 
@@ -84,7 +94,7 @@ def main():
 
 @main.command()
 @click.argument("store")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def info(store, as_json):
     """Counts, rating range, split sizes and item popularity of STORE."""
     from streamdp.storage.info import format_info, store_summary
@@ -98,7 +108,7 @@ def info(store, as_json):
 
 @main.command()
 @click.argument("store")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def verify(store, as_json):
     """Read all of STORE back, block by block, and check it against its recorded checksum."""
     from streamdp.storage.verify import format_verify, verify_store
@@ -125,12 +135,17 @@ def verify(store, as_json):
 @click.option("--user-exponent", type=float, default=2.0, show_default=True, help="Pareto exponent of user activity.")
 @click.option("--scale", default="1,5,1", show_default=True, metavar="MIN,MAX,STEP",
               help="Rating scale; STEP 0 keeps ratings continuous.")
-@click.option("--block-users", type=int, default=None, help="Users per block (default: ~0.5M ratings a block).")
-@click.option("--workers", type=int, default=None, help="Threads generating blocks (default: all cores).")
+@click.option("--factors", type=click.Choice(["gaussian", "uniform"]), default="gaussian", show_default=True,
+              help="Ground truth: gaussian factors with item biases, or uniform: an exact rank-RANK truth without "
+              "biases, every entry inside the scale (--rank 1 --noise 0 --scale -1,1,0 is Jain et al.'s synthetic "
+              "set).")
+@click.option("--block-users", type=int, default=None,
+              help="Users per block (default: about 1M ratings a block, train and test together).")
+@click.option("--workers", type=int, default=None, help="Threads generating blocks (default: 2, or 1 on one core).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp store at --out (anything else there is "
               "an error); its privacy-budget ledger is carried over.")
 def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fraction, item_exponent,
-             user_exponent, scale, block_users, workers, force):
+             user_exponent, scale, factors, block_users, workers, force):
     """Write a synthetic low-rank, power-law rating store, block by block."""
     from streamdp.errors import ParameterError
     from streamdp.storage.generate import generate_store
@@ -142,7 +157,7 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
     s = generate_store(out, n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank,
                        noise=noise, seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
                        user_exponent=user_exponent, rating_min=lo, rating_max=hi, rating_step=step,
-                       block_users=block_users, workers=workers, force=force)
+                       factors=factors, block_users=block_users, workers=workers, force=force)
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
                f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s")
 
@@ -162,12 +177,13 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out split.")
 @click.option("--skip-bad-lines", is_flag=True, help="Skip and count malformed lines instead of failing.")
 @memory_limit_option
-@click.option("--block-users", type=int, default=None, help="Users per block (default: ~0.5M ratings a block).")
+@click.option("--block-users", type=int, default=None,
+              help="Users per block (default: about 1M ratings a block, train and test together).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp store at --out (anything else there is "
               "an error); its privacy-budget ledger is carried over.")
 @click.option("--budget", default=None, metavar="EPSILON,DELTA",
               help="Set the store's total privacy budget (see `streamdp budget`).")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print a JSON summary.")
 def ingest(inputs, out, fmt, sep, columns, rating_range, test_fraction, seed, skip_bad_lines, memory_limit,
            block_users, force, budget, as_json):
     """Ingest rating files (u.data, ::-.dat, CSV, whitespace, Parquet; .gz) into a store, out of core."""
@@ -257,14 +273,17 @@ class _TrainCommand(click.Command):
               "derives it from public parameters).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
-@click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
+@click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "
+              "with --scheduler, the cluster's thread count, which sizes the blocks in flight).")
 @memory_limit_option
-@click.option("--scheduler", default=None, metavar="ADDRESS", help="Dask distributed scheduler (tcp://host:port).")
+@click.option("--scheduler", default=None, metavar="ADDRESS", help="Dask distributed scheduler (tcp://host:port): "
+              "the passes of als/irls/means/oja run on its workers, which must reach STORE; the epochs of sgd/sgld "
+              "(one shared in-memory V) and the evaluation stay on local threads.")
 @click.option("--over-budget", "--budget-override", "over_budget", is_flag=True,
               help="Train even if the store's privacy budget would be exceeded (recorded).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
               "an error).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit, scheduler, over_budget, force,
           as_json, **options):
     """Train a private model on STORE and write it to --out."""
@@ -313,40 +332,53 @@ def format_train_summary(summary: dict) -> str:
 @click.option("--ridge", type=float, default=None, help="Ridge of the local user solve (default: the model's).")
 @click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
 @memory_limit_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def evaluate(model, store, ridge, workers, memory_limit, as_json):
-    """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines."""
+@click.option("--allow-other-store", is_flag=True, help="Evaluate also on a store other than the one MODEL was "
+              "trained on (its checksum differs; a re-split of the same ratings gives an optimistic RMSE); the "
+              "output then says store_matches_model: false.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
+def evaluate(model, store, ridge, workers, memory_limit, allow_other_store, as_json):
+    """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines.
+
+    STORE must be the store MODEL was trained on (same checksum) unless --allow-other-store.
+    """
     from streamdp.evaluate import evaluate_model, format_evaluation
 
-    ev = evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge)
+    ev = evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
+                        allow_other_store=allow_other_store)
     if as_json:
         print_json(ev)
     else:
         click.echo(format_evaluation(ev))
 
 
+#: First line of ``streamdp recommend``'s plain-text output (tab-separated, like its rows).
+RECOMMEND_HEADER = "item_id\tpredicted_rating"
+
+
 @main.command()
 @click.argument("model")
 @click.option("--ratings", "ratings_file", required=True, help="The user's own ratings: lines 'item,rating' "
-              "(original item ids).")
+              "(original item ids; ratings within the model's rating range).")
 @click.option("--top", type=int, default=10, show_default=True, help="How many items to recommend.")
 @click.option("--ridge", type=float, default=None, help="Ridge of the local user solve (default: the model's).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def recommend(model, ratings_file, top, ridge, as_json):
-    """Top-N unseen items for one user, solved locally from MODEL and their ratings file."""
-    from streamdp.local import read_user_ratings, recommend as rec
+    """Top-N unseen items for one user, solved locally from MODEL and their ratings file.
+
+    Prints a header line (item_id, predicted_rating), then one tab-separated line per item.
+    """
+    from streamdp.local import rating_range, read_user_ratings, recommend as rec
     from streamdp.model import load_model
 
     m = load_model(model)
-    items, ratings, unknown = read_user_ratings(ratings_file, m.item_ids)
+    items, ratings, unknown = read_user_ratings(ratings_file, m.item_ids, rating_range(m))
     idx, score = rec(m, items, ratings, top=top, ridge=ridge)
     ids = m.item_ids[idx].tolist()
     if as_json:
         print_json({"items": ids, "scores": score.round(4).tolist(), "n_ratings_used": int(len(items)),
                     "unknown_items": unknown})
         return
-    for i, s in zip(ids, score):
-        click.echo(f"{i}\t{s:.3f}")
+    click.echo("\n".join([RECOMMEND_HEADER] + [f"{i}\t{s:.3f}" for i, s in zip(ids, score)]))
     if unknown:
         click.echo(f"note: {len(unknown)} rated item(s) unknown to the model were ignored", err=True)
 
@@ -357,9 +389,9 @@ def recommend(model, ratings_file, top, ridge, as_json):
 @click.option("--force", is_flag=True, help="Replace DIR/ratings.zarr and DIR/model if they are a streamdp store "
               "and model (the store's budget ledger is carried over).")
 @click.option("--epsilon", type=float, default=1.0, show_default=True, help="User-level epsilon of the model.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def demo(out, force, epsilon, as_json):
-    """Main job end to end: generate a store -> train oja -> evaluate, print RMSE and privacy spent."""
+    """Main job end to end: generate a store -> train als -> evaluate, print RMSE, baselines and privacy spent."""
     from streamdp.demo import run_demo
 
     res = run_demo(out, epsilon=epsilon, force=force, echo=None if as_json else click.echo)
@@ -386,7 +418,7 @@ def privacy():
               help="Gaussian noise std divided by the L2 sensitivity (0: non-private).")
 @click.option("--count", type=int, default=1, show_default=True, help="Number of Gaussian releases composed.")
 @click.option("--delta", type=float, required=True, help="Target delta.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def privacy_epsilon(noise_multiplier, count, delta, as_json):
     """Epsilon of COUNT Gaussian releases (PLD accountant; RDP beside it)."""
     from streamdp.privacy import epsilon_of, gaussian_event
@@ -406,7 +438,7 @@ def privacy_epsilon(noise_multiplier, count, delta, as_json):
 @click.option("--delta", type=float, required=True, help="Target delta.")
 @click.option("--count", type=int, default=1, show_default=True,
               help="Number of Gaussian releases composed (Jain et al.: T for Alg. 1, Gamma for Alg. 2).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def privacy_calibrate(epsilon, delta, count, as_json):
     """Smallest Gaussian noise multiplier for (EPSILON, DELTA) over COUNT releases, beside the papers' forms."""
     import math
@@ -442,7 +474,7 @@ def privacy_calibrate(epsilon, delta, count, as_json):
               "model is in place, else 'stale' (counted as spent); remove their run directories in STORE.state/.")
 @click.option("--refund-unreleased", is_flag=True, help="With --settle: mark 'failed' (not counted) the reservations "
               "proven to have released nothing (their run died before it began writing the model).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def budget(store, set_budget, settle, refund_unreleased, as_json):
     """Show (or --set, --settle) the privacy budget of STORE and everything released from it."""
     from streamdp.errors import ParameterError

@@ -23,7 +23,7 @@ def _add(acc, x):
 
 
 def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=None, ridge: float | None = None,
-                   baselines: bool = True) -> dict:
+                   baselines: bool = True, allow_other_store: bool = False) -> dict:
     """RMSE and MAE of ``model`` on ``store``'s test split (+ baselines).
 
     Parameters
@@ -36,18 +36,26 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         Ridge of the local solve (default: the model's).
     baselines : bool
         Also compute the non-private global-mean and item-mean baselines.
+    allow_other_store : bool
+        Evaluate also on a store whose checksum differs from the one the model was
+        trained on (``model.info["store_checksum"]``); the result then says
+        ``store_matches_model: False``. Without it that is an error: a re-split of
+        the same ratings has test ratings the model was trained on, and its RMSE
+        is optimistic.
 
     Returns
     -------
     dict
         ``rmse, mae, n_ratings, n_users, ridge, method, guarantee`` and, with
-        baselines, ``baselines: {global_mean: {rmse, mae}, item_mean: {rmse, mae}}``.
+        baselines, ``baselines: {global_mean: {rmse, mae}, item_mean: {rmse, mae}}``;
+        ``store_matches_model`` (``None`` for a model that records no store checksum).
 
     Raises
     ------
     StoreError
-        No test split, other items than the model's, or a damaged store (a missing
-        or corrupt chunk, :meth:`~streamdp.storage.store.RatingStore.check_chunks`).
+        No test split, other items than the model's, another store than the model's
+        (without ``allow_other_store``), or a damaged store (a missing or corrupt
+        chunk, :meth:`~streamdp.storage.store.RatingStore.check_chunks`).
     """
     from streamdp.local import model_ridge, predict_block, solve_block
     from streamdp.model import Model, load_model
@@ -61,8 +69,12 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     st.check_chunks()  # a damaged store fails here with one line, not with a wrong RMSE
     if st.n_items != m.n_items:
         raise StoreError(f"{st.path}: store has {st.n_items} items but the model {m.path} has {m.n_items}")
-    m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
     ck = m.info.get("store_checksum")
+    if ck and ck != st.checksum and not allow_other_store:
+        raise StoreError(f"{st.path}: not the store the model {m.path} was trained on (checksum {st.checksum}, "
+                         f"the model's {ck}): its test split may hold ratings the model was trained on and give an "
+                         f"optimistic RMSE; pass --allow-other-store to evaluate it anyway")
+    m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
     ridge = model_ridge(m, ridge)
     n = st.n_items
     lo, hi = st.rating_min, st.rating_max
@@ -75,7 +87,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                 return np.stack([np.bincount(block.items, weights=block.ratings.astype(np.float64), minlength=n),
                                  np.bincount(block.items, minlength=n).astype(np.float64)])
 
-            S = eng.map_reduce(sums, _add, np.zeros((2, n)), extra_per_block=16 * n)
+            S = eng.map_reduce(sums, _add, np.zeros((2, n)), extra_per_block=16 * n, desc="evaluate: baselines")
             gm = float(S[0].sum() / max(S[1].sum(), 1.0))
             item_mean = np.where(S[1] > 0, S[0] / np.maximum(S[1], 1.0), gm)
 
@@ -92,7 +104,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                 row += [np.sum(e1 * e1), np.sum(np.abs(e1)), np.sum(e2 * e2), np.sum(np.abs(e2))]
             return np.asarray(row, np.float64)
 
-        tot = eng.map_reduce(fn, _add, np.zeros(7 if baselines else 3))
+        tot = eng.map_reduce(fn, _add, np.zeros(7 if baselines else 3), desc="evaluate")
     cnt = max(tot[2], 1.0)
     out = {
         "rmse": math.sqrt(tot[0] / cnt),
@@ -152,5 +164,6 @@ def format_evaluation(ev: dict) -> str:
     if ev.get("verdict"):
         lines.append("verdict: " + format_verdict(ev["verdict"], ev["rmse"]))
     if ev.get("store_matches_model") is False:
-        lines.append("note: the store's checksum differs from the one the model was trained on")
+        lines.append("store_matches_model: false (--allow-other-store): the store's checksum differs from the one "
+                     "the model was trained on; if it holds ratings the model was trained on, the RMSE is optimistic")
     return "\n".join(lines)

@@ -18,6 +18,13 @@ rank 16) it lowers the test RMSE of a released SGD model by about 0.1. It costs 
 privacy (it is part of the user's own solve) and can be turned off per model
 (``model.json`` key ``local_user_bias: false``) or per call (``user_bias=False``).
 
+Models of ``--method fw`` and ``--method svd`` carry their own local computation
+(``model.json`` key ``local``, :func:`local_kind`): a ``fw`` user replays Jain et
+al.'s local Frank-Wolfe steps on the released basis (:func:`fw_local_rows`), an
+``svd`` user projects her rescaled ratings on the released subspace
+(:func:`projection_rows`); both give coefficients ``c`` on ``Q`` (no intercept) and
+predict ``mu + b_j + Q_j . c`` like every other model.
+
 The ridge default comes from the model (``model.json`` key ``ridge``; for
 ``--method oja`` the factors are scaled to rows of mean squared norm 1, so the
 ridge is the ratio of residual to signal variance and is dimensionless); since the
@@ -33,6 +40,9 @@ import numpy as np
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.linalg import predict_rows, residuals, solve_users_huber
+
+#: A model's local computation (``model.json`` key ``local``; absent = ``ridge``).
+LOCAL_KINDS = ("ridge", "frank_wolfe", "projection")
 
 #: Ridge used when a model does not state one.
 FALLBACK_RIDGE = 1.0
@@ -53,7 +63,10 @@ def rating_range(model) -> tuple[float, float]:
 
 
 def uses_user_bias(model, user_bias: bool | None = None) -> bool:
-    """Whether the local solve fits a user intercept (default: yes, unless the model says no)."""
+    """Whether the local solve fits a user intercept (default: yes, unless the model says no; never for
+    ``fw``/``svd`` models, whose local computation has none)."""
+    if local_kind(model) != "ridge":
+        return False
     return bool(model.info.get("local_user_bias", True)) if user_bias is None else bool(user_bias)
 
 
@@ -85,11 +98,58 @@ def solve_block(model, indptr, items, ratings, ridge: float, *, user_bias: bool 
     Q, bias = local_design(model, user_bias)
     res = np.empty(len(items), np.float64)
     residuals(np.asarray(items, np.int32), np.asarray(ratings, np.float32), float(model.global_mean), bias, res)
+    kind = local_kind(model)
+    if kind == "frank_wolfe":
+        return fw_local_rows(model, np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q)
+    if kind == "projection":
+        return projection_rows(model, np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q)
     U = np.zeros((len(indptr) - 1, Q.shape[1]))
     iters, delta = local_loss(model)
     solve_users_huber(np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q, float(ridge), iters, delta,
                       U)
     return U
+
+
+def local_kind(model) -> str:
+    """The model's local computation: ``ridge`` (default), ``frank_wolfe`` or ``projection``."""
+    kind = (getattr(model, "info", None) or {}).get("local", "ridge")
+    if kind not in LOCAL_KINDS:
+        raise InputError(f"model.json: unknown local computation {kind!r} (this streamdp knows "
+                         f"{', '.join(LOCAL_KINDS)})")
+    return kind
+
+
+def fw_local_rows(model, indptr, items, x, Q) -> np.ndarray:
+    """Each user's Frank-Wolfe coefficients ``c`` (``Y_i = c Q^T``) from her centred ratings ``x``.
+
+    The ``T`` local steps of Jain et al.'s Alg. 1 (``A_local``), replayed on the
+    released basis ``Q`` with the released ``lambda_t`` and step sizes
+    (:func:`streamdp.kernels.fw.fw_replay`): the same arithmetic the training ran for
+    her, from her own ratings only.
+    """
+    from streamdp.kernels.fw import fw_replay
+
+    p = model.info.get("local_fw") or {}
+    bound = p.get("bound")
+    C = np.zeros((len(indptr) - 1, Q.shape[1]))
+    fw_replay(indptr, items, x, Q, np.asarray(model.extras["fw_lambda"], np.float64),
+              np.asarray(model.extras["fw_eta"], np.float64), float(p["k"]),
+              np.inf if bound is None else float(bound), C)
+    return C
+
+
+def projection_rows(model, indptr, items, x, Q) -> np.ndarray:
+    """Each user's coefficients on the released subspace: ``(n_items / n_i) Q^T P_Omega(x_i)``.
+
+    The private SVD baseline's local step (Jain et al. 2018, the SVD algorithm of
+    their supplement; McSherry & Mironov 2009): project the zero-filled row of
+    centred ratings, rescaled by the inverse of the user's own sampling rate.
+    """
+    from streamdp.kernels.fw import project_rows
+
+    C = np.zeros((len(indptr) - 1, Q.shape[1]))
+    project_rows(indptr, items, x, Q, Q.shape[0], C)
+    return C
 
 
 def local_loss(model) -> tuple[int, float]:
@@ -134,14 +194,19 @@ def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = Non
     """Top-``top`` unseen items for a user with ``ratings`` on dense ``items``.
 
     Returns ``(dense_item_indices, predicted_ratings)``, best first; ties are broken
-    by the lower item index (the more popular item).
+    by the lower index (a released model lists its items by ascending id). A rating
+    outside the model's rating range is an :class:`InputError`.
     """
     if top < 1:
         raise ParameterError(f"--top must be >= 1, got {top}")
+    lo, hi = rating_range(model)
+    r = np.asarray(ratings, np.float64)
+    bad = ~((r >= lo) & (r <= hi))
+    if bad.any():
+        raise InputError(f"rating {r[bad][0]:g} is outside the model's rating range [{lo:g}, {hi:g}]")
     u = solve_user(model, items, ratings, ridge, user_bias=user_bias)
     Q, bias = local_design(model, user_bias)
     score = model.global_mean + bias + Q @ u
-    lo, hi = rating_range(model)
     score = np.clip(score, lo, hi)
     seen = np.zeros(len(score), bool)
     seen[np.asarray(items, np.int64)] = True
@@ -150,14 +215,18 @@ def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = Non
     return order, score[order]
 
 
-def read_user_ratings(path: str, item_ids) -> tuple[np.ndarray, np.ndarray, list]:
+def read_user_ratings(path: str, item_ids, rating_range: tuple[float, float] | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, list]:
     """Read one user's ``item,rating`` file and map items to the model's dense indices.
 
     Accepts comma, tab or whitespace separated lines with two columns (an optional
     header line ``item,rating``); items are in the original id space. Items the
     model does not know are returned in the third value (and otherwise ignored).
-    Raises :class:`InputError` naming the file and line on malformed input.
+    Raises :class:`InputError` naming the file and line on malformed input, and on a
+    rating outside ``rating_range`` (the model's, :func:`rating_range`): a 99 on a
+    1..5 model would otherwise push every prediction to the top of the range.
     """
+    lo, hi = (-np.inf, np.inf) if rating_range is None else (float(rating_range[0]), float(rating_range[1]))
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")
     ids = np.asarray(item_ids)
@@ -182,6 +251,9 @@ def read_user_ratings(path: str, item_ids) -> tuple[np.ndarray, np.ndarray, list
                 raise InputError(f"{path}:{lineno}: rating {parts[1]!r} is not a number") from None
             if not np.isfinite(r):
                 raise InputError(f"{path}:{lineno}: rating {parts[1]!r} is not finite")
+            if not lo <= r <= hi:
+                raise InputError(f"{path}:{lineno}: rating {parts[1]} is outside the model's rating range "
+                                 f"[{lo:g}, {hi:g}]")
             key = parts[0]
             if numeric:
                 try:

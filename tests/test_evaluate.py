@@ -136,3 +136,34 @@ def test_train_prints_baselines_and_says_plainly_when_no_better(small_store, tmp
     assert "seeded run" in bad.stderr  # the warnings that qualify the guarantee go to stderr
     text = CliRunner().invoke(main, ["evaluate", str(tmp_path / "bad"), small_store.path]).output
     assert "verdict: NO BETTER than the non-private item-mean baseline" in text
+
+
+def test_evaluate_on_another_store_is_an_error_unless_allowed(tmp_path):
+    """A store other than the model's (another checksum, e.g. a re-split of the same ratings, whose test
+    ratings the model may have been trained on): one line, exit 2, nothing on stdout; with
+    --allow-other-store it runs and says store_matches_model: false."""
+    from streamdp.errors import StoreError
+    from streamdp.storage.generate import generate_store
+
+    a, b = (generate_store(str(tmp_path / f"{n}.zarr"), n_users=400, n_items=40, ratings_per_user=15, rank=2,
+                           seed=seed, test_fraction=0.2) for n, seed in (("a", 1), ("b", 2)))
+    assert a.n_items == b.n_items and a.checksum != b.checksum
+    out = str(tmp_path / "m")
+    runner = CliRunner()
+    res = runner.invoke(main, ["train", a.path, "--method", "means", "--epsilon", "inf", "--out", out])
+    assert res.exit_code == 0, res.output
+    for extra in ([], ["--json"]):
+        res = runner.invoke(main, ["evaluate", out, b.path] + extra)
+        assert res.exit_code == 2 and res.stdout == "", res.output
+        assert res.stderr.startswith(f"streamdp: error: {b.path}: not the store the model {out} was trained on")
+        assert res.stderr.count("\n") == 1 and "--allow-other-store" in res.stderr and "optimistic" in res.stderr
+    res = runner.invoke(main, ["evaluate", out, b.path, "--allow-other-store", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["store_matches_model"] is False
+    res = runner.invoke(main, ["evaluate", out, b.path, "--allow-other-store"])
+    assert res.exit_code == 0 and "store_matches_model: false" in res.stdout
+    res = runner.invoke(main, ["evaluate", out, a.path, "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["store_matches_model"] is True
+    with pytest.raises(StoreError, match="not the store the model"):
+        evaluate_model(out, b)
+    assert evaluate_model(out, b, allow_other_store=True)["store_matches_model"] is False

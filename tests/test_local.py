@@ -61,8 +61,8 @@ def test_read_user_ratings_maps_ids_and_reports_lines(tmp_path):
 def test_recommend_cli(small_store, tmp_path):
     runner = CliRunner()
     out = str(tmp_path / "m")
-    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "3", "--out", out,
-                               "--seed", "1", "--passes", "5"])
+    res = runner.invoke(main, ["train", small_store.path, "--method", "oja", "--epsilon", "inf", "--rank", "3",
+                               "--out", out, "--seed", "1", "--passes", "5"])
     assert res.exit_code == 0, res.output
     ids = small_store.item_ids()
     f = tmp_path / "me.csv"
@@ -73,3 +73,38 @@ def test_recommend_cli(small_store, tmp_path):
     assert len(d["items"]) == 4 and not set(d["items"]) & {int(ids[0]), int(ids[3]), int(ids[10])}
     res = runner.invoke(main, ["recommend", out, "--ratings", str(tmp_path / "missing.csv")])
     assert res.exit_code == 2 and "error:" in res.output and "Traceback" not in res.output
+    # plain text: a header line, then one tab-separated row per item
+    res = runner.invoke(main, ["recommend", out, "--ratings", str(f), "--top", "4"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0] == "item_id\tpredicted_rating" and len(lines) == 5
+    assert [int(x.split("\t")[0]) for x in lines[1:]] == d["items"]
+
+
+def test_recommend_refuses_a_rating_outside_the_models_range(small_store, tmp_path):
+    """A 99 on a 1..5 model (every prediction would be 5.000) is an error naming the file and line, exit 2,
+    and nothing is printed on stdout; --json output stays one JSON object."""
+    runner = CliRunner()
+    out = str(tmp_path / "m")
+    res = runner.invoke(main, ["train", small_store.path, "--method", "means", "--epsilon", "inf", "--out", out])
+    assert res.exit_code == 0, res.output
+    ids = small_store.item_ids()
+    f = tmp_path / "me.csv"
+    f.write_text(f"item,rating\n{ids[0]},5\n{ids[3]},99\n")
+    for extra in ([], ["--json"]):
+        res = runner.invoke(main, ["recommend", out, "--ratings", str(f)] + extra)
+        assert res.exit_code == 2 and res.stdout == "", res.output
+        assert res.stderr == (f"streamdp: error: {f}:3: rating 99 is outside the model's rating range [1, 5]\n")
+    f.write_text(f"{ids[0]},5\n{ids[3]},1\n")
+    res = runner.invoke(main, ["recommend", out, "--ratings", str(f), "--json"])
+    assert res.exit_code == 0 and isinstance(json.loads(res.stdout), dict)
+
+
+def test_read_user_ratings_rating_range(tmp_path):
+    f = tmp_path / "me.csv"
+    f.write_text("105,4\n106,0.5\n")
+    with pytest.raises(InputError, match=r"me.csv:2: rating 0.5 is outside the model's rating range \[1, 5\]"):
+        read_user_ratings(str(f), np.arange(100, 120), (1.0, 5.0))
+    assert read_user_ratings(str(f), np.arange(100, 120))[1].tolist() == [4.0, 0.5]  # no range: no check
+    with pytest.raises(InputError, match="rating 99 is outside the model's rating range"):
+        recommend(_model(), np.array([0, 1]), np.array([5, 99], np.float32))

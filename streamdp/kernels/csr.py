@@ -106,7 +106,7 @@ def alias_table(weights, prob, alias):
 
 @njit(cache=True, nogil=True)
 def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, global_mean, rank,
-                noise, rmin, rmax, step, out_indptr, out_items, out_ratings):
+                noise, rmin, rmax, step, uniform, out_indptr, out_items, out_ratings):
     """Draw the ratings of one block of synthetic users.
 
     User ``j`` rates ``counts[j]`` distinct items drawn from the popularity
@@ -114,7 +114,8 @@ def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, gl
     :func:`alias_table`; repeats are rejected), with rating
     ``global_mean + item_bias[i] + u_j . v_i + N(0, noise^2)``, rounded to ``step``
     (if ``step > 0``) and clipped to ``[rmin, rmax]``; ``u_j ~ N(0, I/sqrt(rank))``
-    so that ``u.v`` has unit variance when ``v ~ N(0, I/sqrt(rank))``.
+    so that ``u.v`` has unit variance when ``v ~ N(0, I/sqrt(rank))``, or, with
+    ``uniform``, ``u_j`` uniform in ``[-1, 1]^rank / sqrt(rank)``.
     Items within a user are sorted. Returns the number of ratings written.
     """
     np.random.seed(seed)
@@ -130,8 +131,12 @@ def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, gl
         c = counts[j]
         if c > n_items:
             c = n_items
-        for d in range(rank):
-            u[d] = np.random.normal() * scale
+        if uniform:
+            for d in range(rank):
+                u[d] = (2.0 * np.random.random() - 1.0) / np.sqrt(rank)
+        else:
+            for d in range(rank):
+                u[d] = np.random.normal() * scale
         start = pos
         drawn = 0
         tries = 0

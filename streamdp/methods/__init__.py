@@ -48,7 +48,7 @@ def _load_builtin() -> None:
     # written yet is simply absent from the registry.
     import importlib
 
-    for mod in ("oja", "sgld", "als"):
+    for mod in ("oja", "sgld", "als", "frank_wolfe", "svd"):
         try:
             importlib.import_module(f"streamdp.methods.{mod}")
         except ModuleNotFoundError as exc:

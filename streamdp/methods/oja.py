@@ -479,10 +479,11 @@ def _values_fn(mu, bias, L, lo, hi):
     return values
 
 
-def _power_pass(engine, V, values_of, rng, release, desc="oja pass"):
+def _power_pass(engine, V, values_of, rng, release, desc="oja pass", extra=0):
     """One pass of noisy subspace iteration: ``QR(A^T A V + G)``; returns ``(V_new, V^T Y)``.
 
-    ``release`` is the pass's noisy release (``None``: non-private).
+    ``release`` is the pass's noisy release (``None``: non-private). ``extra``: bytes
+    ``values_of`` allocates per block beyond one float64 per rating (for the memory budget).
     """
     n, k = V.shape
     Vc = np.ascontiguousarray(V)
@@ -492,7 +493,7 @@ def _power_pass(engine, V, values_of, rng, release, desc="oja pass"):
         gram_apply(block.indptr, block.items, values_of(block), Vc, out)
         return out
 
-    Y = engine.map_reduce(fn, _add, np.zeros((n, k)), extra_per_block=8 * n * k, desc=desc)
+    Y = engine.map_reduce(fn, _add, np.zeros((n, k)), extra_per_block=8 * n * k + int(extra), desc=desc)
     if release is not None:
         Y = release.add(Y, rng)
     return np.linalg.qr(Y)[0], V.T @ Y

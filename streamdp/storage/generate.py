@@ -8,6 +8,12 @@ The model (all parameters are options of :func:`generate_store`):
   variance. A rating is ``global_mean + b_i + u . v_i + N(0, noise^2)``, rounded to
   ``rating_step`` (0 = continuous) and clipped to ``[rating_min, rating_max]``.
   ``truth/item_factors`` and ``truth/item_bias`` are saved in the store.
+  ``factors="uniform"`` instead draws an exact rank-``rank`` truth without biases,
+  entries inside the rating scale: ``u, v`` uniform in ``[-1, 1]^rank / sqrt(rank)``
+  and a rating ``mid + h u . v + N(0, noise^2)`` (``mid``, ``h``: midpoint and half of
+  the scale), so ``|h u . v| <= h``. With ``rank=1``, ``noise=0`` and the scale
+  ``[-1, 1]`` continuous this is Jain, Thakkar & Thakurta's synthetic set (ICML 2018,
+  Sec. 4: a random rank-one ``Y = u v^T`` with unit l_inf norm).
 * **Item popularity** is a power law (Zipf): item ``i`` is drawn with probability
   proportional to ``(i + 1) ** -item_exponent``; the default 0.9 puts roughly a fifth
   of the ratings on the top 1% of items at 20k items, between MovieLens and
@@ -67,6 +73,7 @@ def generate_store(
     user_exponent: float = 2.0,
     global_mean: float = 3.6,
     item_bias_std: float = 0.3,
+    factors: str = "gaussian",
     rating_min: float = 1.0,
     rating_max: float = 5.0,
     rating_step: float = 1.0,
@@ -90,13 +97,21 @@ def generate_store(
         raise ParameterError(f"--user-exponent must be > 1 (finite mean), got {user_exponent}")
     if not rating_max > rating_min:
         raise ParameterError(f"rating range must have max > min, got [{rating_min}, {rating_max}]")
+    if factors not in ("gaussian", "uniform"):
+        raise ParameterError(f"--factors: expected gaussian or uniform, got {factors!r}")
     test_fraction = check_fraction(test_fraction)
     check_destination(out, force)
 
     rng = np.random.default_rng(np.random.SeedSequence(entropy=0 if seed is None else seed))
-    scale = 1.0 / np.sqrt(np.sqrt(rank))
-    V = (rng.standard_normal((n_items, rank)) * scale).astype(np.float64)
-    bias = rng.standard_normal(n_items) * item_bias_std
+    if factors == "uniform":
+        half = (rating_max - rating_min) / 2.0
+        global_mean, item_bias_std = (rating_min + rating_max) / 2.0, 0.0
+        V = rng.uniform(-1.0, 1.0, (n_items, rank)) * (half / np.sqrt(rank))
+        bias = np.zeros(n_items)
+    else:
+        scale = 1.0 / np.sqrt(np.sqrt(rank))
+        V = (rng.standard_normal((n_items, rank)) * scale).astype(np.float64)
+        bias = rng.standard_normal(n_items) * item_bias_std
     w = (np.arange(1, n_items + 1, dtype=np.float64)) ** (-float(item_exponent))
     prob = np.empty(n_items, np.float64)
     alias = np.empty(n_items, np.int64)
@@ -116,7 +131,7 @@ def generate_store(
         rt = np.empty(total, np.float32)
         got = synth_block(block_seed(seed, b, _PURPOSE_RATINGS), counts, prob, alias, V, bias, float(global_mean),
                           int(rank), float(noise), float(rating_min), float(rating_max), float(rating_step),
-                          ip, it, rt)
+                          factors == "uniform", ip, it, rt)
         it, rt = it[:got], rt[:got]
         if test_fraction > 0:
             train, test = split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
@@ -136,7 +151,7 @@ def generate_store(
         uid = w_.create_array("user_ids", shape=(n_users,), dtype="int64", chunks=(bu,))
         ucnt = w_.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
         with ThreadPoolExecutor(max_workers=workers) as ex, \
-                progress(total=n_blocks, desc="generate", unit="block", enabled=show_progress) as bar:
+                progress(total=n_blocks, desc="generate", unit="block", show=show_progress) as bar:
             # bounded look-ahead keeps memory at ~2 * workers blocks
             pending = {}
             next_submit = 0
@@ -162,7 +177,7 @@ def generate_store(
         params = dict(n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank, noise=noise,
                       seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
                       user_exponent=user_exponent, global_mean=global_mean, item_bias_std=item_bias_std,
-                      rating_step=rating_step)
+                      rating_step=rating_step, factors=factors)
         w_.finalize({
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),

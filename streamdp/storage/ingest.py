@@ -458,7 +458,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
     sources = []
     n_bad = 0
     rmin, rmax = np.inf, -np.inf
-    with progress(total=None, desc="parse", unit="rating", enabled=show_progress) as bar, \
+    with progress(total=None, desc="parse", unit="rating", show=show_progress, unit_scale=True) as bar, \
             ThreadPoolExecutor(max_workers=workers) as ex:
         for k, spec in enumerate(specs):
             ranges = [None] if spec.format == "parquet" else F.byte_ranges(spec.path, workers)
@@ -576,7 +576,8 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             for f in handles.values():
                 f.close()
 
-    with progress(total=parsed.n_rows, desc="partition", unit="rating", enabled=show_progress) as bar, \
+    with progress(total=parsed.n_rows, desc="partition", unit="rating", show=show_progress,
+                  unit_scale=True) as bar, \
             ThreadPoolExecutor(max_workers=workers) as ex:
         for _ in ex.map(scatter, range(workers)):
             pass
@@ -614,7 +615,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
     n_dup = 0
     workers = _threads()
     with ThreadPoolExecutor(max_workers=workers) as ex, \
-            progress(total=n_parts, desc="dedup", unit="part", enabled=show_progress) as bar:
+            progress(total=n_parts, desc="dedup", unit="part", show=show_progress) as bar:
         for cnt, d in ex.map(dedup, range(n_parts)):
             item_counts_raw += cnt
             n_dup += d
@@ -642,7 +643,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
                      force=force) as w:
         uc_arr = w.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
         with ThreadPoolExecutor(max_workers=1) as ex, \
-                progress(total=n_blocks, desc="write", unit="block", enabled=show_progress) as bar:
+                progress(total=n_blocks, desc="write", unit="block", show=show_progress) as bar:
             nxt = ex.submit(load, 0)
             for p, (b0, b1) in enumerate(parts):
                 ip, it, r = nxt.result()

@@ -66,7 +66,7 @@ def verify_store(path: str, *, show_progress: bool | None = None) -> dict:
     for s in splits:
         h.add_split(s)
     item_counts = np.zeros(st.n_items, np.int64)
-    with progress(total=st.n_blocks, desc="verify", unit="block", enabled=show_progress) as bar:
+    with progress(total=st.n_blocks, desc="verify", unit="block", show=show_progress) as bar:
         for b in range(st.n_blocks):
             first, end = st.block_range(b)
             per_user = np.zeros(end - first, np.int64)

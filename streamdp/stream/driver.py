@@ -27,7 +27,7 @@ the same machinery around its passes, written once here:
   (epoch ``e`` reads one and writes the other), so the state at the end of the last
   finished epoch is always intact for a resume.
 * **Progress.** :meth:`Run.epochs` yields the epochs to run with a progress line on
-  a terminal (:mod:`streamdp.stream.progress`).
+  a terminal (:mod:`streamdp.progress`).
 
 Examples
 --------
@@ -214,7 +214,7 @@ class Run:
 
     def epochs(self, last: int, *, desc: str | None = None):
         """Yield the epochs ``start..last`` with a progress line on a terminal."""
-        from streamdp.stream.progress import progress
+        from streamdp.progress import progress
 
         with progress(total=last, initial=self.start - 1, desc=desc or self.method, unit="epoch") as bar:
             for e in range(self.start, last + 1):

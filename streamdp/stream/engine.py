@@ -16,6 +16,9 @@
   uses and what the caller declares it holds in item-side state, divided by the
   largest block's footprint. Reader threads (one per worker) read/decompress the next
   blocks while the workers compute (prefetch).
+* **Progress.** Every pass draws a bar of its blocks on a terminal's stderr
+  (:mod:`streamdp.progress`; never under ``--json``, in a pipe or with
+  ``STREAMDP_PROGRESS=0``), labelled with the caller's ``desc`` (``"als iteration 3/7"``).
 * **Determinism.** ``map_reduce`` combines partials strictly in block order, so the
   result is bit-for-bit the same for 1 or N workers and on a cluster; randomness must
   come from per-block/per-step generators (``streamdp.privacy.spawn_rngs``), never
@@ -38,6 +41,7 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.outputs import deferred_interrupts
+from streamdp.progress import progress
 from streamdp.storage.store import Block, RatingStore, open_store
 from streamdp.stream.memory import current_rss, format_size, resolve_memory_limit
 from streamdp.stream.state import UserState  # noqa: F401  (re-exported: part of the engine API)
@@ -153,7 +157,8 @@ class Engine:
 
     # -- passes ------------------------------------------------------------------------
     def map_reduce(self, fn: Callable[[Block, int], Any], combine: Callable[[Any, Any], Any], init: Any, *,
-                   split: str = "train", blocks: Iterable[int] | None = None, extra_per_block: int = 0) -> Any:
+                   split: str = "train", blocks: Iterable[int] | None = None, extra_per_block: int = 0,
+                   desc: str = "pass") -> Any:
         """``combine(...combine(combine(init, fn(B0, 0)), fn(B1, 1))..., fn(Bn, n))`` in block order.
 
         ``fn(block, b)`` runs on a worker (it must not mutate shared state; on a
@@ -161,6 +166,7 @@ class Engine:
         calling thread, in block order, so the result does not depend on the
         number of workers. ``extra_per_block`` is the size of one partial result in
         bytes (e.g. an ``n_items x k`` float64 matrix) to keep it inside the budget.
+        ``desc`` labels the pass's progress bar (blocks combined).
         """
         order = list(range(self.n_blocks)) if blocks is None else [int(b) for b in blocks]
         window = self.blocks_in_flight(split, extra_per_block)
@@ -168,24 +174,32 @@ class Engine:
         run = self._run_distributed if self._client is not None else self._run_local
         # closing(): on an error or Ctrl-C in `combine` the pass stops (and its workers finish) here and
         # now, not whenever the traceback that holds the generator is freed
-        with contextlib.closing(run(fn, order, split, window)) as parts:
+        with progress(total=len(order), desc=desc, unit="block") as bar, \
+                contextlib.closing(run(fn, order, split, window)) as parts:
             for b, part in parts:
                 acc = combine(acc, part)
+                bar.update(1)
         return acc
 
     def foreach(self, fn: Callable[[Block, int], Any], *, split: str = "train", order: Sequence[int] | None = None,
-                extra_per_block: int = 0) -> list:
+                extra_per_block: int = 0, desc: str = "pass") -> list:
         """Call ``fn(block, b)`` for each block on the local worker threads; return the results in ``order``.
 
         For Hogwild-style methods that update shared in-memory item state from
         several threads. With one worker the blocks are processed strictly in
         ``order`` (default: block order), one after the other; the next blocks are
         read ahead either way. Always local, also when a scheduler was given.
+        ``desc`` labels the pass's progress bar (blocks done, in ``order``).
         """
         order = list(range(self.n_blocks)) if order is None else [int(b) for b in order]
         window = self.blocks_in_flight(split, extra_per_block)
-        with contextlib.closing(self._run_local(fn, order, split, window)) as parts:  # see map_reduce
-            return [part for _, part in parts]
+        out = []
+        with progress(total=len(order), desc=desc, unit="block") as bar, \
+                contextlib.closing(self._run_local(fn, order, split, window)) as parts:  # see map_reduce
+            for _, part in parts:
+                out.append(part)
+                bar.update(1)
+        return out
 
     def _run_local(self, fn, order, split, window):
         store = self.store

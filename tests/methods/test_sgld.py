@@ -212,6 +212,24 @@ def test_posterior_scale_tight(small_store):
     assert per_user["max"] <= 10.0 + 1e-9 and per_user["max"] == pytest.approx(10.0, rel=1e-3)
 
 
+def test_local_ridge_is_the_samples_prior_not_the_tempered_lambda(small_store):
+    """The released ridge of a user's local solve: sigma^2 2 s lam / T (sigma = rating range / 4), i.e. 1/0.09 on a
+    1..5 store with the default prior whatever epsilon is, not the prior's lambda (55,555 at epsilon 1 here, which
+    made every user's factor and intercept ~0); with an explicit --reg it scales with it. Privacy unchanged."""
+    from streamdp.methods.sgld import local_ridge
+
+    assert (small_store.rating_min, small_store.rating_max) == (1.0, 5.0)
+    for eps in (1.0, 100.0):
+        f = _fit(small_store, "sgld", epsilon=eps, rank=4, epochs=1, tau=20)
+        lam = f.model_info["parameters"]["reg"]
+        assert f.model_info["ridge"] == pytest.approx(1 / 0.09)
+        assert lam == pytest.approx(1 / (2 * f.model_info["parameters"]["scale_s"] * 0.09)) and lam > 9 * 1 / 0.09
+        assert "sigma^2 * 2 s lam / T" in f.model_info["ridge_rule"]
+        assert f.ledger.guarantee.startswith("approximate:")
+    s = get_method("sgld")(epsilon=1.0, delta=1e-6, rank=4, tau=20, reg=10.0).settings(small_store)
+    assert local_ridge(s) == pytest.approx(2 * s["scale"] * 10.0)
+
+
 def test_noise_table_labelled(small_store, tmp_path):
     train(small_store, method="sgld", out=str(tmp_path / "m"), epsilon=10.0, delta=1e-6, rank=4, seed=1,
           epochs=1, tau=20, noise_table=10000, workers=1)

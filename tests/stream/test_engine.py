@@ -111,17 +111,55 @@ def test_user_state_roundtrip(tmp_path, small_store):
         UserState(str(tmp_path), "U", n_users=small_store.n_users + 1, k=3, block_users=10, mode="a")
 
 
-def test_local_cluster_equals_threads(small_store, tmp_path):
+def test_local_cluster_equals_threads(small_store, tmp_path, monkeypatch, capsys):
     distributed = pytest.importorskip("distributed")
     import dask  # a dependency of distributed
     V = np.random.default_rng(0).normal(size=(small_store.n_items, 3))
     ref = _in_memory_gram(small_store, V)
+    monkeypatch.setattr("streamdp.progress.enabled", lambda: True)  # as on a terminal
     with dask.config.set({"temporary-directory": str(tmp_path)}), \
             distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                      memory_limit="1GB") as cluster, distributed.Client(cluster) as client:
         with Engine(small_store, scheduler=client, memory_limit="4GB") as eng:
             assert eng.distributed
-            out = eng.map_reduce(_gram_fn(V, small_store.n_items), _add, np.zeros_like(ref))
+            capsys.readouterr()
+            out = eng.map_reduce(_gram_fn(V, small_store.n_items), _add, np.zeros_like(ref), desc="cluster pass")
+            assert "cluster pass" in capsys.readouterr().err  # the distributed path draws its bar too
         with Engine(small_store, scheduler=cluster.scheduler_address, memory_limit="4GB") as eng:
             out2 = eng.map_reduce(_gram_fn(V, small_store.n_items), _add, np.zeros_like(ref))
     assert np.array_equal(out, ref) and np.array_equal(out2, ref)
+
+
+def test_passes_draw_a_progress_bar_only_when_enabled(small_store, monkeypatch):
+    """Each pass draws a bar of its blocks, labelled by the caller, on stderr; never when stderr is not a
+    terminal (as in this test run), under quiet() (the CLI's --json) or with STREAMDP_PROGRESS=0."""
+    import io
+    import sys
+
+    from streamdp import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    def run(eng, err):
+        monkeypatch.setattr(sys, "stderr", err)
+        try:
+            eng.map_reduce(lambda blk, b: blk.nnz, _add, 0, desc="als iteration 3/7")
+            eng.foreach(lambda blk, b: blk.nnz, desc="sgld epoch 2/20")
+        finally:
+            monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+        return err.getvalue()
+
+    nb = small_store.n_blocks
+    with Engine(small_store, workers=2, memory_limit="2GB") as eng:
+        assert run(eng, io.StringIO()) == ""  # stderr is no terminal
+        with monkeypatch.context() as m:
+            m.setattr(progress, "enabled", lambda: True)
+            text = run(eng, io.StringIO())
+        assert "als iteration 3/7" in text and "sgld epoch 2/20" in text and f"0/{nb} " in text
+        assert "sgld epoch 2/20" in run(eng, Terminal())
+        with progress.quiet():
+            assert run(eng, Terminal()) == ""
+        monkeypatch.setenv("STREAMDP_PROGRESS", "0")
+        assert run(eng, Terminal()) == ""
