@@ -86,7 +86,8 @@ and the kernels consume it in a fixed order: ``k + 1`` values per flow (``k``
 coordinates, then the bias). :func:`count_block_draws` says how many values a block
 needs. With ``use_table=True`` the slot of flow ``t`` starts at ``offsets[t]`` in a
 fixed lookup table instead (Liu et al.'s Gaussian table, contiguous segments at
-random offsets; no privacy proof). No ``fastmath`` anywhere in this module.
+random offsets; no privacy proof). No ``fastmath`` in the SGLD kernels and flows: only
+:func:`sgd_block` (no noise, no clipping) contracts and reorders its arithmetic.
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ import math
 import os
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 # ---------------------------------------------------------------------------------------
 # block preparation
@@ -241,6 +245,61 @@ def _l2_bytes() -> int:
 
 
 # ---------------------------------------------------------------------------------------
+# reading ahead
+# ---------------------------------------------------------------------------------------
+
+#: Ratings ahead (in storage order) whose item row the kernels ask the cache for. Measured on
+#: the kernel alone, 1M-rating blocks, 20k items: +7% at k=16 (V 1.3 MB), +21% at k=64,
+#: 2.3x at k=256 (V 20 MB, a row is 16 cache lines the hardware does not fetch ahead of a
+#: random item); 4 and 12 did no better.
+PREFETCH_AHEAD = 8
+
+
+def _prefetch_codegen(context, builder, sig, args):
+    """``llvm.prefetch`` (read, keep in all cache levels, data) of ``arr[i, ...]``."""
+    aty = sig.args[0]
+    ary = context.make_array(aty)(context, builder, args[0])
+    inds = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], sig.args[1:])]
+    ptr = cgutils.get_item_pointer(context, builder, aty, ary, inds, wraparound=False)
+    i8p = ir.IntType(8).as_pointer()
+    i32 = ir.IntType(32)
+    fn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], fnty=ir.FunctionType(ir.VoidType(),
+                                                                                       [i8p, i32, i32, i32]))
+    builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _prefetch1(typingctx, arr, i):
+    """Ask the cache for ``arr[i]`` (a hint: never faults, changes no result)."""
+    if isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(i, types.Integer):
+        return types.void(arr, i), _prefetch_codegen
+    return None
+
+
+@intrinsic
+def _prefetch2(typingctx, arr, i, j):
+    """Ask the cache for ``arr[i, j]`` (a hint: never faults, changes no result)."""
+    if isinstance(arr, types.Array) and arr.ndim == 2 and isinstance(i, types.Integer) and \
+            isinstance(j, types.Integer):
+        return types.void(arr, i, j), _prefetch_codegen
+    return None
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_item(V, bv, j):
+    """Ask the cache for item ``j``'s row of ``V`` (each 64-byte line) and its bias.
+
+    The kernels call it for the item :data:`PREFETCH_AHEAD` ratings after the current
+    one in storage order, which is the processing order within a user's sweep
+    (elsewhere the hint is for a row needed a little later, or wasted).
+    """
+    for d in range(0, V.shape[1], 16):
+        _prefetch2(V, j, d)
+    _prefetch1(bv, j)
+
+
+# ---------------------------------------------------------------------------------------
 # SGD
 # ---------------------------------------------------------------------------------------
 
@@ -254,12 +313,34 @@ def _span(indptr, split, i, sweep):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _predict(U, bu, V, bv, mu, i, j):
+def _dot_8_lanes(U, i, V, j):
+    """``<U[i], V[j]>`` in a fixed order: 8 running sums (coordinates ``d = l mod 8``), added pairwise, then the tail.
+
+    Strict IEEE arithmetic in an order that does not depend on the machine; the
+    eight sums are independent chains, where one running sum waits ``k`` additions.
+    """
     k = U.shape[1]
-    dot = np.float32(0.0)
-    for d in range(k):
+    n8 = k - k % 8
+    z = np.float32(0.0)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = z
+    for d in range(0, n8, 8):
+        a0 += U[i, d] * V[j, d]
+        a1 += U[i, d + 1] * V[j, d + 1]
+        a2 += U[i, d + 2] * V[j, d + 2]
+        a3 += U[i, d + 3] * V[j, d + 3]
+        a4 += U[i, d + 4] * V[j, d + 4]
+        a5 += U[i, d + 5] * V[j, d + 5]
+        a6 += U[i, d + 6] * V[j, d + 6]
+        a7 += U[i, d + 7] * V[j, d + 7]
+    dot = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+    for d in range(n8, k):
         dot += U[i, d] * V[j, d]
-    return mu + bu[i] + bv[j] + dot
+    return dot
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _predict(U, bu, V, bv, mu, i, j):
+    return mu + bu[i] + bv[j] + _dot_8_lanes(U, i, V, j)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -275,16 +356,41 @@ def _kick(U, bu, V, bv, i, j, g, lr, reg, reg_b):
         V[j, d] = vd + lr * (g * ud - reg * vd)
 
 
-@njit(cache=True, nogil=True)
-def sgd_block(indptr, items, ratings, weights, split, U, bu, V, bv, mu, lr, reg, reg_b, clip, group_users):
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _dot_any_order(U, i, V, j):
+    """``<U[i], V[j]>`` summed in whichever order vectorizes: for :func:`sgd_block` only.
+
+    A separate function so that its flags stay on its own instructions when LLVM
+    inlines it (Numba's ``inline="always"`` would compile it with the caller's
+    flags). ``reassoc`` lets the loop vectorizer split the sum into vector lanes;
+    the serial sum it replaces was one dependent add per coordinate (measured,
+    kernel alone on a 1M-rating block: 1.2x at k=16, 2.4x at k=64, 3.1x at k=256
+    with ``contract``). The lanes depend on the CPU's vector width, so SGD results
+    are reproducible on one machine, not bit for bit across CPUs.
+    """
+    k = U.shape[1]
+    dot = np.float32(0.0)
+    for d in range(k):
+        dot += U[i, d] * V[j, d]
+    return dot
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def sgd_block(indptr, items, ratings, weights, split, U, bu, V, bv, mu, lr, reg, reg_b, group_users):
     """One SGD sweep over a block (in place on ``U``, ``bu``, ``V``, ``bv``).
 
-    ``weights`` (float32, per user) multiplies each user's loss; ``clip > 0`` truncates
-    the loss at ``|e| = clip`` (no gradient beyond it); ``split`` from
+    ``weights`` (float32, per user) multiplies each user's loss; ``split`` from
     :func:`partition_tiers` (or ``indptr[1:]`` for no tiering). Returns the sum of
     ``w * e^2`` before each update (a training-loss monitor).
+
+    The plain squared loss, no noise and no clipping, so the arithmetic may be
+    contracted (fused multiply-adds) and the dot product summed in any order
+    (:func:`_dot_any_order`): results match :func:`sgd_block_reference` to float32
+    rounding, not bit for bit. The truncated loss and the noise are
+    :func:`sgld_block`'s, which keeps IEEE order throughout.
     """
     n_users = len(indptr) - 1
+    n_ratings = len(items)
     lr32 = np.float32(lr)
     reg32 = np.float32(reg)
     regb32 = np.float32(reg_b)
@@ -297,11 +403,11 @@ def sgd_block(indptr, items, ratings, weights, split, U, bu, V, bv, mu, lr, reg,
                 s, e = _span(indptr, split, i, sweep)
                 w = weights[i]
                 for p in range(s, e):
+                    if p + PREFETCH_AHEAD < n_ratings:
+                        _prefetch_item(V, bv, items[p + PREFETCH_AHEAD])
                     j = items[p]
-                    err = ratings[p] - _predict(U, bu, V, bv, mu32, i, j)
+                    err = ratings[p] - (mu32 + bu[i] + bv[j] + _dot_any_order(U, i, V, j))
                     sse += w * err * err
-                    if clip > 0.0 and abs(err) > clip:
-                        continue
                     _kick(U, bu, V, bv, i, j, w * err, lr32, reg32, regb32)
     return sse
 
@@ -350,6 +456,7 @@ def sgld_block(indptr, items, ratings, weights, split, U, bu, V, bv, item_last, 
     ``offsets`` slot starts when ``use_table``. Returns ``(sum of w e^2, flows drawn)``.
     """
     n_users = len(indptr) - 1
+    n_ratings = len(items)
     n_items = V.shape[0]
     k = V.shape[1]
     lr32 = np.float32(lr)
@@ -373,6 +480,8 @@ def sgld_block(indptr, items, ratings, weights, split, U, bu, V, bv, item_last, 
                 s, e = _span(indptr, split, i, sweep)
                 w = weights[i]
                 for p in range(s, e):
+                    if p + PREFETCH_AHEAD < n_ratings:
+                        _prefetch_item(V, bv, items[p + PREFETCH_AHEAD])
                     j = items[p]
                     if stamp[j] != g:
                         stamp[j] = g
@@ -435,14 +544,13 @@ def _order(indptr, split, group_users):
         yield g0, g1, spans
 
 
-def sgd_block_reference(indptr, items, ratings, weights, split, U, bu, V, bv, mu, lr, reg, reg_b, clip,
-                        group_users):
+def sgd_block_reference(indptr, items, ratings, weights, split, U, bu, V, bv, mu, lr, reg, reg_b, group_users):
     """Plain-Python :func:`sgd_block` (float32 state, same order), in place; returns the loss monitor."""
     sse = 0.0
     for _, _, spans in _order(indptr, split, group_users):
         for i, lo, hi in spans:
             for p in range(lo, hi):
-                sse += _rating_reference(U, bu, V, bv, i, items[p], ratings[p], weights[i], mu, lr, reg, reg_b, clip)
+                sse += _rating_reference(U, bu, V, bv, i, items[p], ratings[p], weights[i], mu, lr, reg, reg_b, 0.0)
     return sse
 
 

@@ -569,9 +569,10 @@ class _SgdBase(Method):
                 if s["tau"] is not None:
                     ip, it, rt = _trim_groups(ip, it, rt, s["tau"], G,
                                               lambda q: run.group_rng(_TRIM, 0, gid0 + q))
+                # the block's arrays are this task's own (a fresh read): used in place, also by the tier partition
                 it = np.ascontiguousarray(it, np.int32)
                 rt = np.clip(np.asarray(rt, np.float32), np.float32(lo), np.float32(hi)) if self.noisy else \
-                    np.array(rt, np.float32)
+                    np.ascontiguousarray(rt, np.float32)
                 ip = np.ascontiguousarray(ip, np.int64)
                 n_u = len(ip) - 1
                 w, _ = self._block_weights(store, b, np.diff(block.indptr), s, lookup)
@@ -611,14 +612,14 @@ class _SgdBase(Method):
                 elif replicate:
                     V0, bv0 = V.copy(), bv.copy()
                     Vl, bvl = V0.copy(), bv0.copy()
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vl, bvl, mu, lr, s["reg"], s["reg_bias"], 0.0, G)
+                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vl, bvl, mu, lr, s["reg"], s["reg_bias"], G)
                     Vl -= V0
                     bvl -= bv0
                     with merge_lock:
                         V[...] += Vl
                         bv[...] += bvl
                 else:
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, V, bv, mu, lr, s["reg"], s["reg_bias"], 0.0, G)
+                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, V, bv, mu, lr, s["reg"], s["reg_bias"], G)
                 UB[:, :k] = U
                 UB[:, k] = bu
                 dst.write(b, UB)

@@ -52,33 +52,54 @@ def test_partition_tiers_stable_and_complete(shuffled):
         assert list(zip(it[c:e], rt[c:e])) == [x for x in orig if x[0] >= 5]
 
 
+@pytest.mark.parametrize("k", [6, 16, 70])
 @pytest.mark.parametrize("tiered", [False, True])
-def test_sgd_kernel_matches_reference(tiered):
+def test_sgd_kernel_matches_reference(tiered, k):
+    """k=6: scalar dot; 16: the vector epilogue; 70: the vector body plus a scalar tail (float32 rounding only)."""
     indptr, items, ratings = _block(2)
-    n, k = len(indptr) - 1, 6
+    n = len(indptr) - 1
     split = indptr[1:].copy()
     if tiered:
         K.partition_tiers(indptr, items, ratings, 8, split)
     w = np.linspace(0.5, 1.5, n).astype(np.float32)
     a = _state(3, n, 30, k)
     b = tuple(x.copy() for x in a)
-    s1 = K.sgd_block(indptr, items, ratings, w, split, *a, 3.0, 0.02, 0.05, 0.01, 0.0, 7)
-    s2 = K.sgd_block_reference(indptr, items, ratings, w, split, *b, 3.0, 0.02, 0.05, 0.01, 0.0, 7)
+    s1 = K.sgd_block(indptr, items, ratings, w, split, *a, 3.0, 0.02, 0.05, 0.01, 7)
+    s2 = K.sgd_block_reference(indptr, items, ratings, w, split, *b, 3.0, 0.02, 0.05, 0.01, 7)
     for x, y in zip(a, b):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
     assert s1 == pytest.approx(s2, rel=1e-4)
 
 
-def test_sgd_clip_truncates_gradient():
+def test_in_memory_peer_matches_reference():
+    """bench/sgd.py's in-memory peer is the same SGD (unit weights, users in order, no tiering)."""
+    from bench.sgd import sgd_in_memory
+
+    indptr, items, ratings = _block(2)
+    n, k = len(indptr) - 1, 6
+    a = _state(3, n, 30, k)
+    b = tuple(x.copy() for x in a)
+    s1 = sgd_in_memory(indptr, items, ratings, *a, 3.0, 0.02, 0.05, 0.01)
+    s2 = K.sgd_block_reference(indptr, items, ratings, np.ones(n, np.float32), indptr[1:].copy(), *b, 3.0, 0.02,
+                               0.05, 0.01, n)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+    assert s1 == pytest.approx(s2, rel=1e-4)
+
+
+@pytest.mark.parametrize("rating,moves", [(5.0, False), (20.5, True)])
+def test_sgld_clip_truncates_gradient(rating, moves):
+    """The truncated loss min(e^2, c^2): no gradient beyond |e| = c (noise and prior off: T = 0, a = 0)."""
     indptr = np.array([0, 1], np.int64)
     items = np.array([0], np.int32)
-    ratings = np.array([5.0], np.float32)
+    ratings = np.array([rating], np.float32)
     U, bu, V, bv = (np.ones((1, 2), np.float32), np.zeros(1, np.float32), np.ones((1, 2), np.float32) * 10,
                     np.zeros(1, np.float32))
-    # prediction 20, error -15 > clip 3: the truncated loss is flat, nothing moves
-    K.sgd_block(indptr, items, ratings, np.ones(1, np.float32), indptr[1:].copy(), U, bu, V, bv, 0.0, 0.1, 0.0,
-                0.0, 3.0, 1)
-    assert U.tolist() == [[1.0, 1.0]] and bv[0] == 0.0
+    # prediction 20: error -15 is beyond the bound c = 3 (nothing moves), error 0.5 is inside it
+    K.sgld_block(indptr, items, ratings, np.ones(1, np.float32), indptr[1:].copy(), U, bu, V, bv,
+                 np.zeros(1, np.int64), 0.0, 0.1, 3.0, 1, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                 np.zeros(6, np.float32), np.zeros(0, np.int64), False)
+    assert (U.tolist() != [[1.0, 1.0]] and bv[0] != 0.0) if moves else (U.tolist() == [[1.0, 1.0]] and bv[0] == 0.0)
 
 
 @pytest.mark.parametrize("tiered,table", [(False, False), (True, False), (True, True)])
