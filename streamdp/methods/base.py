@@ -145,6 +145,8 @@ class Method:
 
     #: Guarantee string of a private run (non-private runs are labelled ``GUARANTEE_NONE``).
     guarantee: ClassVar[str] = "user-level (epsilon, delta)-DP"
+    #: Neighbouring relation of a private run's ledger, when not the default add/remove one user.
+    relation: ClassVar[str | None] = None
 
     def ledger(self, store, plan: Plan, *, notes=()):
         """The :class:`streamdp.privacy.Ledger` of ``plan`` on ``store`` (one composed accounting)."""
@@ -158,7 +160,8 @@ class Method:
                       epsilon=self.epsilon if private else float("inf"), delta=self.delta,
                       events=list(plan.events) if private else [], accounting=acc, bounds=bounds,
                       seeded=self.seed is not None,
-                      store_checksum=store.checksum, notes=list(notes))
+                      store_checksum=store.checksum, notes=list(notes),
+                      **({"relation": self.relation} if private and self.relation else {}))
 
     def planned_ledger(self, store):
         """The ledger this method will write, computed before it runs (for budget reservation)."""

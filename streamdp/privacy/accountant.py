@@ -71,6 +71,7 @@ from streamdp.privacy.events import PureDpEvent
 
 __all__ = [
     "NEIGHBOURING_RELATION",
+    "BOUNDED_ROW_CHANGE_RELATION",
     "DP_ACCOUNTING_VERSION",
     "AccountingResult",
     "check_privacy_params",
@@ -80,8 +81,15 @@ __all__ = [
     "rdp_accountant",
 ]
 
-#: The neighbouring relation of every guarantee streamdp reports.
+#: The neighbouring relation of every guarantee streamdp reports (unless its ledger states another one).
 NEIGHBOURING_RELATION = "add/remove one user and all of their ratings"
+
+#: The weaker relation of ``streamdp lowrank`` (Hardt & Roth, Def. 2.1, with unit ``L``): the users and items
+#: are fixed and public, and one user's row changes by a bounded amount. For a Gaussian release the PLD
+#: accountant's epsilon depends only on noise / L2 sensitivity, so it is exact for this relation when every
+#: sensitivity is taken under it (see :mod:`streamdp.methods.lowrank`).
+BOUNDED_ROW_CHANGE_RELATION = ("one user's row of the clipped matrix changes by a vector of L2 norm at most L "
+                               "(bounds.clip_L); users and items fixed and public (Hardt & Roth, Def. 2.1, unit L)")
 
 try:
     from importlib.metadata import version as _version

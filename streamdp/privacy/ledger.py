@@ -2,7 +2,8 @@
 
 It says what was released and under which guarantee, so that the claim can be
 re-checked: guarantee type, epsilon and delta, the neighbouring relation (add/remove
-one user and all of their ratings), the accountant and its version, every event
+one user and all of their ratings; ``streamdp lowrank``'s ledgers state the weaker
+``BOUNDED_ROW_CHANGE_RELATION`` with ``GUARANTEE_ROW_DP``), the accountant and its version, every event
 with all of its parameters, the contribution bounds, whether the run was seeded,
 the store's checksum, and notes. :meth:`Ledger.recompute` recomposes the recorded
 events with the accountant and must give the recorded epsilon.
@@ -34,7 +35,11 @@ __all__ = [
     "GUARANTEE_USER_DP",
     "GUARANTEE_JOINT_DP",
     "GUARANTEE_NONE",
+    "GUARANTEE_ROW_DP",
     "GUARANTEE_APPROX_PREFIX",
+    "GUARANTEE_PUBLIC_ONLY",
+    "GUARANTEE_PRIVATE_USERS_DP",
+    "GUARANTEE_NOT_DP_PREFIX",
     "SEEDED_NOTE",
     "encode_json",
     "decode_json",
@@ -47,8 +52,21 @@ LEDGER_VERSION = 1
 GUARANTEE_USER_DP = "user-level (epsilon, delta)-DP"
 GUARANTEE_JOINT_DP = "joint user-level (epsilon, delta)-DP"
 GUARANTEE_NONE = "non-private"
+#: The guarantee of ``streamdp lowrank``: DP under ``BOUNDED_ROW_CHANGE_RELATION`` (the ledger's relation).
+GUARANTEE_ROW_DP = ("row-level (epsilon, delta)-DP: one user's clipped row changes by L2 norm <= L "
+                    "(Hardt & Roth); weaker than user-level add/remove")
 #: Guarantees that are not rigorous start with this, e.g. "approximate: SGLD ...".
 GUARANTEE_APPROX_PREFIX = "approximate:"
+#: A model estimated from public users' data only (``--method public-private``): nothing about the private users'
+#: ratings is released (epsilon 0 for them, no events; a store budget counts nothing).
+GUARANTEE_PUBLIC_ONLY = "private users' ratings are not used; public users' data is public (not protected)"
+#: DP for the private users' releases only, the public users' data being public (``public-private --private-mechanism
+#: laplace``).
+GUARANTEE_PRIVATE_USERS_DP = ("user-level (epsilon, delta)-DP for private users; public users' data is public "
+                              "(not protected)")
+#: Mechanisms that are not differential privacy start with this, e.g. "not DP: first-order deniability ...": no
+#: epsilon (the ledger's is inf), no events; a store budget counts them as unbounded.
+GUARANTEE_NOT_DP_PREFIX = "not DP:"
 
 SEEDED_NOTE = ("the run was seeded: it is reproducible, and NOT private against whoever knows the seed "
                "(the noise can be regenerated and subtracted)")
@@ -56,8 +74,10 @@ UNSEEDED_NOTE = "noise drawn from OS entropy (no seed given)"
 
 
 def _check_guarantee(g: str) -> str:
-    if g in (GUARANTEE_USER_DP, GUARANTEE_JOINT_DP, GUARANTEE_NONE) or (
-            isinstance(g, str) and g.startswith(GUARANTEE_APPROX_PREFIX) and len(g) > len(GUARANTEE_APPROX_PREFIX)):
+    if g in (GUARANTEE_USER_DP, GUARANTEE_JOINT_DP, GUARANTEE_NONE, GUARANTEE_ROW_DP, GUARANTEE_PUBLIC_ONLY,
+             GUARANTEE_PRIVATE_USERS_DP) or (
+            isinstance(g, str) and any(g.startswith(p) and len(g) > len(p)
+                                       for p in (GUARANTEE_APPROX_PREFIX, GUARANTEE_NOT_DP_PREFIX))):
         return g
     raise ParameterError(f"guarantee: expected one of {GUARANTEE_USER_DP!r}, {GUARANTEE_JOINT_DP!r}, "
                          f"{GUARANTEE_NONE!r} or a string starting with {GUARANTEE_APPROX_PREFIX!r}, got {g!r}")
@@ -155,15 +175,26 @@ class Ledger:
     seeded: bool = False
     store_checksum: str = ""
     notes: list = field(default_factory=list)
+    #: The neighbouring relation the guarantee holds for (another one than the default only with
+    #: ``GUARANTEE_ROW_DP``: ``streamdp lowrank``).
+    relation: str = NEIGHBOURING_RELATION
 
     def __post_init__(self):
         _check_guarantee(self.guarantee)
+        if (self.guarantee == GUARANTEE_ROW_DP) != (self.relation != NEIGHBOURING_RELATION):
+            raise ParameterError(f"ledger: the guarantee {self.guarantee!r} does not go with the neighbouring "
+                                 f"relation {self.relation!r}")
         self.epsilon = float(self.epsilon)
         self.delta = float(self.delta)
         self.events = [event_to_dict(e) if isinstance(e, dp_accounting.DpEvent) else dict(e) for e in self.events]
         if self.guarantee == GUARANTEE_NONE:
             if not math.isinf(self.epsilon):
                 raise ParameterError("a non-private ledger must have epsilon = inf")
+        elif self.guarantee == GUARANTEE_PUBLIC_ONLY or self.guarantee.startswith(GUARANTEE_NOT_DP_PREFIX):
+            want = 0.0 if self.guarantee == GUARANTEE_PUBLIC_ONLY else math.inf
+            if self.epsilon != want or self.delta != 0 or self.events or self.accounting is not None:
+                raise ParameterError(f"ledger: {self.guarantee!r} claims no DP release: epsilon must be {want}, "
+                                     f"delta 0, and no events be accounted")
         elif not (self.epsilon > 0) or not (0 < self.delta < 1) and self.delta != 0:
             raise ParameterError(f"ledger: invalid (epsilon, delta) = ({self.epsilon}, {self.delta})")
         if self.accounting is not None and self.guarantee != GUARANTEE_NONE and math.isfinite(self.epsilon):
@@ -182,6 +213,8 @@ class Ledger:
     def to_dict(self) -> dict:
         """The ``privacy.json`` content (non-finite floats as strings via :func:`encode_json`)."""
         acc = self.accounting.to_dict() if self.accounting is not None else None
+        if acc is not None:
+            acc["neighbouring_relation"] = self.relation
         return {
             "format": LEDGER_FORMAT,
             "format_version": LEDGER_VERSION,
@@ -189,7 +222,7 @@ class Ledger:
             "guarantee": self.guarantee,
             "epsilon": self.epsilon,
             "delta": self.delta,
-            "neighbouring_relation": NEIGHBOURING_RELATION,
+            "neighbouring_relation": self.relation,
             "unit_of_privacy": "user",
             "accountant": {
                 "name": "dp-accounting PLD",
@@ -218,7 +251,8 @@ class Ledger:
             return cls(method=d["method"], guarantee=d["guarantee"], epsilon=d["epsilon"], delta=d["delta"],
                        events=d.get("events", []), accounting=acc, bounds=d.get("bounds", {}),
                        seeded=bool(d.get("seeded", False)), store_checksum=d.get("store_checksum", ""),
-                       notes=d.get("notes", []))
+                       notes=d.get("notes", []),
+                       relation=d.get("neighbouring_relation", NEIGHBOURING_RELATION))
         except KeyError as exc:
             raise StoreError(f"privacy ledger: missing field {exc}") from None
 

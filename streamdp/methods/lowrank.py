@@ -1,0 +1,664 @@
+"""Private low-rank approximation by Gaussian measurements (Hardt & Roth) and randomized response: ``lowrank``.
+
+Source: Hardt & Roth, *Beating randomized response on incoherent matrices* (seed
+004): the randomized range finder and projection of Halko, Martinsson & Tropp
+(HMT11) made private by noise on the ``k``-dimensional sketch (Fig. 2) and on the
+projection (Fig. 3), against **randomized response**, i.e. input perturbation:
+noise on every entry of the matrix, then a truncated SVD. Both stream the store
+block by block; neither holds anything ``n_users x n_items`` in memory.
+
+The matrix
+----------
+``A`` is ``n_users x n_items``: row ``a_i`` holds user ``i``'s ratings clipped into
+the declared rating range minus its public midpoint, zero where unrated, scaled to
+L2 norm at most ``L`` (``--clip``; :func:`streamdp.privacy.bounding.clip_rows`). Rows
+are users, as the paper's rows are individuals (``m = n_users >> n = n_items``).
+
+Gaussian measurements (``--mechanism measurements``, the default)
+-----------------------------------------------------------------
+With ``k' = k + p`` (``--oversampling p``):
+
+1. ``Omega`` ``(n_items x k')`` standard Gaussian, from the run's random family
+   (never written).
+2. **Sketch** (one pass): ``Y_i = clip(a_i Omega, C)`` for every user, with
+   ``C = L sqrt(F^-1_{chi2(k')}(SKETCH_QUANTILE))``; ``Y~ = Y + N1``, ``N1`` Gaussian
+   ``n_users x k'`` drawn per user group of the run's random family; the pass
+   also accumulates ``Y~^T Y~``.
+3. ``Q = Y~ W Lambda^{-1/2}`` from ``eig(Y~^T Y~)``: orthonormal columns spanning
+   the noisy range (post-processing; user-side, never written, recomputed from the
+   same noise when needed).
+4. **Projection** (one pass): ``B = Q_p^T A`` (``k' x n_items``), ``Q_p`` = ``Q`` with
+   its rows clipped to ``tau`` (``--prune``; default off, ``Q_p = Q``), plus the
+   largest row norm ``mu = max_i ||(Q_p)_i||``; ``B~ = B + N2`` with noise
+   ``z2 mu L``.
+5. ``[B~]_k = U_B S_k V_k^T`` (post-processing). The rank-``k`` approximation of the
+   paper is ``A^ = Q [B~]_k``.
+
+**What is released (written):** the item-side basis ``V_k`` (``n_items x k``), the
+singular values ``S_k`` and the noisy projection ``B~`` itself (``noisy_projection``,
+one row per item: ``B~^T``), plus ``item_factors`` for a local solve
+(:func:`streamdp.methods.oja.scaled_factors` of ``V_k, S_k``). ``Q`` and ``U_B``
+(the user-side factor of ``A^``) are **not** written: a row of ``Q`` is a function
+of one user's noisy sketch. Each user can rebuild her own row of an approximation
+locally, ``a_i V_k V_k^T``, from the release and her own ratings.
+
+Randomized response (``--mechanism randomized-response``)
+----------------------------------------------------------
+``A~ = A + N`` with ``N`` Gaussian ``n_users x n_items``: the paper's baseline
+(input perturbation), then the top-``k`` right singular subspace of ``A~`` by
+subspace iteration with ``k'`` columns (``--power-iters q`` passes of
+``A~^T (A~ V)``, a Rayleigh-Ritz step on the last; post-processing). ``A~`` is
+never materialized: every pass regenerates ``N`` row chunk by row chunk from the
+same random family (per user group, :func:`_noise_rows`), so every pass sees the
+same noisy matrix and memory holds at most ``NOISE_CHUNK_BYTES`` of noise per
+block in flight. Released: ``V_k`` and ``S_k`` (and ``item_factors``). Its cost is
+``n_users x n_items`` Gaussian draws per pass (the paper's point: "even generating
+the noise matrix ... already requires time ``mn``").
+
+Privacy: the neighbouring relation and what it covers
+-----------------------------------------------------
+The guarantee is stated for the paper's relation (Def. 2.1, with unit ``L``):
+``A ~ A'`` when both have the same users and items and differ in **one row by a
+vector of L2 norm at most** ``L``
+(:data:`streamdp.privacy.accountant.BOUNDED_ROW_CHANGE_RELATION`, guarantee
+:data:`streamdp.privacy.ledger.GUARANTEE_ROW_DP`). Sensitivities under it:
+
+* sketch ``Y``: row ``i`` only, ``||clip(a_i Omega, C) - clip(a'_i Omega, C)|| <= 2C``
+  (deterministic; the clipping makes it so, see decision 1);
+* projection ``B = Q_p^T A``: ``(Q_p)_i^T (a_i - a'_i)`` has Frobenius norm
+  ``<= ||(Q_p)_i|| L <= mu L``. ``Q`` is a function of the released ``Y~`` only,
+  so the noise scale ``z2 mu L`` may depend on it (adaptive composition: the
+  noise multiplier ``z2``, and so the event, is fixed before the run; the ledger
+  records the realized ``mu``);
+* randomized response ``A + N``: ``||a_i - a'_i|| <= L``.
+
+How it relates to streamdp's user-level add/remove relation (the default of every
+other command), stated in the ledger (``bounds.relation_covers``) and the output:
+
+* **zero-out** (a user withdraws all her ratings, her row becomes 0, the user count
+  is kept): her clipped row moves by ``||a_i|| <= L``, a pair of the relation:
+  covered at the same (epsilon, delta);
+* **replace one user's row by any other**: it moves by up to ``2L``. The sketch's
+  sensitivity ``2C`` covers it already; the projection's and randomized response's
+  double. The ledger gives the exact epsilon for it from the same accountant
+  (``bounds.epsilon_replace_one``);
+* **add/remove one user: NOT covered.** The mechanism adds noise to a slot for
+  every user (a row of ``N1`` / of ``N``) and its shape is ``n_users``, so the
+  number of users is public and removing a user is not the same as zeroing her
+  row (her noise row still enters ``Q``). This guarantee is therefore weaker than
+  streamdp's user-level add/remove guarantee, and the ledger, the budget and the
+  command's output say so.
+
+The PLD accountant is the one of every other method (dp-accounting, asked with
+``ADD_OR_REMOVE_ONE``): a Gaussian event's privacy loss distribution depends only
+on its noise multiplier (noise / L2 sensitivity), and the sensitivities above are
+those under the stated relation, so its epsilon is exact for that relation. The two
+measurement releases are calibrated jointly (:func:`streamdp.privacy.release.calibrate_releases`):
+a share ``--sketch-share`` of the Gaussian budget (``sum 1/z^2``) to the sketch, the
+rest to the projection.
+
+Decisions where the paper is loose or leaves a choice
+-----------------------------------------------------
+1. *Sketch sensitivity.* Lemma 4.1 bounds the random sensitivity ``||e^T Omega||``
+   (``e`` the row change) by a tail bound over the secret ``Omega`` and adds the
+   failure probability to delta; dp-accounting cannot compose such a term and the
+   argument needs ``Omega`` to stay secret forever. We clip each user's sketch row
+   to ``C`` instead: the sensitivity ``2C`` is deterministic, the accounting exact,
+   and it covers any replacement of a row. At ``k' = 10``, ``2C = 8.6 L``
+   (``SKETCH_QUANTILE`` 0.95) against the paper's ``7.2 L`` (exact chi-square tail
+   at ``delta' = 1e-7``; its union bound is looser still). A few full-norm rows
+   are shrunk (about 5% of those at ``||a_i|| = L``), which only reweights them in
+   the range.
+2. *Projection noise.* Fig. 3 scales row ``j`` of the noise to the largest entry of
+   column ``q_j`` and composes ``k'`` releases; one Gaussian with sensitivity
+   ``max_i ||Q_i|| L`` is never more noise
+   (``max_i sum_j Q_ij^2 <= sum_j max_i Q_ij^2``).
+3. *Rank of the output.* HMT's ``Q Q^T A`` has rank ``k'`` while the comparison is
+   with the best rank ``k``; the release is truncated to rank ``k`` (``[B~]_k``,
+   post-processing). ``bench/lowrank.py`` reports the untruncated error too.
+4. *Pruning.* Fig. 4 zeroes entries of ``Q`` above a threshold tuned with ``||A||_F``
+   and the coherence, private quantities the paper does not say how to obtain.
+   ``--prune c`` clips the rows of ``Q`` to ``c sqrt(k' / n_users)`` (public); off
+   by default (Theorem 6.3's regime). The approximation keeps the orthonormal ``Q``
+   on the left, ``Q [Q_p^T A + N2]_k`` (the form Lemma 5.4 bounds).
+5. *Exact SVD in randomized response.* Replaced by streamed subspace iteration with
+   oversampling; ``tests/methods/test_lowrank.py`` checks it against the exact
+   truncated SVD of the same noisy matrix held in memory.
+6. ``Omega`` is Gaussian, as in the paper (an orthonormal ``Omega`` would make the
+   sensitivity ``L`` without clipping but shrink the signal ``||a Omega||`` by
+   ``sqrt(k'/n)``: worse).
+
+Defaults (public parameters only) were measured with ``bench/lowrank.py``: see
+:data:`DEFAULT_SKETCH_SHARE`, :func:`default_oversampling`, :data:`DEFAULT_POWER_ITERS`.
+
+Measured (``bench/lowrank.py``, 2 seeds, k = 6, delta 1e-6; errors over ``||A||_F``)
+-----------------------------------------------------------------------------------
+With the relation's unit equal to the clip ``L`` (which bounds every row), a
+user's noisy sketch row is randomized response in ``k'`` dimensions and its
+signal-to-noise does not grow with ``n_users``: the paper's rank-``k`` output
+``Q [B~]_k`` is no better than the zero matrix below epsilon 16 and, on
+low-coherence matrices, randomized response beats it from epsilon 64 on (20,000 x
+200: 0.40 vs 0.80 at 64, 0.19 vs 0.53 at 256); with 20 dominant rows neither beats
+the zero matrix up to epsilon 256. The paper's gains need a unit of change far below
+the rows' norms (its edge-level reading). What ``lowrank`` releases, the item side,
+is another matter: every user projecting her own row on the released basis gets
+0.26 (measurements) vs 0.84 (randomized response) at epsilon 4 on the 20,000 x 200
+low-coherence matrix (best rank k: 0.106), 0.24 vs 0.49 at epsilon 16 on 5,000 x
+1,000, and 0.34 vs 0.82 at epsilon 256 with dominant rows: the noisy projection
+``Q^T A + N2`` aggregates over users with noise ``~ sqrt(k'/n_users)`` per entry on
+incoherent data. Memory: a 51.7M-rating store (1M users x 2,000 items) stays under
+``--memory-limit 512MB`` for both (peak 361 MB and 344 MB; randomized response's
+noisy matrix would be 16 GB dense), ``tests/stream/test_memory.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+from streamdp.kernels.sketch import csr_matmul, csr_t_matmul
+from streamdp.methods.base import Fitted, Method, Plan
+from streamdp.methods.oja import DEFAULT_RIDGE, _values_fn, scaled_factors
+from streamdp.methods.options import Option
+from streamdp.privacy.accountant import BOUNDED_ROW_CHANGE_RELATION
+from streamdp.privacy.ledger import GUARANTEE_ROW_DP
+
+__all__ = ["LowRank", "lowrank", "MECHANISMS", "default_oversampling", "format_lowrank_summary"]
+
+MECHANISMS = ("measurements", "randomized-response")
+#: Key of this method's random families (:class:`streamdp.stream.driver.Run`).
+RNG_KEY = 0x10A4
+_OMEGA, _SKETCH, _PROJECTION, _RR_NOISE, _RR_START = 1, 2, 3, 4, 5
+#: Users per noise group: the noise of user ``u`` is drawn from the stream of group ``u // NOISE_GROUP_USERS``,
+#: so it is the same whatever block holds ``u`` (and in every pass).
+NOISE_GROUP_USERS = 256
+#: Noise drawn at once per block in flight (randomized response: rows of ``n_items`` draws).
+NOISE_CHUNK_BYTES = 16 << 20
+#: Sketch rows are clipped to ``L`` times the square root of this quantile of chi-square(k') (decision 1).
+SKETCH_QUANTILE = 0.95
+#: Share of the Gaussian budget (in ``sum 1/z^2``) given to the sketch; the rest goes to the projection.
+#: Measured (``bench/lowrank.py``, 20,000 x 200 low-coherence matrix, k = 6): the error of the local projection
+#: on the released basis at epsilon 2 / 4 / 16 was 0.655 / 0.310 / 0.111 with share 0.2, 0.630 / 0.274 / 0.110
+#: with 0.35, 0.644 / 0.264 / 0.109 with 0.5 and 0.326 (epsilon 4) with 0.8; 0.5 is also the best of these
+#: for the paper's rank-k output.
+DEFAULT_SKETCH_SHARE = 0.5
+#: Subspace-iteration passes of randomized response. Measured on a 5,000 x 1,000 low-coherence matrix at
+#: epsilon 16, k = 6: local-projection error 0.914 (3 passes), 0.631 (6), 0.473 (15): the noisy spectrum has
+#: a small gap, so randomized response needs many passes (each one regenerating ``n_users x n_items`` draws);
+#: ``bench/lowrank.py`` runs it with 20 so that the baseline is close to the exact truncated SVD.
+DEFAULT_POWER_ITERS = 10
+
+RELATION_COVERS = {
+    "bounded_row_change": "covered: one user's clipped row changes by a vector of L2 norm <= L (the stated relation)",
+    "zero_out": "covered at the same (epsilon, delta): a user's row replaced by zeros moves it by ||a_i|| <= L",
+    "replace_one": "covered at bounds.epsilon_replace_one: a row replaced by any other moves it by up to 2L",
+    "add_remove": ("NOT covered: the number of users is public (every user's slot gets noise), so this is weaker "
+                   "than streamdp's user-level add/remove guarantee"),
+}
+WEAKER_NOTE = ("the guarantee holds for the bounded row-change relation of Hardt & Roth (users and items fixed, one "
+               "user's clipped row changes by L2 norm <= L), which is WEAKER than streamdp's user-level add/remove "
+               "guarantee: it covers a user zeroing out her row, and replacing her row only at epsilon_replace_one; "
+               "the number of users is public")
+
+
+def default_oversampling(rank: int) -> int:
+    """Oversampling ``p`` (``k' = k + p`` columns) from the rank only.
+
+    HMT's ``p = k`` (the paper's eq. 4 regime). Measured with ``bench/lowrank.py``
+    (k = 6, epsilon 4 / 16 / 64): ``p`` = 2, 6 and 18 were within 0.05 of each other
+    on every error, none better throughout.
+
+    >>> default_oversampling(8)
+    8
+    """
+    return max(2, int(rank))
+
+
+def _noise_rows(run, purpose: int, release, first: int, end: int, width: int, max_rows: int):
+    """Yield ``(u0, u1, N)``: the noise rows of users ``first + u0 .. first + u1`` (local rows of a block).
+
+    User ``u``'s row is drawn from the stream of group ``u // NOISE_GROUP_USERS``
+    (``run.group_rng(purpose, 0, group)``), rows in order; rows of the group before
+    ``first`` are drawn and discarded, so a user's noise does not depend on how users
+    are cut into blocks, and every pass regenerates the same rows. Chunks hold at
+    most ``max_rows`` rows (sequential draws from one stream do not depend on the
+    chunking). ``release`` ``None`` (non-private): ``N`` is ``None``.
+    """
+    G = NOISE_GROUP_USERS
+    max_rows = max(1, int(max_rows))
+    if release is None:
+        for u0 in range(0, end - first, max_rows):
+            yield u0, min(u0 + max_rows, end - first), None
+        return
+    for g in range(first // G, -(-end // G)):
+        g0 = g * G
+        lo, hi = max(g0, first), min(g0 + G, end)
+        if lo >= hi:
+            continue
+        rng = run.group_rng(purpose, 0, g)
+        skip = lo - g0
+        while skip > 0:
+            r = min(skip, max_rows)
+            release.noise(rng, (r, width))
+            skip -= r
+        for u in range(lo, hi, max_rows):
+            r = min(max_rows, hi - u)
+            yield u - first, u - first + r, release.noise(rng, (r, width))
+
+
+def _clip_dense_rows(X: np.ndarray, bound: float) -> np.ndarray:
+    """Rows of the dense ``X`` scaled to L2 norm at most ``bound`` (the one clipping function, on dense rows)."""
+    from streamdp.privacy.bounding import clip_rows
+
+    if not math.isfinite(bound) or X.size == 0:
+        return X
+    n, k = X.shape
+    return clip_rows(np.arange(0, n * k + 1, k, dtype=np.int64), np.ascontiguousarray(X).ravel(), bound) \
+        .reshape(n, k)
+
+
+def _add(acc, x):
+    acc += x
+    return acc
+
+
+def _orthonormalizer(G: np.ndarray) -> np.ndarray:
+    """``T`` with ``Y T`` orthonormal for ``Y^T Y = G`` (eigen-decomposition; null directions dropped), columns by
+    descending singular value of ``Y``."""
+    lam, W = np.linalg.eigh((G + G.T) / 2.0)
+    order = np.argsort(lam)[::-1]
+    lam, W = lam[order], W[:, order]
+    if not lam.size or not lam[0] > 0:
+        raise ParameterError("lowrank: the clipped rating matrix is zero (no ratings?)")
+    keep = lam > 1e-12 * lam[0]
+    return W[:, keep] / np.sqrt(lam[keep])
+
+
+class LowRank(Method):
+    """Private rank-``k`` approximation of the clipped rating matrix (see the module docstring).
+
+    Not a ``train`` method (not registered): ``streamdp lowrank`` runs it through
+    :func:`lowrank`. After :meth:`fit`, :meth:`errors` measures the Frobenius error
+    of the approximation on the same store (non-private diagnostics, for benchmarks
+    and tests only).
+    """
+
+    name = "lowrank"
+    SUMMARY = "private low-rank approximation by Gaussian measurements (Hardt & Roth) or randomized response"
+    OPTIONS = (
+        Option("mechanism", MECHANISMS, "measurements: Gaussian measurements (Hardt & Roth); randomized-response: "
+               "noise on every entry, then a truncated SVD", default="measurements"),
+        Option("oversampling", int, "extra sketch columns p (k' = k + p)", minimum=0, default_text="max(2, k)"),
+        Option("clip", float, "row-norm bound L of the centred ratings", minimum=0, exclusive_minimum=True,
+               default_text="half the rating range x sqrt 5"),
+        Option("sketch_share", float, "share of the budget for the sketch (measurements)", minimum=0,
+               exclusive_minimum=True, maximum=1, default=DEFAULT_SKETCH_SHARE),
+        Option("prune", float, "clip the rows of Q to C sqrt(k'/n_users) before the projection (measurements)",
+               minimum=0, exclusive_minimum=True),
+        Option("power_iters", int, "subspace-iteration passes (randomized-response)", minimum=1,
+               default=DEFAULT_POWER_ITERS),
+    )
+    guarantee = GUARANTEE_ROW_DP
+    relation = BOUNDED_ROW_CHANGE_RELATION
+
+    # -- settings ----------------------------------------------------------------------
+    def settings(self, store) -> dict:
+        """All parameters of a run on ``store``, defaults resolved from public parameters."""
+        from scipy.stats import chi2
+
+        o = self.options
+        lo, hi = float(store.rating_min), float(store.rating_max)
+        half = (hi - lo) / 2.0
+        mechanism = o.get("mechanism", "measurements")
+        p = o.get("oversampling", default_oversampling(self.rank))
+        kp = int(min(self.rank + p, store.n_items, store.n_users))
+        clip = float(o.get("clip", half * math.sqrt(5.0)))
+        share = float(o.get("sketch_share", DEFAULT_SKETCH_SHARE))
+        if mechanism == "measurements" and not share < 1.0:
+            raise ParameterError(f"--sketch-share must be < 1 (the projection needs a share too), got {share}")
+        C = clip * math.sqrt(chi2.ppf(SKETCH_QUANTILE, kp)) if self.private else math.inf
+        prune = o.get("prune")
+        tau = float(prune) * math.sqrt(kp / store.n_users) if prune is not None else math.inf
+        return dict(mechanism=mechanism, rank=self.rank, oversampling=kp - self.rank, columns=kp, clip=clip,
+                    sketch_clip=C, sketch_quantile=SKETCH_QUANTILE, sketch_share=share, prune=prune, prune_bound=tau,
+                    power_iters=int(o.get("power_iters", DEFAULT_POWER_ITERS)), rating_min=lo, rating_max=hi,
+                    midpoint=(lo + hi) / 2.0)
+
+    # -- privacy plan ------------------------------------------------------------------
+    def _shares(self, store, s: dict) -> list:
+        from streamdp.privacy.release import Share
+
+        m, n, kp, L = store.n_users, store.n_items, s["columns"], s["clip"]
+        if s["mechanism"] == "measurements":
+            return [Share("sketch rows clip(a_i Omega, C) + N1 (user side, never written: input of Q)", "gaussian",
+                          2.0 * s["sketch_clip"], s["sketch_share"], shape=(m, kp)),
+                    Share("noisy projection Q^T A + N2 (sensitivity L max_i ||Q_i||, set from the released sketch; "
+                          "planned at its bound L)", "gaussian", L, 1.0 - s["sketch_share"], shape=(kp, n))]
+        return [Share("noisy matrix A + N (every entry; never materialized, regenerated per user group each pass)",
+                      "gaussian", L, 1.0, shape=(m, n))]
+
+    def _plan(self, store) -> Plan:
+        from streamdp.privacy.release import calibrate_releases
+
+        s = self.settings(store)
+        bounds = {"clip_L": s["clip"], "rating_min": s["rating_min"], "rating_max": s["rating_max"],
+                  "rating_range_source": getattr(store, "rating_range_source", "unknown"),
+                  "centre": "public midpoint of the rating range"}
+        if s["mechanism"] == "measurements":
+            bounds.update(sketch_clip_C=s["sketch_clip"], sketch_quantile=s["sketch_quantile"],
+                          prune_bound=s["prune_bound"])
+        if not self.private:
+            return Plan(events=[], entries=[{"release": "low-rank approximation", "mechanism": "none (non-private)"}],
+                        params={**s, "bounds": bounds, "releases": []})
+        releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta)
+        bounds["epsilon_replace_one"] = self._epsilon_replace_one(releases, s)
+        bounds["relation_covers"] = dict(RELATION_COVERS)
+        entries = [r.entry() for r in releases]
+        entries.append({"release": "item basis V_k and singular values S_k (top-k of the noisy projection / matrix)",
+                        "mechanism": "post-processing", "count": 0})
+        return Plan(events=[r.event() for r in releases], entries=entries,
+                    params={**s, "bounds": bounds, "releases": releases})
+
+    def _epsilon_replace_one(self, releases, s) -> float:
+        """Epsilon when one user's row may be replaced by any other: the sensitivities of ``L`` double (the sketch's
+        ``2C`` covers it already); same accountant, same delta."""
+        from streamdp.privacy import compose, epsilon_of, gaussian_event
+
+        zs = [r.noise_multiplier / (1.0 if "sketch rows" in r.what else 2.0) for r in releases]
+        return float(epsilon_of(compose([gaussian_event(z) for z in zs]), self.delta).epsilon)
+
+    def state_bytes(self, store) -> int:
+        """Item-side state: ``Omega``/``V`` and their products (``n_items x k'`` float64), a few of them."""
+        kp = self.settings(store)["columns"]
+        return 6 * store.n_items * kp * 8
+
+    def _extra_per_block(self, store, kp: int, noise_width: int) -> int:
+        """Bytes a block in flight holds beyond its ratings: partials, sketch rows, a noise chunk."""
+        rows = min(store.block_users, max(1, NOISE_CHUNK_BYTES // (8 * max(noise_width, 1))))
+        return 8 * store.n_items * kp + 4 * 8 * store.block_users * kp + 2 * 8 * rows * noise_width
+
+    # -- fitting -----------------------------------------------------------------------
+    def fit(self, store, engine) -> Fitted:
+        from streamdp.stream.driver import Run, fingerprint
+
+        plan = self.plan(store)
+        s = plan.params
+        values_of = _values_fn(s["midpoint"], np.zeros(store.n_items), s["clip"], s["rating_min"], s["rating_max"])
+        t0 = time.perf_counter()
+        with Run(store, method="lowrank", fingerprint=fingerprint(**{k: v for k, v in s.items() if k != "releases"},
+                                                                  eps=self.epsilon, delta=self.delta),
+                 seed=self.seed, rng_key=RNG_KEY) as run:
+            if s["mechanism"] == "measurements":
+                state = self._fit_measurements(store, engine, s, run, values_of)
+            else:
+                state = self._fit_rr(store, engine, s, run, values_of)
+        state.update(run=run, values_of=values_of, settings=s)
+        self._state = state
+        return self._fitted(store, plan, state, time.perf_counter() - t0)
+
+    def _fit_measurements(self, store, engine, s, run, values_of) -> dict:
+        n, kp, C = store.n_items, s["columns"], s["sketch_clip"]
+        rel1, rel2 = (s["releases"] if self.private else (None, None))
+        Omega = run.rng(_OMEGA, 0).standard_normal((n, kp))
+        sketch = _sketch_fn(run, Omega, C, rel1, values_of)
+        extra = self._extra_per_block(store, kp, kp)
+
+        def gram(block, b):
+            _, Y = sketch(block)
+            return Y.T @ Y
+
+        G = engine.map_reduce(gram, _add, np.zeros((kp, kp)), extra_per_block=extra, desc="lowrank sketch")
+        T = _orthonormalizer(G)
+        r = T.shape[1]
+        tau = s["prune_bound"]
+
+        def project(block, b):
+            vals, Y = sketch(block)
+            Q = _clip_dense_rows(Y @ T, tau)
+            P = np.zeros((n, r))
+            csr_t_matmul(block.indptr, block.items, vals, np.ascontiguousarray(Q), P)
+            return P, float(np.sqrt((Q * Q).sum(axis=1).max())) if len(Q) else 0.0
+
+        def combine(acc, part):
+            P = acc[0]
+            P += part[0]
+            return P, max(acc[1], part[1])
+
+        Bt, mu = engine.map_reduce(project, combine, (np.zeros((n, r)), 0.0), extra_per_block=extra,
+                                   desc="lowrank projection")
+        realized = None
+        if rel2 is not None:
+            realized = replace(rel2, sensitivity=mu * s["clip"], shape=(r, n))
+            Bt = realized.add(Bt, run.rng(_PROJECTION, 0))
+        Uo, S, Vh = np.linalg.svd(Bt, full_matrices=False)
+        k = min(self.rank, r)
+        return dict(Omega=Omega, T=T, mu=mu, projection_release=realized, noisy_projection=Bt,
+                    basis=Uo[:, :k], singular_values=S[:k], UB=Vh[:k].T)
+
+    def _fit_rr(self, store, engine, s, run, values_of) -> dict:
+        n, kp = store.n_items, s["columns"]
+        rel = s["releases"][0] if self.private else None
+        V = np.linalg.qr(run.rng(_RR_START, 0).standard_normal((n, kp)))[0]
+        extra = self._extra_per_block(store, kp, n)
+        H = None
+        for t in range(s["power_iters"]):
+            Vc = np.ascontiguousarray(V)
+
+            def fn(block, b, Vc=Vc):
+                vals = values_of(block)
+                Z = np.zeros((n, kp))
+                for u0, u1, N, ip in _rr_chunks(run, rel, block, n):
+                    X = np.empty((u1 - u0, kp))
+                    csr_matmul(ip, block.items, vals, Vc, X)
+                    if N is not None:
+                        X += N @ Vc
+                    csr_t_matmul(ip, block.items, vals, X, Z)
+                    if N is not None:
+                        Z += N.T @ X
+                return Z
+
+            Z = engine.map_reduce(fn, _add, np.zeros((n, kp)), extra_per_block=extra,
+                                  desc=f"lowrank randomized response {t + 1}/{s['power_iters']}")
+            H, V_in = V.T @ Z, V
+            V = np.linalg.qr(Z)[0]
+        # Rayleigh-Ritz on the last pass's basis: V_in^T A~^T A~ V_in = H
+        lam, W = np.linalg.eigh((H + H.T) / 2.0)
+        order = np.argsort(lam)[::-1][:self.rank]
+        return dict(basis=V_in @ W[:, order], singular_values=np.sqrt(np.maximum(lam[order], 0.0)))
+
+    def _fitted(self, store, plan, state, seconds) -> Fitted:
+        s = plan.params
+        V, sv = state["basis"], state["singular_values"]
+        notes = [WEAKER_NOTE] if self.private else [
+            "non-private: --epsilon inf, no noise added (clipping still applied, sketch rows not clipped)"]
+        if self.seed is not None:
+            notes.append("seeded run: reproducible, not private against whoever knows the seed")
+        if s["bounds"]["rating_range_source"] != "declared":
+            notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
+                         "exact guarantee")
+        if V.shape[1] < self.rank:
+            notes.append(f"the noisy range has rank {V.shape[1]} < k = {self.rank}: {V.shape[1]} factors released")
+        ledger = self.ledger(store, plan, notes=notes)
+        rel = state.get("projection_release")
+        if rel is not None:  # the projection's sensitivity, realized from the released sketch
+            ledger.bounds["releases"][1] = {**rel.entry(), "sensitivity_rule": "L max_i ||Q_i|| (realized)"}
+            ledger.bounds["projection_mu"] = state["mu"]
+        released = ["item_factors: scaled item basis for a local solve (n_items x k)",
+                    "basis: item basis V_k (n_items x k)", "singular_values: S_k (k)"]
+        extras = {"singular_values": np.asarray(sv, np.float64), "basis": np.asarray(V, np.float32)}
+        if s["mechanism"] == "measurements":
+            released.append(f"noisy_projection: (Q^T A + N2)^T (n_items x {state['noisy_projection'].shape[1]})")
+            extras["noisy_projection"] = state["noisy_projection"].astype(np.float32)
+        info = {"method": self.name, "mechanism": s["mechanism"], "rank": int(V.shape[1]),
+                "epsilon": self.epsilon if self.private else "inf", "delta": self.delta, "seed": self.seed,
+                "store_checksum": store.checksum, "n_users": store.n_users, "n_items": store.n_items,
+                "parameters": {k: s[k] for k in ("oversampling", "columns", "clip", "sketch_clip", "sketch_quantile",
+                                                  "sketch_share", "prune", "prune_bound", "power_iters")},
+                "released": released,
+                "not_released": "user-side factors (Q, U_B; the noisy sketch or matrix): each user projects her own "
+                                "row on the basis locally",
+                "item_factors": "V_k diag(w), rows of mean squared norm 1 (oja.scaled_factors)",
+                "ridge": DEFAULT_RIDGE, "seconds_fit": round(seconds, 3)}
+        return Fitted(item_factors=scaled_factors(V, sv).astype(np.float32) if V.shape[1] else
+                      np.zeros((store.n_items, 0), np.float32),
+                      item_bias=np.zeros(store.n_items, np.float32), item_ids=store.item_ids(),
+                      global_mean=s["midpoint"], model_info=info, ledger=ledger, extras=extras,
+                      per_item_extras=tuple(k for k in ("basis", "noisy_projection") if k in extras))
+
+    # -- diagnostics (non-private) -----------------------------------------------------
+    def errors(self, store, engine) -> dict:
+        """Frobenius errors of the fitted approximation on ``store`` (non-private: for benchmarks and tests).
+
+        One streamed pass; returns ``frobenius`` (``||A||_F``), ``error``
+        (``||A - A^||_F`` of the paper's rank-``k`` output: ``Q [B~]_k`` or ``[A~]_k``),
+        ``error_local`` (``||A - A V_k V_k^T||_F``: every user projecting her own row
+        on the released basis) and, for measurements, ``error_untruncated``
+        (``||A - Q B~||_F``, rank ``k'``, HMT's output).
+        """
+        st = getattr(self, "_state", None)
+        if st is None:
+            raise ParameterError("lowrank: errors() needs a fitted run (call fit first)")
+        s, run, values_of = st["settings"], st["run"], st["values_of"]
+        V = np.ascontiguousarray(st["basis"])
+        k = V.shape[1]
+        n = store.n_items
+        if s["mechanism"] == "measurements":
+            sketch = _sketch_fn(run, st["Omega"], s["sketch_clip"],
+                                s["releases"][0] if self.private else None, values_of)
+            T, UB, sv, Bt = st["T"], st["UB"], st["singular_values"], np.ascontiguousarray(st["noisy_projection"])
+            UBs = UB * sv  # (r x k): Q_i UBs = coordinates of row i of A^ on V
+            BBt = Bt.T @ Bt
+
+            def fn(block, b):
+                vals, Y = sketch(block)
+                Q = Y @ T
+                AV = np.empty((block.n_users, k))
+                csr_matmul(block.indptr, block.items, vals, V, AV)
+                AB = np.empty((block.n_users, Bt.shape[1]))
+                csr_matmul(block.indptr, block.items, vals, Bt, AB)
+                C = Q @ UBs
+                a2 = float(vals @ vals)
+                return np.array([a2, a2 - 2.0 * float((AV * C).sum()) + float((C * C).sum()),
+                                 a2 - float((AV * AV).sum()),
+                                 a2 - 2.0 * float((AB * Q).sum()) + float(((Q @ BBt) * Q).sum())])
+        else:
+            rel = s["releases"][0] if self.private else None
+
+            def fn(block, b):
+                vals = values_of(block)
+                a2 = float(vals @ vals)
+                out = np.array([a2, a2, a2, 0.0])
+                for u0, u1, N, ip in _rr_chunks(run, rel, block, n):
+                    X0 = np.empty((u1 - u0, k))
+                    csr_matmul(ip, block.items, vals, V, X0)
+                    X = X0 + N @ V if N is not None else X0
+                    out[1] += -2.0 * float((X0 * X).sum()) + float((X * X).sum())
+                    out[2] -= float((X0 * X0).sum())
+                return out
+
+        tot = engine.map_reduce(fn, _add, np.zeros(4), extra_per_block=self._extra_per_block(store, k, n),
+                                desc="lowrank error")
+        r = np.sqrt(np.maximum(tot, 0.0))
+        out = {"frobenius": float(r[0]), "error": float(r[1]), "error_local": float(r[2])}
+        if s["mechanism"] == "measurements":
+            out["error_untruncated"] = float(r[3])
+        return out
+
+
+def _sketch_fn(run, Omega, C, release, values_of):
+    """``block -> (values, Y~)``: a block's clipped values and noisy sketch rows ``clip(A_b Omega, C) + N1``.
+
+    The noise rows come from the run's family per user group (:func:`_noise_rows`),
+    so every pass regenerates the same ``Y~``.
+    """
+    kp = Omega.shape[1]
+    Om = np.ascontiguousarray(Omega)
+
+    def sketch(block):
+        vals = values_of(block)
+        Y = np.empty((block.n_users, kp))
+        csr_matmul(block.indptr, block.items, vals, Om, Y)
+        Y = _clip_dense_rows(Y, C)
+        if release is not None:
+            for u0, u1, N in _noise_rows(run, _SKETCH, release, block.first_user, block.first_user + block.n_users,
+                                         kp, block.n_users):
+                Y[u0:u1] += N
+        return vals, Y
+
+    return sketch
+
+
+def _rr_chunks(run, release, block, n_items: int):
+    """Yield ``(u0, u1, N, indptr)`` over a block's rows in chunks: randomized response's noise rows (``None``
+    when non-private) and the chunk's row pointers."""
+    rows = max(1, NOISE_CHUNK_BYTES // (8 * n_items))
+    for u0, u1, N in _noise_rows(run, _RR_NOISE, release, block.first_user, block.first_user + block.n_users,
+                                 n_items, rows):
+        yield u0, u1, N, block.indptr[u0:u1 + 1]
+
+
+# -- the library side of `streamdp lowrank` ----------------------------------------------------------------------------
+def lowrank(store, *, rank: int, epsilon: float, delta: float, out: str, seed: int | None = None,
+            workers: int | None = None, memory_limit=None, over_budget: bool = False, force: bool = False,
+            **options) -> dict:
+    """Release a private rank-``rank`` approximation's item side from ``store`` into ``out``; return a summary.
+
+    The model directory (``privacy.json``, ``model.json``, ``factors.zarr`` with
+    ``basis``, ``singular_values`` and, for measurements, ``noisy_projection``) is
+    written atomically, after the release is reserved in the store's budget
+    (:func:`streamdp.methods.release`, as ``train`` does). Options: those of
+    :class:`LowRank` (``mechanism``, ``oversampling``, ``clip``, ``sketch_share``,
+    ``prune``, ``power_iters``).
+    """
+    from streamdp.methods import prepare, privacy_warnings, release
+
+    st, m = prepare(store, method=LowRank, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, force=force,
+                    **options)
+    fitted, seconds, stale = release(st, m, out, workers=workers, memory_limit=memory_limit,
+                                     over_budget=over_budget, force=force)
+    led, info = fitted.ledger, fitted.model_info
+    acc = led.accounting
+    summary = {
+        "method": "lowrank", "mechanism": info["mechanism"], "rank": info["rank"],
+        "columns": info["parameters"]["columns"], "n_users": st.n_users, "n_items": st.n_items,
+        "epsilon": epsilon if math.isfinite(epsilon) else "inf", "delta": delta,
+        "epsilon_spent": acc.epsilon if acc is not None else "inf",
+        "guarantee": led.guarantee, "neighbouring_relation": led.relation,
+        "clip_L": info["parameters"]["clip"], "released": info["released"], "not_released": info["not_released"],
+        "singular_values": [float(x) for x in fitted.extras["singular_values"]],
+        "seeded": seed is not None, "seconds": round(seconds, 3), "out": str(out),
+    }
+    warnings = privacy_warnings(led)
+    if m.private:
+        summary["epsilon_replace_one"] = led.bounds["epsilon_replace_one"]
+        summary["relation_covers"] = led.bounds["relation_covers"]
+        summary["weaker_than_user_level"] = True
+        warnings.insert(0, WEAKER_NOTE)
+    if stale:
+        summary["stale_runs_removed"] = stale
+    summary["privacy_warnings"] = warnings
+    return summary
+
+
+def format_lowrank_summary(summary: dict) -> str:
+    """The lines ``streamdp lowrank`` prints: what was released, the guarantee, its relation and what it covers."""
+    mech = {"measurements": "Gaussian measurements (Hardt & Roth)",
+            "randomized-response": "randomized response (input perturbation)"}[summary["mechanism"]]
+    lines = [f"wrote {summary['out']}: rank-{summary['rank']} approximation of {summary['n_users']:,} users x "
+             f"{summary['n_items']:,} items by {mech}, {summary['seconds']:.1f}s"]
+    lines.append("released: " + "; ".join(summary["released"]))
+    lines.append("not released: " + summary["not_released"])
+    if summary["guarantee"] == "non-private":
+        lines.append("guarantee: non-private (no noise, epsilon inf)")
+        return "\n".join(lines)
+    lines.append(f"guarantee: {summary['guarantee']}; epsilon {summary['epsilon_spent']:.4g} (target "
+                 f"{summary['epsilon']}), delta {summary['delta']:g}, L = {summary['clip_L']:g}")
+    lines.append(f"neighbouring relation: {summary['neighbouring_relation']}")
+    c = summary["relation_covers"]
+    lines.append(f"covers: zero-out of a user's row at the same epsilon; replacing a user's row by any other at "
+                 f"epsilon {summary['epsilon_replace_one']:.4g}; add/remove one user: {c['add_remove']}")
+    return "\n".join(lines)
