@@ -1,0 +1,165 @@
+"""The private SVD baseline: ``--method svd`` (noisy covariance, one-shot top-``r`` subspace, local projection).
+
+The baseline of Jain, Thakkar & Thakurta's experiments (ICML 2018, Fig. 2; the
+SVD-based algorithm of their supplement), in the style of McSherry & Mironov
+(KDD 2009):
+
+1. **Global** (released): one pass accumulates the covariance
+   ``W = sum_i x_i x_i^T`` of the users' rows of centred ratings
+   ``x_i = clip(P_Omega(r_i - mid), Delta)`` (:func:`streamdp.kernels.fw.gram_upper`),
+   releases ``W + N`` with symmetric Gaussian noise ``N`` (upper triangle drawn and
+   mirrored, :class:`streamdp.privacy.release.Release`), and keeps its top-``r``
+   eigenvectors ``V_r`` (post-processing).
+2. **Local** (on each user's device, no noise): user ``i`` projects her zero-filled
+   row of centred ratings on ``V_r``, rescaled by the inverse of her sampling rate,
+   ``Y_i = (n / n_i) P_Omega(r_i - mid) V_r V_r^T``
+   (:func:`streamdp.local.projection_rows`); the paper's "appropriate scaling" is
+   ``m n / |Omega|``, the user's own ``n / n_i`` is its local, free version.
+
+Sensitivity: adding a user adds ``x_i x_i^T``, whose upper triangle has L2 norm
+``<= ||x_i||^2 <= Delta^2``: one Gaussian mechanism, calibrated to the target by
+the PLD accountant (``--calibration paper``: the supplement's
+``sigma = Delta^2 sqrt(64 log(1/delta)) / epsilon``, :func:`streamdp.privacy.paper_sigma_jain`).
+The release ``V_r`` is user-level (epsilon, delta)-DP and each user's completed row
+is local, so, like ``--method fw``, the per-user outputs are jointly DP; the ledger
+says so.
+
+The covariance is ``n_items x n_items`` (held once, plus one partial per block in
+flight): this baseline is for catalogues of a few thousand items (the paper's top
+400); the engine refuses it when the memory budget cannot hold it. ``--method oja``
+computes a private subspace in ``O(n_items k)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+from streamdp.methods import register
+from streamdp.methods.base import Fitted, Method, Plan
+from streamdp.methods.options import Option
+from streamdp.privacy.ledger import GUARANTEE_JOINT_DP
+
+#: Key of this method's random streams.
+RNG_KEY = 0x05BD
+CALIBRATIONS = ("pld", "paper")
+
+
+@register
+class PrivateSVD(Method):
+    """``--method svd``: noisy covariance, top-``r`` subspace, local projection (the paper's private baseline)."""
+
+    name = "svd"
+    SUMMARY = ("private SVD baseline (McSherry-Mironov style, Jain et al. 2018's experiments): one noisy covariance, "
+               "top-k subspace, users project locally; joint DP")
+    OPTIONS = (
+        Option("clip", float, "L2 bound Delta of a user's row of centred ratings (sensitivity Delta^2)",
+               default_text="half the rating range x sqrt 5 private, none non-private", minimum=0,
+               exclusive_minimum=True),
+        Option("calibration", CALIBRATIONS, "pld: tight accountant; paper: the supplement's SVD sigma, for "
+               "comparison", default="pld"),
+    )
+    guarantee = GUARANTEE_JOINT_DP
+
+    def settings(self, store) -> dict:
+        o = self.options
+        lo, hi = float(store.rating_min), float(store.rating_max)
+        h = (hi - lo) / 2.0
+        return dict(rating_min=lo, rating_max=hi, mid=(lo + hi) / 2.0,
+                    clip=float(o.get("clip", h * math.sqrt(5.0) if self.private else math.inf)),
+                    calibration=o.get("calibration", "pld"))
+
+    def _plan(self, store) -> Plan:
+        from streamdp.privacy import paper_sigma_jain
+        from streamdp.privacy.release import Share, calibrate_releases
+
+        s = self.settings(store)
+        D, n = s["clip"], store.n_items
+        bounds = {"clip_Delta": D, "rating_min": s["rating_min"], "rating_max": s["rating_max"],
+                  "rating_range_source": getattr(store, "rating_range_source", "unknown"),
+                  "centering": f"public midpoint {s['mid']:g} of the declared rating range"}
+        if not self.private:
+            entries = [{"release": "top-r eigenvectors of the covariance", "mechanism": "none (non-private)"}]
+            return Plan(events=[], entries=entries, params={**s, "bounds": bounds, "release": None})
+        if not math.isfinite(D):
+            raise ParameterError("--clip must be finite for a private run")
+        share = Share("covariance sum_i x_i x_i^T of the users' rows of centred ratings clipped to Delta (one "
+                      "Gaussian, symmetric noise)", "gaussian", D * D, 1.0, shape=(n, n), symmetric=True)
+        if s["calibration"] == "paper":
+            release = share.at(paper_sigma_jain(self.epsilon, self.delta, count=1, which="alg1"))
+        else:
+            release = calibrate_releases([share], self.epsilon, self.delta)[0]
+        entry = release.entry()
+        entry["calibration"] = s["calibration"]
+        entries = [entry, {"release": "top-r eigenvectors and eigenvalues of the noisy covariance",
+                           "mechanism": "post-processing", "count": 0}]
+        return Plan(events=[release.event()], entries=entries, params={**s, "bounds": bounds, "release": release})
+
+    def state_bytes(self, store) -> int:
+        """Item-side memory: the covariance, its noisy copy and the eigendecomposition's workspace."""
+        n = store.n_items
+        return 8 * n * n * 4 + 8 * n * (self.rank + 8)
+
+    def fit(self, store, engine) -> Fitted:
+        from streamdp.kernels.als import symmetrize_upper
+        from streamdp.kernels.fw import gram_upper
+        from streamdp.kernels.linalg import residuals
+        from streamdp.methods.frank_wolfe import joint_dp_notes
+        from streamdp.methods.oja import _add
+        from streamdp.privacy import spawn_rngs
+        from streamdp.privacy.bounding import clip_rows
+
+        plan = self.plan(store)
+        s = plan.params
+        n, r = store.n_items, self.rank
+        mid, D = s["mid"], s["clip"]
+        zero_bias = np.zeros(n)
+
+        def fn(block, b):
+            it = np.ascontiguousarray(block.items, dtype=np.int32)
+            x = np.empty(block.nnz, np.float64)
+            residuals(it, block.ratings, float(mid), zero_bias, x)
+            if math.isfinite(D):
+                clip_rows(block.indptr, x, D, inplace=True)
+            out = np.zeros((n, n))
+            gram_upper(block.indptr, it, x, out)
+            return out
+
+        W = engine.map_reduce(fn, _add, np.zeros((n, n)), extra_per_block=8 * n * n + 8 * store.block_nnz().max(
+            initial=0), desc="svd covariance")
+        W = symmetrize_upper(W)
+        if s["release"] is not None:
+            W = s["release"].add(W, spawn_rngs(self.seed, 1, key=RNG_KEY)[0])
+        lam, E = np.linalg.eigh(W)
+        order = np.argsort(lam)[::-1][:r]
+        V, lam = canonical_signs(E[:, order]), lam[order]
+        ledger = self.ledger(store, plan, notes=joint_dp_notes(
+            self, s, "the released subspace is user-level (epsilon, delta)-DP; each user's completed row is her own "
+            "ratings projected on it on her device"))
+        info = {"method": self.name, "rank": r, "epsilon": self.epsilon if self.private else "inf",
+                "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum,
+                "n_users": store.n_users, "n_items": n,
+                "parameters": {"clip": D, "calibration": s["calibration"]},
+                "local": "projection", "local_user_bias": False,
+                "item_factors": "top-r eigenvectors of the noisy covariance; a user's row is (n / n_i) x_i V V^T "
+                                "(streamdp.local.projection_rows)",
+                "rating_range": {"min": s["rating_min"], "max": s["rating_max"]}}
+        return Fitted(item_factors=V.astype(np.float32), item_bias=np.zeros(n, np.float32),
+                      item_ids=store.item_ids(), global_mean=float(mid), model_info=info, ledger=ledger,
+                      extras={"eigenvalues": lam.astype(np.float64)})
+
+
+def canonical_signs(V: np.ndarray) -> np.ndarray:
+    """``V`` with each column's sign chosen so that its largest-magnitude entry is positive.
+
+    Eigenvectors are defined up to sign; fixing it makes the release independent of
+    the order of floating-point sums (streamed == in-memory). Post-processing.
+
+    >>> canonical_signs(np.array([[0.6, 0.1], [-0.8, -0.9]])).tolist()
+    [[-0.6, -0.1], [0.8, 0.9]]
+    """
+    idx = np.argmax(np.abs(V), axis=0)
+    sign = np.where(V[idx, np.arange(V.shape[1])] < 0, -1.0, 1.0)
+    return V * sign
