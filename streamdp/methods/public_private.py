@@ -1,0 +1,967 @@
+"""Public and private users: ``--method public-private`` (Xin & Jaakkola, NIPS 2014).
+
+A few **public** users share their ratings openly; the item model (item means ``mu``
+and a low-rank ``Sigma = W W^T``, ``W``: ``n_items x k``) is estimated from their ratings
+alone, with no noise, by the paper's EM. Every other user is **private**: her ratings
+are not used, and she predicts locally with eq. 4,
+``x_hat = Sigma_{phi^c, phi} (lambda' I + Sigma_{phi, phi})^-1 x_phi``
+(:func:`streamdp.local.eq4_rows`, ``O(|phi| k^2 + k^3)`` per user with ``Sigma`` in
+factor form). Optionally, private users then contribute once each through one of the
+paper's 2nd-order mechanisms, PMD (discrete ratings) or PMC (continuous), which are
+**not** differential privacy (first-order deniability: each coordinate of a response
+has a fixed marginal, the relations between coordinates are released), or through a
+Laplace-noised vector, which is DP and accounted.
+
+What the ledger says (``privacy.json``, and the CLI)
+--------------------------------------------------
+* ``--private-mechanism none`` (default): guarantee
+  :data:`~streamdp.privacy.ledger.GUARANTEE_PUBLIC_ONLY`: the private users' ratings
+  are not used (no computation whose result reaches the model reads them: roles are
+  decided from user ids, the seed and the public-users file, and passes skip private
+  rows before any arithmetic), so the model releases nothing about them (epsilon 0 for
+  them; nothing is spent from a store budget); the public users' data is public, not
+  protected. Any ``--epsilon`` is accepted and unused.
+* ``pmd`` / ``pmc``: ``"not DP: first-order deniability (Xin & Jaakkola 2014) ..."``, no
+  epsilon (the ledger's epsilon is ``inf``: no DP claim), no events; a store budget
+  counts it as unbounded (``--over-budget`` to release it anyway). Needs ``--epsilon inf``.
+* ``laplace``: :data:`~streamdp.privacy.ledger.GUARANTEE_PRIVATE_USERS_DP` with one
+  Laplace event, calibrated to ``--epsilon`` by the PLD accountant
+  (:func:`streamdp.privacy.release.calibrate_releases`); the epsilon is that of the
+  private users' noisy vectors, the only DP part.
+* ``exact``: the paper's "exact 2nd order" reference (``+-(r - mu)`` sent as is):
+  ``non-private``, needs ``--epsilon inf``.
+
+The public set (decided here; the paper leaves it to the experimenter)
+----------------------------------------------------------------------
+* ``--public-users FILE``: the users listed (original ids, one per line or the first
+  field of a CSV line; ``#`` comments and a header line are skipped). An id that is
+  not a user of the store, a malformed or a repeated id is a one-line error naming
+  ``FILE:LINE``. The file is held in memory (its ids), nothing else per user is.
+* ``--public-fraction F`` alone: each user is public with probability ``F``,
+  independently, from a key that hashes her **original id** with the run's entropy
+  (the seed): no data is looked at, the count is ``Binomial(n_users, F)`` (the run
+  reports it), and a user's role does not depend on which other users exist.
+* ``--public-users FILE --public-fraction F``: ``ceil(F n_users)`` of the FILE's
+  candidates, the most active first (``--public-selection most-active``, the default
+  with a FILE: the paper's Figure 1 order) or uniformly at random (``random``; the
+  smallest keys). Most active means most training ratings, **among the candidates
+  only**: the candidates agreed to be public, so their counts are public data, and the
+  private users' counts never decide who is public. (Ranking all users by activity
+  would let a private user's count change the public set, hence the model; that is
+  refused: ``most-active`` without a FILE is an error. A reproduction of Figure 1 lists
+  every user as a candidate, as ``bench/public_private.py`` does.) Ties go to the
+  smaller id.
+
+The EM (decided where the paper is loose)
+----------------------------------------
+The paper solves its trace-norm problem (2)/(3) with an EM whose M-step is
+``Sigma = (1 / sqrt(n m)) (sum_i (r_i - mu)(r_i - mu)^T)^(1/2)`` over completed
+vectors. Here:
+
+* **Completion keeps the observed ratings** and fills the others with eq. 4
+  (``x_i = W u_i + s_i``, :mod:`streamdp.kernels.public_private`). Completing every
+  entry by ``W u_i`` would keep ``Sigma``'s column space fixed forever.
+* **Rank constraint:** the M-step keeps the top ``k`` eigenpairs (``--rank``), so
+  ``Sigma`` is stored as ``W = Q diag(sigma)^(1/2)`` (``n_items x k``); nothing is
+  ``n_items^2``. The eigenpairs come from one warm-started subspace-iteration step per EM
+  iteration (``C Q`` in one pass over the public users' blocks, Rayleigh-Ritz on
+  ``Q^T C Q``): an EM iteration is one pass; measured on ML-100K the RMSE is flat to
+  0.002 after 20 iterations (``--iters``). Iteration 1 starts from ``W = 0`` (the first
+  completion is by the item means) and a random basis drawn in **item-id order** (the
+  store numbers items by popularity over all users; drawing in that order would let
+  private users' counts shape the model through the random start).
+* ``n`` in the M-step is the public users' count, ``m = n_items``. With private
+  responses, the **directions** of ``Sigma`` are the Ritz vectors of the public plus the
+  weighted private statistic, and the **scale** of each (its eigenvalue) is the public
+  users' energy in it. The paper's M-step would scale by all users, but the mechanisms
+  distort a response's energy by design (PMD's responses are uniform on the levels,
+  PMC's have ``|u_j| = h`` everywhere, Laplace adds ``2 b^2`` per item), and even exact
+  responses of sparse users shrink ``Sigma`` against a ``lambda'`` tuned on the public
+  users: measured on ML-100K (top 5% public), the paper's scaling made the exact
+  statistics *worse* than none (0.992 against 0.989), the public scaling better (0.973).
+* ``mu``: public item means shrunk to the public global mean by 5 pseudo-ratings
+  (``MEAN_PRIOR``); private users give no first-order information (paper, Sec. 4), so
+  ``mu`` is never updated by them. Items without public ratings get ``mu = `` the
+  public global mean and ``W_j = 0`` until private responses reach them.
+* ``lambda'`` (eq. 4's ridge, also the model's ``ridge``) is **chosen on held-out
+  public ratings** (public data, no privacy cost): 10% of the public ratings, by a hash
+  of (user, item, seed), are left out of the sums in the first 60% of the EM
+  iterations; from the 20% mark on, each iteration also predicts them with
+  ``lambda' x {1, 1/2, 2}`` and keeps the best; the remaining iterations use all public
+  ratings. It starts at ``0.1 rho`` (``rho``: public ratings / (public users x n_items)).
+  ``--reg R`` fixes ``lambda' = R rho`` instead. No fixed rule held across stores: the
+  best ``lambda' / rho`` was 0.15-0.4 on ML-100K (top 5% / 20% / all / a random 20%
+  public) and 0.001-0.05 on a generated rank-8 store (20k users, 500 items), where a
+  fixed 0.2 lost 0.03-0.23 RMSE. Held-out public users' ratings favour the public
+  (often heavy) users' own best ridge, a bias that cost 0.012 on ML-100K's top 5%
+  (1.001 against 0.989 at ``--reg 0.2``) and gained 0.02-0.23 on the generated store.
+* Unweighted trace norm only (the paper's Figure 1 shows the weighted one degrading).
+
+Private users (the 2nd-order phase)
+-----------------------------------
+A private user contributes with probability ``--private-fraction`` (from her own id
+key; default all), in one of ``--private-rounds`` rounds (also from her key): the paper
+selects private users with the most ratings first, which would use private users'
+counts; a random order is used instead (the paper reports the results "remain close").
+In round ``t`` every contributor completes her vector locally with the current model
+(eq. 4), applies the mechanism and answers once; the server adds ``w d d^T`` (``d`` the
+centred response) to its second-moment statistic, then runs ``--round-iters`` EM
+iterations over the public users with that statistic added (the paper updates after
+every 20 private users and re-completes the public users; a round here is a random
+``1 / R`` of the contributors). The weight ``w``: the paper lowers the weight of noisy
+responses (1/2 for PMD/PMC, cross-validated for Laplace); here, unless
+``--private-weight`` fixes it, after each round the M-step is tried with
+``w = 1/2, 1/8, ..., 1/512, 0`` and the one that predicts the held-out public ratings
+best is kept (post-processing of the responses and public data; the held-out ratings
+stay out of the sums until the last ``--round-iters`` iterations, on all ratings).
+Measured (``bench/public_private.py``): with the paper's fixed 1/2, PMD made ML-100K
+worse (1.016 against 1.001 public only) and PMC did nothing; the chosen weights are
+mostly 0 for PMD, PMC and user-level Laplace, so those curves stay flat. The server does
+not hold ``n_items^2``: the private statistic is kept as a one-pass Nystrom sketch
+``Y = (sum d d^T) Omega`` (``Omega``: ``n_items x s`` Gaussian, ``--sketch``, drawn in
+item-id order) and used as its stable fixed-rank PSD approximation (Tropp, Yurtsever,
+Udell & Cevher 2017, Alg. 3).
+
+* **PMD** (discrete): the levels ``S`` are the declared rating range in steps of
+  ``--rating-step`` (public); ``K = |S|`` candidates whose every coordinate is a
+  permutation of ``S`` (random to start), improved by the paper's greedy swaps
+  (``--pmd-sweeps`` passes over the coordinates in item-id order, ``--pmd-swaps``
+  random pairs per coordinate); one candidate is released uniformly at random
+  (:func:`streamdp.kernels.public_private.pmd_candidates`): every coordinate is
+  uniform on ``S`` whatever the ratings. The candidates are shaped with splitmix64
+  randomness; the released candidate is chosen with the user's own
+  ``numpy.random.Generator``.
+* **PMC** (continuous, Thm 4.2): ``+-h sign(r - mu)`` with probability 1/2 each,
+  ``sign(0) = +1`` (so every coordinate has mean 0 and variance ``h^2``, as (9)
+  requires); ``h = mean_j |r_j - mu_j|`` of the user's own vector (``--pmc-h user``,
+  the theorem) or the mean of the public users' ``h`` (``--pmc-h public``, the paper's
+  remark: ``h`` then reveals nothing about her).
+* **Laplace** (the paper's DP baseline): ``clip(r, lo, hi) + Lap(b)^n_items``. The
+  paper uses ``b = 4.5 / epsilon`` per coordinate, which is epsilon-DP per *rating*;
+  user-level DP of the whole vector needs the L1 sensitivity ``n_items (hi - lo)``,
+  which is what is released and accounted here (the paper's scale is the same
+  mechanism at ``--epsilon n_items x epsilon_paper``, and says so). Each private user
+  releases once, so the responses compose in parallel (adaptively: later rounds use a
+  model built from earlier noisy responses, post-processing). A responder with no
+  ratings answers
+  with the completion of an empty history, so the guarantee holds for any change of
+  one private user's ratings (local DP, zero-out relation); her presence among the
+  responders is not hidden.
+* **exact**: ``+-(r - mu)``, the paper's non-private reference.
+
+Memory and cost
+---------------
+Item-side state only: ``W``, its basis and one ``C Q`` partial per block in flight
+(``n_items x k``), and with private responses the sketch, its test matrix and its
+factors (``n_items x s``). Per user on disk: a role (``Run.user_state``, int16).
+A pass over the public users costs ``O(nnz k + n k^3)``; a private response costs
+``O(n_items (k + s))`` (plus ``O(n_items x sweeps x swaps)`` for PMD): the mechanisms
+release a full vector, so private rounds cost ``n_contributors x n_items`` in all.
+Passes run on local threads only (``--scheduler`` is refused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+
+import numpy as np
+
+from streamdp.errors import InputError, ParameterError
+from streamdp.methods import register
+from streamdp.methods.base import Fitted, Method, Plan
+from streamdp.methods.options import Option
+
+#: Key of this method's random streams.
+RNG_KEY = 0x0B9B
+_INIT, _KEYS, _OMEGA, _RESPONSE = 1, 2, 3, 4
+#: ``--private-mechanism`` choices.
+PRIVATE_MECHANISMS = ("none", "pmd", "pmc", "laplace", "exact")
+SELECTIONS = ("most-active", "random")
+#: Pseudo-ratings that shrink a public item mean toward the public global mean.
+MEAN_PRIOR = 5.0
+#: Per-user role on disk: private (no response), public; a responder of round t has ``ROUND0 + t``.
+PRIVATE, PUBLIC, ROUND0 = 0, 1, 1
+#: Without ``--reg``: the first ``lambda' / rho``; the factors tried around the current ``lambda'`` in each EM
+#: iteration after the first ``WARMUP_ITERS`` and up to ``VALIDATION_ITERS`` of them (fractions of ``--iters``),
+#: judged on ``VALIDATION_FRACTION`` of the public ratings, held out of the sums until then.
+REG_START, LAMBDA_STEPS, VALIDATION_FRACTION = 0.1, (1.0, 0.5, 2.0), 0.1
+WARMUP_ITERS, VALIDATION_ITERS = 0.2, 0.6
+#: Without ``--private-weight``: the weights of the private responses tried after each round (the paper's 1/2 and
+#: less, down to none), judged on the held-out public ratings.
+WEIGHTS = (0.5, 0.125, 0.03125, 0.0078125, 0.001953125, 0.0)
+#: Scratch bytes per call of the private-response kernel (Laplace noise rows).
+RESPONSE_SCRATCH_BYTES = 16 << 20
+
+GUARANTEE_PMD = ("not DP: first-order deniability (Xin & Jaakkola 2014) for private users (PMD: each coordinate of "
+                 "a response is uniform on the rating levels; the relations between a user's ratings are released); "
+                 "public users' data is public")
+GUARANTEE_PMC = ("not DP: first-order deniability (Xin & Jaakkola 2014) for private users (PMC: each coordinate of "
+                 "a response is +-h with probability 1/2; the sign pattern of a user's centred ratings is released up "
+                 "to one global sign); public users' data is public")
+
+_POS = dict(minimum=0, exclusive_minimum=True)
+
+
+@register
+class PublicPrivate(Method):
+    """``--method public-private``: item model from public users by EM, eq. 4 locally, optional 2nd-order phase."""
+
+    name = "public-private"
+    SUMMARY = ("public and private users (Xin & Jaakkola 2014): EM on public users only, private users predict "
+               "locally (eq. 4); optional PMD/PMC (not DP) or Laplace (DP) responses from private users")
+    OPTIONS = (
+        Option("public_users", str, "file of public users' original ids (one per line or the first CSV field)",
+               metavar="FILE"),
+        Option("public_fraction", float, "fraction of all users that are public: a random one (each user by her id's "
+               "key), or with --public-users the most active/random of the file's users", **_POS, maximum=1),
+        Option("public_selection", SELECTIONS, "with --public-users and --public-fraction: which of the file's users",
+               default="most-active"),
+        Option("iters", int, "EM iterations over the public users (one pass each)", default=20, minimum=1),
+        Option("reg", float, "lambda' of eq. 4 as a multiple of the public users' rating density",
+               default_text="chosen on held-out public ratings", **_POS),
+        Option("private_mechanism", PRIVATE_MECHANISMS, "what private users send: none (public users only), pmd / "
+               "pmc (2nd-order, not DP), laplace (DP noisy vectors), exact (no privacy)", default="none"),
+        Option("private_fraction", float, "fraction of private users that respond", default=1.0, **_POS, maximum=1),
+        Option("private_rounds", int, "rounds of private responses (the model is updated after each)", default=5,
+               minimum=1),
+        Option("round_iters", int, "EM iterations over the public users after each round", default=3, minimum=0),
+        Option("private_weight", float, "server weight of a private response (public users weigh 1)",
+               default_text="after each round, the one of 1/2, 1/8, ..., 1/512, 0 that predicts held-out public "
+               "ratings best", minimum=0),
+        Option("sketch", int, "columns s of the sketch of the private responses' second moments",
+               default_text="4 k + 8, at most n_items", minimum=1),
+        Option("pmd_sweeps", int, "PMD: greedy passes over the coordinates", default=2, minimum=0),
+        Option("pmd_swaps", int, "PMD: random candidate pairs tried per coordinate and pass", default=4, minimum=1),
+        Option("pmc_h", ("user", "public"), "PMC: h from the user's own vector (Thm 4.2) or the public users' mean",
+               default="user"),
+        Option("rating_step", float, "PMD: spacing of the rating levels within the declared range", default=1.0,
+               **_POS),
+        Option("checkpoint", str, "run directory: per-iteration checkpoints; resumes if it holds one", metavar="DIR"),
+    )
+
+    def __init__(self, *, epsilon, delta, rank=None, seed=None, **options):
+        super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **options)
+        o = self.options
+        mech = o.get("private_mechanism", "none")
+        if "public_users" not in o and "public_fraction" not in o:
+            raise ParameterError("--method public-private needs --public-users FILE or --public-fraction F")
+        if "public_selection" in o and "public_users" not in o:
+            raise ParameterError("--public-selection chooses among the --public-users FILE's users (ranking all users "
+                                 "by activity would let private users' rating counts choose the public set): give "
+                                 "the candidates with --public-users FILE")
+        if "public_selection" in o and "public_fraction" not in o:
+            raise ParameterError("--public-selection needs --public-fraction (how many of the FILE's users)")
+        if mech in ("pmd", "pmc") and math.isfinite(self.epsilon):
+            raise ParameterError(f"--private-mechanism {mech} is not differential privacy (first-order deniability, "
+                                 f"Xin & Jaakkola 2014): it has no epsilon and counts as a non-private release in a "
+                                 f"store budget; run it with --epsilon inf")
+        if mech == "exact" and math.isfinite(self.epsilon):
+            raise ParameterError("--private-mechanism exact sends private users' exact second-order statistics "
+                                 "(the paper's reference, non-private); run it with --epsilon inf")
+        if mech == "laplace" and not math.isfinite(self.epsilon):
+            raise ParameterError("--private-mechanism laplace needs a finite --epsilon (its noise is calibrated to it)")
+        only = {"pmd_sweeps": "pmd", "pmd_swaps": "pmd", "rating_step": "pmd", "pmc_h": "pmc"}
+        for name, m in only.items():
+            if name in o and mech != m:
+                raise ParameterError(f"--{name.replace('_', '-')}: only with --private-mechanism {m}")
+        if mech == "none":
+            for name in ("private_fraction", "private_rounds", "round_iters", "private_weight", "sketch"):
+                if name in o:
+                    raise ParameterError(f"--{name.replace('_', '-')}: only with a --private-mechanism")
+
+    # -- settings ----------------------------------------------------------------------
+    def settings(self, store) -> dict:
+        o = self.options
+        lo, hi = float(store.rating_min), float(store.rating_max)
+        mech = o.get("private_mechanism", "none")
+        k = self.rank
+        s = dict(rating_min=lo, rating_max=hi, private_mechanism=mech, iters=int(o.get("iters", 20)),
+                 reg=float(o["reg"]) if "reg" in o else None, public_users=o.get("public_users"),
+                 public_fraction=o.get("public_fraction"),
+                 public_selection=o.get("public_selection", "most-active") if "public_users" in o else "random",
+                 private_fraction=float(o.get("private_fraction", 1.0)),
+                 private_rounds=int(o.get("private_rounds", 5)) if mech != "none" else 0,
+                 round_iters=int(o.get("round_iters", 3)),
+                 private_weight=float(o["private_weight"]) if "private_weight" in o else None,
+                 sketch=min(int(o.get("sketch", 4 * k + 8)), store.n_items), pmd_sweeps=int(o.get("pmd_sweeps", 2)),
+                 pmd_swaps=int(o.get("pmd_swaps", 4)), pmc_h=o.get("pmc_h", "user"),
+                 rating_step=float(o.get("rating_step", 1.0)))
+        if mech == "pmd":
+            s["levels"] = rating_levels(lo, hi, s["rating_step"]).tolist()
+        return s
+
+    # -- privacy plan --------------------------------------------------------------------
+    def _plan(self, store) -> Plan:
+        from streamdp.privacy.release import Share, calibrate_releases, pure_epsilon
+
+        s = self.settings(store)
+        s["candidates"] = public_candidates(store, s["public_users"]) if s["public_users"] else None
+        bounds = {"rating_min": s["rating_min"], "rating_max": s["rating_max"],
+                  "rating_range_source": getattr(store, "rating_range_source", "unknown"),
+                  "public_users": _public_rule(s, store),
+                  "private_users": _private_rule(s)}
+        releases, rel = [], None
+        if s["private_mechanism"] == "laplace":
+            width = s["rating_max"] - s["rating_min"]
+            share = Share("each responding private user's completed rating vector, clipped to the rating range, with "
+                          "Laplace noise on every item (released once by the user: local, parallel over users)",
+                          "laplace", store.n_items * width, 1.0, shape=(store.n_items,))
+            releases = calibrate_releases([share], self.epsilon, self.delta)
+            rel = releases[0]
+            bounds["pure_epsilon"] = pure_epsilon(releases)
+            bounds["sensitivity"] = (f"L1 n_items (max - min) = {store.n_items} x {width:g}: any two completed vectors "
+                                     f"clipped to the range")
+        entries = [r.entry() for r in releases]
+        if s["private_mechanism"] in ("pmd", "pmc", "exact"):
+            entries.append({"release": f"one {s['private_mechanism'].upper()} response per responding private user",
+                            "mechanism": f"{s['private_mechanism']} (not DP)", "count": 1})
+        return Plan(events=[r.event() for r in releases], entries=entries,
+                    params={**s, "bounds": bounds, "release": rel})
+
+    def ledger(self, store, plan: Plan, *, notes=()):
+        from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
+        from streamdp.privacy.ledger import GUARANTEE_PRIVATE_USERS_DP, GUARANTEE_PUBLIC_ONLY
+
+        s = plan.params
+        mech = s["private_mechanism"]
+        bounds = dict(s["bounds"])
+        bounds["releases"] = list(plan.entries)
+        notes = list(notes)
+        common = dict(method=self.name, bounds=bounds, seeded=self.seed is not None, store_checksum=store.checksum)
+        if mech == "none":
+            notes.insert(0, "public users only: the private users' ratings are not used (their rows are skipped "
+                            "before any arithmetic), so nothing about them is released (epsilon 0 for them); the public "
+                            "users' ratings are public data and are not protected")
+            return Ledger(guarantee=GUARANTEE_PUBLIC_ONLY, epsilon=0.0, delta=0.0, notes=notes, **common)
+        if mech in ("pmd", "pmc"):
+            notes.insert(0, "first-order deniability is NOT differential privacy: no epsilon is reported and a store "
+                            "budget counts this release as unbounded")
+            return Ledger(guarantee=GUARANTEE_PMD if mech == "pmd" else GUARANTEE_PMC, epsilon=math.inf, delta=0.0,
+                          notes=notes, **common)
+        if mech == "exact":
+            notes.insert(0, "NO privacy for private users: their exact second-order statistics (+-(r - mu)) are used "
+                            "(the paper's 'exact 2nd order' reference)")
+            return Ledger(guarantee=GUARANTEE_NONE, epsilon=math.inf, delta=self.delta, notes=notes, **common)
+        notes.insert(0, "the epsilon is that of the private users' Laplace-noised vectors (each user's response is "
+                        "local DP); the public users' ratings are public data and are not protected")
+        notes.append("the accounting holds for any change of one private user's ratings (zero-out: a responder "
+                     "without ratings still answers); her presence among the responders is not hidden")
+        pe = bounds.get("pure_epsilon")
+        if pe is not None and math.isfinite(pe):
+            notes.append(f"the Laplace release is pure DP: epsilon = {pe:.6g} at delta = 0; the reported (epsilon, "
+                         f"delta) is the PLD accountant's figure")
+        return Ledger(guarantee=GUARANTEE_PRIVATE_USERS_DP, epsilon=self.epsilon, delta=self.delta,
+                      events=list(plan.events), accounting=epsilon_of(plan.event, self.delta), notes=notes, **common)
+
+    # -- memory ----------------------------------------------------------------------------
+    def state_bytes(self, store) -> int:
+        """Item-side memory: ``W``, its basis, ``C Q`` and temporaries; the sketch, its test matrix and factors."""
+        n, k = store.n_items, self.rank
+        mech = self.options.get("private_mechanism", "none")
+        s = min(int(self.options.get("sketch", 4 * k + 8)), n) if mech != "none" else 0
+        return n * (8 * k * 8 + 4 * s * 8 + 6 * 8)
+
+    # -- fitting -----------------------------------------------------------------------------
+    def fit(self, store, engine) -> Fitted:
+        from streamdp.stream.driver import Run, fingerprint
+
+        if getattr(engine, "distributed", False):
+            raise ParameterError("--method public-private runs its passes on local threads: --scheduler is not "
+                                 "supported")
+        plan = self.plan(store)
+        s = plan.params
+        keep = {key: v for key, v in s.items() if key not in ("checkpoint", "release", "bounds", "candidates")}
+        fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
+                         store=store.checksum, s=keep)
+        with Run(store, method=self.name, fingerprint=fp, seed=self.seed, rng_key=RNG_KEY,
+                 checkpoint=self.options.get("checkpoint")) as run:
+            return self._fit(store, engine, run, plan)
+
+    def _schedule(self, s) -> list:
+        """The steps of a run, ``(kind, t)``.
+
+        EM iterations over the public users: with ``lambda'`` chosen on held-out public
+        ratings (no ``--reg``) the first ``WARMUP_ITERS`` keep it and the next ones up to
+        ``VALIDATION_ITERS`` try factors around it (``em-warmup``, ``em-validate``);
+        ``em-held`` iterations leave the held-out ratings out of the sums, ``em`` ones use
+        all public ratings. Then per round: the responses (``respond``), the choice of the
+        private weight on the held-out ratings (``weigh``, when ``--private-weight`` is not
+        given) and ``--round-iters`` EM iterations; after the last round, as many on all
+        public ratings when the held-out ratings were kept out until then.
+        """
+        T, R, E = s["iters"], s["private_rounds"], s["round_iters"]
+        weigh = R > 0 and s["private_weight"] is None
+        tv = 0 if s["reg"] is not None else int(math.ceil(VALIDATION_ITERS * T))
+        tw = int(math.ceil(WARMUP_ITERS * T)) if tv else 0
+        rest = "em-held" if weigh else "em"
+        steps = [("em-warmup" if t <= tw else "em-validate" if t <= tv else rest, t) for t in range(1, T + 1)]
+        for t in range(1, R + 1):
+            steps += [("respond", t)] + ([("weigh", t)] if weigh else []) + [(rest, t)] * E
+        if weigh:
+            steps += [("em", R)] * max(E, 1)
+        return steps
+
+    def _fit(self, store, engine, run, plan) -> Fitted:
+        s = plan.params
+        n, k = store.n_items, self.rank
+        keys = run.rng(_KEYS, 0).integers(0, 2 ** 63, size=3)
+        public = PublicSet.build(s, store, int(keys[0]))
+        roles = run.user_state("role", 1, dtype=np.int16)[0]
+        ck = run.checkpoint
+        if ck is not None:
+            stats = {name: ck[name].copy() for name in ("item_sum", "item_count", "responders")}
+            stats.update(n_public=int(ck["n_public"]), n_ratings=int(ck["n_ratings"]))
+        else:
+            stats = self._roles_pass(store, engine, roles, public, int(keys[1]), s)
+        if stats["n_ratings"] == 0:
+            raise ParameterError(f"{store.path}: the public users ({stats['n_public']}) have no training ratings")
+        gm = float(stats["item_sum"].sum() / stats["n_ratings"])
+        mu = (stats["item_sum"] + MEAN_PRIOR * gm) / (stats["item_count"] + MEAN_PRIOR)
+        bias = mu - gm
+        rho = stats["n_ratings"] / (max(stats["n_public"], 1) * n)
+        item_order = np.argsort(store.item_ids(), kind="stable")  # draws in item-id order, never popularity order
+        sk = s["sketch"] if s["private_rounds"] else 0
+        if ck is not None:
+            W, Q, sigma, Y = ck["W"].copy(), ck["Q"].copy(), ck["sigma"].copy(), ck["Y"].copy()
+            lam, mult = float(ck["lam"]), float(ck["mult"])
+            last = (ck["CQ_last"].copy(), ck["Q_last"].copy())
+            h_public = None if float(ck["h_public"]) < 0 else float(ck["h_public"])
+            history, lam_history, mult_history = ([float(x) for x in ck[name]] for name in
+                                                  ("history", "lam_history", "mult_history"))
+        else:
+            Q = np.zeros((n, k))
+            Q[item_order] = run.rng(_INIT, 0).standard_normal((n, k))
+            Q[stats["item_count"] == 0] = 0.0  # no information on an item no public user rated
+            Q = np.ascontiguousarray(np.linalg.qr(Q)[0])
+            W, sigma, Y = np.zeros((n, k)), np.zeros(k), np.zeros((n, sk))
+            lam = (s["reg"] if s["reg"] is not None else REG_START) * rho
+            mult = s["private_weight"] if s["private_weight"] is not None else WEIGHTS[0]
+            last, h_public = (np.zeros((n, k)), Q), None
+            history, lam_history, mult_history = [], [], []
+        Omega = None
+        if sk:
+            Omega = np.zeros((n, sk))
+            Omega[item_order] = run.rng(_OMEGA, 0).standard_normal((n, sk))
+        factors = _nystrom(Y, Omega) if sk else None
+
+        def private_part(Qb, m):
+            if factors is None or not len(factors[1]) or m == 0:
+                return None
+            return m * (factors[0] @ (factors[1][:, None] * (factors[0].T @ Qb)))
+
+        steps = self._schedule(s)
+        for e in run.epochs(len(steps), desc=f"{self.name} steps"):
+            kind, t = steps[e - 1]
+            desc = f"{self.name} {kind} {e}/{len(steps)}"
+            if kind.startswith("em"):
+                held_out = VALIDATION_FRACTION if kind != "em" else 0.0
+                lams = lam * np.array(LAMBDA_STEPS if kind == "em-validate" else [1.0])
+                CQ, sse = self._em_pass(store, engine, roles, gm, bias, W, Q, lams, int(keys[2]), held_out, desc)
+                if kind == "em-validate":
+                    lam = float(lams[int(np.argmin(sse))])
+                last = (CQ, Q)
+                W, Q, sigma = _m_step(CQ, private_part(Q, mult), Q, stats["n_public"], n)
+            elif kind == "respond":
+                if s["private_mechanism"] == "pmc" and s["pmc_h"] == "public" and h_public is None:
+                    h_public = self._public_h(store, engine, roles, gm, bias, W, lam)
+                Y += self._respond_pass(store, engine, run, roles, t, mu, gm, bias, W, lam, Omega, h_public, s, desc)
+                factors = _nystrom(Y, Omega)
+            else:  # weigh: the private weight whose M-step predicts the held-out public ratings best
+                cands = [_m_step(last[0], private_part(last[1], m), last[1], stats["n_public"], n) for m in WEIGHTS]
+                sse = self._validation_pass(store, engine, roles, gm, bias, [c[0] for c in cands], lam,
+                                            int(keys[2]), desc)
+                g = int(np.argmin(sse))
+                mult = WEIGHTS[g]
+                W, Q, sigma = cands[g]
+            history.append(float(sigma.sum()))
+            lam_history.append(lam)
+            mult_history.append(mult)
+            run.save(e, W=W, Q=Q, sigma=sigma, Y=Y, lam=lam, mult=mult, CQ_last=last[0], Q_last=last[1],
+                     history=np.asarray(history), lam_history=np.asarray(lam_history),
+                     mult_history=np.asarray(mult_history), n_public=stats["n_public"], n_ratings=stats["n_ratings"],
+                     item_sum=stats["item_sum"], item_count=stats["item_count"], responders=stats["responders"],
+                     h_public=-1.0 if h_public is None else h_public)
+        return self._fitted(store, plan, run, public, stats, W, sigma, gm, bias, lam, h_public,
+                            dict(sigma_trace=history, lambda_prime=lam_history, private_weight=mult_history), rho)
+
+    # -- passes ----------------------------------------------------------------------------
+    def _roles_pass(self, store, engine, roles, public, contributor_seed, s) -> dict:
+        """Decide and write every user's role; sum the public users' ratings per item (their data only)."""
+        n, R = store.n_items, s["private_rounds"]
+        lo, hi = s["rating_min"], s["rating_max"]
+        frac = s["private_fraction"]
+
+        def fn(block, b):
+            first, end = block.first_user, block.first_user + block.n_users
+            ids = store.user_ids(first, end)
+            pub = public.mask(first, ids)
+            role = np.where(pub, PUBLIC, PRIVATE).astype(np.int16)
+            if R > 0:
+                key = user_keys(ids, contributor_seed)
+                respond = ~pub & (key < frac)
+                rnd = np.minimum((key / frac * R).astype(np.int64), R - 1) + 1
+                role[respond] = (ROUND0 + rnd[respond]).astype(np.int16)
+            roles.write(b, role[:, None])
+            ip, it, r, _ = select_rows(block.indptr, block.items, block.ratings, pub)
+            r = np.clip(r.astype(np.float64), lo, hi)
+            out = np.zeros(2 * n + 2 + R)
+            out[:n] = np.bincount(it, weights=r, minlength=n)
+            out[n:2 * n] = np.bincount(it, minlength=n)
+            out[2 * n] = pub.sum()
+            out[2 * n + 1] = len(it)
+            if R > 0:
+                out[2 * n + 2:] = np.bincount(role[role > ROUND0] - ROUND0 - 1, minlength=R)
+            return out
+
+        tot = engine.map_reduce(fn, _add, np.zeros(2 * n + 2 + R), extra_per_block=24 * n + 16 * store.block_users,
+                                desc=f"{self.name} roles")
+        return dict(item_sum=tot[:n], item_count=tot[n:2 * n], n_public=int(tot[2 * n]),
+                    n_ratings=int(tot[2 * n + 1]), responders=tot[2 * n + 2:].astype(np.int64))
+
+    def _user_rows(self, block, roles, b, role_value, gm, bias, lo, hi):
+        """The block's users with ``role_value``: their CSR rows, centred ratings ``x`` and local indices."""
+        from streamdp.kernels.linalg import residuals
+
+        role = roles.read(b)[:, 0]
+        ip, it, r, local = select_rows(block.indptr, block.items, block.ratings, role == role_value)
+        r = np.clip(r, np.float32(lo), np.float32(hi))
+        x = np.empty(len(it), np.float64)
+        residuals(it, r, float(gm), bias, x)
+        return ip, it, x, local
+
+    def _solve(self, ip, it, x, W, lam):
+        from streamdp.kernels.linalg import solve_users
+
+        U = np.zeros((len(ip) - 1, W.shape[1]))
+        solve_users(ip, it, x, W, float(lam), U)
+        return U
+
+    def _held_out(self, block, ip, it, x, local, seed, held_out):
+        """Split the public rows ``(ip, it, x)`` into kept and held-out ratings.
+
+        A rating is held out when its key (a hash of the global user, the item and
+        ``seed``) is below ``held_out``: the same ratings whatever the blocking.
+        """
+        from streamdp.privacy.bounding import _hash_keys
+
+        key = np.empty(block.nnz)
+        _hash_keys(block.first_user, block.indptr, block.items, np.uint64(seed), key)
+        mask = np.zeros(block.n_users, bool)
+        mask[local] = True
+        return split_ratings(ip, it, x, key[np.repeat(mask, np.diff(block.indptr))] >= held_out)
+
+    def _sse(self, kept, val, W, lam, gm, bias, lo, hi) -> float:
+        """Squared error of eq. 4's predictions of the held-out ratings ``val`` from the ``kept`` ones."""
+        from streamdp.kernels.linalg import predict_rows
+
+        vip, vit, vx = val
+        U = self._solve(*kept, W, lam)
+        pred = np.empty(len(vit))
+        predict_rows(vip, vit, U, W, bias, float(gm), lo, hi, pred)
+        return float(np.sum((pred - (vx + gm + bias[vit])) ** 2))
+
+    def _em_pass(self, store, engine, roles, gm, bias, W, Q, lams, seed, held_out, desc):
+        """``C Q`` of the public users' completed vectors (one pass) and held-out errors.
+
+        The E-step uses ``lams[0]``. With ``held_out > 0`` the held-out public ratings
+        (:meth:`_held_out`) are left out of the sums and predicted by eq. 4 with each
+        ``lambda'`` of ``lams``; their squared errors are returned (one per ``lams``).
+        """
+        from streamdp.kernels.public_private import em_accumulate
+
+        n, k = W.shape
+        H, G = Q.T @ W, W.T @ W
+        lo, hi = float(store.rating_min), float(store.rating_max)
+
+        def fn(block, b):
+            ip, it, x, local = self._user_rows(block, roles, b, PUBLIC, gm, bias, lo, hi)
+            sse = np.zeros(len(lams))
+            if held_out > 0:
+                (ip, it, x), val = self._held_out(block, ip, it, x, local, seed, held_out)
+                if len(lams) > 1:
+                    sse[:] = [self._sse((ip, it, x), val, W, lam_g, gm, bias, lo, hi) for lam_g in lams]
+            U = self._solve(ip, it, x, W, lams[0])
+            MC, T = np.zeros((k, k)), np.zeros((n, k))
+            em_accumulate(ip, it, x, U, W, Q, H, G, MC, T)
+            return [MC, T, sse]
+
+        acc = engine.map_reduce(fn, _add_parts, None, extra_per_block=16 * n * k + 32 * store.block_users * k,
+                                desc=desc)
+        return W @ acc[0] + acc[1], acc[2]
+
+    def _validation_pass(self, store, engine, roles, gm, bias, Ws, lam, seed, desc) -> np.ndarray:
+        """Held-out squared error of each model ``W`` of ``Ws`` (one pass over the public users)."""
+        lo, hi = float(store.rating_min), float(store.rating_max)
+
+        def fn(block, b):
+            ip, it, x, local = self._user_rows(block, roles, b, PUBLIC, gm, bias, lo, hi)
+            kept, val = self._held_out(block, ip, it, x, local, seed, VALIDATION_FRACTION)
+            return np.array([self._sse(kept, val, W, lam, gm, bias, lo, hi) for W in Ws])
+
+        return engine.map_reduce(fn, _add, np.zeros(len(Ws)), extra_per_block=32 * store.block_users, desc=desc)
+
+    def _public_h(self, store, engine, roles, gm, bias, W, lam) -> float:
+        """PMC's shared ``h``: the mean over public users of ``mean_j |r_j - mu_j|`` of their completed vectors."""
+        from streamdp.kernels.public_private import mean_abs_completed
+
+        lo, hi = float(store.rating_min), float(store.rating_max)
+
+        def fn(block, b):
+            ip, it, x, _ = self._user_rows(block, roles, b, PUBLIC, gm, bias, lo, hi)
+            U = self._solve(ip, it, x, W, lam)
+            h = np.zeros(len(ip) - 1)
+            mean_abs_completed(ip, it, x, U, W, h)
+            return np.array([h.sum(), len(h)])
+
+        tot = engine.map_reduce(fn, _add, np.zeros(2), extra_per_block=store.n_items, desc=f"{self.name} PMC h")
+        return float(tot[0] / max(tot[1], 1.0))
+
+    def _respond_pass(self, store, engine, run, roles, t, mu, gm, bias, W, lam, Omega, h_public, s, desc):
+        """Round ``t``: each responder completes her vector, applies the mechanism, answers; the server sketches.
+
+        Returns the round's part of the sketch ``Y``.
+        """
+        from streamdp.kernels.public_private import (MECH_EXACT, MECH_LAPLACE, MECH_PMC, MECH_PMD,
+                                                     private_sketch)
+
+        n, sk = Omega.shape
+        mech = s["private_mechanism"]
+        code = {"exact": MECH_EXACT, "pmc": MECH_PMC, "pmd": MECH_PMD, "laplace": MECH_LAPLACE}[mech]
+        levels = np.asarray(s.get("levels", [0.0]), np.float64)
+        order = np.argsort(store.item_ids(), kind="stable").astype(np.int64)
+        rel = s["release"]
+        lo, hi = s["rating_min"], s["rating_max"]
+        h = -1.0 if h_public is None else float(h_public)
+        chunk = max(1, RESPONSE_SCRATCH_BYTES // (8 * n)) if mech == "laplace" else 1 << 30
+
+        def fn(block, b):
+            ip, it, x, local = self._user_rows(block, roles, b, ROUND0 + t, gm, bias, lo, hi)
+            n_u = len(ip) - 1
+            Yb = np.zeros((n, sk))
+            if n_u == 0:
+                return [Yb, 0]
+            U = self._solve(ip, it, x, W, lam)
+            seeds = np.zeros(n_u, np.uint64)
+            choice = np.zeros(n_u, np.int64)
+            signs = np.zeros(n_u, np.float64)
+            for c0 in range(0, n_u, chunk):
+                c1 = min(n_u, c0 + chunk)
+                noise = np.zeros((c1 - c0, n) if mech == "laplace" else (0, 0))
+                for q in range(c0, c1):
+                    # the user's own generator: her response does not depend on scheduling or blocking
+                    g = run.group_rng(_RESPONSE, t, block.first_user + int(local[q]))
+                    seeds[q] = g.integers(0, 2 ** 63)
+                    choice[q] = g.integers(0, len(levels))
+                    signs[q] = 1.0 - 2.0 * g.integers(0, 2)
+                    if mech == "laplace":
+                        noise[q - c0] = rel.noise(g, (n,))
+                sub = slice(ip[c0], ip[c1])
+                private_sketch(ip[c0:c1 + 1] - ip[c0], it[sub], x[sub], U[c0:c1], W, mu, code, levels, order,
+                               seeds[c0:c1], choice[c0:c1], signs[c0:c1], h, lo, hi, noise, s["pmd_sweeps"],
+                               s["pmd_swaps"], np.ones(c1 - c0), Omega, Yb)
+            return [Yb, n_u]
+
+        acc = engine.map_reduce(fn, _add_parts, None, extra_per_block=8 * n * sk + 8 * n * len(levels)
+                                + RESPONSE_SCRATCH_BYTES, desc=desc)
+        return acc[0]
+
+    # -- the released model ----------------------------------------------------------------
+    def _fitted(self, store, plan, run, public, stats, W, sigma, gm, bias, lam, h_public, trace, rho) -> Fitted:
+        s = plan.params
+        notes = []
+        if self.seed is not None:
+            notes.append("seeded run: reproducible, not private against whoever knows the seed")
+        if s["bounds"]["rating_range_source"] != "declared":
+            notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
+                         "exact guarantee")
+        ledger = self.ledger(store, plan, notes=notes)
+        ledger.bounds["public_users_count"] = stats["n_public"]
+        ledger.bounds["public_ratings"] = stats["n_ratings"]
+        responders = [int(c) for c in stats["responders"]]
+        params = {key: s[key] for key in ("iters", "reg", "public_users", "public_fraction", "public_selection",
+                                          "private_mechanism", "private_fraction", "private_rounds", "round_iters",
+                                          "private_weight", "sketch", "pmd_sweeps", "pmd_swaps", "pmc_h",
+                                          "rating_step")}
+        info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if math.isfinite(self.epsilon)
+                else "inf", "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum,
+                "n_users": store.n_users, "n_items": store.n_items, "parameters": params,
+                "public": {"rule": s["bounds"]["public_users"], "n_public": stats["n_public"],
+                           "n_public_ratings": stats["n_ratings"], "n_candidates": public.n_candidates},
+                "private": {"mechanism": s["private_mechanism"], "responders_by_round": responders,
+                            "responders": int(sum(responders)), "pmc_h_public": h_public,
+                            "weight": trace["private_weight"][-1] if responders else None,
+                            "weight_source": "--private-weight" if s["private_weight"] is not None else
+                            "chosen after each round on the held-out public ratings"},
+                "local": "xin_jaakkola_eq4", "ridge": float(lam), "lambda_prime": float(lam),
+                "lambda_prime_source": ("--reg x public density" if s["reg"] is not None else
+                                        f"chosen on {VALIDATION_FRACTION:g} of the public ratings, held out in the "
+                                        f"first {VALIDATION_ITERS:g} of the EM iterations"),
+                "reg_chosen": float(lam / rho) if rho > 0 else None,
+                "by_step": {key: [float(x) for x in v] for key, v in trace.items()}, "run_id": run.run_id,
+                "run_directory": None if run.own_dir else run.dir,
+                "rating_range": {"min": s["rating_min"], "max": s["rating_max"]}}
+        return Fitted(item_factors=np.asarray(W, np.float32), item_bias=np.asarray(bias, np.float32),
+                      item_ids=store.item_ids(), global_mean=float(gm), model_info=info, ledger=ledger,
+                      extras={"sigma_eigenvalues": np.asarray(sigma, np.float64),
+                              "public_item_count": np.asarray(stats["item_count"], np.int64)},
+                      per_item_extras=("public_item_count",))
+
+
+# -- the public set ----------------------------------------------------------------------------
+
+
+class PublicSet:
+    """Who is public: the FILE's users (all, or ``ceil(F n_users)`` of them), or each user with probability ``F``.
+
+    ``mask(first_user, ids)`` gives the public users of a block from their original
+    ids; ``indices`` (sorted dense indices) is held only for a FILE (its size).
+    """
+
+    def __init__(self, indices=None, fraction=None, seed=0, n_candidates=None):
+        self.indices = indices
+        self.fraction = fraction
+        self.seed = int(seed)
+        self.n_candidates = n_candidates
+
+    @classmethod
+    def build(cls, s, store, seed: int) -> "PublicSet":
+        cand = s["candidates"]
+        F = s["public_fraction"]
+        if cand is None:
+            return cls(fraction=float(F), seed=seed)
+        idx, ids, counts = cand["indices"], cand["ids"], cand["counts"]
+        if F is not None:
+            want = int(math.ceil(F * store.n_users))
+            if want > len(idx):
+                raise ParameterError(f"--public-fraction {F:g} asks for {want} public users but "
+                                     f"{s['public_users']} lists only {len(idx)}")
+            if s["public_selection"] == "most-active":
+                pick = np.lexsort((ids, -counts))[:want]
+            else:
+                pick = np.lexsort((ids, user_keys(ids, seed)))[:want]
+            idx = idx[pick]
+        return cls(indices=np.sort(idx), seed=seed, n_candidates=len(cand["indices"]))
+
+    def mask(self, first_user: int, ids) -> np.ndarray:
+        if self.indices is not None:
+            n = len(ids)
+            lo, hi = np.searchsorted(self.indices, [first_user, first_user + n])
+            m = np.zeros(n, bool)
+            m[self.indices[lo:hi] - first_user] = True
+            return m
+        return user_keys(ids, self.seed) < self.fraction
+
+
+def user_keys(ids, seed: int) -> np.ndarray:
+    """Each user's key in [0, 1) from her original id and ``seed`` (integer ids hashed in Numba, others by blake2b)."""
+    from streamdp.kernels.public_private import id_keys
+
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        ids = np.array([int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little")
+                        for v in ids.tolist()], dtype=np.uint64)
+    out = np.empty(len(ids), np.float64)
+    id_keys(np.ascontiguousarray(ids), np.uint64(seed), out)
+    return out
+
+
+def read_user_ids(path: str, numeric: bool) -> tuple[list, list]:
+    """The ids of a public-users file and their line numbers (one per line, or the first field of a CSV line).
+
+    Blank lines and ``#`` comments are skipped, and a first line that is not an id
+    (a header) when ids are integers. Errors name ``FILE:LINE``.
+    """
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file (--public-users)")
+    ids, lines, first = [], [], {}
+    with open(path, newline="") as f:
+        for lineno, line in enumerate(f, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            raw = re.split(r"[,\t ]", text, maxsplit=1)[0].strip()
+            key = raw.strip('"')
+            if not key:
+                raise InputError(f"{path}:{lineno}: no user id on the line")
+            if numeric:
+                try:
+                    key = int(key)
+                except ValueError:
+                    if not ids and lineno == _first_content_line(path):
+                        continue  # a header
+                    raise InputError(f"{path}:{lineno}: user id {raw!r} is not an integer (the store's user "
+                                     f"ids are integers)") from None
+            if key in first:
+                raise InputError(f"{path}:{lineno}: user id {key} listed twice (first on line "
+                                 f"{first[key]})")
+            first[key] = lineno
+            ids.append(key)
+            lines.append(lineno)
+    if not ids:
+        raise InputError(f"{path}: no user ids (--public-users)")
+    return ids, lines
+
+
+def _first_content_line(path: str) -> int:
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            t = line.strip()
+            if t and not t.startswith("#"):
+                return lineno
+    return 0
+
+
+def public_candidates(store, path: str) -> dict:
+    """The users of ``path`` in ``store``: sorted-by-file ``ids``, dense ``indices`` and training ``counts``.
+
+    Reads the store's user ids and row pointers block by block; an id that is not a
+    user of the store is an :class:`InputError` naming ``FILE:LINE``.
+    """
+    numeric = store.user_ids(0, min(1, store.n_users)).dtype.kind in "iu"
+    ids, lines = read_user_ids(path, numeric)
+    fid = np.asarray(ids)
+    order = np.argsort(fid, kind="stable")
+    sid = fid[order]
+    dense = np.full(len(fid), -1, np.int64)
+    counts = np.zeros(len(fid), np.int64)
+    for b in range(store.n_blocks):
+        first, end = store.block_range(b)
+        uid = store.user_ids(first, end)
+        pos = np.minimum(np.searchsorted(sid, uid), len(sid) - 1)
+        hit = sid[pos] == uid
+        if hit.any():
+            cnt = store.block_user_counts(b)
+            dense[order[pos[hit]]] = first + np.flatnonzero(hit)
+            counts[order[pos[hit]]] = cnt[hit]
+    missing = np.flatnonzero(dense < 0)
+    if len(missing):
+        i = missing[0]
+        raise InputError(f"{path}:{lines[i]}: user id {ids[i]} is not a user of {store.path}"
+                         + (f" ({len(missing)} ids of the file are not)" if len(missing) > 1 else ""))
+    return {"ids": fid, "indices": dense, "counts": counts}
+
+
+def _public_rule(s, store) -> str:
+    F, f = s["public_fraction"], s["public_users"]
+    if f is None:
+        return (f"each user public with probability {F:g}, from a key hashing her original id with the run's seed "
+                f"(no data used); the public users' ratings are public data")
+    base = f"the users listed in {os.path.abspath(f)} (public data: they agreed to share their ratings)"
+    if F is None:
+        return base
+    how = ("the most active first (most training ratings among the listed users only; ties: smaller id)"
+           if s["public_selection"] == "most-active" else "chosen uniformly at random by their id keys")
+    return f"ceil({F:g} x n_users) = {int(math.ceil(F * store.n_users))} of {base}, {how}"
+
+
+def _private_rule(s) -> str:
+    mech = s["private_mechanism"]
+    if mech == "none":
+        return "not used: the model is estimated from public users only"
+    return (f"each private user responds with probability {s['private_fraction']:g} (from her id key), once, in one "
+            f"of {s['private_rounds']} rounds (random order, not by activity), with mechanism {mech}; server weight "
+            + (f"{s['private_weight']:g}" if s["private_weight"] is not None else
+               "chosen after each round on held-out public ratings (public data)"))
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def rating_levels(lo: float, hi: float, step: float) -> np.ndarray:
+    """The discrete rating levels ``lo, lo + step, ..., hi`` of PMD (``ParameterError`` unless they fit).
+
+    >>> rating_levels(1, 5, 1).tolist()
+    [1.0, 2.0, 3.0, 4.0, 5.0]
+    """
+    K = (hi - lo) / step
+    if not (abs(K - round(K)) <= 1e-6 * max(1.0, K)) or round(K) < 1 or round(K) + 1 > 127:
+        raise ParameterError(f"--rating-step {step:g} must divide the declared rating range [{lo:g}, {hi:g}] into 1 "
+                             f"to 126 steps")
+    return lo + step * np.arange(int(round(K)) + 1, dtype=np.float64)
+
+
+def split_ratings(indptr, items, values, keep):
+    """Split a CSR block by a per-rating mask: ``((indptr, items, values) kept, (indptr, items, values) others)``.
+
+    >>> a, b = split_ratings(np.array([0, 2, 3]), np.arange(3), np.ones(3), np.array([True, False, True]))
+    >>> a[0].tolist(), b[0].tolist()
+    ([0, 1, 2], [0, 1, 1])
+    """
+    rows = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+    out = []
+    for m in (keep, ~keep):
+        ip = np.zeros(len(indptr), np.int64)
+        np.cumsum(np.bincount(rows[m], minlength=len(indptr) - 1), out=ip[1:])
+        out.append((ip, np.ascontiguousarray(items[m], np.int32), np.ascontiguousarray(values[m])))
+    return out[0], out[1]
+
+
+def select_rows(indptr, items, ratings, mask):
+    """The CSR rows of the users in ``mask``: ``(indptr, items, ratings, local user indices)``.
+
+    >>> select_rows(np.array([0, 2, 3, 5]), np.arange(5), np.ones(5), np.array([True, False, True]))[0].tolist()
+    [0, 2, 4]
+    """
+    counts = np.diff(indptr)
+    keep = np.repeat(mask, counts)
+    ip = np.zeros(int(mask.sum()) + 1, np.int64)
+    np.cumsum(counts[mask], out=ip[1:])
+    return ip, np.ascontiguousarray(items[keep], np.int32), ratings[keep], np.flatnonzero(mask)
+
+
+def _m_step(CQ, CQp, Q, n_public: int, n_items: int):
+    """Rayleigh-Ritz on ``Q^T C Q``, one subspace-iteration step, and the paper's M-step scale.
+
+    ``CQ`` is ``C Q`` of the public users' completed vectors, ``CQp`` (or ``None``) that of
+    the private responses' weighted statistic. The directions are the Ritz vectors
+    ``E`` of ``Q^T (C + C_p) Q``; the scale of each is the public users' energy in it,
+    ``theta_l = e_l^T Q^T C Q e_l``: ``sigma_l = sqrt(theta_l / (n_public n_items))``,
+    the eigenvalues of the paper's ``Sigma = (C / (n m))^(1/2)``. Returns
+    ``(W, Q_new, sigma)`` with ``Q_new = orth(C_total Q E)`` and ``W = Q_new diag(sigma)^(1/2)``.
+    """
+    Hp = Q.T @ CQ
+    Hp = (Hp + Hp.T) / 2.0
+    tot = CQ if CQp is None else CQ + CQp
+    Hm = Q.T @ tot
+    theta, E = np.linalg.eigh((Hm + Hm.T) / 2.0)
+    E = E[:, ::-1]
+    theta = np.einsum("al,ab,bl->l", E, Hp, E)
+    Qn = np.linalg.qr(tot @ E)[0]
+    sigma = np.sqrt(np.maximum(theta, 0.0) / max(float(n_public) * n_items, 1e-300))
+    Qn = np.ascontiguousarray(Qn)
+    return np.ascontiguousarray(Qn * np.sqrt(sigma)), Qn, sigma
+
+
+def _nystrom(Y, Omega):
+    """The fixed-rank PSD approximation ``U diag(lam) U^T`` of the matrix sketched as ``Y = A Omega``.
+
+    Tropp, Yurtsever, Udell & Cevher (2017), Alg. 3, with an eigendecomposition in place
+    of the Cholesky factor (robust when ``Omega^T Y`` is singular).
+    """
+    n, s = Y.shape
+    if s == 0 or not np.any(Y):
+        return np.zeros((n, 0)), np.zeros(0)
+    nu = math.sqrt(n) * np.finfo(np.float64).eps * np.linalg.norm(Y, 2)
+    Yn = Y + nu * Omega
+    B = Omega.T @ Yn
+    b, V = np.linalg.eigh((B + B.T) / 2.0)
+    keep = b > b.max() * 1e-12
+    E = Yn @ (V[:, keep] / np.sqrt(b[keep]))
+    U, S, _ = np.linalg.svd(E, full_matrices=False)
+    return U, np.maximum(S * S - nu, 0.0)
+
+
+def _add(acc, x):
+    acc += x
+    return acc
+
+
+def _add_parts(acc, part):
+    if acc is None:
+        return part
+    for i in range(len(part)):
+        acc[i] += part[i]
+    return acc
