@@ -12,6 +12,7 @@ import json
 import sys
 
 import click
+import numpy as np
 
 from streamdp import __version__
 from streamdp.errors import Interrupted, StreamdpError
@@ -208,18 +209,23 @@ def ingest(inputs, out, fmt, sep, columns, rating_range, test_fraction, seed, sk
 # ---------------------------------------------------------------------------------------
 
 
+def _report(summary: dict, as_json: bool, format_text) -> None:
+    """Print a release's summary (one JSON object, or ``format_text(summary)``), its removed stale run directories
+    and its privacy warnings (on stderr also under ``--json``: stdout stays one object)."""
+    _note_stale_runs(summary.get("stale_runs_removed", []))
+    if as_json:
+        print_json(summary)
+    else:
+        click.echo(format_text(summary))
+    for w in summary.get("privacy_warnings", []):
+        click.echo(f"streamdp: warning: {w}", err=True)
+
+
 def _note_stale_runs(paths) -> None:
     """Say on stderr which run directories of dead processes were removed."""
     if paths:
         click.echo(f"note: removed {len(paths)} run director{'y' if len(paths) == 1 else 'ies'} left by "
                    f"process(es) that are gone: {', '.join(paths)}", err=True)
-
-
-def _default_delta(n_users: int) -> float:
-    """The largest power of ten <= min(1e-6, 1 / (10 n_users)): public, below 1/n_users."""
-    import math
-
-    return 10.0 ** math.floor(math.log10(min(1e-6, 1.0 / (10.0 * max(n_users, 1)))))
 
 
 class _TrainCommand(click.Command):
@@ -270,7 +276,7 @@ class _TrainCommand(click.Command):
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
 @click.option("--rank", type=int, default=None, help="Number of factors k (default: the method's, 8 for most; als "
-              "derives it from public parameters).")
+              "derives it from public parameters; for fw the number T of Frank-Wolfe iterations, 20).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "
@@ -287,22 +293,12 @@ class _TrainCommand(click.Command):
 def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit, scheduler, over_budget, force,
           as_json, **options):
     """Train a private model on STORE and write it to --out."""
-    from streamdp.methods import train as train_model
-    from streamdp.storage.store import open_store
+    from streamdp.api import train as train_model
 
-    st = open_store(store)
-    if delta is None:
-        delta = _default_delta(st.n_users)
-    summary = train_model(st, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
+    summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
-                          force=force, **options)
-    _note_stale_runs(summary.get("stale_runs_removed", []))
-    if as_json:
-        print_json(summary)
-    else:
-        click.echo(format_train_summary(summary))
-    for w in summary.get("privacy_warnings", []):  # on stderr also under --json: stdout stays one object
-        click.echo(f"streamdp: warning: {w}", err=True)
+                          force=force, **options).summary
+    _report(summary, as_json, format_train_summary)
 
 
 def format_train_summary(summary: dict) -> str:
@@ -312,6 +308,10 @@ def format_train_summary(summary: dict) -> str:
     eps = summary["epsilon_spent"]
     if summary["guarantee"] == "non-private":
         privacy = "non-private (no noise, epsilon inf)"
+    elif summary["guarantee"].startswith("not DP:"):
+        privacy = f"{summary['guarantee']} (no epsilon: not differential privacy)"
+    elif summary["guarantee"].startswith("private users' ratings are not used"):
+        privacy = f"{summary['guarantee']} (nothing about private users released: epsilon 0 for them)"
     else:
         privacy = (f"{summary['guarantee']}, epsilon {eps if isinstance(eps, str) else f'{eps:.4g}'} "
                    f"(target {summary['epsilon']}), delta {summary['delta']:g}")
@@ -324,6 +324,48 @@ def format_train_summary(summary: dict) -> str:
                      f"{b['item_mean']['rmse']:.4f}, global mean {b['global_mean']['rmse']:.4f}")
         lines.append("verdict: " + format_verdict(summary["verdict"], summary["test_rmse"]))
     return "\n".join(lines)
+
+
+@main.command()
+@click.argument("store")
+@click.option("--methods", default="oja,sgld,als", show_default=True, help="Comma-separated methods.")
+@click.option("--epsilons", default="0.1,0.5,1,2,5,10,inf", show_default=True,
+              help="Comma-separated user-level epsilons; inf trains without noise.")
+@click.option("--out", required=True, metavar="DIR", help="Directory for results.csv, results.json, the plot and "
+              "the models.")
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="Train each private point this many times (seeds differ); mean and spread are reported.")
+@click.option("--delta", type=float, default=None, help="User-level delta of every run (default as for train).")
+@click.option("--rank", type=int, default=None, help="Number of factors (default: each method's).")
+@click.option("--seed", type=int, default=None, help="Seed of repeat 0 (repeat r uses seed + r): reproducible, not "
+              "private against whoever knows it.")
+@click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
+@memory_limit_option
+@click.option("--dry-run", is_flag=True, help="Print the sweep's total privacy spend and stop.")
+@click.option("--over-budget", is_flag=True, help="Run even if the store's budget would be exceeded (recorded).")
+@click.option("--force", is_flag=True, help="Replace an earlier sweep directory at --out.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
+def sweep(store, methods, epsilons, out, repeats, delta, rank, seed, workers, memory_limit, dry_run, over_budget,
+          force, as_json):
+    """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget."""
+    from streamdp.sweep import sweep as run_sweep
+
+    res = run_sweep(store, methods=methods, epsilons=epsilons, out=out, repeats=repeats, seed=seed, delta=delta,
+                    rank=rank, workers=workers, memory_limit=memory_limit, over_budget=over_budget,
+                    dry_run=dry_run, force=force, echo=None if as_json else click.echo)
+    if as_json:
+        print_json(encode_json_safe(res))
+        return
+    if not dry_run:
+        click.echo(f"wrote {out}/results.csv, results.json" + (f", {res['plot']}" if res.get("plot") else
+                   " (no plot: pip install 'streamdp[plot]')"))
+
+
+def encode_json_safe(obj):
+    """``obj`` with non-finite floats as strings (strict JSON)."""
+    from streamdp.privacy.ledger import encode_json
+
+    return encode_json(obj)
 
 
 @main.command()
@@ -367,13 +409,13 @@ def recommend(model, ratings_file, top, ridge, as_json):
 
     Prints a header line (item_id, predicted_rating), then one tab-separated line per item.
     """
-    from streamdp.local import rating_range, read_user_ratings, recommend as rec
+    from streamdp.local import rating_range, read_user_ratings
     from streamdp.model import load_model
 
     m = load_model(model)
     items, ratings, unknown = read_user_ratings(ratings_file, m.item_ids, rating_range(m))
-    idx, score = rec(m, items, ratings, top=top, ridge=ridge)
-    ids = m.item_ids[idx].tolist()
+    recs = m.recommend(zip(m.item_ids[items].tolist(), ratings.tolist()), n=top, ridge=ridge)
+    ids, score = [i for i, _ in recs], np.array([s for _, s in recs])
     if as_json:
         print_json({"items": ids, "scores": score.round(4).tolist(), "n_ratings_used": int(len(items)),
                     "unknown_items": unknown})
@@ -397,6 +439,55 @@ def demo(out, force, epsilon, as_json):
     res = run_demo(out, epsilon=epsilon, force=force, echo=None if as_json else click.echo)
     if as_json:
         print_json(res)
+
+
+@main.command()
+@click.argument("store")
+@click.option("--rank", type=int, required=True, help="Rank k of the approximation.")
+@click.option("--epsilon", type=float, required=True, help="Epsilon under the bounded row-change relation (see "
+              "below); 'inf' runs without noise (non-private, labelled so).")
+@click.option("--delta", type=float, default=None,
+              help="Delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
+@click.option("--out", required=True, help="Directory to write (atomically): privacy.json, model.json, factors.zarr.")
+@click.option("--mechanism", type=click.Choice(["measurements", "randomized-response"]), default="measurements",
+              show_default=True, help="measurements: Gaussian measurements, noise on the k'-dimensional sketch and "
+              "projection (Hardt & Roth); randomized-response: noise on every entry, then a truncated SVD (the "
+              "baseline; n_users x n_items draws per pass).")
+@click.option("--oversampling", type=int, default=None, help="Extra sketch columns p, k' = k + p (default max(2, k)).")
+@click.option("--power-iters", type=int, default=None, help="Subspace-iteration passes of randomized-response "
+              "(default 10).")
+@click.option("--clip", type=float, default=None, help="Row-norm bound L of the centred ratings (default: half the "
+              "rating range x sqrt 5).")
+@click.option("--sketch-share", type=float, default=None, help="Share of the budget for the sketch, the rest for the "
+              "projection (measurements; default 0.5).")
+@click.option("--prune", type=float, default=None, metavar="C", help="Clip the rows of the range basis Q to "
+              "C sqrt(k'/n_users) before the projection (measurements; default off).")
+@click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
+@click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
+@memory_limit_option
+@click.option("--over-budget", is_flag=True, help="Release even if the store's privacy budget would be exceeded "
+              "(recorded).")
+@click.option("--force", is_flag=True, help="Replace an existing streamdp model directory at --out.")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
+def lowrank(store, rank, epsilon, delta, out, mechanism, oversampling, power_iters, clip, sketch_share, prune, seed,
+            workers, memory_limit, over_budget, force, as_json):
+    """Private rank-k approximation of STORE's clipped rating matrix; writes its item side to --out.
+
+    The guarantee holds for Hardt & Roth's relation (one user's clipped row changes by L2 norm <= L, users and
+    items fixed): WEAKER than the user-level add/remove guarantee of `train`; the output says what it covers.
+    """
+    from streamdp.api import default_delta
+    from streamdp.methods.lowrank import format_lowrank_summary, lowrank as run_lowrank
+    from streamdp.storage.store import open_store
+
+    st = open_store(store)
+    if delta is None:
+        delta = default_delta(st.n_users)
+    summary = run_lowrank(st, rank=rank, epsilon=epsilon, delta=delta, out=out, seed=seed, workers=workers,
+                          memory_limit=memory_limit, over_budget=over_budget, force=force, mechanism=mechanism,
+                          oversampling=oversampling, power_iters=power_iters, clip=clip, sketch_share=sketch_share,
+                          prune=prune)
+    _report(summary, as_json, format_lowrank_summary)
 
 
 # ---------------------------------------------------------------------------------------

@@ -23,7 +23,9 @@ Models of ``--method fw`` and ``--method svd`` carry their own local computation
 al.'s local Frank-Wolfe steps on the released basis (:func:`fw_local_rows`), an
 ``svd`` user projects her rescaled ratings on the released subspace
 (:func:`projection_rows`); both give coefficients ``c`` on ``Q`` (no intercept) and
-predict ``mu + b_j + Q_j . c`` like every other model.
+predict ``mu + b_j + Q_j . c`` like every other model. A ``public-private`` model
+(Xin & Jaakkola) is predicted by the paper's eq. 4 (:func:`eq4_rows`, ``local:
+xin_jaakkola_eq4``), with no intercept.
 
 The ridge default comes from the model (``model.json`` key ``ridge``; for
 ``--method oja`` the factors are scaled to rows of mean squared norm 1, so the
@@ -42,7 +44,7 @@ from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.linalg import predict_rows, residuals, solve_users_huber
 
 #: A model's local computation (``model.json`` key ``local``; absent = ``ridge``).
-LOCAL_KINDS = ("ridge", "frank_wolfe", "projection")
+LOCAL_KINDS = ("ridge", "frank_wolfe", "projection", "xin_jaakkola_eq4")
 
 #: Ridge used when a model does not state one.
 FALLBACK_RIDGE = 1.0
@@ -103,6 +105,8 @@ def solve_block(model, indptr, items, ratings, ridge: float, *, user_bias: bool 
         return fw_local_rows(model, np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q)
     if kind == "projection":
         return projection_rows(model, np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q)
+    if kind == "xin_jaakkola_eq4":
+        return eq4_rows(np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q, ridge)
     U = np.zeros((len(indptr) - 1, Q.shape[1]))
     iters, delta = local_loss(model)
     solve_users_huber(np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q, float(ridge), iters, delta,
@@ -111,12 +115,34 @@ def solve_block(model, indptr, items, ratings, ridge: float, *, user_bias: bool 
 
 
 def local_kind(model) -> str:
-    """The model's local computation: ``ridge`` (default), ``frank_wolfe`` or ``projection``."""
+    """The model's local computation: ``ridge`` (default), ``frank_wolfe``, ``projection`` or ``xin_jaakkola_eq4``."""
     kind = (getattr(model, "info", None) or {}).get("local", "ridge")
     if kind not in LOCAL_KINDS:
         raise InputError(f"model.json: unknown local computation {kind!r} (this streamdp knows "
                          f"{', '.join(LOCAL_KINDS)})")
     return kind
+
+
+def eq4_rows(indptr, items, x, W, lam: float) -> np.ndarray:
+    """Each user's coefficients ``u`` of Xin & Jaakkola's eq. 4 with ``Sigma = W W^T`` (``W``: the item factors).
+
+    Eq. 4 predicts the unobserved items ``phi^c`` from the centred ratings ``x_phi``
+    (``x = r - mu``, ``mu`` the item means ``global_mean + item_bias``) as
+    ``x_hat = Sigma_{phi^c, phi} (lambda' I + Sigma_{phi, phi})^-1 x_phi``. With
+    ``Sigma = W W^T`` the push-through identity
+    ``W_phi^T (lambda' I + W_phi W_phi^T)^-1 = (lambda' I_k + W_phi^T W_phi)^-1 W_phi^T``
+    gives ``x_hat = W_{phi^c} u`` with ``u = (lambda' I_k + W_phi^T W_phi)^-1 W_phi^T x_phi``,
+    a ``k x k`` ridge solve: ``O(|phi| k^2 + k^3)`` per user instead of the
+    ``|phi| x |phi|`` inverse, then ``O(k)`` per predicted item; ``Sigma`` is never
+    formed. ``lam`` is ``lambda'`` (the model's ``ridge``). Predictions are
+    ``mu_j + W_j . u`` (no user intercept: eq. 4 has none, and the model was fitted
+    with the same completion).
+    """
+    from streamdp.kernels.linalg import solve_users
+
+    U = np.zeros((len(indptr) - 1, W.shape[1]))
+    solve_users(indptr, items, x, W, float(lam), U)
+    return U
 
 
 def fw_local_rows(model, indptr, items, x, Q) -> np.ndarray:
@@ -130,11 +156,11 @@ def fw_local_rows(model, indptr, items, x, Q) -> np.ndarray:
     from streamdp.kernels.fw import fw_replay
 
     p = model.info.get("local_fw") or {}
-    bound = p.get("bound")
+    clip, bound = p.get("clip"), p.get("bound")
     C = np.zeros((len(indptr) - 1, Q.shape[1]))
     fw_replay(indptr, items, x, Q, np.asarray(model.extras["fw_lambda"], np.float64),
               np.asarray(model.extras["fw_eta"], np.float64), float(p["k"]),
-              np.inf if bound is None else float(bound), C)
+              np.inf if clip is None else float(clip), np.inf if bound is None else float(bound), C)
     return C
 
 
@@ -190,6 +216,22 @@ def solve_user(model, items, ratings, ridge: float | None = None, *, user_bias: 
                        model_ridge(model, ridge), user_bias=user_bias)[0]
 
 
+def user_scores(model, items, ratings, *, ridge: float | None = None, user_bias: bool | None = None) -> np.ndarray:
+    """Predicted rating of every item of ``model`` for a user with ``ratings`` on dense ``items``.
+
+    The user's row is solved locally (:func:`solve_user`), predictions are clipped to
+    the model's rating range. A rating outside that range is an :class:`InputError`.
+    """
+    lo, hi = rating_range(model)
+    r = np.asarray(ratings, np.float64)
+    bad = ~((r >= lo) & (r <= hi))
+    if bad.any():
+        raise InputError(f"rating {r[bad][0]:g} is outside the model's rating range [{lo:g}, {hi:g}]")
+    u = solve_user(model, items, ratings, ridge, user_bias=user_bias)
+    Q, bias = local_design(model, user_bias)
+    return np.clip(model.global_mean + bias + Q @ u, lo, hi)
+
+
 def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = None, user_bias: bool | None = None):
     """Top-``top`` unseen items for a user with ``ratings`` on dense ``items``.
 
@@ -199,15 +241,7 @@ def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = Non
     """
     if top < 1:
         raise ParameterError(f"--top must be >= 1, got {top}")
-    lo, hi = rating_range(model)
-    r = np.asarray(ratings, np.float64)
-    bad = ~((r >= lo) & (r <= hi))
-    if bad.any():
-        raise InputError(f"rating {r[bad][0]:g} is outside the model's rating range [{lo:g}, {hi:g}]")
-    u = solve_user(model, items, ratings, ridge, user_bias=user_bias)
-    Q, bias = local_design(model, user_bias)
-    score = model.global_mean + bias + Q @ u
-    score = np.clip(score, lo, hi)
+    score = user_scores(model, items, ratings, ridge=ridge, user_bias=user_bias)
     seen = np.zeros(len(score), bool)
     seen[np.asarray(items, np.int64)] = True
     cand = np.flatnonzero(~seen)

@@ -69,6 +69,89 @@ class Model:
     def n_items(self) -> int:
         return int(self.item_factors.shape[0])
 
+    # -- what a user does with a released model (locally, at no privacy cost) ------------
+    def _user(self, user_ratings):
+        """``(dense items, ratings, unknown ids)`` from a dict, a DataFrame or (item, rating) pairs."""
+        if hasattr(user_ratings, "columns"):  # a pandas DataFrame: 'item'/'rating' columns, or the first two
+            cols = [c for c in ("item", "rating") if c in user_ratings.columns] or list(user_ratings.columns[:2])
+            if len(cols) != 2:
+                raise InputError("user_ratings: a DataFrame needs columns 'item' and 'rating'")
+            pairs = zip(user_ratings[cols[0]].tolist(), user_ratings[cols[1]].tolist())
+        elif isinstance(user_ratings, dict):
+            pairs = user_ratings.items()
+        else:
+            pairs = user_ratings
+        ids = np.asarray(self.item_ids)
+        numeric = ids.dtype.kind in "iu"
+        index = {x: i for i, x in enumerate(ids.tolist() if numeric else [str(x) for x in ids.tolist()])}
+        items, ratings, unknown = [], [], []
+        for item, r in pairs:
+            try:
+                key = int(item) if numeric else str(item)
+            except (TypeError, ValueError):
+                key = None
+            j = index.get(key)
+            if j is None:
+                unknown.append(item)
+                continue
+            items.append(j)
+            ratings.append(float(r))
+        if not items:
+            raise InputError("user_ratings: none of the rated items is known to the model")
+        return np.asarray(items, np.int32), np.asarray(ratings, np.float32), unknown
+
+    def predict(self, user_ratings, items=None, *, ridge: float | None = None) -> np.ndarray:
+        """Predicted ratings of ``items`` (original ids; default: every item, in ``item_ids`` order) for a user.
+
+        ``user_ratings`` is the user's own ratings: a dict ``{item_id: rating}``, a
+        pandas DataFrame with ``item`` and ``rating`` columns, or ``(item, rating)``
+        pairs; items the model does not know are ignored. The user's row is solved on
+        their side (:mod:`streamdp.local`); nothing leaves the device.
+
+        >>> import numpy as np
+        >>> m = Model("(example)", np.eye(3, dtype=np.float32), np.zeros(3, np.float32), np.array([10, 20, 30]),
+        ...           3.0, {"ridge": 1.0, "rating_range": {"min": 1, "max": 5}}, None)
+        >>> m.predict({10: 5, 30: 1}, items=[20]).round(3).tolist()
+        [3.0]
+        """
+        from streamdp.local import user_scores
+
+        it, r, _ = self._user(user_ratings)
+        scores = user_scores(self, it, r, ridge=ridge)
+        if items is None:
+            return scores
+        ids = np.asarray(self.item_ids)
+        want = np.asarray(list(items), dtype=ids.dtype)
+        srt = np.argsort(ids, kind="stable")
+        j = srt[np.minimum(np.searchsorted(ids[srt], want), len(ids) - 1)]
+        if not np.array_equal(ids[j], want):
+            raise InputError(f"items: {want[ids[j] != want][0]!r} is not an item of the model")
+        return scores[j]
+
+    def recommend(self, user_ratings, n: int = 10, *, ridge: float | None = None) -> list:
+        """The ``n`` best unseen items for a user, as ``(item_id, predicted_rating)`` pairs, best first.
+
+        ``user_ratings`` as for :meth:`predict`.
+
+        >>> import numpy as np
+        >>> m = Model("(example)", np.eye(3, dtype=np.float32), np.zeros(3, np.float32), np.array([10, 20, 30]),
+        ...           3.0, {"ridge": 1.0, "rating_range": {"min": 1, "max": 5}}, None)
+        >>> [i for i, _ in m.recommend({10: 5}, n=2)]
+        [20, 30]
+        """
+        from streamdp.local import recommend
+
+        it, r, _ = self._user(user_ratings)
+        idx, score = recommend(self, it, r, top=n, ridge=ridge)
+        ids = np.asarray(self.item_ids)[idx].tolist()
+        return [(i, round(float(s), 6)) for i, s in zip(ids, score)]
+
+    def save(self, out: str, *, force: bool = False) -> str:
+        """Write the model to the directory ``out`` (atomically; ``force`` replaces only a model)."""
+        return save_model(out, item_factors=self.item_factors, item_bias=self.item_bias, item_ids=self.item_ids,
+                          global_mean=self.global_mean, model_info=self.info, ledger=self.ledger,
+                          extras=self.extras, force=force)
+
     @property
     def rank(self) -> int:
         return int(self.item_factors.shape[1])

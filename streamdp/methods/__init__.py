@@ -17,7 +17,7 @@ import time
 from streamdp.errors import Interrupted, ParameterError
 from streamdp.methods.base import Fitted, Method, Plan
 
-__all__ = ["METHODS", "register", "get_method", "train", "Method", "Fitted", "Plan"]
+__all__ = ["METHODS", "register", "get_method", "train", "prepare", "release", "Method", "Fitted", "Plan"]
 
 #: ``--method`` name -> method class.
 METHODS: dict[str, type[Method]] = {}
@@ -48,7 +48,7 @@ def _load_builtin() -> None:
     # written yet is simply absent from the registry.
     import importlib
 
-    for mod in ("oja", "sgld", "als", "frank_wolfe", "svd"):
+    for mod in ("oja", "sgld", "als", "frank_wolfe", "svd", "public_private"):
         try:
             importlib.import_module(f"streamdp.methods.{mod}")
         except ModuleNotFoundError as exc:
@@ -74,22 +74,58 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
     nothing (the reservation is marked failed), or the model and its budget entry
     (complete; the evaluation is skipped).
     """
-    from streamdp.model import check_model_destination, model_budget_entry
+    st, m = prepare(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
+                    force=force, **options)
+    fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
+                                     over_budget=over_budget, force=force)
+    try:
+        return _summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
+                        evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
+                          f"evaluation skipped") from None
+
+
+def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delta: float, rank: int | None = None,
+            seed: int | None = None, force: bool = False, **options):
+    """Check everything that can be checked before a run and build the method: ``(store, method instance)``.
+
+    ``method`` is a registered name or a :class:`Method` subclass. Checked: the
+    destination (``force`` replaces only a model), the store's chunks (a damaged store
+    fails before any budget is reserved), the privacy parameters and the rank.
+    """
+    from streamdp.model import check_model_destination
     from streamdp.privacy import check_privacy_params
-    from streamdp.privacy.budget import StoreBudget
     from streamdp.storage.store import RatingStore, open_store
+
+    check_model_destination(str(out), force)
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    st.check_chunks()  # a damaged store fails here, before any privacy budget is reserved
+    check_privacy_params(epsilon, delta, n_users=st.n_users)
+    cls = get_method(method) if isinstance(method, str) else method
+    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
+    if m.rank > st.n_items:
+        raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
+    return st, m
+
+
+def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_limit=None, over_budget: bool = False,
+            force: bool = False):
+    """Reserve ``m``'s planned release in the store's budget, fit it, write it to ``out``: ``(fitted, seconds, stale)``.
+
+    The one path from a method instance to a released model directory (``train``
+    and ``lowrank``): the budget entry is reserved before the run, marked
+    ``writing`` before the model write and ``complete`` once the model is in place,
+    or ``failed`` when nothing was released. ``stale`` lists the run directories of
+    dead processes removed from ``STORE.state/`` first. Ctrl-C raises
+    :class:`~streamdp.errors.Interrupted` saying what was released.
+    """
+    from streamdp.model import model_budget_entry
+    from streamdp.privacy.budget import StoreBudget
     from streamdp.stream.driver import sweep_stale_runs
     from streamdp.stream.engine import Engine
 
     out = str(out)
-    check_model_destination(out, force)
-    st = store if isinstance(store, RatingStore) else open_store(store)
-    st.check_chunks()  # a damaged store fails here, before any privacy budget is reserved
-    check_privacy_params(epsilon, delta, n_users=st.n_users)
-    cls = get_method(method)
-    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
-    if m.rank > st.n_items:
-        raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
     stale = sweep_stale_runs(st)
     t0 = time.perf_counter()
     planned = m.planned_ledger(st)
@@ -119,12 +155,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
                               if released else f"interrupted before anything was released; the budget "
                               f"reservation {entry} in {budget.path} was marked failed") from None
         raise
-    try:
-        return _summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
-                        evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit)
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
-                          f"evaluation skipped") from None
+    return fitted, seconds, stale
 
 
 def privacy_warnings(ledger) -> list[str]:
@@ -138,6 +169,8 @@ def privacy_warnings(ledger) -> list[str]:
     g = getattr(ledger, "guarantee", "")
     if g.startswith("approximate:") and not any(n.startswith("approximate") for n in out):
         out.insert(0, "the guarantee is approximate: " + g[len("approximate:"):].strip())
+    if g.startswith("not DP:"):
+        out.insert(0, "the guarantee is NOT differential privacy: " + g[len("not DP:"):].strip())
     return out
 
 

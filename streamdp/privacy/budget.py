@@ -77,9 +77,9 @@ from pathlib import Path
 from streamdp.errors import BudgetExceededError, ParameterError, StoreError
 from streamdp.outputs import deferred_interrupts
 from streamdp.owner import current_owner, describe_owner, owner_status
-from streamdp.privacy.accountant import check_privacy_params, epsilon_of
+from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, epsilon_of
 from streamdp.privacy.events import compose, event_from_dict
-from streamdp.privacy.ledger import GUARANTEE_NONE, Ledger, atomic_write_json, decode_json
+from streamdp.privacy.ledger import GUARANTEE_NONE, GUARANTEE_PUBLIC_ONLY, Ledger, atomic_write_json, decode_json
 
 __all__ = ["StoreBudget", "BUDGET_FILE", "carried_over", "format_budget"]
 
@@ -155,10 +155,16 @@ class StoreBudget:
 
     @staticmethod
     def _spend(entries: list, delta: float | None) -> dict:
-        """Total spend of ``entries``: accountant composition at ``delta`` and basic composition."""
+        """Total spend of ``entries``: accountant composition at ``delta`` and basic composition.
+
+        Releases that use no protected data (``GUARANTEE_PUBLIC_ONLY``: public users only) spend nothing and are
+        counted as releases only.
+        """
+        n_releases = len(entries)
+        entries = [e for e in entries if e.get("guarantee") != GUARANTEE_PUBLIC_ONLY]
         eps_basic = math.fsum(e["epsilon"] for e in entries)
         delta_basic = math.fsum(e["delta"] for e in entries)
-        out = {"n_releases": len(entries), "epsilon_basic": eps_basic, "delta_basic": delta_basic,
+        out = {"n_releases": n_releases, "epsilon_basic": eps_basic, "delta_basic": delta_basic,
                "delta": delta, "epsilon": 0.0 if not entries else float("nan"), "epsilon_rdp": float("nan"),
                "accountant": "pld"}
         if not entries:
@@ -205,9 +211,32 @@ class StoreBudget:
         remaining = None
         if budget is not None:
             remaining = max(budget["epsilon"] - spend["epsilon"], 0.0) if math.isfinite(spend["epsilon"]) else 0.0
+        # a spend that composes releases under different relations holds for the weakest of them only
+        relations = sorted({e.get("neighbouring_relation", NEIGHBOURING_RELATION) for e in counted})
         return {"store": str(self.store), "budget": budget, "spent": spend, "remaining_epsilon": remaining,
                 "within_budget": self._within(spend, budget), "entries": d["entries"],
-                "history": d.get("history", [])}
+                "history": d.get("history", []), "neighbouring_relations": relations}
+
+    def preview(self, ledgers) -> dict:
+        """What releasing all of ``ledgers`` would spend, computed before any of them runs.
+
+        Returns ``budget``, the counted spend ``before``, the spend ``after`` adding
+        them, the spend of the ``sweep`` alone (all composed by the accountant at the
+        budget's delta, or at the ledgers' largest delta without a budget) and
+        ``within_budget``. Nothing is recorded.
+        """
+        d = self._load()
+        budget = d.get("budget")
+        counted = [e for e in d["entries"] if e["status"] in COUNTED]
+        new = []
+        for led in ledgers:
+            led = led if isinstance(led, Ledger) else Ledger.from_dict(led)
+            new.append({"method": led.method, "guarantee": led.guarantee, "epsilon": led.epsilon,
+                        "delta": led.delta, "events": led.events})
+        delta = budget["delta"] if budget else max([e["delta"] for e in new] or [1e-9])
+        after = self._spend(counted + new, delta)
+        return {"budget": budget, "before": self._spend(counted, delta), "after": after,
+                "sweep": self._spend(new, delta), "within_budget": self._within(after, budget)}
 
     def reserve(self, ledger, *, over_budget: bool = False, model: str | None = None) -> str:
         """Record a release before its model is written; refuse it if it would exceed the budget.
@@ -236,7 +265,7 @@ class StoreBudget:
                  "method": led.method, "guarantee": led.guarantee, "epsilon": led.epsilon, "delta": led.delta,
                  "events": led.events, "seeded": led.seeded, "store_checksum": led.store_checksum,
                  "model": None if model is None else str(model), "over_budget": False, "reason": None,
-                 "owner": current_owner(), "stage": "training"}
+                 "owner": current_owner(), "stage": "training", "neighbouring_relation": led.relation}
         with self._locked():
             d = self._load()
             budget = d.get("budget")
@@ -404,6 +433,10 @@ def format_budget(s: dict) -> str:
     if b is not None:
         lines.append(f"remaining        epsilon={s['remaining_epsilon']:.6g}"
                      + ("" if s["within_budget"] else "  (OVER BUDGET)"))
+    weaker = [r for r in s.get("neighbouring_relations", []) if r != NEIGHBOURING_RELATION]
+    if weaker:
+        lines.append(f"relation         some releases hold only for a weaker relation than add/remove one user "
+                     f"({'; '.join(weaker)}): the spend above holds for that relation, not for add/remove")
     for e in s["entries"]:
         flag = " over-budget" if e.get("over_budget") else ""
         note = e.get("reason") or (f"{describe_owner(e.get('owner'))}, {e.get('stage', '?')}"

@@ -7,7 +7,8 @@ For each method, on the small generated store, with a seed:
   the same model as the same ratings held in memory as ONE block (tolerance 1e-6
   relative: only the order of floating-point sums may differ);
 * privacy: the ledger has events (non-private methods: labelled non-private, none), the accountant's epsilon is <= the target, the
-  planned ledger (computed before running, for the budget) matches the final one;
+  planned ledger (computed before running, for the budget) matches the final one; a ledger that claims no DP
+  release (public users' data only, or "not DP: ..." mechanisms) has no events and epsilon 0 resp. inf;
 * the model round-trips through ``save_model`` / ``load_model``.
 """
 
@@ -19,6 +20,7 @@ import pytest
 from streamdp.errors import ParameterError
 from streamdp.methods import METHODS, _load_builtin
 from streamdp.privacy import GUARANTEE_NONE
+from streamdp.privacy.ledger import GUARANTEE_NOT_DP_PREFIX, GUARANTEE_PUBLIC_ONLY
 from streamdp.model import load_model
 from streamdp.stream.engine import Engine
 
@@ -26,7 +28,10 @@ _load_builtin()
 EPS, DELTA, RANK, SEED = 2.0, 1e-5, 3, 11
 #: Fast settings per method so the suite stays quick (defaults otherwise).
 FAST = {"oja": {"passes": 3}, "sgld": {"epochs": 2, "step_users": 100}, "sgd": {"epochs": 2, "step_users": 100},
-        "als": {"iters": 2, "item_frac": 0.9}, "irls": {"iters": 2, "sampling": "uniform", "tau": 5}, "means": {}}
+        "als": {"iters": 2, "item_frac": 0.9}, "irls": {"iters": 2, "sampling": "uniform", "tau": 5}, "means": {},
+        "public-private": {"public_fraction": 0.2, "iters": 3, "private_mechanism": "pmd", "private_rounds": 2,
+                           "round_iters": 1, "pmd_sweeps": 1},
+        "fw": {"passes": 1}, "svd": {}}
 
 
 def _make(name):
@@ -88,6 +93,14 @@ def test_ledger(fitted, small_store):
     name, (m, f) = fitted
     _known("ledger", name)
     led = f.ledger
+    if led.guarantee == GUARANTEE_PUBLIC_ONLY or led.guarantee.startswith(GUARANTEE_NOT_DP_PREFIX):
+        # no DP release, and no epsilon claimed: public users' data only (epsilon 0 for everyone else) or a mechanism
+        # that is not DP ("not DP: ...", epsilon inf); nothing is accounted, the plan is the final ledger
+        assert not led.events and led.accounting is None
+        assert led.epsilon == (0.0 if led.guarantee == GUARANTEE_PUBLIC_ONLY else float("inf"))
+        planned = m.planned_ledger(small_store)
+        assert planned.events == led.events and planned.guarantee == led.guarantee and led.seeded
+        return
     if not m.private:  # a non-private method: labelled so, nothing accounted
         assert led.guarantee == GUARANTEE_NONE and not led.events and led.accounting is None
         return

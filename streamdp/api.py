@@ -1,0 +1,96 @@
+"""The Python API: what ``streamdp train`` does, as one call that returns the released model.
+
+>>> import os, tempfile
+>>> import streamdp
+>>> d = tempfile.mkdtemp()
+>>> store = streamdp.generate(os.path.join(d, "ratings.zarr"), users=3000, items=200, ratings_per_user=20, seed=1,
+...                           test_fraction=0.2)
+>>> model = streamdp.train(store, method="als", epsilon=1.0, seed=0)
+>>> model.summary["guarantee"], model.summary["epsilon_spent"] <= 1.0
+('user-level (epsilon, delta)-DP', True)
+>>> recs = model.recommend({0: 5.0, 3: 1.0, 7: 4.0}, n=3)  # a user's own ratings, on their side
+>>> len(recs), [type(i) for i, _ in recs][0]
+(3, <class 'int'>)
+>>> path = model.save(os.path.join(d, "model"))
+>>> streamdp.load_model(path).predict({0: 5.0}, items=[1, 2]).shape
+(2,)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+
+__all__ = ["train", "generate", "default_delta"]
+
+
+def default_delta(n_users: int) -> float:
+    """The default delta: the largest power of ten <= min(1e-6, 1 / (10 n_users)), public and below 1/n_users.
+
+    >>> default_delta(943), default_delta(200_000)
+    (1e-06, 1e-07)
+    """
+    return 10.0 ** math.floor(math.log10(min(1e-6, 1.0 / (10.0 * max(int(n_users), 1)))))
+
+
+def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
+          rank: int | None = None, seed: int | None = None, workers: int | None = None, memory_limit=None,
+          scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True, **options):
+    """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
+
+    Exactly what ``streamdp train`` runs (:func:`streamdp.methods.train`): the
+    release is reserved in the store's privacy budget before anything is computed,
+    the model is written atomically, and, when the store has a test split, evaluated
+    beside the non-private baselines. ``out=None`` writes the model to a temporary
+    directory, loads it and removes the directory (the budget entry says so):
+    :meth:`~streamdp.model.Model.save` writes it somewhere later. The returned
+    :class:`~streamdp.model.Model` carries the run's summary in ``model.summary``
+    (``test_rmse``, ``baselines``, ``verdict``, ``epsilon_spent``, ...).
+
+    Parameters
+    ----------
+    store : str or RatingStore
+    epsilon : float
+        User-level epsilon; ``float("inf")`` trains without noise (labelled non-private).
+    method : str
+        ``streamdp train --method`` name (see ``streamdp.methods.METHODS``).
+    delta : float, optional
+        Default :func:`default_delta` of the store's number of users.
+    **options
+        The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
+    """
+    from streamdp.methods import train as train_model
+    from streamdp.model import load_model
+    from streamdp.storage.store import RatingStore, open_store
+
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    if delta is None:
+        delta = default_delta(st.n_users)
+    tmp = None
+    if out is None:
+        tmp = tempfile.mkdtemp(prefix="streamdp-model-")
+        out = os.path.join(tmp, "model")
+    try:
+        summary = train_model(st, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
+                              workers=workers, scheduler=scheduler, memory_limit=memory_limit,
+                              over_budget=over_budget, force=force, evaluate_test=evaluate, **options)
+        model = load_model(out)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if tmp is not None:
+        model.path = "(in memory)"
+        summary["out"] = None
+    model.summary = summary
+    return model
+
+
+def generate(out: str, *, users: int = 10_000, items: int = 2_000, ratings_per_user: float = 50.0, rank: int = 8,
+             seed: int = 0, test_fraction: float = 0.0, force: bool = False, **kw):
+    """A synthetic low-rank, power-law store (``streamdp generate``); returns the opened store."""
+    from streamdp.storage.generate import generate_store
+
+    return generate_store(out, n_users=users, n_items=items, ratings_per_user=ratings_per_user, rank=rank,
+                          seed=seed, test_fraction=test_fraction, force=force, show_progress=False, **kw)

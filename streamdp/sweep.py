@@ -1,0 +1,235 @@
+"""``streamdp sweep``: test RMSE against epsilon for several methods, with the privacy it costs.
+
+Each ``(method, epsilon, repeat)`` is one ``streamdp train`` run (:func:`streamdp.api.train`):
+a release, reserved in the store's privacy budget like any other, its model kept under
+``OUT/models/``. The total spend of the whole sweep is computed **before** anything
+runs, by composing the planned ledgers of every point with the store's counted
+releases (PLD accountant at the budget's delta, basic composition beside it), printed,
+and checked against the store's budget; ``--dry-run`` stops there.
+
+Outputs (written into ``OUT``, created or, with ``--force``, replacing an earlier sweep):
+``results.csv`` (one row per run), ``results.json`` (rows, per-point mean and spread,
+the non-private baselines, the spend) and ``rmse_vs_epsilon.png`` (log epsilon axis,
+one line per method with error bars from repeats, the non-private item-mean baseline
+and each method's non-private RMSE as horizontal lines; needs the ``plot`` extra).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+import time
+
+from streamdp.errors import BudgetExceededError, ParameterError
+
+__all__ = ["sweep", "parse_epsilons", "format_spend"]
+
+RESULTS_CSV = "results.csv"
+RESULTS_JSON = "results.json"
+PLOT_PNG = "rmse_vs_epsilon.png"
+SWEEP_MARKER = ".streamdp-sweep"
+
+
+def parse_epsilons(text: str) -> list[float]:
+    """``"0.1,1,inf"`` -> ``[0.1, 1.0, inf]``; each must be > 0 (``inf``: non-private).
+
+    >>> parse_epsilons("1, 0.5,inf")
+    [1.0, 0.5, inf]
+    """
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            e = float(part)
+        except ValueError:
+            raise ParameterError(f"--epsilons: {part!r} is not a number (use e.g. 0.5,1,inf)") from None
+        if not e > 0:
+            raise ParameterError(f"--epsilons: every epsilon must be > 0 (or inf), got {part}")
+        out.append(e)
+    if not out:
+        raise ParameterError("--epsilons: give at least one epsilon")
+    return out
+
+
+def _is_sweep_dir(path) -> bool:
+    return os.path.isfile(os.path.join(path, SWEEP_MARKER))
+
+
+def _name(e: float) -> str:
+    return "inf" if math.isinf(e) else f"{e:g}"
+
+
+def planned_spend(store, points, *, delta, rank, seed) -> dict:
+    """The store's spend if every point of the sweep is released: before, after, and the sweep alone."""
+    from streamdp.methods import get_method
+    from streamdp.privacy.budget import StoreBudget
+
+    ledgers = []
+    for method, eps, r in points:
+        m = get_method(method)(epsilon=eps, delta=delta, rank=rank, seed=None if seed is None else seed + r)
+        ledgers.append(m.planned_ledger(store).to_dict())
+    b = StoreBudget(store.path)
+    private = [d for d in ledgers if math.isfinite(float(d["epsilon"]))]
+    out = b.preview(private)  # the private points' spend, as printed
+    out["non_private_runs"] = len(ledgers) - len(private)
+    if out["non_private_runs"]:  # a non-private run is a release of infinite epsilon: it counts against a budget
+        out["within_budget"] = b.preview(ledgers)["within_budget"]
+    return out
+
+
+def format_spend(p: dict) -> str:
+    """The lines ``--dry-run`` prints."""
+    s, a, b = p["sweep"], p["after"], p["before"]
+    lines = [f"the sweep releases {s['n_releases']} private model(s): epsilon {_fmt(s['epsilon'])} at delta "
+             f"{s['delta']:.3g} ({s['accountant']}; basic composition {_fmt(s['epsilon_basic'])})"]
+    if p.get("non_private_runs"):
+        lines.append(f"and {p['non_private_runs']} non-private model(s) (epsilon inf: no privacy for the store's "
+                     f"users; the budget counts them as unlimited spend)")
+    lines.append(f"the store's spend: epsilon {_fmt(b['epsilon'])} now, {_fmt(a['epsilon'])} after the private "
+                 f"models" + (" (inf with the non-private ones)" if p.get("non_private_runs") else ""))
+    if p["budget"] is not None:
+        lines.append(f"the store's budget: epsilon {_fmt(p['budget']['epsilon'])} at delta "
+                     f"{p['budget']['delta']:.3g}: " + ("within it" if p["within_budget"] else "EXCEEDED"))
+    else:
+        lines.append("the store has no budget set (streamdp budget STORE --set E,D)")
+    return "\n".join(lines)
+
+
+def _fmt(x) -> str:
+    return "inf" if isinstance(x, float) and math.isinf(x) else f"{x:.4g}"
+
+
+def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | None = None,
+          delta: float | None = None, rank: int | None = None, workers=None, memory_limit=None,
+          over_budget: bool = False, dry_run: bool = False, force: bool = False, echo=None) -> dict:
+    """Train and evaluate every (method, epsilon) ``repeats`` times; write the results and the plot.
+
+    Returns the ``results.json`` content (with ``dry_run: true`` and no rows for a dry run).
+    """
+    from streamdp.api import default_delta, train
+    from streamdp.methods import get_method
+    from streamdp.outputs import check_destination
+    from streamdp.storage.store import RatingStore, open_store
+
+    say = echo or (lambda *a, **k: None)
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    if not st.has_test:
+        raise ParameterError(f"{st.path}: a sweep needs a test split (ingest or generate with --test-fraction)")
+    methods = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
+    if not methods:
+        raise ParameterError("--methods: give at least one method")
+    for m in methods:
+        get_method(m)
+    epsilons = parse_epsilons(epsilons) if isinstance(epsilons, str) else [float(e) for e in epsilons]
+    if int(repeats) != repeats or repeats < 1:
+        raise ParameterError(f"--repeats must be a positive integer, got {repeats}")
+    delta = default_delta(st.n_users) if delta is None else float(delta)
+    points = [(m, e, r) for m in methods for e in epsilons for r in range(int(repeats) if math.isfinite(e) else 1)]
+    spend = planned_spend(st, points, delta=delta, rank=rank, seed=seed)
+    say(format_spend(spend))
+    result = {"store": st.path, "store_checksum": st.checksum, "methods": methods,
+              "epsilons": [_name(e) for e in epsilons], "repeats": int(repeats), "delta": delta, "spend": spend}
+    if dry_run:
+        return {**result, "dry_run": True, "rows": []}
+    if not spend["within_budget"] and not over_budget:
+        raise BudgetExceededError(f"{st.path}: the sweep would take the store's spend to epsilon "
+                                  f"{_fmt(spend['after']['epsilon'])}, past its budget epsilon "
+                                  f"{_fmt(spend['budget']['epsilon'])}; see --dry-run, or pass --over-budget")
+    check_destination(out, force, what="sweep directory", is_ours=_is_sweep_dir)
+    if os.path.isdir(out) and force:
+        import shutil
+
+        shutil.rmtree(out)
+    os.makedirs(os.path.join(out, "models"))
+    with open(os.path.join(out, SWEEP_MARKER), "w") as f:
+        f.write("streamdp sweep output\n")
+    rows, baselines = [], None
+    t0 = time.perf_counter()
+    for i, (m, e, r) in enumerate(points, 1):
+        model_dir = os.path.join(out, "models", f"{m}-eps{_name(e)}-r{r}")
+        model = train(st, method=m, epsilon=e, delta=delta, out=model_dir, rank=rank,
+                      seed=None if seed is None else seed + r, workers=workers, memory_limit=memory_limit,
+                      over_budget=over_budget)
+        s = model.summary
+        baselines = baselines or s.get("baselines")
+        rows.append({"method": m, "epsilon": _name(e), "repeat": r, "test_rmse": s["test_rmse"],
+                     "test_mae": s["test_mae"], "epsilon_spent": s["epsilon_spent"], "guarantee": s["guarantee"],
+                     "better_than_baselines": s["verdict"]["better"], "seconds": s["seconds"],
+                     "model": model_dir})
+        say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: test RMSE {s['test_rmse']:.4f}")
+    summary = _aggregate(rows)
+    result.update(dry_run=False, rows=rows, summary=summary, baselines=baselines,
+                  seconds=round(time.perf_counter() - t0, 2))
+    _write(out, result)
+    result["plot"] = plot(result, os.path.join(out, PLOT_PNG))
+    return result
+
+
+def _aggregate(rows) -> list[dict]:
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault((row["method"], row["epsilon"]), []).append(row["test_rmse"])
+    return [{"method": m, "epsilon": e, "n": len(v), "rmse_mean": statistics.fmean(v),
+             "rmse_std": statistics.stdev(v) if len(v) > 1 else 0.0, "rmse_min": min(v), "rmse_max": max(v)}
+            for (m, e), v in groups.items()]
+
+
+def _write(out, result) -> None:
+    from streamdp.privacy.ledger import atomic_write_json
+
+    tmp = os.path.join(out, RESULTS_CSV + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(result["rows"][0]))
+        w.writeheader()
+        w.writerows(result["rows"])
+    os.replace(tmp, os.path.join(out, RESULTS_CSV))
+    atomic_write_json(os.path.join(out, RESULTS_JSON), result)
+
+
+def plot(result: dict, path: str) -> str | None:
+    """The RMSE-vs-epsilon figure (PNG); ``None`` when matplotlib (the ``plot`` extra) is absent."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    finite = sorted({float(s["epsilon"]) for s in result["summary"] if s["epsilon"] != "inf"})
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, m in enumerate(result["methods"]):
+        pts = sorted((float(s["epsilon"]), s["rmse_mean"], s["rmse_std"]) for s in result["summary"]
+                     if s["method"] == m and s["epsilon"] != "inf")
+        c = colors[i % len(colors)]
+        if pts:
+            x, y, err = zip(*pts)
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=c, label=f"{m} (private)")
+        inf = [s for s in result["summary"] if s["method"] == m and s["epsilon"] == "inf"]
+        if inf:
+            ax.axhline(inf[0]["rmse_mean"], color=c, linestyle=":", linewidth=1,
+                       label=f"{m} non-private ({inf[0]['rmse_mean']:.3f})")
+    b = result.get("baselines") or {}
+    if "item_mean" in b:
+        ax.axhline(b["item_mean"]["rmse"], color="black", linestyle="--", linewidth=1,
+                   label=f"item mean, non-private ({b['item_mean']['rmse']:.3f})")
+    if finite:
+        ax.set_xscale("log")
+        ax.set_xticks(finite)
+        ax.set_xticklabels([f"{e:g}" for e in finite])
+        ax.minorticks_off()
+    ax.set_xlabel("user-level epsilon (log scale)")
+    ax.set_ylabel("test RMSE")
+    ax.set_title(f"{os.path.basename(result['store'].rstrip('/'))}: test RMSE vs epsilon "
+                 f"(delta {result['delta']:.0e}, {result['repeats']} repeat(s))")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best", framealpha=0.8)
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

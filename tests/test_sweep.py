@@ -1,0 +1,59 @@
+"""``streamdp sweep``: the spend is computed first and charged, results and plot are written."""
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from streamdp.cli import main
+
+
+@pytest.fixture()
+def store(tmp_path):
+    from streamdp.storage.generate import generate_store
+
+    return generate_store(str(tmp_path / "s.zarr"), n_users=1500, n_items=120, ratings_per_user=15, rank=3, seed=2,
+                          test_fraction=0.2, block_users=600)
+
+
+def test_dry_run_prints_the_spend_and_releases_nothing(store, tmp_path):
+    r = CliRunner().invoke(main, ["sweep", store.path, "--methods", "als,oja", "--epsilons", "1,2", "--out",
+                                  str(tmp_path / "sw"), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "the sweep releases 4 private model(s)" in r.output and "basic composition 6" in r.output
+    assert not (tmp_path / "sw").exists()
+    budget = json.loads(CliRunner().invoke(main, ["budget", store.path, "--json"]).stdout)
+    assert budget["entries"] == []
+
+
+def test_sweep_writes_results_plot_and_charges_every_point(store, tmp_path):
+    out = tmp_path / "sw"
+    r = CliRunner().invoke(main, ["sweep", store.path, "--methods", "means,als", "--epsilons", "1,inf",
+                                  "--repeats", "2", "--out", str(out), "--seed", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert len(rows) == 2 * (2 + 1) == len(res["rows"])  # inf runs once: no noise to repeat
+    assert {(s["method"], s["epsilon"], s["n"]) for s in res["summary"]} == {
+        ("means", "1", 2), ("means", "inf", 1), ("als", "1", 2), ("als", "inf", 1)}
+    assert res["baselines"]["item_mean"]["rmse"] > 0 and (out / "rmse_vs_epsilon.png").stat().st_size > 1000
+    entries = json.loads(CliRunner().invoke(main, ["budget", store.path, "--json"]).stdout)["entries"]
+    assert len(entries) == 6 and all(e["status"] == "complete" for e in entries)
+    # the spend printed up front is what the budget now holds for the private points
+    assert res["spend"]["sweep"]["n_releases"] == 4
+
+
+def test_sweep_refuses_to_exceed_the_budget_before_running(store, tmp_path):
+    CliRunner().invoke(main, ["budget", store.path, "--set", "1.5,1e-5"])
+    r = CliRunner().invoke(main, ["sweep", store.path, "--methods", "als", "--epsilons", "1,2", "--out",
+                                  str(tmp_path / "sw")])
+    assert r.exit_code == 3 and "past its budget" in r.output
+    assert not (tmp_path / "sw").exists()
+
+
+def test_bad_sweep_parameters(store, tmp_path):
+    for args, msg in ((["--epsilons", "0,1"], "--epsilons"), (["--methods", "nope"], "unknown method"),
+                      (["--repeats", "0"], "--repeats")):
+        r = CliRunner().invoke(main, ["sweep", store.path, "--out", str(tmp_path / "sw"), *args])
+        assert r.exit_code == 2 and msg in r.output, r.output
