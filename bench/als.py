@@ -31,6 +31,49 @@ import time
 import numpy as np
 
 
+def _als_setup(st, k):
+    """The als method at rank ``k`` planned on ``st``, its parameters and a random item side."""
+    import numpy as np
+
+    from streamdp.methods import get_method
+
+    m = get_method("als")(epsilon=1.0, delta=1e-7, rank=k, seed=0, iters=1)
+    return m, m.plan(st).params, np.random.default_rng(0).standard_normal((st.n_items, k))
+
+
+def passes(st, k, memory_limit="4GB"):
+    """``(als_pass, oja_pass)``: callables ``f(workers)`` that stream one als iteration / one oja pass over ``st``.
+
+    The als iteration is :meth:`streamdp.methods.als._AlsBase._iteration_sums` (every user's
+    solve, weights, clipping, item right-hand sides and the shared Gramian); the oja pass is
+    ``bench/oja.py``'s streamed pass (residuals, row clipping, ``A_b^T (A_b V)``).
+    """
+    import numpy as np
+
+    from streamdp.methods.oja import _power_pass, _values_fn
+    from streamdp.stream.driver import Run
+    from streamdp.stream.engine import Engine
+
+    m, s, V = _als_setup(st, k)
+    n, lo, hi = st.n_items, st.rating_min, st.rating_max
+    mid, bias = (lo + hi) / 2, np.zeros(n)
+    C = np.asarray(st.item_counts(), np.float64)  # stand-in counts: the cost does not depend on them
+
+    def als_pass(workers):
+        with Engine(st, workers=workers, memory_limit=memory_limit, state_bytes=m.state_bytes(st)) as eng, \
+                Run(st, method="bench", fingerprint="bench", seed=0, rng_key=1) as run:
+            m._iteration_sums(st, eng, run, s, mid, bias, V, C, k)
+
+    Vq = np.linalg.qr(V)[0]
+    values_of = _values_fn(mid, bias, (hi - lo) / 2 * 5 ** 0.5, lo, hi)
+
+    def oja_pass(workers):
+        with Engine(st, workers=workers, memory_limit=memory_limit, state_bytes=8 * n * k * 4) as eng:
+            _power_pass(eng, Vq, values_of, None, None)
+
+    return als_pass, oja_pass
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ratings", type=float, default=100e6, help="training ratings of the generated store")
@@ -44,13 +87,9 @@ def main(argv=None):
 
     from streamdp.kernels.als import als_accumulate
     from streamdp.kernels.linalg import residuals, solve_users_huber
-    from streamdp.methods import get_method
-    from streamdp.methods.oja import _power_pass, _values_fn
     from streamdp.privacy.bounding import contribution_weights
     from streamdp.storage.generate import generate_store
     from streamdp.storage.store import open_store
-    from streamdp.stream.driver import Run
-    from streamdp.stream.engine import Engine
 
     tmp = None
     if args.store:
@@ -63,30 +102,13 @@ def main(argv=None):
         print(f"generated {st.n_ratings:,} ratings in {time.perf_counter() - t:.0f}s", flush=True)
     try:
         nnz, n = st.n_ratings, st.n_items
-        lo, hi = st.rating_min, st.rating_max
-        mid = (lo + hi) / 2
+        mid = (st.rating_min + st.rating_max) / 2
         rows = []
         for k in [int(x) for x in args.ranks.split(",")]:
-            m = get_method("als")(epsilon=1.0, delta=1e-7, rank=k, seed=0, iters=1)
-            s = m.plan(st).params
-            rng = np.random.default_rng(0)
-            V = rng.standard_normal((n, k))
+            m, s, V = _als_setup(st, k)
             bias = np.zeros(n)
-            C = np.asarray(st.item_counts(), np.float64)  # stand-in counts: the cost does not depend on them
+            als_pass, oja_pass = passes(st, k, args.memory_limit)
             times: dict = {}
-
-            def als_pass(workers):
-                with Engine(st, workers=workers, memory_limit=args.memory_limit,
-                            state_bytes=m.state_bytes(st)) as eng, \
-                        Run(st, method="bench", fingerprint="bench", seed=0, rng_key=1) as run:
-                    m._iteration_sums(st, eng, run, s, mid, bias, V, C, k)
-
-            Vq = np.linalg.qr(V)[0]
-            values_of = _values_fn(mid, bias, (hi - lo) / 2 * 5 ** 0.5, lo, hi)
-
-            def oja_pass(workers):
-                with Engine(st, workers=workers, memory_limit=args.memory_limit, state_bytes=8 * n * k * 4) as eng:
-                    _power_pass(eng, Vq, values_of, None, None)
 
             for rep in range(args.repeats):
                 for w in [int(x) for x in args.workers.split(",")]:
