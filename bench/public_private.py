@@ -1,6 +1,7 @@
 """Xin & Jaakkola 2014, Figures 1 and 2, with ``--method public-private`` on ML-100K and a generated store.
 
-    python bench/public_private.py [--no-real] [--no-generated] [--users 20000] [--seeds 2] [--out /work/results]
+    python bench/public_private.py [--no-real] [--no-generated] [--users 20000] [--seeds 2] [--iters T]
+                                   [--out /work/results]
 
 Figure 1: test RMSE against the fraction of public users (the rest private, predicting
 locally with eq. 4 from the public-only model), the public users chosen most active first
@@ -15,8 +16,10 @@ active ``--fig2-public`` of the users (the paper: its top 100). The private weig
 chosen on held-out public ratings (the default) and, for PMC/PMD, also fixed at the
 paper's 1/2.
 
-Prints markdown tables and writes ``fig1_<store>.png`` and ``fig2_<store>.png`` under
-``--out`` (matplotlib, the ``plot`` extra; without it the tables only, and it says so).
+``--iters T`` sets the EM iterations of every run (default: the method's 20); the PNGs'
+names then end in ``_itersT``. The numbers also go to ``public_private_<store>.json``
+(``--replot JSON...`` redraws the PNGs from them). Prints markdown tables and writes
+``public_private_fig1_<store>.png`` and ``public_private_fig2_<store>.png`` under ``--out`` (matplotlib, the ``plot`` extra; without it the tables only, and it says so).
 The stores live in a temporary directory, removed at the end; ML-100K comes from
 ../shared/data (skipped when absent).
 """
@@ -24,6 +27,7 @@ The stores live in a temporary directory, removed at the end; ML-100K comes from
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -73,7 +77,8 @@ def figure1(store, name, tmp, args):
         seeds = range(args.seeds if sel == "random" else 1)
         rows = []
         for F in FRACTIONS:
-            res = [fit(store, tmp, s, public_users=every, public_fraction=F, public_selection=sel) for s in seeds]
+            res = [fit(store, tmp, s, public_users=every, public_fraction=F, public_selection=sel, **args.extra)
+                   for s in seeds]
             rows.append((F, statistics.mean(r for r, _ in res),
                          statistics.mean(i["public"]["n_public_ratings"] for _, i in res)))
             print(f"  {name} fig1 {sel} {F:g}: {rows[-1][1]:.4f}", file=sys.stderr, flush=True)
@@ -88,7 +93,7 @@ def figure2(store, name, tmp, args):
     n_pub = int(math.ceil(args.fig2_public * store.n_users))
     top = np.lexsort((ids, -counts))[:n_pub]
     every = ids_file(tmp, f"{name}-all.txt", ids.tolist())
-    base = dict(public_users=every, public_fraction=args.fig2_public)
+    base = dict(public_users=every, public_fraction=args.fig2_public, **args.extra)
     lap_paper = 5.0 * store.n_items  # the paper's Lap(range / 5) per coordinate, at user level
     curves = {
         "PMC": dict(private_mechanism="pmc"),
@@ -118,17 +123,17 @@ def figure2(store, name, tmp, args):
     for n_resp, _ in out["PMC"][1:]:
         pick = rng.choice(others, size=n_resp, replace=False)
         f = ids_file(tmp, f"{name}-full-{n_resp}.txt", ids[np.concatenate([top, pick])].tolist())
-        r, _ = fit(store, tmp, 0, public_users=f)
+        r, _ = fit(store, tmp, 0, public_users=f, **args.extra)
         rows.append((n_resp, r))
         print(f"  {name} fig2 full EM {n_resp}: {r:.4f}", file=sys.stderr, flush=True)
     out["Full EM (all public, no privacy)"] = rows
     return out, n_pub
 
 
-def print_tables(name, store, fig1, fig2, n_pub, base, seconds):
+def print_tables(name, store, fig1, fig2, n_pub, base, seconds, iters=None):
     print(f"\n### {name}: {store.n_users:,} users, {store.n_items:,} items, {store.n_ratings:,} train ratings "
           f"(test RMSE; non-private baselines on all users: item mean {base['item_mean']['rmse']:.4f}, global mean "
-          f"{base['global_mean']['rmse']:.4f}; {seconds:.0f}s)\n")
+          f"{base['global_mean']['rmse']:.4f}; EM iterations {iters or 'default (20)'}; {seconds:.0f}s)\n")
     print("Figure 1: test RMSE by fraction of public users (the others predict locally by eq. 4)\n")
     print("| public users | " + " | ".join(f"{F:g}" for F, _, _ in fig1["most-active"]) + " |")
     print("|---|" + "---|" * len(FRACTIONS))
@@ -145,7 +150,7 @@ def print_tables(name, store, fig1, fig2, n_pub, base, seconds):
           "the same --private-fraction and seed)")
 
 
-def plot(name, fig1, fig2, n_pub, out_dir):
+def plot(name, fig1, fig2, n_pub, out_dir, suffix=""):
     try:
         import matplotlib
 
@@ -166,21 +171,26 @@ def plot(name, fig1, fig2, n_pub, out_dir):
     for a in ax:
         a.set_ylabel("test RMSE")
         a.legend()
-    fig.suptitle(f"{name}: public users only (Xin & Jaakkola Fig. 1)")
+    tag = f" ({suffix.strip('_').replace('iters', 'EM iterations ')})" if suffix else ""
+    fig.suptitle(f"{name}{tag}: public users only (Xin & Jaakkola Fig. 1)")
     fig.tight_layout()
-    p = os.path.join(out_dir, f"public_private_fig1_{name.lower().replace(' ', '_')}.png")
+    p = os.path.join(out_dir, f"public_private_fig1_{name.lower().replace(' ', '_')}{suffix}.png")
     fig.savefig(p, dpi=120)
     plt.close(fig)
     paths.append(p)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for label, rows in fig2.items():
-        ax.plot([n for n, _ in rows], [r for _, r in rows], marker="o", label=label)
-    ax.set_xlabel(f"number of private users (public: {n_pub} most active)")
+    fig, ax = plt.subplots(figsize=(11, 5))
+    markers = "os^vDP*Xph"
+    for i, (label, rows) in enumerate(fig2.items()):
+        # many curves coincide (a chosen weight of 0 is the public-only model): distinct markers and line styles
+        style = ":" if label.startswith("Lap") else "--" if "paper" in label else "-"
+        ax.plot([n for n, _ in rows], [r for _, r in rows], marker=markers[i % len(markers)], linestyle=style,
+                markersize=5, label=label)
+    ax.set_xlabel(f"number of private users who respond (public: the {n_pub} most active users)")
     ax.set_ylabel("test RMSE")
-    ax.legend(fontsize=7)
-    ax.set_title(f"{name}: private users' 2nd-order mechanisms (Xin & Jaakkola Fig. 2)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(f"{name}{tag}: private users' 2nd-order mechanisms (Xin & Jaakkola Fig. 2)")
     fig.tight_layout()
-    p = os.path.join(out_dir, f"public_private_fig2_{name.lower().replace(' ', '_')}.png")
+    p = os.path.join(out_dir, f"public_private_fig2_{name.lower().replace(' ', '_')}{suffix}.png")
     fig.savefig(p, dpi=120)
     plt.close(fig)
     paths.append(p)
@@ -194,10 +204,19 @@ def main(argv=None):
     ap.add_argument("--fig2-public", type=float, default=None,
                     help="fraction of most active users that are public in Figure 2 (default: 5%% of ML-100K, 0.5%% "
                          "of the generated store, about the paper's 100 users)")
+    ap.add_argument("--iters", type=int, default=None, help="EM iterations of every run (default: the method's)")
     ap.add_argument("--out", default="/work/results", help="directory of the PNGs")
     ap.add_argument("--no-real", action="store_true")
     ap.add_argument("--no-generated", action="store_true")
+    ap.add_argument("--replot", nargs="+", metavar="JSON", help="only redraw the PNGs from these runs' JSON files")
     args = ap.parse_args(argv)
+    if args.replot:
+        for path in args.replot:
+            with open(path) as fh:
+                d = json.load(fh)
+            for p in plot(d["name"], d["fig1"], d["fig2"], d["n_pub"], args.out, d["suffix"]):
+                print(f"wrote {p}")
+        return
     tmp = tempfile.mkdtemp(prefix="bench-pp-")
     paths = []
     try:
@@ -216,11 +235,17 @@ def main(argv=None):
             t0 = time.perf_counter()
             a = argparse.Namespace(**vars(args))
             a.fig2_public = args.fig2_public or pub
+            a.extra = {} if args.iters is None else {"iters": args.iters}
             base = _baselines(st)
             f1 = figure1(st, name, tmp, a)
             f2, n_pub = figure2(st, name, tmp, a)
-            print_tables(name, st, f1, f2, n_pub, base, time.perf_counter() - t0)
-            paths += plot(name, f1, f2, n_pub, args.out)
+            print_tables(name, st, f1, f2, n_pub, base, time.perf_counter() - t0, args.iters)
+            suffix = "" if args.iters is None else f"_iters{args.iters}"
+            os.makedirs(args.out, exist_ok=True)
+            data = os.path.join(args.out, f"public_private_{name.lower().replace(' ', '_')}{suffix}.json")
+            with open(data, "w") as fh:  # the numbers of the tables and figures (--replot redraws from it)
+                json.dump(dict(name=name, fig1=f1, fig2=f2, n_pub=n_pub, suffix=suffix), fh, indent=1)
+            paths += [data] + plot(name, f1, f2, n_pub, args.out, suffix)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for p in paths:

@@ -113,3 +113,29 @@ def test_fw_and_svd_over_50M_ratings_within_512MB(big_store, tmp_path, method, e
     print(f"{method}, {big_store.n_ratings:,} ratings, --memory-limit 512MB: peak RSS {r['peak_rss'] / 1e6:.0f} MB, "
           f"{r['seconds']:.0f}s")
     assert r["peak_rss"] < 512e6, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mechanism, epsilon", [("pmc", "inf"), ("laplace", "1")])
+def test_public_private_over_50M_ratings_within_512MB(big_store, tmp_path, mechanism, epsilon):
+    """Public/private users (Xin & Jaakkola): 1% public users by id key, EM passes over their rows (the private rows are
+    skipped block by block), then 1% of the private users respond once (PMC, not DP; or Laplace-noised vectors, DP)
+    into the server's n_items x s sketch. Per user only a role (int16) is kept, on disk beside the store."""
+    from streamdp.storage.generate import generate_store
+
+    tiny = generate_store(str(tmp_path / "tiny.zarr"), n_users=500, n_items=50, ratings_per_user=5, rank=2, seed=1)
+    args = ("--epsilon", epsilon, "--delta", "1e-7", "--memory-limit", "512MB", "--rank", "16",
+            "--method", "public-private", "--public-fraction", "0.01", "--iters", "2", "--reg", "0.2",
+            "--private-mechanism", mechanism, "--private-fraction", "0.01", "--private-rounds", "1",
+            "--round-iters", "1", "--private-weight", "0.5")
+    peak_rss_of("train", tiny.path, "--out", str(tmp_path / "m0"), *args)  # kernels into their cache
+    r = peak_rss_of("train", big_store.path, "--out", str(tmp_path / "m"), *args)
+    with open(tmp_path / "m" / "model.json") as f:
+        info = json.load(f)
+    n_pub, n_resp = info["public"]["n_public"], info["private"]["responders"]
+    print(f"public-private {mechanism}, {big_store.n_ratings:,} ratings ({n_pub:,} public users, "
+          f"{info['public']['n_public_ratings']:,} public ratings, {n_resp:,} private responders), --memory-limit "
+          f"512MB: peak RSS {r['peak_rss'] / 1e6:.0f} MB, {r['seconds']:.0f}s")
+    assert 0.008 * big_store.n_users < n_pub < 0.012 * big_store.n_users, n_pub  # the passes did the work
+    assert 0.008 * big_store.n_users < n_resp < 0.012 * big_store.n_users, n_resp
+    assert r["peak_rss"] < 512e6, r
