@@ -6,7 +6,11 @@ SVD-based algorithm of their supplement), in the style of McSherry & Mironov
 
 1. **Global** (released): one pass accumulates the covariance
    ``W = sum_i x_i x_i^T`` of the users' rows of centred ratings
-   ``x_i = clip(P_Omega(r_i - mid), Delta)`` (:func:`streamdp.kernels.fw.gram_upper`),
+   ``x_i = clip(P_Omega(r_i - mu - b), Delta)`` (:func:`streamdp.kernels.fw.gram_upper`),
+   centred on a private global mean ``mu`` and item biases ``b`` released first
+   (``--center private``, default: McSherry-Mironov's "cleansing", the same two
+   releases and budget shares as ``--method fw``, :func:`streamdp.methods.frank_wolfe.center_settings`)
+   or on the public midpoint (``--center midpoint``, ``b = 0``),
    releases ``W + N`` with symmetric Gaussian noise ``N`` (upper triangle drawn and
    mirrored, :class:`streamdp.privacy.release.Release`), and keeps its top-``r``
    eigenvectors ``V_r`` (post-processing).
@@ -18,7 +22,7 @@ SVD-based algorithm of their supplement), in the style of McSherry & Mironov
 
 Sensitivity: adding a user adds ``x_i x_i^T``, whose upper triangle has L2 norm
 ``<= ||x_i||^2 <= Delta^2``: one Gaussian mechanism, calibrated to the target by
-the PLD accountant (``--calibration paper``: the supplement's
+the PLD accountant together with the centring's releases (``--calibration paper``: the supplement's
 ``sigma = Delta^2 sqrt(64 log(1/delta)) / epsilon``, :func:`streamdp.privacy.paper_sigma_jain`).
 The release ``V_r`` is user-level (epsilon, delta)-DP and each user's completed row
 is local, so, like ``--method fw``, the per-user outputs are jointly DP; the ledger
@@ -60,18 +64,24 @@ class PrivateSVD(Method):
                exclusive_minimum=True),
         Option("calibration", CALIBRATIONS, "pld: tight accountant; paper: the supplement's SVD sigma, for "
                "comparison", default="pld"),
+        Option("center", ("private", "midpoint"), "private: centre on a private global mean and item biases "
+               "(McSherry-Mironov's cleansing, as --method fw); midpoint: the public midpoint", default="private"),
     )
     guarantee = GUARANTEE_JOINT_DP
 
     def settings(self, store) -> dict:
+        from streamdp.methods.frank_wolfe import center_settings
+
         o = self.options
         lo, hi = float(store.rating_min), float(store.rating_max)
         h = (hi - lo) / 2.0
         return dict(rating_min=lo, rating_max=hi, mid=(lo + hi) / 2.0,
                     clip=float(o.get("clip", h * math.sqrt(5.0) if self.private else math.inf)),
-                    calibration=o.get("calibration", "pld"))
+                    calibration=o.get("calibration", "pld"),
+                    **center_settings(o.get("center", "private"), store.n_users, store.n_items, self.epsilon))
 
     def _plan(self, store) -> Plan:
+        from streamdp.methods.frank_wolfe import center_shares, centering_text
         from streamdp.privacy import paper_sigma_jain
         from streamdp.privacy.release import Share, calibrate_releases
 
@@ -79,23 +89,33 @@ class PrivateSVD(Method):
         D, n = s["clip"], store.n_items
         bounds = {"clip_Delta": D, "rating_min": s["rating_min"], "rating_max": s["rating_max"],
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"),
-                  "centering": f"public midpoint {s['mid']:g} of the declared rating range"}
+                  "centering": centering_text(s)}
         if not self.private:
             entries = [{"release": "top-r eigenvectors of the covariance", "mechanism": "none (non-private)"}]
-            return Plan(events=[], entries=entries, params={**s, "bounds": bounds, "release": None})
+            return Plan(events=[], entries=entries, params={**s, "bounds": bounds, "release": None,
+                                                            "releases": None})
         if not math.isfinite(D):
             raise ParameterError("--clip must be finite for a private run")
-        share = Share("covariance sum_i x_i x_i^T of the users' rows of centred ratings clipped to Delta (one "
-                      "Gaussian, symmetric noise)", "gaussian", D * D, 1.0, shape=(n, n), symmetric=True)
+        what = ("covariance sum_i x_i x_i^T of the users' rows of centred ratings clipped to Delta (one Gaussian, "
+                "symmetric noise)")
+        centre = center_shares(s, n)
         if s["calibration"] == "paper":
-            release = share.at(paper_sigma_jain(self.epsilon, self.delta, count=1, which="alg1"))
+            # the supplement's sigma on the covariance exactly; the centring at the same budget scalar
+            z = paper_sigma_jain(self.epsilon, self.delta, count=1, which="alg1")
+            releases = [Share(what, "gaussian", D * D, 1.0, shape=(n, n), symmetric=True).at(z)]
+            releases += [sh.at(z) for sh in centre]
         else:
-            release = calibrate_releases([share], self.epsilon, self.delta)[0]
+            f, g = s["stats_share"], s["mean_share"]
+            share = Share(what, "gaussian", D * D, 1.0 - f - g, shape=(n, n), symmetric=True)
+            releases = calibrate_releases([share] + centre, self.epsilon, self.delta)
+        release = releases[0]
         entry = release.entry()
         entry["calibration"] = s["calibration"]
-        entries = [entry, {"release": "top-r eigenvectors and eigenvalues of the noisy covariance",
-                           "mechanism": "post-processing", "count": 0}]
-        return Plan(events=[release.event()], entries=entries, params={**s, "bounds": bounds, "release": release})
+        entries = [entry] + [r.entry() for r in releases[1:]] + [
+            {"release": "top-r eigenvectors and eigenvalues of the noisy covariance", "mechanism": "post-processing",
+             "count": 0}]
+        return Plan(events=[r.event() for r in releases], entries=entries,
+                    params={**s, "bounds": bounds, "release": release, "releases": releases})
 
     def state_bytes(self, store) -> int:
         """Item-side memory: the covariance, its noisy copy and the eigendecomposition's workspace."""
@@ -103,10 +123,10 @@ class PrivateSVD(Method):
         return 8 * n * n * 4 + 8 * n * (self.rank + 8)
 
     def fit(self, store, engine) -> Fitted:
-        from streamdp.kernels.als import symmetrize_upper
+        from scipy.linalg import eigh
         from streamdp.kernels.fw import gram_upper
         from streamdp.kernels.linalg import residuals
-        from streamdp.methods.frank_wolfe import joint_dp_notes
+        from streamdp.methods.frank_wolfe import joint_dp_notes, private_center
         from streamdp.methods.oja import _add
         from streamdp.privacy import spawn_rngs
         from streamdp.privacy.bounding import clip_rows
@@ -114,13 +134,13 @@ class PrivateSVD(Method):
         plan = self.plan(store)
         s = plan.params
         n, r = store.n_items, self.rank
-        mid, D = s["mid"], s["clip"]
-        zero_bias = np.zeros(n)
+        D = s["clip"]
+        mu, bias = private_center(self, store, engine, s, spawn_rngs(self.seed, 2, key=RNG_KEY)[1])
 
         def fn(block, b):
             it = np.ascontiguousarray(block.items, dtype=np.int32)
             x = np.empty(block.nnz, np.float64)
-            residuals(it, block.ratings, float(mid), zero_bias, x)
+            residuals(it, block.ratings, float(mu), bias, x)
             if math.isfinite(D):
                 clip_rows(block.indptr, x, D, inplace=True)
             out = np.zeros((n, n))
@@ -129,10 +149,14 @@ class PrivateSVD(Method):
 
         W = engine.map_reduce(fn, _add, np.zeros((n, n)), extra_per_block=8 * n * n + 8 * store.block_nnz().max(
             initial=0), desc="svd covariance")
-        W = symmetrize_upper(W)
+        # in place from here on (the n x n matrix is the method's memory): mirror the upper triangle row by row,
+        # add the noise (the same draws and sum as Release.add), and only the top r eigenpairs (LAPACK syevr)
+        for i in range(1, n):
+            W[i, :i] = W[:i, i]
         if s["release"] is not None:
-            W = s["release"].add(W, spawn_rngs(self.seed, 1, key=RNG_KEY)[0])
-        lam, E = np.linalg.eigh(W)
+            W += s["release"].noise(spawn_rngs(self.seed, 1, key=RNG_KEY)[0], W.shape)
+        lam, E = eigh(W, subset_by_index=[max(n - r, 0), n - 1], overwrite_a=True, check_finite=False)
+        del W
         order = np.argsort(lam)[::-1][:r]
         V, lam = canonical_signs(E[:, order]), lam[order]
         ledger = self.ledger(store, plan, notes=joint_dp_notes(
@@ -141,13 +165,14 @@ class PrivateSVD(Method):
         info = {"method": self.name, "rank": r, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum,
                 "n_users": store.n_users, "n_items": n,
-                "parameters": {"clip": D, "calibration": s["calibration"]},
+                "parameters": {"clip": D, "calibration": s["calibration"], "center": s["center"],
+                               "stats_share": s["stats_share"], "mean_share": s["mean_share"]},
                 "local": "projection", "local_user_bias": False,
                 "item_factors": "top-r eigenvectors of the noisy covariance; a user's row is (n / n_i) x_i V V^T "
                                 "(streamdp.local.projection_rows)",
                 "rating_range": {"min": s["rating_min"], "max": s["rating_max"]}}
-        return Fitted(item_factors=V.astype(np.float32), item_bias=np.zeros(n, np.float32),
-                      item_ids=store.item_ids(), global_mean=float(mid), model_info=info, ledger=ledger,
+        return Fitted(item_factors=V.astype(np.float32), item_bias=np.asarray(bias, np.float32),
+                      item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
                       extras={"eigenvalues": lam.astype(np.float64)})
 
 

@@ -28,8 +28,9 @@ def rank1_store(tmp_path_factory):
                           test_fraction=0.2, seed=3, block_users=400)
 
 
-def _fit(store, method="fw", epsilon=INF, rank=6, workers=1, seed=5, **opts):
-    m = get_method(method)(epsilon=epsilon, delta=1e-6, rank=rank, seed=seed, **opts)
+def _fit(store, method="fw", epsilon=INF, rank=6, workers=1, seed=5, center="midpoint", **opts):
+    """The dense references centre on the midpoint; the private centring is tested on its own below."""
+    m = get_method(method)(epsilon=epsilon, delta=1e-6, rank=rank, seed=seed, center=center, **opts)
     with Engine(store, workers=workers, memory_limit="2GB") as eng:
         return m, m.fit(store, eng)
 
@@ -163,16 +164,37 @@ def test_private_ledger_is_joint_dp_with_every_release(rank1_store):
     assert m.planned_ledger(rank1_store).events == led.events
 
 
+@pytest.mark.parametrize("method", ["fw", "svd"])
+def test_private_centring_is_released_first_and_used_locally(rank1_store, tmp_path, method):
+    """``--center private`` (default): a private global mean and item biases, two more Gaussian releases in the one
+    composed ledger; non-private, the exact mean of user means; the model centres the users' devices on them."""
+    from streamdp.evaluate import evaluate_model
+
+    st = rank1_store
+    m, f = _fit(st, method=method, epsilon=1.0, rank=3, seed=1, center="private")
+    led = f.ledger
+    rel = led.bounds["releases"]
+    assert [r["mechanism"] for r in rel] == ["gaussian"] * 3 + ["post-processing"]
+    assert "private global mean" in led.bounds["centering"]
+    assert led.accounting.epsilon <= 1.0 and led.recompute().epsilon == pytest.approx(led.accounting.epsilon)
+    assert m.planned_ledger(st).events == led.events
+    assert np.any(f.item_bias != 0) and abs(f.global_mean) < 0.2
+    _, g = _fit(st, method=method, epsilon=INF, rank=3, center="private")
+    X, M = _dense(st)
+    assert g.global_mean == pytest.approx(float(np.mean(X.sum(1)[M.any(1)] / M.sum(1)[M.any(1)])), abs=1e-9)
+    assert evaluate_model(g.save(str(tmp_path / method)), st, baselines=False)["rmse"] < 0.2
+
+
 def test_paper_calibration_reports_the_epsilon_it_gives(rank1_store):
     from streamdp.privacy import paper_sigma_jain
 
-    m = get_method("fw")(epsilon=1.0, delta=1e-6, rank=4, passes=1, calibration="paper")
+    m = get_method("fw")(epsilon=1.0, delta=1e-6, rank=4, passes=1, calibration="paper", center="midpoint")
     led = m.planned_ledger(rank1_store)
     count = 4 + 1
     z = led.bounds["releases"][0]["noise_multiplier"]
     assert z == pytest.approx(paper_sigma_jain(1.0, 1e-6, count, "alg1"))
     assert led.accounting.epsilon < 0.4  # far more noise than the target needs
-    tight = get_method("fw")(epsilon=1.0, delta=1e-6, rank=4, passes=1).planned_ledger(rank1_store)
+    tight = get_method("fw")(epsilon=1.0, delta=1e-6, rank=4, passes=1, center="midpoint").planned_ledger(rank1_store)
     assert tight.bounds["releases"][0]["noise_multiplier"] < z / 5
 
 
@@ -186,7 +208,8 @@ def test_svd_ledger_and_paper_sigma(rank1_store):
     assert led.guarantee == "joint user-level (epsilon, delta)-DP" and led.accounting.epsilon <= 1.0
     assert rel["sensitivity"] == pytest.approx(D * D) and rel["symmetric"] and rel["count"] == 1
     assert f.item_factors.shape == (rank1_store.n_items, 2)
-    p = get_method("svd")(epsilon=1.0, delta=1e-6, rank=2, calibration="paper").planned_ledger(rank1_store)
+    p = get_method("svd")(epsilon=1.0, delta=1e-6, rank=2, calibration="paper",
+                          center="midpoint").planned_ledger(rank1_store)
     assert p.bounds["releases"][0]["noise_multiplier"] == pytest.approx(paper_sigma_jain(1.0, 1e-6, 1, "alg1"))
 
 
