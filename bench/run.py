@@ -224,7 +224,6 @@ def kernels(rep: Report, tmp: str, n_ratings: int, repeats: int) -> None:
         s_rate = surprise_rate(st, 300_000, k, 1)
         rep.add(f"sgd epoch k={k}, 1 worker vs scikit-surprise SVD epoch (300k-rating subset)", _rate(m["sgd1"]),
                 _rate(s_rate), m["sgd1"] / s_rate)
-    del mat, A
     shutil.rmtree(f"{tmp}/k.zarr", ignore_errors=True)
 
 

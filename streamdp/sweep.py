@@ -17,7 +17,6 @@ and each method's non-private RMSE as horizontal lines; needs the ``plot`` extra
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import statistics

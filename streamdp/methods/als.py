@@ -338,15 +338,8 @@ class _AlsBase(Method):
 
     # -- fitting -------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
-        from streamdp.stream.driver import Run, fingerprint
-
         plan = self.plan(store)
-        s = plan.params
-        keep = {key: v for key, v in s.items() if key not in ("checkpoint", "releases", "bounds")}
-        fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
-                         store=store.checksum, s=keep)
-        with Run(store, method=self.name, fingerprint=fp, seed=self.seed, rng_key=RNG_KEY,
-                 checkpoint=self.options.get("checkpoint")) as run:
+        with self.open_run(store, plan, rng_key=RNG_KEY) as run:
             return self._fit(store, engine, run, plan)
 
     def _fit(self, store, engine, run, plan) -> Fitted:

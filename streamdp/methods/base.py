@@ -163,6 +163,23 @@ class Method:
                       store_checksum=store.checksum, notes=list(notes),
                       **({"relation": self.relation} if private and self.relation else {}))
 
+    def open_run(self, store, plan, *, rng_key: int, exclude=()):
+        """The :class:`~streamdp.stream.driver.Run` of one fit of ``plan`` on ``store`` (state, checkpoints, RNG).
+
+        Its fingerprint covers the method, rank, privacy target, seed, store checksum and
+        every planned setting but ``exclude`` and the derived entries (releases, bounds,
+        the checkpoint path), so ``--checkpoint`` resumes only the very same run.
+        """
+        from streamdp.stream.driver import Run, fingerprint
+
+        skip = {"checkpoint", "release", "releases", "bounds", *exclude}
+        keep = {key: (v.tolist() if isinstance(v, np.ndarray) else v) for key, v in plan.params.items()
+                if key not in skip}
+        fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
+                         store=store.checksum, s=keep)
+        return Run(store, method=self.name, fingerprint=fp, seed=self.seed, rng_key=rng_key,
+                   checkpoint=self.options.get("checkpoint"))
+
     def planned_ledger(self, store):
         """The ledger this method will write, computed before it runs (for budget reservation)."""
         return self.ledger(store, self.plan(store))

@@ -496,14 +496,8 @@ class _SgdBase(Method):
     # -- fit ---------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         """Run the epochs on ``engine`` and return the released item side (see the module docstring)."""
-        from streamdp.stream.driver import Run, fingerprint
-
-        s = self.plan(store).params
-        keep = {k: v for k, v in s.items() if k not in ("checkpoint", "epochs")}  # a run may be extended
-        fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), seed=self.seed, store=store.checksum,
-                         s=keep)
-        with Run(store, method=self.name, fingerprint=fp, seed=self.seed, rng_key=RNG_KEY,
-                 checkpoint=self.options.get("checkpoint")) as run:
+        # a run may be extended: the number of epochs is not part of its fingerprint
+        with self.open_run(store, self.plan(store), rng_key=RNG_KEY, exclude=("epochs",)) as run:
             return self._fit(store, engine, run)
 
     def _fit(self, store, engine, run) -> Fitted:

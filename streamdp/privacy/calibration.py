@@ -21,7 +21,6 @@ import math
 from typing import Callable
 
 import dp_accounting
-import numpy as np
 from dp_accounting import mechanism_calibration as _mc
 
 from streamdp.errors import ParameterError

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from streamdp.errors import ParameterError
-from streamdp.methods import get_method, train
+from streamdp.methods import get_method
 from streamdp.methods.frank_wolfe import RNG_KEY, passes_in
 from streamdp.methods.svd import canonical_signs
 from streamdp.stream.engine import Engine

@@ -6,7 +6,6 @@ import json
 import math
 
 import dp_accounting
-import numpy as np
 import pytest
 from click.testing import CliRunner
 from dp_accounting.pld import PLDAccountant
