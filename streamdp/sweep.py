@@ -198,7 +198,7 @@ def plot(result: dict, path: str) -> str | None:
     except ImportError:
         return None
     finite = sorted({float(s["epsilon"]) for s in result["summary"] if s["epsilon"] != "inf"})
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, m in enumerate(result["methods"]):
         pts = sorted((float(s["epsilon"]), s["rmse_mean"], s["rmse_std"]) for s in result["summary"]
@@ -225,7 +225,7 @@ def plot(result: dict, path: str) -> str | None:
     ax.set_title(f"{os.path.basename(result['store'].rstrip('/'))}: test RMSE vs epsilon "
                  f"(delta {result['delta']:.0e}, {result['repeats']} repeat(s))")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best", framealpha=0.8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # beside the lines, never on them
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=120)
