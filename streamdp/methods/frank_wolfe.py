@@ -236,17 +236,12 @@ def center_settings(center: str, n_users: int, n_items: int, epsilon: float) -> 
 
 
 def center_shares(s: dict, n_items: int) -> list:
-    """The two releases of the private centring (item sums and weights; the mean over users), as ``--method oja``."""
-    from streamdp.privacy.release import Share
+    """The private centring's releases (:func:`streamdp.methods.oja.center_shares`); none for the midpoint."""
+    from streamdp.methods.oja import center_shares as shares
 
     if s["center"] != "private":
         return []
-    h = (s["rating_max"] - s["rating_min"]) / 2.0
-    d = math.sqrt(1.0 + h * h)
-    return [Share("item sums S_j and weights C_j (item biases, global mean)", "gaussian", d, s["stats_share"],
-                  shape=(2, n_items)),
-            Share("sum over users of (user mean - midpoint) and number of users (global mean)", "gaussian", d,
-                  s["mean_share"], shape=(2,))]
+    return shares(s["stats_share"], s["mean_share"], s["rating_min"], s["rating_max"], n_items)
 
 
 def centering_text(s: dict) -> str:
@@ -260,16 +255,15 @@ def centering_text(s: dict) -> str:
 def private_center(method, store, engine, s: dict, rng) -> tuple[float, np.ndarray]:
     """``(mu, b)``: the private (non-private: exact) global mean and item biases, or ``(mid, 0)``.
 
-    The statistics pass and the posterior shrinkage of :meth:`streamdp.methods.oja.PrivateOja._center`
-    (one implementation), with this run's releases. The biases are rounded to float32, as
+    :func:`streamdp.methods.oja.private_center` with this run's centring releases (the
+    two after the first, :func:`center_shares`). The biases are rounded to float32, as
     the model stores them, so that the training and the users' devices centre alike.
     """
-    from streamdp.methods.oja import PrivateOja
+    from streamdp.methods.oja import private_center as center
 
-    rel = s.get("releases")
-    sub = dict(center=s["center"], rating_min=s["rating_min"], rating_max=s["rating_max"],
-               releases=[None] + list(rel[1:3]) if rel else None)
-    mu, bias, _, _ = PrivateOja._center(method, store, engine, sub, rng)
+    stats, mean = s["releases"][1:3] if method.private and s["center"] == "private" else (None, None)
+    mu, bias, _, _ = center(store, engine, center=s["center"], rating_min=s["rating_min"],
+                            rating_max=s["rating_max"], stats=stats, mean=mean, rng=rng)
     return float(mu), np.asarray(bias, np.float32).astype(np.float64)
 
 

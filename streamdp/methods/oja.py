@@ -272,16 +272,12 @@ class PrivateOja(Method):
         """The run's releases before calibration (the privacy core's :class:`~streamdp.privacy.release.Share`)."""
         from streamdp.privacy.release import Share
 
-        L, half = s["clip"], (s["rating_max"] - s["rating_min"]) / 2.0
+        L = s["clip"]
         P, f, g = s["passes"], s["stats_share"], s["mean_share"]
         shares = [Share("A^T A V + G per pass (one Gaussian per pass: each user in one step)", "gaussian", L * L,
                         1.0 - f - g, count=P, shape=(store.n_items, self.rank))]
         if f > 0:
-            d = math.sqrt(1.0 + half * half)
-            shares += [Share("item sums S_j and weights C_j (item biases, global mean)", "gaussian", d, f,
-                             shape=(2, store.n_items)),
-                       Share("sum over users of (user mean - midpoint) and number of users (global mean)",
-                             "gaussian", d, g, shape=(2,))]
+            shares += center_shares(f, g, s["rating_min"], s["rating_max"], store.n_items)
         return shares
 
     def _releases(self, store, s: dict) -> list:
@@ -331,7 +327,10 @@ class PrivateOja(Method):
         rngs = spawn_rngs(self.seed, 2 + total_steps, key=RNG_KEY)
         sigma_pass = s["z_pass"] * L * L if self.private else 0.0
 
-        mu, bias, weight, weight_sigma = self._center(store, engine, s, rngs[1])
+        stats, mean = s["releases"][1:3] if self.private and s["center"] == "private" else (None, None)
+        mu, bias, weight, weight_sigma = private_center(
+            store, engine, center=s["center"], rating_min=s["rating_min"], rating_max=s["rating_max"],
+            stats=stats, mean=mean, rng=rngs[1])
         release_pass = s["releases"][0] if self.private else None
         V = np.linalg.qr(rngs[0].standard_normal((n, k)))[0]
         values_of = _values_fn(mu, bias, L, s["rating_min"], s["rating_max"])
@@ -383,44 +382,70 @@ class PrivateOja(Method):
                       extras={"singular_values": sv.astype(np.float64), "signal_share": signal_share,
                               "basis": V.astype(np.float32)}, per_item_extras=("basis",))
 
-    def _center(self, store, engine, s, rng):
-        """Private (or public-midpoint) global mean and item biases."""
-        from streamdp.privacy.bounding import clip_rows
 
-        n = store.n_items
-        lo, hi = s["rating_min"], s["rating_max"]
-        mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
-        if s["center"] == "midpoint":
-            return mid, np.zeros(n), None, 0.0
+def center_shares(stats_share: float, mean_share: float, rating_min: float, rating_max: float,
+                  n_items: int) -> list:
+    """The two releases of the private centring: item sums and weights, and the mean of user means.
 
-        def fn(block, b):
-            w = clip_rows(block.indptr, np.ones(block.nnz, np.float64), 1.0)
-            r = np.clip(block.ratings.astype(np.float64), lo, hi) - mid
-            counts = np.diff(block.indptr)
-            user = np.repeat(np.arange(block.n_users), counts)
-            means = np.bincount(user, weights=r, minlength=block.n_users)[counts > 0] / counts[counts > 0]
-            out = np.zeros((2, n + 1))
-            out[0, :n] = np.bincount(block.items, weights=r * w, minlength=n)
-            out[1, :n] = np.bincount(block.items, weights=w, minlength=n)
-            out[:, n] = means.sum(), len(means)
-            return out
+    One user changes each by at most ``sqrt(1 + h^2)`` in L2 (``h`` half the rating
+    range: a weight ``<= 1`` and a clipped, centred rating ``<= h`` per item with the
+    rows clipped to norm 1; one user mean and one count). Shared by ``oja``, ``fw``
+    and ``svd`` (:func:`private_center` adds exactly these).
+    """
+    from streamdp.privacy.release import Share
 
-        SC = engine.map_reduce(fn, _add, np.zeros((2, n + 1)), extra_per_block=16 * n, desc="oja statistics")
-        sigma = 0.0
-        if self.private:
-            stats, mean = s["releases"][1], s["releases"][2]
-            sigma = stats.scale
-            SC[:, :n] = stats.add(SC[:, :n], rng)
-            SC[:, n] = mean.add(SC[:, n], rng)
-        S, C = SC[:, :n]
-        T, U = SC[:, n]
-        mu = min(max(mid + float(T) / max(float(U), 1.0), lo), hi)
-        # posterior-mean shrinkage under a public prior b_j ~ N(0, (h/4)^2): items whose
-        # noisy weight C_j is small next to the noise sigma get a bias near 0
-        Cp = np.maximum(C, 0.0)
-        tau = half / 4.0
-        bias = (S - (mu - mid) * C) * Cp / (Cp * Cp + (sigma / tau) ** 2 + Cp + 1e-12)
-        return mu, np.clip(bias, -half, half), C, sigma
+    d = math.sqrt(1.0 + ((rating_max - rating_min) / 2.0) ** 2)
+    return [Share("item sums S_j and weights C_j (item biases, global mean)", "gaussian", d, stats_share,
+                  shape=(2, n_items)),
+            Share("sum over users of (user mean - midpoint) and number of users (global mean)", "gaussian", d,
+                  mean_share, shape=(2,))]
+
+
+def private_center(store, engine, *, center: str, rating_min: float, rating_max: float, stats=None, mean=None,
+                   rng=None):
+    """``(mu, b, C, sigma)``: the private (exact without releases) global mean and item biases, or the midpoint.
+
+    One statistics pass: per item the sum ``S_j`` of centred, clipped ratings and the
+    weight ``C_j`` (each user's weights ``min(1, 1/sqrt(n_i))``, rows clipped to norm 1),
+    and the sum and number of user means; ``stats`` and ``mean`` (the releases of
+    :func:`center_shares`, ``None`` for a non-private run) add their noise. Then the
+    posterior-mean shrinkage of the biases under a public prior ``b_j ~ N(0, (h/4)^2)``
+    (post-processing). ``center="midpoint"`` is ``(mid, 0, None, 0)`` and reads nothing.
+    """
+    from streamdp.privacy.bounding import clip_rows
+
+    n = store.n_items
+    lo, hi = rating_min, rating_max
+    mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
+    if center == "midpoint":
+        return mid, np.zeros(n), None, 0.0
+
+    def fn(block, b):
+        w = clip_rows(block.indptr, np.ones(block.nnz, np.float64), 1.0)
+        r = np.clip(block.ratings.astype(np.float64), lo, hi) - mid
+        counts = np.diff(block.indptr)
+        user = np.repeat(np.arange(block.n_users), counts)
+        means = np.bincount(user, weights=r, minlength=block.n_users)[counts > 0] / counts[counts > 0]
+        out = np.zeros((2, n + 1))
+        out[0, :n] = np.bincount(block.items, weights=r * w, minlength=n)
+        out[1, :n] = np.bincount(block.items, weights=w, minlength=n)
+        out[:, n] = means.sum(), len(means)
+        return out
+
+    SC = engine.map_reduce(fn, _add, np.zeros((2, n + 1)), extra_per_block=16 * n, desc="centring statistics")
+    sigma = 0.0
+    if stats is not None:
+        sigma = stats.scale
+        SC[:, :n] = stats.add(SC[:, :n], rng)
+        SC[:, n] = mean.add(SC[:, n], rng)
+    S, C = SC[:, :n]
+    T, U = SC[:, n]
+    mu = min(max(mid + float(T) / max(float(U), 1.0), lo), hi)
+    # items whose noisy weight C_j is small next to the noise sigma get a bias near 0
+    Cp = np.maximum(C, 0.0)
+    tau = half / 4.0
+    bias = (S - (mu - mid) * C) * Cp / (Cp * Cp + (sigma / tau) ** 2 + Cp + 1e-12)
+    return mu, np.clip(bias, -half, half), C, sigma
 
 
 #: Default ridge of the local user solve (see :mod:`streamdp.local`).
