@@ -15,11 +15,9 @@ import math
 import numpy as np
 
 from streamdp.errors import StoreError
+from streamdp.stream.engine import add_into as _add
 
 
-def _add(acc, x):
-    acc += x
-    return acc
 
 
 def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=None, ridge: float | None = None,

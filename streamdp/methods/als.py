@@ -94,6 +94,7 @@ from streamdp.errors import ParameterError
 from streamdp.methods import register
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.stream.engine import add_into as _add
 
 #: Key of this module's random streams.
 RNG_KEY = 0x0A15
@@ -629,9 +630,6 @@ def _psd(M) -> np.ndarray:
     return (E * np.maximum(w, 0.0)[..., None, :]) @ np.swapaxes(E, -1, -2)
 
 
-def _add(acc, x):
-    acc += x
-    return acc
 
 
 @register

@@ -166,6 +166,7 @@ from streamdp.methods.oja import DEFAULT_RIDGE, _values_fn, scaled_factors
 from streamdp.methods.options import Option
 from streamdp.privacy.accountant import BOUNDED_ROW_CHANGE_RELATION
 from streamdp.privacy.ledger import GUARANTEE_ROW_DP
+from streamdp.stream.engine import add_into as _add
 
 __all__ = ["LowRank", "lowrank", "MECHANISMS", "default_oversampling", "format_lowrank_summary"]
 
@@ -261,9 +262,6 @@ def _clip_dense_rows(X: np.ndarray, bound: float) -> np.ndarray:
         .reshape(n, k)
 
 
-def _add(acc, x):
-    acc += x
-    return acc
 
 
 def _orthonormalizer(G: np.ndarray) -> np.ndarray:

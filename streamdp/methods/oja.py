@@ -119,6 +119,7 @@ from streamdp.kernels.linalg import gram_apply, gram_apply_range, residuals
 from streamdp.methods import register
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.stream.engine import add_into as _add
 
 #: Share of the Gaussian budget (in sum of 1/z^2) given to the private item biases.
 STATS_SHARE = 0.1
@@ -484,9 +485,6 @@ def scaled_factors(V: np.ndarray, sv: np.ndarray, weight: np.ndarray | None = No
     return Q * math.sqrt(n / norm) if norm > 0 else Q
 
 
-def _add(acc, x):
-    acc += x
-    return acc
 
 
 def _values_fn(mu, bias, L, lo, hi):

@@ -173,6 +173,7 @@ from streamdp.errors import InputError, ParameterError
 from streamdp.methods import register
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.stream.engine import add_into as _add
 
 #: Key of this method's random streams.
 RNG_KEY = 0x0B9B
@@ -947,9 +948,6 @@ def _nystrom(Y, Omega):
     return U, np.maximum(S * S - nu, 0.0)
 
 
-def _add(acc, x):
-    acc += x
-    return acc
 
 
 def _add_parts(acc, part):

@@ -73,6 +73,12 @@ def _remote_block(path: str, b: int, split: str, fn: Callable, inner: int):
         return fn(store.read_block(b, split), b)
 
 
+def add_into(acc, part):
+    """``acc += part``, returned: the in-place sum that most passes use as :meth:`Engine.map_reduce`'s ``combine``."""
+    acc += part
+    return acc
+
+
 class Engine:
     """Runs passes over a rating store's user blocks.
 
