@@ -29,51 +29,73 @@ import tempfile
 import time
 
 
-def fit_rmse(store, method, epsilon, seed, workers=2, **opts):
-    """Test RMSE of one model (fitted on the engine, saved, evaluated as a user's device would)."""
-    from streamdp.evaluate import evaluate_model
+def fit_timed(store, method, epsilon, seed, workers=2, delta=None, **opts):
+    """``(fitted, seconds)``: one model fitted on the engine (the fit's wall time only)."""
     from streamdp.methods import get_method
     from streamdp.stream.engine import Engine
 
-    m = get_method(method)(epsilon=epsilon, delta=delta_for(store), seed=seed, **opts)
+    m = get_method(method)(epsilon=epsilon, delta=delta_for(store) if delta is None else delta, seed=seed, **opts)
     with Engine(store, workers=workers, memory_limit="8GB", state_bytes=m.state_bytes(store)) as eng:
+        t = time.perf_counter()
         f = m.fit(store, eng)
-    d = tempfile.mkdtemp(prefix="bench-als-model-")
+        return f, time.perf_counter() - t
+
+
+def fitted_rmse(store, fitted, workers=2) -> float:
+    """Test RMSE of a fitted model: saved to a temporary directory, evaluated as the users' devices would."""
+    from streamdp.evaluate import evaluate_model
+
+    d = tempfile.mkdtemp(prefix="bench-model-")
     try:
         out = os.path.join(d, "m")
-        f.save(out)
+        fitted.save(out)
         return evaluate_model(out, store, baselines=False, workers=workers)["rmse"]
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def fit_rmse(store, method, epsilon, seed, workers=2, delta=None, **opts):
+    """Test RMSE of one model (fitted on the engine, saved, evaluated as a user's device would)."""
+    return fitted_rmse(store, fit_timed(store, method, epsilon, seed, workers, delta, **opts)[0], workers)
+
+
 def delta_for(store) -> float:
-    """The CLI's default delta: the largest power of ten <= min(1e-6, 1 / (10 n_users))."""
-    return 10.0 ** math.floor(math.log10(min(1e-6, 1.0 / (10.0 * store.n_users))))
+    """The CLI's default delta (:func:`streamdp.api.default_delta` of the store's number of users)."""
+    from streamdp.api import default_delta
+
+    return default_delta(store.n_users)
 
 
-def surprise_rmse(store, seeds=3):
-    """scikit-surprise SVD (its defaults) on the store's train split, RMSE on its test split."""
+def split_frame(store, split):
+    """``(users, items, ratings)`` of one split of ``store``, whole, in memory (the peers need it so)."""
+    import numpy as np
+
+    parts = [store.read_block(b, split) for b in range(store.n_blocks)]
+    users = np.concatenate([p.first_user + np.repeat(np.arange(p.n_users), np.diff(p.indptr)) for p in parts])
+    return users, np.concatenate([p.items for p in parts]), np.concatenate([p.ratings for p in parts])
+
+
+def surprise_fit(store, seed=0):
+    """scikit-surprise SVD (its defaults) on the train split: ``(test RMSE, wall seconds of the fit)``."""
     import numpy as np
     import pandas as pd
     from surprise import SVD, Dataset, Reader
 
-    def frame(split):
-        parts = [store.read_block(b, split) for b in range(store.n_blocks)]
-        users = np.concatenate([p.first_user + np.repeat(np.arange(p.n_users), np.diff(p.indptr)) for p in parts])
-        return (users, np.concatenate([p.items for p in parts]), np.concatenate([p.ratings for p in parts]))
-
-    u, i, r = frame("train")
+    u, i, r = split_frame(store, "train")
     ds = Dataset.load_from_df(pd.DataFrame({"u": u, "i": i, "r": r}),
                               Reader(rating_scale=(store.rating_min, store.rating_max))).build_full_trainset()
-    tu, ti, tr = frame("test")
-    out = []
-    for s in range(seeds):
-        algo = SVD(random_state=s)
-        algo.fit(ds)
-        pred = np.array([algo.predict(a, b).est for a, b in zip(tu, ti)])
-        out.append(math.sqrt(float(np.mean((pred - tr) ** 2))))
-    return statistics.mean(out)
+    algo = SVD(random_state=seed)
+    t = time.perf_counter()
+    algo.fit(ds)
+    dt = time.perf_counter() - t
+    tu, ti, tr = split_frame(store, "test")
+    pred = np.array([algo.predict(a, b).est for a, b in zip(tu, ti)])
+    return math.sqrt(float(np.mean((pred - tr) ** 2))), dt
+
+
+def surprise_rmse(store, seeds=3):
+    """scikit-surprise SVD (its defaults) on the store's train split, RMSE on its test split (mean of seeds)."""
+    return statistics.mean(surprise_fit(store, s)[0] for s in range(seeds))
 
 
 def table(store, name, args):

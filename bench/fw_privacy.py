@@ -45,21 +45,10 @@ INF = float("inf")
 
 
 def fit_rmse(store, method, epsilon, seed, workers=2, **opts):
-    """Test RMSE of one model: fitted on the engine, saved, evaluated as the users' devices would."""
-    from streamdp.evaluate import evaluate_model
-    from streamdp.methods import get_method
-    from streamdp.stream.engine import Engine
+    """Test RMSE of one model at the paper's delta (:func:`als_privacy.fit_rmse`)."""
+    from als_privacy import fit_rmse as fit
 
-    m = get_method(method)(epsilon=epsilon, delta=DELTA, seed=seed, **opts)
-    with Engine(store, workers=workers, memory_limit="8GB", state_bytes=m.state_bytes(store)) as eng:
-        f = m.fit(store, eng)
-    d = tempfile.mkdtemp(prefix="bench-fw-model-")
-    try:
-        out = os.path.join(d, "m")
-        f.save(out)
-        return evaluate_model(out, store, baselines=False, workers=workers)["rmse"]
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    return fit(store, method, epsilon, seed, workers, DELTA, **opts)
 
 
 def table(store, name, args, png=None):

@@ -32,7 +32,6 @@ stores are removed at the end.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import statistics
@@ -45,7 +44,7 @@ if __package__ in (None, ""):  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.als import passes  # noqa: E402
-from bench.als_privacy import REAL_STORES, delta_for  # noqa: E402
+from bench.als_privacy import REAL_STORES, fit_timed, fitted_rmse, surprise_fit  # noqa: E402
 from bench.ingest import run_measured  # noqa: E402
 from bench.sgd import _steady, epoch_rates, in_memory_matrix, peer_rate, surprise_rate  # noqa: E402
 
@@ -85,50 +84,10 @@ def _rate(x: float) -> str:
 # ---------------------------------------------------------------- real data vs scikit-surprise
 
 
-def _frame(store, split):
-    import numpy as np
-
-    parts = [store.read_block(b, split) for b in range(store.n_blocks)]
-    users = np.concatenate([p.first_user + np.repeat(np.arange(p.n_users), np.diff(p.indptr)) for p in parts])
-    return users, np.concatenate([p.items for p in parts]), np.concatenate([p.ratings for p in parts])
-
-
-def _surprise(store):
-    """scikit-surprise SVD (defaults) on the train split: ``(test RMSE, wall seconds of the fit)``."""
-    import numpy as np
-    import pandas as pd
-    from surprise import SVD, Dataset, Reader
-
-    u, i, r = _frame(store, "train")
-    ds = Dataset.load_from_df(pd.DataFrame({"u": u, "i": i, "r": r}),
-                              Reader(rating_scale=(store.rating_min, store.rating_max))).build_full_trainset()
-    algo = SVD(random_state=0)
-    t = time.perf_counter()
-    algo.fit(ds)
-    dt = time.perf_counter() - t
-    tu, ti, tr = _frame(store, "test")
-    pred = np.array([algo.predict(a, b).est for a, b in zip(tu, ti)])
-    return math.sqrt(float(np.mean((pred - tr) ** 2))), dt
-
-
 def _ours(store, method, epsilon, **opts):
     """Our model on the same split, one worker: ``(test RMSE, wall seconds of the fit, rank)``."""
-    from streamdp.evaluate import evaluate_model
-    from streamdp.methods import get_method
-    from streamdp.stream.engine import Engine
-
-    m = get_method(method)(epsilon=epsilon, delta=delta_for(store), seed=0, **opts)
-    with Engine(store, workers=1, memory_limit="2GB", state_bytes=m.state_bytes(store)) as eng:
-        t = time.perf_counter()
-        f = m.fit(store, eng)
-        dt = time.perf_counter() - t
-    d = tempfile.mkdtemp(prefix="bench-run-model-")
-    try:
-        f.save(os.path.join(d, "m"))
-        rmse = evaluate_model(os.path.join(d, "m"), store, baselines=False, workers=1)["rmse"]
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-    return rmse, dt, f.model_info.get("rank", m.rank)
+    f, dt = fit_timed(store, method, epsilon, 0, workers=1, **opts)
+    return fitted_rmse(store, f, workers=1), dt, f.model_info.get("rank", "?")
 
 
 def real(rep: Report, tmp: str) -> None:
@@ -143,7 +102,7 @@ def real(rep: Report, tmp: str) -> None:
             continue
         st = ingest([path], f"{tmp}/{name}.zarr", test_fraction=0.2, seed=0, rating_range=rr)
         _ours(st, "als", float("inf"), iters=1)  # compile outside the timings
-        s_rmse, s_sec = _surprise(st)
+        s_rmse, s_sec = surprise_fit(st)
         for label, method, eps, opts in (("als non-private", "als", float("inf"), {}),
                                          ("sgd non-private", "sgd", float("inf"), {}),
                                          ("als epsilon 1", "als", 1.0, {})):
