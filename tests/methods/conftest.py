@@ -34,3 +34,30 @@ def one_block_copy(store, path: str):
 def small_store_in_memory(small_store, tmp_path_factory):
     """``small_store`` as a single block."""
     return one_block_copy(small_store, str(tmp_path_factory.mktemp("stores") / "small_one_block.zarr"))
+
+
+@pytest.fixture
+def interrupted_after_checkpoint(monkeypatch):
+    """``with interrupted_after_checkpoint(n): fit(...)``: the fit raises KeyboardInterrupt right after saving
+    checkpoint ``n`` (as a Ctrl-C there would), and the block asserts that it did; ``Run.save`` is restored after."""
+    import contextlib
+
+    import streamdp.stream.driver as drv
+
+    real_save = drv.Run.save
+
+    @contextlib.contextmanager
+    def interrupted(epoch: int):
+        def save_then_stop(self, e, **arrays):
+            real_save(self, e, **arrays)
+            if e == epoch:
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(drv.Run, "save", save_then_stop)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                yield
+        finally:
+            monkeypatch.setattr(drv.Run, "save", real_save)
+
+    return interrupted

@@ -126,22 +126,11 @@ def test_no_factors_below_the_signal_to_noise_threshold(small_store):
 
 
 @pytest.mark.parametrize("sampling", ["adaptive", "tail"])
-def test_resume_after_interruption_gives_the_same_model(small_store, tmp_path, monkeypatch, sampling):
-    import streamdp.stream.driver as drv
-
+def test_resume_after_interruption_gives_the_same_model(small_store, tmp_path, interrupted_after_checkpoint, sampling):
     opts = dict(epsilon=1.0, rank=4, iters=3, seed=7, sampling=sampling)  # tail: weight totals released in it. 1
     _, full = _fit(small_store, checkpoint=str(tmp_path / "full"), **opts)
-    real_save = drv.Run.save
-
-    def save_then_stop(self, epoch, **arrays):
-        real_save(self, epoch, **arrays)
-        if epoch == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(drv.Run, "save", save_then_stop)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_after_checkpoint(2):
         _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
-    monkeypatch.setattr(drv.Run, "save", real_save)
     _, res = _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
     assert res.model_info["resumed_from_iteration"] == 2
     np.testing.assert_array_equal(res.item_factors, full.item_factors)

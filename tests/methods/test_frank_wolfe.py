@@ -241,22 +241,11 @@ def test_fw_beats_svd_on_the_small_rank1_store(rank1_store, tmp_path):
     assert out["fw"]["rmse"] < out["svd"]["rmse"] < out["svd"]["baselines"]["item_mean"]["rmse"]
 
 
-def test_resume_after_interruption_gives_the_same_model(rank1_store, tmp_path, monkeypatch):
-    import streamdp.stream.driver as drv
-
+def test_resume_after_interruption_gives_the_same_model(rank1_store, tmp_path, interrupted_after_checkpoint):
     opts = dict(epsilon=1.0, rank=4, passes=2, seed=7)
     _, full = _fit(rank1_store, checkpoint=str(tmp_path / "full"), **opts)
-    real_save = drv.Run.save
-
-    def save_then_stop(self, epoch, **arrays):
-        real_save(self, epoch, **arrays)
-        if epoch == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(drv.Run, "save", save_then_stop)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_after_checkpoint(2):
         _fit(rank1_store, checkpoint=str(tmp_path / "ck"), **opts)
-    monkeypatch.setattr(drv.Run, "save", real_save)
     _, res = _fit(rank1_store, checkpoint=str(tmp_path / "ck"), **opts)
     assert res.model_info["resumed_from_iteration"] == 2
     np.testing.assert_array_equal(res.item_factors, full.item_factors)
