@@ -87,6 +87,26 @@ def test_non_private_als_matches_dense_numpy(tiny_store):
     assert abs(f.global_mean - mu) < 1e-9
 
 
+def test_item_biases_account_for_the_noise_of_the_counts():
+    """The small-store regime: heavy-tailed true totals (lognormal, as item popularity is) and count noise as
+    large as most of them (ML-100K's sigmas at epsilon 0.5). In each of 3 fixed draws, taking the count noise into
+    account lowers the offsets' mean squared error by at least 3%, both per item and weighted by popularity as
+    test ratings are (measured: 6-10%). Without count noise it is the plain posterior mean."""
+    h, sigma_S, sigma_C = 2.0, 68.0, 183.0
+    for seed in range(3):
+        g = np.random.default_rng(seed)
+        C = g.lognormal(3.0, 1.2, 5000)
+        b = g.normal(0.0, 0.3, C.size)
+        S = b * C + g.normal(0.0, 0.5, C.size) * np.sqrt(C) + g.normal(0.0, sigma_S, C.size)
+        Cn = C + g.normal(0.0, sigma_C, C.size)
+        aware = item_biases(S, Cn, sigma_S, h, sigma_C=sigma_C, clip=0.5)
+        blind = item_biases(S, Cn, sigma_S, h, clip=0.5)
+        for w in (np.full(C.size, 1.0 / C.size), C / C.sum()):
+            assert w @ (aware - b) ** 2 <= 0.97 * (w @ (blind - b) ** 2), seed
+    np.testing.assert_allclose(item_biases(S, C, sigma_S, h, clip=0.5),
+                               C * S / (C * C + (0.5 ** 2 * C + sigma_S ** 2) / (h / 5.0) ** 2))
+
+
 def test_private_ledger_lists_every_release_with_its_sensitivity(small_store):
     m, f = _fit(small_store, epsilon=1.0, rank=4, iters=2, seed=1)
     led = f.ledger
@@ -196,20 +216,23 @@ def _rmse(store, tmp_path, method="als", epsilon=INF, seed=0, **opts):
 @pytest.mark.realdata
 @pytest.mark.parametrize("name", ["ml-100k", "filmtrust"])
 def test_real_stores_private_near_item_mean_and_non_private_near_surprise(tmp_path, name):
-    """20% per-user split. At epsilon 1 (mean of 3 seeds): never worse than the non-private item mean by more
-    than 0.005 (measured: ML-100K 1.012-1.020 vs 1.019, FilmTrust 0.812 vs 0.927). Non-private: within 0.01 of
+    """20% per-user split. At every epsilon in {0.5, 1, 2, 5, 10} (mean of 4 seeds; one run's spread is about
+    0.002): never worse than the non-private item mean by more than 0.005 (measured on ML-100K: 1.0231 / 1.0107 /
+    0.9962 / 0.9785 / 0.9676 against 1.019; FilmTrust 0.814 to 0.809 against 0.927). Non-private: within 0.01 of
     scikit-surprise SVD on the same split, or better (measured: 0.9085 vs 0.9306, 0.789 vs 0.807)."""
     from bench.als_privacy import surprise_rmse
 
     st = _real_store(tmp_path, name)
-    evs = [_rmse(st, tmp_path, epsilon=1.0, seed=s) for s in range(3)]
-    item_mean = evs[0]["baselines"]["item_mean"]["rmse"]
-    private = float(np.mean([e["rmse"] for e in evs]))
+    item_mean = None
+    for eps in (0.5, 1.0, 2.0, 5.0, 10.0):
+        evs = [_rmse(st, tmp_path, epsilon=eps, seed=s) for s in range(4)]
+        item_mean = evs[0]["baselines"]["item_mean"]["rmse"]
+        private = float(np.mean([e["rmse"] for e in evs]))
+        print(f"{name}: als eps={eps:g} {private:.4f}, item mean {item_mean:.4f}")
+        assert private <= item_mean + 0.005, eps
     non_private = _rmse(st, tmp_path)["rmse"]
     theirs = surprise_rmse(st, seeds=1)
-    print(f"{name}: als eps=1 {private:.4f}, item mean {item_mean:.4f}; als non-private {non_private:.4f}, "
-          f"surprise SVD {theirs:.4f}")
-    assert private <= item_mean + 0.005
+    print(f"{name}: als non-private {non_private:.4f}, surprise SVD {theirs:.4f}")
     assert non_private <= theirs + 0.01
 
 
