@@ -18,8 +18,6 @@ from streamdp.errors import StoreError
 from streamdp.stream.engine import add_into as _add
 
 
-
-
 def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=None, ridge: float | None = None,
                    baselines: bool = True, allow_other_store: bool = False) -> dict:
     """RMSE and MAE of ``model`` on ``store``'s test split (+ baselines).

@@ -338,7 +338,7 @@ class _AlsBase(Method):
         d = k + 1
         gram = n * d * (d + 1) // 2 * 8 if self.options.get("gramian") == "item" or not self.private else 0
         # the item solves' temporaries, or (earlier, never at once) the bias posterior's grid and EM sample
-        temps = max(SOLVE_CHUNK * d * d * 8 * 3, 6 * 8 * _POSTERIOR_CELLS + 3 * 8 * 4096 * 512)
+        temps = max(SOLVE_CHUNK * d * d * 8 * 3, 6 * 8 * POSTERIOR_CELLS + 3 * 8 * PRIOR_SAMPLE * PRIOR_POINTS)
         return n * (3 * d * 8 + 6 * 8) + gram + temps
 
     # -- fitting -------------------------------------------------------------------------
@@ -622,45 +622,46 @@ def item_biases(S, C, sigma_S: float, half_range: float, sigma_C: float = 0.0, c
     s2 = min(half_range / 2.0, clip) ** 2
     v0 = float(sigma_S) ** 2
 
-    def given(Ct):  # E[b | S, C = Ct], broadcasting
-        return t2 * Ct * S_ / (t2 * Ct * Ct + s2 * Ct + v0 + 1e-300)
+    def given(S, Ct):  # E[b | S, C = Ct], broadcasting
+        return t2 * Ct * S / (t2 * Ct * Ct + s2 * Ct + v0 + 1e-300)
 
     if not sigma_C > 0.0 or not len(C):
-        S_ = S
-        return np.clip(given(np.maximum(C, 0.0)), -half_range, half_range)
+        return np.clip(given(S, np.maximum(C, 0.0)), -half_range, half_range)
     grid, prior = _total_prior(C, float(sigma_C))
     var = t2 * grid * grid + s2 * grid + v0 + 1e-300
     logw = np.log(np.maximum(prior, 1e-300)) - 0.5 * np.log(var)
     b = np.empty(len(C))
-    step = max(1, _POSTERIOR_CELLS // len(grid))
-    for a in range(0, len(C), step):
-        z = slice(a, a + step)
-        S_ = S[z, None]
-        lp = logw[None] - 0.5 * ((C[z, None] - grid[None]) / sigma_C) ** 2 - 0.5 * S_ * S_ / var[None]
+    step = max(1, POSTERIOR_CELLS // len(grid))
+    for a in range(0, len(C), step):  # chunks of items (vectorised within), bounding the grid x items temporaries
+        Sz, Cz = S[a:a + step, None], C[a:a + step, None]
+        lp = logw[None] - 0.5 * ((Cz - grid[None]) / sigma_C) ** 2 - 0.5 * Sz * Sz / var[None]
         P = np.exp(lp - lp.max(axis=1, keepdims=True))
-        b[z] = (P * given(grid[None])).sum(axis=1) / P.sum(axis=1)
+        b[a:a + step] = (P * given(Sz, grid[None])).sum(axis=1) / P.sum(axis=1)
     return np.clip(b, -half_range, half_range)
 
 
 #: Grid points x items evaluated at once by :func:`item_biases` (8 MB per float64 temporary; a handful live).
-_POSTERIOR_CELLS = 1 << 20
+POSTERIOR_CELLS = 1 << 20
+#: Grid points and EM sample size of :func:`_total_prior` (its likelihood matrix is at most their product).
+PRIOR_POINTS, PRIOR_SAMPLE = 512, 4096
 
 
-def _total_prior(C, sigma_C: float, points: int = 512, sample: int = 4096, iters: int = 200):
+def _total_prior(C, sigma_C: float, points: int = PRIOR_POINTS, sample: int = PRIOR_SAMPLE, iters: int = 200):
     """Grid and weights of the distribution of true totals behind noisy totals ``C`` (``N(0, sigma_C^2)`` noise).
 
     The nonparametric maximum-likelihood estimate (Kiefer & Wolfowitz) on a grid from
     0 to ``max C + 4 sigma_C``, spacing ``sigma_C / 4`` (at most ``points`` points:
     coarser on stores whose totals dwarf the noise, where the posterior of a total is
     its likelihood anyway), fitted by EM on at most ``sample`` items taken at a fixed
-    stride (deterministic; any subset of released values is post-processing).
+    stride (deterministic; any subset of released values is post-processing). Laplace
+    and Huber noise is taken as Gaussian of the same variance here: an approximation
+    of the estimator only (accuracy), not of any privacy guarantee.
     """
     top = max(float(np.max(C)), 0.0) + 4.0 * sigma_C
     m = int(min(points, math.ceil(top / (sigma_C / 4.0)) + 1))
     grid = np.linspace(0.0, top, max(m, 2))
     x = C[:: max(1, len(C) // sample)][:sample]
     L = np.exp(-0.5 * ((x[:, None] - grid[None]) / sigma_C) ** 2)
-    L /= L.sum(axis=1, keepdims=True) + 1e-300
     w = np.full(len(grid), 1.0 / len(grid))
     for _ in range(iters):
         P = L * w

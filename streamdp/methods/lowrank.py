@@ -262,8 +262,6 @@ def _clip_dense_rows(X: np.ndarray, bound: float) -> np.ndarray:
         .reshape(n, k)
 
 
-
-
 def _orthonormalizer(G: np.ndarray) -> np.ndarray:
     """``T`` with ``Y T`` orthonormal for ``Y^T Y = G`` (eigen-decomposition; null directions dropped), columns by
     descending singular value of ``Y``."""
