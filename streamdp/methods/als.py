@@ -576,7 +576,8 @@ def _weights_text(s) -> str:
     return f"{s['sampling']}: weight 1 on at most tau = {s['tau']} ratings per user"
 
 
-def item_biases(S, C, sigma_S: float, half_range: float, sigma_C: float = 0.0, clip: float = math.inf) -> np.ndarray:
+def item_biases(S, C, sigma_S: float, half_range: float, sigma_C: float = 0.0, clip: float = math.inf, *,
+                prior_scale: float | None = None, spread: float | None = None) -> np.ndarray:
     """Item offsets from noisy sums ``S`` and noisy weight totals ``C``: their posterior mean.
 
     Model: ``S_j = b_j C_j + e_j`` with ``e_j`` the ratings' spread (variance ``s^2 C_j``,
@@ -593,7 +594,8 @@ def item_biases(S, C, sigma_S: float, half_range: float, sigma_C: float = 0.0, c
     (a nonparametric maximum-likelihood prior on a grid, by EM:
     :func:`_total_prior`), and the offset is the mean of ``E[b_j | S_j, C]`` over the
     posterior of ``C`` given both ``C~_j`` and ``S_j``. Post-processing of released
-    values only; clipped to ``[-h, h]``.
+    values only; clipped to ``[-h, h]``. ``prior_scale`` and ``spread`` replace ``t`` and
+    ``s`` (the private centring of ``oja``, ``fw`` and ``svd`` uses ``h / 4`` for both).
 
     Why the count noise matters: on small stores the totals' noise is as large as
     most totals (ML-100K at epsilon 0.5: ``sigma_C`` 183 against totals of at most
@@ -618,8 +620,8 @@ def item_biases(S, C, sigma_S: float, half_range: float, sigma_C: float = 0.0, c
     """
     S = np.asarray(S, np.float64)
     C = np.asarray(C, np.float64)
-    t2 = (half_range / 5.0) ** 2
-    s2 = min(half_range / 2.0, clip) ** 2
+    t2 = (half_range / 5.0 if prior_scale is None else prior_scale) ** 2
+    s2 = (min(half_range / 2.0, clip) if spread is None else spread) ** 2
     v0 = float(sigma_S) ** 2
 
     def given(S, Ct):  # E[b | S, C = Ct], broadcasting

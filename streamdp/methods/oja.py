@@ -411,7 +411,8 @@ def private_center(store, engine, *, center: str, rating_min: float, rating_max:
     and the sum and number of user means; ``stats`` and ``mean`` (the releases of
     :func:`center_shares`, ``None`` for a non-private run) add their noise. Then the
     posterior-mean shrinkage of the biases under a public prior ``b_j ~ N(0, (h/4)^2)``
-    (post-processing). ``center="midpoint"`` is ``(mid, 0, None, 0)`` and reads nothing.
+    (:func:`streamdp.methods.als.item_biases` with prior and spread ``h/4``, the counts
+    taken as exact; post-processing). ``center="midpoint"`` is ``(mid, 0, None, 0)`` and reads nothing.
     """
     from streamdp.privacy.bounding import clip_rows
 
@@ -443,10 +444,10 @@ def private_center(store, engine, *, center: str, rating_min: float, rating_max:
     T, U = SC[:, n]
     mu = min(max(mid + float(T) / max(float(U), 1.0), lo), hi)
     # items whose noisy weight C_j is small next to the noise sigma get a bias near 0
-    Cp = np.maximum(C, 0.0)
-    tau = half / 4.0
-    bias = (S - (mu - mid) * C) * Cp / (Cp * Cp + (sigma / tau) ** 2 + Cp + 1e-12)
-    return mu, np.clip(bias, -half, half), C, sigma
+    from streamdp.methods.als import item_biases
+
+    bias = item_biases(S - (mu - mid) * C, C, sigma, half, prior_scale=half / 4.0, spread=half / 4.0)
+    return mu, bias, C, sigma
 
 
 #: Default ridge of the local user solve (see :mod:`streamdp.local`).
