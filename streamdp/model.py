@@ -257,8 +257,9 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
             g = zarr.open_group(os.path.join(tmp, "factors.zarr"), mode="w")
             g.create_array("item_factors", data=V, chunks=(min(max(n, 1), 1 << 16), V.shape[1]))
             g.create_array("item_bias", data=bias)
-            if ids.dtype.kind in "OUS":
-                g.create_array("item_ids", data=ids.astype(str), dtype=str)
+            if ids.dtype.kind not in "iu":
+                arr = g.create_array("item_ids", shape=ids.shape, dtype=str)
+                arr[:] = np.array([str(x) for x in ids.tolist()], dtype=object)
             else:
                 g.create_array("item_ids", data=ids.astype(np.int64))
             for name, arr in (extras or {}).items():

@@ -211,10 +211,13 @@ class Share:
                        self.symmetric, self.huber_c)
 
 
-def calibrate_releases(shares: list[Share], epsilon: float, delta: float) -> list[Release]:
+def calibrate_releases(shares: list[Share], epsilon: float, delta: float, *, fixed=()) -> list[Release]:
     """Calibrated :class:`Release` objects: the composed PLD epsilon is the largest not above ``epsilon``.
 
-    ``epsilon = inf`` returns the releases without noise (non-private).
+    ``epsilon = inf`` returns the releases without noise (non-private). ``fixed`` are
+    releases whose noise is already set (e.g. a statistic drawn before the rest of
+    the plan could be made, :mod:`streamdp.methods._profile`): their events are
+    composed with the shares' in the search, so the whole stays within the target.
 
     Examples
     --------
@@ -232,7 +235,8 @@ def calibrate_releases(shares: list[Share], epsilon: float, delta: float) -> lis
         return []
     if not math.isfinite(epsilon):
         return [replace_release(s.at(1.0), 0.0) for s in shares]
-    z = calibrate(lambda z: compose([s.at(z).event() for s in shares]), epsilon, delta)
+    before = [r.event() for r in fixed]
+    z = calibrate(lambda z: compose(before + [s.at(z).event() for s in shares]), epsilon, delta)
     return [s.at(z) for s in shares]
 
 

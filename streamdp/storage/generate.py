@@ -23,6 +23,13 @@ The model (all parameters are options of :func:`generate_store`):
 * **User activity** is a Pareto (power-law) tail with exponent ``user_exponent``
   (default 2.0, finite mean, heavy tail like Netflix/Yahoo activity), scaled to mean
   ``ratings_per_user``, at least 1 rating and at most ``n_items``.
+* **What real sets add** (all off by default, so existing seeds give the same
+  stores): ``user_bias_std``, a per-user offset ``N(0, user_bias_std^2)`` added to each
+  of the user's ratings before rounding and clipping (users' rating levels differ in
+  every real set); ``outlier_fraction``, that fraction of ratings replaced by one of
+  the scale's two ends at random (ratings beyond a declared range, clipped at
+  ingest); ``string_ids``, user and item ids written as strings (``u00000042``,
+  ``B00000007``: product catalogues).
 
 Nothing is materialized: blocks are generated (in parallel threads, each from
 its own seed) and written in order, so memory is a few blocks whatever the size.
@@ -48,7 +55,21 @@ from streamdp.storage.split import block_seed, check_fraction, split_block
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import StoreWriter, block_digest, check_destination
 
-_PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT = 1, 2, 3
+_PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT, _PURPOSE_REAL = 1, 2, 3, 4
+
+
+def _realistic(rt, counts, seed, user_bias_std, outlier_fraction, lo, hi, step) -> np.ndarray:
+    """User offsets and outliers on one block's ratings (vectorised; see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    r = rt.astype(np.float64)
+    if user_bias_std > 0:
+        r = r + np.repeat(rng.normal(0.0, user_bias_std, len(counts)), counts)
+        if step > 0:
+            r = lo + np.rint((r - lo) / step) * step
+    if outlier_fraction > 0:
+        out = rng.random(len(r)) < outlier_fraction
+        r[out] = np.where(rng.random(int(out.sum())) < 0.5, lo, hi)
+    return np.clip(r, lo, hi).astype(np.float32)
 
 
 def _user_counts(n: int, mean: float, exponent: float, n_items: int, seed: int | None, b: int) -> np.ndarray:
@@ -77,6 +98,9 @@ def generate_store(
     rating_min: float = 1.0,
     rating_max: float = 5.0,
     rating_step: float = 1.0,
+    user_bias_std: float = 0.0,
+    outlier_fraction: float = 0.0,
+    string_ids: bool = False,
     block_users: int | None = None,
     workers: int | None = None,
     force: bool = False,
@@ -97,6 +121,10 @@ def generate_store(
         raise ParameterError(f"--user-exponent must be > 1 (finite mean), got {user_exponent}")
     if not rating_max > rating_min:
         raise ParameterError(f"rating range must have max > min, got [{rating_min}, {rating_max}]")
+    if not user_bias_std >= 0:
+        raise ParameterError(f"--user-bias-std must be >= 0, got {user_bias_std}")
+    if not 0 <= outlier_fraction < 1:
+        raise ParameterError(f"--outlier-fraction must be in [0, 1), got {outlier_fraction}")
     if factors not in ("gaussian", "uniform"):
         raise ParameterError(f"--factors: expected gaussian or uniform, got {factors!r}")
     test_fraction = check_fraction(test_fraction)
@@ -133,6 +161,9 @@ def generate_store(
                           int(rank), float(noise), float(rating_min), float(rating_max), float(rating_step),
                           factors == "uniform", ip, it, rt)
         it, rt = it[:got], rt[:got]
+        if user_bias_std > 0 or outlier_fraction > 0:
+            rt = _realistic(rt, np.diff(ip), block_seed(seed, b, _PURPOSE_REAL), user_bias_std, outlier_fraction,
+                            float(rating_min), float(rating_max), float(rating_step))
         if test_fraction > 0:
             train, test = split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
         else:
@@ -148,7 +179,7 @@ def generate_store(
     with StoreWriter(out, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=force) as w_:
         n_blocks = w_.n_blocks
         # per-user arrays are written block by block (chunks = blocks): nothing O(n_users) in memory
-        uid = w_.create_array("user_ids", shape=(n_users,), dtype="int64", chunks=(bu,))
+        uid = w_.create_array("user_ids", shape=(n_users,), dtype=str if string_ids else "int64", chunks=(bu,))
         ucnt = w_.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
         with ThreadPoolExecutor(max_workers=workers) as ex, \
                 progress(total=n_blocks, desc="generate", unit="block", show=show_progress) as bar:
@@ -167,17 +198,20 @@ def generate_store(
                     w_.write_block(b, *test, split="test", digest=test_d)
                     uc = uc + np.diff(test[0])
                 first = b * bu
-                uid[first:first + len(uc)] = np.arange(first, first + len(uc), dtype=np.int64)
+                ids = np.arange(first, first + len(uc), dtype=np.int64)
+                uid[first:first + len(uc)] = np.char.add("u", np.char.zfill(ids.astype(str), 8)) if string_ids else ids
                 ucnt[first:first + len(uc)] = uc
                 bar.update(1)
-        w_.write_array("item_ids", np.arange(n_items, dtype=np.int64))
+        item_ids = np.arange(n_items, dtype=np.int64)
+        w_.write_array("item_ids", np.char.add("B", np.char.zfill(item_ids.astype(str), 8)) if string_ids else item_ids)
         w_.write_array("item_counts", item_counts)
         w_.write_array("truth/item_factors", V.astype(np.float32), chunks=(min(n_items, 1 << 16), rank))
         w_.write_array("truth/item_bias", bias.astype(np.float32))
         params = dict(n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank, noise=noise,
                       seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
                       user_exponent=user_exponent, global_mean=global_mean, item_bias_std=item_bias_std,
-                      rating_step=rating_step, factors=factors)
+                      rating_step=rating_step, factors=factors, user_bias_std=user_bias_std,
+                      outlier_fraction=outlier_fraction, string_ids=string_ids)
         w_.finalize({
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),

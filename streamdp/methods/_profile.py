@@ -1,0 +1,126 @@
+"""The shape of a store's users, released with noise: how many training ratings users have.
+
+Defaults that only look at ``n_users epsilon / n_items`` assume that every user rates
+many items. On a store where most users rate one or two (a product catalogue), a
+user's factor cannot be estimated from their own ratings and the factors a private
+ALS fits are noise; on a store of a hundred items rated seventy times each, they are
+excellent. What separates the two is the distribution of ratings per user, a
+statistic of the data: it is released here with noise and accounted, before the
+rest of the plan is made from it.
+
+The release
+-----------
+A histogram of the users' **training** ratings over fixed public bins
+(:data:`EDGES`, half octaves: 1, 2, 3, 4, 6, 8, 12, ...). Each user falls in exactly
+one bin, so adding or removing a user changes one count by one: L2 and L1
+sensitivity 1. Its noise is fixed before the rest of the plan exists (the plan
+depends on it), at the share :data:`PROFILE_SHARE` of the run's budget:
+
+* Gaussian plans: noise multiplier ``z_0 / sqrt(PROFILE_SHARE)``, ``z_0`` the
+  multiplier of one Gaussian release at the run's (epsilon, delta); Gaussian
+  releases compose through ``sum 1 / z_i^2``, so this takes that share of it;
+* pure plans (``--mechanism laplace``/``huber``): a Laplace release at
+  ``PROFILE_SHARE x epsilon``, so the run stays pure DP.
+
+The rest of the plan is then calibrated with this release composed in
+(:func:`streamdp.privacy.release.calibrate_releases`, ``fixed=``): the whole run's
+epsilon is still the target, and the ledger lists the histogram as its first event.
+The draw happens when the plan is made, before the budget is reserved; it never
+leaves the process unless the run releases a model (then it is in the ledger), so a
+refused reservation released nothing.
+
+What is made of it
+------------------
+:func:`effective_users`: the users whose own ratings can pin down a rank-``k``
+factor, ``n_eff = sum_i w(n_i)`` with ``w(n) = clip((n - k/2) / k, 0, 1)``. Measured
+on generated stores of 50,000 users x 1,000 items (rank-8 truth, nearly equal
+activity, 20% test split; test RMSE of the biases-only release against the factors at
+epsilon 2 and 10): users with 4 training ratings never gained from factors (1.011
+against 1.043, 1.009 against 1.033), with 6.4 only at epsilon 10 (1.009 against 0.991),
+with 9.6 at both (1.013 against 0.967, 1.012 against 0.895). ``w`` is 0, 0.3 and 0.7
+there. The methods use ``n_eff`` where they used ``n_users`` in their
+signal-to-noise proxies; on stores whose users all rate ``1.5 k`` items or more
+(MovieLens, the 200k-user store) nothing changes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from streamdp.privacy.calibration import calibrate_gaussian
+from streamdp.privacy.release import Release
+
+__all__ = ["EDGES", "PROFILE_SHARE", "UserProfile", "exact_histogram", "profile_release", "user_profile",
+           "effective_users"]
+
+#: Lower edges of the bins of training ratings per user (the last bin is open): half octaves.
+EDGES = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+                  4096], dtype=np.int64)
+#: Share of a run's budget spent on the histogram.
+PROFILE_SHARE = 0.01
+WHAT = "histogram of training ratings per user (public half-octave bins; one user, one bin)"
+
+
+def exact_histogram(store, split: str = "train") -> np.ndarray:
+    """Users per bin of :data:`EDGES` by their number of ``split`` ratings (users with none are not counted).
+
+    Streams the row pointers only, block by block (8 bytes per user of one block at a time).
+    """
+    hist = np.zeros(len(EDGES), np.float64)
+    for b in range(store.n_blocks):
+        c = store.block_user_counts(b, split)
+        c = c[c > 0]
+        if len(c):
+            hist += np.bincount(np.searchsorted(EDGES, c, side="right") - 1, minlength=len(EDGES))
+    return hist
+
+
+def profile_release(mechanism: str, epsilon: float, delta: float) -> Release:
+    """The histogram's release, its noise fixed from the run's target alone (see the module docstring)."""
+    if not math.isfinite(epsilon):
+        return Release(WHAT, "gaussian", 1.0, 0.0, shape=(len(EDGES),))
+    if mechanism == "gaussian":
+        z = calibrate_gaussian(epsilon, delta) / math.sqrt(PROFILE_SHARE)
+        return Release(WHAT, "gaussian", 1.0, z, shape=(len(EDGES),))
+    return Release(WHAT, "laplace", 1.0, 1.0 / (PROFILE_SHARE * epsilon), shape=(len(EDGES),))
+
+
+class UserProfile:
+    """A released (noisy) histogram of training ratings per user, and its release."""
+
+    def __init__(self, counts: np.ndarray, release: Release):
+        self.counts = np.asarray(counts, np.float64)
+        self.release = release
+
+    def to_dict(self) -> dict:
+        """The released histogram (for ``model.json``): bin lower edges and noisy counts."""
+        return {"bin_lower_edges": EDGES.tolist(), "users": [round(float(x), 3) for x in self.counts],
+                "noise_std": self.release.scale if self.release.mechanism == "gaussian" else
+                math.sqrt(2.0) * self.release.scale}
+
+    def effective_users(self, rank: int) -> float:
+        return effective_users(self.counts, rank)
+
+
+def user_profile(store, mechanism: str, epsilon: float, delta: float, rng: np.random.Generator) -> UserProfile:
+    """Draw the noisy histogram of ``store``'s training ratings per user (exact when ``epsilon`` is inf)."""
+    rel = profile_release(mechanism, epsilon, delta)
+    return UserProfile(rel.add(exact_histogram(store), rng), rel)
+
+
+def effective_users(hist, rank: int) -> float:
+    """``sum_i w(n_i)``, ``w(n) = clip((n - k/2) / k, 0, 1)`` at each bin's geometric centre (negative counts as 0).
+
+    >>> effective_users(np.r_[100.0, np.zeros(len(EDGES) - 1)], 8)  # 100 users with one rating each
+    0.0
+    >>> h = np.zeros(len(EDGES)); h[list(EDGES).index(16)] = 50.0  # 50 users with 16-23 ratings
+    >>> effective_users(h, 8)
+    50.0
+    """
+    upper = np.r_[EDGES[1:], 2 * EDGES[-1]].astype(np.float64)
+    centre = np.sqrt(EDGES * np.maximum(upper - 1, EDGES))
+    k = float(rank)
+    w = np.clip((centre - k / 2.0) / k, 0.0, 1.0)
+    return float(np.sum(np.maximum(np.asarray(hist, np.float64), 0.0) * w))

@@ -1,0 +1,134 @@
+"""Defaults that adapt to the data's shape: the released user profile, the private choice of the release."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import streamdp
+from streamdp.methods._profile import EDGES, effective_users, exact_histogram, profile_release
+from streamdp.methods._selection import VALIDATION_CAP, choose, holdout
+from streamdp.privacy import epsilon_of
+from streamdp.privacy.events import compose, event_from_dict
+
+
+def _csr(counts, rng):
+    ip = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    return ip, rng.integers(0, 50, ip[-1]).astype(np.int32), rng.random(ip[-1]).astype(np.float32)
+
+
+def test_holdout_splits_every_rating_once_and_is_keyed():
+    rng = np.random.default_rng(0)
+    counts = np.array([0, 1, 2, 3, 9, 40])
+    ip, it, r = _csr(counts, rng)
+    (tip, tit, tr), (vu, vi, vr) = holdout(ip, it, r, first_user=10, key=3)
+    assert len(tit) + len(vi) == len(it)
+    per_user = np.bincount(vu, minlength=len(counts))
+    want = np.minimum(np.minimum(np.maximum(np.floor(0.2 * counts + 0.5), 1), np.maximum(counts - 1, 0)), VALIDATION_CAP)
+    assert per_user.tolist() == want.astype(int).tolist()
+    assert np.diff(tip).tolist() == (counts - per_user).tolist()
+    # the multiset of ratings is preserved
+    assert sorted(np.r_[tr, vr].tolist()) == sorted(r.tolist())
+    again = holdout(ip, it, r, first_user=10, key=3)[1]
+    other = holdout(ip, it, r, first_user=10, key=4)[1]
+    assert np.array_equal(again[2], vr)
+    assert not np.array_equal(other[2], vr)
+
+
+def test_holdout_validates_only_on_eligible_items():
+    rng = np.random.default_rng(1)
+    ip, it, r = _csr(np.array([16, 28, 40]), rng)
+    eligible = np.zeros(50, bool)
+    eligible[::2] = True
+    (_, _, _), (vu, vi, _) = holdout(ip, it, r, 0, key=9, eligible_items=eligible)
+    assert len(vi) and eligible[vi].all()
+
+
+def test_choose_keeps_the_default_unless_clearly_beaten():
+    assert choose(np.array([100.0, 99.0, 101.0]), 0, 1.0) == 0
+    assert choose(np.array([100.0, 90.0, 101.0]), 0, 1.0) == 1
+    assert choose(np.array([100.0, 90.0, 101.0]), 0, 0.0) == 1  # non-private: the argmin
+
+
+def test_profile_histogram_and_effective_users(small_store):
+    h = exact_histogram(small_store)
+    counts = np.concatenate([small_store.block_user_counts(b) for b in range(small_store.n_blocks)])
+    assert h.sum() == (counts > 0).sum()
+    want = np.bincount(np.searchsorted(EDGES, counts[counts > 0], side="right") - 1, minlength=len(EDGES))
+    assert h.tolist() == want.tolist()
+    assert 0 < effective_users(h, 8) <= h.sum()
+    assert effective_users(h, 8) >= effective_users(h, 64)
+
+
+def test_profile_release_takes_its_share_of_a_gaussian_budget():
+    from streamdp.privacy.calibration import calibrate_gaussian
+
+    rel = profile_release("gaussian", 1.0, 1e-6)
+    assert rel.noise_multiplier == pytest.approx(calibrate_gaussian(1.0, 1e-6) / 0.1)
+    assert profile_release("laplace", 2.0, 1e-6).mechanism == "laplace"
+    assert profile_release("gaussian", math.inf, 1e-6).noise_multiplier == 0.0
+
+
+@pytest.fixture(scope="module")
+def sparse_store(tmp_path_factory):
+    """Most users rate once or twice: factors cannot pay (the product-catalogue regime)."""
+    return streamdp.generate(str(tmp_path_factory.mktemp("sel") / "sparse.zarr"), users=6_000, items=300,
+                             ratings_per_user=1.3, test_fraction=0.2, seed=2, user_bias_std=0.3)
+
+
+def test_sparse_store_releases_no_factors_and_does_not_get_worse_with_epsilon(sparse_store):
+    """Fixed seeds; tolerance 0.01 RMSE (run-to-run spread here is about 0.003)."""
+    rmse = {}
+    for e in (1.0, 10.0):
+        m = streamdp.train(sparse_store, epsilon=e, seed=0)
+        assert m.info["parameters"]["iters"] == 0
+        assert m.info["factors_released"] is False
+        assert not np.any(m.item_factors)
+        rmse[e] = m.summary["test_rmse"]
+    assert rmse[10.0] <= rmse[1.0] + 0.01
+    means = streamdp.train(sparse_store, epsilon=10.0, method="means", seed=0).summary
+    assert rmse[10.0] <= means["test_rmse"] + 0.02
+
+
+def test_ledger_counts_the_profile_and_the_selection(small_store):
+    m = streamdp.train(small_store, epsilon=1.0, seed=0)
+    releases = [e["release"] for e in m.ledger.bounds["releases"]]
+    assert releases[0].startswith("histogram of training ratings per user")
+    assert releases[-1].startswith("validation losses of the")
+    acc = epsilon_of(compose([event_from_dict(e) for e in m.ledger.events]), m.ledger.delta)
+    assert acc.epsilon <= 1.0 + 1e-9
+    assert acc.epsilon == pytest.approx(m.ledger.accounting.epsilon)
+    sel = m.info["selection"]
+    assert sel["chosen"] in sel["candidates"] and len(sel["noisy_validation_losses"]) == len(sel["candidates"])
+    assert "user_profile" in m.info
+
+
+def test_given_iters_skips_the_profile_and_select_off_is_the_old_release(small_store):
+    m = streamdp.train(small_store, epsilon=1.0, seed=0, iters=2, select="off")
+    releases = [e["release"] for e in m.ledger.bounds["releases"]]
+    assert not any(r.startswith(("histogram", "validation")) for r in releases)
+    assert "selection" not in m.info and "user_profile" not in m.info
+    assert m.info["factors_released"] is True
+
+
+def test_non_private_run_chooses_on_held_out_ratings_then_refits_on_all(sparse_store):
+    m = streamdp.train(sparse_store, epsilon=math.inf, seed=0)
+    sel = m.info["selection"]
+    assert "validation_losses" in sel and sel["chosen"] in sel["candidates"]
+    item_mean = m.summary["baselines"]["item_mean"]["rmse"]
+    assert m.summary["test_rmse"] <= item_mean + 0.005
+
+
+def test_generator_adds_user_offsets_outliers_and_string_ids(tmp_path):
+    plain = streamdp.generate(str(tmp_path / "a.zarr"), users=400, items=40, ratings_per_user=10, seed=3)
+    real = streamdp.generate(str(tmp_path / "b.zarr"), users=400, items=40, ratings_per_user=10, seed=3,
+                             user_bias_std=1.0, outlier_fraction=0.1, string_ids=True)
+    a, b = plain.read_block(0), real.read_block(0)
+    assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.items, b.items)
+    ends = np.isin(b.ratings, [1.0, 5.0]).mean()
+    assert ends > np.isin(a.ratings, [1.0, 5.0]).mean() + 0.05
+    assert str(real.item_ids()[0]) == "B00000000" and str(real.user_ids(0, 1)[0]) == "u00000000"
+    same = streamdp.generate(str(tmp_path / "c.zarr"), users=400, items=40, ratings_per_user=10, seed=3)
+    assert np.array_equal(same.read_block(0).ratings, a.ratings)  # the defaults leave old seeds' stores unchanged
