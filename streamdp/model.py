@@ -31,14 +31,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 import zarr
 
 from streamdp.errors import InputError
-from streamdp.outputs import check_destination, deferred_interrupts, install_dir
+from streamdp.outputs import check_destination, deferred_interrupts, install_dir, owned_temp_dir
 from streamdp.privacy.ledger import encode_json
 
 MODEL_FORMAT = "streamdp-model"
@@ -248,12 +247,11 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         extras[name] = np.asarray(extras[name])[order]
     parent = os.path.dirname(os.path.abspath(out)) or "."
     os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = owned_temp_dir(out, "tmp")  # records its owner; removes dead runs' temporary directories beside out
     try:
         # Ctrl-C is taken after the model is in place (or the write failed): Zarr writes on a
         # thread of its own, and a write cut off here could go on into a removed temp directory
         with deferred_interrupts():
-            os.makedirs(tmp)
             g = zarr.open_group(os.path.join(tmp, "factors.zarr"), mode="w")
             g.create_array("item_factors", data=V, chunks=(min(max(n, 1), 1 << 16), V.shape[1]))
             g.create_array("item_bias", data=bias)

@@ -14,20 +14,44 @@ that must not be cut off in the middle (Zarr writes into a temporary directory,
 ledger updates, waiting for a pass's worker threads); :func:`interrupts_at_safe_points`
 keeps Ctrl-C out of finalizers and llvmlite, where a ``KeyboardInterrupt`` is lost
 or leaves a lock held.
+
+Temporary directories (:func:`owned_temp_dir`) are named ``.DEST.<kind>-<hex>`` beside
+their destination and record their owner (``owner.json``, :mod:`streamdp.owner`) from
+the moment they exist; :func:`install_dir` removes that record right before the
+rename, so it never reaches an output. A run killed with ``kill -9`` (or a power loss)
+cannot remove its temporary directory, so the next :func:`owned_temp_dir` beside the
+same destination (the next ``ingest``, ``generate`` or ``train`` writing there) removes
+those whose owner is provably gone (:func:`sweep_dead_temp_dirs`) and says so on
+stderr. A live run's, another host's and ownerless ones (left by a version that did not
+record owners: their process cannot be told dead) are left alone.
+
+A write that fails because the file system is full, over quota or read-only
+(:data:`NO_SPACE_ERRNOS`) is a user's problem, not a bug: the writers remove their
+temporary directory and raise :func:`no_space_error` (one line naming the destination);
+the CLI turns any other such ``OSError`` that reaches it into the same line
+(:func:`describe_no_space`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import shutil
 import signal
+import sys
 import threading
+import time
+import uuid
 from typing import Callable
 
 from streamdp.errors import StoreError
+from streamdp.owner import OWNER_FILE, owner_status, read_owner_file, write_owner_file
 
-__all__ = ["check_destination", "install_dir", "deferred_interrupts", "interrupts_at_safe_points"]
+__all__ = ["check_destination", "install_dir", "deferred_interrupts", "interrupts_at_safe_points",
+           "owned_temp_dir", "sweep_dead_temp_dirs", "remove_temp_dir", "NO_SPACE_ERRNOS", "is_no_space",
+           "no_space_error", "describe_no_space", "note"]
 
 
 def check_destination(path: str | os.PathLike, force: bool, *, what: str, is_ours: Callable[[str], bool]) -> None:
@@ -61,8 +85,10 @@ def install_dir(tmp: str, dest: str, *, force: bool, what: str, is_ours: Callabl
     was.
     """
     with deferred_interrupts():
+        _drop_owner(tmp)
         if not os.path.lexists(dest):
             os.rename(tmp, dest)
+            _PENDING.pop(os.path.abspath(tmp), None)
             return
         check_destination(dest, force, what=what, is_ours=is_ours)
         trash = tmp + ".old"
@@ -72,7 +98,202 @@ def install_dir(tmp: str, dest: str, *, force: bool, what: str, is_ours: Callabl
         except BaseException:
             os.rename(trash, dest)
             raise
+        _PENDING.pop(os.path.abspath(tmp), None)
+        try:  # a kill -9 while a large old output is being deleted leaves it to the next run's sweep
+            write_owner_file(trash)
+        except OSError:
+            pass
         shutil.rmtree(trash)
+
+
+# ---------------------------------------------------------------------------------------
+# temporary directories with an owner, and the sweep of dead runs' leftovers
+# ---------------------------------------------------------------------------------------
+
+#: Kinds of temporary directories beside a destination: ``tmp`` (the output being built), ``ingest`` (spills).
+TEMP_KINDS = ("tmp", "ingest")
+#: Temporary directories of this process not yet installed or removed: absolute path -> destination.
+_PENDING: dict[str, str] = {}
+
+
+def _temp_name_re(dest: str) -> re.Pattern:
+    """Names of the temporary directories beside ``dest`` (also the ``.old`` of an interrupted swap)."""
+    base = re.escape(os.path.basename(dest))
+    return re.compile(rf"\.{base}\.(?:{'|'.join(TEMP_KINDS)})-[0-9a-f]{{8,32}}(?:\.old)?")
+
+
+def _drop_owner(directory: str) -> None:
+    try:
+        os.remove(os.path.join(directory, OWNER_FILE))
+    except FileNotFoundError:
+        pass
+
+
+def note(message: str) -> None:
+    """One line on stderr, ``note: MESSAGE`` (like the CLI's notes)."""
+    sys.stderr.write(f"note: {message}\n")
+    sys.stderr.flush()
+
+
+def sweep_dead_temp_dirs(dest: str | os.PathLike) -> list[str]:
+    """Remove the temporary directories beside ``dest`` whose owning process is gone; return their paths.
+
+    Only ``.DEST.tmp-<hex>``, ``.DEST.ingest-<hex>`` (and ``.old`` of a swap) whose
+    ``owner.json`` says a process that is provably gone (:func:`streamdp.owner.owner_status`)
+    are removed: a live run's, another host's (cannot be told) and those without an
+    owner record are left alone.
+
+    >>> import tempfile, json
+    >>> d = tempfile.mkdtemp(); dead = os.path.join(d, ".s.zarr.tmp-0123456789ab"); os.mkdir(dead)
+    >>> _ = open(os.path.join(dead, "owner.json"), "w").write(json.dumps({"pid": 2**22 + 1, "host": __import__("socket").gethostname()}))
+    >>> live = os.path.join(d, ".s.zarr.ingest-00000000"); os.mkdir(live); write_owner_file(live)
+    >>> [os.path.basename(p) for p in sweep_dead_temp_dirs(os.path.join(d, "s.zarr"))], os.path.isdir(live)
+    (['.s.zarr.tmp-0123456789ab'], True)
+    """
+    dest = os.path.abspath(os.fspath(dest))
+    parent = os.path.dirname(dest) or "."
+    pattern = _temp_name_re(dest)
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        d = os.path.join(parent, name)
+        if not pattern.fullmatch(name) or os.path.islink(d) or not os.path.isdir(d) or d in _PENDING:
+            continue
+        if owner_status(read_owner_file(d)) == "gone":
+            shutil.rmtree(d, ignore_errors=True)
+            if not os.path.lexists(d):
+                removed.append(d)
+    return removed
+
+
+def owned_temp_dir(dest: str | os.PathLike, kind: str = "tmp") -> str:
+    """Create a hidden temporary directory ``.DEST.<kind>-<hex>`` beside ``dest`` owned by this process.
+
+    Its ``owner.json`` (:func:`streamdp.owner.write_owner_file`) lets a later run tell
+    whether it was left by a dead process; :func:`install_dir` removes it before the
+    rename. First the temporary directories of dead runs beside ``dest`` are removed
+    (:func:`sweep_dead_temp_dirs`) and a note saying which is printed on stderr.
+
+    Decision: the note is printed here, by the library, rather than returned: the
+    writers that call this (``StoreWriter``, ``ingest``, ``save_model``) return a
+    store or a model path, and the housekeeping is a fact about the file system that
+    the user should see from the CLI and the Python API alike.
+    """
+    if kind not in TEMP_KINDS:
+        raise ValueError(f"kind must be one of {TEMP_KINDS}, got {kind!r}")
+    dest = os.path.abspath(os.fspath(dest)).rstrip(os.sep) or os.sep
+    parent = os.path.dirname(dest) or "."
+    os.makedirs(parent, exist_ok=True)
+    removed = sweep_dead_temp_dirs(dest)
+    if removed:
+        many = len(removed) > 1
+        note(f"removed {len(removed)} temporary director{'ies' if many else 'y'} left by "
+              f"{'processes that are' if many else 'a process that is'} gone: {', '.join(removed)}")
+    tmp = os.path.join(parent, f".{os.path.basename(dest)}.{kind}-{uuid.uuid4().hex[:12]}")
+    os.mkdir(tmp)
+    _PENDING[tmp] = dest
+    try:
+        write_owner_file(tmp)
+    except BaseException:
+        remove_temp_dir(tmp)
+        raise
+    return tmp
+
+
+#: How long :func:`remove_temp_dir` watches for a temporary directory recreated by late writes.
+_SETTLE_SECONDS = 0.2
+
+
+def remove_temp_dir(tmp: str, *, settle: bool = False) -> None:
+    """Remove a temporary directory (idempotent, never raises).
+
+    ``settle``: after an error in a Zarr write, other chunk writes of the same call may
+    still be running on Zarr's I/O threads (``asyncio.gather`` does not wait for them),
+    and one of them can recreate the directory (``mkdir(parents=True)``) after it was
+    removed; it is then removed again, for up to :data:`_SETTLE_SECONDS`.
+    """
+    shutil.rmtree(tmp, ignore_errors=True)
+    if settle:
+        end = time.monotonic() + _SETTLE_SECONDS
+        while time.monotonic() < end:
+            time.sleep(0.02)
+            if os.path.lexists(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+    _PENDING.pop(os.path.abspath(tmp), None)
+
+
+# ---------------------------------------------------------------------------------------
+# full disks: one line, not a traceback
+# ---------------------------------------------------------------------------------------
+
+#: errno values that mean the file system takes no more data: full, over quota, read-only.
+NO_SPACE_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS) if e is not None)
+
+_ERRNO_IN_TEXT = re.compile(r"\[errno (\d+)\]", re.IGNORECASE)
+
+
+def _errno_of(exc: BaseException) -> int | None:
+    """The errno of an ``OSError``; pyarrow's I/O errors may carry it only in their text."""
+    if not isinstance(exc, OSError):
+        return None
+    if exc.errno is not None:
+        return exc.errno
+    m = _ERRNO_IN_TEXT.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ``OSError`` of a full, over-quota or read-only file system.
+
+    >>> is_no_space(OSError(errno.ENOSPC, "No space left on device")), is_no_space(OSError(errno.EIO, "I/O"))
+    (True, False)
+    """
+    return _errno_of(exc) in NO_SPACE_ERRNOS
+
+
+def _reason(exc: OSError) -> str:
+    e = _errno_of(exc)
+    return f"{os.strerror(e)} ({errno.errorcode.get(e, e)})" if e is not None else str(exc)
+
+
+def no_space_error(exc: OSError, dest: str | os.PathLike) -> StoreError:
+    """The one-line error for a write to ``dest`` that failed with ``exc`` (see :func:`is_no_space`).
+
+    To be raised after the writer has removed its temporary files.
+
+    >>> print(no_space_error(OSError(errno.ENOSPC, "No space left on device"), "/data/r.zarr"))
+    /data/r.zarr: cannot write: No space left on device (ENOSPC); nothing was written there and the temporary files were removed (outputs are written all or nothing)
+    """
+    return StoreError(f"{os.fspath(dest)}: cannot write: {_reason(exc)}; nothing was written there and the "
+                      f"temporary files were removed (outputs are written all or nothing)")
+
+
+def describe_no_space(exc: BaseException) -> str | None:
+    """The one-line message for an ``OSError`` of a full/over-quota/read-only file system, else None.
+
+    Names the destination whose temporary directory the failed file was in (or, when
+    the error names no file, the destination this process was writing); a file outside
+    any temporary directory (a ledger's ``privacy_budget.json``) is named itself. Every
+    writer replaces its file or directory atomically, so nothing is half-written.
+    """
+    if not is_no_space(exc):
+        return None
+    name = getattr(exc, "filename", None)
+    dest = None
+    if name:
+        name = os.path.abspath(os.fspath(name))
+        for tmp, d in _PENDING.items():
+            if name == tmp or name.startswith(tmp + os.sep):
+                dest = d
+        dest = dest or name
+    elif _PENDING:
+        dest = next(reversed(_PENDING.values()))
+    where = f"{dest}: " if dest else ""
+    return (f"{where}cannot write: {_reason(exc)}; nothing was written there and the temporary files were "
+            f"removed (outputs are written all or nothing)")
 
 
 #: Re-delivery delay of a Ctrl-C that arrived at an unsafe point (see :func:`interrupts_at_safe_points`).

@@ -120,11 +120,13 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: name it (full disk)
+            exc.filename = str(path)
         raise
 
 

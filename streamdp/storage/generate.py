@@ -108,7 +108,10 @@ def generate_store(
 ) -> RatingStore:
     """Write a synthetic store to ``out`` and return it opened.
 
-    Deterministic for a given ``seed`` (whatever ``workers``).
+    Deterministic for a given ``seed`` (whatever ``workers``). A full, over-quota or
+    read-only file system is a :class:`~streamdp.errors.StoreError` naming ``out``, with
+    nothing left behind: every write goes through :class:`StoreWriter`, which removes
+    its temporary directory (and first those of dead runs beside ``out``).
     """
     for name, v in (("--users", n_users), ("--items", n_items), ("--rank", rank)):
         if int(v) < 1:

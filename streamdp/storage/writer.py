@@ -1,9 +1,13 @@
 """Writing a rating store: :class:`StoreWriter`, shared by ``ingest`` and ``generate``.
 
-The writer builds the store in a temporary directory next to the destination and
-renames it into place only in :meth:`StoreWriter.finalize`; on any error (or when
-used as a context manager and the body raises) the temporary directory is removed,
-so nothing is ever left at the destination unless the write succeeded. With
+The writer builds the store in a temporary directory next to the destination
+(:func:`streamdp.outputs.owned_temp_dir`: it records its owner, and the temporary
+directories of dead runs beside the destination are removed first) and renames it into
+place only in :meth:`StoreWriter.finalize`; on any error (or when used as a context
+manager and the body raises) the temporary directory is removed, so nothing is ever
+left at the destination unless the write succeeded. A full, over-quota or read-only
+file system is then one :class:`~streamdp.errors.StoreError` naming the destination
+(:func:`streamdp.outputs.no_space_error`), not a traceback. With
 ``force`` only an existing *rating store* is replaced (anything else there is refused
 and left untouched, see :mod:`streamdp.outputs`), and its privacy-budget ledger is
 carried over into the new store with a record that the data changed
@@ -35,14 +39,20 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import shutil
-import uuid
 
 import numpy as np
 import zarr
 
 from streamdp.errors import StoreError
-from streamdp.outputs import check_destination as _check, deferred_interrupts, install_dir
+from streamdp.outputs import (
+    check_destination as _check,
+    deferred_interrupts,
+    install_dir,
+    is_no_space,
+    no_space_error,
+    owned_temp_dir,
+    remove_temp_dir,
+)
 from streamdp.storage.schema import (
     ATTRS_KEY,
     DEFAULT_CHUNK_RATINGS,
@@ -273,19 +283,28 @@ class StoreWriter:
         self.force = force
         self.n_users, self.n_items, self.block_users = int(n_users), int(n_items), int(block_users)
         self.n_blocks = -(-self.n_users // self.block_users)
-        parent = os.path.dirname(self.path) or "."
-        os.makedirs(parent, exist_ok=True)
-        self.tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp-{uuid.uuid4().hex[:12]}")
+        self._failed = False
+        try:
+            with deferred_interrupts():
+                self.tmp = owned_temp_dir(self.path, "tmp")
+        except OSError as exc:  # owned_temp_dir removed what it created
+            if is_no_space(exc):
+                raise no_space_error(exc, self.path) from None
+            raise
         try:  # no `with` has been entered yet: an error or Ctrl-C here must remove the temp itself
             with deferred_interrupts():
-                self.root = zarr.open_group(self.tmp, mode="w")
+                # mode "a": the directory exists (with its owner record, which mode "w" would delete)
+                self.root = zarr.open_group(self.tmp, mode="a")
                 self.splits = {
                     s: _SplitWriter(self.root.create_group(s), self.n_users, self.n_blocks, self.block_users,
                                     chunk_ratings)
                     for s in splits
                 }
-        except BaseException:
+        except BaseException as exc:
+            self._failed = True
             self.abort()
+            if is_no_space(exc):
+                raise no_space_error(exc, self.path) from None
             raise
         self._hash = ContentHash()
         self._done = False
@@ -296,11 +315,18 @@ class StoreWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None or not self._done:
+            self._failed = self._failed or exc_type is not None
             self.abort()
+        if exc is not None and is_no_space(exc):
+            raise no_space_error(exc, self.path) from None
 
     def abort(self) -> None:
-        """Remove the temporary directory (idempotent)."""
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        """Remove the temporary directory (idempotent).
+
+        After a failed write it waits briefly for Zarr writes still in flight that could
+        recreate it (:func:`streamdp.outputs.remove_temp_dir`).
+        """
+        remove_temp_dir(self.tmp, settle=self._failed)
 
     # -- content ------------------------------------------------------------------------
     @deferred_interrupts()
@@ -388,6 +414,7 @@ class StoreWriter:
             with budget:
                 install_dir(self.tmp, self.path, force=self.force, what="rating store", is_ours=is_store_dir)
         except BaseException:
+            self._failed = True
             self.abort()
             raise
         self._done = True
