@@ -39,6 +39,14 @@ class _Group(click.Group):
             click.echo("streamdp: interrupted; nothing was released and nothing is left half-written "
                        "(outputs are written all or nothing)", err=True)
             ctx.exit(130)
+        except OSError as exc:  # a full, over-quota or read-only disk is the user's to fix; other OSErrors are bugs
+            from streamdp.outputs import describe_no_space
+
+            message = describe_no_space(exc)
+            if message is None:
+                raise
+            click.echo(f"streamdp: error: {message}", err=True)
+            ctx.exit(2)
 
 
 def _quiet_abandoned_io() -> None:
@@ -178,7 +186,11 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 @click.option("--columns", default=None, metavar="U,I,R[,T]",
               help="Names or 0-based indices of the user, item, rating[, timestamp] columns.")
 @click.option("--rating-range", default=None, metavar="MIN,MAX",
-              help="Declared rating range; ratings outside it are bad lines (default: observed range).")
+              help="Declared rating range (public); ratings outside it are errors unless --out-of-range clip/drop "
+              "(default: the observed range).")
+@click.option("--out-of-range", type=click.Choice(["error", "clip", "drop"]), default=None,
+              help="Ratings outside the declared --rating-range: error (default; with --skip-bad-lines they are "
+              "skipped as bad lines), clip to the range, or drop; the count is recorded in the store.")
 @click.option("--test-fraction", type=float, default=0.0, show_default=True,
               help="Hold out this fraction of each user's ratings into the test split.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out split.")
@@ -191,23 +203,28 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 @click.option("--budget", default=None, metavar="EPSILON,DELTA",
               help="Set the store's total privacy budget (see `streamdp budget`).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print a JSON summary.")
-def ingest(inputs, out, fmt, sep, columns, rating_range, test_fraction, seed, skip_bad_lines, memory_limit,
-           block_users, force, budget, as_json):
+def ingest(inputs, out, fmt, sep, columns, rating_range, out_of_range, test_fraction, seed, skip_bad_lines,
+           memory_limit, block_users, force, budget, as_json):
     """Ingest rating files (u.data, ::-.dat, CSV, whitespace, Parquet; .gz) into a store, out of core."""
     from streamdp.storage.ingest import ingest as ingest_files
 
     s = ingest_files(list(inputs), out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
-                     memory_limit=memory_limit, block_users=block_users, force=force, budget=budget)
+                     memory_limit=memory_limit, block_users=block_users, force=force, budget=budget,
+                     out_of_range=out_of_range)
     a = s.attrs
     if as_json:
         print_json({"store": s.path, "n_users": s.n_users, "n_items": s.n_items, "n_ratings": s.n_ratings,
                     "n_test": s.n_test, "n_duplicates_dropped": a["n_duplicates_dropped"],
-                    "n_bad_lines_skipped": a["n_bad_lines_skipped"], "seconds": a["seconds"]})
+                    "n_bad_lines_skipped": a["n_bad_lines_skipped"], "out_of_range": a["out_of_range"],
+                    "n_out_of_range_clipped": a["n_out_of_range_clipped"],
+                    "n_out_of_range_dropped": a["n_out_of_range_dropped"], "seconds": a["seconds"]})
     else:
+        oor = {"clip": f", {a['n_out_of_range_clipped']:,} out-of-range ratings clipped",
+               "drop": f", {a['n_out_of_range_dropped']:,} out-of-range ratings dropped"}.get(a["out_of_range"], "")
         click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
                    f"{s.n_test:,} test ratings; {a['n_duplicates_dropped']:,} duplicates dropped, "
-                   f"{a['n_bad_lines_skipped']:,} bad lines skipped, in {a['seconds']:.1f}s")
+                   f"{a['n_bad_lines_skipped']:,} bad lines skipped{oor}, in {a['seconds']:.1f}s")
 
 
 # ---------------------------------------------------------------------------------------

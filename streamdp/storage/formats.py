@@ -45,7 +45,13 @@ same names, and its other columns are ignored (they are typed and named, not
 guessed by position).
 
 Line numbers in error messages come from :func:`locate_error`, a plain Python re-read
-of the file that runs **only after** the fast path has failed.
+of the file that runs **only after** the fast path has failed. It decodes every line
+strictly as UTF-8, so a file in another encoding (latin-1 bytes) is an error naming the
+first line that is not UTF-8; a compressed file that ends early (an interrupted download
+or copy) is an error naming the line where its data stops (:func:`read_error`).
+
+Encoding: UTF-8, with or without a byte-order mark (``EF BB BF``, written by some
+spreadsheet exports): the mark is not part of the first header name.
 
 Decisions: ids are integers (int64) when every id of that column in every file parses
 as an integer, else strings (the integer ids are then compared as their decimal
@@ -54,11 +60,14 @@ text). Timestamps are integers; a file without one gets none (see ``ingest``).
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import lzma
 import math
 import os
 import re
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,6 +78,7 @@ import pyarrow.csv as pacsv
 from streamdp.errors import InputError
 
 FORMATS = ("udata", "dat", "csv", "ws", "parquet")
+BOM = b"\xef\xbb\xbf"  # the UTF-8 byte-order mark; pyarrow's CSV reader skips it too
 FIELD_SEP = "\x1f"  # what multi-character separators and whitespace runs are rewritten to
 
 #: Header names of each column role, normalized (see :func:`column_role`).
@@ -179,7 +189,9 @@ def _first_lines(path: str, n: int = 5) -> list[str]:
         data = s.read(1 << 16)
         s.close()
     except (pa.ArrowInvalid, OSError, EOFError) as exc:
-        raise InputError(f"{path}: cannot read ({exc})") from None
+        raise read_error(path, exc) from None
+    if data.startswith(BOM):
+        data = data[len(BOM):]
     if b"\x00" in data:
         raise InputError(f"{path}: line 1: binary data, not a text ratings file (use --format parquet for Parquet)")
     text = data.decode("utf-8", errors="replace")
@@ -569,6 +581,9 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
         if "Empty CSV file" in str(exc):
             return
         raise (id_column_failed(exc) or exc) from None
+    except OSError as exc:  # reading the input failed (a truncated compressed file, an I/O error)
+        src.close()
+        raise read_error(spec.path, exc) from None
     row = 0
     try:
         for rb in reader:
@@ -598,6 +613,8 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
             row += n
     except pa.ArrowInvalid as exc:
         raise (id_column_failed(exc) or exc) from None
+    except OSError as exc:
+        raise read_error(spec.path, exc) from None
     finally:
         src.close()
 
@@ -650,10 +667,80 @@ def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int) -> 
 # --------------------------------------------------------------------------------------
 
 
+#: Python's own readers of compressed files (line by line, so that a truncated stream still yields every
+#: complete line before it fails); other compressions pyarrow detects are read through pyarrow.
+_PY_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}
+#: What a damaged or truncated compressed stream raises while it is read.
+_STREAM_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowInvalid)
+
+
+def _is_compressed(path: str) -> bool:
+    return path.lower().endswith(_COMPRESSED) or path.lower().endswith(".lzma")
+
+
+def _raw_lines(path: str):
+    """``(line_number, bytes)`` of the decompressed file; a stream that breaks off is an
+    :class:`InputError` naming the line where its data stops."""
+    ext = os.path.splitext(path.lower())[1]
+    lineno = 0
+    try:
+        if ext in _PY_OPENERS:
+            f = _PY_OPENERS[ext](path, "rb")
+        elif _is_compressed(path):
+            f = pa.input_stream(path, compression="detect")
+        else:
+            f = open(path, "rb")
+        with f:
+            for raw in iter(f.readline, b""):
+                lineno += 1
+                yield lineno, raw
+    except _STREAM_ERRORS as exc:
+        if not _is_compressed(path):
+            raise InputError(f"{path}: line {lineno + 1}: cannot read ({_first_line(exc)})") from None
+        # the line being read when the data stopped: the last one yielded if it was cut, else the next
+        cut = lineno if lineno and not raw.endswith(b"\n") else lineno + 1
+        raise InputError(f"{path}: line {cut}: {_damaged(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _damaged(exc: BaseException) -> str:
+    return (f"the compressed data ends early or is damaged ({_first_line(exc)}): the file is truncated or corrupt "
+            f"(an interrupted download or copy?)")
+
+
+def read_error(path: str, exc: BaseException) -> InputError:
+    """The one-line error for a failure to read ``path`` (from pyarrow's fast path or the first lines).
+
+    For a compressed file it re-reads the file in Python to name the line where the
+    data stops (a truncated ``.gz``); otherwise it names the file and the reason.
+    """
+    if _is_compressed(path):
+        try:
+            for _ in _raw_lines(path):
+                pass
+        except InputError as located:
+            return located
+        return InputError(f"{path}: {_damaged(exc)}")
+    return InputError(f"{path}: cannot read ({_first_line(exc)})")
+
+
 def _text_lines(path: str):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
-        yield from enumerate(f, start=1)
+    """``(line_number, str)`` of the file: UTF-8 (a leading byte-order mark dropped), decoded strictly; the
+    first line that is not UTF-8 is an :class:`InputError` naming it."""
+    for lineno, raw in _raw_lines(path):
+        if lineno == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        try:
+            yield lineno, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            col = raw[:exc.start].decode("utf-8", errors="replace")
+            raise InputError(
+                f"{path}: line {lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {len(col) + 1}); "
+                f"streamdp reads UTF-8: convert the file first, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def check_fields(fields: list[str], spec: Spec, int_ids: tuple[bool, bool], rating_range) -> str | None:
@@ -674,10 +761,20 @@ def check_fields(fields: list[str], spec: Spec, int_ids: tuple[bool, bool], rati
     if not math.isfinite(v):
         return f"rating {r!r} is not finite"
     if rating_range is not None and not (rating_range[0] <= v <= rating_range[1]):
-        return f"rating {v:g} outside --rating-range [{rating_range[0]:g}, {rating_range[1]:g}]"
+        return out_of_range_reason(v, rating_range)
     if c.get("timestamp") is not None and not _is_int(fields[c["timestamp"]].strip()):
         return f"timestamp {fields[c['timestamp']]!r} is not an integer"
     return None
+
+
+def out_of_range_reason(v: float, rating_range) -> str:
+    """Why a rating outside the declared range is an error, and the options that accept it.
+
+    >>> out_of_range_reason(7, (1, 5))
+    'rating 7 outside --rating-range [1, 5] (--out-of-range clip or drop keeps such ratings clipped or drops them; --skip-bad-lines skips every bad line)'
+    """
+    return (f"rating {v:g} outside --rating-range [{rating_range[0]:g}, {rating_range[1]:g}] (--out-of-range clip "
+            f"or drop keeps such ratings clipped or drops them; --skip-bad-lines skips every bad line)")
 
 
 def locate_error(spec: Spec, int_ids: tuple[bool, bool], rating_range, *, row: int | None = None) -> tuple[int, str]:

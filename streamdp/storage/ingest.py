@@ -42,16 +42,33 @@ when every id of the column parses as one, else strings; when only some input fi
 have a timestamp column, timestamps are ignored and the last seen rating of a
 duplicated pair is kept; ``n_bad_lines_skipped`` counts lines dropped by
 ``--skip-bad-lines`` (wrong field count, unparsable or non-finite numbers, empty
-ids, ratings outside ``--rating-range``); blank lines are ignored and not counted.
+ids, and ratings outside ``--rating-range`` under ``--out-of-range error``); blank
+lines are ignored and not counted.
+
+Ratings outside a declared ``--rating-range`` (``out_of_range``): ``error`` (the
+default: the first one is an error naming its line and the options below, or with
+``--skip-bad-lines`` a skipped bad line, as before the option existed), ``clip`` (set
+to the nearer bound: post-processing with the declared, public bounds) or ``drop``.
+The store records the policy (``out_of_range``) and how many ratings were clipped or
+dropped (``n_out_of_range_clipped``, ``n_out_of_range_dropped``: input lines, counted
+before duplicates are removed). Non-finite ratings are bad lines under every policy.
+Without a declared range the range is the observed one and nothing is out of it, so
+``clip``/``drop`` without ``--rating-range`` is refused. These counts are exact
+statistics of the data and stay in the store (which is private data); nothing
+released from the store reads them.
+
+A text file without a header has its columns taken by position (user, item,
+rating[, timestamp] = 0, 1, 2[, 3]), which nothing in the file can confirm: a note on
+stderr says which column was taken as what (a file in item,user order would
+otherwise silently become a store with users and items swapped), and each source in
+the store's ``sources`` attribute records ``header`` and ``columns``.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -61,6 +78,7 @@ import pyarrow.compute as pc
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.ingest import bucket_rows, count_into, group_dedup, remap_sort
+from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
 from streamdp.storage import formats as F
 from streamdp.storage.schema import default_block_users
@@ -78,6 +96,8 @@ _BYTES_PER_PART_RATING = 256
 _PARSE_SHARE = 160
 _MIN_PARSE_BLOCK = 1 << 18
 _MAX_PARSE_BLOCK = 16 << 20
+#: Values of ``out_of_range`` (``--out-of-range``).
+OUT_OF_RANGE = ("error", "clip", "drop")
 
 
 def _threads() -> int:
@@ -245,6 +265,26 @@ def _parse_range(rating_range) -> tuple[float, float] | None:
     return lo, hi
 
 
+def _tofile(a: np.ndarray, f) -> None:
+    """Write an array's bytes to an open binary file or a path.
+
+    Not ``ndarray.tofile``: on a full disk it raises an ``OSError`` without an errno
+    ("N requested and M written"), which could not be told from a bug.
+    """
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "wb") as fh:
+            return _tofile(a, fh)
+    f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+
+
+def _header_note(spec: F.Spec) -> str:
+    """The note for a text file without a header: which column was taken as what (0-based, as --columns)."""
+    taken = ", ".join(f"{r}={spec.cols[r]}" for r in F.ROLES if spec.cols.get(r) is not None)
+    ts = "" if spec.has_timestamp else ", no timestamp"
+    return (f"{spec.path} has no header: columns taken by position as {taken}{ts} (0-based; "
+            f"use --columns USER,ITEM,RATING[,TIMESTAMP] to change)")
+
+
 def _parse_budget(budget) -> tuple[float, float] | None:
     if budget is None:
         return None
@@ -274,11 +314,19 @@ def ingest(
     force: bool = False,
     budget=None,
     show_progress: bool | None = None,
+    out_of_range: str | None = None,
+    notes: bool = True,
 ) -> RatingStore:
     """Ingest rating files into a store at ``out`` and return it opened.
 
     The store's attributes carry ``n_duplicates_dropped``, ``n_bad_lines_skipped``,
-    ``sources`` and ``params``. ``budget`` (``(epsilon, delta)`` or ``"E,D"``) sets the
+    ``out_of_range``, ``n_out_of_range_clipped``, ``n_out_of_range_dropped``, ``sources``
+    and ``params``. ``out_of_range`` (``"error"``, the default, ``"clip"`` or ``"drop"``)
+    says what becomes of ratings outside a declared ``rating_range`` (module docstring).
+    ``notes``: once the store is written, print on stderr which columns of a headerless
+    file were taken as what (after success only, so that an error stays one line).
+    A full, over-quota or read-only file system is a :class:`StoreError` naming ``out``
+    (temporary files removed). ``budget`` (``(epsilon, delta)`` or ``"E,D"``) sets the
     store's privacy budget (:class:`streamdp.privacy.budget.StoreBudget`) once the
     store is written. Raises :class:`InputError` (file and line) for bad
     input (also a header naming no rating column, or a column of unknown name, see
@@ -307,6 +355,13 @@ def ingest(
     if not inputs:
         raise ParameterError("ingest: no input files given")
     rr = _parse_range(rating_range)
+    if out_of_range is not None:
+        if out_of_range not in OUT_OF_RANGE:
+            raise ParameterError(f"--out-of-range: expected one of {', '.join(OUT_OF_RANGE)}, got {out_of_range!r}")
+        if rr is None:
+            raise ParameterError(f"--out-of-range {out_of_range}: only with a declared --rating-range MIN,MAX (without "
+                                 f"one the range is the observed one and no rating is outside it)")
+    oor = out_of_range or "error"
     test_fraction = check_fraction(test_fraction)
     if block_users is not None and block_users < 1:
         raise ParameterError(f"--block-users must be >= 1, got {block_users}")
@@ -320,13 +375,10 @@ def ingest(
             f"{-(-need // 10**6)}MB or more")
     budget = _parse_budget(budget)
     check_destination(out, force)
-    out_abs = os.path.abspath(out)
-    parent = os.path.dirname(out_abs) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(out_abs)}.ingest-{uuid.uuid4().hex[:12]}")
-    os.makedirs(tmp)
+    tmp = None
     try:
         specs = [F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns) for p in inputs]
+        tmp = owned_temp_dir(out, "ingest")
         int_ids = [True, True]
         for s in specs:
             a, b = F.sniff_id_kinds(s)
@@ -334,7 +386,7 @@ def ingest(
             int_ids[1] &= b
         while True:
             try:
-                parsed = _pass_parse(specs, tmp, tuple(int_ids), rr, skip_bad_lines, limit, show_progress)
+                parsed = _pass_parse(specs, tmp, tuple(int_ids), rr, skip_bad_lines, limit, show_progress, oor)
                 parsed.phases["parse"] = round(time.perf_counter() - t0, 3)
                 break
             except F._IdNotInteger as exc:
@@ -345,16 +397,27 @@ def ingest(
             check_privacy_params(*budget, n_users=len(parsed.users))
         params = dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
                       test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines, memory_limit=limit,
-                      block_users=block_users, formats=[s.format for s in specs])
+                      block_users=block_users, formats=[s.format for s in specs], out_of_range=oor)
         store = _build(parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress,
                        params=params, t0=t0)
         if budget is not None:
             from streamdp.privacy.budget import StoreBudget
 
             StoreBudget(store.path).set(*budget)
+        if notes:  # after success only: an error stays one line
+            for s in specs:
+                if not s.header and columns is None:
+                    note(_header_note(s))
         return store
+    except OSError as exc:
+        if is_no_space(exc):
+            if tmp is not None:
+                remove_temp_dir(tmp, settle=True)
+            raise no_space_error(exc, out) from None
+        raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            remove_temp_dir(tmp)
 
 
 @dataclass
@@ -369,9 +432,11 @@ class _Parsed:
     rmax: float
     has_ts: bool
     phases: dict
+    out_of_range: str = "error"
+    n_out_of_range: int = 0
 
 
-def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
+def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error") -> _Parsed:
     """Pass 1: parse, validate, count ids, spill.
 
     A large uncompressed text file is cut into byte ranges at line ends that are
@@ -393,9 +458,9 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
     schema = pa.schema([("u", utype), ("i", itype), ("r", pa.float32()), ("t", pa.int64())])
 
     def parse_range(spec, spill, byte_range, bar):
-        """Parse one file or byte range into ``spill``; returns (rows, rmin, rmax, n_bad)."""
+        """Parse one file or byte range into ``spill``; returns (rows, rmin, rmax, n_bad, n_out_of_range)."""
         bad = [0]
-        rows, rmin, rmax, n_batches = 0, np.inf, -np.inf, 0
+        rows, rmin, rmax, n_batches, n_oor = 0, np.inf, -np.inf, 0, 0
         if spec.format == "parquet":
             it = F.iter_parquet(spec, int_ids=int_ids, batch_rows=max(block_size // 32, 4096))
         else:
@@ -405,25 +470,35 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
             try:
                 for b in it:
                     if failed.is_set():
-                        return rows, rmin, rmax, bad[0]
+                        return rows, rmin, rmax, bad[0], n_oor
                     r = b.rating
                     badm = ~np.isfinite(r)
+                    drop = None
                     if rr is not None:
-                        badm |= (r < rr[0]) | (r > rr[1])
+                        with np.errstate(invalid="ignore"):
+                            outside = (r < rr[0]) | (r > rr[1])
+                        if oor == "error":
+                            badm |= outside
+                        elif outside.any():
+                            n_oor += int(outside.sum())
+                            if oor == "clip":  # post-processing with the declared (public) bounds
+                                r = np.where(outside, np.clip(r, rr[0], rr[1]), r)
+                            else:
+                                drop = outside
                     u, i, ts = b.user, b.item, b.timestamp
                     for ids in (u, i):
                         if not pa.types.is_integer(ids.type):  # an empty string is no id
                             badm |= pc.equal(pc.binary_length(ids), 0).to_numpy(zero_copy_only=False)
-                    if badm.any():
-                        if not skip:
+                    if badm.any() or drop is not None:
+                        if badm.any() and not skip:
                             j = int(np.argmax(badm))
                             if spec.format == "parquet":
                                 why = (f"rating {float(r[j])} is not finite" if not np.isfinite(r[j]) else
-                                       f"rating {r[j]:g} outside --rating-range [{rr[0]:g}, {rr[1]:g}]"
+                                       F.out_of_range_reason(r[j], rr)
                                        if rr is not None and not rr[0] <= r[j] <= rr[1] else "empty id")
                                 raise InputError(f"{spec.path}: row {b.row0 + j + 1}: {why}")
                             raise _BadLine()
-                        keep = ~badm
+                        keep = ~(badm if drop is None else badm | drop)
                         bad[0] += int(badm.sum())
                         km = pa.array(keep)
                         u, i, r = pc.filter(u, km), pc.filter(i, km), r[keep]
@@ -446,17 +521,17 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
             except (pa.ArrowInvalid, _BadLine) as exc:
                 failed.set()
                 # the slow path: re-read the file in Python to name the first bad line
-                line, why = F.locate_error(spec, int_ids, rr)
+                line, why = F.locate_error(spec, int_ids, rr if oor == "error" else None)
                 if line:
                     raise F.error_at(spec, line, why) from None
                 raise InputError(f"{spec.path}: {str(exc).splitlines()[0] if str(exc) else 'bad input'}") from None
             except BaseException:
                 failed.set()
                 raise
-        return rows, rmin, rmax, bad[0]
+        return rows, rmin, rmax, bad[0], n_oor
 
     sources = []
-    n_bad = 0
+    n_bad = n_oor = 0
     rmin, rmax = np.inf, -np.inf
     with progress(total=None, desc="parse", unit="rating", show=show_progress, unit_scale=True) as bar, \
             ThreadPoolExecutor(max_workers=workers) as ex:
@@ -468,9 +543,10 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
             results = []
             for f in futs:  # surface the first error in file order
                 results.append(f.result())
-            for rows, lo, hi, nb in results:
+            for rows, lo, hi, nb, no in results:
                 src.rows += rows
                 n_bad += nb
+                n_oor += no
                 rmin, rmax = min(rmin, lo), max(rmax, hi)
             if src.rows == 0:
                 raise InputError(f"{spec.path}: no ratings" + (" (all lines were bad)" if n_bad else " (empty file)"))
@@ -479,7 +555,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress) -> _Parsed:
     users, user_rows = ucount.finish()
     items, _ = icount.finish()
     return _Parsed(sources, users, user_rows, items, int(user_rows.sum()), n_bad, rmin, rmax,
-                   all(s.spec.has_timestamp for s in sources), {})
+                   all(s.spec.has_timestamp for s in sources), {}, oor, n_oor)
 
 
 def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int, int]]:
@@ -550,7 +626,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
                 a = arrays[c] if n_parts == 1 else arrays[c][order]
                 for p, se in groups:
                     f = fh(p, c)
-                    (a if se is None else a[se[0]:se[1]]).tofile(f)
+                    _tofile(a if se is None else a[se[0]:se[1]], f)
                     if not keep_open:
                         f.close()
 
@@ -606,9 +682,9 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
         orr = np.empty(len(u), np.float32)
         nnz, dropped = group_dedup(u, it, r, t, has_ts, n_loc, n_raw_items, ip, oi, orr)
         del u, it, r, t
-        ip.tofile(f"{base[p]}.ip")
-        oi[:nnz].tofile(f"{base[p]}.i")
-        orr[:nnz].tofile(f"{base[p]}.r")
+        _tofile(ip, f"{base[p]}.ip")
+        _tofile(oi[:nnz], f"{base[p]}.i")
+        _tofile(orr[:nnz], f"{base[p]}.r")
         return np.bincount(oi[:nnz], minlength=n_raw_items).astype(np.int64), int(dropped)
 
     item_counts_raw = np.zeros(n_raw_items, np.int64)
@@ -675,11 +751,15 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             "rating_max": float(rating_max),
             "rating_range_source": source,
             "sources": [{"name": os.path.basename(s.spec.path), "path": os.path.abspath(s.spec.path),
-                         "size": s.size, "format": s.spec.format, "rows": s.rows} for s in parsed.sources],
+                         "size": s.size, "format": s.spec.format, "rows": s.rows, "header": s.spec.header,
+                         "columns": {r: s.spec.cols.get(r) for r in F.ROLES}} for s in parsed.sources],
             "created_with": "ingest",
             "params": params,
             "n_duplicates_dropped": n_dup,
             "n_bad_lines_skipped": parsed.n_bad,
+            "out_of_range": parsed.out_of_range,
+            "n_out_of_range_clipped": parsed.n_out_of_range if parsed.out_of_range == "clip" else 0,
+            "n_out_of_range_dropped": parsed.n_out_of_range if parsed.out_of_range == "drop" else 0,
             "seconds": round(time.perf_counter() - t0, 3),
             "phase_end_seconds": parsed.phases,
         })

@@ -19,7 +19,8 @@ from tests.conftest import shared_file
 def run_cli(*args):
     r = CliRunner().invoke(main, [str(a) for a in args])
     err = r.stderr if hasattr(r, "stderr") and r.stderr_bytes is not None else r.output
-    return r.exit_code, r.output, err
+    out = r.stdout if r.stderr_bytes is not None else r.output  # notes on stderr are not part of the output
+    return r.exit_code, out, err
 
 
 def ingest_ok(*args):
