@@ -271,29 +271,58 @@ def no_space_error(exc: OSError, dest: str | os.PathLike) -> StoreError:
                       f"temporary files were removed (outputs are written all or nothing)")
 
 
+def _no_space_target(exc: OSError) -> str | None:
+    """The destination a failed write belongs to (see :func:`describe_no_space`)."""
+    name = getattr(exc, "filename", None)
+    if name:
+        name = os.path.abspath(os.fspath(name))
+        for tmp, d in _PENDING.items():
+            if name == tmp or name.startswith(tmp + os.sep):
+                return d
+        return name
+    return next(reversed(_PENDING.values())) if _PENDING else None
+
+
 def describe_no_space(exc: BaseException) -> str | None:
     """The one-line message for an ``OSError`` of a full/over-quota/read-only file system, else None.
 
     Names the destination whose temporary directory the failed file was in (or, when
     the error names no file, the destination this process was writing); a file outside
     any temporary directory (a ledger's ``privacy_budget.json``) is named itself. Every
-    writer replaces its file or directory atomically, so nothing is half-written.
+    writer replaces its file or directory atomically, so nothing is half-written. When
+    handling the first failure failed too for want of space (a run that records the
+    failed write in the store's ledger, on the same full disk), the first failure is
+    the error and the later file is named as left as it was.
+
+    >>> first = OSError(errno.ENOSPC, "No space left on device", "/m/.model.tmp-x/model.json")
+    >>> try:
+    ...     try:
+    ...         raise first
+    ...     except OSError:
+    ...         raise OSError(errno.ENOSPC, "No space left on device", "/s.zarr/privacy_budget.json")
+    ... except OSError as exc:
+    ...     print(describe_no_space(exc))  # doctest: +ELLIPSIS
+    /m/.model.tmp-x/model.json: cannot write: ... (outputs are written all or nothing); /s.zarr/privacy_budget.json could not be updated either and was left as it was
     """
-    if not is_no_space(exc):
+    chain, e, seen = [], exc, set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if is_no_space(e):
+            chain.append(e)
+        e = e.__cause__ or e.__context__
+    if not chain:
         return None
-    name = getattr(exc, "filename", None)
-    dest = None
-    if name:
-        name = os.path.abspath(os.fspath(name))
-        for tmp, d in _PENDING.items():
-            if name == tmp or name.startswith(tmp + os.sep):
-                dest = d
-        dest = dest or name
-    elif _PENDING:
-        dest = next(reversed(_PENDING.values()))
+    first = chain[-1]
+    dest = _no_space_target(first)
     where = f"{dest}: " if dest else ""
-    return (f"{where}cannot write: {_reason(exc)}; nothing was written there and the temporary files were "
-            f"removed (outputs are written all or nothing)")
+    later = []
+    for e in reversed(chain[:-1]):
+        t = _no_space_target(e)
+        if t and t != dest and t not in later:
+            later.append(t)
+    also = f"; {', '.join(later)} could not be updated either and was left as it was" if later else ""
+    return (f"{where}cannot write: {_reason(first)}; nothing was written there and the temporary files were "
+            f"removed (outputs are written all or nothing){also}")
 
 
 #: Re-delivery delay of a Ctrl-C that arrived at an unsafe point (see :func:`interrupts_at_safe_points`).
