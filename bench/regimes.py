@@ -39,16 +39,20 @@ import streamdp
 
 #: name -> (description, generate() keywords)
 REGIMES = {
+    "jokes14-weak": ("jokes14 with little low-rank signal (u.v std 1 against noise 4): factors cannot pay",
+                     dict(users=5_000, items=130, ratings_per_user=14, rating_min=-10.0, rating_max=10.0,
+                          rating_step=0.0, global_mean=0.5, item_bias_std=1.5, noise=4.0, user_bias_std=2.0,
+                          outlier_fraction=0.005, item_exponent=0.3)),
     "sparse": ("products: 50k users x 3k items, 1.2 ratings per user (most rate once), string ids",
                dict(users=50_000, items=3_000, ratings_per_user=1.2, user_bias_std=0.4, string_ids=True)),
     "jokes14": ("jokes: 5k users x 130 items, ~14 per user, continuous -10..10, 0.5% outliers",
                 dict(users=5_000, items=130, ratings_per_user=14, rating_min=-10.0, rating_max=10.0,
                      rating_step=0.0, global_mean=0.5, item_bias_std=1.5, noise=4.0, user_bias_std=2.0,
-                     outlier_fraction=0.005, item_exponent=0.3)),
+                     interaction_scale=3.0, outlier_fraction=0.005, item_exponent=0.3)),
     "jokes70": ("jokes: 20k users x 100 items, ~70 per user, continuous -10..10",
                 dict(users=20_000, items=100, ratings_per_user=70, rating_min=-10.0, rating_max=10.0,
                      rating_step=0.0, global_mean=0.5, item_bias_std=1.5, noise=4.0, user_bias_std=2.0,
-                     item_exponent=0.3)),
+                     interaction_scale=3.0, item_exponent=0.3)),
     "thousands": ("movies: 3k users x 3k items, ~60 per user, half stars",
                   dict(users=3_000, items=3_000, ratings_per_user=60, rating_min=0.5, rating_max=5.0,
                        rating_step=0.5, user_bias_std=0.4)),

@@ -26,7 +26,8 @@ The model (all parameters are options of :func:`generate_store`):
 * **What real sets add** (all off by default, so existing seeds give the same
   stores): ``user_bias_std``, a per-user offset ``N(0, user_bias_std^2)`` added to each
   of the user's ratings before rounding and clipping (users' rating levels differ in
-  every real set); ``outlier_fraction``, that fraction of ratings replaced by one of
+  every real set); ``interaction_scale``, the standard deviation of ``u . v`` (the
+  low-rank signal; 1 by default, about 3 on a -10..10 joke scale); ``outlier_fraction``, that fraction of ratings replaced by one of
   the scale's two ends at random (ratings beyond a declared range, clipped at
   ingest); ``string_ids``, user and item ids written as strings (``u00000042``,
   ``B00000007``: product catalogues).
@@ -99,6 +100,7 @@ def generate_store(
     rating_max: float = 5.0,
     rating_step: float = 1.0,
     user_bias_std: float = 0.0,
+    interaction_scale: float = 1.0,
     outlier_fraction: float = 0.0,
     string_ids: bool = False,
     block_users: int | None = None,
@@ -126,6 +128,8 @@ def generate_store(
         raise ParameterError(f"rating range must have max > min, got [{rating_min}, {rating_max}]")
     if not user_bias_std >= 0:
         raise ParameterError(f"--user-bias-std must be >= 0, got {user_bias_std}")
+    if not interaction_scale > 0:
+        raise ParameterError(f"--interaction-scale must be > 0, got {interaction_scale}")
     if not 0 <= outlier_fraction < 1:
         raise ParameterError(f"--outlier-fraction must be in [0, 1), got {outlier_fraction}")
     if factors not in ("gaussian", "uniform"):
@@ -140,7 +144,7 @@ def generate_store(
         V = rng.uniform(-1.0, 1.0, (n_items, rank)) * (half / np.sqrt(rank))
         bias = np.zeros(n_items)
     else:
-        scale = 1.0 / np.sqrt(np.sqrt(rank))
+        scale = float(interaction_scale) / np.sqrt(np.sqrt(rank))
         V = (rng.standard_normal((n_items, rank)) * scale).astype(np.float64)
         bias = rng.standard_normal(n_items) * item_bias_std
     w = (np.arange(1, n_items + 1, dtype=np.float64)) ** (-float(item_exponent))
@@ -214,7 +218,7 @@ def generate_store(
                       seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
                       user_exponent=user_exponent, global_mean=global_mean, item_bias_std=item_bias_std,
                       rating_step=rating_step, factors=factors, user_bias_std=user_bias_std,
-                      outlier_fraction=outlier_fraction, string_ids=string_ids)
+                      outlier_fraction=outlier_fraction, string_ids=string_ids, interaction_scale=interaction_scale)
         w_.finalize({
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),
