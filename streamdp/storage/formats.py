@@ -739,7 +739,7 @@ def _text_lines(path: str):
         except UnicodeDecodeError as exc:
             col = raw[:exc.start].decode("utf-8", errors="replace")
             raise InputError(
-                f"{path}: line {lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {len(col) + 1}); "
+                f"{path}: line {lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at character {len(col) + 1}); "
                 f"streamdp reads UTF-8: convert the file first, e.g. iconv -f latin1 -t utf-8") from None
 
 
