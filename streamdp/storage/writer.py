@@ -284,15 +284,10 @@ class StoreWriter:
         self.n_users, self.n_items, self.block_users = int(n_users), int(n_items), int(block_users)
         self.n_blocks = -(-self.n_users // self.block_users)
         self._failed = False
-        try:
-            with deferred_interrupts():
-                self.tmp = owned_temp_dir(self.path, "tmp")
-        except OSError as exc:  # owned_temp_dir removed what it created
-            if is_no_space(exc):
-                raise no_space_error(exc, self.path) from None
-            raise
+        self.tmp = None
         try:  # no `with` has been entered yet: an error or Ctrl-C here must remove the temp itself
             with deferred_interrupts():
+                self.tmp = owned_temp_dir(self.path, "tmp")
                 # mode "a": the directory exists (with its owner record, which mode "w" would delete)
                 self.root = zarr.open_group(self.tmp, mode="a")
                 self.splits = {
@@ -326,7 +321,8 @@ class StoreWriter:
         After a failed write it waits briefly for Zarr writes still in flight that could
         recreate it (:func:`streamdp.outputs.remove_temp_dir`).
         """
-        remove_temp_dir(self.tmp, settle=self._failed)
+        if self.tmp is not None:
+            remove_temp_dir(self.tmp, settle=self._failed)
 
     # -- content ------------------------------------------------------------------------
     @deferred_interrupts()
