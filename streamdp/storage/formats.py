@@ -624,9 +624,19 @@ def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int) -> 
     import pyarrow.parquet as pq
 
     roles = [r for r in ROLES if spec.cols.get(r) is not None]
-    pf = pq.ParquetFile(spec.path)
+    try:
+        pf = pq.ParquetFile(spec.path)
+        batches = pf.iter_batches(batch_size=int(batch_rows), columns=[spec.cols[r] for r in roles])
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{spec.path}: not a readable Parquet file ({_first_line(exc)})") from None
     row = 0
-    for rb in pf.iter_batches(batch_size=int(batch_rows), columns=[spec.cols[r] for r in roles]):
+    while True:
+        try:
+            rb = next(batches, None)
+        except (OSError, pa.ArrowInvalid) as exc:  # a damaged or truncated page, with its row when known
+            raise InputError(f"{spec.path}: damaged Parquet data after row {row} ({_first_line(exc)})") from None
+        if rb is None:
+            break
         n = rb.num_rows
         if n == 0:
             continue

@@ -142,3 +142,21 @@ def test_latin1_in_a_headerless_whitespace_file(tmp_path):
     src.write_bytes(b"".join(b"%d %d 3\n" % (u, i) for u in range(10) for i in range(4)) + b"7 \xe9t\xe9 2\n")
     code, _, err, exc = run("ingest", src, "--out", tmp_path / "s.zarr")
     assert_error(code, err, exc, "ratings.txt: line 41:", "not UTF-8")
+
+
+def test_damaged_parquet_is_one_line(tmp_path):
+    """Zeroed bytes inside a Parquet file's data pages: one line naming the file (was a traceback)."""
+    import pandas as pd
+
+    g = np.random.default_rng(0)
+    n = 60_000
+    pd.DataFrame({"user": g.integers(0, 2000, n), "item": g.integers(0, 300, n),
+                  "rating": g.integers(1, 6, n).astype(float)}).to_parquet(tmp_path / "ok.parquet",
+                                                                            row_group_size=10_000)
+    data = bytearray((tmp_path / "ok.parquet").read_bytes())
+    data[len(data) // 3: len(data) // 3 + 2000] = bytes(2000)
+    src = tmp_path / "r.parquet"
+    src.write_bytes(bytes(data))
+    code, _, err, exc = run("ingest", src, "--out", tmp_path / "s.zarr")
+    assert_error(code, err, exc, "r.parquet: damaged Parquet data after row ")
+    assert not (tmp_path / "s.zarr").exists()
