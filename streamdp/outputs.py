@@ -143,9 +143,10 @@ def sweep_dead_temp_dirs(dest: str | os.PathLike) -> list[str]:
     are removed: a live run's, another host's (cannot be told) and those without an
     owner record are left alone.
 
-    >>> import tempfile, json
+    >>> import tempfile, json, socket
     >>> d = tempfile.mkdtemp(); dead = os.path.join(d, ".s.zarr.tmp-0123456789ab"); os.mkdir(dead)
-    >>> _ = open(os.path.join(dead, "owner.json"), "w").write(json.dumps({"pid": 2**22 + 1, "host": __import__("socket").gethostname()}))
+    >>> gone = {"pid": 2**22 + 1, "host": socket.gethostname()}  # above Linux's largest pid: no such process
+    >>> _ = open(os.path.join(dead, "owner.json"), "w").write(json.dumps(gone))
     >>> live = os.path.join(d, ".s.zarr.ingest-00000000"); os.mkdir(live); write_owner_file(live)
     >>> [os.path.basename(p) for p in sweep_dead_temp_dirs(os.path.join(d, "s.zarr"))], os.path.isdir(live)
     (['.s.zarr.tmp-0123456789ab'], True)
@@ -265,7 +266,9 @@ def no_space_error(exc: OSError, dest: str | os.PathLike) -> StoreError:
     To be raised after the writer has removed its temporary files.
 
     >>> print(no_space_error(OSError(errno.ENOSPC, "No space left on device"), "/data/r.zarr"))
-    /data/r.zarr: cannot write: No space left on device (ENOSPC); nothing was written there and the temporary files were removed (outputs are written all or nothing)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    /data/r.zarr: cannot write: No space left on device (ENOSPC); nothing was written there and the temporary
+    files were removed (outputs are written all or nothing)
     """
     return StoreError(f"{os.fspath(dest)}: cannot write: {_reason(exc)}; nothing was written there and the "
                       f"temporary files were removed (outputs are written all or nothing)")
@@ -301,8 +304,9 @@ def describe_no_space(exc: BaseException) -> str | None:
     ...     except OSError:
     ...         raise OSError(errno.ENOSPC, "No space left on device", "/s.zarr/privacy_budget.json")
     ... except OSError as exc:
-    ...     print(describe_no_space(exc))  # doctest: +ELLIPSIS
-    /m/.model.tmp-x/model.json: cannot write: ... (outputs are written all or nothing); /s.zarr/privacy_budget.json could not be updated either and was left as it was
+    ...     print(describe_no_space(exc))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    /m/.model.tmp-x/model.json: cannot write: ... (outputs are written all or nothing);
+    /s.zarr/privacy_budget.json could not be updated either and was left as it was
     """
     chain, e, seen = [], exc, set()
     while e is not None and id(e) not in seen:

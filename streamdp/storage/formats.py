@@ -780,8 +780,9 @@ def check_fields(fields: list[str], spec: Spec, int_ids: tuple[bool, bool], rati
 def out_of_range_reason(v: float, rating_range) -> str:
     """Why a rating outside the declared range is an error, and the options that accept it.
 
-    >>> out_of_range_reason(7, (1, 5))
-    'rating 7 outside --rating-range [1, 5] (--out-of-range clip or drop keeps such ratings clipped or drops them; --skip-bad-lines skips every bad line)'
+    >>> print(out_of_range_reason(7, (1, 5)))  # doctest: +NORMALIZE_WHITESPACE
+    rating 7 outside --rating-range [1, 5] (--out-of-range clip or drop keeps such ratings clipped or drops them;
+    --skip-bad-lines skips every bad line)
     """
     return (f"rating {v:g} outside --rating-range [{rating_range[0]:g}, {rating_range[1]:g}] (--out-of-range clip "
             f"or drop keeps such ratings clipped or drops them; --skip-bad-lines skips every bad line)")
