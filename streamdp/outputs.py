@@ -193,6 +193,8 @@ def owned_temp_dir(dest: str | os.PathLike, kind: str = "tmp") -> str:
         many = len(removed) > 1
         note(f"removed {len(removed)} temporary director{'ies' if many else 'y'} left by "
               f"{'processes that are' if many else 'a process that is'} gone: {', '.join(removed)}")
+    for old in [t for t in _PENDING if not os.path.lexists(t)]:  # earlier failures, already reported
+        del _PENDING[old]
     tmp = os.path.join(parent, f".{os.path.basename(dest)}.{kind}-{uuid.uuid4().hex[:12]}")
     os.mkdir(tmp)
     _PENDING[tmp] = dest
@@ -318,14 +320,15 @@ def describe_no_space(exc: BaseException) -> str | None:
         return None
     first = chain[-1]
     dest = _no_space_target(first)
-    where = f"{dest}: " if dest else ""
+    if dest is None:  # no file named and no output of ours being written: claim nothing about what is left
+        return f"a write failed: {_reason(first)}; free some space (or use a writable place) and run it again"
     later = []
     for e in reversed(chain[:-1]):
         t = _no_space_target(e)
         if t and t != dest and t not in later:
             later.append(t)
     also = f"; {', '.join(later)} could not be updated either and was left as it was" if later else ""
-    return (f"{where}cannot write: {_reason(first)}; nothing was written there and the temporary files were "
+    return (f"{dest}: cannot write: {_reason(first)}; nothing was written there and the temporary files were "
             f"removed (outputs are written all or nothing){also}")
 
 

@@ -261,3 +261,24 @@ def test_real_tmpfs(tmp_path, tiny_tmpfs):
     r = cli("budget", tiny_tmpfs / "s.zarr", "--set", "3,1e-5")
     assert_one_line_error(r.returncode, r.stderr, None, tiny_tmpfs / "s.zarr" / "privacy_budget.json")
     assert not (tiny_tmpfs / "s.zarr" / "privacy_budget.json").exists()
+
+
+def test_train_whose_budget_reservation_hits_a_full_disk(tmp_path, store, full_disk):
+    """The first write of a run is its reservation in the store's ledger: nothing is trained or written."""
+    full_disk(0)
+    out = tmp_path / "model"
+    c, _, err, exc = run("train", store, "--epsilon", "1", "--method", "means", "--out", out, "--seed", "0")
+    assert_one_line_error(c, err, exc, store / "privacy_budget.json")
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_a_full_disk_outside_any_output_claims_nothing(monkeypatch):
+    import streamdp.outputs as outputs
+    from streamdp.outputs import describe_no_space
+
+    monkeypatch.setattr(outputs, "_PENDING", {})  # no output of ours being written in this process
+
+    msg = describe_no_space(OSError(errno.ENOSPC, "No space left on device"))
+    assert msg.startswith("a write failed: No space left on device (ENOSPC)") and "nothing was written" not in msg
+    assert describe_no_space(OSError(errno.EIO, "Input/output error")) is None
+    assert describe_no_space(ValueError("not an OSError")) is None
