@@ -51,7 +51,7 @@ from streamdp.owner import OWNER_FILE, owner_status, read_owner_file, write_owne
 
 __all__ = ["check_destination", "install_dir", "deferred_interrupts", "interrupts_at_safe_points",
            "owned_temp_dir", "sweep_dead_temp_dirs", "remove_temp_dir", "NO_SPACE_ERRNOS", "is_no_space",
-           "no_space_error", "describe_no_space", "note"]
+           "no_space_error", "no_space_reason", "describe_no_space", "note"]
 
 
 def check_destination(path: str | os.PathLike, force: bool, *, what: str, is_ours: Callable[[str], bool]) -> None:
@@ -257,7 +257,8 @@ def is_no_space(exc: BaseException) -> bool:
     return _errno_of(exc) in NO_SPACE_ERRNOS
 
 
-def _reason(exc: OSError) -> str:
+def no_space_reason(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the reason of a failed write, for a message."""
     e = _errno_of(exc)
     return f"{os.strerror(e)} ({errno.errorcode.get(e, e)})" if e is not None else str(exc)
 
@@ -272,8 +273,8 @@ def no_space_error(exc: OSError, dest: str | os.PathLike) -> StoreError:
     /data/r.zarr: cannot write: No space left on device (ENOSPC); nothing was written there and the temporary
     files were removed (outputs are written all or nothing)
     """
-    return StoreError(f"{os.fspath(dest)}: cannot write: {_reason(exc)}; nothing was written there and the "
-                      f"temporary files were removed (outputs are written all or nothing)")
+    return StoreError(f"{os.fspath(dest)}: cannot write: {no_space_reason(exc)}; nothing was written there and "
+                      f"the temporary files were removed (outputs are written all or nothing)")
 
 
 def _no_space_target(exc: OSError) -> str | None:
@@ -321,15 +322,16 @@ def describe_no_space(exc: BaseException) -> str | None:
     first = chain[-1]
     dest = _no_space_target(first)
     if dest is None:  # no file named and no output of ours being written: claim nothing about what is left
-        return f"a write failed: {_reason(first)}; free some space (or use a writable place) and run it again"
+        return (f"a write failed: {no_space_reason(first)}; free some space (or use a writable place) and run it "
+                f"again")
     later = []
     for e in reversed(chain[:-1]):
         t = _no_space_target(e)
         if t and t != dest and t not in later:
             later.append(t)
     also = f"; {', '.join(later)} could not be updated either and was left as it was" if later else ""
-    return (f"{dest}: cannot write: {_reason(first)}; nothing was written there and the temporary files were "
-            f"removed (outputs are written all or nothing){also}")
+    return (f"{dest}: cannot write: {no_space_reason(first)}; nothing was written there and the temporary files "
+            f"were removed (outputs are written all or nothing){also}")
 
 
 #: Re-delivery delay of a Ctrl-C that arrived at an unsafe point (see :func:`interrupts_at_safe_points`).

@@ -76,9 +76,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamdp.errors import InputError, ParameterError
+from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.ingest import bucket_rows, count_into, group_dedup, remap_sort
-from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
+from streamdp.outputs import is_no_space, no_space_error, no_space_reason, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
 from streamdp.storage import formats as F
 from streamdp.storage.schema import default_block_users
@@ -403,7 +403,14 @@ def ingest(
         if budget is not None:
             from streamdp.privacy.budget import StoreBudget
 
-            StoreBudget(store.path).set(*budget)
+            try:
+                StoreBudget(store.path).set(*budget)
+            except OSError as exc:  # the store is in place: say so, not "nothing was written"
+                if not is_no_space(exc):
+                    raise
+                raise StoreError(f"{store.path}: the store was written but its budget was not set: "
+                                 f"{no_space_reason(exc)} writing its ledger; free some space and run "
+                                 f"streamdp budget {store.path} --set {budget[0]:g},{budget[1]:g}") from None
         if notes:  # after success only: an error stays one line
             for s in specs:
                 if not s.header and columns is None:

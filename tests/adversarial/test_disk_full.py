@@ -282,3 +282,20 @@ def test_a_full_disk_outside_any_output_claims_nothing(monkeypatch):
     assert msg.startswith("a write failed: No space left on device (ENOSPC)") and "nothing was written" not in msg
     assert describe_no_space(OSError(errno.EIO, "Input/output error")) is None
     assert describe_no_space(ValueError("not an OSError")) is None
+
+
+def test_ingest_budget_on_a_full_disk_says_the_store_was_written(tmp_path, monkeypatch):
+    """``ingest --budget``: the store is in place when its ledger write fails; the line says so and how to finish."""
+    from streamdp.privacy.budget import StoreBudget
+
+    def full(self, *args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(StoreBudget, "set", full)
+    src = _ratings_csv(tmp_path / "r.csv", n_users=50)
+    out = tmp_path / "s.zarr"
+    c, _, err, exc = run("ingest", src, "--out", out, "--budget", "2,1e-5")
+    assert c == 2 and len(err.strip().splitlines()) == 1, (err, exc)
+    assert "the store was written but its budget was not set: No space left on device" in err
+    assert f"streamdp budget {out} --set 2,1e-05" in err
+    assert open_store(out).n_users == 50 and leftovers(tmp_path) == []
