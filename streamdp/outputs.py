@@ -319,15 +319,15 @@ def describe_no_space(exc: BaseException) -> str | None:
         e = e.__cause__ or e.__context__
     if not chain:
         return None
-    first = chain[-1]
-    dest = _no_space_target(first)
-    if dest is None:  # no file named and no output of ours being written: claim nothing about what is left
-        return (f"a write failed: {no_space_reason(first)}; free some space (or use a writable place) and run it "
-                f"again")
+    targets = [(_no_space_target(e), e) for e in reversed(chain)]  # the first failure first
+    named = [(t, e) for t, e in targets if t is not None]
+    if not named:  # no file named and no output of ours being written: claim nothing about what is left
+        return (f"a write failed: {no_space_reason(chain[-1])}; free some space (or use a writable place) and run "
+                f"it again")
+    dest, first = named[0]
     later = []
-    for e in reversed(chain[:-1]):
-        t = _no_space_target(e)
-        if t and t != dest and t not in later:
+    for t, _ in named[1:]:
+        if t != dest and t not in later:
             later.append(t)
     also = f"; {', '.join(later)} could not be updated either and was left as it was" if later else ""
     return (f"{dest}: cannot write: {no_space_reason(first)}; nothing was written there and the temporary files "

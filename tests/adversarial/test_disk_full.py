@@ -299,3 +299,20 @@ def test_ingest_budget_on_a_full_disk_says_the_store_was_written(tmp_path, monke
     assert "the store was written but its budget was not set: No space left on device" in err
     assert f"streamdp budget {out} --set 2,1e-05" in err
     assert open_store(out).n_users == 50 and leftovers(tmp_path) == []
+
+
+def test_a_failed_flush_then_a_failed_close_names_the_file(monkeypatch):
+    """What a real full disk does to ``with open(...)``: the flush fails (no file named), then the close again
+    (the file named): the line names the file (found on a real tmpfs, see test_real_tmpfs)."""
+    import streamdp.outputs as outputs
+
+    monkeypatch.setattr(outputs, "_PENDING", {})
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise OSError(errno.ENOSPC, "No space left on device", "/s.zarr/privacy_budget.json")
+    except OSError as exc:
+        msg = outputs.describe_no_space(exc)
+    assert msg.startswith("/s.zarr/privacy_budget.json: cannot write: No space left on device"), msg
+    assert "could not be updated either" not in msg
