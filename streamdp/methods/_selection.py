@@ -8,14 +8,13 @@ chooses, privately, among a few candidate releases that it computes anyway.
 
 Validation ratings
 ------------------
-Every user with at least two training ratings gives 20% of them (the test split's
-rule, at least one, at most :data:`VALIDATION_CAP`; chosen by a keyed hash of the
-run's entropy and the user's index, the same in every pass) to validation. Private
-runs leave them out of the users' own solves only: the item side is trained on every
-rating (holding ratings out of it would cost the release accuracy, and one rating's
-pull on a noisy, clipped item aggregate is small). Non-private runs leave them out of
-the whole fit, choose, and refit the choice on every rating. The test split is
-never looked at.
+Every user with at least two training ratings gives 10% of them (at least one, at
+most :data:`VALIDATION_CAP`; chosen by a keyed hash of the run's entropy and the
+user's index, the same in every pass) to validation. Private runs leave them out of
+the users' own solves and of the factor iterations, not of the item biases (see
+``streamdp.methods.als._training``); non-private runs leave them out of the whole
+fit, choose, and refit the choice on every rating. The test split is never looked
+at.
 
 Candidates and their scores
 ---------------------------
@@ -57,10 +56,10 @@ __all__ = ["MARGIN", "VALIDATION_CAP", "VALIDATION_FRACTION", "holdout", "choose
 
 #: Noise standard deviations by which a candidate must beat the default to replace it.
 MARGIN = 3.0
-#: Fraction of a user's ratings held out for validation (the rule of the store's test split).
-VALIDATION_FRACTION = 0.2
+#: Fraction of a user's ratings held out for validation.
+VALIDATION_FRACTION = 0.1
 #: Most validation ratings per user (a user's loss is the mean over theirs, so at most ``h^2``).
-VALIDATION_CAP = 8
+VALIDATION_CAP = 2
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -76,8 +75,8 @@ def holdout(indptr, items, ratings, first_user: int, key: int, eligible_items=No
     """Split one block's training ratings into the rest and each user's validation ratings.
 
     A user with ``n`` ratings of which ``e`` are on eligible items (``eligible_items``, a
-    boolean mask over items; default all) gives ``v = floor(0.2 n + 1/2)`` of the
-    eligible ones (the test split's rule), at least 1 when ``n >= 2``, at most ``n - 1``,
+    boolean mask over items; default all) gives ``v = floor(0.1 n + 1/2)`` of the
+    eligible ones, at least 1 when ``n >= 2``, at most ``n - 1``,
     ``e`` and ``VALIDATION_CAP``, spread over them (a keyed random start, a stride of
     ``e // v``).
     Returns ``(indptr, items, ratings)`` of the rest and ``(users, items, ratings)`` of

@@ -26,7 +26,7 @@ def test_holdout_splits_every_rating_once_and_is_keyed():
     (tip, tit, tr), (vu, vi, vr) = holdout(ip, it, r, first_user=10, key=3)
     assert len(tit) + len(vi) == len(it)
     per_user = np.bincount(vu, minlength=len(counts))
-    want = np.minimum(np.minimum(np.maximum(np.floor(0.2 * counts + 0.5), 1), np.maximum(counts - 1, 0)), VALIDATION_CAP)
+    want = np.minimum(np.minimum(np.maximum(np.floor(0.1 * counts + 0.5), 1), np.maximum(counts - 1, 0)), VALIDATION_CAP)
     assert per_user.tolist() == want.astype(int).tolist()
     assert np.diff(tip).tolist() == (counts - per_user).tolist()
     # the multiset of ratings is preserved

@@ -1,0 +1,35 @@
+"""Small versions of the regime suite (``bench/regimes.py``): the same properties on stores that train in seconds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import regimes
+
+SMALL = {
+    "sparse-small": ("most users rate once, string ids",
+                     dict(users=6_000, items=300, ratings_per_user=1.3, user_bias_std=0.4, string_ids=True)),
+    "jokes-small": ("~20 ratings on 60 items, continuous -10..10 with outliers",
+                    dict(users=4_000, items=60, ratings_per_user=20, rating_min=-10.0, rating_max=10.0,
+                         rating_step=0.0, global_mean=0.5, item_bias_std=1.5, noise=4.0, user_bias_std=2.0,
+                         interaction_scale=3.0, outlier_fraction=0.005, item_exponent=0.3)),
+}
+
+
+@pytest.mark.parametrize("name", [
+    "sparse-small",
+    pytest.param("jokes-small", marks=pytest.mark.xfail(strict=True, reason=(
+        "known limitation: on a few thousand users the factors' harm (4.69 against 4.66 for the biases at "
+        "epsilon 1) is below what the private choice can see, and a biases-only choice inside a run that "
+        "fitted factors has only the statistics' share of the budget"))),
+])
+def test_small_regimes_hold_the_properties(tmp_path, monkeypatch, name):
+    """One seed at epsilon 1, 10 and inf for als and means (fixed seeds; the tolerances are bench/regimes.py's)."""
+    monkeypatch.setattr(regimes, "REGIMES", SMALL)
+    eps = [1.0, 10.0, math.inf]
+    r = regimes.run_regime(name, str(tmp_path), eps, seeds=1, methods=("als", "means"))
+    assert regimes.check(r, eps, 1) == []
+    table = regimes.table([r], eps)
+    assert name in table and "als-biases" in table
