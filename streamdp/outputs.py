@@ -152,8 +152,17 @@ def sweep_dead_temp_dirs(dest: str | os.PathLike) -> list[str]:
     (['.s.zarr.tmp-0123456789ab'], True)
     """
     dest = os.path.abspath(os.fspath(dest))
-    parent = os.path.dirname(dest) or "."
     pattern = _temp_name_re(dest)
+    return remove_dead_owned_dirs(os.path.dirname(dest) or ".",
+                                  lambda name, d: pattern.fullmatch(name) is not None and d not in _PENDING)
+
+
+def remove_dead_owned_dirs(parent: str, candidate=lambda name, path: True) -> list[str]:
+    """Remove the directories in ``parent`` (``candidate(name, path)`` true) whose ``owner.json`` owner is gone.
+
+    A live owner's, another host's (cannot be told), one without an owner record and
+    symbolic links are left alone. Returns the removed paths.
+    """
     try:
         names = sorted(os.listdir(parent))
     except OSError:
@@ -161,7 +170,7 @@ def sweep_dead_temp_dirs(dest: str | os.PathLike) -> list[str]:
     removed = []
     for name in names:
         d = os.path.join(parent, name)
-        if not pattern.fullmatch(name) or os.path.islink(d) or not os.path.isdir(d) or d in _PENDING:
+        if os.path.islink(d) or not os.path.isdir(d) or not candidate(name, d):
             continue
         if owner_status(read_owner_file(d)) == "gone":
             shutil.rmtree(d, ignore_errors=True)

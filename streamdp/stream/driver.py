@@ -54,7 +54,8 @@ import tempfile
 import numpy as np
 
 from streamdp.errors import ParameterError
-from streamdp.owner import owner_status, read_owner_file, write_owner_file
+from streamdp.outputs import remove_dead_owned_dirs
+from streamdp.owner import write_owner_file
 from streamdp.stream.state import UserState, state_dir_for
 
 __all__ = ["Run", "fingerprint", "sweep_stale_runs"]
@@ -81,16 +82,7 @@ def sweep_stale_runs(store) -> list[str]:
     the removed paths; ``STORE.state`` itself goes too when that empties it.
     """
     parent = state_dir_for(store)
-    try:
-        names = sorted(os.listdir(parent))
-    except OSError:
-        return []
-    removed = []
-    for name in names:
-        d = os.path.join(parent, name)
-        if os.path.isdir(d) and not os.path.islink(d) and owner_status(read_owner_file(d)) == "gone":
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(d)
+    removed = remove_dead_owned_dirs(parent)
     if removed:
         _remove_if_empty(parent)
     return removed
