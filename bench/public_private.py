@@ -57,7 +57,7 @@ def fit(store, tmp, seed, epsilon=math.inf, **opts):
     out = tempfile.mkdtemp(prefix="bench-pp-model-", dir=tmp)
     try:
         f.save(os.path.join(out, "m"))
-        return evaluate_model(os.path.join(out, "m"), store, baselines=False, workers=2)["rmse"], f.model_info
+        return evaluate_model(os.path.join(out, "m"), store, baselines=False, workers=2)["rmse"], {**f.model_info, "owner": f.owner}
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -112,7 +112,7 @@ def figure2(store, name, tmp, args):
         rows = [(0, r0)]
         for pf in PRIVATE_FRACTIONS[1:]:
             r, info = fit(store, tmp, 0, **base, private_fraction=pf, **opts)
-            rows.append((info["private"]["responders"], r))
+            rows.append((sum(info["owner"]["private_responders_by_round"]), r))
             print(f"  {name} fig2 {label} {pf:g}: {r:.4f} ({rows[-1][0]} responders, weight "
                   f"{info['private']['weight']})", file=sys.stderr, flush=True)
         out[label] = rows

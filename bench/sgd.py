@@ -146,8 +146,8 @@ def epoch_rates(store, method, k, tiering, workers, seed, epochs=2):
     """``(wall, cpu)``: ratings per second of wall time and per CPU second (all threads) of each epoch of one run."""
     with _EpochClock() as clock:
         f = _fit(store, _method(method, k, tiering, seed, epochs), workers)
-    n = f.model_info["n_train_used"]
-    return [n / t for t in f.model_info["epoch_seconds"]], [n / t for t in clock.cpu]
+    n = f.owner["n_train_used"]
+    return [n / t for t in f.owner["epoch_seconds"]], [n / t for t in clock.cpu]
 
 
 class _TimedDraws:
@@ -221,9 +221,9 @@ def profile_epoch(store, method, k, seed=0):
         for o, n, f0 in originals:
             setattr(o, n, f0)
         D.Run.epochs, D.Run.group_rng = real["epochs"], real["group_rng"]
-    wall = f.model_info["epoch_seconds"][1]
+    wall = f.owner["epoch_seconds"][1]
     spent["other CPU (per-block Python, conversions, checkpoint)"] = max(state["cpu2"] - sum(spent.values()), 0.0)
-    return wall, state["cpu2"], f.model_info["n_train_used"], spent
+    return wall, state["cpu2"], f.owner["n_train_used"], spent
 
 
 def kernel_tiering(store, k, repeats):

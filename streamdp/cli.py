@@ -343,7 +343,7 @@ def format_train_summary(summary: dict) -> str:
         privacy = (f"{summary['guarantee']}, epsilon {eps if isinstance(eps, str) else f'{eps:.4g}'} "
                    f"(target {summary['epsilon']}), delta {summary['delta']:g}")
     lines = [f"wrote {summary['out']}: {summary['method']} rank {summary['rank']}, {privacy}, "
-             f"{summary['seconds']:.1f}s"]
+             f"{summary['train_seconds']:.1f}s"]
     if "test_rmse" in summary:
         b = summary.get("baselines", {})
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "

@@ -63,7 +63,7 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
         summary = train(st, method="als", out=model_path, epsilon=epsilon, delta=delta, rank=DEMO_STORE["rank"],
                         seed=None, force=force, evaluate_test=False)
         stage = "evaluate"
-        say(f"2. trained {model_name}: --method als, rank {summary['rank']}, {summary['seconds']:.1f}s")
+        say(f"2. trained {model_name}: --method als, rank {summary['rank']}, {summary['train_seconds']:.1f}s")
         ev = evaluate_model(model_path, st)
         led = Ledger.read(model_path)
         acc = led.accounting

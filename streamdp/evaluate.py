@@ -33,8 +33,9 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     baselines : bool
         Also compute the non-private global-mean and item-mean baselines.
     allow_other_store : bool
-        Evaluate also on a store whose checksum differs from the one the model was
-        trained on (``model.info["store_checksum"]``); the result then says
+        Evaluate also on a store other than the one the model was trained on (its
+        keyed fingerprint, ``model.info["store_fingerprint"]``, see
+        :mod:`streamdp.storage.fingerprint`, differs); the result then says
         ``store_matches_model: False``. Without it that is an error: a re-split of
         the same ratings has test ratings the model was trained on, and its RMSE
         is optimistic.
@@ -44,7 +45,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     dict
         ``rmse, mae, n_ratings, n_users, ridge, method, guarantee`` and, with
         baselines, ``baselines: {global_mean: {rmse, mae}, item_mean: {rmse, mae}}``;
-        ``store_matches_model`` (``None`` for a model that records no store checksum).
+        ``store_matches_model`` (``None`` for a model that records no store fingerprint).
 
     Raises
     ------
@@ -65,10 +66,17 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     st.check_chunks()  # a damaged store fails here with one line, not with a wrong RMSE
     if st.n_items != m.n_items:
         raise StoreError(f"{st.path}: store has {st.n_items} items but the model {m.path} has {m.n_items}")
-    ck = m.info.get("store_checksum")
-    if ck and ck != st.checksum and not allow_other_store:
-        raise StoreError(f"{st.path}: not the store the model {m.path} was trained on (checksum {st.checksum}, "
-                         f"the model's {ck}): its test split may hold ratings the model was trained on and give an "
+    ck = m.info.get("store_fingerprint")
+    match = None
+    if ck:
+        from streamdp.storage.fingerprint import store_fingerprint
+
+        match = store_fingerprint(st, create=False) == ck  # a store without a key released no model
+    elif m.info.get("store_checksum"):  # a model of an older streamdp (which released the plain checksum)
+        match = m.info["store_checksum"] == st.checksum
+    if match is False and not allow_other_store:
+        raise StoreError(f"{st.path}: not the store the model {m.path} was trained on (its fingerprint differs: "
+                         f"other ratings, or the store was replaced since): its test split may hold ratings the model was trained on and give an "
                          f"optimistic RMSE; pass --allow-other-store to evaluate it anyway")
     m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
     ridge = model_ridge(m, ridge)
@@ -111,7 +119,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         "method": m.method,
         "guarantee": getattr(m.ledger, "guarantee", None),
         "epsilon": m.info.get("epsilon"),
-        "store_matches_model": (ck == st.checksum) if ck else None,
+        "store_matches_model": match,
     }
     if baselines:
         out["baselines"] = {
@@ -160,6 +168,6 @@ def format_evaluation(ev: dict) -> str:
     if ev.get("verdict"):
         lines.append("verdict: " + format_verdict(ev["verdict"], ev["rmse"]))
     if ev.get("store_matches_model") is False:
-        lines.append("store_matches_model: false (--allow-other-store): the store's checksum differs from the one "
-                     "the model was trained on; if it holds ratings the model was trained on, the RMSE is optimistic")
+        lines.append("store_matches_model: false (--allow-other-store): the store's fingerprint differs from that "
+                     "of the store the model was trained on; if it holds ratings the model was trained on, the RMSE is optimistic")
     return "\n".join(lines)

@@ -37,6 +37,7 @@ import numpy as np
 import zarr
 
 from streamdp.errors import InputError
+from streamdp.manifest import check_release
 from streamdp.outputs import check_destination, deferred_interrupts, install_dir, owned_temp_dir
 from streamdp.privacy.ledger import encode_json
 
@@ -245,6 +246,14 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
     extras = dict(extras or {})
     for name in per_item_extras:
         extras[name] = np.asarray(extras[name])[order]
+    for name in extras:
+        if name in _CORE_ARRAYS:
+            raise ValueError(f"extra array name {name!r} clashes with a core array")
+    info = dict(model_info)
+    info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n),
+                rank=int(V.shape[1]), item_order="ascending item id")
+    # every field must be declared with its provenance; a private model holds no exact statistic
+    check_release(encode_json(info), ledger.to_dict(), [*_CORE_ARRAYS, *extras], ["global_mean"])
     parent = os.path.dirname(os.path.abspath(out)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = owned_temp_dir(out, "tmp")  # records its owner; removes dead runs' temporary directories beside out
@@ -260,14 +269,9 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
                 arr[:] = np.array([str(x) for x in ids.tolist()], dtype=object)
             else:
                 g.create_array("item_ids", data=ids.astype(np.int64))
-            for name, arr in (extras or {}).items():
-                if name in _CORE_ARRAYS:
-                    raise ValueError(f"extra array name {name!r} clashes with a core array")
+            for name, arr in extras.items():
                 g.create_array(name, data=np.asarray(arr))
             g.attrs["global_mean"] = float(global_mean)
-            info = dict(model_info)
-            info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n),
-                        rank=int(V.shape[1]), item_order="ascending item id")
             with open(os.path.join(tmp, "model.json"), "w") as f:
                 json.dump(encode_json(info), f, indent=2)
                 f.write("\n")
@@ -277,6 +281,26 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _check_arrays(path: str, arrays: dict, global_mean: float, info: dict) -> None:
+    """Refuse a model whose arrays do not fit together or hold NaN/infinity (one line naming the array)."""
+    V = arrays["item_factors"]
+    if V.ndim != 2:
+        raise InputError(f"{path}/factors.zarr: item_factors has shape {V.shape}, not (n_items, rank)")
+    n = V.shape[0]
+    for name in ("item_bias", "item_ids"):
+        if arrays[name].shape != (n,):
+            raise InputError(f"{path}/factors.zarr: {name} has shape {arrays[name].shape}, not ({n},) like "
+                             f"item_factors {V.shape}")
+    rank = info.get("rank")
+    if isinstance(rank, int) and rank != V.shape[1]:
+        raise InputError(f"{path}/factors.zarr: item_factors has {V.shape[1]} columns, model.json says rank {rank}")
+    for name, a in arrays.items():
+        if name != "item_ids" and a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+            raise InputError(f"{path}/factors.zarr: {name} holds NaN or infinity: not a usable model")
+    if not np.isfinite(global_mean):
+        raise InputError(f"{path}/factors.zarr: global_mean is {global_mean}: not a usable model")
 
 
 def load_model(path: str) -> Model:
@@ -292,6 +316,8 @@ def load_model(path: str) -> Model:
             info = json.load(f)
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{mj}: unreadable ({exc})") from None
+    if not isinstance(info, dict):
+        raise InputError(f"{mj}: not a streamdp model description (a JSON object)")
     if info.get("format") != MODEL_FORMAT:
         raise InputError(f"{path}: not a streamdp model (format {info.get('format')!r})")
     if info.get("format_version") != MODEL_FORMAT_VERSION:
@@ -307,6 +333,7 @@ def load_model(path: str) -> Model:
         if name not in arrays:
             raise InputError(f"{path}/factors.zarr: no array {name!r}")
     ledger = Ledger.read(path)
+    _check_arrays(path, arrays, global_mean, info)
     ids = arrays["item_ids"]
     if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
         raise InputError(f"{path}/factors.zarr: item ids are not unique and ascending (a model written by an older "

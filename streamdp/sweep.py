@@ -156,7 +156,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
         baselines = baselines or s.get("baselines")
         rows.append({"method": m, "epsilon": _name(e), "repeat": r, "test_rmse": s["test_rmse"],
                      "test_mae": s["test_mae"], "epsilon_spent": s["epsilon_spent"], "guarantee": s["guarantee"],
-                     "better_than_baselines": s["verdict"]["better"], "seconds": s["seconds"],
+                     "better_than_baselines": s["verdict"]["better"], "seconds": s["train_seconds"],
                      "model": model_dir})
         say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: test RMSE {s['test_rmse']:.4f}")
     summary = _aggregate(rows)

@@ -44,7 +44,7 @@ def test_train_json_and_evaluate(small_store, tmp_path):
                                "1", "--json", "--workers", "2"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)  # stderr carries the warnings (seeded run)
-    for key in ("method", "epsilon", "delta", "rank", "guarantee", "seconds", "test_rmse"):
+    for key in ("method", "epsilon", "delta", "rank", "guarantee", "train_seconds", "test_rmse"):
         assert key in d, key
     assert d["method"] == "als" and d["guarantee"] == "user-level (epsilon, delta)-DP" and d["epsilon_spent"] <= 2
     ev = evaluate_model(out, small_store.path)

@@ -120,8 +120,10 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     dead processes removed from ``STORE.state/`` first. Ctrl-C raises
     :class:`~streamdp.errors.Interrupted` saying what was released.
     """
+    from streamdp.manifest import public_parameters
     from streamdp.model import model_budget_entry
     from streamdp.privacy.budget import StoreBudget
+    from streamdp.storage.fingerprint import store_fingerprint
     from streamdp.stream.driver import sweep_stale_runs
     from streamdp.stream.engine import Engine
 
@@ -130,30 +132,47 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     t0 = time.perf_counter()
     planned = m.planned_ledger(st)
     budget = StoreBudget(st.path)
-    entry = budget.reserve(planned.to_dict(), over_budget=over_budget, model=os.path.abspath(out))
+    entry = budget.reserve(planned, over_budget=over_budget, model=os.path.abspath(out))
+    # a --checkpoint directory is the user's: its noisy iterates count as released from the first
+    # checkpoint on, so the entry is never refunded (stage "writing" before the run; "stale", counted,
+    # if the run then fails); only a private run directory keeps the proof that nothing left the process
+    checkpoint = m.options.get("checkpoint")
     try:
+        if checkpoint:
+            budget.writing(entry)
         with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
                     state_bytes=m.state_bytes(st)) as engine:
             fitted = m.fit(st, engine)
             fitted.model_info.setdefault("engine", engine.describe())
             fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
         seconds = time.perf_counter() - t0
-        fitted.model_info["seconds"] = round(seconds, 3)
+        fp = store_fingerprint(st)
+        fitted.model_info["store_fingerprint"] = fp
         fitted.model_info["budget_entry"] = entry
+        fitted.ledger.store_fingerprint = fp
+        fitted.ledger.public_parameters = public_parameters(st)
         budget.writing(entry)
         fitted.save(out, force=force)
         budget.complete(entry)
     except BaseException as exc:
         released = model_budget_entry(out) == entry  # the model was renamed into place before exc
+        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"{exc.__class__.__name__}: {exc}"
         if released:
             budget.complete(entry)
+        elif checkpoint:
+            budget._finish(entry, "stale", f"{why}; counted as spent: checkpoints were written to {checkpoint}")
         else:
-            budget.fail(entry, "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
-                        else f"{exc.__class__.__name__}: {exc}")
+            budget.fail(entry, why)
         if isinstance(exc, KeyboardInterrupt):
-            raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded"
-                              if released else f"interrupted before anything was released; the budget "
-                              f"reservation {entry} in {budget.path} was marked failed") from None
+            if released:
+                msg = f"interrupted after the model was written to {out} and its budget recorded"
+            elif checkpoint:
+                msg = (f"interrupted before the model was written; the checkpoints in {checkpoint} count as "
+                       f"released, so the budget reservation {entry} in {budget.path} stays spent")
+            else:
+                msg = (f"interrupted before anything was released; the budget reservation {entry} in "
+                       f"{budget.path} was marked failed")
+            raise Interrupted(msg) from None
         raise
     return fitted, seconds, stale
 
@@ -186,9 +205,11 @@ def _summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evalua
         "guarantee": led.guarantee,
         "epsilon_spent": (acc.epsilon if acc is not None else ("inf" if not math.isfinite(epsilon) else 0.0)),
         "seeded": seed is not None,
-        "seconds": round(seconds, 3),
+        "train_seconds": round(seconds, 3),
         "out": out,
     }
+    if fitted.owner:
+        summary["owner"] = fitted.owner
     if stale:
         summary["stale_runs_removed"] = stale
     if evaluate_test and st.has_test:

@@ -469,7 +469,7 @@ class _AlsBase(Method):
         if ck is not None:
             mu, bias, C, keep = float(ck["mu"]), ck["bias"].copy(), ck["C"].copy(), ck["keep"].copy()
             V, Cw = ck["V"].copy(), ck["Cw"].copy()
-            history = [int(x) for x in ck["history"]]
+            history = []  # exact counts are never written to a checkpoint (a --checkpoint directory is released)
             bias0 = ck["bias0"].copy()
         else:
             mu, bias, C = self._statistics(store, engine, run, s)
@@ -504,8 +504,7 @@ class _AlsBase(Method):
             if self.private:
                 V = _normalize(V, keep)
             history.append(int(clipped))
-            run.save(t, V=V, mu=mu, bias=bias, C=C, Cw=Cw, keep=keep, history=np.asarray(history, np.int64),
-                     bias0=bias0)
+            run.save(t, V=V, mu=mu, bias=bias, C=C, Cw=Cw, keep=keep, bias0=bias0)
         choice = self._select(store, engine, run, s, mu, bias0, bias, V, C)
         if s["select"] and not self.private:
             return self._refit(store, engine, s, choice)
@@ -781,9 +780,9 @@ class _AlsBase(Method):
                                           "huber_delta", "fit_bias")}
         params["select"] = "auto" if s["select"] else "off"
         info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if self.private else "inf",
-                "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum,
+                "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": store.n_items, "n_items_with_factors": int(keep.sum()),
-                "parameters": params, "users_clipped_by_iteration": list(history),
+                "parameters": params,
                 "resumed_from_iteration": run.start - 1 if run.start > 1 else None, "run_id": run.run_id,
                 "run_directory": None if run.own_dir else run.dir,
                 "ridge": s["ridge"], "rating_range": {"min": s["rating_min"], "max": s["rating_max"]}}
@@ -798,6 +797,7 @@ class _AlsBase(Method):
             info["user_profile"] = s["profile"].to_dict()
         return Fitted(item_factors=np.asarray(V, np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
+                      owner={"users_clipped_by_iteration": list(history)},
                       extras={"noisy_item_weight": np.asarray(C, np.float64)}, per_item_extras=("noisy_item_weight",))
 
 

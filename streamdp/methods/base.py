@@ -56,6 +56,9 @@ class Fitted:
     extras: dict = field(default_factory=dict)
     #: Names of the ``extras`` indexed by item (released in the same item order as the factors).
     per_item_extras: tuple = ()
+    #: Exact statistics of the run for the data owner (clipped users, train RMSE by epoch...): printed by
+    #: ``train``, never written into the model (:mod:`streamdp.manifest`).
+    owner: dict = field(default_factory=dict)
 
     def save(self, out: str, *, force: bool = False) -> str:
         from streamdp.model import save_model

@@ -501,7 +501,7 @@ class PrivateFrankWolfe(Method):
         params = {key: s[key] for key in ("T", "passes", "clip", "k", "step", "project", "bound", "calibration",
                                           "center", "stats_share", "mean_share")}
         info = {"method": self.name, "rank": s["T"], "epsilon": self.epsilon if self.private else "inf",
-                "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum,
+                "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": store.n_items, "parameters": params,
                 "local": "frank_wolfe", "local_user_bias": False,
                 "local_fw": {"k": s["k"], "clip": s["clip"] if math.isfinite(s["clip"]) else None,

@@ -491,14 +491,14 @@ class LowRank(Method):
             extras["noisy_projection"] = state["noisy_projection"].astype(np.float32)
         info = {"method": self.name, "mechanism": s["mechanism"], "rank": int(V.shape[1]),
                 "epsilon": self.epsilon if self.private else "inf", "delta": self.delta, "seed": self.seed,
-                "store_checksum": store.checksum, "n_users": store.n_users, "n_items": store.n_items,
+                 "n_users": store.n_users, "n_items": store.n_items,
                 "parameters": {k: s[k] for k in ("oversampling", "columns", "clip", "sketch_clip", "sketch_quantile",
                                                   "sketch_share", "prune", "prune_bound", "power_iters")},
                 "released": released,
                 "not_released": "user-side factors (Q, U_B; the noisy sketch or matrix): each user projects her own "
                                 "row on the basis locally",
                 "item_factors": "V_k diag(w), rows of mean squared norm 1 (oja.scaled_factors)",
-                "ridge": DEFAULT_RIDGE, "seconds_fit": round(seconds, 3)}
+                "ridge": DEFAULT_RIDGE}
         return Fitted(item_factors=scaled_factors(V, sv).astype(np.float32) if V.shape[1] else
                       np.zeros((store.n_items, 0), np.float32),
                       item_bias=np.zeros(store.n_items, np.float32), item_ids=store.item_ids(),

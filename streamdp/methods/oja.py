@@ -370,7 +370,7 @@ class PrivateOja(Method):
                          "exact guarantee")
         ledger = self.ledger(store, plan, notes=notes)
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
-                "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum,
+                "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": n,
                 "parameters": {key: s[key] for key in ("schedule", "passes", "pass_kinds", "steps_per_pass", "clip",
                                                         "center", "calibration", "step_users", "eta", "stats_share",

@@ -680,12 +680,11 @@ class PublicPrivate(Method):
                                           "private_weight", "sketch", "pmd_sweeps", "pmd_swaps", "pmc_h",
                                           "rating_step")}
         info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if math.isfinite(self.epsilon)
-                else "inf", "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum,
+                else "inf", "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": store.n_items, "parameters": params,
                 "public": {"rule": s["bounds"]["public_users"], "n_public": stats["n_public"],
                            "n_public_ratings": stats["n_ratings"], "n_candidates": public.n_candidates},
-                "private": {"mechanism": s["private_mechanism"], "responders_by_round": responders,
-                            "responders": int(sum(responders)), "pmc_h_public": h_public,
+                "private": {"mechanism": s["private_mechanism"], "pmc_h_public": h_public,
                             "weight": trace["private_weight"][-1] if responders else None,
                             "weight_source": "--private-weight" if s["private_weight"] is not None else
                             "chosen after each round on the held-out public ratings"},
@@ -701,7 +700,8 @@ class PublicPrivate(Method):
                       item_ids=store.item_ids(), global_mean=float(gm), model_info=info, ledger=ledger,
                       extras={"sigma_eigenvalues": np.asarray(sigma, np.float64),
                               "public_item_count": np.asarray(stats["item_count"], np.int64)},
-                      per_item_extras=("public_item_count",))
+                      per_item_extras=("public_item_count",),
+                      owner={"private_responders_by_round": responders})
 
 
 # -- the public set ----------------------------------------------------------------------------

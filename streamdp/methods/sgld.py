@@ -668,8 +668,6 @@ class _SgdBase(Method):
             notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
                          "exact guarantee")
         ledger = self.ledger(store, plan, notes=notes)
-        if per_user is not None:
-            ledger.bounds["per_user_epsilon"] = per_user
         ledger.bounds["run_id"] = run_id
         params = {key: s[key] for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau", "kappa",
                                           "rho", "temperature", "noise_table", "tiering", "hot_items",
@@ -677,16 +675,20 @@ class _SgdBase(Method):
         params.update({"scale_s": s.get("scale"), "B": s.get("B"), "loss_bound_c": s["clip"] or None,
                        "user_weights": str(s["user_weights"]) if s.get("user_weights") else None})
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
-                "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum, "n_users": store.n_users,
-                "n_items": n_items, "n_train_used": N, "parameters": params, "train_rmse_by_epoch": history, "epoch_seconds": epoch_seconds,
+                "delta": self.delta, "seed": self.seed, "n_users": store.n_users,
+                "n_items": n_items, "parameters": params,
                 "resumed_from_epoch": run.start - 1 if run.start > 1 else None, "run_id": run_id,
-                "ridge": local_ridge(s) if self.noisy else 1.0, "mu_train": float(mu),
+                "ridge": local_ridge(s) if self.noisy else 1.0,
                 "rating_range": {"min": lo, "max": hi}, "run_directory": None if run.own_dir else run.dir}
+        if not self.noisy:  # sgd: the exact training mean (a non-private model only)
+            info["mu_train"] = float(mu)
         if self.noisy:
             info["ridge_rule"] = ("sigma^2 * 2 s lam / T: the sample's prior on u_i (sd sqrt(T / (2 s lam))) and "
                                   "the user's own ratings, untempered, with noise sd sigma = rating range / 4")
         fitted = Fitted(item_factors=V.copy(), item_bias=bv.copy(), item_ids=store.item_ids(), global_mean=mu_release,
-                        model_info=info, ledger=ledger)
+                        model_info=info, ledger=ledger,
+                        owner={"n_train_used": N, "train_rmse_by_epoch": history, "epoch_seconds": epoch_seconds,
+                               **({"per_user_epsilon": per_user} if per_user is not None else {})})
         # U is not released; a named run directory keeps it for a resume (and for tests)
         fitted.user_states = None if run.own_dir else bufs[s["epochs"] % 2]
         return fitted

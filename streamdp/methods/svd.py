@@ -163,7 +163,7 @@ class PrivateSVD(Method):
             self, s, "the released subspace is user-level (epsilon, delta)-DP; each user's completed row is her own "
             "ratings projected on it on her device"))
         info = {"method": self.name, "rank": r, "epsilon": self.epsilon if self.private else "inf",
-                "delta": self.delta, "seed": self.seed, "store_checksum": store.checksum,
+                "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": n,
                 "parameters": {"clip": D, "calibration": s["calibration"], "center": s["center"],
                                "stats_share": s["stats_share"], "mean_share": s["mean_share"]},

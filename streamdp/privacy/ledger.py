@@ -151,7 +151,13 @@ class Ledger:
     seeded : bool
         Whether a seed was given (reproducible, not private against its holder).
     store_checksum : str
-        Checksum of the rating store trained on.
+        Checksum of the rating store trained on (kept in the store's budget entry; never
+        written into ``privacy.json``: a hash of the data identifies it, see
+        :mod:`streamdp.storage.fingerprint`).
+    store_fingerprint : str
+        The keyed fingerprint of that store, written in its place.
+    public_parameters : dict
+        What the release publishes exactly, and why (:func:`streamdp.manifest.public_parameters`).
     notes : list of str
 
     Examples
@@ -177,6 +183,8 @@ class Ledger:
     seeded: bool = False
     store_checksum: str = ""
     notes: list = field(default_factory=list)
+    store_fingerprint: str = ""
+    public_parameters: dict = field(default_factory=dict)
     #: The neighbouring relation the guarantee holds for (another one than the default only with
     #: ``GUARANTEE_ROW_DP``: ``streamdp lowrank``).
     relation: str = NEIGHBOURING_RELATION
@@ -237,8 +245,9 @@ class Ledger:
             "bounds": self.bounds,
             "seeded": bool(self.seeded),
             "seed_note": SEEDED_NOTE if self.seeded else UNSEEDED_NOTE,
-            "store_checksum": self.store_checksum,
+            "store_fingerprint": self.store_fingerprint,
             "notes": list(self.notes),
+            **({"public_parameters": self.public_parameters} if self.public_parameters else {}),
         }
 
     @classmethod
@@ -253,7 +262,8 @@ class Ledger:
             return cls(method=d["method"], guarantee=d["guarantee"], epsilon=d["epsilon"], delta=d["delta"],
                        events=d.get("events", []), accounting=acc, bounds=d.get("bounds", {}),
                        seeded=bool(d.get("seeded", False)), store_checksum=d.get("store_checksum", ""),
-                       notes=d.get("notes", []),
+                       notes=d.get("notes", []), store_fingerprint=d.get("store_fingerprint", ""),
+                       public_parameters=d.get("public_parameters", {}),
                        relation=d.get("neighbouring_relation", NEIGHBOURING_RELATION))
         except KeyError as exc:
             raise StoreError(f"privacy ledger: missing field {exc}") from None

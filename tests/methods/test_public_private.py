@@ -287,7 +287,7 @@ def test_pmd_ledger_is_labelled_not_dp(tiny_store):
                                                                        "Jaakkola 2014)")
     assert math.isinf(led.epsilon) and not led.events and led.accounting is None
     assert any("NOT differential privacy" in n for n in led.notes)
-    assert f.model_info["private"]["responders"] == sum(f.model_info["private"]["responders_by_round"]) > 0
+    assert sum(f.owner["private_responders_by_round"]) > 0 and "responders" not in f.model_info["private"]
     from streamdp.methods import privacy_warnings
 
     assert privacy_warnings(led)[0].startswith("the guarantee is NOT differential privacy")
@@ -383,4 +383,4 @@ def test_an_interrupted_run_resumes_to_the_same_model(tiny_store, tmp_path, monk
     monkeypatch.setattr(pp.PublicPrivate, "_respond_pass", real)
     _, got = _fit(tiny_store, checkpoint=ck, **opts)
     np.testing.assert_array_equal(got.item_factors, want.item_factors)
-    assert got.model_info["private"]["responders"] == want.model_info["private"]["responders"]
+    assert got.owner["private_responders_by_round"] == want.owner["private_responders_by_round"]

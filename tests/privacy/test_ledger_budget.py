@@ -54,7 +54,7 @@ def test_ledger_roundtrip_and_recompute(tmp_path):
     assert d["guarantee"] == GUARANTEE_USER_DP and d["seeded"] is True and "NOT private" in d["seed_note"]
     assert d["neighbouring_relation"].startswith("add/remove one user")
     assert d["accountant"]["version"] and d["accounting"]["epsilon_rdp"] >= d["accounting"]["epsilon"]
-    assert d["events"][0]["event"]["name"] == "GaussianDpEvent" and d["store_checksum"] == "blake2b:abc"
+    assert d["events"][0]["event"]["name"] == "GaussianDpEvent" and "store_checksum" not in d  # a hash of the data is never released
     back = Ledger.read(tmp_path)
     assert back.to_dict() == led.to_dict()
     assert back.recompute().epsilon == pytest.approx(led.accounting.epsilon, rel=1e-9)

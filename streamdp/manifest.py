@@ -1,0 +1,263 @@
+"""The release manifest: every byte a model directory holds, declared once with its provenance.
+
+A released model is ``model.json``, ``privacy.json`` and ``factors.zarr`` (arrays and
+attributes). Every field that may appear in them is declared here with where its value
+comes from:
+
+``public``
+    a public parameter: an option of the run (or its default), the declared rating
+    range, the item catalogue (item ids and their number), the number of users (see
+    below), software versions, random identifiers (run id, budget entry);
+``release``
+    a noisy release named in the ledger (``privacy.json``: ``bounds.releases`` and
+    ``events``), accounted by the accountant;
+``post``
+    post-processing of released values and public parameters only (factors fitted on
+    noisy statistics, choices made on noisy losses, defaults derived from the noisy
+    profile);
+``nonprivate``
+    an exact statistic of the training data, allowed only in a model whose guarantee is
+    "non-private" (``--epsilon inf``): a private model holding one is refused.
+
+Non-private evaluation on the test split and exact training statistics (train RMSE by
+epoch, clipped users, per-user epsilons, timings) are ``owner`` fields: printed for the
+data owner by ``train``/``evaluate`` (:data:`SUMMARY`), never written into a model.
+
+:func:`check_release` runs inside :func:`streamdp.model.save_model`: a field that is not
+declared here (or a ``nonprivate`` one in a private model) stops the write, so a new
+field cannot leak silently; ``tests/test_manifest.py`` trains every method and checks
+every field of what it wrote.
+
+The number of users
+-------------------
+``n_users`` is treated as a **declared public parameter**, as in Jain et al. (2018) and
+Chien et al. (2021), whose calibrations take the number of users as known: it sets
+the default delta (below 1/n_users) and defaults such as ALS's rank, and it is written
+exactly. Under add/remove of one user it is a count that changes by one; publishing it
+exactly is the usual convention, and the ledger says so (``public_parameters``). A
+data owner for whom the number of users itself is sensitive should not release models
+of a store of that exact size (or should ingest a declared subset).
+"""
+
+from __future__ import annotations
+
+import math
+
+PUBLIC, RELEASE, POST, NONPRIVATE, OWNER = "public", "release", "post", "nonprivate", "owner"
+
+#: ``model.json``: a key (dotted path into nested objects) -> (provenance, what it is). A key declared
+#: at some level covers everything below it.
+MODEL_JSON = {
+    "format": (PUBLIC, "file format name"),
+    "format_version": (PUBLIC, "file format version"),
+    "item_order": (PUBLIC, "order of the per-item arrays (ascending item id, never the store's popularity order)"),
+    "method": (PUBLIC, "training method"),
+    "mechanism": (PUBLIC, "lowrank: the mechanism option"),
+    "rank": (PUBLIC, "number of factors (option, or default from public parameters)"),
+    "epsilon": (PUBLIC, "privacy target (option)"),
+    "delta": (PUBLIC, "privacy target (option, or default from n_users)"),
+    "seed": (PUBLIC, "the seed given (a seeded run is not private against whoever knows it)"),
+    "n_users": (PUBLIC, "number of users: a declared public parameter (module docstring of streamdp.manifest)"),
+    "n_items": (PUBLIC, "number of items: the item catalogue is public (its ids are released)"),
+    "rating_range": (PUBLIC, "rating range: declared at ingest (an observed range is noted in the ledger)"),
+    "store_fingerprint": (PUBLIC, "keyed HMAC of the store's checksum (streamdp.storage.fingerprint): random "
+                                  "without the store's key"),
+    "budget_entry": (PUBLIC, "random id of the store-budget entry that released the model"),
+    "run_id": (PUBLIC, "random id of the run"),
+    "run_directory": (PUBLIC, "the --checkpoint directory given (None: a private run directory)"),
+    "resumed_from_iteration": (PUBLIC, "iteration a --checkpoint run resumed from"),
+    "resumed_from_epoch": (PUBLIC, "epoch a --checkpoint run resumed from"),
+    "parameters": (POST, "settings of the run: options as given, or defaults derived from public parameters and "
+                         "released values (e.g. ALS iterations from the noisy user profile)"),
+    "engine": (PUBLIC, "workers, scheduler, memory limit of the run"),
+    "local": (PUBLIC, "the local solve a user runs on her side"),
+    "local_fw": (PUBLIC, "fw: the local solve's settings (k, clip, bound)"),
+    "local_huber": (PUBLIC, "irls: the local Huber solve's settings"),
+    "local_user_bias": (PUBLIC, "whether the local solve fits the user's own intercept"),
+    "ridge": (POST, "ridge of the local solve (option, default, or chosen on public ratings)"),
+    "ridge_rule": (PUBLIC, "how sgld's local ridge follows from its options"),
+    "item_factors": (PUBLIC, "what the released item_factors array is (text)"),
+    "released": (PUBLIC, "lowrank: what the released arrays are (text)"),
+    "not_released": (PUBLIC, "lowrank: what stays with the users (text)"),
+    "factors_released": (POST, "whether the release holds factors (iterations > 0, chosen on released values)"),
+    "n_items_with_factors": (POST, "items whose noisy weight total passed the public threshold"),
+    "selection": (POST, "the candidate chosen on the noisy validation losses (streamdp.methods._selection)"),
+    "selection.noisy_validation_losses": (RELEASE, "noisy validation losses of the candidates (ledger: "
+                                                   "'validation losses of the N candidate releases')"),
+    "selection.validation_losses": (NONPRIVATE, "exact validation losses (non-private runs only)"),
+    "user_profile": (RELEASE, "noisy histogram of training ratings per user (ledger: 'histogram of training "
+                              "ratings per user'), its public bins and noise scale"),
+    "mu_train": (NONPRIVATE, "exact mean training rating (non-private sgd/sgld only)"),
+    # public-private: the public users' data is public by declaration; the private side is noisy
+    "public": (PUBLIC, "public-private: the public users (rule, counts): public data"),
+    "private": (POST, "public-private: the private rounds' mechanism and the weight chosen on public ratings"),
+    "lambda_prime": (POST, "public-private: the ridge chosen on held-out public ratings"),
+    "lambda_prime_source": (PUBLIC, "public-private: how the ridge was chosen (text)"),
+    "reg_chosen": (POST, "public-private: the regularization chosen on held-out public ratings"),
+    "by_step": (POST, "public-private: per-step traces computed from public data and released statistics"),
+}
+
+#: ``privacy.json`` (the ledger): what was spent and under which bounds.
+PRIVACY_JSON = {
+    "format": (PUBLIC, "file format name"),
+    "format_version": (PUBLIC, "file format version"),
+    "method": (PUBLIC, "training method"),
+    "guarantee": (PUBLIC, "the guarantee"),
+    "epsilon": (PUBLIC, "privacy target"),
+    "delta": (PUBLIC, "privacy target"),
+    "neighbouring_relation": (PUBLIC, "the neighbouring relation of the guarantee"),
+    "unit_of_privacy": (PUBLIC, "the unit of privacy (user)"),
+    "accountant": (PUBLIC, "accountant library and version"),
+    "accounting": (PUBLIC, "the accountant's composition of the events (a function of public noise scales)"),
+    "events": (PUBLIC, "the DP events spent (mechanisms and noise scales)"),
+    "seeded": (PUBLIC, "whether a seed was given"),
+    "seed_note": (PUBLIC, "what a seed means for the guarantee"),
+    "store_fingerprint": (PUBLIC, "keyed HMAC of the store's checksum (see model.json)"),
+    "notes": (PUBLIC, "qualifications of the guarantee (text)"),
+    "public_parameters": (PUBLIC, "the parameters published exactly, and why (n_users, n_items, rating range)"),
+    "bounds": (PUBLIC, "contribution bounds: options, their defaults from public parameters, released values"),
+    "bounds.releases": (PUBLIC, "every noisy release: what, mechanism, sensitivity, noise scale, shape"),
+}
+
+#: The contribution bounds a ledger may carry (``privacy.json: bounds.<key>``): each an option, a default
+#: from public parameters, or post-processing of a released value (e.g. ALS iterations from the profile).
+BOUNDS = {
+    "B", "kappa", "loss", "loss_bound_c", "posterior_scale", "prior_lambda", "prior_lambda_bias", "rho", "scale_s",
+    "temperature", "tau", "weights", "run_id", "bias_clip_c", "clip_Delta", "residual_clip_R", "mechanism",
+    "sampling", "sensitivity_norm", "centering", "clip_L", "nuclear_norm_k", "projection_rms_bound",
+    "projection_mu", "stats_weight", "private_users", "public_users", "public_users_count", "public_ratings",
+    "rating_min", "rating_max", "rating_range_source", "releases", "contribution", "clip", "sketch_clip",
+    "sketch_quantile", "sketch_share", "oversampling", "columns", "prune", "prune_bound", "power_iters",
+    "midpoint", "range", "pure_epsilon", "sensitivity", "epsilon_replace_one", "relation_covers", "centre", "sketch_clip_C",
+}
+
+#: ``factors.zarr`` arrays and attributes.
+ARRAYS = {
+    "item_factors": (POST, "item factors fitted on released statistics"),
+    "item_bias": (POST, "item biases from released statistics"),
+    "item_ids": (PUBLIC, "the item catalogue (public), ascending"),
+    "noisy_item_weight": (RELEASE, "als: noisy item weight totals C_j (ledger: 'item weight totals')"),
+    "singular_values": (POST, "oja/lowrank: singular values of the noisy iteration or sketch"),
+    "signal_share": (POST, "oja: share of each released direction above its noise"),
+    "basis": (POST, "oja/lowrank: the item basis"),
+    "eigenvalues": (POST, "svd: eigenvalues of the noisy covariance"),
+    "fw_eta": (PUBLIC, "fw: the step sizes (public schedule)"),
+    "fw_lambda": (POST, "fw: the released Frank-Wolfe weights"),
+    "sigma_eigenvalues": (POST, "public-private: eigenvalues from public data and released statistics"),
+    "public_item_count": (PUBLIC, "public-private: the public users' item counts (public data)"),
+    "noisy_projection": (RELEASE, "lowrank (measurements): the noisy projection"),
+}
+ATTRS = {"global_mean": (POST, "the global mean from released statistics (or the public midpoint)")}
+
+#: Fields of ``train --json`` / ``evaluate --json`` summaries: printed for the data owner, never in a model.
+SUMMARY = {
+    "method": PUBLIC, "epsilon": PUBLIC, "delta": PUBLIC, "rank": PUBLIC, "guarantee": PUBLIC, "out": PUBLIC,
+    "epsilon_spent": PUBLIC, "seeded": PUBLIC, "privacy_warnings": PUBLIC, "stale_runs_removed": PUBLIC,
+    "train_seconds": OWNER, "total_seconds": OWNER, "seconds": OWNER, "factors_released": POST,
+    "test_rmse": OWNER, "test_mae": OWNER, "test_ratings": OWNER, "baselines": OWNER, "verdict": OWNER,
+    "owner": OWNER, "model": PUBLIC, "store": PUBLIC, "rmse": OWNER, "mae": OWNER, "n_ratings": OWNER,
+    "n_users": OWNER, "store_match": OWNER, "note": OWNER, "local": PUBLIC, "ridge": POST,
+    "n_test_users": OWNER, "n_unknown_items": OWNER, "unknown_item_ratings": OWNER,
+}
+
+
+class UndeclaredField(ValueError):
+    """A model field without a declared provenance (a programming error: declare it or do not write it)."""
+
+
+def _leaves(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, path + ".")
+        else:
+            yield path
+
+
+def _declared(path: str, table: dict):
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        hit = table.get(".".join(parts[:i]))
+        if hit is not None:
+            return hit
+    return None
+
+
+def provenance(model_json: dict, privacy_json: dict, arrays, attrs) -> dict:
+    """Every field of a model (``file:path`` -> provenance); raises :class:`UndeclaredField` on any unknown one.
+
+    >>> provenance({"method": "als", "n_users": 3}, {"epsilon": 1.0, "bounds": {"tau": 5}}, ["item_ids"],
+    ...            ["global_mean"])["model.json:n_users"]
+    'public'
+    >>> provenance({"users_clipped_by_iteration": [3]}, {}, [], [])
+    Traceback (most recent call last):
+    ...
+    streamdp.manifest.UndeclaredField: model.json: users_clipped_by_iteration is not declared in streamdp.manifest
+    """
+    out = {}
+    for path in _leaves(model_json):
+        hit = _declared(path, MODEL_JSON)
+        if hit is None:
+            raise UndeclaredField(f"model.json: {path} is not declared in streamdp.manifest")
+        out[f"model.json:{path}"] = hit[0]
+    for path in _leaves(privacy_json):
+        top = path.split(".")
+        if top[0] == "bounds" and len(top) > 1 and top[1] != "releases":
+            if top[1] not in BOUNDS:
+                raise UndeclaredField(f"privacy.json: {path} is not a declared contribution bound "
+                                      f"(streamdp.manifest.BOUNDS)")
+            out[f"privacy.json:{path}"] = PUBLIC
+            continue
+        hit = _declared(path, PRIVACY_JSON)
+        if hit is None:
+            raise UndeclaredField(f"privacy.json: {path} is not declared in streamdp.manifest")
+        out[f"privacy.json:{path}"] = hit[0]
+    for name in arrays:
+        if name not in ARRAYS:
+            raise UndeclaredField(f"factors.zarr: array {name} is not declared in streamdp.manifest")
+        out[f"factors.zarr/{name}"] = ARRAYS[name][0]
+    for name in attrs:
+        if name not in ATTRS:
+            raise UndeclaredField(f"factors.zarr: attribute {name} is not declared in streamdp.manifest")
+        out[f"factors.zarr@{name}"] = ATTRS[name][0]
+    return out
+
+
+def check_release(model_json: dict, privacy_json: dict, arrays, attrs) -> dict:
+    """:func:`provenance`, refusing ``nonprivate`` fields in a private model (one with finite epsilon)."""
+    prov = provenance(model_json, privacy_json, arrays, attrs)
+    eps = privacy_json.get("epsilon", model_json.get("epsilon"))
+    private = isinstance(eps, (int, float)) and math.isfinite(eps)
+    if private:
+        bad = [k for k, p in prov.items() if p == NONPRIVATE]
+        if bad:
+            raise UndeclaredField(f"{bad[0]}: an exact statistic of the training data in a private model")
+    return prov
+
+
+def public_parameters(store) -> dict:
+    """The ledger's ``public_parameters``: what a model publishes exactly, and why."""
+    return {
+        "n_users": int(store.n_users),
+        "n_items": int(store.n_items),
+        "rating_range": {"min": float(store.rating_min), "max": float(store.rating_max),
+                         "source": getattr(store, "rating_range_source", "unknown")},
+        "note": ("published exactly, not released with noise: the number of users is a declared public parameter "
+                 "(as in Jain et al. 2018 and Chien et al. 2021: it sets the default delta and public defaults); "
+                 "the item catalogue is public; the rating range is the one declared at ingest"),
+    }
+
+
+def table_markdown() -> str:
+    """The manifest as a Markdown table (README's privacy section)."""
+    rows = [("model.json", k, *v) for k, v in MODEL_JSON.items()]
+    rows += [("privacy.json", k, *v) for k, v in PRIVACY_JSON.items()]
+    rows += [("factors.zarr", k, *v) for k, v in ARRAYS.items()]
+    rows += [("factors.zarr attrs", k, *v) for k, v in ATTRS.items()]
+    lines = ["| file | field | provenance | what |", "|---|---|---|---|"]
+    lines += [f"| {f} | `{k}` | {p} | {w} |" for f, k, p, w in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the README table: python -m streamdp.manifest
+    print(table_markdown())

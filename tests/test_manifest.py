@@ -1,0 +1,134 @@
+"""The release manifest: every field of every method's model is declared, and nothing exact is released.
+
+Each method (and ``lowrank``) is trained on a small store with string item ids; every
+field of ``model.json``, ``privacy.json`` and ``factors.zarr`` must have a declared
+provenance (:mod:`streamdp.manifest`), a private model must hold no ``nonprivate``
+field, and no file of the model may hold the store's content checksum (a hash of the
+data: whoever knows all users but one could test candidates for the last one).
+Before the manifest, ``als`` released ``users_clipped_by_iteration`` and ``sgld``
+``train_rmse_by_epoch``/``n_train_used``/``per_user_epsilon`` exactly, and every model
+the store's checksum.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+from streamdp import manifest
+from streamdp.methods import train
+from streamdp.methods.lowrank import lowrank as run_lowrank
+from streamdp.model import load_model, save_model
+from streamdp.privacy import GUARANTEE_NONE, Ledger
+
+EXACT = {"users_clipped_by_iteration", "train_rmse_by_epoch", "n_train_used", "per_user_epsilon", "epoch_seconds",
+         "seconds", "seconds_fit", "responders", "responders_by_round", "store_checksum"}
+
+RUNS = {
+    "als": dict(method="als", epsilon=1.0, iters=2),
+    "als-inf": dict(method="als", epsilon=math.inf),
+    "means": dict(method="means", epsilon=1.0),
+    "irls": dict(method="irls", epsilon=1.0, iters=1),
+    "fw": dict(method="fw", epsilon=1.0, rank=3),
+    "oja": dict(method="oja", epsilon=1.0, rank=3),
+    "svd": dict(method="svd", epsilon=1.0, rank=3),
+    "sgld": dict(method="sgld", epsilon=1.0, rank=3, epochs=1),
+    "sgd": dict(method="sgd", epsilon=math.inf, rank=3, epochs=1),
+    "public-private": dict(method="public-private", epsilon=1.0, rank=3, public_fraction=0.1, iters=1,
+                           private_mechanism="laplace", private_fraction=0.2, private_rounds=1, round_iters=1),
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from streamdp.storage.generate import generate_store
+
+    path = tmp_path_factory.mktemp("manifest") / "s.zarr"
+    return generate_store(str(path), n_users=1500, n_items=80, ratings_per_user=12, rank=3, seed=3,
+                          test_fraction=0.2, block_users=500, string_ids=True)
+
+
+def _fields(path):
+    with open(os.path.join(path, "model.json")) as f:
+        info = json.load(f)
+    with open(os.path.join(path, "privacy.json")) as f:
+        led = json.load(f)
+    g = zarr.open_group(os.path.join(path, "factors.zarr"), mode="r")
+    return info, led, list(g.array_keys()), list(g.attrs)
+
+
+def _keys(d):
+    for k, v in d.items():
+        yield k
+        if isinstance(v, dict):
+            yield from _keys(v)
+
+
+def _assert_released_by_manifest(path, store, private: bool):
+    info, led, arrays, attrs = _fields(path)
+    prov = manifest.check_release(info, led, arrays, attrs)  # raises on any undeclared field
+    assert prov["model.json:n_users"] == "public" and led["public_parameters"]["n_users"] == store.n_users
+    assert not (EXACT & set(_keys(info))) and not (EXACT & set(_keys(led))), EXACT & {*_keys(info), *_keys(led)}
+    if private:
+        assert not any(p == manifest.NONPRIVATE for p in prov.values())
+    digest = store.checksum.split(":")[-1].encode()
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                assert digest not in fh.read(), os.path.join(root, name)
+    assert info["store_fingerprint"].startswith("hmac-sha256:") and led["store_fingerprint"] == info[
+        "store_fingerprint"]
+    return info
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_field_of_every_method_is_declared(store, tmp_path, name):
+    opts = dict(RUNS[name])
+    out = str(tmp_path / name)
+    summary = train(store, out=out, delta=1e-5, seed=None, workers=1, **opts)
+    info = _assert_released_by_manifest(out, store, private=math.isfinite(opts["epsilon"]))
+    for key in summary:
+        assert key in manifest.SUMMARY, f"summary field {key} is not declared"
+    assert "seconds" not in info and "train_seconds" in summary
+    m = load_model(out)  # string ids end to end: saved, loaded, evaluated, recommended
+    assert m.item_ids.dtype.kind in "UTO" and np.isfinite(summary["test_rmse"])
+    assert len(m.recommend({str(m.item_ids[0]): 4.0}, n=3)) == 3
+
+
+def test_exact_statistics_go_to_the_owner_not_the_model(store, tmp_path):
+    s = train(store, out=str(tmp_path / "a"), method="als", epsilon=1.0, delta=1e-5, iters=2, workers=1)
+    assert len(s["owner"]["users_clipped_by_iteration"]) == 2
+    s = train(store, out=str(tmp_path / "g"), method="sgld", epsilon=1.0, delta=1e-5, rank=3, epochs=2, workers=1)
+    assert len(s["owner"]["train_rmse_by_epoch"]) == 2 and s["owner"]["n_train_used"] > 0
+
+
+def test_lowrank_fields_are_declared(store, tmp_path):
+    out = str(tmp_path / "lr")
+    run_lowrank(store, rank=3, epsilon=1.0, delta=1e-5, out=out, workers=1)
+    _assert_released_by_manifest(out, store, private=True)
+
+
+def test_save_refuses_an_undeclared_field_and_exact_statistics_in_a_private_model(tmp_path):
+    led = Ledger(method="demo", guarantee=GUARANTEE_NONE, epsilon=math.inf, delta=1e-6)
+    args = dict(item_factors=np.ones((2, 1)), item_bias=np.zeros(2), item_ids=np.array([1, 2]), global_mean=3.0,
+                ledger=led)
+    with pytest.raises(manifest.UndeclaredField, match="users_clipped_by_iteration"):
+        save_model(str(tmp_path / "m"), model_info={"method": "demo", "users_clipped_by_iteration": [3]}, **args)
+    save_model(str(tmp_path / "ok"), model_info={"method": "demo", "mu_train": 3.1}, **args)  # non-private: fine
+    from streamdp.privacy import GUARANTEE_USER_DP, gaussian_event
+
+    private = Ledger(method="demo", guarantee=GUARANTEE_USER_DP, epsilon=1.0, delta=1e-6,
+                     events=[gaussian_event(5.0)])
+    with pytest.raises(manifest.UndeclaredField, match="exact statistic"):
+        save_model(str(tmp_path / "p"), model_info={"method": "demo", "mu_train": 3.1}, **{**args, "ledger": private})
+    assert not (tmp_path / "m").exists() and not (tmp_path / "p").exists()
+
+
+def test_the_readme_table_is_the_manifest():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    assert manifest.table_markdown() in readme, "regenerate the README table: python -m streamdp.manifest"
