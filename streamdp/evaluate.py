@@ -51,8 +51,10 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     ------
     StoreError
         No test split, other items than the model's, another store than the model's
-        (without ``allow_other_store``), or a damaged store (a missing or corrupt
-        chunk, :meth:`~streamdp.storage.store.RatingStore.check_chunks`).
+        (without ``allow_other_store``), a damaged store (a missing or corrupt
+        chunk, :meth:`~streamdp.storage.store.RatingStore.check_chunks`; a block
+        that does not match its recorded check, :meth:`~streamdp.storage.store.RatingStore.read_block`),
+        or a store replaced while it was read.
     """
     from streamdp.local import model_ridge, predict_block, solve_block
     from streamdp.model import Model, load_model
@@ -109,6 +111,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
             return np.asarray(row, np.float64)
 
         tot = eng.map_reduce(fn, _add, np.zeros(7 if baselines else 3), desc="evaluate")
+    st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
     cnt = max(tot[2], 1.0)
     out = {
         "rmse": math.sqrt(tot[0] / cnt),

@@ -116,7 +116,9 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     The one path from a method instance to a released model directory (``train``
     and ``lowrank``): the budget entry is reserved before the run, marked
     ``writing`` before the model write and ``complete`` once the model is in place,
-    or ``failed`` when nothing was released. ``stale`` lists the run directories of
+    or ``failed`` when nothing was released: also when a block read does not match
+    its recorded check or the store was replaced during the run
+    (:meth:`~streamdp.storage.store.RatingStore.check_unchanged`, before the write). ``stale`` lists the run directories of
     dead processes removed from ``STORE.state/`` first. Ctrl-C raises
     :class:`~streamdp.errors.Interrupted` saying what was released.
     """
@@ -145,6 +147,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
             fitted = m.fit(st, engine)
             fitted.model_info.setdefault("engine", engine.describe())
             fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
+        st.check_unchanged()  # the model records the checksum of the store opened: it must be the store read
         seconds = time.perf_counter() - t0
         fp = store_fingerprint(st)
         fitted.model_info["store_fingerprint"] = fp

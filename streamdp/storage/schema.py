@@ -9,6 +9,7 @@ A store is a Zarr v3 group::
       train/ratings          float32 (padded,)     the rating values
       train/block_offsets    int64 (n_blocks + 1,) position in items/ratings where each block starts
       train/block_digests    uint8 (n_blocks, 16)  blake2b digest of each block (``streamdp verify``)
+      train/block_crc32c     uint32 (n_blocks,)    CRC32C of each block's chunk files as written
       test/...               the same five arrays for the held-out split, if there is one
       user_ids, item_ids     original ids (int64 or str), indexed by the dense index
       user_counts            int64 (n_users,)  ratings per user, train + test
@@ -28,10 +29,27 @@ by original id order) so that later methods can tier items by index alone.
 Every chunk of every array is present: the writer also writes chunks equal to the
 fill value, and the padding after a block never fills a whole chunk. A missing
 chunk is therefore damage, and readers refuse it (:mod:`streamdp.storage.chunks`).
-``block_digests`` was added within format version 1: stores written without it
-are read as before and ``verify`` compares only their whole checksum (the
-attribute ``checksum_ids`` names the id arrays the checksum covers; see
-:class:`streamdp.storage.writer.ContentHash`).
+Format version policy: the version changes only when a reader of the previous
+version would misread a new store. Additions that older readers ignore and newer
+readers do without when absent stay within the version, each listed here with what
+a store written without it gets:
+
+* ``block_digests``: stores without it are read as before and ``verify`` compares
+  only their whole checksum (the attribute ``checksum_ids`` names the id arrays the
+  checksum covers; see :class:`streamdp.storage.writer.ContentHash`).
+* ``block_crc32c`` (CRC32C over the per-chunk CRC32Cs of the chunk files a block
+  read touches: its ``indptr`` chunks, then ``items``, then ``ratings``; see
+  :func:`streamdp.storage.chunks.chunk_crcs_digest`): every
+  :meth:`~streamdp.storage.store.RatingStore.read_block` compares it; without it
+  (or when the chunk files were re-encoded) a read compares the block's
+  ``block_digests`` instead, which is slower; with neither, blocks are not checked.
+* ``checksum_attrs``: the attributes the checksum covers (rating range and its
+  source, counts, block layout, out-of-range policy, rating step); without it the
+  checksum covers the ratings and ids only and ``verify`` notes it.
+* ``generation``: a random id of each write of a store (not in the checksum: the
+  same data written twice has the same checksum). A run checks it before releasing
+  (:meth:`~streamdp.storage.store.RatingStore.check_unchanged`); without it the
+  device, inode and mtime of a local ``zarr.json`` stand in.
 """
 
 from __future__ import annotations
