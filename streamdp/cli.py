@@ -563,11 +563,13 @@ def privacy_calibrate(epsilon, delta, count, as_json):
 
     from streamdp.errors import ParameterError
     from streamdp.privacy import calibrate_gaussian, epsilon_of, gaussian_event, paper_sigma_jain
+    from streamdp.privacy.accountant import check_calibratable
     from streamdp.privacy.ledger import encode_json
 
     if math.isinf(epsilon):
         raise ParameterError("--epsilon inf: a non-private release needs no noise (multiplier 0), there is "
                              "nothing to calibrate; give a finite epsilon")
+    check_calibratable(epsilon, instead="a non-private release needs no noise (multiplier 0)")
     z = calibrate_gaussian(epsilon, delta, count)
     r = epsilon_of(gaussian_event(z, count), delta)
     alg1 = paper_sigma_jain(epsilon, delta, count, "alg1")
