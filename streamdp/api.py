@@ -63,8 +63,10 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     """
     from streamdp.methods import train as train_model
     from streamdp.model import load_model
+    from streamdp.privacy.accountant import check_calibratable
     from streamdp.storage.store import RatingStore, open_store
 
+    check_calibratable(epsilon)  # one message for every method, before the store is opened
     st = store if isinstance(store, RatingStore) else open_store(store)
     if delta is None:
         delta = default_delta(st.n_users)

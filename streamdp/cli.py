@@ -2,8 +2,9 @@
 
 User errors (:class:`streamdp.errors.StreamdpError`) become one line on stderr and
 their exit code (2, or 3 for a refused budget); Ctrl-C is one line saying what was
-and was not released, and exit code 130; anything else is a bug and keeps its
-traceback.
+and was not released, and exit code 130; SIGTERM the same, exit code 143 (later
+signals are ignored while the command settles, :func:`streamdp.outputs.interrupts_at_safe_points`);
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ class _Group(click.Group):
     """A click group that turns user errors into one-line messages."""
 
     def invoke(self, ctx):
-        from streamdp.outputs import interrupts_at_safe_points
+        from streamdp.outputs import interrupt_exit_code, interrupts_at_safe_points
 
         try:
-            with interrupts_at_safe_points():
+            with interrupts_at_safe_points(ignore_after_exit=True):
                 return super().invoke(ctx)
-        except Interrupted as exc:  # Ctrl-C where a command knows what it released
+        except Interrupted as exc:  # Ctrl-C or SIGTERM where a command knows what it released
             _quiet_abandoned_io()
             click.echo(f"streamdp: {exc}", err=True)
-            ctx.exit(exc.exit_code)
+            ctx.exit(interrupt_exit_code(exc.exit_code))
         except StreamdpError as exc:
             click.echo(f"streamdp: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
@@ -38,7 +39,7 @@ class _Group(click.Group):
             _quiet_abandoned_io()
             click.echo("streamdp: interrupted; nothing was released and nothing is left half-written "
                        "(outputs are written all or nothing)", err=True)
-            ctx.exit(130)
+            ctx.exit(interrupt_exit_code(130))
         except OSError as exc:  # a full, over-quota or read-only disk is the user's to fix; other OSErrors are bugs
             from streamdp.outputs import describe_no_space
 
@@ -563,11 +564,13 @@ def privacy_calibrate(epsilon, delta, count, as_json):
 
     from streamdp.errors import ParameterError
     from streamdp.privacy import calibrate_gaussian, epsilon_of, gaussian_event, paper_sigma_jain
+    from streamdp.privacy.accountant import check_calibratable
     from streamdp.privacy.ledger import encode_json
 
     if math.isinf(epsilon):
         raise ParameterError("--epsilon inf: a non-private release needs no noise (multiplier 0), there is "
                              "nothing to calibrate; give a finite epsilon")
+    check_calibratable(epsilon, instead="a non-private release needs no noise (multiplier 0)")
     z = calibrate_gaussian(epsilon, delta, count)
     r = epsilon_of(gaussian_event(z, count), delta)
     alg1 = paper_sigma_jain(epsilon, delta, count, "alg1")

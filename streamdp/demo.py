@@ -38,6 +38,9 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
     from streamdp.storage.generate import generate_store
     from streamdp.storage.writer import check_destination
 
+    from streamdp.privacy.accountant import check_calibratable
+
+    check_calibratable(epsilon)  # before anything is generated
     say = echo or (lambda *a, **k: None)
     kept = out is not None
     if kept:

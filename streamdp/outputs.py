@@ -8,12 +8,13 @@ store for ``ingest``/``generate``, a model for ``train``); anything else there (
 file, a symlink, a foreign directory) is an error and is left untouched.
 
 The swap of an existing destination (rename it aside, rename the new one in, delete
-the old one) runs with Ctrl-C deferred (:func:`deferred_interrupts`), so it is never
-cut in half and leaves nothing hidden behind. The same deferral guards every step
-that must not be cut off in the middle (Zarr writes into a temporary directory,
-ledger updates, waiting for a pass's worker threads); :func:`interrupts_at_safe_points`
-keeps Ctrl-C out of finalizers and llvmlite, where a ``KeyboardInterrupt`` is lost
-or leaves a lock held.
+the old one) runs with Ctrl-C and SIGTERM deferred (:func:`deferred_interrupts`), so
+it is never cut in half and leaves nothing hidden behind. The same deferral guards
+every step that must not be cut off in the middle (Zarr writes into a temporary
+directory, ledger updates, waiting for a pass's worker threads);
+:func:`interrupts_at_safe_points` turns SIGTERM into the same interrupt as Ctrl-C,
+raises it once, and keeps it out of finalizers and llvmlite, where a
+``KeyboardInterrupt`` is lost or leaves a lock held.
 
 Temporary directories (:func:`owned_temp_dir`) are named ``.DEST.<kind>-<hex>`` beside
 their destination and record their owner (``owner.json``, :mod:`streamdp.owner`) from
@@ -49,7 +50,8 @@ from typing import Callable
 from streamdp.errors import StoreError
 from streamdp.owner import OWNER_FILE, owner_status, read_owner_file, write_owner_file
 
-__all__ = ["check_destination", "install_dir", "deferred_interrupts", "interrupts_at_safe_points",
+__all__ = ["check_destination", "install_dir", "deferred_interrupts", "interrupts_at_safe_points", "interrupt_signal",
+           "interrupt_exit_code", "INTERRUPT_SIGNALS",
            "owned_temp_dir", "sweep_dead_temp_dirs", "remove_temp_dir", "NO_SPACE_ERRNOS", "is_no_space",
            "no_space_error", "no_space_reason", "describe_no_space", "note"]
 
@@ -346,6 +348,28 @@ def describe_no_space(exc: BaseException) -> str | None:
 #: Re-delivery delay of a Ctrl-C that arrived at an unsafe point (see :func:`interrupts_at_safe_points`).
 _REDELIVER_SECONDS = 0.05
 
+#: The signals that interrupt a command: Ctrl-C, and ``kill``'s default (how a supervisor, ``timeout`` or a
+#: batch system stops a process). Both are held by :func:`deferred_interrupts` and taken at safe points.
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+#: The interrupt signal delivered to the command running under :func:`interrupts_at_safe_points` (the first).
+_DELIVERED: list[int] = []
+
+
+def interrupt_signal() -> int | None:
+    """The signal (SIGINT or SIGTERM) that interrupted the running command, or None."""
+    return _DELIVERED[0] if _DELIVERED else None
+
+
+def interrupt_exit_code(default: int = 130) -> int:
+    """``128 + signal`` of the interrupt that was delivered (130 for SIGINT, 143 for SIGTERM), else ``default``.
+
+    Decision: SIGTERM exits 143, not 130, as a shell reports a process stopped by it, so whoever sent it
+    (a supervisor, ``timeout``, a batch system) sees its own signal; the process settles exactly as on Ctrl-C.
+    """
+    sig = interrupt_signal()
+    return 128 + int(sig) if sig is not None else default
+
 
 def _unsafe_point(frame) -> bool:
     """Whether the main thread is inside a finalizer or inside llvmlite (Numba's LLVM binding)."""
@@ -357,42 +381,65 @@ def _unsafe_point(frame) -> bool:
 
 
 @contextlib.contextmanager
-def interrupts_at_safe_points():
-    """Ctrl-C raises ``KeyboardInterrupt`` as usual, except where that would do harm: there it is re-sent later.
+def interrupts_at_safe_points(*, ignore_after_exit: bool = False):
+    """Ctrl-C and SIGTERM raise ``KeyboardInterrupt``, once, and not where that would do harm.
 
     Raised inside a finalizer (``__del__``) a ``KeyboardInterrupt`` is printed as
     "Exception ignored" and lost; raised inside llvmlite (which Numba calls when it
     compiles or loads a cached kernel, also from the finalizers of its objects) it
     can leave llvmlite's global lock held, and the next kernel call in any thread
-    waits forever. At such a point the signal is sent again 50 ms later. Used by the
-    CLI around every command (main thread only).
+    waits forever. At such a point the signal is sent again 50 ms later.
+
+    SIGTERM is taken like Ctrl-C (its default, dying on the spot, left a budget
+    reservation unsettled and temporary directories behind); :func:`interrupt_exit_code`
+    tells the CLI which one came. Only the first is raised: from then on SIGINT and
+    SIGTERM are ignored (``SIG_IGN``) while the command unwinds, settles its budget entry
+    and removes its temporary files (a second ``KeyboardInterrupt`` there left the entry
+    ``reserved`` under a message saying nothing was released). With ``ignore_after_exit``
+    (the CLI, whose process exits next) they stay ignored after the block: Python keeps
+    ``SIG_IGN`` during its shutdown, where it gives signals with Python handlers their
+    default action back (a burst of Ctrl-C outlasting a quick settlement killed the
+    process after its line, or printed a traceback). Without it the handlers in place
+    before are restored. ``kill -9`` remains for a process that must stop at once. Used
+    by the CLI around every command (main thread only).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _DELIVERED.clear()
 
     def handler(signum, frame):
+        if _DELIVERED:
+            return  # already on the way out (a re-sent signal, or one held by deferred_interrupts)
         if _unsafe_point(frame):
-            t = threading.Timer(_REDELIVER_SECONDS, os.kill, (os.getpid(), signal.SIGINT))
+            t = threading.Timer(_REDELIVER_SECONDS, os.kill, (os.getpid(), signum))
             t.daemon = True
             t.start()
             return
+        _DELIVERED.append(signum)
+        for s in INTERRUPT_SIGNALS:  # settle once: the later ones are dropped by the OS
+            signal.signal(s, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {s: signal.signal(s, handler) for s in INTERRUPT_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if not (_DELIVERED and ignore_after_exit):
+            for s, p in previous.items():
+                signal.signal(s, p if p is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def deferred_interrupts():
-    """Hold Ctrl-C (SIGINT) until the block has finished, then raise it (``KeyboardInterrupt``).
+    """Hold Ctrl-C and SIGTERM until the block has finished, then deliver the first of them.
 
     For short steps that must not be cut in half (a rename pair, a ledger update).
     Outside the main thread (where signals cannot be handled) it does nothing. If
-    the block raises, that exception propagates and a held Ctrl-C is dropped.
+    the block raises, that exception propagates and a held signal is dropped. A held
+    signal goes to the handler that was in place (the CLI's raises ``KeyboardInterrupt``);
+    Python's default for SIGINT raises ``KeyboardInterrupt``, the default for SIGTERM
+    ends the process (re-sent to itself once the block is done).
 
     >>> with deferred_interrupts():
     ...     pass
@@ -401,13 +448,18 @@ def deferred_interrupts():
         yield
         return
     held = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in INTERRUPT_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, p in previous.items():
+            signal.signal(s, p if p is not None else signal.SIG_DFL)
     if held:
-        if callable(previous):
-            previous(signal.SIGINT, None)  # the default handler raises KeyboardInterrupt
-        elif previous != signal.SIG_IGN:
-            raise KeyboardInterrupt
+        sig = held[0]
+        p = previous[sig]
+        if callable(p):
+            p(sig, None)  # the CLI's handler, or Python's default SIGINT handler: raises KeyboardInterrupt
+        elif p in (signal.SIG_DFL, None):
+            if sig == signal.SIGINT:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), sig)  # its default action, now that the block is done

@@ -23,6 +23,7 @@ import statistics
 import time
 
 from streamdp.errors import BudgetExceededError, ParameterError
+from streamdp.privacy.accountant import check_calibratable
 
 __all__ = ["sweep", "parse_epsilons", "format_spend"]
 
@@ -47,6 +48,7 @@ def parse_epsilons(text: str) -> list[float]:
             raise ParameterError(f"--epsilons: {part!r} is not a number (use e.g. 0.5,1,inf)") from None
         if not e > 0:
             raise ParameterError(f"--epsilons: every epsilon must be > 0 (or inf), got {part}")
+        check_calibratable(e, "--epsilons")
         out.append(e)
     if not out:
         raise ParameterError("--epsilons: give at least one epsilon")

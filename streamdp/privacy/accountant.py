@@ -19,16 +19,31 @@ bound on the true epsilon of the composed event. The rounding costs at most one
 grid width per discretized factor (one for a Gaussian release repeated any number
 of times, which dp-accounting collapses into a single Gaussian; one per repetition
 for Laplace and pure-DP events), and in practice far less. :func:`pld_grid` chooses
-the width: ``1e-4 * max(epsilon_rdp, 1)`` clipped to ``[1e-4, 1e-1]`` (RDP's
-epsilon, also an upper bound and cheap, sets the scale); at most 1/50 of the
-smallest per-release Laplace epsilon; and shrunk so that the largest pure epsilon
+the width: ``1e-4 * max(epsilon_rdp, 1)`` (RDP's epsilon, also an upper bound and
+cheap, sets the scale; relative, so a Gaussian's PLD has about 2 10^4 points
+whatever its epsilon: a width capped at 0.1 needed 135 GiB at epsilon 10^9); at
+most 1/50 of the smallest per-release Laplace epsilon; and shrunk so that the largest pure epsilon
 of the event is an exact multiple of it (then pure-DP releases are represented
 exactly, however many: one is reported as epsilon, not epsilon plus a grid width,
 and 10^4 releases of 1e-4 compose to 0.053 at delta 1e-10 rather than to the 1.0 a
 misaligned grid would give). Pure-DP events with epsilon > 500 are reported as
 non-private (inf): dp-accounting overflows on them, and inf is a valid upper
-bound. Measured: Gaussian or Laplace counts up to 10^4 cost 0.02-0.2 s and agree
-with a 10x finer grid to better than 1e-5 relative.
+bound; so is any event whose PLD overflows (dp-accounting evaluates ``exp`` of
+the losses in float64, which overflows above 709.78). Measured: Gaussian or
+Laplace counts up to 10^4 cost 0.02-0.2 s and agree with a 10x finer grid to
+better than 1e-5 relative; a Gaussian of noise multiplier 10^-3 (epsilon 5 10^5)
+0.02 s, where the capped grid took 14 s and 1.6 GB.
+
+What the accountant can resolve
+-------------------------------
+Calibration refuses targets above :data:`MAX_EPSILON` = 500
+(:func:`check_calibratable`): from about 700 on, dp-accounting's PLD epsilon is
+``inf`` or an ``OverflowError`` at some noise levels and finite at others (a
+Gaussian of true epsilon 713 at delta 1e-6 is reported as inf; one of 1091 as
+1092), so a search over it is not monotone; and pure-DP events above 500 are
+already inf. 500 leaves a margin below the overflow and is one number for every
+mechanism. An epsilon that large bounds no realistic attack (``e^500`` is
+10^217); a non-private run is ``--epsilon inf``.
 
 RDP cross-check
 ---------------
@@ -56,6 +71,7 @@ dp-accounting's own.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 import dp_accounting
@@ -73,7 +89,9 @@ __all__ = [
     "NEIGHBOURING_RELATION",
     "BOUNDED_ROW_CHANGE_RELATION",
     "DP_ACCOUNTING_VERSION",
+    "MAX_EPSILON",
     "AccountingResult",
+    "check_calibratable",
     "check_privacy_params",
     "epsilon_of",
     "pld_accountant",
@@ -101,9 +119,12 @@ except Exception:  # pragma: no cover - metadata missing in odd installs
 _REL = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
+#: The largest target epsilon noise is calibrated for (module docstring, "What the accountant can resolve").
+MAX_EPSILON = 500.0
+
 #: Pure-DP events above this epsilon are accounted as non-private (epsilon = inf):
 #: dp-accounting's pessimistic PLD overflows computing exp(epsilon).
-_MAX_PURE_EPSILON = 500.0
+_MAX_PURE_EPSILON = MAX_EPSILON
 
 
 def _pure_epsilons(event) -> list[float]:
@@ -131,13 +152,13 @@ def _laplace_epsilons(event) -> list[float]:
 def pld_grid(event, scale: float) -> float:
     """The PLD ``value_discretization_interval`` for ``event`` whose epsilon is about ``scale``.
 
-    ``1e-4 * max(scale, 1)`` clipped to ``[1e-4, 1e-1]``; at most 1/50 of the
+    ``1e-4 * max(scale, 1)`` (relative: bounded memory at any epsilon); at most 1/50 of the
     smallest per-release Laplace epsilon (each repetition is rounded up by up to
     one grid width, so small per-release epsilons need a fine grid); then shrunk so
     that the largest pure epsilon lies on the grid, where dp-accounting's
     randomized-response PLD is exact (no rounding at all, however many repetitions).
     """
-    interval = float(np.clip(1e-4 * max(scale, 1.0), 1e-4, 1e-1)) if math.isfinite(scale) else 1e-4
+    interval = 1e-4 * max(float(scale), 1.0) if math.isfinite(scale) else 1e-4
     lap = _laplace_epsilons(event)
     if lap:
         interval = max(min(interval, min(lap) / 50.0), 1e-7)
@@ -161,9 +182,21 @@ def _rr_noise_parameter(epsilon: float) -> float:
 
 
 class _PLDAccountant(_pld_acc.PLDAccountant):
-    """dp-accounting's PLD accountant that also understands :class:`PureDpEvent`."""
+    """dp-accounting's PLD accountant that also understands :class:`PureDpEvent`.
+
+    Its float64 overflows (losses above ~709.78) make it return inf, an upper bound;
+    numpy's warnings about them are silenced (they would be printed to the user).
+    """
+
+    def get_epsilon(self, target_delta: float) -> float:
+        with np.errstate(over="ignore", divide="ignore"):
+            return super().get_epsilon(target_delta)
 
     def _maybe_compose(self, event, count, do_compose):
+        with np.errstate(over="ignore", divide="ignore"):
+            return self._maybe_compose_pure(event, count, do_compose)
+
+    def _maybe_compose_pure(self, event, count, do_compose):
         if isinstance(event, PureDpEvent):
             if do_compose and event.epsilon > _MAX_PURE_EPSILON:
                 self._contains_non_dp_event = True  # exp(eps) overflows: report inf, an upper bound
@@ -226,6 +259,36 @@ def check_privacy_params(epsilon: float, delta: float, n_users: int | None = Non
         raise ParameterError(f"delta: expected a number in (0, 1), got {delta}")
     if n_users is not None and n_users > 0 and delta >= 1.0 / n_users:
         raise ParameterError(f"delta: must be below 1/n_users = {1.0 / n_users:.3g} for {n_users} users, got {delta}")
+
+
+def _fmt_number(x: float) -> str:
+    """``x`` as a user would type it (``1e9``, ``750``, ``500.0001``, ``2.5e12``), not ``1e+09``."""
+    text = f"{x:g}" if float(f"{x:g}") == x else repr(float(x))
+    return re.sub(r"e([+-])0*(\d)", lambda m: "e" + ("-" if m.group(1) == "-" else "") + m.group(2), text)
+
+
+def check_calibratable(epsilon: float, flag: str = "--epsilon", *,
+                       instead: str = "for a non-private model use {flag} inf") -> None:
+    """Raise ``ParameterError`` if noise cannot be calibrated for ``epsilon`` (above :data:`MAX_EPSILON`).
+
+    ``inf`` passes (a non-private run needs no calibration). ``flag`` names the
+    parameter in the message; ``instead`` is its advice (``{flag}`` is filled in).
+
+    Examples
+    --------
+    >>> check_calibratable(500.0); check_calibratable(float("inf"))
+    >>> check_calibratable(1e9)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    streamdp.errors.ParameterError: --epsilon 1e9: above what the accountant can resolve (max 500); for a ...
+    """
+    try:
+        epsilon = float(epsilon)
+    except (TypeError, ValueError):
+        return  # not a number: check_privacy_params says so
+    if math.isfinite(epsilon) and epsilon > MAX_EPSILON:
+        raise ParameterError(f"{flag} {_fmt_number(epsilon)}: above what the accountant can resolve "
+                             f"(max {MAX_EPSILON:g}); {instead.format(flag=flag)}")
 
 
 @dataclass(frozen=True)
@@ -304,8 +367,11 @@ def epsilon_of(event: dp_accounting.DpEvent, delta: float, *,
     if value_discretization_interval is None:
         scale = max(eps_rdp, 1.0) if math.isfinite(eps_rdp) else 1.0
         value_discretization_interval = pld_grid(event, scale)
-    pld = _compose_checked(pld_accountant(value_discretization_interval), event)
-    eps = float(pld.get_epsilon(delta))
+    try:
+        pld = _compose_checked(pld_accountant(value_discretization_interval), event)
+        eps = float(pld.get_epsilon(delta))
+    except OverflowError:  # exp of a loss (or of a grid width) above 709.78: beyond float64, inf bounds it
+        eps = math.inf
     return AccountingResult(epsilon=eps, epsilon_rdp=eps_rdp, delta=delta, accountant="pld",
                             value_discretization_interval=value_discretization_interval,
                             rdp_order=float(order) if order is not None else float("nan"))

@@ -11,6 +11,12 @@ relative ``1e-4`` of the smallest such ``z``. The bracket comes from the RDP
 accountant first (an upper bound on PLD's epsilon, microseconds per evaluation even
 where PLD is slow), so only noise levels near the answer are ever given to PLD.
 
+Targets above :data:`~streamdp.privacy.accountant.MAX_EPSILON` (500) are refused
+with a one-line ``ParameterError`` (:func:`~streamdp.privacy.accountant.check_calibratable`):
+dp-accounting overflows there. Up to it a calibration takes well under a second and
+about 10^4 PLD grid points (the grid is relative to the target); ``--epsilon 1e9``
+asked for a 135 GiB array before.
+
 The closed forms of Jain, Thakkar & Thakurta (ICML 2018, ../shared/seeds/000) are
 kept for comparison and for ``--calibration paper`` (:func:`paper_sigma_jain`).
 """
@@ -24,7 +30,8 @@ import dp_accounting
 from dp_accounting import mechanism_calibration as _mc
 
 from streamdp.errors import ParameterError
-from streamdp.privacy.accountant import check_privacy_params, epsilon_of, pld_accountant, pld_grid, rdp_accountant
+from streamdp.privacy.accountant import (check_calibratable, check_privacy_params, epsilon_of, pld_accountant,
+                                         pld_grid, rdp_accountant)
 from streamdp.privacy.events import gaussian_event, huber_event, laplace_event
 
 __all__ = ["calibrate", "calibrate_gaussian", "calibrate_laplace", "calibrate_huber", "paper_sigma_jain"]
@@ -60,7 +67,7 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
     make_event : callable
         ``z -> DpEvent``; epsilon must decrease as ``z`` grows (a noise multiplier).
     epsilon, delta : float
-        The target; ``0 < epsilon < inf``, ``0 < delta < 1``.
+        The target; ``0 < epsilon <= MAX_EPSILON`` (``inf`` gives 0: no noise), ``0 < delta < 1``.
     lower, upper : float, optional
         A bracket (``lower`` over budget, ``upper`` within it); searched for if absent.
 
@@ -80,6 +87,7 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
     epsilon, delta = float(epsilon), float(delta)
     if math.isinf(epsilon):
         return 0.0
+    check_calibratable(epsilon)
 
     def gap(z: float) -> float:
         event = make_event(z)
@@ -185,6 +193,7 @@ def paper_sigma_jain(epsilon: float, delta: float, count: int, which: str = "alg
     27.14
     """
     check_privacy_params(epsilon, delta)
+    check_calibratable(epsilon)
     gaussian_event(1.0, count)
     if which == "alg1":
         return math.sqrt(64.0 * count * math.log(1.0 / delta)) / epsilon
