@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 
 from streamdp.errors import Interrupted, ParameterError
@@ -124,6 +125,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     """
     from streamdp.manifest import public_parameters
     from streamdp.model import model_budget_entry
+    from streamdp.outputs import interrupt_signal
     from streamdp.privacy.budget import StoreBudget
     from streamdp.storage.fingerprint import store_fingerprint
     from streamdp.stream.driver import sweep_stale_runs
@@ -159,7 +161,10 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         budget.complete(entry)
     except BaseException as exc:
         released = model_budget_entry(out) == entry  # the model was renamed into place before exc
-        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"{exc.__class__.__name__}: {exc}"
+        if isinstance(exc, KeyboardInterrupt):
+            why = "interrupted (SIGTERM)" if interrupt_signal() == signal.SIGTERM else "interrupted (Ctrl-C)"
+        else:
+            why = f"{exc.__class__.__name__}: {exc}"
         if released:
             budget.complete(entry)
         elif checkpoint:

@@ -138,7 +138,7 @@ def test_sigterm_while_training_settles_like_ctrl_c(store, tmp_path):
     assert proc.returncode == 143, err
     assert stdout == "" and err.splitlines() == [failed_line(store, entry["id"])], err
     e = assert_settled(store, out, tmp_path)
-    assert e["status"] == "failed" and not out.exists()
+    assert e["status"] == "failed" and e["reason"] == "interrupted (SIGTERM)" and not out.exists()
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
