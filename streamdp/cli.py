@@ -331,7 +331,7 @@ def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit,
 
 def format_train_summary(summary: dict) -> str:
     """The lines ``streamdp train`` prints: what was written, the privacy spent, the RMSE beside the baselines."""
-    from streamdp.evaluate import format_verdict
+    from streamdp.evaluate import format_baselines, format_verdict
 
     eps = summary["epsilon_spent"]
     if summary["guarantee"] == "non-private":
@@ -343,13 +343,16 @@ def format_train_summary(summary: dict) -> str:
     else:
         privacy = (f"{summary['guarantee']}, epsilon {eps if isinstance(eps, str) else f'{eps:.4g}'} "
                    f"(target {summary['epsilon']}), delta {summary['delta']:g}")
-    lines = [f"wrote {summary['out']}: {summary['method']} rank {summary['rank']}, {privacy}, "
-             f"{summary['train_seconds']:.1f}s"]
+    shape = (f"rank {summary['rank']}" if summary.get("factors_released", True) else
+             f"item biases and global mean only (no factors released; rank {summary['rank']} unused)")
+    timing = f"trained in {summary['train_seconds']:.1f}s"
+    if "total_seconds" in summary:
+        timing += f" ({summary['total_seconds']:.1f}s in all, with checks and evaluation)"
+    lines = [f"wrote {summary['out']}: {summary['method']} {shape}, {privacy}, {timing}"]
     if "test_rmse" in summary:
         b = summary.get("baselines", {})
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "
-                     f"{summary['test_ratings']:,} held-out ratings; non-private baselines: item mean "
-                     f"{b['item_mean']['rmse']:.4f}, global mean {b['global_mean']['rmse']:.4f}")
+                     f"{summary['test_ratings']:,} held-out ratings; non-private baselines: {format_baselines(b)}")
         lines.append("verdict: " + format_verdict(summary["verdict"], summary["test_rmse"]))
     return "\n".join(lines)
 

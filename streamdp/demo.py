@@ -31,7 +31,7 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
     :class:`~streamdp.errors.Interrupted` saying what was kept and released.
     """
     from streamdp.errors import Interrupted, StoreError
-    from streamdp.evaluate import evaluate_model, format_verdict
+    from streamdp.evaluate import evaluate_model, format_baselines, format_verdict
     from streamdp.methods import train
     from streamdp.model import check_model_destination
     from streamdp.privacy import Ledger
@@ -73,8 +73,7 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
         spent = acc.epsilon if acc is not None else math.inf
         b = ev["baselines"]
         say(f"3. test RMSE {ev['rmse']:.4f} on {ev['n_ratings']:,} held-out ratings "
-            f"(non-private baselines: item mean {b['item_mean']['rmse']:.4f}, "
-            f"global mean {b['global_mean']['rmse']:.4f})")
+            f"(non-private baselines: {format_baselines(b)})")
         say("   " + format_verdict(ev["verdict"], ev["rmse"]))
         ledger_at = (f"{model_path}/privacy.json" if kept else
                      "the model's privacy.json (removed with the temporary directory; --out DIR keeps it)")

@@ -153,7 +153,7 @@ ATTRS = {"global_mean": (POST, "the global mean from released statistics (or the
 SUMMARY = {
     "method": PUBLIC, "epsilon": PUBLIC, "delta": PUBLIC, "rank": PUBLIC, "guarantee": PUBLIC, "out": PUBLIC,
     "epsilon_spent": PUBLIC, "seeded": PUBLIC, "privacy_warnings": PUBLIC, "stale_runs_removed": PUBLIC,
-    "train_seconds": OWNER, "total_seconds": OWNER, "seconds": OWNER, "factors_released": POST,
+    "train_seconds": OWNER, "total_seconds": OWNER, "seconds": OWNER, "factors_released": POST, "effective_rank": POST,
     "test_rmse": OWNER, "test_mae": OWNER, "test_ratings": OWNER, "baselines": OWNER, "verdict": OWNER,
     "owner": OWNER, "model": PUBLIC, "store": PUBLIC, "rmse": OWNER, "mae": OWNER, "n_ratings": OWNER,
     "n_users": OWNER, "store_match": OWNER, "note": OWNER, "local": PUBLIC, "ridge": POST,

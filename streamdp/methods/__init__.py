@@ -75,13 +75,16 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
     nothing (the reservation is marked failed), or the model and its budget entry
     (complete; the evaluation is skipped).
     """
+    t0 = time.perf_counter()
     st, m = prepare(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                     force=force, **options)
     fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
                                      over_budget=over_budget, force=force)
     try:
-        return _summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
-                        evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit)
+        summary = _summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
+                           evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit)
+        summary["total_seconds"] = round(time.perf_counter() - t0, 3)
+        return summary
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
                           f"evaluation skipped") from None
@@ -126,6 +129,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     from streamdp.manifest import public_parameters
     from streamdp.model import model_budget_entry
     from streamdp.outputs import interrupt_signal
+    from streamdp.privacy import GUARANTEE_NONE
     from streamdp.privacy.budget import StoreBudget
     from streamdp.storage.fingerprint import store_fingerprint
     from streamdp.stream.driver import sweep_stale_runs
@@ -156,6 +160,8 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         fitted.model_info["budget_entry"] = entry
         fitted.ledger.store_fingerprint = fp
         fitted.ledger.public_parameters = public_parameters(st)
+        if fitted.ledger.guarantee == GUARANTEE_NONE:
+            fitted.model_info["delta"] = None  # a non-private model has no (epsilon, delta) guarantee
         budget.writing(entry)
         fitted.save(out, force=force)
         budget.complete(entry)
@@ -205,11 +211,19 @@ def _summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evalua
              memory_limit) -> dict:
     led = fitted.ledger
     acc = getattr(led, "accounting", None)
+    import numpy as np
+
+    from streamdp.privacy import GUARANTEE_NONE
+
+    info = fitted.model_info
+    released = bool(info.get("factors_released", fitted.item_factors.size and np.any(fitted.item_factors)))
     summary = {
         "method": m.name,
         "epsilon": epsilon if math.isfinite(epsilon) else "inf",
-        "delta": delta,
+        "delta": delta if led.guarantee != GUARANTEE_NONE else None,  # no delta without a DP guarantee
         "rank": m.rank,
+        "factors_released": released,
+        "effective_rank": int(fitted.item_factors.shape[1]) if released else 0,
         "guarantee": led.guarantee,
         "epsilon_spent": (acc.epsilon if acc is not None else ("inf" if not math.isfinite(epsilon) else 0.0)),
         "seeded": seed is not None,

@@ -231,7 +231,7 @@ class Ledger:
             "method": self.method,
             "guarantee": self.guarantee,
             "epsilon": self.epsilon,
-            "delta": self.delta,
+            "delta": None if self.guarantee == GUARANTEE_NONE else self.delta,  # no delta without a guarantee
             "neighbouring_relation": self.relation,
             "unit_of_privacy": "user",
             "accountant": {
@@ -259,7 +259,8 @@ class Ledger:
             fields = AccountingResult.__dataclass_fields__
             acc = AccountingResult(**{k: v for k, v in acc.items() if k in fields})
         try:
-            return cls(method=d["method"], guarantee=d["guarantee"], epsilon=d["epsilon"], delta=d["delta"],
+            return cls(method=d["method"], guarantee=d["guarantee"], epsilon=d["epsilon"],
+                       delta=0.0 if d["delta"] is None else d["delta"],
                        events=d.get("events", []), accounting=acc, bounds=d.get("bounds", {}),
                        seeded=bool(d.get("seeded", False)), store_checksum=d.get("store_checksum", ""),
                        notes=d.get("notes", []), store_fingerprint=d.get("store_fingerprint", ""),
