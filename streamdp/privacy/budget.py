@@ -252,6 +252,7 @@ class StoreBudget:
             return self._against_journal(ledger, ledger_err, j)
         recorded = (ledger or {}).get("journal")
         marked = _has_marker(self.lock_path)
+        gone = "empty" if os.path.lexists(self.journal_path) else "missing"
         restart = (f"restore it from a backup, or start a new journal from the ledger as it is with "
                    f"{self._restore_hint()} (recorded in its history)")
         if ledger_err is not None:
@@ -269,11 +270,11 @@ class StoreBudget:
             return _State(mode="fresh", d=_new_ledger(empty_state()))
         if recorded is not None and recorded["lines"] > 0:
             return _State(d=ledger, restorable="journal-lost", problem=(
-                f"{self.journal_path}: missing (the ledger {BUDGET_FILE} was written at its line "
+                f"{self.journal_path}: {gone} (the ledger {BUDGET_FILE} was written at its line "
                 f"{recorded['lines']}); {restart}"))
         if marked:
             return _State(d=ledger, restorable="journal-lost", problem=(
-                f"{self.journal_path}: missing ({LOCK_FILE} shows the store had one); {restart}"))
+                f"{self.journal_path}: {gone} ({LOCK_FILE} shows the store had one); {restart}"))
         return _State(mode="legacy", d=ledger)
 
     def _against_journal(self, ledger: dict | None, ledger_err: str | None, j: Journal) -> _State:

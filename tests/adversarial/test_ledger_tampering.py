@@ -256,11 +256,14 @@ def test_a_rechained_journal_still_only_moves_forward(spent):
     assert_refused(code, err, "line 6", f"entry {first} goes from complete to failed", "statuses only move forward")
 
 
-def test_deleted_journal_is_refused_and_restarted_from_the_ledger(spent):
+@pytest.mark.parametrize("how", ["missing", "empty"])
+def test_deleted_journal_is_refused_and_restarted_from_the_ledger(spent, how):
     store, before = spent
     os.remove(store / JOURNAL_FILE)
+    if how == "empty":
+        (store / JOURNAL_FILE).write_text("")
     code, _, err = cli("budget", store)
-    assert_refused(code, err, f"{store / JOURNAL_FILE}: missing (the ledger {BUDGET_FILE} was written at its line 5)",
+    assert_refused(code, err, f"{store / JOURNAL_FILE}: {how} (the ledger {BUDGET_FILE} was written at its line 5)",
                    "--restore")
     code, out, err = cli("budget", store, "--restore")
     assert code == 0 and f"started a new {JOURNAL_FILE} from {BUDGET_FILE} as it is (2 entries)" in out
