@@ -239,8 +239,9 @@ class StoreBudget:
         (journal first, then ledger) then sees the journal at or ahead of the ledger.
         """
         ledger, ledger_err = self._read_ledger()
+        head = (ledger or {}).get("journal")
         try:
-            j = read_journal(self.journal_path)
+            j = read_journal(self.journal_path, at=head["lines"] if head else None)
         except JournalError as exc:
             return _State(problem=f"{self.journal_path}: {exc.what if exc.line == 0 else exc}; the journal cannot "
                           f"be trusted: restore {BUDGET_FILE} and {JOURNAL_FILE} from a backup")
@@ -297,11 +298,12 @@ class StoreBudget:
         elif recorded["head"] != ([GENESIS] + [r["hash"] for r in j.records])[recorded["lines"]]:
             diff = f"its journal head (line {recorded['lines']}) is not the journal's hash of that line"
         else:
-            diff = _difference(ledger, j.states[recorded["lines"]])
+            diff = _difference(ledger, j.at_text)
         if diff is not None:
             return _State(journal=j, restorable="rebuild", problem=(
                 f"{self.path}: does not match {JOURNAL_FILE}: {diff}; it was edited or replaced: {fix}"))
-        d = _new_ledger(j.state)  # the journal may be ahead: a crash between its append and the ledger's write
+        # the journal may be ahead of the ledger: a crash between its append and the ledger's write
+        d = _new_ledger(j.state, copied=False)
         d["journal"] = recorded
         return _State(mode="journal", d=d, journal=j, pending=n - recorded["lines"])
 
@@ -609,9 +611,10 @@ class _State:
     restorable: str | None = None
 
 
-def _new_ledger(state: dict) -> dict:
-    return {"format": BUDGET_FORMAT, "format_version": 1, "budget": copy.deepcopy(state.get("budget")),
-            "entries": copy.deepcopy(state["entries"]), "history": copy.deepcopy(state.get("history", []))}
+def _new_ledger(state: dict, *, copied: bool = True) -> dict:
+    """A ledger holding ``state`` (``copied=False``: its very objects, for a state nothing else holds)."""
+    part = {"budget": state.get("budget"), "entries": state["entries"], "history": state.get("history", [])}
+    return {"format": BUDGET_FORMAT, "format_version": 1, **(copy.deepcopy(part) if copied else part)}
 
 
 def _adopt(d: dict, note: dict) -> dict:

@@ -89,12 +89,19 @@ def canonical(obj) -> str:
 
 def chain_hash(prev: str, record: dict) -> str:
     """``sha256(prev + canonical(record without "hash"))`` as hex."""
+    return _hash_encoded(prev, encode_json(record))
+
+
+def _hash_encoded(prev: str, record: dict) -> str:
+    """:func:`chain_hash` of a record already in JSON form (as parsed: no encoding pass, a replay stays cheap)."""
     body = {k: v for k, v in record.items() if k != "hash"}
-    return hashlib.sha256((prev + canonical(body)).encode()).hexdigest()
+    return hashlib.sha256((prev + json.dumps(body, sort_keys=True, separators=(",", ":"),
+                                             allow_nan=False)).encode()).hexdigest()
 
 
 def empty_state() -> dict:
-    return {"budget": None, "entries": [], "history": []}
+    """``budget``, ``entries``, ``history``, and ``_ids``: entries by id (not written; keeps a replay linear)."""
+    return {"budget": None, "entries": [], "history": [], "_ids": {}}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -178,7 +185,10 @@ def check_state(d: dict) -> None:
 
 
 def apply_record(state: dict, r: dict) -> None:
-    """Apply journal record ``r`` (decoded) to ``state`` in place; :class:`LedgerInvalid` if it may not."""
+    """Apply journal record ``r`` (decoded) to ``state`` in place; :class:`LedgerInvalid` if it may not.
+
+    The state takes ``r``'s objects over (no copies: a replay stays linear); pass a record nothing else holds.
+    """
     op = r.get("op")
     if op == "adopt":
         if r.get("seq") != 1:
@@ -186,23 +196,23 @@ def apply_record(state: dict, r: dict) -> None:
         new = r.get("state")
         if not isinstance(new, dict):
             raise LedgerInvalid("'adopt' without a state")
-        new = copy.deepcopy({"budget": new.get("budget"), "entries": new.get("entries"),
-                             "history": new.get("history", [])})
+        new = {"budget": new.get("budget"), "entries": new.get("entries"), "history": new.get("history", [])}
         check_state(new)
         state.clear()
-        state.update(new)
+        state.update(new, _ids={e["id"]: e for e in new["entries"]})
     elif op == "budget":
         check_budget(r.get("budget"))
-        state["budget"] = copy.deepcopy(r.get("budget"))
+        state["budget"] = r.get("budget")
     elif op == "reserve":
         e = r.get("entry")
         check_entry(e, "the reserved entry")
         if e["status"] != "reserved" or e.get("stage", "training") != "training":
             raise LedgerInvalid(f"entry {e['id']} is reserved as {e['status']}/{e.get('stage')}, not "
                                 f"reserved/training")
-        if any(x["id"] == e["id"] for x in state["entries"]):
+        if e["id"] in state["_ids"]:
             raise LedgerInvalid(f"entry {e['id']} is reserved twice")
-        state["entries"].append(copy.deepcopy(e))
+        state["entries"].append(e)
+        state["_ids"][e["id"]] = e
     elif op == "update":
         _update(state, r)
     elif op == "history":
@@ -219,9 +229,10 @@ def _update(state: dict, r: dict) -> None:
     if by not in _UPDATE_BY:
         raise LedgerInvalid(f"an update of entry {eid} by {by!r} (expected one of {', '.join(_UPDATE_BY)})")
     if not isinstance(change, dict) or not change or set(change) - _UPDATE_FIELDS:
-        raise LedgerInvalid(f"an update of entry {eid} changes {sorted(change) if isinstance(change, dict) else change!r}"
-                            f" (only {', '.join(sorted(_UPDATE_FIELDS))} may change)")
-    e = next((x for x in state["entries"] if x["id"] == eid), None)
+        what = sorted(change) if isinstance(change, dict) else repr(change)
+        raise LedgerInvalid(f"an update of entry {eid} changes {what} (only {', '.join(sorted(_UPDATE_FIELDS))} "
+                            f"may change)")
+    e = state["_ids"].get(eid) if isinstance(eid, str) else None
     if e is None:
         raise LedgerInvalid(f"an update of entry {eid!r}, which was never reserved")
     old, new = e["status"], change.get("status", e["status"])
@@ -234,7 +245,7 @@ def _update(state: dict, r: dict) -> None:
     if "stage" in change and change["stage"] != e.get("stage"):
         if not (old == "reserved" and e.get("stage") == "training" and change["stage"] == "writing"):
             raise LedgerInvalid(f"entry {eid} goes from stage {e.get('stage')} to {change['stage']} while {old}")
-    updated = {**e, **copy.deepcopy(change)}
+    updated = {**e, **change}
     check_entry(updated, f"entry {eid}")
     e.update(updated)
 
@@ -242,7 +253,7 @@ def _update(state: dict, r: dict) -> None:
 def replay(records: list[dict], *, upto: int | None = None) -> dict:
     """The state (budget, entries, history) after the first ``upto`` (default: all) decoded records."""
     state = empty_state()
-    for i, r in enumerate(records[:upto], 1):
+    for i, r in enumerate(copy.deepcopy(records[:upto]), 1):
         try:
             apply_record(state, r)
         except LedgerInvalid as exc:
@@ -259,8 +270,9 @@ def replay(records: list[dict], *, upto: int | None = None) -> dict:
 class Journal:
     """The verified lines of a journal file.
 
-    ``records`` are decoded (floats are floats), ``states`` the canonical JSON of
-    the state after each line (``states[0]``: before the first), ``size`` the bytes
+    ``records`` are as parsed (non-finite floats are strings), ``state`` what they replay to,
+    ``at_text`` the canonical JSON of the state after line ``at`` (see
+    :func:`read_journal`; None if it has fewer lines), ``size`` the bytes
     of the verified lines; anything after it is a torn last line (a crash while it
     was being appended), ignored and cut off by the next write.
     """
@@ -268,7 +280,7 @@ class Journal:
     path: Path
     lines: list[str] = field(default_factory=list)
     records: list[dict] = field(default_factory=list)
-    states: list[str] = field(default_factory=list)
+    at_text: str | None = None
     state: dict = field(default_factory=empty_state)
     size: int = 0
     file_size: int = 0
@@ -288,8 +300,10 @@ def state_text(state: dict) -> str:
                       "history": state.get("history", [])})
 
 
-def read_journal(path: str | os.PathLike) -> Journal | None:
+def read_journal(path: str | os.PathLike, *, at: int | None = None) -> Journal | None:
     """Read and verify ``path`` (``None`` if there is none): the hash chain, then the replay of every line.
+
+    ``at``: also keep the canonical state after that many lines (what a ledger written there must hold).
 
     Raises :class:`JournalError` (line, what) on the first line that does not verify
     or replay, and ``OSError`` if it cannot be read.
@@ -305,7 +319,8 @@ def read_journal(path: str | os.PathLike) -> Journal | None:
     pieces = raw.split(b"\n")
     complete, tail = pieces[:-1], pieces[-1]
     prev, state, offset = GENESIS, empty_state(), 0
-    j.states.append(state_text(state))
+    if at == 0:
+        j.at_text = state_text(state)
     for i, piece in enumerate(complete + ([tail] if tail else []), 1):
         torn = i > len(complete)
         try:
@@ -320,24 +335,29 @@ def read_journal(path: str | os.PathLike) -> Journal | None:
         offset += len(piece) + (0 if torn else 1)
         j.newline = not torn
         j.lines.append(piece.decode())
-        j.records.append(dec)
-        j.states.append(state_text(state))
+        j.records.append(rec)
+        if i == at:
+            j.at_text = state_text(state)
     j.state, j.size = state, offset
     return j
 
 
 def _verify(piece: bytes, i: int, prev: str) -> dict:
     try:
-        rec = json.loads(piece)
+        rec = json.loads(piece, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise JournalError(i, f"not a JSON record ({exc})") from None
     if not isinstance(rec, dict) or not isinstance(rec.get("hash"), str):
         raise JournalError(i, "not a journal record (no hash)")
     if rec.get("seq") != i:
         raise JournalError(i, f"out of sequence (seq {rec.get('seq')!r}): a line was removed or moved")
-    if chain_hash(prev, rec) != rec["hash"]:
+    if _hash_encoded(prev, rec) != rec["hash"]:
         raise JournalError(i, "its hash does not chain from the line before (the journal was edited)")
     return rec
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not strict JSON")
 
 
 def make_lines(records: list[dict], prev: str, first_seq: int) -> list[dict]:
