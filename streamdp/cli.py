@@ -598,9 +598,12 @@ def privacy_calibrate(epsilon, delta, count, as_json):
               "model is in place, else 'stale' (counted as spent); remove their run directories in STORE.state/.")
 @click.option("--refund-unreleased", is_flag=True, help="With --settle: mark 'failed' (not counted) the reservations "
               "proven to have released nothing (their run died before it began writing the model).")
+@click.option("--restore", is_flag=True, help="Rebuild a missing, damaged or edited STORE/privacy_budget.json from "
+              "its journal (privacy_budget.journal, whose hash chain must verify); a lost journal restarts from the "
+              "ledger as it is, recorded in its history.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def budget(store, set_budget, settle, refund_unreleased, as_json):
-    """Show (or --set, --settle) the privacy budget of STORE and everything released from it."""
+def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
+    """Show (or --set, --settle, --restore) the privacy budget of STORE and everything released from it."""
     from streamdp.errors import ParameterError
     from streamdp.privacy.budget import StoreBudget, format_budget
     from streamdp.privacy.ledger import encode_json
@@ -608,6 +611,12 @@ def budget(store, set_budget, settle, refund_unreleased, as_json):
     if refund_unreleased and not settle:
         raise ParameterError("--refund-unreleased: only with --settle")
     b = StoreBudget(store)
+    restored = None
+    if restore:
+        restored = b.restore()
+        if not as_json:
+            click.echo(f"restore: {restored['what']}"
+                       + "".join(f"; the file it replaced is kept as {p}" for p in restored["set_aside"]))
     if set_budget is not None:
         try:
             eps, delta = (float(x) for x in set_budget.split(","))
@@ -622,7 +631,8 @@ def budget(store, set_budget, settle, refund_unreleased, as_json):
         stale = sweep_stale_runs(store)
     s = b.show()
     if as_json:
-        print_json(encode_json(s if settled is None else {**s, "settled": settled, "stale_runs_removed": stale}))
+        extra = {} if settled is None else {"settled": settled, "stale_runs_removed": stale}
+        print_json(encode_json({**s, **extra, **({} if restored is None else {"restored": restored})}))
         return
     if settled is not None:
         for r in settled:

@@ -174,7 +174,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         if released:
             budget.complete(entry)
         elif checkpoint:
-            budget._finish(entry, "stale", f"{why}; counted as spent: checkpoints were written to {checkpoint}")
+            budget.spent(entry, f"{why}; counted as spent: checkpoints were written to {checkpoint}")
         else:
             budget.fail(entry, why)
         if isinstance(exc, KeyboardInterrupt):

@@ -49,8 +49,44 @@ Replaced stores
 ``ingest --force`` / ``generate --force`` over a store carry its ledger over into
 the new store (:func:`carried_over`), with a ``history`` record of the replacement
 (when, by what, old and new checksum): the people in the old data are likely in the
-new data, and what was spent on them is never forgotten. ``--budget`` on such an
-ingest changes only the total, not the entries.
+new data, and what was spent on them is never forgotten. The journal moves with it
+(its verified lines, then the history record), so the new store's ledger verifies
+against it. ``--budget`` on such an ingest changes only the total, not the entries.
+
+Journal: a ledger that cannot be forgotten or edited unseen
+-----------------------------------------------------------
+Every change is first appended to ``STORE/privacy_budget.journal``
+(:mod:`streamdp.privacy.journal`: one hash-chained JSON line per change, fsynced
+under the same lock) and only then is the ledger replaced; the ledger records the
+chain head it was written at, and the lock file gets a line saying the journal was
+started. Every load checks the ledger's schema (an object of format
+``streamdp-privacy-budget``, entries with their keys and types, epsilon >= 0 (inf:
+a non-private release), 0 <= delta <= 1, known statuses and stages, unique ids) and
+that it is the journal's replay at its head; statuses only move forward
+(``reserved`` to ``complete``/``failed``/``stale``, ``stale`` to ``complete`` or
+``failed`` by ``settle`` alone). Anything else refuses ``train``, ``budget`` and
+``ingest --force`` with one line that says how to recover:
+
+* ledger missing, unreadable, invalid or unlike its journal, journal verifies:
+  ``streamdp budget STORE --restore`` rebuilds the ledger from the journal (the
+  replaced file is kept as ``privacy_budget.json.replaced-TIME``);
+* journal missing (or shorter than the ledger's head), ledger valid: restore it from
+  a backup, or ``--restore`` starts a new journal from the ledger as it is;
+* both missing, the lock file says a journal was started: nothing here can tell
+  what was spent (each released model's ``privacy.json`` still states its own
+  spend): restore both from a backup, or ``--restore`` starts an empty ledger;
+* the journal's chain does not verify (an edited or truncated line): restore both
+  from a backup; ``--restore`` cannot help.
+
+What ``--restore`` restarted is recorded in the history, which ``streamdp budget``
+prints. A journal ahead of its ledger (a crash between the two writes) is rolled
+forward, and a torn last line (a crash inside the append) was never recorded and is
+cut off. A ledger written before journals existed (no journal, nothing in the lock
+file) is adopted as it is: its first change starts the journal with it ("journal
+started" in the history). If the ledger, the journal and the lock file are all
+deleted the store looks like one that never had a budget: nothing local can tell,
+and the chain is a check, not a signature (whoever can write the store can rewrite
+it with this code); the released models' ``privacy.json`` remain the record.
 
 How spends add up
 -----------------
@@ -66,12 +102,14 @@ basic composition is used for the decision, and the output says so.
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as _dt
 import fcntl
 import json
 import math
 import os
 import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamdp.errors import BudgetExceededError, ParameterError, StoreError
@@ -79,13 +117,36 @@ from streamdp.outputs import deferred_interrupts
 from streamdp.owner import current_owner, describe_owner, owner_status
 from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, epsilon_of
 from streamdp.privacy.events import compose, event_from_dict
-from streamdp.privacy.ledger import GUARANTEE_NONE, GUARANTEE_PUBLIC_ONLY, Ledger, atomic_write_json, decode_json
+from streamdp.privacy.journal import (
+    GENESIS,
+    JOURNAL_FILE,
+    Journal,
+    JournalError,
+    LedgerInvalid,
+    apply_record,
+    canonical,
+    decoded,
+    check_state,
+    empty_state,
+    make_lines,
+    read_journal,
+    state_text,
+)
+from streamdp.privacy.ledger import (
+    GUARANTEE_NONE,
+    GUARANTEE_PUBLIC_ONLY,
+    Ledger,
+    atomic_write_json,
+    encode_json,
+)
 
-__all__ = ["StoreBudget", "BUDGET_FILE", "carried_over", "format_budget"]
+__all__ = ["StoreBudget", "BUDGET_FILE", "JOURNAL_FILE", "LOCK_FILE", "carried_over", "format_budget"]
 
 BUDGET_FILE = "privacy_budget.json"
 LOCK_FILE = "privacy_budget.lock"
 BUDGET_FORMAT = "streamdp-privacy-budget"
+#: Written into the lock file when the store's journal is started: a third witness that the store had a ledger.
+MARKER = "streamdp privacy budget journal started"
 
 #: Statuses whose entries count as spent (``stale``: reserved by a run that is gone, see ``settle``).
 COUNTED = ("reserved", "complete", "stale")
@@ -119,6 +180,7 @@ class StoreBudget:
         if not self.store.is_dir() or not (self.store / "zarr.json").exists():
             raise StoreError(f"{self.store}: not a rating store (no zarr.json)")
         self.path = self.store / BUDGET_FILE
+        self.journal_path = self.store / JOURNAL_FILE
         self.lock_path = self.store / LOCK_FILE
 
     # -- storage ---------------------------------------------------------------------
@@ -136,20 +198,132 @@ class StoreBudget:
             finally:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
-    def _load(self) -> dict:
-        if not self.path.exists():
-            return {"format": BUDGET_FORMAT, "format_version": 1, "budget": None, "entries": []}
-        try:
-            with open(self.path) as fh:
-                d = decode_json(json.load(fh))
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"{self.path}: line {exc.lineno}: corrupt budget ledger ({exc.msg})") from None
-        if d.get("format") != BUDGET_FORMAT:
-            raise StoreError(f"{self.path}: not a streamdp budget ledger")
-        return d
+    def _restore_hint(self) -> str:
+        return f"`streamdp budget {self.store} --restore`"
 
-    def _save(self, d: dict) -> None:
-        atomic_write_json(self.path, d)
+    def _read_ledger(self) -> tuple[dict | None, str | None]:
+        """The decoded, schema-checked ledger (``None`` if there is none), or the one-line reason it is unusable."""
+        p = self.path
+        if not os.path.lexists(p):
+            return None, None
+        if p.is_dir():
+            return None, f"{p}: a directory, not a budget ledger"
+        try:
+            with open(p) as fh:
+                raw = json.load(fh)
+        except json.JSONDecodeError as exc:
+            return None, f"{p}: line {exc.lineno}: corrupt budget ledger ({exc.msg})"
+        except UnicodeDecodeError:
+            return None, f"{p}: corrupt budget ledger (not UTF-8 text)"
+        except OSError as exc:
+            return None, f"{p}: cannot read the budget ledger ({exc.strerror})"
+        if not isinstance(raw, dict):
+            return None, f"{p}: not a streamdp budget ledger (a JSON {type(raw).__name__}, not an object)"
+        if raw.get("format") != BUDGET_FORMAT:
+            return None, f"{p}: not a streamdp budget ledger"
+        d = decoded(raw)
+        try:
+            check_state(d)
+        except LedgerInvalid as exc:
+            return None, f"{p}: {exc}"
+        head = d.get("journal")
+        if head is not None and not (isinstance(head, dict) and isinstance(head.get("head"), str)
+                                     and isinstance(head.get("lines"), int) and head["lines"] >= 0):
+            return None, f"{p}: its journal head is {head!r}, not {{'lines': N, 'head': HASH}}"
+        return d, None
+
+    def _inspect(self) -> _State:
+        """The ledger checked against its journal (see "Journal" above); never raises for a bad ledger or journal.
+
+        The ledger is read before the journal: a lock-free reader racing a writer
+        (journal first, then ledger) then sees the journal at or ahead of the ledger.
+        """
+        ledger, ledger_err = self._read_ledger()
+        head = (ledger or {}).get("journal")
+        try:
+            j = read_journal(self.journal_path, at=head["lines"] if head else None)
+        except JournalError as exc:
+            return _State(problem=f"{self.journal_path}: {exc.what if exc.line == 0 else exc}; the journal cannot "
+                          f"be trusted: restore {BUDGET_FILE} and {JOURNAL_FILE} from a backup")
+        except OSError as exc:
+            return _State(problem=f"{self.journal_path}: cannot read the budget journal ({exc.strerror})")
+        if j is not None and not j.records:
+            j = None  # empty: a first append that never completed
+        if j is not None:
+            return self._against_journal(ledger, ledger_err, j)
+        recorded = (ledger or {}).get("journal")
+        marked = _has_marker(self.lock_path)
+        gone = "empty" if os.path.lexists(self.journal_path) else "missing"
+        restart = (f"restore it from a backup, or start a new journal from the ledger as it is with "
+                   f"{self._restore_hint()} (recorded in its history)")
+        if ledger_err is not None:
+            if marked:
+                return _State(problem=f"{ledger_err}; and {JOURNAL_FILE}, which {LOCK_FILE} shows the store had, is "
+                              f"missing: restore both from a backup")
+            return _State(problem=ledger_err)
+        if ledger is None:
+            if marked:
+                return _State(restorable="both-lost", problem=(
+                    f"{self.path}: missing, and so is {JOURNAL_FILE}, but {LOCK_FILE} shows the store had a budget "
+                    f"ledger; what it recorded cannot be recovered here (each released model's privacy.json still "
+                    f"states its spend): restore both from a backup, or start an empty ledger with "
+                    f"{self._restore_hint()} (recorded in its history)"))
+            return _State(mode="fresh", d=_new_ledger(empty_state()))
+        if recorded is not None and recorded["lines"] > 0:
+            return _State(d=ledger, restorable="journal-lost", problem=(
+                f"{self.journal_path}: {gone} (the ledger {BUDGET_FILE} was written at its line "
+                f"{recorded['lines']}); {restart}"))
+        if marked:
+            return _State(d=ledger, restorable="journal-lost", problem=(
+                f"{self.journal_path}: {gone} ({LOCK_FILE} shows the store had one); {restart}"))
+        return _State(mode="legacy", d=ledger)
+
+    def _against_journal(self, ledger: dict | None, ledger_err: str | None, j: Journal) -> _State:
+        fix = f"restore it from the journal with {self._restore_hint()}"
+        if ledger is None:
+            if ledger_err is None:
+                return _State(journal=j, restorable="rebuild", problem=(
+                    f"{self.path}: missing (the store had a budget ledger: {j.n_entries} entries in {JOURNAL_FILE}); "
+                    f"restore it with {self._restore_hint()}"))
+            return _State(journal=j, restorable="rebuild",
+                          problem=f"{ledger_err}; {JOURNAL_FILE} verifies: {fix}")
+        recorded, n = ledger.get("journal"), len(j.records)
+        if recorded is None:
+            diff = "it records no journal head (a copy from before the journal was started?)"
+        elif recorded["lines"] > n:
+            return _State(d=ledger, journal=j, restorable="journal-lost", problem=(
+                f"{self.journal_path}: ends at line {n}, but the ledger {BUDGET_FILE} was written at its line "
+                f"{recorded['lines']}: lines were removed; restore both from a backup, or start a new journal from "
+                f"the ledger as it is with {self._restore_hint()} (recorded in its history)"))
+        elif recorded["head"] != ([GENESIS] + [r["hash"] for r in j.records])[recorded["lines"]]:
+            diff = f"its journal head (line {recorded['lines']}) is not the journal's hash of that line"
+        else:
+            diff = _difference(ledger, j.at_text)
+        if diff is not None:
+            return _State(journal=j, restorable="rebuild", problem=(
+                f"{self.path}: does not match {JOURNAL_FILE}: {diff}; it was edited or replaced: {fix}"))
+        # the journal may be ahead of the ledger: a crash between its append and the ledger's write
+        d = _new_ledger(j.state, copied=False)
+        d["journal"] = recorded
+        return _State(mode="journal", d=d, journal=j, pending=n - recorded["lines"])
+
+    def _checked(self) -> _State:
+        st = self._inspect()
+        if st.problem is not None:
+            raise StoreError(st.problem)
+        return st
+
+    def _load(self) -> dict:
+        return self._checked().d
+
+    def _commit(self, st: _State, records: list[dict]) -> dict:
+        """Append ``records`` to the journal (adopting a ledger that has none first), then replace the ledger."""
+        if st.mode == "legacy":
+            records = [_adopt(st.d, {"event": "journal started", "at": _now(), "n_entries": len(st.d["entries"])}),
+                       *records]
+        d = _append(self.path, self.journal_path, self.lock_path, st.journal, records)
+        st.d, st.mode = d, "journal"
+        return d
 
     # -- accounting --------------------------------------------------------------------
 
@@ -198,9 +372,9 @@ class StoreBudget:
         """Set the store's total budget ``(epsilon, delta)`` (``epsilon = inf``: unlimited)."""
         check_privacy_params(epsilon, delta)
         with self._locked():
-            d = self._load()
-            d["budget"] = {"epsilon": float(epsilon), "delta": float(delta), "set": _now()}
-            self._save(d)
+            st = self._checked()
+            self._commit(st, [{"at": _now(), "op": "budget",
+                               "budget": {"epsilon": float(epsilon), "delta": float(delta), "set": _now()}}])
 
     def show(self) -> dict:
         """The budget, the total spend (accountant and basic composition) and every entry."""
@@ -267,7 +441,8 @@ class StoreBudget:
                  "model": None if model is None else str(model), "over_budget": False, "reason": None,
                  "owner": current_owner(), "stage": "training", "neighbouring_relation": led.relation}
         with self._locked():
-            d = self._load()
+            st = self._checked()
+            d = st.d
             budget = d.get("budget")
             counted = [e for e in d["entries"] if e["status"] in COUNTED]
             if budget is not None:
@@ -282,45 +457,49 @@ class StoreBudget:
                             f"past its budget epsilon={budget['epsilon']:.4g} ({after['accountant']}); "
                             f"pass --over-budget to release it anyway")
                     entry["over_budget"] = True
-            d["entries"].append(entry)
-            self._save(d)
+            self._commit(st, [{"at": _now(), "op": "reserve", "entry": entry}])
         return entry["id"]
 
-    def _update(self, entry_id: str, change) -> None:
-        """``change(entry)`` on entry ``entry_id`` under the lock; it returns True when it changed it."""
+    def _update(self, entry_id: str, by: str, change) -> None:
+        """Under the lock, ``change(entry)`` returns the fields of entry ``entry_id`` to set (None: nothing to do);
+        they are journaled as made ``by`` (``writing``, ``complete``, ``fail``) and written."""
         with self._locked():
-            d = self._load()
-            for e in d["entries"]:
+            st = self._checked()
+            for e in st.d["entries"]:
                 if e["id"] == entry_id:
-                    if change(e):
-                        self._save(d)
+                    fields = change(e)
+                    if fields:
+                        self._commit(st, [{"at": _now(), "op": "update", "id": entry_id, "by": by, "set": fields}])
                     return
         raise ParameterError(f"{self.path}: no budget entry {entry_id!r}")
 
     def _finish(self, entry_id: str, status: str, reason: str | None) -> None:
         def change(e):
             if e["status"] == status:  # marked already (e.g. again after an interrupt)
-                return False
+                return None
             if e["status"] != "reserved":
                 raise ParameterError(f"budget entry {entry_id} is already {e['status']}")
-            e["status"], e["finished"], e["reason"] = status, _now(), reason
-            return True
+            return {"status": status, "finished": _now(), "reason": reason}
 
-        self._update(entry_id, change)
+        self._update(entry_id, "complete" if status == "complete" else "fail", change)
 
     def writing(self, entry_id: str) -> None:
         """Record that the release's model write starts now (stage ``writing``; see "Stale reservations")."""
         def change(e):
             if e["status"] != "reserved":
                 raise ParameterError(f"budget entry {entry_id} is already {e['status']}")
-            e["stage"] = "writing"
-            return True
+            return {"stage": "writing"} if e.get("stage") != "writing" else None
 
-        self._update(entry_id, change)
+        self._update(entry_id, "writing", change)
 
     def complete(self, entry_id: str) -> None:
         """Mark a reserved release as done (its model was written)."""
         self._finish(entry_id, "complete", None)
+
+    def spent(self, entry_id: str, reason: str) -> None:
+        """Mark a reserved release that failed after noisy values left the process (``--checkpoint``) as
+        ``stale``: it keeps counting, and no settle can refund it (its stage is ``writing``)."""
+        self._finish(entry_id, "stale", str(reason))
 
     def fail(self, entry_id: str, reason: str) -> None:
         """Mark a reserved release as failed: it released nothing and stops counting."""
@@ -350,19 +529,227 @@ class StoreBudget:
         """
         report = []
         with self._locked():
-            d = self._load()
-            changed = False
-            for e in d["entries"]:
+            st = self._checked()
+            records = []
+            for e in st.d["entries"]:
                 if e["status"] != "reserved" and not (refund_unreleased and e["status"] == "stale"):
                     continue
                 after, why = _settled(e, refund_unreleased)
                 report.append({"id": e["id"], "before": e["status"], "after": after, "why": why})
                 if after != e["status"]:
-                    e["status"], e["finished"], e["reason"] = after, _now(), "settled: " + why
-                    changed = True
-            if changed:
-                self._save(d)
+                    records.append({"at": _now(), "op": "update", "id": e["id"], "by": "settle",
+                                    "set": {"status": after, "finished": _now(), "reason": "settled: " + why}})
+            if records:
+                self._commit(st, records)
         return report
+
+    def restore(self) -> dict:
+        """``streamdp budget STORE --restore``: make the ledger usable again from what the store still has.
+
+        * the journal verifies: the ledger is rebuilt from it (a missing, unreadable,
+          invalid or edited ledger; one behind its journal after a crash);
+        * the journal is missing (or shorter than the ledger says) and the ledger is
+          valid: a new journal starts from the ledger as it is;
+        * both are missing but the lock file shows there was a ledger: an empty one
+          starts. The last two are recorded in the ledger's history, shown by
+          ``streamdp budget``; a ledger that already agrees with its journal is left as it is.
+
+        A replaced file is kept beside it as ``NAME.replaced-TIME``. Returns ``restored``
+        (whether anything was written), ``what`` (one line) and ``set_aside`` (paths).
+        A journal that does not verify cannot be restored from: :class:`StoreError`.
+        """
+        with self._locked():
+            st = self._inspect()
+            aside = []
+            if st.problem is None:
+                if st.mode == "fresh":
+                    return {"restored": False, "what": "nothing to restore: the store has no budget ledger",
+                            "set_aside": []}
+                if st.mode == "legacy":
+                    self._commit(st, [])
+                    return {"restored": True, "what": f"started {JOURNAL_FILE} from the ledger (written before "
+                            "journals existed)", "set_aside": []}
+                if st.pending:
+                    self._commit(st, [])
+                    return {"restored": True, "what": f"rewrote {BUDGET_FILE} from {JOURNAL_FILE}: {st.pending} "
+                            "change(s) journaled just before a crash are now in it", "set_aside": []}
+                return {"restored": False, "what": f"nothing to restore: {BUDGET_FILE} agrees with {JOURNAL_FILE}",
+                        "set_aside": []}
+            if st.restorable == "rebuild":
+                if os.path.lexists(self.path):
+                    aside.append(_set_aside(self.path))
+                _append(self.path, self.journal_path, self.lock_path, st.journal, [{"at": _now(), "op": "history",
+                        "record": {"event": "ledger rebuilt", "at": _now(), "n_entries": st.journal.n_entries}}])
+                what = (f"rebuilt {BUDGET_FILE} from {JOURNAL_FILE} ({len(st.journal.records)} lines, "
+                        f"{st.journal.n_entries} entries)")
+            elif st.restorable == "journal-lost":
+                if os.path.lexists(self.journal_path):
+                    aside.append(_set_aside(self.journal_path))
+                _append(self.path, self.journal_path, self.lock_path, None, [_adopt(st.d, {
+                    "event": "journal restarted", "at": _now(), "n_entries": len(st.d["entries"])})])
+                what = f"started a new {JOURNAL_FILE} from {BUDGET_FILE} as it is ({len(st.d['entries'])} entries)"
+            elif st.restorable == "both-lost":
+                _append(self.path, self.journal_path, self.lock_path, None, [_adopt(empty_state(), {
+                    "event": "ledger lost", "at": _now(), "n_entries": 0})])
+                what = (f"started an empty {BUDGET_FILE}: the releases recorded before are not counted (their "
+                        "models' privacy.json state what each spent)")
+            else:
+                raise StoreError(st.problem)
+            return {"restored": True, "what": what, "set_aside": aside}
+
+
+@dataclass
+class _State:
+    """What :meth:`StoreBudget._inspect` found: the ledger ``d`` to work on and how it stands.
+
+    ``mode``: ``fresh`` (no ledger yet), ``legacy`` (a ledger written before journals: adopted at its next change),
+    ``journal`` (verified against its journal, ``pending`` journal lines ahead of it). ``problem``: why it is
+    refused (one line); ``restorable``: what ``--restore`` does about it (``rebuild``, ``journal-lost``,
+    ``both-lost``), None if it cannot.
+    """
+
+    mode: str | None = None
+    d: dict | None = None
+    journal: Journal | None = None
+    pending: int = 0
+    problem: str | None = None
+    restorable: str | None = None
+
+
+def _new_ledger(state: dict, *, copied: bool = True) -> dict:
+    """A ledger holding ``state`` (``copied=False``: its very objects, for a state nothing else holds)."""
+    part = {"budget": state.get("budget"), "entries": state["entries"], "history": state.get("history", [])}
+    return {"format": BUDGET_FORMAT, "format_version": 1, **(copy.deepcopy(part) if copied else part)}
+
+
+def _adopt(d: dict, note: dict) -> dict:
+    """The first journal record of a ledger taken as it is, with ``note`` appended to its history."""
+    return {"at": _now(), "op": "adopt", "state": {"budget": d.get("budget"), "entries": d["entries"],
+                                                   "history": [*d.get("history", []), note]}}
+
+
+def _has_marker(lock_path: Path) -> bool:
+    """Whether the lock file says a journal was started (see "Journal"); an old streamdp left it empty."""
+    try:
+        with open(lock_path, "rb") as fh:
+            return MARKER.encode() in fh.read(4096)
+    except OSError:
+        return False
+
+
+def _mark(lock_path: Path) -> None:
+    """Write the marker into the lock file (best effort: without it one witness of the ledger is missing)."""
+    if _has_marker(lock_path):
+        return
+    try:
+        with open(lock_path, "a") as fh:
+            fh.write(f"{MARKER} {_now()}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        pass
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _append(ledger_path: Path, journal_path: Path, lock_path: Path, journal: Journal | None,
+            records: list[dict]) -> dict:
+    """Append ``records`` to the journal (``journal``: as read; None: start one) and fsync it, then replace the
+    ledger with the state they lead to (its ``journal`` head on the last line). Either both happen or, on an
+    error, the journal is cut back to what it was and the ledger is left as it was. Returns the ledger."""
+    state = copy.deepcopy(journal.state) if journal is not None else empty_state()
+    lines = make_lines(records, journal.head if journal is not None else GENESIS,
+                       len(journal.records) + 1 if journal is not None else 1)
+    for r in lines:
+        apply_record(state, decoded(encode_json(r)))  # exactly what a replay of the written line gives
+    d = _new_ledger(state)
+    n = (len(journal.records) if journal is not None else 0) + len(lines)
+    d["journal"] = {"file": JOURNAL_FILE, "lines": n, "head": lines[-1]["hash"] if lines else journal.head}
+    created = journal is None or not os.path.exists(journal_path)
+    keep = 0 if created else journal.size
+    text = "".join(canonical(r) + "\n" for r in lines)
+    if journal is not None and not created and not journal.newline:
+        text = "\n" + text
+
+    def cut_back():
+        try:
+            if created:
+                os.unlink(journal_path)
+            else:
+                os.truncate(journal_path, keep)
+        except OSError:
+            pass  # left ahead of the ledger: the next load rolls it forward (counted, never forgotten)
+
+    try:
+        if created and os.path.lexists(journal_path):
+            os.unlink(journal_path)  # an empty journal whose first append never completed
+        elif not created and journal.file_size > keep:
+            os.truncate(journal_path, keep)  # a torn last line: never recorded
+        with open(journal_path, "ab") as fh:
+            fh.write(text.encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        if created:
+            _fsync_dir(journal_path.parent)
+        atomic_write_json(ledger_path, d)
+    except BaseException as exc:
+        cut_back()
+        if isinstance(exc, OSError) and exc.filename is None:  # the ledger (its journal) was not updated: name it
+            exc.filename = str(ledger_path)
+        raise
+    if created:
+        _mark(lock_path)
+    return d
+
+
+def _set_aside(path: Path) -> str:
+    """Rename ``path`` to ``path.replaced-TIME`` (kept: what ``--restore`` replaced)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    dest = f"{path}.replaced-{stamp}"
+    k = 1
+    while os.path.lexists(dest):
+        k += 1
+        dest = f"{path}.replaced-{stamp}-{k}"
+    os.rename(path, dest)
+    return dest
+
+
+def _difference(ledger: dict, journal_state: str) -> str | None:
+    """The first difference between the ledger's state and the journal's (canonical text) at its head, or None."""
+    mine = json.loads(state_text(ledger))
+    theirs = json.loads(journal_state)
+    if mine == theirs:
+        return None
+    if mine["budget"] != theirs["budget"]:
+        return f"the budget is {_short(mine['budget'])} in the ledger, {_short(theirs['budget'])} in the journal"
+    a = {e["id"]: e for e in mine["entries"]}
+    b = {e["id"]: e for e in theirs["entries"]}
+    for eid in b:
+        if eid not in a:
+            return f"entry {eid} ({b[eid]['status']}) is missing from the ledger"
+    for eid in a:
+        if eid not in b:
+            return f"entry {eid} is not in the journal"
+        if a[eid] != b[eid]:
+            for key in ("status", "stage", "epsilon", "delta"):
+                if a[eid].get(key) != b[eid].get(key):
+                    return (f"entry {eid}: {key} is {a[eid].get(key)} in the ledger, {b[eid].get(key)} in "
+                            f"the journal")
+            keys = sorted(k for k in set(a[eid]) | set(b[eid]) if a[eid].get(k) != b[eid].get(k))
+            return f"entry {eid}: {', '.join(keys)} differ"
+    if list(a) != list(b):
+        return "the entries are in another order"
+    return "the history differs"
+
+
+def _short(b) -> str:
+    return "none" if b is None else f"epsilon={b.get('epsilon')}, delta={b.get('delta')}"
 
 
 def _settled(e: dict, refund_unreleased: bool) -> tuple[str, str]:
@@ -402,20 +789,36 @@ def carried_over(old_store: str | os.PathLike, new_store: str | os.PathLike, *, 
     """``with carried_over(old, new): <replace old by new>``: the old store's ledger moves into the new one.
 
     Holds the old ledger's lock for the whole block (no release can be recorded in
-    between) and, if the old store has a ledger, writes it into ``new_store`` first
-    with a ``history`` record ``{"event": "data replaced", "at", "by", "old_checksum",
-    "new_checksum", "n_entries"}``. Every entry keeps counting against the new
-    store's budget. A corrupt old ledger raises :class:`StoreError` and nothing is
-    replaced.
+    between) and, if the old store has a ledger, writes it and its journal into
+    ``new_store`` first with a ``history`` record ``{"event": "data replaced", "at",
+    "by", "old_checksum", "new_checksum", "n_entries"}`` (journaled too; a ledger from
+    before journals gets its journal started there). Every entry keeps counting
+    against the new store's budget. An old ledger that is corrupt, missing while its
+    journal says it existed, or unlike its journal raises :class:`StoreError` and
+    nothing is replaced.
     """
     old = StoreBudget(old_store)
+    new = Path(new_store)
     with old._locked():
-        if old.path.exists():
-            d = old._load()
-            d.setdefault("history", []).append({
-                "event": "data replaced", "at": _now(), "by": by, "old_checksum": _store_checksum(old.store),
-                "new_checksum": checksum, "n_entries": len(d["entries"])})
-            atomic_write_json(Path(new_store) / BUDGET_FILE, d)
+        st = old._checked()
+        if st.mode != "fresh":
+            record = {"event": "data replaced", "at": _now(), "by": by, "old_checksum": _store_checksum(old.store),
+                      "new_checksum": checksum, "n_entries": len(st.d["entries"])}
+            records = [{"at": _now(), "op": "history", "record": record}]
+            journal = None
+            if st.mode == "legacy":
+                records.insert(0, _adopt(st.d, {"event": "journal started", "at": _now(),
+                                                "n_entries": len(st.d["entries"])}))
+            else:  # the verified lines move over as they are (a torn last line does not)
+                text = "\n".join(st.journal.lines) + "\n"
+                with open(new / JOURNAL_FILE, "w") as fh:
+                    fh.write(text)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                journal = replace(st.journal, path=new / JOURNAL_FILE, size=len(text.encode()),
+                                  file_size=len(text.encode()), newline=True)
+            _append(new / BUDGET_FILE, new / JOURNAL_FILE, new / LOCK_FILE, journal, records)
+            _mark(new / LOCK_FILE)
         yield
 
 
@@ -444,6 +847,19 @@ def format_budget(s: dict) -> str:
         lines.append(f"  {e['id']}  {e['status']:<8} {e['created']}  {e['method']:<12} epsilon={e['epsilon']:.4g} "
                      f"delta={e['delta']:.3g}{flag}" + (f"  ({note})" if note else ""))
     for h in s.get("history", []):
-        lines.append(f"  {h['at']}  data replaced by {h['by']} ({h['old_checksum']} -> {h['new_checksum']}); "
-                     f"the {h['n_entries']} release(s) before it still count")
+        lines.append(f"  {h['at']}  {_history_line(h)}")
     return "\n".join(lines)
+
+
+def _history_line(h: dict) -> str:
+    n = h.get("n_entries", "?")
+    return {
+        "data replaced": lambda: (f"data replaced by {h.get('by')} ({h.get('old_checksum')} -> "
+                                  f"{h.get('new_checksum')}); the {n} release(s) before it still count"),
+        "journal started": lambda: f"journal started; the {n} release(s) before it were taken from the ledger as is",
+        "journal restarted": lambda: (f"journal lost, restarted (--restore) from the ledger as it was, "
+                                      f"{n} release(s)"),
+        "ledger rebuilt": lambda: f"ledger rebuilt (--restore) from the journal, {n} release(s)",
+        "ledger lost": lambda: ("ledger and journal lost, restarted empty (--restore): releases before it are not "
+                                "counted here (their models' privacy.json state what each spent)"),
+    }.get(h.get("event"), lambda: str(h.get("event")))()

@@ -135,13 +135,13 @@ def _ledger(eps=1.0, delta=1e-6):
                   events=[gaussian_event(calibrate_gaussian(eps, delta))])
 
 
-def _set_entry(store, entry_id, **fields):
-    p = store / BUDGET_FILE
-    d = json.loads(p.read_text())
-    for e in d["entries"]:
-        if e["id"] == entry_id:
-            e.update(fields)
-    p.write_text(json.dumps(d))
+def _reserve_owned_by(b, owner, model, monkeypatch):
+    """Reserve an entry whose recorded owner is ``owner`` (the ledger is journaled: no hand edits)."""
+    import streamdp.privacy.budget as budget_mod
+
+    with monkeypatch.context() as m:
+        m.setattr(budget_mod, "current_owner", lambda: owner)
+        return b.reserve(_ledger(0.1), model=model)
 
 
 def _gone():
@@ -151,18 +151,13 @@ def _gone():
     return {**me, "start_ticks": me["start_ticks"] + 1}
 
 
-def test_settle_rules(store, tmp_path):
+def test_settle_rules(store, tmp_path, monkeypatch):
     b = StoreBudget(store)
     alive = b.reserve(_ledger(0.1), model=str(tmp_path / "a"))
-    other_host = b.reserve(_ledger(0.1), model=str(tmp_path / "b"))
-    legacy = b.reserve(_ledger(0.1), model=str(tmp_path / "c"))
-    training = b.reserve(_ledger(0.1), model=str(tmp_path / "d"))
-    writing = b.reserve(_ledger(0.1), model=str(tmp_path / "e"))
-    written = b.reserve(_ledger(0.1), model=str(tmp_path / "f"))
-    _set_entry(store, other_host, owner={**current_owner(), "host": "elsewhere.invalid"})
-    _set_entry(store, legacy, owner=None, stage=None)
-    for eid in (training, writing, written):
-        _set_entry(store, eid, owner=_gone())
+    other_host = _reserve_owned_by(b, {**current_owner(), "host": "elsewhere.invalid"}, str(tmp_path / "b"),
+                                   monkeypatch)
+    legacy = _reserve_owned_by(b, None, str(tmp_path / "c"), monkeypatch)
+    training, writing, written = (_reserve_owned_by(b, _gone(), str(tmp_path / x), monkeypatch) for x in "def")
     b.writing(writing)
     b.writing(written)
     # the run of `written` got its model into place before it died

@@ -52,7 +52,8 @@ def pristine(tmp_path_factory):
     code, _, err = run_cli("train", s.path, "--epsilon", "1", "--out", d / "model", "--seed", "0")
     assert code == 0, err
     shutil.rmtree(d / "s.zarr.state", ignore_errors=True)
-    os.remove(os.path.join(s.path, "privacy_budget.json"))  # each copy starts without a ledger
+    for name in ("privacy_budget.json", "privacy_budget.journal", "privacy_budget.lock"):
+        os.remove(os.path.join(s.path, name))  # each copy starts without a ledger (and without its witnesses)
     return s.path, str(d / "model")
 
 

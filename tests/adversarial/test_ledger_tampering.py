@@ -1,0 +1,427 @@
+"""A store's privacy budget ledger that is deleted, hand-edited or malformed: refused in one line, restorable.
+
+Before the journal (``privacy_budget.journal``) existed:
+
+* deleting ``privacy_budget.json`` reset the store to "no budget, spent 0";
+* hand edits were accepted: a negative epsilon or delta, a ``complete`` entry
+  flipped to ``failed`` (refunded), an unknown status, an entry removed, the budget raised;
+* a ledger that is ``[]`` or a directory was a traceback.
+
+Each test here failed then. Now every load checks the ledger's schema and that it is
+the replay of its hash-chained journal; ``streamdp budget STORE --restore`` rebuilds it.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import shutil
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+from streamdp.cli import main
+from streamdp.errors import StoreError
+from streamdp.privacy import GUARANTEE_USER_DP, Ledger, calibrate_gaussian, gaussian_event
+from streamdp.privacy.budget import BUDGET_FILE, JOURNAL_FILE, LOCK_FILE, StoreBudget
+from streamdp.privacy.journal import GENESIS, canonical, make_lines, read_journal, state_text
+
+
+@functools.lru_cache(maxsize=None)
+def _z(eps):
+    return calibrate_gaussian(eps, 1e-6)
+
+
+def _ledger(eps=0.5, method="demo"):
+    return Ledger(method=method, guarantee=GUARANTEE_USER_DP, epsilon=eps, delta=1e-6, events=[gaussian_event(_z(eps))])
+
+
+@pytest.fixture
+def store(tmp_path):
+    p = tmp_path / "s.zarr"
+    p.mkdir()
+    (p / "zarr.json").write_text('{"attributes": {"streamdp": {"checksum": "blake2b:abc"}}}')
+    return p
+
+
+@pytest.fixture
+def spent(store):
+    """A store with a budget, one complete release and one failed (refunded) one: ``(store, show())``."""
+    b = StoreBudget(store)
+    b.set(2.0, 1e-6)
+    b.complete(b.reserve(_ledger(0.5, "first")))
+    b.fail(b.reserve(_ledger(0.5, "second")), "crashed")
+    return store, b.show()
+
+
+def cli(*args):
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    return r.exit_code, r.stdout, r.stderr
+
+
+def assert_refused(code, err, *needles):
+    assert code == 2, (code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("streamdp: error: ") and "Traceback" not in err, err
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def edit(store, change):
+    p = store / BUDGET_FILE
+    d = json.loads(p.read_text())
+    change(d)
+    p.write_text(json.dumps(d))
+
+
+def same_spend(store, before):
+    s = StoreBudget(store).show()
+    assert s["budget"] == before["budget"] and s["entries"] == before["entries"] and s["spent"] == before["spent"]
+    return s
+
+
+# -- 1. a deleted ledger -------------------------------------------------------------------------------------
+
+
+def test_deleted_ledger_is_refused_and_restored_from_the_journal(spent):
+    store, before = spent
+    os.remove(store / BUDGET_FILE)
+    code, out, err = cli("budget", store)
+    line = assert_refused(code, err)
+    assert line == (f"streamdp: error: {store / BUDGET_FILE}: missing (the store had a budget ledger: 2 entries in "
+                    f"{JOURNAL_FILE}); restore it with `streamdp budget {store} --restore`")
+    assert out == ""
+    with pytest.raises(StoreError, match="missing"):  # what train does first: nothing is reserved
+        StoreBudget(store).reserve(_ledger())
+    assert not (store / BUDGET_FILE).exists()
+
+    code, out, err = cli("budget", store, "--restore")
+    assert code == 0, err
+    assert out.startswith(f"restore: rebuilt {BUDGET_FILE} from {JOURNAL_FILE} (5 lines, 2 entries)")
+    s = same_spend(store, before)
+    assert [h["event"] for h in s["history"]] == ["ledger rebuilt"]
+    assert "ledger rebuilt (--restore) from the journal, 2 release(s)" in out
+    code, out, _ = cli("budget", store, "--restore")  # a second time: nothing to do
+    assert code == 0 and out.startswith(f"restore: nothing to restore: {BUDGET_FILE} agrees with {JOURNAL_FILE}")
+
+
+def test_train_refuses_a_store_whose_ledger_was_deleted(tmp_path):
+    """End to end: `streamdp train` on a store whose ledger was deleted writes no model and reserves nothing
+    (``--epsilon inf``: no calibration, fast; the old code released it, as the ledger "had" no entries)."""
+    from streamdp.storage.generate import generate_store
+
+    s = generate_store(str(tmp_path / "s.zarr"), n_users=300, n_items=30, ratings_per_user=5, rank=2, seed=1)
+    b = StoreBudget(s.path)
+    first = b.reserve(_ledger(1.0))  # a model released from the store
+    b.complete(first)
+    os.remove(os.path.join(s.path, BUDGET_FILE))
+    code, _, err = cli("train", s.path, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m2")
+    assert_refused(code, err, os.path.join(s.path, BUDGET_FILE), "missing", "1 entries", "--restore")
+    assert not (tmp_path / "m2").exists()
+    assert cli("budget", s.path, "--restore")[0] == 0
+    assert [(e["id"], e["status"]) for e in StoreBudget(s.path).show()["entries"]] == [(first, "complete")]
+
+
+# -- 2. hand edits -------------------------------------------------------------------------------------------
+
+
+def _entry(d, method):
+    return next(e for e in d["entries"] if e["method"] == method)
+
+
+EDITS = {
+    "negative epsilon": (lambda d: _entry(d, "first").update(epsilon=-1.0), "epsilon is -1.0"),
+    "negative delta": (lambda d: _entry(d, "first").update(delta=-1e-6), "delta is -1e-06"),
+    "epsilon nan": (lambda d: _entry(d, "first").update(epsilon="nan"), "epsilon is nan"),
+    "epsilon not a number": (lambda d: _entry(d, "first").update(epsilon="small"), "epsilon is 'small', not a number"),
+    "unknown status": (lambda d: _entry(d, "first").update(status="refunded"), "unknown status 'refunded'"),
+    "no status": (lambda d: _entry(d, "first").pop("status"), "has no 'status'"),
+    "entries not a list": (lambda d: d.update(entries={}), "entries is dict, not a list"),
+    "entry not an object": (lambda d: d["entries"].append(3), "entry 3 is int, not an object"),
+    "complete flipped to failed": (lambda d: _entry(d, "first").update(status="failed"),
+                                   "status is failed in the ledger, complete in the journal"),
+    "failed flipped to complete": (lambda d: _entry(d, "second").update(status="complete"),
+                                   "status is complete in the ledger, failed in the journal"),
+    "entry removed": (lambda d: d["entries"].remove(_entry(d, "first")), "(complete) is missing from the ledger"),
+    "epsilon lowered": (lambda d: _entry(d, "first").update(epsilon=0.01), "epsilon is 0.01 in the ledger, 0.5"),
+    "budget raised": (lambda d: d["budget"].update(epsilon=100.0), "the budget is epsilon=100.0"),
+    "journal head dropped": (lambda d: d.pop("journal"), "it records no journal head"),
+}
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_hand_edits_are_refused_and_restored(spent, name):
+    store, before = spent
+    change, what = EDITS[name]
+    edit(store, change)
+    edited = (store / BUDGET_FILE).read_text()
+    for args in (["budget", store], ["budget", store, "--set", "50,1e-6"], ["budget", store, "--settle"]):
+        code, out, err = cli(*args)
+        assert_refused(code, err, store / BUDGET_FILE, what, f"`streamdp budget {store} --restore`")
+        assert out == ""
+    assert (store / BUDGET_FILE).read_text() == edited  # refused before anything was written
+    code, out, err = cli("budget", store, "--restore")
+    assert code == 0, err
+    assert f"the file it replaced is kept as {store / BUDGET_FILE}.replaced-" in out
+    same_spend(store, before)
+    (kept,) = [n for n in os.listdir(store) if n.startswith(BUDGET_FILE + ".replaced-")]
+    assert (store / kept).read_text() == edited
+
+
+@pytest.mark.parametrize("content", ["[]", "", "{", "null", '"x"', "\x00\xff"])
+def test_malformed_ledger_is_one_line_and_restorable(spent, content):
+    store, before = spent
+    (store / BUDGET_FILE).write_bytes(content.encode("latin-1"))
+    code, _, err = cli("budget", store)
+    assert_refused(code, err, store / BUDGET_FILE, f"{JOURNAL_FILE} verifies", "--restore")
+    assert cli("budget", store, "--restore")[0] == 0
+    same_spend(store, before)
+
+
+def test_ledger_that_is_a_directory(spent):
+    store, before = spent
+    os.remove(store / BUDGET_FILE)
+    (store / BUDGET_FILE).mkdir()
+    code, _, err = cli("budget", store)
+    assert_refused(code, err, f"{store / BUDGET_FILE}: a directory, not a budget ledger", "--restore")
+    with pytest.raises(StoreError, match="a directory"):
+        StoreBudget(store).reserve(_ledger())
+    assert cli("budget", store, "--restore")[0] == 0
+    same_spend(store, before)
+
+
+def test_malformed_ledger_of_a_store_without_journal_is_one_line(store):
+    """A ledger from before journals (nothing to restore from): ``[]`` and a directory were tracebacks."""
+    for bad in ("[]", "dir"):
+        if bad == "dir":
+            os.remove(store / BUDGET_FILE)
+            (store / BUDGET_FILE).mkdir()
+        else:
+            (store / BUDGET_FILE).write_text(bad)
+        code, _, err = cli("budget", store)
+        line = assert_refused(code, err, store / BUDGET_FILE)
+        assert "--restore" not in line  # no journal: nothing to restore from
+        code, _, err = cli("budget", store, "--restore")
+        assert_refused(code, err, store / BUDGET_FILE)
+
+
+# -- 3. the journal ------------------------------------------------------------------------------------------
+
+
+def _journal_lines(store):
+    return (store / JOURNAL_FILE).read_text().splitlines()
+
+
+def test_the_ledger_is_the_replay_of_its_chain(spent):
+    store, _ = spent
+    j = read_journal(store / JOURNAL_FILE)
+    assert [r["op"] for r in j.records] == ["budget", "reserve", "update", "reserve", "update"]
+    assert [r["by"] for r in j.records if r["op"] == "update"] == ["complete", "fail"]
+    d = json.loads((store / BUDGET_FILE).read_text())
+    assert d["journal"] == {"file": JOURNAL_FILE, "lines": 5, "head": j.records[-1]["hash"]}
+    assert state_text(d) == state_text(j.state)
+    assert (store / LOCK_FILE).read_text().startswith("streamdp privacy budget journal started")
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda lines: lines.__setitem__(2, lines[2].replace('"complete"', '"failed"')), "line 3: its hash does not chain"),
+    (lambda lines: lines.pop(2), "line 3: out of sequence"),
+    (lambda lines: lines.__setitem__(0, "{"), "line 1: not a JSON record"),
+])
+def test_an_edited_journal_cannot_be_restored_from(spent, damage, what):
+    store, _ = spent
+    lines = _journal_lines(store)
+    damage(lines)
+    (store / JOURNAL_FILE).write_text("\n".join(lines) + "\n")
+    for args in (["budget", store], ["budget", store, "--restore"]):
+        code, _, err = cli(*args)
+        assert_refused(code, err, store / JOURNAL_FILE, what, "the journal cannot be trusted", "from a backup")
+
+
+def test_a_rechained_journal_still_only_moves_forward(spent):
+    """Rewriting the chain with valid hashes does not make complete -> failed acceptable."""
+    store, _ = spent
+    j = read_journal(store / JOURNAL_FILE)
+    first = next(r for r in j.records if r["op"] == "reserve")["entry"]["id"]
+    forged = make_lines([{"at": "t", "op": "update", "id": first, "by": "fail",
+                          "set": {"status": "failed", "finished": "t", "reason": "refund me"}}],
+                        j.head, len(j.records) + 1)
+    with open(store / JOURNAL_FILE, "a") as fh:
+        fh.write(canonical(forged[0]) + "\n")
+    code, _, err = cli("budget", store)
+    assert_refused(code, err, "line 6", f"entry {first} goes from complete to failed", "statuses only move forward")
+
+
+@pytest.mark.parametrize("how", ["missing", "empty"])
+def test_deleted_journal_is_refused_and_restarted_from_the_ledger(spent, how):
+    store, before = spent
+    os.remove(store / JOURNAL_FILE)
+    if how == "empty":
+        (store / JOURNAL_FILE).write_text("")
+    code, _, err = cli("budget", store)
+    assert_refused(code, err, f"{store / JOURNAL_FILE}: {how} (the ledger {BUDGET_FILE} was written at its line 5)",
+                   "--restore")
+    code, out, err = cli("budget", store, "--restore")
+    assert code == 0 and f"started a new {JOURNAL_FILE} from {BUDGET_FILE} as it is (2 entries)" in out
+    s = same_spend(store, before)
+    assert [h["event"] for h in s["history"]] == ["journal restarted"] and "journal lost, restarted" in out
+    assert [r["op"] for r in read_journal(store / JOURNAL_FILE).records] == ["adopt"]
+
+
+def test_journal_and_ledger_deleted_the_lock_file_remembers(spent):
+    store, _ = spent
+    os.remove(store / BUDGET_FILE)
+    os.remove(store / JOURNAL_FILE)
+    code, _, err = cli("budget", store)
+    assert_refused(code, err, f"{store / BUDGET_FILE}: missing, and so is {JOURNAL_FILE}, but {LOCK_FILE} shows",
+                   "privacy.json", "--restore")
+    with pytest.raises(StoreError, match="so is"):
+        StoreBudget(store).reserve(_ledger())
+    code, out, err = cli("budget", store, "--restore")
+    assert code == 0, err
+    assert "started an empty" in out and "ledger and journal lost, restarted empty" in out
+    s = StoreBudget(store).show()
+    assert s["budget"] is None and s["entries"] == [] and [h["event"] for h in s["history"]] == ["ledger lost"]
+    # all three deleted: nothing local can tell (documented); a fresh store
+    for name in (BUDGET_FILE, JOURNAL_FILE, LOCK_FILE):
+        os.remove(store / name)
+    assert cli("budget", store)[0] == 0
+
+
+def test_a_ledger_from_before_the_journal_is_adopted(store):
+    legacy = {"format": "streamdp-privacy-budget", "format_version": 1,
+              "budget": {"epsilon": 2.0, "delta": 1e-6, "set": "2024-01-01T00:00:00+00:00"},
+              "entries": [{"id": "0123456789ab", "status": "complete", "created": "2024-01-01T00:00:00+00:00",
+                           "finished": "2024-01-01T00:01:00+00:00", "method": "als",
+                           "guarantee": GUARANTEE_USER_DP, "epsilon": 1.0, "delta": 1e-6,
+                           "events": _ledger(1.0).events, "model": None, "over_budget": False, "reason": None}]}
+    (store / BUDGET_FILE).write_text(json.dumps(legacy))
+    (store / LOCK_FILE).write_text("")  # an older streamdp's lock file: empty
+    b = StoreBudget(store)
+    assert b.show()["entries"] == legacy["entries"] and not (store / JOURNAL_FILE).exists()  # read as it is
+    b.complete(b.reserve(_ledger(0.5)))
+    recs = read_journal(store / JOURNAL_FILE).records
+    assert [r["op"] for r in recs] == ["adopt", "reserve", "update"]
+    s = b.show()
+    assert [e["id"] for e in s["entries"]][0] == "0123456789ab" and s["entries"][0] == legacy["entries"][0]
+    (h,) = s["history"]
+    assert h["event"] == "journal started" and h["n_entries"] == 1
+    edit(store, lambda d: d["entries"].pop(0))  # from now on, edits are seen
+    with pytest.raises(StoreError, match="0123456789ab \\(complete\\) is missing from the ledger"):
+        b.show()
+
+
+def test_a_crash_between_journal_and_ledger_rolls_forward(spent):
+    """kill -9 after the journal append, before the ledger replace: the journaled change is not lost."""
+    store, _ = spent
+    behind = (store / BUDGET_FILE).read_text()
+    b = StoreBudget(store)
+    entry = b.reserve(_ledger(0.3, "third"))
+    (store / BUDGET_FILE).write_text(behind)  # the ledger as it was before the reservation's replace
+    assert [e["method"] for e in b.show()["entries"]] == ["first", "second", "third"]  # counted
+    b.complete(entry)  # the next change writes it all
+    d = json.loads((store / BUDGET_FILE).read_text())
+    assert d["journal"]["lines"] == 7 and _entry(d, "third")["status"] == "complete"
+
+
+def test_a_torn_last_journal_line_was_never_recorded(spent):
+    store, before = spent
+    size = (store / JOURNAL_FILE).stat().st_size
+    with open(store / JOURNAL_FILE, "a") as fh:
+        fh.write('{"seq": 6, "op": "update", "id": "x", "se')  # killed inside the append
+    same_spend(store, before)
+    b = StoreBudget(store)
+    b.complete(b.reserve(_ledger(0.3, "third")))  # cut off, then appended after line 5
+    j = read_journal(store / JOURNAL_FILE)
+    assert len(j.records) == 7 and j.size == j.file_size > size
+
+
+def test_a_failed_ledger_write_takes_the_journal_line_back(spent, monkeypatch):
+    """A full disk while the ledger is replaced: the journal is cut back, nothing is recorded, the error names
+    the ledger."""
+    import streamdp.privacy.budget as budget_mod
+
+    store, before = spent
+    journal = (store / JOURNAL_FILE).read_bytes()
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(budget_mod, "atomic_write_json", full)
+    with pytest.raises(OSError) as exc:
+        StoreBudget(store).reserve(_ledger(0.3))
+    assert exc.value.filename == str(store / BUDGET_FILE)
+    monkeypatch.undo()
+    assert (store / JOURNAL_FILE).read_bytes() == journal
+    same_spend(store, before)
+
+
+def test_concurrent_reservations_keep_one_chain(store):
+    b = StoreBudget(store)
+    b.set(1.3, 1e-6)
+    ts = [threading.Thread(target=lambda: _try_reserve(store)) for _ in range(6)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    j = read_journal(store / JOURNAL_FILE)
+    s = b.show()
+    assert len(j.records) == 1 + len(s["entries"]) and 2 <= len(s["entries"]) < 6
+    assert state_text(json.loads((store / BUDGET_FILE).read_text())) == state_text(j.state)
+    assert j.records[0]["hash"] != GENESIS
+
+
+def _try_reserve(store):
+    from streamdp.errors import BudgetExceededError
+
+    try:
+        StoreBudget(store).reserve(_ledger(0.5))
+    except BudgetExceededError:
+        pass
+
+
+# -- 4. replaced stores --------------------------------------------------------------------------------------
+
+
+def test_ingest_force_carries_the_journal(tmp_path):
+    data = tmp_path / "r.data"
+    data.write_text("1\t10\t4\n2\t10\t3\n2\t11\t5\n3\t11\t4\n")
+    s = tmp_path / "s.zarr"
+    assert cli("ingest", data, "--out", s, "--budget", "2,1e-2")[0] == 0
+    b = StoreBudget(s)
+    b.complete(b.reserve(_ledger(1.0)))
+    old_lines = _journal_lines(s)
+    code, _, err = cli("ingest", data, "--out", s, "--force")
+    assert code == 0, err
+    new_lines = _journal_lines(s)
+    assert new_lines[:len(old_lines)] == old_lines and len(new_lines) == len(old_lines) + 1
+    assert json.loads(new_lines[-1])["op"] == "history"
+    assert (s / LOCK_FILE).read_text().startswith("streamdp privacy budget journal started")
+    os.remove(s / BUDGET_FILE)  # the replaced store remembers its releases too
+    code, _, err = cli("budget", s)
+    assert_refused(code, err, "missing (the store had a budget ledger: 1 entries")
+    # a store whose ledger is refused is not replaced (its spend would be lost)
+    checksum = json.loads((s / "zarr.json").read_text())["attributes"]["streamdp"]["checksum"]
+    code, _, err = cli("ingest", data, "--out", s, "--force")
+    assert_refused(code, err, "missing")
+    assert json.loads((s / "zarr.json").read_text())["attributes"]["streamdp"]["checksum"] == checksum
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".")) == []
+
+
+def test_ingest_force_over_a_store_from_before_the_journal(tmp_path):
+    data = tmp_path / "r.data"
+    data.write_text("1\t10\t4\n2\t10\t3\n2\t11\t5\n3\t11\t4\n")
+    s = tmp_path / "s.zarr"
+    assert cli("ingest", data, "--out", s, "--budget", "2,1e-2")[0] == 0
+    d = json.loads((s / BUDGET_FILE).read_text())
+    d.pop("journal")
+    d.pop("history")
+    (s / BUDGET_FILE).write_text(json.dumps(d))  # what an older streamdp wrote: no journal, empty lock file
+    os.remove(s / JOURNAL_FILE)
+    (s / LOCK_FILE).write_text("")
+    assert cli("ingest", data, "--out", s, "--force")[0] == 0
+    assert [r["op"] for r in read_journal(s / JOURNAL_FILE).records] == ["adopt", "history"]
+    assert [h["event"] for h in StoreBudget(s).show()["history"]] == ["journal started", "data replaced"]
+    shutil.rmtree(s)
