@@ -481,7 +481,7 @@ class StoreBudget:
                 raise ParameterError(f"budget entry {entry_id} is already {e['status']}")
             return {"status": status, "finished": _now(), "reason": reason}
 
-        self._update(entry_id, "complete" if status == "complete" else "fail", change)
+        self._update(entry_id, {"complete": "complete", "stale": "spent"}.get(status, "fail"), change)
 
     def writing(self, entry_id: str) -> None:
         """Record that the release's model write starts now (stage ``writing``; see "Stale reservations")."""

@@ -52,10 +52,10 @@ GENESIS = "0" * 64
 STATUSES = ("reserved", "complete", "failed", "stale")
 STAGES = ("training", "writing")
 #: Status changes an ``update`` may make, and by what (``None``: by any).
-_FORWARD = {("reserved", "complete"): None, ("reserved", "failed"): None, ("reserved", "stale"): "settle",
-            ("stale", "complete"): "settle", ("stale", "failed"): "settle"}
+_FORWARD = {("reserved", "complete"): None, ("reserved", "failed"): None, ("reserved", "stale"): ("settle", "spent"),
+            ("stale", "complete"): ("settle",), ("stale", "failed"): ("settle",)}
 _UPDATE_FIELDS = {"status", "stage", "finished", "reason"}
-_UPDATE_BY = ("writing", "complete", "fail", "settle")
+_UPDATE_BY = ("writing", "complete", "fail", "settle", "spent")
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
@@ -238,7 +238,7 @@ def _update(state: dict, r: dict) -> None:
     old, new = e["status"], change.get("status", e["status"])
     if new != old:
         allowed = _FORWARD.get((old, new), False)
-        if allowed is False or (allowed is not None and allowed != by):
+        if allowed is False or (allowed is not None and by not in allowed):
             raise LedgerInvalid(f"entry {eid} goes from {old} to {new} (by {by}): statuses only move forward")
     elif "stage" not in change:
         raise LedgerInvalid(f"an update of entry {eid} that changes neither its status nor its stage")

@@ -28,6 +28,7 @@ from streamdp.errors import StoreError
 from streamdp.privacy import GUARANTEE_USER_DP, Ledger, calibrate_gaussian, gaussian_event
 from streamdp.privacy.budget import BUDGET_FILE, JOURNAL_FILE, LOCK_FILE, StoreBudget
 from streamdp.privacy.journal import GENESIS, canonical, make_lines, read_journal, state_text
+from tests.privacy import test_ledger_budget as ledger_tests
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,12 +40,7 @@ def _ledger(eps=0.5, method="demo"):
     return Ledger(method=method, guarantee=GUARANTEE_USER_DP, epsilon=eps, delta=1e-6, events=[gaussian_event(_z(eps))])
 
 
-@pytest.fixture
-def store(tmp_path):
-    p = tmp_path / "s.zarr"
-    p.mkdir()
-    (p / "zarr.json").write_text('{"attributes": {"streamdp": {"checksum": "blake2b:abc"}}}')
-    return p
+store = ledger_tests.store  # the fixture: a bare store directory (zarr.json only)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ import pytest
 
 from streamdp.model import load_model
 from streamdp.privacy.budget import StoreBudget
+from tests import test_cli_interrupt as interrupt_tests
 from tests.privacy.test_budget_settle import run_dirs, training, wait_for
 
 HOOKS = textwrap.dedent("""
@@ -71,18 +72,8 @@ HOOKS = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def store(tmp_path):
-    from streamdp.storage.generate import generate_store
-
-    p = tmp_path / "s.zarr"
-    generate_store(str(p), n_users=1500, n_items=60, ratings_per_user=8, rank=3, seed=3, test_fraction=0.2,
-                   show_progress=False)
-    return p
-
-
-def hidden(d):
-    return sorted(n for n in os.listdir(d) if n.startswith("."))
+store = interrupt_tests.store  # the fixture: a small store with a test split
+hidden = interrupt_tests.hidden
 
 
 def marks(path):

@@ -15,33 +15,17 @@ import shutil
 import numpy as np
 import pytest
 import zarr
-from click.testing import CliRunner
 from numcodecs import blosc
 
 from streamdp import open_store
-from streamdp.cli import main
 from streamdp.errors import StoreError
 from streamdp.storage.generate import generate_store
 
+from tests.storage.test_damage import assert_one_line_error, run_cli
+from tests.storage.test_damage import budget_entries as entries
+
 GEN = dict(n_users=3000, n_items=200, ratings_per_user=20, rank=3, test_fraction=0.2, block_users=700,
            show_progress=False)
-
-
-def run_cli(*args):
-    r = CliRunner().invoke(main, [str(a) for a in args])
-    return r.exit_code, r.stdout, r.stderr
-
-
-def assert_one_line_error(code, err, *words):
-    assert code == 2, err
-    assert err.startswith("streamdp: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for w in words:
-        assert w in err, (w, err)
-
-
-def entries(store) -> list:
-    p = os.path.join(store, "privacy_budget.json")
-    return json.load(open(p))["entries"] if os.path.exists(p) else []
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +36,8 @@ def pristine(tmp_path_factory):
     code, _, err = run_cli("train", s.path, "--epsilon", "1", "--out", d / "model", "--seed", "0")
     assert code == 0, err
     shutil.rmtree(d / "s.zarr.state", ignore_errors=True)
-    os.remove(os.path.join(s.path, "privacy_budget.json"))
+    for name in ("privacy_budget.json", "privacy_budget.journal", "privacy_budget.lock"):
+        os.remove(os.path.join(s.path, name))  # each copy starts without a ledger (and without its witnesses)
     return s.path, str(d / "model")
 
 
