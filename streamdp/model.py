@@ -264,15 +264,15 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         # thread of its own, and a write cut off here could go on into a removed temp directory
         with deferred_interrupts():
             g = zarr.open_group(os.path.join(tmp, "factors.zarr"), mode="w")
-            g.create_array("item_factors", data=V, chunks=(min(max(n, 1), 1 << 16), V.shape[1]))
-            g.create_array("item_bias", data=bias)
+            _put(g, "item_factors", V, chunks=(min(max(n, 1), 1 << 16), V.shape[1]))
+            _put(g, "item_bias", bias)
             if ids.dtype.kind not in "iu":
                 arr = g.create_array("item_ids", shape=ids.shape, dtype=str)
                 arr[:] = np.array([str(x) for x in ids.tolist()], dtype=object)
             else:
-                g.create_array("item_ids", data=ids.astype(np.int64))
+                _put(g, "item_ids", ids.astype(np.int64))
             for name, arr in extras.items():
-                g.create_array(name, data=np.asarray(arr))
+                _put(g, name, np.asarray(arr))
             g.attrs["global_mean"] = float(global_mean)
             with open(os.path.join(tmp, "model.json"), "w") as f:
                 json.dump(encode_json(info), f, indent=2)
@@ -283,6 +283,12 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _put(group, name: str, a: np.ndarray, chunks="auto") -> None:
+    """Write ``a`` as array ``name`` of ``group`` (``create_array(data=...)`` exists only since zarr 3.1; the
+    lower bound is 3.0.8)."""
+    group.create_array(name, shape=a.shape, dtype=a.dtype, chunks=chunks)[...] = a
 
 
 def _check_arrays(path: str, arrays: dict, global_mean: float, info: dict) -> None:
