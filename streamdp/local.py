@@ -42,6 +42,7 @@ import numpy as np
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.linalg import predict_rows, residuals, solve_users_huber
+from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 
 #: A model's local computation (``model.json`` key ``local``; absent = ``ridge``).
 LOCAL_KINDS = ("ridge", "frank_wolfe", "projection", "xin_jaakkola_eq4")
@@ -264,11 +265,10 @@ def read_user_ratings(path: str, item_ids, rating_range: tuple[float, float] | N
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")
     ids = np.asarray(item_ids)
-    numeric = ids.dtype.kind in "iu"
-    index = {(int(x) if numeric else str(x)): i for i, x in enumerate(ids.tolist())}
-    items, ratings, unknown, seen = [], [], [], {}
-    with open(path, newline="") as f:
-        for lineno, line in enumerate(f, 1):
+    is_num = numeric(ids)
+    keys, raw, lines, ratings, unknown = [], [], [], [], []
+    with open(path, newline="", encoding="utf-8-sig") as f:  # ids are text: UTF-8 whatever the locale
+        for lineno, line in enumerate(utf8_lines(f, path), 1):
             text = line.strip()
             if not text or text.startswith("#"):
                 continue
@@ -280,7 +280,7 @@ def read_user_ratings(path: str, item_ids, rating_range: tuple[float, float] | N
             try:
                 r = float(parts[1])
             except ValueError:
-                if lineno == 1 or not items:
+                if lineno == 1 or not keys:
                     continue  # header
                 raise InputError(f"{path}:{lineno}: rating {parts[1]!r} is not a number") from None
             if not np.isfinite(r):
@@ -288,22 +288,27 @@ def read_user_ratings(path: str, item_ids, rating_range: tuple[float, float] | N
             if not lo <= r <= hi:
                 raise InputError(f"{path}:{lineno}: rating {parts[1]} is outside the model's rating range "
                                  f"[{lo:g}, {hi:g}]")
-            key = parts[0]
-            if numeric:
-                try:
-                    key = int(key)
-                except ValueError:
-                    raise InputError(f"{path}:{lineno}: item id {parts[0]!r} is not an integer (the model's item "
-                                     f"ids are integers)") from None
-            j = index.get(key)
-            if j is None:
-                unknown.append(parts[0])
-                continue
-            if j in seen:
-                raise InputError(f"{path}:{lineno}: item {parts[0]} rated twice (first on line {seen[j]})")
-            seen[j] = lineno
-            items.append(j)
+            try:
+                keys.append(parse_id(parts[0], is_num))
+            except ValueError:
+                raise InputError(f"{path}:{lineno}: item id {parts[0]!r} is not an integer (the model's item "
+                                 f"ids are integers)") from None
+            raw.append(parts[0])
+            lines.append(lineno)
             ratings.append(r)
+    pos = find(ids, keys).tolist()
+    items, kept, seen = [], [], {}
+    for text, j, lineno, r in zip(raw, pos, lines, ratings):
+        if j < 0:
+            unknown.append(text)
+            continue
+        if j in seen:
+            raise InputError(f"{path}:{lineno}: item {text} rated twice (first on line {seen[j]})")
+        seen[j] = lineno
+        items.append(j)
+        kept.append(r)
+    ratings = kept
     if not items:
         raise InputError(f"{path}: no ratings of items the model knows")
     return np.asarray(items, np.int32), np.asarray(ratings, np.float32), unknown
+

@@ -40,6 +40,7 @@ from streamdp.errors import InputError
 from streamdp.manifest import check_release
 from streamdp.outputs import check_destination, deferred_interrupts, install_dir, owned_temp_dir
 from streamdp.privacy.ledger import encode_json
+from streamdp.storage.ids import as_ids, find, numeric, parse_id
 
 MODEL_FORMAT = "streamdp-model"
 MODEL_FORMAT_VERSION = 1
@@ -82,20 +83,20 @@ class Model:
         else:
             pairs = user_ratings
         ids = np.asarray(self.item_ids)
-        numeric = ids.dtype.kind in "iu"
-        index = {x: i for i, x in enumerate(ids.tolist() if numeric else [str(x) for x in ids.tolist()])}
-        items, ratings, unknown = [], [], []
+        is_num = numeric(ids)
+        keys, given, values, unknown = [], [], [], []
         for item, r in pairs:
             try:
-                key = int(item) if numeric else str(item)
-            except (TypeError, ValueError):
-                key = None
-            j = index.get(key)
-            if j is None:
+                keys.append(parse_id(item, is_num))
+            except (TypeError, ValueError, OverflowError):
                 unknown.append(item)
                 continue
-            items.append(j)
-            ratings.append(float(r))
+            given.append(item)
+            values.append(r)
+        pos = find(ids, keys)
+        unknown += [g for g, j in zip(given, pos.tolist()) if j < 0]
+        items = [j for j in pos.tolist() if j >= 0]
+        ratings = [float(r) for r, j in zip(values, pos.tolist()) if j >= 0]
         if not items:
             raise InputError("user_ratings: none of the rated items is known to the model")
         return np.asarray(items, np.int32), np.asarray(ratings, np.float32), unknown
@@ -121,11 +122,14 @@ class Model:
         if items is None:
             return scores
         ids = np.asarray(self.item_ids)
-        want = np.asarray(list(items), dtype=ids.dtype)
-        srt = np.argsort(ids, kind="stable")
-        j = srt[np.minimum(np.searchsorted(ids[srt], want), len(ids) - 1)]
-        if not np.array_equal(ids[j], want):
-            raise InputError(f"items: {want[ids[j] != want][0]!r} is not an item of the model")
+        want = list(items)
+        try:
+            keys = [parse_id(x, numeric(ids)) for x in want]
+        except (TypeError, ValueError, OverflowError):
+            keys = None
+        j = find(ids, keys) if keys is not None else np.full(len(want), -1)
+        if (j < 0).any():
+            raise InputError(f"items: {want[int(np.flatnonzero(j < 0)[0])]!r} is not an item of the model")
         return scores[j]
 
     def recommend(self, user_ratings, n: int = 10, *, ridge: float | None = None) -> list:
@@ -165,11 +169,9 @@ class Model:
 
         Raises :class:`InputError` when an id is not one of the model's items.
         """
-        ids = np.asarray(item_ids)
-        mine = np.asarray(self.item_ids)
-        srt = np.argsort(mine, kind="stable")
-        pos = srt[np.minimum(np.searchsorted(mine[srt], ids), len(mine) - 1)] if len(mine) else srt
-        if len(ids) != len(mine) or not np.array_equal(mine[pos], ids):
+        ids, mine = as_ids(item_ids), as_ids(self.item_ids)
+        pos = find(mine, ids) if ids.dtype == mine.dtype else np.full(len(ids), -1)
+        if len(ids) != len(mine) or (pos < 0).any():
             raise InputError(f"{self.path}: the store's items are not the model's items")
         return Model(path=self.path, item_factors=self.item_factors[pos], item_bias=self.item_bias[pos],
                      item_ids=ids, global_mean=self.global_mean, info=self.info, ledger=self.ledger,
@@ -262,15 +264,15 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         # thread of its own, and a write cut off here could go on into a removed temp directory
         with deferred_interrupts():
             g = zarr.open_group(os.path.join(tmp, "factors.zarr"), mode="w")
-            g.create_array("item_factors", data=V, chunks=(min(max(n, 1), 1 << 16), V.shape[1]))
-            g.create_array("item_bias", data=bias)
+            _put(g, "item_factors", V, chunks=(min(max(n, 1), 1 << 16), V.shape[1]))
+            _put(g, "item_bias", bias)
             if ids.dtype.kind not in "iu":
                 arr = g.create_array("item_ids", shape=ids.shape, dtype=str)
                 arr[:] = np.array([str(x) for x in ids.tolist()], dtype=object)
             else:
-                g.create_array("item_ids", data=ids.astype(np.int64))
+                _put(g, "item_ids", ids.astype(np.int64))
             for name, arr in extras.items():
-                g.create_array(name, data=np.asarray(arr))
+                _put(g, name, np.asarray(arr))
             g.attrs["global_mean"] = float(global_mean)
             with open(os.path.join(tmp, "model.json"), "w") as f:
                 json.dump(encode_json(info), f, indent=2)
@@ -281,6 +283,12 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _put(group, name: str, a: np.ndarray, chunks="auto") -> None:
+    """Write ``a`` as array ``name`` of ``group`` (``create_array(data=...)`` exists only since zarr 3.1; the
+    lower bound is 3.0.8)."""
+    group.create_array(name, shape=a.shape, dtype=a.dtype, chunks=chunks)[...] = a
 
 
 def _check_arrays(path: str, arrays: dict, global_mean: float, info: dict) -> None:
@@ -334,11 +342,11 @@ def load_model(path: str) -> Model:
             raise InputError(f"{path}/factors.zarr: no array {name!r}")
     ledger = Ledger.read(path)
     _check_arrays(path, arrays, global_mean, info)
-    ids = arrays["item_ids"]
+    ids = as_ids(arrays.pop("item_ids"))
     if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
         raise InputError(f"{path}/factors.zarr: item ids are not unique and ascending (a model written by an older "
                          f"streamdp, whose item order leaks the store's popularity ranking: retrain it)")
     return Model(path=path, item_factors=np.asarray(arrays.pop("item_factors"), np.float32),
-                 item_bias=np.asarray(arrays.pop("item_bias"), np.float32), item_ids=arrays.pop("item_ids"),
+                 item_bias=np.asarray(arrays.pop("item_bias"), np.float32), item_ids=ids,
                  global_mean=global_mean, info=info, ledger=ledger, extras=arrays)
 

@@ -162,10 +162,10 @@ Passes run on local threads only (``--scheduler`` is refused).
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import math
 import os
-import re
 
 import numpy as np
 
@@ -173,6 +173,7 @@ from streamdp.errors import InputError, ParameterError
 from streamdp.methods import register
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.storage.ids import as_ids, parse_id, utf8_lines
 from streamdp.stream.engine import add_into as _add
 
 #: Key of this method's random streams.
@@ -214,7 +215,7 @@ class PublicPrivate(Method):
     SUMMARY = ("public and private users (Xin & Jaakkola 2014): EM on public users only, private users predict "
                "locally (eq. 4); optional PMD/PMC (not DP) or Laplace (DP) responses from private users")
     OPTIONS = (
-        Option("public_users", str, "file of public users' original ids (one per line or the first CSV field)",
+        Option("public_users", str, "file of public users' original ids, UTF-8 (one per line, or the first CSV field)",
                metavar="FILE"),
         Option("public_fraction", float, "fraction of all users that are public: a random one (each user by her id's "
                "key), or with --public-users the most active/random of the file's users", **_POS, maximum=1),
@@ -763,7 +764,11 @@ def user_keys(ids, seed: int) -> np.ndarray:
 
 
 def read_user_ids(path: str, numeric: bool) -> tuple[list, list]:
-    """The ids of a public-users file and their line numbers (one per line, or the first field of a CSV line).
+    """The ids of a public-users file and their line numbers (UTF-8; see :mod:`streamdp.storage.ids`).
+
+    One id per line (the whole line for string ids, so ``a b`` is one id; the first word
+    for integer ids), or the first field of a comma- or tab-separated line, CSV-quoted
+    (``"x,y"`` is one id). String ids are taken as written: ``007`` is not ``7``.
 
     Blank lines and ``#`` comments are skipped, and a first line that is not an id
     (a header) when ids are integers. Errors name ``FILE:LINE``.
@@ -771,18 +776,20 @@ def read_user_ids(path: str, numeric: bool) -> tuple[list, list]:
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file (--public-users)")
     ids, lines, first = [], [], {}
-    with open(path, newline="") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, newline="", encoding="utf-8-sig") as f:  # ids are text: UTF-8 whatever the locale
+        for lineno, line in enumerate(utf8_lines(f, path), 1):
             text = line.strip()
             if not text or text.startswith("#"):
                 continue
-            raw = re.split(r"[,\t ]", text, maxsplit=1)[0].strip()
-            key = raw.strip('"')
+            if "," in text or "\t" in text or text.startswith('"'):  # the first field, CSV-quoted ("a,b" is one id)
+                raw = key = next(csv.reader([text], delimiter="\t" if "\t" in text and "," not in text else ","))[0].strip()
+            else:  # the whole line: a string id may hold spaces; an integer id is the first word
+                raw = key = text.split()[0] if numeric else text
             if not key:
                 raise InputError(f"{path}:{lineno}: no user id on the line")
             if numeric:
                 try:
-                    key = int(key)
+                    key = parse_id(key, True)
                 except ValueError:
                     if not ids and lineno == _first_content_line(path):
                         continue  # a header
@@ -800,8 +807,8 @@ def read_user_ids(path: str, numeric: bool) -> tuple[list, list]:
 
 
 def _first_content_line(path: str) -> int:
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(utf8_lines(f, path), 1):
             t = line.strip()
             if t and not t.startswith("#"):
                 return lineno
@@ -816,7 +823,7 @@ def public_candidates(store, path: str) -> dict:
     """
     numeric = store.user_ids(0, min(1, store.n_users)).dtype.kind in "iu"
     ids, lines = read_user_ids(path, numeric)
-    fid = np.asarray(ids)
+    fid = as_ids(ids)  # never a NumPy string dtype: see streamdp.storage.ids
     order = np.argsort(fid, kind="stable")
     sid = fid[order]
     dense = np.full(len(fid), -1, np.int64)

@@ -210,25 +210,36 @@ def _trim_groups(ip, it, rt, tau, G, rng_of):
     return np.concatenate(ips), np.concatenate(its), np.concatenate(rts)
 
 
-def read_user_weights(path: str):
+def read_user_weights(path: str, numeric: bool | None = None):
     """Read ``--user-weights FILE``: CSV with header ``user,weight`` or ``user,epsilon``.
 
-    Returns ``(kind, ids, values)`` with ``ids`` sorted (original user ids, int64 when
-    they all parse as integers, else str). Weights must be ``>= 0``, epsilons ``> 0``.
+    Returns ``(kind, ids, values)`` with ``ids`` sorted: original user ids in the kind
+    of the store's (``numeric``: int64, else ``str`` taken as written, so ``007`` and
+    ``7`` stay two users; ``None``: int64 when they all parse as integers), as
+    :func:`streamdp.storage.ids.as_ids`. Weights must be ``>= 0``, epsilons ``> 0``.
     """
+    import csv
+
+    from streamdp.storage.ids import as_ids, parse_id, utf8_lines
+
+    def fields(line):
+        return [p.strip() for p in next(csv.reader([line], delimiter="\t" if "\t" in line and "," not in line
+                                                   else ","))]
+
     try:
-        with open(path) as f:
-            header = f.readline().strip()
-            cols = [c.strip().lower() for c in header.replace("\t", ",").split(",")]
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            lines = utf8_lines(f, path)
+            header = next(lines, "").strip()
+            cols = [c.lower() for c in fields(header)] if header else []
             if len(cols) != 2 or cols[1] not in ("weight", "epsilon"):
                 raise InputError(f"{path}:1: expected a header 'user,weight' or 'user,epsilon', got {header!r}")
             kind = cols[1]
             ids, vals = [], []
-            for ln, line in enumerate(f, start=2):
+            for ln, line in enumerate(lines, start=2):
                 line = line.strip()
                 if not line:
                     continue
-                parts = [p.strip() for p in line.replace("\t", ",").split(",")]
+                parts = fields(line)
                 if len(parts) != 2:
                     raise InputError(f"{path}:{ln}: expected 'user,{kind}', got {line!r}")
                 try:
@@ -238,14 +249,22 @@ def read_user_weights(path: str):
                 if not math.isfinite(v) or v < 0 or (kind == "epsilon" and v == 0):
                     raise InputError(f"{path}:{ln}: {kind} must be {'> 0' if kind == 'epsilon' else '>= 0'}, "
                                      f"got {parts[1]}")
+                if numeric:
+                    try:
+                        parts[0] = parse_id(parts[0], True)
+                    except ValueError:
+                        raise InputError(f"{path}:{ln}: user id {parts[0]!r} is not an integer (the store's user "
+                                         f"ids are integers)") from None
                 ids.append(parts[0])
                 vals.append(v)
     except OSError as exc:
         raise InputError(f"{path}: cannot read user weights ({exc.strerror})") from None
-    try:
-        arr = np.array([int(x) for x in ids], dtype=np.int64)
-    except ValueError:
-        arr = np.array(ids, dtype=str)
+    if numeric is None:
+        try:
+            ids = [int(x) for x in ids]
+        except ValueError:
+            pass
+    arr = as_ids(ids) if ids else np.empty(0, np.int64 if numeric is not False else object)
     order = np.argsort(arr, kind="stable")
     arr, vals = arr[order], np.asarray(vals, np.float64)[order]
     if len(arr) > 1 and np.any(arr[1:] == arr[:-1]):
@@ -367,7 +386,9 @@ class _SgdBase(Method):
         path = s.get("user_weights")
         if path is None:
             return None
-        return read_user_weights(str(path))
+        from streamdp.storage.ids import numeric
+
+        return read_user_weights(str(path), numeric=numeric(store.user_ids(0, min(1, store.n_users))))
 
     def _block_weights(self, store, b, counts, s, lookup):
         """Per-user weights (float32) of block ``b`` from trimmed counts ``m``; and per-user epsilons."""
@@ -382,17 +403,10 @@ class _SgdBase(Method):
         if lookup is not None:
             kind, ids, vals = lookup
             first, end = store.block_range(b)
-            uid = np.asarray(store.user_ids(first, end))
-            if ids.dtype.kind in "iu" and uid.dtype.kind not in "iu":
-                uid_cmp = uid.astype(str)
-                ids_cmp = ids.astype(str)
-                order = np.argsort(ids_cmp)
-                ids_cmp, vals_l = ids_cmp[order], vals[order]
-            else:
-                uid_cmp, ids_cmp, vals_l = (uid.astype(ids.dtype) if ids.dtype.kind == "U" else uid), ids, vals
+            uid_cmp, ids_cmp, vals_l = store.user_ids(first, end), ids, vals  # one kind (read_user_weights)
             pos = np.searchsorted(ids_cmp, uid_cmp)
             pos_c = np.minimum(pos, max(len(ids_cmp) - 1, 0))
-            hit = (len(ids_cmp) > 0) & (ids_cmp[pos_c] == uid_cmp) if len(ids_cmp) else np.zeros(len(uid), bool)
+            hit = (len(ids_cmp) > 0) & (ids_cmp[pos_c] == uid_cmp) if len(ids_cmp) else np.zeros(len(uid_cmp), bool)
             if kind == "epsilon":
                 # Thm 2: eps_i = eps B_i / (2B)  =>  B_i / B = min(1, 2 eps_i / eps)
                 eps_t = s["epsilon_exact_sample"] if self.private else math.inf

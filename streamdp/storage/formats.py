@@ -227,6 +227,34 @@ def _is_int(s: str) -> bool:
     return _parses(int, s)
 
 
+#: An integer id as written canonically (surrounding blanks aside): ``0`` or no leading zero, no ``+``. Ids
+#: are integers only when every id is one, so that reading them back as text gives the ids as written:
+#: ``007`` and ``7`` (or ``-0`` and ``0``) are two ids, not one integer.
+CANONICAL_INT = r"^\s*(0|-?[1-9][0-9]*)\s*$"
+
+
+def is_int_id(s: str) -> bool:
+    """Whether the id field ``s`` is an integer in canonical form (:data:`CANONICAL_INT`).
+
+    >>> [is_int_id(x) for x in ("7", " 42 ", "-3", "0", "007", "-0", "+7", "7.0", "")]
+    [True, True, True, True, False, False, False, False, False]
+    """
+    return re.match(CANONICAL_INT, s) is not None and _is_int(s)
+
+
+def id_column_as_int(arr: pa.Array, role: str) -> pa.Array:
+    """A column of id text as int64; ``_IdNotInteger(role)`` unless every id is a canonical integer that fits."""
+    if len(arr) == 0:
+        return pa.array([], pa.int64())
+    text = pc.utf8_trim_whitespace(arr)
+    if not pc.all(pc.match_substring_regex(text, CANONICAL_INT)).as_py():
+        raise _IdNotInteger(role)
+    try:
+        return pc.cast(text, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # beyond int64: text
+        raise _IdNotInteger(role) from None
+
+
 def _sep_from_option(sep: str) -> tuple[str, bytes | None]:
     if sep in ("ws", "whitespace", " +", r"\s+"):
         return FIELD_SEP, b""
@@ -364,8 +392,10 @@ def sniff_id_kinds(spec: Spec) -> tuple[bool, bool]:
         f = split_fields(ln, spec.sep, spec.rewrite)
         if len(f) != spec.n_fields:
             continue
-        ok_u &= _is_int(f[spec.cols["user"]])
-        ok_i &= _is_int(f[spec.cols["item"]])
+        unquote = (lambda x: x[1:-1] if len(x) >= 2 and x[0] == x[-1] == '"' else x) if spec.format == "csv" \
+            else (lambda x: x)
+        ok_u &= is_int_id(unquote(f[spec.cols["user"]]))
+        ok_i &= is_int_id(unquote(f[spec.cols["item"]]))
     return ok_u, ok_i
 
 
@@ -545,8 +575,9 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
     sel = {r: names[spec.cols[r]] for r in roles}
     want = {"user": pa.int64() if int_ids[0] else pa.string(), "item": pa.int64() if int_ids[1] else pa.string(),
             "rating": pa.float64(), "timestamp": pa.int64()}
-    # with skip, numbers are parsed after the fact so that one bad value drops one row
-    types = {sel[r]: pa.string() if skip else want[r] for r in roles}
+    # with skip, numbers are parsed after the fact so that one bad value drops one row; ids are always read
+    # as text and made integers by id_column_as_int (pyarrow's own int64 parsing takes 007 for 7)
+    types = {sel[r]: pa.string() if skip or r in ("user", "item") else want[r] for r in roles}
 
     def on_invalid(row):
         if skip:
@@ -591,11 +622,14 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
             if n == 0:
                 continue
             cols = {r: rb.column(sel[r]) for r in roles}
+            for k, r in enumerate(("user", "item")):
+                if int_ids[k]:
+                    cols[r] = id_column_as_int(cols[r], r)
             if skip:
                 bad_mask = np.zeros(n, bool)
                 out = {}
                 for r in roles:
-                    if want[r] == pa.string():
+                    if r in ("user", "item"):
                         out[r] = cols[r]
                         continue
                     out[r], m = _coerce(cols[r], want[r], r, True)
@@ -651,7 +685,10 @@ def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int) -> 
                 if want_int:
                     if not pa.types.is_integer(a.type):
                         raise _IdNotInteger(r)
-                    a = pc.cast(a, pa.int64())
+                    try:
+                        a = pc.cast(a, pa.int64())
+                    except pa.ArrowInvalid:  # uint64 beyond int64: text
+                        raise _IdNotInteger(r) from None
                 else:
                     a = pc.cast(a, pa.string())
             elif r == "rating":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from streamdp.storage.ids import numeric
 from streamdp.storage.store import open_store
 
 
@@ -31,6 +32,7 @@ def store_summary(path: str) -> dict:
         "mean_ratings_per_user": (i.n_ratings + i.n_test) / i.n_users,
         "top1pct_items_share": top_share,
         "items_never_rated": int((counts == 0).sum()),
+        "id_kinds": {"user": _id_kind(s.user_ids(0, min(1, i.n_users))), "item": _id_kind(s.item_ids())},
         "checksum": i.checksum,
         "created_by": a.get("created_by"),
         "created_at": a.get("created_at"),
@@ -38,6 +40,11 @@ def store_summary(path: str) -> dict:
         "sources": a.get("sources", []),
         "params": a.get("params", {}),
     }
+
+
+def _id_kind(ids) -> str:
+    """``integer`` or ``string``: how the store keeps the original ids (:mod:`streamdp.storage.ids`)."""
+    return "integer" if numeric(ids) else "string"
 
 
 def format_info(d: dict) -> str:
@@ -50,6 +57,7 @@ def format_info(d: dict) -> str:
         f"ratings (test)   {d['n_test']:,}",
         f"rating range     [{d['rating_min']:g}, {d['rating_max']:g}] ({d['rating_range_source']})",
         f"ratings/user     {d['mean_ratings_per_user']:.1f} (mean)",
+        f"ids              users: {d['id_kinds']['user']}, items: {d['id_kinds']['item']}",
         f"blocks           {d['n_blocks']:,} of {d['block_users']:,} users",
         f"top 1% of items  hold {100 * d['top1pct_items_share']:.1f}% of the ratings",
         f"checksum         {d['checksum']}",

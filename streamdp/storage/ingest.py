@@ -38,7 +38,11 @@ buffers stop shrinking, is refused rather than silently exceeded.
 
 Decisions where the issue is loose: users are numbered by sorted original id
 (integer order for integer ids, code-point order for strings); ids are integers
-when every id of the column parses as one, else strings; when only some input files
+when every id of the column is an integer written canonically (``7``, ``-3``, ``0``;
+not ``007``, ``+7`` or ``-0``: :data:`streamdp.storage.formats.CANONICAL_INT`), else
+strings kept exactly as written (no Unicode normalisation, no trimming: ``007`` and
+``7``, ``café`` precomposed and with a combining accent, are different ids; Parquet
+integer columns beyond int64 become strings); when only some input files
 have a timestamp column, timestamps are ignored and the last seen rating of a
 duplicated pair is kept; ``n_bad_lines_skipped`` counts lines dropped by
 ``--skip-bad-lines`` (wrong field count, unparsable or non-finite numbers, empty

@@ -21,6 +21,7 @@ import zarr
 
 from streamdp.errors import StoreError
 from streamdp.storage.chunks import FAST_CRC, ChunkReader, ZarrReader, chunk_crcs_digest, range_reader
+from streamdp.storage.ids import as_ids
 from streamdp.storage.schema import ATTRS_KEY, CSR_ARRAYS, FORMAT_NAME, FORMAT_VERSION, SPLITS
 from streamdp.storage.writer import block_digest
 
@@ -433,12 +434,12 @@ class RatingStore:
         return r.read(start, n if stop is None else stop)
 
     def user_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Original user ids of dense users ``start..stop``."""
-        return self._per_entity("user_ids", self.info.n_users, start, stop)
+        """Original user ids of dense users ``start..stop`` (``int64``, or ``object`` of ``str``: :mod:`.ids`)."""
+        return as_ids(self._per_entity("user_ids", self.info.n_users, start, stop))
 
     def item_ids(self) -> np.ndarray:
-        """Original item ids, indexed by the dense (popularity-ordered) item index."""
-        return self._per_entity("item_ids", self.info.n_items)
+        """Original item ids, indexed by the dense (popularity-ordered) item index (kinds as :meth:`user_ids`)."""
+        return as_ids(self._per_entity("item_ids", self.info.n_items))
 
     def item_counts(self) -> np.ndarray:
         """Ratings per item over train and test (the popularity order)."""
