@@ -21,7 +21,7 @@ from streamdp import open_store
 from streamdp.errors import StoreError
 from streamdp.storage.generate import generate_store
 
-from tests.storage.test_damage import assert_one_line_error, run_cli
+from tests.storage.test_damage import assert_one_line_error, run_cli, trained_store
 from tests.storage.test_damage import budget_entries as entries
 
 GEN = dict(n_users=3000, n_items=200, ratings_per_user=20, rank=3, test_fraction=0.2, block_users=700,
@@ -31,14 +31,7 @@ GEN = dict(n_users=3000, n_items=200, ratings_per_user=20, rank=3, test_fraction
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     """A store with a test split and a model trained on it (the store's ledger removed)."""
-    d = tmp_path_factory.mktemp("changes")
-    s = generate_store(str(d / "s.zarr"), seed=2, **GEN)
-    code, _, err = run_cli("train", s.path, "--epsilon", "1", "--out", d / "model", "--seed", "0")
-    assert code == 0, err
-    shutil.rmtree(d / "s.zarr.state", ignore_errors=True)
-    for name in ("privacy_budget.json", "privacy_budget.journal", "privacy_budget.lock"):
-        os.remove(os.path.join(s.path, name))  # each copy starts without a ledger (and without its witnesses)
-    return s.path, str(d / "model")
+    return trained_store(tmp_path_factory.mktemp("changes"), seed=2, **GEN)
 
 
 @pytest.fixture

@@ -46,9 +46,13 @@ def budget_entries(store) -> list:
 def pristine(tmp_path_factory):
     """A store with a test split, 5 blocks (one 256k-rating chunk of items/ratings each), and
     a model trained on it."""
-    d = tmp_path_factory.mktemp("damage")
-    s = generate_store(str(d / "s.zarr"), n_users=3000, n_items=200, ratings_per_user=20, rank=3, seed=2,
-                       test_fraction=0.2, block_users=700)
+    return trained_store(tmp_path_factory.mktemp("damage"), n_users=3000, n_items=200, ratings_per_user=20, rank=3,
+                         seed=2, test_fraction=0.2, block_users=700)
+
+
+def trained_store(d, **gen) -> tuple[str, str]:
+    """``(store, model)``: a store generated in ``d`` and a model trained on it, the store left without a ledger."""
+    s = generate_store(str(d / "s.zarr"), **gen)
     code, _, err = run_cli("train", s.path, "--epsilon", "1", "--out", d / "model", "--seed", "0")
     assert code == 0, err
     shutil.rmtree(d / "s.zarr.state", ignore_errors=True)
