@@ -214,9 +214,11 @@ def plot(result: dict, path: str) -> str | None:
             ax.axhline(inf[0]["rmse_mean"], color=c, linestyle=":", linewidth=1,
                        label=f"{m} non-private ({inf[0]['rmse_mean']:.3f})")
     b = result.get("baselines") or {}
-    if "item_mean" in b:
-        ax.axhline(b["item_mean"]["rmse"], color="black", linestyle="--", linewidth=1,
-                   label=f"item mean, non-private ({b['item_mean']['rmse']:.3f})")
+    for key, label, style in (("item_mean", "item mean", "--"), ("damped_item_mean", "damped item mean", "-."),
+                              ("user_item_bias", "user+item bias", (0, (1, 3)))):
+        if key in b:
+            ax.axhline(b[key]["rmse"], color="black", linestyle=style, linewidth=1,
+                       label=f"{label}, non-private ({b[key]['rmse']:.3f})")
     if finite:
         ax.set_xscale("log")
         ax.set_xticks(finite)
