@@ -178,6 +178,8 @@ class StoreBudget:
     def __init__(self, store_path: str | os.PathLike):
         self.store = Path(store_path)
         if not self.store.is_dir() or not (self.store / "zarr.json").exists():
+            if not os.path.lexists(self.store):
+                raise StoreError(f"{self.store}: does not exist")
             raise StoreError(f"{self.store}: not a rating store (no zarr.json)")
         self.path = self.store / BUDGET_FILE
         self.journal_path = self.store / JOURNAL_FILE

@@ -245,11 +245,12 @@ def test_store_removed_under_a_run_is_named(copy):
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["train", "verify", "info", "evaluate"])
+@pytest.mark.parametrize("command", ["train", "verify", "info", "evaluate", "budget"])
 def test_missing_store_does_not_exist(pristine, tmp_path, command):
     missing = tmp_path / "nowhere.zarr"
     args = {"train": ["train", missing, "--epsilon", "1", "--out", tmp_path / "m"], "verify": ["verify", missing],
-            "info": ["info", missing], "evaluate": ["evaluate", pristine[1], missing]}[command]
+            "info": ["info", missing], "evaluate": ["evaluate", pristine[1], missing],
+            "budget": ["budget", missing]}[command]
     code, out, err = run_cli(*args)
     assert_one_line_error(code, err, f"{missing}: does not exist")
     assert out == "" and not os.path.exists(tmp_path / "m")

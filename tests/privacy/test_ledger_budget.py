@@ -183,7 +183,7 @@ def test_budget_cli_set_show_json(store):
         r = CliRunner().invoke(main, ["budget", str(store), "--set", bad])
         assert r.exit_code == 2 and "streamdp: error:" in r.output
     r = CliRunner().invoke(main, ["budget", str(store.parent / "missing.zarr")])
-    assert r.exit_code == 2 and "not a rating store" in r.output
+    assert r.exit_code == 2 and "does not exist" in r.output
     assert (store / BUDGET_FILE).exists()
 
 
