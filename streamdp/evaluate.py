@@ -78,7 +78,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         match = m.info["store_checksum"] == st.checksum
     if match is False and not allow_other_store:
         raise StoreError(f"{st.path}: not the store the model {m.path} was trained on (its fingerprint differs: "
-                         f"other ratings, or the store was replaced since): its test split may hold ratings the model was trained on and give an "
+                         f"other ratings, or the store was replaced since): its test split may hold ratings the model "
+                         f"was trained on and give an "
                          f"optimistic RMSE; pass --allow-other-store to evaluate it anyway")
     m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
     ridge = model_ridge(m, ridge)
@@ -227,5 +228,6 @@ def format_evaluation(ev: dict) -> str:
         lines.append("verdict: " + format_verdict(ev["verdict"], ev["rmse"]))
     if ev.get("store_matches_model") is False:
         lines.append("store_matches_model: false (--allow-other-store): the store's fingerprint differs from that "
-                     "of the store the model was trained on; if it holds ratings the model was trained on, the RMSE is optimistic")
+                     "of the store the model was trained on; if it holds ratings the model was trained on, the RMSE "
+                     "is optimistic")
     return "\n".join(lines)

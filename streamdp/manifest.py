@@ -128,7 +128,8 @@ BOUNDS = {
     "projection_mu", "stats_weight", "private_users", "public_users", "public_users_count", "public_ratings",
     "rating_min", "rating_max", "rating_range_source", "releases", "contribution", "clip", "sketch_clip",
     "sketch_quantile", "sketch_share", "oversampling", "columns", "prune", "prune_bound", "power_iters",
-    "midpoint", "range", "pure_epsilon", "sensitivity", "epsilon_replace_one", "relation_covers", "centre", "sketch_clip_C",
+    "midpoint", "range", "pure_epsilon", "sensitivity", "epsilon_replace_one", "relation_covers", "centre",
+    "sketch_clip_C",
 }
 
 #: ``factors.zarr`` arrays and attributes.

@@ -237,7 +237,8 @@ OPTIONS_COMMON = (
     Option("select", ("auto", "off"), "auto: choose the release (factors or biases only, item biases or not, the "
            "local ridge) privately by one held-out training rating per user; off: release the default "
            "configuration, every training rating used", default="auto"),
-    Option("checkpoint", str, "run directory: per-iteration checkpoints; resumes if it holds one", metavar="DIR"),
+    Option("checkpoint", str, "run directory: per-iteration checkpoints (noisy iterates: counted as "
+           "released, never refunded; keep it private); resumes if it holds one", metavar="DIR"),
 )
 OPTIONS_IRLS = (
     Option("irls_iters", int, "IRLS reweighting steps of each user's Huber-loss solve", default=2, minimum=0),

@@ -327,7 +327,8 @@ class PrivateFrankWolfe(Method):
                default="pld"),
         Option("center", CENTERS, "private: centre on a private global mean and item biases (released first); "
                "midpoint: the public midpoint of the rating range", default="private"),
-        Option("checkpoint", str, "run directory: per-iteration checkpoints; resumes if it holds one", metavar="DIR"),
+        Option("checkpoint", str, "run directory: per-iteration checkpoints (noisy iterates: counted as "
+               "released, never refunded; keep it private); resumes if it holds one", metavar="DIR"),
     )
     guarantee = GUARANTEE_JOINT_DP
 

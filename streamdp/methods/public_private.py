@@ -241,7 +241,8 @@ class PublicPrivate(Method):
                default="user"),
         Option("rating_step", float, "PMD: spacing of the rating levels within the declared range", default=1.0,
                **_POS),
-        Option("checkpoint", str, "run directory: per-iteration checkpoints; resumes if it holds one", metavar="DIR"),
+        Option("checkpoint", str, "run directory: per-iteration checkpoints (noisy iterates: counted as "
+               "released, never refunded; keep it private); resumes if it holds one", metavar="DIR"),
     )
 
     def __init__(self, *, epsilon, delta, rank=None, seed=None, **options):

@@ -163,8 +163,8 @@ SGD_OPTIONS = (
     Option("tiering", bool, "process hot items first (measured no gain while V fits in cache)", default=False),
     Option("hot_items", int, "hot-tier size", default_text="half of L2", minimum=0),
     Option("step_users", int, "users per group", default=256, minimum=1),
-    Option("checkpoint", str, "run directory (U on disk, per-epoch checkpoints); resumes if it holds one",
-           metavar="DIR"),
+    Option("checkpoint", str, "run directory (U on disk, per-epoch checkpoints: counted as released, never "
+           "refunded; keep it private); resumes if it holds one", metavar="DIR"),
 )
 #: ``--method sgld``'s options: the same names where they mean the same, its own help where they do not.
 SGLD_OPTIONS = tuple(o for o in SGD_OPTIONS if o.name not in ("reg", "reg_bias", "tau", "step_users")) + (
