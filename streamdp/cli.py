@@ -303,8 +303,8 @@ class _TrainCommand(click.Command):
               "(non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
-@click.option("--rank", type=int, default=None, help="Number of factors k (default: the method's, 8 for most; als "
-              "derives it from public parameters; for fw the number T of Frank-Wolfe iterations, 20).")
+@click.option("--rank", type=int, default=None, help="Number of factors k (default: the method's, 8; for fw the number T of Frank-Wolfe "
+              "iterations, 30).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "

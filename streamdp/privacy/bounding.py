@@ -30,7 +30,7 @@ from streamdp.privacy.mechanisms import make_rng
 
 __all__ = ["trim_block", "trim_mask", "contribution_weights", "SAMPLING_RULES", "clip_rows", "row_norms", "weight_rows",
            "personalized_weights", "center_ratings",
-           "private_mean", "contribution_bounds", "check_tau", "check_clip"]
+           "contribution_bounds", "check_tau", "check_clip"]
 
 # Rounding of the scaled values can raise a row's norm by a relative 2^-24 (float32)
 # or 2^-53 (float64) per entry; clipping to L * (1 - 2^-20) resp. L * (1 - 2^-40)
@@ -409,48 +409,6 @@ def center_ratings(ratings, mean) -> np.ndarray:
     r = np.asarray(ratings)
     dtype = r.dtype if r.dtype in (np.float32, np.float64) else np.float64
     return (r - np.asarray(mean, dtype=dtype)).astype(dtype, copy=False)
-
-
-def private_mean(total: float, count: float, *, per_user_sum: float, per_user_count: float,
-                 noise_multiplier: float, rng: np.random.Generator, midpoint: float = 0.0,
-                 clip_to: tuple[float, float] | None = None):
-    """A privately estimated mean rating from a streamed (sum, count), and its event.
-
-    ``total`` is the sum of the ratings **centered at the public** ``midpoint``
-    after trimming (so one user changes it by at most ``per_user_sum``, e.g.
-    ``tau * (max - min) / 2``) and ``count`` their number (at most ``per_user_count``
-    per user, e.g. ``tau``). Both are released at once as one Gaussian: the vector
-    ``(total / per_user_sum, count / per_user_count)`` has L2 sensitivity
-    ``sqrt(2)`` under add/remove of a user, and gets ``N(0, (z sqrt 2)^2)`` per
-    coordinate. The mean is ``midpoint + noisy_total / max(noisy_count, 1)``,
-    clipped to ``clip_to`` (post-processing).
-
-    Returns
-    -------
-    (float, DpEvent)
-        The mean and ``gaussian_event(noise_multiplier)`` to compose into the ledger.
-
-    Examples
-    --------
-    >>> m, ev = private_mean(5000.0, 10000.0, per_user_sum=20.0, per_user_count=10.0, noise_multiplier=2.0,
-    ...                      rng=make_rng(0), midpoint=3.0, clip_to=(1.0, 5.0))
-    >>> abs(m - 3.5) < 0.05, ev
-    (True, GaussianDpEvent(noise_multiplier=2.0))
-    """
-    from streamdp.privacy.events import gaussian_event
-    from streamdp.privacy.mechanisms import gaussian_noise
-
-    ev = gaussian_event(noise_multiplier)
-    for name, v in (("per_user_sum", per_user_sum), ("per_user_count", per_user_count)):
-        if not (math.isfinite(float(v)) and float(v) > 0):
-            raise ParameterError(f"{name}: expected a positive sensitivity, got {v}")
-    noise = gaussian_noise(rng, 2, float(noise_multiplier) * math.sqrt(2.0))
-    s = float(total) + noise[0] * float(per_user_sum)
-    c = float(count) + noise[1] * float(per_user_count)
-    mean = float(float(midpoint) + s / max(c, 1.0))
-    if clip_to is not None:
-        mean = min(max(mean, float(clip_to[0])), float(clip_to[1]))
-    return mean, ev
 
 
 def contribution_bounds(*, tau: int | None = None, L: float | None = None, weights=None, **extra) -> dict:
