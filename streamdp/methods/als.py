@@ -278,17 +278,11 @@ class _AlsBase(Method):
         s["clip"] = float(o.get("clip", d["clip"]))
         s["residual_clip"] = float(o.get("residual_clip", h if private else math.inf))
         s["bias_clip"] = float(o.get("bias_clip", d["bias_clip"] * h))
-        # non-private factors are not normalized: the ridges weigh squared ratings against squared factors of
-        # the rating's scale, so a scale-free default grows with the half range (1 on a 1..5 scale; measured on
-        # a -10..10 store with 70 ratings per user: reg 10 overfit, 4.14 against 4.04 for private epsilon 10)
-        scale = 1.0 if private else max(h / 2.0, 1e-9)
-        s["ridge_scale"] = scale
-        s["reg"] = float(o.get("reg", d["reg"] * scale))
+        s["reg"] = float(o.get("reg", d["reg"]))
         s["reg_exponent"] = float(o.get("reg_exponent", 0.0))
         s["noise_ridge"] = float(o.get("noise_ridge", 0.04))
         # the local ridge goes with what is fitted (a given --iters 0 gets the biases' 3, not the factors' 10)
-        s["ridge"] = float(o.get("ridge", (d["ridge"] if "iters" not in o else 10.0 if s["iters"] > 0 else 3.0)
-                                 * (scale if s["iters"] > 0 else 1.0)))
+        s["ridge"] = float(o.get("ridge", d["ridge"] if "iters" not in o else 10.0 if s["iters"] > 0 else 3.0))
         g = o.get("gramian", "auto")
         s["gramian"] = ("shared" if private else "item") if g == "auto" else g
         s["center"] = o.get("center", "private")
@@ -393,8 +387,6 @@ class _AlsBase(Method):
             # fewer candidates when factors are fitted: the choice that matters is factors or not, and the
             # noise grows as sqrt(candidates)
             fr, br = FACTOR_RIDGES[1:], (BIAS_RIDGES[0], BIAS_RIDGES[-1])
-        if not ridge_given:
-            fr = tuple(r * s.get("ridge_scale", 1.0) for r in fr)
         cands = ([("factors", r) for r in fr] if s["iters"] > 0 else []) + [("bias", r) for r in br] + \
             [("mean", r) for r in mr]
         default = ("factors", s["ridge"]) if s["iters"] > 0 else ("bias", s["ridge"])
