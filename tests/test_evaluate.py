@@ -140,6 +140,20 @@ def test_train_prints_baselines_and_says_plainly_when_no_better(small_store, tmp
     assert "verdict: NO BETTER than the non-private " in text and "item-mean baseline" in text
 
 
+def test_the_store_is_recognised_through_a_url(tmp_path):
+    """A model names its store by a keyed fingerprint whose key stays in the store: read through an fsspec URL
+    as well as from the local path, the same store matches (was: refused as another store)."""
+    from streamdp.storage.generate import generate_store
+    from streamdp.storage.store import open_store
+
+    st = generate_store(str(tmp_path / "s.zarr"), n_users=400, n_items=40, ratings_per_user=15, rank=2, seed=1,
+                        test_fraction=0.2)
+    r = CliRunner().invoke(main, ["train", st.path, "--epsilon", "1", "--out", str(tmp_path / "m")])
+    assert r.exit_code == 0, r.output
+    ev = evaluate_model(str(tmp_path / "m"), open_store(f"file://{st.path}"), baselines=False)
+    assert ev["store_matches_model"] is True
+
+
 def test_evaluate_on_another_store_is_an_error_unless_allowed(tmp_path):
     """A store other than the model's (another checksum, e.g. a re-split of the same ratings, whose test
     ratings the model may have been trained on): one line, exit 2, nothing on stdout; with

@@ -42,8 +42,29 @@ def _read_key(path: Path) -> bytes | None:
     return key
 
 
+def _remote_key(url: str) -> bytes | None:
+    """The release key of a store at an fsspec URL (read only: releases are made from local stores, whose
+    budget ledger they update)."""
+    import fsspec
+
+    try:
+        with fsspec.open(url.rstrip("/") + "/" + KEY_FILE, "rt") as fh:
+            text = fh.read().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreError(f"{url}: cannot read the store's release key ({exc})") from None
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    return key if len(key) == 32 else None
+
+
 def release_key(store_path, *, create: bool) -> bytes | None:
     """The store's release key; created (atomically, once even under concurrent runs) when ``create``."""
+    if "://" in str(store_path):
+        return _remote_key(str(store_path))
     path = Path(store_path) / KEY_FILE
     key = _read_key(path)
     if key is not None or not create:
