@@ -25,48 +25,33 @@ KEY_FILE = "release_key"
 PREFIX = "hmac-sha256:"
 
 
-def _read_key(path: Path) -> bytes | None:
+def _read_key(where: str) -> bytes | None:
+    """The key in file ``where`` (a local path or an fsspec URL); ``None`` when there is none."""
+    import fsspec
+
     try:
-        text = path.read_text().strip()
+        with fsspec.open(where, "rt") as fh:
+            text = fh.read().strip()
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise StoreError(f"{path}: cannot read the store's release key ({exc.strerror})") from None
+        raise StoreError(f"{where}: cannot read the store's release key ({exc.strerror or exc})") from None
     try:
         key = bytes.fromhex(text)
     except ValueError:
         key = b""
     if len(key) != 32:
-        raise StoreError(f"{path}: not a release key (64 hex digits); restore it from a backup or remove it "
+        raise StoreError(f"{where}: not a release key (64 hex digits); restore it from a backup or remove it "
                          f"(models released before then no longer match this store)")
     return key
 
 
-def _remote_key(url: str) -> bytes | None:
-    """The release key of a store at an fsspec URL (read only: releases are made from local stores, whose
-    budget ledger they update)."""
-    import fsspec
-
-    try:
-        with fsspec.open(url.rstrip("/") + "/" + KEY_FILE, "rt") as fh:
-            text = fh.read().strip()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise StoreError(f"{url}: cannot read the store's release key ({exc})") from None
-    try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        key = b""
-    return key if len(key) == 32 else None
-
-
 def release_key(store_path, *, create: bool) -> bytes | None:
     """The store's release key; created (atomically, once even under concurrent runs) when ``create``."""
-    if "://" in str(store_path):
-        return _remote_key(str(store_path))
+    if "://" in str(store_path):  # read only: releases are made from local stores (they update its ledger)
+        return _read_key(str(store_path).rstrip("/") + "/" + KEY_FILE)
     path = Path(store_path) / KEY_FILE
-    key = _read_key(path)
+    key = _read_key(str(path))
     if key is not None or not create:
         return key
     tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
@@ -85,7 +70,7 @@ def release_key(store_path, *, create: bool) -> bytes | None:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-    return _read_key(path)
+    return _read_key(str(path))
 
 
 def store_fingerprint(store, *, create: bool = True) -> str | None:
