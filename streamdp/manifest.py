@@ -245,7 +245,8 @@ def public_parameters(store) -> dict:
                          "source": getattr(store, "rating_range_source", "unknown")},
         "note": ("published exactly, not released with noise: the number of users is a declared public parameter "
                  "(as in Jain et al. 2018 and Chien et al. 2021: it sets the default delta and public defaults); "
-                 "the item catalogue is public; the rating range is the one declared at ingest"),
+                 "the item catalogue is public; the rating range is the one declared at ingest, or, with source "
+                 "'observed', the data's own minimum and maximum (an exact statistic: declare the range at ingest)"),
     }
 
 
