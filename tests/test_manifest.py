@@ -101,7 +101,8 @@ def test_every_field_of_every_method_is_declared(store, tmp_path, name):
 
 
 def test_exact_statistics_go_to_the_owner_not_the_model(store, tmp_path):
-    s = train(store, out=str(tmp_path / "a"), method="als", epsilon=1.0, delta=1e-5, iters=2, workers=1)
+    s = train(store, out=str(tmp_path / "a"), method="als", epsilon=1.0, delta=1e-5, iters=2, select="off",
+              workers=1)
     assert len(s["owner"]["users_clipped_by_iteration"]) == 2
     s = train(store, out=str(tmp_path / "g"), method="sgld", epsilon=1.0, delta=1e-5, rank=3, epochs=2, workers=1)
     assert len(s["owner"]["train_rmse_by_epoch"]) == 2 and s["owner"]["n_train_used"] > 0

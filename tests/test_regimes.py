@@ -22,10 +22,7 @@ SMALL = {
 
 @pytest.mark.parametrize("name", [
     "sparse-small",
-    pytest.param("jokes-small", marks=pytest.mark.xfail(strict=True, reason=(
-        "known limitation: on a few thousand users the factors' harm (4.69 against 4.66 for the biases at "
-        "epsilon 1) is below what the private choice can see, and a biases-only choice inside a run that "
-        "fitted factors has only the statistics' share of the budget"))),
+    "jokes-small",
 ])
 def test_small_regimes_hold_the_properties(tmp_path, monkeypatch, name):
     """One seed at epsilon 1, 10 and inf for als and means (fixed seeds; the tolerances are bench/regimes.py's)."""

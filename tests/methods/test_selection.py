@@ -121,6 +121,61 @@ def test_non_private_run_chooses_on_held_out_ratings_then_refits_on_all(sparse_s
     assert m.summary["test_rmse"] <= item_mean + 0.005
 
 
+@pytest.fixture(scope="module")
+def jokes_store(tmp_path_factory):
+    """4,000 users x 60 items on -10..10, ~16 training ratings each, weak low-rank signal (the regime suite's
+    jokes14 at a size that trains in seconds): the private factors lose to the biases at epsilon 2."""
+    from bench.regimes import REGIMES
+
+    kw = {**REGIMES["jokes14"][1], "users": 4_000, "items": 60, "ratings_per_user": 20}
+    return streamdp.generate(str(tmp_path_factory.mktemp("stores") / "jokes.zarr"), seed=1, test_fraction=0.2, **kw)
+
+
+def _gaussian_total(ledger) -> float:
+    """``sum count / z^2`` over a ledger's releases: the squared mu of the Gaussian they compose to."""
+    return sum(e["count"] / e["noise_multiplier"] ** 2 for e in ledger.bounds["releases"])
+
+
+def test_gated_run_whose_factors_lose_spends_the_rest_on_the_statistics(jokes_store):
+    """Fixed seed 0; tolerance 0.015 RMSE (0.0015 h, the regime suite's) against the biases-only run."""
+    gated = streamdp.train(jokes_store, epsilon=2.0, seed=0)
+    late = streamdp.train(jokes_store, epsilon=2.0, seed=0, select_after=99)  # the choice after the last iteration
+    biases = streamdp.train(jokes_store, epsilon=2.0, seed=0, iters=0)
+    T, gate = gated.info["parameters"]["iters"], gated.info["selection"]["chosen_after_iteration"]
+    assert 0 < gate < T and gated.info["iterations_run"] == gate
+    assert gated.info["selection"]["chosen"].startswith("bias") and not gated.info["factors_released"]
+    releases = {e["release"].split(" (")[0]: e for e in gated.ledger.bounds["releases"]}
+    assert releases["item right-hand sides sum_i c_ij y_ij x_i"]["count"] == gate
+    assert "second release of the item sums" in releases and "second release of the item weight totals" in releases
+    # the same Gaussian whichever branch: what was spent equals the full plan's sum of 1 / z^2
+    assert late.info["iterations_run"] == T
+    assert _gaussian_total(gated.ledger) == pytest.approx(_gaussian_total(late.ledger), rel=1e-2)
+    assert _gaussian_total(gated.ledger) <= _gaussian_total(late.ledger) * (1 + 1e-12)
+    acc = epsilon_of(compose([event_from_dict(e) for e in gated.ledger.events]), gated.ledger.delta)
+    assert acc.epsilon <= 2.0 and acc.epsilon == pytest.approx(gated.ledger.accounting.epsilon)
+    assert any("second release of the item sums and weight totals" in n for n in gated.ledger.notes)
+    # the second release makes the biases-only choice about as good as a biases-only run
+    assert gated.summary["test_rmse"] < late.summary["test_rmse"]
+    assert gated.summary["test_rmse"] <= biases.summary["test_rmse"] + 0.015
+
+
+def test_gated_run_resumes_across_the_gate(jokes_store, tmp_path, interrupted_after_checkpoint):
+    opts = dict(epsilon=2.0, seed=0)
+    full = streamdp.train(jokes_store, checkpoint=str(tmp_path / "full"), **opts)
+    gate = full.info["selection"]["chosen_after_iteration"]
+    with interrupted_after_checkpoint(gate):
+        streamdp.train(jokes_store, checkpoint=str(tmp_path / "ck"), **opts)
+    res = streamdp.train(jokes_store, checkpoint=str(tmp_path / "ck"), **opts)
+    assert res.info["resumed_from_iteration"] == gate
+    np.testing.assert_array_equal(res.item_bias, full.item_bias)
+    assert res.ledger.bounds["releases"] == full.ledger.bounds["releases"]
+
+
+def test_laplace_runs_choose_after_the_last_iteration(small_store):
+    m = streamdp.train(small_store, epsilon=2.0, seed=0, iters=2, mechanism="laplace")
+    assert "chosen_after_iteration" not in m.info["selection"] and m.info["iterations_run"] == 2
+
+
 def test_generator_adds_user_offsets_outliers_and_string_ids(tmp_path):
     plain = streamdp.generate(str(tmp_path / "a.zarr"), users=400, items=40, ratings_per_user=10, seed=3)
     real = streamdp.generate(str(tmp_path / "b.zarr"), users=400, items=40, ratings_per_user=10, seed=3,
