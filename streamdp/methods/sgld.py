@@ -511,7 +511,7 @@ class _SgdBase(Method):
     def fit(self, store, engine) -> Fitted:
         """Run the epochs on ``engine`` and return the released item side (see the module docstring)."""
         # a run may be extended: the number of epochs is not part of its fingerprint
-        with self.open_run(store, self.plan(store), rng_key=RNG_KEY, exclude=("epochs",)) as run:
+        with self.open_run(store, self.plan(store), rng_key=RNG_KEY, exclude=("epochs",), engine=engine) as run:
             return self._fit(store, engine, run)
 
     def _fit(self, store, engine, run) -> Fitted:
