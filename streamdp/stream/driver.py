@@ -174,6 +174,7 @@ class Run:
         self.rng_key = int(rng_key)
         self.own_dir = checkpoint is None
         self.url = False
+        self._keep_parent = state is not None  # a --state directory is the user's: kept, even when empty
         if checkpoint is None:
             parent = absolute_location(state) if state is not None else absolute_location(state_dir_for(store))
             if is_url(parent):
@@ -290,7 +291,8 @@ class Run:
             remove_tree(self.dir)
             return
         shutil.rmtree(self.dir, ignore_errors=True)
-        _remove_if_empty(os.path.dirname(self.dir))
+        if not self._keep_parent:
+            _remove_if_empty(os.path.dirname(self.dir))
 
     def __enter__(self):
         return self

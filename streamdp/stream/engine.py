@@ -381,7 +381,7 @@ def _in_process_client(workers: int):
         raise ParameterError("--scheduler dask needs the 'distributed' package (pip install "
                              "'streamdp[distributed]')") from None
     return Client(processes=False, n_workers=1, threads_per_worker=int(workers), dashboard_address=None,
-                  set_as_default=False)
+                  scheduler_kwargs={"dashboard": False}, set_as_default=False)
 
 
 def _local_cluster(workers: int):
@@ -391,7 +391,8 @@ def _local_cluster(workers: int):
     except ImportError:  # pragma: no cover - distributed is a declared extra
         raise ParameterError("--scheduler processes needs the 'distributed' package (pip install "
                              "'streamdp[distributed]')") from None
-    return LocalCluster(n_workers=int(workers), threads_per_worker=1, processes=True, dashboard_address=None)
+    return LocalCluster(n_workers=int(workers), threads_per_worker=1, processes=True, dashboard_address=None,
+                        scheduler_kwargs={"dashboard": False})
 
 
 def _connect(scheduler):
