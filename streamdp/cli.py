@@ -90,6 +90,19 @@ memory_limit_option = click.option(
     help="Peak memory budget, e.g. 512MB or 2GB (default: half of the available RAM).",
 )
 
+#: ``--scheduler`` of every command that runs passes (see docs/cluster.md).
+scheduler_option = click.option(
+    "--scheduler", default=None, metavar="ADDRESS",
+    help="Run the passes on Dask: tcp://host:port (a running cluster, whose workers must reach STORE and "
+         "--state), 'processes' (a local cluster of --workers processes) or 'dask' (Dask in this process); "
+         "default: local threads. Results are bit-identical either way (see docs/cluster.md).")
+
+#: ``--state`` of the commands that keep per-user state.
+state_option = click.option(
+    "--state", default=None, metavar="URL",
+    help="Where per-user state goes (a directory or fsspec URL that the cluster's workers reach; default "
+         "STORE.state beside the store). Removed when the run ends.")
+
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="streamdp")
@@ -310,22 +323,25 @@ class _TrainCommand(click.Command):
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "
               "with --scheduler, the cluster's thread count, which sizes the blocks in flight).")
 @memory_limit_option
-@click.option("--scheduler", default=None, metavar="ADDRESS", help="Dask distributed scheduler (tcp://host:port): "
-              "the passes of als/irls/means/oja run on its workers, which must reach STORE; the epochs of sgd/sgld "
-              "(one shared in-memory V) and the evaluation stay on local threads.")
+@click.option("--scheduler", default=None, metavar="ADDRESS", help="Run the passes on Dask: tcp://host:port (a "
+              "running cluster, whose workers must reach STORE and --state), 'processes' (a local cluster of "
+              "--workers processes) or 'dask' (Dask in this process); default: local threads. Every method's passes "
+              "and the evaluation run there, bit-identical to local threads; the epochs of sgd/sgld (one shared "
+              "in-memory V, Hogwild) stay on local threads of this process (see docs/cluster.md).")
+@state_option
 @click.option("--over-budget", "--budget-override", "over_budget", is_flag=True,
               help="Train even if the store's privacy budget would be exceeded (recorded).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
               "an error).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit, scheduler, over_budget, force,
-          as_json, **options):
+def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit, scheduler, state, over_budget,
+          force, as_json, **options):
     """Train a private model on STORE and write it to --out."""
     from streamdp.api import train as train_model
 
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
-                          force=force, **options).summary
+                          force=force, state=state, **options).summary
     _report(summary, as_json, format_train_summary)
 
 
@@ -405,11 +421,12 @@ def encode_json_safe(obj):
 @click.option("--ridge", type=float, default=None, help="Ridge of the local user solve (default: the model's).")
 @click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
 @memory_limit_option
+@scheduler_option
 @click.option("--allow-other-store", is_flag=True, help="Evaluate also on a store other than the one MODEL was "
               "trained on (its checksum differs; a re-split of the same ratings gives an optimistic RMSE); the "
               "output then says store_matches_model: false.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def evaluate(model, store, ridge, workers, memory_limit, allow_other_store, as_json):
+def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_store, as_json):
     """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines.
 
     STORE must be the store MODEL was trained on (same checksum) unless --allow-other-store.
@@ -417,7 +434,7 @@ def evaluate(model, store, ridge, workers, memory_limit, allow_other_store, as_j
     from streamdp.evaluate import evaluate_model, format_evaluation
 
     ev = evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
-                        allow_other_store=allow_other_store)
+                        allow_other_store=allow_other_store, scheduler=scheduler)
     if as_json:
         print_json(ev)
     else:
@@ -496,12 +513,14 @@ def demo(out, force, epsilon, as_json):
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
 @memory_limit_option
+@scheduler_option
+@state_option
 @click.option("--over-budget", is_flag=True, help="Release even if the store's privacy budget would be exceeded "
               "(recorded).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model directory at --out.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def lowrank(store, rank, epsilon, delta, out, mechanism, oversampling, power_iters, clip, sketch_share, prune, seed,
-            workers, memory_limit, over_budget, force, as_json):
+            workers, memory_limit, scheduler, state, over_budget, force, as_json):
     """Private rank-k approximation of STORE's clipped rating matrix; writes its item side to --out.
 
     The guarantee holds for Hardt & Roth's relation (one user's clipped row changes by L2 norm <= L, users and
@@ -516,6 +535,7 @@ def lowrank(store, rank, epsilon, delta, out, mechanism, oversampling, power_ite
         delta = default_delta(st.n_users)
     summary = run_lowrank(st, rank=rank, epsilon=epsilon, delta=delta, out=out, seed=seed, workers=workers,
                           memory_limit=memory_limit, over_budget=over_budget, force=force, mechanism=mechanism,
+                          scheduler=scheduler, state=state,
                           oversampling=oversampling, power_iters=power_iters, clip=clip, sketch_share=sketch_share,
                           prune=prune)
     _report(summary, as_json, format_lowrank_summary)

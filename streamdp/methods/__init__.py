@@ -60,7 +60,7 @@ def _load_builtin() -> None:
 def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: int | None = None,
           seed: int | None = None,
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
-          force: bool = False, evaluate_test: bool = True, **options) -> dict:
+          force: bool = False, evaluate_test: bool = True, state: str | None = None, **options) -> dict:
     """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
 
     The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
@@ -69,25 +69,31 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
     ``stale_runs_removed`` lists the run directories of dead processes removed from
     ``STORE.state/`` first (:func:`streamdp.stream.driver.sweep_stale_runs`), if any.
     Options that are ``None`` are left at the method's defaults. ``force`` replaces
-    only an existing model at ``out``.
+    only an existing model at ``out``. ``scheduler`` (``None``, ``"dask"``,
+    ``"processes"``, an address or a client) runs the training and the evaluation
+    after it; ``state`` is the root of the per-user state (default beside the store).
 
     Ctrl-C raises :class:`~streamdp.errors.Interrupted` saying what was released:
     nothing (the reservation is marked failed), or the model and its budget entry
     (complete; the evaluation is skipped).
     """
+    from streamdp.stream.engine import dask_session
+
     t0 = time.perf_counter()
     st, m = prepare(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                     force=force, **options)
-    fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
-                                     over_budget=over_budget, force=force)
-    try:
-        summary = _summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
-                           evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit)
-        summary["total_seconds"] = round(time.perf_counter() - t0, 3)
-        return summary
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
-                          f"evaluation skipped") from None
+    with dask_session(scheduler, workers) as scheduler:
+        fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler,
+                                         memory_limit=memory_limit, over_budget=over_budget, force=force, state=state)
+        try:
+            summary = _summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
+                               evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit,
+                               scheduler=scheduler)
+            summary["total_seconds"] = round(time.perf_counter() - t0, 3)
+            return summary
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
+                              f"evaluation skipped") from None
 
 
 def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delta: float, rank: int | None = None,
@@ -114,7 +120,7 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
 
 
 def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_limit=None, over_budget: bool = False,
-            force: bool = False):
+            force: bool = False, state: str | None = None):
     """Reserve ``m``'s planned release in the store's budget, fit it, write it to ``out``: ``(fitted, seconds, stale)``.
 
     The one path from a method instance to a released model directory (``train``
@@ -136,7 +142,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     from streamdp.stream.engine import Engine
 
     out = str(out)
-    stale = sweep_stale_runs(st)
+    stale = sweep_stale_runs(st) + (sweep_stale_runs(st, state) if state is not None else [])
     t0 = time.perf_counter()
     planned = m.planned_ledger(st)
     budget = StoreBudget(st.path)
@@ -149,7 +155,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         if checkpoint:
             budget.writing(entry)
         with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
-                    state_bytes=m.state_bytes(st)) as engine:
+                    state_bytes=m.state_bytes(st), state=state) as engine:
             fitted = m.fit(st, engine)
             fitted.model_info.setdefault("engine", engine.describe())
             fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
@@ -208,7 +214,7 @@ def privacy_warnings(ledger) -> list[str]:
 
 
 def _summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evaluate_test, workers,
-             memory_limit) -> dict:
+             memory_limit, scheduler=None) -> dict:
     led = fitted.ledger
     acc = getattr(led, "accounting", None)
     import numpy as np
@@ -237,7 +243,7 @@ def _summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evalua
     if evaluate_test and st.has_test:
         from streamdp.evaluate import evaluate_model
 
-        ev = evaluate_model(out, st, workers=workers, memory_limit=memory_limit, baselines=True)
+        ev = evaluate_model(out, st, workers=workers, scheduler=scheduler, memory_limit=memory_limit, baselines=True)
         summary["test_rmse"] = ev["rmse"]
         summary["test_mae"] = ev["mae"]
         summary["test_ratings"] = ev["n_ratings"]

@@ -501,7 +501,7 @@ class _AlsBase(Method):
     # -- fitting -------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         plan = self.plan(store)
-        with self.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",)) as run:
+        with self.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",), engine=engine) as run:
             return self._fit(store, engine, run, plan)
 
     def _fit(self, store, engine, run, plan) -> Fitted:

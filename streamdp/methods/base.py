@@ -166,12 +166,13 @@ class Method:
                       store_checksum=store.checksum, notes=list(notes),
                       **({"relation": self.relation} if private and self.relation else {}))
 
-    def open_run(self, store, plan, *, rng_key: int, exclude=()):
+    def open_run(self, store, plan, *, rng_key: int, exclude=(), engine=None):
         """The :class:`~streamdp.stream.driver.Run` of one fit of ``plan`` on ``store`` (state, checkpoints, RNG).
 
         Its fingerprint covers the method, rank, privacy target, seed, store checksum and
         every planned setting but ``exclude`` and the derived entries (releases, bounds,
-        the checkpoint path), so ``--checkpoint`` resumes only the very same run.
+        the checkpoint path), so ``--checkpoint`` resumes only the very same run. The
+        temporary run directory goes under ``engine.state`` (``--state``) when set.
         """
         from streamdp.stream.driver import Run, fingerprint
 
@@ -181,7 +182,7 @@ class Method:
         fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
                          store=store.checksum, s=keep)
         return Run(store, method=self.name, fingerprint=fp, seed=self.seed, rng_key=rng_key,
-                   checkpoint=self.options.get("checkpoint"))
+                   checkpoint=self.options.get("checkpoint"), state=getattr(engine, "state", None))
 
     def planned_ledger(self, store):
         """The ledger this method will write, computed before it runs (for budget reservation)."""

@@ -18,7 +18,8 @@ the statistics pass of ``--method oja``; ``--center midpoint`` uses the public m
 of the declared range and ``b = 0`` (0 on the paper's ``[-1, 1]`` data). A user's row is
 kept as ``Y_i = c_i V^T`` with ``V = [v_1 ... v_T]`` the released basis and ``c_i``
 her ``T`` coefficients, on disk (:meth:`streamdp.stream.driver.Run.user_state`,
-chunked by user block, read and written with the block): per-user state is
+chunked by user block, read and written with the block by the task that owns it, also
+on a cluster's workers, which must reach the state URL, ``--state``): per-user state is
 ``O(T)``, item-side state ``O(n_items T)``. The kernels are in
 :mod:`streamdp.kernels.fw`; the global component is the private Oja machinery of
 :mod:`streamdp.methods.oja` (a one-vector :func:`~streamdp.methods.oja._power_pass` on the
@@ -402,11 +403,8 @@ class PrivateFrankWolfe(Method):
 
     # -- fitting -------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
-        if getattr(engine, "distributed", False):
-            raise ParameterError("--method fw keeps each user's coefficients on local disk beside the store: "
-                                 "--scheduler is not supported (run it on local threads)")
         plan = self.plan(store)
-        with self.open_run(store, plan, rng_key=RNG_KEY) as run:
+        with self.open_run(store, plan, rng_key=RNG_KEY, engine=engine) as run:
             return self._fit(store, engine, run, plan)
 
     def _fit(self, store, engine, run, plan) -> Fitted:

@@ -387,7 +387,7 @@ class LowRank(Method):
         t0 = time.perf_counter()
         with Run(store, method="lowrank", fingerprint=fingerprint(**{k: v for k, v in s.items() if k != "releases"},
                                                                   eps=self.epsilon, delta=self.delta),
-                 seed=self.seed, rng_key=RNG_KEY) as run:
+                 seed=self.seed, rng_key=RNG_KEY, state=getattr(engine, "state", None)) as run:
             if s["mechanism"] == "measurements":
                 state = self._fit_measurements(store, engine, s, run, values_of)
             else:
@@ -600,7 +600,7 @@ def _rr_chunks(run, release, block, n_items: int):
 # -- the library side of `streamdp lowrank` ----------------------------------------------------------------------------
 def lowrank(store, *, rank: int, epsilon: float, delta: float, out: str, seed: int | None = None,
             workers: int | None = None, memory_limit=None, over_budget: bool = False, force: bool = False,
-            **options) -> dict:
+            scheduler=None, state: str | None = None, **options) -> dict:
     """Release a private rank-``rank`` approximation's item side from ``store`` into ``out``; return a summary.
 
     The model directory (``privacy.json``, ``model.json``, ``factors.zarr`` with
@@ -608,14 +608,14 @@ def lowrank(store, *, rank: int, epsilon: float, delta: float, out: str, seed: i
     written atomically, after the release is reserved in the store's budget
     (:func:`streamdp.methods.release`, as ``train`` does). Options: those of
     :class:`LowRank` (``mechanism``, ``oversampling``, ``clip``, ``sketch_share``,
-    ``prune``, ``power_iters``).
+    ``prune``, ``power_iters``). ``scheduler`` and ``state`` as for ``train``.
     """
     from streamdp.methods import prepare, privacy_warnings, release
 
     st, m = prepare(store, method=LowRank, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, force=force,
                     **options)
-    fitted, seconds, stale = release(st, m, out, workers=workers, memory_limit=memory_limit,
-                                     over_budget=over_budget, force=force)
+    fitted, seconds, stale = release(st, m, out, workers=workers, memory_limit=memory_limit, scheduler=scheduler,
+                                     over_budget=over_budget, force=force, state=state)
     led, info = fitted.ledger, fitted.model_info
     acc = led.accounting
     summary = {

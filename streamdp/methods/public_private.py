@@ -157,7 +157,8 @@ factors (``n_items x s``). Per user on disk: a role (``Run.user_state``, int16).
 A pass over the public users costs ``O(nnz k + n k^3)``; a private response costs
 ``O(n_items (k + s))`` (plus ``O(n_items x sweeps x swaps)`` for PMD): the mechanisms
 release a full vector, so private rounds cost ``n_contributors x n_items`` in all.
-Passes run on local threads only (``--scheduler`` is refused).
+Passes run on the engine, also on a cluster (``--scheduler``): the roles are written by the
+task owning each block, at the run's state URL (``--state``), which the workers must reach.
 """
 
 from __future__ import annotations
@@ -369,11 +370,8 @@ class PublicPrivate(Method):
 
     # -- fitting -----------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
-        if getattr(engine, "distributed", False):
-            raise ParameterError("--method public-private runs its passes on local threads: --scheduler is not "
-                                 "supported")
         plan = self.plan(store)
-        with self.open_run(store, plan, rng_key=RNG_KEY, exclude=("candidates",)) as run:
+        with self.open_run(store, plan, rng_key=RNG_KEY, exclude=("candidates",), engine=engine) as run:
             return self._fit(store, engine, run, plan)
 
     def _schedule(self, s) -> list:

@@ -102,6 +102,21 @@ used and removed (also on failure). Privacy spend is recorded once: ``streamdp
 train`` reserves the release in the store's budget before fitting and marks it
 failed when the run is interrupted (nothing was released: the checkpoint is
 private state), so only the resumed run that writes the model counts.
+
+On a cluster (``--scheduler``)
+------------------------------
+Decision: the epochs stay on the local threads of the process that runs ``train``
+(:meth:`~streamdp.stream.engine.Engine.foreach`); its statistics pass and the
+evaluation after ``train`` go to the cluster. Why: an epoch is Hogwild over one
+``V`` (and, for ``sgld``, the shared lazy-noise clocks) updated after every user; a
+cluster scheme (block-parallel epochs, each block's item delta reduced in block
+order) is another algorithm: every block would start from the round's stale ``V``,
+which changes the model (not bit-identical to the local run) and the SGLD chain whose
+exact sample Liu et al.'s Thm 1 is about, and each task would ship ``V`` both ways
+(``2 n_items k`` floats per block, about a block's own rating bytes at 20k items,
+k = 16 and 40k ratings per block) for a kernel that streams 25M ratings/s on one
+core. The local threads read the store and write ``U`` at ``--state`` like a
+worker would, so the run works with any store URL the process reaches.
 """
 
 from __future__ import annotations
@@ -511,7 +526,7 @@ class _SgdBase(Method):
     def fit(self, store, engine) -> Fitted:
         """Run the epochs on ``engine`` and return the released item side (see the module docstring)."""
         # a run may be extended: the number of epochs is not part of its fingerprint
-        with self.open_run(store, self.plan(store), rng_key=RNG_KEY, exclude=("epochs",)) as run:
+        with self.open_run(store, self.plan(store), rng_key=RNG_KEY, exclude=("epochs",), engine=engine) as run:
             return self._fit(store, engine, run)
 
     def _fit(self, store, engine, run) -> Fitted:

@@ -22,6 +22,12 @@ the same machinery around its passes, written once here:
   together with a fingerprint of the settings; a run started with the same
   ``--checkpoint`` and settings resumes after the last finished epoch, a run with
   other settings is refused (one line naming the directory).
+* **Where.** The temporary run directory lives under the state root: ``STORE.state``
+  by default, or ``state=`` (``--state URL``), a local directory or any fsspec URL
+  that a cluster's workers can reach (the per-user arrays are written there by the
+  tasks). Under a URL the run's files (owner record, checkpoint, arrays) are objects
+  under the prefix ``URL/<method>-XXXX/``, removed the same way when the run ends;
+  :func:`sweep_stale_runs` looks there too.
 * **Per-user state.** :meth:`Run.user_state` gives two
   :class:`~streamdp.stream.state.UserState` arrays used alternately by epoch
   (epoch ``e`` reads one and writes the other), so the state at the end of the last
@@ -56,7 +62,7 @@ import numpy as np
 from streamdp.errors import ParameterError
 from streamdp.outputs import remove_dead_owned_dirs
 from streamdp.owner import write_owner_file
-from streamdp.stream.state import UserState, state_dir_for
+from streamdp.stream.state import UserState, absolute_location, is_url, join, remove_tree, state_dir_for
 
 __all__ = ["Run", "fingerprint", "sweep_stale_runs"]
 
@@ -73,19 +79,53 @@ def fingerprint(**parts) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def sweep_stale_runs(store) -> list[str]:
-    """Remove the temporary run directories under ``STORE.state/`` whose owning process is gone.
+def sweep_stale_runs(store, state: str | None = None) -> list[str]:
+    """Remove the temporary run directories under ``STORE.state/`` (or ``state``) whose owning process is gone.
 
     Only directories with an ``owner.json`` whose process is provably gone
     (:func:`streamdp.owner.owner_status`) are removed: a live run's, one of another
     host's, a ``--checkpoint`` directory and anything else are left alone. Returns
     the removed paths; ``STORE.state`` itself goes too when that empties it.
     """
-    parent = state_dir_for(store)
+    parent = absolute_location(state) if state is not None else state_dir_for(store)
+    if is_url(parent):
+        return _sweep_url(parent)
     removed = remove_dead_owned_dirs(parent)
     if removed:
         _remove_if_empty(parent)
     return removed
+
+
+def _sweep_url(parent: str) -> list[str]:
+    """:func:`sweep_stale_runs` under an fsspec URL: prefixes ``<method>-XXXX/`` with a dead owner's record."""
+    import fsspec
+
+    from streamdp.owner import OWNER_FILE, owner_status
+
+    fs, root = fsspec.core.url_to_fs(parent)
+    try:
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
+    except (FileNotFoundError, OSError):
+        return []
+    removed = []
+    for name in sorted(names):
+        d = join(parent, name)
+        owner = _read_json(join(d, OWNER_FILE))
+        if owner is not None and owner_status(owner) == "gone":
+            remove_tree(d)
+            removed.append(d)
+    return removed
+
+
+def _read_json(url: str):
+    import fsspec
+
+    try:
+        with fsspec.open(url, "r") as fh:
+            d = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
 
 
 def _remove_if_empty(directory: str) -> None:
@@ -93,6 +133,16 @@ def _remove_if_empty(directory: str) -> None:
         os.rmdir(directory)  # only succeeds when nothing else is in it
     except OSError:
         pass
+
+
+def _write_owner_url(directory: str) -> None:
+    """``owner.json`` (:func:`streamdp.owner.current_owner`) under a URL prefix: one object put."""
+    import fsspec
+
+    from streamdp.owner import OWNER_FILE, current_owner
+
+    with fsspec.open(join(directory, OWNER_FILE), "w") as fh:
+        json.dump(current_owner(), fh)
 
 
 class Run:
@@ -112,24 +162,41 @@ class Run:
         The method's key: its random families never coincide with another method's.
     checkpoint : str, optional
         ``--checkpoint DIR``: kept and resumed from; default a temporary directory.
+    state : str, optional
+        ``--state URL``: the root of the temporary run directory (default ``STORE.state``).
     """
 
     def __init__(self, store, *, method: str, fingerprint: str, seed: int | None, rng_key: int,
-                 checkpoint: str | None = None):
+                 checkpoint: str | None = None, state: str | None = None):
         self.store = store
         self.method = method
         self.fingerprint = str(fingerprint)
         self.rng_key = int(rng_key)
         self.own_dir = checkpoint is None
+        self.url = False
+        self._keep_parent = state is not None  # a --state directory is the user's: kept, even when empty
         if checkpoint is None:
-            parent = state_dir_for(store)
-            os.makedirs(parent, exist_ok=True)
-            self.dir = tempfile.mkdtemp(prefix=f"{method}-", dir=parent)
-            try:
-                write_owner_file(self.dir)
-            except BaseException:
-                self.close()
-                raise
+            parent = absolute_location(state) if state is not None else absolute_location(state_dir_for(store))
+            if is_url(parent):
+                self.url = True
+                self.dir = join(parent, f"{method}-{secrets.token_hex(6)}")
+                try:
+                    _write_owner_url(self.dir)
+                except BaseException:
+                    self.close()
+                    raise
+            else:
+                try:
+                    os.makedirs(parent, exist_ok=True)
+                except OSError as exc:
+                    raise ParameterError(f"--state {parent}: cannot create the state directory "
+                                         f"({exc.strerror})") from None
+                self.dir = tempfile.mkdtemp(prefix=f"{method}-", dir=parent)
+                try:
+                    write_owner_file(self.dir)
+                except BaseException:
+                    self.close()
+                    raise
         else:
             self.dir = str(checkpoint)
             try:
@@ -137,7 +204,7 @@ class Run:
             except OSError as exc:
                 raise ParameterError(f"--checkpoint {self.dir}: cannot create the run directory "
                                      f"({exc.strerror})") from None
-        self.path = os.path.join(self.dir, CHECKPOINT_FILE)
+        self.path = join(self.dir, CHECKPOINT_FILE)
         self.checkpoint = self._load()
         if self.checkpoint is not None:
             self.entropy = int(self.checkpoint["entropy"])
@@ -171,7 +238,7 @@ class Run:
 
     # -- checkpoints ---------------------------------------------------------------------
     def _load(self):
-        if not os.path.exists(self.path):
+        if self.url or not os.path.exists(self.path):  # a run directory under a URL is always a new one
             return None
         try:
             with np.load(self.path) as z:
@@ -186,6 +253,8 @@ class Run:
 
     def save(self, epoch: int, **arrays) -> None:
         """Write the checkpoint of finished ``epoch`` atomically (temp file + rename)."""
+        if self.url:
+            return  # a temporary run directory is never resumed (its checkpoint would only cost a write)
         tmp = self.path + ".tmp.npz"
         np.savez(tmp, fp=self.fingerprint, epoch=int(epoch), entropy=self.entropy, run_id=self.run_id,
                  **{k: np.asarray(v) for k, v in arrays.items()})
@@ -218,8 +287,12 @@ class Run:
         """Remove a temporary run directory (and an empty ``STORE.state`` folder); keep a named one."""
         if not self.own_dir:
             return
+        if self.url:
+            remove_tree(self.dir)
+            return
         shutil.rmtree(self.dir, ignore_errors=True)
-        _remove_if_empty(os.path.dirname(self.dir))
+        if not self._keep_parent:
+            _remove_if_empty(os.path.dirname(self.dir))
 
     def __enter__(self):
         return self

@@ -8,7 +8,15 @@ write concurrently without locks.
 
 Where it lives: beside the store (``STORE.state/NAME``, a sibling directory, so the
 store directory itself and its checksum are untouched) or in any run directory
-given as a path.
+given as a path or an fsspec URL (``--state URL``: a Zarr group the workers of a
+cluster can reach, e.g. a shared file system or object storage).
+
+On a cluster. A :class:`UserState` pickles as its location (root, name, shape) and
+reopens the array where it is unpickled, so a pass's task on a worker reads and
+writes the rows of *its* block there. Each chunk is written by exactly one task
+(the one owning the block), replacing the whole chunk (a local chunk file through
+a temporary file and a rename; an object store's put is atomic per object), so a
+task that Dask runs again after its worker died writes the same bytes again.
 """
 
 from __future__ import annotations
@@ -27,6 +35,39 @@ from streamdp.storage.chunks import RawChunks
 def state_dir_for(store) -> str:
     """The default state directory of a store (a store or its path): ``<store path>.state`` beside it."""
     return str(getattr(store, "path", store)).rstrip("/") + ".state"
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is an fsspec URL (``s3://...``, ``memory://...``), not a local path."""
+    return "://" in str(path)
+
+
+def absolute_location(path: str) -> str:
+    """``path`` as a process elsewhere (a cluster worker, with its own working directory) must open it: a
+    local path made absolute, a ``file://`` URL turned into its local path, any other URL as it is."""
+    path = str(path)
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    return path if is_url(path) else os.path.abspath(path)
+
+
+def join(root: str, name: str) -> str:
+    """``root/name`` for a local path or a URL."""
+    return root.rstrip("/") + "/" + name if is_url(root) else os.path.join(root, name)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a directory (local) or every key under a prefix (URL); absent is fine."""
+    if not is_url(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    import fsspec
+
+    fs, p = fsspec.core.url_to_fs(path)
+    try:
+        fs.rm(p, recursive=True)
+    except (FileNotFoundError, OSError):
+        pass
 
 
 class UserState:
@@ -62,9 +103,9 @@ class UserState:
     def __init__(self, path_or_store, name: str, n_users: int, k: int, block_users: int, dtype=np.float32, *,
                  fill: float = 0.0, mode: str = "w"):
         if isinstance(path_or_store, (str, os.PathLike)):
-            root = str(path_or_store)
+            root = absolute_location(str(path_or_store))
         else:
-            root = state_dir_for(path_or_store)
+            root = absolute_location(state_dir_for(path_or_store))
         if n_users < 1 or k < 1 or block_users < 1:
             raise ParameterError(f"UserState {name!r}: n_users, k and block_users must be >= 1")
         self.root = root
@@ -73,9 +114,11 @@ class UserState:
         self.k = int(k)
         self.block_users = int(block_users)
         self.dtype = np.dtype(dtype)
-        self.path = os.path.join(root, name)
+        self.path = join(root, name)
+        self.fill = fill
         if mode == "w":
-            os.makedirs(root, exist_ok=True)
+            if not is_url(root):
+                os.makedirs(root, exist_ok=True)
             # Ctrl-C deferred: Zarr writes on its own thread and must not recreate a removed run directory
             with deferred_interrupts():
                 self._arr = zarr.create_array(self.path, shape=(self.n_users, self.k), dtype=self.dtype,
@@ -93,6 +136,10 @@ class UserState:
             raise ValueError(f"mode must be 'w' or 'a', not {mode!r}")
         # local, uncompressed: whole-chunk file reads and writes (see RawChunks); else Zarr
         self._raw = RawChunks.for_array(self._arr)
+
+    def __reduce__(self):
+        # pickled as its location: the unpickling process (a cluster worker) opens the array itself
+        return (_reopen, (self.root, self.name, self.n_users, self.k, self.block_users, self.dtype.str))
 
     @property
     def n_blocks(self) -> int:
@@ -124,4 +171,8 @@ class UserState:
 
     def remove(self) -> None:
         """Delete the array from disk."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_tree(self.path)
+
+
+def _reopen(root, name, n_users, k, block_users, dtype) -> UserState:
+    return UserState(root, name, n_users, k, block_users, np.dtype(dtype), mode="a")
