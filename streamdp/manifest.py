@@ -86,6 +86,8 @@ MODEL_JSON = {
     "selection.noisy_validation_losses": (RELEASE, "noisy validation losses of the candidates (ledger: "
                                                    "'validation losses of the N candidate releases')"),
     "selection.validation_losses": (NONPRIVATE, "exact validation losses (non-private runs only)"),
+    "selection.item_ridges": (NONPRIVATE, "the item-side ridges tried and their exact validation losses "
+                                          "(non-private runs only)"),
     "user_profile": (RELEASE, "noisy histogram of training ratings per user (ledger: 'histogram of training "
                               "ratings per user'), its public bins and noise scale"),
     "mu_train": (NONPRIVATE, "exact mean training rating (non-private sgd/sgld only)"),

@@ -65,7 +65,8 @@ Users cannot tune on private data, so the run adapts to it, privately and accoun
   that beats it by 3 noise standard deviations. So a release is not worse than the
   biases-only one where the data say so clearly, and unchanged where the noise
   hides the difference. Non-private runs hold those ratings out of the whole fit,
-  choose by their exact losses and refit the choice on every rating. ``--select
+  choose by their exact losses and refit the choice on every rating; they also
+  choose the item-side ridge that way (``_fit_item_ridges``). ``--select
   off`` releases the default configuration from every training rating (the
   release of streamdp 0.1).
 * **The gate** (Gaussian runs with the choice on and at least two iterations): the
@@ -161,6 +162,8 @@ SELECT_SHARE_FACTORS, SELECT_SHARE_BIASES = 0.15, 0.01
 FACTOR_RIDGES = (3.0, 10.0, 30.0)
 BIAS_RIDGES = (3.0, 10.0, 30.0, math.inf)
 MEAN_RIDGES = (math.inf,)
+#: Item-side ridges ``(--reg, --reg-exponent)`` a non-private run chooses among (``_fit_item_ridges``).
+NONPRIVATE_ITEM_RIDGES = ((10.0, 0.0), (0.3, 1.0))
 #: Fraction of the iterations after which a gated run chooses its release (``_gate_after``).
 GATE_FRACTION = 0.5
 #: Private runs validate only on items of at least this released weight total (see ``_select``).
@@ -241,9 +244,10 @@ OPTIONS_COMMON = (
            default_text="half the rating range", **_POS),
     Option("bias_clip", float, "bound c of a user-centred rating in the item-bias statistic",
            default_text="1/8 to all of half the rating range, growing with the public signal-to-noise proxy", **_POS),
-    Option("reg", float, "item-side ridge lambda", default=10.0, minimum=0),
-    Option("reg_exponent", float, "item-side ridge grows as C_j^rho with the noisy count", default=0.0,
-           minimum=0, maximum=1),
+    Option("reg", float, "item-side ridge lambda", default_text="10; non-private runs choose 10, or 0.3 per "
+           "rating (--reg-exponent 1), on held-out training ratings", minimum=0),
+    Option("reg_exponent", float, "item-side ridge grows as C_j^rho with the noisy count", default_text="0 (see "
+           "--reg)", minimum=0, maximum=1),
     Option("noise_ridge", float, "weight nu of the noise-driven item ridge nu sigma_B^2 Delta^2 / s^2",
            default=0.04, minimum=0),
     Option("ridge", float, "ridge of each user's own solve (training and the released model's local solve)",
@@ -501,10 +505,51 @@ class _AlsBase(Method):
     # -- fitting -------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         plan = self.plan(store)
+        s = plan.params
+        if (not self.private and s["select"] and self.FIXED_ITERS is None and s["iters"] > 0
+                and "reg" not in self.options and "reg_exponent" not in self.options):
+            return self._fit_item_ridges(store, engine)
         with self.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",), engine=engine) as run:
             return self._fit(store, engine, run, plan)
 
-    def _fit(self, store, engine, run, plan) -> Fitted:
+    def _fit_item_ridges(self, store, engine) -> Fitted:
+        """A non-private run: the item-side ridge chosen on held-out training ratings, with the release.
+
+        Which item ridge fits depends on the data in a way no fixed default covers: the
+        balance between a user's ridge and the items' sets the factors' scale, and it moves
+        with the number of users per item. Measured (non-private test RMSE, fixed ridge
+        ``--reg 10`` / per-rating ridge ``--reg 0.3 --reg-exponent 1``, ALS-WR's
+        weighting): ML-100K 0.9085 / 0.9145, FilmTrust 0.789 / 0.804, a generated 20,000-user
+        x 100-item store on -10..10 with ~56 training ratings per user 4.138 / 4.048 (its
+        private release at epsilon 10: 4.045). So each of :data:`NONPRIVATE_ITEM_RIDGES` is
+        fitted without the validation ratings (the same held-out ratings for all: one
+        entropy), every candidate release of each is scored on them, and the best pair is
+        refitted on every training rating. Costs one fit per item ridge more than before.
+        """
+        import secrets
+
+        entropy = self.seed if self.seed is not None else secrets.randbits(63)
+        best, tried = None, []
+        for reg, rho in NONPRIVATE_ITEM_RIDGES:
+            m = type(self)(epsilon=self.epsilon, delta=self.delta, rank=self.rank, seed=self.seed,
+                           **{**self.options, "reg": reg, "reg_exponent": rho})
+            m.shared_entropy = entropy
+            plan = m.plan(store)
+            with m.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",), engine=engine) as run:
+                choice = m._fit(store, engine, run, plan, refit=False)
+            loss = float(choice[1][choice[0]])
+            tried.append({"reg": reg, "reg_exponent": rho, "validation_loss": round(loss, 4)})
+            if best is None or loss < best[0]:
+                best = (loss, m, plan.params, choice)
+        _, m, s, choice = best
+        fitted = m._refit(store, engine, s, choice)
+        fitted.model_info["selection"]["item_ridges"] = tried
+        fitted.ledger.notes.append(f"item-side ridge --reg {m.options['reg']:g} --reg-exponent "
+                                   f"{m.options['reg_exponent']:g} chosen among {len(tried)} on the same held-out "
+                                   f"training ratings")
+        return fitted
+
+    def _fit(self, store, engine, run, plan, refit: bool = True) -> Fitted:
         s = plan.params
         rel = s["releases"]
         n, k = store.n_items, self.rank
@@ -568,7 +613,7 @@ class _AlsBase(Method):
         else:
             choice = (int(chosen["choice"]), chosen["choice_losses"])
         if s["select"] and not self.private:
-            return self._refit(store, engine, s, choice)
+            return self._refit(store, engine, s, choice) if refit else choice
         if gated_out():
             # the factors lost: the rest of the iterations' budget buys a second release of the item statistics
             bias, C, plan = self._restatistics(store, engine, run, plan, S1, C, bias0)

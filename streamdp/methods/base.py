@@ -181,7 +181,9 @@ class Method:
                 if key not in skip}
         fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
                          store=store.checksum, s=keep)
-        return Run(store, method=self.name, fingerprint=fp, seed=self.seed, rng_key=rng_key,
+        # a method fitted as one of several candidates of a run shares that run's entropy (same held-out ratings)
+        seed = self.seed if getattr(self, "shared_entropy", None) is None else self.shared_entropy
+        return Run(store, method=self.name, fingerprint=fp, seed=seed, rng_key=rng_key,
                    checkpoint=self.options.get("checkpoint"), state=getattr(engine, "state", None))
 
     def planned_ledger(self, store):

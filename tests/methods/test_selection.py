@@ -171,6 +171,19 @@ def test_gated_run_resumes_across_the_gate(jokes_store, tmp_path, interrupted_af
     assert res.ledger.bounds["releases"] == full.ledger.bounds["releases"]
 
 
+def test_non_private_run_chooses_the_item_ridge_on_held_out_ratings(small_store):
+    from streamdp.methods.als import NONPRIVATE_ITEM_RIDGES
+
+    m = streamdp.train(small_store, epsilon=math.inf, seed=0, iters=3)
+    tried = m.info["selection"]["item_ridges"]
+    assert [(t["reg"], t["reg_exponent"]) for t in tried] == list(NONPRIVATE_ITEM_RIDGES)
+    best = min(tried, key=lambda t: t["validation_loss"])
+    assert (m.info["parameters"]["reg"], m.info["parameters"]["reg_exponent"]) == (best["reg"], best["reg_exponent"])
+    assert any("item-side ridge" in n for n in m.ledger.notes)
+    given = streamdp.train(small_store, epsilon=math.inf, seed=0, iters=3, reg=10.0)
+    assert "item_ridges" not in given.info["selection"] and given.info["parameters"]["reg"] == 10.0
+
+
 def test_laplace_runs_choose_after_the_last_iteration(small_store):
     m = streamdp.train(small_store, epsilon=2.0, seed=0, iters=2, mechanism="laplace")
     assert "chosen_after_iteration" not in m.info["selection"] and m.info["iterations_run"] == 2
