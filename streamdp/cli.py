@@ -91,6 +91,14 @@ memory_limit_option = click.option(
 )
 
 
+k_option = click.option("--k", "k", type=int, default=10, show_default=True,
+                        help="List length of the ranking metrics (Precision/Recall/NDCG/MAP@k).")
+relevant_threshold_option = click.option(
+    "--relevant-threshold", type=float, default=None, metavar="RATING",
+    help="A held-out rating at or above it is relevant (default: the top 20% of the rating range, "
+    "min + 0.8 (max - min): 4.2 on 1..5).")
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="streamdp")
 def main():
@@ -408,16 +416,20 @@ def encode_json_safe(obj):
 @click.option("--allow-other-store", is_flag=True, help="Evaluate also on a store other than the one MODEL was "
               "trained on (its checksum differs; a re-split of the same ratings gives an optimistic RMSE); the "
               "output then says store_matches_model: false.")
+@k_option
+@relevant_threshold_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def evaluate(model, store, ridge, workers, memory_limit, allow_other_store, as_json):
-    """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines.
+def evaluate(model, store, ridge, workers, memory_limit, allow_other_store, k, relevant_threshold, as_json):
+    """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines, and the ranking metrics
+    (Precision/Recall/NDCG/MAP@k, coverage, popularity bias) of each user's top-k list of items unrated in
+    training, beside the most-popular lists (by the model's released counts, and non-private).
 
     STORE must be the store MODEL was trained on (same checksum) unless --allow-other-store.
     """
     from streamdp.evaluate import evaluate_model, format_evaluation
 
     ev = evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
-                        allow_other_store=allow_other_store)
+                        allow_other_store=allow_other_store, k=k, relevant_threshold=relevant_threshold)
     if as_json:
         print_json(ev)
     else:
