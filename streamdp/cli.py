@@ -362,6 +362,10 @@ def format_train_summary(summary: dict) -> str:
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "
                      f"{summary['test_ratings']:,} held-out ratings; non-private baselines: {format_baselines(b)}")
         lines.append("verdict: " + format_verdict(summary["verdict"], summary["test_rmse"]))
+    if summary.get("ranking"):
+        from streamdp.ranking import format_ranking_short
+
+        lines.append("ranking: " + format_ranking_short(summary["ranking"]))
     return "\n".join(lines)
 
 

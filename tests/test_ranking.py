@@ -194,3 +194,20 @@ def test_evaluate_cli_ranking_options(small_store, als_model):
     assert "most popular (non-private)" in res.output and "most popular (released)" in res.output
     res = runner.invoke(main, ["evaluate", als_model, small_store.path, "--k", "0"])
     assert res.exit_code == 2 and res.stderr.strip() == "streamdp: error: --k must be a positive integer, got 0"
+
+
+def test_train_summary_carries_the_ranking(small_store, tmp_path):
+    runner = CliRunner()
+    out = str(tmp_path / "t")
+    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "4", "--out", out, "--seed",
+                               "1", "--json", "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)["ranking"]
+    ev = evaluate_model(out, small_store, workers=1)["ranking"]
+    assert r["k"] == 10 and r["ndcg"] == pytest.approx(ev["ndcg"]) and r["recall"] == pytest.approx(ev["recall"])
+    assert r["baselines"]["popularity"]["recall"] == pytest.approx(ev["baselines"]["popularity"]["recall"])
+    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "4", "--out", out, "--seed",
+                               "1", "--force", "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("ranking: "))
+    assert f"Recall@10 {r['recall']:.4f}  NDCG@10 {r['ndcg']:.4f}" in line and "most popular, non-private" in line
