@@ -49,6 +49,9 @@ def topn_scores(indptr, items, want, U, Q, item_bias, global_mean, tiekey, out_i
     """
     n_items, k = Q.shape
     n = out_items.shape[1]
+    QT = np.ascontiguousarray(Q.T)  # item-contiguous rows: the score loop runs over items, in SIMD lanes
+    base = global_mean + item_bias
+    score = np.empty(n_items, np.float64)
     seen = np.full(n_items, -1, np.int64)
     best = np.empty(n, np.int64)
     bscore = np.empty(n, np.float64)
@@ -59,14 +62,16 @@ def topn_scores(indptr, items, want, U, Q, item_bias, global_mean, tiekey, out_i
             continue
         for p in range(indptr[u], indptr[u + 1]):
             seen[items[p]] = u
+        score[:] = base
+        for d in range(k):
+            x = U[u, d]
+            row = QT[d]
+            for j in range(n_items):
+                score[j] += x * row[j]
         c = 0
         for j in range(n_items):
-            if seen[j] == u:
-                continue
-            s = global_mean + item_bias[j]
-            for d in range(k):
-                s += U[u, d] * Q[j, d]
-            c = _insert(j, s, tiekey, c, n, best, bscore)
+            if seen[j] != u:
+                c = _insert(j, score[j], tiekey, c, n, best, bscore)
         for a in range(c):
             out_items[u, a] = best[a]
             out_scores[u, a] = bscore[a]
