@@ -156,6 +156,9 @@ def test_bad_users_files_and_arguments_are_one_line_errors_and_write_nothing(sma
         res = CliRunner().invoke(main, ["recommend", model, *args])
         assert res.exit_code == 2 and msg in res.stderr, res.output
     assert not out.exists() and os.listdir(tmp_path) == ["users.txt"]
+    text = " ".join(CliRunner().invoke(main, ["recommend", "--help"]).output.split())
+    assert "Under joint DP each list depends on the released model and on that user's own data only" in text
+    assert "may be shown to that user, but the file (every user's list) must not be published" in text
 
 
 def test_no_partial_file_on_failure_and_no_overwrite_without_force(small_store, model, tmp_path, monkeypatch):
