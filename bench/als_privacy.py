@@ -49,7 +49,7 @@ def fitted_rmse(store, fitted, workers=2) -> float:
     try:
         out = os.path.join(d, "m")
         fitted.save(out)
-        return evaluate_model(out, store, baselines=False, workers=workers)["rmse"]
+        return evaluate_model(out, store, baselines=False, ranking=False, workers=workers)["rmse"]
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -147,7 +147,7 @@ def _baselines(store):
     m = Model(path="(baselines)", item_factors=np.zeros((store.n_items, 1), np.float32),  # zeros: any order
               item_bias=np.zeros(store.n_items, np.float32), item_ids=store.item_ids(),
               global_mean=(store.rating_min + store.rating_max) / 2, info={}, ledger=None)
-    return evaluate_model(m, store)["baselines"]
+    return evaluate_model(m, store, ranking=False)["baselines"]
 
 
 def main(argv=None):

@@ -57,7 +57,7 @@ def fit(store, tmp, seed, epsilon=math.inf, **opts):
     out = tempfile.mkdtemp(prefix="bench-pp-model-", dir=tmp)
     try:
         f.save(os.path.join(out, "m"))
-        return evaluate_model(os.path.join(out, "m"), store, baselines=False, workers=2)["rmse"], {**f.model_info, "owner": f.owner}
+        return evaluate_model(os.path.join(out, "m"), store, baselines=False, ranking=False, workers=2)["rmse"], {**f.model_info, "owner": f.owner}
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

@@ -10,7 +10,9 @@
   absent), ingested with a 20% per-user test split. scikit-surprise's ``SVD`` (its
   defaults: 100 factors, 20 epochs) against non-private ``als`` and ``sgd`` and
   private ``als`` at epsilon 1 (their defaults) on the same split: test RMSE and the
-  wall seconds of the fit (ours on one worker; the ratio is surprise's time / ours).
+  wall seconds of the fit (ours on one worker; the ratio is surprise's time / ours);
+  and each model's Recall@10 / NDCG@10 (relevant: held-out rating in the top 20% of
+  the range; candidates: unrated items) against the non-private most-popular list.
 * **kernels**: a generated power-law store of ``--ratings`` training ratings (20k
   items, 50 per user) in a temporary directory. One streamed oja pass (k=16) against
   scipy.sparse ``A.T @ (A @ V)`` on the same matrix in memory (one thread); one
@@ -44,7 +46,7 @@ if __package__ in (None, ""):  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.als import passes  # noqa: E402
-from bench.als_privacy import REAL_STORES, fit_timed, fitted_rmse, surprise_fit  # noqa: E402
+from bench.als_privacy import REAL_STORES, fit_timed, surprise_fit  # noqa: E402
 from bench.ingest import run_measured  # noqa: E402
 from bench.sgd import _steady, epoch_rates, in_memory_matrix, peer_rate, surprise_rate  # noqa: E402
 
@@ -85,9 +87,23 @@ def _rate(x: float) -> str:
 
 
 def _ours(store, method, epsilon, **opts):
-    """Our model on the same split, one worker: ``(test RMSE, wall seconds of the fit, rank)``."""
+    """Our model on the same split, one worker: ``(test RMSE, wall seconds of the fit, rank, ranking)``."""
     f, dt = fit_timed(store, method, epsilon, 0, workers=1, **opts)
-    return fitted_rmse(store, f, workers=1), dt, f.model_info.get("rank", "?")
+    ev = fitted_evaluation(store, f, workers=1)
+    return ev["rmse"], dt, f.model_info.get("rank", "?"), ev["ranking"]
+
+
+def fitted_evaluation(store, fitted, workers=1) -> dict:
+    """:func:`streamdp.evaluate.evaluate_model` of a fitted model (saved to a temporary directory): RMSE and the
+    ranking metrics at k = 10 beside the most-popular lists."""
+    from streamdp.evaluate import evaluate_model
+
+    d = tempfile.mkdtemp(prefix="bench-model-")
+    try:
+        fitted.save(os.path.join(d, "m"))
+        return evaluate_model(os.path.join(d, "m"), store, baselines=False, workers=workers)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def real(rep: Report, tmp: str) -> None:
@@ -106,11 +122,15 @@ def real(rep: Report, tmp: str) -> None:
         for label, method, eps, opts in (("als non-private", "als", float("inf"), {}),
                                          ("sgd non-private", "sgd", float("inf"), {}),
                                          ("als epsilon 1", "als", 1.0, {})):
-            rmse, sec, k = _ours(st, method, eps, **opts)
+            rmse, sec, k, rk = _ours(st, method, eps, **opts)
             rep.add(f"{name}: test RMSE, {label} (rank {k}) vs surprise SVD", f"{rmse:.4f}", f"{s_rmse:.4f}",
                     f"{rmse - s_rmse:+.4f}")
             rep.add(f"{name}: fit seconds, {label}, 1 worker vs surprise SVD (speed-up)", f"{sec:.2f}s",
                     f"{s_sec:.2f}s", s_sec / sec)
+            pop = rk["baselines"]["popularity"]
+            rep.add(f"{name}: Recall@10 / NDCG@10, {label} vs most popular (non-private)",
+                    f"{rk['recall']:.4f} / {rk['ndcg']:.4f}", f"{pop['recall']:.4f} / {pop['ndcg']:.4f}",
+                    rk["ndcg"] / pop["ndcg"] if pop["ndcg"] > 0 else "n/a")
 
 
 # ---------------------------------------------------------------- kernels vs in-memory peers

@@ -62,17 +62,17 @@ def table(store, name, a):
         for seed in seeds:
             out = fit(store, method, eps, seed, a, a.workers)
             try:
-                ev = evaluate_model(out, store, workers=a.workers)
+                ev = evaluate_model(out, store, ranking=False, workers=a.workers)
                 res.append(ev["rmse"])
                 ridge = ev["ridge"]
                 if method == "sgld":
                     from streamdp.model import load_model
 
                     lam = load_model(out).info["parameters"]["reg"]
-                    at_ridge["lam"].append(evaluate_model(out, store, ridge=lam, baselines=False,
+                    at_ridge["lam"].append(evaluate_model(out, store, ridge=lam, baselines=False, ranking=False,
                                                           workers=a.workers)["rmse"])
                 for r in ridges:
-                    at_ridge[r].append(evaluate_model(out, store, ridge=r, baselines=False, workers=a.workers)["rmse"])
+                    at_ridge[r].append(evaluate_model(out, store, ridge=r, baselines=False, ranking=False, workers=a.workers)["rmse"])
             finally:
                 shutil.rmtree(os.path.dirname(out), ignore_errors=True)
         return ev, res, at_ridge, ridge

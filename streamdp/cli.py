@@ -104,6 +104,14 @@ state_option = click.option(
          "STORE.state beside the store). Removed when the run ends.")
 
 
+k_option = click.option("--k", "k", type=int, default=10, show_default=True,
+                        help="List length of the ranking metrics (Precision/Recall/NDCG/MAP@k).")
+relevant_threshold_option = click.option(
+    "--relevant-threshold", type=float, default=None, metavar="RATING",
+    help="A held-out rating at or above it is relevant (default: the top 20% of the rating range, "
+    "min + 0.8 (max - min): 4.2 on 1..5).")
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="streamdp")
 def main():
@@ -370,6 +378,10 @@ def format_train_summary(summary: dict) -> str:
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "
                      f"{summary['test_ratings']:,} held-out ratings; non-private baselines: {format_baselines(b)}")
         lines.append("verdict: " + format_verdict(summary["verdict"], summary["test_rmse"]))
+    if summary.get("ranking"):
+        from streamdp.ranking import format_ranking_short
+
+        lines.append("ranking: " + format_ranking_short(summary["ranking"]))
     return "\n".join(lines)
 
 
@@ -425,16 +437,22 @@ def encode_json_safe(obj):
 @click.option("--allow-other-store", is_flag=True, help="Evaluate also on a store other than the one MODEL was "
               "trained on (its checksum differs; a re-split of the same ratings gives an optimistic RMSE); the "
               "output then says store_matches_model: false.")
+@k_option
+@relevant_threshold_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_store, as_json):
-    """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines.
+def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_store, k, relevant_threshold,
+             as_json):
+    """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines, and the ranking metrics
+    (Precision/Recall/NDCG/MAP@k, coverage, popularity bias) of each user's top-k list of items unrated in
+    training, beside the most-popular lists (by the model's released counts, and non-private).
 
     STORE must be the store MODEL was trained on (same checksum) unless --allow-other-store.
     """
     from streamdp.evaluate import evaluate_model, format_evaluation
 
     ev = evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
-                        allow_other_store=allow_other_store, scheduler=scheduler)
+                        allow_other_store=allow_other_store, scheduler=scheduler, k=k,
+                        relevant_threshold=relevant_threshold)
     if as_json:
         print_json(ev)
     else:
@@ -447,20 +465,56 @@ RECOMMEND_HEADER = "item_id\tpredicted_rating"
 
 @main.command()
 @click.argument("model")
-@click.option("--ratings", "ratings_file", required=True, help="The user's own ratings: lines 'item,rating' "
+@click.option("--ratings", "ratings_file", default=None, help="One user's own ratings: lines 'item,rating' "
               "(original item ids; ratings within the model's rating range).")
-@click.option("--top", type=int, default=10, show_default=True, help="How many items to recommend.")
+@click.option("--store", default=None, help="Batch form: recommend for every user of this store (or --users), each "
+              "from her own training ratings; needs --out.")
+@click.option("--out", default=None, metavar="FILE", help="Batch form: Parquet file to write (columns user_id, rank, "
+              "item_id, score; original ids), atomically.")
+@click.option("--users", "users_file", default=None, metavar="FILE", help="Batch form: only these users, one "
+              "original user id a line.")
+@click.option("--top", type=int, default=10, show_default=True, help="How many items to recommend (per user).")
 @click.option("--ridge", type=float, default=None, help="Ridge of the local user solve (default: the model's).")
+@click.option("--workers", type=int, default=None, help="Batch form: worker threads (default: all cores).")
+@memory_limit_option
+@click.option("--scheduler", default=None, metavar="ADDRESS", help="Batch form: Dask distributed scheduler "
+              "(tcp://host:port) whose workers must reach STORE.")
+@click.option("--force", is_flag=True, help="Batch form: replace an existing file at --out.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def recommend(model, ratings_file, top, ridge, as_json):
-    """Top-N unseen items for one user, solved locally from MODEL and their ratings file.
+def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, memory_limit, scheduler, force,
+              as_json):
+    """Top-N unseen items for one user (--ratings FILE), or for every user of a store (--store STORE --out FILE).
 
-    Prints a header line (item_id, predicted_rating), then one tab-separated line per item.
+    One user: solved locally from MODEL and their ratings file; prints a header line (item_id, predicted_rating),
+    then one tab-separated line per item.
+
+    Batch: each user's row is solved from MODEL and her own training ratings in STORE, streamed block by block
+    within --memory-limit; writes Parquet (user_id, rank, item_id, score; ranks from 1; score: the predicted
+    rating, clipped to the rating range). Under joint DP each list depends on the released model and on that
+    user's own data only: it may be shown to that user, but the file (every user's list) must not be published.
     """
+    from streamdp.errors import ParameterError
     from streamdp.local import rating_range, read_user_ratings
     from streamdp.model import load_model
 
+    if (ratings_file is None) == (store is None):
+        raise ParameterError("give either --ratings FILE (one user) or --store STORE --out FILE (every user)")
+    if store is None:
+        for flag, v in (("--out", out), ("--users", users_file), ("--scheduler", scheduler)):
+            if v is not None:
+                raise ParameterError(f"{flag}: only with --store (batch recommendations)")
+    elif out is None:
+        raise ParameterError("--store: give --out FILE, the Parquet file to write")
     m = load_model(model)
+    if store is not None:
+        res = m.recommend_all(store, top, out, users=users_file, ridge=ridge, workers=workers, scheduler=scheduler,
+                              memory_limit=memory_limit, force=force)
+        if as_json:
+            print_json(res)
+        else:
+            click.echo(f"wrote {res['out']}: top {res['top']} for {res['users']:,} users ({res['rows']:,} rows) in "
+                       f"{res['seconds']:.1f}s; each list is for its user only (joint DP): do not publish the file")
+        return
     items, ratings, unknown = read_user_ratings(ratings_file, m.item_ids, rating_range(m))
     recs = m.recommend(zip(m.item_ids[items].tolist(), ratings.tolist()), n=top, ridge=ridge)
     ids, score = [i for i, _ in recs], np.array([s for _, s in recs])

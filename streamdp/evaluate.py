@@ -19,7 +19,8 @@ from streamdp.stream.engine import add_into as _add
 
 
 def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=None, ridge: float | None = None,
-                   baselines: bool = True, allow_other_store: bool = False) -> dict:
+                   baselines: bool = True, allow_other_store: bool = False, ranking: bool = True, k: int = 10,
+                   relevant_threshold: float | None = None) -> dict:
     """RMSE and MAE of ``model`` on ``store``'s test split (+ baselines).
 
     Parameters
@@ -39,13 +40,21 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         ``store_matches_model: False``. Without it that is an error: a re-split of
         the same ratings has test ratings the model was trained on, and its RMSE
         is optimistic.
+    ranking : bool
+        Also compute the ranking metrics of each user's top-``k`` list (:mod:`streamdp.ranking`) in the same
+        pass, beside the most-popular baselines.
+    k : int
+        List length of the ranking metrics.
+    relevant_threshold : float, optional
+        A held-out rating at or above it is relevant (default: the top 20% of the rating range).
 
     Returns
     -------
     dict
         ``rmse, mae, n_ratings, n_users, ridge, method, guarantee`` and, with
         baselines, ``baselines: {global_mean: {rmse, mae}, item_mean: {rmse, mae}}``;
-        ``store_matches_model`` (``None`` for a model that records no store fingerprint).
+        ``store_matches_model`` (``None`` for a model that records no store fingerprint); with ranking,
+        ``ranking`` (:meth:`streamdp.ranking.Ranking.result`).
 
     Raises
     ------
@@ -81,6 +90,11 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                          f"other ratings, or the store was replaced since): its test split may hold ratings the model "
                          f"was trained on and give an "
                          f"optimistic RMSE; pass --allow-other-store to evaluate it anyway")
+    if ranking:
+        from streamdp.ranking import check_k
+
+        k = check_k(k)
+    released = m
     m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
     ridge = model_ridge(m, ridge)
     n = st.n_items
@@ -88,8 +102,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
 
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
                 state_bytes=m.item_factors.nbytes * 3) as eng:
-        item_mean = damped = gm = None
-        if baselines:
+        item_mean = damped = gm = rank = None
+        if baselines or ranking:
             def sums(block, b):
                 return np.stack([np.bincount(block.items, weights=block.ratings.astype(np.float64), minlength=n),
                                  np.bincount(block.items, minlength=n).astype(np.float64)])
@@ -98,6 +112,10 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
             gm = float(S[0].sum() / max(S[1].sum(), 1.0))
             item_mean = np.where(S[1] > 0, S[0] / np.maximum(S[1], 1.0), gm)
             damped = (S[0] + ITEM_DAMPING * gm) / (S[1] + ITEM_DAMPING)  # shrunk toward the global mean
+        if ranking:
+            from streamdp.ranking import setup
+
+            rank = setup(released, st, S[1], k=k, relevant_threshold=relevant_threshold)
 
         def fn(block, b):
             test = st.read_block(b, "test")
@@ -112,9 +130,12 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                 for guess in (gm, item_mean[test.items], damped[test.items], damped[test.items] + bu[users]):
                     e = np.clip(guess, lo, hi) - y
                     row += [np.sum(e * e), np.sum(np.abs(e))]
-            return np.asarray(row, np.float64)
+            row = np.asarray(row, np.float64)
+            return row if rank is None else np.concatenate([row, rank.block(U, block, test)])
 
-        tot = eng.map_reduce(fn, _add, np.zeros(3 + 2 * len(BASELINES) if baselines else 3), desc="evaluate")
+        width = 3 + 2 * len(BASELINES) if baselines else 3
+        tot = eng.map_reduce(fn, _add, np.zeros(width + (rank.part_size if rank is not None else 0)),
+                             extra_per_block=8 * (rank.part_size if rank is not None else 0), desc="evaluate")
     st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
     cnt = max(tot[2], 1.0)
     out = {
@@ -133,6 +154,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                                    "guarantee": "non-private", "what": BASELINES[name]}
                             for i, name in enumerate(BASELINES)}
         out["verdict"] = verdict(out["rmse"], out["baselines"])
+    if rank is not None:
+        out["ranking"] = rank.result(tot[width:])
     return out
 
 
@@ -226,6 +249,10 @@ def format_evaluation(ev: dict) -> str:
                      f"{what}")
     if ev.get("verdict"):
         lines.append("verdict: " + format_verdict(ev["verdict"], ev["rmse"]))
+    if ev.get("ranking"):
+        from streamdp.ranking import format_ranking
+
+        lines.append(format_ranking(ev["ranking"]))
     if ev.get("store_matches_model") is False:
         lines.append("store_matches_model: false (--allow-other-store): the store's fingerprint differs from that "
                      "of the store the model was trained on; if it holds ratings the model was trained on, the RMSE "

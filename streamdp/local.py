@@ -224,30 +224,40 @@ def user_scores(model, items, ratings, *, ridge: float | None = None, user_bias:
     the model's rating range. A rating outside that range is an :class:`InputError`.
     """
     lo, hi = rating_range(model)
+    return np.clip(_raw_scores(model, items, ratings, ridge, user_bias), lo, hi)
+
+
+def _raw_scores(model, items, ratings, ridge, user_bias) -> np.ndarray:
+    """Unclipped predictions of every item (ratings checked against the model's range)."""
+    lo, hi = rating_range(model)
     r = np.asarray(ratings, np.float64)
     bad = ~((r >= lo) & (r <= hi))
     if bad.any():
         raise InputError(f"rating {r[bad][0]:g} is outside the model's rating range [{lo:g}, {hi:g}]")
     u = solve_user(model, items, ratings, ridge, user_bias=user_bias)
     Q, bias = local_design(model, user_bias)
-    return np.clip(model.global_mean + bias + Q @ u, lo, hi)
+    return model.global_mean + bias + Q @ u
 
 
 def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = None, user_bias: bool | None = None):
     """Top-``top`` unseen items for a user with ``ratings`` on dense ``items``.
 
-    Returns ``(dense_item_indices, predicted_ratings)``, best first; ties are broken
-    by the lower index (a released model lists its items by ascending id). A rating
-    outside the model's rating range is an :class:`InputError`.
+    Returns ``(dense_item_indices, predicted_ratings)``, best first. Items are ranked by
+    the unclipped prediction (clipping to the rating range would tie every item
+    predicted above the top of the scale), ties broken by the lower index (a released
+    model lists its items by ascending id); the ratings returned are clipped. The batch
+    form (:mod:`streamdp.batch`) and the ranking metrics (:mod:`streamdp.ranking`) rank
+    the same way. A rating outside the model's rating range is an :class:`InputError`.
     """
     if top < 1:
         raise ParameterError(f"--top must be >= 1, got {top}")
-    score = user_scores(model, items, ratings, ridge=ridge, user_bias=user_bias)
-    seen = np.zeros(len(score), bool)
+    raw = _raw_scores(model, items, ratings, ridge, user_bias)
+    seen = np.zeros(len(raw), bool)
     seen[np.asarray(items, np.int64)] = True
     cand = np.flatnonzero(~seen)
-    order = cand[np.lexsort((cand, -score[cand]))][:top]
-    return order, score[order]
+    order = cand[np.lexsort((cand, -raw[cand]))][:top]
+    lo, hi = rating_range(model)
+    return order, np.clip(raw[order], lo, hi)
 
 
 def read_user_ratings(path: str, item_ids, rating_range: tuple[float, float] | None = None

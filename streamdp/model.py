@@ -150,6 +150,17 @@ class Model:
         ids = np.asarray(self.item_ids)[idx].tolist()
         return [(i, round(float(s), 6)) for i, s in zip(ids, score)]
 
+    def recommend_all(self, store, n: int = 10, path=None, *, users=None, ridge: float | None = None, workers=None,
+                      scheduler=None, memory_limit=None, force: bool = False):
+        """Top-``n`` unseen items for every user of ``store`` (or the original ids in ``users``), each from her
+        own training ratings: an iterator of pyarrow Tables ``user_id, rank, item_id, score`` (one per user
+        block), or, with ``path``, a Parquet file written atomically (then a summary dict). See
+        :mod:`streamdp.batch` (each list may be shown to its user, not published: joint DP)."""
+        from streamdp.batch import recommend_all
+
+        return recommend_all(self, store, n, path=path, users=users, ridge=ridge, workers=workers,
+                             scheduler=scheduler, memory_limit=memory_limit, force=force)
+
     def save(self, out: str, *, force: bool = False) -> str:
         """Write the model to the directory ``out`` (atomically; ``force`` replaces only a model)."""
         return save_model(out, item_factors=self.item_factors, item_bias=self.item_bias, item_ids=self.item_ids,

@@ -8,10 +8,12 @@ releases (PLD accountant at the budget's delta, basic composition beside it), pr
 and checked against the store's budget; ``--dry-run`` stops there.
 
 Outputs (written into ``OUT``, created or, with ``--force``, replacing an earlier sweep):
-``results.csv`` (one row per run), ``results.json`` (rows, per-point mean and spread,
-the non-private baselines, the spend) and ``rmse_vs_epsilon.png`` (log epsilon axis,
-one line per method with error bars from repeats, the non-private item-mean baseline
-and each method's non-private RMSE as horizontal lines; needs the ``plot`` extra).
+``results.csv`` (one row per run, with its Recall@10 and NDCG@10), ``results.json``
+(rows, per-point mean and spread, the non-private baselines, the spend) and
+``rmse_vs_epsilon.png`` (log epsilon axis, one line per method with error bars from
+repeats, the non-private item-mean baseline and each method's non-private RMSE as
+horizontal lines; a second panel the same for NDCG@10, with the most-popular lists as
+horizontal lines: by the released counts and non-private; needs the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -147,7 +149,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     os.makedirs(os.path.join(out, "models"))
     with open(os.path.join(out, SWEEP_MARKER), "w") as f:
         f.write("streamdp sweep output\n")
-    rows, baselines = [], None
+    rows, baselines, ranking_baselines = [], None, None
     t0 = time.perf_counter()
     for i, (m, e, r) in enumerate(points, 1):
         model_dir = os.path.join(out, "models", f"{m}-eps{_name(e)}-r{r}")
@@ -156,13 +158,20 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
                       over_budget=over_budget)
         s = model.summary
         baselines = baselines or s.get("baselines")
+        rk = s.get("ranking") or {}
+        if rk.get("baselines"):
+            ranking_baselines = {k: {"recall": v["recall"], "ndcg": v["ndcg"], "guarantee": v["guarantee"]}
+                                 for k, v in rk["baselines"].items()}
+            ranking_baselines["k"] = rk["k"]
         rows.append({"method": m, "epsilon": _name(e), "repeat": r, "test_rmse": s["test_rmse"],
-                     "test_mae": s["test_mae"], "epsilon_spent": s["epsilon_spent"], "guarantee": s["guarantee"],
+                     "test_mae": s["test_mae"], "recall_at_k": rk.get("recall"), "ndcg_at_k": rk.get("ndcg"),
+                     "epsilon_spent": s["epsilon_spent"], "guarantee": s["guarantee"],
                      "better_than_baselines": s["verdict"]["better"], "seconds": s["train_seconds"],
                      "model": model_dir})
-        say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: test RMSE {s['test_rmse']:.4f}")
+        say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: test RMSE {s['test_rmse']:.4f}"
+            + (f", NDCG@{rk['k']} {rk['ndcg']:.4f}" if rk else ""))
     summary = _aggregate(rows)
-    result.update(dry_run=False, rows=rows, summary=summary, baselines=baselines,
+    result.update(dry_run=False, rows=rows, summary=summary, baselines=baselines, ranking_baselines=ranking_baselines,
                   seconds=round(time.perf_counter() - t0, 2))
     _write(out, result)
     result["plot"] = plot(result, os.path.join(out, PLOT_PNG))
@@ -172,10 +181,18 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
 def _aggregate(rows) -> list[dict]:
     groups: dict = {}
     for row in rows:
-        groups.setdefault((row["method"], row["epsilon"]), []).append(row["test_rmse"])
-    return [{"method": m, "epsilon": e, "n": len(v), "rmse_mean": statistics.fmean(v),
+        groups.setdefault((row["method"], row["epsilon"]), []).append(row)
+    out = []
+    for (m, e), g in groups.items():
+        v = [row["test_rmse"] for row in g]
+        d = {"method": m, "epsilon": e, "n": len(v), "rmse_mean": statistics.fmean(v),
              "rmse_std": statistics.stdev(v) if len(v) > 1 else 0.0, "rmse_min": min(v), "rmse_max": max(v)}
-            for (m, e), v in groups.items()]
+        nd = [row["ndcg_at_k"] for row in g if row.get("ndcg_at_k") is not None]
+        if nd:
+            d["ndcg_mean"] = statistics.fmean(nd)
+            d["ndcg_std"] = statistics.stdev(nd) if len(nd) > 1 else 0.0
+        out.append(d)
+    return out
 
 
 def _write(out, result) -> None:
@@ -191,7 +208,8 @@ def _write(out, result) -> None:
 
 
 def plot(result: dict, path: str) -> str | None:
-    """The RMSE-vs-epsilon figure (PNG); ``None`` when matplotlib (the ``plot`` extra) is absent."""
+    """The RMSE-vs-epsilon figure (PNG), with an NDCG@k-vs-epsilon panel below it when the runs were ranked;
+    ``None`` when matplotlib (the ``plot`` extra) is absent."""
     try:
         import matplotlib
 
@@ -200,39 +218,54 @@ def plot(result: dict, path: str) -> str | None:
     except ImportError:
         return None
     finite = sorted({float(s["epsilon"]) for s in result["summary"] if s["epsilon"] != "inf"})
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, m in enumerate(result["methods"]):
-        pts = sorted((float(s["epsilon"]), s["rmse_mean"], s["rmse_std"]) for s in result["summary"]
-                     if s["method"] == m and s["epsilon"] != "inf")
-        c = colors[i % len(colors)]
-        if pts:
-            x, y, err = zip(*pts)
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=c, label=f"{m} (private)")
-        inf = [s for s in result["summary"] if s["method"] == m and s["epsilon"] == "inf"]
-        if inf:
-            ax.axhline(inf[0]["rmse_mean"], color=c, linestyle=":", linewidth=1,
-                       label=f"{m} non-private ({inf[0]['rmse_mean']:.3f})")
+    ranked = any("ndcg_mean" in s for s in result["summary"])
+    fig, axes = plt.subplots(2 if ranked else 1, 1, figsize=(9, 8.5 if ranked else 4.5), squeeze=False)
     b = result.get("baselines") or {}
-    for key, label, style in (("item_mean", "item mean", "--"), ("damped_item_mean", "damped item mean", "-."),
-                              ("user_item_bias", "user+item bias", (0, (1, 3)))):
-        if key in b:
-            ax.axhline(b[key]["rmse"], color="black", linestyle=style, linewidth=1,
-                       label=f"{label}, non-private ({b[key]['rmse']:.3f})")
-    if finite:
-        ax.set_xscale("log")
-        ax.set_xticks(finite)
-        ax.set_xticklabels([f"{e:g}" for e in finite])
-        ax.minorticks_off()
-    ax.set_xlabel("user-level epsilon (log scale)")
-    ax.set_ylabel("test RMSE")
-    ax.set_title(f"{os.path.basename(result['store'].rstrip('/'))}: test RMSE vs epsilon "
-                 f"(delta {result['delta']:.0e}, {result['repeats']} repeat(s))")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # beside the lines, never on them
+    lines = [(b[key]["rmse"], f"{label}, non-private", style) for key, label, style in
+             (("item_mean", "item mean", "--"), ("damped_item_mean", "damped item mean", "-."),
+              ("user_item_bias", "user+item bias", (0, (1, 3)))) if key in b]
+    _panel(plt, axes[0][0], result, finite, "rmse", "test RMSE", lines)
+    if ranked:
+        rb = result.get("ranking_baselines") or {}
+        k = rb.get("k", 10)
+        lines = [(rb[key]["ndcg"], label, style) for key, label, style in
+                 (("private_popularity", "most popular by released counts", "--"),
+                  ("popularity", "most popular, non-private", "-.")) if key in rb]
+        _panel(plt, axes[1][0], result, finite, "ndcg", f"test NDCG@{k} (unrated items)", lines)
+    axes[0][0].set_title(f"{os.path.basename(result['store'].rstrip('/'))}: test RMSE"
+                         + (" and NDCG" if ranked else "") + f" vs epsilon "
+                         f"(delta {result['delta']:.0e}, {result['repeats']} repeat(s))")
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     os.replace(tmp, path)
     return path
+
+
+def _panel(plt, ax, result, finite, key, ylabel, baselines) -> None:
+    """One panel: each method's mean ``key`` against epsilon (error bars from repeats), its non-private value and
+    the ``(value, label, linestyle)`` baselines as horizontal lines."""
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, m in enumerate(result["methods"]):
+        pts = sorted((float(s["epsilon"]), s[f"{key}_mean"], s[f"{key}_std"]) for s in result["summary"]
+                     if s["method"] == m and s["epsilon"] != "inf" and f"{key}_mean" in s)
+        c = colors[i % len(colors)]
+        if pts:
+            x, y, err = zip(*pts)
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=c, label=f"{m} (private)")
+        inf = [s for s in result["summary"] if s["method"] == m and s["epsilon"] == "inf" and f"{key}_mean" in s]
+        if inf:
+            ax.axhline(inf[0][f"{key}_mean"], color=c, linestyle=":", linewidth=1,
+                       label=f"{m} non-private ({inf[0][f'{key}_mean']:.3f})")
+    for value, label, style in baselines:
+        ax.axhline(value, color="black", linestyle=style, linewidth=1, label=f"{label} ({value:.3f})")
+    if finite:
+        ax.set_xscale("log")
+        ax.set_xticks(finite)
+        ax.set_xticklabels([f"{e:g}" for e in finite])
+        ax.minorticks_off()
+    ax.set_xlabel("user-level epsilon (log scale)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # beside the lines, never on them

@@ -42,6 +42,28 @@ def test_sweep_writes_results_plot_and_charges_every_point(store, tmp_path):
     assert len(entries) == 6 and all(e["status"] == "complete" for e in entries)
     # the spend printed up front is what the budget now holds for the private points
     assert res["spend"]["sweep"]["n_releases"] == 4
+    # a column of the table and a second panel of the plot: NDCG@10 beside the most-popular lists
+    assert all(float(row["ndcg_at_k"]) > 0 and float(row["recall_at_k"]) > 0 for row in rows)
+    assert all(s["ndcg_mean"] > 0 for s in res["summary"])
+    assert set(res["ranking_baselines"]) >= {"popularity", "k"}
+
+
+def test_sweep_plot_has_an_ndcg_panel(tmp_path):
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from streamdp.sweep import plot
+
+    summary = [{"method": "als", "epsilon": "1", "rmse_mean": 1.0, "rmse_std": 0.0},
+               {"method": "als", "epsilon": "2", "rmse_mean": 0.9, "rmse_std": 0.0}]
+    res = {"methods": ["als"], "summary": summary, "store": "s.zarr", "delta": 1e-6, "repeats": 1,
+           "baselines": {"item_mean": {"rmse": 1.0}}}
+    one = imread(plot(res, str(tmp_path / "a.png")))
+    for s, v in zip(summary, (0.1, 0.2)):
+        s.update(ndcg_mean=v, ndcg_std=0.0)
+    res["ranking_baselines"] = {"k": 10, "popularity": {"ndcg": 0.15}}
+    two = imread(plot(res, str(tmp_path / "b.png")))
+    assert two.shape[0] > 1.8 * one.shape[0] and two.shape[1] == one.shape[1]
 
 
 def test_sweep_refuses_to_exceed_the_budget_before_running(store, tmp_path):

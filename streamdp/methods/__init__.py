@@ -249,5 +249,6 @@ def _summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evalua
         summary["test_ratings"] = ev["n_ratings"]
         summary["baselines"] = {k: {"rmse": b["rmse"], "mae": b["mae"]} for k, b in ev["baselines"].items()}
         summary["verdict"] = ev["verdict"]
+        summary["ranking"] = ev["ranking"]
     summary["privacy_warnings"] = privacy_warnings(led)
     return summary

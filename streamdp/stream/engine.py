@@ -232,6 +232,22 @@ class Engine:
                 bar.update(1)
         return acc
 
+    def imap(self, fn: Callable[[Block, int], Any], *, split: str = "train", blocks: Iterable[int] | None = None,
+             extra_per_block: int = 0, desc: str = "pass"):
+        """Yield ``(b, fn(block_b, b))`` in block order: :meth:`map_reduce` for a caller that consumes the partials
+        one by one (e.g. writes each to a file) instead of reducing them; local threads or the cluster alike.
+
+        Closing the generator early stops the pass (its workers finish their blocks).
+        """
+        order = list(range(self.n_blocks)) if blocks is None else [int(b) for b in blocks]
+        window = self.blocks_in_flight(split, extra_per_block)
+        run = self._run_distributed if self._client is not None else self._run_local
+        with progress(total=len(order), desc=desc, unit="block") as bar, \
+                contextlib.closing(run(fn, order, split, window)) as parts:
+            for b, part in parts:
+                yield b, part
+                bar.update(1)
+
     def foreach(self, fn: Callable[[Block, int], Any], *, split: str = "train", order: Sequence[int] | None = None,
                 extra_per_block: int = 0, desc: str = "pass") -> list:
         """Call ``fn(block, b)`` for each block on the local worker threads; return the results in ``order``.

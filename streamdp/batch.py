@@ -1,0 +1,239 @@
+"""Top-N recommendations for every user of a store: ``streamdp recommend MODEL --store STORE --out recs.parquet``.
+
+Each user's list is what :func:`streamdp.local.recommend` would give her on her own
+device: her row solved from the released model and her own *training* ratings, every
+item she did not rate scored, the ``n`` best kept (ranked by the model's unclipped
+prediction, ties by ascending item id; the score written is the prediction clipped to
+the rating range). Streamed block by block on the engine (local threads or a Dask
+cluster) with the scoring in Numba (:func:`streamdp.kernels.topk.topn_scores`), so
+memory is bounded by ``--memory-limit`` whatever the number of users.
+
+**What this is under joint DP.** The model is the release; the lists are not. Each
+user's list depends on the released model and on that user's own ratings only, so
+showing a user her own list keeps the joint-DP guarantee (Kearns et al.): the other
+users' lists together reveal nothing more about her than the model does. The file
+as a whole holds every user's list, computed from every user's ratings: it is the
+data owner's to serve, one list to each user, **not to publish**.
+
+Output: Parquet (pyarrow), one row per (user, rank): ``user_id, rank, item_id,
+score`` with the original ids (integers or strings, as ingested), users in the
+store's order, ranks from 1. Written to a temporary file beside ``--out`` and renamed
+into place when complete: a failed or interrupted run leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from streamdp.errors import InputError, ParameterError, StoreError
+
+#: The columns of the output, in order.
+COLUMNS = ("user_id", "rank", "item_id", "score")
+
+
+def read_user_list(path: str, store) -> np.ndarray:
+    """The dense indices (sorted, unique) of the users listed in ``path``: one original user id per line.
+
+    Blank lines and lines starting with ``#`` are skipped, as is a header line
+    ``user_id`` (or ``user``) on the first line. An id that is not of the store's kind
+    (a non-integer for integer ids) or not a user of the store is an
+    :class:`InputError` naming the file and line.
+    """
+    from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
+
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    is_num = numeric(store.user_ids(0, min(1, store.n_users)))
+    keys, texts, lines = [], [], []
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(utf8_lines(f, path), 1):
+            text = line.strip()
+            if not text or text.startswith("#") or (not keys and text.lower() in ("user_id", "user")):
+                continue
+            try:
+                keys.append(parse_id(text, is_num))
+            except ValueError:
+                raise InputError(f"{path}:{lineno}: user id {text!r} is not an integer (the store's user ids are "
+                                 f"integers)") from None
+            texts.append(text)
+            lines.append(lineno)
+    if not keys:
+        raise InputError(f"{path}: no user ids")
+    dense = np.full(len(keys), -1, np.int64)
+    for b in range(store.n_blocks):
+        first, end = store.block_range(b)
+        pos = find(store.user_ids(first, end), keys)
+        hit = pos >= 0
+        dense[hit] = first + pos[hit]
+    missing = np.flatnonzero(dense < 0)
+    if len(missing):
+        i = int(missing[0])
+        raise InputError(f"{path}:{lines[i]}: user {texts[i]} is not a user of {store.path}"
+                         + (f" ({len(missing)} ids in all are not)" if len(missing) > 1 else ""))
+    return np.unique(dense)
+
+
+def _prepare(model, store, n, users, ridge):
+    from streamdp.local import model_ridge
+    from streamdp.model import Model, load_model
+    from streamdp.storage.ids import find
+    from streamdp.storage.store import RatingStore, open_store
+
+    if isinstance(n, bool) or int(n) != n or n < 1:
+        raise ParameterError(f"--top must be a positive integer, got {n}")
+    m = model if isinstance(model, Model) else load_model(model)
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    st.check_chunks()
+    ids = st.item_ids()
+    if st.n_items != m.n_items or np.asarray(m.item_ids).dtype != ids.dtype or (find(m.item_ids, ids) < 0).any():
+        raise StoreError(f"{st.path}: the store's items are not the items of the model {m.path}")
+    tiekey = find(m.item_ids, ids)
+    mo = m.in_order_of(ids)
+    ridge = model_ridge(m, ridge)
+    if users is None:
+        wanted = None
+    elif isinstance(users, (str, os.PathLike)):
+        wanted = read_user_list(str(users), st)
+    else:  # Python API: original ids
+        from streamdp.storage.ids import numeric, parse_id
+
+        is_num = numeric(st.user_ids(0, min(1, st.n_users)))
+        keys = [parse_id(u, is_num) for u in users]
+        dense = np.full(len(keys), -1, np.int64)
+        for b in range(st.n_blocks):
+            first, end = st.block_range(b)
+            pos = find(st.user_ids(first, end), keys)
+            dense[pos >= 0] = first + pos[pos >= 0]
+        if (dense < 0).any():
+            raise InputError(f"users: {keys[int(np.flatnonzero(dense < 0)[0])]!r} is not a user of {st.path}")
+        wanted = np.unique(dense)
+    return m, st, mo, ids, tiekey, ridge, wanted
+
+
+def _schema(st, item_ids):
+    import pyarrow as pa
+
+    from streamdp.storage.ids import numeric
+
+    uk = pa.int64() if numeric(st.user_ids(0, min(1, st.n_users))) else pa.string()
+    ik = pa.int64() if numeric(item_ids) else pa.string()
+    return pa.schema([("user_id", uk), ("rank", pa.int32()), ("item_id", ik), ("score", pa.float32())])
+
+
+def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, scheduler, memory_limit):
+    """Yield one pyarrow Table per block (users in store order, ranks from 1)."""
+    import pyarrow as pa
+
+    from streamdp.kernels.topk import topn_scores
+    from streamdp.local import local_design, rating_range, solve_block
+    from streamdp.stream.engine import Engine
+
+    Q, bias = local_design(mo)
+    mu = float(mo.global_mean)
+    lo, hi = rating_range(mo)
+    tiekey = np.ascontiguousarray(tiekey, np.int64)
+    if wanted is None:
+        blocks = None
+    else:
+        blocks = np.unique(np.searchsorted([st.block_range(b)[1] for b in range(st.n_blocks)], wanted, "right"))
+    item_kind = schema.field("item_id").type
+
+    def fn(block, b):
+        nu = block.n_users
+        first = block.first_user
+        if wanted is None:
+            want = np.ones(nu, np.uint8)
+        else:
+            want = np.zeros(nu, np.uint8)
+            sel = wanted[(wanted >= first) & (wanted < first + nu)] - first
+            want[sel] = 1
+        U = solve_block(mo, block.indptr, block.items, block.ratings, ridge)
+        lists = np.empty((nu, n), np.int32)
+        scores = np.empty((nu, n), np.float64)
+        topn_scores(np.asarray(block.indptr, np.int64), np.asarray(block.items, np.int32), want,
+                    np.ascontiguousarray(U, np.float64), Q, bias, mu, tiekey, lists, scores)
+        ok = lists >= 0
+        row, rank = np.nonzero(ok)  # row-major: by user, then rank
+        uids = st.user_ids(first, first + nu)[row]
+        return pa.table([pa.array(uids, type=schema.field("user_id").type), pa.array(rank + 1, pa.int32()),
+                         pa.array(ids[lists[ok]], type=item_kind),
+                         pa.array(np.clip(scores[ok], lo, hi).astype(np.float32), pa.float32())], schema=schema)
+
+    k = Q.shape[1]
+    with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
+                state_bytes=Q.nbytes * 3) as eng:
+        per_block = st.block_users * (n * 48 + 8 * (k + 2))  # lists, scores, the table; U
+        for _, table in eng.imap(fn, blocks=blocks, extra_per_block=per_block, desc="recommend"):
+            yield table
+    st.check_unchanged()
+
+
+def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: float | None = None, workers=None,
+                  scheduler=None, memory_limit=None, force: bool = False):
+    """Top-``n`` unseen items of every user of ``store`` (or of ``users``) from ``model``.
+
+    Parameters
+    ----------
+    model : str or Model
+    store : str or RatingStore
+        Its items must be the model's items; each user's training ratings are her own data.
+    n : int
+        Items per user (fewer for a user who rated nearly everything).
+    path : str, optional
+        Write Parquet there (temporary file + rename) and return a summary dict;
+        without it, return an iterator of :class:`pyarrow.Table` (one per user block).
+    users : str or iterable, optional
+        A file of original user ids (one a line), or the ids themselves.
+    force : bool
+        Replace an existing file at ``path``.
+    """
+    m, st, mo, ids, tiekey, ridge, wanted = _prepare(model, store, n, users, ridge)
+    n = int(n)
+    schema = _schema(st, ids)
+    kw = dict(workers=workers, scheduler=scheduler, memory_limit=memory_limit)
+    if path is None:
+        return _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw)
+    return _write(str(path), _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw), schema, force=force,
+                  n=n)
+
+
+def _write(path: str, tables, schema, *, force: bool, n: int) -> dict:
+    import pyarrow.parquet as pq
+
+    from streamdp.outputs import deferred_interrupts
+
+    def check():
+        if os.path.lexists(path) and not force:
+            raise StoreError(f"{path}: already exists (use --force to overwrite it)")
+        if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+            raise StoreError(f"{path}: exists and is not a file; --force replaces only a file, so it was left "
+                             f"untouched")
+
+    check()
+    t0 = time.perf_counter()
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise StoreError(f"{path}: directory {d} does not exist")
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    rows = users = 0
+    try:
+        with pq.ParquetWriter(tmp, schema) as w:
+            for t in tables:
+                if t.num_rows:
+                    w.write_table(t)
+                    rows += t.num_rows
+                    users += int((t.column("rank").to_numpy() == 1).sum())
+        with deferred_interrupts():
+            check()
+            os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    return {"out": path, "rows": rows, "users": users, "top": n, "columns": list(COLUMNS),
+            "seconds": round(time.perf_counter() - t0, 3)}

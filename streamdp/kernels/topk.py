@@ -1,0 +1,168 @@
+"""Top-N lists of a user block and their ranking metrics, on raw arrays.
+
+Every list excludes the items the user rated in training (``items[indptr[u]:indptr[u+1]]``)
+and orders the rest by score, best first, ties broken by the lower ``tiekey`` (the
+item's position in the released model, i.e. ascending original id), so a list does
+not depend on the store's item order. Lists are ``(n_users, n)`` ``int32`` rows of
+dense item indices, padded with ``-1`` when a user has fewer than ``n`` candidates.
+Each kernel has a NumPy reference here (``*_reference``) that the tests compare with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def _better(s1, t1, s2, t2):
+    return s1 > s2 or (s1 == s2 and t1 < t2)
+
+
+@njit(cache=True, nogil=True)
+def _insert(j, s, tiekey, c, n, best, bscore):
+    """Insert item ``j`` with score ``s`` into the sorted top list (``c`` entries); return the new count."""
+    if c == n:
+        if not _better(s, tiekey[j], bscore[n - 1], tiekey[best[n - 1]]):
+            return c
+        p = n - 1
+    else:
+        p = c
+        c += 1
+    while p > 0 and _better(s, tiekey[j], bscore[p - 1], tiekey[best[p - 1]]):
+        best[p] = best[p - 1]
+        bscore[p] = bscore[p - 1]
+        p -= 1
+    best[p] = j
+    bscore[p] = s
+    return c
+
+
+@njit(cache=True, nogil=True)
+def topn_scores(indptr, items, want, U, Q, item_bias, global_mean, tiekey, out_items, out_scores):
+    """Each wanted user's top ``n`` unseen items by ``global_mean + item_bias[j] + U[u] . Q[j]`` (unclipped).
+
+    ``want[u] == 0`` skips user ``u`` (its row stays ``-1``). ``out_items`` is
+    ``(n_users, n)`` int32, ``out_scores`` the same shape float64 (written only where
+    ``out_items >= 0``). Cost ``n_items k`` per wanted user; a score computed for a
+    seen item is never looked at.
+    """
+    n_items, k = Q.shape
+    n = out_items.shape[1]
+    QT = np.ascontiguousarray(Q.T)  # item-contiguous rows: the score loop runs over items, in SIMD lanes
+    base = global_mean + item_bias
+    score = np.empty(n_items, np.float64)
+    seen = np.full(n_items, -1, np.int64)
+    best = np.empty(n, np.int64)
+    bscore = np.empty(n, np.float64)
+    for u in range(len(indptr) - 1):
+        for a in range(n):
+            out_items[u, a] = -1
+        if want[u] == 0:
+            continue
+        for p in range(indptr[u], indptr[u + 1]):
+            seen[items[p]] = u
+        score[:] = base
+        for d in range(k):
+            x = U[u, d]
+            row = QT[d]
+            for j in range(n_items):
+                score[j] += x * row[j]
+        c = 0
+        for j in range(n_items):
+            if seen[j] != u:
+                c = _insert(j, score[j], tiekey, c, n, best, bscore)
+        for a in range(c):
+            out_items[u, a] = best[a]
+            out_scores[u, a] = bscore[a]
+
+
+@njit(cache=True, nogil=True)
+def topn_by_order(indptr, items, want, order, out_items):
+    """Each wanted user's first ``n`` unseen items of the global ranking ``order`` (dense indices, best first).
+
+    The most-popular baselines: ``order`` sorts the items by a count, descending.
+    """
+    n_items = len(order)
+    n = out_items.shape[1]
+    seen = np.full(n_items, -1, np.int64)
+    for u in range(len(indptr) - 1):
+        for a in range(n):
+            out_items[u, a] = -1
+        if want[u] == 0:
+            continue
+        for p in range(indptr[u], indptr[u + 1]):
+            seen[items[p]] = u
+        c = 0
+        for q in range(n_items):
+            if c == n:
+                break
+            j = order[q]
+            if seen[j] != u:
+                out_items[u, c] = j
+                c += 1
+
+
+#: The per-block sums :func:`ranking_sums` accumulates, in order.
+SUMS = ("users", "precision", "recall", "ndcg", "map", "popularity")
+
+
+@njit(cache=True, nogil=True)
+def ranking_sums(lists, test_indptr, test_items, test_ratings, threshold, pop, sums, covered):
+    """Accumulate the ranking metrics of ``lists`` against each user's relevant held-out items.
+
+    A user's relevant items are her test items rated ``>= threshold``; a user with none
+    is skipped. For the others, with ``k = lists.shape[1]``, ``h`` the hits in the list
+    and ``R`` the relevant count: precision ``h / k``, recall ``h / R``, NDCG
+    ``sum_hits 1/log2(rank + 1) / sum_{i <= min(R, k)} 1/log2(i + 1)``, average
+    precision ``sum_hits P@rank / min(R, k)``, popularity the mean ``pop`` of the
+    listed items. ``sums`` (float64, :data:`SUMS` order) and ``covered`` (per item,
+    how many lists hold it) are accumulated into.
+    """
+    k = lists.shape[1]
+    rel = np.full(len(pop), -1, np.int64)
+    for u in range(len(test_indptr) - 1):
+        nrel = 0
+        for p in range(test_indptr[u], test_indptr[u + 1]):
+            if test_ratings[p] >= threshold:
+                rel[test_items[p]] = u
+                nrel += 1
+        if nrel == 0:
+            continue
+        hits = 0
+        dcg = 0.0
+        ap = 0.0
+        psum = 0.0
+        listed = 0
+        for a in range(k):
+            j = lists[u, a]
+            if j < 0:
+                break
+            listed += 1
+            psum += pop[j]
+            covered[j] += 1.0
+            if rel[j] == u:
+                hits += 1
+                dcg += 1.0 / np.log2(a + 2.0)
+                ap += hits / (a + 1.0)
+        idcg = 0.0
+        for a in range(min(nrel, k)):
+            idcg += 1.0 / np.log2(a + 2.0)
+        sums[0] += 1.0
+        sums[1] += hits / k
+        sums[2] += hits / nrel
+        sums[3] += dcg / idcg
+        sums[4] += ap / min(nrel, k)
+        if listed > 0:
+            sums[5] += psum / listed
+
+
+def topn_reference(seen_rows, scores, tiekey, n):
+    """NumPy reference of :func:`topn_scores` / :func:`topn_by_order`: per user, unseen items sorted by
+    ``(-score, tiekey)``, the first ``n``, padded with ``-1``."""
+    out = np.full((len(seen_rows), n), -1, np.int64)
+    for u, seen in enumerate(seen_rows):
+        cand = np.setdiff1d(np.arange(scores.shape[1]), np.asarray(seen, np.int64))
+        order = cand[np.lexsort((tiekey[cand], -scores[u, cand]))][:n]
+        out[u, :len(order)] = order
+    return out

@@ -1,0 +1,241 @@
+"""Ranking metrics of the lists users would see: Precision@k, Recall@k, NDCG@k, MAP@k, coverage, popularity bias.
+
+Computed on the users' side exactly as ``recommend`` does (:mod:`streamdp.local`):
+each user solves her row from her own *training* ratings and the released model,
+scores every item, and her top-``k`` list is taken among the items she did **not**
+rate in training, ranked by the model's prediction (unclipped: clipping to the
+rating range would tie the best items at the top of the scale), ties broken by the
+lower position in the released model (ascending item id). Streamed by user block
+through the engine, with the scoring and selection in Numba
+(:mod:`streamdp.kernels.topk`).
+
+Relevance: a held-out (test split) rating ``>= threshold``; the default threshold is
+the top 20% of the store's rating range, ``lo + 0.8 (hi - lo)`` (4.2 on a 1..5
+scale: only the 5s are relevant). Users without a relevant test item are not
+evaluated. Per user, with ``h`` hits among the ``k`` listed and ``R`` relevant items:
+
+* precision ``h / k``; recall ``h / R``;
+* NDCG: ``sum over hits of 1 / log2(rank + 1)`` divided by the ideal
+  ``sum_{i=1..min(R, k)} 1 / log2(i + 1)`` (binary gains);
+* MAP: ``sum over hits of Precision@rank / min(R, k)``;
+
+each averaged over the evaluated users. Of the lists: **coverage** is the share of
+the catalogue that appears in at least one evaluated user's list, **popularity
+bias** the mean training-rating count of a listed item divided by the catalogue's
+mean count (1: no bias; larger: the lists favour popular items).
+
+Baselines beside each, listed with the same candidates and tie-break:
+
+* ``private_popularity``: the most-popular unseen items by the counts the model
+  itself **released** (ALS's noisy item weight totals; a public-private model's
+  public users' counts): post-processing of the release, no further privacy cost;
+  absent when the model releases no counts;
+* ``popularity``: the most-popular unseen items by the exact training counts:
+  **non-private**, a reference point only.
+
+The metrics are the data owner's (they read the test split): printed by
+``evaluate``/``train``, never written into a model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+from streamdp.kernels.topk import SUMS, ranking_sums, topn_by_order, topn_scores
+
+#: Default list length of the metrics (``--k``).
+DEFAULT_K = 10
+#: The default relevance threshold keeps the top share of the rating range.
+TOP_SHARE = 0.2
+#: Extras a model may release item counts in, and what they are.
+RELEASED_COUNTS = {
+    "noisy_item_weight": "the model's released noisy item weight totals (post-processing, no further privacy cost)",
+    "public_item_count": "the public users' item counts the model released (public data)",
+}
+#: The metrics of each list source, in output order.
+METRICS = ("precision", "recall", "ndcg", "map", "coverage", "popularity_bias")
+
+
+def default_threshold(lo: float, hi: float) -> float:
+    """``lo + 0.8 (hi - lo)``: the top 20% of the rating range.
+
+    >>> default_threshold(1, 5)
+    4.2
+    """
+    return round(float(lo) + (1.0 - TOP_SHARE) * (float(hi) - float(lo)), 12)
+
+
+def check_k(k) -> int:
+    """``k`` as a positive int, else a :class:`ParameterError` naming ``--k``."""
+    if isinstance(k, bool) or int(k) != k or k < 1:
+        raise ParameterError(f"--k must be a positive integer, got {k}")
+    return int(k)
+
+
+def released_counts(model, pos):
+    """``(counts in the store's item order, what)`` from the model's released item counts, or ``(None, why not)``.
+
+    ``pos[j]`` is store item ``j``'s position in the model (its per-item extras are in
+    the model's ascending-id order).
+    """
+    extras = getattr(model, "extras", None) or {}
+    for name, what in RELEASED_COUNTS.items():
+        if name in extras:
+            c = np.asarray(extras[name], np.float64)
+            if c.shape == (len(pos),):
+                return c[pos], what
+    return None, f"the model ({model.method}) releases no item counts"
+
+
+def popularity_order(counts, tiekey) -> np.ndarray:
+    """Items by ``counts`` descending, ties by ``tiekey`` ascending (``int64`` dense indices).
+
+    >>> popularity_order(np.array([3.0, 5.0, 3.0]), np.array([2, 0, 1])).tolist()
+    [1, 2, 0]
+    """
+    return np.lexsort((np.asarray(tiekey), -np.asarray(counts, np.float64))).astype(np.int64)
+
+
+class Ranking:
+    """The item-side state of one ranking evaluation; :meth:`block` runs on a worker, :meth:`result` at the end.
+
+    Parameters
+    ----------
+    model : Model
+        In the store's item order (:meth:`streamdp.model.Model.in_order_of`).
+    tiekey : ndarray of int
+        Each store item's position in the released model (the tie-break).
+    train_counts : ndarray
+        Exact training ratings per item (the non-private baseline and the popularity bias).
+    private_counts : ndarray or None
+        The model's released counts in store order (:func:`released_counts`).
+    k : int
+    threshold : float
+    """
+
+    def __init__(self, model, tiekey, train_counts, private_counts, private_what: str, *, k: int, threshold: float,
+                 threshold_source: str):
+        from streamdp.local import local_design
+
+        self.model, self.k, self.threshold, self.threshold_source = model, check_k(k), float(threshold), \
+            threshold_source
+        self.Q, self.bias = local_design(model)
+        self.tiekey = np.ascontiguousarray(tiekey, np.int64)
+        self.pop = np.ascontiguousarray(train_counts, np.float64)
+        self.n_items = len(self.pop)
+        self.sources = {"model": None}
+        if private_counts is not None:
+            self.sources["private_popularity"] = popularity_order(private_counts, self.tiekey)
+        self.private_what = private_what
+        self.sources["popularity"] = popularity_order(self.pop, self.tiekey)
+
+    @property
+    def part_size(self) -> int:
+        """Length of one block's partial (float64): sums and per-item list counts of every source."""
+        return len(self.sources) * (len(SUMS) + self.n_items)
+
+    def block(self, U, train, test) -> np.ndarray:
+        """The partial of one user block: ``U`` solved from ``train`` (:func:`streamdp.local.solve_block`)."""
+        n_users = len(train.indptr) - 1
+        rel = test.ratings >= self.threshold
+        users = np.repeat(np.arange(n_users), np.diff(test.indptr))
+        want = (np.bincount(users[rel], minlength=n_users) > 0).astype(np.uint8)
+        out = np.zeros(self.part_size)
+        lists = np.empty((n_users, self.k), np.int32)
+        ip, it = np.asarray(train.indptr, np.int64), np.asarray(train.items, np.int32)
+        t_ip, t_it = np.asarray(test.indptr, np.int64), np.asarray(test.items, np.int32)
+        t_r = np.asarray(test.ratings, np.float64)
+        step = len(SUMS) + self.n_items
+        for s, (name, order) in enumerate(self.sources.items()):
+            if order is None:
+                scores = np.empty((n_users, self.k))
+                topn_scores(ip, it, want, np.ascontiguousarray(U, np.float64), self.Q, self.bias,
+                            float(self.model.global_mean), self.tiekey, lists, scores)
+            else:
+                topn_by_order(ip, it, want, order, lists)
+            part = out[s * step:(s + 1) * step]
+            ranking_sums(lists, t_ip, t_it, t_r, self.threshold, self.pop, part[:len(SUMS)], part[len(SUMS):])
+        return out
+
+    def result(self, total) -> dict:
+        """The metrics of every source from the summed partials."""
+        step = len(SUMS) + self.n_items
+        mean_pop = float(self.pop.mean()) if self.n_items else 0.0
+        per = {}
+        for s, name in enumerate(self.sources):
+            part = total[s * step:(s + 1) * step]
+            n = max(part[0], 1.0)
+            per[name] = {"precision": part[1] / n, "recall": part[2] / n, "ndcg": part[3] / n, "map": part[4] / n,
+                         "coverage": float(np.count_nonzero(part[len(SUMS):])) / max(self.n_items, 1),
+                         "popularity_bias": (part[5] / n) / mean_pop if mean_pop > 0 else 0.0}
+        out = {"k": self.k, "relevant_threshold": self.threshold, "threshold_source": self.threshold_source,
+               "n_users": int(total[0]), "candidates": "items the user did not rate in training",
+               **per.pop("model")}
+        b = {}
+        if "private_popularity" in per:
+            b["private_popularity"] = {**per["private_popularity"], "guarantee": "post-processing",
+                                       "what": "most popular unseen items by " + self.private_what}
+        b["popularity"] = {**per["popularity"], "guarantee": "non-private",
+                           "what": "most popular unseen items by the exact training counts"}
+        out["baselines"] = b
+        if "private_popularity" not in b:
+            out["private_popularity_absent"] = self.private_what
+        return out
+
+
+def setup(model, store, train_counts, *, k: int = DEFAULT_K, relevant_threshold: float | None = None) -> Ranking:
+    """A :class:`Ranking` of ``model`` (as loaded: ascending item ids) on ``store``'s items."""
+    from streamdp.storage.ids import find
+
+    ids = store.item_ids()
+    pos = find(model.item_ids, ids) if np.asarray(model.item_ids).dtype == ids.dtype else np.full(len(ids), -1)
+    if (pos < 0).any():
+        from streamdp.errors import InputError
+
+        raise InputError(f"{model.path}: the store's items are not the model's items")
+    lo, hi = float(store.rating_min), float(store.rating_max)
+    if relevant_threshold is None:
+        thr, src = default_threshold(lo, hi), f"default: the top {TOP_SHARE:.0%} of the rating range [{lo:g}, {hi:g}]"
+    else:
+        thr = float(relevant_threshold)
+        if not np.isfinite(thr):
+            raise ParameterError(f"--relevant-threshold must be a finite number, got {relevant_threshold}")
+        src = "--relevant-threshold"
+    counts, what = released_counts(model, pos)
+    return Ranking(model.in_order_of(ids), pos, train_counts, counts, what, k=k, threshold=thr, threshold_source=src)
+
+
+def format_ranking(r: dict) -> str:
+    """The lines ``evaluate`` prints: the model's metrics, then each baseline's on the same users."""
+    def row(d):
+        return (f"P@{k} {d['precision']:.4f}  R@{k} {d['recall']:.4f}  NDCG@{k} {d['ndcg']:.4f}  "
+                f"MAP@{k} {d['map']:.4f}  coverage {d['coverage']:.1%}  popularity bias {d['popularity_bias']:.2f}")
+
+    k = r["k"]
+    lines = [f"ranking @{k} over {r['n_users']:,} users with a held-out rating >= {r['relevant_threshold']:g} "
+             f"({r['threshold_source']}); candidates: unrated items",
+             "  model:                     " + row(r)]
+    b = r.get("baselines", {})
+    if "private_popularity" in b:
+        lines.append("  most popular (released):   " + row(b["private_popularity"]))
+    else:
+        lines.append(f"  most popular (released):   n/a: {r.get('private_popularity_absent', '')}")
+    if "popularity" in b:
+        lines.append("  most popular (non-private): " + row(b["popularity"]))
+    return "\n".join(lines)
+
+
+def format_ranking_short(r: dict) -> str:
+    """One line for ``train``: ``Recall@10 0.0812  NDCG@10 0.0931 (most popular, non-private: 0.0700 / 0.0800)``."""
+    k = r["k"]
+    b = r.get("baselines", {})
+    text = f"Recall@{k} {r['recall']:.4f}  NDCG@{k} {r['ndcg']:.4f}  (relevant: held-out >= {r['relevant_threshold']:g})"
+    extra = []
+    if "private_popularity" in b:
+        p = b["private_popularity"]
+        extra.append(f"most popular by released counts {p['recall']:.4f} / {p['ndcg']:.4f}")
+    if "popularity" in b:
+        p = b["popularity"]
+        extra.append(f"most popular, non-private {p['recall']:.4f} / {p['ndcg']:.4f}")
+    return text + ("; " + ", ".join(extra) if extra else "")
