@@ -88,6 +88,20 @@ deleted the store looks like one that never had a budget: nothing local can tell
 and the chain is a check, not a signature (whoever can write the store can rewrite
 it with this code); the released models' ``privacy.json`` remain the record.
 
+Object storage
+--------------
+For a store at an fsspec URL there is no ``flock`` and no append: the journal is a
+series of objects ``STORE/privacy_budget.journal.d/<seq>``, each created with a
+conditional write that fails if it exists (S3 ``If-None-Match: *``), named by the
+number of its first line (:mod:`streamdp.privacy.object_journal`). A change that
+loses the race to another run's (:class:`~streamdp.privacy.object_journal.Conflict`)
+wrote nothing and is redone from a fresh read (up to :data:`CONFLICT_RETRIES`
+times): a reservation is then checked against the budget including the other run's
+entry. The journal is the record; ``privacy_budget.json`` is rewritten after each
+change and rolled forward when it lags. ``--restore`` only rewrites the ledger from
+the journal objects. Replacing the store's data keeps the ledger at the URL and adds
+a history record (:meth:`StoreBudget.data_replaced`) instead of :func:`carried_over`.
+
 How spends add up
 -----------------
 The recorded events of all counted entries (``reserved`` and ``complete``) are

@@ -94,6 +94,11 @@ def put_exclusive(url: str, data: bytes) -> None:
     fs, p = url_fs(url)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     if "s3" in protocols or "s3a" in protocols:
+        import inspect
+
+        if "mode" not in inspect.signature(fs._pipe_file).parameters:
+            raise ExclusiveUnsupported(f"{url}: this s3fs has no conditional write (mode='create'); "
+                                       f"pip install 's3fs>=2025.2.0' (the streamdp[s3] extra)")
         fs.pipe_file(p, data, mode="create")
     elif "file" in protocols or "local" in protocols:
         import os

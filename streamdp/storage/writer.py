@@ -35,6 +35,28 @@ name the first damaged block, and the CRC32C of each block's chunk files in
 ``<split>/block_crc32c`` (read back right after each block is written) so that
 every read can check its block for a few percent (:mod:`streamdp.storage.chunks`).
 Each store gets a random ``generation`` id, outside the checksum.
+
+Object storage
+--------------
+A destination that is an fsspec URL (``s3://bucket/r.zarr``) has no rename, so the
+rule "a store is visible only once complete" is kept by ordering instead: the store
+is a store only when its root ``zarr.json`` carries the ``streamdp`` attributes, and
+:meth:`StoreWriter.finalize` writes them last. A new store is written in place under
+its URL, with an object :data:`~streamdp.storage.remote.WRITING_MARKER` (the writer's
+owner record) first, so that :func:`~streamdp.storage.store.open_store` refuses a
+half-written one saying why (:func:`~streamdp.storage.remote.incomplete_reason`); a
+failed write removes its objects, a killed one leaves them for ``--force``. Replacing
+a store (``--force``) writes the new one under ``.NAME.tmp-HEX`` beside it, so the
+old one stays readable meanwhile, then publishes it: the old root ``zarr.json`` is
+deleted first (nothing can read a mix of the two), the old data deleted, the new
+objects copied server-side, its root ``zarr.json`` last. The budget ledger's objects
+(``privacy_budget.*``) are never deleted: on object storage the ledger stays at the
+store's URL and records that the data was replaced
+(:meth:`streamdp.privacy.budget.StoreBudget.data_replaced`). Decision, measured with
+moto's S3 server (110 objects, 1.2 MB, medians of 5): publishing in place takes
+0.16 s, publishing by copy 2.06 s (one COPY request per object, and a real bucket
+copies at its own rate), so only a replacement, which must keep the old store
+readable until the new one is complete, pays for the copy.
 """
 
 from __future__ import annotations
@@ -356,7 +378,7 @@ class StoreWriter:
     Parameters
     ----------
     path : str
-        Destination directory (local).
+        Destination directory, or an fsspec URL (see "Object storage" in the module docstring).
     n_users, n_items : int
         Dense sizes of the store.
     block_users : int
