@@ -75,7 +75,19 @@ def read_bytes(url: str) -> bytes | None:
 def put(url: str, data: bytes) -> None:
     """Write (or overwrite) one object; a single PUT is atomic on S3 (all or nothing)."""
     fs, p = url_fs(url)
+    if _is_local(fs):  # a file:// URL: no implicit parent directories
+        fs.makedirs(fs._parent(p), exist_ok=True)
     fs.pipe_file(p, data)
+
+
+def write_options(url: str) -> dict:
+    """fsspec storage options for writing a Zarr group at ``url`` (a ``file://`` URL must create directories)."""
+    return {"auto_mkdir": True} if _is_local(url_fs(url)[0]) else {}
+
+
+def _is_local(fs) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocols or "local" in protocols
 
 
 class ExclusiveUnsupported(StoreError):
@@ -100,7 +112,7 @@ def put_exclusive(url: str, data: bytes) -> None:
             raise ExclusiveUnsupported(f"{url}: this s3fs has no conditional write (mode='create'); "
                                        f"pip install 's3fs>=2025.2.0' (the streamdp[s3] extra)")
         fs.pipe_file(p, data, mode="create")
-    elif "file" in protocols or "local" in protocols:
+    elif _is_local(fs):
         import os
 
         os.makedirs(os.path.dirname(p), exist_ok=True)

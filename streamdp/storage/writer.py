@@ -418,7 +418,8 @@ class StoreWriter:
                 else:
                     self.tmp = owned_temp_dir(self.path, "tmp")
                 # mode "a": the directory exists (with its owner record, which mode "w" would delete)
-                self.root = zarr.open_group(self.tmp, mode="a")
+                kw = {"storage_options": remote.write_options(self.tmp)} if self.remote else {}
+                self.root = zarr.open_group(self.tmp, mode="a", **kw)
                 self.splits = {
                     s: _SplitWriter(self.root.create_group(s), self.n_users, self.n_blocks, self.block_users,
                                     chunk_ratings)

@@ -1,4 +1,5 @@
-"""Stores on object storage: every command on an ``s3://`` store served by moto's S3 server in this process.
+"""Stores on object storage: every command on an ``s3://`` store served by moto's S3 server in this process
+(and on a ``file://`` URL, the same code without a server).
 
 The server (``moto.server.ThreadedMotoServer``) listens on a free local port;
 credentials and the endpoint reach s3fs through the environment
@@ -9,6 +10,7 @@ not installed (``pip install -e ".[test]"`` installs them).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -22,13 +24,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-pytest.importorskip("s3fs", reason="s3fs is not installed (the [s3] extra)")
-pytest.importorskip("moto", reason="moto is not installed (the [test] extra)")
-pytest.importorskip("flask", reason="moto's server mode needs flask (moto[server])")
-pytest.importorskip("flask_cors", reason="moto's server mode needs flask-cors (moto[server])")
-
-from streamdp.cli import main  # noqa: E402
-from streamdp.errors import BudgetExceededError, StoreError  # noqa: E402
+from streamdp.cli import main
+from streamdp.errors import BudgetExceededError, StoreError
 
 BUCKET = "streamdp-test"
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -43,6 +40,10 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def s3_env():
     """An S3 server with bucket :data:`BUCKET`; the environment points s3fs at it. Yields the environment."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed (the [s3] extra)")
+    pytest.importorskip("moto", reason="moto is not installed (the [test] extra)")
+    pytest.importorskip("flask", reason="moto's server mode needs flask (moto[server])")
+    pytest.importorskip("flask_cors", reason="moto's server mode needs flask-cors (moto[server])")
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
@@ -136,12 +137,17 @@ def test_ingest_to_s3_same_store_as_local(url, tmp_path):
     assert code != 0 and "already exists" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("method,extra", [("als", ("--iters", "2", "--rank", "3")), ("means", ())])
-def test_train_from_s3_same_model_as_local_copy_and_evaluate(url, tmp_path, method, extra):
+@pytest.mark.parametrize("method,epsilon", [
+    ("als", "inf"),  # non-private: no calibration, the default suite stays fast
+    pytest.param("als", "2", marks=pytest.mark.slow),  # noise drawn from the seed, calibrated (about 10 s)
+    pytest.param("means", "2", marks=pytest.mark.slow),
+])
+def test_train_from_s3_same_model_as_local_copy_and_evaluate(url, tmp_path, method, epsilon):
     ok("generate", "--out", url, *GEN)
     local = tmp_path / "copy.zarr"
     fs().get(url.removeprefix("s3://"), str(local), recursive=True)  # a local copy of the very same objects
-    common = ("--method", method, "--epsilon", "2", "--delta", "1e-6", "--seed", "11", *extra)
+    extra = ("--iters", "2", "--rank", "3") if method == "als" else ()
+    common = ("--method", method, "--epsilon", epsilon, "--delta", "1e-6", "--seed", "11", *extra)
     ok("train", url, *common, "--out", tmp_path / "m_s3")
     ok("train", local, *common, "--out", tmp_path / "m_local")
     a, b = model_arrays(tmp_path / "m_s3"), model_arrays(tmp_path / "m_local")
@@ -153,16 +159,23 @@ def test_train_from_s3_same_model_as_local_copy_and_evaluate(url, tmp_path, meth
     assert np.isfinite(out["rmse"])
     assert out["rmse"] == json.loads(ok("evaluate", tmp_path / "m_local", local, "--json"))["rmse"]
     s = json.loads(ok("budget", url, "--json"))
-    assert [e["status"] for e in s["entries"]] == ["complete"]
+    assert [(e["status"], e["method"]) for e in s["entries"]] == [("complete", method)]
     assert s["spent"]["epsilon"] == pytest.approx(json.loads(ok("budget", local, "--json"))["spent"]["epsilon"])
 
 
 # -- the budget ledger under concurrent writers -----------------------------------------------------------------
 
-def _ledger(eps):
-    from streamdp.privacy import GUARANTEE_USER_DP, Ledger, calibrate_gaussian, gaussian_event
+@functools.lru_cache
+def _sigma(eps):
+    from streamdp.privacy import calibrate_gaussian
 
-    sigma = calibrate_gaussian(eps, 1e-6)
+    return calibrate_gaussian(eps, 1e-6)
+
+
+def _ledger(eps):
+    from streamdp.privacy import GUARANTEE_USER_DP, Ledger, gaussian_event
+
+    sigma = _sigma(eps)
     return Ledger(method="demo", guarantee=GUARANTEE_USER_DP, epsilon=eps, delta=1e-6, events=[gaussian_event(sigma)])
 
 
@@ -224,6 +237,7 @@ def test_conflicting_commit_writes_nothing(url):
     assert StoreBudget(url).show()["budget"]["epsilon"] == 5.0
 
 
+@pytest.mark.slow  # two processes that each calibrate their noise: about 40 s on 2 busy cores
 def test_two_concurrent_trains_on_s3_store_spend_exactly_once(url, s3_env, tmp_path):
     """Two `streamdp train` processes on one S3 store whose budget fits one release: one is released and
     charged, the other is refused (exit 3) and charged nothing."""
@@ -275,6 +289,28 @@ def test_half_written_store_is_not_a_store_and_says_why(url):
     assert "OK" in ok("verify", url)
 
 
+KILLED_WRITER = """
+import os, signal, sys
+import numpy as np
+from streamdp.storage.writer import StoreWriter
+w = StoreWriter(sys.argv[1], n_users=10, n_items=5, block_users=5)
+w.write_block(0, np.array([0, 1, 1, 2, 2, 3]), np.array([0, 1, 2], np.int32), np.ones(3, np.float32))
+os.kill(os.getpid(), signal.SIGKILL)  # midway: no cleanup of any kind runs
+"""
+
+
+def test_store_whose_writer_was_killed_says_its_writer_is_gone(url, s3_env):
+    from streamdp import open_store
+
+    r = subprocess.run([sys.executable, "-c", KILLED_WRITER, url], env={**os.environ, **s3_env},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr
+    assert any(p.endswith("/train/items/c/0") for p in fs().find(url))  # a block was written ...
+    with pytest.raises(StoreError, match="incomplete store") as e:  # ... and yet it is no store
+        open_store(url)
+    assert "is gone: the write was killed or failed" in str(e.value)
+
+
 def test_writer_that_raises_leaves_nothing(url):
     from streamdp import open_store
     from streamdp.storage.writer import StoreWriter
@@ -304,3 +340,19 @@ def test_force_replaces_s3_store_keeping_its_ledger(url):
     assert s["history"][-1]["event"] == "data replaced" and s["history"][-1]["new_checksum"] == new
     parent = url.rsplit("/", 1)[0]
     assert [p for p in fs().ls(parent) if ".tmp-" in p] == []  # the temporary prefix is gone
+
+
+def test_file_url_store_is_written_and_budgeted_like_an_object_store(tmp_path):
+    """A ``file://`` URL goes through the same object-storage path (no server needed): written in place with
+    its attributes last, its journal one exclusive-create file per change."""
+    url = (tmp_path / "f.zarr").as_uri()
+    ok("generate", "--out", url, *GEN)
+    assert "OK" in ok("verify", url)
+    ok("budget", url, "--set", "2,1e-6")
+    ok("train", url, "--method", "als", "--iters", "1", "--rank", "2", "--epsilon", "inf", "--seed", "1",
+       "--out", tmp_path / "m", "--over-budget")  # non-private: only over the budget
+    s = json.loads(ok("budget", url, "--json"))
+    assert [e["status"] for e in s["entries"]] == ["complete"]
+    assert sorted(os.listdir(tmp_path / "f.zarr" / "privacy_budget.journal.d")) == [
+        f"{k:012d}" for k in (1, 2, 3, 4)]  # budget, reserve, writing, complete
+    assert not (tmp_path / "f.zarr" / ".streamdp-writing").exists()
