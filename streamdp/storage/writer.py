@@ -600,14 +600,19 @@ class StoreWriter:
         with deferred_interrupts():
             remote.write_marker(self.path)
             fs.rm_file(f"{dest}/zarr.json")  # the old store is no longer one: nothing reads a mix of the two
-            remote.remove_prefix(self.path, keep=lambda n: _ledger_object(n) or n == remote.WRITING_MARKER)
-            names = [f[len(src) + 1:] for f in fs.find(src)]
-            names = [n for n in names if n not in ("zarr.json", remote.WRITING_MARKER)]
-            if names:
-                fs.copy([f"{src}/{n}" for n in names], [f"{dest}/{n}" for n in names])
-            fs.copy(f"{src}/zarr.json", f"{dest}/zarr.json")  # last: the new store is now visible
+            tmp, self.tmp = self.tmp, None  # from here on the new store under tmp is the only copy: kept on errors
+            try:
+                remote.remove_prefix(self.path, keep=lambda n: _ledger_object(n) or n == remote.WRITING_MARKER)
+                names = [f[len(src) + 1:] for f in fs.find(src)]
+                names = [n for n in names if n not in ("zarr.json", remote.WRITING_MARKER)]
+                if names:
+                    fs.copy([f"{src}/{n}" for n in names], [f"{dest}/{n}" for n in names])
+                fs.copy(f"{src}/zarr.json", f"{dest}/zarr.json")  # last: the new store is now visible
+            except Exception as exc:
+                raise StoreError(f"{self.path}: replacing the store failed while publishing the new one "
+                                 f"({exc.__class__.__name__}: {exc}); the old store is gone, the new one is complete "
+                                 f"at {tmp}: write it again with --force") from None
             fs.invalidate_cache(dest)
-            tmp, self.tmp = self.tmp, None  # published: nothing to abort
             remote.remove_prefix(self.path, keep=lambda n: n != remote.WRITING_MARKER)
         remote.remove_prefix(tmp)
         # the ledger stayed where it was: its releases keep counting; say that the data changed

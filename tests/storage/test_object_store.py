@@ -356,3 +356,31 @@ def test_file_url_store_is_written_and_budgeted_like_an_object_store(tmp_path):
     assert sorted(os.listdir(tmp_path / "f.zarr" / "privacy_budget.journal.d")) == [
         f"{k:012d}" for k in (1, 2, 3, 4)]  # budget, reserve, writing, complete
     assert not (tmp_path / "f.zarr" / ".streamdp-writing").exists()
+
+
+def test_replacement_failing_midway_publishes_no_mix_and_keeps_the_new_copy(url, monkeypatch):
+    import s3fs
+
+    from streamdp import open_store
+
+    ok("generate", "--out", url, *GEN)
+    ok("budget", url, "--set", "4,1e-6")
+
+    async def broken_copy(self, *a, **k):
+        raise OSError("connection reset")
+
+    s3fs.S3FileSystem.clear_instance_cache()  # instances bind their sync methods when made
+    monkeypatch.setattr(s3fs.S3FileSystem, "_copy", broken_copy)
+    try:
+        code, out, err = cli("generate", "--out", url, *GEN[:-4], "--seed", "6", "--block-users", "250", "--force")
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert code != 0 and out == "" and len(err.strip().splitlines()) == 1 and "the new one is complete at" in err
+    with pytest.raises(StoreError, match="incomplete store"):  # neither the old store nor a mix of the two
+        open_store(url)
+    tmp = err.split("complete at ")[1].split(": write it again")[0]
+    assert open_store(tmp).n_users == 600  # the new store, whole, where the message says
+    ok("generate", "--out", url, *GEN, "--force")  # writing it again publishes it
+    s = json.loads(ok("budget", url, "--json"))
+    assert s["budget"]["epsilon"] == 4.0  # the ledger stayed at the URL throughout
