@@ -290,7 +290,8 @@ class _SplitWriter:
         # check a block's bytes cheaply against those its digest was computed from (storage/chunks.py)
         self.crc_readers = None
         if FAST_CRC:
-            rd = [ChunkReader.for_array(a) for a in (self.indptr, self.items, self.ratings)]
+            # local stores only: on object storage reading each chunk back would download the whole store again
+            rd = [ChunkReader.for_array(a, remote=False) for a in (self.indptr, self.items, self.ratings)]
             self.crc_readers = rd if all(r is not None for r in rd) else None
         self.chunk_crcs: list[list[int]] = []
 

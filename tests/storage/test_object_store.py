@@ -384,3 +384,28 @@ def test_replacement_failing_midway_publishes_no_mix_and_keeps_the_new_copy(url,
     ok("generate", "--out", url, *GEN, "--force")  # writing it again publishes it
     s = json.loads(ok("budget", url, "--json"))
     assert s["budget"]["epsilon"] == 4.0  # the ledger stayed at the URL throughout
+
+
+def test_s3_blocks_read_by_chunk_reader_equal_zarr_and_refuse_a_deleted_chunk(url):
+    """Blocks on S3 are read one GET per chunk (the chunk reader), equal to Zarr's own reads; a deleted chunk
+    object is refused by the structural check and by the read, naming the array and chunk."""
+    from streamdp import open_store
+    from streamdp.storage.chunks import ChunkReader, ZarrReader
+
+    ok("generate", "--out", url, *GEN)
+    s = open_store(url)
+    r = s._reader("train/items")
+    assert isinstance(r, ChunkReader)
+    z = {n: ZarrReader(s.root[f"train/{n}"]) for n in ("items", "ratings")}
+    for b in range(s.n_blocks):
+        blk = s.read_block(b)
+        lo = int(s._split("train")["offsets"][b])
+        np.testing.assert_array_equal(blk.items, z["items"].read(lo, lo + blk.nnz))
+        np.testing.assert_array_equal(blk.ratings, z["ratings"].read(lo, lo + blk.nnz))
+    fs().rm_file(url.removeprefix("s3://") + "/train/ratings/c/1")
+    s = open_store(url)
+    with pytest.raises(StoreError, match=r"train/ratings: chunk 1 is missing"):
+        s.check_chunks()
+    with pytest.raises(StoreError, match=r"train/ratings: chunk 1 is missing"):
+        for b in range(s.n_blocks):
+            s.read_block(b)
