@@ -409,3 +409,31 @@ def test_s3_blocks_read_by_chunk_reader_equal_zarr_and_refuse_a_deleted_chunk(ur
     with pytest.raises(StoreError, match=r"train/ratings: chunk 1 is missing"):
         for b in range(s.n_blocks):
             s.read_block(b)
+
+
+def test_s3_ledger_is_the_journal_objects_replay(url):
+    """privacy_budget.json on S3 is a copy: lost, it is rebuilt from the journal objects on the next read; edited,
+    it is refused until ``budget --restore`` rewrites it; a journal object removed breaks the chain and is refused."""
+    from streamdp.privacy.budget import StoreBudget
+
+    ok("generate", "--out", url, *GEN)
+    ok("budget", url, "--set", "3,1e-6")
+    b = StoreBudget(url)
+    b.complete(b.reserve(_ledger(1.0)))
+    key = url.removeprefix("s3://") + "/privacy_budget.json"
+    fs().rm_file(key)  # e.g. a run killed between its journal object and the ledger
+    s = json.loads(ok("budget", url, "--json"))
+    assert s["budget"]["epsilon"] == 3.0 and [e["status"] for e in s["entries"]] == ["complete"]
+    d = json.loads(fs().cat_file(key)) if fs().exists(key) else None
+    assert d is None  # reading wrote nothing
+    b.set(3.5, 1e-6)  # the next change writes the ledger again
+    d = json.loads(fs().cat_file(key))
+    d["entries"][0]["epsilon"] = 0.01
+    fs().pipe_file(key, json.dumps(d).encode())
+    code, _, err = cli("budget", url)
+    assert code != 0 and "does not match" in err and "--restore" in err
+    assert "rebuilt" in ok("budget", url, "--restore")
+    assert json.loads(ok("budget", url, "--json"))["entries"][0]["epsilon"] == 1.0
+    fs().rm_file(url.removeprefix("s3://") + "/privacy_budget.journal.d/000000000002")
+    code, _, err = cli("budget", url)
+    assert code != 0 and "out of sequence" in err and len(err.strip().splitlines()) == 1
