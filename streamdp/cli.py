@@ -152,7 +152,8 @@ def verify(store, as_json):
 
 
 @main.command()
-@click.option("--out", required=True, help="Destination store directory.")
+@click.option("--out", required=True, help="Destination store: a directory, or an fsspec URL such as "
+              "s3://bucket/ratings.zarr (credentials from the environment; see docs/cluster.md).")
 @click.option("--users", "n_users", type=int, default=10_000, show_default=True, help="Number of users.")
 @click.option("--items", "n_items", type=int, default=2_000, show_default=True, help="Number of items.")
 @click.option("--ratings-per-user", type=float, default=50.0, show_default=True,
@@ -205,7 +206,8 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("--out", required=True, help="Destination store directory.")
+@click.option("--out", required=True, help="Destination store: a directory, or an fsspec URL such as "
+              "s3://bucket/ratings.zarr (credentials from the environment; see docs/cluster.md).")
 @click.option("--format", "fmt", type=click.Choice(["udata", "dat", "csv", "ws", "parquet"]), default=None,
               help="Input format (default: detected from each file).")
 @click.option("--sep", default=None, help="Field separator: one character, '\\t', '::', or 'ws' (whitespace runs).")

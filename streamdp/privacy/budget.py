@@ -88,6 +88,20 @@ deleted the store looks like one that never had a budget: nothing local can tell
 and the chain is a check, not a signature (whoever can write the store can rewrite
 it with this code); the released models' ``privacy.json`` remain the record.
 
+Object storage
+--------------
+For a store at an fsspec URL there is no ``flock`` and no append: the journal is a
+series of objects ``STORE/privacy_budget.journal.d/<seq>``, each created with a
+conditional write that fails if it exists (S3 ``If-None-Match: *``), named by the
+number of its first line (:mod:`streamdp.privacy.object_journal`). A change that
+loses the race to another run's (:class:`~streamdp.privacy.object_journal.Conflict`)
+wrote nothing and is redone from a fresh read (up to :data:`CONFLICT_RETRIES`
+times): a reservation is then checked against the budget including the other run's
+entry. The journal is the record; ``privacy_budget.json`` is rewritten after each
+change and rolled forward when it lags. ``--restore`` only rewrites the ledger from
+the journal objects. Replacing the store's data keeps the ledger at the URL and adds
+a history record (:meth:`StoreBudget.data_replaced`) instead of :func:`carried_over`.
+
 How spends add up
 -----------------
 The recorded events of all counted entries (``reserved`` and ``complete``) are
@@ -105,9 +119,12 @@ import contextlib
 import copy
 import datetime as _dt
 import fcntl
+import functools
 import json
 import math
 import os
+import random
+import time
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -132,6 +149,8 @@ from streamdp.privacy.journal import (
     read_journal,
     state_text,
 )
+from streamdp.privacy.object_journal import JOURNAL_OBJECTS, Conflict, append_objects, read_object_journal
+from streamdp.storage import remote
 from streamdp.privacy.ledger import (
     GUARANTEE_NONE,
     GUARANTEE_PUBLIC_ONLY,
@@ -156,6 +175,25 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+#: How often a change to a ledger on object storage is tried again after another run changed it first.
+CONFLICT_RETRIES = 50
+
+
+def _retried(method):
+    """Run ``method`` again, from reading the ledger on, when its change lost the race to another run's
+    (:class:`~streamdp.privacy.object_journal.Conflict`, object storage only: nothing of it was written)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return method(self, *args, **kwargs)
+            except Conflict:
+                time.sleep(random.uniform(0.0, min(1.0, 0.02 * 2 ** attempt)))
+        raise StoreError(f"{self.path}: {CONFLICT_RETRIES} other runs changed the budget ledger while this one "
+                         f"tried to; nothing of this change was recorded, run it again")
+    return wrapper
+
+
 class StoreBudget:
     """The budget ledger of the rating store at ``store_path``.
 
@@ -176,6 +214,20 @@ class StoreBudget:
     """
 
     def __init__(self, store_path: str | os.PathLike):
+        self.remote = remote.is_url(store_path)
+        if self.remote:  # on object storage: see "Object storage" above
+            self.store = str(store_path).rstrip("/")
+            from streamdp.storage.writer import is_store_dir
+
+            if not is_store_dir(self.store):
+                if not remote.exists(self.store):
+                    raise StoreError(f"{self.store}: does not exist")
+                why = remote.incomplete_reason(self.store)
+                raise StoreError(f"{self.store}: not a rating store " + (f"yet: {why}" if why else "(no zarr.json)"))
+            self.path = remote.join(self.store, BUDGET_FILE)
+            self.journal_path = remote.join(self.store, JOURNAL_OBJECTS)
+            self.lock_path = remote.join(self.store, LOCK_FILE)
+            return
         self.store = Path(store_path)
         if not self.store.is_dir() or not (self.store / "zarr.json").exists():
             if not os.path.lexists(self.store):
@@ -189,6 +241,10 @@ class StoreBudget:
 
     @contextlib.contextmanager
     def _locked(self):
+        if self.remote:  # no lock: each change is a conditional create (object_journal), retried on a conflict
+            with deferred_interrupts():
+                yield
+            return
         try:
             fh = open(self.lock_path, "a+")
         except OSError as exc:
@@ -206,13 +262,19 @@ class StoreBudget:
     def _read_ledger(self) -> tuple[dict | None, str | None]:
         """The decoded, schema-checked ledger (``None`` if there is none), or the one-line reason it is unusable."""
         p = self.path
-        if not os.path.lexists(p):
-            return None, None
-        if p.is_dir():
-            return None, f"{p}: a directory, not a budget ledger"
         try:
-            with open(p) as fh:
-                raw = json.load(fh)
+            if self.remote:
+                text = remote.read_bytes(p)
+                if text is None:
+                    return None, None
+                raw = json.loads(text)
+            else:
+                if not os.path.lexists(p):
+                    return None, None
+                if p.is_dir():
+                    return None, f"{p}: a directory, not a budget ledger"
+                with open(p) as fh:
+                    raw = json.load(fh)
         except json.JSONDecodeError as exc:
             return None, f"{p}: line {exc.lineno}: corrupt budget ledger ({exc.msg})"
         except UnicodeDecodeError:
@@ -243,7 +305,8 @@ class StoreBudget:
         ledger, ledger_err = self._read_ledger()
         head = (ledger or {}).get("journal")
         try:
-            j = read_journal(self.journal_path, at=head["lines"] if head else None)
+            at = head["lines"] if head else None
+            j = read_object_journal(self.store, at=at) if self.remote else read_journal(self.journal_path, at=at)
         except JournalError as exc:
             return _State(problem=f"{self.journal_path}: {exc.what if exc.line == 0 else exc}; the journal cannot "
                           f"be trusted: restore {BUDGET_FILE} and {JOURNAL_FILE} from a backup")
@@ -255,7 +318,7 @@ class StoreBudget:
             return self._against_journal(ledger, ledger_err, j)
         recorded = (ledger or {}).get("journal")
         marked = _has_marker(self.lock_path)
-        gone = "empty" if os.path.lexists(self.journal_path) else "missing"
+        gone = "empty" if not self.remote and os.path.lexists(self.journal_path) else "missing"
         restart = (f"restore it from a backup, or start a new journal from the ledger as it is with "
                    f"{self._restore_hint()} (recorded in its history)")
         if ledger_err is not None:
@@ -282,6 +345,10 @@ class StoreBudget:
 
     def _against_journal(self, ledger: dict | None, ledger_err: str | None, j: Journal) -> _State:
         fix = f"restore it from the journal with {self._restore_hint()}"
+        if ledger is None and ledger_err is None and self.remote:
+            # on object storage the journal is the record: the ledger is written after it, and a run killed in
+            # between leaves none (its first change) or one behind (see object_journal); rolled forward
+            return _State(mode="journal", d=_new_ledger(j.state), journal=j, pending=len(j.records))
         if ledger is None:
             if ledger_err is None:
                 return _State(journal=j, restorable="rebuild", problem=(
@@ -323,7 +390,10 @@ class StoreBudget:
         if st.mode == "legacy":
             records = [_adopt(st.d, {"event": "journal started", "at": _now(), "n_entries": len(st.d["entries"])}),
                        *records]
-        d = _append(self.path, self.journal_path, self.lock_path, st.journal, records)
+        if self.remote:
+            d = append_objects(self.store, BUDGET_FILE, st.journal, records, _new_ledger)
+        else:
+            d = _append(self.path, self.journal_path, self.lock_path, st.journal, records)
         st.d, st.mode = d, "journal"
         return d
 
@@ -370,6 +440,27 @@ class StoreBudget:
 
     # -- public API --------------------------------------------------------------------
 
+    def check(self) -> None:
+        """Raise :class:`StoreError` (one line, how to recover) if the ledger cannot be used."""
+        self._checked()
+
+    @_retried
+    def data_replaced(self, *, by: str, old_checksum: str | None, new_checksum: str | None) -> None:
+        """Record in the history that the store's data was replaced (the releases before it keep counting).
+
+        Used on object storage, where the ledger stays at the store's URL when its data is replaced
+        (on a local disk :func:`carried_over` moves it into the new store). Nothing is written when the store
+        has no ledger.
+        """
+        with self._locked():
+            st = self._checked()
+            if st.mode == "fresh":
+                return
+            self._commit(st, [{"at": _now(), "op": "history", "record": {
+                "event": "data replaced", "at": _now(), "by": by, "old_checksum": old_checksum,
+                "new_checksum": new_checksum, "n_entries": len(st.d["entries"])}}])
+
+    @_retried
     def set(self, epsilon: float, delta: float) -> None:
         """Set the store's total budget ``(epsilon, delta)`` (``epsilon = inf``: unlimited)."""
         check_privacy_params(epsilon, delta)
@@ -414,6 +505,7 @@ class StoreBudget:
         return {"budget": budget, "before": self._spend(counted, delta), "after": after,
                 "sweep": self._spend(new, delta), "within_budget": self._within(after, budget)}
 
+    @_retried
     def reserve(self, ledger, *, over_budget: bool = False, model: str | None = None) -> str:
         """Record a release before its model is written; refuse it if it would exceed the budget.
 
@@ -462,6 +554,7 @@ class StoreBudget:
             self._commit(st, [{"at": _now(), "op": "reserve", "entry": entry}])
         return entry["id"]
 
+    @_retried
     def _update(self, entry_id: str, by: str, change) -> None:
         """Under the lock, ``change(entry)`` returns the fields of entry ``entry_id`` to set (None: nothing to do);
         they are journaled as made ``by`` (``writing``, ``complete``, ``fail``) and written."""
@@ -522,6 +615,7 @@ class StoreBudget:
             raise
         self.complete(entry_id)
 
+    @_retried
     def settle(self, *, refund_unreleased: bool = False) -> list[dict]:
         """Settle the reservations of runs that are gone (see "Stale reservations" above).
 
@@ -560,6 +654,8 @@ class StoreBudget:
         (whether anything was written), ``what`` (one line) and ``set_aside`` (paths).
         A journal that does not verify cannot be restored from: :class:`StoreError`.
         """
+        if self.remote:
+            return self._restore_remote()
         with self._locked():
             st = self._inspect()
             aside = []
@@ -600,6 +696,27 @@ class StoreBudget:
             return {"restored": True, "what": what, "set_aside": aside}
 
 
+    @_retried
+    def _restore_remote(self) -> dict:
+        """:meth:`restore` on object storage: the journal objects are the record, so the one repair is to
+        rewrite ``privacy_budget.json`` from them; a journal that is lost or does not verify must come back from a
+        backup (a new journal cannot be started safely beside objects that may reappear)."""
+        st = self._inspect()
+        if st.problem is None and st.mode == "fresh":
+            return {"restored": False, "what": "nothing to restore: the store has no budget ledger", "set_aside": []}
+        if st.problem is None and st.mode == "journal" and not st.pending:
+            return {"restored": False, "what": f"nothing to restore: {BUDGET_FILE} agrees with its journal",
+                    "set_aside": []}
+        if st.journal is None or (st.problem is not None and st.restorable != "rebuild"):
+            raise StoreError(f"{st.problem or self.path + ': no journal to restore from'}; on object storage "
+                             f"--restore only rewrites {BUDGET_FILE} from the journal objects "
+                             f"({JOURNAL_OBJECTS}/): restore them from a backup")
+        self._commit(st, [{"at": _now(), "op": "history", "record": {
+            "event": "ledger rebuilt", "at": _now(), "n_entries": st.journal.n_entries}}])
+        return {"restored": True, "what": f"rebuilt {BUDGET_FILE} from its journal ({len(st.journal.records)} lines, "
+                f"{st.journal.n_entries} entries)", "set_aside": []}
+
+
 @dataclass
 class _State:
     """What :meth:`StoreBudget._inspect` found: the ledger ``d`` to work on and how it stands.
@@ -630,8 +747,13 @@ def _adopt(d: dict, note: dict) -> dict:
                                                    "history": [*d.get("history", []), note]}}
 
 
-def _has_marker(lock_path: Path) -> bool:
+def _has_marker(lock_path: Path | str) -> bool:
     """Whether the lock file says a journal was started (see "Journal"); an old streamdp left it empty."""
+    if remote.is_url(lock_path):  # only in a store copied from a local disk
+        try:
+            return MARKER.encode() in (remote.read_bytes(str(lock_path)) or b"")[:4096]
+        except OSError:
+            return False
     try:
         with open(lock_path, "rb") as fh:
             return MARKER.encode() in fh.read(4096)

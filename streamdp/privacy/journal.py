@@ -44,7 +44,7 @@ from pathlib import Path
 from streamdp.privacy.ledger import decode_json, encode_json
 
 __all__ = ["JOURNAL_FILE", "GENESIS", "STATUSES", "STAGES", "Journal", "JournalError", "LedgerInvalid", "decoded",
-           "chain_hash", "read_journal", "replay", "apply_record", "check_state", "empty_state"]
+           "chain_hash", "read_journal", "parse_journal", "replay", "apply_record", "check_state", "empty_state"]
 
 JOURNAL_FILE = "privacy_budget.journal"
 #: What the first line's hash chains from.
@@ -315,6 +315,11 @@ def read_journal(path: str | os.PathLike, *, at: int | None = None) -> Journal |
         raise JournalError(0, "a directory, not a journal")
     with open(path, "rb") as fh:
         raw = fh.read()
+    return parse_journal(raw, path, at=at)
+
+
+def parse_journal(raw: bytes, path, *, at: int | None = None) -> Journal:
+    """:func:`read_journal` of the journal's bytes ``raw`` (``path`` names it)."""
     j = Journal(path=path, file_size=len(raw))
     pieces = raw.split(b"\n")
     complete, tail = pieces[:-1], pieces[-1]

@@ -21,8 +21,13 @@ what keeps the check within a few percent of a pass; see ``bench/digest.py``.
 (:mod:`streamdp.storage.schema`): a local directory store, a 1-D array with the
 default ``c/<i>`` chunk keys, and the codec chain ``bytes`` (little endian)
 followed by one ``blosc`` or ``zstd`` compressor. Decoding itself is numcodecs'
-(the same library Zarr calls). Anything else (a remote URL, other codecs, string
-ids) is read by :class:`ZarrReader` through Zarr; :func:`range_reader` picks one.
+(the same library Zarr calls). The same arrays on object storage (an fsspec
+store) are read the same way, the chunks of one read fetched concurrently with
+one GET each: Zarr's path (:class:`ZarrReader`) must first ask for each chunk's
+size to refuse a missing one, a second request per chunk; measured on moto's S3
+server (20,000-user store, structural check plus every block, medians of 5) 3.1 s
+against 5.0 s through Zarr (1.6x). Anything else (other codecs, string ids) is
+read by :class:`ZarrReader` through Zarr; :func:`range_reader` picks one.
 The tests compare both paths on every block.
 
 Missing chunks. Zarr reads a chunk that is not in the store as the array's fill
@@ -79,17 +84,22 @@ def chunk_crcs_digest(crcs) -> int:
     return crc32c(np.asarray(crcs, dtype="<u4").tobytes())
 
 
-def _local_layout(arr: zarr.Array, n_codecs: int):
+def _local_layout(arr: zarr.Array, n_codecs: int, *, remote: bool = False):
     """``(chunk directory, little-endian dtype, codecs)`` of a local Zarr v3 array whose
     chunks are plain files under ``c/`` and whose codec chain is ``bytes`` (little
-    endian) plus ``n_codecs - 1`` more; ``None`` for any other layout."""
+    endian) plus ``n_codecs - 1`` more; ``None`` for any other layout.
+
+    ``remote``: an array in an fsspec store (object storage) instead, the directory then
+    a ``(filesystem, chunk prefix)`` pair for a synchronous filesystem of the same protocol
+    and options.
+    """
     try:
         from zarr.codecs import BytesCodec
         from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
-        from zarr.storage import LocalStore
+        from zarr.storage import FsspecStore, LocalStore
 
         md = arr.metadata
-        if md.zarr_format != 3 or not isinstance(arr.store, LocalStore):
+        if md.zarr_format != 3 or not isinstance(arr.store, FsspecStore if remote else LocalStore):
             return None
         if not isinstance(md.chunk_key_encoding, DefaultChunkKeyEncoding) or md.chunk_key_encoding.separator != "/":
             return None
@@ -99,9 +109,21 @@ def _local_layout(arr: zarr.Array, n_codecs: int):
         dtype = np.dtype(arr.dtype)
         if dtype.itemsize > 1 and getattr(codecs[0].endian, "value", codecs[0].endian) != "little":
             return None
+        if remote:
+            return _sync_fs(arr.store), dtype.newbyteorder("<"), codecs
         return os.path.join(str(arr.store.root), arr.path, "c"), dtype.newbyteorder("<"), codecs
     except (AttributeError, ImportError, TypeError):  # another zarr version's layout: let Zarr read it
         return None
+
+
+def _sync_fs(store):
+    """``(filesystem, root path)`` of an fsspec Zarr store, the filesystem synchronous (Zarr's is asynchronous)."""
+    import fsspec
+
+    fs = store.fs
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    options = {k: v for k, v in getattr(fs, "storage_options", {}).items() if k not in ("asynchronous", "loop")}
+    return fsspec.filesystem(protocol, **options), str(store.path).rstrip("/")
 
 
 def _blosc_sizes(raw: bytes) -> tuple[int, int]:
@@ -117,8 +139,9 @@ class ChunkReader:
     """
 
     def __init__(self, directory: str, chunk: int, shape: int, dtype, decode, decode_into=None, *,
-                 blosc: bool = False, label: str | None = None):
+                 blosc: bool = False, label: str | None = None, fs=None):
         self._dir = directory
+        self._fs = fs  # an fsspec filesystem (object storage): ``directory`` is the chunk prefix in it
         self._decode = decode
         self._decode_into = decode_into
         self._blosc = bool(blosc)
@@ -129,9 +152,20 @@ class ChunkReader:
         self.chunk_bytes = self.chunk * self.dtype.itemsize
 
     @classmethod
-    def for_array(cls, arr: zarr.Array, label: str | None = None) -> "ChunkReader | None":
-        """A reader for ``arr``, or ``None`` when ``arr`` is not of the covered kind."""
+    def for_array(cls, arr: zarr.Array, label: str | None = None, *, remote: bool = True) -> "ChunkReader | None":
+        """A reader for ``arr``, or ``None`` when ``arr`` is not of the covered kind.
+
+        ``remote``: also for an array on object storage (an fsspec store): each read
+        fetches its chunks concurrently, one GET each (Zarr's path first asks for every
+        chunk's size, one more request per chunk, to refuse a missing one).
+        """
         layout = _local_layout(arr, 2)
+        fs = None
+        if layout is None and remote and arr.ndim == 1:
+            layout = _local_layout(arr, 2, remote=True)
+            if layout is not None:
+                (fs, root), dtype, codecs = layout
+                layout = (f"{root}/{arr.path}/c", dtype, codecs)
         if layout is None or arr.ndim != 1:
             return None
         directory, dtype, codecs = layout
@@ -149,7 +183,7 @@ class ChunkReader:
         else:
             return None
         return cls(directory, arr.chunks[0], arr.shape[0], dtype, decode, decode_into,
-                   blosc=isinstance(comp, BloscCodec), label=label)
+                   blosc=isinstance(comp, BloscCodec), label=label, fs=fs)
 
     @property
     def n_chunks(self) -> int:
@@ -158,14 +192,36 @@ class ChunkReader:
     def _fail(self, c: int, why: str) -> StoreError:
         return StoreError(f"{self.label}: chunk {c} {why} (the store is damaged)")
 
-    def _raw(self, c: int) -> bytes:
-        try:
-            with open(os.path.join(self._dir, str(c)), "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            raise self._fail(c, "is missing") from None
-        except OSError as exc:
-            raise self._fail(c, f"cannot be read ({exc.strerror})") from None
+    def _path(self, c: int) -> str:
+        return f"{self._dir}/{c}" if self._fs is not None else os.path.join(self._dir, str(c))
+
+    def _fetch(self, chunks) -> dict:
+        """The stored bytes of ``chunks`` from object storage, fetched concurrently (an exception for one that
+        could not be)."""
+        paths = [self._path(c) for c in chunks]
+        got = self._fs.cat(paths, on_error="return") if len(paths) > 1 else {}
+        if len(paths) == 1:
+            try:
+                got = {paths[0]: self._fs.cat_file(paths[0])}
+            except Exception as exc:  # noqa: BLE001 - judged below, per chunk
+                got = {paths[0]: exc}
+        return {c: got.get(p, FileNotFoundError(p)) for c, p in zip(chunks, paths)}
+
+    def _raw(self, c: int, fetched=None) -> bytes:
+        if self._fs is not None:
+            raw = fetched if fetched is not None else self._fetch([c])[c]
+            if isinstance(raw, (FileNotFoundError, KeyError)):
+                raise self._fail(c, "is missing")
+            if isinstance(raw, BaseException):
+                raise self._fail(c, f"cannot be read ({raw.__class__.__name__}: {raw})")
+        else:
+            try:
+                with open(self._path(c), "rb") as f:
+                    raw = f.read()
+            except FileNotFoundError:
+                raise self._fail(c, "is missing") from None
+            except OSError as exc:
+                raise self._fail(c, f"cannot be read ({exc.strerror})") from None
         if not raw:
             raise self._fail(c, "is empty")
         if self._blosc:
@@ -188,9 +244,11 @@ class ChunkReader:
         if stop <= start:
             return out
         C = self.chunk
-        for c in range(start // C, (stop - 1) // C + 1):
+        chunks = range(start // C, (stop - 1) // C + 1)
+        fetched = self._fetch(chunks) if self._fs is not None else {}
+        for c in chunks:
             lo, hi = max(start, c * C), min(stop, (c + 1) * C)
-            raw = self._raw(c)
+            raw = self._raw(c, fetched.get(c))
             if crcs is not None:
                 crcs.append(crc32c(raw))
             try:
@@ -217,7 +275,24 @@ class ChunkReader:
 
     def check(self) -> None:
         """Every chunk file is there and not empty (and, for Blosc, as long as its header
-        says); nothing is decoded. Raises :class:`StoreError` for the first that is not."""
+        says); nothing is decoded. Raises :class:`StoreError` for the first that is not.
+
+        On object storage one listing gives every chunk's size (no Blosc header is read: that would be one
+        request per chunk); a truncated chunk is then refused when it is read.
+        """
+        if self._fs is not None:
+            try:
+                sizes = {str(e["name"]).rsplit("/", 1)[-1]: e.get("size") for e in self._fs.ls(self._dir, detail=True)}
+            except FileNotFoundError:
+                sizes = {}
+            except OSError as exc:
+                raise StoreError(f"{self.label}: its chunks cannot be listed ({exc})") from None
+            for c in range(self.n_chunks):
+                if str(c) not in sizes:
+                    raise self._fail(c, "is missing")
+                if not sizes[str(c)]:
+                    raise self._fail(c, "is empty")
+            return
         for c in range(self.n_chunks):
             path = os.path.join(self._dir, str(c))
             try:

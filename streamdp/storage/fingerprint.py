@@ -48,8 +48,18 @@ def _read_key(where: str) -> bytes | None:
 
 def release_key(store_path, *, create: bool) -> bytes | None:
     """The store's release key; created (atomically, once even under concurrent runs) when ``create``."""
-    if "://" in str(store_path):  # read only: releases are made from local stores (they update its ledger)
-        return _read_key(str(store_path).rstrip("/") + "/" + KEY_FILE)
+    if "://" in str(store_path):  # object storage: created with a conditional write, the first run's key wins
+        from streamdp.storage import remote
+
+        url = remote.join(str(store_path), KEY_FILE)
+        key = _read_key(url)
+        if key is None and create:
+            try:
+                remote.put_exclusive(url, (secrets.token_hex(32) + "\n").encode())
+            except FileExistsError:
+                pass
+            key = _read_key(url)
+        return key
     path = Path(store_path) / KEY_FILE
     key = _read_key(str(path))
     if key is not None or not create:

@@ -382,7 +382,7 @@ def ingest(
     tmp = None
     try:
         specs = [F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns) for p in inputs]
-        tmp = owned_temp_dir(out, "ingest")
+        tmp = owned_temp_dir(_spill_beside(out), "ingest")
         int_ids = [True, True]
         for s in specs:
             a, b = F.sniff_id_kinds(s)
@@ -429,6 +429,18 @@ def ingest(
     finally:
         if tmp is not None:
             remove_temp_dir(tmp)
+
+
+def _spill_beside(out: str) -> str:
+    """Where the spill files of an ingest to ``out`` go (beside it): for a store on object storage, a local
+    place named after its URL in the temporary directory (spills are read back many times)."""
+    if "://" not in str(out):
+        return out
+    import hashlib
+    import tempfile
+
+    tag = hashlib.sha256(str(out).encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"streamdp-{str(out).rstrip('/').rsplit('/', 1)[-1]}-{tag}")
 
 
 @dataclass

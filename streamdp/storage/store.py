@@ -83,10 +83,10 @@ class RatingStore:
             kw = {"storage_options": storage_options} if storage_options else {}
             self._root = zarr.open_group(self.path, mode="r", **kw)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, ValueError, OSError) as exc:
-            raise StoreError(f"{self.path}: not a streamdp rating store ({exc.__class__.__name__})") from None
+            raise self._not_a_store(f"not a streamdp rating store ({exc.__class__.__name__})") from None
         attrs = dict(self._root.attrs).get(ATTRS_KEY)
         if not isinstance(attrs, dict) or attrs.get("format") != FORMAT_NAME:
-            raise StoreError(f"{self.path}: not a streamdp rating store (no '{ATTRS_KEY}' attributes)")
+            raise self._not_a_store(f"not a streamdp rating store (no '{ATTRS_KEY}' attributes)")
         version = attrs.get("format_version")
         if version != FORMAT_VERSION:
             raise StoreError(
@@ -113,6 +113,22 @@ class RatingStore:
         self.identity = self._identity(attrs)
         #: Blocks whose chunk files differed from their recorded CRC and were checked by their digest instead.
         self.digest_fallbacks = 0
+
+    def _not_a_store(self, why: str) -> StoreError:
+        """The error for a path that holds no store; on object storage, also why (a write that did not finish,
+        or nothing there)."""
+        if not self.local:
+            from streamdp.storage import remote
+
+            try:
+                incomplete = remote.incomplete_reason(self.path)
+                if incomplete is None and not remote.exists(self.path):
+                    return StoreError(f"{self.path}: does not exist")
+            except OSError as exc:
+                return StoreError(f"{self.path}: cannot be read ({exc})")
+            if incomplete is not None:
+                return StoreError(f"{self.path}: not a streamdp rating store yet: {incomplete}")
+        return StoreError(f"{self.path}: {why}")
 
     # -- identity ---------------------------------------------------------------------
     @property

@@ -35,6 +35,28 @@ name the first damaged block, and the CRC32C of each block's chunk files in
 ``<split>/block_crc32c`` (read back right after each block is written) so that
 every read can check its block for a few percent (:mod:`streamdp.storage.chunks`).
 Each store gets a random ``generation`` id, outside the checksum.
+
+Object storage
+--------------
+A destination that is an fsspec URL (``s3://bucket/r.zarr``) has no rename, so the
+rule "a store is visible only once complete" is kept by ordering instead: the store
+is a store only when its root ``zarr.json`` carries the ``streamdp`` attributes, and
+:meth:`StoreWriter.finalize` writes them last. A new store is written in place under
+its URL, with an object :data:`~streamdp.storage.remote.WRITING_MARKER` (the writer's
+owner record) first, so that :func:`~streamdp.storage.store.open_store` refuses a
+half-written one saying why (:func:`~streamdp.storage.remote.incomplete_reason`); a
+failed write removes its objects, a killed one leaves them for ``--force``. Replacing
+a store (``--force``) writes the new one under ``.NAME.tmp-HEX`` beside it, so the
+old one stays readable meanwhile, then publishes it: the old root ``zarr.json`` is
+deleted first (nothing can read a mix of the two), the old data deleted, the new
+objects copied server-side, its root ``zarr.json`` last. The budget ledger's objects
+(``privacy_budget.*``) are never deleted: on object storage the ledger stays at the
+store's URL and records that the data was replaced
+(:meth:`streamdp.privacy.budget.StoreBudget.data_replaced`). Decision, measured with
+moto's S3 server (110 objects, 1.2 MB, medians of 5): publishing in place takes
+0.16 s, publishing by copy 2.06 s (one COPY request per object, and a real bucket
+copies at its own rate), so only a replacement, which must keep the old store
+readable until the new one is complete, pays for the copy.
 """
 
 from __future__ import annotations
@@ -59,6 +81,7 @@ from streamdp.outputs import (
     owned_temp_dir,
     remove_temp_dir,
 )
+from streamdp.storage import remote
 from streamdp.storage.chunks import FAST_CRC, ChunkReader, chunk_crcs_digest
 from streamdp.storage.schema import (
     ATTRS_KEY,
@@ -194,22 +217,54 @@ class ContentHash:
 
 
 def is_store_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a streamdp rating store (its ``zarr.json`` names the format; any version).
+    """Whether ``path`` (a directory or an fsspec URL) is a streamdp rating store (its ``zarr.json`` names the
+    format; any version).
 
     Read from the raw ``zarr.json``, so a store of another format version (or one
     whose arrays are damaged) still counts as a store that ``--force`` may replace.
     """
     try:
-        with open(os.path.join(path, "zarr.json")) as fh:
-            attrs = json.load(fh).get("attributes", {}).get(ATTRS_KEY)
+        if remote.is_url(path):
+            raw = remote.read_bytes(remote.join(str(path), "zarr.json"))
+            attrs = json.loads(raw).get("attributes", {}).get(ATTRS_KEY) if raw is not None else None
+        else:
+            with open(os.path.join(path, "zarr.json")) as fh:
+                attrs = json.load(fh).get("attributes", {}).get(ATTRS_KEY)
     except (OSError, ValueError, AttributeError):
         return False
     return isinstance(attrs, dict) and attrs.get("format") == FORMAT_NAME
 
 
+#: Objects under a store's URL that belong to its budget ledger, not to its data: a replacement keeps them
+#: (on object storage the ledger stays where the store is, see :mod:`streamdp.privacy.budget`).
+def _ledger_object(name: str) -> bool:
+    return name.split("/", 1)[0].startswith("privacy_budget.")
+
+
 def check_destination(path: str, force: bool) -> None:
-    """Refuse an existing ``path`` unless ``force`` and it is a streamdp rating store (then it may be replaced)."""
-    _check(path, force, what="rating store", is_ours=is_store_dir)
+    """Refuse an existing ``path`` unless ``force`` and it is a streamdp rating store (then it may be replaced).
+
+    On object storage the same rules: a store there is replaced only with ``force``; so is an incomplete
+    store (its write did not finish, :func:`streamdp.storage.remote.incomplete_reason`) and a prefix that holds
+    only a budget ledger; anything else under the prefix is left untouched.
+    """
+    if not remote.is_url(path):
+        _check(path, force, what="rating store", is_ours=is_store_dir)
+        return
+    fs, p = remote.url_fs(path)
+    try:
+        names = [f[len(p.rstrip("/")) + 1:] for f in fs.find(p.rstrip("/"))]
+    except FileNotFoundError:
+        names = []
+    if not names:
+        return
+    if not force:
+        why = remote.incomplete_reason(path)
+        raise StoreError(f"{path}: {why}" if why else f"{path}: already exists (use --force to overwrite a streamdp "
+                                                      f"rating store)")
+    if not (is_store_dir(path) or remote.WRITING_MARKER in names or all(map(_ledger_object, names))):
+        raise StoreError(f"{path}: exists and is not a streamdp rating store; --force replaces only a rating store, "
+                         f"so it was left untouched")
 
 
 class _SplitWriter:
@@ -235,7 +290,8 @@ class _SplitWriter:
         # check a block's bytes cheaply against those its digest was computed from (storage/chunks.py)
         self.crc_readers = None
         if FAST_CRC:
-            rd = [ChunkReader.for_array(a) for a in (self.indptr, self.items, self.ratings)]
+            # local stores only: on object storage reading each chunk back would download the whole store again
+            rd = [ChunkReader.for_array(a, remote=False) for a in (self.indptr, self.items, self.ratings)]
             self.crc_readers = rd if all(r is not None for r in rd) else None
         self.chunk_crcs: list[list[int]] = []
 
@@ -323,7 +379,7 @@ class StoreWriter:
     Parameters
     ----------
     path : str
-        Destination directory (local).
+        Destination directory, or an fsspec URL (see "Object storage" in the module docstring).
     n_users, n_items : int
         Dense sizes of the store.
     block_users : int
@@ -349,7 +405,8 @@ class StoreWriter:
         if n_users < 1 or n_items < 1:
             raise StoreError(f"{path}: a store needs at least one user and one item")
         check_destination(path, force)
-        self.path = os.path.abspath(path)
+        self.remote = remote.is_url(path)
+        self.path = str(path).rstrip("/") if self.remote else os.path.abspath(path)
         self.force = force
         self.n_users, self.n_items, self.block_users = int(n_users), int(n_items), int(block_users)
         self.n_blocks = -(-self.n_users // self.block_users)
@@ -357,9 +414,13 @@ class StoreWriter:
         self.tmp = None
         try:  # no `with` has been entered yet: an error or Ctrl-C here must remove the temp itself
             with deferred_interrupts():
-                self.tmp = owned_temp_dir(self.path, "tmp")
+                if self.remote:
+                    self.tmp = self._remote_target()
+                else:
+                    self.tmp = owned_temp_dir(self.path, "tmp")
                 # mode "a": the directory exists (with its owner record, which mode "w" would delete)
-                self.root = zarr.open_group(self.tmp, mode="a")
+                kw = {"storage_options": remote.write_options(self.tmp)} if self.remote else {}
+                self.root = zarr.open_group(self.tmp, mode="a", **kw)
                 self.splits = {
                     s: _SplitWriter(self.root.create_group(s), self.n_users, self.n_blocks, self.block_users,
                                     chunk_ratings)
@@ -373,6 +434,17 @@ class StoreWriter:
             raise
         self._hash = ContentHash()
         self._done = False
+
+    def _remote_target(self) -> str:
+        """Where a store on object storage is written (see "Object storage" in the class docstring)."""
+        if is_store_dir(self.path):  # replaced (force): the old store stays readable until the publish
+            parent, name = self.path.rsplit("/", 1)
+            target = f"{parent}/.{name}.tmp-{secrets.token_hex(6)}"
+        else:  # nothing there, or leftovers of a write that did not finish (force): the data goes in place
+            target = self.path
+            remote.remove_prefix(target, keep=_ledger_object)
+        remote.write_marker(target)
+        return target
 
     # -- context manager: abort on error ----------------------------------------------
     def __enter__(self) -> "StoreWriter":
@@ -391,8 +463,16 @@ class StoreWriter:
         After a failed write it waits briefly for Zarr writes still in flight that could
         recreate it (:func:`streamdp.outputs.remove_temp_dir`).
         """
-        if self.tmp is not None:
-            remove_temp_dir(self.tmp, settle=self._failed)
+        if self.tmp is None:
+            return
+        if self.remote:
+            try:
+                remote.remove_prefix(self.tmp, keep=_ledger_object if self.tmp == self.path else lambda n: False)
+            except Exception:  # noqa: BLE001 - best effort: what is left is not a store (no attributes)
+                pass
+            self.tmp = None
+            return
+        remove_temp_dir(self.tmp, settle=self._failed)
 
     # -- content ------------------------------------------------------------------------
     @deferred_interrupts()
@@ -472,6 +552,15 @@ class StoreWriter:
         if full["checksum_attrs"]:  # hashed as they will read back from zarr.json
             self._hash.add_attrs(json.loads(json.dumps(full)), full["checksum_attrs"])
         full["checksum"] = self._hash.hexdigest()
+        if self.remote:
+            try:
+                self._publish_remote(full, by=str(attrs.get("created_with", "?")))
+            except BaseException:
+                self._failed = True
+                self.abort()
+                raise
+            self._done = True
+            return self.path
         self.root.attrs[ATTRS_KEY] = full
         try:
             budget = contextlib.nullcontext()
@@ -490,3 +579,52 @@ class StoreWriter:
             raise
         self._done = True
         return self.path
+
+    def _publish_remote(self, full: dict, *, by: str) -> None:
+        """Make the store written on object storage visible: its root attributes are the last object written."""
+        if self.tmp == self.path:
+            self.root.attrs[ATTRS_KEY] = full  # the root zarr.json with the attributes: from now on a store
+            self.tmp = None  # published: nothing to abort
+            remote.remove_prefix(self.path, keep=lambda n: n != remote.WRITING_MARKER)
+            return
+        # replacing a store: the new one is complete under the temporary prefix; copy it over the old one
+        self.root.attrs[ATTRS_KEY] = full
+        check_destination(self.path, self.force)
+        from streamdp.privacy.budget import StoreBudget
+
+        ledger = StoreBudget(self.path)
+        ledger.check()  # a corrupt ledger refuses the replacement before anything changes (as on a local disk)
+        old_checksum = (remote_attrs(self.path) or {}).get("checksum")
+        fs, dest = remote.url_fs(self.path)
+        _, src = remote.url_fs(self.tmp)
+        dest, src = dest.rstrip("/"), src.rstrip("/")
+        with deferred_interrupts():
+            remote.write_marker(self.path)
+            fs.rm_file(f"{dest}/zarr.json")  # the old store is no longer one: nothing reads a mix of the two
+            tmp, self.tmp = self.tmp, None  # from here on the new store under tmp is the only copy: kept on errors
+            try:
+                remote.remove_prefix(self.path, keep=lambda n: _ledger_object(n) or n == remote.WRITING_MARKER)
+                names = [f[len(src) + 1:] for f in fs.find(src)]
+                names = [n for n in names if n not in ("zarr.json", remote.WRITING_MARKER)]
+                if names:
+                    fs.copy([f"{src}/{n}" for n in names], [f"{dest}/{n}" for n in names])
+                fs.copy(f"{src}/zarr.json", f"{dest}/zarr.json")  # last: the new store is now visible
+            except Exception as exc:
+                raise StoreError(f"{self.path}: replacing the store failed while publishing the new one "
+                                 f"({exc.__class__.__name__}: {exc}); the old store is gone, the new one is complete "
+                                 f"at {tmp}: write it again with --force") from None
+            fs.invalidate_cache(dest)
+            remote.remove_prefix(self.path, keep=lambda n: n != remote.WRITING_MARKER)
+        remote.remove_prefix(tmp)
+        # the ledger stayed where it was: its releases keep counting; say that the data changed
+        ledger.data_replaced(by=by, old_checksum=old_checksum, new_checksum=full["checksum"])
+
+
+def remote_attrs(url: str) -> dict | None:
+    """The ``streamdp`` attributes in the root ``zarr.json`` at ``url`` (None: none, or not readable)."""
+    try:
+        raw = remote.read_bytes(remote.join(url, "zarr.json"))
+        attrs = json.loads(raw).get("attributes", {}).get(ATTRS_KEY) if raw is not None else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return attrs if isinstance(attrs, dict) else None

@@ -33,8 +33,20 @@ from streamdp.storage.chunks import RawChunks
 
 
 def state_dir_for(store) -> str:
-    """The default state directory of a store (a store or its path): ``<store path>.state`` beside it."""
-    return str(getattr(store, "path", store)).rstrip("/") + ".state"
+    """The default state directory of a store (a store or its path): ``<store path>.state`` beside it.
+
+    For a store on object storage (an fsspec URL) a local directory named after the URL in the temporary
+    directory (``$TMPDIR/streamdp-state/<name>-<hash>.state``): the run directory, its owner record and the
+    per-user arrays are written with local file operations.
+    """
+    path = str(getattr(store, "path", store)).rstrip("/")
+    if "://" in path:
+        import hashlib
+        import tempfile
+
+        tag = hashlib.sha256(path.encode()).hexdigest()[:12]
+        return os.path.join(tempfile.gettempdir(), "streamdp-state", f"{path.rsplit('/', 1)[-1]}-{tag}.state")
+    return path + ".state"
 
 
 def is_url(path: str) -> bool:
