@@ -131,12 +131,15 @@ def info(store, as_json):
 
 @main.command()
 @click.argument("store")
+@click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
+@memory_limit_option
+@scheduler_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def verify(store, as_json):
+def verify(store, workers, memory_limit, scheduler, as_json):
     """Read all of STORE back, block by block, and check it against its recorded checksum."""
     from streamdp.storage.verify import format_verify, verify_store
 
-    r = verify_store(store)
+    r = verify_store(store, workers=workers, memory_limit=memory_limit, scheduler=scheduler)
     if as_json:
         print_json(r)
     else:
@@ -388,18 +391,20 @@ def format_train_summary(summary: dict) -> str:
               "private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
 @memory_limit_option
+@scheduler_option
+@state_option
 @click.option("--dry-run", is_flag=True, help="Print the sweep's total privacy spend and stop.")
 @click.option("--over-budget", is_flag=True, help="Run even if the store's budget would be exceeded (recorded).")
 @click.option("--force", is_flag=True, help="Replace an earlier sweep directory at --out.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def sweep(store, methods, epsilons, out, repeats, delta, rank, seed, workers, memory_limit, dry_run, over_budget,
-          force, as_json):
+def sweep(store, methods, epsilons, out, repeats, delta, rank, seed, workers, memory_limit, scheduler, state, dry_run,
+          over_budget, force, as_json):
     """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget."""
     from streamdp.sweep import sweep as run_sweep
 
     res = run_sweep(store, methods=methods, epsilons=epsilons, out=out, repeats=repeats, seed=seed, delta=delta,
-                    rank=rank, workers=workers, memory_limit=memory_limit, over_budget=over_budget,
-                    dry_run=dry_run, force=force, echo=None if as_json else click.echo)
+                    rank=rank, workers=workers, memory_limit=memory_limit, scheduler=scheduler, state=state,
+                    over_budget=over_budget, dry_run=dry_run, force=force, echo=None if as_json else click.echo)
     if as_json:
         print_json(encode_json_safe(res))
         return
