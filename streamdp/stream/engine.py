@@ -384,6 +384,17 @@ def dask_session(scheduler, workers: int | None = None):
             yield client
 
 
+def runs_in_this_process(scheduler) -> bool:
+    """Whether ``scheduler`` (an ``Engine``'s ``scheduler=`` value, after :func:`dask_session`) runs tasks in this
+    process: ``None``, ``"dask"`` or a client whose workers are all in-process."""
+    if scheduler is None or scheduler == IN_PROCESS:
+        return True
+    if isinstance(scheduler, str):
+        return False
+    info = scheduler.scheduler_info().get("workers", {})
+    return bool(info) and all(str(a).startswith("inproc://") for a in info)
+
+
 def distributed_wait(futures) -> None:
     """Wait until ``futures`` are finished, cancelled or failed (whatever they raise is not re-raised)."""
     from distributed import wait
