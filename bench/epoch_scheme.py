@@ -3,7 +3,7 @@
     python bench/epoch_scheme.py [--users 20000] [--items 500] [--seeds 3] [--workers 2] [--cluster]
 
 Generates a store in a temporary directory (removed at the end), then trains sgd
-(``--epsilon inf``) and sgld (``--epsilon 1`` and ``10``) with both schemes for
+(``--epsilon inf``) and sgld (``--epsilon 1`` and ``10``; ``--cases``) with both schemes for
 each seed on local threads (and, with ``--cluster``, ``blocks`` on a 2-process
 ``LocalCluster``), and prints the test RMSE (median over seeds and each seed) and
 the median fit seconds. One warm-up run per scheme compiles the kernels first.
@@ -21,9 +21,6 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-CASES = [("sgd", float("inf")), ("sgld", 1.0), ("sgld", 10.0)]
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--users", type=int, default=20_000)
@@ -33,6 +30,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=None, help="default: each method's (20)")
+    ap.add_argument("--cases", default="sgd:inf,sgld:1,sgld:10", help="method:epsilon,...")
     ap.add_argument("--rounds", default="2,4,all", help="--round-blocks values of the blocks scheme")
     ap.add_argument("--cluster", action="store_true", help="also blocks (first --rounds value) on a 2-process "
                     "LocalCluster")
@@ -56,7 +54,8 @@ def main(argv=None) -> dict:
             client = Client(cluster, set_as_default=False)
             schemes.append(("blocks", rounds[0], client))
         out = {"store": {"users": a.users, "items": a.items, "ratings": st.n_ratings, "blocks": st.n_blocks}}
-        for method, eps in CASES:
+        cases = [(c.split(":")[0], float(c.split(":")[1])) for c in a.cases.split(",")]
+        for method, eps in cases:
             for scheme, r, sched in schemes:
                 name = f"{method} eps {eps:g} {scheme}" + (f" R={r}" if r else "") + \
                     (" cluster" if sched is not None else "")

@@ -95,7 +95,9 @@ scheduler_option = click.option(
     "--scheduler", default=None, metavar="ADDRESS",
     help="Run the passes on Dask: tcp://host:port (a running cluster, whose workers must reach STORE and "
          "--state), 'processes' (a local cluster of --workers processes) or 'dask' (Dask in this process); "
-         "default: local threads. Results are bit-identical either way (see docs/cluster.md).")
+         "default: local threads. Results are bit-identical either way (see docs/cluster.md). On a cluster "
+         "--workers sizes the blocks in flight (default: the cluster's threads) and --memory-limit is this "
+         "process's.")
 
 #: ``--state`` of the commands that keep per-user state.
 state_option = click.option(
@@ -329,8 +331,10 @@ class _TrainCommand(click.Command):
 @click.option("--scheduler", default=None, metavar="ADDRESS", help="Run the passes on Dask: tcp://host:port (a "
               "running cluster, whose workers must reach STORE and --state), 'processes' (a local cluster of "
               "--workers processes) or 'dask' (Dask in this process); default: local threads. Every method's passes "
-              "and the evaluation run there, bit-identical to local threads; the epochs of sgd/sgld (one shared "
-              "in-memory V, Hogwild) stay on local threads of this process (see docs/cluster.md).")
+              "and the evaluation run there, bit-identical to local threads; sgd/sgld only with --epoch-scheme "
+              "blocks (their default Hogwild epochs share one V in this process: refused on a cluster; see "
+              "docs/cluster.md). On a cluster --workers sizes the blocks in flight and --state must be reachable "
+              "by the workers; --memory-limit applies to this process.")
 @state_option
 @click.option("--over-budget", "--budget-override", "over_budget", is_flag=True,
               help="Train even if the store's privacy budget would be exceeded (recorded).")

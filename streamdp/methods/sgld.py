@@ -105,18 +105,17 @@ private state), so only the resumed run that writes the model counts.
 
 On a cluster (``--scheduler``)
 ------------------------------
-Decision: the epochs stay on the local threads of the process that runs ``train``
-(:meth:`~streamdp.stream.engine.Engine.foreach`); its statistics pass and the
-evaluation after ``train`` go to the cluster. Why: an epoch is Hogwild over one
-``V`` (and, for ``sgld``, the shared lazy-noise clocks) updated after every user; a
-cluster scheme (block-parallel epochs, each block's item delta reduced in block
-order) is another algorithm: every block would start from the round's stale ``V``,
-which changes the model (not bit-identical to the local run) and the SGLD chain whose
-exact sample Liu et al.'s Thm 1 is about, and each task would ship ``V`` both ways
-(``2 n_items k`` floats per block, about a block's own rating bytes at 20k items,
-k = 16 and 40k ratings per block) for a kernel that streams 25M ratings/s on one
-core. The local threads read the store and write ``U`` at ``--state`` like a
-worker would, so the run works with any store URL the process reaches.
+Default (``--epoch-scheme hogwild``): the epochs run on the local threads of the
+process that runs ``train`` (:meth:`~streamdp.stream.engine.Engine.foreach`), and a
+cluster scheduler is refused before anything is reserved
+(:meth:`_SgdBase.check_scheduler`): an epoch is Hogwild over one ``V`` (and, for
+``sgld``, the shared lazy-noise clocks) updated after every user.
+``--epoch-scheme blocks`` runs the epochs as engine passes, on any scheduler and
+bit-identical for any workers: rounds of ``--round-blocks`` blocks start from the
+round's ``V`` and return affine item maps applied in block order
+(:func:`_block_delta`, :func:`_add_block_delta`): another Markov chain (stale
+kicks), noted in the ledger; the measurements and the reasoning about the
+guarantee are in docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -788,14 +787,20 @@ def _block_start(V_ep, bv_ep, pos0: int):
 
 
 def _block_delta(Vw, bvw, lastw, V_ep, bv_ep, items, flush):
-    """``--epoch-scheme blocks``: the rows a block touched and their change from the epoch's ``V``.
+    """``--epoch-scheme blocks``: the rows a block touched, as an affine map from the round's ``V``.
 
-    For SGLD (``flush`` = ``(rng, block end, delta, a, a_b, temp, table)``) the touched items are first
-    flowed to the block's end, so their flows cover exactly the block's span of the clock; the caller
+    Returns ``(touched, d, d_b, A, A_b, span)`` with the block's result ``V[touched] = d V_ep[touched] + A``
+    (``bv`` likewise with ``d_b``). For SGD ``d = 1`` and ``A`` is the change. For SGLD (``flush`` =
+    ``(rng, block end, delta, a, a_b, temp, table)``) the touched items are first flowed to the block's
+    end, so every touched item's flows cover exactly the block's span of the clock and the prior's decay
+    over it is the one factor ``d = exp(-a delta span)``: applying ``d V + A`` to the current ``V`` in block
+    order composes the Ornstein-Uhlenbeck flows exactly (a sum of deltas would apply the decay once per
+    block: measured, it wrecks the sample), and only the likelihood kicks see a stale ``V``. The caller
     flows every item over the time no block covered it (:func:`_add_block_delta`'s ``covered``).
     """
     touched = np.unique(items).astype(np.int64)
     Vt, bvt = Vw[touched], bvw[touched]
+    d = d_b = 1.0
     if flush is not None:
         rng, end, delta, a, a_b, temp, table = flush
         k1 = Vw.shape[1] + 1
@@ -804,14 +809,16 @@ def _block_delta(Vw, bvw, lastw, V_ep, bv_ep, items, flush):
         else:
             noise, offsets = rng.standard_normal(len(touched) * k1, dtype=np.float32), np.zeros(0, np.int64)
         K.flush_items(Vt, bvt, lastw[touched], end, delta, a, a_b, temp, noise, offsets, table is not None)
-    return touched, Vt - V_ep[touched], bvt - bv_ep[touched], int(len(items))
+        d, d_b = math.exp(-a * delta * len(items)), math.exp(-a_b * delta * len(items))
+    d, d_b = np.float32(d), np.float32(d_b)
+    return touched, d, d_b, Vt - d * V_ep[touched], bvt - d_b * bv_ep[touched], int(len(items))
 
 
 def _add_block_delta(V, bv, covered, acc, part):
-    """Combine of ``--epoch-scheme blocks`` (in block order): add the block's item deltas to ``V``/``bv``."""
-    touched, dV, dbv, span = part[4]
-    V[touched] += dV
-    bv[touched] += dbv
+    """Combine of ``--epoch-scheme blocks`` (in block order): apply the block's affine item map to ``V``/``bv``."""
+    touched, d, d_b, A, A_b, span = part[4]
+    V[touched] = d * V[touched] + A
+    bv[touched] = d_b * bv[touched] + A_b
     if covered is not None:
         covered[touched] += span
     acc.append(part[:4])
