@@ -153,11 +153,12 @@ GUARANTEE_SGLD = ("approximate: epsilon-DP for an exact posterior sample; approx
                   "(Liu et al. Thm 1; Jain et al. 2018 note SGLD's (epsilon, delta) is unquantified)")
 TABLE_LABEL = "Gaussian lookup table: no privacy proof"
 #: Ledger note of ``--epoch-scheme blocks`` (sgld).
-BLOCKS_NOTE = ("--epoch-scheme blocks: within an epoch every user block starts from the epoch's V and the blocks' "
-               "item changes are added in block order, so the sampler is a different Markov chain from Hogwild's "
-               "(item state stale by up to one epoch; the Langevin noise is still per step and every item is flowed "
-               "over exactly the epoch's time); the guarantee's reasoning is unchanged: an exact sample of the "
-               "target would be epsilon-DP, and a finite run of this chain, like Hogwild's, is not one")
+BLOCKS_NOTE = ("--epoch-scheme blocks: the user blocks of a round (--round-blocks) start from the round's V and "
+               "their item changes are applied in block order, so the sampler is a different Markov chain from "
+               "Hogwild's (likelihood kicks see item state up to a round old; the Langevin noise is still drawn per "
+               "step, the prior's flows compose exactly and every item is flowed over exactly the epoch's time); "
+               "the guarantee's reasoning is unchanged: an exact sample of the target would be epsilon-DP, and a "
+               "finite run of this chain, like Hogwild's, is not one")
 
 DEFAULTS = {
     # sgd: scikit-surprise SVD's defaults
@@ -188,7 +189,7 @@ SGD_OPTIONS = (
     Option("checkpoint", str, "run directory (U on disk, per-epoch checkpoints: counted as released, never "
            "refunded; keep it private); resumes if it holds one", metavar="DIR"),
     Option("epoch_scheme", ("hogwild", "blocks"), "hogwild: one shared V on local threads; blocks: rounds of "
-           "--round-blocks blocks start from the round's V, their deltas added in block order (runs on "
+           "--round-blocks blocks start from the round's V, their changes applied in block order (runs on "
            "--scheduler; see docs/cluster.md)", default="hogwild"),
     Option("round_blocks", int, "blocks per round of --epoch-scheme blocks (its parallelism; more: staler V)",
            default=ROUND_BLOCKS, minimum=1),
