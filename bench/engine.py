@@ -15,9 +15,9 @@ Each scheduler trains once to warm up (Numba compiles in every worker process),
 then ``--repeats`` times; a run's passes are counted (``Engine.map_reduce`` and
 ``Engine.foreach`` calls) and the median seconds per pass is printed with the
 ratios dask/threads and cluster/threads of the same run, and whether the released
-item factors are bit-identical to the thread pool's. ``sgd``/``sgld`` epochs run
-on local threads whatever the scheduler (Hogwild over one in-memory ``V``); with
-``--workers 1`` they are bit-identical too.
+item factors are bit-identical to the thread pool's. ``sgd``/``sgld`` run with
+``--epoch-scheme blocks`` (their epochs as engine passes; Hogwild is refused on a
+cluster), 3 epochs.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-METHOD_OPTIONS = {"public-private": {"public_fraction": 0.3}, "sgd": {"epsilon": float("inf")},
-                  "sgld": {"epochs": 3}, "fw": {"rank": 6}}
-ALL = "als,means,oja,svd,fw,public-private,lowrank,sgld"
+METHOD_OPTIONS = {"public-private": {"public_fraction": 0.3},
+                  "sgd": {"epsilon": float("inf"), "epochs": 3, "epoch_scheme": "blocks"},
+                  "sgld": {"epochs": 3, "epoch_scheme": "blocks"}, "fw": {"rank": 6}}
+ALL = "als,means,oja,svd,fw,public-private,lowrank,sgld,sgd"
 
 
 def _fit(store, method, scheduler, workers, memory_limit):

@@ -95,7 +95,9 @@ scheduler_option = click.option(
     "--scheduler", default=None, metavar="ADDRESS",
     help="Run the passes on Dask: tcp://host:port (a running cluster, whose workers must reach STORE and "
          "--state), 'processes' (a local cluster of --workers processes) or 'dask' (Dask in this process); "
-         "default: local threads. Results are bit-identical either way (see docs/cluster.md).")
+         "default: local threads. Results are bit-identical either way (see docs/cluster.md). On a cluster "
+         "--workers sizes the blocks in flight (default: the cluster's threads) and --memory-limit is this "
+         "process's.")
 
 #: ``--state`` of the commands that keep per-user state.
 state_option = click.option(
@@ -139,12 +141,15 @@ def info(store, as_json):
 
 @main.command()
 @click.argument("store")
+@click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
+@memory_limit_option
+@scheduler_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def verify(store, as_json):
+def verify(store, workers, memory_limit, scheduler, as_json):
     """Read all of STORE back, block by block, and check it against its recorded checksum."""
     from streamdp.storage.verify import format_verify, verify_store
 
-    r = verify_store(store)
+    r = verify_store(store, workers=workers, memory_limit=memory_limit, scheduler=scheduler)
     if as_json:
         print_json(r)
     else:
@@ -336,8 +341,10 @@ class _TrainCommand(click.Command):
 @click.option("--scheduler", default=None, metavar="ADDRESS", help="Run the passes on Dask: tcp://host:port (a "
               "running cluster, whose workers must reach STORE and --state), 'processes' (a local cluster of "
               "--workers processes) or 'dask' (Dask in this process); default: local threads. Every method's passes "
-              "and the evaluation run there, bit-identical to local threads; the epochs of sgd/sgld (one shared "
-              "in-memory V, Hogwild) stay on local threads of this process (see docs/cluster.md).")
+              "and the evaluation run there, bit-identical to local threads; sgd/sgld only with --epoch-scheme "
+              "blocks (their default Hogwild epochs share one V in this process: refused on a cluster; see "
+              "docs/cluster.md). On a cluster --workers sizes the blocks in flight and --state must be reachable "
+              "by the workers; --memory-limit applies to this process.")
 @state_option
 @click.option("--over-budget", "--budget-override", "over_budget", is_flag=True,
               help="Train even if the store's privacy budget would be exceeded (recorded).")
@@ -402,18 +409,20 @@ def format_train_summary(summary: dict) -> str:
               "private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
 @memory_limit_option
+@scheduler_option
+@state_option
 @click.option("--dry-run", is_flag=True, help="Print the sweep's total privacy spend and stop.")
 @click.option("--over-budget", is_flag=True, help="Run even if the store's budget would be exceeded (recorded).")
 @click.option("--force", is_flag=True, help="Replace an earlier sweep directory at --out.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def sweep(store, methods, epsilons, out, repeats, delta, rank, seed, workers, memory_limit, dry_run, over_budget,
-          force, as_json):
+def sweep(store, methods, epsilons, out, repeats, delta, rank, seed, workers, memory_limit, scheduler, state, dry_run,
+          over_budget, force, as_json):
     """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget."""
     from streamdp.sweep import sweep as run_sweep
 
     res = run_sweep(store, methods=methods, epsilons=epsilons, out=out, repeats=repeats, seed=seed, delta=delta,
-                    rank=rank, workers=workers, memory_limit=memory_limit, over_budget=over_budget,
-                    dry_run=dry_run, force=force, echo=None if as_json else click.echo)
+                    rank=rank, workers=workers, memory_limit=memory_limit, scheduler=scheduler, state=state,
+                    over_budget=over_budget, dry_run=dry_run, force=force, echo=None if as_json else click.echo)
     if as_json:
         print_json(encode_json_safe(res))
         return

@@ -106,9 +106,13 @@ def _fmt(x) -> str:
 
 
 def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | None = None,
-          delta: float | None = None, rank: int | None = None, workers=None, memory_limit=None,
-          over_budget: bool = False, dry_run: bool = False, force: bool = False, echo=None) -> dict:
+          delta: float | None = None, rank: int | None = None, workers=None, memory_limit=None, scheduler=None,
+          state: str | None = None, over_budget: bool = False, dry_run: bool = False, force: bool = False,
+          echo=None) -> dict:
     """Train and evaluate every (method, epsilon) ``repeats`` times; write the results and the plot.
+
+    ``scheduler`` and ``state`` as for ``train`` (docs/cluster.md): every run's passes and
+    evaluation go there; ``"dask"``/``"processes"`` start one client for the whole sweep.
 
     Returns the ``results.json`` content (with ``dry_run: true`` and no rows for a dry run).
     """
@@ -116,6 +120,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     from streamdp.methods import get_method
     from streamdp.outputs import check_destination
     from streamdp.storage.store import RatingStore, open_store
+    from streamdp.stream.engine import dask_session
 
     say = echo or (lambda *a, **k: None)
     st = store if isinstance(store, RatingStore) else open_store(store)
@@ -151,31 +156,36 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
         f.write("streamdp sweep output\n")
     rows, baselines, ranking_baselines = [], None, None
     t0 = time.perf_counter()
-    for i, (m, e, r) in enumerate(points, 1):
-        model_dir = os.path.join(out, "models", f"{m}-eps{_name(e)}-r{r}")
-        model = train(st, method=m, epsilon=e, delta=delta, out=model_dir, rank=rank,
-                      seed=None if seed is None else seed + r, workers=workers, memory_limit=memory_limit,
-                      over_budget=over_budget)
-        s = model.summary
-        baselines = baselines or s.get("baselines")
-        rk = s.get("ranking") or {}
-        if rk.get("baselines"):
-            ranking_baselines = {k: {"recall": v["recall"], "ndcg": v["ndcg"], "guarantee": v["guarantee"]}
-                                 for k, v in rk["baselines"].items()}
-            ranking_baselines["k"] = rk["k"]
-        rows.append({"method": m, "epsilon": _name(e), "repeat": r, "test_rmse": s["test_rmse"],
-                     "test_mae": s["test_mae"], "recall_at_k": rk.get("recall"), "ndcg_at_k": rk.get("ndcg"),
-                     "epsilon_spent": s["epsilon_spent"], "guarantee": s["guarantee"],
-                     "better_than_baselines": s["verdict"]["better"], "seconds": s["train_seconds"],
-                     "model": model_dir})
-        say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: test RMSE {s['test_rmse']:.4f}"
-            + (f", NDCG@{rk['k']} {rk['ndcg']:.4f}" if rk else ""))
+    with dask_session(scheduler, workers) as client:
+        for i, (m, e, r) in enumerate(points, 1):
+            model_dir = os.path.join(out, "models", f"{m}-eps{_name(e)}-r{r}")
+            model = train(st, method=m, epsilon=e, delta=delta, out=model_dir, rank=rank,
+                          seed=None if seed is None else seed + r, workers=workers, memory_limit=memory_limit,
+                          scheduler=client, state=state, over_budget=over_budget)
+            s = model.summary
+            baselines = baselines or s.get("baselines")
+            rk = s.get("ranking") or {}
+            if rk.get("baselines"):
+                ranking_baselines = {k: {"recall": v["recall"], "ndcg": v["ndcg"], "guarantee": v["guarantee"]}
+                                     for k, v in rk["baselines"].items()}
+                ranking_baselines["k"] = rk["k"]
+            rows.append(_row(m, e, r, model, model_dir))
+            say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: test RMSE {s['test_rmse']:.4f}"
+                + (f", NDCG@{rk['k']} {rk['ndcg']:.4f}" if rk else ""))
     summary = _aggregate(rows)
     result.update(dry_run=False, rows=rows, summary=summary, baselines=baselines, ranking_baselines=ranking_baselines,
                   seconds=round(time.perf_counter() - t0, 2))
     _write(out, result)
     result["plot"] = plot(result, os.path.join(out, PLOT_PNG))
     return result
+
+
+def _row(m, e, r, model, model_dir) -> dict:
+    s = model.summary
+    rk = s.get("ranking") or {}
+    return {"method": m, "epsilon": _name(e), "repeat": r, "test_rmse": s["test_rmse"], "test_mae": s["test_mae"],
+            "recall_at_k": rk.get("recall"), "ndcg_at_k": rk.get("ndcg"), "epsilon_spent": s["epsilon_spent"], "guarantee": s["guarantee"],
+            "better_than_baselines": s["verdict"]["better"], "seconds": s["train_seconds"], "model": model_dir}
 
 
 def _aggregate(rows) -> list[dict]:

@@ -83,6 +83,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
     st, m = prepare(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                     force=force, **options)
     with dask_session(scheduler, workers) as scheduler:
+        m.check_scheduler(scheduler)  # before anything is reserved
         fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler,
                                          memory_limit=memory_limit, over_budget=over_budget, force=force, state=state)
         try:

@@ -138,6 +138,12 @@ class Method:
     def fit(self, store, engine) -> Fitted:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def check_scheduler(self, scheduler) -> None:
+        """Refuse (:class:`~streamdp.errors.ParameterError`) a ``--scheduler`` the method cannot run on.
+
+        Called before the release is reserved. Default: every scheduler is fine.
+        """
+
     def state_bytes(self, store) -> int:
         """Item-side memory the method holds during a run (sizes the engine's blocks in flight).
 

@@ -105,18 +105,17 @@ private state), so only the resumed run that writes the model counts.
 
 On a cluster (``--scheduler``)
 ------------------------------
-Decision: the epochs stay on the local threads of the process that runs ``train``
-(:meth:`~streamdp.stream.engine.Engine.foreach`); its statistics pass and the
-evaluation after ``train`` go to the cluster. Why: an epoch is Hogwild over one
-``V`` (and, for ``sgld``, the shared lazy-noise clocks) updated after every user; a
-cluster scheme (block-parallel epochs, each block's item delta reduced in block
-order) is another algorithm: every block would start from the round's stale ``V``,
-which changes the model (not bit-identical to the local run) and the SGLD chain whose
-exact sample Liu et al.'s Thm 1 is about, and each task would ship ``V`` both ways
-(``2 n_items k`` floats per block, about a block's own rating bytes at 20k items,
-k = 16 and 40k ratings per block) for a kernel that streams 25M ratings/s on one
-core. The local threads read the store and write ``U`` at ``--state`` like a
-worker would, so the run works with any store URL the process reaches.
+Default (``--epoch-scheme hogwild``): the epochs run on the local threads of the
+process that runs ``train`` (:meth:`~streamdp.stream.engine.Engine.foreach`), and a
+cluster scheduler is refused before anything is reserved
+(:meth:`_SgdBase.check_scheduler`): an epoch is Hogwild over one ``V`` (and, for
+``sgld``, the shared lazy-noise clocks) updated after every user.
+``--epoch-scheme blocks`` runs the epochs as engine passes, on any scheduler and
+bit-identical for any workers: rounds of ``--round-blocks`` blocks start from the
+round's ``V`` and return affine item maps applied in block order
+(:func:`_block_delta`, :func:`_add_block_delta`): another Markov chain (stale
+kicks), noted in the ledger; the measurements and the reasoning about the
+guarantee are in docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -136,7 +135,7 @@ from streamdp.methods.options import Option
 
 #: Key of this module's random streams.
 RNG_KEY = 0x5D1D
-_INIT, _TRIM, _NOISE, _FLUSH, _TABLE = 1, 2, 3, 4, 5
+_INIT, _TRIM, _NOISE, _FLUSH, _TABLE, _BLOCK_FLUSH = 1, 2, 3, 4, 5, 6
 
 #: ``--posterior-scale``: ``s = epsilon / (factor * B)``. ``paper``: Alg. 1's ``4B``; ``tight``: ``B``,
 #: the exact add/remove bound for a non-negative loss bounded by ``B`` (see the module docstring).
@@ -153,6 +152,13 @@ PER_USER_SHARE = {"paper": 0.5, "tight": 1.0}
 GUARANTEE_SGLD = ("approximate: epsilon-DP for an exact posterior sample; approximate for a finite SGLD run "
                   "(Liu et al. Thm 1; Jain et al. 2018 note SGLD's (epsilon, delta) is unquantified)")
 TABLE_LABEL = "Gaussian lookup table: no privacy proof"
+#: Ledger note of ``--epoch-scheme blocks`` (sgld).
+BLOCKS_NOTE = ("--epoch-scheme blocks: the user blocks of a round (--round-blocks) start from the round's V and "
+               "their item changes are applied in block order, so the sampler is a different Markov chain from "
+               "Hogwild's (likelihood kicks see item state up to a round old; the Langevin noise is still drawn per "
+               "step, the prior's flows compose exactly and every item is flowed over exactly the epoch's time); "
+               "the guarantee's reasoning is unchanged: an exact sample of the target would be epsilon-DP, and a "
+               "finite run of this chain, like Hogwild's, is not one")
 
 DEFAULTS = {
     # sgd: scikit-surprise SVD's defaults
@@ -164,6 +170,8 @@ DEFAULTS = {
 }
 
 
+#: ``--round-blocks`` default: blocks of one round of ``--epoch-scheme blocks`` (see docs/cluster.md).
+ROUND_BLOCKS = 2
 _POS = dict(minimum=0, exclusive_minimum=True)
 _NONNEG = dict(minimum=0)
 #: ``--method sgd``'s options (surprise SVD's defaults).
@@ -180,6 +188,11 @@ SGD_OPTIONS = (
     Option("step_users", int, "users per group", default=256, minimum=1),
     Option("checkpoint", str, "run directory (U on disk, per-epoch checkpoints: counted as released, never "
            "refunded; keep it private); resumes if it holds one", metavar="DIR"),
+    Option("epoch_scheme", ("hogwild", "blocks"), "hogwild: one shared V on local threads; blocks: rounds of "
+           "--round-blocks blocks start from the round's V, their changes applied in block order (runs on "
+           "--scheduler; see docs/cluster.md)", default="hogwild"),
+    Option("round_blocks", int, "blocks per round of --epoch-scheme blocks (its parallelism; more: staler V)",
+           default=ROUND_BLOCKS, minimum=1),
 )
 #: ``--method sgld``'s options: the same names where they mean the same, its own help where they do not.
 SGLD_OPTIONS = tuple(o for o in SGD_OPTIONS if o.name not in ("reg", "reg_bias", "tau", "step_users")) + (
@@ -387,6 +400,17 @@ class _SgdBase(Method):
             raise ParameterError(f"--posterior-scale: expected one of {', '.join(SCALE_FACTOR)}, got {v!r}")
         return v
 
+    def check_scheduler(self, scheduler) -> None:
+        """Hogwild epochs (one shared ``V`` in this process) do not run on a cluster: a one-line refusal."""
+        from streamdp.stream.engine import runs_in_this_process
+
+        if self.options.get("epoch_scheme") != "blocks" and not runs_in_this_process(scheduler):
+            where = scheduler if isinstance(scheduler, str) else "a Dask cluster"
+            raise ParameterError(f"--scheduler {where}: the Hogwild epochs of --method {self.name} (--epoch-scheme "
+                                 f"hogwild, the default) update one V in this process and do not run on a "
+                                 f"cluster; pass --epoch-scheme blocks to run them there (another sampler, see "
+                                 f"docs/cluster.md) or drop --scheduler")
+
     def state_bytes(self, store) -> int:
         """Item-side memory: ``V`` (float32), item biases, item clocks, the optional noise table.
 
@@ -573,7 +597,11 @@ class _SgdBase(Method):
             extra += 8 * n_items + 4 * (k + 1) * (bu_ + min(max_nnz, steps * n_items))
         replicate = (not self.noisy and getattr(engine, "workers", 1) > 1
                      and n_items * (k + 1) * 4 <= self.REPLICA_MAX_BYTES)
-        merge_lock = threading.Lock()
+        blocks = s.get("epoch_scheme") == "blocks"
+        replicate = replicate and not blocks
+        merge_lock = threading.Lock() if replicate else None  # (a lock does not pickle: none in a cluster task)
+        if blocks:
+            extra += 3 * n_items * (k + 1) * 4  # the task's copy of V, bv and the touched rows' deltas
         if replicate:
             extra += 3 * n_items * (k + 1) * 4
         epoch_seconds = []
@@ -584,7 +612,8 @@ class _SgdBase(Method):
             src, dst = bufs[(e - 1) % 2], bufs[e % 2]
             G = s["step_users"]
 
-            def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst):
+            def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst, V_ep=None,
+                   bv_ep=None):
                 # all randomness comes from the generator of the user group (global group id), so the
                 # result does not depend on how users are cut into blocks when G divides block_users
                 gid0 = block.first_user // G
@@ -612,6 +641,7 @@ class _SgdBase(Method):
                     UB = src.read(b)
                 U = np.ascontiguousarray(UB[:, :k])
                 bu = np.ascontiguousarray(UB[:, k])
+                Vw, bvw, lastw = _block_start(V_ep, bv_ep, int(pos0[b])) if blocks else (V, bv, item_last)
                 if self.noisy:
                     per_group = K.group_draws(ip, it, G, n_items, k)
                     if table is not None:
@@ -629,7 +659,7 @@ class _SgdBase(Method):
                                                                                      dtype=np.float32)
                             at += d
                         offsets, use_table = np.zeros(0, np.int64), False
-                    sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, V, bv, item_last, mu, lr, s["clip"],
+                    sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, Vw, bvw, lastw, mu, lr, s["clip"],
                                           G, int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
                                           noise, offsets, use_table)
                 elif replicate:
@@ -642,13 +672,32 @@ class _SgdBase(Method):
                         V[...] += Vl
                         bv[...] += bvl
                 else:
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, V, bv, mu, lr, s["reg"], s["reg_bias"], G)
+                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vw, bvw, mu, lr, s["reg"], s["reg_bias"], G)
                 UB[:, :k] = U
                 UB[:, k] = bu
                 dst.write(b, UB)
-                return float(sse), int(ip[-1]), float(bu.sum(dtype=np.float64)), n_u
+                out = float(sse), int(ip[-1]), float(bu.sum(dtype=np.float64)), n_u
+                if blocks:
+                    flush = None
+                    if self.noisy:
+                        flush = (run.group_rng(_BLOCK_FLUSH, e, b), int(pos0[b]) + int(ip[-1]), delta, a, a_b, temp,
+                                 table)
+                    out += (_block_delta(Vw, bvw, lastw, V_ep, bv_ep, it, flush),)
+                return out
 
-            parts = engine.foreach(fn, extra_per_block=extra, desc=f"{self.name} epoch {e}/{s['epochs']}")
+            desc = f"{self.name} epoch {e}/{s['epochs']}"
+            if blocks:
+                covered = np.zeros(n_items, np.int64) if self.noisy else None
+                R, parts = int(s.get("round_blocks") or ROUND_BLOCKS), []
+                for r0 in range(0, store.n_blocks, R):  # a round's blocks start from the same V (snapshot)
+                    parts = engine.map_reduce(functools.partial(fn, V_ep=V.copy(), bv_ep=bv.copy()),
+                                              functools.partial(_add_block_delta, V, bv, covered), parts,
+                                              blocks=range(r0, min(r0 + R, store.n_blocks)),
+                                              extra_per_block=extra, desc=desc)
+                if self.noisy:  # the flush below flows each item over the clock time no block covered (N - covered)
+                    item_last[:] = covered
+            else:
+                parts = engine.foreach(fn, extra_per_block=extra, desc=desc)
             if self.noisy:
                 g = run.rng(_FLUSH, e)
                 if table is not None:
@@ -688,6 +737,8 @@ class _SgdBase(Method):
             if s["tiering"]:
                 notes.append("tiering uses the store's item order (popularity); it only reorders updates and does "
                              "not change the target distribution")
+        if blocks and self.noisy:
+            notes.append(BLOCKS_NOTE)
         if not (self.noisy and self.private):
             notes.append("non-private: no privacy noise (" + ("--method sgd" if not self.noisy else
                                                               "--epsilon inf: SGLD of the unscaled posterior") + ")")
@@ -701,6 +752,9 @@ class _SgdBase(Method):
         params = {key: s[key] for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau", "kappa",
                                           "rho", "temperature", "noise_table", "tiering", "hot_items",
                                           "step_users")}
+        params["epoch_scheme"] = "blocks" if blocks else "hogwild"
+        if blocks:
+            params["round_blocks"] = int(s.get("round_blocks") or ROUND_BLOCKS)
         params.update({"scale_s": s.get("scale"), "B": s.get("B"), "loss_bound_c": s["clip"] or None,
                        "user_weights": str(s["user_weights"]) if s.get("user_weights") else None})
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
@@ -726,6 +780,50 @@ class _SgdBase(Method):
         tot = engine.map_reduce(lambda blk, b: (float(blk.ratings.sum(dtype=np.float64)), blk.nnz),
                                 lambda acc, x: (acc[0] + x[0], acc[1] + x[1]), (0.0, 0), desc="sgd mean")
         return tot[0] / max(tot[1], 1)
+
+
+def _block_start(V_ep, bv_ep, pos0: int):
+    """``--epoch-scheme blocks``: a block's own copy of the epoch's item state, its clocks at the block's start."""
+    return V_ep.copy(), bv_ep.copy(), np.full(V_ep.shape[0], pos0, np.int64)
+
+
+def _block_delta(Vw, bvw, lastw, V_ep, bv_ep, items, flush):
+    """``--epoch-scheme blocks``: the rows a block touched, as an affine map from the round's ``V``.
+
+    Returns ``(touched, d, d_b, A, A_b, span)`` with the block's result ``V[touched] = d V_ep[touched] + A``
+    (``bv`` likewise with ``d_b``). For SGD ``d = 1`` and ``A`` is the change. For SGLD (``flush`` =
+    ``(rng, block end, delta, a, a_b, temp, table)``) the touched items are first flowed to the block's
+    end, so every touched item's flows cover exactly the block's span of the clock and the prior's decay
+    over it is the one factor ``d = exp(-a delta span)``: applying ``d V + A`` to the current ``V`` in block
+    order composes the Ornstein-Uhlenbeck flows exactly (a sum of deltas would apply the decay once per
+    block: measured, it wrecks the sample), and only the likelihood kicks see a stale ``V``. The caller
+    flows every item over the time no block covered it (:func:`_add_block_delta`'s ``covered``).
+    """
+    touched = np.unique(items).astype(np.int64)
+    Vt, bvt = Vw[touched], bvw[touched]
+    d = d_b = 1.0
+    if flush is not None:
+        rng, end, delta, a, a_b, temp, table = flush
+        k1 = Vw.shape[1] + 1
+        if table is not None:
+            noise, offsets = table, rng.integers(0, len(table) - k1, size=len(touched)).astype(np.int64)
+        else:
+            noise, offsets = rng.standard_normal(len(touched) * k1, dtype=np.float32), np.zeros(0, np.int64)
+        K.flush_items(Vt, bvt, lastw[touched], end, delta, a, a_b, temp, noise, offsets, table is not None)
+        d, d_b = math.exp(-a * delta * len(items)), math.exp(-a_b * delta * len(items))
+    d, d_b = np.float32(d), np.float32(d_b)
+    return touched, d, d_b, Vt - d * V_ep[touched], bvt - d_b * bv_ep[touched], int(len(items))
+
+
+def _add_block_delta(V, bv, covered, acc, part):
+    """Combine of ``--epoch-scheme blocks`` (in block order): apply the block's affine item map to ``V``/``bv``."""
+    touched, d, d_b, A, A_b, span = part[4]
+    V[touched] = d * V[touched] + A
+    bv[touched] = d_b * bv[touched] + A_b
+    if covered is not None:
+        covered[touched] += span
+    acc.append(part[:4])
+    return acc
 
 
 def local_ridge(s: dict) -> float:

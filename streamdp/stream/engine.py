@@ -89,9 +89,9 @@ def _cached_store(path: str) -> RatingStore:
 
 def _remote_block(path: str, b: int, split: str, fn: Callable, inner: int):
     """A task on a distributed worker: read block ``b`` there and apply ``fn``."""
-    store = _cached_store(path)
+    blk = None if split is None else _cached_store(path).read_block(b, split)
     with numba_threads(inner):
-        return fn(store.read_block(b, split), b)
+        return fn(blk, b)
 
 
 def add_into(acc, part):
@@ -208,8 +208,8 @@ class Engine:
 
     # -- passes ------------------------------------------------------------------------
     def map_reduce(self, fn: Callable[[Block, int], Any], combine: Callable[[Any, Any], Any], init: Any, *,
-                   split: str = "train", blocks: Iterable[int] | None = None, extra_per_block: int = 0,
-                   desc: str = "pass") -> Any:
+                   split: str | None = "train", blocks: Iterable[int] | None = None, extra_per_block: int = 0,
+                   desc: str = "pass", show: bool | None = None) -> Any:
         """``combine(...combine(combine(init, fn(B0, 0)), fn(B1, 1))..., fn(Bn, n))`` in block order.
 
         ``fn(block, b)`` runs on a worker (it must not mutate shared state; on a
@@ -217,15 +217,18 @@ class Engine:
         calling thread, in block order, so the result does not depend on the
         number of workers. ``extra_per_block`` is the size of one partial result in
         bytes (e.g. an ``n_items x k`` float64 matrix) to keep it inside the budget.
-        ``desc`` labels the pass's progress bar (blocks combined).
+        ``desc`` labels the pass's progress bar (blocks combined); ``show`` forces it on or off.
+        ``split=None``: the engine reads nothing and ``fn(None, b)`` reads what it needs
+        itself (``streamdp verify`` reads both splits unchecked); the budget is then
+        sized by the train blocks plus ``extra_per_block``.
         """
         order = list(range(self.n_blocks)) if blocks is None else [int(b) for b in blocks]
-        window = self.blocks_in_flight(split, extra_per_block)
+        window = self.blocks_in_flight(split or "train", extra_per_block)
         acc = init
         run = self._run_distributed if self._client is not None else self._run_local
         # closing(): on an error or Ctrl-C in `combine` the pass stops (and its workers finish) here and
         # now, not whenever the traceback that holds the generator is freed
-        with progress(total=len(order), desc=desc, unit="block") as bar, \
+        with progress(total=len(order), desc=desc, unit="block", show=show) as bar, \
                 contextlib.closing(run(fn, order, split, window)) as parts:
             for b, part in parts:
                 acc = combine(acc, part)
@@ -271,6 +274,7 @@ class Engine:
     def _run_local(self, fn, order, split, window):
         store = self.store
         inner = self.inner_threads
+        read = store.read_block if split is not None else (lambda b, split: None)
 
         def compute(read_future, b):
             with numba_threads(inner):
@@ -286,7 +290,7 @@ class Engine:
                 # Ctrl-C deferred: cut off inside submit(), a worker thread may start untracked by the pool,
                 # and the shutdown below would not wait for it
                 with deferred_interrupts():
-                    pending.append((b, pool.submit(compute, reader.submit(store.read_block, b, split), b)))
+                    pending.append((b, pool.submit(compute, reader.submit(read, b, split), b)))
 
             try:
                 for b in it:
@@ -394,6 +398,17 @@ def dask_session(scheduler, workers: int | None = None):
 
         with _local_cluster(w) as cluster, Client(cluster, set_as_default=False) as client:
             yield client
+
+
+def runs_in_this_process(scheduler) -> bool:
+    """Whether ``scheduler`` (an ``Engine``'s ``scheduler=`` value, after :func:`dask_session`) runs tasks in this
+    process: ``None``, ``"dask"`` or a client whose workers are all in-process."""
+    if scheduler is None or scheduler == IN_PROCESS:
+        return True
+    if isinstance(scheduler, str):
+        return False
+    info = scheduler.scheduler_info().get("workers", {})
+    return bool(info) and all(str(a).startswith("inproc://") for a in info)
 
 
 def distributed_wait(futures) -> None:

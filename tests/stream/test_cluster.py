@@ -179,7 +179,8 @@ def test_killed_worker_mid_pass_result_unchanged(store, tmp_path, cluster_client
 
 METHODS = [
     ("als", {}), ("means", {}), ("oja", {}), ("svd", {}), ("fw", {}), ("public-private", {"public_fraction": 0.3}),
-    ("sgld", {"epochs": 2}), ("sgd", {"epsilon": float("inf"), "epochs": 2}),
+    ("sgld", {"epochs": 2, "epoch_scheme": "blocks"}),
+    ("sgd", {"epsilon": float("inf"), "epochs": 2, "epoch_scheme": "blocks"}),
 ]
 
 
@@ -188,8 +189,8 @@ METHODS = [
 def test_every_method_on_the_cluster_equals_local(store, tmp_path, cluster_client, method, options):
     """Training and the evaluation after it on the cluster: the same model and RMSE as on local threads.
 
-    sgd/sgld epochs (Hogwild over one V) stay on this process's threads: with one worker they are sequential,
-    so they are bit-identical too.
+    sgd/sgld run their epochs on the cluster with --epoch-scheme blocks (Hogwild is refused there,
+    tests/methods/test_epoch_scheme.py).
     """
     from streamdp.api import train
 
