@@ -213,6 +213,7 @@ def _rmse(store, tmp_path, method="als", epsilon=INF, seed=0, **opts):
     return evaluate_model(out, store, baselines=True)
 
 
+@pytest.mark.slow  # accuracy on the real sets: about 45 s each on a busy 2-core machine
 @pytest.mark.realdata
 @pytest.mark.parametrize("name", ["ml-100k", "filmtrust"])
 def test_real_stores_private_near_item_mean_and_non_private_near_surprise(tmp_path, name):
