@@ -297,12 +297,16 @@ class _TrainCommand(click.Command):
         from streamdp.methods import METHODS, _load_builtin
         from streamdp.methods.options import merge_options, option_help
 
+        from streamdp.train_help import rank_help
+
         _load_builtin()
         for p in self.params:
             if p.name == "method":
                 p.type = click.Choice(sorted(METHODS))
-                p.help = "Training method: " + "; ".join(f"{m}: {METHODS[m].SUMMARY}" for m in sorted(METHODS)
-                                                          if METHODS[m].SUMMARY) + "."
+                p.help = "Training method (listed below; `streamdp methods` compares them)."
+            elif p.name == "rank":
+                p.help = rank_help(METHODS)
+        self._method_option_names = set(merge_options(METHODS))
         for name, slot in sorted(merge_options(METHODS).items()):
             first = next(iter(slot["by_method"].values()))
             kind = slot["kind"]
@@ -316,8 +320,17 @@ class _TrainCommand(click.Command):
         self._method_options_loaded = True
 
     def parse_args(self, ctx, args):
+        from streamdp.train_help import HELP_METHOD, method_in_args
+
         self._load_method_options()
+        ctx.meta[HELP_METHOD] = method_in_args(args)  # `--method X --help` shows only X's options
         return super().parse_args(ctx, args)
+
+    def format_options(self, ctx, formatter):
+        from streamdp.train_help import format_train_options
+
+        self._load_method_options()
+        format_train_options(self, ctx, formatter, self._method_option_names)
 
     def get_params(self, ctx):
         self._load_method_options()
@@ -331,8 +344,7 @@ class _TrainCommand(click.Command):
               "(non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
-@click.option("--rank", type=int, default=None, help="Number of factors k (default: the method's, 8; for fw the number T of Frank-Wolfe "
-              "iterations, 30).")
+@click.option("--rank", type=int, default=None, help="Number of factors k (generated from the methods).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "
@@ -360,6 +372,19 @@ def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
                           force=force, state=state, **options).summary
     _report(summary, as_json, format_train_summary)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
+def methods(as_json):
+    """The methods: guarantee (exact/approximate), what is released, when to use each."""
+    from streamdp.methods.catalog import format_methods, methods_listing
+
+    rows = methods_listing()
+    if as_json:
+        print_json({"methods": rows})
+    else:
+        click.echo(format_methods(rows))
 
 
 def format_train_summary(summary: dict) -> str:

@@ -254,7 +254,7 @@ def public_parameters(store) -> dict:
 
 
 def table_markdown() -> str:
-    """The manifest as a Markdown table (README's privacy section)."""
+    """The manifest as a Markdown table (docs/privacy.md, "What a model holds")."""
     rows = [("model.json", k, *v) for k, v in MODEL_JSON.items()]
     rows += [("privacy.json", k, *v) for k, v in PRIVACY_JSON.items()]
     rows += [("factors.zarr", k, *v) for k, v in ARRAYS.items()]
@@ -264,5 +264,5 @@ def table_markdown() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # the README table: python -m streamdp.manifest
+if __name__ == "__main__":  # the table of docs/privacy.md: python -m streamdp.manifest
     print(table_markdown())

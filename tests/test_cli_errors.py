@@ -45,6 +45,7 @@ def test_calibrate_epsilon_inf():
                                      "(multiplier 0), there is nothing to calibrate; give a finite epsilon"]
 
 
+@pytest.mark.slow  # a second process cluster (35 s busy); test_engine::test_local_cluster_equals_threads keeps one by default
 def test_scheduler_with_a_relative_store_path(store, tmp_path, monkeypatch):
     """Cluster workers have their own working directory: the store path sent to them is absolute."""
     distributed = pytest.importorskip("distributed")

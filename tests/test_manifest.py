@@ -130,6 +130,6 @@ def test_save_refuses_an_undeclared_field_and_exact_statistics_in_a_private_mode
     assert not (tmp_path / "m").exists() and not (tmp_path / "p").exists()
 
 
-def test_the_readme_table_is_the_manifest():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    assert manifest.table_markdown() in readme, "regenerate the README table: python -m streamdp.manifest"
+def test_the_docs_table_is_the_manifest():
+    page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "privacy.md")).read()
+    assert manifest.table_markdown() in page, "regenerate the table in docs/privacy.md: python -m streamdp.manifest"

@@ -1,10 +1,16 @@
-"""README.md and the CLI agree: every command and every ``--option`` the README names exists (click introspection).
+"""README.md, docs/*.md and the CLI agree (click introspection).
 
-The Commands table: each row's command exists, every option of its synopsis is
-that command's, and every option its description names is that command's or one
-of a command the row names in backticks (the budget row's ``train ... --over-budget``).
-Every leaf command of the CLI has a row. Anywhere else in the README, an option in
-backticks or on a ``streamdp ...`` example line is an option of some command.
+- Every leaf command has a row in the README's Commands table and a reference section
+  (a heading ``## streamdp COMMAND``) in some docs page; the synopsis of a row or
+  section names only that command's options, and its text only options of that
+  command or of a command it names in backticks (the budget section's
+  ``train --over-budget``).
+- Anywhere in the README and docs, an option in backticks or on a ``streamdp ...``
+  example line is an option of some command.
+- The README's Methods table has one row per method that ``streamdp methods`` lists.
+- Every docs page is linked from the README, and every relative link resolves.
+
+A new docs page is picked up without editing this file.
 """
 
 from __future__ import annotations
@@ -17,8 +23,12 @@ import pytest
 
 from streamdp.cli import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README] + DOCS
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+HEADING = re.compile(r"^(#{1,3}) streamdp ([a-z][a-z -]*?)\s*$", re.M)
 
 
 def _commands() -> dict[str, click.Command]:
@@ -36,61 +46,111 @@ def _commands() -> dict[str, click.Command]:
     return out
 
 
+COMMANDS = _commands()
+
+
 def _options(cmd: click.Command) -> set[str]:
     """The command's option names (``train``'s method options are loaded by ``get_params``)."""
     params = cmd.get_params(click.Context(cmd, info_name=cmd.name))
     return {o for p in params if isinstance(p, click.Option) for o in p.opts + p.secondary_opts}
 
 
-def _rows() -> list[tuple[str, str]]:
-    """``(synopsis, description)`` of every row of the Commands table."""
-    section = README.read_text().split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+def _table_rows(text: str, heading: str) -> list[tuple[str, str]]:
+    """``(first cell, rest)`` of every body row of the first table under ``## heading``."""
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
-        if line.startswith("| `streamdp "):
-            synopsis, description = line[2:].split(" | ", 1)
-            rows.append((synopsis.strip("` "), description))
+        if line.startswith("| `"):
+            first, rest = line[2:].split(" | ", 1)
+            rows.append((first.strip("` "), rest))
     return rows
 
 
-def _command_of(synopsis: str, commands) -> str:
+def _sections() -> list[tuple[str, str, str, str]]:
+    """``(page, command, synopsis, text)`` of every ``## streamdp COMMAND`` section of the README and docs."""
+    out = []
+    for page in PAGES:
+        text = page.read_text()
+        heads = list(HEADING.finditer(text))
+        for h in heads:
+            level = len(h.group(1))
+            body = text[h.end():]
+            nxt = re.search(rf"^#{{1,{level}}} ", body, re.M)
+            body = body[:nxt.start()] if nxt else body
+            syn = re.search(r"^`(streamdp [^`]+)`\s*$", body, re.M)
+            out.append((page.relative_to(ROOT).as_posix(), h.group(2), syn.group(1) if syn else "",
+                        body[syn.end():] if syn else body))
+    return out
+
+
+def _command_of(synopsis: str) -> str:
     words = synopsis.split()[1:]  # after "streamdp"
     for n in (2, 1):
         name = " ".join(words[:n])
-        if name in commands:
+        if name in COMMANDS:
             return name
-    raise AssertionError(f"README names a command the CLI does not have: {synopsis!r}")
+    raise AssertionError(f"the docs name a command the CLI does not have: {synopsis!r}")
 
 
-ROWS = _rows()
+def _check_options(name: str, synopsis: str, text: str, where: str) -> None:
+    own = _options(COMMANDS[name])
+    missing = [o for o in OPTION.findall(synopsis) if o not in own]
+    assert not missing, f"`streamdp {name}` has no {missing} ({where}, synopsis)"
+    named = {m for m in re.findall(r"`(?:streamdp )?([a-z]+(?: [a-z]+)?)", text) if m in COMMANDS}
+    named |= {m.split()[0] for m in re.findall(r"`(?:streamdp )?([a-z]+)", text) if m in COMMANDS}
+    allowed = own.union(*(_options(COMMANDS[n]) for n in named)) if named else own
+    missing = [o for o in OPTION.findall(text) if o not in allowed]
+    assert not missing, f"{where}: `streamdp {name}` names {missing}, options of none of {[name, *named]}"
 
 
-def test_readme_has_a_command_table_row_for_every_command():
-    commands = _commands()
-    assert len(ROWS) >= 10
-    documented = {_command_of(s, commands) for s, _ in ROWS}
-    assert documented == set(commands), sorted(set(commands) ^ documented)
+ROWS = _table_rows(README.read_text(), "Commands")
+SECTIONS = _sections()
+
+
+def test_every_command_has_a_readme_row_and_a_reference_section():
+    documented = {_command_of(s) for s, _ in ROWS}
+    assert documented == set(COMMANDS), f"README Commands table: {sorted(set(COMMANDS) ^ documented)}"
+    sections = {c for _, c, _, _ in SECTIONS}
+    assert not sections - set(COMMANDS), f"sections for commands the CLI does not have: {sections - set(COMMANDS)}"
+    missing = set(COMMANDS) - sections
+    assert not missing, f"no '## streamdp COMMAND' section in docs/*.md for {sorted(missing)}"
+    for page, command, synopsis, _ in SECTIONS:
+        assert synopsis and _command_of(synopsis) == command, f"{page}: section {command} has no `streamdp {command} " \
+                                                              f"...` synopsis line"
 
 
 @pytest.mark.parametrize("synopsis,description", ROWS, ids=[r[0].split(" [")[0] for r in ROWS])
 def test_readme_command_row_names_only_existing_options(synopsis, description):
-    commands = _commands()
-    name = _command_of(synopsis, commands)
-    own = _options(commands[name])
-    missing = [o for o in OPTION.findall(synopsis) if o not in own]
-    assert not missing, f"`streamdp {name}` has no {missing} (README synopsis)"
-    named = {m for m in re.findall(r"`(?:streamdp )?([a-z]+(?: [a-z]+)?)", description) if m in commands}
-    named |= {m.split()[0] for m in re.findall(r"`(?:streamdp )?([a-z]+)", description) if m in commands}
-    allowed = own.union(*(_options(commands[n]) for n in named)) if named else own
-    missing = [o for o in OPTION.findall(description) if o not in allowed]
-    assert not missing, f"README's row of `streamdp {name}` names {missing}, options of none of {[name, *named]}"
+    _check_options(_command_of(synopsis), synopsis, description, "README Commands table")
 
 
-def test_every_option_the_readme_names_exists():
-    every = set().union(*(_options(c) for c in _commands().values()))
-    text = README.read_text()
-    spans = [s for s in re.findall(r"`([^`\n]+)`", text) if not s.startswith(("python ", "pip "))]  # bench, pytest
-    spans += [ln for ln in text.splitlines() if ln.lstrip().startswith("streamdp ")]
-    named = {o for span in spans for o in OPTION.findall(span)}
-    assert named, "no options found in README"
-    assert not named - every, f"README names options no command has: {sorted(named - every)}"
+@pytest.mark.parametrize("page,command,synopsis,text", SECTIONS, ids=[f"{s[0]}:{s[1]}" for s in SECTIONS])
+def test_reference_section_names_only_existing_options(page, command, synopsis, text):
+    _check_options(command, synopsis, text, page)
+
+
+def test_every_option_the_docs_name_exists():
+    every = set().union(*(_options(c) for c in COMMANDS.values()))
+    for page in PAGES:
+        text = page.read_text()
+        spans = [s for s in re.findall(r"`([^`\n]+)`", text) if not s.startswith(("python ", "pip "))]  # bench
+        spans += [ln for ln in text.splitlines() if ln.lstrip().startswith("streamdp ")]
+        named = {o for span in spans for o in OPTION.findall(span)}
+        assert not named - every, f"{page.name} names options no command has: {sorted(named - every)}"
+
+
+def test_readme_methods_table_lists_every_method():
+    from streamdp.methods.catalog import methods_listing
+
+    rows = {first.split("`")[0].strip() for first, _ in _table_rows(README.read_text(), "Methods")}
+    assert rows == {m["name"] for m in methods_listing()}
+
+
+def test_docs_pages_are_linked_and_links_resolve():
+    readme = README.read_text()
+    for page in DOCS:
+        assert f"](docs/{page.name})" in readme, f"README.md does not link docs/{page.name}"
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not re.match(r"[a-z]+://", target):
+                assert (page.parent / target).exists(), f"{page.name}: broken link {target}"

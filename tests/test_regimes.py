@@ -20,6 +20,7 @@ SMALL = {
 }
 
 
+@pytest.mark.slow  # two regimes x several epsilons and methods: the longest property run (about 50 s busy)
 @pytest.mark.parametrize("name", [
     "sparse-small",
     "jokes-small",

@@ -91,7 +91,7 @@ class Method:
 
     name: ClassVar[str] = ""
     OPTIONS: ClassVar[tuple] = ()
-    #: One line for ``streamdp train --help`` and the README's method table.
+    #: One line for ``streamdp train --help`` and ``streamdp methods``.
     SUMMARY: ClassVar[str] = ""
 
     def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None,

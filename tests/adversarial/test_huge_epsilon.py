@@ -120,7 +120,9 @@ def test_privacy_calibrate_1e9_is_one_line_in_bounded_memory():
     assert_bounded(rss, seconds, err)
 
 
-@pytest.mark.parametrize("method", _methods())
+#: One subprocess per method (about 3 s of CPU each): als runs by default, the others with -m slow
+#: (every method's own calibration path at 1e9 stays in the default run, in process, below).
+@pytest.mark.parametrize("method", [m if m == "als" else pytest.param(m, marks=pytest.mark.slow) for m in _methods()])
 def test_train_1e9_is_one_line_in_bounded_memory(store, tmp_path, method):
     """Every method: the same line, nothing reserved in the budget, nothing written."""
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in METHOD_OPTIONS.get(method, {}).items()]
@@ -136,7 +138,7 @@ def test_train_1e9_is_one_line_in_bounded_memory(store, tmp_path, method):
     (["lowrank", "{store}", "--rank", "2", "--epsilon", "1e9", "--out", "{tmp}/lr"], TOO_BIG),
     (["sweep", "{store}", "--epsilons", "1,1e9", "--out", "{tmp}/sw", "--dry-run"],
      "--epsilons 1e9: above what the accountant can resolve (max 500)"),
-    (["demo", "--epsilon", "1e9", "--out", "{tmp}/demo"], TOO_BIG),
+    pytest.param(["demo", "--epsilon", "1e9", "--out", "{tmp}/demo"], TOO_BIG, marks=pytest.mark.slow),  # as train's
 ], ids=["lowrank", "sweep", "demo"])
 def test_other_commands_1e9(store, tmp_path, args, needle):
     args = [a.format(store=store, tmp=tmp_path) for a in args]
@@ -190,6 +192,7 @@ CASES = [(f"{c.__name__} x{n}", lambda e, c=c, n=n: c(e, DELTA, n), lambda z, ev
 SHARES = [Share("a", "gaussian", 1.0, 0.7, count=5), Share("b", "laplace", 2.0, 0.3)]
 
 
+@pytest.mark.slow  # 18 calibrations at 50-500 (about 10 s of CPU); test_calibration's properties run by default
 def test_calibration_at_large_epsilons_is_within_the_target_and_close():
     """At 50, 100 and 500: each mechanism, and a split of Gaussian and Laplace shares: the accountant's epsilon
     of the calibrated noise is <= the target and within 1e-3 of it, without warnings (numpy's overflow warnings

@@ -145,7 +145,7 @@ def test_no_factors_below_the_signal_to_noise_threshold(small_store):
     assert any("iters = 0" in n for n in f.ledger.notes)
 
 
-@pytest.mark.parametrize("sampling", ["adaptive", "tail"])
+@pytest.mark.parametrize("sampling", ["adaptive", pytest.param("tail", marks=pytest.mark.slow)])  # 18 s busy each
 def test_resume_after_interruption_gives_the_same_model(small_store, tmp_path, interrupted_after_checkpoint, sampling):
     opts = dict(epsilon=1.0, rank=4, iters=3, seed=7, sampling=sampling)  # tail: weight totals released in it. 1
     _, full = _fit(small_store, checkpoint=str(tmp_path / "full"), **opts)
@@ -213,6 +213,7 @@ def _rmse(store, tmp_path, method="als", epsilon=INF, seed=0, **opts):
     return evaluate_model(out, store, baselines=True)
 
 
+@pytest.mark.slow  # accuracy on the real sets: about 45 s each on a busy 2-core machine
 @pytest.mark.realdata
 @pytest.mark.parametrize("name", ["ml-100k", "filmtrust"])
 def test_real_stores_private_near_item_mean_and_non_private_near_surprise(tmp_path, name):

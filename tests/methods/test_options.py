@@ -54,7 +54,8 @@ def test_train_help_lists_methods_and_per_method_meanings():
     _load_builtin()
     for m in METHODS:
         assert m in out
-    assert "[sgd] L2 regularization per rating" in " ".join(out.split())
+    sgd = CliRunner().invoke(main, ["train", "--method", "sgd", "--help"]).output
+    assert "L2 regularization per rating (default 0.02)" in " ".join(sgd.split())
     help_reg = option_help(merge_options(METHODS)["reg"]["by_method"])
     assert "[als/irls]" in help_reg and "[sgld]" in help_reg
 

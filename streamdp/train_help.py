@@ -1,0 +1,128 @@
+"""``streamdp train --help``, generated from the methods' declarations so it cannot drift from them.
+
+Without ``--method``, the help lists the options every method shares and the methods
+(their ``SUMMARY``), and says how to get one method's options. With ``--method X``
+(anywhere on the command line), it lists the shared options and then only ``X``'s own
+options (its ``OPTIONS``, in declaration order), each with the default the
+declaration gives, and ``--rank`` with ``X``'s default rank
+(:meth:`~streamdp.methods.base.Method.default_rank`) and what the rank means for
+``X`` (:mod:`streamdp.methods.catalog`).
+
+Parsing is unchanged: every method's flags are accepted by ``train``, and a flag of
+another method is refused by the method with a one-line error (``--passes: not an
+option of --method als``).
+
+Examples
+--------
+>>> method_in_args(["ratings.zarr", "--method", "oja", "--help"])
+'oja'
+>>> method_in_args(["--method=fw", "-h"])
+'fw'
+>>> method_in_args(["ratings.zarr", "--", "--method", "oja"]) is None
+True
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+__all__ = ["method_in_args", "option_record", "rank_help", "format_train_options", "HELP_METHOD"]
+
+#: ``ctx.meta`` key of the ``--method`` value seen on the command line, for the help.
+HELP_METHOD = "streamdp.help_method"
+
+_TYPE_METAVAR = {int: "INTEGER", float: "FLOAT", str: "TEXT"}
+
+
+def method_in_args(args) -> str | None:
+    """The value of the last ``--method`` among ``args`` (before a ``--``), or ``None``."""
+    found = None
+    it = iter(args)
+    for a in it:
+        if a == "--":
+            break
+        if a == "--method":
+            found = next(it, None)
+        elif a.startswith("--method="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def option_record(o) -> tuple[str, str]:
+    """``(flags, help)`` of one declared :class:`~streamdp.methods.options.Option`, as click prints them.
+
+    >>> from streamdp.methods.options import Option
+    >>> option_record(Option("step", ("fixed", "decay"), "the step rule", default="fixed"))
+    ('--step [fixed|decay]', 'the step rule (default fixed)')
+    >>> option_record(Option("tiering", bool, "hot items first", default=False))[0]
+    '--tiering / --no-tiering'
+    """
+    if o.type is bool:
+        flags = f"{o.flag} / --no-{o.flag[2:]}"
+    elif o.is_choice:
+        flags = f"{o.flag} [{'|'.join(o.type)}]"
+    else:
+        flags = f"{o.flag} {o.metavar or _TYPE_METAVAR[o.type]}"
+    return flags, o.describe()
+
+
+def rank_help(classes: dict) -> str:
+    """``--rank``'s help over ``classes`` (name -> method class): the usual default and each exception."""
+    from streamdp.methods.catalog import CATALOG, default_rank
+
+    plain = "number of factors k"
+    ranks = {m: default_rank(c) for m, c in classes.items()}
+    usual = Counter(ranks.values()).most_common(1)[0][0]
+    text = f"Number of factors k (default {usual})."
+    for m in sorted(classes):
+        meaning = CATALOG[m].rank if m in CATALOG else plain
+        if ranks[m] != usual or meaning != plain:
+            text += f" {m}: the {meaning}, default {ranks[m]}."
+    return text
+
+
+def _method_records(cls) -> list[tuple[str, str]]:
+    return [option_record(o) for o in cls.OPTIONS]
+
+
+def format_train_options(cmd, ctx, formatter, method_option_names: set) -> None:
+    """Write ``train``'s option sections into ``formatter`` (click's ``format_options`` of the command)."""
+    from streamdp.methods import get_method
+    from streamdp.methods.catalog import CATALOG, default_rank, guarantee_kind
+
+    name = ctx.meta.get(HELP_METHOD)
+    cls = get_method(name) if name is not None else None  # an unknown name: one line listing the methods
+    common = []
+    for p in cmd.get_params(ctx):
+        if p.name in method_option_names:
+            continue
+        rec = p.get_help_record(ctx)
+        if rec is None:
+            continue
+        if cls is not None and p.name == "rank":
+            meaning = CATALOG[cls.name].rank if cls.name in CATALOG else "number of factors k"
+            rec = (rec[0], f"{meaning[0].upper()}{meaning[1:]} (default {default_rank(cls)}).")
+        common.append(rec)
+    with formatter.section("Options"):
+        formatter.write_dl(common)
+    if cls is not None:
+        info = CATALOG.get(cls.name)
+        with formatter.section(f"Method {cls.name}"):
+            formatter.write_text(cls.SUMMARY + ".")
+            if info is not None:
+                formatter.write_dl([("guarantee", f"{guarantee_kind(cls)}: {info.guarantee}"), ("releases", info.releases),
+                                    ("use it", info.when)])
+        records = _method_records(cls)
+        with formatter.section(f"Options of --method {cls.name}"):
+            if records:
+                formatter.write_dl(records)
+            else:
+                formatter.write_text("none beyond the options above.")
+        return
+    from streamdp.methods import METHODS
+
+    with formatter.section("Methods"):
+        formatter.write_dl([(m, METHODS[m].SUMMARY) for m in sorted(METHODS)])
+    formatter.write_paragraph()
+    formatter.write_text("A method's own options, with their defaults: streamdp train --method METHOD --help. "
+                         "Guarantee, release and when to use each method: streamdp methods.")
