@@ -353,8 +353,8 @@ class _TrainCommand(click.Command):
 @click.option("--scheduler", default=None, metavar="ADDRESS", help="Run the passes on Dask: tcp://host:port (a "
               "running cluster, whose workers must reach STORE and --state), 'processes' (a local cluster of "
               "--workers processes) or 'dask' (Dask in this process); default: local threads. Every method's passes "
-              "and the evaluation run there, bit-identical to local threads; sgd/sgld only with --epoch-scheme "
-              "blocks (their default Hogwild epochs share one V in this process: refused on a cluster; see "
+              "and the evaluation run there, bit-identical to local threads; sgd/sgld only with their blocks "
+              "epoch scheme (their default Hogwild epochs share one V in this process: refused on a cluster; see "
               "docs/cluster.md). On a cluster --workers sizes the blocks in flight and --state must be reachable "
               "by the workers; --memory-limit applies to this process.")
 @state_option
