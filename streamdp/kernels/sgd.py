@@ -227,26 +227,51 @@ def hot_tier_items(k: int, n_items: int, cache_bytes: int | None = None) -> int:
 
 
 def tiering_pays(k: int, n_items: int, l3_bytes: int | None = None) -> bool:
-    """``--tiering auto``: tier only when the item state does not fit in the last-level cache.
+    """``--tiering auto``: tier only when the item state exceeds one core's share of the last-level cache.
 
     The rule uses public parameters only: the rank, the number of items (the public
-    catalogue) and this machine's cache size. While all of ``V`` (``k`` float32, bias,
-    clock per item) fits in the L3 cache, reordering a group's ratings hot-first saves
-    no memory traffic and its bookkeeping costs a little; once ``V`` spills out of L3,
-    the hot tier (half an L2, :func:`hot_tier_items`) stays resident while the cold
-    rows stream from RAM. Measured on a Netflix-shaped store (17,770 items, 1 MiB L2,
-    32 MiB L3; ``docs/sgld.md``): sgd kernel tiered/untiered 0.91 at k=16 (V 1.4 MB),
-    0.99 at k=64 (4.8 MB), 1.01 at k=256 (18.4 MB), 1.10 at k=512 (36.8 MB > L3).
-    ``l3_bytes`` defaults to cpu0's L3 from sysfs (32 MiB when it cannot be read).
+    catalogue) and this machine's caches. While all of ``V`` (``k`` float32, bias,
+    clock per item) fits in a core's share of the L3 cache, reordering a group's ratings
+    hot-first saves no memory traffic and its bookkeeping costs a little; beyond it, the
+    hot tier (half an L2, :func:`hot_tier_items`) stays resident while the cold rows
+    stream from RAM. Measured on a Netflix-shaped store (17,770 items, 1 MiB L2, 32 MiB
+    L3 shared by 2 cores, so 16 MiB a core; ``docs/sgld.md``), streamed epochs per CPU
+    second, tiered/untiered: sgd 0.92 at k=16 (V 1.4 MB), 0.89-0.92 at k=64 (4.8 MB),
+    1.01-1.05 at k=256 (18.4 MB), sgld 0.97-1.04 at k=16..256; sgd kernel alone 1.10-1.51
+    at k=512 (36.6 MB). ``l3_bytes`` defaults to cpu0's L3 from sysfs divided by the
+    number of CPUs sharing it (16 MiB when it cannot be read).
 
-    >>> tiering_pays(16, 17_770, l3_bytes=32 * 2**20), tiering_pays(512, 17_770, l3_bytes=32 * 2**20)
+    >>> tiering_pays(16, 17_770, l3_bytes=16 * 2**20), tiering_pays(256, 17_770, l3_bytes=16 * 2**20)
     (False, True)
-    >>> tiering_pays(64, 1_000_000, l3_bytes=32 * 2**20)
+    >>> tiering_pays(64, 1_000_000, l3_bytes=16 * 2**20)
     True
     """
     if l3_bytes is None:
-        l3_bytes = _cache_bytes(3, 32 * 1024 * 1024)
+        l3_bytes = _l3_share_bytes()
     return int(n_items) * (4 * int(k) + 4 + 8) > int(l3_bytes)
+
+
+def _l3_share_bytes() -> int:
+    """cpu0's L3 size over the number of CPUs sharing it (sysfs ``shared_cpu_list``); 16 MiB if unknown."""
+    size = _cache_bytes(3, 0)
+    if not size:
+        return 16 * 1024 * 1024
+    n = 1
+    try:
+        base = "/sys/devices/system/cpu/cpu0/cache"
+        for idx in sorted(os.listdir(base)):
+            with open(os.path.join(base, idx, "level")) as f:
+                if f.read().strip() != "3":
+                    continue
+            with open(os.path.join(base, idx, "shared_cpu_list")) as f:
+                n = 0
+                for part in f.read().strip().split(","):
+                    lo, _, hi = part.partition("-")
+                    n += int(hi or lo) - int(lo) + 1
+            break
+    except (OSError, ValueError):
+        n = 1
+    return size // max(n, 1)
 
 
 def _l2_bytes() -> int:

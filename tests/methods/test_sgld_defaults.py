@@ -51,14 +51,15 @@ def test_temperature_is_labelled_not_the_dp_target(small_store, tmp_path):
 
 
 def test_tiering_rule_from_rank_items_and_l3():
-    """On only when the item state (k float32 + bias + clock per item) exceeds the L3 cache."""
-    l3 = 32 * 2**20
-    assert [K.tiering_pays(k, 17_770, l3_bytes=l3) for k in (16, 64, 256, 512)] == [False, False, False, True]
-    assert K.tiering_pays(16, 500_000, l3_bytes=l3)  # 38 MB of item rows
+    """On only when the item state (k float32 + bias + clock per item) exceeds a core's share of the L3 cache."""
+    share = 16 * 2**20  # this machine: 32 MiB L3 shared by 2 CPUs
+    assert [K.tiering_pays(k, 17_770, l3_bytes=share) for k in (16, 64, 256, 512)] == [False, False, True, True]
+    assert K.tiering_pays(16, 500_000, l3_bytes=share)  # 38 MB of item rows
     assert not K.tiering_pays(512, 17_770, l3_bytes=64 * 2**20)
     per_item = 4 * 100 + 12
-    assert not K.tiering_pays(100, l3 // per_item, l3_bytes=l3) and K.tiering_pays(100, l3 // per_item + 1,
-                                                                                     l3_bytes=l3)
+    assert not K.tiering_pays(100, share // per_item, l3_bytes=share)
+    assert K.tiering_pays(100, share // per_item + 1, l3_bytes=share)
+    assert 0 < K._l3_share_bytes() <= max(K._cache_bytes(3, 16 * 2**20), 16 * 2**20)
 
 
 @pytest.mark.parametrize("method", ["sgd", "sgld"])
