@@ -201,8 +201,11 @@ def netflix(a):
         plot(rows, item, sgd["rmse"], als["rmse"] if als else None, a.png, store, extra)
 
 
-def plot(rows, item, sgd, als, png, store, extra):
-    """Test RMSE against epsilon (log x), min-max band over seeds, the item mean and the non-private lines."""
+def plot(rows, item, sgd, als, png, store, extra, others=()):
+    """Test RMSE against epsilon (log x), min-max band over seeds, the item mean and the non-private lines.
+
+    ``others``: more sgld series as ``(label, rows)`` (e.g. Liu et al.'s constants), drawn as open markers.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,6 +215,8 @@ def plot(rows, item, sgd, als, png, store, extra):
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(eps, [r[1] for r in rows], "o-", color="C3", label="sgld (median over seeds)")
     ax.fill_between(eps, [r[2] for r in rows], [r[3] for r in rows], color="C3", alpha=0.2)
+    for n, (label, rs) in enumerate(others):
+        ax.plot([r[0] for r in rs], [r[1] for r in rs], "s--", mfc="none", color=f"C{4 + n}", label=label)
     ax.axhline(item, color="0.4", ls="--", label=f"item mean (non-private) {item:.3f}")
     ax.axhline(sgd, color="C0", ls=":", label=f"sgd (non-private) {sgd:.3f}")
     if als is not None:

@@ -236,9 +236,9 @@ def tiering_pays(k: int, n_items: int, l3_bytes: int | None = None) -> bool:
     hot tier (half an L2, :func:`hot_tier_items`) stays resident while the cold rows
     stream from RAM. Measured on a Netflix-shaped store (17,770 items, 1 MiB L2, 32 MiB
     L3 shared by 2 cores, so 16 MiB a core; ``docs/sgld.md``), streamed epochs per CPU
-    second, tiered/untiered: sgd 0.92 at k=16 (V 1.4 MB), 0.89-0.92 at k=64 (4.8 MB),
-    1.01-1.05 at k=256 (18.4 MB), sgld 0.97-1.04 at k=16..256; sgd kernel alone 1.10-1.51
-    at k=512 (36.6 MB). ``l3_bytes`` defaults to cpu0's L3 from sysfs divided by the
+    second, tiered/untiered (1 and 2 workers): sgd 0.91-0.95 at k=16 (V 1.4 MB), 0.90-0.94
+    at k=64 (4.8 MB), 0.99-1.00 at k=256 (18.4 MB), 0.99-1.05 at k=512 (36.6 MB); sgld
+    0.96-1.05 at every rank; the sgd kernel alone 1.10-1.51 at k=512. ``l3_bytes`` defaults to cpu0's L3 from sysfs divided by the
     number of CPUs sharing it (16 MiB when it cannot be read).
 
     >>> tiering_pays(16, 17_770, l3_bytes=16 * 2**20), tiering_pays(256, 17_770, l3_bytes=16 * 2**20)
