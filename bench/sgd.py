@@ -106,7 +106,7 @@ def _method(method, k, tiering, seed, epochs):
     from streamdp.methods import get_method
 
     eps = 10.0 if method == "sgld" else float("inf")
-    opts = dict(epochs=epochs, tiering=tiering)
+    opts = dict(epochs=epochs, tiering="on" if tiering else "off")
     if method == "sgld":
         opts["tau"] = 10**6  # no trimming effect: time the sampler itself on all ratings
     return get_method(method)(epsilon=eps, delta=1e-9, rank=k, seed=seed, **opts)
@@ -307,6 +307,51 @@ def _steady(rates):
     return statistics.median(rates[1:]) if len(rates) > 1 else rates[0]
 
 
+def tiering_table(store, ranks, methods, workers, runs, res, cpus=None):
+    """The ``--tiering auto`` table: steady-state epochs off/on per (k, method, workers), auto's choice and its cost.
+
+    Rates in M ratings per second of wall time and, in brackets, per CPU second of all
+    threads (the steadier figure when the machine is shared). ``auto / best`` is the
+    median over repeats of auto's rate over the better of off/on in that repeat (1.00
+    when auto picks the faster one); the acceptance is >= 0.95.
+    """
+    from streamdp.kernels.sgd import tiering_pays
+
+    cpus = cpus or {}
+    print("\n--tiering auto: M ratings/s of wall time [per CPU second], steady-state epochs, medians over repeats; "
+          "auto/best: median of the per-repeat ratio of auto's pick to the faster of off/on, wall [CPU]")
+    print("| k | method | workers | in-memory SGD | off | on | on/off | auto picks | auto/best |")
+    print("|---|---|---|---|---|---|---|---|---|")
+
+    def med(xs):
+        return statistics.median(xs) / 1e6 if xs else float("nan")
+
+    def rel(src, pick, a_, b_):
+        off, on = src.get(a_), src.get(b_)
+        if not off or not on:
+            return float("nan"), float("nan")
+        auto = on if pick else off
+        return (statistics.median(x / max(y, z) for x, y, z in zip(auto, off, on)),
+                statistics.median(y / x for x, y in zip(off, on)))
+
+    for k in ranks:
+        pick = tiering_pays(k, store.n_items)
+        for m in methods:
+            for w in workers:
+                a_, b_ = f"{m} k={k} untiered w={w}", f"{m} k={k} tiered w={w}"
+                if a_ not in runs or b_ not in runs:
+                    continue
+                rw, ow = rel(runs, pick, a_, b_)
+                rc, oc = rel(cpus, pick, a_, b_)
+                p_ = f"peer k={k}"
+                res.setdefault("tiering_auto", {})[f"{m} k={k} w={w}"] = {
+                    "pick": "on" if pick else "off", "auto_vs_best_wall": rw, "auto_vs_best_cpu": rc,
+                    "on_vs_off_wall": ow, "on_vs_off_cpu": oc}
+                print(f"| {k} | {m} | {w} | {med(runs.get(p_)):.2f} [{med(cpus.get(p_)):.1f}] | "
+                      f"{med(runs[a_]):.2f} [{med(cpus.get(a_)):.1f}] | {med(runs[b_]):.2f} [{med(cpus.get(b_)):.1f}] | "
+                      f"{ow:.2f} [{oc:.2f}] | {'on' if pick else 'off'} | {rw:.2f} [{rc:.2f}] |", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ratings", type=int, default=20_000_000)
@@ -443,6 +488,8 @@ def _run(a, store):
             out["tiered_vs_untiered"] = paired(f"sgd k={k} tiered w=1", t1)
             line.append(f"tiered/untiered sgd {out['tiered_vs_untiered'][0]:5.2f}")
         print(f"k={k:4d}: " + " | ".join(line))
+    if len(tierings) == 2:
+        tiering_table(store, ranks, methods, workers, runs, res, cpus)
     if a.profile:
         print("\nwhere one steady-state epoch goes (1 worker, untiered; CPU seconds per stage, the block read on "
               "the reader thread alongside the rest; wall > CPU is time the machine gave to others):")

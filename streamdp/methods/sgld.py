@@ -14,7 +14,9 @@ most ``tau`` uniformly random ratings (:func:`streamdp.privacy.bounding.trim_blo
 seeded per user group; the same subset every epoch, so the target does not change).
 
 * ``l(e) = min(e^2, c^2)`` with ``c = (r_max - r_min) + kappa``: the squared loss
-  truncated at the bound. Alg. 1 instead restricts ``(U, V)`` to the set where
+  truncated at the bound (default ``c`` = half the rating range, ``kappa = -(r_max -
+  r_min) / 2``: any ``c > 0`` bounds the loss; Liu et al.'s ``kappa = 1`` is ``c = 5``
+  on 1..5, 6.25x the ``B``; see the audit below). Alg. 1 instead restricts ``(U, V)`` to the set where
   predictions are within ``kappa`` of the rating range and re-samples until a
   sample lands there (lines 5-6), which no finite SGLD run can do for all
   ``(i, j)``. With the truncated loss, a user's term is bounded by
@@ -40,16 +42,20 @@ seeded per user group; the same subset every epoch, so the target does not chang
   paper's ``4B`` covers replace-one with sensitivity ``2B``). Proof: with
   ``F' = F + L_x``, ``0 <= L_x <= B``, the ratio ``p'(theta) / p(theta) =
   exp(-s L_x(theta)) Z / Z'`` has its first factor in ``[e^{-sB}, 1]`` and its second in
-  ``[1, e^{sB}]``. The default (``--posterior-scale paper``) keeps Alg. 1's ``4B`` and
-  claims ``epsilon`` (Thm 2's per-user ``epsilon B_i / (2B)`` recorded as stated in
-  the paper); ``--posterior-scale tight`` samples at ``s = epsilon / B`` (4x less
-  diffuse at the same claim) with per-user ``epsilon B_i / B``. Trimming keeps this
+  ``[1, e^{sB}]`` (the same holds for the released ``V``'s marginal: integrating out the
+  added user's own ``u_x`` under its prior multiplies by ``E[exp(-s L_x)]`` in
+  ``[e^{-sB}, 1]``). The default ``--posterior-scale tight`` samples at ``s = epsilon /
+  B`` with per-user ``epsilon B_i / B``; ``--posterior-scale paper`` keeps Alg. 1's ``4B``
+  (4x more diffuse at the same claim; Thm 2's per-user ``epsilon B_i / (2B)`` recorded as
+  stated in the paper). Trimming keeps this
   valid: every user's subset is drawn independently and uniformly, so the other
   users' trimmed data has the same law with or without user ``x``.
-* Privacy scaling ``s = epsilon / (4 B)`` (Alg. 1 line 4), temperature ``T``: the
-  chain targets ``exp(-s F / T)``. ``T < 1`` (the paper's ``zeta`` "to speed up
-  burn-in") samples a colder distribution whose exact-sample guarantee is
-  ``epsilon / T``; the ledger reports that, not ``epsilon``.
+* Privacy scaling ``s = epsilon / B`` (``epsilon / (4B)``, Alg. 1 line 4, with ``paper``),
+  temperature ``T``: the chain targets ``exp(-s F / T)``. ``T < 1`` (the paper's
+  ``zeta`` "to speed up burn-in") samples a colder distribution whose exact-sample
+  guarantee is ``epsilon / T``; the ledger claims that, and says in ``bounds.target``,
+  the guarantee string and the notes that it is **not the DP target** of the
+  ``--epsilon`` given (:func:`target_label`).
 * The prior (``lam``) is data-independent and not weighted by counts (a count-weighted
   regularizer would make a user's term unbounded); it is applied by the exact lazy
   Ornstein-Uhlenbeck flows of :mod:`streamdp.kernels.sgd`. By default it is set by
@@ -61,6 +67,35 @@ seeded per user group; the same subset every epoch, so the target does not chang
   mean; with a fixed prior sd the sample degrades towards the prior's predictions
   (the midpoint) as ``epsilon`` shrinks. Both choices use public parameters only
   (Liu et al. instead fit ``Lambda`` with a non-private SGLD run, which leaks).
+
+Faithfulness audit (Liu et al. Sec. 6.3 and 6.6 against ours; measured in ``docs/sgld.md``)
+-----------------------------------------------------------------------------------------
+================  ===============================  =============================  ==================================
+constant          paper (Netflix, Figure 7)        ours (default)                 guarantee / accuracy
+================  ===============================  =============================  ==================================
+eta_0, gamma      eta_0 in {6e-10, 3e-9, 3.2e-8}   ``--eta`` 0.005 per rating in  none: a finite run is approximate
+                  on the N-scaled gradient,        SGD units (Langevin time       either way; 0.0025 / 0.01 /
+                  gamma 0.6                        eta / (2s) per epoch), gamma 0 gamma 0.6 / 40 epochs within
+                                                                                  the seeds' spread of each other
+zeta              0.07 or 0.0025 multiplies the    ``--temperature`` 1            zeta < 1 samples the target of
+                  noise variance                                                  epsilon / zeta (400x at 0.0025):
+                                                                                  Figure 7's points are NOT samples
+                                                                                  of their epsilon's DP target;
+                                                                                  ours claims epsilon / T and says
+                                                                                  "not the DP target"
+rho               1 or 10                          ``--rho`` 1                    B_i <= B either way; rho > 1
+                                                                                  upweights users with < tau ratings
+alpha, beta       Gamma(1, 100) on Lambda,         none: fixed prior sd 0.3       a data-fitted prior is an
+Lambda            Lambda from a NON-PRIVATE SGLD   (public)                       unaccounted release: not DP
+                  run (Sec. 6.6)
+B, kappa          B = tau (4 + kappa)^2 = 2,500,   c = half range = 2, B = tau    any c > 0 bounds the truncated
+                  kappa 1, rejection on the        c^2 = 400; truncated loss,     loss: same guarantee, 6.25x
+                  prediction box                   no rejection                   smaller B
+4B                s = epsilon / (4B)               s = epsilon / B (``tight``)    exact for add/remove (module
+                                                                                  docstring); 4x less diffuse
+tau, weights      100; w_i = min(rho, B/(m_i c^2)) the same                       the same
+released sample   one (unspecified iterate)        the last iterate               Thm 1 covers one sample only
+================  ===============================  =============================  ==================================
 
 Guarantee and accounting
 ------------------------
@@ -160,12 +195,30 @@ BLOCKS_NOTE = ("--epoch-scheme blocks: the user blocks of a round (--round-block
                "the guarantee's reasoning is unchanged: an exact sample of the target would be epsilon-DP, and a "
                "finite run of this chain, like Hogwild's, is not one")
 
+
+def target_label(epsilon: float, temperature: float, epsilon_claimed: float) -> str:
+    """``privacy.json: bounds.target``: whether the chain samples the epsilon-DP target of ``--epsilon``.
+
+    ``--temperature T != 1`` (Liu et al.'s zeta) makes the chain sample ``exp(-s F / T)``:
+    the exact target of ``epsilon / T``, which is what the ledger then claims, but NOT the
+    DP target of the ``--epsilon`` given.
+
+    >>> target_label(1.0, 1.0, 1.0)
+    'the epsilon-DP target exp(-epsilon/(cB) F) of --epsilon 1'
+    >>> target_label(1.0, 0.1, 10.0)
+    'not the DP target of --epsilon 1: temperature 0.1 samples exp(-s F / T), the target of epsilon / T = 10 (claimed)'
+    """
+    if float(temperature) == 1.0:
+        return f"the epsilon-DP target exp(-epsilon/(cB) F) of --epsilon {epsilon:g}"
+    return (f"not the DP target of --epsilon {epsilon:g}: temperature {temperature:g} samples exp(-s F / T), the "
+            f"target of epsilon / T = {epsilon_claimed:.4g} (claimed)")
+
 DEFAULTS = {
     # sgd: scikit-surprise SVD's defaults
     "sgd": dict(epochs=20, eta=0.005, gamma=0.0, reg=0.02, reg_bias=0.02, init_std=0.1, tau=None, kappa=1.0,
                 rho=1.0, temperature=1.0),
     # sgld: reg / reg_bias None = from the prior sds (PRIOR_SD, PRIOR_SD_BIAS) at the run's scale s
-    "sgld": dict(epochs=20, eta=0.005, gamma=0.0, reg=None, reg_bias=None, init_std=0.1, tau=100, kappa=1.0,
+    "sgld": dict(epochs=20, eta=0.005, gamma=0.0, reg=None, reg_bias=None, init_std=0.1, tau=100, kappa=None,
                  rho=1.0, temperature=1.0),
 }
 
@@ -183,7 +236,8 @@ SGD_OPTIONS = (
     Option("reg_bias", float, "L2 regularization of the biases per rating", default=0.02, **_NONNEG),
     Option("init_std", float, "std of the initial factors", default=0.1, **_NONNEG),
     Option("tau", int, "ratings kept per user (random trimming)", default_text="all", minimum=1),
-    Option("tiering", bool, "process hot items first (measured no gain while V fits in cache)", default=False),
+    Option("tiering", ("auto", "on", "off"), "process each group's hot (popular) items first; auto: on where it "
+           "measured faster (tiering_pays: from k, n_items and the cache sizes)", default="auto"),
     Option("hot_items", int, "hot-tier size", default_text="half of L2", minimum=0),
     Option("step_users", int, "users per group", default=256, minimum=1),
     Option("checkpoint", str, "run directory (U on disk, per-epoch checkpoints: counted as released, never "
@@ -201,12 +255,14 @@ SGLD_OPTIONS = tuple(o for o in SGD_OPTIONS if o.name not in ("reg", "reg_bias",
     Option("reg_bias", float, "prior lambda on the biases", default_text="from a prior sd of 0.3", **_NONNEG),
     Option("tau", int, "ratings kept per user (random trimming; sets the loss bound B)", default=100, minimum=1),
     Option("step_users", int, "users per SGLD step", default_text="about 16 n_items ratings a step", minimum=1),
-    Option("kappa", float, "loss bound slack: c = r_max - r_min + kappa", default=1.0, **_POS),
+    Option("kappa", float, "loss bound slack: c = r_max - r_min + kappa, any c > 0 (the loss min(e^2, c^2) is "
+           "bounded whatever kappa; B = tau c^2; Liu et al. use kappa 1)",
+           default_text="c = half the rating range (kappa = -(r_max - r_min) / 2)"),
     Option("rho", float, "cap of the per-user weights w_i", default=1.0, **_POS),
     Option("user_weights", str, "personalized privacy: CSV 'user,weight' or 'user,epsilon' (Liu et al. Thm 2)",
            metavar="FILE"),
-    Option("posterior_scale", ("paper", "tight"), "s = epsilon/(4B) as in Liu et al., or epsilon/B (exact "
-           "add/remove bound)", default="paper"),
+    Option("posterior_scale", ("paper", "tight"), "s = epsilon/B (tight: the exact add/remove bound), or "
+           "epsilon/(4B) as in Liu et al. (paper: 4x more diffuse at the same claim)", default="tight"),
     Option("temperature", float, "temperature T; the exact-sample guarantee becomes epsilon / T", default=1.0,
            **_POS),
     Option("noise_table", int, "Gaussian lookup table of SIZE numbers instead of fresh draws (NO privacy proof)",
@@ -329,7 +385,7 @@ class _SgdBase(Method):
             if int(s[key]) != s[key] or s[key] < 1:
                 raise ParameterError(f"--{key} must be a positive integer, got {s[key]}")
             s[key] = int(s[key])
-        for key in ("eta", "temperature", "kappa", "rho"):
+        for key in ("eta", "temperature", "rho"):
             if not (float(s[key]) > 0 and math.isfinite(float(s[key]))):
                 raise ParameterError(f"--{key.replace('_', '-')} must be a positive number, got {s[key]}")
         for key in ("gamma", "reg", "reg_bias", "init_std"):
@@ -346,11 +402,13 @@ class _SgdBase(Method):
                 raise ParameterError(f"--tau must be an integer >= 1, got {s['tau']}") from None
         elif self.noisy:
             raise ParameterError("--tau is required for --method sgld (the bound B needs it)")
-        # off by default, measured (bench/sgd.py, 100M ratings, 20k items, paired runs): the
-        # per-block partition costs more than the hot tier saves while V fits in the caches
-        # (end to end tiered/untiered 0.91 at k=16, 0.96 at k=64), and with V of 64-256 MB
-        # (1M items) the kernel alone gains only 0-4%. --tiering turns it on.
-        s["tiering"] = bool(s.get("tiering") or False)
+        # --tiering auto|on|off; auto decides from public parameters only (rank, number of items, the
+        # machine's cache sizes): K.tiering_pays, whose rule and measurements are in docs/sgld.md
+        t = "auto" if s.get("tiering") is None else str(s["tiering"])
+        if t not in ("auto", "on", "off"):
+            raise ParameterError(f"--tiering: expected one of auto, on, off, got {s['tiering']!r}")
+        s["tiering_option"] = t
+        s["tiering"] = K.tiering_pays(self.rank, store.n_items) if t == "auto" else t == "on"
         hot = s.get("hot_items")
         s["hot_items"] = int(hot) if hot is not None else K.hot_tier_items(self.rank, store.n_items)
         if s["hot_items"] < 0:
@@ -371,7 +429,14 @@ class _SgdBase(Method):
             raise ParameterError("--user-weights only applies to --method sgld (personalized privacy)")
         lo, hi = store.rating_min, store.rating_max
         s["rating_min"], s["rating_max"] = lo, hi
+        if s["kappa"] is None:  # default: c = half the rating range (docs/sgld.md: measured against kappa 1)
+            s["kappa"] = -(hi - lo) / 2.0 if self.noisy else 1.0
+        if not math.isfinite(float(s["kappa"])):
+            raise ParameterError(f"--kappa must be a finite number, got {s['kappa']}")
         s["clip"] = (hi - lo) + float(s["kappa"]) if self.noisy else 0.0
+        if self.noisy and not s["clip"] > 0:
+            raise ParameterError(f"--kappa must be > -(r_max - r_min) = {lo - hi:g} (the loss bound c = r_max - "
+                                 f"r_min + kappa must be > 0), got {s['kappa']}")
         s["posterior_scale"] = self._check_scale_choice(s.get("posterior_scale"))
         if self.noisy and s["tau"] is not None:
             s["B"] = s["tau"] * s["clip"] ** 2
@@ -395,7 +460,7 @@ class _SgdBase(Method):
 
     @staticmethod
     def _check_scale_choice(v) -> str:
-        v = "paper" if v is None else str(v)
+        v = "tight" if v is None else str(v)
         if v not in SCALE_FACTOR:
             raise ParameterError(f"--posterior-scale: expected one of {', '.join(SCALE_FACTOR)}, got {v!r}")
         return v
@@ -513,6 +578,7 @@ class _SgdBase(Method):
                         "epochs": s["epochs"]}]
             return Plan(event=None, entries=entries, params={**s, "bounds": bounds})
         eps = s["epsilon_exact_sample"]
+        bounds["target"] = target_label(self.epsilon, float(s["temperature"]), s["epsilon_claimed"])
         label = "exponential mechanism via an approximate posterior sample (SGLD)"
         if s["noise_table"]:
             label += "; " + TABLE_LABEL
@@ -541,6 +607,8 @@ class _SgdBase(Method):
                           events=[], accounting=None, bounds=bounds, seeded=self.seed is not None,
                           store_checksum=store.checksum, notes=list(notes))
         guarantee = GUARANTEE_SGLD + ("; " + TABLE_LABEL if s.get("noise_table") else "")
+        if float(s["temperature"]) != 1.0:
+            guarantee += "; " + s["bounds"]["target"]
         acc = epsilon_of(plan.event, self.delta)
         return Ledger(method=self.name, guarantee=guarantee, epsilon=s["epsilon_claimed"],
                       delta=self.delta, events=[plan.event], accounting=acc, bounds=bounds,
@@ -726,8 +794,8 @@ class _SgdBase(Method):
             notes.append("approximate guarantee: an exact posterior sample would be epsilon-DP (Thm 1); this is "
                          "a finite SGLD run")
             if float(s["temperature"]) != 1.0:
-                notes.append(f"temperature {s['temperature']}: the chain targets exp(-s F / T), whose exact-sample "
-                             f"guarantee is epsilon / T = {s['epsilon_exact_sample']:.4g}")
+                notes.append(f"temperature {s['temperature']}: {s['bounds']['target']}; Liu et al.'s zeta (0.07, "
+                             "0.0025 in their Figure 7) is this temperature")
             if s["noise_table"]:
                 notes.append(TABLE_LABEL + f" (--noise-table {s['noise_table']})")
             sd = math.sqrt(float(s["temperature"]) / (2.0 * s["scale"] * max(s["reg"], 1e-12)))

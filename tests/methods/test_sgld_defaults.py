@@ -1,0 +1,96 @@
+"""Issue 23: sgld's defaults (tight posterior scale, c = half the rating range), the temperature label, and
+``--tiering auto|on|off`` with its rule from public parameters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from streamdp.kernels import sgd as K
+from streamdp.methods import get_method, train
+
+
+def _settings(store, **opts):
+    return get_method("sgld")(epsilon=10.0, delta=1e-6, rank=4, **opts).settings(store)
+
+
+def test_default_bound_is_half_the_range_and_the_scale_tight(small_store):
+    """Defaults: c = (r_max - r_min) / 2 = 2 on 1..5 (kappa -2), B = tau c^2, s = epsilon / B (add/remove)."""
+    s = _settings(small_store, tau=20)
+    assert s["clip"] == 2.0 and s["kappa"] == -2.0 and s["B"] == 20 * 2.0 ** 2
+    assert s["posterior_scale"] == "tight"
+    assert s["scale"] == pytest.approx(10.0 / s["B"], rel=1e-3) and s["scale"] <= 10.0 / s["B"]
+    # Liu et al.'s constants stay available and give their B = tau (4 + 1)^2 and s = epsilon / (4B)
+    p = _settings(small_store, tau=20, kappa=1.0, posterior_scale="paper")
+    assert p["B"] == 20 * 25.0 and p["scale"] == pytest.approx(10.0 / (4 * 20 * 25.0), rel=1e-3)
+
+
+def test_kappa_may_be_negative_but_c_must_stay_positive(small_store):
+    from streamdp.errors import ParameterError
+
+    assert _settings(small_store, tau=20, kappa=-3.5)["clip"] == 0.5
+    with pytest.raises(ParameterError, match=r"^--kappa must be > -\(r_max - r_min\) = -4 .*got -4"):
+        _settings(small_store, tau=20, kappa=-4.0)
+
+
+def test_temperature_is_labelled_not_the_dp_target(small_store, tmp_path):
+    """T != 1 samples exp(-s F / T): the ledger claims epsilon / T and says it is not --epsilon's DP target."""
+    train(small_store, method="sgld", out=str(tmp_path / "hot"), epsilon=2.0, delta=1e-6, rank=4, seed=1, epochs=1,
+          tau=20, temperature=0.5, workers=1)
+    led = json.load(open(tmp_path / "hot" / "privacy.json"))
+    assert led["bounds"]["target"].startswith("not the DP target of --epsilon 2: temperature 0.5")
+    assert "epsilon / T = 4" in led["bounds"]["target"]
+    assert "not the DP target of --epsilon 2" in led["guarantee"] and led["epsilon"] == pytest.approx(4.0)
+    assert any("not the DP target" in n for n in led["notes"])
+    train(small_store, method="sgld", out=str(tmp_path / "t1"), epsilon=2.0, delta=1e-6, rank=4, seed=1, epochs=1,
+          tau=20, workers=1)
+    led = json.load(open(tmp_path / "t1" / "privacy.json"))
+    assert led["bounds"]["target"].startswith("the epsilon-DP target") and "not the DP target" not in led["guarantee"]
+
+
+def test_tiering_rule_from_rank_items_and_l3():
+    """On only when the item state (k float32 + bias + clock per item) exceeds a core's share of the L3 cache."""
+    share = 16 * 2**20  # this machine: 32 MiB L3 shared by 2 CPUs
+    assert [K.tiering_pays(k, 17_770, l3_bytes=share) for k in (16, 64, 256, 512)] == [False, False, True, True]
+    assert K.tiering_pays(16, 500_000, l3_bytes=share)  # 38 MB of item rows
+    assert not K.tiering_pays(512, 17_770, l3_bytes=64 * 2**20)
+    per_item = 4 * 100 + 12
+    assert not K.tiering_pays(100, share // per_item, l3_bytes=share)
+    assert K.tiering_pays(100, share // per_item + 1, l3_bytes=share)
+    assert 0 < K._l3_share_bytes() <= max(K._cache_bytes(3, 16 * 2**20), 16 * 2**20)
+
+
+@pytest.mark.parametrize("method", ["sgd", "sgld"])
+def test_tiering_auto_on_off(small_store, monkeypatch, method):
+    eps = float("inf") if method == "sgd" else 10.0
+    seen = []
+
+    def fake(k, n_items, l3_bytes=None):
+        seen.append((k, n_items))
+        return True
+
+    monkeypatch.setattr(K, "tiering_pays", fake)
+    m = get_method(method)
+    assert m(epsilon=eps, delta=1e-6, rank=4).settings(small_store)["tiering"] is True  # auto is the default
+    assert seen == [(4, small_store.n_items)]
+    assert m(epsilon=eps, delta=1e-6, rank=4, tiering="off").settings(small_store)["tiering"] is False
+    assert m(epsilon=eps, delta=1e-6, rank=4, tiering="on").settings(small_store)["tiering"] is True
+    assert len(seen) == 1
+
+
+def test_cli_tiering_choice(small_store, tmp_path):
+    from streamdp.cli import main
+
+    r = CliRunner().invoke(main, ["train", str(small_store.path), "--method", "sgld", "--epsilon", "1", "--delta",
+                                  "1e-6", "--out", str(tmp_path / "m"), "--tiering", "yes"])
+    assert r.exit_code == 2 and "--tiering" in r.output and "auto" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "m").exists()
+    r = CliRunner().invoke(main, ["train", "--help"])
+    assert "--tiering [auto|on|off]" in r.output
+    r = CliRunner().invoke(main, ["train", str(small_store.path), "--method", "sgld", "--epsilon", "1", "--delta",
+                                  "1e-6", "--out", str(tmp_path / "m"), "--tiering", "on", "--epochs", "1",
+                                  "--rank", "4", "--tau", "20", "--seed", "1", "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    assert json.load(open(tmp_path / "m" / "model.json"))["parameters"]["tiering"] is True
