@@ -213,18 +213,19 @@ def target_label(epsilon: float, temperature: float, epsilon_claimed: float) -> 
     return (f"not the DP target of --epsilon {epsilon:g}: temperature {temperature:g} samples exp(-s F / T), the "
             f"target of epsilon / T = {epsilon_claimed:.4g} (claimed)")
 
+#: ``--round-blocks`` default: blocks of one round of ``--epoch-scheme blocks`` (see docs/cluster.md).
+ROUND_BLOCKS = 2
+
 DEFAULTS = {
     # sgd: scikit-surprise SVD's defaults
     "sgd": dict(epochs=20, eta=0.005, gamma=0.0, reg=0.02, reg_bias=0.02, init_std=0.1, tau=None, kappa=1.0,
-                rho=1.0, temperature=1.0),
+                rho=1.0, temperature=1.0, epoch_scheme="hogwild", round_blocks=ROUND_BLOCKS),
     # sgld: reg / reg_bias None = from the prior sds (PRIOR_SD, PRIOR_SD_BIAS) at the run's scale s
     "sgld": dict(epochs=20, eta=0.005, gamma=0.0, reg=None, reg_bias=None, init_std=0.1, tau=100, kappa=None,
-                 rho=1.0, temperature=1.0),
+                 rho=1.0, temperature=1.0, epoch_scheme="hogwild", round_blocks=ROUND_BLOCKS),
 }
 
 
-#: ``--round-blocks`` default: blocks of one round of ``--epoch-scheme blocks`` (see docs/cluster.md).
-ROUND_BLOCKS = 2
 _POS = dict(minimum=0, exclusive_minimum=True)
 _NONNEG = dict(minimum=0)
 #: ``--method sgd``'s options (surprise SVD's defaults).
