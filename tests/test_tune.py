@@ -1,0 +1,152 @@
+"""``streamdp tune``: private choice of a configuration, one ledger within epsilon, charged to the budget.
+
+The runs that train (several private fits each) are marked slow; grid parsing and its errors are not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from streamdp.cli import main
+from streamdp.errors import ParameterError
+from streamdp.methods import get_method, train
+from streamdp.privacy import epsilon_of
+from streamdp.privacy.budget import StoreBudget
+from streamdp.privacy.ledger import Ledger
+from streamdp.tune import _configs, parse_grid, tune
+
+#: Users' own rating levels differ by N(0, 1) here: the users' intercepts (``user_intercept``) are clearly
+#: better than the item means alone, so ``means``' default (no intercept) is the obviously bad candidate.
+BIASED = dict(n_users=3000, n_items=80, ratings_per_user=10, rank=2, seed=5, test_fraction=0.2,
+              user_bias_std=1.0, show_progress=False)
+GRID = {"user_intercept": [False, True]}
+
+
+def _store(path, **kw):
+    from streamdp.storage.generate import generate_store
+
+    return generate_store(str(path), **kw)
+
+
+@pytest.fixture(scope="module")
+def biased(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tune")
+    st = _store(d / "s.zarr", **BIASED)
+    summary = tune(st, epsilon=2.0, method="means", out=str(d / "m"), grid=GRID, seed=1)
+    return st, d, summary
+
+
+@pytest.mark.slow
+def test_ledger_is_what_the_budget_charged_and_within_epsilon(biased):
+    st, d, summary = biased
+    led = Ledger.read(d / "m")
+    total = epsilon_of(led.event(), led.delta).epsilon
+    assert total <= 2.0
+    assert total == pytest.approx(summary["epsilon_spent"], rel=1e-9)
+    assert total > 1.95  # the final release was calibrated to use what the rest left
+    shown = StoreBudget(st.path).show()
+    assert [e["status"] for e in shown["entries"]] == ["complete"]
+    assert shown["spent"]["epsilon"] == pytest.approx(total, rel=1e-9)
+    assert shown["entries"][0]["events"] == led.events
+    # the ledger lists the candidates' releases, the losses and the released model's
+    whats = [e["release"] for e in led.bounds["releases"]]
+    assert sum(w.startswith("tune candidate 1 ") for w in whats) >= 2
+    assert sum(w.startswith("tune candidate 2 ") for w in whats) >= 2
+    assert sum(w.startswith("tune: validation losses of the 2 candidate") for w in whats) == 1
+    assert any(w.startswith("released model: ") for w in whats)
+    assert len(led.events) == len(whats)
+
+
+@pytest.mark.slow
+def test_picks_the_clearly_better_configuration(biased):
+    _, d, summary = biased
+    t = summary["tuning"]
+    assert t["default"] == {"user_intercept": False}
+    assert t["chosen"] == {"user_intercept": True}
+    losses = {c["config"]["user_intercept"]: c["noisy_loss"] for c in t["candidates"]}
+    # fixed seed; the gap is many times the margin of 3 noise stds (stated tolerance of the choice)
+    assert losses[False] - losses[True] > 10 * t["selection_noise_std"]
+    info = json.loads((d / "m" / "model.json").read_text())
+    assert info["local_user_bias"] is True and info["tuning"]["chosen"] == {"user_intercept": True}
+
+
+@pytest.mark.slow
+def test_tuned_is_not_worse_than_the_default_at_the_same_epsilon(biased, tmp_path):
+    """On the biased store the tuned model beats the default; on an unbiased one it is within 0.01 RMSE of it
+    (the default is then the right configuration and the tuned one is it, at 0.87 of the epsilon)."""
+    st, d, summary = biased
+    dflt = train(st, method="means", out=str(tmp_path / "d"), epsilon=2.0, delta=summary["delta"], seed=1)
+    assert summary["test_rmse"] < dflt["test_rmse"] - 0.05
+    flat = _store(tmp_path / "flat.zarr", **{**BIASED, "user_bias_std": 0.0})
+    t = tune(flat, epsilon=2.0, method="means", out=str(tmp_path / "t2"), grid=GRID, seed=2)
+    d2 = train(flat, method="means", out=str(tmp_path / "d2"), epsilon=2.0, delta=t["delta"], seed=2)
+    assert t["epsilon_spent"] <= 2.0
+    assert t["test_rmse"] <= d2["test_rmse"] + 0.01
+
+
+@pytest.mark.slow
+def test_too_few_users_trains_the_default_at_the_whole_epsilon(tmp_path):
+    st = _store(tmp_path / "s.zarr", **{**BIASED, "n_users": 300})
+    s = tune(st, epsilon=1.0, method="means", out=str(tmp_path / "m"), grid=GRID, seed=0)
+    assert s["tuning"]["skipped"] and s["tuning"]["chosen"] == {"user_intercept": False}
+    led = Ledger.read(tmp_path / "m")
+    assert not any(e["release"].startswith("tune") for e in led.bounds["releases"])
+    assert 0.99 < s["epsilon_spent"] <= 1.0
+
+
+def test_parse_grid_and_configs():
+    als = get_method("als")
+    g = parse_grid(["rank=4,8", "iters=0,5"], als)
+    assert g == {"rank": [4, 8], "iters": [0, 5]}
+    assert _configs(g, als) == [{"iters": 0}, {"iters": 5, "rank": 4}, {"iters": 5, "rank": 8}]
+    assert parse_grid(["user-intercept=false,true"], get_method("means")) == {"user_intercept": [False, True]}
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("rank", "expected KEY=V1,V2"),
+    ("rnak=4,8", "'rnak' is not an option of --method als"),
+    ("rank=4,x", "'x': --rank must be a positive integer"),
+    ("rank=0", "--rank must be a positive integer"),
+    ("iters=-1", "--iters must be >= 0"),
+    ("rank=4,4", "'4' is given twice"),
+    ("mechanism=laplace", "mechanism cannot be tuned"),
+    ("select=off", "select cannot be tuned"),
+])
+def test_bad_grid_is_a_one_line_error(tmp_path, spec, words):
+    with pytest.raises(ParameterError, match="--grid"):
+        parse_grid([spec], get_method("als"))
+    st = _store(tmp_path / "s.zarr", n_users=200, n_items=20, ratings_per_user=5, rank=2, seed=0,
+                show_progress=False)
+    r = CliRunner().invoke(main, ["tune", str(st.path), "--epsilon", "1", "--out", str(tmp_path / "m"),
+                                  "--grid", spec])
+    assert r.exit_code != 0
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("streamdp: error: --grid") and words in lines[0], r.output
+    assert "Traceback" not in r.output
+    assert not os.path.exists(tmp_path / "m")
+    assert StoreBudget(st.path).show()["entries"] == []
+
+
+def test_unsupported_method_names_the_supported_ones(tmp_path):
+    st = _store(tmp_path / "s.zarr", n_users=200, n_items=20, ratings_per_user=5, rank=2, seed=0,
+                show_progress=False)
+    r = CliRunner().invoke(main, ["tune", str(st.path), "--epsilon", "1", "--method", "oja", "--out",
+                                  str(tmp_path / "m")])
+    assert r.exit_code != 0
+    assert r.output.strip() == ("streamdp: error: --method oja: tune supports als, irls, means (their releases are "
+                                "Gaussian and planned in full)")
+
+
+@pytest.mark.slow
+def test_cli_prints_every_candidate_and_the_total(biased, tmp_path):
+    st, _, _ = biased
+    r = CliRunner().invoke(main, ["tune", str(st.path), "--epsilon", "2", "--method", "means", "--grid",
+                                  "user_intercept=false,true", "--seed", "3", "--out", str(tmp_path / "m"), "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert len(s["tuning"]["candidates"]) == 2 and all("noisy_loss" in c for c in s["tuning"]["candidates"])
+    assert s["tuning"]["chosen"] == {"user_intercept": True} and s["epsilon_spent"] <= 2.0
