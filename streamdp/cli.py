@@ -365,7 +365,8 @@ def format_train_summary(summary: dict) -> str:
 @click.option("--out", required=True, help="Model directory to write (atomically): the chosen configuration.")
 @click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2,...",
               help="Values to try for rank or one of the method's options (repeatable; the grid is their product). "
-                   "Default: als/irls rank=4,8 iters=0,N (N the public default, or 5); means user_intercept=false,true.")
+                   "Default: als/irls rank=4,8 (iters, unless given, is the public default: no released "
+                   "histogram); means user_intercept=false,true.")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")

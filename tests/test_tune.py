@@ -150,3 +150,16 @@ def test_cli_prints_every_candidate_and_the_total(biased, tmp_path):
     s = json.loads(r.stdout)
     assert len(s["tuning"]["candidates"]) == 2 and all("noisy_loss" in c for c in s["tuning"]["candidates"])
     assert s["tuning"]["chosen"] == {"user_intercept": True} and s["epsilon_spent"] <= 2.0
+
+
+@pytest.mark.slow
+def test_als_without_iters_in_the_grid_pins_the_public_default(tmp_path):
+    """Without ``iters`` an als plan releases a histogram read from the data while planning: every candidate
+    (and every calibration attempt of the released model) would draw one. tune pins iters instead."""
+    st = _store(tmp_path / "s.zarr", n_users=400, n_items=40, ratings_per_user=8, rank=2, seed=0,
+                test_fraction=0.2, show_progress=False)
+    s = tune(st, epsilon=1.0, method="als", out=str(tmp_path / "m"), grid=["rank=2,4"], seed=0)
+    assert s["tuning"]["grid"]["iters"] == [0]  # the public default on a store this small
+    led = Ledger.read(tmp_path / "m")
+    assert not any("histogram" in e["release"] for e in led.bounds["releases"])
+    assert s["epsilon_spent"] <= 1.0
