@@ -18,8 +18,9 @@ the user's loss is the mean of the squared errors clipped to ``h^2`` (``h`` half
 rating range). The vector of the ``m`` candidates' summed losses (each user adds at
 most ``h^2`` per coordinate: L2 sensitivity ``h^2 sqrt(m)``) is released once with
 Gaussian noise; the default configuration is kept unless another one's noisy loss is
-lower by :data:`~streamdp.methods._selection.MARGIN` noise standard deviations (a
-grid without the default configuration takes the noisy argmin).
+lower by :data:`~streamdp.methods._selection.MARGIN` noise standard deviations and
+it is not leaner (fewer factors or iterations, :func:`_leaner`); a grid without the
+default configuration takes the noisy argmin.
 
 Papernot-Steinke random stopping (repeat a randomly chosen candidate a random number
 of times, release the best) was not chosen: its guarantee is stated in Renyi DP
@@ -32,18 +33,19 @@ trained at the per-run epsilon, where here the released model gets most of the b
 Budget split (shares of the squared epsilon scale: Gaussian releases compose by
 ``sum 1 / z^2``)
 --------------------------------------------------------------------------------
-* :data:`FINAL_SHARE` = 0.8 for the released model: it is trained at about
-  ``E sqrt(0.8) = 0.89 E`` (0.85-0.88 E measured: PLD composes a little worse than
+* :data:`FINAL_SHARE` = 0.85 for the released model: it is trained at about
+  ``E sqrt(0.85) = 0.92 E`` (a little less measured: PLD composes a little worse than
   the squares suggest);
-* :data:`SELECT_SHARE` = 0.04 for the noisy losses;
-* the remaining 0.16 for the ``m`` candidates, each at about ``E sqrt(0.16 / m)``.
+* :data:`SELECT_SHARE` = 0.03 for the noisy losses;
+* the remaining 0.12 for the ``m`` candidates, each at about ``E sqrt(0.12 / m)``.
 
 The split is a trade: every share the choice takes is budget the released model does
 not get (measured on a generated 20,000-user store at epsilon 2, the default
 configuration itself at 0.83 E lost 0.025 test RMSE against the default at E), and a
 candidate at a fraction of E sees its configuration at a worse signal-to-noise ratio
 than the released model will (so the choice leans to configurations that need less
-budget). 0.75 / 0.05 / 0.20 was tried first (docs/tune.md has both).
+budget: see :func:`_leaner`, which keeps the choice from following that lean).
+0.75 / 0.05 / 0.20 and 0.8 / 0.04 / 0.16 were tried first (docs/tune.md).
 
 The candidates and the losses are planned first; the released model's epsilon is then
 calibrated (:func:`streamdp.privacy.calibrate`) so that everything composed is the
@@ -93,8 +95,8 @@ __all__ = ["tune", "parse_grid", "default_grid", "SUPPORTED", "FINAL_SHARE", "SE
 #: Methods ``tune`` supports (their releases are all Gaussian and listed in their plans).
 SUPPORTED = ("als", "irls", "means")
 #: Shares of the squared epsilon scale (see the module docstring).
-FINAL_SHARE = 0.8
-SELECT_SHARE = 0.04
+FINAL_SHARE = 0.85
+SELECT_SHARE = 0.03
 CANDIDATES_SHARE = 1.0 - FINAL_SHARE - SELECT_SHARE
 #: Grid keys that cannot be tuned: run plumbing, or (mechanism) what the adaptive choice's argument needs fixed.
 _FORBIDDEN = {"checkpoint": "a run directory, not a hyperparameter", "select": "tune makes the choice itself",
@@ -103,19 +105,19 @@ _SELECT_RNG = 0x70E
 
 
 def default_grid(method: str, store, epsilon: float) -> dict[str, list]:
-    """The grid when ``--grid`` is absent: ``als``/``irls`` rank 4 and 8 at the public default iterations,
-    ``means`` with and without the users' own intercepts.
+    """The grid when ``--grid`` is absent: ``als``/``irls`` rank 4 and 8, ``means`` with and without the users'
+    own intercepts.
 
     Not ``iters=0`` against factors: the released model's own ``--select auto`` makes that
     choice at the released model's epsilon, where the candidates here, at a fraction of
     it, favour the biases (measured on a generated 20,000-user store at epsilon 1: with
     ``iters=0,7`` in the grid tune chose the biases, test RMSE 1.008 against the default's
-    0.942). Where the public default is no iterations (small stores) rank changes nothing
-    and there is one configuration: it gets the whole epsilon.
+    0.942). Without ``iters`` in the grid every configuration's iterations come from one
+    released histogram of ratings per user, as ``train``'s do.
     """
     if method == "means":
         return {"user_intercept": [False, True]}
-    return {"rank": [4, 8], "iters": [_public_iters(store, epsilon)]}
+    return {"rank": [4, 8]}
 
 
 def _public_iters(store, epsilon: float, rank: int = 8) -> int:
@@ -198,6 +200,26 @@ def _default_config(cls: type[Method], store, epsilon: float, delta: float, keys
     return d
 
 
+def _leaner(c: dict, default: dict) -> bool:
+    """Whether ``c`` fits fewer factors or fewer iterations than ``default``: it may not replace it.
+
+    The candidates run at a fraction of the epsilon the released model gets, and at that
+    lower signal-to-noise ratio leaner models score better than they will at the released
+    one's: measured on two generated stores (20,000 and 40,000 users, rank-8 truth,
+    epsilon 1 and 2, 2 seeds each), rank 4 beat the default rank 8 on the noisy losses
+    every time and then lost to it by 0.016-0.062 test RMSE when released, and biases only
+    (``iters=0``) beat the factors and lost by 0.04-0.07. A richer candidate that wins
+    already at the lower epsilon is kept (it can only gain from more budget, as far as
+    those measurements go).
+    """
+    for k in ("rank", "iters"):
+        if k in default and c.get(k, 0 if k == "iters" else default[k]) < default[k]:
+            return True
+    if c.get("iters", default.get("iters")) == 0 and default.get("iters", 0) > 0:
+        return True
+    return False
+
+
 def config_name(c: dict) -> str:
     """``{"rank": 8, "iters": 5}`` -> ``"iters=5 rank=8"`` (``"defaults"`` when empty)."""
     return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(c.items())) or "defaults"
@@ -248,6 +270,8 @@ class _Tuned(Method):
 
     def fit(self, store, engine):
         fitted = self.final.fit(store, engine)
+        if self.tuning.get("user_profile") is not None:
+            fitted.model_info["user_profile"] = self.tuning.pop("user_profile")
         fitted.ledger = self.ledger(store, self.plan(store), notes=list(fitted.ledger.notes) + self.notes)
         fitted.model_info["epsilon"] = self.epsilon
         fitted.model_info["tuning"] = self.tuning
@@ -307,14 +331,12 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     """
     from streamdp.api import default_delta
     from streamdp.methods import get_method
-    from streamdp.methods._selection import MARGIN, choose, loss_sensitivity
+    from streamdp.methods._selection import MARGIN, choose
     from streamdp.methods.als import SELECT_USEFUL
     from streamdp.model import check_model_destination
-    from streamdp.privacy import calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of, \
-        gaussian_event
+    from streamdp.privacy import calibrate_gaussian, check_privacy_params
     from streamdp.privacy.accountant import check_calibratable
     from streamdp.privacy.budget import StoreBudget
-    from streamdp.privacy.release import Release
     from streamdp.storage.store import open_store
     from streamdp.stream.engine import Engine
 
@@ -340,9 +362,9 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         grid = parse_grid(list(grid), cls)
     else:
         grid = parse_grid([f"{k}={','.join(str(v) for v in vs)}" for k, vs in grid.items()], cls)
-    if getattr(cls, "FIXED_ITERS", None) is None and "iters" not in grid:
-        # pinned: without --iters als plans with a released histogram (read from the data at planning time)
-        grid["iters"] = [_public_iters(st, epsilon)]
+    # without --iters an als plan releases a histogram of ratings per user, read from the data while planning:
+    # tune releases it once, and pins every configuration's iters from it (below)
+    pin = getattr(cls, "FIXED_ITERS", None) is None and "iters" not in grid
     configs = _configs(grid, cls)
     for c in configs:
         try:
@@ -357,9 +379,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     m_c = len(configs)
     h = (float(st.rating_max) - float(st.rating_min)) / 2.0
     z_sel = calibrate_gaussian(epsilon * math.sqrt(SELECT_SHARE), delta) if m_c > 1 else 0.0
-    sel = Release(f"tune: validation losses of the {m_c} candidate configurations (per user, the mean squared "
-                  f"error clipped to h^2 over up to 2 held-out training ratings: each user at most h^2 per "
-                  f"candidate)", "gaussian", loss_sensitivity(h, m_c, "l2"), max(z_sel, 1e-12), shape=(m_c,))
+    sel = _selection_release(h, m_c, max(z_sel, 1e-12))
     std = sel.scale
     tuning = {"method": method, "grid": {k: list(v) for k, v in grid.items()},
               "candidates": [{"config": c} for c in configs],
@@ -383,6 +403,51 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
                         workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
                         evaluate_test=evaluate_test)
 
+    pre_events, pre_entries = [], []
+    if pin:
+        from streamdp.methods._profile import user_profile
+        from streamdp.methods.als import default_settings
+
+        profile = user_profile(st, "gaussian", epsilon, delta, np.random.default_rng(
+            np.random.SeedSequence([int(seed), _SELECT_RNG, 5]) if seed is not None else None))
+        e_nominal = epsilon * math.sqrt(FINAL_SHARE)
+        base_rank = cls(epsilon=epsilon, delta=delta).rank
+
+        def with_iters(c):
+            rank = c.get("rank", base_rank)
+            it = default_settings(st.n_users, st.n_items, e_nominal, rank,
+                                  n_eff=profile.effective_users(rank))["iters"]
+            c = {**c, "iters": it}
+            if it == 0:
+                c.pop("rank", None)
+            return c
+
+        pinned = []
+        for c in map(with_iters, configs):
+            if c not in pinned:
+                pinned.append(c)
+        dflt = with_iters(dflt) if default is not None else dflt
+        configs = pinned
+        default = configs.index(dflt) if default is not None and dflt in configs else None
+        m_c = len(configs)
+        pre_events = [profile.release.event()]
+        pre_entries = [{**profile.release.entry(), "release": "tune: " + profile.release.entry()["release"] +
+                        " (sets every configuration's iterations, as train does)"}]
+        tuning.update(candidates=[{"config": c} for c in configs], default=dflt if default is not None else None,
+                      user_profile=profile.to_dict())
+        sel = _selection_release(h, m_c, sel.noise_multiplier)
+        std = sel.scale
+    if m_c == 1:  # the histogram left one configuration: nothing to choose, the rest of the budget is the model's
+        final = _calibrated(cls, configs[0], pre_events, epsilon, delta, seed, st)
+        tuning.update(skipped="one configuration once the iterations were set", chosen=configs[0], split=None,
+                      rule="none", final_epsilon=final.epsilon)
+        wrapper = _Tuned(final, pre_events, pre_entries, [f"tune: one configuration ({config_name(configs[0])}) "
+                                                          f"once the iterations were set; nothing was chosen"],
+                         tuning, epsilon)
+        return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed,
+                        workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
+                        evaluate_test=evaluate_test)
+
     # -- the candidates: planned at their share, trained on the held-out view ---------------------------------
     key = (_child_seed(seed, _SELECT_RNG, 1) if seed is not None
            else int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1)))
@@ -390,7 +455,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     e_c = epsilon * math.sqrt(CANDIDATES_SHARE / m_c)
     cands = [cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off", **c)
              for i, c in enumerate(configs)]
-    prefix_events, prefix_entries = [], []
+    prefix_events, prefix_entries = list(pre_events), list(pre_entries)
     for i, (c, m) in enumerate(zip(configs, cands)):
         p = m.plan(view)
         prefix_events += list(p.events)
@@ -398,18 +463,9 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
                            for e in p.entries]
     prefix_events.append(sel.event())
     prefix_entries.append(sel.entry())
-    # the released model's epsilon: the largest that, composed with the above, keeps the run within epsilon
-    z_f = calibrate(lambda z: compose(prefix_events + [gaussian_event(z)]), epsilon, delta)
-    e_f = epsilon_of(gaussian_event(z_f), delta).epsilon
 
     def final_for(c, i):
-        e = e_f
-        for _ in range(50):
-            f = cls(epsilon=e, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 3), **c)
-            if epsilon_of(compose(prefix_events + list(f.plan(st).events)), delta).epsilon <= epsilon:
-                return f
-            e *= 0.999  # the PLD grids of one Gaussian and of its parts differ by a hair
-        raise ParameterError("tune: the released model could not be calibrated within --epsilon")  # pragma: no cover
+        return _calibrated(cls, c, prefix_events, epsilon, delta, seed, st)
 
     # the budget is checked before anything is computed (reserved once the configuration is known)
     probe = _Tuned(final_for(configs[default if default is not None else 0], 0), prefix_events, prefix_entries,
@@ -432,7 +488,9 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
                           "was charged to the budget") from None
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), _SELECT_RNG, 4]) if seed is not None else None)
     noisy = sel.add(losses, rng)
-    chosen = choose(noisy, default, std) if default is not None else int(np.argmin(noisy))
+    allowed = np.array([default is None or not _leaner(c, configs[default]) for c in configs])
+    chosen = (choose(np.where(allowed, noisy, np.inf), default, std) if default is not None
+              else int(np.argmin(noisy)))
     final = final_for(configs[chosen], chosen)
     for i, c in enumerate(tuning["candidates"]):
         c["epsilon"] = e_c
@@ -440,7 +498,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         c["noisy_mean_loss"] = float(noisy[i]) / max(st.n_users, 1)
     tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=e_c,
                   final_epsilon=final.epsilon,
-                  rule=(f"default unless another is lower by {MARGIN:g} noise stds" if default is not None
+                  rule=(f"default unless another, not leaner (rank, iters), is lower by {MARGIN:g} noise stds"
+                        if default is not None
                         else "noisy argmin (the grid has no default configuration)"))
     note = (f"tuned privately over {m_c} configurations of {method} ({', '.join(config_name(c) for c in configs)}): "
             f"chosen {config_name(configs[chosen])}; the candidates (epsilon {e_c:.4g} each, never released) and "
@@ -449,6 +508,32 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     wrapper = _Tuned(final, prefix_events, prefix_entries, [note], tuning, epsilon)
     return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed, workers=workers,
                     memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate_test)
+
+
+def _selection_release(h: float, m: int, noise_multiplier: float):
+    """The release of the ``m`` candidates' summed validation losses (each user at most ``h^2`` per candidate)."""
+    from streamdp.methods._selection import loss_sensitivity
+    from streamdp.privacy.release import Release
+
+    return Release(f"tune: validation losses of the {m} candidate configurations (per user, the mean squared error "
+                   f"clipped to h^2 over up to 2 held-out training ratings: each user at most h^2 per candidate)",
+                   "gaussian", loss_sensitivity(h, m, "l2"), noise_multiplier, shape=(m,))
+
+
+def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st):
+    """``cls`` with ``config`` at the largest epsilon that, composed with ``prefix_events``, stays within ``epsilon``."""
+    from streamdp.privacy import calibrate, compose, epsilon_of, gaussian_event
+
+    e = epsilon
+    if prefix_events:
+        z_f = calibrate(lambda z: compose(prefix_events + [gaussian_event(z)]), epsilon, delta)
+        e = epsilon_of(gaussian_event(z_f), delta).epsilon
+    for _ in range(50):
+        f = cls(epsilon=e, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 3), **config)
+        if epsilon_of(compose(list(prefix_events) + list(f.plan(st).events)), delta).epsilon <= epsilon:
+            return f
+        e *= 0.999  # the PLD grids of one Gaussian and of its parts differ by a hair
+    raise ParameterError("tune: the released model could not be calibrated within --epsilon")  # pragma: no cover
 
 
 def _release(st, wrapper, final, out, tuning, t0, *, epsilon, delta, seed, workers, memory_limit, over_budget,

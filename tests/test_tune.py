@@ -17,7 +17,7 @@ from streamdp.methods import get_method, train
 from streamdp.privacy import epsilon_of
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import Ledger
-from streamdp.tune import _configs, parse_grid, tune
+from streamdp.tune import _configs, _leaner, parse_grid, tune
 
 #: Users' own rating levels differ by N(0, 1) here: the users' intercepts (``user_intercept``) are clearly
 #: better than the item means alone, so ``means``' default (no intercept) is the obviously bad candidate.
@@ -153,13 +153,23 @@ def test_cli_prints_every_candidate_and_the_total(biased, tmp_path):
 
 
 @pytest.mark.slow
-def test_als_without_iters_in_the_grid_pins_the_public_default(tmp_path):
+def test_als_without_iters_releases_one_histogram_for_every_configuration(biased, tmp_path):
     """Without ``iters`` an als plan releases a histogram read from the data while planning: every candidate
-    (and every calibration attempt of the released model) would draw one. tune pins iters instead."""
-    st = _store(tmp_path / "s.zarr", n_users=400, n_items=40, ratings_per_user=8, rank=2, seed=0,
-                test_fraction=0.2, show_progress=False)
-    s = tune(st, epsilon=1.0, method="als", out=str(tmp_path / "m"), grid=["rank=2,4"], seed=0)
-    assert s["tuning"]["grid"]["iters"] == [0]  # the public default on a store this small
+    (and every calibration attempt of the released model) would draw its own. tune releases one and pins
+    every configuration's iterations from it."""
+    st, _, _ = biased
+    s = tune(st, epsilon=2.0, method="als", out=str(tmp_path / "m"), grid=["rank=2,4"], seed=0)
+    t = s["tuning"]
+    assert not t["skipped"] and all("iters" in c["config"] for c in t["candidates"])
     led = Ledger.read(tmp_path / "m")
-    assert not any("histogram" in e["release"] for e in led.bounds["releases"])
-    assert s["epsilon_spent"] <= 1.0
+    assert sum("histogram" in e["release"] for e in led.bounds["releases"]) == 1
+    assert s["epsilon_spent"] <= 2.0
+    assert "user_profile" in json.loads((tmp_path / "m" / "model.json").read_text())
+
+
+def test_leaner_candidates_never_replace_the_default():
+    """At the candidates' fraction of epsilon leaner models score better than they will when released."""
+    d = {"rank": 8, "iters": 7}
+    assert _leaner({"rank": 4, "iters": 7}, d) and _leaner({"iters": 0}, d) and _leaner({"rank": 8, "iters": 3}, d)
+    assert not _leaner({"rank": 16, "iters": 7}, d) and not _leaner({"rank": 8, "iters": 9}, d)
+    assert not _leaner({"user_intercept": True}, {"user_intercept": False})
