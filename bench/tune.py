@@ -53,14 +53,15 @@ def main(argv=None):
 
     tmp = tempfile.mkdtemp(prefix="streamdp-bench-tune-")
     try:
-        print("store | eps | seed | default RMSE | tuned RMSE | tuned - default | tuned eps spent | chosen | seconds d/t")
+        print("store | eps | seed | default RMSE | tuned RMSE | tuned - default | tuned eps spent | released model's eps "
+              "| chosen | seconds d/t")
         for name in a.stores.split(","):
             st = open_bench_store(tmp, name)
             if st is None:
                 continue
             delta = default_delta(st.n_users)
             for eps in [float(x) for x in a.epsilons.split(",")]:
-                diffs = []
+                diffs, defaults, tuned = [], [], []
                 for seed in [int(x) for x in a.seeds.split(",")]:
                     t0 = time.perf_counter()
                     d = train(st, method=a.method, out=f"{tmp}/d", epsilon=eps, delta=delta, seed=seed, force=True)
@@ -68,12 +69,18 @@ def main(argv=None):
                     t = tune(st, method=a.method, out=f"{tmp}/t", epsilon=eps, delta=delta, seed=seed, force=True)
                     t2 = time.perf_counter()
                     tu = t["tuning"]
-                    chosen = config_name(tu["chosen"]) + (" (no choice: too few users)" if tu.get("skipped") else "")
+                    chosen = config_name(tu["chosen"]) + (f" (no choice: {tu['skipped']})" if tu.get("skipped") else "")
                     diffs.append(t["test_rmse"] - d["test_rmse"])
+                    defaults.append(d["test_rmse"])
+                    tuned.append(t["test_rmse"])
                     print(f"{name} | {eps:g} | {seed} | {d['test_rmse']:.4f} | {t['test_rmse']:.4f} | "
-                          f"{diffs[-1]:+.4f} | {t['epsilon_spent']:.4f} | {chosen} | {t1 - t0:.0f}/{t2 - t1:.0f}",
+                          f"{diffs[-1]:+.4f} | {t['epsilon_spent']:.4f} | {tu.get('final_epsilon', eps):.4f} | "
+                          f"{chosen} | {t1 - t0:.0f}/{t2 - t1:.0f}",
                           flush=True)
-                print(f"{name} | {eps:g} | median tuned - default {statistics.median(diffs):+.4f}", flush=True)
+                spread = statistics.stdev(defaults) if len(defaults) > 1 else float("nan")
+                print(f"{name} | {eps:g} | median default {statistics.median(defaults):.4f}, tuned "
+                      f"{statistics.median(tuned):.4f}; median tuned - default {statistics.median(diffs):+.4f}; "
+                      f"run-to-run std of the default over seeds {spread:.4f}", flush=True)
             shutil.rmtree(st.path, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
