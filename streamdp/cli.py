@@ -365,8 +365,8 @@ def format_train_summary(summary: dict) -> str:
 @click.option("--out", required=True, help="Model directory to write (atomically): the chosen configuration.")
 @click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2,...",
               help="Values to try for rank or one of the method's options (repeatable; the grid is their product). "
-                   "Default: als/irls rank=4,8 (iters, unless given, is the public default: no released "
-                   "histogram); means user_intercept=false,true.")
+                   "Default: als/irls rank=4,8 (iters, unless given, from one released histogram of ratings per "
+                   "user, as train sets it); means user_intercept=false,true.")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
@@ -382,8 +382,9 @@ def tune(store, epsilon, method, out, grid, delta, seed, workers, memory_limit, 
 
     Every configuration of the grid is trained privately on each user's training
     ratings minus up to 2 held out; their validation losses are released with
-    Gaussian noise; the default configuration is kept unless another beats it by 3
-    noise standard deviations; the chosen one is trained on all training ratings.
+    Gaussian noise; the default configuration is kept unless another, not leaner,
+    beats it by 3 noise standard deviations; the chosen one is trained on all
+    training ratings.
     All of it is composed in one ledger within --epsilon and charged to the store's
     budget (see docs/tune.md). On a store too small for the noisy losses to tell
     configurations apart, nothing is tuned and the default gets the whole epsilon.
