@@ -1,12 +1,12 @@
 """Private hyperparameter tuning: ``streamdp tune``, the library side.
 
 ``tune(STORE, epsilon=E, method="als", grid={"rank": [4, 8], "iters": [0, 5]})``
-trains every configuration of the grid privately on each user's training ratings
-minus a few held out, scores them on the held-out ratings with one noisy release,
-picks one, trains the picked configuration on every training rating and writes
-it: all of it in ONE ledger whose PLD epsilon at the run's delta is at most ``E``,
-reserved in the store's budget as ``train``'s releases are
-(:func:`streamdp.methods.release`).
+trains every configuration of the grid privately on a Poisson sample of the users
+(each user's training ratings minus a few held out), scores them on every user's
+held-out ratings with one noisy release, picks one, trains the picked configuration
+on every training rating and writes it: all of it in ONE ledger whose PLD epsilon at
+the run's delta is at most ``E``, the whole ``E`` reserved in the store's budget
+before any candidate reads a rating.
 
 The choice: report-noisy-min with a margin, not random stopping
 ---------------------------------------------------------------
@@ -30,26 +30,60 @@ trained at the per-run epsilon, where here the released model gets most of the b
 (below), and on a grid of 2-6 points its random number of runs (mean well above
 ``m`` to try each point) costs more than ``m`` fixed runs composed by PLD.
 
-Budget split (shares of the squared epsilon scale: Gaussian releases compose by
-``sum 1 / z^2``)
---------------------------------------------------------------------------------
-* :data:`FINAL_SHARE` = 0.85 for the released model: it is trained at about
-  ``E sqrt(0.85) = 0.92 E`` (a little less measured: PLD composes a little worse than
-  the squares suggest);
-* :data:`SELECT_SHARE` = 0.03 for the noisy losses;
-* the remaining 0.12 for the ``m`` candidates, each at about ``E sqrt(0.12 / m)``.
+Budget: subsampled candidates, a small share for the losses, the rest for the model
+------------------------------------------------------------------------------------
+* Each candidate is planned at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` (0.12: the
+  noise it would have on every user) and trained on a Poisson sample of the users at
+  rate :data:`SAMPLE_RATE` = 0.2 (:class:`_Sampled`: each user in or out by a keyed
+  hash of the run's secret key and the user's index, :func:`sampled_users`; an
+  unsampled user has no ratings in the candidates' view). Its releases are all
+  Gaussian and compose, adaptively, to exactly one Gaussian of multiplier
+  ``(sum 1/z_i^2)^-1/2`` (:func:`gaussian_equivalent`), and that one Gaussian run on a
+  Poisson sample is dp-accounting's ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``,
+  composed by the same PLD accountant as the rest (add/remove one user; the
+  subsampled PLD of a mechanism dominated by a Gaussian pair is dominated by the
+  subsampled Gaussian's, Zhu, Dong & Wang 2022). Amplification makes the candidates
+  cheap: with m = 2, delta 1e-6 and the losses below, the released model's epsilon is
+  0.9860 E with no candidates, 0.9852 / 0.9828 / 0.9787 E with them sampled at rate
+  0.1 / 0.2 / 0.3, and 0.9042 E unsampled (E = 1; 0.9855 / 0.9846 / 0.9821 / 0.9778 /
+  0.9009 at E = 2). 0.2: a candidate's signal grows with the rate, its cost (0.3% of
+  ``E``) stays below the losses'.
+* :data:`SELECT_SHARE` = 0.02 of the squared epsilon scale for the noisy losses (1.4%
+  of ``E``).
+* The released model gets the rest: ``tuning.final_epsilon`` is 0.977 E on the
+  generated stores of bench/tune.py at E = 1 and 2 (it also leaves out the histogram
+  of ratings per user, which ``train`` pays too; 0.89 E in the first version, which
+  ran the candidates on every user at 12% of the squared scale).
 
-The split is a trade: every share the choice takes is budget the released model does
-not get (measured on a generated 20,000-user store at epsilon 2, the default
-configuration itself at 0.83 E lost 0.025 test RMSE against the default at E), and a
-candidate at a fraction of E sees its configuration at a worse signal-to-noise ratio
-than the released model will (so the choice leans to configurations that need less
-budget: see :func:`_leaner`, which keeps the choice from following that lean).
-0.75 / 0.05 / 0.20 and 0.8 / 0.04 / 0.16 were tried first (docs/tune.md).
+Measured with ``bench/tune.py`` (docs/tune.md has the table): where the default is
+already the best configuration the tuned model is the default at ``0.977 E``, and with
+the same seed (the released model draws its noise as ``train`` does) tuned minus
+default is +0.002 test RMSE on the generated stores against a run-to-run standard
+deviation of 0.004-0.005 over seeds; the first version (candidates on every user,
+0.89 E) cost +0.011 to +0.024. Why not further: the losses' share is now the larger
+part of what tuning costs, and halving it (0.01) would save about 0.001 RMSE
+while raising their noise by ``sqrt 2``, which moves the "too few users" threshold
+below (to about 1.4 times as many users) and weakens the choice that is the point.
 
-The candidates and the losses are planned first; the released model's epsilon is then
-calibrated (:func:`streamdp.privacy.calibrate`) so that everything composed is the
-largest PLD epsilon not above ``E``. When the losses' noise would swamp a difference
+What sampling costs the choice: a candidate sees ``q`` of the users at the noise of
+the nominal share, so its statistics have ``1/q`` the signal-to-noise ratio the same
+candidate on every user would have. The choice still separates configurations that
+differ clearly (the ``means`` test: users' intercepts or not, 17 noise stds apart at
+E = 2 on 3,000 users), and leaner candidates, which that lower ratio favours, never
+replace the default (:func:`_leaner`). The losses are summed over every user, not
+only the sampled ones: a user's loss term reads their own held-out and remaining
+ratings and the candidate models; given the models, adding or removing a user
+changes the sum by at most ``h^2`` per candidate whether or not they were sampled,
+so the loss release is a Gaussian of sensitivity ``h^2 sqrt(m)`` composed adaptively
+after the subsampled candidates. Every user's held-out ratings are out of every
+candidate's training data (the held-out split is made before the sample), so the
+unsampled users add validation signal at no privacy cost.
+
+The candidates and the losses are planned first; the released model's noise is then
+calibrated (:func:`streamdp.privacy.calibrate`) as one Gaussian of multiplier ``z_f``
+such that everything composed is the largest PLD epsilon not above ``E``; every final
+configuration is planned at the epsilon of that Gaussian, and taken only when its
+releases compose to a Gaussian of multiplier at least ``z_f`` (:func:`_calibrated`). When the losses' noise would swamp a difference
 of 5% of ``h^2`` per user (``MARGIN`` noise stds above ``0.05 h^2 n_users``: public
 quantities only, the rule of ``--select auto``) nothing is tuned: the default
 configuration is trained at the whole ``E`` and the output says so (on ML-100K and
@@ -71,17 +105,31 @@ release here is Gaussian, and every possible final configuration is calibrated t
 same total, so each is (up to the calibration's within-budget tolerance) dominated by
 the same Gaussian, and the adaptive composition is that of fixed Gaussians (Dong, Roth
 & Su, Gaussian DP, adaptive composition). That is why ``mechanism`` cannot be a grid
-key and tuning runs are Gaussian. The ledger lists the candidates' releases, the
-losses and the final model's releases, composed by dp-accounting's PLD accountant;
-the budget entry is reserved before the final model is trained, after the budget was
-checked (not reserved) before the candidates ran: until the reservation nothing has
-left the process.
+key and tuning runs are Gaussian. The ledger lists the candidates' (subsampled)
+events, the losses and the final model's releases, composed by dp-accounting's PLD
+accountant.
+
+Reservation
+-----------
+The whole ``E`` is reserved in the store's budget once the candidates are planned and
+before any of them reads a rating (before that, a store whose budget cannot take ``E``
+is refused before any pass, even the histogram's): a concurrent ``train`` cannot take
+the budget while the candidates run. The choice is not known then, so the reserved
+entry lists the histogram, the candidates and the losses as the ledger does, and the
+released model as the one Gaussian of multiplier ``z_f`` (an envelope: whichever
+configuration is chosen, its releases compose to a Gaussian of no smaller multiplier,
+so the budget counts at least what the model's ledger composes, and at most ``E``).
+A failure or Ctrl-C before the model is in place marks the reservation failed, as
+``train``'s (:func:`streamdp.methods.release`): the candidates and the losses never
+leave the process. The paths that tune nothing (one configuration, too few users)
+reserve exactly as ``train`` does.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 
 import numpy as np
@@ -90,14 +138,16 @@ from streamdp.errors import BudgetExceededError, Interrupted, ParameterError
 from streamdp.methods.base import Method, Plan
 from streamdp.storage.store import Block, RatingStore
 
-__all__ = ["tune", "parse_grid", "default_grid", "SUPPORTED", "FINAL_SHARE", "SELECT_SHARE"]
+__all__ = ["tune", "parse_grid", "default_grid", "SUPPORTED", "SELECT_SHARE", "SAMPLE_RATE", "CANDIDATE_NOMINAL_SHARE"]
 
 #: Methods ``tune`` supports (their releases are all Gaussian and listed in their plans).
 SUPPORTED = ("als", "irls", "means")
-#: Shares of the squared epsilon scale (see the module docstring).
-FINAL_SHARE = 0.85
-SELECT_SHARE = 0.03
-CANDIDATES_SHARE = 1.0 - FINAL_SHARE - SELECT_SHARE
+#: Share of the squared epsilon scale the noisy losses get (see the module docstring).
+SELECT_SHARE = 0.02
+#: Each candidate's noise is what it would be at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` on every user; run on a
+#: Poisson sample of users at :data:`SAMPLE_RATE`, all ``m`` together cost well under 1% of ``E`` (subsampling).
+CANDIDATE_NOMINAL_SHARE = 0.12
+SAMPLE_RATE = 0.2
 #: Grid keys that cannot be tuned: run plumbing, or (mechanism) what the adaptive choice's argument needs fixed.
 _FORBIDDEN = {"checkpoint": "a run directory, not a hyperparameter", "select": "tune makes the choice itself",
               "mechanism": "tuning runs are Gaussian (the adaptive choice of the released model needs it)"}
@@ -246,6 +296,70 @@ class _HeldOut(RatingStore):
         return Block(blk.first_user, ip, it, r)
 
 
+def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
+    """Which of users ``first_user .. first_user + n - 1`` are in the candidates' Poisson sample (rate ``q``).
+
+    Each user independently with probability ``q``: a keyed splitmix64 hash of the run's key and the
+    user's global index (as :func:`streamdp.methods._selection.holdout` keys its choices), so the
+    sample depends on no rating and is the same in every pass.
+    """
+    from streamdp.methods._selection import _MIX, _mix
+
+    users = np.arange(first_user, first_user + n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = _mix((np.uint64(key) * _MIX) ^ _mix(users * _MIX + np.uint64(0x5A3D)))
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < q
+
+
+class _Sampled(_HeldOut):
+    """The candidates' view: the held-out view of the Poisson-sampled users only (the others have no ratings).
+
+    ``expected_users`` (``q n_users``, public) is what a method divides by where it averages over users
+    (:meth:`streamdp.methods.als._AlsBase._solve_items`' shared Gramian): not the sample's size, which
+    would depend on whether a given user was sampled.
+    """
+
+    def __init__(self, store: RatingStore, key: int, q: float):  # noqa: D107 - a view of an opened store
+        super().__init__(store, key)
+        self._sample_q = float(q)
+        self.expected_users = max(float(q) * store.n_users, 1.0)
+
+    def read_block(self, b: int, split: str = "train") -> Block:
+        blk = super().read_block(b, split)
+        if split != "train":
+            return blk
+        keep = sampled_users(blk.first_user, blk.n_users, self._holdout_key, self._sample_q)
+        lens = np.diff(blk.indptr)
+        mask = np.repeat(keep, lens)
+        ip = np.zeros(blk.n_users + 1, dtype=blk.indptr.dtype)
+        np.cumsum(np.where(keep, lens, 0), out=ip[1:])
+        return Block(blk.first_user, ip, blk.items[mask], blk.ratings[mask])
+
+
+def gaussian_equivalent(event) -> float:
+    """The noise multiplier of the one Gaussian that ``event`` (Gaussian releases only, composed) is.
+
+    The privacy loss of a Gaussian release of multiplier ``z`` is N(1/(2z^2), 1/z^2); adaptive
+    compositions add them, so the composition is exactly the Gaussian with ``1/z^2 = sum 1/z_i^2``
+    (Dong, Roth & Su, Gaussian DP). dp-accounting subsamples only a single Gaussian event.
+    """
+    from dp_accounting import dp_event as E
+
+    def inv_sq(e):
+        if isinstance(e, E.GaussianDpEvent):
+            return math.inf if e.noise_multiplier == 0 else 1.0 / e.noise_multiplier ** 2
+        if isinstance(e, E.SelfComposedDpEvent):
+            return e.count * inv_sq(e.event)
+        if isinstance(e, E.ComposedDpEvent):
+            return math.fsum(inv_sq(x) for x in e.events)
+        if isinstance(e, E.NoOpDpEvent):
+            return 0.0
+        raise ParameterError(f"tune: a candidate's release is not Gaussian ({type(e).__name__})")
+
+    s = inv_sq(event)
+    return math.inf if s == 0 else 1.0 / math.sqrt(s)
+
+
 class _Tuned(Method):
     """The released model of a tuning run: the chosen configuration's fit, with the whole run's ledger."""
 
@@ -334,7 +448,10 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     from streamdp.methods._selection import MARGIN, choose
     from streamdp.methods.als import SELECT_USEFUL
     from streamdp.model import check_model_destination
-    from streamdp.privacy import calibrate_gaussian, check_privacy_params
+    from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+
+    from streamdp.privacy import (calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of,
+                                  gaussian_event)
     from streamdp.privacy.accountant import check_calibratable
     from streamdp.privacy.budget import StoreBudget
     from streamdp.storage.store import open_store
@@ -374,6 +491,16 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         if m.rank > st.n_items:
             raise ParameterError(f"--grid: {config_name(c)}: rank {m.rank} exceeds the number of items "
                                  f"({st.n_items})")
+    # a store whose budget cannot take E is refused before any pass over its ratings (the whole E is reserved
+    # once the candidates are planned, before they run; the default-only paths reserve as train does)
+    z_e = calibrate_gaussian(epsilon, delta)  # the whole E as one Gaussian
+    pv = StoreBudget(st.path).preview([_Tuned(_Envelope(cls, epsilon, delta, seed, z_e), [], [], [], {},
+                                              epsilon).planned_ledger(st)])
+    if not pv["within_budget"] and not over_budget:
+        raise BudgetExceededError(f"{st.path}: tuning {method} (epsilon={epsilon:.4g}, delta={delta:.3g}) would take "
+                                  f"the store's spend from epsilon={pv['before']['epsilon']:.4g} to "
+                                  f"{pv['after']['epsilon']:.4g}, past its budget epsilon="
+                                  f"{pv['budget']['epsilon']:.4g}; pass --over-budget to release it anyway")
     dflt = _default_config(cls, st, epsilon, delta, grid)
     default = configs.index(dflt) if dflt in configs else None
     m_c = len(configs)
@@ -384,7 +511,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     tuning = {"method": method, "grid": {k: list(v) for k, v in grid.items()},
               "candidates": [{"config": c} for c in configs],
               "default": dflt if default is not None else None, "rule": None,
-              "split": {"final": FINAL_SHARE, "selection": SELECT_SHARE, "candidates": CANDIDATES_SHARE}}
+              "split": {"selection": SELECT_SHARE, "candidate_nominal": CANDIDATE_NOMINAL_SHARE,
+                        "sample_rate": SAMPLE_RATE}}
     skip = None
     if m_c == 1:
         skip = "the grid has one configuration: nothing to choose"
@@ -408,9 +536,12 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         from streamdp.methods._profile import user_profile
         from streamdp.methods.als import default_settings
 
+        from streamdp.methods.als import _PROFILE, RNG_KEY
+
+        # train's own draw for a seeded run (the same seed gives the same histogram, as for the released model)
         profile = user_profile(st, "gaussian", epsilon, delta, np.random.default_rng(
-            np.random.SeedSequence([int(seed), _SELECT_RNG, 5]) if seed is not None else None))
-        e_nominal = epsilon * math.sqrt(FINAL_SHARE)
+            np.random.SeedSequence(seed, spawn_key=(RNG_KEY, _PROFILE)) if seed is not None else None))
+        e_nominal = epsilon * math.sqrt(1.0 - SELECT_SHARE)  # the released model's, about (the candidates: < 1%)
         base_rank = cls(epsilon=epsilon, delta=delta).rank
 
         def with_iters(c):
@@ -448,66 +579,105 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
                         workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
                         evaluate_test=evaluate_test)
 
-    # -- the candidates: planned at their share, trained on the held-out view ---------------------------------
+    # -- the candidates: planned at their nominal share, run on a Poisson sample of the held-out view ----------
     key = (_child_seed(seed, _SELECT_RNG, 1) if seed is not None
            else int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1)))
-    view = _HeldOut(st, key)
-    e_c = epsilon * math.sqrt(CANDIDATES_SHARE / m_c)
+    view = _Sampled(st, key, SAMPLE_RATE)
+    e_c = epsilon * math.sqrt(CANDIDATE_NOMINAL_SHARE / m_c)
     cands = [cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off", **c)
              for i, c in enumerate(configs)]
-    prefix_events, prefix_entries = list(pre_events), list(pre_entries)
-    for i, (c, m) in enumerate(zip(configs, cands)):
-        p = m.plan(view)
-        prefix_events += list(p.events)
-        prefix_entries += [{**e, "release": f"tune candidate {i + 1} ({config_name(c)}): {e['release']}"}
-                           for e in p.entries]
+    plans = [m.plan(view) for m in cands]
+    z_cands = [gaussian_equivalent(compose(list(p.events))) for p in plans]
+    # every candidate accounted at the smallest of their equivalent multipliers (they differ by the calibration's
+    # tolerance only): the m events are then one subsampled PLD self-composed, m times cheaper to calibrate against
+    z_c = min(z_cands)
+    sampled = PoissonSampledDpEvent(SAMPLE_RATE, GaussianDpEvent(z_c))
+    prefix_events = list(pre_events) + [sampled] * m_c
+    prefix_entries = list(pre_entries)
+    for i, (c, p) in enumerate(zip(configs, plans)):
+        prefix_entries.append({
+            "release": (f"tune candidate {i + 1} ({config_name(c)}): its {len(p.entries)} releases, trained on a "
+                        f"Poisson sample of users (rate {SAMPLE_RATE:g}, keyed by the run's secret), composed as "
+                        f"the one Gaussian they are (noise multiplier {z_cands[i]:.6g}; accounted at the "
+                        f"candidates' smallest, {z_c:.6g}) and subsampled; never written"),
+            "mechanism": "gaussian", "sampling_probability": SAMPLE_RATE, "noise_multiplier": z_c,
+            "count": 1, "releases": [dict(e) for e in p.entries]})
     prefix_events.append(sel.event())
     prefix_entries.append(sel.entry())
 
-    def final_for(c, i):
-        return _calibrated(cls, c, prefix_events, epsilon, delta, seed, st)
-
-    # the budget is checked before anything is computed (reserved once the configuration is known)
-    probe = _Tuned(final_for(configs[default if default is not None else 0], 0), prefix_events, prefix_entries,
-                   [], tuning, epsilon)
+    # the released model's envelope: the one Gaussian every final configuration is calibrated under
+    rest = list(pre_events) + [sel.event()]  # Gaussian: with the candidates unsampled, the total is a Gaussian
+    room = 1.0 / z_e ** 2 - m_c / z_c ** 2 - gaussian_equivalent(compose(rest)) ** -2
+    bracket = dict(lower=z_e, upper=1.01 / math.sqrt(room)) if room > 0 else {}
+    z_f = calibrate(lambda z: compose(rest + [SelfComposedDpEvent(sampled, m_c), gaussian_event(z)]), epsilon,
+                    delta, **bracket)
+    for _ in range(100):  # the ledger lists the candidates one by one: its composition is the one that counts
+        if epsilon_of(compose(prefix_events + [gaussian_event(z_f)]), delta).epsilon <= epsilon:
+            break
+        z_f *= 1.0001
+    # the whole E is reserved before any candidate reads a rating: the envelope stands for the released model
+    # (every configuration's releases compose to a Gaussian of multiplier >= z_f: dominated, _calibrated)
+    envelope = _Tuned(_Envelope(cls, epsilon, delta, seed, z_f), prefix_events, prefix_entries, [], tuning,
+                      epsilon)
     budget = StoreBudget(st.path)
-    pv = budget.preview([probe.planned_ledger(st)])
-    if not pv["within_budget"] and not over_budget:
-        raise BudgetExceededError(f"{st.path}: tuning {method} (epsilon={epsilon:.4g}, delta={delta:.3g}) would take "
-                                  f"the store's spend from epsilon={pv['before']['epsilon']:.4g} to "
-                                  f"{pv['after']['epsilon']:.4g}, past its budget epsilon="
-                                  f"{pv['budget']['epsilon']:.4g}; pass --over-budget to release it anyway")
+    entry = budget.reserve(envelope.planned_ledger(st), over_budget=over_budget, model=os.path.abspath(str(out)))
     try:
         fitted = []
         for m in cands:
             with Engine(view, workers=workers, memory_limit=memory_limit, state_bytes=m.state_bytes(view)) as eng:
                 fitted.append(m.fit(view, eng))
         losses = _losses(st, fitted, key, workers, memory_limit)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted while the candidates were trained: nothing was released and nothing "
-                          "was charged to the budget") from None
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), _SELECT_RNG, 4]) if seed is not None else None)
-    noisy = sel.add(losses, rng)
-    allowed = np.array([default is None or not _leaner(c, configs[default]) for c in configs])
-    chosen = (choose(np.where(allowed, noisy, np.inf), default, std) if default is not None
-              else int(np.argmin(noisy)))
-    final = final_for(configs[chosen], chosen)
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), _SELECT_RNG, 4]) if seed is not None
+                                    else None)
+        noisy = sel.add(losses, rng)
+        allowed = np.array([default is None or not _leaner(c, configs[default]) for c in configs])
+        chosen = (choose(np.where(allowed, noisy, np.inf), default, std) if default is not None
+                  else int(np.argmin(noisy)))
+        final = _calibrated(cls, configs[chosen], prefix_events, epsilon, delta, seed, st, z_f=z_f)
+    except BaseException as exc:
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc.__class__.__name__}: {exc}"
+        budget.fail(entry, f"{why} while the candidates were trained (nothing left the process)")
+        if isinstance(exc, KeyboardInterrupt):
+            raise Interrupted(f"interrupted while the candidates were trained: nothing was released; the budget "
+                              f"reservation {entry} in {budget.path} was marked failed") from None
+        raise
     for i, c in enumerate(tuning["candidates"]):
         c["epsilon"] = e_c
+        c["noise_multiplier"] = z_cands[i]
+        c["accounted_noise_multiplier"] = z_c
         c["noisy_loss"] = float(noisy[i])
         c["noisy_mean_loss"] = float(noisy[i]) / max(st.n_users, 1)
     tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=e_c,
-                  final_epsilon=final.epsilon,
+                  sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=z_f,
                   rule=(f"default unless another, not leaner (rank, iters), is lower by {MARGIN:g} noise stds"
                         if default is not None
                         else "noisy argmin (the grid has no default configuration)"))
     note = (f"tuned privately over {m_c} configurations of {method} ({', '.join(config_name(c) for c in configs)}): "
-            f"chosen {config_name(configs[chosen])}; the candidates (epsilon {e_c:.4g} each, never released) and "
-            f"their noisy validation losses are composed in this ledger with the released model (epsilon "
-            f"{final.epsilon:.4g})")
+            f"chosen {config_name(configs[chosen])}; the candidates (each at the noise of epsilon {e_c:.4g}, on a "
+            f"Poisson sample of users at rate {SAMPLE_RATE:g}, never released) and their noisy validation losses "
+            f"are composed in this ledger with the released model (epsilon {final.epsilon:.4g}); the store's "
+            f"budget entry counts the released model as one Gaussian of noise multiplier {z_f:.6g}, which "
+            f"dominates its releases")
     wrapper = _Tuned(final, prefix_events, prefix_entries, [note], tuning, epsilon)
     return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed, workers=workers,
-                    memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate_test)
+                    memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate_test,
+                    entry=entry)
+
+
+class _Envelope(Method):
+    """The released model as the budget reserves it before the choice: one Gaussian of multiplier ``z_f``."""
+
+    def __init__(self, cls, epsilon, delta, seed, z_f):  # noqa: D107
+        self.name, self.guarantee = cls.name, cls.guarantee
+        self.epsilon, self.delta, self.seed, self.rank, self.options = epsilon, delta, seed, 0, {}
+        self.z_f = float(z_f)
+
+    def _plan(self, store) -> Plan:
+        from streamdp.privacy import gaussian_event
+
+        return Plan(events=[gaussian_event(self.z_f)], entries=[{
+            "release": "the chosen configuration's releases, reserved as the one Gaussian that dominates them",
+            "mechanism": "gaussian", "noise_multiplier": self.z_f, "count": 1}], params={})
 
 
 def _selection_release(h: float, m: int, noise_multiplier: float):
@@ -520,28 +690,32 @@ def _selection_release(h: float, m: int, noise_multiplier: float):
                    "gaussian", loss_sensitivity(h, m, "l2"), noise_multiplier, shape=(m,))
 
 
-def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st):
-    """``cls`` with ``config`` at the largest epsilon that, composed with ``prefix_events``, stays within ``epsilon``."""
+def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, z_f: float | None = None):
+    """``cls`` with ``config`` at the largest epsilon that, composed with ``prefix_events``, stays within ``epsilon``
+    and whose releases compose to a Gaussian of multiplier at least ``z_f`` (the reserved envelope)."""
     from streamdp.privacy import calibrate, compose, epsilon_of, gaussian_event
 
     e = epsilon
     if prefix_events:
-        z_f = calibrate(lambda z: compose(prefix_events + [gaussian_event(z)]), epsilon, delta)
+        if z_f is None:
+            z_f = calibrate(lambda z: compose(prefix_events + [gaussian_event(z)]), epsilon, delta)
         e = epsilon_of(gaussian_event(z_f), delta).epsilon
     for _ in range(50):
-        f = cls(epsilon=e, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 3), **config)
-        if epsilon_of(compose(list(prefix_events) + list(f.plan(st).events)), delta).epsilon <= epsilon:
+        f = cls(epsilon=e, delta=delta, seed=seed, **config)  # train's seed: the candidates' are children of it
+        ev = list(f.plan(st).events)
+        if (epsilon_of(compose(list(prefix_events) + ev), delta).epsilon <= epsilon
+                and (z_f is None or gaussian_equivalent(compose(ev)) >= z_f)):
             return f
         e *= 0.999  # the PLD grids of one Gaussian and of its parts differ by a hair
     raise ParameterError("tune: the released model could not be calibrated within --epsilon")  # pragma: no cover
 
 
 def _release(st, wrapper, final, out, tuning, t0, *, epsilon, delta, seed, workers, memory_limit, over_budget,
-             force, evaluate_test) -> dict:
+             force, evaluate_test, entry: str | None = None) -> dict:
     from streamdp.methods import _summary, release
 
     fitted, seconds, stale = release(st, wrapper, out, workers=workers, memory_limit=memory_limit,
-                                     over_budget=over_budget, force=force)
+                                     over_budget=over_budget, force=force, entry=entry)
     try:
         summary = _summary(st, final, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
                            evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit)
