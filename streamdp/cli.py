@@ -380,13 +380,15 @@ def format_train_summary(summary: dict) -> str:
 def tune(store, epsilon, method, out, grid, delta, seed, workers, memory_limit, over_budget, force, as_json):
     """Choose a method's configuration privately on STORE, train it and write it to --out.
 
-    Every configuration of the grid is trained privately on each user's training
-    ratings minus up to 2 held out; their validation losses are released with
+    Every configuration of the grid is trained privately on a Poisson sample of the
+    users (20%, which makes the candidates cheap: the released model keeps about 98%
+    of the epsilon), on each user's training ratings minus up to 2 held out; their
+    validation losses (every user's) are released with
     Gaussian noise; the default configuration is kept unless another, not leaner,
     beats it by 3 noise standard deviations; the chosen one is trained on all
     training ratings.
-    All of it is composed in one ledger within --epsilon and charged to the store's
-    budget (see docs/tune.md). On a store too small for the noisy losses to tell
+    All of it is composed in one ledger within --epsilon and reserved in the store's
+    budget before the candidates run (see docs/tune.md). On a store too small for the noisy losses to tell
     configurations apart, nothing is tuned and the default gets the whole epsilon.
     """
     from streamdp.api import tune as tune_model
@@ -407,7 +409,8 @@ def format_tune_summary(summary: dict) -> str:
         lines.append(f"tune: no choice made ({t['skipped']}); trained {config_name(t['chosen'])} at the whole "
                      f"epsilon")
     else:
-        lines.append(f"tune: {len(t['candidates'])} candidates at epsilon {t['candidate_epsilon']:.4g} each, noisy "
+        lines.append(f"tune: {len(t['candidates'])} candidates at the noise of epsilon {t['candidate_epsilon']:.4g} "
+                     f"each on a Poisson sample of {t['sample_rate']:.0%} of the users, noisy "
                      f"validation losses (std {t['selection_noise_std']:.4g}; per user in brackets):")
         for c in t["candidates"]:
             mark = "  <- chosen" if c["config"] == t["chosen"] else ""
