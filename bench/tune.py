@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/tune.py                       # ML-100K, FilmTrust, two generated stores; E = 1, 2; seeds 0, 1
+    python bench/tune.py                       # ML-100K, FilmTrust, two generated stores; E = 1, 2; seeds 0-3
     python bench/tune.py --epsilons 1 --seeds 0 --stores G1
 
 For each store, epsilon and seed: ``streamdp.tune.tune`` (default grid of ``als``) and
@@ -44,7 +44,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--stores", default="ML-100K,FilmTrust,G1,G2")
     ap.add_argument("--epsilons", default="1,2")
-    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--seeds", default="0,1,2,3")
     ap.add_argument("--method", default="als")
     a = ap.parse_args(argv)
     from streamdp.api import default_delta
