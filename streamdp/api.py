@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 
-__all__ = ["train", "generate", "default_delta"]
+__all__ = ["train", "tune", "generate", "default_delta"]
 
 
 def default_delta(n_users: int) -> float:
@@ -78,6 +78,40 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
         summary = train_model(st, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                               workers=workers, scheduler=scheduler, memory_limit=memory_limit,
                               over_budget=over_budget, force=force, evaluate_test=evaluate, **options)
+        model = load_model(out)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if tmp is not None:
+        model.path = "(in memory)"
+        summary["out"] = None
+    model.summary = summary
+    return model
+
+
+def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, grid=None, delta: float | None = None,
+         seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
+         force: bool = False, evaluate: bool = True):
+    """Choose ``method``'s configuration privately and return the released model (``streamdp tune``).
+
+    Exactly what ``streamdp tune`` runs (:func:`streamdp.tune.tune`): the grid's
+    candidates, their noisy validation losses and the chosen configuration's release
+    are composed in one ledger within ``epsilon`` and charged to the store's budget.
+    ``grid`` is ``{"rank": [4, 8], "iters": [0, 5]}`` or ``["rank=4,8", ...]`` (``None``:
+    the method's default grid). ``out=None`` works as for :func:`train`.
+    ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice.
+    """
+    from streamdp.model import load_model
+    from streamdp.tune import tune as run_tune
+
+    tmp = None
+    if out is None:
+        tmp = tempfile.mkdtemp(prefix="streamdp-model-")
+        out = os.path.join(tmp, "model")
+    try:
+        summary = run_tune(store, epsilon=epsilon, method=method, out=out, grid=grid, delta=delta, seed=seed,
+                           workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
+                           evaluate_test=evaluate)
         model = load_model(out)
     finally:
         if tmp is not None:

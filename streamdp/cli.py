@@ -421,6 +421,72 @@ def format_train_summary(summary: dict) -> str:
 
 @main.command()
 @click.argument("store")
+@click.option("--epsilon", type=float, required=True, help="User-level epsilon of the whole run: the candidates, "
+              "their noisy validation losses and the released model, composed in one ledger.")
+@click.option("--method", default="als", show_default=True, help="Method to tune: als, irls or means.")
+@click.option("--out", required=True, help="Model directory to write (atomically): the chosen configuration.")
+@click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2,...",
+              help="Values to try for rank or one of the method's options (repeatable; the grid is their product). "
+                   "Default: als/irls rank=4,8 (iters, unless given, from one released histogram of ratings per "
+                   "user, as train sets it); means user_intercept=false,true.")
+@click.option("--delta", type=float, default=None,
+              help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
+@click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
+@click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores).")
+@memory_limit_option
+@click.option("--over-budget", is_flag=True, help="Tune even if the store's privacy budget would be exceeded "
+              "(recorded).")
+@click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
+              "an error).")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
+def tune(store, epsilon, method, out, grid, delta, seed, workers, memory_limit, over_budget, force, as_json):
+    """Choose a method's configuration privately on STORE, train it and write it to --out.
+
+    Every configuration of the grid is trained privately on a Poisson sample of the
+    users (20%, which makes the candidates cheap: the released model keeps about 98%
+    of the epsilon), on each user's training ratings minus up to 2 held out; their
+    validation losses (every user's) are released with
+    Gaussian noise; the default configuration is kept unless another, not leaner,
+    beats it by 3 noise standard deviations; the chosen one is trained on all
+    training ratings.
+    All of it is composed in one ledger within --epsilon and reserved in the store's
+    budget before the candidates run (see docs/tune.md). On a store too small for the noisy losses to tell
+    configurations apart, nothing is tuned and the default gets the whole epsilon.
+    """
+    from streamdp.api import tune as tune_model
+
+    summary = tune_model(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
+                         seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget,
+                         force=force).summary
+    _report(summary, as_json, format_tune_summary)
+
+
+def format_tune_summary(summary: dict) -> str:
+    """``train``'s lines, then each candidate's noisy loss and the configuration chosen."""
+    from streamdp.tune import config_name
+
+    t = summary["tuning"]
+    lines = [format_train_summary(summary)]
+    if t.get("skipped"):
+        lines.append(f"tune: no choice made ({t['skipped']}); trained {config_name(t['chosen'])} at the whole "
+                     f"epsilon")
+    else:
+        lines.append(f"tune: {len(t['candidates'])} candidates at the noise of epsilon {t['candidate_epsilon']:.4g} "
+                     f"each on a Poisson sample of {t['sample_rate']:.0%} of the users, noisy "
+                     f"validation losses (std {t['selection_noise_std']:.4g}; per user in brackets):")
+        for c in t["candidates"]:
+            mark = "  <- chosen" if c["config"] == t["chosen"] else ""
+            dflt = " (default)" if c["config"] == t["default"] else ""
+            lines.append(f"  {config_name(c['config'])}{dflt}: {c['noisy_loss']:.6g} "
+                         f"({c['noisy_mean_loss']:.4f}){mark}")
+        lines.append(f"tune: chose {config_name(t['chosen'])} ({t['rule']}); released model at epsilon "
+                     f"{t['final_epsilon']:.4g}; total epsilon {summary['epsilon_spent']:.4g} (target "
+                     f"{summary['epsilon']})")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("store")
 @click.option("--methods", default="oja,sgld,als", show_default=True, help="Comma-separated methods.")
 @click.option("--epsilons", default="0.1,0.5,1,2,5,10,inf", show_default=True,
               help="Comma-separated user-level epsilons; inf trains without noise.")

@@ -88,6 +88,10 @@ MODEL_JSON = {
     "selection.validation_losses": (NONPRIVATE, "exact validation losses (non-private runs only)"),
     "selection.item_ridges": (NONPRIVATE, "the item-side ridges tried and their exact validation losses "
                                           "(non-private runs only)"),
+    "tuning": (POST, "tune: the grid, the split of the budget and the configuration chosen on the candidates' "
+                     "noisy validation losses (streamdp.tune)"),
+    "tuning.candidates": (RELEASE, "tune: each candidate configuration, its epsilon and noisy validation loss "
+                                   "(ledger: 'tune: validation losses of the N candidate configurations')"),
     "user_profile": (RELEASE, "noisy histogram of training ratings per user (ledger: 'histogram of training "
                               "ratings per user'), its public bins and noise scale"),
     "mu_train": (NONPRIVATE, "exact mean training rating (non-private sgd/sgld only)"),

@@ -121,7 +121,7 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
 
 
 def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_limit=None, over_budget: bool = False,
-            force: bool = False, state: str | None = None):
+            force: bool = False, state: str | None = None, entry: str | None = None):
     """Reserve ``m``'s planned release in the store's budget, fit it, write it to ``out``: ``(fitted, seconds, stale)``.
 
     The one path from a method instance to a released model directory (``train``
@@ -130,7 +130,8 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     or ``failed`` when nothing was released: also when a block read does not match
     its recorded check or the store was replaced during the run
     (:meth:`~streamdp.storage.store.RatingStore.check_unchanged`, before the write). ``stale`` lists the run directories of
-    dead processes removed from ``STORE.state/`` first. Ctrl-C raises
+    dead processes removed from ``STORE.state/`` first. ``entry``: a reservation made already (``tune``
+    reserves its whole run before its candidates), used instead of a new one. Ctrl-C raises
     :class:`~streamdp.errors.Interrupted` saying what was released.
     """
     from streamdp.manifest import public_parameters
@@ -147,7 +148,8 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     t0 = time.perf_counter()
     planned = m.planned_ledger(st)
     budget = StoreBudget(st.path)
-    entry = budget.reserve(planned, over_budget=over_budget, model=os.path.abspath(out))
+    if entry is None:
+        entry = budget.reserve(planned, over_budget=over_budget, model=os.path.abspath(out))
     # a --checkpoint directory is the user's: its noisy iterates count as released from the first
     # checkpoint on, so the entry is never refunded (stage "writing" before the run; "stale", counted,
     # if the run then fails); only a private run directory keeps the proof that nothing left the process

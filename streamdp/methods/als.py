@@ -594,7 +594,8 @@ class _AlsBase(Method):
                     G = rel["gram"].add(G, g)
                 else:
                     A = rel["gram"].add(A, g)
-            theta = self._solve_items(s, B, A, G, Cw, keep, rel, store.n_users)
+            # a view of a Poisson sample of the users (tune's candidates) averages over its expected size
+            theta = self._solve_items(s, B, A, G, Cw, keep, rel, getattr(store, "expected_users", store.n_users))
             if s["fit_bias"]:
                 V, bias = theta[:, :k], np.where(keep, theta[:, k], bias)
             else:
@@ -919,7 +920,7 @@ class _AlsBase(Method):
             lam = lam + s["noise_ridge"] * sd * sd * D * D / (scale * scale)
         Gn = None
         if s["gramian"] == "shared":
-            Gn = _psd(G) / max(float(n_users), 1.0)  # n_users is public
+            Gn = _psd(G) / max(float(n_users), 1.0)  # n_users is public (or q n_users on a sample)
         theta = np.zeros((n, d))
         idx = np.flatnonzero(keep)
         eye = np.eye(d)

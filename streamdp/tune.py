@@ -1,0 +1,727 @@
+"""Private hyperparameter tuning: ``streamdp tune``, the library side.
+
+``tune(STORE, epsilon=E, method="als", grid={"rank": [4, 8], "iters": [0, 5]})``
+trains every configuration of the grid privately on a Poisson sample of the users
+(each user's training ratings minus a few held out), scores them on every user's
+held-out ratings with one noisy release, picks one, trains the picked configuration
+on every training rating and writes it: all of it in ONE ledger whose PLD epsilon at
+the run's delta is at most ``E``, the whole ``E`` reserved in the store's budget
+before any candidate reads a rating.
+
+The choice: report-noisy-min with a margin, not random stopping
+---------------------------------------------------------------
+The selection is that of the private defaults (:mod:`streamdp.methods._selection`):
+every user with two or more training ratings holds out 10% of them (at most 2), each
+candidate model is solved for locally by every user from the rest of their ratings
+(as on their device, :mod:`streamdp.local`), their held-out ratings are predicted and
+the user's loss is the mean of the squared errors clipped to ``h^2`` (``h`` half the
+rating range). The vector of the ``m`` candidates' summed losses (each user adds at
+most ``h^2`` per coordinate: L2 sensitivity ``h^2 sqrt(m)``) is released once with
+Gaussian noise; the default configuration is kept unless another one's noisy loss is
+lower by :data:`~streamdp.methods._selection.MARGIN` noise standard deviations and
+it is not leaner (fewer factors or iterations, :func:`_leaner`); a grid without the
+default configuration takes the noisy argmin.
+
+Papernot-Steinke random stopping (repeat a randomly chosen candidate a random number
+of times, release the best) was not chosen: its guarantee is stated in Renyi DP
+(dp-accounting's ``RepeatAndSelectEvent`` is composed by the RDP accountant only,
+while every ledger here is a PLD one), it releases the winning candidate itself,
+trained at the per-run epsilon, where here the released model gets most of the budget
+(below), and on a grid of 2-6 points its random number of runs (mean well above
+``m`` to try each point) costs more than ``m`` fixed runs composed by PLD.
+
+Budget: subsampled candidates, a small share for the losses, the rest for the model
+------------------------------------------------------------------------------------
+* Each candidate is planned at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` (0.12: the
+  noise it would have on every user) and trained on a Poisson sample of the users at
+  rate :data:`SAMPLE_RATE` = 0.2 (:class:`_Sampled`: each user in or out by a keyed
+  hash of the run's secret key and the user's index, :func:`sampled_users`; an
+  unsampled user has no ratings in the candidates' view). Its releases are all
+  Gaussian and compose, adaptively, to exactly one Gaussian of multiplier
+  ``(sum 1/z_i^2)^-1/2`` (:func:`gaussian_equivalent`), and that one Gaussian run on a
+  Poisson sample is dp-accounting's ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``,
+  composed by the same PLD accountant as the rest (add/remove one user; the
+  subsampled PLD of a mechanism dominated by a Gaussian pair is dominated by the
+  subsampled Gaussian's, Zhu, Dong & Wang 2022). Amplification makes the candidates
+  cheap: with m = 2, delta 1e-6 and the losses below, the released model's epsilon is
+  0.9860 E with no candidates, 0.9852 / 0.9828 / 0.9787 E with them sampled at rate
+  0.1 / 0.2 / 0.3, and 0.9042 E unsampled (E = 1; 0.9855 / 0.9846 / 0.9821 / 0.9778 /
+  0.9009 at E = 2). 0.2: a candidate's signal grows with the rate, its cost (0.3% of
+  ``E``) stays below the losses'.
+* :data:`SELECT_SHARE` = 0.02 of the squared epsilon scale for the noisy losses (1.4%
+  of ``E``).
+* The released model gets the rest: ``tuning.final_epsilon`` is 0.977 E on the
+  generated stores of bench/tune.py at E = 1 and 2 (it also leaves out the histogram
+  of ratings per user, which ``train`` pays too; 0.89 E in the first version, which
+  ran the candidates on every user at 12% of the squared scale).
+
+Measured with ``bench/tune.py`` (docs/tune.md has the table): where the default is
+already the best configuration the tuned model is the default at ``0.977 E``, and with
+the same seed (the released model draws its noise as ``train`` does) tuned minus
+default is +0.002 test RMSE on the generated stores against a run-to-run standard
+deviation of 0.004-0.005 over seeds; the first version (candidates on every user,
+0.89 E) cost +0.011 to +0.024. Why not further: the losses' share is now the larger
+part of what tuning costs, and halving it (0.01) would save about 0.001 RMSE
+while raising their noise by ``sqrt 2``, which moves the "too few users" threshold
+below (to about 1.4 times as many users) and weakens the choice that is the point.
+
+What sampling costs the choice: a candidate sees ``q`` of the users at the noise of
+the nominal share, so its statistics have ``1/q`` the signal-to-noise ratio the same
+candidate on every user would have. The choice still separates configurations that
+differ clearly (the ``means`` test: users' intercepts or not, 17 noise stds apart at
+E = 2 on 3,000 users), and leaner candidates, which that lower ratio favours, never
+replace the default (:func:`_leaner`). The losses are summed over every user, not
+only the sampled ones: a user's loss term reads their own held-out and remaining
+ratings and the candidate models; given the models, adding or removing a user
+changes the sum by at most ``h^2`` per candidate whether or not they were sampled,
+so the loss release is a Gaussian of sensitivity ``h^2 sqrt(m)`` composed adaptively
+after the subsampled candidates. Every user's held-out ratings are out of every
+candidate's training data (the held-out split is made before the sample), so the
+unsampled users add validation signal at no privacy cost.
+
+The candidates and the losses are planned first; the released model's noise is then
+calibrated (:func:`streamdp.privacy.calibrate`) as one Gaussian of multiplier ``z_f``
+such that everything composed is the largest PLD epsilon not above ``E``; every final
+configuration is planned at the epsilon of that Gaussian, and taken only when its
+releases compose to a Gaussian of multiplier at least ``z_f`` (:func:`_calibrated`). When the losses' noise would swamp a difference
+of 5% of ``h^2`` per user (``MARGIN`` noise stds above ``0.05 h^2 n_users``: public
+quantities only, the rule of ``--select auto``) nothing is tuned: the default
+configuration is trained at the whole ``E`` and the output says so (on ML-100K and
+FilmTrust at epsilon 1 this is what happens).
+
+Why every candidate is accounted although none is released
+-----------------------------------------------------------
+A candidate is trained on the users' data (minus the held-out ratings: a deterministic
+per-user split keyed by the run's entropy, so neighbouring stores give neighbouring
+training views), so it is a private computation and its releases (noisy sums,
+Gramians, counts) are accounted at their noise as if published. Its model is never
+written or printed; it only feeds the losses. The losses are not post-processing of
+the candidates alone (they read the users' held-out ratings), so they are a further
+Gaussian release: given the candidates' outputs, each user's term depends on their
+own data only, so its sensitivity is ``h^2 sqrt(m)`` and adaptive composition applies.
+The choice is post-processing of the noisy losses. The released model is trained
+afterwards, its configuration chosen from them: a mechanism chosen adaptively. Every
+release here is Gaussian, and every possible final configuration is calibrated to the
+same total, so each is (up to the calibration's within-budget tolerance) dominated by
+the same Gaussian, and the adaptive composition is that of fixed Gaussians (Dong, Roth
+& Su, Gaussian DP, adaptive composition). That is why ``mechanism`` cannot be a grid
+key and tuning runs are Gaussian. The ledger lists the candidates' (subsampled)
+events, the losses and the final model's releases, composed by dp-accounting's PLD
+accountant.
+
+Reservation
+-----------
+The whole ``E`` is reserved in the store's budget once the candidates are planned and
+before any of them reads a rating (before that, a store whose budget cannot take ``E``
+is refused before any pass, even the histogram's): a concurrent ``train`` cannot take
+the budget while the candidates run. The choice is not known then, so the reserved
+entry lists the histogram, the candidates and the losses as the ledger does, and the
+released model as the one Gaussian of multiplier ``z_f`` (an envelope: whichever
+configuration is chosen, its releases compose to a Gaussian of no smaller multiplier,
+so the budget counts at least what the model's ledger composes, and at most ``E``).
+A failure or Ctrl-C before the model is in place marks the reservation failed, as
+``train``'s (:func:`streamdp.methods.release`): the candidates and the losses never
+leave the process. The paths that tune nothing (one configuration, too few users)
+reserve exactly as ``train`` does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import time
+
+import numpy as np
+
+from streamdp.errors import BudgetExceededError, Interrupted, ParameterError
+from streamdp.methods.base import Method, Plan
+from streamdp.storage.store import Block, RatingStore
+
+__all__ = ["tune", "parse_grid", "default_grid", "SUPPORTED", "SELECT_SHARE", "SAMPLE_RATE", "CANDIDATE_NOMINAL_SHARE"]
+
+#: Methods ``tune`` supports (their releases are all Gaussian and listed in their plans).
+SUPPORTED = ("als", "irls", "means")
+#: Share of the squared epsilon scale the noisy losses get (see the module docstring).
+SELECT_SHARE = 0.02
+#: Each candidate's noise is what it would be at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` on every user; run on a
+#: Poisson sample of users at :data:`SAMPLE_RATE`, all ``m`` together cost well under 1% of ``E`` (subsampling).
+CANDIDATE_NOMINAL_SHARE = 0.12
+SAMPLE_RATE = 0.2
+#: Grid keys that cannot be tuned: run plumbing, or (mechanism) what the adaptive choice's argument needs fixed.
+_FORBIDDEN = {"checkpoint": "a run directory, not a hyperparameter", "select": "tune makes the choice itself",
+              "mechanism": "tuning runs are Gaussian (the adaptive choice of the released model needs it)"}
+_SELECT_RNG = 0x70E
+
+
+def default_grid(method: str, store, epsilon: float) -> dict[str, list]:
+    """The grid when ``--grid`` is absent: ``als``/``irls`` rank 4 and 8, ``means`` with and without the users'
+    own intercepts.
+
+    Not ``iters=0`` against factors: the released model's own ``--select auto`` makes that
+    choice at the released model's epsilon, where the candidates here, at a fraction of
+    it, favour the biases (measured on a generated 20,000-user store at epsilon 1: with
+    ``iters=0,7`` in the grid tune chose the biases, test RMSE 1.008 against the default's
+    0.942). Without ``iters`` in the grid every configuration's iterations come from one
+    released histogram of ratings per user, as ``train``'s do.
+    """
+    if method == "means":
+        return {"user_intercept": [False, True]}
+    return {"rank": [4, 8]}
+
+
+def _public_iters(store, epsilon: float, rank: int = 8) -> int:
+    """``als``' default number of iterations from public quantities only (no released profile)."""
+    from streamdp.methods.als import default_settings
+
+    return default_settings(store.n_users, store.n_items, epsilon, rank)["iters"]
+
+
+def parse_grid(specs, cls: type[Method]) -> dict[str, list]:
+    """``["rank=4,8", "iters=0,5"]`` -> ``{"rank": [4, 8], "iters": [0, 5]}``, each value checked by its option.
+
+    Keys are ``rank`` and the method's options (``-`` or ``_``); a bad key, a repeated
+    key, an empty or repeated value, or a value its option refuses is a
+    ``ParameterError`` naming ``--grid``.
+    """
+    declared = {o.name: o for o in cls.OPTIONS}
+    out: dict[str, list] = {}
+    for spec in specs:
+        key, sep, values = str(spec).partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key or not values.strip():
+            raise ParameterError(f"--grid {spec!r}: expected KEY=V1,V2,... (e.g. rank=4,8,16)")
+        if key in _FORBIDDEN:
+            raise ParameterError(f"--grid {spec!r}: {key} cannot be tuned ({_FORBIDDEN[key]})")
+        if key != "rank" and key not in declared:
+            keys = ", ".join(["rank"] + sorted(k for k in declared if k not in _FORBIDDEN))
+            raise ParameterError(f"--grid {spec!r}: {key!r} is not an option of --method {cls.name} "
+                                 f"(choose from {keys})")
+        if key in out:
+            raise ParameterError(f"--grid {spec!r}: {key} is given twice")
+        vals = []
+        for raw in values.split(","):
+            raw = raw.strip()
+            try:
+                if key == "rank":
+                    v = float(raw)
+                    if not v.is_integer() or v < 1:
+                        raise ValueError
+                    v = int(v)
+                else:
+                    v = declared[key].check(raw)
+            except (ValueError, ParameterError) as exc:
+                why = str(exc) if isinstance(exc, ParameterError) else "--rank must be a positive integer"
+                raise ParameterError(f"--grid {spec!r}: {raw!r}: {why}") from None
+            if v in vals:
+                raise ParameterError(f"--grid {spec!r}: {raw!r} is given twice")
+            vals.append(v)
+        out[key] = vals
+    return out
+
+
+def _configs(grid: dict[str, list], cls: type[Method]) -> list[dict]:
+    """Every point of ``grid`` (``rank`` dropped where no factors are fitted: ``iters`` 0), without repeats."""
+    keys = sorted(grid)
+    out = []
+    for vals in itertools.product(*(grid[k] for k in keys)):
+        c = dict(zip(keys, vals))
+        if c.get("iters") == 0 and "rank" in c:
+            del c["rank"]  # no factors: the rank changes nothing
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def _default_config(cls: type[Method], store, epsilon: float, delta: float, keys) -> dict:
+    """What ``train`` would use for each grid key (``iters`` from public quantities only)."""
+    m = cls(epsilon=epsilon, delta=delta)
+    d = {}
+    for k in keys:
+        if k == "rank":
+            d[k] = m.rank
+        elif k == "iters" and getattr(cls, "FIXED_ITERS", None) is None:
+            d[k] = _public_iters(store, epsilon, m.rank)
+        else:
+            o = next(o for o in cls.OPTIONS if o.name == k)
+            d[k] = o.default
+    if d.get("iters") == 0:
+        d.pop("rank", None)
+    return d
+
+
+def _leaner(c: dict, default: dict) -> bool:
+    """Whether ``c`` fits fewer factors or fewer iterations than ``default``: it may not replace it.
+
+    The candidates run at a fraction of the epsilon the released model gets, and at that
+    lower signal-to-noise ratio leaner models score better than they will at the released
+    one's: measured on two generated stores (20,000 and 40,000 users, rank-8 truth,
+    epsilon 1 and 2, 2 seeds each), rank 4 beat the default rank 8 on the noisy losses
+    every time and then lost to it by 0.016-0.062 test RMSE when released, and biases only
+    (``iters=0``) beat the factors and lost by 0.04-0.07. A richer candidate that wins
+    already at the lower epsilon is kept (it can only gain from more budget, as far as
+    those measurements go).
+    """
+    for k in ("rank", "iters"):
+        if k in default and c.get(k, 0 if k == "iters" else default[k]) < default[k]:
+            return True
+    if c.get("iters", default.get("iters")) == 0 and default.get("iters", 0) > 0:
+        return True
+    return False
+
+
+def config_name(c: dict) -> str:
+    """``{"rank": 8, "iters": 5}`` -> ``"iters=5 rank=8"`` (``"defaults"`` when empty)."""
+    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(c.items())) or "defaults"
+
+
+class _HeldOut(RatingStore):
+    """The store as the candidates see it: each user's training ratings minus their validation ratings.
+
+    Every block of the training split goes through :func:`streamdp.methods._selection.holdout`
+    with the run's key, exactly as the scoring pass splits it.
+    """
+
+    def __init__(self, store: RatingStore, key: int):  # noqa: D107 - a view of an opened store
+        self.__dict__.update(store.__dict__)
+        self._holdout_key = int(key)
+
+    def read_block(self, b: int, split: str = "train") -> Block:
+        from streamdp.methods._selection import holdout
+
+        blk = super().read_block(b, split)
+        if split != "train":
+            return blk
+        (ip, it, r), _ = holdout(blk.indptr, blk.items, blk.ratings, blk.first_user, self._holdout_key)
+        return Block(blk.first_user, ip, it, r)
+
+
+def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
+    """Which of users ``first_user .. first_user + n - 1`` are in the candidates' Poisson sample (rate ``q``).
+
+    Each user independently with probability ``q``: a keyed splitmix64 hash of the run's key and the
+    user's global index (as :func:`streamdp.methods._selection.holdout` keys its choices), so the
+    sample depends on no rating and is the same in every pass.
+    """
+    from streamdp.methods._selection import _MIX, _mix
+
+    users = np.arange(first_user, first_user + n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = _mix((np.uint64(key) * _MIX) ^ _mix(users * _MIX + np.uint64(0x5A3D)))
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < q
+
+
+class _Sampled(_HeldOut):
+    """The candidates' view: the held-out view of the Poisson-sampled users only (the others have no ratings).
+
+    ``expected_users`` (``q n_users``, public) is what a method divides by where it averages over users
+    (:meth:`streamdp.methods.als._AlsBase._solve_items`' shared Gramian): not the sample's size, which
+    would depend on whether a given user was sampled.
+    """
+
+    def __init__(self, store: RatingStore, key: int, q: float):  # noqa: D107 - a view of an opened store
+        super().__init__(store, key)
+        self._sample_q = float(q)
+        self.expected_users = max(float(q) * store.n_users, 1.0)
+
+    def read_block(self, b: int, split: str = "train") -> Block:
+        blk = super().read_block(b, split)
+        if split != "train":
+            return blk
+        keep = sampled_users(blk.first_user, blk.n_users, self._holdout_key, self._sample_q)
+        lens = np.diff(blk.indptr)
+        mask = np.repeat(keep, lens)
+        ip = np.zeros(blk.n_users + 1, dtype=blk.indptr.dtype)
+        np.cumsum(np.where(keep, lens, 0), out=ip[1:])
+        return Block(blk.first_user, ip, blk.items[mask], blk.ratings[mask])
+
+
+def gaussian_equivalent(event) -> float:
+    """The noise multiplier of the one Gaussian that ``event`` (Gaussian releases only, composed) is.
+
+    The privacy loss of a Gaussian release of multiplier ``z`` is N(1/(2z^2), 1/z^2); adaptive
+    compositions add them, so the composition is exactly the Gaussian with ``1/z^2 = sum 1/z_i^2``
+    (Dong, Roth & Su, Gaussian DP). dp-accounting subsamples only a single Gaussian event.
+    """
+    from dp_accounting import dp_event as E
+
+    def inv_sq(e):
+        if isinstance(e, E.GaussianDpEvent):
+            return math.inf if e.noise_multiplier == 0 else 1.0 / e.noise_multiplier ** 2
+        if isinstance(e, E.SelfComposedDpEvent):
+            return e.count * inv_sq(e.event)
+        if isinstance(e, E.ComposedDpEvent):
+            return math.fsum(inv_sq(x) for x in e.events)
+        if isinstance(e, E.NoOpDpEvent):
+            return 0.0
+        raise ParameterError(f"tune: a candidate's release is not Gaussian ({type(e).__name__})")
+
+    s = inv_sq(event)
+    return math.inf if s == 0 else 1.0 / math.sqrt(s)
+
+
+class _Tuned(Method):
+    """The released model of a tuning run: the chosen configuration's fit, with the whole run's ledger."""
+
+    def __init__(self, final: Method, prefix_events: list, prefix_entries: list, notes: list, tuning: dict,
+                 epsilon: float):
+        self.final = final
+        self.name = final.name
+        self.guarantee = final.guarantee
+        self.epsilon, self.delta, self.rank, self.seed = float(epsilon), final.delta, final.rank, final.seed
+        self.options = {}
+        self.prefix_events, self.prefix_entries = list(prefix_events), list(prefix_entries)
+        self.notes, self.tuning = list(notes), tuning
+
+    def _plan(self, store) -> Plan:
+        p = self.final.plan(store)
+        entries = self.prefix_entries + [{**e, "release": "released model: " + e["release"]} for e in p.entries]
+        return Plan(events=self.prefix_events + list(p.events), entries=entries, params={"bounds": p.params.get(
+            "bounds", {})})
+
+    def state_bytes(self, store) -> int:
+        return self.final.state_bytes(store)
+
+    def fit(self, store, engine):
+        fitted = self.final.fit(store, engine)
+        if self.tuning.get("user_profile") is not None:
+            fitted.model_info["user_profile"] = self.tuning.pop("user_profile")
+        fitted.ledger = self.ledger(store, self.plan(store), notes=list(fitted.ledger.notes) + self.notes)
+        fitted.model_info["epsilon"] = self.epsilon
+        fitted.model_info["tuning"] = self.tuning
+        return fitted
+
+
+def _child_seed(seed: int | None, *key) -> int | None:
+    if seed is None:
+        return None
+    return int(np.random.SeedSequence([int(seed), *key]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def _losses(st, models, key: int, workers, memory_limit) -> np.ndarray:
+    """Summed per-user validation losses of ``models`` (each user: mean squared error over their held-out
+    ratings, clipped to ``h^2``), every user solving their row from the rest of their training ratings."""
+    from types import SimpleNamespace
+
+    from streamdp.local import model_ridge, predict_block, solve_block
+    from streamdp.methods._selection import holdout
+    from streamdp.stream.engine import Engine, add_into
+
+    lo, hi = float(st.rating_min), float(st.rating_max)
+    h = (hi - lo) / 2.0
+    views = [SimpleNamespace(item_factors=f.item_factors, item_bias=f.item_bias, global_mean=f.global_mean,
+                             info=f.model_info) for f in models]
+
+    def fn(block, b):
+        (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user, key)
+        out = np.zeros(len(views))
+        if not len(vu):
+            return out
+        wv = 1.0 / np.bincount(vu, minlength=block.n_users)[vu]  # a user's loss: the mean over theirs
+        vip = np.r_[0, np.cumsum(np.bincount(vu, minlength=block.n_users))].astype(np.int64)
+        vr = np.clip(vr.astype(np.float64), lo, hi)
+        for c, mv in enumerate(views):
+            U = solve_block(mv, ip, it, r, model_ridge(mv))
+            pred = predict_block(mv, U, vip, np.ascontiguousarray(vi, np.int32))
+            e = pred - vr
+            out[c] = float(np.sum(np.minimum(e * e, h * h) * wv))
+        return out
+
+    with Engine(st, workers=workers, memory_limit=memory_limit) as eng:
+        return eng.map_reduce(fn, add_into, np.zeros(len(views)), extra_per_block=64 * st.block_users,
+                              desc="tune: validation losses")
+
+
+def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, delta: float | None = None,
+         seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
+         force: bool = False, evaluate_test: bool = True) -> dict:
+    """Choose ``method``'s configuration on ``grid`` privately, train it, write it to ``out``: the summary dict.
+
+    ``grid`` maps option names (and ``rank``) to lists of values, or is a list of
+    ``KEY=V1,V2`` strings (:func:`parse_grid`); ``None`` is :func:`default_grid`. The
+    summary is ``train``'s (``epsilon_spent`` is the whole run's) plus ``tuning``:
+    the candidates with their noisy losses, the default and chosen configurations,
+    the split of the budget and whether the choice was skipped (and why).
+    """
+    from streamdp.api import default_delta
+    from streamdp.methods import get_method
+    from streamdp.methods._selection import MARGIN, choose
+    from streamdp.methods.als import SELECT_USEFUL
+    from streamdp.model import check_model_destination
+    from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+
+    from streamdp.privacy import (calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of,
+                                  gaussian_event)
+    from streamdp.privacy.accountant import check_calibratable
+    from streamdp.privacy.budget import StoreBudget
+    from streamdp.storage.store import open_store
+    from streamdp.stream.engine import Engine
+
+    t0 = time.perf_counter()
+    if method not in SUPPORTED:
+        get_method(method)  # an unknown name: the registry's message
+        raise ParameterError(f"--method {method}: tune supports {', '.join(SUPPORTED)} (their releases are "
+                             f"Gaussian and planned in full)")
+    if not math.isfinite(float(epsilon)):
+        raise ParameterError("--epsilon: tune needs a finite epsilon (a non-private choice needs no tuning "
+                             "budget: train each configuration and evaluate it)")
+    check_calibratable(epsilon)
+    cls = get_method(method)
+    check_model_destination(str(out), force)
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    st.check_chunks()
+    delta = default_delta(st.n_users) if delta is None else float(delta)
+    check_privacy_params(epsilon, delta, n_users=st.n_users)
+    epsilon = float(epsilon)
+    if grid is None:
+        grid = default_grid(method, st, epsilon)
+    elif not isinstance(grid, dict):
+        grid = parse_grid(list(grid), cls)
+    else:
+        grid = parse_grid([f"{k}={','.join(str(v) for v in vs)}" for k, vs in grid.items()], cls)
+    # without --iters an als plan releases a histogram of ratings per user, read from the data while planning:
+    # tune releases it once, and pins every configuration's iters from it (below)
+    pin = getattr(cls, "FIXED_ITERS", None) is None and "iters" not in grid
+    configs = _configs(grid, cls)
+    for c in configs:
+        try:
+            m = cls(epsilon=epsilon, delta=delta, seed=seed, **c)
+        except ParameterError as exc:
+            raise ParameterError(f"--grid: {config_name(c)}: {exc}") from None
+        if m.rank > st.n_items:
+            raise ParameterError(f"--grid: {config_name(c)}: rank {m.rank} exceeds the number of items "
+                                 f"({st.n_items})")
+    # a store whose budget cannot take E is refused before any pass over its ratings (the whole E is reserved
+    # once the candidates are planned, before they run; the default-only paths reserve as train does)
+    z_e = calibrate_gaussian(epsilon, delta)  # the whole E as one Gaussian
+    pv = StoreBudget(st.path).preview([_Tuned(_Envelope(cls, epsilon, delta, seed, z_e), [], [], [], {},
+                                              epsilon).planned_ledger(st)])
+    if not pv["within_budget"] and not over_budget:
+        raise BudgetExceededError(f"{st.path}: tuning {method} (epsilon={epsilon:.4g}, delta={delta:.3g}) would take "
+                                  f"the store's spend from epsilon={pv['before']['epsilon']:.4g} to "
+                                  f"{pv['after']['epsilon']:.4g}, past its budget epsilon="
+                                  f"{pv['budget']['epsilon']:.4g}; pass --over-budget to release it anyway")
+    dflt = _default_config(cls, st, epsilon, delta, grid)
+    default = configs.index(dflt) if dflt in configs else None
+    m_c = len(configs)
+    h = (float(st.rating_max) - float(st.rating_min)) / 2.0
+    z_sel = calibrate_gaussian(epsilon * math.sqrt(SELECT_SHARE), delta) if m_c > 1 else 0.0
+    sel = _selection_release(h, m_c, max(z_sel, 1e-12))
+    std = sel.scale
+    tuning = {"method": method, "grid": {k: list(v) for k, v in grid.items()},
+              "candidates": [{"config": c} for c in configs],
+              "default": dflt if default is not None else None, "rule": None,
+              "split": {"selection": SELECT_SHARE, "candidate_nominal": CANDIDATE_NOMINAL_SHARE,
+                        "sample_rate": SAMPLE_RATE}}
+    skip = None
+    if m_c == 1:
+        skip = "the grid has one configuration: nothing to choose"
+    elif MARGIN * std > SELECT_USEFUL * h * h * st.n_users:
+        skip = (f"the losses' noise (std {std:.4g}) would swamp any difference the choice could see on "
+                f"{st.n_users:,} users (it needs {MARGIN:g} stds below {SELECT_USEFUL:g} h^2 per user)")
+    if skip is not None:
+        chosen = default if default is not None else 0
+        final = cls(epsilon=epsilon, delta=delta, seed=seed, **configs[chosen])
+        tuning.update(skipped=skip, chosen=configs[chosen], split=None,
+                      rule="none: the whole epsilon went to the released model")
+        wrapper = _Tuned(final, [], [], [f"tune: no choice was made ({skip}); configuration "
+                                         f"{config_name(configs[chosen])} trained at the whole epsilon"],
+                         tuning, epsilon)
+        return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed,
+                        workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
+                        evaluate_test=evaluate_test)
+
+    pre_events, pre_entries = [], []
+    if pin:
+        from streamdp.methods._profile import user_profile
+        from streamdp.methods.als import default_settings
+
+        from streamdp.methods.als import _PROFILE, RNG_KEY
+
+        # train's own draw for a seeded run (the same seed gives the same histogram, as for the released model)
+        profile = user_profile(st, "gaussian", epsilon, delta, np.random.default_rng(
+            np.random.SeedSequence(seed, spawn_key=(RNG_KEY, _PROFILE)) if seed is not None else None))
+        e_nominal = epsilon * math.sqrt(1.0 - SELECT_SHARE)  # the released model's, about (the candidates: < 1%)
+        base_rank = cls(epsilon=epsilon, delta=delta).rank
+
+        def with_iters(c):
+            rank = c.get("rank", base_rank)
+            it = default_settings(st.n_users, st.n_items, e_nominal, rank,
+                                  n_eff=profile.effective_users(rank))["iters"]
+            c = {**c, "iters": it}
+            if it == 0:
+                c.pop("rank", None)
+            return c
+
+        pinned = []
+        for c in map(with_iters, configs):
+            if c not in pinned:
+                pinned.append(c)
+        dflt = with_iters(dflt) if default is not None else dflt
+        configs = pinned
+        default = configs.index(dflt) if default is not None and dflt in configs else None
+        m_c = len(configs)
+        pre_events = [profile.release.event()]
+        pre_entries = [{**profile.release.entry(), "release": "tune: " + profile.release.entry()["release"] +
+                        " (sets every configuration's iterations, as train does)"}]
+        tuning.update(candidates=[{"config": c} for c in configs], default=dflt if default is not None else None,
+                      user_profile=profile.to_dict())
+        sel = _selection_release(h, m_c, sel.noise_multiplier)
+        std = sel.scale
+    if m_c == 1:  # the histogram left one configuration: nothing to choose, the rest of the budget is the model's
+        final = _calibrated(cls, configs[0], pre_events, epsilon, delta, seed, st)
+        tuning.update(skipped="one configuration once the iterations were set", chosen=configs[0], split=None,
+                      rule="none", final_epsilon=final.epsilon)
+        wrapper = _Tuned(final, pre_events, pre_entries, [f"tune: one configuration ({config_name(configs[0])}) "
+                                                          f"once the iterations were set; nothing was chosen"],
+                         tuning, epsilon)
+        return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed,
+                        workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
+                        evaluate_test=evaluate_test)
+
+    # -- the candidates: planned at their nominal share, run on a Poisson sample of the held-out view ----------
+    key = (_child_seed(seed, _SELECT_RNG, 1) if seed is not None
+           else int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1)))
+    view = _Sampled(st, key, SAMPLE_RATE)
+    e_c = epsilon * math.sqrt(CANDIDATE_NOMINAL_SHARE / m_c)
+    cands = [cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off", **c)
+             for i, c in enumerate(configs)]
+    plans = [m.plan(view) for m in cands]
+    z_cands = [gaussian_equivalent(compose(list(p.events))) for p in plans]
+    # every candidate accounted at the smallest of their equivalent multipliers (they differ by the calibration's
+    # tolerance only): the m events are then one subsampled PLD self-composed, m times cheaper to calibrate against
+    z_c = min(z_cands)
+    sampled = PoissonSampledDpEvent(SAMPLE_RATE, GaussianDpEvent(z_c))
+    prefix_events = list(pre_events) + [sampled] * m_c
+    prefix_entries = list(pre_entries)
+    for i, (c, p) in enumerate(zip(configs, plans)):
+        prefix_entries.append({
+            "release": (f"tune candidate {i + 1} ({config_name(c)}): its {len(p.entries)} releases, trained on a "
+                        f"Poisson sample of users (rate {SAMPLE_RATE:g}, keyed by the run's secret), composed as "
+                        f"the one Gaussian they are (noise multiplier {z_cands[i]:.6g}; accounted at the "
+                        f"candidates' smallest, {z_c:.6g}) and subsampled; never written"),
+            "mechanism": "gaussian", "sampling_probability": SAMPLE_RATE, "noise_multiplier": z_c,
+            "count": 1, "releases": [dict(e) for e in p.entries]})
+    prefix_events.append(sel.event())
+    prefix_entries.append(sel.entry())
+
+    # the released model's envelope: the one Gaussian every final configuration is calibrated under
+    rest = list(pre_events) + [sel.event()]  # Gaussian: with the candidates unsampled, the total is a Gaussian
+    room = 1.0 / z_e ** 2 - m_c / z_c ** 2 - gaussian_equivalent(compose(rest)) ** -2
+    bracket = dict(lower=z_e, upper=1.01 / math.sqrt(room)) if room > 0 else {}
+    z_f = calibrate(lambda z: compose(rest + [SelfComposedDpEvent(sampled, m_c), gaussian_event(z)]), epsilon,
+                    delta, **bracket)
+    for _ in range(100):  # the ledger lists the candidates one by one: its composition is the one that counts
+        if epsilon_of(compose(prefix_events + [gaussian_event(z_f)]), delta).epsilon <= epsilon:
+            break
+        z_f *= 1.0001
+    # the whole E is reserved before any candidate reads a rating: the envelope stands for the released model
+    # (every configuration's releases compose to a Gaussian of multiplier >= z_f: dominated, _calibrated)
+    envelope = _Tuned(_Envelope(cls, epsilon, delta, seed, z_f), prefix_events, prefix_entries, [], tuning,
+                      epsilon)
+    budget = StoreBudget(st.path)
+    entry = budget.reserve(envelope.planned_ledger(st), over_budget=over_budget, model=os.path.abspath(str(out)))
+    try:
+        fitted = []
+        for m in cands:
+            with Engine(view, workers=workers, memory_limit=memory_limit, state_bytes=m.state_bytes(view)) as eng:
+                fitted.append(m.fit(view, eng))
+        losses = _losses(st, fitted, key, workers, memory_limit)
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), _SELECT_RNG, 4]) if seed is not None
+                                    else None)
+        noisy = sel.add(losses, rng)
+        allowed = np.array([default is None or not _leaner(c, configs[default]) for c in configs])
+        chosen = (choose(np.where(allowed, noisy, np.inf), default, std) if default is not None
+                  else int(np.argmin(noisy)))
+        final = _calibrated(cls, configs[chosen], prefix_events, epsilon, delta, seed, st, z_f=z_f)
+    except BaseException as exc:
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc.__class__.__name__}: {exc}"
+        budget.fail(entry, f"{why} while the candidates were trained (nothing left the process)")
+        if isinstance(exc, KeyboardInterrupt):
+            raise Interrupted(f"interrupted while the candidates were trained: nothing was released; the budget "
+                              f"reservation {entry} in {budget.path} was marked failed") from None
+        raise
+    for i, c in enumerate(tuning["candidates"]):
+        c["epsilon"] = e_c
+        c["noise_multiplier"] = z_cands[i]
+        c["accounted_noise_multiplier"] = z_c
+        c["noisy_loss"] = float(noisy[i])
+        c["noisy_mean_loss"] = float(noisy[i]) / max(st.n_users, 1)
+    tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=e_c,
+                  sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=z_f,
+                  rule=(f"default unless another, not leaner (rank, iters), is lower by {MARGIN:g} noise stds"
+                        if default is not None
+                        else "noisy argmin (the grid has no default configuration)"))
+    note = (f"tuned privately over {m_c} configurations of {method} ({', '.join(config_name(c) for c in configs)}): "
+            f"chosen {config_name(configs[chosen])}; the candidates (each at the noise of epsilon {e_c:.4g}, on a "
+            f"Poisson sample of users at rate {SAMPLE_RATE:g}, never released) and their noisy validation losses "
+            f"are composed in this ledger with the released model (epsilon {final.epsilon:.4g}); the store's "
+            f"budget entry counts the released model as one Gaussian of noise multiplier {z_f:.6g}, which "
+            f"dominates its releases")
+    wrapper = _Tuned(final, prefix_events, prefix_entries, [note], tuning, epsilon)
+    return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed, workers=workers,
+                    memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate_test,
+                    entry=entry)
+
+
+class _Envelope(Method):
+    """The released model as the budget reserves it before the choice: one Gaussian of multiplier ``z_f``."""
+
+    def __init__(self, cls, epsilon, delta, seed, z_f):  # noqa: D107
+        self.name, self.guarantee = cls.name, cls.guarantee
+        self.epsilon, self.delta, self.seed, self.rank, self.options = epsilon, delta, seed, 0, {}
+        self.z_f = float(z_f)
+
+    def _plan(self, store) -> Plan:
+        from streamdp.privacy import gaussian_event
+
+        return Plan(events=[gaussian_event(self.z_f)], entries=[{
+            "release": "the chosen configuration's releases, reserved as the one Gaussian that dominates them",
+            "mechanism": "gaussian", "noise_multiplier": self.z_f, "count": 1}], params={})
+
+
+def _selection_release(h: float, m: int, noise_multiplier: float):
+    """The release of the ``m`` candidates' summed validation losses (each user at most ``h^2`` per candidate)."""
+    from streamdp.methods._selection import loss_sensitivity
+    from streamdp.privacy.release import Release
+
+    return Release(f"tune: validation losses of the {m} candidate configurations (per user, the mean squared error "
+                   f"clipped to h^2 over up to 2 held-out training ratings: each user at most h^2 per candidate)",
+                   "gaussian", loss_sensitivity(h, m, "l2"), noise_multiplier, shape=(m,))
+
+
+def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, z_f: float | None = None):
+    """``cls`` with ``config`` at the largest epsilon that, composed with ``prefix_events``, stays within ``epsilon``
+    and whose releases compose to a Gaussian of multiplier at least ``z_f`` (the reserved envelope)."""
+    from streamdp.privacy import calibrate, compose, epsilon_of, gaussian_event
+
+    e = epsilon
+    if prefix_events:
+        if z_f is None:
+            z_f = calibrate(lambda z: compose(prefix_events + [gaussian_event(z)]), epsilon, delta)
+        e = epsilon_of(gaussian_event(z_f), delta).epsilon
+    for _ in range(50):
+        f = cls(epsilon=e, delta=delta, seed=seed, **config)  # train's seed: the candidates' are children of it
+        ev = list(f.plan(st).events)
+        if (epsilon_of(compose(list(prefix_events) + ev), delta).epsilon <= epsilon
+                and (z_f is None or gaussian_equivalent(compose(ev)) >= z_f)):
+            return f
+        e *= 0.999  # the PLD grids of one Gaussian and of its parts differ by a hair
+    raise ParameterError("tune: the released model could not be calibrated within --epsilon")  # pragma: no cover
+
+
+def _release(st, wrapper, final, out, tuning, t0, *, epsilon, delta, seed, workers, memory_limit, over_budget,
+             force, evaluate_test, entry: str | None = None) -> dict:
+    from streamdp.methods import _summary, release
+
+    fitted, seconds, stale = release(st, wrapper, out, workers=workers, memory_limit=memory_limit,
+                                     over_budget=over_budget, force=force, entry=entry)
+    try:
+        summary = _summary(st, final, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
+                           evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
+                          f"evaluation skipped") from None
+    summary["tuning"] = tuning
+    summary["total_seconds"] = round(time.perf_counter() - t0, 3)
+    return summary
