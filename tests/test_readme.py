@@ -51,7 +51,7 @@ COMMANDS = _commands()
 
 def _options(cmd: click.Command) -> set[str]:
     """The command's option names (``train``'s method options are loaded by ``get_params``)."""
-    params = cmd.get_params(click.Context(cmd, info_name=cmd.name))
+    params = cmd.get_params(click.Context(cmd, info_name=cmd.name, help_option_names=["-h", "--help"]))
     return {o for p in params if isinstance(p, click.Option) for o in p.opts + p.secondary_opts}
 
 

@@ -87,7 +87,7 @@ def test_cli_tiering_choice(small_store, tmp_path):
                                   "1e-6", "--out", str(tmp_path / "m"), "--tiering", "yes"])
     assert r.exit_code == 2 and "--tiering" in r.output and "auto" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "m").exists()
-    r = CliRunner().invoke(main, ["train", "--help"])
+    r = CliRunner().invoke(main, ["train", "--method", "sgld", "--help"])
     assert "--tiering [auto|on|off]" in r.output
     r = CliRunner().invoke(main, ["train", str(small_store.path), "--method", "sgld", "--epsilon", "1", "--delta",
                                   "1e-6", "--out", str(tmp_path / "m"), "--tiering", "on", "--epochs", "1",
