@@ -134,7 +134,7 @@ class Engine:
     >>> d = tempfile.mkdtemp()
     >>> s = generate_store(os.path.join(d, "s.zarr"), n_users=200, n_items=30, ratings_per_user=5,
     ...                    rank=2, seed=0, block_users=50)
-    >>> with Engine(s, workers=2, memory_limit="1GB") as eng:
+    >>> with Engine(s, workers=2, memory_limit="4GB") as eng:
     ...     eng.map_reduce(lambda blk, b: blk.nnz, lambda a, x: a + x, 0) == s.n_ratings
     True
     """
