@@ -437,3 +437,53 @@ def test_s3_ledger_is_the_journal_objects_replay(url):
     fs().rm_file(url.removeprefix("s3://") + "/privacy_budget.journal.d/000000000002")
     code, _, err = cli("budget", url)
     assert code != 0 and "out of sequence" in err and len(err.strip().splitlines()) == 1
+
+
+# -- a cluster on a store and state in object storage ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def s3_cluster(s3_env, tmp_path_factory):
+    """2 worker processes started after the S3 environment is set, so they reach the server as the client does."""
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    with dask.config.set({"temporary-directory": str(tmp_path_factory.mktemp("dask-scratch"))}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     memory_limit="1GB") as cluster, \
+            distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def s3_store_url(s3_env):
+    import streamdp
+
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/cluster.zarr"
+    streamdp.generate(url, users=600, items=60, ratings_per_user=12, rank=3, seed=5, test_fraction=0.2,
+                      block_users=250)
+    return url
+
+
+@pytest.mark.slow  # a 2-process cluster and every method twice: about a minute on 2 busy cores
+@pytest.mark.parametrize("method, options", [
+    ("als", {}), ("means", {}), ("oja", {}), ("svd", {}), ("fw", {}), ("public-private", {"public_fraction": 0.3}),
+    ("sgld", {"epochs": 2, "epoch_scheme": "blocks"}),
+    ("sgd", {"epsilon": float("inf"), "epochs": 2, "epoch_scheme": "blocks"}),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_every_method_on_a_cluster_reading_an_s3_store_equals_local(s3_store_url, s3_cluster, method, options):
+    """The store and the per-user state on S3, the passes on 2 worker processes: the same model and test RMSE as
+    local threads reading the same store, and the budget charged once per release."""
+    import streamdp
+    from streamdp.api import train
+
+    st = streamdp.open_store(s3_store_url)
+    kw = dict(method=method, epsilon=1.0, rank=3, seed=4, over_budget=True, evaluate=True, workers=1)
+    kw.update(options)
+    entries = len(json.loads(ok("budget", s3_store_url, "--json"))["entries"])
+    a = train(st, **kw)
+    b = train(st, scheduler=s3_cluster, state=f"s3://{BUCKET}/state-{uuid.uuid4().hex[:6]}", **kw)
+    assert b.info["engine"]["scheduler"] == "distributed"
+    assert np.array_equal(a.item_factors, b.item_factors) and np.array_equal(a.item_bias, b.item_bias)
+    assert a.summary["test_rmse"] == b.summary["test_rmse"]
+    after = json.loads(ok("budget", s3_store_url, "--json"))["entries"]
+    assert len(after) == entries + 2  # each release recorded exactly once (a non-private one at epsilon inf)
+    assert all(e["status"] == "complete" for e in after)
