@@ -106,8 +106,11 @@ same total, so each is (up to the calibration's within-budget tolerance) dominat
 the same Gaussian, and the adaptive composition is that of fixed Gaussians (Dong, Roth
 & Su, Gaussian DP, adaptive composition). That is why ``mechanism`` cannot be a grid
 key and tuning runs are Gaussian. The ledger lists the candidates' (subsampled)
-events, the losses and the final model's releases, composed by dp-accounting's PLD
-accountant.
+events, the losses and the final model's releases; its accounting (dp-accounting's
+PLD) composes the candidates, the losses and the envelope: the one Gaussian of
+multiplier ``z_f`` that dominates every configuration's releases, since the
+guarantee of the adaptive choice is that of this envelope. The store's budget
+reserves exactly those events, so the budget charges what the ledger says.
 
 Reservation
 -----------
@@ -364,8 +367,12 @@ class _Tuned(Method):
     """The released model of a tuning run: the chosen configuration's fit, with the whole run's ledger."""
 
     def __init__(self, final: Method, prefix_events: list, prefix_entries: list, notes: list, tuning: dict,
-                 epsilon: float):
+                 epsilon: float, z_f: float | None = None):
         self.final = final
+        #: The envelope of a choice among configurations: the one Gaussian that dominates each one's releases. The
+        #: adaptive choice's guarantee is that of this envelope, so the ledger composes it (and the store's budget
+        #: reserved the same events); the released model's own releases are listed in the ledger's entries.
+        self.z_f = z_f
         self.name = final.name
         self.guarantee = final.guarantee
         self.epsilon, self.delta, self.rank, self.seed = float(epsilon), final.delta, final.rank, final.seed
@@ -376,7 +383,13 @@ class _Tuned(Method):
     def _plan(self, store) -> Plan:
         p = self.final.plan(store)
         entries = self.prefix_entries + [{**e, "release": "released model: " + e["release"]} for e in p.entries]
-        return Plan(events=self.prefix_events + list(p.events), entries=entries, params={"bounds": p.params.get(
+        if self.z_f is None:
+            events = self.prefix_events + list(p.events)
+        else:
+            from streamdp.privacy import gaussian_event
+
+            events = self.prefix_events + [gaussian_event(self.z_f)]
+        return Plan(events=events, entries=entries, params={"bounds": p.params.get(
             "bounds", {})})
 
     def state_bytes(self, store) -> int:
@@ -655,10 +668,10 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     note = (f"tuned privately over {m_c} configurations of {method} ({', '.join(config_name(c) for c in configs)}): "
             f"chosen {config_name(configs[chosen])}; the candidates (each at the noise of epsilon {e_c:.4g}, on a "
             f"Poisson sample of users at rate {SAMPLE_RATE:g}, never released) and their noisy validation losses "
-            f"are composed in this ledger with the released model (epsilon {final.epsilon:.4g}); the store's "
-            f"budget entry counts the released model as one Gaussian of noise multiplier {z_f:.6g}, which "
-            f"dominates its releases")
-    wrapper = _Tuned(final, prefix_events, prefix_entries, [note], tuning, epsilon)
+            f"are composed in this ledger with the released model (epsilon {final.epsilon:.4g}); this ledger and the "
+            f"store's budget entry count the released model as one Gaussian of noise multiplier {z_f:.6g}, which "
+            f"dominates its releases (listed): the guarantee of the adaptive choice is that of this envelope")
+    wrapper = _Tuned(final, prefix_events, prefix_entries, [note], tuning, epsilon, z_f=z_f)
     return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed, workers=workers,
                     memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate_test,
                     entry=entry)
