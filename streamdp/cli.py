@@ -289,10 +289,10 @@ class _TrainCommand(click.Command):
     def _load_method_options(self):
         if getattr(self, "_method_options_loaded", False):
             return
-        from streamdp.methods import METHODS, _load_builtin
+        from streamdp.methods import METHODS, load_builtin
         from streamdp.methods.options import merge_options, option_help
 
-        _load_builtin()
+        load_builtin()
         for p in self.params:
             if p.name == "method":
                 p.type = click.Choice(sorted(METHODS))

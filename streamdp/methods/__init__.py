@@ -18,7 +18,7 @@ import time
 from streamdp.errors import Interrupted, ParameterError
 from streamdp.methods.base import Fitted, Method, Plan
 
-__all__ = ["METHODS", "register", "get_method", "train", "prepare", "release", "Method", "Fitted", "Plan"]
+__all__ = ["METHODS", "register", "get_method", "load_builtin", "train", "prepare", "release", "Method", "Fitted", "Plan"]
 
 #: ``--method`` name -> method class.
 METHODS: dict[str, type[Method]] = {}
@@ -36,7 +36,7 @@ def register(cls: type[Method]) -> type[Method]:
 
 def get_method(name: str) -> type[Method]:
     """The class registered as ``name`` (``ParameterError`` listing the choices otherwise)."""
-    _load_builtin()
+    load_builtin()
     try:
         return METHODS[name]
     except KeyError:
@@ -44,9 +44,9 @@ def get_method(name: str) -> type[Method]:
             from None
 
 
-def _load_builtin() -> None:
-    # Importing the modules registers their classes; a module another engineer has not
-    # written yet is simply absent from the registry.
+def load_builtin() -> dict[str, type[Method]]:
+    """Import the built-in method modules (which registers their classes) and return :data:`METHODS`."""
+    # a module another engineer has not written yet is simply absent from the registry
     import importlib
 
     for mod in ("oja", "sgld", "als", "frank_wolfe", "svd", "public_private"):
@@ -55,6 +55,11 @@ def _load_builtin() -> None:
         except ModuleNotFoundError as exc:
             if exc.name != f"streamdp.methods.{mod}":
                 raise
+    return METHODS
+
+
+#: The former private name, kept for callers outside the package (tests, other branches).
+_load_builtin = load_builtin
 
 
 def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: int | None = None,

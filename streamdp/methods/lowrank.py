@@ -37,7 +37,7 @@ With ``k' = k + p`` (``--oversampling p``):
 **What is released (written):** the item-side basis ``V_k`` (``n_items x k``), the
 singular values ``S_k`` and the noisy projection ``B~`` itself (``noisy_projection``,
 one row per item: ``B~^T``), plus ``item_factors`` for a local solve
-(:func:`streamdp.methods.oja.scaled_factors` of ``V_k, S_k``). ``Q`` and ``U_B``
+(:func:`streamdp.methods._subspace.scaled_factors` of ``V_k, S_k``). ``Q`` and ``U_B``
 (the user-side factor of ``A^``) are **not** written: a row of ``Q`` is a function
 of one user's noisy sketch. Each user can rebuild her own row of an approximation
 locally, ``a_i V_k V_k^T``, from the release and her own ratings.
@@ -162,7 +162,7 @@ import numpy as np
 from streamdp.errors import ParameterError
 from streamdp.kernels.sketch import csr_matmul, csr_t_matmul
 from streamdp.methods.base import Fitted, Method, Plan
-from streamdp.methods.oja import DEFAULT_RIDGE, _values_fn, scaled_factors
+from streamdp.methods._subspace import DEFAULT_RIDGE, residual_values, scaled_factors
 from streamdp.methods.options import Option
 from streamdp.privacy.accountant import BOUNDED_ROW_CHANGE_RELATION
 from streamdp.privacy.ledger import GUARANTEE_ROW_DP
@@ -383,7 +383,7 @@ class LowRank(Method):
 
         plan = self.plan(store)
         s = plan.params
-        values_of = _values_fn(s["midpoint"], np.zeros(store.n_items), s["clip"], s["rating_min"], s["rating_max"])
+        values_of = residual_values(s["midpoint"], np.zeros(store.n_items), s["clip"], s["rating_min"], s["rating_max"])
         t0 = time.perf_counter()
         with Run(store, method="lowrank", fingerprint=fingerprint(**{k: v for k, v in s.items() if k != "releases"},
                                                                   eps=self.epsilon, delta=self.delta),
@@ -497,7 +497,7 @@ class LowRank(Method):
                 "released": released,
                 "not_released": "user-side factors (Q, U_B; the noisy sketch or matrix): each user projects her own "
                                 "row on the basis locally",
-                "item_factors": "V_k diag(w), rows of mean squared norm 1 (oja.scaled_factors)",
+                "item_factors": "V_k diag(w), rows of mean squared norm 1 (see scaled_factors)",
                 "ridge": DEFAULT_RIDGE}
         return Fitted(item_factors=scaled_factors(V, sv).astype(np.float32) if V.shape[1] else
                       np.zeros((store.n_items, 0), np.float32),

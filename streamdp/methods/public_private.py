@@ -539,10 +539,10 @@ class PublicPrivate(Method):
         A rating is held out when its key (a hash of the global user, the item and
         ``seed``) is below ``held_out``: the same ratings whatever the blocking.
         """
-        from streamdp.privacy.bounding import _hash_keys
+        from streamdp.privacy.bounding import hash_keys
 
         key = np.empty(block.nnz)
-        _hash_keys(block.first_user, block.indptr, block.items, np.uint64(seed), key)
+        hash_keys(block.first_user, block.indptr, block.items, np.uint64(seed), key)
         mask = np.zeros(block.n_users, bool)
         mask[local] = True
         return split_ratings(ip, it, x, key[np.repeat(mask, np.diff(block.indptr))] >= held_out)

@@ -10,7 +10,8 @@ import pytest
 
 from streamdp.errors import ParameterError
 from streamdp.methods import get_method, train
-from streamdp.methods.als import RNG_KEY, item_biases
+from streamdp.methods._biases import item_biases
+from streamdp.methods.als import RNG_KEY
 from streamdp.stream.engine import Engine
 
 INF = float("inf")
