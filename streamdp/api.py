@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 
-__all__ = ["train", "generate", "default_delta"]
+__all__ = ["train", "generate", "ingest", "default_delta"]
 
 
 def default_delta(n_users: int) -> float:
@@ -87,6 +87,41 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
         summary["out"] = None
     model.summary = summary
     return model
+
+
+def ingest(inputs, out: str, *, budget=None, **options):
+    """Ingest rating files into a store at ``out`` (``streamdp ingest``) and return it opened.
+
+    :func:`streamdp.storage.ingest.ingest` with its ``options``; ``budget``
+    (``(epsilon, delta)`` or ``"E,D"``) also sets the store's privacy budget
+    (:class:`streamdp.privacy.budget.StoreBudget`): checked before anything is read
+    (and against the number of users once the input is parsed, before anything is
+    written), set once the store is in place.
+    """
+    from streamdp.errors import StoreError
+    from streamdp.outputs import is_no_space, no_space_reason
+    from streamdp.privacy import check_privacy_params
+    from streamdp.privacy.budget import StoreBudget, parse_budget
+    from streamdp.storage.ingest import ingest as ingest_files
+
+    budget = parse_budget(budget)
+    if budget is None:
+        return ingest_files(list(inputs), out, **options)
+
+    def check_users(n_users: int) -> None:
+        check_privacy_params(*budget, n_users=n_users)
+
+    def set_budget(store) -> None:
+        try:
+            StoreBudget(store.path).set(*budget)
+        except OSError as exc:  # the store is in place: say so, not "nothing was written"
+            if not is_no_space(exc):
+                raise
+            raise StoreError(f"{store.path}: the store was written but its budget was not set: "
+                             f"{no_space_reason(exc)} writing its ledger; free some space and run "
+                             f"streamdp budget {store.path} --set {budget[0]:g},{budget[1]:g}") from None
+
+    return ingest_files(list(inputs), out, check_users=check_users, after_write=set_budget, **options)
 
 
 def generate(out: str, *, users: int = 10_000, items: int = 2_000, ratings_per_user: float = 50.0, rank: int = 8,

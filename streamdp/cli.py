@@ -234,7 +234,7 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 def ingest(inputs, out, fmt, sep, columns, rating_range, out_of_range, test_fraction, seed, skip_bad_lines,
            memory_limit, block_users, force, budget, as_json):
     """Ingest rating files (u.data, ::-.dat, CSV, whitespace, Parquet; .gz) into a store, out of core."""
-    from streamdp.storage.ingest import ingest as ingest_files
+    from streamdp.api import ingest as ingest_files
 
     s = ingest_files(list(inputs), out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,

@@ -138,7 +138,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     :class:`~streamdp.errors.Interrupted` saying what was released.
     """
     from streamdp.manifest import public_parameters
-    from streamdp.model import model_budget_entry
+    from streamdp.model_dir import model_budget_entry
     from streamdp.outputs import interrupt_signal
     from streamdp.privacy import GUARANTEE_NONE
     from streamdp.privacy.budget import StoreBudget
