@@ -40,7 +40,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
           scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True, **options):
     """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
 
-    Exactly what ``streamdp train`` runs (:func:`streamdp.methods.train`): the
+    Exactly what ``streamdp train`` runs (:func:`streamdp.training.train`): the
     release is reserved in the store's privacy budget before anything is computed,
     the model is written atomically, and, when the store has a test split, evaluated
     beside the non-private baselines. ``out=None`` writes the model to a temporary
@@ -61,7 +61,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
-    from streamdp.methods import train as train_model
+    from streamdp.training import train as train_model
     from streamdp.model import load_model
     from streamdp.privacy.accountant import check_calibratable
     from streamdp.storage.store import RatingStore, open_store

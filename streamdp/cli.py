@@ -583,7 +583,8 @@ def lowrank(store, rank, epsilon, delta, out, mechanism, oversampling, power_ite
     items fixed): WEAKER than the user-level add/remove guarantee of `train`; the output says what it covers.
     """
     from streamdp.api import default_delta
-    from streamdp.methods.lowrank import format_lowrank_summary, lowrank as run_lowrank
+    from streamdp.methods.lowrank import format_lowrank_summary
+    from streamdp.training import lowrank as run_lowrank
     from streamdp.storage.store import open_store
 
     st = open_store(store)

@@ -168,7 +168,7 @@ from streamdp.privacy.accountant import BOUNDED_ROW_CHANGE_RELATION
 from streamdp.privacy.ledger import GUARANTEE_ROW_DP
 from streamdp.stream.engine import add_into as _add
 
-__all__ = ["LowRank", "lowrank", "MECHANISMS", "default_oversampling", "format_lowrank_summary"]
+__all__ = ["LowRank", "MECHANISMS", "default_oversampling", "format_lowrank_summary"]
 
 MECHANISMS = ("measurements", "randomized-response")
 #: Key of this method's random families (:class:`streamdp.stream.driver.Run`).
@@ -595,49 +595,6 @@ def _rr_chunks(run, release, block, n_items: int):
     for u0, u1, N in _noise_rows(run, _RR_NOISE, release, block.first_user, block.first_user + block.n_users,
                                  n_items, rows):
         yield u0, u1, N, block.indptr[u0:u1 + 1]
-
-
-# -- the library side of `streamdp lowrank` ----------------------------------------------------------------------------
-def lowrank(store, *, rank: int, epsilon: float, delta: float, out: str, seed: int | None = None,
-            workers: int | None = None, memory_limit=None, over_budget: bool = False, force: bool = False,
-            scheduler=None, state: str | None = None, **options) -> dict:
-    """Release a private rank-``rank`` approximation's item side from ``store`` into ``out``; return a summary.
-
-    The model directory (``privacy.json``, ``model.json``, ``factors.zarr`` with
-    ``basis``, ``singular_values`` and, for measurements, ``noisy_projection``) is
-    written atomically, after the release is reserved in the store's budget
-    (:func:`streamdp.methods.release`, as ``train`` does). Options: those of
-    :class:`LowRank` (``mechanism``, ``oversampling``, ``clip``, ``sketch_share``,
-    ``prune``, ``power_iters``). ``scheduler`` and ``state`` as for ``train``.
-    """
-    from streamdp.methods import prepare, privacy_warnings, release
-
-    st, m = prepare(store, method=LowRank, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, force=force,
-                    **options)
-    fitted, seconds, stale = release(st, m, out, workers=workers, memory_limit=memory_limit, scheduler=scheduler,
-                                     over_budget=over_budget, force=force, state=state)
-    led, info = fitted.ledger, fitted.model_info
-    acc = led.accounting
-    summary = {
-        "method": "lowrank", "mechanism": info["mechanism"], "rank": info["rank"],
-        "columns": info["parameters"]["columns"], "n_users": st.n_users, "n_items": st.n_items,
-        "epsilon": epsilon if math.isfinite(epsilon) else "inf", "delta": delta,
-        "epsilon_spent": acc.epsilon if acc is not None else "inf",
-        "guarantee": led.guarantee, "neighbouring_relation": led.relation,
-        "clip_L": info["parameters"]["clip"], "released": info["released"], "not_released": info["not_released"],
-        "singular_values": [float(x) for x in fitted.extras["singular_values"]],
-        "seeded": seed is not None, "seconds": round(seconds, 3), "out": str(out),
-    }
-    warnings = privacy_warnings(led)
-    if m.private:
-        summary["epsilon_replace_one"] = led.bounds["epsilon_replace_one"]
-        summary["relation_covers"] = led.bounds["relation_covers"]
-        summary["weaker_than_user_level"] = True
-        warnings.insert(0, WEAKER_NOTE)
-    if stale:
-        summary["stale_runs_removed"] = stale
-    summary["privacy_warnings"] = warnings
-    return summary
 
 
 def format_lowrank_summary(summary: dict) -> str:

@@ -42,6 +42,7 @@ __all__ = [
     "GUARANTEE_NOT_DP_PREFIX",
     "SEEDED_NOTE",
     "encode_json",
+    "privacy_warnings",
     "decode_json",
 ]
 
@@ -255,3 +256,19 @@ class Ledger:
         except json.JSONDecodeError as exc:
             raise StoreError(f"{path}: line {exc.lineno}: not a valid privacy ledger ({exc.msg})") from None
         return cls.from_dict(d)
+
+
+def privacy_warnings(ledger) -> list[str]:
+    """The ledger notes that qualify its guarantee (printed on stderr by the CLI, not only kept in the ledger).
+
+    An observed (not declared) rating range, an approximate or unproven guarantee, a
+    seeded run, or a release that is the private biases only.
+    """
+    keys = ("observed from the data", "approximate", "no privacy proof", "seeded", "NO privacy", "iters = 0")
+    out = [n for n in getattr(ledger, "notes", []) if any(k in n for k in keys)]
+    g = getattr(ledger, "guarantee", "")
+    if g.startswith("approximate:") and not any(n.startswith("approximate") for n in out):
+        out.insert(0, "the guarantee is approximate: " + g[len("approximate:"):].strip())
+    if g.startswith("not DP:"):
+        out.insert(0, "the guarantee is NOT differential privacy: " + g[len("not DP:"):].strip())
+    return out
