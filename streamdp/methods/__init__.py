@@ -8,6 +8,8 @@ shared parts (``base``, ``options`` and ``_*.py``), never each other. Training o
 
 from __future__ import annotations
 
+import importlib
+
 from streamdp.errors import ParameterError
 from streamdp.methods.base import Fitted, Method, Plan
 
@@ -40,8 +42,6 @@ def get_method(name: str) -> type[Method]:
 def load_builtin() -> dict[str, type[Method]]:
     """Import the built-in method modules (which registers their classes) and return :data:`METHODS`."""
     # a module another engineer has not written yet is simply absent from the registry
-    import importlib
-
     for mod in ("oja", "sgld", "als", "frank_wolfe", "svd", "public_private"):
         try:
             importlib.import_module(f"streamdp.methods.{mod}")

@@ -18,6 +18,8 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.methods._biases import item_biases
+from streamdp.privacy.bounding import clip_rows
+from streamdp.privacy.release import Share
 from streamdp.stream.engine import add_into as _add
 
 #: ``--center`` choices: the private mean and biases, or the public midpoint.
@@ -64,8 +66,6 @@ def center_shares(stats_share: float, mean_share: float, rating_min: float, rati
     rows clipped to norm 1; one user mean and one count). Shared by ``oja``, ``fw``
     and ``svd`` (:func:`private_center` adds exactly these).
     """
-    from streamdp.privacy.release import Share
-
     d = math.sqrt(1.0 + ((rating_max - rating_min) / 2.0) ** 2)
     return [Share("item sums S_j and weights C_j (item biases, global mean)", "gaussian", d, stats_share,
                   shape=(2, n_items)),
@@ -85,8 +85,6 @@ def private_center(store, engine, *, center: str, rating_min: float, rating_max:
     (:func:`streamdp.methods._biases.item_biases` with prior and spread ``h/4``, the counts
     taken as exact; post-processing). ``center="midpoint"`` is ``(mid, 0, None, 0)`` and reads nothing.
     """
-    from streamdp.privacy.bounding import clip_rows
-
     n = store.n_items
     lo, hi = rating_min, rating_max
     mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0

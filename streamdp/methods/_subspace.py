@@ -15,8 +15,8 @@ import math
 import numpy as np
 
 from streamdp.kernels.linalg import gram_apply, residuals
+from streamdp.privacy.bounding import clip_rows
 from streamdp.stream.engine import add_into as _add
-
 
 #: Default ridge of the local user solve (see :mod:`streamdp.local`).
 DEFAULT_RIDGE = 1.0
@@ -56,8 +56,6 @@ def scaled_factors(V: np.ndarray, sv: np.ndarray, weight: np.ndarray | None = No
 
 def residual_values(mu, bias, L, lo, hi):
     """Clipped residual rows of a block: ``clip_rows(r - mu - b, L)`` as float64."""
-    from streamdp.privacy.bounding import clip_rows
-
     bias = np.ascontiguousarray(bias, dtype=np.float64)
 
     def values(block):

@@ -140,17 +140,24 @@ are calibrated jointly to the target by the PLD accountant
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import replace
 
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
+from streamdp.kernels.linalg import residuals, solve_users_huber
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
 from streamdp.methods._profile import user_profile
-from streamdp.methods._selection import VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
+from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import compose, epsilon_of
+from streamdp.privacy.bounding import contribution_weights
+from streamdp.privacy.mechanisms import huber_variance
+from streamdp.privacy.release import MECHANISMS, Share, calibrate_releases, pure_epsilon
 from streamdp.stream.engine import add_into as _add
 
 #: Key of this module's random streams.
@@ -290,8 +297,6 @@ class _AlsBase(Method):
     def settings(self, store, n_eff: float | None = None) -> dict:
         """The run's settings; ``n_eff`` (users whose ratings can pin down a factor, from the released
         :mod:`~streamdp.methods._profile`) replaces ``n_users`` in the defaults' signal-to-noise proxy."""
-        from streamdp.privacy.release import MECHANISMS
-
         o = self.options
         d = default_settings(store.n_users, store.n_items, self.epsilon, self.rank, o.get("mechanism", "gaussian"),
                              n_eff=n_eff)
@@ -357,8 +362,6 @@ class _AlsBase(Method):
     # -- privacy plan --------------------------------------------------------------------
     def _shares(self, store, s) -> list:
         """The releases of a run before calibration (see the module docstring's table)."""
-        from streamdp.privacy.release import Share
-
         n, k, T, tau = store.n_items, self.rank, s["iters"], s["tau"]
         h, c, R, D = s["half_range"], s["bias_clip"], s["residual_clip"], s["clip"]
         mech, l2 = s["mechanism"], s["norm"] == "l2"
@@ -441,8 +444,6 @@ class _AlsBase(Method):
         return min(int(given), s["iters"]) if given is not None else math.ceil(GATE_FRACTION * s["iters"])
 
     def _plan(self, store) -> Plan:
-        from streamdp.privacy.release import calibrate_releases, pure_epsilon
-
         profile = None
         if self.FIXED_ITERS is None and "iters" not in self.options:
             # how many ratings users have decides whether factors can pay: released first (see _profile)
@@ -527,8 +528,6 @@ class _AlsBase(Method):
         entropy), every candidate release of each is scored on them, and the best pair is
         refitted on every training rating. Costs one fit per item ridge more than before.
         """
-        import secrets
-
         entropy = self.seed if self.seed is not None else secrets.randbits(63)
         best, tried = None, []
         for reg, rho in NONPRIVATE_ITEM_RIDGES:
@@ -699,8 +698,6 @@ class _AlsBase(Method):
 
     def _statistic_totals(self, store, engine, run, s, desc):
         """The exact item sums ``S``, weight totals ``C`` and the global mean's (sum, count): one pass."""
-        from streamdp.privacy.bounding import contribution_weights
-
         n = store.n_items
         lo, hi = s["rating_min"], s["rating_max"]
         mid = (lo + hi) / 2.0
@@ -744,8 +741,6 @@ class _AlsBase(Method):
         the same Gaussian whichever branch the noisy choice took; the ledger lists what
         was spent, and the accountant's epsilon of it is checked against the target.
         """
-        from streamdp.privacy import compose, epsilon_of
-
         s = plan.params
         rel, T, gate = s["releases"], s["iters"], s["gate_after"]
         spent = [s["profile"].release if name == "profile" else
@@ -793,10 +788,6 @@ class _AlsBase(Method):
 
     # -- one iteration's item-side sums --------------------------------------------------
     def _iteration_sums(self, store, engine, run, s, mu, bias, V, C, d, desc="iteration"):
-        from streamdp.kernels.als import als_accumulate, symmetrize_upper
-        from streamdp.kernels.linalg import residuals, solve_users_huber
-        from streamdp.privacy.bounding import contribution_weights
-
         n, k = store.n_items, self.rank
         lo, hi = s["rating_min"], s["rating_max"]
         Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
@@ -856,8 +847,6 @@ class _AlsBase(Method):
         cands = s["candidates"]
         if not s["select"]:
             return s["default_candidate"], None
-        from streamdp.kernels.linalg import residuals, solve_users_huber
-
         n, k = store.n_items, self.rank
         lo, hi, h = s["rating_min"], s["rating_max"], s["half_range"]
         Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
@@ -909,8 +898,6 @@ class _AlsBase(Method):
     # -- the item solves -----------------------------------------------------------------
     def _solve_items(self, s, B, A, G, C, keep, rel, n_users: int):
         """``theta_j = (A_j + lambda_j I)^-1 B_j`` for the kept items (zeros elsewhere), in chunks."""
-        from streamdp.kernels.als import unpack_upper
-
         n, d = B.shape
         Cn = np.maximum(np.asarray(C, np.float64), 0.0)
         lam = s["reg"] * np.maximum(Cn, 1.0) ** s["reg_exponent"]
@@ -1001,8 +988,6 @@ def _selection_can_pay(release, s, n_users: int) -> bool:
     at epsilon 0.5 to 2 it cannot (the default stands anyway), and the budget it would take
     goes back to the other releases.
     """
-    from streamdp.methods._selection import MARGIN
-
     h = s["half_range"]
     return MARGIN * _std(release) <= SELECT_USEFUL * h * h * n_users
 
@@ -1037,8 +1022,6 @@ def _std(release) -> float:
         return release.scale
     if release.mechanism == "laplace":
         return math.sqrt(2.0) * release.scale
-    from streamdp.privacy.mechanisms import huber_variance
-
     return math.sqrt(huber_variance(release.scale, release.huber_c * release.scale))
 
 

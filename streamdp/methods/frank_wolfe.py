@@ -163,13 +163,19 @@ import math
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.kernels.fw import fw_step
+from streamdp.kernels.linalg import gram_apply, predict_rows, residuals
 from streamdp.methods import register
 from streamdp.methods._centering import CENTERS, center_settings, centering_text, settings_center, settings_shares
 from streamdp.methods._notes import joint_dp_notes
 from streamdp.methods._subspace import canonical_signs
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import paper_sigma_jain
+from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.ledger import GUARANTEE_JOINT_DP
+from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.stream.engine import add_into as _add
 
 #: Key of this method's random streams.
 RNG_KEY = 0x0F3A
@@ -210,9 +216,6 @@ def _power_pass(engine, d, values_of, rng, release, desc, extra):
     :func:`~streamdp.kernels.linalg.gram_apply`), also returning ``||Y||^2`` for the
     signal share of the release (post-processing).
     """
-    from streamdp.kernels.linalg import gram_apply
-    from streamdp.stream.engine import add_into as _add
-
     n = d.shape[0]
 
     def fn(block, b):
@@ -293,9 +296,6 @@ class PrivateFrankWolfe(Method):
 
     # -- privacy plan ------------------------------------------------------------------
     def _plan(self, store) -> Plan:
-        from streamdp.privacy import paper_sigma_jain
-        from streamdp.privacy.release import Share, calibrate_releases
-
         s = self.settings(store)
         T, P, L = s["T"], s["passes"], s["clip"]
         bounds = {"clip_L": L, "nuclear_norm_k": s["k"], "projection_rms_bound": s["bound"],
@@ -391,10 +391,6 @@ class PrivateFrankWolfe(Method):
         ``v_{t-1}, lambda_{t-1}``) from the coefficients in slot ``(t - 2) % 2`` and
         writes them to slot ``(t - 1) % 2``; later passes read that slot.
         """
-        from streamdp.kernels.fw import fw_step
-        from streamdp.kernels.linalg import predict_rows, residuals
-        from streamdp.privacy.bounding import clip_rows
-
         L, k, bound = s["clip"], s["k"], s["bound"]
         eta = s["eta"]
         zero_bias = np.zeros(V.shape[0])

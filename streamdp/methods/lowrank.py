@@ -158,14 +158,19 @@ import time
 from dataclasses import replace
 
 import numpy as np
+from scipy.stats import chi2
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.sketch import csr_matmul, csr_t_matmul
-from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods._subspace import DEFAULT_RIDGE, residual_values, scaled_factors
+from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import compose, epsilon_of, gaussian_event
 from streamdp.privacy.accountant import BOUNDED_ROW_CHANGE_RELATION
+from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.ledger import GUARANTEE_ROW_DP
+from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.stream.driver import Run, fingerprint
 from streamdp.stream.engine import add_into as _add
 
 __all__ = ["LowRank", "MECHANISMS", "default_oversampling", "format_lowrank_summary"]
@@ -253,8 +258,6 @@ def _noise_rows(run, purpose: int, release, first: int, end: int, width: int, ma
 
 def _clip_dense_rows(X: np.ndarray, bound: float) -> np.ndarray:
     """Rows of the dense ``X`` scaled to L2 norm at most ``bound`` (the one clipping function, on dense rows)."""
-    from streamdp.privacy.bounding import clip_rows
-
     if not math.isfinite(bound) or X.size == 0:
         return X
     n, k = X.shape
@@ -304,8 +307,6 @@ class LowRank(Method):
     # -- settings ----------------------------------------------------------------------
     def settings(self, store) -> dict:
         """All parameters of a run on ``store``, defaults resolved from public parameters."""
-        from scipy.stats import chi2
-
         o = self.options
         lo, hi = float(store.rating_min), float(store.rating_max)
         half = (hi - lo) / 2.0
@@ -326,8 +327,6 @@ class LowRank(Method):
 
     # -- privacy plan ------------------------------------------------------------------
     def _shares(self, store, s: dict) -> list:
-        from streamdp.privacy.release import Share
-
         m, n, kp, L = store.n_users, store.n_items, s["columns"], s["clip"]
         if s["mechanism"] == "measurements":
             return [Share("sketch rows clip(a_i Omega, C) + N1 (user side, never written: input of Q)", "gaussian",
@@ -338,8 +337,6 @@ class LowRank(Method):
                       "gaussian", L, 1.0, shape=(m, n))]
 
     def _plan(self, store) -> Plan:
-        from streamdp.privacy.release import calibrate_releases
-
         s = self.settings(store)
         bounds = {"clip_L": s["clip"], "rating_min": s["rating_min"], "rating_max": s["rating_max"],
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"),
@@ -362,8 +359,6 @@ class LowRank(Method):
     def _epsilon_replace_one(self, releases, s) -> float:
         """Epsilon when one user's row may be replaced by any other: the sensitivities of ``L`` double (the sketch's
         ``2C`` covers it already); same accountant, same delta."""
-        from streamdp.privacy import compose, epsilon_of, gaussian_event
-
         zs = [r.noise_multiplier / (1.0 if "sketch rows" in r.what else 2.0) for r in releases]
         return float(epsilon_of(compose([gaussian_event(z) for z in zs]), self.delta).epsilon)
 
@@ -379,8 +374,6 @@ class LowRank(Method):
 
     # -- fitting -----------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
-        from streamdp.stream.driver import Run, fingerprint
-
         plan = self.plan(store)
         s = plan.params
         values_of = residual_values(s["midpoint"], np.zeros(store.n_items), s["clip"], s["rating_min"], s["rating_max"])

@@ -121,6 +121,8 @@ from streamdp.methods._centering import CENTERS, center_shares, default_shares, 
 from streamdp.methods._subspace import DEFAULT_RIDGE, power_pass, residual_values, scaled_factors
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import paper_sigma_jain, spawn_rngs
+from streamdp.privacy.release import Share, calibrate_releases
 from streamdp.stream.engine import add_into as _add
 
 #: Default Oja step size constant (``eta_t = ETA / (n_t L^2)``).
@@ -245,8 +247,6 @@ class PrivateOja(Method):
     # -- privacy plan ------------------------------------------------------------------
     def _shares(self, store, s: dict) -> list:
         """The run's releases before calibration (the privacy core's :class:`~streamdp.privacy.release.Share`)."""
-        from streamdp.privacy.release import Share
-
         L = s["clip"]
         P, f, g = s["passes"], s["stats_share"], s["mean_share"]
         shares = [Share("A^T A V + G per pass (one Gaussian per pass: each user in one step)", "gaussian", L * L,
@@ -257,9 +257,6 @@ class PrivateOja(Method):
 
     def _releases(self, store, s: dict) -> list:
         """Calibrated releases: PLD search (default), or Jain et al.'s Alg. 2 sigma (``--calibration paper``)."""
-        from streamdp.privacy import paper_sigma_jain
-        from streamdp.privacy.release import calibrate_releases
-
         shares = self._shares(store, s)
         if s["calibration"] == "paper":
             zp = paper_sigma_jain(self.epsilon, self.delta, count=sum(s["steps_per_pass"]), which="alg2")
@@ -292,8 +289,6 @@ class PrivateOja(Method):
 
     # -- fitting -----------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
-        from streamdp.privacy import spawn_rngs
-
         plan = self.plan(store)
         s = plan.params
         n, k = store.n_items, self.rank

@@ -39,15 +39,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.linalg import eigh
 
 from streamdp.errors import ParameterError
+from streamdp.kernels.fw import gram_upper
+from streamdp.kernels.linalg import residuals
 from streamdp.methods import register
 from streamdp.methods._centering import center_settings, centering_text, settings_center, settings_shares
 from streamdp.methods._notes import joint_dp_notes
 from streamdp.methods._subspace import canonical_signs
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import paper_sigma_jain, spawn_rngs
+from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.ledger import GUARANTEE_JOINT_DP
+from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.stream.engine import add_into as _add
 
 #: Key of this method's random streams.
 RNG_KEY = 0x05BD
@@ -83,9 +90,6 @@ class PrivateSVD(Method):
                     **center_settings(o.get("center", "private"), store.n_users, store.n_items, self.epsilon))
 
     def _plan(self, store) -> Plan:
-        from streamdp.privacy import paper_sigma_jain
-        from streamdp.privacy.release import Share, calibrate_releases
-
         s = self.settings(store)
         D, n = s["clip"], store.n_items
         bounds = {"clip_Delta": D, "rating_min": s["rating_min"], "rating_max": s["rating_max"],
@@ -124,13 +128,6 @@ class PrivateSVD(Method):
         return 8 * n * n * 4 + 8 * n * (self.rank + 8)
 
     def fit(self, store, engine) -> Fitted:
-        from scipy.linalg import eigh
-        from streamdp.kernels.fw import gram_upper
-        from streamdp.kernels.linalg import residuals
-        from streamdp.stream.engine import add_into as _add
-        from streamdp.privacy import spawn_rngs
-        from streamdp.privacy.bounding import clip_rows
-
         plan = self.plan(store)
         s = plan.params
         n, r = store.n_items, self.rank
