@@ -208,3 +208,18 @@ def test_the_allowed_upward_imports_still_exist():
 def test_no_import_cycles_in_the_package():
     found = cycles(graph())
     assert not found, f"import cycles (imports inside functions included): {found}"
+
+
+def test_every_method_module_is_loaded_without_being_listed_anywhere():
+    """A new method is one new module: the registry finds the modules the rules above call method modules."""
+    import sys
+
+    from streamdp.methods import METHODS, load_builtin, method_modules
+
+    on_disk = sorted(m for m in MODULES if is_method_module(m))
+    assert method_modules() == on_disk
+    load_builtin()
+    assert all(m in sys.modules for m in on_disk)
+    registered_from = {cls.__module__ for cls in METHODS.values()}
+    assert registered_from <= set(on_disk)
+    assert set(on_disk) - registered_from == {"streamdp.methods.lowrank"}  # its own command, not a --method

@@ -9,11 +9,12 @@ shared parts (``base``, ``options`` and ``_*.py``), never each other. Training o
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 from streamdp.errors import ParameterError
 from streamdp.methods.base import Fitted, Method, Plan
 
-__all__ = ["METHODS", "register", "get_method", "load_builtin", "Method", "Fitted", "Plan"]
+__all__ = ["METHODS", "register", "get_method", "load_builtin", "method_modules", "Method", "Fitted", "Plan"]
 
 #: ``--method`` name -> method class.
 METHODS: dict[str, type[Method]] = {}
@@ -39,15 +40,17 @@ def get_method(name: str) -> type[Method]:
             from None
 
 
+def method_modules() -> list[str]:
+    """The method modules of this package: every ``streamdp/methods/<name>.py`` but the shared parts
+    (``_*.py``, ``base``, ``options``). A new method is a new module here; nothing else lists it."""
+    return sorted(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)
+                  if not m.ispkg and not m.name.startswith("_") and m.name not in ("base", "options"))
+
+
 def load_builtin() -> dict[str, type[Method]]:
-    """Import the built-in method modules (which registers their classes) and return :data:`METHODS`."""
-    # a module another engineer has not written yet is simply absent from the registry
-    for mod in ("oja", "sgld", "als", "frank_wolfe", "svd", "public_private"):
-        try:
-            importlib.import_module(f"streamdp.methods.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"streamdp.methods.{mod}":
-                raise
+    """Import the method modules (which registers their classes) and return :data:`METHODS`."""
+    for mod in method_modules():
+        importlib.import_module(mod)
     return METHODS
 
 
