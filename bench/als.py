@@ -50,7 +50,7 @@ def passes(st, k, memory_limit="4GB"):
     """
     import numpy as np
 
-    from streamdp.methods.oja import _power_pass, _values_fn
+    from streamdp.methods._subspace import power_pass, residual_values
     from streamdp.stream.driver import Run
     from streamdp.stream.engine import Engine
 
@@ -65,11 +65,11 @@ def passes(st, k, memory_limit="4GB"):
             m._iteration_sums(st, eng, run, s, mid, bias, V, C, k)
 
     Vq = np.linalg.qr(V)[0]
-    values_of = _values_fn(mid, bias, (hi - lo) / 2 * 5 ** 0.5, lo, hi)
+    values_of = residual_values(mid, bias, (hi - lo) / 2 * 5 ** 0.5, lo, hi)
 
     def oja_pass(workers):
         with Engine(st, workers=workers, memory_limit=memory_limit, state_bytes=8 * n * k * 4) as eng:
-            _power_pass(eng, Vq, values_of, None, None)
+            power_pass(eng, Vq, values_of, None, None)
 
     return als_pass, oja_pass
 

@@ -60,7 +60,7 @@ def main(argv=None):
     from threadpoolctl import threadpool_limits
 
     from streamdp.kernels.linalg import gram_apply
-    from streamdp.methods.oja import _power_pass, _values_fn
+    from streamdp.methods._subspace import power_pass, residual_values
     from streamdp.storage.generate import generate_store
     from streamdp.storage.store import open_store
     from streamdp.stream.engine import Engine
@@ -78,7 +78,7 @@ def main(argv=None):
     nnz = st.n_ratings
     lo, hi = st.rating_min, st.rating_max
     mu, bias, L = (lo + hi) / 2, np.zeros(st.n_items), (hi - lo) / 2 * 5 ** 0.5
-    values_of = _values_fn(mu, bias, L, lo, hi)
+    values_of = residual_values(mu, bias, L, lo, hi)
 
     # the same clipped matrix in memory
     t = time.perf_counter()
@@ -115,8 +115,8 @@ def main(argv=None):
             res["kernel_vs_scipy"] = statistics.median(a / b for a, b in zip(ts, tk))
         for w in [int(x) for x in args.workers.split(",")]:
             with Engine(st, workers=w, memory_limit=args.memory_limit) as eng:
-                _power_pass(eng, V, values_of, None, 0.0)  # warm up: compile, page cache
-                res[f"stream_{w}"] = nnz / median_time(lambda: _power_pass(eng, V, values_of, None, 0.0),
+                power_pass(eng, V, values_of, None, 0.0)  # warm up: compile, page cache
+                res[f"stream_{w}"] = nnz / median_time(lambda: power_pass(eng, V, values_of, None, 0.0),
                                                        args.repeats)
         if "stream_2" in res:
             res["stream2_vs_scipy"] = res["stream_2"] / res["scipy"]

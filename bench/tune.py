@@ -48,7 +48,7 @@ def main(argv=None):
     ap.add_argument("--method", default="als")
     a = ap.parse_args(argv)
     from streamdp.api import default_delta
-    from streamdp.methods import train
+    from streamdp.training import train
     from streamdp.tune import config_name, tune
 
     tmp = tempfile.mkdtemp(prefix="streamdp-bench-tune-")

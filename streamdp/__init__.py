@@ -1,8 +1,7 @@
 """streamdp: user-level differentially private recommender models, streamed from disk."""
 
-__version__ = "0.1.0"
-
-from streamdp.storage.store import open_store  # noqa: E402
+from streamdp._version import __version__
+from streamdp.storage.store import open_store
 
 __all__ = ["open_store", "load_model", "train", "generate", "__version__"]
 

@@ -18,21 +18,13 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
 
-__all__ = ["train", "tune", "generate", "default_delta"]
+from streamdp.privacy.params import default_delta  # re-exported: part of the API
 
-
-def default_delta(n_users: int) -> float:
-    """The default delta: the largest power of ten <= min(1e-6, 1 / (10 n_users)), public and below 1/n_users.
-
-    >>> default_delta(943), default_delta(200_000)
-    (1e-06, 1e-07)
-    """
-    return 10.0 ** math.floor(math.log10(min(1e-6, 1.0 / (10.0 * max(int(n_users), 1)))))
+__all__ = ["train", "tune", "generate", "ingest", "default_delta"]
 
 
 def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
@@ -40,7 +32,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
           scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True, **options):
     """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
 
-    Exactly what ``streamdp train`` runs (:func:`streamdp.methods.train`): the
+    Exactly what ``streamdp train`` runs (:func:`streamdp.training.train`): the
     release is reserved in the store's privacy budget before anything is computed,
     the model is written atomically, and, when the store has a test split, evaluated
     beside the non-private baselines. ``out=None`` writes the model to a temporary
@@ -61,7 +53,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
-    from streamdp.methods import train as train_model
+    from streamdp.training import train as train_model
     from streamdp.model import load_model
     from streamdp.privacy.accountant import check_calibratable
     from streamdp.storage.store import RatingStore, open_store
@@ -121,6 +113,41 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
         summary["out"] = None
     model.summary = summary
     return model
+
+
+def ingest(inputs, out: str, *, budget=None, **options):
+    """Ingest rating files into a store at ``out`` (``streamdp ingest``) and return it opened.
+
+    :func:`streamdp.storage.ingest.ingest` with its ``options``; ``budget``
+    (``(epsilon, delta)`` or ``"E,D"``) also sets the store's privacy budget
+    (:class:`streamdp.privacy.budget.StoreBudget`): checked before anything is read
+    (and against the number of users once the input is parsed, before anything is
+    written), set once the store is in place.
+    """
+    from streamdp.errors import StoreError
+    from streamdp.outputs import is_no_space, no_space_reason
+    from streamdp.privacy import check_privacy_params
+    from streamdp.privacy.budget import StoreBudget, parse_budget
+    from streamdp.storage.ingest import ingest as ingest_files
+
+    budget = parse_budget(budget)
+    if budget is None:
+        return ingest_files(list(inputs), out, **options)
+
+    def check_users(n_users: int) -> None:
+        check_privacy_params(*budget, n_users=n_users)
+
+    def set_budget(store) -> None:
+        try:
+            StoreBudget(store.path).set(*budget)
+        except OSError as exc:  # the store is in place: say so, not "nothing was written"
+            if not is_no_space(exc):
+                raise
+            raise StoreError(f"{store.path}: the store was written but its budget was not set: "
+                             f"{no_space_reason(exc)} writing its ledger; free some space and run "
+                             f"streamdp budget {store.path} --set {budget[0]:g},{budget[1]:g}") from None
+
+    return ingest_files(list(inputs), out, check_users=check_users, after_write=set_budget, **options)
 
 
 def generate(out: str, *, users: int = 10_000, items: int = 2_000, ratings_per_user: float = 50.0, rank: int = 8,

@@ -78,13 +78,12 @@ def read_user_list(path: str, store) -> np.ndarray:
 
 def _prepare(model, store, n, users, ridge):
     from streamdp.local import model_ridge
-    from streamdp.model import Model, load_model
     from streamdp.storage.ids import find
     from streamdp.storage.store import RatingStore, open_store
 
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise ParameterError(f"--top must be a positive integer, got {n}")
-    m = model if isinstance(model, Model) else load_model(model)
+    m = model
     st = store if isinstance(store, RatingStore) else open_store(store)
     st.check_chunks()
     ids = st.item_ids()
@@ -177,7 +176,8 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
 
     Parameters
     ----------
-    model : str or Model
+    model : Model
+        A loaded model (:meth:`streamdp.model.Model.recommend_all` is the public entry point).
     store : str or RatingStore
         Its items must be the model's items; each user's training ratings are her own data.
     n : int

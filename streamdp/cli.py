@@ -147,7 +147,7 @@ def info(store, as_json):
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def verify(store, workers, memory_limit, scheduler, as_json):
     """Read all of STORE back, block by block, and check it against its recorded checksum."""
-    from streamdp.storage.verify import format_verify, verify_store
+    from streamdp.stream.verify import format_verify, verify_store
 
     r = verify_store(store, workers=workers, memory_limit=memory_limit, scheduler=scheduler)
     if as_json:
@@ -239,7 +239,7 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 def ingest(inputs, out, fmt, sep, columns, rating_range, out_of_range, test_fraction, seed, skip_bad_lines,
            memory_limit, block_users, force, budget, as_json):
     """Ingest rating files (u.data, ::-.dat, CSV, whitespace, Parquet; .gz) into a store, out of core."""
-    from streamdp.storage.ingest import ingest as ingest_files
+    from streamdp.api import ingest as ingest_files
 
     s = ingest_files(list(inputs), out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
@@ -294,12 +294,12 @@ class _TrainCommand(click.Command):
     def _load_method_options(self):
         if getattr(self, "_method_options_loaded", False):
             return
-        from streamdp.methods import METHODS, _load_builtin
+        from streamdp.methods import METHODS, load_builtin
         from streamdp.methods.options import merge_options, option_help
 
         from streamdp.train_help import rank_help
 
-        _load_builtin()
+        load_builtin()
         for p in self.params:
             if p.name == "method":
                 p.type = click.Choice(sorted(METHODS))
@@ -378,7 +378,7 @@ def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit,
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def methods(as_json):
     """The methods: guarantee (exact/approximate), what is released, when to use each."""
-    from streamdp.methods.catalog import format_methods, methods_listing
+    from streamdp.catalog import format_methods, methods_listing
 
     rows = methods_listing()
     if as_json:
@@ -682,8 +682,9 @@ def lowrank(store, rank, epsilon, delta, out, mechanism, oversampling, power_ite
     The guarantee holds for Hardt & Roth's relation (one user's clipped row changes by L2 norm <= L, users and
     items fixed): WEAKER than the user-level add/remove guarantee of `train`; the output says what it covers.
     """
-    from streamdp.api import default_delta
-    from streamdp.methods.lowrank import format_lowrank_summary, lowrank as run_lowrank
+    from streamdp.privacy.params import default_delta
+    from streamdp.methods.lowrank import format_lowrank_summary
+    from streamdp.training import lowrank as run_lowrank
     from streamdp.storage.store import open_store
 
     st = open_store(store)

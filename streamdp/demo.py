@@ -32,7 +32,7 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
     """
     from streamdp.errors import Interrupted, StoreError
     from streamdp.evaluate import evaluate_model, format_baselines, format_verdict
-    from streamdp.methods import train
+    from streamdp.training import train
     from streamdp.model import check_model_destination
     from streamdp.privacy import Ledger
     from streamdp.storage.generate import generate_store

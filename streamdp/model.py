@@ -38,12 +38,11 @@ import zarr
 
 from streamdp.errors import InputError
 from streamdp.manifest import check_release
+from streamdp.model_dir import MODEL_FORMAT, MODEL_FORMAT_VERSION, is_model_dir
 from streamdp.outputs import check_destination, deferred_interrupts, install_dir, owned_temp_dir
 from streamdp.privacy.ledger import encode_json
 from streamdp.storage.ids import as_ids, find, numeric, parse_id
 
-MODEL_FORMAT = "streamdp-model"
-MODEL_FORMAT_VERSION = 1
 _CORE_ARRAYS = ("item_factors", "item_bias", "item_ids")
 
 
@@ -187,28 +186,6 @@ class Model:
         return Model(path=self.path, item_factors=self.item_factors[pos], item_bias=self.item_bias[pos],
                      item_ids=ids, global_mean=self.global_mean, info=self.info, ledger=self.ledger,
                      extras=self.extras)
-
-
-def _model_json(path) -> dict | None:
-    try:
-        with open(os.path.join(path, "model.json")) as f:
-            info = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
-
-
-def is_model_dir(path) -> bool:
-    """Whether ``path`` is a streamdp model directory (its ``model.json`` names the format; any version)."""
-    info = _model_json(path)
-    return info is not None and info.get("format") == MODEL_FORMAT
-
-
-def model_budget_entry(path) -> str | None:
-    """The id of the store-budget entry that released the model at ``path`` (``model.json``), if any."""
-    info = _model_json(path)
-    entry = info.get("budget_entry") if info is not None and info.get("format") == MODEL_FORMAT else None
-    return entry if isinstance(entry, str) else None
 
 
 def check_model_destination(out, force: bool) -> None:

@@ -25,6 +25,8 @@ import json
 import os
 import socket
 
+from streamdp.jsonio import atomic_write_json
+
 __all__ = ["OWNER_FILE", "current_owner", "owner_status", "describe_owner", "write_owner_file", "read_owner_file"]
 
 #: Name of the owner record in a run directory.
@@ -101,8 +103,6 @@ def describe_owner(owner: dict | None) -> str:
 
 def write_owner_file(directory: str | os.PathLike) -> None:
     """Record this process as the owner of ``directory`` (``directory/owner.json``)."""
-    from streamdp.privacy.ledger import atomic_write_json
-
     atomic_write_json(os.path.join(directory, OWNER_FILE), current_owner())
 
 

@@ -116,7 +116,8 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
 
     Returns the ``results.json`` content (with ``dry_run: true`` and no rows for a dry run).
     """
-    from streamdp.api import default_delta, train
+    from streamdp.api import train
+    from streamdp.privacy.params import default_delta
     from streamdp.methods import get_method
     from streamdp.outputs import check_destination
     from streamdp.storage.store import RatingStore, open_store

@@ -6,7 +6,7 @@ Without ``--method``, the help lists the options every method shares and the met
 options (its ``OPTIONS``, in declaration order), each with the default the
 declaration gives, and ``--rank`` with ``X``'s default rank
 (:meth:`~streamdp.methods.base.Method.default_rank`) and what the rank means for
-``X`` (:mod:`streamdp.methods.catalog`).
+``X`` (:mod:`streamdp.catalog`).
 
 Parsing is unchanged: every method's flags are accepted by ``train``, and a flag of
 another method is refused by the method with a one-line error (``--passes: not an
@@ -68,7 +68,7 @@ def option_record(o) -> tuple[str, str]:
 
 def rank_help(classes: dict) -> str:
     """``--rank``'s help over ``classes`` (name -> method class): the usual default and each exception."""
-    from streamdp.methods.catalog import CATALOG, default_rank
+    from streamdp.catalog import CATALOG, default_rank
 
     plain = "number of factors k"
     ranks = {m: default_rank(c) for m, c in classes.items()}
@@ -88,7 +88,7 @@ def _method_records(cls) -> list[tuple[str, str]]:
 def format_train_options(cmd, ctx, formatter, method_option_names: set) -> None:
     """Write ``train``'s option sections into ``formatter`` (click's ``format_options`` of the command)."""
     from streamdp.methods import get_method
-    from streamdp.methods.catalog import CATALOG, default_rank, guarantee_kind
+    from streamdp.catalog import CATALOG, default_rank, guarantee_kind
 
     name = ctx.meta.get(HELP_METHOD)
     cls = get_method(name) if name is not None else None  # an unknown name: one line listing the methods

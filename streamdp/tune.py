@@ -306,11 +306,11 @@ def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
     user's global index (as :func:`streamdp.methods._selection.holdout` keys its choices), so the
     sample depends on no rating and is the same in every pass.
     """
-    from streamdp.methods._selection import _MIX, _mix
+    from streamdp.methods._selection import MIX, mix
 
     users = np.arange(first_user, first_user + n, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        h = _mix((np.uint64(key) * _MIX) ^ _mix(users * _MIX + np.uint64(0x5A3D)))
+        h = mix((np.uint64(key) * MIX) ^ mix(users * MIX + np.uint64(0x5A3D)))
     return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < q
 
 
@@ -456,7 +456,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     the candidates with their noisy losses, the default and chosen configurations,
     the split of the budget and whether the choice was skipped (and why).
     """
-    from streamdp.api import default_delta
+    from streamdp.privacy.params import default_delta
     from streamdp.methods import get_method
     from streamdp.methods._selection import MARGIN, choose
     from streamdp.methods.als import SELECT_USEFUL
@@ -549,11 +549,11 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         from streamdp.methods._profile import user_profile
         from streamdp.methods.als import default_settings
 
-        from streamdp.methods.als import _PROFILE, RNG_KEY
+        from streamdp.methods.als import PROFILE_STREAM, RNG_KEY
 
         # train's own draw for a seeded run (the same seed gives the same histogram, as for the released model)
         profile = user_profile(st, "gaussian", epsilon, delta, np.random.default_rng(
-            np.random.SeedSequence(seed, spawn_key=(RNG_KEY, _PROFILE)) if seed is not None else None))
+            np.random.SeedSequence(seed, spawn_key=(RNG_KEY, PROFILE_STREAM)) if seed is not None else None))
         e_nominal = epsilon * math.sqrt(1.0 - SELECT_SHARE)  # the released model's, about (the candidates: < 1%)
         base_rank = cls(epsilon=epsilon, delta=delta).rank
 
@@ -725,12 +725,12 @@ def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, z_f: float
 
 def _release(st, wrapper, final, out, tuning, t0, *, epsilon, delta, seed, workers, memory_limit, over_budget,
              force, evaluate_test, entry: str | None = None) -> dict:
-    from streamdp.methods import _summary, release
+    from streamdp.training import release, run_summary
 
     fitted, seconds, stale = release(st, wrapper, out, workers=workers, memory_limit=memory_limit,
                                      over_budget=over_budget, force=force, entry=entry)
     try:
-        summary = _summary(st, final, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
+        summary = run_summary(st, final, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
                            evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "

@@ -53,7 +53,7 @@ def test_interrupt_during_evaluation(store, tmp_path, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("streamdp.evaluate.evaluate_model", interrupted)
+    monkeypatch.setattr("streamdp.training.evaluate_model", interrupted)
     out = tmp_path / "model"
     r = CliRunner().invoke(main, train_args(store, out))
     assert r.exit_code == 130
@@ -109,7 +109,7 @@ def test_interrupted_demo(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(demo_module, "DEMO_STORE", {**demo_module.DEMO_STORE, "n_users": 2000, "n_items": 50})
-    monkeypatch.setattr("streamdp.evaluate.evaluate_model", interrupted)
+    monkeypatch.setattr("streamdp.training.evaluate_model", interrupted)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     r = CliRunner().invoke(main, ["demo"])
     assert r.exit_code == 130

@@ -98,7 +98,7 @@ def test_released_items_are_in_id_order_not_popularity_order(tmp_path):
     import csv
 
     from streamdp.evaluate import evaluate_model
-    from streamdp.methods import train
+    from streamdp.training import train
     from streamdp.model import load_model
     from streamdp.storage.ingest import ingest
 

@@ -21,8 +21,7 @@ import pytest
 import zarr
 
 from streamdp import manifest
-from streamdp.methods import train
-from streamdp.methods.lowrank import lowrank as run_lowrank
+from streamdp.training import lowrank as run_lowrank, train
 from streamdp.model import load_model, save_model
 from streamdp.privacy import GUARANTEE_NONE, Ledger
 

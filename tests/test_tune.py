@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from streamdp.cli import main
 from streamdp.errors import ParameterError
-from streamdp.methods import get_method, train
+from streamdp.methods import get_method
+from streamdp.training import train
 from streamdp.errors import BudgetExceededError
 from streamdp.privacy import compose, epsilon_of, gaussian_event
 from streamdp.privacy.budget import StoreBudget

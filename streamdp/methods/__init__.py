@@ -1,24 +1,20 @@
-"""Training methods: a name registry and :func:`train`, the library side of ``streamdp train``.
+"""Training methods: one module per method and a name registry, the ``--method`` names of ``streamdp train``.
 
 Each method is a small class (see :class:`streamdp.methods.base.Method`) registered
-under its ``--method`` name with :func:`register`. :func:`train` is the one code
-path every method is trained through: check the privacy parameters, plan the
-releases, reserve them in the store's budget **before** anything is written, fit
-on the stream engine, write the model atomically, mark the budget entry complete
-(or failed), and evaluate on the store's test split when there is one.
+under its ``--method`` name with :func:`register`. Method modules import only the
+shared parts (``base``, ``options`` and ``_*.py``), never each other. Training one
+(plan, budget, fit, ledger, save) is :func:`streamdp.training.train`.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import signal
-import time
+import importlib
+import pkgutil
 
-from streamdp.errors import Interrupted, ParameterError
+from streamdp.errors import ParameterError
 from streamdp.methods.base import Fitted, Method, Plan
 
-__all__ = ["METHODS", "register", "get_method", "train", "prepare", "release", "Method", "Fitted", "Plan"]
+__all__ = ["METHODS", "register", "get_method", "load_builtin", "method_modules", "Method", "Fitted", "Plan"]
 
 #: ``--method`` name -> method class.
 METHODS: dict[str, type[Method]] = {}
@@ -36,7 +32,7 @@ def register(cls: type[Method]) -> type[Method]:
 
 def get_method(name: str) -> type[Method]:
     """The class registered as ``name`` (``ParameterError`` listing the choices otherwise)."""
-    _load_builtin()
+    load_builtin()
     try:
         return METHODS[name]
     except KeyError:
@@ -44,214 +40,21 @@ def get_method(name: str) -> type[Method]:
             from None
 
 
-def _load_builtin() -> None:
-    # Importing the modules registers their classes; a module another engineer has not
-    # written yet is simply absent from the registry.
-    import importlib
-
-    for mod in ("oja", "sgld", "als", "frank_wolfe", "svd", "public_private"):
-        try:
-            importlib.import_module(f"streamdp.methods.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"streamdp.methods.{mod}":
-                raise
+def method_modules() -> list[str]:
+    """The method modules of this package: every ``streamdp/methods/<name>.py`` but the shared parts
+    (``_*.py``, ``base``, ``options``). A new method is a new module here; nothing else lists it."""
+    return sorted(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)
+                  if not m.ispkg and not m.name.startswith("_") and m.name not in ("base", "options"))
 
 
-def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: int | None = None,
-          seed: int | None = None,
-          workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
-          force: bool = False, evaluate_test: bool = True, state: str | None = None, **options) -> dict:
-    """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
-
-    The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
-    accountant's ``epsilon_spent`` and, when the store has a test split,
-    ``test_rmse`` / ``test_mae`` (local ridge solves, see :mod:`streamdp.evaluate`);
-    ``stale_runs_removed`` lists the run directories of dead processes removed from
-    ``STORE.state/`` first (:func:`streamdp.stream.driver.sweep_stale_runs`), if any.
-    Options that are ``None`` are left at the method's defaults. ``force`` replaces
-    only an existing model at ``out``. ``scheduler`` (``None``, ``"dask"``,
-    ``"processes"``, an address or a client) runs the training and the evaluation
-    after it; ``state`` is the root of the per-user state (default beside the store).
-
-    Ctrl-C raises :class:`~streamdp.errors.Interrupted` saying what was released:
-    nothing (the reservation is marked failed), or the model and its budget entry
-    (complete; the evaluation is skipped).
-    """
-    from streamdp.stream.engine import dask_session
-
-    t0 = time.perf_counter()
-    st, m = prepare(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
-                    force=force, **options)
-    with dask_session(scheduler, workers) as scheduler:
-        m.check_scheduler(scheduler)  # before anything is reserved
-        fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler,
-                                         memory_limit=memory_limit, over_budget=over_budget, force=force, state=state)
-        try:
-            summary = _summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
-                               evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit,
-                               scheduler=scheduler)
-            summary["total_seconds"] = round(time.perf_counter() - t0, 3)
-            return summary
-        except KeyboardInterrupt:
-            raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
-                              f"evaluation skipped") from None
+def load_builtin() -> dict[str, type[Method]]:
+    """Import the method modules (which registers their classes) and return :data:`METHODS`."""
+    for mod in method_modules():
+        importlib.import_module(mod)
+    return METHODS
 
 
-def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delta: float, rank: int | None = None,
-            seed: int | None = None, force: bool = False, **options):
-    """Check everything that can be checked before a run and build the method: ``(store, method instance)``.
-
-    ``method`` is a registered name or a :class:`Method` subclass. Checked: the
-    destination (``force`` replaces only a model), the store's chunks (a damaged store
-    fails before any budget is reserved), the privacy parameters and the rank.
-    """
-    from streamdp.model import check_model_destination
-    from streamdp.privacy import check_privacy_params
-    from streamdp.storage.store import RatingStore, open_store
-
-    check_model_destination(str(out), force)
-    st = store if isinstance(store, RatingStore) else open_store(store)
-    st.check_chunks()  # a damaged store fails here, before any privacy budget is reserved
-    check_privacy_params(epsilon, delta, n_users=st.n_users)
-    cls = get_method(method) if isinstance(method, str) else method
-    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
-    if m.rank > st.n_items:
-        raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
-    return st, m
+#: The former private name, kept for callers outside the package (tests, other branches).
+_load_builtin = load_builtin
 
 
-def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_limit=None, over_budget: bool = False,
-            force: bool = False, state: str | None = None, entry: str | None = None):
-    """Reserve ``m``'s planned release in the store's budget, fit it, write it to ``out``: ``(fitted, seconds, stale)``.
-
-    The one path from a method instance to a released model directory (``train``
-    and ``lowrank``): the budget entry is reserved before the run, marked
-    ``writing`` before the model write and ``complete`` once the model is in place,
-    or ``failed`` when nothing was released: also when a block read does not match
-    its recorded check or the store was replaced during the run
-    (:meth:`~streamdp.storage.store.RatingStore.check_unchanged`, before the write). ``stale`` lists the run directories of
-    dead processes removed from ``STORE.state/`` first. ``entry``: a reservation made already (``tune``
-    reserves its whole run before its candidates), used instead of a new one. Ctrl-C raises
-    :class:`~streamdp.errors.Interrupted` saying what was released.
-    """
-    from streamdp.manifest import public_parameters
-    from streamdp.model import model_budget_entry
-    from streamdp.outputs import interrupt_signal
-    from streamdp.privacy import GUARANTEE_NONE
-    from streamdp.privacy.budget import StoreBudget
-    from streamdp.storage.fingerprint import store_fingerprint
-    from streamdp.stream.driver import sweep_stale_runs
-    from streamdp.stream.engine import Engine
-
-    out = str(out)
-    stale = sweep_stale_runs(st) + (sweep_stale_runs(st, state) if state is not None else [])
-    t0 = time.perf_counter()
-    planned = m.planned_ledger(st)
-    budget = StoreBudget(st.path)
-    if entry is None:
-        entry = budget.reserve(planned, over_budget=over_budget, model=os.path.abspath(out))
-    # a --checkpoint directory is the user's: its noisy iterates count as released from the first
-    # checkpoint on, so the entry is never refunded (stage "writing" before the run; "stale", counted,
-    # if the run then fails); only a private run directory keeps the proof that nothing left the process
-    checkpoint = m.options.get("checkpoint")
-    try:
-        if checkpoint:
-            budget.writing(entry)
-        with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
-                    state_bytes=m.state_bytes(st), state=state) as engine:
-            fitted = m.fit(st, engine)
-            fitted.model_info.setdefault("engine", engine.describe())
-            fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
-        st.check_unchanged()  # the model records the checksum of the store opened: it must be the store read
-        seconds = time.perf_counter() - t0
-        fp = store_fingerprint(st)
-        fitted.model_info["store_fingerprint"] = fp
-        fitted.model_info["budget_entry"] = entry
-        fitted.ledger.store_fingerprint = fp
-        fitted.ledger.public_parameters = public_parameters(st)
-        if fitted.ledger.guarantee == GUARANTEE_NONE:
-            fitted.model_info["delta"] = None  # a non-private model has no (epsilon, delta) guarantee
-        budget.writing(entry)
-        fitted.save(out, force=force)
-        budget.complete(entry)
-    except BaseException as exc:
-        released = model_budget_entry(out) == entry  # the model was renamed into place before exc
-        if isinstance(exc, KeyboardInterrupt):
-            why = "interrupted (SIGTERM)" if interrupt_signal() == signal.SIGTERM else "interrupted (Ctrl-C)"
-        else:
-            why = f"{exc.__class__.__name__}: {exc}"
-        if released:
-            budget.complete(entry)
-        elif checkpoint:
-            budget.spent(entry, f"{why}; counted as spent: checkpoints were written to {checkpoint}")
-        else:
-            budget.fail(entry, why)
-        if isinstance(exc, KeyboardInterrupt):
-            if released:
-                msg = f"interrupted after the model was written to {out} and its budget recorded"
-            elif checkpoint:
-                msg = (f"interrupted before the model was written; the checkpoints in {checkpoint} count as "
-                       f"released, so the budget reservation {entry} in {budget.path} stays spent")
-            else:
-                msg = (f"interrupted before anything was released; the budget reservation {entry} in "
-                       f"{budget.path} was marked failed")
-            raise Interrupted(msg) from None
-        raise
-    return fitted, seconds, stale
-
-
-def privacy_warnings(ledger) -> list[str]:
-    """The ledger notes that qualify its guarantee (printed on stderr by the CLI, not only kept in the ledger).
-
-    An observed (not declared) rating range, an approximate or unproven guarantee, a
-    seeded run, or a release that is the private biases only.
-    """
-    keys = ("observed from the data", "approximate", "no privacy proof", "seeded", "NO privacy", "iters = 0")
-    out = [n for n in getattr(ledger, "notes", []) if any(k in n for k in keys)]
-    g = getattr(ledger, "guarantee", "")
-    if g.startswith("approximate:") and not any(n.startswith("approximate") for n in out):
-        out.insert(0, "the guarantee is approximate: " + g[len("approximate:"):].strip())
-    if g.startswith("not DP:"):
-        out.insert(0, "the guarantee is NOT differential privacy: " + g[len("not DP:"):].strip())
-    return out
-
-
-def _summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evaluate_test, workers,
-             memory_limit, scheduler=None) -> dict:
-    led = fitted.ledger
-    acc = getattr(led, "accounting", None)
-    import numpy as np
-
-    from streamdp.privacy import GUARANTEE_NONE
-
-    info = fitted.model_info
-    released = bool(info.get("factors_released", fitted.item_factors.size and np.any(fitted.item_factors)))
-    summary = {
-        "method": m.name,
-        "epsilon": epsilon if math.isfinite(epsilon) else "inf",
-        "delta": delta if led.guarantee != GUARANTEE_NONE else None,  # no delta without a DP guarantee
-        "rank": m.rank,
-        "factors_released": released,
-        "effective_rank": int(fitted.item_factors.shape[1]) if released else 0,
-        "guarantee": led.guarantee,
-        "epsilon_spent": (acc.epsilon if acc is not None else ("inf" if not math.isfinite(epsilon) else 0.0)),
-        "seeded": seed is not None,
-        "train_seconds": round(seconds, 3),
-        "out": out,
-    }
-    if fitted.owner:
-        summary["owner"] = fitted.owner
-    if stale:
-        summary["stale_runs_removed"] = stale
-    if evaluate_test and st.has_test:
-        from streamdp.evaluate import evaluate_model
-
-        ev = evaluate_model(out, st, workers=workers, scheduler=scheduler, memory_limit=memory_limit, baselines=True)
-        summary["test_rmse"] = ev["rmse"]
-        summary["test_mae"] = ev["mae"]
-        summary["test_ratings"] = ev["n_ratings"]
-        summary["baselines"] = {k: {"rmse": b["rmse"], "mae": b["mae"]} for k, b in ev["baselines"].items()}
-        summary["verdict"] = ev["verdict"]
-        summary["ranking"] = ev["ranking"]
-    summary["privacy_warnings"] = privacy_warnings(led)
-    return summary

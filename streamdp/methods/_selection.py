@@ -60,10 +60,10 @@ MARGIN = 3.0
 VALIDATION_FRACTION = 0.1
 #: Most validation ratings per user (a user's loss is the mean over theirs, so at most ``h^2``).
 VALIDATION_CAP = 2
-_MIX = np.uint64(0x9E3779B97F4A7C15)
+MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def mix(x: np.ndarray) -> np.ndarray:
     """splitmix64 finalizer on uint64 arrays (wrapping arithmetic)."""
     with np.errstate(over="ignore"):
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -103,7 +103,7 @@ def holdout(indptr, items, ratings, first_user: int, key: int, eligible_items=No
     v = np.minimum(np.minimum(v, cnt - 1), np.minimum(ecnt, VALIDATION_CAP))
     users = np.flatnonzero(v > 0)
     with np.errstate(over="ignore"):
-        h = _mix((np.uint64(key) * _MIX) ^ (users.astype(np.uint64) + np.uint64(first_user)) * _MIX)
+        h = mix((np.uint64(key) * MIX) ^ (users.astype(np.uint64) + np.uint64(first_user)) * MIX)
     n, vv = ecnt[users], v[users]
     start = (h % n.astype(np.uint64)).astype(np.int64)
     step = n // vv

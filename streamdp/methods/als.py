@@ -140,21 +140,31 @@ are calibrated jointly to the target by the PLD accountant
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import replace
 
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
+from streamdp.kernels.linalg import residuals, solve_users_huber
 from streamdp.methods import register
+from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
 from streamdp.methods._profile import user_profile
-from streamdp.methods._selection import VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
+from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import compose, epsilon_of
+from streamdp.privacy.bounding import contribution_weights
+from streamdp.privacy.mechanisms import huber_variance
+from streamdp.privacy.release import MECHANISMS, Share, calibrate_releases, pure_epsilon
 from streamdp.stream.engine import add_into as _add
 
 #: Key of this module's random streams.
 RNG_KEY = 0x0A15
 _INIT, _STATS, _ITER, _PROFILE, _SELECT = 1, 2, 3, 4, 5
+#: The random stream of the released user profile (``tune`` draws the same histogram as ``train``).
+PROFILE_STREAM = _PROFILE
 #: Budget share of the selection's release: of the whole when factors are fitted, relative to the statistics'
 #: shares (0.155) when not (there it is about 6% of the budget).
 SELECT_SHARE_FACTORS, SELECT_SHARE_BIASES = 0.15, 0.01
@@ -295,8 +305,6 @@ class _AlsBase(Method):
     def settings(self, store, n_eff: float | None = None) -> dict:
         """The run's settings; ``n_eff`` (users whose ratings can pin down a factor, from the released
         :mod:`~streamdp.methods._profile`) replaces ``n_users`` in the defaults' signal-to-noise proxy."""
-        from streamdp.privacy.release import MECHANISMS
-
         o = self.options
         d = default_settings(store.n_users, store.n_items, self.epsilon, self.rank, o.get("mechanism", "gaussian"),
                              n_eff=n_eff)
@@ -362,8 +370,6 @@ class _AlsBase(Method):
     # -- privacy plan --------------------------------------------------------------------
     def _shares(self, store, s) -> list:
         """The releases of a run before calibration (see the module docstring's table)."""
-        from streamdp.privacy.release import Share
-
         n, k, T, tau = store.n_items, self.rank, s["iters"], s["tau"]
         h, c, R, D = s["half_range"], s["bias_clip"], s["residual_clip"], s["clip"]
         mech, l2 = s["mechanism"], s["norm"] == "l2"
@@ -446,8 +452,6 @@ class _AlsBase(Method):
         return min(int(given), s["iters"]) if given is not None else math.ceil(GATE_FRACTION * s["iters"])
 
     def _plan(self, store) -> Plan:
-        from streamdp.privacy.release import calibrate_releases, pure_epsilon
-
         profile = None
         if self.FIXED_ITERS is None and "iters" not in self.options:
             # how many ratings users have decides whether factors can pay: released first (see _profile)
@@ -532,8 +536,6 @@ class _AlsBase(Method):
         entropy), every candidate release of each is scored on them, and the best pair is
         refitted on every training rating. Costs one fit per item ridge more than before.
         """
-        import secrets
-
         entropy = self.seed if self.seed is not None else secrets.randbits(63)
         best, tried = None, []
         for reg, rho in NONPRIVATE_ITEM_RIDGES:
@@ -705,8 +707,6 @@ class _AlsBase(Method):
 
     def _statistic_totals(self, store, engine, run, s, desc):
         """The exact item sums ``S``, weight totals ``C`` and the global mean's (sum, count): one pass."""
-        from streamdp.privacy.bounding import contribution_weights
-
         n = store.n_items
         lo, hi = s["rating_min"], s["rating_max"]
         mid = (lo + hi) / 2.0
@@ -750,8 +750,6 @@ class _AlsBase(Method):
         the same Gaussian whichever branch the noisy choice took; the ledger lists what
         was spent, and the accountant's epsilon of it is checked against the target.
         """
-        from streamdp.privacy import compose, epsilon_of
-
         s = plan.params
         rel, T, gate = s["releases"], s["iters"], s["gate_after"]
         spent = [s["profile"].release if name == "profile" else
@@ -799,10 +797,6 @@ class _AlsBase(Method):
 
     # -- one iteration's item-side sums --------------------------------------------------
     def _iteration_sums(self, store, engine, run, s, mu, bias, V, C, d, desc="iteration"):
-        from streamdp.kernels.als import als_accumulate, symmetrize_upper
-        from streamdp.kernels.linalg import residuals, solve_users_huber
-        from streamdp.privacy.bounding import contribution_weights
-
         n, k = store.n_items, self.rank
         lo, hi = s["rating_min"], s["rating_max"]
         Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
@@ -862,8 +856,6 @@ class _AlsBase(Method):
         cands = s["candidates"]
         if not s["select"]:
             return s["default_candidate"], None
-        from streamdp.kernels.linalg import residuals, solve_users_huber
-
         n, k = store.n_items, self.rank
         lo, hi, h = s["rating_min"], s["rating_max"], s["half_range"]
         Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
@@ -915,8 +907,6 @@ class _AlsBase(Method):
     # -- the item solves -----------------------------------------------------------------
     def _solve_items(self, s, B, A, G, C, keep, rel, n_users: int):
         """``theta_j = (A_j + lambda_j I)^-1 B_j`` for the kept items (zeros elsewhere), in chunks."""
-        from streamdp.kernels.als import unpack_upper
-
         n, d = B.shape
         Cn = np.maximum(np.asarray(C, np.float64), 0.0)
         lam = s["reg"] * np.maximum(Cn, 1.0) ** s["reg_exponent"]
@@ -1007,8 +997,6 @@ def _selection_can_pay(release, s, n_users: int) -> bool:
     at epsilon 0.5 to 2 it cannot (the default stands anyway), and the budget it would take
     goes back to the other releases.
     """
-    from streamdp.methods._selection import MARGIN
-
     h = s["half_range"]
     return MARGIN * _std(release) <= SELECT_USEFUL * h * h * n_users
 
@@ -1037,110 +1025,12 @@ def _weights_text(s) -> str:
     return f"{s['sampling']}: weight 1 on at most tau = {s['tau']} ratings per user"
 
 
-def item_biases(S, C, sigma_S: float, half_range: float, sigma_C: float = 0.0, clip: float = math.inf, *,
-                prior_scale: float | None = None, spread: float | None = None) -> np.ndarray:
-    """Item offsets from noisy sums ``S`` and noisy weight totals ``C``: their posterior mean.
-
-    Model: ``S_j = b_j C_j + e_j`` with ``e_j`` the ratings' spread (variance ``s^2 C_j``,
-    ``s = min(h / 2, c)``: a residual clipped to ``c`` varies at most that much) plus
-    the sums' noise (variance ``sigma_S^2``), a public prior ``b_j ~ N(0, t^2)``,
-    ``t = h / 5`` (``h`` half the rating range), and released totals
-    ``C~_j = C_j + N(0, sigma_C^2)``. Given the true total, the posterior mean is::
-
-        E[b_j | S_j, C_j] = t^2 C_j S_j / (t^2 C_j^2 + s^2 C_j + sigma_S^2)
-
-    Without count noise (``sigma_C = 0``; non-private: the ridge-shrunk mean
-    ``S_j / (C_j + 6.25)``) that is the answer. With it, the true totals are unknown:
-    their distribution over items is estimated from the released totals themselves
-    (a nonparametric maximum-likelihood prior on a grid, by EM:
-    :func:`_total_prior`), and the offset is the mean of ``E[b_j | S_j, C]`` over the
-    posterior of ``C`` given both ``C~_j`` and ``S_j``. Post-processing of released
-    values only; clipped to ``[-h, h]``. ``prior_scale`` and ``spread`` replace ``t`` and
-    ``s`` (the private centring of ``oja``, ``fw`` and ``svd`` uses ``h / 4`` for both).
-
-    Why the count noise matters: on small stores the totals' noise is as large as
-    most totals (ML-100K at epsilon 0.5: ``sigma_C`` 183 against totals of at most
-    ~400), and an item whose total is overestimated by noise would otherwise get a
-    confident offset from a sum that is mostly noise. Decisions, measured on ML-100K
-    (20% split, no factors, 8 seeds, test RMSE at epsilon 0.5 / 1 / 2):
-
-    * plugging the noisy total in (the previous estimator, with ``s = h / 2``):
-      1.0262 / 1.0124 / 0.9973; this posterior: 1.0245 / 1.0104 / 0.9953;
-    * a linear (Gaussian-prior) shrinkage of the totals did as well on ML-100K
-      (1.0244 / 1.0093 / 0.9941) but shrinks popular items' totals towards the mean
-      and so inflates their offsets when popularity is heavy-tailed (on lognormal
-      totals it was worse than plugging in, popularity-weighted, in 3 of 5 draws);
-      the grid posterior was the best of the three in every draw;
-    * a prior mean growing with log popularity was unstable below epsilon 2; a prior
-      scale fitted by marginal likelihood gave 1.030 at epsilon 0.5 (the clipped
-      offsets are attenuated, so the fitted scale is too small); ``h / 4`` and
-      ``h / 6`` moved the RMSE by under 0.002, in opposite directions on FilmTrust.
-
-    >>> item_biases(np.array([10.0, 0.0]), np.array([10.0, 0.0]), 0.0, 2.0).round(4).tolist()
-    [0.6154, 0.0]
-    """
-    S = np.asarray(S, np.float64)
-    C = np.asarray(C, np.float64)
-    t2 = (half_range / 5.0 if prior_scale is None else prior_scale) ** 2
-    s2 = (min(half_range / 2.0, clip) if spread is None else spread) ** 2
-    v0 = float(sigma_S) ** 2
-
-    def given(S, Ct):  # E[b | S, C = Ct], broadcasting
-        return t2 * Ct * S / (t2 * Ct * Ct + s2 * Ct + v0 + 1e-300)
-
-    if not sigma_C > 0.0 or not len(C):
-        return np.clip(given(S, np.maximum(C, 0.0)), -half_range, half_range)
-    grid, prior = _total_prior(C, float(sigma_C))
-    var = t2 * grid * grid + s2 * grid + v0 + 1e-300
-    logw = np.log(np.maximum(prior, 1e-300)) - 0.5 * np.log(var)
-    b = np.empty(len(C))
-    step = max(1, POSTERIOR_CELLS // len(grid))
-    for a in range(0, len(C), step):  # chunks of items (vectorised within), bounding the grid x items temporaries
-        Sz, Cz = S[a:a + step, None], C[a:a + step, None]
-        lp = logw[None] - 0.5 * ((Cz - grid[None]) / sigma_C) ** 2 - 0.5 * Sz * Sz / var[None]
-        P = np.exp(lp - lp.max(axis=1, keepdims=True))
-        b[a:a + step] = (P * given(Sz, grid[None])).sum(axis=1) / P.sum(axis=1)
-    return np.clip(b, -half_range, half_range)
-
-
-#: Grid points x items evaluated at once by :func:`item_biases` (8 MB per float64 temporary; a handful live).
-POSTERIOR_CELLS = 1 << 20
-#: Grid points and EM sample size of :func:`_total_prior` (its likelihood matrix is at most their product).
-PRIOR_POINTS, PRIOR_SAMPLE = 512, 4096
-
-
-def _total_prior(C, sigma_C: float, points: int = PRIOR_POINTS, sample: int = PRIOR_SAMPLE, iters: int = 200):
-    """Grid and weights of the distribution of true totals behind noisy totals ``C`` (``N(0, sigma_C^2)`` noise).
-
-    The nonparametric maximum-likelihood estimate (Kiefer & Wolfowitz) on a grid from
-    0 to ``max C + 4 sigma_C``, spacing ``sigma_C / 4`` (at most ``points`` points:
-    coarser on stores whose totals dwarf the noise, where the posterior of a total is
-    its likelihood anyway), fitted by EM on at most ``sample`` items taken at a fixed
-    stride (deterministic; any subset of released values is post-processing). Laplace
-    and Huber noise is taken as Gaussian of the same variance here: an approximation
-    of the estimator only (accuracy), not of any privacy guarantee.
-    """
-    top = max(float(np.max(C)), 0.0) + 4.0 * sigma_C
-    m = int(min(points, math.ceil(top / (sigma_C / 4.0)) + 1))
-    grid = np.linspace(0.0, top, max(m, 2))
-    x = C[:: max(1, len(C) // sample)][:sample]
-    L = np.exp(-0.5 * ((x[:, None] - grid[None]) / sigma_C) ** 2)
-    w = np.full(len(grid), 1.0 / len(grid))
-    for _ in range(iters):
-        P = L * w
-        P /= P.sum(axis=1, keepdims=True) + 1e-300
-        w = P.mean(axis=0)
-    return grid, w
-
-
 def _std(release) -> float:
     """Standard deviation of one coordinate of ``release``'s noise."""
     if release.mechanism == "gaussian":
         return release.scale
     if release.mechanism == "laplace":
         return math.sqrt(2.0) * release.scale
-    from streamdp.privacy.mechanisms import huber_variance
-
     return math.sqrt(huber_variance(release.scale, release.huber_c * release.scale))
 
 
@@ -1166,8 +1056,6 @@ def _psd(M) -> np.ndarray:
     M = (M + np.swapaxes(M, -1, -2)) / 2.0
     w, E = np.linalg.eigh(M)
     return (E * np.maximum(w, 0.0)[..., None, :]) @ np.swapaxes(E, -1, -2)
-
-
 
 
 @register

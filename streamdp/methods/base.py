@@ -16,6 +16,9 @@ from typing import ClassVar
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.model import save_model
+from streamdp.privacy import GUARANTEE_NONE, Ledger, compose, epsilon_of
+from streamdp.stream.driver import Run, fingerprint
 
 
 @dataclass
@@ -35,8 +38,6 @@ class Plan:
     events: list = field(default_factory=list)
 
     def __post_init__(self):
-        from streamdp.privacy import compose
-
         if self.events and self.event is None:
             self.event = compose(self.events)
         elif self.event is not None and not self.events:
@@ -61,8 +62,6 @@ class Fitted:
     owner: dict = field(default_factory=dict)
 
     def save(self, out: str, *, force: bool = False) -> str:
-        from streamdp.model import save_model
-
         return save_model(out, item_factors=self.item_factors, item_bias=self.item_bias, item_ids=self.item_ids,
                           global_mean=self.global_mean, model_info=self.model_info, ledger=self.ledger,
                           extras=self.extras, per_item_extras=self.per_item_extras, force=force)
@@ -159,8 +158,6 @@ class Method:
 
     def ledger(self, store, plan: Plan, *, notes=()):
         """The :class:`streamdp.privacy.Ledger` of ``plan`` on ``store`` (one composed accounting)."""
-        from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
-
         private = self.private and bool(plan.events)
         acc = epsilon_of(plan.event, self.delta) if private else None
         bounds = dict(plan.params.get("bounds", {}))
@@ -180,8 +177,6 @@ class Method:
         the checkpoint path), so ``--checkpoint`` resumes only the very same run. The
         temporary run directory goes under ``engine.state`` (``--state``) when set.
         """
-        from streamdp.stream.driver import Run, fingerprint
-
         skip = {"checkpoint", "release", "releases", "bounds", *exclude}
         keep = {key: (v.tolist() if isinstance(v, np.ndarray) else v) for key, v in plan.params.items()
                 if key not in skip}

@@ -21,8 +21,8 @@ her ``T`` coefficients, on disk (:meth:`streamdp.stream.driver.Run.user_state`,
 chunked by user block, read and written with the block by the task that owns it, also
 on a cluster's workers, which must reach the state URL, ``--state``): per-user state is
 ``O(T)``, item-side state ``O(n_items T)``. The kernels are in
-:mod:`streamdp.kernels.fw`; the global component is the private Oja machinery of
-:mod:`streamdp.methods.oja` (a one-vector :func:`~streamdp.methods.oja._power_pass` on the
+:mod:`streamdp.kernels.fw`; the global component is the noisy power iteration that ``oja`` also uses
+(:mod:`streamdp.methods._subspace`: a one-vector :func:`~streamdp.methods._subspace.power_pass` on the
 engine with :func:`~streamdp.kernels.linalg.gram_apply`, rows clipped by
 :func:`~streamdp.privacy.bounding.clip_rows`). The first power pass of iteration
 ``t`` also takes every user's local step ``t - 1`` (one pass, not two).
@@ -163,10 +163,19 @@ import math
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.kernels.fw import fw_step
+from streamdp.kernels.linalg import gram_apply, predict_rows, residuals
 from streamdp.methods import register
+from streamdp.methods._centering import CENTERS, center_settings, centering_text, settings_center, settings_shares
+from streamdp.methods._notes import joint_dp_notes
+from streamdp.methods._subspace import canonical_signs
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import paper_sigma_jain
+from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.ledger import GUARANTEE_JOINT_DP
+from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.stream.engine import add_into as _add
 
 #: Key of this method's random streams.
 RNG_KEY = 0x0F3A
@@ -175,7 +184,6 @@ _INIT, _PASS = 1, 2
 BETA = 0.1
 STEPS = ("fixed", "decay")
 CALIBRATIONS = ("pld", "paper")
-CENTERS = ("private", "midpoint")
 _CENTER = 3
 _POS = dict(minimum=0, exclusive_minimum=True)
 
@@ -201,83 +209,13 @@ def default_settings(n_users: int, n_items: int, epsilon: float, half_range: flo
     return dict(k=K_FRACTION * half_range * math.sqrt(n_users * n_items))
 
 
-def joint_dp_notes(method, s: dict, what: str) -> list[str]:
-    """The ledger notes of a joint-DP release (``fw``, ``svd``): what is released and why the per-user outputs are
-    jointly DP (``what``), or non-private; a seeded run; a rating range that was not declared."""
-    notes = [f"joint DP: {what}, so the per-user outputs are (epsilon, delta)-jointly DP (Kearns et al. 2014)"
-             if method.private else "non-private: --epsilon inf, no noise and no clipping"]
-    if method.seed is not None:
-        notes.append("seeded run: reproducible, not private against whoever knows the seed")
-    if s["bounds"]["rating_range_source"] != "declared":
-        notes.append("rating range was observed from the data, not declared; declare it at ingest for an exact "
-                     "guarantee")
-    return notes
-
-
-def center_settings(center: str, n_users: int, n_items: int, epsilon: float) -> dict:
-    """``center`` and the budget shares ``(stats_share, mean_share)`` of the private centring (``fw``, ``svd``).
-
-    ``--center private`` (default) spends the shares of :func:`streamdp.methods.oja.default_shares`
-    (public parameters only: ``n_users``, ``n_items``, epsilon; rank 1, each release is one
-    direction) on a private global mean and item biases, released before anything else
-    exactly as ``--method oja`` does; ``midpoint`` centres on the public midpoint (no
-    release, the paper's unnormalised ``[-1, 1]`` data).
-
-    >>> [tuple(center_settings("private", m, 400, 1.0).values()) for m in (500_000, 943)]
-    [('private', 0.1, 0.05), ('private', 0.5133, 0.0776)]
-    """
-    from streamdp.methods.oja import default_shares
-
-    if center not in CENTERS:
-        raise ParameterError(f"--center: expected one of {', '.join(CENTERS)}, got {center!r}")
-    if center == "midpoint":
-        return dict(center=center, stats_share=0.0, mean_share=0.0)
-    f, g = default_shares(n_users, n_items, 1, epsilon)
-    return dict(center=center, stats_share=f, mean_share=g)
-
-
-def center_shares(s: dict, n_items: int) -> list:
-    """The private centring's releases (:func:`streamdp.methods.oja.center_shares`); none for the midpoint."""
-    from streamdp.methods.oja import center_shares as shares
-
-    if s["center"] != "private":
-        return []
-    return shares(s["stats_share"], s["mean_share"], s["rating_min"], s["rating_max"], n_items)
-
-
-def centering_text(s: dict) -> str:
-    """The ledger's ``centering`` bound."""
-    if s["center"] == "private":
-        return ("private global mean and item biases (item sums/weights with w_i = min(1, 1/sqrt(n_i)), mean of "
-                "user means; released first, as --method oja)")
-    return f"public midpoint {s['mid']:g} of the declared rating range"
-
-
-def private_center(method, store, engine, s: dict, rng) -> tuple[float, np.ndarray]:
-    """``(mu, b)``: the private (non-private: exact) global mean and item biases, or ``(mid, 0)``.
-
-    :func:`streamdp.methods.oja.private_center` with this run's centring releases (the
-    two after the first, :func:`center_shares`). The biases are rounded to float32, as
-    the model stores them, so that the training and the users' devices centre alike.
-    """
-    from streamdp.methods.oja import private_center as center
-
-    stats, mean = s["releases"][1:3] if method.private and s["center"] == "private" else (None, None)
-    mu, bias, _, _ = center(store, engine, center=s["center"], rating_min=s["rating_min"],
-                            rating_max=s["rating_max"], stats=stats, mean=mean, rng=rng)
-    return float(mu), np.asarray(bias, np.float32).astype(np.float64)
-
-
 def _power_pass(engine, d, values_of, rng, release, desc, extra):
     """One noisy power pass: ``(Y / ||Y||, d^T Y, ||Y||^2)`` with ``Y = W_t d + g``.
 
-    :func:`streamdp.methods.oja._power_pass` for one vector (the same map-reduce and
+    :func:`streamdp.methods._subspace.power_pass` for one vector (the same map-reduce and
     :func:`~streamdp.kernels.linalg.gram_apply`), also returning ``||Y||^2`` for the
     signal share of the release (post-processing).
     """
-    from streamdp.kernels.linalg import gram_apply
-    from streamdp.methods.oja import _add
-
     n = d.shape[0]
 
     def fn(block, b):
@@ -358,9 +296,6 @@ class PrivateFrankWolfe(Method):
 
     # -- privacy plan ------------------------------------------------------------------
     def _plan(self, store) -> Plan:
-        from streamdp.privacy import paper_sigma_jain
-        from streamdp.privacy.release import Share, calibrate_releases
-
         s = self.settings(store)
         T, P, L = s["T"], s["passes"], s["clip"]
         bounds = {"clip_L": L, "nuclear_norm_k": s["k"], "projection_rms_bound": s["bound"],
@@ -378,7 +313,7 @@ class PrivateFrankWolfe(Method):
         f, g = s["stats_share"], s["mean_share"]
         what = ("W_t v + g per power pass: users' residual rows clipped to L (one Gaussian per pass; T iterations x "
                 "P passes, one more in the first)")
-        centre = center_shares(s, store.n_items)
+        centre = settings_shares(s, store.n_items)
         if s["calibration"] == "paper":
             # Alg. 1's sigma on the power passes exactly; the centring (not in the paper) at the same budget scalar
             z = paper_sigma_jain(self.epsilon, self.delta, count=count, which="alg1") / math.sqrt(count)
@@ -408,7 +343,6 @@ class PrivateFrankWolfe(Method):
             return self._fit(store, engine, run, plan)
 
     def _fit(self, store, engine, run, plan) -> Fitted:
-        from streamdp.methods.svd import canonical_signs
 
         s = plan.params
         n, T, P = store.n_items, s["T"], s["passes"]
@@ -420,7 +354,7 @@ class PrivateFrankWolfe(Method):
             V, lam, v = ck["basis"].copy(), ck["lam"].copy(), ck["v"].copy()
             mu, bias = float(ck["mu"]), ck["bias"].copy()
         else:
-            mu, bias = private_center(self, store, engine, s, run.rng(_CENTER, 0))
+            mu, bias = settings_center(self, store, engine, s, run.rng(_CENTER, 0))
             V = np.zeros((n, T))
             lam = np.zeros(T)
             v = run.rng(_INIT, 0).standard_normal((n, 1))
@@ -457,10 +391,6 @@ class PrivateFrankWolfe(Method):
         ``v_{t-1}, lambda_{t-1}``) from the coefficients in slot ``(t - 2) % 2`` and
         writes them to slot ``(t - 1) % 2``; later passes read that slot.
         """
-        from streamdp.kernels.fw import fw_step
-        from streamdp.kernels.linalg import predict_rows, residuals
-        from streamdp.privacy.bounding import clip_rows
-
         L, k, bound = s["clip"], s["k"], s["bound"]
         eta = s["eta"]
         zero_bias = np.zeros(V.shape[0])

@@ -37,7 +37,7 @@ With ``k' = k + p`` (``--oversampling p``):
 **What is released (written):** the item-side basis ``V_k`` (``n_items x k``), the
 singular values ``S_k`` and the noisy projection ``B~`` itself (``noisy_projection``,
 one row per item: ``B~^T``), plus ``item_factors`` for a local solve
-(:func:`streamdp.methods.oja.scaled_factors` of ``V_k, S_k``). ``Q`` and ``U_B``
+(:func:`streamdp.methods._subspace.scaled_factors` of ``V_k, S_k``). ``Q`` and ``U_B``
 (the user-side factor of ``A^``) are **not** written: a row of ``Q`` is a function
 of one user's noisy sketch. Each user can rebuild her own row of an approximation
 locally, ``a_i V_k V_k^T``, from the release and her own ratings.
@@ -158,17 +158,22 @@ import time
 from dataclasses import replace
 
 import numpy as np
+from scipy.stats import chi2
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.sketch import csr_matmul, csr_t_matmul
+from streamdp.methods._subspace import DEFAULT_RIDGE, residual_values, scaled_factors
 from streamdp.methods.base import Fitted, Method, Plan
-from streamdp.methods.oja import DEFAULT_RIDGE, _values_fn, scaled_factors
 from streamdp.methods.options import Option
+from streamdp.privacy import compose, epsilon_of, gaussian_event
 from streamdp.privacy.accountant import BOUNDED_ROW_CHANGE_RELATION
+from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.ledger import GUARANTEE_ROW_DP
+from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.stream.driver import Run, fingerprint
 from streamdp.stream.engine import add_into as _add
 
-__all__ = ["LowRank", "lowrank", "MECHANISMS", "default_oversampling", "format_lowrank_summary"]
+__all__ = ["LowRank", "MECHANISMS", "default_oversampling", "format_lowrank_summary"]
 
 MECHANISMS = ("measurements", "randomized-response")
 #: Key of this method's random families (:class:`streamdp.stream.driver.Run`).
@@ -253,8 +258,6 @@ def _noise_rows(run, purpose: int, release, first: int, end: int, width: int, ma
 
 def _clip_dense_rows(X: np.ndarray, bound: float) -> np.ndarray:
     """Rows of the dense ``X`` scaled to L2 norm at most ``bound`` (the one clipping function, on dense rows)."""
-    from streamdp.privacy.bounding import clip_rows
-
     if not math.isfinite(bound) or X.size == 0:
         return X
     n, k = X.shape
@@ -304,8 +307,6 @@ class LowRank(Method):
     # -- settings ----------------------------------------------------------------------
     def settings(self, store) -> dict:
         """All parameters of a run on ``store``, defaults resolved from public parameters."""
-        from scipy.stats import chi2
-
         o = self.options
         lo, hi = float(store.rating_min), float(store.rating_max)
         half = (hi - lo) / 2.0
@@ -326,8 +327,6 @@ class LowRank(Method):
 
     # -- privacy plan ------------------------------------------------------------------
     def _shares(self, store, s: dict) -> list:
-        from streamdp.privacy.release import Share
-
         m, n, kp, L = store.n_users, store.n_items, s["columns"], s["clip"]
         if s["mechanism"] == "measurements":
             return [Share("sketch rows clip(a_i Omega, C) + N1 (user side, never written: input of Q)", "gaussian",
@@ -338,8 +337,6 @@ class LowRank(Method):
                       "gaussian", L, 1.0, shape=(m, n))]
 
     def _plan(self, store) -> Plan:
-        from streamdp.privacy.release import calibrate_releases
-
         s = self.settings(store)
         bounds = {"clip_L": s["clip"], "rating_min": s["rating_min"], "rating_max": s["rating_max"],
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"),
@@ -362,8 +359,6 @@ class LowRank(Method):
     def _epsilon_replace_one(self, releases, s) -> float:
         """Epsilon when one user's row may be replaced by any other: the sensitivities of ``L`` double (the sketch's
         ``2C`` covers it already); same accountant, same delta."""
-        from streamdp.privacy import compose, epsilon_of, gaussian_event
-
         zs = [r.noise_multiplier / (1.0 if "sketch rows" in r.what else 2.0) for r in releases]
         return float(epsilon_of(compose([gaussian_event(z) for z in zs]), self.delta).epsilon)
 
@@ -379,11 +374,9 @@ class LowRank(Method):
 
     # -- fitting -----------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
-        from streamdp.stream.driver import Run, fingerprint
-
         plan = self.plan(store)
         s = plan.params
-        values_of = _values_fn(s["midpoint"], np.zeros(store.n_items), s["clip"], s["rating_min"], s["rating_max"])
+        values_of = residual_values(s["midpoint"], np.zeros(store.n_items), s["clip"], s["rating_min"], s["rating_max"])
         t0 = time.perf_counter()
         with Run(store, method="lowrank", fingerprint=fingerprint(**{k: v for k, v in s.items() if k != "releases"},
                                                                   eps=self.epsilon, delta=self.delta),
@@ -497,7 +490,7 @@ class LowRank(Method):
                 "released": released,
                 "not_released": "user-side factors (Q, U_B; the noisy sketch or matrix): each user projects her own "
                                 "row on the basis locally",
-                "item_factors": "V_k diag(w), rows of mean squared norm 1 (oja.scaled_factors)",
+                "item_factors": "V_k diag(w), rows of mean squared norm 1 (see scaled_factors)",
                 "ridge": DEFAULT_RIDGE}
         return Fitted(item_factors=scaled_factors(V, sv).astype(np.float32) if V.shape[1] else
                       np.zeros((store.n_items, 0), np.float32),
@@ -595,49 +588,6 @@ def _rr_chunks(run, release, block, n_items: int):
     for u0, u1, N in _noise_rows(run, _RR_NOISE, release, block.first_user, block.first_user + block.n_users,
                                  n_items, rows):
         yield u0, u1, N, block.indptr[u0:u1 + 1]
-
-
-# -- the library side of `streamdp lowrank` ----------------------------------------------------------------------------
-def lowrank(store, *, rank: int, epsilon: float, delta: float, out: str, seed: int | None = None,
-            workers: int | None = None, memory_limit=None, over_budget: bool = False, force: bool = False,
-            scheduler=None, state: str | None = None, **options) -> dict:
-    """Release a private rank-``rank`` approximation's item side from ``store`` into ``out``; return a summary.
-
-    The model directory (``privacy.json``, ``model.json``, ``factors.zarr`` with
-    ``basis``, ``singular_values`` and, for measurements, ``noisy_projection``) is
-    written atomically, after the release is reserved in the store's budget
-    (:func:`streamdp.methods.release`, as ``train`` does). Options: those of
-    :class:`LowRank` (``mechanism``, ``oversampling``, ``clip``, ``sketch_share``,
-    ``prune``, ``power_iters``). ``scheduler`` and ``state`` as for ``train``.
-    """
-    from streamdp.methods import prepare, privacy_warnings, release
-
-    st, m = prepare(store, method=LowRank, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, force=force,
-                    **options)
-    fitted, seconds, stale = release(st, m, out, workers=workers, memory_limit=memory_limit, scheduler=scheduler,
-                                     over_budget=over_budget, force=force, state=state)
-    led, info = fitted.ledger, fitted.model_info
-    acc = led.accounting
-    summary = {
-        "method": "lowrank", "mechanism": info["mechanism"], "rank": info["rank"],
-        "columns": info["parameters"]["columns"], "n_users": st.n_users, "n_items": st.n_items,
-        "epsilon": epsilon if math.isfinite(epsilon) else "inf", "delta": delta,
-        "epsilon_spent": acc.epsilon if acc is not None else "inf",
-        "guarantee": led.guarantee, "neighbouring_relation": led.relation,
-        "clip_L": info["parameters"]["clip"], "released": info["released"], "not_released": info["not_released"],
-        "singular_values": [float(x) for x in fitted.extras["singular_values"]],
-        "seeded": seed is not None, "seconds": round(seconds, 3), "out": str(out),
-    }
-    warnings = privacy_warnings(led)
-    if m.private:
-        summary["epsilon_replace_one"] = led.bounds["epsilon_replace_one"]
-        summary["relation_covers"] = led.bounds["relation_covers"]
-        summary["weaker_than_user_level"] = True
-        warnings.insert(0, WEAKER_NOTE)
-    if stale:
-        summary["stale_runs_removed"] = stale
-    summary["privacy_warnings"] = warnings
-    return summary
 
 
 def format_lowrank_summary(summary: dict) -> str:

@@ -63,7 +63,7 @@ Budget split and calibration
 All releases are Gaussian, so their composition is governed by
 ``sum 1/z_i^2`` (the PLD accountant computes the exact epsilon). A share
 share ``f`` of that sum goes to the item-bias release and ``g`` to the global
-mean (:func:`default_shares`: 0.1 and 0.05 when the data are large enough for the
+mean (:func:`~streamdp.methods._centering.default_shares`: 0.1 and 0.05 when the data are large enough for the
 subspace to matter, up to 0.85 and 0.1 when they are not; both 0 with
 ``--center midpoint``), the rest is split evenly over the ``P`` passes:
 ``z_pass = z sqrt(P / (1 - f - g))``, ``z_stats = z / sqrt(f)``, ``z_mean = z / sqrt(g)``, where ``z``
@@ -115,22 +115,21 @@ import math
 import numpy as np
 
 from streamdp.errors import ParameterError
-from streamdp.kernels.linalg import gram_apply, gram_apply_range, residuals
+from streamdp.kernels.linalg import gram_apply, gram_apply_range
 from streamdp.methods import register
+from streamdp.methods._centering import CENTERS, center_shares, default_shares, private_center
+from streamdp.methods._subspace import DEFAULT_RIDGE, power_pass, residual_values, scaled_factors
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import paper_sigma_jain, spawn_rngs
+from streamdp.privacy.release import Share, calibrate_releases
 from streamdp.stream.engine import add_into as _add
 
-#: Share of the Gaussian budget (in sum of 1/z^2) given to the private item biases.
-STATS_SHARE = 0.1
-#: Share given to the private global mean (one scalar pair: its noise is not spread over items).
-MEAN_SHARE = 0.05
 #: Default Oja step size constant (``eta_t = ETA / (n_t L^2)``).
 ETA = 4.0
 #: Key of this method's random streams (independent of other methods' streams).
 RNG_KEY = 0x0A1A
 SCHEDULES = ("power", "oja", "warm")
-CENTERS = ("private", "midpoint")
 CALIBRATIONS = ("pld", "paper")
 
 
@@ -165,29 +164,6 @@ def default_passes(n_users: int, n_items: int, rank: int, epsilon: float) -> int
         return 20
     proxy = n_users * epsilon / (rank * math.sqrt(n_items))
     return 6 if proxy >= 500 else 4
-
-
-def default_shares(n_users: int, n_items: int, rank: int, epsilon: float) -> tuple[float, float]:
-    """Budget shares ``(item biases, global mean)`` from public parameters only.
-
-    When the public signal-to-noise proxy ``n_users epsilon / (rank sqrt(n_items))``
-    is large the subspace is worth most of the budget (``STATS_SHARE``,
-    ``MEAN_SHARE`` = 0.1, 0.05 at proxy >= 316); when it is small the private
-    subspace is mostly noise and the biases carry the predictions, so they get up to
-    0.85 and 0.1 (proxy <= 10), interpolated in ``log10(proxy)``. Measured on
-    ML-100K (943 users, rank 8, delta 1e-6, two seeds): test RMSE at epsilon 1 went
-    from 1.124 (0.1/0.05) to 1.104 (0.85/0.1), at epsilon 10 from 1.078 to 1.047.
-
-    >>> default_shares(943, 1682, 8, 1.0)
-    (0.85, 0.1)
-    >>> default_shares(100_000, 1_000, 8, 1.0)
-    (0.1, 0.05)
-    """
-    if not math.isfinite(epsilon):
-        return STATS_SHARE, MEAN_SHARE
-    proxy = n_users * epsilon / (rank * math.sqrt(n_items))
-    t = min(max(math.log10(max(proxy, 1e-9) / 10.0) / 1.5, 0.0), 1.0)
-    return round(0.85 - (0.85 - STATS_SHARE) * t, 4), round(0.1 - (0.1 - MEAN_SHARE) * t, 4)
 
 
 @register
@@ -271,8 +247,6 @@ class PrivateOja(Method):
     # -- privacy plan ------------------------------------------------------------------
     def _shares(self, store, s: dict) -> list:
         """The run's releases before calibration (the privacy core's :class:`~streamdp.privacy.release.Share`)."""
-        from streamdp.privacy.release import Share
-
         L = s["clip"]
         P, f, g = s["passes"], s["stats_share"], s["mean_share"]
         shares = [Share("A^T A V + G per pass (one Gaussian per pass: each user in one step)", "gaussian", L * L,
@@ -283,9 +257,6 @@ class PrivateOja(Method):
 
     def _releases(self, store, s: dict) -> list:
         """Calibrated releases: PLD search (default), or Jain et al.'s Alg. 2 sigma (``--calibration paper``)."""
-        from streamdp.privacy import paper_sigma_jain
-        from streamdp.privacy.release import calibrate_releases
-
         shares = self._shares(store, s)
         if s["calibration"] == "paper":
             zp = paper_sigma_jain(self.epsilon, self.delta, count=sum(s["steps_per_pass"]), which="alg2")
@@ -318,8 +289,6 @@ class PrivateOja(Method):
 
     # -- fitting -----------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
-        from streamdp.privacy import spawn_rngs
-
         plan = self.plan(store)
         s = plan.params
         n, k = store.n_items, self.rank
@@ -334,7 +303,7 @@ class PrivateOja(Method):
             stats=stats, mean=mean, rng=rngs[1])
         release_pass = s["releases"][0] if self.private else None
         V = np.linalg.qr(rngs[0].standard_normal((n, k)))[0]
-        values_of = _values_fn(mu, bias, L, s["rating_min"], s["rating_max"])
+        values_of = residual_values(mu, bias, L, s["rating_min"], s["rating_max"])
         t = 2
         M = np.zeros((k, k))
         for p, (kind, n_steps) in enumerate(zip(s["pass_kinds"], s["steps_per_pass"])):
@@ -342,7 +311,7 @@ class PrivateOja(Method):
             t += n_steps
             desc = f"oja pass {p + 1}/{len(s['pass_kinds'])}"
             if kind == "power":
-                V, M = _power_pass(engine, V, values_of, step_rngs[0], release_pass, desc=desc)
+                V, M = power_pass(engine, V, values_of, step_rngs[0], release_pass, desc=desc)
             else:
                 V, M = _oja_pass(engine, store, V, values_of, step_rngs, release_pass, s["step_users"], s["eta"], L,
                                  desc=desc)
@@ -382,145 +351,6 @@ class PrivateOja(Method):
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
                       extras={"singular_values": sv.astype(np.float64), "signal_share": signal_share,
                               "basis": V.astype(np.float32)}, per_item_extras=("basis",))
-
-
-def center_shares(stats_share: float, mean_share: float, rating_min: float, rating_max: float,
-                  n_items: int) -> list:
-    """The two releases of the private centring: item sums and weights, and the mean of user means.
-
-    One user changes each by at most ``sqrt(1 + h^2)`` in L2 (``h`` half the rating
-    range: a weight ``<= 1`` and a clipped, centred rating ``<= h`` per item with the
-    rows clipped to norm 1; one user mean and one count). Shared by ``oja``, ``fw``
-    and ``svd`` (:func:`private_center` adds exactly these).
-    """
-    from streamdp.privacy.release import Share
-
-    d = math.sqrt(1.0 + ((rating_max - rating_min) / 2.0) ** 2)
-    return [Share("item sums S_j and weights C_j (item biases, global mean)", "gaussian", d, stats_share,
-                  shape=(2, n_items)),
-            Share("sum over users of (user mean - midpoint) and number of users (global mean)", "gaussian", d,
-                  mean_share, shape=(2,))]
-
-
-def private_center(store, engine, *, center: str, rating_min: float, rating_max: float, stats=None, mean=None,
-                   rng=None):
-    """``(mu, b, C, sigma)``: the private (exact without releases) global mean and item biases, or the midpoint.
-
-    One statistics pass: per item the sum ``S_j`` of centred, clipped ratings and the
-    weight ``C_j`` (each user's weights ``min(1, 1/sqrt(n_i))``, rows clipped to norm 1),
-    and the sum and number of user means; ``stats`` and ``mean`` (the releases of
-    :func:`center_shares`, ``None`` for a non-private run) add their noise. Then the
-    posterior-mean shrinkage of the biases under a public prior ``b_j ~ N(0, (h/4)^2)``
-    (:func:`streamdp.methods.als.item_biases` with prior and spread ``h/4``, the counts
-    taken as exact; post-processing). ``center="midpoint"`` is ``(mid, 0, None, 0)`` and reads nothing.
-    """
-    from streamdp.privacy.bounding import clip_rows
-
-    n = store.n_items
-    lo, hi = rating_min, rating_max
-    mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
-    if center == "midpoint":
-        return mid, np.zeros(n), None, 0.0
-
-    def fn(block, b):
-        w = clip_rows(block.indptr, np.ones(block.nnz, np.float64), 1.0)
-        r = np.clip(block.ratings.astype(np.float64), lo, hi) - mid
-        counts = np.diff(block.indptr)
-        user = np.repeat(np.arange(block.n_users), counts)
-        means = np.bincount(user, weights=r, minlength=block.n_users)[counts > 0] / counts[counts > 0]
-        out = np.zeros((2, n + 1))
-        out[0, :n] = np.bincount(block.items, weights=r * w, minlength=n)
-        out[1, :n] = np.bincount(block.items, weights=w, minlength=n)
-        out[:, n] = means.sum(), len(means)
-        return out
-
-    SC = engine.map_reduce(fn, _add, np.zeros((2, n + 1)), extra_per_block=16 * n, desc="centring statistics")
-    sigma = 0.0
-    if stats is not None:
-        sigma = stats.scale
-        SC[:, :n] = stats.add(SC[:, :n], rng)
-        SC[:, n] = mean.add(SC[:, n], rng)
-    S, C = SC[:, :n]
-    T, U = SC[:, n]
-    mu = min(max(mid + float(T) / max(float(U), 1.0), lo), hi)
-    # items whose noisy weight C_j is small next to the noise sigma get a bias near 0
-    from streamdp.methods.als import item_biases
-
-    bias = item_biases(S - (mu - mid) * C, C, sigma, half, prior_scale=half / 4.0, spread=half / 4.0)
-    return mu, bias, C, sigma
-
-
-#: Default ridge of the local user solve (see :mod:`streamdp.local`).
-DEFAULT_RIDGE = 1.0
-
-
-def scaled_factors(V: np.ndarray, sv: np.ndarray, weight: np.ndarray | None = None,
-                   weight_sigma: float = 0.0) -> np.ndarray:
-    """Item factors for the local solve: ``V diag(w) / (p_j + p0)``, rows of mean squared norm 1.
-
-    ``w = sv / max(sv)`` shrinks directions with small private singular values so
-    the local ridge solve trusts them less. ``p_j`` is item ``j``'s relative
-    private weight ``C_j / mean(C)`` (the bias release): the top singular vectors
-    of the zero-filled matrix ``A`` are those of ``D_p Y^T Y D_p`` (item ``j`` is
-    observed with probability ``p_j``, and with the same ``1/sqrt(n_i)`` user
-    weights the clipping puts on ``A``'s rows), so ``V_j / p_j`` estimates the
-    factor of item ``j`` itself; without this popular items dominate every
-    prediction. ``p0 = 0.05 + 3 sigma_C / mean(C)`` keeps rare items (whose ``C_j``
-    and ``V_j`` are mostly noise) from blowing up. Post-processing only.
-    The overall scale (rows of mean squared norm 1) makes the ridge dimensionless.
-
-    >>> V = np.linalg.qr(np.random.default_rng(0).normal(size=(50, 3)))[0]
-    >>> Q = scaled_factors(V, np.array([3., 2., 1.]))
-    >>> round(float((Q ** 2).sum(axis=1).mean()), 6)
-    1.0
-    """
-    n = V.shape[0]
-    top = float(np.max(sv)) if len(sv) else 0.0
-    w = sv / top if top > 0 else np.ones_like(sv)
-    Q = V * np.maximum(w, 1e-3)
-    if weight is not None:
-        c = np.maximum(np.asarray(weight, np.float64), 0.0)
-        mean = float(c.mean()) if c.mean() > 0 else 1.0
-        Q = Q / (c / mean + 0.05 + 3.0 * weight_sigma / mean)[:, None]
-    norm = float(np.sum(Q * Q))
-    return Q * math.sqrt(n / norm) if norm > 0 else Q
-
-
-
-
-def _values_fn(mu, bias, L, lo, hi):
-    """Clipped residual rows of a block: ``clip_rows(r - mu - b, L)`` as float64."""
-    from streamdp.privacy.bounding import clip_rows
-
-    bias = np.ascontiguousarray(bias, dtype=np.float64)
-
-    def values(block):
-        r = np.clip(block.ratings, np.float32(lo), np.float32(hi))
-        v = np.empty(block.nnz, np.float64)
-        residuals(block.items, r, float(mu), bias, v)
-        return clip_rows(block.indptr, v, L)
-
-    return values
-
-
-def _power_pass(engine, V, values_of, rng, release, desc="oja pass", extra=0):
-    """One pass of noisy subspace iteration: ``QR(A^T A V + G)``; returns ``(V_new, V^T Y)``.
-
-    ``release`` is the pass's noisy release (``None``: non-private). ``extra``: bytes
-    ``values_of`` allocates per block beyond one float64 per rating (for the memory budget).
-    """
-    n, k = V.shape
-    Vc = np.ascontiguousarray(V)
-
-    def fn(block, b):
-        out = np.zeros((n, k))
-        gram_apply(block.indptr, block.items, values_of(block), Vc, out)
-        return out
-
-    Y = engine.map_reduce(fn, _add, np.zeros((n, k)), extra_per_block=8 * n * k + int(extra), desc=desc)
-    if release is not None:
-        Y = release.add(Y, rng)
-    return np.linalg.qr(Y)[0], V.T @ Y
 
 
 def _step_ranges(store, step_users: int) -> list[tuple[int, int, int]]:

@@ -171,9 +171,24 @@ import os
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError
+from streamdp.kernels.linalg import predict_rows, residuals, solve_users
+from streamdp.kernels.public_private import (
+    MECH_EXACT,
+    MECH_LAPLACE,
+    MECH_PMC,
+    MECH_PMD,
+    em_accumulate,
+    id_keys,
+    mean_abs_completed,
+    private_sketch,
+)
 from streamdp.methods import register
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
+from streamdp.privacy.bounding import hash_keys
+from streamdp.privacy.ledger import GUARANTEE_PRIVATE_USERS_DP, GUARANTEE_PUBLIC_ONLY
+from streamdp.privacy.release import Share, calibrate_releases, pure_epsilon
 from streamdp.storage.ids import as_ids, parse_id, utf8_lines
 from streamdp.stream.engine import add_into as _add
 
@@ -299,8 +314,6 @@ class PublicPrivate(Method):
 
     # -- privacy plan --------------------------------------------------------------------
     def _plan(self, store) -> Plan:
-        from streamdp.privacy.release import Share, calibrate_releases, pure_epsilon
-
         s = self.settings(store)
         s["candidates"] = public_candidates(store, s["public_users"]) if s["public_users"] else None
         bounds = {"rating_min": s["rating_min"], "rating_max": s["rating_max"],
@@ -326,9 +339,6 @@ class PublicPrivate(Method):
                     params={**s, "bounds": bounds, "release": rel})
 
     def ledger(self, store, plan: Plan, *, notes=()):
-        from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
-        from streamdp.privacy.ledger import GUARANTEE_PRIVATE_USERS_DP, GUARANTEE_PUBLIC_ONLY
-
         s = plan.params
         mech = s["private_mechanism"]
         bounds = dict(s["bounds"])
@@ -517,8 +527,6 @@ class PublicPrivate(Method):
 
     def _user_rows(self, block, roles, b, role_value, gm, bias, lo, hi):
         """The block's users with ``role_value``: their CSR rows, centred ratings ``x`` and local indices."""
-        from streamdp.kernels.linalg import residuals
-
         role = roles.read(b)[:, 0]
         ip, it, r, local = select_rows(block.indptr, block.items, block.ratings, role == role_value)
         r = np.clip(r, np.float32(lo), np.float32(hi))
@@ -527,8 +535,6 @@ class PublicPrivate(Method):
         return ip, it, x, local
 
     def _solve(self, ip, it, x, W, lam):
-        from streamdp.kernels.linalg import solve_users
-
         U = np.zeros((len(ip) - 1, W.shape[1]))
         solve_users(ip, it, x, W, float(lam), U)
         return U
@@ -539,18 +545,14 @@ class PublicPrivate(Method):
         A rating is held out when its key (a hash of the global user, the item and
         ``seed``) is below ``held_out``: the same ratings whatever the blocking.
         """
-        from streamdp.privacy.bounding import _hash_keys
-
         key = np.empty(block.nnz)
-        _hash_keys(block.first_user, block.indptr, block.items, np.uint64(seed), key)
+        hash_keys(block.first_user, block.indptr, block.items, np.uint64(seed), key)
         mask = np.zeros(block.n_users, bool)
         mask[local] = True
         return split_ratings(ip, it, x, key[np.repeat(mask, np.diff(block.indptr))] >= held_out)
 
     def _sse(self, kept, val, W, lam, gm, bias, lo, hi) -> float:
         """Squared error of eq. 4's predictions of the held-out ratings ``val`` from the ``kept`` ones."""
-        from streamdp.kernels.linalg import predict_rows
-
         vip, vit, vx = val
         U = self._solve(*kept, W, lam)
         pred = np.empty(len(vit))
@@ -564,8 +566,6 @@ class PublicPrivate(Method):
         (:meth:`_held_out`) are left out of the sums and predicted by eq. 4 with each
         ``lambda'`` of ``lams``; their squared errors are returned (one per ``lams``).
         """
-        from streamdp.kernels.public_private import em_accumulate
-
         n, k = W.shape
         H, G = Q.T @ W, W.T @ W
         lo, hi = float(store.rating_min), float(store.rating_max)
@@ -599,8 +599,6 @@ class PublicPrivate(Method):
 
     def _public_h(self, store, engine, roles, gm, bias, W, lam) -> float:
         """PMC's shared ``h``: the mean over public users of ``mean_j |r_j - mu_j|`` of their completed vectors."""
-        from streamdp.kernels.public_private import mean_abs_completed
-
         lo, hi = float(store.rating_min), float(store.rating_max)
 
         def fn(block, b):
@@ -618,9 +616,6 @@ class PublicPrivate(Method):
 
         Returns the round's part of the sketch ``Y``.
         """
-        from streamdp.kernels.public_private import (MECH_EXACT, MECH_LAPLACE, MECH_PMC, MECH_PMD,
-                                                     private_sketch)
-
         n, sk = Omega.shape
         mech = s["private_mechanism"]
         code = {"exact": MECH_EXACT, "pmc": MECH_PMC, "pmd": MECH_PMD, "laplace": MECH_LAPLACE}[mech]
@@ -751,8 +746,6 @@ class PublicSet:
 
 def user_keys(ids, seed: int) -> np.ndarray:
     """Each user's key in [0, 1) from her original id and ``seed`` (integer ids hashed in Numba, others by blake2b)."""
-    from streamdp.kernels.public_private import id_keys
-
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":
         ids = np.array([int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little")

@@ -9,7 +9,7 @@ SVD-based algorithm of their supplement), in the style of McSherry & Mironov
    ``x_i = clip(P_Omega(r_i - mu - b), Delta)`` (:func:`streamdp.kernels.fw.gram_upper`),
    centred on a private global mean ``mu`` and item biases ``b`` released first
    (``--center private``, default: McSherry-Mironov's "cleansing", the same two
-   releases and budget shares as ``--method fw``, :func:`streamdp.methods.frank_wolfe.center_settings`)
+   releases and budget shares as ``--method fw``, :func:`streamdp.methods._centering.center_settings`)
    or on the public midpoint (``--center midpoint``, ``b = 0``),
    releases ``W + N`` with symmetric Gaussian noise ``N`` (upper triangle drawn and
    mirrored, :class:`streamdp.privacy.release.Release`), and keeps its top-``r``
@@ -39,12 +39,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.linalg import eigh
 
 from streamdp.errors import ParameterError
+from streamdp.kernels.fw import gram_upper
+from streamdp.kernels.linalg import residuals
 from streamdp.methods import register
+from streamdp.methods._centering import center_settings, centering_text, settings_center, settings_shares
+from streamdp.methods._notes import joint_dp_notes
+from streamdp.methods._subspace import canonical_signs
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import Option
+from streamdp.privacy import paper_sigma_jain, spawn_rngs
+from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.ledger import GUARANTEE_JOINT_DP
+from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.stream.engine import add_into as _add
 
 #: Key of this method's random streams.
 RNG_KEY = 0x05BD
@@ -70,7 +80,6 @@ class PrivateSVD(Method):
     guarantee = GUARANTEE_JOINT_DP
 
     def settings(self, store) -> dict:
-        from streamdp.methods.frank_wolfe import center_settings
 
         o = self.options
         lo, hi = float(store.rating_min), float(store.rating_max)
@@ -81,10 +90,6 @@ class PrivateSVD(Method):
                     **center_settings(o.get("center", "private"), store.n_users, store.n_items, self.epsilon))
 
     def _plan(self, store) -> Plan:
-        from streamdp.methods.frank_wolfe import center_shares, centering_text
-        from streamdp.privacy import paper_sigma_jain
-        from streamdp.privacy.release import Share, calibrate_releases
-
         s = self.settings(store)
         D, n = s["clip"], store.n_items
         bounds = {"clip_Delta": D, "rating_min": s["rating_min"], "rating_max": s["rating_max"],
@@ -98,7 +103,7 @@ class PrivateSVD(Method):
             raise ParameterError("--clip must be finite for a private run")
         what = ("covariance sum_i x_i x_i^T of the users' rows of centred ratings clipped to Delta (one Gaussian, "
                 "symmetric noise)")
-        centre = center_shares(s, n)
+        centre = settings_shares(s, n)
         if s["calibration"] == "paper":
             # the supplement's sigma on the covariance exactly; the centring at the same budget scalar
             z = paper_sigma_jain(self.epsilon, self.delta, count=1, which="alg1")
@@ -123,19 +128,11 @@ class PrivateSVD(Method):
         return 8 * n * n * 4 + 8 * n * (self.rank + 8)
 
     def fit(self, store, engine) -> Fitted:
-        from scipy.linalg import eigh
-        from streamdp.kernels.fw import gram_upper
-        from streamdp.kernels.linalg import residuals
-        from streamdp.methods.frank_wolfe import joint_dp_notes, private_center
-        from streamdp.methods.oja import _add
-        from streamdp.privacy import spawn_rngs
-        from streamdp.privacy.bounding import clip_rows
-
         plan = self.plan(store)
         s = plan.params
         n, r = store.n_items, self.rank
         D = s["clip"]
-        mu, bias = private_center(self, store, engine, s, spawn_rngs(self.seed, 2, key=RNG_KEY)[1])
+        mu, bias = settings_center(self, store, engine, s, spawn_rngs(self.seed, 2, key=RNG_KEY)[1])
 
         def fn(block, b):
             it = np.ascontiguousarray(block.items, dtype=np.int32)
@@ -176,15 +173,3 @@ class PrivateSVD(Method):
                       extras={"eigenvalues": lam.astype(np.float64)})
 
 
-def canonical_signs(V: np.ndarray) -> np.ndarray:
-    """``V`` with each column's sign chosen so that its largest-magnitude entry is positive.
-
-    Eigenvectors are defined up to sign; fixing it makes the release independent of
-    the order of floating-point sums (streamed == in-memory). Post-processing.
-
-    >>> canonical_signs(np.array([[0.6, 0.1], [-0.8, -0.9]])).tolist()
-    [[-0.6, -0.1], [0.8, 0.9]]
-    """
-    idx = np.argmax(np.abs(V), axis=0)
-    sign = np.where(V[idx, np.arange(V.shape[1])] < 0, -1.0, 1.0)
-    return V * sign

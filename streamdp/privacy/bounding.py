@@ -90,7 +90,7 @@ def _keep_smallest(indptr, keys, tau, mask):  # pragma: no cover - numba
 
 
 @njit(cache=True, nogil=True)
-def _hash_keys(first_user, indptr, items, seed, out):  # pragma: no cover - numba
+def hash_keys(first_user, indptr, items, seed, out):  # pragma: no cover - numba
     """``out[p]`` uniform in [0, 1): splitmix64 of (seed, global user, item) for each rating."""
     m = np.uint64(0xFFFFFFFFFFFFFFFF)
     for u in range(indptr.shape[0] - 1):
@@ -256,7 +256,7 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
                 w = tau * nj / np.repeat(tot, counts[counts > 0])
         return w * _F64_SAFETY
     keys = np.empty(items.size, np.float64)
-    _hash_keys(np.int64(first_user), indptr, items, np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), keys)
+    hash_keys(np.int64(first_user), indptr, items, np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), keys)
     if rule == "tail":
         if item_counts is None:
             raise ParameterError("--sampling tail needs the noisy item counts")

@@ -130,6 +130,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamdp.errors import BudgetExceededError, ParameterError, StoreError
+from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import deferred_interrupts
 from streamdp.owner import current_owner, describe_owner, owner_status
 from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, epsilon_of
@@ -151,6 +152,7 @@ from streamdp.privacy.journal import (
 )
 from streamdp.privacy.object_journal import JOURNAL_OBJECTS, Conflict, append_objects, read_object_journal
 from streamdp.storage import remote
+from streamdp.storage.schema import is_store_dir
 from streamdp.privacy.ledger import (
     GUARANTEE_NONE,
     GUARANTEE_PUBLIC_ONLY,
@@ -217,8 +219,6 @@ class StoreBudget:
         self.remote = remote.is_url(store_path)
         if self.remote:  # on object storage: see "Object storage" above
             self.store = str(store_path).rstrip("/")
-            from streamdp.storage.writer import is_store_dir
-
             if not is_store_dir(self.store):
                 if not remote.exists(self.store):
                     raise StoreError(f"{self.store}: does not exist")
@@ -878,8 +878,6 @@ def _short(b) -> str:
 
 def _settled(e: dict, refund_unreleased: bool) -> tuple[str, str]:
     """The status a ``reserved`` (or ``stale``) entry settles to, and why."""
-    from streamdp.model import model_budget_entry
-
     owner, status = e.get("owner"), owner_status(e.get("owner"))
     who = describe_owner(owner)
     if status == "alive":
@@ -987,3 +985,19 @@ def _history_line(h: dict) -> str:
         "ledger lost": lambda: ("ledger and journal lost, restarted empty (--restore): releases before it are not "
                                 "counted here (their models' privacy.json state what each spent)"),
     }.get(h.get("event"), lambda: str(h.get("event")))()
+
+
+def parse_budget(budget, *, name: str = "--budget") -> tuple[float, float] | None:
+    """``(epsilon, delta)`` from ``"E,D"`` or a pair, checked (``None`` stays ``None``).
+
+    >>> parse_budget("1,1e-6")
+    (1.0, 1e-06)
+    """
+    if budget is None:
+        return None
+    try:
+        e, d = (float(x) for x in (budget.split(",") if isinstance(budget, str) else budget))
+    except ValueError:
+        raise ParameterError(f"{name}: expected EPSILON,DELTA, got {budget!r}") from None
+    check_privacy_params(e, d)
+    return e, d

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import dp_accounting
 
 from streamdp.errors import ParameterError, StoreError
+from streamdp.jsonio import atomic_write_json, encode_json
 from streamdp.privacy.accountant import (
     DP_ACCOUNTING_VERSION,
     NEIGHBOURING_RELATION,
@@ -42,6 +42,7 @@ __all__ = [
     "GUARANTEE_NOT_DP_PREFIX",
     "SEEDED_NOTE",
     "encode_json",
+    "privacy_warnings",
     "decode_json",
 ]
 
@@ -83,19 +84,6 @@ def _check_guarantee(g: str) -> str:
                          f"{GUARANTEE_NONE!r} or a string starting with {GUARANTEE_APPROX_PREFIX!r}, got {g!r}")
 
 
-def encode_json(obj):
-    """Replace non-finite floats by the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict JSON)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: encode_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [encode_json(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "shape", None) == ():
-        return encode_json(obj.item())
-    return obj
-
-
 _FLOAT_KEYS = {"epsilon", "delta", "epsilon_rdp", "rdp_order", "value_discretization_interval",
                "epsilon_basic", "budget_epsilon", "budget_delta", "spent_epsilon", "spent_delta"}
 
@@ -107,27 +95,6 @@ def decode_json(obj):
     if isinstance(obj, list):
         return [decode_json(v) for v in obj]
     return obj
-
-
-def atomic_write_json(path: str | os.PathLike, obj) -> None:
-    """Write ``obj`` as JSON to ``path`` via a temporary file in the same directory and ``os.replace``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(encode_json(obj), fh, indent=2, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: name it (full disk)
-            exc.filename = str(path)
-        raise
 
 
 @dataclass
@@ -289,3 +256,19 @@ class Ledger:
         except json.JSONDecodeError as exc:
             raise StoreError(f"{path}: line {exc.lineno}: not a valid privacy ledger ({exc.msg})") from None
         return cls.from_dict(d)
+
+
+def privacy_warnings(ledger) -> list[str]:
+    """The ledger notes that qualify its guarantee (printed on stderr by the CLI, not only kept in the ledger).
+
+    An observed (not declared) rating range, an approximate or unproven guarantee, a
+    seeded run, or a release that is the private biases only.
+    """
+    keys = ("observed from the data", "approximate", "no privacy proof", "seeded", "NO privacy", "iters = 0")
+    out = [n for n in getattr(ledger, "notes", []) if any(k in n for k in keys)]
+    g = getattr(ledger, "guarantee", "")
+    if g.startswith("approximate:") and not any(n.startswith("approximate") for n in out):
+        out.insert(0, "the guarantee is approximate: " + g[len("approximate:"):].strip())
+    if g.startswith("not DP:"):
+        out.insert(0, "the guarantee is NOT differential privacy: " + g[len("not DP:"):].strip())
+    return out

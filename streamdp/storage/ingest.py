@@ -75,21 +75,22 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamdp.errors import InputError, ParameterError, StoreError
+from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.ingest import bucket_rows, count_into, group_dedup, remap_sort
-from streamdp.outputs import is_no_space, no_space_error, no_space_reason, note, owned_temp_dir, remove_temp_dir
+from streamdp.memory import format_size, resolve_memory_limit
+from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
 from streamdp.storage import formats as F
 from streamdp.storage.schema import default_block_users
 from streamdp.storage.split import block_seed, check_fraction, split_block
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import StoreWriter, check_destination
-from streamdp.stream.memory import format_size, resolve_memory_limit
 
 _PURPOSE_SPLIT = 3  # same purpose key as generate: the split of block b depends on (seed, b) only
 #: Bytes of working memory per rating of a partition while it is grouped or written.
@@ -289,19 +290,6 @@ def _header_note(spec: F.Spec) -> str:
             f"use --columns USER,ITEM,RATING[,TIMESTAMP] to change)")
 
 
-def _parse_budget(budget) -> tuple[float, float] | None:
-    if budget is None:
-        return None
-    try:
-        e, d = (float(x) for x in (budget.split(",") if isinstance(budget, str) else budget))
-    except ValueError:
-        raise ParameterError(f"--budget: expected EPSILON,DELTA, got {budget!r}") from None
-    from streamdp.privacy import check_privacy_params
-
-    check_privacy_params(e, d)
-    return e, d
-
-
 def ingest(
     inputs: list[str],
     out: str,
@@ -316,7 +304,8 @@ def ingest(
     memory_limit: str | int | None = None,
     block_users: int | None = None,
     force: bool = False,
-    budget=None,
+    check_users: Callable[[int], None] | None = None,
+    after_write: Callable[[RatingStore], None] | None = None,
     show_progress: bool | None = None,
     out_of_range: str | None = None,
     notes: bool = True,
@@ -330,9 +319,10 @@ def ingest(
     ``notes``: once the store is written, print on stderr which columns of a headerless
     file were taken as what (after success only, so that an error stays one line).
     A full, over-quota or read-only file system is a :class:`StoreError` naming ``out``
-    (temporary files removed). ``budget`` (``(epsilon, delta)`` or ``"E,D"``) sets the
-    store's privacy budget (:class:`streamdp.privacy.budget.StoreBudget`) once the
-    store is written. Raises :class:`InputError` (file and line) for bad
+    (temporary files removed). ``check_users(n_users)`` is called once the input is
+    parsed, before anything is written (a caller's check that may refuse the ingest);
+    ``after_write(store)`` once the store is in place, before it is returned (the
+    Python API's :func:`streamdp.api.ingest` sets a privacy budget with these). Raises :class:`InputError` (file and line) for bad
     input (also a header naming no rating column, or a column of unknown name, see
     :mod:`streamdp.storage.formats`), :class:`ParameterError` for bad options (also a
     ``memory_limit`` below :func:`min_memory_limit`); nothing is left at ``out`` (nor
@@ -343,7 +333,7 @@ def ingest(
     replaced store's privacy-budget ledger is **kept**: it is carried over into the
     new store with a record that the data changed, and its releases keep counting
     (decision: the people in the old data are likely in the new data, so what was
-    spent on them must not be forgotten; ``budget`` then sets only the total). See
+    spent on them must not be forgotten; a budget set then sets only the total). See
     :func:`streamdp.privacy.budget.carried_over`.
 
     >>> import tempfile, os
@@ -377,7 +367,6 @@ def ingest(
             f"{format_size(need)} ({_threads()} parsing threads, each reading ahead up to {_PARSE_SHARE} blocks of "
             f"{_MIN_PARSE_BLOCK >> 10} KiB; the Python runtime, about 230 MB, comes on top); use --memory-limit "
             f"{-(-need // 10**6)}MB or more")
-    budget = _parse_budget(budget)
     check_destination(out, force)
     tmp = None
     try:
@@ -395,26 +384,15 @@ def ingest(
                 break
             except F._IdNotInteger as exc:
                 int_ids[0 if exc.role == "user" else 1] = False
-        if budget is not None:
-            from streamdp.privacy import check_privacy_params
-
-            check_privacy_params(*budget, n_users=len(parsed.users))
+        if check_users is not None:
+            check_users(len(parsed.users))
         params = dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
                       test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines, memory_limit=limit,
                       block_users=block_users, formats=[s.format for s in specs], out_of_range=oor)
         store = _build(parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress,
                        params=params, t0=t0)
-        if budget is not None:
-            from streamdp.privacy.budget import StoreBudget
-
-            try:
-                StoreBudget(store.path).set(*budget)
-            except OSError as exc:  # the store is in place: say so, not "nothing was written"
-                if not is_no_space(exc):
-                    raise
-                raise StoreError(f"{store.path}: the store was written but its budget was not set: "
-                                 f"{no_space_reason(exc)} writing its ledger; free some space and run "
-                                 f"streamdp budget {store.path} --set {budget[0]:g},{budget[1]:g}") from None
+        if after_write is not None:
+            after_write(store)
         if notes:  # after success only: an error stays one line
             for s in specs:
                 if not s.header and columns is None:

@@ -54,6 +54,11 @@ a store written without it gets:
 
 from __future__ import annotations
 
+import json
+import os
+
+from streamdp.storage import remote
+
 FORMAT_NAME = "streamdp-ratings"
 FORMAT_VERSION = 1
 ATTRS_KEY = "streamdp"
@@ -97,3 +102,22 @@ def default_block_users(n_users: int, n_ratings: int, target: int = TARGET_BLOCK
     mean = max(n_ratings / n_users, 1e-9)
     users = int(target / mean)
     return max(1, min(n_users, users))
+
+
+def is_store_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` (a directory or an fsspec URL) is a streamdp rating store (its ``zarr.json`` names the
+    format; any version).
+
+    Read from the raw ``zarr.json``, so a store of another format version (or one
+    whose arrays are damaged) still counts as a store that ``--force`` may replace.
+    """
+    try:
+        if remote.is_url(path):
+            raw = remote.read_bytes(remote.join(str(path), "zarr.json"))
+            attrs = json.loads(raw).get("attributes", {}).get(ATTRS_KEY) if raw is not None else None
+        else:
+            with open(os.path.join(path, "zarr.json")) as fh:
+                attrs = json.load(fh).get("attributes", {}).get(ATTRS_KEY)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(attrs, dict) and attrs.get("format") == FORMAT_NAME

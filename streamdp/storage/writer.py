@@ -71,6 +71,7 @@ import secrets
 import numpy as np
 import zarr
 
+from streamdp._version import __version__
 from streamdp.errors import StoreError
 from streamdp.outputs import (
     check_destination as _check,
@@ -89,6 +90,7 @@ from streamdp.storage.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
     ITEM_PAD,
+    is_store_dir,
     rating_compressor,
 )
 
@@ -214,25 +216,6 @@ class ContentHash:
             h.update(b"attrs")
             h.update(hashlib.blake2b(self._attrs, digest_size=16).digest())
         return "blake2b:" + h.hexdigest()
-
-
-def is_store_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` (a directory or an fsspec URL) is a streamdp rating store (its ``zarr.json`` names the
-    format; any version).
-
-    Read from the raw ``zarr.json``, so a store of another format version (or one
-    whose arrays are damaged) still counts as a store that ``--force`` may replace.
-    """
-    try:
-        if remote.is_url(path):
-            raw = remote.read_bytes(remote.join(str(path), "zarr.json"))
-            attrs = json.loads(raw).get("attributes", {}).get(ATTRS_KEY) if raw is not None else None
-        else:
-            with open(os.path.join(path, "zarr.json")) as fh:
-                attrs = json.load(fh).get("attributes", {}).get(ATTRS_KEY)
-    except (OSError, ValueError, AttributeError):
-        return False
-    return isinstance(attrs, dict) and attrs.get("format") == FORMAT_NAME
 
 
 #: Objects under a store's URL that belong to its budget ledger, not to its data: a replacement keeps them
@@ -540,8 +523,6 @@ class StoreWriter:
             # this write of the store: a run checks before releasing that the store it read is still this one
             "generation": secrets.token_hex(8),
         }
-        from streamdp import __version__
-
         full["created_by"] = f"streamdp {__version__}"
         for k, v in attrs.items():
             full.setdefault(k, v)

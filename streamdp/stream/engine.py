@@ -60,7 +60,7 @@ from streamdp.errors import ParameterError
 from streamdp.outputs import deferred_interrupts
 from streamdp.progress import progress
 from streamdp.storage.store import Block, RatingStore, open_store
-from streamdp.stream.memory import current_rss, format_size, resolve_memory_limit
+from streamdp.memory import current_rss, format_size, resolve_memory_limit
 from streamdp.stream.state import UserState  # noqa: F401  (re-exported: part of the engine API)
 from streamdp.stream.threads import available_cores, numba_threads, thread_budget, thread_limits
 

@@ -94,9 +94,9 @@ def store(tmp_path_factory):
 
 
 def _methods():
-    from streamdp.methods import METHODS, _load_builtin
+    from streamdp.methods import METHODS, load_builtin
 
-    _load_builtin()
+    load_builtin()
     return sorted(METHODS)
 
 
@@ -155,8 +155,9 @@ def test_every_methods_own_calibration_path_1e9(store):
     script = textwrap.dedent(f"""
         import json
         from streamdp.errors import ParameterError
-        from streamdp.methods import METHODS, _load_builtin, prepare
-        _load_builtin()
+        from streamdp.methods import METHODS, load_builtin
+        from streamdp.training import prepare
+        load_builtin()
         res = {{}}
         for m in sorted(METHODS):
             try:
@@ -228,7 +229,7 @@ def test_calibration_above_max_epsilon_is_refused():
 def test_every_methods_plan_at_max_epsilon(store, method):
     """At 500, the ledger a method reserves (its calibration path end to end) spends <= the target and close to
     it, without numpy's overflow warnings (printed before; sgld's pure-DP path was already right)."""
-    from streamdp.methods import prepare
+    from streamdp.training import prepare
 
     epsilon = MAX_EPSILON
     with warnings.catch_warnings():

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from streamdp.errors import ParameterError
-from streamdp.methods import get_method, train
-from streamdp.methods.als import RNG_KEY, item_biases
+from streamdp.methods import get_method
+from streamdp.methods._biases import item_biases
+from streamdp.methods.als import RNG_KEY
 from streamdp.stream.engine import Engine
+from streamdp.training import train
 
 INF = float("inf")
 

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from streamdp.errors import ParameterError
-from streamdp.methods import METHODS, _load_builtin
+from streamdp.methods import METHODS, load_builtin
 from streamdp.privacy import GUARANTEE_NONE
 from streamdp.privacy.ledger import GUARANTEE_NOT_DP_PREFIX, GUARANTEE_PUBLIC_ONLY
 from streamdp.model import load_model
 from streamdp.stream.engine import Engine
 
-_load_builtin()
+load_builtin()
 EPS, DELTA, RANK, SEED = 2.0, 1e-5, 3, 11
 #: Fast settings per method so the suite stays quick (defaults otherwise).
 FAST = {"oja": {"passes": 3}, "sgld": {"epochs": 2, "step_users": 100}, "sgd": {"epochs": 2, "step_users": 100},

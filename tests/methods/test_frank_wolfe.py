@@ -11,7 +11,7 @@ import pytest
 from streamdp.errors import ParameterError
 from streamdp.methods import get_method
 from streamdp.methods.frank_wolfe import RNG_KEY, passes_in
-from streamdp.methods.svd import canonical_signs
+from streamdp.methods._subspace import canonical_signs
 from streamdp.stream.engine import Engine
 
 INF = float("inf")

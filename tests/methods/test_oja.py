@@ -10,14 +10,15 @@ import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import svds
 
-from streamdp.methods.oja import RNG_KEY, PrivateOja, _values_fn, default_passes
+from streamdp.methods._subspace import residual_values
+from streamdp.methods.oja import RNG_KEY, PrivateOja, default_passes
 from streamdp.privacy import epsilon_of, gaussian_noise, spawn_rngs
 from streamdp.stream.engine import Engine
 
 
 def _matrix(store, fitted, L):
     """The clipped, centered matrix A the method worked on, in memory (scipy CSR)."""
-    vals = _values_fn(fitted.global_mean, fitted.item_bias.astype(np.float64), L, store.rating_min, store.rating_max)
+    vals = residual_values(fitted.global_mean, fitted.item_bias.astype(np.float64), L, store.rating_min, store.rating_max)
     rows, cols, data = [], [], []
     for b in range(store.n_blocks):
         blk = store.read_block(b)

@@ -4,12 +4,12 @@ import pytest
 from click.testing import CliRunner
 
 from streamdp.errors import ParameterError
-from streamdp.methods import METHODS, _load_builtin, get_method
+from streamdp.methods import METHODS, load_builtin, get_method
 from streamdp.methods.options import Option, merge_options, option_help
 
 
 def test_every_registered_method_declares_consistent_options():
-    _load_builtin()
+    load_builtin()
     merged = merge_options(METHODS)  # raises if one flag has two kinds
     for name, slot in merged.items():
         for m, o in slot["by_method"].items():
@@ -51,7 +51,7 @@ def test_train_help_lists_methods_and_per_method_meanings():
     from streamdp.cli import main
 
     out = CliRunner().invoke(main, ["train", "--help"]).output
-    _load_builtin()
+    load_builtin()
     for m in METHODS:
         assert m in out
     sgd = CliRunner().invoke(main, ["train", "--method", "sgd", "--help"]).output

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.methods import get_method, train
+from streamdp.methods import get_method
 from streamdp.methods.public_private import GUARANTEE_PMD, MEAN_PRIOR, RNG_KEY
 from streamdp.privacy.ledger import GUARANTEE_NONE, GUARANTEE_PRIVATE_USERS_DP, GUARANTEE_PUBLIC_ONLY
 from streamdp.stream.engine import Engine
+from streamdp.training import train
 
 INF = float("inf")
 
@@ -288,7 +289,7 @@ def test_pmd_ledger_is_labelled_not_dp(tiny_store):
     assert math.isinf(led.epsilon) and not led.events and led.accounting is None
     assert any("NOT differential privacy" in n for n in led.notes)
     assert sum(f.owner["private_responders_by_round"]) > 0 and "responders" not in f.model_info["private"]
-    from streamdp.methods import privacy_warnings
+    from streamdp.privacy.ledger import privacy_warnings
 
     assert privacy_warnings(led)[0].startswith("the guarantee is NOT differential privacy")
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from streamdp.kernels import sgd as K
-from streamdp.methods import get_method, train
+from streamdp.methods import get_method
+from streamdp.training import train
 from tests.conftest import shared_file
 
 INF = float("inf")

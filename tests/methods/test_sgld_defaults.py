@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from streamdp.kernels import sgd as K
-from streamdp.methods import get_method, train
+from streamdp.methods import get_method
+from streamdp.training import train
 
 
 def _settings(store, **opts):

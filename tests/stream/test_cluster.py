@@ -205,7 +205,7 @@ def test_every_method_on_the_cluster_equals_local(store, tmp_path, cluster_clien
 
 @pytest.mark.slow
 def test_lowrank_on_the_cluster_equals_local(store, tmp_path, cluster_client):
-    from streamdp.methods.lowrank import lowrank
+    from streamdp.training import lowrank
     from streamdp.model import load_model
 
     kw = dict(rank=3, epsilon=1.0, delta=1e-6, seed=4, over_budget=True)

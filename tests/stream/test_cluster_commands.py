@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from streamdp.cli import main
 from streamdp.errors import StoreError
 from streamdp.model import load_model
-from streamdp.storage.verify import verify_store
+from streamdp.stream.verify import verify_store
 
 distributed = pytest.importorskip("distributed")
 

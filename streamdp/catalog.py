@@ -6,7 +6,7 @@ of guarantee (:func:`guarantee_kind`). This module adds only what a class does n
 say: the guarantee in words with the options that change it, what the model directory
 holds, when a user should pick the method, and what ``--rank`` means for it. A method
 registered without an entry here is still listed (its ``SUMMARY`` only), and fails
-``tests/methods/test_catalog.py``.
+``tests/methods/test_method_help.py``.
 
 Guarantee kinds
 ---------------
@@ -149,10 +149,10 @@ def method_info(name: str) -> MethodInfo:
 
 def _classes() -> dict:
     """Every method class by name: the registered ``train`` methods and ``lowrank``."""
-    from streamdp.methods import METHODS, _load_builtin
+    from streamdp.methods import METHODS, load_builtin
     from streamdp.methods.lowrank import LowRank
 
-    _load_builtin()
+    load_builtin()
     return {**METHODS, LowRank.name: LowRank}
 
 

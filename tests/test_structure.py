@@ -1,0 +1,225 @@
+"""The house's structure, read from the source (``ast``, nothing imported): who may import whom.
+
+Rules checked here:
+
+* **methods stand alone**: a method module (``streamdp/methods/<name>.py``, not ``_*``,
+  ``base`` or ``options``) imports no other method module; the shared parts
+  (``methods/_*.py``, ``base``, ``options``) import no method module. What two methods
+  share lives in a shared part (``_centering``, ``_biases``, ``_subspace``, ...);
+* **no private names across modules**: no module imports a ``_name`` from another
+  module of the package;
+* **no import cycles** in the package, counting imports inside functions too (they
+  run as well, only later);
+* **layers** (:data:`LAYERS`, lowest first): base (errors, outputs, progress, memory,
+  jsonio, owner, manifest, model_dir) < kernels < storage < privacy < stream < models
+  (model format, local solve, ranking, batch, evaluate) < methods < entry points
+  (training, api, sweep, demo, cli). A module imports only its own layer and those
+  below; the exceptions are listed with their reason in :data:`ALLOWED_UPWARD`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "streamdp"
+SHARED_METHOD_MODULES = {"streamdp.methods", "streamdp.methods.base", "streamdp.methods.options"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(target: str) -> str | None:
+    """The package module ``target`` names (a module, or a name in one), ``None`` outside the package."""
+    if not target.startswith("streamdp"):
+        return None
+    while target not in MODULES and "." in target:
+        target = target.rsplit(".", 1)[0]
+    return target if target in MODULES else None
+
+
+def imports_of(name: str) -> list[tuple[str, str, int, bool]]:
+    """``(module imported, name imported or "", line, inside a function)`` for each import in module ``name``."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                for a in child.names:
+                    mod = _resolve(a.name)
+                    if mod:
+                        out.append((mod, "", child.lineno, inner))
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")[:len(package.split(".")) - (child.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                for a in child.names:
+                    full = f"{base}.{a.name}"
+                    if full in MODULES:  # `from pkg import submodule`
+                        out.append((full, "", child.lineno, inner))
+                    elif _resolve(base):
+                        out.append((_resolve(base), a.name, child.lineno, inner))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return out
+
+
+def graph(modules=None) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (anywhere in the file)."""
+    names = MODULES if modules is None else modules
+    return {m: {t for t, _, _, _ in imports_of(m) if t in names and t != m} for m in names}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def is_method_module(name: str) -> bool:
+    return (name.startswith("streamdp.methods.") and name not in SHARED_METHOD_MODULES
+            and not name.rsplit(".", 1)[1].startswith("_"))
+
+
+def test_the_walker_sees_imports_inside_functions_and_relative_ones():
+    found = {(t, n) for t, n, _, _ in imports_of("streamdp.methods")}
+    assert ("streamdp.methods.base", "Method") in found
+    assert any(inner for *_, inner in imports_of("streamdp.cli"))
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m.startswith("streamdp.methods")))
+def test_a_method_module_imports_no_other_method(name):
+    bad = sorted({(t, line) for t, _, line, _ in imports_of(name) if is_method_module(t) and t != name})
+    assert not bad, (f"{name} imports the method module(s) {bad}: move what they share to a shared part "
+                     f"(streamdp/methods/_*.py)")
+
+
+def test_no_private_names_imported_across_modules():
+    bad = [f"{m}:{line} imports {n} from {t}" for m in MODULES for t, n, line, _ in imports_of(m)
+           if n.startswith("_") and not n.startswith("__") and t != m]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles_among_the_methods():
+    methods = {m: p for m, p in MODULES.items() if m.startswith("streamdp.methods.")}
+    assert not cycles(graph(methods))
+
+
+#: The layers, lowest first: a module may import its own layer and the layers below, never one above.
+#: Privacy (mechanisms, accountant, ledger, store budget) sits between storage (whose ledger files it keeps beside
+#: the store) and the stream engine (whose runs draw noise); the released model (its format, the users' local
+#: solve, evaluation) sits below the methods, which write it; the entry points (training orchestration, the Python
+#: API, sweep, the CLI) are above everything.
+LAYERS = (
+    ("base", ("streamdp._version", "streamdp.errors", "streamdp.jsonio", "streamdp.owner", "streamdp.outputs",
+              "streamdp.progress", "streamdp.memory", "streamdp.manifest", "streamdp.model_dir")),
+    ("kernels", ("streamdp.kernels",)),
+    ("storage", ("streamdp.storage",)),
+    ("privacy", ("streamdp.privacy",)),
+    ("stream", ("streamdp.stream",)),
+    ("models", ("streamdp.model", "streamdp.local", "streamdp.ranking", "streamdp.batch", "streamdp.evaluate")),
+    ("methods", ("streamdp.methods",)),
+    ("entry points", ("streamdp.training", "streamdp.api", "streamdp.sweep", "streamdp.demo", "streamdp.cli",
+                      "streamdp.__main__", "streamdp")),
+)
+
+#: Imports that go up a layer, each with its reason; a new one fails the test until it is moved or listed here.
+ALLOWED_UPWARD = {
+    ("streamdp.storage.writer", "streamdp.privacy.budget"):
+        "replacing a store (--force) carries its privacy-budget ledger over under the ledger's lock, inside the "
+        "store's atomic replacement",
+}
+
+
+def layer_of(name: str) -> int:
+    best = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if name == p or name.startswith(p + "."):
+                if best is None or len(p) > best[1]:
+                    best = (i, len(p))
+    assert best is not None, f"{name} is in no layer of tests/test_structure.py::LAYERS: add it"
+    return best[0]
+
+
+def test_every_module_has_a_layer():
+    for m in MODULES:
+        layer_of(m)
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    bad = []
+    for m in MODULES:
+        for t, _, line, _ in imports_of(m):
+            if layer_of(t) > layer_of(m) and (m, t) not in ALLOWED_UPWARD:
+                bad.append(f"{m}:{line} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_the_allowed_upward_imports_still_exist():
+    edges = {(m, t) for m in MODULES for t, _, _, _ in imports_of(m)}
+    assert not set(ALLOWED_UPWARD) - edges, "an allowed upward import is gone: remove it from ALLOWED_UPWARD"
+
+
+def test_no_import_cycles_in_the_package():
+    found = cycles(graph())
+    assert not found, f"import cycles (imports inside functions included): {found}"
+
+
+def test_every_method_module_is_loaded_without_being_listed_anywhere():
+    """A new method is one new module: the registry finds the modules the rules above call method modules."""
+    import sys
+
+    from streamdp.methods import METHODS, load_builtin, method_modules
+
+    on_disk = sorted(m for m in MODULES if is_method_module(m))
+    assert method_modules() == on_disk
+    load_builtin()
+    assert all(m in sys.modules for m in on_disk)
+    registered_from = {cls.__module__ for cls in METHODS.values()}
+    assert registered_from <= set(on_disk)
+    assert set(on_disk) - registered_from == {"streamdp.methods.lowrank"}  # its own command, not a --method
