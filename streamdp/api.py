@@ -54,7 +54,6 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
     from streamdp.training import train as train_model
-    from streamdp.model import load_model
     from streamdp.privacy.accountant import check_calibratable
     from streamdp.storage.store import RatingStore, open_store
 
@@ -62,14 +61,26 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     st = store if isinstance(store, RatingStore) else open_store(store)
     if delta is None:
         delta = default_delta(st.n_users)
+    return _released(out, lambda out: train_model(
+        st, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, workers=workers,
+        scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget, force=force,
+        evaluate_test=evaluate, **options))
+
+
+def _released(out: str | None, run):
+    """``run(out)`` writes a model and returns its summary; the loaded model with ``.summary``.
+
+    ``out=None``: the model is written to a temporary directory, loaded, and the
+    directory removed (``model.path`` is then ``"(in memory)"``).
+    """
+    from streamdp.model import load_model
+
     tmp = None
     if out is None:
         tmp = tempfile.mkdtemp(prefix="streamdp-model-")
         out = os.path.join(tmp, "model")
     try:
-        summary = train_model(st, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
-                              workers=workers, scheduler=scheduler, memory_limit=memory_limit,
-                              over_budget=over_budget, force=force, evaluate_test=evaluate, **options)
+        summary = run(out)
         model = load_model(out)
     finally:
         if tmp is not None:
@@ -93,26 +104,11 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
     the method's default grid). ``out=None`` works as for :func:`train`.
     ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice.
     """
-    from streamdp.model import load_model
     from streamdp.tune import tune as run_tune
 
-    tmp = None
-    if out is None:
-        tmp = tempfile.mkdtemp(prefix="streamdp-model-")
-        out = os.path.join(tmp, "model")
-    try:
-        summary = run_tune(store, epsilon=epsilon, method=method, out=out, grid=grid, delta=delta, seed=seed,
-                           workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
-                           evaluate_test=evaluate)
-        model = load_model(out)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if tmp is not None:
-        model.path = "(in memory)"
-        summary["out"] = None
-    model.summary = summary
-    return model
+    return _released(out, lambda out: run_tune(
+        store, epsilon=epsilon, method=method, out=out, grid=grid, delta=delta, seed=seed, workers=workers,
+        memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate))
 
 
 def ingest(inputs, out: str, *, budget=None, **options):
