@@ -34,6 +34,22 @@ from streamdp.errors import InputError, ParameterError, StoreError
 COLUMNS = ("user_id", "rank", "item_id", "score")
 
 
+def dense_users(store, keys) -> np.ndarray:
+    """The dense index of each original user id in ``keys`` (-1 where it is not a user of ``store``).
+
+    Looked up block by block: the store's user ids are never all in memory at once.
+    """
+    from streamdp.storage.ids import find
+
+    dense = np.full(len(keys), -1, np.int64)
+    for b in range(store.n_blocks):
+        first, end = store.block_range(b)
+        pos = find(store.user_ids(first, end), keys)
+        hit = pos >= 0
+        dense[hit] = first + pos[hit]
+    return dense
+
+
 def read_user_list(path: str, store) -> np.ndarray:
     """The dense indices (sorted, unique) of the users listed in ``path``: one original user id per line.
 
@@ -42,7 +58,7 @@ def read_user_list(path: str, store) -> np.ndarray:
     (a non-integer for integer ids) or not a user of the store is an
     :class:`InputError` naming the file and line.
     """
-    from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
+    from streamdp.storage.ids import numeric, parse_id, utf8_lines
 
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")
@@ -62,12 +78,7 @@ def read_user_list(path: str, store) -> np.ndarray:
             lines.append(lineno)
     if not keys:
         raise InputError(f"{path}: no user ids")
-    dense = np.full(len(keys), -1, np.int64)
-    for b in range(store.n_blocks):
-        first, end = store.block_range(b)
-        pos = find(store.user_ids(first, end), keys)
-        hit = pos >= 0
-        dense[hit] = first + pos[hit]
+    dense = dense_users(store, keys)
     missing = np.flatnonzero(dense < 0)
     if len(missing):
         i = int(missing[0])
@@ -101,11 +112,7 @@ def _prepare(model, store, n, users, ridge):
 
         is_num = numeric(st.user_ids(0, min(1, st.n_users)))
         keys = [parse_id(u, is_num) for u in users]
-        dense = np.full(len(keys), -1, np.int64)
-        for b in range(st.n_blocks):
-            first, end = st.block_range(b)
-            pos = find(st.user_ids(first, end), keys)
-            dense[pos >= 0] = first + pos[pos >= 0]
+        dense = dense_users(st, keys)
         if (dense < 0).any():
             raise InputError(f"users: {keys[int(np.flatnonzero(dense < 0)[0])]!r} is not a user of {st.path}")
         wanted = np.unique(dense)
