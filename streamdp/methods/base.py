@@ -9,6 +9,7 @@ so that a store budget can refuse it), and ``fit(store, engine)`` returns a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -16,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.methods.options import MethodOptions
 from streamdp.model import save_model
 from streamdp.privacy import GUARANTEE_NONE, Ledger, compose, epsilon_of
 from streamdp.stream.driver import Run, fingerprint
@@ -36,6 +38,12 @@ class Plan:
     entries: list = field(default_factory=list)
     params: dict = field(default_factory=dict)
     events: list = field(default_factory=list)
+    #: The run's resolved settings (a frozen :class:`RunSettings`): options with their derived defaults.
+    settings: object | None = None
+    #: Contribution bounds and ranges for the ledger's ``bounds``.
+    bounds: dict = field(default_factory=dict)
+    #: The calibrated releases, as the method indexes them (by name, or in order).
+    releases: object = None
 
     def __post_init__(self):
         if self.events and self.event is None:
@@ -67,6 +75,27 @@ class Fitted:
                           extras=self.extras, per_item_extras=self.per_item_extras, force=force)
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """Base of a method's resolved settings: its options with every derived default filled in, for one store.
+
+    Frozen: a method that revises a setting while planning makes a new one with
+    :meth:`replace`. :meth:`as_dict` is what ``model.json`` records and what the
+    checkpoint fingerprint covers.
+    """
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        """``{field: value}``, arrays as lists (JSON-ready; nested settings stay objects' dicts)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v.tolist() if isinstance(v, np.ndarray) else v
+        return out
+
+
 class Method:
     """Base class of training methods.
 
@@ -89,17 +118,29 @@ class Method:
     """
 
     name: ClassVar[str] = ""
+    #: The method's options (a frozen :class:`~streamdp.methods.options.MethodOptions` dataclass); ``OPTIONS``,
+    #: the records the CLI and the help are generated from, is derived from it.
+    Options: ClassVar[type] = MethodOptions
     OPTIONS: ClassVar[tuple] = ()
     #: One line for ``streamdp train --help`` and ``streamdp methods``.
     SUMMARY: ClassVar[str] = ""
 
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "Options" in cls.__dict__:
+            cls.OPTIONS = cls.Options.declared()
+
     def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None,
                  **options):
-        declared = {o.name: o for o in self.OPTIONS}
-        unknown = sorted(set(options) - set(declared))
-        if unknown:
-            opts = ", ".join("--" + u.replace("_", "-") for u in unknown)
-            raise ParameterError(f"{opts}: not an option of --method {self.name}")
+        if self.Options is not MethodOptions:
+            self.opts = self.Options.build(options, method=self.name)
+        else:
+            self.opts = None
+            declared = {o.name: o for o in self.OPTIONS}
+            unknown = sorted(set(options) - set(declared))
+            if unknown:
+                opts = ", ".join("--" + u.replace("_", "-") for u in unknown)
+                raise ParameterError(f"{opts}: not an option of --method {self.name}")
         self.epsilon = float(epsilon)
         self.delta = float(delta)
         if rank is None:
@@ -108,7 +149,10 @@ class Method:
             raise ParameterError(f"--rank must be a positive integer, got {rank}")
         self.rank = int(rank)
         self.seed = seed
-        self.options = {k: declared[k].check(v) for k, v in options.items() if v is not None}
+        if self.opts is not None:
+            self.options = self.opts.user_values()
+        else:
+            self.options = {k: declared[k].check(v) for k, v in options.items() if v is not None}
 
     def default_rank(self) -> int:
         """The rank when ``--rank`` is not given (8; methods may derive it from public parameters)."""
@@ -160,7 +204,7 @@ class Method:
         """The :class:`streamdp.privacy.Ledger` of ``plan`` on ``store`` (one composed accounting)."""
         private = self.private and bool(plan.events)
         acc = epsilon_of(plan.event, self.delta) if private else None
-        bounds = dict(plan.params.get("bounds", {}))
+        bounds = dict(plan.bounds or plan.params.get("bounds", {}))
         bounds["releases"] = list(plan.entries)
         return Ledger(method=self.name, guarantee=self.guarantee if private else GUARANTEE_NONE,
                       epsilon=self.epsilon if private else float("inf"), delta=self.delta,
@@ -178,14 +222,16 @@ class Method:
         temporary run directory goes under ``engine.state`` (``--state``) when set.
         """
         skip = {"checkpoint", "release", "releases", "bounds", *exclude}
-        keep = {key: (v.tolist() if isinstance(v, np.ndarray) else v) for key, v in plan.params.items()
+        items = plan.settings.as_dict() if plan.settings is not None else plan.params
+        keep = {key: (v.tolist() if isinstance(v, np.ndarray) else v) for key, v in items.items()
                 if key not in skip}
         fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
                          store=store.checksum, s=keep)
         # a method fitted as one of several candidates of a run shares that run's entropy (same held-out ratings)
         seed = self.seed if getattr(self, "shared_entropy", None) is None else self.shared_entropy
         return Run(store, method=self.name, fingerprint=fp, seed=seed, rng_key=rng_key,
-                   checkpoint=self.options.get("checkpoint"), state=getattr(engine, "state", None))
+                   checkpoint=getattr(self.opts, "checkpoint", None) if self.opts is not None
+                   else self.options.get("checkpoint"), state=getattr(engine, "state", None))
 
     def planned_ledger(self, store):
         """The ledger this method will write, computed before it runs (for budget reservation)."""

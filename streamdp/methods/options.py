@@ -1,6 +1,13 @@
-"""Method options, declared once: the schema from which ``streamdp train``'s flags are generated.
+"""Method options, declared once: one frozen dataclass per method, from which the flags and help are generated.
 
-Each method lists its own :class:`Option` objects in ``OPTIONS``. The CLI builds
+A method declares its options as the fields of a :class:`MethodOptions` subclass
+(``field = option("help", default=..., minimum=...)``); the field's annotation is
+its type (``int``, ``float``, ``str``, ``bool``, or ``Literal["a", "b"]`` for a
+choice) and its default is the value the method uses. ``Method.OPTIONS`` (the
+:class:`Option` records) is derived from that class, so the help text shows the
+very defaults the code reads and cannot drift. A field whose default depends on
+the store or the privacy target is declared ``None`` with a ``default_text``
+saying how it is derived; the method derives it when it plans. The CLI builds
 one ``--flag`` per option name over all registered methods (:func:`cli_options`);
 its help says which method reads it and what it means there, method by method
 (``[sgd] ... ; [sgld] ...``), so one flag never silently means two things. A
@@ -24,13 +31,15 @@ streamdp.errors.ParameterError: --epochs must be >= 1, got 0
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from streamdp.errors import ParameterError
 
-__all__ = ["Option", "merge_options", "option_help"]
+__all__ = ["MethodOptions", "Option", "merge_options", "option", "option_help"]
 
 
 @dataclass(frozen=True)
@@ -171,3 +180,97 @@ def option_help(by_method: dict) -> str:
     for m, o in by_method.items():
         groups.setdefault(o.describe(), []).append(m)
     return "; ".join(f"[{'/'.join(ms)}] {text}" for text, ms in groups.items())
+
+
+_OPTION = "streamdp.option"
+
+
+def option(help: str, *, default: Any = None, default_text: str = "", minimum: float | None = None,
+           maximum: float | None = None, exclusive_minimum: bool = False, metavar: str | None = None,
+           allow_inf: bool = False):
+    """A field of a :class:`MethodOptions` class: its help, default and bounds (see :class:`Option`).
+
+    The field's type is its annotation. ``default=None`` means "derived": the method
+    computes it when it plans, and ``default_text`` says how.
+    """
+    spec = dict(help=help, default=default, default_text=default_text, minimum=minimum, maximum=maximum,
+                exclusive_minimum=exclusive_minimum, metavar=metavar, allow_inf=allow_inf)
+    return field(default=default, metadata={_OPTION: spec})
+
+
+def _option_type(hint):
+    """``int``/``float``/``str``/``bool`` or a tuple of choices, from a field annotation."""
+    if typing.get_origin(hint) is Literal:
+        return tuple(typing.get_args(hint))
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if args:  # X | None
+        return _option_type(args[0])
+    if hint in (int, float, str, bool):
+        return hint
+    raise TypeError(f"option type {hint!r}: use int, float, str, bool or Literal[...]")
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    """Base of a method's options: a frozen dataclass whose fields are its flags.
+
+    Build one with :meth:`build` from what the user gave (values converted and checked
+    by the declared :class:`Option`, a one-line error naming the flag); fields not given
+    keep their declared default. ``given`` names the fields the user set (some derived
+    defaults depend on whether another option was given).
+
+    >>> @dataclass(frozen=True)
+    ... class Demo(MethodOptions):
+    ...     epochs: int = option("passes over the data", default=20, minimum=1)
+    ...     scheme: Literal["a", "b"] = option("a choice", default="a")
+    >>> o = Demo.build({"epochs": "3"})
+    >>> o.epochs, o.scheme, o.is_given("epochs"), o.is_given("scheme")
+    (3, 'a', True, False)
+    >>> [x.flag for x in Demo.declared()]
+    ['--epochs', '--scheme']
+    >>> Demo.build({"epochs": 0})
+    Traceback (most recent call last):
+    ...
+    streamdp.errors.ParameterError: --epochs must be >= 1, got 0
+    """
+
+    given: frozenset = field(default=frozenset(), repr=False, compare=False)
+
+    #: The method name, for the "not an option of --method X" error (set by the method class).
+    method_name: ClassVar[str] = ""
+
+    @classmethod
+    def declared(cls) -> tuple:
+        """The :class:`Option` records of the fields, in declaration order (the CLI's flags and help)."""
+        cache = cls.__dict__.get("_declared")
+        if cache is not None:
+            return cache
+        hints = typing.get_type_hints(cls, include_extras=False)
+        out = []
+        for f in dataclasses.fields(cls):
+            spec = f.metadata.get(_OPTION)
+            if spec is None:
+                continue
+            out.append(Option(f.name, _option_type(hints[f.name]), **spec))
+        out = tuple(out)
+        type.__setattr__(cls, "_declared", out)
+        return out
+
+    @classmethod
+    def build(cls, given: dict, *, method: str = ""):
+        """The options from what the user gave (``None`` values count as not given)."""
+        declared = {o.name: o for o in cls.declared()}
+        unknown = sorted(k for k, v in given.items() if k not in declared and v is not None)
+        if unknown:
+            opts = ", ".join("--" + u.replace("_", "-") for u in unknown)
+            raise ParameterError(f"{opts}: not an option of --method {method or cls.method_name}")
+        values = {k: declared[k].check(v) for k, v in given.items() if v is not None}
+        return cls(**values, given=frozenset(values))
+
+    def is_given(self, name: str) -> bool:
+        """Whether the user set ``name`` (rather than its default)."""
+        return name in self.given
+
+    def user_values(self) -> dict:
+        """``{name: value}`` of the options the user gave (to rebuild the same method with changes)."""
+        return {k: getattr(self, k) for k in sorted(self.given)}
