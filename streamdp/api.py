@@ -22,7 +22,18 @@ import os
 import shutil
 import tempfile
 
+from streamdp.errors import StoreError
+from streamdp.model import load_model
+from streamdp.outputs import is_no_space, no_space_reason
+from streamdp.privacy import check_privacy_params
+from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.budget import StoreBudget, parse_budget
 from streamdp.privacy.params import default_delta  # re-exported: part of the API
+from streamdp.storage.generate import generate_store
+from streamdp.storage.ingest import ingest as ingest_files
+from streamdp.storage.store import RatingStore, open_store
+from streamdp.training import train as train_model
+from streamdp.tune import tune as run_tune
 
 __all__ = ["train", "tune", "generate", "ingest", "default_delta"]
 
@@ -53,10 +64,6 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
-    from streamdp.training import train as train_model
-    from streamdp.privacy.accountant import check_calibratable
-    from streamdp.storage.store import RatingStore, open_store
-
     check_calibratable(epsilon)  # one message for every method, before the store is opened
     st = store if isinstance(store, RatingStore) else open_store(store)
     if delta is None:
@@ -73,8 +80,6 @@ def _released(out: str | None, run):
     ``out=None``: the model is written to a temporary directory, loaded, and the
     directory removed (``model.path`` is then ``"(in memory)"``).
     """
-    from streamdp.model import load_model
-
     tmp = None
     if out is None:
         tmp = tempfile.mkdtemp(prefix="streamdp-model-")
@@ -104,8 +109,6 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
     the method's default grid). ``out=None`` works as for :func:`train`.
     ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice.
     """
-    from streamdp.tune import tune as run_tune
-
     return _released(out, lambda out: run_tune(
         store, epsilon=epsilon, method=method, out=out, grid=grid, delta=delta, seed=seed, workers=workers,
         memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate))
@@ -120,12 +123,6 @@ def ingest(inputs, out: str, *, budget=None, **options):
     (and against the number of users once the input is parsed, before anything is
     written), set once the store is in place.
     """
-    from streamdp.errors import StoreError
-    from streamdp.outputs import is_no_space, no_space_reason
-    from streamdp.privacy import check_privacy_params
-    from streamdp.privacy.budget import StoreBudget, parse_budget
-    from streamdp.storage.ingest import ingest as ingest_files
-
     budget = parse_budget(budget)
     if budget is None:
         return ingest_files(list(inputs), out, **options)
@@ -149,7 +146,5 @@ def ingest(inputs, out: str, *, budget=None, **options):
 def generate(out: str, *, users: int = 10_000, items: int = 2_000, ratings_per_user: float = 50.0, rank: int = 8,
              seed: int = 0, test_fraction: float = 0.0, force: bool = False, **kw):
     """A synthetic low-rank, power-law store (``streamdp generate``); returns the opened store."""
-    from streamdp.storage.generate import generate_store
-
     return generate_store(out, n_users=users, n_items=items, ratings_per_user=ratings_per_user, rank=rank,
                           seed=seed, test_fraction=test_fraction, force=force, show_progress=False, **kw)

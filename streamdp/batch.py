@@ -27,8 +27,16 @@ import os
 import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from streamdp.errors import InputError, ParameterError, StoreError
+from streamdp.kernels.topk import topn_scores
+from streamdp.local import local_design, model_ridge, rating_range, solve_block
+from streamdp.outputs import deferred_interrupts
+from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
+from streamdp.storage.store import RatingStore, open_store
+from streamdp.stream.engine import Engine
 
 #: The columns of the output, in order.
 COLUMNS = ("user_id", "rank", "item_id", "score")
@@ -39,8 +47,6 @@ def dense_users(store, keys) -> np.ndarray:
 
     Looked up block by block: the store's user ids are never all in memory at once.
     """
-    from streamdp.storage.ids import find
-
     dense = np.full(len(keys), -1, np.int64)
     for b in range(store.n_blocks):
         first, end = store.block_range(b)
@@ -58,8 +64,6 @@ def read_user_list(path: str, store) -> np.ndarray:
     (a non-integer for integer ids) or not a user of the store is an
     :class:`InputError` naming the file and line.
     """
-    from streamdp.storage.ids import numeric, parse_id, utf8_lines
-
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")
     is_num = numeric(store.user_ids(0, min(1, store.n_users)))
@@ -88,10 +92,6 @@ def read_user_list(path: str, store) -> np.ndarray:
 
 
 def _prepare(model, store, n, users, ridge):
-    from streamdp.local import model_ridge
-    from streamdp.storage.ids import find
-    from streamdp.storage.store import RatingStore, open_store
-
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise ParameterError(f"--top must be a positive integer, got {n}")
     m = model
@@ -108,8 +108,6 @@ def _prepare(model, store, n, users, ridge):
     elif isinstance(users, (str, os.PathLike)):
         wanted = read_user_list(str(users), st)
     else:  # Python API: original ids
-        from streamdp.storage.ids import numeric, parse_id
-
         is_num = numeric(st.user_ids(0, min(1, st.n_users)))
         keys = [parse_id(u, is_num) for u in users]
         dense = dense_users(st, keys)
@@ -120,10 +118,6 @@ def _prepare(model, store, n, users, ridge):
 
 
 def _schema(st, item_ids):
-    import pyarrow as pa
-
-    from streamdp.storage.ids import numeric
-
     uk = pa.int64() if numeric(st.user_ids(0, min(1, st.n_users))) else pa.string()
     ik = pa.int64() if numeric(item_ids) else pa.string()
     return pa.schema([("user_id", uk), ("rank", pa.int32()), ("item_id", ik), ("score", pa.float32())])
@@ -131,12 +125,6 @@ def _schema(st, item_ids):
 
 def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, scheduler, memory_limit):
     """Yield one pyarrow Table per block (users in store order, ranks from 1)."""
-    import pyarrow as pa
-
-    from streamdp.kernels.topk import topn_scores
-    from streamdp.local import local_design, rating_range, solve_block
-    from streamdp.stream.engine import Engine
-
     Q, bias = local_design(mo)
     mu = float(mo.global_mean)
     lo, hi = rating_range(mo)
@@ -208,10 +196,6 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
 
 
 def _write(path: str, tables, schema, *, force: bool, n: int) -> dict:
-    import pyarrow.parquet as pq
-
-    from streamdp.outputs import deferred_interrupts
-
     def check():
         if os.path.lexists(path) and not force:
             raise StoreError(f"{path}: already exists (use --force to overwrite it)")

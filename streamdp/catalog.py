@@ -36,6 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamdp.errors import ParameterError
+from streamdp.methods import METHODS, load_builtin
+from streamdp.methods.lowrank import LowRank
+from streamdp.privacy.ledger import GUARANTEE_APPROX_PREFIX
 
 __all__ = ["MethodInfo", "CATALOG", "method_info", "guarantee_kind", "default_rank", "methods_listing", "format_methods",
            "GUARANTEE_KINDS"]
@@ -149,9 +152,6 @@ def method_info(name: str) -> MethodInfo:
 
 def _classes() -> dict:
     """Every method class by name: the registered ``train`` methods and ``lowrank``."""
-    from streamdp.methods import METHODS, load_builtin
-    from streamdp.methods.lowrank import LowRank
-
     load_builtin()
     return {**METHODS, LowRank.name: LowRank}
 
@@ -163,8 +163,6 @@ def default_rank(cls) -> int:
 
 def guarantee_kind(cls) -> str:
     """``cls``'s kind of guarantee, one of :data:`GUARANTEE_KINDS`, from its class attributes."""
-    from streamdp.privacy.ledger import GUARANTEE_APPROX_PREFIX
-
     if getattr(cls, "NON_PRIVATE", False):
         return "non-private"
     if str(cls.guarantee).startswith(GUARANTEE_APPROX_PREFIX):

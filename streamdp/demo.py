@@ -14,6 +14,15 @@ import shutil
 import tempfile
 import time
 
+from streamdp.errors import Interrupted, StoreError
+from streamdp.evaluate import evaluate_model, format_baselines, format_verdict
+from streamdp.model import check_model_destination
+from streamdp.privacy import Ledger
+from streamdp.privacy.accountant import check_calibratable
+from streamdp.storage.generate import generate_store
+from streamdp.storage.writer import check_destination
+from streamdp.training import train
+
 #: Shape of the demo store: large enough for epsilon 1 to be useful, small enough to run in seconds.
 DEMO_STORE = dict(n_users=100_000, n_items=1_000, ratings_per_user=40, rank=8, noise=0.5, seed=2026,
                   test_fraction=0.2)
@@ -30,16 +39,6 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
     is generated; the store's budget ledger is carried over). Ctrl-C raises
     :class:`~streamdp.errors.Interrupted` saying what was kept and released.
     """
-    from streamdp.errors import Interrupted, StoreError
-    from streamdp.evaluate import evaluate_model, format_baselines, format_verdict
-    from streamdp.training import train
-    from streamdp.model import check_model_destination
-    from streamdp.privacy import Ledger
-    from streamdp.storage.generate import generate_store
-    from streamdp.storage.writer import check_destination
-
-    from streamdp.privacy.accountant import check_calibratable
-
     check_calibratable(epsilon)  # before anything is generated
     say = echo or (lambda *a, **k: None)
     kept = out is not None

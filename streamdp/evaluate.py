@@ -15,6 +15,12 @@ import math
 import numpy as np
 
 from streamdp.errors import StoreError
+from streamdp.local import model_ridge, predict_block, solve_block
+from streamdp.model import Model, load_model
+from streamdp.ranking import check_k, format_ranking, setup
+from streamdp.storage.fingerprint import store_fingerprint
+from streamdp.storage.store import RatingStore, open_store
+from streamdp.stream.engine import Engine
 from streamdp.stream.engine import add_into as _add
 
 
@@ -65,11 +71,6 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         that does not match its recorded check, :meth:`~streamdp.storage.store.RatingStore.read_block`),
         or a store replaced while it was read.
     """
-    from streamdp.local import model_ridge, predict_block, solve_block
-    from streamdp.model import Model, load_model
-    from streamdp.storage.store import RatingStore, open_store
-    from streamdp.stream.engine import Engine
-
     m = model if isinstance(model, Model) else load_model(model)
     st = store if isinstance(store, RatingStore) else open_store(store)
     if not st.has_test:
@@ -80,8 +81,6 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     ck = m.info.get("store_fingerprint")
     match = None
     if ck:
-        from streamdp.storage.fingerprint import store_fingerprint
-
         match = store_fingerprint(st, create=False) == ck  # a store without a key released no model
     elif m.info.get("store_checksum"):  # a model of an older streamdp (which released the plain checksum)
         match = m.info["store_checksum"] == st.checksum
@@ -91,8 +90,6 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                          f"was trained on and give an "
                          f"optimistic RMSE; pass --allow-other-store to evaluate it anyway")
     if ranking:
-        from streamdp.ranking import check_k
-
         k = check_k(k)
     released = m
     m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
@@ -113,8 +110,6 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
             item_mean = np.where(S[1] > 0, S[0] / np.maximum(S[1], 1.0), gm)
             damped = (S[0] + ITEM_DAMPING * gm) / (S[1] + ITEM_DAMPING)  # shrunk toward the global mean
         if ranking:
-            from streamdp.ranking import setup
-
             rank = setup(released, st, S[1], k=k, relevant_threshold=relevant_threshold)
 
         def fn(block, b):
@@ -250,8 +245,6 @@ def format_evaluation(ev: dict) -> str:
     if ev.get("verdict"):
         lines.append("verdict: " + format_verdict(ev["verdict"], ev["rmse"]))
     if ev.get("ranking"):
-        from streamdp.ranking import format_ranking
-
         lines.append(format_ranking(ev["ranking"]))
     if ev.get("store_matches_model") is False:
         lines.append("store_matches_model: false (--allow-other-store): the store's fingerprint differs from that "

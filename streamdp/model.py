@@ -36,10 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import zarr
 
+from streamdp.batch import recommend_all
 from streamdp.errors import InputError
+from streamdp.local import recommend, user_scores
 from streamdp.manifest import check_release
 from streamdp.model_dir import MODEL_FORMAT, MODEL_FORMAT_VERSION, is_model_dir
 from streamdp.outputs import check_destination, deferred_interrupts, install_dir, owned_temp_dir
+from streamdp.privacy import Ledger
 from streamdp.privacy.ledger import encode_json
 from streamdp.storage.ids import as_ids, find, numeric, parse_id
 
@@ -114,8 +117,6 @@ class Model:
         >>> m.predict({10: 5, 30: 1}, items=[20]).round(3).tolist()
         [3.0]
         """
-        from streamdp.local import user_scores
-
         it, r, _ = self._user(user_ratings)
         scores = user_scores(self, it, r, ridge=ridge)
         if items is None:
@@ -142,8 +143,6 @@ class Model:
         >>> [i for i, _ in m.recommend({10: 5}, n=2)]
         [20, 30]
         """
-        from streamdp.local import recommend
-
         it, r, _ = self._user(user_ratings)
         idx, score = recommend(self, it, r, top=n, ridge=ridge)
         ids = np.asarray(self.item_ids)[idx].tolist()
@@ -155,8 +154,6 @@ class Model:
         own training ratings: an iterator of pyarrow Tables ``user_id, rank, item_id, score`` (one per user
         block), or, with ``path``, a Parquet file written atomically (then a summary dict). See
         :mod:`streamdp.batch` (each list may be shown to its user, not published: joint DP)."""
-        from streamdp.batch import recommend_all
-
         return recommend_all(self, store, n, path=path, users=users, ridge=ridge, workers=workers,
                              scheduler=scheduler, memory_limit=memory_limit, force=force)
 
@@ -301,8 +298,6 @@ def _check_arrays(path: str, arrays: dict, global_mean: float, info: dict) -> No
 
 def load_model(path: str) -> Model:
     """Open a model directory written by :func:`save_model`."""
-    from streamdp.privacy import Ledger
-
     path = str(path)
     mj = os.path.join(path, "model.json")
     if not os.path.isfile(mj):

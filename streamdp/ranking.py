@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamdp.errors import ParameterError
+from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.topk import SUMS, ranking_sums, topn_by_order, topn_scores
+from streamdp.local import local_design
+from streamdp.storage.ids import find
 
 #: Default list length of the metrics (``--k``).
 DEFAULT_K = 10
@@ -116,8 +118,6 @@ class Ranking:
 
     def __init__(self, model, tiekey, train_counts, private_counts, private_what: str, *, k: int, threshold: float,
                  threshold_source: str):
-        from streamdp.local import local_design
-
         self.model, self.k, self.threshold, self.threshold_source = model, check_k(k), float(threshold), \
             threshold_source
         self.Q, self.bias = local_design(model)
@@ -186,13 +186,9 @@ class Ranking:
 
 def setup(model, store, train_counts, *, k: int = DEFAULT_K, relevant_threshold: float | None = None) -> Ranking:
     """A :class:`Ranking` of ``model`` (as loaded: ascending item ids) on ``store``'s items."""
-    from streamdp.storage.ids import find
-
     ids = store.item_ids()
     pos = find(model.item_ids, ids) if np.asarray(model.item_ids).dtype == ids.dtype else np.full(len(ids), -1)
     if (pos < 0).any():
-        from streamdp.errors import InputError
-
         raise InputError(f"{model.path}: the store's items are not the model's items")
     lo, hi = float(store.rating_min), float(store.rating_max)
     if relevant_threshold is None:

@@ -21,11 +21,20 @@ from __future__ import annotations
 import csv
 import math
 import os
+import shutil
 import statistics
 import time
 
+from streamdp.api import train
 from streamdp.errors import BudgetExceededError, ParameterError
+from streamdp.methods import get_method
+from streamdp.outputs import check_destination
 from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.budget import StoreBudget
+from streamdp.privacy.ledger import atomic_write_json
+from streamdp.privacy.params import default_delta
+from streamdp.storage.store import RatingStore, open_store
+from streamdp.stream.engine import dask_session
 
 __all__ = ["sweep", "parse_epsilons", "format_spend"]
 
@@ -67,9 +76,6 @@ def _name(e: float) -> str:
 
 def planned_spend(store, points, *, delta, rank, seed) -> dict:
     """The store's spend if every point of the sweep is released: before, after, and the sweep alone."""
-    from streamdp.methods import get_method
-    from streamdp.privacy.budget import StoreBudget
-
     ledgers = []
     for method, eps, r in points:
         m = get_method(method)(epsilon=eps, delta=delta, rank=rank, seed=None if seed is None else seed + r)
@@ -116,13 +122,6 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
 
     Returns the ``results.json`` content (with ``dry_run: true`` and no rows for a dry run).
     """
-    from streamdp.api import train
-    from streamdp.privacy.params import default_delta
-    from streamdp.methods import get_method
-    from streamdp.outputs import check_destination
-    from streamdp.storage.store import RatingStore, open_store
-    from streamdp.stream.engine import dask_session
-
     say = echo or (lambda *a, **k: None)
     st = store if isinstance(store, RatingStore) else open_store(store)
     if not st.has_test:
@@ -149,8 +148,6 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
                                   f"{_fmt(spend['budget']['epsilon'])}; see --dry-run, or pass --over-budget")
     check_destination(out, force, what="sweep directory", is_ours=_is_sweep_dir)
     if os.path.isdir(out) and force:
-        import shutil
-
         shutil.rmtree(out)
     os.makedirs(os.path.join(out, "models"))
     with open(os.path.join(out, SWEEP_MARKER), "w") as f:
@@ -207,8 +204,6 @@ def _aggregate(rows) -> list[dict]:
 
 
 def _write(out, result) -> None:
-    from streamdp.privacy.ledger import atomic_write_json
-
     tmp = os.path.join(out, RESULTS_CSV + ".tmp")
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(result["rows"][0]))

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from streamdp.catalog import CATALOG, default_rank, guarantee_kind
+from streamdp.methods import METHODS, get_method
+
 __all__ = ["method_in_args", "option_record", "rank_help", "format_train_options", "HELP_METHOD"]
 
 #: ``ctx.meta`` key of the ``--method`` value seen on the command line, for the help.
@@ -68,8 +71,6 @@ def option_record(o) -> tuple[str, str]:
 
 def rank_help(classes: dict) -> str:
     """``--rank``'s help over ``classes`` (name -> method class): the usual default and each exception."""
-    from streamdp.catalog import CATALOG, default_rank
-
     plain = "number of factors k"
     ranks = {m: default_rank(c) for m, c in classes.items()}
     usual = Counter(ranks.values()).most_common(1)[0][0]
@@ -87,9 +88,6 @@ def _method_records(cls) -> list[tuple[str, str]]:
 
 def format_train_options(cmd, ctx, formatter, method_option_names: set) -> None:
     """Write ``train``'s option sections into ``formatter`` (click's ``format_options`` of the command)."""
-    from streamdp.methods import get_method
-    from streamdp.catalog import CATALOG, default_rank, guarantee_kind
-
     name = ctx.meta.get(HELP_METHOD)
     cls = get_method(name) if name is not None else None  # an unknown name: one line listing the methods
     common = []
@@ -119,8 +117,6 @@ def format_train_options(cmd, ctx, formatter, method_option_names: set) -> None:
             else:
                 formatter.write_text("none beyond the options above.")
         return
-    from streamdp.methods import METHODS
-
     with formatter.section("Methods"):
         formatter.write_dl([(m, METHODS[m].SUMMARY) for m in sorted(METHODS)])
     formatter.write_paragraph()

@@ -134,12 +134,28 @@ import itertools
 import math
 import os
 import time
+from types import SimpleNamespace
 
 import numpy as np
+from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+from dp_accounting import dp_event as E
 
 from streamdp.errors import BudgetExceededError, Interrupted, ParameterError
+from streamdp.local import model_ridge, predict_block, solve_block
+from streamdp.methods import get_method
+from streamdp.methods._profile import user_profile
+from streamdp.methods._selection import MARGIN, MIX, choose, holdout, loss_sensitivity, mix
+from streamdp.methods.als import PROFILE_STREAM, RNG_KEY, SELECT_USEFUL, default_settings
 from streamdp.methods.base import Method, Plan
-from streamdp.storage.store import Block, RatingStore
+from streamdp.model import check_model_destination
+from streamdp.privacy import calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of, gaussian_event
+from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.budget import StoreBudget
+from streamdp.privacy.params import default_delta
+from streamdp.privacy.release import Release
+from streamdp.storage.store import Block, RatingStore, open_store
+from streamdp.stream.engine import Engine, add_into
+from streamdp.training import release, run_summary
 
 __all__ = ["tune", "parse_grid", "default_grid", "SUPPORTED", "SELECT_SHARE", "SAMPLE_RATE", "CANDIDATE_NOMINAL_SHARE"]
 
@@ -175,8 +191,6 @@ def default_grid(method: str, store, epsilon: float) -> dict[str, list]:
 
 def _public_iters(store, epsilon: float, rank: int = 8) -> int:
     """``als``' default number of iterations from public quantities only (no released profile)."""
-    from streamdp.methods.als import default_settings
-
     return default_settings(store.n_users, store.n_items, epsilon, rank)["iters"]
 
 
@@ -290,8 +304,6 @@ class _HeldOut(RatingStore):
         self._holdout_key = int(key)
 
     def read_block(self, b: int, split: str = "train") -> Block:
-        from streamdp.methods._selection import holdout
-
         blk = super().read_block(b, split)
         if split != "train":
             return blk
@@ -306,8 +318,6 @@ def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
     user's global index (as :func:`streamdp.methods._selection.holdout` keys its choices), so the
     sample depends on no rating and is the same in every pass.
     """
-    from streamdp.methods._selection import MIX, mix
-
     users = np.arange(first_user, first_user + n, dtype=np.uint64)
     with np.errstate(over="ignore"):
         h = mix((np.uint64(key) * MIX) ^ mix(users * MIX + np.uint64(0x5A3D)))
@@ -346,8 +356,6 @@ def gaussian_equivalent(event) -> float:
     compositions add them, so the composition is exactly the Gaussian with ``1/z^2 = sum 1/z_i^2``
     (Dong, Roth & Su, Gaussian DP). dp-accounting subsamples only a single Gaussian event.
     """
-    from dp_accounting import dp_event as E
-
     def inv_sq(e):
         if isinstance(e, E.GaussianDpEvent):
             return math.inf if e.noise_multiplier == 0 else 1.0 / e.noise_multiplier ** 2
@@ -386,8 +394,6 @@ class _Tuned(Method):
         if self.z_f is None:
             events = self.prefix_events + list(p.events)
         else:
-            from streamdp.privacy import gaussian_event
-
             events = self.prefix_events + [gaussian_event(self.z_f)]
         return Plan(events=events, entries=entries, params={"bounds": p.params.get(
             "bounds", {})})
@@ -414,12 +420,6 @@ def _child_seed(seed: int | None, *key) -> int | None:
 def _losses(st, models, key: int, workers, memory_limit) -> np.ndarray:
     """Summed per-user validation losses of ``models`` (each user: mean squared error over their held-out
     ratings, clipped to ``h^2``), every user solving their row from the rest of their training ratings."""
-    from types import SimpleNamespace
-
-    from streamdp.local import model_ridge, predict_block, solve_block
-    from streamdp.methods._selection import holdout
-    from streamdp.stream.engine import Engine, add_into
-
     lo, hi = float(st.rating_min), float(st.rating_max)
     h = (hi - lo) / 2.0
     views = [SimpleNamespace(item_factors=f.item_factors, item_bias=f.item_bias, global_mean=f.global_mean,
@@ -456,20 +456,6 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     the candidates with their noisy losses, the default and chosen configurations,
     the split of the budget and whether the choice was skipped (and why).
     """
-    from streamdp.privacy.params import default_delta
-    from streamdp.methods import get_method
-    from streamdp.methods._selection import MARGIN, choose
-    from streamdp.methods.als import SELECT_USEFUL
-    from streamdp.model import check_model_destination
-    from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
-
-    from streamdp.privacy import (calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of,
-                                  gaussian_event)
-    from streamdp.privacy.accountant import check_calibratable
-    from streamdp.privacy.budget import StoreBudget
-    from streamdp.storage.store import open_store
-    from streamdp.stream.engine import Engine
-
     t0 = time.perf_counter()
     if method not in SUPPORTED:
         get_method(method)  # an unknown name: the registry's message
@@ -546,11 +532,6 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
 
     pre_events, pre_entries = [], []
     if pin:
-        from streamdp.methods._profile import user_profile
-        from streamdp.methods.als import default_settings
-
-        from streamdp.methods.als import PROFILE_STREAM, RNG_KEY
-
         # train's own draw for a seeded run (the same seed gives the same histogram, as for the released model)
         profile = user_profile(st, "gaussian", epsilon, delta, np.random.default_rng(
             np.random.SeedSequence(seed, spawn_key=(RNG_KEY, PROFILE_STREAM)) if seed is not None else None))
@@ -686,8 +667,6 @@ class _Envelope(Method):
         self.z_f = float(z_f)
 
     def _plan(self, store) -> Plan:
-        from streamdp.privacy import gaussian_event
-
         return Plan(events=[gaussian_event(self.z_f)], entries=[{
             "release": "the chosen configuration's releases, reserved as the one Gaussian that dominates them",
             "mechanism": "gaussian", "noise_multiplier": self.z_f, "count": 1}], params={})
@@ -695,9 +674,6 @@ class _Envelope(Method):
 
 def _selection_release(h: float, m: int, noise_multiplier: float):
     """The release of the ``m`` candidates' summed validation losses (each user at most ``h^2`` per candidate)."""
-    from streamdp.methods._selection import loss_sensitivity
-    from streamdp.privacy.release import Release
-
     return Release(f"tune: validation losses of the {m} candidate configurations (per user, the mean squared error "
                    f"clipped to h^2 over up to 2 held-out training ratings: each user at most h^2 per candidate)",
                    "gaussian", loss_sensitivity(h, m, "l2"), noise_multiplier, shape=(m,))
@@ -706,8 +682,6 @@ def _selection_release(h: float, m: int, noise_multiplier: float):
 def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, z_f: float | None = None):
     """``cls`` with ``config`` at the largest epsilon that, composed with ``prefix_events``, stays within ``epsilon``
     and whose releases compose to a Gaussian of multiplier at least ``z_f`` (the reserved envelope)."""
-    from streamdp.privacy import calibrate, compose, epsilon_of, gaussian_event
-
     e = epsilon
     if prefix_events:
         if z_f is None:
@@ -725,8 +699,6 @@ def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, z_f: float
 
 def _release(st, wrapper, final, out, tuning, t0, *, epsilon, delta, seed, workers, memory_limit, over_budget,
              force, evaluate_test, entry: str | None = None) -> dict:
-    from streamdp.training import release, run_summary
-
     fitted, seconds, stale = release(st, wrapper, out, workers=workers, memory_limit=memory_limit,
                                      over_budget=over_budget, force=force, entry=entry)
     try:

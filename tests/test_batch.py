@@ -162,11 +162,11 @@ def test_bad_users_files_and_arguments_are_one_line_errors_and_write_nothing(sma
 
 
 def test_no_partial_file_on_failure_and_no_overwrite_without_force(small_store, model, tmp_path, monkeypatch):
-    import streamdp.local
+    import streamdp.batch
 
     out = tmp_path / "r.parquet"
     calls = []
-    real = streamdp.local.solve_block
+    real = streamdp.batch.solve_block
 
     def failing(*a, **kw):
         calls.append(1)
@@ -174,11 +174,11 @@ def test_no_partial_file_on_failure_and_no_overwrite_without_force(small_store, 
             raise RuntimeError("disk on fire")
         return real(*a, **kw)
 
-    monkeypatch.setattr(streamdp.local, "solve_block", failing)
+    monkeypatch.setattr(streamdp.batch, "solve_block", failing)
     with pytest.raises(RuntimeError, match="disk on fire"):
         load_model(model).recommend_all(small_store, 5, str(out), workers=1)
     assert len(calls) >= 3 and os.listdir(tmp_path) == []  # neither the file nor its temporary
-    monkeypatch.setattr(streamdp.local, "solve_block", real)
+    monkeypatch.setattr(streamdp.batch, "solve_block", real)
     out.write_text("mine")
     res = CliRunner().invoke(main, ["recommend", model, "--store", small_store.path, "--out", str(out)])
     assert res.exit_code == 2 and "already exists (use --force" in res.stderr and out.read_text() == "mine"

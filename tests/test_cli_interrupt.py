@@ -110,7 +110,7 @@ def test_interrupted_demo(tmp_path, monkeypatch):
 
     monkeypatch.setattr(demo_module, "DEMO_STORE", {**demo_module.DEMO_STORE, "n_users": 2000, "n_items": 50})
     monkeypatch.setattr("streamdp.training.evaluate_model", interrupted)  # train's evaluation
-    monkeypatch.setattr("streamdp.evaluate.evaluate_model", interrupted)  # the demo's own (imported when it runs)
+    monkeypatch.setattr("streamdp.demo.evaluate_model", interrupted)  # the demo's own evaluation
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     r = CliRunner().invoke(main, ["demo"])
     assert r.exit_code == 130
