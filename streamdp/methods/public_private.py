@@ -167,6 +167,8 @@ import csv
 import hashlib
 import math
 import os
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -183,8 +185,8 @@ from streamdp.kernels.public_private import (
     private_sketch,
 )
 from streamdp.methods import register
-from streamdp.methods.base import Fitted, Method, Plan
-from streamdp.methods.options import Option
+from streamdp.methods.base import Fitted, Method, Plan, RunSettings
+from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
 from streamdp.privacy.bounding import hash_keys
 from streamdp.privacy.ledger import GUARANTEE_PRIVATE_USERS_DP, GUARANTEE_PUBLIC_ONLY
@@ -195,9 +197,10 @@ from streamdp.stream.engine import add_into as _add
 #: Key of this method's random streams.
 RNG_KEY = 0x0B9B
 _INIT, _KEYS, _OMEGA, _RESPONSE = 1, 2, 3, 4
-#: ``--private-mechanism`` choices.
-PRIVATE_MECHANISMS = ("none", "pmd", "pmc", "laplace", "exact")
-SELECTIONS = ("most-active", "random")
+#: What private users send (``--private-mechanism``).
+Mechanism = Literal["none", "pmd", "pmc", "laplace", "exact"]
+#: Which of the ``--public-users`` FILE's users are public (``--public-selection``).
+Selection = Literal["most-active", "random"]
 #: Pseudo-ratings that shrink a public item mean toward the public global mean.
 MEAN_PRIOR = 5.0
 #: Per-user role on disk: private (no response), public; a responder of round t has ``ROUND0 + t``.
@@ -223,6 +226,89 @@ GUARANTEE_PMC = ("not DP: first-order deniability (Xin & Jaakkola 2014) for priv
 _POS = dict(minimum=0, exclusive_minimum=True)
 
 
+@dataclass(frozen=True)
+class PublicPrivateOptions(MethodOptions):
+    """The options of ``--method public-private`` (which combinations are allowed: :meth:`PublicPrivate.__init__`)."""
+
+    public_users: str | None = option("file of public users' original ids, UTF-8 (one per line, or the first CSV "
+                                      "field)", metavar="FILE")
+    public_fraction: float | None = option("fraction of all users that are public: a random one (each user by her "
+                                           "id's key), or with --public-users the most active/random of the file's "
+                                           "users", **_POS, maximum=1)
+    public_selection: Selection = option("with --public-users and --public-fraction: which of the file's users",
+                                         default="most-active")
+    iters: int = option("EM iterations over the public users (one pass each)", default=20, minimum=1)
+    reg: float | None = option("lambda' of eq. 4 as a multiple of the public users' rating density",
+                               default_text="chosen on held-out public ratings", **_POS)
+    private_mechanism: Mechanism = option(
+        "what private users send: none (public users only), pmd / pmc (2nd-order, not DP), laplace (DP noisy "
+        "vectors), exact (no privacy)", default="none")
+    private_fraction: float = option("fraction of private users that respond", default=1.0, **_POS, maximum=1)
+    private_rounds: int = option("rounds of private responses (the model is updated after each)", default=5,
+                                 minimum=1)
+    round_iters: int = option("EM iterations over the public users after each round", default=3, minimum=0)
+    private_weight: float | None = option("server weight of a private response (public users weigh 1)",
+                                          default_text="after each round, the one of 1/2, 1/8, ..., 1/512, 0 that "
+                                          "predicts held-out public ratings best", minimum=0)
+    sketch: int | None = option("columns s of the sketch of the private responses' second moments",
+                                default_text="4 k + 8, at most n_items", minimum=1)
+    pmd_sweeps: int = option("PMD: greedy passes over the coordinates", default=2, minimum=0)
+    pmd_swaps: int = option("PMD: random candidate pairs tried per coordinate and pass", default=4, minimum=1)
+    pmc_h: Literal["user", "public"] = option("PMC: h from the user's own vector (Thm 4.2) or the public users' mean",
+                                              default="user")
+    rating_step: float = option("PMD: spacing of the rating levels within the declared range", default=1.0, **_POS)
+    checkpoint: str | None = option("run directory: per-iteration checkpoints (noisy iterates: counted as released, "
+                                    "never refunded; keep it private); resumes if it holds one", metavar="DIR")
+
+
+#: The settings ``model.json`` records as the run's ``parameters``.
+RECORDED = ("iters", "reg", "public_users", "public_fraction", "public_selection", "private_mechanism",
+            "private_fraction", "private_rounds", "round_iters", "private_weight", "sketch", "pmd_sweeps", "pmd_swaps",
+            "pmc_h", "rating_step")
+
+
+@dataclass(frozen=True)
+class PublicPrivateSettings(RunSettings):
+    """A run's resolved settings on one store: the options with the store's rating range and derived defaults.
+
+    ``private_rounds`` is 0 without a private mechanism, ``public_selection`` is
+    ``random`` without a FILE (each user by her key), ``sketch`` is at most ``n_items``.
+    ``levels`` are PMD's rating levels (``None`` for the other mechanisms, and then
+    left out of :meth:`as_dict`: only PMD reads them). ``candidates`` are the
+    ``--public-users`` FILE's users in the store (:func:`public_candidates`), read
+    when planning so that a bad FILE fails before the run and held for ``fit`` to
+    choose the public set; they are data, not a setting, and the run's fingerprint
+    leaves them out.
+    """
+
+    rating_min: float
+    rating_max: float
+    private_mechanism: Mechanism
+    iters: int
+    reg: float | None
+    public_users: str | None
+    public_fraction: float | None
+    public_selection: Selection
+    private_fraction: float
+    private_rounds: int
+    round_iters: int
+    private_weight: float | None
+    sketch: int
+    pmd_sweeps: int
+    pmd_swaps: int
+    pmc_h: Literal["user", "public"]
+    rating_step: float
+    levels: tuple | None = None
+    candidates: dict | None = None
+
+    def as_dict(self) -> dict:
+        """The fields, without ``levels`` unless PMD uses them."""
+        d = super().as_dict()
+        if self.levels is None:
+            del d["levels"]
+        return d
+
+
 @register
 class PublicPrivate(Method):
     """``--method public-private``: item model from public users by EM, eq. 4 locally, optional 2nd-order phase."""
@@ -230,48 +316,19 @@ class PublicPrivate(Method):
     name = "public-private"
     SUMMARY = ("public and private users (Xin & Jaakkola 2014): EM on public users only, private users predict "
                "locally (eq. 4); optional PMD/PMC (not DP) or Laplace (DP) responses from private users")
-    OPTIONS = (
-        Option("public_users", str, "file of public users' original ids, UTF-8 (one per line, or the first CSV field)",
-               metavar="FILE"),
-        Option("public_fraction", float, "fraction of all users that are public: a random one (each user by her id's "
-               "key), or with --public-users the most active/random of the file's users", **_POS, maximum=1),
-        Option("public_selection", SELECTIONS, "with --public-users and --public-fraction: which of the file's users",
-               default="most-active"),
-        Option("iters", int, "EM iterations over the public users (one pass each)", default=20, minimum=1),
-        Option("reg", float, "lambda' of eq. 4 as a multiple of the public users' rating density",
-               default_text="chosen on held-out public ratings", **_POS),
-        Option("private_mechanism", PRIVATE_MECHANISMS, "what private users send: none (public users only), pmd / "
-               "pmc (2nd-order, not DP), laplace (DP noisy vectors), exact (no privacy)", default="none"),
-        Option("private_fraction", float, "fraction of private users that respond", default=1.0, **_POS, maximum=1),
-        Option("private_rounds", int, "rounds of private responses (the model is updated after each)", default=5,
-               minimum=1),
-        Option("round_iters", int, "EM iterations over the public users after each round", default=3, minimum=0),
-        Option("private_weight", float, "server weight of a private response (public users weigh 1)",
-               default_text="after each round, the one of 1/2, 1/8, ..., 1/512, 0 that predicts held-out public "
-               "ratings best", minimum=0),
-        Option("sketch", int, "columns s of the sketch of the private responses' second moments",
-               default_text="4 k + 8, at most n_items", minimum=1),
-        Option("pmd_sweeps", int, "PMD: greedy passes over the coordinates", default=2, minimum=0),
-        Option("pmd_swaps", int, "PMD: random candidate pairs tried per coordinate and pass", default=4, minimum=1),
-        Option("pmc_h", ("user", "public"), "PMC: h from the user's own vector (Thm 4.2) or the public users' mean",
-               default="user"),
-        Option("rating_step", float, "PMD: spacing of the rating levels within the declared range", default=1.0,
-               **_POS),
-        Option("checkpoint", str, "run directory: per-iteration checkpoints (noisy iterates: counted as "
-               "released, never refunded; keep it private); resumes if it holds one", metavar="DIR"),
-    )
+    Options = PublicPrivateOptions
 
     def __init__(self, *, epsilon, delta, rank=None, seed=None, **options):
         super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **options)
-        o = self.options
-        mech = o.get("private_mechanism", "none")
-        if "public_users" not in o and "public_fraction" not in o:
+        o = self.opts
+        mech = o.private_mechanism
+        if not o.is_given("public_users") and not o.is_given("public_fraction"):
             raise ParameterError("--method public-private needs --public-users FILE or --public-fraction F")
-        if "public_selection" in o and "public_users" not in o:
+        if o.is_given("public_selection") and not o.is_given("public_users"):
             raise ParameterError("--public-selection chooses among the --public-users FILE's users (ranking all users "
                                  "by activity would let private users' rating counts choose the public set): give "
                                  "the candidates with --public-users FILE")
-        if "public_selection" in o and "public_fraction" not in o:
+        if o.is_given("public_selection") and not o.is_given("public_fraction"):
             raise ParameterError("--public-selection needs --public-fraction (how many of the FILE's users)")
         if mech in ("pmd", "pmc") and math.isfinite(self.epsilon):
             raise ParameterError(f"--private-mechanism {mech} is not differential privacy (first-order deniability, "
@@ -284,45 +341,43 @@ class PublicPrivate(Method):
             raise ParameterError("--private-mechanism laplace needs a finite --epsilon (its noise is calibrated to it)")
         only = {"pmd_sweeps": "pmd", "pmd_swaps": "pmd", "rating_step": "pmd", "pmc_h": "pmc"}
         for name, m in only.items():
-            if name in o and mech != m:
+            if o.is_given(name) and mech != m:
                 raise ParameterError(f"--{name.replace('_', '-')}: only with --private-mechanism {m}")
         if mech == "none":
             for name in ("private_fraction", "private_rounds", "round_iters", "private_weight", "sketch"):
-                if name in o:
+                if o.is_given(name):
                     raise ParameterError(f"--{name.replace('_', '-')}: only with a --private-mechanism")
 
     # -- settings ----------------------------------------------------------------------
-    def settings(self, store) -> dict:
-        o = self.options
+    def _sketch(self, n_items: int) -> int:
+        """Columns of the private responses' sketch: ``--sketch`` or ``4 k + 8``, at most ``n_items``."""
+        return min(self.opts.sketch if self.opts.sketch is not None else 4 * self.rank + 8, n_items)
+
+    def settings(self, store) -> PublicPrivateSettings:
+        """The options resolved on ``store``; reads the ``--public-users`` FILE (its users' ids and counts)."""
+        o = self.opts
         lo, hi = float(store.rating_min), float(store.rating_max)
-        mech = o.get("private_mechanism", "none")
-        k = self.rank
-        s = dict(rating_min=lo, rating_max=hi, private_mechanism=mech, iters=int(o.get("iters", 20)),
-                 reg=float(o["reg"]) if "reg" in o else None, public_users=o.get("public_users"),
-                 public_fraction=o.get("public_fraction"),
-                 public_selection=o.get("public_selection", "most-active") if "public_users" in o else "random",
-                 private_fraction=float(o.get("private_fraction", 1.0)),
-                 private_rounds=int(o.get("private_rounds", 5)) if mech != "none" else 0,
-                 round_iters=int(o.get("round_iters", 3)),
-                 private_weight=float(o["private_weight"]) if "private_weight" in o else None,
-                 sketch=min(int(o.get("sketch", 4 * k + 8)), store.n_items), pmd_sweeps=int(o.get("pmd_sweeps", 2)),
-                 pmd_swaps=int(o.get("pmd_swaps", 4)), pmc_h=o.get("pmc_h", "user"),
-                 rating_step=float(o.get("rating_step", 1.0)))
-        if mech == "pmd":
-            s["levels"] = rating_levels(lo, hi, s["rating_step"]).tolist()
-        return s
+        mech = o.private_mechanism
+        return PublicPrivateSettings(
+            rating_min=lo, rating_max=hi, private_mechanism=mech, iters=o.iters, reg=o.reg,
+            public_users=o.public_users, public_fraction=o.public_fraction,
+            public_selection=o.public_selection if o.public_users is not None else "random",
+            private_fraction=o.private_fraction, private_rounds=o.private_rounds if mech != "none" else 0,
+            round_iters=o.round_iters, private_weight=o.private_weight, sketch=self._sketch(store.n_items),
+            pmd_sweeps=o.pmd_sweeps, pmd_swaps=o.pmd_swaps, pmc_h=o.pmc_h, rating_step=o.rating_step,
+            levels=tuple(rating_levels(lo, hi, o.rating_step).tolist()) if mech == "pmd" else None,
+            candidates=public_candidates(store, o.public_users) if o.public_users else None)
 
     # -- privacy plan --------------------------------------------------------------------
     def _plan(self, store) -> Plan:
         s = self.settings(store)
-        s["candidates"] = public_candidates(store, s["public_users"]) if s["public_users"] else None
-        bounds = {"rating_min": s["rating_min"], "rating_max": s["rating_max"],
+        bounds = {"rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"),
                   "public_users": _public_rule(s, store),
                   "private_users": _private_rule(s)}
-        releases, rel = [], None
-        if s["private_mechanism"] == "laplace":
-            width = s["rating_max"] - s["rating_min"]
+        releases, rel = [], None  # rel: the Laplace release, the one ``Plan.releases`` holds (None otherwise)
+        if s.private_mechanism == "laplace":
+            width = s.rating_max - s.rating_min
             share = Share("each responding private user's completed rating vector, clipped to the rating range, with "
                           "Laplace noise on every item (released once by the user: local, parallel over users)",
                           "laplace", store.n_items * width, 1.0, shape=(store.n_items,))
@@ -332,16 +387,14 @@ class PublicPrivate(Method):
             bounds["sensitivity"] = (f"L1 n_items (max - min) = {store.n_items} x {width:g}: any two completed vectors "
                                      f"clipped to the range")
         entries = [r.entry() for r in releases]
-        if s["private_mechanism"] in ("pmd", "pmc", "exact"):
-            entries.append({"release": f"one {s['private_mechanism'].upper()} response per responding private user",
-                            "mechanism": f"{s['private_mechanism']} (not DP)", "count": 1})
-        return Plan(events=[r.event() for r in releases], entries=entries,
-                    params={**s, "bounds": bounds, "release": rel})
+        if s.private_mechanism in ("pmd", "pmc", "exact"):
+            entries.append({"release": f"one {s.private_mechanism.upper()} response per responding private user",
+                            "mechanism": f"{s.private_mechanism} (not DP)", "count": 1})
+        return Plan(events=[r.event() for r in releases], entries=entries, settings=s, bounds=bounds, releases=rel)
 
     def ledger(self, store, plan: Plan, *, notes=()):
-        s = plan.params
-        mech = s["private_mechanism"]
-        bounds = dict(s["bounds"])
+        mech = plan.settings.private_mechanism
+        bounds = dict(plan.bounds)
         bounds["releases"] = list(plan.entries)
         notes = list(notes)
         common = dict(method=self.name, bounds=bounds, seeded=self.seed is not None, store_checksum=store.checksum)
@@ -374,8 +427,7 @@ class PublicPrivate(Method):
     def state_bytes(self, store) -> int:
         """Item-side memory: ``W``, its basis, ``C Q`` and temporaries; the sketch, its test matrix and factors."""
         n, k = store.n_items, self.rank
-        mech = self.options.get("private_mechanism", "none")
-        s = min(int(self.options.get("sketch", 4 * k + 8)), n) if mech != "none" else 0
+        s = self._sketch(n) if self.opts.private_mechanism != "none" else 0
         return n * (8 * k * 8 + 4 * s * 8 + 6 * 8)
 
     # -- fitting -----------------------------------------------------------------------------
@@ -396,9 +448,9 @@ class PublicPrivate(Method):
         given) and ``--round-iters`` EM iterations; after the last round, as many on all
         public ratings when the held-out ratings were kept out until then.
         """
-        T, R, E = s["iters"], s["private_rounds"], s["round_iters"]
-        weigh = R > 0 and s["private_weight"] is None
-        tv = 0 if s["reg"] is not None else int(math.ceil(VALIDATION_ITERS * T))
+        T, R, E = s.iters, s.private_rounds, s.round_iters
+        weigh = R > 0 and s.private_weight is None
+        tv = 0 if s.reg is not None else int(math.ceil(VALIDATION_ITERS * T))
         tw = int(math.ceil(WARMUP_ITERS * T)) if tv else 0
         rest = "em-held" if weigh else "em"
         steps = [("em-warmup" if t <= tw else "em-validate" if t <= tv else rest, t) for t in range(1, T + 1)]
@@ -409,7 +461,7 @@ class PublicPrivate(Method):
         return steps
 
     def _fit(self, store, engine, run, plan) -> Fitted:
-        s = plan.params
+        s = plan.settings
         n, k = store.n_items, self.rank
         keys = run.rng(_KEYS, 0).integers(0, 2 ** 63, size=3)
         public = PublicSet.build(s, store, int(keys[0]))
@@ -427,7 +479,7 @@ class PublicPrivate(Method):
         bias = mu - gm
         rho = stats["n_ratings"] / (max(stats["n_public"], 1) * n)
         item_order = np.argsort(store.item_ids(), kind="stable")  # draws in item-id order, never popularity order
-        sk = s["sketch"] if s["private_rounds"] else 0
+        sk = s.sketch if s.private_rounds else 0
         if ck is not None:
             W, Q, sigma, Y = ck["W"].copy(), ck["Q"].copy(), ck["sigma"].copy(), ck["Y"].copy()
             lam, mult = float(ck["lam"]), float(ck["mult"])
@@ -441,8 +493,8 @@ class PublicPrivate(Method):
             Q[stats["item_count"] == 0] = 0.0  # no information on an item no public user rated
             Q = np.ascontiguousarray(np.linalg.qr(Q)[0])
             W, sigma, Y = np.zeros((n, k)), np.zeros(k), np.zeros((n, sk))
-            lam = (s["reg"] if s["reg"] is not None else REG_START) * rho
-            mult = s["private_weight"] if s["private_weight"] is not None else WEIGHTS[0]
+            lam = (s.reg if s.reg is not None else REG_START) * rho
+            mult = s.private_weight if s.private_weight is not None else WEIGHTS[0]
             last, h_public = (np.zeros((n, k)), Q), None
             history, lam_history, mult_history = [], [], []
         Omega = None
@@ -469,9 +521,10 @@ class PublicPrivate(Method):
                 last = (CQ, Q)
                 W, Q, sigma = _m_step(CQ, private_part(Q, mult), Q, stats["n_public"], n)
             elif kind == "respond":
-                if s["private_mechanism"] == "pmc" and s["pmc_h"] == "public" and h_public is None:
+                if s.private_mechanism == "pmc" and s.pmc_h == "public" and h_public is None:
                     h_public = self._public_h(store, engine, roles, gm, bias, W, lam)
-                Y += self._respond_pass(store, engine, run, roles, t, mu, gm, bias, W, lam, Omega, h_public, s, desc)
+                Y += self._respond_pass(store, engine, run, roles, t, mu, gm, bias, W, lam, Omega, h_public, plan,
+                                        desc)
                 factors = _nystrom(Y, Omega)
             else:  # weigh: the private weight whose M-step predicts the held-out public ratings best
                 cands = [_m_step(last[0], private_part(last[1], m), last[1], stats["n_public"], n) for m in WEIGHTS]
@@ -494,9 +547,9 @@ class PublicPrivate(Method):
     # -- passes ----------------------------------------------------------------------------
     def _roles_pass(self, store, engine, roles, public, contributor_seed, s) -> dict:
         """Decide and write every user's role; sum the public users' ratings per item (their data only)."""
-        n, R = store.n_items, s["private_rounds"]
-        lo, hi = s["rating_min"], s["rating_max"]
-        frac = s["private_fraction"]
+        n, R = store.n_items, s.private_rounds
+        lo, hi = s.rating_min, s.rating_max
+        frac = s.private_fraction
 
         def fn(block, b):
             first, end = block.first_user, block.first_user + block.n_users
@@ -611,18 +664,19 @@ class PublicPrivate(Method):
         tot = engine.map_reduce(fn, _add, np.zeros(2), extra_per_block=store.n_items, desc=f"{self.name} PMC h")
         return float(tot[0] / max(tot[1], 1.0))
 
-    def _respond_pass(self, store, engine, run, roles, t, mu, gm, bias, W, lam, Omega, h_public, s, desc):
+    def _respond_pass(self, store, engine, run, roles, t, mu, gm, bias, W, lam, Omega, h_public, plan, desc):
         """Round ``t``: each responder completes her vector, applies the mechanism, answers; the server sketches.
 
         Returns the round's part of the sketch ``Y``.
         """
         n, sk = Omega.shape
-        mech = s["private_mechanism"]
+        s = plan.settings
+        mech = s.private_mechanism
         code = {"exact": MECH_EXACT, "pmc": MECH_PMC, "pmd": MECH_PMD, "laplace": MECH_LAPLACE}[mech]
-        levels = np.asarray(s.get("levels", [0.0]), np.float64)
+        levels = np.asarray(s.levels if s.levels is not None else [0.0], np.float64)
         order = np.argsort(store.item_ids(), kind="stable").astype(np.int64)
-        rel = s["release"]
-        lo, hi = s["rating_min"], s["rating_max"]
+        rel = plan.releases
+        lo, hi = s.rating_min, s.rating_max
         h = -1.0 if h_public is None else float(h_public)
         chunk = max(1, RESPONSE_SCRATCH_BYTES // (8 * n)) if mech == "laplace" else 1 << 30
 
@@ -649,8 +703,8 @@ class PublicPrivate(Method):
                         noise[q - c0] = rel.noise(g, (n,))
                 sub = slice(ip[c0], ip[c1])
                 private_sketch(ip[c0:c1 + 1] - ip[c0], it[sub], x[sub], U[c0:c1], W, mu, code, levels, order,
-                               seeds[c0:c1], choice[c0:c1], signs[c0:c1], h, lo, hi, noise, s["pmd_sweeps"],
-                               s["pmd_swaps"], np.ones(c1 - c0), Omega, Yb)
+                               seeds[c0:c1], choice[c0:c1], signs[c0:c1], h, lo, hi, noise, s.pmd_sweeps,
+                               s.pmd_swaps, np.ones(c1 - c0), Omega, Yb)
             return [Yb, n_u]
 
         acc = engine.map_reduce(fn, _add_parts, None, extra_per_block=8 * n * sk + 8 * n * len(levels)
@@ -659,38 +713,35 @@ class PublicPrivate(Method):
 
     # -- the released model ----------------------------------------------------------------
     def _fitted(self, store, plan, run, public, stats, W, sigma, gm, bias, lam, h_public, trace, rho) -> Fitted:
-        s = plan.params
+        s = plan.settings
         notes = []
         if self.seed is not None:
             notes.append("seeded run: reproducible, not private against whoever knows the seed")
-        if s["bounds"]["rating_range_source"] != "declared":
+        if plan.bounds["rating_range_source"] != "declared":
             notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
                          "exact guarantee")
         ledger = self.ledger(store, plan, notes=notes)
         ledger.bounds["public_users_count"] = stats["n_public"]
         ledger.bounds["public_ratings"] = stats["n_ratings"]
         responders = [int(c) for c in stats["responders"]]
-        params = {key: s[key] for key in ("iters", "reg", "public_users", "public_fraction", "public_selection",
-                                          "private_mechanism", "private_fraction", "private_rounds", "round_iters",
-                                          "private_weight", "sketch", "pmd_sweeps", "pmd_swaps", "pmc_h",
-                                          "rating_step")}
+        params = {key: getattr(s, key) for key in RECORDED}
         info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if math.isfinite(self.epsilon)
                 else "inf", "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": store.n_items, "parameters": params,
-                "public": {"rule": s["bounds"]["public_users"], "n_public": stats["n_public"],
+                "public": {"rule": plan.bounds["public_users"], "n_public": stats["n_public"],
                            "n_public_ratings": stats["n_ratings"], "n_candidates": public.n_candidates},
-                "private": {"mechanism": s["private_mechanism"], "pmc_h_public": h_public,
+                "private": {"mechanism": s.private_mechanism, "pmc_h_public": h_public,
                             "weight": trace["private_weight"][-1] if responders else None,
-                            "weight_source": "--private-weight" if s["private_weight"] is not None else
+                            "weight_source": "--private-weight" if s.private_weight is not None else
                             "chosen after each round on the held-out public ratings"},
                 "local": "xin_jaakkola_eq4", "ridge": float(lam), "lambda_prime": float(lam),
-                "lambda_prime_source": ("--reg x public density" if s["reg"] is not None else
+                "lambda_prime_source": ("--reg x public density" if s.reg is not None else
                                         f"chosen on {VALIDATION_FRACTION:g} of the public ratings, held out in the "
                                         f"first {VALIDATION_ITERS:g} of the EM iterations"),
                 "reg_chosen": float(lam / rho) if rho > 0 else None,
                 "by_step": {key: [float(x) for x in v] for key, v in trace.items()}, "run_id": run.run_id,
                 "run_directory": None if run.own_dir else run.dir,
-                "rating_range": {"min": s["rating_min"], "max": s["rating_max"]}}
+                "rating_range": {"min": s.rating_min, "max": s.rating_max}}
         return Fitted(item_factors=np.asarray(W, np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(gm), model_info=info, ledger=ledger,
                       extras={"sigma_eigenvalues": np.asarray(sigma, np.float64),
@@ -717,8 +768,8 @@ class PublicSet:
 
     @classmethod
     def build(cls, s, store, seed: int) -> "PublicSet":
-        cand = s["candidates"]
-        F = s["public_fraction"]
+        cand = s.candidates
+        F = s.public_fraction
         if cand is None:
             return cls(fraction=float(F), seed=seed)
         idx, ids, counts = cand["indices"], cand["ids"], cand["counts"]
@@ -726,8 +777,8 @@ class PublicSet:
             want = int(math.ceil(F * store.n_users))
             if want > len(idx):
                 raise ParameterError(f"--public-fraction {F:g} asks for {want} public users but "
-                                     f"{s['public_users']} lists only {len(idx)}")
-            if s["public_selection"] == "most-active":
+                                     f"{s.public_users} lists only {len(idx)}")
+            if s.public_selection == "most-active":
                 pick = np.lexsort((ids, -counts))[:want]
             else:
                 pick = np.lexsort((ids, user_keys(ids, seed)))[:want]
@@ -838,7 +889,7 @@ def public_candidates(store, path: str) -> dict:
 
 
 def _public_rule(s, store) -> str:
-    F, f = s["public_fraction"], s["public_users"]
+    F, f = s.public_fraction, s.public_users
     if f is None:
         return (f"each user public with probability {F:g}, from a key hashing her original id with the run's seed "
                 f"(no data used); the public users' ratings are public data")
@@ -846,17 +897,17 @@ def _public_rule(s, store) -> str:
     if F is None:
         return base
     how = ("the most active first (most training ratings among the listed users only; ties: smaller id)"
-           if s["public_selection"] == "most-active" else "chosen uniformly at random by their id keys")
+           if s.public_selection == "most-active" else "chosen uniformly at random by their id keys")
     return f"ceil({F:g} x n_users) = {int(math.ceil(F * store.n_users))} of {base}, {how}"
 
 
 def _private_rule(s) -> str:
-    mech = s["private_mechanism"]
+    mech = s.private_mechanism
     if mech == "none":
         return "not used: the model is estimated from public users only"
-    return (f"each private user responds with probability {s['private_fraction']:g} (from her id key), once, in one "
-            f"of {s['private_rounds']} rounds (random order, not by activity), with mechanism {mech}; server weight "
-            + (f"{s['private_weight']:g}" if s["private_weight"] is not None else
+    return (f"each private user responds with probability {s.private_fraction:g} (from her id key), once, in one "
+            f"of {s.private_rounds} rounds (random order, not by activity), with mechanism {mech}; server weight "
+            + (f"{s.private_weight:g}" if s.private_weight is not None else
                "chosen after each round on held-out public ratings (public data)"))
 
 
