@@ -395,8 +395,7 @@ class _Tuned(Method):
             events = self.prefix_events + list(p.events)
         else:
             events = self.prefix_events + [gaussian_event(self.z_f)]
-        return Plan(events=events, entries=entries, params={"bounds": p.params.get(
-            "bounds", {})})
+        return Plan(events=events, entries=entries, bounds=dict(p.bounds or p.params.get("bounds", {})))
 
     def state_bytes(self, store) -> int:
         return self.final.state_bytes(store)
