@@ -26,12 +26,10 @@ from streamdp.errors import StoreError
 from streamdp.model import load_model
 from streamdp.outputs import is_no_space, no_space_reason
 from streamdp.privacy import check_privacy_params
-from streamdp.privacy.accountant import check_calibratable
 from streamdp.privacy.budget import StoreBudget, parse_budget
 from streamdp.privacy.params import default_delta  # re-exported: part of the API
 from streamdp.storage.generate import generate_store
 from streamdp.storage.ingest import ingest as ingest_files
-from streamdp.storage.store import RatingStore, open_store
 from streamdp.training import train as train_model
 from streamdp.tune import tune as run_tune
 
@@ -64,12 +62,8 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
-    check_calibratable(epsilon)  # one message for every method, before the store is opened
-    st = store if isinstance(store, RatingStore) else open_store(store)
-    if delta is None:
-        delta = default_delta(st.n_users)
     return _released(out, lambda out: train_model(
-        st, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, workers=workers,
+        store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, workers=workers,
         scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget, force=force,
         evaluate_test=evaluate, **options))
 

@@ -366,11 +366,11 @@ class _TrainCommand(click.Command):
 def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit, scheduler, state, over_budget,
           force, as_json, **options):
     """Train a private model on STORE and write it to --out."""
-    from streamdp.api import train as train_model
+    from streamdp.training import train as train_model
 
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
-                          force=force, state=state, **options).summary
+                          force=force, state=state, **options)
     _report(summary, as_json, format_train_summary)
 
 

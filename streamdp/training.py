@@ -27,15 +27,17 @@ from streamdp.model import check_model_destination
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import interrupt_signal
 from streamdp.privacy import GUARANTEE_NONE, check_privacy_params
+from streamdp.privacy.accountant import check_calibratable
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import privacy_warnings
+from streamdp.privacy.params import default_delta
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.driver import sweep_stale_runs
 from streamdp.stream.engine import Engine, dask_session
 
 
-def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: int | None = None,
+def train(store, *, method: str, out: str, epsilon: float, delta: float | None = None, rank: int | None = None,
           seed: int | None = None,
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
           force: bool = False, evaluate_test: bool = True, state: str | None = None, **options) -> dict:
@@ -53,9 +55,14 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float, rank: i
 
     Ctrl-C raises :class:`~streamdp.errors.Interrupted` saying what was released:
     nothing (the reservation is marked failed), or the model and its budget entry
-    (complete; the evaluation is skipped).
+    (complete; the evaluation is skipped). ``delta=None`` is :func:`default_delta` of the
+    store's number of users.
     """
     t0 = time.perf_counter()
+    check_calibratable(epsilon)  # one message for every method, before the store is opened
+    store = store if isinstance(store, RatingStore) else open_store(store)
+    if delta is None:
+        delta = default_delta(store.n_users)
     st, m = prepare(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                     force=force, **options)
     with dask_session(scheduler, workers) as scheduler:
