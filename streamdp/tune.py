@@ -177,7 +177,7 @@ def _public_iters(store, epsilon: float, rank: int = 8) -> int:
     """``als``' default number of iterations from public quantities only (no released profile)."""
     from streamdp.methods.als import default_settings
 
-    return default_settings(store.n_users, store.n_items, epsilon, rank)["iters"]
+    return default_settings(store.n_users, store.n_items, epsilon, rank).iters
 
 
 def parse_grid(specs, cls: type[Method]) -> dict[str, list]:
@@ -389,8 +389,7 @@ class _Tuned(Method):
             from streamdp.privacy import gaussian_event
 
             events = self.prefix_events + [gaussian_event(self.z_f)]
-        return Plan(events=events, entries=entries, params={"bounds": p.params.get(
-            "bounds", {})})
+        return Plan(events=events, entries=entries, bounds=p.bounds)
 
     def state_bytes(self, store) -> int:
         return self.final.state_bytes(store)
@@ -560,7 +559,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         def with_iters(c):
             rank = c.get("rank", base_rank)
             it = default_settings(st.n_users, st.n_items, e_nominal, rank,
-                                  n_eff=profile.effective_users(rank))["iters"]
+                                  n_eff=profile.effective_users(rank)).iters
             c = {**c, "iters": it}
             if it == 0:
                 c.pop("rank", None)
