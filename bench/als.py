@@ -32,13 +32,13 @@ import numpy as np
 
 
 def _als_setup(st, k):
-    """The als method at rank ``k`` planned on ``st``, its parameters and a random item side."""
+    """The als method at rank ``k`` planned on ``st``, its settings and a random item side."""
     import numpy as np
 
     from streamdp.methods import get_method
 
     m = get_method("als")(epsilon=1.0, delta=1e-7, rank=k, seed=0, iters=1)
-    return m, m.plan(st).params, np.random.default_rng(0).standard_normal((st.n_items, k))
+    return m, m.plan(st).settings, np.random.default_rng(0).standard_normal((st.n_items, k))
 
 
 def passes(st, k, memory_limit="4GB"):

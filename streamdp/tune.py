@@ -191,7 +191,7 @@ def default_grid(method: str, store, epsilon: float) -> dict[str, list]:
 
 def _public_iters(store, epsilon: float, rank: int = 8) -> int:
     """``als``' default number of iterations from public quantities only (no released profile)."""
-    return default_settings(store.n_users, store.n_items, epsilon, rank)["iters"]
+    return default_settings(store.n_users, store.n_items, epsilon, rank).iters
 
 
 def parse_grid(specs, cls: type[Method]) -> dict[str, list]:
@@ -540,7 +540,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         def with_iters(c):
             rank = c.get("rank", base_rank)
             it = default_settings(st.n_users, st.n_items, e_nominal, rank,
-                                  n_eff=profile.effective_users(rank))["iters"]
+                                  n_eff=profile.effective_users(rank)).iters
             c = {**c, "iters": it}
             if it == 0:
                 c.pop("rank", None)

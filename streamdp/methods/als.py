@@ -141,7 +141,8 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 
@@ -150,10 +151,10 @@ from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
 from streamdp.kernels.linalg import residuals, solve_users_huber
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
-from streamdp.methods._profile import user_profile
+from streamdp.methods._profile import UserProfile, user_profile
 from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
-from streamdp.methods.base import Fitted, Method, Plan
-from streamdp.methods.options import Option
+from streamdp.methods.base import Fitted, Method, Plan, RunSettings
+from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import compose, epsilon_of
 from streamdp.privacy.bounding import contribution_weights
 from streamdp.privacy.mechanisms import huber_variance
@@ -178,16 +179,31 @@ NONPRIVATE_ITEM_RIDGES = ((10.0, 0.0), (0.3, 1.0))
 GATE_FRACTION = 0.5
 #: Private runs validate only on items of at least this released weight total (see ``_select``).
 VALIDATION_MIN_COUNT = 50.0
-GRAMIANS = ("auto", "shared", "item")
-CENTERS = ("private", "midpoint")
+#: The settings ``model.json`` records as the run's ``parameters`` (with ``select``: auto or off).
+MODEL_PARAMETERS = ("mechanism", "huber_transition", "sampling", "tau", "adaptive_exponent", "item_frac", "iters",
+                    "clip", "residual_clip", "bias_clip", "reg", "reg_exponent", "noise_ridge", "ridge", "gramian",
+                    "center", "stats_share", "count_share", "mean_share", "gram_share", "irls_iters", "huber_delta",
+                    "fit_bias")
 #: Items per chunk of the batched item solves (bounds the ``n x d x d`` temporaries).
 SOLVE_CHUNK = 1 << 15
 
 _POS = dict(minimum=0, exclusive_minimum=True)
 
 
+@dataclass(frozen=True)
+class RunDefaults:
+    """The defaults that depend on the run (:func:`default_settings`); a given option replaces its own."""
+
+    iters: int
+    clip: float
+    ridge: float
+    reg: float
+    #: The bias statistic's clip as a fraction of half the rating range.
+    bias_clip_fraction: float
+
+
 def default_settings(n_users: int, n_items: int, epsilon: float, rank: int, mechanism: str = "gaussian",
-                     n_eff: float | None = None) -> dict:
+                     n_eff: float | None = None) -> RunDefaults:
     """Defaults that depend on the run, from public parameters only (see the module docstring).
 
     The public signal-to-noise proxy is ``q = n_users epsilon / n_items`` (users per
@@ -201,9 +217,9 @@ def default_settings(n_users: int, n_items: int, epsilon: float, rank: int, mech
     sensitivities (a factor ``sqrt(tau k)`` larger) and compose linearly, so their
     proxy is ``q / 20`` (measured: Laplace at epsilon 10 fits as Gaussian does at 0.5-1).
 
-    >>> default_settings(200_000, 1_000, 1.0, 8)["iters"]
+    >>> default_settings(200_000, 1_000, 1.0, 8).iters
     7
-    >>> default_settings(943, 1_682, 1.0, 8)["iters"]
+    >>> default_settings(943, 1_682, 1.0, 8).iters
     0
 
     ``n_eff`` (the users whose own ratings can pin down a factor, from the released
@@ -212,11 +228,11 @@ def default_settings(n_users: int, n_items: int, epsilon: float, rank: int, mech
     rate once, ``q`` counts users who cannot carry a factor. The bias clip keeps
     ``n_users`` (the item statistics' signal is every user's ratings).
 
-    >>> default_settings(200_000, 1_000, 1.0, 8, n_eff=2_000)["iters"]
+    >>> default_settings(200_000, 1_000, 1.0, 8, n_eff=2_000).iters
     0
     """
     if not math.isfinite(epsilon):
-        return dict(iters=15, clip=math.inf, ridge=10.0, reg=10.0, bias_clip=math.inf)
+        return RunDefaults(iters=15, clip=math.inf, ridge=10.0, reg=10.0, bias_clip_fraction=math.inf)
     q = n_users * epsilon / max(n_items, 1)
     if mechanism != "gaussian":
         # L1 sensitivities grow as tau and sqrt(k) and pure releases compose linearly: measured on the
@@ -228,133 +244,213 @@ def default_settings(n_users: int, n_items: int, epsilon: float, rank: int, mech
     # measured on ML-100K and FilmTrust (10 seeds, fractions 1/8 .. 1): 1/8, 3/16, 5/16, 1/2, 5/8, 5/8-3/4 at
     # q = 0.14-0.18, 0.28-0.36, 0.56-0.73, 1.1-1.5, 2.8-3.6, 5.6-7.3, which 0.5 + 0.45 log10 q follows
     bias_clip = min(max(0.5 + 0.45 * math.log10(max(q, 1e-9)), 0.125), 1.0)
-    return dict(iters=iters, clip=0.3, ridge=10.0 if iters > 0 else 3.0, reg=10.0, bias_clip=bias_clip)
+    return RunDefaults(iters=iters, clip=0.3, ridge=10.0 if iters > 0 else 3.0, reg=10.0, bias_clip_fraction=bias_clip)
 
 
-OPTIONS_COMMON = (
-    Option("mechanism", ("gaussian", "laplace", "huber"),
-           "noise of every release: gaussian ((epsilon, delta)-DP), laplace or huber (pure DP each, L1 "
-           "sensitivities)", default="gaussian"),
-    Option("huber_transition", float, "transition of the Huber mechanism's noise, as a multiple of its scale b",
-           default=1.0, minimum=0),
-    Option("sampling", ("adaptive", "uniform", "tail"),
-           "contribution bounding: adaptive weights (every rating, same norm per user), uniform (tau random "
-           "ratings) or tail (the user's tau rarest items by noisy count)", default="adaptive"),
-    Option("tau", int, "per-user bound: ratings kept (uniform/tail) or squared weight total (adaptive)",
-           default=100, minimum=1),
-    Option("adaptive_exponent", float, "mu <= 0 of the adaptive weights n_j^mu", default=0.0, maximum=0.0),
-    Option("item_frac", float, "fraction of items, by noisy count, that get factors", default=1.0, minimum=0,
-           exclusive_minimum=True, maximum=1.0),
-    Option("iters", int, "ALS iterations T", minimum=0,
-           default_text="0-9 from the proxy n_eff epsilon / n_items, n_eff the users with enough ratings for a "
-           "factor by a released histogram of ratings per user; 15 non-private"),
-    Option("clip", float, "norm bound Delta of a user's factor on the item side", default_text="0.3 private, "
-           "none non-private", **_POS),
-    Option("residual_clip", float, "bound R of a rating's residual on the item side",
-           default_text="half the rating range", **_POS),
-    Option("bias_clip", float, "bound c of a user-centred rating in the item-bias statistic",
-           default_text="1/8 to all of half the rating range, growing with the public signal-to-noise proxy", **_POS),
-    Option("reg", float, "item-side ridge lambda", default_text="10; non-private runs choose 10, or 0.3 per "
-           "rating (--reg-exponent 1), on held-out training ratings", minimum=0),
-    Option("reg_exponent", float, "item-side ridge grows as C_j^rho with the noisy count", default_text="0 (see "
-           "--reg)", minimum=0, maximum=1),
-    Option("noise_ridge", float, "weight nu of the noise-driven item ridge nu sigma_B^2 Delta^2 / s^2",
-           default=0.04, minimum=0),
-    Option("ridge", float, "ridge of each user's own solve (training and the released model's local solve)",
-           default_text="10; 3 when no factors are fitted (iters 0)", **_POS),
-    Option("gramian", GRAMIANS, "shared: one noisy k x k Gramian scaled by noisy counts; item: a noisy Gramian "
-           "per item (reference DP-ALS)", default_text="auto: shared private, item non-private"),
-    Option("center", CENTERS, "global mean: private (mean of user means) or the public midpoint", default="private"),
-    Option("stats_share", float, "budget share of the item statistics (biases, counts)", default=0.15, **_POS,
-           maximum=1),
-    Option("count_share", float, "part of the statistics' share for the counts (the rest for the sums)",
-           default=0.2, **_POS, maximum=1),
-    Option("mean_share", float, "budget share of the global mean", default_text="0.005; means 0.03 (no user "
-           "intercept absorbs the mean's noise)", **_POS, maximum=1),
-    Option("gram_share", float, "budget share of the Gramians (all iterations)",
-           default_text="0.01 shared, 0.3 item", **_POS, maximum=1),
-    Option("select", ("auto", "off"), "auto: choose the release (factors or biases only, item biases or not, the "
-           "local ridge) privately by one held-out training rating per user; off: release the default "
-           "configuration, every training rating used", default="auto"),
-    Option("select_after", int, "gaussian runs: the iteration after which the release is chosen; when the "
-           "factors lose, the rest of the iterations' budget goes to a second release of the item statistics",
-           default_text="half of the iterations (rounded up)", minimum=1),
-    Option("checkpoint", str, "run directory: per-iteration checkpoints (noisy iterates: counted as "
-           "released, never refunded; keep it private); resumes if it holds one", metavar="DIR"),
-)
-OPTIONS_IRLS = (
-    Option("irls_iters", int, "IRLS reweighting steps of each user's Huber-loss solve", default=2, minimum=0),
-    Option("huber_delta", float, "transition of the Huber data loss of the user solve",
-           default_text="a quarter of the rating range", **_POS),
-)
+@dataclass(frozen=True)
+class StatisticsOptions(MethodOptions):
+    """The options of the statistics pass and the choice of the release: common to ``als``, ``irls`` and ``means``."""
+
+    mechanism: Literal["gaussian", "laplace", "huber"] = option(
+        "noise of every release: gaussian ((epsilon, delta)-DP), laplace or huber (pure DP each, L1 sensitivities)",
+        default="gaussian")
+    huber_transition: float = option("transition of the Huber mechanism's noise, as a multiple of its scale b",
+                                     default=1.0, minimum=0)
+    sampling: Literal["adaptive", "uniform", "tail"] = option(
+        "contribution bounding: adaptive weights (every rating, same norm per user), uniform (tau random ratings) "
+        "or tail (the user's tau rarest items by noisy count)", default="adaptive")
+    tau: int = option("per-user bound: ratings kept (uniform/tail) or squared weight total (adaptive)", default=100,
+                      minimum=1)
+    bias_clip: float | None = option(
+        "bound c of a user-centred rating in the item-bias statistic",
+        default_text="1/8 to all of half the rating range, growing with the public signal-to-noise proxy", **_POS)
+    center: Literal["private", "midpoint"] = option(
+        "global mean: private (mean of user means) or the public midpoint", default="private")
+    stats_share: float = option("budget share of the item statistics (biases, counts)", default=0.15, **_POS,
+                                maximum=1)
+    count_share: float = option("part of the statistics' share for the counts (the rest for the sums)", default=0.2,
+                                **_POS, maximum=1)
+    #: ``als``/``irls`` predictions carry the user's own intercept, which absorbs an error of the global mean, so it
+    #: needs little budget: measured on ML-100K and FilmTrust (6 seeds, epsilon 0.5 / 2), shares 0.005 / 0.03 / 0.1
+    #: gave als 1.0230 / 1.0245 / 1.0275 and 0.9956 / 0.9974 / 1.0016 on ML-100K (FilmTrust: flat within 0.0005).
+    mean_share: float = option("budget share of the global mean (the users' own intercepts absorb its noise)",
+                               default=0.005, **_POS, maximum=1)
+    select: Literal["auto", "off"] = option(
+        "auto: choose the release (factors or biases only, item biases or not, the local ridge) privately by one "
+        "held-out training rating per user; off: release the default configuration, every training rating used",
+        default="auto")
+
+
+@dataclass(frozen=True)
+class AlsOptions(StatisticsOptions):
+    """``--method als``: the statistics' options and those of the factor iterations."""
+
+    adaptive_exponent: float = option("mu <= 0 of the adaptive weights n_j^mu", default=0.0, maximum=0.0)
+    item_frac: float = option("fraction of items, by noisy count, that get factors", default=1.0, **_POS,
+                              maximum=1.0)
+    iters: int | None = option(
+        "ALS iterations T", minimum=0,
+        default_text="0-9 from the proxy n_eff epsilon / n_items, n_eff the users with enough ratings for a factor "
+        "by a released histogram of ratings per user; 15 non-private")
+    clip: float | None = option("norm bound Delta of a user's factor on the item side",
+                                default_text="0.3 private, none non-private", **_POS)
+    residual_clip: float | None = option("bound R of a rating's residual on the item side",
+                                         default_text="half the rating range", **_POS)
+    reg: float | None = option("item-side ridge lambda", default_text="10; non-private runs choose 10, or 0.3 per "
+                               "rating (--reg-exponent 1), on held-out training ratings", minimum=0)
+    reg_exponent: float | None = option("item-side ridge grows as C_j^rho with the noisy count",
+                                        default_text="0 (see --reg)", minimum=0, maximum=1)
+    noise_ridge: float = option("weight nu of the noise-driven item ridge nu sigma_B^2 Delta^2 / s^2", default=0.04,
+                                minimum=0)
+    ridge: float | None = option("ridge of each user's own solve (training and the released model's local solve)",
+                                 default_text="10; 3 when no factors are fitted (iters 0)", **_POS)
+    gramian: Literal["auto", "shared", "item"] = option(
+        "shared: one noisy k x k Gramian scaled by noisy counts; item: a noisy Gramian per item (reference DP-ALS)",
+        default="auto", default_text="auto: shared private, item non-private")
+    gram_share: float | None = option("budget share of the Gramians (all iterations)",
+                                      default_text="0.01 shared, 0.3 item", **_POS, maximum=1)
+    select_after: int | None = option(
+        "gaussian runs: the iteration after which the release is chosen; when the factors lose, the rest of the "
+        "iterations' budget goes to a second release of the item statistics",
+        default_text="half of the iterations (rounded up)", minimum=1)
+    checkpoint: str | None = option("run directory: per-iteration checkpoints (noisy iterates: counted as released, "
+                                    "never refunded; keep it private); resumes if it holds one", metavar="DIR")
+
+
+@dataclass(frozen=True)
+class IrlsOptions(AlsOptions):
+    """``--method irls``: als' options and the Huber loss of each user's solve."""
+
+    irls_iters: int = option("IRLS reweighting steps of each user's Huber-loss solve", default=2, minimum=0)
+    huber_delta: float | None = option("transition of the Huber data loss of the user solve",
+                                       default_text="a quarter of the rating range", **_POS)
+
+
+@dataclass(frozen=True)
+class MeansOptions(StatisticsOptions):
+    """``--method means``: the statistics' options and the users' own intercepts."""
+
+    #: Without a user intercept the global mean's noise is in every prediction: on ML-100K (943 users) at
+    #: epsilon 0.5 the share 0.005 gave 1.140 +- 0.031 (6 seeds), worse than the non-private global mean
+    #: (1.121); 0.03 gave 1.119 +- 0.009, 0.1 1.118 +- 0.005; at epsilon 2 1.092 / 1.090 / 1.092;
+    #: FilmTrust within 0.0015 of each other at both.
+    mean_share: float = option("budget share of the global mean (no user intercept absorbs its noise)",
+                               default=0.03, **_POS, maximum=1)
+    user_intercept: bool = option("each user's own intercept in the local prediction (off: the item-mean baseline "
+                                  "itself)", default=False)
+
+
+@dataclass(frozen=True)
+class AlsSettings(RunSettings):
+    """A run's resolved settings on one store: the options with every derived default filled in.
+
+    ``model.json`` records the option-like ones (``parameters``); the checkpoint fingerprint
+    covers all of them but ``profile``.
+    """
+
+    rating_min: float
+    rating_max: float
+    half_range: float
+    private: bool
+    mechanism: str
+    #: The sensitivity norm of the mechanism (``l2`` Gaussian, ``l1`` Laplace and Huber).
+    norm: str
+    huber_transition: float
+    sampling: str
+    tau: int
+    adaptive_exponent: float
+    item_frac: float
+    iters: int
+    clip: float
+    residual_clip: float
+    bias_clip: float
+    reg: float
+    reg_exponent: float
+    noise_ridge: float
+    ridge: float
+    gramian: str
+    center: str
+    stats_share: float
+    count_share: float
+    mean_share: float
+    gram_share: float
+    #: IRLS steps and Huber transition of the users' solves (``0`` and ``inf`` for the squared loss of ``als``).
+    irls_iters: int
+    huber_delta: float
+    #: Non-private runs refit ``[v_j, b_j]`` jointly.
+    fit_bias: bool
+    #: Whether the release is chosen (``--select auto``, and its noise can see a difference: ``_plan``).
+    select: bool
+    #: A second count release, when the item-side weights are not the statistics' weights.
+    weight_counts: bool
+    #: The candidate releases ``((kind, local ridge), ...)`` and the index of the default (``_candidates``).
+    candidates: tuple = ()
+    default_candidate: int = 0
+    #: The iteration after which a gated run chooses (0: at the end; ``_gate_after``).
+    gate_after: int = 0
+    #: The releases in the order they are spent (private runs; ``"profile"`` first when the histogram was
+    #: released): a run whose iterations came from a released profile never resumes one whose were given.
+    release_order: tuple = ()
+    #: The released histogram of ratings per user the defaults came from (model.json lists it; not fingerprinted).
+    profile: UserProfile | None = None
+
+
+def _or(value, derived):
+    """An option's value, or its derived default when it was not given."""
+    return derived if value is None else value
 
 
 class _AlsBase(Method):
     """Shared settings, plan and passes of ``als``, ``irls`` and ``means``."""
 
     irls = False
-    #: Default ``--mean-share``. ``als``/``irls`` predictions carry the user's own intercept, which absorbs an
-    #: error of the global mean, so it needs little budget: measured on ML-100K and FilmTrust (6 seeds, epsilon
-    #: 0.5 / 2), shares 0.005 / 0.03 / 0.1 gave als 1.0230 / 1.0245 / 1.0275 and 0.9956 / 0.9974 / 1.0016 on
-    #: ML-100K (FilmTrust: flat within 0.0005).
-    MEAN_SHARE = 0.005
     #: ``means`` fits no factors: its iterations are fixed at 0.
     FIXED_ITERS: int | None = None
 
+    def _factor_options(self) -> AlsOptions:
+        """The options of the factor iterations (``means`` runs none; model.json records als' defaults for it)."""
+        return self.opts
+
     # -- settings ----------------------------------------------------------------------
-    def settings(self, store, n_eff: float | None = None) -> dict:
-        """The run's settings; ``n_eff`` (users whose ratings can pin down a factor, from the released
+    def settings(self, store, profile: UserProfile | None = None) -> AlsSettings:
+        """The run's settings; the released ``profile``'s ``n_eff`` (users whose ratings can pin down a factor,
         :mod:`~streamdp.methods._profile`) replaces ``n_users`` in the defaults' signal-to-noise proxy."""
-        o = self.options
-        d = default_settings(store.n_users, store.n_items, self.epsilon, self.rank, o.get("mechanism", "gaussian"),
-                             n_eff=n_eff)
+        o, f = self.opts, self._factor_options()
+        n_eff = None if profile is None else profile.effective_users(self.rank)
+        d = default_settings(store.n_users, store.n_items, self.epsilon, self.rank, o.mechanism, n_eff=n_eff)
         lo, hi = float(store.rating_min), float(store.rating_max)
         h = (hi - lo) / 2.0
         private = self.private
-        s = dict(rating_min=lo, rating_max=hi, half_range=h, private=private)
-        s["mechanism"] = o.get("mechanism", "gaussian")
-        s["norm"] = MECHANISMS[s["mechanism"]]
-        s["huber_transition"] = float(o.get("huber_transition", 1.0))
-        s["sampling"] = o.get("sampling", "adaptive")
-        s["tau"] = int(o.get("tau", 100))
-        s["adaptive_exponent"] = float(o.get("adaptive_exponent", 0.0))
-        s["item_frac"] = float(o.get("item_frac", 1.0))
-        s["iters"] = int(o.get("iters", d["iters"])) if self.FIXED_ITERS is None else self.FIXED_ITERS
-        s["clip"] = float(o.get("clip", d["clip"]))
-        s["residual_clip"] = float(o.get("residual_clip", h if private else math.inf))
-        s["bias_clip"] = float(o.get("bias_clip", d["bias_clip"] * h))
-        s["reg"] = float(o.get("reg", d["reg"]))
-        s["reg_exponent"] = float(o.get("reg_exponent", 0.0))
-        s["noise_ridge"] = float(o.get("noise_ridge", 0.04))
+        iters = _or(f.iters, d.iters) if self.FIXED_ITERS is None else self.FIXED_ITERS
         # the local ridge goes with what is fitted (a given --iters 0 gets the biases' 3, not the factors' 10)
-        s["ridge"] = float(o.get("ridge", d["ridge"] if "iters" not in o else 10.0 if s["iters"] > 0 else 3.0))
-        g = o.get("gramian", "auto")
-        s["gramian"] = ("shared" if private else "item") if g == "auto" else g
-        s["center"] = o.get("center", "private")
-        s["stats_share"] = float(o.get("stats_share", 0.15))
-        s["count_share"] = float(o.get("count_share", 0.2))
-        s["mean_share"] = float(o.get("mean_share", self.MEAN_SHARE)) if s["center"] == "private" else 0.0
-        s["gram_share"] = float(o.get("gram_share", 0.01 if s["gramian"] == "shared" else 0.3))
-        s["irls_iters"] = int(o.get("irls_iters", 2)) if self.irls else 0
-        s["huber_delta"] = float(o.get("huber_delta", h / 2.0)) if self.irls else math.inf
-        s["fit_bias"] = not private
-        s["select"] = o.get("select", "auto") != "off"
-        s["candidates"], s["default_candidate"] = self._candidates(s, "ridge" in o)
-        s["gate_after"] = self._gate_after(s)
-        # a second count release when the item-side weights are not the statistics' weights
-        s["weight_counts"] = private and s["gramian"] == "shared" and (
-            s["sampling"] == "tail" or (s["sampling"] == "adaptive" and s["adaptive_exponent"] != 0.0))
-        used = s["stats_share"] + s["mean_share"] + (s["gram_share"] if s["iters"] > 0 else 0.0)
+        ridge = _or(f.ridge, (10.0 if iters > 0 else 3.0) if f.is_given("iters") else d.ridge)
+        gramian = ("shared" if private else "item") if f.gramian == "auto" else f.gramian
+        irls_iters, huber_delta = (f.irls_iters, _or(f.huber_delta, h / 2.0)) if self.irls else (0, math.inf)
+        s = AlsSettings(
+            rating_min=lo, rating_max=hi, half_range=h, private=private, mechanism=o.mechanism,
+            norm=MECHANISMS[o.mechanism], huber_transition=o.huber_transition, sampling=o.sampling, tau=o.tau,
+            adaptive_exponent=f.adaptive_exponent, item_frac=f.item_frac, iters=iters, clip=_or(f.clip, d.clip),
+            residual_clip=_or(f.residual_clip, h if private else math.inf),
+            bias_clip=_or(o.bias_clip, d.bias_clip_fraction * h), reg=_or(f.reg, d.reg),
+            reg_exponent=_or(f.reg_exponent, 0.0), noise_ridge=f.noise_ridge, ridge=ridge, gramian=gramian,
+            center=o.center, stats_share=o.stats_share, count_share=o.count_share,
+            mean_share=o.mean_share if o.center == "private" else 0.0,
+            gram_share=_or(f.gram_share, 0.01 if gramian == "shared" else 0.3), irls_iters=irls_iters,
+            huber_delta=huber_delta, fit_bias=not private, select=o.select != "off",
+            weight_counts=private and gramian == "shared" and (
+                o.sampling == "tail" or (o.sampling == "adaptive" and f.adaptive_exponent != 0.0)),
+            profile=profile)
+        used = s.stats_share + s.mean_share + (s.gram_share if s.iters > 0 else 0.0)
         if private and used >= 1.0:
             raise ParameterError(f"--stats-share + --mean-share + --gram-share = {used:g} leaves no budget for the "
                                  f"iterations (must be < 1)")
-        if not private and s["sampling"] != "adaptive" and "sampling" in o:
-            pass  # the ledger notes that a non-private run bounds nothing
-        if not self.irls:
-            for name in ("irls_iters", "huber_delta"):
-                if name in o:  # pragma: no cover - rejected by the option schema
-                    raise ParameterError(f"--{name.replace('_', '-')}: only for --method irls")
-        return s
+        return self._with_choice(s)
+
+    def _with_choice(self, s: AlsSettings) -> AlsSettings:
+        """``s`` with the candidate releases, the default one and the gate that its ``select`` implies."""
+        candidates, default = self._candidates(s)
+        s = s.replace(candidates=candidates, default_candidate=default)
+        return s.replace(gate_after=self._gate_after(s))
 
     def default_rank(self) -> int:
         """8 at every epsilon.
@@ -370,134 +466,130 @@ class _AlsBase(Method):
     # -- privacy plan --------------------------------------------------------------------
     def _shares(self, store, s) -> list:
         """The releases of a run before calibration (see the module docstring's table)."""
-        n, k, T, tau = store.n_items, self.rank, s["iters"], s["tau"]
-        h, c, R, D = s["half_range"], s["bias_clip"], s["residual_clip"], s["clip"]
-        mech, l2 = s["mechanism"], s["norm"] == "l2"
-        hc = s["huber_transition"]
-        d = k + (1 if s["fit_bias"] else 0)
+        n, k, T, tau = store.n_items, self.rank, s.iters, s.tau
+        h, c, R, D = s.half_range, s.bias_clip, s.residual_clip, s.clip
+        mech, l2 = s.mechanism, s.norm == "l2"
+        hc = s.huber_transition
+        d = k + (1 if s.fit_bias else 0)
         out = []
 
         def add(what, sens_l2, sens_l1, share, **kw):
             out.append(Share(what, mech, sens_l2 if l2 else sens_l1, share, huber_c=hc, **kw))
 
-        if s["center"] == "private":
+        if s.center == "private":
             add("global mean: sum over users of (user mean - midpoint), number of users", math.sqrt(1 + h * h),
-                h + 1.0, s["mean_share"], shape=(2,))
-        st, cs = s["stats_share"], s["count_share"]
+                h + 1.0, s.mean_share, shape=(2,))
+        st, cs = s.stats_share, s.count_share
         add("item sums of user-centred residuals clip(r - user mean, c) (item biases)", c * math.sqrt(tau), c * tau,
             st * (1 - cs), shape=(n,))
         add("item weight totals C_j (noisy counts)", math.sqrt(tau), float(tau), st * cs, shape=(n,))
         if T > 0:
-            rest = 1.0 - s["mean_share"] - st - s["gram_share"]
-            if s["weight_counts"]:
+            rest = 1.0 - s.mean_share - st - s.gram_share
+            if s.weight_counts:
                 add("item weight totals of the item-side weights (noisy counts for the shared Gramian)",
                     math.sqrt(tau), float(tau), 0.05 * rest, shape=(n,))
                 rest *= 0.95
-            if s["gramian"] == "shared":
+            if s.gramian == "shared":
                 add("users' Gramian sum_i x_i x_i^T (one per iteration)", D * D, (k + 1) * D * D / 2,
-                    s["gram_share"], count=T, shape=(d, d), symmetric=True)
+                    s.gram_share, count=T, shape=(d, d), symmetric=True)
             else:
                 add("per-item Gramians sum_i c_ij x_i x_i^T (one per iteration)", D * D * math.sqrt(tau),
-                    tau * (k + 1) * D * D / 2, s["gram_share"], count=T, shape=(n, d, d), symmetric=True)
+                    tau * (k + 1) * D * D / 2, s.gram_share, count=T, shape=(n, d, d), symmetric=True)
             add("item right-hand sides sum_i c_ij y_ij x_i (one per iteration)", R * D * math.sqrt(tau),
                 tau * R * math.sqrt(k) * D, rest, count=T, shape=(n, d))
-        if s["select"]:
-            m = len(s["candidates"])
+        if s.select:
+            m = len(s.candidates)
             add(f"validation losses of the {m} candidate releases (per user, the mean squared error clipped to "
                 f"h^2, h half the range, over up to {VALIDATION_CAP} held-out training ratings: each user at most "
                 f"h^2 per candidate)", loss_sensitivity(h, m, "l2"),
                 loss_sensitivity(h, m, "l1"), SELECT_SHARE_FACTORS if T > 0 else SELECT_SHARE_BIASES, shape=(m,))
         return out
 
-    def _candidates(self, s, ridge_given: bool):
-        """The candidate releases ``[(kind, local ridge), ...]`` and the index of the default one.
+    def _candidates(self, s: AlsSettings):
+        """The candidate releases ``((kind, local ridge), ...)`` and the index of the default one.
 
         The default is what the method released before selection existed: the factors with
         ``--ridge`` when iterations run, else the biases with the intercept ridge 3 (``means``:
         no intercept unless ``--user-intercept``). A given ``--ridge`` fixes every candidate's ridge.
         """
+        ridge_given = self._factor_options().is_given("ridge")
         if self.FIXED_ITERS == 0:
-            ui = bool(self.options.get("user_intercept", False))
-            grid = ([s["ridge"]] if ridge_given else [3.0]) if ui else [math.inf]
+            grid = ([s.ridge] if ridge_given else [3.0]) if self.opts.user_intercept else [math.inf]
             cands = [("bias", r) for r in grid] + [("mean", r) for r in grid]
-            if not s["select"]:
+            if not s.select:
                 cands = cands[:1]
-            return [list(c) for c in cands], 0
+            return tuple(cands), 0
         if ridge_given:
-            fr = br = mr = (s["ridge"],)
+            fr = br = mr = (s.ridge,)
         else:
             fr, br, mr = FACTOR_RIDGES, BIAS_RIDGES, MEAN_RIDGES
-        if s["iters"] > 0 and not ridge_given:
+        if s.iters > 0 and not ridge_given:
             # fewer candidates when factors are fitted: the choice that matters is factors or not, and the
             # noise grows as sqrt(candidates)
             fr, br = FACTOR_RIDGES[1:], (BIAS_RIDGES[0], BIAS_RIDGES[-1])
-        cands = ([("factors", r) for r in fr] if s["iters"] > 0 else []) + [("bias", r) for r in br] + \
+        cands = ([("factors", r) for r in fr] if s.iters > 0 else []) + [("bias", r) for r in br] + \
             [("mean", r) for r in mr]
-        default = ("factors", s["ridge"]) if s["iters"] > 0 else ("bias", s["ridge"])
-        if not s["select"]:
+        default = ("factors", s.ridge) if s.iters > 0 else ("bias", s.ridge)
+        if not s.select:
             cands = [default]
-        return [list(c) for c in cands], cands.index(default)
+        return tuple(cands), cands.index(default)
 
-    def _gate_after(self, s) -> int:
+    def _gate_after(self, s: AlsSettings) -> int:
         """The iteration after which a private Gaussian run chooses its release (0: at the end, no gate).
 
         See "The gate" in the module docstring: only Gaussian runs (their branches compose
         as one Gaussian whatever is chosen), with the choice on, at least two iterations
         and factors among the candidates.
         """
-        if not (s["private"] and s["select"] and s["mechanism"] == "gaussian" and s["iters"] >= 2
-                and self.FIXED_ITERS is None and any(kind == "factors" for kind, _ in s["candidates"])):
+        if not (s.private and s.select and s.mechanism == "gaussian" and s.iters >= 2
+                and self.FIXED_ITERS is None and any(kind == "factors" for kind, _ in s.candidates)):
             return 0
-        given = self.options.get("select_after")
-        return min(int(given), s["iters"]) if given is not None else math.ceil(GATE_FRACTION * s["iters"])
+        given = self._factor_options().select_after
+        return min(given, s.iters) if given is not None else math.ceil(GATE_FRACTION * s.iters)
 
     def _plan(self, store) -> Plan:
         profile = None
-        if self.FIXED_ITERS is None and "iters" not in self.options:
+        if self.FIXED_ITERS is None and not self.opts.is_given("iters"):
             # how many ratings users have decides whether factors can pay: released first (see _profile)
-            mech = self.options.get("mechanism", "gaussian")
             seq = np.random.SeedSequence(self.seed, spawn_key=(RNG_KEY, _PROFILE)) if self.seed is not None else None
-            profile = user_profile(store, mech, self.epsilon, self.delta, np.random.default_rng(seq))
-        s = self.settings(store, None if profile is None else profile.effective_users(self.rank))
-        s["profile"] = profile
-        bounds = {"rating_min": s["rating_min"], "rating_max": s["rating_max"],
+            profile = user_profile(store, self.opts.mechanism, self.epsilon, self.delta, np.random.default_rng(seq))
+        s = self.settings(store, profile)
+        bounds = {"rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown")}
         if not self.private:
             bounds["contribution"] = "none (non-private run: every rating, weight 1, nothing clipped)"
             entries = [{"release": "item factors, item biases, global mean", "mechanism": "none (non-private)",
-                        "iterations": s["iters"]}]
-            return Plan(events=[], entries=entries, params={**s, "bounds": bounds, "releases": {}})
+                        "iterations": s.iters}]
+            return Plan(events=[], entries=entries, settings=s, bounds=bounds, releases={})
         fixed = [profile.release] if profile is not None else []
         releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=fixed)
-        if s["select"] and not _selection_can_pay(releases[-1], s, store.n_users):
+        if s.select and not _selection_can_pay(releases[-1], s, store.n_users):
             # the choice's noise would swamp any difference it could see: spend nothing on it
-            s["select"], s["select_skipped"] = False, True
-            s["candidates"], s["default_candidate"] = self._candidates(s, "ridge" in self.options)
-            s["gate_after"] = self._gate_after(s)
+            s = self._with_choice(s.replace(select=False))
             releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=fixed)
-        names = ["mean"] if s["center"] == "private" else []
+        names = ["mean"] if s.center == "private" else []
         names += ["sums", "counts"]
-        if s["iters"] > 0:
-            names += (["wcounts"] if s["weight_counts"] else []) + ["gram", "rhs"]
-        names += ["select"] if s["select"] else []
+        if s.iters > 0:
+            names += (["wcounts"] if s.weight_counts else []) + ["gram", "rhs"]
+        names += ["select"] if s.select else []
         rel = dict(zip(names, releases))
-        s["release_order"] = ["profile"] * len(fixed) + names
+        s = s.replace(release_order=("profile",) * len(fixed) + tuple(names))
         releases = fixed + releases
-        bounds.update({"tau": s["tau"], "sampling": s["sampling"], "weights": _weights_text(s),
-                       "clip_Delta": s["clip"], "residual_clip_R": s["residual_clip"],
-                       "bias_clip_c": s["bias_clip"], "mechanism": s["mechanism"],
-                       "sensitivity_norm": s["norm"]})
+        bounds.update({"tau": s.tau, "sampling": s.sampling, "weights": _weights_text(s),
+                       "clip_Delta": s.clip, "residual_clip_R": s.residual_clip,
+                       "bias_clip_c": s.bias_clip, "mechanism": s.mechanism,
+                       "sensitivity_norm": s.norm})
         pe = pure_epsilon(releases)
         if math.isfinite(pe):
             bounds["pure_epsilon"] = pe
         return Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases],
-                    params={**s, "bounds": bounds, "releases": rel})
+                    settings=s, bounds=bounds, releases=rel)
 
     def ledger(self, store, plan: Plan, *, notes=()):
         led = super().ledger(store, plan, notes=notes)
-        pe = plan.params.get("bounds", {}).get("pure_epsilon")
+        pe = plan.bounds.get("pure_epsilon")
         if pe is not None and self.private:
-            led.notes.append(f"every release is pure DP ({plan.params['mechanism']}): the model is also user-level "
+            led.notes.append(f"every release is pure DP ({plan.settings.mechanism}): the model is also user-level "
                              f"pure epsilon-DP with epsilon = {pe:.6g} (basic composition, delta = 0); the reported "
                              f"(epsilon, delta) is the PLD accountant's tighter figure")
         return led
@@ -507,7 +599,7 @@ class _AlsBase(Method):
         """Item-side memory: ``V``, biases, counts, the accumulated sums and the solve's temporaries."""
         n, k = store.n_items, self.rank
         d = k + 1
-        gram = n * d * (d + 1) // 2 * 8 if self.options.get("gramian") == "item" or not self.private else 0
+        gram = n * d * (d + 1) // 2 * 8 if self._factor_options().gramian == "item" or not self.private else 0
         # the item solves' temporaries, or (earlier, never at once) the bias posterior's grid and EM sample
         temps = max(SOLVE_CHUNK * d * d * 8 * 3, 6 * 8 * POSTERIOR_CELLS + 3 * 8 * PRIOR_SAMPLE * PRIOR_POINTS)
         return n * (3 * d * 8 + 6 * 8) + gram + temps
@@ -515,9 +607,9 @@ class _AlsBase(Method):
     # -- fitting -------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         plan = self.plan(store)
-        s = plan.params
-        if (not self.private and s["select"] and self.FIXED_ITERS is None and s["iters"] > 0
-                and "reg" not in self.options and "reg_exponent" not in self.options):
+        s = plan.settings
+        if (not self.private and s.select and self.FIXED_ITERS is None and s.iters > 0
+                and not self.opts.is_given("reg") and not self.opts.is_given("reg_exponent")):
             return self._fit_item_ridges(store, engine)
         with self.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",), engine=engine) as run:
             return self._fit(store, engine, run, plan)
@@ -540,7 +632,7 @@ class _AlsBase(Method):
         best, tried = None, []
         for reg, rho in NONPRIVATE_ITEM_RIDGES:
             m = type(self)(epsilon=self.epsilon, delta=self.delta, rank=self.rank, seed=self.seed,
-                           **{**self.options, "reg": reg, "reg_exponent": rho})
+                           **{**self.opts.user_values(), "reg": reg, "reg_exponent": rho})
             m.shared_entropy = entropy
             plan = m.plan(store)
             with m.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",), engine=engine) as run:
@@ -548,21 +640,20 @@ class _AlsBase(Method):
             loss = float(choice[1][choice[0]])
             tried.append({"reg": reg, "reg_exponent": rho, "validation_loss": round(loss, 4)})
             if best is None or loss < best[0]:
-                best = (loss, m, plan.params, choice)
+                best = (loss, m, plan.settings, choice)
         _, m, s, choice = best
         fitted = m._refit(store, engine, s, choice)
         fitted.model_info["selection"]["item_ridges"] = tried
-        fitted.ledger.notes.append(f"item-side ridge --reg {m.options['reg']:g} --reg-exponent "
-                                   f"{m.options['reg_exponent']:g} chosen among {len(tried)} on the same held-out "
+        fitted.ledger.notes.append(f"item-side ridge --reg {m.opts.reg:g} --reg-exponent "
+                                   f"{m.opts.reg_exponent:g} chosen among {len(tried)} on the same held-out "
                                    f"training ratings")
         return fitted
 
     def _fit(self, store, engine, run, plan, refit: bool = True) -> Fitted:
-        s = plan.params
-        rel = s["releases"]
+        s, rel = plan.settings, plan.releases
         n, k = store.n_items, self.rank
-        d = k + (1 if s["fit_bias"] else 0)
-        gate = s["gate_after"]
+        d = k + (1 if s.fit_bias else 0)
+        gate = s.gate_after
         ck = run.checkpoint
         chosen = {}  # the gate's noisy choice, carried in every later checkpoint (it is released)
         if ck is not None:
@@ -573,11 +664,11 @@ class _AlsBase(Method):
             if "choice" in ck:
                 chosen = {"choice": ck["choice"].copy(), "choice_losses": ck["choice_losses"].copy()}
         else:
-            mu, bias, C, S1 = self._statistics(store, engine, run, s)
-            keep = _top_items(C, s["item_frac"])
+            mu, bias, C, S1 = self._statistics(store, engine, run, s, rel)
+            keep = _top_items(C, s.item_frac)
             V = run.rng(_INIT, 0).standard_normal((n, k))
             V[~keep] = 0.0
-            if s["iters"] == 0:  # nothing fitted: release no factors (random ones would only add noise)
+            if s.iters == 0:  # nothing fitted: release no factors (random ones would only add noise)
                 V[:] = 0.0
             if self.private:
                 V = _normalize(V, keep)
@@ -586,25 +677,25 @@ class _AlsBase(Method):
             Cw = C  # the item-side weight totals: the statistics' counts, or released in iteration 1
 
         def gated_out():
-            return bool(chosen) and s["candidates"][int(chosen["choice"])][0] != "factors"
+            return bool(chosen) and s.candidates[int(chosen["choice"])][0] != "factors"
 
-        last = gate if gated_out() else s["iters"]
+        last = gate if gated_out() else s.iters
         for t in run.epochs(last, desc=f"{self.name} iterations"):
             acc = self._iteration_sums(store, engine, run, s, mu, bias, V, C, d,
-                                       desc=f"{self.name} iteration {t}/{s['iters']}")
+                                       desc=f"{self.name} iteration {t}/{s.iters}")
             B, A, G, clipped = acc[:4]
             g = run.rng(_ITER, t)
-            if t == 1 and s["weight_counts"]:
+            if t == 1 and s.weight_counts:
                 Cw = rel["wcounts"].add(acc[5], g)
             if self.private:
                 B = rel["rhs"].add(B, g)
-                if s["gramian"] == "shared":
+                if s.gramian == "shared":
                     G = rel["gram"].add(G, g)
                 else:
                     A = rel["gram"].add(A, g)
             # a view of a Poisson sample of the users (tune's candidates) averages over its expected size
             theta = self._solve_items(s, B, A, G, Cw, keep, rel, getattr(store, "expected_users", store.n_users))
-            if s["fit_bias"]:
+            if s.fit_bias:
                 V, bias = theta[:, :k], np.where(keep, theta[:, k], bias)
             else:
                 V = theta
@@ -612,21 +703,21 @@ class _AlsBase(Method):
                 V = _normalize(V, keep)
             history.append(int(clipped))
             if t == gate:
-                c, losses = self._select(store, engine, run, s, mu, bias0, bias, V, C)
+                c, losses = self._select(store, engine, run, s, rel, mu, bias0, bias, V, C)
                 chosen = {"choice": np.array(c), "choice_losses": np.asarray(losses)}
             run.save(t, V=V, mu=mu, bias=bias, C=C, Cw=Cw, keep=keep, bias0=bias0, S1=S1, **chosen)
             if gated_out():
                 break
         if not gate:
-            choice = self._select(store, engine, run, s, mu, bias0, bias, V, C)
+            choice = self._select(store, engine, run, s, rel, mu, bias0, bias, V, C)
         else:
             choice = (int(chosen["choice"]), chosen["choice_losses"])
-        if s["select"] and not self.private:
+        if s.select and not self.private:
             return self._refit(store, engine, s, choice) if refit else choice
         if gated_out():
             # the factors lost: the rest of the iterations' budget buys a second release of the item statistics
             bias, C, plan = self._restatistics(store, engine, run, plan, S1, C, bias0)
-            keep = _top_items(C, s["item_frac"])
+            keep = _top_items(C, s.item_frac)
         return self._fitted(store, plan, run, V, bias, mu, C, keep, history, choice)
 
     def _refit(self, store, engine, s, choice) -> Fitted:
@@ -635,10 +726,10 @@ class _AlsBase(Method):
         Non-private runs may look at their data; they choose on held-out training ratings
         that trained nothing (an honest validation), then fit the choice on all of them.
         """
-        kind, lam = s["candidates"][choice[0]]
-        o = {**self.options, "select": "off"}
+        kind, lam = s.candidates[choice[0]]
+        o = {**self.opts.user_values(), "select": "off"}
         if self.FIXED_ITERS is None:
-            o["iters"] = s["iters"] if kind == "factors" else 0
+            o["iters"] = s.iters if kind == "factors" else 0
             if not math.isinf(lam):
                 o["ridge"] = lam
         m = type(self)(epsilon=self.epsilon, delta=self.delta, rank=self.rank, seed=self.seed, **o)
@@ -658,9 +749,9 @@ class _AlsBase(Method):
         return fitted
 
     def _selection_info(self, s, kind, lam, losses) -> dict:
-        gate = {"chosen_after_iteration": s["gate_after"]} if s.get("gate_after") else {}
-        return {**gate, "candidates": [candidate_name(c) for c in s["candidates"]],
-                "default": candidate_name(s["candidates"][s["default_candidate"]]),
+        gate = {"chosen_after_iteration": s.gate_after} if s.gate_after else {}
+        return {**gate, "candidates": [candidate_name(c) for c in s.candidates],
+                "default": candidate_name(s.candidates[s.default_candidate]),
                 "chosen": candidate_name((kind, lam)),
                 "noisy_validation_losses" if self.private else "validation_losses":
                     [round(float(x), 4) for x in losses]}
@@ -670,8 +761,8 @@ class _AlsBase(Method):
                "the factor iterations" if self.private else "by 10% of each user's training ratings (at most 2) "
                "held out of the fit, then refitted on all of them")
         note = (f"released candidate: {candidate_name((kind, lam))} (default "
-                f"{candidate_name(s['candidates'][s['default_candidate']])}), chosen {how}")
-        gate, T = s.get("gate_after", 0), s["iters"]
+                f"{candidate_name(s.candidates[s.default_candidate])}), chosen {how}")
+        gate, T = s.gate_after, s.iters
         if gate and kind == "factors":
             note += f", after iteration {gate} of {T} (the factors won: the iterations went on)"
         elif gate and gate < T:
@@ -686,33 +777,32 @@ class _AlsBase(Method):
         return note
 
     # -- the statistics pass -------------------------------------------------------------
-    def _statistics(self, store, engine, run, s):
+    def _statistics(self, store, engine, run, s, rel):
         """Global mean, item biases, noisy weight totals and noisy item sums (the first releases)."""
         S, C, Tm, Um = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics")
-        lo, hi, h = s["rating_min"], s["rating_max"], s["half_range"]
+        lo, hi, h = s.rating_min, s.rating_max, s.half_range
         mid = (lo + hi) / 2.0
-        rel = s["releases"]
         g = run.rng(_STATS, 0)
         sigma_S = sigma_C = 0.0
         if self.private:
             S = rel["sums"].add(S, g)
             C = rel["counts"].add(C, g)
             sigma_S, sigma_C = _std(rel["sums"]), _std(rel["counts"])
-            if s["center"] == "private":
+            if s.center == "private":
                 Tm, Um = rel["mean"].add(np.array([Tm, Um]), g)
-        mu = mid + Tm / max(Um, 1.0) if s["center"] == "private" else mid
+        mu = mid + Tm / max(Um, 1.0) if s.center == "private" else mid
         mu = float(min(max(mu, lo), hi))
-        bias = item_biases(S, C, sigma_S, h, sigma_C=sigma_C, clip=s["bias_clip"])
+        bias = item_biases(S, C, sigma_S, h, sigma_C=sigma_C, clip=s.bias_clip)
         return mu, bias, C, S
 
     def _statistic_totals(self, store, engine, run, s, desc):
         """The exact item sums ``S``, weight totals ``C`` and the global mean's (sum, count): one pass."""
         n = store.n_items
-        lo, hi = s["rating_min"], s["rating_max"]
+        lo, hi = s.rating_min, s.rating_max
         mid = (lo + hi) / 2.0
-        c = s["bias_clip"]
+        c = s.bias_clip
         private = self.private
-        rule = s["sampling"] if s["sampling"] == "uniform" else "adaptive"
+        rule = s.sampling if s.sampling == "uniform" else "adaptive"
         seed = run.entropy
 
         def fn(block, b):
@@ -721,7 +811,7 @@ class _AlsBase(Method):
             cnt = np.diff(ip)
             has = cnt > 0
             if private:
-                w = contribution_weights(ip, it, rule=rule, tau=s["tau"], norm=s["norm"], first_user=block.first_user,
+                w = contribution_weights(ip, it, rule=rule, tau=s.tau, norm=s.norm, first_user=block.first_user,
                                          seed=seed)
             else:
                 w = np.ones(len(it))
@@ -750,13 +840,13 @@ class _AlsBase(Method):
         the same Gaussian whichever branch the noisy choice took; the ledger lists what
         was spent, and the accountant's epsilon of it is checked against the target.
         """
-        s = plan.params
-        rel, T, gate = s["releases"], s["iters"], s["gate_after"]
-        spent = [s["profile"].release if name == "profile" else
+        s, rel = plan.settings, plan.releases
+        T, gate = s.iters, s.gate_after
+        spent = [s.profile.release if name == "profile" else
                  replace(rel[name], count=gate) if name in ("gram", "rhs") else rel[name]
-                 for name in s["release_order"]]
+                 for name in s.release_order]
         m2 = (T - gate) * sum(1.0 / rel[name].noise_multiplier ** 2 for name in ("gram", "rhs"))
-        cs = s["count_share"]
+        cs = s.count_share
         factor = 1.0
         while True:
             sums2 = replace(rel["sums"], what="second release of the item sums (the factors lost the gated choice: "
@@ -770,16 +860,15 @@ class _AlsBase(Method):
                 break
             factor *= 1.001  # the accountant's discretization: never report above the target
         return sums2, counts2, Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases],
-                                    params=s)
+                                    settings=s, bounds=plan.bounds, releases=rel)
 
     def _restatistics(self, store, engine, run, plan: Plan, S1, C1, bias0):
         """A gated run whose factors lost: second item statistics, combined with the first by their noise.
 
         Returns ``(item biases, weight totals, the Plan of what was spent)``.
         """
-        s = plan.params
-        rel = s["releases"]
-        if s["gate_after"] >= s["iters"]:  # nothing left to spend
+        s, rel = plan.settings, plan.releases
+        if s.gate_after >= s.iters:  # nothing left to spend
             return bias0, C1, plan
         sums2, counts2, spent = self._gated_releases(plan)
         S, C, _, _ = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics (second release)")
@@ -792,21 +881,21 @@ class _AlsBase(Method):
         w1, w2 = 1.0 / _std(rel["counts"]) ** 2, 1.0 / _std(counts2) ** 2
         C = (w1 * C1 + w2 * C2) / (w1 + w2)
         sigma_C = 1.0 / math.sqrt(w1 + w2)
-        bias = item_biases(S, C, sigma_S, s["half_range"], sigma_C=sigma_C, clip=s["bias_clip"])
+        bias = item_biases(S, C, sigma_S, s.half_range, sigma_C=sigma_C, clip=s.bias_clip)
         return bias, C, spent
 
     # -- one iteration's item-side sums --------------------------------------------------
     def _iteration_sums(self, store, engine, run, s, mu, bias, V, C, d, desc="iteration"):
         n, k = store.n_items, self.rank
-        lo, hi = s["rating_min"], s["rating_max"]
+        lo, hi = s.rating_min, s.rating_max
         Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
         bias64 = np.ascontiguousarray(bias, dtype=np.float64)
-        item_mode = s["gramian"] == "item"
+        item_mode = s.gramian == "item"
         npk = d * (d + 1) // 2
         private, seed = self.private, run.entropy
         Cn = np.maximum(C, 0.0)
-        wcounts = s["weight_counts"]
-        fit_bias = s["fit_bias"]
+        wcounts = s.weight_counts
+        fit_bias = s.fit_bias
 
         def fn(block, b):
             ip, it, r = _training(block, s, seed, factors=True)
@@ -817,17 +906,17 @@ class _AlsBase(Method):
             # item-side target: with the biases refitted jointly, the old bias is not subtracted
             target = resid + bias64[it] if fit_bias else resid
             U = np.zeros((block.n_users, k + 1))
-            solve_users_huber(ip, it, resid, Q, float(s["ridge"]), int(s["irls_iters"]), float(s["huber_delta"]), U)
+            solve_users_huber(ip, it, resid, Q, float(s.ridge), int(s.irls_iters), float(s.huber_delta), U)
             if private:
-                w = contribution_weights(ip, it, rule=s["sampling"], tau=s["tau"], norm=s["norm"],
+                w = contribution_weights(ip, it, rule=s.sampling, tau=s.tau, norm=s.norm,
                                          first_user=block.first_user, seed=seed, item_counts=Cn,
-                                         exponent=s["adaptive_exponent"])
+                                         exponent=s.adaptive_exponent)
             else:
                 w = np.ones(len(it))
             B = np.zeros((n, d))
             A = np.zeros((n, npk) if item_mode else (0, npk))
             G = np.zeros((0, 0) if item_mode else (d, d))
-            clipped = als_accumulate(ip, it, target, w, U, float(s["clip"]), float(s["residual_clip"]), 1.0, B, A, G)
+            clipped = als_accumulate(ip, it, target, w, U, float(s.clip), float(s.residual_clip), 1.0, B, A, G)
             extra = np.bincount(it, weights=w, minlength=n) if wcounts else None
             return [B, A, G, clipped, int((np.diff(ip) > 0).sum()), extra]
 
@@ -851,13 +940,13 @@ class _AlsBase(Method):
         return acc
 
     # -- the private choice of the release (streamdp.methods._selection) ------------------------
-    def _select(self, store, engine, run, s, mu, bias0, bias, V, C):
+    def _select(self, store, engine, run, s, rel, mu, bias0, bias, V, C):
         """``(index of the chosen candidate, noisy losses or None)``: one pass scoring every candidate."""
-        cands = s["candidates"]
-        if not s["select"]:
-            return s["default_candidate"], None
+        cands = s.candidates
+        if not s.select:
+            return s.default_candidate, None
         n, k = store.n_items, self.rank
-        lo, hi, h = s["rating_min"], s["rating_max"], s["half_range"]
+        lo, hi, h = s.rating_min, s.rating_max, s.half_range
         Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
         ones = np.ones((n, 1))
         bias_of = {"factors": np.ascontiguousarray(bias, np.float64), "bias": np.ascontiguousarray(bias0, np.float64),
@@ -886,8 +975,8 @@ class _AlsBase(Method):
                         residuals(it, r, float(mu), bv, resid[kind])
                     design = Q if kind == "factors" else ones
                     U = np.zeros((block.n_users, design.shape[1]))
-                    solve_users_huber(ip, it, resid[kind], design, float(lam), int(s["irls_iters"]),
-                                      float(s["huber_delta"]), U)
+                    solve_users_huber(ip, it, resid[kind], design, float(lam), s.irls_iters, float(s.huber_delta),
+                                      U)
                     pred = pred + U[vu, -1]
                     if kind == "factors":
                         pred = pred + np.einsum("ij,ij->i", U[vu, :k], V[vi])
@@ -899,23 +988,22 @@ class _AlsBase(Method):
                                    desc=f"{self.name} selection")
         std = 0.0
         if self.private:
-            rel = s["releases"]["select"]
-            losses = rel.add(losses, run.rng(_SELECT, 0))
-            std = _std(rel)
-        return choose(losses, s["default_candidate"], std), losses
+            losses = rel["select"].add(losses, run.rng(_SELECT, 0))
+            std = _std(rel["select"])
+        return choose(losses, s.default_candidate, std), losses
 
     # -- the item solves -----------------------------------------------------------------
     def _solve_items(self, s, B, A, G, C, keep, rel, n_users: int):
         """``theta_j = (A_j + lambda_j I)^-1 B_j`` for the kept items (zeros elsewhere), in chunks."""
         n, d = B.shape
         Cn = np.maximum(np.asarray(C, np.float64), 0.0)
-        lam = s["reg"] * np.maximum(Cn, 1.0) ** s["reg_exponent"]
+        lam = s.reg * np.maximum(Cn, 1.0) ** s.reg_exponent
         if self.private:
-            D, sd = s["clip"], _std(rel["rhs"])  # noise std of one right-hand side entry
-            scale = s["half_range"] / 2.0
-            lam = lam + s["noise_ridge"] * sd * sd * D * D / (scale * scale)
+            D, sd = s.clip, _std(rel["rhs"])  # noise std of one right-hand side entry
+            scale = s.half_range / 2.0
+            lam = lam + s.noise_ridge * sd * sd * D * D / (scale * scale)
         Gn = None
-        if s["gramian"] == "shared":
+        if s.gramian == "shared":
             Gn = _psd(G) / max(float(n_users), 1.0)  # n_users is public (or q n_users on a sample)
         theta = np.zeros((n, d))
         idx = np.flatnonzero(keep)
@@ -934,9 +1022,9 @@ class _AlsBase(Method):
 
     # -- the released model --------------------------------------------------------------
     def _fitted(self, store, plan, run, V, bias, mu, C, keep, history, choice=(0, None)) -> Fitted:
-        s = plan.params
+        s = plan.settings
         chosen, losses = choice
-        kind, lam = s["candidates"][chosen]
+        kind, lam = s.candidates[chosen]
         if kind != "factors":
             V = np.zeros_like(V)
             bias = np.zeros_like(bias) if kind == "mean" else bias
@@ -945,41 +1033,37 @@ class _AlsBase(Method):
             notes.append("non-private: --epsilon inf, no noise and no contribution bounding")
         if self.seed is not None:
             notes.append("seeded run: reproducible, not private against whoever knows the seed")
-        if s["bounds"]["rating_range_source"] != "declared":
+        if plan.bounds["rating_range_source"] != "declared":
             notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
                          "exact guarantee")
-        if s["iters"] == 0 and self.FIXED_ITERS is None:
+        if s.iters == 0 and self.FIXED_ITERS is None:
             notes.append("iters = 0: the release is the private item biases and global mean only (the factors "
                          "would be mostly noise at this epsilon and store size); users' own intercepts do the rest")
-        if s["select"]:
+        if s.select:
             notes.append(self._selection_note(s, kind, lam))
-        elif s.get("select_skipped"):
+        elif self.opts.select == "auto":  # asked for, but skipped by _plan
             notes.append("--select auto: no choice was made (its noise on a store of this size would swamp any "
                          "difference it could see); the default configuration is released")
         ledger = self.ledger(store, plan, notes=notes)
-        params = {key: s[key] for key in ("mechanism", "huber_transition", "sampling", "tau", "adaptive_exponent",
-                                          "item_frac", "iters", "clip", "residual_clip", "bias_clip", "reg",
-                                          "reg_exponent", "noise_ridge", "ridge", "gramian", "center",
-                                          "stats_share", "count_share", "mean_share", "gram_share", "irls_iters",
-                                          "huber_delta", "fit_bias")}
-        params["select"] = "auto" if s["select"] else "off"
+        params = {key: getattr(s, key) for key in MODEL_PARAMETERS}
+        params["select"] = "auto" if s.select else "off"
         info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": store.n_items, "n_items_with_factors": int(keep.sum()),
                 "parameters": params,
                 "resumed_from_iteration": run.start - 1 if run.start > 1 else None, "run_id": run.run_id,
                 "run_directory": None if run.own_dir else run.dir,
-                "ridge": s["ridge"], "rating_range": {"min": s["rating_min"], "max": s["rating_max"]}}
+                "ridge": s.ridge, "rating_range": {"min": s.rating_min, "max": s.rating_max}}
         if self.irls:
-            info["local_huber"] = {"delta": s["huber_delta"], "irls_iters": s["irls_iters"]}
-        info["ridge"] = s["ridge"] if math.isinf(lam) else lam
+            info["local_huber"] = {"delta": s.huber_delta, "irls_iters": s.irls_iters}
+        info["ridge"] = s.ridge if math.isinf(lam) else lam
         info["local_user_bias"] = not math.isinf(lam)
         info["factors_released"] = kind == "factors" and bool(np.any(V))
         info["iterations_run"] = len(history) + (run.start - 1)
-        if s["select"]:
+        if s.select:
             info["selection"] = self._selection_info(s, kind, lam, losses)
-        if s.get("profile") is not None:
-            info["user_profile"] = s["profile"].to_dict()
+        if s.profile is not None:
+            info["user_profile"] = s.profile.to_dict()
         return Fitted(item_factors=np.asarray(V, np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
                       owner={"users_clipped_by_iteration": list(history)},
@@ -997,7 +1081,7 @@ def _selection_can_pay(release, s, n_users: int) -> bool:
     at epsilon 0.5 to 2 it cannot (the default stands anyway), and the budget it would take
     goes back to the other releases.
     """
-    h = s["half_range"]
+    h = s.half_range
     return MARGIN * _std(release) <= SELECT_USEFUL * h * h * n_users
 
 
@@ -1011,18 +1095,18 @@ def _training(block, s, seed, factors: bool = False):
     8% worse in test MSE. The biases are fitted on every rating (one rating's pull on a noisy,
     clipped item mean is small, and holding ratings out of them costs the release accuracy).
     """
-    if not s["select"] or (s["private"] and not factors):
+    if not s.select or (s.private and not factors):
         return block.indptr, block.items, block.ratings
     return holdout(block.indptr, block.items, block.ratings, block.first_user, seed % (1 << 64))[0]
 
 
 def _weights_text(s) -> str:
-    if s["sampling"] == "adaptive":
-        e = s["adaptive_exponent"]
-        base = "n_j^mu / norm over the user's items" if e != 0 else "1 / sqrt(n_i)" if s["norm"] == "l2" else "1/n_i"
+    if s.sampling == "adaptive":
+        e = s.adaptive_exponent
+        base = "n_j^mu / norm over the user's items" if e != 0 else "1 / sqrt(n_i)" if s.norm == "l2" else "1/n_i"
         return (f"adaptive (mu = {e:g}): every rating, c_ij proportional to {base}, "
-                f"||c_i||_{s['norm'][1]} = {'sqrt(tau)' if s['norm'] == 'l2' else 'tau'}")
-    return f"{s['sampling']}: weight 1 on at most tau = {s['tau']} ratings per user"
+                f"||c_i||_{s.norm[1]} = {'sqrt(tau)' if s.norm == 'l2' else 'tau'}")
+    return f"{s.sampling}: weight 1 on at most tau = {s.tau} ratings per user"
 
 
 def _std(release) -> float:
@@ -1064,7 +1148,7 @@ class ALS(_AlsBase):
 
     name = "als"
     SUMMARY = "private alternating least squares, DP-ALS (Chien et al. 2021) with Gaussian/Laplace/Huber noise"
-    OPTIONS = OPTIONS_COMMON
+    Options = AlsOptions
 
 
 @register
@@ -1073,7 +1157,7 @@ class IRLS(_AlsBase):
 
     name = "irls"
     SUMMARY = "ALS with Huber-loss IRLS user solves (the Huber-mechanism paper's R-IRLS), same item side"
-    OPTIONS = OPTIONS_COMMON + OPTIONS_IRLS
+    Options = IrlsOptions
     irls = True
 
 
@@ -1089,15 +1173,9 @@ class PrivateMeans(_AlsBase):
 
     name = "means"
     SUMMARY = "private global mean and item means only: the private item-mean baseline"
-    OPTIONS = tuple(o for o in OPTIONS_COMMON if o.name in (
-        "mechanism", "huber_transition", "sampling", "tau", "bias_clip", "center", "count_share", "mean_share",
-        "stats_share", "select")) + (
-        Option("user_intercept", bool, "each user's own intercept in the local prediction (off: the item-mean "
-               "baseline itself)", default=False),
-    )
+    Options = MeansOptions
     FIXED_ITERS = 0
-    #: Without a user intercept the global mean's noise is in every prediction: on ML-100K (943 users) at
-    #: epsilon 0.5 the share 0.005 gave 1.140 +- 0.031 (6 seeds), worse than the non-private global mean
-    #: (1.121); 0.03 gave 1.119 +- 0.009, 0.1 1.118 +- 0.005; at epsilon 2 1.092 / 1.090 / 1.092;
-    #: FilmTrust within 0.0015 of each other at both.
-    MEAN_SHARE = 0.03
+
+    def _factor_options(self) -> AlsOptions:
+        """No factor iterations run: als' defaults (the settings and model.json list them as for als)."""
+        return AlsOptions()

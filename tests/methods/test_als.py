@@ -115,7 +115,7 @@ def test_private_ledger_lists_every_release_with_its_sensitivity(small_store):
     assert led.guarantee == "user-level (epsilon, delta)-DP" and led.accounting.epsilon <= 1.0
     rel = led.bounds["releases"]
     s = m.settings(small_store)
-    tau, D, R, c = s["tau"], s["clip"], s["residual_clip"], s["bias_clip"]
+    tau, D, R, c = s.tau, s.clip, s.residual_clip, s.bias_clip
     by = {e["release"].split(" ")[0] + " " + e["release"].split(" ")[1]: e for e in rel}
     assert by["item right-hand"]["sensitivity"] == pytest.approx(R * D * math.sqrt(tau))
     assert by["item right-hand"]["count"] == 2 and by["item right-hand"]["shape"] == [small_store.n_items, 4]
@@ -260,12 +260,12 @@ def test_issue_store_epsilon_1_closes_most_of_the_gap(tmp_path):
 
 @pytest.mark.realdata
 def test_means_is_not_worse_than_the_global_mean_on_ml100k(tmp_path):
-    """The private global mean gets ``MEAN_SHARE`` 0.03 of a ``means`` run: at epsilon 0.5 on ML-100K the mean of 4
+    """The private global mean gets ``--mean-share`` 0.03 of a ``means`` run: at epsilon 0.5 on ML-100K the mean of 4
     seeds stays within 0.005 of the non-private global mean (measured 1.119 against 1.121; 0.005 gave 1.140)."""
     import streamdp
-    from streamdp.methods.als import ALS, PrivateMeans
+    from streamdp.methods.als import AlsOptions, MeansOptions
 
-    assert PrivateMeans.MEAN_SHARE == 0.03 and ALS.MEAN_SHARE == 0.005
+    assert MeansOptions().mean_share == 0.03 and AlsOptions().mean_share == 0.005
     st = _real_store(tmp_path, "ml-100k")
     runs = [streamdp.train(st, method="means", epsilon=0.5, seed=s, over_budget=True).summary for s in range(4)]
     assert np.mean([r["test_rmse"] for r in runs]) <= runs[0]["baselines"]["global_mean"]["rmse"] + 0.005

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from streamdp.cli import main
 from streamdp.errors import ParameterError
 from streamdp.methods import METHODS, _load_builtin
-from streamdp.methods.base import RunSettings
 from streamdp.catalog import CATALOG, GUARANTEE_KINDS, default_rank, guarantee_kind
+from streamdp.methods.base import RunSettings
 from streamdp.methods.options import merge_options
 
 _load_builtin()
