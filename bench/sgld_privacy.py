@@ -144,11 +144,11 @@ def netflix(a):
     extra = json.loads(a.sgld_options) if a.sgld_options else {}
     done = json.load(open(a.results)) if a.results and os.path.exists(a.results) else []
 
-    def key(method, eps, seed):
-        return [method, str(eps), seed, extra if method == "sgld" else {}, store.n_users]
+    def key(method, eps, seed, opts):
+        return [method, str(eps), seed, extra if method == "sgld" else {}, store.n_users, opts.get("epochs")]
 
     def run(method, eps, seed, opts):
-        hit = [r for r in done if r["key"] == key(method, eps, seed)]
+        hit = [r for r in done if r["key"] == key(method, eps, seed, opts)]
         if hit:
             return hit[0]
         from streamdp.methods import get_method
@@ -164,7 +164,7 @@ def netflix(a):
             ev = evaluate_model(out, store, workers=a.workers)
         finally:
             shutil.rmtree(os.path.dirname(out), ignore_errors=True)
-        r = {"key": key(method, eps, seed), "rmse": ev["rmse"], "item_mean": ev["baselines"]["item_mean"]["rmse"],
+        r = {"key": key(method, eps, seed, opts), "rmse": ev["rmse"], "item_mean": ev["baselines"]["item_mean"]["rmse"],
              "global_mean": ev["baselines"]["global_mean"]["rmse"], "seconds": round(time.perf_counter() - t, 1)}
         print(f"  {method} epsilon={eps:g} seed={seed}: test RMSE {r['rmse']:.4f} ({r['seconds']:.0f}s)",
               file=sys.stderr, flush=True)
@@ -176,7 +176,7 @@ def netflix(a):
         return r
 
     try:
-        sgd = run("sgd", math.inf, 0, dict(epochs=a.epochs))
+        sgd = run("sgd", math.inf, 0, dict(epochs=a.sgd_epochs))
         als = run("als", math.inf, 0, {}) if not a.skip_als else None
         rows = []
         for eps in [float(x) for x in a.epsilons.split(",")]:
@@ -187,7 +187,7 @@ def netflix(a):
             shutil.rmtree(tmp, ignore_errors=True)
     item = sgd["item_mean"]
     print(f"\n### Netflix-shaped store: {store.n_users:,} users x {store.n_items:,} items, {store.n_ratings:,} train / "
-          f"{store.n_test:,} test ratings; rank {a.rank}, {a.epochs} epochs; sgld options {extra or 'defaults'}\n")
+          f"{store.n_test:,} test ratings; rank {a.rank}, sgld {a.epochs} epochs (sgd {a.sgd_epochs}); sgld options {extra or 'defaults'}\n")
     print("| epsilon | sgld test RMSE, median (min-max) | seeds | item mean | sgd (non-private) | als (non-private) |")
     print("|---|---|---|---|---|---|")
     for eps, med, lo, hi, n in rows:
@@ -242,6 +242,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--sgd-epochs", type=int, default=20, help="--netflix: epochs of the non-private sgd line")
     ap.add_argument("--tau", type=int, default=100)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--posterior-scale", choices=["paper", "tight"], default="tight")
