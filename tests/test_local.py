@@ -35,6 +35,19 @@ def test_solve_user_matches_numpy():
     np.testing.assert_allclose(solve_user(m, items, r), ref_b, rtol=1e-5)
 
 
+def test_every_method_declares_a_local_solver_this_module_runs():
+    """``Method.LOCAL_SOLVER`` is what a method writes as ``model.json``'s ``local``: a kind :func:`solve_block`
+    dispatches on."""
+    from streamdp.local import LOCAL_KINDS
+    from streamdp.methods import METHODS, load_builtin
+    from streamdp.methods.lowrank import LowRank
+
+    load_builtin()
+    solvers = {name: cls.LOCAL_SOLVER for name, cls in {**METHODS, "lowrank": LowRank}.items()}
+    assert set(solvers.values()) <= set(LOCAL_KINDS)
+    assert solvers["fw"] == "frank_wolfe" and solvers["svd"] == "projection" and solvers["oja"] == "ridge"
+
+
 def test_recommend_excludes_seen_and_sorts():
     m = _model()
     items = np.array([0, 1, 2])

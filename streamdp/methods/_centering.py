@@ -13,18 +13,17 @@ docstring.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from streamdp.errors import ParameterError
 from streamdp.methods._biases import item_biases
+from streamdp.methods.base import RunSettings
+from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.release import Share
 from streamdp.stream.engine import add_into as _add
-
-#: ``--center`` choices: the private mean and biases, or the public midpoint.
-CENTERS = ("private", "midpoint")
-
 
 #: Share of the Gaussian budget (in sum of 1/z^2) given to the private item biases.
 STATS_SHARE = 0.1
@@ -117,49 +116,84 @@ def private_center(store, engine, *, center: str, rating_min: float, rating_max:
     return mu, bias, C, sigma
 
 
-def center_settings(center: str, n_users: int, n_items: int, epsilon: float) -> dict:
-    """``center`` and the budget shares ``(stats_share, mean_share)`` of the private centring (``fw``, ``svd``).
+@dataclass(frozen=True)
+class CenterOptions(MethodOptions):
+    """The option of a method that centres privately (``oja``, ``fw``, ``svd``): ``--center``."""
+
+    center: Literal["private", "midpoint"] = option(
+        "private: centre on a private global mean and item biases, released first (McSherry-Mironov's cleansing); "
+        "midpoint: the public midpoint of the rating range, no release", default="private")
+
+
+@dataclass(frozen=True)
+class CenterSettings(RunSettings):
+    """The resolved centring of a run: the declared rating range, ``--center`` and the two budget shares."""
+
+    rating_min: float
+    rating_max: float
+    #: The public midpoint of the rating range.
+    mid: float
+    center: str
+    #: Share of the Gaussian budget (in sum of 1/z^2) of the item biases' release; 0 with the midpoint.
+    stats_share: float
+    #: Share of the global mean's release; 0 with the midpoint.
+    mean_share: float
+
+
+def center_settings(opts: CenterOptions, store, epsilon: float, rank: int = 1) -> dict:
+    """The :class:`CenterSettings` fields of a run on ``store`` (keywords for a method's settings class).
 
     ``--center private`` (default) spends the shares of :func:`default_shares`
-    (public parameters only: ``n_users``, ``n_items``, epsilon; rank 1, each release is one
-    direction) on a private global mean and item biases, released before anything else
-    exactly as ``--method oja`` does; ``midpoint`` centres on the public midpoint (no
-    release, the paper's unnormalised ``[-1, 1]`` data).
+    (public parameters only: ``n_users``, ``n_items``, epsilon and ``rank``; ``fw`` and
+    ``svd`` take rank 1, each of their releases being one direction) on a private
+    global mean and item biases, released before anything else; ``midpoint`` centres on
+    the public midpoint (no release, the paper's unnormalised ``[-1, 1]`` data).
 
-    >>> [tuple(center_settings("private", m, 400, 1.0).values()) for m in (500_000, 943)]
-    [('private', 0.1, 0.05), ('private', 0.5133, 0.0776)]
+    >>> from types import SimpleNamespace as NS
+    >>> opts = CenterOptions.build({})
+    >>> [center_settings(opts, NS(n_users=m, n_items=400, rating_min=1, rating_max=5), 1.0)["stats_share"]
+    ...  for m in (500_000, 943)]
+    [0.1, 0.5133]
+    >>> center_settings(CenterOptions.build({"center": "midpoint"}), NS(rating_min=1, rating_max=5), 1.0)
+    {'rating_min': 1.0, 'rating_max': 5.0, 'mid': 3.0, 'center': 'midpoint', 'stats_share': 0.0, 'mean_share': 0.0}
     """
-    if center not in CENTERS:
-        raise ParameterError(f"--center: expected one of {', '.join(CENTERS)}, got {center!r}")
-    if center == "midpoint":
-        return dict(center=center, stats_share=0.0, mean_share=0.0)
-    f, g = default_shares(n_users, n_items, 1, epsilon)
-    return dict(center=center, stats_share=f, mean_share=g)
+    lo, hi = float(store.rating_min), float(store.rating_max)
+    f, g = default_shares(store.n_users, store.n_items, rank, epsilon) if opts.center == "private" else (0.0, 0.0)
+    return dict(rating_min=lo, rating_max=hi, mid=(lo + hi) / 2.0, center=opts.center, stats_share=f, mean_share=g)
 
 
-def settings_shares(s: dict, n_items: int) -> list:
+def settings_shares(s: CenterSettings, n_items: int) -> list:
     """The private centring's releases (:func:`center_shares`) of settings ``s``; none for the midpoint."""
-    if s["center"] != "private":
+    if s.center != "private":
         return []
-    return center_shares(s["stats_share"], s["mean_share"], s["rating_min"], s["rating_max"], n_items)
+    return center_shares(s.stats_share, s.mean_share, s.rating_min, s.rating_max, n_items)
 
 
-def centering_text(s: dict) -> str:
+def centering_text(s: CenterSettings) -> str:
     """The ledger's ``centering`` bound."""
-    if s["center"] == "private":
+    if s.center == "private":
         return ("private global mean and item biases (item sums/weights with w_i = min(1, 1/sqrt(n_i)), mean of "
                 "user means; released first, as --method oja)")
-    return f"public midpoint {s['mid']:g} of the declared rating range"
+    return f"public midpoint {s.mid:g} of the declared rating range"
 
 
-def settings_center(method, store, engine, s: dict, rng) -> tuple[float, np.ndarray]:
+def center_releases(method, plan) -> tuple:
+    """``(stats, mean)``: the centring's two calibrated releases of ``plan`` (the two after the first), or
+    ``(None, None)`` for a non-private run or the midpoint."""
+    if method.private and plan.settings.center == "private":
+        return tuple(plan.releases[1:3])
+    return None, None
+
+
+def settings_center(method, store, engine, plan, rng) -> tuple[float, np.ndarray]:
     """``(mu, b)``: the private (non-private: exact) global mean and item biases, or ``(mid, 0)`` (``fw``, ``svd``).
 
-    :func:`private_center` with this run's centring releases (the two after the
-    first, :func:`settings_shares`). The biases are rounded to float32, as the model
-    stores them, so that the training and the users' devices centre alike.
+    :func:`private_center` with this run's centring releases (:func:`center_releases`).
+    The biases are rounded to float32, as the model stores them, so that the training and the
+    users' devices centre alike.
     """
-    stats, mean = s["releases"][1:3] if method.private and s["center"] == "private" else (None, None)
-    mu, bias, _, _ = private_center(store, engine, center=s["center"], rating_min=s["rating_min"],
-                            rating_max=s["rating_max"], stats=stats, mean=mean, rng=rng)
+    s = plan.settings
+    stats, mean = center_releases(method, plan)
+    mu, bias, _, _ = private_center(store, engine, center=s.center, rating_min=s.rating_min,
+                                    rating_max=s.rating_max, stats=stats, mean=mean, rng=rng)
     return float(mu), np.asarray(bias, np.float32).astype(np.float64)

@@ -124,6 +124,11 @@ class Method:
     OPTIONS: ClassVar[tuple] = ()
     #: One line for ``streamdp train --help`` and ``streamdp methods``.
     SUMMARY: ClassVar[str] = ""
+    #: The computation a user runs on her device from the model (``model.json``'s ``local``, one of
+    #: :data:`streamdp.local.LOCAL_KINDS`): ``ridge`` (default, the key is then left out), ``frank_wolfe``...
+    LOCAL_SOLVER: ClassVar[str] = "ridge"
+    #: Whether ``--rank`` is a number of factors (so at most ``n_items``); ``fw``'s is its number of iterations.
+    RANK_IS_FACTORS: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

@@ -159,6 +159,8 @@ Centring and noisy directions (added after the Figure 2 runs)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -166,11 +168,12 @@ from streamdp.errors import ParameterError
 from streamdp.kernels.fw import fw_step
 from streamdp.kernels.linalg import gram_apply, predict_rows, residuals
 from streamdp.methods import register
-from streamdp.methods._centering import CENTERS, center_settings, centering_text, settings_center, settings_shares
+from streamdp.methods._centering import (CenterOptions, CenterSettings, center_settings, centering_text,
+                                         settings_center, settings_shares)
 from streamdp.methods._notes import joint_dp_notes
 from streamdp.methods._subspace import canonical_signs
 from streamdp.methods.base import Fitted, Method, Plan
-from streamdp.methods.options import Option
+from streamdp.methods.options import option
 from streamdp.privacy import paper_sigma_jain
 from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.ledger import GUARANTEE_JOINT_DP
@@ -182,10 +185,15 @@ RNG_KEY = 0x0F3A
 _INIT, _PASS = 1, 2
 #: Failure probability of the eigenvalue inflation (Alg. 1's beta).
 BETA = 0.1
-STEPS = ("fixed", "decay")
-CALIBRATIONS = ("pld", "paper")
 _CENTER = 3
-_POS = dict(minimum=0, exclusive_minimum=True)
+#: Default number of Frank-Wolfe iterations ``T`` (``--rank``).
+DEFAULT_T = 30
+#: Fraction of the public nuclear-norm bound ``h sqrt(m n)`` used as ``k``.
+K_FRACTION = 1.0
+#: ``L`` as a fraction of half the rating range ``h`` (see the module docstring).
+CLIP_FRACTION = 0.5
+#: Scale each private atom by the released pass's estimated signal share (see the module docstring).
+SNR_SHRINK = True
 
 
 def step_sizes(T: int, rule: str) -> np.ndarray:
@@ -199,14 +207,17 @@ def step_sizes(T: int, rule: str) -> np.ndarray:
     return 2.0 / (np.arange(1, T + 1) + 1.0)
 
 
-def default_settings(n_users: int, n_items: int, epsilon: float, half_range: float) -> dict:
-    """Defaults from public parameters only (``n_users``, ``n_items``, epsilon, the declared range).
+def default_nuclear_norm(n_users: int, n_items: int, half_range: float) -> float:
+    """The default ``k`` from public parameters only (``n_users``, ``n_items``, the declared range).
 
-    ``k``: a rank-one matrix with entries bounded by ``h`` (half the rating range) has
+    A rank-one matrix with entries bounded by ``h`` (half the rating range) has
     nuclear norm ``||Y||_* = ||Y||_F <= h sqrt(m n)`` (Corollary 3.1's regime, Remark 1:
     ``k = O(sqrt(m n))``); ``k = K_FRACTION h sqrt(m n)``.
+
+    >>> default_nuclear_norm(400, 100, 2.0)
+    400.0
     """
-    return dict(k=K_FRACTION * half_range * math.sqrt(n_users * n_items))
+    return K_FRACTION * half_range * math.sqrt(n_users * n_items)
 
 
 def _power_pass(engine, d, values_of, rng, release, desc, extra):
@@ -239,10 +250,46 @@ def passes_in(t: int, P: int) -> int:
     return P + 1 if t == 1 else P
 
 
-#: Fraction of the public nuclear-norm bound ``h sqrt(m n)`` used as ``k``.
-K_FRACTION = 1.0
-#: ``L`` as a fraction of half the rating range ``h`` (see the module docstring).
-CLIP_FRACTION = 0.5
+@dataclass(frozen=True)
+class FWOptions(CenterOptions):
+    """``--method fw``'s options (``None``: derived from public parameters, see the module docstring)."""
+
+    passes: int | None = option("noisy power passes per Frank-Wolfe iteration (each one Gaussian release)",
+                                minimum=1, default_text="2 private, 4 non-private")
+    clip: float | None = option("L2 bound L of a user's residual row in the global sum (sensitivity L^2)",
+                                default_text="a quarter of the rating range private, none non-private", minimum=0,
+                                exclusive_minimum=True)
+    nuclear_norm: float | None = option("nuclear-norm bound k of the completed matrix",
+                                        default_text="half the rating range x sqrt(n_users n_items)", minimum=0,
+                                        exclusive_minimum=True)
+    step: Literal["fixed", "decay"] = option("fixed: eta = 1/T (Alg. 1); decay: eta_t = 2/(t+1)", default="fixed")
+    project: bool = option("scale each user's row so her predictions at her rated items have RMS <= half the "
+                           "rating range (Alg. 1's Pi_{L,Omega})", default=True)
+    calibration: Literal["pld", "paper"] = option(
+        "pld: tight accountant; paper: Jain et al. Alg. 1 sigma, for comparison", default="pld")
+    checkpoint: str | None = option("run directory: per-iteration checkpoints (noisy iterates: counted as "
+                                    "released, never refunded; keep it private); resumes if it holds one",
+                                    metavar="DIR")
+
+
+@dataclass(frozen=True)
+class FWSettings(CenterSettings):
+    """A run's resolved settings (all of them enter the checkpoint's fingerprint)."""
+
+    #: Frank-Wolfe iterations (``--rank``).
+    T: int
+    half_range: float
+    passes: int
+    clip: float
+    #: The nuclear-norm bound.
+    k: float
+    step: str
+    project: bool
+    #: RMS bound of a user's predictions at her items (``inf``: ``--no-project``).
+    bound: float
+    calibration: str
+    #: The public step sizes ``eta_1..eta_T`` (:func:`step_sizes`).
+    eta: tuple
 
 
 @register
@@ -252,23 +299,9 @@ class PrivateFrankWolfe(Method):
     name = "fw"
     SUMMARY = ("private Frank-Wolfe matrix completion (Jain et al. 2018, Alg. 1): noisy top eigenvector per "
                "iteration, users' rank-one updates local; joint DP")
-    OPTIONS = (
-        Option("passes", int, "noisy power passes per Frank-Wolfe iteration (each one Gaussian release)", minimum=1,
-               default_text="2 private, 4 non-private"),
-        Option("clip", float, "L2 bound L of a user's residual row in the global sum (sensitivity L^2)",
-               default_text="a quarter of the rating range private, none non-private", **_POS),
-        Option("nuclear_norm", float, "nuclear-norm bound k of the completed matrix",
-               default_text="half the rating range x sqrt(n_users n_items)", **_POS),
-        Option("step", STEPS, "fixed: eta = 1/T (Alg. 1); decay: eta_t = 2/(t+1)", default="fixed"),
-        Option("project", bool, "scale each user's row so her predictions at her rated items have RMS <= half the "
-               "rating range (Alg. 1's Pi_{L,Omega})", default=True),
-        Option("calibration", CALIBRATIONS, "pld: tight accountant; paper: Jain et al. Alg. 1 sigma, for comparison",
-               default="pld"),
-        Option("center", CENTERS, "private: centre on a private global mean and item biases (released first); "
-               "midpoint: the public midpoint of the rating range", default="private"),
-        Option("checkpoint", str, "run directory: per-iteration checkpoints (noisy iterates: counted as "
-               "released, never refunded; keep it private); resumes if it holds one", metavar="DIR"),
-    )
+    Options = FWOptions
+    LOCAL_SOLVER = "frank_wolfe"
+    RANK_IS_FACTORS = False
     guarantee = GUARANTEE_JOINT_DP
 
     def default_rank(self) -> int:
@@ -276,45 +309,39 @@ class PrivateFrankWolfe(Method):
         return DEFAULT_T
 
     # -- settings ----------------------------------------------------------------------
-    def settings(self, store) -> dict:
-        o = self.options
-        lo, hi = float(store.rating_min), float(store.rating_max)
-        h = (hi - lo) / 2.0
-        d = default_settings(store.n_users, store.n_items, self.epsilon, h)
-        T = self.rank
-        s = dict(T=T, rating_min=lo, rating_max=hi, half_range=h, mid=(lo + hi) / 2.0)
-        s["passes"] = int(o.get("passes", 2 if self.private else 4))
-        s["clip"] = float(o.get("clip", CLIP_FRACTION * h if self.private else math.inf))
-        s["k"] = float(o.get("nuclear_norm", d["k"]))
-        s["step"] = o.get("step", "fixed")
-        s["project"] = bool(o.get("project", True))
-        s["bound"] = h if s["project"] else math.inf
-        s["calibration"] = o.get("calibration", "pld")
-        s["eta"] = step_sizes(T, s["step"])
-        s.update(center_settings(o.get("center", "private"), store.n_users, store.n_items, self.epsilon))
-        return s
+    def settings(self, store) -> FWSettings:
+        """All parameters of a run on ``store``, defaults resolved from public parameters."""
+        o = self.opts
+        c = center_settings(o, store, self.epsilon)
+        h = (c["rating_max"] - c["rating_min"]) / 2.0
+        default_passes, default_clip = (2, CLIP_FRACTION * h) if self.private else (4, math.inf)
+        return FWSettings(**c, T=self.rank, half_range=h, passes=o.passes if o.passes is not None else default_passes,
+                          clip=o.clip if o.clip is not None else default_clip,
+                          k=(o.nuclear_norm if o.nuclear_norm is not None
+                             else default_nuclear_norm(store.n_users, store.n_items, h)),
+                          step=o.step, project=o.project, bound=h if o.project else math.inf,
+                          calibration=o.calibration, eta=tuple(step_sizes(self.rank, o.step).tolist()))
 
     # -- privacy plan ------------------------------------------------------------------
     def _plan(self, store) -> Plan:
         s = self.settings(store)
-        T, P, L = s["T"], s["passes"], s["clip"]
-        bounds = {"clip_L": L, "nuclear_norm_k": s["k"], "projection_rms_bound": s["bound"],
-                  "rating_min": s["rating_min"], "rating_max": s["rating_max"],
+        T, P, L = s.T, s.passes, s.clip
+        bounds = {"clip_L": L, "nuclear_norm_k": s.k, "projection_rms_bound": s.bound,
+                  "rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"),
                   "centering": centering_text(s)}
         if not self.private:
             entries = [{"release": "Frank-Wolfe basis v_t and eigenvalues lambda_t", "mechanism": "none (non-private)",
                         "iterations": T, "passes_per_iteration": P}]
-            return Plan(events=[], entries=entries, params={**s, "bounds": bounds, "release": None,
-                                                            "releases": None})
+            return Plan(events=[], entries=entries, settings=s, bounds=bounds)
         if not math.isfinite(L):
             raise ParameterError("--clip must be finite for a private run")
         count = sum(passes_in(t, P) for t in range(1, T + 1))
-        f, g = s["stats_share"], s["mean_share"]
+        f, g = s.stats_share, s.mean_share
         what = ("W_t v + g per power pass: users' residual rows clipped to L (one Gaussian per pass; T iterations x "
                 "P passes, one more in the first)")
         centre = settings_shares(s, store.n_items)
-        if s["calibration"] == "paper":
+        if s.calibration == "paper":
             # Alg. 1's sigma on the power passes exactly; the centring (not in the paper) at the same budget scalar
             z = paper_sigma_jain(self.epsilon, self.delta, count=count, which="alg1") / math.sqrt(count)
             releases = [Share(what, "gaussian", L * L, 1.0, count=count, shape=(store.n_items, 1)).at(z)]
@@ -324,12 +351,12 @@ class PrivateFrankWolfe(Method):
             releases = calibrate_releases([share] + centre, self.epsilon, self.delta)
         release = releases[0]
         entry = release.entry()
-        entry.update(iterations=T, passes_per_iteration=P, calibration=s["calibration"])
+        entry.update(iterations=T, passes_per_iteration=P, calibration=s.calibration)
         entries = [entry] + [r.entry() for r in releases[1:]] + [
             {"release": "eigenvalues lambda_t (Ritz value of each iteration's last pass, inflated by the noise bound, "
                         "divided by the pass's estimated signal share)", "mechanism": "post-processing", "count": 0}]
-        return Plan(events=[r.event() for r in releases], entries=entries,
-                    params={**s, "bounds": bounds, "release": release, "releases": releases})
+        return Plan(events=[r.event() for r in releases], entries=entries, settings=s, bounds=bounds,
+                    releases=releases)
 
     def state_bytes(self, store) -> int:
         """Item-side memory: the basis ``V`` (``n_items x T``), the power vectors and their partial sums."""
@@ -344,9 +371,9 @@ class PrivateFrankWolfe(Method):
 
     def _fit(self, store, engine, run, plan) -> Fitted:
 
-        s = plan.params
-        n, T, P = store.n_items, s["T"], s["passes"]
-        release = s["release"]
+        s = plan.settings
+        n, T, P = store.n_items, s.T, s.passes
+        release = plan.releases[0] if plan.releases else None
         sigma = release.scale if release is not None else 0.0
         tail = sigma * math.sqrt(2.0 * math.log(1.0 / BETA))  # lambda^2's noise d . g ~ N(0, sigma^2), 1 - beta
         ck = run.checkpoint
@@ -354,7 +381,7 @@ class PrivateFrankWolfe(Method):
             V, lam, v = ck["basis"].copy(), ck["lam"].copy(), ck["v"].copy()
             mu, bias = float(ck["mu"]), ck["bias"].copy()
         else:
-            mu, bias = settings_center(self, store, engine, s, run.rng(_CENTER, 0))
+            mu, bias = settings_center(self, store, engine, plan, run.rng(_CENTER, 0))
             V = np.zeros((n, T))
             lam = np.zeros(T)
             v = run.rng(_INIT, 0).standard_normal((n, 1))
@@ -391,8 +418,7 @@ class PrivateFrankWolfe(Method):
         ``v_{t-1}, lambda_{t-1}``) from the coefficients in slot ``(t - 2) % 2`` and
         writes them to slot ``(t - 1) % 2``; later passes read that slot.
         """
-        L, k, bound = s["clip"], s["k"], s["bound"]
-        eta = s["eta"]
+        L, k, bound, eta = s.clip, s.k, s.bound, s.eta
         zero_bias = np.zeros(V.shape[0])
         bias = np.ascontiguousarray(bias, dtype=np.float64)
         Vt = np.ascontiguousarray(V[:, :t - 1]) if t > 1 else None
@@ -406,7 +432,7 @@ class PrivateFrankWolfe(Method):
             if t == 1:
                 resid = -x
             elif p == 0:
-                C_in = state[(t - 2) % 2].read(b) if t > 2 else np.zeros((block.n_users, s["T"]))
+                C_in = state[(t - 2) % 2].read(b) if t > 2 else np.zeros((block.n_users, s.T))
                 C_out = np.empty_like(C_in)
                 resid = np.empty(block.nnz, np.float64)
                 fw_step(ip, it, x, C_in, Vc, t - 2, float(lam[t - 2]), float(eta[t - 2]), k, L, bound, C_out, resid)
@@ -422,30 +448,24 @@ class PrivateFrankWolfe(Method):
 
     # -- the released model --------------------------------------------------------------
     def _fitted(self, store, plan, run, V, lam, mu, bias) -> Fitted:
-        s = plan.params
+        s = plan.settings
         ledger = self.ledger(store, plan, notes=joint_dp_notes(
-            self, s, "the released basis v_1..v_T and eigenvalues lambda_1..lambda_T are user-level (epsilon, "
-            "delta)-DP; each user's completed row is computed on her device from them and her own ratings (Jain et "
-            "al. 2018, Alg. 1's local component)"))
-        params = {key: s[key] for key in ("T", "passes", "clip", "k", "step", "project", "bound", "calibration",
-                                          "center", "stats_share", "mean_share")}
-        info = {"method": self.name, "rank": s["T"], "epsilon": self.epsilon if self.private else "inf",
+            self, plan.bounds, "the released basis v_1..v_T and eigenvalues lambda_1..lambda_T are user-level "
+            "(epsilon, delta)-DP; each user's completed row is computed on her device from them and her own ratings "
+            "(Jain et al. 2018, Alg. 1's local component)"))
+        params = {key: getattr(s, key) for key in ("T", "passes", "clip", "k", "step", "project", "bound",
+                                                   "calibration", "center", "stats_share", "mean_share")}
+        info = {"method": self.name, "rank": s.T, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": store.n_items, "parameters": params,
-                "local": "frank_wolfe", "local_user_bias": False,
-                "local_fw": {"k": s["k"], "clip": s["clip"] if math.isfinite(s["clip"]) else None,
-                             "bound": s["bound"] if math.isfinite(s["bound"]) else None},
+                "local": self.LOCAL_SOLVER, "local_user_bias": False,
+                "local_fw": {"k": s.k, "clip": s.clip if math.isfinite(s.clip) else None,
+                             "bound": s.bound if math.isfinite(s.bound) else None},
                 "item_factors": "the released Frank-Wolfe basis v_1..v_T (columns); a user's row is c_i V^T with "
                                 "c_i from her local steps (streamdp.local.fw_local_rows)",
                 "resumed_from_iteration": run.start - 1 if run.start > 1 else None, "run_id": run.run_id,
                 "run_directory": None if run.own_dir else run.dir,
-                "rating_range": {"min": s["rating_min"], "max": s["rating_max"]}}
+                "rating_range": {"min": s.rating_min, "max": s.rating_max}}
         return Fitted(item_factors=V.astype(np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
-                      extras={"fw_lambda": np.asarray(lam, np.float64), "fw_eta": np.asarray(s["eta"], np.float64)})
-
-
-#: Scale each private atom by the released pass's estimated signal share (see the module docstring).
-SNR_SHRINK = True
-#: Default number of Frank-Wolfe iterations ``T`` (``--rank``).
-DEFAULT_T = 30
+                      extras={"fw_lambda": np.asarray(lam, np.float64), "fw_eta": np.asarray(s.eta, np.float64)})

@@ -129,7 +129,7 @@ Decisions where the paper is loose or leaves a choice
    ``sqrt(k'/n)``: worse).
 
 Defaults (public parameters only) were measured with ``bench/lowrank.py``: see
-:data:`DEFAULT_SKETCH_SHARE`, :func:`default_oversampling`, :data:`DEFAULT_POWER_ITERS`.
+:class:`LowRankOptions` (``sketch_share``, ``power_iters``) and :func:`default_oversampling`.
 
 Measured (``bench/lowrank.py``, 2 seeds, k = 6, delta 1e-6; errors over ``||A||_F``)
 -----------------------------------------------------------------------------------
@@ -155,7 +155,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 from scipy.stats import chi2
@@ -163,19 +164,17 @@ from scipy.stats import chi2
 from streamdp.errors import ParameterError
 from streamdp.kernels.sketch import csr_matmul, csr_t_matmul
 from streamdp.methods._subspace import DEFAULT_RIDGE, residual_values, scaled_factors
-from streamdp.methods.base import Fitted, Method, Plan
-from streamdp.methods.options import Option
+from streamdp.methods.base import Fitted, Method, Plan, RunSettings
+from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import compose, epsilon_of, gaussian_event
 from streamdp.privacy.accountant import BOUNDED_ROW_CHANGE_RELATION
 from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.ledger import GUARANTEE_ROW_DP
 from streamdp.privacy.release import Share, calibrate_releases
-from streamdp.stream.driver import Run, fingerprint
 from streamdp.stream.engine import add_into as _add
 
-__all__ = ["LowRank", "MECHANISMS", "default_oversampling", "format_lowrank_summary"]
+__all__ = ["LowRank", "default_oversampling", "format_lowrank_summary"]
 
-MECHANISMS = ("measurements", "randomized-response")
 #: Key of this method's random families (:class:`streamdp.stream.driver.Run`).
 RNG_KEY = 0x10A4
 _OMEGA, _SKETCH, _PROJECTION, _RR_NOISE, _RR_START = 1, 2, 3, 4, 5
@@ -186,17 +185,6 @@ NOISE_GROUP_USERS = 256
 NOISE_CHUNK_BYTES = 16 << 20
 #: Sketch rows are clipped to ``L`` times the square root of this quantile of chi-square(k') (decision 1).
 SKETCH_QUANTILE = 0.95
-#: Share of the Gaussian budget (in ``sum 1/z^2``) given to the sketch; the rest goes to the projection.
-#: Measured (``bench/lowrank.py``, 20,000 x 200 low-coherence matrix, k = 6): the error of the local projection
-#: on the released basis at epsilon 2 / 4 / 16 was 0.655 / 0.310 / 0.111 with share 0.2, 0.630 / 0.274 / 0.110
-#: with 0.35, 0.644 / 0.264 / 0.109 with 0.5 and 0.326 (epsilon 4) with 0.8; 0.5 is also the best of these
-#: for the paper's rank-k output.
-DEFAULT_SKETCH_SHARE = 0.5
-#: Subspace-iteration passes of randomized response. Measured on a 5,000 x 1,000 low-coherence matrix at
-#: epsilon 16, k = 6: local-projection error 0.914 (3 passes), 0.631 (6), 0.473 (15): the noisy spectrum has
-#: a small gap, so randomized response needs many passes (each one regenerating ``n_users x n_items`` draws);
-#: ``bench/lowrank.py`` runs it with 20 so that the baseline is close to the exact truncated SVD.
-DEFAULT_POWER_ITERS = 10
 
 RELATION_COVERS = {
     "bounded_row_change": "covered: one user's clipped row changes by a vector of L2 norm <= L (the stated relation)",
@@ -277,6 +265,55 @@ def _orthonormalizer(G: np.ndarray) -> np.ndarray:
     return W[:, keep] / np.sqrt(lam[keep])
 
 
+@dataclass(frozen=True)
+class LowRankOptions(MethodOptions):
+    """``streamdp lowrank``'s options (``None``: derived from public parameters)."""
+
+    mechanism: Literal["measurements", "randomized-response"] = option(
+        "measurements: Gaussian measurements (Hardt & Roth); randomized-response: noise on every entry, then a "
+        "truncated SVD", default="measurements")
+    oversampling: int | None = option("extra sketch columns p (k' = k + p)", minimum=0, default_text="max(2, k)")
+    clip: float | None = option("row-norm bound L of the centred ratings", minimum=0, exclusive_minimum=True,
+                                default_text="half the rating range x sqrt 5")
+    #: Share of the Gaussian budget (in ``sum 1/z^2``) given to the sketch; the rest goes to the projection.
+    #: Measured (``bench/lowrank.py``, 20,000 x 200 low-coherence matrix, k = 6): the error of the local projection
+    #: on the released basis at epsilon 2 / 4 / 16 was 0.655 / 0.310 / 0.111 with share 0.2, 0.630 / 0.274 / 0.110
+    #: with 0.35, 0.644 / 0.264 / 0.109 with 0.5 and 0.326 (epsilon 4) with 0.8; 0.5 is also the best of these
+    #: for the paper's rank-k output.
+    sketch_share: float = option("share of the budget for the sketch (measurements)", minimum=0,
+                                 exclusive_minimum=True, maximum=1, default=0.5)
+    prune: float | None = option("clip the rows of Q to C sqrt(k'/n_users) before the projection (measurements)",
+                                 minimum=0, exclusive_minimum=True)
+    #: Subspace-iteration passes of randomized response. Measured on a 5,000 x 1,000 low-coherence matrix at
+    #: epsilon 16, k = 6: local-projection error 0.914 (3 passes), 0.631 (6), 0.473 (15): the noisy spectrum has
+    #: a small gap, so randomized response needs many passes (each one regenerating ``n_users x n_items`` draws);
+    #: ``bench/lowrank.py`` runs it with 20 so that the baseline is close to the exact truncated SVD.
+    power_iters: int = option("subspace-iteration passes (randomized-response)", minimum=1, default=10)
+
+
+@dataclass(frozen=True)
+class LowRankSettings(RunSettings):
+    """A run's resolved settings (the run's fingerprint covers them all)."""
+
+    mechanism: str
+    rank: int
+    oversampling: int
+    #: Sketch columns ``k' = k + p`` (at most ``n_items`` and ``n_users``).
+    columns: int
+    clip: float
+    #: The sketch rows' bound ``C`` (``inf`` non-private).
+    sketch_clip: float
+    sketch_quantile: float
+    sketch_share: float
+    prune: float | None
+    #: The rows' bound ``tau`` of ``Q`` (``inf``: no pruning).
+    prune_bound: float
+    power_iters: int
+    rating_min: float
+    rating_max: float
+    midpoint: float
+
+
 class LowRank(Method):
     """Private rank-``k`` approximation of the clipped rating matrix (see the module docstring).
 
@@ -288,75 +325,58 @@ class LowRank(Method):
 
     name = "lowrank"
     SUMMARY = "private low-rank approximation by Gaussian measurements (Hardt & Roth) or randomized response"
-    OPTIONS = (
-        Option("mechanism", MECHANISMS, "measurements: Gaussian measurements (Hardt & Roth); randomized-response: "
-               "noise on every entry, then a truncated SVD", default="measurements"),
-        Option("oversampling", int, "extra sketch columns p (k' = k + p)", minimum=0, default_text="max(2, k)"),
-        Option("clip", float, "row-norm bound L of the centred ratings", minimum=0, exclusive_minimum=True,
-               default_text="half the rating range x sqrt 5"),
-        Option("sketch_share", float, "share of the budget for the sketch (measurements)", minimum=0,
-               exclusive_minimum=True, maximum=1, default=DEFAULT_SKETCH_SHARE),
-        Option("prune", float, "clip the rows of Q to C sqrt(k'/n_users) before the projection (measurements)",
-               minimum=0, exclusive_minimum=True),
-        Option("power_iters", int, "subspace-iteration passes (randomized-response)", minimum=1,
-               default=DEFAULT_POWER_ITERS),
-    )
+    Options = LowRankOptions
     guarantee = GUARANTEE_ROW_DP
     relation = BOUNDED_ROW_CHANGE_RELATION
 
     # -- settings ----------------------------------------------------------------------
-    def settings(self, store) -> dict:
+    def settings(self, store) -> LowRankSettings:
         """All parameters of a run on ``store``, defaults resolved from public parameters."""
-        o = self.options
+        o = self.opts
         lo, hi = float(store.rating_min), float(store.rating_max)
-        half = (hi - lo) / 2.0
-        mechanism = o.get("mechanism", "measurements")
-        p = o.get("oversampling", default_oversampling(self.rank))
+        if o.mechanism == "measurements" and not o.sketch_share < 1.0:
+            raise ParameterError(f"--sketch-share must be < 1 (the projection needs a share too), got {o.sketch_share}")
+        p = o.oversampling if o.oversampling is not None else default_oversampling(self.rank)
         kp = int(min(self.rank + p, store.n_items, store.n_users))
-        clip = float(o.get("clip", half * math.sqrt(5.0)))
-        share = float(o.get("sketch_share", DEFAULT_SKETCH_SHARE))
-        if mechanism == "measurements" and not share < 1.0:
-            raise ParameterError(f"--sketch-share must be < 1 (the projection needs a share too), got {share}")
+        clip = o.clip if o.clip is not None else (hi - lo) / 2.0 * math.sqrt(5.0)
         C = clip * math.sqrt(chi2.ppf(SKETCH_QUANTILE, kp)) if self.private else math.inf
-        prune = o.get("prune")
-        tau = float(prune) * math.sqrt(kp / store.n_users) if prune is not None else math.inf
-        return dict(mechanism=mechanism, rank=self.rank, oversampling=kp - self.rank, columns=kp, clip=clip,
-                    sketch_clip=C, sketch_quantile=SKETCH_QUANTILE, sketch_share=share, prune=prune, prune_bound=tau,
-                    power_iters=int(o.get("power_iters", DEFAULT_POWER_ITERS)), rating_min=lo, rating_max=hi,
-                    midpoint=(lo + hi) / 2.0)
+        tau = o.prune * math.sqrt(kp / store.n_users) if o.prune is not None else math.inf
+        return LowRankSettings(mechanism=o.mechanism, rank=self.rank, oversampling=kp - self.rank, columns=kp,
+                               clip=clip, sketch_clip=C, sketch_quantile=SKETCH_QUANTILE, sketch_share=o.sketch_share,
+                               prune=o.prune, prune_bound=tau, power_iters=o.power_iters, rating_min=lo,
+                               rating_max=hi, midpoint=(lo + hi) / 2.0)
 
     # -- privacy plan ------------------------------------------------------------------
-    def _shares(self, store, s: dict) -> list:
-        m, n, kp, L = store.n_users, store.n_items, s["columns"], s["clip"]
-        if s["mechanism"] == "measurements":
+    def _shares(self, store, s: LowRankSettings) -> list:
+        m, n, kp, L = store.n_users, store.n_items, s.columns, s.clip
+        if s.mechanism == "measurements":
             return [Share("sketch rows clip(a_i Omega, C) + N1 (user side, never written: input of Q)", "gaussian",
-                          2.0 * s["sketch_clip"], s["sketch_share"], shape=(m, kp)),
+                          2.0 * s.sketch_clip, s.sketch_share, shape=(m, kp)),
                     Share("noisy projection Q^T A + N2 (sensitivity L max_i ||Q_i||, set from the released sketch; "
-                          "planned at its bound L)", "gaussian", L, 1.0 - s["sketch_share"], shape=(kp, n))]
+                          "planned at its bound L)", "gaussian", L, 1.0 - s.sketch_share, shape=(kp, n))]
         return [Share("noisy matrix A + N (every entry; never materialized, regenerated per user group each pass)",
                       "gaussian", L, 1.0, shape=(m, n))]
 
     def _plan(self, store) -> Plan:
         s = self.settings(store)
-        bounds = {"clip_L": s["clip"], "rating_min": s["rating_min"], "rating_max": s["rating_max"],
+        bounds = {"clip_L": s.clip, "rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"),
                   "centre": "public midpoint of the rating range"}
-        if s["mechanism"] == "measurements":
-            bounds.update(sketch_clip_C=s["sketch_clip"], sketch_quantile=s["sketch_quantile"],
-                          prune_bound=s["prune_bound"])
+        if s.mechanism == "measurements":
+            bounds.update(sketch_clip_C=s.sketch_clip, sketch_quantile=s.sketch_quantile, prune_bound=s.prune_bound)
         if not self.private:
             return Plan(events=[], entries=[{"release": "low-rank approximation", "mechanism": "none (non-private)"}],
-                        params={**s, "bounds": bounds, "releases": []})
+                        settings=s, bounds=bounds)
         releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta)
-        bounds["epsilon_replace_one"] = self._epsilon_replace_one(releases, s)
+        bounds["epsilon_replace_one"] = self._epsilon_replace_one(releases)
         bounds["relation_covers"] = dict(RELATION_COVERS)
         entries = [r.entry() for r in releases]
         entries.append({"release": "item basis V_k and singular values S_k (top-k of the noisy projection / matrix)",
                         "mechanism": "post-processing", "count": 0})
-        return Plan(events=[r.event() for r in releases], entries=entries,
-                    params={**s, "bounds": bounds, "releases": releases})
+        return Plan(events=[r.event() for r in releases], entries=entries, settings=s, bounds=bounds,
+                    releases=releases)
 
-    def _epsilon_replace_one(self, releases, s) -> float:
+    def _epsilon_replace_one(self, releases) -> float:
         """Epsilon when one user's row may be replaced by any other: the sensitivities of ``L`` double (the sketch's
         ``2C`` covers it already); same accountant, same delta."""
         zs = [r.noise_multiplier / (1.0 if "sketch rows" in r.what else 2.0) for r in releases]
@@ -364,7 +384,7 @@ class LowRank(Method):
 
     def state_bytes(self, store) -> int:
         """Item-side state: ``Omega``/``V`` and their products (``n_items x k'`` float64), a few of them."""
-        kp = self.settings(store)["columns"]
+        kp = self.settings(store).columns
         return 6 * store.n_items * kp * 8
 
     def _extra_per_block(self, store, kp: int, noise_width: int) -> int:
@@ -375,23 +395,22 @@ class LowRank(Method):
     # -- fitting -----------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         plan = self.plan(store)
-        s = plan.params
-        values_of = residual_values(s["midpoint"], np.zeros(store.n_items), s["clip"], s["rating_min"], s["rating_max"])
+        s = plan.settings
+        values_of = residual_values(s.midpoint, np.zeros(store.n_items), s.clip, s.rating_min, s.rating_max)
         t0 = time.perf_counter()
-        with Run(store, method="lowrank", fingerprint=fingerprint(**{k: v for k, v in s.items() if k != "releases"},
-                                                                  eps=self.epsilon, delta=self.delta),
-                 seed=self.seed, rng_key=RNG_KEY, state=getattr(engine, "state", None)) as run:
-            if s["mechanism"] == "measurements":
-                state = self._fit_measurements(store, engine, s, run, values_of)
+        with self.open_run(store, plan, rng_key=RNG_KEY, engine=engine) as run:
+            if s.mechanism == "measurements":
+                state = self._fit_measurements(store, engine, plan, run, values_of)
             else:
-                state = self._fit_rr(store, engine, s, run, values_of)
-        state.update(run=run, values_of=values_of, settings=s)
+                state = self._fit_rr(store, engine, plan, run, values_of)
+        state.update(run=run, values_of=values_of, plan=plan)
         self._state = state
         return self._fitted(store, plan, state, time.perf_counter() - t0)
 
-    def _fit_measurements(self, store, engine, s, run, values_of) -> dict:
-        n, kp, C = store.n_items, s["columns"], s["sketch_clip"]
-        rel1, rel2 = (s["releases"] if self.private else (None, None))
+    def _fit_measurements(self, store, engine, plan, run, values_of) -> dict:
+        s = plan.settings
+        n, kp, C = store.n_items, s.columns, s.sketch_clip
+        rel1, rel2 = plan.releases if self.private else (None, None)
         Omega = run.rng(_OMEGA, 0).standard_normal((n, kp))
         sketch = _sketch_fn(run, Omega, C, rel1, values_of)
         extra = self._extra_per_block(store, kp, kp)
@@ -403,7 +422,7 @@ class LowRank(Method):
         G = engine.map_reduce(gram, _add, np.zeros((kp, kp)), extra_per_block=extra, desc="lowrank sketch")
         T = _orthonormalizer(G)
         r = T.shape[1]
-        tau = s["prune_bound"]
+        tau = s.prune_bound
 
         def project(block, b):
             vals, Y = sketch(block)
@@ -421,20 +440,20 @@ class LowRank(Method):
                                    desc="lowrank projection")
         realized = None
         if rel2 is not None:
-            realized = replace(rel2, sensitivity=mu * s["clip"], shape=(r, n))
+            realized = replace(rel2, sensitivity=mu * s.clip, shape=(r, n))
             Bt = realized.add(Bt, run.rng(_PROJECTION, 0))
         Uo, S, Vh = np.linalg.svd(Bt, full_matrices=False)
         k = min(self.rank, r)
         return dict(Omega=Omega, T=T, mu=mu, projection_release=realized, noisy_projection=Bt,
                     basis=Uo[:, :k], singular_values=S[:k], UB=Vh[:k].T)
 
-    def _fit_rr(self, store, engine, s, run, values_of) -> dict:
-        n, kp = store.n_items, s["columns"]
-        rel = s["releases"][0] if self.private else None
+    def _fit_rr(self, store, engine, plan, run, values_of) -> dict:
+        n, kp, passes = store.n_items, plan.settings.columns, plan.settings.power_iters
+        rel = plan.releases[0] if self.private else None
         V = np.linalg.qr(run.rng(_RR_START, 0).standard_normal((n, kp)))[0]
         extra = self._extra_per_block(store, kp, n)
         H = None
-        for t in range(s["power_iters"]):
+        for t in range(passes):
             Vc = np.ascontiguousarray(V)
 
             def fn(block, b, Vc=Vc):
@@ -451,7 +470,7 @@ class LowRank(Method):
                 return Z
 
             Z = engine.map_reduce(fn, _add, np.zeros((n, kp)), extra_per_block=extra,
-                                  desc=f"lowrank randomized response {t + 1}/{s['power_iters']}")
+                                  desc=f"lowrank randomized response {t + 1}/{passes}")
             H, V_in = V.T @ Z, V
             V = np.linalg.qr(Z)[0]
         # Rayleigh-Ritz on the last pass's basis: V_in^T A~^T A~ V_in = H
@@ -460,13 +479,13 @@ class LowRank(Method):
         return dict(basis=V_in @ W[:, order], singular_values=np.sqrt(np.maximum(lam[order], 0.0)))
 
     def _fitted(self, store, plan, state, seconds) -> Fitted:
-        s = plan.params
+        s = plan.settings
         V, sv = state["basis"], state["singular_values"]
         notes = [WEAKER_NOTE] if self.private else [
             "non-private: --epsilon inf, no noise added (clipping still applied, sketch rows not clipped)"]
         if self.seed is not None:
             notes.append("seeded run: reproducible, not private against whoever knows the seed")
-        if s["bounds"]["rating_range_source"] != "declared":
+        if plan.bounds["rating_range_source"] != "declared":
             notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
                          "exact guarantee")
         if V.shape[1] < self.rank:
@@ -479,14 +498,15 @@ class LowRank(Method):
         released = ["item_factors: scaled item basis for a local solve (n_items x k)",
                     "basis: item basis V_k (n_items x k)", "singular_values: S_k (k)"]
         extras = {"singular_values": np.asarray(sv, np.float64), "basis": np.asarray(V, np.float32)}
-        if s["mechanism"] == "measurements":
+        if s.mechanism == "measurements":
             released.append(f"noisy_projection: (Q^T A + N2)^T (n_items x {state['noisy_projection'].shape[1]})")
             extras["noisy_projection"] = state["noisy_projection"].astype(np.float32)
-        info = {"method": self.name, "mechanism": s["mechanism"], "rank": int(V.shape[1]),
+        info = {"method": self.name, "mechanism": s.mechanism, "rank": int(V.shape[1]),
                 "epsilon": self.epsilon if self.private else "inf", "delta": self.delta, "seed": self.seed,
                  "n_users": store.n_users, "n_items": store.n_items,
-                "parameters": {k: s[k] for k in ("oversampling", "columns", "clip", "sketch_clip", "sketch_quantile",
-                                                  "sketch_share", "prune", "prune_bound", "power_iters")},
+                "parameters": {k: getattr(s, k) for k in ("oversampling", "columns", "clip", "sketch_clip",
+                                                          "sketch_quantile", "sketch_share", "prune", "prune_bound",
+                                                          "power_iters")},
                 "released": released,
                 "not_released": "user-side factors (Q, U_B; the noisy sketch or matrix): each user projects her own "
                                 "row on the basis locally",
@@ -495,7 +515,7 @@ class LowRank(Method):
         return Fitted(item_factors=scaled_factors(V, sv).astype(np.float32) if V.shape[1] else
                       np.zeros((store.n_items, 0), np.float32),
                       item_bias=np.zeros(store.n_items, np.float32), item_ids=store.item_ids(),
-                      global_mean=s["midpoint"], model_info=info, ledger=ledger, extras=extras,
+                      global_mean=s.midpoint, model_info=info, ledger=ledger, extras=extras,
                       per_item_extras=tuple(k for k in ("basis", "noisy_projection") if k in extras))
 
     # -- diagnostics (non-private) -----------------------------------------------------
@@ -511,13 +531,14 @@ class LowRank(Method):
         st = getattr(self, "_state", None)
         if st is None:
             raise ParameterError("lowrank: errors() needs a fitted run (call fit first)")
-        s, run, values_of = st["settings"], st["run"], st["values_of"]
+        plan, run, values_of = st["plan"], st["run"], st["values_of"]
+        s = plan.settings
+        release = plan.releases[0] if self.private else None
         V = np.ascontiguousarray(st["basis"])
         k = V.shape[1]
         n = store.n_items
-        if s["mechanism"] == "measurements":
-            sketch = _sketch_fn(run, st["Omega"], s["sketch_clip"],
-                                s["releases"][0] if self.private else None, values_of)
+        if s.mechanism == "measurements":
+            sketch = _sketch_fn(run, st["Omega"], s.sketch_clip, release, values_of)
             T, UB, sv, Bt = st["T"], st["UB"], st["singular_values"], np.ascontiguousarray(st["noisy_projection"])
             UBs = UB * sv  # (r x k): Q_i UBs = coordinates of row i of A^ on V
             BBt = Bt.T @ Bt
@@ -535,13 +556,11 @@ class LowRank(Method):
                                  a2 - float((AV * AV).sum()),
                                  a2 - 2.0 * float((AB * Q).sum()) + float(((Q @ BBt) * Q).sum())])
         else:
-            rel = s["releases"][0] if self.private else None
-
             def fn(block, b):
                 vals = values_of(block)
                 a2 = float(vals @ vals)
                 out = np.array([a2, a2, a2, 0.0])
-                for u0, u1, N, ip in _rr_chunks(run, rel, block, n):
+                for u0, u1, N, ip in _rr_chunks(run, release, block, n):
                     X0 = np.empty((u1 - u0, k))
                     csr_matmul(ip, block.items, vals, V, X0)
                     X = X0 + N @ V if N is not None else X0
@@ -553,7 +572,7 @@ class LowRank(Method):
                                 desc="lowrank error")
         r = np.sqrt(np.maximum(tot, 0.0))
         out = {"frobenius": float(r[0]), "error": float(r[1]), "error_local": float(r[2])}
-        if s["mechanism"] == "measurements":
+        if s.mechanism == "measurements":
             out["error_untruncated"] = float(r[3])
         return out
 

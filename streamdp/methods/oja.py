@@ -111,26 +111,25 @@ each user's signal with ``min(||a_i||, L)^2``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.linalg import gram_apply, gram_apply_range
 from streamdp.methods import register
-from streamdp.methods._centering import CENTERS, center_shares, default_shares, private_center
+from streamdp.methods._centering import (CenterOptions, CenterSettings, center_releases, center_settings,
+                                         private_center, settings_shares)
 from streamdp.methods._subspace import DEFAULT_RIDGE, power_pass, residual_values, scaled_factors
 from streamdp.methods.base import Fitted, Method, Plan
-from streamdp.methods.options import Option
+from streamdp.methods.options import option
 from streamdp.privacy import paper_sigma_jain, spawn_rngs
 from streamdp.privacy.release import Share, calibrate_releases
 from streamdp.stream.engine import add_into as _add
 
-#: Default Oja step size constant (``eta_t = ETA / (n_t L^2)``).
-ETA = 4.0
 #: Key of this method's random streams (independent of other methods' streams).
 RNG_KEY = 0x0A1A
-SCHEDULES = ("power", "oja", "warm")
-CALIBRATIONS = ("pld", "paper")
 
 
 def default_passes(n_users: int, n_items: int, rank: int, epsilon: float) -> int:
@@ -166,154 +165,132 @@ def default_passes(n_users: int, n_items: int, rank: int, epsilon: float) -> int
     return 6 if proxy >= 500 else 4
 
 
+@dataclass(frozen=True)
+class OjaOptions(CenterOptions):
+    """``--method oja``'s options (``None``: derived from public parameters, see the module docstring)."""
+
+    passes: int | None = option("passes over the data", minimum=1,
+                                default_text="4-6 from the public signal-to-noise proxy, 20 non-private")
+    schedule: Literal["power", "oja", "warm"] = option(
+        "power: noisy subspace iteration; oja: block Oja steps; warm: Oja then power", default="power")
+    step_users: int | None = option("users per Oja step (schedule oja/warm)", minimum=1,
+                                    default_text="n_users / 16, at least 64")
+    clip: float | None = option("row-norm bound L of the centred ratings", minimum=0, exclusive_minimum=True,
+                                default_text="half the rating range x sqrt 5")
+    calibration: Literal["pld", "paper"] = option(
+        "pld: tight accountant; paper: Jain et al. Alg. 2 sigma, for comparison", default="pld")
+    #: Oja step size constant: ``eta_t = eta / (n_t L^2)``.
+    eta: float = option("Oja step size constant", minimum=0, exclusive_minimum=True, default=4.0)
+
+
+@dataclass(frozen=True)
+class OjaSettings(CenterSettings):
+    """A run's resolved settings: the options with the passes, step size and clip derived for the store."""
+
+    schedule: str
+    passes: int
+    #: ``"oja"`` or ``"power"`` for each pass.
+    pass_kinds: tuple
+    #: Steps of each pass (1 for a power pass).
+    steps_per_pass: tuple
+    clip: float
+    calibration: str
+    step_users: int
+    eta: float
+
+
 @register
 class PrivateOja(Method):
-    """Private top-``k`` subspace (block Oja / noisy subspace iteration) with private biases.
-
-    Options (all ``None`` = default from public parameters, see the module docstring):
-    ``passes``, ``schedule`` (power|oja|warm), ``step_users`` (users per Oja step),
-    ``clip`` (L), ``center`` (private|midpoint), ``calibration`` (pld|paper),
-    ``eta`` (Oja step size constant).
-    """
+    """Private top-``k`` subspace (block Oja / noisy subspace iteration) with private biases."""
 
     name = "oja"
     SUMMARY = "private top-k item subspace by noisy subspace iteration / block Oja (Jain et al. 2018, Alg. 2)"
-    OPTIONS = (
-        Option("passes", int, "passes over the data", minimum=1,
-               default_text="4-6 from the public signal-to-noise proxy, 20 non-private"),
-        Option("schedule", SCHEDULES, "power: noisy subspace iteration; oja: block Oja steps; warm: Oja then power",
-               default="power"),
-        Option("step_users", int, "users per Oja step (schedule oja/warm)", minimum=1,
-               default_text="n_users / 16, at least 64"),
-        Option("clip", float, "row-norm bound L of the centred ratings", minimum=0, exclusive_minimum=True,
-               default_text="half the rating range x sqrt 5"),
-        Option("center", CENTERS, "private item biases and mean, or the public midpoint of the rating range",
-               default="private"),
-        Option("calibration", CALIBRATIONS, "pld: tight accountant; paper: Jain et al. Alg. 2 sigma, for comparison",
-               default="pld"),
-        Option("eta", float, "Oja step size constant", minimum=0, exclusive_minimum=True, default=ETA),
-    )
+    Options = OjaOptions
 
     # -- settings ----------------------------------------------------------------------
-    def settings(self, store) -> dict:
+    def settings(self, store) -> OjaSettings:
         """All parameters of a run on ``store``, defaults resolved from public parameters."""
-        o = self.options
+        o = self.opts
         n_users, n_items = store.n_users, store.n_items
-        lo, hi = store.rating_min, store.rating_max
-        half = (hi - lo) / 2.0
-        schedule = o.get("schedule") or "power"
-        if schedule not in SCHEDULES:
-            raise ParameterError(f"--schedule: expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
-        center = o.get("center") or "private"
-        if center not in CENTERS:
-            raise ParameterError(f"--center: expected one of {', '.join(CENTERS)}, got {center!r}")
-        calibration = o.get("calibration") or "pld"
-        if calibration not in CALIBRATIONS:
-            raise ParameterError(f"--calibration: expected one of {', '.join(CALIBRATIONS)}, got {calibration!r}")
-        passes = o.get("passes")
+        passes = o.passes
         if passes is None:
             passes = default_passes(n_users, n_items, self.rank, self.epsilon)
-            if schedule == "warm":
+            if o.schedule == "warm":
                 passes = max(2, passes)
-        passes = int(passes)
-        if passes < 1:
-            raise ParameterError(f"--passes must be >= 1, got {passes}")
-        if schedule == "warm" and passes < 2:
+        if o.schedule == "warm" and passes < 2:
             raise ParameterError("--schedule warm needs --passes >= 2 (one Oja pass, then power passes)")
-        clip = o.get("clip")
-        clip = float(clip) if clip is not None else half * math.sqrt(5.0)
-        if not (clip > 0 and math.isfinite(clip)):
-            raise ParameterError(f"--clip must be a positive number, got {clip}")
-        step_users = o.get("step_users")
-        if step_users is None:
-            # about 16 steps per Oja pass, at least 64 users a step
-            step_users = max(64, -(-n_users // 16))
-        step_users = int(step_users)
-        if step_users < 1:
-            raise ParameterError(f"--step-users must be >= 1, got {step_users}")
-        eta = float(o.get("eta") if o.get("eta") is not None else ETA)
-        if not eta > 0:
-            raise ParameterError(f"--eta must be > 0, got {eta}")
-        kinds = ["oja" if (schedule == "oja" or (schedule == "warm" and p == 0)) else "power"
-                 for p in range(passes)]
-        steps = [len(_step_ranges(store, step_users)) if kd == "oja" else 1 for kd in kinds]
-        return dict(schedule=schedule, passes=passes, pass_kinds=kinds, steps_per_pass=steps, clip=clip,
-                    center=center, calibration=calibration, step_users=step_users, eta=eta,
-                    rating_min=lo, rating_max=hi,
-                    **(dict(zip(("stats_share", "mean_share"),
-                                default_shares(n_users, n_items, self.rank, self.epsilon)))
-                       if center == "private" else dict(stats_share=0.0, mean_share=0.0)))
+        half = (store.rating_max - store.rating_min) / 2.0
+        clip = o.clip if o.clip is not None else half * math.sqrt(5.0)
+        # about 16 steps per Oja pass, at least 64 users a step
+        step_users = o.step_users if o.step_users is not None else max(64, -(-n_users // 16))
+        kinds = tuple("oja" if (o.schedule == "oja" or (o.schedule == "warm" and p == 0)) else "power"
+                      for p in range(passes))
+        steps = tuple(len(_step_ranges(store, step_users)) if kd == "oja" else 1 for kd in kinds)
+        return OjaSettings(**center_settings(o, store, self.epsilon, self.rank), schedule=o.schedule,
+                           passes=passes, pass_kinds=kinds, steps_per_pass=steps, clip=clip,
+                           calibration=o.calibration, step_users=step_users, eta=o.eta)
 
     # -- privacy plan ------------------------------------------------------------------
-    def _shares(self, store, s: dict) -> list:
+    def _shares(self, store, s: OjaSettings) -> list:
         """The run's releases before calibration (the privacy core's :class:`~streamdp.privacy.release.Share`)."""
-        L = s["clip"]
-        P, f, g = s["passes"], s["stats_share"], s["mean_share"]
-        shares = [Share("A^T A V + G per pass (one Gaussian per pass: each user in one step)", "gaussian", L * L,
-                        1.0 - f - g, count=P, shape=(store.n_items, self.rank))]
-        if f > 0:
-            shares += center_shares(f, g, s["rating_min"], s["rating_max"], store.n_items)
-        return shares
+        L = s.clip
+        return [Share("A^T A V + G per pass (one Gaussian per pass: each user in one step)", "gaussian", L * L,
+                      1.0 - s.stats_share - s.mean_share, count=s.passes, shape=(store.n_items, self.rank)),
+                *settings_shares(s, store.n_items)]
 
-    def _releases(self, store, s: dict) -> list:
+    def _releases(self, store, s: OjaSettings) -> list:
         """Calibrated releases: PLD search (default), or Jain et al.'s Alg. 2 sigma (``--calibration paper``)."""
         shares = self._shares(store, s)
-        if s["calibration"] == "paper":
-            zp = paper_sigma_jain(self.epsilon, self.delta, count=sum(s["steps_per_pass"]), which="alg2")
-            z = zp / math.sqrt(s["passes"] / shares[0].share)
+        if s.calibration == "paper":
+            zp = paper_sigma_jain(self.epsilon, self.delta, count=sum(s.steps_per_pass), which="alg2")
+            z = zp / math.sqrt(s.passes / shares[0].share)
             return [sh.at(z) for sh in shares]
         return calibrate_releases(shares, self.epsilon, self.delta)
 
     def _plan(self, store) -> Plan:
         s = self.settings(store)
-        L = s["clip"]
-        bounds = {"clip_L": L, "rating_min": s["rating_min"], "rating_max": s["rating_max"],
+        bounds = {"clip_L": s.clip, "rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"),
                   "stats_weight": "w_i = min(1, 1/sqrt(n_i))"}
         if not self.private:
             entries = [{"release": "subspace passes and item biases", "mechanism": "none (non-private)",
-                        "passes": s["passes"]}]
-            return Plan(events=[], entries=entries, params={**s, "bounds": bounds, "z_pass": 0.0, "z_stats": 0.0,
-                                                            "z_mean": 0.0})
+                        "passes": s.passes}]
+            return Plan(events=[], entries=entries, settings=s, bounds=bounds)
         releases = self._releases(store, s)
-        events = [r.event() for r in releases]
         entries = [r.entry() for r in releases]
-        entries[0].update(steps_per_pass=s["steps_per_pass"], calibration=s["calibration"])
-        zp = releases[0].noise_multiplier
-        zs, zm = (releases[1].noise_multiplier, releases[2].noise_multiplier) if len(releases) > 1 else (0.0, 0.0)
+        entries[0].update(steps_per_pass=list(s.steps_per_pass), calibration=s.calibration)
         entries.append({"release": "singular values (Ritz values of the last pass)",
                         "mechanism": "post-processing", "count": 0})
-        return Plan(events=events, entries=entries,
-                    params={**s, "bounds": bounds, "z_pass": zp, "z_stats": zs, "z_mean": zm,
-                            "releases": releases})
+        return Plan(events=[r.event() for r in releases], entries=entries, settings=s, bounds=bounds,
+                    releases=releases)
 
     # -- fitting -----------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         plan = self.plan(store)
-        s = plan.params
+        s = plan.settings
         n, k = store.n_items, self.rank
-        L = s["clip"]
-        total_steps = sum(s["steps_per_pass"])
-        rngs = spawn_rngs(self.seed, 2 + total_steps, key=RNG_KEY)
-        sigma_pass = s["z_pass"] * L * L if self.private else 0.0
+        L = s.clip
+        rngs = spawn_rngs(self.seed, 2 + sum(s.steps_per_pass), key=RNG_KEY)
+        z = _noise_multipliers(plan)
+        sigma_pass = z["z_pass"] * L * L if self.private else 0.0
 
-        stats, mean = s["releases"][1:3] if self.private and s["center"] == "private" else (None, None)
+        stats, mean = center_releases(self, plan)
         mu, bias, weight, weight_sigma = private_center(
-            store, engine, center=s["center"], rating_min=s["rating_min"], rating_max=s["rating_max"],
+            store, engine, center=s.center, rating_min=s.rating_min, rating_max=s.rating_max,
             stats=stats, mean=mean, rng=rngs[1])
-        release_pass = s["releases"][0] if self.private else None
+        release_pass = plan.releases[0] if self.private else None
         V = np.linalg.qr(rngs[0].standard_normal((n, k)))[0]
-        values_of = residual_values(mu, bias, L, s["rating_min"], s["rating_max"])
+        values_of = residual_values(mu, bias, L, s.rating_min, s.rating_max)
         t = 2
         M = np.zeros((k, k))
-        for p, (kind, n_steps) in enumerate(zip(s["pass_kinds"], s["steps_per_pass"])):
+        for p, (kind, n_steps) in enumerate(zip(s.pass_kinds, s.steps_per_pass)):
             step_rngs = rngs[t:t + n_steps]
             t += n_steps
-            desc = f"oja pass {p + 1}/{len(s['pass_kinds'])}"
+            desc = f"oja pass {p + 1}/{len(s.pass_kinds)}"
             if kind == "power":
                 V, M = power_pass(engine, V, values_of, step_rngs[0], release_pass, desc=desc)
             else:
-                V, M = _oja_pass(engine, store, V, values_of, step_rngs, release_pass, s["step_users"], s["eta"], L,
+                V, M = _oja_pass(engine, store, V, values_of, step_rngs, release_pass, s.step_users, s.eta, L,
                                  desc=desc)
         # Ritz values of the last pass: post-processing of released products
         lam, W = np.linalg.eigh((M + M.T) / 2.0)
@@ -330,27 +307,41 @@ class PrivateOja(Method):
             notes.append("non-private: --epsilon inf, no noise added (clipping and centering still applied)")
         if self.seed is not None:
             notes.append("seeded run: reproducible, not private against whoever knows the seed")
-        if max(s["steps_per_pass"]) > 1:
+        if max(s.steps_per_pass) > 1:
             notes.append("several steps per pass: users are assigned to steps by their position in the store, so "
                          "the accounting holds for the zero-out neighbouring relation (one user's ratings replaced "
                          "by none); use --schedule power for add/remove one user")
-        if s["bounds"]["rating_range_source"] != "declared":
+        if plan.bounds["rating_range_source"] != "declared":
             notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
                          "exact guarantee")
         ledger = self.ledger(store, plan, notes=notes)
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": n,
-                "parameters": {key: s[key] for key in ("schedule", "passes", "pass_kinds", "steps_per_pass", "clip",
-                                                        "center", "calibration", "step_users", "eta", "stats_share",
-                                                        "mean_share", "z_pass", "z_stats", "z_mean")},
+                "parameters": {**_parameters(s), **z},
                 "item_factors": "V diag(w) / (p_j + p0), rows of mean squared norm 1 (see scaled_factors)",
                 "ridge": DEFAULT_RIDGE,
-                "rating_range": {"min": s["rating_min"], "max": s["rating_max"]}}
+                "rating_range": {"min": s.rating_min, "max": s.rating_max}}
         return Fitted(item_factors=Q.astype(np.float32), item_bias=bias.astype(np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
                       extras={"singular_values": sv.astype(np.float64), "signal_share": signal_share,
                               "basis": V.astype(np.float32)}, per_item_extras=("basis",))
+
+
+def _parameters(s: OjaSettings) -> dict:
+    """The settings ``model.json`` records under ``parameters`` (sequences as lists)."""
+    keys = ("schedule", "passes", "pass_kinds", "steps_per_pass", "clip", "center", "calibration", "step_users",
+            "eta", "stats_share", "mean_share")
+    values = {key: getattr(s, key) for key in keys}
+    return {key: list(v) if isinstance(v, tuple) else v for key, v in values.items()}
+
+
+def _noise_multipliers(plan) -> dict:
+    """``z_pass, z_stats, z_mean``: the calibrated noise multipliers of the passes and of the centring's two
+    releases (0 where there is no release)."""
+    z = [r.noise_multiplier for r in plan.releases or ()]
+    return {"z_pass": z[0] if z else 0.0, "z_stats": z[1] if len(z) > 1 else 0.0,
+            "z_mean": z[2] if len(z) > 2 else 0.0}
 
 
 def _step_ranges(store, step_users: int) -> list[tuple[int, int, int]]:

@@ -37,6 +37,8 @@ computes a private subspace in ``O(n_items k)``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from scipy.linalg import eigh
@@ -45,11 +47,12 @@ from streamdp.errors import ParameterError
 from streamdp.kernels.fw import gram_upper
 from streamdp.kernels.linalg import residuals
 from streamdp.methods import register
-from streamdp.methods._centering import center_settings, centering_text, settings_center, settings_shares
+from streamdp.methods._centering import (CenterOptions, CenterSettings, center_settings, centering_text,
+                                         settings_center, settings_shares)
 from streamdp.methods._notes import joint_dp_notes
 from streamdp.methods._subspace import canonical_signs
 from streamdp.methods.base import Fitted, Method, Plan
-from streamdp.methods.options import Option
+from streamdp.methods.options import option
 from streamdp.privacy import paper_sigma_jain, spawn_rngs
 from streamdp.privacy.bounding import clip_rows
 from streamdp.privacy.ledger import GUARANTEE_JOINT_DP
@@ -58,7 +61,26 @@ from streamdp.stream.engine import add_into as _add
 
 #: Key of this method's random streams.
 RNG_KEY = 0x05BD
-CALIBRATIONS = ("pld", "paper")
+
+
+@dataclass(frozen=True)
+class SVDOptions(CenterOptions):
+    """``--method svd``'s options."""
+
+    clip: float | None = option("L2 bound Delta of a user's row of centred ratings (sensitivity Delta^2)",
+                                default_text="half the rating range x sqrt 5 private, none non-private", minimum=0,
+                                exclusive_minimum=True)
+    calibration: Literal["pld", "paper"] = option(
+        "pld: tight accountant; paper: the supplement's SVD sigma, for comparison", default="pld")
+
+
+@dataclass(frozen=True)
+class SVDSettings(CenterSettings):
+    """A run's resolved settings."""
+
+    #: The row bound Delta (``inf``: not clipped, non-private).
+    clip: float
+    calibration: str
 
 
 @register
@@ -68,59 +90,49 @@ class PrivateSVD(Method):
     name = "svd"
     SUMMARY = ("private SVD baseline (McSherry-Mironov style, Jain et al. 2018's experiments): one noisy covariance, "
                "top-k subspace, users project locally; joint DP")
-    OPTIONS = (
-        Option("clip", float, "L2 bound Delta of a user's row of centred ratings (sensitivity Delta^2)",
-               default_text="half the rating range x sqrt 5 private, none non-private", minimum=0,
-               exclusive_minimum=True),
-        Option("calibration", CALIBRATIONS, "pld: tight accountant; paper: the supplement's SVD sigma, for "
-               "comparison", default="pld"),
-        Option("center", ("private", "midpoint"), "private: centre on a private global mean and item biases "
-               "(McSherry-Mironov's cleansing, as --method fw); midpoint: the public midpoint", default="private"),
-    )
+    Options = SVDOptions
+    LOCAL_SOLVER = "projection"
     guarantee = GUARANTEE_JOINT_DP
 
-    def settings(self, store) -> dict:
-
-        o = self.options
-        lo, hi = float(store.rating_min), float(store.rating_max)
-        h = (hi - lo) / 2.0
-        return dict(rating_min=lo, rating_max=hi, mid=(lo + hi) / 2.0,
-                    clip=float(o.get("clip", h * math.sqrt(5.0) if self.private else math.inf)),
-                    calibration=o.get("calibration", "pld"),
-                    **center_settings(o.get("center", "private"), store.n_users, store.n_items, self.epsilon))
+    def settings(self, store) -> SVDSettings:
+        """All parameters of a run on ``store``, defaults resolved from public parameters."""
+        o = self.opts
+        c = center_settings(o, store, self.epsilon)
+        h = (c["rating_max"] - c["rating_min"]) / 2.0
+        clip = o.clip if o.clip is not None else h * math.sqrt(5.0) if self.private else math.inf
+        return SVDSettings(**c, clip=clip, calibration=o.calibration)
 
     def _plan(self, store) -> Plan:
         s = self.settings(store)
-        D, n = s["clip"], store.n_items
-        bounds = {"clip_Delta": D, "rating_min": s["rating_min"], "rating_max": s["rating_max"],
+        D, n = s.clip, store.n_items
+        bounds = {"clip_Delta": D, "rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"),
                   "centering": centering_text(s)}
         if not self.private:
             entries = [{"release": "top-r eigenvectors of the covariance", "mechanism": "none (non-private)"}]
-            return Plan(events=[], entries=entries, params={**s, "bounds": bounds, "release": None,
-                                                            "releases": None})
+            return Plan(events=[], entries=entries, settings=s, bounds=bounds)
         if not math.isfinite(D):
             raise ParameterError("--clip must be finite for a private run")
         what = ("covariance sum_i x_i x_i^T of the users' rows of centred ratings clipped to Delta (one Gaussian, "
                 "symmetric noise)")
         centre = settings_shares(s, n)
-        if s["calibration"] == "paper":
+        if s.calibration == "paper":
             # the supplement's sigma on the covariance exactly; the centring at the same budget scalar
             z = paper_sigma_jain(self.epsilon, self.delta, count=1, which="alg1")
             releases = [Share(what, "gaussian", D * D, 1.0, shape=(n, n), symmetric=True).at(z)]
             releases += [sh.at(z) for sh in centre]
         else:
-            f, g = s["stats_share"], s["mean_share"]
+            f, g = s.stats_share, s.mean_share
             share = Share(what, "gaussian", D * D, 1.0 - f - g, shape=(n, n), symmetric=True)
             releases = calibrate_releases([share] + centre, self.epsilon, self.delta)
         release = releases[0]
         entry = release.entry()
-        entry["calibration"] = s["calibration"]
+        entry["calibration"] = s.calibration
         entries = [entry] + [r.entry() for r in releases[1:]] + [
             {"release": "top-r eigenvectors and eigenvalues of the noisy covariance", "mechanism": "post-processing",
              "count": 0}]
-        return Plan(events=[r.event() for r in releases], entries=entries,
-                    params={**s, "bounds": bounds, "release": release, "releases": releases})
+        return Plan(events=[r.event() for r in releases], entries=entries, settings=s, bounds=bounds,
+                    releases=releases)
 
     def state_bytes(self, store) -> int:
         """Item-side memory: the covariance, its noisy copy and the eigendecomposition's workspace."""
@@ -129,10 +141,10 @@ class PrivateSVD(Method):
 
     def fit(self, store, engine) -> Fitted:
         plan = self.plan(store)
-        s = plan.params
+        s = plan.settings
         n, r = store.n_items, self.rank
-        D = s["clip"]
-        mu, bias = settings_center(self, store, engine, s, spawn_rngs(self.seed, 2, key=RNG_KEY)[1])
+        D = s.clip
+        mu, bias = settings_center(self, store, engine, plan, spawn_rngs(self.seed, 2, key=RNG_KEY)[1])
 
         def fn(block, b):
             it = np.ascontiguousarray(block.items, dtype=np.int32)
@@ -150,24 +162,24 @@ class PrivateSVD(Method):
         # add the noise (the same draws and sum as Release.add), and only the top r eigenpairs (LAPACK syevr)
         for i in range(1, n):
             W[i, :i] = W[:i, i]
-        if s["release"] is not None:
-            W += s["release"].noise(spawn_rngs(self.seed, 1, key=RNG_KEY)[0], W.shape)
+        if plan.releases:
+            W += plan.releases[0].noise(spawn_rngs(self.seed, 1, key=RNG_KEY)[0], W.shape)
         lam, E = eigh(W, subset_by_index=[max(n - r, 0), n - 1], overwrite_a=True, check_finite=False)
         del W
         order = np.argsort(lam)[::-1][:r]
         V, lam = canonical_signs(E[:, order]), lam[order]
         ledger = self.ledger(store, plan, notes=joint_dp_notes(
-            self, s, "the released subspace is user-level (epsilon, delta)-DP; each user's completed row is her own "
-            "ratings projected on it on her device"))
+            self, plan.bounds, "the released subspace is user-level (epsilon, delta)-DP; each user's completed row is "
+            "her own ratings projected on it on her device"))
         info = {"method": self.name, "rank": r, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": n,
-                "parameters": {"clip": D, "calibration": s["calibration"], "center": s["center"],
-                               "stats_share": s["stats_share"], "mean_share": s["mean_share"]},
-                "local": "projection", "local_user_bias": False,
+                "parameters": {"clip": D, "calibration": s.calibration, "center": s.center,
+                               "stats_share": s.stats_share, "mean_share": s.mean_share},
+                "local": self.LOCAL_SOLVER, "local_user_bias": False,
                 "item_factors": "top-r eigenvectors of the noisy covariance; a user's row is (n / n_i) x_i V V^T "
                                 "(streamdp.local.projection_rows)",
-                "rating_range": {"min": s["rating_min"], "max": s["rating_max"]}}
+                "rating_range": {"min": s.rating_min, "max": s.rating_max}}
         return Fitted(item_factors=V.astype(np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
                       extras={"eigenvalues": lam.astype(np.float64)})

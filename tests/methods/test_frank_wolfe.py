@@ -99,7 +99,7 @@ def test_non_private_fw_matches_dense_numpy(rank1_store, tmp_path):
     st = rank1_store
     m, f = _fit(st, rank=6, passes=3, workers=2)
     s = m.settings(st)
-    V, lams, F, _, _, Y = dense_fw(st, T=6, P=3, k=s["k"], bound=s["bound"], seed=5)
+    V, lams, F, _, _, Y = dense_fw(st, T=6, P=3, k=s.k, bound=s.bound, seed=5)
     assert f.ledger.guarantee == "non-private" and not f.ledger.events
     np.testing.assert_allclose(f.item_factors, V, atol=2e-6, rtol=0)
     np.testing.assert_allclose(f.extras["fw_lambda"], lams, rtol=1e-7)
@@ -155,7 +155,7 @@ def test_private_ledger_is_joint_dp_with_every_release(rank1_store):
     assert led.guarantee == "joint user-level (epsilon, delta)-DP"
     assert led.accounting.epsilon <= 1.0 and led.recompute().epsilon == pytest.approx(led.accounting.epsilon)
     rel = led.bounds["releases"]
-    L = m.settings(rank1_store)["clip"]
+    L = m.settings(rank1_store).clip
     assert rel[0]["mechanism"] == "gaussian" and rel[0]["sensitivity"] == pytest.approx(L * L)
     assert rel[0]["count"] == 5 * 2 + 1 == sum(passes_in(t, 2) for t in range(1, 6))
     assert rel[0]["shape"] == [rank1_store.n_items, 1]
@@ -203,7 +203,7 @@ def test_svd_ledger_and_paper_sigma(rank1_store):
 
     m, f = _fit(rank1_store, method="svd", epsilon=1.0, rank=2, seed=1)
     led = f.ledger
-    D = m.settings(rank1_store)["clip"]
+    D = m.settings(rank1_store).clip
     rel = led.bounds["releases"][0]
     assert led.guarantee == "joint user-level (epsilon, delta)-DP" and led.accounting.epsilon <= 1.0
     assert rel["sensitivity"] == pytest.approx(D * D) and rel["symmetric"] and rel["count"] == 1
@@ -315,3 +315,19 @@ def test_generate_uniform_is_the_papers_exact_rank1_set(tmp_path):
         ratio = blk.ratings[sl] / v[blk.items[sl]]
         np.testing.assert_allclose(ratio, ratio[0], rtol=1e-5)  # one u_i per user: exactly rank one
         assert abs(ratio[0]) <= 1
+
+
+def test_rank_above_the_number_of_items_is_refused_only_where_rank_counts_factors(tmp_path):
+    """fw's ``--rank`` is its number of iterations ``T`` (``RANK_IS_FACTORS`` false): a basis of ``T > n_items``
+    columns (later directions repeat earlier ones) trains, saves and predicts; a method whose rank counts factors
+    (als) is refused before anything runs."""
+    from streamdp.storage.generate import generate_store
+    from streamdp.training import train
+
+    st = generate_store(str(tmp_path / "s.zarr"), n_users=300, n_items=12, ratings_per_user=6, rank=2, seed=3,
+                        test_fraction=0.2, block_users=100)
+    assert not get_method("fw").RANK_IS_FACTORS and get_method("als").RANK_IS_FACTORS
+    s = train(st, method="fw", out=str(tmp_path / "fw"), epsilon=2.0, delta=1e-6, seed=0, passes=1)
+    assert s["rank"] == 30 > st.n_items and s["effective_rank"] == 30 and math.isfinite(s["test_rmse"])
+    with pytest.raises(ParameterError, match="--rank 13 exceeds the number of items"):
+        train(st, method="als", out=str(tmp_path / "als"), epsilon=2.0, delta=1e-6, rank=13)

@@ -152,12 +152,13 @@ def test_streamed_equals_in_memory_and_workers(mechanism, small_store, small_sto
 def test_measurements_match_a_dense_reference(coh):
     """The streamed sketch, orthonormalization, projection and its realized sensitivity against dense NumPy."""
     m, f, e = fit(coh, rank=4, seed=3, clip=1.0, epsilon=8.0)
-    st, s = m._state, m.plan(coh).params
-    run, rel1, rel2 = st["run"], *s["releases"]
+    plan = m.plan(coh)
+    st, s = m._state, plan.settings
+    run, rel1, rel2 = st["run"], *plan.releases
     A = dense_matrix(coh, 1.0)
     Y = A @ st["Omega"]
     nrm = np.linalg.norm(Y, axis=1, keepdims=True)
-    Y = Y * np.minimum(1.0, s["sketch_clip"] / nrm)
+    Y = Y * np.minimum(1.0, s.sketch_clip / nrm)
     Y += np.concatenate([N for _, _, N in _noise_rows(run, _SKETCH, rel1, 0, coh.n_users, Y.shape[1], 1000)])
     T = _orthonormalizer(Y.T @ Y)
     Q = Y @ T
@@ -185,7 +186,7 @@ def test_measurements_match_a_dense_reference(coh):
 def test_randomized_response_is_the_truncated_svd_of_the_same_noisy_matrix(coh):
     """Streamed subspace iteration (noise regenerated every pass) == exact SVD of A + N held in memory."""
     m, f, e = fit(coh, rank=3, seed=5, clip=1.0, epsilon=100.0, mechanism="randomized-response", power_iters=30)
-    st, rel = m._state, m.plan(coh).params["releases"][0]
+    st, rel = m._state, m.plan(coh).releases[0]
     A = dense_matrix(coh, 1.0)
     N = np.concatenate([N for _, _, N in _noise_rows(st["run"], _RR_NOISE, rel, 0, coh.n_users, coh.n_items, 50)])
     assert N.std() == pytest.approx(rel.scale, rel=0.02)
@@ -341,9 +342,8 @@ def test_library_function_summary(coh, tmp_path):
 
 
 def test_cli_help_states_the_library_defaults():
-    from streamdp.methods.lowrank import DEFAULT_POWER_ITERS, DEFAULT_SKETCH_SHARE
-
+    defaults = LowRank.Options()
     res = CliRunner().invoke(main, ["lowrank", "--help"])
     text = " ".join(res.output.split())
-    assert f"(default {DEFAULT_POWER_ITERS})" in text and f"default {DEFAULT_SKETCH_SHARE:g})" in text
+    assert f"(default {defaults.power_iters})" in text and f"default {defaults.sketch_share:g})" in text
     assert "WEAKER than the user-level add/remove guarantee" in text

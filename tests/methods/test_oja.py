@@ -40,7 +40,7 @@ def test_noise_off_matches_svds(small_store):
     """epsilon=inf: the subspace equals scipy's svds of the clipped centered matrix (max principal angle < 1e-3 rad after 150 passes; the generated store's gap s5/s4 makes 60 passes land near 1e-3)."""
     m, f = _fit(small_store, epsilon=math.inf, passes=150)
     assert f.ledger.guarantee == "non-private" and f.ledger.accounting is None
-    A = _matrix(small_store, f, m.settings(small_store)["clip"])
+    A = _matrix(small_store, f, m.settings(small_store).clip)
     _, s, vt = svds(A, k=4, random_state=0)
     angles = scipy.linalg.subspace_angles(f.extras["basis"].astype(np.float64), vt.T)
     assert angles.max() < 1e-3, angles
@@ -52,14 +52,14 @@ def test_matches_scipy_reference_with_noise(small_store):
     """Same seed, same noise: the streamed power iteration equals a scipy in-memory implementation."""
     m, f = _fit(small_store, passes=3)
     plan = m.plan(small_store)
-    s = plan.params
-    L = s["clip"]
+    L = plan.settings.clip
+    z_pass = plan.releases[0].noise_multiplier
     A = _matrix(small_store, f, L)
     rngs = spawn_rngs(3, 2 + 3, key=RNG_KEY)
     V = np.linalg.qr(rngs[0].standard_normal((small_store.n_items, 4)))[0]
     for p in range(3):
         Vp = V
-        Y = A.T @ (A @ V) + gaussian_noise(rngs[2 + p], V.shape, s["z_pass"] * L * L)
+        Y = A.T @ (A @ V) + gaussian_noise(rngs[2 + p], V.shape, z_pass * L * L)
         V = np.linalg.qr(Y)[0]
     lam, W = np.linalg.eigh((Vp.T @ Y + Y.T @ Vp) / 2)
     V = V @ W[:, np.argsort(lam)[::-1]]
@@ -105,10 +105,10 @@ def test_plan_is_calibrated_and_paper_is_noisier(small_store):
     assert 0.99 <= acc.epsilon <= 1.0
     assert len(pld.events) == 3  # passes (one Gaussian each, composed) + item biases + global mean
     paper = PrivateOja(epsilon=1.0, delta=1e-6, rank=4, passes=3, calibration="paper").plan(small_store)
-    assert paper.params["z_pass"] > 5 * pld.params["z_pass"]
+    assert paper.releases[0].noise_multiplier > 5 * pld.releases[0].noise_multiplier
     assert epsilon_of(paper.event, 1e-6).epsilon < 0.3
     midpoint = PrivateOja(epsilon=1.0, delta=1e-6, rank=4, passes=3, center="midpoint").plan(small_store)
-    assert len(midpoint.events) == 1 and midpoint.params["z_pass"] < pld.params["z_pass"]
+    assert len(midpoint.events) == 1 and midpoint.releases[0].noise_multiplier < pld.releases[0].noise_multiplier
 
 
 def test_sensitivity_of_one_user_is_L_squared():
@@ -130,11 +130,11 @@ def test_bad_options(small_store):
     from streamdp.errors import ParameterError
 
     with pytest.raises(ParameterError, match="--schedule"):
-        PrivateOja(epsilon=1, delta=1e-6, rank=2, schedule="nope").settings(small_store)
+        PrivateOja(epsilon=1, delta=1e-6, rank=2, schedule="nope")
     with pytest.raises(ParameterError, match="--passes"):
         PrivateOja(epsilon=1, delta=1e-6, rank=2, schedule="warm", passes=1).settings(small_store)
     with pytest.raises(ParameterError, match="--clip"):
-        PrivateOja(epsilon=1, delta=1e-6, rank=2, clip=-1.0).settings(small_store)
+        PrivateOja(epsilon=1, delta=1e-6, rank=2, clip=-1.0)
     with pytest.raises(ParameterError, match="not an option"):
         PrivateOja(epsilon=1, delta=1e-6, rank=2, epochs=3)
 
@@ -153,7 +153,7 @@ def test_utility_200k_users_rank8_epsilon1(tmp_path):
     st = generate_store(str(tmp_path / "u.zarr"), n_users=200_000, n_items=1_000, ratings_per_user=30, rank=8,
                         seed=1, show_progress=False)
     m0, f0 = _fit(st, epsilon=math.inf, rank=8)
-    A = _matrix(st, f0, m0.settings(st)["clip"])
+    A = _matrix(st, f0, m0.settings(st).clip)
     energy = lambda V: float(np.linalg.norm(A @ V.astype(np.float64)) ** 2)  # noqa: E731
     e0 = energy(f0.extras["basis"])
     m1, f1 = _fit(st, epsilon=1.0, delta=1e-7, rank=8, seed=5)
