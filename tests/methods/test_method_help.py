@@ -119,12 +119,6 @@ def test_guarantee_kind_follows_the_class():
                 cls(epsilon=1.0, delta=1e-6)
 
 
-def _settings(method, store) -> dict:
-    """A method's resolved settings as a dict (typed :class:`RunSettings`, or the dict of a method not yet converted)."""
-    s = method.settings(store)
-    return s.as_dict() if isinstance(s, RunSettings) else s
-
-
 def _same(a, b) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
