@@ -20,6 +20,7 @@ from streamdp.errors import ParameterError
 from streamdp.methods import METHODS, _load_builtin
 from streamdp.catalog import CATALOG, GUARANTEE_KINDS, default_rank, guarantee_kind
 from streamdp.methods.options import merge_options
+from streamdp.methods.base import RunSettings
 
 _load_builtin()
 NAMES = sorted(METHODS)
@@ -128,6 +129,11 @@ def _same(a, b) -> bool:
     return a == b or (a != a and b != b)
 
 
+def _as_dict(settings):
+    """A method's settings as a dict: typed :class:`RunSettings` (converted methods) or the dict of the others."""
+    return settings.as_dict() if isinstance(settings, RunSettings) else settings
+
+
 #: Options a method reads outside ``settings`` (checked by their own tests).
 READ_IN_FIT = {("means", "user_intercept")}
 
@@ -151,6 +157,7 @@ def test_declared_defaults_are_the_defaults_the_methods_use(small_store, tmp_pat
                 except ParameterError:
                     continue  # the option is refused in this context (e.g. a pmd-only option): try the next
                 absent = cls(epsilon=eps, delta=1e-6, seed=1, **base).settings(small_store)
+                given, absent = _as_dict(given), _as_dict(absent)
                 if (name, o.name) not in READ_IN_FIT:
                     assert o.name in absent, f"{name}: {o.flag} is not in its settings"
                 assert _same(absent, given), f"{name}: {o.flag}'s declared default {o.default!r} is not its default"
