@@ -55,7 +55,7 @@ seeded per user group; the same subset every epoch, so the target does not chang
   ``zeta`` "to speed up burn-in") samples a colder distribution whose exact-sample
   guarantee is ``epsilon / T``; the ledger claims that, and says in ``bounds.target``,
   the guarantee string and the notes that it is **not the DP target** of the
-  ``--epsilon`` given (:func:`target_label`).
+  ``--epsilon`` given (:func:`streamdp.privacy.posterior.target_label`).
 * The prior (``lam``) is data-independent and not weighted by counts (a count-weighted
   regularizer would make a user's term unbounded); it is applied by the exact lazy
   Ornstein-Uhlenbeck flows of :mod:`streamdp.kernels.sgd`. By default it is set by
@@ -105,11 +105,13 @@ Thm 2 gives user ``i`` ``epsilon B_i / (2B)``; the ledger records that per-user
 distribution (min/median/max over the store's users, exact, from counts and
 weights; it is a statistic of the data for the data owner, not a DP release).
 dp-accounting has no notion of "approximately exact posterior sample": the
-release is recorded as one pure-DP event (exponential mechanism,
-:func:`streamdp.privacy.pure_dp_event`) whose PLD value is what an exact sample
-would spend (the event's epsilon is fitted just under the target so that the PLD
-grid's rounding stays within it, :func:`event_epsilon`; the sampler runs at that
-epsilon), and the guarantee string starts with ``approximate:`` because a finite
+release is one :class:`streamdp.privacy.posterior.PosteriorSample`, the privacy
+object that gives the sampler its scale, Langevin time and noise draws, the
+accounted event and the ledger entry. Its event is one pure-DP event (exponential
+mechanism) whose PLD value is what an exact sample would spend (the event's
+epsilon is fitted just under the target so that the PLD grid's rounding stays
+within it, :func:`streamdp.privacy.posterior.event_epsilon`; the sampler runs at
+that epsilon), and the guarantee string starts with ``approximate:`` because a finite
 SGLD run is not an exact sample: Thm 1's ``(epsilon, (1 + e^epsilon) delta)`` needs the
 run's law to be ``delta``-close in L1 to the target, which nothing bounds for a
 finite run (Jain et al. 2018 remark that SGLD's ``(epsilon, delta)`` is unquantified).
@@ -159,34 +161,29 @@ import functools
 import math
 import threading
 import time
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels import sgd as K
 from streamdp.methods import register
-from streamdp.methods.base import Fitted, Method, Plan
-from streamdp.methods.options import Option
+from streamdp.methods.base import Fitted, Method, Plan, RunSettings
+from streamdp.methods.options import MethodOptions, option
+from streamdp.privacy.posterior import GUARANTEE_SGLD, SCALE_FACTOR, TABLE_LABEL, PosteriorSample
 
 #: Key of this module's random streams.
 RNG_KEY = 0x5D1D
 _INIT, _TRIM, _NOISE, _FLUSH, _TABLE, _BLOCK_FLUSH = 1, 2, 3, 4, 5, 6
 
-#: ``--posterior-scale``: ``s = epsilon / (factor * B)``. ``paper``: Alg. 1's ``4B``; ``tight``: ``B``,
-#: the exact add/remove bound for a non-negative loss bounded by ``B`` (see the module docstring).
-SCALE_FACTOR = {"paper": 4.0, "tight": 1.0}
 #: Default prior sd of a factor coordinate and of a bias under the target (``lam = T / (2 s sd^2)``).
 PRIOR_SD = 0.3
 PRIOR_SD_BIAS = 0.3
 #: Rating noise sd a user's local solve assumes, as a share of the rating range (1 on a 1..5 scale):
 #: public, see :func:`local_ridge`.
 LOCAL_NOISE_SD_SHARE = 0.25
-#: Per-user epsilon as a share of ``epsilon * B_i / B``: Thm 2's 1/2 (paper) or 1 (tight).
-PER_USER_SHARE = {"paper": 0.5, "tight": 1.0}
 
-GUARANTEE_SGLD = ("approximate: epsilon-DP for an exact posterior sample; approximate for a finite SGLD run "
-                  "(Liu et al. Thm 1; Jain et al. 2018 note SGLD's (epsilon, delta) is unquantified)")
-TABLE_LABEL = "Gaussian lookup table: no privacy proof"
 #: Ledger note of ``--epoch-scheme blocks`` (sgld).
 BLOCKS_NOTE = ("--epoch-scheme blocks: the user blocks of a round (--round-blocks) start from the round's V and "
                "their item changes are applied in block order, so the sampler is a different Markov chain from "
@@ -195,80 +192,112 @@ BLOCKS_NOTE = ("--epoch-scheme blocks: the user blocks of a round (--round-block
                "the guarantee's reasoning is unchanged: an exact sample of the target would be epsilon-DP, and a "
                "finite run of this chain, like Hogwild's, is not one")
 
-
-def target_label(epsilon: float, temperature: float, epsilon_claimed: float) -> str:
-    """``privacy.json: bounds.target``: whether the chain samples the epsilon-DP target of ``--epsilon``.
-
-    ``--temperature T != 1`` (Liu et al.'s zeta) makes the chain sample ``exp(-s F / T)``:
-    the exact target of ``epsilon / T``, which is what the ledger then claims, but NOT the
-    DP target of the ``--epsilon`` given.
-
-    >>> target_label(1.0, 1.0, 1.0)
-    'the epsilon-DP target exp(-epsilon/(cB) F) of --epsilon 1'
-    >>> target_label(1.0, 0.1, 10.0)
-    'not the DP target of --epsilon 1: temperature 0.1 samples exp(-s F / T), the target of epsilon / T = 10 (claimed)'
-    """
-    if float(temperature) == 1.0:
-        return f"the epsilon-DP target exp(-epsilon/(cB) F) of --epsilon {epsilon:g}"
-    return (f"not the DP target of --epsilon {epsilon:g}: temperature {temperature:g} samples exp(-s F / T), the "
-            f"target of epsilon / T = {epsilon_claimed:.4g} (claimed)")
-
 #: ``--round-blocks`` default: blocks of one round of ``--epoch-scheme blocks`` (see docs/cluster.md).
 ROUND_BLOCKS = 2
 
-DEFAULTS = {
-    # sgd: scikit-surprise SVD's defaults
-    "sgd": dict(epochs=20, eta=0.005, gamma=0.0, reg=0.02, reg_bias=0.02, init_std=0.1, tau=None, kappa=1.0,
-                rho=1.0, temperature=1.0, epoch_scheme="hogwild", round_blocks=ROUND_BLOCKS),
-    # sgld: reg / reg_bias None = from the prior sds (PRIOR_SD, PRIOR_SD_BIAS) at the run's scale s
-    "sgld": dict(epochs=20, eta=0.005, gamma=0.0, reg=None, reg_bias=None, init_std=0.1, tau=100, kappa=None,
-                 rho=1.0, temperature=1.0, epoch_scheme="hogwild", round_blocks=ROUND_BLOCKS),
-}
-
-
 _POS = dict(minimum=0, exclusive_minimum=True)
 _NONNEG = dict(minimum=0)
-#: ``--method sgd``'s options (surprise SVD's defaults).
-SGD_OPTIONS = (
-    Option("epochs", int, "passes over the data", default=20, minimum=1),
-    Option("eta", float, "initial learning rate eta_0", default=0.005, **_POS),
-    Option("gamma", float, "step decay: eta_t = eta_0 / t^gamma", default=0.0, **_NONNEG),
-    Option("reg", float, "L2 regularization per rating", default=0.02, **_NONNEG),
-    Option("reg_bias", float, "L2 regularization of the biases per rating", default=0.02, **_NONNEG),
-    Option("init_std", float, "std of the initial factors", default=0.1, **_NONNEG),
-    Option("tau", int, "ratings kept per user (random trimming)", default_text="all", minimum=1),
-    Option("tiering", ("auto", "on", "off"), "process each group's hot (popular) items first; auto: on where it "
-           "measured faster (tiering_pays: from k, n_items and the cache sizes)", default="auto"),
-    Option("hot_items", int, "hot-tier size", default_text="half of L2", minimum=0),
-    Option("step_users", int, "users per group", default=256, minimum=1),
-    Option("checkpoint", str, "run directory (U on disk, per-epoch checkpoints: counted as released, never "
-           "refunded; keep it private); resumes if it holds one", metavar="DIR"),
-    Option("epoch_scheme", ("hogwild", "blocks"), "hogwild: one shared V on local threads; blocks: rounds of "
-           "--round-blocks blocks start from the round's V, their changes applied in block order (runs on "
-           "--scheduler; see docs/cluster.md)", default="hogwild"),
-    Option("round_blocks", int, "blocks per round of --epoch-scheme blocks (its parallelism; more: staler V)",
-           default=ROUND_BLOCKS, minimum=1),
-)
-#: ``--method sgld``'s options: the same names where they mean the same, its own help where they do not.
-SGLD_OPTIONS = tuple(o for o in SGD_OPTIONS if o.name not in ("reg", "reg_bias", "tau", "step_users")) + (
-    Option("reg", float, "prior lambda on U, V", default_text="from a prior sd of 0.3 at the run's scale s",
-           **_NONNEG),
-    Option("reg_bias", float, "prior lambda on the biases", default_text="from a prior sd of 0.3", **_NONNEG),
-    Option("tau", int, "ratings kept per user (random trimming; sets the loss bound B)", default=100, minimum=1),
-    Option("step_users", int, "users per SGLD step", default_text="about 16 n_items ratings a step", minimum=1),
-    Option("kappa", float, "loss bound slack: c = r_max - r_min + kappa, any c > 0 (the loss min(e^2, c^2) is "
-           "bounded whatever kappa; B = tau c^2; Liu et al. use kappa 1)",
-           default_text="c = half the rating range (kappa = -(r_max - r_min) / 2)"),
-    Option("rho", float, "cap of the per-user weights w_i", default=1.0, **_POS),
-    Option("user_weights", str, "personalized privacy: CSV 'user,weight' or 'user,epsilon' (Liu et al. Thm 2)",
-           metavar="FILE"),
-    Option("posterior_scale", ("paper", "tight"), "s = epsilon/B (tight: the exact add/remove bound), or "
-           "epsilon/(4B) as in Liu et al. (paper: 4x more diffuse at the same claim)", default="tight"),
-    Option("temperature", float, "temperature T; the exact-sample guarantee becomes epsilon / T", default=1.0,
-           **_POS),
-    Option("noise_table", int, "Gaussian lookup table of SIZE numbers instead of fresh draws (NO privacy proof)",
-           metavar="SIZE", minimum=1),
-)
+
+
+@dataclass(frozen=True)
+class SgdOptions(MethodOptions):
+    """``--method sgd``'s options (scikit-surprise ``SVD``'s defaults), the base of sgld's.
+
+    The last fields are not options of sgd: they are sgld's knobs at the values the plain
+    SGD runs with (its loss is not truncated, no weights, no noise), so both methods
+    settle their settings the same way.
+    """
+
+    epochs: int = option("passes over the data", default=20, minimum=1)
+    eta: float = option("initial learning rate eta_0", default=0.005, **_POS)
+    gamma: float = option("step decay: eta_t = eta_0 / t^gamma", default=0.0, **_NONNEG)
+    reg: float | None = option("L2 regularization per rating", default=0.02, **_NONNEG)
+    reg_bias: float | None = option("L2 regularization of the biases per rating", default=0.02, **_NONNEG)
+    init_std: float = option("std of the initial factors", default=0.1, **_NONNEG)
+    tau: int | None = option("ratings kept per user (random trimming)", default_text="all", minimum=1)
+    tiering: Literal["auto", "on", "off"] = option(
+        "process each group's hot (popular) items first; auto: on where it measured faster (tiering_pays: from k, "
+        "n_items and the cache sizes)", default="auto")
+    hot_items: int | None = option("hot-tier size", default_text="half of L2", minimum=0)
+    step_users: int | None = option("users per group", default=256, minimum=1)
+    checkpoint: str | None = option("run directory (U on disk, per-epoch checkpoints: counted as released, never "
+                                    "refunded; keep it private); resumes if it holds one", metavar="DIR")
+    epoch_scheme: Literal["hogwild", "blocks"] = option(
+        "hogwild: one shared V on local threads; blocks: rounds of --round-blocks blocks start from the round's V, "
+        "their changes applied in block order (runs on --scheduler; see docs/cluster.md)", default="hogwild")
+    round_blocks: int = option("blocks per round of --epoch-scheme blocks (its parallelism; more: staler V)",
+                               default=ROUND_BLOCKS, minimum=1)
+    kappa: float | None = 1.0
+    rho: float = 1.0
+    user_weights: str | None = None
+    posterior_scale: Literal["paper", "tight"] = "tight"
+    temperature: float = 1.0
+    noise_table: int | None = None
+
+
+@dataclass(frozen=True)
+class SgldOptions(SgdOptions):
+    """``--method sgld``'s options: sgd's names where they mean the same, its own help where they do not."""
+
+    reg: float | None = option("prior lambda on U, V", default_text="from a prior sd of 0.3 at the run's scale s",
+                               **_NONNEG)
+    reg_bias: float | None = option("prior lambda on the biases", default_text="from a prior sd of 0.3", **_NONNEG)
+    tau: int | None = option("ratings kept per user (random trimming; sets the loss bound B)", default=100,
+                             minimum=1)
+    step_users: int | None = option("users per SGLD step", default_text="about 16 n_items ratings a step",
+                                    minimum=1)
+    kappa: float | None = option(
+        "loss bound slack: c = r_max - r_min + kappa, any c > 0 (the loss min(e^2, c^2) is bounded whatever kappa; "
+        "B = tau c^2; Liu et al. use kappa 1)", default_text="c = half the rating range (kappa = -(r_max - r_min) / 2)")
+    rho: float = option("cap of the per-user weights w_i", default=1.0, **_POS)
+    user_weights: str | None = option("personalized privacy: CSV 'user,weight' or 'user,epsilon' (Liu et al. Thm 2)",
+                                      metavar="FILE")
+    posterior_scale: Literal["paper", "tight"] = option(
+        "s = epsilon/B (tight: the exact add/remove bound), or epsilon/(4B) as in Liu et al. (paper: 4x more diffuse "
+        "at the same claim)", default="tight")
+    temperature: float = option("temperature T; the exact-sample guarantee becomes epsilon / T", default=1.0, **_POS)
+    noise_table: int | None = option("Gaussian lookup table of SIZE numbers instead of fresh draws (NO privacy "
+                                     "proof)", metavar="SIZE", minimum=1)
+
+
+@dataclass(frozen=True)
+class SgdSettings(RunSettings):
+    """The resolved settings of one sgd/sgld run on a store: the options with their derived defaults.
+
+    ``tiering`` is the decision (``tiering_option`` what was asked), ``clip`` the loss bound
+    ``c`` (0: the plain square loss of sgd), ``reg``/``reg_bias`` sgld's prior lambdas at the
+    run's scale. What the sampler's noise and the guarantee need is the plan's
+    :class:`~streamdp.privacy.posterior.PosteriorSample` (``plan.releases``).
+    """
+
+    epochs: int
+    eta: float
+    gamma: float
+    reg: float
+    reg_bias: float
+    init_std: float
+    tau: int | None
+    kappa: float
+    rho: float
+    temperature: float
+    epoch_scheme: str
+    round_blocks: int
+    tiering_option: str
+    tiering: bool
+    hot_items: int
+    step_users: int
+    noise_table: int | None
+    user_weights: str | None
+    rating_min: float
+    rating_max: float
+    clip: float
+    posterior_scale: str
+    checkpoint: str | None
+
+    @property
+    def bound(self) -> float | None:
+        """``B = tau c^2``: every user's term of sgld's objective is in ``[0, B]`` (None for sgd)."""
+        return self.tau * self.clip ** 2 if self.clip > 0 else None
 
 
 def _trim_groups(ip, it, rt, tau, G, rng_of):
@@ -360,7 +389,7 @@ def read_user_weights(path: str, numeric: bool | None = None):
 class _SgdBase(Method):
     """Shared settings, preprocessing and the epoch loop of ``sgd`` and ``sgld``."""
 
-    OPTIONS = SGD_OPTIONS
+    Options = SgdOptions
     noisy = False
     #: Several workers update V without locks: results with 2+ workers are not bit-reproducible
     #: (the tests compare their RMSE instead); with 1 worker they are.
@@ -379,98 +408,53 @@ class _SgdBase(Method):
     NON_PRIVATE = False
 
     # -- settings ----------------------------------------------------------------------
-    def settings(self, store) -> dict:
-        o = {**DEFAULTS[self.name], **{k: v for k, v in self.options.items() if v is not None}}
-        s = dict(o)
-        for key in ("epochs",):
-            if int(s[key]) != s[key] or s[key] < 1:
-                raise ParameterError(f"--{key} must be a positive integer, got {s[key]}")
-            s[key] = int(s[key])
-        for key in ("eta", "temperature", "rho"):
-            if not (float(s[key]) > 0 and math.isfinite(float(s[key]))):
-                raise ParameterError(f"--{key.replace('_', '-')} must be a positive number, got {s[key]}")
-        for key in ("gamma", "reg", "reg_bias", "init_std"):
-            if s[key] is None:
-                continue
-            if not (float(s[key]) >= 0 and math.isfinite(float(s[key]))):
-                raise ParameterError(f"--{key.replace('_', '-')} must be a non-negative number, got {s[key]}")
-        if s["tau"] is not None:
-            from streamdp.privacy.bounding import check_tau
+    def settings(self, store) -> SgdSettings:
+        """The options with their derived defaults on ``store``; checks that need the store or the rank.
 
-            try:
-                s["tau"] = check_tau(int(s["tau"]) if float(s["tau"]) == int(s["tau"]) else s["tau"])
-            except (TypeError, ValueError):
-                raise ParameterError(f"--tau must be an integer >= 1, got {s['tau']}") from None
-        elif self.noisy:
-            raise ParameterError("--tau is required for --method sgld (the bound B needs it)")
-        # --tiering auto|on|off; auto decides from public parameters only (rank, number of items, the
-        # machine's cache sizes): K.tiering_pays, whose rule and measurements are in docs/sgld.md
-        t = "auto" if s.get("tiering") is None else str(s["tiering"])
-        if t not in ("auto", "on", "off"):
-            raise ParameterError(f"--tiering: expected one of auto, on, off, got {s['tiering']!r}")
-        s["tiering_option"] = t
-        s["tiering"] = K.tiering_pays(self.rank, store.n_items) if t == "auto" else t == "on"
-        hot = s.get("hot_items")
-        s["hot_items"] = int(hot) if hot is not None else K.hot_tier_items(self.rank, store.n_items)
-        if s["hot_items"] < 0:
-            raise ParameterError(f"--hot-items must be >= 0, got {hot}")
-        su = s.get("step_users")
-        s["step_users"] = int(su) if su is not None else default_step_users(store, self.noisy)
-        if s["step_users"] < 1:
-            raise ParameterError(f"--step-users must be >= 1, got {su}")
-        nt = s.get("noise_table")
-        if nt is not None:
-            nt = int(nt)
-            if nt < 4 * (self.rank + 1):
-                raise ParameterError(f"--noise-table must hold at least {4 * (self.rank + 1)} numbers, got {nt}")
-            if not self.noisy:
-                raise ParameterError("--noise-table only applies to --method sgld")
-        s["noise_table"] = nt
-        if s.get("user_weights") is not None and not self.noisy:
-            raise ParameterError("--user-weights only applies to --method sgld (personalized privacy)")
+        Derived: ``--tiering auto`` from public parameters only (rank, number of items, the
+        machine's cache sizes: :func:`streamdp.kernels.sgd.tiering_pays`, rule and measurements
+        in docs/sgld.md), the hot tier and group sizes from the store's shape, sgld's ``kappa``
+        (``c`` = half the rating range, measured against kappa 1 in docs/sgld.md) and its prior
+        lambdas from a fixed prior sd at the run's scale ``s`` (data-independent, so the target
+        ``exp(-s F / T)`` keeps factors at a sensible scale whatever ``s`` is).
+        """
+        o = self.opts
+        if o.noise_table is not None and o.noise_table < 4 * (self.rank + 1):
+            raise ParameterError(f"--noise-table must hold at least {4 * (self.rank + 1)} numbers, got "
+                                 f"{o.noise_table}")
         lo, hi = store.rating_min, store.rating_max
-        s["rating_min"], s["rating_max"] = lo, hi
-        if s["kappa"] is None:  # default: c = half the rating range (docs/sgld.md: measured against kappa 1)
-            s["kappa"] = -(hi - lo) / 2.0 if self.noisy else 1.0
-        if not math.isfinite(float(s["kappa"])):
-            raise ParameterError(f"--kappa must be a finite number, got {s['kappa']}")
-        s["clip"] = (hi - lo) + float(s["kappa"]) if self.noisy else 0.0
-        if self.noisy and not s["clip"] > 0:
+        kappa = o.kappa if o.kappa is not None else -(hi - lo) / 2.0
+        clip = (hi - lo) + kappa if self.noisy else 0.0
+        if self.noisy and not clip > 0:
             raise ParameterError(f"--kappa must be > -(r_max - r_min) = {lo - hi:g} (the loss bound c = r_max - "
-                                 f"r_min + kappa must be > 0), got {s['kappa']}")
-        s["posterior_scale"] = self._check_scale_choice(s.get("posterior_scale"))
-        if self.noisy and s["tau"] is not None:
-            s["B"] = s["tau"] * s["clip"] ** 2
+                                 f"r_min + kappa must be > 0), got {kappa}")
+        s = SgdSettings(
+            epochs=o.epochs, eta=o.eta, gamma=o.gamma, reg=o.reg, reg_bias=o.reg_bias, init_std=o.init_std,
+            tau=o.tau, kappa=kappa, rho=o.rho, temperature=o.temperature, epoch_scheme=o.epoch_scheme,
+            round_blocks=o.round_blocks, tiering_option=o.tiering,
+            tiering=K.tiering_pays(self.rank, store.n_items) if o.tiering == "auto" else o.tiering == "on",
+            hot_items=o.hot_items if o.hot_items is not None else K.hot_tier_items(self.rank, store.n_items),
+            step_users=o.step_users if o.step_users is not None else default_step_users(store, self.noisy),
+            noise_table=o.noise_table, user_weights=o.user_weights, rating_min=lo, rating_max=hi, clip=clip,
+            posterior_scale=o.posterior_scale, checkpoint=o.checkpoint)
         if self.noisy:
-            if self.private:
-                T = float(s["temperature"])
-                s["epsilon_claimed"] = self.epsilon / T
-                s["epsilon_exact_sample"] = event_epsilon(s["epsilon_claimed"], self.delta)
-                s["scale"] = s["epsilon_exact_sample"] * T / (SCALE_FACTOR[s["posterior_scale"]] * s["B"])
-            else:
-                s["scale"] = 1.0
-            # the prior: data-independent; by default its sd is fixed (not its lambda), so the
-            # target exp(-s F / T) keeps factors at a sensible scale whatever s is
-            T = float(s["temperature"])
-            if s["reg"] is None:
-                s["reg"] = T / (2.0 * s["scale"] * PRIOR_SD ** 2)
-            if s["reg_bias"] is None:
-                s["reg_bias"] = T / (2.0 * s["scale"] * PRIOR_SD_BIAS ** 2)
-        s["checkpoint"] = s.get("checkpoint")
+            scale, T = self.posterior(s).scale, s.temperature
+            s = s.replace(reg=T / (2.0 * scale * PRIOR_SD ** 2) if o.reg is None else o.reg,
+                          reg_bias=T / (2.0 * scale * PRIOR_SD_BIAS ** 2) if o.reg_bias is None else o.reg_bias)
         return s
 
-    @staticmethod
-    def _check_scale_choice(v) -> str:
-        v = "tight" if v is None else str(v)
-        if v not in SCALE_FACTOR:
-            raise ParameterError(f"--posterior-scale: expected one of {', '.join(SCALE_FACTOR)}, got {v!r}")
-        return v
+    def posterior(self, s: SgdSettings) -> PosteriorSample:
+        """sgld's release: one sample of ``exp(-s F / T)`` with ``B = tau c^2``, calibrated to the target."""
+        return PosteriorSample.calibrated(
+            "V, item biases (one posterior sample after the last epoch); global mean public (midpoint)",
+            self.epsilon, self.delta, bound=s.bound, posterior_scale=s.posterior_scale, temperature=s.temperature,
+            epochs=s.epochs, noise_table=s.noise_table)
 
     def check_scheduler(self, scheduler) -> None:
         """Hogwild epochs (one shared ``V`` in this process) do not run on a cluster: a one-line refusal."""
         from streamdp.stream.engine import runs_in_this_process
 
-        if self.options.get("epoch_scheme") != "blocks" and not runs_in_this_process(scheduler):
+        if self.opts.epoch_scheme != "blocks" and not runs_in_this_process(scheduler):
             where = scheduler if isinstance(scheduler, str) else "a Dask cluster"
             raise ParameterError(f"--scheduler {where}: the Hogwild epochs of --method {self.name} (--epoch-scheme "
                                  f"hogwild, the default) update one V in this process and do not run on a "
@@ -478,31 +462,29 @@ class _SgdBase(Method):
                                  f"docs/cluster.md) or drop --scheduler")
 
     def state_bytes(self, store) -> int:
-        """Item-side memory: ``V`` (float32), item biases, item clocks, the optional noise table.
+        """Item-side memory: ``V`` (float32), item biases, item clocks (sgld adds its noise table).
 
         Per-block working memory (U rows, stamps, noise buffers) is declared per pass
         as ``extra_per_block``.
         """
-        table = int(self.options.get("noise_table") or 0) * 4
-        return store.n_items * (4 * self.rank + 4 + 8) + table
+        return store.n_items * (4 * self.rank + 4 + 8)
 
     # -- preprocessing: counts, weights ------------------------------------------------
-    def _user_weight_lookup(self, store, s):
-        path = s.get("user_weights")
-        if path is None:
+    def _user_weight_lookup(self, store, s: SgdSettings):
+        if s.user_weights is None:
             return None
         from streamdp.storage.ids import numeric
 
-        return read_user_weights(str(path), numeric=numeric(store.user_ids(0, min(1, store.n_users))))
+        return read_user_weights(s.user_weights, numeric=numeric(store.user_ids(0, min(1, store.n_users))))
 
-    def _block_weights(self, store, b, counts, s, lookup):
+    def _block_weights(self, store, b, counts, s: SgdSettings, sample, lookup):
         """Per-user weights (float32) of block ``b`` from trimmed counts ``m``; and per-user epsilons."""
-        m = counts if s["tau"] is None else np.minimum(counts, s["tau"])
+        m = counts if s.tau is None else np.minimum(counts, s.tau)
         if not self.noisy:
             return np.ones(len(m), np.float32), None
         from streamdp.privacy.bounding import personalized_weights
 
-        rho, tau = float(s["rho"]), s["tau"]
+        rho, tau = float(s.rho), s.tau
         frac = np.ones(len(m))
         cap = np.full(len(m), np.inf)
         if lookup is not None:
@@ -514,8 +496,8 @@ class _SgdBase(Method):
             hit = (len(ids_cmp) > 0) & (ids_cmp[pos_c] == uid_cmp) if len(ids_cmp) else np.zeros(len(uid_cmp), bool)
             if kind == "epsilon":
                 # Thm 2: eps_i = eps B_i / (2B)  =>  B_i / B = min(1, 2 eps_i / eps)
-                eps_t = s["epsilon_exact_sample"] if self.private else math.inf
-                frac[hit] = np.minimum(1.0, vals_l[pos_c[hit]] / (PER_USER_SHARE[s["posterior_scale"]] * eps_t)) \
+                eps_t = sample.epsilon_event
+                frac[hit] = np.minimum(1.0, vals_l[pos_c[hit]] / (sample.user_share * eps_t)) \
                     if math.isfinite(eps_t) else 1.0
             else:
                 cap[hit] = vals_l[pos_c[hit]]
@@ -524,20 +506,20 @@ class _SgdBase(Method):
         B_frac = w * m / tau                             # B_i / B
         eps_i = None
         if self.private:
-            eps_i = s["epsilon_exact_sample"] * B_frac * PER_USER_SHARE[s["posterior_scale"]]
+            eps_i = sample.epsilon_event * B_frac * sample.user_share
         return w.astype(np.float32), eps_i
 
-    def _prepass(self, store, s, lookup):
+    def _prepass(self, store, s: SgdSettings, sample, lookup):
         """Trimmed rating count of each block and the per-user epsilon distribution (from indptr only)."""
         nb = store.n_blocks
         block_n = np.zeros(nb, np.int64)
         dist: dict = {}
         for b in range(nb):
             c = store.block_user_counts(b)
-            m = c if s["tau"] is None else np.minimum(c, s["tau"])
+            m = c if s.tau is None else np.minimum(c, s.tau)
             block_n[b] = int(m.sum())
             if self.noisy and self.private:
-                _, eps_i = self._block_weights(store, b, c, s, lookup)
+                _, eps_i = self._block_weights(store, b, c, s, sample, lookup)
                 vals, cnt = np.unique(np.round(eps_i, 12), return_counts=True)
                 for v, n_ in zip(vals.tolist(), cnt.tolist()):
                     dist[v] = dist.get(v, 0) + n_
@@ -550,7 +532,7 @@ class _SgdBase(Method):
             med_lo = keys[int(np.searchsorted(cum, (total + 1) // 2))]
             med_hi = keys[int(np.searchsorted(cum, total // 2 + 1))]
             per_user = {"min": keys[0], "median": (med_lo + med_hi) / 2.0, "max": keys[-1], "n_users": total,
-                        "rule": ("Thm 2: epsilon_i = epsilon * B_i / (2B)" if s["posterior_scale"] == "paper" else
+                        "rule": ("Thm 2: epsilon_i = epsilon * B_i / (2B)" if s.posterior_scale == "paper" else
                                  "add/remove, non-negative loss: epsilon_i = s B_i = epsilon * B_i / B")
                         + ", B_i = m_i w_i c^2",
                         "note": "a statistic of the training data (counts, weights) for the data owner, not a "
@@ -558,62 +540,46 @@ class _SgdBase(Method):
         return block_n, per_user
 
     # -- plan --------------------------------------------------------------------------
-    def plan(self, store) -> Plan:
-        from streamdp.privacy import pure_dp_event
-
+    def _plan(self, store) -> Plan:
+        """Settings, bounds and, for sgld, the posterior sample (``plan.releases``) with its event and entry."""
         s = self.settings(store)
-        bounds = {"rating_min": s["rating_min"], "rating_max": s["rating_max"],
-                  "rating_range_source": getattr(store, "rating_range_source", "unknown"), "tau": s["tau"]}
+        sample = self.posterior(s) if self.noisy else None
+        bounds = {"rating_min": s.rating_min, "rating_max": s.rating_max,
+                  "rating_range_source": getattr(store, "rating_range_source", "unknown"), "tau": s.tau}
         if self.noisy:
-            bounds.update({"kappa": s["kappa"], "loss_bound_c": s["clip"], "B": s.get("B"), "rho": s["rho"],
+            bounds.update({"kappa": s.kappa, "loss_bound_c": s.clip, "B": s.bound, "rho": s.rho,
                            "weights": "w_i = min(rho, B / (m_i c^2)), m_i = min(tau, n_i); --user-weights caps "
-                                      "them" if s.get("user_weights") is None else
+                                      "them" if s.user_weights is None else
                                       "w_i = min(rho, f_i B / (m_i c^2), file weight) from --user-weights",
                            "loss": "min(e^2, c^2), c = r_max - r_min + kappa",
-                           "scale_s": s.get("scale"), "temperature": s["temperature"],
-                           "prior_lambda": s["reg"], "prior_lambda_bias": s["reg_bias"],
-                           "posterior_scale": f"{s['posterior_scale']}: s = epsilon / "
-                                              f"({SCALE_FACTOR[s['posterior_scale']]:g} B)"})
+                           "scale_s": sample.scale, "temperature": s.temperature,
+                           "prior_lambda": s.reg, "prior_lambda_bias": s.reg_bias,
+                           "posterior_scale": f"{s.posterior_scale}: s = epsilon / "
+                                              f"({SCALE_FACTOR[s.posterior_scale]:g} B)"})
         if not (self.noisy and self.private):
             entries = [{"release": "item factors, item biases, global mean", "mechanism": "none (non-private)",
-                        "epochs": s["epochs"]}]
-            return Plan(event=None, entries=entries, params={**s, "bounds": bounds})
-        eps = s["epsilon_exact_sample"]
-        bounds["target"] = target_label(self.epsilon, float(s["temperature"]), s["epsilon_claimed"])
-        label = "exponential mechanism via an approximate posterior sample (SGLD)"
-        if s["noise_table"]:
-            label += "; " + TABLE_LABEL
-        event = pure_dp_event(eps, mechanism="exponential (SGLD posterior sample, approximate)")
-        entries = [{"release": "V, item biases (one posterior sample after the last epoch); global mean public "
-                               "(midpoint)",
-                    "mechanism": label, "epsilon_exact_sample": eps, "epsilon_claimed": s["epsilon_claimed"],
-                    "scale_s": s["scale"],
-                    "sensitivity_of_F": 2 * s["B"], "count": 1, "epochs": s["epochs"],
-                    "approximation": "exact only for an exact sample; a finite SGLD run is not one (no delta bound)",
-                    "noise": TABLE_LABEL if s["noise_table"] else "numpy Generator (PCG64DXSM) standard normals"}]
-        return Plan(event=event, entries=entries, params={**s, "bounds": bounds})
+                        "epochs": s.epochs}]
+            return Plan(entries=entries, settings=s, bounds=bounds, releases=sample)
+        bounds["target"] = sample.target()
+        return Plan(event=sample.event(), entries=[sample.entry()], settings=s, bounds=bounds, releases=sample)
 
     guarantee = GUARANTEE_SGLD
 
     def ledger(self, store, plan: Plan, *, notes=()):
-        """The ledger: one pure-DP event (exact-sample epsilon), the release entries in ``bounds``."""
-        from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
+        """The base ledger, but a private one claims the posterior sample's epsilon and guarantee.
 
-        private = self.noisy and self.private
-        s = plan.params
-        bounds = dict(s.get("bounds", {}))
-        bounds["releases"] = list(plan.entries)
-        if not private:
-            return Ledger(method=self.name, guarantee=GUARANTEE_NONE, epsilon=math.inf, delta=self.delta,
-                          events=[], accounting=None, bounds=bounds, seeded=self.seed is not None,
-                          store_checksum=store.checksum, notes=list(notes))
-        guarantee = GUARANTEE_SGLD + ("; " + TABLE_LABEL if s.get("noise_table") else "")
-        if float(s["temperature"]) != 1.0:
-            guarantee += "; " + s["bounds"]["target"]
-        acc = epsilon_of(plan.event, self.delta)
-        return Ledger(method=self.name, guarantee=guarantee, epsilon=s["epsilon_claimed"],
-                      delta=self.delta, events=[plan.event], accounting=acc, bounds=bounds,
-                      seeded=self.seed is not None, store_checksum=store.checksum, notes=list(notes))
+        The claim is ``epsilon / T`` (a temperature moves it off ``--epsilon``, which the base
+        ledger would claim) and the guarantee names the lookup table and the temperature.
+        """
+        if not (self.private and plan.events):
+            return super().ledger(store, plan, notes=notes)
+        from streamdp.privacy import Ledger, epsilon_of
+
+        sample = plan.releases
+        return Ledger(method=self.name, guarantee=sample.guarantee(), epsilon=sample.epsilon_claimed,
+                      delta=self.delta, events=list(plan.events), accounting=epsilon_of(plan.event, self.delta),
+                      bounds={**plan.bounds, "releases": list(plan.entries)}, seeded=self.seed is not None,
+                      store_checksum=store.checksum, notes=list(notes))
 
     # -- fit ---------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
@@ -624,10 +590,10 @@ class _SgdBase(Method):
 
     def _fit(self, store, engine, run) -> Fitted:
         plan = self.plan(store)
-        s = plan.params
+        s, sample = plan.settings, plan.releases  # sample: sgld's PosteriorSample (its sampler's noise); sgd: None
         k, n_items = self.rank, store.n_items
         lookup = self._user_weight_lookup(store, s)
-        block_n, per_user = self._prepass(store, s, lookup)
+        block_n, per_user = self._prepass(store, s, sample, lookup)
         N = int(block_n.sum())
         if N == 0:
             raise ParameterError(f"{store.path}: the training split has no ratings")
@@ -637,23 +603,22 @@ class _SgdBase(Method):
             V, bv = ck["V"].copy(), ck["bv"].copy()
         else:
             g = run.rng(_INIT, 0)
-            V = (g.standard_normal((n_items, k)) * s["init_std"]).astype(np.float32)
+            V = (g.standard_normal((n_items, k)) * s.init_std).astype(np.float32)
             bv = np.zeros(n_items, np.float32)
         bufs = run.user_state("user_state", k + 1)
         run_id = run.run_id
 
-        lo, hi = s["rating_min"], s["rating_max"]
+        lo, hi = s.rating_min, s.rating_max
         mu = (lo + hi) / 2.0 if self.noisy else self._train_mean(store, engine)
-        sc = s.get("scale", 1.0)
-        lrs = [s["eta"] / (e ** s["gamma"]) for e in range(1, s["epochs"] + 1)]
-        deltas = [lr / (2.0 * sc) / N for lr in lrs]          # Langevin time per rating
-        a, a_b = 2.0 * sc * s["reg"], 2.0 * sc * s["reg_bias"]
-        temp = float(s["temperature"]) if self.noisy else 0.0
+        lrs = [s.eta / (e ** s.gamma) for e in range(1, s.epochs + 1)]
+        if self.noisy:  # the Langevin time per rating, the prior's flow rates and the temperature of the noise
+            deltas = [sample.langevin_time(lr, N) for lr in lrs]
+            a, a_b, temp = sample.flow_rate(s.reg), sample.flow_rate(s.reg_bias), s.temperature
+        else:
+            deltas, a, a_b, temp = [0.0] * len(lrs), 0.0, 0.0, 0.0
         item_last = np.zeros(n_items, np.int64)
-        table = None
-        if s["noise_table"]:
-            table = run.rng(_TABLE, 0).standard_normal(s["noise_table"]).astype(np.float32)
-        tiering, hot = s["tiering"], s["hot_items"]
+        table = sample.table(run.rng(_TABLE, 0)) if s.noise_table else None
+        tiering, hot = s.tiering, s.hot_items
         history = list(ck["history"]) if ck is not None and "history" in ck else []
 
         # per block in flight beyond the ratings: U rows (read, copies, written), the item
@@ -661,12 +626,12 @@ class _SgdBase(Method):
         bu_ = store.block_users
         extra = 3 * bu_ * (k + 1) * 4 + bu_ * 16
         if self.noisy:
-            steps = -(-bu_ // s["step_users"])
+            steps = -(-bu_ // s.step_users)
             max_nnz = int(store.block_nnz().max()) if store.n_blocks else 0
             extra += 8 * n_items + 4 * (k + 1) * (bu_ + min(max_nnz, steps * n_items))
         replicate = (not self.noisy and getattr(engine, "workers", 1) > 1
                      and n_items * (k + 1) * 4 <= self.REPLICA_MAX_BYTES)
-        blocks = s.get("epoch_scheme") == "blocks"
+        blocks = s.epoch_scheme == "blocks"
         replicate = replicate and not blocks
         merge_lock = threading.Lock() if replicate else None  # (a lock does not pickle: none in a cluster task)
         if blocks:
@@ -674,12 +639,12 @@ class _SgdBase(Method):
         if replicate:
             extra += 3 * n_items * (k + 1) * 4
         epoch_seconds = []
-        for e in run.epochs(s["epochs"]):
+        for e in run.epochs(s.epochs):
             t_epoch = time.perf_counter()
             lr, delta = lrs[e - 1], deltas[e - 1]
             u_dt0, u_dt1 = K.user_flow_coefficients(e, deltas, N)
             src, dst = bufs[(e - 1) % 2], bufs[e % 2]
-            G = s["step_users"]
+            G = s.step_users
 
             def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst, V_ep=None,
                    bv_ep=None):
@@ -687,8 +652,8 @@ class _SgdBase(Method):
                 # result does not depend on how users are cut into blocks when G divides block_users
                 gid0 = block.first_user // G
                 ip, it, rt = block.indptr, block.items, block.ratings
-                if s["tau"] is not None:
-                    ip, it, rt = _trim_groups(ip, it, rt, s["tau"], G,
+                if s.tau is not None:
+                    ip, it, rt = _trim_groups(ip, it, rt, s.tau, G,
                                               lambda q: run.group_rng(_TRIM, 0, gid0 + q))
                 # the block's arrays are this task's own (a fresh read): used in place, also by the tier partition
                 it = np.ascontiguousarray(it, np.int32)
@@ -696,7 +661,7 @@ class _SgdBase(Method):
                     np.ascontiguousarray(rt, np.float32)
                 ip = np.ascontiguousarray(ip, np.int64)
                 n_u = len(ip) - 1
-                w, _ = self._block_weights(store, b, np.diff(block.indptr), s, lookup)
+                w, _ = self._block_weights(store, b, np.diff(block.indptr), s, sample, lookup)
                 split = ip[1:].copy()
                 if tiering:
                     K.partition_tiers(ip, it, rt, hot, split)
@@ -705,43 +670,29 @@ class _SgdBase(Method):
                     for q, g0 in enumerate(range(0, n_u, G)):
                         g1 = min(g0 + G, n_u)
                         UB[g0:g1, :k] = run.group_rng(_INIT, 1, gid0 + q).standard_normal((g1 - g0, k)) \
-                            * s["init_std"]
+                            * s.init_std
                 else:
                     UB = src.read(b)
                 U = np.ascontiguousarray(UB[:, :k])
                 bu = np.ascontiguousarray(UB[:, k])
                 Vw, bvw, lastw = _block_start(V_ep, bv_ep, int(pos0[b])) if blocks else (V, bv, item_last)
                 if self.noisy:
-                    per_group = K.group_draws(ip, it, G, n_items, k)
-                    if table is not None:
-                        offsets = np.concatenate(
-                            [run.group_rng(_NOISE, e, gid0 + q).integers(0, len(table) - k - 1,
-                                                                               size=int(d) // (k + 1))
-                             for q, d in enumerate(per_group)] or [np.zeros(0, np.int64)]).astype(np.int64)
-                        noise, use_table = table, True
-                    else:
-                        noise = np.empty(int(per_group.sum()), np.float32)
-                        at = 0
-                        for q, d in enumerate(per_group):
-                            d = int(d)
-                            run.group_rng(_NOISE, e, gid0 + q).standard_normal(out=noise[at:at + d],
-                                                                                     dtype=np.float32)
-                            at += d
-                        offsets, use_table = np.zeros(0, np.int64), False
-                    sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, Vw, bvw, lastw, mu, lr, s["clip"],
+                    noise, offsets = _group_noise(sample, lambda q: run.group_rng(_NOISE, e, gid0 + q),
+                                                  K.group_draws(ip, it, G, n_items, k), k + 1, table)
+                    sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, Vw, bvw, lastw, mu, lr, s.clip,
                                           G, int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
-                                          noise, offsets, use_table)
+                                          noise, offsets, table is not None)
                 elif replicate:
                     V0, bv0 = V.copy(), bv.copy()
                     Vl, bvl = V0.copy(), bv0.copy()
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vl, bvl, mu, lr, s["reg"], s["reg_bias"], G)
+                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vl, bvl, mu, lr, s.reg, s.reg_bias, G)
                     Vl -= V0
                     bvl -= bv0
                     with merge_lock:
                         V[...] += Vl
                         bv[...] += bvl
                 else:
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vw, bvw, mu, lr, s["reg"], s["reg_bias"], G)
+                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vw, bvw, mu, lr, s.reg, s.reg_bias, G)
                 UB[:, :k] = U
                 UB[:, k] = bu
                 dst.write(b, UB)
@@ -749,15 +700,15 @@ class _SgdBase(Method):
                 if blocks:
                     flush = None
                     if self.noisy:
-                        flush = (run.group_rng(_BLOCK_FLUSH, e, b), int(pos0[b]) + int(ip[-1]), delta, a, a_b, temp,
-                                 table)
+                        flush = (sample, run.group_rng(_BLOCK_FLUSH, e, b), int(pos0[b]) + int(ip[-1]), delta, a,
+                                 a_b, temp, table)
                     out += (_block_delta(Vw, bvw, lastw, V_ep, bv_ep, it, flush),)
                 return out
 
-            desc = f"{self.name} epoch {e}/{s['epochs']}"
+            desc = f"{self.name} epoch {e}/{s.epochs}"
             if blocks:
                 covered = np.zeros(n_items, np.int64) if self.noisy else None
-                R, parts = int(s.get("round_blocks") or ROUND_BLOCKS), []
+                R, parts = s.round_blocks, []
                 for r0 in range(0, store.n_blocks, R):  # a round's blocks start from the same V (snapshot)
                     parts = engine.map_reduce(functools.partial(fn, V_ep=V.copy(), bv_ep=bv.copy()),
                                               functools.partial(_add_block_delta, V, bv, covered), parts,
@@ -768,14 +719,8 @@ class _SgdBase(Method):
             else:
                 parts = engine.foreach(fn, extra_per_block=extra, desc=desc)
             if self.noisy:
-                g = run.rng(_FLUSH, e)
-                if table is not None:
-                    offsets = g.integers(0, len(table) - k - 1, size=n_items).astype(np.int64)
-                    K.flush_items(V, bv, item_last, N, delta, a, a_b, temp, table, offsets, True)
-                else:
-                    K.flush_items(V, bv, item_last, N, delta, a, a_b, temp,
-                                  g.standard_normal(n_items * (k + 1), dtype=np.float32), np.zeros(0, np.int64),
-                                  False)
+                noise, offsets = sample.draws(run.rng(_FLUSH, e), n_items, k + 1, table)
+                K.flush_items(V, bv, item_last, N, delta, a, a_b, temp, noise, offsets, table is not None)
             epoch_seconds.append(round(time.perf_counter() - t_epoch, 4))
             sse = sum(p[0] for p in parts)
             history.append(math.sqrt(sse / max(N, 1)))
@@ -785,7 +730,7 @@ class _SgdBase(Method):
 
         # released global mean: mu plus the mean user bias of the final state, so that a user solving
         # only u_i locally (no bias) starts from the average user (post-processing of the sample)
-        final = bufs[s["epochs"] % 2]
+        final = bufs[s.epochs % 2]
         bu_sum = 0.0
         for b in range(store.n_blocks):
             bu_sum += float(final.read(b)[:, k].sum(dtype=np.float64))
@@ -794,16 +739,16 @@ class _SgdBase(Method):
         if self.noisy and self.private:
             notes.append("approximate guarantee: an exact posterior sample would be epsilon-DP (Thm 1); this is "
                          "a finite SGLD run")
-            if float(s["temperature"]) != 1.0:
-                notes.append(f"temperature {s['temperature']}: {s['bounds']['target']}; Liu et al.'s zeta (0.07, "
+            if s.temperature != 1.0:
+                notes.append(f"temperature {s.temperature}: {sample.target()}; Liu et al.'s zeta (0.07, "
                              "0.0025 in their Figure 7) is this temperature")
-            if s["noise_table"]:
-                notes.append(TABLE_LABEL + f" (--noise-table {s['noise_table']})")
-            sd = math.sqrt(float(s["temperature"]) / (2.0 * s["scale"] * max(s["reg"], 1e-12)))
+            if s.noise_table:
+                notes.append(TABLE_LABEL + f" (--noise-table {s.noise_table})")
+            sd = math.sqrt(s.temperature / (2.0 * sample.scale * max(s.reg, 1e-12)))
             notes.append(f"the target's prior alone gives each factor coordinate sd {sd:.3g} (T / (2 s lam), "
-                         f"s = epsilon / (4B) = {s['scale']:.3g}); the data only outweighs it for parameters "
+                         f"s = epsilon / (4B) = {sample.scale:.3g}); the data only outweighs it for parameters "
                          f"with many ratings, so small epsilon on small stores releases mostly prior noise")
-            if s["tiering"]:
+            if s.tiering:
                 notes.append("tiering uses the store's item order (popularity); it only reorders updates and does "
                              "not change the target distribution")
         if blocks and self.noisy:
@@ -818,19 +763,18 @@ class _SgdBase(Method):
                          "exact guarantee")
         ledger = self.ledger(store, plan, notes=notes)
         ledger.bounds["run_id"] = run_id
-        params = {key: s[key] for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau", "kappa",
-                                          "rho", "temperature", "noise_table", "tiering", "hot_items",
-                                          "step_users")}
-        params["epoch_scheme"] = "blocks" if blocks else "hogwild"
+        params = {key: getattr(s, key) for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau",
+                                                   "kappa", "rho", "temperature", "noise_table", "tiering",
+                                                   "hot_items", "step_users", "epoch_scheme")}
         if blocks:
-            params["round_blocks"] = int(s.get("round_blocks") or ROUND_BLOCKS)
-        params.update({"scale_s": s.get("scale"), "B": s.get("B"), "loss_bound_c": s["clip"] or None,
-                       "user_weights": str(s["user_weights"]) if s.get("user_weights") else None})
+            params["round_blocks"] = s.round_blocks
+        params.update({"scale_s": sample.scale if self.noisy else None, "B": s.bound, "loss_bound_c": s.clip or None,
+                       "user_weights": s.user_weights})
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed, "n_users": store.n_users,
                 "n_items": n_items, "parameters": params,
                 "resumed_from_epoch": run.start - 1 if run.start > 1 else None, "run_id": run_id,
-                "ridge": local_ridge(s) if self.noisy else 1.0,
+                "ridge": local_ridge(s, sample.scale) if self.noisy else 1.0,
                 "rating_range": {"min": lo, "max": hi}, "run_directory": None if run.own_dir else run.dir}
         if not self.noisy:  # sgd: the exact training mean (a non-private model only)
             info["mu_train"] = float(mu)
@@ -842,7 +786,7 @@ class _SgdBase(Method):
                         owner={"n_train_used": N, "train_rmse_by_epoch": history, "epoch_seconds": epoch_seconds,
                                **({"per_user_epsilon": per_user} if per_user is not None else {})})
         # U is not released; a named run directory keeps it for a resume (and for tests)
-        fitted.user_states = None if run.own_dir else bufs[s["epochs"] % 2]
+        fitted.user_states = None if run.own_dir else bufs[s.epochs % 2]
         return fitted
 
     def _train_mean(self, store, engine) -> float:
@@ -861,7 +805,7 @@ def _block_delta(Vw, bvw, lastw, V_ep, bv_ep, items, flush):
 
     Returns ``(touched, d, d_b, A, A_b, span)`` with the block's result ``V[touched] = d V_ep[touched] + A``
     (``bv`` likewise with ``d_b``). For SGD ``d = 1`` and ``A`` is the change. For SGLD (``flush`` =
-    ``(rng, block end, delta, a, a_b, temp, table)``) the touched items are first flowed to the block's
+    ``(sample, rng, block end, delta, a, a_b, temp, table)``) the touched items are first flowed to the block's
     end, so every touched item's flows cover exactly the block's span of the clock and the prior's decay
     over it is the one factor ``d = exp(-a delta span)``: applying ``d V + A`` to the current ``V`` in block
     order composes the Ornstein-Uhlenbeck flows exactly (a sum of deltas would apply the decay once per
@@ -872,16 +816,26 @@ def _block_delta(Vw, bvw, lastw, V_ep, bv_ep, items, flush):
     Vt, bvt = Vw[touched], bvw[touched]
     d = d_b = 1.0
     if flush is not None:
-        rng, end, delta, a, a_b, temp, table = flush
-        k1 = Vw.shape[1] + 1
-        if table is not None:
-            noise, offsets = table, rng.integers(0, len(table) - k1, size=len(touched)).astype(np.int64)
-        else:
-            noise, offsets = rng.standard_normal(len(touched) * k1, dtype=np.float32), np.zeros(0, np.int64)
+        sample, rng, end, delta, a, a_b, temp, table = flush
+        noise, offsets = sample.draws(rng, len(touched), Vw.shape[1] + 1, table)
         K.flush_items(Vt, bvt, lastw[touched], end, delta, a, a_b, temp, noise, offsets, table is not None)
         d, d_b = math.exp(-a * delta * len(items)), math.exp(-a_b * delta * len(items))
     d, d_b = np.float32(d), np.float32(d_b)
     return touched, d, d_b, Vt - d * V_ep[touched], bvt - d_b * bv_ep[touched], int(len(items))
+
+
+def _group_noise(sample, rng_of, per_group, k1: int, table):
+    """The noise of one block's SGLD steps, ``(noise, offsets)``: group ``q`` draws ``per_group[q]`` values
+    (``k1`` per flow) from its own generator ``rng_of(q)``, in group order, into one buffer."""
+    if table is not None:
+        offsets = [sample.draws(rng_of(q), int(d) // k1, k1, table)[1] for q, d in enumerate(per_group)]
+        return table, np.concatenate(offsets or [np.zeros(0, np.int64)])
+    noise = np.empty(int(per_group.sum()), np.float32)
+    at = 0
+    for q, d in enumerate(per_group):
+        sample.draws(rng_of(q), int(d) // k1, k1, out=noise[at:at + int(d)])
+        at += int(d)
+    return noise, np.zeros(0, np.int64)
 
 
 def _add_block_delta(V, bv, covered, acc, part):
@@ -895,7 +849,7 @@ def _add_block_delta(V, bv, covered, acc, part):
     return acc
 
 
-def local_ridge(s: dict) -> float:
+def local_ridge(s: SgdSettings, scale: float) -> float:
     """Ridge of a user's local solve of ``u_i`` given the released sample (``model.json`` ``ridge``).
 
     Within the target ``exp(-s F / T)`` the conditional of ``u_i`` given ``V`` is a
@@ -911,42 +865,12 @@ def local_ridge(s: dict) -> float:
     default prior, whatever epsilon is. Measured (``bench/sgld_privacy.py``, median of
     3 seeds, epsilon 1): ML-100K test RMSE 1.229 -> 1.099, FilmTrust 1.209 -> 0.92.
 
-    >>> round(local_ridge({"scale": 1e-4, "reg": 1 / (2 * 1e-4 * 0.09), "temperature": 1.0,
-    ...                    "rating_min": 1.0, "rating_max": 5.0}), 2)
+    >>> from types import SimpleNamespace as S
+    >>> round(local_ridge(S(reg=1 / (2 * 1e-4 * 0.09), temperature=1.0, rating_min=1.0, rating_max=5.0), 1e-4), 2)
     11.11
     """
-    sigma = LOCAL_NOISE_SD_SHARE * (float(s["rating_max"]) - float(s["rating_min"]))
-    return sigma ** 2 * 2.0 * float(s["scale"]) * float(s["reg"]) / float(s["temperature"])
-
-
-@functools.lru_cache(maxsize=64)
-def event_epsilon(epsilon: float, delta: float) -> float:
-    """The largest ``e <= epsilon`` whose pure-DP event the PLD accountant reports at ``<= epsilon``.
-
-    The PLD of a pure ``e``-DP event lands slightly above ``e`` (its discretization);
-    the sampler is then run at ``e`` (scale ``s = e T / (4B)``), so the exact sample
-    spends ``e`` and the accountant's conservative figure stays within the target.
-
-    >>> e = event_epsilon(2.0, 1e-5)
-    >>> e <= 2.0
-    True
-    """
-    from streamdp.privacy import epsilon_of, pure_dp_event
-
-    e = float(epsilon)
-    for _ in range(20):
-        try:
-            got = epsilon_of(pure_dp_event(e), delta).epsilon
-        except OverflowError:  # dp-accounting evaluates exp(epsilon)
-            raise ParameterError(f"--epsilon {epsilon:g} (after temperature) is beyond what the accountant can "
-                                 "evaluate (exp(epsilon) overflows above ~700)") from None
-        if got <= epsilon:
-            return e
-        if not math.isfinite(got):
-            raise ParameterError(f"--epsilon {epsilon:g} (after temperature) is beyond what the accountant can "
-                                 f"evaluate for a pure-DP event (it reports {got})")
-        e -= max(got - epsilon, 1e-9 * epsilon) * 1.5
-    raise ParameterError(f"cannot fit a pure-DP event under epsilon={epsilon} with the accountant")
+    sigma = LOCAL_NOISE_SD_SHARE * (float(s.rating_max) - float(s.rating_min))
+    return sigma ** 2 * 2.0 * float(scale) * float(s.reg) / float(s.temperature)
 
 
 def default_step_users(store, noisy: bool) -> int:
@@ -977,8 +901,12 @@ class SGLD(_SgdBase):
 
     name = "sgld"
     SUMMARY = "one SGLD posterior sample of DP matrix factorization (Liu, Wang & Smola 2015)"
-    OPTIONS = SGLD_OPTIONS
+    Options = SgldOptions
     noisy = True
+
+    def state_bytes(self, store) -> int:
+        """sgd's item-side memory plus the optional noise table (float32)."""
+        return super().state_bytes(store) + (self.opts.noise_table or 0) * 4
 
 
 @register

@@ -19,7 +19,6 @@ from streamdp.cli import main
 from streamdp.errors import ParameterError
 from streamdp.methods import METHODS, _load_builtin
 from streamdp.catalog import CATALOG, GUARANTEE_KINDS, default_rank, guarantee_kind
-from streamdp.methods.base import RunSettings
 from streamdp.methods.options import merge_options
 
 _load_builtin()
@@ -134,9 +133,8 @@ READ_IN_FIT = {("means", "user_intercept")}
 
 
 def _settings(method, store) -> dict:
-    """``method.settings(store)`` as a dict (a converted method returns a :class:`RunSettings`)."""
-    s = method.settings(store)
-    return s.as_dict() if isinstance(s, RunSettings) else s
+    """``method.settings(store)`` (a frozen :class:`~streamdp.methods.base.RunSettings`) as a dict."""
+    return method.settings(store).as_dict()
 
 
 def test_declared_defaults_are_the_defaults_the_methods_use(small_store, tmp_path):

@@ -206,11 +206,12 @@ def test_ledger_guarantee_and_per_user_epsilon(small_store, tmp_path):
 def test_posterior_scale_tight(small_store):
     """--posterior-scale tight: s = epsilon / B (4x the paper's), per-user epsilon_i = epsilon B_i / B <= epsilon."""
     m = get_method("sgld")
-    paper = m(epsilon=10.0, delta=1e-6, rank=4, tau=20, posterior_scale="paper").settings(small_store)
+    paper = m(epsilon=10.0, delta=1e-6, rank=4, tau=20, posterior_scale="paper").plan(small_store).releases
     tight = m(epsilon=10.0, delta=1e-6, rank=4, tau=20, posterior_scale="tight")
-    st = tight.settings(small_store)
-    assert st["scale"] == pytest.approx(4 * paper["scale"]) and st["scale"] <= 10.0 / st["B"]
-    _, per_user = tight._prepass(small_store, st, None)
+    plan = tight.plan(small_store)
+    st, sample = plan.settings, plan.releases
+    assert sample.scale == pytest.approx(4 * paper.scale) and sample.scale <= 10.0 / st.bound
+    _, per_user = tight._prepass(small_store, st, sample, None)
     assert per_user["max"] <= 10.0 + 1e-9 and per_user["max"] == pytest.approx(10.0, rel=1e-3)
 
 
@@ -229,8 +230,8 @@ def test_local_ridge_is_the_samples_prior_not_the_tempered_lambda(small_store):
         assert lam != pytest.approx(f.model_info["ridge"], rel=0.5)  # 444 at epsilon 1, 4.4 at 100 (s = epsilon/B)
         assert "sigma^2 * 2 s lam / T" in f.model_info["ridge_rule"]
         assert f.ledger.guarantee.startswith("approximate:")
-    s = get_method("sgld")(epsilon=1.0, delta=1e-6, rank=4, tau=20, reg=10.0).settings(small_store)
-    assert local_ridge(s) == pytest.approx(2 * s["scale"] * 10.0)
+    plan = get_method("sgld")(epsilon=1.0, delta=1e-6, rank=4, tau=20, reg=10.0).plan(small_store)
+    assert local_ridge(plan.settings, plan.releases.scale) == pytest.approx(2 * plan.releases.scale * 10.0)
 
 
 def test_noise_table_labelled(small_store, tmp_path):

@@ -17,21 +17,25 @@ def _settings(store, **opts):
     return get_method("sgld")(epsilon=10.0, delta=1e-6, rank=4, **opts).settings(store)
 
 
+def _sample(store, **opts):
+    return get_method("sgld")(epsilon=10.0, delta=1e-6, rank=4, **opts).plan(store).releases
+
+
 def test_default_bound_is_half_the_range_and_the_scale_tight(small_store):
     """Defaults: c = (r_max - r_min) / 2 = 2 on 1..5 (kappa -2), B = tau c^2, s = epsilon / B (add/remove)."""
-    s = _settings(small_store, tau=20)
-    assert s["clip"] == 2.0 and s["kappa"] == -2.0 and s["B"] == 20 * 2.0 ** 2
-    assert s["posterior_scale"] == "tight"
-    assert s["scale"] == pytest.approx(10.0 / s["B"], rel=1e-3) and s["scale"] <= 10.0 / s["B"]
+    s, sample = _settings(small_store, tau=20), _sample(small_store, tau=20)
+    assert s.clip == 2.0 and s.kappa == -2.0 and s.bound == sample.bound == 20 * 2.0 ** 2
+    assert s.posterior_scale == sample.posterior_scale == "tight"
+    assert sample.scale == pytest.approx(10.0 / s.bound, rel=1e-3) and sample.scale <= 10.0 / s.bound
     # Liu et al.'s constants stay available and give their B = tau (4 + 1)^2 and s = epsilon / (4B)
-    p = _settings(small_store, tau=20, kappa=1.0, posterior_scale="paper")
-    assert p["B"] == 20 * 25.0 and p["scale"] == pytest.approx(10.0 / (4 * 20 * 25.0), rel=1e-3)
+    p = _sample(small_store, tau=20, kappa=1.0, posterior_scale="paper")
+    assert p.bound == 20 * 25.0 and p.scale == pytest.approx(10.0 / (4 * 20 * 25.0), rel=1e-3)
 
 
 def test_kappa_may_be_negative_but_c_must_stay_positive(small_store):
     from streamdp.errors import ParameterError
 
-    assert _settings(small_store, tau=20, kappa=-3.5)["clip"] == 0.5
+    assert _settings(small_store, tau=20, kappa=-3.5).clip == 0.5
     with pytest.raises(ParameterError, match=r"^--kappa must be > -\(r_max - r_min\) = -4 .*got -4"):
         _settings(small_store, tau=20, kappa=-4.0)
 
@@ -74,10 +78,10 @@ def test_tiering_auto_on_off(small_store, monkeypatch, method):
 
     monkeypatch.setattr(K, "tiering_pays", fake)
     m = get_method(method)
-    assert m(epsilon=eps, delta=1e-6, rank=4).settings(small_store)["tiering"] is True  # auto is the default
+    assert m(epsilon=eps, delta=1e-6, rank=4).settings(small_store).tiering is True  # auto is the default
     assert seen == [(4, small_store.n_items)]
-    assert m(epsilon=eps, delta=1e-6, rank=4, tiering="off").settings(small_store)["tiering"] is False
-    assert m(epsilon=eps, delta=1e-6, rank=4, tiering="on").settings(small_store)["tiering"] is True
+    assert m(epsilon=eps, delta=1e-6, rank=4, tiering="off").settings(small_store).tiering is False
+    assert m(epsilon=eps, delta=1e-6, rank=4, tiering="on").settings(small_store).tiering is True
     assert len(seen) == 1
 
 
