@@ -123,7 +123,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     # a --checkpoint directory is the user's: its noisy iterates count as released from the first
     # checkpoint on, so the entry is never refunded (stage "writing" before the run; "stale", counted,
     # if the run then fails); only a private run directory keeps the proof that nothing left the process
-    checkpoint = m.options.get("checkpoint")
+    checkpoint = m.checkpoint
     try:
         if checkpoint:
             budget.writing(entry)

@@ -147,6 +147,7 @@ from streamdp.methods._profile import user_profile
 from streamdp.methods._selection import MARGIN, MIX, choose, holdout, loss_sensitivity, mix
 from streamdp.methods.als import PROFILE_STREAM, RNG_KEY, SELECT_USEFUL, default_settings
 from streamdp.methods.base import Method, Plan
+from streamdp.methods.options import MethodOptions
 from streamdp.model import check_model_destination
 from streamdp.privacy import calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of, gaussian_event
 from streamdp.privacy.accountant import check_calibratable
@@ -384,7 +385,7 @@ class _Tuned(Method):
         self.name = final.name
         self.guarantee = final.guarantee
         self.epsilon, self.delta, self.rank, self.seed = float(epsilon), final.delta, final.rank, final.seed
-        self.options = {}
+        self.opts = final.opts
         self.prefix_events, self.prefix_entries = list(prefix_events), list(prefix_entries)
         self.notes, self.tuning = list(notes), tuning
 
@@ -395,7 +396,7 @@ class _Tuned(Method):
             events = self.prefix_events + list(p.events)
         else:
             events = self.prefix_events + [gaussian_event(self.z_f)]
-        return Plan(events=events, entries=entries, bounds=dict(p.bounds or p.params.get("bounds", {})))
+        return Plan(events=events, entries=entries, bounds=dict(p.bounds))
 
     def state_bytes(self, store) -> int:
         return self.final.state_bytes(store)
@@ -662,13 +663,13 @@ class _Envelope(Method):
 
     def __init__(self, cls, epsilon, delta, seed, z_f):  # noqa: D107
         self.name, self.guarantee = cls.name, cls.guarantee
-        self.epsilon, self.delta, self.seed, self.rank, self.options = epsilon, delta, seed, 0, {}
+        self.epsilon, self.delta, self.seed, self.rank, self.opts = epsilon, delta, seed, 0, MethodOptions()
         self.z_f = float(z_f)
 
     def _plan(self, store) -> Plan:
         return Plan(events=[gaussian_event(self.z_f)], entries=[{
             "release": "the chosen configuration's releases, reserved as the one Gaussian that dominates them",
-            "mechanism": "gaussian", "noise_multiplier": self.z_f, "count": 1}], params={})
+            "mechanism": "gaussian", "noise_multiplier": self.z_f, "count": 1}])
 
 
 def _selection_release(h: float, m: int, noise_multiplier: float):

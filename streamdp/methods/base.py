@@ -25,7 +25,7 @@ from streamdp.stream.driver import Run, fingerprint
 
 @dataclass
 class Plan:
-    """What a method will spend: events (dp-accounting), a description of each release, settings.
+    """What a method will spend: events (dp-accounting), a description of each release, its settings.
 
     Give either ``events`` (the DpEvents in order; the ledger stores them one by
     one) or ``event`` (one composed DpEvent); both empty/``None`` means
@@ -36,7 +36,6 @@ class Plan:
 
     event: object | None = None
     entries: list = field(default_factory=list)
-    params: dict = field(default_factory=dict)
     events: list = field(default_factory=list)
     #: The run's resolved settings (a frozen :class:`RunSettings`): options with their derived defaults.
     settings: object | None = None
@@ -99,11 +98,12 @@ class RunSettings:
 class Method:
     """Base class of training methods.
 
-    Subclasses set ``name``, ``OPTIONS`` (their own keyword options as
-    :class:`~streamdp.methods.options.Option` objects, from which ``streamdp train``
-    generates its flags) and implement :meth:`plan` and :meth:`fit`. Given options
-    are converted and checked by their declaration before the method sees them
-    (``self.options`` holds only what the user gave).
+    Subclasses set ``name``, ``Options`` (a frozen
+    :class:`~streamdp.methods.options.MethodOptions` dataclass: one field per option,
+    from which ``streamdp train`` generates its flags and help) and implement
+    :meth:`_plan` and :meth:`fit`. Given options are converted and checked by their
+    declaration once, here: ``self.opts`` is the frozen options object, with the
+    declared defaults for what was not given (``self.opts.is_given(name)`` tells).
 
     Parameters
     ----------
@@ -137,15 +137,7 @@ class Method:
 
     def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None,
                  **options):
-        if self.Options is not MethodOptions:
-            self.opts = self.Options.build(options, method=self.name)
-        else:
-            self.opts = None
-            declared = {o.name: o for o in self.OPTIONS}
-            unknown = sorted(set(options) - set(declared))
-            if unknown:
-                opts = ", ".join("--" + u.replace("_", "-") for u in unknown)
-                raise ParameterError(f"{opts}: not an option of --method {self.name}")
+        self.opts = self.Options.build(options, method=self.name)
         self.epsilon = float(epsilon)
         self.delta = float(delta)
         if rank is None:
@@ -154,14 +146,15 @@ class Method:
             raise ParameterError(f"--rank must be a positive integer, got {rank}")
         self.rank = int(rank)
         self.seed = seed
-        if self.opts is not None:
-            self.options = self.opts.user_values()
-        else:
-            self.options = {k: declared[k].check(v) for k, v in options.items() if v is not None}
 
     def default_rank(self) -> int:
         """The rank when ``--rank`` is not given (8; methods may derive it from public parameters)."""
         return 8
+
+    @property
+    def checkpoint(self) -> str | None:
+        """The ``--checkpoint`` directory, for a method that has the option (its noisy iterates count as released)."""
+        return getattr(self.opts, "checkpoint", None)
 
     @property
     def private(self) -> bool:
@@ -209,7 +202,7 @@ class Method:
         """The :class:`streamdp.privacy.Ledger` of ``plan`` on ``store`` (one composed accounting)."""
         private = self.private and bool(plan.events)
         acc = epsilon_of(plan.event, self.delta) if private else None
-        bounds = dict(plan.bounds or plan.params.get("bounds", {}))
+        bounds = dict(plan.bounds)
         bounds["releases"] = list(plan.entries)
         return Ledger(method=self.name, guarantee=self.guarantee if private else GUARANTEE_NONE,
                       epsilon=self.epsilon if private else float("inf"), delta=self.delta,
@@ -227,16 +220,13 @@ class Method:
         temporary run directory goes under ``engine.state`` (``--state``) when set.
         """
         skip = {"checkpoint", "release", "releases", "bounds", *exclude}
-        items = plan.settings.as_dict() if plan.settings is not None else plan.params
-        keep = {key: (v.tolist() if isinstance(v, np.ndarray) else v) for key, v in items.items()
-                if key not in skip}
+        keep = {key: v for key, v in plan.settings.as_dict().items() if key not in skip}
         fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
                          store=store.checksum, s=keep)
         # a method fitted as one of several candidates of a run shares that run's entropy (same held-out ratings)
         seed = self.seed if getattr(self, "shared_entropy", None) is None else self.shared_entropy
         return Run(store, method=self.name, fingerprint=fp, seed=seed, rng_key=rng_key,
-                   checkpoint=getattr(self.opts, "checkpoint", None) if self.opts is not None
-                   else self.options.get("checkpoint"), state=getattr(engine, "state", None))
+                   checkpoint=self.checkpoint, state=getattr(engine, "state", None))
 
     def planned_ledger(self, store):
         """The ledger this method will write, computed before it runs (for budget reservation)."""
