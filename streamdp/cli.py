@@ -284,6 +284,48 @@ def _note_stale_runs(paths) -> None:
                    f"process(es) that are gone: {', '.join(paths)}", err=True)
 
 
+def _option_params(methods: dict) -> tuple[list, set]:
+    """click options generated from the methods' declared options (``name -> class``): ``(params, names)``.
+
+    One flag per option name over ``methods``; its help says which method reads it and
+    how (one method: its own help line), with the declared default.
+    """
+    from streamdp.methods.options import merge_options, option_help
+
+    params, merged = [], merge_options(methods)
+    for name, slot in sorted(merged.items()):
+        first = next(iter(slot["by_method"].values()))
+        kind = slot["kind"]
+        decls = [first.flag + "/--no-" + first.flag[2:]] if kind is bool else [first.flag]
+        text = first.describe() if len(methods) == 1 else option_help(slot["by_method"])
+        kw = dict(default=None, help=text, metavar=first.metavar)
+        if kind == "choice":
+            kw["type"] = click.Choice(slot["choices"])
+        elif kind is not bool:
+            kw["type"] = {int: int, float: float, str: str}[kind]
+        params.append(click.Option(decls + [name], **kw))
+    return params, set(merged)
+
+
+class _LowrankCommand(click.Command):
+    """``streamdp lowrank``: its options are generated from :class:`~streamdp.methods.lowrank.LowRank`'s declaration
+    (added when the command parses or prints its help, as for ``train``)."""
+
+    def get_params(self, ctx):
+        if not getattr(self, "_options_loaded", False):
+            from streamdp.methods.lowrank import LowRank
+
+            params, _ = _option_params({"lowrank": LowRank})
+            at = next(i for i, p in enumerate(self.params) if p.name == "out") + 1
+            self.params[at:at] = params
+            self._options_loaded = True
+        return super().get_params(ctx)
+
+    def parse_args(self, ctx, args):
+        self.get_params(ctx)
+        return super().parse_args(ctx, args)
+
+
 class _TrainCommand(click.Command):
     """``streamdp train``: its method options are generated from the methods' declarations.
 
@@ -295,8 +337,6 @@ class _TrainCommand(click.Command):
         if getattr(self, "_method_options_loaded", False):
             return
         from streamdp.methods import METHODS, load_builtin
-        from streamdp.methods.options import merge_options, option_help
-
         from streamdp.train_help import rank_help
 
         load_builtin()
@@ -306,17 +346,8 @@ class _TrainCommand(click.Command):
                 p.help = "Training method (listed below; `streamdp methods` compares them)."
             elif p.name == "rank":
                 p.help = rank_help(METHODS)
-        self._method_option_names = set(merge_options(METHODS))
-        for name, slot in sorted(merge_options(METHODS).items()):
-            first = next(iter(slot["by_method"].values()))
-            kind = slot["kind"]
-            decls = [first.flag + "/--no-" + first.flag[2:]] if kind is bool else [first.flag]
-            kw = dict(default=None, help=option_help(slot["by_method"]), metavar=first.metavar)
-            if kind == "choice":
-                kw["type"] = click.Choice(slot["choices"])
-            elif kind is not bool:
-                kw["type"] = {int: int, float: float, str: str}[kind]
-            self.params.append(click.Option(decls + [name], **kw))
+        params, self._method_option_names = _option_params(METHODS)
+        self.params.extend(params)
         self._method_options_loaded = True
 
     def parse_args(self, ctx, args):
@@ -645,7 +676,7 @@ def demo(out, force, epsilon, as_json):
         print_json(res)
 
 
-@main.command()
+@main.command(cls=_LowrankCommand)
 @click.argument("store")
 @click.option("--rank", type=int, required=True, help="Rank k of the approximation.")
 @click.option("--epsilon", type=float, required=True, help="Epsilon under the bounded row-change relation (see "
@@ -653,19 +684,6 @@ def demo(out, force, epsilon, as_json):
 @click.option("--delta", type=float, default=None,
               help="Delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
 @click.option("--out", required=True, help="Directory to write (atomically): privacy.json, model.json, factors.zarr.")
-@click.option("--mechanism", type=click.Choice(["measurements", "randomized-response"]), default="measurements",
-              show_default=True, help="measurements: Gaussian measurements, noise on the k'-dimensional sketch and "
-              "projection (Hardt & Roth); randomized-response: noise on every entry, then a truncated SVD (the "
-              "baseline; n_users x n_items draws per pass).")
-@click.option("--oversampling", type=int, default=None, help="Extra sketch columns p, k' = k + p (default max(2, k)).")
-@click.option("--power-iters", type=int, default=None, help="Subspace-iteration passes of randomized-response "
-              "(default 10).")
-@click.option("--clip", type=float, default=None, help="Row-norm bound L of the centred ratings (default: half the "
-              "rating range x sqrt 5).")
-@click.option("--sketch-share", type=float, default=None, help="Share of the budget for the sketch, the rest for the "
-              "projection (measurements; default 0.5).")
-@click.option("--prune", type=float, default=None, metavar="C", help="Clip the rows of the range basis Q to "
-              "C sqrt(k'/n_users) before the projection (measurements; default off).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")
 @memory_limit_option
@@ -675,8 +693,8 @@ def demo(out, force, epsilon, as_json):
               "(recorded).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model directory at --out.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def lowrank(store, rank, epsilon, delta, out, mechanism, oversampling, power_iters, clip, sketch_share, prune, seed,
-            workers, memory_limit, scheduler, state, over_budget, force, as_json):
+def lowrank(store, rank, epsilon, delta, out, seed, workers, memory_limit, scheduler, state, over_budget, force,
+            as_json, **options):
     """Private rank-k approximation of STORE's clipped rating matrix; writes its item side to --out.
 
     The guarantee holds for Hardt & Roth's relation (one user's clipped row changes by L2 norm <= L, users and
@@ -691,10 +709,8 @@ def lowrank(store, rank, epsilon, delta, out, mechanism, oversampling, power_ite
     if delta is None:
         delta = default_delta(st.n_users)
     summary = run_lowrank(st, rank=rank, epsilon=epsilon, delta=delta, out=out, seed=seed, workers=workers,
-                          memory_limit=memory_limit, over_budget=over_budget, force=force, mechanism=mechanism,
-                          scheduler=scheduler, state=state,
-                          oversampling=oversampling, power_iters=power_iters, clip=clip, sketch_share=sketch_share,
-                          prune=prune)
+                          memory_limit=memory_limit, over_budget=over_budget, force=force, scheduler=scheduler,
+                          state=state, **{k: v for k, v in options.items() if v is not None})
     _report(summary, as_json, format_lowrank_summary)
 
 

@@ -142,7 +142,7 @@ from dp_accounting import dp_event as E
 
 from streamdp.errors import BudgetExceededError, Interrupted, ParameterError
 from streamdp.local import model_ridge, predict_block, solve_block
-from streamdp.methods import get_method
+from streamdp.methods import METHODS, get_method, load_builtin
 from streamdp.methods._profile import user_profile
 from streamdp.methods._selection import MARGIN, MIX, choose, holdout, loss_sensitivity, mix
 from streamdp.methods.als import PROFILE_STREAM, RNG_KEY, SELECT_USEFUL, default_settings
@@ -158,10 +158,15 @@ from streamdp.storage.store import Block, RatingStore, open_store
 from streamdp.stream.engine import Engine, add_into
 from streamdp.training import release, run_summary
 
-__all__ = ["tune", "parse_grid", "default_grid", "SUPPORTED", "SELECT_SHARE", "SAMPLE_RATE", "CANDIDATE_NOMINAL_SHARE"]
+__all__ = ["tune", "parse_grid", "default_grid", "tunable_methods", "SELECT_SHARE", "SAMPLE_RATE", "CANDIDATE_NOMINAL_SHARE"]
 
 #: Methods ``tune`` supports (their releases are all Gaussian and listed in their plans).
-SUPPORTED = ("als", "irls", "means")
+
+
+def tunable_methods() -> list[str]:
+    """The registered methods ``tune`` runs (``Method.TUNABLE``: Gaussian releases planned in full)."""
+    load_builtin()
+    return sorted(n for n, c in METHODS.items() if c.TUNABLE)
 #: Share of the squared epsilon scale the noisy losses get (see the module docstring).
 SELECT_SHARE = 0.02
 #: Each candidate's noise is what it would be at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` on every user; run on a
@@ -457,9 +462,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     the split of the budget and whether the choice was skipped (and why).
     """
     t0 = time.perf_counter()
-    if method not in SUPPORTED:
-        get_method(method)  # an unknown name: the registry's message
-        raise ParameterError(f"--method {method}: tune supports {', '.join(SUPPORTED)} (their releases are "
+    if not get_method(method).TUNABLE:  # an unknown name: the registry's message
+        raise ParameterError(f"--method {method}: tune supports {', '.join(tunable_methods())} (their releases are "
                              f"Gaussian and planned in full)")
     if not math.isfinite(float(epsilon)):
         raise ParameterError("--epsilon: tune needs a finite epsilon (a non-private choice needs no tuning "

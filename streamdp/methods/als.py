@@ -403,6 +403,7 @@ def _or(value, derived):
 class _AlsBase(Method):
     """Shared settings, plan and passes of ``als``, ``irls`` and ``means``."""
 
+    TUNABLE = True
     irls = False
     #: ``means`` fits no factors: its iterations are fixed at 0.
     FIXED_ITERS: int | None = None

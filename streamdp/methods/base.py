@@ -127,6 +127,9 @@ class Method:
     #: The computation a user runs on her device from the model (``model.json``'s ``local``, one of
     #: :data:`streamdp.local.LOCAL_KINDS`): ``ridge`` (default, the key is then left out), ``frank_wolfe``...
     LOCAL_SOLVER: ClassVar[str] = "ridge"
+    #: Whether ``streamdp tune`` can choose this method's configuration (its releases are Gaussian and planned in
+    #: full before the run, so candidates compose under one envelope: :mod:`streamdp.tune`).
+    TUNABLE: ClassVar[bool] = False
     #: Whether ``--rank`` is a number of factors (so at most ``n_items``); ``fw``'s is its number of iterations.
     RANK_IS_FACTORS: ClassVar[bool] = True
 

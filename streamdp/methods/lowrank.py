@@ -270,8 +270,9 @@ class LowRankOptions(MethodOptions):
     """``streamdp lowrank``'s options (``None``: derived from public parameters)."""
 
     mechanism: Literal["measurements", "randomized-response"] = option(
-        "measurements: Gaussian measurements (Hardt & Roth); randomized-response: noise on every entry, then a "
-        "truncated SVD", default="measurements")
+        "measurements: Gaussian measurements, noise on the k'-dimensional sketch and projection (Hardt & Roth); "
+        "randomized-response: noise on every entry, then a truncated SVD (the baseline; n_users x n_items draws "
+        "per pass)", default="measurements")
     oversampling: int | None = option("extra sketch columns p (k' = k + p)", minimum=0, default_text="max(2, k)")
     clip: float | None = option("row-norm bound L of the centred ratings", minimum=0, exclusive_minimum=True,
                                 default_text="half the rating range x sqrt 5")
@@ -282,8 +283,9 @@ class LowRankOptions(MethodOptions):
     #: for the paper's rank-k output.
     sketch_share: float = option("share of the budget for the sketch (measurements)", minimum=0,
                                  exclusive_minimum=True, maximum=1, default=0.5)
-    prune: float | None = option("clip the rows of Q to C sqrt(k'/n_users) before the projection (measurements)",
-                                 minimum=0, exclusive_minimum=True)
+    prune: float | None = option("clip the rows of the range basis Q to C sqrt(k'/n_users) before the projection "
+                                 "(measurements)", minimum=0, exclusive_minimum=True, default_text="off",
+                                 metavar="C")
     #: Subspace-iteration passes of randomized response. Measured on a 5,000 x 1,000 low-coherence matrix at
     #: epsilon 16, k = 6: local-projection error 0.914 (3 passes), 0.631 (6), 0.473 (15): the noisy spectrum has
     #: a small gap, so randomized response needs many passes (each one regenerating ``n_users x n_items`` draws);

@@ -317,6 +317,7 @@ class PublicPrivate(Method):
     SUMMARY = ("public and private users (Xin & Jaakkola 2014): EM on public users only, private users predict "
                "locally (eq. 4); optional PMD/PMC (not DP) or Laplace (DP) responses from private users")
     Options = PublicPrivateOptions
+    LOCAL_SOLVER = "xin_jaakkola_eq4"
 
     def __init__(self, *, epsilon, delta, rank=None, seed=None, **options):
         super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **options)
@@ -734,7 +735,7 @@ class PublicPrivate(Method):
                             "weight": trace["private_weight"][-1] if responders else None,
                             "weight_source": "--private-weight" if s.private_weight is not None else
                             "chosen after each round on the held-out public ratings"},
-                "local": "xin_jaakkola_eq4", "ridge": float(lam), "lambda_prime": float(lam),
+                "local": self.LOCAL_SOLVER, "ridge": float(lam), "lambda_prime": float(lam),
                 "lambda_prime_source": ("--reg x public density" if s.reg is not None else
                                         f"chosen on {VALIDATION_FRACTION:g} of the public ratings, held out in the "
                                         f"first {VALIDATION_ITERS:g} of the EM iterations"),
