@@ -43,6 +43,9 @@ class Plan:
     bounds: dict = field(default_factory=dict)
     #: The calibrated releases, as the method indexes them (by name, or in order).
     releases: object = None
+    #: What a private run claims, when not the method's ``guarantee`` at ``--epsilon``: a privacy object whose
+    #: guarantee holds at another epsilon (SGLD at temperature T claims ``epsilon / T``, labelled) says so here.
+    claim: tuple[str, float] | None = None
 
     def __post_init__(self):
         if self.events and self.event is None:
@@ -207,8 +210,9 @@ class Method:
         acc = epsilon_of(plan.event, self.delta) if private else None
         bounds = dict(plan.bounds)
         bounds["releases"] = list(plan.entries)
-        return Ledger(method=self.name, guarantee=self.guarantee if private else GUARANTEE_NONE,
-                      epsilon=self.epsilon if private else float("inf"), delta=self.delta,
+        guarantee, epsilon = plan.claim or (self.guarantee, self.epsilon)
+        return Ledger(method=self.name, guarantee=guarantee if private else GUARANTEE_NONE,
+                      epsilon=epsilon if private else float("inf"), delta=self.delta,
                       events=list(plan.events) if private else [], accounting=acc, bounds=bounds,
                       seeded=self.seed is not None,
                       store_checksum=store.checksum, notes=list(notes),

@@ -561,25 +561,10 @@ class _SgdBase(Method):
                         "epochs": s.epochs}]
             return Plan(entries=entries, settings=s, bounds=bounds, releases=sample)
         bounds["target"] = sample.target()
-        return Plan(event=sample.event(), entries=[sample.entry()], settings=s, bounds=bounds, releases=sample)
+        return Plan(event=sample.event(), entries=[sample.entry()], settings=s, bounds=bounds, releases=sample,
+                    claim=(sample.guarantee(), sample.epsilon_claimed))
 
     guarantee = GUARANTEE_SGLD
-
-    def ledger(self, store, plan: Plan, *, notes=()):
-        """The base ledger, but a private one claims the posterior sample's epsilon and guarantee.
-
-        The claim is ``epsilon / T`` (a temperature moves it off ``--epsilon``, which the base
-        ledger would claim) and the guarantee names the lookup table and the temperature.
-        """
-        if not (self.private and plan.events):
-            return super().ledger(store, plan, notes=notes)
-        from streamdp.privacy import Ledger, epsilon_of
-
-        sample = plan.releases
-        return Ledger(method=self.name, guarantee=sample.guarantee(), epsilon=sample.epsilon_claimed,
-                      delta=self.delta, events=list(plan.events), accounting=epsilon_of(plan.event, self.delta),
-                      bounds={**plan.bounds, "releases": list(plan.entries)}, seeded=self.seed is not None,
-                      store_checksum=store.checksum, notes=list(notes))
 
     # -- fit ---------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
