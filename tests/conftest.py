@@ -1,4 +1,4 @@
-"""Shared fixtures: small generated stores and the path to ../shared/data."""
+"""Shared fixtures: small generated stores and the path to ../shared/data; the default parallel run."""
 
 from __future__ import annotations
 
@@ -9,6 +9,25 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("STREAMDP_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Run on every core by default (``-n auto --dist worksteal``) when pytest-xdist is installed.
+
+    It is set here, not in addopts, so that ``-p no:xdist`` (where ``-n`` is unknown) and a plain
+    ``python -m pytest tests/x.py`` both keep working; an explicit ``-n`` (``-n 0``: serial) wins, and
+    ``--pdb`` stays serial. worksteal hands out contiguous runs of tests (module fixtures are made
+    once per worker, mostly) and rebalances when one worker runs out. The workers themselves (which
+    also call this hook) are left alone.
+    """
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+            or os.environ.get("PYTEST_XDIST_WORKER") or config.getoption("usepdb", False)):
+        return
+    if config.option.numprocesses is None:
+        config.option.numprocesses = "auto"
+    if config.option.dist == "no":
+        config.option.dist = "worksteal"
 
 
 def shared_file(*parts: str) -> Path:
