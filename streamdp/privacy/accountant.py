@@ -95,6 +95,7 @@ __all__ = [
     "check_privacy_params",
     "epsilon_of",
     "pld_accountant",
+    "pld_epsilon",
     "pld_grid",
     "rdp_accountant",
 ]
@@ -334,6 +335,31 @@ def _compose_checked(accountant, event):
     return accountant
 
 
+#: PLD epsilons already computed in this process, by ``(repr(event), grid, delta)``; oldest dropped first.
+_PLD_EPSILONS: dict[tuple[str, float, float], float] = {}
+_PLD_EPSILONS_MAX = 4096
+
+
+def pld_epsilon(event: dp_accounting.DpEvent, value_discretization_interval: float, delta: float) -> float:
+    """PLD epsilon of ``event`` at ``delta`` on the grid ``value_discretization_interval``, remembered.
+
+    Building a PLD is most of what a training run costs on a small store (a Gaussian's
+    PLD takes tens of milliseconds, and a calibration asks for dozens), and the same
+    events come back: a plan is made again for the ledger, a sweep repeats a point, the
+    ledger re-checks the calibrated noise. The answer is a pure function of the event
+    (its ``repr`` names every field, floats exactly), the grid and delta, so a repeat
+    is looked up instead of recomputed: the same float as computing it again.
+    """
+    key = (repr(event), float(value_discretization_interval), float(delta))
+    eps = _PLD_EPSILONS.get(key)
+    if eps is None:
+        eps = float(_compose_checked(pld_accountant(value_discretization_interval), event).get_epsilon(delta))
+        if len(_PLD_EPSILONS) >= _PLD_EPSILONS_MAX:
+            _PLD_EPSILONS.pop(next(iter(_PLD_EPSILONS)))
+        _PLD_EPSILONS[key] = eps
+    return eps
+
+
 def epsilon_of(event: dp_accounting.DpEvent, delta: float, *,
                value_discretization_interval: float | None = None) -> AccountingResult:
     """Epsilon of ``event`` at ``delta``: PLD (reported) and RDP (cross-check).
@@ -368,8 +394,7 @@ def epsilon_of(event: dp_accounting.DpEvent, delta: float, *,
         scale = max(eps_rdp, 1.0) if math.isfinite(eps_rdp) else 1.0
         value_discretization_interval = pld_grid(event, scale)
     try:
-        pld = _compose_checked(pld_accountant(value_discretization_interval), event)
-        eps = float(pld.get_epsilon(delta))
+        eps = pld_epsilon(event, value_discretization_interval, delta)
     except OverflowError:  # exp of a loss (or of a grid width) above 709.78: beyond float64, inf bounds it
         eps = math.inf
     return AccountingResult(epsilon=eps, epsilon_rdp=eps_rdp, delta=delta, accountant="pld",

@@ -30,7 +30,7 @@ import dp_accounting
 from dp_accounting import mechanism_calibration as _mc
 
 from streamdp.errors import ParameterError
-from streamdp.privacy.accountant import (check_calibratable, check_privacy_params, epsilon_of, pld_accountant,
+from streamdp.privacy.accountant import (check_calibratable, check_privacy_params, epsilon_of, pld_epsilon,
                                          pld_grid, rdp_accountant)
 from streamdp.privacy.events import gaussian_event, huber_event, laplace_event
 
@@ -91,9 +91,7 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
 
     def gap(z: float) -> float:
         event = make_event(z)
-        acc = pld_accountant(pld_grid(event, epsilon))
-        acc.compose(event)
-        return acc.get_epsilon(delta) - epsilon
+        return pld_epsilon(event, pld_grid(event, epsilon), delta) - epsilon
 
     if lower is None or upper is None:
         # RDP upper-bounds PLD and costs microseconds even where PLD is slow (tiny noise,
@@ -108,18 +106,8 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
                                                  bracket_interval=_mc.ExplicitBracketInterval(lo, hi),
                                                  tol=1e-3 * lo))
         lower, upper = _bracket(gap, z_rdp, epsilon, factor=1.25)
-    # calibrate_dp_mechanism asks for the event, then for a fresh accountant; the PLD
-    # grid depends on the event (pure epsilons are put on the grid), so the event
-    # factory records the grid for the accountant factory. Whatever grid is used,
-    # the final check below is the one the ledger makes.
-    last_grid = [pld_grid(make_event(float(upper)), epsilon)]
-
-    def recording_make_event(z: float):
-        event = make_event(z)
-        last_grid[0] = pld_grid(event, epsilon)
-        return event
-
-    z = _mc.calibrate_dp_mechanism(lambda: pld_accountant(last_grid[0]), recording_make_event, epsilon, delta,
+    # Whatever grid the search uses, the final check below is the one the ledger makes.
+    z = _mc.calibrate_dp_mechanism(lambda: _PldAtEpsilon(epsilon), make_event, epsilon, delta,
                                    bracket_interval=_mc.ExplicitBracketInterval(float(lower), float(upper)),
                                    tol=_REL_TOL * float(lower))
     z = float(z)
@@ -128,6 +116,28 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
             return z
         z *= 1.0 + _REL_TOL
     raise ParameterError(f"calibration did not converge for epsilon={epsilon}, delta={delta}")  # pragma: no cover
+
+
+class _PldAtEpsilon:
+    """The accountant ``calibrate_dp_mechanism`` asks for (an empty ledger, ``compose``, ``get_epsilon``).
+
+    It answers with :func:`pld_epsilon` (remembered PLD epsilons) on the grid
+    ``pld_grid(event, epsilon)``: the grid depends on the event (pure epsilons are put
+    on it), and ``gap`` above uses the same one, so the two searches share results.
+    """
+
+    ledger = dp_accounting.NoOpDpEvent()
+
+    def __init__(self, epsilon: float):
+        self.epsilon = epsilon
+        self.event = None
+
+    def compose(self, event: dp_accounting.DpEvent) -> "_PldAtEpsilon":
+        self.event = event
+        return self
+
+    def get_epsilon(self, delta: float) -> float:
+        return pld_epsilon(self.event, pld_grid(self.event, self.epsilon), delta)
 
 
 def calibrate_gaussian(epsilon: float, delta: float, count: int = 1) -> float:

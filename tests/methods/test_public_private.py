@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -343,24 +341,25 @@ def test_evaluate_and_recommend_use_eq4(tiny_store, tmp_path):
 
 
 def test_cli_prints_the_guarantee_and_warns(tiny_store, tmp_path):
-    exe = [sys.executable, "-m", "streamdp.cli"]
-    r = subprocess.run(exe + ["train", tiny_store.path, "--method", "public-private", "--public-fraction", "0.3",
-                              "--epsilon", "1", "--out", str(tmp_path / "m"), "--seed", "1", "--iters", "2",
-                              "--json"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    from click.testing import CliRunner
+
+    from streamdp.cli import main
+
+    def cli(*args):  # in process: what is checked is the output, not the process (test_cli_interrupt runs one)
+        return CliRunner().invoke(main, ["train", tiny_store.path, "--method", "public-private", *args])
+
+    r = cli("--public-fraction", "0.3", "--epsilon", "1", "--out", str(tmp_path / "m"), "--seed", "1", "--iters", "2",
+            "--json")
+    assert r.exit_code == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["guarantee"] == GUARANTEE_PUBLIC_ONLY and d["epsilon_spent"] == 0.0
-    r = subprocess.run(exe + ["train", tiny_store.path, "--method", "public-private", "--public-fraction", "0.3",
-                              "--epsilon", "inf", "--out", str(tmp_path / "m2"), "--seed", "1", "--iters", "2",
-                              "--private-mechanism", "pmd", "--private-rounds", "1", "--round-iters", "1"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    r = cli("--public-fraction", "0.3", "--epsilon", "inf", "--out", str(tmp_path / "m2"), "--seed", "1", "--iters",
+            "2", "--private-mechanism", "pmd", "--private-rounds", "1", "--round-iters", "1")
+    assert r.exit_code == 0, r.stderr
     assert "not DP: first-order deniability" in r.stdout and "no epsilon" in r.stdout
     assert "NOT differential privacy" in r.stderr
-    r = subprocess.run(exe + ["train", tiny_store.path, "--method", "public-private", "--public-users",
-                              str(tmp_path / "nope.txt"), "--epsilon", "1", "--out", str(tmp_path / "m3")],
-                       capture_output=True, text=True)
-    assert r.returncode != 0 and "nope.txt: no such file" in r.stderr and not (tmp_path / "m3").exists()
+    r = cli("--public-users", str(tmp_path / "nope.txt"), "--epsilon", "1", "--out", str(tmp_path / "m3"))
+    assert r.exit_code != 0 and "nope.txt: no such file" in r.stderr and not (tmp_path / "m3").exists()
 
 
 def test_an_interrupted_run_resumes_to_the_same_model(tiny_store, tmp_path, monkeypatch):

@@ -25,14 +25,26 @@ from streamdp.privacy import (
 )
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(epsilon=st.floats(0.05, 20.0), log_delta=st.floats(-10.0, -3.0), count=st.integers(1, 10_000))
-def test_gaussian_calibration_never_overshoots(epsilon, log_delta, count):
+def _check_gaussian_calibration(epsilon, log_delta, count):
     delta = 10.0 ** log_delta
     z = calibrate_gaussian(epsilon, delta, count)
     assert epsilon_of(gaussian_event(z, count), delta).epsilon <= epsilon
     # and it is the smallest up to the search tolerance: 0.1% less noise overshoots
     assert epsilon_of(gaussian_event(z * (1 - 1e-3), count), delta).epsilon > epsilon
+
+
+@pytest.mark.parametrize("epsilon,log_delta,count", [(0.05, -10.0, 10_000), (20.0, -3.0, 1), (1.0, -6.0, 37),
+                                                     (5.0, -8.5, 2_000)])
+def test_gaussian_calibration_never_overshoots(epsilon, log_delta, count):
+    """The corners of the ranges the property test below draws from, and two points inside."""
+    _check_gaussian_calibration(epsilon, log_delta, count)
+
+
+@pytest.mark.slow  # ~7.4 s: 30 drawn cases of the four above (issue 20 moved it out of the default run)
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(epsilon=st.floats(0.05, 20.0), log_delta=st.floats(-10.0, -3.0), count=st.integers(1, 10_000))
+def test_gaussian_calibration_never_overshoots_drawn(epsilon, log_delta, count):
+    _check_gaussian_calibration(epsilon, log_delta, count)
 
 
 @pytest.mark.parametrize("eps,delta,count", [(1.0, 1e-6, 1), (0.5, 1e-8, 20), (5.0, 1e-5, 200)])

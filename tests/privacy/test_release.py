@@ -58,16 +58,32 @@ def test_invalid_release():
         Release("x", "gaussian", 1.0, 1.0, count=0)
 
 
-@settings(max_examples=25, deadline=None)
-@given(eps=st.floats(0.05, 20.0), log_delta=st.integers(-10, -4),
-       shares=st.lists(st.tuples(st.sampled_from(["gaussian", "laplace", "huber"]), st.floats(0.01, 1.0),
-                                 st.integers(1, 6)), min_size=1, max_size=4))
-def test_calibrated_releases_never_exceed_the_target(eps, log_delta, shares):
+def _check_calibrated_releases(eps, log_delta, shares):
+    """Releases calibrated jointly for ``shares`` spend at most ``eps``, and nearly all of it."""
     delta = 10.0 ** log_delta
     rs = calibrate_releases([Share(f"r{i}", m, 1.0, f, count=c) for i, (m, f, c) in enumerate(shares)], eps, delta)
     got = epsilon_of(compose([r.event() for r in rs]), delta).epsilon
     assert got <= eps * (1 + 1e-9)
     assert got >= eps * 0.97  # and it is not wasteful: the budget is (nearly) all used
+
+
+@pytest.mark.parametrize("eps,log_delta,shares", [
+    (1.0, -6, [("gaussian", 0.5, 3), ("laplace", 0.3, 1), ("huber", 0.2, 2)]),
+    (0.05, -10, [("laplace", 0.3, 3), ("gaussian", 0.7, 1)]),
+    (20.0, -4, [("huber", 1.0, 6), ("gaussian", 0.05, 4), ("laplace", 0.7, 2), ("gaussian", 0.3, 1)]),
+])
+def test_calibrated_releases_never_exceed_the_target(eps, log_delta, shares):
+    """Mixed mechanisms, counts and shares at both ends of the ranges the property test below draws from."""
+    _check_calibrated_releases(eps, log_delta, shares)
+
+
+@pytest.mark.slow  # ~11 s: 25 drawn cases of the three above (issue 20 moved it out of the default run)
+@settings(max_examples=25, deadline=None)
+@given(eps=st.floats(0.05, 20.0), log_delta=st.integers(-10, -4),
+       shares=st.lists(st.tuples(st.sampled_from(["gaussian", "laplace", "huber"]), st.floats(0.01, 1.0),
+                                 st.integers(1, 6)), min_size=1, max_size=4))
+def test_calibrated_releases_never_exceed_the_target_drawn(eps, log_delta, shares):
+    _check_calibrated_releases(eps, log_delta, shares)
 
 
 def test_calibrated_shares_keep_their_ratios():
