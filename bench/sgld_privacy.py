@@ -145,7 +145,8 @@ def netflix(a):
     done = json.load(open(a.results)) if a.results and os.path.exists(a.results) else []
 
     def key(method, eps, seed, opts):
-        return [method, str(eps), seed, extra if method == "sgld" else {}, store.n_users, opts.get("epochs")]
+        own = extra if method == "sgld" else {k: v for k, v in opts.items() if k != "epochs"}
+        return [method, str(eps), seed, own, store.n_users, opts.get("epochs")]
 
     def run(method, eps, seed, opts):
         hit = [r for r in done if r["key"] == key(method, eps, seed, opts)]
@@ -177,7 +178,7 @@ def netflix(a):
 
     try:
         sgd = run("sgd", math.inf, 0, dict(epochs=a.sgd_epochs))
-        als = run("als", math.inf, 0, {}) if not a.skip_als else None
+        als = run("als", math.inf, 0, json.loads(a.als_options)) if not a.skip_als else None
         rows = []
         for eps in [float(x) for x in a.epsilons.split(",")]:
             rs = [run("sgld", eps, seed, dict(epochs=a.epochs, **extra))["rmse"] for seed in range(a.seeds)]
@@ -254,6 +255,9 @@ def main(argv=None):
     ap.add_argument("--png", default=None, help="--netflix: write the figure here")
     ap.add_argument("--sgld-options", default="", help='--netflix: JSON of extra sgld options, e.g. {"kappa": 1}')
     ap.add_argument("--skip-als", action="store_true", help="--netflix: no non-private als line")
+    ap.add_argument("--als-options", default="{}", help='--netflix: JSON of the als line\'s options, e.g. '
+                    '{"select": "off"} (one fit: the default non-private als fits twice more to choose its item '
+                    'ridge)')
     a = ap.parse_args(argv)
     if a.netflix:
         return netflix(a)
