@@ -41,7 +41,8 @@ import os
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.kernels.linalg import predict_rows, residuals, solve_users_huber
+from streamdp.kernels.fw import fw_replay, project_rows
+from streamdp.kernels.linalg import predict_rows, residuals, solve_users, solve_users_huber
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 
 #: A model's local computation (``model.json`` key ``local``; absent = ``ridge``).
@@ -139,8 +140,6 @@ def eq4_rows(indptr, items, x, W, lam: float) -> np.ndarray:
     ``mu_j + W_j . u`` (no user intercept: eq. 4 has none, and the model was fitted
     with the same completion).
     """
-    from streamdp.kernels.linalg import solve_users
-
     U = np.zeros((len(indptr) - 1, W.shape[1]))
     solve_users(indptr, items, x, W, float(lam), U)
     return U
@@ -154,8 +153,6 @@ def fw_local_rows(model, indptr, items, x, Q) -> np.ndarray:
     (:func:`streamdp.kernels.fw.fw_replay`): the same arithmetic the training ran for
     her, from her own ratings only.
     """
-    from streamdp.kernels.fw import fw_replay
-
     p = model.info.get("local_fw") or {}
     clip, bound = p.get("clip"), p.get("bound")
     C = np.zeros((len(indptr) - 1, Q.shape[1]))
@@ -172,8 +169,6 @@ def projection_rows(model, indptr, items, x, Q) -> np.ndarray:
     their supplement; McSherry & Mironov 2009): project the zero-filled row of
     centred ratings, rescaled by the inverse of the user's own sampling rate.
     """
-    from streamdp.kernels.fw import project_rows
-
     C = np.zeros((len(indptr) - 1, Q.shape[1]))
     project_rows(indptr, items, x, Q, Q.shape[0], C)
     return C

@@ -157,6 +157,7 @@ guarantee are in docs/cluster.md.
 
 from __future__ import annotations
 
+import csv
 import functools
 import math
 import threading
@@ -171,7 +172,10 @@ from streamdp.kernels import sgd as K
 from streamdp.methods import register
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
+from streamdp.privacy.bounding import personalized_weights, trim_block
 from streamdp.privacy.posterior import GUARANTEE_SGLD, SCALE_FACTOR, TABLE_LABEL, PosteriorSample
+from streamdp.storage.ids import as_ids, numeric, parse_id, utf8_lines
+from streamdp.stream.engine import runs_in_this_process
 
 #: Key of this module's random streams.
 RNG_KEY = 0x5D1D
@@ -302,8 +306,6 @@ class SgdSettings(RunSettings):
 
 def _trim_groups(ip, it, rt, tau, G, rng_of):
     """:func:`streamdp.privacy.bounding.trim_block` per group of ``G`` users, each with its own generator."""
-    from streamdp.privacy.bounding import trim_block
-
     n_u = len(ip) - 1
     if n_u == 0 or int(np.diff(ip).max()) <= tau:
         return ip, it, rt
@@ -332,10 +334,6 @@ def read_user_weights(path: str, numeric: bool | None = None):
     ``7`` stay two users; ``None``: int64 when they all parse as integers), as
     :func:`streamdp.storage.ids.as_ids`. Weights must be ``>= 0``, epsilons ``> 0``.
     """
-    import csv
-
-    from streamdp.storage.ids import as_ids, parse_id, utf8_lines
-
     def fields(line):
         return [p.strip() for p in next(csv.reader([line], delimiter="\t" if "\t" in line and "," not in line
                                                    else ","))]
@@ -452,8 +450,6 @@ class _SgdBase(Method):
 
     def check_scheduler(self, scheduler) -> None:
         """Hogwild epochs (one shared ``V`` in this process) do not run on a cluster: a one-line refusal."""
-        from streamdp.stream.engine import runs_in_this_process
-
         if self.opts.epoch_scheme != "blocks" and not runs_in_this_process(scheduler):
             where = scheduler if isinstance(scheduler, str) else "a Dask cluster"
             raise ParameterError(f"--scheduler {where}: the Hogwild epochs of --method {self.name} (--epoch-scheme "
@@ -473,8 +469,6 @@ class _SgdBase(Method):
     def _user_weight_lookup(self, store, s: SgdSettings):
         if s.user_weights is None:
             return None
-        from streamdp.storage.ids import numeric
-
         return read_user_weights(s.user_weights, numeric=numeric(store.user_ids(0, min(1, store.n_users))))
 
     def _block_weights(self, store, b, counts, s: SgdSettings, sample, lookup):
@@ -482,8 +476,6 @@ class _SgdBase(Method):
         m = counts if s.tau is None else np.minimum(counts, s.tau)
         if not self.noisy:
             return np.ones(len(m), np.float32), None
-        from streamdp.privacy.bounding import personalized_weights
-
         rho, tau = float(s.rho), s.tau
         frac = np.ones(len(m))
         cap = np.full(len(m), np.inf)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.privacy.calibration import calibrate
 from streamdp.privacy.events import compose, gaussian_event, huber_event, laplace_event
 from streamdp.privacy.mechanisms import gaussian_noise, huber_noise, laplace_noise
 
@@ -229,8 +230,6 @@ def calibrate_releases(shares: list[Share], epsilon: float, delta: float, *, fix
     >>> round(rs[1].noise_multiplier / rs[0].noise_multiplier, 3)  # sqrt((1/0.1) / (3/0.9))
     1.732
     """
-    from streamdp.privacy.calibration import calibrate
-
     if not shares:
         return []
     if not math.isfinite(epsilon):

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from streamdp.errors import InputError
+
 
 def as_ids(ids) -> np.ndarray:
     """``ids`` as ``int64`` (integer ids) or an ``object`` array of ``str`` (anything else)."""
@@ -88,8 +90,6 @@ def find(haystack, needles) -> np.ndarray:
 def utf8_lines(f, path: str):
     """The lines of text file ``f`` (opened with ``encoding="utf-8-sig"``: ids are UTF-8 whatever the locale,
     a byte-order mark is dropped); a file that is not UTF-8 is an :class:`~streamdp.errors.InputError`."""
-    from streamdp.errors import InputError
-
     try:
         yield from f
     except UnicodeDecodeError:

@@ -61,7 +61,9 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.outputs import remove_dead_owned_dirs
-from streamdp.owner import write_owner_file
+from streamdp.owner import OWNER_FILE, current_owner, owner_status, write_owner_file
+from streamdp.privacy import make_rng, spawn_rngs
+from streamdp.progress import progress
 from streamdp.stream.state import UserState, absolute_location, is_url, join, remove_tree, state_dir_for
 
 __all__ = ["Run", "fingerprint", "sweep_stale_runs"]
@@ -100,8 +102,6 @@ def _sweep_url(parent: str) -> list[str]:
     """:func:`sweep_stale_runs` under an fsspec URL: prefixes ``<method>-XXXX/`` with a dead owner's record."""
     import fsspec
 
-    from streamdp.owner import OWNER_FILE, owner_status
-
     fs, root = fsspec.core.url_to_fs(parent)
     try:
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
@@ -138,8 +138,6 @@ def _remove_if_empty(directory: str) -> None:
 def _write_owner_url(directory: str) -> None:
     """``owner.json`` (:func:`streamdp.owner.current_owner`) under a URL prefix: one object put."""
     import fsspec
-
-    from streamdp.owner import OWNER_FILE, current_owner
 
     with fsspec.open(join(directory, OWNER_FILE), "w") as fh:
         json.dump(current_owner(), fh)
@@ -222,8 +220,6 @@ class Run:
 
     def rng(self, purpose: int, epoch: int) -> np.random.Generator:
         """The one generator of ``(purpose, epoch)``: independent of scheduling and of resumes."""
-        from streamdp.privacy import spawn_rngs
-
         return spawn_rngs(self.entropy, 1, key=self._family(purpose, epoch))[0]
 
     def group_rng(self, purpose: int, epoch: int, group: int) -> np.random.Generator:
@@ -232,8 +228,6 @@ class Run:
         Built directly from its ``SeedSequence`` (the ``group``-th child of the
         family) instead of spawning all ``n`` streams.
         """
-        from streamdp.privacy import make_rng
-
         return make_rng(np.random.SeedSequence(self.entropy, spawn_key=(self._family(purpose, epoch), int(group))))
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -275,8 +269,6 @@ class Run:
 
     def epochs(self, last: int, *, desc: str | None = None):
         """Yield the epochs ``start..last`` with a progress line on a terminal."""
-        from streamdp.progress import progress
-
         with progress(total=last, initial=self.start - 1, desc=desc or self.method, unit="epoch") as bar:
             for e in range(self.start, last + 1):
                 yield e
