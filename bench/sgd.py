@@ -335,9 +335,9 @@ def tiering_table(store, ranks, methods, workers, runs, res, cpus=None):
                 statistics.median(y / x for x, y in zip(off, on)))
 
     for k in ranks:
-        pick = tiering_pays(k, store.n_items)
         for m in methods:
             for w in workers:
+                pick = tiering_pays(k, store.n_items, noisy=m == "sgld", workers=w)
                 a_, b_ = f"{m} k={k} untiered w={w}", f"{m} k={k} tiered w={w}"
                 if a_ not in runs or b_ not in runs:
                     continue

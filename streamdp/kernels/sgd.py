@@ -226,33 +226,42 @@ def hot_tier_items(k: int, n_items: int, cache_bytes: int | None = None) -> int:
     return int(max(1, min(int(n_items), (int(cache_bytes) // 2) // per)))
 
 
-def tiering_pays(k: int, n_items: int, l3_bytes: int | None = None) -> bool:
-    """``--tiering auto``: tier only when the item state exceeds one core's share of the last-level cache.
+def tiering_pays(k: int, n_items: int, *, noisy: bool = True, workers: int = 1,
+                 l3_bytes: int | None = None) -> bool:
+    """``--tiering auto``: tier sgld's epochs only when its item state exceeds the running workers' L3 share.
 
-    The rule uses public parameters only: the rank, the number of items (the public
-    catalogue) and this machine's caches. While all of ``V`` (``k`` float32, bias,
-    clock per item) fits in a core's share of the L3 cache, reordering a group's ratings
-    hot-first saves no memory traffic and its bookkeeping costs a little; beyond it, the
-    hot tier (half an L2, :func:`hot_tier_items`) stays resident while the cold rows
-    stream from RAM. Measured on a Netflix-shaped store (17,770 items, 1 MiB L2, 32 MiB
-    L3 shared by 2 cores, so 16 MiB a core; ``docs/sgld.md``), streamed epochs per CPU
-    second, tiered/untiered (1 and 2 workers): sgd 0.91-0.95 at k=16 (V 1.4 MB), 0.90-0.94
-    at k=64 (4.8 MB), 0.99-1.00 at k=256 (18.4 MB), 0.99-1.05 at k=512 (36.6 MB); sgld
-    0.96-1.05 at every rank; the sgd kernel alone 1.10-1.51 at k=512. ``l3_bytes`` defaults to cpu0's L3 from sysfs divided by the
-    number of CPUs sharing it (16 MiB when it cannot be read).
+    The rule uses public parameters only: the method, the rank, the number of items (the
+    public catalogue), the number of workers and this machine's caches. While all of
+    ``V`` (``k`` float32, bias, clock per item) fits in the share of the last-level cache
+    each running worker has, reordering a group's ratings hot-first saves no memory
+    traffic and its bookkeeping costs a little; beyond it, the hot tier (half an L2,
+    :func:`hot_tier_items`) stays resident while the cold rows stream from RAM.
 
-    >>> tiering_pays(16, 17_770, l3_bytes=16 * 2**20), tiering_pays(256, 17_770, l3_bytes=16 * 2**20)
-    (False, True)
-    >>> tiering_pays(64, 1_000_000, l3_bytes=16 * 2**20)
-    True
+    Measured on an idle 2-core machine (1 MiB L2 a core, one 32 MiB L3; a 20,000-user
+    Netflix-shaped store, 17,770 items, steady-state epochs, medians of 3 repeats,
+    tiered/untiered wall rates; ``docs/sgld.md``): sgld 0.91-0.99 at k=16 and 64 (V 1.4
+    and 4.8 MB), at k=256 (18.4 MB) 0.95 on 1 worker (the whole L3 is its own) and 1.21
+    on 2 (16 MiB each), at k=512 (36.6 MB) 1.06 and 1.21. ``sgd`` never gained from it
+    (0.89-1.04 at every rank and worker count: its per-rating work is half sgld's and
+    small ``V`` are replicated per worker), so ``noisy=False`` is always off. ``l3_bytes``
+    defaults to cpu0's L3 from sysfs divided by ``min(workers, CPUs sharing it)`` (16 MiB
+    when it cannot be read).
+
+    >>> [tiering_pays(k, 17_770, l3_bytes=16 * 2**20) for k in (16, 64, 256, 512)]
+    [False, False, True, True]
+    >>> tiering_pays(512, 17_770, noisy=False, l3_bytes=16 * 2**20)
+    False
     """
+    if not noisy:
+        return False
     if l3_bytes is None:
-        l3_bytes = _l3_share_bytes()
+        l3_bytes = _l3_share_bytes(workers)
     return int(n_items) * (4 * int(k) + 4 + 8) > int(l3_bytes)
 
 
-def _l3_share_bytes() -> int:
-    """cpu0's L3 size over the number of CPUs sharing it (sysfs ``shared_cpu_list``); 16 MiB if unknown."""
+def _l3_share_bytes(workers: int | None = None) -> int:
+    """cpu0's L3 size over the number of CPUs sharing it (sysfs ``shared_cpu_list``), or over ``workers`` when
+    fewer run; 16 MiB if unknown."""
     size = _cache_bytes(3, 0)
     if not size:
         return 16 * 1024 * 1024
@@ -271,6 +280,8 @@ def _l3_share_bytes() -> int:
             break
     except (OSError, ValueError):
         n = 1
+    if workers is not None:
+        n = min(n, max(int(workers), 1))
     return size // max(n, 1)
 
 

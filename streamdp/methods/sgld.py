@@ -220,8 +220,8 @@ class SgdOptions(MethodOptions):
     init_std: float = option("std of the initial factors", default=0.1, **_NONNEG)
     tau: int | None = option("ratings kept per user (random trimming)", default_text="all", minimum=1)
     tiering: Literal["auto", "on", "off"] = option(
-        "process each group's hot (popular) items first; auto: on where it measured faster (tiering_pays: from k, "
-        "n_items and the cache sizes)", default="auto")
+        "process each group's hot (popular) items first; auto: on where it measured faster (sgld whose item state "
+        "exceeds the workers' share of the L3 cache; never sgd: docs/sgld.md)", default="auto")
     hot_items: int | None = option("hot-tier size", default_text="half of L2", minimum=0)
     step_users: int | None = option("users per group", default=256, minimum=1)
     checkpoint: str | None = option("run directory (U on disk, per-epoch checkpoints: counted as released, never "
@@ -268,7 +268,8 @@ class SgldOptions(SgdOptions):
 class SgdSettings(RunSettings):
     """The resolved settings of one sgd/sgld run on a store: the options with their derived defaults.
 
-    ``tiering`` is the decision (``tiering_option`` what was asked), ``clip`` the loss bound
+    ``tiering`` is the decision of ``on``/``off`` (``None`` for ``auto``: decided by ``fit``, which knows the
+    number of workers; ``tiering_option`` is what was asked), ``clip`` the loss bound
     ``c`` (0: the plain square loss of sgd), ``reg``/``reg_bias`` sgld's prior lambdas at the
     run's scale. What the sampler's noise and the guarantee need is the plan's
     :class:`~streamdp.privacy.posterior.PosteriorSample` (``plan.releases``).
@@ -287,7 +288,7 @@ class SgdSettings(RunSettings):
     epoch_scheme: str
     round_blocks: int
     tiering_option: str
-    tiering: bool
+    tiering: bool | None
     hot_items: int
     step_users: int
     noise_table: int | None
@@ -409,9 +410,7 @@ class _SgdBase(Method):
     def settings(self, store) -> SgdSettings:
         """The options with their derived defaults on ``store``; checks that need the store or the rank.
 
-        Derived: ``--tiering auto`` from public parameters only (rank, number of items, the
-        machine's cache sizes: :func:`streamdp.kernels.sgd.tiering_pays`, rule and measurements
-        in docs/sgld.md), the hot tier and group sizes from the store's shape, sgld's ``kappa``
+        Derived: the hot tier and group sizes from the store's shape, sgld's ``kappa``
         (``c`` = half the rating range, measured against kappa 1 in docs/sgld.md) and its prior
         lambdas from a fixed prior sd at the run's scale ``s`` (data-independent, so the target
         ``exp(-s F / T)`` keeps factors at a sensible scale whatever ``s`` is).
@@ -430,7 +429,7 @@ class _SgdBase(Method):
             epochs=o.epochs, eta=o.eta, gamma=o.gamma, reg=o.reg, reg_bias=o.reg_bias, init_std=o.init_std,
             tau=o.tau, kappa=kappa, rho=o.rho, temperature=o.temperature, epoch_scheme=o.epoch_scheme,
             round_blocks=o.round_blocks, tiering_option=o.tiering,
-            tiering=K.tiering_pays(self.rank, store.n_items) if o.tiering == "auto" else o.tiering == "on",
+            tiering=None if o.tiering == "auto" else o.tiering == "on",
             hot_items=o.hot_items if o.hot_items is not None else K.hot_tier_items(self.rank, store.n_items),
             step_users=o.step_users if o.step_users is not None else default_step_users(store, self.noisy),
             noise_table=o.noise_table, user_weights=o.user_weights, rating_min=lo, rating_max=hi, clip=clip,
@@ -595,7 +594,10 @@ class _SgdBase(Method):
             deltas, a, a_b, temp = [0.0] * len(lrs), 0.0, 0.0, 0.0
         item_last = np.zeros(n_items, np.int64)
         table = sample.table(run.rng(_TABLE, 0)) if s.noise_table else None
-        tiering, hot = s.tiering, s.hot_items
+        hot = s.hot_items
+        # --tiering auto is decided here, where the number of workers is known (K.tiering_pays)
+        tiering = s.tiering if s.tiering is not None else K.tiering_pays(
+            k, n_items, noisy=self.noisy, workers=getattr(engine, "workers", 1))
         history = list(ck["history"]) if ck is not None and "history" in ck else []
 
         # per block in flight beyond the ratings: U rows (read, copies, written), the item
@@ -725,7 +727,7 @@ class _SgdBase(Method):
             notes.append(f"the target's prior alone gives each factor coordinate sd {sd:.3g} (T / (2 s lam), "
                          f"s = epsilon / (4B) = {sample.scale:.3g}); the data only outweighs it for parameters "
                          f"with many ratings, so small epsilon on small stores releases mostly prior noise")
-            if s.tiering:
+            if tiering:
                 notes.append("tiering uses the store's item order (popularity); it only reorders updates and does "
                              "not change the target distribution")
         if blocks and self.noisy:
@@ -741,8 +743,9 @@ class _SgdBase(Method):
         ledger = self.ledger(store, plan, notes=notes)
         ledger.bounds["run_id"] = run_id
         params = {key: getattr(s, key) for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau",
-                                                   "kappa", "rho", "temperature", "noise_table", "tiering",
+                                                   "kappa", "rho", "temperature", "noise_table",
                                                    "hot_items", "step_users", "epoch_scheme")}
+        params["tiering"] = tiering
         if blocks:
             params["round_blocks"] = s.round_blocks
         params.update({"scale_s": sample.scale if self.noisy else None, "B": s.bound, "loss_bound_c": s.clip or None,

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
 
 from streamdp.kernels import sgd as K
 from streamdp.methods import get_method
+from streamdp.stream.engine import Engine
 from streamdp.training import train
 
 
@@ -55,34 +57,41 @@ def test_temperature_is_labelled_not_the_dp_target(small_store, tmp_path):
     assert led["bounds"]["target"].startswith("the epsilon-DP target") and "not the DP target" not in led["guarantee"]
 
 
-def test_tiering_rule_from_rank_items_and_l3():
-    """On only when the item state (k float32 + bias + clock per item) exceeds a core's share of the L3 cache."""
-    share = 16 * 2**20  # this machine: 32 MiB L3 shared by 2 CPUs
+def test_tiering_rule_from_method_rank_items_workers_and_l3():
+    """sgld tiers only when the item state (k float32 + bias + clock per item) exceeds the running workers'
+    share of the L3 cache; sgd never (measured: docs/sgld.md)."""
+    share = 16 * 2**20  # this machine: 32 MiB L3 shared by 2 CPUs, with 2 workers
     assert [K.tiering_pays(k, 17_770, l3_bytes=share) for k in (16, 64, 256, 512)] == [False, False, True, True]
+    assert not any(K.tiering_pays(k, 17_770, noisy=False, l3_bytes=share) for k in (16, 64, 256, 512))
     assert K.tiering_pays(16, 500_000, l3_bytes=share)  # 38 MB of item rows
     assert not K.tiering_pays(512, 17_770, l3_bytes=64 * 2**20)
     per_item = 4 * 100 + 12
     assert not K.tiering_pays(100, share // per_item, l3_bytes=share)
     assert K.tiering_pays(100, share // per_item + 1, l3_bytes=share)
-    assert 0 < K._l3_share_bytes() <= max(K._cache_bytes(3, 16 * 2**20), 16 * 2**20)
+    l3 = K._l3_share_bytes()
+    assert 0 < l3 <= max(K._cache_bytes(3, 16 * 2**20), 16 * 2**20)
+    assert K._l3_share_bytes(workers=1) >= K._l3_share_bytes(workers=2) == l3 or os.cpu_count() < 2
 
 
 @pytest.mark.parametrize("method", ["sgd", "sgld"])
 def test_tiering_auto_on_off(small_store, monkeypatch, method):
+    """auto is decided in fit, with the engine's number of workers; on/off are settings."""
     eps = float("inf") if method == "sgd" else 10.0
     seen = []
 
-    def fake(k, n_items, l3_bytes=None):
-        seen.append((k, n_items))
+    def fake(k, n_items, *, noisy=True, workers=1, l3_bytes=None):
+        seen.append((k, n_items, noisy, workers))
         return True
 
     monkeypatch.setattr(K, "tiering_pays", fake)
     m = get_method(method)
-    assert m(epsilon=eps, delta=1e-6, rank=4).settings(small_store).tiering is True  # auto is the default
-    assert seen == [(4, small_store.n_items)]
+    assert m(epsilon=eps, delta=1e-6, rank=4).settings(small_store).tiering is None  # auto is the default
     assert m(epsilon=eps, delta=1e-6, rank=4, tiering="off").settings(small_store).tiering is False
     assert m(epsilon=eps, delta=1e-6, rank=4, tiering="on").settings(small_store).tiering is True
-    assert len(seen) == 1
+    with Engine(small_store, workers=2, memory_limit="1GB") as engine:
+        fitted = m(epsilon=eps, delta=1e-6, rank=4, seed=0, epochs=1, tau=20).fit(small_store, engine)
+    assert seen == [(4, small_store.n_items, method == "sgld", 2)]
+    assert fitted.model_info["parameters"]["tiering"] is True
 
 
 def test_cli_tiering_choice(small_store, tmp_path):
