@@ -368,6 +368,9 @@ def main(argv=None):
     ap.add_argument("--large-items", type=int, default=1_000_000,
                     help="items of the synthetic kernel-only tiering check (V beyond the caches); 0 skips it")
     ap.add_argument("--profile", action="store_true", help="also break one steady-state epoch down by stage")
+    ap.add_argument("--tiering-from", nargs="+", metavar="JSON", default=None,
+                    help="print the --tiering auto table from the --json files of earlier runs on --store, their "
+                         "repeats pooled (round-robin repeats stay paired), and time nothing")
     a = ap.parse_args(argv)
     from streamdp.storage.generate import generate_store
     from streamdp.storage.store import open_store
@@ -382,10 +385,35 @@ def main(argv=None):
             path = a.store or os.path.join(tmp, "s.zarr")
             store = generate_store(path, n_users=a.ratings // 100, n_items=a.items, ratings_per_user=100, rank=16,
                                    seed=0)
-        _run(a, store)
+        if a.tiering_from:
+            pooled_tiering_table(a, store)
+        else:
+            _run(a, store)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pooled_tiering_table(a, store):
+    """The ``--tiering auto`` table of several saved runs: each configuration's repeats pooled, in run order.
+
+    The machine is shared and a single run's three repeats swing by 10-20%; pooling the
+    repeats of runs made the same way gives steadier medians. The auto pick is the
+    current rule's (the timed configurations force tiering off or on, so they do not depend on it).
+    """
+    import json
+
+    runs, cpus = {}, {}
+    for path in a.tiering_from:
+        with open(path) as f:
+            saved = json.load(f)
+        for key, xs in saved["runs"].items():
+            runs.setdefault(key, []).extend(xs)
+        for key, xs in saved.get("cpu", {}).items():
+            cpus.setdefault(key, []).extend(xs)
+    print(f"pooled from {len(a.tiering_from)} runs: {', '.join(a.tiering_from)}")
+    tiering_table(store, [int(k) for k in a.ranks.split(",")], a.methods.split(","),
+                  [int(w) for w in a.workers.split(",")], runs, {}, cpus)
 
 
 def _run(a, store):
