@@ -533,33 +533,32 @@ class StoreWriter:
         if full["checksum_attrs"]:  # hashed as they will read back from zarr.json
             self._hash.add_attrs(json.loads(json.dumps(full)), full["checksum_attrs"])
         full["checksum"] = self._hash.hexdigest()
-        if self.remote:
-            try:
-                self._publish_remote(full, by=str(attrs.get("created_with", "?")))
-            except BaseException:
-                self._failed = True
-                self.abort()
-                raise
-            self._done = True
-            return self.path
-        self.root.attrs[ATTRS_KEY] = full
+        by = str(attrs.get("created_with", "?"))
+        if not self.remote:
+            self.root.attrs[ATTRS_KEY] = full
         try:
-            budget = contextlib.nullcontext()
-            if os.path.lexists(self.path):
-                check_destination(self.path, self.force)
-                from streamdp.privacy.budget import carried_over
-
-                # the replaced store's budget ledger moves into the new store, under its lock
-                budget = carried_over(self.path, self.tmp, by=str(attrs.get("created_with", "?")),
-                                      checksum=full["checksum"])
-            with budget:
-                install_dir(self.tmp, self.path, force=self.force, what="rating store", is_ours=is_store_dir)
+            if self.remote:
+                self._publish_remote(full, by=by)
+            else:
+                self._install_local(full, by=by)
         except BaseException:
             self._failed = True
             self.abort()
             raise
         self._done = True
         return self.path
+
+    def _install_local(self, full: dict, *, by: str) -> None:
+        """Rename the finished store into place on a local disk (a replaced store's budget ledger moves with it)."""
+        budget = contextlib.nullcontext()
+        if os.path.lexists(self.path):
+            check_destination(self.path, self.force)
+            from streamdp.privacy.budget import carried_over
+
+            # the replaced store's budget ledger moves into the new store, under its lock
+            budget = carried_over(self.path, self.tmp, by=by, checksum=full["checksum"])
+        with budget:
+            install_dir(self.tmp, self.path, force=self.force, what="rating store", is_ours=is_store_dir)
 
     def _publish_remote(self, full: dict, *, by: str) -> None:
         """Make the store written on object storage visible: its root attributes are the last object written."""
