@@ -91,9 +91,11 @@ FilmTrust at epsilon 1 this is what happens).
 
 Why every candidate is accounted although none is released
 -----------------------------------------------------------
-A candidate is trained on the users' data (minus the held-out ratings: a deterministic
-per-user split keyed by the run's entropy, so neighbouring stores give neighbouring
-training views), so it is a private computation and its releases (noisy sums,
+A candidate is trained on the users' data (minus the held-out ratings: a per-user split
+by a hash of the user's position in the store keyed by the run's secret entropy; with the
+key unknown, each user's split and Poisson sample are independent draws whatever the
+other users are, which is what the accounting assumes: a seeded run is reproducible, not
+private against whoever knows the seed), so it is a private computation and its releases (noisy sums,
 Gramians, counts) are accounted at their noise as if published. Its model is never
 written or printed; it only feeds the losses. The losses are not post-processing of
 the candidates alone (they read the users' held-out ratings), so they are a further
@@ -123,7 +125,7 @@ released model as the one Gaussian of multiplier ``z_f`` (an envelope: whichever
 configuration is chosen, its releases compose to a Gaussian of no smaller multiplier,
 so the budget counts at least what the model's ledger composes, and at most ``E``).
 A failure or Ctrl-C before the model is in place marks the reservation failed, as
-``train``'s (:func:`streamdp.methods.release`): the candidates and the losses never
+``train``'s (:func:`streamdp.training.release`): the candidates and the losses never
 leave the process. The paths that tune nothing (one configuration, too few users)
 reserve exactly as ``train`` does.
 """
@@ -159,9 +161,6 @@ from streamdp.stream.engine import Engine, add_into
 from streamdp.training import release, run_summary
 
 __all__ = ["tune", "parse_grid", "default_grid", "tunable_methods", "SELECT_SHARE", "SAMPLE_RATE", "CANDIDATE_NOMINAL_SHARE"]
-
-#: Methods ``tune`` supports (their releases are all Gaussian and listed in their plans).
-
 
 def tunable_methods() -> list[str]:
     """The registered methods ``tune`` runs (``Method.TUNABLE``: Gaussian releases planned in full)."""
@@ -613,6 +612,10 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         if epsilon_of(compose(prefix_events + [gaussian_event(z_f)]), delta).epsilon <= epsilon:
             break
         z_f *= 1.0001
+    else:
+        raise ParameterError(f"tune: the released model's noise could not be calibrated within --epsilon {epsilon:g} "
+                             f"with the candidates' releases counted one by one (the accountant's discretization); "
+                             f"try a larger --epsilon or fewer --grid values")
     # the whole E is reserved before any candidate reads a rating: the envelope stands for the released model
     # (every configuration's releases compose to a Gaussian of multiplier >= z_f: dominated, _calibrated)
     envelope = _Tuned(_Envelope(cls, epsilon, delta, seed, z_f), prefix_events, prefix_entries, [], tuning,

@@ -170,6 +170,7 @@ import numpy as np
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels import sgd as K
 from streamdp.methods import register
+from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy.bounding import personalized_weights, trim_block
@@ -725,7 +726,8 @@ class _SgdBase(Method):
                 notes.append(TABLE_LABEL + f" (--noise-table {s.noise_table})")
             sd = math.sqrt(s.temperature / (2.0 * sample.scale * max(s.reg, 1e-12)))
             notes.append(f"the target's prior alone gives each factor coordinate sd {sd:.3g} (T / (2 s lam), "
-                         f"s = epsilon / (4B) = {sample.scale:.3g}); the data only outweighs it for parameters "
+                         f"s = epsilon T / ({SCALE_FACTOR[s.posterior_scale]:g} B) = {sample.scale:.3g}); the data "
+                         f"only outweighs it for parameters "
                          f"with many ratings, so small epsilon on small stores releases mostly prior noise")
             if tiering:
                 notes.append("tiering uses the store's item order (popularity); it only reorders updates and does "
@@ -735,11 +737,8 @@ class _SgdBase(Method):
         if not (self.noisy and self.private):
             notes.append("non-private: no privacy noise (" + ("--method sgd" if not self.noisy else
                                                               "--epsilon inf: SGLD of the unscaled posterior") + ")")
-        if self.seed is not None:
-            notes.append("seeded run: reproducible, not private against whoever knows the seed")
-        if getattr(store, "rating_range_source", "unknown") != "declared":
-            notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
-                         "exact guarantee")
+        notes += seed_notes(self)
+        notes += range_notes(getattr(store, "rating_range_source", "unknown"))
         ledger = self.ledger(store, plan, notes=notes)
         ledger.bounds["run_id"] = run_id
         params = {key: getattr(s, key) for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau",
