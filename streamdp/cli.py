@@ -798,7 +798,7 @@ def privacy_calibrate(epsilon, delta, count, as_json):
 def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
     """Show (or --set, --settle, --restore) the privacy budget of STORE and everything released from it."""
     from streamdp.errors import ParameterError
-    from streamdp.privacy.budget import StoreBudget, format_budget
+    from streamdp.privacy.budget import StoreBudget, format_budget, parse_budget
     from streamdp.privacy.ledger import encode_json
 
     if refund_unreleased and not settle:
@@ -811,11 +811,7 @@ def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
             click.echo(f"restore: {restored['what']}"
                        + "".join(f"; the file it replaced is kept as {p}" for p in restored["set_aside"]))
     if set_budget is not None:
-        try:
-            eps, delta = (float(x) for x in set_budget.split(","))
-        except ValueError:
-            raise ParameterError(f"--set: expected EPSILON,DELTA, got {set_budget!r}") from None
-        b.set(eps, delta)
+        b.set(*parse_budget(set_budget, name="--set"))
     settled = stale = None
     if settle:
         from streamdp.stream.driver import sweep_stale_runs

@@ -19,6 +19,7 @@ from streamdp.evaluate import evaluate_model, format_baselines, format_verdict
 from streamdp.model import check_model_destination
 from streamdp.privacy import Ledger
 from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.params import default_delta
 from streamdp.storage.generate import generate_store
 from streamdp.storage.writer import check_destination
 from streamdp.training import train
@@ -60,7 +61,7 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
         st = generate_store(store_path, force=force, show_progress=False, **DEMO_STORE)
         say(f"1. generated {store_name}: {st.n_users:,} users x {st.n_items:,} items, {st.n_ratings:,} train + "
             f"{st.n_test:,} test ratings (rank-{DEMO_STORE['rank']} truth) in {time.perf_counter() - t0:.1f}s")
-        delta = 10.0 ** math.floor(math.log10(min(1e-6, 1.0 / (10 * st.n_users))))
+        delta = default_delta(st.n_users)
         stage = "train"
         summary = train(st, method="als", out=model_path, epsilon=epsilon, delta=delta, rank=DEMO_STORE["rank"],
                         seed=None, force=force, evaluate_test=False)

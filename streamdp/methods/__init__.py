@@ -54,7 +54,4 @@ def load_builtin() -> dict[str, type[Method]]:
     return METHODS
 
 
-#: The former private name, kept for callers outside the package (tests, other branches).
-_load_builtin = load_builtin
-
 

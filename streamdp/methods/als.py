@@ -153,6 +153,7 @@ from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
 from streamdp.methods._profile import UserProfile, user_profile
 from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
+from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import compose, epsilon_of
@@ -1032,11 +1033,8 @@ class _AlsBase(Method):
         notes = []
         if not self.private:
             notes.append("non-private: --epsilon inf, no noise and no contribution bounding")
-        if self.seed is not None:
-            notes.append("seeded run: reproducible, not private against whoever knows the seed")
-        if plan.bounds["rating_range_source"] != "declared":
-            notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
-                         "exact guarantee")
+        notes += seed_notes(self)
+        notes += range_notes(plan.bounds["rating_range_source"])
         if s.iters == 0 and self.FIXED_ITERS is None:
             notes.append("iters = 0: the release is the private item biases and global mean only (the factors "
                          "would be mostly noise at this epsilon and store size); users' own intercepts do the rest")

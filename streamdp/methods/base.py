@@ -130,6 +130,9 @@ class Method:
     #: The computation a user runs on her device from the model (``model.json``'s ``local``, one of
     #: :data:`streamdp.local.LOCAL_KINDS`): ``ridge`` (default, the key is then left out), ``frank_wolfe``...
     LOCAL_SOLVER: ClassVar[str] = "ridge"
+    #: The entropy of a run this method is one candidate of (``None``: its own, from ``seed``): candidates that
+    #: share it see the same held-out ratings (als' non-private choice of its item ridge).
+    shared_entropy: int | None = None
     #: Whether ``streamdp tune`` can choose this method's configuration (its releases are Gaussian and planned in
     #: full before the run, so candidates compose under one envelope: :mod:`streamdp.tune`).
     TUNABLE: ClassVar[bool] = False
@@ -226,12 +229,12 @@ class Method:
         the checkpoint path), so ``--checkpoint`` resumes only the very same run. The
         temporary run directory goes under ``engine.state`` (``--state``) when set.
         """
-        skip = {"checkpoint", "release", "releases", "bounds", *exclude}
+        skip = {"checkpoint", *exclude}
         keep = {key: v for key, v in plan.settings.as_dict().items() if key not in skip}
         fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
                          store=store.checksum, s=keep)
         # a method fitted as one of several candidates of a run shares that run's entropy (same held-out ratings)
-        seed = self.seed if getattr(self, "shared_entropy", None) is None else self.shared_entropy
+        seed = self.seed if self.shared_entropy is None else self.shared_entropy
         return Run(store, method=self.name, fingerprint=fp, seed=seed, rng_key=rng_key,
                    checkpoint=self.checkpoint, state=getattr(engine, "state", None))
 

@@ -164,6 +164,7 @@ from scipy.stats import chi2
 from streamdp.errors import ParameterError
 from streamdp.kernels.sketch import csr_matmul, csr_t_matmul
 from streamdp.methods._subspace import DEFAULT_RIDGE, residual_values, scaled_factors
+from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import compose, epsilon_of, gaussian_event
@@ -485,11 +486,8 @@ class LowRank(Method):
         V, sv = state["basis"], state["singular_values"]
         notes = [WEAKER_NOTE] if self.private else [
             "non-private: --epsilon inf, no noise added (clipping still applied, sketch rows not clipped)"]
-        if self.seed is not None:
-            notes.append("seeded run: reproducible, not private against whoever knows the seed")
-        if plan.bounds["rating_range_source"] != "declared":
-            notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
-                         "exact guarantee")
+        notes += seed_notes(self)
+        notes += range_notes(plan.bounds["rating_range_source"])
         if V.shape[1] < self.rank:
             notes.append(f"the noisy range has rank {V.shape[1]} < k = {self.rank}: {V.shape[1]} factors released")
         ledger = self.ledger(store, plan, notes=notes)

@@ -122,6 +122,7 @@ from streamdp.methods import register
 from streamdp.methods._centering import (CenterOptions, CenterSettings, center_releases, center_settings,
                                          private_center, settings_shares)
 from streamdp.methods._subspace import DEFAULT_RIDGE, power_pass, residual_values, scaled_factors
+from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import option
 from streamdp.privacy import paper_sigma_jain, spawn_rngs
@@ -305,15 +306,12 @@ class PrivateOja(Method):
         notes = []
         if not self.private:
             notes.append("non-private: --epsilon inf, no noise added (clipping and centering still applied)")
-        if self.seed is not None:
-            notes.append("seeded run: reproducible, not private against whoever knows the seed")
+        notes += seed_notes(self)
         if max(s.steps_per_pass) > 1:
             notes.append("several steps per pass: users are assigned to steps by their position in the store, so "
                          "the accounting holds for the zero-out neighbouring relation (one user's ratings replaced "
                          "by none); use --schedule power for add/remove one user")
-        if plan.bounds["rating_range_source"] != "declared":
-            notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
-                         "exact guarantee")
+        notes += range_notes(plan.bounds["rating_range_source"])
         ledger = self.ledger(store, plan, notes=notes)
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,

@@ -185,6 +185,7 @@ from streamdp.kernels.public_private import (
     private_sketch,
 )
 from streamdp.methods import register
+from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
@@ -716,11 +717,8 @@ class PublicPrivate(Method):
     def _fitted(self, store, plan, run, public, stats, W, sigma, gm, bias, lam, h_public, trace, rho) -> Fitted:
         s = plan.settings
         notes = []
-        if self.seed is not None:
-            notes.append("seeded run: reproducible, not private against whoever knows the seed")
-        if plan.bounds["rating_range_source"] != "declared":
-            notes.append("rating range was observed from the data, not declared; declare it at ingest for an "
-                         "exact guarantee")
+        notes += seed_notes(self)
+        notes += range_notes(plan.bounds["rating_range_source"])
         ledger = self.ledger(store, plan, notes=notes)
         ledger.bounds["public_users_count"] = stats["n_public"]
         ledger.bounds["public_ratings"] = stats["n_ratings"]
