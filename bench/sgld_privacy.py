@@ -146,7 +146,7 @@ def netflix(a):
 
     def key(method, eps, seed, opts):
         own = extra if method == "sgld" else {k: v for k, v in opts.items() if k != "epochs"}
-        return [method, str(eps), seed, own, store.n_users, opts.get("epochs")]
+        return [method, str(eps), seed, own, store.n_users, opts.get("epochs"), a.rank]
 
     def run(method, eps, seed, opts):
         hit = [r for r in done if r["key"] == key(method, eps, seed, opts)]

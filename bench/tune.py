@@ -6,7 +6,7 @@ Usage::
     python bench/tune.py --epsilons 1 --seeds 0 --stores G1
 
 For each store, epsilon and seed: ``streamdp.tune.tune`` (default grid of ``als``) and
-``streamdp.methods.train`` (``als`` defaults), same seed, each charged to the store's
+``streamdp.training.train`` (``als`` defaults), same seed, each charged to the store's
 budget; prints both test RMSEs, their difference, the configuration tune chose (or
 why it chose nothing), and the medians over seeds. Stores go to a temporary directory,
 removed at the end.

@@ -164,7 +164,7 @@ LAYERS = (
     ("models", ("streamdp.model", "streamdp.local", "streamdp.ranking", "streamdp.batch", "streamdp.evaluate")),
     ("methods", ("streamdp.methods",)),
     ("entry points", ("streamdp.training", "streamdp.api", "streamdp.sweep", "streamdp.demo", "streamdp.cli",
-                      "streamdp.__main__", "streamdp")),
+                      "streamdp.tune", "streamdp.catalog", "streamdp.train_help", "streamdp.__main__", "streamdp")),
 )
 
 #: Imports that go up a layer, each with its reason; a new one fails the test until it is moved or listed here.
@@ -179,7 +179,8 @@ def layer_of(name: str) -> int:
     best = None
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            if name == p or name.startswith(p + "."):
+            # the package root names only itself: a module listed nowhere must fail, not fall into its layer
+            if name == p or (p != "streamdp" and name.startswith(p + ".")):
                 if best is None or len(p) > best[1]:
                     best = (i, len(p))
     assert best is not None, f"{name} is in no layer of tests/test_structure.py::LAYERS: add it"

@@ -17,11 +17,11 @@ from click.testing import CliRunner
 
 from streamdp.cli import main
 from streamdp.errors import ParameterError
-from streamdp.methods import METHODS, _load_builtin
+from streamdp.methods import METHODS, load_builtin
 from streamdp.catalog import CATALOG, GUARANTEE_KINDS, default_rank, guarantee_kind
 from streamdp.methods.options import merge_options
 
-_load_builtin()
+load_builtin()
 NAMES = sorted(METHODS)
 #: Every method flag -> the methods that declare it.
 DECLARED = {slot["by_method"][m].flag: set(slot["by_method"]) for slot in merge_options(METHODS).values()

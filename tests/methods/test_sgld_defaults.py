@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from click.testing import CliRunner
@@ -70,7 +69,7 @@ def test_tiering_rule_from_method_rank_items_workers_and_l3():
     assert K.tiering_pays(100, share // per_item + 1, l3_bytes=share)
     l3 = K._l3_share_bytes()
     assert 0 < l3 <= max(K._cache_bytes(3, 16 * 2**20), 16 * 2**20)
-    assert K._l3_share_bytes(workers=1) >= K._l3_share_bytes(workers=2) == l3 or os.cpu_count() < 2
+    assert K._l3_share_bytes(workers=1) >= K._l3_share_bytes(workers=2) >= l3  # fewer workers: a larger share
 
 
 @pytest.mark.parametrize("method", ["sgd", "sgld"])
