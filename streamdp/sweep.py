@@ -130,7 +130,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     if not methods:
         raise ParameterError("--methods: give at least one method")
     for m in methods:
-        get_method(m)
+        get_method(m).check_store(st)
     epsilons = parse_epsilons(epsilons) if isinstance(epsilons, str) else [float(e) for e in epsilons]
     if int(repeats) != repeats or repeats < 1:
         raise ParameterError(f"--repeats must be a positive integer, got {repeats}")

@@ -93,6 +93,7 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
     st.check_chunks()  # a damaged store fails here, before any privacy budget is reserved
     check_privacy_params(epsilon, delta, n_users=st.n_users)
     cls = get_method(method) if isinstance(method, str) else method
+    cls.check_store(st)
     m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
     if m.RANK_IS_FACTORS and m.rank > st.n_items:  # fw's rank counts iterations: its basis may repeat directions
         raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
