@@ -196,6 +196,11 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         summary["stale_runs_removed"] = stale
     if evaluate_test and st.has_test:
         ev = evaluate_model(out, st, workers=workers, scheduler=scheduler, memory_limit=memory_limit, baselines=True)
+        if ev.get("implicit"):  # counts: ranking metrics only (streamdp.evaluate)
+            summary["test_interactions"] = ev["n_interactions"]
+            summary["ranking"] = ev["ranking"]
+            summary["privacy_warnings"] = privacy_warnings(led)
+            return summary
         summary["test_rmse"] = ev["rmse"]
         summary["test_mae"] = ev["mae"]
         summary["test_ratings"] = ev["n_ratings"]
