@@ -183,14 +183,23 @@ def verify(store, workers, memory_limit, scheduler, as_json):
 @click.option("--outlier-fraction", type=float, default=0.0, show_default=True,
               help="Fraction of ratings replaced by one end of the scale at random.")
 @click.option("--string-ids", is_flag=True, help="Write user and item ids as strings (u00000042, B00000007).")
+@click.option("--taste-clusters", type=int, default=0, show_default=True, metavar="K",
+              help="Users in K taste clusters whose choice of items differs (on top of popularity), so that "
+              "personalized lists can beat the popularity chart; 0: choice by popularity alone.")
+@click.option("--taste-strength", type=float, default=2.0, show_default=True,
+              help="With --taste-clusters: how strongly a cluster's affinity tilts its choice of items.")
+@click.option("--implicit", is_flag=True, help="Write an implicit store (interaction counts, no ratings) from the "
+              "same model: each chosen item's count grows with the user's preference for it.")
+@click.option("--count-cap", type=float, default=None, metavar="C",
+              help="With --implicit: cap the counts at C (declared; default: the observed range).")
 @click.option("--block-users", type=int, default=None,
               help="Users per block (default: about 1M ratings a block, train and test together).")
 @click.option("--workers", type=int, default=None, help="Threads generating blocks (default: 2, or 1 on one core).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp store at --out (anything else there is "
               "an error); its privacy-budget ledger is carried over.")
 def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fraction, item_exponent,
-             user_exponent, scale, factors, user_bias_std, interaction_scale, outlier_fraction, string_ids, block_users,
-             workers, force):
+             user_exponent, scale, factors, user_bias_std, interaction_scale, outlier_fraction, string_ids,
+             taste_clusters, taste_strength, implicit, count_cap, block_users, workers, force):
     """Write a synthetic low-rank, power-law rating store, block by block."""
     from streamdp.errors import ParameterError
     from streamdp.storage.generate import generate_store
@@ -203,10 +212,12 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
                        noise=noise, seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
                        user_exponent=user_exponent, rating_min=lo, rating_max=hi, rating_step=step,
                        factors=factors, user_bias_std=user_bias_std, interaction_scale=interaction_scale,
-                       outlier_fraction=outlier_fraction,
+                       outlier_fraction=outlier_fraction, taste_clusters=taste_clusters,
+                       taste_strength=taste_strength, implicit=implicit, count_cap=count_cap,
                        string_ids=string_ids, block_users=block_users, workers=workers, force=force)
+    what = "interactions (implicit: counts)" if s.implicit else "ratings"
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
-               f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s")
+               f"{s.n_test:,} test {what} in {s.attrs['seconds']:.1f}s")
 
 
 @main.command()
