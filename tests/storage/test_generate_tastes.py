@@ -59,6 +59,24 @@ def test_clustered_tastes_let_a_personalized_model_beat_the_chart(tmp_path, impl
     assert d["ease"] < 1.2 * d["popularity"], d
 
 
+def test_reference_protocol_is_evaluates(tmp_path):
+    """The reference's most-popular Recall@10 is ``evaluate``'s own non-private popularity baseline, to the bit."""
+    from streamdp.evaluate import evaluate_model
+    from streamdp.methods import get_method
+    from streamdp.training import train
+
+    class Accepting(get_method("means")):  # any model: only the baseline's figures are compared
+        ACCEPTS_IMPLICIT = True
+
+    for kw in ({}, {"implicit": True}):
+        s = generate_store(str(tmp_path / f"s{len(kw)}.zarr"), taste_clusters=10, **SHAPE, **kw)
+        train(s, method=Accepting, out=str(tmp_path / f"m{len(kw)}"), epsilon=float("inf"), seed=0,
+              evaluate_test=False)
+        ev = evaluate_model(str(tmp_path / f"m{len(kw)}"), s)
+        assert ev["ranking"]["baselines"]["popularity"]["recall"] == pytest.approx(recall10(s)["popularity"],
+                                                                                  rel=1e-12)
+
+
 def test_default_store_is_bit_identical_to_earlier_versions(tmp_path):
     """Checksums recorded with the generator before the taste and implicit options (commit 0f1e894)."""
     a = generate_store(str(tmp_path / "a"), n_users=300, n_items=50, ratings_per_user=8, seed=2, test_fraction=0.2)
@@ -106,3 +124,62 @@ def test_options_and_cli(tmp_path):
                                   "--ratings-per-user", "5", "--taste-clusters", "4", "--implicit"])
     assert r.exit_code == 0 and "interactions (implicit: counts)" in r.stdout, r.stdout + r.stderr
     assert open_store(tmp_path / "s.zarr").implicit
+
+
+def _main() -> None:
+    """The figures of the docs: ``python tests/storage/test_generate_tastes.py --users 5000 --items 1000``.
+
+    EASE (and, when the bench-only ``implicit`` package is installed, its ALS) against the
+    exact most-popular list on a default, a clustered and a clustered implicit store.
+    """
+    import argparse
+    import tempfile
+    import time
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--users", type=int, default=5000)
+    ap.add_argument("--items", type=int, default=1000)
+    ap.add_argument("--ratings-per-user", type=float, default=20)
+    ap.add_argument("--clusters", type=int, default=20)
+    args = ap.parse_args()
+    shape = dict(n_users=args.users, n_items=args.items, ratings_per_user=args.ratings_per_user, seed=0,
+                 test_fraction=0.2)
+    with tempfile.TemporaryDirectory() as d:
+        for name, kw in (("default", {}), ("clustered", {"taste_clusters": args.clusters}),
+                         ("clustered implicit", {"taste_clusters": args.clusters, "implicit": True})):
+            t = time.perf_counter()
+            s = generate_store(f"{d}/{name.replace(' ', '_')}.zarr", **shape, **kw)
+            seconds = time.perf_counter() - t
+            r = recall10(s)
+            line = (f"{name:20s} generated in {seconds:5.1f}s  Recall@10: most popular {r['popularity']:.3f}  "
+                    f"EASE {r['ease']:.3f} ({r['ease'] / r['popularity']:.2f}x)")
+            als = _implicit_als_recall10(s)
+            if als is not None:
+                line += f"  implicit ALS {als:.3f} ({als / r['popularity']:.2f}x)"
+            print(line, flush=True)
+
+
+def _implicit_als_recall10(store, factors: int = 64):
+    """Recall@10 of ``implicit``'s ALS (bench-only peer, not a dependency), best of a small grid; None without it."""
+    try:
+        import scipy.sparse as sp
+        from implicit.als import AlternatingLeastSquares
+    except ImportError:
+        return None
+    train, test = dense(store, "train"), dense(store, "test")
+    thr = 0.0 if store.implicit else default_threshold(store.rating_min, store.rating_max)
+    rel = test >= thr if not store.implicit else test > 0
+    users = np.flatnonzero(rel.any(1))
+    best = 0.0
+    for reg, alpha in ((0.1, 1.0), (1.0, 10.0), (10.0, 1.0)):
+        m = AlternatingLeastSquares(factors=factors, regularization=reg, alpha=alpha, iterations=15,
+                                    random_state=0)
+        conf = sp.csr_matrix((train > 0).astype(np.float32) if not store.implicit else np.log1p(train))
+        m.fit(conf, show_progress=False)
+        ids, _ = m.recommend(users, conf[users], N=10, filter_already_liked_items=True)
+        best = max(best, float(np.mean(np.take_along_axis(rel[users], ids, 1).sum(1) / rel[users].sum(1))))
+    return best
+
+
+if __name__ == "__main__":
+    _main()
