@@ -159,3 +159,24 @@ def test_info_and_older_stores(tmp_path, log):
     g = generate_store(str(tmp_path / "g.zarr"), n_users=20, n_items=5, ratings_per_user=3, seed=0)
     assert g.implicit is False and "implicit" not in g.attrs and g.attrs["format_version"] == 1
     assert store_summary(g.path)["implicit"] is False
+
+
+def test_wrong_field_count_and_checksum_covers_the_kind(tmp_path, log):
+    import zarr
+
+    from streamdp.errors import StoreError
+    from streamdp.storage.schema import ATTRS_KEY
+    from streamdp.stream.verify import verify_store
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("user,item\n1,a\n2,b,3\n")
+    code, _, err, _ = run("ingest", bad, "--out", tmp_path / "b.zarr")
+    assert code == 2 and err.count("\n") == 1 and "bad.csv: line 3: expected 2 fields, got 3" in err
+    s = ingest([str(log)], str(tmp_path / "s.zarr"))
+    assert verify_store(s.path)["ok"]
+    g = zarr.open_group(s.path, mode="r+")
+    attrs = dict(g.attrs[ATTRS_KEY])
+    attrs["implicit"] = False  # counts relabelled as ratings: no longer the store that was written
+    g.attrs[ATTRS_KEY] = attrs
+    with pytest.raises(StoreError, match="checksum"):
+        verify_store(s.path)
