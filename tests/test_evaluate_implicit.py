@@ -63,3 +63,19 @@ def test_train_summary_on_an_implicit_store(stores, tmp_path):
     assert s["ranking"]["threshold_source"] == IMPLICIT_RELEVANT
     text = format_train_summary(s)
     assert "RMSE" not in text and "every held-out interaction" in text
+
+
+def test_an_observed_count_range_is_not_published(stores, tmp_path):
+    """The log's observed maximum count is an exact statistic: the ledger's public parameters leave it out (and
+    ``release`` does not add it to model.json; a method's own ``model_info`` is the method's to keep clean)."""
+    import json
+
+    _, log = stores
+    assert log.rating_range_source == "observed"
+
+    class Accepting(get_method("means")):
+        ACCEPTS_IMPLICIT = True
+
+    train(log, method=Accepting, out=str(tmp_path / "m"), epsilon=float("inf"), seed=0, evaluate_test=False)
+    pub = json.loads((tmp_path / "m" / "privacy.json").read_text())["public_parameters"]
+    assert "rating_range" not in pub and pub["data"]["implicit"] is True and pub["data"]["count_cap"] is None
