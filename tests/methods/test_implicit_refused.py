@@ -49,3 +49,21 @@ def test_train_and_tune_refuse_in_one_line(log_store, tmp_path):
                                   "--out", str(tmp_path / "sw")])
     assert r.exit_code == 2 and "use --method ials" in r.stderr, r.stderr
     assert not any((tmp_path / n).exists() for n in ("m", "t", "sw"))
+
+
+def test_sweep_refuses_an_implicit_store_for_any_method(log_store, tmp_path):
+    """A sweep plots test RMSE, which an implicit store does not have (even for a method that trains on it)."""
+    import streamdp.methods as registry
+    from streamdp.sweep import sweep
+
+    class Accepting(registry.get_method("means")):
+        name = "means-accepting-implicit"
+        ACCEPTS_IMPLICIT = True
+
+    registry.METHODS[Accepting.name] = Accepting
+    try:
+        with pytest.raises(ParameterError, match="no test RMSE"):
+            sweep(log_store, methods=[Accepting.name], epsilons=[1.0], out=str(tmp_path / "sw"))
+    finally:
+        del registry.METHODS[Accepting.name]
+    assert not (tmp_path / "sw").exists()
