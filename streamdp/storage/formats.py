@@ -36,7 +36,13 @@ user       user, userid, uid, customerid, u
 item       item, itemid, iid, movie, movieid, productid, i
 rating     rating, ratings, score, stars, value, r
 timestamp  timestamp, time, ts, date, datetime, t
+count      count, counts, weight, weights, plays, playcount, clicks, quantity, qty
 =========  ===========================================================
+
+A ``count`` column (instead of a rating column), or a header of user and item
+columns alone, makes the file an **interaction log** (an implicit store, see
+:mod:`streamdp.storage.ingest`); so do ``--columns user,item[,count]`` and
+``--implicit``.
 
 A header with a column of another name, a name used twice, or without a user,
 item or rating column is an error naming the columns found; ``--columns`` (names
