@@ -183,14 +183,23 @@ def verify(store, workers, memory_limit, scheduler, as_json):
 @click.option("--outlier-fraction", type=float, default=0.0, show_default=True,
               help="Fraction of ratings replaced by one end of the scale at random.")
 @click.option("--string-ids", is_flag=True, help="Write user and item ids as strings (u00000042, B00000007).")
+@click.option("--taste-clusters", type=int, default=0, show_default=True, metavar="K",
+              help="Users in K taste clusters whose choice of items differs (on top of popularity), so that "
+              "personalized lists can beat the popularity chart; 0: choice by popularity alone.")
+@click.option("--taste-strength", type=float, default=2.0, show_default=True,
+              help="With --taste-clusters: how strongly a cluster's affinity tilts its choice of items.")
+@click.option("--implicit", is_flag=True, help="Write an implicit store (interaction counts, no ratings) from the "
+              "same model: each chosen item's count grows with the user's preference for it.")
+@click.option("--count-cap", type=float, default=None, metavar="C",
+              help="With --implicit: cap the counts at C (declared; default: the observed range).")
 @click.option("--block-users", type=int, default=None,
               help="Users per block (default: about 1M ratings a block, train and test together).")
 @click.option("--workers", type=int, default=None, help="Threads generating blocks (default: 2, or 1 on one core).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp store at --out (anything else there is "
               "an error); its privacy-budget ledger is carried over.")
 def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fraction, item_exponent,
-             user_exponent, scale, factors, user_bias_std, interaction_scale, outlier_fraction, string_ids, block_users,
-             workers, force):
+             user_exponent, scale, factors, user_bias_std, interaction_scale, outlier_fraction, string_ids,
+             taste_clusters, taste_strength, implicit, count_cap, block_users, workers, force):
     """Write a synthetic low-rank, power-law rating store, block by block."""
     from streamdp.errors import ParameterError
     from streamdp.storage.generate import generate_store
@@ -203,10 +212,12 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
                        noise=noise, seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
                        user_exponent=user_exponent, rating_min=lo, rating_max=hi, rating_step=step,
                        factors=factors, user_bias_std=user_bias_std, interaction_scale=interaction_scale,
-                       outlier_fraction=outlier_fraction,
+                       outlier_fraction=outlier_fraction, taste_clusters=taste_clusters,
+                       taste_strength=taste_strength, implicit=implicit, count_cap=count_cap,
                        string_ids=string_ids, block_users=block_users, workers=workers, force=force)
+    what = "interactions (implicit: counts)" if s.implicit else "ratings"
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
-               f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s")
+               f"{s.n_test:,} test {what} in {s.attrs['seconds']:.1f}s")
 
 
 @main.command()
@@ -217,7 +228,14 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
               help="Input format (default: detected from each file).")
 @click.option("--sep", default=None, help="Field separator: one character, '\\t', '::', or 'ws' (whitespace runs).")
 @click.option("--columns", default=None, metavar="U,I,R[,T]",
-              help="Names or 0-based indices of the user, item, rating[, timestamp] columns.")
+              help="Names or 0-based indices of the user, item, rating[, timestamp] columns; user,item[,count] "
+              "for an interaction log (implicit store).")
+@click.option("--implicit", is_flag=True, help="Read the files as interaction logs (clicks, plays, purchases): "
+              "user,item per line, or user,item,count; repeated pairs are summed into counts (detected without it "
+              "from --columns user,item[,count] or a header with no rating column).")
+@click.option("--count-cap", type=float, default=None, metavar="C",
+              help="Interaction logs: declared (public) cap of a pair's count; larger counts are set to C "
+              "(default: none, the observed range, which a method must not publish).")
 @click.option("--rating-range", default=None, metavar="MIN,MAX",
               help="Declared rating range (public); ratings outside it are errors unless --out-of-range clip/drop "
               "(default: the observed range).")
@@ -236,22 +254,31 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 @click.option("--budget", default=None, metavar="EPSILON,DELTA",
               help="Set the store's total privacy budget (see `streamdp budget`).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print a JSON summary.")
-def ingest(inputs, out, fmt, sep, columns, rating_range, out_of_range, test_fraction, seed, skip_bad_lines,
-           memory_limit, block_users, force, budget, as_json):
-    """Ingest rating files (u.data, ::-.dat, CSV, whitespace, Parquet; .gz) into a store, out of core."""
+def ingest(inputs, out, fmt, sep, columns, implicit, count_cap, rating_range, out_of_range, test_fraction, seed,
+           skip_bad_lines, memory_limit, block_users, force, budget, as_json):
+    """Ingest rating files (u.data, ::-.dat, CSV, whitespace, Parquet; .gz) into a store, out of core; or
+    interaction logs (user,item[,count]: clicks, plays, purchases) into an implicit store."""
     from streamdp.api import ingest as ingest_files
 
     s = ingest_files(list(inputs), out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
                      memory_limit=memory_limit, block_users=block_users, force=force, budget=budget,
-                     out_of_range=out_of_range)
+                     out_of_range=out_of_range, implicit=implicit, count_cap=count_cap)
     a = s.attrs
     if as_json:
-        print_json({"store": s.path, "n_users": s.n_users, "n_items": s.n_items, "n_ratings": s.n_ratings,
-                    "n_test": s.n_test, "n_duplicates_dropped": a["n_duplicates_dropped"],
+        extra = {k: a[k] for k in ("value", "count_cap", "n_duplicates_aggregated", "n_counts_capped")} \
+            if s.implicit else {}
+        print_json({"store": s.path, "implicit": s.implicit, "n_users": s.n_users, "n_items": s.n_items,
+                    "n_ratings": s.n_ratings, "n_test": s.n_test, "n_duplicates_dropped": a["n_duplicates_dropped"],
                     "n_bad_lines_skipped": a["n_bad_lines_skipped"], "out_of_range": a["out_of_range"],
                     "n_out_of_range_clipped": a["n_out_of_range_clipped"],
-                    "n_out_of_range_dropped": a["n_out_of_range_dropped"], "seconds": a["seconds"]})
+                    "n_out_of_range_dropped": a["n_out_of_range_dropped"], **extra, "seconds": a["seconds"]})
+    elif s.implicit:
+        cap = (f", {a['n_counts_capped']:,} capped at {a['count_cap']:g}" if a["count_cap"] is not None else "")
+        click.echo(f"wrote {s.path} (implicit: {a['value']}s of interactions): {s.n_users:,} users, "
+                   f"{s.n_items:,} items, {s.n_ratings:,} train + {s.n_test:,} test (user, item) pairs; "
+                   f"{a['n_duplicates_aggregated']:,} repeated interactions aggregated into counts{cap}, "
+                   f"{a['n_bad_lines_skipped']:,} bad lines skipped, in {a['seconds']:.1f}s")
     else:
         oor = {"clip": f", {a['n_out_of_range_clipped']:,} out-of-range ratings clipped",
                "drop": f", {a['n_out_of_range_dropped']:,} out-of-range ratings dropped"}.get(a["out_of_range"], "")

@@ -6,6 +6,12 @@ their test ratings are predicted. Two non-private baselines are computed in the
 same run from the training split: the global mean and the per-item mean (an item
 without training ratings falls back to the global mean). They are reference
 points for the reader, not released models, and are labelled non-private.
+
+On an **implicit store** (interaction logs, ``RatingStore.implicit``) a held-out value
+is a count, not a rating: there is no RMSE, no rating baseline and no rating-range
+threshold. Only the ranking metrics are reported (always, whatever ``ranking``), every
+held-out interaction being a relevant item, beside the most-popular lists
+(:mod:`streamdp.ranking`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     Returns
     -------
     dict
+        On an implicit store: ``implicit: True, n_interactions, n_users, ridge, method, guarantee,
+        epsilon, store_matches_model, ranking`` (module docstring). Otherwise
         ``rmse, mae, n_ratings, n_users, ridge, method, guarantee`` and, with
         baselines, ``baselines: {global_mean: {rmse, mae}, item_mean: {rmse, mae}}``;
         ``store_matches_model`` (``None`` for a model that records no store fingerprint); with ranking,
@@ -89,6 +97,9 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                          f"other ratings, or the store was replaced since): its test split may hold ratings the model "
                          f"was trained on and give an "
                          f"optimistic RMSE; pass --allow-other-store to evaluate it anyway")
+    implicit = st.implicit
+    if implicit:  # counts are no ratings: ranking metrics only (module docstring)
+        ranking, baselines = True, False
     if ranking:
         k = check_k(k)
     released = m
@@ -115,6 +126,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         def fn(block, b):
             test = st.read_block(b, "test")
             U = solve_block(m, block.indptr, block.items, block.ratings, ridge)
+            if implicit:
+                return np.concatenate([[0.0, 0.0, float(test.nnz)], rank.block(U, block, test)])
             pred = predict_block(m, U, test.indptr, test.items)
             y = test.ratings.astype(np.float64)
             err = pred - y
@@ -132,6 +145,10 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         tot = eng.map_reduce(fn, _add, np.zeros(width + (rank.part_size if rank is not None else 0)),
                              extra_per_block=8 * (rank.part_size if rank is not None else 0), desc="evaluate")
     st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
+    if implicit:
+        return {"implicit": True, "n_interactions": int(tot[2]), "n_users": st.n_users, "ridge": ridge,
+                "method": m.method, "guarantee": getattr(m.ledger, "guarantee", None), "epsilon": m.info.get("epsilon"),
+                "store_matches_model": match, "ranking": rank.result(tot[width:])}
     cnt = max(tot[2], 1.0)
     out = {
         "rmse": math.sqrt(tot[0] / cnt),
@@ -236,8 +253,12 @@ def format_verdict(v: dict, rmse: float) -> str:
 
 def format_evaluation(ev: dict) -> str:
     """Human-readable lines of :func:`evaluate_model`'s result."""
-    lines = [f"{ev['method']} ({ev.get('guarantee')}): RMSE {ev['rmse']:.4f}  MAE {ev['mae']:.4f}  "
-             f"on {ev['n_ratings']:,} test ratings (local ridge {ev['ridge']:g})"]
+    if ev.get("implicit"):
+        lines = [f"{ev['method']} ({ev.get('guarantee')}) on an implicit store: ranking metrics only, "
+                 f"{ev['n_interactions']:,} held-out interactions (local ridge {ev['ridge']:g})"]
+    else:
+        lines = [f"{ev['method']} ({ev.get('guarantee')}): RMSE {ev['rmse']:.4f}  MAE {ev['mae']:.4f}  "
+                 f"on {ev['n_ratings']:,} test ratings (local ridge {ev['ridge']:g})"]
     for name, b in (ev.get("baselines") or {}).items():
         what = f" ({b['what']})" if b.get("what") else ""
         lines.append(f"baseline {name.replace('_', '-')} (non-private): RMSE {b['rmse']:.4f}  MAE {b['mae']:.4f}"
@@ -248,6 +269,6 @@ def format_evaluation(ev: dict) -> str:
         lines.append(format_ranking(ev["ranking"]))
     if ev.get("store_matches_model") is False:
         lines.append("store_matches_model: false (--allow-other-store): the store's fingerprint differs from that "
-                     "of the store the model was trained on; if it holds ratings the model was trained on, the RMSE "
-                     "is optimistic")
+                     "of the store the model was trained on; if it holds ratings the model was trained on, the "
+                     + ("ranking metrics are" if ev.get("implicit") else "RMSE is") + " optimistic")
     return "\n".join(lines)

@@ -244,7 +244,26 @@ def check_release(model_json: dict, privacy_json: dict, arrays, attrs) -> dict:
 
 
 def public_parameters(store) -> dict:
-    """The ledger's ``public_parameters``: what a model publishes exactly, and why."""
+    """The ledger's ``public_parameters``: what a model publishes exactly, and why.
+
+    Of an implicit store (interaction counts) the count range is published only when
+    declared (``--count-cap``): its observed maximum is an exact statistic of one user's
+    interactions, so it is left out, and ``data`` says what the values are.
+    """
+    if getattr(store, "implicit", False):
+        declared = getattr(store, "rating_range_source", "unknown") == "declared"
+        return {
+            "n_users": int(store.n_users),
+            "n_items": int(store.n_items),
+            "data": {"implicit": True, "value": store.attrs.get("value", "count"),
+                     "count_cap": store.attrs.get("count_cap")},
+            **({"rating_range": {"min": float(store.rating_min), "max": float(store.rating_max),
+                                 "source": "declared"}} if declared else {}),
+            "note": ("published exactly, not released with noise: the number of users is a declared public "
+                     "parameter; the item catalogue is public; an implicit store's values are counts, whose range "
+                     "is published only as the declared --count-cap (the observed maximum is an exact statistic and "
+                     "is not published)"),
+        }
     return {
         "n_users": int(store.n_users),
         "n_items": int(store.n_items),

@@ -11,7 +11,9 @@ through the engine, with the scoring and selection in Numba
 
 Relevance: a held-out (test split) rating ``>= threshold``; the default threshold is
 the top 20% of the store's rating range, ``lo + 0.8 (hi - lo)`` (4.2 on a 1..5
-scale: only the 5s are relevant). Users without a relevant test item are not
+scale: only the 5s are relevant). On an implicit store (interaction counts) every
+held-out interaction is relevant (threshold 0: counts are positive; a given
+``--relevant-threshold`` is then a minimum count). Users without a relevant test item are not
 evaluated. Per user, with ``h`` hits among the ``k`` listed and ``R`` relevant items:
 
 * precision ``h / k``; recall ``h / R``;
@@ -55,6 +57,8 @@ RELEASED_COUNTS = {
     "noisy_item_weight": "the model's released noisy item weight totals (post-processing, no further privacy cost)",
     "public_item_count": "the public users' item counts the model released (public data)",
 }
+#: The relevance of an implicit store's held-out values (counts, all positive).
+IMPLICIT_RELEVANT = "implicit store: every held-out interaction is relevant"
 #: The metrics of each list source, in output order.
 METRICS = ("precision", "recall", "ndcg", "map", "coverage", "popularity_bias")
 
@@ -191,7 +195,9 @@ def setup(model, store, train_counts, *, k: int = DEFAULT_K, relevant_threshold:
     if (pos < 0).any():
         raise InputError(f"{model.path}: the store's items are not the model's items")
     lo, hi = float(store.rating_min), float(store.rating_max)
-    if relevant_threshold is None:
+    if relevant_threshold is None and getattr(store, "implicit", False):
+        thr, src = 0.0, IMPLICIT_RELEVANT
+    elif relevant_threshold is None:
         thr, src = default_threshold(lo, hi), f"default: the top {TOP_SHARE:.0%} of the rating range [{lo:g}, {hi:g}]"
     else:
         thr = float(relevant_threshold)
@@ -202,6 +208,21 @@ def setup(model, store, train_counts, *, k: int = DEFAULT_K, relevant_threshold:
     return Ranking(model.in_order_of(ids), pos, train_counts, counts, what, k=k, threshold=thr, threshold_source=src)
 
 
+def relevant_text(r: dict, *, short: bool = False) -> str:
+    """What made a held-out item relevant, for the output lines.
+
+    >>> relevant_text({"relevant_threshold": 0.0, "threshold_source": IMPLICIT_RELEVANT}, short=True)
+    'every held-out interaction'
+    >>> relevant_text({"relevant_threshold": 4.2, "threshold_source": "--relevant-threshold"}, short=True)
+    'held-out >= 4.2'
+    """
+    if r["threshold_source"] == IMPLICIT_RELEVANT:
+        return "every held-out interaction" if short else "a held-out interaction (implicit store: each is relevant)"
+    if short:
+        return f"held-out >= {r['relevant_threshold']:g}"
+    return f"a held-out rating >= {r['relevant_threshold']:g} ({r['threshold_source']})"
+
+
 def format_ranking(r: dict) -> str:
     """The lines ``evaluate`` prints: the model's metrics, then each baseline's on the same users."""
     def row(d):
@@ -209,8 +230,7 @@ def format_ranking(r: dict) -> str:
                 f"MAP@{k} {d['map']:.4f}  coverage {d['coverage']:.1%}  popularity bias {d['popularity_bias']:.2f}")
 
     k = r["k"]
-    lines = [f"ranking @{k} over {r['n_users']:,} users with a held-out rating >= {r['relevant_threshold']:g} "
-             f"({r['threshold_source']}); candidates: unrated items",
+    lines = [f"ranking @{k} over {r['n_users']:,} users with {relevant_text(r)}; candidates: unrated items",
              "  model:                     " + row(r)]
     b = r.get("baselines", {})
     if "private_popularity" in b:
@@ -226,7 +246,7 @@ def format_ranking_short(r: dict) -> str:
     """One line for ``train``: ``Recall@10 0.0812  NDCG@10 0.0931 (most popular, non-private: 0.0700 / 0.0800)``."""
     k = r["k"]
     b = r.get("baselines", {})
-    text = f"Recall@{k} {r['recall']:.4f}  NDCG@{k} {r['ndcg']:.4f}  (relevant: held-out >= {r['relevant_threshold']:g})"
+    text = f"Recall@{k} {r['recall']:.4f}  NDCG@{k} {r['ndcg']:.4f}  (relevant: {relevant_text(r, short=True)})"
     extra = []
     if "private_popularity" in b:
         p = b["private_popularity"]

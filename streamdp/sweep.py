@@ -130,7 +130,10 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     if not methods:
         raise ParameterError("--methods: give at least one method")
     for m in methods:
-        get_method(m)
+        get_method(m).check_store(st)
+    if st.implicit:  # a method that trains on counts passed check_store: but the sweep's points are test RMSEs
+        raise ParameterError(f"{st.path}: an implicit store has no ratings and so no test RMSE, which a sweep plots "
+                             f"against epsilon; train each epsilon and read evaluate's ranking metrics instead")
     epsilons = parse_epsilons(epsilons) if isinstance(epsilons, str) else [float(e) for e in epsilons]
     if int(repeats) != repeats or repeats < 1:
         raise ParameterError(f"--repeats must be a positive integer, got {repeats}")

@@ -93,6 +93,7 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
     st.check_chunks()  # a damaged store fails here, before any privacy budget is reserved
     check_privacy_params(epsilon, delta, n_users=st.n_users)
     cls = get_method(method) if isinstance(method, str) else method
+    cls.check_store(st)
     m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
     if m.RANK_IS_FACTORS and m.rank > st.n_items:  # fw's rank counts iterations: its basis may repeat directions
         raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
@@ -131,7 +132,8 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
                     state_bytes=m.state_bytes(st), state=state) as engine:
             fitted = m.fit(st, engine)
             fitted.model_info.setdefault("engine", engine.describe())
-            fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
+            if not st.implicit or st.rating_range_source == "declared":  # an observed count range is not published
+                fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
         st.check_unchanged()  # the model records the checksum of the store opened: it must be the store read
         seconds = time.perf_counter() - t0
         fp = store_fingerprint(st)
@@ -195,6 +197,11 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         summary["stale_runs_removed"] = stale
     if evaluate_test and st.has_test:
         ev = evaluate_model(out, st, workers=workers, scheduler=scheduler, memory_limit=memory_limit, baselines=True)
+        if ev.get("implicit"):  # counts: ranking metrics only (streamdp.evaluate)
+            summary["test_interactions"] = ev["n_interactions"]
+            summary["ranking"] = ev["ranking"]
+            summary["privacy_warnings"] = privacy_warnings(led)
+            return summary
         summary["test_rmse"] = ev["rmse"]
         summary["test_mae"] = ev["mae"]
         summary["test_ratings"] = ev["n_ratings"]

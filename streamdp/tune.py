@@ -471,6 +471,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     cls = get_method(method)
     check_model_destination(str(out), force)
     st = store if isinstance(store, RatingStore) else open_store(store)
+    cls.check_store(st)
     st.check_chunks()
     delta = default_delta(st.n_users) if delta is None else float(delta)
     check_privacy_params(epsilon, delta, n_users=st.n_users)

@@ -106,21 +106,30 @@ def alias_table(weights, prob, alias):
 
 @njit(cache=True, nogil=True)
 def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, global_mean, rank,
-                noise, rmin, rmax, step, uniform, out_indptr, out_items, out_ratings):
+                noise, rmin, rmax, step, uniform, out_indptr, out_items, out_ratings,
+                user_cluster, centers, cohesion):
     """Draw the ratings of one block of synthetic users.
 
     User ``j`` rates ``counts[j]`` distinct items drawn from the popularity
-    distribution given by the alias table ``item_prob``/``item_alias`` (see
-    :func:`alias_table`; repeats are rejected), with rating
+    distribution given by the alias table ``item_prob[c]``/``item_alias[c]`` (see
+    :func:`alias_table`; repeats are rejected) of her taste cluster ``c =
+    user_cluster[j]`` (``c = 0`` for everyone when ``user_cluster`` is empty: one
+    table, no clusters), with rating
     ``global_mean + item_bias[i] + u_j . v_i + N(0, noise^2)``, rounded to ``step``
     (if ``step > 0``) and clipped to ``[rmin, rmax]``; ``u_j ~ N(0, I/sqrt(rank))``
     so that ``u.v`` has unit variance when ``v ~ N(0, I/sqrt(rank))``, or, with
-    ``uniform``, ``u_j`` uniform in ``[-1, 1]^rank / sqrt(rank)``.
+    ``uniform``, ``u_j`` uniform in ``[-1, 1]^rank / sqrt(rank)``. In a taste cluster
+    the factor drawn so is mixed with the cluster's center: ``u_j = sqrt(cohesion)
+    centers[c] + sqrt(1 - cohesion) u_j`` (the same variance when the centers are drawn
+    like ``u``); without clusters the random draws are those of the one-table kernel.
     Items within a user are sorted. Returns the number of ratings written.
     """
     np.random.seed(seed)
-    n_items = len(item_prob)
+    n_items = item_prob.shape[1]
     n_users = len(counts)
+    clustered = len(user_cluster) > 0
+    mix_c = np.sqrt(cohesion)
+    mix_u = np.sqrt(1.0 - cohesion)
     scale = 1.0 / np.sqrt(np.sqrt(rank))
     seen = np.zeros(n_items, dtype=np.int64)
     u = np.empty(rank, dtype=np.float64)
@@ -137,6 +146,13 @@ def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, gl
         else:
             for d in range(rank):
                 u[d] = np.random.normal() * scale
+        cl = 0
+        if clustered:
+            cl = user_cluster[j]
+            for d in range(rank):
+                u[d] = mix_c * centers[cl, d] + mix_u * u[d]
+        prob = item_prob[cl]
+        alias = item_alias[cl]
         start = pos
         drawn = 0
         tries = 0
@@ -157,8 +173,8 @@ def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, gl
             i = int(x)
             if i >= n_items:
                 i = n_items - 1
-            if x - i >= item_prob[i]:
-                i = item_alias[i]
+            if x - i >= prob[i]:
+                i = alias[i]
             if seen[i] == stamp:
                 continue
             seen[i] = stamp

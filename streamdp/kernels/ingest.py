@@ -11,8 +11,9 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr, out_items, out_ratings):
-    """Group ratings by user and keep one rating per (user, item).
+def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr, out_items, out_ratings,
+                aggregate=False):
+    """Group ratings by user and keep one rating per (user, item), or with ``aggregate`` sum them.
 
     Parameters
     ----------
@@ -28,9 +29,12 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr,
 
     Returns
     -------
-    (nnz, n_dropped) : the number of ratings kept and of duplicates dropped.
+    (nnz, n_dropped) : the number of ratings kept and of duplicates dropped (or, with
+    ``aggregate``, added into the first occurrence of their pair).
 
-    Of duplicated pairs the one with the largest timestamp is kept, ties (and all
+    With ``aggregate`` (interaction logs: every row is one interaction, or a count/weight)
+    the values of a repeated pair are summed (in float32, exact for integer counts below
+    2^24) and timestamps play no part. Otherwise, of duplicated pairs the one with the largest timestamp is kept, ties (and all
     pairs when there are no timestamps) going to the one seen last in input order.
     Within a user, items come in order of first appearance (no sort: a per-item
     stamp finds repeats in O(1)); ``remap_sort`` sorts them later.
@@ -69,7 +73,9 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr,
             else:
                 dropped += 1
                 q = slot[it]
-                if not has_ts:
+                if aggregate:
+                    out_ratings[q] += ratings[k]
+                elif not has_ts:
                     out_ratings[q] = ratings[k]
                 elif ts[k] >= best[q]:
                     out_ratings[q] = ratings[k]

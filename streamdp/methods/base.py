@@ -138,6 +138,9 @@ class Method:
     TUNABLE: ClassVar[bool] = False
     #: Whether ``--rank`` is a number of factors (so at most ``n_items``); ``fw``'s is its number of iterations.
     RANK_IS_FACTORS: ClassVar[bool] = True
+    #: Whether the method trains on an implicit store (interaction counts, ``RatingStore.implicit``); rating
+    #: methods do not: a count is no rating (:meth:`check_store`).
+    ACCEPTS_IMPLICIT: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -155,6 +158,14 @@ class Method:
             raise ParameterError(f"--rank must be a positive integer, got {rank}")
         self.rank = int(rank)
         self.seed = seed
+
+    @classmethod
+    def check_store(cls, store) -> None:
+        """Refuse (:class:`~streamdp.errors.ParameterError`) a store this method cannot train on: an implicit
+        store (interaction logs) for a rating method. Checked by every entry point before anything is planned."""
+        if getattr(store, "implicit", False) and not cls.ACCEPTS_IMPLICIT:
+            raise ParameterError(f"--method {cls.name}: {store.path} is an implicit store (interactions with counts, "
+                                 f"no ratings) and {cls.name} trains on ratings; use --method ials")
 
     def default_rank(self) -> int:
         """The rank when ``--rank`` is not given (8; methods may derive it from public parameters)."""

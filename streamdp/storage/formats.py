@@ -36,7 +36,13 @@ user       user, userid, uid, customerid, u
 item       item, itemid, iid, movie, movieid, productid, i
 rating     rating, ratings, score, stars, value, r
 timestamp  timestamp, time, ts, date, datetime, t
+count      count, counts, weight, weights, plays, playcount, clicks, quantity, qty
 =========  ===========================================================
+
+A ``count`` column (instead of a rating column), or a header of user and item
+columns alone, makes the file an **interaction log** (an implicit store, see
+:mod:`streamdp.storage.ingest`); so do ``--columns user,item[,count]`` and
+``--implicit``.
 
 A header with a column of another name, a name used twice, or without a user,
 item or rating column is an error naming the columns found; ``--columns`` (names
@@ -87,14 +93,17 @@ COLUMN_NAMES = {
     "item": ("item", "itemid", "iid", "movie", "movieid", "productid", "i"),
     "rating": ("rating", "ratings", "score", "stars", "value", "r"),
     "timestamp": ("timestamp", "time", "ts", "date", "datetime", "t"),
+    # the value column of an interaction log (an implicit store): it takes the rating's place
+    "count": ("count", "counts", "weight", "weights", "plays", "playcount", "clicks", "quantity", "qty"),
 }
 ROLES = ("user", "item", "rating", "timestamp")
 _ROLE_OF = {name: role for role, names in COLUMN_NAMES.items() for name in names}
-_NAMES_HINT = "user/userId/user_id/uid, item/itemId/movieId/item_id/iid, rating/score/stars, timestamp/time/ts"
+_NAMES_HINT = ("user/userId/user_id/uid, item/itemId/movieId/item_id/iid, rating/score/stars, timestamp/time/ts; "
+               "an interaction log: user, item and optionally count/weight/plays/clicks")
 
 
 def column_role(name: str) -> str | None:
-    """The role (user, item, rating, timestamp) a header name stands for, or None.
+    """The role (user, item, rating, timestamp, count) a header name stands for, or None.
 
     >>> [column_role(n) for n in ("userId", '"movie_id"', "Rating", "foo")]
     ['user', 'item', 'rating', None]
@@ -102,10 +111,18 @@ def column_role(name: str) -> str | None:
     return _ROLE_OF.get(re.sub(r"[\s_\-]", "", name.strip().strip('"').lower()))
 
 
-def header_columns(path: str, names: list[str], *, extra_ok: bool = False) -> dict:
-    """``{role: column index}`` from a header's column ``names``; an InputError naming the
+def header_columns(path: str, names: list[str], *, extra_ok: bool = False,
+                   implicit: bool = False) -> tuple[dict, bool]:
+    """``({role: column index}, implicit)`` from a header's column ``names``; an InputError naming the
     columns found unless every column has a known name (``extra_ok``: other columns are
-    ignored) and user, item and rating are all there."""
+    ignored) and user, item and rating are all there.
+
+    An **interaction log** (``implicit``, forced by ``--implicit``): a header with user and
+    item columns, no rating column and at most a count column (:data:`COLUMN_NAMES`
+    ``count``: count, weight, plays, clicks...). Its count column, if any, takes the
+    rating's place (``cols["rating"]``, ``None`` when every row is one interaction); with
+    ``implicit`` a column named as a rating is taken as the count.
+    """
     cols: dict = {}
     unknown, twice = [], []
     for j, name in enumerate(names):
@@ -116,19 +133,45 @@ def header_columns(path: str, names: list[str], *, extra_ok: bool = False) -> di
             twice.append(name)
         else:
             cols[role] = j
-    missing = [r for r in ROLES[:3] if r not in cols]
+    if "count" in cols and "rating" in cols and not implicit:
+        twice.append(names[cols["count"]])
+    implicit = implicit or ("rating" not in cols and (len(names) == 2 or "count" in cols))
+    if implicit:
+        value = cols.pop("count", None)
+        cols["rating"] = value if value is not None else cols.get("rating")
+    missing = [r for r in (ROLES[:2] if implicit else ROLES[:3]) if r not in cols]
     problems = ([f"unknown column name(s) {', '.join(map(repr, unknown))}"] if unknown and not extra_ok else []) + \
-               ([f"more than one {column_role(twice[0])} column"] if twice else []) + \
+               ([f"more than one {column_role(twice[0])} column" if column_role(twice[0]) != "count" else
+                 "a rating and a count column (pass --implicit to read it as an interaction log)"] if twice else []) + \
                ([f"no {', '.join(missing[:-1]) + ' or ' if len(missing) > 1 else ''}{missing[-1]} column"]
                 if missing else [])
     if problems:
         where = "line 1: header" if not extra_ok else "columns"
         raise InputError(
             f"{path}: {where} {','.join(names)}: {'; '.join(problems)}. Name the columns with --columns "
-            f"USER,ITEM,RATING[,TIMESTAMP] (names or 0-based indices), or rename them to known names "
-            f"({_NAMES_HINT})")
+            f"USER,ITEM,RATING[,TIMESTAMP] (names or 0-based indices; USER,ITEM[,COUNT] for an interaction log), "
+            f"or rename them to known names ({_NAMES_HINT})")
     cols.setdefault("timestamp", None)
-    return cols
+    cols.setdefault("rating", None)
+    return cols, implicit
+
+
+def columns_roles(columns: str, implicit: bool = False) -> tuple[list[str], tuple[str, ...], bool]:
+    """``(entries, roles, implicit)`` of a ``--columns`` value.
+
+    Two entries (user, item) are an interaction log, each row one interaction; a third
+    entry named as a count (``user,item,count``, :data:`COLUMN_NAMES`) or ``implicit``
+    (``--implicit``) makes the third column an interaction log's count/weight.
+
+    >>> columns_roles("user,item")[1:], columns_roles("u,i,plays")[1:], columns_roles("0,1,2")[1:]
+    ((('user', 'item'), True), (('user', 'item', 'rating'), True), (('user', 'item', 'rating'), False))
+    """
+    given = [c.strip() for c in columns.split(",")]
+    if len(given) not in (2, 3, 4) or not all(given):
+        raise InputError(f"--columns: expected user,item,rating[,timestamp] (or user,item[,count] for an interaction "
+                         f"log), got {columns!r}")
+    implicit = implicit or len(given) == 2 or column_role(given[2]) == "count"
+    return given, ROLES[:len(given)], implicit
 
 
 @dataclass
@@ -143,6 +186,8 @@ class Spec:
     n_fields: int
     cols: dict = field(default_factory=dict)  # role -> column index (text) or name (parquet)
     names: list = field(default_factory=list)  # column names (header or generated)
+    #: An interaction log: ``cols["rating"]`` is its count/weight column, or ``None`` (every row one interaction).
+    implicit: bool = False
 
     @property
     def has_timestamp(self) -> bool:
@@ -266,8 +311,13 @@ def _sep_from_option(sep: str) -> tuple[str, bytes | None]:
     return FIELD_SEP, sep.encode()
 
 
-def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, columns: str | None = None) -> Spec:
+def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, columns: str | None = None,
+                 implicit: bool = False) -> Spec:
     """Detect (or apply the overrides for) the format of ``path``.
+
+    ``implicit`` (``--implicit``) reads the file as an interaction log (user, item[,
+    count]); without it a file is one when ``--columns`` or its header says so
+    (:func:`columns_roles`, :func:`header_columns`).
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp(); p = os.path.join(d, "u.data")
@@ -279,7 +329,7 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
     if fmt is not None and fmt not in FORMATS:
         raise InputError(f"--format: unknown format {fmt!r} (one of {', '.join(FORMATS)})")
     if fmt == "parquet" or (fmt is None and sep is None and _is_parquet(path)):
-        return _parquet_spec(path, columns)
+        return _parquet_spec(path, columns, implicit)
     lines = _first_lines(path)
     if not lines:
         raise InputError(f"{path}: empty file (no ratings)")
@@ -294,14 +344,14 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
             elif "\t" in first and len(first.split("\t")) >= 3 and all(
                     f and f == f.strip() for f in first.split("\t")):
                 fmt = "udata"
-            elif "," in first and len(first.split(",")) >= 3:
+            elif "," in first and len(first.split(",")) >= 2:
                 fmt = "csv"
-            elif len(first.split()) >= 3:
+            elif len(first.split()) >= 2:
                 fmt = "ws"
             else:
                 raise InputError(
                     f"{path}: line 1: cannot detect the format (expected at least 3 fields separated by "
-                    f"tab, '::', ',' or spaces); use --format/--sep/--columns"
+                    f"tab, '::', ',' or spaces, or 2 for an interaction log); use --format/--sep/--columns"
                 )
         name = fmt
         delim, rewrite = {"udata": ("\t", None), "dat": (FIELD_SEP, b"::"), "csv": (",", None),
@@ -310,13 +360,14 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
     n_fields = len(fields)
     header = False
     if columns is not None:
-        roles = [c.strip() for c in columns.split(",")]
-        if len(roles) not in (3, 4) or not all(roles):
-            raise InputError(f"--columns: expected user,item,rating[,timestamp], got {columns!r}")
+        roles, role_names, implicit = columns_roles(columns, implicit)
         if all(_is_int(c) for c in roles):
             idx = [int(c) for c in roles]
-            rating_field = fields[idx[2]] if idx[2] < n_fields else ""
-            header = not _is_float(rating_field)
+            if len(idx) > 2:
+                rating_field = fields[idx[2]] if idx[2] < n_fields else ""
+                header = not _is_float(rating_field)
+            else:  # user, item only: a header names both
+                header = all(i < n_fields and column_role(fields[i]) in ("user", "item") for i in idx)
         else:
             header = True
             lower = [f.strip().lower() for f in fields]
@@ -328,15 +379,19 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
         for i in idx:
             if not 0 <= i < n_fields:
                 raise InputError(f"{path}: line 1: column {i} out of range (the line has {n_fields} fields)")
-        cols = dict(zip(ROLES, idx))
+        cols = dict(zip(role_names, idx))
     else:
-        if n_fields < 3:
-            raise InputError(f"{path}: line 1: expected at least 3 fields (user, item, rating), got {n_fields}")
-        header = not _is_float(fields[2])
+        named = n_fields == 2 and all(column_role(f) in ("user", "item") for f in fields)
+        if n_fields < 3 and not (implicit or named):
+            raise InputError(f"{path}: line 1: expected at least 3 fields (user, item, rating), got {n_fields}; "
+                             f"for an interaction log (user, item[, count] per line) pass --implicit")
+        header = named or (n_fields >= 3 and not _is_float(fields[2]))
         if header:
-            cols = header_columns(path, [f.strip() for f in fields])
+            cols, implicit = header_columns(path, [f.strip() for f in fields], implicit=implicit)
         else:
-            cols = {"user": 0, "item": 1, "rating": 2, "timestamp": 3 if n_fields >= 4 else None}
+            cols = {"user": 0, "item": 1, "rating": 2 if n_fields >= 3 else None,
+                    "timestamp": 3 if n_fields >= 4 else None}
+    cols.setdefault("rating", None)
     cols.setdefault("timestamp", None)
     data = lines[1] if header and len(lines) > 1 else (None if header else first)
     if cols["timestamp"] is not None and data is not None:
@@ -344,10 +399,10 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
         if len(dfields) == n_fields and not _is_int(dfields[cols["timestamp"]].strip().strip('"')):
             cols["timestamp"] = None  # not integer seconds: ignored (ties go to the last seen)
     return Spec(path=path, format=name, sep=delim, rewrite=rewrite, header=header, n_fields=n_fields,
-                cols=cols, names=[f"f{i}" for i in range(n_fields)])
+                cols=cols, names=[f"f{i}" for i in range(n_fields)], implicit=implicit)
 
 
-def _parquet_spec(path: str, columns: str | None) -> Spec:
+def _parquet_spec(path: str, columns: str | None, implicit: bool = False) -> Spec:
     import pyarrow.parquet as pq
 
     try:
@@ -358,10 +413,8 @@ def _parquet_spec(path: str, columns: str | None) -> Spec:
     lower = [n.lower() for n in names]
     cols: dict = {}
     if columns is not None:
-        roles = [c.strip() for c in columns.split(",")]
-        if len(roles) not in (3, 4):
-            raise InputError(f"--columns: expected user,item,rating[,timestamp], got {columns!r}")
-        for role, c in zip(ROLES, roles):
+        roles, role_names, implicit = columns_roles(columns, implicit)
+        for role, c in zip(role_names, roles):
             if _is_int(c):
                 if not 0 <= int(c) < len(names):
                     raise InputError(f"{path}: column {c} out of range (the file has {len(names)} columns)")
@@ -371,11 +424,12 @@ def _parquet_spec(path: str, columns: str | None) -> Spec:
             else:
                 raise InputError(f"{path}: no column named {c!r} (columns: {names})")
     else:
-        cols = {role: None if j is None else names[j]
-                for role, j in header_columns(path, names, extra_ok=True).items()}
+        found, implicit = header_columns(path, names, extra_ok=True, implicit=implicit)
+        cols = {role: None if j is None else names[j] for role, j in found.items()}
+    cols.setdefault("rating", None)
     cols.setdefault("timestamp", None)
     return Spec(path=path, format="parquet", sep=None, rewrite=None, header=True, n_fields=len(names),
-                cols=cols, names=names)
+                cols=cols, names=names, implicit=implicit)
 
 
 def sniff_id_kinds(spec: Spec) -> tuple[bool, bool]:
@@ -640,7 +694,8 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
                     bad[0] += int(bad_mask.sum())
                     out = {r: pc.filter(a, keep) for r, a in out.items()}
                 cols = out
-            rating = cols["rating"].to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+            rating = cols["rating"].to_numpy(zero_copy_only=False).astype(np.float64, copy=False) \
+                if "rating" in cols else np.ones(len(cols["user"]))  # an interaction log: one interaction a row
             ts = cols["timestamp"].to_numpy(zero_copy_only=False).astype(np.int64, copy=False) \
                 if "timestamp" in cols else None
             yield Batch(cols["user"], cols["item"], rating, ts, row)
@@ -704,7 +759,8 @@ def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int) -> 
                     raise InputError(f"{spec.path}: timestamp column {spec.cols[r]!r} ({a.type}) is not an "
                                      f"integer or timestamp") from None
             out[r] = a
-        yield Batch(out["user"], out["item"], out["rating"].to_numpy(zero_copy_only=False),
+        yield Batch(out["user"], out["item"],
+                    out["rating"].to_numpy(zero_copy_only=False) if "rating" in out else np.ones(n),
                     out["timestamp"].to_numpy(zero_copy_only=False) if "timestamp" in out else None, row)
         row += n
 
@@ -800,18 +856,33 @@ def check_fields(fields: list[str], spec: Spec, int_ids: tuple[bool, bool], rati
     for r, want in (("user", int_ids[0]), ("item", int_ids[1])):
         if fields[c[r]] == "":
             return f"empty {r} id"
-    r = fields[c["rating"]]
+    if c.get("rating") is None:  # an interaction log without a count column: every line is one interaction
+        r = "1"
+    else:
+        r = fields[c["rating"]]
+    what = "count" if spec.implicit else "rating"
     try:
         v = float(r)
     except ValueError:
-        return f"rating {r!r} is not a number"
+        return f"{what} {r!r} is not a number"
     if not math.isfinite(v):
-        return f"rating {r!r} is not finite"
+        return f"{what} {r!r} is not finite"
+    if spec.implicit and not v > 0:
+        return not_positive_reason(v)
     if rating_range is not None and not (rating_range[0] <= v <= rating_range[1]):
         return out_of_range_reason(v, rating_range)
     if c.get("timestamp") is not None and not _is_int(fields[c["timestamp"]].strip()):
         return f"timestamp {fields[c['timestamp']]!r} is not an integer"
     return None
+
+
+def not_positive_reason(v: float) -> str:
+    """Why a count or weight of an interaction log is an error.
+
+    >>> not_positive_reason(0)
+    'count 0 is not positive (an interaction log counts interactions: each count or weight must be > 0)'
+    """
+    return f"count {v:g} is not positive (an interaction log counts interactions: each count or weight must be > 0)"
 
 
 def out_of_range_reason(v: float, rating_range) -> str:

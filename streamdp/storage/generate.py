@@ -32,6 +32,24 @@ The model (all parameters are options of :func:`generate_store`):
   ingest); ``string_ids``, user and item ids written as strings (``u00000042``,
   ``B00000007``: product catalogues).
 
+* **Tastes that cluster** (``taste_clusters = K > 0``; off by default): preference is
+  more than popularity. ``K`` cluster centers are drawn in factor space like a user's
+  factor; each user belongs to one cluster (uniformly at random, per block), her factor
+  is ``sqrt(c) center + sqrt(1 - c) u`` (``c`` = :data:`TASTE_COHESION`), and *which*
+  items she rates follows her cluster's distribution: popularity times
+  ``exp(taste_strength * a)``, ``a`` the cluster's affinity ``center . v_i``
+  standardized over the items. So a personalized model can beat the popularity chart
+  (measured in ``tests/storage/test_generate_tastes.py``: EASE against the chart), at
+  any size: a block draws from ``K`` alias tables (``16 K n_items`` bytes in memory).
+  The items are numbered by their marginal drawing probability, as without clusters;
+  ``truth/taste_centers`` holds the centers.
+* **Interaction logs** (``implicit``): the same model (the same choice of items) written
+  as an implicit store (:mod:`streamdp.storage.ingest`): the value of a chosen pair is
+  a count ``1 + Poisson(exp(z))``, ``z = b_i + u . v_i + N(0, noise^2)`` the user's latent
+  preference for the item (capped at ``count_cap`` if given, the store's declared range
+  ``[0, count_cap]``; else the observed range); the rating scale, ``user_bias_std`` and
+  ``outlier_fraction`` do not apply.
+
 Nothing is materialized: blocks are generated (in parallel threads, each from
 its own seed) and written in order, so memory is a few blocks whatever the size.
 Item counts are accumulated on the fly; since the realized popularity order can
@@ -56,7 +74,37 @@ from streamdp.storage.split import block_seed, check_fraction, split_block
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import StoreWriter, block_digest, check_destination
 
-_PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT, _PURPOSE_REAL = 1, 2, 3, 4
+_PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT, _PURPOSE_REAL, _PURPOSE_TASTE, _PURPOSE_IMPLICIT = 1, 2, 3, 4, 5, 6
+#: The share of a clustered user's factor variance that is her cluster's center (the rest is her own).
+TASTE_COHESION = 0.7
+
+
+def _taste_tables(seed, V, bias, w, k: int, strength: float, uniform: bool):
+    """The taste clusters' centers and item tables (module docstring), with the items renumbered by their
+    marginal drawing probability: ``(V, bias, prob (k, n), alias (k, n), centers)``."""
+    n, rank = V.shape
+    rng = np.random.default_rng(np.random.SeedSequence(entropy=0 if seed is None else seed,
+                                                       spawn_key=(_PURPOSE_TASTE,)))
+    if uniform:
+        centers = rng.uniform(-1.0, 1.0, (k, rank)) / np.sqrt(rank)
+    else:
+        centers = rng.standard_normal((k, rank)) / np.sqrt(np.sqrt(rank))
+    a = V @ centers.T
+    a = (a - a.mean(axis=0)) / np.maximum(a.std(axis=0), 1e-12)
+    W = (w[:, None] * np.exp(strength * a)).T  # (k, n)
+    marginal = (W / W.sum(axis=1, keepdims=True)).mean(axis=0)
+    order = np.argsort(-marginal, kind="stable")
+    W = np.ascontiguousarray(W[:, order])
+    prob, alias = np.empty((k, n), np.float64), np.empty((k, n), np.int64)
+    for c in range(k):
+        alias_table(W[c], prob[c], alias[c])
+    return np.ascontiguousarray(V[order]), bias[order], prob, alias, centers
+
+
+def _counts(z: np.ndarray, seed: int, cap: float | None) -> np.ndarray:
+    """Interaction counts ``1 + Poisson(exp(z))`` of latent preferences ``z`` (capped at ``cap``)."""
+    c = 1.0 + np.random.default_rng(seed).poisson(np.exp(np.minimum(z.astype(np.float64), 8.0)))
+    return (np.minimum(c, cap) if cap is not None else c).astype(np.float32)
 
 
 def _realistic(rt, counts, seed, user_bias_std, outlier_fraction, lo, hi, step) -> np.ndarray:
@@ -107,8 +155,16 @@ def generate_store(
     workers: int | None = None,
     force: bool = False,
     show_progress: bool | None = None,
+    taste_clusters: int = 0,
+    taste_strength: float = 2.0,
+    implicit: bool = False,
+    count_cap: float | None = None,
 ) -> RatingStore:
     """Write a synthetic store to ``out`` and return it opened.
+
+    ``taste_clusters``/``taste_strength`` (clustered tastes) and ``implicit``/``count_cap``
+    (an interaction log) are described in the module docstring; with their defaults the
+    store is the one earlier versions wrote, bit for bit.
 
     Deterministic for a given ``seed`` (whatever ``workers``). A full, over-quota or
     read-only file system is a :class:`~streamdp.errors.StoreError` naming ``out``, with
@@ -134,6 +190,17 @@ def generate_store(
         raise ParameterError(f"--outlier-fraction must be in [0, 1), got {outlier_fraction}")
     if factors not in ("gaussian", "uniform"):
         raise ParameterError(f"--factors: expected gaussian or uniform, got {factors!r}")
+    if isinstance(taste_clusters, bool) or int(taste_clusters) != taste_clusters or taste_clusters < 0:
+        raise ParameterError(f"--taste-clusters must be an integer >= 0, got {taste_clusters}")
+    if not (np.isfinite(taste_strength) and taste_strength >= 0):
+        raise ParameterError(f"--taste-strength must be a finite number >= 0, got {taste_strength}")
+    if count_cap is not None and not implicit:
+        raise ParameterError("--count-cap: only with --implicit")
+    if implicit:
+        if count_cap is not None and not (np.isfinite(count_cap) and count_cap >= 1):
+            raise ParameterError(f"--count-cap must be a finite number >= 1, got {count_cap}")
+        if user_bias_std > 0 or outlier_fraction > 0:
+            raise ParameterError("--implicit writes counts: --user-bias-std and --outlier-fraction are for ratings")
     test_fraction = check_fraction(test_fraction)
     check_destination(out, force)
 
@@ -151,6 +218,16 @@ def generate_store(
     prob = np.empty(n_items, np.float64)
     alias = np.empty(n_items, np.int64)
     alias_table(w, prob, alias)
+    k_taste = int(taste_clusters)
+    if k_taste:
+        V, bias, prob, alias, centers = _taste_tables(seed, V, bias, w, k_taste, float(taste_strength),
+                                                      factors == "uniform")
+    else:
+        prob, alias, centers = prob[None, :], alias[None, :], np.zeros((1, rank))
+    if implicit:  # the latent preference z, unrounded and unclipped, becomes a count
+        gm_, lo_, hi_, step_ = 0.0, -np.inf, np.inf, 0.0
+    else:
+        gm_, lo_, hi_, step_ = float(global_mean), float(rating_min), float(rating_max), float(rating_step)
     expected_total = n_users * min(ratings_per_user, n_items)
     bu = block_users or default_block_users(n_users, int(expected_total), TARGET_BLOCK_RATINGS)
     splits = ("train", "test") if test_fraction > 0 else ("train",)
@@ -164,10 +241,14 @@ def generate_store(
         ip = np.empty(n + 1, np.int64)
         it = np.empty(total, np.int32)
         rt = np.empty(total, np.float32)
-        got = synth_block(block_seed(seed, b, _PURPOSE_RATINGS), counts, prob, alias, V, bias, float(global_mean),
-                          int(rank), float(noise), float(rating_min), float(rating_max), float(rating_step),
-                          factors == "uniform", ip, it, rt)
+        cl = (np.random.default_rng(block_seed(seed, b, _PURPOSE_TASTE)).integers(0, k_taste, n).astype(np.int32)
+              if k_taste else np.empty(0, np.int32))
+        got = synth_block(block_seed(seed, b, _PURPOSE_RATINGS), counts, prob, alias, V, bias, gm_,
+                          int(rank), float(noise), lo_, hi_, step_, factors == "uniform", ip, it, rt,
+                          cl, centers, TASTE_COHESION)
         it, rt = it[:got], rt[:got]
+        if implicit:
+            rt = _counts(rt, block_seed(seed, b, _PURPOSE_IMPLICIT), count_cap)
         if user_bias_std > 0 or outlier_fraction > 0:
             rt = _realistic(rt, np.diff(ip), block_seed(seed, b, _PURPOSE_REAL), user_bias_std, outlier_fraction,
                             float(rating_min), float(rating_max), float(rating_step))
@@ -179,10 +260,11 @@ def generate_store(
         train_d = block_digest(b, *train)
         test_d = block_digest(b, *test) if test is not None else None
         counts_b = np.bincount(it, minlength=n_items)
-        return train, train_d, test, test_d, counts_b
+        return train, train_d, test, test_d, counts_b, (float(rt.min()), float(rt.max())) if len(rt) else None
 
     t0 = time.perf_counter()
     item_counts = np.zeros(n_items, np.int64)
+    seen = [np.inf, -np.inf]  # the observed range of an implicit store's counts
     with StoreWriter(out, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=force) as w_:
         n_blocks = w_.n_blocks
         # per-user arrays are written block by block (chunks = blocks): nothing O(n_users) in memory
@@ -197,7 +279,9 @@ def generate_store(
                 while next_submit < n_blocks and next_submit < b + 2 * workers:
                     pending[next_submit] = ex.submit(make, next_submit)
                     next_submit += 1
-                train, train_d, test, test_d, counts_b = pending.pop(b).result()
+                train, train_d, test, test_d, counts_b, rng_b = pending.pop(b).result()
+                if rng_b is not None:
+                    seen[0], seen[1] = min(seen[0], rng_b[0]), max(seen[1], rng_b[1])
                 w_.write_block(b, *train, split="train", digest=train_d)
                 uc = np.diff(train[0])
                 item_counts += counts_b
@@ -214,15 +298,30 @@ def generate_store(
         w_.write_array("item_counts", item_counts)
         w_.write_array("truth/item_factors", V.astype(np.float32), chunks=(min(n_items, 1 << 16), rank))
         w_.write_array("truth/item_bias", bias.astype(np.float32))
+        if k_taste:
+            w_.write_array("truth/taste_centers", centers.astype(np.float32), chunks=(k_taste, rank))
         params = dict(n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank, noise=noise,
                       seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
                       user_exponent=user_exponent, global_mean=global_mean, item_bias_std=item_bias_std,
                       rating_step=rating_step, factors=factors, user_bias_std=user_bias_std,
                       outlier_fraction=outlier_fraction, string_ids=string_ids, interaction_scale=interaction_scale)
+        kind = {}
+        if k_taste:  # recorded only when used: the default store's attributes are those of earlier versions
+            params.update(taste_clusters=k_taste, taste_strength=float(taste_strength))
+        if implicit:
+            params.update(implicit=True, count_cap=count_cap)
+            kind = {"implicit": True, "value": "count", "count_cap": None if count_cap is None else float(count_cap)}
+            if count_cap is not None:
+                rating_min, rating_max, source = 0.0, float(count_cap), "declared"
+            else:
+                rating_min, rating_max, source = seen[0], seen[1], "observed"
+        else:
+            source = "declared"
         w_.finalize({
+            **kind,
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),
-            "rating_range_source": "declared",
+            "rating_range_source": source,
             "sources": [],
             "created_with": "generate",
             "params": params,

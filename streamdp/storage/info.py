@@ -20,6 +20,9 @@ def store_summary(path: str) -> dict:
     return {
         "path": s.path,
         "format_version": a["format_version"],
+        "implicit": s.implicit,
+        "value": a.get("value", "count") if s.implicit else "rating",
+        "count_cap": a.get("count_cap") if s.implicit else None,
         "n_users": i.n_users,
         "n_items": i.n_items,
         "n_ratings": i.n_ratings,
@@ -49,14 +52,25 @@ def _id_kind(ids) -> str:
 
 def format_info(d: dict) -> str:
     """Human-readable form of :func:`store_summary`."""
+    if d.get("implicit"):
+        cap = f"declared cap {d['count_cap']:g}" if d.get("count_cap") is not None else "no cap declared"
+        kind = [f"data             implicit: interactions, the value of a (user, item) pair is its {d['value']} "
+                f"({cap})",
+                f"pairs (train)    {d['n_ratings']:,}",
+                f"pairs (test)     {d['n_test']:,}",
+                f"{d['value']} range{' ' * (11 - len(d['value']))}[{d['rating_min']:g}, {d['rating_max']:g}] "
+                f"({d['rating_range_source']})",
+                f"pairs/user       {d['mean_ratings_per_user']:.1f} (mean)"]
+    else:
+        kind = [f"ratings (train)  {d['n_ratings']:,}",
+                f"ratings (test)   {d['n_test']:,}",
+                f"rating range     [{d['rating_min']:g}, {d['rating_max']:g}] ({d['rating_range_source']})",
+                f"ratings/user     {d['mean_ratings_per_user']:.1f} (mean)"]
     lines = [
         f"store            {d['path']}  (format {d['format_version']}, {d['created_by']})",
         f"users            {d['n_users']:,}",
         f"items            {d['n_items']:,}  ({d['items_never_rated']:,} never rated)",
-        f"ratings (train)  {d['n_ratings']:,}",
-        f"ratings (test)   {d['n_test']:,}",
-        f"rating range     [{d['rating_min']:g}, {d['rating_max']:g}] ({d['rating_range_source']})",
-        f"ratings/user     {d['mean_ratings_per_user']:.1f} (mean)",
+        *kind,
         f"ids              users: {d['id_kinds']['user']}, items: {d['id_kinds']['item']}",
         f"blocks           {d['n_blocks']:,} of {d['block_users']:,} users",
         f"top 1% of items  hold {100 * d['top1pct_items_share']:.1f}% of the ratings",

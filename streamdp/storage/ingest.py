@@ -61,6 +61,24 @@ Without a declared range the range is the observed one and nothing is out of it,
 statistics of the data and stay in the store (which is private data); nothing
 released from the store reads them.
 
+Interaction logs (clicks, plays, purchases; an **implicit** store): a file whose
+``--columns`` name two columns (``user,item``: each line one interaction) or a count
+column (``user,item,count``; header names :data:`streamdp.storage.formats.COLUMN_NAMES`
+``count``: count, weight, plays, clicks...), whose header has user and item columns and
+no rating column, or any file with ``--implicit`` (a third column is then the count).
+All inputs of one ingest must be of one kind. A count must be finite and positive (a
+bad line otherwise, as a non-finite rating). **Repeated (user, item) pairs are summed**
+into one count (:func:`group_dedup` with ``aggregate``; ``n_duplicates_aggregated``
+says how many lines were merged), instead of keeping the last. The store records
+``implicit: true``, ``value`` (``count`` when every aggregated value is an integer,
+else ``weight``) and ``count_cap``: with ``--count-cap C`` (public, declared like a
+rating range) aggregated counts above ``C`` are set to ``C`` (``n_counts_capped``) and
+the store's range is ``[0, C]`` (declared); without it the range is the observed
+``[min, max]``, an exact statistic of the data: a method may use a declared cap or a
+fixed, public confidence transform, never the observed maximum (which would publish
+it). ``--rating-range``/``--out-of-range`` are for ratings and refused here.
+Implicit stores are written with format version 2 (:mod:`streamdp.storage.schema`).
+
 A text file without a header has its columns taken by position (user, item,
 rating[, timestamp] = 0, 1, 2[, 3]), which nothing in the file can confirm: a note on
 stderr says which column was taken as what (a file in item,user order would
@@ -284,10 +302,12 @@ def _tofile(a: np.ndarray, f) -> None:
 
 def _header_note(spec: F.Spec) -> str:
     """The note for a text file without a header: which column was taken as what (0-based, as --columns)."""
-    taken = ", ".join(f"{r}={spec.cols[r]}" for r in F.ROLES if spec.cols.get(r) is not None)
+    names = {"rating": "count"} if spec.implicit else {}
+    taken = ", ".join(f"{names.get(r, r)}={spec.cols[r]}" for r in F.ROLES if spec.cols.get(r) is not None)
     ts = "" if spec.has_timestamp else ", no timestamp"
+    how = "USER,ITEM[,COUNT]" if spec.implicit else "USER,ITEM,RATING[,TIMESTAMP]"
     return (f"{spec.path} has no header: columns taken by position as {taken}{ts} (0-based; "
-            f"use --columns USER,ITEM,RATING[,TIMESTAMP] to change)")
+            f"use --columns {how} to change)")
 
 
 def ingest(
@@ -309,6 +329,8 @@ def ingest(
     show_progress: bool | None = None,
     out_of_range: str | None = None,
     notes: bool = True,
+    implicit: bool = False,
+    count_cap: float | None = None,
 ) -> RatingStore:
     """Ingest rating files into a store at ``out`` and return it opened.
 
@@ -316,6 +338,8 @@ def ingest(
     ``out_of_range``, ``n_out_of_range_clipped``, ``n_out_of_range_dropped``, ``sources``
     and ``params``. ``out_of_range`` (``"error"``, the default, ``"clip"`` or ``"drop"``)
     says what becomes of ratings outside a declared ``rating_range`` (module docstring).
+    ``implicit`` reads every input as an interaction log (else detected from ``columns`` or
+    the header); ``count_cap`` caps its aggregated counts (module docstring).
     ``notes``: once the store is written, print on stderr which columns of a headerless
     file were taken as what (after success only, so that an error stays one line).
     A full, over-quota or read-only file system is a :class:`StoreError` naming ``out``
@@ -370,7 +394,8 @@ def ingest(
     check_destination(out, force)
     tmp = None
     try:
-        specs = [F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns) for p in inputs]
+        specs = [F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns, implicit=implicit) for p in inputs]
+        is_implicit = _check_kind(specs, rr, out_of_range, count_cap)
         tmp = owned_temp_dir(_spill_beside(out), "ingest")
         int_ids = [True, True]
         for s in specs:
@@ -379,7 +404,8 @@ def ingest(
             int_ids[1] &= b
         while True:
             try:
-                parsed = _pass_parse(specs, tmp, tuple(int_ids), rr, skip_bad_lines, limit, show_progress, oor)
+                parsed = _pass_parse(specs, tmp, tuple(int_ids), rr, skip_bad_lines, limit, show_progress, oor,
+                                     implicit=is_implicit)
                 parsed.phases["parse"] = round(time.perf_counter() - t0, 3)
                 break
             except F._IdNotInteger as exc:
@@ -389,8 +415,10 @@ def ingest(
         params = dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
                       test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines, memory_limit=limit,
                       block_users=block_users, formats=[s.format for s in specs], out_of_range=oor)
+        if is_implicit:
+            params.update(implicit=True, count_cap=count_cap)
         store = _build(parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress,
-                       params=params, t0=t0)
+                       params=params, t0=t0, count_cap=count_cap)
         if after_write is not None:
             after_write(store)
         if notes:  # after success only: an error stays one line
@@ -407,6 +435,27 @@ def ingest(
     finally:
         if tmp is not None:
             remove_temp_dir(tmp)
+
+
+def _check_kind(specs, rr, out_of_range, count_cap) -> bool:
+    """Whether the inputs are interaction logs (all of them, or none: else an InputError), and the options fit."""
+    kinds = {s.implicit for s in specs}
+    if len(kinds) > 1:
+        log = next(s for s in specs if s.implicit).path
+        rated = next(s for s in specs if not s.implicit).path
+        raise InputError(f"{log}: an interaction log (no rating column) cannot go into one store with the ratings of "
+                         f"{rated}; ingest them separately, or pass --implicit to read every file as a log")
+    implicit = kinds == {True}
+    if implicit and (rr is not None or out_of_range is not None):
+        raise ParameterError(f"--{'rating-range' if rr is not None else 'out-of-range'}: not for an interaction log "
+                             f"(its values are counts); declare --count-cap to bound them")
+    if count_cap is not None:
+        if not implicit:
+            raise ParameterError("--count-cap: only for an interaction log (--implicit, or --columns user,item[,count]);"
+                                 " a rating file declares --rating-range")
+        if not (np.isfinite(count_cap) and count_cap > 0):
+            raise ParameterError(f"--count-cap must be a finite number > 0, got {count_cap:g}")
+    return implicit
 
 
 def _spill_beside(out: str) -> str:
@@ -435,9 +484,10 @@ class _Parsed:
     phases: dict
     out_of_range: str = "error"
     n_out_of_range: int = 0
+    implicit: bool = False
 
 
-def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error") -> _Parsed:
+def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error", *, implicit=False) -> _Parsed:
     """Pass 1: parse, validate, count ids, spill.
 
     A large uncompressed text file is cut into byte ranges at line ends that are
@@ -474,6 +524,9 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                         return rows, rmin, rmax, bad[0], n_oor
                     r = b.rating
                     badm = ~np.isfinite(r)
+                    if implicit:
+                        with np.errstate(invalid="ignore"):
+                            badm |= ~(r > 0)
                     drop = None
                     if rr is not None:
                         with np.errstate(invalid="ignore"):
@@ -494,7 +547,9 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                         if badm.any() and not skip:
                             j = int(np.argmax(badm))
                             if spec.format == "parquet":
-                                why = (f"rating {float(r[j])} is not finite" if not np.isfinite(r[j]) else
+                                what = "count" if implicit else "rating"
+                                why = (f"{what} {float(r[j])} is not finite" if not np.isfinite(r[j]) else
+                                       F.not_positive_reason(r[j]) if implicit and not r[j] > 0 else
                                        F.out_of_range_reason(r[j], rr)
                                        if rr is not None and not rr[0] <= r[j] <= rr[1] else "empty id")
                                 raise InputError(f"{spec.path}: row {b.row0 + j + 1}: {why}")
@@ -556,7 +611,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
     users, user_rows = ucount.finish()
     items, _ = icount.finish()
     return _Parsed(sources, users, user_rows, items, int(user_rows.sum()), n_bad, rmin, rmax,
-                   all(s.spec.has_timestamp for s in sources), {}, oor, n_oor)
+                   all(s.spec.has_timestamp for s in sources), {}, oor, n_oor, implicit)
 
 
 def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int, int]]:
@@ -574,7 +629,7 @@ def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int
 
 
 def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress, *,
-           params, t0) -> RatingStore:
+           params, t0, count_cap=None) -> RatingStore:
     n_users, n_raw_items = len(parsed.users), len(parsed.items)
     bu = int(block_users or default_block_users(n_users, parsed.n_rows))
     n_blocks = -(-n_users // bu)
@@ -681,21 +736,28 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
         ip = np.empty(n_loc + 1, np.int64)
         oi = np.empty(len(u), np.int32)
         orr = np.empty(len(u), np.float32)
-        nnz, dropped = group_dedup(u, it, r, t, has_ts, n_loc, n_raw_items, ip, oi, orr)
+        nnz, dropped = group_dedup(u, it, r, t, has_ts and not parsed.implicit, n_loc, n_raw_items, ip, oi, orr,
+                                   parsed.implicit)
         del u, it, r, t
+        vals = orr[:nnz]
+        stats = _value_stats(vals, count_cap) if parsed.implicit else None
         _tofile(ip, f"{base[p]}.ip")
         _tofile(oi[:nnz], f"{base[p]}.i")
-        _tofile(orr[:nnz], f"{base[p]}.r")
-        return np.bincount(oi[:nnz], minlength=n_raw_items).astype(np.int64), int(dropped)
+        _tofile(vals, f"{base[p]}.r")
+        return np.bincount(oi[:nnz], minlength=n_raw_items).astype(np.int64), int(dropped), stats
 
     item_counts_raw = np.zeros(n_raw_items, np.int64)
     n_dup = 0
+    values = _ValueStats()
     workers = _threads()
     with ThreadPoolExecutor(max_workers=workers) as ex, \
-            progress(total=n_parts, desc="dedup", unit="part", show=show_progress) as bar:
-        for cnt, d in ex.map(dedup, range(n_parts)):
+            progress(total=n_parts, desc="aggregate" if parsed.implicit else "dedup", unit="part",
+                     show=show_progress) as bar:
+        for cnt, d, stats in ex.map(dedup, range(n_parts)):
             item_counts_raw += cnt
             n_dup += d
+            if stats is not None:
+                values.add(*stats)
             bar.update(1)
 
     parsed.phases["dedup"] = round(time.perf_counter() - t0, 3)
@@ -745,9 +807,15 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
         w.write_array("item_counts", item_counts_raw[order])
         if rr is not None:
             rating_min, rating_max, source = rr[0], rr[1], "declared"
+        elif parsed.implicit and count_cap is not None:
+            rating_min, rating_max, source = 0.0, float(count_cap), "declared"
+        elif parsed.implicit:
+            rating_min, rating_max, source = values.lo, values.hi, "observed"
         else:
             rating_min, rating_max, source = parsed.rmin, parsed.rmax, "observed"
+        kind = values.attrs(n_dup, count_cap) if parsed.implicit else {}
         w.finalize({
+            **kind,
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),
             "rating_range_source": source,
@@ -756,7 +824,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
                          "columns": {r: s.spec.cols.get(r) for r in F.ROLES}} for s in parsed.sources],
             "created_with": "ingest",
             "params": params,
-            "n_duplicates_dropped": n_dup,
+            "n_duplicates_dropped": 0 if parsed.implicit else n_dup,
             "n_bad_lines_skipped": parsed.n_bad,
             "out_of_range": parsed.out_of_range,
             "n_out_of_range_clipped": parsed.n_out_of_range if parsed.out_of_range == "clip" else 0,
@@ -765,6 +833,34 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             "phase_end_seconds": parsed.phases,
         })
     return open_store(out)
+
+
+def _value_stats(vals: np.ndarray, cap: float | None) -> tuple[int, float, float, bool]:
+    """Cap one partition's aggregated counts in place: ``(n capped, min, max, all integers)`` after capping."""
+    n_capped = 0
+    if cap is not None:
+        over = vals > cap
+        n_capped = int(over.sum())
+        vals[over] = np.float32(cap)
+    if not len(vals):
+        return n_capped, np.inf, -np.inf, True
+    return n_capped, float(vals.min()), float(vals.max()), bool(np.all(vals == np.floor(vals)))
+
+
+class _ValueStats:
+    """The implicit store's value statistics merged over partitions (exact: they stay in the store)."""
+
+    def __init__(self):
+        self.n_capped, self.lo, self.hi, self.integer = 0, np.inf, -np.inf, True
+
+    def add(self, n_capped: int, lo: float, hi: float, integer: bool) -> None:
+        self.n_capped += n_capped
+        self.lo, self.hi, self.integer = min(self.lo, lo), max(self.hi, hi), self.integer and integer
+
+    def attrs(self, n_aggregated: int, cap: float | None) -> dict:
+        return {"implicit": True, "value": "count" if self.integer else "weight",
+                "count_cap": None if cap is None else float(cap), "n_duplicates_aggregated": int(n_aggregated),
+                "n_counts_capped": self.n_capped}
 
 
 def _ids_numpy(keys: pa.Array) -> np.ndarray:

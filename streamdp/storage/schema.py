@@ -1,4 +1,4 @@
-"""The on-disk layout of a streamdp rating store (format version 1).
+"""The on-disk layout of a streamdp rating store (format version 1; 2 for an implicit store).
 
 A store is a Zarr v3 group::
 
@@ -46,6 +46,14 @@ a store written without it gets:
 * ``checksum_attrs``: the attributes the checksum covers (rating range and its
   source, counts, block layout, out-of-range policy, rating step); without it the
   checksum covers the ratings and ids only and ``verify`` notes it.
+* ``implicit`` (``true`` in an **implicit store**: interaction logs, see
+  :mod:`streamdp.storage.ingest`), with ``value`` (``count`` or ``weight``: what the
+  ``ratings`` array holds, positive and summed over repeated interactions) and
+  ``count_cap`` (the declared cap of the counts, or ``null``). A reader of version 1
+  would take counts for ratings, so an implicit store is written with format version
+  :data:`IMPLICIT_FORMAT_VERSION` (2), which older streamdp refuses; a rating store
+  keeps version 1 and has no ``implicit`` attribute, and a store without it (every
+  store written before) reads as a rating store (``RatingStore.implicit`` false).
 * ``generation``: a random id of each write of a store (not in the checksum: the
   same data written twice has the same checksum). A run checks it before releasing
   (:meth:`~streamdp.storage.store.RatingStore.check_unchanged`); without it the
@@ -61,6 +69,10 @@ from streamdp.storage import remote
 
 FORMAT_NAME = "streamdp-ratings"
 FORMAT_VERSION = 1
+#: The format version of an implicit store (interaction counts in ``ratings``): older readers refuse it.
+IMPLICIT_FORMAT_VERSION = 2
+#: The versions this streamdp reads.
+READ_VERSIONS = (FORMAT_VERSION, IMPLICIT_FORMAT_VERSION)
 ATTRS_KEY = "streamdp"
 
 SPLITS = ("train", "test")

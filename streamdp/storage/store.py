@@ -22,7 +22,7 @@ import zarr
 from streamdp.errors import StoreError
 from streamdp.storage.chunks import FAST_CRC, ChunkReader, ZarrReader, chunk_crcs_digest, range_reader
 from streamdp.storage.ids import as_ids
-from streamdp.storage.schema import ATTRS_KEY, CSR_ARRAYS, FORMAT_NAME, FORMAT_VERSION, SPLITS
+from streamdp.storage.schema import ATTRS_KEY, CSR_ARRAYS, FORMAT_NAME, FORMAT_VERSION, READ_VERSIONS, SPLITS
 from streamdp.storage.writer import block_digest
 
 
@@ -64,6 +64,9 @@ class StoreInfo:
     rating_max: float
     rating_range_source: str
     checksum: str
+    #: An implicit store: interaction logs, ``ratings`` holds positive counts/weights (``attrs["value"]``).
+    #: False for rating stores and for stores written before implicit stores existed.
+    implicit: bool = False
 
 
 class RatingStore:
@@ -88,10 +91,10 @@ class RatingStore:
         if not isinstance(attrs, dict) or attrs.get("format") != FORMAT_NAME:
             raise self._not_a_store(f"not a streamdp rating store (no '{ATTRS_KEY}' attributes)")
         version = attrs.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise StoreError(
                 f"{self.path}: store format version {version}, but this streamdp reads version "
-                f"{FORMAT_VERSION}; re-ingest the data with this version"
+                f"{FORMAT_VERSION} (and {READ_VERSIONS[1]} for implicit stores); re-ingest the data with this version"
             )
         self.attrs: dict = attrs
         self.info = StoreInfo(
@@ -105,6 +108,7 @@ class RatingStore:
             rating_max=float(attrs["rating_max"]),
             rating_range_source=str(attrs.get("rating_range_source", "observed")),
             checksum=str(attrs.get("checksum", "")),
+            implicit=bool(attrs.get("implicit", False)),
         )
         self._cache: dict[str, dict] = {}
         self._readers: dict = {}

@@ -89,6 +89,7 @@ from streamdp.storage.schema import (
     DEFAULT_CHUNK_RATINGS,
     FORMAT_NAME,
     FORMAT_VERSION,
+    IMPLICIT_FORMAT_VERSION,
     ITEM_PAD,
     is_store_dir,
     rating_compressor,
@@ -122,7 +123,8 @@ _DEFAULT_CHECKSUM_IDS = ("user_ids", "item_ids")
 #: since they were (those present are recorded in ``checksum_attrs``; a dotted name is a nested key).
 #: Not covered: descriptions of how the store was made (sources, timings, ``generation``...).
 CHECKSUM_ATTRS = ("format", "format_version", "n_users", "n_items", "n_ratings", "n_test", "block_users", "n_blocks",
-                  "rating_min", "rating_max", "rating_range_source", "out_of_range", "params.rating_step")
+                  "rating_min", "rating_max", "rating_range_source", "out_of_range", "params.rating_step",
+                  "implicit", "value", "count_cap")
 
 
 def checksum_ids(attrs: dict) -> tuple[str, ...]:
@@ -511,7 +513,7 @@ class StoreWriter:
                 self._hash.add_block(s, d)
         full = {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": IMPLICIT_FORMAT_VERSION if attrs.get("implicit") else FORMAT_VERSION,
             "n_users": self.n_users,
             "n_items": self.n_items,
             "n_ratings": self.splits["train"].nnz,

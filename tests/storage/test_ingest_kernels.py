@@ -85,3 +85,24 @@ def test_int_counter_matches_unique(max_range):
     ref_k, ref_c = np.unique(np.concatenate(parts), return_counts=True)
     np.testing.assert_array_equal(keys.to_numpy(), ref_k)
     np.testing.assert_array_equal(counts, ref_c)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_group_dedup_aggregates_repeated_pairs(seed):
+    """Interaction logs (implicit stores): the values of a repeated (user, item) pair are summed."""
+    rng = np.random.default_rng(seed)
+    n, n_users, n_items = 4000, 53, 30
+    users = rng.integers(0, n_users, n).astype(np.int32)
+    items = rng.integers(0, n_items, n).astype(np.int32)
+    counts = rng.integers(1, 4, n).astype(np.float32)
+    ip = np.empty(n_users + 1, np.int64)
+    oi = np.empty(n, np.int32)
+    orr = np.empty(n, np.float32)
+    nnz, merged = group_dedup(users, items, counts, np.empty(0, np.int64), False, n_users, n_items, ip, oi, orr, True)
+    ref = np.zeros((n_users, n_items))
+    np.add.at(ref, (users, items), counts)
+    got = np.zeros((n_users, n_items))
+    rows = np.repeat(np.arange(n_users), np.diff(ip))
+    got[rows, oi[:nnz]] = orr[:nnz]
+    np.testing.assert_array_equal(got, ref)
+    assert nnz == np.count_nonzero(ref) and merged == n - nnz
