@@ -17,7 +17,7 @@ import numpy as np
 from streamdp.errors import StoreError
 from streamdp.local import model_ridge, predict_block, solve_block
 from streamdp.model import Model, load_model
-from streamdp.ranking import check_k, format_ranking, setup
+from streamdp.ranking import check_k, format_ranking, ranking_verdict, setup
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import Engine
@@ -60,7 +60,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         ``rmse, mae, n_ratings, n_users, ridge, method, guarantee`` and, with
         baselines, ``baselines: {global_mean: {rmse, mae}, item_mean: {rmse, mae}}``;
         ``store_matches_model`` (``None`` for a model that records no store fingerprint); with ranking,
-        ``ranking`` (:meth:`streamdp.ranking.Ranking.result`).
+        ``ranking`` (:meth:`streamdp.ranking.Ranking.result`) and ``ranking_verdict``
+        (:func:`streamdp.ranking.ranking_verdict`: do the lists beat the most-popular chart by the released counts).
 
     Raises
     ------
@@ -151,6 +152,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         out["verdict"] = verdict(out["rmse"], out["baselines"])
     if rank is not None:
         out["ranking"] = rank.result(tot[width:])
+        out["ranking_verdict"] = ranking_verdict(out["ranking"])
     return out
 
 

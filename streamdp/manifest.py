@@ -74,6 +74,8 @@ MODEL_JSON = {
     "local_fw": (PUBLIC, "fw: the local solve's settings (k, clip, bound)"),
     "local_huber": (PUBLIC, "irls: the local Huber solve's settings"),
     "local_user_bias": (PUBLIC, "whether the local solve fits the user's own intercept"),
+    "list_scorer": (POST, "how lists rank items (streamdp.local.list_scorer): the predicted rating, plus a weight "
+                          "(from the declared rating range) times the log of the released item counts"),
     "ridge": (POST, "ridge of the local solve (option, default, or chosen on public ratings)"),
     "ridge_rule": (PUBLIC, "how sgld's local ridge follows from its options"),
     "item_factors": (PUBLIC, "what the released item_factors array is (text)"),

@@ -201,6 +201,7 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         summary["baselines"] = {k: {"rmse": b["rmse"], "mae": b["mae"]} for k, b in ev["baselines"].items()}
         summary["verdict"] = ev["verdict"]
         summary["ranking"] = ev["ranking"]
+        summary["ranking_verdict"] = ev["ranking_verdict"]
     summary["privacy_warnings"] = privacy_warnings(led)
     return summary
 
