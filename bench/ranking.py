@@ -146,8 +146,8 @@ def peers(train, test, tiekey, threshold, ks, *, seed: int, threads: int, ease_m
         best = None
         for g in (IMPLICIT_GRID if grid is None else grid):
             t = time.perf_counter()
-            model = AlternatingLeastSquares(**g, iterations=15, random_state=seed, num_threads=threads)
             with threadpool_limits(1, "blas"):  # implicit's own advice: its threads, not BLAS's
+                model = AlternatingLeastSquares(**g, iterations=15, random_state=seed, num_threads=threads)
                 model.fit(X.astype(np.float32), show_progress=False)
             Uf, Vf = np.asarray(model.user_factors), np.asarray(model.item_factors)
             r = metrics_of_scores(lambda a, b: Uf[a:b] @ Vf.T, train, test, tiekey, threshold, ks)
