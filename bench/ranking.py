@@ -245,7 +245,7 @@ def run_store(name, st, tmp, a) -> dict:
     from streamdp.ranking import default_threshold
 
     t = time.perf_counter()
-    rows, ref = streamdp_rows(st, tmp, a.k, a.epsilons, a.seed, a.workers)
+    rows, ref = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed, a.workers)
     train, test = splits(st)
     tiekey, thr = tiekey_of(st), default_threshold(st.rating_min, st.rating_max)
     pop = np.asarray((train > 0).sum(axis=0), np.float64).ravel()
