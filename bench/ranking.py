@@ -3,6 +3,7 @@
     python bench/ranking.py                                  # ML-100K, FilmTrust, two generated stores
     python bench/ranking.py --stores ml-100k --k 10,20 --json out.json
     python bench/ranking.py --stores regimes                 # the regime suite's stores (bench/regimes.py)
+    python bench/ranking.py --methods-table [--seeds 2]      # docs/methods.md's table: means, oja, als per epsilon
 
 Per store (real sets ingested from ``../shared/data`` with ``--test-fraction 0.2 --seed 1``
 and their declared ranges; generated ones with ``streamdp generate``), Recall@k and
@@ -211,6 +212,38 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers) -> dict:
     return rows, new[k0]
 
 
+# -- docs/methods.md's table: streamdp's methods on the real stores -------------------------------------------
+def methods_table(st, name, seeds, epsilons) -> None:
+    """Recall@10 / NDCG@10 of ``means`` and ``oja`` at epsilon 1 and ``als`` at each epsilon (mean over seeds;
+    the stores of ``bench/als_privacy.py --real``), beside the two most-popular lists; lists ranked by each
+    model's list scorer, as ``recommend`` ranks them."""
+    import statistics
+
+    from bench.als_privacy import fit_timed
+    from bench.run import fitted_evaluation
+
+    def mean(method, eps):
+        rs = [fitted_evaluation(st, fit_timed(st, method, eps, s, workers=1)[0], workers=1)["ranking"]
+              for s in range(seeds if math.isfinite(eps) else 1)]
+        return (statistics.mean(r["recall"] for r in rs), statistics.mean(r["ndcg"] for r in rs), rs)
+
+    cols = [("means", 1.0), ("oja", 1.0)] + [("als", e) for e in epsilons]
+    out = {c: mean(*c) for c in cols}
+    rs = out.get(("als", 1.0), mean("als", 1.0))[2]
+    priv = [r["baselines"]["private_popularity"] for r in rs]
+    pop = rs[0]["baselines"]["popularity"]
+    print(f"\n### {name}: Recall@10 / NDCG@10 (mean of {seeds} seeds; relevant: held-out >= "
+          f"{rs[0]['relevant_threshold']:g}, {rs[0]['n_users']} users)\n")
+    head = ["most popular, non-private", "most popular by als eps 1's released counts"] + \
+        [f"`{m}` eps {'inf' if math.isinf(e) else f'{e:g}'}" for m, e in cols]
+    vals = [f"{pop['recall']:.3f} / {pop['ndcg']:.3f}",
+            f"{statistics.mean(p['recall'] for p in priv):.3f} / {statistics.mean(p['ndcg'] for p in priv):.3f}"]
+    vals += [f"{out[c][0]:.3f} / {out[c][1]:.3f}" for c in cols]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    print("| " + " | ".join(vals) + " |")
+
+
 # -- stores ------------------------------------------------------------------------------------------------------
 def open_stores(names, tmp, big: bool):
     """``(name, store)`` of each of ``names`` (``regimes``: every regime of bench/regimes.py)."""
@@ -295,7 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stores", default="ml-100k,filmtrust,gen-30k,gen-10k",
                     help="comma-separated: ml-100k, filmtrust, gen-30k, gen-10k, regimes")
     ap.add_argument("--k", default="10,20", help="list lengths (comma-separated)")
-    ap.add_argument("--epsilons", default="0.5,1,2,5,10,inf", help="ials's epsilons (when ials is registered)")
+    ap.add_argument("--epsilons", default=None, help="ials's epsilons, when ials is registered (default "
+                    "0.5,1,2,5,10,inf); with --methods-table als's (default 0.5,1,2,10,inf)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--ease-max-items", type=int, default=20_000)
@@ -303,11 +337,27 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one implicit ALS setting (64 factors, 0.01, alpha 1)")
     ap.add_argument("--big", action="store_true", help="with --stores regimes: also the 200k-user regime")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--methods-table", action="store_true", help="docs/methods.md's table instead: means, oja at "
+                    "epsilon 1, als at each --epsilons (default there 0.5,1,2,10,inf) on the real stores")
+    ap.add_argument("--seeds", type=int, default=2, help="with --methods-table: seeds per private cell")
     a = ap.parse_args(argv)
+    if a.methods_table:
+        from bench.als_privacy import REAL_STORES, real_store
+
+        eps = _floats(a.epsilons or "0.5,1,2,10,inf")
+        tmp = tempfile.mkdtemp(prefix="bench-ranking-")
+        try:
+            for name in REAL_STORES:
+                st = real_store(tmp, name)
+                if st is not None:
+                    methods_table(st, name, a.seeds, eps)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     a.k = sorted({int(x) for x in a.k.split(",") if x})
     if not a.k or a.k[0] < 1:
         raise SystemExit("--k: positive integers, e.g. 10,20")
-    a.epsilons = _floats(a.epsilons)
+    a.epsilons = _floats(a.epsilons or "0.5,1,2,5,10,inf")
     a.ease_lambdas = _floats(a.ease_lambdas)
     a.grid = [dict(factors=64, regularization=0.01, alpha=1.0)] if a.quick else None
     tmp = tempfile.mkdtemp(prefix="bench-ranking-")
