@@ -582,7 +582,8 @@ def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_
              as_json):
     """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines, and the ranking metrics
     (Precision/Recall/NDCG/MAP@k, coverage, popularity bias) of each user's top-k list of items unrated in
-    training, beside the most-popular lists (by the model's released counts, and non-private).
+    training, beside the most-popular lists (by the model's released counts, and non-private), and a ranking
+    verdict: do the lists beat the most-popular chart by the released counts, by what ratio of Recall@k.
 
     STORE must be the store MODEL was trained on (same checksum) unless --allow-other-store.
     """
@@ -624,7 +625,10 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
     """Top-N unseen items for one user (--ratings FILE), or for every user of a store (--store STORE --out FILE).
 
     One user: solved locally from MODEL and their ratings file; prints a header line (item_id, predicted_rating),
-    then one tab-separated line per item.
+    then one tab-separated line per item. Items are ranked by the model's list score (model.json list_scorer: the
+    predicted rating plus a weight times the log of the item counts the model released, free post-processing);
+    the score shown is the predicted rating. A user none of whose items the model knows gets the most popular
+    items by the model's released counts, said on stderr.
 
     Batch: each user's row is solved from MODEL and her own training ratings in STORE, streamed block by block
     within --memory-limit; writes Parquet (user_id, rank, item_id, score; ranks from 1; score: the predicted
