@@ -95,7 +95,7 @@ def metrics_of_scores(score_block, train, test, tiekey, threshold, ks, block=204
 
     kmax = max(ks)
     n_users, n_items = train.shape
-    pop = np.asarray((train > 0).sum(axis=0), np.float64).ravel()
+    pop = np.bincount(train.indices, minlength=train.shape[1]).astype(np.float64)
     sums = {k: np.zeros(len(SUMS)) for k in ks}
     covered = np.zeros(n_items)
     for first in range(0, n_users, block):
@@ -281,7 +281,7 @@ def run_store(name, st, tmp, a) -> dict:
     rows, ref = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed, a.workers)
     train, test = splits(st)
     tiekey, thr = tiekey_of(st), default_threshold(st.rating_min, st.rating_max)
-    pop = np.asarray((train > 0).sum(axis=0), np.float64).ravel()
+    pop = np.bincount(train.indices, minlength=train.shape[1]).astype(np.float64)
     check = metrics_of_scores(lambda f, e: np.tile(pop, (e - f, 1)), train, test, tiekey, thr, a.k)
     for k in a.k:  # the peers' path must reproduce evaluate's exact chart
         want = rows["most popular (exact counts, non-private)"][k]
