@@ -39,8 +39,6 @@ The metrics are the data owner's (they read the test split): printed by
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError
@@ -212,8 +210,8 @@ def ranking_verdict(r: dict) -> dict:
     The bar is the chart by the counts the model released (``private_popularity``:
     what anybody holding the model can show without it); for a model that released no
     counts, the chart by the exact training counts (non-private), said in ``baseline``.
-    ``ratio`` is the model's Recall@k over the chart's (``inf`` when the chart's is 0 and
-    the model's is not), ``difference`` the model's minus the chart's.
+    ``ratio`` is the model's Recall@k over the chart's (``None`` when the chart's is 0),
+    ``difference`` the model's minus the chart's.
 
     >>> v = ranking_verdict({"k": 10, "recall": 0.2, "ndcg": 0.1,
     ...                      "baselines": {"private_popularity": {"recall": 0.16, "ndcg": 0.09}}})
@@ -224,7 +222,7 @@ def ranking_verdict(r: dict) -> dict:
     name = "private_popularity" if "private_popularity" in b else "popularity"
     base = b[name]
     rec, brec = float(r["recall"]), float(base["recall"])
-    ratio = rec / brec if brec > 0 else (1.0 if rec == 0 else math.inf)
+    ratio = rec / brec if brec > 0 else None  # undefined against a chart that finds nothing
     return {"better": rec > brec, "equal": rec == brec, "baseline": name, "k": int(r["k"]), "recall": rec,
             "baseline_recall": brec, "ratio": ratio, "difference": rec - brec,
             "ndcg": float(r["ndcg"]), "baseline_ndcg": float(base["ndcg"])}
@@ -240,8 +238,8 @@ def format_ranking_verdict(v: dict) -> str:
     chart = ("the most-popular chart by the released counts" if v["baseline"] == "private_popularity" else
              "the most-popular chart by the exact counts (non-private; the model released no counts)")
     k = v["k"]
-    fig = (f"Recall@{k} {v['recall']:.4f} vs {v['baseline_recall']:.4f} "
-           f"({v['ratio']:.2f}x, {v['difference']:+.4f})")
+    ratio = "" if v["ratio"] is None else f"{v['ratio']:.2f}x, "
+    fig = f"Recall@{k} {v['recall']:.4f} vs {v['baseline_recall']:.4f} ({ratio}{v['difference']:+.4f})"
     if v["better"]:
         return f"the lists BEAT {chart}: {fig}"
     if v["equal"]:

@@ -127,6 +127,10 @@ def test_ranking_verdict_words():
     assert v["baseline"] == "popularity" and "exact counts (non-private" in format_ranking_verdict(v)
     r["recall"] = 0.3
     assert format_ranking_verdict(ranking_verdict(r)).startswith("the lists only MATCH")
+    r["baselines"]["popularity"]["recall"] = 0.0  # a chart that finds nothing: no ratio, still a sentence
+    v = ranking_verdict(r)
+    assert v["ratio"] is None and v["better"] and "(+0.3000)" in format_ranking_verdict(v)
+    json.dumps(v, allow_nan=False)
 
 
 def test_a_biases_only_release_says_every_user_gets_the_same_list(small_store, tmp_path):
