@@ -152,3 +152,20 @@ def test_a_biases_only_release_says_every_user_gets_the_same_list(small_store, t
     assert res.exit_code == 0 and "note: " + NOT_PERSONALISED in res.stderr
     res = runner.invoke(main, ["recommend", out, "--store", small_store.path, "--out", str(tmp_path / "r.parquet")])
     assert res.exit_code == 0 and NOT_PERSONALISED in res.stderr
+
+
+@pytest.mark.parametrize("scorer, said", [({"kind": "bogus"}, "unknown list scorer 'bogus'"),
+                                          ({"kind": "rating_plus_log_count", "counts": "nothing", "weight": 1.0},
+                                           "list scorer reads 'nothing'")])
+def test_a_model_with_a_bad_list_scorer_is_refused_in_one_line(model_a, tmp_path, scorer, said):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(model_a.path, bad)
+    info = json.loads((bad / "model.json").read_text())
+    info["list_scorer"] = scorer
+    (bad / "model.json").write_text(json.dumps(info))
+    f = tmp_path / "me.csv"
+    f.write_text(f"item,rating\n{int(model_a.item_ids[0])},5\n")
+    res = CliRunner().invoke(main, ["recommend", str(bad), "--ratings", str(f)])
+    assert res.exit_code != 0 and said in res.output and "Traceback" not in res.output
