@@ -1,49 +1,234 @@
-"""Recall@10 and NDCG@10 of the README's methods table (ML-100K, FilmTrust), beside the most-popular lists.
+"""Lists against the most-popular chart and the non-private list models, on one split, with ``evaluate``'s protocol.
 
-    python bench/ranking.py [--seeds 2] [--epsilons 0.5,1,2,10,inf]
+    python bench/ranking.py                                  # ML-100K, FilmTrust, two generated stores
+    python bench/ranking.py --stores ml-100k --k 10,20 --json out.json
+    python bench/ranking.py --stores regimes                 # the regime suite's stores (bench/regimes.py)
+    python bench/ranking.py --methods-table [--seeds 2]      # docs/methods.md's table: means, oja, als per epsilon
 
-The stores and models of ``bench/als_privacy.py --real`` (20% per-user split, its
-declared rating ranges; ``means`` and ``oja`` at epsilon 1, ``als`` at each epsilon,
-mean over ``--seeds``), evaluated as ``streamdp evaluate`` does
-(:mod:`streamdp.ranking`: each user's top 10 among the items she did not rate in
-training; relevant: a held-out rating in the top 20% of the range, >= 4.2 on
-ML-100K (the 5s), >= 3.3 on FilmTrust (3.5 and 4)). Beside them the most-popular
-lists: by the exact training counts (non-private) and by the noisy item counts that
-``als`` at epsilon 1 released (private: post-processing of that release).
+Per store (real sets ingested from ``../shared/data`` with ``--test-fraction 0.2 --seed 1``
+and their declared ranges; generated ones with ``streamdp generate``), Recall@k and
+NDCG@k for each ``--k`` of:
+
+* the two most-popular lists: by the exact training counts (non-private) and by the
+  counts the default model released (post-processing of its release);
+* the default model (``streamdp train STORE --epsilon 1``), its lists ranked as
+  ``recommend`` ranks them (its ``list_scorer``: the prediction + a weight x log of the
+  released counts) and, for comparison, by the predicted rating alone (the lists of
+  streamdp before list scorers), with its test RMSE (unchanged by the scorer);
+* ``--method ials`` at each ``--epsilons`` value (``inf``: non-private), when a method
+  of that name is registered (:data:`streamdp.methods.METHODS`);
+* two non-private references fitted in the same run on the same training split:
+  ``implicit``'s ALS (a bench-only import, skipped when it is not installed; a grid of
+  factors x regularization x alpha on the binary training matrix, best reported) and
+  EASE (Steck 2019: ``B = I - P diag(1/diag(P))``, ``P = (X^T X + lambda I)^-1``, closed
+  form in NumPy, for up to ``--ease-max-items`` items; best ``lambda`` of a grid reported).
+
+The peers' best setting is chosen on the test split itself: optimistic for them, the
+bar streamdp is held to is therefore a high one. Their lists go through streamdp's own
+metric code (:func:`streamdp.kernels.topk.ranking_sums`, the kernel ``evaluate`` uses)
+with ``evaluate``'s protocol: each user's top k among the items she did not rate in
+training, ties by ascending item id, relevant = a held-out rating in the top 20% of the
+rating range (:func:`streamdp.ranking.default_threshold`), users without a relevant
+held-out rating not evaluated. The exact most-popular list is computed both ways (through
+``evaluate`` and through the peers' path) and the two must agree: the run stops if not.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
-import statistics
 import sys
 import tempfile
+import time
+
+import numpy as np
 
 if __package__ in (None, ""):  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.als_privacy import REAL_STORES, fit_timed, real_store  # noqa: E402
-from bench.run import fitted_evaluation  # noqa: E402
+#: Real stores: file under ../shared/data and declared rating range.
+REAL = {"ml-100k": ("ml-100k/u.data", "1,5"), "filmtrust": ("filmtrust/ratings.txt", "0.5,4")}
+#: Generated stores: issue 29's 30k x 2k (10 per user) and the README's worked example.
+GENERATED = {"gen-30k": dict(users=30_000, items=2_000, ratings_per_user=10),
+             "gen-10k": dict(users=10_000, items=500, ratings_per_user=20)}
+#: The grids of the non-private references.
+IMPLICIT_GRID = [dict(factors=f, regularization=r, alpha=a) for f in (32, 64) for r in (0.01, 0.1) for a in (1.0, 10.0)]
+EASE_LAMBDAS = (10.0, 50.0, 200.0, 1000.0)
 
 
-def ranking_of(store, method, eps, seed, **opts) -> dict:
-    return fitted_evaluation(store, fit_timed(store, method, eps, seed, workers=1, **opts)[0], workers=1)["ranking"]
+# -- the store's splits in memory (bench-only: small stores) ---------------------------------------------------
+def splits(st):
+    """``(train, test)`` as scipy CSR (users x items, the store's dense order; values: ratings)."""
+    import scipy.sparse as sp
+
+    out = []
+    for split in ("train", "test"):
+        ip, it, r = [np.zeros(1, np.int64)], [], []
+        for b in range(st.n_blocks):
+            blk = st.read_block(b, split)
+            ip.append(ip[-1][-1] + np.asarray(blk.indptr[1:], np.int64))
+            it.append(np.asarray(blk.items, np.int32))
+            r.append(np.asarray(blk.ratings, np.float64))
+        out.append(sp.csr_matrix((np.concatenate(r), np.concatenate(it), np.concatenate(ip)),
+                                 shape=(st.n_users, st.n_items)))
+    return out
 
 
-def table(store, name, seeds, epsilons) -> None:
+def tiekey_of(st) -> np.ndarray:
+    """Each store item's position in a released model (ascending original id): ``evaluate``'s tie-break."""
+    ids = st.item_ids()
+    key = np.empty(len(ids), np.int64)
+    key[np.argsort(ids, kind="stable")] = np.arange(len(ids))
+    return key
+
+
+def metrics_of_scores(score_block, train, test, tiekey, threshold, ks, block=2048) -> dict:
+    """Recall@k and NDCG@k of the lists ranked by ``score_block(first, end)`` (dense ``(users, items)`` scores).
+
+    Each user's top ``max(ks)`` unseen items by ``(-score, tiekey)``, then
+    :func:`streamdp.kernels.topk.ranking_sums` (``evaluate``'s metric kernel) for each ``k``.
+    """
+    from streamdp.kernels.topk import SUMS, ranking_sums
+
+    kmax = max(ks)
+    n_users, n_items = train.shape
+    pop = np.bincount(train.indices, minlength=train.shape[1]).astype(np.float64)
+    sums = {k: np.zeros(len(SUMS)) for k in ks}
+    covered = np.zeros(n_items)
+    for first in range(0, n_users, block):
+        end = min(first + block, n_users)
+        S = np.array(score_block(first, end), np.float64, copy=True)
+        tr = train[first:end]
+        rows = np.repeat(np.arange(end - first), np.diff(tr.indptr))
+        S[rows, tr.indices] = -np.inf
+        m = min(kmax + 32, n_items)  # a margin for ties at the partition's edge, then an exact sort
+        part = np.argpartition(-S, m - 1, axis=1)[:, :m] if m < n_items else np.tile(np.arange(n_items), (len(S), 1))
+        lists = np.full((len(S), kmax), -1, np.int32)
+        for u in range(len(S)):
+            cand = part[u]
+            order = cand[np.lexsort((tiekey[cand], -S[u, cand]))][:kmax]
+            order = order[np.isfinite(S[u, order])]
+            lists[u, :len(order)] = order
+        te = test[first:end]
+        for k in ks:
+            ranking_sums(np.ascontiguousarray(lists[:, :k]), te.indptr.astype(np.int64), te.indices.astype(np.int32),
+                         te.data.astype(np.float64), float(threshold), pop, sums[k], covered)
+    return {k: {"recall": s[2] / max(s[0], 1), "ndcg": s[3] / max(s[0], 1), "n_users": int(s[0])}
+            for k, s in sums.items()}
+
+
+# -- the non-private references --------------------------------------------------------------------------------
+def ease_scores(X, lam: float):
+    """EASE's item-item matrix ``B`` (Steck 2019, eq. 8) of the binary matrix ``X``; scores are ``X B``."""
+    G = (X.T @ X).toarray().astype(np.float64)
+    G[np.diag_indices_from(G)] += lam
+    P = np.linalg.inv(G)
+    B = P / (-np.diag(P))
+    B[np.diag_indices_from(B)] = 0.0
+    return B
+
+
+def peers(train, test, tiekey, threshold, ks, *, seed: int, threads: int, ease_max_items: int, grid=None,
+          lambdas=EASE_LAMBDAS) -> dict:
+    """The best ``implicit`` ALS and the best EASE of their grids, each with its setting (absent ones say why)."""
+    X = train.copy()
+    X.data[:] = 1.0
+    X = X.tocsr()
+    out = {}
+    try:
+        from implicit.cpu.als import AlternatingLeastSquares
+        from threadpoolctl import threadpool_limits
+    except ImportError as exc:
+        out["implicit_als"] = {"skipped": f"implicit not importable ({exc})"}
+    else:
+        best = None
+        for g in (IMPLICIT_GRID if grid is None else grid):
+            t = time.perf_counter()
+            with threadpool_limits(1, "blas"):  # implicit's own advice: its threads, not BLAS's
+                model = AlternatingLeastSquares(**g, iterations=15, random_state=seed, num_threads=threads)
+                model.fit(X.astype(np.float32), show_progress=False)
+            Uf, Vf = np.asarray(model.user_factors), np.asarray(model.item_factors)
+            r = metrics_of_scores(lambda a, b: Uf[a:b] @ Vf.T, train, test, tiekey, threshold, ks)
+            r["setting"], r["seconds"] = g, round(time.perf_counter() - t, 2)
+            if best is None or r[min(ks)]["recall"] > best[min(ks)]["recall"]:
+                best = r
+        out["implicit_als"] = best
+    if X.shape[1] > ease_max_items:
+        out["ease"] = {"skipped": f"{X.shape[1]} items > --ease-max-items {ease_max_items}"}
+    else:
+        best = None
+        for lam in lambdas:
+            t = time.perf_counter()
+            B = ease_scores(X, lam)
+            r = metrics_of_scores(lambda a, b: (X[a:b] @ B), train, test, tiekey, threshold, ks)
+            r["setting"], r["seconds"] = {"lambda": lam}, round(time.perf_counter() - t, 2)
+            if best is None or r[min(ks)]["recall"] > best[min(ks)]["recall"]:
+                best = r
+        out["ease"] = best
+    return out
+
+
+# -- streamdp's models ------------------------------------------------------------------------------------------
+def streamdp_rows(st, tmp, ks, epsilons, seed, workers) -> dict:
+    """The two most-popular lists, the default model's lists (new and old scorer) and ``ials`` at each epsilon."""
+    import streamdp
+    from streamdp.evaluate import evaluate_model
+    from streamdp.methods import load_builtin
+    from streamdp.model import load_model
+
+    def ranked(model, **kw):
+        return {k: evaluate_model(model, st, workers=workers, k=k, baselines=False, **kw)["ranking"] for k in ks}
+
+    rows = {}
+    path = os.path.join(tmp, f"default-{seed}")
+    streamdp.train(st, epsilon=1.0, out=path, seed=seed, workers=workers, evaluate=False)
+    m = load_model(path)
+    ev = evaluate_model(m, st, workers=workers, k=min(ks))
+    new = ranked(m)
+    old_m = load_model(path)
+    old_m.info = {**old_m.info, "list_scorer": {"kind": "predicted_rating"}}
+    old = ranked(old_m)
+    k0 = min(ks)
+
+    def pick(r, key=None):
+        return {k: {"recall": (r[k] if key is None else r[k]["baselines"][key])["recall"],
+                    "ndcg": (r[k] if key is None else r[k]["baselines"][key])["ndcg"]} for k in ks}
+
+    rows["most popular (exact counts, non-private)"] = pick(new, "popularity")
+    if "private_popularity" in new[k0]["baselines"]:
+        rows["most popular (default model's released counts)"] = pick(new, "private_popularity")
+    rows["default (als eps 1): list score"] = {**pick(new), "rmse": ev["rmse"],
+                                               "personalised": new[k0]["personalised"],
+                                               "list_scorer": new[k0]["list_scorer"]}
+    rows["default (als eps 1): predicted rating (old lists)"] = {**pick(old), "rmse": ev["rmse"]}
+    if "ials" in load_builtin():
+        for e in epsilons:
+            p = os.path.join(tmp, f"ials-{e:g}-{seed}")
+            streamdp.train(st, method="ials", epsilon=e, out=p, seed=seed, workers=workers, evaluate=False)
+            rows[f"ials eps {e:g}"] = pick(ranked(load_model(p)))
+    return rows, new[k0]
+
+
+# -- docs/methods.md's table: streamdp's methods on the real stores -------------------------------------------
+def methods_table(st, name, seeds, epsilons) -> None:
+    """Recall@10 / NDCG@10 of ``means`` and ``oja`` at epsilon 1 and ``als`` at each epsilon (mean over seeds;
+    the stores of ``bench/als_privacy.py --real``), beside the two most-popular lists; lists ranked by each
+    model's list scorer, as ``recommend`` ranks them."""
+    import statistics
+
+    from bench.als_privacy import fit_timed
+    from bench.run import fitted_evaluation
+
     def mean(method, eps):
-        rs = [ranking_of(store, method, eps, s) for s in range(seeds if math.isfinite(eps) else 1)]
+        rs = [fitted_evaluation(st, fit_timed(st, method, eps, s, workers=1)[0], workers=1)["ranking"]
+              for s in range(seeds if math.isfinite(eps) else 1)]
         return (statistics.mean(r["recall"] for r in rs), statistics.mean(r["ndcg"] for r in rs), rs)
 
     cols = [("means", 1.0), ("oja", 1.0)] + [("als", e) for e in epsilons]
-    out = {}
-    for method, eps in cols:
-        out[(method, eps)] = mean(method, eps)
-        r, n, _ = out[(method, eps)]
-        print(f"  {name} {method} eps {eps:g}: Recall@10 {r:.4f} NDCG@10 {n:.4f}", file=sys.stderr, flush=True)
+    out = {c: mean(*c) for c in cols}
     rs = out.get(("als", 1.0), mean("als", 1.0))[2]
     priv = [r["baselines"]["private_popularity"] for r in rs]
     pop = rs[0]["baselines"]["popularity"]
@@ -59,19 +244,136 @@ def table(store, name, seeds, epsilons) -> None:
     print("| " + " | ".join(vals) + " |")
 
 
+# -- stores ------------------------------------------------------------------------------------------------------
+def open_stores(names, tmp, big: bool):
+    """``(name, store)`` of each of ``names`` (``regimes``: every regime of bench/regimes.py)."""
+    import streamdp
+    from streamdp.storage.ingest import ingest
+
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
+    for name in names:
+        if name in REAL:
+            rel, rr = REAL[name]
+            path = os.path.join(data, rel)
+            if not os.path.exists(path):
+                print(f"{name}: {path} absent, skipped", file=sys.stderr)
+                continue
+            yield name, ingest([path], os.path.join(tmp, name + ".zarr"), test_fraction=0.2, seed=1, rating_range=rr)
+        elif name in GENERATED:
+            yield name, streamdp.generate(os.path.join(tmp, name + ".zarr"), seed=1, test_fraction=0.2,
+                                          **GENERATED[name])
+        elif name == "regimes":
+            from bench.regimes import REGIMES
+
+            for r, (_, kw) in REGIMES.items():
+                if r == "200k" and not big:
+                    continue
+                yield f"regime {r}", streamdp.generate(os.path.join(tmp, r + ".zarr"), seed=1, test_fraction=0.2,
+                                                       **kw)
+        else:
+            raise SystemExit(f"--stores: unknown store {name!r} (known: {', '.join([*REAL, *GENERATED, 'regimes'])})")
+
+
+def run_store(name, st, tmp, a) -> dict:
+    from streamdp.ranking import default_threshold
+
+    t = time.perf_counter()
+    rows, ref = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed, a.workers)
+    train, test = splits(st)
+    tiekey, thr = tiekey_of(st), default_threshold(st.rating_min, st.rating_max)
+    pop = np.bincount(train.indices, minlength=train.shape[1]).astype(np.float64)
+    check = metrics_of_scores(lambda f, e: np.tile(pop, (e - f, 1)), train, test, tiekey, thr, a.k)
+    for k in a.k:  # the peers' path must reproduce evaluate's exact chart
+        want = rows["most popular (exact counts, non-private)"][k]
+        if not (math.isclose(check[k]["recall"], want["recall"], rel_tol=1e-9, abs_tol=1e-12)
+                and math.isclose(check[k]["ndcg"], want["ndcg"], rel_tol=1e-9, abs_tol=1e-12)):
+            raise SystemExit(f"{name}: the peers' metric path disagrees with evaluate's at k={k}: {check[k]} vs {want}")
+    for peer, r in peers(train, test, tiekey, thr, a.k, seed=a.seed, threads=a.workers,
+                         ease_max_items=a.ease_max_items, grid=a.grid, lambdas=a.ease_lambdas).items():
+        label = {"implicit_als": "implicit ALS (non-private, best of grid)",
+                 "ease": "EASE (non-private, best lambda)"}[peer]
+        rows[label] = r
+    return {"store": name, "n_users": st.n_users, "n_items": st.n_items, "n_ratings": st.n_ratings,
+            "evaluated_users": ref["n_users"], "relevant_threshold": thr, "seconds": round(time.perf_counter() - t, 1),
+            "rows": rows}
+
+
+def format_table(res, ks) -> str:
+    head = [f"{m}@{k}" for k in ks for m in ("Recall", "NDCG")]
+    lines = [f"### {res['store']}: {res['n_users']:,} users x {res['n_items']:,} items, {res['n_ratings']:,} training "
+             f"ratings; {res['evaluated_users']:,} users with a held-out rating >= {res['relevant_threshold']:g}",
+             "", "| list | " + " | ".join(head) + " | note |", "|---|" + "---|" * (len(head) + 1)]
+    for label, r in res["rows"].items():
+        if "skipped" in r:
+            lines.append(f"| {label} | " + " | ".join("" for _ in head) + f" | skipped: {r['skipped']} |")
+            continue
+        vals = [f"{r[k][m]:.4f}" for k in ks for m in ("recall", "ndcg")]
+        note = []
+        if "rmse" in r:
+            note.append(f"test RMSE {r['rmse']:.4f}")
+        if r.get("personalised") is False:
+            note.append("biases only: one list for all")
+        if "setting" in r:
+            note.append(", ".join(f"{k} {v:g}" for k, v in r["setting"].items()))
+        lines.append(f"| {label} | " + " | ".join(vals) + f" | {'; '.join(note)} |")
+    return "\n".join(lines)
+
+
+def _floats(text):
+    return [float(x) for x in text.split(",") if x]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--epsilons", default="0.5,1,2,10,inf")
+    ap.add_argument("--stores", default="ml-100k,filmtrust,gen-30k,gen-10k",
+                    help="comma-separated: ml-100k, filmtrust, gen-30k, gen-10k, regimes")
+    ap.add_argument("--k", default="10,20", help="list lengths (comma-separated)")
+    ap.add_argument("--epsilons", default=None, help="ials's epsilons, when ials is registered (default "
+                    "0.5,1,2,5,10,inf); with --methods-table als's (default 0.5,1,2,10,inf)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--ease-max-items", type=int, default=20_000)
+    ap.add_argument("--ease-lambdas", default=",".join(f"{x:g}" for x in EASE_LAMBDAS))
+    ap.add_argument("--quick", action="store_true", help="one implicit ALS setting (64 factors, 0.01, alpha 1)")
+    ap.add_argument("--big", action="store_true", help="with --stores regimes: also the 200k-user regime")
+    ap.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--methods-table", action="store_true", help="docs/methods.md's table instead: means, oja at "
+                    "epsilon 1, als at each --epsilons (default there 0.5,1,2,10,inf) on the real stores")
+    ap.add_argument("--seeds", type=int, default=2, help="with --methods-table: seeds per private cell")
     a = ap.parse_args(argv)
+    if a.methods_table:
+        from bench.als_privacy import REAL_STORES, real_store
+
+        eps = _floats(a.epsilons or "0.5,1,2,10,inf")
+        tmp = tempfile.mkdtemp(prefix="bench-ranking-")
+        try:
+            for name in REAL_STORES:
+                st = real_store(tmp, name)
+                if st is not None:
+                    methods_table(st, name, a.seeds, eps)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return 0
+    a.k = sorted({int(x) for x in a.k.split(",") if x})
+    if not a.k or a.k[0] < 1:
+        raise SystemExit("--k: positive integers, e.g. 10,20")
+    a.epsilons = _floats(a.epsilons or "0.5,1,2,5,10,inf")
+    a.ease_lambdas = _floats(a.ease_lambdas)
+    a.grid = [dict(factors=64, regularization=0.01, alpha=1.0)] if a.quick else None
     tmp = tempfile.mkdtemp(prefix="bench-ranking-")
+    results = []
     try:
-        for name in REAL_STORES:
-            st = real_store(tmp, name)
-            if st is not None:
-                table(st, name, a.seeds, [float(e) for e in a.epsilons.split(",")])
+        for name, st in open_stores([s for s in a.stores.split(",") if s], tmp, a.big):
+            res = run_store(name, st, tmp, a)
+            results.append(res)
+            print(format_table(res, a.k) + "\n", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"k": a.k, "seed": a.seed, "results": [{**r, "rows": {lab: {str(k): v for k, v in row.items()}
+                                                                             for lab, row in r["rows"].items()}}
+                                                            for r in results]}, f, indent=1, default=str)
     return 0
 
 

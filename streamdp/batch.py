@@ -2,9 +2,9 @@
 
 Each user's list is what :func:`streamdp.local.recommend` would give her on her own
 device: her row solved from the released model and her own *training* ratings, every
-item she did not rate scored, the ``n`` best kept (ranked by the model's unclipped
-prediction, ties by ascending item id; the score written is the prediction clipped to
-the rating range). Streamed block by block on the engine (local threads or a Dask
+item she did not rate scored, the ``n`` best kept (ranked by the model's list score,
+:func:`streamdp.local.list_scorer`, ties by ascending item id; the score written is the
+predicted rating clipped to the rating range). Streamed block by block on the engine (local threads or a Dask
 cluster) with the scoring in Numba (:func:`streamdp.kernels.topk.topn_scores`), so
 memory is bounded by ``--memory-limit`` whatever the number of users.
 
@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.topk import topn_scores
-from streamdp.local import local_design, model_ridge, rating_range, solve_block
+from streamdp.local import list_bias, local_design, model_ridge, rating_range, solve_block
 from streamdp.outputs import deferred_interrupts
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 from streamdp.storage.store import RatingStore, open_store
@@ -126,6 +126,8 @@ def _schema(st, item_ids):
 def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, scheduler, memory_limit):
     """Yield one pyarrow Table per block (users in store order, ranks from 1)."""
     Q, bias = local_design(mo)
+    rank_bias = list_bias(m, bias, tiekey)  # the list score's item term; the score written is the prediction
+    offset = rank_bias - bias
     mu = float(mo.global_mean)
     lo, hi = rating_range(mo)
     tiekey = np.ascontiguousarray(tiekey, np.int64)
@@ -148,13 +150,14 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
         lists = np.empty((nu, n), np.int32)
         scores = np.empty((nu, n), np.float64)
         topn_scores(np.asarray(block.indptr, np.int64), np.asarray(block.items, np.int32), want,
-                    np.ascontiguousarray(U, np.float64), Q, bias, mu, tiekey, lists, scores)
+                    np.ascontiguousarray(U, np.float64), Q, rank_bias, mu, tiekey, lists, scores)
         ok = lists >= 0
+        pred = scores[ok] - offset[lists[ok]]
         row, rank = np.nonzero(ok)  # row-major: by user, then rank
         uids = st.user_ids(first, first + nu)[row]
         return pa.table([pa.array(uids, type=schema.field("user_id").type), pa.array(rank + 1, pa.int32()),
                          pa.array(ids[lists[ok]], type=item_kind),
-                         pa.array(np.clip(scores[ok], lo, hi).astype(np.float32), pa.float32())], schema=schema)
+                         pa.array(np.clip(pred, lo, hi).astype(np.float32), pa.float32())], schema=schema)
 
     k = Q.shape[1]
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,

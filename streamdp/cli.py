@@ -470,10 +470,15 @@ def format_train_summary(summary: dict) -> str:
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "
                      f"{summary['test_ratings']:,} held-out ratings; non-private baselines: {format_baselines(b)}")
         lines.append("verdict: " + format_verdict(summary["verdict"], summary["test_rmse"]))
+    if not summary.get("factors_released", True):
+        from streamdp.local import NOT_PERSONALISED
+
+        lines.append("note: " + NOT_PERSONALISED)
     if summary.get("ranking"):
-        from streamdp.ranking import format_ranking_short
+        from streamdp.ranking import format_ranking_short, format_ranking_verdict
 
         lines.append("ranking: " + format_ranking_short(summary["ranking"]))
+        lines.append("ranking verdict: " + format_ranking_verdict(summary["ranking_verdict"]))
     return "\n".join(lines)
 
 
@@ -604,7 +609,8 @@ def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_
              as_json):
     """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines, and the ranking metrics
     (Precision/Recall/NDCG/MAP@k, coverage, popularity bias) of each user's top-k list of items unrated in
-    training, beside the most-popular lists (by the model's released counts, and non-private).
+    training, beside the most-popular lists (by the model's released counts, and non-private), and a ranking
+    verdict: do the lists beat the most-popular chart by the released counts, by what ratio of Recall@k.
 
     STORE must be the store MODEL was trained on (same checksum) unless --allow-other-store.
     """
@@ -646,7 +652,10 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
     """Top-N unseen items for one user (--ratings FILE), or for every user of a store (--store STORE --out FILE).
 
     One user: solved locally from MODEL and their ratings file; prints a header line (item_id, predicted_rating),
-    then one tab-separated line per item.
+    then one tab-separated line per item. Items are ranked by the model's list score (model.json list_scorer: the
+    predicted rating plus a weight times the log of the item counts the model released, free post-processing);
+    the score shown is the predicted rating. A user none of whose items the model knows gets the most popular
+    items by the model's released counts, said on stderr.
 
     Batch: each user's row is solved from MODEL and her own training ratings in STORE, streamed block by block
     within --memory-limit; writes Parquet (user_id, rank, item_id, score; ranks from 1; score: the predicted
@@ -654,7 +663,7 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
     user's own data only: it may be shown to that user, but the file (every user's list) must not be published.
     """
     from streamdp.errors import ParameterError
-    from streamdp.local import rating_range, read_user_ratings
+    from streamdp.local import NOT_PERSONALISED, personalised, rating_range, read_user_ratings
     from streamdp.model import load_model
 
     if (ratings_file is None) == (store is None):
@@ -669,22 +678,32 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
     if store is not None:
         res = m.recommend_all(store, top, out, users=users_file, ridge=ridge, workers=workers, scheduler=scheduler,
                               memory_limit=memory_limit, force=force)
+        if not personalised(m):
+            res["note"] = NOT_PERSONALISED
         if as_json:
             print_json(res)
         else:
             click.echo(f"wrote {res['out']}: top {res['top']} for {res['users']:,} users ({res['rows']:,} rows) in "
                        f"{res['seconds']:.1f}s; each list is for its user only (joint DP): do not publish the file")
+            if not personalised(m):
+                click.echo(f"note: {NOT_PERSONALISED}", err=True)
         return
     items, ratings, unknown = read_user_ratings(ratings_file, m.item_ids, rating_range(m))
     recs = m.recommend(zip(m.item_ids[items].tolist(), ratings.tolist()), n=top, ridge=ridge)
     ids, score = [i for i, _ in recs], np.array([s for _, s in recs])
+    notes = [recs.note] if recs.note else []
+    if recs.source == "model" and not personalised(m):
+        notes.append(NOT_PERSONALISED)
     if as_json:
         print_json({"items": ids, "scores": score.round(4).tolist(), "n_ratings_used": int(len(items)),
-                    "unknown_items": unknown})
+                    "unknown_items": unknown, "source": recs.source, "personalised": recs.source == "model"
+                    and personalised(m), "notes": notes})
         return
     click.echo("\n".join([RECOMMEND_HEADER] + [f"{i}\t{s:.3f}" for i, s in zip(ids, score)]))
     if unknown:
         click.echo(f"note: {len(unknown)} rated item(s) unknown to the model were ignored", err=True)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
 
 
 @main.command()

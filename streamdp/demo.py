@@ -3,7 +3,8 @@
 Generates a low-rank power-law store with a 20% per-user test split, trains
 ``--method als`` (DP-ALS) at epsilon 1 (user-level, delta below 1/n_users), evaluates it on
 the test split next to the non-private global-mean and item-mean baselines, and
-prints the RMSEs and the privacy spent as the ledger records it.
+prints the RMSEs, the lists' Recall@10 beside the most-popular chart (the ranking
+verdict) and the privacy spent as the ledger records it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import time
 
 from streamdp.errors import Interrupted, StoreError
 from streamdp.evaluate import evaluate_model, format_baselines, format_verdict
+from streamdp.local import NOT_PERSONALISED
 from streamdp.model import check_model_destination
 from streamdp.privacy import Ledger
 from streamdp.privacy.accountant import check_calibratable
 from streamdp.privacy.params import default_delta
+from streamdp.ranking import format_ranking_short, format_ranking_verdict
 from streamdp.storage.generate import generate_store
 from streamdp.storage.writer import check_destination
 from streamdp.training import train
@@ -75,13 +78,18 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
         say(f"3. test RMSE {ev['rmse']:.4f} on {ev['n_ratings']:,} held-out ratings "
             f"(non-private baselines: {format_baselines(b)})")
         say("   " + format_verdict(ev["verdict"], ev["rmse"]))
+        say("   lists: " + format_ranking_short(ev["ranking"]))
+        say("   " + format_ranking_verdict(ev["ranking_verdict"]))
+        if not ev["ranking"]["personalised"]:
+            say("   note: " + NOT_PERSONALISED)
         ledger_at = (f"{model_path}/privacy.json" if kept else
                      "the model's privacy.json (removed with the temporary directory; --out DIR keeps it)")
         say(f"   privacy spent: epsilon {spent:.4g} (target {epsilon:g}), delta {delta:g}, "
             f"guarantee: {led.guarantee}; ledger in {ledger_at}")
         return {"store": store_path if kept else None, "model": model_path if kept else None,
                 "rmse": ev["rmse"], "mae": ev["mae"], "n_ratings": ev["n_ratings"],
-                "baselines": b, "verdict": ev["verdict"], "epsilon": spent, "epsilon_target": epsilon, "delta": delta,
+                "baselines": b, "verdict": ev["verdict"], "ranking": ev["ranking"],
+                "ranking_verdict": ev["ranking_verdict"], "epsilon": spent, "epsilon_target": epsilon, "delta": delta,
                 "guarantee": led.guarantee, "seconds": round(time.perf_counter() - t0, 2)}
     except KeyboardInterrupt as exc:
         if not kept:

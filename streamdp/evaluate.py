@@ -23,7 +23,7 @@ import numpy as np
 from streamdp.errors import StoreError
 from streamdp.local import model_ridge, predict_block, solve_block
 from streamdp.model import Model, load_model
-from streamdp.ranking import check_k, format_ranking, setup
+from streamdp.ranking import check_k, format_ranking, ranking_verdict, setup
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import Engine
@@ -68,7 +68,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         ``rmse, mae, n_ratings, n_users, ridge, method, guarantee`` and, with
         baselines, ``baselines: {global_mean: {rmse, mae}, item_mean: {rmse, mae}}``;
         ``store_matches_model`` (``None`` for a model that records no store fingerprint); with ranking,
-        ``ranking`` (:meth:`streamdp.ranking.Ranking.result`).
+        ``ranking`` (:meth:`streamdp.ranking.Ranking.result`) and ``ranking_verdict``
+        (:func:`streamdp.ranking.ranking_verdict`: do the lists beat the most-popular chart by the released counts).
 
     Raises
     ------
@@ -148,7 +149,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     if implicit:
         return {"implicit": True, "n_interactions": int(tot[2]), "n_users": st.n_users, "ridge": ridge,
                 "method": m.method, "guarantee": getattr(m.ledger, "guarantee", None), "epsilon": m.info.get("epsilon"),
-                "store_matches_model": match, "ranking": rank.result(tot[width:])}
+                "store_matches_model": match, "ranking": (r := rank.result(tot[width:])),
+                "ranking_verdict": ranking_verdict(r)}
     cnt = max(tot[2], 1.0)
     out = {
         "rmse": math.sqrt(tot[0] / cnt),
@@ -168,6 +170,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         out["verdict"] = verdict(out["rmse"], out["baselines"])
     if rank is not None:
         out["ranking"] = rank.result(tot[width:])
+        out["ranking_verdict"] = ranking_verdict(out["ranking"])
     return out
 
 

@@ -31,6 +31,30 @@ The ridge default comes from the model (``model.json`` key ``ridge``; for
 ``--method oja`` the factors are scaled to rows of mean squared norm 1, so the
 ridge is the ratio of residual to signal variance and is dimensionless); since the
 solve is local, a user may choose any ridge at no privacy cost.
+
+Lists
+-----
+A list ranks the items a user did not rate by the model's **list score**
+(``model.json`` key ``list_scorer``, :func:`list_scorer`): the unclipped predicted
+rating, plus, for a model that released item counts (``als``/``irls``/``means``:
+the noisy item weight totals; ``public-private``: the public users' counts),
+``weight * log(1 + max(count, 0))``. The term is a per-item offset computed from
+released values and public parameters only (:func:`list_offset`): post-processing,
+no privacy cost, the same for every user. ``recommend``, the batch form
+(:mod:`streamdp.batch`), ``evaluate``'s ranking metrics (:mod:`streamdp.ranking`) and
+the Python API all rank through it; the score they show stays the predicted rating.
+
+Why: ranking by the predicted rating alone fills lists with items that few users
+rated and whose noisy mean is high; the chart of the most popular items beats those
+lists on every store we measured (issue 29, docs/ranking.md). A user's chance of
+liking an item she has not rated is the chance she picks it at all (popularity)
+times the chance she rates it high (the prediction); the offset is the log of the
+first. The weight rule, ``(rating max - rating min) / 4`` (1 per log-count on a 1..5
+scale; :data:`LIST_WEIGHT_SHARE`), reads only the declared rating range. It was
+measured on ML-100K, FilmTrust and two generated stores against half and twice that
+weight: it is the one of the three that never fell below the most-popular list by the
+released counts (docs/ranking.md has the table). A model written before list scorers
+existed (no ``list_scorer`` key) ranks by the predicted rating, as it did.
 """
 
 from __future__ import annotations
@@ -50,6 +74,16 @@ LOCAL_KINDS = ("ridge", "frank_wolfe", "projection", "xin_jaakkola_eq4")
 
 #: Ridge used when a model does not state one.
 FALLBACK_RIDGE = 1.0
+
+#: The list scorers a model may declare (``model.json`` key ``list_scorer``, ``kind``).
+LIST_SCORERS = ("predicted_rating", "rating_plus_log_count")
+#: Extras a model may release item counts in (first found is used), and what they are.
+RELEASED_COUNTS = {
+    "noisy_item_weight": "the model's released noisy item weight totals (post-processing, no further privacy cost)",
+    "public_item_count": "the public users' item counts the model released (public data)",
+}
+#: The list score's popularity weight as a share of the declared rating range (module docstring).
+LIST_WEIGHT_SHARE = 0.25
 
 
 def model_ridge(model, ridge: float | None = None) -> float:
@@ -114,6 +148,115 @@ def solve_block(model, indptr, items, ratings, ridge: float, *, user_bias: bool 
     solve_users_huber(np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q, float(ridge), iters, delta,
                       U)
     return U
+
+
+def default_list_scorer(info: dict, extras: dict) -> dict:
+    """The list scorer a model written with ``info`` and per-item ``extras`` gets when its method states none.
+
+    ``rating_plus_log_count`` when the model releases item counts (:data:`RELEASED_COUNTS`)
+    and declares its rating range, else ``predicted_rating``. Reads only the names of
+    the released arrays and the declared range: no statistic of the data.
+
+    >>> default_list_scorer({"rating_range": {"min": 1, "max": 5}}, {"noisy_item_weight": None})["weight"]
+    1.0
+    >>> default_list_scorer({}, {})
+    {'kind': 'predicted_rating'}
+    """
+    rr = info.get("rating_range") or {}
+    counts = next((name for name in RELEASED_COUNTS if name in extras), None)
+    lo, hi = rr.get("min"), rr.get("max")
+    if counts is None or lo is None or hi is None or not np.isfinite(float(hi) - float(lo)):
+        return {"kind": "predicted_rating"}
+    return {"kind": "rating_plus_log_count", "counts": counts,
+            "weight": round(LIST_WEIGHT_SHARE * (float(hi) - float(lo)), 12),
+            "rule": f"weight = {LIST_WEIGHT_SHARE:g} x (rating max - rating min), the declared range"}
+
+
+def list_scorer(model) -> dict:
+    """The model's list scorer (``model.json`` ``list_scorer``; absent: ``predicted_rating``, the old behaviour)."""
+    sc = (getattr(model, "info", None) or {}).get("list_scorer") or {"kind": "predicted_rating"}
+    if sc.get("kind") not in LIST_SCORERS:
+        raise InputError(f"model.json: unknown list scorer {sc.get('kind')!r} (this streamdp knows "
+                         f"{', '.join(LIST_SCORERS)})")
+    return sc
+
+
+def list_offset(model) -> np.ndarray | None:
+    """Per-item addition to the predicted rating that gives the list score (model's item order), or ``None``.
+
+    ``weight * log(1 + max(count, 0))`` of the released counts named by the model's
+    :func:`list_scorer`: post-processing of the release (a negative noisy count is
+    taken as 0). ``None`` for ``predicted_rating``.
+
+    >>> from types import SimpleNamespace
+    >>> m = SimpleNamespace(info={"list_scorer": {"kind": "rating_plus_log_count", "counts": "c", "weight": 1.0}},
+    ...                     extras={"c": np.array([-5.0, 0.0, np.e - 1])})
+    >>> list_offset(m).round(6).tolist()
+    [0.0, 0.0, 1.0]
+    """
+    sc = list_scorer(model)
+    if sc["kind"] == "predicted_rating":
+        return None
+    c = np.asarray((getattr(model, "extras", None) or {}).get(sc["counts"], ()), np.float64)
+    if c.shape != (model.n_items if hasattr(model, "n_items") else len(c),):
+        raise InputError(f"model.json: list scorer reads {sc['counts']!r}, which the model does not hold per item")
+    return float(sc["weight"]) * np.log1p(np.maximum(c, 0.0))
+
+
+def list_bias(model, bias, pos=None) -> np.ndarray:
+    """``bias`` plus the model's :func:`list_offset` (float64, contiguous): the item term of the list score.
+
+    ``model`` is the model as released (its per-item extras in ascending-id order);
+    ``pos[j]``, when given, is the model position of ``bias``'s item ``j`` (a store's
+    order, :meth:`streamdp.model.Model.in_order_of`).
+    """
+    off = list_offset(model)
+    b = np.asarray(bias, np.float64)
+    if off is not None and pos is not None:
+        off = off[np.asarray(pos, np.int64)]
+    return np.ascontiguousarray(b if off is None else b + off)
+
+
+def personalised(model) -> bool:
+    """Whether the model's lists differ between users beyond the items each rated: it released factors.
+
+    A release of item biases only (``factors_released: false``, or all-zero factors)
+    ranks every user's unrated items the same way: her own intercept shifts every
+    score alike.
+    """
+    released = (getattr(model, "info", None) or {}).get("factors_released")
+    if released is not None:
+        return bool(released)
+    return bool(np.any(np.asarray(model.item_factors)))
+
+
+#: What ``recommend``/``evaluate``/``train`` say of a release without factors.
+NOT_PERSONALISED = "only item biases released: every user gets the same list (apart from the items she rated)"
+
+
+def popular_list(model, top: int):
+    """The fallback list of a user none of whose items the model knows: ``(dense items, scores, what)``.
+
+    The most popular items by the counts the model released (post-processing), or,
+    for a model that released none, its list score for a user without ratings
+    (``mu + b_j``); the scores returned are what the model predicts for a user
+    without ratings (``mu + b_j``, clipped to the rating range).
+    """
+    if top < 1:
+        raise ParameterError(f"--top must be >= 1, got {top}")
+    lo, hi = rating_range(model)
+    base = float(model.global_mean) + np.asarray(model.item_bias, np.float64)
+    extras = getattr(model, "extras", None) or {}
+    name = next((n for n in RELEASED_COUNTS if n in extras), None)
+    idx = np.arange(len(base))
+    if name is not None:
+        c = np.asarray(extras[name], np.float64)
+        order = idx[np.lexsort((idx, -c))][:top]
+        what = "the most popular items by " + RELEASED_COUNTS[name].split(" (")[0]
+    else:
+        order = idx[np.lexsort((idx, -list_bias(model, base)))][:top]
+        what = "the model's best items for a user without ratings (it released no item counts)"
+    return order, np.clip(base[order], lo, hi), what
 
 
 def local_kind(model) -> str:
@@ -238,19 +381,22 @@ def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = Non
     """Top-``top`` unseen items for a user with ``ratings`` on dense ``items``.
 
     Returns ``(dense_item_indices, predicted_ratings)``, best first. Items are ranked by
-    the unclipped prediction (clipping to the rating range would tie every item
-    predicted above the top of the scale), ties broken by the lower index (a released
-    model lists its items by ascending id); the ratings returned are clipped. The batch
-    form (:mod:`streamdp.batch`) and the ranking metrics (:mod:`streamdp.ranking`) rank
-    the same way. A rating outside the model's rating range is an :class:`InputError`.
+    the model's list score (the unclipped prediction plus the model's :func:`list_offset`;
+    clipping to the rating range would tie every item predicted above the top of the
+    scale), ties broken by the lower index (a released model lists its items by
+    ascending id); the ratings returned are the predictions, clipped. The batch form
+    (:mod:`streamdp.batch`) and the ranking metrics (:mod:`streamdp.ranking`) rank the
+    same way. A rating outside the model's rating range is an :class:`InputError`.
     """
     if top < 1:
         raise ParameterError(f"--top must be >= 1, got {top}")
     raw = _raw_scores(model, items, ratings, ridge, user_bias)
+    off = list_offset(model)
+    score = raw if off is None else raw + off
     seen = np.zeros(len(raw), bool)
     seen[np.asarray(items, np.int64)] = True
     cand = np.flatnonzero(~seen)
-    order = cand[np.lexsort((cand, -raw[cand]))][:top]
+    order = cand[np.lexsort((cand, -score[cand]))][:top]
     lo, hi = rating_range(model)
     return order, np.clip(raw[order], lo, hi)
 
@@ -262,6 +408,8 @@ def read_user_ratings(path: str, item_ids, rating_range: tuple[float, float] | N
     Accepts comma, tab or whitespace separated lines with two columns (an optional
     header line ``item,rating``); items are in the original id space. Items the
     model does not know are returned in the third value (and otherwise ignored).
+    A file whose items are all unknown gives empty arrays (the caller falls back to
+    :func:`popular_list`); a file with no rating at all is an :class:`InputError`.
     Raises :class:`InputError` naming the file and line on malformed input, and on a
     rating outside ``rating_range`` (the model's, :func:`rating_range`): a 99 on a
     1..5 model would otherwise push every prediction to the top of the range.
@@ -313,7 +461,7 @@ def read_user_ratings(path: str, item_ids, rating_range: tuple[float, float] | N
         items.append(j)
         kept.append(r)
     ratings = kept
-    if not items:
-        raise InputError(f"{path}: no ratings of items the model knows")
+    if not raw:
+        raise InputError(f"{path}: no ratings (lines 'item,rating')")
     return np.asarray(items, np.int32), np.asarray(ratings, np.float32), unknown
 

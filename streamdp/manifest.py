@@ -74,6 +74,8 @@ MODEL_JSON = {
     "local_fw": (PUBLIC, "fw: the local solve's settings (k, clip, bound)"),
     "local_huber": (PUBLIC, "irls: the local Huber solve's settings"),
     "local_user_bias": (PUBLIC, "whether the local solve fits the user's own intercept"),
+    "list_scorer": (POST, "how lists rank items (streamdp.local.list_scorer): the predicted rating, plus a weight "
+                          "(from the declared rating range) times the log of the released item counts"),
     "ridge": (POST, "ridge of the local solve (option, default, or chosen on public ratings)"),
     "ridge_rule": (PUBLIC, "how sgld's local ridge follows from its options"),
     "item_factors": (PUBLIC, "what the released item_factors array is (text)"),
@@ -165,7 +167,7 @@ SUMMARY = {
     "test_rmse": OWNER, "test_mae": OWNER, "test_ratings": OWNER, "baselines": OWNER, "verdict": OWNER,
     "owner": OWNER, "model": PUBLIC, "store": PUBLIC, "rmse": OWNER, "mae": OWNER, "n_ratings": OWNER,
     "n_users": OWNER, "store_match": OWNER, "note": OWNER, "local": PUBLIC, "ridge": POST,
-    "ranking": OWNER, "n_test_users": OWNER, "n_unknown_items": OWNER, "unknown_item_ratings": OWNER,
+    "ranking": OWNER, "ranking_verdict": OWNER, "n_test_users": OWNER, "n_unknown_items": OWNER, "unknown_item_ratings": OWNER,
 }
 
 

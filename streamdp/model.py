@@ -38,7 +38,7 @@ import zarr
 
 from streamdp.batch import recommend_all
 from streamdp.errors import InputError
-from streamdp.local import recommend, user_scores
+from streamdp.local import default_list_scorer, popular_list, recommend, user_scores
 from streamdp.manifest import check_release
 from streamdp.model_dir import MODEL_FORMAT, MODEL_FORMAT_VERSION, is_model_dir
 from streamdp.outputs import check_destination, deferred_interrupts, install_dir, owned_temp_dir
@@ -47,6 +47,20 @@ from streamdp.privacy.ledger import encode_json
 from streamdp.storage.ids import as_ids, find, numeric, parse_id
 
 _CORE_ARRAYS = ("item_factors", "item_bias", "item_ids")
+
+
+class Recommendations(list):
+    """A list of ``(item_id, predicted_rating)`` pairs, best first, that says where it comes from.
+
+    ``source`` is ``"model"`` (the user's own list) or ``"most_popular"`` (none of her
+    rated items is known to the model: the fallback list of
+    :func:`streamdp.local.popular_list`, not personalised); ``note`` says so in words
+    (empty for ``"model"``).
+    """
+
+    def __init__(self, pairs, source: str = "model", note: str = ""):
+        super().__init__(pairs)
+        self.source, self.note = source, note
 
 
 @dataclass
@@ -73,8 +87,10 @@ class Model:
         return int(self.item_factors.shape[0])
 
     # -- what a user does with a released model (locally, at no privacy cost) ------------
-    def _user(self, user_ratings):
-        """``(dense items, ratings, unknown ids)`` from a dict, a DataFrame or (item, rating) pairs."""
+    def _user(self, user_ratings, allow_none: bool = False):
+        """``(dense items, ratings, unknown ids)`` from a dict, a DataFrame or (item, rating) pairs.
+
+        No known item is an :class:`InputError`, or, with ``allow_none``, empty arrays."""
         if hasattr(user_ratings, "columns"):  # a pandas DataFrame: 'item'/'rating' columns, or the first two
             cols = [c for c in ("item", "rating") if c in user_ratings.columns] or list(user_ratings.columns[:2])
             if len(cols) != 2:
@@ -99,7 +115,7 @@ class Model:
         unknown += [g for g, j in zip(given, pos.tolist()) if j < 0]
         items = [j for j in pos.tolist() if j >= 0]
         ratings = [float(r) for r, j in zip(values, pos.tolist()) if j >= 0]
-        if not items:
+        if not items and not allow_none:
             raise InputError("user_ratings: none of the rated items is known to the model")
         return np.asarray(items, np.int32), np.asarray(ratings, np.float32), unknown
 
@@ -132,10 +148,14 @@ class Model:
             raise InputError(f"items: {want[int(np.flatnonzero(j < 0)[0])]!r} is not an item of the model")
         return scores[j]
 
-    def recommend(self, user_ratings, n: int = 10, *, ridge: float | None = None) -> list:
+    def recommend(self, user_ratings, n: int = 10, *, ridge: float | None = None) -> "Recommendations":
         """The ``n`` best unseen items for a user, as ``(item_id, predicted_rating)`` pairs, best first.
 
-        ``user_ratings`` as for :meth:`predict`.
+        ``user_ratings`` as for :meth:`predict`. Ranked by the model's list score
+        (:func:`streamdp.local.list_scorer`). When none of the rated items is known to
+        the model, the list is the most popular items by the model's released counts
+        (:func:`streamdp.local.popular_list`), and the returned
+        :class:`Recommendations` says so (``source == "most_popular"``, ``note``).
 
         >>> import numpy as np
         >>> m = Model("(example)", np.eye(3, dtype=np.float32), np.zeros(3, np.float32), np.array([10, 20, 30]),
@@ -143,10 +163,15 @@ class Model:
         >>> [i for i, _ in m.recommend({10: 5}, n=2)]
         [20, 30]
         """
-        it, r, _ = self._user(user_ratings)
-        idx, score = recommend(self, it, r, top=n, ridge=ridge)
+        it, r, _ = self._user(user_ratings, allow_none=True)
+        source, note = "model", ""
+        if len(it):
+            idx, score = recommend(self, it, r, top=n, ridge=ridge)
+        else:
+            idx, score, what = popular_list(self, n)
+            source, note = "most_popular", f"none of the rated items is known to the model: {what} (not personalised)"
         ids = np.asarray(self.item_ids)[idx].tolist()
-        return [(i, round(float(s), 6)) for i, s in zip(ids, score)]
+        return Recommendations([(i, round(float(s), 6)) for i, s in zip(ids, score)], source, note)
 
     def recommend_all(self, store, n: int = 10, path=None, *, users=None, ridge: float | None = None, workers=None,
                       scheduler=None, memory_limit=None, force: bool = False):
@@ -237,6 +262,8 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         if name in _CORE_ARRAYS:
             raise ValueError(f"extra array name {name!r} clashes with a core array")
     info = dict(model_info)
+    if "list_scorer" not in info:  # a method may state its own; the default reads only names and the declared range
+        info["list_scorer"] = default_list_scorer(info, extras)
     info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n),
                 rank=int(V.shape[1]), item_order="ascending item id")
     # every field must be declared with its provenance; a private model holds no exact statistic

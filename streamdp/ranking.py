@@ -3,9 +3,9 @@
 Computed on the users' side exactly as ``recommend`` does (:mod:`streamdp.local`):
 each user solves her row from her own *training* ratings and the released model,
 scores every item, and her top-``k`` list is taken among the items she did **not**
-rate in training, ranked by the model's prediction (unclipped: clipping to the
-rating range would tie the best items at the top of the scale), ties broken by the
-lower position in the released model (ascending item id). Streamed by user block
+rate in training, ranked by the model's list score (:func:`streamdp.local.list_scorer`:
+the unclipped prediction, plus the released-count term for a model that declares
+one), ties broken by the lower position in the released model (ascending item id). Streamed by user block
 through the engine, with the scoring and selection in Numba
 (:mod:`streamdp.kernels.topk`).
 
@@ -45,18 +45,13 @@ import numpy as np
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.topk import SUMS, ranking_sums, topn_by_order, topn_scores
-from streamdp.local import local_design
+from streamdp.local import RELEASED_COUNTS, NOT_PERSONALISED, list_bias, list_scorer, local_design, personalised
 from streamdp.storage.ids import find
 
 #: Default list length of the metrics (``--k``).
 DEFAULT_K = 10
 #: The default relevance threshold keeps the top share of the rating range.
 TOP_SHARE = 0.2
-#: Extras a model may release item counts in, and what they are.
-RELEASED_COUNTS = {
-    "noisy_item_weight": "the model's released noisy item weight totals (post-processing, no further privacy cost)",
-    "public_item_count": "the public users' item counts the model released (public data)",
-}
 #: The relevance of an implicit store's held-out values (counts, all positive).
 IMPLICIT_RELEVANT = "implicit store: every held-out interaction is relevant"
 #: The metrics of each list source, in output order.
@@ -118,13 +113,18 @@ class Ranking:
         The model's released counts in store order (:func:`released_counts`).
     k : int
     threshold : float
+    released : Model, optional
+        The model as released (ascending ids), whose list scorer ranks the model's lists
+        (default: ``model``, when it is in that order already).
     """
 
     def __init__(self, model, tiekey, train_counts, private_counts, private_what: str, *, k: int, threshold: float,
-                 threshold_source: str):
+                 threshold_source: str, released=None):
         self.model, self.k, self.threshold, self.threshold_source = model, check_k(k), float(threshold), \
             threshold_source
-        self.Q, self.bias = local_design(model)
+        released = model if released is None else released
+        self.Q, bias = local_design(model)
+        self.bias = list_bias(released, bias, tiekey)  # the list score's item term (streamdp.local.list_offset)
         self.tiekey = np.ascontiguousarray(tiekey, np.int64)
         self.pop = np.ascontiguousarray(train_counts, np.float64)
         self.n_items = len(self.pop)
@@ -132,6 +132,7 @@ class Ranking:
         if private_counts is not None:
             self.sources["private_popularity"] = popularity_order(private_counts, self.tiekey)
         self.private_what = private_what
+        self.scorer, self.personalised = list_scorer(released), personalised(released)
         self.sources["popularity"] = popularity_order(self.pop, self.tiekey)
 
     @property
@@ -175,7 +176,7 @@ class Ranking:
                          "popularity_bias": (part[5] / n) / mean_pop if mean_pop > 0 else 0.0}
         out = {"k": self.k, "relevant_threshold": self.threshold, "threshold_source": self.threshold_source,
                "n_users": int(total[0]), "candidates": "items the user did not rate in training",
-               **per.pop("model")}
+               "list_scorer": self.scorer, "personalised": self.personalised, **per.pop("model")}
         b = {}
         if "private_popularity" in per:
             b["private_popularity"] = {**per["private_popularity"], "guarantee": "post-processing",
@@ -205,7 +206,51 @@ def setup(model, store, train_counts, *, k: int = DEFAULT_K, relevant_threshold:
             raise ParameterError(f"--relevant-threshold must be a finite number, got {relevant_threshold}")
         src = "--relevant-threshold"
     counts, what = released_counts(model, pos)
-    return Ranking(model.in_order_of(ids), pos, train_counts, counts, what, k=k, threshold=thr, threshold_source=src)
+    return Ranking(model.in_order_of(ids), pos, train_counts, counts, what, k=k, threshold=thr, threshold_source=src,
+                   released=model)
+
+
+def ranking_verdict(r: dict) -> dict:
+    """Whether the model's lists beat the most-popular chart, and by how much (Recall@k ratio and difference).
+
+    The bar is the chart by the counts the model released (``private_popularity``:
+    what anybody holding the model can show without it); for a model that released no
+    counts, the chart by the exact training counts (non-private), said in ``baseline``.
+    ``ratio`` is the model's Recall@k over the chart's (``None`` when the chart's is 0),
+    ``difference`` the model's minus the chart's.
+
+    >>> v = ranking_verdict({"k": 10, "recall": 0.2, "ndcg": 0.1,
+    ...                      "baselines": {"private_popularity": {"recall": 0.16, "ndcg": 0.09}}})
+    >>> v["better"], round(v["ratio"], 2), round(v["difference"], 2)
+    (True, 1.25, 0.04)
+    """
+    b = r.get("baselines", {})
+    name = "private_popularity" if "private_popularity" in b else "popularity"
+    base = b[name]
+    rec, brec = float(r["recall"]), float(base["recall"])
+    ratio = rec / brec if brec > 0 else None  # undefined against a chart that finds nothing
+    return {"better": rec > brec, "equal": rec == brec, "baseline": name, "k": int(r["k"]), "recall": rec,
+            "baseline_recall": brec, "ratio": ratio, "difference": rec - brec,
+            "ndcg": float(r["ndcg"]), "baseline_ndcg": float(base["ndcg"])}
+
+
+def format_ranking_verdict(v: dict) -> str:
+    """One plain sentence: do the lists beat the most-popular chart, by what ratio and difference of Recall@k.
+
+    >>> format_ranking_verdict(ranking_verdict({"k": 10, "recall": 0.2, "ndcg": 0.1,
+    ...     "baselines": {"private_popularity": {"recall": 0.16, "ndcg": 0.09}}}))
+    'the lists BEAT the most-popular chart by the released counts: Recall@10 0.2000 vs 0.1600 (1.25x, +0.0400)'
+    """
+    chart = ("the most-popular chart by the released counts" if v["baseline"] == "private_popularity" else
+             "the most-popular chart by the exact counts (non-private; the model released no counts)")
+    k = v["k"]
+    ratio = "" if v["ratio"] is None else f"{v['ratio']:.2f}x, "
+    fig = f"Recall@{k} {v['recall']:.4f} vs {v['baseline_recall']:.4f} ({ratio}{v['difference']:+.4f})"
+    if v["better"]:
+        return f"the lists BEAT {chart}: {fig}"
+    if v["equal"]:
+        return f"the lists only MATCH {chart}: {fig}"
+    return f"the lists do NOT beat {chart}: {fig}; showing that chart would serve users better"
 
 
 def relevant_text(r: dict, *, short: bool = False) -> str:
@@ -239,7 +284,23 @@ def format_ranking(r: dict) -> str:
         lines.append(f"  most popular (released):   n/a: {r.get('private_popularity_absent', '')}")
     if "popularity" in b:
         lines.append("  most popular (non-private): " + row(b["popularity"]))
+    lines.append(f"  lists ranked by {describe_scorer(r.get('list_scorer'))}")
+    if r.get("personalised") is False:
+        lines.append("  note: " + NOT_PERSONALISED)
+    lines.append("ranking verdict: " + format_ranking_verdict(ranking_verdict(r)))
     return "\n".join(lines)
+
+
+def describe_scorer(sc) -> str:
+    """``predicted rating`` or ``predicted rating + 1 x log(1 + noisy_item_weight)``.
+
+    >>> describe_scorer({"kind": "rating_plus_log_count", "counts": "noisy_item_weight", "weight": 1.0})
+    'predicted rating + 1 x log(1 + released noisy_item_weight)'
+    """
+    sc = sc or {"kind": "predicted_rating"}
+    if sc["kind"] == "predicted_rating":
+        return "predicted rating"
+    return f"predicted rating + {sc['weight']:g} x log(1 + released {sc['counts']})"
 
 
 def format_ranking_short(r: dict) -> str:

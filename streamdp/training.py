@@ -200,6 +200,7 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         if ev.get("implicit"):  # counts: ranking metrics only (streamdp.evaluate)
             summary["test_interactions"] = ev["n_interactions"]
             summary["ranking"] = ev["ranking"]
+            summary["ranking_verdict"] = ev["ranking_verdict"]
             summary["privacy_warnings"] = privacy_warnings(led)
             return summary
         summary["test_rmse"] = ev["rmse"]
@@ -208,6 +209,7 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         summary["baselines"] = {k: {"rmse": b["rmse"], "mae": b["mae"]} for k, b in ev["baselines"].items()}
         summary["verdict"] = ev["verdict"]
         summary["ranking"] = ev["ranking"]
+        summary["ranking_verdict"] = ev["ranking_verdict"]
     summary["privacy_warnings"] = privacy_warnings(led)
     return summary
 

@@ -38,12 +38,15 @@ def _dense_topn(model, store, n):
         tr = store.read_block(b)
         U = solve_block(m, tr.indptr, tr.items, tr.ratings, m.info["ridge"])
         S = m.global_mean + bias + U @ Q.T
+        sc = model.info["list_scorer"]  # the list score: the prediction + w log(1 + released count)
+        off = sc["weight"] * np.log1p(np.maximum(np.asarray(model.extras[sc["counts"]], float)[tiekey], 0))
+        S = S + off
         uids = store.user_ids(tr.first_user, tr.first_user + tr.n_users)
         for u in range(tr.n_users):
             S[u, tr.items[tr.indptr[u]:tr.indptr[u + 1]]] = -np.inf
             order = np.lexsort((tiekey, -S[u]))[:n]
             order = order[np.isfinite(S[u, order])]
-            rows += [(uids[u], r + 1, ids[j], np.clip(S[u, j], lo, hi)) for r, j in enumerate(order)]
+            rows += [(uids[u], r + 1, ids[j], np.clip(S[u, j] - off[j], lo, hi)) for r, j in enumerate(order)]
     return rows
 
 

@@ -139,6 +139,9 @@ def _dense_ranking(model, store, k, threshold):
         tr, te = store.read_block(b), store.read_block(b, "test")
         U = solve_block(m, tr.indptr, tr.items, tr.ratings, m.info["ridge"])
         full = m.global_mean + bias + U @ Q.T
+        sc = model.info["list_scorer"]
+        assert sc["kind"] == "rating_plus_log_count" and sc["counts"] == "noisy_item_weight"
+        full = full + sc["weight"] * np.log1p(np.maximum(noisy, 0))  # the list score: rating + w log(1 + count)
         seen = [tr.items[tr.indptr[u]:tr.indptr[u + 1]] for u in range(tr.n_users)]
         lists["model"] += topn_reference(seen, full, tiekey, k).tolist()
         lists["private_popularity"] += topn_reference(seen, np.tile(noisy, (tr.n_users, 1)), tiekey, k).tolist()

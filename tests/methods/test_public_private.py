@@ -337,7 +337,11 @@ def test_evaluate_and_recommend_use_eq4(tiny_store, tmp_path):
     assert ev["guarantee"] == GUARANTEE_PUBLIC_ONLY and np.isfinite(ev["rmse"])
     m = load_model(out)
     idx, score = recommend(m, np.array([0, 1], np.int32), np.array([5.0, 1.0], np.float32), top=3)
-    assert len(idx) == 3 and np.all(np.diff(score) <= 0)
+    # ranked by the list score: the prediction + w log(1 + the public users' counts); the score shown is the prediction
+    from streamdp.local import list_offset
+
+    assert m.info["list_scorer"]["counts"] == "public_item_count"
+    assert len(idx) == 3 and np.all(np.diff(score + list_offset(m)[idx]) <= 1e-9)
 
 
 def test_cli_prints_the_guarantee_and_warns(tiny_store, tmp_path):
