@@ -68,10 +68,18 @@ def _keys(d):
             yield from _keys(v)
 
 
-def _assert_released_by_manifest(path, store, private: bool):
+def _assert_released_by_manifest(path, store, private: bool, count_released: bool | None = None):
     info, led, arrays, attrs = _fields(path)
     prov = manifest.check_release(info, led, arrays, attrs)  # raises on any undeclared field
-    assert prov["model.json:n_users"] == "public" and led["public_parameters"]["n_users"] == store.n_users
+    users = led["public_parameters"]["n_users"]
+    assert prov["model.json:n_users"] == "release" and users["value"] == info["n_users"]
+    if count_released is None:
+        count_released = private
+    # a private run's count is the noisy release listed first in the ledger, never the exact one written as is
+    assert users["source"] == ("released" if count_released else "exact"), users
+    if count_released:
+        assert led["bounds"]["releases"][0]["release"].startswith("number of users")
+        assert led["bounds"]["releases"][0]["mechanism"] == "laplace"
     assert not (EXACT & set(_keys(info))) and not (EXACT & set(_keys(led))), EXACT & {*_keys(info), *_keys(led)}
     if private:
         assert not any(p == manifest.NONPRIVATE for p in prov.values())
@@ -90,7 +98,9 @@ def test_every_field_of_every_method_is_declared(store, tmp_path, name):
     opts = dict(RUNS[name])
     out = str(tmp_path / name)
     summary = train(store, out=out, delta=1e-5, seed=None, workers=1, **opts)
-    info = _assert_released_by_manifest(out, store, private=math.isfinite(opts["epsilon"]))
+    private = math.isfinite(opts["epsilon"])
+    info = _assert_released_by_manifest(out, store, private=private,
+                                        count_released=private and name != "public-private")
     for key in summary:
         assert key in manifest.SUMMARY, f"summary field {key} is not declared"
     assert "seconds" not in info and "train_seconds" in summary
@@ -110,7 +120,7 @@ def test_exact_statistics_go_to_the_owner_not_the_model(store, tmp_path):
 def test_lowrank_fields_are_declared(store, tmp_path):
     out = str(tmp_path / "lr")
     run_lowrank(store, rank=3, epsilon=1.0, delta=1e-5, out=out, workers=1)
-    _assert_released_by_manifest(out, store, private=True)
+    _assert_released_by_manifest(out, store, private=True, count_released=False)  # its relation fixes the users
 
 
 def test_save_refuses_an_undeclared_field_and_exact_statistics_in_a_private_model(tmp_path):
