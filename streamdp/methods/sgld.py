@@ -173,6 +173,7 @@ from streamdp.methods import register
 from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
+from streamdp.privacy import compose, epsilon_of
 from streamdp.privacy.bounding import personalized_weights, trim_block
 from streamdp.privacy.posterior import GUARANTEE_SGLD, SCALE_FACTOR, TABLE_LABEL, PosteriorSample
 from streamdp.storage.ids import as_ids, numeric, parse_id, utf8_lines
@@ -446,12 +447,26 @@ class _SgdBase(Method):
         """sgld's release: one sample of ``exp(-s F / T)`` with ``B = tau c^2``, calibrated to the target.
 
         Its epsilon is what the count of users (:mod:`streamdp.privacy.users`, pure DP, released first) leaves:
-        ``--epsilon`` minus the count's, so that the two compose (basically) to ``--epsilon`` at ``T = 1``.
+        ``--epsilon`` minus the count's (basic composition), lowered by the accountant's discretization until
+        the PLD of both is within the claim (:meth:`_claim`).
         """
-        return PosteriorSample.calibrated(
-            "V, item biases (one posterior sample after the last epoch); global mean public (midpoint)",
-            self.epsilon_after_first(store), self.delta, bound=s.bound, posterior_scale=s.posterior_scale, temperature=s.temperature,
-            epochs=s.epochs, noise_table=s.noise_table)
+        first = [r.event() for r in self.spent_first(store)]
+        eps = self.epsilon_after_first(store)
+        for _ in range(200):
+            sample = PosteriorSample.calibrated(
+                "V, item biases (one posterior sample after the last epoch); global mean public (midpoint)",
+                eps, self.delta, bound=s.bound, posterior_scale=s.posterior_scale, temperature=s.temperature,
+                epochs=s.epochs, noise_table=s.noise_table)
+            if not (first and sample.private) or (
+                    epsilon_of(compose(first + [sample.event()]), self.delta).epsilon <= self._claim(sample)):
+                return sample
+            eps *= 1.0 - 1e-4
+        raise ParameterError(f"sgld: the posterior sample could not be calibrated within --epsilon "
+                             f"{self.epsilon:g} beside the count of users")  # pragma: no cover
+
+    def _claim(self, sample: PosteriorSample) -> float:
+        """The ledger's epsilon: the count's (``--epsilon`` minus the sample's) plus the sample's claim."""
+        return (self.epsilon - sample.epsilon) + sample.epsilon_claimed
 
     def check_scheduler(self, scheduler) -> None:
         """Hogwild epochs (one shared ``V`` in this process) do not run on a cluster: a one-line refusal."""
@@ -559,7 +574,7 @@ class _SgdBase(Method):
             return Plan(entries=entries, settings=s, bounds=bounds, releases=sample)
         bounds["target"] = sample.target()
         return Plan(event=sample.event(), entries=[sample.entry()], settings=s, bounds=bounds, releases=sample,
-                    claim=(sample.guarantee(), sample.epsilon_claimed + (self.epsilon - sample.epsilon)))
+                    claim=(sample.guarantee(), self._claim(sample)))
 
     guarantee = GUARANTEE_SGLD
 
