@@ -583,7 +583,7 @@ class _AlsBase(Method):
                        "clip_Delta": s.clip, "residual_clip_R": s.residual_clip,
                        "bias_clip_c": s.bias_clip, "mechanism": s.mechanism,
                        "sensitivity_norm": s.norm})
-        pe = pure_epsilon(releases)
+        pe = pure_epsilon(self.spent_first(store) + releases)  # the count (Laplace) is pure too
         if math.isfinite(pe):
             bounds["pure_epsilon"] = pe
         return Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases],
