@@ -104,6 +104,7 @@ def test_every_field_of_every_method_is_declared(store, tmp_path, name):
     for key in summary:
         assert key in manifest.SUMMARY, f"summary field {key} is not declared"
     assert "seconds" not in info and "train_seconds" in summary
+    assert "blocks_in_flight" not in info["engine"]  # sized from the largest block's rating count under a tight limit
     m = load_model(out)  # string ids end to end: saved, loaded, evaluated, recommended
     assert m.item_ids.dtype.kind in "UTO" and np.isfinite(summary["test_rmse"])
     assert len(m.recommend({str(m.item_ids[0]): 4.0}, n=3)) == 3
