@@ -38,7 +38,8 @@ __all__ = ["train", "tune", "generate", "ingest", "default_delta"]
 
 def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
           rank: int | None = None, seed: int | None = None, workers: int | None = None, memory_limit=None,
-          scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True, **options):
+          scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True,
+          users_bound: int | None = None, **options):
     """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
 
     Exactly what ``streamdp train`` runs (:func:`streamdp.training.train`): the
@@ -58,14 +59,18 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     method : str
         ``streamdp train --method`` name (see ``streamdp.methods.METHODS``).
     delta : float, optional
-        Default :func:`default_delta` of the store's number of users.
+        Default :func:`default_delta` of the run's number of users (``users_bound``, or the count released with
+        noise: :mod:`streamdp.privacy.users`).
+    users_bound : int, optional
+        A public number of users the data owner declares (``--users-bound``): used for the defaults and written
+        in the model instead of a noisy count, nothing spent on it; a store with more users is refused.
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
     return _released(out, lambda out: train_model(
         store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, workers=workers,
         scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget, force=force,
-        evaluate_test=evaluate, **options))
+        evaluate_test=evaluate, users_bound=users_bound, **options))
 
 
 def _released(out: str | None, run):
@@ -93,19 +98,20 @@ def _released(out: str | None, run):
 
 def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
-         force: bool = False, evaluate: bool = True):
+         force: bool = False, evaluate: bool = True, users_bound: int | None = None):
     """Choose ``method``'s configuration privately and return the released model (``streamdp tune``).
 
     Exactly what ``streamdp tune`` runs (:func:`streamdp.tune.tune`): the grid's
     candidates, their noisy validation losses and the chosen configuration's release
     are composed in one ledger within ``epsilon`` and charged to the store's budget.
     ``grid`` is ``{"rank": [4, 8], "iters": [0, 5]}`` or ``["rank=4,8", ...]`` (``None``:
-    the method's default grid). ``out=None`` works as for :func:`train`.
+    the method's default grid). ``out=None`` and ``users_bound`` work as for :func:`train`.
     ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice.
     """
     return _released(out, lambda out: run_tune(
         store, epsilon=epsilon, method=method, out=out, grid=grid, delta=delta, seed=seed, workers=workers,
-        memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate))
+        memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate,
+        users_bound=users_bound))
 
 
 def ingest(inputs, out: str, *, budget=None, **options):

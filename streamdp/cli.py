@@ -105,6 +105,12 @@ state_option = click.option(
     help="Where per-user state goes (a directory or fsspec URL that the cluster's workers reach; default "
          "STORE.state beside the store). Removed when the run ends.")
 
+#: ``--users-bound`` of the commands that take privacy parameters (streamdp.privacy.users).
+users_bound_option = click.option(
+    "--users-bound", "users_bound", type=click.IntRange(min=1), default=None, metavar="N",
+    help="A public number of users you declare (e.g. the size of a published panel): used for the defaults and "
+         "written in the model instead of the count released with noise (which then costs 1% of epsilon); a store "
+         "with more users is refused.")
 
 k_option = click.option("--k", "k", type=int, default=10, show_default=True,
                         help="List length of the ranking metrics (Precision/Recall/NDCG/MAP@k).")
@@ -401,7 +407,9 @@ class _TrainCommand(click.Command):
 @click.option("--epsilon", type=float, required=True, help="User-level epsilon; 'inf' trains without noise "
               "(non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
-              help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
+              help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users)), n_users the "
+              "count released with noise or --users-bound).")
+@users_bound_option
 @click.option("--rank", type=int, default=None, help="Number of factors k (generated from the methods).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
@@ -421,14 +429,14 @@ class _TrainCommand(click.Command):
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
               "an error).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def train(store, method, epsilon, delta, rank, out, seed, workers, memory_limit, scheduler, state, over_budget,
-          force, as_json, **options):
+def train(store, method, epsilon, delta, users_bound, rank, out, seed, workers, memory_limit, scheduler, state,
+          over_budget, force, as_json, **options):
     """Train a private model on STORE and write it to --out."""
     from streamdp.training import train as train_model
 
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
-                          force=force, state=state, **options)
+                          force=force, state=state, users_bound=users_bound, **options)
     _report(summary, as_json, format_train_summary)
 
 
@@ -493,7 +501,9 @@ def format_train_summary(summary: dict) -> str:
                    "Default: als/irls rank=4,8 (iters, unless given, from one released histogram of ratings per "
                    "user, as train sets it); means user_intercept=false,true.")
 @click.option("--delta", type=float, default=None,
-              help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
+              help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users)), n_users the "
+              "count released with noise or --users-bound).")
+@users_bound_option
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores).")
 @memory_limit_option
@@ -502,7 +512,8 @@ def format_train_summary(summary: dict) -> str:
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
               "an error).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def tune(store, epsilon, method, out, grid, delta, seed, workers, memory_limit, over_budget, force, as_json):
+def tune(store, epsilon, method, out, grid, delta, users_bound, seed, workers, memory_limit, over_budget, force,
+         as_json):
     """Choose a method's configuration privately on STORE, train it and write it to --out.
 
     Every configuration of the grid is trained privately on a Poisson sample of the
@@ -520,7 +531,7 @@ def tune(store, epsilon, method, out, grid, delta, seed, workers, memory_limit, 
 
     summary = tune_model(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
                          seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget,
-                         force=force).summary
+                         force=force, users_bound=users_bound).summary
     _report(summary, as_json, format_tune_summary)
 
 
@@ -558,6 +569,7 @@ def format_tune_summary(summary: dict) -> str:
 @click.option("--repeats", type=int, default=1, show_default=True,
               help="Train each private point this many times (seeds differ); mean and spread are reported.")
 @click.option("--delta", type=float, default=None, help="User-level delta of every run (default as for train).")
+@users_bound_option
 @click.option("--rank", type=int, default=None, help="Number of factors (default: each method's).")
 @click.option("--seed", type=int, default=None, help="Seed of repeat 0 (repeat r uses seed + r): reproducible, not "
               "private against whoever knows it.")
@@ -569,14 +581,15 @@ def format_tune_summary(summary: dict) -> str:
 @click.option("--over-budget", is_flag=True, help="Run even if the store's budget would be exceeded (recorded).")
 @click.option("--force", is_flag=True, help="Replace an earlier sweep directory at --out.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def sweep(store, methods, epsilons, out, repeats, delta, rank, seed, workers, memory_limit, scheduler, state, dry_run,
-          over_budget, force, as_json):
+def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed, workers, memory_limit, scheduler,
+          state, dry_run, over_budget, force, as_json):
     """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget."""
     from streamdp.sweep import sweep as run_sweep
 
     res = run_sweep(store, methods=methods, epsilons=epsilons, out=out, repeats=repeats, seed=seed, delta=delta,
                     rank=rank, workers=workers, memory_limit=memory_limit, scheduler=scheduler, state=state,
-                    over_budget=over_budget, dry_run=dry_run, force=force, echo=None if as_json else click.echo)
+                    over_budget=over_budget, dry_run=dry_run, force=force, echo=None if as_json else click.echo,
+                    users_bound=users_bound)
     if as_json:
         print_json(encode_json_safe(res))
         return

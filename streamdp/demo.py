@@ -1,7 +1,7 @@
 """``streamdp demo``: the main job end to end on synthetic data, in well under a minute.
 
 Generates a low-rank power-law store with a 20% per-user test split, trains
-``--method als`` (DP-ALS) at epsilon 1 (user-level, delta below 1/n_users), evaluates it on
+``--method als`` (DP-ALS) at epsilon 1 (user-level, delta below 1/n_users of the released count), evaluates it on
 the test split next to the non-private global-mean and item-mean baselines, and
 prints the RMSEs, the lists' Recall@10 beside the most-popular chart (the ranking
 verdict) and the privacy spent as the ledger records it.
@@ -21,7 +21,6 @@ from streamdp.local import NOT_PERSONALISED
 from streamdp.model import check_model_destination
 from streamdp.privacy import Ledger
 from streamdp.privacy.accountant import check_calibratable
-from streamdp.privacy.params import default_delta
 from streamdp.ranking import format_ranking_short, format_ranking_verdict
 from streamdp.storage.generate import generate_store
 from streamdp.storage.writer import check_destination
@@ -64,10 +63,10 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
         st = generate_store(store_path, force=force, show_progress=False, **DEMO_STORE)
         say(f"1. generated {store_name}: {st.n_users:,} users x {st.n_items:,} items, {st.n_ratings:,} train + "
             f"{st.n_test:,} test ratings (rank-{DEMO_STORE['rank']} truth) in {time.perf_counter() - t0:.1f}s")
-        delta = default_delta(st.n_users)
         stage = "train"
-        summary = train(st, method="als", out=model_path, epsilon=epsilon, delta=delta, rank=DEMO_STORE["rank"],
+        summary = train(st, method="als", out=model_path, epsilon=epsilon, delta=None, rank=DEMO_STORE["rank"],
                         seed=None, force=force, evaluate_test=False)
+        delta = summary["delta"]  # the default: from the released number of users
         stage = "evaluate"
         say(f"2. trained {model_name}: --method als, rank {summary['rank']}, {summary['train_seconds']:.1f}s")
         ev = evaluate_model(model_path, st)

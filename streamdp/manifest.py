@@ -6,8 +6,8 @@ comes from:
 
 ``public``
     a public parameter: an option of the run (or its default), the declared rating
-    range, the item catalogue (item ids and their number), the number of users (see
-    below), software versions, random identifiers (run id, budget entry);
+    range, the item catalogue (item ids and their number), software versions, random
+    identifiers (run id, budget entry);
 ``release``
     a noisy release named in the ledger (``privacy.json``: ``bounds.releases`` and
     ``events``), accounted by the accountant;
@@ -30,13 +30,16 @@ every field of what it wrote.
 
 The number of users
 -------------------
-``n_users`` is treated as a **declared public parameter**, as in Jain et al. (2018) and
-Chien et al. (2021), whose calibrations take the number of users as known: it sets
-the default delta (below 1/n_users) and defaults such as ALS's rank, and it is written
-exactly. Under add/remove of one user it is a count that changes by one; publishing it
-exactly is the usual convention, and the ledger says so (``public_parameters``). A
-data owner for whom the number of users itself is sensitive should not release models
-of a store of that exact size (or should ingest a declared subset).
+Under add/remove one user the number of users changes by one, so the exact count is
+never written and no default is derived from it (:mod:`streamdp.privacy.users`):
+``n_users`` in ``model.json`` and ``public_parameters.n_users`` in the ledger are the
+count **released** with Laplace noise at a small share of epsilon (the ledger's first
+event, "number of users"), or the number the data owner **declared** public with
+``--users-bound`` (nothing spent). The default delta, ALS's iterations, oja's and fw's
+shares, steps and nuclear-norm bound, every ``delta < 1/n_users`` check and every
+``... / n_users`` in a released value read that number. It is exact only where the
+guarantee does not hide a user's presence: non-private runs, and ``lowrank`` and
+``public-private``, whose relations keep the users fixed (their ledgers say so).
 """
 
 from __future__ import annotations
@@ -55,9 +58,11 @@ MODEL_JSON = {
     "mechanism": (PUBLIC, "lowrank: the mechanism option"),
     "rank": (PUBLIC, "number of factors (option, or default from public parameters)"),
     "epsilon": (PUBLIC, "privacy target (option)"),
-    "delta": (PUBLIC, "privacy target (option, or default from n_users)"),
+    "delta": (PUBLIC, "privacy target (option, or default from the released or declared n_users)"),
     "seed": (PUBLIC, "the seed given (a seeded run is not private against whoever knows it)"),
-    "n_users": (PUBLIC, "number of users: a declared public parameter (module docstring of streamdp.manifest)"),
+    "n_users": (RELEASE, "number of users: released with Laplace noise (ledger: 'number of users'), or the declared "
+                         "--users-bound; exact only in non-private runs and where the relation fixes the users "
+                         "(module docstring of streamdp.manifest)"),
     "n_items": (PUBLIC, "number of items: the item catalogue is public (its ids are released)"),
     "rating_range": (PUBLIC, "rating range: declared at ingest (an observed range is noted in the ledger)"),
     "store_fingerprint": (PUBLIC, "keyed HMAC of the store's checksum (streamdp.storage.fingerprint): random "
@@ -123,7 +128,8 @@ PRIVACY_JSON = {
     "seed_note": (PUBLIC, "what a seed means for the guarantee"),
     "store_fingerprint": (PUBLIC, "keyed HMAC of the store's checksum (see model.json)"),
     "notes": (PUBLIC, "qualifications of the guarantee (text)"),
-    "public_parameters": (PUBLIC, "the parameters published exactly, and why (n_users, n_items, rating range)"),
+    "public_parameters": (PUBLIC, "the public parameters and where each comes from (n_users: released, declared or "
+                                  "exact; n_items; rating range)"),
     "bounds": (PUBLIC, "contribution bounds: options, their defaults from public parameters, released values"),
     "bounds.releases": (PUBLIC, "every noisy release: what, mechanism, sensitivity, noise scale, shape"),
 }
@@ -198,7 +204,7 @@ def provenance(model_json: dict, privacy_json: dict, arrays, attrs) -> dict:
 
     >>> provenance({"method": "als", "n_users": 3}, {"epsilon": 1.0, "bounds": {"tau": 5}}, ["item_ids"],
     ...            ["global_mean"])["model.json:n_users"]
-    'public'
+    'release'
     >>> provenance({"users_clipped_by_iteration": [3]}, {}, [], [])
     Traceback (most recent call last):
     ...
@@ -245,36 +251,38 @@ def check_release(model_json: dict, privacy_json: dict, arrays, attrs) -> dict:
     return prov
 
 
-def public_parameters(store) -> dict:
-    """The ledger's ``public_parameters``: what a model publishes exactly, and why.
+def public_parameters(store, users) -> dict:
+    """The ledger's ``public_parameters``: the run's number of users (a
+    :class:`~streamdp.privacy.users.UserCount`: released, declared or exact) and what a model publishes exactly.
 
     Of an implicit store (interaction counts) the count range is published only when
     declared (``--count-cap``): its observed maximum is an exact statistic of one user's
     interactions, so it is left out, and ``data`` says what the values are.
     """
+    users_note = ("the number of users is released with noise (its release is the ledger's first event) or "
+                  "declared with --users-bound, and the default delta and every default derived from a number of "
+                  "users read that value, never the exact count (exact only in a non-private run or where the "
+                  "method's relation keeps the users fixed); the item catalogue is public; ")
     if getattr(store, "implicit", False):
         declared = getattr(store, "rating_range_source", "unknown") == "declared"
         return {
-            "n_users": int(store.n_users),
+            "n_users": users.public_parameter(),
             "n_items": int(store.n_items),
             "data": {"implicit": True, "value": store.attrs.get("value", "count"),
                      "count_cap": store.attrs.get("count_cap")},
             **({"rating_range": {"min": float(store.rating_min), "max": float(store.rating_max),
                                  "source": "declared"}} if declared else {}),
-            "note": ("published exactly, not released with noise: the number of users is a declared public "
-                     "parameter; the item catalogue is public; an implicit store's values are counts, whose range "
-                     "is published only as the declared --count-cap (the observed maximum is an exact statistic and "
-                     "is not published)"),
+            "note": users_note + ("an implicit store's values are counts, whose range is published only as the "
+                                  "declared --count-cap (the observed maximum is an exact statistic and is not "
+                                  "published)"),
         }
     return {
-        "n_users": int(store.n_users),
+        "n_users": users.public_parameter(),
         "n_items": int(store.n_items),
         "rating_range": {"min": float(store.rating_min), "max": float(store.rating_max),
                          "source": getattr(store, "rating_range_source", "unknown")},
-        "note": ("published exactly, not released with noise: the number of users is a declared public parameter "
-                 "(as in Jain et al. 2018 and Chien et al. 2021: it sets the default delta and public defaults); "
-                 "the item catalogue is public; the rating range is the one declared at ingest, or, with source "
-                 "'observed', the data's own minimum and maximum (an exact statistic: declare the range at ingest)"),
+        "note": users_note + ("the rating range is the one declared at ingest, or, with source 'observed', the "
+                              "data's own minimum and maximum (an exact statistic: declare the range at ingest)"),
     }
 
 

@@ -33,6 +33,7 @@ from streamdp.privacy.accountant import check_calibratable
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import atomic_write_json
 from streamdp.privacy.params import default_delta
+from streamdp.privacy.users import release_user_count
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import dask_session
 
@@ -74,11 +75,12 @@ def _name(e: float) -> str:
     return "inf" if math.isinf(e) else f"{e:g}"
 
 
-def planned_spend(store, points, *, delta, rank, seed) -> dict:
+def planned_spend(store, points, *, delta, rank, seed, users=None) -> dict:
     """The store's spend if every point of the sweep is released: before, after, and the sweep alone."""
     ledgers = []
     for method, eps, r in points:
-        m = get_method(method)(epsilon=eps, delta=delta, rank=rank, seed=None if seed is None else seed + r)
+        m = get_method(method)(epsilon=eps, delta=delta, rank=rank, seed=None if seed is None else seed + r,
+                               users=users if users is not None and get_method(method).RELEASES_USER_COUNT else None)
         ledgers.append(m.planned_ledger(store).to_dict())
     b = StoreBudget(store.path)
     private = [d for d in ledgers if math.isfinite(float(d["epsilon"]))]
@@ -114,11 +116,16 @@ def _fmt(x) -> str:
 def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | None = None,
           delta: float | None = None, rank: int | None = None, workers=None, memory_limit=None, scheduler=None,
           state: str | None = None, over_budget: bool = False, dry_run: bool = False, force: bool = False,
-          echo=None) -> dict:
+          echo=None, users_bound: int | None = None) -> dict:
     """Train and evaluate every (method, epsilon) ``repeats`` times; write the results and the plot.
 
     ``scheduler`` and ``state`` as for ``train`` (docs/cluster.md): every run's passes and
     evaluation go there; ``"dask"``/``"processes"`` start one client for the whole sweep.
+
+    The number of users (the default delta, every run's defaults) is released once, at
+    the sweep's smallest finite epsilon, or declared with ``users_bound``
+    (:mod:`streamdp.privacy.users`); every model carries it and its ledger counts its
+    release (so the store's budget counts it once per model: more than was spent).
 
     Returns the ``results.json`` content (with ``dry_run: true`` and no rows for a dry run).
     """
@@ -137,9 +144,12 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     epsilons = parse_epsilons(epsilons) if isinstance(epsilons, str) else [float(e) for e in epsilons]
     if int(repeats) != repeats or repeats < 1:
         raise ParameterError(f"--repeats must be a positive integer, got {repeats}")
-    delta = default_delta(st.n_users) if delta is None else float(delta)
+    finite = [e for e in epsilons if math.isfinite(e)]
+    users = release_user_count(st.n_users, epsilon=min(finite) if finite else math.inf, seed=seed,
+                               users_bound=users_bound)
+    delta = default_delta(users.n) if delta is None else float(delta)
     points = [(m, e, r) for m in methods for e in epsilons for r in range(int(repeats) if math.isfinite(e) else 1)]
-    spend = planned_spend(st, points, delta=delta, rank=rank, seed=seed)
+    spend = planned_spend(st, points, delta=delta, rank=rank, seed=seed, users=users)
     say(format_spend(spend))
     result = {"store": st.path, "store_checksum": st.checksum, "methods": methods,
               "epsilons": [_name(e) for e in epsilons], "repeats": int(repeats), "delta": delta, "spend": spend}
@@ -162,7 +172,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
             model_dir = os.path.join(out, "models", f"{m}-eps{_name(e)}-r{r}")
             model = train(st, method=m, epsilon=e, delta=delta, out=model_dir, rank=rank,
                           seed=None if seed is None else seed + r, workers=workers, memory_limit=memory_limit,
-                          scheduler=client, state=state, over_budget=over_budget)
+                          scheduler=client, state=state, over_budget=over_budget, users=users)
             s = model.summary
             baselines = baselines or s.get("baselines")
             rk = s.get("ranking") or {}

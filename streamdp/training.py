@@ -22,6 +22,7 @@ from streamdp.errors import Interrupted, ParameterError
 from streamdp.evaluate import evaluate_model
 from streamdp.manifest import public_parameters
 from streamdp.methods import Method, get_method
+from streamdp.methods.base import user_count_for
 from streamdp.methods.lowrank import WEAKER_NOTE, LowRank
 from streamdp.model import check_model_destination
 from streamdp.model_dir import model_budget_entry
@@ -40,7 +41,8 @@ from streamdp.stream.engine import Engine, dask_session
 def train(store, *, method: str, out: str, epsilon: float, delta: float | None = None, rank: int | None = None,
           seed: int | None = None,
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
-          force: bool = False, evaluate_test: bool = True, state: str | None = None, **options) -> dict:
+          force: bool = False, evaluate_test: bool = True, state: str | None = None, users_bound: int | None = None,
+          users=None, **options) -> dict:
     """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
 
     The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
@@ -56,15 +58,20 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     Ctrl-C raises :class:`~streamdp.errors.Interrupted` saying what was released:
     nothing (the reservation is marked failed), or the model and its budget entry
     (complete; the evaluation is skipped). ``delta=None`` is :func:`default_delta` of the
-    store's number of users.
+    run's number of users: ``users_bound`` when given (``--users-bound``, a public number the
+    data owner declares), else the count released with noise (:mod:`streamdp.privacy.users`),
+    never the exact count. ``users``: a count released already (``sweep`` shares one).
     """
     t0 = time.perf_counter()
     check_calibratable(epsilon)  # one message for every method, before the store is opened
     store = store if isinstance(store, RatingStore) else open_store(store)
+    cls = get_method(method) if isinstance(method, str) else method
+    if users is None or not cls.RELEASES_USER_COUNT:
+        users = user_count_for(cls, store, epsilon=epsilon, seed=seed, users_bound=users_bound)
     if delta is None:
-        delta = default_delta(store.n_users)
-    st, m = prepare(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
-                    force=force, **options)
+        delta = default_delta(users.n)
+    st, m = prepare(store, method=cls, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
+                    force=force, users=users, **options)
     with dask_session(scheduler, workers) as scheduler:
         m.check_scheduler(scheduler)  # before anything is reserved
         fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler,
@@ -81,20 +88,25 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
 
 
 def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delta: float, rank: int | None = None,
-            seed: int | None = None, force: bool = False, **options):
+            seed: int | None = None, force: bool = False, users=None, users_bound: int | None = None, **options):
     """Check everything that can be checked before a run and build the method: ``(store, method instance)``.
 
     ``method`` is a registered name or a :class:`Method` subclass. Checked: the
     destination (``force`` replaces only a model), the store's chunks (a damaged store
-    fails before any budget is reserved), the privacy parameters and the rank.
+    fails before any budget is reserved), the privacy parameters (``delta`` below one
+    over the run's number of users: ``users``, or released here, or ``users_bound``) and the rank.
     """
     check_model_destination(str(out), force)
     st = store if isinstance(store, RatingStore) else open_store(store)
     st.check_chunks()  # a damaged store fails here, before any privacy budget is reserved
-    check_privacy_params(epsilon, delta, n_users=st.n_users)
     cls = get_method(method) if isinstance(method, str) else method
     cls.check_store(st)
-    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
+    check_privacy_params(epsilon, delta)
+    if users is None:
+        users = user_count_for(cls, st, epsilon=epsilon, seed=seed, users_bound=users_bound)
+    check_privacy_params(epsilon, delta, n_users=users.n)
+    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, users=users,
+            **{k: v for k, v in options.items() if v is not None})
     if m.RANK_IS_FACTORS and m.rank > st.n_items:  # fw's rank counts iterations: its basis may repeat directions
         raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
     return st, m
@@ -140,7 +152,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         fitted.model_info["store_fingerprint"] = fp
         fitted.model_info["budget_entry"] = entry
         fitted.ledger.store_fingerprint = fp
-        fitted.ledger.public_parameters = public_parameters(st)
+        fitted.ledger.public_parameters = public_parameters(st, m.user_count(st))
         if fitted.ledger.guarantee == GUARANTEE_NONE:
             fitted.model_info["delta"] = None  # a non-private model has no (epsilon, delta) guarantee
         budget.writing(entry)
@@ -225,7 +237,8 @@ def lowrank(store, *, rank: int, epsilon: float, delta: float, out: str, seed: i
     written atomically, after the release is reserved in the store's budget
     (:func:`release`, as ``train`` does). Options: those of
     :class:`~streamdp.methods.lowrank.LowRank` (``mechanism``, ``oversampling``, ``clip``, ``sketch_share``,
-    ``prune``, ``power_iters``). ``scheduler`` and ``state`` as for ``train``.
+    ``prune``, ``power_iters``). ``scheduler`` and ``state`` as for ``train``. The number of users is public
+    under this method's relation (users fixed, :data:`~streamdp.methods.lowrank.RELATION_COVERS`): exact.
     """
     st, m = prepare(store, method=LowRank, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, force=force,
                     **options)
@@ -235,7 +248,7 @@ def lowrank(store, *, rank: int, epsilon: float, delta: float, out: str, seed: i
     acc = led.accounting
     summary = {
         "method": "lowrank", "mechanism": info["mechanism"], "rank": info["rank"],
-        "columns": info["parameters"]["columns"], "n_users": st.n_users, "n_items": st.n_items,
+        "columns": info["parameters"]["columns"], "n_users": m.n_users(st), "n_items": st.n_items,
         "epsilon": epsilon if math.isfinite(epsilon) else "inf", "delta": delta,
         "epsilon_spent": acc.epsilon if acc is not None else "inf",
         "guarantee": led.guarantee, "neighbouring_relation": led.relation,

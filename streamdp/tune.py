@@ -148,7 +148,7 @@ from streamdp.methods import METHODS, get_method, load_builtin
 from streamdp.methods._profile import user_profile
 from streamdp.methods._selection import MARGIN, MIX, choose, holdout, loss_sensitivity, mix
 from streamdp.methods.als import PROFILE_STREAM, RNG_KEY, SELECT_USEFUL, default_settings
-from streamdp.methods.base import Method, Plan
+from streamdp.methods.base import Method, Plan, user_count_for
 from streamdp.methods.options import MethodOptions
 from streamdp.model import check_model_destination
 from streamdp.privacy import calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of, gaussian_event
@@ -194,9 +194,10 @@ def default_grid(method: str, store, epsilon: float) -> dict[str, list]:
     return {"rank": [4, 8]}
 
 
-def _public_iters(store, epsilon: float, rank: int = 8) -> int:
-    """``als``' default number of iterations from public quantities only (no released profile)."""
-    return default_settings(store.n_users, store.n_items, epsilon, rank).iters
+def _public_iters(n_users: int, store, epsilon: float, rank: int = 8) -> int:
+    """``als``' default number of iterations from public quantities only (the run's released or declared number of
+    users, no released profile)."""
+    return default_settings(n_users, store.n_items, epsilon, rank).iters
 
 
 def parse_grid(specs, cls: type[Method]) -> dict[str, list]:
@@ -255,7 +256,7 @@ def _configs(grid: dict[str, list], cls: type[Method]) -> list[dict]:
     return out
 
 
-def _default_config(cls: type[Method], store, epsilon: float, delta: float, keys) -> dict:
+def _default_config(cls: type[Method], store, epsilon: float, delta: float, keys, n_users: int) -> dict:
     """What ``train`` would use for each grid key (``iters`` from public quantities only)."""
     m = cls(epsilon=epsilon, delta=delta)
     d = {}
@@ -263,7 +264,7 @@ def _default_config(cls: type[Method], store, epsilon: float, delta: float, keys
         if k == "rank":
             d[k] = m.rank
         elif k == "iters" and getattr(cls, "FIXED_ITERS", None) is None:
-            d[k] = _public_iters(store, epsilon, m.rank)
+            d[k] = _public_iters(n_users, store, epsilon, m.rank)
         else:
             o = next(o for o in cls.OPTIONS if o.name == k)
             d[k] = o.default
@@ -332,15 +333,15 @@ def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
 class _Sampled(_HeldOut):
     """The candidates' view: the held-out view of the Poisson-sampled users only (the others have no ratings).
 
-    ``expected_users`` (``q n_users``, public) is what a method divides by where it averages over users
-    (:meth:`streamdp.methods.als._AlsBase._solve_items`' shared Gramian): not the sample's size, which
-    would depend on whether a given user was sampled.
+    ``expected_users`` (``q n_users``, ``n_users`` the run's released or declared count) is what a method divides
+    by where it averages over users (:meth:`streamdp.methods.als._AlsBase._solve_items`' shared Gramian): not the
+    sample's size, which would depend on whether a given user was sampled.
     """
 
-    def __init__(self, store: RatingStore, key: int, q: float):  # noqa: D107 - a view of an opened store
+    def __init__(self, store: RatingStore, key: int, q: float, n_users: int):  # noqa: D107 - a view of a store
         super().__init__(store, key)
         self._sample_q = float(q)
-        self.expected_users = max(float(q) * store.n_users, 1.0)
+        self.expected_users = max(float(q) * n_users, 1.0)
 
     def read_block(self, b: int, split: str = "train") -> Block:
         blk = super().read_block(b, split)
@@ -405,6 +406,12 @@ class _Tuned(Method):
     def state_bytes(self, store) -> int:
         return self.final.state_bytes(store)
 
+    def user_count(self, store):
+        return self.final.user_count(store)
+
+    def spent_first(self, store) -> list:
+        return []  # the count is in the prefix (or in the final's own plan when nothing was tuned)
+
     def fit(self, store, engine):
         fitted = self.final.fit(store, engine)
         if self.tuning.get("user_profile") is not None:
@@ -451,14 +458,16 @@ def _losses(st, models, key: int, workers, memory_limit) -> np.ndarray:
 
 def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
-         force: bool = False, evaluate_test: bool = True) -> dict:
+         force: bool = False, evaluate_test: bool = True, users_bound: int | None = None) -> dict:
     """Choose ``method``'s configuration on ``grid`` privately, train it, write it to ``out``: the summary dict.
 
     ``grid`` maps option names (and ``rank``) to lists of values, or is a list of
     ``KEY=V1,V2`` strings (:func:`parse_grid`); ``None`` is :func:`default_grid`. The
     summary is ``train``'s (``epsilon_spent`` is the whole run's) plus ``tuning``:
     the candidates with their noisy losses, the default and chosen configurations,
-    the split of the budget and whether the choice was skipped (and why).
+    the split of the budget and whether the choice was skipped (and why). The number of users (the default
+    delta, the public rules below) is released once for the whole run (the ledger's first event, composed with the
+    rest) or declared with ``users_bound``, as for ``train`` (:mod:`streamdp.privacy.users`).
     """
     t0 = time.perf_counter()
     if not get_method(method).TUNABLE:  # an unknown name: the registry's message
@@ -473,9 +482,15 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     st = store if isinstance(store, RatingStore) else open_store(store)
     cls.check_store(st)
     st.check_chunks()
-    delta = default_delta(st.n_users) if delta is None else float(delta)
-    check_privacy_params(epsilon, delta, n_users=st.n_users)
     epsilon = float(epsilon)
+    users = user_count_for(cls, st, epsilon=epsilon, seed=seed, users_bound=users_bound)
+    n_users = users.n
+    delta = default_delta(n_users) if delta is None else float(delta)
+    check_privacy_params(epsilon, delta, n_users=n_users)
+    # the count, released once: the first event of every path's ledger; every method below reads it (elsewhere())
+    count_events = [r.event() for r in users.spent()]
+    count_entries = [{**r.entry(), "release": "tune: " + r.entry()["release"]} for r in users.spent()]
+    shared = users.elsewhere()
     if grid is None:
         grid = default_grid(method, st, epsilon)
     elif not isinstance(grid, dict):
@@ -504,7 +519,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
                                   f"the store's spend from epsilon={pv['before']['epsilon']:.4g} to "
                                   f"{pv['after']['epsilon']:.4g}, past its budget epsilon="
                                   f"{pv['budget']['epsilon']:.4g}; pass --over-budget to release it anyway")
-    dflt = _default_config(cls, st, epsilon, delta, grid)
+    dflt = _default_config(cls, st, epsilon, delta, grid, n_users)
     default = configs.index(dflt) if dflt in configs else None
     m_c = len(configs)
     h = (float(st.rating_max) - float(st.rating_min)) / 2.0
@@ -519,12 +534,12 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     skip = None
     if m_c == 1:
         skip = "the grid has one configuration: nothing to choose"
-    elif MARGIN * std > SELECT_USEFUL * h * h * st.n_users:
+    elif MARGIN * std > SELECT_USEFUL * h * h * n_users:
         skip = (f"the losses' noise (std {std:.4g}) would swamp any difference the choice could see on "
-                f"{st.n_users:,} users (it needs {MARGIN:g} stds below {SELECT_USEFUL:g} h^2 per user)")
+                f"{n_users:,} users (it needs {MARGIN:g} stds below {SELECT_USEFUL:g} h^2 per user)")
     if skip is not None:
         chosen = default if default is not None else 0
-        final = cls(epsilon=epsilon, delta=delta, seed=seed, **configs[chosen])
+        final = cls(epsilon=epsilon, delta=delta, seed=seed, users=users, **configs[chosen])  # spends the count
         tuning.update(skipped=skip, chosen=configs[chosen], split=None,
                       rule="none: the whole epsilon went to the released model")
         wrapper = _Tuned(final, [], [], [f"tune: no choice was made ({skip}); configuration "
@@ -544,7 +559,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
 
         def with_iters(c):
             rank = c.get("rank", base_rank)
-            it = default_settings(st.n_users, st.n_items, e_nominal, rank,
+            it = default_settings(n_users, st.n_items, e_nominal, rank,
                                   n_eff=profile.effective_users(rank)).iters
             c = {**c, "iters": it}
             if it == 0:
@@ -567,10 +582,10 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         sel = _selection_release(h, m_c, sel.noise_multiplier)
         std = sel.scale
     if m_c == 1:  # the histogram left one configuration: nothing to choose, the rest of the budget is the model's
-        final = _calibrated(cls, configs[0], pre_events, epsilon, delta, seed, st)
+        final = _calibrated(cls, configs[0], count_events + pre_events, epsilon, delta, seed, st, shared)
         tuning.update(skipped="one configuration once the iterations were set", chosen=configs[0], split=None,
                       rule="none", final_epsilon=final.epsilon)
-        wrapper = _Tuned(final, pre_events, pre_entries, [f"tune: one configuration ({config_name(configs[0])}) "
+        wrapper = _Tuned(final, count_events + pre_events, count_entries + pre_entries, [f"tune: one configuration ({config_name(configs[0])}) "
                                                           f"once the iterations were set; nothing was chosen"],
                          tuning, epsilon)
         return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed,
@@ -580,18 +595,18 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     # -- the candidates: planned at their nominal share, run on a Poisson sample of the held-out view ----------
     key = (_child_seed(seed, _SELECT_RNG, 1) if seed is not None
            else int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1)))
-    view = _Sampled(st, key, SAMPLE_RATE)
+    view = _Sampled(st, key, SAMPLE_RATE, n_users)
     e_c = epsilon * math.sqrt(CANDIDATE_NOMINAL_SHARE / m_c)
-    cands = [cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off", **c)
-             for i, c in enumerate(configs)]
+    cands = [cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off", users=shared,
+                 **c) for i, c in enumerate(configs)]
     plans = [m.plan(view) for m in cands]
     z_cands = [gaussian_equivalent(compose(list(p.events))) for p in plans]
     # every candidate accounted at the smallest of their equivalent multipliers (they differ by the calibration's
     # tolerance only): the m events are then one subsampled PLD self-composed, m times cheaper to calibrate against
     z_c = min(z_cands)
     sampled = PoissonSampledDpEvent(SAMPLE_RATE, GaussianDpEvent(z_c))
-    prefix_events = list(pre_events) + [sampled] * m_c
-    prefix_entries = list(pre_entries)
+    prefix_events = count_events + list(pre_events) + [sampled] * m_c
+    prefix_entries = count_entries + list(pre_entries)
     for i, (c, p) in enumerate(zip(configs, plans)):
         prefix_entries.append({
             "release": (f"tune candidate {i + 1} ({config_name(c)}): its {len(p.entries)} releases, trained on a "
@@ -606,9 +621,10 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     # the released model's envelope: the one Gaussian every final configuration is calibrated under
     rest = list(pre_events) + [sel.event()]  # Gaussian: with the candidates unsampled, the total is a Gaussian
     room = 1.0 / z_e ** 2 - m_c / z_c ** 2 - gaussian_equivalent(compose(rest)) ** -2
-    bracket = dict(lower=z_e, upper=1.01 / math.sqrt(room)) if room > 0 else {}
-    z_f = calibrate(lambda z: compose(rest + [SelfComposedDpEvent(sampled, m_c), gaussian_event(z)]), epsilon,
-                    delta, **bracket)
+    # (a bracket from the Gaussian parts alone: the count's Laplace, when there is one, takes a little more)
+    bracket = dict(lower=z_e, upper=1.01 / math.sqrt(room)) if room > 0 and not count_events else {}
+    z_f = calibrate(lambda z: compose(count_events + rest + [SelfComposedDpEvent(sampled, m_c), gaussian_event(z)]),
+                    epsilon, delta, **bracket)
     for _ in range(100):  # the ledger lists the candidates one by one: its composition is the one that counts
         if epsilon_of(compose(prefix_events + [gaussian_event(z_f)]), delta).epsilon <= epsilon:
             break
@@ -635,7 +651,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         allowed = np.array([default is None or not _leaner(c, configs[default]) for c in configs])
         chosen = (choose(np.where(allowed, noisy, np.inf), default, std) if default is not None
                   else int(np.argmin(noisy)))
-        final = _calibrated(cls, configs[chosen], prefix_events, epsilon, delta, seed, st, z_f=z_f)
+        final = _calibrated(cls, configs[chosen], prefix_events, epsilon, delta, seed, st, shared, z_f=z_f)
     except BaseException as exc:
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc.__class__.__name__}: {exc}"
         budget.fail(entry, f"{why} while the candidates were trained (nothing left the process)")
@@ -648,7 +664,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         c["noise_multiplier"] = z_cands[i]
         c["accounted_noise_multiplier"] = z_c
         c["noisy_loss"] = float(noisy[i])
-        c["noisy_mean_loss"] = float(noisy[i]) / max(st.n_users, 1)
+        c["noisy_mean_loss"] = float(noisy[i]) / max(n_users, 1)
     tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=e_c,
                   sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=z_f,
                   rule=(f"default unless another, not leaner (rank, iters), is lower by {MARGIN:g} noise stds"
@@ -674,6 +690,9 @@ class _Envelope(Method):
         self.epsilon, self.delta, self.seed, self.rank, self.opts = epsilon, delta, seed, 0, MethodOptions()
         self.z_f = float(z_f)
 
+    def spent_first(self, store) -> list:
+        return []
+
     def _plan(self, store) -> Plan:
         return Plan(events=[gaussian_event(self.z_f)], entries=[{
             "release": "the chosen configuration's releases, reserved as the one Gaussian that dominates them",
@@ -687,7 +706,7 @@ def _selection_release(h: float, m: int, noise_multiplier: float):
                    "gaussian", loss_sensitivity(h, m, "l2"), noise_multiplier, shape=(m,))
 
 
-def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, z_f: float | None = None):
+def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, users, z_f: float | None = None):
     """``cls`` with ``config`` at the largest epsilon that, composed with ``prefix_events``, stays within ``epsilon``
     and whose releases compose to a Gaussian of multiplier at least ``z_f`` (the reserved envelope)."""
     e = epsilon
@@ -696,7 +715,7 @@ def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, z_f: float
             z_f = calibrate(lambda z: compose(prefix_events + [gaussian_event(z)]), epsilon, delta)
         e = epsilon_of(gaussian_event(z_f), delta).epsilon
     for _ in range(50):
-        f = cls(epsilon=e, delta=delta, seed=seed, **config)  # train's seed: the candidates' are children of it
+        f = cls(epsilon=e, delta=delta, seed=seed, users=users, **config)  # train's seed: candidates' are children
         ev = list(f.plan(st).events)
         if (epsilon_of(compose(list(prefix_events) + ev), delta).epsilon <= epsilon
                 and (z_f is None or gaussian_equivalent(compose(ev)) >= z_f)):

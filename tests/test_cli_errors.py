@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -63,3 +64,23 @@ def test_scheduler_with_a_relative_store_path(store, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert os.path.isfile(tmp_path / "m" / "model.json")
     assert not (elsewhere / "s.zarr").exists()
+
+
+def test_a_users_bound_below_the_stores_users_is_one_line(store, tmp_path):
+    """``--users-bound`` declares a public number of users: a store with more is refused before anything is reserved;
+    one at or above it trains and writes the bound, not the exact count (streamdp.privacy.users)."""
+    out = tmp_path / "m"
+    for cmd in (["train", str(store)], ["tune", str(store), "--method", "means"]):
+        r = CliRunner().invoke(main, [*cmd, "--epsilon", "1", "--out", str(out), "--users-bound", "1000"])
+        assert r.exit_code == 2, r.output
+        (line,) = r.output.splitlines()
+        assert line.startswith("streamdp: error: --users-bound 1000: the store has more users than the declared bound")
+        assert not out.exists()
+    assert StoreBudget(store).show()["entries"] == []
+    r = CliRunner().invoke(main, ["train", str(store), "--epsilon", "1", "--out", str(out), "--users-bound", "1500",
+                                  "--method", "means", "--json"])
+    assert r.exit_code == 0, r.output
+    info = json.loads((out / "model.json").read_text())
+    led = json.loads((out / "privacy.json").read_text())
+    assert info["n_users"] == 1500 and led["public_parameters"]["n_users"]["source"] == "declared"
+    assert not any(e["release"].startswith("number of users") for e in led["bounds"]["releases"])

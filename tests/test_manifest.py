@@ -68,10 +68,18 @@ def _keys(d):
             yield from _keys(v)
 
 
-def _assert_released_by_manifest(path, store, private: bool):
+def _assert_released_by_manifest(path, store, private: bool, count_released: bool | None = None):
     info, led, arrays, attrs = _fields(path)
     prov = manifest.check_release(info, led, arrays, attrs)  # raises on any undeclared field
-    assert prov["model.json:n_users"] == "public" and led["public_parameters"]["n_users"] == store.n_users
+    users = led["public_parameters"]["n_users"]
+    assert prov["model.json:n_users"] == "release" and users["value"] == info["n_users"]
+    if count_released is None:
+        count_released = private
+    # a private run's count is the noisy release listed first in the ledger, never the exact one written as is
+    assert users["source"] == ("released" if count_released else "exact"), users
+    if count_released:
+        assert led["bounds"]["releases"][0]["release"].startswith("number of users")
+        assert led["bounds"]["releases"][0]["mechanism"] == "laplace"
     assert not (EXACT & set(_keys(info))) and not (EXACT & set(_keys(led))), EXACT & {*_keys(info), *_keys(led)}
     if private:
         assert not any(p == manifest.NONPRIVATE for p in prov.values())
@@ -90,10 +98,13 @@ def test_every_field_of_every_method_is_declared(store, tmp_path, name):
     opts = dict(RUNS[name])
     out = str(tmp_path / name)
     summary = train(store, out=out, delta=1e-5, seed=None, workers=1, **opts)
-    info = _assert_released_by_manifest(out, store, private=math.isfinite(opts["epsilon"]))
+    private = math.isfinite(opts["epsilon"])
+    info = _assert_released_by_manifest(out, store, private=private,
+                                        count_released=private and name != "public-private")
     for key in summary:
         assert key in manifest.SUMMARY, f"summary field {key} is not declared"
     assert "seconds" not in info and "train_seconds" in summary
+    assert "blocks_in_flight" not in info["engine"]  # sized from the largest block's rating count under a tight limit
     m = load_model(out)  # string ids end to end: saved, loaded, evaluated, recommended
     assert m.item_ids.dtype.kind in "UTO" and np.isfinite(summary["test_rmse"])
     assert len(m.recommend({str(m.item_ids[0]): 4.0}, n=3)) == 3
@@ -110,7 +121,7 @@ def test_exact_statistics_go_to_the_owner_not_the_model(store, tmp_path):
 def test_lowrank_fields_are_declared(store, tmp_path):
     out = str(tmp_path / "lr")
     run_lowrank(store, rank=3, epsilon=1.0, delta=1e-5, out=out, workers=1)
-    _assert_released_by_manifest(out, store, private=True)
+    _assert_released_by_manifest(out, store, private=True, count_released=False)  # its relation fixes the users
 
 
 def test_save_refuses_an_undeclared_field_and_exact_statistics_in_a_private_model(tmp_path):
@@ -132,3 +143,124 @@ def test_save_refuses_an_undeclared_field_and_exact_statistics_in_a_private_mode
 def test_the_docs_table_is_the_manifest():
     page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "privacy.md")).read()
     assert manifest.table_markdown() in page, "regenerate the table in docs/privacy.md: python -m streamdp.manifest"
+
+
+# -- what a model's public fields may depend on (issue 28, findings 0 and 1) -------------------------------------------
+#: Fields that are results computed from released values (or from the public users' public data) with the run's noise:
+#: with the same seed on other data they may differ. Everything else the manifest calls public or post must not.
+RESULTS = ("model.json:n_users", "model.json:user_profile", "model.json:iterations_run",
+           "model.json:factors_released", "model.json:n_items_with_factors", "model.json:selection",
+           "model.json:tuning.candidates", "model.json:tuning.chosen", "model.json:public", "model.json:private",
+           "model.json:lambda_prime", "model.json:reg_chosen", "model.json:by_step",
+           "privacy.json:public_parameters.n_users.value", "privacy.json:bounds.public_ratings")
+#: Per run: results of released values that only that run has. lowrank's projection noise is set from the released
+#: sketch (its largest row norm mu); public-private's ridge is chosen on the public users' ratings (public data).
+RUN_RESULTS = {"lowrank": ("privacy.json:bounds.projection_mu", "privacy.json:bounds.releases"),
+               "public-private": ("model.json:ridge",)}
+#: Fields that are random per run whatever the seed (ids) or name the output directory.
+RANDOM = ("model.json:run_id", "model.json:budget_entry", "model.json:store_fingerprint", "model.json:run_directory",
+          "privacy.json:store_fingerprint", "privacy.json:bounds.run_id")
+
+
+def _flat(d, prefix):
+    out = {}
+    for k, v in d.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, path + "."))
+        else:
+            out[path] = v
+    return out
+
+
+def _public_fields(path, results=()) -> dict:
+    """Every leaf of ``model.json`` and ``privacy.json`` whose provenance is not ``release``, minus results and ids."""
+    info, led, arrays, attrs = _fields(path)
+    prov = manifest.check_release(info, led, arrays, attrs)
+    leaves = {**_flat(info, "model.json:"), **_flat(led, "privacy.json:")}
+    if "privacy.json:bounds.releases" in results:  # only the entries set from a released value may differ
+        leaves["privacy.json:bounds.releases"] = [
+            {k: v for k, v in e.items() if k not in ("sensitivity", "scale")} if "realized" in
+            e.get("sensitivity_rule", "") else e for e in leaves["privacy.json:bounds.releases"]]
+        results = tuple(r for r in results if r != "privacy.json:bounds.releases")
+    return {k: v for k, v in leaves.items()
+            if prov.get(k) != manifest.RELEASE and not k.startswith(RESULTS + RANDOM + tuple(results))}
+
+
+def _differing(a: str, b: str, results=()) -> list:
+    fa, fb = _public_fields(a, results), _public_fields(b, results)
+    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, "<absent>") != fb.get(k, "<absent>"))
+
+
+def _twin_stores(root, *, users=(600, 600), ratings=(20, 22), seeds=(5, 5)):
+    """Stores of the same items whose users all rate exactly ``ratings[i]`` items (one bin of the released profile,
+    so the released histograms agree under the same seed)."""
+    from streamdp.storage.generate import generate_store
+
+    return [generate_store(str(root / f"t{i}.zarr"), n_users=u, n_items=200, ratings_per_user=r, rank=3, seed=s,
+                           user_exponent=1e9, block_users=300)
+            for i, (u, r, s) in enumerate(zip(users, ratings, seeds))]
+
+
+#: Every method with the options of RUNS (fast), and what is trained on each twin store.
+TWIN_RUNS = {k: v for k, v in RUNS.items() if k not in ("als-inf", "sgd")}
+
+
+@pytest.fixture(scope="module")
+def rating_twins(tmp_path_factory):
+    """Same users (600) and items (200), other ratings and rating counts (20 and 22 a user)."""
+    return _twin_stores(tmp_path_factory.mktemp("twins"), seeds=(5, 6))
+
+
+@pytest.mark.parametrize("name", [*TWIN_RUNS, "lowrank", "tune"])
+def test_public_fields_do_not_depend_on_the_ratings(rating_twins, tmp_path, name):
+    """Finding 1: sgld published step_users = ceil(16 n_items n_users / n_ratings), the exact rating count to 0.5%.
+
+    On two stores of the same users and items with other ratings and rating counts, the same options and seed,
+    every field the manifest calls public or post-processing is equal, but the released values and the results
+    computed from them (:data:`RESULTS`)."""
+    outs = []
+    for i, st in enumerate(rating_twins):
+        out = str(tmp_path / f"{name}{i}")
+        if name == "lowrank":
+            run_lowrank(st, rank=3, epsilon=1.0, delta=1e-5, out=out, seed=7, workers=1, memory_limit="1GB")
+        elif name == "tune":
+            from streamdp.tune import tune
+
+            tune(st, epsilon=2.0, method="means", out=out, seed=7, workers=1, evaluate_test=False, memory_limit="1GB")
+        else:
+            train(st, out=out, delta=1e-5, seed=7, workers=1, evaluate_test=False, memory_limit="1GB",
+                  **TWIN_RUNS[name])
+        outs.append(out)
+    assert _differing(*outs, RUN_RESULTS.get(name, ())) == []
+
+
+@pytest.mark.parametrize("name", ["als", "means", "oja", "fw", "svd", "sgld"])
+def test_one_user_more_changes_no_public_field_under_a_declared_bound(tmp_path, name):
+    """Finding 0: every model published the exact number of users (2000 against 2001) and settings derived from it.
+
+    Two stores that differ by one user (the last), trained with the same seed: with ``users_bound`` declared, every
+    public and post-processing field is identical (n_users is the bound); without it, n_users is the noisy release
+    the ledger lists first, Laplace at 1% of epsilon."""
+    a, b = _twin_stores(tmp_path, users=(600, 601), ratings=(20, 20))
+    opts = dict(TWIN_RUNS[name])
+    outs = []
+    for i, st in enumerate((a, b)):
+        out = str(tmp_path / f"m{i}")
+        train(st, out=out, delta=1e-5, seed=7, workers=1, evaluate_test=False, users_bound=1000,
+              memory_limit="1GB", **opts)
+        outs.append(out)
+    assert _differing(*outs) == []
+    info, led, _, _ = _fields(outs[0])
+    assert info["n_users"] == 1000 and led["public_parameters"]["n_users"]["source"] == "declared"
+    assert not any(r["release"].startswith("number of users") for r in led["bounds"]["releases"])
+
+    out = str(tmp_path / "noisy")
+    train(b, out=out, seed=7, workers=1, evaluate_test=False, **opts)
+    info, led, _, _ = _fields(out)
+    first = led["bounds"]["releases"][0]
+    eps = opts["epsilon"]
+    assert first["release"].startswith("number of users") and first["mechanism"] == "laplace"
+    assert first["sensitivity"] == 1.0 and math.isclose(first["scale"], 1.0 / (0.01 * eps))
+    assert info["n_users"] == led["public_parameters"]["n_users"]["value"] != 601
+    assert led["delta"] == info["delta"] == 1e-6  # the default, from the released count

@@ -140,25 +140,26 @@ class CenterSettings(RunSettings):
     mean_share: float
 
 
-def center_settings(opts: CenterOptions, store, epsilon: float, rank: int = 1) -> dict:
+def center_settings(opts: CenterOptions, store, epsilon: float, rank: int = 1, *, n_users: int | None = None) -> dict:
     """The :class:`CenterSettings` fields of a run on ``store`` (keywords for a method's settings class).
 
     ``--center private`` (default) spends the shares of :func:`default_shares`
-    (public parameters only: ``n_users``, ``n_items``, epsilon and ``rank``; ``fw`` and
+    (public parameters only: ``n_users``, the run's released or declared count
+    (:mod:`streamdp.privacy.users`), ``n_items``, epsilon and ``rank``; ``fw`` and
     ``svd`` take rank 1, each of their releases being one direction) on a private
     global mean and item biases, released before anything else; ``midpoint`` centres on
     the public midpoint (no release, the paper's unnormalised ``[-1, 1]`` data).
 
     >>> from types import SimpleNamespace as NS
     >>> opts = CenterOptions.build({})
-    >>> [center_settings(opts, NS(n_users=m, n_items=400, rating_min=1, rating_max=5), 1.0)["stats_share"]
+    >>> [center_settings(opts, NS(n_items=400, rating_min=1, rating_max=5), 1.0, n_users=m)["stats_share"]
     ...  for m in (500_000, 943)]
     [0.1, 0.5133]
     >>> center_settings(CenterOptions.build({"center": "midpoint"}), NS(rating_min=1, rating_max=5), 1.0)
     {'rating_min': 1.0, 'rating_max': 5.0, 'mid': 3.0, 'center': 'midpoint', 'stats_share': 0.0, 'mean_share': 0.0}
     """
     lo, hi = float(store.rating_min), float(store.rating_max)
-    f, g = default_shares(store.n_users, store.n_items, rank, epsilon) if opts.center == "private" else (0.0, 0.0)
+    f, g = default_shares(n_users, store.n_items, rank, epsilon) if opts.center == "private" else (0.0, 0.0)
     return dict(rating_min=lo, rating_max=hi, mid=(lo + hi) / 2.0, center=opts.center, stats_share=f, mean_share=g)
 
 

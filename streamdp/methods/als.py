@@ -419,7 +419,7 @@ class _AlsBase(Method):
         :mod:`~streamdp.methods._profile`) replaces ``n_users`` in the defaults' signal-to-noise proxy."""
         o, f = self.opts, self._factor_options()
         n_eff = None if profile is None else profile.effective_users(self.rank)
-        d = default_settings(store.n_users, store.n_items, self.epsilon, self.rank, o.mechanism, n_eff=n_eff)
+        d = default_settings(self.n_users(store), store.n_items, self.epsilon, self.rank, o.mechanism, n_eff=n_eff)
         lo, hi = float(store.rating_min), float(store.rating_max)
         h = (hi - lo) / 2.0
         private = self.private
@@ -564,11 +564,13 @@ class _AlsBase(Method):
                         "iterations": s.iters}]
             return Plan(events=[], entries=entries, settings=s, bounds=bounds, releases={})
         fixed = [profile.release] if profile is not None else []
-        releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=fixed)
-        if s.select and not _selection_can_pay(releases[-1], s, store.n_users):
+        releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
+                                      fixed=self.spent_first(store) + fixed)
+        if s.select and not _selection_can_pay(releases[-1], s, self.n_users(store)):
             # the choice's noise would swamp any difference it could see: spend nothing on it
             s = self._with_choice(s.replace(select=False))
-            releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=fixed)
+            releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
+                                      fixed=self.spent_first(store) + fixed)
         names = ["mean"] if s.center == "private" else []
         names += ["sums", "counts"]
         if s.iters > 0:
@@ -581,7 +583,7 @@ class _AlsBase(Method):
                        "clip_Delta": s.clip, "residual_clip_R": s.residual_clip,
                        "bias_clip_c": s.bias_clip, "mechanism": s.mechanism,
                        "sensitivity_norm": s.norm})
-        pe = pure_epsilon(releases)
+        pe = pure_epsilon(self.spent_first(store) + releases)  # the count (Laplace) is pure too
         if math.isfinite(pe):
             bounds["pure_epsilon"] = pe
         return Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases],
@@ -696,7 +698,7 @@ class _AlsBase(Method):
                 else:
                     A = rel["gram"].add(A, g)
             # a view of a Poisson sample of the users (tune's candidates) averages over its expected size
-            theta = self._solve_items(s, B, A, G, Cw, keep, rel, getattr(store, "expected_users", store.n_users))
+            theta = self._solve_items(s, B, A, G, Cw, keep, rel, getattr(store, "expected_users", self.n_users(store)))
             if s.fit_bias:
                 V, bias = theta[:, :k], np.where(keep, theta[:, k], bias)
             else:
@@ -844,9 +846,10 @@ class _AlsBase(Method):
         """
         s, rel = plan.settings, plan.releases
         T, gate = s.iters, s.gate_after
-        spent = [s.profile.release if name == "profile" else
-                 replace(rel[name], count=gate) if name in ("gram", "rhs") else rel[name]
-                 for name in s.release_order]
+        first = self.users.spent() if self.private and self.users is not None else []  # the count, planned first
+        spent = first + [s.profile.release if name == "profile" else
+                         replace(rel[name], count=gate) if name in ("gram", "rhs") else rel[name]
+                         for name in s.release_order]
         m2 = (T - gate) * sum(1.0 / rel[name].noise_multiplier ** 2 for name in ("gram", "rhs"))
         cs = s.count_share
         factor = 1.0
@@ -1048,7 +1051,7 @@ class _AlsBase(Method):
         params["select"] = "auto" if s.select else "off"
         info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,
-                "n_users": store.n_users, "n_items": store.n_items, "n_items_with_factors": int(keep.sum()),
+                "n_users": self.n_users(store), "n_items": store.n_items, "n_items_with_factors": int(keep.sum()),
                 "parameters": params,
                 "resumed_from_iteration": run.start - 1 if run.start > 1 else None, "run_id": run.run_id,
                 "run_directory": None if run.own_dir else run.dir,

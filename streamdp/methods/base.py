@@ -20,6 +20,7 @@ from streamdp.errors import ParameterError
 from streamdp.methods.options import MethodOptions
 from streamdp.model import save_model
 from streamdp.privacy import GUARANTEE_NONE, Ledger, compose, epsilon_of
+from streamdp.privacy.users import UserCount, release_user_count
 from streamdp.stream.driver import Run, fingerprint
 
 
@@ -98,6 +99,15 @@ class RunSettings:
         return out
 
 
+def user_count_for(cls, store, *, epsilon: float, seed: int | None = None,
+                   users_bound: int | None = None) -> UserCount:
+    """The :class:`~streamdp.privacy.users.UserCount` a run of method class ``cls`` on ``store`` reads: released at
+    ``epsilon`` from ``seed``'s stream, or ``users_bound`` declared (exact for a method whose relation keeps it)."""
+    if not cls.RELEASES_USER_COUNT:
+        return UserCount(int(store.n_users), "exact")
+    return release_user_count(store.n_users, epsilon=epsilon, seed=seed, users_bound=users_bound)
+
+
 class Method:
     """Base class of training methods.
 
@@ -118,6 +128,11 @@ class Method:
     seed : int, optional
         Seed of all randomness; a seeded run is reproducible, not private against
         whoever knows the seed (the ledger says so).
+    users : UserCount, optional
+        The number of users every setting reads (:mod:`streamdp.privacy.users`):
+        released with noise or declared. Absent, the method releases it itself on the
+        first store it plans for (at :data:`~streamdp.privacy.users.COUNT_SHARE` of
+        epsilon, from ``seed``'s stream); its plan spends it first.
     """
 
     name: ClassVar[str] = ""
@@ -136,6 +151,9 @@ class Method:
     #: Whether ``streamdp tune`` can choose this method's configuration (its releases are Gaussian and planned in
     #: full before the run, so candidates compose under one envelope: :mod:`streamdp.tune`).
     TUNABLE: ClassVar[bool] = False
+    #: Whether the run's number of users is released with noise (or declared): ``False`` for a method whose
+    #: neighbouring relation leaves the count unchanged (public-private), which then reads the exact count.
+    RELEASES_USER_COUNT: ClassVar[bool] = True
     #: Whether ``--rank`` is a number of factors (so at most ``n_items``); ``fw``'s is its number of iterations.
     RANK_IS_FACTORS: ClassVar[bool] = True
     #: Whether the method trains on an implicit store (interaction counts, ``RatingStore.implicit``); rating
@@ -148,8 +166,9 @@ class Method:
             cls.OPTIONS = cls.Options.declared()
 
     def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None,
-                 **options):
+                 users: UserCount | None = None, **options):
         self.opts = self.Options.build(options, method=self.name)
+        self.users = users
         self.epsilon = float(epsilon)
         self.delta = float(delta)
         if rank is None:
@@ -171,6 +190,25 @@ class Method:
         """The rank when ``--rank`` is not given (8; methods may derive it from public parameters)."""
         return 8
 
+    def user_count(self, store) -> UserCount:
+        """The run's number of users (:mod:`streamdp.privacy.users`), released on first use when not given."""
+        if getattr(self, "users", None) is None:
+            self.users = user_count_for(type(self), store, epsilon=self.epsilon, seed=self.seed)
+        return self.users
+
+    def n_users(self, store) -> int:
+        """The number of users settings and public fields use: released or declared, never the exact count."""
+        return self.user_count(store).n
+
+    def spent_first(self, store) -> list:
+        """Releases made before the plan (the count), which the plan's calibration composes in (``fixed``)."""
+        return self.user_count(store).spent() if self.private else []
+
+    def epsilon_after_first(self, store) -> float:
+        """The epsilon left once the releases made first (pure DP) are spent: for a release calibrated on its own
+        (a paper's closed-form sigma, sgld's posterior sample), which basic composition then keeps within epsilon."""
+        return self.epsilon - sum(r.count * r.epsilon_each for r in self.spent_first(store))
+
     @property
     def checkpoint(self) -> str | None:
         """The ``--checkpoint`` directory, for a method that has the option (its noisy iterates count as released)."""
@@ -186,7 +224,12 @@ class Method:
         key = (str(store.path), store.checksum)
         cache = self.__dict__.setdefault("_plans", {})
         if key not in cache:
-            cache[key] = self._plan(store)
+            plan = self._plan(store)
+            first = self.spent_first(store)
+            if first:  # the count, released before the plan was made: the ledger's first event
+                plan = dataclasses.replace(plan, event=None, events=[r.event() for r in first] + list(plan.events),
+                                           entries=[r.entry() for r in first] + list(plan.entries))
+            cache[key] = plan
         return cache[key]
 
     def _plan(self, store) -> Plan:  # pragma: no cover - abstract

@@ -312,13 +312,13 @@ class PrivateFrankWolfe(Method):
     def settings(self, store) -> FWSettings:
         """All parameters of a run on ``store``, defaults resolved from public parameters."""
         o = self.opts
-        c = center_settings(o, store, self.epsilon)
+        c = center_settings(o, store, self.epsilon, n_users=self.n_users(store))
         h = (c["rating_max"] - c["rating_min"]) / 2.0
         default_passes, default_clip = (2, CLIP_FRACTION * h) if self.private else (4, math.inf)
         return FWSettings(**c, T=self.rank, half_range=h, passes=o.passes if o.passes is not None else default_passes,
                           clip=o.clip if o.clip is not None else default_clip,
                           k=(o.nuclear_norm if o.nuclear_norm is not None
-                             else default_nuclear_norm(store.n_users, store.n_items, h)),
+                             else default_nuclear_norm(self.n_users(store), store.n_items, h)),
                           step=o.step, project=o.project, bound=h if o.project else math.inf,
                           calibration=o.calibration, eta=tuple(step_sizes(self.rank, o.step).tolist()))
 
@@ -343,12 +343,12 @@ class PrivateFrankWolfe(Method):
         centre = settings_shares(s, store.n_items)
         if s.calibration == "paper":
             # Alg. 1's sigma on the power passes exactly; the centring (not in the paper) at the same budget scalar
-            z = paper_sigma_jain(self.epsilon, self.delta, count=count, which="alg1") / math.sqrt(count)
+            z = paper_sigma_jain(self.epsilon_after_first(store), self.delta, count=count, which="alg1") / math.sqrt(count)
             releases = [Share(what, "gaussian", L * L, 1.0, count=count, shape=(store.n_items, 1)).at(z)]
             releases += [sh.at(z) for sh in centre]
         else:
             share = Share(what, "gaussian", L * L, 1.0 - f - g, count=count, shape=(store.n_items, 1))
-            releases = calibrate_releases([share] + centre, self.epsilon, self.delta)
+            releases = calibrate_releases([share] + centre, self.epsilon, self.delta, fixed=self.spent_first(store))
         release = releases[0]
         entry = release.entry()
         entry.update(iterations=T, passes_per_iteration=P, calibration=s.calibration)
@@ -457,7 +457,7 @@ class PrivateFrankWolfe(Method):
                                                    "calibration", "center", "stats_share", "mean_share")}
         info = {"method": self.name, "rank": s.T, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,
-                "n_users": store.n_users, "n_items": store.n_items, "parameters": params,
+                "n_users": self.n_users(store), "n_items": store.n_items, "parameters": params,
                 "local": self.LOCAL_SOLVER, "local_user_bias": False,
                 "local_fw": {"k": s.k, "clip": s.clip if math.isfinite(s.clip) else None,
                              "bound": s.bound if math.isfinite(s.bound) else None},

@@ -326,6 +326,10 @@ class LowRank(Method):
     and tests only).
     """
 
+    #: Users are fixed by this method's relation (:data:`RELATION_COVERS`: add/remove is not covered and every
+    #: user's slot gets noise), so the run reads the exact number of users and spends nothing on it.
+    RELEASES_USER_COUNT = False
+
     name = "lowrank"
     SUMMARY = "private low-rank approximation by Gaussian measurements (Hardt & Roth) or randomized response"
     Options = LowRankOptions
@@ -340,10 +344,10 @@ class LowRank(Method):
         if o.mechanism == "measurements" and not o.sketch_share < 1.0:
             raise ParameterError(f"--sketch-share must be < 1 (the projection needs a share too), got {o.sketch_share}")
         p = o.oversampling if o.oversampling is not None else default_oversampling(self.rank)
-        kp = int(min(self.rank + p, store.n_items, store.n_users))
+        kp = int(min(self.rank + p, store.n_items, self.n_users(store)))
         clip = o.clip if o.clip is not None else (hi - lo) / 2.0 * math.sqrt(5.0)
         C = clip * math.sqrt(chi2.ppf(SKETCH_QUANTILE, kp)) if self.private else math.inf
-        tau = o.prune * math.sqrt(kp / store.n_users) if o.prune is not None else math.inf
+        tau = o.prune * math.sqrt(kp / self.n_users(store)) if o.prune is not None else math.inf
         return LowRankSettings(mechanism=o.mechanism, rank=self.rank, oversampling=kp - self.rank, columns=kp,
                                clip=clip, sketch_clip=C, sketch_quantile=SKETCH_QUANTILE, sketch_share=o.sketch_share,
                                prune=o.prune, prune_bound=tau, power_iters=o.power_iters, rating_min=lo,
@@ -351,7 +355,7 @@ class LowRank(Method):
 
     # -- privacy plan ------------------------------------------------------------------
     def _shares(self, store, s: LowRankSettings) -> list:
-        m, n, kp, L = store.n_users, store.n_items, s.columns, s.clip
+        m, n, kp, L = self.n_users(store), store.n_items, s.columns, s.clip
         if s.mechanism == "measurements":
             return [Share("sketch rows clip(a_i Omega, C) + N1 (user side, never written: input of Q)", "gaussian",
                           2.0 * s.sketch_clip, s.sketch_share, shape=(m, kp)),
@@ -370,7 +374,8 @@ class LowRank(Method):
         if not self.private:
             return Plan(events=[], entries=[{"release": "low-rank approximation", "mechanism": "none (non-private)"}],
                         settings=s, bounds=bounds)
-        releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta)
+        releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
+                                      fixed=self.spent_first(store))
         bounds["epsilon_replace_one"] = self._epsilon_replace_one(releases)
         bounds["relation_covers"] = dict(RELATION_COVERS)
         entries = [r.entry() for r in releases]
@@ -503,7 +508,7 @@ class LowRank(Method):
             extras["noisy_projection"] = state["noisy_projection"].astype(np.float32)
         info = {"method": self.name, "mechanism": s.mechanism, "rank": int(V.shape[1]),
                 "epsilon": self.epsilon if self.private else "inf", "delta": self.delta, "seed": self.seed,
-                 "n_users": store.n_users, "n_items": store.n_items,
+                 "n_users": self.n_users(store), "n_items": store.n_items,
                 "parameters": {k: getattr(s, k) for k in ("oversampling", "columns", "clip", "sketch_clip",
                                                           "sketch_quantile", "sketch_share", "prune", "prune_bound",
                                                           "power_iters")},

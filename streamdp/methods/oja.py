@@ -212,7 +212,7 @@ class PrivateOja(Method):
     def settings(self, store) -> OjaSettings:
         """All parameters of a run on ``store``, defaults resolved from public parameters."""
         o = self.opts
-        n_users, n_items = store.n_users, store.n_items
+        n_users, n_items = self.n_users(store), store.n_items
         passes = o.passes
         if passes is None:
             passes = default_passes(n_users, n_items, self.rank, self.epsilon)
@@ -226,8 +226,10 @@ class PrivateOja(Method):
         step_users = o.step_users if o.step_users is not None else max(64, -(-n_users // 16))
         kinds = tuple("oja" if (o.schedule == "oja" or (o.schedule == "warm" and p == 0)) else "power"
                       for p in range(passes))
-        steps = tuple(len(_step_ranges(store, step_users)) if kd == "oja" else 1 for kd in kinds)
-        return OjaSettings(**center_settings(o, store, self.epsilon, self.rank), schedule=o.schedule,
+        # the steps of an Oja pass as the public count gives them (the ledger, model.json, the paper's sigma); the
+        # run's own steps follow the store's blocks (_step_ranges), which depend on the exact count
+        steps = tuple(max(1, -(-n_users // step_users)) if kd == "oja" else 1 for kd in kinds)
+        return OjaSettings(**center_settings(o, store, self.epsilon, self.rank, n_users=n_users), schedule=o.schedule,
                            passes=passes, pass_kinds=kinds, steps_per_pass=steps, clip=clip,
                            calibration=o.calibration, step_users=step_users, eta=o.eta)
 
@@ -243,10 +245,10 @@ class PrivateOja(Method):
         """Calibrated releases: PLD search (default), or Jain et al.'s Alg. 2 sigma (``--calibration paper``)."""
         shares = self._shares(store, s)
         if s.calibration == "paper":
-            zp = paper_sigma_jain(self.epsilon, self.delta, count=sum(s.steps_per_pass), which="alg2")
+            zp = paper_sigma_jain(self.epsilon_after_first(store), self.delta, count=sum(s.steps_per_pass), which="alg2")
             z = zp / math.sqrt(s.passes / shares[0].share)
             return [sh.at(z) for sh in shares]
-        return calibrate_releases(shares, self.epsilon, self.delta)
+        return calibrate_releases(shares, self.epsilon, self.delta, fixed=self.spent_first(store))
 
     def _plan(self, store) -> Plan:
         s = self.settings(store)
@@ -271,7 +273,8 @@ class PrivateOja(Method):
         s = plan.settings
         n, k = store.n_items, self.rank
         L = s.clip
-        rngs = spawn_rngs(self.seed, 2 + sum(s.steps_per_pass), key=RNG_KEY)
+        run_steps = [len(_step_ranges(store, s.step_users)) if kind == "oja" else 1 for kind in s.pass_kinds]
+        rngs = spawn_rngs(self.seed, 2 + sum(run_steps), key=RNG_KEY)
         z = _noise_multipliers(plan)
         sigma_pass = z["z_pass"] * L * L if self.private else 0.0
 
@@ -284,7 +287,7 @@ class PrivateOja(Method):
         values_of = residual_values(mu, bias, L, s.rating_min, s.rating_max)
         t = 2
         M = np.zeros((k, k))
-        for p, (kind, n_steps) in enumerate(zip(s.pass_kinds, s.steps_per_pass)):
+        for p, (kind, n_steps) in enumerate(zip(s.pass_kinds, run_steps)):
             step_rngs = rngs[t:t + n_steps]
             t += n_steps
             desc = f"oja pass {p + 1}/{len(s.pass_kinds)}"
@@ -307,15 +310,16 @@ class PrivateOja(Method):
         if not self.private:
             notes.append("non-private: --epsilon inf, no noise added (clipping and centering still applied)")
         notes += seed_notes(self)
-        if max(s.steps_per_pass) > 1:
-            notes.append("several steps per pass: users are assigned to steps by their position in the store, so "
+        if "oja" in s.pass_kinds:  # whether a pass has several steps depends on the exact count: said for any
+            notes.append("several steps per pass (unless --step-users is at least the number of users): users are "
+                         "assigned to steps by their position in the store, so "
                          "the accounting holds for the zero-out neighbouring relation (one user's ratings replaced "
                          "by none); use --schedule power for add/remove one user")
         notes += range_notes(plan.bounds["rating_range_source"])
         ledger = self.ledger(store, plan, notes=notes)
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,
-                "n_users": store.n_users, "n_items": n,
+                "n_users": self.n_users(store), "n_items": n,
                 "parameters": {**_parameters(s), **z},
                 "item_factors": "V diag(w) / (p_j + p0), rows of mean squared norm 1 (see scaled_factors)",
                 "ridge": DEFAULT_RIDGE,

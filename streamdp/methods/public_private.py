@@ -314,14 +314,19 @@ class PublicPrivateSettings(RunSettings):
 class PublicPrivate(Method):
     """``--method public-private``: item model from public users by EM, eq. 4 locally, optional 2nd-order phase."""
 
+    #: The exact number of users: this method's guarantees do not hide a user's presence (public users are public;
+    #: the Laplace run's accounting is for a change of one private user's ratings, zero-out, under which the count
+    #: does not move; the others are not DP), so nothing is spent on it.
+    RELEASES_USER_COUNT = False
+
     name = "public-private"
     SUMMARY = ("public and private users (Xin & Jaakkola 2014): EM on public users only, private users predict "
                "locally (eq. 4); optional PMD/PMC (not DP) or Laplace (DP) responses from private users")
     Options = PublicPrivateOptions
     LOCAL_SOLVER = "xin_jaakkola_eq4"
 
-    def __init__(self, *, epsilon, delta, rank=None, seed=None, **options):
-        super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **options)
+    def __init__(self, *, epsilon, delta, rank=None, seed=None, users=None, **options):
+        super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, users=users, **options)
         o = self.opts
         mech = o.private_mechanism
         if not o.is_given("public_users") and not o.is_given("public_fraction"):

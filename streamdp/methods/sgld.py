@@ -173,6 +173,7 @@ from streamdp.methods import register
 from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
+from streamdp.privacy import compose, epsilon_of
 from streamdp.privacy.bounding import personalized_weights, trim_block
 from streamdp.privacy.posterior import GUARANTEE_SGLD, SCALE_FACTOR, TABLE_LABEL, PosteriorSample
 from streamdp.storage.ids import as_ids, numeric, parse_id, utf8_lines
@@ -432,21 +433,40 @@ class _SgdBase(Method):
             round_blocks=o.round_blocks, tiering_option=o.tiering,
             tiering=None if o.tiering == "auto" else o.tiering == "on",
             hot_items=o.hot_items if o.hot_items is not None else K.hot_tier_items(self.rank, store.n_items),
-            step_users=o.step_users if o.step_users is not None else default_step_users(store, self.noisy),
+            step_users=o.step_users if o.step_users is not None else default_step_users(store.n_items, o.tau,
+                                                                                          self.noisy),
             noise_table=o.noise_table, user_weights=o.user_weights, rating_min=lo, rating_max=hi, clip=clip,
             posterior_scale=o.posterior_scale, checkpoint=o.checkpoint)
         if self.noisy:
-            scale, T = self.posterior(s).scale, s.temperature
+            scale, T = self.posterior(s, store).scale, s.temperature
             s = s.replace(reg=T / (2.0 * scale * PRIOR_SD ** 2) if o.reg is None else o.reg,
                           reg_bias=T / (2.0 * scale * PRIOR_SD_BIAS ** 2) if o.reg_bias is None else o.reg_bias)
         return s
 
-    def posterior(self, s: SgdSettings) -> PosteriorSample:
-        """sgld's release: one sample of ``exp(-s F / T)`` with ``B = tau c^2``, calibrated to the target."""
-        return PosteriorSample.calibrated(
-            "V, item biases (one posterior sample after the last epoch); global mean public (midpoint)",
-            self.epsilon, self.delta, bound=s.bound, posterior_scale=s.posterior_scale, temperature=s.temperature,
-            epochs=s.epochs, noise_table=s.noise_table)
+    def posterior(self, s: SgdSettings, store) -> PosteriorSample:
+        """sgld's release: one sample of ``exp(-s F / T)`` with ``B = tau c^2``, calibrated to the target.
+
+        Its epsilon is what the count of users (:mod:`streamdp.privacy.users`, pure DP, released first) leaves:
+        ``--epsilon`` minus the count's (basic composition), lowered by the accountant's discretization until
+        the PLD of both is within the claim (:meth:`_claim`).
+        """
+        first = [r.event() for r in self.spent_first(store)]
+        eps = self.epsilon_after_first(store)
+        for _ in range(200):
+            sample = PosteriorSample.calibrated(
+                "V, item biases (one posterior sample after the last epoch); global mean public (midpoint)",
+                eps, self.delta, bound=s.bound, posterior_scale=s.posterior_scale, temperature=s.temperature,
+                epochs=s.epochs, noise_table=s.noise_table)
+            if not (first and sample.private) or (
+                    epsilon_of(compose(first + [sample.event()]), self.delta).epsilon <= self._claim(sample)):
+                return sample
+            eps *= 1.0 - 1e-4
+        raise ParameterError(f"sgld: the posterior sample could not be calibrated within --epsilon "
+                             f"{self.epsilon:g} beside the count of users")  # pragma: no cover
+
+    def _claim(self, sample: PosteriorSample) -> float:
+        """The ledger's epsilon: the count's (``--epsilon`` minus the sample's) plus the sample's claim."""
+        return (self.epsilon - sample.epsilon) + sample.epsilon_claimed
 
     def check_scheduler(self, scheduler) -> None:
         """Hogwild epochs (one shared ``V`` in this process) do not run on a cluster: a one-line refusal."""
@@ -535,7 +555,7 @@ class _SgdBase(Method):
     def _plan(self, store) -> Plan:
         """Settings, bounds and, for sgld, the posterior sample (``plan.releases``) with its event and entry."""
         s = self.settings(store)
-        sample = self.posterior(s) if self.noisy else None
+        sample = self.posterior(s, store) if self.noisy else None
         bounds = {"rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown"), "tau": s.tau}
         if self.noisy:
@@ -554,7 +574,7 @@ class _SgdBase(Method):
             return Plan(entries=entries, settings=s, bounds=bounds, releases=sample)
         bounds["target"] = sample.target()
         return Plan(event=sample.event(), entries=[sample.entry()], settings=s, bounds=bounds, releases=sample,
-                    claim=(sample.guarantee(), sample.epsilon_claimed))
+                    claim=(sample.guarantee(), self._claim(sample)))
 
     guarantee = GUARANTEE_SGLD
 
@@ -624,13 +644,15 @@ class _SgdBase(Method):
             lr, delta = lrs[e - 1], deltas[e - 1]
             u_dt0, u_dt1 = K.user_flow_coefficients(e, deltas, N)
             src, dst = bufs[(e - 1) % 2], bufs[e % 2]
-            G = s.step_users
+            G = min(s.step_users, bu_)  # a group is at most a block
 
             def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst, V_ep=None,
                    bv_ep=None):
                 # all randomness comes from the generator of the user group (global group id), so the
                 # result does not depend on how users are cut into blocks when G divides block_users
-                gid0 = block.first_user // G
+                # groups numbered per block (ceil(bu / G) ids each): never the same generator for two groups; the
+                # same numbering as first_user // G when G divides block_users
+                gid0 = (block.first_user // bu_) * -(-bu_ // G)
                 ip, it, rt = block.indptr, block.items, block.ratings
                 if s.tau is not None:
                     ip, it, rt = _trim_groups(ip, it, rt, s.tau, G,
@@ -714,7 +736,7 @@ class _SgdBase(Method):
         bu_sum = 0.0
         for b in range(store.n_blocks):
             bu_sum += float(final.read(b)[:, k].sum(dtype=np.float64))
-        mu_release = float(mu + bu_sum / max(store.n_users, 1))
+        mu_release = float(mu + bu_sum / max(self.n_users(store), 1))
         notes = []
         if self.noisy and self.private:
             notes.append("approximate guarantee: an exact posterior sample would be epsilon-DP (Thm 1); this is "
@@ -750,7 +772,7 @@ class _SgdBase(Method):
         params.update({"scale_s": sample.scale if self.noisy else None, "B": s.bound, "loss_bound_c": s.clip or None,
                        "user_weights": s.user_weights})
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
-                "delta": self.delta, "seed": self.seed, "n_users": store.n_users,
+                "delta": self.delta, "seed": self.seed, "n_users": self.n_users(store),
                 "n_items": n_items, "parameters": params,
                 "resumed_from_epoch": run.start - 1 if run.start > 1 else None, "run_id": run_id,
                 "ridge": local_ridge(s, sample.scale) if self.noisy else 1.0,
@@ -852,26 +874,30 @@ def local_ridge(s: SgdSettings, scale: float) -> float:
     return sigma ** 2 * 2.0 * float(scale) * float(s.reg) / float(s.temperature)
 
 
-def default_step_users(store, noisy: bool) -> int:
-    """Users per step/group, from the store's public shape.
+def default_step_users(n_items: int, tau: int | None, noisy: bool) -> int:
+    """Users per step/group, from public parameters only (the catalogue's size and ``--tau``).
 
     SGD: 256 (a group's hot ratings keep the hot tier in cache). SGLD: enough users
-    that a step holds about ``16 n_items`` ratings, so that each item is drawn for at
-    most once per step however often it is touched (noise draws per rating <=
-    ``(k+1)/16`` for the items; a normal from numpy's Generator costs about as much as
-    a rating's update at k=16), capped at a block; the step's Langevin time is then
-    still a small fraction of the epoch for any store of more than a few blocks.
+    that a step holds at most about ``16 n_items`` ratings when every user keeps ``tau``
+    (the public bound on a user's ratings), so that each item is drawn for at most once
+    per step however often it is touched (noise draws per rating <= ``(k+1)/16`` for
+    the items; a normal from numpy's Generator costs about as much as a rating's update
+    at k=16). It used to divide by the store's exact mean number of ratings per user,
+    which ``model.json`` then published (``parameters.step_users`` recovered the rating
+    count to 0.5%): on a store whose users keep fewer than ``tau`` ratings a step now
+    holds fewer ratings than ``16 n_items`` (more noise draws per rating, the same
+    sampler). A run's groups are at most a block (``store.block_users``, applied when
+    the run starts, not recorded).
 
-    >>> from types import SimpleNamespace as S
-    >>> default_step_users(S(n_items=20_000, n_ratings=10**8, n_users=10**6, block_users=5000), True)
+    >>> default_step_users(20_000, 100, True)
     3200
-    >>> default_step_users(S(n_items=20_000, n_ratings=10**8, n_users=10**6, block_users=5000), False)
+    >>> default_step_users(20_000, 100, False)
     256
     """
     if not noisy:
         return 256
-    per_user = max(store.n_ratings / max(store.n_users, 1), 1.0)
-    return int(max(64, min(store.block_users, math.ceil(16 * store.n_items / per_user))))
+    per_user = float(tau) if tau is not None else 1.0
+    return int(max(64, math.ceil(16 * n_items / per_user)))
 
 
 @register

@@ -97,7 +97,7 @@ class PrivateSVD(Method):
     def settings(self, store) -> SVDSettings:
         """All parameters of a run on ``store``, defaults resolved from public parameters."""
         o = self.opts
-        c = center_settings(o, store, self.epsilon)
+        c = center_settings(o, store, self.epsilon, n_users=self.n_users(store))
         h = (c["rating_max"] - c["rating_min"]) / 2.0
         clip = o.clip if o.clip is not None else h * math.sqrt(5.0) if self.private else math.inf
         return SVDSettings(**c, clip=clip, calibration=o.calibration)
@@ -118,13 +118,13 @@ class PrivateSVD(Method):
         centre = settings_shares(s, n)
         if s.calibration == "paper":
             # the supplement's sigma on the covariance exactly; the centring at the same budget scalar
-            z = paper_sigma_jain(self.epsilon, self.delta, count=1, which="alg1")
+            z = paper_sigma_jain(self.epsilon_after_first(store), self.delta, count=1, which="alg1")
             releases = [Share(what, "gaussian", D * D, 1.0, shape=(n, n), symmetric=True).at(z)]
             releases += [sh.at(z) for sh in centre]
         else:
             f, g = s.stats_share, s.mean_share
             share = Share(what, "gaussian", D * D, 1.0 - f - g, shape=(n, n), symmetric=True)
-            releases = calibrate_releases([share] + centre, self.epsilon, self.delta)
+            releases = calibrate_releases([share] + centre, self.epsilon, self.delta, fixed=self.spent_first(store))
         release = releases[0]
         entry = release.entry()
         entry["calibration"] = s.calibration
@@ -173,7 +173,7 @@ class PrivateSVD(Method):
             "her own ratings projected on it on her device"))
         info = {"method": self.name, "rank": r, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,
-                "n_users": store.n_users, "n_items": n,
+                "n_users": self.n_users(store), "n_items": n,
                 "parameters": {"clip": D, "calibration": s.calibration, "center": s.center,
                                "stats_share": s.stats_share, "mean_share": s.mean_share},
                 "local": self.LOCAL_SOLVER, "local_user_bias": False,

@@ -366,10 +366,13 @@ class Engine:
         self.close()
 
     def describe(self) -> dict:
-        """The engine's configuration, for a model's ``model.json``."""
+        """The engine's configuration, for a model's ``model.json``.
+
+        Not the blocks in flight: under a tight ``--memory-limit`` they follow from the
+        largest block's number of ratings, an exact statistic of the data.
+        """
         return {"workers": self.workers, "inner_threads": self.inner_threads, "cores": self.cores,
-                "scheduler": self.scheduler_name,
-                "memory_limit": self.memory_limit, "blocks_in_flight": self.in_flight}
+                "scheduler": self.scheduler_name, "memory_limit": self.memory_limit}
 
 
 def _worker_path(path: str) -> str:

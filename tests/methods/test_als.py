@@ -113,7 +113,8 @@ def test_private_ledger_lists_every_release_with_its_sensitivity(small_store):
     m, f = _fit(small_store, epsilon=1.0, rank=4, iters=2, seed=1)
     led = f.ledger
     assert led.guarantee == "user-level (epsilon, delta)-DP" and led.accounting.epsilon <= 1.0
-    rel = led.bounds["releases"]
+    count, *rel = led.bounds["releases"]  # the number of users first (Laplace, streamdp.privacy.users)
+    assert count["release"].startswith("number of users") and count["mechanism"] == "laplace"
     s = m.settings(small_store)
     tau, D, R, c = s.tau, s.clip, s.residual_clip, s.bias_clip
     by = {e["release"].split(" ")[0] + " " + e["release"].split(" ")[1]: e for e in rel}
@@ -132,8 +133,9 @@ def test_pure_mechanisms_report_the_pure_guarantee(small_store, mech):
     _, f = _fit(small_store, epsilon=2.0, rank=4, iters=1, mechanism=mech, seed=2)
     led = f.ledger
     rel = led.bounds["releases"]
-    assert all(e["mechanism"] == mech and e["sensitivity_norm"] == "l1" for e in rel)
-    pure = sum(e["count"] * e["pure_epsilon_each"] for e in rel)
+    assert rel[0]["release"].startswith("number of users") and rel[0]["mechanism"] == "laplace"
+    assert all(e["mechanism"] == mech and e["sensitivity_norm"] == "l1" for e in rel[1:])
+    pure = sum(e["count"] * e["pure_epsilon_each"] for e in rel)  # the count's 1% included
     assert led.bounds["pure_epsilon"] == pytest.approx(pure)
     # for a handful of pure releases the PLD figure at delta is (nearly) their basic composition
     assert led.accounting.epsilon <= 2.0 and pure == pytest.approx(2.0, rel=0.01)

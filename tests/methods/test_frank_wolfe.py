@@ -154,7 +154,8 @@ def test_private_ledger_is_joint_dp_with_every_release(rank1_store):
     led = f.ledger
     assert led.guarantee == "joint user-level (epsilon, delta)-DP"
     assert led.accounting.epsilon <= 1.0 and led.recompute().epsilon == pytest.approx(led.accounting.epsilon)
-    rel = led.bounds["releases"]
+    assert led.bounds["releases"][0]["release"].startswith("number of users")  # released first (Laplace)
+    rel = led.bounds["releases"][1:]
     L = m.settings(rank1_store).clip
     assert rel[0]["mechanism"] == "gaussian" and rel[0]["sensitivity"] == pytest.approx(L * L)
     assert rel[0]["count"] == 5 * 2 + 1 == sum(passes_in(t, 2) for t in range(1, 6))
@@ -174,7 +175,7 @@ def test_private_centring_is_released_first_and_used_locally(rank1_store, tmp_pa
     m, f = _fit(st, method=method, epsilon=1.0, rank=3, seed=1, center="private")
     led = f.ledger
     rel = led.bounds["releases"]
-    assert [r["mechanism"] for r in rel] == ["gaussian"] * 3 + ["post-processing"]
+    assert [r["mechanism"] for r in rel] == ["laplace"] + ["gaussian"] * 3 + ["post-processing"]  # the count first
     assert "private global mean" in led.bounds["centering"]
     assert led.accounting.epsilon <= 1.0 and led.recompute().epsilon == pytest.approx(led.accounting.epsilon)
     assert m.planned_ledger(st).events == led.events
@@ -191,11 +192,11 @@ def test_paper_calibration_reports_the_epsilon_it_gives(rank1_store):
     m = get_method("fw")(epsilon=1.0, delta=1e-6, rank=4, passes=1, calibration="paper", center="midpoint")
     led = m.planned_ledger(rank1_store)
     count = 4 + 1
-    z = led.bounds["releases"][0]["noise_multiplier"]
-    assert z == pytest.approx(paper_sigma_jain(1.0, 1e-6, count, "alg1"))
+    z = led.bounds["releases"][1]["noise_multiplier"]  # after the count of users, at 1% of epsilon
+    assert z == pytest.approx(paper_sigma_jain(0.99, 1e-6, count, "alg1"))
     assert led.accounting.epsilon < 0.4  # far more noise than the target needs
     tight = get_method("fw")(epsilon=1.0, delta=1e-6, rank=4, passes=1, center="midpoint").planned_ledger(rank1_store)
-    assert tight.bounds["releases"][0]["noise_multiplier"] < z / 5
+    assert tight.bounds["releases"][1]["noise_multiplier"] < z / 5
 
 
 def test_svd_ledger_and_paper_sigma(rank1_store):
@@ -204,13 +205,13 @@ def test_svd_ledger_and_paper_sigma(rank1_store):
     m, f = _fit(rank1_store, method="svd", epsilon=1.0, rank=2, seed=1)
     led = f.ledger
     D = m.settings(rank1_store).clip
-    rel = led.bounds["releases"][0]
+    rel = led.bounds["releases"][1]  # after the count of users
     assert led.guarantee == "joint user-level (epsilon, delta)-DP" and led.accounting.epsilon <= 1.0
     assert rel["sensitivity"] == pytest.approx(D * D) and rel["symmetric"] and rel["count"] == 1
     assert f.item_factors.shape == (rank1_store.n_items, 2)
     p = get_method("svd")(epsilon=1.0, delta=1e-6, rank=2, calibration="paper",
                           center="midpoint").planned_ledger(rank1_store)
-    assert p.bounds["releases"][0]["noise_multiplier"] == pytest.approx(paper_sigma_jain(1.0, 1e-6, 1, "alg1"))
+    assert p.bounds["releases"][1]["noise_multiplier"] == pytest.approx(paper_sigma_jain(0.99, 1e-6, 1, "alg1"))
 
 
 def test_non_private_svd_is_the_top_subspace_and_projects(rank1_store, tmp_path):

@@ -103,12 +103,12 @@ def test_plan_is_calibrated_and_paper_is_noisier(small_store):
     pld = PrivateOja(epsilon=1.0, delta=1e-6, rank=4, passes=3).plan(small_store)
     acc = epsilon_of(pld.event, 1e-6)
     assert 0.99 <= acc.epsilon <= 1.0
-    assert len(pld.events) == 3  # passes (one Gaussian each, composed) + item biases + global mean
+    assert len(pld.events) == 4  # the count of users + passes (one Gaussian each, composed) + biases + mean
     paper = PrivateOja(epsilon=1.0, delta=1e-6, rank=4, passes=3, calibration="paper").plan(small_store)
     assert paper.releases[0].noise_multiplier > 5 * pld.releases[0].noise_multiplier
     assert epsilon_of(paper.event, 1e-6).epsilon < 0.3
     midpoint = PrivateOja(epsilon=1.0, delta=1e-6, rank=4, passes=3, center="midpoint").plan(small_store)
-    assert len(midpoint.events) == 1 and midpoint.releases[0].noise_multiplier < pld.releases[0].noise_multiplier
+    assert len(midpoint.events) == 2 and midpoint.releases[0].noise_multiplier < pld.releases[0].noise_multiplier
 
 
 def test_sensitivity_of_one_user_is_L_squared():

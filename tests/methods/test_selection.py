@@ -95,7 +95,7 @@ def test_sparse_store_releases_no_factors_and_does_not_get_worse_with_epsilon(sp
 def test_ledger_counts_the_profile_and_the_selection(small_store):
     m = streamdp.train(small_store, epsilon=1.0, seed=0)
     releases = [e["release"] for e in m.ledger.bounds["releases"]]
-    assert releases[0].startswith("histogram of training ratings per user")
+    assert releases[0].startswith("number of users") and releases[1].startswith("histogram of training ratings")
     assert releases[-1].startswith("validation losses of the")
     acc = epsilon_of(compose([event_from_dict(e) for e in m.ledger.events]), m.ledger.delta)
     assert acc.epsilon <= 1.0 + 1e-9

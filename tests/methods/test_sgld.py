@@ -15,6 +15,7 @@ import pytest
 
 from streamdp.kernels import sgd as K
 from streamdp.methods import get_method
+from streamdp.privacy.users import UserCount
 from streamdp.training import train
 from tests.conftest import shared_file
 
@@ -200,14 +201,15 @@ def test_ledger_guarantee_and_per_user_epsilon(small_store, tmp_path):
     pu = summary["owner"]["per_user_epsilon"]
     assert pu["min"] == pytest.approx(0.5) and pu["max"] <= 5.0 + 1e-9  # Thm 2: eps B_i / 2B <= eps / 2
     assert led["bounds"]["B"] == 20 * 5.0 ** 2 and led["bounds"]["tau"] == 20
-    assert led["events"][0]["name"] == "PureDpEvent"
+    assert [e["name"] for e in led["events"]] == ["LaplaceDpEvent", "PureDpEvent"]  # the count, then the sample
 
 
 def test_posterior_scale_tight(small_store):
     """--posterior-scale tight: s = epsilon / B (4x the paper's), per-user epsilon_i = epsilon B_i / B <= epsilon."""
     m = get_method("sgld")
-    paper = m(epsilon=10.0, delta=1e-6, rank=4, tau=20, posterior_scale="paper").plan(small_store).releases
-    tight = m(epsilon=10.0, delta=1e-6, rank=4, tau=20, posterior_scale="tight")
+    users = UserCount(small_store.n_users, "declared")  # nothing spent on the count: the sample has all of epsilon
+    paper = m(epsilon=10.0, delta=1e-6, rank=4, tau=20, posterior_scale="paper", users=users).plan(small_store).releases
+    tight = m(epsilon=10.0, delta=1e-6, rank=4, tau=20, posterior_scale="tight", users=users)
     plan = tight.plan(small_store)
     st, sample = plan.settings, plan.releases
     assert sample.scale == pytest.approx(4 * paper.scale) and sample.scale <= 10.0 / st.bound

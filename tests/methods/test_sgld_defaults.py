@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from streamdp.kernels import sgd as K
 from streamdp.methods import get_method
+from streamdp.privacy.users import UserCount
 from streamdp.stream.engine import Engine
 from streamdp.training import train
 
@@ -19,7 +20,9 @@ def _settings(store, **opts):
 
 
 def _sample(store, **opts):
-    return get_method("sgld")(epsilon=10.0, delta=1e-6, rank=4, **opts).plan(store).releases
+    # a declared number of users: the sample has the whole epsilon (streamdp.privacy.users)
+    return get_method("sgld")(epsilon=10.0, delta=1e-6, rank=4, users=UserCount(store.n_users, "declared"),
+                              **opts).plan(store).releases
 
 
 def test_default_bound_is_half_the_range_and_the_scale_tight(small_store):
@@ -44,7 +47,7 @@ def test_kappa_may_be_negative_but_c_must_stay_positive(small_store):
 def test_temperature_is_labelled_not_the_dp_target(small_store, tmp_path):
     """T != 1 samples exp(-s F / T): the ledger claims epsilon / T and says it is not --epsilon's DP target."""
     train(small_store, method="sgld", out=str(tmp_path / "hot"), epsilon=2.0, delta=1e-6, rank=4, seed=1, epochs=1,
-          tau=20, temperature=0.5, workers=1)
+          tau=20, temperature=0.5, workers=1, users_bound=small_store.n_users)
     led = json.load(open(tmp_path / "hot" / "privacy.json"))
     assert led["bounds"]["target"].startswith("not the DP target of --epsilon 2: temperature 0.5")
     assert "epsilon / T = 4" in led["bounds"]["target"]
