@@ -223,13 +223,13 @@ def test_public_fields_do_not_depend_on_the_ratings(rating_twins, tmp_path, name
     for i, st in enumerate(rating_twins):
         out = str(tmp_path / f"{name}{i}")
         if name == "lowrank":
-            run_lowrank(st, rank=3, epsilon=1.0, delta=1e-5, out=out, seed=7, workers=1, memory_limit="1GB")
+            run_lowrank(st, rank=3, epsilon=1.0, delta=1e-5, out=out, seed=7, workers=1, memory_limit="4GB")
         elif name == "tune":
             from streamdp.tune import tune
 
-            tune(st, epsilon=2.0, method="means", out=out, seed=7, workers=1, evaluate_test=False, memory_limit="1GB")
+            tune(st, epsilon=2.0, method="means", out=out, seed=7, workers=1, evaluate_test=False, memory_limit="4GB")
         else:
-            train(st, out=out, delta=1e-5, seed=7, workers=1, evaluate_test=False, memory_limit="1GB",
+            train(st, out=out, delta=1e-5, seed=7, workers=1, evaluate_test=False, memory_limit="4GB",
                   **TWIN_RUNS[name])
         outs.append(out)
     assert _differing(*outs, RUN_RESULTS.get(name, ())) == []
@@ -248,7 +248,7 @@ def test_one_user_more_changes_no_public_field_under_a_declared_bound(tmp_path, 
     for i, st in enumerate((a, b)):
         out = str(tmp_path / f"m{i}")
         train(st, out=out, delta=1e-5, seed=7, workers=1, evaluate_test=False, users_bound=1000,
-              memory_limit="1GB", **opts)
+              memory_limit="4GB", **opts)
         outs.append(out)
     assert _differing(*outs) == []
     info, led, _, _ = _fields(outs[0])
