@@ -27,7 +27,7 @@ from streamdp.model import check_model_destination
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import interrupt_signal
 from streamdp.privacy import GUARANTEE_NONE, check_privacy_params
-from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import privacy_warnings
 from streamdp.privacy.params import default_delta
@@ -59,6 +59,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     store's number of users.
     """
     t0 = time.perf_counter()
+    epsilon = parse_epsilon(epsilon)  # "1e309" is an error, only "inf" is infinite
     check_calibratable(epsilon)  # one message for every method, before the store is opened
     store = store if isinstance(store, RatingStore) else open_store(store)
     if delta is None:

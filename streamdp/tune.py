@@ -152,7 +152,7 @@ from streamdp.methods.base import Method, Plan
 from streamdp.methods.options import MethodOptions
 from streamdp.model import check_model_destination
 from streamdp.privacy import calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of, gaussian_event
-from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.params import default_delta
 from streamdp.privacy.release import Release
@@ -464,7 +464,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     if not get_method(method).TUNABLE:  # an unknown name: the registry's message
         raise ParameterError(f"--method {method}: tune supports {', '.join(tunable_methods())} (their releases are "
                              f"Gaussian and planned in full)")
-    if not math.isfinite(float(epsilon)):
+    epsilon = parse_epsilon(epsilon)
+    if not math.isfinite(epsilon):
         raise ParameterError("--epsilon: tune needs a finite epsilon (a non-private choice needs no tuning "
                              "budget: train each configuration and evaluate it)")
     check_calibratable(epsilon)

@@ -20,6 +20,7 @@ from streamdp.errors import ParameterError
 from streamdp.methods.options import MethodOptions
 from streamdp.model import save_model
 from streamdp.privacy import GUARANTEE_NONE, Ledger, compose, epsilon_of
+from streamdp.privacy.accountant import parse_epsilon
 from streamdp.stream.driver import Run, fingerprint
 
 
@@ -147,7 +148,7 @@ class Method:
     def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None,
                  **options):
         self.opts = self.Options.build(options, method=self.name)
-        self.epsilon = float(epsilon)
+        self.epsilon = parse_epsilon(epsilon)
         self.delta = float(delta)
         if rank is None:
             rank = self.default_rank()
