@@ -176,6 +176,7 @@ class Method:
         key = (str(store.path), store.checksum)
         cache = self.__dict__.setdefault("_plans", {})
         if key not in cache:
+            store.check_rating_range()  # every method scales clipping and noise to it: [4, 4] is refused here
             cache[key] = self._plan(store)
         return cache[key]
 

@@ -76,6 +76,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from streamdp.errors import InputError
+from streamdp.storage.schema import RATING_MAX_ABS, storable_ratings
 
 FORMATS = ("udata", "dat", "csv", "ws", "parquet")
 BOM = b"\xef\xbb\xbf"  # the UTF-8 byte-order mark; pyarrow's CSV reader skips it too
@@ -807,6 +808,8 @@ def check_fields(fields: list[str], spec: Spec, int_ids: tuple[bool, bool], rati
         return f"rating {r!r} is not a number"
     if not math.isfinite(v):
         return f"rating {r!r} is not finite"
+    if not storable_ratings(v):
+        return f"rating {r!r} is not finite as a float32 (the store's ratings; at most {RATING_MAX_ABS:.4g} in size)"
     if rating_range is not None and not (rating_range[0] <= v <= rating_range[1]):
         return out_of_range_reason(v, rating_range)
     if c.get("timestamp") is not None and not _is_int(fields[c["timestamp"]].strip()):

@@ -111,6 +111,14 @@ def block_digest(b: int, indptr, items, ratings) -> bytes:
     return h.digest()
 
 
+def check_finite_ratings(b: int, ratings: np.ndarray) -> None:
+    """Refuse (:class:`StoreError`) a block whose float32 ratings are not all finite: the last guard of every
+    path that writes ratings (ingest names the file and line before, for the user's data)."""
+    if len(ratings) and not (np.isfinite(ratings.min()) and np.isfinite(ratings.max())):  # nan makes both nan
+        raise StoreError(f"block {b}: a rating is not finite as a float32 (the store's ratings): refused, "
+                         f"nothing was written")
+
+
 #: Written on every array of a store: chunks equal to the fill value are written too.
 _ARRAY_CONFIG = {"write_empty_chunks": True}
 #: The id arrays covered by the checksum of a store that has no ``checksum_ids``
@@ -291,7 +299,9 @@ class _SplitWriter:
         if len(items) != nnz or len(ratings) != nnz:
             raise ValueError(f"block {b}: indptr says {nnz} ratings, got {len(items)} items, {len(ratings)} ratings")
         items = np.ascontiguousarray(items, dtype=np.int32)
-        ratings = np.ascontiguousarray(ratings, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            ratings = np.ascontiguousarray(ratings, dtype=np.float32)
+        check_finite_ratings(b, ratings)
         start = self.padded
         end = start + nnz
         padded_end = -(-end // self.chunk) * self.chunk

@@ -16,7 +16,7 @@ in block order), so memory is a few blocks plus the item-side counts. On the way
    missing chunk is reported before anything is decoded;
 2. every block of every split is read like :meth:`RatingStore.read_block` does
    (which refuses undecodable chunks and validates row pointers, item indices and
-   rating values) and its digest is compared with the one recorded for it in
+   rating values: finite as float32 and inside the rating range, itself finite) and its digest is compared with the one recorded for it in
    ``<split>/block_digests``, so the first damaged block is named (stores written
    before block digests were recorded only get the whole-store comparison);
 3. ``user_counts`` and ``item_counts``, which the checksum does not cover, are
@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from streamdp.errors import StoreError
-from streamdp.storage.schema import SPLITS
+from streamdp.storage.schema import SPLITS, storable_ratings
 from streamdp.storage.store import open_store
 from streamdp.storage.writer import ContentHash, block_digest, checksum_attrs, checksum_ids
 from streamdp.stream.engine import Engine
@@ -70,6 +70,10 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
     recorded = st.checksum
     if not recorded:
         raise StoreError(f"{st.path}: no recorded checksum to verify")
+    for name in ("rating_min", "rating_max"):
+        if not storable_ratings(getattr(st, name)):
+            raise StoreError(f"{st.path}: {name} {getattr(st, name):g} is not finite as a float32 (the store's "
+                             f"ratings): the store is damaged or was written by a streamdp that let it in; re-ingest")
     st.check_chunks()
     splits = [s for s in SPLITS if s in st.root]
     digests = {s: st.block_digests(s) for s in splits}  # (shape checked)
