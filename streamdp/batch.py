@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.topk import topn_scores
-from streamdp.local import local_design, model_ridge, rating_range, solve_block
+from streamdp.local import check_finite, local_design, model_ridge, rating_range, solve_block
 from streamdp.outputs import deferred_interrupts
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 from streamdp.storage.store import RatingStore, open_store
@@ -145,11 +145,13 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
             sel = wanted[(wanted >= first) & (wanted < first + nu)] - first
             want[sel] = 1
         U = solve_block(mo, block.indptr, block.items, block.ratings, ridge)
+        check_finite(mo, U, "users' local solutions")
         lists = np.empty((nu, n), np.int32)
         scores = np.empty((nu, n), np.float64)
         topn_scores(np.asarray(block.indptr, np.int64), np.asarray(block.items, np.int32), want,
                     np.ascontiguousarray(U, np.float64), Q, bias, mu, tiekey, lists, scores)
         ok = lists >= 0
+        check_finite(mo, scores[ok], "scores")
         row, rank = np.nonzero(ok)  # row-major: by user, then rank
         uids = st.user_ids(first, first + nu)[row]
         return pa.table([pa.array(uids, type=schema.field("user_id").type), pa.array(rank + 1, pa.int32()),

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from streamdp.errors import StoreError
-from streamdp.local import model_ridge, predict_block, solve_block
+from streamdp.local import check_finite, model_ridge, predict_block, solve_block
 from streamdp.model import Model, load_model
 from streamdp.ranking import check_k, format_ranking, setup
 from streamdp.storage.fingerprint import store_fingerprint
@@ -115,7 +115,9 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         def fn(block, b):
             test = st.read_block(b, "test")
             U = solve_block(m, block.indptr, block.items, block.ratings, ridge)
+            check_finite(m, U, "users' local solutions")  # before the ranking uses U
             pred = predict_block(m, U, test.indptr, test.items)
+            check_finite(m, pred)
             y = test.ratings.astype(np.float64)
             err = pred - y
             row = [np.sum(err * err), np.sum(np.abs(err)), float(test.nnz)]
