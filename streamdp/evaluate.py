@@ -143,7 +143,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         "ridge": ridge,
         "method": m.method,
         "guarantee": getattr(m.ledger, "guarantee", None),
-        "epsilon": m.info.get("epsilon"),
+        "epsilon": ledger_epsilon(m),
         "store_matches_model": match,
     }
     if baselines:
@@ -154,6 +154,14 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     if rank is not None:
         out["ranking"] = rank.result(tot[width:])
     return out
+
+
+def ledger_epsilon(model):
+    """The model's epsilon as its ledger (``privacy.json``) records it: a number, or ``"inf"`` (no DP claim)."""
+    eps = getattr(model.ledger, "epsilon", None)
+    if eps is None:
+        return model.info.get("epsilon")
+    return float(eps) if math.isfinite(float(eps)) else "inf"
 
 
 #: Pseudo-ratings at the global mean added to each item's ratings (damped item mean) and to each user's
