@@ -178,7 +178,9 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
     store : str or RatingStore
         Its items must be the model's items; each user's training ratings are her own data.
     n : int
-        Items per user (fewer for a user who rated nearly everything).
+        Items per user (fewer for a user who rated nearly everything). More than the store's items is
+        capped at their number (a list cannot be longer), and the summary's ``note`` says so: it used to
+        size every block's lists by ``n`` and blame ``--memory-limit`` ("one block needs 14.4 GB").
     path : str, optional
         Write Parquet there (temporary file + rename) and return a summary dict;
         without it, return an iterator of :class:`pyarrow.Table` (one per user block).
@@ -188,13 +190,18 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
         Replace an existing file at ``path``.
     """
     m, st, mo, ids, tiekey, ridge, wanted = _prepare(model, store, n, users, ridge)
-    n = int(n)
+    asked, n = int(n), min(int(n), st.n_items)
     schema = _schema(st, ids)
     kw = dict(workers=workers, scheduler=scheduler, memory_limit=memory_limit)
     if path is None:
         return _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw)
-    return _write(str(path), _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw), schema, force=force,
-                  n=n)
+    res = _write(str(path), _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw), schema, force=force,
+                 n=n)
+    if asked > n:
+        res["top_requested"] = asked
+        res["note"] = (f"--top {asked} is more than the store's {st.n_items} items: each list holds at most "
+                       f"{st.n_items} (the items its user has not rated)")
+    return res
 
 
 def _write(path: str, tables, schema, *, force: bool, n: int) -> dict:

@@ -660,6 +660,8 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
         if as_json:
             print_json(res)
         else:
+            if res.get("note"):
+                click.echo(f"note: {res['note']}", err=True)
             click.echo(f"wrote {res['out']}: top {res['top']} for {res['users']:,} users ({res['rows']:,} rows) in "
                        f"{res['seconds']:.1f}s; each list is for its user only (joint DP): do not publish the file")
         return

@@ -95,8 +95,7 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
     check_privacy_params(epsilon, delta, n_users=st.n_users)
     cls = get_method(method) if isinstance(method, str) else method
     m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **{k: v for k, v in options.items() if v is not None})
-    if m.RANK_IS_FACTORS and m.rank > st.n_items:  # fw's rank counts iterations: its basis may repeat directions
-        raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
+    m.check_rank(st.n_items)  # fw's rank counts iterations (its basis may repeat directions); means fits none
     return st, m
 
 

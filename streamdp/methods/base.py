@@ -139,6 +139,9 @@ class Method:
     TUNABLE: ClassVar[bool] = False
     #: Whether ``--rank`` is a number of factors (so at most ``n_items``); ``fw``'s is its number of iterations.
     RANK_IS_FACTORS: ClassVar[bool] = True
+    #: Whether the method fits factors at all (``means`` releases the global mean and item biases only: its
+    #: rank is unused, and a store of fewer items than the default rank is no reason to refuse it).
+    FITS_FACTORS: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -156,6 +159,11 @@ class Method:
             raise ParameterError(f"--rank must be a positive integer, got {rank}")
         self.rank = int(rank)
         self.seed = seed
+
+    def check_rank(self, n_items: int) -> None:
+        """Refuse (:class:`ParameterError`) more factors than items (not for fw's steps, nor a method fitting none)."""
+        if self.FITS_FACTORS and self.RANK_IS_FACTORS and self.rank > n_items:
+            raise ParameterError(f"--rank {self.rank} exceeds the number of items ({n_items})")
 
     def default_rank(self) -> int:
         """The rank when ``--rank`` is not given (8; methods may derive it from public parameters)."""

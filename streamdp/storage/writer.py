@@ -353,13 +353,26 @@ class _SplitWriter:
 
 
 class _FilledArray:
-    """An array of a store being written, filled in slices: each write runs with Ctrl-C deferred."""
+    """An array of a store being written, filled in slices: each write runs with Ctrl-C deferred.
 
-    def __init__(self, array: zarr.Array):
+    With ``hash_as`` (an id array the checksum covers), the slices must come in order from 0 and
+    each is fed to the store's :class:`ContentHash` as written (``generate`` writes ``user_ids`` by
+    block: they were outside the checksum, so swapping two went unnoticed by ``verify``).
+    """
+
+    def __init__(self, array: zarr.Array, hash_as: tuple | None = None):
         self.array = array
+        self._hash = hash_as  # (ContentHash, name) or None
+        self.filled = 0
 
     @deferred_interrupts()
     def __setitem__(self, key, value) -> None:
+        if self._hash is not None:
+            if not (isinstance(key, slice) and key.step in (None, 1) and (key.start or 0) == self.filled):
+                raise ValueError(f"{self.array.name}: a hashed id array is filled by consecutive slices from 0")
+            value = np.asarray(value)
+            self._hash[0].add_ids(self._hash[1], value)
+            self.filled += len(value)
         self.array[key] = value
 
     def __getattr__(self, name):
@@ -426,6 +439,7 @@ class StoreWriter:
                 raise no_space_error(exc, self.path) from None
             raise
         self._hash = ContentHash()
+        self._hashed: list[_FilledArray] = []  # id arrays filled in slices, hashed as they are written
         self._done = False
 
     def _remote_target(self) -> str:
@@ -499,13 +513,22 @@ class StoreWriter:
 
     @deferred_interrupts()
     def create_array(self, name: str, shape, dtype, chunks) -> "_FilledArray":
-        """Create an auxiliary array to be filled in slices (e.g. ids streamed by block)."""
+        """Create an auxiliary array to be filled in slices (e.g. ids streamed by block).
+
+        An id array the checksum covers (``user_ids``, ``item_ids``) is hashed slice by slice as it is filled
+        (in order from 0; another id array must not be written in between): :meth:`finalize` refuses it
+        unfilled.
+        """
         if "/" in name:
             grp, leaf = name.rsplit("/", 1)
             g = self.root.require_group(grp)
         else:
             g, leaf = self.root, name
-        return _FilledArray(g.create_array(leaf, shape=shape, dtype=dtype, chunks=chunks, config=_ARRAY_CONFIG))
+        arr = _FilledArray(g.create_array(leaf, shape=shape, dtype=dtype, chunks=chunks, config=_ARRAY_CONFIG),
+                           (self._hash, name) if name in _DEFAULT_CHECKSUM_IDS else None)
+        if name in _DEFAULT_CHECKSUM_IDS:
+            self._hashed.append(arr)
+        return arr
 
     @deferred_interrupts()
     def finalize(self, attrs: dict) -> str:
@@ -514,6 +537,9 @@ class StoreWriter:
         ``attrs`` must hold ``rating_min``, ``rating_max`` and ``rating_range_source``;
         anything else (sources, parameters) is recorded as given.
         """
+        for a in self._hashed:
+            if a.filled != a.array.shape[0]:
+                raise ValueError(f"{a.array.name}: {a.filled} of {a.array.shape[0]} ids were written")
         for s, w in self.splits.items():
             w.close(self.n_blocks)
             self._hash.add_split(s)

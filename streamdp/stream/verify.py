@@ -147,6 +147,7 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
         "splits": splits,
         "block_digests": all(d is not None for d in digests.values()),
         "attributes_covered": list(attrs),
+        "ids_covered": list(checksum_ids(st.attrs)),
         "chunk_crc_mismatches": crc_mismatches,
         "seconds": round(time.perf_counter() - t0, 3),
     }
@@ -159,6 +160,9 @@ def format_verify(r: dict) -> str:
     if not r["attributes_covered"]:
         lines.append("note: this store was written before its checksum covered its attributes (rating range, "
                      "counts): they were not verified; re-ingest it to cover them")
+    if "user_ids" not in r.get("ids_covered", ["user_ids"]):
+        lines.append("note: this store was generated before its checksum covered its user ids: they were not "
+                     "verified; generate it again to cover them")
     if r["chunk_crc_mismatches"]:
         lines.append(f"note: the chunk files of {r['chunk_crc_mismatches']} block(s) differ from those written "
                      f"(re-encoded?) though their ratings match: every read checks those blocks' digests, "
