@@ -324,7 +324,8 @@ def _number(v):
 def check_agrees(path: str, info: dict, ledger) -> None:
     """Refuse (:class:`InputError`) a ``model.json`` whose claims differ from ``privacy.json``'s (the ledger).
 
-    Compared, where both files carry them: ``method``, ``epsilon``, ``delta`` (when the ledger
+    Compared, where both files carry them (a claim model.json leaves out is no disagreement: reports take it
+    from the ledger): ``method``, ``epsilon``, ``delta`` (when the ledger
     claims one: a ledger whose guarantee has no delta, non-private or "not DP", writes
     none or 0), ``store_fingerprint``, whether the run was seeded (``seed`` against
     ``seeded``), and ``n_users``, ``n_items`` and the rating range against the ledger's
@@ -333,10 +334,11 @@ def check_agrees(path: str, info: dict, ledger) -> None:
     model "oja": reports take these values from the ledger, and a disagreement is one
     line naming the field and both files.
     """
-    pairs = [("method", info.get("method"), ledger.method),
-             ("epsilon", _number(info.get("epsilon")), _number(ledger.epsilon))]
-    if ledger.delta:  # the ledger claims a delta: the model must say the same
-        pairs.append(("delta", _number(info.get("delta")), _number(ledger.delta)))
+    pairs = [("method", info.get("method"), ledger.method)] if "method" in info else []
+    if "epsilon" in info:
+        pairs.append(("epsilon", _number(info["epsilon"]), _number(ledger.epsilon)))
+    if ledger.delta and "delta" in info:  # the ledger claims a delta: the model must say the same
+        pairs.append(("delta", _number(info["delta"]), _number(ledger.delta)))
     if info.get("store_fingerprint") or ledger.store_fingerprint:
         pairs.append(("store_fingerprint", info.get("store_fingerprint"), ledger.store_fingerprint))
     if "seed" in info:
