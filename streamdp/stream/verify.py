@@ -16,7 +16,8 @@ in block order), so memory is a few blocks plus the item-side counts. On the way
    missing chunk is reported before anything is decoded;
 2. every block of every split is read like :meth:`RatingStore.read_block` does
    (which refuses undecodable chunks and validates row pointers, item indices and
-   rating values: finite as float32 and inside the rating range, itself finite) and its digest is compared with the one recorded for it in
+   rating values: finite as float32 and inside the rating range, itself finite) and
+   its digest is compared with the one recorded for it in
    ``<split>/block_digests``, so the first damaged block is named (stores written
    before block digests were recorded only get the whole-store comparison);
 3. ``user_counts`` and ``item_counts``, which the checksum does not cover, are

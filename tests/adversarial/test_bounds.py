@@ -16,42 +16,25 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 import zarr
-from click.testing import CliRunner
-
-from streamdp.cli import main
-
-
-def run(*args):
-    r = CliRunner().invoke(main, [str(a) for a in args])
-    return r.exit_code, r.stdout, r.stderr, r.exception
-
-
-def assert_error(res, *needles):
-    code, out, err, exc = res
-    assert code == 2, (code, err, exc)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("streamdp: error: ") and "Traceback" not in err, err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 # -- user ids inside the checksum -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("string_ids", [False, True], ids=["int-ids", "string-ids"])
-def test_swapped_user_ids_of_a_generated_store_fail_verify(tmp_path, string_ids):
+def test_swapped_user_ids_of_a_generated_store_fail_verify(tmp_path, string_ids, cli):
     from streamdp.storage.generate import generate_store
 
     p = tmp_path / "g.zarr"
     generate_store(str(p), n_users=500, n_items=40, ratings_per_user=5, rank=2, seed=1, block_users=100,
                    string_ids=string_ids)
-    code, out, err, exc = run("verify", p)
+    code, out, err, exc = cli.run("verify", p)
     assert code == 0 and "OK" in out and "user ids" not in out, (err, exc)
     a = zarr.open_group(str(p), mode="a")["user_ids"]
     ids = a[:]
     ids[[3, 250]] = ids[[250, 3]]  # two users of different blocks trade ids
     a[:] = ids
-    assert_error(run("verify", p), "checksum mismatch", "ids")
+    cli.error(cli.run("verify", p), "checksum mismatch", "ids")
 
 
 def test_the_writer_hashes_id_slices_only_in_order(tmp_path):
@@ -70,35 +53,36 @@ def test_the_writer_hashes_id_slices_only_in_order(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def few_items(tmp_path_factory):
+def few_items(tmp_path_factory, cli):
     """A small store of 5 items (fewer than the default rank 8) and a means model of it."""
     d = tmp_path_factory.mktemp("few")
     src = d / "r.csv"
     src.write_text("user,item,rating\n" + "".join(f"{u},{i},{1 + (u * i + u) % 5}\n" for u in range(120)
                                                     for i in range(5) if (u + i) % 4))
-    code, _, err, exc = run("ingest", src, "--out", d / "s.zarr", "--rating-range", "1,5", "--test-fraction", "0.2")
+    code, _, err, exc = cli.run("ingest", src, "--out", d / "s.zarr", "--rating-range", "1,5",
+                                "--test-fraction", "0.2")
     assert code == 0, (err, exc)
     return d
 
 
-def test_means_trains_on_fewer_items_than_the_default_rank(few_items, tmp_path):
-    code, out, err, exc = run("train", few_items / "s.zarr", "--method", "means", "--epsilon", "1", "--seed", "1",
+def test_means_trains_on_fewer_items_than_the_default_rank(few_items, tmp_path, cli):
+    code, out, err, exc = cli.run("train", few_items / "s.zarr", "--method", "means", "--epsilon", "1", "--seed", "1",
                               "--out", tmp_path / "m")
     assert code == 0, (err, exc)
     assert "no factors released" in out
-    code, out, err, exc = run("tune", few_items / "s.zarr", "--method", "means", "--epsilon", "1", "--seed", "1",
+    code, out, err, exc = cli.run("tune", few_items / "s.zarr", "--method", "means", "--epsilon", "1", "--seed", "1",
                               "--out", tmp_path / "t")
     assert code == 0, (err, exc)
     # a method that fits factors still refuses more factors than items
-    assert_error(run("train", few_items / "s.zarr", "--method", "als", "--epsilon", "1", "--out", tmp_path / "a"),
+    cli.error(cli.run("train", few_items / "s.zarr", "--method", "als", "--epsilon", "1", "--out", tmp_path / "a"),
                  "--rank 8 exceeds the number of items (5)")
 
 
-def test_top_beyond_the_items_is_capped_and_said(few_items, tmp_path):
-    code, _, err, exc = run("train", few_items / "s.zarr", "--epsilon", "inf", "--rank", "2", "--seed", "1",
+def test_top_beyond_the_items_is_capped_and_said(few_items, tmp_path, cli):
+    code, _, err, exc = cli.run("train", few_items / "s.zarr", "--epsilon", "inf", "--rank", "2", "--seed", "1",
                             "--out", tmp_path / "m")
     assert code == 0, (err, exc)
-    code, out, err, exc = run("recommend", tmp_path / "m", "--store", few_items / "s.zarr", "--out",
+    code, out, err, exc = cli.run("recommend", tmp_path / "m", "--store", few_items / "s.zarr", "--out",
                               tmp_path / "r.parquet", "--top", "100000", "--memory-limit", "1GB")
     assert code == 0, (err, exc)
     assert "memory" not in err and "--top 100000 is more than the store's 5 items" in err, err
@@ -116,9 +100,9 @@ def test_top_beyond_the_items_is_capped_and_said(few_items, tmp_path):
     (["rank=100000"], "rank is at most 512"),
     (["iters=1,2,3,4,5,6,7,8,9", "rank=1,2,3,4,5,6,7,8"], "72 configurations, at most 64"),
 ])
-def test_tune_grid_values_are_bounded(few_items, tmp_path, grid, words):
+def test_tune_grid_values_are_bounded(few_items, tmp_path, grid, words, cli):
     args = ["tune", few_items / "s.zarr", "--epsilon", "1", "--out", tmp_path / "t"]
     for g in grid:
         args += ["--grid", g]
-    assert_error(run(*args), "--grid", words)
+    cli.error(cli.run(*args), "--grid", words)
     assert not (tmp_path / "t").exists()

@@ -76,7 +76,7 @@ def test_a_model_json_that_is_not_an_object_is_refused(model):
     assert code == 2 and "model.json" in text and "Traceback" not in text, text
 
 
-# -- finite but absurd factors: non-finite predictions ------------------------------------------------------------------
+# -- finite but absurd factors: non-finite predictions ----------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
