@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.topk import topn_scores
-from streamdp.local import list_bias, local_design, model_ridge, rating_range, solve_block
+from streamdp.local import check_finite, list_bias, local_design, model_ridge, rating_range, solve_block
 from streamdp.outputs import deferred_interrupts
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 from streamdp.storage.store import RatingStore, open_store
@@ -147,11 +147,13 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
             sel = wanted[(wanted >= first) & (wanted < first + nu)] - first
             want[sel] = 1
         U = solve_block(mo, block.indptr, block.items, block.ratings, ridge)
+        check_finite(mo, U, "users' local solutions")
         lists = np.empty((nu, n), np.int32)
         scores = np.empty((nu, n), np.float64)
         topn_scores(np.asarray(block.indptr, np.int64), np.asarray(block.items, np.int32), want,
                     np.ascontiguousarray(U, np.float64), Q, rank_bias, mu, tiekey, lists, scores)
         ok = lists >= 0
+        check_finite(mo, scores[ok], "scores")
         pred = scores[ok] - offset[lists[ok]]
         row, rank = np.nonzero(ok)  # row-major: by user, then rank
         uids = st.user_ids(first, first + nu)[row]
@@ -179,7 +181,9 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
     store : str or RatingStore
         Its items must be the model's items; each user's training ratings are her own data.
     n : int
-        Items per user (fewer for a user who rated nearly everything).
+        Items per user (fewer for a user who rated nearly everything). More than the store's items is
+        capped at their number (a list cannot be longer), and the summary's ``note`` says so: it used to
+        size every block's lists by ``n`` and blame ``--memory-limit`` ("one block needs 14.4 GB").
     path : str, optional
         Write Parquet there (temporary file + rename) and return a summary dict;
         without it, return an iterator of :class:`pyarrow.Table` (one per user block).
@@ -189,13 +193,18 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
         Replace an existing file at ``path``.
     """
     m, st, mo, ids, tiekey, ridge, wanted = _prepare(model, store, n, users, ridge)
-    n = int(n)
+    asked, n = int(n), min(int(n), st.n_items)
     schema = _schema(st, ids)
     kw = dict(workers=workers, scheduler=scheduler, memory_limit=memory_limit)
     if path is None:
         return _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw)
-    return _write(str(path), _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw), schema, force=force,
-                  n=n)
+    res = _write(str(path), _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw), schema, force=force,
+                 n=n)
+    if asked > n:
+        res["top_requested"] = asked
+        res["note"] = (f"--top {asked} is more than the store's {st.n_items} items: each list holds at most "
+                       f"{st.n_items} (the items its user has not rated)")
+    return res
 
 
 def _write(path: str, tables, schema, *, force: bool, n: int) -> dict:

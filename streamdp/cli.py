@@ -83,6 +83,21 @@ def _json_default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
+class _Epsilon(click.ParamType):
+    """An ``--epsilon``: a float, where only the literal ``inf`` is infinite (``1e309`` is an error, not a
+    non-private run: :func:`streamdp.privacy.accountant.parse_epsilon`)."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        from streamdp.privacy.accountant import parse_epsilon
+
+        return parse_epsilon(value, param.opts[0] if param is not None and param.opts else "--epsilon")
+
+
+EPSILON = _Epsilon()
+
+
 memory_limit_option = click.option(
     "--memory-limit",
     default=None,
@@ -404,7 +419,7 @@ class _TrainCommand(click.Command):
 @main.command(cls=_TrainCommand)
 @click.argument("store")
 @click.option("--method", default="als", show_default=True, help="Training method.")
-@click.option("--epsilon", type=float, required=True, help="User-level epsilon; 'inf' trains without noise "
+@click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon; 'inf' trains without noise "
               "(non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users)), n_users the "
@@ -492,7 +507,7 @@ def format_train_summary(summary: dict) -> str:
 
 @main.command()
 @click.argument("store")
-@click.option("--epsilon", type=float, required=True, help="User-level epsilon of the whole run: the candidates, "
+@click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon of the whole run: the candidates, "
               "their noisy validation losses and the released model, composed in one ledger.")
 @click.option("--method", default="als", show_default=True, help="Method to tune: als, irls or means.")
 @click.option("--out", required=True, help="Model directory to write (atomically): the chosen configuration.")
@@ -696,6 +711,8 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
         if as_json:
             print_json(res)
         else:
+            if res.get("note"):
+                click.echo(f"note: {res['note']}", err=True)
             click.echo(f"wrote {res['out']}: top {res['top']} for {res['users']:,} users ({res['rows']:,} rows) in "
                        f"{res['seconds']:.1f}s; each list is for its user only (joint DP): do not publish the file")
             if not personalised(m):
@@ -724,7 +741,7 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
               "DIR/ratings.zarr and DIR/model (default: a temporary one, removed at the end).")
 @click.option("--force", is_flag=True, help="Replace DIR/ratings.zarr and DIR/model if they are a streamdp store "
               "and model (the store's budget ledger is carried over).")
-@click.option("--epsilon", type=float, default=1.0, show_default=True, help="User-level epsilon of the model.")
+@click.option("--epsilon", type=EPSILON, default=1.0, show_default=True, help="User-level epsilon of the model.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def demo(out, force, epsilon, as_json):
     """Main job end to end: generate a store -> train als -> evaluate, print RMSE, baselines and privacy spent."""
@@ -738,7 +755,7 @@ def demo(out, force, epsilon, as_json):
 @main.command(cls=_LowrankCommand)
 @click.argument("store")
 @click.option("--rank", type=int, required=True, help="Rank k of the approximation.")
-@click.option("--epsilon", type=float, required=True, help="Epsilon under the bounded row-change relation (see "
+@click.option("--epsilon", type=EPSILON, required=True, help="Epsilon under the bounded row-change relation (see "
               "below); 'inf' runs without noise (non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
               help="Delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
@@ -808,7 +825,7 @@ def privacy_epsilon(noise_multiplier, count, delta, as_json):
 
 
 @privacy.command("calibrate")
-@click.option("--epsilon", type=float, required=True, help="Target epsilon.")
+@click.option("--epsilon", type=EPSILON, required=True, help="Target epsilon.")
 @click.option("--delta", type=float, required=True, help="Target delta.")
 @click.option("--count", type=int, default=1, show_default=True,
               help="Number of Gaussian releases composed (Jain et al.: T for Alg. 1, Gamma for Alg. 2).")

@@ -20,7 +20,7 @@ from streamdp.evaluate import evaluate_model, format_baselines, format_verdict
 from streamdp.local import NOT_PERSONALISED
 from streamdp.model import check_model_destination
 from streamdp.privacy import Ledger
-from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.ranking import format_ranking_short, format_ranking_verdict
 from streamdp.storage.generate import generate_store
 from streamdp.storage.writer import check_destination
@@ -42,6 +42,7 @@ def run_demo(out: str | None = None, *, epsilon: float = 1.0, force: bool = Fals
     is generated; the store's budget ledger is carried over). Ctrl-C raises
     :class:`~streamdp.errors.Interrupted` saying what was kept and released.
     """
+    epsilon = parse_epsilon(epsilon)
     check_calibratable(epsilon)  # before anything is generated
     say = echo or (lambda *a, **k: None)
     kept = out is not None

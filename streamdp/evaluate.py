@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from streamdp.errors import StoreError
-from streamdp.local import model_ridge, predict_block, solve_block
+from streamdp.local import check_finite, model_ridge, predict_block, solve_block
 from streamdp.model import Model, load_model
 from streamdp.ranking import check_k, format_ranking, ranking_verdict, setup
 from streamdp.storage.fingerprint import store_fingerprint
@@ -127,9 +127,11 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         def fn(block, b):
             test = st.read_block(b, "test")
             U = solve_block(m, block.indptr, block.items, block.ratings, ridge)
+            check_finite(m, U, "users' local solutions")  # before the ranking uses U
             if implicit:
                 return np.concatenate([[0.0, 0.0, float(test.nnz)], rank.block(U, block, test)])
             pred = predict_block(m, U, test.indptr, test.items)
+            check_finite(m, pred)
             y = test.ratings.astype(np.float64)
             err = pred - y
             row = [np.sum(err * err), np.sum(np.abs(err)), float(test.nnz)]
@@ -160,7 +162,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         "ridge": ridge,
         "method": m.method,
         "guarantee": getattr(m.ledger, "guarantee", None),
-        "epsilon": m.info.get("epsilon"),
+        "epsilon": ledger_epsilon(m),
         "store_matches_model": match,
     }
     if baselines:
@@ -172,6 +174,14 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         out["ranking"] = rank.result(tot[width:])
         out["ranking_verdict"] = ranking_verdict(out["ranking"])
     return out
+
+
+def ledger_epsilon(model):
+    """The model's epsilon as its ledger (``privacy.json``) records it: a number, or ``"inf"`` (no DP claim)."""
+    eps = getattr(model.ledger, "epsilon", None)
+    if eps is None:
+        return model.info.get("epsilon")
+    return float(eps) if math.isfinite(float(eps)) else "inf"
 
 
 #: Pseudo-ratings at the global mean added to each item's ratings (damped item mean) and to each user's

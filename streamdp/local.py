@@ -257,6 +257,27 @@ def popular_list(model, top: int):
         order = idx[np.lexsort((idx, -list_bias(model, base)))][:top]
         what = "the model's best items for a user without ratings (it released no item counts)"
     return order, np.clip(base[order], lo, hi), what
+def check_finite(model, values, what: str = "predictions") -> None:
+    """Refuse (:class:`InputError`) non-finite ``values`` computed from ``model`` (a user's row, predictions, scores).
+
+    A model whose values are finite but absurd (factors of ``1e30``: loading accepts them)
+    overflows the local solve: ``evaluate`` printed ``RMSE nan`` and a verdict "nan worse"
+    with exit 0. Every output computed from a model (evaluate, recommend, batch
+    recommend) checks what it computed here, so such a model is one line naming it.
+
+    >>> from types import SimpleNamespace
+    >>> m = SimpleNamespace(path="m", item_factors=np.full((2, 1), 1e30, np.float32))
+    >>> check_finite(m, np.array([1.0, np.nan]))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    streamdp.errors.InputError: m: its predictions are not finite (NaN or infinity): the model's values ...
+    """
+    v = np.asarray(values)
+    if v.size and not np.isfinite(v).all():
+        V = np.asarray(getattr(model, "item_factors", np.zeros(0)))
+        big = f" (largest |item factor| {float(np.abs(V).max()):.3g})" if V.size else ""
+        raise InputError(f"{getattr(model, 'path', 'model')}: its {what} are not finite (NaN or infinity): the "
+                         f"model's values{big} overflow the local solve's arithmetic; the model is damaged or edited")
 
 
 def local_kind(model) -> str:
@@ -374,7 +395,9 @@ def _raw_scores(model, items, ratings, ridge, user_bias) -> np.ndarray:
         raise InputError(f"rating {r[bad][0]:g} is outside the model's rating range [{lo:g}, {hi:g}]")
     u = solve_user(model, items, ratings, ridge, user_bias=user_bias)
     Q, bias = local_design(model, user_bias)
-    return model.global_mean + bias + Q @ u
+    raw = model.global_mean + bias + Q @ u
+    check_finite(model, raw)
+    return raw
 
 
 def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = None, user_bias: bool | None = None):

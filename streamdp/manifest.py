@@ -57,7 +57,8 @@ MODEL_JSON = {
     "method": (PUBLIC, "training method"),
     "mechanism": (PUBLIC, "lowrank: the mechanism option"),
     "rank": (PUBLIC, "number of factors (option, or default from public parameters)"),
-    "epsilon": (PUBLIC, "privacy target (option)"),
+    "epsilon": (PUBLIC, "the ledger's epsilon: the privacy target (option), or the claim that replaced it"),
+    "epsilon_target": (PUBLIC, "the --epsilon asked for, when the ledger claims another epsilon (option)"),
     "delta": (PUBLIC, "privacy target (option, or default from the released or declared n_users)"),
     "seed": (PUBLIC, "the seed given (a seeded run is not private against whoever knows it)"),
     "n_users": (RELEASE, "number of users: released with Laplace noise (ledger: 'number of users'), or the declared "

@@ -78,7 +78,7 @@ class Model:
 
     def __repr__(self) -> str:
         g = getattr(self.ledger, "guarantee", None)
-        eps = self.info.get("epsilon")
+        eps = getattr(self.ledger, "epsilon", self.info.get("epsilon"))
         return (f"Model({self.path!r}, method={self.method!r}, rank={self.rank}, n_items={self.n_items}, "
                 f"epsilon={eps!r}, guarantee={g!r})")
 
@@ -194,7 +194,8 @@ class Model:
 
     @property
     def method(self) -> str:
-        return str(self.info.get("method", "?"))
+        """The method, as the ledger (``privacy.json``) records it."""
+        return str(getattr(self.ledger, "method", None) or self.info.get("method", "?"))
 
     def in_order_of(self, item_ids) -> "Model":
         """This model with its per-item arrays reordered to ``item_ids`` (e.g. a store's dense order).
@@ -264,6 +265,7 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
     info = dict(model_info)
     if "list_scorer" not in info:  # a method may state its own; the default reads only names and the declared range
         info["list_scorer"] = default_list_scorer(info, extras)
+    _claim_epsilon(info, ledger)
     info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n),
                 rank=int(V.shape[1]), item_order="ascending item id")
     # every field must be declared with its provenance; a private model holds no exact statistic
@@ -297,6 +299,22 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
     return out
 
 
+def _claim_epsilon(info: dict, ledger) -> None:
+    """``model.json``'s ``epsilon`` is the ledger's (:func:`check_agrees` compares them at load); the ``--epsilon``
+    asked for, when the ledger claims another (public-private's 0 or ``inf``, sgld's ``epsilon / T``), is kept as
+    ``epsilon_target``."""
+    if "epsilon" not in info:
+        return
+    target = info["epsilon"]
+    try:
+        same = float(target) == float(ledger.epsilon)
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        info["epsilon_target"] = target
+        info["epsilon"] = ledger.epsilon
+
+
 def _put(group, name: str, a: np.ndarray, chunks="auto") -> None:
     """Write ``a`` as array ``name`` of ``group`` (``create_array(data=...)`` exists only since zarr 3.1; the
     lower bound is 3.0.8)."""
@@ -321,6 +339,51 @@ def _check_arrays(path: str, arrays: dict, global_mean: float, info: dict) -> No
             raise InputError(f"{path}/factors.zarr: {name} holds NaN or infinity: not a usable model")
     if not np.isfinite(global_mean):
         raise InputError(f"{path}/factors.zarr: global_mean is {global_mean}: not a usable model")
+
+
+def _number(v):
+    """A JSON number or ``"inf"``/``"nan"`` string as a float (other values as they are)."""
+    if isinstance(v, str) and v.lower() in ("inf", "+inf", "-inf", "infinity", "nan"):
+        return float(v)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def check_agrees(path: str, info: dict, ledger) -> None:
+    """Refuse (:class:`InputError`) a ``model.json`` whose claims differ from ``privacy.json``'s (the ledger).
+
+    Compared, where both files carry them (a claim model.json leaves out is no disagreement: reports take it
+    from the ledger): ``method``, ``epsilon``, ``delta`` (when the ledger
+    claims one: a ledger whose guarantee has no delta, non-private or "not DP", writes
+    none or 0), ``store_fingerprint``, whether the run was seeded (``seed`` against
+    ``seeded``), and ``n_users``, ``n_items`` and the rating range against the ledger's
+    ``public_parameters``. Editing only ``epsilon`` to 0.01 in ``model.json`` made
+    ``evaluate --json`` report 0.01, and editing ``method`` had ``evaluate`` call an als
+    model "oja": reports take these values from the ledger, and a disagreement is one
+    line naming the field and both files.
+    """
+    pairs = [("method", info.get("method"), ledger.method)] if "method" in info else []
+    if "epsilon" in info:
+        pairs.append(("epsilon", _number(info["epsilon"]), _number(ledger.epsilon)))
+    if ledger.delta and "delta" in info:  # the ledger claims a delta: the model must say the same
+        pairs.append(("delta", _number(info["delta"]), _number(ledger.delta)))
+    if info.get("store_fingerprint") or ledger.store_fingerprint:
+        pairs.append(("store_fingerprint", info.get("store_fingerprint"), ledger.store_fingerprint))
+    if "seed" in info:
+        pairs.append(("seed (seeded)", info["seed"] is not None, bool(ledger.seeded)))
+    pub = ledger.public_parameters or {}
+    for name in ("n_users", "n_items"):
+        if name in info and name in pub:
+            pairs.append((name, _number(info[name]), _number(pub[name])))
+    rr, prr = info.get("rating_range"), pub.get("rating_range")
+    if isinstance(rr, dict) and isinstance(prr, dict):
+        for end in ("min", "max"):
+            pairs.append((f"rating_range.{end}", _number(rr.get(end)), _number(prr.get(end))))
+    for name, mine, theirs in pairs:
+        same = mine == theirs or (isinstance(mine, float) and isinstance(theirs, float) and mine != mine
+                                  and theirs != theirs)
+        if not same:
+            raise InputError(f"{path}: model.json and privacy.json disagree on {name}: model.json says {mine!r}, "
+                             f"privacy.json {theirs!r} (the directory was edited; privacy.json is the ledger)")
 
 
 def load_model(path: str) -> Model:
@@ -351,6 +414,7 @@ def load_model(path: str) -> Model:
         if name not in arrays:
             raise InputError(f"{path}/factors.zarr: no array {name!r}")
     ledger = Ledger.read(path)
+    check_agrees(path, info, ledger)
     _check_arrays(path, arrays, global_mean, info)
     ids = as_ids(arrays.pop("item_ids"))
     if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):

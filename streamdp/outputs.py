@@ -243,8 +243,10 @@ def remove_temp_dir(tmp: str, *, settle: bool = False) -> None:
 # full disks: one line, not a traceback
 # ---------------------------------------------------------------------------------------
 
-#: errno values that mean the file system takes no more data: full, over quota, read-only.
-NO_SPACE_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS) if e is not None)
+#: errno values that mean the file system takes no more data: full, over quota, read-only, or a file past the
+#: largest size allowed (EFBIG: `ulimit -f`, or the file system's own limit).
+NO_SPACE_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS, errno.EFBIG)
+                            if e is not None)
 
 _ERRNO_IN_TEXT = re.compile(r"\[errno (\d+)\]", re.IGNORECASE)
 

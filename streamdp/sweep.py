@@ -29,7 +29,7 @@ from streamdp.api import train
 from streamdp.errors import BudgetExceededError, ParameterError
 from streamdp.methods import get_method
 from streamdp.outputs import check_destination
-from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import atomic_write_json
 from streamdp.privacy.params import default_delta
@@ -58,6 +58,7 @@ def parse_epsilons(text: str) -> list[float]:
             e = float(part)
         except ValueError:
             raise ParameterError(f"--epsilons: {part!r} is not a number (use e.g. 0.5,1,inf)") from None
+        e = parse_epsilon(part, "--epsilons")  # only the literal inf is infinite (1e309 is an error)
         if not e > 0:
             raise ParameterError(f"--epsilons: every epsilon must be > 0 (or inf), got {part}")
         check_calibratable(e, "--epsilons")

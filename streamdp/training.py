@@ -28,7 +28,7 @@ from streamdp.model import check_model_destination
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import interrupt_signal
 from streamdp.privacy import GUARANTEE_NONE, check_privacy_params
-from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import privacy_warnings
 from streamdp.privacy.params import default_delta
@@ -63,6 +63,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     never the exact count. ``users``: a count released already (``sweep`` shares one).
     """
     t0 = time.perf_counter()
+    epsilon = parse_epsilon(epsilon)  # "1e309" is an error, only "inf" is infinite
     check_calibratable(epsilon)  # one message for every method, before the store is opened
     store = store if isinstance(store, RatingStore) else open_store(store)
     cls = get_method(method) if isinstance(method, str) else method
@@ -107,8 +108,7 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
     check_privacy_params(epsilon, delta, n_users=users.n)
     m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, users=users,
             **{k: v for k, v in options.items() if v is not None})
-    if m.RANK_IS_FACTORS and m.rank > st.n_items:  # fw's rank counts iterations: its basis may repeat directions
-        raise ParameterError(f"--rank {m.rank} exceeds the number of items ({st.n_items})")
+    m.check_rank(st.n_items)  # fw's rank counts iterations (its basis may repeat directions); means fits none
     return st, m
 
 

@@ -152,7 +152,7 @@ from streamdp.methods.base import Method, Plan, user_count_for
 from streamdp.methods.options import MethodOptions
 from streamdp.model import check_model_destination
 from streamdp.privacy import calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of, gaussian_event
-from streamdp.privacy.accountant import check_calibratable
+from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.params import default_delta
 from streamdp.privacy.release import Release
@@ -176,6 +176,12 @@ SAMPLE_RATE = 0.2
 _FORBIDDEN = {"checkpoint": "a run directory, not a hyperparameter", "select": "tune makes the choice itself",
               "mechanism": "tuning runs are Gaussian (the adaptive choice of the released model needs it)"}
 _SELECT_RNG = 0x70E
+#: The largest value of a grid key whose value is work (each candidate runs it): beyond the options' own limits, so
+#: that ``--grid iters=1000000`` is one line, not a run that never ends. Decision: 10x and more the defaults (private
+#: als runs 0-9 iterations, 15 non-private; irls 2 reweighting steps), and ranks of the regime als is built for.
+GRID_MAX = {"rank": 512, "iters": 100, "irls_iters": 50, "select_after": 100}
+#: The most configurations a grid may have (each is a candidate run; their noise grows with their number).
+MAX_CONFIGS = 64
 
 
 def default_grid(method: str, store, epsilon: float) -> dict[str, list]:
@@ -204,7 +210,8 @@ def parse_grid(specs, cls: type[Method]) -> dict[str, list]:
     """``["rank=4,8", "iters=0,5"]`` -> ``{"rank": [4, 8], "iters": [0, 5]}``, each value checked by its option.
 
     Keys are ``rank`` and the method's options (``-`` or ``_``); a bad key, a repeated
-    key, an empty or repeated value, or a value its option refuses is a
+    key, an empty or repeated value, a value its option refuses, a value of work above
+    :data:`GRID_MAX` or more than :data:`MAX_CONFIGS` configurations is a
     ``ParameterError`` naming ``--grid``.
     """
     declared = {o.name: o for o in cls.OPTIONS}
@@ -238,8 +245,15 @@ def parse_grid(specs, cls: type[Method]) -> dict[str, list]:
                 raise ParameterError(f"--grid {spec!r}: {raw!r}: {why}") from None
             if v in vals:
                 raise ParameterError(f"--grid {spec!r}: {raw!r} is given twice")
+            if key in GRID_MAX and v > GRID_MAX[key]:
+                raise ParameterError(f"--grid {spec!r}: {raw!r}: {key} is at most {GRID_MAX[key]} in a tuning grid "
+                                     f"(every candidate runs it)")
             vals.append(v)
         out[key] = vals
+    n = math.prod(len(v) for v in out.values())
+    if n > MAX_CONFIGS:
+        raise ParameterError(f"--grid: {n} configurations, at most {MAX_CONFIGS} (each is a candidate run, and "
+                             f"their noise grows with their number): give fewer values")
     return out
 
 
@@ -473,7 +487,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     if not get_method(method).TUNABLE:  # an unknown name: the registry's message
         raise ParameterError(f"--method {method}: tune supports {', '.join(tunable_methods())} (their releases are "
                              f"Gaussian and planned in full)")
-    if not math.isfinite(float(epsilon)):
+    epsilon = parse_epsilon(epsilon)
+    if not math.isfinite(epsilon):
         raise ParameterError("--epsilon: tune needs a finite epsilon (a non-private choice needs no tuning "
                              "budget: train each configuration and evaluate it)")
     check_calibratable(epsilon)
@@ -506,9 +521,11 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
             m = cls(epsilon=epsilon, delta=delta, seed=seed, **c)
         except ParameterError as exc:
             raise ParameterError(f"--grid: {config_name(c)}: {exc}") from None
-        if m.rank > st.n_items:
+        try:
+            m.check_rank(st.n_items)
+        except ParameterError:
             raise ParameterError(f"--grid: {config_name(c)}: rank {m.rank} exceeds the number of items "
-                                 f"({st.n_items})")
+                                 f"({st.n_items})") from None
     # a store whose budget cannot take E is refused before any pass over its ratings (the whole E is reserved
     # once the candidates are planned, before they run; the default-only paths reserve as train does)
     z_e = calibrate_gaussian(epsilon, delta)  # the whole E as one Gaussian

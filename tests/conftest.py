@@ -1,4 +1,5 @@
-"""Shared fixtures: small generated stores and the path to ../shared/data; the default parallel run."""
+"""Shared fixtures: small generated stores, the path to ../shared/data, the in-process CLI of the hostile-input tests;
+the default parallel run."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("STREAMDP_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -61,3 +63,30 @@ def small_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("stores") / "small.zarr"
     return generate_store(str(path), n_users=3000, n_items=400, ratings_per_user=30, rank=4, seed=7,
                           test_fraction=0.2, block_users=700)
+
+class Cli:
+    """``streamdp ARGS`` in process (:meth:`run`) and the check that a result is one error line (:meth:`error`)."""
+
+    @staticmethod
+    def run(*args):
+        """``(exit code, stdout, stderr, exception)`` of ``streamdp ARGS``."""
+        from streamdp.cli import main
+
+        r = CliRunner().invoke(main, [str(a) for a in args])
+        return r.exit_code, r.stdout, r.stderr, r.exception
+
+    @staticmethod
+    def error(res, *needles):
+        """Assert that ``res`` (from :meth:`run`) is exit code 2 with one ``streamdp: error:`` line holding
+        every one of ``needles``, and no traceback."""
+        code, _, err, exc = res
+        assert code == 2, (code, err, exc)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("streamdp: error: ") and "Traceback" not in err, err
+        for n in needles:
+            assert n in lines[0], (n, lines[0])
+
+
+@pytest.fixture(scope="session")
+def cli() -> Cli:
+    return Cli()

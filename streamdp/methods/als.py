@@ -1177,6 +1177,7 @@ class PrivateMeans(_AlsBase):
     SUMMARY = "private global mean and item means only: the private item-mean baseline"
     Options = MeansOptions
     FIXED_ITERS = 0
+    FITS_FACTORS = False
 
     def _factor_options(self) -> AlsOptions:
         """No factor iterations run: als' defaults (the settings and model.json list them as for als)."""

@@ -20,6 +20,7 @@ from streamdp.errors import ParameterError
 from streamdp.methods.options import MethodOptions
 from streamdp.model import save_model
 from streamdp.privacy import GUARANTEE_NONE, Ledger, compose, epsilon_of
+from streamdp.privacy.accountant import parse_epsilon
 from streamdp.privacy.users import UserCount, release_user_count
 from streamdp.stream.driver import Run, fingerprint
 
@@ -159,6 +160,9 @@ class Method:
     #: Whether the method trains on an implicit store (interaction counts, ``RatingStore.implicit``); rating
     #: methods do not: a count is no rating (:meth:`check_store`).
     ACCEPTS_IMPLICIT: ClassVar[bool] = False
+    #: Whether the method fits factors at all (``means`` releases the global mean and item biases only: its
+    #: rank is unused, and a store of fewer items than the default rank is no reason to refuse it).
+    FITS_FACTORS: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -169,7 +173,7 @@ class Method:
                  users: UserCount | None = None, **options):
         self.opts = self.Options.build(options, method=self.name)
         self.users = users
-        self.epsilon = float(epsilon)
+        self.epsilon = parse_epsilon(epsilon)
         self.delta = float(delta)
         if rank is None:
             rank = self.default_rank()
@@ -185,6 +189,10 @@ class Method:
         if getattr(store, "implicit", False) and not cls.ACCEPTS_IMPLICIT:
             raise ParameterError(f"--method {cls.name}: {store.path} is an implicit store (interactions with counts, "
                                  f"no ratings) and {cls.name} trains on ratings; use --method ials")
+    def check_rank(self, n_items: int) -> None:
+        """Refuse (:class:`ParameterError`) more factors than items (not for fw's steps, nor a method fitting none)."""
+        if self.FITS_FACTORS and self.RANK_IS_FACTORS and self.rank > n_items:
+            raise ParameterError(f"--rank {self.rank} exceeds the number of items ({n_items})")
 
     def default_rank(self) -> int:
         """The rank when ``--rank`` is not given (8; methods may derive it from public parameters)."""
@@ -224,6 +232,7 @@ class Method:
         key = (str(store.path), store.checksum)
         cache = self.__dict__.setdefault("_plans", {})
         if key not in cache:
+            store.check_rating_range()  # every method scales clipping and noise to it: [4, 4] is refused here
             plan = self._plan(store)
             first = self.spent_first(store)
             if first:  # the count, released before the plan was made: the ledger's first event

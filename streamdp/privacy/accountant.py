@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import asdict, dataclass
 
 import dp_accounting
@@ -93,6 +94,7 @@ __all__ = [
     "AccountingResult",
     "check_calibratable",
     "check_privacy_params",
+    "parse_epsilon",
     "epsilon_of",
     "pld_accountant",
     "pld_epsilon",
@@ -233,6 +235,49 @@ def pld_accountant(value_discretization_interval: float = 1e-4) -> dp_accounting
 def rdp_accountant() -> dp_accounting.PrivacyAccountant:
     """A fresh RDP accountant (add/remove one user, default orders) that knows :class:`PureDpEvent`."""
     return _RdpAccountant(neighboring_relation=_REL)
+
+
+#: The spellings of an infinite epsilon that ask for a non-private run (case-insensitive).
+INF_WORDS = ("inf", "+inf", "infinity", "+infinity")
+
+
+def parse_epsilon(value, flag: str = "--epsilon") -> float:
+    """``value`` (a number, or a string as typed) as an epsilon; only the literal ``inf`` means infinite.
+
+    A string is parsed strictly: ``inf`` (and ``infinity``, with an optional ``+``, any case)
+    asks for a non-private run; any other spelling that does not give a finite float is a
+    one-line :class:`ParameterError` naming ``flag`` (``1e309`` overflows to ``inf`` in
+    Python's ``float``: it must not silently train without noise). A number is taken as
+    it is (a Python ``float('inf')`` is an explicit request). Decision: ``infinity`` is
+    accepted because Python's ``float`` accepts it and it cannot be read as a finite number.
+    Range checks (``> 0``, calibratable) are :func:`check_privacy_params` and
+    :func:`check_calibratable`'s.
+
+    >>> parse_epsilon("1"), parse_epsilon("INF"), parse_epsilon(2)
+    (1.0, inf, 2.0)
+    >>> parse_epsilon("1e309")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    streamdp.errors.ParameterError: --epsilon 1e309: overflows a float (largest ...); only the literal inf is ...
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in INF_WORDS:
+            return math.inf
+        try:
+            x = float(text)
+        except ValueError:
+            raise ParameterError(f"{flag}: expected a number (or inf for a non-private run), got {value!r}") from None
+        if math.isinf(x):
+            raise ParameterError(f"{flag} {text}: overflows a float (largest {sys.float_info.max:.4g}); only the "
+                                 f"literal inf is infinite (a non-private run)")
+        return x
+    if isinstance(value, bool):
+        raise ParameterError(f"{flag}: expected a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ParameterError(f"{flag}: expected a number (or inf for a non-private run), got {value!r}") from None
 
 
 def check_privacy_params(epsilon: float, delta: float, n_users: int | None = None) -> None:

@@ -133,7 +133,7 @@ from streamdp.errors import BudgetExceededError, ParameterError, StoreError
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import deferred_interrupts
 from streamdp.owner import current_owner, describe_owner, owner_status
-from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, epsilon_of
+from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, epsilon_of, parse_epsilon
 from streamdp.privacy.events import compose, event_from_dict
 from streamdp.privacy.journal import (
     GENESIS,
@@ -995,9 +995,11 @@ def parse_budget(budget, *, name: str = "--budget") -> tuple[float, float] | Non
     """
     if budget is None:
         return None
+    parts = budget.split(",") if isinstance(budget, str) else tuple(budget)
     try:
-        e, d = (float(x) for x in (budget.split(",") if isinstance(budget, str) else budget))
+        e, d = (float(x) for x in parts)
     except ValueError:
         raise ParameterError(f"{name}: expected EPSILON,DELTA, got {budget!r}") from None
+    e = parse_epsilon(parts[0], name)  # only the literal inf is infinite ("1e309" is an error)
     check_privacy_params(e, d)
     return e, d

@@ -82,6 +82,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from streamdp.errors import InputError
+from streamdp.storage.schema import RATING_MAX_ABS, storable_ratings
 
 FORMATS = ("udata", "dat", "csv", "ws", "parquet")
 BOM = b"\xef\xbb\xbf"  # the UTF-8 byte-order mark; pyarrow's CSV reader skips it too
@@ -867,6 +868,8 @@ def check_fields(fields: list[str], spec: Spec, int_ids: tuple[bool, bool], rati
         return f"{what} {r!r} is not a number"
     if not math.isfinite(v):
         return f"{what} {r!r} is not finite"
+    if not storable_ratings(v):
+        return f"{what} {r!r} is not finite as a float32 (the store's values; at most {RATING_MAX_ABS:.4g} in size)"
     if spec.implicit and not v > 0:
         return not_positive_reason(v)
     if rating_range is not None and not (rating_range[0] <= v <= rating_range[1]):

@@ -4,8 +4,8 @@ The pipeline (each pass streams; nothing holds all ratings in memory):
 
 1. **Parse** every input with pyarrow's streaming readers (:mod:`streamdp.storage.formats`)
    in blocks sized from ``memory_limit`` (a large uncompressed text file is cut at
-   line ends into byte ranges parsed by parallel threads); check ratings (finite,
-   inside ``--rating-range``) and ids (not empty); count distinct user and item ids
+   line ends into byte ranges parsed by parallel threads); check ratings (finite
+   as the store's float32, inside ``--rating-range``) and ids (not empty); count distinct user and item ids
    (a dense count array over the id range for integer ids, pyarrow hash group-by
    otherwise, merged in bounded buffers); spill the parsed columns in Arrow IPC to a
    temporary directory next to ``--out``.
@@ -45,9 +45,9 @@ strings kept exactly as written (no Unicode normalisation, no trimming: ``007`` 
 integer columns beyond int64 become strings); when only some input files
 have a timestamp column, timestamps are ignored and the last seen rating of a
 duplicated pair is kept; ``n_bad_lines_skipped`` counts lines dropped by
-``--skip-bad-lines`` (wrong field count, unparsable or non-finite numbers, empty
-ids, and ratings outside ``--rating-range`` under ``--out-of-range error``); blank
-lines are ignored and not counted.
+``--skip-bad-lines`` (wrong field count, unparsable or non-finite numbers, ratings that
+overflow the store's float32 such as ``1e39``, empty ids, and ratings outside
+``--rating-range`` under ``--out-of-range error``); blank lines are ignored and not counted.
 
 Ratings outside a declared ``--rating-range`` (``out_of_range``): ``error`` (the
 default: the first one is an error naming its line and the options below, or with
@@ -55,7 +55,8 @@ default: the first one is an error naming its line and the options below, or wit
 to the nearer bound: post-processing with the declared, public bounds) or ``drop``.
 The store records the policy (``out_of_range``) and how many ratings were clipped or
 dropped (``n_out_of_range_clipped``, ``n_out_of_range_dropped``: input lines, counted
-before duplicates are removed). Non-finite ratings are bad lines under every policy.
+before duplicates are removed). Non-finite ratings (also those that overflow float32,
+``1e39``: they are not clipped) are bad lines under every policy.
 Without a declared range the range is the observed one and nothing is out of it, so
 ``clip``/``drop`` without ``--rating-range`` is refused. These counts are exact
 statistics of the data and stay in the store (which is private data); nothing
@@ -105,7 +106,7 @@ from streamdp.memory import format_size, resolve_memory_limit
 from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
 from streamdp.storage import formats as F
-from streamdp.storage.schema import default_block_users
+from streamdp.storage.schema import default_block_users, storable_ratings
 from streamdp.storage.split import block_seed, check_fraction, split_block
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import StoreWriter, check_destination
@@ -410,6 +411,8 @@ def ingest(
                 break
             except F._IdNotInteger as exc:
                 int_ids[0 if exc.role == "user" else 1] = False
+        if rr is None and not is_implicit:  # counts all 1 (a two-column log) are a log, not a degenerate scale
+            check_observed_range(parsed.rmin, parsed.rmax, inputs)
         if check_users is not None:
             check_users(len(parsed.users))
         params = dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
@@ -456,6 +459,17 @@ def _check_kind(specs, rr, out_of_range, count_cap) -> bool:
         if not (np.isfinite(count_cap) and count_cap > 0):
             raise ParameterError(f"--count-cap must be a finite number > 0, got {count_cap:g}")
     return implicit
+def check_observed_range(lo: float, hi: float, inputs) -> None:
+    """Refuse (:class:`InputError`) input whose ratings are all equal when no ``--rating-range`` is declared.
+
+    The observed range ``[4, 4]`` is empty: every method scales its clipping and noise to
+    the range (and would divide by its width), so such a store is not written; the fix is to
+    declare the scale the ratings are on.
+    """
+    if not hi > lo:
+        names = ", ".join(str(p) for p in inputs)
+        raise InputError(f"{names}: every rating is {lo:g}, so the observed rating range [{lo:g}, {hi:g}] is empty; "
+                         f"declare the scale the ratings are on with --rating-range LO,HI (e.g. 1,5)")
 
 
 def _spill_beside(out: str) -> str:
@@ -523,7 +537,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                     if failed.is_set():
                         return rows, rmin, rmax, bad[0], n_oor
                     r = b.rating
-                    badm = ~np.isfinite(r)
+                    badm = ~storable_ratings(r)  # nan, inf, and what overflows the store's float32
                     if implicit:
                         with np.errstate(invalid="ignore"):
                             badm |= ~(r > 0)
@@ -549,6 +563,8 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                             if spec.format == "parquet":
                                 what = "count" if implicit else "rating"
                                 why = (f"{what} {float(r[j])} is not finite" if not np.isfinite(r[j]) else
+                                       f"{what} {float(r[j]):g} is not finite as a float32 (the store's values)"
+                                       if not storable_ratings(r[j]) else
                                        F.not_positive_reason(r[j]) if implicit and not r[j] > 0 else
                                        F.out_of_range_reason(r[j], rr)
                                        if rr is not None and not rr[0] <= r[j] <= rr[1] else "empty id")

@@ -65,6 +65,8 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
 from streamdp.storage import remote
 
 FORMAT_NAME = "streamdp-ratings"
@@ -97,6 +99,23 @@ def rating_compressor():
     return BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
 
 ITEM_PAD = -1
+#: The dtype of the stored ratings.
+RATING_DTYPE = np.float32
+#: The largest magnitude a stored rating can have (a larger number becomes ``inf`` in :data:`RATING_DTYPE`).
+RATING_MAX_ABS = float(np.finfo(RATING_DTYPE).max)
+
+
+def storable_ratings(values) -> np.ndarray:
+    """Boolean mask of the ``values`` that stay finite in the store's rating dtype (float32).
+
+    ``1e39`` is a finite float64 but ``inf`` as a float32: such a rating is a bad line
+    at ingest, like ``nan`` or ``inf`` written out.
+
+    >>> storable_ratings(np.array([4.0, 1e39, np.nan, -3.4e38])).tolist()
+    [True, False, False, True]
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.isfinite(np.asarray(values).astype(RATING_DTYPE, copy=False))
 
 
 def default_block_users(n_users: int, n_ratings: int, target: int = TARGET_BLOCK_RATINGS) -> int:

@@ -19,10 +19,11 @@ from typing import Iterator, NamedTuple
 import numpy as np
 import zarr
 
-from streamdp.errors import StoreError
+from streamdp.errors import ParameterError, StoreError
 from streamdp.storage.chunks import FAST_CRC, ChunkReader, ZarrReader, chunk_crcs_digest, range_reader
 from streamdp.storage.ids import as_ids
-from streamdp.storage.schema import ATTRS_KEY, CSR_ARRAYS, FORMAT_NAME, FORMAT_VERSION, READ_VERSIONS, SPLITS
+from streamdp.storage.schema import (ATTRS_KEY, CSR_ARRAYS, FORMAT_NAME, FORMAT_VERSION, READ_VERSIONS, SPLITS,
+                                     storable_ratings)
 from streamdp.storage.writer import block_digest
 
 
@@ -301,8 +302,10 @@ class RatingStore:
     def _check_values(self, split: str, b: int, items: np.ndarray, ratings: np.ndarray) -> None:
         """Item indices within ``[0, n_items)``; ratings finite and inside the store's rating range.
 
-        Four vectorized min/max reductions; a NaN makes ``min``/``max`` NaN, which fails
-        both comparisons. Measured on 1M-rating blocks: 0.17 ms per block in cache, about
+        Four vectorized min/max reductions (and two scalar ``isfinite``: a store whose recorded
+        range is infinite, as ingest once wrote for a rating of ``1e39``, would otherwise hold
+        ``inf`` ratings); a NaN makes ``min``/``max`` NaN, which fails both comparisons.
+        Measured on 1M-rating blocks: 0.17 ms per block in cache, about
         0.4 ms over ten blocks read in turn (a fused Numba loop with an early exit took
         0.55 ms: it does not vectorize); ``read_block`` with all checks took 3.3% longer
         (median of 21 paired rounds, 6.7-7.6 ms per block unchecked).
@@ -315,7 +318,7 @@ class RatingStore:
             raise self._damaged(f"{split}/items", b, f"item index {lo if lo < 0 else hi} outside [0, {n})")
         rlo, rhi = np.float32(self.info.rating_min), np.float32(self.info.rating_max)
         a, z = ratings.min(), ratings.max()
-        if not (a >= rlo and z <= rhi):
+        if not (a >= rlo and z <= rhi and np.isfinite(a) and np.isfinite(z)):  # an inf range holds inf ratings
             bad = a if not a >= rlo else z
             why = "not finite" if not np.isfinite(bad) else f"outside the store's range [{rlo:g}, {rhi:g}]"
             raise self._damaged(f"{split}/ratings", b, f"rating {bad:g} {why}")
@@ -426,6 +429,27 @@ class RatingStore:
         """The recorded :func:`~streamdp.storage.writer.block_digest` of every block of
         ``split`` (``(n_blocks, 16)`` uint8), or ``None`` for a store written without them."""
         return self._split(split)["digests"]
+
+    def check_rating_range(self) -> None:
+        """Refuse (:class:`ParameterError`) a rating range that no method can scale its clipping and noise to.
+
+        An observed range of a store whose ratings are all equal (``[4, 4]``) is empty, and
+        a range that is not finite as the store's float32 is damage: every method's
+        ``plan`` checks it first (:meth:`streamdp.methods.base.Method.plan`), so none ends
+        in a division by zero; ingest refuses to write such a store
+        (:func:`streamdp.storage.ingest.check_observed_range`).
+        """
+        lo, hi = self.info.rating_min, self.info.rating_max
+        if getattr(self, "implicit", False) and hi == lo:  # a log of single interactions: counts all 1, no scale
+            return
+        if not (storable_ratings(lo) and storable_ratings(hi)):
+            raise ParameterError(f"{self.path}: rating range [{lo:g}, {hi:g}] is not finite as a float32 (the "
+                                 f"store's ratings): re-ingest it, declaring --rating-range LO,HI")
+        if not hi > lo:
+            what = "observed" if self.info.rating_range_source == "observed" else "recorded"
+            raise ParameterError(f"{self.path}: the {what} rating range [{lo:g}, {hi:g}] is empty (every rating is "
+                                 f"{lo:g}): methods scale clipping and noise to it; re-ingest with --rating-range "
+                                 f"LO,HI (the scale the ratings are on)")
 
     def check_chunks(self) -> None:
         """The cheap structural check run before anything is spent or written.

@@ -112,6 +112,14 @@ def block_digest(b: int, indptr, items, ratings) -> bytes:
     return h.digest()
 
 
+def check_finite_ratings(b: int, ratings: np.ndarray) -> None:
+    """Refuse (:class:`StoreError`) a block whose float32 ratings are not all finite: the last guard of every
+    path that writes ratings (ingest names the file and line before, for the user's data)."""
+    if len(ratings) and not (np.isfinite(ratings.min()) and np.isfinite(ratings.max())):  # nan makes both nan
+        raise StoreError(f"block {b}: a rating is not finite as a float32 (the store's ratings): refused, "
+                         f"nothing was written")
+
+
 #: Written on every array of a store: chunks equal to the fill value are written too.
 _ARRAY_CONFIG = {"write_empty_chunks": True}
 #: The id arrays covered by the checksum of a store that has no ``checksum_ids``
@@ -293,7 +301,9 @@ class _SplitWriter:
         if len(items) != nnz or len(ratings) != nnz:
             raise ValueError(f"block {b}: indptr says {nnz} ratings, got {len(items)} items, {len(ratings)} ratings")
         items = np.ascontiguousarray(items, dtype=np.int32)
-        ratings = np.ascontiguousarray(ratings, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            ratings = np.ascontiguousarray(ratings, dtype=np.float32)
+        check_finite_ratings(b, ratings)
         start = self.padded
         end = start + nnz
         padded_end = -(-end // self.chunk) * self.chunk
@@ -345,13 +355,26 @@ class _SplitWriter:
 
 
 class _FilledArray:
-    """An array of a store being written, filled in slices: each write runs with Ctrl-C deferred."""
+    """An array of a store being written, filled in slices: each write runs with Ctrl-C deferred.
 
-    def __init__(self, array: zarr.Array):
+    With ``hash_as`` (an id array the checksum covers), the slices must come in order from 0 and
+    each is fed to the store's :class:`ContentHash` as written (``generate`` writes ``user_ids`` by
+    block: they were outside the checksum, so swapping two went unnoticed by ``verify``).
+    """
+
+    def __init__(self, array: zarr.Array, hash_as: tuple | None = None):
         self.array = array
+        self._hash = hash_as  # (ContentHash, name) or None
+        self.filled = 0
 
     @deferred_interrupts()
     def __setitem__(self, key, value) -> None:
+        if self._hash is not None:
+            if not (isinstance(key, slice) and key.step in (None, 1) and (key.start or 0) == self.filled):
+                raise ValueError(f"{self.array.name}: a hashed id array is filled by consecutive slices from 0")
+            value = np.asarray(value)
+            self._hash[0].add_ids(self._hash[1], value)
+            self.filled += len(value)
         self.array[key] = value
 
     def __getattr__(self, name):
@@ -418,6 +441,7 @@ class StoreWriter:
                 raise no_space_error(exc, self.path) from None
             raise
         self._hash = ContentHash()
+        self._hashed: list[_FilledArray] = []  # id arrays filled in slices, hashed as they are written
         self._done = False
 
     def _remote_target(self) -> str:
@@ -491,13 +515,22 @@ class StoreWriter:
 
     @deferred_interrupts()
     def create_array(self, name: str, shape, dtype, chunks) -> "_FilledArray":
-        """Create an auxiliary array to be filled in slices (e.g. ids streamed by block)."""
+        """Create an auxiliary array to be filled in slices (e.g. ids streamed by block).
+
+        An id array the checksum covers (``user_ids``, ``item_ids``) is hashed slice by slice as it is filled
+        (in order from 0; another id array must not be written in between): :meth:`finalize` refuses it
+        unfilled.
+        """
         if "/" in name:
             grp, leaf = name.rsplit("/", 1)
             g = self.root.require_group(grp)
         else:
             g, leaf = self.root, name
-        return _FilledArray(g.create_array(leaf, shape=shape, dtype=dtype, chunks=chunks, config=_ARRAY_CONFIG))
+        arr = _FilledArray(g.create_array(leaf, shape=shape, dtype=dtype, chunks=chunks, config=_ARRAY_CONFIG),
+                           (self._hash, name) if name in _DEFAULT_CHECKSUM_IDS else None)
+        if name in _DEFAULT_CHECKSUM_IDS:
+            self._hashed.append(arr)
+        return arr
 
     @deferred_interrupts()
     def finalize(self, attrs: dict) -> str:
@@ -506,6 +539,9 @@ class StoreWriter:
         ``attrs`` must hold ``rating_min``, ``rating_max`` and ``rating_range_source``;
         anything else (sources, parameters) is recorded as given.
         """
+        for a in self._hashed:
+            if a.filled != a.array.shape[0]:
+                raise ValueError(f"{a.array.name}: {a.filled} of {a.array.shape[0]} ids were written")
         for s, w in self.splits.items():
             w.close(self.n_blocks)
             self._hash.add_split(s)

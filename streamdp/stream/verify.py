@@ -16,7 +16,8 @@ in block order), so memory is a few blocks plus the item-side counts. On the way
    missing chunk is reported before anything is decoded;
 2. every block of every split is read like :meth:`RatingStore.read_block` does
    (which refuses undecodable chunks and validates row pointers, item indices and
-   rating values) and its digest is compared with the one recorded for it in
+   rating values: finite as float32 and inside the rating range, itself finite) and
+   its digest is compared with the one recorded for it in
    ``<split>/block_digests``, so the first damaged block is named (stores written
    before block digests were recorded only get the whole-store comparison);
 3. ``user_counts`` and ``item_counts``, which the checksum does not cover, are
@@ -39,7 +40,7 @@ import time
 import numpy as np
 
 from streamdp.errors import StoreError
-from streamdp.storage.schema import SPLITS
+from streamdp.storage.schema import SPLITS, storable_ratings
 from streamdp.storage.store import open_store
 from streamdp.storage.writer import ContentHash, block_digest, checksum_attrs, checksum_ids
 from streamdp.stream.engine import Engine
@@ -70,6 +71,10 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
     recorded = st.checksum
     if not recorded:
         raise StoreError(f"{st.path}: no recorded checksum to verify")
+    for name in ("rating_min", "rating_max"):
+        if not storable_ratings(getattr(st, name)):
+            raise StoreError(f"{st.path}: {name} {getattr(st, name):g} is not finite as a float32 (the store's "
+                             f"ratings): the store is damaged or was written by a streamdp that let it in; re-ingest")
     st.check_chunks()
     splits = [s for s in SPLITS if s in st.root]
     digests = {s: st.block_digests(s) for s in splits}  # (shape checked)
@@ -143,6 +148,7 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
         "splits": splits,
         "block_digests": all(d is not None for d in digests.values()),
         "attributes_covered": list(attrs),
+        "ids_covered": list(checksum_ids(st.attrs)),
         "chunk_crc_mismatches": crc_mismatches,
         "seconds": round(time.perf_counter() - t0, 3),
     }
@@ -155,6 +161,9 @@ def format_verify(r: dict) -> str:
     if not r["attributes_covered"]:
         lines.append("note: this store was written before its checksum covered its attributes (rating range, "
                      "counts): they were not verified; re-ingest it to cover them")
+    if "user_ids" not in r.get("ids_covered", ["user_ids"]):
+        lines.append("note: this store was generated before its checksum covered its user ids: they were not "
+                     "verified; generate it again to cover them")
     if r["chunk_crc_mismatches"]:
         lines.append(f"note: the chunk files of {r['chunk_crc_mismatches']} block(s) differ from those written "
                      f"(re-encoded?) though their ratings match: every read checks those blocks' digests, "

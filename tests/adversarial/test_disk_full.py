@@ -321,3 +321,29 @@ def test_a_failed_flush_then_a_failed_close_names_the_file(monkeypatch):
         msg = outputs.describe_no_space(exc)
     assert msg.startswith("/s.zarr/privacy_budget.json: cannot write: No space left on device"), msg
     assert "could not be updated either" not in msg
+
+
+# --------------------------------------------------------------------------------------
+# a file past the size limit (EFBIG: ulimit -f)
+# --------------------------------------------------------------------------------------
+
+
+def test_ingest_past_the_file_size_limit_is_one_line(tmp_path):
+    """``ulimit -f`` during ingest: pyarrow's spill write fails with EFBIG (was a pyarrow traceback)."""
+    import resource
+    import subprocess
+    import sys
+
+    src = tmp_path / "r.csv"
+    src.write_text("user,item,rating\n" + "".join(f"{u},{i},{1 + (u + i) % 5}\n" for u in range(6000)
+                                                    for i in range(0, 200, 7)))
+    limit = 512 << 10  # bytes: the CSV (~1.5 MB) is read, the spill of its parsed columns is larger
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run([sys.executable, "-m", "streamdp.cli", "ingest", str(src), "--out", str(tmp_path / "s.zarr")],
+                       capture_output=True, text=True, preexec_fn=small_files, timeout=300)
+    assert_one_line_error(r.returncode, r.stderr, None, tmp_path / "s.zarr", reason="File too large (EFBIG)")
+    assert r.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == ["r.csv"]  # no store, no temporary directory

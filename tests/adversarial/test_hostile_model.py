@@ -74,3 +74,43 @@ def test_a_model_json_that_is_not_an_object_is_refused(model):
     (out / "model.json").write_text(json.dumps([1, 2]))
     code, text = _recommend(out, ratings)
     assert code == 2 and "model.json" in text and "Traceback" not in text, text
+
+
+# -- finite but absurd factors: non-finite predictions ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def absurd(tmp_path_factory):
+    """A non-private als model of a small store whose factors were all set to 1e30 (finite: it loads)."""
+    from streamdp.storage.generate import generate_store
+    from streamdp.training import train
+
+    d = tmp_path_factory.mktemp("absurd")
+    st = generate_store(str(d / "s.zarr"), n_users=300, n_items=60, ratings_per_user=10, rank=2, seed=1,
+                        test_fraction=0.2)
+    train(st, method="als", out=str(d / "m"), epsilon=math.inf, rank=2, seed=1, evaluate_test=False)
+    g = zarr.open_group(str(d / "m" / "factors.zarr"), mode="a")
+    V = np.asarray(g["item_factors"][:])
+    del g["item_factors"]
+    g.create_array("item_factors", data=np.full_like(V, 1e30))
+    blk = st.read_block(0)
+    ids = st.item_ids()
+    me = d / "me.csv"  # user 0's own ratings: her local solve overflows
+    me.write_text("item,rating\n" + "".join(f"{ids[i]},{r:g}\n" for i, r in zip(blk.items[:blk.indptr[1]],
+                                                                                 blk.ratings[:blk.indptr[1]])))
+    return d
+
+
+@pytest.mark.parametrize("args", [
+    ["evaluate", "{d}/m", "{d}/s.zarr"],
+    ["evaluate", "{d}/m", "{d}/s.zarr", "--json"],
+    ["recommend", "{d}/m", "--ratings", "{d}/me.csv"],
+    ["recommend", "{d}/m", "--store", "{d}/s.zarr", "--out", "{d}/recs.parquet"],
+], ids=["evaluate", "evaluate-json", "recommend", "batch-recommend"])
+def test_non_finite_predictions_are_one_line(absurd, args):
+    r = CliRunner().invoke(main, [a.format(d=absurd) for a in args])
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert r.stdout == "" and "nan" not in r.output.lower().replace("nan or", ""), r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not finite" in lines[0] and str(absurd / "m") in lines[0], r.stderr
+    assert not (absurd / "recs.parquet").exists()
