@@ -74,13 +74,9 @@ def _quiet_under_json(ctx, param, value):
 
 
 def _json_default(o):
-    import numpy as np
+    from streamdp.jsonio import json_default
 
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+    return json_default(o)
 
 
 memory_limit_option = click.option(
