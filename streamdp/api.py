@@ -25,7 +25,7 @@ import tempfile
 from streamdp.errors import ParameterError, StoreError
 from streamdp.evaluate import evaluate_model
 from streamdp.jsonio import as_printed
-from streamdp.model import load_model
+from streamdp.model import Model, load_model
 from streamdp.outputs import is_no_space, no_space_reason
 from streamdp.privacy import check_privacy_params
 from streamdp.privacy.budget import StoreBudget, parse_budget
@@ -42,7 +42,7 @@ __all__ = ["train", "tune", "evaluate", "generate", "ingest", "default_delta"]
 
 def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
           rank: int | None = None, seed: int | None = None, workers: int | None = None, memory_limit=None,
-          scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True, **options):
+          scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True, **options) -> Model:
     """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
 
     Exactly what ``streamdp train`` runs (:func:`streamdp.training.train`): the
@@ -72,7 +72,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
         evaluate_test=evaluate, **options))
 
 
-def _released(out: str | None, run):
+def _released(out: str | None, run) -> Model:
     """``run(out)`` writes a model and returns its summary; the loaded model with ``.summary``.
 
     ``out=None``: the model is written to a temporary directory, loaded, and the
@@ -97,7 +97,7 @@ def _released(out: str | None, run):
 
 def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
-         force: bool = False, evaluate: bool = True):
+         force: bool = False, evaluate: bool = True) -> Model:
     """Choose ``method``'s configuration privately and return the released model (``streamdp tune``).
 
     Exactly what ``streamdp tune`` runs (:func:`streamdp.tune.tune`): the grid's
@@ -238,7 +238,7 @@ def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = No
 
 
 def generate(out: str, *, users: int = 10_000, items: int = 2_000, ratings_per_user: float = 50.0, rank: int = 8,
-             seed: int = 0, test_fraction: float = 0.0, force: bool = False, **kw):
+             seed: int = 0, test_fraction: float = 0.0, force: bool = False, **kw) -> RatingStore:
     """A synthetic low-rank, power-law store (``streamdp generate``); returns the opened store."""
     return generate_store(out, n_users=users, n_items=items, ratings_per_user=ratings_per_user, rank=rank,
                           seed=seed, test_fraction=test_fraction, force=force, show_progress=False, **kw)

@@ -334,6 +334,10 @@ def ingest(
 ) -> RatingStore:
     """Ingest rating files into a store at ``out`` and return it opened.
 
+    ``inputs`` are paths, or the :class:`~streamdp.storage.formats.Spec` of an in-memory
+    frame (:func:`streamdp.storage.frames.frame_spec`: a DataFrame, an Arrow table, a
+    sparse matrix), read by record batches like a Parquet file.
+
     The store's attributes carry ``n_duplicates_dropped``, ``n_bad_lines_skipped``,
     ``out_of_range``, ``n_out_of_range_clipped``, ``n_out_of_range_dropped``, ``sources``
     and ``params``. ``out_of_range`` (``"error"``, the default, ``"clip"`` or ``"drop"``)
@@ -821,7 +825,8 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),
             "rating_range_source": source,
-            "sources": [{"name": os.path.basename(s.spec.path), "path": None if s.spec.frame is not None else os.path.abspath(s.spec.path),
+            "sources": [{"name": os.path.basename(s.spec.path),
+                         "path": None if s.spec.frame is not None else os.path.abspath(s.spec.path),
                          "size": s.size, "format": s.spec.format, "rows": s.rows, "header": s.spec.header,
                          "columns": {r: s.spec.cols.get(r) for r in F.ROLES}} for s in parsed.sources],
             "created_with": "ingest",
