@@ -507,11 +507,11 @@ def tune(store, epsilon, method, out, grid, delta, seed, workers, memory_limit, 
     budget before the candidates run (see docs/tune.md). On a store too small for the noisy losses to tell
     configurations apart, nothing is tuned and the default gets the whole epsilon.
     """
-    from streamdp.api import tune as tune_model
+    from streamdp.tune import tune as run_tune
 
-    summary = tune_model(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
-                         seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget,
-                         force=force).summary
+    # the run's summary (streamdp.api.tune's model.summary adds what the loaded model is)
+    summary = run_tune(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
+                       seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force)
     _report(summary, as_json, format_tune_summary)
 
 
