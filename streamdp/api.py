@@ -11,6 +11,13 @@
 >>> recs = model.recommend({0: 5.0, 3: 1.0, 7: 4.0}, n=3)  # a user's own ratings, on their side
 >>> len(recs), [type(i) for i, _ in recs][0]
 (3, <class 'int'>)
+>>> len(model.recommend_user(store, 0, n=3))  # user 0 of the store, from her training ratings there
+3
+>>> users, items, scores = model.recommend_all(store, 3, as_arrays=True)
+>>> items.shape == (store.n_users, 3)
+True
+>>> streamdp.evaluate(model, store)["method"]  # what `streamdp evaluate --json` prints
+'als'
 >>> path = model.save(os.path.join(d, "model"))
 >>> streamdp.load_model(path).predict({0: 5.0}, items=[1, 2]).shape
 (2,)
