@@ -82,6 +82,20 @@ def test_dataframe_and_arrow_ingest_equal_the_csv_ingest(tmp_path, string_items)
     assert _content(got) == want
 
 
+def test_a_dataframe_is_read_in_bounded_batches_not_copied_whole(tmp_path, monkeypatch):
+    from streamdp.storage import frames
+
+    sizes = []
+    orig = frames.PandasFrame._batch
+    monkeypatch.setattr(frames.PandasFrame, "_batch", lambda self, a, b, cols: sizes.append(
+        (orig(self, a, b, cols).num_rows, len(cols))) or orig(self, a, b, cols))
+    df = _ratings(n=30_000)
+    st = streamdp.ingest(df, str(tmp_path / "s.zarr"), memory_limit="100MB")
+    read = [n for n, k in sizes if k > 1]  # the batches of the chosen columns (the schema reads one row)
+    assert sum(read) == len(df) and len(read) >= 3 and max(read) <= 10_000
+    assert st.n_ratings + st.attrs["n_duplicates_dropped"] == len(df)
+
+
 def test_polars_ingest_equals_the_csv_ingest(tmp_path):
     pl = pytest.importorskip("polars")
     df = _ratings(string_items=True)
