@@ -11,6 +11,13 @@
 >>> recs = model.recommend({0: 5.0, 3: 1.0, 7: 4.0}, n=3)  # a user's own ratings, on their side
 >>> len(recs), [type(i) for i, _ in recs][0]
 (3, <class 'int'>)
+>>> len(model.recommend_user(store, 0, n=3))  # user 0 of the store, from her training ratings there
+3
+>>> users, items, scores = model.recommend_all(store, 3, as_arrays=True)
+>>> items.shape == (store.n_users, 3)
+True
+>>> streamdp.evaluate(model, store)["method"]  # what `streamdp evaluate --json` prints
+'als'
 >>> path = model.save(os.path.join(d, "model"))
 >>> streamdp.load_model(path).predict({0: 5.0}, items=[1, 2]).shape
 (2,)
@@ -22,24 +29,28 @@ import os
 import shutil
 import tempfile
 
-from streamdp.errors import StoreError
-from streamdp.model import load_model
+from streamdp.errors import ParameterError, StoreError
+from streamdp.evaluate import evaluate_model
+from streamdp.jsonio import as_printed
+from streamdp.model import Model, load_model
 from streamdp.outputs import is_no_space, no_space_reason
 from streamdp.privacy import check_privacy_params
 from streamdp.privacy.budget import StoreBudget, parse_budget
 from streamdp.privacy.params import default_delta  # re-exported: part of the API
 from streamdp.storage.generate import generate_store
+from streamdp.storage.frames import frame_spec, frame_spec_name, is_frame
 from streamdp.storage.ingest import ingest as ingest_files
+from streamdp.storage.store import RatingStore
 from streamdp.training import train as train_model
 from streamdp.tune import tune as run_tune
 
-__all__ = ["train", "tune", "generate", "ingest", "default_delta"]
+__all__ = ["train", "tune", "evaluate", "generate", "ingest", "default_delta"]
 
 
 def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
           rank: int | None = None, seed: int | None = None, workers: int | None = None, memory_limit=None,
           scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True,
-          users_bound: int | None = None, **options):
+          users_bound: int | None = None, **options) -> Model:
     """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
 
     Exactly what ``streamdp train`` runs (:func:`streamdp.training.train`): the
@@ -73,7 +84,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
         evaluate_test=evaluate, users_bound=users_bound, **options))
 
 
-def _released(out: str | None, run):
+def _released(out: str | None, run) -> Model:
     """``run(out)`` writes a model and returns its summary; the loaded model with ``.summary``.
 
     ``out=None``: the model is written to a temporary directory, loaded, and the
@@ -98,7 +109,7 @@ def _released(out: str | None, run):
 
 def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
-         force: bool = False, evaluate: bool = True, users_bound: int | None = None):
+         force: bool = False, evaluate: bool = True, users_bound: int | None = None) -> Model:
     """Choose ``method``'s configuration privately and return the released model (``streamdp tune``).
 
     Exactly what ``streamdp tune`` runs (:func:`streamdp.tune.tune`): the grid's
@@ -114,18 +125,64 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
         users_bound=users_bound))
 
 
-def ingest(inputs, out: str, *, budget=None, **options):
-    """Ingest rating files into a store at ``out`` (``streamdp ingest``) and return it opened.
+def ingest(source, out: str, *, columns=None, implicit: bool = False, budget=None, test_fraction: float = 0.0,
+           seed: int | None = 0, force: bool = False, **options) -> RatingStore:
+    """Build a rating store at ``out`` from files or in-memory data (``streamdp ingest``) and return it opened.
 
-    :func:`streamdp.storage.ingest.ingest` with its ``options``; ``budget``
-    (``(epsilon, delta)`` or ``"E,D"``) also sets the store's privacy budget
-    (:class:`streamdp.privacy.budget.StoreBudget`): checked before anything is read
-    (and against the number of users once the input is parsed, before anything is
-    written), set once the store is in place.
+    Parameters
+    ----------
+    source : path, DataFrame, pyarrow.Table, scipy.sparse matrix, or a list of these
+        A rating file or interaction log (CSV, TSV, u.data, ``::``, whitespace,
+        Parquet; ``.gz``), detected as ``streamdp ingest`` detects it; a pandas or
+        polars DataFrame or a pyarrow Table (columns found by name as in a Parquet
+        file: ``user``/``userId``, ``item``/``movieId``, ``rating``, ``timestamp``, or
+        a ``count``/``plays``/``clicks`` column for an interaction log; other columns
+        ignored); a scipy.sparse matrix (rows users, columns items, stored entries the
+        ratings: ids are the row and column indices). In-memory data is streamed into
+        the pipeline in record batches (:mod:`streamdp.storage.frames`), never copied
+        whole, and goes through the same validation as a file.
+    out : str
+        The store's directory (must not exist unless ``force``).
+    columns : str or sequence, optional
+        ``user,item,rating[,timestamp]`` (or ``user,item[,count]``): names or 0-based
+        positions, as ``--columns``.
+    implicit : bool
+        Read the input as an interaction log (clicks, plays, purchases): an implicit
+        store, repeated pairs summed into counts (``--implicit``).
+    budget : (float, float) or str, optional
+        ``(epsilon, delta)`` or ``"E,D"``: also set the store's privacy budget
+        (:class:`streamdp.privacy.budget.StoreBudget`), checked before anything is
+        read (and against the number of users once the input is parsed, before
+        anything is written), set once the store is in place.
+    test_fraction, seed, force, **options
+        As the flags of ``streamdp ingest`` (:func:`streamdp.storage.ingest.ingest`:
+        ``rating_range``, ``out_of_range``, ``count_cap``, ``skip_bad_lines``,
+        ``memory_limit``, ``block_users``, ``fmt`` and ``sep`` for files).
+
+    Returns
+    -------
+    RatingStore
+
+    Raises
+    ------
+    InputError
+        Bad input: the file and line, or the frame and row (0-based + 1), of the first bad value.
+    ParameterError
+        A bad option, or a source of a kind ingest does not read.
+
+    >>> import os, tempfile, pandas as pd
+    >>> df = pd.DataFrame({"user": [7, 7, 9], "item": ["a", "b", "a"], "rating": [4.0, 3.0, 5.0]})
+    >>> s = ingest(df, os.path.join(tempfile.mkdtemp(), "s.zarr"))
+    >>> s.n_users, s.n_items, s.n_ratings, s.attrs["sources"][0]["format"]
+    (2, 2, 3, 'pandas')
     """
+    inputs = _inputs(source, columns, implicit, options)
+    if columns is not None and not isinstance(columns, str):
+        columns = ",".join(str(c) for c in columns)
+    options.update(columns=columns, implicit=implicit, test_fraction=test_fraction, seed=seed, force=force)
     budget = parse_budget(budget)
     if budget is None:
-        return ingest_files(list(inputs), out, **options)
+        return ingest_files(inputs, out, **options)
 
     def check_users(n_users: int) -> None:
         check_privacy_params(*budget, n_users=n_users)
@@ -140,11 +197,61 @@ def ingest(inputs, out: str, *, budget=None, **options):
                              f"{no_space_reason(exc)} writing its ledger; free some space and run "
                              f"streamdp budget {store.path} --set {budget[0]:g},{budget[1]:g}") from None
 
-    return ingest_files(list(inputs), out, check_users=check_users, after_write=set_budget, **options)
+    return ingest_files(inputs, out, check_users=check_users, after_write=set_budget, **options)
+
+
+def _inputs(source, columns, implicit: bool, options: dict) -> list:
+    """The inputs of :func:`ingest`: paths as ``str``, in-memory data as the :class:`Spec` of its frame."""
+    many = isinstance(source, (list, tuple))
+    out = []
+    for x in (source if many else [source]):
+        if is_frame(x):
+            for flag in ("fmt", "sep"):
+                if options.get(flag) is not None:
+                    raise ParameterError(f"{flag}: only for files; a {frame_spec_name(x)} has typed columns")
+            out.append(frame_spec(x, columns=columns, implicit=implicit))
+        elif isinstance(x, (str, os.PathLike)):
+            out.append(os.fspath(x))
+        else:
+            raise ParameterError(f"source: a {type(x).__module__}.{type(x).__name__} is not something ingest reads "
+                                 f"(a path, a pandas or polars DataFrame, a pyarrow Table or a scipy.sparse matrix"
+                                 f"{'' if many else ', or a list of these'})")
+    return out
+
+
+def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = None, ridge: float | None = None,
+             allow_other_store: bool = False, workers: int | None = None, memory_limit=None, scheduler=None) -> dict:
+    """Evaluate ``model`` on ``store``'s test split: the dict ``streamdp evaluate --json`` prints.
+
+    Exactly what ``streamdp evaluate`` runs (:func:`streamdp.evaluate.evaluate_model`), with
+    its numbers as plain Python floats and ints: ``rmse``, ``mae`` and ``baselines`` (the
+    non-private global-mean, item-mean, damped-item-mean and user-item-bias predictors),
+    ``verdict`` (whether the model beats the best of them), and ``ranking``
+    (Precision/Recall/NDCG/MAP@``k`` of each user's top-``k`` list of items she did not
+    rate in training, beside the most-popular lists); on an implicit store, the ranking
+    metrics only. Evaluation reads the test split, which is the data owner's: it costs
+    no privacy budget because its result is for the owner, not released.
+
+    Parameters
+    ----------
+    model : str or Model
+        A model directory or a loaded model.
+    store : str or RatingStore
+        The store the model was trained on (with a test split), unless ``allow_other_store``.
+    k : int
+        List length of the ranking metrics.
+    relevant_threshold : float, optional
+        A held-out rating at or above it is relevant (default: the top 20% of the rating range).
+    ridge : float, optional
+        Ridge of each user's local solve (default: the model's).
+    """
+    return as_printed(evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
+                                     allow_other_store=allow_other_store, scheduler=scheduler, k=k,
+                                     relevant_threshold=relevant_threshold))
 
 
 def generate(out: str, *, users: int = 10_000, items: int = 2_000, ratings_per_user: float = 50.0, rank: int = 8,
-             seed: int = 0, test_fraction: float = 0.0, force: bool = False, **kw):
+             seed: int = 0, test_fraction: float = 0.0, force: bool = False, **kw) -> RatingStore:
     """A synthetic low-rank, power-law store (``streamdp generate``); returns the opened store."""
     return generate_store(out, n_users=users, n_items=items, ratings_per_user=ratings_per_user, rank=rank,
                           seed=seed, test_fraction=test_fraction, force=force, show_progress=False, **kw)

@@ -74,13 +74,9 @@ def _quiet_under_json(ctx, param, value):
 
 
 def _json_default(o):
-    import numpy as np
+    from streamdp.jsonio import json_default
 
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+    return json_default(o)
 
 
 class _Epsilon(click.ParamType):
@@ -542,11 +538,12 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, seed, workers, m
     budget before the candidates run (see docs/tune.md). On a store too small for the noisy losses to tell
     configurations apart, nothing is tuned and the default gets the whole epsilon.
     """
-    from streamdp.api import tune as tune_model
+    from streamdp.tune import tune as run_tune
 
-    summary = tune_model(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
-                         seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget,
-                         force=force, users_bound=users_bound).summary
+    # the run's summary (streamdp.api.tune's model.summary adds what the loaded model is)
+    summary = run_tune(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
+                       seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
+                       users_bound=users_bound)
     _report(summary, as_json, format_tune_summary)
 
 

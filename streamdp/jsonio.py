@@ -22,6 +22,27 @@ def encode_json(obj):
     return obj
 
 
+def json_default(o):
+    """``json.dumps``'s ``default`` of every ``--json`` output: NumPy scalars and arrays as Python numbers and lists."""
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def as_printed(obj):
+    """``obj`` as ``--json`` prints it, read back: plain Python numbers, lists and dicts (NumPy scalars converted).
+
+    >>> import numpy as np
+    >>> as_printed({"rmse": np.float64(0.5), "n": np.int64(3), "v": np.arange(2)})
+    {'rmse': 0.5, 'n': 3, 'v': [0, 1]}
+    """
+    return json.loads(json.dumps(obj, default=json_default))
+
+
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
     """Write ``obj`` as JSON to ``path`` via a temporary file in the same directory and ``os.replace``."""
     path = Path(path)

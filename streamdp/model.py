@@ -37,13 +37,14 @@ import numpy as np
 import zarr
 
 from streamdp.batch import recommend_all
-from streamdp.errors import InputError
+from streamdp.errors import InputError, ParameterError
 from streamdp.local import default_list_scorer, popular_list, recommend, user_scores
 from streamdp.manifest import check_release
 from streamdp.model_dir import MODEL_FORMAT, MODEL_FORMAT_VERSION, is_model_dir
 from streamdp.outputs import check_destination, deferred_interrupts, install_dir, owned_temp_dir
 from streamdp.privacy import Ledger
 from streamdp.privacy.ledger import encode_json
+from streamdp.serving import Summary, describe, recommend_arrays, recommend_user, similar_items
 from streamdp.storage.ids import as_ids, find, numeric, parse_id
 
 _CORE_ARRAYS = ("item_factors", "item_bias", "item_ids")
@@ -174,13 +175,63 @@ class Model:
         return Recommendations([(i, round(float(s), 6)) for i, s in zip(ids, score)], source, note)
 
     def recommend_all(self, store, n: int = 10, path=None, *, users=None, ridge: float | None = None, workers=None,
-                      scheduler=None, memory_limit=None, force: bool = False):
+                      scheduler=None, memory_limit=None, force: bool = False, as_arrays: bool = False):
         """Top-``n`` unseen items for every user of ``store`` (or the original ids in ``users``), each from her
         own training ratings: an iterator of pyarrow Tables ``user_id, rank, item_id, score`` (one per user
-        block), or, with ``path``, a Parquet file written atomically (then a summary dict). See
-        :mod:`streamdp.batch` (each list may be shown to its user, not published: joint DP)."""
-        return recommend_all(self, store, n, path=path, users=users, ridge=ridge, workers=workers,
-                             scheduler=scheduler, memory_limit=memory_limit, force=force)
+        block), or, with ``path``, a Parquet file written atomically (then a summary dict), or, with
+        ``as_arrays=True``, NumPy arrays ``(user_ids, item_ids, scores)`` (:class:`streamdp.serving.Recommendations`:
+        ``item_ids`` and ``scores`` have ``n`` columns, best first). See :mod:`streamdp.batch` (each list may be
+        shown to its user, not published: joint DP).
+        """
+        kw = dict(users=users, ridge=ridge, workers=workers, scheduler=scheduler, memory_limit=memory_limit)
+        if as_arrays:
+            if path is not None:
+                raise ParameterError("recommend_all: give either path (a Parquet file) or as_arrays=True")
+            return recommend_arrays(self, store, n, **kw)
+        return recommend_all(self, store, n, path=path, force=force, **kw)
+
+    def recommend_user(self, store, user_id, n: int = 10, *, ridge: float | None = None) -> list:
+        """The ``n`` best items for a user of ``store`` by her original id, as :meth:`recommend` gives them.
+
+        Her own *training* ratings are read from ``store`` (the one block that holds her;
+        the store is never loaded whole) and solved on the released model, exactly as
+        :meth:`recommend` solves a ratings dict: ``model.recommend_user(store, 42)``
+        equals ``model.recommend(her_ratings)``. Returns ``(item_id, predicted_rating)``
+        pairs, best first, items she rated left out. Under joint DP the list is for her
+        to see, not to publish. An id that is not a user of the store is an :class:`InputError`.
+        """
+        return recommend_user(self, store, user_id, n, ridge=ridge)
+
+    def similar_items(self, item_id, n: int = 10) -> list:
+        """The ``n`` items nearest to ``item_id`` as ``(item_id, cosine_similarity)`` pairs, most similar first.
+
+        Cosine similarity of the released item factors: post-processing of the release,
+        at no privacy cost. The item itself is **not** in the list (``implicit`` lists
+        it first); ties go to the smaller item id. A model that released no factors
+        (only item biases, e.g. ``--method means``) raises :class:`InputError`.
+
+        >>> import numpy as np
+        >>> m = Model("(example)", np.array([[1, 0], [0.9, 0.1], [0, 1]], np.float32), np.zeros(3, np.float32),
+        ...           np.array([10, 20, 30]), 3.0, {}, None)
+        >>> m.similar_items(10, n=2)
+        [(20, 0.993884), (30, 0.0)]
+        """
+        return similar_items(self, item_id, n)
+
+    @property
+    def summary(self) -> Summary:
+        """What this model is: a dict (``method``, ``guarantee``, ``epsilon``, ``delta``, ``epsilon_spent``,
+        ``rank``, ``n_items``, ``factors_released``, ``personalised``, ``released``, ...) that prints as plain text.
+
+        Read from ``model.json`` and ``privacy.json`` (:func:`streamdp.serving.describe`);
+        a model returned by :func:`streamdp.train` or :func:`streamdp.tune` also carries its
+        run's summary (``test_rmse``, ``baselines``, ``verdict``, ``ranking``, ...).
+        """
+        return Summary({**describe(self), **(getattr(self, "_run_summary", None) or {})})
+
+    @summary.setter
+    def summary(self, run_summary: dict) -> None:
+        self._run_summary = dict(run_summary)
 
     def save(self, out: str, *, force: bool = False) -> str:
         """Write the model to the directory ``out`` (atomically; ``force`` replaces only a model)."""

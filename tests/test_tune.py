@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -201,8 +202,9 @@ def test_a_budget_that_cannot_take_epsilon_is_refused_before_any_pass(tmp_path, 
     monkeypatch.setattr(als._AlsBase, "fit", lambda self, *a, **k: passes.append("fit"))
     monkeypatch.setattr(_profile, "user_profile", lambda *a, **k: passes.append("histogram"))
     monkeypatch.setattr(als, "user_profile", lambda *a, **k: passes.append("histogram"))
-    monkeypatch.setattr("streamdp.tune.user_profile", lambda *a, **k: passes.append("histogram"))
-    monkeypatch.setattr("streamdp.tune._losses", lambda *a, **k: passes.append("losses"))
+    tune_module = sys.modules["streamdp.tune"]  # the attribute streamdp.tune is the API function
+    monkeypatch.setattr(tune_module, "user_profile", lambda *a, **k: passes.append("histogram"))
+    monkeypatch.setattr(tune_module, "_losses", lambda *a, **k: passes.append("losses"))
     with pytest.raises(BudgetExceededError, match="past its budget epsilon=1"):
         tune(st, epsilon=2.0, method="als", out=str(tmp_path / "m"), seed=0)
     assert passes == [] and not os.path.exists(tmp_path / "m")

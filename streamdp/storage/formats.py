@@ -189,10 +189,18 @@ class Spec:
     names: list = field(default_factory=list)  # column names (header or generated)
     #: An interaction log: ``cols["rating"]`` is its count/weight column, or ``None`` (every row one interaction).
     implicit: bool = False
+    #: An in-memory source (:class:`streamdp.storage.frames.Frame`: a DataFrame, an Arrow table, a sparse
+    #: matrix) read by record batches like a Parquet file; ``path`` is then its display name.
+    frame: object = None
 
     @property
     def has_timestamp(self) -> bool:
         return self.cols.get("timestamp") is not None
+
+    @property
+    def columnar(self) -> bool:
+        """Read by typed record batches (:func:`iter_parquet`: a Parquet file or an in-memory frame), not as text."""
+        return self.format == "parquet" or self.frame is not None
 
 
 # --------------------------------------------------------------------------------------
@@ -410,7 +418,13 @@ def _parquet_spec(path: str, columns: str | None, implicit: bool = False) -> Spe
         schema = pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
-    names = list(schema.names)
+    return named_spec(path, list(schema.names), columns, implicit, fmt="parquet")
+
+
+def named_spec(path: str, names: list, columns: str | None, implicit: bool = False, *, fmt: str,
+               frame: object = None) -> Spec:
+    """The :class:`Spec` of a source of named, typed columns (a Parquet file, an in-memory frame): its columns
+    found by :data:`COLUMN_NAMES` (other columns ignored) or by ``columns`` (names or 0-based indices)."""
     lower = [n.lower() for n in names]
     cols: dict = {}
     if columns is not None:
@@ -429,16 +443,16 @@ def _parquet_spec(path: str, columns: str | None, implicit: bool = False) -> Spe
         cols = {role: None if j is None else names[j] for role, j in found.items()}
     cols.setdefault("rating", None)
     cols.setdefault("timestamp", None)
-    return Spec(path=path, format="parquet", sep=None, rewrite=None, header=True, n_fields=len(names),
-                cols=cols, names=names, implicit=implicit)
+    return Spec(path=path, format=fmt, sep=None, rewrite=None, header=True, n_fields=len(names),
+                cols=cols, names=names, implicit=implicit, frame=frame)
 
 
 def sniff_id_kinds(spec: Spec) -> tuple[bool, bool]:
     """Whether the user and item ids of the first data lines look like integers."""
-    if spec.format == "parquet":
+    if spec.columnar:
         import pyarrow.parquet as pq
 
-        sch = pq.read_schema(spec.path)
+        sch = spec.frame.schema if spec.frame is not None else pq.read_schema(spec.path)
         return (pa.types.is_integer(sch.field(spec.cols["user"]).type),
                 pa.types.is_integer(sch.field(spec.cols["item"]).type))
     lines = _first_lines(spec.path, 6)[1 if spec.header else 0:]
@@ -710,15 +724,18 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
 
 
 def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int) -> "iter[Batch]":
-    """Stream a Parquet file by record batches."""
+    """Stream a Parquet file (or an in-memory frame, :attr:`Spec.frame`) by record batches."""
     import pyarrow.parquet as pq
 
     roles = [r for r in ROLES if spec.cols.get(r) is not None]
-    try:
-        pf = pq.ParquetFile(spec.path)
-        batches = pf.iter_batches(batch_size=int(batch_rows), columns=[spec.cols[r] for r in roles])
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise InputError(f"{spec.path}: not a readable Parquet file ({_first_line(exc)})") from None
+    if spec.frame is not None:
+        batches = spec.frame.batches(int(batch_rows), [spec.cols[r] for r in roles])
+    else:
+        try:
+            pf = pq.ParquetFile(spec.path)
+            batches = pf.iter_batches(batch_size=int(batch_rows), columns=[spec.cols[r] for r in roles])
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise InputError(f"{spec.path}: not a readable Parquet file ({_first_line(exc)})") from None
     row = 0
     while True:
         try:
@@ -903,8 +920,11 @@ def locate_error(spec: Spec, int_ids: tuple[bool, bool], rating_range, *, row: i
     """Re-read ``spec.path`` in Python and return ``(line_number, reason)``.
 
     With ``row`` (0-based data row as counted by the fast path), the line of that
-    row; otherwise the first line that fails :func:`check_fields`.
+    row; otherwise the first line that fails :func:`check_fields`. An in-memory frame
+    has no lines: ``(0, "")``.
     """
+    if spec.frame is not None:
+        return 0, ""
     data_row = -1
     for lineno, line in _text_lines(spec.path):
         if lineno == 1 and spec.header:

@@ -335,6 +335,10 @@ def ingest(
 ) -> RatingStore:
     """Ingest rating files into a store at ``out`` and return it opened.
 
+    ``inputs`` are paths, or the :class:`~streamdp.storage.formats.Spec` of an in-memory
+    frame (:func:`streamdp.storage.frames.frame_spec`: a DataFrame, an Arrow table, a
+    sparse matrix), read by record batches like a Parquet file.
+
     The store's attributes carry ``n_duplicates_dropped``, ``n_bad_lines_skipped``,
     ``out_of_range``, ``n_out_of_range_clipped``, ``n_out_of_range_dropped``, ``sources``
     and ``params``. ``out_of_range`` (``"error"``, the default, ``"clip"`` or ``"drop"``)
@@ -395,7 +399,8 @@ def ingest(
     check_destination(out, force)
     tmp = None
     try:
-        specs = [F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns, implicit=implicit) for p in inputs]
+        specs = [p if isinstance(p, F.Spec) else F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns,
+                                                                implicit=implicit) for p in inputs]
         is_implicit = _check_kind(specs, rr, out_of_range, count_cap)
         tmp = owned_temp_dir(_spill_beside(out), "ingest")
         int_ids = [True, True]
@@ -526,7 +531,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
         """Parse one file or byte range into ``spill``; returns (rows, rmin, rmax, n_bad, n_out_of_range)."""
         bad = [0]
         rows, rmin, rmax, n_batches, n_oor = 0, np.inf, -np.inf, 0, 0
-        if spec.format == "parquet":
+        if spec.columnar:
             it = F.iter_parquet(spec, int_ids=int_ids, batch_rows=max(block_size // 32, 4096))
         else:
             it = F.iter_text(spec, int_ids=int_ids, block_size=block_size, skip=skip, bad=bad,
@@ -560,7 +565,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                     if badm.any() or drop is not None:
                         if badm.any() and not skip:
                             j = int(np.argmax(badm))
-                            if spec.format == "parquet":
+                            if spec.columnar:
                                 what = "count" if implicit else "rating"
                                 why = (f"{what} {float(r[j])} is not finite" if not np.isfinite(r[j]) else
                                        f"{what} {float(r[j]):g} is not finite as a float32 (the store's values)"
@@ -608,8 +613,9 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
     with progress(total=None, desc="parse", unit="rating", show=show_progress, unit_scale=True) as bar, \
             ThreadPoolExecutor(max_workers=workers) as ex:
         for k, spec in enumerate(specs):
-            ranges = [None] if spec.format == "parquet" else F.byte_ranges(spec.path, workers)
-            src = _Source(spec, F.check_file(spec.path), [os.path.join(tmp, f"spill{k}_{j}.arrow")
+            ranges = [None] if spec.columnar else F.byte_ranges(spec.path, workers)
+            size = spec.frame.nbytes if spec.frame is not None else F.check_file(spec.path)
+            src = _Source(spec, size, [os.path.join(tmp, f"spill{k}_{j}.arrow")
                                                           for j in range(len(ranges))])
             futs = [ex.submit(parse_range, spec, sp, br, bar) for sp, br in zip(src.spills, ranges)]
             results = []
@@ -835,7 +841,8 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),
             "rating_range_source": source,
-            "sources": [{"name": os.path.basename(s.spec.path), "path": os.path.abspath(s.spec.path),
+            "sources": [{"name": os.path.basename(s.spec.path),
+                         "path": None if s.spec.frame is not None else os.path.abspath(s.spec.path),
                          "size": s.size, "format": s.spec.format, "rows": s.rows, "header": s.spec.header,
                          "columns": {r: s.spec.cols.get(r) for r in F.ROLES}} for s in parsed.sources],
             "created_with": "ingest",
