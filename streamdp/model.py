@@ -424,7 +424,8 @@ def check_agrees(path: str, info: dict, ledger) -> None:
     pub = ledger.public_parameters or {}
     for name in ("n_users", "n_items"):
         if name in info and name in pub:
-            pairs.append((name, _number(info[name]), _number(pub[name])))
+            theirs = pub[name].get("value") if isinstance(pub[name], dict) else pub[name]  # n_users: {value, source}
+            pairs.append((name, _number(info[name]), _number(theirs)))
     rr, prr = info.get("rating_range"), pub.get("rating_range")
     if isinstance(rr, dict) and isinstance(prr, dict):
         for end in ("min", "max"):
