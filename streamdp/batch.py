@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.topk import topn_scores
-from streamdp.local import local_design, model_ridge, rating_range, solve_block
+from streamdp.local import local_design, model_ridge, score_range, solve_block
 from streamdp.outputs import deferred_interrupts
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 from streamdp.storage.store import RatingStore, open_store
@@ -127,7 +127,7 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
     """Yield one pyarrow Table per block (users in store order, ranks from 1)."""
     Q, bias = local_design(mo)
     mu = float(mo.global_mean)
-    lo, hi = rating_range(mo)
+    lo, hi = score_range(mo)
     tiekey = np.ascontiguousarray(tiekey, np.int64)
     if wanted is None:
         blocks = None

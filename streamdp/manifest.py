@@ -73,6 +73,8 @@ MODEL_JSON = {
     "local": (PUBLIC, "the local solve a user runs on her side"),
     "local_fw": (PUBLIC, "fw: the local solve's settings (k, clip, bound)"),
     "local_huber": (PUBLIC, "irls: the local Huber solve's settings"),
+    "local_implicit": (PUBLIC, "ials: how the local solve turns a user's values into confidences (options, the "
+                               "declared range)"),
     "local_user_bias": (PUBLIC, "whether the local solve fits the user's own intercept"),
     "ridge": (POST, "ridge of the local solve (option, default, or chosen on public ratings)"),
     "ridge_rule": (PUBLIC, "how sgld's local ridge follows from its options"),
@@ -144,7 +146,8 @@ ARRAYS = {
     "item_factors": (POST, "item factors fitted on released statistics"),
     "item_bias": (POST, "item biases from released statistics"),
     "item_ids": (PUBLIC, "the item catalogue (public), ascending"),
-    "noisy_item_weight": (RELEASE, "als: noisy item weight totals C_j (ledger: 'item weight totals')"),
+    "noisy_item_weight": (RELEASE, "als: noisy item weight totals C_j (ledger: 'item weight totals'); ials: noisy "
+                                   "item counts N_j (ledger: 'item counts')"),
     "singular_values": (POST, "oja/lowrank: singular values of the noisy iteration or sketch"),
     "signal_share": (POST, "oja: share of each released direction above its noise"),
     "basis": (POST, "oja/lowrank: the item basis"),

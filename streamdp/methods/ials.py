@@ -1,0 +1,462 @@
+"""Private implicit-feedback ALS: ``--method ials``.
+
+Hu, Koren & Volinsky (ICDM 2008), "Collaborative Filtering for Implicit Feedback
+Datasets", made user-level DP in the style of Chien et al. (ICML 2021) DP-ALS (which
+``als`` implements for ratings). It learns *which* items a user chose, not how she
+rated them, so its lists are what it is for (``docs/ranking.md``).
+
+The model
+---------
+Every user-item pair counts: an observed (positive) pair has preference 1 and a
+confidence ``c_ui >= 1`` (:func:`streamdp.local.implicit_pairs`), every other pair
+preference 0 and weight 1. Minimise
+``sum_{u,j} c_uj (p_uj - x_u . y_j)^2 + lambda (sum ||x_u||^2 + sum ||y_j||^2)``
+by alternating ridge solves, with the Gramian trick so that the unobserved pairs
+cost ``O(k^2)`` per user and per item:
+
+* user ``u``: ``x_u = (Y^T Y + sum_{j in u} (c_uj - 1) y_j y_j^T + lambda I)^-1 sum_{j in u} c_uj y_j``;
+* item ``j``: ``y_j = (G + A_j + lambda_j I)^-1 B_j`` with ``G = sum_u x_u x_u^T`` (every
+  user), ``A_j = sum_{u in j} (c_uj - 1) x_u x_u^T`` and ``B_j = sum_{u in j} c_uj x_u``.
+
+Private runs add a **popularity column**: the item rows are ``[y_j, pi_j]`` with
+``pi_j = log(1 + N_j) / log(1 + max N)`` fixed, ``N_j`` the released noisy item
+counts, and each user's row gets a matching coordinate, her own weight on popularity,
+solved with her factor. The item solve keeps ``pi_j`` fixed (the last coordinate's
+part of ``G + A_j`` moves to the right-hand side). Where the factors are noise, the
+local solve leans on the popularity column and the list falls back toward the
+most-popular chart by the released counts; where they carry signal, the user's own
+weight on popularity is what the data say. No weight is tuned on private data.
+
+One private iteration
+---------------------
+1. every user solves her row against the released ``Y`` from all of her positive
+   pairs (never released, never stored);
+2. ``x_u = clip(row, Delta)`` (``--clip``, on the whole row), and at most ``tau``
+   of her pairs (``--tau``, chosen by a seeded keyed hash,
+   :func:`streamdp.privacy.bounding.contribution_weights` ``uniform``) reach the item
+   side; confidences are capped at ``c_max`` (``--max-confidence``);
+3. released with Gaussian noise: ``B`` (``n_items x d``), ``G`` (``d x d``), and,
+   with ``--gramian item``, every ``A_j``; with ``--gramian shared`` (the default,
+   as ``als``'s) ``A_j ~ W_j G / n_users`` where ``W_j = sum_u (c_uj - 1)`` is
+   released once (it is ``(c - 1) N_j`` when every confidence is the same);
+4. ``y_j`` solved with a noise ridge ``lambda_j = lambda + nu sigma_B Delta``
+   (``--noise-ridge``), then shrunk by ``max(0, 1 - k sigma_B^2 / ||B_j||^2)``
+   (James-Stein on the noisy right-hand side: an item whose statistic is mostly
+   noise keeps only its popularity; ``--shrink``), and the factor part rescaled to
+   rows of mean squared norm 1 so that users' rows keep meeting the clip. All of this
+   is post-processing of released values.
+
+Sensitivities (add/remove one user; ``||x_u|| <= Delta``, at most ``tau`` pairs with
+weight 1, ``1 <= c <= c_max``; the norms are of each release's flattened entries,
+a symmetric matrix by its packed upper triangle)
+----------------------------------------------------------------------------------
+======================================  =================================================
+release                                 L2 sensitivity
+======================================  =================================================
+item counts ``N_j``                     ``sqrt(tau)`` (``tau`` ones)
+item confidence totals ``W_j``          ``(c_max - 1) sqrt(tau)``
+users' Gramian ``G`` (per iteration)    ``Delta^2`` (``||x x^T||_F = ||x||^2``; packed <= that)
+item right-hand sides ``B``             ``c_max Delta sqrt(tau)`` (``sqrt(sum_j c_j^2) ||x||``)
+item Gramians ``A`` (``--gramian item``) ``(c_max - 1) Delta^2 sqrt(tau)``
+======================================  =================================================
+
+Removing a user removes her ``x_u x_u^T`` from ``G`` and her ``<= tau`` terms
+``c_uj x_u`` (``(c_uj - 1) x_u x_u^T``) from the rows ``B_j`` (``A_j``) of distinct
+items, so the L2 norm of the change is the square root of the sum of the squared
+terms' norms, at most the values above. ``x_u`` depends on her data and on the
+previously released ``Y`` only (adaptive composition). Every release is a
+:class:`streamdp.privacy.release.Release`, calibrated jointly over all iterations by
+the PLD accountant (:func:`streamdp.privacy.release.calibrate_releases`). The model
+releases ``Y`` (with the popularity column) and the noisy counts ``N_j``; each user
+solves her row locally from ``Y`` and her own interactions
+(:func:`streamdp.local.implicit_rows`): joint DP, as ``als``.
+
+Decisions where the sources are loose, and why
+----------------------------------------------
+* **From ratings to preferences** (``--preference``): ``binary`` (every rated item a
+  positive, one confidence), ``graded`` (confidence grows with the rating) or
+  ``above`` (only ratings above the midpoint are positives). Measured on ML-100K
+  (``docs/ranking.md``): see the default's docstring (:data:`DEFAULT_PREFERENCE`).
+* **Implicit stores** (``store.implicit``: values are counts or weights):
+  ``c = 1 + alpha log(1 + count / --count-scale)``, capped, as Hu et al. suggest.
+* **Non-private runs** are plain iALS: every pair, no clip, exact per-item ``A_j``,
+  no popularity column (``--popularity`` turns it on), no rescaling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+from streamdp.kernels.als import symmetrize_upper, unpack_upper
+from streamdp.kernels.ials import ials_accumulate, ials_solve_users
+from streamdp.local import implicit_pairs
+from streamdp.methods import register
+from streamdp.methods._notes import seed_notes
+from streamdp.methods.base import Fitted, Method, Plan, RunSettings
+from streamdp.methods.options import MethodOptions, option
+from streamdp.privacy.bounding import contribution_weights
+from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.stream.engine import add_into as _add
+
+#: Key of this module's random streams.
+RNG_KEY = 0x1A15
+_INIT, _STATS, _ITER = 1, 2, 3
+#: How a rating becomes a preference by default (measured on ML-100K: the module docstring, docs/ranking.md).
+DEFAULT_PREFERENCE = "binary"
+#: Items per chunk of the batched item solves (bounds the ``n x d x d`` temporaries).
+SOLVE_CHUNK = 1 << 13
+#: The settings ``model.json`` records as the run's ``parameters``.
+MODEL_PARAMETERS = ("preference", "alpha", "max_confidence", "count_scale", "implicit", "tau", "iters", "clip",
+                    "reg", "ridge", "noise_ridge", "gramian", "popularity", "shrink", "count_share", "gram_share")
+
+_POS = dict(minimum=0, exclusive_minimum=True)
+
+
+@dataclass(frozen=True)
+class IalsOptions(MethodOptions):
+    """``--method ials``: the confidence, the contribution bounds and the iterations."""
+
+    preference: Literal["binary", "graded", "above"] = option(
+        "ratings to preferences: binary (every rated item a positive), graded (confidence grows with the rating) "
+        "or above (only ratings above the midpoint are positives); ignored on implicit stores",
+        default=DEFAULT_PREFERENCE)
+    alpha: float = option("confidence slope: c = 1 + alpha f(value)", default=10.0, minimum=0)
+    max_confidence: float = option("cap c_max of a pair's confidence (bounds the sensitivity)", default=21.0,
+                                   minimum=1)
+    count_scale: float = option("implicit stores: f(count) = log(1 + count / count_scale)", default=1.0, **_POS)
+    tau: int = option("at most tau of a user's pairs reach the item side (seeded sample when she has more)",
+                      default=64, minimum=1)
+    iters: int | None = option("ALS iterations", minimum=1, default_text="10 non-private, 4 private")
+    clip: float | None = option("norm bound Delta of a user's row on the item side",
+                                default_text="1 private, none non-private", **_POS)
+    reg: float = option("ridge lambda of the item solves", default=0.1, minimum=0)
+    ridge: float | None = option("ridge of each user's solve (training and the released model's local solve)",
+                                 default_text="--reg non-private, 1 private", **_POS)
+    noise_ridge: float = option("weight nu of the noise-driven item ridge nu sigma_B Delta", default=1.0, minimum=0)
+    gramian: Literal["auto", "shared", "item"] = option(
+        "shared: A_j ~ W_j G / n_users from released confidence totals; item: a noisy A_j per item",
+        default="auto", default_text="auto: shared private, item non-private")
+    popularity: Literal["auto", "on", "off"] = option(
+        "a popularity column log(1 + N_j) in the item rows, weighed by each user (released noisy counts N_j)",
+        default="auto", default_text="auto: on private, off non-private")
+    shrink: bool = option("shrink each noisy item row toward 0 by its right-hand side's signal-to-noise "
+                          "(James-Stein, post-processing)", default=True)
+    count_share: float = option("budget share of the item counts (and confidence totals)", default=0.1, **_POS,
+                                maximum=1)
+    gram_share: float | None = option("budget share of the Gramians (all iterations)",
+                                      default_text="0.02 shared, 0.3 item", **_POS, maximum=1)
+    checkpoint: str | None = option("run directory: per-iteration checkpoints (noisy iterates: counted as released, "
+                                    "never refunded; keep it private); resumes if it holds one", metavar="DIR")
+
+
+@dataclass(frozen=True)
+class IalsSettings(RunSettings):
+    """A run's resolved settings on one store (``model.json`` ``parameters``; the checkpoint fingerprint)."""
+
+    rating_min: float
+    rating_max: float
+    private: bool
+    implicit: bool
+    preference: str
+    alpha: float
+    max_confidence: float
+    count_scale: float
+    tau: int
+    iters: int
+    clip: float
+    reg: float
+    ridge: float
+    noise_ridge: float
+    gramian: str
+    popularity: bool
+    shrink: bool
+    count_share: float
+    gram_share: float
+    #: Whether the confidences differ between pairs (then ``W_j`` is a release of its own).
+    graded: bool
+
+    def local(self) -> dict:
+        """``model.json``'s ``local_implicit``: what :func:`streamdp.local.implicit_pairs` needs."""
+        return {"implicit": self.implicit, "preference": self.preference, "alpha": self.alpha,
+                "max_confidence": self.max_confidence, "count_scale": self.count_scale,
+                "rating_min": self.rating_min, "rating_max": self.rating_max}
+
+
+@register
+class IALS(Method):
+    """``--method ials``: private implicit-feedback ALS (see the module docstring)."""
+
+    name = "ials"
+    SUMMARY = ("private implicit-feedback ALS (Hu, Koren & Volinsky 2008) with DP-ALS noise: ranks items, for "
+               "lists; trains on ratings or on implicit data")
+    Options = IalsOptions
+    LOCAL_SOLVER = "implicit"
+
+    def default_rank(self) -> int:
+        """64 non-private (the usual iALS size); 16 private (every factor adds noise to every item row)."""
+        return 64 if not math.isfinite(getattr(self, "epsilon", math.inf)) else 16
+
+    def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None, **options):
+        self.epsilon = float(epsilon)  # default_rank reads it
+        super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **options)
+
+    # -- settings ----------------------------------------------------------------------
+    def settings(self, store) -> IalsSettings:
+        o, private = self.opts, self.private
+        implicit = bool(getattr(store, "implicit", False))
+        cmax = o.max_confidence
+        graded = implicit or o.preference == "graded"
+        gramian = ("shared" if private else "item") if o.gramian == "auto" else o.gramian
+        pop = private if o.popularity == "auto" else o.popularity == "on"
+        s = IalsSettings(
+            rating_min=float(store.rating_min), rating_max=float(store.rating_max), private=private,
+            implicit=implicit, preference="counts" if implicit else o.preference, alpha=o.alpha,
+            max_confidence=cmax, count_scale=o.count_scale, tau=o.tau,
+            iters=o.iters if o.iters is not None else (4 if private else 10),
+            clip=o.clip if o.clip is not None else (1.0 if private else math.inf), reg=o.reg,
+            ridge=o.ridge if o.ridge is not None else (1.0 if private else max(o.reg, 1e-6)),
+            noise_ridge=o.noise_ridge, gramian=gramian, popularity=pop, shrink=o.shrink and private,
+            count_share=o.count_share,
+            gram_share=o.gram_share if o.gram_share is not None else (0.02 if gramian == "shared" else 0.3),
+            graded=graded and min(cmax, 1.0 + o.alpha) > 1.0)
+        if private and s.count_share + s.gram_share >= 1.0:
+            raise ParameterError(f"--count-share + --gram-share = {s.count_share + s.gram_share:g} leaves no budget "
+                                 f"for the right-hand sides (must be < 1)")
+        if pop and not private:
+            raise ParameterError("--popularity on needs a private run (its column comes from the released counts)")
+        return s
+
+    def _d(self, s) -> int:
+        return self.rank + (1 if s.popularity else 0)
+
+    # -- privacy plan --------------------------------------------------------------------
+    def _shares(self, store, s) -> list:
+        n, d, T = store.n_items, self._d(s), s.iters
+        rt, D, cm = math.sqrt(s.tau), s.clip, s.max_confidence
+        out = []
+        counts_share = s.count_share * (0.5 if self._w_release(s) else 1.0)
+        out.append(Share("item counts N_j (at most tau pairs per user, weight 1)", "gaussian", rt, counts_share,
+                         shape=(n,)))
+        if self._w_release(s):
+            out.append(Share("item confidence totals W_j = sum_u (c_uj - 1)", "gaussian", (cm - 1.0) * rt,
+                             s.count_share - counts_share, shape=(n,)))
+        if s.gramian == "shared":
+            out.append(Share("users' Gramian G = sum_u x_u x_u^T (one per iteration)", "gaussian", D * D,
+                             s.gram_share, count=T, shape=(d, d), symmetric=True))
+        else:
+            out.append(Share("per-item Gramians A_j = sum_u (c_uj - 1) x_u x_u^T (one per iteration)", "gaussian",
+                             (cm - 1.0) * D * D * rt, s.gram_share * 0.9, count=T, shape=(n, d, d),
+                             symmetric=True))
+            out.append(Share("users' Gramian G = sum_u x_u x_u^T (one per iteration)", "gaussian", D * D,
+                             s.gram_share * 0.1, count=T, shape=(d, d), symmetric=True))
+        out.append(Share("item right-hand sides B_j = sum_u c_uj x_u (one per iteration)", "gaussian", cm * D * rt,
+                         1.0 - s.count_share - s.gram_share, count=T, shape=(n, d)))
+        return out
+
+    @staticmethod
+    def _w_release(s) -> bool:
+        """Whether the confidence totals are a release of their own (shared Gramian, differing confidences)."""
+        return s.gramian == "shared" and s.graded
+
+    def _plan(self, store) -> Plan:
+        s = self.settings(store)
+        bounds = {"rating_min": s.rating_min, "rating_max": s.rating_max,
+                  "rating_range_source": getattr(store, "rating_range_source", "unknown")}
+        if not self.private:
+            bounds["contribution"] = "none (non-private run: every pair, nothing clipped)"
+            entries = [{"release": "item factors", "mechanism": "none (non-private)", "iterations": s.iters}]
+            return Plan(events=[], entries=entries, settings=s, bounds=bounds, releases={})
+        releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta)
+        names = ["counts"] + (["wtotals"] if self._w_release(s) else []) + \
+            (["gram"] if s.gramian == "shared" else ["agram", "gram"]) + ["rhs"]
+        bounds.update({"tau": s.tau, "sampling": "uniform", "clip_Delta": s.clip, "mechanism": "gaussian",
+                       "sensitivity_norm": "l2",
+                       "weights": f"uniform: weight 1 on at most tau = {s.tau} positive pairs per user, "
+                                  f"confidence <= {s.max_confidence:g}"})
+        return Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases], settings=s,
+                    bounds=bounds, releases=dict(zip(names, releases)))
+
+    # -- memory --------------------------------------------------------------------------
+    def state_bytes(self, store) -> int:
+        """Item-side memory: ``Y``, ``B``, the per-item Gramians (``--gramian item``), the solve's temporaries."""
+        n, d = store.n_items, self.rank + 1
+        item = self.opts.gramian == "item" or (self.opts.gramian == "auto" and not self.private)
+        gram = n * d * (d + 1) // 2 * 8 if item else 0
+        return n * (4 * d * 8 + 4 * 8) + gram + SOLVE_CHUNK * d * d * 8 * 3
+
+    # -- block helpers -------------------------------------------------------------------
+    def _pairs(self, block, s, seed):
+        """``(indptr, items, confidence, item-side weights)`` of a block's positive pairs."""
+        ip, it, conf = implicit_pairs(block.indptr, block.items, block.ratings, s.local())
+        if self.private:
+            w = contribution_weights(ip, it, rule="uniform", tau=s.tau, norm="l2", first_user=block.first_user,
+                                     seed=seed)
+        else:
+            w = np.ones(len(it))
+        return ip, it, conf, w
+
+    # -- fitting -------------------------------------------------------------------------
+    def fit(self, store, engine) -> Fitted:
+        plan = self.plan(store)
+        with self.open_run(store, plan, rng_key=RNG_KEY, engine=engine) as run:
+            return self._fit(store, engine, run, plan)
+
+    def _fit(self, store, engine, run, plan) -> Fitted:
+        s, rel = plan.settings, plan.releases
+        n, k = store.n_items, self.rank
+        ck = run.checkpoint
+        if ck is not None:
+            N, W, Y = ck["N"].copy(), ck["W"].copy(), ck["Y"].copy()
+        else:
+            N, W = self._counts(store, engine, run, s, rel)
+            g = run.rng(_INIT, 0)
+            Y = np.zeros((n, self._d(s)))
+            Y[:, :k] = g.standard_normal((n, k)) * (1.0 / math.sqrt(k) if self.private else 0.01)
+            if s.popularity:
+                Y[:, k] = _popularity(N)
+        history = []
+        n_users = getattr(store, "expected_users", store.n_users)
+        for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
+            B, A, G, clipped = self._iteration_sums(store, engine, run, s, Y, desc=f"{self.name} iteration "
+                                                    f"{t}/{s.iters}")
+            if self.private:
+                g = run.rng(_ITER, t)
+                G = rel["gram"].add(G, g)
+                if s.gramian == "item":
+                    A = rel["agram"].add(A, g)
+                B = rel["rhs"].add(B, g)
+            Y = self._solve_items(s, rel, Y, B, A, G, W, n_users)
+            history.append(int(clipped))
+            run.save(t, Y=Y, N=N, W=W)
+        return self._fitted(store, plan, run, Y, N, history)
+
+    def _counts(self, store, engine, run, s, rel):
+        """The item counts ``N_j`` and confidence totals ``W_j`` (noisy when private): one pass."""
+        n, seed, private = store.n_items, run.entropy, self.private
+
+        def fn(block, b):
+            ip, it, conf, w = self._pairs(block, s, seed)
+            return np.stack([np.bincount(it, weights=w, minlength=n),
+                             np.bincount(it, weights=w * (conf - 1.0), minlength=n)])
+
+        tot = engine.map_reduce(fn, _add, np.zeros((2, n)), extra_per_block=16 * n + 64 * store.block_users,
+                                desc=f"{self.name} counts")
+        N, W = tot[0], tot[1]
+        if private:
+            g = run.rng(_STATS, 0)
+            N = rel["counts"].add(N, g)
+            if "wtotals" in rel:
+                W = rel["wtotals"].add(W, g)
+            else:  # every confidence is the same: W_j = (c - 1) N_j, post-processing of N
+                W = (min(1.0 + s.alpha, s.max_confidence) - 1.0) * N
+        return N, W
+
+    def _iteration_sums(self, store, engine, run, s, Y, desc):
+        n, d = Y.shape
+        Y = np.ascontiguousarray(Y, np.float64)
+        YtY = np.ascontiguousarray(Y.T @ Y)
+        item_mode = s.gramian == "item"
+        npk = d * (d + 1) // 2
+        seed = run.entropy
+
+        def fn(block, b):
+            ip, it, conf, w = self._pairs(block, s, seed)
+            U = np.zeros((block.n_users, d))
+            ials_solve_users(ip, it, conf, Y, YtY, float(s.ridge), U)
+            B = np.zeros((n, d))
+            A = np.zeros((n, npk) if item_mode else (0, npk))
+            G = np.zeros((d, d))
+            clipped = ials_accumulate(ip, it, conf, w, U, float(s.clip), B, A, G)
+            return [B, A, G, clipped]
+
+        def combine(acc, part):
+            if acc is None:
+                return part
+            for i in range(4):
+                acc[i] += part[i]
+            return acc
+
+        per_block = 8 * n * d + (8 * n * npk if item_mode else 0) + 8 * d * store.block_users
+        acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
+        if acc is None:
+            raise ParameterError(f"{store.path}: the training split has no users")
+        B, A, G, clipped = acc
+        return B, A, symmetrize_upper(G), clipped
+
+    # -- the item solves -----------------------------------------------------------------
+    def _solve_items(self, s, rel, Y, B, A, G, W, n_users: float) -> np.ndarray:
+        """``y_j = (G + A_j + lambda_j I)^-1 B_j`` (the popularity coordinate kept fixed), then shrunk, rescaled."""
+        n, d = B.shape
+        k = self.rank
+        lam = np.full(n, float(s.reg))
+        if self.private:
+            sd = rel["rhs"].scale
+            lam = lam + s.noise_ridge * sd * s.clip
+            G = _psd(G)
+        Wn = np.maximum(np.asarray(W, np.float64), 0.0)
+        out = Y.copy()
+        eye = np.eye(k)
+        for a in range(0, n, SOLVE_CHUNK):
+            j = np.arange(a, min(n, a + SOLVE_CHUNK))
+            if s.gramian == "shared":
+                M = G[None] * (1.0 + Wn[j] / max(float(n_users), 1.0))[:, None, None]
+            else:
+                Aj = unpack_upper(A[j], d)
+                M = G[None] + (_psd(Aj) if self.private else Aj)
+            rhs = B[j, :k]
+            if s.popularity:
+                rhs = rhs - Y[j, k][:, None] * M[:, :k, k]
+            out[j, :k] = np.linalg.solve(M[:, :k, :k] + lam[j, None, None] * eye, rhs[..., None])[..., 0]
+        if self.private:
+            if s.shrink:
+                sd = rel["rhs"].scale
+                nb = np.sum(B[:, :k] ** 2, axis=1)
+                out[:, :k] *= np.maximum(0.0, 1.0 - k * sd * sd / np.maximum(nb, 1e-300))[:, None]
+            tot = float(np.mean(np.sum(out[:, :k] ** 2, axis=1)))
+            if tot > 0:
+                out[:, :k] /= math.sqrt(tot)
+        return out
+
+    # -- the released model --------------------------------------------------------------
+    def _fitted(self, store, plan, run, Y, N, history) -> Fitted:
+        s = plan.settings
+        notes = [] if self.private else ["non-private: --epsilon inf, no noise and no contribution bounding"]
+        notes += seed_notes(self)
+        notes.append("joint DP: the model releases item rows; each user solves her own row locally from them and "
+                     "her own interactions (implicit-ALS solve), so her list depends on her data and the release only")
+        ledger = self.ledger(store, plan, notes=notes)
+        info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if self.private else "inf",
+                "delta": self.delta, "seed": self.seed, "n_users": store.n_users, "n_items": store.n_items,
+                "parameters": {key: getattr(s, key) for key in MODEL_PARAMETERS},
+                "resumed_from_iteration": run.start - 1 if run.start > 1 else None, "run_id": run.run_id,
+                "run_directory": None if run.own_dir else run.dir,
+                "local": self.LOCAL_SOLVER, "local_user_bias": False, "local_implicit": s.local(),
+                "ridge": s.ridge, "rating_range": {"min": s.rating_min, "max": s.rating_max},
+                "iterations_run": len(history) + (run.start - 1),
+                "item_factors": ("implicit-ALS item rows [y_j, popularity log(1 + N_j) / log(1 + max N)]; scores "
+                                 "rank items, they are not ratings" if s.popularity else
+                                 "implicit-ALS item rows; scores rank items, they are not ratings")}
+        n = store.n_items
+        return Fitted(item_factors=np.asarray(Y, np.float32), item_bias=np.zeros(n, np.float32),
+                      item_ids=store.item_ids(), global_mean=0.0, model_info=info, ledger=ledger,
+                      owner={"users_clipped_by_iteration": list(history)},
+                      extras={"noisy_item_weight": np.asarray(N, np.float64)}, per_item_extras=("noisy_item_weight",))
+
+
+def _popularity(N) -> np.ndarray:
+    """``log(1 + max(N_j, 0)) / log(1 + max N)``: the popularity column from (noisy) counts, in ``[0, 1]``."""
+    p = np.log1p(np.maximum(np.asarray(N, np.float64), 0.0))
+    top = float(p.max()) if len(p) else 0.0
+    return p / top if top > 0 else p
+
+
+def _psd(M) -> np.ndarray:
+    """Symmetric matrices with negative eigenvalues set to 0 (batched over leading axes)."""
+    M = (M + np.swapaxes(M, -1, -2)) / 2.0
+    w, E = np.linalg.eigh(M)
+    return (E * np.maximum(w, 0.0)[..., None, :]) @ np.swapaxes(E, -1, -2)
