@@ -73,6 +73,8 @@ MODEL_JSON = {
     "local": (PUBLIC, "the local solve a user runs on her side"),
     "local_fw": (PUBLIC, "fw: the local solve's settings (k, clip, bound)"),
     "local_huber": (PUBLIC, "irls: the local Huber solve's settings"),
+    "popularity_column": (PUBLIC, "ials: whether the item rows' last column is the popularity from the released "
+                                  "counts (an option)"),
     "local_implicit": (PUBLIC, "ials: how the local solve turns a user's values into confidences (options, the "
                                "declared range)"),
     "local_user_bias": (PUBLIC, "whether the local solve fits the user's own intercept"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.linalg import _ridge_solve
+from streamdp.kernels.linalg import ridge_solve
 
 
 @njit(cache=True, nogil=True)
@@ -65,7 +65,7 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
         for a in range(d):
             for b in range(a + 1, d):
                 M[a, b] = M[b, a]
-        _ridge_solve(M, x, d)
+        ridge_solve(M, x, d)
         for a in range(d):
             U[u, a] = x[a]
 

@@ -96,6 +96,7 @@ from streamdp.kernels.als import symmetrize_upper, unpack_upper
 from streamdp.kernels.ials import ials_accumulate, ials_solve_users
 from streamdp.local import implicit_pairs
 from streamdp.methods import register
+from streamdp.methods._psd import psd
 from streamdp.methods._notes import seed_notes
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
@@ -146,7 +147,7 @@ class IalsOptions(MethodOptions):
         default="auto", default_text="auto: on private, off non-private")
     shrink: float = option("shrink each noisy item row by max(0, 1 - s k sigma_B^2 / ||B_j||^2) (James-Stein with "
                            "threshold s; 0: off; post-processing)", default=1.0, minimum=0)
-    count_share: float = option("budget share of the item counts (and confidence totals)", default=0.1, **_POS,
+    count_share: float = option("budget share of the item counts (and confidence totals)", default=0.3, **_POS,
                                 maximum=1)
     gram_share: float | None = option("budget share of the Gramians (all iterations)",
                                       default_text="0.02 shared, 0.3 item", **_POS, maximum=1)
@@ -401,7 +402,7 @@ class IALS(Method):
         if self.private:
             sd = rel["rhs"].scale
             lam = lam + s.noise_ridge * sd * s.clip
-            G = _psd(G)
+            G = psd(G)
         Wn = np.maximum(np.asarray(W, np.float64), 0.0)
         out = Y.copy()
         eye = np.eye(k)
@@ -411,7 +412,7 @@ class IALS(Method):
                 M = G[None] * (1.0 + Wn[j] / max(float(n_users), 1.0))[:, None, None]
             else:
                 Aj = unpack_upper(A[j], d)
-                M = G[None] + (_psd(Aj) if self.private else Aj)
+                M = G[None] + (psd(Aj) if self.private else Aj)
             rhs = B[j, :k]
             if s.popularity:
                 rhs = rhs - Y[j, k][:, None] * M[:, :k, k]
@@ -442,7 +443,7 @@ class IALS(Method):
                 "run_directory": None if run.own_dir else run.dir,
                 "local": self.LOCAL_SOLVER, "local_user_bias": False, "local_implicit": s.local(),
                 "ridge": s.ridge, "rating_range": {"min": s.rating_min, "max": s.rating_max},
-                "iterations_run": len(history) + (run.start - 1),
+                "iterations_run": len(history) + (run.start - 1), "popularity_column": s.popularity,
                 "item_factors": ("implicit-ALS item rows [y_j, popularity log(1 + N_j) / log(1 + max N)]; scores "
                                  "rank items, they are not ratings" if s.popularity else
                                  "implicit-ALS item rows; scores rank items, they are not ratings")}
@@ -463,10 +464,3 @@ def _popularity(N) -> np.ndarray:
     p = np.maximum(np.asarray(N, np.float64), 0.0)
     top = float(p.max()) if len(p) else 0.0
     return p / top if top > 0 else p
-
-
-def _psd(M) -> np.ndarray:
-    """Symmetric matrices with negative eigenvalues set to 0 (batched over leading axes)."""
-    M = (M + np.swapaxes(M, -1, -2)) / 2.0
-    w, E = np.linalg.eigh(M)
-    return (E * np.maximum(w, 0.0)[..., None, :]) @ np.swapaxes(E, -1, -2)
