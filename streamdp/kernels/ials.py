@@ -14,8 +14,8 @@ weight 1. With the Gramian trick the unobserved pairs cost ``O(k^2)`` per user:
   (``w = 0`` drops a pair from the item side: contribution bounding), where
   ``x_u = u min(1, clip / ||u||)`` over the whole row.
 
-One user's contribution has L2 norm ``<= ||x||^2`` to ``G``, ``<= ||x|| ||w c||_2`` to
-``B`` and ``<= ||x||^2 ||w (c - 1)||_2`` to ``A``: :mod:`streamdp.methods.ials`
+One user's contribution has L2 norm ``<= ||x||^2`` to ``G``, ``<= ||x_B|| ||w c||_2`` to
+``B`` (``x_B`` the coordinates ``B`` holds) and ``<= ||x||^2 ||w (c - 1)||_2`` to ``A``: :mod:`streamdp.methods.ials`
 turns these into the released sensitivities. Raw arrays in, preallocated outputs
 accumulated into; float64; no ``fastmath`` (clipping is computed here).
 """
@@ -71,14 +71,19 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
 
 
 @njit(cache=True, nogil=True)
-def ials_accumulate(indptr, items, conf, weights, U, clip, B, A, G):
+def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     """Accumulate one block's item-side sums (module docstring); returns the number of clipped users.
 
-    ``U`` ``(n_users, d)``; ``B`` ``(n_items, d)``; ``A`` ``(n_items, d (d + 1) / 2)`` or
-    empty; ``G`` ``(d, d)`` (upper triangle accumulated, completed by
-    :func:`streamdp.kernels.als.symmetrize_upper`). Users without pairs add nothing.
+    ``U`` ``(n_users, d)``; ``G`` ``(d, d)`` (upper triangle accumulated, completed by
+    :func:`streamdp.kernels.als.symmetrize_upper`); ``A`` ``(n_items, d (d + 1) / 2)`` or
+    empty (packed as :func:`streamdp.kernels.als.packed_index`); ``B`` ``(n_items, k)``
+    with ``k = d`` or ``d - 1``. When ``k = d - 1`` the row's last coordinate (a user's
+    weight on the popularity column) is clipped on its own to ``[-clip_last, clip_last]``
+    and the first ``k`` to norm ``clip``, and ``B`` gets the first ``k`` only; otherwise the
+    whole row is clipped to ``clip``. Users without pairs add nothing.
     """
-    d = B.shape[1]
+    d = U.shape[1]
+    k = B.shape[1]
     do_a = A.shape[0] > 0
     x = np.empty(d, dtype=np.float64)
     clipped = 0
@@ -88,15 +93,17 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, B, A, G):
         if e == s:
             continue
         nrm = 0.0
-        for a in range(d):
+        for a in range(k):
             nrm += U[u, a] * U[u, a]
         nrm = np.sqrt(nrm)
         f = 1.0
         if nrm > clip:
             f = clip / nrm * (1.0 - 2.0 ** -40)  # rounding cannot take the clipped norm past clip
             clipped += 1
-        for a in range(d):
+        for a in range(k):
             x[a] = U[u, a] * f
+        if k < d:
+            x[k] = min(max(U[u, k], -clip_last), clip_last)
         for a in range(d):
             for b in range(a, d):
                 G[a, b] += x[a] * x[b]
@@ -106,7 +113,7 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, B, A, G):
                 continue
             j = items[p]
             wc = w * conf[p]
-            for a in range(d):
+            for a in range(k):
                 B[j, a] += wc * x[a]
             if do_a:
                 wm = w * (conf[p] - 1.0)
@@ -133,15 +140,57 @@ def ials_solve_users_reference(indptr, items, conf, Y, YtY, ridge):
     return U
 
 
-def ials_accumulate_reference(indptr, items, conf, weights, U, clip, n_items):
-    """NumPy reference of :func:`ials_accumulate`: ``(B, A (n, d, d), G)``."""
+def ials_accumulate_reference(indptr, items, conf, weights, U, clip, n_items, k=None, clip_last=np.inf):
+    """NumPy reference of :func:`ials_accumulate`: ``(B (n, k), A (n, d, d), G)``."""
     n_u, d = U.shape
+    k = d if k is None else k
     rows = np.repeat(np.arange(n_u), np.diff(indptr))
-    nrm = np.linalg.norm(U, axis=1)
-    X = U * np.where(nrm > clip, clip / np.maximum(nrm, 1e-300) * (1.0 - 2.0 ** -40), 1.0)[:, None]
-    B = np.zeros((n_items, d))
-    np.add.at(B, items, (weights * conf)[:, None] * X[rows])
+    nrm = np.linalg.norm(U[:, :k], axis=1)
+    X = U.copy()
+    X[:, :k] *= np.where(nrm > clip, clip / np.maximum(nrm, 1e-300) * (1.0 - 2.0 ** -40), 1.0)[:, None]
+    if k < d:
+        X[:, k] = np.clip(U[:, k], -clip_last, clip_last)
+    B = np.zeros((n_items, k))
+    np.add.at(B, items, (weights * conf)[:, None] * X[rows, :k])
     A = np.zeros((n_items, d, d))
     np.add.at(A, items, (weights * (conf - 1.0))[:, None, None] * X[rows][:, :, None] * X[rows][:, None, :])
     has = np.diff(indptr) > 0
     return B, A, X[has].T @ X[has]
+
+
+@njit(cache=True, nogil=True)
+def ials_solve_items(B, A, G, scale, lam, Y, k, out):
+    """Each item's row: ``out[j, :k] = (scale_j G + A_j + lam_j I)^-1 (B_j - ...)`` (Cholesky), in place.
+
+    ``B`` ``(n, k)``, ``A`` packed ``(n, d (d + 1) / 2)`` or empty (then ``A_j = 0``), ``G``
+    ``(d, d)`` symmetric, ``scale`` and ``lam`` per item. With ``d = k + 1`` the last
+    coordinate is fixed at ``Y[j, k]`` (the popularity column): its part of the system
+    moves to the right-hand side, ``B_j[:k] - Y[j, k] M_j[:k, k]``. ``out`` ``(n, d)`` gets
+    the first ``k`` coordinates written.
+    """
+    n = B.shape[0]
+    d = G.shape[0]
+    do_a = A.shape[0] > 0
+    M = np.empty((d, d), dtype=np.float64)
+    x = np.empty(k, dtype=np.float64)
+    for j in range(n):
+        s = scale[j]
+        for a in range(d):
+            for b in range(d):
+                M[a, b] = s * G[a, b]
+        if do_a:
+            q = 0
+            for a in range(d):
+                for b in range(a, d):
+                    M[a, b] += A[j, q]
+                    if b != a:
+                        M[b, a] += A[j, q]
+                    q += 1
+        for a in range(k):
+            x[a] = B[j, a]
+            if d > k:
+                x[a] -= Y[j, k] * M[a, k]
+            M[a, a] += lam[j]
+        ridge_solve(M, x, k)
+        for a in range(k):
+            out[j, a] = x[a]

@@ -93,11 +93,12 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
-from streamdp.kernels.ials import ials_accumulate, ials_solve_users
+from streamdp.kernels.ials import ials_accumulate, ials_solve_items, ials_solve_users
 from streamdp.local import implicit_pairs
 from streamdp.methods import register
 from streamdp.methods._psd import psd
 from streamdp.methods._notes import seed_notes
+from streamdp.methods._profile import EDGES, UserProfile, user_profile
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy.bounding import contribution_weights
@@ -106,13 +107,19 @@ from streamdp.stream.engine import add_into as _add
 
 #: Key of this module's random streams.
 RNG_KEY = 0x1A15
-_INIT, _STATS, _ITER = 1, 2, 3
+_INIT, _STATS, _ITER, _PROFILE = 1, 2, 3, 4
+#: ``tau`` from the released profile: the pairs of this share of the users fit under it, within these bounds.
+TAU_QUANTILE, TAU_BOUNDS = 0.75, (4, 32)
 #: How a rating becomes a preference by default (measured on ML-100K: the module docstring, docs/ranking.md).
 DEFAULT_PREFERENCE = "binary"
+#: The last iteration's factors are released only when their right-hand sides' excess energy over the noise is
+#: this many standard deviations (:func:`_signal_z`); else only the popularity column.
+SIGNAL_Z = 4.0
 #: Items per chunk of the batched item solves (bounds the ``n x d x d`` temporaries).
 SOLVE_CHUNK = 1 << 13
 #: The settings ``model.json`` records as the run's ``parameters``.
 MODEL_PARAMETERS = ("preference", "alpha", "max_confidence", "count_scale", "implicit", "tau", "iters", "clip",
+                    "clip_popularity",
                     "reg", "ridge", "noise_ridge", "gramian", "popularity", "shrink", "count_share", "gram_share")
 
 _POS = dict(minimum=0, exclusive_minimum=True)
@@ -126,15 +133,18 @@ class IalsOptions(MethodOptions):
         "ratings to preferences: binary (every rated item a positive), graded (confidence grows with the rating) "
         "or above (only ratings above the midpoint are positives); ignored on implicit stores",
         default=DEFAULT_PREFERENCE)
-    alpha: float = option("confidence slope: c = 1 + alpha f(value)", default=1.0, minimum=0)
+    alpha: float = option("confidence slope: c = 1 + alpha f(value)", default=3.0, minimum=0)
     max_confidence: float = option("cap c_max of a pair's confidence (bounds the sensitivity)", default=21.0,
                                    minimum=1)
     count_scale: float = option("implicit stores: f(count) = log(1 + count / count_scale)", default=1.0, **_POS)
     tau: int = option("at most tau of a user's pairs reach the item side (seeded sample when she has more)",
-                      default=64, minimum=1)
-    iters: int | None = option("ALS iterations", minimum=1, default_text="10 non-private, 4 private")
-    clip: float | None = option("norm bound Delta of a user's row on the item side",
-                                default_text="1 private, none non-private", **_POS)
+                      default=32, minimum=1, default_text="private: from a released histogram of pairs per user, "
+                      "the count 75% of users are within, in 4..32")
+    iters: int | None = option("ALS iterations", minimum=1, default_text="10 non-private, 3 private")
+    clip: float | None = option("norm bound Delta of a user's factor on the item side",
+                                default_text="0.4 private, none non-private", **_POS)
+    clip_popularity: float = option("bound Delta_pi of a user's weight on the popularity column on the item side",
+                                    default=1.0, **_POS)
     reg: float = option("ridge lambda of the item solves", default=1.0, minimum=0)
     ridge: float | None = option("ridge of each user's solve (training and the released model's local solve)",
                                  default_text="--reg non-private, 1 private", **_POS)
@@ -170,6 +180,7 @@ class IalsSettings(RunSettings):
     tau: int
     iters: int
     clip: float
+    clip_popularity: float
     reg: float
     ridge: float
     noise_ridge: float
@@ -183,6 +194,8 @@ class IalsSettings(RunSettings):
     #: The largest confidence a pair can have: ``min(c_max, 1 + alpha)`` on a rating store (``f <= 1``),
     #: ``c_max`` on an implicit one; the sensitivities use it.
     conf_cap: float
+    #: The released histogram of training ratings per user ``tau`` came from (model.json; not fingerprinted).
+    profile: UserProfile | None = None
 
     def local(self) -> dict:
         """``model.json``'s ``local_implicit``: what :func:`streamdp.local.implicit_pairs` needs."""
@@ -210,7 +223,8 @@ class IALS(Method):
         super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **options)
 
     # -- settings ----------------------------------------------------------------------
-    def settings(self, store) -> IalsSettings:
+    def settings(self, store, profile: UserProfile | None = None) -> IalsSettings:
+        """The run's settings; a released ``profile`` (histogram of pairs per user) sets ``tau`` when not given."""
         o, private = self.opts, self.private
         implicit = bool(getattr(store, "implicit", False))
         cmax = o.max_confidence
@@ -220,15 +234,17 @@ class IALS(Method):
         s = IalsSettings(
             rating_min=float(store.rating_min), rating_max=float(store.rating_max), private=private,
             implicit=implicit, preference="counts" if implicit else o.preference, alpha=o.alpha,
-            max_confidence=cmax, count_scale=o.count_scale, tau=o.tau,
-            iters=o.iters if o.iters is not None else (4 if private else 10),
-            clip=o.clip if o.clip is not None else (1.0 if private else math.inf), reg=o.reg,
+            max_confidence=cmax, count_scale=o.count_scale,
+            tau=o.tau if profile is None else tau_from_profile(profile.counts),
+            iters=o.iters if o.iters is not None else (3 if private else 10),
+            clip=o.clip if o.clip is not None else (0.4 if private else math.inf),
+            clip_popularity=o.clip_popularity if private else math.inf, reg=o.reg,
             ridge=o.ridge if o.ridge is not None else (1.0 if private else max(o.reg, 1e-6)),
             noise_ridge=o.noise_ridge, gramian=gramian, popularity=pop, shrink=o.shrink if private else 0.0,
             count_share=o.count_share,
             gram_share=o.gram_share if o.gram_share is not None else (0.02 if gramian == "shared" else 0.3),
             graded=graded and min(cmax, 1.0 + o.alpha) > 1.0,
-            conf_cap=cmax if implicit else min(cmax, 1.0 + o.alpha))
+            conf_cap=cmax if implicit else min(cmax, 1.0 + o.alpha), profile=profile)
         if private and s.count_share + s.gram_share >= 1.0:
             raise ParameterError(f"--count-share + --gram-share = {s.count_share + s.gram_share:g} leaves no budget "
                                  f"for the right-hand sides (must be < 1)")
@@ -243,6 +259,7 @@ class IALS(Method):
     def _shares(self, store, s) -> list:
         n, d, T = store.n_items, self._d(s), s.iters
         rt, D, cm = math.sqrt(s.tau), s.clip, s.conf_cap
+        D2 = D * D + (s.clip_popularity ** 2 if s.popularity else 0.0)  # the bound on ||x||^2 (whole row)
         out = []
         counts_share = s.count_share * (0.5 if self._w_release(s) else 1.0)
         out.append(Share("item counts N_j (at most tau pairs per user, weight 1)", "gaussian", rt, counts_share,
@@ -251,16 +268,16 @@ class IALS(Method):
             out.append(Share("item confidence totals W_j = sum_u (c_uj - 1)", "gaussian", (cm - 1.0) * rt,
                              s.count_share - counts_share, shape=(n,)))
         if s.gramian == "shared":
-            out.append(Share("users' Gramian G = sum_u x_u x_u^T (one per iteration)", "gaussian", D * D,
+            out.append(Share("users' Gramian G = sum_u x_u x_u^T (one per iteration)", "gaussian", D2,
                              s.gram_share, count=T, shape=(d, d), symmetric=True))
         else:
             out.append(Share("per-item Gramians A_j = sum_u (c_uj - 1) x_u x_u^T (one per iteration)", "gaussian",
-                             (cm - 1.0) * D * D * rt, s.gram_share * 0.9, count=T, shape=(n, d, d),
+                             (cm - 1.0) * D2 * rt, s.gram_share * 0.9, count=T, shape=(n, d, d),
                              symmetric=True))
-            out.append(Share("users' Gramian G = sum_u x_u x_u^T (one per iteration)", "gaussian", D * D,
+            out.append(Share("users' Gramian G = sum_u x_u x_u^T (one per iteration)", "gaussian", D2,
                              s.gram_share * 0.1, count=T, shape=(d, d), symmetric=True))
         out.append(Share("item right-hand sides B_j = sum_u c_uj x_u (one per iteration)", "gaussian", cm * D * rt,
-                         1.0 - s.count_share - s.gram_share, count=T, shape=(n, d)))
+                         1.0 - s.count_share - s.gram_share, count=T, shape=(n, self.rank)))
         return out
 
     @staticmethod
@@ -269,22 +286,30 @@ class IALS(Method):
         return s.gramian == "shared" and s.graded
 
     def _plan(self, store) -> Plan:
-        s = self.settings(store)
+        profile = None
+        if self.private and not self.opts.is_given("tau"):
+            seq = np.random.SeedSequence(self.seed, spawn_key=(RNG_KEY, _PROFILE)) if self.seed is not None else None
+            profile = user_profile(store, "gaussian", self.epsilon, self.delta, np.random.default_rng(seq))
+        s = self.settings(store, profile)
         bounds = {"rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown")}
         if not self.private:
             bounds["contribution"] = "none (non-private run: every pair, nothing clipped)"
             entries = [{"release": "item factors", "mechanism": "none (non-private)", "iterations": s.iters}]
             return Plan(events=[], entries=entries, settings=s, bounds=bounds, releases={})
-        releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta)
+        fixed = [profile.release] if profile is not None else []
+        releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=fixed)
         names = ["counts"] + (["wtotals"] if self._w_release(s) else []) + \
             (["gram"] if s.gramian == "shared" else ["agram", "gram"]) + ["rhs"]
-        bounds.update({"tau": s.tau, "sampling": "uniform", "clip_Delta": s.clip, "mechanism": "gaussian",
+        bounds.update({"tau": s.tau, "sampling": "uniform", "clip_Delta": s.clip, "clip_popularity": s.clip_popularity,
+                       "mechanism": "gaussian",
                        "sensitivity_norm": "l2",
                        "weights": f"uniform: weight 1 on at most tau = {s.tau} positive pairs per user, "
                                   f"confidence <= {s.conf_cap:g}"})
+        rel = dict(zip(names, releases))
+        releases = fixed + releases
         return Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases], settings=s,
-                    bounds=bounds, releases=dict(zip(names, releases)))
+                    bounds=bounds, releases=rel)
 
     # -- memory --------------------------------------------------------------------------
     def state_bytes(self, store) -> int:
@@ -308,7 +333,7 @@ class IALS(Method):
     # -- fitting -------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         plan = self.plan(store)
-        with self.open_run(store, plan, rng_key=RNG_KEY, engine=engine) as run:
+        with self.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",), engine=engine) as run:
             return self._fit(store, engine, run, plan)
 
     def _fit(self, store, engine, run, plan) -> Fitted:
@@ -336,6 +361,10 @@ class IALS(Method):
                     A = rel["agram"].add(A, g)
                 B = rel["rhs"].add(B, g)
             Y = self._solve_items(s, rel, Y, B, A, G, W, n_users)
+            if self.private and t == s.iters:
+                signal = _signal_z(B, rel["rhs"].scale)
+                if signal < SIGNAL_Z:  # no factor signal to speak of: release the chart (popularity column) alone
+                    Y[:, :k] = 0.0
             history.append(int(clipped))
             run.save(t, Y=Y, N=N, W=W)
         return self._fitted(store, plan, run, Y, N, history)
@@ -363,6 +392,7 @@ class IALS(Method):
 
     def _iteration_sums(self, store, engine, run, s, Y, desc):
         n, d = Y.shape
+        k = self.rank
         Y = np.ascontiguousarray(Y, np.float64)
         YtY = np.ascontiguousarray(Y.T @ Y)
         item_mode = s.gramian == "item"
@@ -373,10 +403,10 @@ class IALS(Method):
             ip, it, conf, w = self._pairs(block, s, seed)
             U = np.zeros((block.n_users, d))
             ials_solve_users(ip, it, conf, Y, YtY, float(s.ridge), U)
-            B = np.zeros((n, d))
+            B = np.zeros((n, k))
             A = np.zeros((n, npk) if item_mode else (0, npk))
             G = np.zeros((d, d))
-            clipped = ials_accumulate(ip, it, conf, w, U, float(s.clip), B, A, G)
+            clipped = ials_accumulate(ip, it, conf, w, U, float(s.clip), float(s.clip_popularity), B, A, G)
             return [B, A, G, clipped]
 
         def combine(acc, part):
@@ -386,7 +416,7 @@ class IALS(Method):
                 acc[i] += part[i]
             return acc
 
-        per_block = 8 * n * d + (8 * n * npk if item_mode else 0) + 8 * d * store.block_users
+        per_block = 8 * n * k + (8 * n * npk if item_mode else 0) + 8 * d * store.block_users
         acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
         if acc is None:
             raise ParameterError(f"{store.path}: the training split has no users")
@@ -396,8 +426,8 @@ class IALS(Method):
     # -- the item solves -----------------------------------------------------------------
     def _solve_items(self, s, rel, Y, B, A, G, W, n_users: float) -> np.ndarray:
         """``y_j = (G + A_j + lambda_j I)^-1 B_j`` (the popularity coordinate kept fixed), then shrunk, rescaled."""
-        n, d = B.shape
-        k = self.rank
+        n, k = B.shape
+        d = G.shape[0]
         lam = np.full(n, float(s.reg))
         if self.private:
             sd = rel["rhs"].scale
@@ -405,18 +435,20 @@ class IALS(Method):
             G = psd(G)
         Wn = np.maximum(np.asarray(W, np.float64), 0.0)
         out = Y.copy()
-        eye = np.eye(k)
-        for a in range(0, n, SOLVE_CHUNK):
-            j = np.arange(a, min(n, a + SOLVE_CHUNK))
-            if s.gramian == "shared":
-                M = G[None] * (1.0 + Wn[j] / max(float(n_users), 1.0))[:, None, None]
-            else:
-                Aj = unpack_upper(A[j], d)
-                M = G[None] + (psd(Aj) if self.private else Aj)
-            rhs = B[j, :k]
-            if s.popularity:
-                rhs = rhs - Y[j, k][:, None] * M[:, :k, k]
-            out[j, :k] = np.linalg.solve(M[:, :k, :k] + lam[j, None, None] * eye, rhs[..., None])[..., 0]
+        if s.gramian == "shared":
+            scale = 1.0 + Wn / max(float(n_users), 1.0)
+            ials_solve_items(B, np.zeros((0, 1)), G, scale, lam, Y, k, out)
+        elif not self.private:
+            ials_solve_items(B, A, G, np.ones(n), lam, Y, k, out)
+        else:  # noisy per-item Gramians: each projected onto the PSD cone first (NumPy, in chunks)
+            eye = np.eye(k)
+            for a in range(0, n, SOLVE_CHUNK):
+                j = np.arange(a, min(n, a + SOLVE_CHUNK))
+                M = G[None] + psd(unpack_upper(A[j], d))
+                rhs = B[j]
+                if s.popularity:
+                    rhs = rhs - Y[j, k][:, None] * M[:, :k, k]
+                out[j, :k] = np.linalg.solve(M[:, :k, :k] + lam[j, None, None] * eye, rhs[..., None])[..., 0]
         if self.private:
             # the rows' scale first (on the unshrunk solve), so that the shrinkage is not undone by it
             tot = float(np.mean(np.sum(out[:, :k] ** 2, axis=1)))
@@ -424,7 +456,7 @@ class IALS(Method):
                 out[:, :k] /= math.sqrt(tot)
             if s.shrink:
                 sd = rel["rhs"].scale
-                nb = np.sum(B[:, :k] ** 2, axis=1)
+                nb = np.sum(B ** 2, axis=1)
                 out[:, :k] *= np.maximum(0.0, 1.0 - s.shrink * k * sd * sd / np.maximum(nb, 1e-300))[:, None]
         return out
 
@@ -435,8 +467,13 @@ class IALS(Method):
         notes += seed_notes(self)
         notes.append("joint DP: the model releases item rows; each user solves her own row locally from them and "
                      "her own interactions (implicit-ALS solve), so her list depends on her data and the release only")
+        released = bool(np.any(Y[:, :self.rank]))
+        if self.private and not released:
+            notes.append(f"no factors released: the last iteration's noisy right-hand sides stood less than "
+                         f"{SIGNAL_Z:g} noise standard deviations above pure noise; the lists are the chart by the "
+                         f"released counts (the popularity column)")
         ledger = self.ledger(store, plan, notes=notes)
-        info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if self.private else "inf",
+        info = {"method": self.name, "factors_released": released, "rank": self.rank, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed, "n_users": store.n_users, "n_items": store.n_items,
                 "parameters": {key: getattr(s, key) for key in MODEL_PARAMETERS},
                 "resumed_from_iteration": run.start - 1 if run.start > 1 else None, "run_id": run.run_id,
@@ -447,11 +484,53 @@ class IALS(Method):
                 "item_factors": ("implicit-ALS item rows [y_j, popularity log(1 + N_j) / log(1 + max N)]; scores "
                                  "rank items, they are not ratings" if s.popularity else
                                  "implicit-ALS item rows; scores rank items, they are not ratings")}
+        if s.profile is not None:
+            info["user_profile"] = s.profile.to_dict()
         n = store.n_items
         return Fitted(item_factors=np.asarray(Y, np.float32), item_bias=np.zeros(n, np.float32),
                       item_ids=store.item_ids(), global_mean=0.0, model_info=info, ledger=ledger,
                       owner={"users_clipped_by_iteration": list(history)},
                       extras={"noisy_item_weight": np.asarray(N, np.float64)}, per_item_extras=("noisy_item_weight",))
+
+
+def tau_from_profile(hist) -> int:
+    """``tau`` from a noisy histogram over :data:`~streamdp.methods._profile.EDGES`: the top of the bin where
+    :data:`TAU_QUANTILE` of the users are reached, within :data:`TAU_BOUNDS` (post-processing).
+
+    A bound above most users' counts costs noise on every release and buys little (measured, Recall@10 at
+    epsilon 1 / 10, 2 seeds, tau 16 / 24 / 32: ML-100K, 106 ratings per user, 0.120 / 0.130 / 0.139 and
+    0.207 / 0.222 / 0.227; the clustered 10,000-user bench store, 16 per user, 0.184 / 0.180 / 0.175 and
+    0.287 / 0.287 / 0.284).
+
+    >>> h = np.zeros(len(EDGES)); h[list(EDGES).index(16)] = 80.0; h[list(EDGES).index(48)] = 20.0
+    >>> tau_from_profile(h)
+    23
+    """
+    c = np.maximum(np.asarray(hist, np.float64), 0.0)
+    if c.sum() <= 0:
+        return TAU_BOUNDS[1]
+    i = int(np.searchsorted(np.cumsum(c), TAU_QUANTILE * c.sum()))
+    top = int(EDGES[i + 1]) - 1 if i + 1 < len(EDGES) else TAU_BOUNDS[1]
+    return int(min(max(top, TAU_BOUNDS[0]), TAU_BOUNDS[1]))
+
+
+def _signal_z(B, sd: float) -> float:
+    """How far the noisy right-hand sides ``B`` (``n x k``) stand above their noise, in standard deviations.
+
+    Under pure noise ``||B_j||^2 / sd^2`` is chi-square with ``k`` degrees of freedom, so
+    ``sum_j ||B_j||^2 / sd^2 - n k`` has mean 0 and standard deviation ``sqrt(2 n k)``; the
+    z-score of the observed sum is a test for any signal at all (released values only).
+    Measured (epsilon 1 / 10, after 3 iterations): ML-100K 0.8 / 50, the clustered
+    10,000-user bench store 40 / 3000; ML-100K at epsilon 1 released factors that put its
+    lists at 0.93x the chart by its own counts.
+
+    >>> round(_signal_z(np.ones((200, 4)), 1.0), 3)
+    0.0
+    """
+    n, k = B.shape
+    if sd <= 0 or n * k == 0:
+        return math.inf
+    return float((np.sum(B * B) / (sd * sd) - n * k) / math.sqrt(2.0 * n * k))
 
 
 def _popularity(N) -> np.ndarray:

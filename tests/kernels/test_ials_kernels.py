@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
-from streamdp.kernels.ials import (ials_accumulate, ials_accumulate_reference, ials_solve_users,
+from streamdp.kernels.ials import (ials_accumulate, ials_accumulate_reference, ials_solve_items, ials_solve_users,
                                    ials_solve_users_reference)
 
 
@@ -47,31 +47,53 @@ def test_user_solve_is_the_weighted_least_squares_over_every_item():
 
 
 @pytest.mark.parametrize("clip", [np.inf, 0.7])
-def test_item_sums_match_the_reference(clip):
+@pytest.mark.parametrize("popularity", [False, True])
+def test_item_sums_match_the_reference(clip, popularity):
     rng, ip, it, conf, Y = _block(3)
     n, d = Y.shape
+    k = d - 1 if popularity else d
     U = rng.standard_normal((len(ip) - 1, d))
     w = (rng.uniform(size=len(it)) < 0.7).astype(np.float64)
-    B, A, G = np.zeros((n, d)), np.zeros((n, d * (d + 1) // 2)), np.zeros((d, d))
-    clipped = ials_accumulate(ip, it, conf, w, U, clip, B, A, G)
-    rB, rA, rG = ials_accumulate_reference(ip, it, conf, w, U, clip, n)
+    B, A, G = np.zeros((n, k)), np.zeros((n, d * (d + 1) // 2)), np.zeros((d, d))
+    clipped = ials_accumulate(ip, it, conf, w, U, clip, 0.5, B, A, G)
+    rB, rA, rG = ials_accumulate_reference(ip, it, conf, w, U, clip, n, k=k, clip_last=0.5 if popularity else np.inf)
     np.testing.assert_allclose(B, rB, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(unpack_upper(A, d), rA, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(symmetrize_upper(G), rG, rtol=1e-10, atol=1e-12)
     has = np.diff(ip) > 0
-    assert clipped == int(np.sum(np.linalg.norm(U, axis=1)[has] > clip))
+    assert clipped == int(np.sum(np.linalg.norm(U[:, :k], axis=1)[has] > clip))
+
+
+def test_item_solve_matches_numpy():
+    rng, ip, it, conf, Y = _block(5, d=4)
+    n, d = Y.shape
+    k = d - 1  # the last column fixed (popularity)
+    X = rng.standard_normal((30, d))
+    G = X.T @ X
+    A = rng.standard_normal((n, d * (d + 1) // 2)) * 0.1
+    B = rng.standard_normal((n, k))
+    lam = rng.uniform(0.5, 2.0, n)
+    scale = rng.uniform(1.0, 2.0, n)
+    out = Y.copy()
+    ials_solve_items(B, A, G, scale, lam, Y, k, out)
+    M = scale[:, None, None] * G[None] + unpack_upper(A, d)
+    rhs = B - Y[:, k][:, None] * M[:, :k, k]
+    want = np.linalg.solve(M[:, :k, :k] + lam[:, None, None] * np.eye(k), rhs[..., None])[..., 0]
+    np.testing.assert_allclose(out[:, :k], want, rtol=1e-8, atol=1e-10)
+    np.testing.assert_array_equal(out[:, k], Y[:, k])
 
 
 def test_one_users_contribution_is_within_the_bounds():
-    # the sensitivities of streamdp.methods.ials: ||dG|| <= D^2, ||dB|| <= c_max D sqrt(tau), ||dA|| <= (c_max-1) D^2 sqrt(tau)
+    # the sensitivities of streamdp.methods.ials (factor part clipped to D, popularity weight to P):
+    # ||dG|| <= D^2 + P^2, ||dB|| <= c_max D sqrt(tau), ||dA|| <= (c_max - 1) (D^2 + P^2) sqrt(tau)
     rng = np.random.default_rng(4)
-    d, n, tau, D, cmax = 4, 30, 6, 0.8, 3.0
+    d, n, tau, D, P, cmax = 4, 30, 6, 0.8, 0.5, 3.0
     it = rng.choice(n, tau, replace=False).astype(np.int32)
     ip = np.array([0, tau], np.int64)
     conf = np.full(tau, cmax)
     U = rng.standard_normal((1, d)) * 10
-    B, A, G = np.zeros((n, d)), np.zeros((n, d * (d + 1) // 2)), np.zeros((d, d))
-    ials_accumulate(ip, it, conf, np.ones(tau), U, D, B, A, G)
-    assert np.linalg.norm(G[np.triu_indices(d)]) <= D * D + 1e-12
+    B, A, G = np.zeros((n, d - 1)), np.zeros((n, d * (d + 1) // 2)), np.zeros((d, d))
+    ials_accumulate(ip, it, conf, np.ones(tau), U, D, P, B, A, G)
+    assert np.linalg.norm(G[np.triu_indices(d)]) <= D * D + P * P + 1e-12
     assert np.linalg.norm(B) <= cmax * D * np.sqrt(tau) + 1e-12
-    assert np.linalg.norm(A) <= (cmax - 1) * D * D * np.sqrt(tau) + 1e-12
+    assert np.linalg.norm(A) <= (cmax - 1) * (D * D + P * P) * np.sqrt(tau) + 1e-12

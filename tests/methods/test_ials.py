@@ -73,7 +73,8 @@ def test_local_solve_is_the_training_user_solve(small_store, tmp_path):
 
 
 def test_private_plan_sensitivities_and_budget(small_store):
-    m, f = _fit(small_store, epsilon=1.0, iters=3, tau=7, clip=0.5, preference="graded", alpha=2.0)
+    m, f = _fit(small_store, epsilon=1.0, iters=3, tau=7, clip=0.5, clip_popularity=0.3, preference="graded",
+                alpha=2.0)
     led = f.ledger
     assert led.accounting.epsilon <= 1.0 + 1e-9
 
@@ -83,7 +84,7 @@ def test_private_plan_sensitivities_and_budget(small_store):
 
     assert entry("item counts")["sensitivity"] == pytest.approx(math.sqrt(7))
     assert entry("item confidence totals")["sensitivity"] == pytest.approx(2.0 * math.sqrt(7))
-    assert entry("users' Gramian")["sensitivity"] == pytest.approx(0.25)
+    assert entry("users' Gramian")["sensitivity"] == pytest.approx(0.25 + 0.09)
     assert entry("item right-hand sides")["sensitivity"] == pytest.approx(3.0 * 0.5 * math.sqrt(7))
     assert entry("item right-hand sides")["count"] == 3 and entry("users' Gramian")["count"] == 3
     assert f.model_info["parameters"]["tau"] == 7
@@ -102,14 +103,14 @@ def test_at_most_tau_pairs_per_user_reach_the_item_side(small_store):
 def test_implicit_store_takes_confidence_from_counts(small_store, monkeypatch):
     # the store marked implicit, as an implicit ingest marks it (values: counts)
     monkeypatch.setattr(small_store, "implicit", True, raising=False)
-    m, f = _fit(small_store, epsilon=2.0, iters=1, alpha=2.0, max_confidence=5.0)
+    m, f = _fit(small_store, epsilon=2.0, iters=1, alpha=2.0, max_confidence=5.0, tau=32)
     p = f.model_info["local_implicit"]
     assert p["implicit"] and f.model_info["parameters"]["preference"] == "counts"
     ip, it, c = implicit_pairs(np.array([0, 3]), np.array([1, 2, 3]), np.array([1.0, 4.0, 1000.0]), p)
     np.testing.assert_allclose(c, [1 + 2 * math.log(2), 1 + 2 * math.log(5), 5.0])
     # the sensitivities use c_max on an implicit store (counts are unbounded)
     rhs = [e for e in f.ledger.bounds["releases"] if e["release"].startswith("item right")][0]
-    assert rhs["sensitivity"] == pytest.approx(5.0 * 1.0 * math.sqrt(64))
+    assert rhs["sensitivity"] == pytest.approx(5.0 * 0.4 * math.sqrt(32))
 
 
 def test_recommend_scores_are_not_clipped_to_the_rating_range(small_store, tmp_path):
@@ -151,3 +152,33 @@ def test_dask_scheduler_gives_the_thread_engines_model(small_store):
         f = m.fit(small_store, eng)
     _, g = _fit(small_store, epsilon=1.0, iters=2, workers=2)
     np.testing.assert_array_equal(f.item_factors, g.item_factors)
+
+
+def test_without_factor_signal_the_lists_are_the_released_chart(small_store, tmp_path):
+    from streamdp.evaluate import evaluate_model
+
+    _, f = _fit(small_store, epsilon=0.05, iters=2)
+    assert not f.model_info["factors_released"] and not np.any(f.item_factors[:, :3])
+    assert any("no factors released" in n for n in f.ledger.notes)
+    f.save(str(tmp_path / "m"))
+    r = evaluate_model(str(tmp_path / "m"), small_store, baselines=False)["ranking"]
+    assert r["recall"] == pytest.approx(r["baselines"]["private_popularity"]["recall"], abs=0.01)
+
+
+def test_signal_z_separates_noise_from_signal():
+    from streamdp.methods.ials import _signal_z
+
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((2000, 8))
+    assert abs(_signal_z(noise, 1.0)) < 4
+    assert _signal_z(noise + 0.3, 1.0) > 4
+
+
+def test_tau_comes_from_the_released_profile(small_store):
+    m, f = _fit(small_store, epsilon=2.0, iters=1)
+    led = f.ledger
+    assert led.bounds["releases"][0]["release"].startswith("histogram of training ratings per user")
+    assert f.model_info["user_profile"]["users"]
+    # small_store's users have ~24 training ratings: 75% of them are within the 24..31 bin
+    assert 4 <= f.model_info["parameters"]["tau"] <= 32
+    assert led.accounting.epsilon <= 2.0 + 1e-9
