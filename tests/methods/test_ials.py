@@ -182,3 +182,16 @@ def test_tau_comes_from_the_released_profile(small_store):
     # small_store's users have ~24 training ratings: 75% of them are within the 24..31 bin
     assert 4 <= f.model_info["parameters"]["tau"] <= 32
     assert led.accounting.epsilon <= 2.0 + 1e-9
+
+
+def test_the_choice_between_factors_and_chart_is_released_and_accounted(small_store):
+    m, f = _fit(small_store, epsilon=5.0, iters=2)
+    sel = [e for e in f.ledger.bounds["releases"] if e["release"].startswith("validation:")]
+    assert len(sel) == 1 and sel[0]["sensitivity"] == 1.0
+    assert f.ledger.accounting.epsilon <= 5.0 + 1e-9
+    assert f.model_info["parameters"]["select"]
+    info = f.model_info.get("selection")  # absent when the signal gate dropped the factors first
+    assert info is None or (info["chosen"] in info["candidates"] and
+                            (info["chosen"] == "factors") == f.model_info["factors_released"])
+    _, g = _fit(small_store, epsilon=5.0, iters=2, select="off")
+    assert not [e for e in g.ledger.bounds["releases"] if e["release"].startswith("validation:")]
