@@ -37,6 +37,23 @@ def packed_index(a, b, d):
 
 
 @njit(cache=True, nogil=True)
+def clip_row(U, u, k, clip, x):
+    """``x[:k] = U[u, :k] min(1, clip / ||U[u, :k]||)``; returns 1 when the row was clipped, else 0."""
+    nrm = 0.0
+    for a in range(k):
+        nrm += U[u, a] * U[u, a]
+    nrm = np.sqrt(nrm)
+    f = 1.0
+    hit = 0
+    if nrm > clip:
+        f = clip / nrm * (1.0 - 2.0 ** -40)  # rounding cannot take the clipped norm past clip
+        hit = 1
+    for a in range(k):
+        x[a] = U[u, a] * f
+    return hit
+
+
+@njit(cache=True, nogil=True)
 def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     """Accumulate one block's item-side sums (see the module docstring); returns the number of clipped users.
 
@@ -58,16 +75,7 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
         e = indptr[u + 1]
         if e == s:
             continue
-        nrm = 0.0
-        for a in range(k):
-            nrm += U[u, a] * U[u, a]
-        nrm = np.sqrt(nrm)
-        f = 1.0
-        if nrm > clip:
-            f = clip / nrm * (1.0 - 2.0 ** -40)  # rounding cannot take the clipped norm past clip
-            clipped += 1
-        for a in range(k):
-            x[a] = U[u, a] * f
+        clipped += clip_row(U, u, k, clip, x)
         if d > k:
             x[k] = beta
         c = U[u, k]

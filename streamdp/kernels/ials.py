@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streamdp.kernels.als import clip_row
 from streamdp.kernels.linalg import ridge_solve
 
 
@@ -92,16 +93,7 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
         e = indptr[u + 1]
         if e == s:
             continue
-        nrm = 0.0
-        for a in range(k):
-            nrm += U[u, a] * U[u, a]
-        nrm = np.sqrt(nrm)
-        f = 1.0
-        if nrm > clip:
-            f = clip / nrm * (1.0 - 2.0 ** -40)  # rounding cannot take the clipped norm past clip
-            clipped += 1
-        for a in range(k):
-            x[a] = U[u, a] * f
+        clipped += clip_row(U, u, k, clip, x)
         if k < d:
             x[k] = min(max(U[u, k], -clip_last), clip_last)
         for a in range(d):
