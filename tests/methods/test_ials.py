@@ -195,3 +195,41 @@ def test_the_choice_between_factors_and_chart_is_released_and_accounted(small_st
                             (info["chosen"] == "factors") == f.model_info["factors_released"])
     _, g = _fit(small_store, epsilon=5.0, iters=2, select="off")
     assert not [e for e in g.ledger.bounds["releases"] if e["release"].startswith("validation:")]
+
+
+def test_cli_train_then_recommend_with_the_implicit_local_solve(small_store, tmp_path):
+    from click.testing import CliRunner
+
+    from streamdp.cli import main
+
+    out = str(tmp_path / "m")
+    res = CliRunner().invoke(main, ["train", small_store.path, "--method", "ials", "--epsilon", "3", "--iters", "2",
+                                    "--out", out, "--seed", "1", "--over-budget"])
+    assert res.exit_code == 0, res.output
+    assert "ranking" in res.output.lower() or "Recall@10" in res.output
+    mine = tmp_path / "mine.csv"
+    ids = load_model(out).item_ids
+    mine.write_text("".join(f"{ids[j]},5\n" for j in range(5)))
+    res = CliRunner().invoke(main, ["recommend", out, "--ratings", str(mine), "--top", "3"])
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.slow
+def test_peak_memory_stays_under_the_limit(tmp_path):
+    """200,000 users x 5,000 items, 20 ratings each: ials at epsilon 1 within --memory-limit 600MB (wait4)."""
+    import os
+    import subprocess
+    import sys
+
+    exe = [sys.executable, "-m", "streamdp"]
+    subprocess.run(exe + ["generate", "--out", str(tmp_path / "s.zarr"), "--users", "200000", "--items", "5000",
+                          "--ratings-per-user", "20", "--seed", "1"], check=True, capture_output=True)
+    proc = subprocess.Popen(exe + ["train", str(tmp_path / "s.zarr"), "--method", "ials", "--epsilon", "1",
+                                   "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read().decode()
+    assert os.waitstatus_to_exitcode(status) == 0, err[-2000:]
+    peak = usage.ru_maxrss * 1024
+    print(f"ials 200k x 5k: peak RSS {peak / 2**20:.0f} MiB")
+    assert peak < 600 * 2**20, f"peak RSS {peak / 2**20:.0f} MiB"
