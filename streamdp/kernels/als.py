@@ -54,6 +54,17 @@ def clip_row(U, u, k, clip, x):
 
 
 @njit(cache=True, nogil=True)
+def add_packed_outer(A, j, w, x, d):
+    """``A[j] += w x x^T`` on the packed upper triangle (layout of :func:`packed_index`)."""
+    q = 0
+    for a in range(d):
+        wa = w * x[a]
+        for b in range(a, d):
+            A[j, q] += wa * x[b]
+            q += 1
+
+
+@njit(cache=True, nogil=True)
 def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     """Accumulate one block's item-side sums (see the module docstring); returns the number of clipped users.
 
@@ -97,12 +108,7 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
             for a in range(d):
                 B[j, a] += wy * x[a]
             if do_a:
-                q = 0
-                for a in range(d):
-                    wa = w * x[a]
-                    for b in range(a, d):
-                        A[j, q] += wa * x[b]
-                        q += 1
+                add_packed_outer(A, j, w, x, d)
     return clipped
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import clip_row
+from streamdp.kernels.als import add_packed_outer, clip_row
 from streamdp.kernels.linalg import ridge_solve
 
 
@@ -108,13 +108,7 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
             for a in range(k):
                 B[j, a] += wc * x[a]
             if do_a:
-                wm = w * (conf[p] - 1.0)
-                q = 0
-                for a in range(d):
-                    wa = wm * x[a]
-                    for b in range(a, d):
-                        A[j, q] += wa * x[b]
-                        q += 1
+                add_packed_outer(A, j, w * (conf[p] - 1.0), x, d)
     return clipped
 
 
