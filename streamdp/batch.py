@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.topk import topn_scores
-from streamdp.local import check_finite, list_bias, local_design, model_ridge, rating_range, solve_block
+from streamdp.local import check_finite, list_bias, local_design, model_ridge, score_range, solve_block
 from streamdp.outputs import deferred_interrupts
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 from streamdp.storage.store import RatingStore, open_store
@@ -129,7 +129,7 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
     rank_bias = list_bias(m, bias, tiekey)  # the list score's item term; the score written is the prediction
     offset = rank_bias - bias
     mu = float(mo.global_mean)
-    lo, hi = rating_range(mo)
+    lo, hi = score_range(mo)
     tiekey = np.ascontiguousarray(tiekey, np.int64)
     if wanted is None:
         blocks = None

@@ -87,6 +87,13 @@ CATALOG: dict[str, MethodInfo] = {m.name: m for m in (
         "factor locally",
         "the default: the private model that beats the item mean when items have enough raters"),
     MethodInfo(
+        "ials",
+        "joint user-level (epsilon, delta)-DP (PLD accountant): users solve their own rows locally",
+        "implicit-ALS item rows with a popularity column from noisy item counts, and the noisy counts (Hu et al. "
+        "2008 with DP-ALS noise); users solve their own row locally from the items they chose",
+        "lists (top-N recommendations), from ratings or from implicit data (clicks, plays, purchases)",
+        rank="number of factors k (16 when private)"),
+    MethodInfo(
         "irls",
         "as als",
         "as als (the users' local solve uses the Huber loss)",

@@ -25,7 +25,11 @@ al.'s local Frank-Wolfe steps on the released basis (:func:`fw_local_rows`), an
 (:func:`projection_rows`); both give coefficients ``c`` on ``Q`` (no intercept) and
 predict ``mu + b_j + Q_j . c`` like every other model. A ``public-private`` model
 (Xin & Jaakkola) is predicted by the paper's eq. 4 (:func:`eq4_rows`, ``local:
-xin_jaakkola_eq4``), with no intercept.
+xin_jaakkola_eq4``), with no intercept. An ``ials`` model (``local: implicit``) is
+solved as Hu, Koren & Volinsky's implicit-feedback ALS (:func:`implicit_rows`): her
+rated items are positives with a confidence from her own values
+(:func:`implicit_pairs`, ``model.json`` ``local_implicit``), every other item a zero
+of weight 1; its scores rank items and are not ratings (:func:`score_range`).
 
 The ridge default comes from the model (``model.json`` key ``ridge``; for
 ``--method oja`` the factors are scaled to rows of mean squared norm 1, so the
@@ -66,11 +70,12 @@ import numpy as np
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.fw import fw_replay, project_rows
+from streamdp.kernels.ials import ials_solve_users
 from streamdp.kernels.linalg import predict_rows, residuals, solve_users, solve_users_huber
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 
 #: A model's local computation (``model.json`` key ``local``; absent = ``ridge``).
-LOCAL_KINDS = ("ridge", "frank_wolfe", "projection", "xin_jaakkola_eq4")
+LOCAL_KINDS = ("ridge", "frank_wolfe", "projection", "xin_jaakkola_eq4", "implicit")
 
 #: Ridge used when a model does not state one.
 FALLBACK_RIDGE = 1.0
@@ -98,6 +103,12 @@ def rating_range(model) -> tuple[float, float]:
     """The declared rating range the model was trained on (``(-inf, inf)`` if unknown)."""
     p = model.info.get("rating_range") or {}
     return float(p.get("min", -np.inf)), float(p.get("max", np.inf))
+
+
+def score_range(model) -> tuple[float, float]:
+    """The range a model's scores are clipped to: its rating range, or none for scores that are not ratings
+    (``local: implicit``: a preference score that only ranks)."""
+    return (-np.inf, np.inf) if local_kind(model) == "implicit" else rating_range(model)
 
 
 def uses_user_bias(model, user_bias: bool | None = None) -> bool:
@@ -143,6 +154,8 @@ def solve_block(model, indptr, items, ratings, ridge: float, *, user_bias: bool 
         return projection_rows(model, np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q)
     if kind == "xin_jaakkola_eq4":
         return eq4_rows(np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q, ridge)
+    if kind == "implicit":
+        return implicit_rows(model, indptr, items, ratings, Q, ridge)
     U = np.zeros((len(indptr) - 1, Q.shape[1]))
     iters, delta = local_loss(model)
     solve_users_huber(np.asarray(indptr, np.int64), np.asarray(items, np.int32), res, Q, float(ridge), iters, delta,
@@ -281,7 +294,8 @@ def check_finite(model, values, what: str = "predictions") -> None:
 
 
 def local_kind(model) -> str:
-    """The model's local computation: ``ridge`` (default), ``frank_wolfe``, ``projection`` or ``xin_jaakkola_eq4``."""
+    """The model's local computation: ``ridge`` (default), ``frank_wolfe``, ``projection``, ``xin_jaakkola_eq4``
+    or ``implicit``."""
     kind = (getattr(model, "info", None) or {}).get("local", "ridge")
     if kind not in LOCAL_KINDS:
         raise InputError(f"model.json: unknown local computation {kind!r} (this streamdp knows "
@@ -306,6 +320,71 @@ def eq4_rows(indptr, items, x, W, lam: float) -> np.ndarray:
     """
     U = np.zeros((len(indptr) - 1, W.shape[1]))
     solve_users(indptr, items, x, W, float(lam), U)
+    return U
+
+
+#: How a value becomes a preference and a confidence (``local_implicit.preference``): see :func:`implicit_pairs`.
+PREFERENCES = ("binary", "graded", "above")
+
+
+def implicit_pairs(indptr, items, values, params: dict):
+    """``(indptr, items, confidence)``: a CSR block's positive pairs and their confidences ``c >= 1``.
+
+    ``params`` is ``model.json``'s ``local_implicit`` (the training uses the same
+    function, so the user's device and the item side agree):
+
+    * an implicit store (``implicit: true``, values are counts or weights):
+      ``c = 1 + min(alpha log(1 + value / count_scale), max_confidence - 1)``;
+    * a rating store: ``binary``: every rated item is a positive with ``c = 1 + alpha``;
+      ``graded``: every rated item a positive with ``c = 1 + alpha (r - min) / (max - min)``;
+      ``above``: only ratings above the range's midpoint are positives, ``c = 1 + alpha``;
+      every ``c`` capped at ``max_confidence``.
+
+    >>> p = {"implicit": False, "preference": "above", "alpha": 3.0, "max_confidence": 10.0,
+    ...      "rating_min": 1.0, "rating_max": 5.0, "count_scale": 1.0}
+    >>> ip, it, c = implicit_pairs(np.array([0, 3]), np.array([4, 5, 6]), np.array([5.0, 2.0, 4.0]), p)
+    >>> ip.tolist(), it.tolist(), c.tolist()
+    ([0, 2], [4, 6], [4.0, 4.0])
+    """
+    indptr = np.asarray(indptr, np.int64)
+    items = np.asarray(items, np.int32)
+    v = np.asarray(values, np.float64)
+    alpha, cmax = float(params["alpha"]), float(params["max_confidence"])
+    if params.get("implicit"):
+        f = np.log1p(np.maximum(v, 0.0) / float(params.get("count_scale", 1.0)))
+    else:
+        lo, hi = float(params["rating_min"]), float(params["rating_max"])
+        pref = params["preference"]
+        if pref == "graded":
+            f = (np.clip(v, lo, hi) - lo) / max(hi - lo, 1e-300)
+        else:
+            f = np.ones(len(v))
+        if pref == "above":
+            keep = v > (lo + hi) / 2.0
+            n_u = len(indptr) - 1
+            users = np.repeat(np.arange(n_u), np.diff(indptr))
+            indptr = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=n_u))]).astype(np.int64)
+            items, f = np.ascontiguousarray(items[keep]), f[keep]
+    return indptr, items, 1.0 + np.minimum(alpha * f, cmax - 1.0)
+
+
+def implicit_rows(model, indptr, items, values, Q, ridge: float) -> np.ndarray:
+    """Each user's row of an ``ials`` model: the implicit-ALS solve on the released item rows ``Q``.
+
+    ``u = (Q^T Q + sum_{j in I} (c_j - 1) q_j q_j^T + ridge I)^-1 sum_{j in I} c_j q_j``
+    (:func:`streamdp.kernels.ials.ials_solve_users`, the kernel the training's user side
+    ran); ``Q^T Q`` is computed once per model.
+    """
+    ip, it, conf = implicit_pairs(indptr, items, values, model.info["local_implicit"])
+    cache = getattr(model, "_local_gram", None)
+    if cache is None or cache[0] is not Q:
+        cache = (Q, np.ascontiguousarray(Q.T @ Q))
+        try:
+            model._local_gram = cache
+        except AttributeError:
+            pass
+    U = np.zeros((len(ip) - 1, Q.shape[1]))
+    ials_solve_users(ip, it, conf, Q, cache[1], float(ridge), U)
     return U
 
 
@@ -382,7 +461,7 @@ def user_scores(model, items, ratings, *, ridge: float | None = None, user_bias:
     The user's row is solved locally (:func:`solve_user`), predictions are clipped to
     the model's rating range. A rating outside that range is an :class:`InputError`.
     """
-    lo, hi = rating_range(model)
+    lo, hi = score_range(model)
     return np.clip(_raw_scores(model, items, ratings, ridge, user_bias), lo, hi)
 
 
@@ -420,7 +499,7 @@ def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = Non
     seen[np.asarray(items, np.int64)] = True
     cand = np.flatnonzero(~seen)
     order = cand[np.lexsort((cand, -score[cand]))][:top]
-    lo, hi = rating_range(model)
+    lo, hi = score_range(model)
     return order, np.clip(raw[order], lo, hi)
 
 

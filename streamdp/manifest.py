@@ -79,6 +79,10 @@ MODEL_JSON = {
     "local": (PUBLIC, "the local solve a user runs on her side"),
     "local_fw": (PUBLIC, "fw: the local solve's settings (k, clip, bound)"),
     "local_huber": (PUBLIC, "irls: the local Huber solve's settings"),
+    "popularity_column": (PUBLIC, "ials: whether the item rows' last column is the popularity from the released "
+                                  "counts (an option)"),
+    "local_implicit": (PUBLIC, "ials: how the local solve turns a user's values into confidences (options, the "
+                               "declared range)"),
     "local_user_bias": (PUBLIC, "whether the local solve fits the user's own intercept"),
     "list_scorer": (POST, "how lists rank items (streamdp.local.list_scorer): the predicted rating, plus a weight "
                           "(from the declared rating range) times the log of the released item counts"),
@@ -145,7 +149,7 @@ BOUNDS = {
     "rating_min", "rating_max", "rating_range_source", "releases", "contribution", "clip", "sketch_clip",
     "sketch_quantile", "sketch_share", "oversampling", "columns", "prune", "prune_bound", "power_iters",
     "midpoint", "range", "pure_epsilon", "sensitivity", "epsilon_replace_one", "relation_covers", "centre",
-    "sketch_clip_C", "target",
+    "sketch_clip_C", "target", "clip_popularity",
 }
 
 #: ``factors.zarr`` arrays and attributes.
@@ -153,7 +157,8 @@ ARRAYS = {
     "item_factors": (POST, "item factors fitted on released statistics"),
     "item_bias": (POST, "item biases from released statistics"),
     "item_ids": (PUBLIC, "the item catalogue (public), ascending"),
-    "noisy_item_weight": (RELEASE, "als: noisy item weight totals C_j (ledger: 'item weight totals')"),
+    "noisy_item_weight": (RELEASE, "als: noisy item weight totals C_j (ledger: 'item weight totals'); ials: noisy "
+                                   "item counts N_j (ledger: 'item counts')"),
     "singular_values": (POST, "oja/lowrank: singular values of the noisy iteration or sketch"),
     "signal_share": (POST, "oja: share of each released direction above its noise"),
     "basis": (POST, "oja/lowrank: the item basis"),

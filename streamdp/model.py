@@ -241,7 +241,8 @@ class Model:
 
     @property
     def rank(self) -> int:
-        return int(self.item_factors.shape[1])
+        """Number of factors: the item rows' columns, less an ``ials`` model's popularity column."""
+        return int(self.item_factors.shape[1]) - (1 if self.info.get("popularity_column") else 0)
 
     @property
     def method(self) -> str:

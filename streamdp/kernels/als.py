@@ -37,6 +37,34 @@ def packed_index(a, b, d):
 
 
 @njit(cache=True, nogil=True)
+def clip_row(U, u, k, clip, x):
+    """``x[:k] = U[u, :k] min(1, clip / ||U[u, :k]||)``; returns 1 when the row was clipped, else 0."""
+    nrm = 0.0
+    for a in range(k):
+        nrm += U[u, a] * U[u, a]
+    nrm = np.sqrt(nrm)
+    f = 1.0
+    hit = 0
+    if nrm > clip:
+        f = clip / nrm * (1.0 - 2.0 ** -40)  # rounding cannot take the clipped norm past clip
+        hit = 1
+    for a in range(k):
+        x[a] = U[u, a] * f
+    return hit
+
+
+@njit(cache=True, nogil=True)
+def add_packed_outer(A, j, w, x, d):
+    """``A[j] += w x x^T`` on the packed upper triangle (layout of :func:`packed_index`)."""
+    q = 0
+    for a in range(d):
+        wa = w * x[a]
+        for b in range(a, d):
+            A[j, q] += wa * x[b]
+            q += 1
+
+
+@njit(cache=True, nogil=True)
 def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     """Accumulate one block's item-side sums (see the module docstring); returns the number of clipped users.
 
@@ -58,16 +86,7 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
         e = indptr[u + 1]
         if e == s:
             continue
-        nrm = 0.0
-        for a in range(k):
-            nrm += U[u, a] * U[u, a]
-        nrm = np.sqrt(nrm)
-        f = 1.0
-        if nrm > clip:
-            f = clip / nrm * (1.0 - 2.0 ** -40)  # rounding cannot take the clipped norm past clip
-            clipped += 1
-        for a in range(k):
-            x[a] = U[u, a] * f
+        clipped += clip_row(U, u, k, clip, x)
         if d > k:
             x[k] = beta
         c = U[u, k]
@@ -89,12 +108,7 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
             for a in range(d):
                 B[j, a] += wy * x[a]
             if do_a:
-                q = 0
-                for a in range(d):
-                    wa = w * x[a]
-                    for b in range(a, d):
-                        A[j, q] += wa * x[b]
-                        q += 1
+                add_packed_outer(A, j, w, x, d)
     return clipped
 
 

@@ -84,7 +84,7 @@ def residuals(items, ratings, global_mean, item_bias, out):
 
 
 @njit(cache=True, nogil=True)
-def _ridge_solve(G, rhs, k):
+def ridge_solve(G, rhs, k):
     """Solve ``G x = rhs`` in place for a symmetric positive definite ``G`` (Cholesky)."""
     for i in range(k):
         for j in range(i + 1):
@@ -162,7 +162,7 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
                 for b in range(a + 1, k):
                     G[a, b] = G[b, a]
             if e > s:
-                _ridge_solve(G, x, k)
+                ridge_solve(G, x, k)
             if it < irls_iters:
                 for p in range(s, e):
                     j = items[p]

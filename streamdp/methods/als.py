@@ -153,6 +153,7 @@ from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
 from streamdp.methods._profile import UserProfile, user_profile
 from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
+from streamdp.methods._psd import psd
 from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
@@ -1009,7 +1010,7 @@ class _AlsBase(Method):
             lam = lam + s.noise_ridge * sd * sd * D * D / (scale * scale)
         Gn = None
         if s.gramian == "shared":
-            Gn = _psd(G) / max(float(n_users), 1.0)  # n_users is public (or q n_users on a sample)
+            Gn = psd(G) / max(float(n_users), 1.0)  # n_users is public (or q n_users on a sample)
         theta = np.zeros((n, d))
         idx = np.flatnonzero(keep)
         eye = np.eye(d)
@@ -1020,7 +1021,7 @@ class _AlsBase(Method):
             else:
                 M = unpack_upper(A[j], d)
                 if self.private:
-                    M = _psd(M)
+                    M = psd(M)
             M = M + lam[j, None, None] * eye
             theta[j] = np.linalg.solve(M, B[j][..., None])[..., 0]
         return theta
@@ -1135,13 +1136,6 @@ def _normalize(V, keep) -> np.ndarray:
     tot = float(np.sum(V[keep] ** 2))
     m = int(keep.sum())
     return V * math.sqrt(k * m / tot) if tot > 0 else V
-
-
-def _psd(M) -> np.ndarray:
-    """Symmetric matrices with negative eigenvalues set to 0 (batched over leading axes)."""
-    M = (M + np.swapaxes(M, -1, -2)) / 2.0
-    w, E = np.linalg.eigh(M)
-    return (E * np.maximum(w, 0.0)[..., None, :]) @ np.swapaxes(E, -1, -2)
 
 
 @register

@@ -31,7 +31,7 @@ FAST = {"oja": {"passes": 3}, "sgld": {"epochs": 2, "step_users": 100}, "sgd": {
         "als": {"iters": 2, "item_frac": 0.9}, "irls": {"iters": 2, "sampling": "uniform", "tau": 5}, "means": {},
         "public-private": {"public_fraction": 0.2, "iters": 3, "private_mechanism": "pmd", "private_rounds": 2,
                            "round_iters": 1, "pmd_sweeps": 1},
-        "fw": {"passes": 1}, "svd": {}}
+        "fw": {"passes": 1}, "svd": {}, "ials": {"iters": 2}}
 
 
 def _make(name):

@@ -1,0 +1,662 @@
+"""Private implicit-feedback ALS: ``--method ials``.
+
+Hu, Koren & Volinsky (ICDM 2008), "Collaborative Filtering for Implicit Feedback
+Datasets", made user-level DP in the style of Chien et al. (ICML 2021) DP-ALS (which
+``als`` implements for ratings). It learns *which* items a user chose, not how she
+rated them, so its lists are what it is for (``docs/ranking.md``).
+
+The model
+---------
+Every user-item pair counts: an observed (positive) pair has preference 1 and a
+confidence ``c_ui >= 1`` (:func:`streamdp.local.implicit_pairs`), every other pair
+preference 0 and weight 1. Minimise
+``sum_{u,j} c_uj (p_uj - x_u . y_j)^2 + lambda (sum ||x_u||^2 + sum ||y_j||^2)``
+by alternating ridge solves, with the Gramian trick so that the unobserved pairs
+cost ``O(k^2)`` per user and per item:
+
+* user ``u``: ``x_u = (Y^T Y + sum_{j in u} (c_uj - 1) y_j y_j^T + lambda I)^-1 sum_{j in u} c_uj y_j``;
+* item ``j``: ``y_j = (G + A_j + lambda_j I)^-1 B_j`` with ``G = sum_u x_u x_u^T`` (every
+  user), ``A_j = sum_{u in j} (c_uj - 1) x_u x_u^T`` and ``B_j = sum_{u in j} c_uj x_u``.
+
+Private runs add a **popularity column**: the item rows are ``[y_j, pi_j]`` with
+``pi_j = N_j / max N`` fixed (:func:`_popularity`), ``N_j`` the released noisy item
+counts, and each user's row gets a matching coordinate, her own weight on popularity,
+solved with her factor. The item solve keeps ``pi_j`` fixed (the last coordinate's
+part of ``G + A_j`` moves to the right-hand side). Where the factors are noise, the
+local solve leans on the popularity column and the list falls back toward the
+most-popular chart by the released counts; where they carry signal, the user's own
+weight on popularity is what the data say. No weight is tuned on private data.
+
+One private run
+---------------
+0. released first: a histogram of training ratings per user
+   (:mod:`streamdp.methods._profile`, 1% of the budget), from which ``tau`` is the
+   count 75% of the users are within, in 4..32 (:func:`tau_from_profile`; unless
+   ``--tau`` is given); then the item counts ``N_j`` (and, when confidences differ,
+   the confidence totals ``W_j = sum_u (c_uj - 1)``), ``--count-share`` of the budget;
+1. each iteration, every user solves her row against the released ``Y`` from all of
+   her positive pairs (never released, never stored);
+2. her factor part is clipped to norm ``Delta`` (``--clip``) and her weight on
+   popularity to ``[-Delta_pi, Delta_pi]`` (``--clip-popularity``), apart: clipped
+   together, the weight (about 0.7 on the bench stores) took the clip and the
+   factors' signal went under the noise; at most ``tau`` of her pairs (a seeded keyed
+   hash, :func:`streamdp.privacy.bounding.contribution_weights` ``uniform``) reach the
+   item side; confidences are at most ``c_cap`` (``1 + alpha`` on ratings,
+   ``--max-confidence`` on counts);
+3. released with Gaussian noise: ``B`` (``n_items x k``, the factor coordinates), ``G``
+   (``d x d``) and, with ``--gramian item``, every ``A_j``; with ``--gramian shared``
+   (the default, as ``als``'s) ``A_j ~ W_j G / n_users``;
+4. ``y_j`` solved with a noise ridge ``lambda_j = lambda + nu sigma_B Delta``
+   (``--noise-ridge``); the factor part rescaled to rows of mean squared norm 1 (so
+   that users' rows keep meeting the clip); then each row shrunk by
+   ``max(0, 1 - s k sigma_B^2 / ||B_j||^2)`` (positive-part James-Stein on its noisy
+   right-hand side, ``s = --shrink``: an item whose statistic is mostly noise keeps
+   only its popularity); after the last iteration the factors are released only when
+   the right-hand sides stand :data:`SIGNAL_Z` noise standard deviations above pure
+   noise (:func:`_signal_z`), else the release is the chart alone. All of this is
+   post-processing of released values.
+
+Sensitivities (add/remove one user: ``||x_u[:k]|| <= Delta``, ``|x_u[k]| <= Delta_pi``,
+at most ``tau`` pairs of weight 1, ``1 <= c <= c_cap``; ``D2 = Delta^2 + Delta_pi^2``
+bounds ``||x_u||^2``, ``Delta_pi = 0`` without the popularity column; the L2 norm of
+each release's entries, a symmetric matrix by its packed upper triangle)
+----------------------------------------------------------------------------------
+========================================  ===============================================
+release                                   L2 sensitivity
+========================================  ===============================================
+histogram of ratings per user             1 (one user, one bin)
+item counts ``N_j``                       ``sqrt(tau)`` (``tau`` ones)
+item confidence totals ``W_j``            ``(c_cap - 1) sqrt(tau)``
+users' Gramian ``G`` (per iteration)      ``D2`` (``||x x^T||_F = ||x||^2``; packed <= that)
+item right-hand sides ``B`` (per it.)     ``c_cap Delta sqrt(tau)`` (``sqrt(sum_j c_j^2) ||x[:k]||``)
+item Gramians ``A`` (``--gramian item``)  ``(c_cap - 1) D2 sqrt(tau)``
+========================================  ===============================================
+
+Removing a user removes her ``x_u x_u^T`` from ``G`` and her ``<= tau`` terms
+``c_uj x_u[:k]`` (``(c_uj - 1) x_u x_u^T``) from the rows ``B_j`` (``A_j``) of distinct
+items, so the L2 norm of the change is the square root of the sum of the squared
+terms' norms, at most the values above. ``x_u`` depends on her data and on the
+previously released ``Y`` only (adaptive composition). Every release is a
+:class:`streamdp.privacy.release.Release`, calibrated jointly over all iterations by
+the PLD accountant (:func:`streamdp.privacy.release.calibrate_releases`, the
+histogram's noise fixed first and composed in). The model releases ``Y`` (with the
+popularity column) and the noisy counts ``N_j``; each user solves her row locally from
+``Y`` and her own interactions (:func:`streamdp.local.implicit_rows`): joint DP, as
+``als``.
+
+Decisions where the sources are loose, and why (measurements: ``docs/ranking.md``)
+-----------------------------------------------------------------------------------
+* **From ratings to preferences** (``--preference``): ``binary`` (every rated item a
+  positive, one confidence ``1 + alpha``), ``graded`` (confidence grows with the
+  rating) or ``above`` (only ratings above the midpoint are positives). On ML-100K
+  (non-private, 64 factors, reg 1) 0.284 / 0.290 / 0.289 Recall@10, privately
+  (epsilon 10) ``binary`` 0.217, ``above`` 0.208: ``binary`` is the default
+  (:data:`DEFAULT_PREFERENCE`); it needs no release of confidence totals either.
+* **alpha 3**: non-private, alpha 1 / 3 / 9 gave ML-100K 0.284 / 0.277 / - and the
+  clustered bench store 0.246 / 0.274 / 0.290 (implicit's best: 0.271, 0.286): 3 is
+  within 5% of implicit's best on both; privately it beat alpha 1 at epsilon 1.
+* **Implicit stores** (``store.implicit``: values are counts or weights):
+  ``c = 1 + alpha log(1 + count / --count-scale)``, capped at ``--max-confidence``, as
+  Hu et al. suggest.
+* **Non-private runs** are plain iALS: every pair, no clip, exact per-item ``A_j``,
+  no popularity column (it is made of released counts), no rescaling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from streamdp.errors import ParameterError
+from streamdp.kernels.als import symmetrize_upper, unpack_upper
+from streamdp.kernels.ials import ials_accumulate, ials_solve_items, ials_solve_users
+from streamdp.kernels.topk import topn_by_order, topn_scores
+from streamdp.local import implicit_pairs
+from streamdp.methods import register
+from streamdp.methods._psd import psd
+from streamdp.methods._notes import seed_notes
+from streamdp.methods._profile import EDGES, UserProfile, user_profile
+from streamdp.methods._selection import holdout
+from streamdp.methods.base import Fitted, Method, Plan, RunSettings
+from streamdp.methods.options import MethodOptions, option
+from streamdp.privacy.bounding import contribution_weights
+from streamdp.ranking import default_threshold
+from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.stream.engine import add_into as _add
+
+#: Key of this module's random streams.
+RNG_KEY = 0x1A15
+_INIT, _STATS, _ITER, _PROFILE, _SELECT = 1, 2, 3, 4, 5
+#: Budget share of the private choice between the factors and the chart (``--select auto``).
+SELECT_SHARE = 0.05
+#: List length of the choice's held-out hits.
+SELECT_K = 10
+#: ``tau`` from the released profile: the pairs of this share of the users fit under it, within these bounds.
+TAU_QUANTILE, TAU_BOUNDS = 0.75, (4, 32)
+#: How a rating becomes a preference by default (measured on ML-100K: the module docstring, docs/ranking.md).
+DEFAULT_PREFERENCE = "binary"
+#: The last iteration's factors are released only when their right-hand sides' excess energy over the noise is
+#: this many standard deviations (:func:`_signal_z`); else only the popularity column.
+SIGNAL_Z = 4.0
+#: Items per chunk of the batched item solves (bounds the ``n x d x d`` temporaries).
+SOLVE_CHUNK = 1 << 13
+#: The settings ``model.json`` records as the run's ``parameters``.
+MODEL_PARAMETERS = ("preference", "alpha", "max_confidence", "count_scale", "implicit", "tau", "iters", "clip", "select",
+                    "clip_popularity",
+                    "reg", "ridge", "noise_ridge", "gramian", "popularity", "shrink", "count_share", "gram_share")
+
+_POS = dict(minimum=0, exclusive_minimum=True)
+
+
+@dataclass(frozen=True)
+class IalsOptions(MethodOptions):
+    """``--method ials``: the confidence, the contribution bounds and the iterations."""
+
+    preference: Literal["binary", "graded", "above"] = option(
+        "ratings to preferences: binary (every rated item a positive), graded (confidence grows with the rating) "
+        "or above (only ratings above the midpoint are positives); ignored on implicit stores",
+        default=DEFAULT_PREFERENCE)
+    alpha: float = option("confidence slope: c = 1 + alpha f(value)", default=3.0, minimum=0)
+    max_confidence: float = option("cap c_max of a pair's confidence (bounds the sensitivity)", default=21.0,
+                                   minimum=1)
+    count_scale: float = option("implicit stores: f(count) = log(1 + count / count_scale)", default=1.0, **_POS)
+    tau: int = option("at most tau of a user's pairs reach the item side (seeded sample when she has more)",
+                      default=32, minimum=1, default_text="private: from a released histogram of pairs per user, "
+                      "the count 75% of users are within, in 4..32")
+    iters: int | None = option("ALS iterations", minimum=1, default_text="10 non-private, 3 private")
+    clip: float | None = option("norm bound Delta of a user's factor on the item side",
+                                default_text="0.4 private, none non-private", **_POS)
+    clip_popularity: float = option("bound Delta_pi of a user's weight on the popularity column on the item side",
+                                    default=1.0, **_POS)
+    reg: float = option("ridge lambda of the item solves", default=1.0, minimum=0)
+    ridge: float | None = option("ridge of each user's solve (training and the released model's local solve)",
+                                 default_text="--reg non-private, 1 private", **_POS)
+    noise_ridge: float = option("weight nu of the noise-driven item ridge nu sigma_B Delta", default=1.0, minimum=0)
+    gramian: Literal["auto", "shared", "item"] = option(
+        "shared: A_j ~ W_j G / n_users from released confidence totals; item: a noisy A_j per item",
+        default="auto", default_text="auto: shared private, item non-private")
+    popularity: Literal["auto", "on", "off"] = option(
+        "a popularity column log(1 + N_j) in the item rows, weighed by each user (released noisy counts N_j)",
+        default="auto", default_text="auto: on private, off non-private")
+    shrink: float = option("shrink each noisy item row by max(0, 1 - s k sigma_B^2 / ||B_j||^2) (James-Stein with "
+                           "threshold s; 0: off; post-processing)", default=1.0, minimum=0)
+    count_share: float = option("budget share of the item counts (and confidence totals)", default=0.3, **_POS,
+                                maximum=1)
+    gram_share: float | None = option("budget share of the Gramians (all iterations)",
+                                      default_text="0.02 shared, 0.3 item", **_POS, maximum=1)
+    select: Literal["auto", "off"] = option(
+        "auto (private runs): choose between the factors and the chart by the released counts by each user's held-out "
+        "training items (about 10%, at most 2, out of the iterations; on ratings, those in the top 20% of the range), "
+        "their hits in either top 10 released with noise",
+        default="auto")
+    checkpoint: str | None = option("run directory: per-iteration checkpoints (noisy iterates: counted as released, "
+                                    "never refunded; keep it private); resumes if it holds one", metavar="DIR")
+
+
+@dataclass(frozen=True)
+class IalsSettings(RunSettings):
+    """A run's resolved settings on one store (``model.json`` ``parameters``; the checkpoint fingerprint)."""
+
+    #: The declared rating range (``None`` on an implicit store without a declared --count-cap: its observed
+    #: count range is an exact statistic, never published; the confidence of a count does not use it).
+    rating_min: float | None
+    rating_max: float | None
+    private: bool
+    implicit: bool
+    preference: str
+    alpha: float
+    max_confidence: float
+    count_scale: float
+    tau: int
+    iters: int
+    clip: float
+    clip_popularity: float
+    reg: float
+    ridge: float
+    noise_ridge: float
+    gramian: str
+    popularity: bool
+    shrink: float
+    count_share: float
+    gram_share: float
+    #: Whether the confidences differ between pairs (then ``W_j`` is a release of its own).
+    graded: bool
+    #: The largest confidence a pair can have: ``min(c_max, 1 + alpha)`` on a rating store (``f <= 1``),
+    #: ``c_max`` on an implicit one; the sensitivities use it.
+    conf_cap: float
+    #: Whether the release is chosen between the factors and the chart on held-out items (private runs).
+    select: bool = False
+    #: The released histogram of training ratings per user ``tau`` came from (model.json; not fingerprinted).
+    profile: UserProfile | None = None
+
+    def local(self) -> dict:
+        """``model.json``'s ``local_implicit``: what :func:`streamdp.local.implicit_pairs` needs."""
+        return {"implicit": self.implicit, "preference": self.preference, "alpha": self.alpha,
+                "max_confidence": self.max_confidence, "count_scale": self.count_scale,
+                "rating_min": self.rating_min, "rating_max": self.rating_max}
+
+
+@register
+class IALS(Method):
+    """``--method ials``: private implicit-feedback ALS (see the module docstring)."""
+
+    name = "ials"
+    SUMMARY = ("private implicit-feedback ALS (Hu, Koren & Volinsky 2008) with DP-ALS noise: ranks items, for "
+               "lists; trains on ratings or on implicit data")
+    Options = IalsOptions
+    LOCAL_SOLVER = "implicit"
+    ACCEPTS_IMPLICIT = True
+
+    def default_rank(self) -> int:
+        """64 non-private (the usual iALS size); 16 private (every factor adds noise to every item row)."""
+        return 64 if not math.isfinite(getattr(self, "epsilon", math.inf)) else 16
+
+    def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None, **options):
+        self.epsilon = float(epsilon)  # default_rank reads it
+        super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **options)
+
+    # -- settings ----------------------------------------------------------------------
+    def settings(self, store, profile: UserProfile | None = None) -> IalsSettings:
+        """The run's settings; a released ``profile`` (histogram of pairs per user) sets ``tau`` when not given."""
+        o, private = self.opts, self.private
+        implicit = bool(getattr(store, "implicit", False))
+        declared = getattr(store, "rating_range_source", "unknown") == "declared"
+        lo, hi = ((float(store.rating_min), float(store.rating_max)) if not implicit or declared else (None, None))
+        cmax = o.max_confidence
+        graded = implicit or o.preference == "graded"
+        gramian = ("shared" if private else "item") if o.gramian == "auto" else o.gramian
+        pop = private if o.popularity == "auto" else o.popularity == "on"
+        s = IalsSettings(
+            rating_min=lo, rating_max=hi, private=private,
+            implicit=implicit, preference="counts" if implicit else o.preference, alpha=o.alpha,
+            max_confidence=cmax, count_scale=o.count_scale,
+            tau=o.tau if profile is None else tau_from_profile(profile.counts),
+            iters=o.iters if o.iters is not None else (3 if private else 10),
+            clip=o.clip if o.clip is not None else (0.4 if private else math.inf),
+            clip_popularity=o.clip_popularity if private else math.inf, reg=o.reg,
+            ridge=o.ridge if o.ridge is not None else (1.0 if private else max(o.reg, 1e-6)),
+            noise_ridge=o.noise_ridge, gramian=gramian, popularity=pop, shrink=o.shrink if private else 0.0,
+            count_share=o.count_share,
+            gram_share=o.gram_share if o.gram_share is not None else (0.02 if gramian == "shared" else 0.3),
+            graded=graded and min(cmax, 1.0 + o.alpha) > 1.0,
+            conf_cap=cmax if implicit else min(cmax, 1.0 + o.alpha), profile=profile,
+            select=private and o.select == "auto")
+        if private and s.count_share + s.gram_share >= 1.0:
+            raise ParameterError(f"--count-share + --gram-share = {s.count_share + s.gram_share:g} leaves no budget "
+                                 f"for the right-hand sides (must be < 1)")
+        if pop and not private:
+            raise ParameterError("--popularity on needs a private run (its column comes from the released counts)")
+        return s
+
+    def _d(self, s) -> int:
+        return self.rank + (1 if s.popularity else 0)
+
+    # -- privacy plan --------------------------------------------------------------------
+    def _shares(self, store, s) -> list:
+        n, d, T = store.n_items, self._d(s), s.iters
+        rt, D, cm = math.sqrt(s.tau), s.clip, s.conf_cap
+        D2 = D * D + (s.clip_popularity ** 2 if s.popularity else 0.0)  # the bound on ||x||^2 (whole row)
+        out = []
+        counts_share = s.count_share * (0.5 if self._w_release(s) else 1.0)
+        out.append(Share("item counts N_j (at most tau pairs per user, weight 1)", "gaussian", rt, counts_share,
+                         shape=(n,)))
+        if self._w_release(s):
+            out.append(Share("item confidence totals W_j = sum_u (c_uj - 1)", "gaussian", (cm - 1.0) * rt,
+                             s.count_share - counts_share, shape=(n,)))
+        if s.gramian == "shared":
+            out.append(Share("users' Gramian G = sum_u x_u x_u^T (one per iteration)", "gaussian", D2,
+                             s.gram_share, count=T, shape=(d, d), symmetric=True))
+        else:
+            out.append(Share("per-item Gramians A_j = sum_u (c_uj - 1) x_u x_u^T (one per iteration)", "gaussian",
+                             (cm - 1.0) * D2 * rt, s.gram_share * 0.9, count=T, shape=(n, d, d),
+                             symmetric=True))
+            out.append(Share("users' Gramian G = sum_u x_u x_u^T (one per iteration)", "gaussian", D2,
+                             s.gram_share * 0.1, count=T, shape=(d, d), symmetric=True))
+        sel = SELECT_SHARE if s.select else 0.0
+        out.append(Share("item right-hand sides B_j = sum_u c_uj x_u (one per iteration)", "gaussian", cm * D * rt,
+                         1.0 - s.count_share - s.gram_share - sel, count=T, shape=(n, self.rank)))
+        if s.select:
+            out.append(Share(f"validation: sum over users of (hits of her held-out items in the model's top "
+                             f"{SELECT_K} - hits in the chart's) / her held-out count (each user in [-1, 1])",
+                             "gaussian", 1.0, sel, shape=(1,)))
+        return out
+
+    @staticmethod
+    def _w_release(s) -> bool:
+        """Whether the confidence totals are a release of their own (shared Gramian, differing confidences)."""
+        return s.gramian == "shared" and s.graded
+
+    def _plan(self, store) -> Plan:
+        profile = None
+        if self.private and not self.opts.is_given("tau"):
+            seq = np.random.SeedSequence(self.seed, spawn_key=(RNG_KEY, _PROFILE)) if self.seed is not None else None
+            profile = user_profile(store, "gaussian", self.epsilon, self.delta, np.random.default_rng(seq))
+        s = self.settings(store, profile)
+        bounds = ({"rating_min": s.rating_min, "rating_max": s.rating_max,
+                   "rating_range_source": getattr(store, "rating_range_source", "unknown")}
+                  if s.rating_min is not None else {"counts": "an implicit store's counts (no declared cap: the "
+                                                              "observed range is not published)"})
+        if not self.private:
+            bounds["contribution"] = "none (non-private run: every pair, nothing clipped)"
+            entries = [{"release": "item factors", "mechanism": "none (non-private)", "iterations": s.iters}]
+            return Plan(events=[], entries=entries, settings=s, bounds=bounds, releases={})
+        fixed = [profile.release] if profile is not None else []
+        releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
+                                      fixed=self.spent_first(store) + fixed)
+        names = ["counts"] + (["wtotals"] if self._w_release(s) else []) + \
+            (["gram"] if s.gramian == "shared" else ["agram", "gram"]) + ["rhs"] + (["select"] if s.select else [])
+        bounds.update({"tau": s.tau, "sampling": "uniform", "clip_Delta": s.clip, "clip_popularity": s.clip_popularity,
+                       "mechanism": "gaussian",
+                       "sensitivity_norm": "l2",
+                       "weights": f"uniform: weight 1 on at most tau = {s.tau} positive pairs per user, "
+                                  f"confidence <= {s.conf_cap:g}"})
+        rel = dict(zip(names, releases))
+        releases = fixed + releases
+        return Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases], settings=s,
+                    bounds=bounds, releases=rel)
+
+    # -- memory --------------------------------------------------------------------------
+    def state_bytes(self, store) -> int:
+        """Item-side memory: ``Y``, ``B``, the per-item Gramians (``--gramian item``), the solve's temporaries."""
+        n, d = store.n_items, self.rank + 1
+        item = self.opts.gramian == "item" or (self.opts.gramian == "auto" and not self.private)
+        gram = n * d * (d + 1) // 2 * 8 if item else 0
+        return n * (4 * d * 8 + 4 * 8) + gram + SOLVE_CHUNK * d * d * 8 * 3
+
+    # -- block helpers -------------------------------------------------------------------
+    def _pairs(self, block, s, seed, iterations: bool = False):
+        """``(indptr, items, confidence, item-side weights)`` of a block's positive pairs (of the iterations: without
+        the held-out validation items when the release is chosen)."""
+        ip, it, r = block.indptr, block.items, block.ratings
+        if iterations and s.select:
+            ip, it, r = holdout(ip, it, r, block.first_user, seed % (1 << 64))[0]
+        ip, it, conf = implicit_pairs(ip, it, r, s.local())
+        if self.private:
+            w = contribution_weights(ip, it, rule="uniform", tau=s.tau, norm="l2", first_user=block.first_user,
+                                     seed=seed)
+        else:
+            w = np.ones(len(it))
+        return ip, it, conf, w
+
+    # -- fitting -------------------------------------------------------------------------
+    def fit(self, store, engine) -> Fitted:
+        plan = self.plan(store)
+        with self.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",), engine=engine) as run:
+            return self._fit(store, engine, run, plan)
+
+    def _fit(self, store, engine, run, plan) -> Fitted:
+        s, rel = plan.settings, plan.releases
+        n, k = store.n_items, self.rank
+        self._choice = None
+        ck = run.checkpoint
+        if ck is not None:
+            N, W, Y = ck["N"].copy(), ck["W"].copy(), ck["Y"].copy()
+        else:
+            N, W = self._counts(store, engine, run, s, rel)
+            g = run.rng(_INIT, 0)
+            Y = np.zeros((n, self._d(s)))
+            Y[:, :k] = g.standard_normal((n, k)) * (1.0 / math.sqrt(k) if self.private else 0.01)
+            if s.popularity:
+                Y[:, k] = _popularity(N)
+        history = []
+        n_users = getattr(store, "expected_users", self.n_users(store))
+        for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
+            B, A, G, clipped = self._iteration_sums(store, engine, run, s, Y, desc=f"{self.name} iteration "
+                                                    f"{t}/{s.iters}")
+            if self.private:
+                g = run.rng(_ITER, t)
+                G = rel["gram"].add(G, g)
+                if s.gramian == "item":
+                    A = rel["agram"].add(A, g)
+                B = rel["rhs"].add(B, g)
+            Y = self._solve_items(s, rel, Y, B, A, G, W, n_users)
+            if self.private and t == s.iters:
+                signal = _signal_z(B, rel["rhs"].scale)
+                if signal < SIGNAL_Z:  # no factor signal to speak of: release the chart (popularity column) alone
+                    Y[:, :k] = 0.0
+                elif s.select and self._chart_wins(store, engine, run, s, rel, Y, N):
+                    Y[:, :k] = 0.0
+            history.append(int(clipped))
+            run.save(t, Y=Y, N=N, W=W)
+        return self._fitted(store, plan, run, Y, N, history)
+
+    def _chart_wins(self, store, engine, run, s, rel, Y, N) -> bool:
+        """Whether the chart by the released counts beats the factors on the users' held-out items (noisy).
+
+        Each user (with held-out items: :func:`streamdp.methods._selection.holdout`, out of
+        the iterations) solves her row from the rest, lists her top :data:`SELECT_K` by the
+        model and by the chart, and contributes ``(hits_model - hits_chart) / held-out`` in
+        ``[-1, 1]`` (on a rating store, of her held-out items rated in the top 20% of the range:
+        ``evaluate``'s relevance; counting every held-out item, the chart won on the clustered
+        store at epsilon 2 by 74 against a noise std of 10, where the factors' lists are 1.5x the
+        chart's); the sum is released with Gaussian noise (sensitivity 1) and the factors
+        are kept when it is positive. Measured on FilmTrust (where the chart beats every
+        model) and ML-100K / the clustered store (where the factors win from epsilon 5 / 1).
+        """
+        n, d = Y.shape
+        Y = np.ascontiguousarray(Y, np.float64)
+        YtY = np.ascontiguousarray(Y.T @ Y)
+        order = np.lexsort((np.arange(n), -np.asarray(N, np.float64))).astype(np.int64)
+        tiekey = np.arange(n, dtype=np.int64)
+        zeros = np.zeros(n)
+        seed, params = run.entropy, s.local()
+        relevant = None if s.implicit else default_threshold(s.rating_min, s.rating_max)
+
+        def fn(block, b):
+            (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user,
+                                                seed % (1 << 64))
+            # the held-out items a list should hold: on ratings, those in the top of the range (evaluate's relevance)
+            keep = np.ones(len(vi), bool) if s.implicit else vr >= relevant
+            vu, vi = vu[keep], vi[keep]
+            if not len(vu):
+                return np.zeros(1)
+            pip, pit, conf = implicit_pairs(ip, it, r, params)
+            U = np.zeros((block.n_users, d))
+            ials_solve_users(pip, pit, conf, Y, YtY, float(s.ridge), U)
+            nval = np.bincount(vu, minlength=block.n_users)
+            want = (nval > 0).astype(np.uint8)
+            ip64, it32 = np.asarray(ip, np.int64), np.asarray(it, np.int32)
+            lm = np.empty((block.n_users, SELECT_K), np.int32)
+            lc = np.empty((block.n_users, SELECT_K), np.int32)
+            topn_scores(ip64, it32, want, U, Y, zeros, 0.0, tiekey, lm, np.empty((block.n_users, SELECT_K)))
+            topn_by_order(ip64, it32, want, order, lc)
+            hm = (lm[vu] == vi[:, None]).any(axis=1).astype(np.float64)
+            hc = (lc[vu] == vi[:, None]).any(axis=1).astype(np.float64)
+            return np.array([np.sum((hm - hc) / nval[vu])])
+
+        diff = engine.map_reduce(fn, _add, np.zeros(1), extra_per_block=16 * SELECT_K * store.block_users,
+                                 desc=f"{self.name} choice")
+        noisy = float(rel["select"].add(diff, run.rng(_SELECT, 0))[0])
+        self._choice = noisy
+        return noisy <= 0.0
+
+    def _counts(self, store, engine, run, s, rel):
+        """The item counts ``N_j`` and confidence totals ``W_j`` (noisy when private): one pass."""
+        n, seed, private = store.n_items, run.entropy, self.private
+
+        def fn(block, b):
+            ip, it, conf, w = self._pairs(block, s, seed)
+            return np.stack([np.bincount(it, weights=w, minlength=n),
+                             np.bincount(it, weights=w * (conf - 1.0), minlength=n)])
+
+        tot = engine.map_reduce(fn, _add, np.zeros((2, n)), extra_per_block=16 * n + 64 * store.block_users,
+                                desc=f"{self.name} counts")
+        N, W = tot[0], tot[1]
+        if private:
+            g = run.rng(_STATS, 0)
+            N = rel["counts"].add(N, g)
+            if "wtotals" in rel:
+                W = rel["wtotals"].add(W, g)
+            else:  # every confidence is the same: W_j = (c - 1) N_j, post-processing of N
+                W = (s.conf_cap - 1.0) * N
+        return N, W
+
+    def _iteration_sums(self, store, engine, run, s, Y, desc):
+        n, d = Y.shape
+        k = self.rank
+        Y = np.ascontiguousarray(Y, np.float64)
+        YtY = np.ascontiguousarray(Y.T @ Y)
+        item_mode = s.gramian == "item"
+        npk = d * (d + 1) // 2
+        seed = run.entropy
+
+        def fn(block, b):
+            ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
+            U = np.zeros((block.n_users, d))
+            ials_solve_users(ip, it, conf, Y, YtY, float(s.ridge), U)
+            B = np.zeros((n, k))
+            A = np.zeros((n, npk) if item_mode else (0, npk))
+            G = np.zeros((d, d))
+            clipped = ials_accumulate(ip, it, conf, w, U, float(s.clip), float(s.clip_popularity), B, A, G)
+            return [B, A, G, clipped]
+
+        def combine(acc, part):
+            if acc is None:
+                return part
+            for i in range(4):
+                acc[i] += part[i]
+            return acc
+
+        per_block = 8 * n * k + (8 * n * npk if item_mode else 0) + 8 * d * store.block_users
+        acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
+        if acc is None:
+            raise ParameterError(f"{store.path}: the training split has no users")
+        B, A, G, clipped = acc
+        return B, A, symmetrize_upper(G), clipped
+
+    # -- the item solves -----------------------------------------------------------------
+    def _solve_items(self, s, rel, Y, B, A, G, W, n_users: float) -> np.ndarray:
+        """``y_j = (G + A_j + lambda_j I)^-1 B_j`` (the popularity coordinate kept fixed), then shrunk, rescaled."""
+        n, k = B.shape
+        d = G.shape[0]
+        lam = np.full(n, float(s.reg))
+        if self.private:
+            sd = rel["rhs"].scale
+            lam = lam + s.noise_ridge * sd * s.clip
+            G = psd(G)
+        Wn = np.maximum(np.asarray(W, np.float64), 0.0)
+        out = Y.copy()
+        if s.gramian == "shared":
+            scale = 1.0 + Wn / max(float(n_users), 1.0)
+            ials_solve_items(B, np.zeros((0, 1)), G, scale, lam, Y, k, out)
+        elif not self.private:
+            ials_solve_items(B, A, G, np.ones(n), lam, Y, k, out)
+        else:  # noisy per-item Gramians: each projected onto the PSD cone first (NumPy, in chunks)
+            eye = np.eye(k)
+            for a in range(0, n, SOLVE_CHUNK):
+                j = np.arange(a, min(n, a + SOLVE_CHUNK))
+                M = G[None] + psd(unpack_upper(A[j], d))
+                rhs = B[j]
+                if s.popularity:
+                    rhs = rhs - Y[j, k][:, None] * M[:, :k, k]
+                out[j, :k] = np.linalg.solve(M[:, :k, :k] + lam[j, None, None] * eye, rhs[..., None])[..., 0]
+        if self.private:
+            # the rows' scale first (on the unshrunk solve), so that the shrinkage is not undone by it
+            tot = float(np.mean(np.sum(out[:, :k] ** 2, axis=1)))
+            if tot > 0:
+                out[:, :k] /= math.sqrt(tot)
+            if s.shrink:
+                sd = rel["rhs"].scale
+                nb = np.sum(B ** 2, axis=1)
+                out[:, :k] *= np.maximum(0.0, 1.0 - s.shrink * k * sd * sd / np.maximum(nb, 1e-300))[:, None]
+        return out
+
+    # -- the released model --------------------------------------------------------------
+    def _fitted(self, store, plan, run, Y, N, history) -> Fitted:
+        s = plan.settings
+        notes = [] if self.private else ["non-private: --epsilon inf, no noise and no contribution bounding"]
+        notes += seed_notes(self)
+        notes.append("joint DP: the model releases item rows; each user solves her own row locally from them and "
+                     "her own interactions (implicit-ALS solve), so her list depends on her data and the release only")
+        released = bool(np.any(Y[:, :self.rank]))
+        choice = getattr(self, "_choice", None)
+        if choice is not None:
+            notes.append(f"the factors were {'kept' if released else 'dropped'}: each user's held-out items (out of "
+                         f"the iterations) were {'more' if released else 'not more'} often in the model's top "
+                         f"{SELECT_K} than in the chart's (noisy sum of the differences {choice:.4g})")
+        elif self.private and not released:
+            notes.append(f"no factors released: the last iteration's noisy right-hand sides stood less than "
+                         f"{SIGNAL_Z:g} noise standard deviations above pure noise; the lists are the chart by the "
+                         f"released counts (the popularity column)")
+        ledger = self.ledger(store, plan, notes=notes)
+        info = {"method": self.name, "factors_released": released, "rank": self.rank, "epsilon": self.epsilon if self.private else "inf",
+                "delta": self.delta, "seed": self.seed, "n_users": self.n_users(store), "n_items": store.n_items,
+                "parameters": {key: getattr(s, key) for key in MODEL_PARAMETERS},
+                "resumed_from_iteration": run.start - 1 if run.start > 1 else None, "run_id": run.run_id,
+                "run_directory": None if run.own_dir else run.dir,
+                "local": self.LOCAL_SOLVER, "local_user_bias": False, "local_implicit": s.local(),
+                "ridge": s.ridge,
+                **({"rating_range": {"min": s.rating_min, "max": s.rating_max}} if s.rating_min is not None else {}),
+                # its scores are preferences that already hold the released popularity (its column): no rating blend
+                "list_scorer": {"kind": "predicted_rating"},
+                "iterations_run": len(history) + (run.start - 1), "popularity_column": s.popularity,
+                "item_factors": ("implicit-ALS item rows [y_j, popularity log(1 + N_j) / log(1 + max N)]; scores "
+                                 "rank items, they are not ratings" if s.popularity else
+                                 "implicit-ALS item rows; scores rank items, they are not ratings")}
+        if s.profile is not None:
+            info["user_profile"] = s.profile.to_dict()
+        if getattr(self, "_choice", None) is not None:
+            info["selection"] = {"candidates": ["factors", "chart by the released counts"],
+                                 "chosen": "factors" if released else "chart by the released counts",
+                                 "noisy_validation_losses": [round(-self._choice, 4)]}
+
+        n = store.n_items
+        return Fitted(item_factors=np.asarray(Y, np.float32), item_bias=np.zeros(n, np.float32),
+                      item_ids=store.item_ids(), global_mean=0.0, model_info=info, ledger=ledger,
+                      owner={"users_clipped_by_iteration": list(history)},
+                      extras={"noisy_item_weight": np.asarray(N, np.float64)}, per_item_extras=("noisy_item_weight",))
+
+
+def tau_from_profile(hist) -> int:
+    """``tau`` from a noisy histogram over :data:`~streamdp.methods._profile.EDGES`: the top of the bin where
+    :data:`TAU_QUANTILE` of the users are reached, within :data:`TAU_BOUNDS` (post-processing).
+
+    A bound above most users' counts costs noise on every release and buys little (measured, Recall@10 at
+    epsilon 1 / 10, 2 seeds, tau 16 / 24 / 32: ML-100K, 106 ratings per user, 0.120 / 0.130 / 0.139 and
+    0.207 / 0.222 / 0.227; the clustered 10,000-user bench store, 16 per user, 0.184 / 0.180 / 0.175 and
+    0.287 / 0.287 / 0.284).
+
+    >>> h = np.zeros(len(EDGES)); h[list(EDGES).index(16)] = 80.0; h[list(EDGES).index(48)] = 20.0
+    >>> tau_from_profile(h)
+    23
+    """
+    c = np.maximum(np.asarray(hist, np.float64), 0.0)
+    if c.sum() <= 0:
+        return TAU_BOUNDS[1]
+    i = int(np.searchsorted(np.cumsum(c), TAU_QUANTILE * c.sum()))
+    top = int(EDGES[i + 1]) - 1 if i + 1 < len(EDGES) else TAU_BOUNDS[1]
+    return int(min(max(top, TAU_BOUNDS[0]), TAU_BOUNDS[1]))
+
+
+def _signal_z(B, sd: float) -> float:
+    """How far the noisy right-hand sides ``B`` (``n x k``) stand above their noise, in standard deviations.
+
+    Under pure noise ``||B_j||^2 / sd^2`` is chi-square with ``k`` degrees of freedom, so
+    ``sum_j ||B_j||^2 / sd^2 - n k`` has mean 0 and standard deviation ``sqrt(2 n k)``; the
+    z-score of the observed sum is a test for any signal at all (released values only).
+    Measured (epsilon 1 / 10, after 3 iterations): ML-100K 0.8 / 50, the clustered
+    10,000-user bench store 40 / 3000; ML-100K at epsilon 1 released factors that put its
+    lists at 0.93x the chart by its own counts.
+
+    >>> round(_signal_z(np.ones((200, 4)), 1.0), 3)
+    0.0
+    """
+    n, k = B.shape
+    if sd <= 0 or n * k == 0:
+        return math.inf
+    return float((np.sum(B * B) / (sd * sd) - n * k) / math.sqrt(2.0 * n * k))
+
+
+def _popularity(N) -> np.ndarray:
+    """``max(N_j, 0) / max N``: the popularity column from (noisy) counts, in ``[0, 1]``.
+
+    Linear, not logarithmic: the top of the chart must stand out from the rest in the
+    users' scores, or noise in the factors reorders it (measured on ML-100K at epsilon 1:
+    log(1 + N) / log(1 + max N) gave Recall@10 0.015 against the released chart's 0.064).
+    """
+    p = np.maximum(np.asarray(N, np.float64), 0.0)
+    top = float(p.max()) if len(p) else 0.0
+    return p / top if top > 0 else p

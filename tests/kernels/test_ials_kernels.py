@@ -1,0 +1,99 @@
+"""``streamdp.kernels.ials``: the implicit-ALS user solve and item-side sums against their NumPy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamdp.kernels.als import symmetrize_upper, unpack_upper
+from streamdp.kernels.ials import (ials_accumulate, ials_accumulate_reference, ials_solve_items, ials_solve_users,
+                                   ials_solve_users_reference)
+
+
+def _block(seed, n_users=40, n_items=25, d=5):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 9, n_users)
+    counts[min(3, n_users - 1)] = 0  # a user without pairs
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    items = np.concatenate([rng.choice(n_items, c, replace=False) for c in counts]).astype(np.int32)
+    conf = 1.0 + rng.uniform(0, 4, len(items))
+    return rng, indptr, items, conf, rng.standard_normal((n_items, d))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_user_solve_matches_the_reference(seed):
+    rng, ip, it, conf, Y = _block(seed)
+    YtY = Y.T @ Y
+    U = np.full((len(ip) - 1, Y.shape[1]), np.nan)
+    ials_solve_users(ip, it, conf, Y, YtY, 0.5, U)
+    np.testing.assert_allclose(U, ials_solve_users_reference(ip, it, conf, Y, YtY, 0.5), rtol=1e-9, atol=1e-12)
+    assert not U[3].any()
+
+
+def test_user_solve_is_the_weighted_least_squares_over_every_item():
+    # the Gramian trick: the solve equals the explicit weighted least squares over all items (zeros weight 1)
+    rng, ip, it, conf, Y = _block(2, n_users=5)
+    U = np.zeros((5, Y.shape[1]))
+    ials_solve_users(ip, it, conf, Y, Y.T @ Y, 0.3, U)
+    for u in range(5):
+        c = np.ones(len(Y))
+        p = np.zeros(len(Y))
+        c[it[ip[u]:ip[u + 1]]] = conf[ip[u]:ip[u + 1]]
+        p[it[ip[u]:ip[u + 1]]] = 1.0
+        if ip[u + 1] == ip[u]:
+            continue
+        x = np.linalg.solve((Y * c[:, None]).T @ Y + 0.3 * np.eye(Y.shape[1]), (Y * c[:, None]).T @ p)
+        np.testing.assert_allclose(U[u], x, rtol=1e-9)
+
+
+@pytest.mark.parametrize("clip", [np.inf, 0.7])
+@pytest.mark.parametrize("popularity", [False, True])
+def test_item_sums_match_the_reference(clip, popularity):
+    rng, ip, it, conf, Y = _block(3)
+    n, d = Y.shape
+    k = d - 1 if popularity else d
+    U = rng.standard_normal((len(ip) - 1, d))
+    w = (rng.uniform(size=len(it)) < 0.7).astype(np.float64)
+    B, A, G = np.zeros((n, k)), np.zeros((n, d * (d + 1) // 2)), np.zeros((d, d))
+    clipped = ials_accumulate(ip, it, conf, w, U, clip, 0.5, B, A, G)
+    rB, rA, rG = ials_accumulate_reference(ip, it, conf, w, U, clip, n, k=k, clip_last=0.5 if popularity else np.inf)
+    np.testing.assert_allclose(B, rB, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(unpack_upper(A, d), rA, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(symmetrize_upper(G), rG, rtol=1e-10, atol=1e-12)
+    has = np.diff(ip) > 0
+    assert clipped == int(np.sum(np.linalg.norm(U[:, :k], axis=1)[has] > clip))
+
+
+def test_item_solve_matches_numpy():
+    rng, ip, it, conf, Y = _block(5, d=4)
+    n, d = Y.shape
+    k = d - 1  # the last column fixed (popularity)
+    X = rng.standard_normal((30, d))
+    G = X.T @ X
+    A = rng.standard_normal((n, d * (d + 1) // 2)) * 0.1
+    B = rng.standard_normal((n, k))
+    lam = rng.uniform(0.5, 2.0, n)
+    scale = rng.uniform(1.0, 2.0, n)
+    out = Y.copy()
+    ials_solve_items(B, A, G, scale, lam, Y, k, out)
+    M = scale[:, None, None] * G[None] + unpack_upper(A, d)
+    rhs = B - Y[:, k][:, None] * M[:, :k, k]
+    want = np.linalg.solve(M[:, :k, :k] + lam[:, None, None] * np.eye(k), rhs[..., None])[..., 0]
+    np.testing.assert_allclose(out[:, :k], want, rtol=1e-8, atol=1e-10)
+    np.testing.assert_array_equal(out[:, k], Y[:, k])
+
+
+def test_one_users_contribution_is_within_the_bounds():
+    # the sensitivities of streamdp.methods.ials (factor part clipped to D, popularity weight to P):
+    # ||dG|| <= D^2 + P^2, ||dB|| <= c_max D sqrt(tau), ||dA|| <= (c_max - 1) (D^2 + P^2) sqrt(tau)
+    rng = np.random.default_rng(4)
+    d, n, tau, D, P, cmax = 4, 30, 6, 0.8, 0.5, 3.0
+    it = rng.choice(n, tau, replace=False).astype(np.int32)
+    ip = np.array([0, tau], np.int64)
+    conf = np.full(tau, cmax)
+    U = rng.standard_normal((1, d)) * 10
+    B, A, G = np.zeros((n, d - 1)), np.zeros((n, d * (d + 1) // 2)), np.zeros((d, d))
+    ials_accumulate(ip, it, conf, np.ones(tau), U, D, P, B, A, G)
+    assert np.linalg.norm(G[np.triu_indices(d)]) <= D * D + P * P + 1e-12
+    assert np.linalg.norm(B) <= cmax * D * np.sqrt(tau) + 1e-12
+    assert np.linalg.norm(A) <= (cmax - 1) * (D * D + P * P) * np.sqrt(tau) + 1e-12

@@ -1,0 +1,235 @@
+"""``--method ials``: the non-private solve is plain iALS, the private plan's bounds, local solve, implicit stores."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from streamdp.kernels.ials import ials_solve_users_reference
+from streamdp.local import implicit_pairs, solve_block
+from streamdp.methods import get_method
+from streamdp.model import load_model
+from streamdp.stream.engine import Engine
+
+INF = float("inf")
+
+
+def _fit(store, epsilon=INF, rank=3, workers=1, seed=5, **opts):
+    m = get_method("ials")(epsilon=epsilon, delta=1e-6, rank=rank, seed=seed, **opts)
+    with Engine(store, workers=workers, memory_limit="2GB") as eng:
+        return m, m.fit(store, eng)
+
+
+def _train_csr(store):
+    parts = [store.read_block(b) for b in range(store.n_blocks)]
+    ip = np.concatenate([[0]] + [p.indptr[1:] + off for p, off in
+                                 zip(parts, np.cumsum([0] + [p.nnz for p in parts[:-1]]))])
+    return ip, np.concatenate([p.items for p in parts]), np.concatenate([p.ratings for p in parts]).astype(float)
+
+
+def dense_ials(store, m, iters):
+    """Plain iALS in NumPy from the run's initial item rows: the reference of a non-private run."""
+    s = m.plan(store).settings
+    ip, it, r = _train_csr(store)
+    ip, it, conf = implicit_pairs(ip, it, r, s.local())
+    n, k = store.n_items, m.rank
+    C = np.ones((store.n_users, n))
+    P = np.zeros((store.n_users, n))
+    rows = np.repeat(np.arange(store.n_users), np.diff(ip))
+    C[rows, it] = conf
+    P[rows, it] = 1.0
+    from streamdp.stream.driver import Run
+
+    g = Run(store, method="ials", fingerprint="x", seed=m.seed, rng_key=0x1A15, checkpoint=None).rng(1, 0)
+    Y = g.standard_normal((n, k)) * 0.01
+    for _ in range(iters):
+        X = ials_solve_users_reference(ip, it, conf, Y, Y.T @ Y, s.ridge)
+        for j in range(n):
+            Y[j] = np.linalg.solve((X * C[:, j, None]).T @ X + s.reg * np.eye(k), (X * C[:, j, None]).T @ P[:, j])
+    return Y
+
+
+def test_nonprivate_run_is_plain_implicit_als(small_store):
+    m, f = _fit(small_store, iters=2, preference="graded", alpha=2.0)
+    np.testing.assert_allclose(f.item_factors, dense_ials(small_store, m, 2), rtol=2e-4, atol=1e-5)
+    assert f.model_info["local"] == "implicit" and not f.model_info["local_user_bias"]
+
+
+def test_local_solve_is_the_training_user_solve(small_store, tmp_path):
+    _, f = _fit(small_store, epsilon=2.0, iters=2)
+    f.save(str(tmp_path / "m"))
+    model = load_model(str(tmp_path / "m"))
+    b = small_store.read_block(0)
+    U = solve_block(model, b.indptr, b.items, b.ratings, model.info["ridge"])
+    ip, it, conf = implicit_pairs(b.indptr, b.items, b.ratings, model.info["local_implicit"])
+    Q = np.asarray(model.item_factors, np.float64)
+    np.testing.assert_allclose(U, ials_solve_users_reference(ip, it, conf, Q, Q.T @ Q, model.info["ridge"]),
+                               rtol=1e-8, atol=1e-10)
+    assert Q.shape[1] == 4  # rank 3 + the popularity column
+    pop = Q[:, 3]
+    assert pop.max() == pytest.approx(1.0) and pop.min() >= 0.0
+
+
+def test_private_plan_sensitivities_and_budget(small_store):
+    m, f = _fit(small_store, epsilon=1.0, iters=3, tau=7, clip=0.5, clip_popularity=0.3, preference="graded",
+                alpha=2.0)
+    led = f.ledger
+    assert led.accounting.epsilon <= 1.0 + 1e-9
+
+    def entry(prefix):
+        (e,) = [e for e in led.bounds["releases"] if e["release"].startswith(prefix)]
+        return e
+
+    assert entry("item counts")["sensitivity"] == pytest.approx(math.sqrt(7))
+    assert entry("item confidence totals")["sensitivity"] == pytest.approx(2.0 * math.sqrt(7))
+    assert entry("users' Gramian")["sensitivity"] == pytest.approx(0.25 + 0.09)
+    assert entry("item right-hand sides")["sensitivity"] == pytest.approx(3.0 * 0.5 * math.sqrt(7))
+    assert entry("item right-hand sides")["count"] == 3 and entry("users' Gramian")["count"] == 3
+    assert f.model_info["parameters"]["tau"] == 7
+
+
+def test_at_most_tau_pairs_per_user_reach_the_item_side(small_store):
+    m = get_method("ials")(epsilon=1.0, delta=1e-6, rank=3, seed=1, tau=4)
+    s = m.plan(small_store).settings
+    b = small_store.read_block(0)
+    ip, it, conf, w = m._pairs(b, s, 123)
+    per_user = np.add.reduceat(w, ip[:-1][np.diff(ip) > 0])
+    assert per_user.max() == 4 and (np.diff(ip) > 4).any()
+    assert np.all(per_user == np.minimum(np.diff(ip)[np.diff(ip) > 0], 4))
+
+
+def test_implicit_store_takes_confidence_from_counts(small_store, monkeypatch):
+    # the store marked implicit, as an implicit ingest marks it (values: counts)
+    monkeypatch.setattr(small_store, "implicit", True, raising=False)
+    m, f = _fit(small_store, epsilon=2.0, iters=1, alpha=2.0, max_confidence=5.0, tau=32)
+    p = f.model_info["local_implicit"]
+    assert p["implicit"] and f.model_info["parameters"]["preference"] == "counts"
+    ip, it, c = implicit_pairs(np.array([0, 3]), np.array([1, 2, 3]), np.array([1.0, 4.0, 1000.0]), p)
+    np.testing.assert_allclose(c, [1 + 2 * math.log(2), 1 + 2 * math.log(5), 5.0])
+    # the sensitivities use c_max on an implicit store (counts are unbounded)
+    rhs = [e for e in f.ledger.bounds["releases"] if e["release"].startswith("item right")][0]
+    assert rhs["sensitivity"] == pytest.approx(5.0 * 0.4 * math.sqrt(32))
+
+
+def test_recommend_scores_are_not_clipped_to_the_rating_range(small_store, tmp_path):
+    from streamdp.local import recommend
+
+    _, f = _fit(small_store, iters=2)
+    f.save(str(tmp_path / "m"))
+    model = load_model(str(tmp_path / "m"))
+    items, scores = recommend(model, np.array([0, 1, 2]), np.array([5.0, 4.0, 5.0]), top=5)
+    assert len(set(np.round(scores, 9))) > 1 and scores.max() < 1.0 + 1e-6 < small_store.rating_min + 1
+
+
+def test_lists_beat_the_chart_without_privacy(small_store):
+    from streamdp.evaluate import evaluate_model
+
+    import tempfile
+
+    _, f = _fit(small_store, rank=8, iters=5, preference="above")
+    with tempfile.TemporaryDirectory() as d:
+        f.save(d + "/m")
+        r = evaluate_model(d + "/m", small_store, baselines=False)["ranking"]
+    # generate's stores choose items by popularity alone (taste shows only in the ratings): a small margin
+    assert r["recall"] > 1.03 * r["baselines"]["popularity"]["recall"]
+
+
+def test_resume_after_interruption_gives_the_same_model(small_store, tmp_path, interrupted_after_checkpoint):
+    opts = dict(epsilon=1.0, iters=3, seed=7)
+    _, full = _fit(small_store, checkpoint=str(tmp_path / "full"), **opts)
+    with interrupted_after_checkpoint(2):
+        _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
+    _, res = _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
+    assert res.model_info["resumed_from_iteration"] == 2
+    np.testing.assert_array_equal(res.item_factors, full.item_factors)
+
+
+def test_dask_scheduler_gives_the_thread_engines_model(small_store):
+    m = get_method("ials")(epsilon=1.0, delta=1e-6, rank=3, seed=5, iters=2)
+    with Engine(small_store, workers=2, scheduler="dask", memory_limit="2GB") as eng:
+        f = m.fit(small_store, eng)
+    _, g = _fit(small_store, epsilon=1.0, iters=2, workers=2)
+    np.testing.assert_array_equal(f.item_factors, g.item_factors)
+
+
+def test_without_factor_signal_the_lists_are_the_released_chart(small_store, tmp_path):
+    from streamdp.evaluate import evaluate_model
+
+    _, f = _fit(small_store, epsilon=0.05, iters=2)
+    assert not f.model_info["factors_released"] and not np.any(f.item_factors[:, :3])
+    assert any("no factors released" in n for n in f.ledger.notes)
+    f.save(str(tmp_path / "m"))
+    r = evaluate_model(str(tmp_path / "m"), small_store, baselines=False)["ranking"]
+    assert r["recall"] == pytest.approx(r["baselines"]["private_popularity"]["recall"], abs=0.01)
+
+
+def test_signal_z_separates_noise_from_signal():
+    from streamdp.methods.ials import _signal_z
+
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((2000, 8))
+    assert abs(_signal_z(noise, 1.0)) < 4
+    assert _signal_z(noise + 0.3, 1.0) > 4
+
+
+def test_tau_comes_from_the_released_profile(small_store):
+    m, f = _fit(small_store, epsilon=2.0, iters=1)
+    led = f.ledger
+    assert led.bounds["releases"][0]["release"].startswith("histogram of training ratings per user")
+    assert f.model_info["user_profile"]["users"]
+    # small_store's users have ~24 training ratings: 75% of them are within the 24..31 bin
+    assert 4 <= f.model_info["parameters"]["tau"] <= 32
+    assert led.accounting.epsilon <= 2.0 + 1e-9
+
+
+def test_the_choice_between_factors_and_chart_is_released_and_accounted(small_store):
+    m, f = _fit(small_store, epsilon=5.0, iters=2)
+    sel = [e for e in f.ledger.bounds["releases"] if e["release"].startswith("validation:")]
+    assert len(sel) == 1 and sel[0]["sensitivity"] == 1.0
+    assert f.ledger.accounting.epsilon <= 5.0 + 1e-9
+    assert f.model_info["parameters"]["select"]
+    info = f.model_info.get("selection")  # absent when the signal gate dropped the factors first
+    assert info is None or (info["chosen"] in info["candidates"] and
+                            (info["chosen"] == "factors") == f.model_info["factors_released"])
+    _, g = _fit(small_store, epsilon=5.0, iters=2, select="off")
+    assert not [e for e in g.ledger.bounds["releases"] if e["release"].startswith("validation:")]
+
+
+def test_cli_train_then_recommend_with_the_implicit_local_solve(small_store, tmp_path):
+    from click.testing import CliRunner
+
+    from streamdp.cli import main
+
+    out = str(tmp_path / "m")
+    res = CliRunner().invoke(main, ["train", small_store.path, "--method", "ials", "--epsilon", "3", "--iters", "2",
+                                    "--out", out, "--seed", "1", "--over-budget"])
+    assert res.exit_code == 0, res.output
+    assert "ranking" in res.output.lower() or "Recall@10" in res.output
+    mine = tmp_path / "mine.csv"
+    ids = load_model(out).item_ids
+    mine.write_text("".join(f"{ids[j]},5\n" for j in range(5)))
+    res = CliRunner().invoke(main, ["recommend", out, "--ratings", str(mine), "--top", "3"])
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.slow
+def test_peak_memory_stays_under_the_limit(tmp_path):
+    """200,000 users x 5,000 items, 20 ratings each: ials at epsilon 1 within --memory-limit 600MB (wait4)."""
+    import os
+    import subprocess
+    import sys
+
+    exe = [sys.executable, "-m", "streamdp"]
+    subprocess.run(exe + ["generate", "--out", str(tmp_path / "s.zarr"), "--users", "200000", "--items", "5000",
+                          "--ratings-per-user", "20", "--seed", "1"], check=True, capture_output=True)
+    proc = subprocess.Popen(exe + ["train", str(tmp_path / "s.zarr"), "--method", "ials", "--epsilon", "1",
+                                   "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read().decode()
+    assert os.waitstatus_to_exitcode(status) == 0, err[-2000:]
+    peak = usage.ru_maxrss * 1024
+    print(f"ials 200k x 5k: peak RSS {peak / 2**20:.0f} MiB")
+    assert peak < 600 * 2**20, f"peak RSS {peak / 2**20:.0f} MiB"
