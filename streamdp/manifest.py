@@ -149,7 +149,7 @@ BOUNDS = {
     "rating_min", "rating_max", "rating_range_source", "releases", "contribution", "clip", "sketch_clip",
     "sketch_quantile", "sketch_share", "oversampling", "columns", "prune", "prune_bound", "power_iters",
     "midpoint", "range", "pure_epsilon", "sensitivity", "epsilon_replace_one", "relation_covers", "centre",
-    "sketch_clip_C", "target", "clip_popularity",
+    "sketch_clip_C", "target", "clip_popularity", "values",
 }
 
 #: ``factors.zarr`` arrays and attributes.

@@ -337,7 +337,7 @@ class IALS(Method):
         s = self.settings(store, profile)
         bounds = ({"rating_min": s.rating_min, "rating_max": s.rating_max,
                    "rating_range_source": getattr(store, "rating_range_source", "unknown")}
-                  if s.rating_min is not None else {"counts": "an implicit store's counts (no declared cap: the "
+                  if s.rating_min is not None else {"values": "an implicit store's counts (no declared cap: the "
                                                               "observed range is not published)"})
         if not self.private:
             bounds["contribution"] = "none (non-private run: every pair, nothing clipped)"

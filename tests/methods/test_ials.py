@@ -177,7 +177,8 @@ def test_signal_z_separates_noise_from_signal():
 def test_tau_comes_from_the_released_profile(small_store):
     m, f = _fit(small_store, epsilon=2.0, iters=1)
     led = f.ledger
-    assert led.bounds["releases"][0]["release"].startswith("histogram of training ratings per user")
+    assert led.bounds["releases"][0]["release"].startswith("number of users")  # the released count comes first
+    assert led.bounds["releases"][1]["release"].startswith("histogram of training ratings per user")
     assert f.model_info["user_profile"]["users"]
     # small_store's users have ~24 training ratings: 75% of them are within the 24..31 bin
     assert 4 <= f.model_info["parameters"]["tau"] <= 32
@@ -233,3 +234,28 @@ def test_peak_memory_stays_under_the_limit(tmp_path):
     peak = usage.ru_maxrss * 1024
     print(f"ials 200k x 5k: peak RSS {peak / 2**20:.0f} MiB")
     assert peak < 600 * 2**20, f"peak RSS {peak / 2**20:.0f} MiB"
+
+
+def test_trains_on_an_ingested_interaction_log_without_publishing_its_count_range(tmp_path):
+    """An implicit store (a generated interaction log, counts) trains end to end through the CLI; the model holds
+    no rating range (the observed count range is an exact statistic) and evaluate reports lists only."""
+    import json
+
+    from click.testing import CliRunner
+
+    from streamdp.cli import main
+    from streamdp.storage.generate import generate_store
+
+    st = generate_store(str(tmp_path / "log.zarr"), n_users=1500, n_items=150, ratings_per_user=12, rank=3, seed=3,
+                        implicit=True, test_fraction=0.2)
+    assert st.implicit
+    out = str(tmp_path / "m")
+    res = CliRunner().invoke(main, ["train", st.path, "--method", "ials", "--epsilon", "2", "--iters", "1",
+                                    "--out", out, "--seed", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.load(open(f"{out}/model.json"))
+    led = json.load(open(f"{out}/privacy.json"))
+    assert "rating_range" not in info and info["local_implicit"]["rating_max"] is None
+    assert "rating_range" not in led["public_parameters"] and "rating_max" not in led["bounds"]
+    summary = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])[0]
+    assert "test_rmse" not in summary and summary["ranking"]["recall"] >= 0.0
