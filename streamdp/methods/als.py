@@ -189,8 +189,8 @@ VALIDATION_MIN_COUNT = 50.0
 #: The settings ``model.json`` records as the run's ``parameters`` (with ``select``: auto or off).
 MODEL_PARAMETERS = ("mechanism", "huber_transition", "sampling", "tau", "adaptive_exponent", "item_frac", "iters",
                     "clip", "residual_clip", "bias_clip", "reg", "reg_exponent", "noise_ridge", "ridge", "gramian",
-                    "center", "stats_share", "count_share", "mean_share", "mean_cap", "gram_share", "irls_iters", "huber_delta",
-                    "fit_bias")
+                    "center", "stats_share", "count_share", "mean_share", "mean_cap", "gram_share", "irls_iters",
+                    "huber_delta", "fit_bias")
 #: Items per chunk of the batched item solves (bounds the ``n x d x d`` temporaries).
 SOLVE_CHUNK = 1 << 15
 
@@ -784,7 +784,8 @@ class _AlsBase(Method):
 
     def _selection_note(self, s, kind, lam) -> str:
         how = ("privately, by 10% of each user's training ratings (at most 2) held out of their own solves and "
-               "the factor iterations up to the choice" if self.private else "by 10% of each user's training ratings (at most 2) "
+               "the factor iterations up to the choice" if self.private else
+               "by 10% of each user's training ratings (at most 2) "
                "held out of the fit, then refitted on all of them")
         note = (f"released candidate: {candidate_name((kind, lam))} (default "
                 f"{candidate_name(s.candidates[s.default_candidate])}), chosen {how}")

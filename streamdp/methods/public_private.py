@@ -758,7 +758,7 @@ class PublicPrivate(Method):
         ledger.bounds["public_ratings"] = stats["n_ratings"]
         responders = [int(c) for c in stats["responders"]]
         params = {key: getattr(s, key) for key in RECORDED}
-        info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if math.isfinite(self.epsilon)
+        info = {"method": self.name, "rank": int(W.shape[1]), "epsilon": self.epsilon if math.isfinite(self.epsilon)
                 else "inf", "delta": self.delta, "seed": self.seed,
                 "n_users": store.n_users, "n_items": store.n_items, "parameters": params,
                 "public": {"rule": plan.bounds["public_users"], "n_public": stats["n_public"],

@@ -29,7 +29,8 @@ The model (all parameters are options of :func:`generate_store`):
   every real set); ``activity_bias``, a further offset ``activity_bias log(n_i / m)`` for a
   user of ``n_i`` ratings (``m`` the mean): users' levels that go with their activity, as in
   MovieLens (heavy users rate lower) or product reviews (one-off reviewers rate at the
-  ends), so that the mean of user means and the mean of ratings differ; ``interaction_scale``, the standard deviation of ``u . v`` (the
+  ends), so that the mean of user means and the mean of ratings differ;
+  ``interaction_scale``, the standard deviation of ``u . v`` (the
   low-rank signal; 1 by default, about 3 on a -10..10 joke scale); ``outlier_fraction``, that fraction of ratings replaced by one of
   the scale's two ends at random (ratings beyond a declared range, clipped at
   ingest); ``string_ids``, user and item ids written as strings (``u00000042``,
