@@ -189,8 +189,8 @@ VALIDATION_MIN_COUNT = 50.0
 #: The settings ``model.json`` records as the run's ``parameters`` (with ``select``: auto or off).
 MODEL_PARAMETERS = ("mechanism", "huber_transition", "sampling", "tau", "adaptive_exponent", "item_frac", "iters",
                     "clip", "residual_clip", "bias_clip", "reg", "reg_exponent", "noise_ridge", "ridge", "gramian",
-                    "center", "stats_share", "count_share", "mean_share", "mean_cap", "gram_share", "irls_iters",
-                    "huber_delta", "fit_bias")
+                    "center", "stats_share", "count_share", "mean_share", "gram_share", "irls_iters", "huber_delta",
+                    "fit_bias")
 #: Items per chunk of the batched item solves (bounds the ``n x d x d`` temporaries).
 SOLVE_CHUNK = 1 << 15
 
@@ -380,9 +380,6 @@ class AlsSettings(RunSettings):
     stats_share: float
     count_share: float
     mean_share: float
-    #: The global mean weighs each user's mean by ``min(n_i, mean_cap) / mean_cap`` (1: the mean of user means;
-    #: ``means`` without a user intercept: ``tau``, see ``PrivateMeans``).
-    mean_cap: int
     gram_share: float
     #: IRLS steps and Huber transition of the users' solves (``0`` and ``inf`` for the squared loss of ``als``).
     irls_iters: int
@@ -447,7 +444,7 @@ class _AlsBase(Method):
             bias_clip=_or(o.bias_clip, d.bias_clip_fraction * h), reg=_or(f.reg, d.reg),
             reg_exponent=_or(f.reg_exponent, 0.0), noise_ridge=f.noise_ridge, ridge=ridge, gramian=gramian,
             center=o.center, stats_share=o.stats_share, count_share=o.count_share,
-            mean_share=o.mean_share if o.center == "private" else 0.0, mean_cap=self._mean_cap(o),
+            mean_share=o.mean_share if o.center == "private" else 0.0,
             gram_share=_or(f.gram_share, 0.01 if gramian == "shared" else 0.3), irls_iters=irls_iters,
             huber_delta=huber_delta, fit_bias=not private, select=o.select != "off",
             select_share=SELECT_SHARE_FACTORS if iters > 0 else SELECT_SHARE_BIASES,
@@ -459,10 +456,6 @@ class _AlsBase(Method):
             raise ParameterError(f"--stats-share + --mean-share + --gram-share = {used:g} leaves no budget for the "
                                  f"iterations (must be < 1)")
         return self._with_choice(s)
-
-    def _mean_cap(self, o) -> int:
-        """Users' weights in the global mean: 1, the mean of user means (their own intercepts absorb the rest)."""
-        return 1
 
     def _with_choice(self, s: AlsSettings) -> AlsSettings:
         """``s`` with the candidate releases, the default one and the gate that its ``select`` implies."""
@@ -495,10 +488,8 @@ class _AlsBase(Method):
             out.append(Share(what, mech, sens_l2 if l2 else sens_l1, share, huber_c=hc, **kw))
 
         if s.center == "private":
-            what = ("global mean: sum over users of (user mean - midpoint), number of users" if s.mean_cap == 1 else
-                    f"global mean: sum over users of g_i (user mean - midpoint), sum of g_i, g_i = min(n_i, "
-                    f"{s.mean_cap}) / {s.mean_cap} <= 1")
-            add(what, math.sqrt(1 + h * h), h + 1.0, s.mean_share, shape=(2,))
+            add("global mean: sum over users of (user mean - midpoint), number of users", math.sqrt(1 + h * h),
+                h + 1.0, s.mean_share, shape=(2,))
         st, cs = s.stats_share, s.count_share
         add("item sums of user-centred residuals clip(r - user mean, c) (item biases)", c * math.sqrt(tau), c * tau,
             st * (1 - cs), shape=(n,))
@@ -831,7 +822,6 @@ class _AlsBase(Method):
         private = self.private
         rule = s.sampling if s.sampling == "uniform" else "adaptive"
         seed = run.entropy
-        cap = float(s.mean_cap)
 
         def fn(block, b):
             ip, it, r = _training(block, s, seed)
@@ -850,9 +840,8 @@ class _AlsBase(Method):
             out = np.zeros(2 * n + 2)
             out[:n] = np.bincount(it, weights=w * e, minlength=n)
             out[n:2 * n] = np.bincount(it, weights=w, minlength=n)
-            g = np.minimum(cnt[has], cap) / cap  # 1 for every user when cap is 1: the mean of user means
-            out[2 * n] = float(np.sum(g * (umean[has] - mid)))
-            out[2 * n + 1] = float(np.sum(g))
+            out[2 * n] = float(np.sum(umean[has] - mid))
+            out[2 * n + 1] = float(has.sum())
             return out
 
         tot = engine.map_reduce(fn, _add, np.zeros(2 * n + 2), extra_per_block=16 * n + 64 * store.block_users,
@@ -1233,23 +1222,3 @@ class PrivateMeans(_AlsBase):
     def _factor_options(self) -> AlsOptions:
         """No factor iterations run: als' defaults (the settings and model.json list them as for als)."""
         return AlsOptions()
-
-    def _mean_cap(self, o) -> int:
-        """Without a user intercept, the global mean weighs users by their activity, up to ``tau`` ratings.
-
-        A prediction is ``mu + b_j`` for every user, and the ratings it is judged on are
-        mostly heavy users' (a per-rating error, a per-user split). The mean of user means
-        counts a user who rated once as much as one who rated 500 times; where levels go
-        with activity the two means differ, and ``means`` was worse than the non-private
-        global mean (a mean over ratings): 1.201 against 1.193 on a real set of 72k users,
-        85% with one rating, and on a generated store of that shape whose one-off raters
-        rate higher (``streamdp generate --users 72000 --items 2400 --ratings-per-user 1.4
-        --user-bias-std 0.4 --activity-bias -0.3``, seeds 1-3) 1.2213 / 1.2183 / 1.2197
-        against 1.1901. Each user's mean now weighs ``g_i = min(n_i, tau) / tau``: the mean
-        over ratings for users of up to ``tau`` ratings. ``g_i <= 1`` keeps the release's
-        sensitivity (``sqrt(1 + h^2)``); its noise now sits on ``sum g_i`` instead of the
-        user count, a cost where users are many and each rates little (see the tests).
-        With ``--user-intercept`` the users' own intercepts absorb their levels, so the
-        mean of user means stays.
-        """
-        return 1 if o.user_intercept else o.tau
