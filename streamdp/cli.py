@@ -195,6 +195,9 @@ def verify(store, workers, memory_limit, scheduler, as_json):
               "set).")
 @click.option("--user-bias-std", type=float, default=0.0, show_default=True,
               help="Std of a per-user offset added to every rating of the user (users' levels differ).")
+@click.option("--activity-bias", type=float, default=0.0, show_default=True,
+              help="Per-user offset a log(n / mean) for a user of n ratings (users' levels that go with their "
+              "activity).")
 @click.option("--interaction-scale", type=float, default=1.0, show_default=True,
               help="Standard deviation of the low-rank part u.v of a rating (gaussian factors).")
 @click.option("--outlier-fraction", type=float, default=0.0, show_default=True,
@@ -215,8 +218,8 @@ def verify(store, workers, memory_limit, scheduler, as_json):
 @click.option("--force", is_flag=True, help="Replace an existing streamdp store at --out (anything else there is "
               "an error); its privacy-budget ledger is carried over.")
 def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fraction, item_exponent,
-             user_exponent, scale, factors, user_bias_std, interaction_scale, outlier_fraction, string_ids,
-             taste_clusters, taste_strength, implicit, count_cap, block_users, workers, force):
+             user_exponent, scale, factors, user_bias_std, activity_bias, interaction_scale, outlier_fraction,
+             string_ids, taste_clusters, taste_strength, implicit, count_cap, block_users, workers, force):
     """Write a synthetic low-rank, power-law rating store, block by block."""
     from streamdp.errors import ParameterError
     from streamdp.storage.generate import generate_store
@@ -228,9 +231,10 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
     s = generate_store(out, n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank,
                        noise=noise, seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
                        user_exponent=user_exponent, rating_min=lo, rating_max=hi, rating_step=step,
-                       factors=factors, user_bias_std=user_bias_std, interaction_scale=interaction_scale,
-                       outlier_fraction=outlier_fraction, taste_clusters=taste_clusters,
-                       taste_strength=taste_strength, implicit=implicit, count_cap=count_cap,
+                       factors=factors, user_bias_std=user_bias_std, activity_bias=activity_bias,
+                       interaction_scale=interaction_scale, outlier_fraction=outlier_fraction,
+                       taste_clusters=taste_clusters, taste_strength=taste_strength, implicit=implicit,
+                       count_cap=count_cap,
                        string_ids=string_ids, block_users=block_users, workers=workers, force=force)
     what = "interactions (implicit: counts)" if s.implicit else "ratings"
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "

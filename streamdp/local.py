@@ -315,8 +315,9 @@ def eq4_rows(indptr, items, x, W, lam: float) -> np.ndarray:
     a ``k x k`` ridge solve: ``O(|phi| k^2 + k^3)`` per user instead of the
     ``|phi| x |phi|`` inverse, then ``O(k)`` per predicted item; ``Sigma`` is never
     formed. ``lam`` is ``lambda'`` (the model's ``ridge``). Predictions are
-    ``mu_j + W_j . u`` (no user intercept: eq. 4 has none, and the model was fitted
-    with the same completion).
+    ``mu_j + W_j . u`` (no separate user intercept: eq. 4 has none; a public-private
+    model may carry one as a constant last column of ``W``, ``model.json``
+    ``user_offset``, which this same solve fits with ridge ``lam / s^2``).
     """
     U = np.zeros((len(indptr) - 1, W.shape[1]))
     solve_users(indptr, items, x, W, float(lam), U)

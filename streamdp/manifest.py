@@ -113,6 +113,11 @@ MODEL_JSON = {
     "lambda_prime": (POST, "public-private: the ridge chosen on held-out public ratings"),
     "lambda_prime_source": (PUBLIC, "public-private: how the ridge was chosen (text)"),
     "reg_chosen": (POST, "public-private: the regularization chosen on held-out public ratings"),
+    "user_offset": (POST, "public-private: the user-offset column of the item factors, chosen on held-out public "
+                          "ratings"),
+    "user_offset.column": (POST, "public-private: whether the last item-factor column is the user offset"),
+    "user_offset.ridge": (POST, "public-private: the user offset's ridge in rating units (lambda' / column^2)"),
+    "user_offset.source": (PUBLIC, "public-private: how the user offset was chosen (text)"),
     "by_step": (POST, "public-private: per-step traces computed from public data and released statistics"),
 }
 

@@ -26,7 +26,11 @@ The model (all parameters are options of :func:`generate_store`):
 * **What real sets add** (all off by default, so existing seeds give the same
   stores): ``user_bias_std``, a per-user offset ``N(0, user_bias_std^2)`` added to each
   of the user's ratings before rounding and clipping (users' rating levels differ in
-  every real set); ``interaction_scale``, the standard deviation of ``u . v`` (the
+  every real set); ``activity_bias``, a further offset ``activity_bias log(n_i / m)`` for a
+  user of ``n_i`` ratings (``m`` the mean): users' levels that go with their activity, as in
+  MovieLens (heavy users rate lower) or product reviews (one-off reviewers rate at the
+  ends), so that the mean of user means and the mean of ratings differ;
+  ``interaction_scale``, the standard deviation of ``u . v`` (the
   low-rank signal; 1 by default, about 3 on a -10..10 joke scale); ``outlier_fraction``, that fraction of ratings replaced by one of
   the scale's two ends at random (ratings beyond a declared range, clipped at
   ingest); ``string_ids``, user and item ids written as strings (``u00000042``,
@@ -107,12 +111,16 @@ def _counts(z: np.ndarray, seed: int, cap: float | None) -> np.ndarray:
     return (np.minimum(c, cap) if cap is not None else c).astype(np.float32)
 
 
-def _realistic(rt, counts, seed, user_bias_std, outlier_fraction, lo, hi, step) -> np.ndarray:
+def _realistic(rt, counts, seed, user_bias_std, outlier_fraction, lo, hi, step, activity_bias=0.0,
+               mean_count=1.0) -> np.ndarray:
     """User offsets and outliers on one block's ratings (vectorised; see the module docstring)."""
     rng = np.random.default_rng(seed)
     r = rt.astype(np.float64)
-    if user_bias_std > 0:
-        r = r + np.repeat(rng.normal(0.0, user_bias_std, len(counts)), counts)
+    if user_bias_std > 0 or activity_bias != 0:
+        offset = rng.normal(0.0, user_bias_std, len(counts)) if user_bias_std > 0 else np.zeros(len(counts))
+        if activity_bias != 0:
+            offset = offset + activity_bias * np.log(np.maximum(counts, 1) / mean_count)
+        r = r + np.repeat(offset, counts)
         if step > 0:
             r = lo + np.rint((r - lo) / step) * step
     if outlier_fraction > 0:
@@ -148,6 +156,7 @@ def generate_store(
     rating_max: float = 5.0,
     rating_step: float = 1.0,
     user_bias_std: float = 0.0,
+    activity_bias: float = 0.0,
     interaction_scale: float = 1.0,
     outlier_fraction: float = 0.0,
     string_ids: bool = False,
@@ -199,8 +208,9 @@ def generate_store(
     if implicit:
         if count_cap is not None and not (np.isfinite(count_cap) and count_cap >= 1):
             raise ParameterError(f"--count-cap must be a finite number >= 1, got {count_cap}")
-        if user_bias_std > 0 or outlier_fraction > 0:
-            raise ParameterError("--implicit writes counts: --user-bias-std and --outlier-fraction are for ratings")
+        if user_bias_std > 0 or outlier_fraction > 0 or activity_bias != 0:
+            raise ParameterError("--implicit writes counts: --user-bias-std, --activity-bias and --outlier-fraction "
+                                 "are for ratings")
     test_fraction = check_fraction(test_fraction)
     check_destination(out, force)
 
@@ -249,9 +259,10 @@ def generate_store(
         it, rt = it[:got], rt[:got]
         if implicit:
             rt = _counts(rt, block_seed(seed, b, _PURPOSE_IMPLICIT), count_cap)
-        if user_bias_std > 0 or outlier_fraction > 0:
+        if user_bias_std > 0 or outlier_fraction > 0 or activity_bias != 0:
             rt = _realistic(rt, np.diff(ip), block_seed(seed, b, _PURPOSE_REAL), user_bias_std, outlier_fraction,
-                            float(rating_min), float(rating_max), float(rating_step))
+                            float(rating_min), float(rating_max), float(rating_step), float(activity_bias),
+                            float(ratings_per_user))
         if test_fraction > 0:
             train, test = split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
         else:
@@ -304,6 +315,7 @@ def generate_store(
                       seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
                       user_exponent=user_exponent, global_mean=global_mean, item_bias_std=item_bias_std,
                       rating_step=rating_step, factors=factors, user_bias_std=user_bias_std,
+                      **({"activity_bias": activity_bias} if activity_bias else {}),
                       outlier_fraction=outlier_fraction, string_ids=string_ids, interaction_scale=interaction_scale)
         kind = {}
         if k_taste:  # recorded only when used: the default store's attributes are those of earlier versions

@@ -117,4 +117,6 @@ def test_model_roundtrip(fitted, tmp_path):
     m = load_model(out)
     np.testing.assert_array_equal(m.item_factors, np.asarray(f.item_factors, np.float32))
     assert m.ledger.to_dict() == f.ledger.to_dict()
-    assert m.info["method"] == name and m.rank == RANK
+    # public-private may add a user-offset column to its factors (model.json ``user_offset``)
+    offset = int(bool((m.info.get("user_offset") or {}).get("column")))
+    assert m.info["method"] == name and m.rank == RANK + offset

@@ -47,11 +47,22 @@ def _fit(store, method, epsilon=INF, rank=8, workers=1, seed=3, **opts):
         return m.fit(store, eng)
 
 
+def _frame(st, split):
+    """A store split as a pandas frame ``u, i, r`` (dense indices), for scikit-surprise."""
+    import pandas as pd
+
+    rows = []
+    for b in range(st.n_blocks):
+        blk = st.read_block(b, split)
+        u = np.repeat(np.arange(blk.n_users) + blk.first_user, np.diff(blk.indptr))
+        rows.append(pd.DataFrame({"u": u, "i": blk.items, "r": blk.ratings}))
+    return pd.concat(rows)
+
+
 @pytest.mark.realdata
 def test_sgd_ml100k_within_001_of_surprise(tmp_path):
     """ML-100K, 20% per-user split, k=16, 20 epochs, lr 0.005, reg 0.02: |RMSE - surprise SVD| <= 0.01."""
     from surprise import SVD, Dataset, Reader
-    import pandas as pd
 
     from streamdp.storage.ingest import ingest
 
@@ -61,15 +72,7 @@ def test_sgd_ml100k_within_001_of_surprise(tmp_path):
     mu = fitted.model_info["mu_train"]  # the learned user biases are used here, so not the released mean
     ours = _test_rmse_with_user_state(st, fitted, mu)
 
-    def frame(split):
-        rows = []
-        for b in range(st.n_blocks):
-            blk = st.read_block(b, split)
-            u = np.repeat(np.arange(blk.n_users) + blk.first_user, np.diff(blk.indptr))
-            rows.append(pd.DataFrame({"u": u, "i": blk.items, "r": blk.ratings}))
-        return pd.concat(rows)
-
-    tr, te = frame("train"), frame("test")
+    tr, te = _frame(st, "train"), _frame(st, "test")
     data = Dataset.load_from_df(tr[["u", "i", "r"]], Reader(rating_scale=(1, 5)))
     algo = SVD(n_factors=16, n_epochs=20, lr_all=0.005, reg_all=0.02, init_std_dev=0.1, random_state=0)
     algo.fit(data.build_full_trainset())
@@ -284,3 +287,27 @@ def test_memory_sgld_epoch_50m_ratings_under_512mb(tmp_path):
     assert p.returncode == 0
     print(f"peak RSS {peak / 1e6:.0f} MB")
     assert peak < 512e6
+
+
+@pytest.mark.realdata
+def test_released_sgd_model_on_ml100k_matches_surprise(tmp_path):
+    """The released model (V and biases; each user's local ridge solve at the model's ridge), k = 16, seed 1 on
+    the 20% split of seed 1: test RMSE within 0.005 of scikit-surprise's SVD at k = 16 with sgd's settings (measured
+    0.929 against 0.93; the local ridge 1 of before gave 0.957)."""
+    from surprise import SVD, Dataset, Reader
+
+    from streamdp.evaluate import evaluate_model
+    from streamdp.storage.ingest import ingest
+
+    st = ingest([str(shared_file("ml-100k", "u.data"))], str(tmp_path / "ml.zarr"), test_fraction=0.2, seed=1,
+                rating_range=(1, 5))
+    fitted = _fit(st, "sgd", rank=16, seed=1, tiering="off")
+    ours = evaluate_model(fitted.save(str(tmp_path / "m")), st, baselines=False, ranking=False)["rmse"]
+
+    tr, te = _frame(st, "train"), _frame(st, "test")
+    algo = SVD(n_factors=16, n_epochs=20, lr_all=0.005, reg_all=0.02, init_std_dev=0.1, random_state=0)
+    algo.fit(Dataset.load_from_df(tr[["u", "i", "r"]], Reader(rating_scale=(1, 5))).build_full_trainset())
+    pred = np.array([algo.predict(u, i).est for u, i in zip(te["u"], te["i"])])
+    theirs = float(np.sqrt(np.mean((pred - te["r"].to_numpy()) ** 2)))
+    print(f"ML-100K released sgd {ours:.4f}, surprise SVD k=16 {theirs:.4f}")
+    assert ours <= theirs + 0.005
