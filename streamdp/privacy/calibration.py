@@ -7,7 +7,16 @@ bracket, then dp-accounting's ``mechanism_calibration.calibrate_dp_mechanism``
 epsilon gap), then a final check with :func:`streamdp.privacy.accountant.epsilon_of`
 exactly as the ledger will compute it, nudging ``z`` up if the grids disagree. The
 result therefore never overshoots the target (property-tested), and is within a
-relative ``1e-4`` of the smallest such ``z``. The bracket comes from the RDP
+relative ``1e-4`` of the smallest such ``z``.
+
+The result is rounded up to :data:`Z_BITS` significant bits (a relative step of at
+most ``2^-19``, about ``2e-6``: well inside the search's ``1e-4``; rounding up only adds
+noise, so it never overshoots). That makes it the same number on every machine:
+the accountant's arithmetic (NumPy's and SciPy's ``exp``/``log``, whose last bits
+depend on the CPU's SIMD path: AVX-512 or AVX2 give different ones) moves the search's
+answer by about ``1e-11`` relative, which moved every noisy release, and so every
+seeded model, with the machine. A rounded ``z`` changes only when the search's
+answer falls within that distance of a rounding step (a chance of about ``1e-5``). The bracket comes from the RDP
 accountant first (an upper bound on PLD's epsilon, microseconds per evaluation even
 where PLD is slow), so only noise levels near the answer are ever given to PLD.
 
@@ -37,6 +46,8 @@ from streamdp.privacy.events import gaussian_event, huber_event, laplace_event
 __all__ = ["calibrate", "calibrate_gaussian", "calibrate_laplace", "calibrate_huber", "paper_sigma_jain"]
 
 _REL_TOL = 1e-4
+#: Significant bits kept of a calibrated noise parameter (rounded up): see the module docstring.
+Z_BITS = 20
 
 
 def _bracket(gap: Callable[[float], float], z: float, epsilon: float, factor: float = 2.0) -> tuple[float, float]:
@@ -110,12 +121,24 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
     z = _mc.calibrate_dp_mechanism(lambda: _PldAtEpsilon(epsilon), make_event, epsilon, delta,
                                    bracket_interval=_mc.ExplicitBracketInterval(float(lower), float(upper)),
                                    tol=_REL_TOL * float(lower))
-    z = float(z)
+    z = _round_up(float(z))
     for _ in range(100):  # the reported epsilon may use another PLD grid: make sure it is within budget
         if epsilon_of(make_event(z), delta).epsilon <= epsilon:
             return z
-        z *= 1.0 + _REL_TOL
+        z = _round_up(z * (1.0 + _REL_TOL))
     raise ParameterError(f"calibration did not converge for epsilon={epsilon}, delta={delta}")  # pragma: no cover
+
+
+def _round_up(z: float) -> float:
+    """``z`` rounded up to :data:`Z_BITS` significant bits (``z > 0``).
+
+    Examples
+    --------
+    >>> _round_up(1.0), _round_up(1.0 + 2.0 ** -40) == 1.0 + 2.0 ** -19
+    (1.0, True)
+    """
+    m, e = math.frexp(z)
+    return math.ldexp(math.ceil(math.ldexp(m, Z_BITS)), e - Z_BITS)
 
 
 class _PldAtEpsilon:
