@@ -652,7 +652,7 @@ class _AlsBase(Method):
         best, tried = None, []
         for reg, rho in NONPRIVATE_ITEM_RIDGES:
             m = type(self)(epsilon=self.epsilon, delta=self.delta, rank=self.rank, seed=self.seed,
-                           **{**self.opts.user_values(), "reg": reg, "reg_exponent": rho})
+                           users=self.user_count(store), **{**self.opts.user_values(), "reg": reg, "reg_exponent": rho})
             m.shared_entropy = entropy
             plan = m.plan(store)
             with m.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",), engine=engine) as run:
@@ -753,7 +753,8 @@ class _AlsBase(Method):
             o["iters"] = s.iters if kind == "factors" else 0
             if not math.isinf(lam):
                 o["ridge"] = lam
-        m = type(self)(epsilon=self.epsilon, delta=self.delta, rank=self.rank, seed=self.seed, **o)
+        m = type(self)(epsilon=self.epsilon, delta=self.delta, rank=self.rank, seed=self.seed,
+                       users=self.user_count(store), **o)
         fitted = m.fit(store, engine)
         V, bias = fitted.item_factors, fitted.item_bias
         if kind != "factors":
