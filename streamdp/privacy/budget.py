@@ -78,15 +78,42 @@ that it is the journal's replay at its head; statuses only move forward
 * the journal's chain does not verify (an edited or truncated line): restore both
   from a backup; ``--restore`` cannot help.
 
+* the journal verifies but is shorter than its witness (below) says: lines were cut
+  off its end; restore both from a backup, or ``--restore`` rebuilds the ledger from
+  the lines that remain, recorded in its history as a truncated journal;
+* the store's release key (``STORE/release_key``, :mod:`streamdp.storage.fingerprint`)
+  is missing or another key, while the ledger records releases fingerprinted with it:
+  ``train`` refuses to make a new key silently (every model released before would no
+  longer match the store); restore it from a backup, or ``--restore`` records the loss
+  in the history and the next release makes a new key.
+
 What ``--restore`` restarted is recorded in the history, which ``streamdp budget``
 prints. A journal ahead of its ledger (a crash between the two writes) is rolled
 forward, and a torn last line (a crash inside the append) was never recorded and is
 cut off. A ledger written before journals existed (no journal, nothing in the lock
 file) is adopted as it is: its first change starts the journal with it ("journal
 started" in the history). If the ledger, the journal and the lock file are all
-deleted the store looks like one that never had a budget: nothing local can tell,
-and the chain is a check, not a signature (whoever can write the store can rewrite
-it with this code); the released models' ``privacy.json`` remain the record.
+deleted, the store's release key and the witness below still say that it released:
+it refuses to release again until its history is restored from a backup (or
+``--restore`` starts an empty ledger, recorded in its history). Only a store whose
+key and witness are deleted as well looks like one that never had a budget: the
+chain is a check, not a signature (whoever can write the store can rewrite it with
+this code); the released models' ``privacy.json`` remain the record.
+
+The journal's witness
+---------------------
+The journal's length and the hash of its last line are recorded a second time, in
+``STORE/release_witness`` (``{"format": "streamdp-release-witness", "lines", "head"}``),
+rewritten after every change (best effort, after the ledger: it may lag behind the
+journal, never run ahead of it). A journal shorter than its witness was cut; one
+whose line ``lines`` has another hash was replaced. Where it lives, and why there: beside
+``release_key``, under a name a careless ``rm STORE/privacy_budget.*`` does not reach,
+and not in the store's own metadata (``zarr.json``): that file is part of what
+``train`` checks to be unchanged while it reads the store (a concurrent run rewriting it
+would fail every other run) and its attributes are covered by the store's checksum.
+On object storage it is an object at the same name, written after each change's
+journal object (two racing runs may leave the older length: a lag, never a false
+alarm).
 
 Object storage
 --------------
@@ -152,6 +179,7 @@ from streamdp.privacy.journal import (
 )
 from streamdp.privacy.object_journal import JOURNAL_OBJECTS, Conflict, append_objects, read_object_journal
 from streamdp.storage import remote
+from streamdp.storage.fingerprint import KEY_FILE as KEY_FILE_NAME, key_id, key_path, release_key
 from streamdp.storage.schema import is_store_dir
 from streamdp.privacy.ledger import (
     GUARANTEE_NONE,
@@ -161,10 +189,16 @@ from streamdp.privacy.ledger import (
     encode_json,
 )
 
-__all__ = ["StoreBudget", "BUDGET_FILE", "JOURNAL_FILE", "LOCK_FILE", "carried_over", "format_budget"]
+__all__ = ["StoreBudget", "BUDGET_FILE", "JOURNAL_FILE", "LOCK_FILE", "WITNESS_FILE", "carried_over",
+           "format_budget"]
 
 BUDGET_FILE = "privacy_budget.json"
 LOCK_FILE = "privacy_budget.lock"
+#: The journal's length and head, recorded a second time (see "The journal's witness").
+WITNESS_FILE = "release_witness"
+WITNESS_FORMAT = "streamdp-release-witness"
+#: History records after which the entries before them no longer say which release key the store has.
+_KEY_RESETS = ("data replaced", "release key lost", "ledger lost")
 BUDGET_FORMAT = "streamdp-privacy-budget"
 #: Written into the lock file when the store's journal is started: a third witness that the store had a ledger.
 MARKER = "streamdp privacy budget journal started"
@@ -227,6 +261,7 @@ class StoreBudget:
             self.path = remote.join(self.store, BUDGET_FILE)
             self.journal_path = remote.join(self.store, JOURNAL_OBJECTS)
             self.lock_path = remote.join(self.store, LOCK_FILE)
+            self.witness_path = remote.join(self.store, WITNESS_FILE)
             return
         self.store = Path(store_path)
         if not self.store.is_dir() or not (self.store / "zarr.json").exists():
@@ -236,6 +271,7 @@ class StoreBudget:
         self.path = self.store / BUDGET_FILE
         self.journal_path = self.store / JOURNAL_FILE
         self.lock_path = self.store / LOCK_FILE
+        self.witness_path = self.store / WITNESS_FILE
 
     # -- storage ---------------------------------------------------------------------
 
@@ -314,34 +350,114 @@ class StoreBudget:
             return _State(problem=f"{self.journal_path}: cannot read the budget journal ({exc.strerror})")
         if j is not None and not j.records:
             j = None  # empty: a first append that never completed
+        witness, witness_err = self._read_witness()
         if j is not None:
-            return self._against_journal(ledger, ledger_err, j)
+            st = self._against_journal(ledger, ledger_err, j)
+            if st.problem is None or st.restorable == "rebuild":  # the journal is the record: check it is whole
+                st = self._against_witness(st, j, witness, witness_err)
+            return st
         recorded = (ledger or {}).get("journal")
-        marked = _has_marker(self.lock_path)
+        # what says the store had a ledger, when its journal is gone
+        tells = [f"{LOCK_FILE} shows the store had one"] if _has_marker(self.lock_path) else []
+        if witness is not None and witness["lines"] > 0:
+            tells.append(f"{WITNESS_FILE} records its line {witness['lines']}")
         gone = "empty" if not self.remote and os.path.lexists(self.journal_path) else "missing"
         restart = (f"restore it from a backup, or start a new journal from the ledger as it is with "
                    f"{self._restore_hint()} (recorded in its history)")
         if ledger_err is not None:
-            if marked:
-                return _State(problem=f"{ledger_err}; and {JOURNAL_FILE}, which {LOCK_FILE} shows the store had, is "
-                              f"missing: restore both from a backup")
+            if tells:
+                return _State(problem=f"{ledger_err}; and {JOURNAL_FILE} is missing ({tells[0]}): restore both "
+                              f"from a backup")
             return _State(problem=ledger_err)
         if ledger is None:
-            if marked:
+            if self._has_key():
+                tells.append(f"its release key {KEY_FILE_NAME} shows it released models")
+            if tells:
                 return _State(restorable="both-lost", problem=(
-                    f"{self.path}: missing, and so is {JOURNAL_FILE}, but {LOCK_FILE} shows the store had a budget "
-                    f"ledger; what it recorded cannot be recovered here (each released model's privacy.json still "
-                    f"states its spend): restore both from a backup, or start an empty ledger with "
-                    f"{self._restore_hint()} (recorded in its history)"))
+                    f"{self.path}: missing, and so is {JOURNAL_FILE}, but {' and '.join(tells)}: a store that "
+                    f"released must not release again without its history; what it recorded cannot be recovered "
+                    f"here (each released model's privacy.json still states its spend): restore both from a backup, "
+                    f"or start an empty ledger with {self._restore_hint()} (recorded in its history)"))
             return _State(mode="fresh", d=_new_ledger(empty_state()))
         if recorded is not None and recorded["lines"] > 0:
             return _State(d=ledger, restorable="journal-lost", problem=(
                 f"{self.journal_path}: {gone} (the ledger {BUDGET_FILE} was written at its line "
                 f"{recorded['lines']}); {restart}"))
-        if marked:
+        if tells:
             return _State(d=ledger, restorable="journal-lost", problem=(
-                f"{self.journal_path}: {gone} ({LOCK_FILE} shows the store had one); {restart}"))
+                f"{self.journal_path}: {gone} ({tells[0]}); {restart}"))
         return _State(mode="legacy", d=ledger)
+
+    def _read_witness(self) -> tuple[dict | None, str | None]:
+        """The journal's witness ``{"lines", "head"}`` (None if there is none), or why it is unusable."""
+        p = self.witness_path
+        try:
+            if self.remote:
+                raw = remote.read_bytes(p)
+            elif os.path.lexists(p):
+                with open(p, "rb") as fh:
+                    raw = fh.read(65536)
+            else:
+                raw = None
+        except OSError as exc:
+            return None, f"{p}: cannot read the budget journal's witness ({exc.strerror or exc})"
+        if raw is None:
+            return None, None
+        try:
+            w = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            w = None
+        if not (isinstance(w, dict) and w.get("format") == WITNESS_FORMAT and type(w.get("lines")) is int
+                and w["lines"] >= 0 and isinstance(w.get("head"), str) and len(w["head"]) == 64):
+            return None, (f"{p}: not a budget journal witness (edited or damaged): restore it from a backup, or "
+                          f"rewrite it from {JOURNAL_FILE} with {self._restore_hint()} (recorded in its history)")
+        return w, None
+
+    def _against_witness(self, st: _State, j: Journal, witness: dict | None, witness_err: str | None) -> _State:
+        """``st`` unless the witness shows the journal was cut (or replaced): see "The journal's witness"."""
+        if witness_err is not None:
+            return _State(journal=j, d=st.d, restorable="witness", problem=witness_err)
+        if witness is None or witness["lines"] == 0:
+            return st
+        n, w = len(j.records), witness["lines"]
+        if w > n:
+            return _State(journal=j, restorable="truncated", witness_lines=w, problem=(
+                f"{self.journal_path}: ends at line {n}, but {WITNESS_FILE} recorded its line {w}: lines were cut "
+                f"off its end; restore {BUDGET_FILE} and {JOURNAL_FILE} from a backup, or rebuild the ledger from "
+                f"the lines that remain with {self._restore_hint()} (what the missing lines recorded is then not "
+                f"counted; recorded in its history)"))
+        if j.records[w - 1]["hash"] != witness["head"]:
+            return _State(problem=(
+                f"{self.journal_path}: its line {w} is not the one {WITNESS_FILE} recorded (another hash): the "
+                f"journal was replaced or rewritten; it cannot be trusted: restore {BUDGET_FILE}, {JOURNAL_FILE} "
+                f"and {WITNESS_FILE} from a backup"))
+        return st
+
+    def _has_key(self) -> bool:
+        """Whether the store has a release key (made by its first release: it released)."""
+        try:
+            return remote.exists(key_path(self.store)) if self.remote else os.path.lexists(key_path(self.store))
+        except OSError:
+            return False
+
+    def _key_problem(self, d: dict) -> str | None:
+        """Why a release may not use the store's release key as it is (None: it may): see "Journal"."""
+        expected = _expected_key(d)
+        if expected is None:
+            return None
+        kid, n, last = expected
+        where = key_path(self.store)
+        try:
+            key = release_key(self.store, create=False)
+        except StoreError as exc:
+            return f"{exc}; the budget ledger records {n} release(s) fingerprinted with it (the last: entry {last})"
+        if key is not None and key_id(key) == kid:
+            return None
+        what = "missing" if key is None else f"not the key the store released with ({key_id(key)}, not {kid})"
+        return (f"{where}: {what}, but the budget ledger records {n} release(s) fingerprinted with it (the last: "
+                f"entry {last}); a new key would leave every model released before unmatched by `evaluate`: "
+                f"restore it from a backup, or accept a new key with {self._restore_hint()} (recorded in its "
+                f"history)")
 
     def _against_journal(self, ledger: dict | None, ledger_err: str | None, j: Journal) -> _State:
         fix = f"restore it from the journal with {self._restore_hint()}"
@@ -376,8 +492,14 @@ class StoreBudget:
         d["journal"] = recorded
         return _State(mode="journal", d=d, journal=j, pending=n - recorded["lines"])
 
-    def _checked(self) -> _State:
+    def _checked(self, *, key: bool = False) -> _State:
+        """The usable ledger, or :class:`StoreError`; ``key``: also check the store's release key (a release, or
+        showing the ledger; not the runs finishing their entries, which must not be stopped by a deleted key)."""
         st = self._inspect()
+        if st.problem is None and key:
+            problem = self._key_problem(st.d)
+            if problem is not None:
+                st = replace(st, problem=problem, restorable="key-lost")
         if st.problem is not None:
             raise StoreError(st.problem)
         return st
@@ -392,6 +514,7 @@ class StoreBudget:
                        *records]
         if self.remote:
             d = append_objects(self.store, BUDGET_FILE, st.journal, records, _new_ledger)
+            _write_witness(self.witness_path, d["journal"])
         else:
             d = _append(self.path, self.journal_path, self.lock_path, st.journal, records)
         st.d, st.mode = d, "journal"
@@ -471,7 +594,7 @@ class StoreBudget:
 
     def show(self) -> dict:
         """The budget, the total spend (accountant and basic composition) and every entry."""
-        d = self._load()
+        d = self._checked(key=True).d
         budget = d.get("budget")
         counted = [e for e in d["entries"] if e["status"] in COUNTED]
         spend = self._spend(counted, budget["delta"] if budget else None)
@@ -535,7 +658,7 @@ class StoreBudget:
                  "model": None if model is None else str(model), "over_budget": False, "reason": None,
                  "owner": current_owner(), "stage": "training", "neighbouring_relation": led.relation}
         with self._locked():
-            st = self._checked()
+            st = self._checked(key=True)
             d = st.d
             budget = d.get("budget")
             counted = [e for e in d["entries"] if e["status"] in COUNTED]
@@ -551,6 +674,9 @@ class StoreBudget:
                             f"past its budget epsilon={budget['epsilon']:.4g} ({after['accountant']}); "
                             f"pass --over-budget to release it anyway")
                     entry["over_budget"] = True
+            # the key its model's fingerprint will use (made now by the store's first release): recorded, so that
+            # a key deleted later is seen (see _key_problem) instead of silently made again
+            entry["release_key"] = key_id(release_key(self.store, create=True))
             self._commit(st, [{"at": _now(), "op": "reserve", "entry": entry}])
         return entry["id"]
 
@@ -660,6 +786,8 @@ class StoreBudget:
             st = self._inspect()
             aside = []
             if st.problem is None:
+                if st.mode != "fresh" and self._key_problem(st.d) is not None:
+                    return self._accept_key(st)
                 if st.mode == "fresh":
                     return {"restored": False, "what": "nothing to restore: the store has no budget ledger",
                             "set_aside": []}
@@ -673,13 +801,13 @@ class StoreBudget:
                             "change(s) journaled just before a crash are now in it", "set_aside": []}
                 return {"restored": False, "what": f"nothing to restore: {BUDGET_FILE} agrees with {JOURNAL_FILE}",
                         "set_aside": []}
-            if st.restorable == "rebuild":
-                if os.path.lexists(self.path):
+            if st.restorable in _FROM_JOURNAL:
+                if st.d is None and os.path.lexists(self.path):
                     aside.append(_set_aside(self.path))
-                _append(self.path, self.journal_path, self.lock_path, st.journal, [{"at": _now(), "op": "history",
-                        "record": {"event": "ledger rebuilt", "at": _now(), "n_entries": st.journal.n_entries}}])
-                what = (f"rebuilt {BUDGET_FILE} from {JOURNAL_FILE} ({len(st.journal.records)} lines, "
-                        f"{st.journal.n_entries} entries)")
+                if st.restorable == "witness" and os.path.lexists(self.witness_path):
+                    aside.append(_set_aside(self.witness_path))
+                records, what = self._journal_repair(st)
+                _append(self.path, self.journal_path, self.lock_path, st.journal, records)
             elif st.restorable == "journal-lost":
                 if os.path.lexists(self.journal_path):
                     aside.append(_set_aside(self.journal_path))
@@ -695,26 +823,64 @@ class StoreBudget:
                 raise StoreError(st.problem)
             return {"restored": True, "what": what, "set_aside": aside}
 
+    def _journal_repair(self, st: _State) -> tuple[list[dict], str]:
+        """The history record that rewrites the ledger (and the witness) from a journal that verifies, and what
+        it did (``st.restorable``: ``rebuild``, ``truncated`` or ``witness``)."""
+        j = st.journal
+        n, entries = len(j.records), j.n_entries
+        record = {"event": {"rebuild": "ledger rebuilt", "truncated": "journal truncated",
+                            "witness": "witness rewritten"}[st.restorable], "at": _now(), "n_entries": entries}
+        if st.restorable == "truncated":
+            record.update(lines=n, recorded_lines=st.witness_lines)
+            what = (f"rebuilt {BUDGET_FILE} from the {n} lines that remain of {JOURNAL_FILE} ({WITNESS_FILE} "
+                    f"recorded {st.witness_lines}; {entries} entries): what the missing lines recorded is not counted")
+        elif st.restorable == "witness":
+            what = f"rewrote {WITNESS_FILE} (and {BUDGET_FILE}) from {JOURNAL_FILE} ({n} lines, {entries} entries)"
+        else:
+            what = f"rebuilt {BUDGET_FILE} from {JOURNAL_FILE} ({n} lines, {entries} entries)"
+        return [{"at": _now(), "op": "history", "record": record}], what
+
+    def _accept_key(self, st: _State) -> dict:
+        """``--restore`` of a release key that is missing or another one (see :meth:`_key_problem`): recorded in
+        the history, after which the key in place (or, if none, a new one the next release makes) is the store's."""
+        kid, _, _ = _expected_key(st.d)
+        key = release_key(self.store, create=False)  # a damaged key file: StoreError (restore or remove it)
+        found = key_id(key) if key is not None else None
+        self._commit(st, [{"at": _now(), "op": "history", "record": {
+            "event": "release key lost", "at": _now(), "n_entries": len(st.d["entries"]), "key": kid,
+            "found": found}}])
+        what = (f"accepted the release key in place ({found}) instead of {kid}" if found else
+                f"recorded that the release key {kid} is lost; the next release makes a new one")
+        return {"restored": True, "what": what + ": models released before no longer match this store",
+                "set_aside": []}
 
     @_retried
     def _restore_remote(self) -> dict:
-        """:meth:`restore` on object storage: the journal objects are the record, so the one repair is to
-        rewrite ``privacy_budget.json`` from them; a journal that is lost or does not verify must come back from a
-        backup (a new journal cannot be started safely beside objects that may reappear)."""
+        """:meth:`restore` on object storage: the journal objects are the record, so the repairs are to rewrite
+        ``privacy_budget.json`` (and the witness) from them, or to accept a lost release key; a journal that is lost
+        or does not verify must come back from a backup (a new journal cannot be started safely beside objects that
+        may reappear)."""
         st = self._inspect()
+        if st.problem is None and st.mode != "fresh" and self._key_problem(st.d) is not None:
+            return self._accept_key(st)
         if st.problem is None and st.mode == "fresh":
             return {"restored": False, "what": "nothing to restore: the store has no budget ledger", "set_aside": []}
         if st.problem is None and st.mode == "journal" and not st.pending:
             return {"restored": False, "what": f"nothing to restore: {BUDGET_FILE} agrees with its journal",
                     "set_aside": []}
-        if st.journal is None or (st.problem is not None and st.restorable != "rebuild"):
+        if st.journal is None or (st.problem is not None and st.restorable not in _FROM_JOURNAL):
             raise StoreError(f"{st.problem or self.path + ': no journal to restore from'}; on object storage "
                              f"--restore only rewrites {BUDGET_FILE} from the journal objects "
                              f"({JOURNAL_OBJECTS}/): restore them from a backup")
-        self._commit(st, [{"at": _now(), "op": "history", "record": {
-            "event": "ledger rebuilt", "at": _now(), "n_entries": st.journal.n_entries}}])
-        return {"restored": True, "what": f"rebuilt {BUDGET_FILE} from its journal ({len(st.journal.records)} lines, "
-                f"{st.journal.n_entries} entries)", "set_aside": []}
+        if st.problem is None:
+            st.restorable = "rebuild"
+        records, what = self._journal_repair(st)
+        self._commit(st, records)
+        return {"restored": True, "what": what.replace(JOURNAL_FILE, "its journal"), "set_aside": []}
+
+
+#: What ``--restore`` repairs by rewriting the ledger from a journal that verifies.
+_FROM_JOURNAL = ("rebuild", "truncated", "witness")
 
 
 @dataclass
@@ -723,8 +889,9 @@ class _State:
 
     ``mode``: ``fresh`` (no ledger yet), ``legacy`` (a ledger written before journals: adopted at its next change),
     ``journal`` (verified against its journal, ``pending`` journal lines ahead of it). ``problem``: why it is
-    refused (one line); ``restorable``: what ``--restore`` does about it (``rebuild``, ``journal-lost``,
-    ``both-lost``), None if it cannot.
+    refused (one line); ``restorable``: what ``--restore`` does about it (``rebuild``, ``truncated``,
+    ``witness``, ``journal-lost``, ``both-lost``, ``key-lost``), None if it cannot. ``witness_lines``: the
+    journal's length its witness recorded, when the journal is shorter.
     """
 
     mode: str | None = None
@@ -732,6 +899,7 @@ class _State:
     journal: Journal | None = None
     pending: int = 0
     problem: str | None = None
+    witness_lines: int = 0
     restorable: str | None = None
 
 
@@ -745,6 +913,41 @@ def _adopt(d: dict, note: dict) -> dict:
     """The first journal record of a ledger taken as it is, with ``note`` appended to its history."""
     return {"at": _now(), "op": "adopt", "state": {"budget": d.get("budget"), "entries": d["entries"],
                                                    "history": [*d.get("history", []), note]}}
+
+
+def _expected_key(d: dict) -> tuple[str, int, str] | None:
+    """``(key id, n, last entry id)``: the release key the counted entries since the data was last replaced (or
+    the key or ledger was lost) were fingerprinted with, ``n`` of them; None if none records one."""
+    start = 0
+    for h in d.get("history", []):
+        if h.get("event") in _KEY_RESETS and type(h.get("n_entries")) is int:
+            start = h["n_entries"]
+    keyed = [e for e in d["entries"][start:] if e["status"] in COUNTED and isinstance(e.get("release_key"), str)]
+    return (keyed[-1]["release_key"], len(keyed), keyed[-1]["id"]) if keyed else None
+
+
+def _witness_bytes(head: dict) -> bytes:
+    return (json.dumps({"format": WITNESS_FORMAT, "lines": head["lines"], "head": head["head"]}) + "\n").encode()
+
+
+def _write_witness(path: Path | str, head: dict) -> None:
+    """Record the journal's ``head`` (``{"lines", "head"}``) in its witness; best effort: a witness that could not
+    be written lags behind the journal, which it may (see "The journal's witness")."""
+    tmp = None
+    try:
+        if remote.is_url(path):
+            remote.put(str(path), _witness_bytes(head))
+            return
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(_witness_bytes(head))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _has_marker(lock_path: Path | str) -> bool:
@@ -827,6 +1030,7 @@ def _append(ledger_path: Path, journal_path: Path, lock_path: Path, journal: Jou
         if isinstance(exc, OSError) and exc.filename is None:  # the ledger (its journal) was not updated: name it
             exc.filename = str(ledger_path)
         raise
+    _write_witness(journal_path.parent / WITNESS_FILE, d["journal"])
     if created:
         _mark(lock_path)
     return d
@@ -982,6 +1186,14 @@ def _history_line(h: dict) -> str:
         "journal restarted": lambda: (f"journal lost, restarted (--restore) from the ledger as it was, "
                                       f"{n} release(s)"),
         "ledger rebuilt": lambda: f"ledger rebuilt (--restore) from the journal, {n} release(s)",
+        "journal truncated": lambda: (f"journal found cut at line {h.get('lines')} of the {h.get('recorded_lines')} "
+                                      f"its witness recorded; ledger rebuilt (--restore) from what remains, {n} "
+                                      f"release(s): changes in the missing lines are not counted here (their models' "
+                                      f"privacy.json state what each spent)"),
+        "witness rewritten": lambda: f"journal witness rewritten (--restore) from the journal, {n} release(s)",
+        "release key lost": lambda: (f"release key {h.get('key')} lost"
+                                     + (f", {h.get('found')} accepted" if h.get("found") else "")
+                                     + " (--restore): models released before it no longer match this store"),
         "ledger lost": lambda: ("ledger and journal lost, restarted empty (--restore): releases before it are not "
                                 "counted here (their models' privacy.json state what each spent)"),
     }.get(h.get("event"), lambda: str(h.get("event")))()
