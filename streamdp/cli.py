@@ -825,9 +825,12 @@ def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
         return
     if settled is not None:
         for r in settled:
-            click.echo(f"settled {r['id']}: {r['before']} -> {r['after']}: {r['why']}")
-        if not settled:
-            click.echo("settled: no reservations to settle")
+            if r["changed"]:
+                click.echo(f"settled {r['id']}: {r['before']} -> {r['after']}: {r['why']}")
+            else:
+                click.echo(f"unchanged {r['id']}: {r['after']}: {r['why']}")
+        if not any(r["changed"] for r in settled):
+            click.echo("settled: nothing changed" + ("" if settled else " (no reservations to settle)"))
         for d in stale:
             click.echo(f"removed {d}: run directory of a process that is gone")
     click.echo(format_budget(s))

@@ -747,7 +747,9 @@ class StoreBudget:
 
         Returns one dict per entry looked at (every ``reserved`` one, and with
         ``refund_unreleased`` every ``stale`` one): ``id``, ``before``, ``after``
-        (the status now) and ``why``.
+        (the status now), ``changed`` (``before != after``) and ``why``. Idempotent: an
+        entry whose status stays is not written again (a ``stale`` entry that stays
+        stale is reported as ``changed: false``, not settled a second time).
         """
         report = []
         with self._locked():
@@ -757,7 +759,8 @@ class StoreBudget:
                 if e["status"] != "reserved" and not (refund_unreleased and e["status"] == "stale"):
                     continue
                 after, why = _settled(e, refund_unreleased)
-                report.append({"id": e["id"], "before": e["status"], "after": after, "why": why})
+                report.append({"id": e["id"], "before": e["status"], "after": after,
+                               "changed": after != e["status"], "why": why})
                 if after != e["status"]:
                     records.append({"at": _now(), "op": "update", "id": e["id"], "by": "settle",
                                     "set": {"status": after, "finished": _now(), "reason": "settled: " + why}})
