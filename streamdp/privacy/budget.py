@@ -131,10 +131,13 @@ a history record (:meth:`StoreBudget.data_replaced`) instead of :func:`carried_o
 
 How spends add up
 -----------------
-The recorded events of all counted entries (``reserved`` and ``complete``) are
-composed with the accountant (:func:`streamdp.privacy.accountant.epsilon_of`,
-PLD with RDP beside it) at the budget's delta; that epsilon is compared with the
-budget. Basic composition (the sums of the entries' epsilons and deltas) is
+The recorded events of all counted entries (``reserved``, ``complete`` and ``stale``) are
+composed with the accountant (dp-accounting's PLD, with RDP beside it) at the budget's
+delta; that epsilon is compared with the budget. The composition continues from the one
+made for the previous reservation (kept in ``STORE/privacy_budget.spend``, keyed by a
+hash of the releases it composes), so a release costs the same in a store with a long
+history as in a fresh one; it is the same float as composing from scratch, on a PLD
+grid that changes only when the spend doubles (:mod:`streamdp.privacy.spend`). Basic composition (the sums of the entries' epsilons and deltas) is
 reported beside it. If some entry has no accountable events (e.g. an approximate
 guarantee stated as a bare (epsilon, delta)), the accountant cannot compose it and
 basic composition is used for the decision, and the output says so.
@@ -160,8 +163,7 @@ from streamdp.errors import BudgetExceededError, ParameterError, StoreError
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import deferred_interrupts
 from streamdp.owner import current_owner, describe_owner, owner_status
-from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, epsilon_of
-from streamdp.privacy.events import compose, event_from_dict
+from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params
 from streamdp.privacy.journal import (
     GENESIS,
     JOURNAL_FILE,
@@ -178,6 +180,7 @@ from streamdp.privacy.journal import (
     state_text,
 )
 from streamdp.privacy.object_journal import JOURNAL_OBJECTS, Conflict, append_objects, read_object_journal
+from streamdp.privacy.spend import SPEND_FILE, SpendComposer
 from streamdp.storage import remote
 from streamdp.storage.fingerprint import KEY_FILE as KEY_FILE_NAME, key_id, key_path, release_key
 from streamdp.storage.schema import is_store_dir
@@ -522,12 +525,17 @@ class StoreBudget:
 
     # -- accounting --------------------------------------------------------------------
 
+    def _composer(self) -> SpendComposer:
+        """Composes the ledger's releases from where the last composition stopped (:mod:`streamdp.privacy.spend`)."""
+        return SpendComposer(remote.join(self.store, SPEND_FILE) if self.remote else self.store / SPEND_FILE)
+
     @staticmethod
-    def _spend(entries: list, delta: float | None) -> dict:
+    def _spend(entries: list, delta: float | None, composer: SpendComposer | None = None) -> dict:
         """Total spend of ``entries``: accountant composition at ``delta`` and basic composition.
 
         Releases that use no protected data (``GUARANTEE_PUBLIC_ONLY``: public users only) spend nothing and are
-        counted as releases only.
+        counted as releases only. ``composer``: continues from compositions kept beside the ledger (the same
+        floats as composing from scratch, :mod:`streamdp.privacy.spend`).
         """
         n_releases = len(entries)
         entries = [e for e in entries if e.get("guarantee") != GUARANTEE_PUBLIC_ONLY]
@@ -546,9 +554,8 @@ class StoreBudget:
             delta = max(delta_basic, 1e-12) if delta_basic > 0 else 1e-9
             out["delta"] = delta
         if all(e.get("events") for e in entries):
-            event = compose([event_from_dict(ev) for e in entries for ev in e["events"]])
-            r = epsilon_of(event, delta)
-            out.update(epsilon=r.epsilon, epsilon_rdp=r.epsilon_rdp)
+            eps, eps_rdp = (composer or SpendComposer(None)).spend([e["events"] for e in entries], delta)
+            out.update(epsilon=eps, epsilon_rdp=eps_rdp)
         else:
             out.update(epsilon=eps_basic, delta=delta_basic, accountant="basic composition (some releases have "
                        "no accountable events)")
@@ -597,7 +604,9 @@ class StoreBudget:
         d = self._checked(key=True).d
         budget = d.get("budget")
         counted = [e for e in d["entries"] if e["status"] in COUNTED]
-        spend = self._spend(counted, budget["delta"] if budget else None)
+        composer = self._composer()
+        spend = self._spend(counted, budget["delta"] if budget else None, composer)
+        composer.save()
         remaining = None
         if budget is not None:
             remaining = max(budget["epsilon"] - spend["epsilon"], 0.0) if math.isfinite(spend["epsilon"]) else 0.0
@@ -624,8 +633,11 @@ class StoreBudget:
             new.append({"method": led.method, "guarantee": led.guarantee, "epsilon": led.epsilon,
                         "delta": led.delta, "events": led.events})
         delta = budget["delta"] if budget else max([e["delta"] for e in new] or [1e-9])
-        after = self._spend(counted + new, delta)
-        return {"budget": budget, "before": self._spend(counted, delta), "after": after,
+        composer = self._composer()
+        before = self._spend(counted, delta, composer)
+        after = self._spend(counted + new, delta, composer)
+        composer.save()
+        return {"budget": budget, "before": before, "after": after,
                 "sweep": self._spend(new, delta), "within_budget": self._within(after, budget)}
 
     @_retried
@@ -663,8 +675,10 @@ class StoreBudget:
             budget = d.get("budget")
             counted = [e for e in d["entries"] if e["status"] in COUNTED]
             if budget is not None:
-                before = self._spend(counted, budget["delta"])
-                after = self._spend(counted + [entry], budget["delta"])
+                composer = self._composer()
+                before = self._spend(counted, budget["delta"], composer)
+                after = self._spend(counted + [entry], budget["delta"], composer)
+                composer.save()  # the next reservation continues from one of these two
                 if not self._within(after, budget):
                     if not over_budget:
                         raise BudgetExceededError(
@@ -998,7 +1012,7 @@ def _append(ledger_path: Path, journal_path: Path, lock_path: Path, journal: Jou
                        len(journal.records) + 1 if journal is not None else 1)
     for r in lines:
         apply_record(state, decoded(encode_json(r)))  # exactly what a replay of the written line gives
-    d = _new_ledger(state)
+    d = _new_ledger(state, copied=False)  # the state is this function's own copy
     n = (len(journal.records) if journal is not None else 0) + len(lines)
     d["journal"] = {"file": JOURNAL_FILE, "lines": n, "head": lines[-1]["hash"] if lines else journal.head}
     created = journal is None or not os.path.exists(journal_path)
@@ -1027,7 +1041,7 @@ def _append(ledger_path: Path, journal_path: Path, lock_path: Path, journal: Jou
             os.fsync(fh.fileno())
         if created:
             _fsync_dir(journal_path.parent)
-        atomic_write_json(ledger_path, d)
+        atomic_write_json(ledger_path, d, dumps=_ledger_text)
     except BaseException as exc:
         cut_back()
         if isinstance(exc, OSError) and exc.filename is None:  # the ledger (its journal) was not updated: name it
@@ -1037,6 +1051,25 @@ def _append(ledger_path: Path, journal_path: Path, lock_path: Path, journal: Jou
     if created:
         _mark(lock_path)
     return d
+
+
+def _ledger_text(d: dict) -> str:
+    """The ledger's JSON text: one entry (and history record) a line, each encoded by the C encoder (``indent``
+    makes json use its pure-Python encoder: a third of a change's time on a ledger of 400 releases)."""
+    def one(v) -> str:
+        try:
+            return json.dumps(v, allow_nan=False)
+        except ValueError:  # a non-finite float (a non-private release's epsilon): as a string
+            return json.dumps(encode_json(v), allow_nan=False)
+
+    parts = []
+    for k, v in d.items():
+        if isinstance(v, list) and v:
+            v = "[\n" + ",\n".join("    " + one(x) for x in v) + "\n  ]"
+        else:
+            v = one(v)
+        parts.append(f"  {json.dumps(k)}: {v}")
+    return "{\n" + ",\n".join(parts) + "\n}"
 
 
 def _set_aside(path: Path) -> str:
@@ -1053,10 +1086,10 @@ def _set_aside(path: Path) -> str:
 
 def _difference(ledger: dict, journal_state: str) -> str | None:
     """The first difference between the ledger's state and the journal's (canonical text) at its head, or None."""
-    mine = json.loads(state_text(ledger))
-    theirs = json.loads(journal_state)
-    if mine == theirs:
+    text = state_text(ledger)
+    if text == journal_state:  # canonical texts: equal exactly when the states are
         return None
+    mine, theirs = json.loads(text), json.loads(journal_state)
     if mine["budget"] != theirs["budget"]:
         return f"the budget is {_short(mine['budget'])} in the ledger, {_short(theirs['budget'])} in the journal"
     a = {e["id"]: e for e in mine["entries"]}

@@ -99,6 +99,10 @@ def release_key(store_path, *, create: bool) -> bytes | None:
             os.link(tmp, path)  # atomic and exclusive: a concurrent run's key wins if it came first
         except FileExistsError:
             pass
+    except OSError as exc:
+        if exc.filename is None or str(exc.filename) == str(tmp):  # a full disk: name the key, not its temporary
+            exc.filename = str(path)
+        raise
     finally:
         try:
             os.unlink(tmp)

@@ -349,7 +349,7 @@ def test_a_failed_ledger_write_takes_the_journal_line_back(spent, monkeypatch):
     store, before = spent
     journal = (store / JOURNAL_FILE).read_bytes()
 
-    def full(path, obj):
+    def full(path, obj, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(budget_mod, "atomic_write_json", full)
