@@ -172,6 +172,7 @@ from streamdp.privacy.journal import (
     LedgerInvalid,
     apply_record,
     canonical,
+    copy_state,
     decoded,
     check_state,
     empty_state,
@@ -573,6 +574,12 @@ class StoreBudget:
     def check(self) -> None:
         """Raise :class:`StoreError` (one line, how to recover) if the ledger cannot be used."""
         self._checked()
+
+    def key_problem(self) -> str | None:
+        """Why the store's release key is not the one its releases were fingerprinted with (missing, or another),
+        in one line; None if it is, or if the ledger cannot tell (none, or unusable: :meth:`check` says why)."""
+        st = self._inspect()
+        return None if st.problem is not None or st.mode == "fresh" else self._key_problem(st.d)
 
     @_retried
     def data_replaced(self, *, by: str, old_checksum: str | None, new_checksum: str | None) -> None:
@@ -1007,7 +1014,7 @@ def _append(ledger_path: Path, journal_path: Path, lock_path: Path, journal: Jou
     """Append ``records`` to the journal (``journal``: as read; None: start one) and fsync it, then replace the
     ledger with the state they lead to (its ``journal`` head on the last line). Either both happen or, on an
     error, the journal is cut back to what it was and the ledger is left as it was. Returns the ledger."""
-    state = copy.deepcopy(journal.state) if journal is not None else empty_state()
+    state = copy_state(journal.state) if journal is not None else empty_state()
     lines = make_lines(records, journal.head if journal is not None else GENESIS,
                        len(journal.records) + 1 if journal is not None else 1)
     for r in lines:

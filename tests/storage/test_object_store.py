@@ -191,8 +191,8 @@ def test_two_reservations_racing_on_s3_one_is_refused(url):
     real = B.StoreBudget._checked
     first_read = threading.local()
 
-    def checked(self):
-        st = real(self)
+    def checked(self, **kw):
+        st = real(self, **kw)
         if not getattr(first_read, "done", False):
             first_read.done = True
             barrier.wait(timeout=30)  # both have read the same journal head
