@@ -331,16 +331,30 @@ def read_journal(path: str | os.PathLike, *, at: int | None = None) -> Journal |
     return parse_journal(raw, path, at=at)
 
 
+#: The journal bytes this process verified last, per journal: ``(bytes, lines, records, state as JSON, at_text)``.
+#: A later read whose bytes begin with them (an append since) verifies only what follows: the same lines parse to
+#: the same records and state, so the result is the one a full read gives; any other change reads it all again.
+_VERIFIED: dict[str, tuple[bytes, list, list, str, str]] = {}
+
+
 def parse_journal(raw: bytes, path, *, at: int | None = None) -> Journal:
     """:func:`read_journal` of the journal's bytes ``raw`` (``path`` names it)."""
     j = Journal(path=path, file_size=len(raw))
-    pieces = raw.split(b"\n")
+    prev, state, offset, first = GENESIS, empty_state(), 0, 1
+    seen = _VERIFIED.get(str(path))
+    if seen is not None and raw.startswith(seen[0]) and (at is None or at >= len(seen[1])):
+        offset, j.lines, j.records = len(seen[0]), list(seen[1]), list(seen[2])
+        state = json.loads(seen[3])
+        state["_ids"] = {e["id"]: e for e in state["entries"]}
+        prev, first = (j.records[-1]["hash"] if j.records else GENESIS), len(j.records) + 1
+        if at == len(j.records):
+            j.at_text = seen[4]
+    pieces = raw[offset:].split(b"\n")
     complete, tail = pieces[:-1], pieces[-1]
-    prev, state, offset = GENESIS, empty_state(), 0
     if at == 0:
         j.at_text = state_text(state)
-    for i, piece in enumerate(complete + ([tail] if tail else []), 1):
-        torn = i > len(complete)
+    for i, piece in enumerate(complete + ([tail] if tail else []), first):
+        torn = i - first >= len(complete)
         try:
             rec = _verify(piece, i, prev)
             # the state takes its own copy: a second parse, or decoded() where a float is written as a string
@@ -358,6 +372,9 @@ def parse_journal(raw: bytes, path, *, at: int | None = None) -> Journal:
         if i == at:
             j.at_text = state_text(state)
     j.state, j.size = state, offset
+    if j.newline:
+        _VERIFIED[str(path)] = (raw[:offset], list(j.lines), list(j.records),
+                                json.dumps({k: v for k, v in state.items() if k != "_ids"}), state_text(state))
     return j
 
 

@@ -545,3 +545,31 @@ def test_a_deleted_release_key_is_seen(tmp_path):
     assert cli("train", store, "--method", "means", "--epsilon", "1", "--out", tmp_path / "m2")[0] == 0
     assert (tmp_path / "s.zarr" / KEY_FILE).read_bytes() != key
     assert [h["event"] for h in StoreBudget(store).show()["history"]] == ["release key lost"]
+
+
+def test_a_journal_read_again_verifies_what_was_appended_and_sees_any_other_change(spent, monkeypatch):
+    """Issue 28, finding 8: each change read and verified the whole journal again (three times per `train`). A
+    read that finds the bytes this process verified, with lines appended, verifies only the new lines and gives what
+    a full read gives; an edit anywhere else is read in full, and refused."""
+    import streamdp.privacy.journal as journal_mod
+
+    store, _ = spent
+    path = store / JOURNAL_FILE
+    read_journal(path)
+    b = StoreBudget(store)
+    b.complete(b.reserve(_ledger(0.3, "third")))  # two lines appended (its own reads resume too)
+    calls = []
+    real = journal_mod._verify
+    monkeypatch.setattr(journal_mod, "_verify", lambda *a: calls.append(a[1]) or real(*a))
+    j = read_journal(path, at=7)
+    assert calls == [7]  # only the line the last change appended after it read the journal
+    monkeypatch.setattr(journal_mod, "_VERIFIED", {})
+    full = read_journal(path, at=7)
+    assert calls[1:] == [1, 2, 3, 4, 5, 6, 7]  # a full read
+    assert (j.lines, j.records, state_text(j.state), j.at_text, j.size) == \
+        (full.lines, full.records, state_text(full.state), full.at_text, full.size)
+    lines = _journal_lines(store)
+    lines[2] = lines[2].replace('"complete"', '"failed"')
+    path.write_text("\n".join(lines) + "\n")
+    code, _, err = cli("budget", store)
+    assert_refused(code, err, "line 3: its hash does not chain")
