@@ -870,7 +870,8 @@ def privacy_calibrate(epsilon, delta, count, as_json):
               "proven to have released nothing (their run died before it began writing the model).")
 @click.option("--restore", is_flag=True, help="Rebuild a missing, damaged or edited STORE/privacy_budget.json from "
               "its journal (privacy_budget.journal, whose hash chain must verify); a lost journal restarts from the "
-              "ledger as it is, recorded in its history.")
+              "ledger as it is, a journal cut short of STORE/release_witness from the lines that remain, a lost "
+              "release key is accepted as lost: each recorded in its history.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
     """Show (or --set, --settle, --restore) the privacy budget of STORE and everything released from it."""
@@ -902,9 +903,12 @@ def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
         return
     if settled is not None:
         for r in settled:
-            click.echo(f"settled {r['id']}: {r['before']} -> {r['after']}: {r['why']}")
-        if not settled:
-            click.echo("settled: no reservations to settle")
+            if r["changed"]:
+                click.echo(f"settled {r['id']}: {r['before']} -> {r['after']}: {r['why']}")
+            else:
+                click.echo(f"unchanged {r['id']}: {r['after']}: {r['why']}")
+        if not any(r["changed"] for r in settled):
+            click.echo("settled: nothing changed" + ("" if settled else " (no reservations to settle)"))
         for d in stale:
             click.echo(f"removed {d}: run directory of a process that is gone")
     click.echo(format_budget(s))

@@ -23,6 +23,7 @@ import numpy as np
 from streamdp.errors import StoreError
 from streamdp.local import check_finite, model_ridge, predict_block, solve_block
 from streamdp.model import Model, load_model
+from streamdp.privacy.budget import StoreBudget
 from streamdp.ranking import check_k, format_ranking, ranking_verdict, setup
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
@@ -90,7 +91,11 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     ck = m.info.get("store_fingerprint")
     match = None
     if ck:
-        match = store_fingerprint(st, create=False) == ck  # a store without a key released no model
+        fp = store_fingerprint(st, create=False)  # a store without a key released no model...
+        match = fp == ck
+        lost = StoreBudget(st.path).key_problem() if fp is None and not allow_other_store else None
+        if lost is not None:  # ...unless its ledger records releases: its key was deleted, say so
+            raise StoreError(f"{lost}; pass --allow-other-store to evaluate the model anyway")
     elif m.info.get("store_checksum"):  # a model of an older streamdp (which released the plain checksum)
         match = m.info["store_checksum"] == st.checksum
     if match is False and not allow_other_store:

@@ -43,13 +43,18 @@ def as_printed(obj):
     return json.loads(json.dumps(obj, default=json_default))
 
 
-def atomic_write_json(path: str | os.PathLike, obj) -> None:
-    """Write ``obj`` as JSON to ``path`` via a temporary file in the same directory and ``os.replace``."""
+def atomic_write_json(path: str | os.PathLike, obj, *, dumps=None) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temporary file in the same directory and ``os.replace``.
+
+    ``dumps``: makes the text of ``obj`` (default: strict JSON indented by 2)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(encode_json(obj), fh, indent=2, allow_nan=False)
+            if dumps is None:
+                json.dump(encode_json(obj), fh, indent=2, allow_nan=False)
+            else:
+                fh.write(dumps(obj))
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())

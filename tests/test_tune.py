@@ -74,7 +74,9 @@ def test_ledger_is_what_the_budget_charged_and_within_epsilon(biased):
     z_env = led.events[-1]["noise_multiplier"]
     released = [gaussian_event(e["noise_multiplier"], e["count"]) for e in led.bounds["releases"][final[0]:]]
     assert gaussian_equivalent(compose(released)) >= z_env
-    assert shown["spent"]["epsilon"] == pytest.approx(total, rel=1e-9)
+    # the store composes its releases on its own PLD grid (never coarser: streamdp/privacy/spend.py, ledger_grid),
+    # so its figure may be a hair tighter than the model's own
+    assert shown["spent"]["epsilon"] == pytest.approx(total, rel=1e-6)
     assert any("envelope" in n for n in led.notes)
 
 

@@ -78,15 +78,42 @@ that it is the journal's replay at its head; statuses only move forward
 * the journal's chain does not verify (an edited or truncated line): restore both
   from a backup; ``--restore`` cannot help.
 
+* the journal verifies but is shorter than its witness (below) says: lines were cut
+  off its end; restore both from a backup, or ``--restore`` rebuilds the ledger from
+  the lines that remain, recorded in its history as a truncated journal;
+* the store's release key (``STORE/release_key``, :mod:`streamdp.storage.fingerprint`)
+  is missing or another key, while the ledger records releases fingerprinted with it:
+  ``train`` refuses to make a new key silently (every model released before would no
+  longer match the store); restore it from a backup, or ``--restore`` records the loss
+  in the history and the next release makes a new key.
+
 What ``--restore`` restarted is recorded in the history, which ``streamdp budget``
 prints. A journal ahead of its ledger (a crash between the two writes) is rolled
 forward, and a torn last line (a crash inside the append) was never recorded and is
 cut off. A ledger written before journals existed (no journal, nothing in the lock
 file) is adopted as it is: its first change starts the journal with it ("journal
 started" in the history). If the ledger, the journal and the lock file are all
-deleted the store looks like one that never had a budget: nothing local can tell,
-and the chain is a check, not a signature (whoever can write the store can rewrite
-it with this code); the released models' ``privacy.json`` remain the record.
+deleted, the store's release key and the witness below still say that it released:
+it refuses to release again until its history is restored from a backup (or
+``--restore`` starts an empty ledger, recorded in its history). Only a store whose
+key and witness are deleted as well looks like one that never had a budget: the
+chain is a check, not a signature (whoever can write the store can rewrite it with
+this code); the released models' ``privacy.json`` remain the record.
+
+The journal's witness
+---------------------
+The journal's length and the hash of its last line are recorded a second time, in
+``STORE/release_witness`` (``{"format": "streamdp-release-witness", "lines", "head"}``),
+rewritten after every change (best effort, after the ledger: it may lag behind the
+journal, never run ahead of it). A journal shorter than its witness was cut; one
+whose line ``lines`` has another hash was replaced. Where it lives, and why there: beside
+``release_key``, under a name a careless ``rm STORE/privacy_budget.*`` does not reach,
+and not in the store's own metadata (``zarr.json``): that file is part of what
+``train`` checks to be unchanged while it reads the store (a concurrent run rewriting it
+would fail every other run) and its attributes are covered by the store's checksum.
+On object storage it is an object at the same name, written after each change's
+journal object (two racing runs may leave the older length: a lag, never a false
+alarm).
 
 Object storage
 --------------
@@ -104,10 +131,13 @@ a history record (:meth:`StoreBudget.data_replaced`) instead of :func:`carried_o
 
 How spends add up
 -----------------
-The recorded events of all counted entries (``reserved`` and ``complete``) are
-composed with the accountant (:func:`streamdp.privacy.accountant.epsilon_of`,
-PLD with RDP beside it) at the budget's delta; that epsilon is compared with the
-budget. Basic composition (the sums of the entries' epsilons and deltas) is
+The recorded events of all counted entries (``reserved``, ``complete`` and ``stale``) are
+composed with the accountant (dp-accounting's PLD, with RDP beside it) at the budget's
+delta; that epsilon is compared with the budget. The composition continues from the one
+made for the previous reservation (kept in ``STORE/privacy_budget.spend``, keyed by a
+hash of the releases it composes), so a release costs the same in a store with a long
+history as in a fresh one; it is the same float as composing from scratch, on a PLD
+grid that changes only when the spend doubles (:mod:`streamdp.privacy.spend`). Basic composition (the sums of the entries' epsilons and deltas) is
 reported beside it. If some entry has no accountable events (e.g. an approximate
 guarantee stated as a bare (epsilon, delta)), the accountant cannot compose it and
 basic composition is used for the decision, and the output says so.
@@ -133,8 +163,7 @@ from streamdp.errors import BudgetExceededError, ParameterError, StoreError
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import deferred_interrupts
 from streamdp.owner import current_owner, describe_owner, owner_status
-from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, epsilon_of, parse_epsilon
-from streamdp.privacy.events import compose, event_from_dict
+from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, parse_epsilon
 from streamdp.privacy.journal import (
     GENESIS,
     JOURNAL_FILE,
@@ -143,6 +172,7 @@ from streamdp.privacy.journal import (
     LedgerInvalid,
     apply_record,
     canonical,
+    copy_state,
     decoded,
     check_state,
     empty_state,
@@ -151,7 +181,9 @@ from streamdp.privacy.journal import (
     state_text,
 )
 from streamdp.privacy.object_journal import JOURNAL_OBJECTS, Conflict, append_objects, read_object_journal
+from streamdp.privacy.spend import SPEND_FILE, SpendComposer
 from streamdp.storage import remote
+from streamdp.storage.fingerprint import KEY_FILE as KEY_FILE_NAME, key_id, key_path, release_key
 from streamdp.storage.schema import is_store_dir
 from streamdp.privacy.ledger import (
     GUARANTEE_NONE,
@@ -161,10 +193,16 @@ from streamdp.privacy.ledger import (
     encode_json,
 )
 
-__all__ = ["StoreBudget", "BUDGET_FILE", "JOURNAL_FILE", "LOCK_FILE", "carried_over", "format_budget"]
+__all__ = ["StoreBudget", "BUDGET_FILE", "JOURNAL_FILE", "LOCK_FILE", "WITNESS_FILE", "carried_over",
+           "format_budget"]
 
 BUDGET_FILE = "privacy_budget.json"
 LOCK_FILE = "privacy_budget.lock"
+#: The journal's length and head, recorded a second time (see "The journal's witness").
+WITNESS_FILE = "release_witness"
+WITNESS_FORMAT = "streamdp-release-witness"
+#: History records after which the entries before them no longer say which release key the store has.
+_KEY_RESETS = ("data replaced", "release key lost", "ledger lost")
 BUDGET_FORMAT = "streamdp-privacy-budget"
 #: Written into the lock file when the store's journal is started: a third witness that the store had a ledger.
 MARKER = "streamdp privacy budget journal started"
@@ -227,6 +265,7 @@ class StoreBudget:
             self.path = remote.join(self.store, BUDGET_FILE)
             self.journal_path = remote.join(self.store, JOURNAL_OBJECTS)
             self.lock_path = remote.join(self.store, LOCK_FILE)
+            self.witness_path = remote.join(self.store, WITNESS_FILE)
             return
         self.store = Path(store_path)
         if not self.store.is_dir() or not (self.store / "zarr.json").exists():
@@ -236,6 +275,7 @@ class StoreBudget:
         self.path = self.store / BUDGET_FILE
         self.journal_path = self.store / JOURNAL_FILE
         self.lock_path = self.store / LOCK_FILE
+        self.witness_path = self.store / WITNESS_FILE
 
     # -- storage ---------------------------------------------------------------------
 
@@ -314,34 +354,114 @@ class StoreBudget:
             return _State(problem=f"{self.journal_path}: cannot read the budget journal ({exc.strerror})")
         if j is not None and not j.records:
             j = None  # empty: a first append that never completed
+        witness, witness_err = self._read_witness()
         if j is not None:
-            return self._against_journal(ledger, ledger_err, j)
+            st = self._against_journal(ledger, ledger_err, j)
+            if st.problem is None or st.restorable == "rebuild":  # the journal is the record: check it is whole
+                st = self._against_witness(st, j, witness, witness_err)
+            return st
         recorded = (ledger or {}).get("journal")
-        marked = _has_marker(self.lock_path)
+        # what says the store had a ledger, when its journal is gone
+        tells = [f"{LOCK_FILE} shows the store had one"] if _has_marker(self.lock_path) else []
+        if witness is not None and witness["lines"] > 0:
+            tells.append(f"{WITNESS_FILE} records its line {witness['lines']}")
         gone = "empty" if not self.remote and os.path.lexists(self.journal_path) else "missing"
         restart = (f"restore it from a backup, or start a new journal from the ledger as it is with "
                    f"{self._restore_hint()} (recorded in its history)")
         if ledger_err is not None:
-            if marked:
-                return _State(problem=f"{ledger_err}; and {JOURNAL_FILE}, which {LOCK_FILE} shows the store had, is "
-                              f"missing: restore both from a backup")
+            if tells:
+                return _State(problem=f"{ledger_err}; and {JOURNAL_FILE} is missing ({tells[0]}): restore both "
+                              f"from a backup")
             return _State(problem=ledger_err)
         if ledger is None:
-            if marked:
+            if self._has_key():
+                tells.append(f"its release key {KEY_FILE_NAME} shows it released models")
+            if tells:
                 return _State(restorable="both-lost", problem=(
-                    f"{self.path}: missing, and so is {JOURNAL_FILE}, but {LOCK_FILE} shows the store had a budget "
-                    f"ledger; what it recorded cannot be recovered here (each released model's privacy.json still "
-                    f"states its spend): restore both from a backup, or start an empty ledger with "
-                    f"{self._restore_hint()} (recorded in its history)"))
+                    f"{self.path}: missing, and so is {JOURNAL_FILE}, but {' and '.join(tells)}: a store that "
+                    f"released must not release again without its history; what it recorded cannot be recovered "
+                    f"here (each released model's privacy.json still states its spend): restore both from a backup, "
+                    f"or start an empty ledger with {self._restore_hint()} (recorded in its history)"))
             return _State(mode="fresh", d=_new_ledger(empty_state()))
         if recorded is not None and recorded["lines"] > 0:
             return _State(d=ledger, restorable="journal-lost", problem=(
                 f"{self.journal_path}: {gone} (the ledger {BUDGET_FILE} was written at its line "
                 f"{recorded['lines']}); {restart}"))
-        if marked:
+        if tells:
             return _State(d=ledger, restorable="journal-lost", problem=(
-                f"{self.journal_path}: {gone} ({LOCK_FILE} shows the store had one); {restart}"))
+                f"{self.journal_path}: {gone} ({tells[0]}); {restart}"))
         return _State(mode="legacy", d=ledger)
+
+    def _read_witness(self) -> tuple[dict | None, str | None]:
+        """The journal's witness ``{"lines", "head"}`` (None if there is none), or why it is unusable."""
+        p = self.witness_path
+        try:
+            if self.remote:
+                raw = remote.read_bytes(p)
+            elif os.path.lexists(p):
+                with open(p, "rb") as fh:
+                    raw = fh.read(65536)
+            else:
+                raw = None
+        except OSError as exc:
+            return None, f"{p}: cannot read the budget journal's witness ({exc.strerror or exc})"
+        if raw is None:
+            return None, None
+        try:
+            w = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            w = None
+        if not (isinstance(w, dict) and w.get("format") == WITNESS_FORMAT and type(w.get("lines")) is int
+                and w["lines"] >= 0 and isinstance(w.get("head"), str) and len(w["head"]) == 64):
+            return None, (f"{p}: not a budget journal witness (edited or damaged): restore it from a backup, or "
+                          f"rewrite it from {JOURNAL_FILE} with {self._restore_hint()} (recorded in its history)")
+        return w, None
+
+    def _against_witness(self, st: _State, j: Journal, witness: dict | None, witness_err: str | None) -> _State:
+        """``st`` unless the witness shows the journal was cut (or replaced): see "The journal's witness"."""
+        if witness_err is not None:
+            return _State(journal=j, d=st.d, restorable="witness", problem=witness_err)
+        if witness is None or witness["lines"] == 0:
+            return st
+        n, w = len(j.records), witness["lines"]
+        if w > n:
+            return _State(journal=j, restorable="truncated", witness_lines=w, problem=(
+                f"{self.journal_path}: ends at line {n}, but {WITNESS_FILE} recorded its line {w}: lines were cut "
+                f"off its end; restore {BUDGET_FILE} and {JOURNAL_FILE} from a backup, or rebuild the ledger from "
+                f"the lines that remain with {self._restore_hint()} (what the missing lines recorded is then not "
+                f"counted; recorded in its history)"))
+        if j.records[w - 1]["hash"] != witness["head"]:
+            return _State(problem=(
+                f"{self.journal_path}: its line {w} is not the one {WITNESS_FILE} recorded (another hash): the "
+                f"journal was replaced or rewritten; it cannot be trusted: restore {BUDGET_FILE}, {JOURNAL_FILE} "
+                f"and {WITNESS_FILE} from a backup"))
+        return st
+
+    def _has_key(self) -> bool:
+        """Whether the store has a release key (made by its first release: it released)."""
+        try:
+            return remote.exists(key_path(self.store)) if self.remote else os.path.lexists(key_path(self.store))
+        except OSError:
+            return False
+
+    def _key_problem(self, d: dict) -> str | None:
+        """Why a release may not use the store's release key as it is (None: it may): see "Journal"."""
+        expected = _expected_key(d)
+        if expected is None:
+            return None
+        kid, n, last = expected
+        where = key_path(self.store)
+        try:
+            key = release_key(self.store, create=False)
+        except StoreError as exc:
+            return f"{exc}; the budget ledger records {n} release(s) fingerprinted with it (the last: entry {last})"
+        if key is not None and key_id(key) == kid:
+            return None
+        what = "missing" if key is None else f"not the key the store released with ({key_id(key)}, not {kid})"
+        return (f"{where}: {what}, but the budget ledger records {n} release(s) fingerprinted with it (the last: "
+                f"entry {last}); a new key would leave every model released before unmatched by `evaluate`: "
+                f"restore it from a backup, or accept a new key with {self._restore_hint()} (recorded in its "
+                f"history)")
 
     def _against_journal(self, ledger: dict | None, ledger_err: str | None, j: Journal) -> _State:
         fix = f"restore it from the journal with {self._restore_hint()}"
@@ -376,8 +496,14 @@ class StoreBudget:
         d["journal"] = recorded
         return _State(mode="journal", d=d, journal=j, pending=n - recorded["lines"])
 
-    def _checked(self) -> _State:
+    def _checked(self, *, key: bool = False) -> _State:
+        """The usable ledger, or :class:`StoreError`; ``key``: also check the store's release key (a release, or
+        showing the ledger; not the runs finishing their entries, which must not be stopped by a deleted key)."""
         st = self._inspect()
+        if st.problem is None and key:
+            problem = self._key_problem(st.d)
+            if problem is not None:
+                st = replace(st, problem=problem, restorable="key-lost")
         if st.problem is not None:
             raise StoreError(st.problem)
         return st
@@ -392,6 +518,7 @@ class StoreBudget:
                        *records]
         if self.remote:
             d = append_objects(self.store, BUDGET_FILE, st.journal, records, _new_ledger)
+            _write_witness(self.witness_path, d["journal"])
         else:
             d = _append(self.path, self.journal_path, self.lock_path, st.journal, records)
         st.d, st.mode = d, "journal"
@@ -399,12 +526,17 @@ class StoreBudget:
 
     # -- accounting --------------------------------------------------------------------
 
+    def _composer(self) -> SpendComposer:
+        """Composes the ledger's releases from where the last composition stopped (:mod:`streamdp.privacy.spend`)."""
+        return SpendComposer(remote.join(self.store, SPEND_FILE) if self.remote else self.store / SPEND_FILE)
+
     @staticmethod
-    def _spend(entries: list, delta: float | None) -> dict:
+    def _spend(entries: list, delta: float | None, composer: SpendComposer | None = None) -> dict:
         """Total spend of ``entries``: accountant composition at ``delta`` and basic composition.
 
         Releases that use no protected data (``GUARANTEE_PUBLIC_ONLY``: public users only) spend nothing and are
-        counted as releases only.
+        counted as releases only. ``composer``: continues from compositions kept beside the ledger (the same
+        floats as composing from scratch, :mod:`streamdp.privacy.spend`).
         """
         n_releases = len(entries)
         entries = [e for e in entries if e.get("guarantee") != GUARANTEE_PUBLIC_ONLY]
@@ -423,9 +555,8 @@ class StoreBudget:
             delta = max(delta_basic, 1e-12) if delta_basic > 0 else 1e-9
             out["delta"] = delta
         if all(e.get("events") for e in entries):
-            event = compose([event_from_dict(ev) for e in entries for ev in e["events"]])
-            r = epsilon_of(event, delta)
-            out.update(epsilon=r.epsilon, epsilon_rdp=r.epsilon_rdp)
+            eps, eps_rdp = (composer or SpendComposer(None)).spend([e["events"] for e in entries], delta)
+            out.update(epsilon=eps, epsilon_rdp=eps_rdp)
         else:
             out.update(epsilon=eps_basic, delta=delta_basic, accountant="basic composition (some releases have "
                        "no accountable events)")
@@ -443,6 +574,12 @@ class StoreBudget:
     def check(self) -> None:
         """Raise :class:`StoreError` (one line, how to recover) if the ledger cannot be used."""
         self._checked()
+
+    def key_problem(self) -> str | None:
+        """Why the store's release key is not the one its releases were fingerprinted with (missing, or another),
+        in one line; None if it is, or if the ledger cannot tell (none, or unusable: :meth:`check` says why)."""
+        st = self._inspect()
+        return None if st.problem is not None or st.mode == "fresh" else self._key_problem(st.d)
 
     @_retried
     def data_replaced(self, *, by: str, old_checksum: str | None, new_checksum: str | None) -> None:
@@ -471,10 +608,12 @@ class StoreBudget:
 
     def show(self) -> dict:
         """The budget, the total spend (accountant and basic composition) and every entry."""
-        d = self._load()
+        d = self._checked(key=True).d
         budget = d.get("budget")
         counted = [e for e in d["entries"] if e["status"] in COUNTED]
-        spend = self._spend(counted, budget["delta"] if budget else None)
+        composer = self._composer()
+        spend = self._spend(counted, budget["delta"] if budget else None, composer)
+        composer.save()
         remaining = None
         if budget is not None:
             remaining = max(budget["epsilon"] - spend["epsilon"], 0.0) if math.isfinite(spend["epsilon"]) else 0.0
@@ -501,8 +640,11 @@ class StoreBudget:
             new.append({"method": led.method, "guarantee": led.guarantee, "epsilon": led.epsilon,
                         "delta": led.delta, "events": led.events})
         delta = budget["delta"] if budget else max([e["delta"] for e in new] or [1e-9])
-        after = self._spend(counted + new, delta)
-        return {"budget": budget, "before": self._spend(counted, delta), "after": after,
+        composer = self._composer()
+        before = self._spend(counted, delta, composer)
+        after = self._spend(counted + new, delta, composer)
+        composer.save()
+        return {"budget": budget, "before": before, "after": after,
                 "sweep": self._spend(new, delta), "within_budget": self._within(after, budget)}
 
     @_retried
@@ -535,13 +677,15 @@ class StoreBudget:
                  "model": None if model is None else str(model), "over_budget": False, "reason": None,
                  "owner": current_owner(), "stage": "training", "neighbouring_relation": led.relation}
         with self._locked():
-            st = self._checked()
+            st = self._checked(key=True)
             d = st.d
             budget = d.get("budget")
             counted = [e for e in d["entries"] if e["status"] in COUNTED]
             if budget is not None:
-                before = self._spend(counted, budget["delta"])
-                after = self._spend(counted + [entry], budget["delta"])
+                composer = self._composer()
+                before = self._spend(counted, budget["delta"], composer)
+                after = self._spend(counted + [entry], budget["delta"], composer)
+                composer.save()  # the next reservation continues from one of these two
                 if not self._within(after, budget):
                     if not over_budget:
                         raise BudgetExceededError(
@@ -551,6 +695,9 @@ class StoreBudget:
                             f"past its budget epsilon={budget['epsilon']:.4g} ({after['accountant']}); "
                             f"pass --over-budget to release it anyway")
                     entry["over_budget"] = True
+            # the key its model's fingerprint will use (made now by the store's first release): recorded, so that
+            # a key deleted later is seen (see _key_problem) instead of silently made again
+            entry["release_key"] = key_id(release_key(self.store, create=True))
             self._commit(st, [{"at": _now(), "op": "reserve", "entry": entry}])
         return entry["id"]
 
@@ -621,7 +768,9 @@ class StoreBudget:
 
         Returns one dict per entry looked at (every ``reserved`` one, and with
         ``refund_unreleased`` every ``stale`` one): ``id``, ``before``, ``after``
-        (the status now) and ``why``.
+        (the status now), ``changed`` (``before != after``) and ``why``. Idempotent: an
+        entry whose status stays is not written again (a ``stale`` entry that stays
+        stale is reported as ``changed: false``, not settled a second time).
         """
         report = []
         with self._locked():
@@ -631,7 +780,8 @@ class StoreBudget:
                 if e["status"] != "reserved" and not (refund_unreleased and e["status"] == "stale"):
                     continue
                 after, why = _settled(e, refund_unreleased)
-                report.append({"id": e["id"], "before": e["status"], "after": after, "why": why})
+                report.append({"id": e["id"], "before": e["status"], "after": after,
+                               "changed": after != e["status"], "why": why})
                 if after != e["status"]:
                     records.append({"at": _now(), "op": "update", "id": e["id"], "by": "settle",
                                     "set": {"status": after, "finished": _now(), "reason": "settled: " + why}})
@@ -660,6 +810,8 @@ class StoreBudget:
             st = self._inspect()
             aside = []
             if st.problem is None:
+                if st.mode != "fresh" and self._key_problem(st.d) is not None:
+                    return self._accept_key(st)
                 if st.mode == "fresh":
                     return {"restored": False, "what": "nothing to restore: the store has no budget ledger",
                             "set_aside": []}
@@ -673,13 +825,13 @@ class StoreBudget:
                             "change(s) journaled just before a crash are now in it", "set_aside": []}
                 return {"restored": False, "what": f"nothing to restore: {BUDGET_FILE} agrees with {JOURNAL_FILE}",
                         "set_aside": []}
-            if st.restorable == "rebuild":
-                if os.path.lexists(self.path):
+            if st.restorable in _FROM_JOURNAL:
+                if st.d is None and os.path.lexists(self.path):
                     aside.append(_set_aside(self.path))
-                _append(self.path, self.journal_path, self.lock_path, st.journal, [{"at": _now(), "op": "history",
-                        "record": {"event": "ledger rebuilt", "at": _now(), "n_entries": st.journal.n_entries}}])
-                what = (f"rebuilt {BUDGET_FILE} from {JOURNAL_FILE} ({len(st.journal.records)} lines, "
-                        f"{st.journal.n_entries} entries)")
+                if st.restorable == "witness" and os.path.lexists(self.witness_path):
+                    aside.append(_set_aside(self.witness_path))
+                records, what = self._journal_repair(st)
+                _append(self.path, self.journal_path, self.lock_path, st.journal, records)
             elif st.restorable == "journal-lost":
                 if os.path.lexists(self.journal_path):
                     aside.append(_set_aside(self.journal_path))
@@ -695,26 +847,64 @@ class StoreBudget:
                 raise StoreError(st.problem)
             return {"restored": True, "what": what, "set_aside": aside}
 
+    def _journal_repair(self, st: _State) -> tuple[list[dict], str]:
+        """The history record that rewrites the ledger (and the witness) from a journal that verifies, and what
+        it did (``st.restorable``: ``rebuild``, ``truncated`` or ``witness``)."""
+        j = st.journal
+        n, entries = len(j.records), j.n_entries
+        record = {"event": {"rebuild": "ledger rebuilt", "truncated": "journal truncated",
+                            "witness": "witness rewritten"}[st.restorable], "at": _now(), "n_entries": entries}
+        if st.restorable == "truncated":
+            record.update(lines=n, recorded_lines=st.witness_lines)
+            what = (f"rebuilt {BUDGET_FILE} from the {n} lines that remain of {JOURNAL_FILE} ({WITNESS_FILE} "
+                    f"recorded {st.witness_lines}; {entries} entries): what the missing lines recorded is not counted")
+        elif st.restorable == "witness":
+            what = f"rewrote {WITNESS_FILE} (and {BUDGET_FILE}) from {JOURNAL_FILE} ({n} lines, {entries} entries)"
+        else:
+            what = f"rebuilt {BUDGET_FILE} from {JOURNAL_FILE} ({n} lines, {entries} entries)"
+        return [{"at": _now(), "op": "history", "record": record}], what
+
+    def _accept_key(self, st: _State) -> dict:
+        """``--restore`` of a release key that is missing or another one (see :meth:`_key_problem`): recorded in
+        the history, after which the key in place (or, if none, a new one the next release makes) is the store's."""
+        kid, _, _ = _expected_key(st.d)
+        key = release_key(self.store, create=False)  # a damaged key file: StoreError (restore or remove it)
+        found = key_id(key) if key is not None else None
+        self._commit(st, [{"at": _now(), "op": "history", "record": {
+            "event": "release key lost", "at": _now(), "n_entries": len(st.d["entries"]), "key": kid,
+            "found": found}}])
+        what = (f"accepted the release key in place ({found}) instead of {kid}" if found else
+                f"recorded that the release key {kid} is lost; the next release makes a new one")
+        return {"restored": True, "what": what + ": models released before no longer match this store",
+                "set_aside": []}
 
     @_retried
     def _restore_remote(self) -> dict:
-        """:meth:`restore` on object storage: the journal objects are the record, so the one repair is to
-        rewrite ``privacy_budget.json`` from them; a journal that is lost or does not verify must come back from a
-        backup (a new journal cannot be started safely beside objects that may reappear)."""
+        """:meth:`restore` on object storage: the journal objects are the record, so the repairs are to rewrite
+        ``privacy_budget.json`` (and the witness) from them, or to accept a lost release key; a journal that is lost
+        or does not verify must come back from a backup (a new journal cannot be started safely beside objects that
+        may reappear)."""
         st = self._inspect()
+        if st.problem is None and st.mode != "fresh" and self._key_problem(st.d) is not None:
+            return self._accept_key(st)
         if st.problem is None and st.mode == "fresh":
             return {"restored": False, "what": "nothing to restore: the store has no budget ledger", "set_aside": []}
         if st.problem is None and st.mode == "journal" and not st.pending:
             return {"restored": False, "what": f"nothing to restore: {BUDGET_FILE} agrees with its journal",
                     "set_aside": []}
-        if st.journal is None or (st.problem is not None and st.restorable != "rebuild"):
+        if st.journal is None or (st.problem is not None and st.restorable not in _FROM_JOURNAL):
             raise StoreError(f"{st.problem or self.path + ': no journal to restore from'}; on object storage "
                              f"--restore only rewrites {BUDGET_FILE} from the journal objects "
                              f"({JOURNAL_OBJECTS}/): restore them from a backup")
-        self._commit(st, [{"at": _now(), "op": "history", "record": {
-            "event": "ledger rebuilt", "at": _now(), "n_entries": st.journal.n_entries}}])
-        return {"restored": True, "what": f"rebuilt {BUDGET_FILE} from its journal ({len(st.journal.records)} lines, "
-                f"{st.journal.n_entries} entries)", "set_aside": []}
+        if st.problem is None:
+            st.restorable = "rebuild"
+        records, what = self._journal_repair(st)
+        self._commit(st, records)
+        return {"restored": True, "what": what.replace(JOURNAL_FILE, "its journal"), "set_aside": []}
+
+
+#: What ``--restore`` repairs by rewriting the ledger from a journal that verifies.
+_FROM_JOURNAL = ("rebuild", "truncated", "witness")
 
 
 @dataclass
@@ -723,8 +913,9 @@ class _State:
 
     ``mode``: ``fresh`` (no ledger yet), ``legacy`` (a ledger written before journals: adopted at its next change),
     ``journal`` (verified against its journal, ``pending`` journal lines ahead of it). ``problem``: why it is
-    refused (one line); ``restorable``: what ``--restore`` does about it (``rebuild``, ``journal-lost``,
-    ``both-lost``), None if it cannot.
+    refused (one line); ``restorable``: what ``--restore`` does about it (``rebuild``, ``truncated``,
+    ``witness``, ``journal-lost``, ``both-lost``, ``key-lost``), None if it cannot. ``witness_lines``: the
+    journal's length its witness recorded, when the journal is shorter.
     """
 
     mode: str | None = None
@@ -732,6 +923,7 @@ class _State:
     journal: Journal | None = None
     pending: int = 0
     problem: str | None = None
+    witness_lines: int = 0
     restorable: str | None = None
 
 
@@ -745,6 +937,41 @@ def _adopt(d: dict, note: dict) -> dict:
     """The first journal record of a ledger taken as it is, with ``note`` appended to its history."""
     return {"at": _now(), "op": "adopt", "state": {"budget": d.get("budget"), "entries": d["entries"],
                                                    "history": [*d.get("history", []), note]}}
+
+
+def _expected_key(d: dict) -> tuple[str, int, str] | None:
+    """``(key id, n, last entry id)``: the release key the counted entries since the data was last replaced (or
+    the key or ledger was lost) were fingerprinted with, ``n`` of them; None if none records one."""
+    start = 0
+    for h in d.get("history", []):
+        if h.get("event") in _KEY_RESETS and type(h.get("n_entries")) is int:
+            start = h["n_entries"]
+    keyed = [e for e in d["entries"][start:] if e["status"] in COUNTED and isinstance(e.get("release_key"), str)]
+    return (keyed[-1]["release_key"], len(keyed), keyed[-1]["id"]) if keyed else None
+
+
+def _witness_bytes(head: dict) -> bytes:
+    return (json.dumps({"format": WITNESS_FORMAT, "lines": head["lines"], "head": head["head"]}) + "\n").encode()
+
+
+def _write_witness(path: Path | str, head: dict) -> None:
+    """Record the journal's ``head`` (``{"lines", "head"}``) in its witness; best effort: a witness that could not
+    be written lags behind the journal, which it may (see "The journal's witness")."""
+    tmp = None
+    try:
+        if remote.is_url(path):
+            remote.put(str(path), _witness_bytes(head))
+            return
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(_witness_bytes(head))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _has_marker(lock_path: Path | str) -> bool:
@@ -787,12 +1014,12 @@ def _append(ledger_path: Path, journal_path: Path, lock_path: Path, journal: Jou
     """Append ``records`` to the journal (``journal``: as read; None: start one) and fsync it, then replace the
     ledger with the state they lead to (its ``journal`` head on the last line). Either both happen or, on an
     error, the journal is cut back to what it was and the ledger is left as it was. Returns the ledger."""
-    state = copy.deepcopy(journal.state) if journal is not None else empty_state()
+    state = copy_state(journal.state) if journal is not None else empty_state()
     lines = make_lines(records, journal.head if journal is not None else GENESIS,
                        len(journal.records) + 1 if journal is not None else 1)
     for r in lines:
         apply_record(state, decoded(encode_json(r)))  # exactly what a replay of the written line gives
-    d = _new_ledger(state)
+    d = _new_ledger(state, copied=False)  # the state is this function's own copy
     n = (len(journal.records) if journal is not None else 0) + len(lines)
     d["journal"] = {"file": JOURNAL_FILE, "lines": n, "head": lines[-1]["hash"] if lines else journal.head}
     created = journal is None or not os.path.exists(journal_path)
@@ -821,15 +1048,35 @@ def _append(ledger_path: Path, journal_path: Path, lock_path: Path, journal: Jou
             os.fsync(fh.fileno())
         if created:
             _fsync_dir(journal_path.parent)
-        atomic_write_json(ledger_path, d)
+        atomic_write_json(ledger_path, d, dumps=_ledger_text)
     except BaseException as exc:
         cut_back()
         if isinstance(exc, OSError) and exc.filename is None:  # the ledger (its journal) was not updated: name it
             exc.filename = str(ledger_path)
         raise
+    _write_witness(journal_path.parent / WITNESS_FILE, d["journal"])
     if created:
         _mark(lock_path)
     return d
+
+
+def _ledger_text(d: dict) -> str:
+    """The ledger's JSON text: one entry (and history record) a line, each encoded by the C encoder (``indent``
+    makes json use its pure-Python encoder: a third of a change's time on a ledger of 400 releases)."""
+    def one(v) -> str:
+        try:
+            return json.dumps(v, allow_nan=False)
+        except ValueError:  # a non-finite float (a non-private release's epsilon): as a string
+            return json.dumps(encode_json(v), allow_nan=False)
+
+    parts = []
+    for k, v in d.items():
+        if isinstance(v, list) and v:
+            v = "[\n" + ",\n".join("    " + one(x) for x in v) + "\n  ]"
+        else:
+            v = one(v)
+        parts.append(f"  {json.dumps(k)}: {v}")
+    return "{\n" + ",\n".join(parts) + "\n}"
 
 
 def _set_aside(path: Path) -> str:
@@ -846,10 +1093,10 @@ def _set_aside(path: Path) -> str:
 
 def _difference(ledger: dict, journal_state: str) -> str | None:
     """The first difference between the ledger's state and the journal's (canonical text) at its head, or None."""
-    mine = json.loads(state_text(ledger))
-    theirs = json.loads(journal_state)
-    if mine == theirs:
+    text = state_text(ledger)
+    if text == journal_state:  # canonical texts: equal exactly when the states are
         return None
+    mine, theirs = json.loads(text), json.loads(journal_state)
     if mine["budget"] != theirs["budget"]:
         return f"the budget is {_short(mine['budget'])} in the ledger, {_short(theirs['budget'])} in the journal"
     a = {e["id"]: e for e in mine["entries"]}
@@ -982,6 +1229,14 @@ def _history_line(h: dict) -> str:
         "journal restarted": lambda: (f"journal lost, restarted (--restore) from the ledger as it was, "
                                       f"{n} release(s)"),
         "ledger rebuilt": lambda: f"ledger rebuilt (--restore) from the journal, {n} release(s)",
+        "journal truncated": lambda: (f"journal found cut at line {h.get('lines')} of the {h.get('recorded_lines')} "
+                                      f"its witness recorded; ledger rebuilt (--restore) from what remains, {n} "
+                                      f"release(s): changes in the missing lines are not counted here (their models' "
+                                      f"privacy.json state what each spent)"),
+        "witness rewritten": lambda: f"journal witness rewritten (--restore) from the journal, {n} release(s)",
+        "release key lost": lambda: (f"release key {h.get('key')} lost"
+                                     + (f", {h.get('found')} accepted" if h.get("found") else "")
+                                     + " (--restore): models released before it no longer match this store"),
         "ledger lost": lambda: ("ledger and journal lost, restarted empty (--restore): releases before it are not "
                                 "counted here (their models' privacy.json state what each spent)"),
     }.get(h.get("event"), lambda: str(h.get("event")))()

@@ -24,7 +24,6 @@ on every load.
 
 from __future__ import annotations
 
-import copy
 import json
 
 from streamdp.privacy.journal import (
@@ -33,6 +32,7 @@ from streamdp.privacy.journal import (
     Journal,
     apply_record,
     canonical,
+    copy_state,
     decoded,
     empty_state,
     make_lines,
@@ -84,7 +84,7 @@ def append_objects(store: str, ledger_name: str, journal: Journal | None, record
     ``new_ledger(state)`` makes the ledger dict of a state. Raises :class:`Conflict` if
     another run created the object first (nothing was written).
     """
-    state = copy.deepcopy(journal.state) if journal is not None else empty_state()
+    state = copy_state(journal.state) if journal is not None else empty_state()
     n0 = len(journal.records) if journal is not None else 0
     lines = make_lines(records, journal.head if journal is not None else GENESIS, n0 + 1)
     for r in lines:

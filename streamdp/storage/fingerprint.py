@@ -9,6 +9,12 @@ the store (``STORE/release_key``, created on the first release, mode 0600). With
 the key the fingerprint is a random string; with the store at hand, ``evaluate`` and
 the data owner can still tell whether a model was trained on it. A store replaced by
 ``ingest --force`` gets a new key: its models are told apart from the old store's.
+
+The key is created when the store's first release is reserved in its budget ledger
+(:meth:`streamdp.privacy.budget.StoreBudget.reserve`), and each ledger entry records
+its :func:`key_id`: a key deleted (or swapped) after releases is then seen by the
+ledger, which refuses to let a new key be made silently (the models released before
+would otherwise be refused by ``evaluate`` as "other ratings", with no word of why).
 """
 
 from __future__ import annotations
@@ -46,6 +52,24 @@ def _read_key(where: str) -> bytes | None:
     return key
 
 
+def key_path(store_path) -> str:
+    """Where the store's release key is (a local path or a URL)."""
+    if "://" in str(store_path):
+        from streamdp.storage import remote
+
+        return remote.join(str(store_path), KEY_FILE)
+    return str(Path(store_path) / KEY_FILE)
+
+
+def key_id(key: bytes) -> str:
+    """A short public name of ``key`` (what the budget ledger records): a hash, from which the key cannot be had.
+
+    >>> key_id(bytes(32))
+    'key:9988deb9cec9d270'
+    """
+    return "key:" + hashlib.sha256(b"streamdp release key id\0" + key).hexdigest()[:16]
+
+
 def release_key(store_path, *, create: bool) -> bytes | None:
     """The store's release key; created (atomically, once even under concurrent runs) when ``create``."""
     if "://" in str(store_path):  # object storage: created with a conditional write, the first run's key wins
@@ -75,6 +99,10 @@ def release_key(store_path, *, create: bool) -> bytes | None:
             os.link(tmp, path)  # atomic and exclusive: a concurrent run's key wins if it came first
         except FileExistsError:
             pass
+    except OSError as exc:
+        if exc.filename is None or str(exc.filename) == str(tmp):  # a full disk: name the key, not its temporary
+            exc.filename = str(path)
+        raise
     finally:
         try:
             os.unlink(tmp)

@@ -269,11 +269,12 @@ def test_real_tmpfs(tmp_path, tiny_tmpfs):
 
 
 def test_train_whose_budget_reservation_hits_a_full_disk(tmp_path, store, full_disk):
-    """The first write of a run is its reservation in the store's ledger: nothing is trained or written."""
+    """The first write of a run is its reservation in the store's ledger (a store's first: its release key, which
+    the reservation records): nothing is trained or written."""
     full_disk(0)
     out = tmp_path / "model"
     c, _, err, exc = run("train", store, "--epsilon", "1", "--method", "means", "--out", out, "--seed", "0")
-    assert_one_line_error(c, err, exc, store / "privacy_budget.json")
+    assert_one_line_error(c, err, exc, store / "release_key")
     assert not out.exists() and leftovers(tmp_path) == []
 
 

@@ -26,8 +26,9 @@ from click.testing import CliRunner
 from streamdp.cli import main
 from streamdp.errors import StoreError
 from streamdp.privacy import GUARANTEE_USER_DP, Ledger, calibrate_gaussian, gaussian_event
-from streamdp.privacy.budget import BUDGET_FILE, JOURNAL_FILE, LOCK_FILE, StoreBudget
+from streamdp.privacy.budget import BUDGET_FILE, JOURNAL_FILE, LOCK_FILE, WITNESS_FILE, StoreBudget
 from streamdp.privacy.journal import GENESIS, canonical, make_lines, read_journal, state_text
+from streamdp.storage.fingerprint import KEY_FILE
 from tests.privacy import test_ledger_budget as ledger_tests
 
 
@@ -282,8 +283,12 @@ def test_journal_and_ledger_deleted_the_lock_file_remembers(spent):
     assert "started an empty" in out and "ledger and journal lost, restarted empty" in out
     s = StoreBudget(store).show()
     assert s["budget"] is None and s["entries"] == [] and [h["event"] for h in s["history"]] == ["ledger lost"]
-    # all three deleted: nothing local can tell (documented); a fresh store
+    # all three deleted: the witness and the release key still tell (see test_forgotten_history below); with
+    # them deleted too nothing local can tell (documented): a fresh store
     for name in (BUDGET_FILE, JOURNAL_FILE, LOCK_FILE):
+        os.remove(store / name)
+    assert_refused(*cli("budget", store)[::2], WITNESS_FILE, KEY_FILE)
+    for name in (WITNESS_FILE, KEY_FILE):
         os.remove(store / name)
     assert cli("budget", store)[0] == 0
 
@@ -344,7 +349,7 @@ def test_a_failed_ledger_write_takes_the_journal_line_back(spent, monkeypatch):
     store, before = spent
     journal = (store / JOURNAL_FILE).read_bytes()
 
-    def full(path, obj):
+    def full(path, obj, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(budget_mod, "atomic_write_json", full)
@@ -416,8 +421,155 @@ def test_ingest_force_over_a_store_from_before_the_journal(tmp_path):
     d.pop("history")
     (s / BUDGET_FILE).write_text(json.dumps(d))  # what an older streamdp wrote: no journal, empty lock file
     os.remove(s / JOURNAL_FILE)
+    os.remove(s / WITNESS_FILE)  # nor a witness
     (s / LOCK_FILE).write_text("")
     assert cli("ingest", data, "--out", s, "--force")[0] == 0
     assert [r["op"] for r in read_journal(s / JOURNAL_FILE).records] == ["adopt", "history"]
     assert [h["event"] for h in StoreBudget(s).show()["history"]] == ["journal started", "data replaced"]
     shutil.rmtree(s)
+
+
+# -- 5. a history forgotten: the ledger files deleted, the journal cut, the release key deleted ------------------
+
+
+def _released_store(tmp_path, n=2):
+    """A generated store with a budget and ``n`` models released by `streamdp train` (means: fast)."""
+    from streamdp.storage.generate import generate_store
+
+    s = generate_store(str(tmp_path / "s.zarr"), n_users=300, n_items=30, ratings_per_user=5, rank=2, seed=1,
+                       test_fraction=0.2)
+    assert cli("budget", s.path, "--set", "3,1e-5")[0] == 0
+    for i in range(n):
+        code, _, err = cli("train", s.path, "--method", "means", "--epsilon", "1", "--out", tmp_path / f"m{i}")
+        assert code == 0, err
+    return s.path
+
+
+def test_a_store_that_released_refuses_to_forget_its_history(tmp_path):
+    """Finding 2: ledger, journal and lock deleted after two releases; the old `train` exited 0 with a fresh ledger
+    (budget and releases forgotten). The release key and the journal's witness still say it released."""
+    store = _released_store(tmp_path)
+    for name in (BUDGET_FILE, JOURNAL_FILE, LOCK_FILE):
+        os.remove(os.path.join(store, name))
+    code, _, err = cli("train", store, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m2")
+    assert_refused(code, err, os.path.join(store, BUDGET_FILE), f"missing, and so is {JOURNAL_FILE}",
+                   f"{WITNESS_FILE} records its line", KEY_FILE, "restore both from a backup", "--restore")
+    assert not (tmp_path / "m2").exists()
+    # the witness alone says so too (a store whose key was deleted as well)
+    os.remove(os.path.join(store, KEY_FILE))
+    assert_refused(*cli("budget", store)[::2], f"{WITNESS_FILE} records its line 7")
+    code, out, err = cli("budget", store, "--restore")
+    assert code == 0 and "started an empty" in out, err
+    assert cli("train", store, "--method", "means", "--epsilon", "1", "--out", tmp_path / "m2")[0] == 0
+    s = StoreBudget(store).show()
+    assert [h["event"] for h in s["history"]] == ["ledger lost"] and len(s["entries"]) == 1
+
+
+def test_a_store_whose_key_remains_refuses_without_ledger(spent):
+    """Only the release key left (no witness: e.g. a store of an older streamdp): still refused."""
+    store, _ = spent
+    for name in (BUDGET_FILE, JOURNAL_FILE, LOCK_FILE, WITNESS_FILE):
+        os.remove(store / name)
+    assert_refused(*cli("budget", store)[::2], f"its release key {KEY_FILE} shows it released models", "--restore")
+    with pytest.raises(StoreError, match="release key"):
+        StoreBudget(store).reserve(_ledger())
+
+
+def test_a_cut_journal_is_seen(spent):
+    """Finding 2: the journal's last lines cut and the ledger deleted; `--restore` rebuilt the shorter history and
+    said nothing. Now the witness tells, and a rebuild from what remains is recorded as such."""
+    store, before = spent
+    lines = _journal_lines(store)
+    (store / JOURNAL_FILE).write_text("\n".join(lines[:3]) + "\n")  # the failed release's reservation... gone
+    os.remove(store / BUDGET_FILE)
+    for args in (["budget", store], ["budget", store, "--set", "9,1e-6"]):
+        assert_refused(*cli(*args)[::2], f"{store / JOURNAL_FILE}: ends at line 3, but {WITNESS_FILE} recorded its "
+                       f"line 5: lines were cut off its end", "from a backup", "--restore")
+    with pytest.raises(StoreError, match="cut off"):
+        StoreBudget(store).reserve(_ledger())
+    code, out, err = cli("budget", store, "--restore")
+    assert code == 0, err
+    assert out.startswith(f"restore: rebuilt {BUDGET_FILE} from the 3 lines that remain of {JOURNAL_FILE} "
+                          f"({WITNESS_FILE} recorded 5; 1 entries): what the missing lines recorded is not counted")
+    assert "journal found cut at line 3 of the 5 its witness recorded" in out
+    s = StoreBudget(store).show()
+    assert [h["event"] for h in s["history"]] == ["journal truncated"] and len(s["entries"]) == 1
+    assert json.loads((store / WITNESS_FILE).read_text())["lines"] == 4  # the witness follows the new journal
+
+
+def test_a_replaced_journal_is_seen(spent):
+    """A journal written again from its first line (another chain of the same length) with the ledger deleted."""
+    store, _ = spent
+    recs = read_journal(store / JOURNAL_FILE).records
+    forged = make_lines([{k: v for k, v in r.items() if k not in ("seq", "hash")} | {"at": "forged"} for r in recs],
+                        GENESIS, 1)
+    (store / JOURNAL_FILE).write_text("".join(canonical(r) + "\n" for r in forged))
+    os.remove(store / BUDGET_FILE)
+    for args in (["budget", store], ["budget", store, "--restore"]):
+        assert_refused(*cli(*args)[::2], f"its line 5 is not the one {WITNESS_FILE} recorded", "cannot be trusted")
+
+
+def test_a_damaged_witness_is_one_line_and_restorable(spent):
+    store, before = spent
+    (store / WITNESS_FILE).write_text("{")
+    assert_refused(*cli("budget", store)[::2], f"{store / WITNESS_FILE}: not a budget journal witness", "--restore")
+    code, out, err = cli("budget", store, "--restore")
+    assert code == 0 and f"rewrote {WITNESS_FILE}" in out, err
+    same_spend(store, before)
+
+
+def test_a_deleted_release_key_is_seen(tmp_path):
+    """Finding 8: a deleted release key was made again by the next `train`, and `evaluate` then refused the older
+    models as "other ratings". Now `train` and `budget` say the key is missing; `evaluate` says so too."""
+    store = _released_store(tmp_path)
+    key = (tmp_path / "s.zarr" / KEY_FILE).read_bytes()
+    os.remove(os.path.join(store, KEY_FILE))
+    code, _, err = cli("train", store, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m2")
+    assert_refused(code, err, f"{os.path.join(store, KEY_FILE)}: missing, but the budget ledger records 2 release(s) "
+                   f"fingerprinted with it", "restore it from a backup", "--restore")
+    assert not os.path.exists(os.path.join(store, KEY_FILE)) and not (tmp_path / "m2").exists()
+    assert_refused(*cli("budget", store)[::2], KEY_FILE, "missing")
+    code, _, err = cli("evaluate", tmp_path / "m0", store)  # was: "not the store ... other ratings"
+    assert_refused(code, err, f"{os.path.join(store, KEY_FILE)}: missing, but the budget ledger records 2",
+                   "--allow-other-store")
+    # another key in its place is not the store's either
+    (tmp_path / "s.zarr" / KEY_FILE).write_text("ab" * 32 + "\n")
+    assert_refused(*cli("budget", store)[::2], "not the key the store released with")
+    # restored from a backup: everything as before
+    (tmp_path / "s.zarr" / KEY_FILE).write_bytes(key)
+    assert cli("budget", store)[0] == 0 and cli("evaluate", tmp_path / "m0", store)[0] == 0
+    # or accepted as lost: recorded, and the next release makes a new key
+    os.remove(os.path.join(store, KEY_FILE))
+    code, out, err = cli("budget", store, "--restore")
+    assert code == 0 and "release key" in out and "lost" in out and "no longer match" in out, err
+    assert cli("train", store, "--method", "means", "--epsilon", "1", "--out", tmp_path / "m2")[0] == 0
+    assert (tmp_path / "s.zarr" / KEY_FILE).read_bytes() != key
+    assert [h["event"] for h in StoreBudget(store).show()["history"]] == ["release key lost"]
+
+
+def test_a_journal_read_again_verifies_what_was_appended_and_sees_any_other_change(spent, monkeypatch):
+    """Issue 28, finding 8: each change read and verified the whole journal again (three times per `train`). A
+    read that finds the bytes this process verified, with lines appended, verifies only the new lines and gives what
+    a full read gives; an edit anywhere else is read in full, and refused."""
+    import streamdp.privacy.journal as journal_mod
+
+    store, _ = spent
+    path = store / JOURNAL_FILE
+    read_journal(path)
+    b = StoreBudget(store)
+    b.complete(b.reserve(_ledger(0.3, "third")))  # two lines appended (its own reads resume too)
+    calls = []
+    real = journal_mod._verify
+    monkeypatch.setattr(journal_mod, "_verify", lambda *a: calls.append(a[1]) or real(*a))
+    j = read_journal(path, at=7)
+    assert calls == [7]  # only the line the last change appended after it read the journal
+    monkeypatch.setattr(journal_mod, "_VERIFIED", {})
+    full = read_journal(path, at=7)
+    assert calls[1:] == [1, 2, 3, 4, 5, 6, 7]  # a full read
+    assert (j.lines, j.records, state_text(j.state), j.at_text, j.size) == \
+        (full.lines, full.records, state_text(full.state), full.at_text, full.size)
+    lines = _journal_lines(store)
+    lines[2] = lines[2].replace('"complete"', '"failed"')
+    path.write_text("\n".join(lines) + "\n")
+    code, _, err = cli("budget", store)
+    assert_refused(code, err, "line 3: its hash does not chain")

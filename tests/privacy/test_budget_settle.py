@@ -185,3 +185,29 @@ def test_settle_rules(store, tmp_path, monkeypatch):
 def test_refund_needs_settle(store):
     r = CliRunner().invoke(main, ["budget", str(store), "--refund-unreleased"])
     assert r.exit_code == 2 and r.output.strip() == "streamdp: error: --refund-unreleased: only with --settle"
+
+
+def test_settle_is_idempotent(store, tmp_path, monkeypatch):
+    """Issue 28, finding 8: `budget --settle` re-settled stale entries each time ("stale -> stale"). A second settle
+    changes nothing, writes nothing and says so."""
+    from streamdp.privacy.budget import JOURNAL_FILE
+
+    b = StoreBudget(store)
+    writing = _reserve_owned_by(b, _gone(), str(tmp_path / "w"), monkeypatch)
+    b.writing(writing)
+
+    def settle(*flags):
+        r = CliRunner().invoke(main, ["budget", str(store), "--settle", *flags])
+        assert r.exit_code == 0, r.output
+        return r.stdout
+
+    out = settle()
+    assert f"settled {writing}: reserved -> stale" in out and "nothing changed" not in out
+    journal = (store / JOURNAL_FILE).read_bytes()
+    for flags in ((), ("--refund-unreleased",)):
+        out = settle(*flags)
+        assert "->" not in out and "settled: nothing changed" in out, out
+        assert (store / JOURNAL_FILE).read_bytes() == journal
+    assert f"unchanged {writing}: stale: its run" in out  # looked at again (--refund-unreleased), and left
+    (rep,) = b.settle(refund_unreleased=True)
+    assert rep["changed"] is False and rep["before"] == rep["after"] == "stale"

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from streamdp import open_store
 from streamdp.cli import main
 from streamdp.errors import StoreError
+from streamdp.privacy.budget import StoreBudget
 from streamdp.storage.generate import generate_store
 
 
@@ -57,7 +58,8 @@ def trained_store(d, **gen) -> tuple[str, str]:
     assert code == 0, err
     shutil.rmtree(d / "s.zarr.state", ignore_errors=True)
     for name in ("privacy_budget.json", "privacy_budget.journal", "privacy_budget.lock"):
-        os.remove(os.path.join(s.path, name))  # each copy starts without a ledger (and without its witnesses)
+        os.remove(os.path.join(s.path, name))  # each copy starts without the ledger's entries...
+    StoreBudget(s.path).restore()  # ...from an empty one (the release key says the store released: refused without)
     return s.path, str(d / "model")
 
 

@@ -191,8 +191,8 @@ def test_two_reservations_racing_on_s3_one_is_refused(url):
     real = B.StoreBudget._checked
     first_read = threading.local()
 
-    def checked(self):
-        st = real(self)
+    def checked(self, **kw):
+        st = real(self, **kw)
         if not getattr(first_read, "done", False):
             first_read.done = True
             barrier.wait(timeout=30)  # both have read the same journal head
@@ -437,6 +437,43 @@ def test_s3_ledger_is_the_journal_objects_replay(url):
     fs().rm_file(url.removeprefix("s3://") + "/privacy_budget.journal.d/000000000002")
     code, _, err = cli("budget", url)
     assert code != 0 and "out of sequence" in err and len(err.strip().splitlines()) == 1
+
+
+def test_s3_store_that_released_refuses_to_forget_its_history(url):
+    """Issue 28, findings 2 and 8 on object storage: the ledger and every journal object deleted, then the last
+    journal object alone, then the release key: each refused in one line (the old code took the first for a
+    fresh store, the second for a shorter history, and made a new key for the third)."""
+    from streamdp.privacy.budget import WITNESS_FILE, StoreBudget
+
+    ok("generate", "--out", url, *GEN)
+    ok("budget", url, "--set", "3,1e-6")
+    b = StoreBudget(url)
+    b.complete(b.reserve(_ledger(1.0)))
+    root = url.removeprefix("s3://")
+    assert json.loads(fs().cat_file(f"{root}/{WITNESS_FILE}"))["lines"] == 3
+    saved = {p: fs().cat_file(p) for p in fs().find(root) if "privacy_budget" in p or "release_" in p}
+    for p in saved:
+        if "privacy_budget" in p:
+            fs().rm_file(p)
+    code, _, err = cli("budget", url)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "missing, and so is privacy_budget.journal" in err and f"{WITNESS_FILE} records its line 3" in err
+    with pytest.raises(StoreError, match="release key"):
+        StoreBudget(url).reserve(_ledger(1.0))
+    for p, data in saved.items():
+        fs().pipe_file(p, data)
+    fs().rm_file(f"{root}/privacy_budget.journal.d/000000000003")  # the last change, cut off
+    fs().rm_file(f"{root}/privacy_budget.json")
+    code, _, err = cli("budget", url)
+    assert code == 2 and f"ends at line 2, but {WITNESS_FILE} recorded its line 3" in err
+    assert "lines that remain" in ok("budget", url, "--restore")
+    assert [h["event"] for h in json.loads(ok("budget", url, "--json"))["history"]] == ["journal truncated"]
+    fs().rm_file(f"{root}/release_key")
+    code, _, err = cli("budget", url)
+    assert code == 2 and "release_key: missing, but the budget ledger records 1 release(s)" in err
+    assert "no longer match" in ok("budget", url, "--restore")
+    StoreBudget(url).reserve(_ledger(1.0))  # a new key
+    assert fs().exists(f"{root}/release_key")
 
 
 # -- a cluster on a store and state in object storage ----------------------------------------------------------------
