@@ -257,6 +257,14 @@ class IALS(Method):
     def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None, **options):
         self.epsilon = float(epsilon)  # default_rank reads it
         super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **options)
+        self._rank_given = rank is not None
+
+    def check_rank(self, n_items: int) -> None:
+        """The default rank (64 non-private) is capped at the number of items (the catalogue is public); a
+        ``--rank`` given above it is refused as for every method."""
+        if not self._rank_given and self.rank > n_items:
+            self.rank = max(1, int(n_items))
+        super().check_rank(n_items)
 
     # -- settings ----------------------------------------------------------------------
     def settings(self, store, profile: UserProfile | None = None) -> IalsSettings:

@@ -106,7 +106,7 @@ METHOD_OPTIONS = {"public-private": {"public_fraction": 0.2}}
 
 def test_every_method_is_listed():
     """A new method must be added to the checks below (its calibration path is the point)."""
-    assert set(_methods()) == {"als", "fw", "irls", "means", "oja", "public-private", "sgd", "sgld", "svd"}
+    assert set(_methods()) == {"als", "fw", "ials", "irls", "means", "oja", "public-private", "sgd", "sgld", "svd"}
 
 
 # --------------------------------------------------------------------------------------

@@ -259,3 +259,14 @@ def test_trains_on_an_ingested_interaction_log_without_publishing_its_count_rang
     assert "rating_range" not in led["public_parameters"] and "rating_max" not in led["bounds"]
     summary = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])[0]
     assert "test_rmse" not in summary and summary["ranking"]["recall"] >= 0.0
+
+
+def test_default_rank_is_capped_at_the_items_a_given_rank_is_not(small_store):
+    from streamdp.errors import ParameterError
+
+    m = get_method("ials")(epsilon=INF, delta=1e-6)
+    m.check_rank(40)
+    assert m.rank == 40
+    m = get_method("ials")(epsilon=INF, delta=1e-6, rank=64)
+    with pytest.raises(ParameterError, match="--rank 64 exceeds"):
+        m.check_rank(40)
