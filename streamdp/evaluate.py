@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from streamdp.errors import StoreError
-from streamdp.local import check_finite, model_ridge, predict_block, solve_block
+from streamdp.local import check_finite, local_kind, model_ridge, predict_block, solve_block
 from streamdp.model import Model, load_model
 from streamdp.privacy.budget import StoreBudget
 from streamdp.ranking import check_k, format_ranking, ranking_verdict, setup
@@ -104,7 +104,9 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                          f"was trained on and give an "
                          f"optimistic RMSE; pass --allow-other-store to evaluate it anyway")
     implicit = st.implicit
-    if implicit:  # counts are no ratings: ranking metrics only (module docstring)
+    # counts are no ratings, and an implicit model's scores (ials) are no predicted ratings: its lists only
+    lists_only = implicit or local_kind(m) == "implicit"
+    if lists_only:  # ranking metrics only (module docstring)
         ranking, baselines = True, False
     if ranking:
         k = check_k(k)
@@ -133,7 +135,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
             test = st.read_block(b, "test")
             U = solve_block(m, block.indptr, block.items, block.ratings, ridge)
             check_finite(m, U, "users' local solutions")  # before the ranking uses U
-            if implicit:
+            if lists_only:
                 return np.concatenate([[0.0, 0.0, float(test.nnz)], rank.block(U, block, test)])
             pred = predict_block(m, U, test.indptr, test.items)
             check_finite(m, pred)
@@ -153,8 +155,9 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         tot = eng.map_reduce(fn, _add, np.zeros(width + (rank.part_size if rank is not None else 0)),
                              extra_per_block=8 * (rank.part_size if rank is not None else 0), desc="evaluate")
     st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
-    if implicit:
-        return {"implicit": True, "n_interactions": int(tot[2]), "n_users": st.n_users, "ridge": ridge,
+    if lists_only:
+        return {"implicit": implicit, "lists_only": True,
+                ("n_interactions" if implicit else "n_ratings"): int(tot[2]), "n_users": st.n_users, "ridge": ridge,
                 "method": m.method, "guarantee": getattr(m.ledger, "guarantee", None), "epsilon": m.info.get("epsilon"),
                 "store_matches_model": match, "ranking": (r := rank.result(tot[width:])),
                 "ranking_verdict": ranking_verdict(r)}
@@ -274,6 +277,9 @@ def format_evaluation(ev: dict) -> str:
     if ev.get("implicit"):
         lines = [f"{ev['method']} ({ev.get('guarantee')}) on an implicit store: ranking metrics only, "
                  f"{ev['n_interactions']:,} held-out interactions (local ridge {ev['ridge']:g})"]
+    elif ev.get("lists_only"):
+        lines = [f"{ev['method']} ({ev.get('guarantee')}): ranking metrics only (its scores rank items, they are "
+                 f"not predicted ratings: no RMSE), {ev['n_ratings']:,} held-out ratings (local ridge {ev['ridge']:g})"]
     else:
         lines = [f"{ev['method']} ({ev.get('guarantee')}): RMSE {ev['rmse']:.4f}  MAE {ev['mae']:.4f}  "
                  f"on {ev['n_ratings']:,} test ratings (local ridge {ev['ridge']:g})"]
@@ -288,5 +294,5 @@ def format_evaluation(ev: dict) -> str:
     if ev.get("store_matches_model") is False:
         lines.append("store_matches_model: false (--allow-other-store): the store's fingerprint differs from that "
                      "of the store the model was trained on; if it holds ratings the model was trained on, the "
-                     + ("ranking metrics are" if ev.get("implicit") else "RMSE is") + " optimistic")
+                     + ("ranking metrics are" if ev.get("lists_only") else "RMSE is") + " optimistic")
     return "\n".join(lines)

@@ -139,6 +139,11 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
         raise ParameterError("--methods: give at least one method")
     for m in methods:
         get_method(m).check_store(st)
+    lists = [m for m in methods if get_method(m).LOCAL_SOLVER == "implicit"]
+    if lists:  # its scores rank items: no test RMSE to plot
+        raise ParameterError(f"--methods {lists[0]}: its scores rank items and are not ratings, so it has no test "
+                             f"RMSE, which a sweep plots against epsilon; train each epsilon and read evaluate's "
+                             f"ranking metrics (or bench/ranking.py) instead")
     if st.implicit:  # a method that trains on counts passed check_store: but the sweep's points are test RMSEs
         raise ParameterError(f"{st.path}: an implicit store has no ratings and so no test RMSE, which a sweep plots "
                              f"against epsilon; train each epsilon and read evaluate's ranking metrics instead")

@@ -209,8 +209,11 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         summary["stale_runs_removed"] = stale
     if evaluate_test and st.has_test:
         ev = evaluate_model(out, st, workers=workers, scheduler=scheduler, memory_limit=memory_limit, baselines=True)
-        if ev.get("implicit"):  # counts: ranking metrics only (streamdp.evaluate)
-            summary["test_interactions"] = ev["n_interactions"]
+        if ev.get("lists_only"):  # counts, or an implicit model's scores: ranking metrics only (streamdp.evaluate)
+            if ev.get("implicit"):
+                summary["test_interactions"] = ev["n_interactions"]
+            else:
+                summary["test_ratings"] = ev["n_ratings"]
             summary["ranking"] = ev["ranking"]
             summary["ranking_verdict"] = ev["ranking_verdict"]
             summary["privacy_warnings"] = privacy_warnings(led)
