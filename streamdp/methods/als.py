@@ -154,7 +154,7 @@ from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
 from streamdp.kernels.linalg import residuals, solve_users_huber
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
-from streamdp.methods._profile import UserProfile, user_profile
+from streamdp.methods._profile import UserProfile, mean_weight_cap, user_profile
 from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
 from streamdp.methods._psd import psd
 from streamdp.methods._notes import range_notes, seed_notes
@@ -403,6 +403,9 @@ class AlsSettings(RunSettings):
     release_order: tuple = ()
     #: The released histogram of ratings per user the defaults came from (model.json lists it; not fingerprinted).
     profile: UserProfile | None = None
+    #: The cap ``c`` of the global mean's per-user weights ``min(n_i, c) / c`` (1: the mean of user means;
+    #: ``means`` chooses it from the released histogram, :func:`~streamdp.methods._profile.mean_weight_cap`).
+    mean_cap: float = 1.0
 
 
 def _or(value, derived):
@@ -489,7 +492,8 @@ class _AlsBase(Method):
             out.append(Share(what, mech, sens_l2 if l2 else sens_l1, share, huber_c=hc, **kw))
 
         if s.center == "private":
-            add("global mean: sum over users of (user mean - midpoint), number of users", math.sqrt(1 + h * h),
+            add("global mean: sums over users of w_i (user mean - midpoint) and of w_i, w_i = min(n_i, c) / c <= 1 "
+                "(means: c from the released histogram; als: 1)", math.sqrt(1 + h * h),
                 h + 1.0, s.mean_share, shape=(2,))
         st, cs = s.stats_share, s.count_share
         add("item sums of user-centred residuals clip(r - user mean, c) (item biases)", c * math.sqrt(tau), c * tau,
@@ -561,8 +565,9 @@ class _AlsBase(Method):
 
     def _plan(self, store) -> Plan:
         profile = None
-        if self.FIXED_ITERS is None and not self.opts.is_given("iters"):
-            # how many ratings users have decides whether factors can pay: released first (see _profile)
+        if (self.FIXED_ITERS is None and not self.opts.is_given("iters")) or self._weighs_mean():
+            # how many ratings users have decides whether factors can pay (als) or how the global mean weighs
+            # users (means): released first (see _profile)
             seq = np.random.SeedSequence(self.seed, spawn_key=(RNG_KEY, _PROFILE)) if self.seed is not None else None
             profile = user_profile(store, self.opts.mechanism, self.epsilon, self.delta, np.random.default_rng(seq))
         s = self.settings(store, profile)
@@ -593,6 +598,9 @@ class _AlsBase(Method):
             names += (["wcounts"] if s.weight_counts else []) + ["gram", "rhs"]
         names += ["select"] if s.select else []
         rel = dict(zip(names, releases))
+        if self._weighs_mean() and profile is not None:
+            s = s.replace(mean_cap=mean_weight_cap(profile.counts, _std(rel["mean"]), s.half_range,
+                                                   threshold=2.0 * _std(profile.release)))
         s = s.replace(release_order=("profile",) * len(fixed) + tuple(names))
         releases = fixed + releases
         bounds.update({"tau": s.tau, "sampling": s.sampling, "weights": _weights_text(s),
@@ -604,6 +612,14 @@ class _AlsBase(Method):
             bounds["pure_epsilon"] = pe
         return Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases],
                     settings=s, bounds=bounds, releases=rel)
+
+    def _weighs_mean(self) -> bool:
+        """Whether the global mean weighs users by activity (``means``, private, a private centre).
+
+        ``als`` and ``irls`` keep the mean of user means: their users' own intercepts absorb
+        the level, and a weighted mean's noise would only cost them.
+        """
+        return self.FIXED_ITERS == 0 and self.private and self.opts.center == "private"
 
     def ledger(self, store, plan: Plan, *, notes=()):
         led = super().ledger(store, plan, notes=notes)
@@ -823,6 +839,7 @@ class _AlsBase(Method):
         lo, hi = s.rating_min, s.rating_max
         mid = (lo + hi) / 2.0
         c = s.bias_clip
+        cap = float(s.mean_cap)
         private = self.private
         rule = s.sampling if s.sampling == "uniform" else "adaptive"
         seed = run.entropy
@@ -844,8 +861,13 @@ class _AlsBase(Method):
             out = np.zeros(2 * n + 2)
             out[:n] = np.bincount(it, weights=w * e, minlength=n)
             out[n:2 * n] = np.bincount(it, weights=w, minlength=n)
-            out[2 * n] = float(np.sum(umean[has] - mid))
-            out[2 * n + 1] = float(has.sum())
+            if cap == 1.0:
+                out[2 * n] = float(np.sum(umean[has] - mid))
+                out[2 * n + 1] = float(has.sum())
+            else:  # each user's mean weighted min(n_i, c) / c <= 1: the release's sensitivity is unchanged
+                wu = np.minimum(cnt[has], cap) / cap
+                out[2 * n] = float(np.sum(wu * (umean[has] - mid)))
+                out[2 * n + 1] = float(wu.sum())
             return out
 
         tot = engine.map_reduce(fn, _add, np.zeros(2 * n + 2), extra_per_block=16 * n + 64 * store.block_users,
