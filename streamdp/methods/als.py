@@ -36,7 +36,12 @@ declared range), and per item the weight total ``C_j`` (the noisy counts) and th
 which the item biases ``b_j = posterior mean`` under a public prior are computed and
 the top ``--item-frac`` of items by noisy count are kept (the others keep
 ``v_j = 0``: bias and the user's own intercept only). No exact count or mean is used
-anywhere.
+anywhere. ``means`` (no factors, no user intercept) differs in two ways, both for
+stores whose users rate little and whose levels go with their activity (issue 28):
+its global mean weighs user ``i``'s mean by ``min(n_i, c) / c``, ``c`` chosen from a
+released histogram of ratings per user (:func:`~streamdp.methods._profile.mean_weight_cap`;
+5% of its budget), and a rating counts ``w_ij (1 - 1 / n_i)`` in ``C_j``, what a
+user-centred residual carries of its item's offset.
 
 Defaults from the data's shape, and a private choice of the release
 -------------------------------------------------------------------
@@ -154,7 +159,7 @@ from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
 from streamdp.kernels.linalg import residuals, solve_users_huber
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
-from streamdp.methods._profile import UserProfile, mean_weight_cap, user_profile
+from streamdp.methods._profile import MEANS_PROFILE_SHARE, PROFILE_SHARE, UserProfile, mean_weight_cap, user_profile
 from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
 from streamdp.methods._psd import psd
 from streamdp.methods._notes import range_notes, seed_notes
@@ -273,7 +278,8 @@ class StatisticsOptions(MethodOptions):
         "bound c of a user-centred rating in the item-bias statistic",
         default_text="1/8 to all of half the rating range, growing with the public signal-to-noise proxy", **_POS)
     center: Literal["private", "midpoint"] = option(
-        "global mean: private (mean of user means) or the public midpoint", default="private")
+        "global mean: private (mean of user means; means: weighted by activity) or the public midpoint",
+        default="private")
     stats_share: float = option("budget share of the item statistics (biases, counts)", default=0.15, **_POS,
                                 maximum=1)
     count_share: float = option("part of the statistics' share for the counts (the rest for the sums)", default=0.2,
@@ -406,6 +412,9 @@ class AlsSettings(RunSettings):
     #: The cap ``c`` of the global mean's per-user weights ``min(n_i, c) / c`` (1: the mean of user means;
     #: ``means`` chooses it from the released histogram, :func:`~streamdp.methods._profile.mean_weight_cap`).
     mean_cap: float = 1.0
+    #: Whether a rating's weight in the item weight totals is ``w_ij (1 - 1 / n_i)`` (``means``) rather than
+    #: ``w_ij``: what a user-centred residual carries of its item's offset (see ``_statistic_totals``).
+    centred_counts: bool = False
 
 
 def _or(value, derived):
@@ -454,7 +463,7 @@ class _AlsBase(Method):
             select_share=SELECT_SHARE_FACTORS if iters > 0 else SELECT_SHARE_BIASES,
             weight_counts=private and gramian == "shared" and (
                 o.sampling == "tail" or (o.sampling == "adaptive" and f.adaptive_exponent != 0.0)),
-            profile=profile)
+            profile=profile, centred_counts=self.FIXED_ITERS == 0)
         used = s.stats_share + s.mean_share + (s.gram_share if s.iters > 0 else 0.0)
         if private and used >= 1.0:
             raise ParameterError(f"--stats-share + --mean-share + --gram-share = {used:g} leaves no budget for the "
@@ -569,7 +578,8 @@ class _AlsBase(Method):
             # how many ratings users have decides whether factors can pay (als) or how the global mean weighs
             # users (means): released first (see _profile)
             seq = np.random.SeedSequence(self.seed, spawn_key=(RNG_KEY, _PROFILE)) if self.seed is not None else None
-            profile = user_profile(store, self.opts.mechanism, self.epsilon, self.delta, np.random.default_rng(seq))
+            profile = user_profile(store, self.opts.mechanism, self.epsilon, self.delta, np.random.default_rng(seq),
+                                   share=MEANS_PROFILE_SHARE if self._weighs_mean() else PROFILE_SHARE)
         s = self.settings(store, profile)
         bounds = {"rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown")}
@@ -607,6 +617,8 @@ class _AlsBase(Method):
                        "clip_Delta": s.clip, "residual_clip_R": s.residual_clip,
                        "bias_clip_c": s.bias_clip, "mechanism": s.mechanism,
                        "sensitivity_norm": s.norm})
+        if self._weighs_mean():  # post-processing of the released histogram
+            bounds["mean_weight_cap_c"] = s.mean_cap
         pe = pure_epsilon(self.spent_first(store) + releases)  # the count (Laplace) is pure too
         if math.isfinite(pe):
             bounds["pure_epsilon"] = pe
@@ -839,7 +851,7 @@ class _AlsBase(Method):
         lo, hi = s.rating_min, s.rating_max
         mid = (lo + hi) / 2.0
         c = s.bias_clip
-        cap = float(s.mean_cap)
+        cap, centred = float(s.mean_cap), s.centred_counts
         private = self.private
         rule = s.sampling if s.sampling == "uniform" else "adaptive"
         seed = run.entropy
@@ -860,7 +872,11 @@ class _AlsBase(Method):
             e = np.clip(r - np.repeat(umean, cnt), -c, c)
             out = np.zeros(2 * n + 2)
             out[:n] = np.bincount(it, weights=w * e, minlength=n)
-            out[n:2 * n] = np.bincount(it, weights=w, minlength=n)
+            # a residual centred on the user's own mean carries (1 - 1/n_i) of its item's offset (the rest is the
+            # user's other items'): counted so, S_j / C_j estimates the offset itself, and a user with one rating
+            # (residual 0) no longer dilutes it (means; als keeps w_ij, its users' intercepts absorb the level)
+            cw = w * np.repeat(1.0 - 1.0 / np.maximum(cnt, 1), cnt) if centred else w
+            out[n:2 * n] = np.bincount(it, weights=cw, minlength=n)
             if cap == 1.0:
                 out[2 * n] = float(np.sum(umean[has] - mid))
                 out[2 * n + 1] = float(has.sum())
@@ -1228,10 +1244,31 @@ class IRLS(_AlsBase):
 class PrivateMeans(_AlsBase):
     """``--method means``: the private item-mean baseline (global mean and item biases, no factors).
 
-    The statistics pass of ``als`` alone: ``mu`` (mean of user means) and the
-    user-centred item offsets ``b_j``, so a prediction is ``mu + b_j`` (plus the user's
-    own intercept with ``--user-intercept``). It is the baseline every private model
-    is compared with at the same epsilon, through the same privacy core.
+    The statistics pass of ``als`` alone: ``mu`` and the user-centred item offsets
+    ``b_j``, so a prediction is ``mu + b_j`` (plus the user's own intercept with
+    ``--user-intercept``). It is the baseline every private model is compared with at
+    the same epsilon, through the same privacy core.
+
+    Where it departs from ``als``' statistics (issue 28: on a generated 72,000-user store,
+    85% of users with one rating and heavy users rating lower, the mean of user means
+    gave 1.2198 at epsilon 1 against 1.1901 for the non-private global mean):
+
+    * ``mu`` weighs user ``i``'s mean by ``min(n_i, c) / c``: a test RMSE is per rating, and
+      the mean of user means (``c = 1``) misses the level of the heavy users' ratings when
+      levels go with activity. ``c`` is chosen from a released histogram of ratings per
+      user (:func:`~streamdp.methods._profile.mean_weight_cap`, the histogram at
+      :data:`~streamdp.methods._profile.MEANS_PROFILE_SHARE` of the budget); the weights
+      are at most 1, so the mean's release keeps its sensitivity. Private runs only.
+    * a rating counts ``w_ij (1 - 1 / n_i)`` in the weight totals ``C_j``: a residual
+      centred on the user's own mean carries that share of its item's offset, and a user
+      with one rating (residual 0) only diluted the offsets towards 0. The weights only
+      shrink, so the totals' sensitivity bound holds. Measured together on that store:
+      1.1866 (seeds 1-3: 1.1876 / 1.1836 / 1.1885).
+
+    Decision: the tail of the histogram above its bulk is not trusted (only bins above two
+    noise stds and joined to the fullest one count); on a 610-user store whose heaviest
+    ~80 users hold 40% of the ratings those users are invisible, ``c`` stays small and the
+    mean stays high (see the report of issue 28).
     """
 
     name = "means"

@@ -297,3 +297,24 @@ def test_means_weighs_users_by_activity_where_levels_go_with_it(tmp_path):
     assert gap > 0.05  # the store has the shape that matters
     mus = [streamdp.train(st, method="means", epsilon=1.0, seed=s, over_budget=True).global_mean for s in (1, 2, 3)]
     assert np.mean(np.abs(np.array(mus) - rating_mean)) < 0.5 * gap, (mus, rating_mean, mean_of_means)
+
+
+def test_means_counts_what_a_user_centred_residual_carries(tmp_path):
+    """``means``' item weight totals count a rating ``1 - 1/n_i`` (non-private: weight 1), so a user with one
+    rating, whose centred residual is 0, adds nothing to them; ``als`` keeps counting every rating 1."""
+    import streamdp
+    from streamdp.storage.generate import generate_store
+
+    st = generate_store(str(tmp_path / "t.zarr"), n_users=400, n_items=30, ratings_per_user=2.0, seed=2,
+                        test_fraction=0.2, show_progress=False)
+    want, plain = np.zeros(st.n_items), np.zeros(st.n_items)
+    for b in range(st.n_blocks):
+        blk = st.read_block(b)
+        cnt = np.diff(blk.indptr)
+        assert (cnt == 1).any()
+        np.add.at(want, blk.items, np.repeat(1.0 - 1.0 / np.maximum(cnt, 1), cnt))
+        np.add.at(plain, blk.items, 1.0)
+    got = streamdp.train(st, method="means", epsilon=math.inf, seed=0, select="off").extras["noisy_item_weight"]
+    np.testing.assert_allclose(got, want)
+    got = streamdp.train(st, method="als", epsilon=math.inf, seed=0, select="off", iters=0).extras["noisy_item_weight"]
+    np.testing.assert_allclose(got, plain)
