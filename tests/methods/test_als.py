@@ -300,8 +300,10 @@ def test_means_weighs_users_by_activity_where_levels_go_with_it(tmp_path):
 
 
 def test_means_counts_what_a_user_centred_residual_carries(tmp_path):
-    """``means``' item weight totals count a rating ``1 - 1/n_i`` (non-private: weight 1), so a user with one
-    rating, whose centred residual is 0, adds nothing to them; ``als`` keeps counting every rating 1."""
+    """Private ``means``' item weight totals count a rating ``1 - 1/n_i`` (every weight is 1 here: n_i <= tau), so a
+    user with one rating, whose centred residual is 0, adds nothing to them; ``als`` keeps counting every rating 1.
+    At epsilon 400 the totals' noise (std about 1) is far below the two countings' mean gap per item (about 13):
+    each method's totals are within a quarter of that gap of its own counting."""
     import streamdp
     from streamdp.storage.generate import generate_store
 
@@ -314,7 +316,10 @@ def test_means_counts_what_a_user_centred_residual_carries(tmp_path):
         assert (cnt == 1).any()
         np.add.at(want, blk.items, np.repeat(1.0 - 1.0 / np.maximum(cnt, 1), cnt))
         np.add.at(plain, blk.items, 1.0)
-    got = streamdp.train(st, method="means", epsilon=math.inf, seed=0, select="off").extras["noisy_item_weight"]
-    np.testing.assert_allclose(got, want)
-    got = streamdp.train(st, method="als", epsilon=math.inf, seed=0, select="off", iters=0).extras["noisy_item_weight"]
-    np.testing.assert_allclose(got, plain)
+    gap = np.abs(want - plain).mean()
+    assert gap > 5
+    kw = dict(epsilon=400.0, seed=0, select="off", over_budget=True, sampling="uniform")
+    got = streamdp.train(st, method="means", **kw).extras["noisy_item_weight"]
+    assert np.abs(got - want).mean() < 0.25 * gap
+    got = streamdp.train(st, method="als", iters=0, **kw).extras["noisy_item_weight"]
+    assert np.abs(got - plain).mean() < 0.25 * gap
