@@ -154,7 +154,7 @@ BOUNDS = {
     "rating_min", "rating_max", "rating_range_source", "releases", "contribution", "clip", "sketch_clip",
     "sketch_quantile", "sketch_share", "oversampling", "columns", "prune", "prune_bound", "power_iters",
     "midpoint", "range", "pure_epsilon", "sensitivity", "epsilon_replace_one", "relation_covers", "centre",
-    "sketch_clip_C", "target", "clip_popularity", "values",
+    "sketch_clip_C", "target", "clip_popularity", "values", "mean_weight_cap_c",
 }
 
 #: ``factors.zarr`` arrays and attributes.

@@ -53,13 +53,16 @@ from streamdp.privacy.calibration import calibrate_gaussian
 from streamdp.privacy.release import Release
 
 __all__ = ["EDGES", "PROFILE_SHARE", "UserProfile", "exact_histogram", "profile_release", "user_profile",
-           "effective_users"]
+           "effective_users", "mean_weight_cap", "MEANS_PROFILE_SHARE"]
 
 #: Lower edges of the bins of training ratings per user (the last bin is open): half octaves.
 EDGES = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
                   4096], dtype=np.int64)
 #: Share of a run's budget spent on the histogram.
 PROFILE_SHARE = 0.01
+#: ``means``' share: its global mean's weights come from the heavy bins, which the 1% histogram leaves in noise
+#: on stores of a few hundred users (its noise std there is about 42 users per bin at epsilon 1; 19 at 5%).
+MEANS_PROFILE_SHARE = 0.05
 WHAT = "histogram of training ratings per user (public half-octave bins; one user, one bin)"
 
 
@@ -77,14 +80,18 @@ def exact_histogram(store, split: str = "train") -> np.ndarray:
     return hist
 
 
-def profile_release(mechanism: str, epsilon: float, delta: float) -> Release:
-    """The histogram's release, its noise fixed from the run's target alone (see the module docstring)."""
+def profile_release(mechanism: str, epsilon: float, delta: float, share: float = PROFILE_SHARE) -> Release:
+    """The histogram's release, its noise fixed from the run's target alone (see the module docstring).
+
+    ``share`` replaces :data:`PROFILE_SHARE` (``means``, whose global mean is weighted from
+    the histogram, takes :data:`MEANS_PROFILE_SHARE`).
+    """
     if not math.isfinite(epsilon):
         return Release(WHAT, "gaussian", 1.0, 0.0, shape=(len(EDGES),))
     if mechanism == "gaussian":
-        z = calibrate_gaussian(epsilon, delta) / math.sqrt(PROFILE_SHARE)
+        z = calibrate_gaussian(epsilon, delta) / math.sqrt(share)
         return Release(WHAT, "gaussian", 1.0, z, shape=(len(EDGES),))
-    return Release(WHAT, "laplace", 1.0, 1.0 / (PROFILE_SHARE * epsilon), shape=(len(EDGES),))
+    return Release(WHAT, "laplace", 1.0, 1.0 / (share * epsilon), shape=(len(EDGES),))
 
 
 class UserProfile:
@@ -104,9 +111,10 @@ class UserProfile:
         return effective_users(self.counts, rank)
 
 
-def user_profile(store, mechanism: str, epsilon: float, delta: float, rng: np.random.Generator) -> UserProfile:
+def user_profile(store, mechanism: str, epsilon: float, delta: float, rng: np.random.Generator,
+                 share: float = PROFILE_SHARE) -> UserProfile:
     """Draw the noisy histogram of ``store``'s training ratings per user (exact when ``epsilon`` is inf)."""
-    rel = profile_release(mechanism, epsilon, delta)
+    rel = profile_release(mechanism, epsilon, delta, share)
     return UserProfile(rel.add(exact_histogram(store), rng), rel)
 
 
@@ -124,3 +132,76 @@ def effective_users(hist, rank: int) -> float:
     k = float(rank)
     w = np.clip((centre - k / 2.0) / k, 0.0, 1.0)
     return float(np.sum(np.maximum(np.asarray(hist, np.float64), 0.0) * w))
+
+
+#: Prior scale of how far users' mean ratings move per unit of log activity, as a share of half the rating range
+#: (:func:`mean_weight_cap`). Measured slopes (exact, per user, against ln n_i): ML-100K 0.04 h, FilmTrust 0.07 h,
+#: the two generated stores of issue 28 (activity bias -0.3) 0.14 h.
+ACTIVITY_SLOPE = 0.125
+
+
+def mean_weight_cap(hist, noise_std: float, half_range: float, threshold: float = 0.0,
+                    slope: float = ACTIVITY_SLOPE) -> float:
+    """The cap ``c`` of the global mean's per-user weights ``min(n_i, c) / c``, chosen from a released histogram.
+
+    A test RMSE is per rating, and heavy users have most ratings: where users' levels go
+    with their activity, the mean of user means (``c = 1``) misses the level of the
+    ratings that are predicted (issue 28: 0.094 on a store of 72,000 users, 85% with one
+    rating; 0.137 on 610 users with 66-1,919 ratings each). Weighting user ``i``'s mean by
+    ``min(n_i, c) / c`` moves the estimate towards the rating-weighted mean as ``c`` grows,
+    but the weight total ``W(c) = sum_i min(n_i, c) / c`` shrinks and the noise of the mean
+    (``noise_std / W(c)``: each user still moves the released sum and total by at most
+    ``h`` and 1) grows. The cap minimises, over the bin edges, the expected squared error
+
+        (noise_std / W(c))^2 + (slope h D(c))^2,
+
+    ``D(c)`` the distance between the rating-weighted and the ``min(n, c)``-weighted mean
+    of ``ln n`` over users: the bias if users' means moved by ``slope h`` per unit of
+    ``ln n`` (:data:`ACTIVITY_SLOPE`, a public prior). Both are read off the histogram
+    at each bin's geometric centre; bins whose noisy count is below ``threshold`` count as
+    empty (the heavy bins' noise would otherwise pose as heavy users). Post-processing
+    of the released histogram only: it costs no budget.
+
+    >>> h = np.zeros(len(EDGES)); h[0] = 60000.0; h[list(EDGES).index(16)] = 2000.0
+    >>> mean_weight_cap(h, 25.0, 2.0)  # many users: the rating-weighted mean (every weight n_i / 24) is affordable
+    24.0
+    >>> mean_weight_cap(h / 100, 25.0, 2.0)  # 620 users: the noise keeps the cap small
+    3.0
+    """
+    H = _contiguous(hist, threshold)
+    upper = np.r_[EDGES[1:], 2 * EDGES[-1]].astype(np.float64)
+    x = np.sqrt(EDGES * np.maximum(upper - 1, EDGES))
+    if not H.sum() > 0:
+        return 1.0
+    lx = np.log(x)
+    target = float(np.sum(H * x * lx) / np.sum(H * x))
+    best, cap = math.inf, 1.0
+    for c in EDGES.astype(np.float64):
+        w = H * np.minimum(x, c)
+        W = float(w.sum()) / c
+        d = target - float(np.sum(w * lx) / w.sum())
+        err = (noise_std / max(W, 1e-12)) ** 2 + (slope * half_range * d) ** 2
+        if err < best:
+            best, cap = err, float(c)
+    return cap
+
+
+def _contiguous(hist, threshold: float) -> np.ndarray:
+    """The histogram's bins at or above ``threshold`` that join the fullest bin without a gap; the rest 0.
+
+    Users' activity fills neighbouring bins; a lone noisy bin far from the bulk is noise posing
+    as users (an empty bin of a 1,000-user store passes two noise stds in about one run of 40).
+    """
+    H = np.maximum(np.asarray(hist, np.float64), 0.0)
+    ok = H >= max(threshold, 0.0)
+    out = np.zeros_like(H)
+    if not ok.any():
+        return out
+    top = int(np.argmax(H))
+    lo = hi = top
+    while lo > 0 and ok[lo - 1]:
+        lo -= 1
+    while hi < len(H) - 1 and ok[hi + 1]:
+        hi += 1
+    out[lo:hi + 1] = H[lo:hi + 1]
+    return out
