@@ -18,7 +18,9 @@ skipped) of
 
 and the ratios of each ``ials`` line to implicit's best and to the exact chart.
 ``--speed`` times one iteration of each (``ials`` streamed from disk on ``--workers``
-workers, non-private, the same factors; implicit in memory on as many threads).
+workers, non-private and at epsilon 1, the same factors; implicit in memory on as many
+threads): each iteration's wall time inside the fit, the fits interleaved and repeated,
+medians (:func:`speed`).
 """
 
 from __future__ import annotations
@@ -199,27 +201,66 @@ def main(argv=None):
         speed(st, X, a.workers, opts)
 
 
-def speed(st, X, workers, opts, factors=64):
-    """Seconds per iteration (3 iterations less 1): ials streamed (non-private and epsilon 1), implicit in memory."""
-    ours = {}
-    for eps in (float("inf"), 1.0):
-        t1 = fit_timed(st, "ials", eps, 1, workers=workers, rank=factors, iters=1, **opts)[1]
-        t3 = fit_timed(st, "ials", eps, 1, workers=workers, rank=factors, iters=3, **opts)[1]
-        ours[eps] = (t3 - t1) / 2.0
+def ials_iteration_times(st, epsilon, workers, factors, iters, opts):
+    """Wall seconds of each ``ials`` iteration of one fit: its streamed pass (every block read from disk, the user
+    solves and the item-side sums on ``workers`` workers) plus the item solve, timed inside the fit."""
+    from streamdp.methods import get_method
+    from streamdp.stream.engine import Engine
+
+    m = get_method("ials")(epsilon=epsilon, delta=delta_for(st), seed=1, rank=factors, iters=iters, **opts)
+    times, sums, solve = [], m._iteration_sums, m._solve_items
+
+    def timed_sums(*args, **kw):
+        times.append(-time.perf_counter())
+        return sums(*args, **kw)
+
+    def timed_solve(*args, **kw):
+        out = solve(*args, **kw)
+        times[-1] += time.perf_counter()
+        return out
+
+    m._iteration_sums, m._solve_items = timed_sums, timed_solve
+    with Engine(st, workers=workers, memory_limit="8GB", state_bytes=m.state_bytes(st)) as eng:
+        m.fit(st, eng)
+    return times
+
+
+def implicit_iteration_times(X, workers, factors, iters):
+    """Wall seconds of each iteration of ``implicit``'s ALS (its own per-iteration callback), in memory."""
     from implicit.cpu.als import AlternatingLeastSquares
 
     times = []
-    for it in (1, 3):
-        m = AlternatingLeastSquares(factors=factors, iterations=it, num_threads=workers, random_state=1,
-                                    calculate_training_loss=False)
-        t = time.perf_counter()
-        m.fit(X, show_progress=False)
-        times.append(time.perf_counter() - t)
-    theirs = (times[1] - times[0]) / 2.0
-    for eps, t in ours.items():
-        print(f"one iteration, {factors} factors, {X.nnz:,} pairs: ials epsilon {eps:g} {t:.3f}s streamed on "
-              f"{workers} workers, implicit {theirs:.3f}s in memory on {workers} threads: ials speed "
-              f"{theirs / t:.2f}x implicit's")
+    m = AlternatingLeastSquares(factors=factors, iterations=iters, num_threads=workers, random_state=1,
+                                calculate_training_loss=False)
+    m.fit(X, show_progress=False, callback=lambda it, elapsed, loss: times.append(elapsed))
+    return times
+
+
+def speed(st, X, workers, opts, factors=64, repeats=3, iters=4):
+    """Seconds per iteration: ``ials`` streamed (non-private and epsilon 1), ``implicit`` in memory, interleaved.
+
+    Each fit runs ``iters`` iterations and its median iteration after the first is taken (the
+    first compiles and warms the caches); the three fits are repeated ``repeats`` times in
+    turn, so that load from other jobs on a shared machine falls on all of them alike; the
+    medians over the repeats and the median of the per-repeat ratios are printed.
+    """
+    from threadpoolctl import threadpool_limits
+
+    runs = {"inf": [], "1": [], "implicit": []}
+    for r in range(repeats):
+        for eps in ("inf", "1"):
+            runs[eps].append(statistics.median(ials_iteration_times(st, float(eps), workers, factors, iters,
+                                                                     opts)[1:]))
+        with threadpool_limits(1, "blas"):  # implicit's own advice (its CG does its own threading)
+            runs["implicit"].append(statistics.median(implicit_iteration_times(X, workers, factors, iters)[1:]))
+        print(f"repeat {r + 1}: " + ", ".join(f"{key} {v[-1]:.3f}s" for key, v in runs.items()), flush=True)
+    theirs = statistics.median(runs["implicit"])
+    for eps in ("inf", "1"):
+        ratio = statistics.median(t / o for t, o in zip(runs["implicit"], runs[eps]))
+        print(f"one iteration, {factors} factors, {X.nnz:,} pairs, {st.n_users:,} users x {st.n_items:,} items: "
+              f"ials epsilon {eps} {statistics.median(runs[eps]):.3f}s streamed on {workers} workers, implicit "
+              f"{theirs:.3f}s in memory on {workers} threads (medians of {repeats}): ials speed {ratio:.2f}x "
+              f"implicit's")
 
 
 if __name__ == "__main__":
