@@ -1,7 +1,7 @@
 """Recall@10 of ``--method ials`` beside ``implicit``'s ALS and the most-popular lists, same split, same protocol.
 
     python bench/ials.py STORE [--epsilons inf,10,1] [--seeds 1] [--grid] [--option name=value ...]
-                               [--speed] [--workers 2]
+                               [--speed] [--repeats 3] [--iters 4] [--workers 2]
 
 On ``STORE``'s train/test split (e.g. ML-100K ingested with ``--test-fraction 0.2
 --seed 1``), prints Recall@10 and NDCG@10 with ``streamdp evaluate``'s protocol
@@ -156,6 +156,8 @@ def main(argv=None):
     ap.add_argument("--no-implicit", action="store_true", help="skip implicit's grid")
     ap.add_argument("--speed", action="store_true", help="time one iteration of each (64 factors)")
     ap.add_argument("--speed-only", action="store_true", help="only the timing (a store without a test split)")
+    ap.add_argument("--repeats", type=int, default=3, help="--speed: interleaved repeats of the three fits")
+    ap.add_argument("--iters", type=int, default=4, help="--speed: iterations per fit (the first is not counted)")
     a = ap.parse_args(argv)
     from streamdp.ranking import default_threshold
     from streamdp.storage.store import open_store
@@ -172,7 +174,7 @@ def main(argv=None):
     opts = dict(o.split("=", 1) for o in a.option)
     opts = {key: _value(v) for key, v in opts.items()}
     if a.speed_only:
-        return speed(st, matrices(st, test=False)[0], a.workers, opts)
+        return speed(st, matrices(st, test=False)[0], a.workers, opts, repeats=a.repeats, iters=a.iters)
     thr = default_threshold(st.rating_min, st.rating_max)
     X, tu, ti, tr = matrices(st)
     pop = recall_ndcg(popular_lists(X, 10), tu, ti, tr, thr)
@@ -198,7 +200,7 @@ def main(argv=None):
         print(f"ials epsilon {eps:g}: Recall@10 {rec:.4f}  NDCG@10 {nd:.4f}  ({rec / pop[0]:.3f}x the exact chart, "
               f"{rec / pp:.3f}x the chart by its released counts {pp:.4f}){ratio}  fit {runs[0][3]:.1f}s")
     if a.speed:
-        speed(st, X, a.workers, opts)
+        speed(st, X, a.workers, opts, repeats=a.repeats, iters=a.iters)
 
 
 def ials_iteration_times(st, epsilon, workers, factors, iters, opts):
