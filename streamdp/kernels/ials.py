@@ -112,7 +112,7 @@ def _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _solve_woodbury(Y, Z, pos, items, conf, s, e, S, Vt, Wt, t, x):
+def _solve_woodbury(Y, Z, pos, items, conf, s, e, S, V, W, t, x):
     """One user's row by the Woodbury identity, for ``n = e - s`` pairs fewer than ``d``: the same solve.
 
     With ``P = YtY + ridge I``, ``z_j = P^-1 y_j`` (``Z[pos[j]]``, once per block) and
@@ -120,9 +120,11 @@ def _solve_woodbury(Y, Z, pos, items, conf, s, e, S, Vt, Wt, t, x):
     ``g = P^-1 b = sum c_j z_j``, then an ``n x n`` system ``(I + V P^-1 V^T) t = V g``
     (eigenvalues >= 1), ``x = g - sum_j sqrt(c_j - 1) t_j z_j``. Cost
     ``n^2 d / 2 + n^3 / 6 + 4 n d`` multiply-adds against :func:`_solve_direct`'s
-    ``n d^2 / 2 + d^3 / 6``: 4x fewer at ``n = 20``, ``d = 64``. The user's rows are
-    gathered transposed first (``Vt``, ``Wt``: ``d x n``) so that every inner loop is a
-    contiguous ``axpy`` rather than a chain of dependent multiply-adds.
+    ``n d^2 / 2 + d^3 / 6``: 4x fewer at ``n = 20``, ``d = 64``. The user's rows
+    ``v_j``, ``sqrt(c_j - 1) z_j`` are gathered first (``V``, ``W``: ``n x d``); the upper
+    triangle of ``V W^T`` is taken four entries at a time (four independent sums over
+    ``d``, each in order: 1.7x faster than one contiguous ``axpy`` per entry row, whose
+    rows are only ``n - i`` long, and the same bits).
     """
     d = Y.shape[1]
     n = e - s
@@ -136,27 +138,42 @@ def _solve_woodbury(Y, Z, pos, items, conf, s, e, S, Vt, Wt, t, x):
         for a in range(d):
             za = Z[zi, a]
             x[a] += c * za
-            Vt[a, i] = si * Y[np.uint64(j), a]
-            Wt[a, i] = si * za
+            V[i, a] = si * Y[np.uint64(j), a]
+            W[i, a] = si * za
     for i in range(n):
-        t[i] = 0.0
-        for l in range(i, n):
-            S[i, l] = 0.0
-    for a in range(d):
-        xa = x[a]
-        for l in range(n):
-            t[l] += xa * Vt[a, l]
-        for i in range(n):
-            f = Vt[a, i]
-            for l in range(i, n):
-                S[i, l] += f * Wt[a, l]
-    for i in range(n):
+        acc = 0.0
+        for a in range(d):
+            acc += V[i, a] * x[a]
+        t[i] = acc
+        l = i
+        while l + 3 < n:
+            s0 = 0.0
+            s1 = 0.0
+            s2 = 0.0
+            s3 = 0.0
+            for a in range(d):
+                v = V[i, a]
+                s0 += v * W[l, a]
+                s1 += v * W[l + 1, a]
+                s2 += v * W[l + 2, a]
+                s3 += v * W[l + 3, a]
+            S[i, l] = s0
+            S[i, l + 1] = s1
+            S[i, l + 2] = s2
+            S[i, l + 3] = s3
+            l += 4
+        while l < n:
+            s0 = 0.0
+            for a in range(d):
+                s0 += V[i, a] * W[l, a]
+            S[i, l] = s0
+            l += 1
         S[i, i] += 1.0
     chol_solve(S, t, n)
     for i in range(n):
         f = t[i]
         for a in range(d):
-            x[a] -= f * Wt[a, i]
+            x[a] -= f * W[i, a]
 
 
 @njit(cache=True, nogil=True)
@@ -209,8 +226,8 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
     M = np.empty((d, d), dtype=np.float64)
     x = np.empty(d, dtype=np.float64)
     t = np.empty(d, dtype=np.float64)
-    Vt = np.empty((d, d), dtype=np.float64)
-    Wt = np.empty((d, d), dtype=np.float64)
+    V = np.empty((d, d), dtype=np.float64)
+    W = np.empty((d, d), dtype=np.float64)
     pos, Z = _prepared_rows(indptr, items, Y, YtY, ridge)
     for u in range(len(indptr) - 1):
         s = indptr[u]
@@ -220,7 +237,7 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
                 U[u, a] = 0.0
             continue
         if e - s < d:
-            _solve_woodbury(Y, Z, pos, items, conf, s, e, M, Vt, Wt, t, x)
+            _solve_woodbury(Y, Z, pos, items, conf, s, e, M, V, W, t, x)
         else:
             _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x)
         for a in range(d):
