@@ -147,10 +147,7 @@ def _solve_woodbury(Y, Z, pos, items, conf, s, e, S, V, W, t, x):
         t[i] = acc
         l = i
         while l + 3 < n:
-            s0 = 0.0
-            s1 = 0.0
-            s2 = 0.0
-            s3 = 0.0
+            s0 = s1 = s2 = s3 = 0.0
             for a in range(d):
                 v = V[i, a]
                 s0 += v * W[l, a]
