@@ -148,7 +148,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("store", help="a store with a test split; with --clustered, where to write one")
     ap.add_argument("--clustered", default=None, metavar="USERS,ITEMS,PER_USER",
-                    help="first write a clustered-taste store there (bench-only generator, 20% test split, seed 1)")
+                    help="first write a clustered-taste store there (bench-only generator, 20%% test split, seed 1)")
     ap.add_argument("--epsilons", default="inf,10,1")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2)
