@@ -1,7 +1,7 @@
 """Recall@10 of ``--method ials`` beside ``implicit``'s ALS and the most-popular lists, same split, same protocol.
 
     python bench/ials.py STORE [--epsilons inf,10,1] [--seeds 1] [--grid] [--option name=value ...]
-                               [--speed] [--workers 2]
+                               [--speed] [--repeats 3] [--iters 4] [--workers 2]
 
 On ``STORE``'s train/test split (e.g. ML-100K ingested with ``--test-fraction 0.2
 --seed 1``), prints Recall@10 and NDCG@10 with ``streamdp evaluate``'s protocol
@@ -18,7 +18,9 @@ skipped) of
 
 and the ratios of each ``ials`` line to implicit's best and to the exact chart.
 ``--speed`` times one iteration of each (``ials`` streamed from disk on ``--workers``
-workers, non-private, the same factors; implicit in memory on as many threads).
+workers, non-private and at epsilon 1, the same factors; implicit in memory on as many
+threads): each iteration's wall time inside the fit, the fits interleaved and repeated,
+medians (:func:`speed`).
 """
 
 from __future__ import annotations
@@ -146,7 +148,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("store", help="a store with a test split; with --clustered, where to write one")
     ap.add_argument("--clustered", default=None, metavar="USERS,ITEMS,PER_USER",
-                    help="first write a clustered-taste store there (bench-only generator, 20% test split, seed 1)")
+                    help="first write a clustered-taste store there (bench-only generator, 20%% test split, seed 1)")
     ap.add_argument("--epsilons", default="inf,10,1")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2)
@@ -154,6 +156,8 @@ def main(argv=None):
     ap.add_argument("--no-implicit", action="store_true", help="skip implicit's grid")
     ap.add_argument("--speed", action="store_true", help="time one iteration of each (64 factors)")
     ap.add_argument("--speed-only", action="store_true", help="only the timing (a store without a test split)")
+    ap.add_argument("--repeats", type=int, default=3, help="--speed: interleaved repeats of the three fits")
+    ap.add_argument("--iters", type=int, default=4, help="--speed: iterations per fit (the first is not counted)")
     a = ap.parse_args(argv)
     from streamdp.ranking import default_threshold
     from streamdp.storage.store import open_store
@@ -170,7 +174,7 @@ def main(argv=None):
     opts = dict(o.split("=", 1) for o in a.option)
     opts = {key: _value(v) for key, v in opts.items()}
     if a.speed_only:
-        return speed(st, matrices(st, test=False)[0], a.workers, opts)
+        return speed(st, matrices(st, test=False)[0], a.workers, opts, repeats=a.repeats, iters=a.iters)
     thr = default_threshold(st.rating_min, st.rating_max)
     X, tu, ti, tr = matrices(st)
     pop = recall_ndcg(popular_lists(X, 10), tu, ti, tr, thr)
@@ -196,30 +200,69 @@ def main(argv=None):
         print(f"ials epsilon {eps:g}: Recall@10 {rec:.4f}  NDCG@10 {nd:.4f}  ({rec / pop[0]:.3f}x the exact chart, "
               f"{rec / pp:.3f}x the chart by its released counts {pp:.4f}){ratio}  fit {runs[0][3]:.1f}s")
     if a.speed:
-        speed(st, X, a.workers, opts)
+        speed(st, X, a.workers, opts, repeats=a.repeats, iters=a.iters)
 
 
-def speed(st, X, workers, opts, factors=64):
-    """Seconds per iteration (3 iterations less 1): ials streamed (non-private and epsilon 1), implicit in memory."""
-    ours = {}
-    for eps in (float("inf"), 1.0):
-        t1 = fit_timed(st, "ials", eps, 1, workers=workers, rank=factors, iters=1, **opts)[1]
-        t3 = fit_timed(st, "ials", eps, 1, workers=workers, rank=factors, iters=3, **opts)[1]
-        ours[eps] = (t3 - t1) / 2.0
+def ials_iteration_times(st, epsilon, workers, factors, iters, opts):
+    """Wall seconds of each ``ials`` iteration of one fit: its streamed pass (every block read from disk, the user
+    solves and the item-side sums on ``workers`` workers) plus the item solve, timed inside the fit."""
+    from streamdp.methods import get_method
+    from streamdp.stream.engine import Engine
+
+    m = get_method("ials")(epsilon=epsilon, delta=delta_for(st), seed=1, rank=factors, iters=iters, **opts)
+    times, sums, solve = [], m._iteration_sums, m._solve_items
+
+    def timed_sums(*args, **kw):
+        times.append(-time.perf_counter())
+        return sums(*args, **kw)
+
+    def timed_solve(*args, **kw):
+        out = solve(*args, **kw)
+        times[-1] += time.perf_counter()
+        return out
+
+    m._iteration_sums, m._solve_items = timed_sums, timed_solve
+    with Engine(st, workers=workers, memory_limit="8GB", state_bytes=m.state_bytes(st)) as eng:
+        m.fit(st, eng)
+    return times
+
+
+def implicit_iteration_times(X, workers, factors, iters):
+    """Wall seconds of each iteration of ``implicit``'s ALS (its own per-iteration callback), in memory."""
     from implicit.cpu.als import AlternatingLeastSquares
 
     times = []
-    for it in (1, 3):
-        m = AlternatingLeastSquares(factors=factors, iterations=it, num_threads=workers, random_state=1,
-                                    calculate_training_loss=False)
-        t = time.perf_counter()
-        m.fit(X, show_progress=False)
-        times.append(time.perf_counter() - t)
-    theirs = (times[1] - times[0]) / 2.0
-    for eps, t in ours.items():
-        print(f"one iteration, {factors} factors, {X.nnz:,} pairs: ials epsilon {eps:g} {t:.3f}s streamed on "
-              f"{workers} workers, implicit {theirs:.3f}s in memory on {workers} threads: ials speed "
-              f"{theirs / t:.2f}x implicit's")
+    m = AlternatingLeastSquares(factors=factors, iterations=iters, num_threads=workers, random_state=1,
+                                calculate_training_loss=False)
+    m.fit(X, show_progress=False, callback=lambda it, elapsed, loss: times.append(elapsed))
+    return times
+
+
+def speed(st, X, workers, opts, factors=64, repeats=3, iters=4):
+    """Seconds per iteration: ``ials`` streamed (non-private and epsilon 1), ``implicit`` in memory, interleaved.
+
+    Each fit runs ``iters`` iterations and its median iteration after the first is taken (the
+    first compiles and warms the caches); the three fits are repeated ``repeats`` times in
+    turn, so that load from other jobs on a shared machine falls on all of them alike; the
+    medians over the repeats and the median of the per-repeat ratios are printed.
+    """
+    from threadpoolctl import threadpool_limits
+
+    runs = {"inf": [], "1": [], "implicit": []}
+    for r in range(repeats):
+        for eps in ("inf", "1"):
+            runs[eps].append(statistics.median(ials_iteration_times(st, float(eps), workers, factors, iters,
+                                                                     opts)[1:]))
+        with threadpool_limits(1, "blas"):  # implicit's own advice (its CG does its own threading)
+            runs["implicit"].append(statistics.median(implicit_iteration_times(X, workers, factors, iters)[1:]))
+        print(f"repeat {r + 1}: " + ", ".join(f"{key} {v[-1]:.3f}s" for key, v in runs.items()), flush=True)
+    theirs = statistics.median(runs["implicit"])
+    for eps in ("inf", "1"):
+        ratio = statistics.median(t / o for t, o in zip(runs["implicit"], runs[eps]))
+        print(f"one iteration, {factors} factors, {X.nnz:,} pairs, {st.n_users:,} users x {st.n_items:,} items: "
+              f"ials epsilon {eps} {statistics.median(runs[eps]):.3f}s streamed on {workers} workers, implicit "
+              f"{theirs:.3f}s in memory on {workers} threads (medians of {repeats}): ials speed {ratio:.2f}x "
+              f"implicit's")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,182 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import add_packed_outer, clip_row
-from streamdp.kernels.linalg import ridge_solve
+from streamdp.kernels.als import clip_row
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def chol_factor(M, k):
+    """Overwrite the upper triangle of ``M[:k, :k]`` (symmetric positive definite) with ``R``, ``R^T R = M``.
+
+    Row-oriented (right-looking) Cholesky: every inner loop is a contiguous ``axpy`` on a
+    row of the upper triangle, which vectorizes, where the left-looking dot-product form
+    (:func:`streamdp.kernels.linalg.ridge_solve`) is a chain of dependent multiply-adds.
+    A non-positive pivot is taken as ``1e-300``, as ``ridge_solve`` does. Multiply-adds
+    may fuse (``contract``: FMA only, no reassociation); no clipping or noise is computed here.
+    """
+    for i in range(k):
+        piv = M[i, i]
+        r = np.sqrt(piv) if piv > 0 else 1e-300
+        M[i, i] = r
+        for b in range(i + 1, k):
+            M[i, b] /= r
+        for a in range(i + 1, k):
+            f = M[i, a]
+            for b in range(a, k):
+                M[a, b] -= f * M[i, b]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def chol_apply(R, x, k):
+    """``x[:k] = (R^T R)^-1 x[:k]`` in place, ``R`` the upper triangle :func:`chol_factor` wrote."""
+    for i in range(k):  # R^T y = x
+        x[i] /= R[i, i]
+        xi = x[i]
+        for b in range(i + 1, k):
+            x[b] -= xi * R[i, b]
+    for i in range(k - 1, -1, -1):  # R z = y
+        acc = x[i]
+        for b in range(i + 1, k):
+            acc -= R[i, b] * x[b]
+        x[i] = acc / R[i, i]
+
+
+@njit(cache=True, nogil=True)
+def chol_solve(M, x, k):
+    """Solve ``M[:k, :k] z = x[:k]`` in place (``z`` into ``x``); ``M``'s upper triangle is overwritten."""
+    chol_factor(M, k)
+    chol_apply(M, x, k)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x):
+    """One user's ``x = (YtY + ridge I + sum (c - 1) y y^T)^-1 sum c y`` by forming the ``d x d`` system.
+
+    ``sum (c - 1) y y^T`` is accumulated on the upper triangle two pairs per sweep of its
+    rows (contiguous ``axpy``: half the loads and stores of ``M`` of one pair per sweep).
+    Cost ``n d^2 / 2 + d^3 / 6`` multiply-adds for ``n`` pairs.
+    """
+    d = Y.shape[1]
+    for a in range(d):
+        x[a] = 0.0
+        for b in range(a, d):
+            M[a, b] = YtY[a, b]
+        M[a, a] += ridge
+    p = s
+    while p + 1 < e:
+        j0, j1 = np.uint64(items[p]), np.uint64(items[p + 1])
+        c0, c1 = conf[p], conf[p + 1]
+        m0, m1 = c0 - 1.0, c1 - 1.0
+        for a in range(d):
+            y0, y1 = Y[j0, a], Y[j1, a]
+            x[a] += c0 * y0 + c1 * y1
+            w0, w1 = m0 * y0, m1 * y1
+            for b in range(a, d):
+                M[a, b] += w0 * Y[j0, b] + w1 * Y[j1, b]
+        p += 2
+    if p < e:
+        j = np.uint64(items[p])
+        c = conf[p]
+        cm = c - 1.0
+        for a in range(d):
+            ya = Y[j, a]
+            x[a] += c * ya
+            w = cm * ya
+            for b in range(a, d):
+                M[a, b] += w * Y[j, b]
+    chol_solve(M, x, d)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _solve_woodbury(Y, Z, pos, items, conf, s, e, S, V, W, t, x):
+    """One user's row by the Woodbury identity, for ``n = e - s`` pairs fewer than ``d``: the same solve.
+
+    With ``P = YtY + ridge I``, ``z_j = P^-1 y_j`` (``Z[pos[j]]``, once per block) and
+    ``v_j = sqrt(c_j - 1) y_j``, ``(P + V^T V)^-1 = P^-1 - P^-1 V^T (I + V P^-1 V^T)^-1 V P^-1``:
+    ``g = P^-1 b = sum c_j z_j``, then an ``n x n`` system ``(I + V P^-1 V^T) t = V g``
+    (eigenvalues >= 1), ``x = g - sum_j sqrt(c_j - 1) t_j z_j``. Cost
+    ``n^2 d / 2 + n^3 / 6 + 4 n d`` multiply-adds against :func:`_solve_direct`'s
+    ``n d^2 / 2 + d^3 / 6``: 4x fewer at ``n = 20``, ``d = 64``. The user's rows
+    ``v_j``, ``sqrt(c_j - 1) z_j`` are gathered first (``V``, ``W``: ``n x d``); the upper
+    triangle of ``V W^T`` is taken four entries at a time (four independent sums over
+    ``d``, each in order: 1.7x faster than one contiguous ``axpy`` per entry row, whose
+    rows are only ``n - i`` long, and the same bits).
+    """
+    d = Y.shape[1]
+    n = e - s
+    for a in range(d):
+        x[a] = 0.0
+    for i in range(n):
+        j = items[s + i]
+        zi = pos[j]
+        c = conf[s + i]
+        si = np.sqrt(c - 1.0)
+        for a in range(d):
+            za = Z[zi, a]
+            x[a] += c * za
+            V[i, a] = si * Y[np.uint64(j), a]
+            W[i, a] = si * za
+    for i in range(n):
+        acc = 0.0
+        for a in range(d):
+            acc += V[i, a] * x[a]
+        t[i] = acc
+        l = i
+        while l + 3 < n:
+            s0 = s1 = s2 = s3 = 0.0
+            for a in range(d):
+                v = V[i, a]
+                s0 += v * W[l, a]
+                s1 += v * W[l + 1, a]
+                s2 += v * W[l + 2, a]
+                s3 += v * W[l + 3, a]
+            S[i, l] = s0
+            S[i, l + 1] = s1
+            S[i, l + 2] = s2
+            S[i, l + 3] = s3
+            l += 4
+        while l < n:
+            s0 = 0.0
+            for a in range(d):
+                s0 += V[i, a] * W[l, a]
+            S[i, l] = s0
+            l += 1
+        S[i, i] += 1.0
+    chol_solve(S, t, n)
+    for i in range(n):
+        f = t[i]
+        for a in range(d):
+            x[a] -= f * W[i, a]
+
+
+@njit(cache=True, nogil=True)
+def _prepared_rows(indptr, items, Y, YtY, ridge):
+    """``(pos, Z)``: ``Z[pos[j]] = (YtY + ridge I)^-1 y_j`` for the items of users with fewer pairs than ``d``."""
+    n_items, d = Y.shape
+    pos = np.full(n_items, -1, dtype=np.int64)
+    m = 0
+    for u in range(len(indptr) - 1):
+        if indptr[u + 1] - indptr[u] < d:
+            for p in range(indptr[u], indptr[u + 1]):
+                if pos[items[p]] < 0:
+                    pos[items[p]] = m
+                    m += 1
+    Z = np.empty((m, d), dtype=np.float64)
+    if m == 0:
+        return pos, Z
+    R = np.empty((d, d), dtype=np.float64)
+    for a in range(d):
+        for b in range(a, d):
+            R[a, b] = YtY[a, b]
+        R[a, a] += ridge
+    chol_factor(R, d)
+    for j in range(n_items):
+        q = pos[j]
+        if q >= 0:
+            for a in range(d):
+                Z[q, a] = Y[j, a]
+            chol_apply(R, Z[q], d)
+    return pos, Z
 
 
 @njit(cache=True, nogil=True)
@@ -35,12 +209,23 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
 
     ``Y`` is ``(n_items, d)`` float64 (item rows), ``YtY`` its ``d x d`` Gramian over
     every item, ``conf`` one confidence per pair (``>= 1``), ``U`` ``(n_users, d)``
-    (written). A user without pairs gets 0. ``A``'s packed layout is
-    :func:`streamdp.kernels.als.packed_index`'s.
+    (written). A user without pairs gets 0.
+
+    The exact solve, not implicit's few warm-started conjugate-gradient steps: the
+    user's own device runs this same kernel on the released rows
+    (:func:`streamdp.local.implicit_rows`) with no previous factor to start from, and a
+    cold start needs as many steps as the exact solve costs. A user with fewer pairs
+    than ``d`` is solved through the Woodbury identity (:func:`_solve_woodbury`, an
+    ``n x n`` system on rows ``P^-1 y_j`` computed once per call), one with more by
+    forming the ``d x d`` system (:func:`_solve_direct`); both with :func:`chol_factor`.
     """
     d = Y.shape[1]
     M = np.empty((d, d), dtype=np.float64)
     x = np.empty(d, dtype=np.float64)
+    t = np.empty(d, dtype=np.float64)
+    V = np.empty((d, d), dtype=np.float64)
+    W = np.empty((d, d), dtype=np.float64)
+    pos, Z = _prepared_rows(indptr, items, Y, YtY, ridge)
     for u in range(len(indptr) - 1):
         s = indptr[u]
         e = indptr[u + 1]
@@ -48,27 +233,106 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
             for a in range(d):
                 U[u, a] = 0.0
             continue
-        for a in range(d):
-            x[a] = 0.0
-            for b in range(a + 1):
-                M[a, b] = YtY[a, b]
-            M[a, a] += ridge
-        for p in range(s, e):
-            j = items[p]
-            c = conf[p]
-            cm = c - 1.0
-            for a in range(d):
-                ya = Y[j, a]
-                x[a] += c * ya
-                w = cm * ya
-                for b in range(a + 1):
-                    M[a, b] += w * Y[j, b]
-        for a in range(d):
-            for b in range(a + 1, d):
-                M[a, b] = M[b, a]
-        ridge_solve(M, x, d)
+        if e - s < d:
+            _solve_woodbury(Y, Z, pos, items, conf, s, e, M, V, W, t, x)
+        else:
+            _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x)
         for a in range(d):
             U[u, a] = x[a]
+
+
+@njit(cache=True, nogil=True)
+def _clip_rows(indptr, U, k, clip, clip_last, X):
+    """``X[u]``: user ``u``'s row clipped (see :func:`ials_accumulate`); returns the number of clipped users."""
+    d = U.shape[1]
+    x = np.empty(d, dtype=np.float64)
+    clipped = 0
+    for u in range(len(indptr) - 1):
+        if indptr[u + 1] == indptr[u]:
+            continue
+        clipped += clip_row(U, u, k, clip, x)
+        if k < d:
+            x[k] = min(max(U[u, k], -clip_last), clip_last)
+        for a in range(d):
+            X[u, a] = x[a]
+    return clipped
+
+
+@njit(cache=True, nogil=True)
+def _by_item(indptr, items, weights, n_items):
+    """The block's pairs of nonzero weight grouped by item: ``(start (n_items + 1), pair, user)`` (counting sort)."""
+    start = np.zeros(n_items + 1, dtype=np.int64)
+    for p in range(len(items)):
+        if weights[p] != 0.0:
+            start[items[p] + 1] += 1
+    for j in range(n_items):
+        start[j + 1] += start[j]
+    fill = start[:-1].copy()
+    pair = np.empty(start[n_items], dtype=np.int64)
+    user = np.empty(start[n_items], dtype=np.int64)
+    for u in range(len(indptr) - 1):
+        for p in range(indptr[u], indptr[u + 1]):
+            if weights[p] != 0.0:
+                j = items[p]
+                pair[fill[j]] = p
+                user[fill[j]] = u
+                fill[j] += 1
+    return start, pair, user
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _accumulate_by_item(start, pair, user, conf, weights, X, B, A):
+    """``B_j += w c x_u[:k]`` and ``A_j += w (c - 1) x_u x_u^T`` (packed), item by item, eight pairs per sweep.
+
+    An item's ``A_j`` row (``d (d + 1) / 2`` doubles, 16 KB at ``d = 64``) stays in cache
+    while all of the block's pairs of that item are added to it; per pair in the users'
+    order, every pair reaches a different row of an ``A`` far larger than the caches
+    (33 MB for 2,000 items). Measured on a 1M-pair block at k=64 (busy machine): per pair
+    in the users' order 8.5-9.2 s; item by item two / four / eight pairs per sweep 1.23 /
+    0.73 / 0.57 s (each entry of ``A_j`` loaded and stored once per eight multiply-adds).
+    Missing pairs of the last sweep are repeats of its first with weight 0 (exact zeros).
+    """
+    d = X.shape[1]
+    k = B.shape[1]
+    do_a = A.shape[0] > 0
+    us = np.empty(8, dtype=np.int64)
+    bw = np.empty(8, dtype=np.float64)
+    aw = np.empty(8, dtype=np.float64)
+    for j in range(len(start) - 1):
+        q = start[j]
+        e = start[j + 1]
+        while q < e:
+            for r in range(8):
+                if q + r < e:
+                    p = pair[q + r]
+                    us[r] = user[q + r]
+                    bw[r] = weights[p] * conf[p]
+                    aw[r] = weights[p] * (conf[p] - 1.0)
+                else:
+                    us[r] = user[q]
+                    bw[r] = 0.0
+                    aw[r] = 0.0
+            u0, u1, u2, u3, u4, u5, u6, u7 = us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7]
+            for a in range(k):
+                B[j, a] += (bw[0] * X[u0, a] + bw[1] * X[u1, a] + bw[2] * X[u2, a] + bw[3] * X[u3, a]
+                            + bw[4] * X[u4, a] + bw[5] * X[u5, a] + bw[6] * X[u6, a] + bw[7] * X[u7, a])
+            if do_a:
+                off = 0
+                for a in range(d):
+                    f0 = aw[0] * X[u0, a]
+                    f1 = aw[1] * X[u1, a]
+                    f2 = aw[2] * X[u2, a]
+                    f3 = aw[3] * X[u3, a]
+                    f4 = aw[4] * X[u4, a]
+                    f5 = aw[5] * X[u5, a]
+                    f6 = aw[6] * X[u6, a]
+                    f7 = aw[7] * X[u7, a]
+                    base = off - a
+                    for b in range(a, d):
+                        A[j, base + b] += (f0 * X[u0, b] + f1 * X[u1, b] + f2 * X[u2, b] + f3 * X[u3, b]
+                                           + f4 * X[u4, b] + f5 * X[u5, b] + f6 * X[u6, b] + f7 * X[u7, b])
+                    off += d - a
+            q += 8
 
 
 @njit(cache=True, nogil=True)
@@ -81,34 +345,23 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     with ``k = d`` or ``d - 1``. When ``k = d - 1`` the row's last coordinate (a user's
     weight on the popularity column) is clipped on its own to ``[-clip_last, clip_last]``
     and the first ``k`` to norm ``clip``, and ``B`` gets the first ``k`` only; otherwise the
-    whole row is clipped to ``clip``. Users without pairs add nothing.
+    whole row is clipped to ``clip``. Users without pairs add nothing. The rows are
+    clipped first (:func:`_clip_rows`), then the pairs are taken item by item
+    (:func:`_accumulate_by_item`).
     """
     d = U.shape[1]
     k = B.shape[1]
-    do_a = A.shape[0] > 0
-    x = np.empty(d, dtype=np.float64)
-    clipped = 0
+    X = np.zeros((len(indptr) - 1, d), dtype=np.float64)
+    clipped = _clip_rows(indptr, U, k, clip, clip_last, X)
     for u in range(len(indptr) - 1):
-        s = indptr[u]
-        e = indptr[u + 1]
-        if e == s:
+        if indptr[u + 1] == indptr[u]:
             continue
-        clipped += clip_row(U, u, k, clip, x)
-        if k < d:
-            x[k] = min(max(U[u, k], -clip_last), clip_last)
         for a in range(d):
+            xa = X[u, a]
             for b in range(a, d):
-                G[a, b] += x[a] * x[b]
-        for p in range(s, e):
-            w = weights[p]
-            if w == 0.0:
-                continue
-            j = items[p]
-            wc = w * conf[p]
-            for a in range(k):
-                B[j, a] += wc * x[a]
-            if do_a:
-                add_packed_outer(A, j, w * (conf[p] - 1.0), x, d)
+                G[a, b] += xa * X[u, b]
+    start, pair, user = _by_item(indptr, items, weights, B.shape[0])
+    _accumulate_by_item(start, pair, user, conf, weights, X, B, A)
     return clipped
 
 
@@ -177,6 +430,6 @@ def ials_solve_items(B, A, G, scale, lam, Y, k, out):
             if d > k:
                 x[a] -= Y[j, k] * M[a, k]
             M[a, a] += lam[j]
-        ridge_solve(M, x, k)
+        chol_solve(M, x, k)
         for a in range(k):
             out[j, a] = x[a]

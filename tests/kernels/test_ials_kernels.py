@@ -97,3 +97,31 @@ def test_one_users_contribution_is_within_the_bounds():
     assert np.linalg.norm(G[np.triu_indices(d)]) <= D * D + P * P + 1e-12
     assert np.linalg.norm(B) <= cmax * D * np.sqrt(tau) + 1e-12
     assert np.linalg.norm(A) <= (cmax - 1) * (D * D + P * P) * np.sqrt(tau) + 1e-12
+
+
+@pytest.mark.parametrize("ones", [False, True])
+def test_user_solve_both_paths_match_the_reference(ones):
+    # users with fewer pairs than d (the Woodbury path) and with more (the d x d system), confidences of exactly 1
+    # (no term in the Woodbury system) among them
+    rng = np.random.default_rng(7)
+    n_items, d = 60, 16
+    counts = np.array([1, 2, 15, 16, 17, 40, 0, 5])
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    items = np.concatenate([rng.choice(n_items, c, replace=False) for c in counts]).astype(np.int32)
+    conf = np.ones(len(items)) if ones else 1.0 + rng.uniform(0, 20, len(items)) * (rng.random(len(items)) < 0.7)
+    Y = rng.standard_normal((n_items, d)) * 0.3
+    U = np.full((len(counts), d), np.nan)
+    ials_solve_users(indptr, items, conf, Y, Y.T @ Y, 0.05, U)
+    np.testing.assert_allclose(U, ials_solve_users_reference(indptr, items, conf, Y, Y.T @ Y, 0.05), rtol=1e-8,
+                               atol=1e-11)
+
+
+def test_cholesky_factor_is_numpys():
+    from streamdp.kernels.ials import chol_factor
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((30, 12))
+    M = X.T @ X + 0.1 * np.eye(12)
+    R = M.copy()
+    chol_factor(R, 12)
+    np.testing.assert_allclose(np.triu(R), np.linalg.cholesky(M).T, rtol=1e-10, atol=1e-12)
