@@ -4,6 +4,7 @@ the default parallel run."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,10 @@ def pytest_configure(config):
     tests took 11.5 s of CPU with OpenBLAS's default threads against 4.8 s with one, under
     load (streamdp's engine limits BLAS inside its tasks, not around a method's final solve).
     """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # a run started in the background of a shell without job control inherits Ctrl-C ignored (and so do the
+        # xdist workers and the streamdp processes the tests start): the interrupt tests need Python's default
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     workers = config.getoption("numprocesses", None) if config.pluginmanager.hasplugin("xdist") else None
     if isinstance(workers, int) and workers > 1 and not hasattr(config, "workerinput"):
         share = str(max(1, (os.cpu_count() or 1) // workers))
