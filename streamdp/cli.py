@@ -482,7 +482,13 @@ def format_train_summary(summary: dict) -> str:
     else:
         privacy = (f"{summary['guarantee']}, epsilon {eps if isinstance(eps, str) else f'{eps:.4g}'} "
                    f"(target {summary['epsilon']}), delta {summary['delta']:g}")
+    from streamdp.methods import METHODS
+
+    cls = METHODS.get(summary["method"])
+    lists_model = getattr(cls, "LOCAL_SOLVER", None) == "implicit"  # ials: no biases, its chart instead
     shape = (f"rank {summary['rank']}" if summary.get("factors_released", True) else
+             f"the most-popular chart by its released counts only (no factors released; rank {summary['rank']} "
+             f"unused)" if lists_model else
              f"item biases and global mean only (no factors released; rank {summary['rank']} unused)")
     timing = f"trained in {summary['train_seconds']:.1f}s"
     if "total_seconds" in summary:
