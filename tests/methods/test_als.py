@@ -327,3 +327,16 @@ def test_means_counts_what_a_user_centred_residual_carries(tmp_path):
     assert np.abs(got - want).mean() < 0.25 * gap
     got = streamdp.train(st, method="als", iters=0, **kw).extras["noisy_item_weight"]
     assert np.abs(got - plain).mean() < 0.25 * gap
+
+
+def test_biases_only_private_runs_give_the_counts_a_larger_share(small_store):
+    """A private als/irls release of item biases only spends 0.4 of the statistics' share on the counts (the
+    list score's count term); runs that fit factors, means and a given --count-share keep theirs."""
+    def share(method, **opts):
+        m = get_method(method)(epsilon=1.0, delta=1e-6, rank=3, seed=1, **opts)
+        return m.plan(small_store).settings.count_share
+
+    assert share("als", iters=0) == share("irls", iters=0) == 0.4
+    assert share("als", iters=2) == share("means") == 0.2
+    assert share("als", iters=0, count_share=0.3) == 0.3
+    assert get_method("als")(epsilon=INF, delta=1e-6, rank=3, iters=0).settings(small_store).count_share == 0.2
