@@ -33,7 +33,8 @@ be in (a user rates at most ``n_items`` items; an unbiased sum of the noisy coun
 mean training ratings per user the mean of the bins' midpoints weighted by the counts that
 stand above :data:`NOISE_FLOOR` noise standard deviations (a bin within the noise is read
 as empty: otherwise the noise in the far, empty bins dominates the mean), divided by
-``1 - test_fraction`` for the generator's ratings per user (train and test).
+``1 - test_fraction`` for the ratings per user (train and test); the generator's parameter is
+the mean before its cap at ``n_items`` that gives this mean after it (:func:`generator_mean`).
 
 Everything else (rank, noise, the power-law exponents of item popularity and user
 activity, the item biases) is the generator's default or the option given: a rehearsal
@@ -95,6 +96,32 @@ def shape_from_histogram(counts, noise_std: float, n_items: int, test_fraction: 
     train_mean = float((w * mid[: len(h)]).sum() / w.sum()) if w.sum() > 0 else 1.0
     rpu = min(max(train_mean / (1.0 - float(test_fraction)), 1.0), float(n_items))
     return {"n_users": n_users, "ratings_per_user": round(rpu, 3)}
+
+
+def generator_mean(mean: float, n_items: int, user_exponent: float = 2.0) -> float:
+    """The generator's ``ratings_per_user`` whose users have ``mean`` ratings on average once their Pareto activity
+    is capped at ``n_items`` (a released histogram counts the capped numbers; the generator's parameter is the mean
+    before the cap): ``E[min(X, N)] = s a / (a - 1) (1 - (s / N)^(a - 1)) + N (s / N)^a`` for ``X`` Pareto of scale
+    ``s = m (a - 1) / a`` and exponent ``a``, solved for ``m`` by bisection.
+
+    >>> generator_mean(14.296875, 80)  # 15 ratings per user before the cap at 80 items: 14.3 on average after it
+    15.0
+    """
+    a, n = float(user_exponent), float(n_items)
+
+    def capped(m):
+        s = m * (a - 1.0) / a
+        if s >= n:
+            return n
+        return s * a / (a - 1.0) * (1.0 - (s / n) ** (a - 1.0)) + n * (s / n) ** a
+
+    if mean >= capped(n * 1e6):
+        return float(n)
+    lo, hi = 1.0, n * 1e6
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if capped(mid) < mean else (lo, mid)
+    return round(max(lo, 1.0), 3)
 
 
 def _read_json(path) -> dict | None:
@@ -215,7 +242,7 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
         return _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget, force, say, options)
     _say_shape(say, st, pub, shape)
     return generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"],
-                          ratings_per_user=shape["ratings_per_user"]["value"], rating_min=pub["rating_min"],
+                          ratings_per_user=_generator_rpu(shape, pub, options), rating_min=pub["rating_min"],
                           rating_max=pub["rating_max"], rating_step=pub["rating_step"],
                           test_fraction=pub["test_fraction"], force=force, like={**like, "shape": shape}, **options)
 
@@ -240,7 +267,7 @@ def _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget
         like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
                                  "noise_std": math.sqrt(2.0) * rel.scale}
         syn = generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"],
-                             ratings_per_user=shape["ratings_per_user"]["value"], rating_min=pub["rating_min"],
+                             ratings_per_user=_generator_rpu(shape, pub, options), rating_min=pub["rating_min"],
                              rating_max=pub["rating_max"], rating_step=pub["rating_step"],
                              test_fraction=pub["test_fraction"], force=force, like={**like, "shape": shape},
                              **options)
@@ -248,6 +275,13 @@ def _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget
         f"per user, which it had not released (entry {entry}; later rehearsals reuse it for free)")
     _say_shape(say, st, pub, shape)
     return syn
+
+
+def _generator_rpu(shape, pub, options) -> float:
+    """The generator's ``ratings_per_user`` for the mean in ``shape`` (:func:`generator_mean`), recorded beside it."""
+    m = generator_mean(shape["ratings_per_user"]["value"], pub["n_items"], options.get("user_exponent", 2.0))
+    shape["ratings_per_user"]["generator_parameter"] = m
+    return m
 
 
 def _say_shape(say, st, pub, shape) -> None:

@@ -82,13 +82,15 @@ def _name(e: float) -> str:
 
 def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: float | None = None,
              shape_epsilon: float | None = None, over_budget: bool = False, force: bool = False, echo=None,
-             seed: int | None = None, dry_run: bool = False, **options) -> dict:
+             seed: int | None = None, dry_run: bool = False, synthetic_seed: int = 0, **options) -> dict:
     """The sweep on a synthetic store shaped like ``store`` (:mod:`streamdp.rehearse`), kept in ``OUT/synthetic.zarr``.
 
     ``store``'s ratings are never read and its budget is left as it was, unless a shape statistic it has not
     released must be (``users`` / ``ratings_per_user`` avoid it; ``shape_epsilon`` its cost, ``over_budget`` past
     the budget): then that one release is charged to it, and said. The sweep's releases are charged to the
-    synthetic store's own budget. ``options``: :func:`sweep`'s. Returns the results, with ``rehearsal``.
+    synthetic store's own budget. ``synthetic_seed``: the generator's (its default, 0, as ``streamdp generate``'s;
+    ``seed`` seeds the runs, as in :func:`sweep`). ``options``: :func:`sweep`'s. Returns the results, with
+    ``rehearsal``.
     """
     say = echo or (lambda *a, **k: None)
     if dry_run:
@@ -100,7 +102,7 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     try:
         syn = generate_like(st, os.path.join(out, SYNTHETIC), users=users, ratings_per_user=ratings_per_user,
                             shape_epsilon=shape_epsilon, over_budget=over_budget, echo=say,
-                            seed=0 if seed is None else int(seed), show_progress=False)
+                            seed=int(synthetic_seed), show_progress=False)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
