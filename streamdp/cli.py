@@ -707,10 +707,8 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
     With --rehearse, the same on a synthetic store shaped like STORE, at no cost to it; with --replot, the plot and
     table of a finished sweep again.
     """
-    import math
-
     from streamdp.errors import ParameterError
-    from streamdp.sweep import format_table, parse_epsilons, rehearse as run_rehearsal, replot as run_replot
+    from streamdp.sweep import format_table, rehearse as run_rehearsal, replot as run_replot
     from streamdp.sweep import sweep as run_sweep
 
     echo = None if as_json else click.echo
@@ -732,8 +730,6 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
                         ("--shape-epsilon", shape_epsilon)):
             if v is not None:
                 raise ParameterError(f"{flag}: only with --rehearse")
-        if not dry_run and any(math.isinf(e) for e in parse_epsilons(epsilons)):
-            confirm_infinite(store, yes, "--epsilons inf")
     common = dict(methods=methods, epsilons=epsilons, out=out, repeats=repeats, seed=seed, delta=delta, rank=rank,
                   workers=workers, memory_limit=memory_limit, scheduler=scheduler, state=state,
                   over_budget=over_budget, dry_run=dry_run, force=force, echo=echo, users_bound=users_bound)
@@ -741,7 +737,7 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
         res = run_rehearsal(store, users=rehearse_users, ratings_per_user=rehearse_rpu, shape_epsilon=shape_epsilon,
                             **common)
     else:
-        res = run_sweep(store, **common)
+        res = run_sweep(store, **common, confirm_infinite=lambda: confirm_infinite(store, yes, "--epsilons inf"))
     if as_json:
         print_json(encode_json_safe(res))
         return

@@ -156,7 +156,8 @@ def _fmt(x) -> str:
 def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | None = None,
           delta: float | None = None, rank: int | None = None, workers=None, memory_limit=None, scheduler=None,
           state: str | None = None, over_budget: bool = False, dry_run: bool = False, force: bool = False,
-          echo=None, users_bound: int | None = None, prepared: bool = False, rehearsal: dict | None = None) -> dict:
+          echo=None, users_bound: int | None = None, prepared: bool = False, rehearsal: dict | None = None,
+          confirm_infinite=None) -> dict:
     """Train and evaluate every (method, epsilon) ``repeats`` times; write the results and the plot.
 
     ``scheduler`` and ``state`` as for ``train`` (docs/cluster.md): every run's passes and
@@ -168,7 +169,9 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     release (so the store's budget counts it once per model: more than was spent).
 
     ``prepared``: ``out`` was made by :func:`prepare_out` already (a rehearsal keeps its synthetic store there);
-    ``rehearsal``: what :func:`rehearse` records in the results (the plot and table then say so).
+    ``rehearsal``: what :func:`rehearse` records in the results (the plot and table then say so);
+    ``confirm_infinite``: called, once the sweep is checked and before anything is released, when it has an ``inf``
+    point (the CLI's confirmation; it raises to stop).
 
     Returns the ``results.json`` content (with ``dry_run: true`` and no rows for a dry run).
     """
@@ -204,6 +207,8 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
               **({"rehearsal": rehearsal} if rehearsal else {})}
     if dry_run:
         return {**result, "dry_run": True, "rows": []}
+    if confirm_infinite is not None and any(math.isinf(e) for e in epsilons):
+        confirm_infinite()
     if not spend["within_budget"] and not over_budget:
         raise BudgetExceededError(f"{st.path}: the sweep would take the store's spend to epsilon "
                                   f"{_fmt(spend['after']['epsilon'])}, past its budget epsilon "

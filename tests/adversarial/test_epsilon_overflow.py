@@ -38,7 +38,7 @@ def one_line_error(args, *needles):
 @pytest.mark.parametrize("text", ["1e309", "1e400", "-1e309", "9" * 400])
 def test_overflowing_epsilon_is_refused_by_every_command(store, tmp_path, text):
     flag = f"--epsilon {text}: overflows a float"
-    one_line_error(["train", store, "--epsilon", text, "--yes", "--out", tmp_path / "m"], flag)
+    one_line_error(["train", store, "--epsilon", text, "--out", tmp_path / "m"], flag)
     one_line_error(["train", store, "--method", "oja", "--epsilon", text, "--out", tmp_path / "m"], flag)
     one_line_error(["tune", store, "--epsilon", text, "--out", tmp_path / "t"], flag)
     one_line_error(["lowrank", store, "--rank", "2", "--epsilon", text, "--out", tmp_path / "l"], flag)
@@ -54,7 +54,7 @@ def test_overflowing_epsilon_is_refused_by_every_command(store, tmp_path, text):
 
 @pytest.mark.parametrize("text", ["inf", "INF", "Infinity", "+inf"])
 def test_the_literal_inf_still_trains_without_noise(store, tmp_path, text):
-    r = CliRunner().invoke(main, ["train", str(store), "--epsilon", text, "--out", str(tmp_path / "m"), "--seed",
+    r = CliRunner().invoke(main, ["train", str(store), "--epsilon", text, "--yes", "--out", str(tmp_path / "m"), "--seed",
                                   "1", "--json"])
     assert r.exit_code == 0, (r.output, r.exception)
     assert '"guarantee": "non-private"' in r.stdout
