@@ -227,7 +227,8 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
     if None in shape.values():
         found = released_shape(st)
         if shape["n_users"] is None and found["n_users"] is not None:
-            shape["n_users"] = {"value": int(found["n_users"]["value"]), "source": f"released: {found['n_users']['from']}"}
+            shape["n_users"] = {"value": int(found["n_users"]["value"]),
+                                "source": f"released: {found['n_users']['from']}"}
         if found["histogram"] is not None:
             h = shape_from_histogram(found["histogram"]["value"], found["histogram"]["std"], pub["n_items"],
                                      pub["test_fraction"])

@@ -382,9 +382,9 @@ def plot(result: dict, path: str) -> str | None:
                  (("private_popularity", "most popular by released counts", "--"),
                   ("popularity", "most popular, non-private", "-.")) if key in rb]
         _panel(plt, axes[1][0], result, finite, "ndcg", f"test NDCG@{k} (unrated items)", lines)
-    axes[0][0].set_title(("REHEARSAL (synthetic, shaped like "
-                          f"{os.path.basename(result['rehearsal']['like'].rstrip('/'))}): "
-                          if result.get("rehearsal") else "") + f"{os.path.basename(result['store'].rstrip('/'))}: test RMSE"
+    rehearsal = (f"REHEARSAL on synthetic data shaped like {os.path.basename(result['rehearsal']['like'].rstrip('/'))}"
+                 "\n" if result.get("rehearsal") else "")
+    axes[0][0].set_title(rehearsal + f"{os.path.basename(result['store'].rstrip('/'))}: test RMSE"
                          + (" and NDCG" if ranked else "") + f" vs epsilon "
                          f"(delta {result['delta']:.0e}, {result['repeats']} repeat(s))")
     fig.tight_layout()

@@ -1,5 +1,5 @@
-"""Choosing epsilon without spending it (issue 31 item 2): ``generate --like``, ``sweep --rehearse``, ``sweep --replot``,
-the confirmation before an infinite spend, the baselines beside each sweep point."""
+"""Choosing epsilon without spending it (issue 31 item 2): ``generate --like``, ``sweep --rehearse``,
+``sweep --replot``, the confirmation before an infinite spend, the baselines beside each sweep point."""
 
 import json
 import os
