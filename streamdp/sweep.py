@@ -97,6 +97,9 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
         raise ParameterError("--dry-run: a rehearsal spends nothing of the store's (it says so if it must release "
                              "its shape first); leave --dry-run out, or dry-run the real sweep without --rehearse")
     st = store if isinstance(store, RatingStore) else open_store(store)
+    if not st.has_test:  # the synthetic store takes its test fraction from STORE: a sweep needs one
+        raise ParameterError(f"{st.path}: a sweep needs a test split, and a rehearsal takes STORE's test fraction "
+                             f"(ingest or generate with --test-fraction)")
     say(REHEARSAL_NOTE.format(store=st.path))
     prepare_out(out, force)
     try:

@@ -114,6 +114,15 @@ def test_rehearsal_sweep_never_charges_the_store_and_says_it_is_synthetic(releas
     assert len(syn_entries) == 1  # the sweep's point went to the synthetic store's own budget
 
 
+def test_a_rehearsal_of_a_store_without_a_test_split_is_refused_before_anything_is_written(tmp_path, cli):
+    from streamdp.storage.generate import generate_store
+
+    s = generate_store(str(tmp_path / "n.zarr"), n_users=200, n_items=30, ratings_per_user=5, seed=1)
+    cli.error(cli.run("sweep", s.path, "--rehearse", "--methods", "means", "--epsilons", "1", "--out",
+                      tmp_path / "reh"), "needs a test split", "--test-fraction")
+    assert not (tmp_path / "reh").exists() and _budget_bytes(s.path) is None
+
+
 def test_sweep_prints_the_baselines_beside_each_point_and_a_table(store, tmp_path):
     r = _run("sweep", store.path, "--methods", "means", "--epsilons", "2", "--out", tmp_path / "sw", "--seed", "1")
     assert r.exit_code == 0, r.output
