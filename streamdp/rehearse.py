@@ -24,7 +24,8 @@ what is missing
     charged to STORE's budget like any release (ledger method ``shape``; the entry points
     at the synthetic store, which records the noisy histogram so that the next rehearsal
     reuses it for free), and said in the output. It reads STORE's per-user row pointers,
-    never its ratings. Or, with ``users`` / ``ratings_per_user`` (``--users N
+    never its ratings; its noise always comes from OS entropy (a rehearsal's ``--seed`` seeds
+    the synthetic runs, never a release from STORE). Or, with ``users`` / ``ratings_per_user`` (``--users N
     --ratings-per-user M``), the numbers the user gives, at no cost: they are hers to vouch
     for (read off the data, they are unaccounted wherever the rehearsal's output goes).
 
