@@ -131,6 +131,37 @@ relevant_threshold_option = click.option(
     "min + 0.8 (max - min): 4.2 on 1..5).")
 
 
+#: ``--yes`` of the commands that can make a store's spend infinite (``--epsilon inf``).
+yes_option = click.option("--yes", "-y", "yes", is_flag=True,
+                          help="Confirm a non-private run (epsilon inf), which makes the store's spend infinite for "
+                          "good, without being asked (needed when there is no terminal to ask on).")
+
+INFINITE_PROMPT = "this makes the store's spend infinite for good; continue?"
+
+
+def _stdin_is_tty() -> bool:
+    return sys.stdin.isatty()
+
+
+def confirm_infinite(store: str, yes: bool, what: str) -> None:
+    """Before a run that would make ``store``'s spend infinite (``what``: the flag that asks for it): ask on a
+    terminal, refuse in one line without one unless ``--yes``. Nothing to ask when the spend is infinite already."""
+    import math
+
+    from streamdp.errors import ParameterError
+    from streamdp.privacy.budget import COUNTED, StoreBudget
+
+    if yes:
+        return
+    if any(math.isinf(float(e["epsilon"])) for e in StoreBudget(store).entries() if e["status"] in COUNTED):
+        return
+    if not _stdin_is_tty():
+        raise ParameterError(f"{what}: a non-private release makes {store}'s spend infinite for good; pass --yes "
+                             f"to confirm (there is no terminal to ask on)")
+    if not click.confirm(f"{what}: {INFINITE_PROMPT}", default=False, err=True):
+        raise ParameterError(f"{what}: not confirmed; nothing was released")
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="streamdp")
 def main():
@@ -217,13 +248,29 @@ def verify(store, workers, memory_limit, scheduler, as_json):
 @click.option("--workers", type=int, default=None, help="Threads generating blocks (default: 2, or 1 on one core).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp store at --out (anything else there is "
               "an error); its privacy-budget ledger is carried over.")
-def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fraction, item_exponent,
+@click.option("--like", default=None, metavar="STORE", help="Shape the store like STORE: its items, rating scale "
+              "and test fraction (public), its users and ratings per user as STORE has released them (or --users / "
+              "--ratings-per-user, given; else released now at --shape-epsilon and charged to STORE's budget). "
+              "STORE's ratings are never read (docs/choosing-epsilon.md).")
+@click.option("--shape-epsilon", type=float, default=None, metavar="E",
+              help="With --like: epsilon charged to STORE if a shape statistic must be released (default 0.1).")
+@click.option("--over-budget", is_flag=True, help="With --like: release the shape statistic even past STORE's "
+              "budget (recorded).")
+@click.pass_context
+def generate(ctx, out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fraction, item_exponent,
              user_exponent, scale, factors, user_bias_std, activity_bias, interaction_scale, outlier_fraction,
-             string_ids, taste_clusters, taste_strength, implicit, count_cap, block_users, workers, force):
-    """Write a synthetic low-rank, power-law rating store, block by block."""
+             string_ids, taste_clusters, taste_strength, implicit, count_cap, block_users, workers, force, like,
+             shape_epsilon, over_budget):
+    """Write a synthetic low-rank, power-law rating store, block by block (or one shaped like --like STORE)."""
     from streamdp.errors import ParameterError
     from streamdp.storage.generate import generate_store
 
+    if like is not None:
+        _generate_like(ctx, like, out, shape_epsilon, over_budget, force)
+        return
+    for flag, v in (("--shape-epsilon", shape_epsilon), ("--over-budget", over_budget or None)):
+        if v is not None:
+            raise ParameterError(f"{flag}: only with --like")
     try:
         lo, hi, step = (float(x) for x in scale.split(","))
     except ValueError:
@@ -239,6 +286,31 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
     what = "interactions (implicit: counts)" if s.implicit else "ratings"
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
                f"{s.n_test:,} test {what} in {s.attrs['seconds']:.1f}s")
+
+
+def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
+    """``generate --like STORE``: the options given on the command line go to the generator, except those STORE's
+    public parameters fix (refused); ``--users``/``--ratings-per-user`` given are used at no cost."""
+    from click.core import ParameterSource
+
+    from streamdp.errors import ParameterError
+    from streamdp.rehearse import generate_like
+
+    fixed = {"n_items": "--items", "scale": "--scale", "test_fraction": "--test-fraction", "implicit": "--implicit",
+             "count_cap": "--count-cap"}
+    given = {k: v for k, v in ctx.params.items() if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE
+             and k not in ("out", "like", "shape_epsilon", "over_budget", "force")}
+    for k, flag in fixed.items():
+        if k in given:
+            raise ParameterError(f"{flag}: with --like it comes from {like}'s public parameters; leave it out")
+    users, rpu = given.pop("n_users", None), given.pop("ratings_per_user", None)
+    given.pop("seed", None)
+    s = generate_like(like, out, users=users, ratings_per_user=rpu, shape_epsilon=shape_epsilon,
+                      over_budget=over_budget, force=force, echo=click.echo,
+                      seed=ctx.params["seed"], **given)
+    click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
+               f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s (synthetic: shaped like {like}, none of its "
+               f"ratings read)")
 
 
 @main.command()
@@ -443,11 +515,17 @@ class _TrainCommand(click.Command):
               help="Train even if the store's privacy budget would be exceeded (recorded).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
               "an error).")
+@yes_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def train(store, method, epsilon, delta, users_bound, rank, out, seed, workers, memory_limit, scheduler, state,
-          over_budget, force, as_json, **options):
+          over_budget, force, yes, as_json, **options):
     """Train a private model on STORE and write it to --out."""
+    import math
+
     from streamdp.training import train as train_model
+
+    if math.isinf(epsilon):
+        confirm_infinite(store, yes, "--epsilon inf")
 
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
@@ -532,9 +610,10 @@ def format_train_summary(summary: dict) -> str:
               "(recorded).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
               "an error).")
+@yes_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def tune(store, epsilon, method, out, grid, delta, users_bound, seed, workers, memory_limit, over_budget, force,
-         as_json):
+         yes, as_json):
     """Choose a method's configuration privately on STORE, train it and write it to --out.
 
     Every configuration of the grid is trained privately on a Poisson sample of the
@@ -548,8 +627,12 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, seed, workers, m
     budget before the candidates run (see docs/tune.md). On a store too small for the noisy losses to tell
     configurations apart, nothing is tuned and the default gets the whole epsilon.
     """
+    import math
+
     from streamdp.tune import tune as run_tune
 
+    if math.isinf(epsilon):
+        confirm_infinite(store, yes, "--epsilon inf")
     # the run's summary (streamdp.api.tune's model.summary adds what the loaded model is)
     summary = run_tune(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
                        seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
@@ -582,12 +665,12 @@ def format_tune_summary(summary: dict) -> str:
 
 
 @main.command()
-@click.argument("store")
+@click.argument("store", required=False)
 @click.option("--methods", default="oja,sgld,als", show_default=True, help="Comma-separated methods.")
 @click.option("--epsilons", default="0.1,0.5,1,2,5,10,inf", show_default=True,
               help="Comma-separated user-level epsilons; inf trains without noise.")
-@click.option("--out", required=True, metavar="DIR", help="Directory for results.csv, results.json, the plot and "
-              "the models.")
+@click.option("--out", default=None, metavar="DIR", help="Directory for results.csv, results.json, the plot and "
+              "the models (required unless --replot).")
 @click.option("--repeats", type=int, default=1, show_default=True,
               help="Train each private point this many times (seeds differ); mean and spread are reported.")
 @click.option("--delta", type=float, default=None, help="User-level delta of every run (default as for train).")
@@ -602,20 +685,64 @@ def format_tune_summary(summary: dict) -> str:
 @click.option("--dry-run", is_flag=True, help="Print the sweep's total privacy spend and stop.")
 @click.option("--over-budget", is_flag=True, help="Run even if the store's budget would be exceeded (recorded).")
 @click.option("--force", is_flag=True, help="Replace an earlier sweep directory at --out.")
+@click.option("--rehearse", is_flag=True, help="Rehearse: run the sweep on a synthetic store shaped like STORE "
+              "(OUT/synthetic.zarr, from its public parameters and the statistics it has released), never on its "
+              "ratings and without charging its budget (docs/choosing-epsilon.md).")
+@click.option("--users", "rehearse_users", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --rehearse: the synthetic store's number of users, yours to give (no cost).")
+@click.option("--ratings-per-user", "rehearse_rpu", type=float, default=None, metavar="M",
+              help="With --rehearse: its mean ratings per user (train and test), yours to give (no cost).")
+@click.option("--shape-epsilon", type=float, default=None, metavar="E",
+              help="With --rehearse: epsilon charged to STORE when it has released no histogram of ratings per "
+              "user and --users/--ratings-per-user are not both given (default 0.1).")
+@click.option("--replot", default=None, metavar="RESULTS", help="Redraw the plot and print the table of a finished "
+              "sweep from its results.json (or its directory): no training, no budget touched.")
+@yes_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed, workers, memory_limit, scheduler,
-          state, dry_run, over_budget, force, as_json):
-    """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget."""
+          state, dry_run, over_budget, force, rehearse, rehearse_users, rehearse_rpu, shape_epsilon, replot, yes,
+          as_json):
+    """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget.
+
+    With --rehearse, the same on a synthetic store shaped like STORE, at no cost to it; with --replot, the plot and
+    table of a finished sweep again.
+    """
+    from streamdp.errors import ParameterError
+    from streamdp.sweep import format_table, rehearse as run_rehearsal, replot as run_replot
     from streamdp.sweep import sweep as run_sweep
 
-    res = run_sweep(store, methods=methods, epsilons=epsilons, out=out, repeats=repeats, seed=seed, delta=delta,
-                    rank=rank, workers=workers, memory_limit=memory_limit, scheduler=scheduler, state=state,
-                    over_budget=over_budget, dry_run=dry_run, force=force, echo=None if as_json else click.echo,
-                    users_bound=users_bound)
+    echo = None if as_json else click.echo
+    if replot is not None:
+        if store is not None or out is not None or rehearse:
+            raise ParameterError("--replot RESULTS: redraws a finished sweep; give no STORE, --out or --rehearse")
+        res = run_replot(replot, echo=echo)
+        if as_json:
+            print_json(encode_json_safe(res))
+        else:
+            click.echo(f"wrote {res['plot']}" if res.get("plot") else "no plot: pip install 'streamdp[plot]'")
+        return
+    if store is None:
+        raise ParameterError("give STORE (or --replot RESULTS)")
+    if out is None:
+        raise ParameterError("--out DIR: give the directory to write the sweep to")
+    if not rehearse:
+        for flag, v in (("--users", rehearse_users), ("--ratings-per-user", rehearse_rpu),
+                        ("--shape-epsilon", shape_epsilon)):
+            if v is not None:
+                raise ParameterError(f"{flag}: only with --rehearse")
+    common = dict(methods=methods, epsilons=epsilons, out=out, repeats=repeats, seed=seed, delta=delta, rank=rank,
+                  workers=workers, memory_limit=memory_limit, scheduler=scheduler, state=state,
+                  over_budget=over_budget, dry_run=dry_run, force=force, echo=echo, users_bound=users_bound)
+    if rehearse:
+        res = run_rehearsal(store, users=rehearse_users, ratings_per_user=rehearse_rpu, shape_epsilon=shape_epsilon,
+                            **common)
+    else:
+        res = run_sweep(store, **common, confirm_infinite=lambda: confirm_infinite(store, yes, "--epsilons inf"))
     if as_json:
         print_json(encode_json_safe(res))
         return
     if not dry_run:
+        click.echo(format_table(res))
         click.echo(f"wrote {out}/results.csv, results.json" + (f", {res['plot']}" if res.get("plot") else
                    " (no plot: pip install 'streamdp[plot]')"))
 
@@ -775,9 +902,10 @@ def demo(out, force, epsilon, as_json):
 @click.option("--over-budget", is_flag=True, help="Release even if the store's privacy budget would be exceeded "
               "(recorded).")
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model directory at --out.")
+@yes_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def lowrank(store, rank, epsilon, delta, out, seed, workers, memory_limit, scheduler, state, over_budget, force,
-            as_json, **options):
+            yes, as_json, **options):
     """Private rank-k approximation of STORE's clipped rating matrix; writes its item side to --out.
 
     The guarantee holds for Hardt & Roth's relation (one user's clipped row changes by L2 norm <= L, users and
@@ -788,7 +916,11 @@ def lowrank(store, rank, epsilon, delta, out, seed, workers, memory_limit, sched
     from streamdp.training import lowrank as run_lowrank
     from streamdp.storage.store import open_store
 
+    import math
+
     st = open_store(store)
+    if math.isinf(epsilon):
+        confirm_infinite(store, yes, "--epsilon inf")
     if delta is None:
         delta = default_delta(st.n_users)
     summary = run_lowrank(st, rank=rank, epsilon=epsilon, delta=delta, out=out, seed=seed, workers=workers,

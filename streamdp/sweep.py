@@ -19,6 +19,7 @@ horizontal lines: by the released counts and non-private; needs the ``plot`` ext
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import shutil
@@ -34,15 +35,18 @@ from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import atomic_write_json
 from streamdp.privacy.params import default_delta
 from streamdp.privacy.users import release_user_count
+from streamdp.rehearse import REHEARSAL_NOTE, generate_like
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import dask_session
 
-__all__ = ["sweep", "parse_epsilons", "format_spend"]
+__all__ = ["sweep", "rehearse", "replot", "parse_epsilons", "format_spend", "format_table"]
 
 RESULTS_CSV = "results.csv"
 RESULTS_JSON = "results.json"
 PLOT_PNG = "rmse_vs_epsilon.png"
 SWEEP_MARKER = ".streamdp-sweep"
+#: A rehearsal's synthetic store, inside its sweep directory.
+SYNTHETIC = "synthetic.zarr"
 
 
 def parse_epsilons(text: str) -> list[float]:
@@ -74,6 +78,44 @@ def _is_sweep_dir(path) -> bool:
 
 def _name(e: float) -> str:
     return "inf" if math.isinf(e) else f"{e:g}"
+
+
+def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: float | None = None,
+             shape_epsilon: float | None = None, over_budget: bool = False, force: bool = False, echo=None,
+             seed: int | None = None, dry_run: bool = False, synthetic_seed: int = 0, **options) -> dict:
+    """The sweep on a synthetic store shaped like ``store`` (:mod:`streamdp.rehearse`), kept in ``OUT/synthetic.zarr``.
+
+    ``store``'s ratings are never read and its budget is left as it was, unless a shape statistic it has not
+    released must be (``users`` / ``ratings_per_user`` avoid it; ``shape_epsilon`` its cost, ``over_budget`` past
+    the budget): then that one release is charged to it, and said. The sweep's releases are charged to the
+    synthetic store's own budget. ``synthetic_seed``: the generator's (its default, 0, as ``streamdp generate``'s;
+    ``seed`` seeds the runs, as in :func:`sweep`). ``options``: :func:`sweep`'s. Returns the results, with
+    ``rehearsal``.
+    """
+    say = echo or (lambda *a, **k: None)
+    if dry_run:
+        raise ParameterError("--dry-run: a rehearsal spends nothing of the store's (it says so if it must release "
+                             "its shape first); leave --dry-run out, or dry-run the real sweep without --rehearse")
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    if not st.has_test:  # the synthetic store takes its test fraction from STORE: a sweep needs one
+        raise ParameterError(f"{st.path}: a sweep needs a test split, and a rehearsal takes STORE's test fraction "
+                             f"(ingest or generate with --test-fraction)")
+    say(REHEARSAL_NOTE.format(store=st.path))
+    prepare_out(out, force)
+    try:
+        syn = generate_like(st, os.path.join(out, SYNTHETIC), users=users, ratings_per_user=ratings_per_user,
+                            shape_epsilon=shape_epsilon, over_budget=over_budget, echo=say,
+                            seed=int(synthetic_seed), show_progress=False)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    shape = syn.attrs["params"]["like"]["shape"]
+    say(f"the spend below is the synthetic store's ({syn.path}); {st.path}'s budget is not charged for the sweep")
+    rehearsal = {"like": st.path, "like_checksum": st.checksum, "synthetic_store": syn.path,
+                 "n_users": shape["n_users"], "ratings_per_user": shape["ratings_per_user"]}
+    res = sweep(syn, out=out, seed=seed, echo=echo, prepared=True, rehearsal=rehearsal, **options)
+    say(f"REHEARSAL: the curve above is on synthetic data shaped like {st.path}, not on its ratings")
+    return res
 
 
 def planned_spend(store, points, *, delta, rank, seed, users=None) -> dict:
@@ -117,7 +159,8 @@ def _fmt(x) -> str:
 def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | None = None,
           delta: float | None = None, rank: int | None = None, workers=None, memory_limit=None, scheduler=None,
           state: str | None = None, over_budget: bool = False, dry_run: bool = False, force: bool = False,
-          echo=None, users_bound: int | None = None) -> dict:
+          echo=None, users_bound: int | None = None, prepared: bool = False, rehearsal: dict | None = None,
+          confirm_infinite=None) -> dict:
     """Train and evaluate every (method, epsilon) ``repeats`` times; write the results and the plot.
 
     ``scheduler`` and ``state`` as for ``train`` (docs/cluster.md): every run's passes and
@@ -127,6 +170,11 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     the sweep's smallest finite epsilon, or declared with ``users_bound``
     (:mod:`streamdp.privacy.users`); every model carries it and its ledger counts its
     release (so the store's budget counts it once per model: more than was spent).
+
+    ``prepared``: ``out`` was made by :func:`prepare_out` already (a rehearsal keeps its synthetic store there);
+    ``rehearsal``: what :func:`rehearse` records in the results (the plot and table then say so);
+    ``confirm_infinite``: called, once the sweep is checked and before anything is released, when it has an ``inf``
+    point (the CLI's confirmation; it raises to stop).
 
     Returns the ``results.json`` content (with ``dry_run: true`` and no rows for a dry run).
     """
@@ -158,19 +206,18 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     spend = planned_spend(st, points, delta=delta, rank=rank, seed=seed, users=users)
     say(format_spend(spend))
     result = {"store": st.path, "store_checksum": st.checksum, "methods": methods,
-              "epsilons": [_name(e) for e in epsilons], "repeats": int(repeats), "delta": delta, "spend": spend}
+              "epsilons": [_name(e) for e in epsilons], "repeats": int(repeats), "delta": delta, "spend": spend,
+              **({"rehearsal": rehearsal} if rehearsal else {})}
     if dry_run:
         return {**result, "dry_run": True, "rows": []}
+    if confirm_infinite is not None and any(math.isinf(e) for e in epsilons):
+        confirm_infinite()
     if not spend["within_budget"] and not over_budget:
         raise BudgetExceededError(f"{st.path}: the sweep would take the store's spend to epsilon "
                                   f"{_fmt(spend['after']['epsilon'])}, past its budget epsilon "
                                   f"{_fmt(spend['budget']['epsilon'])}; see --dry-run, or pass --over-budget")
-    check_destination(out, force, what="sweep directory", is_ours=_is_sweep_dir)
-    if os.path.isdir(out) and force:
-        shutil.rmtree(out)
-    os.makedirs(os.path.join(out, "models"))
-    with open(os.path.join(out, SWEEP_MARKER), "w") as f:
-        f.write("streamdp sweep output\n")
+    if not prepared:
+        prepare_out(out, force)
     rows, baselines, ranking_baselines = [], None, None
     t0 = time.perf_counter()
     with dask_session(scheduler, workers) as client:
@@ -187,8 +234,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
                                      for k, v in rk["baselines"].items()}
                 ranking_baselines["k"] = rk["k"]
             rows.append(_row(m, e, r, model, model_dir))
-            say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: test RMSE {s['test_rmse']:.4f}"
-                + (f", NDCG@{rk['k']} {rk['ndcg']:.4f}" if rk else ""))
+            say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: " + point_line(rows[-1], s))
     summary = _aggregate(rows)
     result.update(dry_run=False, rows=rows, summary=summary, baselines=baselines, ranking_baselines=ranking_baselines,
                   seconds=round(time.perf_counter() - t0, 2))
@@ -197,12 +243,42 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     return result
 
 
+def prepare_out(out: str, force: bool) -> None:
+    """Make the sweep directory ``out`` (an earlier sweep's replaced with ``force``; anything else refused)."""
+    check_destination(out, force, what="sweep directory", is_ours=_is_sweep_dir)
+    if os.path.isdir(out) and force:
+        shutil.rmtree(out)
+    os.makedirs(os.path.join(out, "models"))
+    with open(os.path.join(out, SWEEP_MARKER), "w") as f:
+        f.write("streamdp sweep output\n")
+
+
 def _row(m, e, r, model, model_dir) -> dict:
     s = model.summary
     rk = s.get("ranking") or {}
     return {"method": m, "epsilon": _name(e), "repeat": r, "test_rmse": s["test_rmse"], "test_mae": s["test_mae"],
             "recall_at_k": rk.get("recall"), "ndcg_at_k": rk.get("ndcg"), "epsilon_spent": s["epsilon_spent"], "guarantee": s["guarantee"],
             "better_than_baselines": s["verdict"]["better"], "seconds": s["train_seconds"], "model": model_dir}
+
+
+def point_line(row: dict, summary: dict) -> str:
+    """A point's test RMSE beside the damped item mean's and its Recall@k beside the most-popular list's (the
+    non-private references ``train``'s summary compares against), and its NDCG@k.
+
+    >>> point_line({"test_rmse": 0.95, "recall_at_k": 0.3, "ndcg_at_k": 0.2},
+    ...            {"baselines": {"damped_item_mean": {"rmse": 1.0}},
+    ...             "ranking": {"k": 10, "baselines": {"popularity": {"recall": 0.25}}}})
+    'test RMSE 0.9500 (damped item mean 1.0000), Recall@10 0.3000 (most popular 0.2500), NDCG@10 0.2000'
+    """
+    b = (summary.get("baselines") or {}).get("damped_item_mean")
+    text = f"test RMSE {row['test_rmse']:.4f}" + (f" (damped item mean {b['rmse']:.4f})" if b else "")
+    rk = summary.get("ranking") or {}
+    if rk and row.get("recall_at_k") is not None:
+        pop = (rk.get("baselines") or {}).get("popularity")
+        text += (f", Recall@{rk['k']} {row['recall_at_k']:.4f}" + (f" (most popular {pop['recall']:.4f})" if pop
+                                                                    else "")
+                 + f", NDCG@{rk['k']} {row['ndcg_at_k']:.4f}")
+    return text
 
 
 def _aggregate(rows) -> list[dict]:
@@ -214,12 +290,64 @@ def _aggregate(rows) -> list[dict]:
         v = [row["test_rmse"] for row in g]
         d = {"method": m, "epsilon": e, "n": len(v), "rmse_mean": statistics.fmean(v),
              "rmse_std": statistics.stdev(v) if len(v) > 1 else 0.0, "rmse_min": min(v), "rmse_max": max(v)}
-        nd = [row["ndcg_at_k"] for row in g if row.get("ndcg_at_k") is not None]
-        if nd:
-            d["ndcg_mean"] = statistics.fmean(nd)
-            d["ndcg_std"] = statistics.stdev(nd) if len(nd) > 1 else 0.0
+        for key in ("ndcg", "recall"):
+            v = [row[f"{key}_at_k"] for row in g if row.get(f"{key}_at_k") is not None]
+            if v:
+                d[f"{key}_mean"] = statistics.fmean(v)
+                d[f"{key}_std"] = statistics.stdev(v) if len(v) > 1 else 0.0
         out.append(d)
     return out
+
+
+def format_table(result: dict) -> str:
+    """The table a sweep ends with (and ``--replot`` prints again): each point's mean test RMSE and its spread,
+    Recall@k and NDCG@k, then the non-private baselines they are to be compared with."""
+    rb = result.get("ranking_baselines") or {}
+    k = rb.get("k", 10)
+    lines = [("REHEARSAL on synthetic data shaped like " + result["rehearsal"]["like"] + "\n"
+              if result.get("rehearsal") else "")
+             + f"{'method':<10} {'epsilon':>8} {'n':>3}  {'test RMSE (mean +- std)':<24} {'Recall@' + str(k):>9} "
+               f"{'NDCG@' + str(k):>8}"]
+    order = {m: i for i, m in enumerate(result["methods"])}
+
+    def eps_key(s):
+        return math.inf if s["epsilon"] == "inf" else float(s["epsilon"])
+
+    for s in sorted(result["summary"], key=lambda s: (order.get(s["method"], 0), eps_key(s))):
+        rec = f"{s['recall_mean']:.4f}" if "recall_mean" in s else "-"
+        nd = f"{s['ndcg_mean']:.4f}" if "ndcg_mean" in s else "-"
+        lines.append(f"{s['method']:<10} {s['epsilon']:>8} {s['n']:>3}  "
+                     f"{s['rmse_mean']:.4f} +- {s['rmse_std']:.4f}{'':<8} {rec:>9} {nd:>8}")
+    b = result.get("baselines") or {}
+    refs = [f"{label} RMSE {b[key]['rmse']:.4f}" for key, label in
+            (("damped_item_mean", "damped item mean"), ("item_mean", "item mean")) if key in b]
+    refs += [f"{label} Recall@{k} {rb[key]['recall']:.4f}" for key, label in
+             (("popularity", "most popular"), ("private_popularity", "most popular by released counts"))
+             if key in rb]
+    if refs:
+        lines.append("non-private baselines: " + ", ".join(refs))
+    return "\n".join(lines)
+
+
+def replot(results: str, echo=None) -> dict:
+    """Redraw the plot of a finished sweep from its ``results.json`` (written beside it) and print its table:
+    nothing is trained, no store or budget is opened. Returns the results with ``plot`` (None without
+    matplotlib)."""
+    say = echo or (lambda *a, **k: None)
+    path = os.path.join(results, RESULTS_JSON) if os.path.isdir(results) else results
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except OSError as exc:
+        raise ParameterError(f"--replot {results}: cannot read it ({exc.strerror})") from None
+    except ValueError as exc:
+        raise ParameterError(f"--replot {path}: not JSON ({exc})") from None
+    if not isinstance(result, dict) or result.get("dry_run") or not all(
+            k in result for k in ("methods", "summary", "store", "delta", "repeats")):
+        raise ParameterError(f"--replot {path}: not the results.json of a finished sweep")
+    say(format_table(result))
+    result["plot"] = plot(result, os.path.join(os.path.dirname(os.path.abspath(path)), PLOT_PNG))
+    return result
 
 
 def _write(out, result) -> None:
@@ -257,7 +385,9 @@ def plot(result: dict, path: str) -> str | None:
                  (("private_popularity", "most popular by released counts", "--"),
                   ("popularity", "most popular, non-private", "-.")) if key in rb]
         _panel(plt, axes[1][0], result, finite, "ndcg", f"test NDCG@{k} (unrated items)", lines)
-    axes[0][0].set_title(f"{os.path.basename(result['store'].rstrip('/'))}: test RMSE"
+    rehearsal = (f"REHEARSAL on synthetic data shaped like {os.path.basename(result['rehearsal']['like'].rstrip('/'))}"
+                 "\n" if result.get("rehearsal") else "")
+    axes[0][0].set_title(rehearsal + f"{os.path.basename(result['store'].rstrip('/'))}: test RMSE"
                          + (" and NDCG" if ranked else "") + f" vs epsilon "
                          f"(delta {result['delta']:.0e}, {result['repeats']} repeat(s))")
     fig.tight_layout()

@@ -63,7 +63,7 @@ def test_train_json_and_evaluate(small_store, tmp_path):
 
 def test_nonprivate_beats_item_mean(small_store, tmp_path):
     out = str(tmp_path / "np")
-    res = CliRunner().invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "4", "--out", out])
+    res = CliRunner().invoke(main, ["train", small_store.path, "--epsilon", "inf", "--yes", "--rank", "4", "--out", out])
     assert res.exit_code == 0, res.output
     ev = evaluate_model(out, small_store)
     assert ev["guarantee"] == "non-private"
@@ -123,7 +123,7 @@ def test_released_items_are_in_id_order_not_popularity_order(tmp_path):
 
 
 def test_train_prints_baselines_and_says_plainly_when_no_better(small_store, tmp_path):
-    good = CliRunner().invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "inf", "--rank", "4",
+    good = CliRunner().invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "inf", "--yes", "--rank", "4",
                                      "--out", str(tmp_path / "good")])
     assert good.exit_code == 0, good.output
     assert "non-private baselines: damped item mean" in good.output and "verdict: better than" in good.output
@@ -166,7 +166,7 @@ def test_evaluate_on_another_store_is_an_error_unless_allowed(tmp_path):
     assert a.n_items == b.n_items and a.checksum != b.checksum
     out = str(tmp_path / "m")
     runner = CliRunner()
-    res = runner.invoke(main, ["train", a.path, "--method", "means", "--epsilon", "inf", "--out", out])
+    res = runner.invoke(main, ["train", a.path, "--method", "means", "--epsilon", "inf", "--yes", "--out", out])
     assert res.exit_code == 0, res.output
     for extra in ([], ["--json"]):
         res = runner.invoke(main, ["evaluate", out, b.path] + extra)

@@ -74,7 +74,7 @@ def test_read_user_ratings_maps_ids_and_reports_lines(tmp_path):
 def test_recommend_cli(small_store, tmp_path):
     runner = CliRunner()
     out = str(tmp_path / "m")
-    res = runner.invoke(main, ["train", small_store.path, "--method", "oja", "--epsilon", "inf", "--rank", "3",
+    res = runner.invoke(main, ["train", small_store.path, "--method", "oja", "--epsilon", "inf", "--yes", "--rank", "3",
                                "--out", out, "--seed", "1", "--passes", "5"])
     assert res.exit_code == 0, res.output
     ids = small_store.item_ids()
@@ -99,7 +99,7 @@ def test_recommend_refuses_a_rating_outside_the_models_range(small_store, tmp_pa
     and nothing is printed on stdout; --json output stays one JSON object."""
     runner = CliRunner()
     out = str(tmp_path / "m")
-    res = runner.invoke(main, ["train", small_store.path, "--method", "means", "--epsilon", "inf", "--out", out])
+    res = runner.invoke(main, ["train", small_store.path, "--method", "means", "--epsilon", "inf", "--yes", "--out", out])
     assert res.exit_code == 0, res.output
     ids = small_store.item_ids()
     f = tmp_path / "me.csv"

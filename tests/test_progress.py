@@ -20,7 +20,7 @@ def terminal(monkeypatch):
 def test_train_and_evaluate_draw_bars_on_a_terminal(small_store, tmp_path, terminal):
     runner = CliRunner()
     out = str(tmp_path / "m")
-    res = runner.invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "inf", "--iters", "2",
+    res = runner.invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "inf", "--yes", "--iters", "2",
                                "--out", out])
     assert res.exit_code == 0, res.output
     assert "als iteration 2/2" in res.stderr and "evaluate" in res.stderr and "block" in res.stderr
@@ -32,7 +32,7 @@ def test_train_and_evaluate_draw_bars_on_a_terminal(small_store, tmp_path, termi
 def test_json_output_stays_one_object_and_draws_no_bar(small_store, tmp_path, terminal):
     runner = CliRunner()
     out = str(tmp_path / "m")
-    res = runner.invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "inf", "--iters", "2",
+    res = runner.invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "inf", "--yes", "--iters", "2",
                                "--out", out, "--json"])
     assert res.exit_code == 0, res.output
     assert isinstance(json.loads(res.stdout), dict) and res.stdout.count("\n") == 1

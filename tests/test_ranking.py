@@ -202,14 +202,14 @@ def test_evaluate_cli_ranking_options(small_store, als_model):
 def test_train_summary_carries_the_ranking(small_store, tmp_path):
     runner = CliRunner()
     out = str(tmp_path / "t")
-    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "4", "--out", out, "--seed",
+    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--yes", "--rank", "4", "--out", out, "--seed",
                                "1", "--json", "--workers", "1"])
     assert res.exit_code == 0, res.output
     r = json.loads(res.stdout)["ranking"]
     ev = evaluate_model(out, small_store, workers=1)["ranking"]
     assert r["k"] == 10 and r["ndcg"] == pytest.approx(ev["ndcg"]) and r["recall"] == pytest.approx(ev["recall"])
     assert r["baselines"]["popularity"]["recall"] == pytest.approx(ev["baselines"]["popularity"]["recall"])
-    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "4", "--out", out, "--seed",
+    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--yes", "--rank", "4", "--out", out, "--seed",
                                "1", "--force", "--workers", "1"])
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("ranking: "))

@@ -177,7 +177,7 @@ METHODS = {
     "oja": ["--epsilon", "1", "--rank", "2", "--passes", "1"],
     "svd": ["--epsilon", "1", "--rank", "2"],
     "sgld": ["--epsilon", "1", "--rank", "2", "--epochs", "1"],
-    "sgd": ["--epsilon", "inf", "--rank", "2", "--epochs", "1"],
+    "sgd": ["--epsilon", "inf", "--yes", "--rank", "2", "--epochs", "1"],
     "public-private": ["--epsilon", "1", "--rank", "2", "--public-fraction", "0.3", "--iters", "1"],
 }
 

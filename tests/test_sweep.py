@@ -30,7 +30,7 @@ def test_dry_run_prints_the_spend_and_releases_nothing(store, tmp_path):
 def test_sweep_writes_results_plot_and_charges_every_point(store, tmp_path):
     out = tmp_path / "sw"
     r = CliRunner().invoke(main, ["sweep", store.path, "--methods", "means,als", "--epsilons", "1,inf",
-                                  "--repeats", "2", "--out", str(out), "--seed", "3", "--json"])
+                                  "--repeats", "2", "--out", str(out), "--seed", "3", "--yes", "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     rows = list(csv.DictReader(open(out / "results.csv")))

@@ -623,6 +623,11 @@ class StoreBudget:
                 "within_budget": self._within(spend, budget), "entries": d["entries"],
                 "history": d.get("history", []), "neighbouring_relations": relations}
 
+    def entries(self) -> list[dict]:
+        """The ledger's entries, read and checked without writing anything (not even the composition cache):
+        what a rehearsal reads to find the statistics the store has already released."""
+        return list(self._load()["entries"])
+
     def preview(self, ledgers) -> dict:
         """What releasing all of ``ledgers`` would spend, computed before any of them runs.
 

@@ -168,12 +168,14 @@ def generate_store(
     taste_strength: float = 2.0,
     implicit: bool = False,
     count_cap: float | None = None,
+    like: dict | None = None,
 ) -> RatingStore:
     """Write a synthetic store to ``out`` and return it opened.
 
     ``taste_clusters``/``taste_strength`` (clustered tastes) and ``implicit``/``count_cap``
     (an interaction log) are described in the module docstring; with their defaults the
-    store is the one earlier versions wrote, bit for bit.
+    store is the one earlier versions wrote, bit for bit. ``like``: a record of the store this one
+    rehearses and where its shape came from (:mod:`streamdp.rehearse`), kept in ``params.like``.
 
     Deterministic for a given ``seed`` (whatever ``workers``). A full, over-quota or
     read-only file system is a :class:`~streamdp.errors.StoreError` naming ``out``, with
@@ -320,6 +322,8 @@ def generate_store(
         kind = {}
         if k_taste:  # recorded only when used: the default store's attributes are those of earlier versions
             params.update(taste_clusters=k_taste, taste_strength=float(taste_strength))
+        if like is not None:
+            params["like"] = like
         if implicit:
             params.update(implicit=True, count_cap=count_cap)
             kind = {"implicit": True, "value": "count", "count_cap": None if count_cap is None else float(count_cap)}

@@ -79,7 +79,7 @@ def test_means_trains_on_fewer_items_than_the_default_rank(few_items, tmp_path, 
 
 
 def test_top_beyond_the_items_is_capped_and_said(few_items, tmp_path, cli):
-    code, _, err, exc = cli.run("train", few_items / "s.zarr", "--epsilon", "inf", "--rank", "2", "--seed", "1",
+    code, _, err, exc = cli.run("train", few_items / "s.zarr", "--epsilon", "inf", "--yes", "--rank", "2", "--seed", "1",
                             "--out", tmp_path / "m")
     assert code == 0, (err, exc)
     code, out, err, exc = cli.run("recommend", tmp_path / "m", "--store", few_items / "s.zarr", "--out",

@@ -125,7 +125,7 @@ def equal_store(tmp_path_factory, cli):
                                           ("public-private", ["--public-fraction", "0.3"])])
 def test_every_method_refuses_an_empty_range(equal_store, tmp_path, method, extra, cli):
     eps = "inf" if method in ("sgd", "public-private") else "1"
-    cli.error(cli.run("train", equal_store, "--method", method, "--epsilon", eps, "--rank", "2", "--out",
+    cli.error(cli.run("train", equal_store, "--method", method, "--epsilon", eps, "--yes", "--rank", "2", "--out",
                      tmp_path / "m", *extra), "[4, 4] is empty", "--rating-range LO,HI")
     assert not (tmp_path / "m").exists()
 

@@ -54,7 +54,7 @@ def test_overflowing_epsilon_is_refused_by_every_command(store, tmp_path, text):
 
 @pytest.mark.parametrize("text", ["inf", "INF", "Infinity", "+inf"])
 def test_the_literal_inf_still_trains_without_noise(store, tmp_path, text):
-    r = CliRunner().invoke(main, ["train", str(store), "--epsilon", text, "--out", str(tmp_path / "m"), "--seed",
+    r = CliRunner().invoke(main, ["train", str(store), "--epsilon", text, "--yes", "--out", str(tmp_path / "m"), "--seed",
                                   "1", "--json"])
     assert r.exit_code == 0, (r.output, r.exception)
     assert '"guarantee": "non-private"' in r.stdout

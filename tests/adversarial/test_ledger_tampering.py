@@ -116,7 +116,7 @@ def test_train_refuses_a_store_whose_ledger_was_deleted(tmp_path):
     first = b.reserve(_ledger(1.0))  # a model released from the store
     b.complete(first)
     os.remove(os.path.join(s.path, BUDGET_FILE))
-    code, _, err = cli("train", s.path, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m2")
+    code, _, err = cli("train", s.path, "--method", "means", "--epsilon", "inf", "--yes", "--out", tmp_path / "m2")
     assert_refused(code, err, os.path.join(s.path, BUDGET_FILE), "missing", "1 entries", "--restore")
     assert not (tmp_path / "m2").exists()
     assert cli("budget", s.path, "--restore")[0] == 0
@@ -451,7 +451,7 @@ def test_a_store_that_released_refuses_to_forget_its_history(tmp_path):
     store = _released_store(tmp_path)
     for name in (BUDGET_FILE, JOURNAL_FILE, LOCK_FILE):
         os.remove(os.path.join(store, name))
-    code, _, err = cli("train", store, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m2")
+    code, _, err = cli("train", store, "--method", "means", "--epsilon", "inf", "--yes", "--out", tmp_path / "m2")
     assert_refused(code, err, os.path.join(store, BUDGET_FILE), f"missing, and so is {JOURNAL_FILE}",
                    f"{WITNESS_FILE} records its line", KEY_FILE, "restore both from a backup", "--restore")
     assert not (tmp_path / "m2").exists()
@@ -524,7 +524,7 @@ def test_a_deleted_release_key_is_seen(tmp_path):
     store = _released_store(tmp_path)
     key = (tmp_path / "s.zarr" / KEY_FILE).read_bytes()
     os.remove(os.path.join(store, KEY_FILE))
-    code, _, err = cli("train", store, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m2")
+    code, _, err = cli("train", store, "--method", "means", "--epsilon", "inf", "--yes", "--out", tmp_path / "m2")
     assert_refused(code, err, f"{os.path.join(store, KEY_FILE)}: missing, but the budget ledger records 2 release(s) "
                    f"fingerprinted with it", "restore it from a backup", "--restore")
     assert not os.path.exists(os.path.join(store, KEY_FILE)) and not (tmp_path / "m2").exists()

@@ -89,7 +89,7 @@ def test_train_refuses_a_rating_rewritten_through_zarr(copy):
     store, model = copy
     a = zarr.open_array(os.path.join(store, "train", "ratings"), mode="r+")
     a[5] = 1.0 if a[5] != 1.0 else 2.0  # a valid chunk file with a valid rating: not the one written
-    code, _, err = run_cli("train", store, "--method", "sgd", "--epsilon", "inf", "--out", model, "--epochs", "1")
+    code, _, err = run_cli("train", store, "--method", "sgd", "--epsilon", "inf", "--yes", "--out", model, "--epochs", "1")
     assert_one_line_error(code, err, store, "train: block 0 (users 0..699) does not match its recorded digest")
     assert not os.path.exists(model) and all(e["status"] == "failed" for e in entries(store))
 

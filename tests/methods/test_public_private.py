@@ -359,7 +359,7 @@ def test_cli_prints_the_guarantee_and_warns(tiny_store, tmp_path):
     assert r.exit_code == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["guarantee"] == GUARANTEE_PUBLIC_ONLY and d["epsilon_spent"] == 0.0
-    r = cli("--public-fraction", "0.3", "--epsilon", "inf", "--out", str(tmp_path / "m2"), "--seed", "1", "--iters",
+    r = cli("--public-fraction", "0.3", "--epsilon", "inf", "--yes", "--out", str(tmp_path / "m2"), "--seed", "1", "--iters",
             "2", "--private-mechanism", "pmd", "--private-rounds", "1", "--round-iters", "1")
     assert r.exit_code == 0, r.stderr
     assert "not DP: first-order deniability" in r.stdout and "no epsilon" in r.stdout

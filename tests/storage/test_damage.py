@@ -103,7 +103,7 @@ def test_truncated_chunk_refused_before_any_budget_is_reserved(damaged, array):
 def test_missing_indptr_chunk_with_sgd_is_an_error_not_a_segfault(damaged):
     store, model = damaged
     os.remove(os.path.join(store, "train", "indptr", "c", "1"))
-    r = subprocess.run([sys.executable, "-m", "streamdp.cli", "train", store, "--method", "sgd", "--epsilon", "inf",
+    r = subprocess.run([sys.executable, "-m", "streamdp.cli", "train", store, "--method", "sgd", "--epsilon", "inf", "--yes",
                         "--out", model, "--epochs", "1"], capture_output=True, text=True, timeout=300)
     assert_one_line_error(r.returncode, r.stderr, store, "train/indptr: chunk 1 is missing")
     assert not os.path.exists(model)
@@ -132,7 +132,7 @@ def _write(store, array, index, value):
 def test_decodable_but_invalid_values_never_reach_a_kernel(damaged, array, value, words):
     store, model = damaged
     _write(store, array, 5, value)
-    code, _, err = run_cli("train", store, "--method", "sgd", "--epsilon", "inf", "--out", model, "--epochs", "1")
+    code, _, err = run_cli("train", store, "--method", "sgd", "--epsilon", "inf", "--yes", "--out", model, "--epochs", "1")
     assert_one_line_error(code, err, store, words)
     assert not os.path.exists(model)
     assert all(e["status"] != "complete" for e in budget_entries(store))

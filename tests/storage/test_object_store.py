@@ -147,7 +147,7 @@ def test_train_from_s3_same_model_as_local_copy_and_evaluate(url, tmp_path, meth
     local = tmp_path / "copy.zarr"
     fs().get(url.removeprefix("s3://"), str(local), recursive=True)  # a local copy of the very same objects
     extra = ("--iters", "2", "--rank", "3") if method == "als" else ()
-    common = ("--method", method, "--epsilon", epsilon, "--delta", "1e-6", "--seed", "11", *extra)
+    common = ("--method", method, "--epsilon", epsilon, "--yes", "--delta", "1e-6", "--seed", "11", *extra)
     ok("train", url, *common, "--out", tmp_path / "m_s3")
     ok("train", local, *common, "--out", tmp_path / "m_local")
     a, b = model_arrays(tmp_path / "m_s3"), model_arrays(tmp_path / "m_local")
@@ -349,7 +349,7 @@ def test_file_url_store_is_written_and_budgeted_like_an_object_store(tmp_path):
     ok("generate", "--out", url, *GEN)
     assert "OK" in ok("verify", url)
     ok("budget", url, "--set", "2,1e-6")
-    ok("train", url, "--method", "als", "--iters", "1", "--rank", "2", "--epsilon", "inf", "--seed", "1",
+    ok("train", url, "--method", "als", "--iters", "1", "--rank", "2", "--epsilon", "inf", "--yes", "--seed", "1",
        "--out", tmp_path / "m", "--over-budget")  # non-private: only over the budget
     s = json.loads(ok("budget", url, "--json"))
     assert [e["status"] for e in s["entries"]] == ["complete"]

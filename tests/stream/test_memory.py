@@ -124,7 +124,7 @@ def test_public_private_over_50M_ratings_within_512MB(big_store, tmp_path, mecha
     from streamdp.storage.generate import generate_store
 
     tiny = generate_store(str(tmp_path / "tiny.zarr"), n_users=500, n_items=50, ratings_per_user=5, rank=2, seed=1)
-    args = ("--epsilon", epsilon, "--delta", "1e-7", "--memory-limit", "512MB", "--rank", "16",
+    args = ("--epsilon", epsilon, "--yes", "--delta", "1e-7", "--memory-limit", "512MB", "--rank", "16",
             "--method", "public-private", "--public-fraction", "0.01", "--iters", "2", "--reg", "0.2",
             "--private-mechanism", mechanism, "--private-fraction", "0.01", "--private-rounds", "1",
             "--round-iters", "1", "--private-weight", "0.5")

@@ -1,0 +1,293 @@
+"""Choosing epsilon without spending it: a synthetic store shaped like a real one.
+
+``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse`` write a
+store from :func:`streamdp.storage.generate.generate_store` whose shape is STORE's, made
+only from what is public or already released, never from STORE's ratings:
+
+public parameters (free)
+    the number of items (the catalogue), the declared rating range and its step (the
+    generator's ``rating_step`` when STORE was generated, else 1 when both ends of the
+    range are integers, continuous otherwise), the test fraction the owner chose at
+    ingest. An *observed* rating range (no ``--rating-range`` at ingest) is the data's
+    exact minimum and maximum: every model released from STORE publishes it already.
+shape statistics STORE has already released (free: post-processing)
+    the number of users and the histogram of training ratings per user that the models
+    released from STORE carry (``privacy.json``'s ``public_parameters.n_users``,
+    ``model.json``'s ``user_profile``; als, means and irls release the histogram), and the
+    histograms earlier rehearsals released (kept in their synthetic store). The
+    budget's entries point at them (their ``model``); of several, the least noisy is used.
+    A model or synthetic store deleted since is no longer a source.
+what is missing
+    released now: one Laplace histogram of training ratings per user over the public
+    half-octave bins of :mod:`streamdp.methods._profile` (one user falls in one bin: L1
+    sensitivity 1) at ``shape_epsilon`` (default :data:`SHAPE_EPSILON`), reserved in and
+    charged to STORE's budget like any release (ledger method ``shape``; the entry points
+    at the synthetic store, which records the noisy histogram so that the next rehearsal
+    reuses it for free), and said in the output. It reads STORE's per-user row pointers,
+    never its ratings; its noise always comes from OS entropy (a rehearsal's ``--seed`` seeds
+    the synthetic runs, never a release from STORE). Or, with ``users`` / ``ratings_per_user`` (``--users N
+    --ratings-per-user M``), the numbers the user gives, at no cost: they are hers to vouch
+    for (read off the data, they are unaccounted wherever the rehearsal's output goes).
+
+From a histogram (post-processing): the number of users is the sum of the bins a user can
+be in (a user rates at most ``n_items`` items; an unbiased sum of the noisy counts), the
+mean training ratings per user the mean of the bins' midpoints weighted by the counts that
+stand above :data:`NOISE_FLOOR` noise standard deviations (a bin within the noise is read
+as empty: otherwise the noise in the far, empty bins dominates the mean), divided by
+``1 - test_fraction`` for the ratings per user (train and test); the generator's parameter is
+the mean before its cap at ``n_items`` that gives this mean after it (:func:`generator_mean`).
+
+Everything else (rank, noise, the power-law exponents of item popularity and user
+activity, the item biases) is the generator's default or the option given: a rehearsal
+shows the regime (users, items, activity, scale), not STORE's own signal. The sweep on the
+synthetic store charges only the synthetic store's own budget; STORE's budget file is left
+byte for byte as it was unless a statistic had to be released.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+from streamdp.errors import ParameterError, StreamdpError
+from streamdp.methods._profile import EDGES, WHAT as PROFILE_WHAT, exact_histogram
+from streamdp.privacy.budget import COUNTED, StoreBudget
+from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
+from streamdp.privacy.release import Release
+from streamdp.storage.generate import generate_store
+from streamdp.storage.store import RatingStore, open_store
+from streamdp.storage.writer import check_destination
+
+__all__ = ["SHAPE_EPSILON", "NOISE_FLOOR", "released_shape", "shape_from_histogram", "generate_like",
+           "REHEARSAL_NOTE"]
+
+#: Epsilon of a histogram released for a rehearsal when STORE has released none (pure DP, Laplace).
+SHAPE_EPSILON = 0.1
+#: A noisy bin counts only above this many noise standard deviations.
+NOISE_FLOOR = 2.0
+#: The line a rehearsal prints first.
+REHEARSAL_NOTE = ("REHEARSAL on synthetic data shaped like {store}: nothing is trained on its ratings; the curve "
+                  "is the regime's (users, items, activity, scale), not its own data's")
+
+
+def _possible_bins(n_items: int) -> np.ndarray:
+    """The bins a user can fall in (at most ``n_items`` ratings)."""
+    return EDGES <= max(int(n_items), 1)
+
+
+def shape_from_histogram(counts, noise_std: float, n_items: int, test_fraction: float) -> dict:
+    """``{"n_users", "ratings_per_user"}`` from a (noisy) histogram of training ratings per user over
+    :data:`~streamdp.methods._profile.EDGES` (module docstring).
+
+    >>> h = np.zeros(len(EDGES)); h[list(EDGES).index(16)] = 500.0  # 500 users with 16..23 training ratings
+    >>> shape_from_histogram(h, 0.0, 100, 0.2)
+    {'n_users': 500, 'ratings_per_user': 24.375}
+    """
+    h = np.asarray(counts, np.float64)[: len(EDGES)]
+    ok = _possible_bins(n_items)[: len(h)]
+    upper = np.r_[EDGES[1:], 2 * EDGES[-1]].astype(np.float64)
+    mid = (EDGES + np.minimum(upper - 1, max(int(n_items), 1))) / 2.0
+    n_users = max(1, int(round(float(h[ok].sum()))))
+    w = np.where(ok & (h > NOISE_FLOOR * float(noise_std)), h, 0.0)
+    if w.sum() <= 0:  # nothing stands above the noise: the positive counts, for want of better
+        w = np.where(ok, np.maximum(h, 0.0), 0.0)
+    train_mean = float((w * mid[: len(h)]).sum() / w.sum()) if w.sum() > 0 else 1.0
+    rpu = min(max(train_mean / (1.0 - float(test_fraction)), 1.0), float(n_items))
+    return {"n_users": n_users, "ratings_per_user": round(rpu, 3)}
+
+
+def generator_mean(mean: float, n_items: int, user_exponent: float = 2.0) -> float:
+    """The generator's ``ratings_per_user`` whose users have ``mean`` ratings on average once their Pareto activity
+    is capped at ``n_items`` (a released histogram counts the capped numbers; the generator's parameter is the mean
+    before the cap): ``E[min(X, N)] = s a / (a - 1) (1 - (s / N)^(a - 1)) + N (s / N)^a`` for ``X`` Pareto of scale
+    ``s = m (a - 1) / a`` and exponent ``a``, solved for ``m`` by bisection.
+
+    >>> generator_mean(14.296875, 80)  # 15 ratings per user before the cap at 80 items: 14.3 on average after it
+    15.0
+    """
+    a, n = float(user_exponent), float(n_items)
+
+    def capped(m):
+        s = m * (a - 1.0) / a
+        if s >= n:
+            return n
+        return s * a / (a - 1.0) * (1.0 - (s / n) ** (a - 1.0)) + n * (s / n) ** a
+
+    if mean >= capped(n * 1e6):
+        return float(n)
+    lo, hi = 1.0, n * 1e6
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if capped(mid) < mean else (lo, mid)
+    return round(max(lo, 1.0), 3)
+
+
+def _read_json(path) -> dict | None:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        return d if isinstance(d, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _sources(entry: dict) -> list[dict]:
+    """What one budget entry's output (a model, or a rehearsal's synthetic store) released about the shape:
+    ``{"what": "n_users"|"histogram", "value", "std", "from"}`` (``std`` 0: exact or declared)."""
+    where = entry.get("model")
+    if not where or not os.path.isdir(where):
+        return []
+    frm = f"budget entry {entry['id']} ({where})"
+    model, ledger = _read_json(os.path.join(where, "model.json")), _read_json(os.path.join(where, "privacy.json"))
+    out = []
+    if model is not None and ledger is not None:
+        n = (ledger.get("public_parameters") or {}).get("n_users")
+        if isinstance(n, dict) and isinstance(n.get("value"), int):
+            std = 0.0
+            if n.get("source") == "released":
+                rel = [r for r in (ledger.get("bounds") or {}).get("releases", [])
+                       if str(r.get("release", "")).startswith("number of users")]
+                std = math.sqrt(2.0) * float(rel[0]["scale"]) if rel else math.inf
+            out.append({"what": "n_users", "value": n["value"], "std": std, "from": frm})
+        prof = model.get("user_profile")
+        if isinstance(prof, dict) and prof.get("bin_lower_edges") == EDGES.tolist():
+            out.append({"what": "histogram", "value": prof["users"], "std": float(prof["noise_std"]), "from": frm})
+        return out
+    try:
+        attrs = open_store(where).attrs
+    except StreamdpError:  # neither a model nor a store (any more): nothing to read
+        return out
+    rel = ((attrs.get("params") or {}).get("like") or {}).get("shape_release")
+    if isinstance(rel, dict) and rel.get("entry") == entry["id"]:
+        out.append({"what": "histogram", "value": rel["histogram"], "std": float(rel["noise_std"]), "from": frm})
+    return out
+
+
+def released_shape(store) -> dict:
+    """The least noisy released ``n_users`` and histogram of training ratings per user of ``store``, from its
+    budget's counted entries (module docstring): ``{"n_users": source or None, "histogram": source or None}``.
+    Reads the budget and the outputs its entries point at; writes nothing."""
+    path = store.path if isinstance(store, RatingStore) else str(store)
+    best: dict = {"n_users": None, "histogram": None}
+    for e in StoreBudget(path).entries():
+        if e.get("status") not in COUNTED or e.get("status") == "reserved":
+            continue
+        for s in _sources(e):
+            if best[s["what"]] is None or s["std"] < best[s["what"]]["std"]:
+                best[s["what"]] = s
+    return best
+
+
+def _public(st: RatingStore) -> dict:
+    """The generator's parameters that STORE's public parameters fix (module docstring)."""
+    a, p = st.attrs, st.attrs.get("params") or {}
+    lo, hi = float(a["rating_min"]), float(a["rating_max"])
+    step = p.get("rating_step")
+    if step is None:
+        step = 1.0 if lo == int(lo) and hi == int(hi) else 0.0
+    return {"n_items": int(st.n_items), "rating_min": lo, "rating_max": hi, "rating_step": float(step),
+            "test_fraction": float(p.get("test_fraction") or 0.0)}
+
+
+def _release_histogram(st: RatingStore, epsilon: float) -> tuple[np.ndarray, Release]:
+    """STORE's histogram of training ratings per user with Laplace noise (row pointers only, OS entropy)."""
+    rel = Release(PROFILE_WHAT, "laplace", 1.0, 1.0 / float(epsilon), shape=(len(EDGES),))
+    return rel.add(exact_histogram(st), np.random.default_rng()), rel
+
+
+def generate_like(store, out: str, *, users: int | None = None, ratings_per_user: float | None = None,
+                  shape_epsilon: float | None = None, over_budget: bool = False, force: bool = False,
+                  echo=None, **options) -> RatingStore:
+    """Write a synthetic store shaped like ``store`` to ``out`` (module docstring) and return it opened.
+
+    ``users`` / ``ratings_per_user``: given by the caller, at no cost; what is neither given nor
+    released is released now at ``shape_epsilon`` and charged to ``store``'s budget (refused past
+    the budget unless ``over_budget``). ``options``: the generator's other parameters (rank, noise,
+    seed, item_exponent, ...). ``echo`` gets the lines saying where each number came from.
+    """
+    say = echo or (lambda *a, **k: None)
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    if st.implicit:
+        raise ParameterError(f"{st.path}: an implicit store (counts, no ratings): a rehearsal writes ratings; "
+                             f"generate an implicit store with `streamdp generate --implicit` instead")
+    for name in ("n_items", "rating_min", "rating_max", "rating_step", "test_fraction", "n_users", "implicit"):
+        if name in options:
+            raise ParameterError(f"--like: {name} comes from {st.path} (its public parameters or released "
+                                 f"statistics); leave it out")
+    if users is not None and (isinstance(users, bool) or int(users) != users or users < 1):
+        raise ParameterError(f"--users must be a positive integer, got {users}")
+    if ratings_per_user is not None and not ratings_per_user >= 1:
+        raise ParameterError(f"--ratings-per-user must be >= 1, got {ratings_per_user}")
+    pub = _public(st)
+    shape = {"n_users": None if users is None else {"value": int(users), "source": "given (--users): no cost"},
+             "ratings_per_user": None if ratings_per_user is None else
+             {"value": float(ratings_per_user), "source": "given (--ratings-per-user): no cost"}}
+    if None in shape.values():
+        found = released_shape(st)
+        if shape["n_users"] is None and found["n_users"] is not None:
+            shape["n_users"] = {"value": int(found["n_users"]["value"]),
+                                "source": f"released: {found['n_users']['from']}"}
+        if found["histogram"] is not None:
+            h = shape_from_histogram(found["histogram"]["value"], found["histogram"]["std"], pub["n_items"],
+                                     pub["test_fraction"])
+            src = f"released histogram of ratings per user: {found['histogram']['from']}"
+            if shape["n_users"] is None:
+                shape["n_users"] = {"value": h["n_users"], "source": src}
+            if shape["ratings_per_user"] is None:
+                shape["ratings_per_user"] = {"value": h["ratings_per_user"], "source": src}
+    like = {"store": st.path, "store_checksum": st.checksum, "public": pub}
+    check_destination(out, force)  # before anything is reserved
+    if None in shape.values():
+        return _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget, force, say, options)
+    _say_shape(say, st, pub, shape)
+    return generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"],
+                          ratings_per_user=_generator_rpu(shape, pub, options), rating_min=pub["rating_min"],
+                          rating_max=pub["rating_max"], rating_step=pub["rating_step"],
+                          test_fraction=pub["test_fraction"], force=force, like={**like, "shape": shape}, **options)
+
+
+def _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget, force, say, options):
+    """Release the histogram now (reserved in STORE's budget, completed once the synthetic store that records it
+    is written; failed, and so not counted, if writing it fails: the noisy values never left the process)."""
+    eps = SHAPE_EPSILON if shape_epsilon is None else float(shape_epsilon)
+    if not (math.isfinite(eps) and eps > 0):
+        raise ParameterError(f"--shape-epsilon must be a finite number > 0, got {shape_epsilon}")
+    hist, rel = _release_histogram(st, eps)
+    h = shape_from_histogram(hist, math.sqrt(2.0) * rel.scale, pub["n_items"], pub["test_fraction"])
+    ledger = Ledger(method="shape", guarantee=GUARANTEE_USER_DP, epsilon=eps, delta=0.0, events=[rel.event()],
+                    bounds={"releases": [rel.entry()]}, store_checksum=st.checksum or "",
+                    notes=["a rehearsal's shape statistic: the histogram of training ratings per user"])
+    budget = StoreBudget(st.path)
+    with budget.release(ledger, over_budget=over_budget, model=os.path.abspath(out)) as entry:
+        src = f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}"
+        for key in ("n_users", "ratings_per_user"):
+            if shape[key] is None:
+                shape[key] = {"value": h[key], "source": src}
+        like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
+                                 "noise_std": math.sqrt(2.0) * rel.scale}
+        syn = generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"],
+                             ratings_per_user=_generator_rpu(shape, pub, options), rating_min=pub["rating_min"],
+                             rating_max=pub["rating_max"], rating_step=pub["rating_step"],
+                             test_fraction=pub["test_fraction"], force=force, like={**like, "shape": shape},
+                             **options)
+    say(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of training ratings "
+        f"per user, which it had not released (entry {entry}; later rehearsals reuse it for free)")
+    _say_shape(say, st, pub, shape)
+    return syn
+
+
+def _generator_rpu(shape, pub, options) -> float:
+    """The generator's ``ratings_per_user`` for the mean in ``shape`` (:func:`generator_mean`), recorded beside it."""
+    m = generator_mean(shape["ratings_per_user"]["value"], pub["n_items"], options.get("user_exponent", 2.0))
+    shape["ratings_per_user"]["generator_parameter"] = m
+    return m
+
+
+def _say_shape(say, st, pub, shape) -> None:
+    say(f"shaped like {st.path}: {pub['n_items']:,} items, ratings {pub['rating_min']:g}..{pub['rating_max']:g} "
+        f"(step {pub['rating_step']:g}), test fraction {pub['test_fraction']:g} (public parameters)")
+    say(f"  {shape['n_users']['value']:,} users: {shape['n_users']['source']}")
+    say(f"  {shape['ratings_per_user']['value']:g} ratings per user (mean): {shape['ratings_per_user']['source']}")

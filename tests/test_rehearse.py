@@ -1,0 +1,226 @@
+"""Choosing epsilon without spending it (issue 31 item 2): ``generate --like``, ``sweep --rehearse``,
+``sweep --replot``, the confirmation before an infinite spend, the baselines beside each sweep point."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from streamdp.cli import main
+
+
+def _run(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def _budget_bytes(store) -> bytes | None:
+    p = os.path.join(str(store), "privacy_budget.json")
+    return open(p, "rb").read() if os.path.exists(p) else None
+
+
+@pytest.fixture()
+def store(tmp_path):
+    from streamdp.storage.generate import generate_store
+
+    return generate_store(str(tmp_path / "s.zarr"), n_users=800, n_items=60, ratings_per_user=12, rank=3, seed=4,
+                          test_fraction=0.2)
+
+
+@pytest.fixture()
+def released(store, tmp_path):
+    """``store`` after one released means model (its ledger holds the released user count and histogram)."""
+    import streamdp
+
+    streamdp.train(store.path, method="means", epsilon=2.0, out=str(tmp_path / "m"), seed=1, evaluate=False)
+    return store
+
+
+def test_shape_from_histogram_reads_the_released_numbers():
+    from streamdp.methods._profile import EDGES
+    from streamdp.rehearse import shape_from_histogram
+
+    h = np.zeros(len(EDGES))
+    h[list(EDGES).index(8)], h[list(EDGES).index(16)] = 300.0, 100.0  # 300 users of 8..11, 100 of 16..23
+    h[-1] = 30.0  # noise in a bin no user can be in (4096+ ratings on 60 items): ignored
+    h[list(EDGES).index(32)] = 5.0  # a count within the noise (std 10): read as empty, but in the user count
+    s = shape_from_histogram(h, 10.0, 60, 0.2)
+    assert s["n_users"] == 405
+    assert s["ratings_per_user"] == pytest.approx((300 * 9.5 + 100 * 19.5) / 400 / 0.8, abs=1e-3)
+
+
+def test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byte(released, tmp_path):
+    before = _budget_bytes(released.path)
+    r = _run("generate", "--like", released.path, "--out", tmp_path / "syn.zarr")
+    assert r.exit_code == 0, r.output
+    assert _budget_bytes(released.path) == before
+    ledger = json.load(open(tmp_path / "m" / "privacy.json"))
+    n = ledger["public_parameters"]["n_users"]["value"]
+    assert f"{n:,} users: released: budget entry" in r.output and "charged" not in r.output
+    assert "none of its ratings read" in r.output
+    from streamdp.storage.store import open_store
+
+    syn = open_store(str(tmp_path / "syn.zarr"))
+    assert syn.n_users == n and syn.n_items == released.n_items
+    like = syn.attrs["params"]["like"]
+    assert like["store"] == released.path and like["public"]["test_fraction"] == 0.2
+    # the released histogram puts the mean ratings per user near the store's (12 in all: noise at epsilon 2 aside)
+    assert 6 <= like["shape"]["ratings_per_user"]["value"] <= 20
+
+
+def test_a_missing_statistic_is_released_charged_and_said_then_reused(store, tmp_path):
+    assert _budget_bytes(store.path) is None
+    r = _run("generate", "--like", store.path, "--out", tmp_path / "a.zarr", "--shape-epsilon", "0.5")
+    assert r.exit_code == 0, r.output
+    assert "charged to" in r.output and "epsilon 0.5" in r.output and "released now" in r.output
+    entries = json.loads(_run("budget", store.path, "--json").stdout)["entries"]
+    assert [(e["method"], e["status"], e["epsilon"]) for e in entries] == [("shape", "complete", 0.5)]
+    assert entries[0]["model"] == os.path.abspath(tmp_path / "a.zarr")
+    before = _budget_bytes(store.path)
+    r = _run("generate", "--like", store.path, "--out", tmp_path / "b.zarr")  # the histogram a.zarr keeps: free
+    assert r.exit_code == 0, r.output
+    assert "charged" not in r.output and f"budget entry {entries[0]['id']}" in r.output
+    assert _budget_bytes(store.path) == before
+
+
+def test_given_numbers_cost_nothing_and_fixed_parameters_are_refused(store, tmp_path, cli):
+    r = _run("generate", "--like", store.path, "--out", tmp_path / "g.zarr", "--users", "500",
+             "--ratings-per-user", "9", "--rank", "2")
+    assert r.exit_code == 0, r.output
+    assert "given (--users): no cost" in r.output and _budget_bytes(store.path) is None
+    from streamdp.storage.store import open_store
+
+    assert open_store(str(tmp_path / "g.zarr")).n_users == 500
+    cli.error(cli.run("generate", "--like", store.path, "--out", tmp_path / "h.zarr", "--items", "5"),
+              "--items", "public parameters")
+    cli.error(cli.run("generate", "--out", tmp_path / "h.zarr", "--shape-epsilon", "1"), "--shape-epsilon",
+              "only with --like")
+    assert not (tmp_path / "h.zarr").exists()
+
+
+def test_rehearsal_sweep_never_charges_the_store_and_says_it_is_synthetic(released, tmp_path):
+    before = _budget_bytes(released.path)
+    out = tmp_path / "reh"
+    r = _run("sweep", released.path, "--rehearse", "--methods", "means", "--epsilons", "inf", "--out", out)
+    assert r.exit_code == 0, r.output  # its inf point spends the synthetic store's budget: no --yes needed
+    assert _budget_bytes(released.path) == before
+    lines = r.output.splitlines()
+    assert lines[0].startswith("REHEARSAL on synthetic data shaped like " + released.path)
+    assert any(line.startswith("REHEARSAL: the curve above is on synthetic data") for line in lines)
+    res = json.load(open(out / "results.json"))
+    assert res["rehearsal"]["like"] == released.path and res["store"] == str(out / "synthetic.zarr")
+    syn_entries = json.loads(_run("budget", out / "synthetic.zarr", "--json").stdout)["entries"]
+    assert len(syn_entries) == 1  # the sweep's point went to the synthetic store's own budget
+
+
+def test_a_rehearsal_of_a_store_without_a_test_split_is_refused_before_anything_is_written(tmp_path, cli):
+    from streamdp.storage.generate import generate_store
+
+    s = generate_store(str(tmp_path / "n.zarr"), n_users=200, n_items=30, ratings_per_user=5, seed=1)
+    cli.error(cli.run("sweep", s.path, "--rehearse", "--methods", "means", "--epsilons", "1", "--out",
+                      tmp_path / "reh"), "needs a test split", "--test-fraction")
+    assert not (tmp_path / "reh").exists() and _budget_bytes(s.path) is None
+
+
+def test_sweep_prints_the_baselines_beside_each_point_and_a_table(store, tmp_path):
+    r = _run("sweep", store.path, "--methods", "means", "--epsilons", "2", "--out", tmp_path / "sw", "--seed", "1")
+    assert r.exit_code == 0, r.output
+    point = [line for line in r.output.splitlines() if line.startswith("[1/1] means epsilon 2")][0]
+    assert "(damped item mean " in point and "(most popular " in point and "Recall@10" in point
+    res = json.load(open(tmp_path / "sw" / "results.json"))
+    assert f"(damped item mean {res['baselines']['damped_item_mean']['rmse']:.4f})" in point
+    assert "non-private baselines: damped item mean RMSE" in r.output
+
+
+def test_replot_redraws_without_training_or_touching_a_budget(store, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "sw"
+    assert _run("sweep", store.path, "--methods", "means", "--epsilons", "2", "--out", out, "--seed", "1"
+                ).exit_code == 0
+    png = out / "rmse_vs_epsilon.png"
+    os.remove(png)
+    before = _budget_bytes(store.path)
+    models = sorted(os.listdir(out / "models"))
+    r = _run("sweep", "--replot", out / "results.json")
+    assert r.exit_code == 0, r.output
+    assert png.stat().st_size > 1000 and _budget_bytes(store.path) == before
+    assert sorted(os.listdir(out / "models")) == models
+    assert "means" in r.output and "non-private baselines" in r.output and f"wrote {png}" in r.output
+
+
+def test_replot_bad_input_is_one_line(tmp_path, cli):
+    (tmp_path / "x.json").write_text("{}")
+    cli.error(cli.run("sweep", "--replot", tmp_path / "x.json"), "not the results.json of a finished sweep")
+    cli.error(cli.run("sweep", "--replot", tmp_path / "nope.json"), "cannot read it")
+    cli.error(cli.run("sweep", "s.zarr", "--replot", tmp_path / "x.json"), "give no STORE")
+
+
+def test_an_infinite_spend_is_refused_without_a_terminal_unless_yes(store, tmp_path, cli):
+    for args in (("train", store.path, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m"),
+                 ("sweep", store.path, "--methods", "means", "--epsilons", "1,inf", "--out", tmp_path / "sw"),
+                 ("tune", store.path, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "t")):
+        cli.error(cli.run(*args), "makes", "spend infinite for good", "--yes")
+    assert _budget_bytes(store.path) is None and not (tmp_path / "m").exists() and not (tmp_path / "sw").exists()
+    code, _, err, _ = cli.run("train", store.path, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m",
+                              "--yes")
+    assert code == 0, err
+    # the spend is infinite already: nothing more to ask
+    code, _, err, _ = cli.run("train", store.path, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m2")
+    assert code == 0, err
+
+
+def test_on_a_terminal_the_run_asks_first(store, tmp_path, monkeypatch):
+    import streamdp.cli as cli_module
+
+    monkeypatch.setattr(cli_module, "_stdin_is_tty", lambda: True)
+    args = ("train", store.path, "--method", "means", "--epsilon", "inf", "--out", tmp_path / "m")
+    r = _run(*args, input="n\n")
+    assert r.exit_code == 2 and "this makes the store's spend infinite for good; continue? [y/N]" in r.output
+    assert "not confirmed; nothing was released" in r.output and not (tmp_path / "m").exists()
+    assert _budget_bytes(store.path) is None
+    r = _run(*args, input="y\n")
+    assert r.exit_code == 0, r.output and (tmp_path / "m" / "privacy.json").exists()
+
+
+def _curve(res):
+    return {s["epsilon"]: s for s in res["summary"]}
+
+
+#: How far a rehearsal point may lie outside the real repeats' range (widened by that range once more): a synthetic
+#: store of the same regime is another sample of users and test ratings, which the repeats of a sweep on one store
+#: never see. Measured (seeded, so these tests are deterministic): means on 1,000 users x 80 items 0.016-0.023 test
+#: RMSE from the store (the same generator seed; repeats' range 0.001-0.004); als on 1,500 x 100 0.007-0.013.
+#: Synthetic stores of other generator seeds differ from each other by up to 0.05 at these sizes.
+TOLERANCE = 0.03
+
+
+def _check_within_spread(store, tmp_path, methods, epsilons, repeats):
+    from streamdp.sweep import rehearse, sweep
+
+    real = _curve(sweep(store, methods=methods, epsilons=epsilons, repeats=repeats, seed=0, out=str(tmp_path / "r")))
+    before = _budget_bytes(store.path)
+    reh = rehearse(store, methods=methods, epsilons=epsilons, repeats=1, seed=10, out=str(tmp_path / "h"))
+    assert _budget_bytes(store.path) == before and "released" in reh["rehearsal"]["n_users"]["source"]
+    reh = _curve(reh)
+    for e, s in real.items():
+        spread = s["rmse_max"] - s["rmse_min"]
+        assert s["rmse_min"] - spread - TOLERANCE <= reh[e]["rmse_mean"] <= s["rmse_max"] + spread + TOLERANCE, \
+            (e, reh[e]["rmse_mean"], s)
+
+
+def test_rehearsal_curve_lies_within_the_spread_of_the_real_sweep_cheap(tmp_path):
+    """A store made by ``generate`` with its defaults (the regime a rehearsal reproduces), means at one epsilon, two
+    repeats; the real sweep's models are the releases whose shape the rehearsal reads."""
+    from streamdp.storage.generate import generate_store
+
+    g = generate_store(str(tmp_path / "g.zarr"), n_users=1000, n_items=80, ratings_per_user=15, test_fraction=0.2)
+    _check_within_spread(g, tmp_path, "means", "1", 2)
+
+
+@pytest.mark.slow
+def test_rehearsal_curve_lies_within_the_spread_of_the_real_sweep_als(tmp_path):
+    from streamdp.storage.generate import generate_store
+
+    g = generate_store(str(tmp_path / "g.zarr"), n_users=1500, n_items=100, ratings_per_user=20, test_fraction=0.2)
+    _check_within_spread(g, tmp_path, "als", "1,5,inf", 2)
