@@ -56,6 +56,56 @@ def split_holdout(indptr, items, ratings, fraction, seed, tr_indptr, tr_items, t
 
 
 @njit(cache=True, nogil=True)
+def hold_out_latest(indptr, ts, fraction, last_n, held):
+    """Mark in ``held`` (uint8, zeroed by the caller) each user's latest ratings by timestamp.
+
+    A user with ``n`` ratings holds out ``last_n`` of them when ``last_n > 0``, else
+    ``floor(fraction * n + 1/2)`` (as :func:`split_holdout`); at most ``n - 1`` either way,
+    so every user keeps a training rating. Ties in time go to the rating that comes later
+    in the user's row (a stable sort), so the split is deterministic.
+    """
+    n_users = len(indptr) - 1
+    for u in range(n_users):
+        s = indptr[u]
+        e = indptr[u + 1]
+        n = e - s
+        k = last_n if last_n > 0 else int(np.floor(fraction * n + 0.5))
+        if k > n - 1:
+            k = n - 1
+        if k <= 0:
+            continue
+        order = np.argsort(ts[s:e], kind="mergesort")
+        for j in range(n - k, n):
+            held[s + order[j]] = 1
+
+
+@njit(cache=True, nogil=True)
+def split_masked(indptr, items, ratings, held, tr_indptr, tr_items, tr_ratings, te_indptr, te_items, te_ratings):
+    """Split a CSR part by ``held`` (nonzero: test) into train and test parts (order within a user kept).
+
+    Outputs as for :func:`split_holdout`; returns ``(n_train, n_test)``.
+    """
+    n_users = len(indptr) - 1
+    a = 0
+    t = 0
+    tr_indptr[0] = 0
+    te_indptr[0] = 0
+    for u in range(n_users):
+        for k in range(indptr[u], indptr[u + 1]):
+            if held[k]:
+                te_items[t] = items[k]
+                te_ratings[t] = ratings[k]
+                t += 1
+            else:
+                tr_items[a] = items[k]
+                tr_ratings[a] = ratings[k]
+                a += 1
+        tr_indptr[u + 1] = a
+        te_indptr[u + 1] = t
+    return a, t
+
+
+@njit(cache=True, nogil=True)
 def alias_table(weights, prob, alias):
     """Walker/Vose alias table of ``weights`` (not necessarily normalized), into ``prob``/``alias``.
 
