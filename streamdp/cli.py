@@ -709,6 +709,8 @@ RECOMMEND_HEADER = "item_id\tpredicted_rating"
 @click.option("--users", "users_file", default=None, metavar="FILE", help="Batch form: only these users, one "
               "original user id a line.")
 @click.option("--top", type=int, default=10, show_default=True, help="How many items to recommend (per user).")
+@click.option("--item-names", default=None, metavar="SOURCE", help="Show item names: a store ingested with "
+              "--item-names, or an 'id,name' file (the batch form takes --store's names by default).")
 @click.option("--ridge", type=float, default=None, help="Ridge of the local user solve (default: the model's).")
 @click.option("--workers", type=int, default=None, help="Batch form: worker threads (default: all cores).")
 @memory_limit_option
@@ -716,8 +718,8 @@ RECOMMEND_HEADER = "item_id\tpredicted_rating"
               "(tcp://host:port) whose workers must reach STORE.")
 @click.option("--force", is_flag=True, help="Batch form: replace an existing file at --out.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, memory_limit, scheduler, force,
-              as_json):
+def recommend(model, ratings_file, store, out, users_file, top, item_names, ridge, workers, memory_limit, scheduler,
+              force, as_json):
     """Top-N unseen items for one user (--ratings FILE), or for every user of a store (--store STORE --out FILE).
 
     One user: solved locally from MODEL and their ratings file; prints a header line (item_id, predicted_rating),
@@ -726,9 +728,11 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
     the score shown is the predicted rating. A user none of whose items the model knows gets the most popular
     items by the model's released counts, said on stderr.
 
+    With --item-names, a third column (and "names" in --json) gives each item's name.
+
     Batch: each user's row is solved from MODEL and her own training ratings in STORE, streamed block by block
     within --memory-limit; writes Parquet (user_id, rank, item_id, score; ranks from 1; score: the predicted
-    rating, clipped to the rating range). Under joint DP each list depends on the released model and on that
+    rating, clipped to the rating range; item_name after item_id when STORE keeps names or --item-names gives them). Under joint DP each list depends on the released model and on that
     user's own data only: it may be shown to that user, but the file (every user's list) must not be published.
     """
     from streamdp.errors import ParameterError
@@ -746,7 +750,7 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
     m = load_model(model)
     if store is not None:
         res = m.recommend_all(store, top, out, users=users_file, ridge=ridge, workers=workers, scheduler=scheduler,
-                              memory_limit=memory_limit, force=force)
+                              memory_limit=memory_limit, force=force, item_names=item_names)
         if not personalised(m):
             res["note"] = NOT_PERSONALISED
         if as_json:
@@ -756,21 +760,28 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
                 click.echo(f"note: {res['note']}", err=True)
             click.echo(f"wrote {res['out']}: top {res['top']} for {res['users']:,} users ({res['rows']:,} rows) in "
                        f"{res['seconds']:.1f}s; each list is for its user only (joint DP): do not publish the file")
-            if not personalised(m):
-                click.echo(f"note: {NOT_PERSONALISED}", err=True)
         return
     items, ratings, unknown = read_user_ratings(ratings_file, m.item_ids, rating_range(m))
     recs = m.recommend(zip(m.item_ids[items].tolist(), ratings.tolist()), n=top, ridge=ridge)
     ids, score = [i for i, _ in recs], np.array([s for _, s in recs])
+    names = None
+    if item_names is not None:
+        from streamdp.storage.names import names_for
+
+        names = names_for(item_names, np.asarray(ids, dtype=np.asarray(m.item_ids).dtype), memory_limit).tolist()
     notes = [recs.note] if recs.note else []
     if recs.source == "model" and not personalised(m):
         notes.append(NOT_PERSONALISED)
     if as_json:
         print_json({"items": ids, "scores": score.round(4).tolist(), "n_ratings_used": int(len(items)),
                     "unknown_items": unknown, "source": recs.source, "personalised": recs.source == "model"
-                    and personalised(m), "notes": notes})
+                    and personalised(m), "notes": notes, **({} if names is None else {"names": names})})
         return
-    click.echo("\n".join([RECOMMEND_HEADER] + [f"{i}\t{s:.3f}" for i, s in zip(ids, score)]))
+    if names is None:
+        click.echo("\n".join([RECOMMEND_HEADER] + [f"{i}\t{s:.3f}" for i, s in zip(ids, score)]))
+    else:
+        click.echo("\n".join([f"{RECOMMEND_HEADER}\tname"] + [f"{i}\t{s:.3f}\t{nm}" for i, s, nm in
+                                                              zip(ids, score, names)]))
     if unknown:
         click.echo(f"note: {len(unknown)} rated item(s) unknown to the model were ignored", err=True)
     for note in notes:

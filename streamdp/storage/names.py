@@ -27,6 +27,7 @@ and more than a quarter of ``--memory-limit`` of them is refused.
 from __future__ import annotations
 
 import csv
+import os
 import re
 
 import numpy as np
@@ -35,8 +36,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.memory import format_size
+from streamdp.memory import format_size, resolve_memory_limit
 from streamdp.storage import formats as F
+from streamdp.storage.ids import as_ids, find
+from streamdp.storage.schema import is_store_dir
+from streamdp.storage.store import RatingStore, open_store
 
 #: Header names of the name column (normalized as :func:`streamdp.storage.formats.column_role` does).
 NAME_COLUMNS = ("name", "title", "itemname", "movietitle", "label")
@@ -108,8 +112,6 @@ class ItemNames:
                            chunks=(max(1, min(len(order), 1 << 16)),))
 
     def attrs(self) -> dict:
-        import os
-
         return {"file": os.path.basename(self.path), "n_lines": self.n_lines, "n_named": self.n_named,
                 "n_unmatched": self.n_unmatched, "public": True}
 
@@ -181,3 +183,23 @@ def read_item_names(path: str, items: pa.Array, memory_limit: int) -> ItemNames:
         allnames = pa.array([], pa.string())
     taken = allnames.take(pa.array(full, mask=full < 0))
     return ItemNames(path, taken, n_lines, n_unmatched)
+
+
+def names_for(source, ids, memory_limit=None) -> np.ndarray:
+    """The names (object array of ``str``, ``""`` when unnamed) of the original item ids ``ids``, from
+    ``source``: a rating store that keeps names (a :class:`~streamdp.storage.store.RatingStore` or its path),
+    or a file of ``id,name`` lines (read as ``ingest --item-names`` reads it)."""
+    ids = as_ids(ids)
+    if isinstance(source, RatingStore) or is_store_dir(source):
+        st = source if isinstance(source, RatingStore) else open_store(source)
+        names = st.item_names()
+        if names is None:
+            raise InputError(f"{st.path}: the store keeps no item names (ingest it with --item-names FILE)")
+        if not len(ids):
+            return np.empty(0, object)
+        pos = find(st.item_ids(), ids) if as_ids(st.item_ids()[:1]).dtype == ids.dtype else np.full(len(ids), -1)
+        return np.where(pos >= 0, names[pos], "").astype(object)
+    keys = np.unique(ids)
+    got = read_item_names(str(source), pa.array(keys), resolve_memory_limit(memory_limit))
+    names = pc.fill_null(got.names, "").to_numpy(zero_copy_only=False)
+    return names[np.searchsorted(keys, ids)].astype(object) if len(ids) else np.empty(0, object)
