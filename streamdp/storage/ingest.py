@@ -80,6 +80,26 @@ fixed, public confidence transform, never the observed maximum (which would publ
 it). ``--rating-range``/``--out-of-range`` are for ratings and refused here.
 Implicit stores are written with format version 2 (:mod:`streamdp.storage.schema`).
 
+Splits (the store's ``split`` attribute, :func:`resolve_split`; docs/store.md). ``random``
+is :func:`split_block` in pass 4, as before. ``temporal`` and ``last-n`` hold out each
+user's latest ratings by timestamp (``floor(F n + 1/2)`` of her ``n``, or ``N``; at most
+``n - 1``); ``--train/--test`` files (``files``) tag every rating with its file. Both are
+done in pass 3, where a partition's ratings are grouped by user and each kept rating's
+timestamp and file are still known (:func:`group_dedup` returns them; the mask is
+:func:`streamdp.kernels.csr.hold_out_latest`, the split
+:func:`streamdp.kernels.csr.split_masked`), and the partition is written as a train and a
+test part. Decisions: **per user, not a global cutoff time** (each user solves her own row
+from her own training ratings, and a cutoff at the time quantile would leave the users who
+came after it with none and need a global quantile of every timestamp; per user, every
+user keeps a training rating and the test share matches the random split's; a strict
+global cutoff is the user's to write as two files); ties in time go to the rating seen
+later; with ``--train/--test``, **users and items only in the test file are kept** (ids of
+the store with test ratings only, counted in ``split`` and said by ``ingest``: the
+evaluation then covers the whole test file, as published results on ``u1.test`` do), and
+a pair in both files is **kept in the test split only**, with the test file's rating
+(its training copies are duplicates dropped, ``n_train_ratings_also_in_test``: in training
+they would give the answer away); an interaction log's pair keeps its latest time.
+
 A text file without a header has its columns taken by position (user, item,
 rating[, timestamp] = 0, 1, 2[, 3]), which nothing in the file can confirm: a note on
 stderr says which column was taken as what (a file in item,user order would
