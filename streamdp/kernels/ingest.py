@@ -76,43 +76,34 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr,
         for j in range(counts[u], counts[u + 1]):
             k = pos[j]
             it = items[k]
-            if stamp[it] != u:
+            if stamp[it] != u:  # the pair's first rating
                 stamp[it] = u
                 slot[it] = w
                 out_items[w] = it
-                out_ratings[w] = ratings[k]
-                if has_ts:
-                    best[w] = ts[k]
-                if want_ts:
-                    out_ts[w] = ts[k]
-                if has_flags:
-                    out_flags[w] = flags[k]
+                q = w
                 w += 1
+                replace = True
             else:
                 dropped += 1
                 q = slot[it]
+                replace = False
                 if has_flags and flags[k] != out_flags[q]:
                     across += 1
-                    if flags[k] > out_flags[q]:  # the test rating replaces the training copies
-                        out_ratings[q] = ratings[k]
-                        out_flags[q] = flags[k]
-                        if has_ts:
-                            best[q] = ts[k]
-                        if want_ts:
-                            out_ts[q] = ts[k]
+                    replace = flags[k] > out_flags[q]  # the test rating replaces the training copies
                 elif aggregate:
                     out_ratings[q] += ratings[k]
                     if want_ts and ts[k] > out_ts[q]:
                         out_ts[q] = ts[k]
-                elif not has_ts:
-                    out_ratings[q] = ratings[k]
-                    if want_ts:
-                        out_ts[q] = ts[k]
-                elif ts[k] >= best[q]:
-                    out_ratings[q] = ratings[k]
+                else:
+                    replace = not has_ts or ts[k] >= best[q]
+            if replace:
+                out_ratings[q] = ratings[k]
+                if has_flags:
+                    out_flags[q] = flags[k]
+                if has_ts:
                     best[q] = ts[k]
-                    if want_ts:
-                        out_ts[q] = ts[k]
+                if want_ts:
+                    out_ts[q] = ts[k]
         out_indptr[u + 1] = w
     return w, dropped, across
 
