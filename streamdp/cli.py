@@ -242,7 +242,7 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
 
 
 @main.command()
-@click.argument("inputs", nargs=-1, metavar="INPUT...")
+@click.argument("inputs", nargs=-1, metavar="[INPUT]...")
 @click.option("--out", required=True, help="Destination store: a directory, or an fsspec URL such as "
               "s3://bucket/ratings.zarr (credentials from the environment; see docs/cluster.md).")
 @click.option("--train", "train_files", multiple=True, metavar="FILE",
@@ -273,7 +273,8 @@ def generate(out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fr
               "user's latest --test-fraction, by the timestamp column) or last-n (each user's --last-n latest); "
               "every user keeps at least one training rating. Default: random when --test-fraction is given.")
 @click.option("--test-fraction", type=float, default=0.0, show_default=True,
-              help="Hold out this fraction of each user's ratings into the test split.")
+              help="Hold out this fraction of each user's ratings into the test split (--split random, the "
+              "default, or temporal).")
 @click.option("--last-n", type=int, default=None, metavar="N",
               help="--split last-n: hold out each user's N latest ratings (leave-last-N-out).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out split.")
