@@ -869,6 +869,7 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
             held = ofl[:nnz] if files else latest_mask(ip, ots[:nnz], fraction=how.get("test_fraction", 0.0),
                                                         last_n=how.get("last_n", 0))
             (ip, oi, vals), test = split_by_mask(ip, oi[:nnz], vals, held)
+            del orr, ots, ofl, held  # the partition's arrays before the split
             for c, a in zip(("tip", "ti", "tr"), test):
                 _tofile(a, f"{base[p]}.{c}")
             test_only = int(((np.diff(ip) == 0) & (np.diff(test[0]) > 0)).sum())

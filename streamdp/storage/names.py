@@ -18,8 +18,8 @@ named ``name``, ``title``, ``item_name`` or ``label``, else the second column. W
 header the id is the first field and the name the second; further fields are ignored.
 
 Decisions: ids that are not items of the store are ignored and counted
-(``n_unmatched``); an id named twice keeps its last name; surrounding blanks of ids are
-ignored (names are kept as written). Memory: the file is parsed in blocks; only the names
+(``n_unmatched``); an id named twice keeps its last name; string ids must match the store's
+exactly, integer ids may have blanks around them (names are kept as written). Memory: the file is parsed in blocks; only the names
 of the store's items are kept (they are item-side data, ``O(n_items)`` like the item ids),
 and more than a quarter of ``--memory-limit`` of them is refused.
 """

@@ -20,14 +20,16 @@ def block_seed(seed: int | None, block: int, purpose: int = 0) -> int:
     return int(ss.generate_state(1, dtype=np.uint32)[0])
 
 
-def _outputs(n: int, nnz: int):
-    return (np.empty(n + 1, np.int64), np.empty(nnz, np.int32), np.empty(nnz, np.float32),
-            np.empty(n + 1, np.int64), np.empty(nnz, np.int32), np.empty(nnz, np.float32))
+def _outputs(n: int, n_train: int, n_test: int):
+    return (np.empty(n + 1, np.int64), np.empty(n_train, np.int32), np.empty(n_train, np.float32),
+            np.empty(n + 1, np.int64), np.empty(n_test, np.int32), np.empty(n_test, np.float32))
 
 
 def split_by_mask(indptr, items, ratings, held):
     """``((indptr, items, ratings), (indptr, items, ratings))``: the ratings with ``held == 0``, then the others."""
-    tr_ip, tr_it, tr_r, te_ip, te_it, te_r = _outputs(len(indptr) - 1, len(items))
+    held = np.asarray(held, np.uint8)
+    n_test = int(np.count_nonzero(held))
+    tr_ip, tr_it, tr_r, te_ip, te_it, te_r = _outputs(len(indptr) - 1, len(items) - n_test, n_test)
     a, t = split_masked(np.asarray(indptr, np.int64), np.asarray(items, np.int32), np.asarray(ratings, np.float32),
                         np.asarray(held, np.uint8), tr_ip, tr_it, tr_r, te_ip, te_it, te_r)
     return (tr_ip, tr_it[:a], tr_r[:a]), (te_ip, te_it[:t], te_r[:t])
@@ -50,12 +52,7 @@ def split_block(indptr, items, ratings, fraction: float, seed: int):
     """
     n = len(indptr) - 1
     nnz = len(items)
-    tr_ip = np.empty(n + 1, np.int64)
-    te_ip = np.empty(n + 1, np.int64)
-    tr_it = np.empty(nnz, np.int32)
-    te_it = np.empty(nnz, np.int32)
-    tr_r = np.empty(nnz, np.float32)
-    te_r = np.empty(nnz, np.float32)
+    tr_ip, tr_it, tr_r, te_ip, te_it, te_r = _outputs(n, nnz, nnz)
     a, t = split_holdout(np.asarray(indptr, np.int64), np.asarray(items, np.int32), np.asarray(ratings, np.float32),
                          float(fraction), np.uint32(seed), tr_ip, tr_it, tr_r, te_ip, te_it, te_r)
     return (tr_ip, tr_it[:a], tr_r[:a]), (te_ip, te_it[:t], te_r[:t])
