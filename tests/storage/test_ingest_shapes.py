@@ -300,3 +300,16 @@ def test_recommend_shows_item_names(named, cli, tmp_path):
     # Python: a stored user's list carries the names
     recs = model.recommend_user(st, 0, n=3)
     assert recs.names == [{10: "Heat, the", 11: "Jumanji (1995)"}.get(i, "") for i, _ in recs]
+
+
+def test_item_names_beyond_a_quarter_of_the_memory_limit_are_refused(tmp_path):
+    import pyarrow as pa
+
+    from streamdp.errors import ParameterError
+    from streamdp.storage.names import read_item_names
+
+    (tmp_path / "n.csv").write_text("".join(f"{i},{'x' * 50} {i}\n" for i in range(200)))
+    got = read_item_names(str(tmp_path / "n.csv"), pa.array(range(0, 400, 2)), 1 << 20)
+    assert got.n_unmatched == 100 and got.names.to_pylist()[:2] == ["x" * 50 + " 0", "x" * 50 + " 2"]
+    with pytest.raises(ParameterError, match="quarter of --memory-limit"):
+        read_item_names(str(tmp_path / "n.csv"), pa.array(range(200)), 4000)
