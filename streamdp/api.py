@@ -125,8 +125,9 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
         users_bound=users_bound))
 
 
-def ingest(source, out: str, *, columns=None, implicit: bool = False, budget=None, test_fraction: float = 0.0,
-           seed: int | None = 0, force: bool = False, **options) -> RatingStore:
+def ingest(source=None, out: str | None = None, *, train=None, test=None, columns=None, implicit: bool = False,
+           budget=None, test_fraction: float = 0.0, split: str | None = None, last_n: int | None = None,
+           item_names: str | None = None, seed: int | None = 0, force: bool = False, **options) -> RatingStore:
     """Build a rating store at ``out`` from files or in-memory data (``streamdp ingest``) and return it opened.
 
     Parameters
@@ -143,6 +144,16 @@ def ingest(source, out: str, *, columns=None, implicit: bool = False, budget=Non
         whole, and goes through the same validation as a file.
     out : str
         The store's directory (must not exist unless ``force``).
+    train, test : as ``source``, optional
+        Your own split (``--train FILE --test FILE``, e.g. MovieLens ``u1.base``/``u1.test``):
+        ``train`` instead of ``source``, ``test`` the held-out ratings, read and checked the
+        same way. Users and items only in ``test`` are kept, with no training ratings
+        (:mod:`streamdp.storage.ingest`, "Splits"); the store's ``split`` attribute records it.
+    split : str, optional
+        ``"random"``, ``"temporal"`` (each user's latest ``test_fraction``, by the timestamp
+        column) or ``"last-n"`` (each user's ``last_n`` latest): ``--split``.
+    item_names : str, optional
+        A file of ``id,name`` lines kept in the store (public metadata, :mod:`streamdp.storage.names`).
     columns : str or sequence, optional
         ``user,item,rating[,timestamp]`` (or ``user,item[,count]``): names or 0-based
         positions, as ``--columns``.
@@ -176,10 +187,19 @@ def ingest(source, out: str, *, columns=None, implicit: bool = False, budget=Non
     >>> s.n_users, s.n_items, s.n_ratings, s.attrs["sources"][0]["format"]
     (2, 2, 3, 'pandas')
     """
-    inputs = _inputs(source, columns, implicit, options)
+    if (source is None) == (train is None):
+        raise ParameterError("ingest: give either source or train= (with test=, your own split)")
+    if out is None:
+        raise ParameterError("ingest: give out, the store's directory")
+    if train is not None and test is None:
+        raise ParameterError("ingest: train= goes with test=, the held-out ratings (or pass the data as source)")
+    inputs = _inputs(train if source is None else source, columns, implicit, options)
+    if test is not None:
+        options["test_inputs"] = _inputs(test, columns, implicit, options)
     if columns is not None and not isinstance(columns, str):
         columns = ",".join(str(c) for c in columns)
-    options.update(columns=columns, implicit=implicit, test_fraction=test_fraction, seed=seed, force=force)
+    options.update(columns=columns, implicit=implicit, test_fraction=test_fraction, seed=seed, force=force,
+                   split=split, last_n=last_n, item_names=None if item_names is None else os.fspath(item_names))
     budget = parse_budget(budget)
     if budget is None:
         return ingest_files(inputs, out, **options)

@@ -17,7 +17,9 @@ data owner's to serve, one list to each user, **not to publish**.
 
 Output: Parquet (pyarrow), one row per (user, rank): ``user_id, rank, item_id,
 score`` with the original ids (integers or strings, as ingested), users in the
-store's order, ranks from 1. Written to a temporary file beside ``--out`` and renamed
+store's order, ranks from 1; and ``item_name`` after ``item_id`` when the store keeps
+item names (``ingest --item-names``: public metadata, :mod:`streamdp.storage.names`) or
+``item_names`` names a source of them. Written to a temporary file beside ``--out`` and renamed
 into place when complete: a failed or interrupted run leaves no partial file.
 """
 
@@ -35,6 +37,7 @@ from streamdp.kernels.topk import topn_scores
 from streamdp.local import check_finite, list_bias, local_design, model_ridge, score_range, solve_block
 from streamdp.outputs import deferred_interrupts
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
+from streamdp.storage.names import names_for
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import Engine
 
@@ -91,7 +94,7 @@ def read_user_list(path: str, store) -> np.ndarray:
     return np.unique(dense)
 
 
-def _prepare(model, store, n, users, ridge):
+def _prepare(model, store, n, users, ridge, item_names=None):
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise ParameterError(f"--top must be a positive integer, got {n}")
     m = model
@@ -114,16 +117,18 @@ def _prepare(model, store, n, users, ridge):
         if (dense < 0).any():
             raise InputError(f"users: {keys[int(np.flatnonzero(dense < 0)[0])]!r} is not a user of {st.path}")
         wanted = np.unique(dense)
-    return m, st, mo, ids, tiekey, ridge, wanted
+    names = st.item_names() if item_names is None else names_for(item_names, ids)
+    return m, st, mo, ids, tiekey, ridge, wanted, names
 
 
-def _schema(st, item_ids):
+def _schema(st, item_ids, names=None):
     uk = pa.int64() if numeric(st.user_ids(0, min(1, st.n_users))) else pa.string()
     ik = pa.int64() if numeric(item_ids) else pa.string()
-    return pa.schema([("user_id", uk), ("rank", pa.int32()), ("item_id", ik), ("score", pa.float32())])
+    named = [("item_name", pa.string())] if names is not None else []
+    return pa.schema([("user_id", uk), ("rank", pa.int32()), ("item_id", ik), *named, ("score", pa.float32())])
 
 
-def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, scheduler, memory_limit):
+def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, names=None, *, workers, scheduler, memory_limit):
     """Yield one pyarrow Table per block (users in store order, ranks from 1)."""
     Q, bias = local_design(mo)
     rank_bias = list_bias(m, bias, tiekey)  # the list score's item term; the score written is the prediction
@@ -157,8 +162,9 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
         pred = scores[ok] - offset[lists[ok]]
         row, rank = np.nonzero(ok)  # row-major: by user, then rank
         uids = st.user_ids(first, first + nu)[row]
+        named = [pa.array(names[lists[ok]], pa.string())] if names is not None else []
         return pa.table([pa.array(uids, type=schema.field("user_id").type), pa.array(rank + 1, pa.int32()),
-                         pa.array(ids[lists[ok]], type=item_kind),
+                         pa.array(ids[lists[ok]], type=item_kind), *named,
                          pa.array(np.clip(pred, lo, hi).astype(np.float32), pa.float32())], schema=schema)
 
     k = Q.shape[1]
@@ -171,7 +177,7 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
 
 
 def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: float | None = None, workers=None,
-                  scheduler=None, memory_limit=None, force: bool = False):
+                  scheduler=None, memory_limit=None, force: bool = False, item_names=None):
     """Top-``n`` unseen items of every user of ``store`` (or of ``users``) from ``model``.
 
     Parameters
@@ -191,15 +197,18 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
         A file of original user ids (one a line), or the ids themselves.
     force : bool
         Replace an existing file at ``path``.
+    item_names : str or RatingStore, optional
+        Where the ``item_name`` column comes from: a store keeping names or an ``id,name`` file
+        (:func:`streamdp.storage.names.names_for`); default: ``store``'s names, if it keeps any.
     """
-    m, st, mo, ids, tiekey, ridge, wanted = _prepare(model, store, n, users, ridge)
+    m, st, mo, ids, tiekey, ridge, wanted, names = _prepare(model, store, n, users, ridge, item_names)
     asked, n = int(n), min(int(n), st.n_items)
-    schema = _schema(st, ids)
+    schema = _schema(st, ids, names)
     kw = dict(workers=workers, scheduler=scheduler, memory_limit=memory_limit)
     if path is None:
-        return _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw)
-    res = _write(str(path), _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, **kw), schema, force=force,
-                 n=n)
+        return _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, names, **kw)
+    res = _write(str(path), _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, names, **kw), schema,
+                 force=force, n=n)
     if asked > n:
         res["top_requested"] = asked
         res["note"] = (f"--top {asked} is more than the store's {st.n_items} items: each list holds at most "
@@ -238,5 +247,5 @@ def _write(path: str, tables, schema, *, force: bool, n: int) -> dict:
         except OSError:
             pass
         raise
-    return {"out": path, "rows": rows, "users": users, "top": n, "columns": list(COLUMNS),
+    return {"out": path, "rows": rows, "users": users, "top": n, "columns": list(schema.names),
             "seconds": round(time.perf_counter() - t0, 3)}

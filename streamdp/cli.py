@@ -314,9 +314,14 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
 
 
 @main.command()
-@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.argument("inputs", nargs=-1, metavar="[INPUT]...")
 @click.option("--out", required=True, help="Destination store: a directory, or an fsspec URL such as "
               "s3://bucket/ratings.zarr (credentials from the environment; see docs/cluster.md).")
+@click.option("--train", "train_files", multiple=True, metavar="FILE",
+              help="Your own split: the training ratings (like INPUT; repeatable). Goes with --test.")
+@click.option("--test", "test_files", multiple=True, metavar="FILE",
+              help="Your own split: the held-out ratings (e.g. MovieLens u1.test; repeatable), read and checked as "
+              "the training files are. Users and items only in the test file are kept (counted in the output).")
 @click.option("--format", "fmt", type=click.Choice(["udata", "dat", "csv", "ws", "parquet"]), default=None,
               help="Input format (default: detected from each file).")
 @click.option("--sep", default=None, help="Field separator: one character, '\\t', '::', or 'ws' (whitespace runs).")
@@ -335,9 +340,19 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
 @click.option("--out-of-range", type=click.Choice(["error", "clip", "drop"]), default=None,
               help="Ratings outside the declared --rating-range: error (default; with --skip-bad-lines they are "
               "skipped as bad lines), clip to the range, or drop; the count is recorded in the store.")
+@click.option("--split", type=click.Choice(["random", "temporal", "last-n"]), default=None,
+              help="How to hold out a test split: random (--test-fraction of each user's ratings), temporal (each "
+              "user's latest --test-fraction, by the timestamp column) or last-n (each user's --last-n latest); "
+              "every user keeps at least one training rating. Default: random when --test-fraction is given.")
 @click.option("--test-fraction", type=float, default=0.0, show_default=True,
-              help="Hold out this fraction of each user's ratings into the test split.")
+              help="Hold out this fraction of each user's ratings into the test split (--split random, the "
+              "default, or temporal).")
+@click.option("--last-n", type=int, default=None, metavar="N",
+              help="--split last-n: hold out each user's N latest ratings (leave-last-N-out).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out split.")
+@click.option("--item-names", default=None, metavar="FILE",
+              help="A file of 'id,name' lines (a header, tab, '|', '::' or ';' also read): kept in the store and shown "
+              "in recommend's lists. Names are treated as public metadata.")
 @click.option("--skip-bad-lines", is_flag=True, help="Skip and count malformed lines instead of failing.")
 @memory_limit_option
 @click.option("--block-users", type=int, default=None,
@@ -347,16 +362,27 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
 @click.option("--budget", default=None, metavar="EPSILON,DELTA",
               help="Set the store's total privacy budget (see `streamdp budget`).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print a JSON summary.")
-def ingest(inputs, out, fmt, sep, columns, implicit, count_cap, rating_range, out_of_range, test_fraction, seed,
-           skip_bad_lines, memory_limit, block_users, force, budget, as_json):
-    """Ingest rating files (u.data, ::-.dat, CSV, whitespace, Parquet; .gz) into a store, out of core; or
-    interaction logs (user,item[,count]: clicks, plays, purchases) into an implicit store."""
-    from streamdp.api import ingest as ingest_files
+def ingest(inputs, out, train_files, test_files, fmt, sep, columns, implicit, count_cap, rating_range, out_of_range,
+           split, test_fraction, last_n, seed, item_names, skip_bad_lines, memory_limit, block_users, force, budget,
+           as_json):
+    """Ingest rating files (u.data, ::-.dat, CSV, ;-separated, whitespace, Parquet; .gz) into a store, out of core;
+    or interaction logs (user,item[,count]: clicks, plays, purchases) into an implicit store.
 
-    s = ingest_files(list(inputs), out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
+    The test split: your own files (--train FILE --test FILE), or held out from each user's ratings
+    (--split random|temporal|last-n); recorded in the store (streamdp info shows it)."""
+    from streamdp.api import ingest as ingest_files
+    from streamdp.errors import ParameterError
+
+    inputs = list(inputs) + list(train_files)
+    if not inputs:
+        raise ParameterError("ingest: give the rating files (INPUT...), or --train FILE --test FILE")
+    if train_files and not test_files:
+        raise ParameterError("--train: give the held-out ratings with --test FILE (or list the files as INPUT...)")
+    s = ingest_files(inputs, out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
                      memory_limit=memory_limit, block_users=block_users, force=force, budget=budget,
-                     out_of_range=out_of_range, implicit=implicit, count_cap=count_cap)
+                     out_of_range=out_of_range, implicit=implicit, count_cap=count_cap, split=split, last_n=last_n,
+                     test=list(test_files) or None, item_names=item_names)
     a = s.attrs
     if as_json:
         extra = {k: a[k] for k in ("value", "count_cap", "n_duplicates_aggregated", "n_counts_capped")} \
@@ -365,8 +391,14 @@ def ingest(inputs, out, fmt, sep, columns, implicit, count_cap, rating_range, ou
                     "n_ratings": s.n_ratings, "n_test": s.n_test, "n_duplicates_dropped": a["n_duplicates_dropped"],
                     "n_bad_lines_skipped": a["n_bad_lines_skipped"], "out_of_range": a["out_of_range"],
                     "n_out_of_range_clipped": a["n_out_of_range_clipped"],
-                    "n_out_of_range_dropped": a["n_out_of_range_dropped"], **extra, "seconds": a["seconds"]})
-    elif s.implicit:
+                    "n_out_of_range_dropped": a["n_out_of_range_dropped"], **extra, "split": a["split"],
+                    "item_names": a.get("item_names"), "seconds": a["seconds"]})
+        return
+    from streamdp.storage.info import describe_item_names, describe_split
+
+    notes = [describe_split(a["split"], s.n_test)] + ([describe_item_names(a["item_names"])]
+                                                     if a.get("item_names") else [])
+    if s.implicit:
         cap = (f", {a['n_counts_capped']:,} capped at {a['count_cap']:g}" if a["count_cap"] is not None else "")
         click.echo(f"wrote {s.path} (implicit: {a['value']}s of interactions): {s.n_users:,} users, "
                    f"{s.n_items:,} items, {s.n_ratings:,} train + {s.n_test:,} test (user, item) pairs; "
@@ -378,6 +410,9 @@ def ingest(inputs, out, fmt, sep, columns, implicit, count_cap, rating_range, ou
         click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
                    f"{s.n_test:,} test ratings; {a['n_duplicates_dropped']:,} duplicates dropped, "
                    f"{a['n_bad_lines_skipped']:,} bad lines skipped{oor}, in {a['seconds']:.1f}s")
+    for line in notes:
+        if line:
+            click.echo(f"  {line}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -802,6 +837,8 @@ RECOMMEND_HEADER = "item_id\tpredicted_rating"
 @click.option("--users", "users_file", default=None, metavar="FILE", help="Batch form: only these users, one "
               "original user id a line.")
 @click.option("--top", type=int, default=10, show_default=True, help="How many items to recommend (per user).")
+@click.option("--item-names", default=None, metavar="SOURCE", help="Show item names: a store ingested with "
+              "--item-names, or an 'id,name' file (the batch form takes --store's names by default).")
 @click.option("--ridge", type=float, default=None, help="Ridge of the local user solve (default: the model's).")
 @click.option("--workers", type=int, default=None, help="Batch form: worker threads (default: all cores).")
 @memory_limit_option
@@ -809,8 +846,8 @@ RECOMMEND_HEADER = "item_id\tpredicted_rating"
               "(tcp://host:port) whose workers must reach STORE.")
 @click.option("--force", is_flag=True, help="Batch form: replace an existing file at --out.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, memory_limit, scheduler, force,
-              as_json):
+def recommend(model, ratings_file, store, out, users_file, top, item_names, ridge, workers, memory_limit, scheduler,
+              force, as_json):
     """Top-N unseen items for one user (--ratings FILE), or for every user of a store (--store STORE --out FILE).
 
     One user: solved locally from MODEL and their ratings file; prints a header line (item_id, predicted_rating),
@@ -819,9 +856,11 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
     the score shown is the predicted rating. A user none of whose items the model knows gets the most popular
     items by the model's released counts, said on stderr.
 
+    With --item-names, a third column (and "names" in --json) gives each item's name.
+
     Batch: each user's row is solved from MODEL and her own training ratings in STORE, streamed block by block
     within --memory-limit; writes Parquet (user_id, rank, item_id, score; ranks from 1; score: the predicted
-    rating, clipped to the rating range). Under joint DP each list depends on the released model and on that
+    rating, clipped to the rating range; item_name after item_id when STORE keeps names or --item-names gives them). Under joint DP each list depends on the released model and on that
     user's own data only: it may be shown to that user, but the file (every user's list) must not be published.
     """
     from streamdp.errors import ParameterError
@@ -839,7 +878,7 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
     m = load_model(model)
     if store is not None:
         res = m.recommend_all(store, top, out, users=users_file, ridge=ridge, workers=workers, scheduler=scheduler,
-                              memory_limit=memory_limit, force=force)
+                              memory_limit=memory_limit, force=force, item_names=item_names)
         if not personalised(m):
             res["note"] = NOT_PERSONALISED
         if as_json:
@@ -849,21 +888,28 @@ def recommend(model, ratings_file, store, out, users_file, top, ridge, workers, 
                 click.echo(f"note: {res['note']}", err=True)
             click.echo(f"wrote {res['out']}: top {res['top']} for {res['users']:,} users ({res['rows']:,} rows) in "
                        f"{res['seconds']:.1f}s; each list is for its user only (joint DP): do not publish the file")
-            if not personalised(m):
-                click.echo(f"note: {NOT_PERSONALISED}", err=True)
         return
     items, ratings, unknown = read_user_ratings(ratings_file, m.item_ids, rating_range(m))
     recs = m.recommend(zip(m.item_ids[items].tolist(), ratings.tolist()), n=top, ridge=ridge)
     ids, score = [i for i, _ in recs], np.array([s for _, s in recs])
+    names = None
+    if item_names is not None:
+        from streamdp.storage.names import names_for
+
+        names = names_for(item_names, np.asarray(ids, dtype=np.asarray(m.item_ids).dtype), memory_limit).tolist()
     notes = [recs.note] if recs.note else []
     if recs.source == "model" and not personalised(m):
         notes.append(NOT_PERSONALISED)
     if as_json:
         print_json({"items": ids, "scores": score.round(4).tolist(), "n_ratings_used": int(len(items)),
                     "unknown_items": unknown, "source": recs.source, "personalised": recs.source == "model"
-                    and personalised(m), "notes": notes})
+                    and personalised(m), "notes": notes, **({} if names is None else {"names": names})})
         return
-    click.echo("\n".join([RECOMMEND_HEADER] + [f"{i}\t{s:.3f}" for i, s in zip(ids, score)]))
+    if names is None:
+        click.echo("\n".join([RECOMMEND_HEADER] + [f"{i}\t{s:.3f}" for i, s in zip(ids, score)]))
+    else:
+        click.echo("\n".join([f"{RECOMMEND_HEADER}\tname"] + [f"{i}\t{s:.3f}\t{nm}" for i, s, nm in
+                                                              zip(ids, score, names)]))
     if unknown:
         click.echo(f"note: {len(unknown)} rated item(s) unknown to the model were ignored", err=True)
     for note in notes:

@@ -56,12 +56,13 @@ class Recommendations(list):
     ``source`` is ``"model"`` (the user's own list) or ``"most_popular"`` (none of her
     rated items is known to the model: the fallback list of
     :func:`streamdp.local.popular_list`, not personalised); ``note`` says so in words
-    (empty for ``"model"``).
+    (empty for ``"model"``). ``names``: the items' names, in list order, when they are
+    known (:meth:`Model.recommend_user` on a store that keeps names), else ``None``.
     """
 
-    def __init__(self, pairs, source: str = "model", note: str = ""):
+    def __init__(self, pairs, source: str = "model", note: str = "", names: list | None = None):
         super().__init__(pairs)
-        self.source, self.note = source, note
+        self.source, self.note, self.names = source, note, names
 
 
 @dataclass
@@ -175,15 +176,20 @@ class Model:
         return Recommendations([(i, round(float(s), 6)) for i, s in zip(ids, score)], source, note)
 
     def recommend_all(self, store, n: int = 10, path=None, *, users=None, ridge: float | None = None, workers=None,
-                      scheduler=None, memory_limit=None, force: bool = False, as_arrays: bool = False):
+                      scheduler=None, memory_limit=None, force: bool = False, as_arrays: bool = False,
+                      item_names=None):
         """Top-``n`` unseen items for every user of ``store`` (or the original ids in ``users``), each from her
         own training ratings: an iterator of pyarrow Tables ``user_id, rank, item_id, score`` (one per user
         block), or, with ``path``, a Parquet file written atomically (then a summary dict), or, with
         ``as_arrays=True``, NumPy arrays ``(user_ids, item_ids, scores)`` (:class:`streamdp.serving.Recommendations`:
         ``item_ids`` and ``scores`` have ``n`` columns, best first). See :mod:`streamdp.batch` (each list may be
-        shown to its user, not published: joint DP).
+        shown to its user, not published: joint DP). The tables and the file have an ``item_name`` column
+        when the store keeps item names or ``item_names`` (a store or an ``id,name`` file) gives them;
+        the arrays do not.
         """
         kw = dict(users=users, ridge=ridge, workers=workers, scheduler=scheduler, memory_limit=memory_limit)
+        if item_names is not None:
+            kw["item_names"] = item_names
         if as_arrays:
             if path is not None:
                 raise ParameterError("recommend_all: give either path (a Parquet file) or as_arrays=True")
@@ -199,6 +205,8 @@ class Model:
         equals ``model.recommend(her_ratings)``. Returns ``(item_id, predicted_rating)``
         pairs, best first, items she rated left out. Under joint DP the list is for her
         to see, not to publish. An id that is not a user of the store is an :class:`InputError`.
+        When the store keeps item names (``ingest --item-names``), ``.names`` of the returned
+        list holds each item's name (public metadata).
         """
         return recommend_user(self, store, user_id, n, ridge=ridge)
 

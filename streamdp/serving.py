@@ -41,6 +41,7 @@ from streamdp.batch import dense_users, recommend_all
 from streamdp.errors import InputError, ParameterError
 from streamdp.manifest import ARRAYS, ATTRS
 from streamdp.storage.ids import find, numeric, parse_id
+from streamdp.storage.names import names_for
 from streamdp.storage.store import RatingStore, open_store
 
 
@@ -78,9 +79,17 @@ def stored_ratings(store, user_id) -> tuple[np.ndarray, np.ndarray]:
 
 
 def recommend_user(model, store, user_id, n: int = 10, *, ridge: float | None = None) -> list:
-    """``model.recommend`` for a user of ``store`` by her original id, from her training ratings there."""
-    items, ratings = stored_ratings(store, user_id)
-    return model.recommend(zip(items.tolist(), ratings.tolist()), n=n, ridge=ridge)
+    """``model.recommend`` for a user of ``store`` by her original id, from her training ratings there.
+
+    When the store keeps item names (``ingest --item-names``), the list's ``names`` holds the name of
+    each recommended item (``""`` when unnamed); otherwise ``names`` is ``None``.
+    """
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    items, ratings = stored_ratings(st, user_id)
+    recs = model.recommend(zip(items.tolist(), ratings.tolist()), n=n, ridge=ridge)
+    if st.item_names() is not None:
+        recs.names = names_for(st, [i for i, _ in recs]).tolist()
+    return recs
 
 
 def recommend_arrays(model, store, n: int = 10, **kw) -> Recommendations:

@@ -18,19 +18,11 @@ def split_holdout(indptr, items, ratings, fraction, seed, tr_indptr, tr_items, t
     """
     np.random.seed(seed)
     n_users = len(indptr) - 1
-    a = 0
-    t = 0
-    tr_indptr[0] = 0
-    te_indptr[0] = 0
+    held = np.zeros(len(items), np.uint8)
     for u in range(n_users):
         s = indptr[u]
-        e = indptr[u + 1]
-        n = e - s
-        k = int(np.floor(fraction * n + 0.5))
-        if k > n - 1:
-            k = n - 1
-        if k < 0:
-            k = 0
+        n = indptr[u + 1] - s
+        k = _n_held(n, fraction, 0)
         # choose k of n positions: partial Fisher-Yates on a mask
         perm = np.arange(n)
         for i in range(k):
@@ -38,17 +30,66 @@ def split_holdout(indptr, items, ratings, fraction, seed, tr_indptr, tr_items, t
             tmp = perm[i]
             perm[i] = perm[j]
             perm[j] = tmp
-        held = np.zeros(n, dtype=np.bool_)
         for i in range(k):
-            held[perm[i]] = True
-        for i in range(n):
-            if held[i]:
-                te_items[t] = items[s + i]
-                te_ratings[t] = ratings[s + i]
+            held[s + perm[i]] = 1
+    return split_masked(indptr, items, ratings, held, tr_indptr, tr_items, tr_ratings, te_indptr, te_items,
+                        te_ratings)
+
+
+@njit(cache=True, nogil=True)
+def _n_held(n, fraction, last_n):
+    """How many of a user's ``n`` ratings are held out: ``last_n`` if positive, else ``floor(fraction n + 1/2)``;
+    at most ``n - 1`` (every user keeps a training rating)."""
+    k = last_n if last_n > 0 else int(np.floor(fraction * n + 0.5))
+    if k > n - 1:
+        k = n - 1
+    if k < 0:
+        k = 0
+    return k
+
+
+@njit(cache=True, nogil=True)
+def hold_out_latest(indptr, ts, fraction, last_n, held):
+    """Mark in ``held`` (uint8, zeroed by the caller) each user's latest ratings by timestamp.
+
+    A user with ``n`` ratings holds out ``last_n`` of them when ``last_n > 0``, else
+    ``floor(fraction * n + 1/2)`` (as :func:`split_holdout`); at most ``n - 1`` either way,
+    so every user keeps a training rating. Ties in time go to the rating that comes later
+    in the user's row (a stable sort), so the split is deterministic.
+    """
+    n_users = len(indptr) - 1
+    for u in range(n_users):
+        s = indptr[u]
+        e = indptr[u + 1]
+        n = e - s
+        k = _n_held(n, fraction, last_n)
+        if k == 0:
+            continue
+        order = np.argsort(ts[s:e], kind="mergesort")
+        for j in range(n - k, n):
+            held[s + order[j]] = 1
+
+
+@njit(cache=True, nogil=True)
+def split_masked(indptr, items, ratings, held, tr_indptr, tr_items, tr_ratings, te_indptr, te_items, te_ratings):
+    """Split a CSR part by ``held`` (nonzero: test) into train and test parts (order within a user kept).
+
+    Outputs as for :func:`split_holdout`; returns ``(n_train, n_test)``.
+    """
+    n_users = len(indptr) - 1
+    a = 0
+    t = 0
+    tr_indptr[0] = 0
+    te_indptr[0] = 0
+    for u in range(n_users):
+        for k in range(indptr[u], indptr[u + 1]):
+            if held[k]:
+                te_items[t] = items[k]
+                te_ratings[t] = ratings[k]
                 t += 1
             else:
-                tr_items[a] = items[s + i]
-                tr_ratings[a] = ratings[s + i]
+                tr_items[a] = items[k]
+                tr_ratings[a] = ratings[k]
                 a += 1
         tr_indptr[u + 1] = a
         te_indptr[u + 1] = t

@@ -12,7 +12,8 @@ from numba import njit
 
 @njit(cache=True, nogil=True)
 def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr, out_items, out_ratings,
-                aggregate=False):
+                aggregate=False, flags=np.empty(0, np.uint8), out_ts=np.empty(0, np.int64),
+                out_flags=np.empty(0, np.uint8)):
     """Group ratings by user and keep one rating per (user, item), or with ``aggregate`` sum them.
 
     Parameters
@@ -27,10 +28,20 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr,
     out_indptr : int64 array (n_users + 1)
     out_items, out_ratings : arrays as long as the input
 
+    flags : uint8 array, optional
+        The split each rating comes from (0 train, 1 test: ``ingest --train/--test``), or empty.
+        A pair with ratings in both keeps the test one only (its training copies are dropped:
+        the answer would otherwise be in the training data); among ratings of one flag the
+        rule below applies. ``out_flags`` (as long as the input) receives the kept rating's flag.
+    out_ts : int64 array, optional
+        If not empty (as long as the input), the kept rating's timestamp (``ts`` must then be
+        given): with ``aggregate``, the latest of the pair's timestamps.
+
     Returns
     -------
-    (nnz, n_dropped) : the number of ratings kept and of duplicates dropped (or, with
-    ``aggregate``, added into the first occurrence of their pair).
+    (nnz, n_dropped, n_across) : the number of ratings kept, of duplicates dropped (or, with
+    ``aggregate``, added into the first occurrence of their pair), and of those that were
+    dropped because the pair is also in the other split (``flags``).
 
     With ``aggregate`` (interaction logs: every row is one interaction, or a count/weight)
     the values of a repeated pair are summed (in float32, exact for integer counts below
@@ -55,33 +66,46 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr,
     stamp = np.full(n_items, -1, np.int64)  # last user that rated the item
     slot = np.empty(n_items, np.int64)  # where that user's rating of the item was written
     best = np.empty(n if has_ts else 0, np.int64)  # timestamp of the kept rating
+    has_flags = len(flags) > 0
+    want_ts = len(out_ts) > 0
     w = 0
     dropped = 0
+    across = 0
     out_indptr[0] = 0
     for u in range(n_users):
         for j in range(counts[u], counts[u + 1]):
             k = pos[j]
             it = items[k]
-            if stamp[it] != u:
+            if stamp[it] != u:  # the pair's first rating
                 stamp[it] = u
                 slot[it] = w
                 out_items[w] = it
-                out_ratings[w] = ratings[k]
-                if has_ts:
-                    best[w] = ts[k]
+                q = w
                 w += 1
+                replace = True
             else:
                 dropped += 1
                 q = slot[it]
-                if aggregate:
+                replace = False
+                if has_flags and flags[k] != out_flags[q]:
+                    across += 1
+                    replace = flags[k] > out_flags[q]  # the test rating replaces the training copies
+                elif aggregate:
                     out_ratings[q] += ratings[k]
-                elif not has_ts:
-                    out_ratings[q] = ratings[k]
-                elif ts[k] >= best[q]:
-                    out_ratings[q] = ratings[k]
+                    if want_ts and ts[k] > out_ts[q]:
+                        out_ts[q] = ts[k]
+                else:
+                    replace = not has_ts or ts[k] >= best[q]
+            if replace:
+                out_ratings[q] = ratings[k]
+                if has_flags:
+                    out_flags[q] = flags[k]
+                if has_ts:
                     best[q] = ts[k]
+                if want_ts:
+                    out_ts[q] = ts[k]
         out_indptr[u + 1] = w
-    return w, dropped
+    return w, dropped, across
 
 
 @njit(cache=True, nogil=True)

@@ -9,6 +9,10 @@ Supported (``--format``):
 ``csv``
     Comma separated, with a header line (MovieLens latest ``userId,movieId,rating,timestamp``)
     or without one (then the columns are user, item, rating[, timestamp] by position).
+    Semicolon separated (``user;item;rating``, what spreadsheets write in locales whose
+    decimal mark is a comma) is detected too: when the first line has at least as many
+    ``;`` as ``,``. Decimal commas in numbers (``3,5``) are not read: such a rating is an
+    error naming its line.
 ``ws``
     Runs of spaces/tabs separate the fields (FilmTrust ``user item rating``), no header.
 ``parquet``
@@ -343,6 +347,7 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
     if not lines:
         raise InputError(f"{path}: empty file (no ratings)")
     first = lines[0]
+    semicolon = False
     if sep is not None:
         delim, rewrite = _sep_from_option(sep)
         name = fmt or "custom"
@@ -353,6 +358,8 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
             elif "\t" in first and len(first.split("\t")) >= 3 and all(
                     f and f == f.strip() for f in first.split("\t")):
                 fmt = "udata"
+            elif ";" in first and first.count(";") >= first.count(","):
+                fmt, semicolon = "csv", True  # a spreadsheet export in a comma-decimal locale
             elif "," in first and len(first.split(",")) >= 2:
                 fmt = "csv"
             elif len(first.split()) >= 2:
@@ -360,10 +367,10 @@ def resolve_spec(path: str, *, fmt: str | None = None, sep: str | None = None, c
             else:
                 raise InputError(
                     f"{path}: line 1: cannot detect the format (expected at least 3 fields separated by "
-                    f"tab, '::', ',' or spaces, or 2 for an interaction log); use --format/--sep/--columns"
+                    f"tab, '::', ',', ';' or spaces, or 2 for an interaction log); use --format/--sep/--columns"
                 )
         name = fmt
-        delim, rewrite = {"udata": ("\t", None), "dat": (FIELD_SEP, b"::"), "csv": (",", None),
+        delim, rewrite = {"udata": ("\t", None), "dat": (FIELD_SEP, b"::"), "csv": (";" if semicolon else ",", None),
                           "ws": (FIELD_SEP, b"")}[fmt]
     fields = split_fields(first, delim, rewrite)
     n_fields = len(fields)

@@ -40,9 +40,57 @@ def store_summary(path: str) -> dict:
         "created_by": a.get("created_by"),
         "created_at": a.get("created_at"),
         "created_with": a.get("created_with"),
+        "split": store_split(a, i.n_test),
+        "item_names": a.get("item_names"),
         "sources": a.get("sources", []),
         "params": a.get("params", {}),
     }
+
+
+def store_split(attrs: dict, n_test: int) -> dict:
+    """The store's ``split`` attribute; for a store written before it was recorded, what its parameters say
+    (a held-out split was then always random: ``{"kind": "random", ...}``)."""
+    if isinstance(attrs.get("split"), dict):
+        return attrs["split"]
+    if not n_test:
+        return {"kind": "none"}
+    params = attrs.get("params") or {}
+    return {"kind": "random", "test_fraction": params.get("test_fraction"), "seed": params.get("seed")}
+
+
+def describe_split(split: dict, n_test: int) -> str:
+    """One line on how the test split was made.
+
+    >>> describe_split({"kind": "temporal", "test_fraction": 0.2, "per": "user"}, 10)
+    "split: temporal, each user's latest 20% of ratings held out (by timestamp; every user keeps one)"
+    """
+    kind = split.get("kind")
+    if kind == "files":
+        extra = [f"{split.get(k, 0):,} {what}" for k, what in (
+            ("n_test_only_users", "users only in the test file (kept, with no training ratings)"),
+            ("n_test_only_items", "items only in the test file (kept, with no training ratings)"),
+            ("n_train_ratings_also_in_test", "training ratings also in the test file (dropped from training)"))
+            if split.get(k)]
+        return (f"split: your files, train {', '.join(split.get('train', []))}, test {', '.join(split.get('test', []))}"
+                + (f"; {'; '.join(extra)}" if extra else ""))
+    if kind == "random":
+        f = split.get("test_fraction")
+        return (f"split: random, {100 * f:g}% of each user's ratings held out (seed {split.get('seed')})"
+                if f is not None else f"split: random ({n_test:,} test ratings)")
+    if kind == "temporal":
+        return (f"split: temporal, each user's latest {100 * split['test_fraction']:g}% of ratings held out "
+                f"(by timestamp; every user keeps one)")
+    if kind == "last-n":
+        return (f"split: last-n, each user's {split['last_n']} latest rating{'s' if split['last_n'] > 1 else ''} held "
+                f"out (by timestamp; every user keeps one)")
+    return "split: none (no test split)"
+
+
+def describe_item_names(names: dict) -> str:
+    """One line on the item names a store keeps."""
+    return (f"item names: {names.get('n_named', 0):,} items named from {names.get('file')} (public metadata)"
+            + (f"; {names['n_unmatched']:,} lines name no item of the store (ignored)" if names.get("n_unmatched")
+               else ""))
 
 
 def _id_kind(ids) -> str:
@@ -74,6 +122,9 @@ def format_info(d: dict) -> str:
         f"ids              users: {d['id_kinds']['user']}, items: {d['id_kinds']['item']}",
         f"blocks           {d['n_blocks']:,} of {d['block_users']:,} users",
         f"top 1% of items  hold {100 * d['top1pct_items_share']:.1f}% of the ratings",
+        f"split            {describe_split(d['split'], d['n_test']).split(': ', 1)[1]}",
+        *([f"item names       {describe_item_names(d['item_names']).split(': ', 1)[1]}"] if d.get("item_names")
+          else []),
         f"checksum         {d['checksum']}",
     ]
     for src in d.get("sources") or []:

@@ -80,6 +80,26 @@ fixed, public confidence transform, never the observed maximum (which would publ
 it). ``--rating-range``/``--out-of-range`` are for ratings and refused here.
 Implicit stores are written with format version 2 (:mod:`streamdp.storage.schema`).
 
+Splits (the store's ``split`` attribute, :func:`resolve_split`; docs/store.md). ``random``
+is :func:`split_block` in pass 4, as before. ``temporal`` and ``last-n`` hold out each
+user's latest ratings by timestamp (``floor(F n + 1/2)`` of her ``n``, or ``N``; at most
+``n - 1``); ``--train/--test`` files (``files``) tag every rating with its file. Both are
+done in pass 3, where a partition's ratings are grouped by user and each kept rating's
+timestamp and file are still known (:func:`group_dedup` returns them; the mask is
+:func:`streamdp.kernels.csr.hold_out_latest`, the split
+:func:`streamdp.kernels.csr.split_masked`), and the partition is written as a train and a
+test part. Decisions: **per user, not a global cutoff time** (each user solves her own row
+from her own training ratings, and a cutoff at the time quantile would leave the users who
+came after it with none and need a global quantile of every timestamp; per user, every
+user keeps a training rating and the test share matches the random split's; a strict
+global cutoff is the user's to write as two files); ties in time go to the rating seen
+later; with ``--train/--test``, **users and items only in the test file are kept** (ids of
+the store with test ratings only, counted in ``split`` and said by ``ingest``: the
+evaluation then covers the whole test file, as published results on ``u1.test`` do), and
+a pair in both files is **kept in the test split only**, with the test file's rating
+(its training copies are duplicates dropped, ``n_train_ratings_also_in_test``: in training
+they would give the answer away); an interaction log's pair keeps its latest time.
+
 A text file without a header has its columns taken by position (user, item,
 rating[, timestamp] = 0, 1, 2[, 3]), which nothing in the file can confirm: a note on
 stderr says which column was taken as what (a file in item,user order would
@@ -107,7 +127,8 @@ from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, 
 from streamdp.progress import progress
 from streamdp.storage import formats as F
 from streamdp.storage.schema import default_block_users, storable_ratings
-from streamdp.storage.split import block_seed, check_fraction, split_block
+from streamdp.storage.names import read_item_names
+from streamdp.storage.split import block_seed, check_fraction, latest_mask, split_block, split_by_mask
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import StoreWriter, check_destination
 
@@ -122,6 +143,8 @@ _MIN_PARSE_BLOCK = 1 << 18
 _MAX_PARSE_BLOCK = 16 << 20
 #: Values of ``out_of_range`` (``--out-of-range``).
 OUT_OF_RANGE = ("error", "clip", "drop")
+#: Values of ``split`` (``--split``); ``--train/--test`` files make the split ``"files"``.
+SPLIT_KINDS = ("random", "temporal", "last-n")
 
 
 def _threads() -> int:
@@ -147,6 +170,7 @@ class _Source:
     size: int
     spills: list
     rows: int = 0
+    flag: int = 0  # 1: a --test file
 
 
 class _BadLine(Exception):
@@ -332,8 +356,19 @@ def ingest(
     notes: bool = True,
     implicit: bool = False,
     count_cap: float | None = None,
+    split: str | None = None,
+    last_n: int | None = None,
+    test_inputs: list | None = None,
+    item_names: str | None = None,
 ) -> RatingStore:
     """Ingest rating files into a store at ``out`` and return it opened.
+
+    The held-out split (recorded in the store's ``split`` attribute, :func:`resolve_split`):
+    ``test_inputs`` (``--test FILE``: the user's own split, ``inputs`` the training files),
+    or ``split`` ``"random"`` / ``"temporal"`` (``test_fraction`` of each user's ratings, at
+    random or her latest) / ``"last-n"`` (her ``last_n`` latest); ``test_fraction > 0`` alone
+    is ``"random"``. ``item_names``: a file of ``id,name`` lines kept in the store
+    (:mod:`streamdp.storage.names`).
 
     ``inputs`` are paths, or the :class:`~streamdp.storage.formats.Spec` of an in-memory
     frame (:func:`streamdp.storage.frames.frame_spec`: a DataFrame, an Arrow table, a
@@ -386,6 +421,8 @@ def ingest(
                                  f"one the range is the observed one and no rating is outside it)")
     oor = out_of_range or "error"
     test_fraction = check_fraction(test_fraction)
+    test_inputs = list(test_inputs or [])
+    how = resolve_split(split, test_fraction, last_n, seed, bool(test_inputs))
     if block_users is not None and block_users < 1:
         raise ParameterError(f"--block-users must be >= 1, got {block_users}")
     limit = resolve_memory_limit(memory_limit)
@@ -400,8 +437,14 @@ def ingest(
     tmp = None
     try:
         specs = [p if isinstance(p, F.Spec) else F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns,
-                                                                implicit=implicit) for p in inputs]
+                                                                implicit=implicit) for p in inputs + test_inputs]
         is_implicit = _check_kind(specs, rr, out_of_range, count_cap)
+        if how["kind"] in ("temporal", "last-n"):
+            for s in specs:
+                if not s.has_timestamp:
+                    raise InputError(f"{s.path}: --split {how['kind']} holds out each user's latest ratings, but this "
+                                     f"file has no timestamp column (integer times); name it with --columns "
+                                     f"U,I,R,T, or use --split random")
         tmp = owned_temp_dir(_spill_beside(out), "ingest")
         int_ids = [True, True]
         for s in specs:
@@ -412,6 +455,8 @@ def ingest(
             try:
                 parsed = _pass_parse(specs, tmp, tuple(int_ids), rr, skip_bad_lines, limit, show_progress, oor,
                                      implicit=is_implicit)
+                for src in parsed.sources[len(inputs):]:
+                    src.flag = 1
                 parsed.phases["parse"] = round(time.perf_counter() - t0, 3)
                 break
             except F._IdNotInteger as exc:
@@ -420,13 +465,15 @@ def ingest(
             check_observed_range(parsed.rmin, parsed.rmax, inputs)
         if check_users is not None:
             check_users(len(parsed.users))
+        names = None if item_names is None else read_item_names(item_names, parsed.items, limit)
         params = dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
                       test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines, memory_limit=limit,
-                      block_users=block_users, formats=[s.format for s in specs], out_of_range=oor)
+                      block_users=block_users, formats=[s.format for s in specs], out_of_range=oor,
+                      split=how["kind"], last_n=last_n)
         if is_implicit:
             params.update(implicit=True, count_cap=count_cap)
-        store = _build(parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress,
-                       params=params, t0=t0, count_cap=count_cap)
+        store = _build(parsed, out, tmp, rr, how, seed, block_users, limit, force, show_progress,
+                       params=params, t0=t0, count_cap=count_cap, names=names)
         if after_write is not None:
             after_write(store)
         if notes:  # after success only: an error stays one line
@@ -443,6 +490,48 @@ def ingest(
     finally:
         if tmp is not None:
             remove_temp_dir(tmp)
+
+
+def resolve_split(split: str | None, test_fraction: float, last_n: int | None, seed, files: bool) -> dict:
+    """The store's ``split`` attribute from the options (a :class:`ParameterError` for a bad combination).
+
+    ``{"kind": "none"}``, ``{"kind": "random", "test_fraction": F, "seed": S}``,
+    ``{"kind": "temporal", "test_fraction": F, "per": "user"}``, ``{"kind": "last-n", "last_n": N}``
+    or ``{"kind": "files"}`` (``--train/--test``; the ingest adds the file names and counts).
+    ``--last-n N`` alone means ``--split last-n``; ``--test-fraction F`` alone ``--split random``.
+
+    >>> resolve_split("temporal", 0.2, None, 0, False)
+    {'kind': 'temporal', 'test_fraction': 0.2, 'per': 'user'}
+    >>> resolve_split(None, 0.0, 1, 0, False)
+    {'kind': 'last-n', 'last_n': 1}
+    """
+    if files:
+        for flag, given in (("--split", split is not None), ("--test-fraction", test_fraction > 0),
+                            ("--last-n", last_n is not None)):
+            if given:
+                raise ParameterError(f"{flag}: not with --test FILE (the test file is the split)")
+        return {"kind": "files"}
+    if split is None:
+        split = "last-n" if last_n is not None else "random" if test_fraction > 0 else None
+    if split is None:
+        return {"kind": "none"}
+    if split not in SPLIT_KINDS:
+        raise ParameterError(f"--split: expected one of {', '.join(SPLIT_KINDS)}, got {split!r}")
+    if split == "last-n":
+        if last_n is None or isinstance(last_n, bool) or int(last_n) != last_n or last_n < 1:
+            raise ParameterError(f"--split last-n: give --last-n N, the number of each user's latest ratings to hold "
+                                 f"out (an integer >= 1){'' if last_n is None else f', got {last_n}'}")
+        if test_fraction > 0:
+            raise ParameterError("--test-fraction: not with --split last-n (it holds out --last-n ratings per user)")
+        return {"kind": "last-n", "last_n": int(last_n)}
+    if last_n is not None:
+        raise ParameterError(f"--last-n: only with --split last-n, not --split {split}")
+    if not test_fraction > 0:
+        raise ParameterError(f"--split {split}: give --test-fraction F (0 < F < 1), the share of each user's ratings "
+                             f"to hold out")
+    if split == "random":
+        return {"kind": "random", "test_fraction": test_fraction, "seed": seed}
+    return {"kind": "temporal", "test_fraction": test_fraction, "per": "user"}
 
 
 def _check_kind(specs, rr, out_of_range, count_cap) -> bool:
@@ -650,8 +739,8 @@ def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int
     return parts
 
 
-def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limit, force, show_progress, *,
-           params, t0, count_cap=None) -> RatingStore:
+def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, show_progress, *,
+           params, t0, count_cap=None, names=None) -> RatingStore:
     n_users, n_raw_items = len(parsed.users), len(parsed.items)
     bu = int(block_users or default_block_users(n_users, parsed.n_rows))
     n_blocks = -(-n_users // bu)
@@ -660,6 +749,10 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
     n_parts = len(parts)
     part_first = np.array([b0 * bu for b0, _ in parts] + [n_users], dtype=np.int64)
     has_ts = parsed.has_ts
+    kind = how["kind"]
+    test_fraction = how.get("test_fraction", 0.0) if kind == "random" else 0.0  # split when written (pass 4)
+    files = kind == "files"
+    presplit = kind in ("files", "temporal", "last-n")  # split in pass 3, while each rating's time and file are known
     umap, imap = _IdMap(parsed.users), _IdMap(parsed.items)
     base = [os.path.join(tmp, f"part{p}") for p in range(n_parts)]
 
@@ -668,12 +761,14 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
     # its own partition files; pass 3 concatenates them in group order, which keeps
     # the input order within every partition.
     cols = ("u", "i", "r", "t") if has_ts else ("u", "i", "r")
+    if files:
+        cols += ("s",)
     part_of_block = np.empty(n_blocks, np.int32)  # partition of each block, for the kernel
     for p, (b0, b1) in enumerate(parts):
         part_of_block[b0:b1] = p
-    spills = [sp for src in parsed.sources for sp in src.spills]
+    spills = [(sp, src.flag) for src in parsed.sources for sp in src.spills]
     workers = min(_threads(), len(spills))
-    spill_groups = [list(g) for g in np.array_split(np.array(spills, dtype=object), workers)]
+    spill_groups = [[spills[j] for j in g] for g in np.array_split(np.arange(len(spills)), workers)]
     chunk_rows = max(1 << 14, limit // (320 * workers))  # ~40 bytes a row while bucketing, twice
     keep_open = n_parts <= 256
 
@@ -710,7 +805,7 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
 
         try:
             n_pending = 0
-            for spill in spill_groups[g]:
+            for spill, flag in spill_groups[g]:
                 with pa.OSFile(spill, "rb") as f, pa.ipc.open_stream(f) as rd:
                     for rb in rd:
                         pending["u"].append(umap(rb.column(0)))
@@ -718,6 +813,8 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
                         pending["r"].append(rb.column(2).to_numpy())
                         if has_ts:
                             pending["t"].append(rb.column(3).to_numpy())
+                        if files:
+                            pending["s"].append(np.full(rb.num_rows, flag, np.uint8))
                         n_pending += rb.num_rows
                         if n_pending >= chunk_rows:
                             flush()
@@ -755,31 +852,51 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
         it = load_groups(p, "i", np.int32)
         r = load_groups(p, "r", np.float32)
         t = load_groups(p, "t", np.int64) if has_ts else np.empty(0, np.int64)
+        fl = load_groups(p, "s", np.uint8) if files else np.empty(0, np.uint8)
         ip = np.empty(n_loc + 1, np.int64)
         oi = np.empty(len(u), np.int32)
         orr = np.empty(len(u), np.float32)
-        nnz, dropped = group_dedup(u, it, r, t, has_ts and not parsed.implicit, n_loc, n_raw_items, ip, oi, orr,
-                                   parsed.implicit)
-        del u, it, r, t
+        ots = np.empty(len(u) if presplit and not files else 0, np.int64)
+        ofl = np.empty(len(fl), np.uint8)
+        nnz, dropped, across = group_dedup(u, it, r, t, has_ts and not parsed.implicit, n_loc, n_raw_items, ip, oi,
+                                           orr, parsed.implicit, fl, ots, ofl)
+        del u, it, r, t, fl
         vals = orr[:nnz]
         stats = _value_stats(vals, count_cap) if parsed.implicit else None
+        counts = np.bincount(oi[:nnz], minlength=n_raw_items).astype(np.int64)
+        extra = None
+        if presplit:
+            held = ofl[:nnz] if files else latest_mask(ip, ots[:nnz], fraction=how.get("test_fraction", 0.0),
+                                                        last_n=how.get("last_n", 0))
+            (ip, oi, vals), test = split_by_mask(ip, oi[:nnz], vals, held)
+            del orr, ots, ofl, held  # the partition's arrays before the split
+            for c, a in zip(("tip", "ti", "tr"), test):
+                _tofile(a, f"{base[p]}.{c}")
+            test_only = int(((np.diff(ip) == 0) & (np.diff(test[0]) > 0)).sum())
+            extra = (np.bincount(oi, minlength=n_raw_items).astype(np.int64), test_only, int(across))
+            nnz = len(oi)
         _tofile(ip, f"{base[p]}.ip")
         _tofile(oi[:nnz], f"{base[p]}.i")
         _tofile(vals, f"{base[p]}.r")
-        return np.bincount(oi[:nnz], minlength=n_raw_items).astype(np.int64), int(dropped), stats
+        return counts, int(dropped), stats, extra
 
     item_counts_raw = np.zeros(n_raw_items, np.int64)
-    n_dup = 0
+    train_counts_raw = np.zeros(n_raw_items, np.int64)
+    n_dup = n_test_only_users = n_across = 0
     values = _ValueStats()
     workers = _threads()
     with ThreadPoolExecutor(max_workers=workers) as ex, \
             progress(total=n_parts, desc="aggregate" if parsed.implicit else "dedup", unit="part",
                      show=show_progress) as bar:
-        for cnt, d, stats in ex.map(dedup, range(n_parts)):
+        for cnt, d, stats, extra in ex.map(dedup, range(n_parts)):
             item_counts_raw += cnt
             n_dup += d
             if stats is not None:
                 values.add(*stats)
+            if extra is not None:
+                train_counts_raw += extra[0]
+                n_test_only_users += extra[1]
+                n_across += extra[2]
             bar.update(1)
 
     parsed.phases["dedup"] = round(time.perf_counter() - t0, 3)
@@ -789,16 +906,19 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
     order = np.lexsort((np.arange(n_raw_items), -item_counts_raw))  # new item k = raw item order[k]
     new_index = np.empty(n_raw_items, np.int32)
     new_index[order] = np.arange(n_raw_items, dtype=np.int32)
-    splits = ("train", "test") if test_fraction > 0 else ("train",)
+    splits = ("train", "test") if test_fraction > 0 or presplit else ("train",)
 
     def load(p):
-        ip = np.fromfile(f"{base[p]}.ip", np.int64)
-        it = np.fromfile(f"{base[p]}.i", np.int32)
-        r = np.fromfile(f"{base[p]}.r", np.float32)
-        remap_sort(ip, it, r, new_index)
-        for c in ("ip", "i", "r"):
-            os.remove(f"{base[p]}.{c}")
-        return ip, it, r
+        out_ = []
+        for c in (("ip", "i", "r"), ("tip", "ti", "tr"))[:2 if presplit else 1]:
+            ip = np.fromfile(f"{base[p]}.{c[0]}", np.int64)
+            it = np.fromfile(f"{base[p]}.{c[1]}", np.int32)
+            r = np.fromfile(f"{base[p]}.{c[2]}", np.float32)
+            remap_sort(ip, it, r, new_index)
+            for x in c:
+                os.remove(f"{base[p]}.{x}")
+            out_.append((ip, it, r))
+        return out_
 
     with StoreWriter(out, n_users=n_users, n_items=n_raw_items, block_users=bu, splits=splits,
                      force=force) as w:
@@ -807,26 +927,33 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
                 progress(total=n_blocks, desc="write", unit="block", show=show_progress) as bar:
             nxt = ex.submit(load, 0)
             for p, (b0, b1) in enumerate(parts):
-                ip, it, r = nxt.result()
+                loaded = nxt.result()
                 if p + 1 < n_parts:
                     nxt = ex.submit(load, p + 1)
                 for b in range(b0, b1):
                     lo = b * bu - part_first[p]
                     hi = min((b + 1) * bu, n_users) - part_first[p]
-                    s, e = ip[lo], ip[hi]
-                    bip, bit, brt = ip[lo:hi + 1] - s, it[s:e], r[s:e]
-                    if test_fraction > 0:
+                    bip, bit, brt = _rows(*loaded[0], lo, hi)
+                    if presplit:
+                        test = _rows(*loaded[1], lo, hi)
+                        w.write_block(b, bip, bit, brt, split="train")
+                        w.write_block(b, *test, split="test")
+                        uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip) + np.diff(test[0])
+                    elif test_fraction > 0:
                         train, test = split_block(bip, bit, brt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
                         w.write_block(b, *train, split="train")
                         w.write_block(b, *test, split="test")
+                        uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
                     else:
                         w.write_block(b, bip, bit, brt, split="train")
-                    uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
+                        uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
                     bar.update(1)
-                del ip, it, r
+                del loaded
         w.write_array("user_ids", _ids_numpy(parsed.users), chunks=(bu,))
         w.write_array("item_ids", _ids_numpy(parsed.items.take(pa.array(order))))
         w.write_array("item_counts", item_counts_raw[order])
+        if names is not None:
+            names.write(w, order)
         if rr is not None:
             rating_min, rating_max, source = rr[0], rr[1], "declared"
         elif parsed.implicit and count_cap is not None:
@@ -835,16 +962,27 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             rating_min, rating_max, source = values.lo, values.hi, "observed"
         else:
             rating_min, rating_max, source = parsed.rmin, parsed.rmax, "observed"
-        kind = values.attrs(n_dup, count_cap) if parsed.implicit else {}
+        value_kind = values.attrs(n_dup, count_cap) if parsed.implicit else {}
+        split_attr = dict(how)
+        if files:
+            split_attr.update(
+                train=[os.path.basename(s.spec.path) for s in parsed.sources if not s.flag],
+                test=[os.path.basename(s.spec.path) for s in parsed.sources if s.flag],
+                n_test_only_users=n_test_only_users,
+                n_test_only_items=int(((train_counts_raw == 0) & (item_counts_raw > 0)).sum()),
+                n_train_ratings_also_in_test=n_across)
         w.finalize({
-            **kind,
+            **value_kind,
+            "split": split_attr,
+            **({} if names is None else {"item_names": names.attrs()}),
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),
             "rating_range_source": source,
             "sources": [{"name": os.path.basename(s.spec.path),
                          "path": None if s.spec.frame is not None else os.path.abspath(s.spec.path),
                          "size": s.size, "format": s.spec.format, "rows": s.rows, "header": s.spec.header,
-                         "columns": {r: s.spec.cols.get(r) for r in F.ROLES}} for s in parsed.sources],
+                         "columns": {r: s.spec.cols.get(r) for r in F.ROLES},
+                         **({"split": "test" if s.flag else "train"} if files else {})} for s in parsed.sources],
             "created_with": "ingest",
             "params": params,
             "n_duplicates_dropped": 0 if parsed.implicit else n_dup,
@@ -856,6 +994,12 @@ def _build(parsed: _Parsed, out, tmp, rr, test_fraction, seed, block_users, limi
             "phase_end_seconds": parsed.phases,
         })
     return open_store(out)
+
+
+def _rows(ip, it, r, lo, hi):
+    """Users ``lo..hi`` of a partition's CSR part, as a block (local row pointer)."""
+    s, e = ip[lo], ip[hi]
+    return ip[lo:hi + 1] - s, it[s:e], r[s:e]
 
 
 def _value_stats(vals: np.ndarray, cap: float | None) -> tuple[int, float, float, bool]:

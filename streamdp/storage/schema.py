@@ -14,6 +14,7 @@ A store is a Zarr v3 group::
       user_ids, item_ids     original ids (int64 or str), indexed by the dense index
       user_counts            int64 (n_users,)  ratings per user, train + test
       item_counts            int64 (n_items,)  ratings per item, train + test
+      item_names             str (n_items,), only with ``ingest --item-names``
       truth/item_factors     float32 (n_items, rank), only in generated stores
 
 Users are grouped into **user blocks** of ``block_users`` consecutive users. Every
@@ -54,6 +55,12 @@ a store written without it gets:
   :data:`IMPLICIT_FORMAT_VERSION` (2), which older streamdp refuses; a rating store
   keeps version 1 and has no ``implicit`` attribute, and a store without it (every
   store written before) reads as a rating store (``RatingStore.implicit`` false).
+* ``split``: how the test split was made (``{"kind": "none" | "random" | "temporal" | "last-n" |
+  "files", ...}``, :func:`streamdp.storage.ingest.resolve_split`); a store without it reads as
+  ``random`` when it has a test split (:func:`streamdp.storage.info.store_split`).
+* ``item_names`` (an array of str indexed like ``item_ids``, ``""`` for unnamed items, and an
+  attribute of the same name: ``ingest --item-names``, public metadata,
+  :mod:`streamdp.storage.names`; outside the checksum): a store without it has no names.
 * ``generation``: a random id of each write of a store (not in the checksum: the
   same data written twice has the same checksum). A run checks it before releasing
   (:meth:`~streamdp.storage.store.RatingStore.check_unchanged`); without it the

@@ -1,11 +1,11 @@
-"""Per-user held-out split of a CSR block, shared by ``ingest`` and ``generate``."""
+"""Per-user held-out splits of a CSR block: random (shared by ``ingest`` and ``generate``), by time, by a mask."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from streamdp.errors import ParameterError
-from streamdp.kernels.csr import split_holdout
+from streamdp.kernels.csr import hold_out_latest, split_holdout, split_masked
 
 
 def check_fraction(fraction: float) -> float:
@@ -20,6 +20,28 @@ def block_seed(seed: int | None, block: int, purpose: int = 0) -> int:
     return int(ss.generate_state(1, dtype=np.uint32)[0])
 
 
+def _outputs(n: int, n_train: int, n_test: int):
+    return (np.empty(n + 1, np.int64), np.empty(n_train, np.int32), np.empty(n_train, np.float32),
+            np.empty(n + 1, np.int64), np.empty(n_test, np.int32), np.empty(n_test, np.float32))
+
+
+def split_by_mask(indptr, items, ratings, held):
+    """``((indptr, items, ratings), (indptr, items, ratings))``: the ratings with ``held == 0``, then the others."""
+    held = np.asarray(held, np.uint8)
+    n_test = int(np.count_nonzero(held))
+    tr_ip, tr_it, tr_r, te_ip, te_it, te_r = _outputs(len(indptr) - 1, len(items) - n_test, n_test)
+    a, t = split_masked(np.asarray(indptr, np.int64), np.asarray(items, np.int32), np.asarray(ratings, np.float32),
+                        np.asarray(held, np.uint8), tr_ip, tr_it, tr_r, te_ip, te_it, te_r)
+    return (tr_ip, tr_it[:a], tr_r[:a]), (te_ip, te_it[:t], te_r[:t])
+
+
+def latest_mask(indptr, ts, *, fraction: float = 0.0, last_n: int = 0) -> np.ndarray:
+    """uint8 mask of each user's latest ratings (:func:`streamdp.kernels.csr.hold_out_latest`)."""
+    held = np.zeros(len(ts), np.uint8)
+    hold_out_latest(np.asarray(indptr, np.int64), np.asarray(ts, np.int64), float(fraction), int(last_n), held)
+    return held
+
+
 def split_block(indptr, items, ratings, fraction: float, seed: int):
     """Hold out about ``fraction`` of each user's ratings (at most all but one).
 
@@ -30,12 +52,7 @@ def split_block(indptr, items, ratings, fraction: float, seed: int):
     """
     n = len(indptr) - 1
     nnz = len(items)
-    tr_ip = np.empty(n + 1, np.int64)
-    te_ip = np.empty(n + 1, np.int64)
-    tr_it = np.empty(nnz, np.int32)
-    te_it = np.empty(nnz, np.int32)
-    tr_r = np.empty(nnz, np.float32)
-    te_r = np.empty(nnz, np.float32)
+    tr_ip, tr_it, tr_r, te_ip, te_it, te_r = _outputs(n, nnz, nnz)
     a, t = split_holdout(np.asarray(indptr, np.int64), np.asarray(items, np.int32), np.asarray(ratings, np.float32),
                          float(fraction), np.uint32(seed), tr_ip, tr_it, tr_r, te_ip, te_it, te_r)
     return (tr_ip, tr_it[:a], tr_r[:a]), (te_ip, te_it[:t], te_r[:t])

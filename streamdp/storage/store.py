@@ -485,6 +485,13 @@ class RatingStore:
         """Original item ids, indexed by the dense (popularity-ordered) item index (kinds as :meth:`user_ids`)."""
         return as_ids(self._per_entity("item_ids", self.info.n_items))
 
+    def item_names(self) -> np.ndarray | None:
+        """Names of the items (``ingest --item-names``; public metadata: :mod:`streamdp.storage.names`), indexed
+        like :meth:`item_ids` (``""`` for an unnamed item), or ``None`` for a store without names."""
+        if "item_names" not in self._root:
+            return None
+        return np.asarray(self._per_entity("item_names", self.info.n_items), dtype=object)
+
     def item_counts(self) -> np.ndarray:
         """Ratings per item over train and test (the popularity order)."""
         return np.asarray(self._per_entity("item_counts", self.info.n_items), dtype=np.int64)

@@ -33,7 +33,7 @@ def test_group_dedup_matches_reference(has_ts, seed):
     ip = np.empty(n_users + 1, np.int64)
     oi = np.empty(n, np.int32)
     orr = np.empty(n, np.float32)
-    nnz, dropped = group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, ip, oi, orr)
+    nnz, dropped, _ = group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, ip, oi, orr)
     rip, ri, rr, rd = group_dedup_reference(users, items, ratings, ts, has_ts, n_users)
     assert nnz == len(ri) and dropped == rd
     np.testing.assert_array_equal(ip, rip)
@@ -98,7 +98,7 @@ def test_group_dedup_aggregates_repeated_pairs(seed):
     ip = np.empty(n_users + 1, np.int64)
     oi = np.empty(n, np.int32)
     orr = np.empty(n, np.float32)
-    nnz, merged = group_dedup(users, items, counts, np.empty(0, np.int64), False, n_users, n_items, ip, oi, orr, True)
+    nnz, merged, _ = group_dedup(users, items, counts, np.empty(0, np.int64), False, n_users, n_items, ip, oi, orr, True)
     ref = np.zeros((n_users, n_items))
     np.add.at(ref, (users, items), counts)
     got = np.zeros((n_users, n_items))

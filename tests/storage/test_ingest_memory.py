@@ -31,7 +31,9 @@ def _bench():
 
 
 @pytest.mark.slow
-def test_ingest_peak_rss_under_limit(tmp_path):
+@pytest.mark.parametrize("split", [["--test-fraction", "0.1"], ["--split", "temporal", "--test-fraction", "0.1"]],
+                         ids=["random", "temporal"])
+def test_ingest_peak_rss_under_limit(tmp_path, split):
     bench = _bench()
     _, overhead, _ = bench.run_measured([sys.executable, "-c", RUNTIME])
     assert overhead < OVERHEAD, f"runtime overhead {overhead / 1e6:.0f} MB exceeds the stated {OVERHEAD / 1e6:.0f} MB"
@@ -40,7 +42,7 @@ def test_ingest_peak_rss_under_limit(tmp_path):
     assert size >= 2 * LIMIT
     out = tmp_path / "s.zarr"
     _, peak, err = bench.run_measured([sys.executable, "-m", "streamdp.cli", "ingest", str(csv), "--out", str(out),
-                                       "--memory-limit", str(LIMIT), "--test-fraction", "0.1"])
+                                       "--memory-limit", str(LIMIT), *split])
     print(f"input {size / 1e6:.0f} MB, runtime overhead {overhead / 1e6:.0f} MB, ingest peak RSS {peak / 1e6:.0f} MB")
     assert peak < LIMIT + OVERHEAD, f"peak RSS {peak / 1e6:.0f} MB >= {(LIMIT + OVERHEAD) / 1e6:.0f} MB"
     from streamdp import open_store
