@@ -447,7 +447,13 @@ class _TrainCommand(click.Command):
 def train(store, method, epsilon, delta, users_bound, rank, out, seed, workers, memory_limit, scheduler, state,
           over_budget, force, as_json, **options):
     """Train a private model on STORE and write it to --out."""
+    from streamdp.errors import ParameterError
+    from streamdp.methods import get_method
     from streamdp.training import train as train_model
+
+    if rank is not None and not get_method(method).FITS_FACTORS:
+        raise ParameterError(f"--rank: --method {method} fits no factors (it releases item biases and the global "
+                             f"mean only); leave --rank out")
 
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,

@@ -1230,6 +1230,7 @@ class ALS(_AlsBase):
     """``--method als``: private alternating least squares (DP-ALS)."""
 
     name = "als"
+    MAIN_OPTIONS = ("iters", "mechanism", "select", "checkpoint")
     SUMMARY = "private alternating least squares, DP-ALS (Chien et al. 2021) with Gaussian/Laplace/Huber noise"
     Options = AlsOptions
 
@@ -1239,6 +1240,7 @@ class IRLS(_AlsBase):
     """``--method irls``: ALS with each user's solve under the Huber loss (R-IRLS of the Huber-mechanism paper)."""
 
     name = "irls"
+    MAIN_OPTIONS = ("iters", "mechanism", "huber_delta", "irls_iters", "select", "checkpoint")
     SUMMARY = "ALS with Huber-loss IRLS user solves (the Huber-mechanism paper's R-IRLS), same item side"
     Options = IrlsOptions
     irls = True
@@ -1279,6 +1281,7 @@ class PrivateMeans(_AlsBase):
     """
 
     name = "means"
+    MAIN_OPTIONS = ("mechanism", "user_intercept")
     SUMMARY = "private global mean and item means only: the private item-mean baseline"
     Options = MeansOptions
     FIXED_ITERS = 0

@@ -297,6 +297,7 @@ class PrivateFrankWolfe(Method):
     """``--method fw``: private Frank-Wolfe (Jain et al. 2018, Alg. 1), joint DP; ``--rank`` is ``T``."""
 
     name = "fw"
+    MAIN_OPTIONS = ("passes", "nuclear_norm", "center", "checkpoint")
     SUMMARY = ("private Frank-Wolfe matrix completion (Jain et al. 2018, Alg. 1): noisy top eigenvector per "
                "iteration, users' rank-one updates local; joint DP")
     Options = FWOptions

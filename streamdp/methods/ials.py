@@ -251,6 +251,7 @@ class IALS(Method):
     """``--method ials``: private implicit-feedback ALS (see the module docstring)."""
 
     name = "ials"
+    MAIN_OPTIONS = ("iters", "preference", "alpha", "select", "checkpoint")
     SUMMARY = ("private implicit-feedback ALS (Hu, Koren & Volinsky 2008) with DP-ALS noise: ranks items, for "
                "lists; trains on ratings or on implicit data")
     Options = IalsOptions

@@ -205,6 +205,7 @@ class PrivateOja(Method):
     """Private top-``k`` subspace (block Oja / noisy subspace iteration) with private biases."""
 
     name = "oja"
+    MAIN_OPTIONS = ("passes", "schedule", "center")
     SUMMARY = "private top-k item subspace by noisy subspace iteration / block Oja (Jain et al. 2018, Alg. 2)"
     Options = OjaOptions
 

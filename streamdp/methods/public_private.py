@@ -327,6 +327,7 @@ class PublicPrivate(Method):
     RELEASES_USER_COUNT = False
 
     name = "public-private"
+    MAIN_OPTIONS = ("public_users", "public_fraction", "private_mechanism", "iters", "checkpoint")
     SUMMARY = ("public and private users (Xin & Jaakkola 2014): EM on public users only, private users predict "
                "locally (eq. 4); optional PMD/PMC (not DP) or Laplace (DP) responses from private users")
     Options = PublicPrivateOptions

@@ -913,6 +913,7 @@ class SGLD(_SgdBase):
     """``--method sgld``: DP-SGLD posterior sample (Liu et al. 2015) with lazy noise and tiering."""
 
     name = "sgld"
+    MAIN_OPTIONS = ("epochs", "user_weights", "temperature", "checkpoint")
     SUMMARY = "one SGLD posterior sample of DP matrix factorization (Liu, Wang & Smola 2015)"
     Options = SgldOptions
     noisy = True
@@ -927,6 +928,7 @@ class SGD(_SgdBase):
     """``--method sgd``: plain biased-MF SGD (surprise's SVD update), non-private speed reference."""
 
     name = "sgd"
+    MAIN_OPTIONS = ("epochs", "eta", "reg", "checkpoint")
     SUMMARY = "plain biased-MF SGD, the non-private speed and accuracy reference (needs --epsilon inf)"
     noisy = False
     NON_PRIVATE = True

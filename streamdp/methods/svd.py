@@ -88,6 +88,7 @@ class PrivateSVD(Method):
     """``--method svd``: noisy covariance, top-``r`` subspace, local projection (the paper's private baseline)."""
 
     name = "svd"
+    MAIN_OPTIONS = ("center",)
     SUMMARY = ("private SVD baseline (McSherry-Mironov style, Jain et al. 2018's experiments): one noisy covariance, "
                "top-k subspace, users project locally; joint DP")
     Options = SVDOptions
