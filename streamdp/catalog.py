@@ -112,14 +112,14 @@ CATALOG: dict[str, MethodInfo] = {m.name: m for m in (
         "fw",
         "joint user-level (epsilon, delta)-DP: users rebuild their own rows locally",
         "T noisy item vectors and their Frank-Wolfe weights",
-        "nuclear-norm completion as in Jain et al. on large stores; below about n_items^(5/4) users its "
-        "directions are mostly noise",
+        "nuclear-norm completion as in Jain et al. on large stores; with fewer users than about the number of "
+        "items to the power 5/4 (n_items^(5/4)) its directions are mostly noise",
         rank="number T of Frank-Wolfe iterations (the rank of the release)"),
     MethodInfo(
         "svd",
         "joint user-level (epsilon, delta)-DP: users project their own rows locally",
         "the noisy top-k subspace of the item covariance",
-        "the baseline for fw; needs the n_items x n_items covariance in memory"),
+        "the baseline for fw; needs the item-by-item covariance in memory (n_items x n_items)"),
     MethodInfo(
         "public-private",
         "none for public users (their data is public); private users' ratings unused by default (epsilon 0 "
