@@ -494,7 +494,8 @@ def format_train_summary(summary: dict) -> str:
     cls = METHODS.get(summary["method"])
     lists_model = getattr(cls, "LOCAL_SOLVER", None) == "implicit"  # ials: no biases, its chart instead
     unused = f"no factors released, so rank {summary['rank']} was not used"
-    shape = (f"rank {summary['rank']}" if summary.get("factors_released", True) else
+    steps = "" if getattr(cls, "RANK_IS_FACTORS", True) else " (its number of Frank-Wolfe iterations)"  # fw
+    shape = (f"rank {summary['rank']}{steps}" if summary.get("factors_released", True) else
              f"released the most-popular chart by its noisy item counts only ({unused})" if lists_model else
              "released item biases and the global mean (it fits no factors)" if not getattr(cls, "FITS_FACTORS", True)
              else f"released item biases and the global mean only ({unused})")

@@ -30,8 +30,8 @@ from collections import Counter
 from streamdp.catalog import CATALOG, default_rank, guarantee_kind
 from streamdp.methods import METHODS, get_method
 
-__all__ = ["method_in_args", "option_record", "rank_help", "split_options", "format_train_options", "HELP_METHOD",
-           "EXPERT_RUN_OPTIONS"]
+__all__ = ["method_in_args", "option_record", "rank_help", "split_options", "format_train_options",
+           "HELP_METHOD", "EXPERT_RUN_OPTIONS"]
 
 #: ``ctx.meta`` key of the ``--method`` value seen on the command line, for the help.
 HELP_METHOD = "streamdp.help_method"
@@ -79,7 +79,9 @@ def rank_help(classes: dict) -> str:
     text = f"Number of factors k (default {usual})."
     for m in sorted(classes):
         meaning = CATALOG[m].rank if m in CATALOG else plain
-        if ranks[m] != usual or meaning != plain:
+        if not getattr(classes[m], "FITS_FACTORS", True):
+            text += f" {m}: not used (it fits no factors)."
+        elif ranks[m] != usual or meaning != plain:
             text += f" {m}: the {meaning}, default {ranks[m]}."
     return text
 

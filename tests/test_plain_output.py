@@ -107,6 +107,15 @@ def test_methods_listing_reads_without_bare_formulas():
             "number of items to the power 5/4 (n_items^(5/4)) its directions are mostly noise") in r.output
 
 
+def test_means_rank_is_said_not_to_apply():
+    listing = CliRunner().invoke(main, ["methods"]).output
+    means = listing.split("\nmeans: ", 1)[1].split("\n\n", 1)[0]
+    assert "  --rank:    does not apply: it fits no factors\n" in means + "\n"
+    r = CliRunner().invoke(main, ["train", "--help"], terminal_width=400, max_content_width=400)
+    rank = next(e for e in _help_entries(r.output) if e.startswith("--rank "))
+    assert "means: not used (it fits no factors)." in rank
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """1,500 users x 150 items: too few users per item for factors at epsilon 1 (als: biases only)."""
