@@ -821,8 +821,10 @@ class _AlsBase(Method):
                "the factor iterations up to the choice" if self.private else
                "by 10% of each user's training ratings (at most 2) "
                "held out of the fit, then refitted on all of them")
-        what = {"factors": "the factors", "bias": "item biases and the global mean, no factors",
-                "mean": "the global mean only, no item biases nor factors"}[kind]
+        what = {"factors": "the factors", "bias": "item biases and the global mean",
+                "mean": "the global mean only, no item biases"}[kind]
+        if kind != "factors" and s.candidates[s.default_candidate][0] == "factors":
+            what += ", no factors"  # a privacy warning (ledger.privacy_warnings): the factors lost
         note = (f"--select auto released {what} (candidate {candidate_name((kind, lam))}; default "
                 f"{candidate_name(s.candidates[s.default_candidate])}), chosen {how}")
         gate, T = s.gate_after, s.iters
