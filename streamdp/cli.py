@@ -452,6 +452,8 @@ def train(store, method, epsilon, delta, users_bound, rank, out, seed, workers, 
     from streamdp.methods import get_method
     from streamdp.training import train as train_model
 
+    # `train` only: `sweep --rank` gives one rank to every method it runs and the Python API keeps accepting it
+    # (unused, and said so in the summary), so a means point of a sweep is not refused
     if rank is not None and not get_method(method).FITS_FACTORS:
         raise ParameterError(f"--rank: --method {method} fits no factors (it releases item biases and the global "
                              f"mean only); leave --rank out")
