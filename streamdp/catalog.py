@@ -46,6 +46,10 @@ __all__ = ["MethodInfo", "CATALOG", "method_info", "guarantee_kind", "default_ra
 GUARANTEE_KINDS = ("exact", "approximate", "non-private")
 
 
+#: What ``--rank`` means for a method that fits no factors (``means``: ``train`` refuses it).
+NO_RANK = "does not apply: it fits no factors"
+
+
 @dataclass(frozen=True)
 class MethodInfo:
     """One method as a user chooses it (the parts its class does not declare).
@@ -102,7 +106,8 @@ CATALOG: dict[str, MethodInfo] = {m.name: m for m in (
         "means",
         "user-level (epsilon, delta)-DP",
         "item biases and the global mean",
-        "the private item-mean baseline"),
+        "the private item-mean baseline",
+        rank=NO_RANK),
     MethodInfo(
         "oja",
         "user-level (epsilon, delta)-DP (PLD accountant)",
@@ -112,14 +117,14 @@ CATALOG: dict[str, MethodInfo] = {m.name: m for m in (
         "fw",
         "joint user-level (epsilon, delta)-DP: users rebuild their own rows locally",
         "T noisy item vectors and their Frank-Wolfe weights",
-        "nuclear-norm completion as in Jain et al. on large stores; below about n_items^(5/4) users its "
-        "directions are mostly noise",
+        "nuclear-norm completion as in Jain et al. on large stores; with fewer users than about the number of "
+        "items to the power 5/4 (n_items^(5/4)) its directions are mostly noise",
         rank="number T of Frank-Wolfe iterations (the rank of the release)"),
     MethodInfo(
         "svd",
         "joint user-level (epsilon, delta)-DP: users project their own rows locally",
         "the noisy top-k subspace of the item covariance",
-        "the baseline for fw; needs the n_items x n_items covariance in memory"),
+        "the baseline for fw; needs the item-by-item covariance in memory (n_items x n_items)"),
     MethodInfo(
         "public-private",
         "none for public users (their data is public); private users' ratings unused by default (epsilon 0 "
@@ -206,7 +211,8 @@ def format_methods(rows: list[dict]) -> str:
         lines.append(f"  guarantee: {r['kind']}: {r['guarantee']}")
         lines.append(f"  releases:  {r['releases']}")
         lines.append(f"  use it:    {r['when']}")
-        rank = f"{r['rank']}" + (f", default {r['default_rank']}" if r["default_rank"] is not None else "")
+        shows_default = r["default_rank"] is not None and r["rank"] != NO_RANK
+        rank = f"{r['rank']}" + (f", default {r['default_rank']}" if shows_default else "")
         lines.append(f"  --rank:    {rank}")
         lines.append(f"  options:   {r['command']} --help")
         lines.append("")

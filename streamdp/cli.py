@@ -529,8 +529,9 @@ class _TrainCommand(click.Command):
 @click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon; 'inf' trains without noise "
               "(non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
-              help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users)), n_users the "
-              "count released with noise or --users-bound).")
+              help="User-level delta (default: a power of ten below one over ten times the number of users, at "
+              "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
+              "power of ten <= min(1e-6, 1/(10 n_users))).")
 @users_bound_option
 @click.option("--rank", type=int, default=None, help="Number of factors k (generated from the methods).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
@@ -557,8 +558,15 @@ def train(store, method, epsilon, delta, users_bound, rank, out, seed, workers, 
     """Train a private model on STORE and write it to --out."""
     import math
 
+    from streamdp.errors import ParameterError
+    from streamdp.methods import get_method
     from streamdp.training import train as train_model
 
+    # `train` only: `sweep --rank` gives one rank to every method it runs and the Python API keeps accepting it
+    # (unused, and said so in the summary), so a means point of a sweep is not refused
+    if rank is not None and not get_method(method).FITS_FACTORS:
+        raise ParameterError(f"--rank: --method {method} fits no factors (it releases item biases and the global "
+                             f"mean only); leave --rank out")
     if math.isinf(epsilon):
         confirm_infinite(store, yes, "--epsilon inf")
 
@@ -599,10 +607,12 @@ def format_train_summary(summary: dict) -> str:
 
     cls = METHODS.get(summary["method"])
     lists_model = getattr(cls, "LOCAL_SOLVER", None) == "implicit"  # ials: no biases, its chart instead
-    shape = (f"rank {summary['rank']}" if summary.get("factors_released", True) else
-             f"the most-popular chart by its released counts only (no factors released; rank {summary['rank']} "
-             f"unused)" if lists_model else
-             f"item biases and global mean only (no factors released; rank {summary['rank']} unused)")
+    unused = f"no factors released, so rank {summary['rank']} was not used"
+    steps = "" if getattr(cls, "RANK_IS_FACTORS", True) else " (its number of Frank-Wolfe iterations)"  # fw
+    shape = (f"rank {summary['rank']}{steps}" if summary.get("factors_released", True) else
+             f"released the most-popular chart by its noisy item counts only ({unused})" if lists_model else
+             "released item biases and the global mean (it fits no factors)" if not getattr(cls, "FITS_FACTORS", True)
+             else f"released item biases and the global mean only ({unused})")
     timing = f"trained in {summary['train_seconds']:.1f}s"
     if "total_seconds" in summary:
         timing += f" ({summary['total_seconds']:.1f}s in all, with checks and evaluation)"
@@ -613,9 +623,9 @@ def format_train_summary(summary: dict) -> str:
                      f"{summary['test_ratings']:,} held-out ratings; non-private baselines: {format_baselines(b)}")
         lines.append("verdict: " + format_verdict(summary["verdict"], summary["test_rmse"]))
     if not summary.get("factors_released", True):
-        from streamdp.local import NOT_PERSONALISED
+        from streamdp.local import not_personalised_note
 
-        lines.append("note: " + NOT_PERSONALISED)
+        lines.append("note: " + not_personalised_note(chart=lists_model))
     if summary.get("ranking"):
         from streamdp.ranking import format_ranking_short, format_ranking_verdict
 
@@ -635,8 +645,9 @@ def format_train_summary(summary: dict) -> str:
                    "Default: als/irls rank=4,8 (iters, unless given, from one released histogram of ratings per "
                    "user, as train sets it); means user_intercept=false,true.")
 @click.option("--delta", type=float, default=None,
-              help="User-level delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users)), n_users the "
-              "count released with noise or --users-bound).")
+              help="User-level delta (default: a power of ten below one over ten times the number of users, at "
+              "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
+              "power of ten <= min(1e-6, 1/(10 n_users))).")
 @users_bound_option
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores).")
@@ -682,7 +693,7 @@ def format_tune_summary(summary: dict) -> str:
     t = summary["tuning"]
     lines = [format_train_summary(summary)]
     if t.get("skipped"):
-        lines.append(f"tune: no choice made ({t['skipped']}); trained {config_name(t['chosen'])} at the whole "
+        lines.append(f"tune: no choice made: {t['skipped']}; trained {config_name(t['chosen'])} with the whole "
                      f"epsilon")
     else:
         lines.append(f"tune: {len(t['candidates'])} candidates at the noise of epsilon {t['candidate_epsilon']:.4g} "
@@ -798,7 +809,7 @@ def encode_json_safe(obj):
 @scheduler_option
 @click.option("--allow-other-store", is_flag=True, help="Evaluate also on a store other than the one MODEL was "
               "trained on (its checksum differs; a re-split of the same ratings gives an optimistic RMSE); the "
-              "output then says store_matches_model: false.")
+              "output then says so (store_matches_model: false with --json).")
 @k_option
 @relevant_threshold_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
@@ -864,7 +875,7 @@ def recommend(model, ratings_file, store, out, users_file, top, item_names, ridg
     user's own data only: it may be shown to that user, but the file (every user's list) must not be published.
     """
     from streamdp.errors import ParameterError
-    from streamdp.local import NOT_PERSONALISED, personalised, rating_range, read_user_ratings
+    from streamdp.local import not_personalised_note, personalised, rating_range, read_user_ratings
     from streamdp.model import load_model
 
     if (ratings_file is None) == (store is None):
@@ -880,7 +891,7 @@ def recommend(model, ratings_file, store, out, users_file, top, item_names, ridg
         res = m.recommend_all(store, top, out, users=users_file, ridge=ridge, workers=workers, scheduler=scheduler,
                               memory_limit=memory_limit, force=force, item_names=item_names)
         if not personalised(m):
-            res["note"] = NOT_PERSONALISED
+            res["note"] = not_personalised_note(m)
         if as_json:
             print_json(res)
         else:
@@ -899,7 +910,7 @@ def recommend(model, ratings_file, store, out, users_file, top, item_names, ridg
         names = names_for(item_names, np.asarray(ids, dtype=np.asarray(m.item_ids).dtype), memory_limit).tolist()
     notes = [recs.note] if recs.note else []
     if recs.source == "model" and not personalised(m):
-        notes.append(NOT_PERSONALISED)
+        notes.append(not_personalised_note(m))
     if as_json:
         print_json({"items": ids, "scores": score.round(4).tolist(), "n_ratings_used": int(len(items)),
                     "unknown_items": unknown, "source": recs.source, "personalised": recs.source == "model"
@@ -938,7 +949,8 @@ def demo(out, force, epsilon, as_json):
 @click.option("--epsilon", type=EPSILON, required=True, help="Epsilon under the bounded row-change relation (see "
               "below); 'inf' runs without noise (non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
-              help="Delta (default: the largest power of ten <= min(1e-6, 1/(10 n_users))).")
+              help="Delta (default: a power of ten below one over ten times the number of users, at most 1e-6 "
+              "(the largest power of ten <= min(1e-6, 1/(10 n_users))).")
 @click.option("--out", required=True, help="Directory to write (atomically): privacy.json, model.json, factors.zarr.")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads (default: all cores).")

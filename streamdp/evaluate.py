@@ -290,9 +290,10 @@ def format_evaluation(ev: dict) -> str:
     if ev.get("verdict"):
         lines.append("verdict: " + format_verdict(ev["verdict"], ev["rmse"]))
     if ev.get("ranking"):
-        lines.append(format_ranking(ev["ranking"]))
+        lines.append(format_ranking(ev["ranking"], lists_only=bool(ev.get("lists_only"))))
     if ev.get("store_matches_model") is False:
-        lines.append("store_matches_model: false (--allow-other-store): the store's fingerprint differs from that "
-                     "of the store the model was trained on; if it holds ratings the model was trained on, the "
+        lines.append("another store than the model's (store_matches_model: false, --allow-other-store): the store's "
+                     "fingerprint differs from that of the store the model was trained on; if it holds ratings the "
+                     "model was trained on, the "
                      + ("ranking metrics are" if ev.get("lists_only") else "RMSE is") + " optimistic")
     return "\n".join(lines)

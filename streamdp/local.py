@@ -243,8 +243,19 @@ def personalised(model) -> bool:
     return bool(np.any(np.asarray(model.item_factors)))
 
 
-#: What ``recommend``/``evaluate``/``train`` say of a release without factors.
+#: What ``recommend``/``evaluate``/``train`` say of a release without factors (a rating model: its item biases).
 NOT_PERSONALISED = "only item biases released: every user gets the same list (apart from the items she rated)"
+#: The same for an ``ials`` model without factors: it ranks by its released item counts.
+NOT_PERSONALISED_CHART = ("only the most-popular chart released (noisy item counts): every user gets the same list "
+                          "(apart from the items she rated)")
+
+
+def not_personalised_note(model=None, *, chart: bool | None = None) -> str:
+    """What to say of a release without factors: :data:`NOT_PERSONALISED_CHART` for an implicit model (``local:
+    implicit``, or ``chart=True``), :data:`NOT_PERSONALISED` otherwise."""
+    if chart is None:
+        chart = model is not None and local_kind(model) == "implicit"
+    return NOT_PERSONALISED_CHART if chart else NOT_PERSONALISED
 
 
 def popular_list(model, top: int):

@@ -45,7 +45,7 @@ import numpy as np
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.topk import SUMS, ranking_sums, topn_by_order, topn_scores
-from streamdp.local import RELEASED_COUNTS, NOT_PERSONALISED, list_bias, list_scorer, local_design, personalised
+from streamdp.local import RELEASED_COUNTS, list_bias, list_scorer, local_design, not_personalised_note, personalised
 from streamdp.storage.ids import find
 
 #: Default list length of the metrics (``--k``).
@@ -268,8 +268,11 @@ def relevant_text(r: dict, *, short: bool = False) -> str:
     return f"a held-out rating >= {r['relevant_threshold']:g} ({r['threshold_source']})"
 
 
-def format_ranking(r: dict) -> str:
-    """The lines ``evaluate`` prints: the model's metrics, then each baseline's on the same users."""
+def format_ranking(r: dict, *, lists_only: bool = False) -> str:
+    """The lines ``evaluate`` prints: the model's metrics, then each baseline's on the same users.
+
+    ``lists_only``: the model's scores only rank items (an ``ials`` model), they are no predicted ratings.
+    """
     def row(d):
         return (f"P@{k} {d['precision']:.4f}  R@{k} {d['recall']:.4f}  NDCG@{k} {d['ndcg']:.4f}  "
                 f"MAP@{k} {d['map']:.4f}  coverage {d['coverage']:.1%}  popularity bias {d['popularity_bias']:.2f}")
@@ -284,23 +287,25 @@ def format_ranking(r: dict) -> str:
         lines.append(f"  most popular (released):   n/a: {r.get('private_popularity_absent', '')}")
     if "popularity" in b:
         lines.append("  most popular (non-private): " + row(b["popularity"]))
-    lines.append(f"  lists ranked by {describe_scorer(r.get('list_scorer'))}")
+    scorer = "the model's preference score" if lists_only else describe_scorer(r.get("list_scorer"))
+    lines.append(f"  lists ranked by {scorer}")
     if r.get("personalised") is False:
-        lines.append("  note: " + NOT_PERSONALISED)
+        lines.append("  note: " + not_personalised_note(chart=lists_only))
     lines.append("ranking verdict: " + format_ranking_verdict(ranking_verdict(r)))
     return "\n".join(lines)
 
 
 def describe_scorer(sc) -> str:
-    """``predicted rating`` or ``predicted rating + 1 x log(1 + noisy_item_weight)``.
+    """``predicted rating``, or the predicted rating plus a bonus for items popular by the released counts.
 
     >>> describe_scorer({"kind": "rating_plus_log_count", "counts": "noisy_item_weight", "weight": 1.0})
-    'predicted rating + 1 x log(1 + released noisy_item_weight)'
+    'predicted rating plus a bonus for items popular by the released counts (predicted rating + 1 x log(1 + released noisy_item_weight))'
     """
     sc = sc or {"kind": "predicted_rating"}
     if sc["kind"] == "predicted_rating":
         return "predicted rating"
-    return f"predicted rating + {sc['weight']:g} x log(1 + released {sc['counts']})"
+    return (f"predicted rating plus a bonus for items popular by the released counts (predicted rating + "
+            f"{sc['weight']:g} x log(1 + released {sc['counts']}))")
 
 
 def format_ranking_short(r: dict) -> str:

@@ -2,9 +2,10 @@
 
 Without ``--method``, the help lists the options every method shares and the methods
 (their ``SUMMARY``), and says how to get one method's options. With ``--method X``
-(anywhere on the command line), it lists the shared options and then only ``X``'s own
-options (its ``OPTIONS``, in declaration order), each with the default the
-declaration gives, and ``--rank`` with ``X``'s default rank
+(anywhere on the command line), it lists the shared options a run sets, then ``X``'s
+main options (its ``MAIN_OPTIONS``: iterations, mechanism...), then under "Expert
+options" the rest of ``X``'s options (in declaration order) and the run's resources
+(workers, memory, scheduler), each with the default the declaration gives, and ``--rank`` with ``X``'s default rank
 (:meth:`~streamdp.methods.base.Method.default_rank`) and what the rank means for
 ``X`` (:mod:`streamdp.catalog`).
 
@@ -29,7 +30,8 @@ from collections import Counter
 from streamdp.catalog import CATALOG, default_rank, guarantee_kind
 from streamdp.methods import METHODS, get_method
 
-__all__ = ["method_in_args", "option_record", "rank_help", "format_train_options", "HELP_METHOD"]
+__all__ = ["method_in_args", "option_record", "rank_help", "split_options", "format_train_options",
+           "HELP_METHOD", "EXPERT_RUN_OPTIONS"]
 
 #: ``ctx.meta`` key of the ``--method`` value seen on the command line, for the help.
 HELP_METHOD = "streamdp.help_method"
@@ -77,22 +79,40 @@ def rank_help(classes: dict) -> str:
     text = f"Number of factors k (default {usual})."
     for m in sorted(classes):
         meaning = CATALOG[m].rank if m in CATALOG else plain
-        if ranks[m] != usual or meaning != plain:
+        if not getattr(classes[m], "FITS_FACTORS", True):
+            text += f" {m}: not used (it fits no factors)."
+        elif ranks[m] != usual or meaning != plain:
             text += f" {m}: the {meaning}, default {ranks[m]}."
     return text
 
 
-def _method_records(cls) -> list[tuple[str, str]]:
-    return [option_record(o) for o in cls.OPTIONS]
+#: ``train``'s own options a run rarely sets (resources, the user-count declaration, the budget override): the help
+#: lists them under "Expert options" after the method's.
+EXPERT_RUN_OPTIONS = ("users_bound", "workers", "memory_limit", "scheduler", "state", "over_budget")
+
+
+def split_options(cls) -> tuple[list, list]:
+    """``(main, expert)``: ``cls.OPTIONS`` split by ``cls.MAIN_OPTIONS`` (main ones in that order, the rest as
+    declared)."""
+    by_name = {o.name: o for o in cls.OPTIONS}
+    main = [by_name[n] for n in cls.MAIN_OPTIONS]
+    return main, [o for o in cls.OPTIONS if o.name not in cls.MAIN_OPTIONS]
 
 
 def format_train_options(cmd, ctx, formatter, method_option_names: set) -> None:
-    """Write ``train``'s option sections into ``formatter`` (click's ``format_options`` of the command)."""
+    """Write ``train``'s option sections into ``formatter`` (click's ``format_options`` of the command).
+
+    Order: the options every run sets (epsilon, rank, out...), the method and its main options, then
+    "Expert options": the method's others and the run's resources. ``--rank`` is left out for a method that
+    fits no factors (``means``: ``train`` refuses it there).
+    """
     name = ctx.meta.get(HELP_METHOD)
     cls = get_method(name) if name is not None else None  # an unknown name: one line listing the methods
-    common = []
+    common, run = [], []
     for p in cmd.get_params(ctx):
         if p.name in method_option_names:
+            continue
+        if cls is not None and p.name == "rank" and not cls.FITS_FACTORS:
             continue
         rec = p.get_help_record(ctx)
         if rec is None:
@@ -100,25 +120,32 @@ def format_train_options(cmd, ctx, formatter, method_option_names: set) -> None:
         if cls is not None and p.name == "rank":
             meaning = CATALOG[cls.name].rank if cls.name in CATALOG else "number of factors k"
             rec = (rec[0], f"{meaning[0].upper()}{meaning[1:]} (default {default_rank(cls)}).")
-        common.append(rec)
+        (run if p.name in EXPERT_RUN_OPTIONS else common).append(rec)
     with formatter.section("Options"):
         formatter.write_dl(common)
-    if cls is not None:
-        info = CATALOG.get(cls.name)
-        with formatter.section(f"Method {cls.name}"):
-            formatter.write_text(cls.SUMMARY + ".")
-            if info is not None:
-                formatter.write_dl([("guarantee", f"{guarantee_kind(cls)}: {info.guarantee}"), ("releases", info.releases),
-                                    ("use it", info.when)])
-        records = _method_records(cls)
-        with formatter.section(f"Options of --method {cls.name}"):
-            if records:
-                formatter.write_dl(records)
-            else:
-                formatter.write_text("none beyond the options above.")
+    if cls is None:
+        with formatter.section("Expert options (resources and budget)"):
+            formatter.write_dl(run)
+        with formatter.section("Methods"):
+            formatter.write_dl([(m, METHODS[m].SUMMARY) for m in sorted(METHODS)])
+        formatter.write_paragraph()
+        formatter.write_text("A method's own options, with their defaults: streamdp train --method METHOD --help. "
+                             "Guarantee, release and when to use each method: streamdp methods.")
         return
-    with formatter.section("Methods"):
-        formatter.write_dl([(m, METHODS[m].SUMMARY) for m in sorted(METHODS)])
-    formatter.write_paragraph()
-    formatter.write_text("A method's own options, with their defaults: streamdp train --method METHOD --help. "
-                         "Guarantee, release and when to use each method: streamdp methods.")
+    info = CATALOG.get(cls.name)
+    with formatter.section(f"Method {cls.name}"):
+        formatter.write_text(cls.SUMMARY + ".")
+        if not cls.FITS_FACTORS:
+            formatter.write_text("It fits no factors: --rank does not apply.")
+        if info is not None:
+            formatter.write_dl([("guarantee", f"{guarantee_kind(cls)}: {info.guarantee}"), ("releases", info.releases),
+                                ("use it", info.when)])
+    main, expert = split_options(cls)
+    with formatter.section(f"Options of --method {cls.name}"):
+        if main:
+            formatter.write_dl([option_record(o) for o in main])
+        else:
+            formatter.write_text("none beyond the options above; the expert options below have defaults derived "
+                                 "from the store and epsilon.")
+    with formatter.section("Expert options (their defaults are derived from the store and epsilon)"):
+        formatter.write_dl([option_record(o) for o in expert] + run)

@@ -552,8 +552,10 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     if m_c == 1:
         skip = "the grid has one configuration: nothing to choose"
     elif MARGIN * std > SELECT_USEFUL * h * h * n_users:
-        skip = (f"the losses' noise (std {std:.4g}) would swamp any difference the choice could see on "
-                f"{n_users:,} users (it needs {MARGIN:g} stds below {SELECT_USEFUL:g} h^2 per user)")
+        skip = (f"the store is too small to tell configurations apart: the noise on their validation losses "
+                f"(std {std:.4g}) would hide any difference smaller than {SELECT_USEFUL:.0%} of the largest error "
+                f"per user over {n_users:,} users ({MARGIN:g} noise stds below {SELECT_USEFUL:g} h^2 per user, h "
+                f"half the rating range)")
     if skip is not None:
         chosen = default if default is not None else 0
         final = cls(epsilon=epsilon, delta=delta, seed=seed, users=users, **configs[chosen])  # spends the count

@@ -9,13 +9,18 @@
   example line is an option of some command.
 - The README's Methods table has one row per method that ``streamdp methods`` lists.
 - Every docs page is linked from the README, and every relative link resolves.
+- The worked example runs, and prints what the README shows under it, line for line,
+  but for timings, run ids and dates (``test_worked_example_prints_what_the_readme_shows``).
 
 A new docs page is picked up without editing this file.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -154,3 +159,39 @@ def test_docs_pages_are_linked_and_links_resolve():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if not re.match(r"[a-z]+://", target):
                 assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+
+
+#: What differs from run to run in the worked example's output: timings, a budget entry's id and date.
+VARYING = [(re.compile(r"\b\d+(?:\.\d+)?s\b"), "<T>s"),
+           (re.compile(r"\b[0-9a-f]{12}  (complete|reserved|failed) \d{4}-\d\d-\d\dT[\d:]+\+00:00"), r"<ID>  \1 <DATE>")]
+
+
+def _normalise(text: str) -> list[str]:
+    for pattern, repl in VARYING:
+        text = pattern.sub(repl, text)
+    return [ln.rstrip() for ln in text.strip().splitlines()]
+
+
+def worked_example() -> tuple[str, str]:
+    """``(script, shown output)``: the ``sh`` block of the README's worked example and the ``text`` block after it."""
+    section = README.read_text().split("\n## A worked example\n", 1)[1].split("\n## ", 1)[0]
+    m = re.search(r"^```sh\n(.*?)^```\n(?:(?!```).)*?^```text\n(.*?)^```", section, re.S | re.M)
+    assert m, "the README's worked example has no ```sh block followed by the ```text block of its output"
+    return m.group(1), m.group(2)
+
+
+def test_worked_example_prints_what_the_readme_shows(tmp_path):
+    """The worked example, run as a user would (stderr interleaved, as a terminal shows it), prints the shown lines."""
+    script, shown = worked_example()
+    env = dict(os.environ, STREAMDP_PROGRESS="0", PYTHONUNBUFFERED="1")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")  # this checkout's streamdp
+    r = subprocess.run(["bash", "-c", "set -euo pipefail\nexec 2>&1\n" + script], cwd=tmp_path, env=env,
+                       stdout=subprocess.PIPE, text=True, timeout=900)
+    assert r.returncode == 0, f"README worked example failed (exit {r.returncode}):\n{r.stdout[-3000:]}"
+    assert (tmp_path / "model" / "privacy.json").exists()
+    got, want = _normalise(r.stdout), _normalise(shown)
+    diff = [(i, w, g) for i, (w, g) in enumerate(zip(want, got)) if w != g]
+    assert not diff and len(got) == len(want), (
+        f"the README shows other output than the worked example prints (line, shown, printed): {diff[:5]}; "
+        f"{len(want)} lines shown, {len(got)} printed:\n{r.stdout}")

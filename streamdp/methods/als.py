@@ -300,22 +300,29 @@ class StatisticsOptions(MethodOptions):
 class AlsOptions(StatisticsOptions):
     """``--method als``: the statistics' options and those of the factor iterations."""
 
-    adaptive_exponent: float = option("mu <= 0 of the adaptive weights n_j^mu", default=0.0, maximum=0.0)
+    adaptive_exponent: float = option("how much less a rating of a popular item weighs, 0 or below: 0 weighs every "
+                                      "rating alike (exponent mu <= 0 of the weights n_j^mu)", default=0.0,
+                                      maximum=0.0)
     item_frac: float = option("fraction of items, by noisy count, that get factors", default=1.0, **_POS,
                               maximum=1.0)
     iters: int | None = option(
-        "ALS iterations T", minimum=0,
-        default_text="0-9 from the proxy n_eff epsilon / n_items, n_eff the users with enough ratings for a factor "
-        "by a released histogram of ratings per user; 15 non-private")
-    clip: float | None = option("norm bound Delta of a user's factor on the item side",
+        "ALS iterations (0: release item biases only, no factors)", minimum=0,
+        default_text="0-9, more when there are many users with enough ratings for a factor per item at this "
+        "epsilon (the proxy n_eff epsilon / n_items, n_eff from a released histogram of ratings per user); "
+        "15 non-private")
+    clip: float | None = option("largest norm a user's factor may have on the item side: "
+                                "bounds each user's influence (clip Delta)",
                                 default_text="0.3 private, none non-private", **_POS)
     residual_clip: float | None = option("bound R of a rating's residual on the item side",
                                          default_text="half the rating range", **_POS)
-    reg: float | None = option("item-side ridge lambda", default_text="10; non-private runs choose 10, or 0.3 per "
-                               "rating (--reg-exponent 1), on held-out training ratings", minimum=0)
-    reg_exponent: float | None = option("item-side ridge grows as C_j^rho with the noisy count",
+    reg: float | None = option("regularisation of the item solves (ridge lambda)",
+                               default_text="10; non-private runs choose 10, or 0.3 per rating (--reg-exponent 1), "
+                               "on held-out training ratings", minimum=0)
+    reg_exponent: float | None = option("how fast the item regularisation grows with the item's noisy count "
+                                        "(exponent rho of C_j^rho)",
                                         default_text="0 (see --reg)", minimum=0, maximum=1)
-    noise_ridge: float = option("weight nu of the noise-driven item ridge nu sigma_B^2 Delta^2 / s^2", default=0.04,
+    noise_ridge: float = option("extra regularisation of each item in proportion to the noise it receives "
+                                "(weight nu of the ridge nu sigma_B^2 Delta^2 / s^2)", default=0.04,
                                 minimum=0)
     ridge: float | None = option("ridge of each user's own solve (training and the released model's local solve)",
                                  default_text="10; 3 when no factors are fitted (iters 0)", **_POS)
@@ -839,7 +846,11 @@ class _AlsBase(Method):
                "the factor iterations up to the choice" if self.private else
                "by 10% of each user's training ratings (at most 2) "
                "held out of the fit, then refitted on all of them")
-        note = (f"released candidate: {candidate_name((kind, lam))} (default "
+        what = {"factors": "the factors", "bias": "item biases and the global mean",
+                "mean": "the global mean only, no item biases"}[kind]
+        if kind != "factors" and s.candidates[s.default_candidate][0] == "factors":
+            what += ", no factors"  # a privacy warning (ledger.privacy_warnings): the factors lost
+        note = (f"--select auto released {what} (candidate {candidate_name((kind, lam))}; default "
                 f"{candidate_name(s.candidates[s.default_candidate])}), chosen {how}")
         gate, T = s.gate_after, s.iters
         if gate and kind == "factors":
@@ -1124,8 +1135,11 @@ class _AlsBase(Method):
         notes += seed_notes(self)
         notes += range_notes(plan.bounds["rating_range_source"])
         if s.iters == 0 and self.FIXED_ITERS is None:
-            notes.append("iters = 0: the release is the private item biases and global mean only (the factors "
-                         "would be mostly noise at this epsilon and store size); users' own intercepts do the rest")
+            notes.append("no factors fitted (--iters 0 given): the release is the private item biases and global "
+                         "mean only; users' own intercepts do the rest" if self.opts.is_given("iters") else
+                         "no factors fitted: at this epsilon there are too few users per item for factors to rise "
+                         "above the noise (--iters 0 by default), so the release is the private item biases and "
+                         "global mean only; users' own intercepts do the rest")
         if s.select:
             notes.append(self._selection_note(s, kind, lam))
         elif self.opts.select == "auto":  # asked for, but skipped by _plan
@@ -1255,6 +1269,7 @@ class ALS(_AlsBase):
     """``--method als``: private alternating least squares (DP-ALS)."""
 
     name = "als"
+    MAIN_OPTIONS = ("iters", "mechanism", "select", "checkpoint")
     SUMMARY = "private alternating least squares, DP-ALS (Chien et al. 2021) with Gaussian/Laplace/Huber noise"
     Options = AlsOptions
 
@@ -1264,6 +1279,7 @@ class IRLS(_AlsBase):
     """``--method irls``: ALS with each user's solve under the Huber loss (R-IRLS of the Huber-mechanism paper)."""
 
     name = "irls"
+    MAIN_OPTIONS = ("iters", "mechanism", "huber_delta", "irls_iters", "select", "checkpoint")
     SUMMARY = "ALS with Huber-loss IRLS user solves (the Huber-mechanism paper's R-IRLS), same item side"
     Options = IrlsOptions
     irls = True
@@ -1304,6 +1320,7 @@ class PrivateMeans(_AlsBase):
     """
 
     name = "means"
+    MAIN_OPTIONS = ("mechanism", "user_intercept")
     SUMMARY = "private global mean and item means only: the private item-mean baseline"
     Options = MeansOptions
     FIXED_ITERS = 0

@@ -163,11 +163,18 @@ class Method:
     #: Whether the method fits factors at all (``means`` releases the global mean and item biases only: its
     #: rank is unused, and a store of fewer items than the default rank is no reason to refuse it).
     FITS_FACTORS: ClassVar[bool] = True
+    #: The options most runs set (names of ``OPTIONS``): ``streamdp train --method X --help`` lists them first and
+    #: the rest under "Expert options" (their defaults are derived from the store and epsilon).
+    MAIN_OPTIONS: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if "Options" in cls.__dict__:
             cls.OPTIONS = cls.Options.declared()
+        names = {o.name for o in cls.OPTIONS}
+        unknown = [n for n in cls.MAIN_OPTIONS if n not in names]
+        if unknown:
+            raise TypeError(f"{cls.__name__}.MAIN_OPTIONS names options it does not declare: {unknown}")
 
     def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None,
                  users: UserCount | None = None, **options):

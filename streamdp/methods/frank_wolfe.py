@@ -256,17 +256,20 @@ class FWOptions(CenterOptions):
 
     passes: int | None = option("noisy power passes per Frank-Wolfe iteration (each one Gaussian release)",
                                 minimum=1, default_text="2 private, 4 non-private")
-    clip: float | None = option("L2 bound L of a user's residual row in the global sum (sensitivity L^2)",
+    clip: float | None = option("largest norm a user's residual row may have in the global sum: bounds each "
+                                "user's influence (L2 bound L, sensitivity L^2)",
                                 default_text="a quarter of the rating range private, none non-private", minimum=0,
                                 exclusive_minimum=True)
     nuclear_norm: float | None = option("nuclear-norm bound k of the completed matrix",
                                         default_text="half the rating range x sqrt(n_users n_items)", minimum=0,
                                         exclusive_minimum=True)
-    step: Literal["fixed", "decay"] = option("fixed: eta = 1/T (Alg. 1); decay: eta_t = 2/(t+1)", default="fixed")
+    step: Literal["fixed", "decay"] = option(
+        "fixed: every step the same size (1/T, Alg. 1); decay: steps that shrink (2/(t+1))", default="fixed")
     project: bool = option("scale each user's row so her predictions at her rated items have RMS <= half the "
                            "rating range (Alg. 1's Pi_{L,Omega})", default=True)
     calibration: Literal["pld", "paper"] = option(
-        "pld: tight accountant; paper: Jain et al. Alg. 1 sigma, for comparison", default="pld")
+        "pld: the least noise the accountant allows; paper: the noise of Jain et al. Alg. 1 (its sigma), for "
+        "comparison", default="pld")
     checkpoint: str | None = option("run directory: per-iteration checkpoints (noisy iterates: counted as "
                                     "released, never refunded; keep it private); resumes if it holds one",
                                     metavar="DIR")
@@ -297,6 +300,7 @@ class PrivateFrankWolfe(Method):
     """``--method fw``: private Frank-Wolfe (Jain et al. 2018, Alg. 1), joint DP; ``--rank`` is ``T``."""
 
     name = "fw"
+    MAIN_OPTIONS = ("passes", "nuclear_norm", "center", "checkpoint")
     SUMMARY = ("private Frank-Wolfe matrix completion (Jain et al. 2018, Alg. 1): noisy top eigenvector per "
                "iteration, users' rank-one updates local; joint DP")
     Options = FWOptions

@@ -166,30 +166,37 @@ class IalsOptions(MethodOptions):
         "ratings to preferences: binary (every rated item a positive), graded (confidence grows with the rating) "
         "or above (only ratings above the midpoint are positives); ignored on implicit stores",
         default=DEFAULT_PREFERENCE)
-    alpha: float = option("confidence slope: c = 1 + alpha f(value)", default=3.0, minimum=0)
-    max_confidence: float = option("cap c_max of a pair's confidence (bounds the sensitivity)", default=21.0,
-                                   minimum=1)
-    count_scale: float = option("implicit stores: f(count) = log(1 + count / count_scale)", default=1.0, **_POS)
-    tau: int = option("at most tau of a user's pairs reach the item side (seeded sample when she has more)",
+    alpha: float = option("how much more a pair counts as its rating or count grows (confidence c = 1 + alpha "
+                          "f(value))", default=3.0, minimum=0)
+    max_confidence: float = option("largest confidence a pair can have: bounds each user's influence (cap c_max)",
+                                   default=21.0, minimum=1)
+    count_scale: float = option("implicit stores: the count at which confidence starts to grow slowly "
+                                "(f(count) = log(1 + count / count_scale))", default=1.0, **_POS)
+    tau: int = option("most of a user's pairs that reach the item side (tau; a seeded sample when she has more)",
                       default=32, minimum=1, default_text="private: from a released histogram of pairs per user, "
                       "the count 75% of users are within, in 4..32")
     iters: int | None = option("ALS iterations", minimum=1, default_text="10 non-private, 3 private")
-    clip: float | None = option("norm bound Delta of a user's factor on the item side",
+    clip: float | None = option("largest norm a user's factor may have on the item side: "
+                                "bounds each user's influence (clip Delta)",
                                 default_text="0.4 private, none non-private", **_POS)
-    clip_popularity: float = option("bound Delta_pi of a user's weight on the popularity column on the item side",
+    clip_popularity: float = option("largest weight a user may give the popularity column on the item side "
+                                    "(bound Delta_pi)",
                                     default=1.0, **_POS)
-    reg: float = option("ridge lambda of the item solves", default=1.0, minimum=0)
+    reg: float = option("regularisation of the item solves (ridge lambda)", default=1.0, minimum=0)
     ridge: float | None = option("ridge of each user's solve (training and the released model's local solve)",
                                  default_text="--reg non-private, 1 private", **_POS)
-    noise_ridge: float = option("weight nu of the noise-driven item ridge nu sigma_B Delta", default=1.0, minimum=0)
+    noise_ridge: float = option("extra regularisation of each item in proportion to the noise it receives "
+                                "(weight nu of the ridge nu sigma_B Delta)", default=1.0, minimum=0)
     gramian: Literal["auto", "shared", "item"] = option(
-        "shared: A_j ~ W_j G / n_users from released confidence totals; item: a noisy A_j per item",
+        "shared: one noisy Gramian for all items, scaled by released confidence totals (A_j ~ W_j G / n_users); item: "
+        "a noisy Gramian per item",
         default="auto", default_text="auto: shared private, item non-private")
     popularity: Literal["auto", "on", "off"] = option(
         "a popularity column log(1 + N_j) in the item rows, weighed by each user (released noisy counts N_j)",
         default="auto", default_text="auto: on private, off non-private")
-    shrink: float = option("shrink each noisy item row by max(0, 1 - s k sigma_B^2 / ||B_j||^2) (James-Stein with "
-                           "threshold s; 0: off; post-processing)", default=1.0, minimum=0)
+    shrink: float = option("shrink noisy item rows toward zero, the more the noisier: threshold s, 0 turns it off "
+                           "(James-Stein: max(0, 1 - s k sigma_B^2 / ||B_j||^2); post-processing)", default=1.0,
+                           minimum=0)
     count_share: float = option("budget share of the item counts (and confidence totals)", default=0.3, **_POS,
                                 maximum=1)
     gram_share: float | None = option("budget share of the Gramians (all iterations)",
@@ -251,6 +258,7 @@ class IALS(Method):
     """``--method ials``: private implicit-feedback ALS (see the module docstring)."""
 
     name = "ials"
+    MAIN_OPTIONS = ("iters", "preference", "alpha", "select", "checkpoint")
     SUMMARY = ("private implicit-feedback ALS (Hu, Koren & Volinsky 2008) with DP-ALS noise: ranks items, for "
                "lists; trains on ratings or on implicit data")
     Options = IalsOptions
@@ -593,13 +601,15 @@ class IALS(Method):
         released = bool(np.any(Y[:, :self.rank]))
         choice = getattr(self, "_choice", None)
         if choice is not None:
-            notes.append(f"the factors were {'kept' if released else 'dropped'}: each user's held-out items (out of "
-                         f"the iterations) were {'more' if released else 'not more'} often in the model's top "
-                         f"{SELECT_K} than in the chart's (noisy sum of the differences {choice:.4g})")
+            notes.append(f"the factors were {'kept' if released else 'dropped, no factors released'}: each user's "
+                         f"held-out items (out of the iterations) were {'more' if released else 'not more'} often in "
+                         f"the model's top {SELECT_K} than in the chart's (noisy sum of the differences "
+                         f"{choice:.4g})")
         elif self.private and not released:
-            notes.append(f"no factors released: the last iteration's noisy right-hand sides stood less than "
-                         f"{SIGNAL_Z:g} noise standard deviations above pure noise; the lists are the chart by the "
-                         f"released counts (the popularity column)")
+            notes.append(f"no factors released: at this epsilon they carried too little signal above the noise "
+                         f"(the last iteration's noisy right-hand sides stood less than {SIGNAL_Z:g} noise standard "
+                         f"deviations above pure noise); the lists are the chart by the released counts (the "
+                         f"popularity column)")
         ledger = self.ledger(store, plan, notes=notes)
         info = {"method": self.name, "factors_released": released, "rank": self.rank, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed, "n_users": self.n_users(store), "n_items": store.n_items,

@@ -179,7 +179,8 @@ class OjaOptions(CenterOptions):
     clip: float | None = option("row-norm bound L of the centred ratings", minimum=0, exclusive_minimum=True,
                                 default_text="half the rating range x sqrt 5")
     calibration: Literal["pld", "paper"] = option(
-        "pld: tight accountant; paper: Jain et al. Alg. 2 sigma, for comparison", default="pld")
+        "pld: the least noise the accountant allows; paper: the noise of Jain et al. Alg. 2 (its sigma), for "
+        "comparison", default="pld")
     #: Oja step size constant: ``eta_t = eta / (n_t L^2)``.
     eta: float = option("Oja step size constant", minimum=0, exclusive_minimum=True, default=4.0)
 
@@ -205,6 +206,7 @@ class PrivateOja(Method):
     """Private top-``k`` subspace (block Oja / noisy subspace iteration) with private biases."""
 
     name = "oja"
+    MAIN_OPTIONS = ("passes", "schedule", "center")
     SUMMARY = "private top-k item subspace by noisy subspace iteration / block Oja (Jain et al. 2018, Alg. 2)"
     Options = OjaOptions
 

@@ -246,7 +246,8 @@ class PublicPrivateOptions(MethodOptions):
     public_selection: Selection = option("with --public-users and --public-fraction: which of the file's users",
                                          default="most-active")
     iters: int = option("EM iterations over the public users (one pass each)", default=20, minimum=1)
-    reg: float | None = option("lambda' of eq. 4 as a multiple of the public users' rating density",
+    reg: float | None = option("regularisation of a private user's local prediction, as a multiple of the public "
+                               "users' rating density (lambda' of eq. 4)",
                                default_text="chosen on held-out public ratings", **_POS)
     private_mechanism: Mechanism = option(
         "what private users send: none (public users only), pmd / pmc (2nd-order, not DP), laplace (DP noisy "
@@ -262,8 +263,9 @@ class PublicPrivateOptions(MethodOptions):
                                 default_text="4 k + 8, at most n_items", minimum=1)
     pmd_sweeps: int = option("PMD: greedy passes over the coordinates", default=2, minimum=0)
     pmd_swaps: int = option("PMD: random candidate pairs tried per coordinate and pass", default=4, minimum=1)
-    pmc_h: Literal["user", "public"] = option("PMC: h from the user's own vector (Thm 4.2) or the public users' mean",
-                                              default="user")
+    pmc_h: Literal["user", "public"] = option(
+        "PMC: the size of each response from the user's own vector or the public users' mean (h, Thm 4.2)",
+        default="user")
     rating_step: float = option("PMD: spacing of the rating levels within the declared range", default=1.0, **_POS)
     checkpoint: str | None = option("run directory: per-iteration checkpoints (noisy iterates: counted as released, "
                                     "never refunded; keep it private); resumes if it holds one", metavar="DIR")
@@ -327,6 +329,7 @@ class PublicPrivate(Method):
     RELEASES_USER_COUNT = False
 
     name = "public-private"
+    MAIN_OPTIONS = ("public_users", "public_fraction", "private_mechanism", "iters", "checkpoint")
     SUMMARY = ("public and private users (Xin & Jaakkola 2014): EM on public users only, private users predict "
                "locally (eq. 4); optional PMD/PMC (not DP) or Laplace (DP) responses from private users")
     Options = PublicPrivateOptions

@@ -223,8 +223,9 @@ class SgdOptions(MethodOptions):
     """
 
     epochs: int = option("passes over the data", default=20, minimum=1)
-    eta: float = option("initial learning rate eta_0", default=0.005, **_POS)
-    gamma: float = option("step decay: eta_t = eta_0 / t^gamma", default=0.0, **_NONNEG)
+    eta: float = option("initial learning rate (eta_0)", default=0.005, **_POS)
+    gamma: float = option("how fast the learning rate decays, 0 for none (eta_t = eta_0 / t^gamma)", default=0.0,
+                          **_NONNEG)
     reg: float | None = option("L2 regularization per rating", default=0.02, **_NONNEG)
     reg_bias: float | None = option("L2 regularization of the biases per rating", default=0.02, **_NONNEG)
     init_std: float = option("std of the initial factors", default=0.1, **_NONNEG)
@@ -253,22 +254,25 @@ class SgdOptions(MethodOptions):
 class SgldOptions(SgdOptions):
     """``--method sgld``'s options: sgd's names where they mean the same, its own help where they do not."""
 
-    reg: float | None = option("prior lambda on U, V", default_text="from a prior sd of 0.3 at the run's scale s",
+    reg: float | None = option("regularisation of the factors (prior lambda on U, V)",
+                               default_text="from a prior sd of 0.3 at the run's scale s",
                                **_NONNEG)
-    reg_bias: float | None = option("prior lambda on the biases", default_text="from a prior sd of 0.3", **_NONNEG)
+    reg_bias: float | None = option("regularisation of the biases (prior lambda)",
+                                    default_text="from a prior sd of 0.3", **_NONNEG)
     tau: int | None = option("ratings kept per user (random trimming; sets the loss bound B)", default=100,
                              minimum=1)
     step_users: int | None = option("users per SGLD step", default_text="about 16 n_items ratings a step",
                                     minimum=1)
     kappa: float | None = option(
-        "loss bound slack: c = r_max - r_min + kappa, any c > 0 (the loss min(e^2, c^2) is bounded whatever kappa; "
-        "B = tau c^2; Liu et al. use kappa 1)", default_text="c = half the rating range (kappa = -(r_max - r_min) / 2)")
-    rho: float = option("cap of the per-user weights w_i", default=1.0, **_POS)
+        "how far a squared error may grow before it is capped, which bounds each user's influence (c = r_max - "
+        "r_min + kappa, any c > 0; the loss min(e^2, c^2) is bounded whatever kappa; B = tau c^2; Liu et al. use "
+        "kappa 1)", default_text="c = half the rating range (kappa = -(r_max - r_min) / 2)")
+    rho: float = option("largest per-user weight (cap of w_i)", default=1.0, **_POS)
     user_weights: str | None = option("personalized privacy: CSV 'user,weight' or 'user,epsilon' (Liu et al. Thm 2)",
                                       metavar="FILE")
     posterior_scale: Literal["paper", "tight"] = option(
-        "s = epsilon/B (tight: the exact add/remove bound), or epsilon/(4B) as in Liu et al. (paper: 4x more diffuse "
-        "at the same claim)", default="tight")
+        "tight: the exact add/remove bound (s = epsilon/B); paper: as Liu et al. (epsilon/(4B)), 4x more diffuse "
+        "at the same claim", default="tight")
     temperature: float = option("temperature T; the exact-sample guarantee becomes epsilon / T", default=1.0, **_POS)
     noise_table: int | None = option("Gaussian lookup table of SIZE numbers instead of fresh draws (NO privacy "
                                      "proof)", metavar="SIZE", minimum=1)
@@ -913,6 +917,7 @@ class SGLD(_SgdBase):
     """``--method sgld``: DP-SGLD posterior sample (Liu et al. 2015) with lazy noise and tiering."""
 
     name = "sgld"
+    MAIN_OPTIONS = ("epochs", "user_weights", "temperature", "checkpoint")
     SUMMARY = "one SGLD posterior sample of DP matrix factorization (Liu, Wang & Smola 2015)"
     Options = SgldOptions
     noisy = True
@@ -927,6 +932,7 @@ class SGD(_SgdBase):
     """``--method sgd``: plain biased-MF SGD (surprise's SVD update), non-private speed reference."""
 
     name = "sgd"
+    MAIN_OPTIONS = ("epochs", "eta", "reg", "checkpoint")
     SUMMARY = "plain biased-MF SGD, the non-private speed and accuracy reference (needs --epsilon inf)"
     noisy = False
     NON_PRIVATE = True

@@ -67,11 +67,13 @@ RNG_KEY = 0x05BD
 class SVDOptions(CenterOptions):
     """``--method svd``'s options."""
 
-    clip: float | None = option("L2 bound Delta of a user's row of centred ratings (sensitivity Delta^2)",
+    clip: float | None = option("largest norm a user's row of centred ratings may have: bounds each user's "
+                                "influence (L2 bound Delta, sensitivity Delta^2)",
                                 default_text="half the rating range x sqrt 5 private, none non-private", minimum=0,
                                 exclusive_minimum=True)
     calibration: Literal["pld", "paper"] = option(
-        "pld: tight accountant; paper: the supplement's SVD sigma, for comparison", default="pld")
+        "pld: the least noise the accountant allows; paper: the noise of the supplement's SVD (its sigma), for "
+        "comparison", default="pld")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class PrivateSVD(Method):
     """``--method svd``: noisy covariance, top-``r`` subspace, local projection (the paper's private baseline)."""
 
     name = "svd"
+    MAIN_OPTIONS = ("center",)
     SUMMARY = ("private SVD baseline (McSherry-Mironov style, Jain et al. 2018's experiments): one noisy covariance, "
                "top-k subspace, users project locally; joint DP")
     Options = SVDOptions

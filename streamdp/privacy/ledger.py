@@ -264,7 +264,7 @@ def privacy_warnings(ledger) -> list[str]:
     An observed (not declared) rating range, an approximate or unproven guarantee, a
     seeded run, or a release that is the private biases only.
     """
-    keys = ("observed from the data", "approximate", "no privacy proof", "seeded", "NO privacy", "iters = 0")
+    keys = ("observed from the data", "approximate", "no privacy proof", "seeded", "NO privacy", "no factors")
     out = [n for n in getattr(ledger, "notes", []) if any(k in n for k in keys)]
     g = getattr(ledger, "guarantee", "")
     if g.startswith("approximate:") and not any(n.startswith("approximate") for n in out):

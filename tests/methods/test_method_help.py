@@ -63,8 +63,56 @@ def test_method_help_shows_its_own_options_with_defaults_and_no_other_methods(na
     others = {f for f, ms in DECLARED.items() if name not in ms}
     shown = others & _flags_in(out)
     assert not shown, f"--method {name}'s help names options it does not read: {sorted(shown)}"
-    assert f"(default {default_rank(cls)})" in lines["--rank"]
+    if cls.FITS_FACTORS:
+        assert f"(default {default_rank(cls)})" in lines["--rank"]
+    else:
+        assert "--rank" not in lines, f"{name} fits no factors: its help must not offer --rank"
     assert CATALOG[name].releases in " ".join(out.split())
+
+
+def _sections(out: str) -> dict[str, list[str]]:
+    """The flags of each section of a help text, by heading (``"Options"``, ``"Expert options ..."``)."""
+    sections, head = {}, None
+    for ln in out.splitlines():
+        if ln and not ln.startswith(" ") and ln.endswith(":"):
+            head = ln[:-1]
+            sections[head] = []
+        elif head and ln.startswith("  -"):
+            sections[head].append(ln.split()[0].rstrip(","))
+    return sections
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_method_help_lists_the_options_that_matter_first_and_the_expert_ones_under_a_heading(name):
+    cls = METHODS[name]
+    sections = _sections(_help("--method", name, "--help"))
+    heads = list(sections)
+    expert = [h for h in heads if h.startswith("Expert options")]
+    assert len(expert) == 1 and heads[-1] == expert[0], heads
+    assert heads.index("Options") < heads.index(f"Options of --method {name}") < heads.index(expert[0])
+    main_flags = ["--" + n.replace("_", "-") for n in cls.MAIN_OPTIONS]
+    assert sections[f"Options of --method {name}"] == main_flags
+    assert set(sections[expert[0]]) == {o.flag for o in cls.OPTIONS if o.name not in cls.MAIN_OPTIONS} | {
+        "--users-bound", "--workers", "--memory-limit", "--scheduler", "--state", "--over-budget"}
+    for flag in ("--epsilon", "--delta", "--out", "--seed"):
+        assert flag in sections["Options"]
+
+
+def test_als_help_starts_with_the_few_options_that_matter():
+    sections = _sections(_help("--method", "als", "--help"))
+    assert sections["Options"][:5] == ["--method", "--epsilon", "--delta", "--rank", "--out"]
+    assert sections["Options of --method als"] == ["--iters", "--mechanism", "--select", "--checkpoint"]
+    assert "--noise-ridge" in sections["Expert options (their defaults are derived from the store and epsilon)"]
+
+
+def test_means_help_has_no_rank_and_train_refuses_it(small_store, tmp_path):
+    out = _help("--method", "means", "--help")
+    assert "--rank" not in _entries(out) and "It fits no factors: --rank does not apply." in out
+    r = CliRunner().invoke(main, ["train", small_store.path, "--method", "means", "--rank", "4", "--epsilon", "1",
+                                  "--out", str(tmp_path / "m")])
+    assert r.exit_code != 0 and not (tmp_path / "m").exists()
+    assert r.output.strip().splitlines() == ["streamdp: error: --rank: --method means fits no factors (it releases "
+                                             "item biases and the global mean only); leave --rank out"]
 
 
 def test_method_help_wherever_method_is_given():
