@@ -24,12 +24,12 @@ from ``--stores``. Then, in the same run:
   (``train_seconds``), checks + evaluation (``total_seconds`` minus the fit), peak RSS,
   and each as a ratio to the scipy pass.
 * **scheduling overhead** (``--overhead``): seconds per block of a pass whose
-  blocks cost nothing (``fn`` returns 0, nothing read), wall and CPU, on the thread
-  pool (``Engine``, the local default), on Dask distributed in this process
-  (``Engine(scheduler="dask")``) and on Dask's threaded local scheduler running the
-  pass as one graph (``dask.threaded.get``: read ``b`` gated on the combination of
-  block ``b - window``, compute, combine in block order as a chain): what each engine
-  adds to every block, whatever the method.
+  blocks cost nothing (``fn`` returns 0, nothing read), wall and CPU, on the local
+  engine (``Engine``: Dask's threaded scheduler), on Dask distributed in this process
+  (``Engine(scheduler="dask")``) and on Dask's threaded scheduler running the local
+  engine's pass graph (``streamdp.stream.engine.pass_graph`` under
+  ``dask.threaded.get``, without the hand-over to a caller): what each engine adds to
+  every block, whatever the method.
 * ``--dask``: the same ``train`` again with ``--scheduler dask`` (Dask distributed in
   this process), its fit and seconds per fit pass against the thread pool's, and
   whether the two models' item factors are bit-identical (issue 30 item 4).
@@ -188,33 +188,13 @@ def scipy_pass(store, repeats: int, k: int = 8) -> tuple[float, float, str]:
             f" (measured on {_label(nnz)} ratings, scaled)" if nnz < store.n_ratings else "")
 
 
-def _threaded_graph(n: int, window: int) -> dict:
-    """A pass as one Dask graph: ``read b`` waits for ``acc b - window`` (the bounded window), ``part b``, then
-    ``acc b = combine(acc b - 1, part b)`` (block order)."""
-    def read(b, gate):
-        return b
-
-    def compute(blk, b):
-        return 0
-
-    def combine(acc, part):
-        return acc + part
-
-    d: dict = {("acc", -1): 0}
-    for b in range(n):
-        d[("read", b)] = (read, b, ("acc", max(b - window, -1)))
-        d[("part", b)] = (compute, ("read", b), b)
-        d[("acc", b)] = (combine, ("acc", b - 1), ("part", b))
-    return d
-
-
 def overhead(store, workers: int | None, repeats: int = 5) -> dict:
     """``{engine: (wall, cpu)}`` seconds per block of an empty pass over ``store``'s blocks (median of ``repeats``)."""
     import concurrent.futures as cf
 
     import dask.threaded
 
-    from streamdp.stream.engine import Engine, dask_session
+    from streamdp.stream.engine import Engine, dask_session, pass_graph
 
     n = store.n_blocks
     out = {}
@@ -229,14 +209,18 @@ def overhead(store, workers: int | None, repeats: int = 5) -> dict:
         return statistics.median(ws[1:]) / n, statistics.median(cs[1:]) / n
 
     with dask_session("dask", workers) as client:
-        for name, sch in (("thread pool (local default)", None), ("Dask distributed in this process", client)):
+        for name, sch in (("local engine (Dask threaded scheduler)", None),
+                          ("Dask distributed in this process", client)):
             with Engine(store, workers=workers, scheduler=sch, memory_limit="4GB") as eng:
                 out[name] = timed(lambda: eng.map_reduce(lambda blk, b: 0, lambda a, x: a, 0, split=None,
                                                          show=False))
                 w, window = eng.workers, eng.in_flight
+    def graph():  # the local engine's pass graph with nothing to read, compute or hand over
+        return pass_graph(range(n), window, lambda b, gate: b, lambda blk, b, *prev: 0, lambda i, b, part, prev: part)
+
     with cf.ThreadPoolExecutor(w) as pool:
-        out["Dask threaded scheduler, the pass as one graph"] = timed(
-            lambda: dask.threaded.get(_threaded_graph(n, window), ("acc", n - 1), pool=pool, num_workers=w))
+        out["its pass graph alone (no hand-over)"] = timed(
+            lambda: dask.threaded.get(*graph(), pool=pool, num_workers=w))
     return out
 
 
