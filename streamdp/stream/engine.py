@@ -283,8 +283,9 @@ class Engine:
         """The pass as one graph on Dask's threaded scheduler (:func:`pass_graph`); ``(b, part)`` yielded in order.
 
         The graph runs in a driver thread on a pool of ``2 x workers + 1`` threads (``workers`` computing at most,
-        the others reading ahead and handing over); each block's result waits for the caller to have consumed it (``yield`` returned)
-        before the block ``window`` places later may be read, so at most ``window`` blocks are read-but-not-combined.
+        the others reading ahead and handing over); each block's result waits for the caller to have consumed it
+        (``yield`` returned) before the block ``window`` places later may be read, so at most ``window`` blocks are
+        read-but-not-combined.
         """
         import dask.threaded
 
