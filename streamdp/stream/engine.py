@@ -282,8 +282,8 @@ class Engine:
     def _run_local(self, fn, order, split, window):
         """The pass as one graph on Dask's threaded scheduler (:func:`pass_graph`); ``(b, part)`` yielded in order.
 
-        The graph runs in a driver thread on a pool of ``2 x workers + 1`` threads (``workers`` computing at most,
-        the others reading ahead and handing over); each block's result waits for the caller to have consumed it
+        The graph runs in a driver thread on a pool of ``2 x workers + 1`` threads (``workers`` computing and
+        ``workers`` reading ahead at most, one handing over); each block's result waits for the caller to have consumed it
         (``yield`` returned) before the block ``window`` places later may be read, so at most ``window`` blocks are
         read-but-not-combined.
         """
@@ -291,12 +291,13 @@ class Engine:
 
         read = self.store.read_block if split is not None else (lambda b, split: None)
         inner, w = self.inner_threads, self.workers
-        computing = threading.BoundedSemaphore(w)
+        computing, reading = threading.BoundedSemaphore(w), threading.BoundedSemaphore(w)
         handed: queue.Queue = queue.Queue()
         stop = threading.Event()
 
         def read_task(b, _gate):
-            return None if stop.is_set() else read(b, split)
+            with reading:  # as many readers as workers: no more threads busy than the pool had
+                return None if stop.is_set() else read(b, split)
 
         def compute_task(blk, b, _prev=None):
             with computing:
