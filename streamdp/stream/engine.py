@@ -44,8 +44,10 @@ task, the blocks and the state a task references are not pickled in-process) and
 threads), against 0.11 ms CPU for the former hand-written thread pool and 0.14 ms for
 the pass as one graph on Dask's threaded scheduler. An als iteration at 100M (90
 blocks): pool 8.7 s CPU, distributed in-process +6.5% CPU (and +30% wall in issue
-30's idle measurement); Dask's threaded scheduler +0.8% CPU at 18M and +2% at 100M
-(wall within the +-10% noise of that machine), bit-identical. So the local default
+30's idle measurement); Dask's threaded scheduler +0.6-3% CPU per pass at 18M and
+100M, wall x0.98-1.06 (within the +-10% noise of that machine), bit-identical (two
+whole 100M fits run one after the other: wall x0.91 and x1.03, CPU +10%: the item to
+re-measure idle, docs/scale.md "Measured at scale"). So the local default
 runs on Dask's threaded scheduler (the per-block cost of the pool, no client to
 start), and the distributed client only where it is needed: several processes or a
 cluster, where a task pays pickling and a round trip, worth it when the cluster has
@@ -283,9 +285,9 @@ class Engine:
         """The pass as one graph on Dask's threaded scheduler (:func:`pass_graph`); ``(b, part)`` yielded in order.
 
         The graph runs in a driver thread on a pool of ``2 x workers + 1`` threads (``workers`` computing and
-        ``workers`` reading ahead at most, one handing over); each block's result waits for the caller to have consumed it
-        (``yield`` returned) before the block ``window`` places later may be read, so at most ``window`` blocks are
-        read-but-not-combined.
+        ``workers`` reading ahead at most, one handing over); each block's result waits for the caller to have
+        consumed it (``yield`` returned) before the block ``window`` places later may be read, so at most ``window``
+        blocks are read-but-not-combined.
         """
         import dask.threaded
 
