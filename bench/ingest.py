@@ -78,8 +78,8 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_measured(cmd: list[str], poll: float = 0.02, with_cpu: bool = False):
-    """Run ``cmd``; return (seconds, peak RSS bytes of the child tree, stderr[, CPU seconds])."""
+def run_measured(cmd: list[str], poll: float = 0.02, with_cpu: bool = False, with_stdout: bool = False):
+    """Run ``cmd``; return (seconds, peak RSS bytes of the child tree, stderr[, CPU seconds][, stdout])."""
     import psutil
 
     c0 = _children_cpu()
@@ -98,9 +98,9 @@ def run_measured(cmd: list[str], poll: float = 0.02, with_cpu: bool = False):
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{err.decode()}")
-    if with_cpu:
-        return dt, peak, err.decode(), _children_cpu() - c0
-    return dt, peak, err.decode()
+    res = (dt, peak, err.decode()) + ((_children_cpu() - c0,) if with_cpu else ()) + \
+        ((out.decode(),) if with_stdout else ())
+    return res
 
 
 def main(argv=None) -> None:

@@ -1,9 +1,9 @@
 """Every benchmark in one run: streamdp against the peers measured in the same run, as one markdown table.
 
     python -m bench [--ratings 20000000] [--rss-sizes 10M,50M,200M] [--memory-limit 512MB]
-                    [--repeats 3] [--only real,kernels,memory] [--out bench-report.md]
+                    [--scale-sizes 2M] [--repeats 3] [--only real,kernels,memory,scale] [--out bench-report.md]
 
-(``python bench/run.py`` is the same.) Three parts, each a set of rows
+(``python bench/run.py`` is the same.) Four parts, the first three each a set of rows
 ``| what | streamdp | peer | ratio |``:
 
 * **real**: ML-100K and FilmTrust from ``../shared/data`` (skipped, said, when
@@ -24,6 +24,10 @@
   ratings, then ``streamdp train --method als --iters 1`` in a subprocess under
   ``--memory-limit``; its peak RSS (the child tree, polled by psutil). The curve
   must be flat: the last row is largest / smallest peak.
+* **scale**: ``bench/scale.py`` at ``--scale-sizes`` (small by default; its own
+  defaults are 20M and 100M, docs/scale.md): ``streamdp train``'s passes, fit,
+  evaluation and peak RSS against the in-memory scipy pass, its tables printed after
+  the others.
 
 Timings are medians of ``--repeats`` round-robin repeats (paired with the peer in
 each repeat, ratios are medians of per-repeat ratios): this machine is shared and
@@ -48,6 +52,7 @@ if __package__ in (None, ""):  # run as a file: make ``bench`` importable
 from bench.als import passes  # noqa: E402
 from bench.als_privacy import REAL_STORES, fit_timed, surprise_fit  # noqa: E402
 from bench.ingest import run_measured  # noqa: E402
+from bench import scale as scale_bench  # noqa: E402
 from bench.sgd import _steady, epoch_rates, in_memory_matrix, peer_rate, surprise_rate  # noqa: E402
 
 
@@ -244,13 +249,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rss-sizes", default="10M,50M,200M", help="store sizes of the peak-RSS curve")
     ap.add_argument("--memory-limit", default="512MB", help="--memory-limit of the peak-RSS runs")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="real,kernels,memory", help="comma-separated parts to run")
+    ap.add_argument("--scale-sizes", default="2M", help="store sizes of the scale part (bench/scale.py)")
+    ap.add_argument("--only", default="real,kernels,memory,scale", help="comma-separated parts to run")
     ap.add_argument("--out", default=None, help="also write the markdown table to this file")
     a = ap.parse_args(argv)
     parts = {p.strip() for p in a.only.split(",")}
-    unknown = parts - {"real", "kernels", "memory"}
+    unknown = parts - {"real", "kernels", "memory", "scale"}
     if unknown:
-        ap.error(f"--only: unknown part(s) {', '.join(sorted(unknown))} (choose from real, kernels, memory)")
+        ap.error(f"--only: unknown part(s) {', '.join(sorted(unknown))} (choose from real, kernels, memory, scale)")
     t0 = time.perf_counter()
     rep = Report()
     tmp = tempfile.mkdtemp(prefix="bench-run-")
@@ -261,10 +267,15 @@ def main(argv=None) -> int:
             kernels(rep, tmp, _size(a.ratings), a.repeats)
         if "memory" in parts:
             memory(rep, tmp, [_size(s) for s in a.rss_sizes.split(",")], a.memory_limit)
+        scaled = ""
+        if "scale" in parts:
+            sa = scale_bench.parser().parse_args(["--sizes", a.scale_sizes, "--repeats", str(a.repeats), "--dir", tmp,
+                                                  "--memory-limit", "1GB"])
+            scaled = "\n" + scale_bench.run([scale_bench._size(x) for x in a.scale_sizes.split(",")], sa) + "\n"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     text = (f"streamdp bench ({time.perf_counter() - t0:.0f}s, {os.cpu_count()} cores; medians of {a.repeats} "
-            f"repeats, ratios are streamdp / peer, higher is better except peak RSS)\n\n{rep.markdown()}\n")
+            f"repeats, ratios are streamdp / peer, higher is better except peak RSS)\n\n{rep.markdown()}\n{scaled}")
     print("\n" + text)
     if a.out:
         with open(a.out, "w") as f:

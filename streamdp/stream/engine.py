@@ -2,20 +2,20 @@
 
 :class:`Engine` owns three decisions that no method should make on its own:
 
-* **Scheduling.** Local runs use a pool of ``workers`` threads (the Numba kernels
-  release the GIL, so threads run on all cores without copying blocks); with
-  ``scheduler="tcp://..."`` (or a :class:`distributed.Client`) the same pass is
-  submitted to a Dask distributed cluster, each task reading its own block from the
-  store's URL. The local pool is a :class:`concurrent.futures.ThreadPoolExecutor`,
-  the same executor Dask's threaded scheduler runs on, driven directly rather than
-  through a task graph so that the number of blocks in flight is bounded and
-  partials are combined as soon as they are next in block order (a Dask graph
-  materializes all partials of a batch before reducing).
+* **Scheduling.** Every pass runs on Dask. Locally (the default) it is one task graph
+  on Dask's threaded scheduler (:func:`pass_graph`: read, compute, hand over per block,
+  in this process, nothing pickled; the Numba kernels release the GIL, so threads run on
+  all cores without copying blocks); with ``scheduler="tcp://..."`` (or a
+  :class:`distributed.Client`) the same pass is submitted to a Dask distributed
+  cluster, one task per block, each task reading its own block from the store's URL.
+  Both bound the blocks in flight and hand the partials to ``combine`` in block order
+  as soon as they are next (see "Decision" below for why not one distributed client
+  for everything).
 * **Memory.** At most :attr:`Engine.in_flight` blocks are read-but-not-combined at
   any moment; the number comes from ``memory_limit`` minus what the process already
   uses and what the caller declares it holds in item-side state, divided by the
-  largest block's footprint. Reader threads (one per worker) read/decompress the next
-  blocks while the workers compute (prefetch).
+  largest block's footprint. Locally, up to ``workers`` further threads read and
+  decompress the next blocks while ``workers`` threads compute (prefetch).
 * **Progress.** Every pass draws a bar of its blocks on a terminal's stderr
   (:mod:`streamdp.progress`; never under ``--json``, in a pipe or with
   ``STREAMDP_PROGRESS=0``), labelled with the caller's ``desc`` (``"als iteration 3/7"``).
@@ -27,22 +27,31 @@
 Thread budget: workers x Numba threads x BLAS threads <= cores (see
 :mod:`streamdp.stream.threads`); set for the duration of a pass and restored after.
 
-Schedulers (one interface, ``scheduler=``): ``None`` the thread pool below;
-``"dask"`` Dask distributed in this process; ``"processes"`` a ``LocalCluster`` of
-``workers`` processes; an address or client, a running cluster. Every Dask variant
-takes the same path (:meth:`Engine._run_distributed`: one task per block, the same
-bounded window, in-order combination), so they are bit-identical to the threads.
-Measured with ``bench/engine.py`` (fit seconds / passes, median of 3, 30k users x 40
-ratings, 16 blocks, 2 workers; a 2-core machine at load average ~20, so only the
-ratios of one run mean anything): als threads 4.85 s, dask x0.58, 2-process cluster
-x0.76; means 3.39 s, x0.61, x1.19; oja 1.09 s, x0.66, x2.75; fw (8k users, one
-repeat) 0.31 s, x0.85, x2.64; all bit-identical. Decision: per pass in-process Dask
-is not slower than the pool, but it costs 0.4-1.0 s to start per engine (a client
-and its scheduler; measured 2 runs), a fixed cost per command the pool does not
-have; so the pool stays the local default, and Dask is the path for ``--scheduler
-dask``, multi-process (``processes``) and cluster runs. A cluster pays pickling
-and a round trip per block: worth it when the cluster has more cores than this
-machine, not on the same 2 cores.
+Schedulers (one interface, ``scheduler=``): ``None`` Dask's threaded scheduler in
+this process (:meth:`Engine._run_local`); ``"dask"`` Dask distributed in this
+process; ``"processes"`` a ``LocalCluster`` of ``workers`` processes; an address or
+client, a running cluster. Every distributed variant takes one path
+(:meth:`Engine._run_distributed`: one task per block, the same bounded window,
+in-order combination), bit-identical to the local one.
+
+Decision (issue 30, measured with ``bench/scale.py --overhead`` and an als iteration
+pass on the 18M and 100M stores of docs/scale.md, a 2-core machine at load average
+13-28, so CPU seconds, not wall, are compared): a Dask distributed client in this
+process costs 6.9 ms of CPU per block (client, scheduler and worker bookkeeping on
+the event loop, holding the GIL; pickling is negligible: ~0.4 small pickles per
+task, the blocks and the state a task references are not pickled in-process) and
+0.1 s of latency per block under load (its event loop starved by the compute
+threads), against 0.11 ms CPU for the former hand-written thread pool and 0.14 ms for
+the pass as one graph on Dask's threaded scheduler. An als iteration at 100M (90
+blocks): pool 8.7 s CPU, distributed in-process +6.5% CPU (and +30% wall in issue
+30's idle measurement); Dask's threaded scheduler +0.6-3% CPU per pass at 18M and
+100M, wall x0.98-1.06 (within the +-10% noise of that machine), bit-identical (two
+whole 100M fits run one after the other: wall x0.91 and x1.03, CPU +10%: the item to
+re-measure idle, docs/scale.md "Measured at scale"). So the local default
+runs on Dask's threaded scheduler (the per-block cost of the pool, no client to
+start), and the distributed client only where it is needed: several processes or a
+cluster, where a task pays pickling and a round trip, worth it when the cluster has
+more cores than this machine.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ import collections
 import concurrent.futures as cf
 import contextlib
 import os
+import queue
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
@@ -111,7 +121,7 @@ class Engine:
         Worker threads (default: all cores). With ``workers=1`` blocks are processed
         strictly in order.
     scheduler : str or distributed.Client, optional
-        ``None``: the local thread pool. ``"dask"``: Dask distributed in this process
+        ``None``: Dask's threaded scheduler in this process. ``"dask"``: Dask distributed in this process
         (``Client(processes=False)``, ``workers`` threads). ``"processes"``: a Dask
         ``LocalCluster`` of ``workers`` single-threaded processes, started for the
         engine and closed with it. Else the address of a Dask distributed scheduler
@@ -253,7 +263,7 @@ class Engine:
 
     def foreach(self, fn: Callable[[Block, int], Any], *, split: str = "train", order: Sequence[int] | None = None,
                 extra_per_block: int = 0, desc: str = "pass") -> list:
-        """Call ``fn(block, b)`` for each block on the local worker threads; return the results in ``order``.
+        """Call ``fn(block, b)`` for each block on local threads (Dask's threaded scheduler); the results in ``order``.
 
         For Hogwild-style methods that update shared in-memory item state from
         several threads. With one worker the blocks are processed strictly in
@@ -272,46 +282,71 @@ class Engine:
         return out
 
     def _run_local(self, fn, order, split, window):
-        store = self.store
-        inner = self.inner_threads
-        read = store.read_block if split is not None else (lambda b, split: None)
+        """The pass as one graph on Dask's threaded scheduler (:func:`pass_graph`); ``(b, part)`` yielded in order.
 
-        def compute(read_future, b):
-            with numba_threads(inner):
-                return fn(read_future.result(), b)
+        The graph runs in a driver thread on a pool of ``2 x workers + 1`` threads (``workers`` computing and
+        ``workers`` reading ahead at most, one handing over); each block's result waits for the caller to have
+        consumed it (``yield`` returned) before the block ``window`` places later may be read, so at most ``window``
+        blocks are read-but-not-combined.
+        """
+        import dask.threaded
 
-        with thread_limits(inner), \
-                cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="streamdp-read") as reader, \
-                cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="streamdp-work") as pool:
-            pending: collections.deque = collections.deque()
-            it = iter(order)
+        read = self.store.read_block if split is not None else (lambda b, split: None)
+        inner, w = self.inner_threads, self.workers
+        computing, reading = threading.BoundedSemaphore(w), threading.BoundedSemaphore(w)
+        handed: queue.Queue = queue.Queue()
+        stop = threading.Event()
 
-            def submit(b):
-                # Ctrl-C deferred: cut off inside submit(), a worker thread may start untracked by the pool,
-                # and the shutdown below would not wait for it
-                with deferred_interrupts():
-                    pending.append((b, pool.submit(compute, reader.submit(read, b, split), b)))
+        def read_task(b, _gate):
+            with reading:  # as many readers as workers: no more threads busy than the pool had
+                return None if stop.is_set() else read(b, split)
 
+        def compute_task(blk, b, _prev=None):
+            with computing:
+                if stop.is_set():
+                    return None
+                with numba_threads(inner):
+                    return fn(blk, b)
+
+        def hand_task(i, b, part, _prev):
+            if stop.is_set():
+                return None
+            done = threading.Event()
+            handed.put((b, part, done))
+            while not (done.wait(0.05) or stop.is_set()):
+                pass
+            return None
+
+        graph, last = pass_graph(order, window, read_task, compute_task, hand_task, strict=w == 1)
+
+        def drive():
             try:
-                for b in it:
-                    submit(b)
-                    if len(pending) >= window:
-                        break
-                while pending:
-                    b, fut = pending.popleft()
-                    part = fut.result()
-                    nxt = next(it, None)
-                    if nxt is not None:
-                        submit(nxt)
-                    yield b, part
+                dask.threaded.get(graph, last, pool=pool, num_workers=2 * w + 1)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+                handed.put(exc)
+
+        with thread_limits(inner), cf.ThreadPoolExecutor(max_workers=2 * w + 1,
+                                                         thread_name_prefix="streamdp-work") as pool:
+            driver = threading.Thread(target=drive, name="streamdp-pass", daemon=True)
+            try:
+                with deferred_interrupts():  # a driver started is a driver joined below
+                    driver.start()
+                for _ in order:
+                    item = handed.get()
+                    if isinstance(item, BaseException):
+                        raise item
+                    b, part, done = item
+                    try:
+                        yield b, part
+                    finally:
+                        done.set()
             finally:
-                for _, fut in pending:
-                    fut.cancel()
                 # the workers finish their blocks before the pass ends, also on Ctrl-C (taken after): none may
                 # still write per-user state once the caller has moved on (e.g. removed its run directory)
+                stop.set()
                 with deferred_interrupts():
-                    pool.shutdown(wait=True)
-                    reader.shutdown(wait=True)
+                    driver.join()
+                    pool.shutdown(wait=True, cancel_futures=True)
 
     def _run_distributed(self, fn, order, split, window):
         client = self._client
@@ -373,6 +408,22 @@ class Engine:
         """
         return {"workers": self.workers, "inner_threads": self.inner_threads, "cores": self.cores,
                 "scheduler": self.scheduler_name, "memory_limit": self.memory_limit}
+
+
+def pass_graph(order: Sequence[int], window: int, read, compute, hand, *, strict: bool = False):
+    """A pass over the blocks ``order`` as one Dask graph, and the key of its last task.
+
+    For the ``i``-th block ``b``: ``("read", i)`` = ``read(b, gate)``, ``("part", i)`` = ``compute(block, b)``,
+    ``("hand", i)`` = ``hand(i, b, part, previous hand)``. The hands form a chain (block order); a read waits for the
+    hand ``window`` places earlier (the bounded window: its ``gate``). ``strict``: each compute also waits for the
+    previous one (one worker processes blocks strictly in order).
+    """
+    g: dict = {("hand", -1): None}
+    for i, b in enumerate(order):
+        g[("read", i)] = (read, b, ("hand", max(i - window, -1)))
+        g[("part", i)] = (compute, ("read", i), b) + ((("part", i - 1),) if strict and i else ())
+        g[("hand", i)] = (hand, i, b, ("part", i), ("hand", i - 1))
+    return g, ("hand", len(order) - 1)
 
 
 def _worker_path(path: str) -> str:

@@ -1,6 +1,7 @@
 """The stream engine: in-order reduction, worker counts, cluster, memory sizing, per-user state."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -66,6 +67,59 @@ def test_foreach_one_worker_is_strictly_sequential(small_store):
         out = eng.foreach(fn, order=order)
     assert seen == order and peak[0] == 1
     assert out == [small_store.read_block(b).nnz for b in order]
+
+
+def test_local_passes_run_as_one_dask_graph_each(small_store, monkeypatch):
+    import dask.threaded
+
+    calls, orig = [], dask.threaded.get
+    monkeypatch.setattr(dask.threaded, "get", lambda *a, **k: (calls.append(1), orig(*a, **k))[1])
+    n = small_store.n_blocks
+    with Engine(small_store, workers=2, memory_limit="4GB") as eng:
+        assert eng.map_reduce(lambda blk, b: blk.nnz, lambda a, x: a + x, 0) == small_store.n_ratings
+        assert eng.foreach(lambda blk, b: b) == list(range(n))
+        assert [b for b, _ in eng.imap(lambda blk, b: b)] == list(range(n))
+    assert len(calls) == 3
+
+
+def test_local_window_bounds_blocks_started_but_not_combined(small_store):
+    order = list(range(small_store.n_blocks)) * 5
+    lock = threading.Lock()
+    started, combined, peak = [0], [0], [0]
+
+    def fn(_, b):
+        with lock:
+            started[0] += 1
+            peak[0] = max(peak[0], started[0] - combined[0])
+        return b
+
+    def combine(acc, b):
+        time.sleep(0.01)  # a slow caller: the workers wait for it instead of reading ahead without bound
+        with lock:
+            combined[0] += 1
+        return acc + [b]
+
+    with Engine(small_store, workers=2, memory_limit="4GB") as eng:
+        assert eng.map_reduce(fn, combine, [], split=None, blocks=order) == order
+        window = eng.in_flight
+    assert window < len(order) and peak[0] <= window
+
+
+def test_closing_a_pass_early_stops_it_after_its_running_blocks(small_store):
+    done = []
+
+    def fn(_, b):
+        time.sleep(0.01)
+        done.append(b)
+        return b
+
+    with Engine(small_store, workers=2, memory_limit="4GB") as eng:
+        it = eng.imap(fn, blocks=list(range(small_store.n_blocks)) * 20)
+        assert [next(it)[1] for _ in range(3)] == [0, 1, 2]
+        it.close()
+        n = len(done)
+        time.sleep(0.1)
+        assert len(done) == n <= 3 + eng.in_flight  # nothing runs after close() returned
 
 
 def test_errors_propagate(small_store):
