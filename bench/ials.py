@@ -204,24 +204,21 @@ def main(argv=None):
 
 
 def ials_iteration_times(st, epsilon, workers, factors, iters, opts):
-    """Wall seconds of each ``ials`` iteration of one fit: its streamed pass (every block read from disk, the user
-    solves and the item-side sums on ``workers`` workers) plus the item solve, timed inside the fit."""
+    """Wall seconds of each ``ials`` iteration of one fit: its streamed passes (every block read from disk, the user
+    solves and the item-side sums on ``workers`` workers) and the item solve, timed inside the fit."""
     from streamdp.methods import get_method
     from streamdp.stream.engine import Engine
 
     m = get_method("ials")(epsilon=epsilon, delta=delta_for(st), seed=1, rank=factors, iters=iters, **opts)
-    times, sums, solve = [], m._iteration_sums, m._solve_items
+    times, iteration = [], m._iteration
 
-    def timed_sums(*args, **kw):
-        times.append(-time.perf_counter())
-        return sums(*args, **kw)
-
-    def timed_solve(*args, **kw):
-        out = solve(*args, **kw)
-        times[-1] += time.perf_counter()
+    def timed(*args, **kw):
+        t = time.perf_counter()
+        out = iteration(*args, **kw)
+        times.append(time.perf_counter() - t)
         return out
 
-    m._iteration_sums, m._solve_items = timed_sums, timed_solve
+    m._iteration = timed
     with Engine(st, workers=workers, memory_limit="8GB", state_bytes=m.state_bytes(st)) as eng:
         m.fit(st, eng)
     return times

@@ -365,6 +365,70 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     return clipped
 
 
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _products_by_item(start, pair, user, conf, weights, X, P, out):
+    """``out_j += w (c - 1) (x_u . p_j) x_u`` item by item, four pairs per sweep (:func:`ials_item_products`).
+
+    Four users' dot products with ``p_j`` are four independent sums over the coordinates
+    (each in order), then ``out_j`` gets the four rows in one contiguous sweep; missing
+    pairs of the last sweep are the first's with weight 0 (exact zeros).
+    """
+    d = X.shape[1]
+    us = np.empty(4, dtype=np.int64)
+    f = np.empty(4, dtype=np.float64)
+    for j in range(len(start) - 1):
+        q = start[j]
+        e = start[j + 1]
+        while q < e:
+            for r in range(4):
+                if q + r < e:
+                    p = pair[q + r]
+                    us[r] = user[q + r]
+                    f[r] = weights[p] * (conf[p] - 1.0)
+                else:
+                    us[r] = user[q]
+                    f[r] = 0.0
+            u0, u1, u2, u3 = us[0], us[1], us[2], us[3]
+            s0 = s1 = s2 = s3 = 0.0
+            for a in range(d):
+                pa = P[j, a]
+                s0 += X[u0, a] * pa
+                s1 += X[u1, a] * pa
+                s2 += X[u2, a] * pa
+                s3 += X[u3, a] * pa
+            s0 *= f[0]
+            s1 *= f[1]
+            s2 *= f[2]
+            s3 *= f[3]
+            for a in range(d):
+                out[j, a] += s0 * X[u0, a] + s1 * X[u1, a] + s2 * X[u2, a] + s3 * X[u3, a]
+            q += 4
+
+
+@njit(cache=True, nogil=True)
+def ials_item_products(indptr, items, conf, weights, X, P, out):
+    """``out_j += sum_{u in j} w_uj (c_uj - 1) (x_u . p_j) x_u`` over a block's pairs: ``A_j p_j`` without ``A_j``.
+
+    The per-item part of the item system's product with a vector per item, which the
+    item side's conjugate-gradient solve (:mod:`streamdp.methods.ials`, non-private runs)
+    needs once per step: ``2 d`` multiply-adds per pair where forming ``A_j`` costs
+    ``d (d + 1) / 2``. ``X`` ``(n_users, d)`` the block's user rows, ``P`` and ``out``
+    ``(n_items, d)``. Pairs are taken item by item (:func:`_by_item`), so the result does
+    not depend on anything but the block.
+    """
+    start, pair, user = _by_item(indptr, items, weights, P.shape[0])
+    _products_by_item(start, pair, user, conf, weights, X, P, out)
+
+
+def ials_item_products_reference(indptr, items, conf, weights, X, P):
+    """NumPy reference of :func:`ials_item_products` (a new ``out``)."""
+    rows = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+    f = weights * (conf - 1.0) * np.einsum("pa,pa->p", X[rows], P[items])
+    out = np.zeros(P.shape)
+    np.add.at(out, items, f[:, None] * X[rows])
+    return out
+
+
 def ials_solve_users_reference(indptr, items, conf, Y, YtY, ridge):
     """NumPy reference of :func:`ials_solve_users`."""
     d = Y.shape[1]
