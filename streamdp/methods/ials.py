@@ -105,8 +105,13 @@ Decisions where the sources are loose, and why (measurements: ``docs/ranking.md`
   exact: the Woodbury identity for users with fewer positives than ``d`` (as cheap as 3
   CG steps at 20 positives, ``d = 64``), a Cholesky of the ``d x d`` system otherwise.
   Speed against ``implicit``: ``docs/ranking.md``.
-* **Non-private runs** are plain iALS: every pair, no clip, exact per-item ``A_j``,
-  no popularity column (it is made of released counts), no rescaling.
+* **Non-private runs** are plain iALS: every pair, no clip, no popularity column (it is
+  made of released counts), no rescaling; the item rows by :data:`CG_STEPS` conjugate-gradient
+  steps warm-started from the previous rows, as ``implicit`` solves both sides
+  (:meth:`IALS._cg_iteration`: ``A_j p_j`` from streamed passes, ``2 d`` multiply-adds per
+  pair and step, where forming every ``A_j`` cost ``d (d + 1) / 2`` per pair). The users'
+  side stays exact (their device's solve). Private runs need ``A_j`` itself (noise is
+  added to it) or share ``G``, and solve the items exactly.
 """
 
 from __future__ import annotations
@@ -379,9 +384,12 @@ class IALS(Method):
 
     # -- memory --------------------------------------------------------------------------
     def state_bytes(self, store) -> int:
-        """Item-side memory: ``Y``, ``B``, the per-item Gramians (``--gramian item``), the solve's temporaries."""
+        """Item-side memory: ``Y``, ``B``, the per-item Gramians (private ``--gramian item``) or the vectors of the
+        non-private conjugate-gradient solve, the solve's temporaries."""
         n, d = store.n_items, self.rank + 1
         item = self.opts.gramian == "item" or (self.opts.gramian == "auto" and not self.private)
+        if item and not self.private:  # Y, B, A Y, r, p, A p, the step's temporaries
+            return n * (8 * d * 8 + 4 * 8) + SOLVE_CHUNK * d * d * 8 * 3
         gram = n * d * (d + 1) // 2 * 8 if item else 0
         return n * (4 * d * 8 + 4 * 8) + gram + SOLVE_CHUNK * d * d * 8 * 3
 
