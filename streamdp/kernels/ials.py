@@ -407,41 +407,7 @@ def _accumulate_rhs(indptr, items, conf, weights, X, B):
                 B[j, a] += f * X[u, a]
 
 
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _products_by_item(start, pair, user, conf, weights, X, P, out):
-    """``out_j += w (c - 1) (x_u . p_j) x_u`` item by item, four pairs per sweep (:func:`ials_item_products`).
-
-    Four users' dot products with ``p_j`` are four independent sums over the coordinates
-    (each in order), then ``out_j`` gets the four rows in one contiguous sweep; missing
-    pairs of the last sweep are the first's with weight 0 (exact zeros).
-    """
-    d = X.shape[1]
-    us = np.empty(4, dtype=np.int64)
-    bw = np.empty(4, dtype=np.float64)
-    f = np.empty(4, dtype=np.float64)
-    for j in range(len(start) - 1):
-        q = start[j]
-        e = start[j + 1]
-        while q < e:
-            _sweep(pair, user, conf, weights, q, e, us, bw, f)
-            u0, u1, u2, u3 = us[0], us[1], us[2], us[3]
-            s0 = s1 = s2 = s3 = 0.0
-            for a in range(d):
-                pa = P[j, a]
-                s0 += X[u0, a] * pa
-                s1 += X[u1, a] * pa
-                s2 += X[u2, a] * pa
-                s3 += X[u3, a] * pa
-            s0 *= f[0]
-            s1 *= f[1]
-            s2 *= f[2]
-            s3 *= f[3]
-            for a in range(d):
-                out[j, a] += s0 * X[u0, a] + s1 * X[u1, a] + s2 * X[u2, a] + s3 * X[u3, a]
-            q += 4
-
-
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
 def ials_item_products(indptr, items, conf, weights, X, P, out):
     """``out_j += sum_{u in j} w_uj (c_uj - 1) (x_u . p_j) x_u`` over a block's pairs: ``A_j p_j`` without ``A_j``.
 
@@ -449,11 +415,25 @@ def ials_item_products(indptr, items, conf, weights, X, P, out):
     item side's conjugate-gradient solve (:mod:`streamdp.methods.ials`, non-private runs)
     needs once per step: ``2 d`` multiply-adds per pair where forming ``A_j`` costs
     ``d (d + 1) / 2``. ``X`` ``(n_users, d)`` the block's user rows, ``P`` and ``out``
-    ``(n_items, d)``. Pairs are taken item by item (:func:`_by_item`), so the result does
-    not depend on anything but the block.
+    ``(n_items, d)``. In the users' order (each row read once; ``P`` and ``out``, megabytes,
+    stay in cache): 0.05 CPU s per 1M-pair block at ``d = 64`` against 0.19 s item by item,
+    which gathers a user row per pair. The dot products may be reassociated (``fastmath``
+    ``reassoc``, so that they vectorize): the same bits on one machine, possibly other last
+    bits on a CPU with other vector widths; non-private runs only (no clipping, no noise).
     """
-    start, pair, user = _by_item(indptr, items, weights, P.shape[0])
-    _products_by_item(start, pair, user, conf, weights, X, P, out)
+    d = X.shape[1]
+    for u in range(len(indptr) - 1):
+        for p in range(indptr[u], indptr[u + 1]):
+            f = weights[p] * (conf[p] - 1.0)
+            if f == 0.0:
+                continue
+            j = np.uint64(items[p])
+            s = 0.0
+            for a in range(d):
+                s += X[u, a] * P[j, a]
+            s *= f
+            for a in range(d):
+                out[j, a] += s * X[u, a]
 
 
 def ials_item_products_reference(indptr, items, conf, weights, X, P):
