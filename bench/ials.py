@@ -204,38 +204,42 @@ def main(argv=None):
 
 
 def ials_iteration_times(st, epsilon, workers, factors, iters, opts):
-    """Wall seconds of each ``ials`` iteration of one fit: its streamed pass (every block read from disk, the user
-    solves and the item-side sums on ``workers`` workers) plus the item solve, timed inside the fit."""
+    """``(wall, cpu)`` seconds of each ``ials`` iteration of one fit after the first: its streamed passes (every
+    block read from disk, the user solves and the item-side sums on ``workers`` workers) and the item solve, timed
+    between the fit's per-iteration checkpoints (``Run.save``); ``cpu`` is the process's CPU time (all threads)."""
     from streamdp.methods import get_method
+    from streamdp.stream.driver import Run
     from streamdp.stream.engine import Engine
 
     m = get_method("ials")(epsilon=epsilon, delta=delta_for(st), seed=1, rank=factors, iters=iters, **opts)
-    times, sums, solve = [], m._iteration_sums, m._solve_items
+    marks, save = [], Run.save
 
-    def timed_sums(*args, **kw):
-        times.append(-time.perf_counter())
-        return sums(*args, **kw)
+    def timed_save(self, *args, **kw):
+        marks.append((time.perf_counter(), time.process_time()))
+        return save(self, *args, **kw)
 
-    def timed_solve(*args, **kw):
-        out = solve(*args, **kw)
-        times[-1] += time.perf_counter()
-        return out
-
-    m._iteration_sums, m._solve_items = timed_sums, timed_solve
-    with Engine(st, workers=workers, memory_limit="8GB", state_bytes=m.state_bytes(st)) as eng:
-        m.fit(st, eng)
-    return times
+    Run.save = timed_save
+    try:
+        with Engine(st, workers=workers, memory_limit="8GB", state_bytes=m.state_bytes(st)) as eng:
+            m.fit(st, eng)
+    finally:
+        Run.save = save
+    times = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])]
+    # a private run's last iteration also runs the choice between the factors and the chart (a pass of its own)
+    return times[:-1] if m.private and len(times) > 1 else times
 
 
 def implicit_iteration_times(X, workers, factors, iters):
-    """Wall seconds of each iteration of ``implicit``'s ALS (its own per-iteration callback), in memory."""
+    """``(wall, cpu)`` seconds of each iteration of ``implicit``'s ALS after the first (its per-iteration
+    callback), in memory."""
     from implicit.cpu.als import AlternatingLeastSquares
 
-    times = []
+    marks = []
     m = AlternatingLeastSquares(factors=factors, iterations=iters, num_threads=workers, random_state=1,
                                 calculate_training_loss=False)
-    m.fit(X, show_progress=False, callback=lambda it, elapsed, loss: times.append(elapsed))
-    return times
+    m.fit(X, show_progress=False, callback=lambda it, elapsed, loss: marks.append((time.perf_counter(),
+                                                                                   time.process_time())))
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])]
 
 
 def speed(st, X, workers, opts, factors=64, repeats=3, iters=4):
@@ -244,25 +248,30 @@ def speed(st, X, workers, opts, factors=64, repeats=3, iters=4):
     Each fit runs ``iters`` iterations and its median iteration after the first is taken (the
     first compiles and warms the caches); the three fits are repeated ``repeats`` times in
     turn, so that load from other jobs on a shared machine falls on all of them alike; the
-    medians over the repeats and the median of the per-repeat ratios are printed.
+    medians over the repeats and the median of the per-repeat ratios are printed, of wall
+    time and of the process's CPU time (all threads: on a machine whose cores other jobs
+    share, the work each side does, free of how much of the cores it got).
     """
     from threadpoolctl import threadpool_limits
 
     runs = {"inf": [], "1": [], "implicit": []}
     for r in range(repeats):
         for eps in ("inf", "1"):
-            runs[eps].append(statistics.median(ials_iteration_times(st, float(eps), workers, factors, iters,
-                                                                     opts)[1:]))
+            t = ials_iteration_times(st, float(eps), workers, factors, iters, opts)
+            runs[eps].append(tuple(statistics.median(x[i] for x in t) for i in (0, 1)))
         with threadpool_limits(1, "blas"):  # implicit's own advice (its CG does its own threading)
-            runs["implicit"].append(statistics.median(implicit_iteration_times(X, workers, factors, iters)[1:]))
-        print(f"repeat {r + 1}: " + ", ".join(f"{key} {v[-1]:.3f}s" for key, v in runs.items()), flush=True)
-    theirs = statistics.median(runs["implicit"])
-    for eps in ("inf", "1"):
-        ratio = statistics.median(t / o for t, o in zip(runs["implicit"], runs[eps]))
-        print(f"one iteration, {factors} factors, {X.nnz:,} pairs, {st.n_users:,} users x {st.n_items:,} items: "
-              f"ials epsilon {eps} {statistics.median(runs[eps]):.3f}s streamed on {workers} workers, implicit "
-              f"{theirs:.3f}s in memory on {workers} threads (medians of {repeats}): ials speed {ratio:.2f}x "
-              f"implicit's")
+            t = implicit_iteration_times(X, workers, factors, iters)
+            runs["implicit"].append(tuple(statistics.median(x[i] for x in t) for i in (0, 1)))
+        print(f"repeat {r + 1}: " + ", ".join(f"{key} {v[-1][0]:.3f}s (cpu {v[-1][1]:.3f}s)"
+                                              for key, v in runs.items()), flush=True)
+    for i, what in ((0, "wall"), (1, "cpu")):
+        theirs = statistics.median(x[i] for x in runs["implicit"])
+        for eps in ("inf", "1"):
+            ratio = statistics.median(t[i] / o[i] for t, o in zip(runs["implicit"], runs[eps]))
+            print(f"one iteration ({what}), {factors} factors, {X.nnz:,} pairs, {st.n_users:,} users x "
+                  f"{st.n_items:,} items: ials epsilon {eps} {statistics.median(x[i] for x in runs[eps]):.3f}s "
+                  f"streamed on {workers} workers, implicit {theirs:.3f}s in memory on {workers} threads (medians of "
+                  f"{repeats}): ials speed {ratio:.2f}x implicit's")
 
 
 if __name__ == "__main__":

@@ -105,8 +105,13 @@ Decisions where the sources are loose, and why (measurements: ``docs/ranking.md`
   exact: the Woodbury identity for users with fewer positives than ``d`` (as cheap as 3
   CG steps at 20 positives, ``d = 64``), a Cholesky of the ``d x d`` system otherwise.
   Speed against ``implicit``: ``docs/ranking.md``.
-* **Non-private runs** are plain iALS: every pair, no clip, exact per-item ``A_j``,
-  no popularity column (it is made of released counts), no rescaling.
+* **Non-private runs** are plain iALS: every pair, no clip, no popularity column (it is
+  made of released counts), no rescaling; the item rows by :data:`CG_STEPS` conjugate-gradient
+  steps warm-started from the previous rows, as ``implicit`` solves both sides
+  (:meth:`IALS._cg_iteration`: ``A_j p_j`` from streamed passes, ``2 d`` multiply-adds per
+  pair and step, where forming every ``A_j`` cost ``d (d + 1) / 2`` per pair). The users'
+  side stays exact (their device's solve). Private runs need ``A_j`` itself (noise is
+  added to it) or share ``G``, and solve the items exactly.
 """
 
 from __future__ import annotations
@@ -119,7 +124,7 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
-from streamdp.kernels.ials import ials_accumulate, ials_solve_items, ials_solve_users
+from streamdp.kernels.ials import ials_accumulate, ials_item_products, ials_solve_items, ials_solve_users
 from streamdp.kernels.topk import topn_by_order, topn_scores
 from streamdp.local import implicit_pairs
 from streamdp.methods import register
@@ -133,6 +138,7 @@ from streamdp.privacy.bounding import contribution_weights
 from streamdp.ranking import default_threshold
 from streamdp.privacy.release import Share, calibrate_releases
 from streamdp.stream.engine import add_into as _add
+from streamdp.stream.state import UserState
 
 #: Key of this module's random streams.
 RNG_KEY = 0x1A15
@@ -148,6 +154,9 @@ DEFAULT_PREFERENCE = "binary"
 #: The last iteration's factors are released only when their right-hand sides' excess energy over the noise is
 #: this many standard deviations (:func:`_signal_z`); else only the popularity column.
 SIGNAL_Z = 4.0
+#: Conjugate-gradient steps per iteration of a non-private run's item solves (``implicit``'s default), and the
+#: squared residual norm below which an item's solve stops.
+CG_STEPS, CG_TOL = 3, 1e-20
 #: Items per chunk of the batched item solves (bounds the ``n x d x d`` temporaries).
 SOLVE_CHUNK = 1 << 13
 #: The settings ``model.json`` records as the run's ``parameters``.
@@ -383,9 +392,12 @@ class IALS(Method):
 
     # -- memory --------------------------------------------------------------------------
     def state_bytes(self, store) -> int:
-        """Item-side memory: ``Y``, ``B``, the per-item Gramians (``--gramian item``), the solve's temporaries."""
+        """Item-side memory: ``Y``, ``B``, the per-item Gramians (private ``--gramian item``) or the vectors of the
+        non-private conjugate-gradient solve, the solve's temporaries."""
         n, d = store.n_items, self.rank + 1
         item = self.opts.gramian == "item" or (self.opts.gramian == "auto" and not self.private)
+        if item and not self.private:  # Y, B, A Y, r, p, A p, the step's temporaries (no batched d x d solves)
+            return n * (8 * d * 8 + 4 * 8)
         gram = n * d * (d + 1) // 2 * 8 if item else 0
         return n * (4 * d * 8 + 4 * 8) + gram + SOLVE_CHUNK * d * d * 8 * 3
 
@@ -426,25 +438,36 @@ class IALS(Method):
                 Y[:, k] = _popularity(N)
         history = []
         n_users = getattr(store, "expected_users", self.n_users(store))
-        for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
-            B, A, G, clipped = self._iteration_sums(store, engine, run, s, Y, desc=f"{self.name} iteration "
-                                                    f"{t}/{s.iters}")
-            if self.private:
-                g = run.rng(_ITER, t)
-                G = rel["gram"].add(G, g)
-                if s.gramian == "item":
-                    A = rel["agram"].add(A, g)
-                B = rel["rhs"].add(B, g)
-            Y = self._solve_items(s, rel, Y, B, A, G, W, n_users)
-            if self.private and t == s.iters:
-                signal = _signal_z(B, rel["rhs"].scale)
-                if signal < SIGNAL_Z:  # no factor signal to speak of: release the chart (popularity column) alone
-                    Y[:, :k] = 0.0
-                elif s.select and self._chart_wins(store, engine, run, s, rel, Y, N):
-                    Y[:, :k] = 0.0
-            history.append(int(clipped))
-            run.save(t, Y=Y, N=N, W=W)
+        rows = self._cg_rows(store, run, s) if self._item_cg(s) else None
+        try:
+            for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
+                Y, B, clipped = self._iteration(store, engine, run, s, rel, Y, W, n_users, t, rows)
+                if self.private and t == s.iters:
+                    signal = _signal_z(B, rel["rhs"].scale)
+                    if signal < SIGNAL_Z:  # no factor signal to speak of: release the chart (popularity column) alone
+                        Y[:, :k] = 0.0
+                    elif s.select and self._chart_wins(store, engine, run, s, rel, Y, N):
+                        Y[:, :k] = 0.0
+                history.append(int(clipped))
+                run.save(t, Y=Y, N=N, W=W)
+        finally:
+            if rows is not None:
+                rows.remove()
         return self._fitted(store, plan, run, Y, N, history)
+
+    def _iteration(self, store, engine, run, s, rel, Y, W, n_users, t, rows):
+        """One iteration: ``(Y, B, users clipped)``, ``B`` the (noisy) right-hand sides."""
+        desc = f"{self.name} iteration {t}/{s.iters}"
+        if rows is not None:
+            return self._cg_iteration(store, engine, run, s, Y, rows, desc)
+        B, A, G, clipped = self._iteration_sums(store, engine, run, s, Y, desc=desc)
+        if self.private:
+            g = run.rng(_ITER, t)
+            G = rel["gram"].add(G, g)
+            if s.gramian == "item":
+                A = rel["agram"].add(A, g)
+            B = rel["rhs"].add(B, g)
+        return self._solve_items(s, rel, Y, B, A, G, W, n_users), B, clipped
 
     def _chart_wins(self, store, engine, run, s, rel, Y, N) -> bool:
         """Whether the chart by the released counts beats the factors on the users' held-out items (noisy).
@@ -553,6 +576,77 @@ class IALS(Method):
             raise ParameterError(f"{store.path}: the training split has no users")
         B, A, G, clipped = acc
         return B, A, symmetrize_upper(G), clipped
+
+    # -- non-private: the item side by conjugate gradients ---------------------------------
+    def _item_cg(self, s) -> bool:
+        """Whether the item rows are solved by conjugate gradients (non-private runs with per-item Gramians)."""
+        return not self.private and s.gramian == "item"
+
+    def _cg_rows(self, store, run, s):
+        """The iteration's user rows on disk (``float64``, one chunk per block) for the conjugate-gradient passes."""
+        return UserState(run.dir, "item_cg_rows", max(store.n_users, 1), self._d(s), store.block_users, np.float64)
+
+    def _cg_iteration(self, store, engine, run, s, Y, rows, desc):
+        """One non-private iteration with the item rows by :data:`CG_STEPS` conjugate-gradient steps: ``(Y, B, 0)``.
+
+        Item ``j``'s system ``(G + A_j + reg I) y_j = B_j`` is solved by conjugate gradients
+        warm-started from its previous row, as ``implicit`` does, never forming
+        ``A_j = sum_{u in j} (c_uj - 1) x_u x_u^T``: the first pass solves the users, writes
+        their rows to disk (``rows``) and sums ``B``, ``G`` and ``A_j y_j`` (the initial
+        residual); each step is one more pass over the blocks and the rows for
+        ``A_j p_j`` (:func:`streamdp.kernels.ials.ials_item_products`, ``2 d`` multiply-adds per
+        pair against ``d (d + 1) / 2`` to form ``A_j``). Partials are combined in block order
+        (bit-identical on any number of workers). The users' solve stays exact (their
+        device's). Measured on the 20M-rating bench store: ``docs/ranking.md``.
+        """
+        n, d = Y.shape
+        Y = np.ascontiguousarray(Y, np.float64)
+        YtY = np.ascontiguousarray(Y.T @ Y)
+        seed, ridge = run.entropy, float(s.ridge)
+        nnz = store.block_nnz("train")
+        sort = 16 * (int(nnz.max()) if len(nnz) else 0)
+
+        def first(block, b):
+            ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
+            U = np.zeros((block.n_users, d))
+            ials_solve_users(ip, it, conf, Y, YtY, ridge, U)
+            rows.write(b, U)
+            B, G, AY = np.zeros((n, d)), np.zeros((d, d)), np.zeros((n, d))
+            ials_accumulate(ip, it, conf, w, U, math.inf, math.inf, B, np.zeros((0, 1)), G)
+            ials_item_products(ip, it, conf, w, U, Y, AY)
+            return [B, AY, G]
+
+        def product(P):
+            def fn(block, b):
+                ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
+                out = np.zeros((n, d))
+                ials_item_products(ip, it, conf, w, rows.read(b), P, out)
+                return out
+
+            AP = engine.map_reduce(fn, _add, np.zeros((n, d)), extra_per_block=8 * n * d + 8 * d * store.block_users
+                                   + sort, desc=desc + " (item products)")
+            return AP + P @ G + s.reg * P
+
+        acc = engine.map_reduce(first, _add_each, [np.zeros((n, d)), np.zeros((n, d)), np.zeros((d, d))],
+                                extra_per_block=24 * n * d + 24 * d * store.block_users + 8 * n * (d + 2) + sort,
+                                desc=desc)
+        B, AY, G = acc
+        G = symmetrize_upper(G)
+        r = B - AY - Y @ G - s.reg * Y
+        p = r.copy()
+        rs = np.einsum("ja,ja->j", r, r)
+        for _ in range(CG_STEPS):
+            if not np.any(rs > CG_TOL):
+                break
+            Ap = product(p)
+            pAp = np.einsum("ja,ja->j", p, Ap)
+            step = np.divide(rs, pAp, out=np.zeros(n), where=(pAp > 0) & (rs > CG_TOL))
+            Y = Y + step[:, None] * p
+            r = r - step[:, None] * Ap
+            new = np.einsum("ja,ja->j", r, r)
+            p = r + np.divide(new, rs, out=np.zeros(n), where=rs > CG_TOL)[:, None] * p
+            rs = new
+        return Y, B, 0
 
     # -- the item solves -----------------------------------------------------------------
     def _solve_items(self, s, rel, Y, B, A, G, W, n_users: float) -> np.ndarray:
@@ -677,6 +771,13 @@ def _signal_z(B, sd: float) -> float:
     if sd <= 0 or n * k == 0:
         return math.inf
     return float((np.sum(B * B) / (sd * sd) - n * k) / math.sqrt(2.0 * n * k))
+
+
+def _add_each(acc, part):
+    """Element-wise :func:`~streamdp.stream.engine.add_into` of lists of arrays (a pass's several sums)."""
+    for a, b in zip(acc, part):
+        a += b
+    return acc
 
 
 def _popularity(N) -> np.ndarray:

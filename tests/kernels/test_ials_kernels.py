@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
-from streamdp.kernels.ials import (ials_accumulate, ials_accumulate_reference, ials_solve_items, ials_solve_users,
+from streamdp.kernels.ials import (ials_accumulate, ials_accumulate_reference, ials_item_products,
+                                   ials_item_products_reference, ials_solve_items, ials_solve_users,
                                    ials_solve_users_reference)
 
 
@@ -125,3 +126,17 @@ def test_cholesky_factor_is_numpys():
     R = M.copy()
     chol_factor(R, 12)
     np.testing.assert_allclose(np.triu(R), np.linalg.cholesky(M).T, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_item_products_match_the_reference_and_the_gramians(seed):
+    """``A_j p_j`` without forming ``A_j``: the NumPy reference, and ``A_j`` (from the item sums) times ``p_j``."""
+    rng, ip, it, conf, Y = _block(seed)
+    X = rng.standard_normal((len(ip) - 1, Y.shape[1]))
+    w = (rng.uniform(size=len(it)) < 0.8).astype(np.float64)  # weight 0: a pair left out of the item side
+    P = rng.standard_normal(Y.shape)
+    out = np.zeros(P.shape)
+    ials_item_products(ip, it, conf, w, X, P, out)
+    np.testing.assert_allclose(out, ials_item_products_reference(ip, it, conf, w, X, P), rtol=1e-10, atol=1e-12)
+    _, A, _ = ials_accumulate_reference(ip, it, conf, w, X, np.inf, len(Y))
+    np.testing.assert_allclose(out, np.einsum("jab,jb->ja", A, P), rtol=1e-10, atol=1e-12)

@@ -103,7 +103,7 @@ MACHINE_DEPENDENT = {
     "public-private": {"item_factors", "extras.sigma_eigenvalues"},  # eigh and QR in every EM step
     "sgd": {"item_factors", "item_bias", "global_mean"},  # kernels/sgd.py: sgd_block, fastmath (contract, reassoc)
     "sgld": set(),
-    "ials": {"item_factors"},  # the users' and items' k x k solves (LAPACK through Numba), Y^T Y by BLAS
+    "ials": {"item_factors"},  # k x k solves, Y^T Y by BLAS, reassociated (fastmath) sums in the user solves and CG
 }
 #: Tolerances, times the recorded array's largest magnitude (module docstring).
 TOL_LAPACK_FLOAT64, TOL_FLOAT32 = 1e-10, 1e-5

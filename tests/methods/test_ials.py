@@ -29,8 +29,12 @@ def _train_csr(store):
     return ip, np.concatenate([p.items for p in parts]), np.concatenate([p.ratings for p in parts]).astype(float)
 
 
-def dense_ials(store, m, iters):
-    """Plain iALS in NumPy from the run's initial item rows: the reference of a non-private run."""
+def dense_ials(store, m, iters, cg_steps=None):
+    """Plain iALS in NumPy from the run's initial item rows: the reference of a non-private run.
+
+    The item rows by ``cg_steps`` conjugate-gradient steps from the previous rows (as the run, and ``implicit``,
+    solve them), or exactly with ``cg_steps=None``.
+    """
     s = m.plan(store).settings
     ip, it, r = _train_csr(store)
     ip, it, conf = implicit_pairs(ip, it, r, s.local())
@@ -47,14 +51,47 @@ def dense_ials(store, m, iters):
     for _ in range(iters):
         X = ials_solve_users_reference(ip, it, conf, Y, Y.T @ Y, s.ridge)
         for j in range(n):
-            Y[j] = np.linalg.solve((X * C[:, j, None]).T @ X + s.reg * np.eye(k), (X * C[:, j, None]).T @ P[:, j])
+            M = (X * C[:, j, None]).T @ X + s.reg * np.eye(k)
+            b = (X * C[:, j, None]).T @ P[:, j]
+            if cg_steps is None:
+                Y[j] = np.linalg.solve(M, b)
+                continue
+            res = b - M @ Y[j]
+            p, rs = res.copy(), res @ res
+            for _ in range(cg_steps):
+                if rs <= 1e-20:
+                    break
+                Ap = M @ p
+                a = rs / (p @ Ap)
+                Y[j] += a * p
+                res -= a * Ap
+                new = res @ res
+                p, rs = res + new / rs * p, new
     return Y
 
 
 def test_nonprivate_run_is_plain_implicit_als(small_store):
+    """Non-private: iALS with the item rows by 3 warm-started conjugate-gradient steps, as implicit's."""
     m, f = _fit(small_store, iters=2, preference="graded", alpha=2.0)
-    np.testing.assert_allclose(f.item_factors, dense_ials(small_store, m, 2), rtol=2e-4, atol=1e-5)
+    np.testing.assert_allclose(f.item_factors, dense_ials(small_store, m, 2, cg_steps=3), rtol=2e-4, atol=1e-5)
     assert f.model_info["local"] == "implicit" and not f.model_info["local_user_bias"]
+
+
+def test_nonprivate_item_steps_as_many_as_factors_solve_exactly(small_store, monkeypatch):
+    """With as many conjugate-gradient steps as factors the item solve is the exact one (CG's finite termination)."""
+    import streamdp.methods.ials as ials
+
+    monkeypatch.setattr(ials, "CG_STEPS", 3)
+    m, f = _fit(small_store, iters=2, rank=3, preference="graded", alpha=2.0)
+    np.testing.assert_allclose(f.item_factors, dense_ials(small_store, m, 2), rtol=2e-4, atol=1e-5)
+
+
+def test_nonprivate_cg_passes_are_the_same_on_any_number_of_workers(small_store, tmp_path):
+    """The user rows kept on disk between the item passes: 1 and 2 workers give the same bits; nothing is left."""
+    _, f1 = _fit(small_store, iters=2, rank=4, workers=1)
+    _, f2 = _fit(small_store, iters=2, rank=4, workers=2, checkpoint=str(tmp_path / "run"))
+    np.testing.assert_array_equal(f1.item_factors, f2.item_factors)
+    assert not [p for p in (tmp_path / "run").iterdir() if "item_cg_rows" in p.name]
 
 
 def test_local_solve_is_the_training_user_solve(small_store, tmp_path):
@@ -216,8 +253,10 @@ def test_cli_train_then_recommend_with_the_implicit_local_solve(small_store, tmp
 
 
 @pytest.mark.slow
-def test_peak_memory_stays_under_the_limit(tmp_path):
-    """200,000 users x 5,000 items, 20 ratings each: ials at epsilon 1 within --memory-limit 600MB (wait4)."""
+@pytest.mark.parametrize("epsilon", ["1", "inf"])
+def test_peak_memory_stays_under_the_limit(tmp_path, epsilon):
+    """200,000 users x 5,000 items, 20 ratings each: ials at epsilon 1 (shared Gramian) and non-private (the item
+    side's conjugate-gradient passes, the users' rows on disk) within --memory-limit 600MB (wait4)."""
     import os
     import subprocess
     import sys
@@ -225,14 +264,14 @@ def test_peak_memory_stays_under_the_limit(tmp_path):
     exe = [sys.executable, "-m", "streamdp"]
     subprocess.run(exe + ["generate", "--out", str(tmp_path / "s.zarr"), "--users", "200000", "--items", "5000",
                           "--ratings-per-user", "20", "--seed", "1"], check=True, capture_output=True)
-    proc = subprocess.Popen(exe + ["train", str(tmp_path / "s.zarr"), "--method", "ials", "--epsilon", "1",
+    proc = subprocess.Popen(exe + ["train", str(tmp_path / "s.zarr"), "--method", "ials", "--epsilon", epsilon,
                                    "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     err = proc.stderr.read().decode()
     assert os.waitstatus_to_exitcode(status) == 0, err[-2000:]
     peak = usage.ru_maxrss * 1024
-    print(f"ials 200k x 5k: peak RSS {peak / 2**20:.0f} MiB")
+    print(f"ials 200k x 5k, epsilon {epsilon}: peak RSS {peak / 2**20:.0f} MiB")
     assert peak < 600 * 2**20, f"peak RSS {peak / 2**20:.0f} MiB"
 
 
