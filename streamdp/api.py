@@ -38,8 +38,6 @@ from streamdp.privacy import check_privacy_params
 from streamdp.privacy.budget import StoreBudget, parse_budget
 from streamdp.privacy.params import default_delta  # re-exported: part of the API
 from streamdp.storage.generate import generate_store
-from streamdp.storage.frames import frame_spec, frame_spec_name, is_frame
-from streamdp.storage.ingest import ingest as ingest_files
 from streamdp.storage.store import RatingStore
 from streamdp.training import train as train_model
 from streamdp.tune import tune as run_tune
@@ -176,6 +174,9 @@ def ingest(source, out: str, *, columns=None, implicit: bool = False, budget=Non
     >>> s.n_users, s.n_items, s.n_ratings, s.attrs["sources"][0]["format"]
     (2, 2, 3, 'pandas')
     """
+    # ingest reads files and frames with pyarrow (42 MB of RSS): imported here, so that streamdp.train does not
+    from streamdp.storage.ingest import ingest as ingest_files
+
     inputs = _inputs(source, columns, implicit, options)
     if columns is not None and not isinstance(columns, str):
         columns = ",".join(str(c) for c in columns)
@@ -202,6 +203,8 @@ def ingest(source, out: str, *, columns=None, implicit: bool = False, budget=Non
 
 def _inputs(source, columns, implicit: bool, options: dict) -> list:
     """The inputs of :func:`ingest`: paths as ``str``, in-memory data as the :class:`Spec` of its frame."""
+    from streamdp.storage.frames import frame_spec, frame_spec_name, is_frame
+
     many = isinstance(source, (list, tuple))
     out = []
     for x in (source if many else [source]):
