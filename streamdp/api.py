@@ -38,8 +38,6 @@ from streamdp.privacy import check_privacy_params
 from streamdp.privacy.budget import StoreBudget, parse_budget
 from streamdp.privacy.params import default_delta  # re-exported: part of the API
 from streamdp.storage.generate import generate_store
-from streamdp.storage.frames import frame_spec, frame_spec_name, is_frame
-from streamdp.storage.ingest import ingest as ingest_files
 from streamdp.storage.store import RatingStore
 from streamdp.training import train as train_model
 from streamdp.tune import tune as run_tune
@@ -193,6 +191,9 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
         raise ParameterError("ingest: give out, the store's directory")
     if train is not None and test is None:
         raise ParameterError("ingest: train= goes with test=, the held-out ratings (or pass the data as source)")
+    # ingest reads files and frames with pyarrow (42 MB of RSS): imported here, so that streamdp.train does not
+    from streamdp.storage.ingest import ingest as ingest_files
+
     inputs = _inputs(train if source is None else source, columns, implicit, options)
     if test is not None:
         options["test_inputs"] = _inputs(test, columns, implicit, options)
@@ -222,6 +223,8 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
 
 def _inputs(source, columns, implicit: bool, options: dict) -> list:
     """The inputs of :func:`ingest`: paths as ``str``, in-memory data as the :class:`Spec` of its frame."""
+    from streamdp.storage.frames import frame_spec, frame_spec_name, is_frame
+
     many = isinstance(source, (list, tuple))
     out = []
     for x in (source if many else [source]):

@@ -29,8 +29,6 @@ import os
 import time
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.topk import topn_scores
@@ -122,6 +120,8 @@ def _prepare(model, store, n, users, ridge, item_names=None):
 
 
 def _schema(st, item_ids, names=None):
+    import pyarrow as pa  # 42 MB of RSS: loaded by the commands that write lists, not by `train` (docs/scale.md)
+
     uk = pa.int64() if numeric(st.user_ids(0, min(1, st.n_users))) else pa.string()
     ik = pa.int64() if numeric(item_ids) else pa.string()
     named = [("item_name", pa.string())] if names is not None else []
@@ -130,6 +130,8 @@ def _schema(st, item_ids, names=None):
 
 def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, names=None, *, workers, scheduler, memory_limit):
     """Yield one pyarrow Table per block (users in store order, ranks from 1)."""
+    import pyarrow as pa
+
     Q, bias = local_design(mo)
     rank_bias = list_bias(m, bias, tiekey)  # the list score's item term; the score written is the prediction
     offset = rank_bias - bias
@@ -217,6 +219,8 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
 
 
 def _write(path: str, tables, schema, *, force: bool, n: int) -> dict:
+    import pyarrow.parquet as pq
+
     def check():
         if os.path.lexists(path) and not force:
             raise StoreError(f"{path}: already exists (use --force to overwrite it)")

@@ -12,10 +12,13 @@
   as soon as they are next (see "Decision" below for why not one distributed client
   for everything).
 * **Memory.** At most :attr:`Engine.in_flight` blocks are read-but-not-combined at
-  any moment; the number comes from ``memory_limit`` minus what the process already
-  uses and what the caller declares it holds in item-side state, divided by the
-  largest block's footprint. Locally, up to ``workers`` further threads read and
-  decompress the next blocks while ``workers`` threads compute (prefetch).
+  any moment; the number comes from ``memory_limit`` minus what the process uses,
+  divided by the largest block's footprint. What the process uses is the larger of
+  its RSS now and its baseline (RSS when the engine was made, freed memory given back
+  first) plus what the caller declares it holds in item-side state plus Numba's code
+  (:data:`~streamdp.memory.KERNEL_CODE_BYTES`, loaded at the first kernel call): the
+  state and code are counted once, whether or not they are resident yet. Locally, up to ``workers``
+  further tasks read and decompress the next blocks while ``workers`` compute (prefetch).
 * **Progress.** Every pass draws a bar of its blocks on a terminal's stderr
   (:mod:`streamdp.progress`; never under ``--json``, in a pipe or with
   ``STREAMDP_PROGRESS=0``), labelled with the caller's ``desc`` (``"als iteration 3/7"``).
@@ -70,7 +73,8 @@ from streamdp.errors import ParameterError
 from streamdp.outputs import deferred_interrupts
 from streamdp.progress import progress
 from streamdp.storage.store import Block, RatingStore, open_store
-from streamdp.memory import current_rss, format_size, resolve_memory_limit
+from streamdp.memory import (KERNEL_CODE_BYTES, current_rss, format_size, kernel_code_loaded, release_freed_memory,
+                             resolve_memory_limit)
 from streamdp.stream.state import UserState  # noqa: F401  (re-exported: part of the engine API)
 from streamdp.stream.threads import available_cores, numba_threads, thread_budget, thread_limits
 
@@ -182,6 +186,9 @@ class Engine:
             self.scheduler_name = "threads"
         self.state_bytes = int(state_bytes)
         self._nnz_cache: dict[str, np.ndarray] = {}
+        release_freed_memory()  # what planning freed (the accountant's arrays) is not part of the baseline
+        #: RSS of the process before this engine's item-side state and blocks: its imports, code and caches
+        self.baseline = current_rss()
         self.in_flight = self.blocks_in_flight()
 
     # -- sizing ------------------------------------------------------------------------
@@ -198,15 +205,27 @@ class Engine:
 
         Raises :class:`~streamdp.errors.ParameterError` when not even one block fits.
         """
-        free = self.memory_limit - current_rss() - self.state_bytes
+        release_freed_memory()  # the previous pass's blocks, freed: resident no more
+        used, code = self.memory_used()
         per = self.block_bytes(split, extra_per_block)
-        n = int(free // max(per, 1))
+        n = int((self.memory_limit - used) // max(per, 1))
         if n < 1:
+            parts = f"{format_size(self.baseline)} of interpreter and libraries, " \
+                    f"{format_size(self.state_bytes)} of item-side state" + \
+                    (f", {format_size(code)} for Numba's code" if code else "")
             raise ParameterError(
-                f"--memory-limit {format_size(self.memory_limit)} is too small: the process already uses "
-                f"{format_size(current_rss())}, item-side state needs {format_size(self.state_bytes)} and one "
-                f"block needs {format_size(per)}")
+                f"--memory-limit {format_size(self.memory_limit)} is too small: the process holds "
+                f"{format_size(used)} besides its blocks ({parts}) and one block needs {format_size(per)}")
         return max(1, min(n, MAX_IN_FLIGHT_PER_WORKER * self.workers + 1))
+
+    def memory_used(self) -> tuple[int, int]:
+        """``(bytes, code)``: what the process holds besides the blocks in flight, its RSS now or, when larger
+        (state not yet allocated, kernels not yet loaded), the baseline plus the declared item-side state plus
+        ``code``, Numba's code still to load in this process (0 once loaded, or when the kernels run on a
+        cluster's workers)."""
+        local = self._client is None or self.in_process
+        code = KERNEL_CODE_BYTES if local and not kernel_code_loaded() else 0
+        return max(current_rss(), self.baseline + self.state_bytes + code), code
 
     @property
     def n_blocks(self) -> int:

@@ -139,6 +139,26 @@ def test_memory_budget_sizes_blocks_in_flight(small_store):
         Engine(small_store, workers=2, memory_limit="1MB")
 
 
+def test_memory_budget_counts_resident_item_state_once(small_store):
+    """The state a caller declares is counted once: before it is allocated (baseline + state) and after (in the RSS
+    now), not in both. The old sizing (RSS now minus the declared state again) refused a 512MB ALS run on a 20k-item
+    store once its 106 MB of item state was resident."""
+    from streamdp.memory import KERNEL_CODE_BYTES, current_rss
+
+    state = 200_000_000
+    eng = Engine(small_store, workers=2, memory_limit="64GB", state_bytes=state)
+    used, code = eng.memory_used()
+    assert used >= eng.baseline + state + code and code in (0, KERNEL_CODE_BYTES)
+    held = np.ones(state // 8)  # the declared state, now resident
+    per = eng.block_bytes()
+    eng.memory_limit = current_rss() + KERNEL_CODE_BYTES + 4 * per + 20_000_000
+    assert eng.blocks_in_flight() >= 4  # counted twice, nothing would fit
+    assert held.sum() == state // 8
+    eng.memory_limit = eng.baseline + state // 2
+    with pytest.raises(ParameterError, match="item-side state"):
+        eng.blocks_in_flight()
+
+
 def test_thread_budget():
     assert thread_budget(None, cores=2) == (2, 1)
     assert thread_budget(1, cores=2) == (1, 2)
