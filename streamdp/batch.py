@@ -35,7 +35,6 @@ from streamdp.kernels.topk import topn_scores
 from streamdp.local import check_finite, list_bias, local_design, model_ridge, score_range, solve_block
 from streamdp.outputs import deferred_interrupts
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
-from streamdp.storage.names import names_for
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import Engine
 
@@ -115,7 +114,12 @@ def _prepare(model, store, n, users, ridge, item_names=None):
         if (dense < 0).any():
             raise InputError(f"users: {keys[int(np.flatnonzero(dense < 0)[0])]!r} is not a user of {st.path}")
         wanted = np.unique(dense)
-    names = st.item_names() if item_names is None else names_for(item_names, ids)
+    if item_names is None:
+        names = st.item_names()
+    else:
+        from streamdp.storage.names import names_for  # pyarrow: not loaded by `train` (docs/scale.md)
+
+        names = names_for(item_names, ids)
     return m, st, mo, ids, tiekey, ridge, wanted, names
 
 

@@ -41,7 +41,6 @@ from streamdp.batch import dense_users, recommend_all
 from streamdp.errors import InputError, ParameterError
 from streamdp.manifest import ARRAYS, ATTRS
 from streamdp.storage.ids import find, numeric, parse_id
-from streamdp.storage.names import names_for
 from streamdp.storage.store import RatingStore, open_store
 
 
@@ -88,6 +87,8 @@ def recommend_user(model, store, user_id, n: int = 10, *, ridge: float | None = 
     items, ratings = stored_ratings(st, user_id)
     recs = model.recommend(zip(items.tolist(), ratings.tolist()), n=n, ridge=ridge)
     if st.item_names() is not None:
+        from streamdp.storage.names import names_for  # pyarrow: not loaded by `train` (docs/scale.md)
+
         recs.names = names_for(st, [i for i, _ in recs]).tolist()
     return recs
 
