@@ -115,7 +115,8 @@ def metrics_of_scores(score_block, train, test, tiekey, threshold, ks, block=204
         te = test[first:end]
         for k in ks:
             ranking_sums(np.ascontiguousarray(lists[:, :k]), te.indptr.astype(np.int64), te.indices.astype(np.int32),
-                         te.data.astype(np.float64), float(threshold), pop, sums[k], covered)
+                         te.data.astype(np.float64), float(threshold), pop, np.ones(end - first, np.uint8), sums[k],
+                         covered)
     return {k: {"recall": s[2] / max(s[0], 1), "ndcg": s[3] / max(s[0], 1), "n_users": int(s[0])}
             for k, s in sums.items()}
 

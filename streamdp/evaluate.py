@@ -24,7 +24,9 @@ from streamdp.errors import StoreError
 from streamdp.local import check_finite, local_kind, model_ridge, predict_block, solve_block
 from streamdp.model import Model, load_model
 from streamdp.privacy.budget import StoreBudget
-from streamdp.ranking import check_k, format_ranking, ranking_verdict, setup
+from streamdp.kernels.topk import TILE_BYTES
+from streamdp.ranking import (DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users, format_ranking,
+                              ranking_verdict, setup)
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import Engine
@@ -32,8 +34,9 @@ from streamdp.stream.engine import add_into as _add
 
 
 def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=None, ridge: float | None = None,
-                   baselines: bool = True, allow_other_store: bool = False, ranking: bool = True, k: int = 10,
-                   relevant_threshold: float | None = None) -> dict:
+                   baselines: bool = True, allow_other_store: bool = False, ranking: bool = True, k: int = DEFAULT_K,
+                   relevant_threshold: float | None = None, ranking_users: int | str | None = DEFAULT_RANKING_USERS
+                   ) -> dict:
     """RMSE and MAE of ``model`` on ``store``'s test split (+ baselines).
 
     Parameters
@@ -60,6 +63,10 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         List length of the ranking metrics.
     relevant_threshold : float, optional
         A held-out rating at or above it is relevant (default: the top 20% of the rating range).
+    ranking_users : int or "all"
+        How many users the ranking metrics are drawn from (a seeded sample,
+        :func:`streamdp.ranking.ranking_sample`), or ``"all"`` (every user). RMSE and MAE
+        always cover every test rating.
 
     Returns
     -------
@@ -110,6 +117,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         ranking, baselines = True, False
     if ranking:
         k = check_k(k)
+        ranking_users = check_ranking_users(ranking_users)
     released = m
     m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
     ridge = model_ridge(m, ridge)
@@ -129,7 +137,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
             item_mean = np.where(S[1] > 0, S[0] / np.maximum(S[1], 1.0), gm)
             damped = (S[0] + ITEM_DAMPING * gm) / (S[1] + ITEM_DAMPING)  # shrunk toward the global mean
         if ranking:
-            rank = setup(released, st, S[1], k=k, relevant_threshold=relevant_threshold)
+            rank = setup(released, st, S[1], k=k, relevant_threshold=relevant_threshold, ranking_users=ranking_users)
 
         def fn(block, b):
             test = st.read_block(b, "test")
@@ -153,7 +161,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
 
         width = 3 + 2 * len(BASELINES) if baselines else 3
         tot = eng.map_reduce(fn, _add, np.zeros(width + (rank.part_size if rank is not None else 0)),
-                             extra_per_block=8 * (rank.part_size if rank is not None else 0), desc="evaluate")
+                             extra_per_block=(8 * rank.part_size + TILE_BYTES + 16 * n) if rank is not None else 0,
+                             desc="evaluate")
     st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
     if lists_only:
         return {"implicit": implicit, "lists_only": True,

@@ -27,7 +27,8 @@ def _sums(lists, test, threshold, pop):
     it = np.array([j for t in test for j in t], np.int32)
     r = np.array([x for t in test for x in t.values()], np.float64)
     sums, cov = np.zeros(len(SUMS)), np.zeros(len(pop))
-    ranking_sums(np.asarray(lists, np.int32), ip, it, r, float(threshold), np.asarray(pop, np.float64), sums, cov)
+    ranking_sums(np.asarray(lists, np.int32), ip, it, r, float(threshold), np.asarray(pop, np.float64),
+                 np.ones(len(test), np.uint8), sums, cov)
     return dict(zip(SUMS, sums)), cov
 
 
@@ -56,15 +57,18 @@ def _python_metrics(lists, test, threshold, pop):
         rel = {j for j, r in t.items() if r >= threshold}
         if not rel:
             continue
+        out["relevant_users"] += 1
         k = len(lst)
         shown = [j for j in lst if j >= 0]
         hit = [j in rel for j in shown]
         out["users"] += 1
-        out["precision"] += sum(hit) / k
-        out["recall"] += sum(hit) / len(rel)
         dcg = sum(1 / math.log2(i + 2) for i, h in enumerate(hit) if h)
-        out["ndcg"] += dcg / sum(1 / math.log2(i + 2) for i in range(min(len(rel), k)))
-        out["map"] += sum(sum(hit[:i + 1]) / (i + 1) for i, h in enumerate(hit) if h) / min(len(rel), k)
+        per = {"precision": sum(hit) / k, "recall": sum(hit) / len(rel),
+               "ndcg": dcg / sum(1 / math.log2(i + 2) for i in range(min(len(rel), k))),
+               "map": sum(sum(hit[:i + 1]) / (i + 1) for i, h in enumerate(hit) if h) / min(len(rel), k)}
+        for name, v in per.items():
+            out[name] += v
+            out[name + "_sq"] += v * v
         out["popularity"] += sum(pop[j] for j in shown) / len(shown) if shown else 0.0
     return out
 
