@@ -289,3 +289,18 @@ def test_ranking_users_option(small_store, als_model, tmp_path):
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("ranking: "))
     assert "Recall@5" in line and "sampled users, standard error" in line
+
+
+def test_solve_rows_is_the_block_solve_of_the_wanted_users(small_store, als_model):
+    """An implicit evaluation (no RMSE) solves only the sampled users' rows: each the row the whole block's
+    solve gives her, bit for bit; the others 0."""
+    from streamdp.evaluate import solve_rows
+
+    m = load_model(als_model).in_order_of(small_store.item_ids())
+    tr = small_store.read_block(1)
+    full = solve_block(m, tr.indptr, tr.items, tr.ratings, 0.1)
+    want = (np.random.default_rng(0).random(tr.n_users) < 0.1).astype(np.uint8)
+    got = solve_rows(m, tr, want, 0.1)
+    assert (got[want > 0] == full[want > 0]).all() and not got[want == 0].any()
+    assert (solve_rows(m, tr, np.ones(tr.n_users, np.uint8), 0.1) == full).all()
+    assert not solve_rows(m, tr, np.zeros(tr.n_users, np.uint8), 0.1).any()
