@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from streamdp.errors import InputError, ParameterError, StoreError
-from streamdp.kernels.topk import TILE_BYTES, topn_blocked
+from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_prepare
 from streamdp.local import check_finite, list_bias, local_design, model_ridge, score_range, solve_block
 from streamdp.outputs import deferred_interrupts
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
@@ -133,6 +133,7 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
     mu = float(mo.global_mean)
     lo, hi = score_range(mo)
     tiekey = np.ascontiguousarray(tiekey, np.int64)
+    prepared = topn_prepare(Q, rank_bias, mu)  # the item side of the scoring, once
     if wanted is None:
         blocks = None
     else:
@@ -153,7 +154,7 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
         lists = np.empty((nu, n), np.int32)
         scores = np.empty((nu, n), np.float64)
         topn_blocked(np.asarray(block.indptr, np.int64), np.asarray(block.items, np.int32), want,
-                     np.ascontiguousarray(U, np.float64), Q, rank_bias, mu, tiekey, lists, scores)
+                     np.ascontiguousarray(U, np.float64), Q, rank_bias, mu, tiekey, lists, scores, prepared=prepared)
         ok = lists >= 0
         check_finite(mo, scores[ok], "scores")
         pred = scores[ok] - offset[lists[ok]]
@@ -165,7 +166,7 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, *, workers, schedu
 
     k = Q.shape[1]
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
-                state_bytes=Q.nbytes * 3) as eng:
+                state_bytes=Q.nbytes * 5) as eng:  # Q, its float32 and transposed copies; the tables
         per_block = st.block_users * (n * 48 + 8 * (k + 2)) + max(TILE_BYTES, 4 * st.n_items) + 16 * st.n_items
         # lists, scores, the table; U; a float32 score tile; the candidate kernel's item arrays
         for _, table in eng.imap(fn, blocks=blocks, extra_per_block=per_block, desc="recommend"):

@@ -7,6 +7,18 @@ same run from the training split: the global mean and the per-item mean (an item
 without training ratings falls back to the global mean). They are reference
 points for the reader, not released models, and are labelled non-private.
 
+**Passes.** Two: the baselines' item statistics (exact training counts and sums: the
+item means and the non-private popularity chart) are one pass over the training split
+without a solve; then one pass solves every user, gives the model's RMSE and MAE over
+every test rating (exact, never sampled), the baselines' errors, and the ranking
+metrics of a seeded sample of users (``ranking_users``, :mod:`streamdp.ranking`: their
+lists scored as float32 matrix products over tiles of users and rescored exactly). The
+baselines' statistics must be complete before a test error can be computed, which is
+why they are not folded into the second pass: the user+item-bias baseline's per-user
+offset depends on every item's damped mean, and a per-item constant's mean absolute
+error on the distribution of each item's test ratings, neither a sum that could be
+accumulated first and combined after.
+
 On an **implicit store** (interaction logs, ``RatingStore.implicit``) a held-out value
 is a count, not a rating: there is no RMSE, no rating baseline and no rating-range
 threshold. Only the ranking metrics are reported (always, whatever ``ranking``), every
@@ -125,7 +137,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     lo, hi = st.rating_min, st.rating_max
 
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
-                state_bytes=m.item_factors.nbytes * 3) as eng:
+                state_bytes=m.item_factors.nbytes * 5) as eng:  # + the ranking's float32 and transposed copies
         item_mean = damped = gm = rank = None
         if baselines or ranking:
             def sums(block, b):

@@ -57,7 +57,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.kernels.topk import SUMS, TILE_BYTES, ranking_sums, topn_blocked, topn_by_order
+from streamdp.kernels.topk import SUMS, ranking_sums, topn_blocked, topn_by_order, topn_prepare
 from streamdp.local import RELEASED_COUNTS, NOT_PERSONALISED, list_bias, list_scorer, local_design, personalised
 from streamdp.storage.ids import find
 
@@ -193,6 +193,7 @@ class Ranking:
             self.sources["private_popularity"] = popularity_order(private_counts, self.tiekey)
         self.private_what = private_what
         self.scorer, self.personalised = list_scorer(released), personalised(released)
+        self.prepared = topn_prepare(self.Q, self.bias, float(model.global_mean))  # the scoring's item side, once
         self.sources["popularity"] = popularity_order(self.pop, self.tiekey)
 
     @property
@@ -231,7 +232,7 @@ class Ranking:
             if order is None:
                 scores = np.empty((n_users, self.k))
                 topn_blocked(ip, it, want, np.ascontiguousarray(U, np.float64), self.Q, self.bias,
-                             float(self.model.global_mean), self.tiekey, lists, scores)
+                             float(self.model.global_mean), self.tiekey, lists, scores, prepared=self.prepared)
             else:
                 topn_by_order(ip, it, want, order, lists)
             part = out[s * step:(s + 1) * step]

@@ -135,8 +135,26 @@ def topn_rescore(S, rows, indptr, items, U, QT, base, tiekey, margin, out_items,
 TILE_BYTES = 2 << 20
 
 
+def topn_prepare(Q, item_bias, global_mean):
+    """The item side of :func:`topn_blocked`, computed once per model: ``(Q32, QT, base, bound_q, bound_b)``.
+
+    ``[Q, mu + b]`` in float32 (the sgemm's right operand), ``Q.T`` in float64 (the
+    rescoring's), ``mu + b`` in float64, and the per-column ``max |Q|`` and ``max |mu + b|``
+    of the float32 error bound.
+    """
+    Q = np.asarray(Q, np.float64)
+    n_items, k = Q.shape
+    base = global_mean + np.asarray(item_bias, np.float64)  # as topn_scores forms it
+    Q32 = np.empty((n_items, k + 1), np.float32)
+    Q32[:, :k] = Q
+    Q32[:, k] = base
+    bound_q = np.abs(Q).max(axis=0) if n_items else np.zeros(k)
+    bound_b = float(np.abs(base).max()) if n_items else 0.0
+    return Q32, np.ascontiguousarray(Q.T), base, bound_q, bound_b
+
+
 def topn_blocked(indptr, items, want, U, Q, item_bias, global_mean, tiekey, out_items, out_scores,
-                 *, tile_bytes: int = TILE_BYTES):
+                 *, tile_bytes: int = TILE_BYTES, prepared=None):
     """:func:`topn_scores`'s lists and scores, bit for bit, scored as float32 matrix products.
 
     The wanted users are taken in tiles of ``max(1, tile_bytes // (4 n_items))`` rows:
@@ -151,6 +169,7 @@ def topn_blocked(indptr, items, want, U, Q, item_bias, global_mean, tiekey, out_
     so every item of the true top ``n`` is a candidate, whatever the ties. The order is
     then decided in float64, ties by ascending ``tiekey`` (the item's position in the
     released model, i.e. ascending item id), exactly as :func:`topn_scores` decides it.
+    ``prepared``: :func:`topn_prepare` of ``(Q, item_bias, global_mean)``, computed once.
     """
     n_users = len(indptr) - 1
     out_items[:] = -1
@@ -158,12 +177,8 @@ def topn_blocked(indptr, items, want, U, Q, item_bias, global_mean, tiekey, out_
     n_items, k = Q.shape
     if not len(rows) or n_items == 0:
         return
-    base = global_mean + np.asarray(item_bias, np.float64)  # as topn_scores forms it
-    Q32 = np.empty((n_items, k + 1), np.float32)
-    Q32[:, :k] = Q
-    Q32[:, k] = base
-    QT = np.ascontiguousarray(np.asarray(Q, np.float64).T)
-    bound = np.abs(U[rows]) @ np.abs(Q).max(axis=0) + float(np.abs(base).max())
+    Q32, QT, base, bound_q, bound_b = topn_prepare(Q, item_bias, global_mean) if prepared is None else prepared
+    bound = np.abs(U[rows]) @ bound_q + bound_b
     margin = 4.0 * (k + 5) * 2.0 ** -24 * bound
     step = max(1, int(tile_bytes) // (4 * n_items))
     U32 = np.ones((min(step, len(rows)), k + 1), np.float32)
