@@ -268,8 +268,6 @@ def test_sampled_ranking_agrees_with_every_user_within_its_standard_error(small_
             assert abs(got[key] - want[key]) <= 4 * se, (name, key, got[key], want[key], se)
     # the RMSE is over every test rating whatever the sample
     assert ev["n_ratings"] == small_store.block_nnz("test").sum()
-    again = evaluate_model(als_model, small_store, workers=1, ranking_users=900)["ranking"]
-    assert again["recall"] == r["recall"] and again["n_users"] == r["n_users"]  # deterministic
     text = format_ranking(r)
     assert f"over {r['n_users']:,} of {r['n_users_evaluable']:,} users (a seeded sample of 900 users" in text
 
