@@ -173,13 +173,11 @@ class Ranking:
         (default: ``model``, when it is in that order already).
     sample : ndarray or None
         The sorted dense positions of the users measured (:func:`ranking_sample`); ``None``: every user.
-    sample_size : int or None
-        The number of users drawn (``--ranking-users``), for the output.
     """
 
     def __init__(self, model, tiekey, train_counts, private_counts, private_what: str, *, k: int, threshold: float,
-                 threshold_source: str, released=None, sample=None, sample_size=None):
-        self.sample, self.sample_size = sample, sample_size
+                 threshold_source: str, released=None, sample=None):
+        self.sample = sample
         self.model, self.k, self.threshold, self.threshold_source = model, check_k(k), float(threshold), \
             threshold_source
         released = model if released is None else released
@@ -209,11 +207,6 @@ class Ranking:
         lo, hi = np.searchsorted(self.sample, [first, first + n_users])
         want[self.sample[lo:hi] - first] = 1
         return want
-
-    def any_sampled(self, first: int, n_users: int) -> bool:
-        """Whether the block starting at dense user ``first`` holds a sampled user."""
-        return self.sample is None or bool(np.searchsorted(self.sample, first + n_users)
-                                           > np.searchsorted(self.sample, first))
 
     def block(self, U, train, test) -> np.ndarray:
         """The partial of one user block: ``U`` solved from ``train`` (:func:`streamdp.local.solve_block`)."""
@@ -313,7 +306,7 @@ def setup(model, store, train_counts, *, k: int = DEFAULT_K, relevant_threshold:
     counts, what = released_counts(model, pos)
     sample = ranking_sample(store.n_users, ranking_users)
     return Ranking(model.in_order_of(ids), pos, train_counts, counts, what, k=k, threshold=thr, threshold_source=src,
-                   released=model, sample=sample, sample_size=ranking_users)
+                   released=model, sample=sample)
 
 
 def ranking_verdict(r: dict) -> dict:
