@@ -105,7 +105,8 @@ def ials_metrics(store, epsilon, seed, workers, **opts):
     try:
         out = os.path.join(d, "m")
         f.save(out)
-        r = evaluate_model(out, store, baselines=False, ranking=True, workers=workers)["ranking"]
+        r = evaluate_model(out, store, baselines=False, ranking=True, workers=workers,
+                           ranking_users="all")["ranking"]  # every user, as implicit's lists are measured
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return r["recall"], r["ndcg"], r["baselines"]["private_popularity"]["recall"], secs

@@ -115,7 +115,8 @@ def metrics_of_scores(score_block, train, test, tiekey, threshold, ks, block=204
         te = test[first:end]
         for k in ks:
             ranking_sums(np.ascontiguousarray(lists[:, :k]), te.indptr.astype(np.int64), te.indices.astype(np.int32),
-                         te.data.astype(np.float64), float(threshold), pop, sums[k], covered)
+                         te.data.astype(np.float64), float(threshold), pop, np.ones(end - first, np.uint8), sums[k],
+                         covered)
     return {k: {"recall": s[2] / max(s[0], 1), "ndcg": s[3] / max(s[0], 1), "n_users": int(s[0])}
             for k, s in sums.items()}
 
@@ -180,13 +181,15 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers) -> dict:
     from streamdp.model import load_model
 
     def ranked(model, **kw):
-        return {k: evaluate_model(model, st, workers=workers, k=k, baselines=False, **kw)["ranking"] for k in ks}
+        # every user, as the references (metrics_of_scores) are computed
+        return {k: evaluate_model(model, st, workers=workers, k=k, baselines=False, ranking_users="all",
+                                  **kw)["ranking"] for k in ks}
 
     rows = {}
     path = os.path.join(tmp, f"default-{seed}")
     streamdp.train(st, epsilon=1.0, out=path, seed=seed, workers=workers, evaluate=False)
     m = load_model(path)
-    ev = evaluate_model(m, st, workers=workers, k=min(ks))
+    ev = evaluate_model(m, st, workers=workers, k=min(ks), ranking_users="all")
     new = ranked(m)
     old_m = load_model(path)
     old_m.info = {**old_m.info, "list_scorer": {"kind": "predicted_rating"}}

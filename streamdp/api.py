@@ -48,7 +48,7 @@ __all__ = ["train", "tune", "evaluate", "generate", "ingest", "default_delta"]
 def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
           rank: int | None = None, seed: int | None = None, workers: int | None = None, memory_limit=None,
           scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True,
-          users_bound: int | None = None, **options) -> Model:
+          users_bound: int | None = None, k: int = 10, ranking_users: int | str = 10_000, **options) -> Model:
     """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
 
     Exactly what ``streamdp train`` runs (:func:`streamdp.training.train`): the
@@ -73,13 +73,16 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     users_bound : int, optional
         A public number of users the data owner declares (``--users-bound``): used for the defaults and written
         in the model instead of a noisy count, nothing spent on it; a store with more users is refused.
+    k, ranking_users : int, int or "all"
+        The evaluation's ranking metrics: list length, and the users measured (a seeded sample of that many,
+        or ``"all"``), as :func:`evaluate`.
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
     return _released(out, lambda out: train_model(
         store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, workers=workers,
         scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget, force=force,
-        evaluate_test=evaluate, users_bound=users_bound, **options))
+        evaluate_test=evaluate, users_bound=users_bound, k=k, ranking_users=ranking_users, **options))
 
 
 def _released(out: str | None, run) -> Model:
@@ -243,7 +246,8 @@ def _inputs(source, columns, implicit: bool, options: dict) -> list:
 
 
 def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = None, ridge: float | None = None,
-             allow_other_store: bool = False, workers: int | None = None, memory_limit=None, scheduler=None) -> dict:
+             allow_other_store: bool = False, workers: int | None = None, memory_limit=None, scheduler=None,
+             ranking_users: int | str = 10_000) -> dict:
     """Evaluate ``model`` on ``store``'s test split: the dict ``streamdp evaluate --json`` prints.
 
     Exactly what ``streamdp evaluate`` runs (:func:`streamdp.evaluate.evaluate_model`), with
@@ -265,12 +269,16 @@ def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = No
         List length of the ranking metrics.
     relevant_threshold : float, optional
         A held-out rating at or above it is relevant (default: the top 20% of the rating range).
+    ranking_users : int or "all"
+        Users the ranking metrics are measured on: a seeded sample of that many (the output's
+        ``ranking.n_users``, ``n_users_evaluable`` and ``standard_error`` say how many and how precise),
+        or ``"all"``. RMSE and MAE always cover every test rating.
     ridge : float, optional
         Ridge of each user's local solve (default: the model's).
     """
     return as_printed(evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
                                      allow_other_store=allow_other_store, scheduler=scheduler, k=k,
-                                     relevant_threshold=relevant_threshold))
+                                     relevant_threshold=relevant_threshold, ranking_users=ranking_users))
 
 
 def generate(out: str, *, users: int = 10_000, items: int = 2_000, ratings_per_user: float = 50.0, rank: int = 8,

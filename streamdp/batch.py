@@ -5,8 +5,10 @@ device: her row solved from the released model and her own *training* ratings, e
 item she did not rate scored, the ``n`` best kept (ranked by the model's list score,
 :func:`streamdp.local.list_scorer`, ties by ascending item id; the score written is the
 predicted rating clipped to the rating range). Streamed block by block on the engine (local threads or a Dask
-cluster) with the scoring in Numba (:func:`streamdp.kernels.topk.topn_scores`), so
-memory is bounded by ``--memory-limit`` whatever the number of users.
+cluster) with the scoring as float32 matrix products over tiles of a block's users and the
+selection in Numba (:func:`streamdp.kernels.topk.topn_blocked`: the lists and scores of
+the per-user kernel :func:`streamdp.kernels.topk.topn_scores`, bit for bit), so memory
+is bounded by ``--memory-limit`` whatever the number of users.
 
 **What this is under joint DP.** The model is the release; the lists are not. Each
 user's list depends on the released model and on that user's own ratings only, so
@@ -31,7 +33,7 @@ import time
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError, StoreError
-from streamdp.kernels.topk import topn_scores
+from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_prepare
 from streamdp.local import check_finite, list_bias, local_design, model_ridge, score_range, solve_block
 from streamdp.outputs import deferred_interrupts
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
@@ -142,6 +144,7 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, names=None, *, wor
     mu = float(mo.global_mean)
     lo, hi = score_range(mo)
     tiekey = np.ascontiguousarray(tiekey, np.int64)
+    prepared = topn_prepare(Q, rank_bias, mu)  # the item side of the scoring, once
     if wanted is None:
         blocks = None
     else:
@@ -161,8 +164,8 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, names=None, *, wor
         check_finite(mo, U, "users' local solutions")
         lists = np.empty((nu, n), np.int32)
         scores = np.empty((nu, n), np.float64)
-        topn_scores(np.asarray(block.indptr, np.int64), np.asarray(block.items, np.int32), want,
-                    np.ascontiguousarray(U, np.float64), Q, rank_bias, mu, tiekey, lists, scores)
+        topn_blocked(np.asarray(block.indptr, np.int64), np.asarray(block.items, np.int32), want,
+                     np.ascontiguousarray(U, np.float64), Q, rank_bias, mu, tiekey, lists, scores, prepared=prepared)
         ok = lists >= 0
         check_finite(mo, scores[ok], "scores")
         pred = scores[ok] - offset[lists[ok]]
@@ -175,8 +178,9 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, names=None, *, wor
 
     k = Q.shape[1]
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
-                state_bytes=Q.nbytes * 3) as eng:
-        per_block = st.block_users * (n * 48 + 8 * (k + 2))  # lists, scores, the table; U
+                state_bytes=Q.nbytes * 5) as eng:  # Q, its float32 and transposed copies; the tables
+        per_block = st.block_users * (n * 48 + 8 * (k + 2)) + max(TILE_BYTES, 4 * st.n_items) + 16 * st.n_items
+        # lists, scores, the table; U; a float32 score tile; the candidate kernel's item arrays
         for _, table in eng.imap(fn, blocks=blocks, extra_per_block=per_block, desc="recommend"):
             yield table
     st.check_unchanged()

@@ -125,6 +125,10 @@ users_bound_option = click.option(
 
 k_option = click.option("--k", "k", type=int, default=10, show_default=True,
                         help="List length of the ranking metrics (Precision/Recall/NDCG/MAP@k).")
+ranking_users_option = click.option(
+    "--ranking-users", "ranking_users", default=str(10_000), show_default=True, metavar="N|all",
+    help="Users the ranking metrics are measured on: a seeded sample of N users (the same for the model and the "
+         "baselines; the output gives its standard error), or 'all'. RMSE and MAE always cover every test rating.")
 relevant_threshold_option = click.option(
     "--relevant-threshold", type=float, default=None, metavar="RATING",
     help="A held-out rating at or above it is relevant (default: the top 20% of the rating range, "
@@ -552,9 +556,11 @@ class _TrainCommand(click.Command):
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
               "an error).")
 @yes_option
+@k_option
+@ranking_users_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def train(store, method, epsilon, delta, users_bound, rank, out, seed, workers, memory_limit, scheduler, state,
-          over_budget, force, yes, as_json, **options):
+          over_budget, force, yes, k, ranking_users, as_json, **options):
     """Train a private model on STORE and write it to --out."""
     import math
 
@@ -572,7 +578,8 @@ def train(store, method, epsilon, delta, users_bound, rank, out, seed, workers, 
 
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
-                          force=force, state=state, users_bound=users_bound, **options)
+                          force=force, state=state, users_bound=users_bound, k=k, ranking_users=ranking_users,
+                          **options)
     _report(summary, as_json, format_train_summary)
 
 
@@ -811,10 +818,11 @@ def encode_json_safe(obj):
               "trained on (its checksum differs; a re-split of the same ratings gives an optimistic RMSE); the "
               "output then says so (store_matches_model: false with --json).")
 @k_option
+@ranking_users_option
 @relevant_threshold_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_store, k, relevant_threshold,
-             as_json):
+def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_store, k, ranking_users,
+             relevant_threshold, as_json):
     """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines, and the ranking metrics
     (Precision/Recall/NDCG/MAP@k, coverage, popularity bias) of each user's top-k list of items unrated in
     training, beside the most-popular lists (by the model's released counts, and non-private), and a ranking
@@ -826,7 +834,7 @@ def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_
 
     ev = evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
                         allow_other_store=allow_other_store, scheduler=scheduler, k=k,
-                        relevant_threshold=relevant_threshold)
+                        relevant_threshold=relevant_threshold, ranking_users=ranking_users)
     if as_json:
         print_json(ev)
     else:

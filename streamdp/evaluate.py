@@ -7,6 +7,18 @@ same run from the training split: the global mean and the per-item mean (an item
 without training ratings falls back to the global mean). They are reference
 points for the reader, not released models, and are labelled non-private.
 
+**Passes.** Two: the baselines' item statistics (exact training counts and sums: the
+item means and the non-private popularity chart) are one pass over the training split
+without a solve; then one pass solves every user, gives the model's RMSE and MAE over
+every test rating (exact, never sampled), the baselines' errors, and the ranking
+metrics of a seeded sample of users (``ranking_users``, :mod:`streamdp.ranking`: their
+lists scored as float32 matrix products over tiles of users and rescored exactly). The
+baselines' statistics must be complete before a test error can be computed, which is
+why they are not folded into the second pass: the user+item-bias baseline's per-user
+offset depends on every item's damped mean, and a per-item constant's mean absolute
+error on the distribution of each item's test ratings, neither a sum that could be
+accumulated first and combined after.
+
 On an **implicit store** (interaction logs, ``RatingStore.implicit``) a held-out value
 is a count, not a rating: there is no RMSE, no rating baseline and no rating-range
 threshold. Only the ranking metrics are reported (always, whatever ``ranking``), every
@@ -24,7 +36,9 @@ from streamdp.errors import StoreError
 from streamdp.local import check_finite, local_kind, model_ridge, predict_block, solve_block
 from streamdp.model import Model, load_model
 from streamdp.privacy.budget import StoreBudget
-from streamdp.ranking import check_k, format_ranking, ranking_verdict, setup
+from streamdp.kernels.topk import TILE_BYTES
+from streamdp.ranking import (DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users, format_ranking,
+                              ranking_verdict, setup)
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import Engine
@@ -32,8 +46,9 @@ from streamdp.stream.engine import add_into as _add
 
 
 def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=None, ridge: float | None = None,
-                   baselines: bool = True, allow_other_store: bool = False, ranking: bool = True, k: int = 10,
-                   relevant_threshold: float | None = None) -> dict:
+                   baselines: bool = True, allow_other_store: bool = False, ranking: bool = True, k: int = DEFAULT_K,
+                   relevant_threshold: float | None = None, ranking_users: int | str | None = DEFAULT_RANKING_USERS
+                   ) -> dict:
     """RMSE and MAE of ``model`` on ``store``'s test split (+ baselines).
 
     Parameters
@@ -60,6 +75,10 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         List length of the ranking metrics.
     relevant_threshold : float, optional
         A held-out rating at or above it is relevant (default: the top 20% of the rating range).
+    ranking_users : int or "all"
+        How many users the ranking metrics are drawn from (a seeded sample,
+        :func:`streamdp.ranking.ranking_sample`), or ``"all"`` (every user). RMSE and MAE
+        always cover every test rating.
 
     Returns
     -------
@@ -110,6 +129,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         ranking, baselines = True, False
     if ranking:
         k = check_k(k)
+        ranking_users = check_ranking_users(ranking_users)
     released = m
     m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
     ridge = model_ridge(m, ridge)
@@ -117,7 +137,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     lo, hi = st.rating_min, st.rating_max
 
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
-                state_bytes=m.item_factors.nbytes * 3) as eng:
+                state_bytes=m.item_factors.nbytes * 5) as eng:  # + the ranking's float32 and transposed copies
         item_mean = damped = gm = rank = None
         if baselines or ranking:
             def sums(block, b):
@@ -129,14 +149,16 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
             item_mean = np.where(S[1] > 0, S[0] / np.maximum(S[1], 1.0), gm)
             damped = (S[0] + ITEM_DAMPING * gm) / (S[1] + ITEM_DAMPING)  # shrunk toward the global mean
         if ranking:
-            rank = setup(released, st, S[1], k=k, relevant_threshold=relevant_threshold)
+            rank = setup(released, st, S[1], k=k, relevant_threshold=relevant_threshold, ranking_users=ranking_users)
 
         def fn(block, b):
             test = st.read_block(b, "test")
+            if lists_only:  # no RMSE: only the users whose lists are measured solve their rows
+                U = solve_rows(m, block, rank.sampled(block.first_user, block.n_users), ridge)
+                check_finite(m, U, "users' local solutions")
+                return np.concatenate([[0.0, 0.0, float(test.nnz)], rank.block(U, block, test)])
             U = solve_block(m, block.indptr, block.items, block.ratings, ridge)
             check_finite(m, U, "users' local solutions")  # before the ranking uses U
-            if lists_only:
-                return np.concatenate([[0.0, 0.0, float(test.nnz)], rank.block(U, block, test)])
             pred = predict_block(m, U, test.indptr, test.items)
             check_finite(m, pred)
             y = test.ratings.astype(np.float64)
@@ -153,7 +175,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
 
         width = 3 + 2 * len(BASELINES) if baselines else 3
         tot = eng.map_reduce(fn, _add, np.zeros(width + (rank.part_size if rank is not None else 0)),
-                             extra_per_block=8 * (rank.part_size if rank is not None else 0), desc="evaluate")
+                             extra_per_block=(8 * rank.part_size + TILE_BYTES + 16 * n) if rank is not None else 0,
+                             desc="evaluate")
     st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
     if lists_only:
         return {"implicit": implicit, "lists_only": True,
@@ -182,6 +205,23 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         out["ranking"] = rank.result(tot[width:])
         out["ranking_verdict"] = ranking_verdict(out["ranking"])
     return out
+
+
+def solve_rows(model, block, want, ridge: float) -> np.ndarray:
+    """:func:`streamdp.local.solve_block` for the users with ``want[u]`` only (each user's solve is her own);
+    the other rows are 0. A block of only wanted users is solved whole."""
+    rows = np.flatnonzero(want)
+    if len(rows) == block.n_users:
+        return solve_block(model, block.indptr, block.items, block.ratings, ridge)
+    ip = np.asarray(block.indptr, np.int64)
+    lens = np.diff(ip)[rows]
+    sub = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lens, out=sub[1:])
+    idx = np.repeat(ip[rows] - sub[:-1], lens) + np.arange(sub[-1])
+    U_sub = solve_block(model, sub, block.items[idx], block.ratings[idx], ridge)
+    U = np.zeros((block.n_users, U_sub.shape[1]))
+    U[rows] = U_sub
+    return U
 
 
 def ledger_epsilon(model):

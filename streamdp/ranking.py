@@ -6,8 +6,21 @@ scores every item, and her top-``k`` list is taken among the items she did **not
 rate in training, ranked by the model's list score (:func:`streamdp.local.list_scorer`:
 the unclipped prediction, plus the released-count term for a model that declares
 one), ties broken by the lower position in the released model (ascending item id). Streamed by user block
-through the engine, with the scoring and selection in Numba
-(:mod:`streamdp.kernels.topk`).
+through the engine, scored as float32 matrix products over tiles of users and selected
+in Numba (:func:`streamdp.kernels.topk.topn_blocked`: the lists of the float64 per-user
+kernel, bit for bit, ties included).
+
+**Which users.** By default the metrics cover a seeded sample of the store's users
+(:func:`ranking_sample`: ``--ranking-users``, default :data:`DEFAULT_RANKING_USERS`
+drawn uniformly without replacement from the dense user positions ``0..n_users-1`` with
+the fixed public seed :data:`SAMPLE_SEED`: deterministic, chosen from positions alone,
+the same users for the model's lists and the baselines'); ``--ranking-users all``
+measures every user. The sampled users with a relevant held-out item are measured; the
+output says how many (``n_users``) out of how many such users the store holds
+(``n_users_evaluable``), and each mean's **standard error** (``standard_error``: the
+sample standard deviation over ``sqrt(n_users)``, with the finite-population correction
+``sqrt(1 - n_users / n_users_evaluable)``; 0 when every user is measured). Coverage and
+popularity bias are of the measured users' lists.
 
 Relevance: a held-out (test split) rating ``>= threshold``; the default threshold is
 the top 20% of the store's rating range, ``lo + 0.8 (hi - lo)`` (4.2 on a 1..5
@@ -44,7 +57,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.kernels.topk import SUMS, ranking_sums, topn_by_order, topn_scores
+from streamdp.kernels.topk import SUMS, ranking_sums, topn_blocked, topn_by_order, topn_prepare
 from streamdp.local import RELEASED_COUNTS, list_bias, list_scorer, local_design, not_personalised_note, personalised
 from streamdp.storage.ids import find
 
@@ -56,6 +69,48 @@ TOP_SHARE = 0.2
 IMPLICIT_RELEVANT = "implicit store: every held-out interaction is relevant"
 #: The metrics of each list source, in output order.
 METRICS = ("precision", "recall", "ndcg", "map", "coverage", "popularity_bias")
+#: The per-user means whose sampling error is reported.
+SAMPLED_METRICS = ("precision", "recall", "ndcg", "map")
+#: Users the ranking metrics are drawn from by default (``--ranking-users``).
+DEFAULT_RANKING_USERS = 10_000
+#: The seed of the users' sample: fixed and public, so that every run measures the same users.
+SAMPLE_SEED = 0
+
+
+def check_ranking_users(value) -> int | None:
+    """``--ranking-users``: a positive integer, or ``"all"`` (``None``: every user).
+
+    >>> check_ranking_users("all"), check_ranking_users("500"), check_ranking_users(None)
+    (None, 500, 10000)
+    """
+    if value is None:
+        return DEFAULT_RANKING_USERS
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == "all":
+            return None
+        n = int(text) if text.isdigit() else 0
+    else:
+        n = int(value) if not isinstance(value, bool) and int(value) == value else 0
+    if n < 1:
+        raise ParameterError(f"--ranking-users must be a positive integer or 'all', got {value!r}")
+    return n
+
+
+def ranking_sample(n_users: int, size: int | None, seed: int = SAMPLE_SEED) -> np.ndarray | None:
+    """Sorted dense positions of ``size`` users drawn uniformly without replacement from ``n_users``.
+
+    ``None`` (every user) when ``size`` is ``None`` or at least ``n_users``. Depends on
+    ``(n_users, size, seed)`` only: the store's public shape, never its ratings.
+
+    >>> ranking_sample(10, None) is None, ranking_sample(10, 10) is None
+    (True, True)
+    >>> s = ranking_sample(1000, 5); len(s), bool((s == ranking_sample(1000, 5)).all())
+    (5, True)
+    """
+    if size is None or size >= n_users:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(int(n_users), int(size), replace=False)).astype(np.int64)
 
 
 def default_threshold(lo: float, hi: float) -> float:
@@ -116,10 +171,13 @@ class Ranking:
     released : Model, optional
         The model as released (ascending ids), whose list scorer ranks the model's lists
         (default: ``model``, when it is in that order already).
+    sample : ndarray or None
+        The sorted dense positions of the users measured (:func:`ranking_sample`); ``None``: every user.
     """
 
     def __init__(self, model, tiekey, train_counts, private_counts, private_what: str, *, k: int, threshold: float,
-                 threshold_source: str, released=None):
+                 threshold_source: str, released=None, sample=None):
+        self.sample = sample
         self.model, self.k, self.threshold, self.threshold_source = model, check_k(k), float(threshold), \
             threshold_source
         released = model if released is None else released
@@ -133,6 +191,7 @@ class Ranking:
             self.sources["private_popularity"] = popularity_order(private_counts, self.tiekey)
         self.private_what = private_what
         self.scorer, self.personalised = list_scorer(released), personalised(released)
+        self.prepared = topn_prepare(self.Q, self.bias, float(model.global_mean))  # the scoring's item side, once
         self.sources["popularity"] = popularity_order(self.pop, self.tiekey)
 
     @property
@@ -140,12 +199,22 @@ class Ranking:
         """Length of one block's partial (float64): sums and per-item list counts of every source."""
         return len(self.sources) * (len(SUMS) + self.n_items)
 
+    def sampled(self, first: int, n_users: int) -> np.ndarray:
+        """``uint8`` per user of the block starting at dense user ``first``: 1 for a user in the sample."""
+        if self.sample is None:
+            return np.ones(n_users, np.uint8)
+        want = np.zeros(n_users, np.uint8)
+        lo, hi = np.searchsorted(self.sample, [first, first + n_users])
+        want[self.sample[lo:hi] - first] = 1
+        return want
+
     def block(self, U, train, test) -> np.ndarray:
         """The partial of one user block: ``U`` solved from ``train`` (:func:`streamdp.local.solve_block`)."""
         n_users = len(train.indptr) - 1
         rel = test.ratings >= self.threshold
         users = np.repeat(np.arange(n_users), np.diff(test.indptr))
-        want = (np.bincount(users[rel], minlength=n_users) > 0).astype(np.uint8)
+        sampled = self.sampled(int(getattr(train, "first_user", 0)), n_users)
+        want = ((np.bincount(users[rel], minlength=n_users) > 0) & (sampled > 0)).astype(np.uint8)
         out = np.zeros(self.part_size)
         lists = np.empty((n_users, self.k), np.int32)
         ip, it = np.asarray(train.indptr, np.int64), np.asarray(train.items, np.int32)
@@ -155,12 +224,13 @@ class Ranking:
         for s, (name, order) in enumerate(self.sources.items()):
             if order is None:
                 scores = np.empty((n_users, self.k))
-                topn_scores(ip, it, want, np.ascontiguousarray(U, np.float64), self.Q, self.bias,
-                            float(self.model.global_mean), self.tiekey, lists, scores)
+                topn_blocked(ip, it, want, np.ascontiguousarray(U, np.float64), self.Q, self.bias,
+                             float(self.model.global_mean), self.tiekey, lists, scores, prepared=self.prepared)
             else:
                 topn_by_order(ip, it, want, order, lists)
             part = out[s * step:(s + 1) * step]
-            ranking_sums(lists, t_ip, t_it, t_r, self.threshold, self.pop, part[:len(SUMS)], part[len(SUMS):])
+            ranking_sums(lists, t_ip, t_it, t_r, self.threshold, self.pop, sampled, part[:len(SUMS)],
+                         part[len(SUMS):])
         return out
 
     def result(self, total) -> dict:
@@ -168,14 +238,21 @@ class Ranking:
         step = len(SUMS) + self.n_items
         mean_pop = float(self.pop.mean()) if self.n_items else 0.0
         per = {}
+        population = float(total[SUMS.index("relevant_users")])
         for s, name in enumerate(self.sources):
             part = total[s * step:(s + 1) * step]
             n = max(part[0], 1.0)
             per[name] = {"precision": part[1] / n, "recall": part[2] / n, "ndcg": part[3] / n, "map": part[4] / n,
                          "coverage": float(np.count_nonzero(part[len(SUMS):])) / max(self.n_items, 1),
-                         "popularity_bias": (part[5] / n) / mean_pop if mean_pop > 0 else 0.0}
+                         "popularity_bias": (part[5] / n) / mean_pop if mean_pop > 0 else 0.0,
+                         "standard_error": {m: standard_error(part[1 + i], part[6 + i], part[0], population,
+                                                              self.sample is not None)
+                                            for i, m in enumerate(SAMPLED_METRICS)}}
         out = {"k": self.k, "relevant_threshold": self.threshold, "threshold_source": self.threshold_source,
-               "n_users": int(total[0]), "candidates": "items the user did not rate in training",
+               "n_users": int(total[0]), "n_users_evaluable": int(population), "sampled": self.sample is not None,
+               "users_drawn": None if self.sample is None else int(len(self.sample)),
+               "sample_seed": None if self.sample is None else SAMPLE_SEED,
+               "candidates": "items the user did not rate in training",
                "list_scorer": self.scorer, "personalised": self.personalised, **per.pop("model")}
         b = {}
         if "private_popularity" in per:
@@ -189,8 +266,29 @@ class Ranking:
         return out
 
 
-def setup(model, store, train_counts, *, k: int = DEFAULT_K, relevant_threshold: float | None = None) -> Ranking:
-    """A :class:`Ranking` of ``model`` (as loaded: ascending item ids) on ``store``'s items."""
+def standard_error(total: float, squares: float, n: float, population: float, sampled: bool) -> float:
+    """The standard error of a mean of ``n`` sampled values (their sum and sum of squares) from ``population``.
+
+    ``sqrt(var / n * (1 - n / population))`` with the unbiased sample variance; 0 when
+    nothing was sampled (every user measured: the mean is exact) or fewer than 2 values.
+
+    >>> round(standard_error(2.0, 2.0, 4, 1e12, True), 6)  # values 1, 1, 0, 0: var 1/3
+    0.288675
+    >>> standard_error(2.0, 2.0, 4, 4, True)
+    0.0
+    """
+    if not sampled or n < 2 or population <= 0:
+        return 0.0
+    var = max(squares - total * total / n, 0.0) / (n - 1)
+    return float(np.sqrt(var / n * max(1.0 - n / population, 0.0)))
+
+
+def setup(model, store, train_counts, *, k: int = DEFAULT_K, relevant_threshold: float | None = None,
+          ranking_users: int | None = DEFAULT_RANKING_USERS) -> Ranking:
+    """A :class:`Ranking` of ``model`` (as loaded: ascending item ids) on ``store``'s items.
+
+    ``ranking_users``: how many users to draw (:func:`ranking_sample`); ``None``: every user.
+    """
     ids = store.item_ids()
     pos = find(model.item_ids, ids) if np.asarray(model.item_ids).dtype == ids.dtype else np.full(len(ids), -1)
     if (pos < 0).any():
@@ -206,8 +304,9 @@ def setup(model, store, train_counts, *, k: int = DEFAULT_K, relevant_threshold:
             raise ParameterError(f"--relevant-threshold must be a finite number, got {relevant_threshold}")
         src = "--relevant-threshold"
     counts, what = released_counts(model, pos)
+    sample = ranking_sample(store.n_users, ranking_users)
     return Ranking(model.in_order_of(ids), pos, train_counts, counts, what, k=k, threshold=thr, threshold_source=src,
-                   released=model)
+                   released=model, sample=sample)
 
 
 def ranking_verdict(r: dict) -> dict:
@@ -278,7 +377,7 @@ def format_ranking(r: dict, *, lists_only: bool = False) -> str:
                 f"MAP@{k} {d['map']:.4f}  coverage {d['coverage']:.1%}  popularity bias {d['popularity_bias']:.2f}")
 
     k = r["k"]
-    lines = [f"ranking @{k} over {r['n_users']:,} users with {relevant_text(r)}; candidates: unrated items",
+    lines = [f"ranking @{k} over {users_text(r)} with {relevant_text(r)}; candidates: unrated items",
              "  model:                     " + row(r)]
     b = r.get("baselines", {})
     if "private_popularity" in b:
@@ -293,6 +392,21 @@ def format_ranking(r: dict, *, lists_only: bool = False) -> str:
         lines.append("  note: " + not_personalised_note(chart=lists_only))
     lines.append("ranking verdict: " + format_ranking_verdict(ranking_verdict(r)))
     return "\n".join(lines)
+
+
+def users_text(r: dict) -> str:
+    """Which users the metrics cover, and the sampling error of Recall@k when they are a sample.
+
+    >>> users_text({"n_users": 50, "n_users_evaluable": 50, "sampled": False})
+    'all 50 users'
+    >>> users_text({"k": 10, "n_users": 40, "n_users_evaluable": 900, "sampled": True, "users_drawn": 60,
+    ...             "standard_error": {"recall": 0.0123}})
+    '40 of 900 users (a seeded sample of 60 users; standard error of Recall@10 0.0123)'
+    """
+    if not r.get("sampled"):
+        return f"all {r['n_users']:,} users"
+    return (f"{r['n_users']:,} of {r['n_users_evaluable']:,} users (a seeded sample of {r['users_drawn']:,} users; "
+            f"standard error of Recall@{r['k']} {r['standard_error']['recall']:.4f})")
 
 
 def describe_scorer(sc) -> str:
@@ -312,7 +426,10 @@ def format_ranking_short(r: dict) -> str:
     """One line for ``train``: ``Recall@10 0.0812  NDCG@10 0.0931 (most popular, non-private: 0.0700 / 0.0800)``."""
     k = r["k"]
     b = r.get("baselines", {})
-    text = f"Recall@{k} {r['recall']:.4f}  NDCG@{k} {r['ndcg']:.4f}  (relevant: {relevant_text(r, short=True)})"
+    text = f"Recall@{k} {r['recall']:.4f}  NDCG@{k} {r['ndcg']:.4f}  (relevant: {relevant_text(r, short=True)}"
+    if r.get("sampled"):
+        text += f"; {r['n_users']:,} sampled users, standard error {r['standard_error']['recall']:.4f}"
+    text += ")"
     extra = []
     if "private_popularity" in b:
         p = b["private_popularity"]

@@ -32,6 +32,7 @@ from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import privacy_warnings
 from streamdp.privacy.params import default_delta
+from streamdp.ranking import DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.driver import sweep_stale_runs
@@ -42,7 +43,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
           seed: int | None = None,
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
           force: bool = False, evaluate_test: bool = True, state: str | None = None, users_bound: int | None = None,
-          users=None, **options) -> dict:
+          users=None, k: int = DEFAULT_K, ranking_users=DEFAULT_RANKING_USERS, **options) -> dict:
     """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
 
     The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
@@ -61,10 +62,13 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     run's number of users: ``users_bound`` when given (``--users-bound``, a public number the
     data owner declares), else the count released with noise (:mod:`streamdp.privacy.users`),
     never the exact count. ``users``: a count released already (``sweep`` shares one).
+    ``k`` and ``ranking_users`` are the evaluation's list length and users of the ranking
+    metrics (:func:`streamdp.evaluate.evaluate_model`: a seeded sample by default, ``"all"``).
     """
     t0 = time.perf_counter()
     epsilon = parse_epsilon(epsilon)  # "1e309" is an error, only "inf" is infinite
     check_calibratable(epsilon)  # one message for every method, before the store is opened
+    k, ranking_users = check_k(k), check_ranking_users(ranking_users)  # before anything is spent
     store = store if isinstance(store, RatingStore) else open_store(store)
     cls = get_method(method) if isinstance(method, str) else method
     if users is None or not cls.RELEASES_USER_COUNT:
@@ -80,7 +84,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
         try:
             summary = run_summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
                                evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit,
-                               scheduler=scheduler)
+                               scheduler=scheduler, k=k, ranking_users=ranking_users)
             summary["total_seconds"] = round(time.perf_counter() - t0, 3)
             return summary
         except KeyboardInterrupt:
@@ -185,7 +189,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
 
 
 def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evaluate_test, workers,
-             memory_limit, scheduler=None) -> dict:
+             memory_limit, scheduler=None, k: int = DEFAULT_K, ranking_users=DEFAULT_RANKING_USERS) -> dict:
     led = fitted.ledger
     acc = getattr(led, "accounting", None)
     info = fitted.model_info
@@ -208,7 +212,8 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
     if stale:
         summary["stale_runs_removed"] = stale
     if evaluate_test and st.has_test:
-        ev = evaluate_model(out, st, workers=workers, scheduler=scheduler, memory_limit=memory_limit, baselines=True)
+        ev = evaluate_model(out, st, workers=workers, scheduler=scheduler, memory_limit=memory_limit, baselines=True,
+                            k=k, ranking_users="all" if ranking_users is None else ranking_users)
         if ev.get("lists_only"):  # counts, or an implicit model's scores: ranking metrics only (streamdp.evaluate)
             if ev.get("implicit"):
                 summary["test_interactions"] = ev["n_interactions"]

@@ -217,3 +217,37 @@ def test_one_million_users_within_one_gigabyte(tmp_path_factory):
         import shutil
 
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_blocked_scoring_keeps_the_per_user_lists_with_ties(small_store, model):
+    """Batch recommend's float32 tiles give the per-user kernel's lists (same items, same order), here for a model
+    whose scores tie everywhere (integer factors and biases, repeated items): ties by ascending item id."""
+    import dataclasses
+
+    from streamdp.kernels.topk import topn_scores
+    from streamdp.local import list_bias
+
+    m = load_model(model)
+    V = np.round(np.asarray(m.item_factors, np.float64))
+    V[1::2] = V[0::2][:len(V[1::2])]
+    tied = dataclasses.replace(m, item_factors=V.astype(m.item_factors.dtype),
+                               item_bias=np.round(np.asarray(m.item_bias)).astype(m.item_bias.dtype))
+    got = tied.recommend_all(small_store, 9, as_arrays=True)
+    ids = small_store.item_ids()
+    tiekey = find(tied.item_ids, ids)
+    mo = tied.in_order_of(ids)
+    Q, bias = local_design(mo)
+    rank_bias = list_bias(tied, bias, tiekey)
+    want = []
+    for b in range(small_store.n_blocks):
+        tr = small_store.read_block(b)
+        U = solve_block(mo, tr.indptr, tr.items, tr.ratings, tied.info["ridge"])
+        lists = np.empty((tr.n_users, 9), np.int32)
+        topn_scores(tr.indptr.astype(np.int64), tr.items.astype(np.int32), np.ones(tr.n_users, np.uint8), U, Q,
+                    rank_bias, float(mo.global_mean), tiekey.astype(np.int64), lists, np.empty((tr.n_users, 9)))
+        want.append(np.where(lists >= 0, ids[np.maximum(lists, 0)], -1))
+    want = np.concatenate(want)
+    assert (np.asarray(got.item_ids) == want).all()
+    # the scores tie: many lists hold equal scores, ordered by ascending item id
+    s = np.asarray(got.scores)
+    assert (s[:, :-1] == s[:, 1:]).mean() > 0.1

@@ -15,10 +15,10 @@ from hypothesis import strategies as hs
 
 from streamdp.cli import main
 from streamdp.evaluate import evaluate_model
-from streamdp.kernels.topk import SUMS, ranking_sums, topn_by_order, topn_reference, topn_scores
+from streamdp.kernels.topk import SUMS, ranking_sums, topn_blocked, topn_by_order, topn_reference, topn_scores
 from streamdp.local import local_design, solve_block
 from streamdp.model import load_model
-from streamdp.ranking import default_threshold, popularity_order
+from streamdp.ranking import default_threshold, format_ranking, popularity_order
 
 
 def _sums(lists, test, threshold, pop):
@@ -27,7 +27,8 @@ def _sums(lists, test, threshold, pop):
     it = np.array([j for t in test for j in t], np.int32)
     r = np.array([x for t in test for x in t.values()], np.float64)
     sums, cov = np.zeros(len(SUMS)), np.zeros(len(pop))
-    ranking_sums(np.asarray(lists, np.int32), ip, it, r, float(threshold), np.asarray(pop, np.float64), sums, cov)
+    ranking_sums(np.asarray(lists, np.int32), ip, it, r, float(threshold), np.asarray(pop, np.float64),
+                 np.ones(len(test), np.uint8), sums, cov)
     return dict(zip(SUMS, sums)), cov
 
 
@@ -56,15 +57,18 @@ def _python_metrics(lists, test, threshold, pop):
         rel = {j for j, r in t.items() if r >= threshold}
         if not rel:
             continue
+        out["relevant_users"] += 1
         k = len(lst)
         shown = [j for j in lst if j >= 0]
         hit = [j in rel for j in shown]
         out["users"] += 1
-        out["precision"] += sum(hit) / k
-        out["recall"] += sum(hit) / len(rel)
         dcg = sum(1 / math.log2(i + 2) for i, h in enumerate(hit) if h)
-        out["ndcg"] += dcg / sum(1 / math.log2(i + 2) for i in range(min(len(rel), k)))
-        out["map"] += sum(sum(hit[:i + 1]) / (i + 1) for i, h in enumerate(hit) if h) / min(len(rel), k)
+        per = {"precision": sum(hit) / k, "recall": sum(hit) / len(rel),
+               "ndcg": dcg / sum(1 / math.log2(i + 2) for i in range(min(len(rel), k))),
+               "map": sum(sum(hit[:i + 1]) / (i + 1) for i, h in enumerate(hit) if h) / min(len(rel), k)}
+        for name, v in per.items():
+            out[name] += v
+            out[name + "_sq"] += v * v
         out["popularity"] += sum(pop[j] for j in shown) / len(shown) if shown else 0.0
     return out
 
@@ -214,3 +218,87 @@ def test_train_summary_carries_the_ranking(small_store, tmp_path):
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("ranking: "))
     assert f"Recall@10 {r['recall']:.4f}  NDCG@10 {r['ndcg']:.4f}" in line and "most popular, non-private" in line
+
+
+@settings(max_examples=80, deadline=None)
+@given(hs.integers(0, 10_000), hs.integers(1, 9), hs.booleans(), hs.integers(1, 5))
+def test_blocked_topn_is_the_per_user_kernel_bit_for_bit(seed, n, integer_scores, tile_rows):
+    """float32 sgemm tiles + float64 rescoring of the candidates == the float64 per-user kernel: same items, same
+    order, same scores; with ties (integer factors, repeated items), users who rated every item, and several tiles."""
+    rng = np.random.default_rng(seed)
+    n_users, n_items, k = 9, 12, 3
+    U = rng.integers(-2, 3, (n_users, k)).astype(float) if integer_scores else rng.normal(size=(n_users, k)) * 10
+    Q = rng.integers(-2, 3, (n_items, k)).astype(float) if integer_scores else rng.normal(size=(n_items, k))
+    Q[n_items // 2:] = Q[:n_items - n_items // 2]  # repeated items: tied scores whatever the user
+    bias = rng.integers(0, 2, n_items).astype(float) if integer_scores else rng.normal(size=n_items) * 1e-7
+    tiekey = rng.permutation(n_items).astype(np.int64)
+    seen = [rng.choice(n_items, size=rng.integers(0, n_items + 1), replace=False) for _ in range(n_users)]
+    seen[1] = np.arange(n_items)  # rated everything: no list
+    seen[2] = np.arange(n_items - 1)  # one candidate
+    ip = np.cumsum([0] + [len(s) for s in seen]).astype(np.int64)
+    it = np.concatenate(seen).astype(np.int32)
+    want = (rng.random(n_users) < 0.8).astype(np.uint8)
+    want[:3] = 1
+    old, old_s = np.empty((n_users, n), np.int32), np.zeros((n_users, n))
+    new, new_s = np.empty((n_users, n), np.int32), np.zeros((n_users, n))
+    topn_scores(ip, it, want, U, Q, bias, 3.0, tiekey, old, old_s)
+    topn_blocked(ip, it, want, U, Q, bias, 3.0, tiekey, new, new_s, tile_bytes=4 * n_items * tile_rows)
+    assert (new == old).all()
+    assert (new_s[new >= 0] == old_s[old >= 0]).all()
+    assert (new[1] == -1).all() and new[2, 0] == n_items - 1
+
+
+def test_sampled_ranking_agrees_with_every_user_within_its_standard_error(small_store, als_model):
+    """The default is a seeded sample of users; on a small store the sample's metrics agree with the full
+    computation (--ranking-users all) within 4 standard errors, for the model and both baselines, and the
+    same users are measured for each."""
+    full = evaluate_model(als_model, small_store, workers=2, ranking_users="all")["ranking"]
+    ev = evaluate_model(als_model, small_store, workers=2, ranking_users=900)
+    r = ev["ranking"]
+    assert not full["sampled"] and full["n_users"] == full["n_users_evaluable"] > 1000
+    assert full["standard_error"]["recall"] == 0.0
+    assert r["sampled"] and r["users_drawn"] == 900 and r["n_users_evaluable"] == full["n_users"]
+    assert 100 < r["n_users"] < 900
+    for name, got, want in (("model", r, full),
+                            *((b, r["baselines"][b], full["baselines"][b]) for b in ("private_popularity",
+                                                                                      "popularity"))):
+        for key in ("precision", "recall", "ndcg", "map"):
+            se = got["standard_error"][key]
+            assert 0 < se < 0.05, (name, key)
+            assert abs(got[key] - want[key]) <= 4 * se, (name, key, got[key], want[key], se)
+    # the RMSE is over every test rating whatever the sample
+    assert ev["n_ratings"] == small_store.block_nnz("test").sum()
+    text = format_ranking(r)
+    assert f"over {r['n_users']:,} of {r['n_users_evaluable']:,} users (a seeded sample of 900 users" in text
+
+
+def test_ranking_users_option(small_store, als_model, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(main, ["evaluate", als_model, small_store.path, "--ranking-users", "300", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)["ranking"]
+    assert r["sampled"] and r["users_drawn"] == 300 and r["n_users"] < 300
+    res = runner.invoke(main, ["evaluate", als_model, small_store.path, "--ranking-users", "some"])
+    assert res.exit_code == 2
+    assert res.stderr.strip() == "streamdp: error: --ranking-users must be a positive integer or 'all', got 'some'"
+    out = str(tmp_path / "t")
+    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "4", "--out", out, "--seed",
+                               "1", "--workers", "1", "--k", "5", "--ranking-users", "400"])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("ranking: "))
+    assert "Recall@5" in line and "sampled users, standard error" in line
+
+
+def test_solve_rows_is_the_block_solve_of_the_wanted_users(small_store, als_model):
+    """An implicit evaluation (no RMSE) solves only the sampled users' rows: each the row the whole block's
+    solve gives her, bit for bit; the others 0."""
+    from streamdp.evaluate import solve_rows
+
+    m = load_model(als_model).in_order_of(small_store.item_ids())
+    tr = small_store.read_block(1)
+    full = solve_block(m, tr.indptr, tr.items, tr.ratings, 0.1)
+    want = (np.random.default_rng(0).random(tr.n_users) < 0.1).astype(np.uint8)
+    got = solve_rows(m, tr, want, 0.1)
+    assert (got[want > 0] == full[want > 0]).all() and not got[want == 0].any()
+    assert (solve_rows(m, tr, np.ones(tr.n_users, np.uint8), 0.1) == full).all()
+    assert not solve_rows(m, tr, np.zeros(tr.n_users, np.uint8), 0.1).any()

@@ -78,6 +78,119 @@ def topn_scores(indptr, items, want, U, Q, item_bias, global_mean, tiekey, out_i
 
 
 @njit(cache=True, nogil=True)
+def topn_rescore(S, rows, indptr, items, U, QT, base, tiekey, margin, out_items, out_scores):
+    """Top ``n`` unseen items of each user ``rows[r]`` from her float32 score row ``S[r]``, rescored in float64.
+
+    ``S[r, j]`` approximates ``base[j] + U[u] . QT[:, j]`` (``u = rows[r]``) to within
+    ``margin[r] / 2`` (:func:`topn_blocked`). A first scan finds the ``n``-th best
+    float32 score ``t`` of the user's unseen items; every unseen item with
+    ``S[r, j] >= t - margin[r]`` (a superset of her true top ``n``) is rescored in
+    float64 with the arithmetic of :func:`topn_scores` (the same products added in the
+    same order) and inserted with its tie-break (``tiekey`` ascending), so the lists and
+    scores are those of :func:`topn_scores`, bit for bit. A user's seen items are her
+    CSR row ``items[indptr[u]:indptr[u + 1]]`` of the block's training ratings.
+    """
+    n_items = S.shape[1]
+    k = QT.shape[0]
+    n = out_items.shape[1]
+    seen = np.full(n_items, -1, np.int64)
+    best = np.empty(n, np.int64)
+    bscore = np.empty(n, np.float64)
+    top = np.empty(n, np.float32)
+    for r in range(len(rows)):
+        u = rows[r]
+        for p in range(indptr[u], indptr[u + 1]):
+            seen[items[p]] = u
+        row = S[r]
+        c = 0
+        for j in range(n_items):  # the n-th best float32 score, ties ignored
+            if seen[j] == u:
+                continue
+            s = row[j]
+            if c == n:
+                if s <= top[n - 1]:
+                    continue
+                p = n - 1
+            else:
+                p = c
+                c += 1
+            while p > 0 and s > top[p - 1]:
+                top[p] = top[p - 1]
+                p -= 1
+            top[p] = s
+        thr = -np.inf if c < n else np.float64(top[n - 1]) - margin[r]
+        c = 0
+        for j in range(n_items):
+            if seen[j] != u and row[j] >= thr:
+                sc = base[j]
+                for d in range(k):
+                    sc += U[u, d] * QT[d, j]
+                c = _insert(j, sc, tiekey, c, n, best, bscore)
+        for a in range(c):
+            out_items[u, a] = best[a]
+            out_scores[u, a] = bscore[a]
+
+
+#: Bytes of one float32 score tile of :func:`topn_blocked` (users x items).
+TILE_BYTES = 2 << 20
+
+
+def topn_prepare(Q, item_bias, global_mean):
+    """The item side of :func:`topn_blocked`, computed once per model: ``(Q32, QT, base, bound_q, bound_b)``.
+
+    ``[Q, mu + b]`` in float32 (the sgemm's right operand), ``Q.T`` in float64 (the
+    rescoring's), ``mu + b`` in float64, and the per-column ``max |Q|`` and ``max |mu + b|``
+    of the float32 error bound.
+    """
+    Q = np.asarray(Q, np.float64)
+    n_items, k = Q.shape
+    base = global_mean + np.asarray(item_bias, np.float64)  # as topn_scores forms it
+    Q32 = np.empty((n_items, k + 1), np.float32)
+    Q32[:, :k] = Q
+    Q32[:, k] = base
+    bound_q = np.abs(Q).max(axis=0) if n_items else np.zeros(k)
+    bound_b = float(np.abs(base).max()) if n_items else 0.0
+    return Q32, np.ascontiguousarray(Q.T), base, bound_q, bound_b
+
+
+def topn_blocked(indptr, items, want, U, Q, item_bias, global_mean, tiekey, out_items, out_scores,
+                 *, tile_bytes: int = TILE_BYTES, prepared=None):
+    """:func:`topn_scores`'s lists and scores, bit for bit, scored as float32 matrix products.
+
+    The wanted users are taken in tiles of ``max(1, tile_bytes // (4 n_items))`` rows:
+    one BLAS ``sgemm`` scores a tile against every item (``[U, 1] @ [Q, mu + b].T``
+    in float32), then :func:`topn_rescore` excludes each user's training items (the
+    block's CSR rows), selects the candidates and rescores them in float64.
+
+    **Ties and float32.** The float32 scores only choose candidates: with ``K`` the
+    columns of ``[Q, 1]`` and ``A_u = sum_d |U[u, d]| max_j |Q[j, d]| + max_j |mu + b_j|``,
+    a float32 score and the float64 one differ by at most ``(K + 4) 2^-24 A_u`` (input
+    rounding and any order of summation); the margin is twice that bound on each side,
+    so every item of the true top ``n`` is a candidate, whatever the ties. The order is
+    then decided in float64, ties by ascending ``tiekey`` (the item's position in the
+    released model, i.e. ascending item id), exactly as :func:`topn_scores` decides it.
+    ``prepared``: :func:`topn_prepare` of ``(Q, item_bias, global_mean)``, computed once.
+    """
+    n_users = len(indptr) - 1
+    out_items[:] = -1
+    rows = np.flatnonzero(np.asarray(want)[:n_users]).astype(np.int64)
+    n_items, k = Q.shape
+    if not len(rows) or n_items == 0:
+        return
+    Q32, QT, base, bound_q, bound_b = topn_prepare(Q, item_bias, global_mean) if prepared is None else prepared
+    bound = np.abs(U[rows]) @ bound_q + bound_b
+    margin = 4.0 * (k + 5) * 2.0 ** -24 * bound
+    step = max(1, int(tile_bytes) // (4 * n_items))
+    U32 = np.ones((min(step, len(rows)), k + 1), np.float32)
+    for s in range(0, len(rows), step):
+        r = rows[s:s + step]
+        t = U32[:len(r)]
+        t[:, :k] = U[r]
+        S = t @ Q32.T  # sgemm
+        topn_rescore(S, r, indptr, items, U, QT, base, tiekey, margin[s:s + step], out_items, out_scores)
+
+
+@njit(cache=True, nogil=True)
 def topn_by_order(indptr, items, want, order, out_items):
     """Each wanted user's first ``n`` unseen items of the global ranking ``order`` (dense indices, best first).
 
@@ -103,21 +216,26 @@ def topn_by_order(indptr, items, want, order, out_items):
                 c += 1
 
 
-#: The per-block sums :func:`ranking_sums` accumulates, in order.
-SUMS = ("users", "precision", "recall", "ndcg", "map", "popularity")
+#: The per-block sums :func:`ranking_sums` accumulates, in order: the users measured, the sums of their
+#: per-user metrics, the sums of their squares (the sampling error), and every user with a relevant item.
+SUMS = ("users", "precision", "recall", "ndcg", "map", "popularity",
+        "precision_sq", "recall_sq", "ndcg_sq", "map_sq", "relevant_users")
 
 
 @njit(cache=True, nogil=True)
-def ranking_sums(lists, test_indptr, test_items, test_ratings, threshold, pop, sums, covered):
+def ranking_sums(lists, test_indptr, test_items, test_ratings, threshold, pop, want, sums, covered):
     """Accumulate the ranking metrics of ``lists`` against each user's relevant held-out items.
 
     A user's relevant items are her test items rated ``>= threshold``; a user with none
-    is skipped. For the others, with ``k = lists.shape[1]``, ``h`` the hits in the list
+    is skipped; so is a user with ``want[u] == 0`` (outside the sample), who is only
+    counted in ``relevant_users`` when she has a relevant item. For the others, with
+    ``k = lists.shape[1]``, ``h`` the hits in the list
     and ``R`` the relevant count: precision ``h / k``, recall ``h / R``, NDCG
     ``sum_hits 1/log2(rank + 1) / sum_{i <= min(R, k)} 1/log2(i + 1)``, average
     precision ``sum_hits P@rank / min(R, k)``, popularity the mean ``pop`` of the
-    listed items. ``sums`` (float64, :data:`SUMS` order) and ``covered`` (per item,
-    how many lists hold it) are accumulated into.
+    listed items. ``sums`` (float64, :data:`SUMS` order: the sums, then the sums of
+    squares of precision, recall, NDCG and AP) and ``covered`` (per item, how many lists
+    hold it) are accumulated into.
     """
     k = lists.shape[1]
     rel = np.full(len(pop), -1, np.int64)
@@ -128,6 +246,9 @@ def ranking_sums(lists, test_indptr, test_items, test_ratings, threshold, pop, s
                 rel[test_items[p]] = u
                 nrel += 1
         if nrel == 0:
+            continue
+        sums[10] += 1.0
+        if want[u] == 0:
             continue
         hits = 0
         dcg = 0.0
@@ -148,13 +269,21 @@ def ranking_sums(lists, test_indptr, test_items, test_ratings, threshold, pop, s
         idcg = 0.0
         for a in range(min(nrel, k)):
             idcg += 1.0 / np.log2(a + 2.0)
+        prec = hits / k
+        rec = hits / nrel
+        nd = dcg / idcg
+        av = ap / min(nrel, k)
         sums[0] += 1.0
-        sums[1] += hits / k
-        sums[2] += hits / nrel
-        sums[3] += dcg / idcg
-        sums[4] += ap / min(nrel, k)
+        sums[1] += prec
+        sums[2] += rec
+        sums[3] += nd
+        sums[4] += av
         if listed > 0:
             sums[5] += psum / listed
+        sums[6] += prec * prec
+        sums[7] += rec * rec
+        sums[8] += nd * nd
+        sums[9] += av * av
 
 
 def topn_reference(seen_rows, scores, tiekey, n):
