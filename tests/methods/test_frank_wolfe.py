@@ -275,7 +275,7 @@ def test_cli_train_prints_joint_dp_and_evaluate_recommend_work(rank1_store, tmp_
     r = CliRunner().invoke(main, ["train", rank1_store.path, "--method", "fw", "--epsilon", "2", "--rank", "4",
                                   "--passes", "1", "--seed", "1", "--out", out])
     assert r.exit_code == 0, r.output
-    assert "fw rank 4, joint user-level (epsilon, delta)-DP" in r.output
+    assert "fw rank 4 (its number of Frank-Wolfe iterations), joint user-level (epsilon, delta)-DP" in r.output
     r = CliRunner().invoke(main, ["evaluate", out, rank1_store.path, "--json"])
     assert r.exit_code == 0, r.output
     ev = json.loads(r.output.strip().splitlines()[-1])
