@@ -51,9 +51,12 @@ import math
 import os
 
 import numpy as np
+from scipy.special import ndtr
 
 from streamdp.errors import ParameterError, StreamdpError
 from streamdp.methods._profile import EDGES, WHAT as PROFILE_WHAT, exact_histogram
+from streamdp.model import load_model
+from streamdp.privacy.mechanisms import huber_variance
 from streamdp.privacy.budget import COUNTED, StoreBudget
 from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
 from streamdp.privacy.release import Release
@@ -61,7 +64,7 @@ from streamdp.storage.generate import generate_store
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import check_destination
 
-__all__ = ["SHAPE_EPSILON", "NOISE_FLOOR", "released_shape", "shape_from_histogram", "generate_like",
+__all__ = ["SHAPE_EPSILON", "NOISE_FLOOR", "released_shape", "shape_from_histogram", "item_side", "generate_like",
            "REHEARSAL_NOTE"]
 
 #: Epsilon of a histogram released for a rehearsal when STORE has released none (pure DP, Laplace).
@@ -155,6 +158,9 @@ def _sources(entry: dict) -> list[dict]:
         prof = model.get("user_profile")
         if isinstance(prof, dict) and prof.get("bin_lower_edges") == EDGES.tolist():
             out.append({"what": "histogram", "value": prof["users"], "std": float(prof["noise_std"]), "from": frm})
+        items = _item_source(where, model, ledger)
+        if items is not None:
+            out.append({**items, "from": frm})
         return out
     try:
         attrs = open_store(where).attrs
@@ -166,12 +172,122 @@ def _sources(entry: dict) -> list[dict]:
     return out
 
 
+#: The methods whose models release item counts and biases on the rating scale (als, irls, means: the noisy item
+#: weight totals ``C_j``, the item biases and global mean of their statistics pass).
+ITEM_METHODS = ("als", "irls", "means")
+#: The released item weight totals' release in the ledger (its name starts so).
+_COUNTS_RELEASE = "item weight totals C_j"
+
+
+def _noise_std(rel: dict) -> float:
+    """Standard deviation of one coordinate of the noise of a ledger's release entry."""
+    mech, scale = rel.get("mechanism"), float(rel.get("scale", math.inf))
+    if mech == "gaussian":
+        return scale
+    if mech == "laplace":
+        return math.sqrt(2.0) * scale
+    if mech == "huber":
+        return math.sqrt(huber_variance(scale, float(rel.get("huber_transition", 0.0))))
+    return math.inf
+
+
+def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
+    """The item side a model released (its noisy item weight totals, item biases and global mean), or ``None``:
+    ``{"what": "items", "value": {"counts", "bias", "global_mean", "count_std", "method"}, "std"}``, ``std`` the
+    counts' noise standard deviation over their (clipped) total, so that models of different bounds compare."""
+    if model.get("method") not in ITEM_METHODS:
+        return None
+    try:
+        m = load_model(where)
+    except StreamdpError:
+        return None
+    counts = m.extras.get("noisy_item_weight")
+    if counts is None:
+        return None
+    counts = np.asarray(counts, np.float64)
+    if m.ledger.epsilon == math.inf or model.get("epsilon") == "inf":
+        std = 0.0
+    else:
+        rel = [r for r in (ledger.get("bounds") or {}).get("releases", [])
+               if str(r.get("release", "")).startswith(_COUNTS_RELEASE)]
+        if not rel:
+            return None
+        std = _noise_std(rel[0])
+    total = float(np.maximum(counts, 0.0).sum())
+    if not (total > 0 and math.isfinite(std)):
+        return None
+    return {"what": "items", "std": std / total,
+            "value": {"counts": counts, "bias": np.asarray(m.item_bias, np.float64),
+                      "global_mean": float(m.global_mean), "count_std": std, "method": model["method"]}}
+
+
+def clipped_mean(a, s: float, lo: float, hi: float, step: float) -> np.ndarray:
+    """``E[clip(round(a + Z), lo, hi)]``, ``Z ~ N(0, s^2)``, rounded to ``step`` (0: continuous): the mean rating of an
+    item whose ratings the generator draws around ``a`` (its rounding, then its clipping).
+
+    >>> clipped_mean(np.array([3.0, 6.0]), 1.0, 1.0, 5.0, 1.0).round(3).tolist()
+    [3.0, 4.927]
+    """
+    a = np.asarray(a, np.float64)[:, None]
+    if s <= 0:
+        r = a[:, 0] if step <= 0 else lo + np.floor((a[:, 0] - lo) / step + 0.5) * step
+        return np.clip(r, lo, hi)
+    if step > 0:
+        v = lo + step * np.arange(int(round((hi - lo) / step)) + 1)
+        upper = np.r_[v[:-1] + step / 2.0, np.inf]
+        cdf = np.c_[np.zeros(len(a)), ndtr((upper[None, :-1] - a) / s), np.ones(len(a))]
+        return (np.diff(cdf, axis=1) * v[None, :]).sum(axis=1)
+    za, zb = (lo - a[:, 0]) / s, (hi - a[:, 0]) / s
+    pdf = lambda z: np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)  # noqa: E731
+    mid = a[:, 0] * (ndtr(zb) - ndtr(za)) + s * (pdf(za) - pdf(zb))
+    return lo * ndtr(za) + mid + hi * (1.0 - ndtr(zb))
+
+
+def pre_clip_means(target, s: float, lo: float, hi: float, step: float) -> np.ndarray:
+    """The ``a`` whose :func:`clipped_mean` is ``target`` (each within ``(lo, hi)``; bisection): the generator's
+    item means before its noise, rounding and clipping, that give the released item means after them.
+
+    >>> pre_clip_means(clipped_mean(np.array([2.5, 5.5]), 1.0, 1.0, 5.0, 1.0), 1.0, 1.0, 5.0, 1.0).round(6).tolist()
+    [2.5, 5.5]
+    """
+    t = np.clip(np.asarray(target, np.float64), lo + 1e-3 * (hi - lo), hi - 1e-3 * (hi - lo))
+    width = (hi - lo) + 10.0 * max(float(s), 0.0)
+    a_lo, a_hi = np.full(len(t), lo - width), np.full(len(t), hi + width)
+    for _ in range(80):
+        mid = (a_lo + a_hi) / 2.0
+        below = clipped_mean(mid, s, lo, hi, step) < t
+        a_lo, a_hi = np.where(below, mid, a_lo), np.where(below, a_hi, mid)
+    return (a_lo + a_hi) / 2.0
+
+
+def item_side(counts, count_std: float, bias) -> tuple[np.ndarray, np.ndarray]:
+    """The synthetic store's item drawing weights and biases from a model's released item weight totals (noise
+    standard deviation ``count_std``) and item biases (post-processing), most popular first.
+
+    A noisy total is clipped at ``sigma / sqrt(2 pi)``, the mean of pure noise clipped at 0 (``sigma`` its standard
+    deviation): an item whose total is within the noise is still drawn, about as often as the noise alone says,
+    rather than never (a negative total) or as often as the noise's upward swings. Under the generator's model (a
+    user's items drawn independently of her activity) a total ``C_j = sum_i c_ij`` is proportional to item ``j``'s
+    drawing probability in expectation, whatever the per-user weights ``c_ij``, so the clipped totals serve as the
+    weights themselves. Each item keeps its own released bias: popular items' means stay theirs.
+
+    >>> w, b = item_side([5.0, -3.0, 20.0], 2.5, [0.1, -0.2, 0.3])
+    >>> w.round(3).tolist(), b.tolist()
+    ([20.0, 5.0, 0.997], [0.3, 0.1, -0.2])
+    """
+    c = np.asarray(counts, np.float64)
+    w = np.maximum(c, float(count_std) / math.sqrt(2.0 * math.pi))
+    order = np.argsort(-w, kind="stable")
+    return w[order], np.asarray(bias, np.float64)[order]
+
+
 def released_shape(store) -> dict:
-    """The least noisy released ``n_users`` and histogram of training ratings per user of ``store``, from its
-    budget's counted entries (module docstring): ``{"n_users": source or None, "histogram": source or None}``.
+    """The least noisy released ``n_users``, histogram of training ratings per user and item side (counts, biases,
+    global mean) of ``store``, from its budget's counted entries (module docstring): ``{"n_users": source or None,
+    "histogram": source or None, "items": source or None}``.
     Reads the budget and the outputs its entries point at; writes nothing."""
     path = store.path if isinstance(store, RatingStore) else str(store)
-    best: dict = {"n_users": None, "histogram": None}
+    best: dict = {"n_users": None, "histogram": None, "items": None}
     for e in StoreBudget(path).entries():
         if e.get("status") not in COUNTED or e.get("status") == "reserved":
             continue
@@ -225,8 +341,9 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
     shape = {"n_users": None if users is None else {"value": int(users), "source": "given (--users): no cost"},
              "ratings_per_user": None if ratings_per_user is None else
              {"value": float(ratings_per_user), "source": "given (--ratings-per-user): no cost"}}
+    found = released_shape(st)
+    items = _items(found["items"], pub, options)
     if None in shape.values():
-        found = released_shape(st)
         if shape["n_users"] is None and found["n_users"] is not None:
             shape["n_users"] = {"value": int(found["n_users"]["value"]),
                                 "source": f"released: {found['n_users']['from']}"}
@@ -238,11 +355,12 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
                 shape["n_users"] = {"value": h["n_users"], "source": src}
             if shape["ratings_per_user"] is None:
                 shape["ratings_per_user"] = {"value": h["ratings_per_user"], "source": src}
-    like = {"store": st.path, "store_checksum": st.checksum, "public": pub}
+    like = {"store": st.path, "store_checksum": st.checksum, "public": pub, "items": items.pop("record")}
+    options = {**options, **items}
     check_destination(out, force)  # before anything is reserved
     if None in shape.values():
         return _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget, force, say, options)
-    _say_shape(say, st, pub, shape)
+    _say_shape(say, st, pub, shape, like["items"])
     return generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"],
                           ratings_per_user=_generator_rpu(shape, pub, options), rating_min=pub["rating_min"],
                           rating_max=pub["rating_max"], rating_step=pub["rating_step"],
@@ -275,7 +393,7 @@ def _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget
                              **options)
     say(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of training ratings "
         f"per user, which it had not released (entry {entry}; later rehearsals reuse it for free)")
-    _say_shape(say, st, pub, shape)
+    _say_shape(say, st, pub, shape, like["items"])
     return syn
 
 
@@ -286,8 +404,49 @@ def _generator_rpu(shape, pub, options) -> float:
     return m
 
 
-def _say_shape(say, st, pub, shape) -> None:
+def _items(found: dict | None, pub: dict, options: dict) -> dict:
+    """The generator's item-side arguments from a model's released item side (:func:`item_side`), and under
+    ``record`` what each part comes from. An option the caller gives wins over the release: ``item_exponent`` for the
+    popularity, ``global_mean`` / ``item_bias_std`` for the item means; without a release both are the generator's."""
+    v = None if found is None else found["value"]
+    if v is not None and len(v["counts"]) != pub["n_items"]:  # a model of another catalogue (the store was replaced)
+        v = None
+    src = None if v is None else (f"released by the {v['method']} model of {found['from']} (post-processing, no "
+                                  f"cost)")
+    out: dict = {}
+    w, b = (None, None) if v is None else item_side(v["counts"], v["count_std"], v["bias"])
+    if v is not None and "item_exponent" not in options:
+        out["item_weights"] = w
+        popularity = ((f"noisy item weight totals (noise std {v['count_std']:.3g}, floored at "
+                       f"{v['count_std'] / math.sqrt(2.0 * math.pi):.3g}) " if v["count_std"] > 0 else
+                       "item weight totals (exact: a non-private release) ") + src)
+    else:
+        popularity = (f"the generator's power law, exponent {options.get('item_exponent', 0.9):g} ("
+                      + ("given" if "item_exponent" in options else "no model of an item release")
+                      + ")")
+    mine = {"global_mean", "item_bias_std"} & set(options) or options.get("factors") == "uniform"
+    if v is not None and not mine:
+        # most popular first by the released counts, with or without their weights: the generator's power law, when
+        # given, numbers its items so too
+        spread = math.sqrt(options.get("interaction_scale", 1.0) ** 2 + options.get("noise", 0.5) ** 2
+                           + options.get("user_bias_std", 0.0) ** 2)
+        a = pre_clip_means(v["global_mean"] + b, spread, pub["rating_min"], pub["rating_max"], pub["rating_step"])
+        out["item_bias"], out["global_mean"] = a - v["global_mean"], v["global_mean"]
+        means = (f"global mean {v['global_mean']:.3f} plus item biases {src}, each the mean of its item's ratings "
+                 f"once the generator's spread (std {spread:.3g}), rounding and clipping are added")
+    else:
+        means = ("the generator's global mean and N(0, item_bias_std^2) item biases ("
+                 + ("given" if mine else "no model of an item release")
+                 + ")")
+    out["record"] = {"popularity": popularity, "means": means}
+    return out
+
+
+def _say_shape(say, st, pub, shape, items=None) -> None:
     say(f"shaped like {st.path}: {pub['n_items']:,} items, ratings {pub['rating_min']:g}..{pub['rating_max']:g} "
         f"(step {pub['rating_step']:g}), test fraction {pub['test_fraction']:g} (public parameters)")
     say(f"  {shape['n_users']['value']:,} users: {shape['n_users']['source']}")
     say(f"  {shape['ratings_per_user']['value']:g} ratings per user (mean): {shape['ratings_per_user']['source']}")
+    if items is not None:
+        say(f"  item popularity: {items['popularity']}")
+        say(f"  item means: {items['means']}")

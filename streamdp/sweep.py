@@ -109,10 +109,11 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
-    shape = syn.attrs["params"]["like"]["shape"]
+    like = syn.attrs["params"]["like"]
+    shape = like["shape"]
     say(f"the spend below is the synthetic store's ({syn.path}); {st.path}'s budget is not charged for the sweep")
     rehearsal = {"like": st.path, "like_checksum": st.checksum, "synthetic_store": syn.path,
-                 "n_users": shape["n_users"], "ratings_per_user": shape["ratings_per_user"]}
+                 "n_users": shape["n_users"], "ratings_per_user": shape["ratings_per_user"], "items": like["items"]}
     res = sweep(syn, out=out, seed=seed, echo=echo, prepared=True, rehearsal=rehearsal, **options)
     say(f"REHEARSAL: the curve above is on synthetic data shaped like {st.path}, not on its ratings")
     return res

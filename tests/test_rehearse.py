@@ -67,6 +67,22 @@ def test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byt
     assert like["store"] == released.path and like["public"]["test_fraction"] == 0.2
     # the released histogram puts the mean ratings per user near the store's (12 in all: noise at epsilon 2 aside)
     assert 6 <= like["shape"]["ratings_per_user"]["value"] <= 20
+    # the item side is the model's: its noisy item weight totals (floored) for popularity, its global mean and item
+    # biases for the items' mean ratings once the generator's spread, rounding and clipping are added
+    from streamdp.model import load_model
+    from streamdp.rehearse import clipped_mean, item_side
+
+    assert "item popularity: noisy item weight totals" in r.output and "item means: global mean" in r.output
+    m = load_model(str(tmp_path / "m"))
+    rel = [x for x in ledger["bounds"]["releases"] if x["release"].startswith("item weight totals C_j")][0]
+    w, b = item_side(m.extras["noisy_item_weight"], rel["scale"], m.item_bias)
+    np.testing.assert_allclose(syn.array("truth/item_weight")[:], w)
+    assert syn.attrs["params"]["global_mean"] == pytest.approx(m.global_mean)
+    got = clipped_mean(m.global_mean + syn.array("truth/item_bias")[:].astype(np.float64), np.sqrt(1.25), 1.0, 5.0,
+                       1.0)
+    np.testing.assert_allclose(got, np.clip(m.global_mean + b, 1.004, 4.996), atol=1e-5)  # float32 in the store
+    assert like["items"]["popularity"].startswith("noisy item weight totals") and "budget entry" in like["items"][
+        "means"]
 
 
 def test_a_missing_statistic_is_released_charged_and_said_then_reused(store, tmp_path):
@@ -91,7 +107,11 @@ def test_given_numbers_cost_nothing_and_fixed_parameters_are_refused(store, tmp_
     assert "given (--users): no cost" in r.output and _budget_bytes(store.path) is None
     from streamdp.storage.store import open_store
 
-    assert open_store(str(tmp_path / "g.zarr")).n_users == 500
+    g = open_store(str(tmp_path / "g.zarr"))
+    assert g.n_users == 500
+    # no model released an item side: the generator's power law and biases, said
+    assert "item popularity: the generator's power law, exponent 0.9 (no model of an item release)" in r.output
+    assert "item_weights" not in g.attrs["params"] and "item_bias" not in g.attrs["params"]
     cli.error(cli.run("generate", "--like", store.path, "--out", tmp_path / "h.zarr", "--items", "5"),
               "--items", "public parameters")
     cli.error(cli.run("generate", "--out", tmp_path / "h.zarr", "--shape-epsilon", "1"), "--shape-epsilon",

@@ -137,6 +137,24 @@ def _user_counts(n: int, mean: float, exponent: float, n_items: int, seed: int |
     return np.clip(np.rint(x), 1, n_items).astype(np.int64)
 
 
+def _given_items(weights, bias, n_items: int, factors: str):
+    """``item_weights`` / ``item_bias`` checked (:func:`generate_store`): float64 arrays or ``None``."""
+    out = []
+    for flag, v in (("item_weights", weights), ("item_bias", bias)):
+        if v is None:
+            out.append(None)
+            continue
+        a = np.asarray(v, np.float64)
+        if a.shape != (n_items,) or not np.all(np.isfinite(a)):
+            raise ParameterError(f"{flag}: expected {n_items:,} finite numbers (one per item), got shape {a.shape}")
+        out.append(a)
+    if out[0] is not None and not (np.all(out[0] >= 0) and out[0].sum() > 0):
+        raise ParameterError("item_weights: expected numbers >= 0, not all 0")
+    if out[1] is not None and factors == "uniform":
+        raise ParameterError("item_bias: --factors uniform draws a truth without biases")
+    return out[0], out[1]
+
+
 def generate_store(
     out: str,
     *,
@@ -168,6 +186,8 @@ def generate_store(
     taste_strength: float = 2.0,
     implicit: bool = False,
     count_cap: float | None = None,
+    item_weights=None,
+    item_bias=None,
     like: dict | None = None,
 ) -> RatingStore:
     """Write a synthetic store to ``out`` and return it opened.
@@ -176,6 +196,13 @@ def generate_store(
     (an interaction log) are described in the module docstring; with their defaults the
     store is the one earlier versions wrote, bit for bit. ``like``: a record of the store this one
     rehearses and where its shape came from (:mod:`streamdp.rehearse`), kept in ``params.like``.
+
+    ``item_weights`` (``n_items`` numbers >= 0, not all 0): each item's drawing weight, in place of the power law
+    ``(i + 1) ** -item_exponent``; the items are numbered by descending weight (stable), as the store requires, and
+    ``item_bias`` (``n_items`` finite numbers, in the order of ``item_weights`` when both are given) goes with them,
+    in place of the ``N(0, item_bias_std^2)`` draw (drawn all the same, so the item factors stay those of ``seed``).
+    Both are saved in ``truth/`` and recorded as ``given`` in ``params``; a rehearsal shapes the item side with them
+    from a model's released item counts and biases.
 
     Deterministic for a given ``seed`` (whatever ``workers``). A full, over-quota or
     read-only file system is a :class:`~streamdp.errors.StoreError` naming ``out``, with
@@ -213,6 +240,7 @@ def generate_store(
         if user_bias_std > 0 or outlier_fraction > 0 or activity_bias != 0:
             raise ParameterError("--implicit writes counts: --user-bias-std, --activity-bias and --outlier-fraction "
                                  "are for ratings")
+    item_weights, item_bias = _given_items(item_weights, item_bias, int(n_items), factors)
     test_fraction = check_fraction(test_fraction)
     check_destination(out, force)
 
@@ -226,7 +254,13 @@ def generate_store(
         scale = float(interaction_scale) / np.sqrt(np.sqrt(rank))
         V = (rng.standard_normal((n_items, rank)) * scale).astype(np.float64)
         bias = rng.standard_normal(n_items) * item_bias_std
-    w = (np.arange(1, n_items + 1, dtype=np.float64)) ** (-float(item_exponent))
+    if item_bias is not None:
+        bias = item_bias
+    if item_weights is not None:
+        order = np.argsort(-item_weights, kind="stable")
+        w, bias = item_weights[order], bias[order] if item_bias is not None else bias
+    else:
+        w = (np.arange(1, n_items + 1, dtype=np.float64)) ** (-float(item_exponent))
     prob = np.empty(n_items, np.float64)
     alias = np.empty(n_items, np.int64)
     alias_table(w, prob, alias)
@@ -311,6 +345,8 @@ def generate_store(
         w_.write_array("item_counts", item_counts)
         w_.write_array("truth/item_factors", V.astype(np.float32), chunks=(min(n_items, 1 << 16), rank))
         w_.write_array("truth/item_bias", bias.astype(np.float32))
+        if item_weights is not None:
+            w_.write_array("truth/item_weight", w)
         if k_taste:
             w_.write_array("truth/taste_centers", centers.astype(np.float32), chunks=(k_taste, rank))
         params = dict(n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank, noise=noise,
@@ -322,6 +358,10 @@ def generate_store(
         kind = {}
         if k_taste:  # recorded only when used: the default store's attributes are those of earlier versions
             params.update(taste_clusters=k_taste, taste_strength=float(taste_strength))
+        if item_weights is not None:  # recorded only when given, as the clusters are
+            params["item_weights"] = "given"
+        if item_bias is not None:
+            params["item_bias"] = "given"
         if like is not None:
             params["like"] = like
         if implicit:

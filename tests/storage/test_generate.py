@@ -22,3 +22,33 @@ def test_activity_bias_moves_levels_with_activity(tmp_path):
     # one-off raters move up by log 2 = 0.69, those of 8 or more down by at least log 4 (rounding, clipping blunt both)
     assert np.mean(shifted[light] - base[light]) > 0.4
     assert np.mean(shifted[heavy] - base[heavy]) < -0.6
+
+
+def test_given_item_weights_and_biases_replace_the_power_law_and_the_bias_draw(tmp_path):
+    """``item_weights`` / ``item_bias``: items numbered by descending weight with their biases, drawn in proportion to
+    the weights; the item factors stay the seed's; bad arrays are one-line errors."""
+    import pytest
+
+    from streamdp.errors import ParameterError
+    from streamdp.storage.generate import generate_store
+
+    w = np.array([1.0, 8.0, 0.0, 3.0, 4.0])
+    b = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    st = generate_store(str(tmp_path / "w.zarr"), n_users=4_000, n_items=5, ratings_per_user=1.5, seed=3,
+                        item_weights=w, item_bias=b)
+    base = generate_store(str(tmp_path / "d.zarr"), n_users=10, n_items=5, ratings_per_user=1.5, seed=3)
+    assert st.array("truth/item_bias")[:].tolist() == pytest.approx([0.2, 0.5, 0.4, 0.1, 0.3])
+    assert st.array("truth/item_weight")[:].tolist() == [8.0, 4.0, 3.0, 1.0, 0.0]
+    np.testing.assert_array_equal(st.array("truth/item_factors")[:], base.array("truth/item_factors")[:])
+    counts = st.array("item_counts")[:].astype(np.float64)
+    assert np.all(np.diff(counts) < 0)  # the weight-0 item only where a user rates all five (distinct items)
+    # shares towards 8/16, 4/16, 3/16, 1/16 (a user's items are distinct: her second draw flattens them)
+    assert counts[0] / counts[3] > 4 and counts[1] / counts[3] > 2
+    assert st.attrs["params"]["item_weights"] == "given" and "item_weights" not in base.attrs["params"]
+    for kw, words in (({"item_weights": [1.0, 2.0]}, "item_weights: expected 5 finite numbers"),
+                      ({"item_weights": [0.0] * 5}, "not all 0"),
+                      ({"item_bias": [0.0, 0.0, 0.0, 0.0, np.nan]}, "item_bias: expected 5 finite"),
+                      ({"item_bias": [0.0] * 5, "factors": "uniform"}, "without biases")):
+        with pytest.raises(ParameterError, match=words):
+            generate_store(str(tmp_path / "x.zarr"), n_users=10, n_items=5, seed=3, **kw)
+    assert not (tmp_path / "x.zarr").exists()
