@@ -254,8 +254,9 @@ def verify(store, workers, memory_limit, scheduler, as_json):
               "an error); its privacy-budget ledger is carried over.")
 @click.option("--like", default=None, metavar="STORE", help="Shape the store like STORE: its items, rating scale "
               "and test fraction (public), its users and ratings per user as STORE has released them (or --users / "
-              "--ratings-per-user, given; else released now at --shape-epsilon and charged to STORE's budget). "
-              "STORE's ratings are never read (docs/choosing-epsilon.md).")
+              "--ratings-per-user, given; else released now at --shape-epsilon and charged to STORE's budget), its "
+              "item popularity and item means as a released als/irls/means model has them (free; else the "
+              "generator's). STORE's ratings are never read (docs/choosing-epsilon.md).")
 @click.option("--shape-epsilon", type=float, default=None, metavar="E",
               help="With --like: epsilon charged to STORE if a shape statistic must be released (default 0.1).")
 @click.option("--over-budget", is_flag=True, help="With --like: release the shape statistic even past STORE's "

@@ -216,9 +216,71 @@ def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
     total = float(np.maximum(counts, 0.0).sum())
     if not (total > 0 and math.isfinite(std)):
         return None
+    par = model.get("parameters") or {}
+    rule = {"private": std > 0, "sampling": par.get("sampling", "adaptive"), "tau": float(par.get("tau") or 1.0),
+            "l1": par.get("mechanism") in ("laplace", "huber"), "centred": std > 0 and model["method"] == "means"}
     return {"what": "items", "std": std / total,
-            "value": {"counts": counts, "bias": np.asarray(m.item_bias, np.float64),
+            "value": {"counts": counts, "bias": np.asarray(m.item_bias, np.float64), "user_weight": rule,
                       "global_mean": float(m.global_mean), "count_std": std, "method": model["method"]}}
+
+
+def _user_weight(n_train: np.ndarray, rule: dict) -> np.ndarray:
+    """The weight one training rating of a user with ``n_train`` of them carries in a model's item weight totals
+    (:func:`streamdp.privacy.bounding.contribution_weights`; private ``means`` counts ``1 - 1/n`` of it)."""
+    n = np.maximum(np.asarray(n_train, np.float64), 1.0)
+    if not rule["private"]:
+        return np.ones_like(n)
+    if rule["sampling"] == "uniform":
+        c = np.minimum(n, rule["tau"]) / n
+    else:  # adaptive (with exponent 0; other rules are read as it)
+        c = rule["tau"] / n if rule["l1"] else np.sqrt(rule["tau"] / n)
+    return c * (1.0 - 1.0 / n) if rule["centred"] else c
+
+
+def _activity(mean: float, n_items: int, user_exponent: float, points: int = 128) -> np.ndarray:
+    """The generator's ratings per user (:func:`streamdp.storage.generate._user_counts`) at ``points`` equally likely
+    quantiles of its Pareto law."""
+    a = float(user_exponent)
+    q = (np.arange(points) + 0.5) / points
+    return np.clip(np.rint((1.0 - q) ** (-1.0 / a) * (mean * (a - 1.0) / a)), 1, n_items)
+
+
+def _inclusion(p: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Probability that a user drawing ``n`` distinct items (the generator: draws from ``p``, repeats rejected) rates
+    each item, ``(len(n), len(p))``: ``1 - exp(-p_j t)`` with ``sum_j (1 - exp(-p_j t)) = n`` (Rosen's approximation
+    of successive sampling)."""
+    target = np.minimum(n, int((p > 0).sum()) - 0.5)[:, None]  # an item of weight 0 is never drawn
+    lo, hi = np.zeros((len(n), 1)), np.full((len(n), 1), 1.0)
+    for _ in range(200):
+        if not np.any((1.0 - np.exp(-p[None, :] * hi)).sum(axis=1, keepdims=True) < target):
+            break
+        hi = hi * 4.0
+    for _ in range(40):
+        t = (lo + hi) / 2.0
+        below = (1.0 - np.exp(-p[None, :] * t)).sum(axis=1, keepdims=True) < target
+        lo, hi = np.where(below, t, lo), np.where(below, hi, t)
+    return 1.0 - np.exp(-p[None, :] * (lo + hi) / 2.0)
+
+
+def drawing_weights(totals, activity, user_weight, iters: int = 30) -> np.ndarray:
+    """The generator's drawing weights whose expected item weight totals are proportional to ``totals``.
+
+    Released totals are flatter than the probabilities that drew them: a heavy user rates each item at most once,
+    so the top items' share of her ratings is below their drawing probability. Drawing with the totals themselves
+    would flatten the synthetic store twice. The weights ``p`` solve ``sum_users c(n) pi_j(n, p) ~ totals_j``
+    (``c`` the model's per-user weight, ``pi_j`` :func:`_inclusion`, users at :func:`_activity`'s quantiles) by
+    ``iters`` multiplicative steps ``p_j <- p_j totals_j / E_j(p)``."""
+    t = np.asarray(totals, np.float64)
+    t = t / t.sum()
+    n = np.asarray(activity, np.float64)
+    c = np.asarray(user_weight, np.float64)
+    p = t.copy()
+    for _ in range(iters):
+        e = (c[:, None] * _inclusion(p, n)).sum(axis=0)
+        e = e / e.sum()
+        p = p * t / np.maximum(e, 1e-300)
+        p = p / p.sum()
+    return p
 
 
 def clipped_mean(a, s: float, lo: float, hi: float, step: float) -> np.ndarray:
@@ -361,10 +423,7 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
     if None in shape.values():
         return _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget, force, say, options)
     _say_shape(say, st, pub, shape, like["items"])
-    return generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"],
-                          ratings_per_user=_generator_rpu(shape, pub, options), rating_min=pub["rating_min"],
-                          rating_max=pub["rating_max"], rating_step=pub["rating_step"],
-                          test_fraction=pub["test_fraction"], force=force, like={**like, "shape": shape}, **options)
+    return _generate(out, shape, pub, like, force, options)
 
 
 def _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget, force, say, options):
@@ -386,15 +445,27 @@ def _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget
                 shape[key] = {"value": h[key], "source": src}
         like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
                                  "noise_std": math.sqrt(2.0) * rel.scale}
-        syn = generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"],
-                             ratings_per_user=_generator_rpu(shape, pub, options), rating_min=pub["rating_min"],
-                             rating_max=pub["rating_max"], rating_step=pub["rating_step"],
-                             test_fraction=pub["test_fraction"], force=force, like={**like, "shape": shape},
-                             **options)
+        syn = _generate(out, shape, pub, like, force, options)
     say(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of training ratings "
         f"per user, which it had not released (entry {entry}; later rehearsals reuse it for free)")
     _say_shape(say, st, pub, shape, like["items"])
     return syn
+
+
+def _generate(out, shape, pub, like, force, options) -> RatingStore:
+    """The synthetic store: the generator's mean ratings per user, and its item drawing weights from the released
+    totals (:func:`drawing_weights`) for users of that activity."""
+    options = dict(options)
+    m = _generator_rpu(shape, pub, options)
+    rule = options.pop("user_weight", None)
+    if rule is not None:
+        n = _activity(m, pub["n_items"], options.get("user_exponent", 2.0))
+        c = _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), rule)
+        options["item_weights"] = drawing_weights(options["item_weights"], n, c)
+    return generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"], ratings_per_user=m,
+                          rating_min=pub["rating_min"], rating_max=pub["rating_max"],
+                          rating_step=pub["rating_step"], test_fraction=pub["test_fraction"], force=force,
+                          like={**like, "shape": shape}, **options)
 
 
 def _generator_rpu(shape, pub, options) -> float:
@@ -416,10 +487,11 @@ def _items(found: dict | None, pub: dict, options: dict) -> dict:
     out: dict = {}
     w, b = (None, None) if v is None else item_side(v["counts"], v["count_std"], v["bias"])
     if v is not None and "item_exponent" not in options:
-        out["item_weights"] = w
+        out["item_weights"], out["user_weight"] = w, v["user_weight"]
         popularity = ((f"noisy item weight totals (noise std {v['count_std']:.3g}, floored at "
                        f"{v['count_std'] / math.sqrt(2.0 * math.pi):.3g}) " if v["count_std"] > 0 else
-                       "item weight totals (exact: a non-private release) ") + src)
+                       "item weight totals (exact: a non-private release) ") + src
+                      + ", turned into drawing weights for the generator's users (heavy users rate an item once)")
     else:
         popularity = (f"the generator's power law, exponent {options.get('item_exponent', 0.9):g} ("
                       + ("given" if "item_exponent" in options else "no model of an item release")
