@@ -66,6 +66,20 @@ def test_drawing_weights_undo_the_flattening_of_realized_counts(tmp_path):
     assert abs(top(p) - top(law)) < 0.03 < abs(top(counts) - top(law))
 
 
+def test_drawing_weights_stay_bounded_on_a_large_catalogue_and_unreachable_totals():
+    """Past 2,048 items the tail is solved in groups; a total no user of the generator's activity can reach (the top
+    item's share above one rating per user) moves its weight at most MAX_CORRECTION (renormalised), never to 1."""
+    from streamdp.rehearse import GROUPS, MAX_CORRECTION, _activity, drawing_weights
+
+    n_items = GROUPS + 952
+    tot = np.arange(1, n_items + 1) ** -0.9
+    n = _activity(50.0, n_items, 2.0)
+    p = drawing_weights(tot, n, np.ones(len(n)))
+    ratio = p / (tot / tot.sum())
+    assert p.sum() == pytest.approx(1.0) and np.all(np.diff(p) <= 1e-15)
+    assert ratio.max() <= 1.1 * MAX_CORRECTION and ratio.min() >= 1 / (1.1 * MAX_CORRECTION)
+
+
 def test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byte(released, tmp_path):
     before = _budget_bytes(released.path)
     r = _run("generate", "--like", released.path, "--out", tmp_path / "syn.zarr")
