@@ -35,6 +35,11 @@ length more). The temporary files need about twice the size of the parsed
 ratings (~30 bytes per rating) of free disk next to ``--out``. A ``memory_limit``
 below :func:`min_memory_limit` (about 84 MB with two threads), where the working
 buffers stop shrinking, is refused rather than silently exceeded.
+Freed working memory must leave the process, or the passes' buffers pile up: glibc
+would keep arrays of a few MB freed by the threads in its arenas (hundreds of MB over
+an ingest), so ingest sets a fixed mmap threshold first
+(:func:`streamdp.memory.unmap_large_frees`: a large array is unmapped when freed),
+and gives pyarrow's pool and glibc's heaps back between passes.
 
 Decisions where the issue is loose: users are numbered by sorted original id
 (integer order for integer ids, code-point order for strings); ids are integers
@@ -122,7 +127,7 @@ import pyarrow.compute as pc
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.ingest import bucket_rows, count_into, group_dedup, remap_sort
-from streamdp.memory import format_size, resolve_memory_limit
+from streamdp.memory import format_size, release_freed_memory, resolve_memory_limit, unmap_large_frees
 from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
 from streamdp.storage import formats as F
@@ -290,12 +295,7 @@ def _release_memory() -> None:
     """Give freed memory back to the OS: pyarrow's pool keeps freed pages, and glibc
     keeps freed heap of the parsing threads' arenas."""
     pa.default_memory_pool().release_unused()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    release_freed_memory()
 
 
 def _parse_range(rating_range) -> tuple[float, float] | None:
@@ -434,6 +434,7 @@ def ingest(
             f"{_MIN_PARSE_BLOCK >> 10} KiB; the Python runtime, about 230 MB, comes on top); use --memory-limit "
             f"{-(-need // 10**6)}MB or more")
     check_destination(out, force)
+    unmap_large_frees()  # else glibc's arenas keep the freed partitions and blocks resident (module docstring)
     tmp = None
     try:
         specs = [p if isinstance(p, F.Spec) else F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns,
