@@ -140,6 +140,9 @@ from streamdp.storage.writer import StoreWriter, check_destination
 _PURPOSE_SPLIT = 3  # same purpose key as generate: the split of block b depends on (seed, b) only
 #: Bytes of working memory per rating of a partition while it is grouped or written.
 _BYTES_PER_PART_RATING = 256
+#: Peak bytes per rating of one partition in pass 3 (:func:`group_dedup`: its input columns, 20 with a
+#: timestamp, one column's concatenation, the kernel's position and timestamp scratch, 16, and its outputs, 16).
+_DEDUP_BYTES_PER_RATING = 64
 #: pyarrow's streaming CSV reader reads ahead up to ~32 blocks when parsing is the
 #: bottleneck, so a parse block is 1/_PARSE_SHARE of the limit per parsing thread,
 #: within [_MIN_PARSE_BLOCK, _MAX_PARSE_BLOCK].
@@ -740,6 +743,15 @@ def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int
     return parts
 
 
+def _dedup_workers(limit: int, part_rows: np.ndarray) -> int:
+    """Partitions grouped at once in pass 3: up to :func:`_threads`, as many of the largest as fit in ``limit``
+    (at least one). A partition is at least one block, which can hold more ratings than the limit's share
+    (the store's blocks are its shape, not sized from the limit): then fewer threads.
+    """
+    biggest = int(part_rows.max()) if len(part_rows) else 0
+    return max(1, min(_threads(), limit // max(1, biggest * _DEDUP_BYTES_PER_RATING)))
+
+
 def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, show_progress, *,
            params, t0, count_cap=None, names=None) -> RatingStore:
     n_users, n_raw_items = len(parsed.users), len(parsed.items)
@@ -885,7 +897,7 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
     train_counts_raw = np.zeros(n_raw_items, np.int64)
     n_dup = n_test_only_users = n_across = 0
     values = _ValueStats()
-    workers = _threads()
+    workers = _dedup_workers(limit, np.add.reduceat(parsed.user_rows, part_first[:-1]))
     with ThreadPoolExecutor(max_workers=workers) as ex, \
             progress(total=n_parts, desc="aggregate" if parsed.implicit else "dedup", unit="part",
                      show=show_progress) as bar:

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO
@@ -51,3 +52,16 @@ def test_ingest_peak_rss_under_limit(tmp_path, split):
     assert s.n_ratings + s.n_test + s.attrs["n_duplicates_dropped"] == 20_000_000
     assert s.n_blocks > 1
     assert sorted(os.listdir(tmp_path)) == ["big.csv", "s.zarr"]  # no temporary files left
+
+
+def test_dedup_threads_fit_the_limit(monkeypatch):
+    """Pass 3 groups as many partitions at once as fit in the limit: a one-block partition larger than the
+    limit's share (the store's blocks are not sized from the limit) runs alone."""
+    from streamdp.storage import ingest as I
+
+    monkeypatch.setattr(I, "_threads", lambda: 2)
+    rows = np.array([1_000_000, 900_000])
+    assert I._dedup_workers(256_000_000, rows) == 2
+    assert I._dedup_workers(100_000_000, rows) == 1  # two would hold ~128 MB
+    assert I._dedup_workers(10_000_000, rows) == 1  # at least one
+    assert I._dedup_workers(256_000_000, np.array([5_000])) == 2
