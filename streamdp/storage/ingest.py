@@ -845,9 +845,10 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
             ThreadPoolExecutor(max_workers=workers) as ex:
         for _ in ex.map(scatter, range(workers)):
             pass
+    n_groups = workers  # the scatter's groups, which pass 3 concatenates (not pass 3's threads)
 
     def load_groups(p: int, col: str, dtype) -> np.ndarray:
-        parts_ = [f"{base[p]}.{g}.{col}" for g in range(workers)]
+        parts_ = [f"{base[p]}.{g}.{col}" for g in range(n_groups)]
         arrs = [np.fromfile(x, dtype) for x in parts_ if os.path.exists(x)]
         for x in parts_:
             if os.path.exists(x):
@@ -897,8 +898,8 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
     train_counts_raw = np.zeros(n_raw_items, np.int64)
     n_dup = n_test_only_users = n_across = 0
     values = _ValueStats()
-    workers = _dedup_workers(limit, np.add.reduceat(parsed.user_rows, part_first[:-1]))
-    with ThreadPoolExecutor(max_workers=workers) as ex, \
+    dedup_threads = _dedup_workers(limit, np.add.reduceat(parsed.user_rows, part_first[:-1]))
+    with ThreadPoolExecutor(max_workers=dedup_threads) as ex, \
             progress(total=n_parts, desc="aggregate" if parsed.implicit else "dedup", unit="part",
                      show=show_progress) as bar:
         for cnt, d, stats, extra in ex.map(dedup, range(n_parts)):

@@ -65,3 +65,22 @@ def test_dedup_threads_fit_the_limit(monkeypatch):
     assert I._dedup_workers(100_000_000, rows) == 1  # two would hold ~128 MB
     assert I._dedup_workers(10_000_000, rows) == 1  # at least one
     assert I._dedup_workers(256_000_000, np.array([5_000])) == 2
+
+
+def test_one_dedup_thread_reads_every_scatter_group(tmp_path, monkeypatch):
+    """Pass 3 on fewer threads than pass 2 scattered with (two files: two groups) keeps every rating."""
+    from streamdp.storage import ingest as I
+
+    rng = np.random.default_rng(0)
+    files = []
+    for k in range(2):
+        p = tmp_path / f"r{k}.csv"
+        rows = "".join(f"{u},{i},{r}\n" for u, i, r in zip(rng.integers(0, 50, 600), rng.integers(0, 40, 600),
+                                                           rng.integers(1, 6, 600)))
+        p.write_text("user,item,rating\n" + rows)
+        files.append(str(p))
+    both = I.ingest(files, str(tmp_path / "a.zarr"), test_fraction=0.2, show_progress=False, notes=False)
+    monkeypatch.setattr(I, "_dedup_workers", lambda limit, part_rows: 1)
+    one = I.ingest(files, str(tmp_path / "b.zarr"), test_fraction=0.2, show_progress=False, notes=False)
+    assert one.n_ratings + one.n_test + one.attrs["n_duplicates_dropped"] == 1200
+    assert one.attrs["checksum"] == both.attrs["checksum"]
