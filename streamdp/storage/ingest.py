@@ -27,7 +27,8 @@ The pipeline (each pass streams; nothing holds all ratings in memory):
    partitioning).
 
 Memory: ``memory_limit`` bounds the working data (parse blocks and pyarrow's
-read-ahead, two partitions in flight, write buffers). On top of it come the
+read-ahead, two partitions in flight, or one when a block alone is larger than the
+limit's share: :func:`_dedup_workers`, write buffers). On top of it come the
 runtime, which does not grow with the input (Python with numpy, pyarrow, zarr and
 numba's LLVM once a kernel is loaded: about 230 MB), and the id maps, which are
 ``O(n_users + n_items)`` (about 30 bytes per integer id; strings cost their
