@@ -30,19 +30,23 @@ import shutil
 import tempfile
 
 from streamdp.errors import ParameterError, StoreError
-from streamdp.evaluate import evaluate_model
 from streamdp.jsonio import as_printed
-from streamdp.model import Model, load_model
 from streamdp.outputs import is_no_space, no_space_reason
-from streamdp.privacy import check_privacy_params
-from streamdp.privacy.budget import StoreBudget, parse_budget
-from streamdp.privacy.params import default_delta  # re-exported: part of the API
-from streamdp.storage.generate import generate_store
-from streamdp.storage.store import RatingStore
-from streamdp.training import train as train_model
-from streamdp.tune import tune as run_tune
 
 __all__ = ["train", "tune", "evaluate", "generate", "ingest", "default_delta"]
+
+#: Names re-exported here from modules that load dp-accounting and SciPy (59 MB of RSS), imported on first
+#: use as each function imports what it runs: ``streamdp ingest`` (through :func:`ingest`) then stays within
+#: the runtime its ``--memory-limit`` comes on top of (tests/storage/test_ingest_memory.py).
+_LAZY = {"default_delta": "streamdp.privacy.params", "Model": "streamdp.model", "load_model": "streamdp.model"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'streamdp.api' has no attribute {name!r}")
 
 
 def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
@@ -79,6 +83,8 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
+    from streamdp.training import train as train_model
+
     return _released(out, lambda out: train_model(
         store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, workers=workers,
         scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget, force=force,
@@ -91,6 +97,8 @@ def _released(out: str | None, run) -> Model:
     ``out=None``: the model is written to a temporary directory, loaded, and the
     directory removed (``model.path`` is then ``"(in memory)"``).
     """
+    from streamdp.model import load_model
+
     tmp = None
     if out is None:
         tmp = tempfile.mkdtemp(prefix="streamdp-model-")
@@ -120,6 +128,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
     the method's default grid). ``out=None`` and ``users_bound`` work as for :func:`train`.
     ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice.
     """
+    from streamdp.tune import tune as run_tune
+
     return _released(out, lambda out: run_tune(
         store, epsilon=epsilon, method=method, out=out, grid=grid, delta=delta, seed=seed, workers=workers,
         memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate,
@@ -204,9 +214,12 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
         columns = ",".join(str(c) for c in columns)
     options.update(columns=columns, implicit=implicit, test_fraction=test_fraction, seed=seed, force=force,
                    split=split, last_n=last_n, item_names=None if item_names is None else os.fspath(item_names))
-    budget = parse_budget(budget)
     if budget is None:
         return ingest_files(inputs, out, **options)
+    from streamdp.privacy import check_privacy_params  # the ledger (dp-accounting): only with a budget
+    from streamdp.privacy.budget import StoreBudget, parse_budget
+
+    budget = parse_budget(budget)
 
     def check_users(n_users: int) -> None:
         check_privacy_params(*budget, n_users=n_users)
@@ -276,6 +289,8 @@ def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = No
     ridge : float, optional
         Ridge of each user's local solve (default: the model's).
     """
+    from streamdp.evaluate import evaluate_model
+
     return as_printed(evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
                                      allow_other_store=allow_other_store, scheduler=scheduler, k=k,
                                      relevant_threshold=relevant_threshold, ranking_users=ranking_users))
@@ -284,5 +299,7 @@ def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = No
 def generate(out: str, *, users: int = 10_000, items: int = 2_000, ratings_per_user: float = 50.0, rank: int = 8,
              seed: int = 0, test_fraction: float = 0.0, force: bool = False, **kw) -> RatingStore:
     """A synthetic low-rank, power-law store (``streamdp generate``); returns the opened store."""
+    from streamdp.storage.generate import generate_store
+
     return generate_store(out, n_users=users, n_items=items, ratings_per_user=ratings_per_user, rank=rank,
                           seed=seed, test_fraction=test_fraction, force=force, show_progress=False, **kw)

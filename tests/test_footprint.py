@@ -20,3 +20,23 @@ def test_training_modules_do_not_import_schedulers_plots_or_arrow(module):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout) == [], f"import {module} loads {p.stdout.strip()}"
+
+
+#: What ``streamdp ingest`` of a file must not load: its --memory-limit comes on top of a runtime
+#: without them (tests/storage/test_ingest_memory.py measures that runtime); dp-accounting and SciPy
+#: cost 59 MB, and only a --budget needs the ledger (numba loads the top of scipy, which is light).
+NOT_FOR_INGEST = ("dp_accounting", "scipy.sparse", "scipy.stats", "streamdp.privacy", "streamdp.training", "streamdp.methods")
+
+
+def test_ingest_of_a_file_does_not_import_the_ledger_or_scipy(tmp_path):
+    csv = tmp_path / "r.csv"
+    csv.write_text("user,item,rating\n1,1,4\n1,2,3\n2,1,5\n")
+    code = ("import json, sys; from streamdp.cli import main\n"
+            "try:\n"
+            f"    main(['ingest', {str(csv)!r}, '--out', {str(tmp_path / 's.zarr')!r}])\n"
+            "except SystemExit as e:\n"
+            "    assert not e.code, e.code\n"
+            f"print(json.dumps(sorted(set(sys.modules) & set({NOT_FOR_INGEST!r}))))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [], f"streamdp ingest loads {p.stdout.strip()}"

@@ -36,6 +36,7 @@ Decisions where the request is loose:
 
 from __future__ import annotations
 
+import sys
 from typing import Iterator
 
 import numpy as np
@@ -268,11 +269,10 @@ class SparseFrame(Frame):
 
 
 def _is_sparse(obj) -> bool:
-    try:
-        import scipy.sparse as sp
-    except ImportError:  # scipy is a dependency; kept lazy so that this module stays light
-        return False
-    return sp.issparse(obj)
+    # a scipy.sparse matrix exists only once scipy.sparse is imported: a path does not import it (SciPy, ~30 MB,
+    # would otherwise come into every `streamdp ingest` on top of its --memory-limit)
+    sp = sys.modules.get("scipy.sparse")
+    return sp is not None and sp.issparse(obj)
 
 
 def is_frame(obj) -> bool:

@@ -27,7 +27,8 @@ The pipeline (each pass streams; nothing holds all ratings in memory):
    partitioning).
 
 Memory: ``memory_limit`` bounds the working data (parse blocks and pyarrow's
-read-ahead, two partitions in flight, write buffers). On top of it come the
+read-ahead, two partitions in flight, or one when a block alone is larger than the
+limit's share: :func:`_dedup_workers`, write buffers). On top of it come the
 runtime, which does not grow with the input (Python with numpy, pyarrow, zarr and
 numba's LLVM once a kernel is loaded: about 230 MB), and the id maps, which are
 ``O(n_users + n_items)`` (about 30 bytes per integer id; strings cost their
@@ -35,6 +36,11 @@ length more). The temporary files need about twice the size of the parsed
 ratings (~30 bytes per rating) of free disk next to ``--out``. A ``memory_limit``
 below :func:`min_memory_limit` (about 84 MB with two threads), where the working
 buffers stop shrinking, is refused rather than silently exceeded.
+Freed working memory must leave the process, or the passes' buffers pile up: glibc
+would keep arrays of a few MB freed by the threads in its arenas (hundreds of MB over
+an ingest), so ingest sets a fixed mmap threshold first
+(:func:`streamdp.memory.unmap_large_frees`: a large array is unmapped when freed),
+and gives pyarrow's pool and glibc's heaps back between passes.
 
 Decisions where the issue is loose: users are numbered by sorted original id
 (integer order for integer ids, code-point order for strings); ids are integers
@@ -122,7 +128,7 @@ import pyarrow.compute as pc
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.ingest import bucket_rows, count_into, group_dedup, remap_sort
-from streamdp.memory import format_size, resolve_memory_limit
+from streamdp.memory import format_size, release_freed_memory, resolve_memory_limit, unmap_large_frees
 from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
 from streamdp.storage import formats as F
@@ -135,6 +141,9 @@ from streamdp.storage.writer import StoreWriter, check_destination
 _PURPOSE_SPLIT = 3  # same purpose key as generate: the split of block b depends on (seed, b) only
 #: Bytes of working memory per rating of a partition while it is grouped or written.
 _BYTES_PER_PART_RATING = 256
+#: Peak bytes per rating of one partition in pass 3 (:func:`group_dedup`: its input columns, 20 with a
+#: timestamp, one column's concatenation, the kernel's position and timestamp scratch, 16, and its outputs, 16).
+_DEDUP_BYTES_PER_RATING = 64
 #: pyarrow's streaming CSV reader reads ahead up to ~32 blocks when parsing is the
 #: bottleneck, so a parse block is 1/_PARSE_SHARE of the limit per parsing thread,
 #: within [_MIN_PARSE_BLOCK, _MAX_PARSE_BLOCK].
@@ -290,12 +299,7 @@ def _release_memory() -> None:
     """Give freed memory back to the OS: pyarrow's pool keeps freed pages, and glibc
     keeps freed heap of the parsing threads' arenas."""
     pa.default_memory_pool().release_unused()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    release_freed_memory()
 
 
 def _parse_range(rating_range) -> tuple[float, float] | None:
@@ -434,6 +438,7 @@ def ingest(
             f"{_MIN_PARSE_BLOCK >> 10} KiB; the Python runtime, about 230 MB, comes on top); use --memory-limit "
             f"{-(-need // 10**6)}MB or more")
     check_destination(out, force)
+    unmap_large_frees()  # else glibc's arenas keep the freed partitions and blocks resident (module docstring)
     tmp = None
     try:
         specs = [p if isinstance(p, F.Spec) else F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns,
@@ -739,6 +744,15 @@ def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int
     return parts
 
 
+def _dedup_workers(limit: int, part_rows: np.ndarray) -> int:
+    """Partitions grouped at once in pass 3: up to :func:`_threads`, as many of the largest as fit in ``limit``
+    (at least one). A partition is at least one block, which can hold more ratings than the limit's share
+    (the store's blocks are its shape, not sized from the limit): then fewer threads.
+    """
+    biggest = int(part_rows.max()) if len(part_rows) else 0
+    return max(1, min(_threads(), limit // max(1, biggest * _DEDUP_BYTES_PER_RATING)))
+
+
 def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, show_progress, *,
            params, t0, count_cap=None, names=None) -> RatingStore:
     n_users, n_raw_items = len(parsed.users), len(parsed.items)
@@ -832,9 +846,10 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
             ThreadPoolExecutor(max_workers=workers) as ex:
         for _ in ex.map(scatter, range(workers)):
             pass
+    n_groups = workers  # the scatter's groups, which pass 3 concatenates (not pass 3's threads)
 
     def load_groups(p: int, col: str, dtype) -> np.ndarray:
-        parts_ = [f"{base[p]}.{g}.{col}" for g in range(workers)]
+        parts_ = [f"{base[p]}.{g}.{col}" for g in range(n_groups)]
         arrs = [np.fromfile(x, dtype) for x in parts_ if os.path.exists(x)]
         for x in parts_:
             if os.path.exists(x):
@@ -884,8 +899,8 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
     train_counts_raw = np.zeros(n_raw_items, np.int64)
     n_dup = n_test_only_users = n_across = 0
     values = _ValueStats()
-    workers = _threads()
-    with ThreadPoolExecutor(max_workers=workers) as ex, \
+    dedup_threads = _dedup_workers(limit, np.add.reduceat(parsed.user_rows, part_first[:-1]))
+    with ThreadPoolExecutor(max_workers=dedup_threads) as ex, \
             progress(total=n_parts, desc="aggregate" if parsed.implicit else "dedup", unit="part",
                      show=show_progress) as bar:
         for cnt, d, stats, extra in ex.map(dedup, range(n_parts)):

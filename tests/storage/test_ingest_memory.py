@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO
@@ -51,3 +52,35 @@ def test_ingest_peak_rss_under_limit(tmp_path, split):
     assert s.n_ratings + s.n_test + s.attrs["n_duplicates_dropped"] == 20_000_000
     assert s.n_blocks > 1
     assert sorted(os.listdir(tmp_path)) == ["big.csv", "s.zarr"]  # no temporary files left
+
+
+def test_dedup_threads_fit_the_limit(monkeypatch):
+    """Pass 3 groups as many partitions at once as fit in the limit: a one-block partition larger than the
+    limit's share (the store's blocks are not sized from the limit) runs alone."""
+    from streamdp.storage import ingest as I
+
+    monkeypatch.setattr(I, "_threads", lambda: 2)
+    rows = np.array([1_000_000, 900_000])
+    assert I._dedup_workers(256_000_000, rows) == 2
+    assert I._dedup_workers(100_000_000, rows) == 1  # two would hold ~128 MB
+    assert I._dedup_workers(10_000_000, rows) == 1  # at least one
+    assert I._dedup_workers(256_000_000, np.array([5_000])) == 2
+
+
+def test_one_dedup_thread_reads_every_scatter_group(tmp_path, monkeypatch):
+    """Pass 3 on fewer threads than pass 2 scattered with (two files: two groups) keeps every rating."""
+    from streamdp.storage import ingest as I
+
+    rng = np.random.default_rng(0)
+    files = []
+    for k in range(2):
+        p = tmp_path / f"r{k}.csv"
+        rows = "".join(f"{u},{i},{r}\n" for u, i, r in zip(rng.integers(0, 50, 600), rng.integers(0, 40, 600),
+                                                           rng.integers(1, 6, 600)))
+        p.write_text("user,item,rating\n" + rows)
+        files.append(str(p))
+    both = I.ingest(files, str(tmp_path / "a.zarr"), test_fraction=0.2, show_progress=False, notes=False)
+    monkeypatch.setattr(I, "_dedup_workers", lambda limit, part_rows: 1)
+    one = I.ingest(files, str(tmp_path / "b.zarr"), test_fraction=0.2, show_progress=False, notes=False)
+    assert one.n_ratings + one.n_test + one.attrs["n_duplicates_dropped"] == 1200
+    assert one.attrs["checksum"] == both.attrs["checksum"]

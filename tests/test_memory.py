@@ -1,0 +1,35 @@
+"""streamdp.memory: large arrays freed leave the process under unmap_large_frees."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from streamdp import memory
+
+# A 20 MB array freed raises glibc's dynamic mmap threshold to its size, so that a 16 MB array
+# allocated next comes from the heap and, freed, stays resident (the trim threshold is then 40 MB).
+# With the threshold fixed, both are mappings of their own, unmapped when freed.
+_SCRIPT = """
+import sys, numpy as np
+from streamdp.memory import current_rss, unmap_large_frees
+if sys.argv[1] == "1":
+    unmap_large_frees()
+a = np.ones(20_000_000 // 8); del a
+rss0 = current_rss()
+b = np.ones(16_000_000 // 8); del b
+print(current_rss() - rss0)
+"""
+
+
+def _retained(fixed: bool) -> int:
+    return int(subprocess.run([sys.executable, "-c", _SCRIPT, "1" if fixed else "0"], capture_output=True, text=True,
+                              check=True).stdout)
+
+
+@pytest.mark.skipif(memory._LIBC is None or not hasattr(memory._LIBC, "mallopt"), reason="glibc only")
+def test_unmap_large_frees_returns_a_freed_array():
+    assert _retained(False) > 12_000_000  # glibc's default: the freed 16 MB stay resident
+    assert _retained(True) < 2_000_000
