@@ -193,7 +193,7 @@ def test_als_cli_end_to_end(small_store, tmp_path):
                                   "--iters", "2", "--mechanism", "laplace", "--sampling", "tail", "--tau", "20",
                                   "--out", out, "--json"])
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output.strip().splitlines()[-1])
+    d = json.loads(r.stdout)
     assert d["method"] == "als" and d["epsilon_spent"] <= 2.0 and d["test_rmse"] > 0
     r = CliRunner().invoke(main, ["train", small_store.path, "--method", "als", "--epsilon", "1",
                                   "--irls-iters", "2", "--out", str(tmp_path / "m2")])

@@ -278,7 +278,7 @@ def test_cli_train_prints_joint_dp_and_evaluate_recommend_work(rank1_store, tmp_
     assert "fw rank 4 (its number of Frank-Wolfe iterations), joint user-level (epsilon, delta)-DP" in r.output
     r = CliRunner().invoke(main, ["evaluate", out, rank1_store.path, "--json"])
     assert r.exit_code == 0, r.output
-    ev = json.loads(r.output.strip().splitlines()[-1])
+    ev = json.loads(r.stdout)
     assert ev["guarantee"].startswith("joint") and math.isfinite(ev["rmse"])
     mine = tmp_path / "mine.csv"
     mine.write_text("item,rating\n0,0.5\n1,-0.25\n2,0.75\n")

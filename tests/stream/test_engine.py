@@ -159,6 +159,20 @@ def test_memory_budget_counts_resident_item_state_once(small_store):
         eng.blocks_in_flight()
 
 
+def test_a_window_bounded_by_the_limit_unmaps_freed_blocks(small_store, monkeypatch):
+    """When --memory-limit, not the cap, bounds the blocks in flight, freed blocks go back to the system
+    (glibc's arenas kept them: a 1e9-rating fit under 512MB crept to 565 MB); with room to spare, no cost."""
+    import streamdp.stream.engine as engine_module
+
+    calls = []
+    monkeypatch.setattr(engine_module, "unmap_large_frees", lambda: calls.append(1))
+    eng = Engine(small_store, workers=2, memory_limit="64GB")
+    assert eng.in_flight == 7 and not calls
+    used, _ = eng.memory_used()
+    eng.memory_limit = used + 2 * eng.block_bytes() + eng.block_bytes() // 2
+    assert eng.blocks_in_flight() < 7 and calls
+
+
 def test_thread_budget():
     assert thread_budget(None, cores=2) == (2, 1)
     assert thread_budget(1, cores=2) == (1, 2)
