@@ -12,21 +12,15 @@ from streamdp.local import implicit_pairs, solve_block
 from streamdp.methods import get_method
 from streamdp.model import load_model
 from streamdp.stream.engine import Engine
+from tests.methods.test_als import _all_ratings
+from tests.methods.test_als import _fit as _fit_method
 
 INF = float("inf")
 
 
-def _fit(store, epsilon=INF, rank=3, workers=1, seed=5, **opts):
-    m = get_method("ials")(epsilon=epsilon, delta=1e-6, rank=rank, seed=seed, **opts)
-    with Engine(store, workers=workers, memory_limit="2GB") as eng:
-        return m, m.fit(store, eng)
-
-
-def _train_csr(store):
-    parts = [store.read_block(b) for b in range(store.n_blocks)]
-    ip = np.concatenate([[0]] + [p.indptr[1:] + off for p, off in
-                                 zip(parts, np.cumsum([0] + [p.nnz for p in parts[:-1]]))])
-    return ip, np.concatenate([p.items for p in parts]), np.concatenate([p.ratings for p in parts]).astype(float)
+def _fit(store, **kw):
+    """``(method, fitted)`` of ials on ``store``: test_als's fit helper with ``method="ials"``."""
+    return _fit_method(store, method="ials", **kw)
 
 
 def dense_ials(store, m, iters, cg_steps=None):
@@ -36,7 +30,7 @@ def dense_ials(store, m, iters, cg_steps=None):
     solve them), or exactly with ``cg_steps=None``.
     """
     s = m.plan(store).settings
-    ip, it, r = _train_csr(store)
+    ip, it, r = _all_ratings(store)
     ip, it, conf = implicit_pairs(ip, it, r, s.local())
     n, k = store.n_items, m.rank
     C = np.ones((store.n_users, n))
