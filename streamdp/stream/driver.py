@@ -202,17 +202,24 @@ class Run:
             except OSError as exc:
                 raise ParameterError(f"--checkpoint {self.dir}: cannot create the run directory "
                                      f"({exc.strerror})") from None
-        self.path = join(self.dir, CHECKPOINT_FILE)
-        self.checkpoint = self._load()
-        if self.checkpoint is not None:
-            self.entropy = int(self.checkpoint["entropy"])
-            self.start = int(self.checkpoint["epoch"]) + 1
-            self.run_id = str(self.checkpoint["run_id"])
-        else:
-            self.entropy = int(seed) if seed is not None else secrets.randbits(63)
-            self.start = 1
-            self.run_id = self.fingerprint + "-" + secrets.token_hex(4)
         self._states: dict[str, list[UserState]] = {}
+        # from here on a failure or a Ctrl-C/SIGTERM (the CLI's handler raises wherever the main thread is) must
+        # not leave the directory made above behind: the caller's ``with`` has not begun, so nothing else would
+        # remove it (seen under load: a signal sent as soon as owner.json appeared landed here)
+        try:
+            self.path = join(self.dir, CHECKPOINT_FILE)
+            self.checkpoint = self._load()
+            if self.checkpoint is not None:
+                self.entropy = int(self.checkpoint["entropy"])
+                self.start = int(self.checkpoint["epoch"]) + 1
+                self.run_id = str(self.checkpoint["run_id"])
+            else:
+                self.entropy = int(seed) if seed is not None else secrets.randbits(63)
+                self.start = 1
+                self.run_id = self.fingerprint + "-" + secrets.token_hex(4)
+        except BaseException:
+            self.close()
+            raise
 
     # -- randomness ----------------------------------------------------------------------
     def _family(self, purpose: int, epoch: int) -> int:

@@ -57,3 +57,19 @@ def test_temporary_run_directory_and_empty_state_folder_are_removed(tmp_path):
             d = r.dir
             raise RuntimeError
     assert not os.path.exists(d)
+
+
+def test_an_interrupt_while_the_run_is_being_opened_removes_its_directory(tmp_path, monkeypatch):
+    """A signal that lands after owner.json is written but before the caller's ``with`` begins (the CLI's handler
+    raises KeyboardInterrupt wherever the main thread is) leaves no run directory behind: seen under load in
+    tests/adversarial/test_signals.py, which signals as soon as owner.json appears."""
+    st = _store(tmp_path)
+
+    def interrupted(self):
+        assert os.path.exists(os.path.join(self.dir, "owner.json"))  # the window the test signals into
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Run, "_load", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Run(st, method="t", fingerprint="f", seed=1, rng_key=1)
+    assert not os.path.exists(st.path + ".state")
