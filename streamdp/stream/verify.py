@@ -130,12 +130,6 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
         j = int(np.flatnonzero(st.item_counts() != item_counts)[0])
         raise StoreError(f"{st.path}: item_counts: item {j} does not match the ratings stored "
                          f"(the store is damaged)")
-    if has_stats:
-        kept = np.stack(st.train_item_stats())  # (its digest checked)
-        if not np.array_equal(kept, stats):
-            j = int(np.flatnonzero((kept != stats).any(axis=0))[0])
-            raise StoreError(f"{st.path}: train/item_sums: item {j}'s training sum or count does not match the "
-                             f"ratings stored (the store is damaged)")
     for name in checksum_ids(st.attrs):
         if name == "item_ids":
             h.add_ids(name, st.item_ids())
@@ -150,6 +144,12 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
         what = "ids or attributes (" + ", ".join(attrs) + ")" if attrs else "ids"
         raise StoreError(f"{st.path}: checksum mismatch: the content gives {got}, the store records {recorded} "
                          f"({what} were altered)")
+    if has_stats:  # after the checksum: altered ratings are named as such, these arrays only when they alone differ
+        kept = np.stack(st.train_item_stats())  # (its digest checked)
+        if not np.array_equal(kept, stats):
+            j = int(np.flatnonzero((kept != stats).any(axis=0))[0])
+            raise StoreError(f"{st.path}: train/item_sums: item {j}'s training sum or count does not match the "
+                             f"ratings stored (the store is damaged)")
     st.check_unchanged()  # what was read is one store, the one whose checksum this reports
     return {
         "store": st.path,
