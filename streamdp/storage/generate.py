@@ -76,7 +76,7 @@ from streamdp.progress import progress
 from streamdp.storage.schema import TARGET_BLOCK_RATINGS, default_block_users
 from streamdp.storage.split import block_seed, check_fraction, split_block
 from streamdp.storage.store import RatingStore, open_store
-from streamdp.storage.writer import StoreWriter, block_digest, block_item_stats, check_destination
+from streamdp.storage.writer import StoreWriter, block_digest, check_destination
 
 _PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT, _PURPOSE_REAL, _PURPOSE_TASTE, _PURPOSE_IMPLICIT = 1, 2, 3, 4, 5, 6
 #: The share of a clustered user's factor variance that is her cluster's center (the rest is her own).
@@ -303,13 +303,11 @@ def generate_store(
             train, test = split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
         else:
             train, test = (ip, it, rt), None
-        # digests and item statistics in the worker thread, off the writing thread
+        # digests and item counts in the worker thread, off the writing thread
         train_d = block_digest(b, *train)
         test_d = block_digest(b, *test) if test is not None else None
         counts_b = np.bincount(it, minlength=n_items)
-        stats_b = block_item_stats(train[1], train[2], n_items)
-        return (train, train_d, stats_b, test, test_d, counts_b,
-                (float(rt.min()), float(rt.max())) if len(rt) else None)
+        return train, train_d, test, test_d, counts_b, (float(rt.min()), float(rt.max())) if len(rt) else None
 
     t0 = time.perf_counter()
     item_counts = np.zeros(n_items, np.int64)
@@ -328,10 +326,10 @@ def generate_store(
                 while next_submit < n_blocks and next_submit < b + 2 * workers:
                     pending[next_submit] = ex.submit(make, next_submit)
                     next_submit += 1
-                train, train_d, stats_b, test, test_d, counts_b, rng_b = pending.pop(b).result()
+                train, train_d, test, test_d, counts_b, rng_b = pending.pop(b).result()
                 if rng_b is not None:
                     seen[0], seen[1] = min(seen[0], rng_b[0]), max(seen[1], rng_b[1])
-                w_.write_block(b, *train, split="train", digest=train_d, item_stats=stats_b)
+                w_.write_block(b, *train, split="train", digest=train_d)
                 uc = np.diff(train[0])
                 item_counts += counts_b
                 if test is not None:

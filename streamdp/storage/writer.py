@@ -112,20 +112,24 @@ def block_digest(b: int, indptr, items, ratings) -> bytes:
     return h.digest()
 
 
-def block_item_stats(items, ratings, n_items: int) -> np.ndarray:
+def block_item_stats(items, ratings, n_items: int, out: np.ndarray | None = None) -> np.ndarray:
     """``(2, n_items)`` float64: each item's sum of the block's ratings (row 0) and their count (row 1).
 
     The one definition of a store's exact per-item training statistics: the writer adds
     the blocks' partials in block order into ``train/item_sums`` and ``train/item_counts``
-    (:meth:`StoreWriter.finalize`), and a pass over a store written without them adds the
-    same partials in the same order (:meth:`streamdp.stream.engine.Engine.map_reduce`), so
-    both give the same bits.
+    (``out``: added into it row by row, the same bits as ``out += block_item_stats(...)``
+    with one row's partial in memory at a time), and a pass over a store written without
+    them adds the same partials in the same order
+    (:meth:`streamdp.stream.engine.Engine.map_reduce`), so both give the same bits.
 
     >>> block_item_stats(np.array([0, 2, 0]), np.array([4.0, 3.0, 5.0], np.float32), 3).tolist()
     [[9.0, 0.0, 3.0], [2.0, 0.0, 1.0]]
     """
-    return np.stack([np.bincount(items, weights=np.asarray(ratings).astype(np.float64), minlength=n_items),
-                     np.bincount(items, minlength=n_items).astype(np.float64)])
+    if out is None:
+        out = np.zeros((2, n_items))
+    out[0] += np.bincount(items, weights=np.asarray(ratings).astype(np.float64), minlength=n_items)
+    out[1] += np.bincount(items, minlength=n_items)
+    return out
 
 
 def item_stats_digest(sums: np.ndarray, counts: np.ndarray) -> str:
@@ -318,7 +322,7 @@ class _SplitWriter:
         self.chunk_crcs: list[list[int]] = []
 
     def write(self, b: int, indptr: np.ndarray, items: np.ndarray, ratings: np.ndarray,
-              digest: bytes | None = None, item_stats: np.ndarray | None = None) -> None:
+              digest: bytes | None = None) -> None:
         if b != self.next_block:
             raise ValueError(f"blocks must be written in order: expected {self.next_block}, got {b}")
         first = b * self.block_users
@@ -352,7 +356,7 @@ class _SplitWriter:
         self.offsets[b] = start
         self.digests.append(digest if digest is not None else block_digest(b, indptr, items, ratings))
         if self.item_stats is not None:
-            self.item_stats += item_stats if item_stats is not None else block_item_stats(items, ratings, self.n_items)
+            block_item_stats(items, ratings, self.n_items, out=self.item_stats)
         self.nnz += nnz
         self.padded = padded_end
         self.offsets[b + 1] = padded_end
@@ -523,14 +527,14 @@ class StoreWriter:
     # -- content ------------------------------------------------------------------------
     @deferred_interrupts()
     def write_block(self, b: int, indptr, items, ratings, split: str = "train", *,
-                    digest: bytes | None = None, item_stats: np.ndarray | None = None) -> None:
+                    digest: bytes | None = None) -> None:
         """Write block ``b`` of ``split``; blocks of one split must come in order.
 
         ``digest`` is :func:`block_digest` of the same arrays if the caller already
-        computed it (e.g. in a worker thread); it is computed here otherwise. So is
-        ``item_stats``, :func:`block_item_stats` of a train block's items and float32 ratings.
+        computed it (e.g. in a worker thread); it is computed here otherwise. A train
+        block's items' sums and counts are added to the store's (:func:`block_item_stats`).
         """
-        self.splits[split].write(b, indptr, items, ratings, digest, item_stats)
+        self.splits[split].write(b, indptr, items, ratings, digest)
 
     @deferred_interrupts()
     def write_array(self, name: str, data: np.ndarray, chunks: tuple[int, ...] | None = None) -> zarr.Array:
