@@ -2,10 +2,11 @@
 
 For every user block, each user's factor is solved locally from their *training*
 ratings (:mod:`streamdp.local`, exactly what the user's device would do) and
-their test ratings are predicted. Two non-private baselines are computed in the
-same run from the training split: the global mean and the per-item mean (an item
-without training ratings falls back to the global mean). They are reference
-points for the reader, not released models, and are labelled non-private.
+their test ratings are predicted. Four non-private baselines (:data:`BASELINES`) are
+computed in the same run from the training split: the global mean, the per-item mean
+(an item without training ratings falls back to the global mean), the damped item mean
+and the user+item bias. They are reference points for the reader, not released models,
+and are labelled non-private.
 
 **Passes.** One. The baselines need each item's exact training count and sum (the item
 means, the damped means every user's offset is taken against, and the non-private

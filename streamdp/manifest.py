@@ -184,7 +184,8 @@ SUMMARY = {
     "test_rmse": OWNER, "test_mae": OWNER, "test_ratings": OWNER, "baselines": OWNER, "verdict": OWNER,
     "owner": OWNER, "model": PUBLIC, "store": PUBLIC, "rmse": OWNER, "mae": OWNER, "n_ratings": OWNER,
     "n_users": OWNER, "store_match": OWNER, "note": OWNER, "local": PUBLIC, "ridge": POST,
-    "ranking": OWNER, "ranking_verdict": OWNER, "item_statistics": PUBLIC, "n_test_users": OWNER, "n_unknown_items": OWNER, "unknown_item_ratings": OWNER,
+    "ranking": OWNER, "ranking_verdict": OWNER, "n_test_users": OWNER, "n_unknown_items": OWNER, "unknown_item_ratings": OWNER,
+    "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
 }
 
 

@@ -125,7 +125,8 @@ def test_every_kind_of_ingest_records_them(tmp_path, how):
 
     rng = np.random.default_rng(5)
     n = 900
-    rows = list(zip(rng.integers(0, 120, n), rng.integers(0, 50, n), rng.integers(1, 11, n) / 2, rng.integers(0, 10**6, n)))
+    rows = list(zip(rng.integers(0, 120, n), rng.integers(0, 50, n), rng.integers(1, 11, n) / 2,
+                    rng.integers(0, 10**6, n)))
     out = str(tmp_path / "s.zarr")
     if how == "files":
         src = dict(train=_csv(tmp_path / "a.csv", rows[:700]), test=_csv(tmp_path / "b.csv", rows[700:]))

@@ -603,8 +603,8 @@ class StoreWriter:
             # this write of the store: a run checks before releasing that the store it read is still this one
             "generation": secrets.token_hex(8),
         }
-        if "train" in self.splits:  # the exact per-item training sums and counts (outside the checksum, see schema)
-            full["train_item_stats"] = self.splits["train"].stats_digest
+        # the digest of the exact per-item training sums and counts (outside the checksum: storage/schema.py)
+        full["train_item_stats"] = self.splits["train"].stats_digest
         full["created_by"] = f"streamdp {__version__}"
         for k, v in attrs.items():
             full.setdefault(k, v)
