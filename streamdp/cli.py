@@ -599,7 +599,7 @@ def methods(as_json):
 
 def format_train_summary(summary: dict) -> str:
     """The lines ``streamdp train`` prints: what was written, the privacy spent, the RMSE beside the baselines."""
-    from streamdp.evaluate import format_baselines, format_verdict
+    from streamdp.evaluate import format_baselines, format_verdict, statistics_note
 
     eps = summary["epsilon_spent"]
     if summary["guarantee"] == "non-private":
@@ -634,6 +634,8 @@ def format_train_summary(summary: dict) -> str:
         from streamdp.local import not_personalised_note
 
         lines.append("note: " + not_personalised_note(chart=lists_model))
+    if (note := statistics_note(summary)) is not None:
+        lines.append("note: " + note)
     if summary.get("ranking"):
         from streamdp.ranking import format_ranking_short, format_ranking_verdict
 

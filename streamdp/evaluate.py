@@ -2,22 +2,30 @@
 
 For every user block, each user's factor is solved locally from their *training*
 ratings (:mod:`streamdp.local`, exactly what the user's device would do) and
-their test ratings are predicted. Two non-private baselines are computed in the
-same run from the training split: the global mean and the per-item mean (an item
-without training ratings falls back to the global mean). They are reference
-points for the reader, not released models, and are labelled non-private.
+their test ratings are predicted. Four non-private baselines (:data:`BASELINES`) are
+computed in the same run from the training split: the global mean, the per-item mean
+(an item without training ratings falls back to the global mean), the damped item mean
+and the user+item bias. They are reference points for the reader, not released models,
+and are labelled non-private.
 
-**Passes.** Two: the baselines' item statistics (exact training counts and sums: the
-item means and the non-private popularity chart) are one pass over the training split
-without a solve; then one pass solves every user, gives the model's RMSE and MAE over
-every test rating (exact, never sampled), the baselines' errors, and the ranking
-metrics of a seeded sample of users (``ranking_users``, :mod:`streamdp.ranking`: their
-lists scored as float32 matrix products over tiles of users and rescored exactly). The
-baselines' statistics must be complete before a test error can be computed, which is
-why they are not folded into the second pass: the user+item-bias baseline's per-user
-offset depends on every item's damped mean, and a per-item constant's mean absolute
-error on the distribution of each item's test ratings, neither a sum that could be
-accumulated first and combined after.
+**Passes.** One. The baselines need each item's exact training count and sum (the item
+means, the damped means every user's offset is taken against, and the non-private
+popularity chart) complete before the first test error can be computed: the
+user+item-bias baseline's per-user offset depends on every item's damped mean, and a
+per-item constant's mean absolute error on the distribution of each item's test
+ratings, neither a sum that could be accumulated in the same pass and combined after.
+The store's writer sees every training rating anyway, so it records those sums and
+counts when the store is written (``train/item_sums``, ``train/item_counts``: the
+owner's private statistics of the raw data, never released; the baselines and the
+chart made from them are labelled non-private), and the evaluation reads them
+(:func:`train_item_statistics`). Then one pass solves every user, gives the model's
+RMSE and MAE over every test rating (exact, never sampled), the baselines' errors, and
+the ranking metrics of a seeded sample of users (``ranking_users``,
+:mod:`streamdp.ranking`: their lists scored as float32 matrix products over tiles of
+users and rescored exactly). A store written before the statistics were recorded gets
+them from a pass of their own first (``evaluate: baselines``: the same per-block
+partials added in the same order, so the same bits), and the result says so
+(``item_statistics: "pass"`` and a note).
 
 On an **implicit store** (interaction logs, ``RatingStore.implicit``) a held-out value
 is a count, not a rating: there is no RMSE, no rating baseline and no rating-range
@@ -41,6 +49,7 @@ from streamdp.ranking import (DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_r
                               ranking_verdict, setup)
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
+from streamdp.storage.writer import block_item_stats
 from streamdp.stream.engine import Engine
 from streamdp.stream.engine import add_into as _add
 
@@ -139,12 +148,9 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
                 state_bytes=m.item_factors.nbytes * 5) as eng:  # + the ranking's float32 and transposed copies
         item_mean = damped = gm = rank = None
+        source = None
         if baselines or ranking:
-            def sums(block, b):
-                return np.stack([np.bincount(block.items, weights=block.ratings.astype(np.float64), minlength=n),
-                                 np.bincount(block.items, minlength=n).astype(np.float64)])
-
-            S = eng.map_reduce(sums, _add, np.zeros((2, n)), extra_per_block=16 * n, desc="evaluate: baselines")
+            S, source = train_item_statistics(st, eng)
             gm = float(S[0].sum() / max(S[1].sum(), 1.0))
             item_mean = np.where(S[1] > 0, S[0] / np.maximum(S[1], 1.0), gm)
             damped = (S[0] + ITEM_DAMPING * gm) / (S[1] + ITEM_DAMPING)  # shrunk toward the global mean
@@ -178,12 +184,13 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                              extra_per_block=(8 * rank.part_size + TILE_BYTES + 16 * n) if rank is not None else 0,
                              desc="evaluate")
     st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
+    said = {} if source is None else {"item_statistics": source}
     if lists_only:
         return {"implicit": implicit, "lists_only": True,
                 ("n_interactions" if implicit else "n_ratings"): int(tot[2]), "n_users": st.n_users, "ridge": ridge,
                 "method": m.method, "guarantee": getattr(m.ledger, "guarantee", None), "epsilon": m.info.get("epsilon"),
                 "store_matches_model": match, "ranking": (r := rank.result(tot[width:])),
-                "ranking_verdict": ranking_verdict(r)}
+                "ranking_verdict": ranking_verdict(r), **said}
     cnt = max(tot[2], 1.0)
     out = {
         "rmse": math.sqrt(tot[0] / cnt),
@@ -195,6 +202,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         "guarantee": getattr(m.ledger, "guarantee", None),
         "epsilon": ledger_epsilon(m),
         "store_matches_model": match,
+        **said,
     }
     if baselines:
         out["baselines"] = {name: {"rmse": math.sqrt(tot[3 + 2 * i] / cnt), "mae": tot[4 + 2 * i] / cnt,
@@ -205,6 +213,40 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         out["ranking"] = rank.result(tot[width:])
         out["ranking_verdict"] = ranking_verdict(out["ranking"])
     return out
+
+
+#: ``item_statistics`` of an evaluation: read from the store, or summed by a pass of their own.
+RECORDED, OWN_PASS = "recorded", "pass"
+
+
+def train_item_statistics(store, eng) -> tuple[np.ndarray, str]:
+    """``(S, source)``: each item's exact training sum (``S[0]``) and count (``S[1]``), float64.
+
+    Read from the store when it recorded them as it was written
+    (:meth:`~streamdp.storage.store.RatingStore.train_item_stats`, ``source`` :data:`RECORDED`); for a store
+    written before, summed by a pass of ``eng`` over the training split (``source`` :data:`OWN_PASS`) of the
+    same per-block partials (:func:`~streamdp.storage.writer.block_item_stats`) added in the same block order:
+    the same bits either way.
+    """
+    recorded = store.train_item_stats()
+    if recorded is not None:
+        return np.stack(recorded), RECORDED
+    n = store.n_items
+
+    def part(block, b):
+        return block_item_stats(block.items, block.ratings, n)
+
+    S = eng.map_reduce(part, _add, np.zeros((2, n)), extra_per_block=16 * n, desc="evaluate: baselines")
+    return S, OWN_PASS
+
+
+def statistics_note(ev: dict) -> str | None:
+    """The note of an evaluation whose item statistics took a pass of their own (``None`` otherwise)."""
+    if ev.get("item_statistics") != OWN_PASS:
+        return None
+    return ("the store was written before streamdp recorded its training items' sums and counts, so the "
+            "baselines and the exact popularity chart took a pass of their own over the training split (ingest or "
+            "generate the store again to evaluate in one pass)")
 
 
 def solve_rows(model, block, want, ridge: float) -> np.ndarray:
@@ -331,6 +373,8 @@ def format_evaluation(ev: dict) -> str:
         lines.append("verdict: " + format_verdict(ev["verdict"], ev["rmse"]))
     if ev.get("ranking"):
         lines.append(format_ranking(ev["ranking"], lists_only=bool(ev.get("lists_only"))))
+    if (note := statistics_note(ev)) is not None:
+        lines.append("note: " + note)
     if ev.get("store_matches_model") is False:
         lines.append("another store than the model's (store_matches_model: false, --allow-other-store): the store's "
                      "fingerprint differs from that of the store the model was trained on; if it holds ratings the "

@@ -185,6 +185,7 @@ SUMMARY = {
     "owner": OWNER, "model": PUBLIC, "store": PUBLIC, "rmse": OWNER, "mae": OWNER, "n_ratings": OWNER,
     "n_users": OWNER, "store_match": OWNER, "note": OWNER, "local": PUBLIC, "ridge": POST,
     "ranking": OWNER, "ranking_verdict": OWNER, "n_test_users": OWNER, "n_unknown_items": OWNER, "unknown_item_ratings": OWNER,
+    "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
 }
 
 

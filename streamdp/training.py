@@ -214,6 +214,8 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
     if evaluate_test and st.has_test:
         ev = evaluate_model(out, st, workers=workers, scheduler=scheduler, memory_limit=memory_limit, baselines=True,
                             k=k, ranking_users="all" if ranking_users is None else ranking_users)
+        if "item_statistics" in ev:  # recorded in the store, or (a store written before) a pass of their own
+            summary["item_statistics"] = ev["item_statistics"]
         if ev.get("lists_only"):  # counts, or an implicit model's scores: ranking metrics only (streamdp.evaluate)
             if ev.get("implicit"):
                 summary["test_interactions"] = ev["n_interactions"]

@@ -51,6 +51,21 @@ def test_evaluate_reports_ranking_only_with_held_out_interactions_relevant(store
     assert code.exit_code == 0 and "RMSE" not in code.stdout and "most popular (non-private)" in code.stdout
 
 
+def test_an_implicit_store_is_evaluated_in_one_pass_with_the_numbers_of_two(stores, tmp_path, monkeypatch):
+    """The chart's exact counts come from the log's recorded training statistics; a log ingested before they were
+    recorded takes a pass of its own for them and gives the same ranking, to the bit."""
+    from tests.test_evaluate_passes import passes, without_item_stats
+
+    model, log = stores
+    old = without_item_stats(log.path, str(tmp_path / "old.zarr"))
+    seen = passes(monkeypatch)
+    one = evaluate_model(model.path, log, allow_other_store=True, ranking_users="all")
+    assert seen == ["evaluate"] and one.pop("item_statistics") == "recorded"
+    two = evaluate_model(model.path, old, allow_other_store=True, ranking_users="all")
+    assert seen[1:] == ["evaluate: baselines", "evaluate"] and two.pop("item_statistics") == "pass"
+    assert one == two
+
+
 def test_train_summary_on_an_implicit_store(stores, tmp_path):
     """A method that accepts implicit stores (here a test double) gets ranking metrics in train's summary."""
     _, log = stores

@@ -10,7 +10,9 @@ A store is a Zarr v3 group::
       train/block_offsets    int64 (n_blocks + 1,) position in items/ratings where each block starts
       train/block_digests    uint8 (n_blocks, 16)  blake2b digest of each block (``streamdp verify``)
       train/block_crc32c     uint32 (n_blocks,)    CRC32C of each block's chunk files as written
-      test/...               the same five arrays for the held-out split, if there is one
+      train/item_sums        float64 (n_items,)    each item's sum of training ratings (see below)
+      train/item_counts      int64 (n_items,)      each item's number of training ratings
+      test/...               the CSR and check arrays for the held-out split, if there is one
       user_ids, item_ids     original ids (int64 or str), indexed by the dense index
       user_counts            int64 (n_users,)  ratings per user, train + test
       item_counts            int64 (n_items,)  ratings per item, train + test
@@ -61,6 +63,15 @@ a store written without it gets:
 * ``item_names`` (an array of str indexed like ``item_ids``, ``""`` for unnamed items, and an
   attribute of the same name: ``ingest --item-names``, public metadata,
   :mod:`streamdp.storage.names`; outside the checksum): a store without it has no names.
+* ``train/item_sums``, ``train/item_counts`` and the attribute ``train_item_stats`` (a
+  digest of the two, :func:`streamdp.storage.writer.item_stats_digest`): each item's exact
+  sum and count of training ratings, added block by block by the writer
+  (:func:`streamdp.storage.writer.block_item_stats`). They are the owner's statistics of
+  the raw data, never released: ``evaluate`` reads them for its non-private baselines and
+  popularity chart instead of a pass of their own (:mod:`streamdp.evaluate`), a read
+  checks them against the digest, ``verify`` recomputes them from the ratings. Outside
+  the checksum (derived from the ratings it covers, like ``item_counts``), so the same data
+  keeps its checksum. A store without them is evaluated with that extra pass, and says so.
 * ``generation``: a random id of each write of a store (not in the checksum: the
   same data written twice has the same checksum). A run checks it before releasing
   (:meth:`~streamdp.storage.store.RatingStore.check_unchanged`); without it the

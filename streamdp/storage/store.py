@@ -24,7 +24,7 @@ from streamdp.storage.chunks import FAST_CRC, ChunkReader, ZarrReader, chunk_crc
 from streamdp.storage.ids import as_ids
 from streamdp.storage.schema import (ATTRS_KEY, CSR_ARRAYS, FORMAT_NAME, FORMAT_VERSION, READ_VERSIONS, SPLITS,
                                      storable_ratings)
-from streamdp.storage.writer import block_digest
+from streamdp.storage.writer import block_digest, item_stats_digest
 
 
 _fallback_lock = threading.Lock()
@@ -463,6 +463,8 @@ class RatingStore:
         """
         names = [f"{s}/{a}" for s in SPLITS if s in self._root for a in CSR_ARRAYS]
         names += ["user_ids", "item_ids"] + [a for a in ("user_counts", "item_counts") if a in self._root]
+        if "train_item_stats" in self.attrs:
+            names += ["train/item_sums", "train/item_counts"]
         for name in names:
             self._reader(name).check()
         for s in SPLITS:
@@ -495,6 +497,28 @@ class RatingStore:
     def item_counts(self) -> np.ndarray:
         """Ratings per item over train and test (the popularity order)."""
         return np.asarray(self._per_entity("item_counts", self.info.n_items), dtype=np.int64)
+
+    def train_item_stats(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(sums, counts)``: each item's exact sum and number of training ratings (both float64), recorded when
+        the store was written (:func:`~streamdp.storage.writer.block_item_stats` added in block order), or ``None``
+        for a store written before they were (no ``train_item_stats`` attribute).
+
+        They are the owner's statistics of the raw data, never released: the non-private baselines and
+        popularity chart of :mod:`streamdp.evaluate` read them instead of a pass over the training split. Raises
+        :class:`StoreError` when the arrays do not match the digest recorded with them (or their counts do not
+        add up to the training ratings).
+        """
+        recorded = self.attrs.get("train_item_stats")
+        if recorded is None:
+            return None
+        n = self.info.n_items
+        sums = np.asarray(self._per_entity("train/item_sums", n), np.float64)
+        counts = np.asarray(self._per_entity("train/item_counts", n), np.int64)
+        if item_stats_digest(sums, counts) != recorded or int(counts.sum()) != self.info.n_ratings:
+            raise self._damaged("train/item_sums", None, "the training ratings' item sums and counts do not match "
+                                                         "their recorded digest (train_item_stats); run "
+                                                         f"`streamdp verify {self.path}`")
+        return sums, counts.astype(np.float64)
 
     def user_counts(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Ratings per user over train and test."""

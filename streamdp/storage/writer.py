@@ -112,6 +112,35 @@ def block_digest(b: int, indptr, items, ratings) -> bytes:
     return h.digest()
 
 
+def block_item_stats(items, ratings, n_items: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``(2, n_items)`` float64: each item's sum of the block's ratings (row 0) and their count (row 1).
+
+    The one definition of a store's exact per-item training statistics: the writer adds
+    the blocks' partials in block order into ``train/item_sums`` and ``train/item_counts``
+    (``out``: added into it row by row, the same bits as ``out += block_item_stats(...)``
+    with one row's partial in memory at a time), and a pass over a store written without
+    them adds the same partials in the same order
+    (:meth:`streamdp.stream.engine.Engine.map_reduce`), so both give the same bits.
+
+    >>> block_item_stats(np.array([0, 2, 0]), np.array([4.0, 3.0, 5.0], np.float32), 3).tolist()
+    [[9.0, 0.0, 3.0], [2.0, 0.0, 1.0]]
+    """
+    if out is None:
+        out = np.zeros((2, n_items))
+    out[0] += np.bincount(items, weights=np.asarray(ratings).astype(np.float64), minlength=n_items)
+    out[1] += np.bincount(items, minlength=n_items)
+    return out
+
+
+def item_stats_digest(sums: np.ndarray, counts: np.ndarray) -> str:
+    """The ``train_item_stats`` attribute: a digest of the two arrays as stored (float64 sums, int64 counts), which
+    a reader compares before it trusts them (:meth:`streamdp.storage.store.RatingStore.train_item_stats`)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.ascontiguousarray(sums, dtype="<f8"))
+    h.update(np.ascontiguousarray(counts, dtype="<i8"))
+    return "blake2b:" + h.hexdigest()
+
+
 def check_finite_ratings(b: int, ratings: np.ndarray) -> None:
     """Refuse (:class:`StoreError`) a block whose float32 ratings are not all finite: the last guard of every
     path that writes ratings (ingest names the file and line before, for the user's data)."""
@@ -261,8 +290,12 @@ def check_destination(path: str, force: bool) -> None:
 
 
 class _SplitWriter:
-    def __init__(self, group: zarr.Group, n_users: int, n_blocks: int, block_users: int, chunk: int):
+    def __init__(self, group: zarr.Group, n_users: int, n_blocks: int, block_users: int, chunk: int,
+                 n_items: int | None = None):
         self.g = group
+        # the exact per-item sums and counts of the split's ratings, added block by block (train only: n_items)
+        self.n_items = n_items
+        self.item_stats = None if n_items is None else np.zeros((2, n_items))
         self.chunk = chunk
         self.block_users = block_users
         self.n_users = n_users
@@ -322,6 +355,8 @@ class _SplitWriter:
             self.chunk_crcs.append([r.chunk_crc(c) for r in self.crc_readers[1:] for c in chunks])
         self.offsets[b] = start
         self.digests.append(digest if digest is not None else block_digest(b, indptr, items, ratings))
+        if self.item_stats is not None:
+            block_item_stats(items, ratings, self.n_items, out=self.item_stats)
         self.nnz += nnz
         self.padded = padded_end
         self.offsets[b + 1] = padded_end
@@ -331,6 +366,12 @@ class _SplitWriter:
         if self.next_block != n_blocks:
             raise ValueError(f"only {self.next_block} of {n_blocks} blocks were written")
         self.indptr[self.n_users : self.n_users + 1] = np.array([self.nnz], dtype=np.int64)
+        if self.item_stats is not None:
+            n = max(1, min(self.n_items, 1 << 20))
+            sums, counts = self.item_stats[0], self.item_stats[1].astype(np.int64)
+            for name, a in (("item_sums", sums), ("item_counts", counts)):
+                self.g.create_array(name, shape=a.shape, dtype=a.dtype, chunks=(n,), config=_ARRAY_CONFIG)[...] = a
+            self.stats_digest = item_stats_digest(sums, counts)
         arr = self.g.create_array(
             "block_offsets", shape=(n_blocks + 1,), dtype="int64", chunks=(max(1, n_blocks + 1),),
             config=_ARRAY_CONFIG,
@@ -431,7 +472,7 @@ class StoreWriter:
                 self.root = zarr.open_group(self.tmp, mode="a", **kw)
                 self.splits = {
                     s: _SplitWriter(self.root.create_group(s), self.n_users, self.n_blocks, self.block_users,
-                                    chunk_ratings)
+                                    chunk_ratings, n_items=self.n_items if s == "train" else None)
                     for s in splits
                 }
         except BaseException as exc:
@@ -490,7 +531,8 @@ class StoreWriter:
         """Write block ``b`` of ``split``; blocks of one split must come in order.
 
         ``digest`` is :func:`block_digest` of the same arrays if the caller already
-        computed it (e.g. in a worker thread); it is computed here otherwise.
+        computed it (e.g. in a worker thread); it is computed here otherwise. A train
+        block's items' sums and counts are added to the store's (:func:`block_item_stats`).
         """
         self.splits[split].write(b, indptr, items, ratings, digest)
 
@@ -561,6 +603,8 @@ class StoreWriter:
             # this write of the store: a run checks before releasing that the store it read is still this one
             "generation": secrets.token_hex(8),
         }
+        # the digest of the exact per-item training sums and counts (outside the checksum: storage/schema.py)
+        full["train_item_stats"] = self.splits["train"].stats_digest
         full["created_by"] = f"streamdp {__version__}"
         for k, v in attrs.items():
             full.setdefault(k, v)

@@ -21,7 +21,9 @@ in block order), so memory is a few blocks plus the item-side counts. On the way
    ``<split>/block_digests``, so the first damaged block is named (stores written
    before block digests were recorded only get the whole-store comparison);
 3. ``user_counts`` and ``item_counts``, which the checksum does not cover, are
-   compared with the counts of the ratings read;
+   compared with the counts of the ratings read, and so are the training items' exact
+   sums and counts (``train/item_sums``, ``train/item_counts``: recomputed from the
+   blocks as the writer did, bit for bit);
 4. the recomputed checksum is compared with the recorded ``checksum`` attribute,
    and the store must still be the one opened (not replaced meanwhile).
 
@@ -42,7 +44,7 @@ import numpy as np
 from streamdp.errors import StoreError
 from streamdp.storage.schema import SPLITS, storable_ratings
 from streamdp.storage.store import open_store
-from streamdp.storage.writer import ContentHash, block_digest, checksum_attrs, checksum_ids
+from streamdp.storage.writer import ContentHash, block_digest, block_item_stats, checksum_attrs, checksum_ids
 from streamdp.stream.engine import Engine
 
 
@@ -79,6 +81,7 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
     splits = [s for s in SPLITS if s in st.root]
     digests = {s: st.block_digests(s) for s in splits}  # (shape checked)
     has_uc, has_ic = "user_counts" in st.root, "item_counts" in st.root
+    has_stats = "train_item_stats" in st.attrs
     h = ContentHash()
     for s in splits:
         h.add_split(s)
@@ -89,7 +92,7 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
         first, end = st.block_range(b)
         per_user = np.zeros(end - first, np.int64)
         counts = np.zeros(n_items, np.int64)
-        found, mismatches = [], 0
+        found, mismatches, stats = [], 0, None
         for s in splits:
             blk, crc_ok = st.read_block_unchecked(b, s)  # the digest is computed here in any case
             mismatches += crc_ok is False
@@ -100,25 +103,29 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
             found.append((s, d))
             per_user += np.diff(blk.indptr)
             counts += np.bincount(blk.items, minlength=n_items)
+            if s == "train" and has_stats:
+                stats = block_item_stats(blk.items, blk.ratings, n_items)
         if has_uc and not np.array_equal(st.user_counts(first, end), per_user):
             raise StoreError(f"{st.path}: user_counts: block {b} (users {first}..{end - 1}) does not match "
                              f"the ratings stored (the store is damaged)")
-        return found, mismatches, counts
+        return found, mismatches, counts, stats
 
     def combine(acc, part):
-        # in block order (the engine's guarantee): the content hash is the writer's, whatever ran where
-        found, mismatches, counts = part
+        # in block order (the engine's guarantee): the content hash and item sums are the writer's, whatever ran where
+        found, mismatches, counts, stats = part
         for s, d in found:
             h.add_block(s, d)
         acc[0] += counts
         acc[1] += mismatches
+        if stats is not None:
+            acc[2] += stats
         return acc
 
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
                 state_bytes=16 * n_items) as eng:
-        item_counts, crc_mismatches = eng.map_reduce(check_block, combine, [np.zeros(n_items, np.int64), 0],
-                                                     split=None, extra_per_block=16 * n_items, desc="verify",
-                                                     show=show_progress)
+        item_counts, crc_mismatches, stats = eng.map_reduce(
+            check_block, combine, [np.zeros(n_items, np.int64), 0, np.zeros((2, n_items))], split=None,
+            extra_per_block=32 * n_items, desc="verify", show=show_progress)
     if has_ic and not np.array_equal(st.item_counts(), item_counts):
         j = int(np.flatnonzero(st.item_counts() != item_counts)[0])
         raise StoreError(f"{st.path}: item_counts: item {j} does not match the ratings stored "
@@ -137,6 +144,12 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
         what = "ids or attributes (" + ", ".join(attrs) + ")" if attrs else "ids"
         raise StoreError(f"{st.path}: checksum mismatch: the content gives {got}, the store records {recorded} "
                          f"({what} were altered)")
+    if has_stats:  # after the checksum: altered ratings are named as such, these arrays only when they alone differ
+        kept = np.stack(st.train_item_stats())  # (its digest checked)
+        if not np.array_equal(kept, stats):
+            j = int(np.flatnonzero((kept != stats).any(axis=0))[0])
+            raise StoreError(f"{st.path}: train/item_sums: item {j}'s training sum or count does not match the "
+                             f"ratings stored (the store is damaged)")
     st.check_unchanged()  # what was read is one store, the one whose checksum this reports
     return {
         "store": st.path,

@@ -24,6 +24,7 @@ from streamdp.cli import main
 from streamdp.errors import StoreError
 from streamdp.privacy.budget import StoreBudget
 from streamdp.storage.generate import generate_store
+from streamdp.storage.writer import item_stats_digest
 
 
 def run_cli(*args):
@@ -78,13 +79,13 @@ def truncate(path, keep=0.5):
 
 
 ARRAYS = ["train/indptr", "train/items", "train/ratings", "train/block_offsets", "test/indptr", "test/items",
-          "test/ratings", "test/block_offsets", "user_ids", "item_ids"]
+          "test/ratings", "test/block_offsets", "user_ids", "item_ids", "train/item_sums", "train/item_counts"]
 
 
 @pytest.mark.parametrize("array", ARRAYS)
 def test_missing_chunk_refused_before_any_budget_is_reserved(damaged, array):
     store, model = damaged
-    chunk = {"block_offsets": 0, "item_ids": 0}.get(array.split("/")[-1], 2)
+    chunk = {"block_offsets": 0, "item_ids": 0, "item_sums": 0, "item_counts": 0}.get(array.split("/")[-1], 2)
     os.remove(os.path.join(store, array, "c", str(chunk)))
     code, _, err = run_cli("train", store, "--epsilon", "1", "--out", model, "--seed", "0")
     assert_one_line_error(code, err, store, f"{array}: chunk {chunk} is missing")
@@ -107,6 +108,17 @@ def test_missing_indptr_chunk_with_sgd_is_an_error_not_a_segfault(damaged):
                         "--out", model, "--epochs", "1"], capture_output=True, text=True, timeout=300)
     assert_one_line_error(r.returncode, r.stderr, store, "train/indptr: chunk 1 is missing")
     assert not os.path.exists(model)
+
+
+@pytest.mark.parametrize("array,value", [("train/item_sums", 1.5), ("train/item_counts", 0)])
+def test_evaluate_refuses_altered_training_item_statistics(pristine, damaged, array, value):
+    """The recorded sums and counts the baselines read instead of a pass are checked against their digest."""
+    store, _ = damaged
+    _write(store, array, 3, value)
+    code, out, err = run_cli("evaluate", pristine[1], store)
+    assert_one_line_error(code, err, store, "train/item_sums: the training ratings' item sums and counts do not "
+                                            "match their recorded digest", "streamdp verify")
+    assert "RMSE" not in out
 
 
 @pytest.mark.parametrize("array", ["test/ratings", "test/items", "train/ratings"])
@@ -221,6 +233,7 @@ def test_verify_legacy_store_without_digests_or_checksum_ids(damaged):
     ("item_ids", "checksum mismatch"),
     ("user_counts", "user_counts: block 4"),
     ("item_counts", "item_counts: item 7"),
+    ("train/item_sums", "train/item_sums: item 5's training sum or count does not match the ratings stored"),
 ])
 def test_verify_damaged_store(damaged, damage, words):
     store, _ = damaged
@@ -236,6 +249,12 @@ def test_verify_damaged_store(damaged, damage, words):
         _write(store, "item_ids", 0, 12345)
     elif damage == "user_counts":
         _write(store, "user_counts", 2900, 1)
+    elif damage == "train/item_sums":  # altered with its digest: only the ratings tell
+        _write(store, "train/item_sums", 5, 1.5)
+        g = zarr.open_group(store, mode="r+")
+        st = open_store(store)
+        g.attrs["streamdp"] = {**st.attrs, "train_item_stats": item_stats_digest(st.root["train/item_sums"][...],
+                                                                                 st.root["train/item_counts"][...])}
     else:
         _write(store, "item_counts", 7, 0)
     code, out, err = run_cli("verify", store)
