@@ -176,6 +176,57 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
 
 
 @njit(cache=True, nogil=True)
+def solve_users_ridges(indptr, items, resid, Q, ridges, U):
+    """:func:`solve_users` for several ridges at once: ``U[r, u] = argmin ||resid_u - Q_{I_u} x||^2 + ridges[r] ||x||^2``.
+
+    One pass over each user's ratings serves every ridge: the right-hand side and the
+    Gramian's off-diagonal are summed once, only its diagonal (which starts at the ridge)
+    once per ridge, each entry in the same order as :func:`solve_users_huber`, so
+    ``U[r]`` is bit-identical to ``solve_users(..., ridges[r], ...)``. ``U`` is
+    ``(len(ridges), n_users, k)`` float64 (written).
+    """
+    k = Q.shape[1]
+    m = len(ridges)
+    G = np.empty((k, k), dtype=np.float64)
+    H = np.empty((k, k), dtype=np.float64)
+    D = np.empty((m, k), dtype=np.float64)
+    x = np.empty(k, dtype=np.float64)
+    y = np.empty(k, dtype=np.float64)
+    for u in range(len(indptr) - 1):
+        s = indptr[u]
+        e = indptr[u + 1]
+        for a in range(k):
+            x[a] = 0.0
+            for b in range(a):
+                G[a, b] = 0.0
+            for r in range(m):
+                D[r, a] = ridges[r]
+        for p in range(s, e):
+            j = items[p]
+            v = resid[p]
+            for a in range(k):
+                qa = Q[j, a]
+                x[a] += qa * v
+                for b in range(a):
+                    G[a, b] += qa * Q[j, b]
+                qq = qa * Q[j, a]
+                for r in range(m):
+                    D[r, a] += qq
+        for r in range(m):
+            for a in range(k):
+                y[a] = 0.0
+            if e > s:
+                for a in range(k):
+                    y[a] = x[a]
+                    for b in range(a):
+                        H[a, b] = G[a, b]
+                    H[a, a] = D[r, a]
+                ridge_solve(H, y, k)  # reads and overwrites H's lower triangle only
+            for a in range(k):
+                U[r, u, a] = y[a]
+
+
+@njit(cache=True, nogil=True)
 def predict_rows(indptr, items, U, Q, item_bias, global_mean, lo, hi, out):
     """``out[p] = clip(global_mean + item_bias[j] + U[u] . Q[j], lo, hi)`` for each rating slot."""
     k = Q.shape[1]

@@ -156,7 +156,7 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
-from streamdp.kernels.linalg import residuals, solve_users_huber
+from streamdp.kernels.linalg import residuals, solve_users_huber, solve_users_ridges
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
 from streamdp.methods._profile import MEANS_PROFILE_SHARE, PROFILE_SHARE, UserProfile, mean_weight_cap, user_profile
@@ -1055,6 +1055,10 @@ class _AlsBase(Method):
         seed = run.entropy
         # private runs validate on items whose released totals make one rating's pull on their parameters small
         eligible = None
+        # the factor candidates differ by their ridge alone: with the squared loss (irls: each ridge reweights
+        # differently) one accumulation of each user's Gramian serves them all, bit-identical to a solve each
+        shared_ridges = np.array(sorted({float(lam) for kind, lam in cands if kind == "factors"
+                                         and not math.isinf(lam)}) if s.irls_iters == 0 else [], np.float64)
 
         def fn(block, b):
             (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user,
@@ -1067,6 +1071,7 @@ class _AlsBase(Method):
                 return out
             wv = 1.0 / np.bincount(vu, minlength=block.n_users)[vu]  # a user's loss: the mean over theirs
             resid = {}
+            shared = {}  # the factor candidates' rows, from one Gramian per user (squared loss only)
             for c, (kind, lam) in enumerate(cands):
                 bv = bias_of[kind]
                 pred = mu + bv[vi]
@@ -1075,9 +1080,16 @@ class _AlsBase(Method):
                         resid[kind] = np.empty(len(it), np.float64)
                         residuals(it, r, float(mu), bv, resid[kind])
                     design = Q if kind == "factors" else ones
-                    U = np.zeros((block.n_users, design.shape[1]))
-                    solve_users_huber(ip, it, resid[kind], design, float(lam), s.irls_iters, float(s.huber_delta),
-                                      U)
+                    if kind == "factors" and len(shared_ridges) > 1:
+                        if not shared:
+                            Us = np.zeros((len(shared_ridges), block.n_users, design.shape[1]))
+                            solve_users_ridges(ip, it, resid[kind], design, shared_ridges, Us)
+                            shared.update(zip(shared_ridges.tolist(), Us))
+                        U = shared[float(lam)]
+                    else:
+                        U = np.zeros((block.n_users, design.shape[1]))
+                        solve_users_huber(ip, it, resid[kind], design, float(lam), s.irls_iters,
+                                          float(s.huber_delta), U)
                     pred = pred + U[vu, -1]
                     if kind == "factors":
                         pred = pred + np.einsum("ij,ij->i", U[vu, :k], V[vi])

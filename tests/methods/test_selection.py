@@ -264,3 +264,31 @@ def test_selection_costs_the_factors_little_where_they_clearly_win(tmp_path):
         off = streamdp.train(st, epsilon=1.0, seed=sd, select="off")
         assert auto.info["selection"]["chosen"].startswith("factors")
         assert auto.summary["test_rmse"] <= off.summary["test_rmse"] + 0.016
+
+
+def test_factor_candidates_share_each_users_gramian_bit_for_bit(small_store, monkeypatch):
+    import streamdp.methods.als as als
+    from streamdp.kernels.linalg import solve_users
+
+    losses = []
+
+    def recorded(noisy, default, std):  # the noisy losses, exactly (model.json rounds them)
+        losses.append(np.array(noisy))
+        return choose(noisy, default, std)
+
+    monkeypatch.setattr(als, "choose", recorded)
+    shared = streamdp.train(small_store, epsilon=1.0, seed=0, iters=2, evaluate=False)
+    calls = []
+
+    def one_solve_per_ridge(ip, it, resid, Q, ridges, U):  # what the pass did before the shared kernel
+        calls.append(ridges.tolist())
+        for r, lam in enumerate(ridges):
+            solve_users(ip, it, resid, Q, lam, U[r])
+
+    monkeypatch.setattr(als, "solve_users_ridges", one_solve_per_ridge)
+    separate = streamdp.train(small_store, epsilon=1.0, seed=0, iters=2, evaluate=False)
+    assert calls and calls[0] == [10.0, 30.0]
+    factors = [c for c in shared.info["selection"]["candidates"] if c.startswith("factors")]
+    assert factors == ["factors, ridge 10", "factors, ridge 30"]
+    assert len(losses) == 2 and np.array_equal(losses[0], losses[1])
+    assert np.array_equal(shared.item_factors, separate.item_factors)
