@@ -245,6 +245,96 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
             U[u, a] = x[a]
 
 
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def ials_cg_users(indptr, items, conf, Y, YtY, ridge, steps, X):
+    """Each user's row improved in place by ``steps`` conjugate-gradient steps from ``X[u]``: the solve of
+    :func:`ials_solve_users` done as ``implicit`` does it (non-private training only).
+
+    User ``u``'s system ``(YtY + ridge I + sum_j (c_j - 1) y_j y_j^T) x = sum_j c_j y_j``
+    is never formed: the residual and each step's product cost ``d^2`` (``YtY + ridge I``
+    times a vector, as contiguous ``axpy`` rows) plus ``2 d`` per pair, so
+    ``(steps + 1) (d^2 + 2 n d)`` multiply-adds for ``n`` pairs against the exact solve's
+    ``n^2 d / 2 + n^3 / 6 + 4 n d`` (``n < d``) or ``n d^2 / 2 + d^3 / 6``. Warm-started from
+    the previous iteration's row, 3 steps are what ``implicit`` runs (``use_cg``); from a
+    cold start ``d`` steps reach the exact solve (finite termination, up to rounding).
+    Measured per 1M-pair block of 50,000 users, ``d = 64``, one thread (busy machine): 0.18
+    CPU s for 3 steps against 0.44 s for the exact solve. A step stops a user's iteration
+    when her squared residual norm is at most ``1e-20`` or the curvature ``p . A p`` is not
+    positive. ``X`` ``(n_users, d)`` float64, read and written; a user without pairs gets 0
+    (her exact solution). The sums over ``d`` may be reassociated (``fastmath`` ``reassoc``:
+    the same bits on one machine, possibly other last bits on a CPU with other vector widths);
+    no clipping or noise is computed here.
+    """
+    d = Y.shape[1]
+    M = np.empty((d, d), dtype=np.float64)
+    for a in range(d):
+        for b in range(d):
+            M[a, b] = YtY[a, b]
+        M[a, a] += ridge
+    r = np.empty(d, dtype=np.float64)
+    p = np.empty(d, dtype=np.float64)
+    Ap = np.empty(d, dtype=np.float64)
+    for u in range(len(indptr) - 1):
+        s = indptr[u]
+        e = indptr[u + 1]
+        if e == s:
+            for a in range(d):
+                X[u, a] = 0.0
+            continue
+        # r = sum c y - (M + sum (c - 1) y y^T) x
+        for b in range(d):
+            r[b] = 0.0
+        for a in range(d):
+            xa = X[u, a]
+            for b in range(d):
+                r[b] -= xa * M[a, b]
+        for q in range(s, e):
+            j = np.uint64(items[q])
+            c = conf[q]
+            t = 0.0
+            for a in range(d):
+                t += Y[j, a] * X[u, a]
+            f = c - (c - 1.0) * t
+            for a in range(d):
+                r[a] += f * Y[j, a]
+        rs = 0.0
+        for a in range(d):
+            p[a] = r[a]
+            rs += r[a] * r[a]
+        for _ in range(steps):
+            if rs <= 1e-20:
+                break
+            for b in range(d):
+                Ap[b] = 0.0
+            for a in range(d):
+                pa = p[a]
+                for b in range(d):
+                    Ap[b] += pa * M[a, b]
+            for q in range(s, e):
+                j = np.uint64(items[q])
+                t = 0.0
+                for a in range(d):
+                    t += Y[j, a] * p[a]
+                t *= conf[q] - 1.0
+                for a in range(d):
+                    Ap[a] += t * Y[j, a]
+            pap = 0.0
+            for a in range(d):
+                pap += p[a] * Ap[a]
+            if not pap > 0.0:
+                break
+            step = rs / pap
+            new = 0.0
+            for a in range(d):
+                X[u, a] += step * p[a]
+                r[a] -= step * Ap[a]
+                new += r[a] * r[a]
+            beta = new / rs
+            for a in range(d):
+                p[a] = r[a] + beta * p[a]
+            rs = new
+
+
 @njit(cache=True, nogil=True)
 def _clip_rows(indptr, U, k, clip, clip_last, X):
     """``X[u]``: user ``u``'s row clipped (see :func:`ials_accumulate`); returns the number of clipped users."""
@@ -408,8 +498,11 @@ def _accumulate_rhs(indptr, items, conf, weights, X, B):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def ials_item_products(indptr, items, conf, weights, X, P, out):
+def ials_item_products(indptr, items, conf, weights, X, P, out, residual=False):
     """``out_j += sum_{u in j} w_uj (c_uj - 1) (x_u . p_j) x_u`` over a block's pairs: ``A_j p_j`` without ``A_j``.
+
+    With ``residual``, ``out_j += sum_{u in j} w_uj (c_uj - (c_uj - 1) x_u . p_j) x_u`` instead:
+    ``B_j - A_j p_j`` in the same sweep (the per-item part of the initial residual).
 
     The per-item part of the item system's product with a vector per item, which the
     item side's conjugate-gradient solve (:mod:`streamdp.methods.ials`, non-private runs)
@@ -424,24 +517,56 @@ def ials_item_products(indptr, items, conf, weights, X, P, out):
     d = X.shape[1]
     for u in range(len(indptr) - 1):
         for p in range(indptr[u], indptr[u + 1]):
-            f = weights[p] * (conf[p] - 1.0)
-            if f == 0.0:
+            wp = weights[p]
+            if wp == 0.0 or (conf[p] == 1.0 and not residual):
                 continue
             j = np.uint64(items[p])
             s = 0.0
             for a in range(d):
                 s += X[u, a] * P[j, a]
-            s *= f
+            s *= wp * (conf[p] - 1.0)
+            if residual:
+                s = wp * conf[p] - s
             for a in range(d):
                 out[j, a] += s * X[u, a]
 
 
-def ials_item_products_reference(indptr, items, conf, weights, X, P):
+def ials_item_products_reference(indptr, items, conf, weights, X, P, residual=False):
     """NumPy reference of :func:`ials_item_products` (a new ``out``)."""
     rows = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
     f = weights * (conf - 1.0) * np.einsum("pa,pa->p", X[rows], P[items])
+    if residual:
+        f = weights * conf - f
     out = np.zeros(P.shape)
     np.add.at(out, items, f[:, None] * X[rows])
+    return out
+
+
+def ials_cg_users_reference(indptr, items, conf, Y, YtY, ridge, steps, X):
+    """NumPy reference of :func:`ials_cg_users` (a new array; ``X`` the starting rows)."""
+    d = Y.shape[1]
+    out = np.zeros_like(X)
+    for u in range(len(indptr) - 1):
+        s, e = indptr[u], indptr[u + 1]
+        if e == s:
+            continue
+        Yu, c = Y[items[s:e]], conf[s:e]
+        M = YtY + (Yu * (c - 1.0)[:, None]).T @ Yu + ridge * np.eye(d)
+        x = X[u].copy()
+        r = Yu.T @ c - M @ x
+        p, rs = r.copy(), r @ r
+        for _ in range(steps):
+            if rs <= 1e-20:
+                break
+            Ap = M @ p
+            pap = p @ Ap
+            if not pap > 0.0:
+                break
+            x += rs / pap * p
+            r -= rs / pap * Ap
+            new = r @ r
+            p, rs = r + new / rs * p, new
+        out[u] = x
     return out
 
 
