@@ -6,7 +6,9 @@ weight 1. With the Gramian trick the unobserved pairs cost ``O(k^2)`` per user:
 
 * user side (:func:`ials_solve_users`, also the user's own local solve):
   ``u = (Y^T Y + sum_{j in I_u} (c_j - 1) y_j y_j^T + lambda I)^-1 sum_{j in I_u} c_j y_j``
-  with ``Y^T Y`` the ``k x k`` Gramian of every item row, given;
+  with ``Y^T Y`` the ``k x k`` Gramian of every item row, given; or a few
+  conjugate-gradient steps on it from the previous row (:func:`ials_cg_users`, non-private
+  training);
 * item side (:func:`ials_accumulate`), the sums of the same solve for items:
   ``G = sum_u x_u x_u^T`` once per user (the users' Gramian), ``B_j += w c x_u`` and,
   with ``A`` non-empty, ``A_j += w (c - 1) x_u x_u^T`` (packed upper triangle, as
@@ -215,10 +217,11 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
     every item, ``conf`` one confidence per pair (``>= 1``), ``U`` ``(n_users, d)``
     (written). A user without pairs gets 0.
 
-    The exact solve, not implicit's few warm-started conjugate-gradient steps: the
-    user's own device runs this same kernel on the released rows
+    The exact solve: the user's own device runs this same kernel on the released rows
     (:func:`streamdp.local.implicit_rows`) with no previous factor to start from, and a
-    cold start needs as many steps as the exact solve costs. A user with fewer pairs
+    cold start needs as many conjugate-gradient steps as the exact solve costs (a
+    non-private training, which keeps each user's previous row, takes
+    :func:`ials_cg_users`' few warm-started steps instead). A user with fewer pairs
     than ``d`` is solved through the Woodbury identity (:func:`_solve_woodbury`, an
     ``n x n`` system on rows ``P^-1 y_j`` computed once per call), one with more by
     forming the ``d x d`` system (:func:`_solve_direct`); both with :func:`chol_factor`.
