@@ -269,37 +269,16 @@ def ials_cg_users(indptr, items, conf, Y, YtY, ridge, steps, X):
     no clipping or noise is computed here.
     """
     d = Y.shape[1]
-    M = np.empty((d, d), dtype=np.float64)
-    for a in range(d):
-        for b in range(d):
-            M[a, b] = YtY[a, b]
-        M[a, a] += ridge
+    M = YtY + ridge * np.eye(d)
     r = np.empty(d, dtype=np.float64)
     p = np.empty(d, dtype=np.float64)
     Ap = np.empty(d, dtype=np.float64)
     for u in range(len(indptr) - 1):
-        s = indptr[u]
-        e = indptr[u + 1]
-        if e == s:
-            for a in range(d):
-                X[u, a] = 0.0
+        x = X[u]
+        if indptr[u + 1] == indptr[u]:
+            x[:] = 0.0
             continue
-        # r = sum c y - (M + sum (c - 1) y y^T) x
-        for b in range(d):
-            r[b] = 0.0
-        for a in range(d):
-            xa = X[u, a]
-            for b in range(d):
-                r[b] -= xa * M[a, b]
-        for q in range(s, e):
-            j = np.uint64(items[q])
-            c = conf[q]
-            t = 0.0
-            for a in range(d):
-                t += Y[j, a] * X[u, a]
-            f = c - (c - 1.0) * t
-            for a in range(d):
-                r[a] += f * Y[j, a]
+        _user_product(Y, items, conf, indptr[u], indptr[u + 1], M, x, r, True)
         rs = 0.0
         for a in range(d):
             p[a] = r[a]
@@ -307,20 +286,7 @@ def ials_cg_users(indptr, items, conf, Y, YtY, ridge, steps, X):
         for _ in range(steps):
             if rs <= 1e-20:
                 break
-            for b in range(d):
-                Ap[b] = 0.0
-            for a in range(d):
-                pa = p[a]
-                for b in range(d):
-                    Ap[b] += pa * M[a, b]
-            for q in range(s, e):
-                j = np.uint64(items[q])
-                t = 0.0
-                for a in range(d):
-                    t += Y[j, a] * p[a]
-                t *= conf[q] - 1.0
-                for a in range(d):
-                    Ap[a] += t * Y[j, a]
+            _user_product(Y, items, conf, indptr[u], indptr[u + 1], M, p, Ap, False)
             pap = 0.0
             for a in range(d):
                 pap += p[a] * Ap[a]
@@ -329,13 +295,38 @@ def ials_cg_users(indptr, items, conf, Y, YtY, ridge, steps, X):
             step = rs / pap
             new = 0.0
             for a in range(d):
-                X[u, a] += step * p[a]
+                x[a] += step * p[a]
                 r[a] -= step * Ap[a]
                 new += r[a] * r[a]
             beta = new / rs
             for a in range(d):
                 p[a] = r[a] + beta * p[a]
             rs = new
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _user_product(Y, items, conf, s, e, M, v, out, residual):
+    """``out = (M + sum_q (c_q - 1) y_q y_q^T) v`` over pairs ``q = s .. e - 1`` (``y_q = Y[items[q]]``), never
+    forming the matrix: ``M v`` as contiguous ``axpy`` rows, then ``2 d`` per pair; with ``residual``,
+    ``sum_q c_q y_q`` minus that (the conjugate-gradient residual at ``v``)."""
+    d = len(v)
+    sign = -1.0 if residual else 1.0
+    for b in range(d):
+        out[b] = 0.0
+    for a in range(d):
+        va = sign * v[a]
+        for b in range(d):
+            out[b] += va * M[a, b]
+    for q in range(s, e):
+        j = np.uint64(items[q])
+        t = 0.0
+        for a in range(d):
+            t += Y[j, a] * v[a]
+        t *= conf[q] - 1.0
+        if residual:
+            t = conf[q] - t
+        for a in range(d):
+            out[a] += t * Y[j, a]
 
 
 @njit(cache=True, nogil=True)
@@ -545,18 +536,22 @@ def ials_item_products_reference(indptr, items, conf, weights, X, P, residual=Fa
     return out
 
 
-def ials_cg_users_reference(indptr, items, conf, Y, YtY, ridge, steps, X):
-    """NumPy reference of :func:`ials_cg_users` (a new array; ``X`` the starting rows)."""
+def _user_systems(indptr, items, conf, Y, YtY, ridge):
+    """``(u, M_u, b_u)`` of each user with pairs: her system ``M_u x = b_u`` formed in NumPy (the references)."""
     d = Y.shape[1]
-    out = np.zeros_like(X)
     for u in range(len(indptr) - 1):
         s, e = indptr[u], indptr[u + 1]
-        if e == s:
-            continue
-        Yu, c = Y[items[s:e]], conf[s:e]
-        M = YtY + (Yu * (c - 1.0)[:, None]).T @ Yu + ridge * np.eye(d)
+        if e > s:
+            Yu, c = Y[items[s:e]], conf[s:e]
+            yield u, YtY + (Yu * (c - 1.0)[:, None]).T @ Yu + ridge * np.eye(d), Yu.T @ c
+
+
+def ials_cg_users_reference(indptr, items, conf, Y, YtY, ridge, steps, X):
+    """NumPy reference of :func:`ials_cg_users` (a new array; ``X`` the starting rows)."""
+    out = np.zeros_like(X)
+    for u, M, b in _user_systems(indptr, items, conf, Y, YtY, ridge):
         x = X[u].copy()
-        r = Yu.T @ c - M @ x
+        r = b - M @ x
         p, rs = r.copy(), r @ r
         for _ in range(steps):
             if rs <= 1e-20:
@@ -575,15 +570,9 @@ def ials_cg_users_reference(indptr, items, conf, Y, YtY, ridge, steps, X):
 
 def ials_solve_users_reference(indptr, items, conf, Y, YtY, ridge):
     """NumPy reference of :func:`ials_solve_users`."""
-    d = Y.shape[1]
-    U = np.zeros((len(indptr) - 1, d))
-    for u in range(len(indptr) - 1):
-        s, e = indptr[u], indptr[u + 1]
-        if e == s:
-            continue
-        Yu, c = Y[items[s:e]], conf[s:e]
-        M = YtY + (Yu * (c - 1.0)[:, None]).T @ Yu + ridge * np.eye(d)
-        U[u] = np.linalg.solve(M, Yu.T @ c)
+    U = np.zeros((len(indptr) - 1, Y.shape[1]))
+    for u, M, b in _user_systems(indptr, items, conf, Y, YtY, ridge):
+        U[u] = np.linalg.solve(M, b)
     return U
 
 
