@@ -306,7 +306,7 @@ def test_peak_memory_stays_under_the_limit(tmp_path, epsilon):
     subprocess.run(exe + ["generate", "--out", str(tmp_path / "s.zarr"), "--users", "200000", "--items", "5000",
                           "--ratings-per-user", "20", "--seed", "1"], check=True, capture_output=True)
     proc = subprocess.Popen(exe + ["train", str(tmp_path / "s.zarr"), "--method", "ials", "--epsilon", epsilon,
-                                   "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB"],
+                                   "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB", "--yes"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     err = proc.stderr.read().decode()
