@@ -399,7 +399,7 @@ class IALS(Method):
         non-private conjugate-gradient solve, the solve's temporaries."""
         n, d = store.n_items, self.rank + 1
         item = self.opts.gramian == "item" or (self.opts.gramian == "auto" and not self.private)
-        if item and not self.private:  # Y, B, A Y, r, p, A p, the step's temporaries (no batched d x d solves)
+        if item and not self.private:  # Y, the residual sums, r, p, A p, the step's temporaries (no d x d solves)
             return n * (8 * d * 8 + 4 * 8)
         gram = n * d * (d + 1) // 2 * 8 if item else 0
         return n * (4 * d * 8 + 4 * 8) + gram + SOLVE_CHUNK * d * d * 8 * 3
