@@ -360,8 +360,10 @@ def implicit_pairs(indptr, items, values, params: dict):
     """
     indptr = np.asarray(indptr, np.int64)
     items = np.asarray(items, np.int32)
-    v = np.asarray(values, np.float64)
     alpha, cmax = float(params["alpha"]), float(params["max_confidence"])
+    if not params.get("implicit") and params["preference"] == "binary":  # one confidence: no per-rating arithmetic
+        return indptr, items, np.full(len(items), 1.0 + min(alpha, cmax - 1.0))
+    v = np.asarray(values, np.float64)
     if params.get("implicit"):
         f = np.log1p(np.maximum(v, 0.0) / float(params.get("count_scale", 1.0)))
     else:

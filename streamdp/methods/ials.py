@@ -98,19 +98,22 @@ Decisions where the sources are loose, and why (measurements: ``docs/ranking.md`
 * **Implicit stores** (``store.implicit``: values are counts or weights):
   ``c = 1 + alpha log(1 + count / --count-scale)``, capped at ``--max-confidence``, as
   Hu et al. suggest.
-* **Exact user solves, not conjugate gradients** (:func:`streamdp.kernels.ials.ials_solve_users`):
-  ``implicit`` runs 3 CG steps warm-started from the previous factors; a user's device
-  solving her row from the release has no previous factor, and her local solve must be
-  the training's (so that the item side saw the rows users will use), so the solve is
-  exact: the Woodbury identity for users with fewer positives than ``d`` (as cheap as 3
-  CG steps at 20 positives, ``d = 64``), a Cholesky of the ``d x d`` system otherwise.
-  Speed against ``implicit``: ``docs/ranking.md``.
+* **The local solve is exact** (:func:`streamdp.kernels.ials.ials_solve_users`): a user's
+  device solving her row from the release has no previous factor to warm-start
+  conjugate gradients from: the Woodbury identity for users with fewer positives than
+  ``d``, a Cholesky of the ``d x d`` system otherwise. Private training solves the users
+  the same way (the item side sees, clipped, the rows users will use).
 * **Non-private runs** are plain iALS: every pair, no clip, no popularity column (it is
-  made of released counts), no rescaling; the item rows by :data:`CG_STEPS` conjugate-gradient
-  steps warm-started from the previous rows, as ``implicit`` solves both sides
-  (:meth:`IALS._cg_iteration`: ``A_j p_j`` from streamed passes, ``2 d`` multiply-adds per
-  pair and step, where forming every ``A_j`` cost ``d (d + 1) / 2`` per pair). The users'
-  side stays exact (their device's solve). Private runs need ``A_j`` itself (noise is
+  made of released counts), no rescaling; both sides by :data:`CG_STEPS` conjugate-gradient
+  steps warm-started from the previous iteration's rows, as ``implicit`` solves them
+  (``use_cg``; :meth:`IALS._cg_iteration`): the users' rows kept on disk between
+  iterations (:func:`streamdp.kernels.ials.ials_cg_users`: 0.18 CPU s per 1M-pair block at
+  ``d = 64`` against 0.44 s exact; the first iteration, with no previous rows, is exact),
+  the items' ``A_j p_j`` from streamed passes (``2 d`` multiply-adds per pair and step,
+  where forming every ``A_j`` cost ``d (d + 1) / 2`` per pair). The training's users' rows
+  are then 3 steps from the exact rows the local solve gives (as ``implicit``'s are):
+  Recall@10 on ML-100K 0.2820 with exact user solves, 0.2809 with these (implicit's best
+  0.2708; ``docs/ranking.md``). Private runs need ``A_j`` itself (noise is
   added to it) or share ``G``, and solve the items exactly.
 """
 
@@ -124,7 +127,8 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
-from streamdp.kernels.ials import ials_accumulate, ials_item_products, ials_solve_items, ials_solve_users
+from streamdp.kernels.ials import (ials_accumulate, ials_cg_users, ials_item_products, ials_solve_items,
+                                   ials_solve_users)
 from streamdp.kernels.topk import topn_by_order, topn_scores
 from streamdp.local import implicit_pairs
 from streamdp.methods import register
@@ -138,7 +142,6 @@ from streamdp.privacy.bounding import contribution_weights
 from streamdp.ranking import default_threshold
 from streamdp.privacy.release import Share, calibrate_releases
 from streamdp.stream.engine import add_into as _add
-from streamdp.stream.state import UserState
 
 #: Key of this module's random streams.
 RNG_KEY = 0x1A15
@@ -154,8 +157,8 @@ DEFAULT_PREFERENCE = "binary"
 #: The last iteration's factors are released only when their right-hand sides' excess energy over the noise is
 #: this many standard deviations (:func:`_signal_z`); else only the popularity column.
 SIGNAL_Z = 4.0
-#: Conjugate-gradient steps per iteration of a non-private run's item solves (``implicit``'s default), and the
-#: squared residual norm below which an item's solve stops.
+#: Conjugate-gradient steps per iteration of a non-private run's user and item solves (``implicit``'s default), and
+#: the squared residual norm below which an item's solve stops.
 CG_STEPS, CG_TOL = 3, 1e-20
 #: Items per chunk of the batched item solves (bounds the ``n x d x d`` temporaries).
 SOLVE_CHUNK = 1 << 13
@@ -396,7 +399,7 @@ class IALS(Method):
         non-private conjugate-gradient solve, the solve's temporaries."""
         n, d = store.n_items, self.rank + 1
         item = self.opts.gramian == "item" or (self.opts.gramian == "auto" and not self.private)
-        if item and not self.private:  # Y, B, A Y, r, p, A p, the step's temporaries (no batched d x d solves)
+        if item and not self.private:  # Y, the residual sums, r, p, A p, the step's temporaries (no d x d solves)
             return n * (8 * d * 8 + 4 * 8)
         gram = n * d * (d + 1) // 2 * 8 if item else 0
         return n * (4 * d * 8 + 4 * 8) + gram + SOLVE_CHUNK * d * d * 8 * 3
@@ -438,28 +441,26 @@ class IALS(Method):
                 Y[:, k] = _popularity(N)
         history = []
         n_users = getattr(store, "expected_users", self.n_users(store))
-        rows = self._cg_rows(store, run, s) if self._item_cg(s) else None
-        try:
-            for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
-                Y, B, clipped = self._iteration(store, engine, run, s, rel, Y, W, n_users, t, rows)
-                if self.private and t == s.iters:
-                    signal = _signal_z(B, rel["rhs"].scale)
-                    if signal < SIGNAL_Z:  # no factor signal to speak of: release the chart (popularity column) alone
-                        Y[:, :k] = 0.0
-                    elif s.select and self._chart_wins(store, engine, run, s, rel, Y, N):
-                        Y[:, :k] = 0.0
-                history.append(int(clipped))
-                run.save(t, Y=Y, N=N, W=W)
-        finally:
-            if rows is not None:
-                rows.remove()
+        rows = self._cg_rows(run, s) if self._item_cg(s) and run.start <= s.iters else None
+        for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
+            Y, B, clipped = self._iteration(store, engine, run, s, rel, Y, W, n_users, t, rows)
+            if self.private and t == s.iters:
+                signal = _signal_z(B, rel["rhs"].scale)
+                if signal < SIGNAL_Z:  # no factor signal to speak of: release the chart (popularity column) alone
+                    Y[:, :k] = 0.0
+                elif s.select and self._chart_wins(store, engine, run, s, rel, Y, N):
+                    Y[:, :k] = 0.0
+            history.append(int(clipped))
+            run.save(t, Y=Y, N=N, W=W)
+        for r in rows or ():  # kept in a --checkpoint directory while the fit may still be resumed, then removed
+            r.remove()
         return self._fitted(store, plan, run, Y, N, history)
 
     def _iteration(self, store, engine, run, s, rel, Y, W, n_users, t, rows):
         """One iteration: ``(Y, B, users clipped)``, ``B`` the (noisy) right-hand sides."""
         desc = f"{self.name} iteration {t}/{s.iters}"
         if rows is not None:
-            return self._cg_iteration(store, engine, run, s, Y, rows, desc)
+            return self._cg_iteration(store, engine, run, s, Y, rows, t, desc)
         B, A, G, clipped = self._iteration_sums(store, engine, run, s, Y, desc=desc)
         if self.private:
             g = run.rng(_ITER, t)
@@ -582,57 +583,71 @@ class IALS(Method):
         """Whether the item rows are solved by conjugate gradients (non-private runs with per-item Gramians)."""
         return not self.private and s.gramian == "item"
 
-    def _cg_rows(self, store, run, s):
-        """The iteration's user rows on disk (``float64``, one chunk per block) for the conjugate-gradient passes."""
-        return UserState(run.dir, "item_cg_rows", max(store.n_users, 1), self._d(s), store.block_users, np.float64)
+    def _cg_rows(self, run, s):
+        """The users' rows of the last two iterations on disk (``float64``, one chunk per block): iteration ``t``
+        writes ``[t % 2]`` and starts its users' conjugate gradients from ``[(t - 1) % 2]``, so that the rows of
+        the last finished iteration stay intact for a resume (kept in a ``--checkpoint`` directory until the fit
+        ends)."""
+        try:
+            return run.user_state("ials_user_rows", self._d(s), np.float64)
+        except FileNotFoundError:
+            raise ParameterError(f"--checkpoint {run.dir}: the checkpoint has no users' rows to resume from (written "
+                                 f"by an earlier streamdp, or removed); use another --checkpoint directory") from None
 
-    def _cg_iteration(self, store, engine, run, s, Y, rows, desc):
-        """One non-private iteration with the item rows by :data:`CG_STEPS` conjugate-gradient steps: ``(Y, B, 0)``.
+    def _cg_iteration(self, store, engine, run, s, Y, rows, t, desc):
+        """One non-private iteration, both sides by :data:`CG_STEPS` conjugate-gradient steps: ``(Y, None, 0)``.
 
-        Item ``j``'s system ``(G + A_j + reg I) y_j = B_j`` is solved by conjugate gradients
-        warm-started from its previous row, as ``implicit`` does, never forming
-        ``A_j = sum_{u in j} (c_uj - 1) x_u x_u^T``: the first pass solves the users, writes
-        their rows to disk (``rows``) and sums ``B``, ``G`` and ``A_j y_j`` (the initial
-        residual); each step is one more pass over the blocks and the rows for
-        ``A_j p_j`` (:func:`streamdp.kernels.ials.ials_item_products`, ``2 d`` multiply-adds per
-        pair against ``d (d + 1) / 2`` to form ``A_j``). Partials are combined in block order
-        (bit-identical on any number of workers). The users' solve stays exact (their
-        device's). Measured on the 20M-rating bench store: ``docs/ranking.md``.
+        As ``implicit`` solves them (``use_cg``), never forming a user's or an item's system.
+        The first pass improves each user's row from the previous iteration's (``rows``,
+        :meth:`_cg_rows`; :func:`streamdp.kernels.ials.ials_cg_users`; the first iteration, with no
+        previous rows, solves them exactly), writes it to disk and sums ``G`` and the items'
+        ``B_j - A_j y_j`` (the initial residual, :func:`streamdp.kernels.ials.ials_item_products`
+        with ``residual``); item ``j``'s system ``(G + A_j + reg I) y_j = B_j`` is then solved by
+        conjugate gradients warm-started from its previous row, without forming
+        ``A_j = sum_{u in j} (c_uj - 1) x_u x_u^T``: each step is one more pass over the blocks
+        and the rows for ``A_j p_j`` (``2 d`` multiply-adds per pair against ``d (d + 1) / 2`` to
+        form ``A_j``). Four passes per iteration; partials are combined in block order
+        (bit-identical on any number of workers). The released model's local solve stays
+        exact (:func:`streamdp.kernels.ials.ials_solve_users`). Measured on the 20M-rating bench
+        store: ``docs/ranking.md``.
         """
         n, d = Y.shape
         Y = np.ascontiguousarray(Y, np.float64)
         YtY = np.ascontiguousarray(Y.T @ Y)
         seed, ridge = run.entropy, float(s.ridge)
+        prev, cur = rows[(t - 1) % 2], rows[t % 2]
         nnz = store.block_nnz("train")
         sort = 16 * (int(nnz.max()) if len(nnz) else 0)
 
         def first(block, b):
             ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
-            U = np.zeros((block.n_users, d))
-            ials_solve_users(ip, it, conf, Y, YtY, ridge, U)
-            rows.write(b, U)
-            B, G, AY = np.zeros((n, d)), np.zeros((d, d)), np.zeros((n, d))
-            ials_accumulate(ip, it, conf, w, U, math.inf, math.inf, B, np.zeros((0, 1)), G)
-            ials_item_products(ip, it, conf, w, U, Y, AY)
-            return [B, AY, G]
+            if t > 1:  # warm start: the previous iteration's rows
+                U = np.ascontiguousarray(prev.read(b))
+                ials_cg_users(ip, it, conf, Y, YtY, ridge, CG_STEPS, U)
+            else:
+                U = np.zeros((block.n_users, d))
+                ials_solve_users(ip, it, conf, Y, YtY, ridge, U)
+            cur.write(b, U)
+            R = np.zeros((n, d))
+            ials_item_products(ip, it, conf, w, U, Y, R, True)
+            return [R, U.T @ U]
 
         def product(P):
             def fn(block, b):
                 ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
                 out = np.zeros((n, d))
-                ials_item_products(ip, it, conf, w, rows.read(b), P, out)
+                ials_item_products(ip, it, conf, w, cur.read(b), P, out)
                 return out
 
             AP = engine.map_reduce(fn, _add, np.zeros((n, d)), extra_per_block=8 * n * d + 8 * d * store.block_users
                                    + sort, desc=desc + " (item products)")
             return AP + P @ G + s.reg * P
 
-        acc = engine.map_reduce(first, _add_each, [np.zeros((n, d)), np.zeros((n, d)), np.zeros((d, d))],
-                                extra_per_block=24 * n * d + 24 * d * store.block_users + 8 * n * (d + 2) + sort,
-                                desc=desc)
-        B, AY, G = acc
-        G = symmetrize_upper(G)
-        r = B - AY - Y @ G - s.reg * Y
+        # per block: the residual's partial, the users' rows (and the exact solve's rows P^-1 y_j), the pairs
+        R, G = engine.map_reduce(first, _add_each, [np.zeros((n, d)), np.zeros((d, d))],
+                                 extra_per_block=8 * n * d + 16 * d * store.block_users + 8 * n * (d + 2) + sort,
+                                 desc=desc)
+        r = R - Y @ G - s.reg * Y
         p = r.copy()
         rs = np.einsum("ja,ja->j", r, r)
         for _ in range(CG_STEPS):
@@ -646,7 +661,7 @@ class IALS(Method):
             new = np.einsum("ja,ja->j", r, r)
             p = r + np.divide(new, rs, out=np.zeros(n), where=rs > CG_TOL)[:, None] * p
             rs = new
-        return Y, B, 0
+        return Y, None, 0
 
     # -- the item solves -----------------------------------------------------------------
     def _solve_items(self, s, rel, Y, B, A, G, W, n_users: float) -> np.ndarray:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
-from streamdp.kernels.ials import (ials_accumulate, ials_accumulate_reference, ials_item_products,
-                                   ials_item_products_reference, ials_solve_items, ials_solve_users,
-                                   ials_solve_users_reference)
+from streamdp.kernels.ials import (ials_accumulate, ials_accumulate_reference, ials_cg_users, ials_cg_users_reference,
+                                   ials_item_products, ials_item_products_reference, ials_solve_items,
+                                   ials_solve_users, ials_solve_users_reference)
 
 
 def _block(seed, n_users=40, n_items=25, d=5):
@@ -140,3 +140,48 @@ def test_item_products_match_the_reference_and_the_gramians(seed):
     np.testing.assert_allclose(out, ials_item_products_reference(ip, it, conf, w, X, P), rtol=1e-10, atol=1e-12)
     _, A, _ = ials_accumulate_reference(ip, it, conf, w, X, np.inf, len(Y))
     np.testing.assert_allclose(out, np.einsum("jab,jb->ja", A, P), rtol=1e-10, atol=1e-12)
+
+
+def test_item_products_with_the_residual_are_the_right_hand_sides_minus_the_products():
+    """``residual``: ``B_j - A_j p_j`` in one sweep (the item solve's initial residual, without its ``G`` part)."""
+    rng, ip, it, conf, Y = _block(3)
+    X = rng.standard_normal((len(ip) - 1, Y.shape[1]))
+    w = (rng.uniform(size=len(it)) < 0.8).astype(np.float64)
+    P = rng.standard_normal(Y.shape)
+    out = np.zeros(P.shape)
+    ials_item_products(ip, it, conf, w, X, P, out, True)
+    np.testing.assert_allclose(out, ials_item_products_reference(ip, it, conf, w, X, P, residual=True), rtol=1e-10,
+                               atol=1e-12)
+    B, A, _ = ials_accumulate_reference(ip, it, conf, w, X, np.inf, len(Y))
+    np.testing.assert_allclose(out, B - np.einsum("jab,jb->ja", A, P), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_user_conjugate_gradients_match_the_reference(seed):
+    """Three warm-started steps, as the non-private training runs them: the NumPy reference up to rounding."""
+    rng, ip, it, conf, Y = _block(seed, d=8)
+    YtY = Y.T @ Y
+    exact = ials_solve_users_reference(ip, it, conf, Y, YtY, 0.5)
+    X0 = exact + 0.1 * rng.standard_normal(exact.shape)
+    X = X0.copy()
+    ials_cg_users(ip, it, conf, Y, YtY, 0.5, 3, X)
+    np.testing.assert_allclose(X, ials_cg_users_reference(ip, it, conf, Y, YtY, 0.5, 3, X0), rtol=1e-9, atol=1e-12)
+    assert not X[3].any()  # no pairs: 0, her exact row
+    # the warm start pays: three steps leave less than half of the starting error (0.24 of it here)
+    has = np.diff(ip) > 0
+    assert np.linalg.norm(X[has] - exact[has]) < 0.5 * np.linalg.norm(X0[has] - exact[has])
+
+
+def test_user_conjugate_gradients_reach_the_exact_solve():
+    """From zero, ``d`` steps are the exact solve (finite termination) within 1e-8 relative; from the exact rows
+    the rows stay (within 1e-12)."""
+    rng, ip, it, conf, Y = _block(4, d=6)
+    YtY = Y.T @ Y
+    exact = np.zeros((len(ip) - 1, 6))
+    ials_solve_users(ip, it, conf, Y, YtY, 0.2, exact)
+    X = np.zeros_like(exact)
+    ials_cg_users(ip, it, conf, Y, YtY, 0.2, 6, X)
+    np.testing.assert_allclose(X, exact, rtol=1e-8, atol=1e-10)
+    X = exact.copy()
+    ials_cg_users(ip, it, conf, Y, YtY, 0.2, 3, X)
+    np.testing.assert_allclose(X, exact, rtol=1e-12, atol=1e-12)

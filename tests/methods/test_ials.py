@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from streamdp.kernels.ials import ials_solve_users_reference
+from streamdp.kernels.ials import ials_cg_users_reference, ials_solve_users_reference
 from streamdp.local import implicit_pairs, solve_block
 from streamdp.methods import get_method
 from streamdp.model import load_model
@@ -26,8 +26,8 @@ def _fit(store, **kw):
 def dense_ials(store, m, iters, cg_steps=None):
     """Plain iALS in NumPy from the run's initial item rows: the reference of a non-private run.
 
-    The item rows by ``cg_steps`` conjugate-gradient steps from the previous rows (as the run, and ``implicit``,
-    solve them), or exactly with ``cg_steps=None``.
+    The user rows (after the first iteration's exact solve) and the item rows by ``cg_steps`` conjugate-gradient
+    steps from the previous rows (as the run, and ``implicit``, solve them), or exactly with ``cg_steps=None``.
     """
     s = m.plan(store).settings
     ip, it, r = _all_ratings(store)
@@ -42,8 +42,12 @@ def dense_ials(store, m, iters, cg_steps=None):
 
     g = Run(store, method="ials", fingerprint="x", seed=m.seed, rng_key=0x1A15, checkpoint=None).rng(1, 0)
     Y = g.standard_normal((n, k)) * 0.01
+    X = None
     for _ in range(iters):
-        X = ials_solve_users_reference(ip, it, conf, Y, Y.T @ Y, s.ridge)
+        if cg_steps is None or X is None:
+            X = ials_solve_users_reference(ip, it, conf, Y, Y.T @ Y, s.ridge)
+        else:
+            X = ials_cg_users_reference(ip, it, conf, Y, Y.T @ Y, s.ridge, cg_steps, X)
         for j in range(n):
             M = (X * C[:, j, None]).T @ X + s.reg * np.eye(k)
             b = (X * C[:, j, None]).T @ P[:, j]
@@ -71,6 +75,13 @@ def test_nonprivate_run_is_plain_implicit_als(small_store):
     assert f.model_info["local"] == "implicit" and not f.model_info["local_user_bias"]
 
 
+def test_nonprivate_users_by_conjugate_gradients_from_their_previous_rows(small_store):
+    """More factors than steps (so that 3 steps are not the exact solve): after the first iteration's exact solve,
+    the users' rows too take 3 conjugate-gradient steps from the previous iteration's, kept on disk."""
+    m, f = _fit(small_store, iters=3, rank=6)
+    np.testing.assert_allclose(f.item_factors, dense_ials(small_store, m, 3, cg_steps=3), rtol=2e-4, atol=1e-5)
+
+
 def test_nonprivate_item_steps_as_many_as_factors_solve_exactly(small_store, monkeypatch):
     """With as many conjugate-gradient steps as factors the item solve is the exact one (CG's finite termination)."""
     import streamdp.methods.ials as ials
@@ -81,11 +92,47 @@ def test_nonprivate_item_steps_as_many_as_factors_solve_exactly(small_store, mon
 
 
 def test_nonprivate_cg_passes_are_the_same_on_any_number_of_workers(small_store, tmp_path):
-    """The user rows kept on disk between the item passes: 1 and 2 workers give the same bits; nothing is left."""
-    _, f1 = _fit(small_store, iters=2, rank=4, workers=1)
-    _, f2 = _fit(small_store, iters=2, rank=4, workers=2, checkpoint=str(tmp_path / "run"))
+    """The user rows kept on disk between the passes: 1 and 2 workers give the same bits; nothing is left."""
+    _, f1 = _fit(small_store, iters=3, rank=4, workers=1)
+    _, f2 = _fit(small_store, iters=3, rank=4, workers=2, checkpoint=str(tmp_path / "run"))
     np.testing.assert_array_equal(f1.item_factors, f2.item_factors)
-    assert not [p for p in (tmp_path / "run").iterdir() if "item_cg_rows" in p.name]
+    assert (tmp_path / "run" / "checkpoint.npz").exists()
+    assert not [p for p in (tmp_path / "run").iterdir() if "user_rows" in p.name]
+
+
+def test_nonprivate_resume_mid_iteration_gives_the_same_model(small_store, tmp_path, monkeypatch):
+    """Interrupted in iteration 3's first pass (its users' rows half written), a non-private run resumes from
+    iteration 2's rows, kept apart on disk: the uninterrupted run's bits. A run directory whose users' rows are
+    gone cannot resume: one line."""
+    import streamdp.methods.ials as ials
+    from streamdp.errors import ParameterError
+
+    opts = dict(iters=3, rank=5, seed=7)
+    _, full = _fit(small_store, checkpoint=str(tmp_path / "full"), **opts)
+    real, calls = ials.ials_cg_users, []
+
+    def stop_in_iteration_3(*args):  # iteration 2 solves every block, iteration 3 stops at its third
+        calls.append(1)
+        if len(calls) == small_store.n_blocks + 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(ials, "ials_cg_users", stop_in_iteration_3)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
+    monkeypatch.setattr(ials, "ials_cg_users", real)
+    assert [p for p in (tmp_path / "ck").iterdir() if "user_rows" in p.name]
+    import shutil
+
+    shutil.copytree(tmp_path / "ck", tmp_path / "gone")
+    _, res = _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
+    assert res.model_info["resumed_from_iteration"] == 2
+    np.testing.assert_array_equal(res.item_factors, full.item_factors)
+    for p in (tmp_path / "gone").iterdir():
+        if "user_rows" in p.name:
+            shutil.rmtree(p)
+    with pytest.raises(ParameterError, match="no users' rows to resume from"):
+        _fit(small_store, checkpoint=str(tmp_path / "gone"), **opts)
 
 
 def test_local_solve_is_the_training_user_solve(small_store, tmp_path):
@@ -259,7 +306,7 @@ def test_peak_memory_stays_under_the_limit(tmp_path, epsilon):
     subprocess.run(exe + ["generate", "--out", str(tmp_path / "s.zarr"), "--users", "200000", "--items", "5000",
                           "--ratings-per-user", "20", "--seed", "1"], check=True, capture_output=True)
     proc = subprocess.Popen(exe + ["train", str(tmp_path / "s.zarr"), "--method", "ials", "--epsilon", epsilon,
-                                   "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB"],
+                                   "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB", "--yes"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     err = proc.stderr.read().decode()
