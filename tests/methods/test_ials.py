@@ -375,3 +375,45 @@ def test_private_lists_are_never_below_the_released_chart_on_a_small_store(small
         f.save(out)
         r = evaluate_model(out, small_store, baselines=False)["ranking"]
         assert r["recall"] >= r["baselines"]["private_popularity"]["recall"] - 0.005, eps
+
+
+def test_users_of_few_items_keep_them_all_in_the_iterations_when_the_choice_holds_out(small_store):
+    from streamdp.methods.ials import HOLDOUT_MIN_COUNT
+
+    m = get_method("ials")(epsilon=1.0, delta=1e-6, rank=3, seed=1, tau=4)
+    s = m.plan(small_store).settings
+    assert s.select
+    b = small_store.read_block(0)
+    ip, it, _, _ = m._pairs(b, s, 123, iterations=True)
+    n_all, n_it = np.diff(b.indptr), np.diff(ip)
+    few = n_all < HOLDOUT_MIN_COUNT
+    assert np.all(n_it[few] == n_all[few])
+    assert np.all(n_it[~few] < n_all[~few])  # the others give one or two
+
+
+def test_the_item_ridge_scales_as_the_shared_gramian(small_store):
+    m = get_method("ials")(epsilon=4.0, delta=1e-6, rank=3, seed=1)
+    plan = m.plan(small_store)
+    s, rel = plan.settings, plan.releases
+    assert s.reg_scaled and s.gramian == "shared"
+    rng = np.random.default_rng(0)
+    n, k = small_store.n_items, m.rank
+    m._keep = np.ones(n, bool)
+    B, Y = rng.standard_normal((n, k)), np.zeros((n, k + 1))
+    Y[:, k] = rng.uniform(size=n)
+    X = rng.standard_normal((50, k + 1))
+    G, W = X.T @ X, rng.uniform(0, 500, n)
+    from dataclasses import replace
+
+    raw = replace(s, shrink=0.0)
+    out = m._solve_items(raw, rel, Y, B, None, G, W, 1000.0)
+    j = 7
+    scale = 1.0 + W[j] / 1000.0
+    lam = (s.reg + s.noise_ridge * rel["rhs"].scale * s.clip) * scale
+    from streamdp.methods._psd import psd
+
+    Gp = psd(G)
+    want = np.linalg.solve(scale * Gp[:k, :k] + lam * np.eye(k), B[j] - Y[j, k] * scale * Gp[:k, k])
+    got = out[j, :k]
+    # the solve's rows are rescaled to mean squared norm 1 afterwards: compare directions
+    np.testing.assert_allclose(got / np.linalg.norm(got), want / np.linalg.norm(want), rtol=1e-6, atol=1e-9)
