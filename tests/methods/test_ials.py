@@ -206,7 +206,7 @@ def test_signal_z_separates_noise_from_signal():
 
 
 def test_tau_comes_from_the_released_profile(small_store):
-    m, f = _fit(small_store, epsilon=2.0, iters=1)
+    m, f = _fit(small_store, epsilon=2.0, iters=1, item_weights="uniform")
     led = f.ledger
     assert led.bounds["releases"][0]["release"].startswith("number of users")  # the released count comes first
     assert led.bounds["releases"][1]["release"].startswith("histogram of training ratings per user")
@@ -417,3 +417,10 @@ def test_the_item_ridge_scales_as_the_shared_gramian(small_store):
     got = out[j, :k]
     # the solve's rows are rescaled to mean squared norm 1 afterwards: compare directions
     np.testing.assert_allclose(got / np.linalg.norm(got), want / np.linalg.norm(want), rtol=1e-6, atol=1e-9)
+
+
+def test_adaptive_weights_take_tau_32_without_a_profile_release(small_store):
+    _, f = _fit(small_store, epsilon=2.0, iters=1)
+    assert f.model_info["parameters"]["tau"] == 32 and "user_profile" not in f.model_info
+    assert not [e for e in f.ledger.bounds["releases"] if e["release"].startswith("histogram")]
+    assert f.ledger.accounting.epsilon <= 2.0 + 1e-9
