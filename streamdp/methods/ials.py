@@ -220,8 +220,9 @@ class IalsOptions(MethodOptions):
                                    default=21.0, minimum=1)
     count_scale: float = option("implicit stores: the count at which confidence starts to grow slowly "
                                 "(f(count) = log(1 + count / count_scale))", default=1.0, **_POS)
-    tau: int = option("per-user bound: the squared L2 norm of a user's item-side weights (adaptive), at most tau "
-                      "pairs of weight 1 (uniform; a seeded sample when she has more)",
+    tau: int = option("how much each user may weigh on the item side: the squared length of her weights (adaptive), "
+                      "or how many of her pairs reach it with weight 1 (uniform; a seeded sample when she has more) "
+                      "(bound tau)",
                       default=32, minimum=1, default_text="32; private --item-weights uniform: from a released "
                       "histogram of pairs per user, the count 75% of users are within, in 4..32")
     iters: int | None = option("ALS iterations", minimum=1, default_text="10 non-private, 3 private")
@@ -248,15 +249,16 @@ class IalsOptions(MethodOptions):
                            minimum=0)
     count_share: float = option("budget share of the item counts (and confidence totals)", default=0.3, **_POS,
                                 maximum=1)
-    item_floor: float = option("private runs: only items whose released count reaches f sqrt(k) sigma_B / (c_max "
-                               "Delta) get factors and the users' bounded pairs (f; the count at which a row's "
-                               "right-hand side can at most equal its noise); the rest rank by popularity; 0: every "
-                               "item", default=1.0, minimum=0)
+    item_floor: float = option("private runs: only items with enough released count get factors and the users' "
+                               "bounded pairs, the count at which an item's right-hand side can at most equal its "
+                               "noise, times this (f of the floor f sqrt(k) sigma_B / (c_max Delta)); the rest rank "
+                               "by popularity; 0: every item", default=1.0, minimum=0)
     item_weights: Literal["uniform", "adaptive"] = option(
         "private runs: how a user's bounded contribution spreads over her pairs in the iterations: uniform (at most "
         "tau of them, weight 1) or adaptive (every pair, weights of l2 norm sqrt(tau), rarer items by released count "
         "weighing more, Krichene et al. 2023)", default="adaptive")
-    adaptive_exponent: float = option("--item-weights adaptive: weight proportional to N_j^mu (mu <= 0)",
+    adaptive_exponent: float = option("--item-weights adaptive: how much less a pair of a popular item weighs, 0 or "
+                                      "below: 0 weighs her pairs alike (exponent mu <= 0 of the weights N_j^mu)",
                                       default=0.0, maximum=0)
     reg_scaled: bool = option("private runs: scale each item's ridge by 1 + its released confidence total / users, "
                               "as its Gramian (G + A_j ~ (1 + W_j / n_users) G)", default=True)
