@@ -442,11 +442,17 @@ class IALS(Method):
                                       fixed=self.spent_first(store) + fixed)
         names = ["counts"] + (["wtotals"] if self._w_release(s) else []) + \
             (["gram"] if s.gramian == "shared" else ["agram", "gram"]) + ["rhs"] + (["select"] if s.select else [])
-        bounds.update({"tau": s.tau, "sampling": "uniform", "clip_Delta": s.clip, "clip_popularity": s.clip_popularity,
-                       "mechanism": "gaussian",
-                       "sensitivity_norm": "l2",
-                       "weights": f"uniform: weight 1 on at most tau = {s.tau} positive pairs per user, "
-                                  f"confidence <= {s.conf_cap:g}"})
+        counts_w = f"weight 1 on at most tau = {s.tau} positive pairs per user"
+        if s.item_weights == "adaptive":
+            mu = f"released N_j^{s.adaptive_exponent:g}" if s.adaptive_exponent else "one weight per user"
+            iters_w = (f"iterations: adaptive (Krichene et al. 2023), every positive pair of the items above the floor "
+                       f"(released counts), weights proportional to {mu}, of L2 norm sqrt(tau) per user; "
+                       f"item counts: uniform, {counts_w}")
+        else:
+            iters_w = f"uniform: {counts_w} (iterations: of the items above the floor)"
+        bounds.update({"tau": s.tau, "sampling": s.item_weights, "clip_Delta": s.clip,
+                       "clip_popularity": s.clip_popularity, "mechanism": "gaussian", "sensitivity_norm": "l2",
+                       "weights": f"{iters_w}; confidence <= {s.conf_cap:g}"})
         rel = dict(zip(names, releases))
         releases = fixed + releases
         return Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases], settings=s,

@@ -424,3 +424,11 @@ def test_adaptive_weights_take_tau_32_without_a_profile_release(small_store):
     assert f.model_info["parameters"]["tau"] == 32 and "user_profile" not in f.model_info
     assert not [e for e in f.ledger.bounds["releases"] if e["release"].startswith("histogram")]
     assert f.ledger.accounting.epsilon <= 2.0 + 1e-9
+
+
+def test_the_ledger_says_which_weights_bound_each_user(small_store):
+    _, f = _fit(small_store, epsilon=2.0, iters=1)
+    b = f.ledger.bounds
+    assert b["sampling"] == "adaptive" and "of L2 norm sqrt(tau)" in b["weights"] and "uniform" in b["weights"]
+    _, g = _fit(small_store, epsilon=2.0, iters=1, item_weights="uniform")
+    assert g.ledger.bounds["sampling"] == "uniform" and g.ledger.bounds["weights"].startswith("uniform: weight 1")
