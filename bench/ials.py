@@ -9,7 +9,7 @@ On ``STORE``'s train/test split (e.g. ML-100K ingested with ``--test-fraction 0.
 training; relevant = a held-out rating in the top 20% of the range; users without one
 skipped) of
 
-* ``ials`` at each epsilon (mean over ``--seeds``), with the most-popular list by the
+* ``ials`` at each epsilon (median over ``--seeds``), with the most-popular list by the
   model's own released counts (``private_popularity``) beside it;
 * ``implicit``'s ALS (bench-only peer, never a dependency of streamdp): 64 factors,
   15 iterations, on the binarized training matrix, best Recall@10 over a small grid of
@@ -194,9 +194,9 @@ def main(argv=None):
         print(f"implicit ALS best: Recall@10 {best[0]:.4f}  NDCG@10 {best[1]:.4f}")
     for eps in [float(e) for e in a.epsilons.split(",")]:
         runs = [ials_metrics(st, eps, seed, a.workers, **opts) for seed in range(1, a.seeds + 1)]
-        rec = statistics.mean(r[0] for r in runs)
-        nd = statistics.mean(r[1] for r in runs)
-        pp = statistics.mean(r[2] for r in runs)
+        rec = statistics.median(r[0] for r in runs)
+        nd = statistics.median(r[1] for r in runs)
+        pp = statistics.median(r[2] for r in runs)
         ratio = f"  {rec / best[0]:.3f}x implicit" if best else ""
         print(f"ials epsilon {eps:g}: Recall@10 {rec:.4f}  NDCG@10 {nd:.4f}  ({rec / pop[0]:.3f}x the exact chart, "
               f"{rec / pp:.3f}x the chart by its released counts {pp:.4f}){ratio}  fit {runs[0][3]:.1f}s")

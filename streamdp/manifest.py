@@ -93,7 +93,7 @@ MODEL_JSON = {
     "not_released": (PUBLIC, "lowrank: what stays with the users (text)"),
     "iterations_run": (POST, "als/irls: iterations run (fewer than planned when a gated choice dropped the factors)"),
     "factors_released": (POST, "whether the release holds factors (iterations > 0, chosen on released values)"),
-    "n_items_with_factors": (POST, "items whose noisy weight total passed the public threshold"),
+    "n_items_with_factors": (POST, "items whose noisy weight total (als) or count (ials) passed the public threshold"),
     "selection": (POST, "the candidate chosen on the noisy validation losses (streamdp.methods._selection)"),
     "selection.noisy_validation_losses": (RELEASE, "noisy validation losses of the candidates (ledger: "
                                                    "'validation losses of the N candidate releases')"),

@@ -71,14 +71,14 @@ def mix(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-def holdout(indptr, items, ratings, first_user: int, key: int, eligible_items=None):
+def holdout(indptr, items, ratings, first_user: int, key: int, eligible_items=None, min_count: int = 2):
     """Split one block's training ratings into the rest and each user's validation ratings.
 
     A user with ``n`` ratings of which ``e`` are on eligible items (``eligible_items``, a
     boolean mask over items; default all) gives ``v = floor(0.1 n + 1/2)`` of the
     eligible ones, at least 1 when ``n >= 2``, at most ``n - 1``,
     ``e`` and ``VALIDATION_CAP``, spread over them (a keyed random start, a stride of
-    ``e // v``).
+    ``e // v``); a user with fewer than ``min_count`` ratings gives none.
     Returns ``(indptr, items, ratings)`` of the rest and ``(users, items, ratings)`` of
     the validation ratings (``users`` local to the block, one entry per rating).
     Deterministic in ``key`` and the users' global indices.
@@ -101,6 +101,7 @@ def holdout(indptr, items, ratings, first_user: int, key: int, eligible_items=No
     estart = np.cumsum(ecnt) - ecnt  # offset of each user's first eligible rating in P
     v = np.maximum(np.floor(VALIDATION_FRACTION * cnt + 0.5).astype(np.int64), 1)
     v = np.minimum(np.minimum(v, cnt - 1), np.minimum(ecnt, VALIDATION_CAP))
+    v[cnt < min_count] = 0
     users = np.flatnonzero(v > 0)
     with np.errstate(over="ignore"):
         h = mix((np.uint64(key) * MIX) ^ (users.astype(np.uint64) + np.uint64(first_user)) * MIX)

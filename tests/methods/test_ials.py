@@ -253,7 +253,7 @@ def test_signal_z_separates_noise_from_signal():
 
 
 def test_tau_comes_from_the_released_profile(small_store):
-    m, f = _fit(small_store, epsilon=2.0, iters=1)
+    m, f = _fit(small_store, epsilon=2.0, iters=1, item_weights="uniform")
     led = f.ledger
     assert led.bounds["releases"][0]["release"].startswith("number of users")  # the released count comes first
     assert led.bounds["releases"][1]["release"].startswith("histogram of training ratings per user")
@@ -367,3 +367,115 @@ def test_evaluate_reports_lists_only_for_an_ials_model_on_ratings(small_store, t
     assert "no RMSE" in format_evaluation(ev) and "ranking verdict" in format_evaluation(ev)
     with pytest.raises(ParameterError, match="--methods ials: its scores rank items"):
         sweep(small_store, methods="ials", epsilons="1", out=str(tmp_path / "sw"))
+
+
+def test_item_floor_keeps_factors_and_pairs_to_items_above_it_at_no_privacy_cost(small_store):
+    from streamdp.methods.ials import item_floor_count
+
+    _, f0 = _fit(small_store, epsilon=8.0, iters=2, select="off", item_floor=0, item_weights="uniform")
+    m, f = _fit(small_store, epsilon=8.0, iters=2, select="off", item_floor=3, item_weights="uniform")
+    s = m.plan(small_store).settings
+    floor = item_floor_count(s, m.plan(small_store).releases["rhs"].scale, m.rank)
+    N = f.extras["noisy_item_weight"]
+    keep = N >= floor
+    assert 0 < keep.sum() < len(keep)  # the floor cuts the catalogue in two on this store
+    # post-processing of the released counts: the same releases, the same budget
+    assert f.ledger.bounds["releases"] == f0.ledger.bounds["releases"]
+    assert f.ledger.accounting.epsilon <= 8.0 + 1e-9
+    assert f.model_info["factors_released"] and f.model_info["n_items_with_factors"] == int(keep.sum())
+    assert not np.any(f.item_factors[~keep, :m.rank]) and np.all(np.any(f.item_factors[keep, :m.rank], axis=1))
+    assert np.all(f.item_factors[:, m.rank] >= 0)  # every item keeps its popularity column
+    # the users' bounded pairs go to the kept items only, tau of them at most
+    m._keep, m._N = keep, N
+    b = small_store.read_block(0)
+    ip, it, conf, w = m._pairs(b, s, 123, iterations=True)
+    assert not np.any(w[~keep[it]])
+    on = np.add.reduceat((w > 0).astype(np.int64), ip[:-1])
+    kept = np.add.reduceat(keep[it].astype(np.int64), ip[:-1])
+    assert np.all(on == np.minimum(kept, s.tau)) and (kept > s.tau).any()
+    # too few items above the floor for the factors: the chart alone
+    _, g = _fit(small_store, epsilon=8.0, iters=2, select="off", item_floor=1e6)
+    assert not g.model_info["factors_released"] and not np.any(g.item_factors[:, :m.rank])
+
+
+def test_adaptive_item_weights_spend_each_users_whole_bound_over_all_her_pairs(small_store):
+    m = get_method("ials")(epsilon=1.0, delta=1e-6, rank=3, seed=1, tau=4, item_weights="adaptive")
+    s = m.plan(small_store).settings
+    b = small_store.read_block(0)
+    _, _, _, w_counts = m._pairs(b, s, 123)  # the counts (the chart) stay uniform: tau pairs of weight 1
+    assert set(np.unique(w_counts)) <= {0.0, 1.0}
+    m._keep, m._N = np.ones(small_store.n_items, bool), np.ones(small_store.n_items)
+    ip, it, conf, w = m._pairs(b, s, 123, iterations=True)
+    norms = np.sqrt(np.add.reduceat(w * w, ip[:-1]))
+    assert np.all(w > 0) and np.all(norms <= 2.0) and norms.max() == pytest.approx(2.0)
+    # a light user's pairs weigh more than a heavy user's
+    n = np.diff(ip)
+    assert w[ip[np.argmin(n)]] > w[ip[np.argmax(n)]]
+
+
+def test_private_lists_are_never_below_the_released_chart_on_a_small_store(small_store, tmp_path):
+    from streamdp.evaluate import evaluate_model
+
+    for eps in (0.5, 4.0):
+        _, f = _fit(small_store, epsilon=eps)
+        out = str(tmp_path / f"m{eps}")
+        f.save(out)
+        r = evaluate_model(out, small_store, baselines=False)["ranking"]
+        assert r["recall"] >= r["baselines"]["private_popularity"]["recall"] - 0.005, eps
+
+
+def test_users_of_few_items_keep_them_all_in_the_iterations_when_the_choice_holds_out(small_store):
+    from streamdp.methods.ials import HOLDOUT_MIN_COUNT
+
+    m = get_method("ials")(epsilon=1.0, delta=1e-6, rank=3, seed=1, tau=4)
+    s = m.plan(small_store).settings
+    assert s.select
+    b = small_store.read_block(0)
+    ip, it, _, _ = m._pairs(b, s, 123, iterations=True)
+    n_all, n_it = np.diff(b.indptr), np.diff(ip)
+    few = n_all < HOLDOUT_MIN_COUNT
+    assert np.all(n_it[few] == n_all[few])
+    assert np.all(n_it[~few] < n_all[~few])  # the others give one or two
+
+
+def test_the_item_ridge_scales_as_the_shared_gramian(small_store):
+    m = get_method("ials")(epsilon=4.0, delta=1e-6, rank=3, seed=1)
+    plan = m.plan(small_store)
+    s, rel = plan.settings, plan.releases
+    assert s.reg_scaled and s.gramian == "shared"
+    rng = np.random.default_rng(0)
+    n, k = small_store.n_items, m.rank
+    m._keep = np.ones(n, bool)
+    B, Y = rng.standard_normal((n, k)), np.zeros((n, k + 1))
+    Y[:, k] = rng.uniform(size=n)
+    X = rng.standard_normal((50, k + 1))
+    G, W = X.T @ X, rng.uniform(0, 500, n)
+    from dataclasses import replace
+
+    raw = replace(s, shrink=0.0)
+    out = m._solve_items(raw, rel, Y, B, None, G, W, 1000.0)
+    j = 7
+    scale = 1.0 + W[j] / 1000.0
+    lam = (s.reg + s.noise_ridge * rel["rhs"].scale * s.clip) * scale
+    from streamdp.methods._psd import psd
+
+    Gp = psd(G)
+    want = np.linalg.solve(scale * Gp[:k, :k] + lam * np.eye(k), B[j] - Y[j, k] * scale * Gp[:k, k])
+    got = out[j, :k]
+    # the solve's rows are rescaled to mean squared norm 1 afterwards: compare directions
+    np.testing.assert_allclose(got / np.linalg.norm(got), want / np.linalg.norm(want), rtol=1e-6, atol=1e-9)
+
+
+def test_adaptive_weights_take_tau_32_without_a_profile_release(small_store):
+    _, f = _fit(small_store, epsilon=2.0, iters=1)
+    assert f.model_info["parameters"]["tau"] == 32 and "user_profile" not in f.model_info
+    assert not [e for e in f.ledger.bounds["releases"] if e["release"].startswith("histogram")]
+    assert f.ledger.accounting.epsilon <= 2.0 + 1e-9
+
+
+def test_the_ledger_says_which_weights_bound_each_user(small_store):
+    _, f = _fit(small_store, epsilon=2.0, iters=1)
+    b = f.ledger.bounds
+    assert b["sampling"] == "adaptive" and "of L2 norm sqrt(tau)" in b["weights"] and "uniform" in b["weights"]
+    _, g = _fit(small_store, epsilon=2.0, iters=1, item_weights="uniform")
+    assert g.ledger.bounds["sampling"] == "uniform" and g.ledger.bounds["weights"].startswith("uniform: weight 1")

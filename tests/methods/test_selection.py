@@ -46,6 +46,16 @@ def test_holdout_validates_only_on_eligible_items():
     assert len(vi) and eligible[vi].all()
 
 
+def test_holdout_spares_users_below_min_count():
+    ip = np.array([0, 2, 6, 16])  # users of 2, 4 and 10 ratings
+    it = np.arange(16, dtype=np.int32)
+    r = np.ones(16, np.float32)
+    (_, _, _), (vu, _, _) = holdout(ip, it, r, 0, key=3)
+    assert sorted(set(vu.tolist())) == [0, 1, 2]  # the default: every user of 2 or more gives one
+    (tip, tit, _), (vu, _, _) = holdout(ip, it, r, 0, key=3, min_count=5)
+    assert vu.tolist() == [2] and np.diff(tip).tolist() == [2, 4, 9]
+
+
 def test_choose_keeps_the_default_unless_clearly_beaten():
     assert choose(np.array([100.0, 99.0, 101.0]), 0, 1.0) == 0
     assert choose(np.array([100.0, 90.0, 101.0]), 0, 1.0) == 1
