@@ -1,8 +1,8 @@
 """Every benchmark in one run: streamdp against the peers measured in the same run, as one markdown page.
 
-    python -m bench [--ratings 20000000] [--rss-sizes 10M,50M,200M] [--memory-limit 512MB]
-                    [--scale-sizes 2M] [--repeats 3] [--lists-stores ml-100k,filmtrust,clustered-10k]
-                    [--ials-ratings 2M] [--ials-repeats 3] [--only real,lists,ials,kernels,memory,scale]
+    python -m bench [--ratings 5M] [--rss-sizes 1M,5M,20M] [--memory-limit 512MB] [--scale-sizes 2M]
+                    [--repeats 2] [--lists-stores ml-100k,filmtrust,clustered-10k] [--ials-ratings 2M]
+                    [--ials-repeats 3] [--ials-iters 3] [--only real,lists,ials,kernels,memory,scale]
                     [--write docs/benchmarks.md]
 
 (``python bench/run.py`` is the same.) Six parts, the first five each a set of rows
@@ -49,13 +49,13 @@
 
 Timings are medians of ``--repeats`` round-robin repeats (paired with the peer in
 each repeat, ratios are medians of per-repeat ratios): this machine is shared and
-noisy. ``--write PATH`` writes the whole page (a header with the date, the commit,
+noisy (``--repeats`` 2 by default, to keep the whole run near 12 minutes on a busy
+2-core machine: at load average 15, about 11 minutes for 4 minutes of CPU). ``--write PATH`` writes the whole page (a header with the date, the commit,
 the machine's CPUs, its load average at the start and the end and the run's time,
 then the tables) to ``PATH`` through a temporary file renamed over it:
 ``python -m bench --write docs/benchmarks.md`` is how that page is made. A part that
 fails is a row saying so; the page then goes to ``PATH.failed`` instead, the exit
-status is 1. At the defaults it runs in about 10-12 minutes on 2 busy cores; the
-temporary stores are removed at the end.
+status is 1. The temporary stores are removed at the end.
 """
 
 from __future__ import annotations
@@ -262,8 +262,9 @@ def ials_speed(rep: Report, tmp: str, n_ratings: int, repeats: int, iters: int, 
     st = streamdp.generate(path, users=users, items=items, ratings_per_user=20, seed=1)
     rep.section(f"{what}, implicit {implicit.__version__}: generated store of {st.n_ratings:,} ratings, {users:,} "
                 f"users x {items:,} items (written in {time.perf_counter() - t:.0f}s); medians of {repeats} "
-                f"interleaved repeats of {iters} iterations per fit, the first not counted; ratio: implicit's "
-                "seconds / ials's (speed)")
+                f"interleaved repeats of {iters} iterations per fit, the first not counted (nor a private fit's "
+                "last, which also runs its choice between factors and chart); ratio: implicit's seconds / ials's "
+                "(speed)")
     res = ials_bench.speed(st, ials_bench.matrices(st, test=False)[0], workers, {}, repeats=repeats, iters=iters)
     for eps, label in (("inf", "non-private"), ("1", "epsilon 1")):
         for kind, name in (("wall", "wall"), ("cpu", "CPU time, all threads")):
@@ -426,8 +427,9 @@ def _duration(sec: float) -> str:
 def page(rep: Report, scaled: str, *, argv: list[str], started: float, load_start: str, load_end: str,
          seconds: dict, repeats: int, ials_repeats: int, exclude: str | None = None) -> str:
     """The whole markdown page of one run: a header (when, which commit, which machine, how loaded, how long),
-    the table, then the scale part's tables."""
-    total, cpu = (sum(v[i] for v in seconds.values()) for i in (0, 1))
+    the table, then the scale part's tables. ``seconds``: ``{part: (wall, CPU)}``; ``started``: the run's
+    ``time.time()``; ``exclude``: the page's own path (its being rewritten is no uncommitted change)."""
+    total, cpu = time.time() - started, sum(c for _, c in seconds.values())
     parts = ", ".join(f"{p} {_duration(t)}" for p, (t, _) in seconds.items())
     head = f"""# Benchmarks
 
@@ -438,8 +440,8 @@ The `bench/*.py` scripts go further on one subject each ([development.md](develo
 
 - **Run**: {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))}, commit {commit(exclude)},
   `python -m bench{"".join(" " + a for a in argv)}`
-- **Machine**: {machine()}; load average (1, 5, 15 min) {load_start} at the start, {load_end} at the end.
-  A machine shared with other jobs: only the ratios within this run mean much.
+- **Machine**: {machine()}; load average (1, 5, 15 min) {load_start} at the start, {load_end} at the end
+  (above the number of CPUs: other jobs shared the cores, and only the ratios within this run mean much).
 - **Run time**: {_duration(total)} ({parts}); CPU time {_duration(cpu)} (all threads and child processes).
 - **Reading it**: timings are medians of {repeats} round-robin repeats, each paired with its peer
   (`ials` iterations: medians of {ials_repeats}); ratios are streamdp / peer (for times: the
@@ -491,17 +493,17 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--ratings", default="20M", help="training ratings of the kernels' generated store")
-    ap.add_argument("--rss-sizes", default="10M,50M,200M", help="store sizes of the peak-RSS curve")
+    ap.add_argument("--ratings", default="5M", help="training ratings of the kernels' generated store")
+    ap.add_argument("--rss-sizes", default="1M,5M,20M", help="store sizes of the peak-RSS curve")
     ap.add_argument("--memory-limit", default="512MB", help="--memory-limit of the peak-RSS runs")
-    ap.add_argument("--repeats", type=int, default=3, help="round-robin repeats of the kernels and the scipy pass")
+    ap.add_argument("--repeats", type=int, default=2, help="round-robin repeats of the kernels and the scipy pass")
     ap.add_argument("--scale-sizes", default="2M", help="store sizes of the scale part (bench/scale.py)")
     ap.add_argument("--lists-stores", default="ml-100k,filmtrust,clustered-10k",
                     help="stores of the lists part (bench/ranking.py's names)")
     ap.add_argument("--ials-ratings", default="2M", help="ratings of the ials part's generated store (20M: issue "
                     "29's)")
     ap.add_argument("--ials-repeats", type=int, default=3, help="interleaved repeats of the ials part's three fits")
-    ap.add_argument("--ials-iters", type=int, default=4, help="iterations per fit of the ials part (the first is "
+    ap.add_argument("--ials-iters", type=int, default=3, help="iterations per fit of the ials part (the first is "
                     "not counted)")
     ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts to run")
     ap.add_argument("--write", "--out", dest="write", default=None, metavar="PATH",
