@@ -454,18 +454,6 @@ The `bench/*.py` scripts go further on one subject each ([development.md](develo
     return head + "\n" + body
 
 
-def write_atomic(path: str, text: str) -> None:
-    """``text`` into ``path`` through a temporary file beside it, renamed over it (never half a page)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _cpu() -> float:
     """CPU seconds of this process and its finished children (every thread)."""
     import resource
@@ -514,6 +502,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"--only: unknown part(s) {', '.join(sorted(unknown))} (choose from {', '.join(PARTS)})")
     from bench import ranking
+    from streamdp.jsonio import atomic_write_json
 
     stores = [x.strip() for x in a.lists_stores.split(",") if x.strip()]
     known = [*ranking.REAL, *ranking.GENERATED, *ranking.CLUSTERED, "regimes"]
@@ -553,7 +542,8 @@ def main(argv=None) -> int:
     print("\n" + text)
     if a.write:
         dest = a.write + ".failed" if failed else a.write
-        write_atomic(dest, text)
+        # through a temporary file beside it, renamed over it: never half a page (streamdp's own atomic writer)
+        atomic_write_json(dest, text.rstrip("\n"), dumps=str)
         print(f"written to {dest}" + (f" (not to {a.write}: part(s) {', '.join(failed)} failed)" if failed else ""),
               file=sys.stderr)
     return 1 if failed else 0
