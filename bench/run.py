@@ -1,6 +1,6 @@
 """Every benchmark in one run: streamdp against the peers measured in the same run, as one markdown page.
 
-    python -m bench [--ratings 5M] [--rss-sizes 1M,5M,20M] [--memory-limit 512MB] [--scale-sizes 2M]
+    python -m bench [--ratings 5M] [--rss-sizes 5M,50M] [--memory-limit 512MB] [--scale-sizes 2M]
                     [--repeats 2] [--lists-stores ml-100k,filmtrust,clustered-10k] [--ials-ratings 2M]
                     [--ials-repeats 3] [--ials-iters 3] [--only real,lists,ials,kernels,memory,scale]
                     [--write docs/benchmarks.md]
@@ -443,10 +443,11 @@ The `bench/*.py` scripts go further on one subject each ([development.md](develo
 - **Machine**: {machine()}; load average (1, 5, 15 min) {load_start} at the start, {load_end} at the end
   (above the number of CPUs: other jobs shared the cores, and only the ratios within this run mean much).
 - **Run time**: {_duration(total)} ({parts}); CPU time {_duration(cpu)} (all threads and child processes).
-- **Reading it**: timings are medians of {repeats} round-robin repeats, each paired with its peer
-  (`ials` iterations: medians of {ials_repeats}); ratios are streamdp / peer (for times: the
-  peer's seconds / streamdp's, a speed-up), medians of the per-repeat ratios; higher is better,
-  except peak RSS. List rows: Recall@10 / NDCG@10, the ratio of Recall@10.
+- **Reading it**: the kernels' rates and the scipy pass are medians of {repeats} round-robin repeats,
+  each paired with its peer, their ratios medians of the per-repeat ratios; `ials` iterations are
+  medians of {ials_repeats} interleaved repeats; the real sets' fit seconds and the peak RSS rows are one
+  run each. Ratios are streamdp / peer (for times: the peer's seconds / streamdp's, a speed-up),
+  higher is better except peak RSS. List rows: Recall@10 / NDCG@10, the ratio of Recall@10.
 """
     body = rep.markdown() + "\n"
     if scaled:
@@ -482,7 +483,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--ratings", default="5M", help="training ratings of the kernels' generated store")
-    ap.add_argument("--rss-sizes", default="1M,5M,20M", help="store sizes of the peak-RSS curve")
+    ap.add_argument("--rss-sizes", default="5M,50M", help="store sizes of the peak-RSS curve (measured: 289 MB "
+                    "at 1M, 362-376 MB from 5M to 100M; the curve is flat from 5M)")
     ap.add_argument("--memory-limit", default="512MB", help="--memory-limit of the peak-RSS runs")
     ap.add_argument("--repeats", type=int, default=2, help="round-robin repeats of the kernels and the scipy pass")
     ap.add_argument("--scale-sizes", default="2M", help="store sizes of the scale part (bench/scale.py)")
