@@ -434,8 +434,9 @@ def page(rep: Report, scaled: str, *, argv: list[str], started: float, load_star
     head = f"""# Benchmarks
 
 Every benchmark of `python -m bench` against the peers it measures in the same run, in one
-table, written by that one run (`python -m bench --write docs/benchmarks.md`; `bench/run.py`,
-whose `--help` lists the parts and their sizes): run it again rather than edit this page.
+table, written by that one run (`python -m bench --write docs/benchmarks.md` from the repository's
+root; `bench/run.py`, whose `--help` lists the parts and their sizes): run it again rather than
+edit this page.
 The `bench/*.py` scripts go further on one subject each ([development.md](development.md)).
 
 - **Run**: {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))}, commit {commit(exclude)},
