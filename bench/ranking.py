@@ -3,10 +3,12 @@
     python bench/ranking.py                                  # ML-100K, FilmTrust, two generated stores
     python bench/ranking.py --stores ml-100k --k 10,20 --json out.json
     python bench/ranking.py --stores regimes                 # the regime suite's stores (bench/regimes.py)
+    python bench/ranking.py --stores clustered-10k           # 10,000 users in 20 taste groups (bench/ials.py's)
     python bench/ranking.py --methods-table [--seeds 2]      # docs/methods.md's table: means, oja, als per epsilon
 
 Per store (real sets ingested from ``../shared/data`` with ``--test-fraction 0.2 --seed 1``
-and their declared ranges; generated ones with ``streamdp generate``), Recall@k and
+and their declared ranges; generated ones with ``streamdp generate``; the clustered one written
+by :func:`bench.ials.clustered_csv` and ingested as the real sets), Recall@k and
 NDCG@k for each ``--k`` of:
 
 * the two most-popular lists: by the exact training counts (non-private) and by the
