@@ -547,6 +547,9 @@ def main(argv=None) -> int:
         dest = a.write + ".failed" if failed else a.write
         # through a temporary file beside it, renamed over it: never half a page (streamdp's own atomic writer)
         atomic_write_json(dest, text.rstrip("\n"), dumps=str)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(dest, 0o666 & ~umask)  # a page, readable as any file written by the user (mkstemp's is 0600)
         print(f"written to {dest}" + (f" (not to {a.write}: part(s) {', '.join(failed)} failed)" if failed else ""),
               file=sys.stderr)
     return 1 if failed else 0

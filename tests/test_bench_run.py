@@ -3,6 +3,7 @@ out of it."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -17,6 +18,12 @@ def tiny_lists(monkeypatch, tmp_path):
     monkeypatch.setattr(ranking, "IMPLICIT_GRID", [dict(factors=16, regularization=0.1, alpha=1.0)])
     monkeypatch.setattr(ranking, "EASE_LAMBDAS", (10.0,))
     monkeypatch.setenv("STREAMDP_SHARED_DATA", str(tmp_path / "no-data"))
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def check_header(text: str, part: str) -> None:
@@ -55,6 +62,7 @@ def test_a_failed_part_is_a_row_and_keeps_the_page(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("STREAMDP_SHARED_DATA", str(tmp_path / "data"))
     assert run.main(["--only", "lists", "--lists-stores", "filmtrust", "--write", str(page)]) == 1
     assert page.read_text() == "an older run\n"
+    assert (tmp_path / "benchmarks.md.failed").stat().st_mode & 0o044 == 0o044 & ~_umask()  # readable as a page
     failed = (tmp_path / "benchmarks.md.failed").read_text()
     check_header(failed, "lists")
     assert "\n| part `lists` failed: InputError: " in failed
