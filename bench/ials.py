@@ -175,7 +175,8 @@ def main(argv=None):
     opts = dict(o.split("=", 1) for o in a.option)
     opts = {key: _value(v) for key, v in opts.items()}
     if a.speed_only:
-        return speed(st, matrices(st, test=False)[0], a.workers, opts, repeats=a.repeats, iters=a.iters)
+        speed(st, matrices(st, test=False)[0], a.workers, opts, repeats=a.repeats, iters=a.iters)
+        return
     thr = default_threshold(st.rating_min, st.rating_max)
     X, tu, ti, tr = matrices(st)
     pop = recall_ndcg(popular_lists(X, 10), tu, ti, tr, thr)
@@ -252,6 +253,9 @@ def speed(st, X, workers, opts, factors=64, repeats=3, iters=4):
     medians over the repeats and the median of the per-repeat ratios are printed, of wall
     time and of the process's CPU time (all threads: on a machine whose cores other jobs
     share, the work each side does, free of how much of the cores it got).
+
+    Returns ``{"inf" | "1" | "implicit": {"wall" | "cpu": median seconds}, "speed": {("wall" | "cpu", "inf" | "1"):
+    implicit's seconds / ials's, median of the per-repeat ratios}}`` (:mod:`bench.run` tabulates it).
     """
     from threadpoolctl import threadpool_limits
 
@@ -265,14 +269,18 @@ def speed(st, X, workers, opts, factors=64, repeats=3, iters=4):
             runs["implicit"].append(tuple(statistics.median(x[i] for x in t) for i in (0, 1)))
         print(f"repeat {r + 1}: " + ", ".join(f"{key} {v[-1][0]:.3f}s (cpu {v[-1][1]:.3f}s)"
                                               for key, v in runs.items()), flush=True)
+    out = {key: {what: statistics.median(x[i] for x in v) for i, what in ((0, "wall"), (1, "cpu"))}
+           for key, v in runs.items()}
+    out["speed"] = {}
     for i, what in ((0, "wall"), (1, "cpu")):
-        theirs = statistics.median(x[i] for x in runs["implicit"])
         for eps in ("inf", "1"):
-            ratio = statistics.median(t[i] / o[i] for t, o in zip(runs["implicit"], runs[eps]))
+            ratio = out["speed"][what, eps] = statistics.median(t[i] / o[i] for t, o in zip(runs["implicit"],
+                                                                                            runs[eps]))
             print(f"one iteration ({what}), {factors} factors, {X.nnz:,} pairs, {st.n_users:,} users x "
-                  f"{st.n_items:,} items: ials epsilon {eps} {statistics.median(x[i] for x in runs[eps]):.3f}s "
-                  f"streamed on {workers} workers, implicit {theirs:.3f}s in memory on {workers} threads (medians of "
-                  f"{repeats}): ials speed {ratio:.2f}x implicit's")
+                  f"{st.n_items:,} items: ials epsilon {eps} {out[eps][what]:.3f}s streamed on {workers} workers, "
+                  f"implicit {out['implicit'][what]:.3f}s in memory on {workers} threads (medians of {repeats}): "
+                  f"ials speed {ratio:.2f}x implicit's")
+    return out
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
     python bench/ranking.py                                  # ML-100K, FilmTrust, two generated stores
     python bench/ranking.py --stores ml-100k --k 10,20 --json out.json
     python bench/ranking.py --stores regimes                 # the regime suite's stores (bench/regimes.py)
+    python bench/ranking.py --stores clustered-10k           # 10,000 users in 20 taste groups (bench/ials.py's)
     python bench/ranking.py --methods-table [--seeds 2]      # docs/methods.md's table: means, oja, als per epsilon
 
 Per store (real sets ingested from ``../shared/data`` with ``--test-fraction 0.2 --seed 1``
-and their declared ranges; generated ones with ``streamdp generate``), Recall@k and
+and their declared ranges; generated ones with ``streamdp generate``; the clustered one written
+by :func:`bench.ials.clustered_csv` and ingested as the real sets), Recall@k and
 NDCG@k for each ``--k`` of:
 
 * the two most-popular lists: by the exact training counts (non-private) and by the
@@ -49,11 +51,16 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import shared_data  # noqa: E402
+
 #: Real stores: file under ../shared/data and declared rating range.
 REAL = {"ml-100k": ("ml-100k/u.data", "1,5"), "filmtrust": ("filmtrust/ratings.txt", "0.5,4")}
 #: Generated stores: issue 29's 30k x 2k (10 per user) and the README's worked example.
 GENERATED = {"gen-30k": dict(users=30_000, items=2_000, ratings_per_user=10),
              "gen-10k": dict(users=10_000, items=500, ratings_per_user=20)}
+#: Clustered-taste stores (:func:`bench.ials.clustered_csv`, ingested as ``bench/ials.py --clustered`` does): the
+#: store of docs/ranking.md's ``ials`` table, where non-private lists beat the chart by about 1.9x.
+CLUSTERED = {"clustered-10k": dict(n_users=10_000, n_items=1_000, per_user=20)}
 #: The grids of the non-private references.
 IMPLICIT_GRID = [dict(factors=f, regularization=r, alpha=a) for f in (32, 64) for r in (0.01, 0.1) for a in (1.0, 10.0)]
 EASE_LAMBDAS = (10.0, 50.0, 200.0, 1000.0)
@@ -173,8 +180,9 @@ def peers(train, test, tiekey, threshold, ks, *, seed: int, threads: int, ease_m
 
 
 # -- streamdp's models ------------------------------------------------------------------------------------------
-def streamdp_rows(st, tmp, ks, epsilons, seed, workers) -> dict:
-    """The two most-popular lists, the default model's lists (new and old scorer) and ``ials`` at each epsilon."""
+def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True) -> dict:
+    """The two most-popular lists, the default model's lists (new and, with ``old_lists``, old scorer) and ``ials``
+    at each epsilon (with the chart by its own released counts, the floor its lists are held to)."""
     import streamdp
     from streamdp.evaluate import evaluate_model
     from streamdp.methods import load_builtin
@@ -191,9 +199,6 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers) -> dict:
     m = load_model(path)
     ev = evaluate_model(m, st, workers=workers, k=min(ks), ranking_users="all")
     new = ranked(m)
-    old_m = load_model(path)
-    old_m.info = {**old_m.info, "list_scorer": {"kind": "predicted_rating"}}
-    old = ranked(old_m)
     k0 = min(ks)
 
     def pick(r, key=None):
@@ -206,12 +211,18 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers) -> dict:
     rows["default (als eps 1): list score"] = {**pick(new), "rmse": ev["rmse"],
                                                "personalised": new[k0]["personalised"],
                                                "list_scorer": new[k0]["list_scorer"]}
-    rows["default (als eps 1): predicted rating (old lists)"] = {**pick(old), "rmse": ev["rmse"]}
+    if old_lists:
+        old_m = load_model(path)
+        old_m.info = {**old_m.info, "list_scorer": {"kind": "predicted_rating"}}
+        rows["default (als eps 1): predicted rating (old lists)"] = {**pick(ranked(old_m)), "rmse": ev["rmse"]}
     if "ials" in load_builtin():
         for e in epsilons:
             p = os.path.join(tmp, f"ials-{e:g}-{seed}")
             streamdp.train(st, method="ials", epsilon=e, out=p, seed=seed, workers=workers, evaluate=False)
-            rows[f"ials eps {e:g}"] = pick(ranked(load_model(p)))
+            r = ranked(load_model(p))
+            rows[f"ials eps {e:g}"] = pick(r)
+            if "private_popularity" in r[k0]["baselines"]:
+                rows[f"ials eps {e:g}"]["released_chart"] = pick(r, "private_popularity")
     return rows, new[k0]
 
 
@@ -253,11 +264,10 @@ def open_stores(names, tmp, big: bool):
     import streamdp
     from streamdp.storage.ingest import ingest
 
-    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
     for name in names:
         if name in REAL:
             rel, rr = REAL[name]
-            path = os.path.join(data, rel)
+            path = shared_data(rel)
             if not os.path.exists(path):
                 print(f"{name}: {path} absent, skipped", file=sys.stderr)
                 continue
@@ -265,6 +275,13 @@ def open_stores(names, tmp, big: bool):
         elif name in GENERATED:
             yield name, streamdp.generate(os.path.join(tmp, name + ".zarr"), seed=1, test_fraction=0.2,
                                           **GENERATED[name])
+        elif name in CLUSTERED:
+            from bench.ials import clustered_csv
+
+            csv = os.path.join(tmp, name + ".tsv")
+            clustered_csv(csv, **CLUSTERED[name])
+            yield name, ingest([csv], os.path.join(tmp, name + ".zarr"), test_fraction=0.2, seed=1,
+                               rating_range="1,5")
         elif name == "regimes":
             from bench.regimes import REGIMES
 
@@ -274,14 +291,17 @@ def open_stores(names, tmp, big: bool):
                 yield f"regime {r}", streamdp.generate(os.path.join(tmp, r + ".zarr"), seed=1, test_fraction=0.2,
                                                        **kw)
         else:
-            raise SystemExit(f"--stores: unknown store {name!r} (known: {', '.join([*REAL, *GENERATED, 'regimes'])})")
+            raise SystemExit(f"--stores: unknown store {name!r} (known: "
+                             f"{', '.join([*REAL, *GENERATED, *CLUSTERED, 'regimes'])})")
 
 
-def run_store(name, st, tmp, a) -> dict:
+def run_store(name, st, tmp, a, old_lists=True) -> dict:
+    """Every list of one store on its one split (``a``: this script's parsed arguments, or the same fields)."""
     from streamdp.ranking import default_threshold
 
     t = time.perf_counter()
-    rows, ref = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed, a.workers)
+    rows, ref = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed, a.workers,
+                              old_lists=old_lists)
     train, test = splits(st)
     tiekey, thr = tiekey_of(st), default_threshold(st.rating_min, st.rating_max)
     pop = np.bincount(train.indices, minlength=train.shape[1]).astype(np.float64)
@@ -329,7 +349,7 @@ def _floats(text):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stores", default="ml-100k,filmtrust,gen-30k,gen-10k",
-                    help="comma-separated: ml-100k, filmtrust, gen-30k, gen-10k, regimes")
+                    help="comma-separated: ml-100k, filmtrust, gen-30k, gen-10k, clustered-10k, regimes")
     ap.add_argument("--k", default="10,20", help="list lengths (comma-separated)")
     ap.add_argument("--epsilons", default=None, help="ials's epsilons, when ials is registered (default "
                     "0.5,1,2,5,10,inf); with --methods-table als's (default 0.5,1,2,10,inf)")
