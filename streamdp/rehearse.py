@@ -2,7 +2,7 @@
 
 ``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse`` write a
 store from :func:`streamdp.storage.generate.generate_store` whose shape is STORE's, made
-only from what is public or already released, never from STORE's ratings:
+only from what is public or released (already, or once now, accounted), never trained on STORE's ratings:
 
 public parameters (free)
     the number of items (the catalogue), the declared rating range and its step (the
@@ -48,11 +48,31 @@ clipping is the one whose mean after them is that (:func:`pre_clip_means`). A ge
 (``item_exponent`` over the popularity, ``global_mean`` / ``item_bias_std`` over the means); without such a model
 both are the generator's, as before, and the output says which was used.
 
-Everything else (rank, noise, the interaction strength, user activity's tail) is the generator's default or the
-option given: a rehearsal shows the regime (users, items, activity, item popularity and means, scale), not STORE's
-own signal. The interaction strength of the popular items (how far ratings spread around their item's mean) is
-what no release carries: on 2,000 users x 400 items it moves the test RMSE by up to 0.06 between generator seeds,
-more than anything the released statistics fix (``tests/test_rehearse.py``). The sweep on the
+How ratings spread around their item's mean (the rating spread), released once against the least noisy released
+item side (its item means) and, when one has been released, the least noisy model's item factors: a Laplace
+vector at ``shape_epsilon`` of four sums over the users with two training ratings or more, each user's term
+clipped (:func:`spread_bounds`, ``h`` half the rating range): her mean squared residual ``e = r - item mean``
+(``[0, h^2]``: the total spread), the mean product of two of her residuals on distinct items (``[-h^2/2, h^2/2]``:
+her rating level, an offset's variance; the noise adds nothing to it), the mean squared leave-one-out residual of a
+ridge fit of her centred residuals on the released factors (``[0, h^2]``: what those factors leave unexplained,
+out of sample) and the users counted (times the bounds' sum ``B``); L1 sensitivity ``2 B``
+(:func:`streamdp.kernels.spread.residual_spread`; it reads STORE's training ratings once, block by block). It is
+charged like the histogram (its own budget entry, ledger method ``shape``), said, and recorded in the synthetic
+store for later rehearsals (free: a second rehearsal leaves STORE's budget byte for byte).
+
+From it (post-processing), :func:`calibrate_spread` sets the generator's ``interaction_scale``, ``noise`` and
+``user_bias_std`` (and the item biases that keep the released item means) by simulation: pilot stores with
+STORE's public parameters, released shape and item side, read against item means fitted to their own training
+ratings as the released ones were to STORE's (:func:`in_sample_means`), until the pilot's three per-user means
+are the released ones. With released factors the synthetic truth's item factors are their directions (the
+interaction then lives where the released model found it) and the noise is matched to the unexplained residual;
+without, the spread beyond the user offsets is split between interaction and noise as in the generator's
+defaults (:data:`DEFAULT_SPLIT`). A generator option given (``--noise``, ``--interaction-scale``,
+``--user-bias-std``, ``--rank``) wins.
+
+Everything else (user activity's tail, taste clusters) is the generator's default or the option given. How close
+the rehearsal's curve then lies to the real sweep's is measured in ``tests/test_rehearse.py``
+(:func:`rehearsal_gaps`) and reported in docs/choosing-epsilon.md. The sweep on the
 synthetic store charges only the synthetic store's own budget; STORE's budget file is left
 byte for byte as it was unless a statistic had to be released.
 """
@@ -179,6 +199,8 @@ def _sources(entry: dict) -> list[dict]:
         items = _item_source(where, model, ledger)
         if items is not None:
             out.append({**items, "from": frm})
+            if (model.get("summary") or {}).get("factors_released", model.get("factors_released")):
+                out.append({**items, "what": "factor_items", "from": frm})
         return out
     try:
         attrs = open_store(where).attrs
@@ -394,7 +416,7 @@ def released_shape(store) -> dict:
     ``{"n_users": source or None, "histogram": ..., "items": ..., "spread": ...}``.
     Reads the budget and the outputs its entries point at; writes nothing."""
     path = store.path if isinstance(store, RatingStore) else str(store)
-    best: dict = {"n_users": None, "histogram": None, "items": None, "spread": None}
+    best: dict = {"n_users": None, "histogram": None, "items": None, "factor_items": None, "spread": None}
     for e in StoreBudget(path).entries():
         if e.get("status") not in COUNTED or e.get("status") == "reserved":
             continue
@@ -535,8 +557,12 @@ def _spread_wanted(st: RatingStore, found: dict, options: dict, items: dict) -> 
         return None
     if set(SPREAD_OPTIONS) & set(options):
         return None
-    where = found["spread"]["value"]["model"] if found["spread"] is not None else found["items"]["model"]
-    model = _spread_model(where, st)
+    if found["spread"] is not None:
+        rec = found["spread"]["value"]
+        model = _spread_model(rec["model"], st, rec.get("factors_model"))  # its factors' model gone: no split
+    else:  # the least noisy item side, and the least noisy model with item factors
+        fi = found["factor_items"]
+        model = _spread_model(found["items"]["model"], st, None if fi is None else fi["model"])
     if model is not None and "rank" in options:  # a rank given: the generator's factors, not the released ones
         model = {**model, "V": None}
     return model
@@ -662,15 +688,27 @@ def spread_bounds(lo: float, hi: float, factors: bool) -> np.ndarray:
 
 
 def spread_sums(store, item_mean, V, bounds) -> np.ndarray:
-    """``[sum mean e^2, sum residual product, sum LOO residual, users counted]`` over ``store``'s training ratings
-    (:func:`streamdp.kernels.spread.residual_spread`, block by block; ``V`` ``None``: no factors)."""
+    """``[sum mean e^2, sum residual product, sum LOO residual, users counted for the first two, users counted for
+    the third]`` (:func:`streamdp.kernels.spread.residual_spread`, block by block): the first two over ``store``'s
+    test ratings (its training ratings without a test split), the third over its training ratings (``V`` ``None``:
+    no factors, 0 and 0 users).
+
+    The item means were fitted to the training ratings: the test ratings spread around them as a prediction's error
+    does (what a sweep's test RMSE measures), the training ratings less (by about ``1 / n_j`` of the spread: measured
+    1.409 against 1.442, 2,000 users x 400 items). The unexplained residual is out of sample already (leave one
+    out) and needs more ratings per user than a test split holds."""
     item_mean = np.ascontiguousarray(item_mean, np.float64)
-    V = np.zeros((len(item_mean), 0)) if V is None else np.ascontiguousarray(V, np.float64)
-    out, n = np.zeros(3), 0
-    for blk in store.blocks("train"):
-        n += residual_spread(blk.indptr, blk.items, blk.ratings, item_mean, V, SPREAD_RIDGE,
-                             np.asarray(bounds, np.float64), out)
-    return np.r_[out, float(n)]
+    bounds = np.asarray(bounds, np.float64)
+    out, none = np.zeros(3), np.zeros((len(item_mean), 0))
+    n_t = 0
+    for blk in store.blocks("test" if store.has_test else "train"):
+        n_t += residual_spread(blk.indptr, blk.items, blk.ratings, item_mean, none, SPREAD_RIDGE, bounds, out)
+    loo, n_tr = np.zeros(3), 0
+    if V is not None:
+        V = np.ascontiguousarray(V, np.float64)
+        for blk in store.blocks("train"):
+            n_tr += residual_spread(blk.indptr, blk.items, blk.ratings, item_mean, V, SPREAD_RIDGE, bounds, loo)
+    return np.array([out[0], out[1], loo[2], float(n_t), float(n_tr)])
 
 
 def _unit_factors(V, weights) -> np.ndarray:
@@ -709,19 +747,28 @@ def in_sample_means(store, global_mean: float, damping: float = PILOT_DAMPING) -
     return global_mean + S / (C + float(damping))
 
 
-def _spread_model(where: str, st: RatingStore) -> dict | None:
-    """A released model's item means and (if it released them) item factors, in its own item order, and ``pos``:
-    the model's position of each of ``st``'s items. What the spread statistics are read against."""
+def _spread_model(where: str, st: RatingStore, factors_from: str | None = None) -> dict | None:
+    """A released model's item means, and the item factors of the model ``factors_from`` (``None``: none), in the
+    models' item order, and ``pos``: the models' position of each of ``st``'s items. What the spread statistics are
+    read against."""
     try:
         m = load_model(where)
+        f = None if factors_from is None else load_model(factors_from)
     except StreamdpError:
         return None
-    pos = find(as_ids(m.item_ids), as_ids(st.item_ids()))
+    ids = as_ids(st.item_ids())
+    pos = find(as_ids(m.item_ids), ids)
     if len(pos) != st.n_items or (pos < 0).any():
         return None
+    V = None
+    if f is not None and factors_released(f):
+        fpos = find(as_ids(f.item_ids), ids)
+        if len(fpos) != st.n_items or (fpos < 0).any():
+            return None
+        V = np.empty((st.n_items, f.rank))
+        V[pos] = np.asarray(f.item_factors, np.float64)[fpos, : f.rank]  # in the means model's item order
     mean = float(m.global_mean) + np.asarray(m.item_bias, np.float64)
-    V = np.asarray(m.item_factors, np.float64)[:, : m.rank] if factors_released(m) else None
-    return {"path": where, "pos": pos, "mean": mean, "V": V}
+    return {"path": where, "factors_path": None if V is None else factors_from, "pos": pos, "mean": mean, "V": V}
 
 
 def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict) -> tuple[dict, Release]:
@@ -733,28 +780,48 @@ def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict
     V = _unit_factors(model["V"], weights) if factors else None
     sums = spread_sums(st, model["mean"][model["pos"]], None if V is None else V[model["pos"]], bounds)
     B = float(bounds.sum())
-    rel = Release(SPREAD_WHAT, "laplace", 2.0 * B, 1.0 / float(eps), shape=(4,))
-    noisy = rel.add(np.r_[sums[:3], B * sums[3]], np.random.default_rng())
+    rel = Release(SPREAD_WHAT, "laplace", (3.0 if factors else 2.0) * B, 1.0 / float(eps), shape=(5,))
+    noisy = rel.add(np.r_[sums[:3], B * sums[3:]], np.random.default_rng())
     if not factors:
-        noisy[2] = 0.0  # its sum is 0 exactly (nothing to fit on): nothing is learnt from its noise
+        noisy[[2, 4]] = 0.0  # 0 exactly (nothing to fit on, no user counted): nothing is learnt from their noise
     return {"values": [float(x) for x in noisy], "bound_sum": B, "bounds": bounds.tolist(),
             "noise_std": math.sqrt(2.0) * rel.scale, "model": model["path"], "factors": factors,
-            "ridge": SPREAD_RIDGE}, rel
+            "factors_model": model["factors_path"], "ridge": SPREAD_RIDGE,
+            "split": "test" if st.has_test else "train"}, rel
 
 
 def spread_targets(record: dict) -> dict:
     """Per-user means of the released spread statistics (module docstring): ``total`` (mean squared residual),
     ``offset`` (mean residual product), ``unexplained`` (``None`` without factors), the users counted and the
-    noise standard deviation of each mean.
+    noise standard deviation of the first two means.
 
-    >>> spread_targets({"values": [1000.0, 100.0, 0.0, 10000.0], "bound_sum": 10.0, "noise_std": 20.0,
+    >>> spread_targets({"values": [1000.0, 100.0, 0.0, 10000.0, 0.0], "bound_sum": 10.0, "noise_std": 20.0,
     ...                 "factors": False})
     {'total': 1.0, 'offset': 0.1, 'unexplained': None, 'users': 1000.0, 'std': 0.02}
     """
     v, B = record["values"], float(record["bound_sum"])
-    n = max(v[3] / B, 1.0)
-    return {"total": v[0] / n, "offset": v[1] / n, "unexplained": v[2] / n if record["factors"] else None,
+    n, n_tr = max(v[3] / B, 1.0), max(v[4] / B, 1.0)
+    return {"total": v[0] / n, "offset": v[1] / n, "unexplained": v[2] / n_tr if record["factors"] else None,
             "users": n, "std": float(record["noise_std"]) / n}
+
+
+def _pilot_factors(pilot: RatingStore, model: dict, weights, tmp: str, seed: int, truth) -> np.ndarray:
+    """Item factors trained on ``pilot`` by the method, epsilon and rank of the model that released the factors the
+    real store's unexplained residual was read against (its estimation error is then the pilot's too), scaled as
+    those were (:func:`_unit_factors`); the pilot's truth when that run releases none."""
+    from streamdp.training import train as train_model
+
+    info = _read_json(os.path.join(model["factors_path"], "model.json")) or {}
+    eps = info.get("epsilon")
+    eps = math.inf if eps in ("inf", None) else float(eps)
+    out = os.path.join(tmp, "pilot-model")
+    train_model(pilot, method=str(info.get("method", "als")), epsilon=eps, rank=info.get("rank"), seed=seed,
+                out=out, force=True, evaluate_test=False)
+    m = load_model(out)
+    if not factors_released(m):
+        return truth
+    pos = find(as_ids(m.item_ids), as_ids(pilot.item_ids()))
+    return _unit_factors(np.asarray(m.item_factors, np.float64)[pos, : m.rank], weights)
 
 
 def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model: dict, w_model,
@@ -804,8 +871,9 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
                 "item_bias": a - global_mean, "global_mean": global_mean}
 
     def derived(x):  # the statistics each variance moves: [interaction (+ noise without factors), offsets, noise]
-        return ([x["total"] - x["offset"] - x["unexplained"], x["offset"], x["unexplained"]] if factors else
-                [x["total"] - x["offset"], x["offset"]])
+        off = max(x["offset"], 0.0)  # below 0 (noise, or a few test ratings per user): no offsets, not less total
+        return ([x["total"] - off - x["unexplained"], off, x["unexplained"]] if factors else
+                [x["total"] - off, off])
 
     def params():
         return [i2, u2, n2] if factors else [i2 + n2, u2]
@@ -819,7 +887,10 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
                                    test_fraction=pub["test_fraction"], force=True, seed=seed, show_progress=False,
                                    **o)
             s = spread_sums(pilot, in_sample_means(pilot, global_mean), V, bounds)
-            p = {"total": s[0] / s[3], "offset": s[1] / s[3], "unexplained": s[2] / s[3] if factors else None}
+            if factors:  # the unexplained residual against factors fitted to the pilot as the released ones were
+                s[2:] = spread_sums(pilot, in_sample_means(pilot, global_mean),
+                                    _pilot_factors(pilot, model, wts, tmp, seed, V), bounds)[2:]
+            p = {"total": s[0] / s[3], "offset": s[1] / s[3], "unexplained": s[2] / s[4] if factors else None}
             rounds.append({"interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
                            "user_bias_std": round(math.sqrt(u2), 4),
                            **{f"pilot_{k}": (None if v is None else round(float(v), 4)) for k, v in p.items()}})
