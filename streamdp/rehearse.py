@@ -870,14 +870,6 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
         return {**opts, "interaction_scale": math.sqrt(i2), "noise": math.sqrt(n2), "user_bias_std": math.sqrt(u2),
                 "item_bias": a - global_mean, "global_mean": global_mean}
 
-    def derived(x):  # the statistics each variance moves: [interaction (+ noise without factors), offsets, noise]
-        off = max(x["offset"], 0.0)  # below 0 (noise, or a few test ratings per user): no offsets, not less total
-        return ([x["total"] - off - x["unexplained"], off, x["unexplained"]] if factors else
-                [x["total"] - off, off])
-
-    def params():
-        return [i2, u2, n2] if factors else [i2 + n2, u2]
-
     rounds, last = [], None
     with tempfile.TemporaryDirectory(prefix="streamdp-pilot-") as tmp:
         for _ in range(PILOT_ROUNDS):
@@ -894,22 +886,33 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
             rounds.append({"interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
                            "user_bias_std": round(math.sqrt(u2), 4),
                            **{f"pilot_{k}": (None if v is None else round(float(v), 4)) for k, v in p.items()}})
-            gap = np.subtract(derived(t), derived(p))
-            if np.max(np.abs(gap)) < 2e-4:
+            g_t, g_o = t["total"] - p["total"], t["offset"] - p["offset"]
+            g_n = t["unexplained"] - p["unexplained"] if factors else 0.0
+            if max(abs(g_t), abs(g_n), 0.0 if (u2 == 0 and g_o < 0) else abs(g_o)) < 2e-4:
                 break
-            x, d = np.array(params()), np.array(derived(p))
-            slope = np.ones(len(x))
-            if last is not None:  # a secant step: rounding and clipping make a variance's effect less than one
-                dx, dd = x - last[0], d - last[1]
-                ok = np.abs(dx) > 1e-6
-                slope[ok] = np.clip(dd[ok] / dx[ok], 0.25, 2.0)
-            last = (x, d)
-            x = np.maximum(x + gap / slope, [1e-4, 0.0, 1e-4][: len(x)])
+            # the offsets' variance moves the offset (and the total as much); the noise the unexplained residual;
+            # the rest of the total is the interaction's (with the noise's, without factors). Secant slopes: rounding
+            # and clipping make a variance's effect on the statistics less than one.
+            now = (u2, n2, i2, p)
+            slope_n, slope_i = 1.0, 1.0
+            if last is not None:
+                lu, ln, li, lp = last
+                if factors and abs(n2 - ln) > 1e-6:
+                    slope_n = float(np.clip((p["unexplained"] - lp["unexplained"]) / (n2 - ln), 0.25, 2.0))
+                rest = (i2 - li) + (0.0 if factors else n2 - ln)
+                if abs(rest) > 1e-6:
+                    moved = (p["total"] - lp["total"]) - (u2 - lu) - ((n2 - ln) if factors else 0.0)
+                    slope_i = float(np.clip(moved / rest, 0.25, 2.0))
+            last = now
+            u_new = max(u2 + g_o, 0.0)
+            n_new = max(n2 + g_n / slope_n, 1e-4) if factors else n2
+            step_rest = (g_t - (u_new - u2) - ((n_new - n2) if factors else 0.0)) / slope_i
+            u2, n2_old = u_new, n2
             if factors:
-                i2, u2, n2 = x
+                n2, i2 = n_new, max(i2 + step_rest, 1e-4)
             else:
-                u2 = x[1]
-                i2, n2 = x[0] / (1 + DEFAULT_SPLIT ** 2), x[0] * DEFAULT_SPLIT ** 2 / (1 + DEFAULT_SPLIT ** 2)
+                q = max(i2 + n2_old + step_rest, 1e-4)
+                i2, n2 = q / (1 + DEFAULT_SPLIT ** 2), q * DEFAULT_SPLIT ** 2 / (1 + DEFAULT_SPLIT ** 2)
     record = {"targets": {k: (None if v is None else round(float(v), 4)) for k, v in t.items()},
               "interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
               "user_bias_std": round(math.sqrt(u2), 4), "factors": "released" if factors else
