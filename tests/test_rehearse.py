@@ -288,9 +288,11 @@ def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int) ->
         real[e] = [streamdp.train(store.path, method=method, epsilon=e, out=str(tmp_path / f"r-{e}-{r}"),
                                   seed=100 + r, evaluate=True).summary["test_rmse"] for r in range(repeats)]
     before = _budget_bytes(store.path)
-    reh = _curve(rehearse(store, methods=method, epsilons=epsilons, repeats=repeats, seed=100,
-                          shape_epsilon=ACCEPTANCE_SHAPE_EPSILON, out=str(tmp_path / "h")))
+    res = rehearse(store, methods=method, epsilons=epsilons, repeats=repeats, seed=100,
+                   shape_epsilon=ACCEPTANCE_SHAPE_EPSILON, out=str(tmp_path / "h"))
+    assert res["rehearsal"]["spread"]["source"].startswith("released now: Laplace at epsilon 10")
     assert _budget_bytes(store.path) != before  # the spread, released once ...
+    reh = _curve(res)
     before = _budget_bytes(store.path)
     from streamdp.rehearse import generate_like
 
