@@ -62,9 +62,10 @@ store for later rehearsals (free: a second rehearsal leaves STORE's budget byte 
 
 From it (post-processing), :func:`calibrate_spread` sets the generator's ``interaction_scale``, ``noise`` and
 ``user_bias_std`` (and the item biases that keep the released item means) by simulation: pilot stores with
-STORE's public parameters, released shape and item side, read against item means fitted to their own training
-ratings as the released ones were to STORE's (:func:`in_sample_means`), until the pilot's three per-user means
-are the released ones. With released factors the synthetic truth's item factors are their directions (the
+STORE's public parameters, released shape and item side, each read against the item means (and factors) that the
+released model's method, epsilon and rank give on the pilot (:func:`_pilot_release`: the released ones were
+fitted to STORE's training ratings, with their shrinkage and error), until the pilot's three per-user means are
+the released ones. With released factors the synthetic truth's item factors are their directions (the
 interaction then lives where the released model found it) and the noise is matched to the unexplained residual;
 without, the spread beyond the user offsets is split between interaction and noise as in the generator's
 defaults (:data:`DEFAULT_SPLIT`). A generator option given (``--noise``, ``--interaction-scale``,
@@ -728,25 +729,6 @@ def _unit_factors(V, weights) -> np.ndarray:
     return V / math.sqrt(ms) if ms > 0 else V
 
 
-#: The shrinkage of a non-private model's item means (:func:`streamdp.methods._biases.item_biases`: ``S_j / (C_j +
-#: 6.25)``): a pilot's item means are its training ratings' so shrunk, as the released ones are the real store's.
-PILOT_DAMPING = 6.25
-
-
-def in_sample_means(store, global_mean: float, damping: float = PILOT_DAMPING) -> np.ndarray:
-    """``global_mean + sum_j (r - global_mean) / (n_j + damping)`` over ``store``'s training ratings, per item.
-
-    The real store's statistics are read against item means fitted to its own training ratings, which its
-    residuals spread less around than around the items' true means (by about ``1 / n_j`` of their variance:
-    measured 1.409 against 1.442 on the test ratings, 2,000 users x 400 items); the pilot's are read against means
-    fitted so to its own."""
-    S, C = np.zeros(store.n_items), np.zeros(store.n_items)
-    for blk in store.blocks("train"):
-        S += np.bincount(blk.items, weights=blk.ratings.astype(np.float64) - global_mean, minlength=store.n_items)
-        C += np.bincount(blk.items, minlength=store.n_items)
-    return global_mean + S / (C + float(damping))
-
-
 def _spread_model(where: str, st: RatingStore, factors_from: str | None = None) -> dict | None:
     """A released model's item means, and the item factors of the model ``factors_from`` (``None``: none), in the
     models' item order, and ``pos``: the models' position of each of ``st``'s items. What the spread statistics are
@@ -805,23 +787,25 @@ def spread_targets(record: dict) -> dict:
             "users": n, "std": float(record["noise_std"]) / n}
 
 
-def _pilot_factors(pilot: RatingStore, model: dict, weights, tmp: str, seed: int, truth) -> np.ndarray:
-    """Item factors trained on ``pilot`` by the method, epsilon and rank of the model that released the factors the
-    real store's unexplained residual was read against (its estimation error is then the pilot's too), scaled as
-    those were (:func:`_unit_factors`); the pilot's truth when that run releases none."""
+def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """What the model at ``where`` released about STORE, released about ``pilot`` instead: its method trained on the
+    pilot at its epsilon and rank (seeded), and that model's item means and item factors (``None``: none released),
+    in the pilot's item order. The real store's statistics were read against the released model's means and factors,
+    fitted to its own training ratings (with their estimation error and shrinkage); the pilot's are read against
+    its own, fitted alike."""
     from streamdp.training import train as train_model
 
-    info = _read_json(os.path.join(model["factors_path"], "model.json")) or {}
+    info = _read_json(os.path.join(where, "model.json")) or {}
     eps = info.get("epsilon")
     eps = math.inf if eps in ("inf", None) else float(eps)
     out = os.path.join(tmp, "pilot-model")
-    train_model(pilot, method=str(info.get("method", "als")), epsilon=eps, rank=info.get("rank"), seed=seed,
+    train_model(pilot, method=str(info.get("method", "means")), epsilon=eps, rank=info.get("rank"), seed=seed,
                 out=out, force=True, evaluate_test=False)
     m = load_model(out)
-    if not factors_released(m):
-        return truth
     pos = find(as_ids(m.item_ids), as_ids(pilot.item_ids()))
-    return _unit_factors(np.asarray(m.item_factors, np.float64)[pos, : m.rank], weights)
+    mean = float(m.global_mean) + np.asarray(m.item_bias, np.float64)[pos]
+    V = np.asarray(m.item_factors, np.float64)[pos, : m.rank] if factors_released(m) else None
+    return mean, V
 
 
 def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model: dict, w_model,
@@ -829,7 +813,7 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
     """The generator's ``interaction_scale``, ``noise`` and ``user_bias_std`` (and the item biases that keep the
     released item means; the released factors, if any, as the truth's) whose store has the released spread
     statistics: at most :data:`PILOT_ROUNDS` pilot stores of ``min(n_users, PILOT_USERS)`` users (the synthetic
-    store's own seed), each read with :func:`spread_sums` against the same item means, and additive updates of the
+    store's own seed), each read with :func:`spread_sums` against its own release (:func:`_pilot_release`), and updates of the
     variances (the user offsets' by ``offset``; with factors the noise by ``unexplained`` and the interaction by
     ``total - offset - unexplained``, without them ``total - offset`` at the :data:`DEFAULT_SPLIT` ratio).
 
@@ -878,10 +862,12 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
                                    ratings_per_user=m, rating_min=lo, rating_max=hi, rating_step=step,
                                    test_fraction=pub["test_fraction"], force=True, seed=seed, show_progress=False,
                                    **o)
-            s = spread_sums(pilot, in_sample_means(pilot, global_mean), V, bounds)
+            mean_p, V_p = _pilot_release(pilot, model["path"], tmp, seed)
+            s = spread_sums(pilot, mean_p, None, bounds)
             if factors:  # the unexplained residual against factors fitted to the pilot as the released ones were
-                s[2:] = spread_sums(pilot, in_sample_means(pilot, global_mean),
-                                    _pilot_factors(pilot, model, wts, tmp, seed, V), bounds)[2:]
+                if model["factors_path"] != model["path"]:
+                    _, V_p = _pilot_release(pilot, model["factors_path"], tmp, seed)
+                s[2:] = spread_sums(pilot, mean_p, V if V_p is None else _unit_factors(V_p, wts), bounds)[2:]
             p = {"total": s[0] / s[3], "offset": s[1] / s[3], "unexplained": s[2] / s[4] if factors else None}
             rounds.append({"interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
                            "user_bias_std": round(math.sqrt(u2), 4),
