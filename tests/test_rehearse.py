@@ -349,9 +349,10 @@ OUTSIDE = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("store_name,method", [
-    pytest.param(s, m, marks=[pytest.mark.xfail(strict=True, reason=OUTSIDE[(s, m)])] if (s, m) in OUTSIDE else [])
+    pytest.param(s, m, marks=[pytest.mark.xfail(reason=OUTSIDE[(s, m)])] if (s, m) in OUTSIDE else [])
     for s in STORES for m in ("means", "als")])
 def test_rehearsal_curve_lies_within_the_spread_of_the_real_sweep(tmp_path, store_name, method):
     """The acceptance at the default sweep's epsilons, three repeats (:func:`rehearsal_gaps`); the cases measured
-    outside are expected to fail (strict: one that starts to pass is a failure to look at)."""
+    outside are expected to fail, not strictly: the spread is released with fresh noise (OS entropy) at every run,
+    which moves a gap by up to about 0.01 at inf, so a case near the band may land inside (an XPASS to read)."""
     _acceptance(tmp_path, store_name, method, DEFAULT_EPSILONS, 3)
