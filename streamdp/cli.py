@@ -315,7 +315,7 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
     s = generate_like(like, out, users=users, ratings_per_user=rpu, shape_epsilon=shape_epsilon,
                       over_budget=over_budget, force=force, echo=click.echo,
                       seed=ctx.params["seed"], **given)
-    read = ("its training ratings read once for the rating spread released now" if "spread_release" in
+    read = ("its ratings read once for the rating spread released now" if "spread_release" in
             s.attrs["params"]["like"] else "none of its ratings read")
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
                f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s (synthetic: shaped like {like}, {read})")

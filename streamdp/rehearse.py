@@ -56,7 +56,7 @@ clipped (:func:`spread_bounds`, ``h`` half the rating range): her mean squared r
 her rating level, an offset's variance; the noise adds nothing to it), the mean squared leave-one-out residual of a
 ridge fit of her centred residuals on the released factors (``[0, h^2]``: what those factors leave unexplained,
 out of sample) and the users counted (times the bounds' sum ``B``); L1 sensitivity ``2 B``
-(:func:`streamdp.kernels.spread.residual_spread`; it reads STORE's training ratings once, block by block). It is
+(:func:`streamdp.kernels.spread.residual_spread`; it reads STORE's ratings once, block by block). It is
 charged like the histogram (its own budget entry, ledger method ``shape``), said, and recorded in the synthetic
 store for later rehearsals (free: a second rehearsal leaves STORE's budget byte for byte).
 
@@ -212,7 +212,7 @@ def _sources(entry: dict) -> list[dict]:
     if isinstance(rel, dict) and rel.get("entry") == entry["id"]:
         out.append({"what": "histogram", "value": rel["histogram"], "std": float(rel["noise_std"]), "from": frm})
     rel = like.get("spread_release")
-    if isinstance(rel, dict) and rel.get("entry") == entry["id"] and os.path.isdir(str(rel.get("model"))):
+    if _spread_record_ok(rel, entry["id"]):
         out.append({"what": "spread", "value": rel, "std": spread_targets(rel)["std"], "from": frm})
     return out
 
@@ -527,7 +527,7 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
                 like["spread_release"] = record
                 src = f"released now: Laplace at epsilon {eps:g}, budget entry {entry}"
                 said.append(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for how its ratings "
-                            f"spread around the released item means (its training ratings read once; entry {entry}; "
+                            f"spread around the released item means (its ratings read once; entry {entry}; "
                             f"later rehearsals reuse it for free)")
             v = found["items"]["value"]
             cal = calibrate_spread(spread_targets(record), shape, pub, options, spread_model, v["counts_floored"],
@@ -535,6 +535,9 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
             options = {**options, **cal["options"]}
             options.pop("user_weight", None)
             like["spread"] = {**cal["record"], "source": src}
+            like["items"]["means"] = (like["items"]["means"].split(", each the mean")[0] + ", each the mean of its "
+                                      "item's ratings once the matched rating spread (below), rounding and clipping "
+                                      "are added")
         else:
             like["spread"] = {"source": _no_spread_reason(found, options, items)}
         syn = _generate(out, shape, pub, like, force, options)
@@ -751,6 +754,17 @@ def _spread_model(where: str, st: RatingStore, factors_from: str | None = None) 
         V[pos] = np.asarray(f.item_factors, np.float64)[fpos, : f.rank]  # in the means model's item order
     mean = float(m.global_mean) + np.asarray(m.item_bias, np.float64)
     return {"path": where, "factors_path": None if V is None else factors_from, "pos": pos, "mean": mean, "V": V}
+
+
+def _spread_record_ok(rel, entry_id) -> bool:
+    """Whether ``rel`` is a spread release of this version for budget entry ``entry_id`` whose model is still there
+    (anything else, e.g. a record of another version, is no source)."""
+    try:
+        return (isinstance(rel, dict) and rel.get("entry") == entry_id and os.path.isdir(str(rel.get("model")))
+                and len(rel["values"]) == 5 and all(math.isfinite(float(x)) for x in rel["values"])
+                and float(rel["bound_sum"]) > 0 and float(rel["noise_std"]) >= 0 and "factors" in rel)
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict) -> tuple[dict, Release]:

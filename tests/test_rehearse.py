@@ -85,7 +85,7 @@ def test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byt
     r = _run("generate", "--like", released.path, "--out", tmp_path / "first.zarr")
     assert r.exit_code == 0, r.output
     assert "charged to" in r.output and "for how its ratings spread around the released item means" in r.output
-    assert "its training ratings read once for the rating spread" in r.output
+    assert "its ratings read once for the rating spread" in r.output
     entries = json.loads(_run("budget", released.path, "--json").stdout)["entries"]
     assert [(e["method"], e["epsilon"]) for e in entries][-1] == ("shape", 0.1)
     # ... and reused afterwards, free: the budget byte for byte
@@ -356,3 +356,21 @@ def test_rehearsal_curve_lies_within_the_spread_of_the_real_sweep(tmp_path, stor
     outside are expected to fail, not strictly: the spread is released with fresh noise (OS entropy) at every run,
     which moves a gap by up to about 0.01 at inf, so a case near the band may land inside (an XPASS to read)."""
     _acceptance(tmp_path, store_name, method, DEFAULT_EPSILONS, 3)
+
+
+def test_a_spread_record_of_another_shape_is_no_source(released, tmp_path):
+    """A synthetic store whose spread record is not this version's (4 values) is skipped: the spread is released
+    anew, charged and said, rather than read (or a stack trace)."""
+    import zarr
+
+    from streamdp.storage.schema import ATTRS_KEY
+
+    assert _run("generate", "--like", released.path, "--out", tmp_path / "a.zarr").exit_code == 0
+    g = zarr.open_group(str(tmp_path / "a.zarr"), mode="r+")
+    attrs = dict(g.attrs[ATTRS_KEY])
+    like = attrs["params"]["like"]
+    like["spread_release"] = {**like["spread_release"], "values": [1.0, 2.0, 3.0, 4.0]}
+    g.attrs[ATTRS_KEY] = attrs
+    r = _run("generate", "--like", released.path, "--out", tmp_path / "b.zarr")
+    assert r.exit_code == 0, r.output
+    assert "charged to" in r.output and "released now: Laplace at epsilon 0.1" in r.output
