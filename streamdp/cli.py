@@ -256,9 +256,11 @@ def verify(store, workers, memory_limit, scheduler, as_json):
               "and test fraction (public), its users and ratings per user as STORE has released them (or --users / "
               "--ratings-per-user, given; else released now at --shape-epsilon and charged to STORE's budget), its "
               "item popularity and item means as a released als/irls/means model has them (free; else the "
-              "generator's). STORE's ratings are never read (docs/choosing-epsilon.md).")
+              "generator's), and how its ratings spread around those means (released once at --shape-epsilon, "
+              "then free). Nothing is trained on STORE's ratings (docs/choosing-epsilon.md).")
 @click.option("--shape-epsilon", type=float, default=None, metavar="E",
-              help="With --like: epsilon charged to STORE if a shape statistic must be released (default 0.1).")
+              help="With --like: epsilon charged to STORE for each shape statistic it must release (the histogram "
+              "of ratings per user, the rating spread; default 0.1).")
 @click.option("--over-budget", is_flag=True, help="With --like: release the shape statistic even past STORE's "
               "budget (recorded).")
 @click.pass_context
@@ -313,9 +315,10 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
     s = generate_like(like, out, users=users, ratings_per_user=rpu, shape_epsilon=shape_epsilon,
                       over_budget=over_budget, force=force, echo=click.echo,
                       seed=ctx.params["seed"], **given)
+    read = ("its ratings read once for the rating spread released now" if "spread_release" in
+            s.attrs["params"]["like"] else "none of its ratings read")
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
-               f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s (synthetic: shaped like {like}, none of its "
-               f"ratings read)")
+               f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s (synthetic: shaped like {like}, {read})")
 
 
 @main.command()
@@ -743,14 +746,15 @@ def format_tune_summary(summary: dict) -> str:
 @click.option("--force", is_flag=True, help="Replace an earlier sweep directory at --out.")
 @click.option("--rehearse", is_flag=True, help="Rehearse: run the sweep on a synthetic store shaped like STORE "
               "(OUT/synthetic.zarr, from its public parameters and the statistics it has released), never on its "
-              "ratings and without charging its budget (docs/choosing-epsilon.md).")
+              "ratings and without charging its budget for the sweep (docs/choosing-epsilon.md).")
 @click.option("--users", "rehearse_users", type=click.IntRange(min=1), default=None, metavar="N",
               help="With --rehearse: the synthetic store's number of users, yours to give (no cost).")
 @click.option("--ratings-per-user", "rehearse_rpu", type=float, default=None, metavar="M",
               help="With --rehearse: its mean ratings per user (train and test), yours to give (no cost).")
 @click.option("--shape-epsilon", type=float, default=None, metavar="E",
-              help="With --rehearse: epsilon charged to STORE when it has released no histogram of ratings per "
-              "user and --users/--ratings-per-user are not both given (default 0.1).")
+              help="With --rehearse: epsilon charged to STORE for each shape statistic it has not released: the "
+              "histogram of ratings per user (unless --users and --ratings-per-user are given), the rating spread "
+              "(once a model has released item means; default 0.1).")
 @click.option("--replot", default=None, metavar="RESULTS", help="Redraw the plot and print the table of a finished "
               "sweep from its results.json (or its directory): no training, no budget touched.")
 @yes_option

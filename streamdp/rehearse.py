@@ -2,7 +2,7 @@
 
 ``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse`` write a
 store from :func:`streamdp.storage.generate.generate_store` whose shape is STORE's, made
-only from what is public or already released, never from STORE's ratings:
+only from what is public or released (already, or once now, accounted), never trained on STORE's ratings:
 
 public parameters (free)
     the number of items (the catalogue), the declared rating range and its step (the
@@ -48,32 +48,58 @@ clipping is the one whose mean after them is that (:func:`pre_clip_means`). A ge
 (``item_exponent`` over the popularity, ``global_mean`` / ``item_bias_std`` over the means); without such a model
 both are the generator's, as before, and the output says which was used.
 
-Everything else (rank, noise, the interaction strength, user activity's tail) is the generator's default or the
-option given: a rehearsal shows the regime (users, items, activity, item popularity and means, scale), not STORE's
-own signal. The interaction strength of the popular items (how far ratings spread around their item's mean) is
-what no release carries: on 2,000 users x 400 items it moves the test RMSE by up to 0.06 between generator seeds,
-more than anything the released statistics fix (``tests/test_rehearse.py``). The sweep on the
+How ratings spread around their item's mean (the rating spread), released once against the least noisy released
+item side (its item means) and, when one has been released, the least noisy model's item factors: a Laplace
+vector at ``shape_epsilon`` of four sums over the users with two training ratings or more, each user's term
+clipped (:func:`spread_bounds`, ``h`` half the rating range): her mean squared residual ``e = r - item mean``
+(``[0, h^2]``: the total spread), the mean product of two of her residuals on distinct items (``[-h^2/2, h^2/2]``:
+her rating level, an offset's variance; the noise adds nothing to it), the mean squared leave-one-out residual of a
+ridge fit of her centred residuals on the released factors (``[0, h^2]``: what those factors leave unexplained,
+out of sample) and the users counted (times the bounds' sum ``B``); L1 sensitivity ``2 B``
+(:func:`streamdp.kernels.spread.residual_spread`; it reads STORE's ratings once, block by block). It is
+charged like the histogram (its own budget entry, ledger method ``shape``), said, and recorded in the synthetic
+store for later rehearsals (free: a second rehearsal leaves STORE's budget byte for byte).
+
+From it (post-processing), :func:`calibrate_spread` sets the generator's ``interaction_scale``, ``noise`` and
+``user_bias_std`` (and the item biases that keep the released item means) by simulation: pilot stores with
+STORE's public parameters, released shape and item side, each read against the item means (and factors) that the
+released model's method, epsilon and rank give on the pilot (:func:`_pilot_release`: the released ones were
+fitted to STORE's training ratings, with their shrinkage and error), until the pilot's three per-user means are
+the released ones. With released factors the synthetic truth's item factors are their directions (the
+interaction then lives where the released model found it) and the noise is matched to the unexplained residual;
+without, the spread beyond the user offsets is split between interaction and noise as in the generator's
+defaults (:data:`DEFAULT_SPLIT`). A generator option given (``--noise``, ``--interaction-scale``,
+``--user-bias-std``, ``--rank``) wins.
+
+Everything else (user activity's tail, taste clusters) is the generator's default or the option given. How close
+the rehearsal's curve then lies to the real sweep's is measured in ``tests/test_rehearse.py``
+(:func:`rehearsal_gaps`) and reported in docs/choosing-epsilon.md. The sweep on the
 synthetic store charges only the synthetic store's own budget; STORE's budget file is left
 byte for byte as it was unless a statistic had to be released.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import tempfile
 
 import numpy as np
 from scipy.special import ndtr
 
 from streamdp.errors import ParameterError, StreamdpError
+from streamdp.kernels.spread import residual_spread
 from streamdp.methods._profile import EDGES, WHAT as PROFILE_WHAT, exact_histogram
 from streamdp.model import load_model
 from streamdp.privacy.mechanisms import huber_variance
 from streamdp.privacy.budget import COUNTED, StoreBudget
 from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
 from streamdp.privacy.release import Release
+from streamdp.serving import factors_released
 from streamdp.storage.generate import generate_store
+from streamdp.storage.ids import as_ids, find
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import check_destination
 
@@ -174,14 +200,20 @@ def _sources(entry: dict) -> list[dict]:
         items = _item_source(where, model, ledger)
         if items is not None:
             out.append({**items, "from": frm})
+            if (model.get("summary") or {}).get("factors_released", model.get("factors_released")):
+                out.append({**items, "what": "factor_items", "from": frm})
         return out
     try:
         attrs = open_store(where).attrs
     except StreamdpError:  # neither a model nor a store (any more): nothing to read
         return out
-    rel = ((attrs.get("params") or {}).get("like") or {}).get("shape_release")
+    like = (attrs.get("params") or {}).get("like") or {}
+    rel = like.get("shape_release")
     if isinstance(rel, dict) and rel.get("entry") == entry["id"]:
         out.append({"what": "histogram", "value": rel["histogram"], "std": float(rel["noise_std"]), "from": frm})
+    rel = like.get("spread_release")
+    if _spread_record_ok(rel, entry["id"]):
+        out.append({"what": "spread", "value": rel, "std": spread_targets(rel)["std"], "from": frm})
     return out
 
 
@@ -232,8 +264,8 @@ def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
     par = model.get("parameters") or {}
     rule = {"private": std > 0, "sampling": par.get("sampling", "adaptive"), "tau": float(par.get("tau") or 1.0),
             "l1": par.get("mechanism") in ("laplace", "huber"), "centred": std > 0 and model["method"] == "means"}
-    return {"what": "items", "std": std / total,
-            "value": {"counts": counts, "bias": np.asarray(m.item_bias, np.float64), "user_weight": rule,
+    return {"what": "items", "std": std / total, "model": where,
+            "value": {"counts": counts, "counts_floored": np.maximum(counts, std / math.sqrt(2.0 * math.pi)), "bias": np.asarray(m.item_bias, np.float64), "user_weight": rule,
                       "global_mean": float(m.global_mean), "count_std": std, "method": model["method"]}}
 
 
@@ -315,29 +347,33 @@ def drawing_weights(totals, activity, user_weight, iters: int = 20) -> np.ndarra
     return out / out.sum()
 
 
-def clipped_mean(a, s: float, lo: float, hi: float, step: float) -> np.ndarray:
+def clipped_mean(a, s, lo: float, hi: float, step: float) -> np.ndarray:
     """``E[clip(round(a + Z), lo, hi)]``, ``Z ~ N(0, s^2)``, rounded to ``step`` (0: continuous): the mean rating of an
-    item whose ratings the generator draws around ``a`` (its rounding, then its clipping).
+    item whose ratings the generator draws around ``a`` (its rounding, then its clipping). ``s``: one spread, or one
+    per item.
 
     >>> clipped_mean(np.array([3.0, 6.0]), 1.0, 1.0, 5.0, 1.0).round(3).tolist()
     [3.0, 4.927]
     """
     a = np.asarray(a, np.float64)[:, None]
-    if s <= 0:
+    s = np.broadcast_to(np.asarray(s, np.float64), (len(a),))[:, None]
+    if np.all(s <= 0):
         r = a[:, 0] if step <= 0 else lo + np.floor((a[:, 0] - lo) / step + 0.5) * step
         return np.clip(r, lo, hi)
+    s = np.maximum(s, 1e-9)
     if step > 0:
         v = lo + step * np.arange(int(round((hi - lo) / step)) + 1)
         upper = np.r_[v[:-1] + step / 2.0, np.inf]
         cdf = np.c_[np.zeros(len(a)), ndtr((upper[None, :-1] - a) / s), np.ones(len(a))]
         return (np.diff(cdf, axis=1) * v[None, :]).sum(axis=1)
+    s = s[:, 0]
     za, zb = (lo - a[:, 0]) / s, (hi - a[:, 0]) / s
     pdf = lambda z: np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)  # noqa: E731
     mid = a[:, 0] * (ndtr(zb) - ndtr(za)) + s * (pdf(za) - pdf(zb))
     return lo * ndtr(za) + mid + hi * (1.0 - ndtr(zb))
 
 
-def pre_clip_means(target, s: float, lo: float, hi: float, step: float) -> np.ndarray:
+def pre_clip_means(target, s, lo: float, hi: float, step: float) -> np.ndarray:
     """The ``a`` whose :func:`clipped_mean` is ``target`` (each within ``(lo, hi)``; bisection): the generator's
     item means before its noise, rounding and clipping, that give the released item means after them.
 
@@ -345,7 +381,7 @@ def pre_clip_means(target, s: float, lo: float, hi: float, step: float) -> np.nd
     [2.5, 5.5]
     """
     t = np.clip(np.asarray(target, np.float64), lo + 1e-3 * (hi - lo), hi - 1e-3 * (hi - lo))
-    width = (hi - lo) + 10.0 * max(float(s), 0.0)
+    width = (hi - lo) + 10.0 * max(float(np.max(s)), 0.0)
     a_lo, a_hi = np.full(len(t), lo - width), np.full(len(t), hi + width)
     for _ in range(80):
         mid = (a_lo + a_hi) / 2.0
@@ -376,12 +412,12 @@ def item_side(counts, count_std: float, bias) -> tuple[np.ndarray, np.ndarray]:
 
 
 def released_shape(store) -> dict:
-    """The least noisy released ``n_users``, histogram of training ratings per user and item side (counts, biases,
-    global mean) of ``store``, from its budget's counted entries (module docstring): ``{"n_users": source or None,
-    "histogram": source or None, "items": source or None}``.
+    """The least noisy released ``n_users``, histogram of training ratings per user, item side (counts, biases,
+    global mean) and spread statistics of ``store``, from its budget's counted entries (module docstring):
+    ``{"n_users": source or None, "histogram": ..., "items": ..., "spread": ...}``.
     Reads the budget and the outputs its entries point at; writes nothing."""
     path = store.path if isinstance(store, RatingStore) else str(store)
-    best: dict = {"n_users": None, "histogram": None, "items": None}
+    best: dict = {"n_users": None, "histogram": None, "items": None, "factor_items": None, "spread": None}
     for e in StoreBudget(path).entries():
         if e.get("status") not in COUNTED or e.get("status") == "reserved":
             continue
@@ -415,7 +451,8 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
 
     ``users`` / ``ratings_per_user``: given by the caller, at no cost; what is neither given nor
     released is released now at ``shape_epsilon`` and charged to ``store``'s budget (refused past
-    the budget unless ``over_budget``). ``options``: the generator's other parameters (rank, noise,
+    the budget unless ``over_budget``): the histogram of ratings per user, and, once a model has released an item
+    side, the spread statistics. ``options``: the generator's other parameters (rank, noise,
     seed, item_exponent, ...). ``echo`` gets the lines saying where each number came from.
     """
     say = echo or (lambda *a, **k: None)
@@ -431,11 +468,20 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
         raise ParameterError(f"--users must be a positive integer, got {users}")
     if ratings_per_user is not None and not ratings_per_user >= 1:
         raise ParameterError(f"--ratings-per-user must be >= 1, got {ratings_per_user}")
+    eps = SHAPE_EPSILON if shape_epsilon is None else float(shape_epsilon)
+    if not (math.isfinite(eps) and eps > 0):
+        raise ParameterError(f"--shape-epsilon must be a finite number > 0, got {shape_epsilon}")
     pub = _public(st)
     shape = {"n_users": None if users is None else {"value": int(users), "source": "given (--users): no cost"},
              "ratings_per_user": None if ratings_per_user is None else
              {"value": float(ratings_per_user), "source": "given (--ratings-per-user): no cost"}}
     found = released_shape(st)
+    if found["spread"] is not None:  # the item side the spread was read against, so that the two agree
+        where = found["spread"]["value"]["model"]
+        src = _item_source(where, _read_json(os.path.join(where, "model.json")) or {},
+                           _read_json(os.path.join(where, "privacy.json")) or {})
+        if src is not None:
+            found["items"] = {**src, "from": found["spread"]["from"] + f", read against the model {where}"}
     items = _items(found["items"], pub, options)
     if None in shape.values():
         if shape["n_users"] is None and found["n_users"] is not None:
@@ -452,36 +498,87 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
     like = {"store": st.path, "store_checksum": st.checksum, "public": pub, "items": items.pop("record")}
     options = {**options, **items}
     check_destination(out, force)  # before anything is reserved
-    if None in shape.values():
-        return _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget, force, say, options)
-    _say_shape(say, st, pub, shape, like["items"])
-    return _generate(out, shape, pub, like, force, options)
-
-
-def _generate_with_release(st, out, pub, shape, like, shape_epsilon, over_budget, force, say, options):
-    """Release the histogram now (reserved in STORE's budget, completed once the synthetic store that records it
-    is written; failed, and so not counted, if writing it fails: the noisy values never left the process)."""
-    eps = SHAPE_EPSILON if shape_epsilon is None else float(shape_epsilon)
-    if not (math.isfinite(eps) and eps > 0):
-        raise ParameterError(f"--shape-epsilon must be a finite number > 0, got {shape_epsilon}")
-    hist, rel = _release_histogram(st, eps)
-    h = shape_from_histogram(hist, math.sqrt(2.0) * rel.scale, pub["n_items"], pub["test_fraction"])
-    ledger = Ledger(method="shape", guarantee=GUARANTEE_USER_DP, epsilon=eps, delta=0.0, events=[rel.event()],
-                    bounds={"releases": [rel.entry()]}, store_checksum=st.checksum or "",
-                    notes=["a rehearsal's shape statistic: the histogram of training ratings per user"])
-    budget = StoreBudget(st.path)
-    with budget.release(ledger, over_budget=over_budget, model=os.path.abspath(out)) as entry:
-        src = f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}"
-        for key in ("n_users", "ratings_per_user"):
-            if shape[key] is None:
-                shape[key] = {"value": h[key], "source": src}
-        like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
-                                 "noise_std": math.sqrt(2.0) * rel.scale}
+    spread_model = _spread_wanted(st, found, options, items)
+    budget, said = StoreBudget(st.path), []
+    with contextlib.ExitStack() as stack:
+        if None in shape.values():
+            hist, rel = _release_histogram(st, eps)
+            entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, "the histogram of training "
+                                                                     "ratings per user"),
+                                                       over_budget=over_budget, model=os.path.abspath(out)))
+            h = shape_from_histogram(hist, math.sqrt(2.0) * rel.scale, pub["n_items"], pub["test_fraction"])
+            src = f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}"
+            for key in ("n_users", "ratings_per_user"):
+                if shape[key] is None:
+                    shape[key] = {"value": h[key], "source": src}
+            like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
+                                     "noise_std": math.sqrt(2.0) * rel.scale}
+            said.append(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of "
+                        f"training ratings per user, which it had not released (entry {entry}; later rehearsals "
+                        f"reuse it for free)")
+        if spread_model is not None:
+            if found["spread"] is not None:
+                record, src = found["spread"]["value"], f"released: {found['spread']['from']}"
+            else:
+                record, rel = _release_spread(st, spread_model, found["items"]["value"]["counts_floored"], eps, pub)
+                entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, "the rating spread"),
+                                                           over_budget=over_budget, model=os.path.abspath(out)))
+                record = {"entry": entry, "epsilon": eps, **record}
+                like["spread_release"] = record
+                src = f"released now: Laplace at epsilon {eps:g}, budget entry {entry}"
+                said.append(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for how its ratings "
+                            f"spread around the released item means (its ratings read once; entry {entry}; "
+                            f"later rehearsals reuse it for free)")
+            v = found["items"]["value"]
+            cal = calibrate_spread(spread_targets(record), shape, pub, options, spread_model, v["counts_floored"],
+                                   v["global_mean"], int(options.get("seed") or 0))
+            options = {**options, **cal["options"]}
+            options.pop("user_weight", None)
+            like["spread"] = {**cal["record"], "source": src}
+            like["items"]["means"] = (like["items"]["means"].split(", each the mean")[0] + ", each the mean of its "
+                                      "item's ratings once the matched rating spread (below), rounding and clipping "
+                                      "are added")
+        else:
+            like["spread"] = {"source": _no_spread_reason(found, options, items)}
         syn = _generate(out, shape, pub, like, force, options)
-    say(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of training ratings "
-        f"per user, which it had not released (entry {entry}; later rehearsals reuse it for free)")
-    _say_shape(say, st, pub, shape, like["items"])
+    for line in said:
+        say(line)
+    _say_shape(say, st, pub, shape, like["items"], like["spread"])
     return syn
+
+
+def _shape_ledger(st: RatingStore, eps: float, rel: Release, what: str) -> Ledger:
+    """The ledger of one shape statistic released now (ledger method ``shape``, pure DP)."""
+    return Ledger(method="shape", guarantee=GUARANTEE_USER_DP, epsilon=eps, delta=0.0, events=[rel.event()],
+                  bounds={"releases": [rel.entry()]}, store_checksum=st.checksum or "",
+                  notes=[f"a rehearsal's shape statistic: {what}"])
+
+
+def _spread_wanted(st: RatingStore, found: dict, options: dict, items: dict) -> dict | None:
+    """The model the spread statistics are (to be) read against, or ``None`` when there is no spread to match: no
+    model released an item side, the item side is the generator's (an option given), or the spread's options are."""
+    if found["items"] is None or "item_weights" not in items or "item_bias" not in items:
+        return None
+    if set(SPREAD_OPTIONS) & set(options):
+        return None
+    if found["spread"] is not None:
+        rec = found["spread"]["value"]
+        model = _spread_model(rec["model"], st, rec.get("factors_model"))  # its factors' model gone: no split
+    else:  # the least noisy item side, and the least noisy model with item factors
+        fi = found["factor_items"]
+        model = _spread_model(found["items"]["model"], st, None if fi is None else fi["model"])
+    if model is not None and "rank" in options:  # a rank given: the generator's factors, not the released ones
+        model = {**model, "V": None}
+    return model
+
+
+def _no_spread_reason(found: dict, options: dict, items: dict) -> str:
+    if set(SPREAD_OPTIONS) & set(options):
+        return "the generator's options given (" + ", ".join(sorted(set(SPREAD_OPTIONS) & set(options))) + ")"
+    if found["items"] is None:
+        return ("the generator's (interaction scale 1, noise 0.5, no user offsets): no model released an item "
+                "side to read the spread against")
+    return "the generator's: the item side is the generator's (an option given)"
 
 
 def _generate(out, shape, pub, like, force, options) -> RatingStore:
@@ -546,7 +643,7 @@ def _items(found: dict | None, pub: dict, options: dict) -> dict:
     return out
 
 
-def _say_shape(say, st, pub, shape, items=None) -> None:
+def _say_shape(say, st, pub, shape, items=None, spread=None) -> None:
     say(f"shaped like {st.path}: {pub['n_items']:,} items, ratings {pub['rating_min']:g}..{pub['rating_max']:g} "
         f"(step {pub['rating_step']:g}), test fraction {pub['test_fraction']:g} (public parameters)")
     say(f"  {shape['n_users']['value']:,} users: {shape['n_users']['source']}")
@@ -554,3 +651,271 @@ def _say_shape(say, st, pub, shape, items=None) -> None:
     if items is not None:
         say(f"  item popularity: {items['popularity']}")
         say(f"  item means: {items['means']}")
+    if spread is not None and "targets" in spread:
+        t = spread["targets"]
+        say(f"  rating spread: interaction scale {spread['interaction_scale']:g}, noise {spread['noise']:g}, user "
+            f"offsets std {spread['user_bias_std']:g}, matched to the per-user mean squared residual {t['total']:.3f}"
+            f", residual product {t['offset']:.3f}"
+            + (f", unexplained by the released factors {t['unexplained']:.3f}" if t["unexplained"] is not None
+               else "") + f" (noise std {t['std']:.3g}; {spread['source']}); factors: {spread['factors']}")
+    elif spread is not None:
+        say(f"  rating spread: {spread['source']}")
+
+
+# --- the rating spread: released once, then matched by the generator's interaction scale, noise and user offsets ---
+
+#: The spread release in the ledger.
+SPREAD_WHAT = ("a rehearsal's rating spread: per-user clipped mean squared residual after the released item means, "
+               "mean product of two residuals, leave-one-out residual after the released item factors; users counted")
+#: Ridge of each user's fit on the released item factors (scaled so that ``u . v`` has unit variance per rating).
+SPREAD_RIDGE = 1.0
+#: The calibration's pilot stores have at most this many users; a store this small or smaller is its own pilot.
+PILOT_USERS = 50_000
+#: Rounds of the calibration at most (each generates one pilot store and reads its statistics).
+PILOT_ROUNDS = 8
+#: Noise over interaction scale (standard deviations) of the generator's defaults: the split of the spread beyond the
+#: user offsets when no model released item factors.
+DEFAULT_SPLIT = 0.5
+#: The generator's options the spread calibration sets (given ones win: no calibration).
+SPREAD_OPTIONS = ("interaction_scale", "noise", "user_bias_std")
+
+
+def spread_bounds(lo: float, hi: float, factors: bool) -> np.ndarray:
+    """The per-user clipping bounds of :func:`streamdp.kernels.spread.residual_spread` on the scale ``[lo, hi]``:
+    ``h^2``, ``h^2 / 2`` and ``h^2`` (``h`` half the range; the third 0 without factors).
+
+    >>> spread_bounds(1.0, 5.0, True).tolist(), spread_bounds(1.0, 5.0, False).tolist()
+    ([4.0, 2.0, 4.0], [4.0, 2.0, 0.0])
+    """
+    h2 = ((float(hi) - float(lo)) / 2.0) ** 2
+    return np.array([h2, h2 / 2.0, h2 if factors else 0.0])
+
+
+def spread_sums(store, item_mean, V, bounds) -> np.ndarray:
+    """``[sum mean e^2, sum residual product, sum LOO residual, users counted for the first two, users counted for
+    the third]`` (:func:`streamdp.kernels.spread.residual_spread`, block by block): the first two over ``store``'s
+    test ratings (its training ratings without a test split), the third over its training ratings (``V`` ``None``:
+    no factors, 0 and 0 users).
+
+    The item means were fitted to the training ratings: the test ratings spread around them as a prediction's error
+    does (what a sweep's test RMSE measures), the training ratings less (by about ``1 / n_j`` of the spread: measured
+    1.409 against 1.442, 2,000 users x 400 items). The unexplained residual is out of sample already (leave one
+    out) and needs more ratings per user than a test split holds."""
+    item_mean = np.ascontiguousarray(item_mean, np.float64)
+    bounds = np.asarray(bounds, np.float64)
+    out, none = np.zeros(3), np.zeros((len(item_mean), 0))
+    n_t = 0
+    for blk in store.blocks("test" if store.has_test else "train"):
+        n_t += residual_spread(blk.indptr, blk.items, blk.ratings, item_mean, none, SPREAD_RIDGE, bounds, out)
+    loo, n_tr = np.zeros(3), 0
+    if V is not None:
+        V = np.ascontiguousarray(V, np.float64)
+        for blk in store.blocks("train"):
+            n_tr += residual_spread(blk.indptr, blk.items, blk.ratings, item_mean, V, SPREAD_RIDGE, bounds, loo)
+    return np.array([out[0], out[1], loo[2], float(n_t), float(n_tr)])
+
+
+def _unit_factors(V, weights) -> np.ndarray:
+    """The directions of ``V``'s rows (a row of zeros: a fixed random one), scaled so that ``u . v`` (``u ~ N(0,
+    I / sqrt(k))``, the generator's users) has unit variance over ratings drawn with ``weights``.
+
+    Directions only: a released model shrinks the factors of its rarely rated items towards 0 (regularisation,
+    noise), and those norms as the truth's would put the whole interaction on the popular items (measured: a
+    light user's residual then spreads more than a heavy user's, which the real store's do not)."""
+    V = np.asarray(V, np.float64)
+    norm = np.sqrt((V * V).sum(axis=1))[:, None]
+    fill = np.random.default_rng(0).standard_normal(V.shape)
+    fill /= np.sqrt((fill * fill).sum(axis=1))[:, None]
+    V = np.where(norm > 0, V / np.where(norm > 0, norm, 1.0), fill)
+    w = np.asarray(weights, np.float64) / float(np.sum(weights))
+    ms = float((w * (V * V).sum(axis=1)).sum()) / math.sqrt(V.shape[1])
+    return V / math.sqrt(ms) if ms > 0 else V
+
+
+def _spread_model(where: str, st: RatingStore, factors_from: str | None = None) -> dict | None:
+    """A released model's item means, and the item factors of the model ``factors_from`` (``None``: none), in the
+    models' item order, and ``pos``: the models' position of each of ``st``'s items. What the spread statistics are
+    read against."""
+    try:
+        m = load_model(where)
+        f = None if factors_from is None else load_model(factors_from)
+    except StreamdpError:
+        return None
+    ids = as_ids(st.item_ids())
+    pos = find(as_ids(m.item_ids), ids)
+    if len(pos) != st.n_items or (pos < 0).any():
+        return None
+    V = None
+    if f is not None and factors_released(f):
+        fpos = find(as_ids(f.item_ids), ids)
+        if len(fpos) != st.n_items or (fpos < 0).any():
+            return None
+        V = np.empty((st.n_items, f.rank))
+        V[pos] = np.asarray(f.item_factors, np.float64)[fpos, : f.rank]  # in the means model's item order
+    mean = float(m.global_mean) + np.asarray(m.item_bias, np.float64)
+    return {"path": where, "factors_path": None if V is None else factors_from, "pos": pos, "mean": mean, "V": V}
+
+
+def _spread_record_ok(rel, entry_id) -> bool:
+    """Whether ``rel`` is a spread release of this version for budget entry ``entry_id`` whose model is still there
+    (anything else, e.g. a record of another version, is no source)."""
+    try:
+        return (isinstance(rel, dict) and rel.get("entry") == entry_id and os.path.isdir(str(rel.get("model")))
+                and len(rel["values"]) == 5 and all(math.isfinite(float(x)) for x in rel["values"])
+                and float(rel["bound_sum"]) > 0 and float(rel["noise_std"]) >= 0 and "factors" in rel)
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict) -> tuple[dict, Release]:
+    """The spread statistics of ``st`` against ``model`` with Laplace noise (OS entropy): the three sums and the
+    users counted (times the bounds' sum ``B``, so that every coordinate moves by at most ``B``: L1 sensitivity
+    ``2 B``)."""
+    factors = model["V"] is not None
+    bounds = spread_bounds(pub["rating_min"], pub["rating_max"], factors)
+    V = _unit_factors(model["V"], weights) if factors else None
+    sums = spread_sums(st, model["mean"][model["pos"]], None if V is None else V[model["pos"]], bounds)
+    B = float(bounds.sum())
+    rel = Release(SPREAD_WHAT, "laplace", (3.0 if factors else 2.0) * B, 1.0 / float(eps), shape=(5,))
+    noisy = rel.add(np.r_[sums[:3], B * sums[3:]], np.random.default_rng())
+    if not factors:
+        noisy[[2, 4]] = 0.0  # 0 exactly (nothing to fit on, no user counted): nothing is learnt from their noise
+    return {"values": [float(x) for x in noisy], "bound_sum": B, "bounds": bounds.tolist(),
+            "noise_std": math.sqrt(2.0) * rel.scale, "model": model["path"], "factors": factors,
+            "factors_model": model["factors_path"], "ridge": SPREAD_RIDGE,
+            "split": "test" if st.has_test else "train"}, rel
+
+
+def spread_targets(record: dict) -> dict:
+    """Per-user means of the released spread statistics (module docstring): ``total`` (mean squared residual),
+    ``offset`` (mean residual product), ``unexplained`` (``None`` without factors), the users counted and the
+    noise standard deviation of the first two means.
+
+    >>> spread_targets({"values": [1000.0, 100.0, 0.0, 10000.0, 0.0], "bound_sum": 10.0, "noise_std": 20.0,
+    ...                 "factors": False})
+    {'total': 1.0, 'offset': 0.1, 'unexplained': None, 'users': 1000.0, 'std': 0.02}
+    """
+    v, B = record["values"], float(record["bound_sum"])
+    n, n_tr = max(v[3] / B, 1.0), max(v[4] / B, 1.0)
+    return {"total": v[0] / n, "offset": v[1] / n, "unexplained": v[2] / n_tr if record["factors"] else None,
+            "users": n, "std": float(record["noise_std"]) / n}
+
+
+def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """What the model at ``where`` released about STORE, released about ``pilot`` instead: its method trained on the
+    pilot at its epsilon and rank (seeded), and that model's item means and item factors (``None``: none released),
+    in the pilot's item order. The real store's statistics were read against the released model's means and factors,
+    fitted to its own training ratings (with their estimation error and shrinkage); the pilot's are read against
+    its own, fitted alike."""
+    from streamdp.training import train as train_model
+
+    info = _read_json(os.path.join(where, "model.json")) or {}
+    eps = info.get("epsilon")
+    eps = math.inf if eps in ("inf", None) else float(eps)
+    out = os.path.join(tmp, "pilot-model")
+    train_model(pilot, method=str(info.get("method", "means")), epsilon=eps, rank=info.get("rank"), seed=seed,
+                out=out, force=True, evaluate_test=False)
+    m = load_model(out)
+    pos = find(as_ids(m.item_ids), as_ids(pilot.item_ids()))
+    mean = float(m.global_mean) + np.asarray(m.item_bias, np.float64)[pos]
+    V = np.asarray(m.item_factors, np.float64)[pos, : m.rank] if factors_released(m) else None
+    return mean, V
+
+
+def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model: dict, w_model,
+                     global_mean: float, seed: int) -> dict:
+    """The generator's ``interaction_scale``, ``noise`` and ``user_bias_std`` (and the item biases that keep the
+    released item means; the released factors, if any, as the truth's) whose store has the released spread
+    statistics: at most :data:`PILOT_ROUNDS` pilot stores of ``min(n_users, PILOT_USERS)`` users (the synthetic
+    store's own seed), each read with :func:`spread_sums` against its own release (:func:`_pilot_release`), and updates of the
+    variances (the user offsets' by ``offset``; with factors the noise by ``unexplained`` and the interaction by
+    ``total - offset - unexplained``, without them ``total - offset`` at the :data:`DEFAULT_SPLIT` ratio).
+
+    Returns ``{"options": the generator's options, "record": what was matched, round by round}``."""
+    factors = model["V"] is not None and targets["unexplained"] is not None
+    order = np.argsort(-np.asarray(w_model, np.float64), kind="stable")  # the synthetic items, most popular first
+    opts = {k: v for k, v in options.items() if k != "user_weight"}
+    m = _generator_rpu({"ratings_per_user": dict(shape["ratings_per_user"])}, pub, opts)
+    wts = np.asarray(w_model, np.float64)[order]
+    if "user_weight" in options:
+        n = _activity(m, pub["n_items"], opts.get("user_exponent", 2.0))
+        c = _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), options["user_weight"])
+        wts = drawing_weights(wts, n, c)
+    final = order[np.argsort(-wts, kind="stable")]  # the generator numbers its items so: nothing moves in it
+    wts = np.sort(wts)[::-1].copy()
+    target_mean = model["mean"][final]
+    V = _unit_factors(model["V"], w_model)[final] if factors else None
+    if factors:
+        opts["rank"], opts["item_factors"] = V.shape[1], V
+    opts["item_weights"] = wts
+    opts.pop("item_exponent", None)
+    lo, hi, step = pub["rating_min"], pub["rating_max"], pub["rating_step"]
+    bounds = spread_bounds(lo, hi, factors)
+    t = targets
+    rnd = step * step / 12.0
+    u2 = max(t["offset"], 0.0)
+    if factors:
+        n2 = max(t["unexplained"] - rnd, 1e-4)
+        i2 = max(t["total"] - t["offset"] - t["unexplained"], 1e-4)
+    else:
+        q = max(t["total"] - t["offset"] - rnd, 1e-4)
+        i2, n2 = q / (1 + DEFAULT_SPLIT ** 2), q * DEFAULT_SPLIT ** 2 / (1 + DEFAULT_SPLIT ** 2)
+    n_pilot = min(int(shape["n_users"]["value"]), PILOT_USERS)
+
+    def options_for(i2, n2, u2):
+        per_item = (i2 * (V * V).sum(axis=1) / math.sqrt(V.shape[1]) if factors else i2) + n2 + u2
+        a = pre_clip_means(target_mean, np.sqrt(per_item), lo, hi, step)
+        return {**opts, "interaction_scale": math.sqrt(i2), "noise": math.sqrt(n2), "user_bias_std": math.sqrt(u2),
+                "item_bias": a - global_mean, "global_mean": global_mean}
+
+    rounds, last = [], None
+    with tempfile.TemporaryDirectory(prefix="streamdp-pilot-") as tmp:
+        for _ in range(PILOT_ROUNDS):
+            o = {k: v for k, v in options_for(i2, n2, u2).items() if k not in ("seed", "show_progress")}
+            pilot = generate_store(os.path.join(tmp, "p.zarr"), n_users=n_pilot, n_items=pub["n_items"],
+                                   ratings_per_user=m, rating_min=lo, rating_max=hi, rating_step=step,
+                                   test_fraction=pub["test_fraction"], force=True, seed=seed, show_progress=False,
+                                   **o)
+            mean_p, V_p = _pilot_release(pilot, model["path"], tmp, seed)
+            s = spread_sums(pilot, mean_p, None, bounds)
+            if factors:  # the unexplained residual against factors fitted to the pilot as the released ones were
+                if model["factors_path"] != model["path"]:
+                    _, V_p = _pilot_release(pilot, model["factors_path"], tmp, seed)
+                s[2:] = spread_sums(pilot, mean_p, V if V_p is None else _unit_factors(V_p, wts), bounds)[2:]
+            p = {"total": s[0] / s[3], "offset": s[1] / s[3], "unexplained": s[2] / s[4] if factors else None}
+            rounds.append({"interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
+                           "user_bias_std": round(math.sqrt(u2), 4),
+                           **{f"pilot_{k}": (None if v is None else round(float(v), 4)) for k, v in p.items()}})
+            g_t, g_o = t["total"] - p["total"], t["offset"] - p["offset"]
+            g_n = t["unexplained"] - p["unexplained"] if factors else 0.0
+            if max(abs(g_t), abs(g_n), 0.0 if (u2 == 0 and g_o < 0) else abs(g_o)) < 2e-4:
+                break
+            # the offsets' variance moves the offset (and the total as much); the noise the unexplained residual;
+            # the rest of the total is the interaction's (with the noise's, without factors). Secant slopes: rounding
+            # and clipping make a variance's effect on the statistics less than one.
+            now = (u2, n2, i2, p)
+            slope_n, slope_i = 1.0, 1.0
+            if last is not None:
+                lu, ln, li, lp = last
+                if factors and abs(n2 - ln) > 1e-6:
+                    slope_n = float(np.clip((p["unexplained"] - lp["unexplained"]) / (n2 - ln), 0.25, 2.0))
+                rest = (i2 - li) + (0.0 if factors else n2 - ln)
+                if abs(rest) > 1e-6:
+                    moved = (p["total"] - lp["total"]) - (u2 - lu) - ((n2 - ln) if factors else 0.0)
+                    slope_i = float(np.clip(moved / rest, 0.25, 2.0))
+            last = now
+            u_new = max(u2 + g_o, 0.0)
+            n_new = max(n2 + g_n / slope_n, 1e-4) if factors else n2
+            step_rest = (g_t - (u_new - u2) - ((n_new - n2) if factors else 0.0)) / slope_i
+            u2, n2_old = u_new, n2
+            if factors:
+                n2, i2 = n_new, max(i2 + step_rest, 1e-4)
+            else:
+                q = max(i2 + n2_old + step_rest, 1e-4)
+                i2, n2 = q / (1 + DEFAULT_SPLIT ** 2), q * DEFAULT_SPLIT ** 2 / (1 + DEFAULT_SPLIT ** 2)
+    record = {"targets": {k: (None if v is None else round(float(v), 4)) for k, v in t.items()},
+              "interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
+              "user_bias_std": round(math.sqrt(u2), 4), "factors": "released" if factors else
+              f"the generator's (noise / interaction {DEFAULT_SPLIT:g}: no model released item factors)",
+              "pilot_users": n_pilot, "rounds": rounds}
+    return {"options": options_for(i2, n2, u2), "record": record}

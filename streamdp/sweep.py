@@ -113,7 +113,8 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     shape = like["shape"]
     say(f"the spend below is the synthetic store's ({syn.path}); {st.path}'s budget is not charged for the sweep")
     rehearsal = {"like": st.path, "like_checksum": st.checksum, "synthetic_store": syn.path,
-                 "n_users": shape["n_users"], "ratings_per_user": shape["ratings_per_user"], "items": like["items"]}
+                 "n_users": shape["n_users"], "ratings_per_user": shape["ratings_per_user"], "items": like["items"],
+                 "spread": {k: v for k, v in like["spread"].items() if k != "rounds"}}
     res = sweep(syn, out=out, seed=seed, echo=echo, prepared=True, rehearsal=rehearsal, **options)
     say(f"REHEARSAL: the curve above is on synthetic data shaped like {st.path}, not on its ratings")
     return res

@@ -188,6 +188,7 @@ def generate_store(
     count_cap: float | None = None,
     item_weights=None,
     item_bias=None,
+    item_factors=None,
     like: dict | None = None,
 ) -> RatingStore:
     """Write a synthetic store to ``out`` and return it opened.
@@ -202,7 +203,9 @@ def generate_store(
     ``item_bias`` (``n_items`` finite numbers, in the order of ``item_weights`` when both are given) goes with them,
     in place of the ``N(0, item_bias_std^2)`` draw (drawn all the same, so the item factors stay those of ``seed``).
     Both are saved in ``truth/`` and recorded as ``given`` in ``params``; a rehearsal shapes the item side with them
-    from a model's released item counts and biases.
+    from a model's released item counts and biases. ``item_factors`` (``(n_items, rank)`` finite numbers, in the same
+    order): the truth's item factors at ``interaction_scale`` 1, multiplied by it, in place of the Gaussian draw (a
+    rehearsal gives a released model's factors, scaled so that ``u . v`` has unit variance per rating).
 
     Deterministic for a given ``seed`` (whatever ``workers``). A full, over-quota or
     read-only file system is a :class:`~streamdp.errors.StoreError` naming ``out``, with
@@ -241,6 +244,13 @@ def generate_store(
             raise ParameterError("--implicit writes counts: --user-bias-std, --activity-bias and --outlier-fraction "
                                  "are for ratings")
     item_weights, item_bias = _given_items(item_weights, item_bias, int(n_items), factors)
+    if item_factors is not None:
+        item_factors = np.asarray(item_factors, np.float64)
+        if item_factors.shape != (int(n_items), int(rank)) or not np.all(np.isfinite(item_factors)):
+            raise ParameterError(f"item_factors: expected {int(n_items):,} x {int(rank)} finite numbers (items x "
+                                 f"rank), got shape {item_factors.shape}")
+        if factors == "uniform":
+            raise ParameterError("item_factors: --factors uniform draws its own truth")
     test_fraction = check_fraction(test_fraction)
     check_destination(out, force)
 
@@ -256,9 +266,12 @@ def generate_store(
         bias = rng.standard_normal(n_items) * item_bias_std
     if item_bias is not None:
         bias = item_bias
+    if item_factors is not None:
+        V = item_factors * float(interaction_scale)
     if item_weights is not None:
         order = np.argsort(-item_weights, kind="stable")
         w, bias = item_weights[order], bias[order] if item_bias is not None else bias
+        V = V[order] if item_factors is not None else V
     else:
         w = (np.arange(1, n_items + 1, dtype=np.float64)) ** (-float(item_exponent))
     prob = np.empty(n_items, np.float64)
@@ -362,6 +375,8 @@ def generate_store(
             params["item_weights"] = "given"
         if item_bias is not None:
             params["item_bias"] = "given"
+        if item_factors is not None:
+            params["item_factors"] = "given"
         if like is not None:
             params["like"] = like
         if implicit:

@@ -52,3 +52,27 @@ def test_given_item_weights_and_biases_replace_the_power_law_and_the_bias_draw(t
         with pytest.raises(ParameterError, match=words):
             generate_store(str(tmp_path / "x.zarr"), n_users=10, n_items=5, seed=3, **kw)
     assert not (tmp_path / "x.zarr").exists()
+
+
+def test_given_item_factors_are_the_truth_times_the_interaction_scale_in_the_weights_order(tmp_path):
+    """``item_factors``: the truth's factors at interaction scale 1, reordered with ``item_weights``; the ratings
+    spread by them (a given all-zero truth leaves only the noise); bad shapes are one-line errors."""
+    import pytest
+
+    from streamdp.errors import ParameterError
+    from streamdp.storage.generate import generate_store
+
+    F = np.arange(10, dtype=np.float64).reshape(5, 2) / 10.0
+    w = np.array([1.0, 8.0, 2.0, 3.0, 4.0])
+    st = generate_store(str(tmp_path / "f.zarr"), n_users=50, n_items=5, rank=2, seed=3, item_weights=w,
+                        item_factors=F, interaction_scale=2.0)
+    np.testing.assert_allclose(st.array("truth/item_factors")[:], 2.0 * F[[1, 4, 3, 2, 0]], rtol=1e-6)
+    assert st.attrs["params"]["item_factors"] == "given"
+    flat = generate_store(str(tmp_path / "z.zarr"), n_users=400, n_items=5, rank=2, seed=3, noise=0.0,
+                          rating_step=0.0, rating_min=-10, rating_max=10, item_factors=np.zeros((5, 2)),
+                          item_bias=np.zeros(5), global_mean=0.0)
+    assert np.all(flat.read_block(0).ratings == 0.0)
+    for kw, words in (({"item_factors": np.zeros((5, 3))}, "item_factors: expected 5 x 2"),
+                      ({"item_factors": np.zeros((5, 2)), "factors": "uniform"}, "draws its own truth")):
+        with pytest.raises(ParameterError, match=words):
+            generate_store(str(tmp_path / "x.zarr"), n_users=10, n_items=5, rank=2, seed=3, **kw)
