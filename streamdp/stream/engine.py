@@ -524,6 +524,26 @@ def _local_cluster(workers: int):
                         scheduler_kwargs={"dashboard": False})
 
 
+def _check_address(address: str) -> None:
+    """Refuse an address that is no scheduler address before a ``Client`` is made.
+
+    distributed's own parsers (scheme, then host:port), the same ``ValueError`` its ``Client`` would raise: a
+    ``Client`` built on a bad address could instead fail inside its start-up (an ``AssertionError`` with no
+    message was seen once in a full test run, where a previous test of the same process had used a cluster).
+    """
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
+
+    try:
+        scheme, location = parse_address(address)
+        get_backend(scheme)
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(location)
+    except ValueError as exc:
+        raise ParameterError(f"--scheduler {address}: not a scheduler address like tcp://host:port ({exc})") \
+            from None
+
+
 def _connect(scheduler):
     """A distributed client from an address (owned) or a client passed in (borrowed)."""
     try:
@@ -533,6 +553,7 @@ def _connect(scheduler):
             from None
     if isinstance(scheduler, Client):
         return scheduler, False
+    _check_address(str(scheduler))
     try:
         return Client(str(scheduler), timeout="10s", set_as_default=False), True
     except (OSError, TimeoutError) as exc:
