@@ -96,7 +96,7 @@ CATALOG: dict[str, MethodInfo] = {m.name: m for m in (
         "implicit-ALS item rows with a popularity column from noisy item counts, and the noisy counts (Hu et al. "
         "2008 with DP-ALS noise); users solve their own row locally from the items they chose",
         "lists (top-N recommendations), from ratings or from implicit data (clicks, plays, purchases)",
-        rank="number of factors k (16, private or not)"),
+        rank="number of factors k (16; private runs 8 where the released counts are low against the noise)"),
     MethodInfo(
         "irls",
         "as als",

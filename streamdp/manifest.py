@@ -56,7 +56,8 @@ MODEL_JSON = {
     "item_order": (PUBLIC, "order of the per-item arrays (ascending item id, never the store's popularity order)"),
     "method": (PUBLIC, "training method"),
     "mechanism": (PUBLIC, "lowrank: the mechanism option"),
-    "rank": (PUBLIC, "number of factors (option, or default from public parameters)"),
+    "rank": (POST, "number of factors (option, default from public parameters, or ials: chosen on the released "
+                   "counts)"),
     "epsilon": (PUBLIC, "the ledger's epsilon: the privacy target (option), or the claim that replaced it"),
     "epsilon_target": (PUBLIC, "the --epsilon asked for, when the ledger claims another epsilon (option)"),
     "delta": (PUBLIC, "privacy target (option, or default from the released or declared n_users)"),
@@ -178,7 +179,7 @@ ATTRS = {"global_mean": (POST, "the global mean from released statistics (or the
 
 #: Fields of ``train --json`` / ``evaluate --json`` summaries: printed for the data owner, never in a model.
 SUMMARY = {
-    "method": PUBLIC, "epsilon": PUBLIC, "delta": PUBLIC, "rank": PUBLIC, "guarantee": PUBLIC, "out": PUBLIC,
+    "method": PUBLIC, "epsilon": PUBLIC, "delta": PUBLIC, "rank": POST, "guarantee": PUBLIC, "out": PUBLIC,
     "epsilon_spent": PUBLIC, "seeded": PUBLIC, "privacy_warnings": PUBLIC, "stale_runs_removed": PUBLIC,
     "train_seconds": OWNER, "total_seconds": OWNER, "seconds": OWNER, "factors_released": POST, "effective_rank": POST,
     "test_rmse": OWNER, "test_mae": OWNER, "test_ratings": OWNER, "baselines": OWNER, "verdict": OWNER,

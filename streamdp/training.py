@@ -198,7 +198,7 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         "method": m.name,
         "epsilon": epsilon if math.isfinite(epsilon) else "inf",
         "delta": delta if led.guarantee != GUARANTEE_NONE else None,  # no delta without a DP guarantee
-        "rank": m.rank,
+        "rank": info.get("rank", m.rank),  # ials chooses its private rank on released counts (model.json)
         "factors_released": released,
         "effective_rank": int(fitted.item_factors.shape[1]) if released else 0,
         "guarantee": led.guarantee,

@@ -480,3 +480,25 @@ def test_the_ledger_says_which_weights_bound_each_user(small_store):
     assert b["sampling"] == "adaptive" and "of L2 norm sqrt(tau)" in b["weights"] and "uniform" in b["weights"]
     _, g = _fit(small_store, epsilon=2.0, iters=1, item_weights="uniform")
     assert g.ledger.bounds["sampling"] == "uniform" and g.ledger.bounds["weights"].startswith("uniform: weight 1")
+
+
+def test_private_rank_follows_the_released_counts_at_no_privacy_cost(small_store):
+    """Without ``--rank`` a private run takes 8 factors where the mean item's released count is low against the
+    noise (:func:`streamdp.methods.ials.private_rank`), 16 where it is high; the model, the item rows and the
+    ledger's shapes say so; the noise scales and the budget are those of 16 factors (a shape changes no scale)."""
+    from streamdp.methods.ials import LOW_RANK, private_rank
+
+    m, f = _fit(small_store, epsilon=1.0, rank=None, iters=1, select="off")
+    s, rel = m.plan(small_store).settings, m.plan(small_store).releases
+    assert private_rank(s, f.extras["noisy_item_weight"], rel["rhs"].scale, 16) == LOW_RANK == 8
+    assert f.model_info["rank"] == 8 and f.item_factors.shape == (small_store.n_items, 9)
+    shapes = {e["release"].split(" (")[0]: e["shape"] for e in f.ledger.bounds["releases"]}
+    assert shapes["item right-hand sides B_j = sum_u c_uj x_u"] == [small_store.n_items, 8]
+    assert shapes["users' Gramian G = sum_u x_u x_u^T"] == [9, 9]
+    assert f.ledger.accounting.epsilon <= 1.0 + 1e-9
+    _, g = _fit(small_store, epsilon=1.0, rank=16, iters=1, select="off")  # a given --rank is kept
+    assert g.model_info["rank"] == 16 and g.item_factors.shape[1] == 17
+    scales = lambda led: [(e["release"].split(" (")[0], e["scale"]) for e in led.bounds["releases"]]  # noqa: E731
+    assert scales(f.ledger) == scales(g.ledger)
+    N = f.extras["noisy_item_weight"]  # counts far above the noise keep 16
+    assert private_rank(s, 100.0 * N, rel["rhs"].scale, 16) == 16 and private_rank(s, N, rel["rhs"].scale, 8) == 8
