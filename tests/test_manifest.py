@@ -148,7 +148,7 @@ def test_the_docs_table_is_the_manifest():
 # -- what a model's public fields may depend on (issue 28, findings 0 and 1) -------------------------------------------
 #: Fields that are results computed from released values (or from the public users' public data) with the run's noise:
 #: with the same seed on other data they may differ. Everything else the manifest calls public or post must not.
-RESULTS = ("model.json:n_users", "model.json:user_profile", "model.json:iterations_run",
+RESULTS = ("model.json:n_users", "model.json:user_profile", "model.json:iterations_run", "model.json:rank",
            "model.json:factors_released", "model.json:n_items_with_factors", "model.json:selection",
            "model.json:tuning.candidates", "model.json:tuning.chosen", "model.json:public", "model.json:private",
            "model.json:lambda_prime", "model.json:reg_chosen", "model.json:by_step",

@@ -904,12 +904,12 @@ def private_rank(s, N, sd: float, rank: int) -> int:
     hold few items (a 72,000-user product-shaped store, 79% of users with one item) or at small epsilon, 8 factors
     carry more of the signal than 16. Measured (5 seeds 16 -> 8, medians, Recall@10; the ratio below is the mean
     count over the unit): the product shape at epsilon 1 / 10 (ratio 0.2 / 1.8) 0.288 -> 0.317 / 0.357 -> 0.369,
-    ML-100K at epsilon 5 / 10 (0.9 / 1.8) 0.203 -> 0.227 / 0.244 -> 0.250, a 6,040 x 3,706 movie-shaped store at
-    epsilon 1 (1.0) 0.152 -> 0.159, the clustered 10,000-user store at epsilon 1 (0.8) 0.202 -> 0.199; where the
+    ML-100K at epsilon 5 / 10 (1.0 / 1.8) 0.203 -> 0.227 / 0.244 -> 0.250, a 6,040 x 3,706 movie-shaped store at
+    epsilon 1 (1.0) 0.152 -> 0.158, the clustered 10,000-user store at epsilon 1 (0.8) 0.199 -> 0.198; where the
     counts stand well above the noise 16 keep more: the clustered store at epsilon 10 (6.0) 0.278 against 0.233,
-    the movie shape at epsilon 10 (8.0) 0.230 against 0.215 (``docs/ranking.md``). Candidates 16, 12, 8 and 4 on
-    the product shape at epsilon 1 (3 seeds): 0.288, 0.297, 0.317, 0.323; 4 lost at epsilon 10 (0.331 against
-    0.369 with 8).
+    the movie shape at epsilon 10 (8.0) 0.230 against 0.215 (8 factors: 3 seeds; ``docs/ranking.md``). On the
+    product shape at epsilon 1, 12 and 4 factors gave 0.297 and 0.323 (3 seeds); 4 lost at epsilon 10 (0.331
+    against 0.369 with 8).
 
     >>> from types import SimpleNamespace
     >>> s = SimpleNamespace(conf_cap=4.0, clip=0.4)

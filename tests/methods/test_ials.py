@@ -502,3 +502,33 @@ def test_private_rank_follows_the_released_counts_at_no_privacy_cost(small_store
     assert scales(f.ledger) == scales(g.ledger)
     N = f.extras["noisy_item_weight"]  # counts far above the noise keep 16
     assert private_rank(s, 100.0 * N, rel["rhs"].scale, 16) == 16 and private_rank(s, N, rel["rhs"].scale, 8) == 8
+
+
+@pytest.mark.slow
+def test_private_rank_lifts_the_lists_on_a_product_shaped_store(tmp_path):
+    """Most users with one item (24,000 users x 800 items, 1.6 ratings a user, the product shape of
+    ``docs/ranking.md`` scaled down; at epsilon 1 it releases no factors, so epsilon 3): the rule's 8 factors
+    against 16 given, training seeds 1-3, Recall@10 over every user. Measured medians 0.428 against 0.307
+    (1.39x; per seed 0.338 / 0.445 / 0.428 against 0.348 / 0.305 / 0.307); asserted: at least 1.15x."""
+    from statistics import median
+
+    from streamdp.evaluate import evaluate_model
+    from tests.conftest import Cli
+
+    path = str(tmp_path / "p.zarr")
+    res = Cli.run("generate", "--users", 24000, "--items", 800, "--ratings-per-user", 1.6, "--user-exponent", 1.5,
+                  "--taste-strength", 4, "--taste-clusters", 20, "--test-fraction", 0.2, "--seed", 1, "--out", path)
+    assert res[0] == 0, res
+    from streamdp.storage.store import open_store
+
+    st = open_store(path)
+    recall = {}
+    for rank in (None, 16):
+        for seed in (1, 2, 3):
+            m, f = _fit(st, epsilon=3.0, rank=rank, seed=seed)
+            assert f.model_info["rank"] == (8 if rank is None else 16)
+            out = str(tmp_path / f"m{rank}{seed}")
+            f.save(out)
+            r = evaluate_model(out, st, baselines=False, ranking_users="all")["ranking"]
+            recall.setdefault(rank, []).append(r["recall"])
+    assert median(recall[None]) >= 1.15 * median(recall[16]), recall
