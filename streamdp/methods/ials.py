@@ -213,7 +213,7 @@ SIGNAL_Z = 4.0
 DEFAULT_RANK = 16
 #: Factors are released only when at least this many items per factor (of the rank, or of :data:`DEFAULT_RANK` if
 #: more) pass the item floor (:func:`item_floor_count`): with 8 factors FilmTrust's 50 items above the floor at
-#: epsilon 0.5 (fewer than the 64 16 factors needed) passed, and the choice's noise kept factors at 0.91x the chart.
+#: epsilon 0.5 (fewer than the 64 that 16 factors need) passed, and the choice's noise kept factors at 0.91x the chart.
 MIN_ITEMS_PER_FACTOR = 4
 #: A private run without ``--rank`` takes this many factors when the released counts are low against the noise
 #: (:func:`private_rank`): the mean item's count below this many times the item floor's unit.
@@ -561,7 +561,7 @@ class IALS(Method):
         for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
             Y, B, clipped = self._iteration(store, engine, run, s, rel, Y, W, n_users, t, rows)
             if self.private and t == s.iters:
-                # too few items for k factors (and never fewer than for the default rank's: lower_rank's note)
+                # too few items for k factors (never fewer than for the default rank's: MIN_ITEMS_PER_FACTOR's note)
                 few = int(self._keep.sum()) < MIN_ITEMS_PER_FACTOR * max(k, DEFAULT_RANK)
                 signal = -math.inf if few else _signal_z(B[self._keep], rel["rhs"].scale)
                 if signal < SIGNAL_Z:  # no factor signal to speak of: release the chart (popularity column) alone
