@@ -70,7 +70,7 @@ def dense_ials(store, m, iters, cg_steps=None):
 
 def test_nonprivate_run_is_plain_implicit_als(small_store):
     """Non-private: iALS with the item rows by 3 warm-started conjugate-gradient steps, as implicit's."""
-    m, f = _fit(small_store, iters=2, preference="graded", alpha=2.0)
+    m, f = _fit(small_store, iters=2, preference="graded", alpha=2.0, select="off")
     np.testing.assert_allclose(f.item_factors, dense_ials(small_store, m, 2, cg_steps=3), rtol=2e-4, atol=1e-5)
     assert f.model_info["local"] == "implicit" and not f.model_info["local_user_bias"]
 
@@ -78,7 +78,7 @@ def test_nonprivate_run_is_plain_implicit_als(small_store):
 def test_nonprivate_users_by_conjugate_gradients_from_their_previous_rows(small_store):
     """More factors than steps (so that 3 steps are not the exact solve): after the first iteration's exact solve,
     the users' rows too take 3 conjugate-gradient steps from the previous iteration's, kept on disk."""
-    m, f = _fit(small_store, iters=3, rank=6)
+    m, f = _fit(small_store, iters=3, rank=6, select="off")
     np.testing.assert_allclose(f.item_factors, dense_ials(small_store, m, 3, cg_steps=3), rtol=2e-4, atol=1e-5)
 
 
@@ -87,14 +87,14 @@ def test_nonprivate_item_steps_as_many_as_factors_solve_exactly(small_store, mon
     import streamdp.methods.ials as ials
 
     monkeypatch.setattr(ials, "CG_STEPS", 3)
-    m, f = _fit(small_store, iters=2, rank=3, preference="graded", alpha=2.0)
+    m, f = _fit(small_store, iters=2, rank=3, preference="graded", alpha=2.0, select="off")
     np.testing.assert_allclose(f.item_factors, dense_ials(small_store, m, 2), rtol=2e-4, atol=1e-5)
 
 
 def test_nonprivate_cg_passes_are_the_same_on_any_number_of_workers(small_store, tmp_path):
     """The user rows kept on disk between the passes: 1 and 2 workers give the same bits; nothing is left."""
-    _, f1 = _fit(small_store, iters=3, rank=4, workers=1)
-    _, f2 = _fit(small_store, iters=3, rank=4, workers=2, checkpoint=str(tmp_path / "run"))
+    _, f1 = _fit(small_store, iters=3, rank=4, workers=1, select="off")
+    _, f2 = _fit(small_store, iters=3, rank=4, workers=2, checkpoint=str(tmp_path / "run"), select="off")
     np.testing.assert_array_equal(f1.item_factors, f2.item_factors)
     assert (tmp_path / "run" / "checkpoint.npz").exists()
     assert not [p for p in (tmp_path / "run").iterdir() if "user_rows" in p.name]
@@ -107,7 +107,7 @@ def test_nonprivate_resume_mid_iteration_gives_the_same_model(small_store, tmp_p
     import streamdp.methods.ials as ials
     from streamdp.errors import ParameterError
 
-    opts = dict(iters=3, rank=5, seed=7)
+    opts = dict(iters=3, rank=5, seed=7, select="off")
     _, full = _fit(small_store, checkpoint=str(tmp_path / "full"), **opts)
     real, calls = ials.ials_cg_users, []
 
