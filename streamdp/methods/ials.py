@@ -449,6 +449,10 @@ class IALS(Method):
         if not self.private:
             bounds["contribution"] = "none (non-private run: every pair, nothing clipped)"
             entries = [{"release": "item factors", "mechanism": "none (non-private)", "iterations": s.iters}]
+            if s.select:
+                entries.append({"release": f"choice between the factors and the chart: sum over users of (hits of "
+                                           f"her held-out items in the model's top {SELECT_K} - hits in the chart's) "
+                                           f"/ her held-out count", "mechanism": "none (non-private): exact"})
             return Plan(events=[], entries=entries, settings=s, bounds=bounds, releases={})
         fixed = [profile.release] if profile is not None else []
         releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
