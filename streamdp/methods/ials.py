@@ -160,7 +160,7 @@ from streamdp.errors import ParameterError
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
 from streamdp.kernels.ials import (ials_accumulate, ials_cg_users, ials_item_products, ials_solve_items,
                                    ials_solve_users)
-from streamdp.kernels.topk import topn_by_order, topn_scores
+from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_by_order, topn_prepare
 from streamdp.local import implicit_pairs
 from streamdp.methods import register
 from streamdp.methods._psd import psd
@@ -588,6 +588,7 @@ class IALS(Method):
         order = np.lexsort((np.arange(n), -np.asarray(N, np.float64))).astype(np.int64)
         tiekey = np.arange(n, dtype=np.int64)
         zeros = np.zeros(n)
+        prepared = topn_prepare(Y, zeros, 0.0)  # the lists by float32 matrix products (topn_scores's, bit for bit)
         seed, params = run.entropy, s.local()
         relevant = None if s.implicit else default_threshold(s.rating_min, s.rating_max)
 
@@ -600,20 +601,27 @@ class IALS(Method):
             if not len(vu):
                 return np.zeros(1)
             pip, pit, conf = implicit_pairs(ip, it, r, params)
-            U = np.zeros((block.n_users, d))
-            ials_solve_users(pip, pit, conf, Y, YtY, float(s.ridge), U)
             nval = np.bincount(vu, minlength=block.n_users)
             want = (nval > 0).astype(np.uint8)
+            # only the users with held-out items solve their rows (the same rows: each user's solve is her own)
+            sel, per = np.flatnonzero(want), np.diff(pip)
+            mine = np.repeat(want.astype(bool), per)
+            Us = np.zeros((len(sel), d))
+            ials_solve_users(np.r_[0, np.cumsum(per[sel])].astype(np.int64), np.ascontiguousarray(pit[mine]),
+                             np.ascontiguousarray(conf[mine]), Y, YtY, float(s.ridge), Us)
+            U = np.zeros((block.n_users, d))
+            U[sel] = Us
             ip64, it32 = np.asarray(ip, np.int64), np.asarray(it, np.int32)
             lm = np.empty((block.n_users, SELECT_K), np.int32)
             lc = np.empty((block.n_users, SELECT_K), np.int32)
-            topn_scores(ip64, it32, want, U, Y, zeros, 0.0, tiekey, lm, np.empty((block.n_users, SELECT_K)))
+            topn_blocked(ip64, it32, want, U, Y, zeros, 0.0, tiekey, lm, np.empty((block.n_users, SELECT_K)),
+                         prepared=prepared)
             topn_by_order(ip64, it32, want, order, lc)
             hm = (lm[vu] == vi[:, None]).any(axis=1).astype(np.float64)
             hc = (lc[vu] == vi[:, None]).any(axis=1).astype(np.float64)
             return np.array([np.sum((hm - hc) / nval[vu])])
 
-        diff = engine.map_reduce(fn, _add, np.zeros(1), extra_per_block=16 * SELECT_K * store.block_users,
+        diff = engine.map_reduce(fn, _add, np.zeros(1), extra_per_block=(16 * SELECT_K + 16 * d) * store.block_users + TILE_BYTES,
                                  desc=f"{self.name} choice")
         if self.private:
             diff = rel["select"].add(diff, run.rng(_SELECT, 0))
