@@ -125,6 +125,25 @@ def _holdout_numpy(ip, items, ratings, cnt, first_user: int, key: int, eligible_
         (users[rep], items[pos], np.asarray(ratings)[pos])
 
 
+def held_positions(indptr, first_user: int, key: int, min_count: int = 2) -> np.ndarray:
+    """The positions in the block's arrays of :func:`holdout`'s validation ratings (no ``eligible_items``,
+    ``indptr[0] == 0``), without a copy of the rest: for a pass that only leaves them out of its sums (weight 0).
+
+    >>> ip = np.array([0, 1, 4]); (tip, tit, _), _ = holdout(ip, np.array([5, 1, 2, 3]), np.zeros(4), 0, key=7)
+    >>> np.delete(np.array([5, 1, 2, 3]), held_positions(ip, 0, key=7)).tolist() == tit.tolist()
+    True
+    """
+    ip = np.asarray(indptr, np.int64)
+    cnt = np.diff(ip)
+    v = _counts(cnt, cnt, min_count)
+    users = np.flatnonzero(v > 0)
+    n, vv = cnt[users], v[users]
+    start = _starts(users, n, key, first_user)
+    rep = np.repeat(np.arange(len(users)), vv)
+    j = np.arange(len(rep)) - np.repeat(np.cumsum(vv) - vv, vv)
+    return ip[users][rep] + (start[rep] + j * (n // vv)[rep]) % n[rep]
+
+
 def _counts(cnt, ecnt, min_count: int) -> np.ndarray:
     """Validation ratings per user: ``floor(0.1 n + 1/2)``, at least 1, at most ``n - 1``, ``e`` and the cap."""
     v = np.maximum(np.floor(VALIDATION_FRACTION * cnt + 0.5).astype(np.int64), 1)

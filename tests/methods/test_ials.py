@@ -248,6 +248,21 @@ def test_nonprivate_lists_at_least_the_exact_chart_where_popularity_alone_drives
     assert g.model_info["factors_released"] and "selection" not in g.model_info
 
 
+def test_nonprivate_product_passes_skip_the_held_out_pairs_by_weight(small_store, monkeypatch):
+    """The conjugate-gradient product passes keep every pair and give the held-out ones weight 0 (no copy of the
+    block): the bits of the passes over the block without them."""
+    import streamdp.methods.ials as ials
+
+    monkeypatch.setattr(ials.IALS, "_chart_wins", lambda self, *a: False)  # keep the factors: compare them
+    _, f = _fit(small_store, iters=2, rank=6)
+    real = ials.IALS._pairs
+    monkeypatch.setattr(ials.IALS, "_pairs", lambda self, block, s, seed, iterations=False, sums_only=False:
+                        real(self, block, s, seed, iterations))
+    _, g = _fit(small_store, iters=2, rank=6)
+    assert f.model_info["factors_released"] and f.model_info["parameters"]["select"]
+    np.testing.assert_array_equal(f.item_factors, g.item_factors)
+
+
 def test_nonprivate_keeps_the_factors_where_tastes_differ(tmp_path):
     """A store of 10 taste clusters (``generate --taste-clusters 10``): the non-private factors list at 2.3x the
     chart (seed 1, 3 iterations: 0.507 against 0.217) and the exact choice keeps them (asserted: at least 1.5x)."""
