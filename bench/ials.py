@@ -227,8 +227,9 @@ def ials_iteration_times(st, epsilon, workers, factors, iters, opts):
     finally:
         Run.save = save
     times = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])]
-    # a private run's last iteration also runs the choice between the factors and the chart (a pass of its own)
-    return times[:-1] if m.private and len(times) > 1 else times
+    # the last iteration also runs the choice between the factors and the chart (a pass of its own; --select auto,
+    # private or not)
+    return times[:-1] if getattr(m, "_choice", None) is not None and len(times) > 1 else times
 
 
 def implicit_iteration_times(X, workers, factors, iters):

@@ -619,9 +619,10 @@ def format_train_summary(summary: dict) -> str:
     cls = METHODS.get(summary["method"])
     lists_model = getattr(cls, "LOCAL_SOLVER", None) == "implicit"  # ials: no biases, its chart instead
     unused = f"no factors released, so rank {summary['rank']} was not used"
+    counts = "exact" if summary["guarantee"] == "non-private" else "noisy"
     steps = "" if getattr(cls, "RANK_IS_FACTORS", True) else " (its number of Frank-Wolfe iterations)"  # fw
     shape = (f"rank {summary['rank']}{steps}" if summary.get("factors_released", True) else
-             f"released the most-popular chart by its noisy item counts only ({unused})" if lists_model else
+             f"released the most-popular chart by its {counts} item counts only ({unused})" if lists_model else
              "released item biases and the global mean (it fits no factors)" if not getattr(cls, "FITS_FACTORS", True)
              else f"released item biases and the global mean only ({unused})")
     timing = f"trained in {summary['train_seconds']:.1f}s"
@@ -633,6 +634,8 @@ def format_train_summary(summary: dict) -> str:
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "
                      f"{summary['test_ratings']:,} held-out ratings; non-private baselines: {format_baselines(b)}")
         lines.append("verdict: " + format_verdict(summary["verdict"], summary["test_rmse"]))
+    if "release_choice" in summary:
+        lines.append("choice: " + summary["release_choice"])
     if not summary.get("factors_released", True):
         from streamdp.local import not_personalised_note
 

@@ -190,7 +190,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                 ("n_interactions" if implicit else "n_ratings"): int(tot[2]), "n_users": st.n_users, "ridge": ridge,
                 "method": m.method, "guarantee": getattr(m.ledger, "guarantee", None), "epsilon": m.info.get("epsilon"),
                 "store_matches_model": match, "ranking": (r := rank.result(tot[width:])),
-                "ranking_verdict": ranking_verdict(r), **said}
+                "ranking_verdict": ranking_verdict(r), **said, **release_choice(released)}
     cnt = max(tot[2], 1.0)
     out = {
         "rmse": math.sqrt(tot[0] / cnt),
@@ -354,6 +354,13 @@ def format_verdict(v: dict, rmse: float) -> str:
             f"({-v['margin']:.4f} worse); this release does not beat {name.replace('-', ' ')}s{also}")
 
 
+def release_choice(model) -> dict:
+    """``{"release_choice": why}`` when the model says why it released its factors or its chart instead (``ials``'s
+    ``--select auto``: ``model.json`` ``selection.why``), else ``{}``."""
+    why = ((getattr(model, "info", None) or {}).get("selection") or {}).get("why")
+    return {} if why is None else {"release_choice": why}
+
+
 def format_evaluation(ev: dict) -> str:
     """Human-readable lines of :func:`evaluate_model`'s result."""
     if ev.get("implicit"):
@@ -373,6 +380,8 @@ def format_evaluation(ev: dict) -> str:
         lines.append("verdict: " + format_verdict(ev["verdict"], ev["rmse"]))
     if ev.get("ranking"):
         lines.append(format_ranking(ev["ranking"], lists_only=bool(ev.get("lists_only"))))
+    if ev.get("release_choice"):
+        lines.append("choice: " + ev["release_choice"])
     if (note := statistics_note(ev)) is not None:
         lines.append("note: " + note)
     if ev.get("store_matches_model") is False:

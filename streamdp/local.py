@@ -246,8 +246,8 @@ def personalised(model) -> bool:
 #: What ``recommend``/``evaluate``/``train`` say of a release without factors (a rating model: its item biases).
 NOT_PERSONALISED = "only item biases released: every user gets the same list (apart from the items she rated)"
 #: The same for an ``ials`` model without factors: it ranks by its released item counts.
-NOT_PERSONALISED_CHART = ("only the most-popular chart released (noisy item counts): every user gets the same list "
-                          "(apart from the items she rated)")
+NOT_PERSONALISED_CHART = ("only the most-popular chart released (its item counts, noisy unless non-private): every user "
+                          "gets the same list (apart from the items she rated)")
 
 
 def not_personalised_note(model=None, *, chart: bool | None = None) -> str:

@@ -99,6 +99,8 @@ MODEL_JSON = {
     "selection.noisy_validation_losses": (RELEASE, "noisy validation losses of the candidates (ledger: "
                                                    "'validation losses of the N candidate releases')"),
     "selection.validation_losses": (NONPRIVATE, "exact validation losses (non-private runs only)"),
+    "selection.why": (POST, "ials: the choice between the factors and the chart in words (the ledger's note; its sum is the noisy "
+                              "release, exact in a non-private run)"),
     "selection.item_ridges": (NONPRIVATE, "the item-side ridges tried and their exact validation losses "
                                           "(non-private runs only)"),
     "tuning": (POST, "tune: the grid, the split of the budget and the configuration chosen on the candidates' "
@@ -186,6 +188,7 @@ SUMMARY = {
     "owner": OWNER, "model": PUBLIC, "store": PUBLIC, "rmse": OWNER, "mae": OWNER, "n_ratings": OWNER,
     "n_users": OWNER, "store_match": OWNER, "note": OWNER, "local": PUBLIC, "ridge": POST,
     "ranking": OWNER, "ranking_verdict": OWNER, "n_test_users": OWNER, "n_unknown_items": OWNER, "unknown_item_ratings": OWNER,
+    "release_choice": POST,  # ials: whether the factors or the chart was released, and on what
     "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
 }
 

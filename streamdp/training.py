@@ -207,6 +207,8 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         "train_seconds": round(seconds, 3),
         "out": out,
     }
+    if (why := (info.get("selection") or {}).get("why")) is not None:  # ials: the factors or the chart, and why
+        summary["release_choice"] = why
     if fitted.owner:
         summary["owner"] = fitted.owner
     if stale:

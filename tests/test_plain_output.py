@@ -167,6 +167,22 @@ def test_ials_without_factors_names_its_chart_not_biases(tiny, tmp_path):
     assert "  lists ranked by the model's preference score" in out and "  note: " + NOT_PERSONALISED_CHART in out
 
 
+def test_nonprivate_ials_says_it_chose_the_exact_chart(tiny, tmp_path):
+    """``tiny``'s users choose by popularity alone: a non-private ials run releases the exact chart (``--select
+    auto``); train and evaluate say which was chosen and why, no privacy warning."""
+    out, err = _run("train", tiny.path, "--method", "ials", "--epsilon", "inf", "--yes", "--out", tmp_path / "m",
+                    "--seed", 1)
+    _plain(out + err, "train --method ials --epsilon inf")
+    assert out[0].startswith(f"wrote {tmp_path / 'm'}: ials released the most-popular chart by its exact item counts "
+                             f"only (no factors released, so rank 16 was not used), non-private")
+    choice = [ln for ln in out if ln.startswith("choice: ")]
+    assert len(choice) == 1 and choice[0].startswith("choice: the chart by the exact training counts was released "
+                                                     "instead of the factors (--select auto): ")
+    assert not [ln for ln in err if "no factors" in ln]
+    out, _ = _run("evaluate", tmp_path / "m", tiny.path)
+    assert choice[0] in out and "  note: " + NOT_PERSONALISED_CHART in out
+
+
 def test_means_says_it_fits_no_factors(tiny, tmp_path):
     out, err = _run("train", tiny.path, "--method", "means", "--epsilon", 1, "--out", tmp_path / "m", "--seed", 1)
     _plain(out + err, "train --method means")

@@ -97,6 +97,42 @@ def split_masked(indptr, items, ratings, held, tr_indptr, tr_items, tr_ratings, 
 
 
 @njit(cache=True, nogil=True)
+def holdout_strided(indptr, items, ratings, v, start, tr_indptr, tr_items, tr_ratings, held):
+    """Hold out ``v[u]`` of user ``u``'s ``n`` ratings, those at offsets ``(start[u] + j (n // v[u])) % n``,
+    ``j < v[u]`` (``indptr[0] == 0``).
+
+    Writes the rest into ``tr_*`` (order within a user kept; ``tr_indptr`` of length ``n_users + 1``) and the
+    held-out positions into ``held`` (users in order, ``j`` in order: as long as ``sum(v)``); returns the number of
+    training ratings. The one-pass form of :func:`streamdp.methods._selection.holdout`'s NumPy path (which a test
+    holds it to): every pass of a run that holds items out calls it, on every block.
+    """
+    n_users = len(indptr) - 1
+    a = 0
+    h = 0
+    tr_indptr[0] = 0
+    for u in range(n_users):
+        s = indptr[u]
+        n = indptr[u + 1] - s
+        k = v[u]
+        if k > 0:
+            step = n // k
+            for j in range(k):
+                held[h + j] = s + (start[u] + j * step) % n
+        for i in range(s, s + n):
+            out = False
+            for j in range(k):
+                if held[h + j] == i:
+                    out = True
+            if not out:
+                tr_items[a] = items[i]
+                tr_ratings[a] = ratings[i]
+                a += 1
+        h += k
+        tr_indptr[u + 1] = a
+    return a
+
+
+@njit(cache=True, nogil=True)
 def alias_table(weights, prob, alias):
     """Walker/Vose alias table of ``weights`` (not necessarily normalized), into ``prob``/``alias``.
 

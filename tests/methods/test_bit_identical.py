@@ -59,7 +59,8 @@ CASES = {
     "als-huber": ("als", 2.0, {"iters": 1, "mechanism": "huber", "select": "off"}),
     "als-nonprivate": ("als", INF, {"iters": 2}),
     "ials": ("ials", 2.0, {"iters": 2}),
-    "ials-nonprivate": ("ials", INF, {"iters": 2}),
+    "ials-nonprivate": ("ials", INF, {"iters": 2, "select": "off"}),  # the factors (conjugate gradients)
+    "ials-nonprivate-select": ("ials", INF, {"iters": 2}),  # the exact choice: the chart on this popularity store
     "irls": ("irls", 2.0, {"iters": 2, "sampling": "uniform", "tau": 5}),
     "means": ("means", 2.0, {}),
     "oja": ("oja", 2.0, {"passes": 2}),

@@ -56,6 +56,26 @@ def test_holdout_spares_users_below_min_count():
     assert vu.tolist() == [2] and np.diff(tip).tolist() == [2, 4, 9]
 
 
+@pytest.mark.parametrize("min_count", [2, 5])
+def test_holdout_kernel_gives_the_numpy_paths_arrays(min_count):
+    """The compiled one-pass hold-out (every block of every pass of ``ials --select auto``) returns the NumPy
+    reference's arrays, bit for bit and of the same dtypes: users of 0-40 ratings, two blocks' first users."""
+    from streamdp.methods._selection import _holdout_numpy
+
+    rng = np.random.default_rng(3)
+    cnt = rng.integers(0, 40, 500)
+    ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    it = rng.integers(0, 300, ip[-1]).astype(np.int32)
+    r = rng.uniform(1, 5, ip[-1]).astype(np.float32)
+    for first in (0, 12345):
+        got = holdout(ip, it, r, first, key=99, min_count=min_count)
+        want = _holdout_numpy(ip, it, r, np.diff(ip), first, 99, None, min_count)
+        for g, w in zip(got[0] + got[1], want[0] + want[1]):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
+        assert len(got[1][0]) > 0
+
+
 def test_choose_keeps_the_default_unless_clearly_beaten():
     assert choose(np.array([100.0, 99.0, 101.0]), 0, 1.0) == 0
     assert choose(np.array([100.0, 90.0, 101.0]), 0, 1.0) == 1
