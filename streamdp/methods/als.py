@@ -862,7 +862,7 @@ class _AlsBase(Method):
             return self._refit(store, engine, s, choice) if refit else choice
         if gated_out():
             # the factors lost: the rest of the iterations' budget buys a second release of the item statistics
-            bias, C, plan = self._restatistics(store, engine, run, plan, S1, C, bias0)
+            bias, C, plan = self._restatistics(store, engine, run, plan, S1, C, bias0, self._tilts(s, mu))
             keep = _top_items(C, s.item_frac)
         return self._fitted(store, plan, run, V, bias, mu, C, keep, history, choice)
 
@@ -1037,8 +1037,9 @@ class _AlsBase(Method):
         return sums2, counts2, Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases],
                                     settings=s, bounds=plan.bounds, releases=rel)
 
-    def _restatistics(self, store, engine, run, plan: Plan, S1, C1, bias0):
-        """A gated run whose factors lost: second item statistics, combined with the first by their noise.
+    def _restatistics(self, store, engine, run, plan: Plan, S1, C1, bias0, tilted: bool = False):
+        """A gated run whose factors lost: second item statistics, combined with the first by their noise
+        (``tilted``: the first weight totals were the ``--rating-tilt`` ones, and so are the second).
 
         Returns ``(item biases, weight totals, the Plan of what was spent)``.
         """
@@ -1046,8 +1047,9 @@ class _AlsBase(Method):
         if s.gate_after >= s.iters:  # nothing left to spend
             return bias0, C1, plan
         sums2, counts2, spent = self._gated_releases(plan)
-        S, C, _, _, _ = self._statistic_totals(store, engine, run, s,
-                                               desc=f"{self.name} statistics (second release)")
+        S, C, _, _, Ct = self._statistic_totals(store, engine, run, s,
+                                                desc=f"{self.name} statistics (second release)")
+        C = Ct if tilted else C
         g = run.rng(_STATS, 1)
         S2, C2 = sums2.add(S, g), counts2.add(C, g)
         # inverse-variance combination of two unbiased noisy releases of the same statistic (post-processing)
