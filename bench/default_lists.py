@@ -1,7 +1,7 @@
 """The default's lists against the exact most-popular chart, over split seeds and noise seeds, with standard errors.
 
     python bench/default_lists.py                                   # ML-100K and FilmTrust, splits 1-3, seeds 1-5
-    python bench/default_lists.py --stores ml-100k --splits 1 --seeds 1,2,3 [--count-share 0.2]
+    python bench/default_lists.py --stores ml-100k --splits 1 --seeds 1,2,3 [--count-share 0.2] [--rating-tilt 0]
     python bench/default_lists.py --stores STORE.zarr --seeds 1,2,3  # any store with a test split, as it is split
 
 Issue 29 item 3 asks that ``streamdp train STORE --epsilon 1`` then ``recommend`` list at
@@ -13,7 +13,7 @@ gap to the chart, so a verdict needs several noise seeds and several splits.
 Per store and split (real sets ingested from ``../shared/data`` with ``--test-fraction 0.2
 --seed SPLIT`` and their declared ranges; a store path is used as split), each training
 seed runs exactly the default, ``streamdp.train(store, epsilon=1, seed=SEED)`` (options
-such as ``--count-share`` passed through), and ``evaluate``'s ranking metrics over every
+such as ``--count-share`` and ``--rating-tilt`` passed through), and ``evaluate``'s ranking metrics over every
 user (``ranking_users="all"``): the model's lists (its list scorer, as ``recommend`` ranks),
 the chart by the model's released counts and the exact chart (the same for every seed
 of a split). Printed: per split the mean and standard error over seeds of Recall@10 and
@@ -171,7 +171,7 @@ def simulate(ex: Exact, budget: float, seeds, k: int = 10) -> dict:
     """Recall@k and test RMSE of each of :data:`VARIANTS`, the biases-only release rebuilt from exact statistics.
 
     The noise is drawn afresh for each seed at the scales the ledger's budget gives
-    (``sigma = sensitivity / sqrt(share x budget)``): ``default`` is today's release (counts
+    (``sigma = sensitivity / sqrt(share x budget)``): ``default`` is the untilted release, ``--rating-tilt 0`` (counts
     0.4 of it, sums 0.6); ``exact counts`` / ``exact biases`` put the exact value of one
     of them in the list score (what the noise of each costs the lists); ``counts 0.6``
     gives the counts 0.6; ``high/low counts`` releases the weighted counts of ratings in the
@@ -253,6 +253,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="1,2,3,4,5", help="training (noise) seeds")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--count-share", type=float, default=None, help="passed to the default (--count-share)")
+    ap.add_argument("--rating-tilt", type=float, default=None, help="passed to the default (--rating-tilt)")
     ap.add_argument("--simulate", action="store_true",
                     help="rebuild the biases-only release from exact statistics and redraw its noise, for each of "
                     "the release variants of simulate() (bench-only, the split in memory)")
@@ -260,7 +261,7 @@ def main(argv=None) -> int:
     if a.simulate:
         return simulate_main(a)
     seeds = [int(x) for x in a.seeds.split(",") if x]
-    options = {} if a.count_share is None else {"count_share": a.count_share}
+    options = {k: v for k, v in (("count_share", a.count_share), ("rating_tilt", a.rating_tilt)) if v is not None}
     print(f"| store, split | runs | exact chart | released chart (mean) | default Recall@{a.k} (mean +- SE) | "
           f"default - exact chart | test RMSE |")
     print("|---|---|---|---|---|---|---|")

@@ -197,7 +197,7 @@ SAMPLING_RULES = ("uniform", "tail", "adaptive")
 
 
 def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2", first_user: int = 0,
-                         seed: int = 0, item_counts=None, exponent: float = 0.0) -> np.ndarray:
+                         seed: int = 0, item_counts=None, exponent: float = 0.0, scales=None) -> np.ndarray:
     """Per-rating weights ``c_ij`` bounding each user's contribution: ``||c_i||_2 <= sqrt(tau)`` or ``||c_i||_1 <= tau``.
 
     Rules (all public: they use only the user's own ratings, public parameters and
@@ -218,6 +218,9 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
       have the same norm, so a light user's ratings count more each and the noise,
       fixed by the bound, meets as much signal from every user as it can. With
       ``exponent = 0`` no counts are needed: ``c_ij = sqrt(tau / n_i)`` (``tau / n_i``).
+      ``scales`` (one positive number per rating, a function of the user's own rating
+      and public parameters, e.g. :func:`rating_tilt`) multiplies ``n_j^mu`` before the
+      normalisation: the user's weight leans toward those ratings, the norm stays.
 
     The bound is exact for ``uniform``/``tail`` (``min(n_i, tau)`` ones); for
     ``adaptive`` the weights are scaled by ``1 - 2^-40`` so rounding cannot exceed it.
@@ -228,6 +231,9 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
     [4.0, 4.0]
     >>> contribution_weights(ip, it, rule="tail", tau=2, item_counts=np.array([9, 5, 1, 7])).tolist()
     [0.0, 1.0, 1.0, 0.0, 1.0]
+    >>> w = contribution_weights(ip, it, rule="adaptive", tau=4, scales=np.array([1.0, 1.0, 0.5, 0.5, 0.5]))
+    >>> [round(float(np.sum(w[a:b] ** 2)), 9) for a, b in ((0, 4), (4, 5))], round(float(w[0] / w[2]), 9)
+    ([4.0, 4.0], 2.0)
     """
     tau = check_tau(tau)
     if rule not in SAMPLING_RULES:
@@ -237,16 +243,24 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
     items = np.ascontiguousarray(items, dtype=np.int32)
     indptr = _check_indptr(indptr, items.size)
     counts = np.diff(indptr)
+    if scales is not None and rule != "adaptive":
+        raise ParameterError("per-rating scales need the adaptive rule")
     if rule == "adaptive":
         if exponent > 0 or not math.isfinite(exponent):
             raise ParameterError(f"--adaptive-exponent must be <= 0, got {exponent}")
-        if exponent == 0.0:  # one weight per user, repeated over their ratings
+        if exponent == 0.0 and scales is None:  # one weight per user, repeated over their ratings
             per_user = np.where(counts > 0, tau / np.maximum(counts, 1), 0.0)
             return np.repeat(np.sqrt(per_user) if norm == "l2" else per_user, counts) * _F64_SAFETY
         else:
-            if item_counts is None:
+            if item_counts is None and exponent != 0.0:
                 raise ParameterError("adaptive weights with a non-zero exponent need the noisy item counts")
-            nj = np.maximum(np.asarray(item_counts, np.float64), 1.0)[items] ** exponent
+            nj = (np.ones(items.size) if exponent == 0.0 else
+                  np.maximum(np.asarray(item_counts, np.float64), 1.0)[items] ** exponent)
+            if scales is not None:
+                scales = np.asarray(scales, np.float64)
+                if scales.shape != items.shape or not np.all(scales > 0):
+                    raise ParameterError("scales: expected one positive number per rating")
+                nj = nj * scales
             starts = indptr[:-1][counts > 0]
             if norm == "l2":
                 tot = np.add.reduceat(nj * nj, starts) if starts.size else np.zeros(0)

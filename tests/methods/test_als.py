@@ -340,3 +340,65 @@ def test_biases_only_private_runs_give_the_counts_a_larger_share(small_store):
     assert share("als", iters=2) == share("means") == 0.2
     assert share("als", iters=0, count_share=0.3) == 0.3
     assert get_method("als")(epsilon=INF, delta=1e-6, rank=3, iters=0).settings(small_store).count_share == 0.2
+
+
+def test_biases_only_private_runs_tilt_their_statistics_toward_high_ratings(small_store):
+    """``--rating-tilt`` is 0.5 by default where the counts get the biases' share (private als/irls, no iterations)
+    and 0 elsewhere (factors, ``means``, non-private, ``--sampling uniform``, whose kept ratings weigh 1); given with
+    ``--sampling uniform`` it is refused."""
+    def tilt(method, epsilon=1.0, **opts):
+        return get_method(method)(epsilon=epsilon, delta=1e-6, rank=3, seed=1, **opts).settings(small_store).rating_tilt
+
+    assert tilt("als", iters=0) == tilt("irls", iters=0) == 0.5
+    assert tilt("als", iters=2) == tilt("means") == tilt("als", epsilon=INF, iters=0) == 0.0
+    assert tilt("als", iters=0, sampling="uniform") == 0.0
+    assert tilt("als", iters=0, rating_tilt=1.5) == 1.5
+    with pytest.raises(ParameterError, match="rating-tilt"):
+        tilt("als", iters=0, sampling="uniform", rating_tilt=0.5)
+
+
+def test_rating_tilt_counts_ratings_by_how_high_they_are(tmp_path):
+    """The released weight totals of a tilted run are the totals of the tilted adaptive weights (its mean rating is
+    under the cap of ``_tilts``): at epsilon 400
+    (noise std well under 1) each run's totals are within a fifth of the two weightings' mean gap per item of its
+    own weighting, and the tilt leaves every user's norm, so the ledger's sensitivities, unchanged."""
+    import streamdp
+    from streamdp.methods.als import rating_scales
+    from streamdp.privacy.bounding import contribution_weights
+    from streamdp.storage.generate import generate_store
+
+    st = generate_store(str(tmp_path / "t.zarr"), n_users=400, n_items=30, ratings_per_user=8.0, seed=2,
+                        test_fraction=0.2, show_progress=False)
+    h = (float(st.rating_max) - float(st.rating_min)) / 2
+    want, plain = np.zeros(st.n_items), np.zeros(st.n_items)
+    for b in range(st.n_blocks):
+        blk = st.read_block(b)
+        r = np.clip(blk.ratings.astype(np.float64), st.rating_min, st.rating_max)
+        sc = rating_scales(r, float(st.rating_max), h, 1.0)
+        np.add.at(want, blk.items, contribution_weights(blk.indptr, blk.items, rule="adaptive", tau=100, scales=sc))
+        np.add.at(plain, blk.items, contribution_weights(blk.indptr, blk.items, rule="adaptive", tau=100))
+    gap = np.abs(want - plain).mean()
+    assert gap > 5
+    kw = dict(method="als", iters=0, epsilon=400.0, seed=0, select="off", over_budget=True)
+    tilted = streamdp.train(st, rating_tilt=1.0, **kw)
+    untilted = streamdp.train(st, rating_tilt=0.0, **kw)
+    assert np.abs(tilted.extras["noisy_item_weight"] - want).mean() < 0.2 * gap
+    assert np.abs(untilted.extras["noisy_item_weight"] - plain).mean() < 0.2 * gap
+    sens = [[r["sensitivity"] for r in m.ledger.bounds["releases"]] for m in (tilted, untilted)]
+    assert sens[0] == sens[1]
+
+
+def test_the_tilted_counts_are_released_only_below_the_mean_cap(small_store):
+    """The tilted weight totals are released when the released global mean is at most ``TILT_MAX_MEAN`` of the way
+    up the range (a store whose typical rating sits near the relevance threshold keeps plain counts), and never
+    without a tilt or in a non-private run."""
+    from streamdp.methods.als import TILT_MAX_MEAN
+
+    m = get_method("als")(epsilon=1.0, delta=1e-6, rank=3, seed=1, iters=0)
+    s = m.settings(small_store)
+    lo, hi = s.rating_min, s.rating_max
+    below, above = lo + (TILT_MAX_MEAN - 0.01) * (hi - lo), lo + (TILT_MAX_MEAN + 0.01) * (hi - lo)
+    assert m._tilts(s, below) and not m._tilts(s, above)
+    assert not m._tilts(s.replace(rating_tilt=0.0), below)
+    n = get_method("als")(epsilon=INF, delta=1e-6, rank=3, iters=0)
+    assert not n._tilts(n.settings(small_store), below)

@@ -166,16 +166,18 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 @settings(max_examples=60, deadline=None)
 @given(counts=st.lists(st.integers(0, 40), min_size=1, max_size=30), tau=st.integers(1, 30),
        rule=st.sampled_from(["uniform", "tail", "adaptive"]), norm=st.sampled_from(["l1", "l2"]),
-       exponent=st.sampled_from([0.0, -0.5]), seed=st.integers(0, 2**31))
-def test_contribution_weights_bound_every_user(counts, tau, rule, norm, exponent, seed):
+       exponent=st.sampled_from([0.0, -0.5]), tilted=st.booleans(), seed=st.integers(0, 2**31))
+def test_contribution_weights_bound_every_user(counts, tau, rule, norm, exponent, tilted, seed):
+    """Every rule keeps each user's norm within the bound; adaptive weights (per-rating scales or not) meet it."""
     from streamdp.privacy.bounding import contribution_weights
 
     rng = np.random.default_rng(seed)
     ip = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     items = np.concatenate([rng.choice(50, size=c, replace=False) for c in counts] or [np.zeros(0)]).astype(np.int32)
     noisy = rng.normal(20, 15, size=50)
+    scales = rng.uniform(0.01, 3.0, size=items.size) if tilted and rule == "adaptive" else None
     w = contribution_weights(ip, items, rule=rule, tau=tau, norm=norm, first_user=7, seed=seed, item_counts=noisy,
-                             exponent=exponent)
+                             exponent=exponent, scales=scales)
     assert w.shape == items.shape and np.all(w >= 0)
     for u, c in enumerate(counts):
         wu = w[ip[u]:ip[u + 1]]
@@ -184,6 +186,8 @@ def test_contribution_weights_bound_every_user(counts, tau, rule, norm, exponent
         assert size <= bound, (u, size, bound)
         if rule != "adaptive":
             assert np.count_nonzero(wu) == min(c, tau)
+        elif c:
+            assert size >= bound * (1 - 1e-9)  # every user spends the whole bound
 
 
 def test_uniform_weights_do_not_depend_on_blocks():
@@ -209,3 +213,20 @@ def test_tail_keeps_the_rarest_items():
     items = np.array([0, 1, 2, 3, 4], np.int32)
     w = contribution_weights(ip, items, rule="tail", tau=2, item_counts=np.array([50.0, 3.0, 20.0, 1.0, 9.0]))
     assert w.tolist() == [0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_scales_lean_a_users_weights_and_need_the_adaptive_rule():
+    """Per-rating scales set the ratios of a user's adaptive weights (``c_ij`` proportional to the scale) and leave
+    her norm at ``sqrt(tau)``; the kept-subset rules refuse them, as they refuse a non-positive scale."""
+    from streamdp.privacy.bounding import contribution_weights
+
+    ip, items = np.array([0, 3, 5]), np.array([0, 1, 2, 0, 3], np.int32)
+    scales = np.array([1.0, 0.5, 0.25, 1.0, 1.0])
+    w = contribution_weights(ip, items, rule="adaptive", tau=9, scales=scales)
+    np.testing.assert_allclose(w[:3] / w[0], scales[:3])
+    np.testing.assert_allclose(w[3:], math.sqrt(9 / 2) * (1 - 2.0 ** -40))
+    np.testing.assert_allclose(np.sum(w[:3] ** 2), 9.0)
+    with pytest.raises(ParameterError, match="adaptive"):
+        contribution_weights(ip, items, rule="uniform", tau=9, scales=scales)
+    with pytest.raises(ParameterError, match="positive"):
+        contribution_weights(ip, items, rule="adaptive", tau=9, scales=np.r_[scales[:4], 0.0])
