@@ -37,17 +37,20 @@ def released(store, tmp_path):
     return store
 
 
-def test_shape_from_histogram_reads_the_released_numbers():
-    from streamdp.methods._profile import EDGES
-    from streamdp.rehearse import shape_from_histogram
+def test_shape_from_histogram_fits_the_generators_activity_law():
+    """The mean ratings per user is that of the generator's law whose histogram fits the released one: exact on the
+    law's own histogram, within 3% under Laplace noise of std 10 on 400 users; noise in a bin no user can be in is left
+    out of the user count."""
+    from streamdp.rehearse import activity_histogram, generator_mean, shape_from_histogram
 
-    h = np.zeros(len(EDGES))
-    h[list(EDGES).index(8)], h[list(EDGES).index(16)] = 300.0, 100.0  # 300 users of 8..11, 100 of 16..23
+    h = 400 * activity_histogram(9.0, 60, 0.2)
     h[-1] = 30.0  # noise in a bin no user can be in (4096+ ratings on 60 items): ignored
-    h[list(EDGES).index(32)] = 5.0  # a count within the noise (std 10): read as empty, but in the user count
-    s = shape_from_histogram(h, 10.0, 60, 0.2)
-    assert s["n_users"] == 405
-    assert s["ratings_per_user"] == pytest.approx((300 * 9.5 + 100 * 19.5) / 400 / 0.8, abs=1e-3)
+    s = shape_from_histogram(h, 0.0, 60, 0.2)
+    assert s["n_users"] == 400 and generator_mean(s["ratings_per_user"], 60) == pytest.approx(9.0, abs=0.01)
+    rng = np.random.default_rng(3)
+    got = [generator_mean(shape_from_histogram(h + rng.laplace(0, 10 / 2 ** 0.5, len(h)), 10.0, 60, 0.2)
+                          ["ratings_per_user"], 60) for _ in range(5)]
+    assert np.allclose(got, 9.0, rtol=0.03), got
 
 
 def test_drawing_weights_undo_the_flattening_of_realized_counts(tmp_path):
@@ -263,7 +266,11 @@ STORES = {"defaults": {}, "strong": {"interaction_scale": 1.5, "noise": 0.3},
 ACCEPTANCE_SHAPE_EPSILON = 10.0
 
 
-def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int) -> dict:
+#: Synthetic seeds over which the acceptance measures the data draw's spread (:func:`rehearsal_gaps`).
+DRAW_SEEDS = 4
+
+
+def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int, draws: int = DRAW_SEEDS) -> dict:
     """Issue 31's acceptance: how far the rehearsal's curve lies outside the run-to-run spread of the real sweep.
 
     The real sweep: ``method`` trained at each epsilon with ``repeats`` training seeds (100, 101, ...; at ``inf``
@@ -271,15 +278,30 @@ def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int) ->
     store's releases the rehearsal reads (user count, histogram, item side, item factors of the least noisy model
     that has them). The rehearsal: ``sweep --rehearse`` with the same repeats and seeds (its own mean per epsilon;
     one run at ``inf``, as every sweep), its rating spread released at :data:`ACCEPTANCE_SHAPE_EPSILON`.
-    The band is widened by twice the standard error of a mean of ``repeats`` runs, ``2 s / sqrt(repeats)`` with
-    ``s`` the real repeats' standard deviation: the rehearsal's mean is itself a mean of ``repeats`` runs, and the
-    min-max of a few runs is a loose estimate of where such a mean lies (with 3 runs the band covers the middle
-    half of the runs' law on average). Returns ``{epsilon: gap}``, ``gap`` the distance outside the widened band
-    (0 inside), and checks that the rehearsal charged only its spread, once, and that a second one charges
-    nothing."""
+
+    The band is widened by twice the standard error of the difference, ``2 sqrt(s^2 / repeats + d^2)``:
+
+    * ``s`` the real repeats' standard deviation: the rehearsal's mean is itself a mean of ``repeats`` runs, and the
+      min-max of a few runs is a loose estimate of where such a mean lies (with 3 runs the band covers the middle
+      half of the runs' law on average);
+    * ``d`` the data draw's: the standard deviation of the rehearsal's non-private point over :data:`DRAW_SEEDS`
+      synthetic stores drawn from the same released statistics (synthetic seeds 0, 1, ...; the released ones reused,
+      free). The real store is one draw too, and what sets it apart from another draw of its law is beyond what
+      user-level DP lets a release say: measured on the default store (``means`` at inf; the real 1.0113), synthetic
+      seeds 0-3 give 1.0150, 1.0151, 1.0110, 1.0138 against the same statistics, and the part of the test error that
+      moves them is that of the few heaviest users (the 49 users, 2.5%, with 11 test ratings or more hold 15% of the
+      test ratings, and a user's own interaction variance, ``|u|^2`` at rank 8, varies by half about its mean): a
+      pooled test error released with their full weight (up to 80 test ratings of squared residual up to 4) needs
+      Laplace noise of std about 90 on a sum near 6,300 at epsilon 10, 0.007 in RMSE, more than the draw's spread
+      it would remove. At ``inf`` the training seed adds nothing, so ``d`` is the draw's alone; the
+      same draw underlies every epsilon's point. ``draws=0``: ``d = 0`` (the cheap case: its own stated bound).
+
+    Returns ``{epsilon: gap}``, ``gap`` the distance outside the widened band (0 inside), and checks that the
+    rehearsal charged only its spread, once, and that a second one charges nothing."""
     import statistics
 
     import streamdp
+    from streamdp.rehearse import generate_like
     from streamdp.sweep import parse_epsilons, rehearse
 
     eps = parse_epsilons(epsilons)
@@ -294,25 +316,41 @@ def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int) ->
     assert _budget_bytes(store.path) != before  # the spread, released once ...
     reh = _curve(res)
     before = _budget_bytes(store.path)
-    from streamdp.rehearse import generate_like
-
     generate_like(store, str(tmp_path / "again.zarr"), show_progress=False)
+    d = synthetic_draw_spread(store, tmp_path, method, draws) if draws else 0.0
     assert _budget_bytes(store.path) == before  # ... and reused
     gaps = {}
     for e in eps:
         v = real[e]
-        widen = 2.0 * statistics.stdev(v) / repeats ** 0.5 if len(v) > 1 else 0.0
+        widen = 2.0 * ((statistics.stdev(v) ** 2 / repeats if len(v) > 1 else 0.0) + d ** 2) ** 0.5
         m = reh["inf" if e == float("inf") else f"{e:g}"]["rmse_mean"]
         gaps[e] = max(min(v) - widen - m, m - max(v) - widen, 0.0)
     return gaps
 
 
-def _acceptance(tmp_path, store_name, method, epsilons, repeats, n_users=2000, n_items=400, tolerance=0.0):
+def synthetic_draw_spread(store, tmp_path, method: str, draws: int = DRAW_SEEDS) -> float:
+    """The standard deviation of ``method``'s non-private test RMSE (training seed 100) over :data:`DRAW_SEEDS`
+    (``draws``) synthetic stores shaped like ``store`` (synthetic seeds 0, 1, ...; what ``store`` released is reused, free)."""
+    import statistics
+
+    import streamdp
+    from streamdp.rehearse import generate_like
+
+    got = []
+    for s in range(draws):
+        syn = generate_like(store, str(tmp_path / f"draw{s}.zarr"), seed=s, show_progress=False)
+        got.append(streamdp.train(syn.path, method=method, epsilon=float("inf"), out=str(tmp_path / f"draw{s}-m"),
+                                  seed=100, evaluate=True).summary["test_rmse"])
+    return statistics.stdev(got)
+
+
+def _acceptance(tmp_path, store_name, method, epsilons, repeats, n_users=2000, n_items=400, tolerance=0.0,
+                draws=DRAW_SEEDS):
     from streamdp.storage.generate import generate_store
 
     g = generate_store(str(tmp_path / "g.zarr"), n_users=n_users, n_items=n_items, ratings_per_user=15,
                        test_fraction=0.2, seed=11, show_progress=False, **STORES[store_name])
-    gaps = rehearsal_gaps(g, tmp_path, method, epsilons, repeats)
+    gaps = rehearsal_gaps(g, tmp_path, method, epsilons, repeats, draws)
     assert max(gaps.values()) <= tolerance, gaps
 
 
@@ -326,24 +364,23 @@ def test_rehearsal_curve_lies_near_the_spread_of_the_real_sweep_cheap(tmp_path):
     """The cheap case of the acceptance (:func:`rehearsal_gaps`), a regression guard: ``means`` at epsilon 1, two
     repeats, 600 users x 50 items of strong interactions and little noise; the gap within :data:`CHEAP_TOLERANCE`.
     """
-    _acceptance(tmp_path, "strong", "means", "1", 2, n_users=600, n_items=50, tolerance=CHEAP_TOLERANCE)
+    _acceptance(tmp_path, "strong", "means", "1", 2, n_users=600, n_items=50, tolerance=CHEAP_TOLERANCE, draws=0)
 
 
-#: The cases of the acceptance the rehearsal does not meet, with the gaps measured outside the widened band (busy
-#: machine, 3 repeats; docs/choosing-epsilon.md, "How close it comes", has the gaps outside [min, max] before and after
-#: the spread release). A non-private point has no spread to widen by (its fit barely depends on its seed), while
-#: synthetic stores of the same released statistics differ by up to 0.02 there (strong store, means at inf: 1.190-1.211
-#: over synthetic seeds 0-3, the real 1.202): those gaps are within what the statistics determine.
+#: The cases of the acceptance the rehearsal does not meet, with the gaps measured outside the band widened as
+#: :func:`rehearsal_gaps` does (busy machine, 3 repeats; docs/choosing-epsilon.md, "How close it comes"). Since the
+#: activity fit and the data draw's widening, defaults and strong meet it (measured, one run each, outside the band
+#: widened by ``2 s / sqrt(3)`` alone: means 0-0.001 on defaults and 0-0.002 on strong, als 0-0.010 on defaults and
+#: 0-0.014 on strong, the largest at epsilon 10 and inf; the draw's spread ``d`` 0.0075 / 0.011 on defaults, 0.0059 /
+#: 0.016 on strong, for means / als: each gap within ``2 d``). The cases below were measured before both
+#: (widened by ``2 s / sqrt(3)`` only) and not since: the draw's widening (``d`` near 0.006-0.011) may cover the
+#: smaller ones (an XPASS to read), not the structural ones.
 OUTSIDE = {
-    ("defaults", "means"): "0.002-0.010 above at every epsilon (0.010 at inf)",
-    ("defaults", "als"): "0.010 above at epsilon 10, 0.002 at inf",
-    ("strong", "means"): "0.004 above at inf, inside elsewhere",
-    ("strong", "als"): "0.013 above at inf, within 0.001 elsewhere",
-    ("noisy", "means"): "0.005 above at inf, 0.001 at epsilon 5",
+    ("noisy", "means"): "0.005 above at inf, 0.001 at epsilon 5 (before the activity fit and the draw's widening)",
     ("noisy", "als"): "0.017-0.048 off: no model released item factors, so the spread beyond the user offsets is split "
                       "as the generator's defaults (interaction 1.0 against 0.6, noise 0.5 against 0.9)",
     ("tastes", "means"): "0.016-0.022 below: taste clusters make heavy users rate other items than light users do",
-    ("tastes", "als"): "0.002-0.010 below (taste clusters)",
+    ("tastes", "als"): "0.002-0.010 below (taste clusters; before the activity fit and the draw's widening)",
 }
 
 
