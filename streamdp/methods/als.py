@@ -31,8 +31,10 @@ The model and one iteration
 
 Before the iterations, one pass releases the statistics: a global mean (mean over
 users of their mean rating, ``--center private``; or the public midpoint of the
-declared range), and per item the weight total ``C_j`` (the noisy counts) and the sum
-``S_j`` of user-centred residuals ``clip(r_ij - rbar_i, c)`` (``--bias-clip``), from
+declared range; ``als``/``irls`` release it in a pass of its own, first), and per item the
+weight total ``C_j`` (the noisy counts) and the sum ``S_j`` of user-centred residuals
+``clip(r_ij - rbar_i, c)`` (``--bias-clip``; a user with one training rating, whose
+centred residual is always 0, gives ``clip(r_ij - mu, c)``: ``_AlsBase._statistics``), from
 which the item biases ``b_j = posterior mean`` under a public prior are computed and
 the top ``--item-frac`` of items by noisy count are kept (the others keep
 ``v_j = 0``: bias and the user's own intercept only). No exact count or mean is used
