@@ -79,6 +79,12 @@ Users cannot tune on private data, so the run adapts to it, privately and accoun
   choose the item-side ridge that way (``_fit_item_ridges``). ``--select
   off`` releases the default configuration from every training rating (the
   release of streamdp 0.1).
+* **The intercept's ridge of a biases-only release** (private runs that choose): the
+  selection's pass also releases the users' offset moments (users with two training
+  ratings or more: the mean product of two of her residuals on the released biases, her
+  mean squared residual, and a count; :func:`offset_moments`, about 3% of the budget), and
+  a released intercept gets the empirical-Bayes ridge ``sigma^2 / tau^2`` read off them
+  (:func:`offset_ridge`): no user offsets, a large ridge or none; offsets of std 0.4, about 3.
 * **The gate** (Gaussian runs with the choice on and at least two iterations): the
   choice is made after half of the iterations (``--select-after``), not after the
   last. When the factors win, the iterations go on and the factors are released
@@ -136,6 +142,7 @@ item weight totals ``C``      ``sqrt(tau)``            ``tau``
 shared Gramian ``G``          ``Delta^2``              ``(k + 1) Delta^2 / 2``
 item Gramians ``A``           ``Delta^2 sqrt(tau)``    ``tau (k + 1) Delta^2 / 2``
 right-hand sides ``B``        ``R Delta sqrt(tau)``    ``tau R sqrt(k) Delta``
+users' offset moments         ``sqrt(2 h^4 + 1)``      ``2 h^2 + 1``
 ============================  =======================  ==============================
 
 (``G``, ``A``: of the packed upper triangle of ``x x^T``; its L2 norm is at most
@@ -333,7 +340,9 @@ class AlsOptions(StatisticsOptions):
                                 "(weight nu of the ridge nu sigma_B^2 Delta^2 / s^2)", default=0.04,
                                 minimum=0)
     ridge: float | None = option("ridge of each user's own solve (training and the released model's local solve)",
-                                 default_text="10; 3 when no factors are fitted (iters 0)", **_POS)
+                                 default_text="10; 3 when no factors are fitted (iters 0), and a private release "
+                                 "of item biases with --select auto gives an empirical-Bayes ridge of at least 3 "
+                                 "from its released offset moments", **_POS)
     gramian: Literal["auto", "shared", "item"] = option(
         "shared: one noisy k x k Gramian scaled by noisy counts; item: a noisy Gramian per item (reference DP-ALS)",
         default="auto", default_text="auto: shared private, item non-private")
@@ -583,8 +592,10 @@ class _AlsBase(Method):
 
     def _offset_moments(self, s: AlsSettings) -> bool:
         """Whether the selection pass also releases the users' offset moments (``offset_ridge``): private ``als``/
-        ``irls`` runs that choose among item-bias releases with a user intercept and fit no factors."""
+        ``irls`` runs that choose among item-bias releases with a user intercept and fit no factors, ``--ridge`` not
+        given (a given ridge is the user's)."""
         return (self.private and s.select and s.iters == 0 and self.FIXED_ITERS is None
+                and not self._factor_options().is_given("ridge")
                 and any(kind == "bias" and not math.isinf(lam) for kind, lam in s.candidates))
 
     def _candidates(self, s: AlsSettings):
