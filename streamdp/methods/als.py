@@ -926,7 +926,9 @@ class _AlsBase(Method):
         """
         lo, hi, h = s.rating_min, s.rating_max, s.half_range
         g = run.rng(_STATS, 0)
-        mu = self._global_mean(store, engine, run, s, rel, g) if s.single_residual else None
+        # the mean released first draws from a stream of its own: the sums' and counts' draws stay those of a run whose
+        # mean came after them (a seeded run on a store without one-rating users keeps its item statistics)
+        mu = self._global_mean(store, engine, run, s, rel, run.rng(_STATS, 2)) if s.single_residual else None
         S, C, Tm, Um = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics", centre=mu)
         sigma_S = sigma_C = 0.0
         if self.private:
