@@ -103,6 +103,9 @@ MODEL_JSON = {
                               "release, exact in a non-private run)"),
     "selection.item_ridges": (NONPRIVATE, "the item-side ridges tried and their exact validation losses "
                                           "(non-private runs only)"),
+    "selection.offset_ridge": (POST, "als/irls biases-only: the user intercept's empirical-Bayes ridge and the "
+                                     "variances it was read off (streamdp.methods.als.offset_ridge; from the "
+                                     "released offset moments)"),
     "tuning": (POST, "tune: the grid, the split of the budget and the configuration chosen on the candidates' "
                      "noisy validation losses (streamdp.tune)"),
     "tuning.candidates": (RELEASE, "tune: each candidate configuration, its epsilon and noisy validation loss "
