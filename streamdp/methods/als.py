@@ -985,6 +985,13 @@ class _AlsBase(Method):
         rating on the midpoint with the same clip and correcting the sums afterwards by
         ``(mu - midpoint) C_j`` was as good on the light stores but worse where the bias
         clip is tight (ML-100K 1.0177 -> 1.0411, every rating centred so).
+
+        With ``--rating-tilt`` (:func:`rating_tilt_default`) the same pass sums the plain and
+        the tilted weight totals, and the released ``mu`` picks which are released, as
+        before; a one-rating user's weight is the same in both (the tilt only moves a user's
+        fixed norm between her ratings), so her residual enters ``S_j`` and ``C_j`` alike
+        either way. Neither feature changes a user's norm or the range of her residuals: the
+        sensitivities in the table of the module docstring hold for the combination.
         """
         lo, hi, h = s.rating_min, s.rating_max, s.half_range
         g = run.rng(_STATS, 0)
