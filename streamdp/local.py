@@ -387,7 +387,10 @@ def implicit_rows(model, indptr, items, values, Q, ridge: float) -> np.ndarray:
 
     ``u = (Q^T Q + sum_{j in I} (c_j - 1) q_j q_j^T + ridge I)^-1 sum_{j in I} c_j q_j``
     (:func:`streamdp.kernels.ials.ials_solve_users`, the kernel the training's user side
-    ran); ``Q^T Q`` is computed once per model.
+    ran); ``Q^T Q`` is computed once per model. When the release chose the chart for light users
+    (``model.json`` ``selection.chart_below``: ``ials``'s per-class choice), a user of fewer
+    training items than that gets the row that scores the popularity column alone: her list is
+    the chart by the released counts (her own count decides, on her device: joint DP).
     """
     ip, it, conf = implicit_pairs(indptr, items, values, model.info["local_implicit"])
     cache = getattr(model, "_local_gram", None)
@@ -399,6 +402,11 @@ def implicit_rows(model, indptr, items, values, Q, ridge: float) -> np.ndarray:
             pass
     U = np.zeros((len(ip) - 1, Q.shape[1]))
     ials_solve_users(ip, it, conf, Q, cache[1], float(ridge), U)
+    below = int((model.info.get("selection") or {}).get("chart_below") or 0)
+    if below and model.info.get("popularity_column"):  # the release chose the chart for users this light
+        light = np.diff(np.asarray(indptr, np.int64)) < below
+        U[light] = 0.0
+        U[light, -1] = 1.0  # her scores: the popularity column, the chart by the released counts
     return U
 
 

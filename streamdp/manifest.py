@@ -101,6 +101,11 @@ MODEL_JSON = {
     "selection.validation_losses": (NONPRIVATE, "exact validation losses (non-private runs only)"),
     "selection.why": (POST, "ials: the choice between the factors and the chart in words (the ledger's note; its sum is the noisy "
                               "release, exact in a non-private run)"),
+    "selection.classes": (RELEASE, "ials, private: per class of users by training items (5+, fewer) the noisy sum "
+                                   "of held-out hit differences and what it chose for them (ledger: 'validation: "
+                                   "sums over users ...')"),
+    "selection.chart_below": (POST, "ials: users of fewer training items than this list the chart by the released "
+                                    "counts from their local solve (chosen on the noisy sums; 0: none)"),
     "selection.item_ridges": (NONPRIVATE, "the item-side ridges tried and their exact validation losses "
                                           "(non-private runs only)"),
     "selection.offset_ridge": (POST, "als/irls biases-only: the user intercept's empirical-Bayes ridge and the "

@@ -334,8 +334,9 @@ def test_the_choice_between_factors_and_chart_is_released_and_accounted(small_st
     assert f.ledger.accounting.epsilon <= 5.0 + 1e-9
     assert f.model_info["parameters"]["select"]
     info = f.model_info.get("selection")  # absent when the signal gate dropped the factors first
-    assert info is None or (info["chosen"] in info["candidates"] and
-                            (info["chosen"] == "factors") == f.model_info["factors_released"])
+    assert info is None or (info["chosen"] in info["candidates"] + [
+        "factors for users of 5 or more training items, the chart by the released counts for the others"] and
+        info["chosen"].startswith("factors") == f.model_info["factors_released"])
     _, g = _fit(small_store, epsilon=5.0, iters=2, select="off")
     assert not [e for e in g.ledger.bounds["releases"] if e["release"].startswith("validation:")]
 
@@ -596,3 +597,111 @@ def test_private_rank_lifts_the_lists_on_a_product_shaped_store(tmp_path):
             r = evaluate_model(out, st, baselines=False, ranking_users="all")["ranking"]
             recall.setdefault(rank, []).append(r["recall"])
     assert median(recall[None]) >= 1.15 * median(recall[16]), recall
+
+
+@pytest.fixture(scope="module")
+def light_heavy_store(tmp_path_factory):
+    """Heavy users (8 items) in two taste groups (items 0-19, 20-39) and light users (3 items of 40-43, the chart's
+    top): a store where the factors serve the heavy users and the chart the light ones."""
+    from streamdp.storage.ingest import ingest
+
+    rng = np.random.default_rng(3)
+    lines = ["user,item,rating"]
+    for u in range(300):
+        lo = 0 if u % 2 else 20
+        lines += [f"h{u},{j},5" for j in lo + rng.choice(20, 8, replace=False)]
+    for u in range(120):
+        lines += [f"l{u},{j},5" for j in 40 + rng.choice(4, 3, replace=False)]
+    lines += [f"x,{j},1" for j in range(60)]  # every item in the catalogue
+    d = tmp_path_factory.mktemp("light_heavy")
+    (d / "r.csv").write_text("\n".join(lines) + "\n")
+    return ingest([str(d / "r.csv")], str(d / "r.zarr"), rating_range=(1, 5), seed=1, notes=False)
+
+
+class _Exact:
+    """A release that adds no noise: the choice's exact sums (the choice's margin: 3 of this scale)."""
+
+    scale = 1.0
+
+    def add(self, x, g):
+        return x
+
+
+def test_the_choice_sums_light_and_heavy_users_apart_and_each_class_gets_its_winner(light_heavy_store):
+    """Factors that list each heavy user's taste group and send a light user to unpopular items (50-59, aligned with
+    her items' rows): the heavy users' sum is positive, the light users' (2-4 items, one held out for the choice
+    alone) negative, so a private run keeps the factors for users of 5+ items and gives the lighter ones the chart
+    (``chart_below``); a non-private run sums the heavy users alone (the same value)."""
+    from types import SimpleNamespace
+
+    from streamdp.methods.ials import HOLDOUT_MIN_COUNT, _selection_record
+
+    st = light_heavy_store
+    n = st.n_items
+    ids = [int(i) for i in st.item_ids()]
+    Y = np.zeros((n, 17))
+    for pos, j in enumerate(ids):
+        Y[pos, 0 if j < 20 else 1 if j < 40 else 2] = 2.0 if j >= 50 else 1.0
+    ip, it, _ = _all_ratings(st)
+    N = np.bincount(it, minlength=n).astype(float)
+    run = SimpleNamespace(entropy=12345, rng=lambda *a: None)
+    sums = {}
+    for eps in (1.0, INF):
+        m = get_method("ials")(epsilon=eps, delta=1e-6, rank=16, seed=1)
+        plan = m.plan(st)
+        with Engine(st, workers=1, memory_limit="2GB") as eng:
+            sums[eps] = m._class_sums(st, eng, run, plan.settings, {"select": _Exact()}, Y, N)
+            wins = m._chart_wins(st, eng, run, plan.settings, {"select": _Exact()}, Y, N)
+        assert not wins, (eps, sums)  # the heavy users' factors won
+        sums[eps, "below"] = m._chart_below
+    heavy, light = sums[1.0]
+    assert heavy > 100 and light < -50 and heavy + light > 0, (heavy, light)
+    assert sums[INF].tolist() == [heavy] and sums[INF, "below"] == 0  # non-private: one choice, the heavy sum
+    assert sums[1.0, "below"] == HOLDOUT_MIN_COUNT
+    rec = _selection_record(True, True, heavy, light, HOLDOUT_MIN_COUNT)
+    assert [c["chosen"] for c in rec["classes"]] == ["factors", "chart by the released counts"]
+    assert rec["chart_below"] == HOLDOUT_MIN_COUNT and rec["noisy_validation_losses"] == [-heavy, -light]
+    assert "users of fewer get the chart" in rec["why"]
+
+
+def test_the_local_solve_gives_users_below_chart_below_the_chart(small_store, tmp_path, monkeypatch):
+    """A private release whose choice gave the chart to users of fewer than 5 items (the sums forced): saved and
+    loaded, a user of 2 items gets the row that scores the popularity column alone (her list: the chart by the
+    released counts), a user of 6 the implicit-ALS solve; the ledger has the two-sum release, sensitivity 1."""
+    import streamdp.methods.ials as ials
+    from streamdp.local import implicit_rows
+
+    monkeypatch.setattr(ials.IALS, "_class_sums", lambda self, *a: np.array([1000.0, -200.0]))
+    monkeypatch.setattr(ials, "_signal_z", lambda B, sd: math.inf)  # past the signal gate, to the choice
+    _, f = _fit(small_store, epsilon=2.0, iters=1)
+    sel = f.model_info["selection"]
+    assert f.model_info["factors_released"] and sel["chart_below"] == 5
+    assert sel["chosen"].startswith("factors for users of 5 or more") and sel["why"] in f.ledger.notes
+    entry = [e for e in f.ledger.bounds["releases"] if e["release"].startswith("validation:")]
+    assert len(entry) == 1 and entry[0]["sensitivity"] == 1.0
+    f.save(str(tmp_path / "m"))
+    model = load_model(str(tmp_path / "m"))
+    items = np.array([0, 1, 2, 3, 4, 5, 6, 7], np.int32)
+    ip = np.array([0, 2, 8])
+    r = np.full(8, 5.0, np.float32)
+    U = solve_block(model, ip, items, r, 1.0)
+    d = model.item_factors.shape[1]
+    assert U[0].tolist() == [0.0] * (d - 1) + [1.0]
+    model.info["selection"] = {**sel, "chart_below": 0}
+    model._local_gram = None
+    want = implicit_rows(model, ip, items, r, np.asarray(model.item_factors, np.float64), 1.0)
+    np.testing.assert_allclose(U[1], want[1], rtol=1e-12)
+    assert np.any(want[0, :-1])  # without the chart for her, her row had factors
+
+
+@pytest.mark.parametrize("sums, wins, below", [((5.0, -2.0), False, 0), ((5.0, -4.0), False, 5), ((3.0, -4.0), True, 0),
+                                              ((-1.0, 10.0), True, 0), ((0.0, 0.0), True, 0)])
+def test_the_choice_rule_of_the_two_sums(monkeypatch, sums, wins, below):
+    """The heavier users' sum decides the factors; the light users (fewer than 5 items) get the chart when theirs is
+    below -3 noise stds (here 1); when it also outweighs the heavier users' sum, no one keeps the factors."""
+    import streamdp.methods.ials as ials
+
+    monkeypatch.setattr(ials.IALS, "_class_sums", lambda self, *a: np.array(sums))
+    m = get_method("ials")(epsilon=1.0, delta=1e-6, rank=4, seed=1)
+    assert m._chart_wins(None, None, None, None, {"select": _Exact()}, None, None) == wins
+    assert m._chart_below == below and m._choice == sums[0] and m._light_choice == sums[1]
