@@ -83,6 +83,42 @@ def test_drawing_weights_stay_bounded_on_a_large_catalogue_and_unreachable_total
     assert ratio.max() <= 1.1 * MAX_CORRECTION and ratio.min() >= 1 / (1.1 * MAX_CORRECTION)
 
 
+def test_a_models_validation_losses_are_a_source_of_the_split():
+    """An als model's ``--select auto`` losses (exact at inf, noisy otherwise) give the factors-over-biases ratio;
+    a selection without a factors or a biases candidate gives nothing."""
+    from streamdp.rehearse import _selection_source
+
+    names = ["factors, ridge 10", "factors, ridge 30", "bias, ridge 3", "bias, no intercept", "mean, no intercept"]
+    exact = {"method": "als", "epsilon": "inf", "selection": {"candidates": names, "validation_losses":
+                                                              [1995.6, 2052.4, 1920.5, 2201.0, 2257.6]}}
+    s = _selection_source("m", exact)
+    assert s["std"] == 0.0 and s["value"]["ratio"] == pytest.approx(1995.6 / 1920.5, abs=1e-4)
+    noisy = {"method": "als", "epsilon": 10.0, "selection": {"candidates": names, "noisy_validation_losses":
+                                                             [1800.0, 2052.4, 1920.5, 2201.0, 2257.6]}}
+    assert _selection_source("m", noisy)["std"] == pytest.approx(0.1) and _selection_source("m", noisy)["value"][
+        "ratio"] < 1
+    only_biases = {"method": "als", "epsilon": 5.0, "selection": {"candidates": names[2:], "noisy_validation_losses":
+                                                                  [1906.8, 2214.2, 2185.4]}}
+    assert _selection_source("m", only_biases) is None and _selection_source("m", {"method": "means"}) is None
+
+
+def test_the_split_search_steps_towards_the_released_ratio_and_converges():
+    """:func:`_next_split` on a ratio that rises with the noise (as the factors' held-out loss does): more noise when
+    the pilot's factors do better than the released ones, less when worse; the secant reaches the target."""
+    from streamdp.rehearse import SPLIT_RANGE, _next_split
+
+    def ratio(split):  # saturates as the interaction vanishes, as measured on the noisy store
+        return 1.04 - 0.1 / (1.0 + split ** 2)
+
+    assert _next_split(0.5, ratio(0.5), 1.03, None) > 0.5 and _next_split(2.0, ratio(2.0), 0.98, None) < 2.0
+    split, last = 0.5, None
+    for _ in range(8):
+        r = ratio(split)
+        split, last = _next_split(split, r, 1.03, last), (split, r)
+    assert ratio(split) == pytest.approx(1.03, abs=2e-3) and SPLIT_RANGE[0] <= split <= SPLIT_RANGE[1]
+    assert _next_split(15.0, ratio(15.0), 1.5, (10.0, ratio(10.0))) == SPLIT_RANGE[1]  # out of reach: at the bound
+
+
 def test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byte(released, tmp_path):
     # the released model has no spread statistics: they are released once, charged and said ...
     r = _run("generate", "--like", released.path, "--out", tmp_path / "first.zarr")
