@@ -74,8 +74,11 @@ released model's method, epsilon and rank give on the pilot (:func:`_pilot_relea
 fitted to STORE's training ratings, with their shrinkage and error), until the pilot's three per-user means are
 the released ones. With released factors the synthetic truth's item factors are their directions (the
 interaction then lives where the released model found it) and the noise is matched to the unexplained residual;
-without, the spread beyond the user offsets is split between interaction and noise as in the generator's
-defaults (:data:`DEFAULT_SPLIT`). A generator option given (``--noise``, ``--interaction-scale``,
+without, the spread beyond the user offsets is split between interaction and noise so that a pilot trained as the
+least noisy model that released ``--select auto`` validation losses of a factors and a biases candidate (als) has
+the same ratio of the two losses (free: post-processing of that release; the factors lost there, or they would have
+been released), and as in the generator's defaults (:data:`DEFAULT_SPLIT`) when no model released such losses. A
+generator option given (``--noise``, ``--interaction-scale``,
 ``--user-bias-std``, ``--rank``) wins.
 
 Everything else (user activity's tail, taste clusters) is the generator's default or the option given. How close
@@ -261,6 +264,9 @@ def _sources(entry: dict) -> list[dict]:
         prof = model.get("user_profile")
         if isinstance(prof, dict) and prof.get("bin_lower_edges") == EDGES.tolist():
             out.append({"what": "histogram", "value": prof["users"], "std": float(prof["noise_std"]), "from": frm})
+        sel = _selection_source(where, model)
+        if sel is not None:
+            out.append({**sel, "from": frm})
         items = _item_source(where, model, ledger)
         if items is not None:
             out.append({**items, "from": frm})
@@ -279,6 +285,45 @@ def _sources(entry: dict) -> list[dict]:
     if _spread_record_ok(rel, entry["id"]):
         out.append({"what": "spread", "value": rel, "std": spread_targets(rel)["std"], "from": frm})
     return out
+
+
+def _selection_source(where: str, model: dict) -> dict | None:
+    """The validation losses a model's ``--select auto`` released (als: exact at ``inf``, noisy and accounted
+    otherwise), when they hold a factors candidate and a biases one: ``{"what": "selection", "value": {"model",
+    "method", "epsilon", "ratio"}, "std"}``, ``ratio`` the best factors candidate's loss over the best biases
+    candidate's (below 1: the factors explain held-out ratings), ``std`` ``1 / epsilon`` (0 at ``inf``): the ranking
+    of such sources, the least noisy first."""
+    sel = model.get("selection")
+    if not isinstance(sel, dict):
+        return None
+    losses = sel.get("validation_losses", sel.get("noisy_validation_losses"))
+    names = sel.get("candidates")
+    ratio = selection_ratio(names, losses)
+    if ratio is None:
+        return None
+    eps = model.get("epsilon")
+    eps = math.inf if eps in ("inf", None) else float(eps)
+    return {"what": "selection", "std": 0.0 if math.isinf(eps) else 1.0 / eps,
+            "value": {"model": where, "method": model.get("method"), "epsilon": eps, "ratio": ratio}}
+
+
+def selection_ratio(names, losses) -> float | None:
+    """The best (lowest) validation loss of the ``factors`` candidates over that of the ``bias`` candidates, or
+    ``None`` when either kind is missing or a loss is not a positive number.
+
+    >>> selection_ratio(["factors, ridge 10", "factors, ridge 30", "bias, ridge 3", "mean, no intercept"],
+    ...                 [1995.6, 2052.4, 1920.5, 2257.6])
+    1.0391
+    """
+    try:
+        pairs = [(str(n).split(",")[0].strip(), float(x)) for n, x in zip(names, losses)]
+    except (TypeError, ValueError):
+        return None
+    f = [x for k, x in pairs if k == "factors" and math.isfinite(x) and x > 0]
+    b = [x for k, x in pairs if k == "bias" and math.isfinite(x) and x > 0]
+    if not f or not b or len(pairs) != len(names or []):
+        return None
+    return round(min(f) / min(b), 4)
 
 
 #: The methods whose models release item counts and biases on the rating scale (als, irls, means: the noisy item
@@ -481,7 +526,8 @@ def released_shape(store) -> dict:
     ``{"n_users": source or None, "histogram": ..., "items": ..., "spread": ...}``.
     Reads the budget and the outputs its entries point at; writes nothing."""
     path = store.path if isinstance(store, RatingStore) else str(store)
-    best: dict = {"n_users": None, "histogram": None, "items": None, "factor_items": None, "spread": None}
+    best: dict = {"n_users": None, "histogram": None, "items": None, "factor_items": None, "spread": None,
+                  "selection": None}
     for e in StoreBudget(path).entries():
         if e.get("status") not in COUNTED or e.get("status") == "reserved":
             continue
@@ -596,7 +642,9 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
                             f"later rehearsals reuse it for free)")
             v = found["items"]["value"]
             cal = calibrate_spread(spread_targets(record), shape, pub, options, spread_model, v["counts_floored"],
-                                   v["global_mean"], int(options.get("seed") or 0))
+                                   v["global_mean"], int(options.get("seed") or 0),
+                                   selection=None if found["selection"] is None else
+                                   {**found["selection"]["value"], "from": found["selection"]["from"]})
             options = {**options, **cal["options"]}
             options.pop("user_weight", None)
             like["spread"] = {**cal["record"], "source": src}
@@ -739,7 +787,7 @@ PILOT_USERS = 50_000
 #: Rounds of the calibration at most (each generates one pilot store and reads its statistics).
 PILOT_ROUNDS = 8
 #: Noise over interaction scale (standard deviations) of the generator's defaults: the split of the spread beyond the
-#: user offsets when no model released item factors.
+#: user offsets when no model released item factors nor validation losses of a factors and a biases candidate.
 DEFAULT_SPLIT = 0.5
 #: The generator's options the spread calibration sets (given ones win: no calibration).
 SPREAD_OPTIONS = ("interaction_scale", "noise", "user_bias_std")
@@ -866,12 +914,13 @@ def spread_targets(record: dict) -> dict:
             "users": n, "std": float(record["noise_std"]) / n}
 
 
-def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple[np.ndarray, np.ndarray | None,
+                                                                                   float | None]:
     """What the model at ``where`` released about STORE, released about ``pilot`` instead: its method trained on the
-    pilot at its epsilon and rank (seeded), and that model's item means and item factors (``None``: none released),
-    in the pilot's item order. The real store's statistics were read against the released model's means and factors,
-    fitted to its own training ratings (with their estimation error and shrinkage); the pilot's are read against
-    its own, fitted alike."""
+    pilot at its epsilon and rank (seeded), and that model's item means, item factors (``None``: none released) in
+    the pilot's item order, and its selection's :func:`selection_ratio` (``None``: no such candidates). The real
+    store's statistics were read against the released model's means and factors, fitted to its own training ratings
+    (with their estimation error and shrinkage); the pilot's are read against its own, fitted alike."""
     from streamdp.training import train as train_model
 
     info = _read_json(os.path.join(where, "model.json")) or {}
@@ -884,20 +933,58 @@ def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple
     pos = find(as_ids(m.item_ids), as_ids(pilot.item_ids()))
     mean = float(m.global_mean) + np.asarray(m.item_bias, np.float64)[pos]
     V = np.asarray(m.item_factors, np.float64)[pos, : m.rank] if factors_released(m) else None
-    return mean, V
+    sel = _selection_source(out, _read_json(os.path.join(out, "model.json")) or {})
+    return mean, V, None if sel is None else sel["value"]["ratio"]
+
+
+#: Rounds of the calibration at most when the split between interaction and noise is matched to a released
+#: selection too (:func:`calibrate_spread`): one more unknown.
+SPLIT_ROUNDS = 12
+#: The split (noise over interaction, standard deviations) stays within these bounds.
+SPLIT_RANGE = (0.05, 20.0)
+
+
+def _next_split(split: float, ratio_p: float, ratio_t: float, last: tuple | None) -> float:
+    """The next split (noise over interaction) towards the released selection ratio ``ratio_t`` from the pilot's
+    ``ratio_p``: the pilot's factors doing better than the released ones (a lower ratio) means too much interaction.
+    A secant step in ``(log split, log ratio)`` once two rounds moved the split (its slope at least 0.01: the ratio
+    rises with the noise), else a factor 2; each step at most a factor 4, within :data:`SPLIT_RANGE`."""
+    g = math.log(ratio_t) - math.log(ratio_p)
+    step = math.copysign(math.log(2.0), g)
+    if last is not None and abs(math.log(split) - math.log(last[0])) > 1e-6:
+        slope = (math.log(ratio_p) - math.log(last[1])) / (math.log(split) - math.log(last[0]))
+        if slope > 0.01:
+            step = g / slope
+    step = float(np.clip(step, -math.log(4.0), math.log(4.0)))
+    return float(np.clip(split * math.exp(step), *SPLIT_RANGE))
 
 
 def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model: dict, w_model,
-                     global_mean: float, seed: int) -> dict:
+                     global_mean: float, seed: int, selection: dict | None = None) -> dict:
     """The generator's ``interaction_scale``, ``noise`` and ``user_bias_std`` (and the item biases that keep the
     released item means; the released factors, if any, as the truth's) whose store has the released spread
     statistics: at most :data:`PILOT_ROUNDS` pilot stores of ``min(n_users, PILOT_USERS)`` users (the synthetic
-    store's own seed), each read with :func:`spread_sums` against its own release (:func:`_pilot_release`), and updates of the
-    variances (the user offsets' by ``offset``; with factors the noise by ``unexplained`` and the interaction by
-    ``total - offset - unexplained``, without them ``total - offset`` at the :data:`DEFAULT_SPLIT` ratio).
+    store's own seed), each read with :func:`spread_sums` against its own release (:func:`_pilot_release`), and
+    updates of the variances (the user offsets' by ``offset``; with factors the noise by ``unexplained`` and the
+    interaction by ``total - offset - unexplained``, without them ``total - offset`` split between the two).
+
+    Without released factors the split (noise over interaction) is :data:`DEFAULT_SPLIT`, unless a model released
+    the validation losses of a factors candidate and a biases one (``selection``, :func:`_selection_source`: als's
+    ``--select auto``): then the split is the one whose pilot, trained as that model was (its method, epsilon, rank),
+    has the same :func:`selection_ratio` (:func:`_next_split`; at most :data:`SPLIT_ROUNDS` rounds). Decision,
+    measured: on the acceptance's noisy store (interaction 0.6, noise 0.9, user offsets 0.5) als at ``inf`` released
+    biases, its factors' validation loss 1.039 times the biases'. The default split (interaction 1.0, noise 0.5)
+    gave pilots whose factors won (ratio 0.94) and item means fitted alongside factors: the rehearsal's als lay
+    0.024-0.028 above the real curve at finite epsilon and 0.050 below at inf. Matched, the split is about 5
+    (interaction 0.21, noise 1.05: the pilot's ratio rises with the noise but levels off near 1.026, below the
+    released 1.039, so the search stops within 2% of it rather than at the truth's split, 1.5), and the rehearsal's
+    curve lies 0.004-0.011 above the real one at every epsilon, inside the acceptance's band. The split is what makes
+    a pilot weigh factors as the released model did, not a measurement of the store's own split.
 
     Returns ``{"options": the generator's options, "record": what was matched, round by round}``."""
     factors = model["V"] is not None and targets["unexplained"] is not None
+    find_split = not factors and selection is not None
+    split = DEFAULT_SPLIT
     order = np.argsort(-np.asarray(w_model, np.float64), kind="stable")  # the synthetic items, most popular first
     opts = {k: v for k, v in options.items() if k != "user_weight"}
     m = _generator_rpu({"ratings_per_user": dict(shape["ratings_per_user"])}, pub, opts)
@@ -919,12 +1006,15 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
     t = targets
     rnd = step * step / 12.0
     u2 = max(t["offset"], 0.0)
+
+    def split_rest(q, split):
+        return q / (1 + split ** 2), q * split ** 2 / (1 + split ** 2)
+
     if factors:
         n2 = max(t["unexplained"] - rnd, 1e-4)
         i2 = max(t["total"] - t["offset"] - t["unexplained"], 1e-4)
     else:
-        q = max(t["total"] - t["offset"] - rnd, 1e-4)
-        i2, n2 = q / (1 + DEFAULT_SPLIT ** 2), q * DEFAULT_SPLIT ** 2 / (1 + DEFAULT_SPLIT ** 2)
+        i2, n2 = split_rest(max(t["total"] - t["offset"] - rnd, 1e-4), split)
     n_pilot = min(int(shape["n_users"]["value"]), PILOT_USERS)
 
     def options_for(i2, n2, u2):
@@ -933,27 +1023,31 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
         return {**opts, "interaction_scale": math.sqrt(i2), "noise": math.sqrt(n2), "user_bias_std": math.sqrt(u2),
                 "item_bias": a - global_mean, "global_mean": global_mean}
 
-    rounds, last = [], None
+    rounds, last, last_split = [], None, None
     with tempfile.TemporaryDirectory(prefix="streamdp-pilot-") as tmp:
-        for _ in range(PILOT_ROUNDS):
+        for _ in range(SPLIT_ROUNDS if find_split else PILOT_ROUNDS):
             o = {k: v for k, v in options_for(i2, n2, u2).items() if k not in ("seed", "show_progress")}
             pilot = generate_store(os.path.join(tmp, "p.zarr"), n_users=n_pilot, n_items=pub["n_items"],
                                    ratings_per_user=m, rating_min=lo, rating_max=hi, rating_step=step,
                                    test_fraction=pub["test_fraction"], force=True, seed=seed, show_progress=False,
                                    **o)
-            mean_p, V_p = _pilot_release(pilot, model["path"], tmp, seed)
+            mean_p, V_p, ratio_p = _pilot_release(pilot, model["path"], tmp, seed)
             s = spread_sums(pilot, mean_p, None, bounds)
             if factors:  # the unexplained residual against factors fitted to the pilot as the released ones were
                 if model["factors_path"] != model["path"]:
-                    _, V_p = _pilot_release(pilot, model["factors_path"], tmp, seed)
+                    _, V_p, _ = _pilot_release(pilot, model["factors_path"], tmp, seed)
                 s[2:] = spread_sums(pilot, mean_p, V if V_p is None else _unit_factors(V_p, wts), bounds)[2:]
+            if find_split and selection["model"] != model["path"]:
+                _, _, ratio_p = _pilot_release(pilot, selection["model"], tmp, seed)
             p = {"total": s[0] / s[3], "offset": s[1] / s[3], "unexplained": s[2] / s[4] if factors else None}
             rounds.append({"interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
                            "user_bias_std": round(math.sqrt(u2), 4),
-                           **{f"pilot_{k}": (None if v is None else round(float(v), 4)) for k, v in p.items()}})
+                           **{f"pilot_{k}": (None if v is None else round(float(v), 4)) for k, v in p.items()},
+                           **({"pilot_selection_ratio": ratio_p} if find_split else {})})
             g_t, g_o = t["total"] - p["total"], t["offset"] - p["offset"]
             g_n = t["unexplained"] - p["unexplained"] if factors else 0.0
-            if max(abs(g_t), abs(g_n), 0.0 if (u2 == 0 and g_o < 0) else abs(g_o)) < 2e-4:
+            g_s = 0.0 if not find_split or ratio_p is None else math.log(selection["ratio"] / ratio_p)
+            if max(abs(g_t), abs(g_n), 0.0 if (u2 == 0 and g_o < 0) else abs(g_o), abs(g_s) / 100.0) < 2e-4:
                 break
             # the offsets' variance moves the offset (and the total as much); the noise the unexplained residual;
             # the rest of the total is the interaction's (with the noise's, without factors). Secant slopes: rounding
@@ -976,11 +1070,18 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
             if factors:
                 n2, i2 = n_new, max(i2 + step_rest, 1e-4)
             else:
-                q = max(i2 + n2_old + step_rest, 1e-4)
-                i2, n2 = q / (1 + DEFAULT_SPLIT ** 2), q * DEFAULT_SPLIT ** 2 / (1 + DEFAULT_SPLIT ** 2)
+                if find_split and ratio_p is not None and abs(g_s) >= 2e-2:
+                    split, last_split = _next_split(split, ratio_p, selection["ratio"], last_split), (split, ratio_p)
+                i2, n2 = split_rest(max(i2 + n2_old + step_rest, 1e-4), split)
+    how = (f"the generator's (noise / interaction {DEFAULT_SPLIT:g}: no model released item factors nor als "
+           f"validation losses)" if not find_split else
+           f"noise / interaction {split:.3g}, matched to the validation losses of the "
+           f"{selection.get('method')} model of {selection.get('from', selection['model'])} (its factors' loss "
+           f"{selection['ratio']:g} times its biases'; no model released item factors)")
     record = {"targets": {k: (None if v is None else round(float(v), 4)) for k, v in t.items()},
               "interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
-              "user_bias_std": round(math.sqrt(u2), 4), "factors": "released" if factors else
-              f"the generator's (noise / interaction {DEFAULT_SPLIT:g}: no model released item factors)",
+              "user_bias_std": round(math.sqrt(u2), 4), "factors": "released" if factors else how,
               "pilot_users": n_pilot, "rounds": rounds}
+    if find_split:
+        record["split"] = round(split, 4)
     return {"options": options_for(i2, n2, u2), "record": record}
