@@ -745,6 +745,24 @@ def test_the_local_solve_gives_users_below_chart_below_the_chart(small_store, tm
     assert np.any(want[0, :-1])  # without the chart for her, her row had factors
 
 
+def test_a_user_whose_items_all_have_zero_rows_gets_the_chart(small_store, tmp_path):
+    """A user whose every item has a zero row (no factors, no released popularity: e.g. below the item floor,
+    counts clipped to 0) solves to zero and would list by the tie-break alone; her local solve gives her the
+    popularity column's row, the chart by the released counts. Another user's solve is untouched."""
+    from streamdp.local import implicit_rows
+
+    _, f = _fit(small_store, epsilon=2.0, iters=1, select="off")
+    f.save(str(tmp_path / "m"))
+    model = load_model(str(tmp_path / "m"))
+    assert model.info["popularity_column"]
+    Q = np.array(model.item_factors, np.float64)
+    Q[[0, 1]] = 0.0
+    ip, items, r = np.array([0, 2, 8]), np.arange(8, dtype=np.int32), np.full(8, 5.0, np.float32)
+    U = implicit_rows(model, ip, items, r, Q, 1.0)
+    assert U[0].tolist() == [0.0] * (Q.shape[1] - 1) + [1.0]
+    assert np.any(U[1]) and U[1].tolist() != U[0].tolist()
+
+
 @pytest.mark.parametrize("sums, wins, below", [((5.0, -2.0), False, 0), ((5.0, -4.0), False, 5), ((3.0, -4.0), True, 0),
                                               ((-1.0, 10.0), True, 0), ((0.0, 0.0), True, 0)])
 def test_the_choice_rule_of_the_two_sums(monkeypatch, sums, wins, below):
