@@ -407,13 +407,13 @@ def implicit_rows(model, indptr, items, values, Q, ridge: float) -> np.ndarray:
             pass
     U = np.zeros((len(ip) - 1, Q.shape[1]))
     ials_solve_users(ip, it, conf, Q, cache[1], float(ridge), U)
-    below = int((model.info.get("selection") or {}).get("chart_below") or 0)
-    if below and model.info.get("popularity_column"):  # the release chose the chart for users this light
-        light = np.diff(np.asarray(indptr, np.int64)) < below
-        U[light] = 0.0
-        U[light, -1] = 1.0  # her scores: the popularity column, the chart by the released counts
     if model.info.get("popularity_column"):
-        U[~U.any(axis=1), -1] = 1.0  # a zero row ranks by the tie-break alone: the chart instead
+        below = int((model.info.get("selection") or {}).get("chart_below") or 0)
+        if below:  # the release chose the chart for users this light: their rows start from zero
+            U[np.diff(np.asarray(indptr, np.int64)) < below] = 0.0
+        # a zero row would rank by the tie-break alone: its scores are the popularity column, the chart by the
+        # released counts
+        U[~U.any(axis=1), -1] = 1.0
     return U
 
 
