@@ -709,9 +709,10 @@ def test_the_choice_sums_light_and_heavy_users_apart_and_each_class_gets_its_win
     assert heavy > 100 and light < -50 and heavy + light > 0, (heavy, light)
     assert sums[INF].tolist() == [heavy] and sums[INF, "below"] == 0  # non-private: one choice, the heavy sum
     assert sums[1.0, "below"] == HOLDOUT_MIN_COUNT
-    rec = _selection_record(True, True, heavy, light, HOLDOUT_MIN_COUNT)
+    rec = _selection_record(True, True, heavy, light, HOLDOUT_MIN_COUNT, 1.0)
     assert [c["chosen"] for c in rec["classes"]] == ["factors", "chart by the released counts"]
-    assert rec["chart_below"] == HOLDOUT_MIN_COUNT and rec["noisy_validation_losses"] == [-heavy, -light]
+    assert rec["chart_below"] == HOLDOUT_MIN_COUNT and rec["noise_std"] == 1.0
+    assert rec["noisy_validation_losses"] == [-heavy, -light]
     assert "users of fewer get the chart" in rec["why"]
 
 
@@ -763,11 +764,14 @@ def test_a_user_whose_items_all_have_zero_rows_gets_the_chart(small_store, tmp_p
     assert np.any(U[1]) and U[1].tolist() != U[0].tolist()
 
 
-@pytest.mark.parametrize("sums, wins, below", [((5.0, -2.0), False, 0), ((5.0, -4.0), False, 5), ((3.0, -4.0), True, 0),
-                                              ((-1.0, 10.0), True, 0), ((0.0, 0.0), True, 0)])
+@pytest.mark.parametrize("sums, wins, below", [((5.0, -2.0), False, 0), ((5.0, -4.0), False, 5), ((3.5, -4.0), True, 0),
+                                              ((2.0, 0.0), True, 0), ((3.0, 1.0), True, 0), ((2.5, 2.0), False, 0),
+                                              ((-1.0, 10.0), False, 0), ((0.0, 0.0), True, 0)])
 def test_the_choice_rule_of_the_two_sums(monkeypatch, sums, wins, below):
-    """The heavier users' sum decides the factors; the light users (fewer than 5 items) get the chart when theirs is
-    below -3 noise stds (here 1); when it also outweighs the heavier users' sum, no one keeps the factors."""
+    """The factors are kept only on clear evidence: the heavier users' sum above 3 noise stds (here 1), or the two
+    sums added above 3 of theirs (3 sqrt(2)); a positive sum below the margin keeps the chart. The light users
+    (fewer than 5 items) get the chart when theirs is below -3 noise stds; when it also outweighs the heavier users'
+    sum, no one keeps the factors."""
     import streamdp.methods.ials as ials
 
     monkeypatch.setattr(ials.IALS, "_class_sums", lambda self, *a: np.array(sums))
