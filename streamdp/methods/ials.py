@@ -466,6 +466,11 @@ class IALS(Method):
                                  f"for the right-hand sides (must be < 1)")
         if pop and not private:
             raise ParameterError("--popularity on needs a private run (its column comes from the released counts)")
+        if not implicit and 1.0 + o.alpha > cmax and o.is_given("alpha") and not o.is_given("max_confidence"):
+            # a rating's confidence is at most 1 + alpha: the default cap would cut an asked-for alpha silently
+            raise ParameterError(f"--alpha {o.alpha:g} gives confidences up to {1.0 + o.alpha:g}, above "
+                                 f"--max-confidence {cmax:g} (the cap that bounds each user's influence): pass "
+                                 f"--max-confidence {1.0 + o.alpha:g} to use it in full, or a smaller --alpha")
         return s
 
     def _d(self, s) -> int:

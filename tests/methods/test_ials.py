@@ -778,3 +778,16 @@ def test_the_choice_rule_of_the_two_sums(monkeypatch, sums, wins, below):
     m = get_method("ials")(epsilon=1.0, delta=1e-6, rank=4, seed=1)
     assert m._chart_wins(None, None, None, None, {"select": _Exact()}, None, None) == wins
     assert m._chart_below == below and m._choice == sums[0] and m._light_choice == sums[1]
+
+
+def test_an_alpha_above_the_default_confidence_cap_is_refused_with_the_fix(small_store):
+    """On a rating store a pair's confidence is at most ``1 + alpha``; an asked-for ``--alpha 40`` would be cut to
+    the default cap 21 silently: a one-line error names the fix, and with the cap given the run goes ahead."""
+    from streamdp.errors import ParameterError
+
+    with pytest.raises(ParameterError, match=r"--alpha 40 gives confidences up to 41.*--max-confidence 41"):
+        get_method("ials")(epsilon=1.0, delta=1e-6, alpha=40.0, rank=3).plan(small_store)
+    s = get_method("ials")(epsilon=1.0, delta=1e-6, alpha=40.0, max_confidence=41.0, rank=3).plan(small_store).settings
+    assert s.conf_cap == 41.0
+    s = get_method("ials")(epsilon=1.0, delta=1e-6, alpha=20.0, rank=3).plan(small_store).settings
+    assert s.conf_cap == 21.0
