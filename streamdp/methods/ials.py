@@ -339,7 +339,7 @@ class IalsOptions(MethodOptions):
         "training items (about 10%, at most 2, from users of 5 or more, out of the iterations; on ratings, those in "
         "the top 20% of the range), "
         "their hits in either top 10 (private runs: released with noise, the factors kept only when they win by 3 "
-        "noise standard deviations; non-private: exact); private runs choose "
+        "noise standard deviations; without privacy: exact); private runs choose "
         "for users of fewer than 5 items apart (one held-out item of each user of 2-4, left in the iterations): "
         "where the chart wins for them, their local solve lists the chart; off: keep the factors",
         default="auto")
