@@ -602,7 +602,7 @@ class IALS(Method):
     def _fit(self, store, engine, run, plan) -> Fitted:
         s, rel = plan.settings, plan.releases
         n, k = store.n_items, self.rank
-        self._choice = self._light_choice = None
+        self._choice = self._light_choice = self._choice_sd = None
         self._chart_below = 0
         ck = run.checkpoint
         self._keep = self._N = None
