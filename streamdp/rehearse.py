@@ -1251,6 +1251,7 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
               "interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
               "user_bias_std": round(math.sqrt(u2), 4), "factors": "released" if factors else how,
               "pilot_users": n_pilot, "rounds": rounds,
+              "item_draw": None if draw is None else round(mu, 4),
               "item_means": ("the released ones" if draw is None else
                              f"the released ones plus {math.sqrt(mu):.3g} times a draw of their posterior spread (the "
                              f"pilot's released item means spread {spread_p:.3g} against the store's {spread_r:.3g})")}
