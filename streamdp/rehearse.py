@@ -59,7 +59,7 @@ How ratings spread around their item's mean (the rating spread), released once a
 item side (its item means) and, when one has been released, the least noisy model's item factors: a Laplace
 vector at ``shape_epsilon`` of three sums over the users with two ratings or more and two counts, each user's term
 clipped (:func:`spread_bounds`, ``h`` half the rating range): over her test ratings, weighted by ``w = min(n, c) /
-c`` (``n`` of them; ``c`` :func:`spread_weight_cap`, at most 32), her mean squared residual ``e = r - item mean`` (``[0, h^2]``: the
+c`` (``n`` of them; ``c`` :func:`spread_weight_cap`), her mean squared residual ``e = r - item mean`` (``[0, h^2]``: the
 total spread) and the mean product of two of her residuals on distinct items (``[-h^2/2, h^2/2]``: her rating level,
 an offset's variance; the noise adds nothing to it); over her training ratings, the mean squared leave-one-out
 residual of a ridge fit of her centred residuals on the released factors (``[0, h^2]``: what those factors leave
@@ -73,8 +73,8 @@ residuals spread more than light users' (the acceptance's taste-cluster store: a
 for users of 2-3 test ratings, 0.84 for 18 or more; 0.577 per user, 0.606 per rating) a per-user total put the
 rehearsal's ``means`` curve 0.020 below the real one at inf and 0.025-0.033 below at finite epsilon. Weighted by
 ``min(n, c) / c`` the total is 0.578, 0.588, 0.593 and 0.599 for ``c`` = 4, 8, 16 and 32 on that store, each with
-about ``c`` times the per-user release's relative noise (the weights' sum is the count). ``c`` is the largest of 32,
-16, ..., 1 (1: every user alike, the per-user mean) whose release leaves the weighted mean a noise standard deviation
+about ``c`` times the per-user release's relative noise (the weights' sum is the count). ``c`` is the largest of 1024,
+512, ..., 1 (1: every user alike, the per-user mean) whose release leaves the weighted mean a noise standard deviation
 of at most :data:`SPREAD_NOISE` ``h^2`` (0.01 on a 1-5 scale, about 1% of a typical spread there), predicted from the
 released shape (users, the activity law's test ratings per user) before anything is read: on the acceptance's
 2,000-user stores at ``--shape-epsilon 10`` it is 32 (a noise std of 0.005, 0.009 with factors), at the default 0.1
@@ -652,7 +652,9 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
             else:
                 record, rel = _release_spread(st, spread_model, found["items"]["value"]["counts_floored"], eps, pub,
                                               shape, options.get("user_exponent", 2.0))
-                entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, "the rating spread"),
+                what = (f"the rating spread (users weighted by min(test ratings, {record['weight_cap']}) / "
+                        f"{record['weight_cap']})")
+                entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, what),
                                                            over_budget=over_budget, model=os.path.abspath(out)))
                 record = {"entry": entry, "epsilon": eps, **record}
                 like["spread_release"] = record
@@ -809,7 +811,8 @@ def release_noise_rmse(targets: dict) -> float:
 
 #: The spread release in the ledger.
 SPREAD_WHAT = ("a rehearsal's rating spread: per-user clipped mean squared residual after the released item means and "
-               "mean product of two residuals (each user weighted by min(test ratings, 32) / 32), leave-one-out "
+               "mean product of two residuals (each user weighted by min(test ratings, c) / c, c in its record), "
+               "leave-one-out "
                "residual after the released item factors; weights and users counted")
 #: The heaviest weighting of the spread's first two sums: a user of this many test ratings or more counts fully, one of
 #: ``n`` fewer ``n / SPREAD_WEIGHT_CAP`` of one (:func:`spread_weight_cap`; module docstring, the weighting's decision).
