@@ -567,10 +567,16 @@ def _public(st: RatingStore) -> dict:
             "test_fraction": float(p.get("test_fraction") or 0.0)}
 
 
+def _release_rng() -> np.random.Generator:
+    """The generator of a release's noise from STORE: OS entropy, never a rehearsal's ``--seed`` (a test may replace
+    it to make one release repeatable)."""
+    return np.random.default_rng()
+
+
 def _release_histogram(st: RatingStore, epsilon: float) -> tuple[np.ndarray, Release]:
     """STORE's histogram of training ratings per user with Laplace noise (row pointers only, OS entropy)."""
     rel = Release(PROFILE_WHAT, "laplace", 1.0, 1.0 / float(epsilon), shape=(len(EDGES),))
-    return rel.add(exact_histogram(st), np.random.default_rng()), rel
+    return rel.add(exact_histogram(st), _release_rng()), rel
 
 
 def generate_like(store, out: str, *, users: int | None = None, ratings_per_user: float | None = None,
@@ -1041,7 +1047,7 @@ def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict
     sums = spread_sums(st, model["mean"][model["pos"]], None if V is None else V[model["pos"]], bounds, cap)
     B = float(bounds.sum())
     rel = Release(SPREAD_WHAT, "laplace", B + (2.0 if factors else 1.0), 1.0 / float(eps), shape=(5,))
-    noisy = rel.add(sums, np.random.default_rng())
+    noisy = rel.add(sums, _release_rng())
     if not factors:
         noisy[[2, 4]] = 0.0  # 0 exactly (nothing to fit on, no user counted): nothing is learnt from their noise
     return {"values": [float(x) for x in noisy], "bound_sum": B, "count_scale": 1.0, "bounds": bounds.tolist(),
@@ -1053,16 +1059,22 @@ def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict
 def spread_targets(record: dict) -> dict:
     """Weighted means of the released spread statistics (module docstring): ``total`` (mean squared residual),
     ``offset`` (mean residual product), ``unexplained`` (``None`` without factors), the weights counted (``users``),
-    the noise standard deviation of the first two means and the weights' cap (:func:`spread_weight_cap`).
+    the noise standard deviation of the total (its sum's and its count's) and the weights' cap
+    (:func:`spread_weight_cap`).
 
-    >>> spread_targets({"values": [1000.0, 100.0, 0.0, 1000.0, 0.0], "count_scale": 1.0, "noise_std": 20.0,
-    ...                 "factors": False, "weight_cap": 8})
-    {'total': 1.0, 'offset': 0.1, 'unexplained': None, 'users': 1000.0, 'std': 0.02, 'weight_cap': 8}
+    >>> t = spread_targets({"values": [1000.0, 100.0, 0.0, 1000.0, 0.0], "count_scale": 1.0, "noise_std": 20.0,
+    ...                     "factors": False, "weight_cap": 8})
+    >>> t["total"], t["offset"], t["unexplained"], t["users"], round(t["std"], 4), t["weight_cap"]  # std: 0.02 sqrt 2
+    (1.0, 0.1, None, 1000.0, 0.0283, 8)
     """
     v, k = record["values"], float(record.get("count_scale", 1.0))
     n, n_tr = max(v[3] / k, 1.0), max(v[4] / k, 1.0)
-    return {"total": v[0] / n, "offset": v[1] / n, "unexplained": v[2] / n_tr if record["factors"] else None,
-            "users": n, "std": float(record["noise_std"]) / n, "weight_cap": int(record.get("weight_cap", 1))}
+    total = v[0] / n
+    # the total is a ratio of two noisy numbers: the count's noise (relative std sigma / n) moves it as much as the
+    # sum's does once it is near 1
+    return {"total": total, "offset": v[1] / n, "unexplained": v[2] / n_tr if record["factors"] else None,
+            "users": n, "std": float(record["noise_std"]) / n * math.sqrt(1.0 + total * total),
+            "weight_cap": int(record.get("weight_cap", 1))}
 
 
 def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple[np.ndarray, np.ndarray | None,

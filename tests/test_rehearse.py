@@ -345,9 +345,9 @@ STORES = {"defaults": {}, "strong": {"interaction_scale": 1.5, "noise": 0.3},
           "noisy": {"interaction_scale": 0.6, "noise": 0.9, "user_bias_std": 0.5},
           "tastes": {"taste_clusters": 8, "user_bias_std": 0.3, "interaction_scale": 0.8, "noise": 0.6}}
 #: The rehearsal's spread is released at this shape epsilon in the acceptance (its users weighted by up to 32 test
-#: ratings; its noise: a standard deviation of 0.005, 0.009 with factors, on a mean squared residual of 0.6-1.4, 0.002-
-#: 0.006 in RMSE; at the default 0.1 every user weighs alike, the noise is 0.05-0.08, and no release at 0.1 from 2,000
-#: users pins the curve to the real sweep's spread).
+#: ratings; its noise: a standard deviation of 0.006-0.009, 0.01-0.015 with factors, on a mean squared residual of
+#: 0.6-1.4, 0.004-0.007 in RMSE; at the default 0.1 every user weighs alike, the noise is 0.05-0.1, and no release at
+#: 0.1 from 2,000 users pins the curve to the real sweep's spread).
 ACCEPTANCE_SHAPE_EPSILON = 10.0
 
 
@@ -378,7 +378,7 @@ def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int, dr
       ``d = 0`` (the cheap case: its own stated bound);
     * ``r`` the spread release's own noise, as the rehearsal says it (``about ... in the curve's RMSE``: the noise
       std of the released mean squared residual over twice the root of it): the whole curve moves with that draw,
-      and a rehearsal run again on the same store draws it anew (0.002-0.004 here at epsilon 10, by design of
+      and a rehearsal run again on the same store draws it anew (0.004-0.007 here at epsilon 10, by design of
       :func:`streamdp.rehearse.spread_weight_cap`; 0.0004-0.001 when the spread was a per-user mean, whose bias on a
       store where heavy users spread more was 0.02).
 
@@ -443,15 +443,22 @@ def _acceptance(tmp_path, store_name, method, epsilons, repeats, n_users=2000, n
 
 #: The default sweep's epsilons.
 DEFAULT_EPSILONS = "0.1,0.5,1,2,5,10,inf"
-#: The cheap case's bound on the gap (measured 0.004-0.008 over four runs, each with its own release noise: the spread
-#: weighted by test ratings is released with a noise of about 0.003 in RMSE here; before the calibration it was 0.17).
+#: The cheap case's bound on the gap (measured 0-0.010 over 17 runs of 18, each with its own release noise, before the
+#: band took the count's noise in; the spread weighted by test ratings is released with a noise of about 0.007 in RMSE
+#: here; before the calibration the gap was 0.17).
 CHEAP_TOLERANCE = 0.015
 
 
-def test_rehearsal_curve_lies_near_the_spread_of_the_real_sweep_cheap(tmp_path):
+@pytest.mark.parametrize("release_seed", [1, 2])
+def test_rehearsal_curve_lies_near_the_spread_of_the_real_sweep_cheap(tmp_path, monkeypatch, release_seed):
     """The cheap case of the acceptance (:func:`rehearsal_gaps`), a regression guard: ``means`` at epsilon 1, two
     repeats, 600 users x 50 items of strong interactions and little noise; the gap within :data:`CHEAP_TOLERANCE`.
+    The release's noise is drawn from a fixed seed (two of them), so that the guard checks the modelling, not one
+    draw of OS entropy (over 18 such draws the gap was 0-0.010, once above 0.015: Laplace noise has long tails).
     """
+    import streamdp.rehearse
+
+    monkeypatch.setattr(streamdp.rehearse, "_release_rng", lambda: np.random.default_rng(release_seed))
     _acceptance(tmp_path, "strong", "means", "1", 2, n_users=600, n_items=50, tolerance=CHEAP_TOLERANCE, draws=0)
 
 
