@@ -36,7 +36,8 @@ from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_prepare
 from streamdp.local import check_finite, list_bias, local_design, model_ridge, score_range, solve_block
 from streamdp.outputs import deferred_interrupts
-from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
+from streamdp.storage.ids import as_ids, find, numeric, parse_id, utf8_lines
+from streamdp.storage.catalogue import catalogue_view
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import Engine
 
@@ -99,6 +100,9 @@ def _prepare(model, store, n, users, ridge, item_names=None):
     m = model
     st = store if isinstance(store, RatingStore) else open_store(store)
     st.check_chunks()
+    # the model's items are its catalogue: each user's ratings of other items are left out, and only its items
+    # are listed (streamdp.storage.catalogue)
+    st = catalogue_view(getattr(st, "_catalogue_base", st), as_ids(m.item_ids))
     ids = st.item_ids()
     if st.n_items != m.n_items or np.asarray(m.item_ids).dtype != ids.dtype or (find(m.item_ids, ids) < 0).any():
         raise StoreError(f"{st.path}: the store's items are not the items of the model {m.path}")

@@ -541,6 +541,11 @@ class _TrainCommand(click.Command):
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
               "power of ten <= min(1e-6, 1/(10 n_users))).")
 @users_bound_option
+@click.option("--items", "items", default=None, metavar="FILE", help="The item catalogue, declared public by the "
+              "data owner: a file of item ids, one per line (a header line is allowed). The model's items are these; "
+              "ratings of other items are left out. Default: the catalogue the store declares (ingest --items), else "
+              "one selected privately (partition selection, part of --epsilon); never the store's items as read "
+              "off the data.")
 @click.option("--rank", type=int, default=None, help="Number of factors k (generated from the methods).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
@@ -563,7 +568,7 @@ class _TrainCommand(click.Command):
 @k_option
 @ranking_users_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def train(store, method, epsilon, delta, users_bound, rank, out, seed, workers, memory_limit, scheduler, state,
+def train(store, method, epsilon, delta, users_bound, items, rank, out, seed, workers, memory_limit, scheduler, state,
           over_budget, force, yes, k, ranking_users, as_json, **options):
     """Train a private model on STORE and write it to --out."""
     import math
@@ -583,7 +588,7 @@ def train(store, method, epsilon, delta, users_bound, rank, out, seed, workers, 
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
                           force=force, state=state, users_bound=users_bound, k=k, ranking_users=ranking_users,
-                          **options)
+                          items=items, **options)
     _report(summary, as_json, format_train_summary)
 
 
@@ -629,6 +634,8 @@ def format_train_summary(summary: dict) -> str:
     if "total_seconds" in summary:
         timing += f" ({summary['total_seconds']:.1f}s in all, with checks and evaluation)"
     lines = [f"wrote {summary['out']}: {summary['method']} {shape}, {privacy}, {timing}"]
+    if "items" in summary:
+        lines.append("items: " + summary["items"])
     if "test_rmse" in summary:
         b = summary.get("baselines", {})
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "

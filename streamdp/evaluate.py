@@ -114,8 +114,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     if not st.has_test:
         raise StoreError(f"{st.path}: store has no test split (generate or ingest it with --test-fraction)")
     st.check_chunks()  # a damaged store fails here with one line, not with a wrong RMSE
-    if st.n_items != m.n_items:
-        raise StoreError(f"{st.path}: store has {st.n_items} items but the model {m.path} has {m.n_items}")
+    st = getattr(st, "_catalogue_base", st)  # scored on every test rating, in the catalogue or not
     ck = m.info.get("store_fingerprint")
     match = None
     if ck:
@@ -139,6 +138,9 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     if ranking:
         k = check_k(k)
         ranking_users = check_ranking_users(ranking_users)
+    # a model's items are its catalogue (streamdp.privacy.catalogue): a store item outside it is a cold item,
+    # predicted from the global mean and the user's intercept, and never listed (Model.padded_to)
+    m = m.padded_to(st.item_ids())
     released = m
     m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
     ridge = model_ridge(m, ridge)

@@ -275,9 +275,11 @@ def check_release(model_json: dict, privacy_json: dict, arrays, attrs) -> dict:
     return prov
 
 
-def public_parameters(store, users) -> dict:
+def public_parameters(store, users, catalogue=None) -> dict:
     """The ledger's ``public_parameters``: the run's number of users (a
-    :class:`~streamdp.privacy.users.UserCount`: released, declared or exact) and what a model publishes exactly.
+    :class:`~streamdp.privacy.users.UserCount`: released, declared or exact), its items (a
+    :class:`~streamdp.privacy.catalogue.Catalogue`: declared, selected privately or exact) and what a model
+    publishes exactly.
 
     Of an implicit store (interaction counts) the count range is published only when
     declared (``--count-cap``): its observed maximum is an exact statistic of one user's
@@ -286,12 +288,16 @@ def public_parameters(store, users) -> dict:
     users_note = ("the number of users is released with noise (its release is the ledger's first event) or "
                   "declared with --users-bound, and the default delta and every default derived from a number of "
                   "users read that value, never the exact count (exact only in a non-private run or where the "
-                  "method's relation keeps the users fixed); the item catalogue is public; ")
+                  "method's relation keeps the users fixed); the items are a catalogue the owner declared or one selected "
+                  "privately (items), never the store's items read off the data (exact only in a non-private run or "
+                  "where the method's relation keeps the items fixed); ")
+    items = {"items": catalogue.public_parameter()} if catalogue is not None else {}
     if getattr(store, "implicit", False):
         declared = getattr(store, "rating_range_source", "unknown") == "declared"
         return {
             "n_users": users.public_parameter(),
             "n_items": int(store.n_items),
+            **items,
             "data": {"implicit": True, "value": store.attrs.get("value", "count"),
                      "count_cap": store.attrs.get("count_cap")},
             **({"rating_range": {"min": float(store.rating_min), "max": float(store.rating_max),
@@ -303,6 +309,7 @@ def public_parameters(store, users) -> dict:
     return {
         "n_users": users.public_parameter(),
         "n_items": int(store.n_items),
+        **items,
         "rating_range": {"min": float(store.rating_min), "max": float(store.rating_max),
                          "source": getattr(store, "rating_range_source", "unknown")},
         "note": users_note + ("the rating range is the one declared at ingest, or, with source 'observed', the "

@@ -77,6 +77,8 @@ class Model:
     info: dict
     ledger: object
     extras: dict = field(default_factory=dict)
+    #: Items added by :meth:`padded_to` (not the model's: never listed), ``None`` for a model as released.
+    unlisted: np.ndarray | None = None
 
     def __repr__(self) -> str:
         g = getattr(self.ledger, "guarantee", None)
@@ -258,17 +260,45 @@ class Model:
         return str(getattr(self.ledger, "method", None) or self.info.get("method", "?"))
 
     def in_order_of(self, item_ids) -> "Model":
-        """This model with its per-item arrays reordered to ``item_ids`` (e.g. a store's dense order).
+        """This model with its per-item arrays reordered to ``item_ids`` (e.g. a store's dense order), which may
+        leave out some of its items.
 
-        Raises :class:`InputError` when an id is not one of the model's items.
+        Raises :class:`InputError` when an id is not one of the model's items (:meth:`padded_to` first).
         """
         ids, mine = as_ids(item_ids), as_ids(self.item_ids)
         pos = find(mine, ids) if ids.dtype == mine.dtype else np.full(len(ids), -1)
-        if len(ids) != len(mine) or (pos < 0).any():
+        if (pos < 0).any():  # a model may hold items no rating of the store names (a declared catalogue)
             raise InputError(f"{self.path}: the store's items are not the model's items")
         return Model(path=self.path, item_factors=self.item_factors[pos], item_bias=self.item_bias[pos],
                      item_ids=ids, global_mean=self.global_mean, info=self.info, ledger=self.ledger,
-                     extras=self.extras)
+                     extras=self.extras, unlisted=None if self.unlisted is None else self.unlisted[pos])
+
+
+    def padded_to(self, item_ids) -> "Model":
+        """This model with a cold row for every id of ``item_ids`` it does not hold (zero factors and bias, zero
+        per-item extras), ``unlisted`` marking them: what :func:`streamdp.evaluate.evaluate_model` scores a model
+        with on a store of more items than its catalogue (their ratings are predicted as a cold item's, and no
+        list names them). The model itself when it holds every id."""
+        ids, mine = as_ids(item_ids), as_ids(self.item_ids)
+        if len(ids) and len(mine) and ids.dtype != mine.dtype:
+            raise InputError(f"{self.path}: the store's item ids are not of the model's kind")
+        extra = ids[find(mine, ids) < 0] if len(mine) else ids
+        if not len(extra):
+            return self
+        n, e = self.n_items, len(extra)
+
+        def pad(a):
+            a = np.asarray(a)
+            if a.ndim == 0 or a.shape[0] != n:
+                return a
+            return np.concatenate([a, np.zeros((e,) + a.shape[1:], a.dtype)])
+
+        extras = {k: pad(v) for k, v in self.extras.items()}
+        unl = np.zeros(n + e, bool)
+        unl[n:] = True
+        return Model(path=self.path, item_factors=pad(self.item_factors), item_bias=pad(self.item_bias),
+                     item_ids=np.concatenate([mine, extra]), global_mean=self.global_mean, info=self.info,
+                     ledger=self.ledger, extras=extras, unlisted=unl)
 
 
 def check_model_destination(out, force: bool) -> None:

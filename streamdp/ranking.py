@@ -183,6 +183,12 @@ class Ranking:
         released = model if released is None else released
         self.Q, bias = local_design(model)
         self.bias = list_bias(released, bias, tiekey)  # the list score's item term (streamdp.local.list_offset)
+        # items outside the model's catalogue (Model.padded_to) are never listed: last in every released order
+        unlisted = getattr(model, "unlisted", None)
+        if unlisted is not None and unlisted.any():
+            self.bias[unlisted] = -1e30
+            if private_counts is not None:
+                private_counts = np.where(unlisted, -np.inf, private_counts)
         self.tiekey = np.ascontiguousarray(tiekey, np.int64)
         self.pop = np.ascontiguousarray(train_counts, np.float64)
         self.n_items = len(self.pop)

@@ -30,6 +30,7 @@ from streamdp.outputs import interrupt_signal
 from streamdp.privacy import GUARANTEE_NONE, check_privacy_params
 from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
+from streamdp.privacy.catalogue import catalogue_for, declared_items
 from streamdp.privacy.ledger import privacy_warnings
 from streamdp.privacy.params import default_delta
 from streamdp.ranking import DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users
@@ -43,7 +44,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
           seed: int | None = None,
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
           force: bool = False, evaluate_test: bool = True, state: str | None = None, users_bound: int | None = None,
-          users=None, k: int = DEFAULT_K, ranking_users=DEFAULT_RANKING_USERS, **options) -> dict:
+          users=None, k: int = DEFAULT_K, ranking_users=DEFAULT_RANKING_USERS, items=None, **options) -> dict:
     """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
 
     The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
@@ -63,7 +64,10 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     data owner declares), else the count released with noise (:mod:`streamdp.privacy.users`),
     never the exact count. ``users``: a count released already (``sweep`` shares one).
     ``k`` and ``ranking_users`` are the evaluation's list length and users of the ranking
-    metrics (:func:`streamdp.evaluate.evaluate_model`: a seeded sample by default, ``"all"``).
+    metrics (:func:`streamdp.evaluate.evaluate_model`: a seeded sample by default, ``"all"``). ``items``: the
+    catalogue the owner declares (ids, or the path of a file of ids, ``--items``); without it the store's declared
+    catalogue, or one selected privately (:mod:`streamdp.privacy.catalogue`): the model's items are never the
+    store's items as read off the data.
     """
     t0 = time.perf_counter()
     epsilon = parse_epsilon(epsilon)  # "1e309" is an error, only "inf" is infinite
@@ -75,8 +79,14 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
         users = user_count_for(cls, store, epsilon=epsilon, seed=seed, users_bound=users_bound)
     if delta is None:
         delta = default_delta(users.n)
+    check_model_destination(str(out), force)
+    cls.check_store(store)
+    store.check_chunks()  # a damaged store fails here, before the catalogue's pass
+    check_privacy_params(epsilon, delta, n_users=users.n)
+    store, catalogue = catalogue_for(cls, store, epsilon=epsilon, delta=delta, seed=seed,
+                                     items=declared_items(items, store))
     st, m = prepare(store, method=cls, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
-                    force=force, users=users, **options)
+                    force=force, users=users, catalogue=catalogue, **options)
     with dask_session(scheduler, workers) as scheduler:
         m.check_scheduler(scheduler)  # before anything is reserved
         fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler,
@@ -93,7 +103,8 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
 
 
 def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delta: float, rank: int | None = None,
-            seed: int | None = None, force: bool = False, users=None, users_bound: int | None = None, **options):
+            seed: int | None = None, force: bool = False, users=None, users_bound: int | None = None, catalogue=None,
+            **options):
     """Check everything that can be checked before a run and build the method: ``(store, method instance)``.
 
     ``method`` is a registered name or a :class:`Method` subclass. Checked: the
@@ -110,7 +121,7 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
     if users is None:
         users = user_count_for(cls, st, epsilon=epsilon, seed=seed, users_bound=users_bound)
     check_privacy_params(epsilon, delta, n_users=users.n)
-    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, users=users,
+    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, users=users, catalogue=catalogue,
             **{k: v for k, v in options.items() if v is not None})
     m.check_rank(st.n_items)  # fw's rank counts iterations (its basis may repeat directions); means fits none
     return st, m
@@ -156,7 +167,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         fitted.model_info["store_fingerprint"] = fp
         fitted.model_info["budget_entry"] = entry
         fitted.ledger.store_fingerprint = fp
-        fitted.ledger.public_parameters = public_parameters(st, m.user_count(st))
+        fitted.ledger.public_parameters = public_parameters(st, m.user_count(st), getattr(m, "catalogue", None))
         if fitted.ledger.guarantee == GUARANTEE_NONE:
             fitted.model_info["delta"] = None  # a non-private model has no (epsilon, delta) guarantee
         budget.writing(entry)
@@ -207,6 +218,8 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         "train_seconds": round(seconds, 3),
         "out": out,
     }
+    if getattr(m, "catalogue", None) is not None:
+        summary["items"] = m.catalogue.describe()
     if (why := (info.get("selection") or {}).get("why")) is not None:  # ials: the factors or the chart, and why
         summary["release_choice"] = why
     if fitted.owner:

@@ -21,6 +21,7 @@ from streamdp.methods.options import MethodOptions
 from streamdp.model import save_model
 from streamdp.privacy import GUARANTEE_NONE, Ledger, compose, epsilon_of
 from streamdp.privacy.accountant import parse_epsilon
+from streamdp.privacy.catalogue import epsilon_alone
 from streamdp.privacy.users import UserCount, release_user_count
 from streamdp.stream.driver import Run, fingerprint
 
@@ -177,9 +178,12 @@ class Method:
             raise TypeError(f"{cls.__name__}.MAIN_OPTIONS names options it does not declare: {unknown}")
 
     def __init__(self, *, epsilon: float, delta: float, rank: int | None = None, seed: int | None = None,
-                 users: UserCount | None = None, **options):
+                 users: UserCount | None = None, catalogue=None, **options):
         self.opts = self.Options.build(options, method=self.name)
         self.users = users
+        #: The run's items (:class:`streamdp.privacy.catalogue.Catalogue`), when a training run chose them: its
+        #: selection (if private) is spent first, with the count.
+        self.catalogue = catalogue
         self.epsilon = parse_epsilon(epsilon)
         self.delta = float(delta)
         if rank is None:
@@ -216,13 +220,22 @@ class Method:
         return self.user_count(store).n
 
     def spent_first(self, store) -> list:
-        """Releases made before the plan (the count), which the plan's calibration composes in (``fixed``)."""
-        return self.user_count(store).spent() if self.private else []
+        """Releases made before the plan (the count, the item catalogue's selection), which the plan's calibration
+        composes in (``fixed``)."""
+        if not self.private:
+            return []
+        cat = getattr(self, "catalogue", None)
+        return self.user_count(store).spent() + (cat.spent() if cat is not None else [])
 
     def epsilon_after_first(self, store) -> float:
-        """The epsilon left once the releases made first (pure DP) are spent: for a release calibrated on its own
-        (a paper's closed-form sigma, sgld's posterior sample), which basic composition then keeps within epsilon."""
-        return self.epsilon - sum(r.count * r.epsilon_each for r in self.spent_first(store))
+        """The epsilon left once the releases made first are spent: for a release calibrated on its own (a paper's
+        closed-form sigma, sgld's posterior sample), which basic composition then keeps within epsilon. Pure-DP
+        releases (the count) count their epsilon; the others (the catalogue's selection) their PLD epsilon at the
+        run's delta."""
+        first = self.spent_first(store)
+        pure = [r for r in first if r.mechanism in ("laplace", "huber")]
+        rest = [r for r in first if r.mechanism not in ("laplace", "huber")]
+        return self.epsilon - sum(r.count * r.epsilon_each for r in pure) - epsilon_alone(rest, self.delta)
 
     @property
     def checkpoint(self) -> str | None:
@@ -301,8 +314,9 @@ class Method:
         """
         skip = {"checkpoint", *exclude}
         keep = {key: v for key, v in plan.settings.as_dict().items() if key not in skip}
+        cat = {"items": store.catalogue_digest} if getattr(store, "catalogue_digest", None) else {}
         fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
-                         store=store.checksum, s=keep)
+                         store=store.checksum, s=keep, **cat)
         # a method fitted as one of several candidates of a run shares that run's entropy (same held-out ratings)
         seed = self.seed if self.shared_entropy is None else self.shared_entropy
         return Run(store, method=self.name, fingerprint=fp, seed=seed, rng_key=rng_key,

@@ -84,7 +84,7 @@ from dp_accounting.pld import privacy_loss_distribution as _pld
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp_acc
 
 from streamdp.errors import ParameterError
-from streamdp.privacy.events import PureDpEvent
+from streamdp.privacy.events import DeltaDpEvent, PureDpEvent
 
 __all__ = [
     "NEIGHBOURING_RELATION",
@@ -209,13 +209,37 @@ class _PLDAccountant(_pld_acc.PLDAccountant):
                     value_discretization_interval=self._value_discretization_interval)
                 self._pld = self._pld.compose(pld.self_compose(count) if count > 1 else pld)
             return None
+        if isinstance(event, DeltaDpEvent):
+            if do_compose:
+                pld = _pld.from_privacy_parameters(
+                    _pld_common.DifferentialPrivacyParameters(0.0, float(event.delta)),
+                    value_discretization_interval=self._value_discretization_interval)
+                self._pld = self._pld.compose(pld.self_compose(count) if count > 1 else pld)
+            return None
         return super()._maybe_compose(event, count, do_compose)
 
 
 class _RdpAccountant(_rdp_acc.RdpAccountant):
-    """dp-accounting's RDP accountant that also understands :class:`PureDpEvent`."""
+    """dp-accounting's RDP accountant that also understands :class:`PureDpEvent` and :class:`DeltaDpEvent`.
+
+    A ``(0, delta)`` event has no finite Renyi divergence; its delta is kept aside (``extra_delta``) and the
+    conversion to ``(epsilon, delta)`` is made at ``delta - extra_delta`` (a mechanism that fails with
+    probability ``delta'`` and is otherwise ``(epsilon, delta - delta')``-DP is ``(epsilon, delta)``-DP).
+    """
+
+    extra_delta = 0.0
+
+    def get_epsilon_and_optimal_order(self, target_delta: float):
+        rest = float(target_delta) - self.extra_delta
+        if rest <= 0:
+            return math.inf, None
+        return super().get_epsilon_and_optimal_order(rest)
 
     def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, DeltaDpEvent):
+            if do_compose:
+                self.extra_delta += count * float(event.delta)
+            return None
         if isinstance(event, PureDpEvent):
             if do_compose and event.epsilon > _MAX_PURE_EPSILON:
                 self._rdp += np.inf

@@ -28,6 +28,7 @@ from streamdp.errors import ParameterError
 
 __all__ = [
     "PureDpEvent",
+    "DeltaDpEvent",
     "gaussian_event",
     "laplace_event",
     "huber_event",
@@ -51,6 +52,20 @@ class PureDpEvent(dp_accounting.DpEvent):
 
     epsilon: float
     mechanism: str = "pure"
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class DeltaDpEvent(dp_accounting.DpEvent):
+    """A mechanism that is ``(0, delta)``-DP: with probability at most ``delta`` it tells the neighbours apart.
+
+    The thresholding of a private partition selection (:mod:`streamdp.privacy.catalogue`): an item that only
+    the added user rated is released with probability at most ``delta`` and otherwise nothing differs. The PLD
+    accountant composes it exactly (dp-accounting's PLD of ``(0, delta)``: an infinite loss of mass ``delta``);
+    the RDP accountant, which has no finite order for it, adds ``delta`` to the delta it converts at.
+    """
+
+    delta: float
+    mechanism: str = "threshold"
 
 
 def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
@@ -199,7 +214,7 @@ def event_from_dict(d: dict) -> dp_accounting.DpEvent:
     """
     d = dict(d)
     name = d.pop("name", None)
-    cls = PureDpEvent if name == "PureDpEvent" else getattr(_dpe, str(name), None)
+    cls = {"PureDpEvent": PureDpEvent, "DeltaDpEvent": DeltaDpEvent}.get(str(name)) or getattr(_dpe, str(name), None)
     if not (isinstance(cls, type) and issubclass(cls, dp_accounting.DpEvent)):
         raise ParameterError(f"unknown privacy event {name!r}")
     kwargs = {}

@@ -247,7 +247,7 @@ def replace_release(r: Release, noise_multiplier: float) -> Release:
 def pure_epsilon(releases) -> float:
     """Basic composition of pure-DP releases (``sum count_i / z_i``): the pure epsilon (delta = 0) they give.
 
-    ``nan`` when any release is Gaussian (no pure guarantee). Basic composition is
+    ``nan`` when any release is not pure (Gaussian, or the catalogue's threshold). Basic composition is
     exact for pure DP at delta = 0 (the worst case of each release adds up), which
     dp-accounting's PLD cannot report (it counts the tails it truncates as infinite
     loss at delta = 0); at delta > 0 the PLD figure in the ledger is the tighter one.
@@ -257,7 +257,7 @@ def pure_epsilon(releases) -> float:
     """
     total = 0.0
     for r in releases:
-        if r.mechanism == "gaussian":
+        if r.mechanism not in ("laplace", "huber"):
             return math.nan
         total += r.count * r.epsilon_each
     return total

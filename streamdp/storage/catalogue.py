@@ -1,0 +1,181 @@
+"""A store seen through an item catalogue: :class:`CatalogueView`, and catalogue files (:func:`read_catalogue`).
+
+A model's items are its catalogue, never the store's items as read off the data
+(:mod:`streamdp.privacy.catalogue` declares or selects it). The view makes a store look as
+if its items were the catalogue's: ratings of items outside it are dropped from every block,
+catalogue items no rating names get an index with no ratings, and ``n_items``, ``item_ids``
+and every per-item array follow the catalogue. Methods, the evaluator and the lists read it
+like any store, so none of them needs to know about catalogues.
+
+Public names: :class:`CatalogueView`, :func:`catalogue_view`, :func:`read_catalogue`,
+:func:`catalogue_digest`.
+
+The view's items are ordered like the store's (the store's items in the catalogue, in
+the store's order, then the catalogue's items no rating names, in the catalogue's order):
+the internal order never leaves the process (models are saved in ascending id order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+import numpy as np
+
+from streamdp.errors import InputError, ParameterError
+from streamdp.storage.ids import as_ids, find
+from streamdp.storage.store import Block, RatingStore
+
+__all__ = ["CatalogueView", "catalogue_view", "catalogue_digest", "read_catalogue"]
+
+
+def catalogue_digest(ids) -> str:
+    """A digest of a catalogue's ids (sorted): what a checkpoint's fingerprint covers. Not a digest of ratings."""
+    ids = as_ids(ids)
+    h = hashlib.blake2b(digest_size=16)
+    for x in np.sort(ids):
+        h.update(str(x).encode() + b"\0")
+    return h.hexdigest()
+
+
+class CatalogueView(RatingStore):
+    """``store`` with ``ids`` as its items (see the module docstring).
+
+    ``ids`` must be of the store's id kind (integers or strings). Blocks are read from the
+    store and filtered here (vectorised: one gather and one cumulative sum per block).
+    """
+
+    def __init__(self, store: RatingStore, ids):  # noqa: D107 - a view of an opened store
+        base = store._catalogue_base if isinstance(store, CatalogueView) else store
+        self.__dict__.update(store.__dict__)
+        ids = as_ids(ids)
+        if len(np.unique(ids)) != len(ids):
+            raise ParameterError("catalogue: an item id appears twice")
+        store_ids = as_ids(base.item_ids())
+        if len(ids) and len(store_ids) and ids.dtype.kind != store_ids.dtype.kind:
+            what = "strings" if store_ids.dtype.kind in "OUS" else "integers"
+            raise ParameterError(f"catalogue: the store's item ids are {what}; the catalogue's are not")
+        pos = find(store_ids, ids) if len(store_ids) else np.full(len(ids), -1)  # catalogue id -> store index
+        present = np.sort(pos[pos >= 0])
+        absent = ids[pos < 0]
+        col_map = np.full(len(store_ids), -1, np.int32)
+        col_map[present] = np.arange(len(present), dtype=np.int32)
+        self._catalogue_base = base
+        self._col_map = col_map
+        self._present = present  # view index -> store index, for the first len(present) view items
+        self._cat_ids = np.concatenate([store_ids[present], absent]) if len(absent) else store_ids[present]
+        self.catalogue_digest = catalogue_digest(ids)
+        self.info = replace(base.info, n_items=len(ids))
+
+    # -- blocks ------------------------------------------------------------------------
+    def _filter(self, blk: Block) -> Block:
+        mapped = self._col_map[blk.items]
+        keep = mapped >= 0
+        if keep.all():
+            return Block(blk.first_user, blk.indptr, mapped.astype(np.int32), blk.ratings)
+        cs = np.zeros(len(keep) + 1, np.int64)
+        np.cumsum(keep, out=cs[1:])
+        return Block(blk.first_user, cs[blk.indptr], mapped[keep].astype(np.int32), blk.ratings[keep])
+
+    def read_block(self, b: int, split: str = "train") -> Block:
+        return self._filter(self._catalogue_base.read_block(b, split))
+
+    def read_block_unchecked(self, b: int, split: str = "train"):
+        blk, ok = self._catalogue_base.read_block_unchecked(b, split)
+        return self._filter(blk), ok
+
+    def block_user_counts(self, b: int, split: str = "train") -> np.ndarray:
+        return np.diff(self.read_block(b, split).indptr)
+
+    # block_nnz stays the store's: an upper bound, which is what memory planning needs
+
+    # -- per-item arrays ---------------------------------------------------------------
+    def _per_item(self, values: np.ndarray, fill=0) -> np.ndarray:
+        out = np.full(self.info.n_items, fill, dtype=values.dtype)
+        out[:len(self._present)] = values[self._present]
+        return out
+
+    def item_ids(self) -> np.ndarray:
+        return self._cat_ids.copy()
+
+    def item_names(self) -> np.ndarray | None:
+        names = self._catalogue_base.item_names()
+        return None if names is None else self._per_item(np.asarray(names, dtype=object), "")
+
+    def item_counts(self) -> np.ndarray:
+        return self._per_item(self._catalogue_base.item_counts())
+
+    def train_item_stats(self):
+        stats = self._catalogue_base.train_item_stats()
+        if stats is None:
+            return None
+        return self._per_item(stats[0]), self._per_item(stats[1])
+
+    def remote_view(self):
+        """What a cluster worker applies to the store it opens by path to see this view (picklable)."""
+        return _Spec(self._cat_ids)
+
+
+class _Spec:
+    """A catalogue to apply on a worker: ``spec.view(store)``; equal specs share one view per process."""
+
+    def __init__(self, ids):
+        self.ids = ids
+        self.key = catalogue_digest(ids)
+
+    def view(self, store: RatingStore) -> CatalogueView:
+        return CatalogueView(store, self.ids)
+
+
+def catalogue_view(store: RatingStore, ids) -> RatingStore:
+    """``store`` seen through the catalogue ``ids``; the store itself when its items are exactly ``ids``."""
+    ids = as_ids(ids)
+    if not isinstance(store, CatalogueView):
+        own = as_ids(store.item_ids())
+        if len(own) == len(ids) and own.dtype.kind == ids.dtype.kind and np.array_equal(np.sort(own), np.sort(ids)):
+            return store
+    return CatalogueView(store, ids)
+
+
+def read_catalogue(path: str, *, numeric: bool, flag: str = "--items") -> np.ndarray:
+    """The item ids in the catalogue file ``path``: one id per line (blank lines and ``#`` comments skipped).
+
+    A first line that is not an id of the store's kind (``numeric``) is taken as a header. Refused with one
+    line naming the file and line: an unreadable or empty file, an id of the wrong kind, an id twice.
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "items.txt")
+    >>> _ = open(p, "w").write("item\\n10\\n7\\n\\n# retired: 3\\n")
+    >>> read_catalogue(p, numeric=True).tolist()
+    [10, 7]
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{flag} {path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    ids, seen = [], {}
+    for no, raw in enumerate(lines, 1):
+        text = raw.strip()
+        if not text or text.startswith("#"):
+            continue
+        if numeric:
+            try:
+                value = int(text)
+            except ValueError:
+                if not ids and not seen:  # a header
+                    seen[None] = no
+                    continue
+                raise InputError(f"{path}:{no}: {text!r} is not an integer item id (the store's ids are "
+                                 f"integers)") from None
+            if not -2 ** 63 <= value < 2 ** 63:
+                raise InputError(f"{path}:{no}: item id {text} is outside the 64-bit integer range")
+        else:
+            value = text
+        if value in seen:
+            raise InputError(f"{path}:{no}: item id {text!r} appears twice (first on line {seen[value]})")
+        seen[value] = no
+        ids.append(value)
+    if not ids:
+        raise InputError(f"{flag} {path}: no item ids (one id per line)")
+    return np.asarray(ids, dtype=np.int64) if numeric else np.asarray(ids, dtype=object)
