@@ -361,6 +361,11 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
 @click.option("--item-names", default=None, metavar="FILE",
               help="A file of 'id,name' lines (a header, tab, '|', '::' or ';' also read): kept in the store and shown "
               "in recommend's lists. Names are treated as public metadata.")
+@click.option("--items", "items", default=None, metavar="FILE",
+              help="The item catalogue, declared public by the data owner: a file of item ids, one per line (a "
+              "header line is allowed). Models trained on the store list these items; ratings of other items are "
+              "left out of every model (their number is said here only). Without it, each private run selects "
+              "its items privately.")
 @click.option("--skip-bad-lines", is_flag=True, help="Skip and count malformed lines instead of failing.")
 @memory_limit_option
 @click.option("--block-users", type=int, default=None,
@@ -371,8 +376,8 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
               help="Set the store's total privacy budget (see `streamdp budget`).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print a JSON summary.")
 def ingest(inputs, out, train_files, test_files, fmt, sep, columns, implicit, count_cap, rating_range, out_of_range,
-           split, test_fraction, last_n, seed, item_names, skip_bad_lines, memory_limit, block_users, force, budget,
-           as_json):
+           split, test_fraction, last_n, seed, item_names, items, skip_bad_lines, memory_limit, block_users, force,
+           budget, as_json):
     """Ingest rating files (u.data, ::-.dat, CSV, ;-separated, whitespace, Parquet; .gz) into a store, out of core;
     or interaction logs (user,item[,count]: clicks, plays, purchases) into an implicit store.
 
@@ -390,7 +395,7 @@ def ingest(inputs, out, train_files, test_files, fmt, sep, columns, implicit, co
                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
                      memory_limit=memory_limit, block_users=block_users, force=force, budget=budget,
                      out_of_range=out_of_range, implicit=implicit, count_cap=count_cap, split=split, last_n=last_n,
-                     test=list(test_files) or None, item_names=item_names)
+                     test=list(test_files) or None, item_names=item_names, items=items)
     a = s.attrs
     if as_json:
         extra = {k: a[k] for k in ("value", "count_cap", "n_duplicates_aggregated", "n_counts_capped")} \
@@ -406,6 +411,10 @@ def ingest(inputs, out, train_files, test_files, fmt, sep, columns, implicit, co
 
     notes = [describe_split(a["split"], s.n_test)] + ([describe_item_names(a["item_names"])]
                                                      if a.get("item_names") else [])
+    if a.get("catalogue"):
+        from streamdp.storage.info import describe_catalogue
+
+        notes.append(describe_catalogue(s))
     if s.implicit:
         cap = (f", {a['n_counts_capped']:,} capped at {a['count_cap']:g}" if a["count_cap"] is not None else "")
         click.echo(f"wrote {s.path} (implicit: {a['value']}s of interactions): {s.n_users:,} users, "

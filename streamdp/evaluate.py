@@ -48,6 +48,7 @@ from streamdp.kernels.topk import TILE_BYTES
 from streamdp.ranking import (DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users, format_ranking,
                               ranking_verdict, setup)
 from streamdp.storage.fingerprint import store_fingerprint
+from streamdp.storage.catalogue import catalogue_view, store_catalogue
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import block_item_stats
 from streamdp.stream.engine import Engine
@@ -114,7 +115,12 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     if not st.has_test:
         raise StoreError(f"{st.path}: store has no test split (generate or ingest it with --test-fraction)")
     st.check_chunks()  # a damaged store fails here with one line, not with a wrong RMSE
-    st = getattr(st, "_catalogue_base", st)  # scored on every test rating, in the catalogue or not
+    # scored on every test rating of the store's items: those of a catalogue it declares (no other item exists for
+    # its models), else all of them, an item outside the model's catalogue predicted as a cold one
+    st = getattr(st, "_catalogue_base", st)
+    declared = store_catalogue(st)
+    if declared is not None:
+        st = catalogue_view(st, declared[0])
     ck = m.info.get("store_fingerprint")
     match = None
     if ck:

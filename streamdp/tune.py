@@ -154,6 +154,7 @@ from streamdp.model import check_model_destination
 from streamdp.privacy import calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of, gaussian_event
 from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
+from streamdp.privacy.catalogue import catalogue_for, declared_items
 from streamdp.privacy.params import default_delta
 from streamdp.privacy.release import Release
 from streamdp.storage.store import Block, RatingStore, open_store
@@ -319,12 +320,13 @@ class _HeldOut(RatingStore):
     with the run's key, exactly as the scoring pass splits it.
     """
 
-    def __init__(self, store: RatingStore, key: int):  # noqa: D107 - a view of an opened store
+    def __init__(self, store: RatingStore, key: int):  # noqa: D107 - a view of an opened store (or of a view)
         self.__dict__.update(store.__dict__)
         self._holdout_key = int(key)
+        self._inner = store
 
     def read_block(self, b: int, split: str = "train") -> Block:
-        blk = super().read_block(b, split)
+        blk = self._inner.read_block(b, split)
         if split != "train":
             return blk
         (ip, it, r), _ = holdout(blk.indptr, blk.items, blk.ratings, blk.first_user, self._holdout_key)
@@ -406,6 +408,7 @@ class _Tuned(Method):
         self.epsilon, self.delta, self.rank, self.seed = float(epsilon), final.delta, final.rank, final.seed
         self.opts = final.opts
         self.prefix_events, self.prefix_entries = list(prefix_events), list(prefix_entries)
+        self.catalogue = getattr(final, "catalogue", None)  # public_parameters; its selection is in the prefix
         self.notes, self.tuning = list(notes), tuning
 
     def _plan(self, store) -> Plan:
@@ -472,7 +475,7 @@ def _losses(st, models, key: int, workers, memory_limit) -> np.ndarray:
 
 def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
-         force: bool = False, evaluate_test: bool = True, users_bound: int | None = None) -> dict:
+         force: bool = False, evaluate_test: bool = True, users_bound: int | None = None, items=None) -> dict:
     """Choose ``method``'s configuration on ``grid`` privately, train it, write it to ``out``: the summary dict.
 
     ``grid`` maps option names (and ``rank``) to lists of values, or is a list of
@@ -503,9 +506,12 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     delta = default_delta(n_users) if delta is None else float(delta)
     check_privacy_params(epsilon, delta, n_users=n_users)
     # the count, released once: the first event of every path's ledger; every method below reads it (elsewhere())
-    count_events = [r.event() for r in users.spent()]
-    count_entries = [{**r.entry(), "release": "tune: " + r.entry()["release"]} for r in users.spent()]
-    shared = users.elsewhere()
+    # the items: declared, or selected privately once for the whole run (its release composed like the count's)
+    st, cat = catalogue_for(cls, st, epsilon=epsilon, delta=delta, seed=seed, items=declared_items(items, st))
+    first = users.spent() + cat.spent()
+    count_events = [r.event() for r in first]
+    count_entries = [{**r.entry(), "release": "tune: " + r.entry()["release"]} for r in first]
+    shared, shared_cat = users.elsewhere(), cat.elsewhere()
     if grid is None:
         grid = default_grid(method, st, epsilon)
     elif not isinstance(grid, dict):
@@ -558,7 +564,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
                 f"half the rating range)")
     if skip is not None:
         chosen = default if default is not None else 0
-        final = cls(epsilon=epsilon, delta=delta, seed=seed, users=users, **configs[chosen])  # spends the count
+        final = cls(epsilon=epsilon, delta=delta, seed=seed, users=users, catalogue=cat,  # spends the count, the items
+                    **configs[chosen])
         tuning.update(skipped=skip, chosen=configs[chosen], split=None,
                       rule="none: the whole epsilon went to the released model")
         wrapper = _Tuned(final, [], [], [f"tune: no choice was made ({skip}); configuration "
@@ -601,7 +608,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         sel = _selection_release(h, m_c, sel.noise_multiplier)
         std = sel.scale
     if m_c == 1:  # the histogram left one configuration: nothing to choose, the rest of the budget is the model's
-        final = _calibrated(cls, configs[0], count_events + pre_events, epsilon, delta, seed, st, shared)
+        final = _calibrated(cls, configs[0], count_events + pre_events, epsilon, delta, seed, st, shared,
+                            catalogue=shared_cat)
         tuning.update(skipped="one configuration once the iterations were set", chosen=configs[0], split=None,
                       rule="none", final_epsilon=final.epsilon)
         wrapper = _Tuned(final, count_events + pre_events, count_entries + pre_entries, [f"tune: one configuration ({config_name(configs[0])}) "
@@ -617,7 +625,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     view = _Sampled(st, key, SAMPLE_RATE, n_users)
     e_c = epsilon * math.sqrt(CANDIDATE_NOMINAL_SHARE / m_c)
     cands = [cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off", users=shared,
-                 **c) for i, c in enumerate(configs)]
+                 catalogue=shared_cat, **c) for i, c in enumerate(configs)]
     plans = [m.plan(view) for m in cands]
     z_cands = [gaussian_equivalent(compose(list(p.events))) for p in plans]
     # every candidate accounted at the smallest of their equivalent multipliers (they differ by the calibration's
@@ -670,7 +678,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
         allowed = np.array([default is None or not _leaner(c, configs[default]) for c in configs])
         chosen = (choose(np.where(allowed, noisy, np.inf), default, std) if default is not None
                   else int(np.argmin(noisy)))
-        final = _calibrated(cls, configs[chosen], prefix_events, epsilon, delta, seed, st, shared, z_f=z_f)
+        final = _calibrated(cls, configs[chosen], prefix_events, epsilon, delta, seed, st, shared, z_f=z_f,
+                            catalogue=shared_cat)
     except BaseException as exc:
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc.__class__.__name__}: {exc}"
         budget.fail(entry, f"{why} while the candidates were trained (nothing left the process)")
@@ -725,7 +734,8 @@ def _selection_release(h: float, m: int, noise_multiplier: float):
                    "gaussian", loss_sensitivity(h, m, "l2"), noise_multiplier, shape=(m,))
 
 
-def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, users, z_f: float | None = None):
+def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, users, z_f: float | None = None,
+                catalogue=None):
     """``cls`` with ``config`` at the largest epsilon that, composed with ``prefix_events``, stays within ``epsilon``
     and whose releases compose to a Gaussian of multiplier at least ``z_f`` (the reserved envelope)."""
     e = epsilon
@@ -734,7 +744,8 @@ def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, users, z_f
             z_f = calibrate(lambda z: compose(prefix_events + [gaussian_event(z)]), epsilon, delta)
         e = epsilon_of(gaussian_event(z_f), delta).epsilon
     for _ in range(50):
-        f = cls(epsilon=e, delta=delta, seed=seed, users=users, **config)  # train's seed: candidates' are children
+        f = cls(epsilon=e, delta=delta, seed=seed, users=users, catalogue=catalogue,  # train's seed: candidates'
+                **config)  # are children
         ev = list(f.plan(st).events)
         if (epsilon_of(compose(list(prefix_events) + ev), delta).epsilon <= epsilon
                 and (z_f is None or gaussian_equivalent(compose(ev)) >= z_f)):

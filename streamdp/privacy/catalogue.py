@@ -47,7 +47,7 @@ from streamdp.privacy.bounding import hash_keys, trim_mask
 from streamdp.privacy.calibration import calibrate_gaussian
 from streamdp.privacy.events import DeltaDpEvent, compose
 from streamdp.privacy.release import Release
-from streamdp.storage.catalogue import catalogue_view, read_catalogue
+from streamdp.storage.catalogue import catalogue_view, read_catalogue, store_catalogue
 from streamdp.storage.ids import as_ids, numeric, parse_id
 
 __all__ = ["SHARE", "DELTA_SHARE", "ITEMS_PER_USER", "RNG_KEY", "Catalogue", "ThresholdRelease", "catalogue_for",
@@ -202,23 +202,6 @@ def select_catalogue(store, *, epsilon: float, delta: float, seed: int | None = 
     ids = as_ids(store.item_ids())[chosen]
     order = np.argsort(ids, kind="stable")
     return Catalogue(ids[order], "selected", rel, ThresholdRelease(delta_t), T, noisy[noisy > T][order])
-
-
-def store_catalogue(store) -> tuple[np.ndarray, str] | None:
-    """The catalogue a store declares (``ingest --items``, ``generate``): ``(ids, by)``, or ``None``."""
-    rec = store.attrs.get("catalogue")
-    if not isinstance(rec, dict) or rec.get("source") != "declared":
-        return None
-    by = str(rec.get("by", "ingest --items"))
-    if "catalogue_ids" in store.root:
-        n = int(rec.get("n_items", -1))
-        ids = as_ids(store.array("catalogue_ids")[...])
-        if len(ids) != n:
-            from streamdp.errors import StoreError
-
-            raise StoreError(f"{store.path}: catalogue_ids has {len(ids)} entries, not {n} (the store is damaged)")
-        return ids, by
-    return as_ids(store.item_ids()), by
 
 
 def declared_items(items, store, flag: str = "--items"):

@@ -22,11 +22,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from streamdp.errors import InputError, ParameterError
+from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.storage.ids import as_ids, find
 from streamdp.storage.store import Block, RatingStore
 
-__all__ = ["CatalogueView", "catalogue_view", "catalogue_digest", "read_catalogue"]
+__all__ = ["CatalogueView", "catalogue_view", "catalogue_digest", "read_catalogue", "store_catalogue"]
 
 
 def catalogue_digest(ids) -> str:
@@ -179,3 +179,18 @@ def read_catalogue(path: str, *, numeric: bool, flag: str = "--items") -> np.nda
     if not ids:
         raise InputError(f"{flag} {path}: no item ids (one id per line)")
     return np.asarray(ids, dtype=np.int64) if numeric else np.asarray(ids, dtype=object)
+
+
+def store_catalogue(store) -> tuple[np.ndarray, str] | None:
+    """The catalogue a store declares (``ingest --items``, ``generate``): ``(ids, by)``, or ``None``."""
+    rec = store.attrs.get("catalogue")
+    if not isinstance(rec, dict) or rec.get("source") != "declared":
+        return None
+    by = str(rec.get("by", "ingest --items"))
+    if "catalogue_ids" in store.root:
+        n = int(rec.get("n_items", -1))
+        ids = as_ids(store.array("catalogue_ids")[...])
+        if len(ids) != n:
+            raise StoreError(f"{store.path}: catalogue_ids has {len(ids)} entries, not {n} (the store is damaged)")
+        return ids, by
+    return as_ids(store.item_ids()), by

@@ -393,6 +393,8 @@ def generate_store(
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),
             "rating_range_source": source,
+            # the items are the generator's parameter, not read off anyone's data: a declared catalogue
+            "catalogue": {"source": "declared", "by": "generate: its items are a parameter of the generator"},
             "sources": [],
             "created_with": "generate",
             "params": params,

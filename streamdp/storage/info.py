@@ -130,3 +130,18 @@ def format_info(d: dict) -> str:
     for src in d.get("sources") or []:
         lines.append(f"source           {src.get('name')} ({src.get('size', '?')} bytes)")
     return "\n".join(lines)
+
+
+def describe_catalogue(s) -> str:
+    """One line on a store's declared item catalogue: its size and, for the owner only, what lies outside it."""
+    from streamdp.storage.catalogue import CatalogueView, store_catalogue
+
+    ids, by = store_catalogue(s)
+    view = CatalogueView(s, ids)
+    counts = s.item_counts()
+    inside = view.item_counts()
+    outside = int(counts.sum() - inside.sum())
+    never = int((inside == 0).sum())
+    return (f"item catalogue declared ({by}): {len(ids):,} items, {never:,} of them with no rating; {outside:,} "
+            f"ratings of {s.n_items - (len(ids) - never):,} items outside it are left out of every model (this count "
+            f"is the owner's: no model publishes it)")

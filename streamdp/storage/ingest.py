@@ -364,6 +364,7 @@ def ingest(
     last_n: int | None = None,
     test_inputs: list | None = None,
     item_names: str | None = None,
+    items=None,
 ) -> RatingStore:
     """Ingest rating files into a store at ``out`` and return it opened.
 
@@ -372,7 +373,9 @@ def ingest(
     or ``split`` ``"random"`` / ``"temporal"`` (``test_fraction`` of each user's ratings, at
     random or her latest) / ``"last-n"`` (her ``last_n`` latest); ``test_fraction > 0`` alone
     is ``"random"``. ``item_names``: a file of ``id,name`` lines kept in the store
-    (:mod:`streamdp.storage.names`).
+    (:mod:`streamdp.storage.names`). ``items``: the item catalogue the owner declares (a file of ids, one per
+    line, or ids; :mod:`streamdp.privacy.catalogue`), recorded in the store: every model trained on it lists
+    these items and no rating of another item is used (the store keeps them, for the owner only).
 
     ``inputs`` are paths, or the :class:`~streamdp.storage.formats.Spec` of an in-memory
     frame (:func:`streamdp.storage.frames.frame_spec`: a DataFrame, an Arrow table, a
@@ -471,6 +474,7 @@ def ingest(
         if check_users is not None:
             check_users(len(parsed.users))
         names = None if item_names is None else read_item_names(item_names, parsed.items, limit)
+        catalogue = None if items is None else _declared_catalogue(items, numeric_ids=int_ids[1])
         params = dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
                       test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines, memory_limit=limit,
                       block_users=block_users, formats=[s.format for s in specs], out_of_range=oor,
@@ -478,7 +482,7 @@ def ingest(
         if is_implicit:
             params.update(implicit=True, count_cap=count_cap)
         store = _build(parsed, out, tmp, rr, how, seed, block_users, limit, force, show_progress,
-                       params=params, t0=t0, count_cap=count_cap, names=names)
+                       params=params, t0=t0, count_cap=count_cap, names=names, catalogue=catalogue)
         if after_write is not None:
             after_write(store)
         if notes:  # after success only: an error stays one line
@@ -754,7 +758,7 @@ def _dedup_workers(limit: int, part_rows: np.ndarray) -> int:
 
 
 def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, show_progress, *,
-           params, t0, count_cap=None, names=None) -> RatingStore:
+           params, t0, count_cap=None, names=None, catalogue=None) -> RatingStore:
     n_users, n_raw_items = len(parsed.users), len(parsed.items)
     bu = int(block_users or default_block_users(n_users, parsed.n_rows))
     n_blocks = -(-n_users // bu)
@@ -969,6 +973,8 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
         w.write_array("item_counts", item_counts_raw[order])
         if names is not None:
             names.write(w, order)
+        if catalogue is not None:
+            w.write_array("catalogue_ids", catalogue)
         if rr is not None:
             rating_min, rating_max, source = rr[0], rr[1], "declared"
         elif parsed.implicit and count_cap is not None:
@@ -990,6 +996,8 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
             **value_kind,
             "split": split_attr,
             **({} if names is None else {"item_names": names.attrs()}),
+            **({} if catalogue is None else {"catalogue": {"source": "declared", "by": "ingest --items",
+                                                           "n_items": int(len(catalogue))}}),
             "rating_min": float(rating_min),
             "rating_max": float(rating_max),
             "rating_range_source": source,
@@ -1043,6 +1051,22 @@ class _ValueStats:
         return {"implicit": True, "value": "count" if self.integer else "weight",
                 "count_cap": None if cap is None else float(cap), "n_duplicates_aggregated": int(n_aggregated),
                 "n_counts_capped": self.n_capped}
+
+
+def _declared_catalogue(items, *, numeric_ids: bool) -> np.ndarray:
+    """``--items``: the declared catalogue as the store's kind of ids (a file of ids, or ids)."""
+    from streamdp.storage.catalogue import read_catalogue
+    from streamdp.storage.ids import parse_id
+
+    if isinstance(items, (str, os.PathLike)):
+        return read_catalogue(str(items), numeric=numeric_ids)
+    try:
+        ids = [parse_id(x, numeric_ids) for x in items]
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(f"items: expected item ids of the store's kind ({exc})") from None
+    if not ids or len(set(ids)) != len(ids):
+        raise ParameterError("items: expected distinct item ids, at least one")
+    return np.asarray(ids, np.int64) if numeric_ids else np.asarray(ids, dtype=object)
 
 
 def _ids_numpy(keys: pa.Array) -> np.ndarray:
