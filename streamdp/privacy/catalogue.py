@@ -35,6 +35,7 @@ Public names: :class:`Catalogue`, :func:`catalogue_for`, :func:`select_catalogue
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -161,6 +162,7 @@ def threshold(z: float, delta_t: float, cap: int = ITEMS_PER_USER) -> float:
     return float(np.max(1.0 / np.sqrt(m) - z * ndtri(delta_t / m)))
 
 
+@functools.lru_cache(maxsize=64)
 def selection_noise(epsilon: float, delta: float) -> tuple[float, float]:
     """``(z, delta_threshold)`` of the selection for a run's target (module docstring: fixed from it alone)."""
     return calibrate_gaussian(epsilon, delta) / math.sqrt(SHARE), DELTA_SHARE * float(delta)
