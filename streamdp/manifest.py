@@ -65,7 +65,9 @@ MODEL_JSON = {
     "n_users": (RELEASE, "number of users: released with Laplace noise (ledger: 'number of users'), or the declared "
                          "--users-bound; exact only in non-private runs and where the relation fixes the users "
                          "(module docstring of streamdp.manifest)"),
-    "n_items": (PUBLIC, "number of items: the item catalogue is public (its ids are released)"),
+    "n_items": (RELEASE, "number of items of the model's catalogue: declared by the data owner (public), or selected "
+                         "privately (ledger: 'item catalogue'; streamdp.privacy.catalogue); exact only in non-private "
+                         "runs and where the relation fixes the items"),
     "rating_range": (PUBLIC, "rating range: declared at ingest (an observed range is noted in the ledger)"),
     "store_fingerprint": (PUBLIC, "keyed HMAC of the store's checksum (streamdp.storage.fingerprint): random "
                                   "without the store's key"),
@@ -172,7 +174,8 @@ BOUNDS = {
 ARRAYS = {
     "item_factors": (POST, "item factors fitted on released statistics"),
     "item_bias": (POST, "item biases from released statistics"),
-    "item_ids": (PUBLIC, "the item catalogue (public), ascending"),
+    "item_ids": (RELEASE, "the model's item catalogue, ascending: declared (public) or selected privately (ledger: "
+                          "'item catalogue')"),
     "noisy_item_weight": (RELEASE, "als: noisy item weight totals C_j (ledger: 'item weight totals'); ials: noisy "
                                    "item counts N_j (ledger: 'item counts')"),
     "singular_values": (POST, "oja/lowrank: singular values of the noisy iteration or sketch"),
@@ -197,6 +200,7 @@ SUMMARY = {
     "n_users": OWNER, "store_match": OWNER, "note": OWNER, "local": PUBLIC, "ridge": POST,
     "ranking": OWNER, "ranking_verdict": OWNER, "n_test_users": OWNER, "n_unknown_items": OWNER, "unknown_item_ratings": OWNER,
     "release_choice": POST,  # ials: whether the factors or the chart was released, and on what
+    "items": RELEASE,  # the catalogue: declared, selected privately (a ledgered release) or exact (non-private)
     "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
 }
 

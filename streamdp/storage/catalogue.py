@@ -18,6 +18,7 @@ the internal order never leaves the process (models are saved in ascending id or
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -138,33 +139,40 @@ def catalogue_view(store: RatingStore, ids) -> RatingStore:
 
 
 def read_catalogue(path: str, *, numeric: bool, flag: str = "--items") -> np.ndarray:
-    """The item ids in the catalogue file ``path``: one id per line (blank lines and ``#`` comments skipped).
+    """The item ids in the catalogue file ``path``: an id per line, or the first field of a line of fields
+    separated by ``|``, tab, ``,`` or ``;`` (so MovieLens' ``u.item`` is its own catalogue); blank lines and ``#``
+    comments are skipped, and so is a first line that is not an id of the store's kind (``numeric``): a header.
+    Only the id field is decoded (UTF-8): names in another encoding do not matter.
 
-    A first line that is not an id of the store's kind (``numeric``) is taken as a header. Refused with one
-    line naming the file and line: an unreadable or empty file, an id of the wrong kind, an id twice.
+    Refused with one line naming the file and line: an unreadable or empty file, an id of the wrong kind, an id
+    twice.
 
     >>> import tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "items.txt")
-    >>> _ = open(p, "w").write("item\\n10\\n7\\n\\n# retired: 3\\n")
+    >>> _ = open(p, "w").write("item\\n10\\n7|Some title|1995\\n\\n# retired: 3\\n")
     >>> read_catalogue(p, numeric=True).tolist()
     [10, 7]
     """
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, "rb") as fh:
             lines = fh.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{flag} {path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
-    ids, seen = [], {}
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot be read ({exc.strerror or exc})") from None
+    ids, seen, header = [], {}, False
     for no, raw in enumerate(lines, 1):
-        text = raw.strip()
-        if not text or text.startswith("#"):
+        field = re.split(rb"[|\t,;]", raw, maxsplit=1)[0].strip()
+        if not field or field.startswith(b"#"):
             continue
+        try:
+            text = field.decode("utf-8-sig" if no == 1 else "utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{path}:{no}: the item id is not UTF-8 text") from None
         if numeric:
             try:
                 value = int(text)
             except ValueError:
-                if not ids and not seen:  # a header
-                    seen[None] = no
+                if not ids and not header:  # a header
+                    header = True
                     continue
                 raise InputError(f"{path}:{no}: {text!r} is not an integer item id (the store's ids are "
                                  f"integers)") from None
