@@ -165,3 +165,26 @@ def test_a_store_replaced_during_a_run_is_named_without_its_checksum(tmp_path):
     assert "changed while this run read it" in msg
     for c in (old, new.checksum, open_store(st.path).checksum):
         assert c.split(":")[-1] not in msg, msg
+
+
+def test_budget_prints_no_checksum_of_the_data_it_keeps(tmp_path):
+    """The ledger keeps the checksum of the data each release came from and of the data a replacement swapped (the
+    store's own file); ``budget`` prints neither, in text or JSON."""
+    from streamdp.privacy import GUARANTEE_USER_DP, Ledger, calibrate_gaussian, gaussian_event
+    from streamdp.privacy.budget import BUDGET_FILE, StoreBudget
+    from streamdp.storage.generate import generate_store
+
+    old = _make(tmp_path / "s.zarr")
+    b = StoreBudget(old.path)
+    b.complete(b.reserve(Ledger(method="demo", guarantee=GUARANTEE_USER_DP, epsilon=1.0, delta=1e-6,
+                                events=[gaussian_event(calibrate_gaussian(1.0, 1e-6))], store_checksum=old.checksum)))
+    new = generate_store(old.path, n_users=800, n_items=60, ratings_per_user=12, rank=3, seed=5, test_fraction=0.2,
+                         block_users=200, force=True)
+    assert new.checksum != old.checksum
+    kept = (tmp_path / "s.zarr" / BUDGET_FILE).read_text()
+    assert old.checksum in kept and new.checksum in kept  # the owner's file keeps them
+    text = _run("budget", old.path).output
+    assert "data replaced by generate; the 1 release(s) before it still count" in text
+    for out in (text, _run("budget", old.path, "--json").output):
+        for c in (old.checksum, new.checksum):
+            assert c.split(":")[-1] not in out, out
