@@ -242,7 +242,8 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
             rows.append(_row(m, e, r, model, model_dir))
             say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: " + point_line(rows[-1], s))
     summary = _aggregate(rows)
-    result.update(dry_run=False, store_fingerprint=store_fingerprint(st, create=False), rows=rows, summary=summary, baselines=baselines, ranking_baselines=ranking_baselines,
+    result.update(dry_run=False, store_fingerprint=store_fingerprint(st, create=False), rows=rows, summary=summary,
+                  baselines=baselines, ranking_baselines=ranking_baselines,
                   seconds=round(time.perf_counter() - t0, 2))
     _write(out, result)
     result["plot"] = plot(result, os.path.join(out, PLOT_PNG))
