@@ -1106,7 +1106,7 @@ def privacy_calibrate(epsilon, delta, count, as_json):
 def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
     """Show (or --set, --settle, --restore) the privacy budget of STORE and everything released from it."""
     from streamdp.errors import ParameterError
-    from streamdp.privacy.budget import StoreBudget, format_budget, parse_budget
+    from streamdp.privacy.budget import StoreBudget, format_budget, parse_budget, shown
     from streamdp.privacy.ledger import encode_json
 
     if refund_unreleased and not settle:
@@ -1126,7 +1126,7 @@ def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
 
         settled = b.settle(refund_unreleased=refund_unreleased)
         stale = sweep_stale_runs(store)
-    s = b.show()
+    s = shown(b.show())  # the ledger's records of the data's checksums stay in the store's files
     if as_json:
         extra = {} if settled is None else {"settled": settled, "stale_runs_removed": stale}
         print_json(encode_json({**s, **extra, **({} if restored is None else {"restored": restored})}))

@@ -72,7 +72,8 @@ MODEL_JSON = {
     "store_fingerprint": (PUBLIC, "keyed HMAC of the store's checksum (streamdp.storage.fingerprint): random "
                                   "without the store's key"),
     "budget_entry": (PUBLIC, "random id of the store-budget entry that released the model"),
-    "run_id": (PUBLIC, "random id of the run"),
+    "run_id": (PUBLIC, "id of the run: a hash of its settings and the store's keyed fingerprint (what a "
+                       "--checkpoint resumes), then a random part"),
     "run_directory": (PUBLIC, "the --checkpoint directory given (None: a private run directory)"),
     "resumed_from_iteration": (PUBLIC, "iteration a --checkpoint run resumed from"),
     "resumed_from_epoch": (PUBLIC, "epoch a --checkpoint run resumed from"),

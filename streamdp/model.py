@@ -4,7 +4,7 @@
 
     MODEL/
       privacy.json        the privacy ledger (streamdp.privacy.Ledger)
-      model.json          method, rank, all parameters, the store's checksum, and
+      model.json          method, rank, all parameters, the store's keyed fingerprint, and
                           ``budget_entry``: the store-budget entry that released it
       factors.zarr/       Zarr group
         item_factors      float32 (n_items, k), in ascending item id order
@@ -321,7 +321,7 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         Original item ids in store item order.
     global_mean : float
     model_info : dict
-        JSON-serializable description (method, rank, parameters, store checksum...).
+        JSON-serializable description (method, rank, parameters, store fingerprint...).
     ledger : streamdp.privacy.Ledger
         Written as ``privacy.json``.
     extras : dict of str to ndarray, optional

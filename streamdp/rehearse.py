@@ -127,6 +127,7 @@ from streamdp.privacy.budget import COUNTED, StoreBudget
 from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
 from streamdp.privacy.release import Release
 from streamdp.serving import factors_released
+from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.generate import generate_store
 from streamdp.storage.ids import as_ids, find
 from streamdp.storage.store import RatingStore, open_store
@@ -630,7 +631,8 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
                 shape["n_users"] = {"value": h["n_users"], "source": src}
             if shape["ratings_per_user"] is None:
                 shape["ratings_per_user"] = {"value": h["ratings_per_user"], "source": src}
-    like = {"store": st.path, "store_checksum": st.checksum, "public": pub, "items": items.pop("record")}
+    # the store named by its keyed fingerprint (set below, once a release has made its key), never by its checksum
+    like = {"store": st.path, "store_fingerprint": None, "public": pub, "items": items.pop("record")}
     options = {**options, **items}
     check_destination(out, force)  # before anything is reserved
     spread_model = _spread_wanted(st, found, options, items)
@@ -681,6 +683,7 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
                                       "are added")
         else:
             like["spread"] = {"source": _no_spread_reason(found, options, items)}
+        like["store_fingerprint"] = store_fingerprint(st, create=False)
         syn = _generate(out, shape, pub, like, force, options)
     for line in said:
         say(line)

@@ -36,6 +36,7 @@ from streamdp.privacy.ledger import atomic_write_json
 from streamdp.privacy.params import default_delta
 from streamdp.privacy.users import release_user_count
 from streamdp.rehearse import REHEARSAL_NOTE, generate_like
+from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import dask_session
 
@@ -112,7 +113,9 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     like = syn.attrs["params"]["like"]
     shape = like["shape"]
     say(f"the spend below is the synthetic store's ({syn.path}); {st.path}'s budget is not charged for the sweep")
-    rehearsal = {"like": st.path, "like_checksum": st.checksum, "synthetic_store": syn.path,
+    # STORE named by its keyed fingerprint (the rehearsal's shape statistics were released: it has a key), never by
+    # its checksum, an unkeyed hash of its ratings (docs/privacy.md)
+    rehearsal = {"like": st.path, "like_fingerprint": like.get("store_fingerprint"), "synthetic_store": syn.path,
                  "n_users": shape["n_users"], "ratings_per_user": shape["ratings_per_user"], "items": like["items"],
                  "spread": {k: v for k, v in like["spread"].items() if k != "rounds"}}
     res = sweep(syn, out=out, seed=seed, echo=echo, prepared=True, rehearsal=rehearsal, **options)
@@ -207,7 +210,8 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     points = [(m, e, r) for m in methods for e in epsilons for r in range(int(repeats) if math.isfinite(e) else 1)]
     spend = planned_spend(st, points, delta=delta, rank=rank, seed=seed, users=users)
     say(format_spend(spend))
-    result = {"store": st.path, "store_checksum": st.checksum, "methods": methods,
+    # the store named by its keyed fingerprint (None until its first release makes its key), never by its checksum
+    result = {"store": st.path, "store_fingerprint": store_fingerprint(st, create=False), "methods": methods,
               "epsilons": [_name(e) for e in epsilons], "repeats": int(repeats), "delta": delta, "spend": spend,
               **({"rehearsal": rehearsal} if rehearsal else {})}
     if dry_run:
@@ -238,7 +242,8 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
             rows.append(_row(m, e, r, model, model_dir))
             say(f"[{i}/{len(points)}] {m} epsilon {_name(e)} repeat {r}: " + point_line(rows[-1], s))
     summary = _aggregate(rows)
-    result.update(dry_run=False, rows=rows, summary=summary, baselines=baselines, ranking_baselines=ranking_baselines,
+    result.update(dry_run=False, store_fingerprint=store_fingerprint(st, create=False), rows=rows, summary=summary,
+                  baselines=baselines, ranking_baselines=ranking_baselines,
                   seconds=round(time.perf_counter() - t0, 2))
     _write(out, result)
     result["plot"] = plot(result, os.path.join(out, PLOT_PNG))

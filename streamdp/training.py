@@ -161,7 +161,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
             fitted.model_info.setdefault("engine", engine.describe())
             if not st.implicit or st.rating_range_source == "declared":  # an observed count range is not published
                 fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
-        st.check_unchanged()  # the model records the checksum of the store opened: it must be the store read
+        st.check_unchanged()  # the model records the fingerprint of the store opened: it must be the store read
         seconds = time.perf_counter() - t0
         fp = store_fingerprint(st)
         fitted.model_info["store_fingerprint"] = fp

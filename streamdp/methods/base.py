@@ -23,6 +23,7 @@ from streamdp.privacy import GUARANTEE_NONE, Ledger, compose, epsilon_of
 from streamdp.privacy.accountant import parse_epsilon
 from streamdp.privacy.catalogue import epsilon_alone
 from streamdp.privacy.users import UserCount, release_user_count
+from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.stream.driver import Run, fingerprint
 
 
@@ -307,16 +308,17 @@ class Method:
     def open_run(self, store, plan, *, rng_key: int, exclude=(), engine=None):
         """The :class:`~streamdp.stream.driver.Run` of one fit of ``plan`` on ``store`` (state, checkpoints, RNG).
 
-        Its fingerprint covers the method, rank, privacy target, seed, store checksum and
-        every planned setting but ``exclude`` and the derived entries (releases, bounds,
-        the checkpoint path), so ``--checkpoint`` resumes only the very same run. The
-        temporary run directory goes under ``engine.state`` (``--state``) when set.
+        Its fingerprint covers the method, rank, privacy target, seed, store (its keyed
+        fingerprint, :func:`_run_store_name`) and every planned setting but ``exclude`` and
+        the derived entries (releases, bounds, the checkpoint path), so ``--checkpoint``
+        resumes only the very same run. The temporary run directory goes under
+        ``engine.state`` (``--state``) when set.
         """
         skip = {"checkpoint", *exclude}
         keep = {key: v for key, v in plan.settings.as_dict().items() if key not in skip}
         cat = {"items": store.catalogue_digest} if getattr(store, "catalogue_digest", None) else {}
         fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
-                         store=store.checksum, s=keep, **cat)
+                         store=_run_store_name(store), s=keep, **cat)
         # a method fitted as one of several candidates of a run shares that run's entropy (same held-out ratings)
         seed = self.seed if self.shared_entropy is None else self.shared_entropy
         return Run(store, method=self.name, fingerprint=fp, seed=seed, rng_key=rng_key,
@@ -325,3 +327,17 @@ class Method:
     def planned_ledger(self, store):
         """The ledger this method will write, computed before it runs (for budget reservation)."""
         return self.ledger(store, self.plan(store))
+
+
+def _run_store_name(store) -> str:
+    """What names ``store`` in a run's fingerprint, which the run id in ``model.json`` and the checkpoint carry.
+
+    The store's keyed fingerprint (:mod:`streamdp.storage.fingerprint`; its key is made when the run's release is
+    reserved, before the fit); a method fitted directly, with nothing reserved on a store that has no key yet, gets
+    the store's path and the random id of its write (``generation``). Never the store's checksum: a hash of the
+    public settings and the checksum would let whoever knows every user but one test the last one (docs/privacy.md).
+    """
+    fp = store_fingerprint(store, create=False)
+    if fp is not None:
+        return fp
+    return f"{store.path} generation {(getattr(store, 'attrs', None) or {}).get('generation')}"

@@ -194,7 +194,7 @@ from streamdp.privacy.ledger import (
 )
 
 __all__ = ["StoreBudget", "BUDGET_FILE", "JOURNAL_FILE", "LOCK_FILE", "WITNESS_FILE", "carried_over",
-           "format_budget"]
+           "format_budget", "shown"]
 
 BUDGET_FILE = "privacy_budget.json"
 LOCK_FILE = "privacy_budget.lock"
@@ -1196,6 +1196,24 @@ def carried_over(old_store: str | os.PathLike, new_store: str | os.PathLike, *, 
         yield
 
 
+#: What the ledger keeps of the store's data itself, left out of what ``streamdp budget`` prints: the checksum of the
+#: ratings each entry was released from and of the data before and after a replacement (unkeyed hashes of the
+#: ratings: whoever knows every user but one could test the last one against them; docs/privacy.md).
+UNSHOWN = ("store_checksum", "old_checksum", "new_checksum")
+
+
+def shown(s: dict) -> dict:
+    """``s`` (:meth:`StoreBudget.show`) as ``streamdp budget`` prints it: without the fields in :data:`UNSHOWN`.
+
+    >>> shown({"entries": [{"id": "a", "store_checksum": "blake2b:00"}], "history": [{"old_checksum": "x"}]})
+    {'entries': [{'id': 'a'}], 'history': [{}]}
+    """
+    def strip(d):
+        return {k: v for k, v in d.items() if k not in UNSHOWN} if isinstance(d, dict) else d
+
+    return {**s, **{k: [strip(x) for x in s[k]] for k in ("entries", "history") if isinstance(s.get(k), list)}}
+
+
 def format_budget(s: dict) -> str:
     """Human-readable summary of :meth:`StoreBudget.show`."""
     b, sp = s["budget"], s["spent"]
@@ -1228,8 +1246,7 @@ def format_budget(s: dict) -> str:
 def _history_line(h: dict) -> str:
     n = h.get("n_entries", "?")
     return {
-        "data replaced": lambda: (f"data replaced by {h.get('by')} ({h.get('old_checksum')} -> "
-                                  f"{h.get('new_checksum')}); the {n} release(s) before it still count"),
+        "data replaced": lambda: f"data replaced by {h.get('by')}; the {n} release(s) before it still count",
         "journal started": lambda: f"journal started; the {n} release(s) before it were taken from the ledger as is",
         "journal restarted": lambda: (f"journal lost, restarted (--restore) from the ledger as it was, "
                                       f"{n} release(s)"),

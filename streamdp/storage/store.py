@@ -177,14 +177,18 @@ class RatingStore:
             raise self._replaced()
 
     def _replaced(self) -> StoreError:
+        # each write named by its random generation id, never by its checksum (an unkeyed hash of the ratings,
+        # which whoever knows all users but one could test the last one against: docs/privacy.md)
         def name(ident):
-            return f"checksum {ident[0]}" + (f", generation {ident[1]}" if ident[1] else "")
+            return f"generation {ident[1]}" if ident[1] else "a store written before generation ids"
 
         now = self.current_identity()
         if now is None:
             what = "it is gone"
-        elif now[:2] != self.identity[:2]:
+        elif now[1] and now[1] != self.identity[1]:
             what = f"now {name(now)}"
+        elif now[:2] != self.identity[:2]:
+            what = "its content changed"
         else:
             what = "its zarr.json was rewritten"
         return StoreError(f"{self.path}: the store changed while this run read it (opened as {name(self.identity)}; "
