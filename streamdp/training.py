@@ -207,6 +207,8 @@ def check_local_solve(fitted, out: str) -> None:
               extras=fitted.extras)
     lo, hi = rating_range(m)
     ends = [hi, lo] if math.isfinite(lo) and math.isfinite(hi) else [1.0]
+    if (m.info.get("local_implicit") or {}).get("implicit"):  # counts: each > 0
+        ends = [v if v > 0 else 1.0 for v in ends]
     try:  # a user of one item and one of more items than factors (ials solves them by two routes)
         for k in sorted({1, min(n, int(np.shape(fitted.item_factors)[1]) + 2)}):
             user_scores(m, np.arange(k, dtype=np.int32), np.resize(np.asarray(ends, np.float32), k))
