@@ -195,8 +195,8 @@ class Model:
         ``as_arrays=True``, NumPy arrays ``(user_ids, item_ids, scores)`` (:class:`streamdp.serving.Recommendations`:
         ``item_ids`` and ``scores`` have ``n`` columns, best first). See :mod:`streamdp.batch` (each list may be
         shown to its user, not published: joint DP). The tables and the file have an ``item_name`` column
-        when the store keeps item names or ``item_names`` (a store or an ``id,name`` file) gives them;
-        the arrays do not.
+        when the store keeps item names or ``item_names`` (a store, an ``id,name`` file, a DataFrame, a Series
+        indexed by id or a dict; ``True``: the store's, ``False``: none) gives them; the arrays do not.
         """
         n = check_n(n)
         kw = dict(users=users, ridge=ridge, workers=workers, scheduler=scheduler, memory_limit=memory_limit)
