@@ -120,8 +120,13 @@ def _prepare(model, store, n, users, ridge, item_names=None):
         if (dense < 0).any():
             raise InputError(f"users: {keys[int(np.flatnonzero(dense < 0)[0])]!r} is not a user of {st.path}")
         wanted = np.unique(dense)
-    if item_names is None:
+    if item_names is None or item_names is True:  # True: the store's names, which it must keep
         names = st.item_names()
+        if names is None and item_names is True:
+            raise InputError(f"item_names=True: {st.path} keeps no item names (ingest it with --item-names FILE, or "
+                             f"give item_names a file, a DataFrame, a Series or a dict)")
+    elif item_names is False:
+        names = None
     else:
         from streamdp.storage.names import names_for  # pyarrow: not loaded by `train` (docs/scale.md)
 
@@ -211,9 +216,10 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
         A file of original user ids (one a line), or the ids themselves.
     force : bool
         Replace an existing file at ``path``.
-    item_names : str or RatingStore, optional
-        Where the ``item_name`` column comes from: a store keeping names or an ``id,name`` file
-        (:func:`streamdp.storage.names.names_for`); default: ``store``'s names, if it keeps any.
+    item_names : str, RatingStore, DataFrame, Series, dict or bool, optional
+        Where the ``item_name`` column comes from: a store keeping names, an ``id,name`` file, or names held in
+        Python (a DataFrame, a Series indexed by id, a dict) (:func:`streamdp.storage.names.names_for`); ``True``:
+        ``store``'s names, which it must keep; ``False``: no names. Default: ``store``'s names, if it keeps any.
     """
     m, st, mo, ids, tiekey, ridge, wanted, names = _prepare(model, store, n, users, ridge, item_names)
     asked, n = int(n), min(int(n), st.n_items)

@@ -920,6 +920,9 @@ def recommend(model, ratings_file, store, out, users_file, top, item_names, ridg
                 raise ParameterError(f"{flag}: only with --store (batch recommendations)")
     elif out is None:
         raise ParameterError("--store: give --out FILE, the Parquet file to write")
+    from streamdp.serving import check_n
+
+    top = check_n(top, "--top")  # the library's own check would name its parameter n
     m = load_model(model)
     if store is not None:
         res = m.recommend_all(store, top, out, users=users_file, ridge=ridge, workers=workers, scheduler=scheduler,

@@ -501,6 +501,11 @@ def _raw_scores(model, items, ratings, ridge, user_bias) -> np.ndarray:
     bad = ~((r >= lo) & (r <= hi))
     if bad.any():
         raise InputError(f"rating {r[bad][0]:g} is outside the model's rating range [{lo:g}, {hi:g}]")
+    if local_kind(model) == "implicit" and ((model.info.get("local_implicit") or {}).get("implicit")):
+        if not (r > 0).all():  # the values are counts: ingest refuses a count <= 0 in an interaction log, so do we
+            from streamdp.storage.formats import not_positive_reason  # pyarrow: not loaded by `train`
+
+            raise InputError(not_positive_reason(float(r[~(r > 0)][0])))
     u = solve_user(model, items, ratings, ridge, user_bias=user_bias)
     Q, bias = local_design(model, user_bias)
     raw = model.global_mean + bias + Q @ u

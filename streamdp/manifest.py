@@ -44,6 +44,8 @@ guarantee does not hide a user's presence: non-private runs, and ``lowrank`` and
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 PUBLIC, RELEASE, POST, NONPRIVATE, OWNER = "public", "release", "post", "nonprivate", "owner"
@@ -156,6 +158,8 @@ PRIVACY_JSON = {
                                   "exact; n_items; rating range)"),
     "bounds": (PUBLIC, "contribution bounds: options, their defaults from public parameters, released values"),
     "bounds.releases": (PUBLIC, "every noisy release: what, mechanism, sensitivity, noise scale, shape"),
+    "model_digest": (PUBLIC, "sha256 of model.json's fields as released (streamdp.manifest.released_digest): a "
+                             "model.json edited after release is refused when the model is loaded"),
 }
 
 #: The contribution bounds a ledger may carry (``privacy.json: bounds.<key>``): each an option, a default
@@ -204,6 +208,21 @@ SUMMARY = {
     "items": RELEASE,  # the catalogue: declared, selected privately (a ledgered release) or exact (non-private)
     "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
 }
+
+
+def released_digest(model_json: dict) -> str:
+    """The digest of ``model.json``'s fields as written, which the ledger keeps (``privacy.json``: ``model_digest``).
+
+    Every field of ``model.json`` may change what a user is shown (the local solve's settings, the list scorer,
+    the chart threshold of ``selection.chart_below``, ``factors_released``...), and the file is written once, with
+    the ledger, and never rewritten: so all of it is covered, and :func:`streamdp.model.check_agrees` refuses a
+    ``model.json`` that does not match. A digest of the released fields, public themselves, says nothing more.
+
+    >>> released_digest({"b": 1, "a": [1.5, "inf"]}) == released_digest({"a": [1.5, "inf"], "b": 1})
+    True
+    """
+    text = json.dumps(model_json, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 class UndeclaredField(ValueError):

@@ -39,12 +39,12 @@ import zarr
 from streamdp.batch import recommend_all
 from streamdp.errors import InputError, ParameterError
 from streamdp.local import default_list_scorer, popular_list, recommend, user_scores
-from streamdp.manifest import check_release
+from streamdp.manifest import check_release, released_digest
 from streamdp.model_dir import MODEL_FORMAT, MODEL_FORMAT_VERSION, is_model_dir
 from streamdp.outputs import check_destination, deferred_interrupts, install_dir, owned_temp_dir
 from streamdp.privacy import Ledger
 from streamdp.privacy.ledger import encode_json
-from streamdp.serving import Summary, describe, recommend_arrays, recommend_user, similar_items
+from streamdp.serving import Summary, check_n, describe, recommend_arrays, recommend_user, similar_items
 from streamdp.storage.ids import as_ids, find, numeric, parse_id
 
 _CORE_ARRAYS = ("item_factors", "item_bias", "item_ids")
@@ -107,7 +107,17 @@ class Model:
         ids = np.asarray(self.item_ids)
         is_num = numeric(ids)
         keys, given, values, unknown = [], [], [], []
-        for item, r in pairs:
+        if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
+            raise ParameterError(f"user_ratings: expected a dict {{item: rating}}, a DataFrame with item and rating "
+                                 f"columns or (item, rating) pairs, got {type(user_ratings).__name__}")
+        for pair in pairs:
+            try:
+                item, r = pair
+            except (TypeError, ValueError):
+                raise ParameterError(f"user_ratings: expected (item, rating) pairs (or a dict {{item: rating}}), got "
+                                     f"the element {pair!r}") from None
+            if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, float, np.integer, np.floating)):
+                raise ParameterError(f"user_ratings: the rating of item {item!r} is {r!r}, not a number")
             try:
                 keys.append(parse_id(item, is_num))
             except (TypeError, ValueError, OverflowError):
@@ -167,6 +177,7 @@ class Model:
         >>> [i for i, _ in m.recommend({10: 5}, n=2)]
         [20, 30]
         """
+        n = check_n(n)
         it, r, _ = self._user(user_ratings, allow_none=True)
         source, note = "model", ""
         if len(it):
@@ -186,9 +197,10 @@ class Model:
         ``as_arrays=True``, NumPy arrays ``(user_ids, item_ids, scores)`` (:class:`streamdp.serving.Recommendations`:
         ``item_ids`` and ``scores`` have ``n`` columns, best first). See :mod:`streamdp.batch` (each list may be
         shown to its user, not published: joint DP). The tables and the file have an ``item_name`` column
-        when the store keeps item names or ``item_names`` (a store or an ``id,name`` file) gives them;
-        the arrays do not.
+        when the store keeps item names or ``item_names`` (a store, an ``id,name`` file, a DataFrame, a Series
+        indexed by id or a dict; ``True``: the store's, ``False``: none) gives them; the arrays do not.
         """
+        n = check_n(n)
         kw = dict(users=users, ridge=ridge, workers=workers, scheduler=scheduler, memory_limit=memory_limit)
         if item_names is not None:
             kw["item_names"] = item_names
@@ -358,8 +370,10 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
     _claim_epsilon(info, ledger)
     info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n),
                 rank=int(V.shape[1]), item_order="ascending item id")
+    payload = json.loads(json.dumps(encode_json(info)))  # model.json as it is read back
+    ledger.model_digest = released_digest(payload)  # the ledger keeps it: an edit after release is refused at load
     # every field must be declared with its provenance; a private model holds no exact statistic
-    check_release(encode_json(info), ledger.to_dict(), [*_CORE_ARRAYS, *extras], ["global_mean"])
+    check_release(payload, ledger.to_dict(), [*_CORE_ARRAYS, *extras], ["global_mean"])
     parent = os.path.dirname(os.path.abspath(out)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = owned_temp_dir(out, "tmp")  # records its owner; removes dead runs' temporary directories beside out
@@ -379,7 +393,7 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
                 _put(g, name, np.asarray(arr))
             g.attrs["global_mean"] = float(global_mean)
             with open(os.path.join(tmp, "model.json"), "w") as f:
-                json.dump(encode_json(info), f, indent=2)
+                json.dump(payload, f, indent=2)
                 f.write("\n")
             ledger.write(tmp)
             install_dir(tmp, out, force=force, what="model", is_ours=is_model_dir)
@@ -446,7 +460,8 @@ def check_agrees(path: str, info: dict, ledger) -> None:
     claims one: a ledger whose guarantee has no delta, non-private or "not DP", writes
     none or 0), ``store_fingerprint``, whether the run was seeded (``seed`` against
     ``seeded``), and ``n_users``, ``n_items`` and the rating range against the ledger's
-    ``public_parameters``. Editing only ``epsilon`` to 0.01 in ``model.json`` made
+    ``public_parameters``; then every field, by the digest of ``model.json`` the ledger keeps
+    (:func:`streamdp.manifest.released_digest`). Editing only ``epsilon`` to 0.01 in ``model.json`` made
     ``evaluate --json`` report 0.01, and editing ``method`` had ``evaluate`` call an als
     model "oja": reports take these values from the ledger, and a disagreement is one
     line naming the field and both files.
@@ -475,6 +490,52 @@ def check_agrees(path: str, info: dict, ledger) -> None:
         if not same:
             raise InputError(f"{path}: model.json and privacy.json disagree on {name}: model.json says {mine!r}, "
                              f"privacy.json {theirs!r} (the directory was edited; privacy.json is the ledger)")
+    # every other field (the local solve's settings, the list scorer, the chart's threshold...): the digest of
+    # model.json as released, which the ledger keeps (a model written before it has none)
+    try:
+        digest = released_digest(info)
+    except ValueError:  # a NaN or infinity json.load let in: never written by save_model
+        digest = None
+    if not ledger.model_digest:
+        raise InputError(f"{path}: privacy.json keeps no digest of model.json (a model written by an older streamdp, "
+                         f"or an edited ledger): retrain it")
+    if digest != ledger.model_digest:
+        raise InputError(f"{path}: model.json was edited after the model was released: it does not match the digest "
+                         f"privacy.json keeps (privacy.json is the ledger)")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+#: Fields the local solve and the lists read, and what each must be: (dotted key, check, what it must be).
+_FIELD_TYPES = (
+    ("ridge", lambda v: _is_number(v) and 0 < v < float("inf"), "a positive number"),
+    ("local", lambda v: isinstance(v, str), "a string"),
+    ("local_user_bias", lambda v: isinstance(v, bool), "true or false"),
+    ("popularity_column", lambda v: isinstance(v, bool), "true or false"),
+    ("factors_released", lambda v: isinstance(v, bool), "true or false"),
+    ("selection", lambda v: isinstance(v, dict), "an object"),
+    ("selection.chart_below", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+     "a count >= 0"),
+    ("local_implicit", lambda v: isinstance(v, dict) and all(_is_number(v.get(k)) for k in ("alpha", "max_confidence"))
+     and isinstance(v.get("preference", ""), str), "an object with numbers alpha and max_confidence"),
+)
+
+
+def _check_fields(path: str, info: dict) -> None:
+    """Refuse (one line) a ``model.json`` field of the wrong type, and an ``ials`` model without ``local_implicit``.
+
+    Behind the digest check a model whose two files were both edited could still hold them: they were tracebacks.
+    """
+    if info.get("local") == "implicit" and "local_implicit" not in info:
+        raise InputError(f"{path}/model.json: no local_implicit: an implicit model's local solve needs it")
+    for key, ok, what in _FIELD_TYPES:
+        head, _, leaf = key.partition(".")
+        holder = info.get(head) if leaf else info
+        name = leaf or head
+        if isinstance(holder, dict) and name in holder and not ok(holder[name]):
+            raise InputError(f"{path}/model.json: {key} is {holder[name]!r}, not {what}")
 
 
 def load_model(path: str) -> Model:
@@ -506,6 +567,7 @@ def load_model(path: str) -> Model:
             raise InputError(f"{path}/factors.zarr: no array {name!r}")
     ledger = Ledger.read(path)
     check_agrees(path, info, ledger)
+    _check_fields(path, info)
     _check_arrays(path, arrays, global_mean, info)
     ids = as_ids(arrays.pop("item_ids"))
     if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):

@@ -83,6 +83,7 @@ def recommend_user(model, store, user_id, n: int = 10, *, ridge: float | None = 
     When the store keeps item names (``ingest --item-names``), the list's ``names`` holds the name of
     each recommended item (``""`` when unnamed); otherwise ``names`` is ``None``.
     """
+    n = check_n(n)
     st = store if isinstance(store, RatingStore) else open_store(store)
     items, ratings = stored_ratings(st, user_id)
     recs = model.recommend(zip(items.tolist(), ratings.tolist()), n=n, ridge=ridge)
@@ -126,14 +127,30 @@ def factors_released(model) -> bool:
     return bool(model.info.get("factors_released", V.size > 0 and bool(np.any(V))))
 
 
+def check_n(n, name: str = "n") -> int:
+    """``n`` as an int >= 1, or a one-line :class:`ParameterError` naming ``name`` (a fraction, NaN, a string, a
+    bool: the Python API's list lengths, checked before anything is read).
+
+    >>> check_n(3.0)
+    3
+    >>> check_n(float("nan"))
+    Traceback (most recent call last):
+    ...
+    streamdp.errors.ParameterError: n must be a positive integer, got nan
+    """
+    number = isinstance(n, (int, float, np.integer, np.floating)) and not isinstance(n, (bool, np.bool_))
+    if not (number and n >= 1 and float(n).is_integer()):
+        raise ParameterError(f"{name} must be a positive integer, got {n!r}")
+    return int(n)
+
+
 def similar_items(model, item_id, n: int = 10) -> list:
     """The ``n`` items most similar to ``item_id`` by cosine similarity of the released item factors.
 
     Post-processing of the release (no privacy cost, no user data). The item itself is
     left out; ties go to the smaller item id (module docstring).
     """
-    if isinstance(n, bool) or int(n) != n or n < 1:
-        raise ParameterError(f"n must be a positive integer, got {n!r}")
+    n = check_n(n)
     if not factors_released(model):
         raise InputError(f"{model.path}: this {model.method} model released no item factors (only item biases and "
                          f"the global mean), so items have no similarity; train with factors (e.g. a larger epsilon "

@@ -18,13 +18,14 @@ import time
 
 import numpy as np
 
-from streamdp.errors import Interrupted, ParameterError
+from streamdp.errors import InputError, Interrupted, ParameterError, StreamdpError
 from streamdp.evaluate import evaluate_model
 from streamdp.manifest import public_parameters
 from streamdp.methods import Method, get_method
 from streamdp.methods.base import user_count_for
 from streamdp.methods.lowrank import WEAKER_NOTE, LowRank
-from streamdp.model import check_model_destination
+from streamdp.local import rating_range, user_scores
+from streamdp.model import Model, check_model_destination
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import interrupt_signal
 from streamdp.privacy import GUARANTEE_NONE, check_privacy_params
@@ -170,6 +171,7 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         fitted.ledger.public_parameters = public_parameters(st, m.user_count(st), getattr(m, "catalogue", None))
         if fitted.ledger.guarantee == GUARANTEE_NONE:
             fitted.model_info["delta"] = None  # a non-private model has no (epsilon, delta) guarantee
+        check_local_solve(fitted, out)
         budget.writing(entry)
         fitted.save(out, force=force)
         budget.complete(entry)
@@ -197,6 +199,35 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
             raise Interrupted(msg) from None
         raise
     return fitted, seconds, stale
+
+
+def check_local_solve(fitted, out: str) -> None:
+    """Refuse a fitted model whose users' local solve is not finite, before anything is written.
+
+    Its arrays may be finite (``save_model`` checks them) while every user's solve on it overflows (``ials`` with
+    confidences of ``1e300``): found only by the evaluation after the write, such a model was left in place, its
+    budget entry complete, behind an error exit. A probe user who rates the first items at both ends of the
+    rating range (1 where the model has none: counts), and one who rates a single item, are solved here, as her device would (post-processing).
+    """
+    n = len(fitted.item_ids)
+    if n == 0:
+        return
+    m = Model(path=out, item_factors=np.asarray(fitted.item_factors, np.float32),
+              item_bias=np.asarray(fitted.item_bias, np.float32), item_ids=np.asarray(fitted.item_ids),
+              global_mean=float(fitted.global_mean), info=fitted.model_info, ledger=fitted.ledger,
+              extras=fitted.extras)
+    lo, hi = rating_range(m)
+    ends = [hi, lo] if math.isfinite(lo) and math.isfinite(hi) else [1.0]
+    if (m.info.get("local_implicit") or {}).get("implicit"):  # counts: each > 0
+        ends = [v if v > 0 else 1.0 for v in ends]
+    try:  # a user of one item and one of more items than factors (ials solves them by two routes)
+        for k in sorted({1, min(n, int(np.shape(fitted.item_factors)[1]) + 2)}):
+            user_scores(m, np.arange(k, dtype=np.int32), np.resize(np.asarray(ends, np.float32), k))
+    except InputError as exc:
+        if "not finite" not in str(exc):
+            raise
+        raise StreamdpError(f"{out}: the fitted model's local solve is not finite (NaN or infinity): its settings "
+                            f"overflow float64 arithmetic; nothing was written") from None
 
 
 def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, evaluate_test, workers,

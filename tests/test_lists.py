@@ -160,11 +160,16 @@ def test_a_biases_only_release_says_every_user_gets_the_same_list(small_store, t
 def test_a_model_with_a_bad_list_scorer_is_refused_in_one_line(model_a, tmp_path, scorer, said):
     import shutil
 
+    from streamdp.manifest import released_digest
+
     bad = tmp_path / "bad"
     shutil.copytree(model_a.path, bad)
     info = json.loads((bad / "model.json").read_text())
     info["list_scorer"] = scorer
     (bad / "model.json").write_text(json.dumps(info))
+    led = json.loads((bad / "privacy.json").read_text())  # both files edited: the scorer's own check answers
+    led["model_digest"] = released_digest(info)
+    (bad / "privacy.json").write_text(json.dumps(led))
     f = tmp_path / "me.csv"
     f.write_text(f"item,rating\n{int(model_a.item_ids[0])},5\n")
     res = CliRunner().invoke(main, ["recommend", str(bad), "--ratings", str(f)])

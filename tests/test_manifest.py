@@ -159,7 +159,8 @@ RUN_RESULTS = {"lowrank": ("privacy.json:bounds.projection_mu", "privacy.json:bo
                "public-private": ("model.json:ridge",)}
 #: Fields that are random per run whatever the seed (ids) or name the output directory.
 RANDOM = ("model.json:run_id", "model.json:budget_entry", "model.json:store_fingerprint", "model.json:run_directory",
-          "privacy.json:store_fingerprint", "privacy.json:bounds.run_id")
+          "privacy.json:store_fingerprint", "privacy.json:bounds.run_id",
+          "privacy.json:model_digest")  # the digest of model.json, ids included
 
 
 def _flat(d, prefix):

@@ -293,3 +293,47 @@ def test_evaluate_returns_what_evaluate_json_prints(small_store, tmp_path):
     assert r.exit_code == 0, r.output
     assert got == json.loads(r.stdout)
     assert type(got["rmse"]) is float and type(got["ranking"]["precision"]) is float
+
+
+# -- the third adversarial round (issue 40): loose arguments are one line naming them -------------------------------
+@pytest.mark.parametrize("n", [2.5, float("nan"), "3", 0, True, None, float("inf")])
+def test_a_list_length_that_is_not_a_positive_integer_is_one_line(frame_model, n):
+    """Before: raw TypeErrors (``n=2.5``, ``"3"``) or a ValueError (``nan``) from deep inside."""
+    _, st, m = frame_model
+    for call in (lambda: m.recommend_user(st, 0, n=n), lambda: m.recommend({0: 4.0}, n=n),
+                 lambda: m.recommend_all(st, n, as_arrays=True), lambda: m.similar_items(m.item_ids[0], n=n)):
+        with pytest.raises(ParameterError, match=r"^n must be a positive integer, got "):
+            call()
+    assert [i for i, _ in m.recommend({0: 4.0}, n=3.0)] == [i for i, _ in m.recommend({0: 4.0}, n=3)]
+
+
+@pytest.mark.parametrize("ratings,said", [([1, 2], "got the element 1"), ("12", "got str"),
+                                          (7, "got int"), ([(1, "x")], "is 'x', not a number"),
+                                          ([(1, 2, 3)], "got the element (1, 2, 3)")])
+def test_user_ratings_that_are_not_pairs_are_one_line(frame_model, ratings, said):
+    _, _, m = frame_model
+    for call in (m.recommend, m.predict):
+        with pytest.raises(ParameterError, match=r"^user_ratings: ") as e:
+            call(ratings)
+        assert said in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def counts_model(tmp_path_factory):
+    """An ials model of an interaction log (its values are counts)."""
+    d = tmp_path_factory.mktemp("counts")
+    rng = np.random.default_rng(0)
+    users, items = rng.integers(0, 150, 2000), np.minimum(rng.zipf(1.6, 2000) - 1, 29)
+    p = d / "log.csv"
+    p.write_text("user,item,count\n" + "".join(f"{u},{i},{1 + u % 3}\n" for u, i in zip(users, items)))
+    st = streamdp.ingest([str(p)], str(d / "log.zarr"), implicit=True)
+    return streamdp.train(st, method="ials", epsilon=float("inf"), out=str(d / "m"), iters=2, evaluate=False)
+
+
+@pytest.mark.parametrize("count", [0, -2])
+def test_a_count_that_is_not_positive_is_refused_by_an_implicit_model(counts_model, count):
+    """Before: accepted (a count of -2 or 0 ranked as a weak positive); ingest refuses them in a log."""
+    m = counts_model
+    with pytest.raises(InputError, match="is not positive"):
+        m.recommend({int(m.item_ids[0]): 3, int(m.item_ids[1]): count})
+    assert len(m.recommend({int(m.item_ids[0]): 3}, n=3)) == 3

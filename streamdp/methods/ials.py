@@ -271,6 +271,13 @@ MODEL_PARAMETERS = ("preference", "alpha", "max_confidence", "count_scale", "imp
 
 _POS = dict(minimum=0, exclusive_minimum=True)
 
+#: The largest confidence refused up front: 2^52, float64's ``1 / eps``. Every solve adds a pair's ``(c - 1) y y^T``
+#: to ``Y^T Y + ridge I``, in which every other item weighs 1 (and ``implicit_pairs`` forms ``c = 1 + ...``); from
+#: ``c ~ 2^52`` on the weight 1 is below float64's resolution next to ``c``, so the Gramians cannot hold both terms and
+#: the solves break down (measured: ``1e16`` trains, ``1e18`` gives NaN rows, ``1e20`` a LinAlgError, ``1e300`` local
+#: solves that overflow). A cap below this is a choice; one above it is not a confidence float64 can use.
+MAX_CONFIDENCE = 2.0 ** 52
+
 
 @dataclass(frozen=True)
 class IalsOptions(MethodOptions):
@@ -426,6 +433,10 @@ class IALS(Method):
         self.epsilon = float(epsilon)  # default_rank reads it
         super().__init__(epsilon=epsilon, delta=delta, rank=rank, seed=seed, **options)
         self._rank_given = rank is not None
+        if not self.opts.max_confidence < MAX_CONFIDENCE:
+            raise ParameterError(f"--max-confidence {self.opts.max_confidence:g} is too large: confidences must "
+                                 f"stay below 2^52 = {MAX_CONFIDENCE:.4g} (float64 cannot add the weight 1 of the "
+                                 f"other items to them)")
 
     def check_rank(self, n_items: int) -> None:
         """The default rank (:data:`DEFAULT_RANK`) is capped at the number of items (the catalogue is public); a

@@ -155,6 +155,9 @@ class Ledger:
     #: The neighbouring relation the guarantee holds for (another one than the default only with
     #: ``GUARANTEE_ROW_DP``: ``streamdp lowrank``).
     relation: str = NEIGHBOURING_RELATION
+    #: The digest of the model's ``model.json`` as released (:func:`streamdp.manifest.released_digest`; set when
+    #: the model is written, checked when it is loaded).
+    model_digest: str = ""
 
     def __post_init__(self):
         _check_guarantee(self.guarantee)
@@ -215,6 +218,7 @@ class Ledger:
             "store_fingerprint": self.store_fingerprint,
             "notes": list(self.notes),
             **({"public_parameters": self.public_parameters} if self.public_parameters else {}),
+            **({"model_digest": self.model_digest} if self.model_digest else {}),
         }
 
     @classmethod
@@ -232,7 +236,8 @@ class Ledger:
                        seeded=bool(d.get("seeded", False)), store_checksum=d.get("store_checksum", ""),
                        notes=d.get("notes", []), store_fingerprint=d.get("store_fingerprint", ""),
                        public_parameters=d.get("public_parameters", {}),
-                       relation=d.get("neighbouring_relation", NEIGHBOURING_RELATION))
+                       relation=d.get("neighbouring_relation", NEIGHBOURING_RELATION),
+                       model_digest=d.get("model_digest", ""))
         except KeyError as exc:
             raise StoreError(f"privacy ledger: missing field {exc}") from None
 

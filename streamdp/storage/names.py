@@ -38,7 +38,7 @@ import pyarrow.csv as pacsv
 from streamdp.errors import InputError, ParameterError
 from streamdp.memory import format_size, resolve_memory_limit
 from streamdp.storage import formats as F
-from streamdp.storage.ids import as_ids, find
+from streamdp.storage.ids import as_ids, find, parse_id
 from streamdp.storage.schema import is_store_dir
 from streamdp.storage.store import RatingStore, open_store
 
@@ -185,11 +185,55 @@ def read_item_names(path: str, items: pa.Array, memory_limit: int) -> ItemNames:
     return ItemNames(path, taken, n_lines, n_unmatched)
 
 
+def _mapping(source) -> dict | None:
+    """``{id: name}`` from a dict, a pandas Series (index: ids) or DataFrame (columns ``id``/``item``... and
+    ``name``/``title``...; else two columns, id then name; or one column of names indexed by id); ``None`` for
+    anything else. A repeated id keeps its last name, as in a file."""
+    if isinstance(source, dict):
+        return source
+    if hasattr(source, "columns") and hasattr(source, "index"):  # a DataFrame
+        cols = list(source.columns)
+        ids = [c for c in cols if _norm(str(c)) in _ID_HEADERS]
+        named = [c for c in cols if _norm(str(c)) in NAME_COLUMNS]
+        if ids and named:
+            return dict(zip(source[ids[0]].tolist(), source[named[0]].tolist()))
+        if len(cols) == 2:
+            return dict(zip(source[cols[0]].tolist(), source[cols[1]].tolist()))
+        if len(cols) == 1:
+            return dict(zip(source.index.tolist(), source[cols[0]].tolist()))
+        raise InputError(f"item_names: a DataFrame needs columns id and name (or two columns: id, name), got "
+                         f"{[str(c) for c in cols]}")
+    if hasattr(source, "index") and hasattr(source, "tolist") and getattr(source, "ndim", 0) == 1:  # a Series
+        return dict(zip(source.index.tolist(), source.tolist()))
+    return None
+
+
+def _from_mapping(mapping: dict, ids: np.ndarray) -> np.ndarray:
+    """The names of ``ids`` from ``{id: name}`` (keys read as the ids' kind; a missing name, or NaN, is ``""``)."""
+    is_num = ids.dtype.kind in "iu"
+    names = {}
+    for k, v in mapping.items():
+        try:
+            key = parse_id(k, is_num)
+        except (TypeError, ValueError, OverflowError):
+            continue  # not an id of this kind: names no item
+        names[key] = "" if v is None or (isinstance(v, float) and v != v) else str(v)
+    return np.array([names.get(i, "") for i in ids.tolist()], dtype=object)
+
+
 def names_for(source, ids, memory_limit=None) -> np.ndarray:
     """The names (object array of ``str``, ``""`` when unnamed) of the original item ids ``ids``, from
     ``source``: a rating store that keeps names (a :class:`~streamdp.storage.store.RatingStore` or its path),
-    or a file of ``id,name`` lines (read as ``ingest --item-names`` reads it)."""
+    a file of ``id,name`` lines (read as ``ingest --item-names`` reads it), or names held in Python: a dict
+    ``{id: name}``, a pandas Series (index: ids) or DataFrame (``id`` and ``name`` columns, or two columns id
+    then name, or one column of names indexed by id). Anything else is a one-line :class:`InputError`."""
     ids = as_ids(ids)
+    mapping = _mapping(source)
+    if mapping is not None:
+        return _from_mapping(mapping, ids)
+    if not isinstance(source, (str, os.PathLike, RatingStore)):
+        raise InputError(f"item_names: expected a store, an id,name file, a DataFrame, a Series or a dict, got "
+                         f"{type(source).__name__}")
     if isinstance(source, RatingStore) or is_store_dir(source):
         st = source if isinstance(source, RatingStore) else open_store(source)
         names = st.item_names()

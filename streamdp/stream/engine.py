@@ -65,6 +65,7 @@ import contextlib
 import os
 import queue
 import threading
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -81,6 +82,28 @@ from streamdp.stream.threads import available_cores, numba_threads, thread_budge
 #: Bytes of working memory per rating of a block in flight: the int32 item and float32
 #: rating as read, a float64 value per rating for kernels, and decompression buffers.
 BYTES_PER_RATING = 32
+
+#: The stop events of the local passes still open (a generator read in part and kept, e.g. in a global).
+_OPEN_PASSES: "weakref.WeakSet[threading.Event]" = weakref.WeakSet()
+
+
+def _stop_open_passes() -> None:
+    """At interpreter exit, before its worker threads are joined: stop every pass still open.
+
+    A pass's hand-over task waits, on a pool thread, for the caller to take its block; a generator of
+    ``Model.recommend_all`` read in part and kept alive never takes it, and the interpreter waited for that thread
+    forever. Registered with ``threading._register_atexit``, which runs before non-daemon threads are joined (as
+    ``concurrent.futures`` registers its own); ``atexit`` runs after, too late. A dropped generator is closed by
+    the garbage collector (its ``finally`` stops the pass) and needs none of this.
+    """
+    for ev in list(_OPEN_PASSES):
+        ev.set()
+
+
+try:
+    threading._register_atexit(_stop_open_passes)
+except (AttributeError, RuntimeError):  # pragma: no cover - not CPython, or imported while the interpreter exits
+    pass
 #: Upper bound on blocks in flight per worker (beyond that, prefetching gains nothing).
 MAX_IN_FLIGHT_PER_WORKER = 3
 #: ``scheduler=`` value of Dask in this process (``distributed.Client(processes=False)``).
@@ -323,6 +346,7 @@ class Engine:
         computing, reading = threading.BoundedSemaphore(w), threading.BoundedSemaphore(w)
         handed: queue.Queue = queue.Queue()
         stop = threading.Event()
+        _OPEN_PASSES.add(stop)  # set at interpreter exit if the caller still holds the pass (_stop_open_passes)
 
         def read_task(b, _gate):
             with reading:  # as many readers as workers: no more threads busy than the pool had

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -300,6 +301,40 @@ def test_recommend_shows_item_names(named, cli, tmp_path):
     # Python: a stored user's list carries the names
     recs = model.recommend_user(st, 0, n=3)
     assert recs.names == [{10: "Heat, the", 11: "Jumanji (1995)"}.get(i, "") for i, _ in recs]
+
+
+@pytest.mark.parametrize("names", [
+    pd.DataFrame({"movieId": [10, 11], "title": ["Heat", "Jumanji"], "genres": ["a", "b"]}),
+    pd.DataFrame({"a": ["10", "11"], "b": ["Heat", "Jumanji"]}),  # two columns: id, name (ids as typed)
+    pd.DataFrame({"title": ["Heat", "Jumanji"]}, index=[10, 11]),
+    pd.Series(["Heat", "Jumanji", "no such item"], index=[10, 11, 99]),
+    {10: "Heat", 11: "Jumanji", "x": "not an id"},
+], ids=["frame by header", "frame of two columns", "frame indexed by id", "series", "dict"])
+def test_item_names_as_a_practitioner_holds_them(named, names):
+    """Issue 40: a DataFrame (or ``item_names=True``) was a raw TypeError in ``recommend_all``."""
+    _, st, model = named
+    t = pa.concat_tables(list(model.recommend_all(st, 3, item_names=names)))
+    got = dict(zip(t.column("item_id").to_pylist(), t.column("item_name").to_pylist()))
+    assert got.get(10, "Heat") == "Heat" and got.get(11, "Jumanji") == "Jumanji" and got.get(12, "") == ""
+    assert set(got) & {10, 11}
+
+
+def test_item_names_true_false_and_other_values(named, tmp_path):
+    from streamdp.errors import InputError
+
+    _, st, model = named
+    t = pa.concat_tables(list(model.recommend_all(st, 3, item_names=True)))
+    assert "item_name" in t.column_names
+    assert "item_name" not in pa.concat_tables(list(model.recommend_all(st, 3, item_names=False))).column_names
+    for bad, said in ((42, "got int"), ([1, 2], "got list"), (pd.DataFrame({"a": [1], "b": [2], "c": [3]}),
+                                                              "needs columns id and name")):
+        with pytest.raises(InputError, match=said):
+            list(model.recommend_all(st, 3, item_names=bad))
+    plain = streamdp.ingest(pd.DataFrame({"user": [1, 1, 2], "item": [10, 11, 10], "rating": [4.0, 2.0, 5.0]}),
+                            str(tmp_path / "p.zarr"))
+    m = streamdp.train(plain, method="means", epsilon=float("inf"), seed=0, out=str(tmp_path / "m"), evaluate=False)
+    with pytest.raises(InputError, match="keeps no item names"):
+        list(m.recommend_all(plain, 1, item_names=True))
 
 
 def test_item_names_beyond_a_quarter_of_the_memory_limit_are_refused(tmp_path):

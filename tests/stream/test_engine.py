@@ -1,7 +1,9 @@
 """The stream engine: in-order reduction, worker counts, cluster, memory sizing, per-user state."""
 
+import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,3 +253,37 @@ def test_passes_draw_a_progress_bar_only_when_enabled(small_store, monkeypatch):
             assert run(eng, Terminal()) == ""
         monkeypatch.setenv("STREAMDP_PROGRESS", "0")
         assert run(eng, Terminal()) == ""
+
+
+_KEEP = """
+import sys, threading
+from streamdp.model import load_model
+m = load_model(sys.argv[1])
+G = m.recommend_all(sys.argv[2], 3, workers=2)
+print(next(G).num_rows, flush=True)
+if sys.argv[3] == "drop":  # dropped: closed by the garbage collector, its pass's threads gone at once
+    del G
+    print(sum(t.name.startswith(("streamdp-work", "streamdp-pass")) for t in threading.enumerate()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["keep", "drop"])
+def test_a_generator_read_in_part_does_not_hold_the_interpreter(tmp_path, how):
+    """Issue 40: a ``recommend_all`` generator read in part and kept in a global held the process forever (a pool
+    thread waited to hand over its block). Kept or dropped, the process now exits."""
+    import subprocess
+    import sys
+
+    import streamdp
+    from streamdp.storage.generate import generate_store
+
+    st = generate_store(str(tmp_path / "s.zarr"), n_users=600, n_items=30, ratings_per_user=8, rank=2, seed=1,
+                        block_users=50)
+    streamdp.train(st, method="means", epsilon=float("inf"), out=str(tmp_path / "m"), evaluate=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(streamdp.__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", _KEEP, str(tmp_path / "m"), st.path, how], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert int(lines[0]) > 0 and (how == "keep" or lines[1] == "0"), r.stdout
