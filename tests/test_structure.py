@@ -249,6 +249,29 @@ def test_every_method_module_is_loaded_without_being_listed_anywhere():
     assert set(on_disk) - registered_from == {"streamdp.methods.lowrank"}  # its own command, not a --method
 
 
+def bench_graph() -> dict[str, set[str]]:
+    """``bench`` module -> the ``bench`` modules it imports (anywhere in the file)."""
+    names = {p.stem: p for p in sorted((ROOT / "bench").glob("*.py")) if p.stem != "__init__"}
+    g = {}
+    for name, p in names.items():
+        targets = set()
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name.split(".")[1] for a in node.names if a.name.startswith("bench.")}
+            elif isinstance(node, ast.ImportFrom) and node.module == "bench":
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench."):
+                targets.add(node.module.split(".")[1])
+        g[name] = {t for t in targets if t in names and t != name}
+    return g
+
+
+def test_no_import_cycles_in_bench():
+    assert "run" in bench_graph()["__main__"]  # the walker sees bench's imports
+    found = cycles(bench_graph())
+    assert not found, f"import cycles in bench/ (move what two modules share into a third): {found}"
+
+
 #: No function longer than this (lines from ``def`` to its last line; decorators not counted).
 MAX_FUNCTION_LINES = 120
 
