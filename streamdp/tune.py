@@ -482,7 +482,67 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     the split of the budget and whether the choice was skipped (and why). The number of users (the default
     delta, the public rules below) is released once for the whole run (the ledger's first event, composed with the
     rest) or declared with ``users_bound``, as for ``train`` (:mod:`streamdp.privacy.users`).
+
+    The stages: :func:`_checked_run` (arguments, grid, budget: before any rating is read),
+    :func:`_selection_plan` (the choice's noise, or why there is no choice), :func:`_pinned_iters`
+    (the iterations set from the users' histogram, as ``train`` does), :func:`_candidates_planned`
+    (their accounting and the released model's envelope), :func:`_candidates_run` (reserve, fit,
+    choose) and :func:`_release`.
     """
+    r = _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_budget, users_bound,
+                     dict(workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
+                          evaluate_test=evaluate_test))
+    configs = _configs(r.grid, r.cls)
+    _check_configs(r, configs)
+    # a store whose budget cannot take E is refused before any pass over its ratings (the whole E is reserved
+    # once the candidates are planned, before they run; the default-only paths reserve as train does)
+    _check_budget(r)
+    dflt = _default_config(r.cls, r.st, r.epsilon, r.delta, r.grid, r.n_users)
+    default = configs.index(dflt) if dflt in configs else None
+    sel, tuning, skip = _selection_plan(r, configs, dflt, default)
+    if skip is not None:
+        chosen = default if default is not None else 0
+        final = r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, users=r.users, **configs[chosen])  # the count
+        tuning.update(skipped=skip, chosen=configs[chosen], split=None,
+                      rule="none: the whole epsilon went to the released model")
+        wrapper = _Tuned(final, [], [], [f"tune: no choice was made ({skip}); configuration "
+                                         f"{config_name(configs[chosen])} trained at the whole epsilon"],
+                         tuning, r.epsilon)
+        return _release(r.st, wrapper, final, r.out, tuning, r.t0, epsilon=r.epsilon, delta=r.delta, seed=r.seed,
+                        **r.release_kw)
+
+    pre_events, pre_entries = [], []
+    if r.pin:
+        configs, dflt, default, pre_events, pre_entries, sel = _pinned_iters(r, configs, dflt, default, sel, tuning)
+    if len(configs) == 1:  # the histogram left one configuration: nothing to choose, the rest is the model's
+        final = _calibrated(r.cls, configs[0], r.count_events + pre_events, r.epsilon, r.delta, r.seed, r.st,
+                            r.shared)
+        tuning.update(skipped="one configuration once the iterations were set", chosen=configs[0], split=None,
+                      rule="none", final_epsilon=final.epsilon)
+        wrapper = _Tuned(final, r.count_events + pre_events, r.count_entries + pre_entries,
+                         [f"tune: one configuration ({config_name(configs[0])}) once the iterations were set; "
+                          f"nothing was chosen"], tuning, r.epsilon)
+        return _release(r.st, wrapper, final, r.out, tuning, r.t0, epsilon=r.epsilon, delta=r.delta, seed=r.seed,
+                        **r.release_kw)
+
+    cand = _candidates_planned(r, configs, sel, pre_events, pre_entries)
+    chosen, noisy, final, entry = _candidates_run(r, cand, configs, default, sel, tuning)
+    _record_choice(r, cand, tuning, configs, chosen, noisy, final, default, sel.scale)
+    m_c = len(configs)
+    note = (f"tuned privately over {m_c} configurations of {r.method} "
+            f"({', '.join(config_name(c) for c in configs)}): "
+            f"chosen {config_name(configs[chosen])}; the candidates (each at the noise of epsilon {cand.e_c:.4g}, on a "
+            f"Poisson sample of users at rate {SAMPLE_RATE:g}, never released) and their noisy validation losses "
+            f"are composed in this ledger with the released model (epsilon {final.epsilon:.4g}); this ledger and the "
+            f"store's budget entry count the released model as one Gaussian of noise multiplier {cand.z_f:.6g}, which "
+            f"dominates its releases (listed): the guarantee of the adaptive choice is that of this envelope")
+    wrapper = _Tuned(final, cand.prefix_events, cand.prefix_entries, [note], tuning, r.epsilon, z_f=cand.z_f)
+    return _release(r.st, wrapper, final, r.out, tuning, r.t0, epsilon=r.epsilon, delta=r.delta, seed=r.seed,
+                    entry=entry, **r.release_kw)
+
+
+def _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_budget, users_bound, release_kw):
+    """The run's arguments checked and its store opened, the count released (or declared), the grid parsed."""
     t0 = time.perf_counter()
     if not get_method(method).TUNABLE:  # an unknown name: the registry's message
         raise ParameterError(f"--method {method}: tune supports {', '.join(tunable_methods())} (their releases are "
@@ -513,37 +573,48 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     else:
         grid = parse_grid([f"{k}={','.join(str(v) for v in vs)}" for k, vs in grid.items()], cls)
     # without --iters an als plan releases a histogram of ratings per user, read from the data while planning:
-    # tune releases it once, and pins every configuration's iters from it (below)
+    # tune releases it once, and pins every configuration's iters from it (_pinned_iters)
     pin = getattr(cls, "FIXED_ITERS", None) is None and "iters" not in grid
-    configs = _configs(grid, cls)
+    return SimpleNamespace(t0=t0, cls=cls, method=method, st=st, epsilon=epsilon, delta=delta, seed=seed,
+                           users=users, n_users=n_users, count_events=count_events, count_entries=count_entries,
+                           shared=shared, grid=grid, pin=pin, out=out, over_budget=over_budget, z_e=None,
+                           release_kw=release_kw)
+
+
+def _check_configs(r, configs: list[dict]) -> None:
+    """Every configuration of the grid is one the method takes, at a rank the store's items allow."""
     for c in configs:
         try:
-            m = cls(epsilon=epsilon, delta=delta, seed=seed, **c)
+            m = r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, **c)
         except ParameterError as exc:
             raise ParameterError(f"--grid: {config_name(c)}: {exc}") from None
         try:
-            m.check_rank(st.n_items)
+            m.check_rank(r.st.n_items)
         except ParameterError:
             raise ParameterError(f"--grid: {config_name(c)}: rank {m.rank} exceeds the number of items "
-                                 f"({st.n_items})") from None
-    # a store whose budget cannot take E is refused before any pass over its ratings (the whole E is reserved
-    # once the candidates are planned, before they run; the default-only paths reserve as train does)
-    z_e = calibrate_gaussian(epsilon, delta)  # the whole E as one Gaussian
-    pv = StoreBudget(st.path).preview([_Tuned(_Envelope(cls, epsilon, delta, seed, z_e), [], [], [], {},
-                                              epsilon).planned_ledger(st)])
-    if not pv["within_budget"] and not over_budget:
-        raise BudgetExceededError(f"{st.path}: tuning {method} (epsilon={epsilon:.4g}, delta={delta:.3g}) would take "
-                                  f"the store's spend from epsilon={pv['before']['epsilon']:.4g} to "
+                                 f"({r.st.n_items})") from None
+
+
+def _check_budget(r) -> None:
+    """Refuse a store whose budget cannot take the whole epsilon (unless ``--over-budget``)."""
+    r.z_e = calibrate_gaussian(r.epsilon, r.delta)  # the whole E as one Gaussian
+    pv = StoreBudget(r.st.path).preview([_Tuned(_Envelope(r.cls, r.epsilon, r.delta, r.seed, r.z_e), [], [], [],
+                                                {}, r.epsilon).planned_ledger(r.st)])
+    if not pv["within_budget"] and not r.over_budget:
+        raise BudgetExceededError(f"{r.st.path}: tuning {r.method} (epsilon={r.epsilon:.4g}, delta={r.delta:.3g}) "
+                                  f"would take the store's spend from epsilon={pv['before']['epsilon']:.4g} to "
                                   f"{pv['after']['epsilon']:.4g}, past its budget epsilon="
                                   f"{pv['budget']['epsilon']:.4g}; pass --over-budget to release it anyway")
-    dflt = _default_config(cls, st, epsilon, delta, grid, n_users)
-    default = configs.index(dflt) if dflt in configs else None
+
+
+def _selection_plan(r, configs: list[dict], dflt: dict, default: int | None):
+    """``(selection release, tuning record, skip)``: the noisy losses' release, and why no choice is made (or None)."""
     m_c = len(configs)
-    h = (float(st.rating_max) - float(st.rating_min)) / 2.0
-    z_sel = calibrate_gaussian(epsilon * math.sqrt(SELECT_SHARE), delta) if m_c > 1 else 0.0
+    h = (float(r.st.rating_max) - float(r.st.rating_min)) / 2.0
+    z_sel = calibrate_gaussian(r.epsilon * math.sqrt(SELECT_SHARE), r.delta) if m_c > 1 else 0.0
     sel = _selection_release(h, m_c, max(z_sel, 1e-12))
     std = sel.scale
-    tuning = {"method": method, "grid": {k: list(v) for k, v in grid.items()},
+    tuning = {"method": r.method, "grid": {k: list(v) for k, v in r.grid.items()},
               "candidates": [{"config": c} for c in configs],
               "default": dflt if default is not None else None, "rule": None,
               "split": {"selection": SELECT_SHARE, "candidate_nominal": CANDIDATE_NOMINAL_SHARE,
@@ -551,81 +622,71 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     skip = None
     if m_c == 1:
         skip = "the grid has one configuration: nothing to choose"
-    elif MARGIN * std > SELECT_USEFUL * h * h * n_users:
+    elif MARGIN * std > SELECT_USEFUL * h * h * r.n_users:
         skip = (f"the store is too small to tell configurations apart: the noise on their validation losses "
                 f"(std {std:.4g}) would hide any difference smaller than {SELECT_USEFUL:.0%} of the largest error "
-                f"per user over {n_users:,} users ({MARGIN:g} noise stds below {SELECT_USEFUL:g} h^2 per user, h "
+                f"per user over {r.n_users:,} users ({MARGIN:g} noise stds below {SELECT_USEFUL:g} h^2 per user, h "
                 f"half the rating range)")
-    if skip is not None:
-        chosen = default if default is not None else 0
-        final = cls(epsilon=epsilon, delta=delta, seed=seed, users=users, **configs[chosen])  # spends the count
-        tuning.update(skipped=skip, chosen=configs[chosen], split=None,
-                      rule="none: the whole epsilon went to the released model")
-        wrapper = _Tuned(final, [], [], [f"tune: no choice was made ({skip}); configuration "
-                                         f"{config_name(configs[chosen])} trained at the whole epsilon"],
-                         tuning, epsilon)
-        return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed,
-                        workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
-                        evaluate_test=evaluate_test)
+    return sel, tuning, skip
 
-    pre_events, pre_entries = [], []
-    if pin:
-        # train's own draw for a seeded run (the same seed gives the same histogram, as for the released model)
-        profile = user_profile(st, "gaussian", epsilon, delta, np.random.default_rng(
-            np.random.SeedSequence(seed, spawn_key=(RNG_KEY, PROFILE_STREAM)) if seed is not None else None))
-        e_nominal = epsilon * math.sqrt(1.0 - SELECT_SHARE)  # the released model's, about (the candidates: < 1%)
-        base_rank = cls(epsilon=epsilon, delta=delta).rank
 
-        def with_iters(c):
-            rank = c.get("rank", base_rank)
-            it = default_settings(n_users, st.n_items, e_nominal, rank,
-                                  n_eff=profile.effective_users(rank)).iters
-            c = {**c, "iters": it}
-            if it == 0:
-                c.pop("rank", None)
-            return c
+def _pinned_iters(r, configs, dflt, default, sel, tuning):
+    """Every configuration's iterations set from one released histogram of ratings per user (as ``train`` does).
 
-        pinned = []
-        for c in map(with_iters, configs):
-            if c not in pinned:
-                pinned.append(c)
-        dflt = with_iters(dflt) if default is not None else dflt
-        configs = pinned
-        default = configs.index(dflt) if default is not None and dflt in configs else None
-        m_c = len(configs)
-        pre_events = [profile.release.event()]
-        pre_entries = [{**profile.release.entry(), "release": "tune: " + profile.release.entry()["release"] +
-                        " (sets every configuration's iterations, as train does)"}]
-        tuning.update(candidates=[{"config": c} for c in configs], default=dflt if default is not None else None,
-                      user_profile=profile.to_dict())
-        sel = _selection_release(h, m_c, sel.noise_multiplier)
-        std = sel.scale
-    if m_c == 1:  # the histogram left one configuration: nothing to choose, the rest of the budget is the model's
-        final = _calibrated(cls, configs[0], count_events + pre_events, epsilon, delta, seed, st, shared)
-        tuning.update(skipped="one configuration once the iterations were set", chosen=configs[0], split=None,
-                      rule="none", final_epsilon=final.epsilon)
-        wrapper = _Tuned(final, count_events + pre_events, count_entries + pre_entries, [f"tune: one configuration ({config_name(configs[0])}) "
-                                                          f"once the iterations were set; nothing was chosen"],
-                         tuning, epsilon)
-        return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed,
-                        workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
-                        evaluate_test=evaluate_test)
+    ``(configs, dflt, default, pre_events, pre_entries, sel)``: configurations that became equal are merged, and the
+    selection release is remade for their number at the same noise multiplier.
+    """
+    st, epsilon, delta, seed = r.st, r.epsilon, r.delta, r.seed
+    # train's own draw for a seeded run (the same seed gives the same histogram, as for the released model)
+    profile = user_profile(st, "gaussian", epsilon, delta, np.random.default_rng(
+        np.random.SeedSequence(seed, spawn_key=(RNG_KEY, PROFILE_STREAM)) if seed is not None else None))
+    e_nominal = epsilon * math.sqrt(1.0 - SELECT_SHARE)  # the released model's, about (the candidates: < 1%)
+    base_rank = r.cls(epsilon=epsilon, delta=delta).rank
 
-    # -- the candidates: planned at their nominal share, run on a Poisson sample of the held-out view ----------
+    def with_iters(c):
+        rank = c.get("rank", base_rank)
+        it = default_settings(r.n_users, st.n_items, e_nominal, rank,
+                              n_eff=profile.effective_users(rank)).iters
+        c = {**c, "iters": it}
+        if it == 0:
+            c.pop("rank", None)
+        return c
+
+    pinned = []
+    for c in map(with_iters, configs):
+        if c not in pinned:
+            pinned.append(c)
+    dflt = with_iters(dflt) if default is not None else dflt
+    configs = pinned
+    default = configs.index(dflt) if default is not None and dflt in configs else None
+    pre_events = [profile.release.event()]
+    pre_entries = [{**profile.release.entry(), "release": "tune: " + profile.release.entry()["release"] +
+                    " (sets every configuration's iterations, as train does)"}]
+    tuning.update(candidates=[{"config": c} for c in configs], default=dflt if default is not None else None,
+                  user_profile=profile.to_dict())
+    h = (float(st.rating_max) - float(st.rating_min)) / 2.0
+    return configs, dflt, default, pre_events, pre_entries, _selection_release(h, len(configs), sel.noise_multiplier)
+
+
+def _candidates_planned(r, configs, sel, pre_events, pre_entries):
+    """The candidates planned at their nominal share on a Poisson sample of the held-out view, their ledger entries,
+    and the released model's envelope ``z_f``: the one Gaussian every final configuration is calibrated under."""
+    epsilon, delta, seed, n_users = r.epsilon, r.delta, r.seed, r.n_users
+    m_c = len(configs)
     key = (_child_seed(seed, _SELECT_RNG, 1) if seed is not None
            else int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1)))
-    view = _Sampled(st, key, SAMPLE_RATE, n_users)
+    view = _Sampled(r.st, key, SAMPLE_RATE, n_users)
     e_c = epsilon * math.sqrt(CANDIDATE_NOMINAL_SHARE / m_c)
-    cands = [cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off", users=shared,
-                 **c) for i, c in enumerate(configs)]
+    cands = [r.cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off",
+                   users=r.shared, **c) for i, c in enumerate(configs)]
     plans = [m.plan(view) for m in cands]
     z_cands = [gaussian_equivalent(compose(list(p.events))) for p in plans]
     # every candidate accounted at the smallest of their equivalent multipliers (they differ by the calibration's
     # tolerance only): the m events are then one subsampled PLD self-composed, m times cheaper to calibrate against
     z_c = min(z_cands)
     sampled = PoissonSampledDpEvent(SAMPLE_RATE, GaussianDpEvent(z_c))
-    prefix_events = count_events + list(pre_events) + [sampled] * m_c
-    prefix_entries = count_entries + list(pre_entries)
+    prefix_events = r.count_events + list(pre_events) + [sampled] * m_c
+    prefix_entries = r.count_entries + list(pre_entries)
     for i, (c, p) in enumerate(zip(configs, plans)):
         prefix_entries.append({
             "release": (f"tune candidate {i + 1} ({config_name(c)}): its {len(p.entries)} releases, trained on a "
@@ -636,41 +697,57 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
             "count": 1, "releases": [dict(e) for e in p.entries]})
     prefix_events.append(sel.event())
     prefix_entries.append(sel.entry())
+    z_f = _envelope_multiplier(r, pre_events, sel, sampled, m_c, z_c, prefix_events)
+    return SimpleNamespace(key=key, view=view, e_c=e_c, cands=cands, z_cands=z_cands, z_c=z_c,
+                           prefix_events=prefix_events, prefix_entries=prefix_entries, z_f=z_f)
 
-    # the released model's envelope: the one Gaussian every final configuration is calibrated under
+
+def _envelope_multiplier(r, pre_events, sel, sampled, m_c, z_c, prefix_events) -> float:
+    """The released model's noise multiplier: the rest of ``epsilon`` once the candidates and the choice are counted."""
+    epsilon, delta = r.epsilon, r.delta
     rest = list(pre_events) + [sel.event()]  # Gaussian: with the candidates unsampled, the total is a Gaussian
-    room = 1.0 / z_e ** 2 - m_c / z_c ** 2 - gaussian_equivalent(compose(rest)) ** -2
+    room = 1.0 / r.z_e ** 2 - m_c / z_c ** 2 - gaussian_equivalent(compose(rest)) ** -2
     # (a bracket from the Gaussian parts alone: the count's Laplace, when there is one, takes a little more)
-    bracket = dict(lower=z_e, upper=1.01 / math.sqrt(room)) if room > 0 and not count_events else {}
-    z_f = calibrate(lambda z: compose(count_events + rest + [SelfComposedDpEvent(sampled, m_c), gaussian_event(z)]),
+    bracket = dict(lower=r.z_e, upper=1.01 / math.sqrt(room)) if room > 0 and not r.count_events else {}
+    z_f = calibrate(lambda z: compose(r.count_events + rest + [SelfComposedDpEvent(sampled, m_c), gaussian_event(z)]),
                     epsilon, delta, **bracket)
     for _ in range(100):  # the ledger lists the candidates one by one: its composition is the one that counts
         if epsilon_of(compose(prefix_events + [gaussian_event(z_f)]), delta).epsilon <= epsilon:
-            break
+            return z_f
         z_f *= 1.0001
-    else:
-        raise ParameterError(f"tune: the released model's noise could not be calibrated within --epsilon {epsilon:g} "
-                             f"with the candidates' releases counted one by one (the accountant's discretization); "
-                             f"try a larger --epsilon or fewer --grid values")
+    raise ParameterError(f"tune: the released model's noise could not be calibrated within --epsilon {epsilon:g} "
+                         f"with the candidates' releases counted one by one (the accountant's discretization); "
+                         f"try a larger --epsilon or fewer --grid values")
+
+
+def _candidates_run(r, c, configs, default, sel, tuning):
+    """Reserve the whole epsilon, fit the candidates, release their noisy losses and choose.
+
+    ``(chosen index, noisy losses, the final method calibrated under the envelope, budget entry)``; on an error or
+    Ctrl-C the reservation is marked failed (nothing left the process).
+    """
     # the whole E is reserved before any candidate reads a rating: the envelope stands for the released model
     # (every configuration's releases compose to a Gaussian of multiplier >= z_f: dominated, _calibrated)
-    envelope = _Tuned(_Envelope(cls, epsilon, delta, seed, z_f), prefix_events, prefix_entries, [], tuning,
-                      epsilon)
-    budget = StoreBudget(st.path)
-    entry = budget.reserve(envelope.planned_ledger(st), over_budget=over_budget, model=os.path.abspath(str(out)))
+    envelope = _Tuned(_Envelope(r.cls, r.epsilon, r.delta, r.seed, c.z_f), c.prefix_events, c.prefix_entries, [],
+                      tuning, r.epsilon)
+    workers, memory_limit = r.release_kw["workers"], r.release_kw["memory_limit"]
+    budget = StoreBudget(r.st.path)
+    entry = budget.reserve(envelope.planned_ledger(r.st), over_budget=r.over_budget,
+                           model=os.path.abspath(str(r.out)))
     try:
         fitted = []
-        for m in cands:
-            with Engine(view, workers=workers, memory_limit=memory_limit, state_bytes=m.state_bytes(view)) as eng:
-                fitted.append(m.fit(view, eng))
-        losses = _losses(st, fitted, key, workers, memory_limit)
-        rng = np.random.default_rng(np.random.SeedSequence([int(seed), _SELECT_RNG, 4]) if seed is not None
+        for m in c.cands:
+            with Engine(c.view, workers=workers, memory_limit=memory_limit, state_bytes=m.state_bytes(c.view)) as eng:
+                fitted.append(m.fit(c.view, eng))
+        losses = _losses(r.st, fitted, c.key, workers, memory_limit)
+        rng = np.random.default_rng(np.random.SeedSequence([int(r.seed), _SELECT_RNG, 4]) if r.seed is not None
                                     else None)
         noisy = sel.add(losses, rng)
-        allowed = np.array([default is None or not _leaner(c, configs[default]) for c in configs])
-        chosen = (choose(np.where(allowed, noisy, np.inf), default, std) if default is not None
+        allowed = np.array([default is None or not _leaner(k, configs[default]) for k in configs])
+        chosen = (choose(np.where(allowed, noisy, np.inf), default, sel.scale) if default is not None
                   else int(np.argmin(noisy)))
-        final = _calibrated(cls, configs[chosen], prefix_events, epsilon, delta, seed, st, shared, z_f=z_f)
+        final = _calibrated(r.cls, configs[chosen], c.prefix_events, r.epsilon, r.delta, r.seed, r.st, r.shared,
+                            z_f=c.z_f)
     except BaseException as exc:
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc.__class__.__name__}: {exc}"
         budget.fail(entry, f"{why} while the candidates were trained (nothing left the process)")
@@ -678,27 +755,22 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
             raise Interrupted(f"interrupted while the candidates were trained: nothing was released; the budget "
                               f"reservation {entry} in {budget.path} was marked failed") from None
         raise
-    for i, c in enumerate(tuning["candidates"]):
-        c["epsilon"] = e_c
-        c["noise_multiplier"] = z_cands[i]
-        c["accounted_noise_multiplier"] = z_c
-        c["noisy_loss"] = float(noisy[i])
-        c["noisy_mean_loss"] = float(noisy[i]) / max(n_users, 1)
-    tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=e_c,
-                  sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=z_f,
+    return chosen, noisy, final, entry
+
+
+def _record_choice(r, c, tuning, configs, chosen, noisy, final, default, std) -> None:
+    """The candidates' noisy losses and the choice, into the run's ``tuning`` record."""
+    for i, k in enumerate(tuning["candidates"]):
+        k["epsilon"] = c.e_c
+        k["noise_multiplier"] = c.z_cands[i]
+        k["accounted_noise_multiplier"] = c.z_c
+        k["noisy_loss"] = float(noisy[i])
+        k["noisy_mean_loss"] = float(noisy[i]) / max(r.n_users, 1)
+    tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=c.e_c,
+                  sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=c.z_f,
                   rule=(f"default unless another, not leaner (rank, iters), is lower by {MARGIN:g} noise stds"
                         if default is not None
                         else "noisy argmin (the grid has no default configuration)"))
-    note = (f"tuned privately over {m_c} configurations of {method} ({', '.join(config_name(c) for c in configs)}): "
-            f"chosen {config_name(configs[chosen])}; the candidates (each at the noise of epsilon {e_c:.4g}, on a "
-            f"Poisson sample of users at rate {SAMPLE_RATE:g}, never released) and their noisy validation losses "
-            f"are composed in this ledger with the released model (epsilon {final.epsilon:.4g}); this ledger and the "
-            f"store's budget entry count the released model as one Gaussian of noise multiplier {z_f:.6g}, which "
-            f"dominates its releases (listed): the guarantee of the adaptive choice is that of this envelope")
-    wrapper = _Tuned(final, prefix_events, prefix_entries, [note], tuning, epsilon, z_f=z_f)
-    return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed, workers=workers,
-                    memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate_test,
-                    entry=entry)
 
 
 class _Envelope(Method):

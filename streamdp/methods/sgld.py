@@ -163,6 +163,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Literal
 
 import numpy as np
@@ -598,7 +599,16 @@ class _SgdBase(Method):
             return self._fit(store, engine, run)
 
     def _fit(self, store, engine, run) -> Fitted:
+        """Plan the run's state (:meth:`_start`), run the epochs (:meth:`_epoch`), release (:meth:`_released`)."""
         plan = self.plan(store)
+        c = self._start(store, engine, run, plan)
+        for e in run.epochs(c.s.epochs):
+            self._epoch(store, engine, run, c, e)
+        return self._released(store, run, plan, c)
+
+    def _start(self, store, engine, run, plan) -> SimpleNamespace:
+        """The run's state before the first epoch: the item side (or a checkpoint's), the step sizes and the noise's
+        rates, and what each block in flight costs beyond its ratings."""
         s, sample = plan.settings, plan.releases  # sample: sgld's PosteriorSample (its sampler's noise); sgd: None
         k, n_items = self.rank, store.n_items
         lookup = self._user_weight_lookup(store, s)
@@ -615,7 +625,6 @@ class _SgdBase(Method):
             V = (g.standard_normal((n_items, k)) * s.init_std).astype(np.float32)
             bv = np.zeros(n_items, np.float32)
         bufs = run.user_state("user_state", k + 1)
-        run_id = run.run_id
 
         lo, hi = s.rating_min, s.rating_max
         mu = (lo + hi) / 2.0 if self.noisy else self._train_mean(store, engine)
@@ -625,9 +634,7 @@ class _SgdBase(Method):
             a, a_b, temp = sample.flow_rate(s.reg), sample.flow_rate(s.reg_bias), s.temperature
         else:
             deltas, a, a_b, temp = [0.0] * len(lrs), 0.0, 0.0, 0.0
-        item_last = np.zeros(n_items, np.int64)
         table = sample.table(run.rng(_TABLE, 0)) if s.noise_table else None
-        hot = s.hot_items
         # --tiering auto is decided here, where the number of workers is known (K.tiering_pays)
         tiering = s.tiering if s.tiering is not None else K.tiering_pays(
             k, n_items, noisy=self.noisy, workers=getattr(engine, "workers", 1))
@@ -650,105 +657,159 @@ class _SgdBase(Method):
             extra += 3 * n_items * (k + 1) * 4  # the task's copy of V, bv and the touched rows' deltas
         if replicate:
             extra += 3 * n_items * (k + 1) * 4
-        epoch_seconds = []
-        for e in run.epochs(s.epochs):
-            t_epoch = time.perf_counter()
-            lr, delta = lrs[e - 1], deltas[e - 1]
-            u_dt0, u_dt1 = K.user_flow_coefficients(e, deltas, N)
-            src, dst = bufs[(e - 1) % 2], bufs[e % 2]
-            G = min(s.step_users, bu_)  # a group is at most a block
+        return SimpleNamespace(
+            s=s, sample=sample, k=k, n_items=n_items, lookup=lookup, per_user=per_user, N=N, pos0=pos0, V=V, bv=bv,
+            bufs=bufs, run_id=run.run_id, lo=lo, hi=hi, mu=mu, lrs=lrs, deltas=deltas, a=a, a_b=a_b, temp=temp,
+            item_last=np.zeros(n_items, np.int64), table=table, hot=s.hot_items, tiering=tiering, history=history,
+            bu_=bu_, extra=extra, replicate=replicate, blocks=blocks, merge_lock=merge_lock, epoch_seconds=[])
 
-            def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst, V_ep=None,
-                   bv_ep=None):
-                # all randomness comes from the generator of the user group (global group id), so the
-                # result does not depend on how users are cut into blocks when G divides block_users
-                # groups numbered per block (ceil(bu / G) ids each): never the same generator for two groups; the
-                # same numbering as first_user // G when G divides block_users
-                gid0 = (block.first_user // bu_) * -(-bu_ // G)
-                ip, it, rt = block.indptr, block.items, block.ratings
-                if s.tau is not None:
-                    ip, it, rt = _trim_groups(ip, it, rt, s.tau, G,
-                                              lambda q: run.group_rng(_TRIM, 0, gid0 + q))
-                # the block's arrays are this task's own (a fresh read): used in place, also by the tier partition
-                it = np.ascontiguousarray(it, np.int32)
-                rt = np.clip(np.asarray(rt, np.float32), np.float32(lo), np.float32(hi)) if self.noisy else \
-                    np.ascontiguousarray(rt, np.float32)
-                ip = np.ascontiguousarray(ip, np.int64)
-                n_u = len(ip) - 1
-                w, _ = self._block_weights(store, b, np.diff(block.indptr), s, sample, lookup)
-                split = ip[1:].copy()
-                if tiering:
-                    K.partition_tiers(ip, it, rt, hot, split)
-                if e == 1:
-                    UB = np.zeros((n_u, k + 1), np.float32)
-                    for q, g0 in enumerate(range(0, n_u, G)):
-                        g1 = min(g0 + G, n_u)
-                        UB[g0:g1, :k] = run.group_rng(_INIT, 1, gid0 + q).standard_normal((g1 - g0, k)) \
-                            * s.init_std
-                else:
-                    UB = src.read(b)
-                U = np.ascontiguousarray(UB[:, :k])
-                bu = np.ascontiguousarray(UB[:, k])
-                Vw, bvw, lastw = _block_start(V_ep, bv_ep, int(pos0[b])) if blocks else (V, bv, item_last)
-                if self.noisy:
-                    noise, offsets = _group_noise(sample, lambda q: run.group_rng(_NOISE, e, gid0 + q),
-                                                  K.group_draws(ip, it, G, n_items, k), k + 1, table)
-                    sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, Vw, bvw, lastw, mu, lr, s.clip,
-                                          G, int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
-                                          noise, offsets, table is not None)
-                elif replicate:
-                    V0, bv0 = V.copy(), bv.copy()
-                    Vl, bvl = V0.copy(), bv0.copy()
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vl, bvl, mu, lr, s.reg, s.reg_bias, G)
-                    Vl -= V0
-                    bvl -= bv0
-                    with merge_lock:
-                        V[...] += Vl
-                        bv[...] += bvl
-                else:
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vw, bvw, mu, lr, s.reg, s.reg_bias, G)
-                UB[:, :k] = U
-                UB[:, k] = bu
-                dst.write(b, UB)
-                out = float(sse), int(ip[-1]), float(bu.sum(dtype=np.float64)), n_u
-                if blocks:
-                    flush = None
-                    if self.noisy:
-                        flush = (sample, run.group_rng(_BLOCK_FLUSH, e, b), int(pos0[b]) + int(ip[-1]), delta, a,
-                                 a_b, temp, table)
-                    out += (_block_delta(Vw, bvw, lastw, V_ep, bv_ep, it, flush),)
-                return out
+    def _epoch(self, store, engine, run, c, e: int) -> None:
+        """Epoch ``e``: every block's update on the engine (by rounds of blocks with ``--epoch-scheme blocks``), the
+        items' last flow, the epoch's training RMSE and its checkpoint."""
+        t_epoch = time.perf_counter()
+        s, V, bv, n_items = c.s, c.V, c.bv, c.n_items
+        fn = self._block_update(store, run, c, e)
+        desc = f"{self.name} epoch {e}/{s.epochs}"
+        if c.blocks:
+            covered = np.zeros(n_items, np.int64) if self.noisy else None
+            R, parts = s.round_blocks, []
+            for r0 in range(0, store.n_blocks, R):  # a round's blocks start from the same V (snapshot)
+                parts = engine.map_reduce(functools.partial(fn, V_ep=V.copy(), bv_ep=bv.copy()),
+                                          functools.partial(_add_block_delta, V, bv, covered), parts,
+                                          blocks=range(r0, min(r0 + R, store.n_blocks)),
+                                          extra_per_block=c.extra, desc=desc)
+            if self.noisy:  # the flush below flows each item over the clock time no block covered (N - covered)
+                c.item_last[:] = covered
+        else:
+            parts = engine.foreach(fn, extra_per_block=c.extra, desc=desc)
+        if self.noisy:
+            noise, offsets = c.sample.draws(run.rng(_FLUSH, e), n_items, c.k + 1, c.table)
+            K.flush_items(V, bv, c.item_last, c.N, c.deltas[e - 1], c.a, c.a_b, c.temp, noise, offsets,
+                          c.table is not None)
+        c.epoch_seconds.append(round(time.perf_counter() - t_epoch, 4))
+        sse = sum(p[0] for p in parts)
+        c.history.append(math.sqrt(sse / max(c.N, 1)))
+        run.save(e, V=V, bv=bv, history=np.asarray(c.history))
+        if not np.all(np.isfinite(V)):
+            raise ParameterError(f"{self.name} diverged at epoch {e} (non-finite item factors): lower --eta")
 
-            desc = f"{self.name} epoch {e}/{s.epochs}"
-            if blocks:
-                covered = np.zeros(n_items, np.int64) if self.noisy else None
-                R, parts = s.round_blocks, []
-                for r0 in range(0, store.n_blocks, R):  # a round's blocks start from the same V (snapshot)
-                    parts = engine.map_reduce(functools.partial(fn, V_ep=V.copy(), bv_ep=bv.copy()),
-                                              functools.partial(_add_block_delta, V, bv, covered), parts,
-                                              blocks=range(r0, min(r0 + R, store.n_blocks)),
-                                              extra_per_block=extra, desc=desc)
-                if self.noisy:  # the flush below flows each item over the clock time no block covered (N - covered)
-                    item_last[:] = covered
+    def _block_update(self, store, run, c, e: int):
+        """The task of epoch ``e`` on one block ``fn(block, b)``: its users' updates and the items' (the kernels)."""
+        s, sample, lookup, k, n_items = c.s, c.sample, c.lookup, c.k, c.n_items
+        V, bv, item_last, pos0, mu, lo, hi = c.V, c.bv, c.item_last, c.pos0, c.mu, c.lo, c.hi
+        a, a_b, temp, table, hot, tiering = c.a, c.a_b, c.temp, c.table, c.hot, c.tiering
+        blocks, replicate, merge_lock, bu_ = c.blocks, c.replicate, c.merge_lock, c.bu_
+        lr, delta = c.lrs[e - 1], c.deltas[e - 1]
+        u_dt0, u_dt1 = K.user_flow_coefficients(e, c.deltas, c.N)
+        src, dst = c.bufs[(e - 1) % 2], c.bufs[e % 2]
+        G = min(s.step_users, bu_)  # a group is at most a block
+
+        def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst, V_ep=None,
+               bv_ep=None):
+            # all randomness comes from the generator of the user group (global group id), so the
+            # result does not depend on how users are cut into blocks when G divides block_users
+            # groups numbered per block (ceil(bu / G) ids each): never the same generator for two groups; the
+            # same numbering as first_user // G when G divides block_users
+            gid0 = (block.first_user // bu_) * -(-bu_ // G)
+            ip, it, rt = block.indptr, block.items, block.ratings
+            if s.tau is not None:
+                ip, it, rt = _trim_groups(ip, it, rt, s.tau, G,
+                                          lambda q: run.group_rng(_TRIM, 0, gid0 + q))
+            # the block's arrays are this task's own (a fresh read): used in place, also by the tier partition
+            it = np.ascontiguousarray(it, np.int32)
+            rt = np.clip(np.asarray(rt, np.float32), np.float32(lo), np.float32(hi)) if self.noisy else \
+                np.ascontiguousarray(rt, np.float32)
+            ip = np.ascontiguousarray(ip, np.int64)
+            n_u = len(ip) - 1
+            w, _ = self._block_weights(store, b, np.diff(block.indptr), s, sample, lookup)
+            split = ip[1:].copy()
+            if tiering:
+                K.partition_tiers(ip, it, rt, hot, split)
+            if e == 1:
+                UB = np.zeros((n_u, k + 1), np.float32)
+                for q, g0 in enumerate(range(0, n_u, G)):
+                    g1 = min(g0 + G, n_u)
+                    UB[g0:g1, :k] = run.group_rng(_INIT, 1, gid0 + q).standard_normal((g1 - g0, k)) \
+                        * s.init_std
             else:
-                parts = engine.foreach(fn, extra_per_block=extra, desc=desc)
+                UB = src.read(b)
+            U = np.ascontiguousarray(UB[:, :k])
+            bu = np.ascontiguousarray(UB[:, k])
+            Vw, bvw, lastw = _block_start(V_ep, bv_ep, int(pos0[b])) if blocks else (V, bv, item_last)
             if self.noisy:
-                noise, offsets = sample.draws(run.rng(_FLUSH, e), n_items, k + 1, table)
-                K.flush_items(V, bv, item_last, N, delta, a, a_b, temp, noise, offsets, table is not None)
-            epoch_seconds.append(round(time.perf_counter() - t_epoch, 4))
-            sse = sum(p[0] for p in parts)
-            history.append(math.sqrt(sse / max(N, 1)))
-            run.save(e, V=V, bv=bv, history=np.asarray(history))
-            if not np.all(np.isfinite(V)):
-                raise ParameterError(f"{self.name} diverged at epoch {e} (non-finite item factors): lower --eta")
+                noise, offsets = _group_noise(sample, lambda q: run.group_rng(_NOISE, e, gid0 + q),
+                                              K.group_draws(ip, it, G, n_items, k), k + 1, table)
+                sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, Vw, bvw, lastw, mu, lr, s.clip,
+                                      G, int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
+                                      noise, offsets, table is not None)
+            elif replicate:
+                V0, bv0 = V.copy(), bv.copy()
+                Vl, bvl = V0.copy(), bv0.copy()
+                sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vl, bvl, mu, lr, s.reg, s.reg_bias, G)
+                Vl -= V0
+                bvl -= bv0
+                with merge_lock:
+                    V[...] += Vl
+                    bv[...] += bvl
+            else:
+                sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vw, bvw, mu, lr, s.reg, s.reg_bias, G)
+            UB[:, :k] = U
+            UB[:, k] = bu
+            dst.write(b, UB)
+            out = float(sse), int(ip[-1]), float(bu.sum(dtype=np.float64)), n_u
+            if blocks:
+                flush = None
+                if self.noisy:
+                    flush = (sample, run.group_rng(_BLOCK_FLUSH, e, b), int(pos0[b]) + int(ip[-1]), delta, a,
+                             a_b, temp, table)
+                out += (_block_delta(Vw, bvw, lastw, V_ep, bv_ep, it, flush),)
+            return out
 
+        return fn
+
+    def _released(self, store, run, plan, c) -> Fitted:
+        """The released item side with its ledger, notes and model info (the users' side is not released)."""
+        s, sample, k, tiering, blocks = c.s, c.sample, c.k, c.tiering, c.blocks
         # released global mean: mu plus the mean user bias of the final state, so that a user solving
         # only u_i locally (no bias) starts from the average user (post-processing of the sample)
-        final = bufs[s.epochs % 2]
+        final = c.bufs[s.epochs % 2]
         bu_sum = 0.0
         for b in range(store.n_blocks):
             bu_sum += float(final.read(b)[:, k].sum(dtype=np.float64))
-        mu_release = float(mu + bu_sum / max(self.n_users(store), 1))
+        mu_release = float(c.mu + bu_sum / max(self.n_users(store), 1))
+        notes = self._notes(store, s, sample, tiering, blocks)
+        ledger = self.ledger(store, plan, notes=notes)
+        ledger.bounds["run_id"] = c.run_id
+        params = {key: getattr(s, key) for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau",
+                                                   "kappa", "rho", "temperature", "noise_table",
+                                                   "hot_items", "step_users", "epoch_scheme")}
+        params["tiering"] = tiering
+        if blocks:
+            params["round_blocks"] = s.round_blocks
+        params.update({"scale_s": sample.scale if self.noisy else None, "B": s.bound, "loss_bound_c": s.clip or None,
+                       "user_weights": s.user_weights})
+        info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
+                "delta": self.delta, "seed": self.seed, "n_users": self.n_users(store),
+                "n_items": c.n_items, "parameters": params,
+                "resumed_from_epoch": run.start - 1 if run.start > 1 else None, "run_id": c.run_id,
+                "ridge": local_ridge(s, sample.scale) if self.noisy else SGD_LOCAL_RIDGE,
+                "rating_range": {"min": c.lo, "max": c.hi}, "run_directory": None if run.own_dir else run.dir}
+        if not self.noisy:  # sgd: the exact training mean (a non-private model only)
+            info["mu_train"] = float(c.mu)
+        if self.noisy:
+            info["ridge_rule"] = ("sigma^2 * 2 s lam / T: the sample's prior on u_i (sd sqrt(T / (2 s lam))) and "
+                                  "the user's own ratings, untempered, with noise sd sigma = rating range / 4")
+        fitted = Fitted(item_factors=c.V.copy(), item_bias=c.bv.copy(), item_ids=store.item_ids(),
+                        global_mean=mu_release, model_info=info, ledger=ledger,
+                        owner={"n_train_used": c.N, "train_rmse_by_epoch": c.history,
+                               "epoch_seconds": c.epoch_seconds,
+                               **({"per_user_epsilon": c.per_user} if c.per_user is not None else {})})
+        # U is not released; a named run directory keeps it for a resume (and for tests)
+        fitted.user_states = None if run.own_dir else c.bufs[s.epochs % 2]
+        return fitted
+
+    def _notes(self, store, s, sample, tiering, blocks) -> list[str]:
+        """The released model's notes: what its guarantee is (and is not), and what the settings mean for it."""
         notes = []
         if self.noisy and self.private:
             notes.append("approximate guarantee: an exact posterior sample would be epsilon-DP (Thm 1); this is "
@@ -773,34 +834,7 @@ class _SgdBase(Method):
                                                               "--epsilon inf: SGLD of the unscaled posterior") + ")")
         notes += seed_notes(self)
         notes += range_notes(getattr(store, "rating_range_source", "unknown"))
-        ledger = self.ledger(store, plan, notes=notes)
-        ledger.bounds["run_id"] = run_id
-        params = {key: getattr(s, key) for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau",
-                                                   "kappa", "rho", "temperature", "noise_table",
-                                                   "hot_items", "step_users", "epoch_scheme")}
-        params["tiering"] = tiering
-        if blocks:
-            params["round_blocks"] = s.round_blocks
-        params.update({"scale_s": sample.scale if self.noisy else None, "B": s.bound, "loss_bound_c": s.clip or None,
-                       "user_weights": s.user_weights})
-        info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
-                "delta": self.delta, "seed": self.seed, "n_users": self.n_users(store),
-                "n_items": n_items, "parameters": params,
-                "resumed_from_epoch": run.start - 1 if run.start > 1 else None, "run_id": run_id,
-                "ridge": local_ridge(s, sample.scale) if self.noisy else SGD_LOCAL_RIDGE,
-                "rating_range": {"min": lo, "max": hi}, "run_directory": None if run.own_dir else run.dir}
-        if not self.noisy:  # sgd: the exact training mean (a non-private model only)
-            info["mu_train"] = float(mu)
-        if self.noisy:
-            info["ridge_rule"] = ("sigma^2 * 2 s lam / T: the sample's prior on u_i (sd sqrt(T / (2 s lam))) and "
-                                  "the user's own ratings, untempered, with noise sd sigma = rating range / 4")
-        fitted = Fitted(item_factors=V.copy(), item_bias=bv.copy(), item_ids=store.item_ids(), global_mean=mu_release,
-                        model_info=info, ledger=ledger,
-                        owner={"n_train_used": N, "train_rmse_by_epoch": history, "epoch_seconds": epoch_seconds,
-                               **({"per_user_epsilon": per_user} if per_user is not None else {})})
-        # U is not released; a named run directory keeps it for a resume (and for tests)
-        fitted.user_states = None if run.own_dir else bufs[s.epochs % 2]
-        return fitted
+        return notes
 
     def _train_mean(self, store, engine) -> float:
         tot = engine.map_reduce(lambda blk, b: (float(blk.ratings.sum(dtype=np.float64)), blk.nnz),
