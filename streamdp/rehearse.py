@@ -1,110 +1,39 @@
 """Choosing epsilon without spending it: a synthetic store shaped like a real one.
 
-``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse`` write a
-store from :func:`streamdp.storage.generate.generate_store` whose shape is STORE's, made
-only from what is public or released (already, or once now, accounted), never trained on STORE's ratings:
+``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse``
+write a store from :func:`streamdp.storage.generate.generate_store` whose shape is
+STORE's, made only from what is public or released (already, or once now, accounted),
+never trained on STORE's ratings. Public names: :func:`generate_like` (the command),
+:func:`released_shape` (what STORE's models and earlier rehearsals released),
+:func:`shape_from_histogram`, :func:`calibrate_spread`, :data:`SHAPE_EPSILON` and
+:data:`REHEARSAL_NOTE` (the sweep's note).
 
-public parameters (free)
-    the number of items (the catalogue), the declared rating range and its step (the
-    generator's ``rating_step`` when STORE was generated, else 1 when both ends of the
-    range are integers, continuous otherwise), the test fraction the owner chose at
-    ingest. An *observed* rating range (no ``--rating-range`` at ingest) is the data's
-    exact minimum and maximum: every model released from STORE publishes it already.
-shape statistics STORE has already released (free: post-processing)
-    the number of users and the histogram of training ratings per user that the models
-    released from STORE carry (``privacy.json``'s ``public_parameters.n_users``,
-    ``model.json``'s ``user_profile``; als, means and irls release the histogram), and the
-    histograms earlier rehearsals released (kept in their synthetic store). The
-    budget's entries point at them (their ``model``); of several, the least noisy is used.
-    A model or synthetic store deleted since is no longer a source.
-what is missing
-    released now: one Laplace histogram of training ratings per user over the public
-    half-octave bins of :mod:`streamdp.methods._profile` (one user falls in one bin: L1
-    sensitivity 1) at ``shape_epsilon`` (default :data:`SHAPE_EPSILON`), reserved in and
-    charged to STORE's budget like any release (ledger method ``shape``; the entry points
-    at the synthetic store, which records the noisy histogram so that the next rehearsal
-    reuses it for free), and said in the output. It reads STORE's per-user row pointers,
-    never its ratings; its noise always comes from OS entropy (a rehearsal's ``--seed`` seeds
-    the synthetic runs, never a release from STORE). Or, with ``users`` / ``ratings_per_user`` (``--users N
-    --ratings-per-user M``), the numbers the user gives, at no cost: they are hers to vouch
-    for (read off the data, they are unaccounted wherever the rehearsal's output goes).
+Where each number comes from:
 
-From a histogram (post-processing): the number of users is the sum of the bins a user can
-be in (a user rates at most ``n_items`` items; an unbiased sum of the noisy counts), and the
-mean ratings per user (train and test) is that of the generator's activity law (Pareto of
-exponent ``user_exponent``, rounded, capped at ``n_items``, split at ``test_fraction``) whose
-expected histogram of training ratings fits the released one best, each bin weighted by its
-noise and sampling variance (:func:`fit_activity`); the generator's parameter is the mean
-before its cap at ``n_items`` that gives this mean after it (:func:`generator_mean`).
-Decision, measured: the earlier reading, the mean of the bins' midpoints over the bins above
-two noise standard deviations, put the 2,000-user store of 15 ratings per user
-at 14.62 (the released histogram of a ``means`` model at epsilon 10) and 15.37 (a shape
-release at epsilon 10): a bin's users sit near its lower edge under a falling law, and a
-heavy user's bin is lost in the noise. The synthetic store then had 5% fewer ratings than
-the real one, and users of 7 ratings (1 test rating) that the real store, whose lightest
-users have 8, has none of; its means' test RMSE at inf was 0.011 above the real one's.
+* **free**: the public parameters (the items, the declared rating range and step, the
+  test fraction) and the statistics STORE's models already released (the number of
+  users, the histogram of ratings per user, the item side of the least noisy als,
+  irls or means model, ``--select auto`` validation losses), or what earlier
+  rehearsals released (kept in their synthetic store);
+* **given**: ``--users`` / ``--ratings-per-user``, at no cost, the user's to vouch for;
+* **released now**, once, at ``--shape-epsilon`` and charged to STORE's budget (ledger
+  method ``shape``, said in the output, reused by later rehearsals for free): a
+  Laplace histogram of ratings per user (it reads row pointers, never ratings), and,
+  once a model released an item side, the rating spread (three clipped, weighted sums
+  over the users, :func:`streamdp.kernels.spread.residual_spread`). Their noise always
+  comes from OS entropy: a rehearsal's ``--seed`` never seeds a release from STORE.
 
-The item side, from the least noisy als, irls or means model STORE has released (free: post-processing; the
-ranking is by the counts' noise over their total, so models of different bounds compare): its noisy item weight
-totals give the item popularity (:func:`item_side`: floored at the mean of clipped pure noise; then
-:func:`drawing_weights`: the generator's drawing weights whose expected totals, for users of the generator's
-activity and the model's per-user weights, match them, since a heavy user rates an item once and realized totals
-are flatter than the law that drew them); its global mean and item biases give each item's mean rating, and the
-generator's mean before its spread (``sqrt(interaction_scale^2 + noise^2 + user_bias_std^2)``), rounding and
-clipping is the one whose mean after them is that (:func:`pre_clip_means`). A generator option given wins
-(``item_exponent`` over the popularity, ``global_mean`` / ``item_bias_std`` over the means); without such a model
-both are the generator's, as before, and the output says which was used.
+From them, by post-processing: the mean ratings per user fitted to the histogram
+(:func:`fit_activity`), the item popularity and means from the released item side
+(:func:`drawing_weights`, :func:`pre_clip_means`), and the generator's interaction,
+noise and user offsets matched by simulated pilot stores (:func:`calibrate_spread`).
+A generator option given wins. The sweep on the synthetic store charges only its own
+budget: STORE's is left byte for byte unless a statistic had to be released.
 
-How ratings spread around their item's mean (the rating spread), released once against the least noisy released
-item side (its item means) and, when one has been released, the least noisy model's item factors: a Laplace
-vector at ``shape_epsilon`` of three sums over the users with two ratings or more and two counts, each user's term
-clipped (:func:`spread_bounds`, ``h`` half the rating range): over her test ratings, weighted by ``w = min(n, c) /
-c`` (``n`` of them; ``c`` :func:`spread_weight_cap`), her mean squared residual ``e = r - item mean`` (``[0, h^2]``: the
-total spread) and the mean product of two of her residuals on distinct items (``[-h^2/2, h^2/2]``: her rating level,
-an offset's variance; the noise adds nothing to it); over her training ratings, the mean squared leave-one-out
-residual of a ridge fit of her centred residuals on the released factors (``[0, h^2]``: what those factors leave
-unexplained, out of sample); the weights ``w`` and the users of the third sum; L1 sensitivity ``B + 1`` (``B`` the
-bounds' sum; ``B + 2`` with factors) (:func:`streamdp.kernels.spread.residual_spread`; it reads STORE's ratings
-once, block by block). It is charged like the histogram (its own budget entry, ledger method ``shape``), said, and
-recorded in the synthetic store for later rehearsals (free: a second rehearsal leaves STORE's budget byte for byte).
-
-Decision, measured (the weights): a test RMSE weighs each rating, a mean over users each user. Where heavy users'
-residuals spread more than light users' (the acceptance's taste-cluster store: a mean squared test residual of 0.58
-for users of 2-3 test ratings, 0.84 for 18 or more; 0.577 per user, 0.606 per rating) a per-user total put the
-rehearsal's ``means`` curve 0.020 below the real one at inf and 0.025-0.033 below at finite epsilon. Weighted by
-``min(n, c) / c`` the total is 0.578, 0.588, 0.593 and 0.599 for ``c`` = 4, 8, 16 and 32 on that store, each with
-about ``c`` times the per-user release's relative noise (the weights' sum is the count). ``c`` is the largest of 1024,
-512, ..., 1 (1: every user alike, the per-user mean) whose release leaves the weighted mean a noise standard deviation
-of at most :data:`SPREAD_NOISE` ``h^2`` (0.01 on a 1-5 scale, about 1% of a typical spread there), predicted from the
-released shape (users, the activity law's test ratings per user) before anything is read: on the acceptance's
-2,000-user stores at ``--shape-epsilon 10`` it is 32 (a noise std of 0.005, 0.009 with factors), at the default 0.1
-it is 1 (the per-user mean's 0.05 is already more than the weighting would remove), on 100,000 such users at 0.1 it is
-16. On the default store, alike for every activity, the weighted and per-user totals differ only by the draw.
-
-From it (post-processing), :func:`calibrate_spread` sets the generator's ``interaction_scale``, ``noise`` and
-``user_bias_std`` (and the item biases that keep the released item means) by simulation: pilot stores with
-STORE's public parameters, released shape and item side, each read against the item means (and factors) that the
-released model's method, epsilon and rank give on the pilot (:func:`_pilot_release`: the released ones were
-fitted to STORE's training ratings, with their shrinkage and error), until the pilot's three weighted means are
-the released ones. When the item side is a ``means`` model's, the synthetic truth's item means are the released
-ones plus a scaled draw of the model's posterior spread (:func:`item_mean_draw`: a released mean is shrunk, the more
-the fewer its ratings, and a private model trained on a store whose truth is shrunk already loses less to privacy
-than on the real one), the scale matched in the same rounds so that the pilot's released item means spread as
-STORE's did (0 when they already do). With released factors the synthetic truth's item factors are their
-directions (the
-interaction then lives where the released model found it) and the noise is matched to the unexplained residual;
-without, the spread beyond the user offsets is split between interaction and noise so that a pilot trained as the
-least noisy model that released ``--select auto`` validation losses of a factors and a biases candidate (als) has
-the same ratio of the two losses (free: post-processing of that release; the factors lost there, or they would have
-been released), and as in the generator's defaults (:data:`DEFAULT_SPLIT`) when no model released such losses. A
-generator option given (``--noise``, ``--interaction-scale``,
-``--user-bias-std``, ``--rank``) wins.
-
-Everything else (user activity's tail, taste clusters) is the generator's default or the option given. How close
-the rehearsal's curve then lies to the real sweep's is measured in ``tests/test_rehearse.py``
-(:func:`rehearsal_gaps`) and reported in docs/choosing-epsilon.md. The sweep on the
-synthetic store charges only the synthetic store's own budget; STORE's budget file is left
-byte for byte as it was unless a statistic had to be released.
+Each source and reading in full, the measurements behind them and how close the
+rehearsal's curve lies to the real one: ``docs/design-notes.md``, section
+``streamdp/rehearse.py``, and ``docs/choosing-epsilon.md`` (``rehearsal_gaps`` in
+``tests/test_rehearse.py``).
 """
 
 from __future__ import annotations
