@@ -6,128 +6,33 @@ trains every configuration of the grid privately on a Poisson sample of the user
 held-out ratings with one noisy release, picks one, trains the picked configuration
 on every training rating and writes it: all of it in ONE ledger whose PLD epsilon at
 the run's delta is at most ``E``, the whole ``E`` reserved in the store's budget
-before any candidate reads a rating.
+before any candidate reads a rating. Public names: :func:`tune`, :func:`default_grid`,
+:func:`parse_grid`, :func:`tunable_methods`, :func:`config_name`, :func:`sampled_users`,
+:func:`gaussian_equivalent` and the shares :data:`SAMPLE_RATE`, :data:`SELECT_SHARE`,
+:data:`CANDIDATE_NOMINAL_SHARE`.
 
-The choice: report-noisy-min with a margin, not random stopping
----------------------------------------------------------------
-The selection is that of the private defaults (:mod:`streamdp.methods._selection`):
-every user with two or more training ratings holds out 10% of them (at most 2), each
-candidate model is solved for locally by every user from the rest of their ratings
-(as on their device, :mod:`streamdp.local`), their held-out ratings are predicted and
-the user's loss is the mean of the squared errors clipped to ``h^2`` (``h`` half the
-rating range). The vector of the ``m`` candidates' summed losses (each user adds at
-most ``h^2`` per coordinate: L2 sensitivity ``h^2 sqrt(m)``) is released once with
-Gaussian noise; the default configuration is kept unless another one's noisy loss is
-lower by :data:`~streamdp.methods._selection.MARGIN` noise standard deviations and
-it is not leaner (fewer factors or iterations, :func:`_leaner`); a grid without the
-default configuration takes the noisy argmin.
+Decisions a reader must know:
 
-Papernot-Steinke random stopping (repeat a randomly chosen candidate a random number
-of times, release the best) was not chosen: its guarantee is stated in Renyi DP
-(dp-accounting's ``RepeatAndSelectEvent`` is composed by the RDP accountant only,
-while every ledger here is a PLD one), it releases the winning candidate itself,
-trained at the per-run epsilon, where here the released model gets most of the budget
-(below), and on a grid of 2-6 points its random number of runs (mean well above
-``m`` to try each point) costs more than ``m`` fixed runs composed by PLD.
+* **the choice** is that of the private defaults (:mod:`streamdp.methods._selection`):
+  report-noisy-min over the candidates' summed clipped losses (L2 sensitivity
+  ``h^2 sqrt(m)``), keeping the default unless another, not leaner (:func:`_leaner`), is
+  lower by ``MARGIN`` noise stds; not Papernot-Steinke random stopping;
+* **the budget**: candidates are planned at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` and
+  trained on a keyed Poisson sample (amplification makes them cheap), the losses take
+  :data:`SELECT_SHARE` of the squared scale, the released model the rest (about
+  0.977 E); when the losses' noise would swamp a 5% difference, nothing is tuned and
+  the default is trained at the whole ``E``;
+* **every candidate is accounted though none is released**: all releases are
+  Gaussian, every final configuration is calibrated under one envelope Gaussian of
+  multiplier ``z_f`` (:func:`_calibrated`), so the adaptive choice composes as fixed
+  Gaussians; that is why ``mechanism`` is no grid key;
+* **reservation**: the whole ``E`` (the envelope) is reserved before any candidate reads
+  a rating; a failure or Ctrl-C before the model is in place marks it failed.
 
-Budget: subsampled candidates, a small share for the losses, the rest for the model
-------------------------------------------------------------------------------------
-* Each candidate is planned at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` (0.12: the
-  noise it would have on every user) and trained on a Poisson sample of the users at
-  rate :data:`SAMPLE_RATE` = 0.2 (:class:`_Sampled`: each user in or out by a keyed
-  hash of the run's secret key and the user's index, :func:`sampled_users`; an
-  unsampled user has no ratings in the candidates' view). Its releases are all
-  Gaussian and compose, adaptively, to exactly one Gaussian of multiplier
-  ``(sum 1/z_i^2)^-1/2`` (:func:`gaussian_equivalent`), and that one Gaussian run on a
-  Poisson sample is dp-accounting's ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``,
-  composed by the same PLD accountant as the rest (add/remove one user; the
-  subsampled PLD of a mechanism dominated by a Gaussian pair is dominated by the
-  subsampled Gaussian's, Zhu, Dong & Wang 2022). Amplification makes the candidates
-  cheap: with m = 2, delta 1e-6 and the losses below, the released model's epsilon is
-  0.9860 E with no candidates, 0.9852 / 0.9828 / 0.9787 E with them sampled at rate
-  0.1 / 0.2 / 0.3, and 0.9042 E unsampled (E = 1; 0.9855 / 0.9846 / 0.9821 / 0.9778 /
-  0.9009 at E = 2). 0.2: a candidate's signal grows with the rate, its cost (0.3% of
-  ``E``) stays below the losses'.
-* :data:`SELECT_SHARE` = 0.02 of the squared epsilon scale for the noisy losses (1.4%
-  of ``E``).
-* The released model gets the rest: ``tuning.final_epsilon`` is 0.977 E on the
-  generated stores of bench/tune.py at E = 1 and 2 (it also leaves out the histogram
-  of ratings per user, which ``train`` pays too; 0.89 E in the first version, which
-  ran the candidates on every user at 12% of the squared scale).
-
-Measured with ``bench/tune.py`` (docs/tune.md has the table): where the default is
-already the best configuration the tuned model is the default at ``0.977 E``, and with
-the same seed (the released model draws its noise as ``train`` does) tuned minus
-default is +0.002 test RMSE on the generated stores against a run-to-run standard
-deviation of 0.004-0.005 over seeds; the first version (candidates on every user,
-0.89 E) cost +0.011 to +0.024. Why not further: the losses' share is now the larger
-part of what tuning costs, and halving it (0.01) would save about 0.001 RMSE
-while raising their noise by ``sqrt 2``, which moves the "too few users" threshold
-below (to about 1.4 times as many users) and weakens the choice that is the point.
-
-What sampling costs the choice: a candidate sees ``q`` of the users at the noise of
-the nominal share, so its statistics have ``1/q`` the signal-to-noise ratio the same
-candidate on every user would have. The choice still separates configurations that
-differ clearly (the ``means`` test: users' intercepts or not, 17 noise stds apart at
-E = 2 on 3,000 users), and leaner candidates, which that lower ratio favours, never
-replace the default (:func:`_leaner`). The losses are summed over every user, not
-only the sampled ones: a user's loss term reads their own held-out and remaining
-ratings and the candidate models; given the models, adding or removing a user
-changes the sum by at most ``h^2`` per candidate whether or not they were sampled,
-so the loss release is a Gaussian of sensitivity ``h^2 sqrt(m)`` composed adaptively
-after the subsampled candidates. Every user's held-out ratings are out of every
-candidate's training data (the held-out split is made before the sample), so the
-unsampled users add validation signal at no privacy cost.
-
-The candidates and the losses are planned first; the released model's noise is then
-calibrated (:func:`streamdp.privacy.calibrate`) as one Gaussian of multiplier ``z_f``
-such that everything composed is the largest PLD epsilon not above ``E``; every final
-configuration is planned at the epsilon of that Gaussian, and taken only when its
-releases compose to a Gaussian of multiplier at least ``z_f`` (:func:`_calibrated`). When the losses' noise would swamp a difference
-of 5% of ``h^2`` per user (``MARGIN`` noise stds above ``0.05 h^2 n_users``: public
-quantities only, the rule of ``--select auto``) nothing is tuned: the default
-configuration is trained at the whole ``E`` and the output says so (on ML-100K and
-FilmTrust at epsilon 1 this is what happens).
-
-Why every candidate is accounted although none is released
------------------------------------------------------------
-A candidate is trained on the users' data (minus the held-out ratings: a per-user split
-by a hash of the user's position in the store keyed by the run's secret entropy; with the
-key unknown, each user's split and Poisson sample are independent draws whatever the
-other users are, which is what the accounting assumes: a seeded run is reproducible, not
-private against whoever knows the seed), so it is a private computation and its releases (noisy sums,
-Gramians, counts) are accounted at their noise as if published. Its model is never
-written or printed; it only feeds the losses. The losses are not post-processing of
-the candidates alone (they read the users' held-out ratings), so they are a further
-Gaussian release: given the candidates' outputs, each user's term depends on their
-own data only, so its sensitivity is ``h^2 sqrt(m)`` and adaptive composition applies.
-The choice is post-processing of the noisy losses. The released model is trained
-afterwards, its configuration chosen from them: a mechanism chosen adaptively. Every
-release here is Gaussian, and every possible final configuration is calibrated to the
-same total, so each is (up to the calibration's within-budget tolerance) dominated by
-the same Gaussian, and the adaptive composition is that of fixed Gaussians (Dong, Roth
-& Su, Gaussian DP, adaptive composition). That is why ``mechanism`` cannot be a grid
-key and tuning runs are Gaussian. The ledger lists the candidates' (subsampled)
-events, the losses and the final model's releases; its accounting (dp-accounting's
-PLD) composes the candidates, the losses and the envelope: the one Gaussian of
-multiplier ``z_f`` that dominates every configuration's releases, since the
-guarantee of the adaptive choice is that of this envelope. The store's budget
-reserves exactly those events, so the budget charges what the ledger says.
-
-Reservation
------------
-The whole ``E`` is reserved in the store's budget once the candidates are planned and
-before any of them reads a rating (before that, a store whose budget cannot take ``E``
-is refused before any pass, even the histogram's): a concurrent ``train`` cannot take
-the budget while the candidates run. The choice is not known then, so the reserved
-entry lists the histogram, the candidates and the losses as the ledger does, and the
-released model as the one Gaussian of multiplier ``z_f`` (an envelope: whichever
-configuration is chosen, its releases compose to a Gaussian of no smaller multiplier,
-so the budget counts at least what the model's ledger composes, and at most ``E``).
-A failure or Ctrl-C before the model is in place marks the reservation failed, as
-``train``'s (:func:`streamdp.training.release`): the candidates and the losses never
-leave the process. The paths that tune nothing (one configuration, too few users)
-reserve exactly as ``train`` does.
+The run's stages are the functions :func:`tune` calls in order (check, plan the choice,
+pin the iterations, plan the candidates, run and choose, release). The reasoning in
+full and the measurements (``bench/tune.py``): ``docs/design-notes.md``, section
+``streamdp/tune.py``, and ``docs/tune.md``.
 """
 
 from __future__ import annotations

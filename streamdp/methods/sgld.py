@@ -4,155 +4,33 @@ Liu, Wang & Smola (RecSys 2015): sample ``(U, V)`` from ``exp(-epsilon/(4B) F(U,
 with Stochastic Gradient Langevin Dynamics, streaming user blocks, and release
 ``V``, the item biases and the global mean; users solve their own ``u_i`` locally
 (eq. 5, :mod:`streamdp.local`). The same kernels without noise are ``--method sgd``,
-the project's non-private speed reference (scikit-surprise's ``SVD`` update).
+the project's non-private speed reference (scikit-surprise's ``SVD`` update). Public
+names: :class:`SGLD`, :class:`SGD` (options :class:`SgldOptions`, :class:`SgdOptions`),
+:func:`local_ridge`, :func:`default_step_users`, :func:`read_user_weights`.
 
-The objective and the bound B (decisions where the paper is loose)
------------------------------------------------------------------
-``F = sum_i w_i sum_{j in R_i} l(r_ij - mu - bu_i - bv_j - u_i.v_j) + lam (|U|^2 + |V|^2)
-+ lam_b (|bu|^2 + |bv|^2)`` over the ratings left after **trimming** each user to at
-most ``tau`` uniformly random ratings (:func:`streamdp.privacy.bounding.trim_block`,
-seeded per user group; the same subset every epoch, so the target does not change).
+Decisions a reader must know (where the paper is loose):
 
-* ``l(e) = min(e^2, c^2)`` with ``c = (r_max - r_min) + kappa``: the squared loss
-  truncated at the bound (default ``c`` = half the rating range, ``kappa = -(r_max -
-  r_min) / 2``: any ``c > 0`` bounds the loss; Liu et al.'s ``kappa = 1`` is ``c = 5``
-  on 1..5, 6.25x the ``B``; see the audit below). Alg. 1 instead restricts ``(U, V)`` to the set where
-  predictions are within ``kappa`` of the rating range and re-samples until a
-  sample lands there (lines 5-6), which no finite SGLD run can do for all
-  ``(i, j)``. With the truncated loss, a user's term is bounded by
-  ``B_i = min(tau, m_i) w_i c^2`` for **every** ``(U, V)``, so Thm 1's
-  exponential-mechanism argument holds on the whole space with no rejection step.
-  Ratings are clipped into the declared range first. For SGD (``--method sgd``)
-  the loss is the plain square (no truncation).
-* ``B = tau c^2`` is public (Sec. 6.6: ``B = tau (5 - 1 + kappa)^2``), not Alg. 1
-  line 1's data-dependent max. Weights ``w_i = min(rho, B / (m_i c^2))`` (Sec. 6.6),
-  ``m_i = min(tau, n_i)``, so ``B_i <= B``.
-* ``mu`` is the declared midpoint of the rating range for ``sgld`` (public; a data
-  mean would be an unaccounted statistic) and the training mean for ``sgd``. The
-  released global mean is ``mu`` plus the mean user bias of the final state (a
-  function of the sample, i.e. post-processing), so that a user's local solve
-  (:mod:`streamdp.local`, with its own intercept) starts from the average user.
-* The local ridge a user solves ``u_i`` with is not the prior's ``lam`` (the
-  tempered conditional, which makes ``u_i ~ 0``) but ``sigma^2 2 s lam / T``: the
-  sample's prior on ``u_i`` and the user's own, untempered ratings
-  (:func:`local_ridge`).
-* Neighbouring relation and the factor 4: for add/remove one user and a
-  non-negative loss bounded by ``B``, the probability ratio of an exact sample is
-  within ``exp(+-s B)``, so ``s = epsilon / (4B)`` is conservative by a factor 4 (the
-  paper's ``4B`` covers replace-one with sensitivity ``2B``). Proof: with
-  ``F' = F + L_x``, ``0 <= L_x <= B``, the ratio ``p'(theta) / p(theta) =
-  exp(-s L_x(theta)) Z / Z'`` has its first factor in ``[e^{-sB}, 1]`` and its second in
-  ``[1, e^{sB}]`` (the same holds for the released ``V``'s marginal: integrating out the
-  added user's own ``u_x`` under its prior multiplies by ``E[exp(-s L_x)]`` in
-  ``[e^{-sB}, 1]``). The default ``--posterior-scale tight`` samples at ``s = epsilon /
-  B`` with per-user ``epsilon B_i / B``; ``--posterior-scale paper`` keeps Alg. 1's ``4B``
-  (4x more diffuse at the same claim; Thm 2's per-user ``epsilon B_i / (2B)`` recorded as
-  stated in the paper). Trimming keeps this
-  valid: every user's subset is drawn independently and uniformly, so the other
-  users' trimmed data has the same law with or without user ``x``.
-* Privacy scaling ``s = epsilon / B`` (``epsilon / (4B)``, Alg. 1 line 4, with ``paper``),
-  temperature ``T``: the chain targets ``exp(-s F / T)``. ``T < 1`` (the paper's
-  ``zeta`` "to speed up burn-in") samples a colder distribution whose exact-sample
-  guarantee is ``epsilon / T``; the ledger claims that, and says in ``bounds.target``,
-  the guarantee string and the notes that it is **not the DP target** of the
-  ``--epsilon`` given (:func:`streamdp.privacy.posterior.target_label`).
-* The prior (``lam``) is data-independent and not weighted by counts (a count-weighted
-  regularizer would make a user's term unbounded); it is applied by the exact lazy
-  Ornstein-Uhlenbeck flows of :mod:`streamdp.kernels.sgd`. By default it is set by
-  its standard deviation under the target, ``lam = T / (2 s sd^2)`` with ``sd = 0.3``
-  for factor coordinates and for biases (``--reg``/``--reg-bias`` override):
-  with a fixed ``lam`` (e.g. 5) a small ``s`` makes the prior itself enormous (sd
-  ``sqrt(T / (2 s lam))`` = 30 at ``s = 1e-4``), predictions leave the rating range,
-  the truncated loss goes flat and the release is noise far worse than the global
-  mean; with a fixed prior sd the sample degrades towards the prior's predictions
-  (the midpoint) as ``epsilon`` shrinks. Both choices use public parameters only
-  (Liu et al. instead fit ``Lambda`` with a non-private SGLD run, which leaks).
+* the loss is the squared loss **truncated** at ``c`` (half the rating range by default)
+  over each user's ratings trimmed to ``tau``, so a user's term is at most a public
+  ``B = tau c^2`` for every ``(U, V)``: Thm 1 holds on the whole space with no
+  rejection step; ``sgd`` uses the plain square;
+* ``--posterior-scale tight`` (default) samples at ``s = epsilon / B``, exact for
+  add/remove one user (the paper's ``4B`` covers replace-one, kept as ``paper``);
+  ``--temperature`` below 1 samples a colder target whose guarantee is ``epsilon / T``,
+  and the ledger says it is not the DP target of the ``--epsilon`` given;
+* the prior is public (a fixed standard deviation, 0.3, under the target), never fitted
+  on the data; ``sgld`` centres at the declared midpoint, ``sgd`` at the training mean;
+* **the guarantee is approximate**: an exact sample would be epsilon-DP; a finite SGLD
+  run is not one, and the ledger's guarantee string starts ``approximate:``
+  (:class:`streamdp.privacy.posterior.PosteriorSample` is the accounted event);
+  ``--noise-table`` has no privacy proof and is labelled so;
+* runs checkpoint after every epoch and resume bit for bit (the shared driver,
+  :class:`streamdp.stream.driver.Run`); a cluster scheduler needs
+  ``--epoch-scheme blocks`` (another Markov chain, noted in the ledger).
 
-Faithfulness audit (Liu et al. Sec. 6.3 and 6.6 against ours; measured in ``docs/sgld.md``)
------------------------------------------------------------------------------------------
-================  ===============================  =============================  ==================================
-constant          paper (Netflix, Figure 7)        ours (default)                 guarantee / accuracy
-================  ===============================  =============================  ==================================
-eta_0, gamma      eta_0 in {6e-10, 3e-9, 3.2e-8}   ``--eta`` 0.005 per rating in  none: a finite run is approximate
-                  on the N-scaled gradient,        SGD units (Langevin time       either way; 0.0025 / 0.01 /
-                  gamma 0.6                        eta / (2s) per epoch), gamma 0 gamma 0.6 / 40 epochs within
-                                                                                  the seeds' spread of each other
-zeta              0.07 or 0.0025 multiplies the    ``--temperature`` 1            zeta < 1 samples the target of
-                  noise variance                                                  epsilon / zeta (400x at 0.0025):
-                                                                                  Figure 7's points are NOT samples
-                                                                                  of their epsilon's DP target;
-                                                                                  ours claims epsilon / T and says
-                                                                                  "not the DP target"
-rho               1 or 10                          ``--rho`` 1                    B_i <= B either way; rho > 1
-                                                                                  upweights users with < tau ratings
-alpha, beta       Gamma(1, 100) on Lambda,         none: fixed prior sd 0.3       a data-fitted prior is an
-Lambda            Lambda from a NON-PRIVATE SGLD   (public)                       unaccounted release: not DP
-                  run (Sec. 6.6)
-B, kappa          B = tau (4 + kappa)^2 = 2,500,   c = half range = 2, B = tau    any c > 0 bounds the truncated
-                  kappa 1, rejection on the        c^2 = 400; truncated loss,     loss: same guarantee, 6.25x
-                  prediction box                   no rejection                   smaller B
-4B                s = epsilon / (4B)               s = epsilon / B (``tight``)    exact for add/remove (module
-                                                                                  docstring); 4x less diffuse
-tau, weights      100; w_i = min(rho, B/(m_i c^2)) the same                       the same
-released sample   one (unspecified iterate)        the last iterate               Thm 1 covers one sample only
-================  ===============================  =============================  ==================================
-
-Guarantee and accounting
-------------------------
-An **exact** sample from ``exp(-s F)`` is ``epsilon``-DP (Thm 1; exponential
-mechanism with utility ``-F`` and sensitivity ``2B``). Under add/remove-one-user,
-Thm 2 gives user ``i`` ``epsilon B_i / (2B)``; the ledger records that per-user
-distribution (min/median/max over the store's users, exact, from counts and
-weights; it is a statistic of the data for the data owner, not a DP release).
-dp-accounting has no notion of "approximately exact posterior sample": the
-release is one :class:`streamdp.privacy.posterior.PosteriorSample`, the privacy
-object that gives the sampler its scale, Langevin time and noise draws, the
-accounted event and the ledger entry. Its event is one pure-DP event (exponential
-mechanism) whose PLD value is what an exact sample would spend (the event's
-epsilon is fitted just under the target so that the PLD grid's rounding stays
-within it, :func:`streamdp.privacy.posterior.event_epsilon`; the sampler runs at
-that epsilon), and the guarantee string starts with ``approximate:`` because a finite
-SGLD run is not an exact sample: Thm 1's ``(epsilon, (1 + e^epsilon) delta)`` needs the
-run's law to be ``delta``-close in L1 to the target, which nothing bounds for a
-finite run (Jain et al. 2018 remark that SGLD's ``(epsilon, delta)`` is unquantified).
-``--noise-table SIZE`` (Liu et al. Sec. 5.4 lookup table) has no privacy proof at
-all and is labelled so in the ledger and the guarantee.
-
-Run state, checkpoints, resume
-------------------------------
-The run directory, random families, checkpoints and per-user state are the shared
-driver's (:class:`streamdp.stream.driver.Run`): ``U`` and ``bu`` live on disk in
-the run directory (``--checkpoint DIR``, default a temporary directory beside the
-store) as two :class:`~streamdp.stream.state.UserState` arrays used alternately by
-epoch (epoch ``e`` reads one and writes the other), so the state at the end of the
-last finished epoch is always intact. After each epoch ``V``, ``bv``, the epoch
-number and the run's root entropy are written atomically to
-``DIR/checkpoint.npz``. A run started with the same ``--checkpoint`` and the same
-settings resumes after the last finished epoch (``--epochs`` may be raised to
-extend a run); all randomness comes from per-(purpose, epoch, user group)
-generators of the root entropy, so the result equals the uninterrupted run's (bit
-for bit with one worker) and does not depend on how users are cut into blocks
-when ``--step-users`` divides the store's block size (streamed == in-memory). The run directory holds
-private state (``U`` and, for an unseeded run, the noise's root entropy): keep it
-private and delete it after the run; without ``--checkpoint`` a temporary one is
-used and removed (also on failure). Privacy spend is recorded once: ``streamdp
-train`` reserves the release in the store's budget before fitting and marks it
-failed when the run is interrupted (nothing was released: the checkpoint is
-private state), so only the resumed run that writes the model counts.
-
-On a cluster (``--scheduler``)
-------------------------------
-Default (``--epoch-scheme hogwild``): the epochs run on the local threads of the
-process that runs ``train`` (:meth:`~streamdp.stream.engine.Engine.foreach`), and a
-cluster scheduler is refused before anything is reserved
-(:meth:`_SgdBase.check_scheduler`): an epoch is Hogwild over one ``V`` (and, for
-``sgld``, the shared lazy-noise clocks) updated after every user.
-``--epoch-scheme blocks`` runs the epochs as engine passes, on any scheduler and
-bit-identical for any workers: rounds of ``--round-blocks`` blocks start from the
-round's ``V`` and return affine item maps applied in block order
-(:func:`_block_delta`, :func:`_add_block_delta`): another Markov chain (stale
-kicks), noted in the ledger; the measurements and the reasoning about the
-guarantee are in docs/cluster.md.
+The objective in full, the proof of the factor 4, the faithfulness audit against the
+paper's constants and the run state: ``docs/design-notes.md``, section
+``streamdp/methods/sgld.py``; measurements in ``docs/sgld.md`` and ``docs/cluster.md``.
 """
 
 from __future__ import annotations
