@@ -54,23 +54,21 @@ deleted first (nothing can read a mix of the two), the old data deleted, the new
 objects copied server-side, its root ``zarr.json`` last. The budget ledger's objects
 (``privacy_budget.*``) are never deleted: on object storage the ledger stays at the
 store's URL and records that the data was replaced
-(``data_replaced`` of the :class:`LedgerKeeper`'s ledger). Decision, measured with
-moto's S3 server (110 objects, 1.2 MB, medians of 5): publishing in place takes
-0.16 s, publishing by copy 2.06 s (one COPY request per object, and a real bucket
-copies at its own rate), so only a replacement, which must keep the old store
-readable until the new one is complete, pays for the copy.
+(``data_replaced`` of the :class:`LedgerKeeper`'s ledger). Only a replacement, which
+must keep the old store readable until the new one is complete, pays for the copy
+(measured: ``docs/design-notes.md``, section ``streamdp/storage/writer.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-from dataclasses import dataclass
-from typing import Callable
 import hashlib
 import json
 import os
 import secrets
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import zarr
