@@ -8,8 +8,8 @@ Rules checked here:
   share lives in a shared part (``_centering``, ``_biases``, ``_subspace``, ...);
 * **no private names across modules**: no module imports a ``_name`` from another
   module of the package;
-* **no import cycles** in the package, counting imports inside functions too (they
-  run as well, only later);
+* **no import cycles** in the package, nor among ``bench/``'s modules, counting imports
+  inside functions too (they run as well, only later);
 * **layers** (:data:`LAYERS`, lowest first): base (errors, outputs, progress, memory,
   jsonio, owner, manifest, model_dir) < kernels < storage < privacy < stream < models
   (model format, local solve, ranking, batch, evaluate) < methods < entry points
