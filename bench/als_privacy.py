@@ -41,6 +41,19 @@ def fit_timed(store, method, epsilon, seed, workers=2, delta=None, **opts):
         return f, time.perf_counter() - t
 
 
+def fitted_evaluation(store, fitted, workers=1) -> dict:
+    """:func:`streamdp.evaluate.evaluate_model` of a fitted model (saved to a temporary directory): RMSE and the
+    ranking metrics at k = 10 beside the most-popular lists."""
+    from streamdp.evaluate import evaluate_model
+
+    d = tempfile.mkdtemp(prefix="bench-model-")
+    try:
+        fitted.save(os.path.join(d, "m"))
+        return evaluate_model(os.path.join(d, "m"), store, baselines=False, workers=workers)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def fitted_rmse(store, fitted, workers=2) -> float:
     """Test RMSE of a fitted model: saved to a temporary directory, evaluated as the users' devices would."""
     from streamdp.evaluate import evaluate_model

@@ -233,8 +233,7 @@ def methods_table(st, name, seeds, epsilons) -> None:
     model's list scorer, as ``recommend`` ranks them."""
     import statistics
 
-    from bench.als_privacy import fit_timed
-    from bench.run import fitted_evaluation
+    from bench.als_privacy import fit_timed, fitted_evaluation
 
     def mean(method, eps):
         rs = [fitted_evaluation(st, fit_timed(st, method, eps, s, workers=1)[0], workers=1)["ranking"]

@@ -76,7 +76,7 @@ if __package__ in (None, ""):  # run as a file: make ``bench`` importable
 
 from bench import shared_data  # noqa: E402
 from bench.als import passes  # noqa: E402
-from bench.als_privacy import REAL_STORES, fit_timed, surprise_fit  # noqa: E402
+from bench.als_privacy import REAL_STORES, fit_timed, fitted_evaluation, surprise_fit  # noqa: E402
 from bench.ingest import run_measured  # noqa: E402
 from bench import scale as scale_bench  # noqa: E402
 from bench.sgd import _steady, epoch_rates, in_memory_matrix, peer_rate, surprise_rate  # noqa: E402
@@ -122,19 +122,6 @@ def _ours(store, method, epsilon, **opts):
     f, dt = fit_timed(store, method, epsilon, 0, workers=1, **opts)
     ev = fitted_evaluation(store, f, workers=1)
     return ev["rmse"], dt, f.model_info.get("rank", "?"), ev["ranking"]
-
-
-def fitted_evaluation(store, fitted, workers=1) -> dict:
-    """:func:`streamdp.evaluate.evaluate_model` of a fitted model (saved to a temporary directory): RMSE and the
-    ranking metrics at k = 10 beside the most-popular lists."""
-    from streamdp.evaluate import evaluate_model
-
-    d = tempfile.mkdtemp(prefix="bench-model-")
-    try:
-        fitted.save(os.path.join(d, "m"))
-        return evaluate_model(os.path.join(d, "m"), store, baselines=False, workers=workers)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def real(rep: Report, tmp: str) -> None:

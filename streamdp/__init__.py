@@ -10,12 +10,23 @@ import sys
 import types
 
 from streamdp._version import __version__
+from streamdp.storage import writer as _writer
 from streamdp.storage.store import open_store
 
 __all__ = ["open_store", "load_model", "ingest", "train", "tune", "evaluate", "generate", "__version__"]
 
 #: The API functions of :mod:`streamdp.api`, loaded on first use.
 _API = ("ingest", "train", "tune", "evaluate", "generate")
+
+
+def _ledger_keeper():
+    """Replacing a store carries its budget ledger over: the privacy layer's part, handed down to the writer."""
+    from streamdp.privacy.budget import StoreBudget, carried_over
+
+    return _writer.LedgerKeeper(carried_over=carried_over, ledger=StoreBudget)
+
+
+_writer.install_ledger_keeper(_ledger_keeper)
 
 
 def __getattr__(name):

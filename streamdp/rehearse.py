@@ -1,110 +1,39 @@
 """Choosing epsilon without spending it: a synthetic store shaped like a real one.
 
-``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse`` write a
-store from :func:`streamdp.storage.generate.generate_store` whose shape is STORE's, made
-only from what is public or released (already, or once now, accounted), never trained on STORE's ratings:
+``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse``
+write a store from :func:`streamdp.storage.generate.generate_store` whose shape is
+STORE's, made only from what is public or released (already, or once now, accounted),
+never trained on STORE's ratings. Public names: :func:`generate_like` (the command),
+:func:`released_shape` (what STORE's models and earlier rehearsals released),
+:func:`shape_from_histogram`, :func:`calibrate_spread`, :data:`SHAPE_EPSILON` and
+:data:`REHEARSAL_NOTE` (the sweep's note).
 
-public parameters (free)
-    the number of items (the catalogue), the declared rating range and its step (the
-    generator's ``rating_step`` when STORE was generated, else 1 when both ends of the
-    range are integers, continuous otherwise), the test fraction the owner chose at
-    ingest. An *observed* rating range (no ``--rating-range`` at ingest) is the data's
-    exact minimum and maximum: every model released from STORE publishes it already.
-shape statistics STORE has already released (free: post-processing)
-    the number of users and the histogram of training ratings per user that the models
-    released from STORE carry (``privacy.json``'s ``public_parameters.n_users``,
-    ``model.json``'s ``user_profile``; als, means and irls release the histogram), and the
-    histograms earlier rehearsals released (kept in their synthetic store). The
-    budget's entries point at them (their ``model``); of several, the least noisy is used.
-    A model or synthetic store deleted since is no longer a source.
-what is missing
-    released now: one Laplace histogram of training ratings per user over the public
-    half-octave bins of :mod:`streamdp.methods._profile` (one user falls in one bin: L1
-    sensitivity 1) at ``shape_epsilon`` (default :data:`SHAPE_EPSILON`), reserved in and
-    charged to STORE's budget like any release (ledger method ``shape``; the entry points
-    at the synthetic store, which records the noisy histogram so that the next rehearsal
-    reuses it for free), and said in the output. It reads STORE's per-user row pointers,
-    never its ratings; its noise always comes from OS entropy (a rehearsal's ``--seed`` seeds
-    the synthetic runs, never a release from STORE). Or, with ``users`` / ``ratings_per_user`` (``--users N
-    --ratings-per-user M``), the numbers the user gives, at no cost: they are hers to vouch
-    for (read off the data, they are unaccounted wherever the rehearsal's output goes).
+Where each number comes from:
 
-From a histogram (post-processing): the number of users is the sum of the bins a user can
-be in (a user rates at most ``n_items`` items; an unbiased sum of the noisy counts), and the
-mean ratings per user (train and test) is that of the generator's activity law (Pareto of
-exponent ``user_exponent``, rounded, capped at ``n_items``, split at ``test_fraction``) whose
-expected histogram of training ratings fits the released one best, each bin weighted by its
-noise and sampling variance (:func:`fit_activity`); the generator's parameter is the mean
-before its cap at ``n_items`` that gives this mean after it (:func:`generator_mean`).
-Decision, measured: the earlier reading, the mean of the bins' midpoints over the bins above
-two noise standard deviations, put the 2,000-user store of 15 ratings per user
-at 14.62 (the released histogram of a ``means`` model at epsilon 10) and 15.37 (a shape
-release at epsilon 10): a bin's users sit near its lower edge under a falling law, and a
-heavy user's bin is lost in the noise. The synthetic store then had 5% fewer ratings than
-the real one, and users of 7 ratings (1 test rating) that the real store, whose lightest
-users have 8, has none of; its means' test RMSE at inf was 0.011 above the real one's.
+* **free**: the public parameters (the items, the declared rating range and step, the
+  test fraction) and the statistics STORE's models already released (the number of
+  users, the histogram of ratings per user, the item side of the least noisy als,
+  irls or means model, ``--select auto`` validation losses), or what earlier
+  rehearsals released (kept in their synthetic store);
+* **given**: ``--users`` / ``--ratings-per-user``, at no cost, the user's to vouch for;
+* **released now**, once, at ``--shape-epsilon`` and charged to STORE's budget (ledger
+  method ``shape``, said in the output, reused by later rehearsals for free): a
+  Laplace histogram of ratings per user (it reads row pointers, never ratings), and,
+  once a model released an item side, the rating spread (three clipped, weighted sums
+  over the users, :func:`streamdp.kernels.spread.residual_spread`). Their noise always
+  comes from OS entropy: a rehearsal's ``--seed`` never seeds a release from STORE.
 
-The item side, from the least noisy als, irls or means model STORE has released (free: post-processing; the
-ranking is by the counts' noise over their total, so models of different bounds compare): its noisy item weight
-totals give the item popularity (:func:`item_side`: floored at the mean of clipped pure noise; then
-:func:`drawing_weights`: the generator's drawing weights whose expected totals, for users of the generator's
-activity and the model's per-user weights, match them, since a heavy user rates an item once and realized totals
-are flatter than the law that drew them); its global mean and item biases give each item's mean rating, and the
-generator's mean before its spread (``sqrt(interaction_scale^2 + noise^2 + user_bias_std^2)``), rounding and
-clipping is the one whose mean after them is that (:func:`pre_clip_means`). A generator option given wins
-(``item_exponent`` over the popularity, ``global_mean`` / ``item_bias_std`` over the means); without such a model
-both are the generator's, as before, and the output says which was used.
+From them, by post-processing: the mean ratings per user fitted to the histogram
+(:func:`fit_activity`), the item popularity and means from the released item side
+(:func:`drawing_weights`, :func:`pre_clip_means`), and the generator's interaction,
+noise and user offsets matched by simulated pilot stores (:func:`calibrate_spread`).
+A generator option given wins. The sweep on the synthetic store charges only its own
+budget: STORE's is left byte for byte unless a statistic had to be released.
 
-How ratings spread around their item's mean (the rating spread), released once against the least noisy released
-item side (its item means) and, when one has been released, the least noisy model's item factors: a Laplace
-vector at ``shape_epsilon`` of three sums over the users with two ratings or more and two counts, each user's term
-clipped (:func:`spread_bounds`, ``h`` half the rating range): over her test ratings, weighted by ``w = min(n, c) /
-c`` (``n`` of them; ``c`` :func:`spread_weight_cap`), her mean squared residual ``e = r - item mean`` (``[0, h^2]``: the
-total spread) and the mean product of two of her residuals on distinct items (``[-h^2/2, h^2/2]``: her rating level,
-an offset's variance; the noise adds nothing to it); over her training ratings, the mean squared leave-one-out
-residual of a ridge fit of her centred residuals on the released factors (``[0, h^2]``: what those factors leave
-unexplained, out of sample); the weights ``w`` and the users of the third sum; L1 sensitivity ``B + 1`` (``B`` the
-bounds' sum; ``B + 2`` with factors) (:func:`streamdp.kernels.spread.residual_spread`; it reads STORE's ratings
-once, block by block). It is charged like the histogram (its own budget entry, ledger method ``shape``), said, and
-recorded in the synthetic store for later rehearsals (free: a second rehearsal leaves STORE's budget byte for byte).
-
-Decision, measured (the weights): a test RMSE weighs each rating, a mean over users each user. Where heavy users'
-residuals spread more than light users' (the acceptance's taste-cluster store: a mean squared test residual of 0.58
-for users of 2-3 test ratings, 0.84 for 18 or more; 0.577 per user, 0.606 per rating) a per-user total put the
-rehearsal's ``means`` curve 0.020 below the real one at inf and 0.025-0.033 below at finite epsilon. Weighted by
-``min(n, c) / c`` the total is 0.578, 0.588, 0.593 and 0.599 for ``c`` = 4, 8, 16 and 32 on that store, each with
-about ``c`` times the per-user release's relative noise (the weights' sum is the count). ``c`` is the largest of 1024,
-512, ..., 1 (1: every user alike, the per-user mean) whose release leaves the weighted mean a noise standard deviation
-of at most :data:`SPREAD_NOISE` ``h^2`` (0.01 on a 1-5 scale, about 1% of a typical spread there), predicted from the
-released shape (users, the activity law's test ratings per user) before anything is read: on the acceptance's
-2,000-user stores at ``--shape-epsilon 10`` it is 32 (a noise std of 0.005, 0.009 with factors), at the default 0.1
-it is 1 (the per-user mean's 0.05 is already more than the weighting would remove), on 100,000 such users at 0.1 it is
-16. On the default store, alike for every activity, the weighted and per-user totals differ only by the draw.
-
-From it (post-processing), :func:`calibrate_spread` sets the generator's ``interaction_scale``, ``noise`` and
-``user_bias_std`` (and the item biases that keep the released item means) by simulation: pilot stores with
-STORE's public parameters, released shape and item side, each read against the item means (and factors) that the
-released model's method, epsilon and rank give on the pilot (:func:`_pilot_release`: the released ones were
-fitted to STORE's training ratings, with their shrinkage and error), until the pilot's three weighted means are
-the released ones. When the item side is a ``means`` model's, the synthetic truth's item means are the released
-ones plus a scaled draw of the model's posterior spread (:func:`item_mean_draw`: a released mean is shrunk, the more
-the fewer its ratings, and a private model trained on a store whose truth is shrunk already loses less to privacy
-than on the real one), the scale matched in the same rounds so that the pilot's released item means spread as
-STORE's did (0 when they already do). With released factors the synthetic truth's item factors are their
-directions (the
-interaction then lives where the released model found it) and the noise is matched to the unexplained residual;
-without, the spread beyond the user offsets is split between interaction and noise so that a pilot trained as the
-least noisy model that released ``--select auto`` validation losses of a factors and a biases candidate (als) has
-the same ratio of the two losses (free: post-processing of that release; the factors lost there, or they would have
-been released), and as in the generator's defaults (:data:`DEFAULT_SPLIT`) when no model released such losses. A
-generator option given (``--noise``, ``--interaction-scale``,
-``--user-bias-std``, ``--rank``) wins.
-
-Everything else (user activity's tail, taste clusters) is the generator's default or the option given. How close
-the rehearsal's curve then lies to the real sweep's is measured in ``tests/test_rehearse.py``
-(:func:`rehearsal_gaps`) and reported in docs/choosing-epsilon.md. The sweep on the
-synthetic store charges only the synthetic store's own budget; STORE's budget file is left
-byte for byte as it was unless a statistic had to be released.
+Each source and reading in full, the measurements behind them and how close the
+rehearsal's curve lies to the real one: ``docs/design-notes.md``, section
+``streamdp/rehearse.py``, and ``docs/choosing-epsilon.md`` (``rehearsal_gaps`` in
+``tests/test_rehearse.py``).
 """
 
 from __future__ import annotations
@@ -590,8 +519,38 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
     the budget unless ``over_budget``): the histogram of ratings per user, and, once a model has released an item
     side, the spread statistics. ``options``: the generator's other parameters (rank, noise,
     seed, item_exponent, ...). ``echo`` gets the lines saying where each number came from.
+
+    The stages: :func:`_checked_like` (the arguments), :func:`_known_shape` (what is given or already
+    released), :func:`_histogram_released` and :func:`_spread_matched` (what is released now), :func:`_generate`.
     """
     say = echo or (lambda *a, **k: None)
+    st, eps = _checked_like(store, users, ratings_per_user, shape_epsilon, options)
+    pub = _public(st)
+    shape, found, items = _known_shape(st, pub, users, ratings_per_user, options)
+    # the store named by its keyed fingerprint (set below, once a release has made its key), never by its checksum
+    like = {"store": st.path, "store_fingerprint": None, "public": pub, "items": items.pop("record")}
+    options = {**options, **items}
+    check_destination(out, force)  # before anything is reserved
+    spread_model = _spread_wanted(st, found, options, items)
+    budget, said = StoreBudget(st.path), []
+    charge = dict(budget=budget, over_budget=over_budget, model=os.path.abspath(out))
+    with contextlib.ExitStack() as stack:
+        if None in shape.values():
+            said.append(_histogram_released(st, eps, pub, shape, like, options, stack, **charge))
+        if spread_model is not None:
+            options = _spread_matched(st, eps, pub, shape, like, options, found, spread_model, said, stack, **charge)
+        else:
+            like["spread"] = {"source": _no_spread_reason(found, options, items)}
+        like["store_fingerprint"] = store_fingerprint(st, create=False)
+        syn = _generate(out, shape, pub, like, force, options)
+    for line in said:
+        say(line)
+    _say_shape(say, st, pub, shape, like["items"], like["spread"])
+    return syn
+
+
+def _checked_like(store, users, ratings_per_user, shape_epsilon, options) -> tuple[RatingStore, float]:
+    """``(the store opened, the shape's epsilon)``: the rehearsal's arguments checked before anything is read."""
     st = store if isinstance(store, RatingStore) else open_store(store)
     if st.implicit:
         raise ParameterError(f"{st.path}: an implicit store (counts, no ratings): a rehearsal writes ratings; "
@@ -607,7 +566,11 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
     eps = SHAPE_EPSILON if shape_epsilon is None else float(shape_epsilon)
     if not (math.isfinite(eps) and eps > 0):
         raise ParameterError(f"--shape-epsilon must be a finite number > 0, got {shape_epsilon}")
-    pub = _public(st)
+    return st, eps
+
+
+def _known_shape(st, pub, users, ratings_per_user, options):
+    """``(shape, found, items)``: the numbers given or already released (at no cost), and the item side's."""
     shape = {"n_users": None if users is None else {"value": int(users), "source": "given (--users): no cost"},
              "ratings_per_user": None if ratings_per_user is None else
              {"value": float(ratings_per_user), "source": "given (--ratings-per-user): no cost"}}
@@ -631,64 +594,60 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
                 shape["n_users"] = {"value": h["n_users"], "source": src}
             if shape["ratings_per_user"] is None:
                 shape["ratings_per_user"] = {"value": h["ratings_per_user"], "source": src}
-    # the store named by its keyed fingerprint (set below, once a release has made its key), never by its checksum
-    like = {"store": st.path, "store_fingerprint": None, "public": pub, "items": items.pop("record")}
-    options = {**options, **items}
-    check_destination(out, force)  # before anything is reserved
-    spread_model = _spread_wanted(st, found, options, items)
-    budget, said = StoreBudget(st.path), []
-    with contextlib.ExitStack() as stack:
-        if None in shape.values():
-            hist, rel = _release_histogram(st, eps)
-            entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, "the histogram of training "
-                                                                     "ratings per user"),
-                                                       over_budget=over_budget, model=os.path.abspath(out)))
-            h = shape_from_histogram(hist, math.sqrt(2.0) * rel.scale, pub["n_items"], pub["test_fraction"],
-                                     options.get("user_exponent", 2.0))
-            src = f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}"
-            for key in ("n_users", "ratings_per_user"):
-                if shape[key] is None:
-                    shape[key] = {"value": h[key], "source": src}
-            like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
-                                     "noise_std": math.sqrt(2.0) * rel.scale}
-            said.append(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of "
-                        f"training ratings per user, which it had not released (entry {entry}; later rehearsals "
-                        f"reuse it for free)")
-        if spread_model is not None:
-            if found["spread"] is not None:
-                record, src = found["spread"]["value"], f"released: {found['spread']['from']}"
-            else:
-                record, rel = _release_spread(st, spread_model, found["items"]["value"]["counts_floored"], eps, pub,
-                                              shape, options.get("user_exponent", 2.0))
-                what = (f"the rating spread (users weighted by min(test ratings, {record['weight_cap']}) / "
-                        f"{record['weight_cap']})")
-                entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, what),
-                                                           over_budget=over_budget, model=os.path.abspath(out)))
-                record = {"entry": entry, "epsilon": eps, **record}
-                like["spread_release"] = record
-                src = f"released now: Laplace at epsilon {eps:g}, budget entry {entry}"
-                said.append(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for how its ratings "
-                            f"spread around the released item means (its ratings read once; entry {entry}; "
-                            f"later rehearsals reuse it for free)")
-            v = found["items"]["value"]
-            cal = calibrate_spread(spread_targets(record), shape, pub, options, spread_model, v["counts_floored"],
-                                   v["global_mean"], int(options.get("seed") or 0),
-                                   selection=None if found["selection"] is None else
-                                   {**found["selection"]["value"], "from": found["selection"]["from"]})
-            options = {**options, **cal["options"]}
-            options.pop("user_weight", None)
-            like["spread"] = {**cal["record"], "source": src}
-            like["items"]["means"] = (like["items"]["means"].split(", each the mean")[0] + ", each the mean of its "
-                                      "item's ratings once the matched rating spread (below), rounding and clipping "
-                                      "are added")
-        else:
-            like["spread"] = {"source": _no_spread_reason(found, options, items)}
-        like["store_fingerprint"] = store_fingerprint(st, create=False)
-        syn = _generate(out, shape, pub, like, force, options)
-    for line in said:
-        say(line)
-    _say_shape(say, st, pub, shape, like["items"], like["spread"])
-    return syn
+    return shape, found, items
+
+
+def _histogram_released(st, eps, pub, shape, like, options, stack, *, budget, over_budget, model) -> str:
+    """Release the histogram of ratings per user now (charged to the store's budget; the entry settles with
+    ``stack``), fill what the shape lacks from it: the line that says so."""
+    hist, rel = _release_histogram(st, eps)
+    entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, "the histogram of training "
+                                                             "ratings per user"),
+                                               over_budget=over_budget, model=model))
+    h = shape_from_histogram(hist, math.sqrt(2.0) * rel.scale, pub["n_items"], pub["test_fraction"],
+                             options.get("user_exponent", 2.0))
+    src = f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}"
+    for key in ("n_users", "ratings_per_user"):
+        if shape[key] is None:
+            shape[key] = {"value": h[key], "source": src}
+    like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
+                             "noise_std": math.sqrt(2.0) * rel.scale}
+    return (f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of "
+            f"training ratings per user, which it had not released (entry {entry}; later rehearsals "
+            f"reuse it for free)")
+
+
+def _spread_matched(st, eps, pub, shape, like, options, found, spread_model, said, stack, *, budget, over_budget,
+                    model) -> dict:
+    """The generator's options with the rating spread matched (:func:`calibrate_spread`) to the released spread
+    statistics, released now if no rehearsal did (charged to the store's budget; ``said`` gets the line)."""
+    if found["spread"] is not None:
+        record, src = found["spread"]["value"], f"released: {found['spread']['from']}"
+    else:
+        record, rel = _release_spread(st, spread_model, found["items"]["value"]["counts_floored"], eps, pub,
+                                      shape, options.get("user_exponent", 2.0))
+        what = (f"the rating spread (users weighted by min(test ratings, {record['weight_cap']}) / "
+                f"{record['weight_cap']})")
+        entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, what),
+                                                   over_budget=over_budget, model=model))
+        record = {"entry": entry, "epsilon": eps, **record}
+        like["spread_release"] = record
+        src = f"released now: Laplace at epsilon {eps:g}, budget entry {entry}"
+        said.append(f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for how its ratings "
+                    f"spread around the released item means (its ratings read once; entry {entry}; "
+                    f"later rehearsals reuse it for free)")
+    v = found["items"]["value"]
+    cal = calibrate_spread(spread_targets(record), shape, pub, options, spread_model, v["counts_floored"],
+                           v["global_mean"], int(options.get("seed") or 0),
+                           selection=None if found["selection"] is None else
+                           {**found["selection"]["value"], "from": found["selection"]["from"]})
+    options = {**options, **cal["options"]}
+    options.pop("user_weight", None)
+    like["spread"] = {**cal["record"], "source": src}
+    like["items"]["means"] = (like["items"]["means"].split(", each the mean")[0] + ", each the mean of its "
+                              "item's ratings once the matched rating spread (below), rounding and clipping "
+                              "are added")
+    return options
 
 
 def _shape_ledger(st: RatingStore, eps: float, rel: Release, what: str) -> Ledger:
@@ -1137,142 +1096,174 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
     Without released factors the split (noise over interaction) is :data:`DEFAULT_SPLIT`, unless a model released
     the validation losses of a factors candidate and a biases one (``selection``, :func:`_selection_source`: als's
     ``--select auto``): then the split is the one whose pilot, trained as that model was (its method, epsilon, rank),
-    has the same :func:`selection_ratio` (:func:`_next_split`; at most :data:`SPLIT_ROUNDS` rounds). Decision,
-    measured: on the acceptance's noisy store (interaction 0.6, noise 0.9, user offsets 0.5) als at ``inf`` released
-    biases, its factors' validation loss 1.039 times the biases'. The default split (interaction 1.0, noise 0.5)
-    gave pilots whose factors won (ratio 0.94) and item means fitted alongside factors: the rehearsal's als lay
-    0.024-0.028 above the real curve at finite epsilon and 0.050 below at inf. Matched, the split is about 5
-    (interaction 0.21, noise 1.05: the pilot's ratio rises with the noise but levels off near 1.026, below the
-    released 1.039, so the search stops within 2% of it rather than at the truth's split, 1.5), and the rehearsal's
-    curve lies 0.004-0.011 above the real one at every epsilon, inside the acceptance's band. The split is what makes
-    a pilot weigh factors as the released model did, not a measurement of the store's own split.
+    has the same :func:`selection_ratio` (:func:`_next_split`; at most :data:`SPLIT_ROUNDS` rounds). Why the split
+    is matched, and what it gave on the acceptance's noisy store: docs/design-notes.md, "The rehearsal's spread".
+
+    The stages: :class:`_SpreadSearch` (the items' order and weights, the first variances), its :meth:`pilot`
+    (one pilot store and its statistics), :meth:`step` (the secant updates) and :meth:`record`.
 
     Returns ``{"options": the generator's options, "record": what was matched, round by round}``."""
-    factors = model["V"] is not None and targets["unexplained"] is not None
-    find_split = not factors and selection is not None
-    split = DEFAULT_SPLIT
-    order = np.argsort(-np.asarray(w_model, np.float64), kind="stable")  # the synthetic items, most popular first
-    opts = {k: v for k, v in options.items() if k != "user_weight"}
-    m = _generator_rpu({"ratings_per_user": dict(shape["ratings_per_user"])}, pub, opts)
-    wts = np.asarray(w_model, np.float64)[order]
-    if "user_weight" in options:
-        n = _activity(m, pub["n_items"], opts.get("user_exponent", 2.0))
-        c = _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), options["user_weight"])
-        wts = drawing_weights(wts, n, c)
-    final = order[np.argsort(-wts, kind="stable")]  # the generator numbers its items so: nothing moves in it
-    wts = np.sort(wts)[::-1].copy()
-    t = targets
-    prior = model.get("bias_prior")
-    if prior is not None and len(prior["counts"]) != len(model["mean"]):
-        prior = None
-    released_mean = model["mean"][final]
-    draw = item_mean_draw(prior, len(model["mean"]), seed)
-    draw = None if draw is None else draw[final]
-    spread_r = float(np.var(released_mean))  # how the released item means spread: the pilot's are matched to it
-    mu = 0.0
-    V = _unit_factors(model["V"], w_model)[final] if factors else None
-    if factors:
-        opts["rank"], opts["item_factors"] = V.shape[1], V
-    opts["item_weights"] = wts
-    opts.pop("item_exponent", None)
-    lo, hi, step = pub["rating_min"], pub["rating_max"], pub["rating_step"]
-    bounds = spread_bounds(lo, hi, factors)
-    t = targets
-    rnd = step * step / 12.0
-    u2 = max(t["offset"], 0.0)
+    search = _SpreadSearch(targets, shape, pub, options, model, w_model, global_mean, seed, selection)
+    with tempfile.TemporaryDirectory(prefix="streamdp-pilot-") as tmp:
+        for _ in range(SPLIT_ROUNDS if search.find_split else PILOT_ROUNDS):
+            p, ratio_p = search.pilot(tmp)
+            if search.step(p, ratio_p):
+                break
+    return {"options": search.options_for(search.i2, search.n2, search.u2, search.mu), "record": search.record()}
 
+
+class _SpreadSearch:
+    """The state of :func:`calibrate_spread`'s search: the generator's fixed options and the variances being matched."""
+
+    def __init__(self, targets, shape, pub, options, model, w_model, global_mean, seed, selection):
+        self.t, self.pub, self.model, self.selection, self.seed = targets, pub, model, selection, seed
+        self.global_mean = global_mean
+        self.factors = factors = model["V"] is not None and targets["unexplained"] is not None
+        self.find_split = not factors and selection is not None
+        self.split = DEFAULT_SPLIT
+        order = np.argsort(-np.asarray(w_model, np.float64), kind="stable")  # the synthetic items, most popular first
+        opts = {k: v for k, v in options.items() if k != "user_weight"}
+        self.m = m = _generator_rpu({"ratings_per_user": dict(shape["ratings_per_user"])}, pub, opts)
+        wts = np.asarray(w_model, np.float64)[order]
+        if "user_weight" in options:
+            n = _activity(m, pub["n_items"], opts.get("user_exponent", 2.0))
+            c = _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), options["user_weight"])
+            wts = drawing_weights(wts, n, c)
+        final = order[np.argsort(-wts, kind="stable")]  # the generator numbers its items so: nothing moves in it
+        self.wts = wts = np.sort(wts)[::-1].copy()
+        prior = model.get("bias_prior")
+        if prior is not None and len(prior["counts"]) != len(model["mean"]):
+            prior = None
+        self.released_mean = model["mean"][final]
+        draw = item_mean_draw(prior, len(model["mean"]), seed)
+        self.draw = None if draw is None else draw[final]
+        # how the released item means spread: the pilot's are matched to it
+        self.spread_r = self.spread_p = float(np.var(self.released_mean))
+        self.mu = 0.0
+        self.V = _unit_factors(model["V"], w_model)[final] if factors else None
+        if factors:
+            opts["rank"], opts["item_factors"] = self.V.shape[1], self.V
+        opts["item_weights"] = wts
+        opts.pop("item_exponent", None)
+        self.opts = opts
+        self.lo, self.hi, self.step_ = pub["rating_min"], pub["rating_max"], pub["rating_step"]
+        self.bounds = spread_bounds(self.lo, self.hi, factors)
+        t = targets
+        rnd = self.step_ * self.step_ / 12.0
+        self.u2 = max(t["offset"], 0.0)
+        if factors:
+            self.n2 = max(t["unexplained"] - rnd, 1e-4)
+            self.i2 = max(t["total"] - t["offset"] - t["unexplained"], 1e-4)
+        else:
+            self.i2, self.n2 = self.split_rest(max(t["total"] - t["offset"] - rnd, 1e-4), self.split)
+        self.n_pilot = min(int(shape["n_users"]["value"]), PILOT_USERS)
+        self.rounds, self.last, self.last_split, self.last_v = [], None, None, None
+
+    @staticmethod
     def split_rest(q, split):
         return q / (1 + split ** 2), q * split ** 2 / (1 + split ** 2)
 
-    if factors:
-        n2 = max(t["unexplained"] - rnd, 1e-4)
-        i2 = max(t["total"] - t["offset"] - t["unexplained"], 1e-4)
-    else:
-        i2, n2 = split_rest(max(t["total"] - t["offset"] - rnd, 1e-4), split)
-    n_pilot = min(int(shape["n_users"]["value"]), PILOT_USERS)
+    def options_for(self, i2, n2, u2, mu) -> dict:
+        """The generator's options at these variances (and the item means' draw scale ``mu``)."""
+        V = self.V
+        per_item = (i2 * (V * V).sum(axis=1) / math.sqrt(V.shape[1]) if self.factors else i2) + n2 + u2
+        target_mean = self.released_mean if self.draw is None else self.released_mean + math.sqrt(mu) * self.draw
+        a = pre_clip_means(target_mean, np.sqrt(per_item), self.lo, self.hi, self.step_)
+        return {**self.opts, "interaction_scale": math.sqrt(i2), "noise": math.sqrt(n2),
+                "user_bias_std": math.sqrt(u2), "item_bias": a - self.global_mean, "global_mean": self.global_mean}
 
-    def options_for(i2, n2, u2, mu):
-        per_item = (i2 * (V * V).sum(axis=1) / math.sqrt(V.shape[1]) if factors else i2) + n2 + u2
-        target_mean = released_mean if draw is None else released_mean + math.sqrt(mu) * draw
-        a = pre_clip_means(target_mean, np.sqrt(per_item), lo, hi, step)
-        return {**opts, "interaction_scale": math.sqrt(i2), "noise": math.sqrt(n2), "user_bias_std": math.sqrt(u2),
-                "item_bias": a - global_mean, "global_mean": global_mean}
+    def pilot(self, tmp: str):
+        """``(statistics, selection ratio)`` of one pilot store at the current variances, released as the model was
+        (the round is recorded)."""
+        model, seed, pub = self.model, self.seed, self.pub
+        i2, n2, u2, mu = self.i2, self.n2, self.u2, self.mu
+        o = {k: v for k, v in self.options_for(i2, n2, u2, mu).items() if k not in ("seed", "show_progress")}
+        pilot = generate_store(os.path.join(tmp, "p.zarr"), n_users=self.n_pilot, n_items=pub["n_items"],
+                               ratings_per_user=self.m, rating_min=self.lo, rating_max=self.hi,
+                               rating_step=self.step_, test_fraction=pub["test_fraction"], force=True, seed=seed,
+                               show_progress=False, **o)
+        mean_p, V_p, ratio_p = _pilot_release(pilot, model["path"], tmp, seed)
+        s = spread_sums(pilot, mean_p, None, self.bounds, self.t["weight_cap"])
+        if self.factors:  # the unexplained residual against factors fitted to the pilot as the released ones were
+            if model["factors_path"] != model["path"]:
+                _, V_p, _ = _pilot_release(pilot, model["factors_path"], tmp, seed)
+            s[2:] = spread_sums(pilot, mean_p, self.V if V_p is None else _unit_factors(V_p, self.wts), self.bounds,
+                                self.t["weight_cap"])[2:]
+        if self.find_split and self.selection["model"] != model["path"]:
+            _, _, ratio_p = _pilot_release(pilot, self.selection["model"], tmp, seed)
+        p = {"total": s[0] / s[3], "offset": s[1] / s[3], "unexplained": s[2] / s[4] if self.factors else None}
+        self.spread_p = float(np.var(mean_p))
+        self.rounds.append({"interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
+                            "user_bias_std": round(math.sqrt(u2), 4),
+                            **({"item_draw": round(mu, 4), "pilot_item_spread": round(self.spread_p, 5)}
+                               if self.draw is not None else {}),
+                            **{f"pilot_{k}": (None if v is None else round(float(v), 4)) for k, v in p.items()},
+                            **({"pilot_selection_ratio": ratio_p} if self.find_split else {})})
+        return p, ratio_p
 
-    rounds, last, last_split, last_v, spread_p = [], None, None, None, spread_r
-    with tempfile.TemporaryDirectory(prefix="streamdp-pilot-") as tmp:
-        for _ in range(SPLIT_ROUNDS if find_split else PILOT_ROUNDS):
-            o = {k: v for k, v in options_for(i2, n2, u2, mu).items() if k not in ("seed", "show_progress")}
-            pilot = generate_store(os.path.join(tmp, "p.zarr"), n_users=n_pilot, n_items=pub["n_items"],
-                                   ratings_per_user=m, rating_min=lo, rating_max=hi, rating_step=step,
-                                   test_fraction=pub["test_fraction"], force=True, seed=seed, show_progress=False,
-                                   **o)
-            mean_p, V_p, ratio_p = _pilot_release(pilot, model["path"], tmp, seed)
-            s = spread_sums(pilot, mean_p, None, bounds, t["weight_cap"])
-            if factors:  # the unexplained residual against factors fitted to the pilot as the released ones were
-                if model["factors_path"] != model["path"]:
-                    _, V_p, _ = _pilot_release(pilot, model["factors_path"], tmp, seed)
-                s[2:] = spread_sums(pilot, mean_p, V if V_p is None else _unit_factors(V_p, wts), bounds, t["weight_cap"])[2:]
-            if find_split and selection["model"] != model["path"]:
-                _, _, ratio_p = _pilot_release(pilot, selection["model"], tmp, seed)
-            p = {"total": s[0] / s[3], "offset": s[1] / s[3], "unexplained": s[2] / s[4] if factors else None}
-            spread_p = float(np.var(mean_p))
-            rounds.append({"interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
-                           "user_bias_std": round(math.sqrt(u2), 4),
-                           **({"item_draw": round(mu, 4), "pilot_item_spread": round(spread_p, 5)}
-                              if draw is not None else {}),
-                           **{f"pilot_{k}": (None if v is None else round(float(v), 4)) for k, v in p.items()},
-                           **({"pilot_selection_ratio": ratio_p} if find_split else {})})
-            g_t, g_o = t["total"] - p["total"], t["offset"] - p["offset"]
-            g_n = t["unexplained"] - p["unexplained"] if factors else 0.0
-            g_s = 0.0 if not find_split or ratio_p is None else math.log(selection["ratio"] / ratio_p)
-            # the item means: the draw's scale moves how the pilot's released means spread (none needed: mu stays 0)
-            g_v = 0.0 if draw is None or (mu == 0.0 and spread_p >= spread_r) else spread_r - spread_p
-            if (max(abs(g_t), abs(g_n), 0.0 if (u2 == 0 and g_o < 0) else abs(g_o), abs(g_s) / 100.0) < 2e-4
-                    and abs(g_v) <= 0.02 * spread_r):
-                break
-            if draw is not None:
-                slope_v = 0.5 * float(np.mean(draw * draw))
-                if last_v is not None and abs(mu - last_v[0]) > 1e-6:
-                    slope_v = float(np.clip((spread_p - last_v[1]) / (mu - last_v[0]), 0.05 * slope_v, 4.0 * slope_v))
-                last_v = (mu, spread_p)
-                mu = float(np.clip(mu + g_v / slope_v, 0.0, MAX_DRAW))
-            # the offsets' variance moves the offset (and the total as much); the noise the unexplained residual;
-            # the rest of the total is the interaction's (with the noise's, without factors). Secant slopes: rounding
-            # and clipping make a variance's effect on the statistics less than one.
-            now = (u2, n2, i2, p)
-            slope_n, slope_i = 1.0, 1.0
-            if last is not None:
-                lu, ln, li, lp = last
-                if factors and abs(n2 - ln) > 1e-6:
-                    slope_n = float(np.clip((p["unexplained"] - lp["unexplained"]) / (n2 - ln), 0.25, 2.0))
-                rest = (i2 - li) + (0.0 if factors else n2 - ln)
-                if abs(rest) > 1e-6:
-                    moved = (p["total"] - lp["total"]) - (u2 - lu) - ((n2 - ln) if factors else 0.0)
-                    slope_i = float(np.clip(moved / rest, 0.25, 2.0))
-            last = now
-            u_new = max(u2 + g_o, 0.0)
-            n_new = max(n2 + g_n / slope_n, 1e-4) if factors else n2
-            step_rest = (g_t - (u_new - u2) - ((n_new - n2) if factors else 0.0)) / slope_i
-            u2, n2_old = u_new, n2
-            if factors:
-                n2, i2 = n_new, max(i2 + step_rest, 1e-4)
-            else:
-                if find_split and ratio_p is not None and abs(g_s) >= 2e-2:
-                    split, last_split = _next_split(split, ratio_p, selection["ratio"], last_split), (split, ratio_p)
-                i2, n2 = split_rest(max(i2 + n2_old + step_rest, 1e-4), split)
-    how = (f"the generator's (noise / interaction {DEFAULT_SPLIT:g}: no model released item factors nor als "
-           f"validation losses)" if not find_split else
-           f"noise / interaction {split:.3g}, matched to the validation losses of the "
-           f"{selection.get('method')} model of {selection.get('from', selection['model'])} (its factors' loss "
-           f"{selection['ratio']:g} times its biases'; no model released item factors)")
-    record = {"targets": {k: (None if v is None else round(float(v), 4)) for k, v in t.items()},
-              "interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
-              "user_bias_std": round(math.sqrt(u2), 4), "factors": "released" if factors else how,
-              "pilot_users": n_pilot, "rounds": rounds,
-              "item_draw": None if draw is None else round(mu, 4),
-              "item_means": ("the released ones" if draw is None else
-                             f"the released ones plus {math.sqrt(mu):.3g} times a draw of their posterior spread (the "
-                             f"pilot's released item means spread {spread_p:.3g} against the store's {spread_r:.3g})")}
-    if find_split:
-        record["split"] = round(split, 4)
-    return {"options": options_for(i2, n2, u2, mu), "record": record}
+    def step(self, p: dict, ratio_p) -> bool:
+        """Move the variances toward the targets from the pilot's statistics ``p``; True: matched, stop."""
+        t, factors, draw, selection = self.t, self.factors, self.draw, self.selection
+        u2, n2, i2, mu, spread_p, spread_r = self.u2, self.n2, self.i2, self.mu, self.spread_p, self.spread_r
+        g_t, g_o = t["total"] - p["total"], t["offset"] - p["offset"]
+        g_n = t["unexplained"] - p["unexplained"] if factors else 0.0
+        g_s = 0.0 if not self.find_split or ratio_p is None else math.log(selection["ratio"] / ratio_p)
+        # the item means: the draw's scale moves how the pilot's released means spread (none needed: mu stays 0)
+        g_v = 0.0 if draw is None or (mu == 0.0 and spread_p >= spread_r) else spread_r - spread_p
+        if (max(abs(g_t), abs(g_n), 0.0 if (u2 == 0 and g_o < 0) else abs(g_o), abs(g_s) / 100.0) < 2e-4
+                and abs(g_v) <= 0.02 * spread_r):
+            return True
+        if draw is not None:
+            slope_v = 0.5 * float(np.mean(draw * draw))
+            if self.last_v is not None and abs(mu - self.last_v[0]) > 1e-6:
+                slope_v = float(np.clip((spread_p - self.last_v[1]) / (mu - self.last_v[0]), 0.05 * slope_v,
+                                        4.0 * slope_v))
+            self.last_v = (mu, spread_p)
+            self.mu = float(np.clip(mu + g_v / slope_v, 0.0, MAX_DRAW))
+        # the offsets' variance moves the offset (and the total as much); the noise the unexplained residual;
+        # the rest of the total is the interaction's (with the noise's, without factors). Secant slopes: rounding
+        # and clipping make a variance's effect on the statistics less than one.
+        now = (u2, n2, i2, p)
+        slope_n, slope_i = 1.0, 1.0
+        if self.last is not None:
+            lu, ln, li, lp = self.last
+            if factors and abs(n2 - ln) > 1e-6:
+                slope_n = float(np.clip((p["unexplained"] - lp["unexplained"]) / (n2 - ln), 0.25, 2.0))
+            rest = (i2 - li) + (0.0 if factors else n2 - ln)
+            if abs(rest) > 1e-6:
+                moved = (p["total"] - lp["total"]) - (u2 - lu) - ((n2 - ln) if factors else 0.0)
+                slope_i = float(np.clip(moved / rest, 0.25, 2.0))
+        self.last = now
+        u_new = max(u2 + g_o, 0.0)
+        n_new = max(n2 + g_n / slope_n, 1e-4) if factors else n2
+        step_rest = (g_t - (u_new - u2) - ((n_new - n2) if factors else 0.0)) / slope_i
+        self.u2, n2_old = u_new, n2
+        if factors:
+            self.n2, self.i2 = n_new, max(i2 + step_rest, 1e-4)
+        else:
+            if self.find_split and ratio_p is not None and abs(g_s) >= 2e-2:
+                self.split, self.last_split = (_next_split(self.split, ratio_p, selection["ratio"], self.last_split),
+                                               (self.split, ratio_p))
+            self.i2, self.n2 = self.split_rest(max(i2 + n2_old + step_rest, 1e-4), self.split)
+        return False
+
+    def record(self) -> dict:
+        """What was matched, round by round (the rehearsal's record)."""
+        selection, split, mu, draw = self.selection, self.split, self.mu, self.draw
+        how = (f"the generator's (noise / interaction {DEFAULT_SPLIT:g}: no model released item factors nor als "
+               f"validation losses)" if not self.find_split else
+               f"noise / interaction {split:.3g}, matched to the validation losses of the "
+               f"{selection.get('method')} model of {selection.get('from', selection['model'])} (its factors' loss "
+               f"{selection['ratio']:g} times its biases'; no model released item factors)")
+        record = {"targets": {k: (None if v is None else round(float(v), 4)) for k, v in self.t.items()},
+                  "interaction_scale": round(math.sqrt(self.i2), 4), "noise": round(math.sqrt(self.n2), 4),
+                  "user_bias_std": round(math.sqrt(self.u2), 4), "factors": "released" if self.factors else how,
+                  "pilot_users": self.n_pilot, "rounds": self.rounds,
+                  "item_draw": None if draw is None else round(mu, 4),
+                  "item_means": ("the released ones" if draw is None else
+                                 f"the released ones plus {math.sqrt(mu):.3g} times a draw of their posterior spread "
+                                 f"(the pilot's released item means spread {self.spread_p:.3g} against the store's "
+                                 f"{self.spread_r:.3g})")}
+        if self.find_split:
+            record["split"] = round(split, 4)
+        return record

@@ -6,128 +6,33 @@ trains every configuration of the grid privately on a Poisson sample of the user
 held-out ratings with one noisy release, picks one, trains the picked configuration
 on every training rating and writes it: all of it in ONE ledger whose PLD epsilon at
 the run's delta is at most ``E``, the whole ``E`` reserved in the store's budget
-before any candidate reads a rating.
+before any candidate reads a rating. Public names: :func:`tune`, :func:`default_grid`,
+:func:`parse_grid`, :func:`tunable_methods`, :func:`config_name`, :func:`sampled_users`,
+:func:`gaussian_equivalent` and the shares :data:`SAMPLE_RATE`, :data:`SELECT_SHARE`,
+:data:`CANDIDATE_NOMINAL_SHARE`.
 
-The choice: report-noisy-min with a margin, not random stopping
----------------------------------------------------------------
-The selection is that of the private defaults (:mod:`streamdp.methods._selection`):
-every user with two or more training ratings holds out 10% of them (at most 2), each
-candidate model is solved for locally by every user from the rest of their ratings
-(as on their device, :mod:`streamdp.local`), their held-out ratings are predicted and
-the user's loss is the mean of the squared errors clipped to ``h^2`` (``h`` half the
-rating range). The vector of the ``m`` candidates' summed losses (each user adds at
-most ``h^2`` per coordinate: L2 sensitivity ``h^2 sqrt(m)``) is released once with
-Gaussian noise; the default configuration is kept unless another one's noisy loss is
-lower by :data:`~streamdp.methods._selection.MARGIN` noise standard deviations and
-it is not leaner (fewer factors or iterations, :func:`_leaner`); a grid without the
-default configuration takes the noisy argmin.
+Decisions a reader must know:
 
-Papernot-Steinke random stopping (repeat a randomly chosen candidate a random number
-of times, release the best) was not chosen: its guarantee is stated in Renyi DP
-(dp-accounting's ``RepeatAndSelectEvent`` is composed by the RDP accountant only,
-while every ledger here is a PLD one), it releases the winning candidate itself,
-trained at the per-run epsilon, where here the released model gets most of the budget
-(below), and on a grid of 2-6 points its random number of runs (mean well above
-``m`` to try each point) costs more than ``m`` fixed runs composed by PLD.
+* **the choice** is that of the private defaults (:mod:`streamdp.methods._selection`):
+  report-noisy-min over the candidates' summed clipped losses (L2 sensitivity
+  ``h^2 sqrt(m)``), keeping the default unless another, not leaner (:func:`_leaner`), is
+  lower by ``MARGIN`` noise stds; not Papernot-Steinke random stopping;
+* **the budget**: candidates are planned at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` and
+  trained on a keyed Poisson sample (amplification makes them cheap), the losses take
+  :data:`SELECT_SHARE` of the squared scale, the released model the rest (about
+  0.977 E); when the losses' noise would swamp a 5% difference, nothing is tuned and
+  the default is trained at the whole ``E``;
+* **every candidate is accounted though none is released**: all releases are
+  Gaussian, every final configuration is calibrated under one envelope Gaussian of
+  multiplier ``z_f`` (:func:`_calibrated`), so the adaptive choice composes as fixed
+  Gaussians; that is why ``mechanism`` is no grid key;
+* **reservation**: the whole ``E`` (the envelope) is reserved before any candidate reads
+  a rating; a failure or Ctrl-C before the model is in place marks it failed.
 
-Budget: subsampled candidates, a small share for the losses, the rest for the model
-------------------------------------------------------------------------------------
-* Each candidate is planned at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` (0.12: the
-  noise it would have on every user) and trained on a Poisson sample of the users at
-  rate :data:`SAMPLE_RATE` = 0.2 (:class:`_Sampled`: each user in or out by a keyed
-  hash of the run's secret key and the user's index, :func:`sampled_users`; an
-  unsampled user has no ratings in the candidates' view). Its releases are all
-  Gaussian and compose, adaptively, to exactly one Gaussian of multiplier
-  ``(sum 1/z_i^2)^-1/2`` (:func:`gaussian_equivalent`), and that one Gaussian run on a
-  Poisson sample is dp-accounting's ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``,
-  composed by the same PLD accountant as the rest (add/remove one user; the
-  subsampled PLD of a mechanism dominated by a Gaussian pair is dominated by the
-  subsampled Gaussian's, Zhu, Dong & Wang 2022). Amplification makes the candidates
-  cheap: with m = 2, delta 1e-6 and the losses below, the released model's epsilon is
-  0.9860 E with no candidates, 0.9852 / 0.9828 / 0.9787 E with them sampled at rate
-  0.1 / 0.2 / 0.3, and 0.9042 E unsampled (E = 1; 0.9855 / 0.9846 / 0.9821 / 0.9778 /
-  0.9009 at E = 2). 0.2: a candidate's signal grows with the rate, its cost (0.3% of
-  ``E``) stays below the losses'.
-* :data:`SELECT_SHARE` = 0.02 of the squared epsilon scale for the noisy losses (1.4%
-  of ``E``).
-* The released model gets the rest: ``tuning.final_epsilon`` is 0.977 E on the
-  generated stores of bench/tune.py at E = 1 and 2 (it also leaves out the histogram
-  of ratings per user, which ``train`` pays too; 0.89 E in the first version, which
-  ran the candidates on every user at 12% of the squared scale).
-
-Measured with ``bench/tune.py`` (docs/tune.md has the table): where the default is
-already the best configuration the tuned model is the default at ``0.977 E``, and with
-the same seed (the released model draws its noise as ``train`` does) tuned minus
-default is +0.002 test RMSE on the generated stores against a run-to-run standard
-deviation of 0.004-0.005 over seeds; the first version (candidates on every user,
-0.89 E) cost +0.011 to +0.024. Why not further: the losses' share is now the larger
-part of what tuning costs, and halving it (0.01) would save about 0.001 RMSE
-while raising their noise by ``sqrt 2``, which moves the "too few users" threshold
-below (to about 1.4 times as many users) and weakens the choice that is the point.
-
-What sampling costs the choice: a candidate sees ``q`` of the users at the noise of
-the nominal share, so its statistics have ``1/q`` the signal-to-noise ratio the same
-candidate on every user would have. The choice still separates configurations that
-differ clearly (the ``means`` test: users' intercepts or not, 17 noise stds apart at
-E = 2 on 3,000 users), and leaner candidates, which that lower ratio favours, never
-replace the default (:func:`_leaner`). The losses are summed over every user, not
-only the sampled ones: a user's loss term reads their own held-out and remaining
-ratings and the candidate models; given the models, adding or removing a user
-changes the sum by at most ``h^2`` per candidate whether or not they were sampled,
-so the loss release is a Gaussian of sensitivity ``h^2 sqrt(m)`` composed adaptively
-after the subsampled candidates. Every user's held-out ratings are out of every
-candidate's training data (the held-out split is made before the sample), so the
-unsampled users add validation signal at no privacy cost.
-
-The candidates and the losses are planned first; the released model's noise is then
-calibrated (:func:`streamdp.privacy.calibrate`) as one Gaussian of multiplier ``z_f``
-such that everything composed is the largest PLD epsilon not above ``E``; every final
-configuration is planned at the epsilon of that Gaussian, and taken only when its
-releases compose to a Gaussian of multiplier at least ``z_f`` (:func:`_calibrated`). When the losses' noise would swamp a difference
-of 5% of ``h^2`` per user (``MARGIN`` noise stds above ``0.05 h^2 n_users``: public
-quantities only, the rule of ``--select auto``) nothing is tuned: the default
-configuration is trained at the whole ``E`` and the output says so (on ML-100K and
-FilmTrust at epsilon 1 this is what happens).
-
-Why every candidate is accounted although none is released
------------------------------------------------------------
-A candidate is trained on the users' data (minus the held-out ratings: a per-user split
-by a hash of the user's position in the store keyed by the run's secret entropy; with the
-key unknown, each user's split and Poisson sample are independent draws whatever the
-other users are, which is what the accounting assumes: a seeded run is reproducible, not
-private against whoever knows the seed), so it is a private computation and its releases (noisy sums,
-Gramians, counts) are accounted at their noise as if published. Its model is never
-written or printed; it only feeds the losses. The losses are not post-processing of
-the candidates alone (they read the users' held-out ratings), so they are a further
-Gaussian release: given the candidates' outputs, each user's term depends on their
-own data only, so its sensitivity is ``h^2 sqrt(m)`` and adaptive composition applies.
-The choice is post-processing of the noisy losses. The released model is trained
-afterwards, its configuration chosen from them: a mechanism chosen adaptively. Every
-release here is Gaussian, and every possible final configuration is calibrated to the
-same total, so each is (up to the calibration's within-budget tolerance) dominated by
-the same Gaussian, and the adaptive composition is that of fixed Gaussians (Dong, Roth
-& Su, Gaussian DP, adaptive composition). That is why ``mechanism`` cannot be a grid
-key and tuning runs are Gaussian. The ledger lists the candidates' (subsampled)
-events, the losses and the final model's releases; its accounting (dp-accounting's
-PLD) composes the candidates, the losses and the envelope: the one Gaussian of
-multiplier ``z_f`` that dominates every configuration's releases, since the
-guarantee of the adaptive choice is that of this envelope. The store's budget
-reserves exactly those events, so the budget charges what the ledger says.
-
-Reservation
------------
-The whole ``E`` is reserved in the store's budget once the candidates are planned and
-before any of them reads a rating (before that, a store whose budget cannot take ``E``
-is refused before any pass, even the histogram's): a concurrent ``train`` cannot take
-the budget while the candidates run. The choice is not known then, so the reserved
-entry lists the histogram, the candidates and the losses as the ledger does, and the
-released model as the one Gaussian of multiplier ``z_f`` (an envelope: whichever
-configuration is chosen, its releases compose to a Gaussian of no smaller multiplier,
-so the budget counts at least what the model's ledger composes, and at most ``E``).
-A failure or Ctrl-C before the model is in place marks the reservation failed, as
-``train``'s (:func:`streamdp.training.release`): the candidates and the losses never
-leave the process. The paths that tune nothing (one configuration, too few users)
-reserve exactly as ``train`` does.
+The run's stages are the functions :func:`tune` calls in order (check, plan the choice,
+pin the iterations, plan the candidates, run and choose, release). The reasoning in
+full and the measurements (``bench/tune.py``): ``docs/design-notes.md``, section
+``streamdp/tune.py``, and ``docs/tune.md``.
 """
 
 from __future__ import annotations
@@ -485,7 +390,68 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     the split of the budget and whether the choice was skipped (and why). The number of users (the default
     delta, the public rules below) is released once for the whole run (the ledger's first event, composed with the
     rest) or declared with ``users_bound``, as for ``train`` (:mod:`streamdp.privacy.users`).
+
+    The stages: :func:`_checked_run` (arguments, grid, budget: before any rating is read),
+    :func:`_selection_plan` (the choice's noise, or why there is no choice), :func:`_pinned_iters`
+    (the iterations set from the users' histogram, as ``train`` does), :func:`_candidates_planned`
+    (their accounting and the released model's envelope), :func:`_candidates_run` (reserve, fit,
+    choose) and :func:`_release`.
     """
+    r = _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_budget, users_bound, items,
+                     dict(workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
+                          evaluate_test=evaluate_test))
+    configs = _configs(r.grid, r.cls)
+    _check_configs(r, configs)
+    # a store whose budget cannot take E is refused before any pass over its ratings (the whole E is reserved
+    # once the candidates are planned, before they run; the default-only paths reserve as train does)
+    _check_budget(r)
+    dflt = _default_config(r.cls, r.st, r.epsilon, r.delta, r.grid, r.n_users)
+    default = configs.index(dflt) if dflt in configs else None
+    sel, tuning, skip = _selection_plan(r, configs, dflt, default)
+    if skip is not None:
+        chosen = default if default is not None else 0
+        final = r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, users=r.users, catalogue=r.catalogue,
+                      **configs[chosen])  # spends the count and the items' selection
+        tuning.update(skipped=skip, chosen=configs[chosen], split=None,
+                      rule="none: the whole epsilon went to the released model")
+        wrapper = _Tuned(final, [], [], [f"tune: no choice was made ({skip}); configuration "
+                                         f"{config_name(configs[chosen])} trained at the whole epsilon"],
+                         tuning, r.epsilon)
+        return _release(r.st, wrapper, final, r.out, tuning, r.t0, epsilon=r.epsilon, delta=r.delta, seed=r.seed,
+                        **r.release_kw)
+
+    pre_events, pre_entries = [], []
+    if r.pin:
+        configs, dflt, default, pre_events, pre_entries, sel = _pinned_iters(r, configs, dflt, default, sel, tuning)
+    if len(configs) == 1:  # the histogram left one configuration: nothing to choose, the rest is the model's
+        final = _calibrated(r.cls, configs[0], r.count_events + pre_events, r.epsilon, r.delta, r.seed, r.st,
+                            r.shared, catalogue=r.shared_cat)
+        tuning.update(skipped="one configuration once the iterations were set", chosen=configs[0], split=None,
+                      rule="none", final_epsilon=final.epsilon)
+        wrapper = _Tuned(final, r.count_events + pre_events, r.count_entries + pre_entries,
+                         [f"tune: one configuration ({config_name(configs[0])}) once the iterations were set; "
+                          f"nothing was chosen"], tuning, r.epsilon)
+        return _release(r.st, wrapper, final, r.out, tuning, r.t0, epsilon=r.epsilon, delta=r.delta, seed=r.seed,
+                        **r.release_kw)
+
+    cand = _candidates_planned(r, configs, sel, pre_events, pre_entries)
+    chosen, noisy, final, entry = _candidates_run(r, cand, configs, default, sel, tuning)
+    _record_choice(r, cand, tuning, configs, chosen, noisy, final, default, sel.scale)
+    m_c = len(configs)
+    note = (f"tuned privately over {m_c} configurations of {r.method} "
+            f"({', '.join(config_name(c) for c in configs)}): "
+            f"chosen {config_name(configs[chosen])}; the candidates (each at the noise of epsilon {cand.e_c:.4g}, on a "
+            f"Poisson sample of users at rate {SAMPLE_RATE:g}, never released) and their noisy validation losses "
+            f"are composed in this ledger with the released model (epsilon {final.epsilon:.4g}); this ledger and the "
+            f"store's budget entry count the released model as one Gaussian of noise multiplier {cand.z_f:.6g}, which "
+            f"dominates its releases (listed): the guarantee of the adaptive choice is that of this envelope")
+    wrapper = _Tuned(final, cand.prefix_events, cand.prefix_entries, [note], tuning, r.epsilon, z_f=cand.z_f)
+    return _release(r.st, wrapper, final, r.out, tuning, r.t0, epsilon=r.epsilon, delta=r.delta, seed=r.seed,
+                    entry=entry, **r.release_kw)
+
+
+def _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_budget, users_bound, items, release_kw):
+    """The run's arguments checked and its store opened, the count released (or declared), the grid parsed."""
     t0 = time.perf_counter()
     if not get_method(method).TUNABLE:  # an unknown name: the registry's message
         raise ParameterError(f"--method {method}: tune supports {', '.join(tunable_methods())} (their releases are "
@@ -511,7 +477,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     first = users.spent() + cat.spent()
     count_events = [r.event() for r in first]
     count_entries = [{**r.entry(), "release": "tune: " + r.entry()["release"]} for r in first]
-    shared, shared_cat = users.elsewhere(), cat.elsewhere()
+    shared = users.elsewhere()
     if grid is None:
         grid = default_grid(method, st, epsilon)
     elif not isinstance(grid, dict):
@@ -519,37 +485,48 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     else:
         grid = parse_grid([f"{k}={','.join(str(v) for v in vs)}" for k, vs in grid.items()], cls)
     # without --iters an als plan releases a histogram of ratings per user, read from the data while planning:
-    # tune releases it once, and pins every configuration's iters from it (below)
+    # tune releases it once, and pins every configuration's iters from it (_pinned_iters)
     pin = getattr(cls, "FIXED_ITERS", None) is None and "iters" not in grid
-    configs = _configs(grid, cls)
+    return SimpleNamespace(t0=t0, cls=cls, method=method, st=st, epsilon=epsilon, delta=delta, seed=seed,
+                           users=users, n_users=n_users, count_events=count_events, count_entries=count_entries,
+                           shared=shared, catalogue=cat, shared_cat=cat.elsewhere(), grid=grid, pin=pin, out=out, over_budget=over_budget, z_e=None,
+                           release_kw=release_kw)
+
+
+def _check_configs(r, configs: list[dict]) -> None:
+    """Every configuration of the grid is one the method takes, at a rank the store's items allow."""
     for c in configs:
         try:
-            m = cls(epsilon=epsilon, delta=delta, seed=seed, **c)
+            m = r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, **c)
         except ParameterError as exc:
             raise ParameterError(f"--grid: {config_name(c)}: {exc}") from None
         try:
-            m.check_rank(st.n_items)
+            m.check_rank(r.st.n_items)
         except ParameterError:
             raise ParameterError(f"--grid: {config_name(c)}: rank {m.rank} exceeds the number of items "
-                                 f"({st.n_items})") from None
-    # a store whose budget cannot take E is refused before any pass over its ratings (the whole E is reserved
-    # once the candidates are planned, before they run; the default-only paths reserve as train does)
-    z_e = calibrate_gaussian(epsilon, delta)  # the whole E as one Gaussian
-    pv = StoreBudget(st.path).preview([_Tuned(_Envelope(cls, epsilon, delta, seed, z_e), [], [], [], {},
-                                              epsilon).planned_ledger(st)])
-    if not pv["within_budget"] and not over_budget:
-        raise BudgetExceededError(f"{st.path}: tuning {method} (epsilon={epsilon:.4g}, delta={delta:.3g}) would take "
-                                  f"the store's spend from epsilon={pv['before']['epsilon']:.4g} to "
+                                 f"({r.st.n_items})") from None
+
+
+def _check_budget(r) -> None:
+    """Refuse a store whose budget cannot take the whole epsilon (unless ``--over-budget``)."""
+    r.z_e = calibrate_gaussian(r.epsilon, r.delta)  # the whole E as one Gaussian
+    pv = StoreBudget(r.st.path).preview([_Tuned(_Envelope(r.cls, r.epsilon, r.delta, r.seed, r.z_e), [], [], [],
+                                                {}, r.epsilon).planned_ledger(r.st)])
+    if not pv["within_budget"] and not r.over_budget:
+        raise BudgetExceededError(f"{r.st.path}: tuning {r.method} (epsilon={r.epsilon:.4g}, delta={r.delta:.3g}) "
+                                  f"would take the store's spend from epsilon={pv['before']['epsilon']:.4g} to "
                                   f"{pv['after']['epsilon']:.4g}, past its budget epsilon="
                                   f"{pv['budget']['epsilon']:.4g}; pass --over-budget to release it anyway")
-    dflt = _default_config(cls, st, epsilon, delta, grid, n_users)
-    default = configs.index(dflt) if dflt in configs else None
+
+
+def _selection_plan(r, configs: list[dict], dflt: dict, default: int | None):
+    """``(selection release, tuning record, skip)``: the noisy losses' release, and why no choice is made (or None)."""
     m_c = len(configs)
-    h = (float(st.rating_max) - float(st.rating_min)) / 2.0
-    z_sel = calibrate_gaussian(epsilon * math.sqrt(SELECT_SHARE), delta) if m_c > 1 else 0.0
+    h = (float(r.st.rating_max) - float(r.st.rating_min)) / 2.0
+    z_sel = calibrate_gaussian(r.epsilon * math.sqrt(SELECT_SHARE), r.delta) if m_c > 1 else 0.0
     sel = _selection_release(h, m_c, max(z_sel, 1e-12))
     std = sel.scale
-    tuning = {"method": method, "grid": {k: list(v) for k, v in grid.items()},
+    tuning = {"method": r.method, "grid": {k: list(v) for k, v in r.grid.items()},
               "candidates": [{"config": c} for c in configs],
               "default": dflt if default is not None else None, "rule": None,
               "split": {"selection": SELECT_SHARE, "candidate_nominal": CANDIDATE_NOMINAL_SHARE,
@@ -557,83 +534,71 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     skip = None
     if m_c == 1:
         skip = "the grid has one configuration: nothing to choose"
-    elif MARGIN * std > SELECT_USEFUL * h * h * n_users:
+    elif MARGIN * std > SELECT_USEFUL * h * h * r.n_users:
         skip = (f"the store is too small to tell configurations apart: the noise on their validation losses "
                 f"(std {std:.4g}) would hide any difference smaller than {SELECT_USEFUL:.0%} of the largest error "
-                f"per user over {n_users:,} users ({MARGIN:g} noise stds below {SELECT_USEFUL:g} h^2 per user, h "
+                f"per user over {r.n_users:,} users ({MARGIN:g} noise stds below {SELECT_USEFUL:g} h^2 per user, h "
                 f"half the rating range)")
-    if skip is not None:
-        chosen = default if default is not None else 0
-        final = cls(epsilon=epsilon, delta=delta, seed=seed, users=users, catalogue=cat,  # spends the count, the items
-                    **configs[chosen])
-        tuning.update(skipped=skip, chosen=configs[chosen], split=None,
-                      rule="none: the whole epsilon went to the released model")
-        wrapper = _Tuned(final, [], [], [f"tune: no choice was made ({skip}); configuration "
-                                         f"{config_name(configs[chosen])} trained at the whole epsilon"],
-                         tuning, epsilon)
-        return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed,
-                        workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
-                        evaluate_test=evaluate_test)
+    return sel, tuning, skip
 
-    pre_events, pre_entries = [], []
-    if pin:
-        # train's own draw for a seeded run (the same seed gives the same histogram, as for the released model)
-        profile = user_profile(st, "gaussian", epsilon, delta, np.random.default_rng(
-            np.random.SeedSequence(seed, spawn_key=(RNG_KEY, PROFILE_STREAM)) if seed is not None else None))
-        e_nominal = epsilon * math.sqrt(1.0 - SELECT_SHARE)  # the released model's, about (the candidates: < 1%)
-        base_rank = cls(epsilon=epsilon, delta=delta).rank
 
-        def with_iters(c):
-            rank = c.get("rank", base_rank)
-            it = default_settings(n_users, st.n_items, e_nominal, rank,
-                                  n_eff=profile.effective_users(rank)).iters
-            c = {**c, "iters": it}
-            if it == 0:
-                c.pop("rank", None)
-            return c
+def _pinned_iters(r, configs, dflt, default, sel, tuning):
+    """Every configuration's iterations set from one released histogram of ratings per user (as ``train`` does).
 
-        pinned = []
-        for c in map(with_iters, configs):
-            if c not in pinned:
-                pinned.append(c)
-        dflt = with_iters(dflt) if default is not None else dflt
-        configs = pinned
-        default = configs.index(dflt) if default is not None and dflt in configs else None
-        m_c = len(configs)
-        pre_events = [profile.release.event()]
-        pre_entries = [{**profile.release.entry(), "release": "tune: " + profile.release.entry()["release"] +
-                        " (sets every configuration's iterations, as train does)"}]
-        tuning.update(candidates=[{"config": c} for c in configs], default=dflt if default is not None else None,
-                      user_profile=profile.to_dict())
-        sel = _selection_release(h, m_c, sel.noise_multiplier)
-        std = sel.scale
-    if m_c == 1:  # the histogram left one configuration: nothing to choose, the rest of the budget is the model's
-        final = _calibrated(cls, configs[0], count_events + pre_events, epsilon, delta, seed, st, shared,
-                            catalogue=shared_cat)
-        tuning.update(skipped="one configuration once the iterations were set", chosen=configs[0], split=None,
-                      rule="none", final_epsilon=final.epsilon)
-        wrapper = _Tuned(final, count_events + pre_events, count_entries + pre_entries, [f"tune: one configuration ({config_name(configs[0])}) "
-                                                          f"once the iterations were set; nothing was chosen"],
-                         tuning, epsilon)
-        return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed,
-                        workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
-                        evaluate_test=evaluate_test)
+    ``(configs, dflt, default, pre_events, pre_entries, sel)``: configurations that became equal are merged, and the
+    selection release is remade for their number at the same noise multiplier.
+    """
+    st, epsilon, delta, seed = r.st, r.epsilon, r.delta, r.seed
+    # train's own draw for a seeded run (the same seed gives the same histogram, as for the released model)
+    profile = user_profile(st, "gaussian", epsilon, delta, np.random.default_rng(
+        np.random.SeedSequence(seed, spawn_key=(RNG_KEY, PROFILE_STREAM)) if seed is not None else None))
+    e_nominal = epsilon * math.sqrt(1.0 - SELECT_SHARE)  # the released model's, about (the candidates: < 1%)
+    base_rank = r.cls(epsilon=epsilon, delta=delta).rank
 
-    # -- the candidates: planned at their nominal share, run on a Poisson sample of the held-out view ----------
+    def with_iters(c):
+        rank = c.get("rank", base_rank)
+        it = default_settings(r.n_users, st.n_items, e_nominal, rank,
+                              n_eff=profile.effective_users(rank)).iters
+        c = {**c, "iters": it}
+        if it == 0:
+            c.pop("rank", None)
+        return c
+
+    pinned = []
+    for c in map(with_iters, configs):
+        if c not in pinned:
+            pinned.append(c)
+    dflt = with_iters(dflt) if default is not None else dflt
+    configs = pinned
+    default = configs.index(dflt) if default is not None and dflt in configs else None
+    pre_events = [profile.release.event()]
+    pre_entries = [{**profile.release.entry(), "release": "tune: " + profile.release.entry()["release"] +
+                    " (sets every configuration's iterations, as train does)"}]
+    tuning.update(candidates=[{"config": c} for c in configs], default=dflt if default is not None else None,
+                  user_profile=profile.to_dict())
+    h = (float(st.rating_max) - float(st.rating_min)) / 2.0
+    return configs, dflt, default, pre_events, pre_entries, _selection_release(h, len(configs), sel.noise_multiplier)
+
+
+def _candidates_planned(r, configs, sel, pre_events, pre_entries):
+    """The candidates planned at their nominal share on a Poisson sample of the held-out view, their ledger entries,
+    and the released model's envelope ``z_f``: the one Gaussian every final configuration is calibrated under."""
+    epsilon, delta, seed, n_users = r.epsilon, r.delta, r.seed, r.n_users
+    m_c = len(configs)
     key = (_child_seed(seed, _SELECT_RNG, 1) if seed is not None
            else int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1)))
-    view = _Sampled(st, key, SAMPLE_RATE, n_users)
+    view = _Sampled(r.st, key, SAMPLE_RATE, n_users)
     e_c = epsilon * math.sqrt(CANDIDATE_NOMINAL_SHARE / m_c)
-    cands = [cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off", users=shared,
-                 catalogue=shared_cat, **c) for i, c in enumerate(configs)]
+    cands = [r.cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off",
+                   users=r.shared, catalogue=r.shared_cat, **c) for i, c in enumerate(configs)]
     plans = [m.plan(view) for m in cands]
     z_cands = [gaussian_equivalent(compose(list(p.events))) for p in plans]
     # every candidate accounted at the smallest of their equivalent multipliers (they differ by the calibration's
     # tolerance only): the m events are then one subsampled PLD self-composed, m times cheaper to calibrate against
     z_c = min(z_cands)
     sampled = PoissonSampledDpEvent(SAMPLE_RATE, GaussianDpEvent(z_c))
-    prefix_events = count_events + list(pre_events) + [sampled] * m_c
-    prefix_entries = count_entries + list(pre_entries)
+    prefix_events = r.count_events + list(pre_events) + [sampled] * m_c
+    prefix_entries = r.count_entries + list(pre_entries)
     for i, (c, p) in enumerate(zip(configs, plans)):
         prefix_entries.append({
             "release": (f"tune candidate {i + 1} ({config_name(c)}): its {len(p.entries)} releases, trained on a "
@@ -644,42 +609,57 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
             "count": 1, "releases": [dict(e) for e in p.entries]})
     prefix_events.append(sel.event())
     prefix_entries.append(sel.entry())
+    z_f = _envelope_multiplier(r, pre_events, sel, sampled, m_c, z_c, prefix_events)
+    return SimpleNamespace(key=key, view=view, e_c=e_c, cands=cands, z_cands=z_cands, z_c=z_c,
+                           prefix_events=prefix_events, prefix_entries=prefix_entries, z_f=z_f)
 
-    # the released model's envelope: the one Gaussian every final configuration is calibrated under
+
+def _envelope_multiplier(r, pre_events, sel, sampled, m_c, z_c, prefix_events) -> float:
+    """The released model's noise multiplier: the rest of ``epsilon`` once the candidates and the choice are counted."""
+    epsilon, delta = r.epsilon, r.delta
     rest = list(pre_events) + [sel.event()]  # Gaussian: with the candidates unsampled, the total is a Gaussian
-    room = 1.0 / z_e ** 2 - m_c / z_c ** 2 - gaussian_equivalent(compose(rest)) ** -2
+    room = 1.0 / r.z_e ** 2 - m_c / z_c ** 2 - gaussian_equivalent(compose(rest)) ** -2
     # (a bracket from the Gaussian parts alone: the count's Laplace, when there is one, takes a little more)
-    bracket = dict(lower=z_e, upper=1.01 / math.sqrt(room)) if room > 0 and not count_events else {}
-    z_f = calibrate(lambda z: compose(count_events + rest + [SelfComposedDpEvent(sampled, m_c), gaussian_event(z)]),
+    bracket = dict(lower=r.z_e, upper=1.01 / math.sqrt(room)) if room > 0 and not r.count_events else {}
+    z_f = calibrate(lambda z: compose(r.count_events + rest + [SelfComposedDpEvent(sampled, m_c), gaussian_event(z)]),
                     epsilon, delta, **bracket)
     for _ in range(100):  # the ledger lists the candidates one by one: its composition is the one that counts
         if epsilon_of(compose(prefix_events + [gaussian_event(z_f)]), delta).epsilon <= epsilon:
-            break
+            return z_f
         z_f *= 1.0001
-    else:
-        raise ParameterError(f"tune: the released model's noise could not be calibrated within --epsilon {epsilon:g} "
-                             f"with the candidates' releases counted one by one (the accountant's discretization); "
-                             f"try a larger --epsilon or fewer --grid values")
+    raise ParameterError(f"tune: the released model's noise could not be calibrated within --epsilon {epsilon:g} "
+                         f"with the candidates' releases counted one by one (the accountant's discretization); "
+                         f"try a larger --epsilon or fewer --grid values")
+
+
+def _candidates_run(r, c, configs, default, sel, tuning):
+    """Reserve the whole epsilon, fit the candidates, release their noisy losses and choose.
+
+    ``(chosen index, noisy losses, the final method calibrated under the envelope, budget entry)``; on an error or
+    Ctrl-C the reservation is marked failed (nothing left the process).
+    """
     # the whole E is reserved before any candidate reads a rating: the envelope stands for the released model
     # (every configuration's releases compose to a Gaussian of multiplier >= z_f: dominated, _calibrated)
-    envelope = _Tuned(_Envelope(cls, epsilon, delta, seed, z_f), prefix_events, prefix_entries, [], tuning,
-                      epsilon)
-    budget = StoreBudget(st.path)
-    entry = budget.reserve(envelope.planned_ledger(st), over_budget=over_budget, model=os.path.abspath(str(out)))
+    envelope = _Tuned(_Envelope(r.cls, r.epsilon, r.delta, r.seed, c.z_f), c.prefix_events, c.prefix_entries, [],
+                      tuning, r.epsilon)
+    workers, memory_limit = r.release_kw["workers"], r.release_kw["memory_limit"]
+    budget = StoreBudget(r.st.path)
+    entry = budget.reserve(envelope.planned_ledger(r.st), over_budget=r.over_budget,
+                           model=os.path.abspath(str(r.out)))
     try:
         fitted = []
-        for m in cands:
-            with Engine(view, workers=workers, memory_limit=memory_limit, state_bytes=m.state_bytes(view)) as eng:
-                fitted.append(m.fit(view, eng))
-        losses = _losses(st, fitted, key, workers, memory_limit)
-        rng = np.random.default_rng(np.random.SeedSequence([int(seed), _SELECT_RNG, 4]) if seed is not None
+        for m in c.cands:
+            with Engine(c.view, workers=workers, memory_limit=memory_limit, state_bytes=m.state_bytes(c.view)) as eng:
+                fitted.append(m.fit(c.view, eng))
+        losses = _losses(r.st, fitted, c.key, workers, memory_limit)
+        rng = np.random.default_rng(np.random.SeedSequence([int(r.seed), _SELECT_RNG, 4]) if r.seed is not None
                                     else None)
         noisy = sel.add(losses, rng)
-        allowed = np.array([default is None or not _leaner(c, configs[default]) for c in configs])
-        chosen = (choose(np.where(allowed, noisy, np.inf), default, std) if default is not None
+        allowed = np.array([default is None or not _leaner(k, configs[default]) for k in configs])
+        chosen = (choose(np.where(allowed, noisy, np.inf), default, sel.scale) if default is not None
                   else int(np.argmin(noisy)))
-        final = _calibrated(cls, configs[chosen], prefix_events, epsilon, delta, seed, st, shared, z_f=z_f,
-                            catalogue=shared_cat)
+        final = _calibrated(r.cls, configs[chosen], c.prefix_events, r.epsilon, r.delta, r.seed, r.st, r.shared,
+                            z_f=c.z_f, catalogue=r.shared_cat)
     except BaseException as exc:
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc.__class__.__name__}: {exc}"
         budget.fail(entry, f"{why} while the candidates were trained (nothing left the process)")
@@ -687,27 +667,22 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
             raise Interrupted(f"interrupted while the candidates were trained: nothing was released; the budget "
                               f"reservation {entry} in {budget.path} was marked failed") from None
         raise
-    for i, c in enumerate(tuning["candidates"]):
-        c["epsilon"] = e_c
-        c["noise_multiplier"] = z_cands[i]
-        c["accounted_noise_multiplier"] = z_c
-        c["noisy_loss"] = float(noisy[i])
-        c["noisy_mean_loss"] = float(noisy[i]) / max(n_users, 1)
-    tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=e_c,
-                  sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=z_f,
+    return chosen, noisy, final, entry
+
+
+def _record_choice(r, c, tuning, configs, chosen, noisy, final, default, std) -> None:
+    """The candidates' noisy losses and the choice, into the run's ``tuning`` record."""
+    for i, k in enumerate(tuning["candidates"]):
+        k["epsilon"] = c.e_c
+        k["noise_multiplier"] = c.z_cands[i]
+        k["accounted_noise_multiplier"] = c.z_c
+        k["noisy_loss"] = float(noisy[i])
+        k["noisy_mean_loss"] = float(noisy[i]) / max(r.n_users, 1)
+    tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=c.e_c,
+                  sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=c.z_f,
                   rule=(f"default unless another, not leaner (rank, iters), is lower by {MARGIN:g} noise stds"
                         if default is not None
                         else "noisy argmin (the grid has no default configuration)"))
-    note = (f"tuned privately over {m_c} configurations of {method} ({', '.join(config_name(c) for c in configs)}): "
-            f"chosen {config_name(configs[chosen])}; the candidates (each at the noise of epsilon {e_c:.4g}, on a "
-            f"Poisson sample of users at rate {SAMPLE_RATE:g}, never released) and their noisy validation losses "
-            f"are composed in this ledger with the released model (epsilon {final.epsilon:.4g}); this ledger and the "
-            f"store's budget entry count the released model as one Gaussian of noise multiplier {z_f:.6g}, which "
-            f"dominates its releases (listed): the guarantee of the adaptive choice is that of this envelope")
-    wrapper = _Tuned(final, prefix_events, prefix_entries, [note], tuning, epsilon, z_f=z_f)
-    return _release(st, wrapper, final, out, tuning, t0, epsilon=epsilon, delta=delta, seed=seed, workers=workers,
-                    memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate_test,
-                    entry=entry)
 
 
 class _Envelope(Method):

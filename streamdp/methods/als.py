@@ -1,157 +1,39 @@
 """Private alternating least squares: ``--method als`` (DP-ALS) and ``--method irls`` (Huber-loss R-IRLS).
 
-Chien, Jain, Krichene, Rendle, Song, Thakurta & Zhang (ICML 2021), "Private
-Alternating Least Squares", with the adaptive weights of Krichene et al. (ICML
-2023); and the ALS / regularized IRLS of the Huber-mechanism paper
-(../shared/seeds/001), whose mechanisms (Gaussian, Laplace, Huber) are all
-selectable here with ``--mechanism``. What is released is the item side only: item
-factors ``V``, item biases ``b`` and a global mean ``mu``, plus the ledger. Every user
-solves their own row ``[u_i, c_i]`` (factor and intercept) locally from ``V`` and all
-of their own ratings, as :mod:`streamdp.local` does on their device; user rows are
-never released and never stored (they are recomputed in each pass from the
-released ``V``, so no per-user state is kept on disk).
+Chien et al. (ICML 2021) "Private Alternating Least Squares" with the adaptive weights
+of Krichene et al. (ICML 2023), and the ALS / regularized IRLS of the Huber-mechanism
+paper, with its Gaussian, Laplace and Huber mechanisms (``--mechanism``). Released: the
+item side only (item factors ``V``, item biases ``b``, a global mean ``mu``) and the
+ledger. Every user solves her own row ``[u_i, c_i]`` locally from ``V`` and her own
+ratings (:mod:`streamdp.local`); user rows are never released nor stored. ``means``
+(biases only) shares the statistics pass. Public names: the methods registered as
+``als``, ``irls`` and ``means`` (:class:`ALS`, :class:`IRLS`, :class:`PrivateMeans`), :func:`default_settings`
+(the iterations from the released shape), :func:`offset_moments` and :func:`offset_ridge`, and the
+stream constants :data:`RNG_KEY`, :data:`PROFILE_STREAM`, :data:`SELECT_USEFUL`.
 
-The model and one iteration
----------------------------
-``r_ij ~ mu + b_j + c_i + u_i . v_j``. Iteration ``t``:
+The model ``r_ij ~ mu + b_j + c_i + u_i . v_j``. A statistics pass first releases a
+global mean and per item the noisy weight totals ``C_j`` and user-centred residual sums
+(the biases, a posterior mean under a public prior); each iteration every user solves
+her row against the released ``V``, is clipped (``--clip``, ``--residual-clip``), and the
+item sums and the Gramian are released with noise; ``v_j`` is a ridge solve. Every
+release is a :class:`streamdp.privacy.release.Release`, calibrated jointly by the PLD
+accountant; with Laplace or Huber the run is also pure DP and the ledger says so.
 
-1. every user solves ``[u_i, c_i]`` against ``[V_{t-1}, 1]`` by ridge regression
-   (``--ridge``); ``irls`` replaces the squared loss by the Huber loss with
-   ``--irls-iters`` reweighting steps (transition ``--huber-delta``), as the seed's
-   R-IRLS does for the user side; the item side is the same for both methods;
-2. ``x_i = clip(u_i, Delta)`` (``--clip``), ``y_ij = clip(r_ij - mu - b_j - c_i, R)``
-   (``--residual-clip``): the user's contribution is now bounded;
-3. per item ``B_j = sum_i c_ij y_ij x_i`` and the Gramian, released with noise:
-   ``--gramian item`` releases ``A_j = sum_i c_ij x_i x_i^T`` per item (symmetric
-   noise, projected to PSD), as the reference DP-ALS does; ``--gramian shared``
-   releases one ``k x k`` Gramian ``G = sum_i x_i x_i^T`` and uses
-   ``A_j ~ C_j G / n_users`` with ``C_j`` the noisy weight total of item ``j``;
-4. ``v_j = (A_j + lambda_j I)^-1 B_j``; private runs rescale ``V`` to rows of mean
-   squared norm ``k`` (post-processing) so that users' rows keep meeting the clip.
+Decisions a reader must know:
 
-Before the iterations, one pass releases the statistics: a global mean (mean over
-users of their mean rating, ``--center private``; or the public midpoint of the
-declared range; ``als``/``irls`` release it in a pass of its own, first), and per item the
-weight total ``C_j`` (the noisy counts) and the sum ``S_j`` of user-centred residuals
-``clip(r_ij - rbar_i, c)`` (``--bias-clip``; a user with one training rating, whose
-centred residual is always 0, gives ``clip(r_ij - mu, c)``: ``_AlsBase._statistics``), from
-which the item biases ``b_j = posterior mean`` under a public prior are computed and
-the top ``--item-frac`` of items by noisy count are kept (the others keep
-``v_j = 0``: bias and the user's own intercept only). No exact count or mean is used
-anywhere. ``means`` (no factors, no user intercept) differs in two ways, both for
-stores whose users rate little and whose levels go with their activity (issue 28):
-its global mean weighs user ``i``'s mean by ``min(n_i, c) / c``, ``c`` chosen from a
-released histogram of ratings per user (:func:`~streamdp.methods._profile.mean_weight_cap`;
-5% of its budget), and a rating counts ``w_ij (1 - 1 / n_i)`` in ``C_j``, what a
-user-centred residual carries of its item's offset.
+* private runs adapt to the data, privately and accounted: a histogram of ratings per
+  user (1% of the budget, :mod:`streamdp.methods._profile`) sets the iterations;
+  ``--select auto`` (:mod:`streamdp.methods._selection`) releases held-out losses of a
+  few candidates and replaces the default only when another wins by 3 noise stds;
+* the gate: with the choice on, it is made after half of the iterations; when biases
+  win, the rest of the Gaussian budget buys a second release of the item statistics
+  (fully adaptive composition of Gaussian mechanisms keeps the plan's guarantee);
+* the shared Gramian is the private default (``--gramian item`` is available); biases
+  come from the statistics pass, not refitted; residuals and the bias statistic are
+  clipped so that every sensitivity holds; the item ridge grows with the noise.
 
-Defaults from the data's shape, and a private choice of the release
--------------------------------------------------------------------
-Users cannot tune on private data, so the run adapts to it, privately and accounted:
-
-* **How many ratings users have** (:mod:`streamdp.methods._profile`): before the
-  plan is made, a noisy histogram of training ratings per user is released (1% of
-  the budget, its noise fixed first, the rest calibrated with it composed in). Its
-  ``n_eff``, the users with enough ratings to pin down a rank-``k`` factor,
-  replaces ``n_users`` in the proxy that sets the iterations (``default_settings``):
-  a store where most users rate once gets no iterations and its whole budget goes
-  to the biases, where ``n_users epsilon / n_items`` alone gave it 5-7 iterations of
-  noise (measured on a generated 50,000-user x 3,000-item store with 1.2 ratings per
-  user: test RMSE rose from 1.067 at epsilon 1 to 1.141 / 1.182 at epsilon 2 / 10;
-  now 1.04 at every epsilon). Skipped when ``--iters`` is given.
-* **Which release** (:mod:`streamdp.methods._selection`, ``--select auto``, the
-  default): candidates are the fitted factors with local ridges 3 / 10 / 30, the
-  biases with intercept ridges 3 / 10 / 30 or no intercept, and the global mean
-  alone. 10% of each user's training ratings (at most 2) are held out of their own
-  solves and of the factor iterations up to the choice (not of the biases; a gated run's
-  iterations after the choice use them again); their losses under each
-  candidate (per user, the mean squared error clipped to h^2) are released with noise
-  (15% of the budget when factors are fitted, with 5 candidates: factors with ridges
-  10 and 30, biases with ridge 3 or no intercept, the mean; less, down to 2%, where that
-  noise would resolve far finer differences than matter, ``_select_share``; about 6% when
-  not; nothing when the
-  noise would swamp any difference, ``_selection_can_pay``) and the default candidate (factors with
-  ``--ridge``; biases with ridge 3 when no iterations run) is replaced only by one
-  that beats it by 3 noise standard deviations. So a release is not worse than the
-  biases-only one where the data say so clearly, and unchanged where the noise
-  hides the difference. Non-private runs hold those ratings out of the whole fit,
-  choose by their exact losses and refit the choice on every rating; they also
-  choose the item-side ridge that way (``_fit_item_ridges``). ``--select
-  off`` releases the default configuration from every training rating (the
-  release of streamdp 0.1).
-* **The intercept's ridge of a biases-only release** (private runs that choose): the
-  selection's pass also releases the users' offset moments (users with two training
-  ratings or more: the mean product of two of her residuals on the released biases, her
-  mean squared residual, and a count; :func:`offset_moments`, about 3% of the budget), and
-  a released intercept gets the empirical-Bayes ridge ``sigma^2 / tau^2`` read off them
-  (:func:`offset_ridge`): no user offsets, a large ridge or none; offsets of std 0.4, about 3.
-* **The gate** (Gaussian runs with the choice on and at least two iterations): the
-  choice is made after half of the iterations (``--select-after``), not after the
-  last. When the factors win, the iterations go on and the factors are released
-  with the chosen ridge. When they lose, the iterations after the gate are not run:
-  the Gaussian budget they would have spent (their ``sum count / z^2``) buys a second
-  release of the item sums and weight totals, combined with the first by inverse
-  variance, so a biases-only choice gets most of a biases-only run's budget instead
-  of the statistics' 15% share. Measured on a generated 5,000-user x 130-item store
-  on -10..10 (~11 training ratings per user, weak low-rank signal), epsilon 2, 3
-  seeds: biases chosen after the last iteration 4.765, after the gate 4.736, a
-  biases-only run (``--iters 0``) 4.730. The cost: on a 4,000-user x 60-item store
-  at epsilon 10 the factors won after 7 iterations (4.637 against 4.650 for the
-  biases) but lost after 4. Privacy: which releases follow the gate depends on a
-  noisy value, but both branches are Gaussian mechanisms with the same total
-  ``sum 1 / z^2``, and adaptively chosen Gaussian mechanisms whose total is fixed in
-  advance compose to that one Gaussian (fully adaptive composition for Gaussian
-  DP: Smith & Thakurta 2022; Whitehouse, Ramdas, Rogers & Wu 2023), so the plan's
-  guarantee holds on either branch; the ledger lists what was spent, and its
-  accountant's epsilon is checked not to exceed the target
-  (:meth:`_AlsBase._gated_releases`). Laplace and Huber runs choose after the last
-  iteration (pure releases of different shapes do not share one such total).
-
-Decisions where the sources are loose, and why
-----------------------------------------------
-* **Shared Gramian (default for private runs).** The per-item Gramian carries
-  ``k (k+1) / 2`` noisy numbers per item and its inverse amplifies them; measured on a
-  generated store of 200,000 users x 1,000 items (rank-8 truth, epsilon 1, 7
-  iterations) the per-item release gave test RMSE 0.955 and the shared one 0.81-0.84
-  (item mean 1.014). Users are assigned to items independently of their factors
-  there; on real data where they are not, ``--gramian item`` is available.
-* **Biases from the statistics pass, not refitted.** Refitting ``b_j`` in every
-  iteration (an extra column of ``x``) would add ``||x||^2 + beta^2`` to every
-  sensitivity; the user-centred item offsets of the statistics pass are what the
-  model needs (the user's intercept is local) and cost one release. Non-private
-  runs refit ``[v_j, b_j]`` jointly (plain ALS with biases).
-* **Clipping what the reference code does not.** Ratings' residuals are clipped to
-  ``R`` and the bias statistic to ``c`` so that the right-hand sides' sensitivity
-  holds; the global mean is a mean over users (sensitivity ``sqrt(1 + h^2)``), not
-  a sum over ratings whose sensitivity grows with the user's count.
-* **Noise-aware item ridge.** ``lambda_j = lambda C_j^rho + nu sigma_B^2 Delta^2 / s^2``
-  (``--reg``, ``--reg-exponent``, ``--noise-ridge``; ``s`` = half the rating range / 2,
-  the public scale of an interaction): the second term is the posterior ridge for
-  the right-hand side's noise (fixed by the released noise level, post-processing).
-
-Sensitivities (add/remove one user; ``h`` half the declared range, weights bounded by
-:func:`streamdp.privacy.bounding.contribution_weights`: ``||c_i||_2 <= sqrt(tau)`` for
-Gaussian, ``||c_i||_1 <= tau`` for Laplace/Huber)
-----------------------------------------------------------------------------------
-============================  =======================  ==============================
-release                       L2 (Gaussian)            L1 (Laplace, Huber)
-============================  =======================  ==============================
-global mean (sum, count)      ``sqrt(1 + h^2)``        ``h + 1``
-item sums ``S``               ``c sqrt(tau)``          ``c tau``
-item weight totals ``C``      ``sqrt(tau)``            ``tau``
-shared Gramian ``G``          ``Delta^2``              ``(k + 1) Delta^2 / 2``
-item Gramians ``A``           ``Delta^2 sqrt(tau)``    ``tau (k + 1) Delta^2 / 2``
-right-hand sides ``B``        ``R Delta sqrt(tau)``    ``tau R sqrt(k) Delta``
-users' offset moments         ``sqrt(2 h^4 + 1)``      ``2 h^2 + 1``
-============================  =======================  ==============================
-
-(``G``, ``A``: of the packed upper triangle of ``x x^T``; its L2 norm is at most
-``||x||^2`` and its L1 norm at most ``(||x||_1^2 + ||x||^2) / 2 <= (k + 1) ||x||^2 / 2``.)
-Every release goes through :class:`streamdp.privacy.release.Release`; all of them
-are calibrated jointly to the target by the PLD accountant
-(:func:`streamdp.privacy.release.calibrate_releases`). With ``--mechanism laplace`` or
-``huber`` every release is pure DP, so the run is also pure ``epsilon_0``-DP with
-``epsilon_0`` their basic composition; the ledger reports both.
+Each step in full, the sensitivity table and the measurements behind these choices:
+``docs/design-notes.md``, section ``streamdp/methods/als.py``.
 """
 
 from __future__ import annotations

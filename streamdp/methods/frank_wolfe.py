@@ -1,159 +1,36 @@
 """Private Frank-Wolfe matrix completion with joint DP: ``--method fw``.
 
 Jain, Thakkar & Thakurta (ICML 2018), Alg. 1: nuclear-norm-constrained matrix
-completion ``min_{||Y||_* <= k} F(Y) = ||P_Omega(Y - X)||_F^2 / (2 |Omega|)`` by
-Frank-Wolfe, split into
+completion by Frank-Wolfe, split into a **global component**, the only thing
+released (each iteration a noisy top eigenvector ``v_t`` of the users' clipped
+residual rows' Gramian and its eigenvalue, by noisy power passes shared with ``oja``:
+:mod:`streamdp.methods._subspace`), and a **local component**, each user's own row
+update, never released (:func:`streamdp.local.fw_local_rows` replays it on her
+device). The per-user outputs are therefore **joint** (epsilon, delta)-DP (the
+billboard lemma); the ledger's guarantee is :data:`streamdp.privacy.GUARANTEE_JOINT_DP`.
+Ratings are centred on a private global mean and item biases first (``--center
+private``, the statistics pass of ``oja``) or on the public midpoint. Per-user state
+is ``O(T)`` coefficients on disk, item-side state ``O(n_items T)``; kernels in
+:mod:`streamdp.kernels.fw`. Public names: :class:`PrivateFrankWolfe` (``fw``,
+options :class:`FWOptions`), :func:`step_sizes`, :func:`default_nuclear_norm`,
+:func:`passes_in`.
 
-* a **global component** (the only thing released): in iteration ``t`` a noisy top
-  eigenvector ``v_t`` of ``W_t = sum_i a_i a_i^T`` and its eigenvalue ``lambda_t``,
-  where ``a_i = P_Omega(Y_i - X_i)`` is user ``i``'s residual row (the gradient's
-  row), clipped to L2 norm ``L``;
-* a **local component** (never released, no noise): each user updates her own row
-  ``Y_i <- Pi_Omega((1 - eta_t) Y_i - eta_t k u_i v_t^T)`` with
-  ``u_i = (a_i . v_t) / lambda_t`` (Alg. 1's ``A_local``; see the decisions below).
+Decisions a reader must know (where the paper is loose or wrong):
 
-``X`` is the matrix of centred ratings ``r_ij - mu - b_j``: ``--center private``
-(default) releases a private global mean ``mu`` and item biases ``b_j`` first, with
-the statistics pass of ``--method oja``; ``--center midpoint`` uses the public midpoint
-of the declared range and ``b = 0`` (0 on the paper's ``[-1, 1]`` data). A user's row is
-kept as ``Y_i = c_i V^T`` with ``V = [v_1 ... v_T]`` the released basis and ``c_i``
-her ``T`` coefficients, on disk (:meth:`streamdp.stream.driver.Run.user_state`,
-chunked by user block, read and written with the block by the task that owns it, also
-on a cluster's workers, which must reach the state URL, ``--state``): per-user state is
-``O(T)``, item-side state ``O(n_items T)``. The kernels are in
-:mod:`streamdp.kernels.fw`; the global component is the noisy power iteration that ``oja`` also uses
-(:mod:`streamdp.methods._subspace`: a one-vector :func:`~streamdp.methods._subspace.power_pass` on the
-engine with :func:`~streamdp.kernels.linalg.gram_apply`, rows clipped by
-:func:`~streamdp.privacy.bounding.clip_rows`). The first power pass of iteration
-``t`` also takes every user's local step ``t - 1`` (one pass, not two).
+* the **residual row is clipped** to ``L`` before it enters the sum, so the
+  sensitivity is exactly ``L^2`` (the paper's is off by 4x); each power pass is a
+  Gaussian mechanism, all calibrated jointly by the PLD accountant;
+* the step direction is the last pass's input with its Ritz value (a consistent
+  pair), the eigenvalue is inflated only by the pass's own noise, and each atom is
+  scaled by its estimated signal share (:data:`SNR_SHRINK`);
+* each user line-searches within Alg. 1's atom and projects her row to her rating
+  range (both local, no privacy cost; ``--no-project`` turns the projection off);
+* defaults from public parameters only: ``k = h sqrt(m n)``, ``T = 30``
+  (:data:`DEFAULT_T`), ``L = h / 2``, 2 power passes private (4 non-private);
+  ``--calibration paper`` reproduces Alg. 1's noise for comparison.
 
-What is released, and the guarantee
------------------------------------
-The model is ``V`` (``n_items x T``, ``item_factors``), ``lambda_1..lambda_T``
-(extra ``fw_lambda``), the step sizes (``fw_eta``), ``k``, ``L`` and the projection
-bound (``model.json`` ``local_fw``). That release is user-level (epsilon, delta)-DP.
-Each user's completed row is computed **on her device** from it and her own
-ratings (:func:`streamdp.local.fw_local_rows`: the same local steps replayed), so the
-per-user outputs are **joint** (epsilon, delta)-DP (Kearns et al. 2014, the
-billboard lemma): the outputs of all other users together do not reveal much about
-her. The ledger's guarantee is :data:`streamdp.privacy.GUARANTEE_JOINT_DP`, with a
-note saying this, and ``streamdp train`` prints it.
-
-Sensitivity (add/remove one user)
----------------------------------
-Other users' rows ``Y_j`` are functions of their own ratings and of the already
-released ``v_s, lambda_s`` (``s < t``) only, so adding user ``i`` changes
-``W_t d = sum_j a_j (a_j . d)`` by the one term ``a_i (a_i . d)``, of norm
-``<= ||a_i||^2 <= L^2`` for a unit ``d``. A power pass ``W_t d + g``,
-``g ~ N(0, sigma^2 I_n)``, is a Gaussian mechanism of L2 sensitivity ``L^2`` (the
-vector ``g`` replaces Alg. 1's ``n x n`` noise matrix, as in Alg. 2). ``T``
-iterations of ``P`` passes (one more in the first) are ``T P + 1`` adaptively
-composed Gaussian mechanisms, plus the centring's two (item sums and weights, and the
-mean of user means, sensitivity ``sqrt(1 + h^2)`` each, as ``--method oja``),
-calibrated jointly to the target by the PLD
-accountant (:func:`streamdp.privacy.release.calibrate_releases`); everything else
-(``lambda_t``, the next warm start, the users' rows) is post-processing.
-
-Decisions where the paper is loose or wrong, and why
-----------------------------------------------------
-* **What is clipped (the paper's sensitivity is off by 4x).** Alg. 1 assumes
-  ``||P_Omega(X_i)|| <= L``, projects ``Y_i`` so that ``||P_Omega(Y_i)|| <= L`` and
-  calibrates to sensitivity ``L^2``; but ``W`` is built from the *residual*
-  ``a_i = P_Omega(Y_i - X_i)``, whose norm reaches ``2 L``: sensitivity ``4 L^2``.
-  Here the residual row itself is clipped to ``L`` before it enters the global sum,
-  so the sensitivity is exactly ``L^2`` whatever the data. A user's local step uses
-  the same clipped row for ``u_hat`` (so that ``sum_i u_i^2 = 1`` matches the
-  released ``lambda``: with the unclipped row ``||u||`` exceeded 1 and the iterates
-  diverged, measured).
-* **Top eigenvector by power passes; which vector is the step.** Each iteration runs
-  ``--passes P`` noisy power passes warm-started from the previous iteration's last
-  output (the first iteration one more, from a random unit vector). The step
-  direction ``v_t`` is the **input** ``d`` of the last pass and ``lambda_t^2`` its
-  Ritz value ``d . (W_t d + g)``: a consistent pair, so ``||u|| ~ 1``. (Using the
-  pass's output with the input's Ritz value, ``||u||`` can be far above 1: on the
-  rank-one store below that took the RMSE from 0.02 to 0.17 at epsilon 5.) With
-  ``P = 1`` the step direction is one iteration stale; ``P = 2`` (default private)
-  measured better at every epsilon (e.g. 0.023 vs 0.022-0.035, oscillating, at
-  epsilon 0.1); non-private runs use ``P = 4``.
-* **The eigenvalue's inflation.** Alg. 1 adds ``sqrt(sigma log(n / beta)) n^{1/4}`` to
-  ``lambda``: a bound on the ``n x n`` noise matrix's spectral norm, which shifts the
-  top eigenvalue. The Ritz value of a power pass is shifted only by ``d . g ~
-  N(0, sigma^2)``, so ``lambda_t^2 = d . (W_t d + g) + sigma sqrt(2 log(1/beta))``
-  (``beta = 0.1``) keeps ``||u|| <= 1`` with probability ``1 - beta``. The paper's
-  larger inflation slows the steps as the residual shrinks: RMSE 0.027 against
-  0.020 at epsilon 0.1 (500k users, ``L = h/2``), equal at epsilon 5.
-* **Each user's line search within the atom.** Alg. 1's local step is
-  ``u_hat_i = (a_i . v) / lambda``. With a fixed step ``eta = 1/T`` Frank-Wolfe
-  overshoots once the residual is small (``||u|| = 1`` whatever the gradient) and
-  zig-zags (non-private RMSE oscillated between 0.005 and 0.06). Here a user takes
-  the ``u_hat`` that minimizes her own loss at her items after the step,
-  ``(a . v - eta P_Omega(Y_i) . v) / (eta k ||v|_Omega||^2)``, clipped to
-  ``[-|u_alg1|, |u_alg1|]``: never a larger atom than Alg. 1's (``||u|| <= 1``, the
-  iterate stays in the nuclear-norm ball), never a larger loss than Alg. 1's step
-  (a convex 1-d quadratic over an interval that contains it), no privacy cost (her
-  own ratings and the release). Non-private RMSE 0.0157 -> 0.0023 at ``T = 20``.
-* **The projection** ``Pi_{L, Omega}`` scales a user's row so that her predictions
-  at her rated items have RMS at most ``bound`` (``||P_Omega(Y_i)|| <= bound sqrt(n_i)``,
-  ``bound = h``, half the rating range: every true centred entry is inside it).
-  The paper's one ``L`` for every user would push the rows of heavy raters towards
-  0. It is local and never increases her loss. ``--no-project`` turns it off.
-* **Indexing.** Alg. 1's first iteration computes ``W`` at ``Y = 0`` with
-  ``v = 0`` in the local step, and its last release is never used. Here iteration
-  ``t`` releases ``v_t`` from the residuals of ``Y^{(t-1)}`` and every user takes
-  step ``t`` with it: ``T`` steps, rank ``T`` (``--rank`` is ``T``).
-* **Step size.** ``--step fixed`` is Alg. 1's ``eta = 1/T`` (default); ``--step
-  decay`` the classical ``eta_t = 2/(t+1)`` (Jaggi 2013): its first full step to a
-  ``k``-norm atom measured far worse (0.28 against 0.02, non-private, ``T = 20``).
-* **Paper calibration.** ``--calibration paper`` uses Alg. 1's
-  ``sigma = L^2 sqrt(64 T' log(1/delta)) / epsilon`` with ``T' = T P + 1`` releases
-  (:func:`streamdp.privacy.paper_sigma_jain`); the ledger reports the epsilon that
-  noise actually gives (much smaller than asked).
-
-Defaults from public parameters only (``n_users = m``, ``n_items = n``, ``h``)
-------------------------------------------------------------------------------
-* ``k`` (``--nuclear-norm``) ``= h sqrt(m n)``: the nuclear norm of a rank-one matrix
-  with entries in ``[-h, h]`` is at most that (Remark 1: ``k = O(sqrt(m n))``).
-* ``T`` (``--rank``) ``= 30``. Corollary 3.1's ``T = k^{4/3} / (|Omega| (m + n))^{1/3}``
-  needs ``|Omega|`` (a statistic of the data, not public) and is not invariant to the
-  rating scale (``h^{4/3}``); with ``k = h sqrt(m n)`` and ``|Omega| = xi m`` it is
-  ``~ h^{4/3} (n^2 / xi)^{1/3}``, 12.6 for the paper's synthetic set (``n = 400``,
-  ``xi = 80``, ``h = 1``). With a fixed step the iterate reaches a matrix of nuclear
-  norm ``||Y||_*`` after about ``T ||Y||_* / k`` iterations and the rest of the run
-  refines it. Before the private centring 20 measured within 0.003 of 40 on the
-  rank-one store; with it (and the signal-share scaling) the private error at ``T = 20``
-  oscillated with epsilon (test RMSE 0.021 / 0.017 / 0.021 / 0.011 at epsilon
-  0.5 / 1 / 2 / 5, 500k users, 3 seeds) and ``T = 30`` measured 0.019 / 0.016 / 0.007 /
-  0.006 (seed 0), 0.027 against 0.028 at epsilon 0.1: the later iterations absorb the
-  centring's small rank-one error ``1 (b - b_true)^T``. 30 is the default (a choice
-  made on this benchmark; the passes grow by half).
-* ``L`` (``--clip``) ``= h / 2`` private. Once every row is clipped the direction's
-  signal-to-noise ``m rho / (z sqrt(n))`` does not depend on ``L`` (``rho``: the share
-  of a row along the top direction) while the noise scale ``z L^2`` does; measured on
-  the 500k-user rank-one store, RMSE at epsilon 0.1 / 5: ``L = h/4`` 0.026 / 0.023,
-  ``h/2`` 0.020 / 0.016, ``h`` 0.041 / 0.069, ``h sqrt 5`` 0.069 / 0.017 (the value
-  ``--method oja`` uses).
-* ``P`` (``--passes``) ``= 2`` private, 4 non-private (above).
-* The centring's budget shares (``--center private``): those of ``--method oja`` at
-  rank 1, :func:`center_settings` (``n_users``, ``n_items``, epsilon): 0.1 / 0.05 of
-  the budget when the proxy ``n_users epsilon / sqrt(n_items)`` is large (the
-  paper's synthetic set: the passes keep 0.85), up to 0.85 / 0.1 when it is small.
-
-Centring and noisy directions (added after the Figure 2 runs)
--------------------------------------------------------------
-* **Private centring.** With the midpoint, ML-100K top 400 (943 users; 1-5 stars,
-  mean about 3.6) had every private FW model at test RMSE 1.265 whatever epsilon --
-  the RMSE of predicting the midpoint, worse than the global mean (1.07): with
-  ``m = 943 < n^{5/4}`` the power passes are noise-dominated (``||g|| ~ sigma sqrt(n)``
-  exceeds ``lambda_1(W)``) and FW never learns the offset. Centred on the private
-  ``mu + b_j``: 1.21 / 1.06 / 1.04 at epsilon 0.1 / 1 / 5. On the synthetic set
-  (mean 0) it changes nothing but a share of the budget.
-* **Each atom scaled by its signal share.** The last pass of iteration ``t`` releases
-  ``Y = W_t d + g`` with ``E ||g||^2 = n sigma^2``; ``s^2 = max(||Y||^2 - n sigma^2, 0) /
-  ||Y||^2`` estimates the share of ``Y`` that is signal, and ``lambda_t`` is divided by
-  ``s`` (no step when ``s = 0``): post-processing of the release and the public
-  ``sigma``. A noise-dominated direction then moves the users' rows little instead of
-  letting each user fit her training ratings along it (``SNR_SHRINK``); on the
-  500k-user synthetic set ``s ~ 1``.
+The derivation, the sensitivity argument and every measurement behind these choices:
+``docs/design-notes.md``, section ``streamdp/methods/frank_wolfe.py``.
 """
 
 from __future__ import annotations

@@ -1,204 +1,42 @@
 """Private implicit-feedback ALS: ``--method ials``.
 
-Hu, Koren & Volinsky (ICDM 2008), "Collaborative Filtering for Implicit Feedback
-Datasets", made user-level DP in the style of Chien et al. (ICML 2021) DP-ALS (which
-``als`` implements for ratings). It learns *which* items a user chose, not how she
-rated them, so its lists are what it is for (``docs/ranking.md``).
+Hu, Koren & Volinsky (ICDM 2008) implicit ALS, made user-level DP in the style of
+Chien et al. (ICML 2021) DP-ALS (which ``als`` implements for ratings). It learns
+*which* items a user chose, not how she rated them, so its lists are what it is for
+(``docs/ranking.md``). Public names: :class:`IALS` (registered as ``ials``) with its
+options :class:`IalsOptions`, and the rules of a private run :func:`tau_from_profile`,
+:func:`private_rank` and :func:`item_floor_count`.
 
-The model
----------
-Every user-item pair counts: an observed (positive) pair has preference 1 and a
-confidence ``c_ui >= 1`` (:func:`streamdp.local.implicit_pairs`), every other pair
-preference 0 and weight 1. Minimise
-``sum_{u,j} c_uj (p_uj - x_u . y_j)^2 + lambda (sum ||x_u||^2 + sum ||y_j||^2)``
-by alternating ridge solves, with the Gramian trick so that the unobserved pairs
-cost ``O(k^2)`` per user and per item:
+The model: every user-item pair counts, an observed pair with preference 1 and a
+confidence ``c_uj >= 1`` (:func:`streamdp.local.implicit_pairs`), the rest preference 0
+and weight 1; alternating ridge solves with the Gramian trick (``G = sum_u x_u x_u^T``),
+so unobserved pairs cost ``O(k^2)`` per user and per item. One private run releases,
+with Gaussian noise calibrated jointly by the PLD accountant
+(:func:`streamdp.privacy.release.calibrate_releases`): the item counts ``N_j`` (the
+chart), then per iteration the users' Gramian ``G`` and the items' right-hand sides
+``B`` (with ``--gramian item`` every ``A_j`` too). Each user's row is solved on her
+device from the released item side (:func:`streamdp.local.implicit_rows`, exact:
+:func:`streamdp.kernels.ials.ials_solve_users`) and never released: joint DP, as ``als``.
 
-* user ``u``: ``x_u = (Y^T Y + sum_{j in u} (c_uj - 1) y_j y_j^T + lambda I)^-1 sum_{j in u} c_uj y_j``;
-* item ``j``: ``y_j = (G + A_j + lambda_j I)^-1 B_j`` with ``G = sum_u x_u x_u^T`` (every
-  user), ``A_j = sum_{u in j} (c_uj - 1) x_u x_u^T`` and ``B_j = sum_{u in j} c_uj x_u``.
+Decisions a reader must know:
 
-Private runs add a **popularity column**: the item rows are ``[y_j, pi_j]`` with
-``pi_j = N_j / max N`` fixed (:func:`_popularity`), ``N_j`` the released noisy item
-counts, and each user's row gets a matching coordinate, her own weight on popularity,
-solved with her factor. The item solve keeps ``pi_j`` fixed (the last coordinate's
-part of ``G + A_j`` moves to the right-hand side). Where the factors are noise, the
-local solve leans on the popularity column and the list falls back toward the
-most-popular chart by the released counts; where they carry signal, the user's own
-weight on popularity is what the data say. No weight is tuned on private data.
+* item rows are ``[y_j, pi_j]``: a fixed **popularity column** ``pi_j = N_j / max N``
+  from the released counts, so where the factors are noise a user's list falls back
+  toward the chart, with no weight tuned on private data;
+* a user's factor part is clipped to ``--clip`` and her popularity weight apart
+  (``--clip-popularity``); only pairs of items above the **item floor**
+  (:func:`item_floor_count`) reach the item side, with adaptive weights of L2 norm
+  ``sqrt(tau)`` per user; a user with fewer than :data:`MIN_PAIRS` such pairs gives the
+  item sums nothing;
+* the factors are released only when they stand :data:`SIGNAL_Z` noise standard
+  deviations above pure noise over enough items, and when the private choice between
+  the factors and the chart (:meth:`IALS._class_sums`, :meth:`IALS._chart_wins`) keeps
+  them; otherwise the release is the chart alone;
+* non-private runs are plain iALS (every pair, no clip, no popularity column, conjugate
+  gradients warm-started as ``implicit`` does, :meth:`IALS._cg_iteration`).
 
-One private run
----------------
-0. with ``--item-weights uniform``, released first: a histogram of training ratings per
-   user (:mod:`streamdp.methods._profile`, 1% of the budget), from which ``tau`` is the
-   count 75% of the users are within, in 4..32 (:func:`tau_from_profile`; unless
-   ``--tau`` is given); with the default adaptive weights ``tau`` is ``--tau`` (32) and
-   no histogram is released: every user spends her whole ``sqrt(tau)`` on her pairs, so
-   the right-hand sides' signal and noise both grow as ``sqrt(tau)``, and a bound above
-   most users' counts wastes nothing there (measured below); then the item counts ``N_j`` (and, when confidences differ,
-   the confidence totals ``W_j = sum_u (c_uj - 1)``), ``--count-share`` of the budget; from them (and the noise
-   scale), without ``--rank``, the number of factors ``k``, 16 or 8 (:func:`private_rank`);
-1. each iteration, every user solves her row against the released ``Y`` from all of
-   her positive pairs (never released, never stored);
-2. her factor part is clipped to norm ``Delta`` (``--clip``) and her weight on
-   popularity to ``[-Delta_pi, Delta_pi]`` (``--clip-popularity``), apart: clipped
-   together, the weight (about 0.7 on the bench stores) took the clip and the
-   factors' signal went under the noise; only her pairs of the items above the
-   **item floor** reach the item side (items whose released count is at least
-   ``f sqrt(k) sigma_B / (c_cap Delta)``, ``f = --item-floor``, :func:`item_floor_count`:
-   below it an item's right-hand side, of norm at most ``N_j c_cap Delta``, is at most
-   its noise; Chien et al. 2021 train DP-ALS on the frequent items alone), with
-   **adaptive weights** (Krichene et al. 2023, ``--item-weights adaptive``): every such
-   pair, weight ``sqrt(tau / n_u)`` for a user of ``n_u`` of them
-   (:func:`streamdp.privacy.bounding.contribution_weights` ``adaptive``, exponent
-   ``--adaptive-exponent``, 0), so each user's weights have L2 norm ``sqrt(tau)``, where
-   ``uniform`` gives weight 1 to at most ``tau`` of them (a seeded keyed hash); a user
-   with fewer than ``--min-pairs`` (2) pairs above the floor gives the iterations' item
-   sums nothing but her Gramian (:data:`MIN_PAIRS`); the
-   counts ``N_j`` are always ``uniform`` (they are the chart); confidences are at most
-   ``c_cap`` (``1 + alpha`` on ratings, ``--max-confidence`` on counts);
-3. released with Gaussian noise: ``B`` (``n_items x k``, the factor coordinates), ``G``
-   (``d x d``) and, with ``--gramian item``, every ``A_j``; with ``--gramian shared``
-   (the default, as ``als``'s) ``A_j ~ W_j G / n_users``;
-4. ``y_j`` solved with a noise ridge ``lambda_j = (lambda + nu sigma_B Delta) (1 + W_j / n_users)``
-   (``--noise-ridge``; the factor ``1 + W_j / n_users`` is the shared Gramian's, ``--reg-scaled``,
-   so every item's ridge keeps the same ratio to its Gramian); the items below the floor
-   keep no factors (their rows: the popularity column alone); the factor part rescaled to rows of mean squared norm 1 (so
-   that users' rows keep meeting the clip); then each row shrunk by
-   ``max(0, 1 - s k sigma_B^2 / ||B_j||^2)`` (positive-part James-Stein on its noisy
-   right-hand side, ``s = --shrink``: an item whose statistic is mostly noise keeps
-   only its popularity); after the last iteration the factors are released only when
-   the right-hand sides stand :data:`SIGNAL_Z` noise standard deviations above pure
-   noise (:func:`_signal_z`, over the items above the floor) and at least
-   :data:`MIN_ITEMS_PER_FACTOR` ``max(k, 16)`` items are above the floor, else the release is the
-   chart alone. All of this is post-processing of released values.
-
-Sensitivities (add/remove one user: ``||x_u[:k]|| <= Delta``, ``|x_u[k]| <= Delta_pi``,
-at most ``tau`` pairs of weight 1, ``1 <= c <= c_cap``; ``D2 = Delta^2 + Delta_pi^2``
-bounds ``||x_u||^2``, ``Delta_pi = 0`` without the popularity column; the L2 norm of
-each release's entries, a symmetric matrix by its packed upper triangle)
-----------------------------------------------------------------------------------
-========================================  ===============================================
-release                                   L2 sensitivity
-========================================  ===============================================
-histogram of ratings per user             1 (one user, one bin)
-item counts ``N_j``                       ``sqrt(tau)`` (``tau`` ones)
-item confidence totals ``W_j``            ``(c_cap - 1) sqrt(tau)``
-users' Gramian ``G`` (per iteration)      ``D2`` (``||x x^T||_F = ||x||^2``; packed <= that)
-item right-hand sides ``B`` (per it.)     ``c_cap Delta sqrt(tau)`` (``sqrt(sum_j w_j^2 c_j^2) ||x[:k]||``)
-item Gramians ``A`` (``--gramian item``)  ``(c_cap - 1) D2 sqrt(tau)``
-========================================  ===============================================
-
-Removing a user removes her ``x_u x_u^T`` from ``G`` and her terms ``w_uj c_uj x_u[:k]``
-(``w_uj (c_uj - 1) x_u x_u^T``) from the rows ``B_j`` (``A_j``) of distinct items, her
-weights of L2 norm at most ``sqrt(tau)`` (uniform: at most ``tau`` ones), so the L2 norm
-of the change is the square root of the sum of the squared terms' norms, at most the
-values above. The floor and the adaptive weights read released counts only (the floor
-is fixed once, after the counts), so neither changes a sensitivity or adds a release; ``--min-pairs`` only sets
-some weights to 0. ``x_u`` depends on her data and on the
-previously released ``Y`` only (adaptive composition). Every release is a
-:class:`streamdp.privacy.release.Release`, calibrated jointly over all iterations by
-the PLD accountant (:func:`streamdp.privacy.release.calibrate_releases`, the
-histogram's noise fixed first and composed in). The model releases ``Y`` (with the
-popularity column) and the noisy counts ``N_j``; each user solves her row locally from
-``Y`` and her own interactions (:func:`streamdp.local.implicit_rows`): joint DP, as
-``als``.
-
-Decisions where the sources are loose, and why (measurements: ``docs/ranking.md``)
------------------------------------------------------------------------------------
-* **The item floor, the adaptive weights and the scaled ridge together** (private defaults):
-  Chien et al. choose the frequent items by a count; here the count is the one at which
-  an item's right-hand side can at most reach its noise (``f = 1``), a function of the
-  noise scale and public bounds, not of one store. Krichene et al. weigh items by a power
-  of their count (``N_j^mu``); ``mu = 0`` (every pair of a user the same weight, light
-  users' pairs more) was measured best: ``mu = -0.5`` put the clustered store's lists at
-  the chart at epsilon 1 (1.00x, against 1.20x). Measured alone on the clustered 10,000-user
-  store at epsilon 1 (5 seeds, medians, exact chart 0.145): none 0.166, floor 0.164,
-  adaptive 0.173, scaled ridge 0.173, floor + adaptive 0.183, floor + ridge 0.174, all
-  three 0.196 (1.36x). With the adaptive weights, ``tau`` 32 rather than the profile's
-  (the clustered store's 23: 0.199; the 72,000-user product-shaped store's 4, most users
-  having one item: at epsilon 1 / 10, 0.249 / 0.324 with 4, 0.288 / 0.357 with 32). With the floor, the factors are released only when at least
-  ``4 k`` items pass it: on ML-100K at epsilon 1 a handful passed (0-6 of 1,682),
-  the choice kept factors over 6 items in 2 seeds of 5, and those lists fell to 0.77x
-  the released chart.
-* **A lone pair gives the item side nothing** (``--min-pairs 2``, :data:`MIN_PAIRS`): a user with one pair above
-  the floor solves her row from that item alone, ``x_u = c (Y^T Y + (c - 1) y_j y_j^T + lambda I)^-1 y_j``, so
-  her term ``w c x_u`` in ``B_j`` is a function of ``y_j`` itself: no co-occurrence, only a pull of the item's row
-  toward its previous value (in 3 iterations from random rows, toward its random start), with the adaptive
-  weights' largest weight ``sqrt(tau)`` (5.7 at ``tau`` 32, against 1.8 for a user of 10 pairs). Her pairs still
-  count in ``N_j`` (the chart) and her row in ``G`` (her unchosen items are real negatives); the noise is
-  unchanged (weights only fall). On the 72,000-user product-shaped store (79% of users with one item; 3 seeds,
-  medians, Recall@10, exact chart 0.238, implicit's best 0.513) epsilon 10 0.369 -> 0.568 and epsilon 1
-  0.317 -> 0.537 (with 1.3 ratings per user, 85% with one: 0.330 -> 0.564 and 0.270 -> 0.506); on ML-100K, FilmTrust, the clustered store and the movie-shaped store no seed moved by more
-  than 0.0003 at epsilon 1 or 10 (their users hold several items above the floor). Not kept: ``--min-pairs 3``
-  (a 2-item user's pair is half her own item too): 0.635 at epsilon 10 but 0.475 at epsilon 1. Non-private runs
-  keep every pair (plain iALS: 0.642 on that store, 1.25x implicit's best).
-* **The private rank** (:func:`private_rank`): without ``--rank``, 16 factors, or 8 when the mean item's
-  released count is below :data:`RANK_SNR` (3) times the item floor's unit at 16 factors (the count at which an
-  item's right-hand side can at most equal its noise): post-processing of the counts, decided before the first
-  iteration; the noise of every release is the same for either (the sensitivities bound a user's row whatever
-  its length; the ledger's shapes follow the rank). On the 72,000-user product-shaped store (79% of users with
-  one item) 8 factors lift Recall@10 at epsilon 1 from 1.21x to 1.33x the exact chart (5 seeds), and ML-100K at
-  epsilon 5 from 0.203 to 0.227; where the counts stand well above the noise (the clustered store, the
-  movie-shaped store at epsilon 10) 16 keep more. Not kept: **a prior mean on the popularity weight** in each
-  user's solve (her ridge pulling her row toward ``(0, ..., 0, p0)`` instead of 0, so that light users fall back
-  toward the chart): on the product shape at epsilon 1 (seeds 1-3; 16 factors, 0.283-0.288 without), in the
-  local solve only ``p0`` 0.25 / 0.5 / 1 / 2 / 4 gave 0.290 / 0.291 / 0.291 / 0.294 / 0.282 (seeds 1-2), in
-  training and the local solve ``p0`` 1 / 2 0.298 / 0.275; with 8 factors it lowered the lists (0.317 -> 0.306 /
-  0.285 with ``p0`` 1 / 2 locally, 0.303 with ``p0`` 1 in training too). Users there are evaluated only when they
-  hold 2 or more training items (a single rating is never held out), whose own items already set their
-  weight on popularity.
-* **From ratings to preferences** (``--preference``): ``binary`` (every rated item a
-  positive, one confidence ``1 + alpha``), ``graded`` (confidence grows with the
-  rating) or ``above`` (only ratings above the midpoint are positives). On ML-100K
-  (non-private, 64 factors, reg 1) 0.284 / 0.290 / 0.289 Recall@10, privately
-  (epsilon 10) ``binary`` 0.217, ``above`` 0.208: ``binary`` is the default
-  (:data:`DEFAULT_PREFERENCE`); it needs no release of confidence totals either.
-* **alpha 3**: non-private, alpha 1 / 3 / 9 gave ML-100K 0.284 / 0.277 / - and the
-  clustered bench store 0.246 / 0.274 / 0.290 (implicit's best: 0.271, 0.286): 3 is
-  within 5% of implicit's best on both; privately it beat alpha 1 at epsilon 1.
-* **Implicit stores** (``store.implicit``: values are counts or weights):
-  ``c = 1 + alpha log(1 + count / --count-scale)``, capped at ``--max-confidence``, as
-  Hu et al. suggest.
-* **The local solve is exact** (:func:`streamdp.kernels.ials.ials_solve_users`): a user's
-  device solving her row from the release has no previous factor to warm-start
-  conjugate gradients from: the Woodbury identity for users with fewer positives than
-  ``d``, a Cholesky of the ``d x d`` system otherwise. Private training solves the users
-  the same way (the item side sees, clipped, the rows users will use).
-* **Non-private runs** are plain iALS: every pair, no clip, no popularity column (it is
-  made of released counts), no rescaling; both sides by :data:`CG_STEPS` conjugate-gradient
-  steps warm-started from the previous iteration's rows, as ``implicit`` solves them
-  (``use_cg``; :meth:`IALS._cg_iteration`): the users' rows kept on disk between
-  iterations (:func:`streamdp.kernels.ials.ials_cg_users`: 0.18 CPU s per 1M-pair block at
-  ``d = 64`` against 0.44 s exact; the first iteration, with no previous rows, is exact),
-  the items' ``A_j p_j`` from streamed passes (``2 d`` multiply-adds per pair and step,
-  where forming every ``A_j`` cost ``d (d + 1) / 2`` per pair). The training's users' rows
-  are then 3 steps from the exact rows the local solve gives (as ``implicit``'s are):
-  Recall@10 on ML-100K 0.2820 with exact user solves, 0.2809 with these (implicit's best
-  0.2708; ``docs/ranking.md``). Private runs need ``A_j`` itself (noise is
-  added to it) or share ``G``, and solve the items exactly.
-* **Private runs choose for light users apart** (:meth:`IALS._class_sums`): two noisy sums, the users of
-  :data:`HOLDOUT_MIN_COUNT` or more items (held out of the iterations) and those of 2-4 (one item each, held out
-  of the choice's own solve only); the factors are released when the first is above 3 noise standard deviations
-  (or both added above 3 of theirs: the margin of :meth:`IALS._chart_wins`), and then users of fewer
-  than :data:`HOLDOUT_MIN_COUNT` training items (1-item users too: their own count decides in the local solve,
-  ``model.json`` ``selection.chart_below``) list the chart when the second is below minus 3 noise standard
-  deviations, and no one keeps the factors when it also outweighs the first (:meth:`IALS._chart_wins`). The light
-  users' item stays in the iterations (holding it out took most of a light store's co-occurrences), so the
-  factors have seen her pair: an edge to the factors, i.e. toward the release before this choice existed. On a
-  72,000-user store of 1.3 items per user one seed of 7 listed at 0.968x its released chart at epsilon 1 and
-  0.886x at 0.5 (the heavier users' sum +1 / -19.5 exactly, released +59 / +92 on a 3.1-sigma draw); the light
-  sum, -104 / -226 exactly (noise std 19 / 36), now releases the chart: 1.000x both; the other seeds, stores and
-  epsilons measured chose as before (``docs/ranking.md``). Non-private runs keep one choice, by the heavier users'
-  exact sum (their own item would be an overfitted edge without noise).
-* **Non-private runs choose between the factors and the chart too** (``--select auto``,
-  :meth:`IALS._chart_wins` on the exact sum; a tie keeps the chart): on stores whose users
-  choose by popularity alone non-private factors listed far below the chart (a generated
-  20,000 x 100 store of 1.4 items per user: Recall@10 0.177 against 0.398; FilmTrust 0.634
-  against 0.653), and the chart is released as a private run's (:func:`_chart_rows`). The
-  held-out items stay out of the iterations and are not refitted (a refit would double the
-  fit): where the factors win they lose 1-2% (ML-100K 0.316 -> 0.312, the clustered store
-  0.382 -> 0.376), within 5% of ``implicit``'s ALS or above it on every store measured.
+The derivation, the sensitivity table and the measurements behind every default (and
+the alternatives not kept): ``docs/design-notes.md``, section ``streamdp/methods/ials.py``.
 """
 
 from __future__ import annotations

@@ -1,154 +1,35 @@
 """Private low-rank approximation by Gaussian measurements (Hardt & Roth) and randomized response: ``lowrank``.
 
-Source: Hardt & Roth, *Beating randomized response on incoherent matrices* (seed
-004): the randomized range finder and projection of Halko, Martinsson & Tropp
-(HMT11) made private by noise on the ``k``-dimensional sketch (Fig. 2) and on the
-projection (Fig. 3), against **randomized response**, i.e. input perturbation:
-noise on every entry of the matrix, then a truncated SVD. Both stream the store
-block by block; neither holds anything ``n_users x n_items`` in memory.
+Source: Hardt & Roth, *Beating randomized response on incoherent matrices*: the
+randomized range finder and projection of Halko, Martinsson & Tropp made private by
+noise on the ``k``-dimensional sketch and on the projection (``--mechanism
+measurements``, the default), against **randomized response** (noise on every entry,
+then a truncated SVD by streamed subspace iteration). Both stream the store block by
+block; neither holds anything ``n_users x n_items`` in memory (randomized response
+regenerates its noise per pass). ``A``'s row ``a_i`` is user ``i``'s ratings minus the
+public midpoint, clipped to L2 norm ``L`` (``--clip``). Released: the item-side basis
+``V_k``, the singular values ``S_k`` and, for measurements, the noisy projection;
+never the user side ``Q``. Public names: :class:`LowRank` (its own command,
+``streamdp lowrank``; options :class:`LowRankOptions`), :func:`default_oversampling`,
+:func:`format_lowrank_summary`, :data:`RELATION_COVERS`, :data:`WEAKER_NOTE`.
 
-The matrix
-----------
-``A`` is ``n_users x n_items``: row ``a_i`` holds user ``i``'s ratings clipped into
-the declared rating range minus its public midpoint, zero where unrated, scaled to
-L2 norm at most ``L`` (``--clip``; :func:`streamdp.privacy.bounding.clip_rows`). Rows
-are users, as the paper's rows are individuals (``m = n_users >> n = n_items``).
+Decisions a reader must know:
 
-Gaussian measurements (``--mechanism measurements``, the default)
------------------------------------------------------------------
-With ``k' = k + p`` (``--oversampling p``):
+* **the guarantee is for the paper's relation** (one row changed by at most ``L``,
+  users and items fixed; :data:`streamdp.privacy.ledger.GUARANTEE_ROW_DP`): it covers
+  zero-out and, at the epsilon the ledger states, replace-one, but **not add/remove
+  one user** (the noise has a slot per user); the ledger, the budget and the output
+  say so;
+* each user's sketch row is clipped to ``C`` (deterministic sensitivity ``2C``, exact
+  accounting) instead of the paper's tail bound over a secret ``Omega``; the
+  projection takes one Gaussian of sensitivity ``max_i ||Q_i|| L``; the output is
+  truncated to rank ``k``; pruning (``--prune``) is off by default;
+* both releases are calibrated jointly by the PLD accountant, ``--sketch-share`` of
+  the Gaussian budget to the sketch.
 
-1. ``Omega`` ``(n_items x k')`` standard Gaussian, from the run's random family
-   (never written).
-2. **Sketch** (one pass): ``Y_i = clip(a_i Omega, C)`` for every user, with
-   ``C = L sqrt(F^-1_{chi2(k')}(SKETCH_QUANTILE))``; ``Y~ = Y + N1``, ``N1`` Gaussian
-   ``n_users x k'`` drawn per user group of the run's random family; the pass
-   also accumulates ``Y~^T Y~``.
-3. ``Q = Y~ W Lambda^{-1/2}`` from ``eig(Y~^T Y~)``: orthonormal columns spanning
-   the noisy range (post-processing; user-side, never written, recomputed from the
-   same noise when needed).
-4. **Projection** (one pass): ``B = Q_p^T A`` (``k' x n_items``), ``Q_p`` = ``Q`` with
-   its rows clipped to ``tau`` (``--prune``; default off, ``Q_p = Q``), plus the
-   largest row norm ``mu = max_i ||(Q_p)_i||``; ``B~ = B + N2`` with noise
-   ``z2 mu L``.
-5. ``[B~]_k = U_B S_k V_k^T`` (post-processing). The rank-``k`` approximation of the
-   paper is ``A^ = Q [B~]_k``.
-
-**What is released (written):** the item-side basis ``V_k`` (``n_items x k``), the
-singular values ``S_k`` and the noisy projection ``B~`` itself (``noisy_projection``,
-one row per item: ``B~^T``), plus ``item_factors`` for a local solve
-(:func:`streamdp.methods._subspace.scaled_factors` of ``V_k, S_k``). ``Q`` and ``U_B``
-(the user-side factor of ``A^``) are **not** written: a row of ``Q`` is a function
-of one user's noisy sketch. Each user can rebuild her own row of an approximation
-locally, ``a_i V_k V_k^T``, from the release and her own ratings.
-
-Randomized response (``--mechanism randomized-response``)
-----------------------------------------------------------
-``A~ = A + N`` with ``N`` Gaussian ``n_users x n_items``: the paper's baseline
-(input perturbation), then the top-``k`` right singular subspace of ``A~`` by
-subspace iteration with ``k'`` columns (``--power-iters q`` passes of
-``A~^T (A~ V)``, a Rayleigh-Ritz step on the last; post-processing). ``A~`` is
-never materialized: every pass regenerates ``N`` row chunk by row chunk from the
-same random family (per user group, :func:`_noise_rows`), so every pass sees the
-same noisy matrix and memory holds at most ``NOISE_CHUNK_BYTES`` of noise per
-block in flight. Released: ``V_k`` and ``S_k`` (and ``item_factors``). Its cost is
-``n_users x n_items`` Gaussian draws per pass (the paper's point: "even generating
-the noise matrix ... already requires time ``mn``").
-
-Privacy: the neighbouring relation and what it covers
------------------------------------------------------
-The guarantee is stated for the paper's relation (Def. 2.1, with unit ``L``):
-``A ~ A'`` when both have the same users and items and differ in **one row by a
-vector of L2 norm at most** ``L``
-(:data:`streamdp.privacy.accountant.BOUNDED_ROW_CHANGE_RELATION`, guarantee
-:data:`streamdp.privacy.ledger.GUARANTEE_ROW_DP`). Sensitivities under it:
-
-* sketch ``Y``: row ``i`` only, ``||clip(a_i Omega, C) - clip(a'_i Omega, C)|| <= 2C``
-  (deterministic; the clipping makes it so, see decision 1);
-* projection ``B = Q_p^T A``: ``(Q_p)_i^T (a_i - a'_i)`` has Frobenius norm
-  ``<= ||(Q_p)_i|| L <= mu L``. ``Q`` is a function of the released ``Y~`` only,
-  so the noise scale ``z2 mu L`` may depend on it (adaptive composition: the
-  noise multiplier ``z2``, and so the event, is fixed before the run; the ledger
-  records the realized ``mu``);
-* randomized response ``A + N``: ``||a_i - a'_i|| <= L``.
-
-How it relates to streamdp's user-level add/remove relation (the default of every
-other command), stated in the ledger (``bounds.relation_covers``) and the output:
-
-* **zero-out** (a user withdraws all her ratings, her row becomes 0, the user count
-  is kept): her clipped row moves by ``||a_i|| <= L``, a pair of the relation:
-  covered at the same (epsilon, delta);
-* **replace one user's row by any other**: it moves by up to ``2L``. The sketch's
-  sensitivity ``2C`` covers it already; the projection's and randomized response's
-  double. The ledger gives the exact epsilon for it from the same accountant
-  (``bounds.epsilon_replace_one``);
-* **add/remove one user: NOT covered.** The mechanism adds noise to a slot for
-  every user (a row of ``N1`` / of ``N``) and its shape is ``n_users``, so the
-  number of users is public and removing a user is not the same as zeroing her
-  row (her noise row still enters ``Q``). This guarantee is therefore weaker than
-  streamdp's user-level add/remove guarantee, and the ledger, the budget and the
-  command's output say so.
-
-The PLD accountant is the one of every other method (dp-accounting, asked with
-``ADD_OR_REMOVE_ONE``): a Gaussian event's privacy loss distribution depends only
-on its noise multiplier (noise / L2 sensitivity), and the sensitivities above are
-those under the stated relation, so its epsilon is exact for that relation. The two
-measurement releases are calibrated jointly (:func:`streamdp.privacy.release.calibrate_releases`):
-a share ``--sketch-share`` of the Gaussian budget (``sum 1/z^2``) to the sketch, the
-rest to the projection.
-
-Decisions where the paper is loose or leaves a choice
------------------------------------------------------
-1. *Sketch sensitivity.* Lemma 4.1 bounds the random sensitivity ``||e^T Omega||``
-   (``e`` the row change) by a tail bound over the secret ``Omega`` and adds the
-   failure probability to delta; dp-accounting cannot compose such a term and the
-   argument needs ``Omega`` to stay secret forever. We clip each user's sketch row
-   to ``C`` instead: the sensitivity ``2C`` is deterministic, the accounting exact,
-   and it covers any replacement of a row. At ``k' = 10``, ``2C = 8.6 L``
-   (``SKETCH_QUANTILE`` 0.95) against the paper's ``7.2 L`` (exact chi-square tail
-   at ``delta' = 1e-7``; its union bound is looser still). A few full-norm rows
-   are shrunk (about 5% of those at ``||a_i|| = L``), which only reweights them in
-   the range.
-2. *Projection noise.* Fig. 3 scales row ``j`` of the noise to the largest entry of
-   column ``q_j`` and composes ``k'`` releases; one Gaussian with sensitivity
-   ``max_i ||Q_i|| L`` is never more noise
-   (``max_i sum_j Q_ij^2 <= sum_j max_i Q_ij^2``).
-3. *Rank of the output.* HMT's ``Q Q^T A`` has rank ``k'`` while the comparison is
-   with the best rank ``k``; the release is truncated to rank ``k`` (``[B~]_k``,
-   post-processing). ``bench/lowrank.py`` reports the untruncated error too.
-4. *Pruning.* Fig. 4 zeroes entries of ``Q`` above a threshold tuned with ``||A||_F``
-   and the coherence, private quantities the paper does not say how to obtain.
-   ``--prune c`` clips the rows of ``Q`` to ``c sqrt(k' / n_users)`` (public); off
-   by default (Theorem 6.3's regime). The approximation keeps the orthonormal ``Q``
-   on the left, ``Q [Q_p^T A + N2]_k`` (the form Lemma 5.4 bounds).
-5. *Exact SVD in randomized response.* Replaced by streamed subspace iteration with
-   oversampling; ``tests/methods/test_lowrank.py`` checks it against the exact
-   truncated SVD of the same noisy matrix held in memory.
-6. ``Omega`` is Gaussian, as in the paper (an orthonormal ``Omega`` would make the
-   sensitivity ``L`` without clipping but shrink the signal ``||a Omega||`` by
-   ``sqrt(k'/n)``: worse).
-
-Defaults (public parameters only) were measured with ``bench/lowrank.py``: see
-:class:`LowRankOptions` (``sketch_share``, ``power_iters``) and :func:`default_oversampling`.
-
-Measured (``bench/lowrank.py``, 2 seeds, k = 6, delta 1e-6; errors over ``||A||_F``)
------------------------------------------------------------------------------------
-With the relation's unit equal to the clip ``L`` (which bounds every row), a
-user's noisy sketch row is randomized response in ``k'`` dimensions and its
-signal-to-noise does not grow with ``n_users``: the paper's rank-``k`` output
-``Q [B~]_k`` is no better than the zero matrix below epsilon 16 and, on
-low-coherence matrices, randomized response beats it from epsilon 64 on (20,000 x
-200: 0.40 vs 0.80 at 64, 0.19 vs 0.53 at 256); with 20 dominant rows neither beats
-the zero matrix up to epsilon 256. The paper's gains need a unit of change far below
-the rows' norms (its edge-level reading). What ``lowrank`` releases, the item side,
-is another matter: every user projecting her own row on the released basis gets
-0.26 (measurements) vs 0.84 (randomized response) at epsilon 4 on the 20,000 x 200
-low-coherence matrix (best rank k: 0.106), 0.24 vs 0.49 at epsilon 16 on 5,000 x
-1,000, and 0.34 vs 0.82 at epsilon 256 with dominant rows: the noisy projection
-``Q^T A + N2`` aggregates over users with noise ``~ sqrt(k'/n_users)`` per entry on
-incoherent data. Memory: a 51.7M-rating store (1M users x 2,000 items) stays under
-``--memory-limit 512MB`` for both (peak 361 MB and 344 MB; randomized response's
-noisy matrix would be 16 GB dense), ``tests/stream/test_memory.py``.
+The algorithm step by step, the sensitivities, the decisions in full and the
+measurements (``bench/lowrank.py``): ``docs/design-notes.md``, section
+``streamdp/methods/lowrank.py``.
 """
 
 from __future__ import annotations

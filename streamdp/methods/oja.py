@@ -1,111 +1,30 @@
 """Private Oja and noisy subspace iteration: ``--method oja``.
 
 Releases the top-``k`` right singular subspace ``V`` (``n_items x k``) of the
-clipped, centered rating matrix ``A``, private singular values, item biases and a
+clipped, centred rating matrix ``A``, private singular values, item biases and a
 global mean, all under one composed user-level (epsilon, delta) accounting.
 Source: Jain, Thakkar, Thakurta (ICML 2018), Alg. 2 and Sec. 3.2, extended to
-rank ``k`` by QR; and noisy subspace iteration (Hardt & Price 2014).
+rank ``k`` by QR; and noisy subspace iteration (Hardt & Price 2014). Public names:
+:class:`PrivateOja` (``oja``, options :class:`OjaOptions`), :func:`default_passes`.
 
-The matrix
-----------
-Row ``a_i`` of ``A`` holds user ``i``'s residuals ``r_ij - mu - b_j`` on the items
-they rated (zero elsewhere), then scaled to L2 norm ``<= L``
-(:func:`streamdp.privacy.bounding.clip_rows`). ``mu`` and ``b`` are the *private*
-global mean and item biases released first (``--center private``, default) or the
-public midpoint of the rating range with zero biases (``--center midpoint``).
-Because ``mu, b`` are themselves DP releases, centering with them is
-post-processing and does not change the sensitivity below.
+Decisions a reader must know:
 
-No per-user trimming (``tau``) is needed: the sensitivity below only uses the row
-norm bound ``||a_i|| <= L`` that clipping enforces, whatever the number of ratings.
+* row ``a_i`` holds user ``i``'s residuals on the private (or midpoint) centring,
+  scaled to L2 norm at most ``L`` (``--clip``, default ``h sqrt(5)``); no per-user
+  trimming is needed;
+* a step ``A_S^T A_S V + G`` is a Gaussian mechanism of sensitivity ``L^2`` (no
+  ``n x n`` noise matrix); steps of one pass see disjoint users, so a pass costs one
+  Gaussian; with several steps per pass (``oja``, ``warm``) the accounting holds for
+  the zero-out relation and the ledger says so;
+* the item biases and the global mean (a mean over users) are one Gaussian release
+  each; the singular values are the last pass's Ritz values (post-processing);
+* the budget is split by ``sum 1/z^2`` (:func:`~streamdp.methods._centering.default_shares`)
+  and calibrated by the PLD accountant; ``--calibration paper`` reproduces Alg. 2's;
+* ``--schedule power`` is the default: one pass of small Oja steps lost clearly to a
+  few passes of noisy subspace iteration, and a warm start was not reliably better.
 
-Sensitivity (add/remove one user, verified here)
-------------------------------------------------
-For an orthonormal ``V`` (``V^T V = I``, which QR guarantees before every step),
-user ``i`` contributes ``a_i a_i^T V = a_i (V^T a_i)^T`` to ``A^T A V``; its
-Frobenius norm is ``||a_i|| ||V^T a_i|| <= ||a_i||^2 <= L^2``. So a step
-``Y = A_S^T A_S V + G`` with ``G ~ N(0, sigma^2)^{n x k}`` is a Gaussian mechanism
-with L2 sensitivity ``L^2`` and noise multiplier ``z = sigma / L^2`` (never an
-``n x n`` noise matrix). Users are partitioned into steps by their slot in the
-store, so in one pass each user is in exactly one step: steps see disjoint
-users, and by parallel composition (adaptive, since ``V`` depends on earlier
-noisy steps) **a pass costs one Gaussian mechanism** however many steps it has.
-``P`` passes compose as ``P`` Gaussians (PLD accountant).
-
-Neighbouring relation, stated exactly: with the default ``power`` schedule a pass
-is a single step over all users, so the accounting holds for add/remove one user
-as it stands. With several steps per pass (``oja``/``warm``), a user's step is
-their *position* in the store, and adding a user shifts the positions of the
-users after them; the parallel-composition argument then holds for the
-**zero-out** relation (one user's ratings replaced by none, their slot kept),
-whose Gaussian sensitivity, and so epsilon, is the same number. The ledger of
-such a run carries a note saying so rather than claiming add/remove.
-
-Item biases are one more Gaussian mechanism: user ``i`` adds
-``w_i (r_ij - mid)`` to item sum ``S_j`` and ``w_i`` to item weight ``C_j``, with
-``w_i = min(1, 1/sqrt(n_i))`` (the indicator row clipped to norm 1 by
-``clip_rows``), so the user's vector ``(S, C)`` has L2 norm ``<= sqrt(1 + h^2)``
-with ``h = (rating_max - rating_min) / 2`` and ratings clipped into the declared
-range. The global mean is a third: user ``i`` adds ``(mean_i - mid, 1)`` to a pair
-``(T, U)`` (L2 norm ``<= sqrt(1 + h^2)``), ``mu = mid + T / U`` -- a mean over users,
-whose noise is not spread over ``n_items`` sums as ``sum(S) / sum(C)`` would be
-(on ML-100K at epsilon 1 that error alone was 0.16 stars). Then
-``b_j = S'_j C_j / (C_j^2 + (sigma/tau)^2 + C_j)`` with ``S'_j = S_j - (mu - mid) C_j``
-(the posterior mean under a public prior ``b_j ~ N(0, tau^2)``, ``tau = h / 4``, and
-noise ``sigma`` on ``S_j``; negative noisy ``C_j`` count as 0).
-
-Singular values are the Ritz values of the last pass, ``eig(V^T Y)`` with ``Y`` the
-already released noisy product: post-processing, no extra privacy cost (Alg. 2
-spends a separate Gaussian on ``||A v||^2``; this is cheaper and just as private).
-
-Budget split and calibration
-----------------------------
-All releases are Gaussian, so their composition is governed by
-``sum 1/z_i^2`` (the PLD accountant computes the exact epsilon). A share
-share ``f`` of that sum goes to the item-bias release and ``g`` to the global
-mean (:func:`~streamdp.methods._centering.default_shares`: 0.1 and 0.05 when the data are large enough for the
-subspace to matter, up to 0.85 and 0.1 when they are not; both 0 with
-``--center midpoint``), the rest is split evenly over the ``P`` passes:
-``z_pass = z sqrt(P / (1 - f - g))``, ``z_stats = z / sqrt(f)``, ``z_mean = z / sqrt(g)``, where ``z``
-is found by :func:`streamdp.privacy.calibrate` so that the composed epsilon is
-the largest not above the target. ``--calibration paper`` instead takes Alg. 2's
-``sigma = L^2 sqrt(256 Gamma log(2/delta)) / epsilon`` with ``Gamma`` = total number
-of steps (:func:`streamdp.privacy.paper_sigma_jain`), for comparison; the ledger
-then reports the epsilon that noise actually gives (much smaller than asked).
-
-Schedules (``--schedule``) and the default
-------------------------------------------
-* ``power``: noisy subspace iteration. Each pass is one step over all users:
-  ``V <- QR(A^T A V + G)``.
-* ``oja``: block Oja. Each pass is many steps of ``--step-users`` users:
-  ``V <- QR(V + eta_t (A_t^T A_t V + G_t))`` with
-  ``eta_t = eta / (n_t L^2)`` (``n_t`` users in the step, so ``eta_t ||A_t^T A_t V||
-  <= eta``).
-* ``warm``: one Oja pass, then ``P - 1`` power passes from its result.
-
-Measured at a fixed budget (epsilon 1, delta 1e-7; generated store of 200,000
-users, 1,000 items, rank-8 truth, ~30 ratings a user; share of the non-private
-subspace's energy captured, mean of two seeds; script in the issue-4 report):
-
-* ``oja``, one pass of many small steps: 0.05-0.51 (best: steps of 3,125 users,
-  ``eta`` 4; smaller steps or larger ``eta`` are worse: each step sees a few
-  thousand users against a full ``n_items x k`` noise matrix);
-* ``power``: 0.58 (1 pass), 0.90 (2), 0.95 (3), 0.97 (4), 0.978 (6), 0.980 (8);
-* ``warm`` (one Oja pass, then power): 0.951 (3 passes), 0.973 (4), 0.984 (6) --
-  within +-0.01 of ``power`` at the same number of passes, better or worse
-  depending on the Oja step size.
-
-One pass of small Oja steps loses clearly to a few passes of noisy subspace
-iteration; a warm start is not reliably better. The default is therefore
-``--schedule power`` with ``P`` passes chosen by :func:`default_passes`.
-
-Defaults from public parameters only
-------------------------------------
-``L`` (``--clip``): ``h * sqrt(5)`` where ``h`` is half the declared rating range,
-i.e. a user's row is scaled down as soon as it carries more than about five
-ratings' worth of maximal residuals. Clipping every heavy user to the same norm
-costs a little bias but maximizes signal-to-noise (noise scales with ``L^2``,
-each user's signal with ``min(||a_i||, L)^2``).
+The sensitivity argument, the calibration and the schedule measurements:
+``docs/design-notes.md``, section ``streamdp/methods/oja.py``.
 """
 
 from __future__ import annotations

@@ -3,167 +3,36 @@
 A few **public** users share their ratings openly; the item model (item means ``mu``
 and a low-rank ``Sigma = W W^T``, ``W``: ``n_items x k``) is estimated from their ratings
 alone, with no noise, by the paper's EM. Every other user is **private**: her ratings
-are not used, and she predicts locally with eq. 4,
-``x_hat = Sigma_{phi^c, phi} (lambda' I + Sigma_{phi, phi})^-1 x_phi``
-(:func:`streamdp.local.eq4_rows`, ``O(|phi| k^2 + k^3)`` per user with ``Sigma`` in
-factor form). Optionally, private users then contribute once each through one of the
-paper's 2nd-order mechanisms, PMD (discrete ratings) or PMC (continuous), which are
-**not** differential privacy (first-order deniability: each coordinate of a response
-has a fixed marginal, the relations between coordinates are released), or through a
-Laplace-noised vector, which is DP and accounted.
+are not used, and she predicts locally with eq. 4 (:func:`streamdp.local.eq4_rows`).
+Optionally, private users then contribute once each through one of the paper's
+2nd-order mechanisms, PMD (discrete ratings) or PMC (continuous), which are **not**
+differential privacy (first-order deniability), or through a Laplace-noised vector,
+which is DP and accounted. Public names: :class:`PublicPrivate` (registered as
+``public-private``, options :class:`PublicPrivateOptions`) and the guarantees
+:data:`GUARANTEE_PMD`, :data:`GUARANTEE_PMC`.
 
-What the ledger says (``privacy.json``, and the CLI)
---------------------------------------------------
-* ``--private-mechanism none`` (default): guarantee
-  :data:`~streamdp.privacy.ledger.GUARANTEE_PUBLIC_ONLY`: the private users' ratings
-  are not used (no computation whose result reaches the model reads them: roles are
-  decided from user ids, the seed and the public-users file, and passes skip private
-  rows before any arithmetic), so the model releases nothing about them (epsilon 0 for
-  them; nothing is spent from a store budget); the public users' data is public, not
-  protected. Any ``--epsilon`` is accepted and unused.
-* ``pmd`` / ``pmc``: ``"not DP: first-order deniability (Xin & Jaakkola 2014) ..."``, no
-  epsilon (the ledger's epsilon is ``inf``: no DP claim), no events; a store budget
-  counts it as unbounded (``--over-budget`` to release it anyway). Needs ``--epsilon inf``.
-* ``laplace``: :data:`~streamdp.privacy.ledger.GUARANTEE_PRIVATE_USERS_DP` with one
-  Laplace event, calibrated to ``--epsilon`` by the PLD accountant
-  (:func:`streamdp.privacy.release.calibrate_releases`); the epsilon is that of the
-  private users' noisy vectors, the only DP part.
-* ``exact``: the paper's "exact 2nd order" reference (``+-(r - mu)`` sent as is):
-  ``non-private``, needs ``--epsilon inf``.
+Decisions a reader must know:
 
-The public set (decided here; the paper leaves it to the experimenter)
-----------------------------------------------------------------------
-* ``--public-users FILE``: the users listed (original ids, one per line or the first
-  field of a CSV line; ``#`` comments and a header line are skipped). An id that is
-  not a user of the store, a malformed or a repeated id is a one-line error naming
-  ``FILE:LINE``. The file is held in memory (its ids), nothing else per user is.
-* ``--public-fraction F`` alone: each user is public with probability ``F``,
-  independently, from a key that hashes her **original id** with the run's entropy
-  (the seed): no data is looked at, the count is ``Binomial(n_users, F)`` (the run
-  reports it), and a user's role does not depend on which other users exist.
-* ``--public-users FILE --public-fraction F``: ``ceil(F n_users)`` of the FILE's
-  candidates, the most active first (``--public-selection most-active``, the default
-  with a FILE: the paper's Figure 1 order) or uniformly at random (``random``; the
-  smallest keys). Most active means most training ratings, **among the candidates
-  only**: the candidates agreed to be public, so their counts are public data, and the
-  private users' counts never decide who is public. (Ranking all users by activity
-  would let a private user's count change the public set, hence the model; that is
-  refused: ``most-active`` without a FILE is an error. A reproduction of Figure 1 lists
-  every user as a candidate, as ``bench/public_private.py`` does.) Ties go to the
-  smaller id.
+* **what the ledger claims**: ``--private-mechanism none`` (default) releases nothing
+  about the private users (their rows are skipped before any arithmetic; nothing is
+  spent); ``pmd`` / ``pmc`` are "not DP", epsilon ``inf``, counted as unbounded by a
+  store budget; ``laplace`` is user-level DP of the whole vector (L1 sensitivity
+  ``n_items (hi - lo)``, not the paper's per-rating scale), accounted by PLD;
+  ``exact`` is non-private;
+* **the public set** comes from ``--public-users FILE`` and/or ``--public-fraction``
+  (a keyed hash of the user's original id); private users' counts never decide who
+  is public (``most-active`` ranks the FILE's candidates only);
+* **the EM**: completion keeps observed ratings, the M-step keeps the top ``--rank``
+  eigenpairs (nothing is ``n_items^2``), scales by the public users' energy, and the
+  ridge ``lambda'`` and a user-offset column are chosen on held-out public ratings
+  (public data, no privacy cost); random starts are drawn in item-id order;
+* **private rounds** take contributors in a random order (not the most active), weigh
+  their responses by a weight chosen on held-out public ratings, and keep their
+  statistic as a one-pass Nystrom sketch (``--sketch``).
 
-The EM (decided where the paper is loose)
-----------------------------------------
-The paper solves its trace-norm problem (2)/(3) with an EM whose M-step is
-``Sigma = (1 / sqrt(n m)) (sum_i (r_i - mu)(r_i - mu)^T)^(1/2)`` over completed
-vectors. Here:
-
-* **Completion keeps the observed ratings** and fills the others with eq. 4
-  (``x_i = W u_i + s_i``, :mod:`streamdp.kernels.public_private`). Completing every
-  entry by ``W u_i`` would keep ``Sigma``'s column space fixed forever.
-* **Rank constraint:** the M-step keeps the top ``k`` eigenpairs (``--rank``), so
-  ``Sigma`` is stored as ``W = Q diag(sigma)^(1/2)`` (``n_items x k``); nothing is
-  ``n_items^2``. The eigenpairs come from one warm-started subspace-iteration step per EM
-  iteration (``C Q`` in one pass over the public users' blocks, Rayleigh-Ritz on
-  ``Q^T C Q``): an EM iteration is one pass; measured on ML-100K the RMSE is flat to
-  0.002 after 20 iterations (``--iters``). Iteration 1 starts from ``W = 0`` (the first
-  completion is by the item means) and a random basis drawn in **item-id order** (the
-  store numbers items by popularity over all users; drawing in that order would let
-  private users' counts shape the model through the random start).
-* ``n`` in the M-step is the public users' count, ``m = n_items``. With private
-  responses, the **directions** of ``Sigma`` are the Ritz vectors of the public plus the
-  weighted private statistic, and the **scale** of each (its eigenvalue) is the public
-  users' energy in it. The paper's M-step would scale by all users, but the mechanisms
-  distort a response's energy by design (PMD's responses are uniform on the levels,
-  PMC's have ``|u_j| = h`` everywhere, Laplace adds ``2 b^2`` per item), and even exact
-  responses of sparse users shrink ``Sigma`` against a ``lambda'`` tuned on the public
-  users: measured on ML-100K (top 5% public), the paper's scaling made the exact
-  statistics *worse* than none (0.992 against 0.989), the public scaling better (0.973).
-* ``mu``: public item means shrunk to the public global mean by 5 pseudo-ratings
-  (``MEAN_PRIOR``); private users give no first-order information (paper, Sec. 4), so
-  ``mu`` is never updated by them. Items without public ratings get ``mu = `` the
-  public global mean and ``W_j = 0`` until private responses reach them.
-* ``lambda'`` (eq. 4's ridge, also the model's ``ridge``) is **chosen on held-out
-  public ratings** (public data, no privacy cost): 10% of the public ratings, by a hash
-  of (user, item, seed), are left out of the sums in the first 60% of the EM
-  iterations; from the 20% mark on, each iteration also predicts them with
-  ``lambda' x {1, 1/2, 2}`` and keeps the best; the remaining iterations use all public
-  ratings. It starts at ``0.1 rho`` (``rho``: public ratings / (public users x n_items)).
-  ``--reg R`` fixes ``lambda' = R rho`` instead. No fixed rule held across stores: the
-  best ``lambda' / rho`` was 0.15-0.4 on ML-100K (top 5% / 20% / all / a random 20%
-  public) and 0.001-0.05 on a generated rank-8 store (20k users, 500 items), where a
-  fixed 0.2 lost 0.03-0.23 RMSE. Held-out public users' ratings favour the public
-  (often heavy) users' own best ridge, a bias that cost 0.012 on ML-100K's top 5%
-  (1.001 against 0.989 at ``--reg 0.2``) and gained 0.02-0.23 on the generated store.
-* Unweighted trace norm only (the paper's Figure 1 shows the weighted one degrading).
-* **A user offset** (not in the paper): after the EM, a constant last column
-  ``sqrt(lambda' / r)`` of ``W`` (``Sigma + s^2 1 1^T``: each private user's eq. 4 solve
-  then fits her own rating level with ridge ``r``) is kept when it predicts the held-out
-  public ratings better, ``r`` among :data:`OFFSET_RIDGES` (``PublicPrivate._user_offset``;
-  ``model.json`` ``user_offset``).
-
-Private users (the 2nd-order phase)
------------------------------------
-A private user contributes with probability ``--private-fraction`` (from her own id
-key; default all), in one of ``--private-rounds`` rounds (also from her key): the paper
-selects private users with the most ratings first, which would use private users'
-counts; a random order is used instead (the paper reports the results "remain close").
-In round ``t`` every contributor completes her vector locally with the current model
-(eq. 4), applies the mechanism and answers once; the server adds ``w d d^T`` (``d`` the
-centred response) to its second-moment statistic, then runs ``--round-iters`` EM
-iterations over the public users with that statistic added (the paper updates after
-every 20 private users and re-completes the public users; a round here is a random
-``1 / R`` of the contributors). The weight ``w``: the paper lowers the weight of noisy
-responses (1/2 for PMD/PMC, cross-validated for Laplace); here, unless
-``--private-weight`` fixes it, after each round the M-step is tried with
-``w = 1/2, 1/8, ..., 1/512, 0`` and the one that predicts the held-out public ratings
-best is kept (post-processing of the responses and public data; the held-out ratings
-stay out of the sums until the last ``--round-iters`` iterations, on all ratings).
-Measured (``bench/public_private.py``): with the paper's fixed 1/2, PMD made ML-100K
-worse (1.016 against 1.001 public only) and PMC did nothing; the chosen weights are
-mostly 0 for PMD, PMC and user-level Laplace, so those curves stay flat. The server does
-not hold ``n_items^2``: the private statistic is kept as a one-pass Nystrom sketch
-``Y = (sum d d^T) Omega`` (``Omega``: ``n_items x s`` Gaussian, ``--sketch``, drawn in
-item-id order) and used as its stable fixed-rank PSD approximation (Tropp, Yurtsever,
-Udell & Cevher 2017, Alg. 3).
-
-* **PMD** (discrete): the levels ``S`` are the declared rating range in steps of
-  ``--rating-step`` (public); ``K = |S|`` candidates whose every coordinate is a
-  permutation of ``S`` (random to start), improved by the paper's greedy swaps
-  (``--pmd-sweeps`` passes over the coordinates in item-id order, ``--pmd-swaps``
-  random pairs per coordinate); one candidate is released uniformly at random
-  (:func:`streamdp.kernels.public_private.pmd_candidates`): every coordinate is
-  uniform on ``S`` whatever the ratings. The candidates are shaped with splitmix64
-  randomness; the released candidate is chosen with the user's own
-  ``numpy.random.Generator``.
-* **PMC** (continuous, Thm 4.2): ``+-h sign(r - mu)`` with probability 1/2 each,
-  ``sign(0) = +1`` (so every coordinate has mean 0 and variance ``h^2``, as (9)
-  requires); ``h = mean_j |r_j - mu_j|`` of the user's own vector (``--pmc-h user``,
-  the theorem) or the mean of the public users' ``h`` (``--pmc-h public``, the paper's
-  remark: ``h`` then reveals nothing about her).
-* **Laplace** (the paper's DP baseline): ``clip(r, lo, hi) + Lap(b)^n_items``. The
-  paper uses ``b = 4.5 / epsilon`` per coordinate, which is epsilon-DP per *rating*;
-  user-level DP of the whole vector needs the L1 sensitivity ``n_items (hi - lo)``,
-  which is what is released and accounted here (the paper's scale is the same
-  mechanism at ``--epsilon n_items x epsilon_paper``, and says so). Each private user
-  releases once, so the responses compose in parallel (adaptively: later rounds use a
-  model built from earlier noisy responses, post-processing). A responder with no
-  ratings answers
-  with the completion of an empty history, so the guarantee holds for any change of
-  one private user's ratings (local DP, zero-out relation); her presence among the
-  responders is not hidden.
-* **exact**: ``+-(r - mu)``, the paper's non-private reference.
-
-Memory and cost
----------------
-Item-side state only: ``W``, its basis and one ``C Q`` partial per block in flight
-(``n_items x k``), and with private responses the sketch, its test matrix and its
-factors (``n_items x s``). Per user on disk: a role (``Run.user_state``, int16).
-A pass over the public users costs ``O(nnz k + n k^3)``; a private response costs
-``O(n_items (k + s))`` (plus ``O(n_items x sweeps x swaps)`` for PMD): the mechanisms
-release a full vector, so private rounds cost ``n_contributors x n_items`` in all.
-Passes run on the engine, also on a cluster (``--scheduler``): the roles are written by the
-task owning each block, at the run's state URL (``--state``), which the workers must reach.
+Each rule in full, the mechanisms' definitions, the measurements behind the choices
+and the memory and cost: ``docs/design-notes.md``, section
+``streamdp/methods/public_private.py``.
 """
 
 from __future__ import annotations

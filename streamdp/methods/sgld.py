@@ -4,155 +4,33 @@ Liu, Wang & Smola (RecSys 2015): sample ``(U, V)`` from ``exp(-epsilon/(4B) F(U,
 with Stochastic Gradient Langevin Dynamics, streaming user blocks, and release
 ``V``, the item biases and the global mean; users solve their own ``u_i`` locally
 (eq. 5, :mod:`streamdp.local`). The same kernels without noise are ``--method sgd``,
-the project's non-private speed reference (scikit-surprise's ``SVD`` update).
+the project's non-private speed reference (scikit-surprise's ``SVD`` update). Public
+names: :class:`SGLD`, :class:`SGD` (options :class:`SgldOptions`, :class:`SgdOptions`),
+:func:`local_ridge`, :func:`default_step_users`, :func:`read_user_weights`.
 
-The objective and the bound B (decisions where the paper is loose)
------------------------------------------------------------------
-``F = sum_i w_i sum_{j in R_i} l(r_ij - mu - bu_i - bv_j - u_i.v_j) + lam (|U|^2 + |V|^2)
-+ lam_b (|bu|^2 + |bv|^2)`` over the ratings left after **trimming** each user to at
-most ``tau`` uniformly random ratings (:func:`streamdp.privacy.bounding.trim_block`,
-seeded per user group; the same subset every epoch, so the target does not change).
+Decisions a reader must know (where the paper is loose):
 
-* ``l(e) = min(e^2, c^2)`` with ``c = (r_max - r_min) + kappa``: the squared loss
-  truncated at the bound (default ``c`` = half the rating range, ``kappa = -(r_max -
-  r_min) / 2``: any ``c > 0`` bounds the loss; Liu et al.'s ``kappa = 1`` is ``c = 5``
-  on 1..5, 6.25x the ``B``; see the audit below). Alg. 1 instead restricts ``(U, V)`` to the set where
-  predictions are within ``kappa`` of the rating range and re-samples until a
-  sample lands there (lines 5-6), which no finite SGLD run can do for all
-  ``(i, j)``. With the truncated loss, a user's term is bounded by
-  ``B_i = min(tau, m_i) w_i c^2`` for **every** ``(U, V)``, so Thm 1's
-  exponential-mechanism argument holds on the whole space with no rejection step.
-  Ratings are clipped into the declared range first. For SGD (``--method sgd``)
-  the loss is the plain square (no truncation).
-* ``B = tau c^2`` is public (Sec. 6.6: ``B = tau (5 - 1 + kappa)^2``), not Alg. 1
-  line 1's data-dependent max. Weights ``w_i = min(rho, B / (m_i c^2))`` (Sec. 6.6),
-  ``m_i = min(tau, n_i)``, so ``B_i <= B``.
-* ``mu`` is the declared midpoint of the rating range for ``sgld`` (public; a data
-  mean would be an unaccounted statistic) and the training mean for ``sgd``. The
-  released global mean is ``mu`` plus the mean user bias of the final state (a
-  function of the sample, i.e. post-processing), so that a user's local solve
-  (:mod:`streamdp.local`, with its own intercept) starts from the average user.
-* The local ridge a user solves ``u_i`` with is not the prior's ``lam`` (the
-  tempered conditional, which makes ``u_i ~ 0``) but ``sigma^2 2 s lam / T``: the
-  sample's prior on ``u_i`` and the user's own, untempered ratings
-  (:func:`local_ridge`).
-* Neighbouring relation and the factor 4: for add/remove one user and a
-  non-negative loss bounded by ``B``, the probability ratio of an exact sample is
-  within ``exp(+-s B)``, so ``s = epsilon / (4B)`` is conservative by a factor 4 (the
-  paper's ``4B`` covers replace-one with sensitivity ``2B``). Proof: with
-  ``F' = F + L_x``, ``0 <= L_x <= B``, the ratio ``p'(theta) / p(theta) =
-  exp(-s L_x(theta)) Z / Z'`` has its first factor in ``[e^{-sB}, 1]`` and its second in
-  ``[1, e^{sB}]`` (the same holds for the released ``V``'s marginal: integrating out the
-  added user's own ``u_x`` under its prior multiplies by ``E[exp(-s L_x)]`` in
-  ``[e^{-sB}, 1]``). The default ``--posterior-scale tight`` samples at ``s = epsilon /
-  B`` with per-user ``epsilon B_i / B``; ``--posterior-scale paper`` keeps Alg. 1's ``4B``
-  (4x more diffuse at the same claim; Thm 2's per-user ``epsilon B_i / (2B)`` recorded as
-  stated in the paper). Trimming keeps this
-  valid: every user's subset is drawn independently and uniformly, so the other
-  users' trimmed data has the same law with or without user ``x``.
-* Privacy scaling ``s = epsilon / B`` (``epsilon / (4B)``, Alg. 1 line 4, with ``paper``),
-  temperature ``T``: the chain targets ``exp(-s F / T)``. ``T < 1`` (the paper's
-  ``zeta`` "to speed up burn-in") samples a colder distribution whose exact-sample
-  guarantee is ``epsilon / T``; the ledger claims that, and says in ``bounds.target``,
-  the guarantee string and the notes that it is **not the DP target** of the
-  ``--epsilon`` given (:func:`streamdp.privacy.posterior.target_label`).
-* The prior (``lam``) is data-independent and not weighted by counts (a count-weighted
-  regularizer would make a user's term unbounded); it is applied by the exact lazy
-  Ornstein-Uhlenbeck flows of :mod:`streamdp.kernels.sgd`. By default it is set by
-  its standard deviation under the target, ``lam = T / (2 s sd^2)`` with ``sd = 0.3``
-  for factor coordinates and for biases (``--reg``/``--reg-bias`` override):
-  with a fixed ``lam`` (e.g. 5) a small ``s`` makes the prior itself enormous (sd
-  ``sqrt(T / (2 s lam))`` = 30 at ``s = 1e-4``), predictions leave the rating range,
-  the truncated loss goes flat and the release is noise far worse than the global
-  mean; with a fixed prior sd the sample degrades towards the prior's predictions
-  (the midpoint) as ``epsilon`` shrinks. Both choices use public parameters only
-  (Liu et al. instead fit ``Lambda`` with a non-private SGLD run, which leaks).
+* the loss is the squared loss **truncated** at ``c`` (half the rating range by default)
+  over each user's ratings trimmed to ``tau``, so a user's term is at most a public
+  ``B = tau c^2`` for every ``(U, V)``: Thm 1 holds on the whole space with no
+  rejection step; ``sgd`` uses the plain square;
+* ``--posterior-scale tight`` (default) samples at ``s = epsilon / B``, exact for
+  add/remove one user (the paper's ``4B`` covers replace-one, kept as ``paper``);
+  ``--temperature`` below 1 samples a colder target whose guarantee is ``epsilon / T``,
+  and the ledger says it is not the DP target of the ``--epsilon`` given;
+* the prior is public (a fixed standard deviation, 0.3, under the target), never fitted
+  on the data; ``sgld`` centres at the declared midpoint, ``sgd`` at the training mean;
+* **the guarantee is approximate**: an exact sample would be epsilon-DP; a finite SGLD
+  run is not one, and the ledger's guarantee string starts ``approximate:``
+  (:class:`streamdp.privacy.posterior.PosteriorSample` is the accounted event);
+  ``--noise-table`` has no privacy proof and is labelled so;
+* runs checkpoint after every epoch and resume bit for bit (the shared driver,
+  :class:`streamdp.stream.driver.Run`); a cluster scheduler needs
+  ``--epoch-scheme blocks`` (another Markov chain, noted in the ledger).
 
-Faithfulness audit (Liu et al. Sec. 6.3 and 6.6 against ours; measured in ``docs/sgld.md``)
------------------------------------------------------------------------------------------
-================  ===============================  =============================  ==================================
-constant          paper (Netflix, Figure 7)        ours (default)                 guarantee / accuracy
-================  ===============================  =============================  ==================================
-eta_0, gamma      eta_0 in {6e-10, 3e-9, 3.2e-8}   ``--eta`` 0.005 per rating in  none: a finite run is approximate
-                  on the N-scaled gradient,        SGD units (Langevin time       either way; 0.0025 / 0.01 /
-                  gamma 0.6                        eta / (2s) per epoch), gamma 0 gamma 0.6 / 40 epochs within
-                                                                                  the seeds' spread of each other
-zeta              0.07 or 0.0025 multiplies the    ``--temperature`` 1            zeta < 1 samples the target of
-                  noise variance                                                  epsilon / zeta (400x at 0.0025):
-                                                                                  Figure 7's points are NOT samples
-                                                                                  of their epsilon's DP target;
-                                                                                  ours claims epsilon / T and says
-                                                                                  "not the DP target"
-rho               1 or 10                          ``--rho`` 1                    B_i <= B either way; rho > 1
-                                                                                  upweights users with < tau ratings
-alpha, beta       Gamma(1, 100) on Lambda,         none: fixed prior sd 0.3       a data-fitted prior is an
-Lambda            Lambda from a NON-PRIVATE SGLD   (public)                       unaccounted release: not DP
-                  run (Sec. 6.6)
-B, kappa          B = tau (4 + kappa)^2 = 2,500,   c = half range = 2, B = tau    any c > 0 bounds the truncated
-                  kappa 1, rejection on the        c^2 = 400; truncated loss,     loss: same guarantee, 6.25x
-                  prediction box                   no rejection                   smaller B
-4B                s = epsilon / (4B)               s = epsilon / B (``tight``)    exact for add/remove (module
-                                                                                  docstring); 4x less diffuse
-tau, weights      100; w_i = min(rho, B/(m_i c^2)) the same                       the same
-released sample   one (unspecified iterate)        the last iterate               Thm 1 covers one sample only
-================  ===============================  =============================  ==================================
-
-Guarantee and accounting
-------------------------
-An **exact** sample from ``exp(-s F)`` is ``epsilon``-DP (Thm 1; exponential
-mechanism with utility ``-F`` and sensitivity ``2B``). Under add/remove-one-user,
-Thm 2 gives user ``i`` ``epsilon B_i / (2B)``; the ledger records that per-user
-distribution (min/median/max over the store's users, exact, from counts and
-weights; it is a statistic of the data for the data owner, not a DP release).
-dp-accounting has no notion of "approximately exact posterior sample": the
-release is one :class:`streamdp.privacy.posterior.PosteriorSample`, the privacy
-object that gives the sampler its scale, Langevin time and noise draws, the
-accounted event and the ledger entry. Its event is one pure-DP event (exponential
-mechanism) whose PLD value is what an exact sample would spend (the event's
-epsilon is fitted just under the target so that the PLD grid's rounding stays
-within it, :func:`streamdp.privacy.posterior.event_epsilon`; the sampler runs at
-that epsilon), and the guarantee string starts with ``approximate:`` because a finite
-SGLD run is not an exact sample: Thm 1's ``(epsilon, (1 + e^epsilon) delta)`` needs the
-run's law to be ``delta``-close in L1 to the target, which nothing bounds for a
-finite run (Jain et al. 2018 remark that SGLD's ``(epsilon, delta)`` is unquantified).
-``--noise-table SIZE`` (Liu et al. Sec. 5.4 lookup table) has no privacy proof at
-all and is labelled so in the ledger and the guarantee.
-
-Run state, checkpoints, resume
-------------------------------
-The run directory, random families, checkpoints and per-user state are the shared
-driver's (:class:`streamdp.stream.driver.Run`): ``U`` and ``bu`` live on disk in
-the run directory (``--checkpoint DIR``, default a temporary directory beside the
-store) as two :class:`~streamdp.stream.state.UserState` arrays used alternately by
-epoch (epoch ``e`` reads one and writes the other), so the state at the end of the
-last finished epoch is always intact. After each epoch ``V``, ``bv``, the epoch
-number and the run's root entropy are written atomically to
-``DIR/checkpoint.npz``. A run started with the same ``--checkpoint`` and the same
-settings resumes after the last finished epoch (``--epochs`` may be raised to
-extend a run); all randomness comes from per-(purpose, epoch, user group)
-generators of the root entropy, so the result equals the uninterrupted run's (bit
-for bit with one worker) and does not depend on how users are cut into blocks
-when ``--step-users`` divides the store's block size (streamed == in-memory). The run directory holds
-private state (``U`` and, for an unseeded run, the noise's root entropy): keep it
-private and delete it after the run; without ``--checkpoint`` a temporary one is
-used and removed (also on failure). Privacy spend is recorded once: ``streamdp
-train`` reserves the release in the store's budget before fitting and marks it
-failed when the run is interrupted (nothing was released: the checkpoint is
-private state), so only the resumed run that writes the model counts.
-
-On a cluster (``--scheduler``)
-------------------------------
-Default (``--epoch-scheme hogwild``): the epochs run on the local threads of the
-process that runs ``train`` (:meth:`~streamdp.stream.engine.Engine.foreach`), and a
-cluster scheduler is refused before anything is reserved
-(:meth:`_SgdBase.check_scheduler`): an epoch is Hogwild over one ``V`` (and, for
-``sgld``, the shared lazy-noise clocks) updated after every user.
-``--epoch-scheme blocks`` runs the epochs as engine passes, on any scheduler and
-bit-identical for any workers: rounds of ``--round-blocks`` blocks start from the
-round's ``V`` and return affine item maps applied in block order
-(:func:`_block_delta`, :func:`_add_block_delta`): another Markov chain (stale
-kicks), noted in the ledger; the measurements and the reasoning about the
-guarantee are in docs/cluster.md.
+The objective in full, the proof of the factor 4, the faithfulness audit against the
+paper's constants and the run state: ``docs/design-notes.md``, section
+``streamdp/methods/sgld.py``; measurements in ``docs/sgld.md`` and ``docs/cluster.md``.
 """
 
 from __future__ import annotations
@@ -163,6 +41,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Literal
 
 import numpy as np
@@ -598,7 +477,16 @@ class _SgdBase(Method):
             return self._fit(store, engine, run)
 
     def _fit(self, store, engine, run) -> Fitted:
+        """Plan the run's state (:meth:`_start`), run the epochs (:meth:`_epoch`), release (:meth:`_released`)."""
         plan = self.plan(store)
+        c = self._start(store, engine, run, plan)
+        for e in run.epochs(c.s.epochs):
+            self._epoch(store, engine, run, c, e)
+        return self._released(store, run, plan, c)
+
+    def _start(self, store, engine, run, plan) -> SimpleNamespace:
+        """The run's state before the first epoch: the item side (or a checkpoint's), the step sizes and the noise's
+        rates, and what each block in flight costs beyond its ratings."""
         s, sample = plan.settings, plan.releases  # sample: sgld's PosteriorSample (its sampler's noise); sgd: None
         k, n_items = self.rank, store.n_items
         lookup = self._user_weight_lookup(store, s)
@@ -615,7 +503,6 @@ class _SgdBase(Method):
             V = (g.standard_normal((n_items, k)) * s.init_std).astype(np.float32)
             bv = np.zeros(n_items, np.float32)
         bufs = run.user_state("user_state", k + 1)
-        run_id = run.run_id
 
         lo, hi = s.rating_min, s.rating_max
         mu = (lo + hi) / 2.0 if self.noisy else self._train_mean(store, engine)
@@ -625,9 +512,7 @@ class _SgdBase(Method):
             a, a_b, temp = sample.flow_rate(s.reg), sample.flow_rate(s.reg_bias), s.temperature
         else:
             deltas, a, a_b, temp = [0.0] * len(lrs), 0.0, 0.0, 0.0
-        item_last = np.zeros(n_items, np.int64)
         table = sample.table(run.rng(_TABLE, 0)) if s.noise_table else None
-        hot = s.hot_items
         # --tiering auto is decided here, where the number of workers is known (K.tiering_pays)
         tiering = s.tiering if s.tiering is not None else K.tiering_pays(
             k, n_items, noisy=self.noisy, workers=getattr(engine, "workers", 1))
@@ -650,105 +535,159 @@ class _SgdBase(Method):
             extra += 3 * n_items * (k + 1) * 4  # the task's copy of V, bv and the touched rows' deltas
         if replicate:
             extra += 3 * n_items * (k + 1) * 4
-        epoch_seconds = []
-        for e in run.epochs(s.epochs):
-            t_epoch = time.perf_counter()
-            lr, delta = lrs[e - 1], deltas[e - 1]
-            u_dt0, u_dt1 = K.user_flow_coefficients(e, deltas, N)
-            src, dst = bufs[(e - 1) % 2], bufs[e % 2]
-            G = min(s.step_users, bu_)  # a group is at most a block
+        return SimpleNamespace(
+            s=s, sample=sample, k=k, n_items=n_items, lookup=lookup, per_user=per_user, N=N, pos0=pos0, V=V, bv=bv,
+            bufs=bufs, run_id=run.run_id, lo=lo, hi=hi, mu=mu, lrs=lrs, deltas=deltas, a=a, a_b=a_b, temp=temp,
+            item_last=np.zeros(n_items, np.int64), table=table, hot=s.hot_items, tiering=tiering, history=history,
+            bu_=bu_, extra=extra, replicate=replicate, blocks=blocks, merge_lock=merge_lock, epoch_seconds=[])
 
-            def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst, V_ep=None,
-                   bv_ep=None):
-                # all randomness comes from the generator of the user group (global group id), so the
-                # result does not depend on how users are cut into blocks when G divides block_users
-                # groups numbered per block (ceil(bu / G) ids each): never the same generator for two groups; the
-                # same numbering as first_user // G when G divides block_users
-                gid0 = (block.first_user // bu_) * -(-bu_ // G)
-                ip, it, rt = block.indptr, block.items, block.ratings
-                if s.tau is not None:
-                    ip, it, rt = _trim_groups(ip, it, rt, s.tau, G,
-                                              lambda q: run.group_rng(_TRIM, 0, gid0 + q))
-                # the block's arrays are this task's own (a fresh read): used in place, also by the tier partition
-                it = np.ascontiguousarray(it, np.int32)
-                rt = np.clip(np.asarray(rt, np.float32), np.float32(lo), np.float32(hi)) if self.noisy else \
-                    np.ascontiguousarray(rt, np.float32)
-                ip = np.ascontiguousarray(ip, np.int64)
-                n_u = len(ip) - 1
-                w, _ = self._block_weights(store, b, np.diff(block.indptr), s, sample, lookup)
-                split = ip[1:].copy()
-                if tiering:
-                    K.partition_tiers(ip, it, rt, hot, split)
-                if e == 1:
-                    UB = np.zeros((n_u, k + 1), np.float32)
-                    for q, g0 in enumerate(range(0, n_u, G)):
-                        g1 = min(g0 + G, n_u)
-                        UB[g0:g1, :k] = run.group_rng(_INIT, 1, gid0 + q).standard_normal((g1 - g0, k)) \
-                            * s.init_std
-                else:
-                    UB = src.read(b)
-                U = np.ascontiguousarray(UB[:, :k])
-                bu = np.ascontiguousarray(UB[:, k])
-                Vw, bvw, lastw = _block_start(V_ep, bv_ep, int(pos0[b])) if blocks else (V, bv, item_last)
-                if self.noisy:
-                    noise, offsets = _group_noise(sample, lambda q: run.group_rng(_NOISE, e, gid0 + q),
-                                                  K.group_draws(ip, it, G, n_items, k), k + 1, table)
-                    sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, Vw, bvw, lastw, mu, lr, s.clip,
-                                          G, int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
-                                          noise, offsets, table is not None)
-                elif replicate:
-                    V0, bv0 = V.copy(), bv.copy()
-                    Vl, bvl = V0.copy(), bv0.copy()
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vl, bvl, mu, lr, s.reg, s.reg_bias, G)
-                    Vl -= V0
-                    bvl -= bv0
-                    with merge_lock:
-                        V[...] += Vl
-                        bv[...] += bvl
-                else:
-                    sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vw, bvw, mu, lr, s.reg, s.reg_bias, G)
-                UB[:, :k] = U
-                UB[:, k] = bu
-                dst.write(b, UB)
-                out = float(sse), int(ip[-1]), float(bu.sum(dtype=np.float64)), n_u
-                if blocks:
-                    flush = None
-                    if self.noisy:
-                        flush = (sample, run.group_rng(_BLOCK_FLUSH, e, b), int(pos0[b]) + int(ip[-1]), delta, a,
-                                 a_b, temp, table)
-                    out += (_block_delta(Vw, bvw, lastw, V_ep, bv_ep, it, flush),)
-                return out
+    def _epoch(self, store, engine, run, c, e: int) -> None:
+        """Epoch ``e``: every block's update on the engine (by rounds of blocks with ``--epoch-scheme blocks``), the
+        items' last flow, the epoch's training RMSE and its checkpoint."""
+        t_epoch = time.perf_counter()
+        s, V, bv, n_items = c.s, c.V, c.bv, c.n_items
+        fn = self._block_update(store, run, c, e)
+        desc = f"{self.name} epoch {e}/{s.epochs}"
+        if c.blocks:
+            covered = np.zeros(n_items, np.int64) if self.noisy else None
+            R, parts = s.round_blocks, []
+            for r0 in range(0, store.n_blocks, R):  # a round's blocks start from the same V (snapshot)
+                parts = engine.map_reduce(functools.partial(fn, V_ep=V.copy(), bv_ep=bv.copy()),
+                                          functools.partial(_add_block_delta, V, bv, covered), parts,
+                                          blocks=range(r0, min(r0 + R, store.n_blocks)),
+                                          extra_per_block=c.extra, desc=desc)
+            if self.noisy:  # the flush below flows each item over the clock time no block covered (N - covered)
+                c.item_last[:] = covered
+        else:
+            parts = engine.foreach(fn, extra_per_block=c.extra, desc=desc)
+        if self.noisy:
+            noise, offsets = c.sample.draws(run.rng(_FLUSH, e), n_items, c.k + 1, c.table)
+            K.flush_items(V, bv, c.item_last, c.N, c.deltas[e - 1], c.a, c.a_b, c.temp, noise, offsets,
+                          c.table is not None)
+        c.epoch_seconds.append(round(time.perf_counter() - t_epoch, 4))
+        sse = sum(p[0] for p in parts)
+        c.history.append(math.sqrt(sse / max(c.N, 1)))
+        run.save(e, V=V, bv=bv, history=np.asarray(c.history))
+        if not np.all(np.isfinite(V)):
+            raise ParameterError(f"{self.name} diverged at epoch {e} (non-finite item factors): lower --eta")
 
-            desc = f"{self.name} epoch {e}/{s.epochs}"
-            if blocks:
-                covered = np.zeros(n_items, np.int64) if self.noisy else None
-                R, parts = s.round_blocks, []
-                for r0 in range(0, store.n_blocks, R):  # a round's blocks start from the same V (snapshot)
-                    parts = engine.map_reduce(functools.partial(fn, V_ep=V.copy(), bv_ep=bv.copy()),
-                                              functools.partial(_add_block_delta, V, bv, covered), parts,
-                                              blocks=range(r0, min(r0 + R, store.n_blocks)),
-                                              extra_per_block=extra, desc=desc)
-                if self.noisy:  # the flush below flows each item over the clock time no block covered (N - covered)
-                    item_last[:] = covered
+    def _block_update(self, store, run, c, e: int):
+        """The task of epoch ``e`` on one block ``fn(block, b)``: its users' updates and the items' (the kernels)."""
+        s, sample, lookup, k, n_items = c.s, c.sample, c.lookup, c.k, c.n_items
+        V, bv, item_last, pos0, mu, lo, hi = c.V, c.bv, c.item_last, c.pos0, c.mu, c.lo, c.hi
+        a, a_b, temp, table, hot, tiering = c.a, c.a_b, c.temp, c.table, c.hot, c.tiering
+        blocks, replicate, merge_lock, bu_ = c.blocks, c.replicate, c.merge_lock, c.bu_
+        lr, delta = c.lrs[e - 1], c.deltas[e - 1]
+        u_dt0, u_dt1 = K.user_flow_coefficients(e, c.deltas, c.N)
+        src, dst = c.bufs[(e - 1) % 2], c.bufs[e % 2]
+        G = min(s.step_users, bu_)  # a group is at most a block
+
+        def fn(block, b, e=e, lr=lr, delta=delta, u_dt0=u_dt0, u_dt1=u_dt1, src=src, dst=dst, V_ep=None,
+               bv_ep=None):
+            # all randomness comes from the generator of the user group (global group id), so the
+            # result does not depend on how users are cut into blocks when G divides block_users
+            # groups numbered per block (ceil(bu / G) ids each): never the same generator for two groups; the
+            # same numbering as first_user // G when G divides block_users
+            gid0 = (block.first_user // bu_) * -(-bu_ // G)
+            ip, it, rt = block.indptr, block.items, block.ratings
+            if s.tau is not None:
+                ip, it, rt = _trim_groups(ip, it, rt, s.tau, G,
+                                          lambda q: run.group_rng(_TRIM, 0, gid0 + q))
+            # the block's arrays are this task's own (a fresh read): used in place, also by the tier partition
+            it = np.ascontiguousarray(it, np.int32)
+            rt = np.clip(np.asarray(rt, np.float32), np.float32(lo), np.float32(hi)) if self.noisy else \
+                np.ascontiguousarray(rt, np.float32)
+            ip = np.ascontiguousarray(ip, np.int64)
+            n_u = len(ip) - 1
+            w, _ = self._block_weights(store, b, np.diff(block.indptr), s, sample, lookup)
+            split = ip[1:].copy()
+            if tiering:
+                K.partition_tiers(ip, it, rt, hot, split)
+            if e == 1:
+                UB = np.zeros((n_u, k + 1), np.float32)
+                for q, g0 in enumerate(range(0, n_u, G)):
+                    g1 = min(g0 + G, n_u)
+                    UB[g0:g1, :k] = run.group_rng(_INIT, 1, gid0 + q).standard_normal((g1 - g0, k)) \
+                        * s.init_std
             else:
-                parts = engine.foreach(fn, extra_per_block=extra, desc=desc)
+                UB = src.read(b)
+            U = np.ascontiguousarray(UB[:, :k])
+            bu = np.ascontiguousarray(UB[:, k])
+            Vw, bvw, lastw = _block_start(V_ep, bv_ep, int(pos0[b])) if blocks else (V, bv, item_last)
             if self.noisy:
-                noise, offsets = sample.draws(run.rng(_FLUSH, e), n_items, k + 1, table)
-                K.flush_items(V, bv, item_last, N, delta, a, a_b, temp, noise, offsets, table is not None)
-            epoch_seconds.append(round(time.perf_counter() - t_epoch, 4))
-            sse = sum(p[0] for p in parts)
-            history.append(math.sqrt(sse / max(N, 1)))
-            run.save(e, V=V, bv=bv, history=np.asarray(history))
-            if not np.all(np.isfinite(V)):
-                raise ParameterError(f"{self.name} diverged at epoch {e} (non-finite item factors): lower --eta")
+                noise, offsets = _group_noise(sample, lambda q: run.group_rng(_NOISE, e, gid0 + q),
+                                              K.group_draws(ip, it, G, n_items, k), k + 1, table)
+                sse, _ = K.sgld_block(ip, it, rt, w, split, U, bu, Vw, bvw, lastw, mu, lr, s.clip,
+                                      G, int(pos0[b]), delta, u_dt0, u_dt1, a, a_b, temp,
+                                      noise, offsets, table is not None)
+            elif replicate:
+                V0, bv0 = V.copy(), bv.copy()
+                Vl, bvl = V0.copy(), bv0.copy()
+                sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vl, bvl, mu, lr, s.reg, s.reg_bias, G)
+                Vl -= V0
+                bvl -= bv0
+                with merge_lock:
+                    V[...] += Vl
+                    bv[...] += bvl
+            else:
+                sse = K.sgd_block(ip, it, rt, w, split, U, bu, Vw, bvw, mu, lr, s.reg, s.reg_bias, G)
+            UB[:, :k] = U
+            UB[:, k] = bu
+            dst.write(b, UB)
+            out = float(sse), int(ip[-1]), float(bu.sum(dtype=np.float64)), n_u
+            if blocks:
+                flush = None
+                if self.noisy:
+                    flush = (sample, run.group_rng(_BLOCK_FLUSH, e, b), int(pos0[b]) + int(ip[-1]), delta, a,
+                             a_b, temp, table)
+                out += (_block_delta(Vw, bvw, lastw, V_ep, bv_ep, it, flush),)
+            return out
 
+        return fn
+
+    def _released(self, store, run, plan, c) -> Fitted:
+        """The released item side with its ledger, notes and model info (the users' side is not released)."""
+        s, sample, k, tiering, blocks = c.s, c.sample, c.k, c.tiering, c.blocks
         # released global mean: mu plus the mean user bias of the final state, so that a user solving
         # only u_i locally (no bias) starts from the average user (post-processing of the sample)
-        final = bufs[s.epochs % 2]
+        final = c.bufs[s.epochs % 2]
         bu_sum = 0.0
         for b in range(store.n_blocks):
             bu_sum += float(final.read(b)[:, k].sum(dtype=np.float64))
-        mu_release = float(mu + bu_sum / max(self.n_users(store), 1))
+        mu_release = float(c.mu + bu_sum / max(self.n_users(store), 1))
+        notes = self._notes(store, s, sample, tiering, blocks)
+        ledger = self.ledger(store, plan, notes=notes)
+        ledger.bounds["run_id"] = c.run_id
+        params = {key: getattr(s, key) for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau",
+                                                   "kappa", "rho", "temperature", "noise_table",
+                                                   "hot_items", "step_users", "epoch_scheme")}
+        params["tiering"] = tiering
+        if blocks:
+            params["round_blocks"] = s.round_blocks
+        params.update({"scale_s": sample.scale if self.noisy else None, "B": s.bound, "loss_bound_c": s.clip or None,
+                       "user_weights": s.user_weights})
+        info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
+                "delta": self.delta, "seed": self.seed, "n_users": self.n_users(store),
+                "n_items": c.n_items, "parameters": params,
+                "resumed_from_epoch": run.start - 1 if run.start > 1 else None, "run_id": c.run_id,
+                "ridge": local_ridge(s, sample.scale) if self.noisy else SGD_LOCAL_RIDGE,
+                "rating_range": {"min": c.lo, "max": c.hi}, "run_directory": None if run.own_dir else run.dir}
+        if not self.noisy:  # sgd: the exact training mean (a non-private model only)
+            info["mu_train"] = float(c.mu)
+        if self.noisy:
+            info["ridge_rule"] = ("sigma^2 * 2 s lam / T: the sample's prior on u_i (sd sqrt(T / (2 s lam))) and "
+                                  "the user's own ratings, untempered, with noise sd sigma = rating range / 4")
+        fitted = Fitted(item_factors=c.V.copy(), item_bias=c.bv.copy(), item_ids=store.item_ids(),
+                        global_mean=mu_release, model_info=info, ledger=ledger,
+                        owner={"n_train_used": c.N, "train_rmse_by_epoch": c.history,
+                               "epoch_seconds": c.epoch_seconds,
+                               **({"per_user_epsilon": c.per_user} if c.per_user is not None else {})})
+        # U is not released; a named run directory keeps it for a resume (and for tests)
+        fitted.user_states = None if run.own_dir else c.bufs[s.epochs % 2]
+        return fitted
+
+    def _notes(self, store, s, sample, tiering, blocks) -> list[str]:
+        """The released model's notes: what its guarantee is (and is not), and what the settings mean for it."""
         notes = []
         if self.noisy and self.private:
             notes.append("approximate guarantee: an exact posterior sample would be epsilon-DP (Thm 1); this is "
@@ -773,34 +712,7 @@ class _SgdBase(Method):
                                                               "--epsilon inf: SGLD of the unscaled posterior") + ")")
         notes += seed_notes(self)
         notes += range_notes(getattr(store, "rating_range_source", "unknown"))
-        ledger = self.ledger(store, plan, notes=notes)
-        ledger.bounds["run_id"] = run_id
-        params = {key: getattr(s, key) for key in ("epochs", "eta", "gamma", "reg", "reg_bias", "init_std", "tau",
-                                                   "kappa", "rho", "temperature", "noise_table",
-                                                   "hot_items", "step_users", "epoch_scheme")}
-        params["tiering"] = tiering
-        if blocks:
-            params["round_blocks"] = s.round_blocks
-        params.update({"scale_s": sample.scale if self.noisy else None, "B": s.bound, "loss_bound_c": s.clip or None,
-                       "user_weights": s.user_weights})
-        info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
-                "delta": self.delta, "seed": self.seed, "n_users": self.n_users(store),
-                "n_items": n_items, "parameters": params,
-                "resumed_from_epoch": run.start - 1 if run.start > 1 else None, "run_id": run_id,
-                "ridge": local_ridge(s, sample.scale) if self.noisy else SGD_LOCAL_RIDGE,
-                "rating_range": {"min": lo, "max": hi}, "run_directory": None if run.own_dir else run.dir}
-        if not self.noisy:  # sgd: the exact training mean (a non-private model only)
-            info["mu_train"] = float(mu)
-        if self.noisy:
-            info["ridge_rule"] = ("sigma^2 * 2 s lam / T: the sample's prior on u_i (sd sqrt(T / (2 s lam))) and "
-                                  "the user's own ratings, untempered, with noise sd sigma = rating range / 4")
-        fitted = Fitted(item_factors=V.copy(), item_bias=bv.copy(), item_ids=store.item_ids(), global_mean=mu_release,
-                        model_info=info, ledger=ledger,
-                        owner={"n_train_used": N, "train_rmse_by_epoch": history, "epoch_seconds": epoch_seconds,
-                               **({"per_user_epsilon": per_user} if per_user is not None else {})})
-        # U is not released; a named run directory keeps it for a resume (and for tests)
-        fitted.user_states = None if run.own_dir else bufs[s.epochs % 2]
-        return fitted
+        return notes
 
     def _train_mean(self, store, engine) -> float:
         tot = engine.map_reduce(lambda blk, b: (float(blk.ratings.sum(dtype=np.float64)), blk.nnz),

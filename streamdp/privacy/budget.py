@@ -1,146 +1,41 @@
 """A store's privacy budget and the ledger of everything released from it.
 
-The budget ledger is ``STORE/privacy_budget.json``, a file of its own beside the
-Zarr group: the store's ``zarr.json`` attributes and checksum stay exactly as
-ingested. Every change is made under an exclusive lock (``fcntl.flock`` on
-``STORE/privacy_budget.lock``, so concurrent ``train`` runs serialize) and written
-atomically (temporary file + ``os.replace``), so a crash never leaves a torn file.
+The ledger is ``STORE/privacy_budget.json``, beside the Zarr group (the store's
+attributes and checksum stay as ingested). Every change is made under an exclusive
+lock (``STORE/privacy_budget.lock``), first appended to a hash-chained journal
+(``STORE/privacy_budget.journal``, :mod:`streamdp.privacy.journal`) and then written
+atomically; ``STORE/release_witness`` records the journal's length and last hash a
+second time. Public names: :class:`StoreBudget` (``reserve``, ``release``, ``writing``,
+``complete``, ``fail``, ``settle``, ``set``, ``show``, ``restore``, ``data_replaced``),
+:func:`carried_over`, :func:`format_budget`, :func:`parse_budget`, the file names
+:data:`BUDGET_FILE`, :data:`LOCK_FILE`, :data:`WITNESS_FILE` and :data:`COUNTED`.
 
-Life of a release
------------------
-1. ``reserve(ledger)``: before the model is written, the release's events are
-   composed with everything already counted; if that would take the store past its
-   budget, :class:`~streamdp.errors.BudgetExceededError` (exit code 3) is raised and
-   nothing is recorded, unless ``over_budget=True`` (then the entry is recorded
-   with ``over_budget: true``). Otherwise the entry is recorded as ``reserved``.
-   The entry records its owner (pid, host, boot id and process start time, see
-   :mod:`streamdp.owner`) and its stage, ``training``.
-2. ``writing(entry_id)`` right before the model write starts (stage ``writing``).
-3. ``complete(entry_id)`` once the model is in place, or ``fail(entry_id, reason)``
-   if the run failed or was interrupted before releasing anything. Failed entries
-   do not count: they released nothing. Ledger updates run with Ctrl-C deferred
-   (:func:`streamdp.outputs.deferred_interrupts`), so none is cut in half.
+Decisions a reader must know:
 
-Stale reservations
-------------------
-A run killed so hard that it could mark nothing (``kill -9``, power loss) leaves its
-entry ``reserved``, and it keeps counting. :meth:`StoreBudget.settle`
-(``streamdp budget STORE --settle``) looks at every ``reserved`` entry whose owner
-is provably gone (:func:`streamdp.owner.owner_status`; a process on another host,
-or an entry without an owner, is left alone) and marks it:
+* **a release is reserved before the model is written**, its events composed with
+  everything counted; past the budget it is refused
+  (:class:`~streamdp.errors.BudgetExceededError`, exit 3) unless ``over_budget``. Then
+  ``writing``, then ``complete`` or ``fail`` (failed entries released nothing and do
+  not count); updates run with Ctrl-C deferred;
+* **a stale reservation keeps counting**: ``settle`` marks an entry whose owner is
+  provably gone ``complete`` (its model carries the entry's id) or ``stale`` (counted);
+  ``failed`` only with ``--refund-unreleased`` and a proof that nothing was released;
+* **spent budget is never forgotten**: replacing a store's data (``--force``) carries
+  the ledger and journal over (:func:`carried_over`; on object storage the ledger
+  stays at the URL, :meth:`StoreBudget.data_replaced`); a ledger that is missing,
+  invalid, unlike its journal, or a journal cut or edited, refuses ``train``,
+  ``budget`` and ``ingest --force`` with one line saying how to recover
+  (``--restore`` or a backup);
+* on object storage the journal is one object per change, created with a conditional
+  write; a change that loses the race is redone from a fresh read
+  (:data:`CONFLICT_RETRIES`);
+* the spend is the PLD composition (RDP beside it) of every counted entry's events at
+  the budget's delta, continued from the previous one (:mod:`streamdp.privacy.spend`);
+  basic composition is reported beside it and decides when an entry has no
+  accountable events.
 
-* ``complete`` if the model at its recorded path carries its id (``model.json``:
-  ``budget_entry``): the model was released;
-* ``stale`` otherwise: *counted as spent*, the default, because a missing model
-  proves nothing (it may have been written and then moved or deleted);
-* ``failed`` (not counted) only with ``refund_unreleased=True``
-  (``--refund-unreleased``) and only when it is *proven* that nothing was released:
-  the owner is gone, **and** the entry's stage is still ``training`` (``train``
-  records ``writing``, fsynced under the lock, before it starts writing the model,
-  and a model only becomes visible by the final rename of that write, so a run that
-  died in ``training`` never put a model in place), **and** nothing at the recorded
-  model path carries the entry's id. The proof also rests on ``train`` producing no
-  other output derived from the data before the model (true of every method here:
-  progress lines count epochs and blocks only, run state stays in a private run
-  directory); that is why the refund is an explicit choice and not the default.
-
-Replaced stores
----------------
-``ingest --force`` / ``generate --force`` over a store carry its ledger over into
-the new store (:func:`carried_over`), with a ``history`` record of the replacement
-(when, by what, old and new checksum): the people in the old data are likely in the
-new data, and what was spent on them is never forgotten. The journal moves with it
-(its verified lines, then the history record), so the new store's ledger verifies
-against it. ``--budget`` on such an ingest changes only the total, not the entries.
-
-Journal: a ledger that cannot be forgotten or edited unseen
------------------------------------------------------------
-Every change is first appended to ``STORE/privacy_budget.journal``
-(:mod:`streamdp.privacy.journal`: one hash-chained JSON line per change, fsynced
-under the same lock) and only then is the ledger replaced; the ledger records the
-chain head it was written at, and the lock file gets a line saying the journal was
-started. Every load checks the ledger's schema (an object of format
-``streamdp-privacy-budget``, entries with their keys and types, epsilon >= 0 (inf:
-a non-private release), 0 <= delta <= 1, known statuses and stages, unique ids) and
-that it is the journal's replay at its head; statuses only move forward
-(``reserved`` to ``complete``/``failed``/``stale``, ``stale`` to ``complete`` or
-``failed`` by ``settle`` alone). Anything else refuses ``train``, ``budget`` and
-``ingest --force`` with one line that says how to recover:
-
-* ledger missing, unreadable, invalid or unlike its journal, journal verifies:
-  ``streamdp budget STORE --restore`` rebuilds the ledger from the journal (the
-  replaced file is kept as ``privacy_budget.json.replaced-TIME``);
-* journal missing (or shorter than the ledger's head), ledger valid: restore it from
-  a backup, or ``--restore`` starts a new journal from the ledger as it is;
-* both missing, the lock file says a journal was started: nothing here can tell
-  what was spent (each released model's ``privacy.json`` still states its own
-  spend): restore both from a backup, or ``--restore`` starts an empty ledger;
-* the journal's chain does not verify (an edited or truncated line): restore both
-  from a backup; ``--restore`` cannot help.
-
-* the journal verifies but is shorter than its witness (below) says: lines were cut
-  off its end; restore both from a backup, or ``--restore`` rebuilds the ledger from
-  the lines that remain, recorded in its history as a truncated journal;
-* the store's release key (``STORE/release_key``, :mod:`streamdp.storage.fingerprint`)
-  is missing or another key, while the ledger records releases fingerprinted with it:
-  ``train`` refuses to make a new key silently (every model released before would no
-  longer match the store); restore it from a backup, or ``--restore`` records the loss
-  in the history and the next release makes a new key.
-
-What ``--restore`` restarted is recorded in the history, which ``streamdp budget``
-prints. A journal ahead of its ledger (a crash between the two writes) is rolled
-forward, and a torn last line (a crash inside the append) was never recorded and is
-cut off. A ledger written before journals existed (no journal, nothing in the lock
-file) is adopted as it is: its first change starts the journal with it ("journal
-started" in the history). If the ledger, the journal and the lock file are all
-deleted, the store's release key and the witness below still say that it released:
-it refuses to release again until its history is restored from a backup (or
-``--restore`` starts an empty ledger, recorded in its history). Only a store whose
-key and witness are deleted as well looks like one that never had a budget: the
-chain is a check, not a signature (whoever can write the store can rewrite it with
-this code); the released models' ``privacy.json`` remain the record.
-
-The journal's witness
----------------------
-The journal's length and the hash of its last line are recorded a second time, in
-``STORE/release_witness`` (``{"format": "streamdp-release-witness", "lines", "head"}``),
-rewritten after every change (best effort, after the ledger: it may lag behind the
-journal, never run ahead of it). A journal shorter than its witness was cut; one
-whose line ``lines`` has another hash was replaced. Where it lives, and why there: beside
-``release_key``, under a name a careless ``rm STORE/privacy_budget.*`` does not reach,
-and not in the store's own metadata (``zarr.json``): that file is part of what
-``train`` checks to be unchanged while it reads the store (a concurrent run rewriting it
-would fail every other run) and its attributes are covered by the store's checksum.
-On object storage it is an object at the same name, written after each change's
-journal object (two racing runs may leave the older length: a lag, never a false
-alarm).
-
-Object storage
---------------
-For a store at an fsspec URL there is no ``flock`` and no append: the journal is a
-series of objects ``STORE/privacy_budget.journal.d/<seq>``, each created with a
-conditional write that fails if it exists (S3 ``If-None-Match: *``), named by the
-number of its first line (:mod:`streamdp.privacy.object_journal`). A change that
-loses the race to another run's (:class:`~streamdp.privacy.object_journal.Conflict`)
-wrote nothing and is redone from a fresh read (up to :data:`CONFLICT_RETRIES`
-times): a reservation is then checked against the budget including the other run's
-entry. The journal is the record; ``privacy_budget.json`` is rewritten after each
-change and rolled forward when it lags. ``--restore`` only rewrites the ledger from
-the journal objects. Replacing the store's data keeps the ledger at the URL and adds
-a history record (:meth:`StoreBudget.data_replaced`) instead of :func:`carried_over`.
-
-How spends add up
------------------
-The recorded events of all counted entries (``reserved``, ``complete`` and ``stale``) are
-composed with the accountant (dp-accounting's PLD, with RDP beside it) at the budget's
-delta; that epsilon is compared with the budget. The composition continues from the one
-made for the previous reservation (kept in ``STORE/privacy_budget.spend``, keyed by a
-hash of the releases it composes), so a release costs the same in a store with a long
-history as in a fresh one; it is the same float as composing from scratch, on a PLD
-grid that changes only when the spend doubles (:mod:`streamdp.privacy.spend`). Basic composition (the sums of the entries' epsilons and deltas) is
-reported beside it. If some entry has no accountable events (e.g. an approximate
-guarantee stated as a bare (epsilon, delta)), the accountant cannot compose it and
-basic composition is used for the decision, and the output says so.
+Every case in full (the recovery table, where the witness lives and why, the proof
+behind a refund): ``docs/design-notes.md``, section ``streamdp/privacy/budget.py``.
 """
 
 from __future__ import annotations

@@ -604,6 +604,57 @@ class _Parsed:
     implicit: bool = False
 
 
+def _checked_batch(b, spec, rr, oor: str, implicit: bool, skip: bool):
+    """``(users, items, ratings, timestamps, n_bad, n_out_of_range)`` of one parsed batch ``b``, validated.
+
+    Bad rows (a rating that is not finite or not a float32, a count not > 0, an empty id, a
+    rating outside ``rr`` with ``oor="error"``) are dropped with ``skip``, otherwise the first one
+    raises (:class:`InputError` naming its row for a columnar file, ``_BadLine`` for text: the caller
+    re-reads the file to name the line); ratings outside ``rr`` are clipped or dropped as ``oor`` says.
+    """
+    r = b.rating
+    n_bad = n_oor = 0
+    badm = ~storable_ratings(r)  # nan, inf, and what overflows the store's float32
+    if implicit:
+        with np.errstate(invalid="ignore"):
+            badm |= ~(r > 0)
+    drop = None
+    if rr is not None:
+        with np.errstate(invalid="ignore"):
+            outside = (r < rr[0]) | (r > rr[1])
+        if oor == "error":
+            badm |= outside
+        elif outside.any():
+            n_oor += int(outside.sum())
+            if oor == "clip":  # post-processing with the declared (public) bounds
+                r = np.where(outside, np.clip(r, rr[0], rr[1]), r)
+            else:
+                drop = outside
+    u, i, ts = b.user, b.item, b.timestamp
+    for ids in (u, i):
+        if not pa.types.is_integer(ids.type):  # an empty string is no id
+            badm |= pc.equal(pc.binary_length(ids), 0).to_numpy(zero_copy_only=False)
+    if badm.any() or drop is not None:
+        if badm.any() and not skip:
+            j = int(np.argmax(badm))
+            if spec.columnar:
+                what = "count" if implicit else "rating"
+                why = (f"{what} {float(r[j])} is not finite" if not np.isfinite(r[j]) else
+                       f"{what} {float(r[j]):g} is not finite as a float32 (the store's values)"
+                       if not storable_ratings(r[j]) else
+                       F.not_positive_reason(r[j]) if implicit and not r[j] > 0 else
+                       F.out_of_range_reason(r[j], rr)
+                       if rr is not None and not rr[0] <= r[j] <= rr[1] else "empty id")
+                raise InputError(f"{spec.path}: row {b.row0 + j + 1}: {why}")
+            raise _BadLine()
+        keep = ~(badm if drop is None else badm | drop)
+        n_bad += int(badm.sum())
+        km = pa.array(keep)
+        u, i, r = pc.filter(u, km), pc.filter(i, km), r[keep]
+        ts = ts[keep] if ts is not None else None
+    return u, i, r, ts, n_bad, n_oor
+
+
 def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error", *, implicit=False) -> _Parsed:
     """Pass 1: parse, validate, count ids, spill.
 
@@ -639,45 +690,9 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                 for b in it:
                     if failed.is_set():
                         return rows, rmin, rmax, bad[0], n_oor
-                    r = b.rating
-                    badm = ~storable_ratings(r)  # nan, inf, and what overflows the store's float32
-                    if implicit:
-                        with np.errstate(invalid="ignore"):
-                            badm |= ~(r > 0)
-                    drop = None
-                    if rr is not None:
-                        with np.errstate(invalid="ignore"):
-                            outside = (r < rr[0]) | (r > rr[1])
-                        if oor == "error":
-                            badm |= outside
-                        elif outside.any():
-                            n_oor += int(outside.sum())
-                            if oor == "clip":  # post-processing with the declared (public) bounds
-                                r = np.where(outside, np.clip(r, rr[0], rr[1]), r)
-                            else:
-                                drop = outside
-                    u, i, ts = b.user, b.item, b.timestamp
-                    for ids in (u, i):
-                        if not pa.types.is_integer(ids.type):  # an empty string is no id
-                            badm |= pc.equal(pc.binary_length(ids), 0).to_numpy(zero_copy_only=False)
-                    if badm.any() or drop is not None:
-                        if badm.any() and not skip:
-                            j = int(np.argmax(badm))
-                            if spec.columnar:
-                                what = "count" if implicit else "rating"
-                                why = (f"{what} {float(r[j])} is not finite" if not np.isfinite(r[j]) else
-                                       f"{what} {float(r[j]):g} is not finite as a float32 (the store's values)"
-                                       if not storable_ratings(r[j]) else
-                                       F.not_positive_reason(r[j]) if implicit and not r[j] > 0 else
-                                       F.out_of_range_reason(r[j], rr)
-                                       if rr is not None and not rr[0] <= r[j] <= rr[1] else "empty id")
-                                raise InputError(f"{spec.path}: row {b.row0 + j + 1}: {why}")
-                            raise _BadLine()
-                        keep = ~(badm if drop is None else badm | drop)
-                        bad[0] += int(badm.sum())
-                        km = pa.array(keep)
-                        u, i, r = pc.filter(u, km), pc.filter(i, km), r[keep]
-                        ts = ts[keep] if ts is not None else None
+                    u, i, r, ts, nb, no = _checked_batch(b, spec, rr, oor, implicit, skip)
+                    bad[0] += nb
+                    n_oor += no
                     n = len(r)
                     if n == 0:
                         continue

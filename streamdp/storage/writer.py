@@ -10,9 +10,11 @@ file system is then one :class:`~streamdp.errors.StoreError` naming the destinat
 (:func:`streamdp.outputs.no_space_error`), not a traceback. With
 ``force`` only an existing *rating store* is replaced (anything else there is refused
 and left untouched, see :mod:`streamdp.outputs`), and its privacy-budget ledger is
-carried over into the new store with a record that the data changed
-(:func:`streamdp.privacy.budget.carried_over`): budget spent on the old data is never
-forgotten.
+carried over into the new store with a record that the data changed: budget spent on
+the old data is never forgotten. The ledger belongs to the privacy layer, above this one,
+so the writer does not import it: the package root installs it as the
+:class:`LedgerKeeper` (:func:`install_ledger_keeper`, :func:`streamdp.privacy.budget.carried_over`
+and :class:`~streamdp.privacy.budget.StoreBudget`), and without one a replacement is refused.
 
 Every write into the temporary directory runs with Ctrl-C deferred
 (:func:`streamdp.outputs.deferred_interrupts`; it is taken between writes): Zarr does
@@ -52,11 +54,9 @@ deleted first (nothing can read a mix of the two), the old data deleted, the new
 objects copied server-side, its root ``zarr.json`` last. The budget ledger's objects
 (``privacy_budget.*``) are never deleted: on object storage the ledger stays at the
 store's URL and records that the data was replaced
-(:meth:`streamdp.privacy.budget.StoreBudget.data_replaced`). Decision, measured with
-moto's S3 server (110 objects, 1.2 MB, medians of 5): publishing in place takes
-0.16 s, publishing by copy 2.06 s (one COPY request per object, and a real bucket
-copies at its own rate), so only a replacement, which must keep the old store
-readable until the new one is complete, pays for the copy.
+(``data_replaced`` of the :class:`LedgerKeeper`'s ledger). Only a replacement, which
+must keep the old store readable until the new one is complete, pays for the copy
+(measured: ``docs/design-notes.md``, section ``streamdp/storage/writer.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ import hashlib
 import json
 import os
 import secrets
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import zarr
@@ -255,6 +257,42 @@ class ContentHash:
             h.update(b"attrs")
             h.update(hashlib.blake2b(self._attrs, digest_size=16).digest())
         return "blake2b:" + h.hexdigest()
+
+
+@dataclass(frozen=True)
+class LedgerKeeper:
+    """The privacy layer's part in replacing a store: its budget ledger is carried over, never lost.
+
+    ``carried_over(old_path, new_path, *, by, checksum)``: a context manager inside which a local
+    store is replaced (:func:`streamdp.privacy.budget.carried_over`). ``ledger(url)``: the ledger of a
+    store on object storage, with ``check()`` and ``data_replaced(*, by, old_checksum, new_checksum)``
+    (:class:`streamdp.privacy.budget.StoreBudget`).
+    """
+
+    carried_over: Callable
+    ledger: Callable
+
+
+_ledger_keeper: Callable[[], LedgerKeeper] | None = None
+
+
+def install_ledger_keeper(factory: Callable[[], LedgerKeeper]) -> None:
+    """Install what carries a replaced store's budget ledger over (``factory()`` is called at each replacement).
+
+    The writer sits below the privacy layer and does not import it; the package root
+    (``streamdp/__init__.py``) installs it when ``streamdp`` is imported, which any import
+    of this module does first.
+    """
+    global _ledger_keeper
+    _ledger_keeper = factory
+
+
+def ledger_keeper() -> LedgerKeeper:
+    """The installed :class:`LedgerKeeper`; without one a replacement is refused (a ledger is never dropped)."""
+    if _ledger_keeper is None:
+        raise StoreError("replacing a store needs its privacy-budget ledger carried over, and nothing that can "
+                         "do it is installed (streamdp.storage.writer.install_ledger_keeper)")
+    return _ledger_keeper()
 
 
 #: Objects under a store's URL that belong to its budget ledger, not to its data: a replacement keeps them
@@ -635,10 +673,8 @@ class StoreWriter:
         budget = contextlib.nullcontext()
         if os.path.lexists(self.path):
             check_destination(self.path, self.force)
-            from streamdp.privacy.budget import carried_over
-
             # the replaced store's budget ledger moves into the new store, under its lock
-            budget = carried_over(self.path, self.tmp, by=by, checksum=full["checksum"])
+            budget = ledger_keeper().carried_over(self.path, self.tmp, by=by, checksum=full["checksum"])
         with budget:
             install_dir(self.tmp, self.path, force=self.force, what="rating store", is_ours=is_store_dir)
 
@@ -652,9 +688,7 @@ class StoreWriter:
         # replacing a store: the new one is complete under the temporary prefix; copy it over the old one
         self.root.attrs[ATTRS_KEY] = full
         check_destination(self.path, self.force)
-        from streamdp.privacy.budget import StoreBudget
-
-        ledger = StoreBudget(self.path)
+        ledger = ledger_keeper().ledger(self.path)
         ledger.check()  # a corrupt ledger refuses the replacement before anything changes (as on a local disk)
         old_checksum = (remote_attrs(self.path) or {}).get("checksum")
         fs, dest = remote.url_fs(self.path)

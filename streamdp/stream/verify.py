@@ -69,22 +69,50 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
     (True, True)
     """
     t0 = time.perf_counter()
+    st = _opened(path)
+    splits = [s for s in SPLITS if s in st.root]
+    digests = {s: st.block_digests(s) for s in splits}  # (shape checked)
+    h = ContentHash()
+    for s in splits:
+        h.add_split(s)
+    item_counts, crc_mismatches, stats = _blocks_checked(st, splits, digests, h, workers=workers, scheduler=scheduler,
+                                                         memory_limit=memory_limit, show_progress=show_progress)
+    got, attrs = _whole_checked(st, h, item_counts, stats)
+    st.check_unchanged()  # what was read is one store, the one whose checksum this reports
+    return {
+        "store": st.path,
+        "ok": True,
+        "checksum": got,
+        "n_blocks": st.n_blocks,
+        "n_ratings": st.n_ratings,
+        "n_test": st.n_test,
+        "splits": splits,
+        "block_digests": all(d is not None for d in digests.values()),
+        "attributes_covered": list(attrs),
+        "ids_covered": list(checksum_ids(st.attrs)),
+        "chunk_crc_mismatches": crc_mismatches,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def _opened(path: str):
+    """The store at ``path``, opened, with a checksum to verify, storable rating bounds and its chunk files."""
     st = open_store(path)
-    recorded = st.checksum
-    if not recorded:
+    if not st.checksum:
         raise StoreError(f"{st.path}: no recorded checksum to verify")
     for name in ("rating_min", "rating_max"):
         if not storable_ratings(getattr(st, name)):
             raise StoreError(f"{st.path}: {name} {getattr(st, name):g} is not finite as a float32 (the store's "
                              f"ratings): the store is damaged or was written by a streamdp that let it in; re-ingest")
     st.check_chunks()
-    splits = [s for s in SPLITS if s in st.root]
-    digests = {s: st.block_digests(s) for s in splits}  # (shape checked)
-    has_uc, has_ic = "user_counts" in st.root, "item_counts" in st.root
+    return st
+
+
+def _blocks_checked(st, splits, digests, h, *, workers, scheduler, memory_limit, show_progress):
+    """One pass of the engine over the blocks: each block against its digest and its users' counts; the digests
+    added to ``h`` in block order. ``(item counts, chunk CRC mismatches, training item sums and counts)``."""
+    has_uc = "user_counts" in st.root
     has_stats = "train_item_stats" in st.attrs
-    h = ContentHash()
-    for s in splits:
-        h.add_split(s)
     n_items = st.n_items
 
     def check_block(_, b):
@@ -123,10 +151,15 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
 
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
                 state_bytes=16 * n_items) as eng:
-        item_counts, crc_mismatches, stats = eng.map_reduce(
+        return eng.map_reduce(
             check_block, combine, [np.zeros(n_items, np.int64), 0, np.zeros((2, n_items))], split=None,
             extra_per_block=32 * n_items, desc="verify", show=show_progress)
-    if has_ic and not np.array_equal(st.item_counts(), item_counts):
+
+
+def _whole_checked(st, h, item_counts, stats):
+    """The item counts, the ids and attributes into the checksum, the checksum, the training item sums (in that
+    order: altered ratings are named as such). ``(the checksum computed, the attributes it covers)``."""
+    if "item_counts" in st.root and not np.array_equal(st.item_counts(), item_counts):
         j = int(np.flatnonzero(st.item_counts() != item_counts)[0])
         raise StoreError(f"{st.path}: item_counts: item {j} does not match the ratings stored "
                          f"(the store is damaged)")
@@ -139,32 +172,19 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
     attrs = checksum_attrs(st.attrs)
     if attrs:
         h.add_attrs(st.attrs, attrs)
-    got = h.hexdigest()
+    got, recorded = h.hexdigest(), st.checksum
     if got != recorded:
         what = "ids or attributes (" + ", ".join(attrs) + ")" if attrs else "ids"
         raise StoreError(f"{st.path}: checksum mismatch: the content gives {got}, the store records {recorded} "
                          f"({what} were altered)")
-    if has_stats:  # after the checksum: altered ratings are named as such, these arrays only when they alone differ
+    # after the checksum: altered ratings are named as such, these arrays only when they alone differ
+    if "train_item_stats" in st.attrs:
         kept = np.stack(st.train_item_stats())  # (its digest checked)
         if not np.array_equal(kept, stats):
             j = int(np.flatnonzero((kept != stats).any(axis=0))[0])
             raise StoreError(f"{st.path}: train/item_sums: item {j}'s training sum or count does not match the "
                              f"ratings stored (the store is damaged)")
-    st.check_unchanged()  # what was read is one store, the one whose checksum this reports
-    return {
-        "store": st.path,
-        "ok": True,
-        "checksum": got,
-        "n_blocks": st.n_blocks,
-        "n_ratings": st.n_ratings,
-        "n_test": st.n_test,
-        "splits": splits,
-        "block_digests": all(d is not None for d in digests.values()),
-        "attributes_covered": list(attrs),
-        "ids_covered": list(checksum_ids(st.attrs)),
-        "chunk_crc_mismatches": crc_mismatches,
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
+    return got, attrs
 
 
 def format_verify(r: dict) -> str:

@@ -83,3 +83,27 @@ def test_corrupt_ledger_refuses_the_replacement(tmp_path):
         f"in double quotes)"]
     assert open_store(s).checksum == checksum and (s / BUDGET_FILE).read_text() == "{torn"
     assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".")) == []
+
+
+def test_the_writer_does_not_import_the_ledger_and_refuses_a_replacement_without_a_keeper(tmp_path, monkeypatch):
+    """The storage layer is below the privacy layer: the package root hands the ledger's part down to it."""
+    import numpy as np
+    import pytest
+
+    from streamdp.errors import StoreError
+    from streamdp.privacy.budget import carried_over
+    from streamdp.storage import writer
+
+    assert writer.ledger_keeper().carried_over is carried_over and writer.ledger_keeper().ledger is StoreBudget
+    data = tmp_path / "r.data"
+    data.write_text(DATA)
+    s = tmp_path / "s.zarr"
+    assert cli("ingest", data, "--out", s, "--budget", "2,1e-2")[0] == 0
+    checksum, ledger = open_store(s).checksum, (s / BUDGET_FILE).read_text()
+    monkeypatch.setattr(writer, "_ledger_keeper", None)
+    with pytest.raises(StoreError, match="privacy-budget ledger carried over"):
+        with writer.StoreWriter(str(s), n_users=2, n_items=2, block_users=2, force=True) as w:
+            w.write_block(0, np.array([0, 1, 2]), np.array([0, 1], np.int32), np.array([1.0, 2.0], np.float32))
+            w.finalize({"rating_min": 1.0, "rating_max": 5.0, "rating_range_source": "data"})
+    assert open_store(s).checksum == checksum and (s / BUDGET_FILE).read_text() == ledger
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".")) == []
