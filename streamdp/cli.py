@@ -767,8 +767,9 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
           as_json):
     """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget.
 
-    With --rehearse, the same on a synthetic store shaped like STORE, at no cost to it; with --replot, the plot and
-    table of a finished sweep again.
+    With --rehearse, the same on a synthetic store shaped like STORE, whose budget pays only for a shape statistic
+    it has not released yet (--shape-epsilon each, said when charged; never for the sweep); with --replot, the plot
+    and table of a finished sweep again.
     """
     from streamdp.errors import ParameterError
     from streamdp.sweep import format_table, rehearse as run_rehearsal, replot as run_replot

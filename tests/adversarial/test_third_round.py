@@ -1,5 +1,8 @@
 """The third adversarial round (issue 40, part 4): each test failed on the tree it was filed against.
 
+* ``sweep --rehearse`` charged its shape release before checking ``--methods`` / ``--epsilons`` (a typo and retry
+  drained the budget), printed its banner before its parameter errors, and on a store ingested with
+  ``--train/--test`` charged, then failed ("a sweep needs a test split"); its ``--help`` said "at no cost".
 * ``--epsilon 0`` in ``train`` and ``tune`` was a ``ZeroDivisionError`` traceback, ``--epsilon -1`` an answer
   about a "noise_multiplier": now one line naming ``--epsilon``, nothing written, nothing charged.
 """
@@ -59,3 +62,54 @@ def test_python_api_epsilon_not_positive(store, tmp_path, call, epsilon):
     with pytest.raises(ParameterError, match="epsilon: expected a positive number"):
         getattr(streamdp, call)(store, epsilon=epsilon, out=str(tmp_path / "m"), **kw)
     assert not os.path.exists(tmp_path / "m") and _entries(store) == before
+
+
+def _csv(path, rows):
+    path.write_text("user,item,rating\n" + "".join(f"{u},{i},{r}\n" for u, i, r in rows))
+    return path
+
+
+def _rows(users, seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [(u, int(i), int(rng.integers(1, 6))) for u in users for i in rng.choice(30, 6, replace=False)]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--methods", "mens"], "mens"),
+    (["--methods", "means", "--epsilons", "1,x"], "--epsilons"),
+    (["--methods", "means", "--epsilons", "0"], "--epsilons"),
+    (["--methods", "means", "--repeats", "0"], "--repeats"),
+    (["--methods", "als", "--rank", "0"], "--rank"),
+    (["--methods", "als", "--rank", "31"], "--rank"),
+    (["--methods", "means", "--delta", "2"], "delta"),
+    (["--methods", "means", "--ratings-per-user", "0.5"], "--ratings-per-user"),
+    (["--methods", "means", "--shape-epsilon", "-1"], "--shape-epsilon"),
+])
+def test_a_rehearsal_checks_everything_before_its_banner_and_its_charge(cli, store, tmp_path, args, needle):
+    before = _entries(store)
+    res = cli.run("sweep", store, "--rehearse", "--epsilons", "1", "--out", tmp_path / "R", *args)
+    cli.error(res, needle)
+    assert res[1] == "" and "REHEARSAL" not in res[2]  # nothing printed before the error
+    assert _entries(store) == before and not (tmp_path / "R").exists()
+
+
+def test_a_rehearsal_of_a_store_split_by_files_is_refused_before_its_charge(cli, tmp_path):
+    train = _csv(tmp_path / "train.csv", _rows(range(60), 1))
+    test = _csv(tmp_path / "test.csv", _rows(range(60), 2))
+    code, out, err, exc = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "s.zarr",
+                                  "--budget", "3,1e-6")
+    assert code == 0, (err, exc)
+    before = _entries(str(tmp_path / "s.zarr"))
+    res = cli.run("sweep", tmp_path / "s.zarr", "--rehearse", "--methods", "means", "--epsilons", "1", "--out",
+                  tmp_path / "R")
+    cli.error(res, "--train/--test", "test fraction")
+    assert _entries(str(tmp_path / "s.zarr")) == before and not (tmp_path / "R").exists()
+
+
+def test_sweep_help_says_what_a_rehearsal_may_charge(cli):
+    code, out, _, _ = cli.run("sweep", "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    assert "at no cost to it" not in text and "--shape-epsilon each" in text
