@@ -1260,6 +1260,8 @@ def parse_budget(budget, *, name: str = "--budget") -> tuple[float, float] | Non
         e, d = (float(x) for x in parts)
     except ValueError:
         raise ParameterError(f"{name}: expected EPSILON,DELTA, got {budget!r}") from None
+    if not (e > 0 or math.isinf(e)):  # 0, negative, nan: the budget's own message (it names epsilon)
+        check_privacy_params(e, d)
     e = parse_epsilon(parts[0], name)  # only the literal inf is infinite ("1e309" is an error)
     check_privacy_params(e, d)
     return e, d

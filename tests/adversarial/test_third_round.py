@@ -3,6 +3,7 @@
 * ``sweep --rehearse`` charged its shape release before checking ``--methods`` / ``--epsilons`` (a typo and retry
   drained the budget), printed its banner before its parameter errors, and on a store ingested with
   ``--train/--test`` charged, then failed ("a sweep needs a test split"); its ``--help`` said "at no cost".
+* ``ingest --train F --test F`` wrote a store with 0 training ratings, and ``train`` then charged epsilon on it.
 * ``--epsilon 0`` in ``train`` and ``tune`` was a ``ZeroDivisionError`` traceback, ``--epsilon -1`` an answer
   about a "noise_multiplier": now one line naming ``--epsilon``, nothing written, nothing charged.
 """
@@ -113,3 +114,49 @@ def test_sweep_help_says_what_a_rehearsal_may_charge(cli):
     assert code == 0
     text = " ".join(out.split())
     assert "at no cost to it" not in text and "--shape-epsilon each" in text
+
+
+def test_ingest_refuses_the_same_file_as_train_and_test(cli, tmp_path):
+    f = _csv(tmp_path / "r.csv", _rows(range(40), 3))
+    cli.error(cli.run("ingest", "--train", f, "--test", f, "--out", tmp_path / "s.zarr"), "the same file", str(f))
+    assert not (tmp_path / "s.zarr").exists()
+    copy = tmp_path / "copy.csv"
+    copy.write_text(f.read_text())
+    cli.error(cli.run("ingest", "--train", f, "--test", copy, "--out", tmp_path / "s.zarr"), "0 training ratings",
+              str(copy))
+    assert not (tmp_path / "s.zarr").exists()
+    with pytest.raises(ParameterError, match="the same file"):
+        streamdp.ingest(train=str(f), test=str(f), out=str(tmp_path / "s.zarr"))
+    assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.fixture(scope="module")
+def no_training(tmp_path_factory):
+    """A store with 0 training ratings, as ``ingest --train F --test F`` wrote one before it was refused."""
+    import streamdp.storage.ingest as ingest_mod
+
+    d = tmp_path_factory.mktemp("empty")
+    f = _csv(d / "r.csv", _rows(range(40), 4))
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ingest_mod, "_check_distinct_files", lambda *a: None, raising=False)
+    mp.setattr(ingest_mod, "_check_training_left", lambda *a: None, raising=False)
+    try:
+        st = streamdp.ingest(train=str(f), test=str(f), out=str(d / "s.zarr"), budget="3,1e-6")
+    finally:
+        mp.undo()
+    assert st.n_ratings == 0
+    return st.path
+
+
+@pytest.mark.parametrize("method", sorted(load_builtin()))
+def test_train_refuses_a_store_with_no_training_ratings_before_charging(cli, no_training, tmp_path, method):
+    before = _entries(no_training)
+    res = cli.run("train", no_training, "--method", method, "--epsilon", "1", "--out", tmp_path / "m")
+    cli.error(res, "0 training ratings")
+    assert not (tmp_path / "m").exists() and _entries(no_training) == before
+
+
+def test_tune_refuses_a_store_with_no_training_ratings_before_charging(cli, no_training, tmp_path):
+    before = _entries(no_training)
+    cli.error(cli.run("tune", no_training, "--epsilon", "1", "--out", tmp_path / "m"), "0 training ratings")
+    assert not (tmp_path / "m").exists() and _entries(no_training) == before
