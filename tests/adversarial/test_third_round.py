@@ -4,6 +4,7 @@
   drained the budget), printed its banner before its parameter errors, and on a store ingested with
   ``--train/--test`` charged, then failed ("a sweep needs a test split"); its ``--help`` said "at no cost".
 * ``ingest --train F --test F`` wrote a store with 0 training ratings, and ``train`` then charged epsilon on it.
+* ``streamdp.ingest(scipy.sparse...)`` stored a negative row index or a column index past the shape as it was.
 * ``--epsilon 0`` in ``train`` and ``tune`` was a ``ZeroDivisionError`` traceback, ``--epsilon -1`` an answer
   about a "noise_multiplier": now one line naming ``--epsilon``, nothing written, nothing charged.
 """
@@ -160,3 +161,27 @@ def test_tune_refuses_a_store_with_no_training_ratings_before_charging(cli, no_t
     before = _entries(no_training)
     cli.error(cli.run("tune", no_training, "--epsilon", "1", "--out", tmp_path / "m"), "0 training ratings")
     assert not (tmp_path / "m").exists() and _entries(no_training) == before
+
+
+def _sparse(fmt, where, value):
+    import numpy as np
+    import scipy.sparse as sp
+
+    m = sp.coo_matrix((np.array([4.0, 3.0, 5.0, 2.0]), (np.array([0, 1, 2, 3]), np.array([0, 1, 2, 0]))),
+                      shape=(4, 3)).asformat(fmt)
+    getattr(m, where)[1] = value  # after scipy's own check, as an array edited in place
+    return m
+
+
+@pytest.mark.parametrize("fmt, where, value, needle", [
+    ("coo", "row", -1, "row index -1"), ("coo", "col", 3, "column index 3"), ("coo", "row", 4, "row index 4"),
+    ("csr", "indices", -1, "column index -1"), ("csr", "indices", 7, "column index 7"),
+    ("csc", "indices", 9, "row index 9"), ("csr", "indptr", 3, "index pointers"),
+])
+def test_a_sparse_matrix_with_an_index_outside_its_shape_is_refused(tmp_path, fmt, where, value, needle):
+    from streamdp.errors import InputError
+
+    with pytest.raises(InputError, match=needle) as exc:
+        streamdp.ingest(_sparse(fmt, where, value), str(tmp_path / "s.zarr"))
+    assert "\n" not in str(exc.value) and "4x3" in str(exc.value)
+    assert not (tmp_path / "s.zarr").exists()
