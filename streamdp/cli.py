@@ -783,8 +783,9 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
           as_json):
     """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget.
 
-    With --rehearse, the same on a synthetic store shaped like STORE, at no cost to it; with --replot, the plot and
-    table of a finished sweep again.
+    With --rehearse, the same on a synthetic store shaped like STORE, whose budget pays only for a shape statistic
+    it has not released yet (--shape-epsilon each, said when charged; never for the sweep); with --replot, the plot
+    and table of a finished sweep again.
     """
     from streamdp.errors import ParameterError
     from streamdp.sweep import format_table, rehearse as run_rehearsal, replot as run_replot
@@ -1105,16 +1106,35 @@ def privacy_calibrate(epsilon, delta, count, as_json):
               "its journal (privacy_budget.journal, whose hash chain must verify); a lost journal restarts from the "
               "ledger as it is, a journal cut short of STORE/release_witness from the lines that remain, a lost "
               "release key is accepted as lost: each recorded in its history.")
+@click.option("--verify", is_flag=True, help="Compose every counted release again from scratch (dp-accounting) and "
+              "compare with the spend the composition cache (STORE/privacy_budget.spend) gives: a mismatch is an "
+              "error (the cache is then replaced).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
+<<<<<<< HEAD
 def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
     """Show (or --set, --settle, --restore) the privacy budget of STORE and everything released from it."""
     from streamdp.errors import ParameterError
     from streamdp.privacy.budget import StoreBudget, format_budget, parse_budget, shown
+=======
+def budget(store, set_budget, settle, refund_unreleased, restore, verify, as_json):
+    """Show (or --set, --settle, --restore, --verify) the privacy budget of STORE and everything released from it."""
+    from streamdp.errors import ParameterError, StoreError
+    from streamdp.privacy.budget import StoreBudget, format_budget, parse_budget
+>>>>>>> h-adv1
     from streamdp.privacy.ledger import encode_json
 
     if refund_unreleased and not settle:
         raise ParameterError("--refund-unreleased: only with --settle")
     b = StoreBudget(store)
+    if verify:
+        v = b.verify()
+        if not v["match"]:
+            raise StoreError(f"{store}: the composition cache privacy_budget.spend claims epsilon {v['cached']:.6g}, "
+                             f"but the {v['n_releases']} counted release(s) compose to {v['recomposed']:.6g} from "
+                             f"scratch: the cache was edited or damaged (it is now replaced)")
+        if not as_json:
+            click.echo(f"verified: {v['n_releases']} counted release(s) compose from scratch to the cached spend "
+                       f"(epsilon {v['recomposed']:.6g})")
     restored = None
     if restore:
         restored = b.restore()

@@ -30,12 +30,12 @@ from streamdp.api import train
 from streamdp.errors import BudgetExceededError, ParameterError
 from streamdp.methods import get_method
 from streamdp.outputs import check_destination
-from streamdp.privacy.accountant import check_calibratable, parse_epsilon
+from streamdp.privacy.accountant import check_calibratable, check_privacy_params, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import atomic_write_json
 from streamdp.privacy.params import default_delta
-from streamdp.privacy.users import release_user_count
-from streamdp.rehearse import REHEARSAL_NOTE, generate_like
+from streamdp.privacy.users import check_users_bound, release_user_count
+from streamdp.rehearse import REHEARSAL_NOTE, check_like, generate_like
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import dask_session
@@ -98,9 +98,17 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
         raise ParameterError("--dry-run: a rehearsal spends nothing of the store's (it says so if it must release "
                              "its shape first); leave --dry-run out, or dry-run the real sweep without --rehearse")
     st = store if isinstance(store, RatingStore) else open_store(store)
+    # everything is checked before the banner and before a shape statistic is charged (a typo then costs nothing)
     if not st.has_test:  # the synthetic store takes its test fraction from STORE: a sweep needs one
         raise ParameterError(f"{st.path}: a sweep needs a test split, and a rehearsal takes STORE's test fraction "
                              f"(ingest or generate with --test-fraction)")
+    if not float((st.attrs.get("params") or {}).get("test_fraction") or 0.0) > 0:
+        raise ParameterError(f"{st.path}: its test split came as a file (ingest --train/--test), so it has no test "
+                             f"fraction for the synthetic store to take, and a sweep needs a test split; sweep "
+                             f"STORE itself, or rehearse a store ingested with --test-fraction")
+    check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon)
+    _check_run_options(st, options)
+    check_destination(out, force, what="sweep directory", is_ours=_is_sweep_dir)
     say(REHEARSAL_NOTE.format(store=st.path))
     prepare_out(out, force)
     try:
@@ -121,6 +129,21 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     res = sweep(syn, out=out, seed=seed, echo=echo, prepared=True, rehearsal=rehearsal, **options)
     say(f"REHEARSAL: the curve above is on synthetic data shaped like {st.path}, not on its ratings")
     return res
+
+
+def _check_run_options(st, options: dict) -> None:
+    """What :func:`sweep` would refuse of ``options`` once the synthetic store exists, checked on STORE first:
+    methods, epsilons, repeats, delta's range, users_bound, rank and the methods' options (STORE and its synthetic
+    twin share their public parameters). Builds no plan and releases nothing."""
+    methods, epsilons = check_points(st, options.get("methods", ""), options.get("epsilons", ""),
+                                     options.get("repeats", 1))
+    check_users_bound(options.get("users_bound"))
+    delta = options.get("delta")
+    if delta is not None:
+        check_privacy_params(1.0, delta)
+    for m in methods:
+        get_method(m)(epsilon=1.0, delta=1e-6 if delta is None else float(delta),
+                      rank=options.get("rank")).check_rank(st.n_items)
 
 
 def planned_spend(store, points, *, delta, rank, seed, users=None) -> dict:
@@ -187,22 +210,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     st = store if isinstance(store, RatingStore) else open_store(store)
     if not st.has_test:
         raise ParameterError(f"{st.path}: a sweep needs a test split (ingest or generate with --test-fraction)")
-    methods = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
-    if not methods:
-        raise ParameterError("--methods: give at least one method")
-    for m in methods:
-        get_method(m).check_store(st)
-    lists = [m for m in methods if get_method(m).LOCAL_SOLVER == "implicit"]
-    if lists:  # its scores rank items: no test RMSE to plot
-        raise ParameterError(f"--methods {lists[0]}: its scores rank items and are not ratings, so it has no test "
-                             f"RMSE, which a sweep plots against epsilon; train each epsilon and read evaluate's "
-                             f"ranking metrics (or bench/ranking.py) instead")
-    if st.implicit:  # a method that trains on counts passed check_store: but the sweep's points are test RMSEs
-        raise ParameterError(f"{st.path}: an implicit store has no ratings and so no test RMSE, which a sweep plots "
-                             f"against epsilon; train each epsilon and read evaluate's ranking metrics instead")
-    epsilons = parse_epsilons(epsilons) if isinstance(epsilons, str) else [float(e) for e in epsilons]
-    if int(repeats) != repeats or repeats < 1:
-        raise ParameterError(f"--repeats must be a positive integer, got {repeats}")
+    methods, epsilons = check_points(st, methods, epsilons, repeats)
     finite = [e for e in epsilons if math.isfinite(e)]
     users = release_user_count(st.n_users, epsilon=min(finite) if finite else math.inf, seed=seed,
                                users_bound=users_bound)
@@ -248,6 +256,30 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     _write(out, result)
     result["plot"] = plot(result, os.path.join(out, PLOT_PNG))
     return result
+
+
+def check_points(st, methods, epsilons, repeats) -> tuple[list[str], list[float]]:
+    """``(methods, epsilons)`` of a sweep on ``st``, checked (one-line :class:`ParameterError` otherwise): known
+    methods that train on ``st`` and have a test RMSE, epsilons > 0 (or inf), a positive number of repeats.
+    Reads no rating and releases nothing, so a rehearsal runs it before it charges anything."""
+    methods = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
+    if not methods:
+        raise ParameterError("--methods: give at least one method")
+    for m in methods:
+        get_method(m).check_store(st)
+    lists = [m for m in methods if get_method(m).LOCAL_SOLVER == "implicit"]
+    if lists:  # its scores rank items: no test RMSE to plot
+        raise ParameterError(f"--methods {lists[0]}: its scores rank items and are not ratings, so it has no test "
+                             f"RMSE, which a sweep plots against epsilon; train each epsilon and read evaluate's "
+                             f"ranking metrics (or bench/ranking.py) instead")
+    if st.implicit:  # a method that trains on counts passed check_store: but the sweep's points are test RMSEs
+        raise ParameterError(f"{st.path}: an implicit store has no ratings and so no test RMSE, which a sweep plots "
+                             f"against epsilon; train each epsilon and read evaluate's ranking metrics instead")
+    epsilons = parse_epsilons(epsilons) if isinstance(epsilons, str) else [parse_epsilon(e, "--epsilons")
+                                                                           for e in epsilons]
+    if isinstance(repeats, bool) or int(repeats) != repeats or repeats < 1:
+        raise ParameterError(f"--repeats must be a positive integer, got {repeats}")
+    return methods, epsilons
 
 
 def prepare_out(out: str, force: bool) -> None:

@@ -197,10 +197,16 @@ class Method:
     @classmethod
     def check_store(cls, store) -> None:
         """Refuse (:class:`~streamdp.errors.ParameterError`) a store this method cannot train on: an implicit
-        store (interaction logs) for a rating method. Checked by every entry point before anything is planned."""
+        store (interaction logs) for a rating method, and a store with 0 training ratings (``ingest --train F --test
+        F`` once wrote one: a release on it spends epsilon on nothing). Checked by every entry point before anything
+        is planned or reserved (a message to the data owner, who runs the command; nothing is released)."""
         if getattr(store, "implicit", False) and not cls.ACCEPTS_IMPLICIT:
             raise ParameterError(f"--method {cls.name}: {store.path} is an implicit store (interactions with counts, "
                                  f"no ratings) and {cls.name} trains on ratings; use --method ials")
+        if getattr(store, "n_ratings", 1) == 0:
+            raise ParameterError(f"{store.path}: the store holds 0 training ratings"
+                                 + (" (all its ratings are in its test split)" if store.has_test else "")
+                                 + "; there is nothing to train on: ingest it again with training ratings")
     def check_rank(self, n_items: int) -> None:
         """Refuse (:class:`ParameterError`) more factors than items (not for fw's steps, nor a method fitting none)."""
         if self.FITS_FACTORS and self.RANK_IS_FACTORS and self.rank > n_items:

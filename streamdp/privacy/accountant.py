@@ -274,7 +274,10 @@ def parse_epsilon(value, flag: str = "--epsilon") -> float:
     Python's ``float``: it must not silently train without noise). A number is taken as
     it is (a Python ``float('inf')`` is an explicit request). Decision: ``infinity`` is
     accepted because Python's ``float`` accepts it and it cannot be read as a finite number.
-    Range checks (``> 0``, calibratable) are :func:`check_privacy_params` and
+    Every epsilon a run or a budget is given passes here, so here it must be ``> 0``: ``0``, a
+    negative number or ``nan`` is a one-line :class:`ParameterError` naming ``flag``, before
+    anything is opened, released or charged (``0`` once divided a noise scale by zero, ``-1``
+    answered about a noise multiplier). Whether noise can be calibrated for it is
     :func:`check_calibratable`'s.
 
     >>> parse_epsilon("1"), parse_epsilon("INF"), parse_epsilon(2)
@@ -283,6 +286,10 @@ def parse_epsilon(value, flag: str = "--epsilon") -> float:
     Traceback (most recent call last):
     ...
     streamdp.errors.ParameterError: --epsilon 1e309: overflows a float (largest ...); only the literal inf is ...
+    >>> parse_epsilon(0)
+    Traceback (most recent call last):
+    ...
+    streamdp.errors.ParameterError: --epsilon: expected a positive number (or inf for a non-private run), got 0
     """
     if isinstance(value, str):
         text = value.strip()
@@ -295,13 +302,17 @@ def parse_epsilon(value, flag: str = "--epsilon") -> float:
         if math.isinf(x):
             raise ParameterError(f"{flag} {text}: overflows a float (largest {sys.float_info.max:.4g}); only the "
                                  f"literal inf is infinite (a non-private run)")
-        return x
-    if isinstance(value, bool):
+    elif isinstance(value, bool):
         raise ParameterError(f"{flag}: expected a number, got {value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ParameterError(f"{flag}: expected a number (or inf for a non-private run), got {value!r}") from None
+    else:
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise ParameterError(f"{flag}: expected a number (or inf for a non-private run), got {value!r}") from None
+    if not x > 0:  # 0, negative, nan
+        raise ParameterError(f"{flag}: expected a positive number (or inf for a non-private run), got "
+                             f"{_fmt_number(x) if math.isfinite(x) else x}")
+    return x
 
 
 def check_privacy_params(epsilon: float, delta: float, n_users: int | None = None) -> None:

@@ -426,12 +426,16 @@ class StoreBudget:
         return SpendComposer(remote.join(self.store, SPEND_FILE) if self.remote else self.store / SPEND_FILE)
 
     @staticmethod
-    def _spend(entries: list, delta: float | None, composer: SpendComposer | None = None) -> dict:
+    def _spend(entries: list, delta: float | None, composer: SpendComposer | None = None, *,
+               fresh: bool = False) -> dict:
         """Total spend of ``entries``: accountant composition at ``delta`` and basic composition.
 
         Releases that use no protected data (``GUARANTEE_PUBLIC_ONLY``: public users only) spend nothing and are
         counted as releases only. ``composer``: continues from compositions kept beside the ledger (the same
-        floats as composing from scratch, :mod:`streamdp.privacy.spend`).
+        floats as composing from scratch, :mod:`streamdp.privacy.spend`); ``fresh``: composes from scratch, trusting
+        none of them. A continued composition below the largest single release's epsilon (a ledger entry whose
+        delta is at least ``delta``: a composition never spends less than one of its releases) is a forged or
+        damaged cache: composed again from scratch.
         """
         n_releases = len(entries)
         entries = [e for e in entries if e.get("guarantee") != GUARANTEE_PUBLIC_ONLY]
@@ -450,12 +454,46 @@ class StoreBudget:
             delta = max(delta_basic, 1e-12) if delta_basic > 0 else 1e-9
             out["delta"] = delta
         if all(e.get("events") for e in entries):
-            eps, eps_rdp = (composer or SpendComposer(None)).spend([e["events"] for e in entries], delta)
+            composer = composer or SpendComposer(None)
+            lists = [e["events"] for e in entries]
+            eps, eps_rdp = composer.recompose(lists, delta) if fresh else composer.spend(lists, delta)
+            single = max((e["epsilon"] for e in entries if e["delta"] >= delta), default=0.0)
+            if not fresh and composer.checked and eps < single * (1.0 - 1e-3):  # the entry's epsilon is its target: >= achieved
+                eps, eps_rdp = composer.recompose(lists, delta)
             out.update(epsilon=eps, epsilon_rdp=eps_rdp)
         else:
             out.update(epsilon=eps_basic, delta=delta_basic, accountant="basic composition (some releases have "
                        "no accountable events)")
         return out
+
+    def _confirmed(self, entries: list, spend: dict, budget: dict | None, composer: SpendComposer) -> dict:
+        """``spend`` (of ``entries``, at the budget's delta), composed again from scratch when the budget's decision
+        rests on the cached PLD: within the budget by it, but not by an upper bound that needs no cached PLD: the
+        RDP epsilon (its vector is checked against the releases' own on every use, :mod:`streamdp.privacy.spend`)
+        or basic composition (each entry's own epsilon and delta summed). A forged cache that lowers the spend then
+        cannot let a release past the budget; a store whose bound is within its budget pays nothing more."""
+        if budget is None or spend["accountant"] != "pld" or not self._within(spend, budget):
+            return spend
+        if spend["epsilon_rdp"] <= budget["epsilon"] or (spend["epsilon_basic"] <= budget["epsilon"]
+                                                         and spend["delta_basic"] <= budget["delta"]):
+            return spend
+        return self._spend(entries, budget["delta"], composer, fresh=True)
+
+    def verify(self) -> dict:
+        """The counted releases composed from scratch beside the spend the composition cache gives (both at the
+        budget's delta, or at the entries' summed delta without a budget): ``{"cached", "recomposed", "match"}``
+        (epsilons). Reads the ledger and the cache; a mismatching cache is replaced by the recomposed states."""
+        d = self._checked().d
+        budget = d.get("budget")
+        counted = [e for e in d["entries"] if e["status"] in COUNTED]
+        delta = budget["delta"] if budget else None
+        cached = self._spend(counted, delta, SpendComposer(self._composer().cache, checked=False))["epsilon"]
+        composer = SpendComposer(self._composer().cache)
+        fresh = self._spend(counted, delta, composer, fresh=True)["epsilon"]
+        match = cached == fresh or (math.isinf(cached) and math.isinf(fresh))
+        if not match:
+            composer.save()
+        return {"cached": cached, "recomposed": fresh, "match": match, "n_releases": len(counted)}
 
     def _within(self, spend: dict, budget: dict | None) -> bool:
         if budget is None:
@@ -507,7 +545,8 @@ class StoreBudget:
         budget = d.get("budget")
         counted = [e for e in d["entries"] if e["status"] in COUNTED]
         composer = self._composer()
-        spend = self._spend(counted, budget["delta"] if budget else None, composer)
+        spend = self._confirmed(counted, self._spend(counted, budget["delta"] if budget else None, composer),
+                                budget, composer)
         composer.save()
         remaining = None
         if budget is not None:
@@ -542,7 +581,7 @@ class StoreBudget:
         delta = budget["delta"] if budget else max([e["delta"] for e in new] or [1e-9])
         composer = self._composer()
         before = self._spend(counted, delta, composer)
-        after = self._spend(counted + new, delta, composer)
+        after = self._confirmed(counted + new, self._spend(counted + new, delta, composer), budget, composer)
         composer.save()
         return {"budget": budget, "before": before, "after": after,
                 "sweep": self._spend(new, delta), "within_budget": self._within(after, budget)}
@@ -584,7 +623,8 @@ class StoreBudget:
             if budget is not None:
                 composer = self._composer()
                 before = self._spend(counted, budget["delta"], composer)
-                after = self._spend(counted + [entry], budget["delta"], composer)
+                after = self._confirmed(counted + [entry], self._spend(counted + [entry], budget["delta"], composer),
+                                        budget, composer)
                 composer.save()  # the next reservation continues from one of these two
                 if not self._within(after, budget):
                     if not over_budget:
@@ -1172,6 +1212,8 @@ def parse_budget(budget, *, name: str = "--budget") -> tuple[float, float] | Non
         e, d = (float(x) for x in parts)
     except ValueError:
         raise ParameterError(f"{name}: expected EPSILON,DELTA, got {budget!r}") from None
+    if not (e > 0 or math.isinf(e)):  # 0, negative, nan: the budget's own message (it names epsilon)
+        check_privacy_params(e, d)
     e = parse_epsilon(parts[0], name)  # only the literal inf is infinite ("1e309" is an error)
     check_privacy_params(e, d)
     return e, d

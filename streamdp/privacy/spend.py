@@ -40,7 +40,13 @@ journal that was rebuilt) has another hash and the composition is made from scra
 checksum of the file's own content catches a damaged file (it is then ignored, never an
 error). It is a cache, not a record: deleting it costs one composition from scratch.
 Whoever can write the store can forge it, as they can rewrite the journal (the chain is a
-check, not a signature: see :mod:`streamdp.privacy.budget`).
+check, not a signature: see :mod:`streamdp.privacy.budget`). So a state is also checked
+against the ledger it claims to compose, cheaply: its RDP vector must equal the RDP
+composition of those releases from scratch (closed forms, no PLD), or nothing of the file
+is used; and :class:`~streamdp.privacy.budget.StoreBudget` recomposes from scratch
+(:meth:`SpendComposer.recompose`) when a claim is below the largest single release's
+epsilon, and whenever a budget decision rests on the cache (basic composition alone would
+not keep the store within its budget); ``streamdp budget --verify`` recomposes from scratch.
 """
 
 from __future__ import annotations
@@ -101,10 +107,13 @@ class _State:
 
 class SpendComposer:
     """Composes ledgers' events with dp-accounting, continuing from the states in ``cache`` (a path or URL of
-    :data:`SPEND_FILE`; None: none). :meth:`spend` as often as needed, then :meth:`save`."""
+    :data:`SPEND_FILE`; None: none). :meth:`spend` as often as needed, then :meth:`save`. ``checked``: a state
+    is used only if its RDP vector is the releases' own (module docstring)."""
 
-    def __init__(self, cache: str | os.PathLike | None):
+    def __init__(self, cache: str | os.PathLike | None, *, checked: bool = True):
         self.cache = None if cache is None else str(cache)
+        #: False: the cache's states are taken as they are (what ``budget --verify`` compares with the truth)
+        self.checked = checked
         self._states: list[_State] | None = None
         self._made: list[_State] = []
 
@@ -126,6 +135,8 @@ class SpendComposer:
             rdp._rdp = rdp_from.rdp.copy()
             start = rdp_from.n
         rdp.compose(_events(event_lists[start:]))
+        if start and self.checked and not _rdp_matches(rdp._rdp, event_lists):  # a forged or stale state: nothing of it is used
+            return self.recompose(event_lists, delta)
         eps_rdp, _ = rdp.get_epsilon_and_optimal_order(delta)
         eps_rdp = float(eps_rdp)
         unique = {canonical(ev): ev for events in event_lists for ev in events}
@@ -145,6 +156,13 @@ class SpendComposer:
         self._made.append(_State(n, h[n], rdp._rdp.copy(), grid, pld._pld, pld._contains_non_dp_event))
         return eps, eps_rdp
 
+    def recompose(self, event_lists: list[list[dict]], delta: float) -> tuple[float, float]:
+        """:meth:`spend` from scratch, trusting no state read from the cache (nor composed on one): what the budget
+        runs when a cached claim is implausible or decides a release (:mod:`streamdp.privacy.budget`). The next
+        :meth:`save` replaces the file's states with the ones composed here."""
+        self._states, self._made = [], []
+        return self.spend(event_lists, delta)
+
     def save(self) -> None:
         """Keep the last states composed (best effort: a cache that cannot be written is composed again)."""
         if self.cache is None or not self._made:
@@ -161,6 +179,15 @@ class SpendComposer:
 def full_spend(event_lists: list[list[dict]], delta: float) -> tuple[float, float]:
     """What :meth:`SpendComposer.spend` returns, composed from scratch (no cache): the reference it must equal."""
     return SpendComposer(None).spend(event_lists, delta)
+
+
+def _rdp_matches(rdp: np.ndarray, event_lists: list[list[dict]]) -> bool:
+    """Whether ``rdp`` (an RDP vector continued from a cached state) is the RDP composition of ``event_lists`` from
+    scratch: cheap (closed forms summed over the orders, no PLD), so it is checked every time a state is used. A
+    state whose vector was zeroed or lowered is then never used, its PLD neither."""
+    fresh = rdp_accountant()
+    fresh.compose(_events(event_lists))
+    return bool(np.allclose(rdp, fresh._rdp, rtol=1e-9, atol=1e-12))
 
 
 def _events(event_lists: list[list[dict]]):

@@ -220,6 +220,33 @@ class SparseFrame(Frame):
         self.value = "count" if implicit else "rating"
         if matrix.dtype.kind not in "biuf":
             raise InputError(f"{self.name}: values of dtype {matrix.dtype} are not numbers")
+        self._check_indices()
+
+    def _check_indices(self) -> None:
+        """Refuse (one line) a matrix whose stored indices are not within its shape: a negative index or one past
+        it (scipy checks them when the matrix is built, not after its arrays are changed or with ``check=False``),
+        and CSR/CSC row pointers that do not run from 0 to the number of entries without going back. Each would
+        otherwise be stored as a user or item id outside the matrix."""
+        m = self.m
+        n_rows, n_cols = m.shape
+        if self.fmt == "coo":
+            pairs = (("row", m.row, n_rows), ("column", m.col, n_cols))
+        else:
+            ptr = np.asarray(m.indptr, np.int64)
+            if len(ptr) != (n_rows if self.fmt == "csr" else n_cols) + 1 or (len(ptr) and ptr[0] != 0) \
+                    or np.any(np.diff(ptr) < 0) or ptr[-1] != len(m.indices) or len(m.indices) != len(m.data):
+                raise InputError(f"{self.name}: its {self.fmt.upper()} index pointers are not those of its shape "
+                                 f"{n_rows}x{n_cols} (call check_format() on it)")
+            pairs = (("column" if self.fmt == "csr" else "row", m.indices, n_cols if self.fmt == "csr" else n_rows),)
+        for what, idx, bound in pairs:
+            idx = np.asarray(idx)
+            if len(idx) == 0:
+                continue
+            bad = np.flatnonzero((idx < 0) | (idx >= bound))
+            if len(bad):
+                k = int(bad[0])
+                raise InputError(f"{self.name}: stored entry {k} has {what} index {int(idx[k])}, outside its shape "
+                                 f"{n_rows}x{n_cols} ({what} indices run from 0 to {bound - 1})")
 
     @property
     def schema(self) -> pa.Schema:

@@ -430,6 +430,7 @@ def ingest(
     test_fraction = check_fraction(test_fraction)
     test_inputs = list(test_inputs or [])
     how = resolve_split(split, test_fraction, last_n, seed, bool(test_inputs))
+    _check_distinct_files(inputs, test_inputs)
     if block_users is not None and block_users < 1:
         raise ParameterError(f"--block-users must be >= 1, got {block_users}")
     limit = resolve_memory_limit(memory_limit)
@@ -499,6 +500,34 @@ def ingest(
     finally:
         if tmp is not None:
             remove_temp_dir(tmp)
+
+
+def _check_distinct_files(inputs, test_inputs) -> None:
+    """Refuse a file given both as training and as test file (``--train F --test F``): its training ratings would all
+    be dropped as also in the test file, leaving a store with 0 training ratings."""
+    for t in test_inputs:
+        for i in inputs:
+            if isinstance(t, F.Spec) or isinstance(i, F.Spec):
+                continue
+            t_, i_ = str(t), str(i)
+            try:
+                same = os.path.samefile(t_, i_)
+            except (OSError, ValueError):
+                same = os.path.abspath(t_) == os.path.abspath(i_)
+            if same:
+                raise ParameterError(f"--train {i_} and --test {t_}: the same file; every training rating would also "
+                                     f"be a test rating and be dropped from training (0 training ratings): give a "
+                                     f"test file disjoint from the training files, or --test-fraction F")
+
+
+def _check_training_left(parsed: _Parsed, train_counts) -> None:
+    """Refuse, before anything is written, a ``--train/--test`` ingest whose every training rating is also in the
+    test files (the same ratings under two names): the store would hold 0 training ratings."""
+    if not train_counts.any():
+        names = [[s.spec.path for s in parsed.sources if s.flag == f] for f in (0, 1)]
+        raise InputError(f"--train {', '.join(names[0])}: every training rating is also in --test "
+                         f"{', '.join(names[1])}, so the store would hold 0 training ratings; give a test file "
+                         f"disjoint from the training files")
 
 
 def resolve_split(split: str | None, test_fraction: float, last_n: int | None, seed, files: bool) -> dict:
@@ -935,6 +964,8 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
 
     parsed.phases["dedup"] = round(time.perf_counter() - t0, 3)
     _release_memory()
+    if files:
+        _check_training_left(parsed, train_counts_raw)
 
     # -- pass 4: items by descending count, write blocks --------------------------------
     order = np.lexsort((np.arange(n_raw_items), -item_counts_raw))  # new item k = raw item order[k]

@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from streamdp.cli import main
-from streamdp.errors import StoreError
+from streamdp.errors import BudgetExceededError, StoreError
 from streamdp.privacy import GUARANTEE_USER_DP, Ledger, calibrate_gaussian, gaussian_event
 from streamdp.privacy.budget import BUDGET_FILE, JOURNAL_FILE, LOCK_FILE, WITNESS_FILE, StoreBudget
 from streamdp.privacy.journal import GENESIS, canonical, make_lines, read_journal, state_text
@@ -573,3 +573,77 @@ def test_a_journal_read_again_verifies_what_was_appended_and_sees_any_other_chan
     path.write_text("\n".join(lines) + "\n")
     code, _, err = cli("budget", store)
     assert_refused(code, err, "line 3: its hash does not chain")
+
+
+# -- 3. a forged composition cache (issue 40, third round) ------------------------------------------------------
+
+
+def _forge_spend_cache(store, rdp=True):
+    """Zero every state of STORE/privacy_budget.spend (its PLD: no privacy loss, and its RDP vector unless ``rdp`` is
+    False) and recompute its checksum, as a forger who read streamdp/privacy/spend.py would."""
+    import io
+
+    import numpy as np
+
+    from streamdp.privacy import spend
+
+    path = store / spend.SPEND_FILE
+    with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    arrays.pop("checksum")
+    for i, s in enumerate(meta["states"]):
+        if rdp:
+            arrays[f"s{i}_rdp"] = np.zeros_like(arrays[f"s{i}_rdp"])
+        for side in ("remove", "add"):
+            if s[side] is not None:
+                for k in [k for k in arrays if k.startswith(f"s{i}_{side}_")]:
+                    del arrays[k]
+                s[side].update(kind="dense", lower_loss=0, infinity_mass=0.0)
+                arrays[f"s{i}_{side}_probs"] = np.array([1.0])
+    meta_text = json.dumps(meta, sort_keys=True)
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.array(meta_text), checksum=np.array(spend._checksum(meta_text, arrays)), **arrays)
+    path.write_bytes(buf.getvalue())
+
+
+@pytest.fixture
+def near_budget(store):
+    """A store with a budget of epsilon 3 and two releases of 1.5: one more of 2.5 composes to about 3.2."""
+    from streamdp.privacy.spend import full_spend
+
+    b = StoreBudget(store)
+    b.set(3.0, 1e-6)
+    for _ in range(2):
+        b.complete(b.reserve(_ledger(1.5)))
+    events = [e["events"] for e in b.show()["entries"]] + [_ledger(2.5).events]
+    assert full_spend(events, 1e-6)[0] > 3.0  # the truth: a 2.5 release does not fit
+    return store
+
+
+@pytest.mark.parametrize("rdp", [True, False], ids=["states zeroed", "pld zeroed"])
+def test_a_forged_composition_cache_does_not_let_a_release_past_the_budget(near_budget, rdp):
+    store = near_budget
+    _forge_spend_cache(store, rdp=rdp)
+    with pytest.raises(BudgetExceededError, match="past its budget"):
+        StoreBudget(store).reserve(_ledger(2.5))
+    assert [e["status"] for e in StoreBudget(store).show()["entries"]] == ["complete", "complete"]
+
+
+@pytest.mark.parametrize("rdp", [True, False], ids=["states zeroed", "pld zeroed"])
+def test_a_forged_cache_never_shows_less_than_the_largest_release(near_budget, rdp):
+    store = near_budget
+    truth = StoreBudget(store).show()["spent"]["epsilon"]
+    _forge_spend_cache(store, rdp=rdp)
+    assert StoreBudget(store).show()["spent"]["epsilon"] == truth
+
+
+def test_budget_verify_recomposes_from_scratch_and_reports_a_forged_cache(near_budget):
+    store = near_budget
+    code, out, err = cli("budget", store, "--verify")
+    assert code == 0 and out.startswith("verified: 2 counted release(s) compose from scratch"), err
+    _forge_spend_cache(store)
+    code, out, err = cli("budget", store, "--verify")
+    assert_refused(code, err, "privacy_budget.spend", "compose to")
+    assert out == ""
+    assert cli("budget", store, "--verify")[0] == 0  # the cache was replaced
