@@ -1110,17 +1110,10 @@ def privacy_calibrate(epsilon, delta, count, as_json):
               "compare with the spend the composition cache (STORE/privacy_budget.spend) gives: a mismatch is an "
               "error (the cache is then replaced).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-<<<<<<< HEAD
-def budget(store, set_budget, settle, refund_unreleased, restore, as_json):
-    """Show (or --set, --settle, --restore) the privacy budget of STORE and everything released from it."""
-    from streamdp.errors import ParameterError
-    from streamdp.privacy.budget import StoreBudget, format_budget, parse_budget, shown
-=======
 def budget(store, set_budget, settle, refund_unreleased, restore, verify, as_json):
     """Show (or --set, --settle, --restore, --verify) the privacy budget of STORE and everything released from it."""
     from streamdp.errors import ParameterError, StoreError
-    from streamdp.privacy.budget import StoreBudget, format_budget, parse_budget
->>>>>>> h-adv1
+    from streamdp.privacy.budget import StoreBudget, format_budget, parse_budget, shown
     from streamdp.privacy.ledger import encode_json
 
     if refund_unreleased and not settle:

@@ -509,7 +509,6 @@ def _release_histogram(st: RatingStore, epsilon: float) -> tuple[np.ndarray, Rel
     return rel.add(exact_histogram(st), _release_rng()), rel
 
 
-<<<<<<< HEAD
 def generate_like(store, out: str, *, users: int | None = None, ratings_per_user: float | None = None,
                   shape_epsilon: float | None = None, over_budget: bool = False, force: bool = False,
                   echo=None, **options) -> RatingStore:
@@ -553,11 +552,13 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
 def _checked_like(store, users, ratings_per_user, shape_epsilon, options) -> tuple[RatingStore, float]:
     """``(the store opened, the shape's epsilon)``: the rehearsal's arguments checked before anything is read."""
     st = store if isinstance(store, RatingStore) else open_store(store)
-=======
+    return st, check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon,
+                          options=options)
+
+
 def check_like(st: RatingStore, *, users=None, ratings_per_user=None, shape_epsilon=None, options=()) -> float:
     """Check :func:`generate_like`'s arguments (one-line :class:`ParameterError`) and return the shape epsilon.
     Reads no rating and charges nothing: ``sweep --rehearse`` runs it before it prints or charges anything."""
->>>>>>> h-adv1
     if st.implicit:
         raise ParameterError(f"{st.path}: an implicit store (counts, no ratings): a rehearsal writes ratings; "
                              f"generate an implicit store with `streamdp generate --implicit` instead")
@@ -572,33 +573,11 @@ def check_like(st: RatingStore, *, users=None, ratings_per_user=None, shape_epsi
     eps = SHAPE_EPSILON if shape_epsilon is None else float(shape_epsilon)
     if not (math.isfinite(eps) and eps > 0):
         raise ParameterError(f"--shape-epsilon must be a finite number > 0, got {shape_epsilon}")
-<<<<<<< HEAD
-    return st, eps
+    return eps
 
 
 def _known_shape(st, pub, users, ratings_per_user, options):
     """``(shape, found, items)``: the numbers given or already released (at no cost), and the item side's."""
-=======
-    return eps
-
-
-def generate_like(store, out: str, *, users: int | None = None, ratings_per_user: float | None = None,
-                  shape_epsilon: float | None = None, over_budget: bool = False, force: bool = False,
-                  echo=None, **options) -> RatingStore:
-    """Write a synthetic store shaped like ``store`` to ``out`` (module docstring) and return it opened.
-
-    ``users`` / ``ratings_per_user``: given by the caller, at no cost; what is neither given nor
-    released is released now at ``shape_epsilon`` and charged to ``store``'s budget (refused past
-    the budget unless ``over_budget``): the histogram of ratings per user, and, once a model has released an item
-    side, the spread statistics. ``options``: the generator's other parameters (rank, noise,
-    seed, item_exponent, ...). ``echo`` gets the lines saying where each number came from.
-    """
-    say = echo or (lambda *a, **k: None)
-    st = store if isinstance(store, RatingStore) else open_store(store)
-    eps = check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon,
-                     options=options)
-    pub = _public(st)
->>>>>>> h-adv1
     shape = {"n_users": None if users is None else {"value": int(users), "source": "given (--users): no cost"},
              "ratings_per_user": None if ratings_per_user is None else
              {"value": float(ratings_per_user), "source": "given (--ratings-per-user): no cost"}}
