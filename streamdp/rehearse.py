@@ -56,6 +56,7 @@ from streamdp.privacy.budget import COUNTED, StoreBudget
 from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
 from streamdp.privacy.release import Release
 from streamdp.serving import factors_released
+from streamdp.storage.catalogue import catalogue_view, store_catalogue
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.generate import generate_store
 from streamdp.storage.ids import as_ids, find
@@ -486,6 +487,27 @@ def released_shape(store) -> dict:
     return best
 
 
+def rehearsal_items(st: RatingStore) -> RatingStore:
+    """``st`` seen through the items a rehearsal may know (:mod:`streamdp.privacy.catalogue`): the catalogue the store
+    declares, else that of the least noisy model released from it (post-processing); neither is a one-line
+    :class:`ParameterError` (the store's own items are read off the data and no rehearsal publishes them)."""
+    declared = store_catalogue(st)
+    if declared is not None:
+        return catalogue_view(st, declared[0])
+    found = released_shape(st)
+    for key in ("spread", "items", "factor_items"):
+        src = found.get(key)
+        where = (src or {}).get("model") or ((src or {}).get("value") or {}).get("model")
+        if where:
+            try:
+                return catalogue_view(st, as_ids(load_model(where).item_ids))
+            except StreamdpError:
+                continue
+    raise ParameterError(f"{st.path}: a rehearsal needs the store's items, which are never read off the data: "
+                         f"declare its catalogue (ingest --items FILE), or release a model from it first (a rehearsal "
+                         f"then uses that model's catalogue)")
+
+
 def _public(st: RatingStore) -> dict:
     """The generator's parameters that STORE's public parameters fix (module docstring)."""
     a, p = st.attrs, st.attrs.get("params") or {}
@@ -552,8 +574,8 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
 def _checked_like(store, users, ratings_per_user, shape_epsilon, options) -> tuple[RatingStore, float]:
     """``(the store opened, the shape's epsilon)``: the rehearsal's arguments checked before anything is read."""
     st = store if isinstance(store, RatingStore) else open_store(store)
-    return st, check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon,
-                          options=options)
+    eps = check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon, options=options)
+    return rehearsal_items(st), eps
 
 
 def check_like(st: RatingStore, *, users=None, ratings_per_user=None, shape_epsilon=None, options=()) -> float:
@@ -573,6 +595,7 @@ def check_like(st: RatingStore, *, users=None, ratings_per_user=None, shape_epsi
     eps = SHAPE_EPSILON if shape_epsilon is None else float(shape_epsilon)
     if not (math.isfinite(eps) and eps > 0):
         raise ParameterError(f"--shape-epsilon must be a finite number > 0, got {shape_epsilon}")
+    rehearsal_items(st)  # the items it may know: declared, or a released model's
     return eps
 
 
