@@ -123,6 +123,14 @@ users_bound_option = click.option(
          "written in the model instead of the count released with noise (which then costs 1% of epsilon); a store "
          "with more users is refused.")
 
+#: ``--items`` of the commands that release a model (streamdp.privacy.catalogue).
+items_option = click.option(
+    "--items", "items", default=None, metavar="FILE", help="The item catalogue, declared public by the data owner: a "
+    "file of item ids, one per line, or the first field of each line (a header line is allowed; MovieLens' u.item "
+    "works as it is). The model's items are these; ratings of other items are left out. Default: the catalogue the "
+    "store declares (ingest --items), else one selected privately (partition selection, part of --epsilon); never "
+    "the store's items as read off the data.")
+
 k_option = click.option("--k", "k", type=int, default=10, show_default=True,
                         help="List length of the ranking metrics (Precision/Recall/NDCG/MAP@k).")
 ranking_users_option = click.option(
@@ -550,11 +558,7 @@ class _TrainCommand(click.Command):
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
               "power of ten <= min(1e-6, 1/(10 n_users))).")
 @users_bound_option
-@click.option("--items", "items", default=None, metavar="FILE", help="The item catalogue, declared public by the "
-              "data owner: a file of item ids, one per line (a header line is allowed). The model's items are these; "
-              "ratings of other items are left out. Default: the catalogue the store declares (ingest --items), else "
-              "one selected privately (partition selection, part of --epsilon); never the store's items as read "
-              "off the data.")
+@items_option
 @click.option("--rank", type=int, default=None, help="Number of factors k (generated from the methods).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
@@ -681,6 +685,7 @@ def format_train_summary(summary: dict) -> str:
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
               "power of ten <= min(1e-6, 1/(10 n_users))).")
 @users_bound_option
+@items_option
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores).")
 @memory_limit_option
@@ -690,8 +695,8 @@ def format_train_summary(summary: dict) -> str:
               "an error).")
 @yes_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def tune(store, epsilon, method, out, grid, delta, users_bound, seed, workers, memory_limit, over_budget, force,
-         yes, as_json):
+def tune(store, epsilon, method, out, grid, delta, users_bound, items, seed, workers, memory_limit, over_budget,
+         force, yes, as_json):
     """Choose a method's configuration privately on STORE, train it and write it to --out.
 
     Every configuration of the grid is trained privately on a Poisson sample of the
@@ -714,7 +719,7 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, seed, workers, m
     # the run's summary (streamdp.api.tune's model.summary adds what the loaded model is)
     summary = run_tune(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
                        seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
-                       users_bound=users_bound)
+                       users_bound=users_bound, items=items)
     _report(summary, as_json, format_tune_summary)
 
 
