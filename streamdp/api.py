@@ -77,6 +77,10 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     users_bound : int, optional
         A public number of users the data owner declares (``--users-bound``): used for the defaults and written
         in the model instead of a noisy count, nothing spent on it; a store with more users is refused.
+    items : path or sequence of ids, optional
+        The item catalogue the data owner declares (``--items``): the model's items, public, nothing spent on
+        them; without it the store's declared catalogue, else one selected privately
+        (:mod:`streamdp.privacy.catalogue`).
     k, ranking_users : int, int or "all"
         The evaluation's ranking metrics: list length, and the users measured (a seeded sample of that many,
         or ``"all"``), as :func:`evaluate`.
@@ -118,14 +122,14 @@ def _released(out: str | None, run) -> Model:
 
 def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
-         force: bool = False, evaluate: bool = True, users_bound: int | None = None) -> Model:
+         force: bool = False, evaluate: bool = True, users_bound: int | None = None, items=None) -> Model:
     """Choose ``method``'s configuration privately and return the released model (``streamdp tune``).
 
     Exactly what ``streamdp tune`` runs (:func:`streamdp.tune.tune`): the grid's
     candidates, their noisy validation losses and the chosen configuration's release
     are composed in one ledger within ``epsilon`` and charged to the store's budget.
     ``grid`` is ``{"rank": [4, 8], "iters": [0, 5]}`` or ``["rank=4,8", ...]`` (``None``:
-    the method's default grid). ``out=None`` and ``users_bound`` work as for :func:`train`.
+    the method's default grid). ``out=None``, ``users_bound`` and ``items`` work as for :func:`train`.
     ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice.
     """
     from streamdp.tune import tune as run_tune
@@ -133,7 +137,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
     return _released(out, lambda out: run_tune(
         store, epsilon=epsilon, method=method, out=out, grid=grid, delta=delta, seed=seed, workers=workers,
         memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate,
-        users_bound=users_bound))
+        users_bound=users_bound, items=items))
 
 
 def ingest(source=None, out: str | None = None, *, train=None, test=None, columns=None, implicit: bool = False,
