@@ -207,6 +207,9 @@ class Method:
             raise ParameterError(f"{store.path}: the store holds 0 training ratings"
                                  + (" (all its ratings are in its test split)" if store.has_test else "")
                                  + "; there is nothing to train on: ingest it again with training ratings")
+        if hasattr(store, "check_rating_range"):
+            store.check_rating_range()  # before the item catalogue's pass: every method scales its noise to it
+
     def check_rank(self, n_items: int) -> None:
         """Refuse (:class:`ParameterError`) more factors than items (not for fw's steps, nor a method fitting none)."""
         if self.FITS_FACTORS and self.RANK_IS_FACTORS and self.rank > n_items:
