@@ -473,6 +473,9 @@ def _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_bud
     check_privacy_params(epsilon, delta, n_users=n_users)
     # the count, released once: the first event of every path's ledger; every method below reads it (elsewhere())
     # the items: declared, or selected privately once for the whole run (its release composed like the count's)
+    if grid is not None:  # checked before the catalogue's pass over the ratings
+        grid = (parse_grid(list(grid), cls) if not isinstance(grid, dict) else
+                parse_grid([f"{k}={','.join(str(v) for v in vs)}" for k, vs in grid.items()], cls))
     st, cat = catalogue_for(cls, st, epsilon=epsilon, delta=delta, seed=seed, items=declared_items(items, st))
     first = users.spent() + cat.spent()
     count_events = [r.event() for r in first]
@@ -480,17 +483,13 @@ def _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_bud
     shared = users.elsewhere()
     if grid is None:
         grid = default_grid(method, st, epsilon)
-    elif not isinstance(grid, dict):
-        grid = parse_grid(list(grid), cls)
-    else:
-        grid = parse_grid([f"{k}={','.join(str(v) for v in vs)}" for k, vs in grid.items()], cls)
     # without --iters an als plan releases a histogram of ratings per user, read from the data while planning:
     # tune releases it once, and pins every configuration's iters from it (_pinned_iters)
     pin = getattr(cls, "FIXED_ITERS", None) is None and "iters" not in grid
     return SimpleNamespace(t0=t0, cls=cls, method=method, st=st, epsilon=epsilon, delta=delta, seed=seed,
                            users=users, n_users=n_users, count_events=count_events, count_entries=count_entries,
-                           shared=shared, catalogue=cat, shared_cat=cat.elsewhere(), grid=grid, pin=pin, out=out, over_budget=over_budget, z_e=None,
-                           release_kw=release_kw)
+                           shared=shared, catalogue=cat, shared_cat=cat.elsewhere(), grid=grid, pin=pin, out=out,
+                           over_budget=over_budget, z_e=None, release_kw=release_kw)
 
 
 def _check_configs(r, configs: list[dict]) -> None:

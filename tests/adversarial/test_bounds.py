@@ -59,8 +59,9 @@ def few_items(tmp_path_factory, cli):
     src = d / "r.csv"
     src.write_text("user,item,rating\n" + "".join(f"{u},{i},{1 + (u * i + u) % 5}\n" for u in range(120)
                                                     for i in range(5) if (u + i) % 4))
+    (d / "items.txt").write_text("0\n1\n2\n3\n4\n")  # declared: 120 users are too few to select 5 items privately
     code, _, err, exc = cli.run("ingest", src, "--out", d / "s.zarr", "--rating-range", "1,5",
-                                "--test-fraction", "0.2")
+                                "--test-fraction", "0.2", "--items", d / "items.txt")
     assert code == 0, (err, exc)
     return d
 
