@@ -5,6 +5,7 @@
   ``--train/--test`` charged, then failed ("a sweep needs a test split"); its ``--help`` said "at no cost".
 * ``ingest --train F --test F`` wrote a store with 0 training ratings, and ``train`` then charged epsilon on it.
 * ``streamdp.ingest(scipy.sparse...)`` stored a negative row index or a column index past the shape as it was.
+* a count of 2^62 in an interaction log "is not numeric"; a NaN count was a "missing rating".
 * ``--epsilon 0`` in ``train`` and ``tune`` was a ``ZeroDivisionError`` traceback, ``--epsilon -1`` an answer
   about a "noise_multiplier": now one line naming ``--epsilon``, nothing written, nothing charged.
 """
@@ -185,3 +186,37 @@ def test_a_sparse_matrix_with_an_index_outside_its_shape_is_refused(tmp_path, fm
         streamdp.ingest(_sparse(fmt, where, value), str(tmp_path / "s.zarr"))
     assert "\n" not in str(exc.value) and "4x3" in str(exc.value)
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("count", [2 ** 62, 2 ** 62 + 1, -(2 ** 62)])
+@pytest.mark.parametrize("kind", ["pandas", "arrow", "parquet"])
+def test_a_huge_count_is_out_of_range_naming_its_row(tmp_path, kind, count):
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from streamdp.errors import InputError
+
+    t = pa.table({"user": [1, 2, 3], "item": [1, 2, 3], "count": pa.array([3, count, 2], pa.int64())})
+    src = {"pandas": t.to_pandas(), "arrow": t}.get(kind)
+    if src is None:
+        pq.write_table(t, tmp_path / "log.parquet")
+        src = str(tmp_path / "log.parquet")
+    assert isinstance(src, (str, pa.Table, pd.DataFrame))
+    with pytest.raises(InputError, match=rf"row 2: count {count} is out of range \(too large") as exc:
+        streamdp.ingest(src, str(tmp_path / "s.zarr"), implicit=True)
+    assert "not numeric" not in str(exc.value) and not (tmp_path / "s.zarr").exists()
+    if kind == "parquet":
+        assert str(exc.value).startswith(src)
+
+
+@pytest.mark.parametrize("implicit, what", [(True, "count"), (False, "rating")])
+def test_a_nan_value_says_nan_not_a_missing_rating(tmp_path, implicit, what):
+    import numpy as np
+    import pandas as pd
+
+    from streamdp.errors import InputError
+
+    df = pd.DataFrame({"user": [1, 2, 3], "item": [1, 2, 3], what: [3.0, np.nan, 2.0]})
+    with pytest.raises(InputError, match=rf"row 2: {what} is NaN or missing \(not a finite number\)"):
+        streamdp.ingest(df, str(tmp_path / "s.zarr"), implicit=implicit)
