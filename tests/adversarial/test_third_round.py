@@ -6,6 +6,7 @@
 * ``ingest --train F --test F`` wrote a store with 0 training ratings, and ``train`` then charged epsilon on it.
 * ``streamdp.ingest(scipy.sparse...)`` stored a negative row index or a column index past the shape as it was.
 * a count of 2^62 in an interaction log "is not numeric"; a NaN count was a "missing rating".
+* duplicate ids in ``--item-names`` silently kept the last name.
 * ``--epsilon 0`` in ``train`` and ``tune`` was a ``ZeroDivisionError`` traceback, ``--epsilon -1`` an answer
   about a "noise_multiplier": now one line naming ``--epsilon``, nothing written, nothing charged.
 """
@@ -220,3 +221,14 @@ def test_a_nan_value_says_nan_not_a_missing_rating(tmp_path, implicit, what):
     df = pd.DataFrame({"user": [1, 2, 3], "item": [1, 2, 3], what: [3.0, np.nan, 2.0]})
     with pytest.raises(InputError, match=rf"row 2: {what} is NaN or missing \(not a finite number\)"):
         streamdp.ingest(df, str(tmp_path / "s.zarr"), implicit=implicit)
+
+
+def test_an_item_named_twice_is_refused_naming_the_file_and_the_id(cli, tmp_path):
+    ratings = _csv(tmp_path / "r.csv", _rows(range(30), 5))
+    names = tmp_path / "names.csv"
+    names.write_text("item,name\n1,One\n2,Two\n999,X\n999,Y\n1,Uno\n")
+    res = cli.run("ingest", ratings, "--item-names", names, "--out", tmp_path / "s.zarr")
+    cli.error(res, str(names), "item id 1", "more than once")
+    assert not (tmp_path / "s.zarr").exists()
+    names.write_text("item,name\n1,One\n2,Two\n999,X\n999,Y\n")  # twice, but not an item of the store: ignored
+    assert cli.run("ingest", ratings, "--item-names", names, "--out", tmp_path / "s.zarr")[0] == 0
