@@ -104,7 +104,9 @@ the store with test ratings only, counted in ``split`` and said by ``ingest``: t
 evaluation then covers the whole test file, as published results on ``u1.test`` do), and
 a pair in both files is **kept in the test split only**, with the test file's rating
 (its training copies are duplicates dropped, ``n_train_ratings_also_in_test``: in training
-they would give the answer away); an interaction log's pair keeps its latest time.
+they would give the answer away); an interaction log's pair keeps its latest time. Without
+a declared ``--rating-range``, the observed range is the **training files'** alone: a test
+rating outside it is refused (it would otherwise widen the scale every method clips to).
 
 A text file without a header has its columns taken by position (user, item,
 rating[, timestamp] = 0, 1, 2[, 3]), which nothing in the file can confirm: a note on
@@ -180,6 +182,8 @@ class _Source:
     spills: list
     rows: int = 0
     flag: int = 0  # 1: a --test file
+    lo: float = np.inf  # its smallest and largest rating
+    hi: float = -np.inf
 
 
 class _BadLine(Exception):
@@ -467,6 +471,8 @@ def ingest(
                 break
             except F._IdNotInteger as exc:
                 int_ids[0 if exc.role == "user" else 1] = False
+        if rr is None and not is_implicit and test_inputs:
+            _check_test_in_train_range(parsed)
         if rr is None and not is_implicit:  # counts all 1 (a two-column log) are a log, not a degenerate scale
             check_observed_range(parsed.rmin, parsed.rmax, inputs)
         if check_users is not None:
@@ -514,6 +520,22 @@ def _check_distinct_files(inputs, test_inputs) -> None:
                 raise ParameterError(f"--train {i_} and --test {t_}: the same file; every training rating would also "
                                      f"be a test rating and be dropped from training (0 training ratings): give a "
                                      f"test file disjoint from the training files, or --test-fraction F")
+
+
+def _check_test_in_train_range(parsed: _Parsed) -> None:
+    """Without a declared ``--rating-range``, the observed range is the training files' alone: a ``--test`` file's
+    rating outside it is refused (decision: a test rating must not widen the scale every method clips and scales
+    its noise to, and clipping it silently would change what is evaluated; declare the range, with
+    ``--out-of-range clip`` or ``drop`` for such ratings). Sets ``parsed.rmin/rmax`` to the training range."""
+    train = [s for s in parsed.sources if not s.flag]
+    lo, hi = min(s.lo for s in train), max(s.hi for s in train)
+    for s in parsed.sources:
+        if s.flag and (s.lo < lo or s.hi > hi):
+            v = s.lo if s.lo < lo else s.hi
+            raise InputError(f"{s.spec.path}: test rating {v:g} is outside the training files' observed range "
+                             f"[{lo:g}, {hi:g}], which is the store's scale; declare --rating-range MIN,MAX (with "
+                             f"--out-of-range clip or drop for such ratings), or fix the test file")
+    parsed.rmin, parsed.rmax = lo, hi
 
 
 def _check_training_left(parsed: _Parsed, train_counts) -> None:
@@ -749,6 +771,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                 n_bad += nb
                 n_oor += no
                 rmin, rmax = min(rmin, lo), max(rmax, hi)
+                src.lo, src.hi = min(src.lo, lo), max(src.hi, hi)
             if src.rows == 0:
                 raise InputError(f"{spec.path}: no ratings" + (" (all lines were bad)" if n_bad else " (empty file)"))
             sources.append(src)

@@ -7,6 +7,8 @@
 * ``streamdp.ingest(scipy.sparse...)`` stored a negative row index or a column index past the shape as it was.
 * a count of 2^62 in an interaction log "is not numeric"; a NaN count was a "missing rating".
 * duplicate ids in ``--item-names`` silently kept the last name.
+* a test-file rating of 9 widened the observed range to [1, 9]: now the training files' range is the store's and
+  such a test rating is refused (or clipped/dropped under a declared range).
 * ``--epsilon 0`` in ``train`` and ``tune`` was a ``ZeroDivisionError`` traceback, ``--epsilon -1`` an answer
   about a "noise_multiplier": now one line naming ``--epsilon``, nothing written, nothing charged.
 """
@@ -232,3 +234,23 @@ def test_an_item_named_twice_is_refused_naming_the_file_and_the_id(cli, tmp_path
     assert not (tmp_path / "s.zarr").exists()
     names.write_text("item,name\n1,One\n2,Two\n999,X\n999,Y\n")  # twice, but not an item of the store: ignored
     assert cli.run("ingest", ratings, "--item-names", names, "--out", tmp_path / "s.zarr")[0] == 0
+
+
+def test_a_test_rating_outside_the_training_range_is_refused(cli, tmp_path):
+    train = _csv(tmp_path / "train.csv", _rows(range(40), 6))
+    test = _csv(tmp_path / "test.csv", [(1, 29, 9)])
+    res = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "s.zarr")
+    cli.error(res, str(test), "test rating 9", "[1, 5]", "--rating-range")
+    assert not (tmp_path / "s.zarr").exists()
+    code, _, err, _ = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "s.zarr",
+                              "--rating-range", "1,5", "--out-of-range", "clip")
+    assert code == 0, err
+    from streamdp.storage.store import open_store
+
+    st = open_store(str(tmp_path / "s.zarr"))
+    assert (st.attrs["rating_min"], st.attrs["rating_max"]) == (1.0, 5.0)
+    _csv(test, [(1, 29, 4)])  # within: the store's observed range is the training files'
+    code, _, err, _ = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "t.zarr")
+    assert code == 0, err
+    st = open_store(str(tmp_path / "t.zarr"))
+    assert (st.attrs["rating_min"], st.attrs["rating_max"], st.attrs["rating_range_source"]) == (1.0, 5.0, "observed")
