@@ -106,7 +106,9 @@ a pair in both files is **kept in the test split only**, with the test file's ra
 (its training copies are duplicates dropped, ``n_train_ratings_also_in_test``: in training
 they would give the answer away); an interaction log's pair keeps its latest time. Without
 a declared ``--rating-range``, the observed range is the **training files'** alone: a test
-rating outside it is refused (it would otherwise widen the scale every method clips to).
+rating outside it is clipped into it, and counted (``n_test_ratings_clipped``; it would
+otherwise widen the scale every method clips to; declare the range to refuse or drop such
+ratings instead).
 
 A text file without a header has its columns taken by position (user, item,
 rating[, timestamp] = 0, 1, 2[, 3]), which nothing in the file can confirm: a note on
@@ -472,7 +474,7 @@ def ingest(
             except F._IdNotInteger as exc:
                 int_ids[0 if exc.role == "user" else 1] = False
         if rr is None and not is_implicit and test_inputs:
-            _check_test_in_train_range(parsed)
+            _train_range(parsed)
         if rr is None and not is_implicit:  # counts all 1 (a two-column log) are a log, not a degenerate scale
             check_observed_range(parsed.rmin, parsed.rmax, inputs)
         if check_users is not None:
@@ -522,20 +524,13 @@ def _check_distinct_files(inputs, test_inputs) -> None:
                                      f"test file disjoint from the training files, or --test-fraction F")
 
 
-def _check_test_in_train_range(parsed: _Parsed) -> None:
-    """Without a declared ``--rating-range``, the observed range is the training files' alone: a ``--test`` file's
-    rating outside it is refused (decision: a test rating must not widen the scale every method clips and scales
-    its noise to, and clipping it silently would change what is evaluated; declare the range, with
-    ``--out-of-range clip`` or ``drop`` for such ratings). Sets ``parsed.rmin/rmax`` to the training range."""
+def _train_range(parsed: _Parsed) -> None:
+    """Without a declared ``--rating-range``, the observed range is the training files' alone (``parsed.rmin/rmax``
+    set to it): a ``--test`` file's rating outside it is clipped into it when written, and counted
+    (``n_test_ratings_clipped`` in the split; decision: a test rating must not widen the scale every method clips to
+    and scales its noise to; declare the range to have out-of-range test ratings refused or dropped instead)."""
     train = [s for s in parsed.sources if not s.flag]
-    lo, hi = min(s.lo for s in train), max(s.hi for s in train)
-    for s in parsed.sources:
-        if s.flag and (s.lo < lo or s.hi > hi):
-            v = s.lo if s.lo < lo else s.hi
-            raise InputError(f"{s.spec.path}: test rating {v:g} is outside the training files' observed range "
-                             f"[{lo:g}, {hi:g}], which is the store's scale; declare --rating-range MIN,MAX (with "
-                             f"--out-of-range clip or drop for such ratings), or fix the test file")
-    parsed.rmin, parsed.rmax = lo, hi
+    parsed.rmin, parsed.rmax = min(s.lo for s in train), max(s.hi for s in train)
 
 
 def _check_training_left(parsed: _Parsed, train_counts) -> None:
@@ -989,6 +984,8 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
             out_.append((ip, it, r))
         return out_
 
+    clip_test = files and rr is None and not parsed.implicit
+    n_test_clipped = 0
     with StoreWriter(out, n_users=n_users, n_items=n_raw_items, block_users=bu, splits=splits,
                      force=force) as w:
         uc_arr = w.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
@@ -1005,6 +1002,12 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
                     bip, bit, brt = _rows(*loaded[0], lo, hi)
                     if presplit:
                         test = _rows(*loaded[1], lo, hi)
+                        if clip_test:  # the training files' observed range is the store's (see _train_range)
+                            outside = (test[2] < parsed.rmin) | (test[2] > parsed.rmax)
+                            if outside.any():
+                                n_test_clipped += int(outside.sum())
+                                test = (test[0], test[1],
+                                        np.clip(test[2], parsed.rmin, parsed.rmax).astype(np.float32))
                         w.write_block(b, bip, bit, brt, split="train")
                         w.write_block(b, *test, split="test")
                         uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip) + np.diff(test[0])
@@ -1039,7 +1042,8 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
                 test=[os.path.basename(s.spec.path) for s in parsed.sources if s.flag],
                 n_test_only_users=n_test_only_users,
                 n_test_only_items=int(((train_counts_raw == 0) & (item_counts_raw > 0)).sum()),
-                n_train_ratings_also_in_test=n_across)
+                n_train_ratings_also_in_test=n_across,
+                **({"n_test_ratings_clipped": n_test_clipped} if n_test_clipped else {}))
         w.finalize({
             **value_kind,
             "split": split_attr,

@@ -8,7 +8,7 @@
 * a count of 2^62 in an interaction log "is not numeric"; a NaN count was a "missing rating".
 * duplicate ids in ``--item-names`` silently kept the last name.
 * a test-file rating of 9 widened the observed range to [1, 9]: now the training files' range is the store's and
-  such a test rating is refused (or clipped/dropped under a declared range).
+  such a test rating is clipped into it and counted (refused or dropped under a declared range).
 * ``--epsilon 0`` in ``train`` and ``tune`` was a ``ZeroDivisionError`` traceback, ``--epsilon -1`` an answer
   about a "noise_multiplier": now one line naming ``--epsilon``, nothing written, nothing charged.
 """
@@ -236,21 +236,19 @@ def test_an_item_named_twice_is_refused_naming_the_file_and_the_id(cli, tmp_path
     assert cli.run("ingest", ratings, "--item-names", names, "--out", tmp_path / "s.zarr")[0] == 0
 
 
-def test_a_test_rating_outside_the_training_range_is_refused(cli, tmp_path):
-    train = _csv(tmp_path / "train.csv", _rows(range(40), 6))
-    test = _csv(tmp_path / "test.csv", [(1, 29, 9)])
-    res = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "s.zarr")
-    cli.error(res, str(test), "test rating 9", "[1, 5]", "--rating-range")
-    assert not (tmp_path / "s.zarr").exists()
-    code, _, err, _ = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "s.zarr",
-                              "--rating-range", "1,5", "--out-of-range", "clip")
-    assert code == 0, err
+def test_a_test_rating_outside_the_training_range_is_clipped_into_it(cli, tmp_path):
     from streamdp.storage.store import open_store
 
+    train = _csv(tmp_path / "train.csv", _rows(range(40), 6))
+    test = _csv(tmp_path / "test.csv", [(1, 29, 9), (2, 28, 4)])
+    code, out, err, exc = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "s.zarr")
+    assert code == 0, (err, exc)
+    assert "1 test ratings outside the training files' observed range (clipped into it)" in out
     st = open_store(str(tmp_path / "s.zarr"))
-    assert (st.attrs["rating_min"], st.attrs["rating_max"]) == (1.0, 5.0)
-    _csv(test, [(1, 29, 4)])  # within: the store's observed range is the training files'
-    code, _, err, _ = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "t.zarr")
-    assert code == 0, err
-    st = open_store(str(tmp_path / "t.zarr"))
-    assert (st.attrs["rating_min"], st.attrs["rating_max"], st.attrs["rating_range_source"]) == (1.0, 5.0, "observed")
+    assert (st.attrs["rating_min"], st.attrs["rating_max"]) == (1.0, 5.0)  # not [1, 9]
+    assert st.attrs["split"]["n_test_ratings_clipped"] == 1
+    assert sorted(float(r) for b in st.blocks("test") for r in b.ratings) == [4.0, 5.0]
+    # a declared range: its --out-of-range rule, as for training ratings
+    res = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "t.zarr", "--rating-range", "1,5")
+    cli.error(res, str(test), "9")
+    assert not (tmp_path / "t.zarr").exists()

@@ -169,8 +169,9 @@ def test_own_train_and_test_files(tmp_path, cli):
     assert "1 training ratings also in the test file (dropped from training)" in out
     st = open_store(tmp_path / "s.zarr")
     sp = st.attrs["split"]
+    # the test rating 1 is below the training files' observed range [2, 5], the store's: clipped to 2, counted
     assert sp == {"kind": "files", "train": ["u1.base"], "test": ["u1.test"], "n_test_only_users": 1,
-                  "n_test_only_items": 1, "n_train_ratings_also_in_test": 1}
+                  "n_test_only_items": 1, "n_train_ratings_also_in_test": 1, "n_test_ratings_clipped": 1}
     assert [s["split"] for s in st.attrs["sources"]] == ["train", "test"]
     assert _pairs(tmp_path / "s.zarr", "test") == {(1, 12), (2, 11), (9, 10), (1, 99), (1, 11)}
     assert _pairs(tmp_path / "s.zarr", "train") == {(1, 10), (2, 10), (2, 12), (3, 11)}
