@@ -235,7 +235,8 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
             model_dir = os.path.join(out, "models", f"{m}-eps{_name(e)}-r{r}")
             model = train(st, method=m, epsilon=e, delta=delta, out=model_dir, rank=rank,
                           seed=None if seed is None else seed + r, workers=workers, memory_limit=memory_limit,
-                          scheduler=client, state=state, over_budget=over_budget, users=users)
+                          scheduler=client, state=state, over_budget=over_budget, users=users,
+                          allow_nonprivate=True)  # an inf point: confirm_infinite asked above
             s = model.summary
             baselines = baselines or s.get("baselines")
             rk = s.get("ranking") or {}

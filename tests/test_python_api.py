@@ -179,7 +179,8 @@ def frame_model(small_store, tmp_path_factory):
                                    "rating": b.ratings}))
     df = pd.concat(parts, ignore_index=True)
     st = streamdp.ingest(df, str(d / "s.zarr"), block_users=700)
-    m = streamdp.train(st, method="als", epsilon=float("inf"), rank=4, seed=1, workers=1, evaluate=False,
+    m = streamdp.train(st, method="als", epsilon=float("inf"), allow_nonprivate=True,
+                       rank=4, seed=1, workers=1, evaluate=False,
                        out=str(d / "m"))
     return df, st, m
 

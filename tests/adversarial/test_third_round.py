@@ -9,6 +9,7 @@
 * duplicate ids in ``--item-names`` silently kept the last name.
 * a test-file rating of 9 widened the observed range to [1, 9]: now the training files' range is the store's and
   such a test rating is clipped into it and counted (refused or dropped under a declared range).
+* ``streamdp.train(..., epsilon=inf)`` spent an infinite budget without the confirmation the CLI asks for.
 * ``--epsilon 0`` in ``train`` and ``tune`` was a ``ZeroDivisionError`` traceback, ``--epsilon -1`` an answer
   about a "noise_multiplier": now one line naming ``--epsilon``, nothing written, nothing charged.
 """
@@ -252,3 +253,21 @@ def test_a_test_rating_outside_the_training_range_is_clipped_into_it(cli, tmp_pa
     res = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "t.zarr", "--rating-range", "1,5")
     cli.error(res, str(test), "9")
     assert not (tmp_path / "t.zarr").exists()
+
+
+def test_the_python_api_asks_for_a_non_private_release_as_the_cli_does(tmp_path):
+    from streamdp.storage.generate import generate_store
+
+    store = generate_store(str(tmp_path / "s.zarr"), n_users=100, n_items=20, ratings_per_user=5, rank=2, seed=2,
+                           show_progress=False).path
+    before = _entries(store)
+    with pytest.raises(ParameterError, match="allow_nonprivate=True"):
+        streamdp.train(store, method="means", epsilon=math.inf, out=str(tmp_path / "m"))
+    with pytest.raises(ParameterError, match="allow_nonprivate=True"):
+        streamdp.train(store, method="means", epsilon="inf", out=str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists() and _entries(store) == before
+    m = streamdp.train(store, method="means", epsilon=math.inf, out=str(tmp_path / "m"), allow_nonprivate=True,
+                       evaluate=False)
+    assert m.summary["guarantee"] == "non-private"
+    # the spend is infinite already: nothing more to confirm (as the CLI asks nothing then)
+    streamdp.train(store, method="means", epsilon=math.inf, out=str(tmp_path / "m2"), evaluate=False)

@@ -181,7 +181,7 @@ def test_own_train_and_test_files(tmp_path, cli):
     info = json.loads(cli.run("info", tmp_path / "s.zarr", "--json")[1])
     assert info["split"]["kind"] == "files"
     # a model trains and evaluates on it, the user with no training rating included
-    model = streamdp.train(st, method="means", epsilon=float("inf"), seed=0)
+    model = streamdp.train(st, method="means", epsilon=float("inf"), allow_nonprivate=True, seed=0)
     ev = streamdp.evaluate(model, st)
     assert ev["n_ratings"] == 5 and np.isfinite(ev["rmse"])
 
@@ -240,7 +240,7 @@ def named(tmp_path_factory):
     pd.DataFrame(rows, columns=["user", "item", "rating"]).to_csv(d / "r.csv", index=False)
     (d / "names.csv").write_text(NAMES_CSV)
     st = streamdp.ingest(str(d / "r.csv"), str(d / "s.zarr"), item_names=str(d / "names.csv"), test_fraction=0.2)
-    model = streamdp.train(st, method="means", epsilon=float("inf"), seed=0, out=str(d / "m"))
+    model = streamdp.train(st, method="means", epsilon=float("inf"), allow_nonprivate=True, seed=0, out=str(d / "m"))
     return d, st, model
 
 
