@@ -139,8 +139,9 @@ def _check_run_options(st, options: dict) -> None:
     if delta is not None:
         check_privacy_params(1.0, delta)
     for m in methods:
-        get_method(m)(epsilon=1.0, delta=1e-6 if delta is None else float(delta),
-                      rank=options.get("rank")).check_rank(st.n_items)
+        for e in epsilons:  # a method's own refusals (sgd: only inf) too
+            get_method(m)(epsilon=e, delta=1e-6 if delta is None else float(delta),
+                          rank=options.get("rank")).check_rank(st.n_items)
 
 
 def planned_spend(store, points, *, delta, rank, seed, users=None) -> dict:

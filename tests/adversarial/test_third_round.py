@@ -90,6 +90,7 @@ def _rows(users, seed):
     (["--methods", "means", "--repeats", "0"], "--repeats"),
     (["--methods", "als", "--rank", "0"], "--rank"),
     (["--methods", "als", "--rank", "31"], "--rank"),
+    (["--methods", "sgd"], "--epsilon inf"),
     (["--methods", "means", "--delta", "2"], "delta"),
     (["--methods", "means", "--ratings-per-user", "0.5"], "--ratings-per-user"),
     (["--methods", "means", "--shape-epsilon", "-1"], "--shape-epsilon"),
