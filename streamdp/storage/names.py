@@ -19,7 +19,8 @@ header the id is the first field and the name the second; further fields are ign
 
 Decisions: ids that are not items of the store are ignored and counted
 (``n_unmatched``); an id of the store named twice is refused in one line naming the file and
-the id (which name is meant is not ours to guess); string ids must match the store's exactly, integer ids may have blanks around them (names are kept as written). Memory: the file is parsed in blocks; only the names
+the id (which name is meant is not ours to guess); string ids must match the store's exactly, integer
+ids may have blanks around them (names are kept as written). Memory: the file is parsed in blocks; only the names
 of the store's items are kept (they are item-side data, ``O(n_items)`` like the item ids),
 and more than a quarter of ``--memory-limit`` of them is refused.
 """
