@@ -59,7 +59,8 @@ def main(argv=None) -> dict:
             for scheme, r, sched in schemes:
                 name = f"{method} eps {eps:g} {scheme}" + (f" R={r}" if r else "") + \
                     (" cluster" if sched is not None else "")
-                kw = dict(method=method, epsilon=eps, workers=a.workers, scheduler=sched, over_budget=True,
+                kw = dict(method=method, epsilon=eps, allow_nonprivate=True, workers=a.workers, scheduler=sched,
+                          over_budget=True,
                           epoch_scheme=scheme, **({"round_blocks": r} if r else {}),
                           **({"epochs": a.epochs} if a.epochs else {}))
                 try:

@@ -218,7 +218,8 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True) -> dict:
     if "ials" in load_builtin():
         for e in epsilons:
             p = os.path.join(tmp, f"ials-{e:g}-{seed}")
-            streamdp.train(st, method="ials", epsilon=e, out=p, seed=seed, workers=workers, evaluate=False)
+            streamdp.train(st, method="ials", epsilon=e, allow_nonprivate=True,
+                           out=p, seed=seed, workers=workers, evaluate=False)
             r = ranked(load_model(p))
             rows[f"ials eps {e:g}"] = pick(r)
             if "private_popularity" in r[k0]["baselines"]:

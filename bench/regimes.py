@@ -77,7 +77,8 @@ def run_regime(name: str, root: str, epsilons, seeds: int, methods=METHODS) -> d
             out = []
             for sd in range(1 if not math.isfinite(e) else seeds):
                 opts = {"iters": 0} if m == "als-biases" else {}
-                model = streamdp.train(st, method=m.split("-")[0], epsilon=e, seed=sd, over_budget=True, **opts)
+                model = streamdp.train(st, method=m.split("-")[0], epsilon=e, allow_nonprivate=True,
+                                       seed=sd, over_budget=True, **opts)
                 out.append(model.summary["test_rmse"])
                 baselines = model.summary["baselines"]
             res[(m, e)] = out

@@ -52,7 +52,8 @@ def __getattr__(name):
 def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
           rank: int | None = None, seed: int | None = None, workers: int | None = None, memory_limit=None,
           scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True,
-          users_bound: int | None = None, k: int = 10, ranking_users: int | str = 10_000, **options) -> Model:
+          users_bound: int | None = None, k: int = 10, ranking_users: int | str = 10_000,
+          allow_nonprivate: bool = False, **options) -> Model:
     """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
 
     Exactly what ``streamdp train`` runs (:func:`streamdp.training.train`): the
@@ -68,7 +69,8 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     ----------
     store : str or RatingStore
     epsilon : float
-        User-level epsilon; ``float("inf")`` trains without noise (labelled non-private).
+        User-level epsilon; ``float("inf")`` trains without noise (labelled non-private), with
+        ``allow_nonprivate=True``.
     method : str
         ``streamdp train --method`` name (see ``streamdp.methods.METHODS``).
     delta : float, optional
@@ -84,15 +86,39 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     k, ranking_users : int, int or "all"
         The evaluation's ranking metrics: list length, and the users measured (a seeded sample of that many,
         or ``"all"``), as :func:`evaluate`.
+    allow_nonprivate : bool
+        The confirmation ``streamdp train --epsilon inf`` asks for (``--yes``): a non-private release makes the
+        store's spend infinite for good, so ``epsilon=inf`` is refused (:class:`~streamdp.errors.ParameterError`,
+        nothing released) without it, unless the store's spend is infinite already (as the CLI, which then asks
+        nothing). Decision: an argument, not a prompt, since a library call has no terminal to ask on.
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
     from streamdp.training import train as train_model
 
+    _confirm_nonprivate(store, epsilon, allow_nonprivate)
     return _released(out, lambda out: train_model(
         store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, workers=workers,
         scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget, force=force,
         evaluate_test=evaluate, users_bound=users_bound, k=k, ranking_users=ranking_users, **options))
+
+
+def _confirm_nonprivate(store, epsilon, allow: bool) -> None:
+    """Refuse ``epsilon=inf`` without ``allow`` when ``store``'s spend is finite (see :func:`train`)."""
+    import math
+
+    from streamdp.privacy.accountant import parse_epsilon
+    from streamdp.privacy.budget import COUNTED, StoreBudget
+
+    if allow or not math.isinf(parse_epsilon(epsilon)):
+        return
+    from streamdp.storage.store import open_store
+
+    path = (store if hasattr(store, "path") else open_store(store)).path  # a missing store says so first
+    if any(math.isinf(float(e["epsilon"])) for e in StoreBudget(path).entries() if e["status"] in COUNTED):
+        return
+    raise ParameterError(f"epsilon=inf: a non-private release makes {path}'s spend infinite for good; pass "
+                         f"allow_nonprivate=True to confirm (the CLI's --yes)")
 
 
 def _released(out: str | None, run) -> Model:

@@ -142,8 +142,9 @@ def _check_run_options(st, options: dict) -> None:
     if delta is not None:
         check_privacy_params(1.0, delta)
     for m in methods:
-        get_method(m)(epsilon=1.0, delta=1e-6 if delta is None else float(delta),
-                      rank=options.get("rank")).check_rank(st.n_items)
+        for e in epsilons:  # a method's own refusals (sgd: only inf) too
+            get_method(m)(epsilon=e, delta=1e-6 if delta is None else float(delta),
+                          rank=options.get("rank")).check_rank(st.n_items)
 
 
 def planned_spend(store, points, *, delta, rank, seed, users=None) -> dict:
@@ -239,7 +240,8 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
             model_dir = os.path.join(out, "models", f"{m}-eps{_name(e)}-r{r}")
             model = train(st, method=m, epsilon=e, delta=delta, out=model_dir, rank=rank,
                           seed=None if seed is None else seed + r, workers=workers, memory_limit=memory_limit,
-                          scheduler=client, state=state, over_budget=over_budget, users=users)
+                          scheduler=client, state=state, over_budget=over_budget, users=users,
+                          allow_nonprivate=True)  # an inf point: confirm_infinite asked above
             s = model.summary
             baselines = baselines or s.get("baselines")
             rk = s.get("ranking") or {}

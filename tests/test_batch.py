@@ -55,7 +55,8 @@ def model(small_store, tmp_path_factory):
     from streamdp.api import train
 
     out = str(tmp_path_factory.mktemp("batch") / "m")
-    train(small_store, method="als", epsilon=float("inf"), rank=4, out=out, seed=1, workers=1, evaluate=False)
+    train(small_store, method="als", epsilon=float("inf"), allow_nonprivate=True,
+          rank=4, out=out, seed=1, workers=1, evaluate=False)
     return out
 
 
@@ -110,7 +111,8 @@ def test_string_ids_and_the_users_filter(tmp_path):
 
     st = generate_store(str(tmp_path / "s.zarr"), n_users=400, n_items=60, ratings_per_user=8, rank=2, seed=3,
                         block_users=150, string_ids=True)
-    train(st, method="als", epsilon=float("inf"), rank=2, out=str(tmp_path / "m"), seed=1, workers=1,
+    train(st, method="als", epsilon=float("inf"), allow_nonprivate=True,
+          rank=2, out=str(tmp_path / "m"), seed=1, workers=1,
           evaluate=False)
     m = load_model(str(tmp_path / "m"))
     want = _dense_topn(m, st, 4)

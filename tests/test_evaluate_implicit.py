@@ -24,7 +24,8 @@ def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("ev_implicit")
     rated = generate_store(str(d / "r.zarr"), n_users=400, n_items=N_ITEMS, ratings_per_user=8, seed=3,
                            test_fraction=0.2)
-    model = streamdp.train(rated, method="means", epsilon=float("inf"), out=str(d / "m"), seed=0, evaluate=False)
+    model = streamdp.train(rated, method="means", epsilon=float("inf"), allow_nonprivate=True,
+                           out=str(d / "m"), seed=0, evaluate=False)
     rng = np.random.default_rng(0)
     items = np.concatenate([np.arange(N_ITEMS), np.minimum(rng.zipf(1.6, 3000) - 1, N_ITEMS - 1)])
     users = np.concatenate([np.arange(N_ITEMS) % 200, rng.integers(0, 200, 3000)])

@@ -43,7 +43,8 @@ def model_a(two_stores, tmp_path_factory):
     from streamdp.api import train
 
     out = str(tmp_path_factory.mktemp("lists-model") / "m")
-    train(two_stores[0], method="als", epsilon=float("inf"), rank=2, out=out, seed=1, workers=1, evaluate=False)
+    train(two_stores[0], method="als", epsilon=float("inf"), allow_nonprivate=True,
+          rank=2, out=out, seed=1, workers=1, evaluate=False)
     return load_model(out)
 
 

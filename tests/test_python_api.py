@@ -142,7 +142,7 @@ def test_bad_in_memory_input_is_one_line_and_writes_nothing(tmp_path):
         streamdp.ingest(bad, str(out), rating_range=(0.5, 5))
     missing = df.astype({"rating": float})
     missing.loc[10, "rating"] = np.nan
-    with pytest.raises(InputError, match=r"^pandas DataFrame: row 11: missing rating"):
+    with pytest.raises(InputError, match=r"^pandas DataFrame: row 11: rating is NaN or missing \(not a finite"):
         streamdp.ingest(missing, str(out))
     with pytest.raises(InputError, match=r"column 'user' \(double\).*cast it first"):
         streamdp.ingest(df.astype({"user": float}), str(out))
@@ -179,7 +179,8 @@ def frame_model(small_store, tmp_path_factory):
                                    "rating": b.ratings}))
     df = pd.concat(parts, ignore_index=True)
     st = streamdp.ingest(df, str(d / "s.zarr"), block_users=700)
-    m = streamdp.train(st, method="als", epsilon=float("inf"), rank=4, seed=1, workers=1, evaluate=False,
+    m = streamdp.train(st, method="als", epsilon=float("inf"), allow_nonprivate=True,
+                       rank=4, seed=1, workers=1, evaluate=False,
                        out=str(d / "m"))
     return df, st, m
 

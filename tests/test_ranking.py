@@ -169,7 +169,8 @@ def als_model(small_store, tmp_path_factory):
     from streamdp.api import train
 
     out = str(tmp_path_factory.mktemp("rank") / "m")
-    train(small_store, method="als", epsilon=float("inf"), rank=4, out=out, seed=1, workers=1, evaluate=False)
+    train(small_store, method="als", epsilon=float("inf"), allow_nonprivate=True,
+          rank=4, out=out, seed=1, workers=1, evaluate=False)
     return out
 
 

@@ -393,7 +393,8 @@ def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int, dr
     eps = parse_epsilons(epsilons)
     real = {}
     for e in eps:
-        real[e] = [streamdp.train(store.path, method=method, epsilon=e, out=str(tmp_path / f"r-{e}-{r}"),
+        real[e] = [streamdp.train(store.path, method=method, epsilon=e, allow_nonprivate=True,
+                                  out=str(tmp_path / f"r-{e}-{r}"),
                                   seed=100 + r, evaluate=True).summary["test_rmse"] for r in range(repeats)]
     before = _budget_bytes(store.path)
     res = rehearse(store, methods=method, epsilons=epsilons, repeats=repeats, seed=100,
@@ -426,7 +427,8 @@ def synthetic_draw_spread(store, tmp_path, method: str, draws: int = DRAW_SEEDS)
     got = []
     for s in range(draws):
         syn = generate_like(store, str(tmp_path / f"draw{s}.zarr"), seed=s, show_progress=False)
-        got.append(streamdp.train(syn.path, method=method, epsilon=float("inf"), out=str(tmp_path / f"draw{s}-m"),
+        got.append(streamdp.train(syn.path, method=method, epsilon=float("inf"), allow_nonprivate=True,
+                                  out=str(tmp_path / f"draw{s}-m"),
                                   seed=100, evaluate=True).summary["test_rmse"])
     return statistics.stdev(got)
 

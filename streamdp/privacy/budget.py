@@ -458,7 +458,8 @@ class StoreBudget:
             lists = [e["events"] for e in entries]
             eps, eps_rdp = composer.recompose(lists, delta) if fresh else composer.spend(lists, delta)
             single = max((e["epsilon"] for e in entries if e["delta"] >= delta), default=0.0)
-            if not fresh and composer.checked and eps < single * (1.0 - 1e-3):  # the entry's epsilon is its target: >= achieved
+            # an entry's epsilon is its target (>= what it achieved): a tolerance for calibration's slack
+            if not fresh and composer.checked and eps < single * (1.0 - 1e-3):
                 eps, eps_rdp = composer.recompose(lists, delta)
             out.update(epsilon=eps, epsilon_rdp=eps_rdp)
         else:

@@ -135,7 +135,7 @@ class SpendComposer:
             rdp._rdp = rdp_from.rdp.copy()
             start = rdp_from.n
         rdp.compose(_events(event_lists[start:]))
-        if start and self.checked and not _rdp_matches(rdp._rdp, event_lists):  # a forged or stale state: nothing of it is used
+        if start and self.checked and not _rdp_matches(rdp._rdp, event_lists):  # forged or stale: none of it is used
             return self.recompose(event_lists, delta)
         eps_rdp, _ = rdp.get_epsilon_and_optimal_order(delta)
         eps_rdp = float(eps_rdp)

@@ -759,6 +759,11 @@ def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int) -> 
             a = rb.column(spec.cols[r])
             if a.null_count:
                 k = int(np.flatnonzero(a.is_null().to_numpy(zero_copy_only=False))[0])
+                if r == "rating":  # pandas reads NaN as missing: in a float column the two are one
+                    what = "count" if spec.implicit else "rating"
+                    raise InputError(f"{spec.path}: row {row + k + 1}: {what} is "
+                                     + ("NaN or missing (not a finite number)" if pa.types.is_floating(a.type)
+                                        else "missing"))
                 raise InputError(f"{spec.path}: row {row + k + 1}: missing {r}")
             if r in ("user", "item"):
                 want_int = int_ids[0 if r == "user" else 1]
@@ -775,6 +780,12 @@ def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int) -> 
                 try:
                     a = pc.cast(a, pa.float64())
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    if pa.types.is_integer(a.type):  # numeric, but beyond the integers a float holds exactly
+                        v = a.to_numpy(zero_copy_only=False)
+                        k = int(np.flatnonzero(np.abs(v.astype(np.float64)) > 2.0 ** 53)[0])
+                        raise InputError(f"{spec.path}: row {row + k + 1}: "
+                                         f"{'count' if spec.implicit else 'rating'} {int(v[k])} is out of range "
+                                         f"(too large: beyond 2^53, the integers a float holds exactly)") from None
                     raise InputError(f"{spec.path}: column {spec.cols[r]!r} ({a.type}) is not numeric") from None
             else:
                 try:

@@ -69,7 +69,8 @@ def describe_split(split: dict, n_test: int) -> str:
         extra = [f"{split.get(k, 0):,} {what}" for k, what in (
             ("n_test_only_users", "users only in the test file (kept, with no training ratings)"),
             ("n_test_only_items", "items only in the test file (kept, with no training ratings)"),
-            ("n_train_ratings_also_in_test", "training ratings also in the test file (dropped from training)"))
+            ("n_train_ratings_also_in_test", "training ratings also in the test file (dropped from training)"),
+            ("n_test_ratings_clipped", "test ratings outside the training files' observed range (clipped into it)"))
             if split.get(k)]
         return (f"split: your files, train {', '.join(split.get('train', []))}, test {', '.join(split.get('test', []))}"
                 + (f"; {'; '.join(extra)}" if extra else ""))

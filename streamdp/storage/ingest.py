@@ -104,7 +104,11 @@ the store with test ratings only, counted in ``split`` and said by ``ingest``: t
 evaluation then covers the whole test file, as published results on ``u1.test`` do), and
 a pair in both files is **kept in the test split only**, with the test file's rating
 (its training copies are duplicates dropped, ``n_train_ratings_also_in_test``: in training
-they would give the answer away); an interaction log's pair keeps its latest time.
+they would give the answer away); an interaction log's pair keeps its latest time. Without
+a declared ``--rating-range``, the observed range is the **training files'** alone: a test
+rating outside it is clipped into it, and counted (``n_test_ratings_clipped``; it would
+otherwise widen the scale every method clips to; declare the range to refuse or drop such
+ratings instead).
 
 A text file without a header has its columns taken by position (user, item,
 rating[, timestamp] = 0, 1, 2[, 3]), which nothing in the file can confirm: a note on
@@ -180,6 +184,8 @@ class _Source:
     spills: list
     rows: int = 0
     flag: int = 0  # 1: a --test file
+    lo: float = np.inf  # its smallest and largest rating
+    hi: float = -np.inf
 
 
 class _BadLine(Exception):
@@ -470,6 +476,8 @@ def ingest(
                 break
             except F._IdNotInteger as exc:
                 int_ids[0 if exc.role == "user" else 1] = False
+        if rr is None and not is_implicit and test_inputs:
+            _train_range(parsed)
         if rr is None and not is_implicit:  # counts all 1 (a two-column log) are a log, not a degenerate scale
             check_observed_range(parsed.rmin, parsed.rmax, inputs)
         if check_users is not None:
@@ -518,6 +526,15 @@ def _check_distinct_files(inputs, test_inputs) -> None:
                 raise ParameterError(f"--train {i_} and --test {t_}: the same file; every training rating would also "
                                      f"be a test rating and be dropped from training (0 training ratings): give a "
                                      f"test file disjoint from the training files, or --test-fraction F")
+
+
+def _train_range(parsed: _Parsed) -> None:
+    """Without a declared ``--rating-range``, the observed range is the training files' alone (``parsed.rmin/rmax``
+    set to it): a ``--test`` file's rating outside it is clipped into it when written, and counted
+    (``n_test_ratings_clipped`` in the split; decision: a test rating must not widen the scale every method clips to
+    and scales its noise to; declare the range to have out-of-range test ratings refused or dropped instead)."""
+    train = [s for s in parsed.sources if not s.flag]
+    parsed.rmin, parsed.rmax = min(s.lo for s in train), max(s.hi for s in train)
 
 
 def _check_training_left(parsed: _Parsed, train_counts) -> None:
@@ -768,6 +785,7 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                 n_bad += nb
                 n_oor += no
                 rmin, rmax = min(rmin, lo), max(rmax, hi)
+                src.lo, src.hi = min(src.lo, lo), max(src.hi, hi)
             if src.rows == 0:
                 raise InputError(f"{spec.path}: no ratings" + (" (all lines were bad)" if n_bad else " (empty file)"))
             sources.append(src)
@@ -985,6 +1003,8 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
             out_.append((ip, it, r))
         return out_
 
+    clip_test = files and rr is None and not parsed.implicit
+    n_test_clipped = 0
     with StoreWriter(out, n_users=n_users, n_items=n_raw_items, block_users=bu, splits=splits,
                      force=force) as w:
         uc_arr = w.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
@@ -1001,6 +1021,12 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
                     bip, bit, brt = _rows(*loaded[0], lo, hi)
                     if presplit:
                         test = _rows(*loaded[1], lo, hi)
+                        if clip_test:  # the training files' observed range is the store's (see _train_range)
+                            outside = (test[2] < parsed.rmin) | (test[2] > parsed.rmax)
+                            if outside.any():
+                                n_test_clipped += int(outside.sum())
+                                test = (test[0], test[1],
+                                        np.clip(test[2], parsed.rmin, parsed.rmax).astype(np.float32))
                         w.write_block(b, bip, bit, brt, split="train")
                         w.write_block(b, *test, split="test")
                         uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip) + np.diff(test[0])
@@ -1037,7 +1063,8 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
                 test=[os.path.basename(s.spec.path) for s in parsed.sources if s.flag],
                 n_test_only_users=n_test_only_users,
                 n_test_only_items=int(((train_counts_raw == 0) & (item_counts_raw > 0)).sum()),
-                n_train_ratings_also_in_test=n_across)
+                n_train_ratings_also_in_test=n_across,
+                **({"n_test_ratings_clipped": n_test_clipped} if n_test_clipped else {}))
         w.finalize({
             **value_kind,
             "split": split_attr,

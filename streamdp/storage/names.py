@@ -18,8 +18,9 @@ named ``name``, ``title``, ``item_name`` or ``label``, else the second column. W
 header the id is the first field and the name the second; further fields are ignored.
 
 Decisions: ids that are not items of the store are ignored and counted
-(``n_unmatched``); an id named twice keeps its last name; string ids must match the store's
-exactly, integer ids may have blanks around them (names are kept as written). Memory: the file is parsed in blocks; only the names
+(``n_unmatched``); an id of the store named twice is refused in one line naming the file and
+the id (which name is meant is not ours to guess); string ids must match the store's exactly, integer
+ids may have blanks around them (names are kept as written). Memory: the file is parsed in blocks; only the names
 of the store's items are kept (they are item-side data, ``O(n_items)`` like the item ids),
 and more than a quarter of ``--memory-limit`` of them is refused.
 """
@@ -177,7 +178,11 @@ def read_item_names(path: str, items: pa.Array, memory_limit: int) -> ItemNames:
     full = np.full(len(items), -1, np.int64)
     if where:
         pos = np.concatenate(where)
-        full[pos] = np.arange(len(pos))  # a repeated id keeps its last name
+        seen, counts = np.unique(pos, return_counts=True)
+        if len(seen) < len(pos):  # which of two names is meant is the owner's to say: refused, not guessed
+            raise InputError(f"{path}: item id {items[int(seen[np.argmax(counts > 1)])].as_py()!r} is named "
+                             f"more than once (give each item one name)")
+        full[pos] = np.arange(len(pos))
         allnames = pa.concat_arrays(names)
     else:
         allnames = pa.array([], pa.string())

@@ -5,6 +5,11 @@
   ``--train/--test`` charged, then failed ("a sweep needs a test split"); its ``--help`` said "at no cost".
 * ``ingest --train F --test F`` wrote a store with 0 training ratings, and ``train`` then charged epsilon on it.
 * ``streamdp.ingest(scipy.sparse...)`` stored a negative row index or a column index past the shape as it was.
+* a count of 2^62 in an interaction log "is not numeric"; a NaN count was a "missing rating".
+* duplicate ids in ``--item-names`` silently kept the last name.
+* a test-file rating of 9 widened the observed range to [1, 9]: now the training files' range is the store's and
+  such a test rating is clipped into it and counted (refused or dropped under a declared range).
+* ``streamdp.train(..., epsilon=inf)`` spent an infinite budget without the confirmation the CLI asks for.
 * ``--epsilon 0`` in ``train`` and ``tune`` was a ``ZeroDivisionError`` traceback, ``--epsilon -1`` an answer
   about a "noise_multiplier": now one line naming ``--epsilon``, nothing written, nothing charged.
 """
@@ -85,6 +90,7 @@ def _rows(users, seed):
     (["--methods", "means", "--repeats", "0"], "--repeats"),
     (["--methods", "als", "--rank", "0"], "--rank"),
     (["--methods", "als", "--rank", "31"], "--rank"),
+    (["--methods", "sgd"], "--epsilon inf"),
     (["--methods", "means", "--delta", "2"], "delta"),
     (["--methods", "means", "--ratings-per-user", "0.5"], "--ratings-per-user"),
     (["--methods", "means", "--shape-epsilon", "-1"], "--shape-epsilon"),
@@ -185,3 +191,84 @@ def test_a_sparse_matrix_with_an_index_outside_its_shape_is_refused(tmp_path, fm
         streamdp.ingest(_sparse(fmt, where, value), str(tmp_path / "s.zarr"))
     assert "\n" not in str(exc.value) and "4x3" in str(exc.value)
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("count", [2 ** 62, 2 ** 62 + 1, -(2 ** 62)])
+@pytest.mark.parametrize("kind", ["pandas", "arrow", "parquet"])
+def test_a_huge_count_is_out_of_range_naming_its_row(tmp_path, kind, count):
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from streamdp.errors import InputError
+
+    t = pa.table({"user": [1, 2, 3], "item": [1, 2, 3], "count": pa.array([3, count, 2], pa.int64())})
+    src = {"pandas": t.to_pandas(), "arrow": t}.get(kind)
+    if src is None:
+        pq.write_table(t, tmp_path / "log.parquet")
+        src = str(tmp_path / "log.parquet")
+    assert isinstance(src, (str, pa.Table, pd.DataFrame))
+    with pytest.raises(InputError, match=rf"row 2: count {count} is out of range \(too large") as exc:
+        streamdp.ingest(src, str(tmp_path / "s.zarr"), implicit=True)
+    assert "not numeric" not in str(exc.value) and not (tmp_path / "s.zarr").exists()
+    if kind == "parquet":
+        assert str(exc.value).startswith(src)
+
+
+@pytest.mark.parametrize("implicit, what", [(True, "count"), (False, "rating")])
+def test_a_nan_value_says_nan_not_a_missing_rating(tmp_path, implicit, what):
+    import numpy as np
+    import pandas as pd
+
+    from streamdp.errors import InputError
+
+    df = pd.DataFrame({"user": [1, 2, 3], "item": [1, 2, 3], what: [3.0, np.nan, 2.0]})
+    with pytest.raises(InputError, match=rf"row 2: {what} is NaN or missing \(not a finite number\)"):
+        streamdp.ingest(df, str(tmp_path / "s.zarr"), implicit=implicit)
+
+
+def test_an_item_named_twice_is_refused_naming_the_file_and_the_id(cli, tmp_path):
+    ratings = _csv(tmp_path / "r.csv", _rows(range(30), 5))
+    names = tmp_path / "names.csv"
+    names.write_text("item,name\n1,One\n2,Two\n999,X\n999,Y\n1,Uno\n")
+    res = cli.run("ingest", ratings, "--item-names", names, "--out", tmp_path / "s.zarr")
+    cli.error(res, str(names), "item id 1", "more than once")
+    assert not (tmp_path / "s.zarr").exists()
+    names.write_text("item,name\n1,One\n2,Two\n999,X\n999,Y\n")  # twice, but not an item of the store: ignored
+    assert cli.run("ingest", ratings, "--item-names", names, "--out", tmp_path / "s.zarr")[0] == 0
+
+
+def test_a_test_rating_outside_the_training_range_is_clipped_into_it(cli, tmp_path):
+    from streamdp.storage.store import open_store
+
+    train = _csv(tmp_path / "train.csv", _rows(range(40), 6))
+    test = _csv(tmp_path / "test.csv", [(1, 29, 9), (2, 28, 4)])
+    code, out, err, exc = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "s.zarr")
+    assert code == 0, (err, exc)
+    assert "1 test ratings outside the training files' observed range (clipped into it)" in out
+    st = open_store(str(tmp_path / "s.zarr"))
+    assert (st.attrs["rating_min"], st.attrs["rating_max"]) == (1.0, 5.0)  # not [1, 9]
+    assert st.attrs["split"]["n_test_ratings_clipped"] == 1
+    assert sorted(float(r) for b in st.blocks("test") for r in b.ratings) == [4.0, 5.0]
+    # a declared range: its --out-of-range rule, as for training ratings
+    res = cli.run("ingest", "--train", train, "--test", test, "--out", tmp_path / "t.zarr", "--rating-range", "1,5")
+    cli.error(res, str(test), "9")
+    assert not (tmp_path / "t.zarr").exists()
+
+
+def test_the_python_api_asks_for_a_non_private_release_as_the_cli_does(tmp_path):
+    from streamdp.storage.generate import generate_store
+
+    store = generate_store(str(tmp_path / "s.zarr"), n_users=100, n_items=20, ratings_per_user=5, rank=2, seed=2,
+                           show_progress=False).path
+    before = _entries(store)
+    with pytest.raises(ParameterError, match="allow_nonprivate=True"):
+        streamdp.train(store, method="means", epsilon=math.inf, out=str(tmp_path / "m"))
+    with pytest.raises(ParameterError, match="allow_nonprivate=True"):
+        streamdp.train(store, method="means", epsilon="inf", out=str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists() and _entries(store) == before
+    m = streamdp.train(store, method="means", epsilon=math.inf, out=str(tmp_path / "m"), allow_nonprivate=True,
+                       evaluate=False)
+    assert m.summary["guarantee"] == "non-private"
+    # the spend is infinite already: nothing more to confirm (as the CLI asks nothing then)
+    streamdp.train(store, method="means", epsilon=math.inf, out=str(tmp_path / "m2"), evaluate=False)

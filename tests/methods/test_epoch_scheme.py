@@ -21,7 +21,7 @@ def store(tmp_path_factory):
 
 
 def _train(store, **kw):
-    base = dict(rank=3, seed=4, over_budget=True, epochs=2, epoch_scheme="blocks")
+    base = dict(rank=3, seed=4, over_budget=True, epochs=2, epoch_scheme="blocks", allow_nonprivate=True)
     base.update(kw)
     return train(store, **base)
 

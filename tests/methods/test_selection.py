@@ -144,7 +144,7 @@ def test_given_iters_skips_the_profile_and_select_off_is_the_old_release(small_s
 
 
 def test_non_private_run_chooses_on_held_out_ratings_then_refits_on_all(sparse_store):
-    m = streamdp.train(sparse_store, epsilon=math.inf, seed=0)
+    m = streamdp.train(sparse_store, epsilon=math.inf, allow_nonprivate=True, seed=0)
     sel = m.info["selection"]
     assert "validation_losses" in sel and sel["chosen"] in sel["candidates"]
     item_mean = m.summary["baselines"]["item_mean"]["rmse"]
@@ -204,13 +204,13 @@ def test_gated_run_resumes_across_the_gate(jokes_store, tmp_path, interrupted_af
 def test_non_private_run_chooses_the_item_ridge_on_held_out_ratings(small_store):
     from streamdp.methods.als import NONPRIVATE_ITEM_RIDGES
 
-    m = streamdp.train(small_store, epsilon=math.inf, seed=0, iters=3)
+    m = streamdp.train(small_store, epsilon=math.inf, allow_nonprivate=True, seed=0, iters=3)
     tried = m.info["selection"]["item_ridges"]
     assert [(t["reg"], t["reg_exponent"]) for t in tried] == list(NONPRIVATE_ITEM_RIDGES)
     best = min(tried, key=lambda t: t["validation_loss"])
     assert (m.info["parameters"]["reg"], m.info["parameters"]["reg_exponent"]) == (best["reg"], best["reg_exponent"])
     assert any("item-side ridge" in n for n in m.ledger.notes)
-    given = streamdp.train(small_store, epsilon=math.inf, seed=0, iters=3, reg=10.0)
+    given = streamdp.train(small_store, epsilon=math.inf, allow_nonprivate=True, seed=0, iters=3, reg=10.0)
     assert "item_ridges" not in given.info["selection"] and given.info["parameters"]["reg"] == 10.0
 
 
