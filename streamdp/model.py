@@ -510,7 +510,7 @@ def _is_number(v) -> bool:
 
 #: Fields the local solve and the lists read, and what each must be: (dotted key, check, what it must be).
 _FIELD_TYPES = (
-    ("ridge", lambda v: _is_number(v) and 0 < v < float("inf"), "a positive number"),
+    ("ridge", lambda v: _is_number(v) and 0 <= v < float("inf"), "a number >= 0 (0: the user passes her own)"),
     ("local", lambda v: isinstance(v, str), "a string"),
     ("local_user_bias", lambda v: isinstance(v, bool), "true or false"),
     ("popularity_column", lambda v: isinstance(v, bool), "true or false"),

@@ -24,7 +24,7 @@ from streamdp.manifest import public_parameters
 from streamdp.methods import Method, get_method
 from streamdp.methods.base import user_count_for
 from streamdp.methods.lowrank import WEAKER_NOTE, LowRank
-from streamdp.local import rating_range, user_scores
+from streamdp.local import FALLBACK_RIDGE, model_ridge, rating_range, user_scores
 from streamdp.model import Model, check_model_destination
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import interrupt_signal
@@ -220,9 +220,14 @@ def check_local_solve(fitted, out: str) -> None:
     ends = [hi, lo] if math.isfinite(lo) and math.isfinite(hi) else [1.0]
     if (m.info.get("local_implicit") or {}).get("implicit"):  # counts: each > 0
         ends = [v if v > 0 else 1.0 for v in ends]
+    try:  # the model's own ridge, or where it records none usable (sgld: 0) the one a user would have to pass
+        model_ridge(m)
+        ridge = None
+    except ParameterError:
+        ridge = FALLBACK_RIDGE
     try:  # a user of one item and one of more items than factors (ials solves them by two routes)
         for k in sorted({1, min(n, int(np.shape(fitted.item_factors)[1]) + 2)}):
-            user_scores(m, np.arange(k, dtype=np.int32), np.resize(np.asarray(ends, np.float32), k))
+            user_scores(m, np.arange(k, dtype=np.int32), np.resize(np.asarray(ends, np.float32), k), ridge=ridge)
     except InputError as exc:
         if "not finite" not in str(exc):
             raise
