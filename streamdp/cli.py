@@ -558,9 +558,9 @@ class _TrainCommand(click.Command):
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
               "power of ten <= min(1e-6, 1/(10 n_users))).")
 @users_bound_option
-@items_option
 @click.option("--rank", type=int, default=None, help="Number of factors k (generated from the methods).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
+@items_option
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "
               "with --scheduler, the cluster's thread count, which sizes the blocks in flight).")
