@@ -122,8 +122,11 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
     if users is None:
         users = user_count_for(cls, st, epsilon=epsilon, seed=seed, users_bound=users_bound)
     check_privacy_params(epsilon, delta, n_users=users.n)
-    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, users=users, catalogue=catalogue,
-            **{k: v for k, v in options.items() if v is not None})
+    kept = {k: v for k, v in options.items() if v is not None}
+    m = cls(epsilon=epsilon, delta=delta, rank=rank, seed=seed, users=users, catalogue=catalogue, **kept)
+    if rank is None and m.FITS_FACTORS and m.RANK_IS_FACTORS and m.rank > st.n_items >= 1:
+        # a default rank above a small catalogue's size: as many factors as items (a given --rank is refused below)
+        m = cls(epsilon=epsilon, delta=delta, rank=st.n_items, seed=seed, users=users, catalogue=catalogue, **kept)
     m.check_rank(st.n_items)  # fw's rank counts iterations (its basis may repeat directions); means fits none
     return st, m
 
