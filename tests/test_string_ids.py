@@ -116,7 +116,10 @@ def stores(tmp_path_factory):
             d.mkdir()
             src = str(d / f"ratings.{fmt}")
             _write(src, fmt, rows, kind)
-            _cli("ingest", src, "--out", d / "s.zarr", "--test-fraction", "0.2", "--rating-range", "1,5")
+            # the catalogue declared (one id per line, as written): 150 users are too few to select items privately
+            (d / "items.txt").write_text("\n".join(str(i) for i in items) + "\n", encoding="utf-8")
+            _cli("ingest", src, "--out", d / "s.zarr", "--test-fraction", "0.2", "--rating-range", "1,5",
+                 "--items", d / "items.txt")
             made[kind, fmt] = (str(d / "s.zarr"), users, items)
         return made[kind, fmt]
 

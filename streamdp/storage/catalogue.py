@@ -139,10 +139,13 @@ def catalogue_view(store: RatingStore, ids) -> RatingStore:
 
 
 def read_catalogue(path: str, *, numeric: bool, flag: str = "--items") -> np.ndarray:
-    """The item ids in the catalogue file ``path``: an id per line, or the first field of a line of fields
-    separated by ``|``, tab, ``,`` or ``;`` (so MovieLens' ``u.item`` is its own catalogue); blank lines and ``#``
-    comments are skipped, and so is a first line that is not an id of the store's kind (``numeric``): a header.
-    Only the id field is decoded (UTF-8): names in another encoding do not matter.
+    """The item ids in the catalogue file ``path``, one per line.
+
+    Integer ids (``numeric``): the first field of each line, fields separated by ``|``, tab, ``,`` or ``;`` (so
+    MovieLens' ``u.item`` is its own catalogue, whatever the encoding of its titles); blank lines and ``#`` comments
+    are skipped, and so is a first line that is not an integer: a header. String ids: each line is one id exactly
+    as written (UTF-8; only the line break is taken off, since an id may hold commas, quotes or spaces); blank
+    lines are skipped.
 
     Refused with one line naming the file and line: an unreadable or empty file, an id of the wrong kind, an id
     twice.
@@ -155,13 +158,14 @@ def read_catalogue(path: str, *, numeric: bool, flag: str = "--items") -> np.nda
     """
     try:
         with open(path, "rb") as fh:
-            lines = fh.read().splitlines()
+            lines = fh.read().split(b"\n")
     except OSError as exc:
         raise InputError(f"{flag} {path}: cannot be read ({exc.strerror or exc})") from None
     ids, seen, header = [], {}, False
     for no, raw in enumerate(lines, 1):
-        field = re.split(rb"[|\t,;]", raw, maxsplit=1)[0].strip()
-        if not field or field.startswith(b"#"):
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        field = re.split(rb"[|\t,;]", raw, maxsplit=1)[0].strip() if numeric else raw
+        if not field.strip() or (numeric and field.startswith(b"#")):
             continue
         try:
             text = field.decode("utf-8-sig" if no == 1 else "utf-8")
