@@ -48,8 +48,8 @@ from streamdp.privacy.bounding import hash_keys, trim_mask
 from streamdp.privacy.calibration import calibrate_gaussian
 from streamdp.privacy.events import DeltaDpEvent, compose
 from streamdp.privacy.release import Release
-from streamdp.storage.catalogue import catalogue_view, read_catalogue, store_catalogue
-from streamdp.storage.ids import as_ids, numeric, parse_id
+from streamdp.storage.catalogue import catalogue_ids, catalogue_view, store_catalogue
+from streamdp.storage.ids import as_ids, numeric
 
 __all__ = ["SHARE", "DELTA_SHARE", "ITEMS_PER_USER", "RNG_KEY", "Catalogue", "ThresholdRelease", "catalogue_for",
            "select_catalogue", "threshold", "weighted_counts", "store_catalogue", "declared_items"]
@@ -208,21 +208,9 @@ def select_catalogue(store, *, epsilon: float, delta: float, seed: int | None = 
 
 def declared_items(items, store, flag: str = "--items"):
     """``items`` as the store's kind of ids: ``None``, a file of ids (a path), or ids (numbers or strings)."""
-    import os
-
     if items is None:
         return None
-    is_num = numeric(store.item_ids()[:1]) if store.n_items else True
-    if isinstance(items, (str, os.PathLike)):
-        return read_catalogue(str(items), numeric=is_num, flag=flag)
-    try:
-        ids = [parse_id(x, is_num) for x in items]
-    except (TypeError, ValueError) as exc:
-        raise ParameterError(f"items: expected item ids of the store's kind or the path of a file of ids ({exc})") \
-            from None
-    if not ids:
-        raise ParameterError("items: no item ids")
-    return np.asarray(ids, dtype=np.int64) if is_num else np.asarray(ids, dtype=object)
+    return catalogue_ids(items, numeric=numeric(store.item_ids()[:1]) if store.n_items else True, flag=flag)
 
 
 def catalogue_for(cls, store, *, epsilon: float, delta: float, seed: int | None = None, items=None,

@@ -18,16 +18,17 @@ the internal order never leaves the process (models are saved in ascending id or
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import replace
 
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError, StoreError
-from streamdp.storage.ids import as_ids, find
+from streamdp.storage.ids import as_ids, find, parse_id
 from streamdp.storage.store import Block, RatingStore
 
-__all__ = ["CatalogueView", "catalogue_view", "catalogue_digest", "read_catalogue", "store_catalogue"]
+__all__ = ["CatalogueView", "catalogue_view", "catalogue_digest", "catalogue_ids", "read_catalogue", "store_catalogue"]
 
 
 def catalogue_digest(ids) -> str:
@@ -191,6 +192,21 @@ def read_catalogue(path: str, *, numeric: bool, flag: str = "--items") -> np.nda
     if not ids:
         raise InputError(f"{flag} {path}: no item ids (one id per line)")
     return np.asarray(ids, dtype=np.int64) if numeric else np.asarray(ids, dtype=object)
+
+
+def catalogue_ids(items, *, numeric: bool, flag: str = "--items") -> np.ndarray:
+    """A declared catalogue as a store's kind of ids: the path of a file of ids (:func:`read_catalogue`), or ids
+    (numbers or strings; ``ParameterError`` for an id of another kind, none, or one twice)."""
+    if isinstance(items, (str, os.PathLike)):
+        return read_catalogue(os.fspath(items), numeric=numeric, flag=flag)
+    try:
+        ids = [parse_id(x, numeric) for x in items]
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(f"items: expected item ids of the store's kind or the path of a file of ids ({exc})") \
+            from None
+    if not ids or len(set(ids)) != len(ids):
+        raise ParameterError("items: expected distinct item ids, at least one")
+    return np.asarray(ids, np.int64) if numeric else np.asarray(ids, dtype=object)
 
 
 def store_catalogue(store) -> tuple[np.ndarray, str] | None:

@@ -1128,18 +1128,9 @@ class _ValueStats:
 
 def _declared_catalogue(items, *, numeric_ids: bool) -> np.ndarray:
     """``--items``: the declared catalogue as the store's kind of ids (a file of ids, or ids)."""
-    from streamdp.storage.catalogue import read_catalogue
-    from streamdp.storage.ids import parse_id
+    from streamdp.storage.catalogue import catalogue_ids
 
-    if isinstance(items, (str, os.PathLike)):
-        return read_catalogue(str(items), numeric=numeric_ids)
-    try:
-        ids = [parse_id(x, numeric_ids) for x in items]
-    except (TypeError, ValueError) as exc:
-        raise ParameterError(f"items: expected item ids of the store's kind ({exc})") from None
-    if not ids or len(set(ids)) != len(ids):
-        raise ParameterError("items: expected distinct item ids, at least one")
-    return np.asarray(ids, np.int64) if numeric_ids else np.asarray(ids, dtype=object)
+    return catalogue_ids(items, numeric=numeric_ids)
 
 
 def _ids_numpy(keys: pa.Array) -> np.ndarray:
