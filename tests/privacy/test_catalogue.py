@@ -173,7 +173,7 @@ def test_declared_catalogue_leaves_other_items_out(tmp_path):
     assert sorted(ma.item_ids.tolist()) == list(range(12)) + [55]
     assert np.array_equal(ma.item_ids, mb.item_ids)
     assert np.array_equal(ma.item_factors, mb.item_factors) and np.array_equal(ma.item_bias, mb.item_bias)
-    (ja, la), (jb, lb) = _model(tmp_path / "ma"), _model(tmp_path / "mb")
+    (_, la), (_, lb) = _model(tmp_path / "ma"), _model(tmp_path / "mb")
     assert la["public_parameters"]["items"] == lb["public_parameters"]["items"] == {
         "n_items": 13, "source": "declared", "release": "declared by the data owner (ingest --items): public, "
                                                        "nothing spent"}
