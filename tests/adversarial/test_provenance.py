@@ -378,3 +378,31 @@ def test_batch_lists_name_only_released_items(twins):
         catalogue = set(_model(root, "als")[2]["item_ids"].tolist())
         items = set(t.column("item_id").to_pylist())
         assert items <= catalogue and 777 not in items, (kind, sorted(items - catalogue))
+
+
+def test_tune_candidates_see_the_catalogues_items(tmp_path):
+    """``tune`` on a store with a private catalogue stopped with "item_ids: has 31 entries, not 29 (the store is
+    damaged)": its candidates' held-out view took the store's items, not the catalogue view's it wraps."""
+    from streamdp.storage.catalogue import CatalogueView
+    from streamdp.tune import _Sampled
+
+    st = streamdp.ingest(_frame(TWINS["lone-item"], n_users=60), str(tmp_path / "s.zarr"), rating_range="1,5")
+    view = CatalogueView(st, np.arange(0, 30, 2))
+    cand = _Sampled(view, key=3, q=0.5, n_users=60)
+    assert cand.n_items == 15 and cand.item_ids().tolist() == view.item_ids().tolist()
+    assert len(cand.item_counts()) == 15 and len(cand.block_user_counts(0)) == cand.read_block(0).n_users
+    assert all(int(b.items.max(initial=0)) < 15 for b in map(cand.read_block, range(cand.n_blocks)))
+    assert cand.read_block_unchecked(0)[0].items.max() < 15
+
+
+def test_the_catalogue_release_publishes_no_item_count(tmp_path):
+    """The catalogue's ledger entry gave its noisy counts' shape, the store's item count: 30 on D, 31 on D plus a
+    user alone on item 777, in every model's ``privacy.json`` (``bounds.releases``)."""
+    from streamdp.privacy.catalogue import select_catalogue
+
+    entries = []
+    for i, extra in enumerate(((), TWINS["lone-item"])):
+        st = streamdp.ingest(_frame(extra, n_users=60), str(tmp_path / f"s{i}.zarr"), rating_range="1,5")
+        assert st.n_items == 30 + i
+        entries.append(select_catalogue(st, epsilon=8.0, delta=1e-6, seed=1).release.entry())
+    assert entries[0] == entries[1] and entries[0]["shape"] == []
