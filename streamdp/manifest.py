@@ -156,6 +156,10 @@ PRIVACY_JSON = {
     "notes": (PUBLIC, "qualifications of the guarantee (text)"),
     "public_parameters": (PUBLIC, "the public parameters and where each comes from (n_users: released, declared or "
                                   "exact; n_items; rating range)"),
+    "public_parameters.n_users.value": (RELEASE, "the number of users: as model.json's n_users (released with noise, "
+                                                 "declared, or exact)"),
+    "public_parameters.n_items": (RELEASE, "the number of items of the model's catalogue: as model.json's n_items"),
+    "public_parameters.items.n_items": (RELEASE, "the catalogue's size: as model.json's n_items"),
     "bounds": (PUBLIC, "contribution bounds: options, their defaults from public parameters, released values"),
     "bounds.releases": (PUBLIC, "every noisy release: what, mechanism, sensitivity, noise scale, shape"),
     "model_digest": (PUBLIC, "sha256 of model.json's fields as released (streamdp.manifest.released_digest): a "

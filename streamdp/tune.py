@@ -237,6 +237,26 @@ class _HeldOut(RatingStore):
         (ip, it, r), _ = holdout(blk.indptr, blk.items, blk.ratings, blk.first_user, self._holdout_key)
         return Block(blk.first_user, ip, it, r)
 
+    # the items are the inner store's: a catalogue view (streamdp.storage.catalogue) has its own ids and per-item
+    # arrays, and its blocks leave out the items outside the catalogue (RatingStore's would read the store's own)
+    def item_ids(self):
+        return self._inner.item_ids()
+
+    def item_names(self):
+        return self._inner.item_names()
+
+    def item_counts(self):
+        return self._inner.item_counts()
+
+    def train_item_stats(self):
+        return self._inner.train_item_stats()
+
+    def block_user_counts(self, b: int, split: str = "train"):
+        return self._inner.block_user_counts(b, split)
+
+    def read_block_unchecked(self, b: int, split: str = "train"):
+        return self._inner.read_block_unchecked(b, split)
+
 
 def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
     """Which of users ``first_user .. first_user + n - 1`` are in the candidates' Poisson sample (rate ``q``).

@@ -62,7 +62,9 @@ DELTA_SHARE = 0.25
 ITEMS_PER_USER = 128
 #: Key of the selection's random streams (``SeedSequence(seed, spawn_key=(RNG_KEY,))``).
 RNG_KEY = 0xCA7A
-WHAT = "item catalogue: each item's users, weighted 1/sqrt(m) (m <= {cap} items a user), thresholded at {T:.6g}"
+WHAT = ("item catalogue: each item's users, weighted 1/sqrt(m) (m <= {cap} items a user), thresholded at {T:.6g}; "
+        "one noisy count per item some user rated, whose number is not published (the store's item count is an "
+        "exact statistic: one user alone on an item adds one)")
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,8 @@ def select_catalogue(store, *, epsilon: float, delta: float, seed: int | None = 
     key = int(rng.integers(0, 2 ** 63))
     counts = weighted_counts(store, key=key)
     cand = np.flatnonzero(counts > 0)
-    rel = Release(WHAT.format(cap=ITEMS_PER_USER, T=T), "gaussian", 1.0, z, shape=(store.n_items,))
+    # no shape: the counts' number is the store's item count, read off the data (the noise takes the counts' shape)
+    rel = Release(WHAT.format(cap=ITEMS_PER_USER, T=T), "gaussian", 1.0, z)
     noisy = rel.add(counts[cand], rng)
     chosen = cand[noisy > T]
     ids = as_ids(store.item_ids())[chosen]
