@@ -328,7 +328,8 @@ def counts_model(tmp_path_factory):
     p = d / "log.csv"
     p.write_text("user,item,count\n" + "".join(f"{u},{i},{1 + u % 3}\n" for u, i in zip(users, items)))
     st = streamdp.ingest([str(p)], str(d / "log.zarr"), implicit=True)
-    return streamdp.train(st, method="ials", epsilon=float("inf"), out=str(d / "m"), iters=2, evaluate=False)
+    return streamdp.train(st, method="ials", epsilon=float("inf"), out=str(d / "m"), iters=2, evaluate=False,
+                          allow_nonprivate=True)
 
 
 @pytest.mark.parametrize("count", [0, -2])

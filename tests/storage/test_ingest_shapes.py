@@ -333,7 +333,8 @@ def test_item_names_true_false_and_other_values(named, tmp_path):
             list(model.recommend_all(st, 3, item_names=bad))
     plain = streamdp.ingest(pd.DataFrame({"user": [1, 1, 2], "item": [10, 11, 10], "rating": [4.0, 2.0, 5.0]}),
                             str(tmp_path / "p.zarr"))
-    m = streamdp.train(plain, method="means", epsilon=float("inf"), seed=0, out=str(tmp_path / "m"), evaluate=False)
+    m = streamdp.train(plain, method="means", epsilon=float("inf"), seed=0, out=str(tmp_path / "m"), evaluate=False,
+                       allow_nonprivate=True)
     with pytest.raises(InputError, match="keeps no item names"):
         list(m.recommend_all(plain, 1, item_names=True))
 

@@ -279,7 +279,8 @@ def test_a_generator_read_in_part_does_not_hold_the_interpreter(tmp_path, how):
 
     st = generate_store(str(tmp_path / "s.zarr"), n_users=600, n_items=30, ratings_per_user=8, rank=2, seed=1,
                         block_users=50)
-    streamdp.train(st, method="means", epsilon=float("inf"), out=str(tmp_path / "m"), evaluate=False)
+    streamdp.train(st, method="means", epsilon=float("inf"), out=str(tmp_path / "m"), evaluate=False,
+                   allow_nonprivate=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(streamdp.__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", _KEEP, str(tmp_path / "m"), st.path, how], capture_output=True,
