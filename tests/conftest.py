@@ -1,10 +1,12 @@
 """Shared fixtures: small generated stores, the path to ../shared/data, the in-process CLI of the hostile-input tests;
-the default parallel run."""
+the default parallel run; the PLD epsilons shared by the test processes (``STREAMDP_TEST_FRESH_PLD=1``: not)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,65 @@ def pytest_configure(config):
         share = str(max(1, (os.cpu_count() or 1) // workers))
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(name, share)
+    if not os.environ.get("STREAMDP_TEST_FRESH_PLD"):
+        _share_pld_epsilons(config)
+
+
+class _SharedPLDEpsilons(dict):
+    """:data:`streamdp.privacy.accountant._PLD_EPSILONS` (the process's remembered PLD epsilons), backed by one
+    SQLite file that every xdist worker, and the next run, reads and adds to.
+
+    A PLD epsilon is a pure function of its key (the event's ``repr``, the grid, delta): the accountant's
+    docstring. Most of what the suite spent was PLD calibration of the same small releases, in both workers
+    and again in every run. The file's table is named by a hash of the accountant's source and the
+    dp-accounting and numpy versions, so a change to either computes afresh; a value is stored as its
+    ``repr`` (exact, inf included). Only the test processes use it: the ``streamdp`` processes tests start,
+    and streamdp itself, compute as before.
+    """
+
+    def __init__(self, path: Path, table: str):
+        super().__init__()
+        self._db = sqlite3.connect(path, timeout=60, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._table = table
+        self._db.execute(f"CREATE TABLE IF NOT EXISTS {table} (key TEXT PRIMARY KEY, eps TEXT)")
+
+    def get(self, key, default=None):
+        eps = super().get(key)
+        if eps is None:
+            row = self._db.execute(f"SELECT eps FROM {self._table} WHERE key = ?", (repr(key),)).fetchone()
+            if row is None:
+                return default
+            eps = float(row[0])
+            super().__setitem__(key, eps)
+        return eps
+
+    def __setitem__(self, key, eps):
+        super().__setitem__(key, eps)
+        self._db.execute(f"INSERT OR IGNORE INTO {self._table} VALUES (?, ?)", (repr(key), repr(float(eps))))
+
+
+def _share_pld_epsilons(config) -> None:
+    """Install :class:`_SharedPLDEpsilons` in this test process (the file under pytest's cache directory)."""
+    from importlib.metadata import version
+
+    try:
+        import numpy
+
+        from streamdp.privacy import accountant
+    except ImportError:
+        return
+    if not isinstance(getattr(accountant, "_PLD_EPSILONS", None), dict):
+        return
+    stamp = "|".join([Path(accountant.__file__).read_text(), version("dp-accounting"),
+                        numpy.__version__])
+    table = "pld_" + hashlib.sha256(stamp.encode()).hexdigest()[:16]
+    where = Path(str(config.rootpath)) / ".pytest_cache"
+    try:
+        where.mkdir(exist_ok=True)
+        accountant._PLD_EPSILONS = _SharedPLDEpsilons(where / "streamdp-pld-epsilons.sqlite", table)
+    except (OSError, sqlite3.Error):  # a read-only checkout: each process remembers its own, as streamdp does
+        pass
 
 
 def shared_file(*parts: str) -> Path:

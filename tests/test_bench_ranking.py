@@ -6,6 +6,7 @@ import importlib.util
 import json
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 from bench import ranking
@@ -25,6 +26,7 @@ def test_ease_is_the_constrained_least_squares_solution():
         assert B[j, j] == 0
 
 
+@pytest.mark.slow  # a bench smoke run (half a minute); the EASE solve above is its default-run guard
 def test_bench_ranking_smoke(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ranking, "GENERATED", {"tiny": dict(users=600, items=60, ratings_per_user=12)})
     out = tmp_path / "r.json"

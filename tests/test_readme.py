@@ -10,7 +10,10 @@
 - The README's Methods table has one row per method that ``streamdp methods`` lists.
 - Every docs page is linked from the README, and every relative link resolves.
 - The worked example runs, and prints what the README shows under it, line for line,
-  but for timings, run ids and dates (``test_worked_example_prints_what_the_readme_shows``).
+  but for timings, run ids and dates (``test_worked_example_prints_what_the_readme_shows``, ``-m slow``: a
+  minute and more); by default the same commands run in process on a store of a tenth of the users and every
+  command succeeds and prints each kind of line the README shows
+  (``test_worked_example_runs_on_a_smaller_store``).
 
 A new docs page is picked up without editing this file.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +184,43 @@ def worked_example() -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
+def _kind(line: str) -> str:
+    """A shown or printed line up to its first colon or number: what kind of line it is (``wrote model:``,
+    ``test RMSE``, ``budget``...)."""
+    return re.match(r"[^\d<:]*:?", line).group(0).strip()
+
+
+def test_worked_example_runs_on_a_smaller_store(tmp_path, monkeypatch):
+    """The cheap guard of the worked example (the full size runs with ``-m slow``): the README's commands, with
+    ``--users`` a tenth, run in process (the ``printf`` lines in bash); each ``streamdp`` command exits 0, the
+    model and its privacy.json are written, and every kind of line the README shows is printed (the figures
+    differ on the smaller store, and the lines that depend on them: the verdicts, the known items' lists)."""
+    from click.testing import CliRunner
+
+    script, shown = worked_example()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STREAMDP_PROGRESS", "0")
+    printed = []
+    for line in script.strip().splitlines():
+        if not line.startswith("streamdp "):
+            subprocess.run(["bash", "-c", line], check=True)
+            continue
+        args = shlex.split(line)[1:]
+        if "--users" in args:
+            i = args.index("--users") + 1
+            args[i] = str(int(args[i]) // 10)
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, (line, r.output, r.exception)
+        printed += r.output.splitlines()
+    assert (tmp_path / "model" / "privacy.json").exists()
+    kinds = {_kind(ln) for ln in printed}
+    verdicts = ("verdict:", "ranking verdict:", "note:")  # their wording follows the figures
+    missing = [ln for ln in _normalise(shown) if _kind(ln) not in kinds and not ln.startswith(verdicts)
+               and not re.fullmatch(r"[\d\t.]+", ln)]
+    assert not missing, f"the worked example, on a smaller store, does not print these kinds of line: {missing}"
+
+
+@pytest.mark.slow
 def test_worked_example_prints_what_the_readme_shows(tmp_path):
     """The worked example, run as a user would (stderr interleaved, as a terminal shows it), prints the shown lines."""
     script, shown = worked_example()

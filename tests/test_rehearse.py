@@ -451,7 +451,7 @@ DEFAULT_EPSILONS = "0.1,0.5,1,2,5,10,inf"
 CHEAP_TOLERANCE = 0.015
 
 
-@pytest.mark.parametrize("release_seed", [1, 2])
+@pytest.mark.parametrize("release_seed", [1, pytest.param(2, marks=pytest.mark.slow)])  # the second seed: -m slow
 def test_rehearsal_curve_lies_near_the_spread_of_the_real_sweep_cheap(tmp_path, monkeypatch, release_seed):
     """The cheap case of the acceptance (:func:`rehearsal_gaps`), a regression guard: ``means`` at epsilon 1, two
     repeats, 600 users x 50 items of strong interactions and little noise; the gap within :data:`CHEAP_TOLERANCE`.
@@ -484,7 +484,7 @@ def test_rehearsal_curve_lies_within_the_spread_of_the_real_sweep(tmp_path, stor
     _acceptance(tmp_path, store_name, method, DEFAULT_EPSILONS, 3)
 
 
-@pytest.mark.parametrize("stale", ["four values", "no weight cap"])
+@pytest.mark.parametrize("stale", ["four values", pytest.param("no weight cap", marks=pytest.mark.slow)])
 def test_a_spread_record_of_another_shape_is_no_source(released, tmp_path, stale):
     """A synthetic store whose spread record is not this version's (4 values; or no ``weight_cap``: a record of the
     version whose first two sums were over users, not ratings) is skipped: the spread is released anew, charged and

@@ -108,6 +108,14 @@ def sparse_store(tmp_path_factory):
                              ratings_per_user=1.3, test_fraction=0.2, seed=2, user_bias_std=0.3)
 
 
+def test_sparse_store_releases_no_factors(sparse_store):
+    """The default run's guard of the next test (``-m slow``): at epsilon 1 the sparse store gets no factors."""
+    m = streamdp.train(sparse_store, epsilon=1.0, seed=0)
+    assert m.info["parameters"]["iters"] == 0 and m.info["factors_released"] is False
+    assert not np.any(m.item_factors)
+
+
+@pytest.mark.slow  # three trainings, a measurement across epsilons; its guard is the test above
 def test_sparse_store_releases_no_factors_and_does_not_get_worse_with_epsilon(sparse_store):
     """Fixed seeds; tolerance 0.01 RMSE (run-to-run spread here is about 0.003)."""
     rmse = {}
