@@ -42,9 +42,9 @@ def fit_timed(store, method, epsilon, seed, workers=2, delta=None, **opts):
 
 
 def fitted_evaluation(store, fitted, workers=1) -> dict:
-    """:func:`streamdp.evaluate.evaluate_model` of a fitted model (saved to a temporary directory): RMSE and the
+    """:func:`streamdp.serving.evaluate.evaluate_model` of a fitted model (saved to a temporary directory): RMSE and the
     ranking metrics at k = 10 beside the most-popular lists."""
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     d = tempfile.mkdtemp(prefix="bench-model-")
     try:
@@ -56,7 +56,7 @@ def fitted_evaluation(store, fitted, workers=1) -> dict:
 
 def fitted_rmse(store, fitted, workers=2) -> float:
     """Test RMSE of a fitted model: saved to a temporary directory, evaluated as the users' devices would."""
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     d = tempfile.mkdtemp(prefix="bench-model-")
     try:
@@ -73,8 +73,8 @@ def fit_rmse(store, method, epsilon, seed, workers=2, delta=None, **opts):
 
 
 def delta_for(store) -> float:
-    """The CLI's default delta (:func:`streamdp.api.default_delta` of the store's number of users)."""
-    from streamdp.api import default_delta
+    """The CLI's default delta (:func:`streamdp.workflows.api.default_delta` of the store's number of users)."""
+    from streamdp.workflows.api import default_delta
 
     return default_delta(store.n_users)
 
@@ -112,7 +112,7 @@ def surprise_rmse(store, seeds=3):
 
 
 def table(store, name, args):
-    from streamdp.evaluate import evaluate_model  # noqa: F401  (imported for the side effect of compiling early)
+    from streamdp.serving.evaluate import evaluate_model  # noqa: F401  (imported for the side effect of compiling early)
 
     eps_list = [float(e) for e in args.epsilons.split(",")]
     seeds = range(args.seeds)
@@ -151,11 +151,11 @@ def table(store, name, args):
 
 
 def _baselines(store):
-    """The non-private baselines of :func:`streamdp.evaluate.evaluate_model`, from a zero model."""
+    """The non-private baselines of :func:`streamdp.serving.evaluate.evaluate_model`, from a zero model."""
     import numpy as np
 
-    from streamdp.evaluate import evaluate_model
-    from streamdp.model import Model
+    from streamdp.serving.evaluate import evaluate_model
+    from streamdp.serving.model import Model
 
     m = Model(path="(baselines)", item_factors=np.zeros((store.n_items, 1), np.float32),  # zeros: any order
               item_bias=np.zeros(store.n_items, np.float32), item_ids=store.item_ids(),

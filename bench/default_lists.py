@@ -65,7 +65,7 @@ def open_split(name: str, split: int, tmp: str):
 def one_run(st, seed: int, tmp: str, k: int, options: dict) -> dict:
     """Recall@k of the default's lists and of both charts, and the test RMSE, of one training seed."""
     import streamdp
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     out = tempfile.mkdtemp(dir=tmp, prefix=f"default-{seed}-")
     os.rmdir(out)
@@ -103,7 +103,7 @@ class Exact:
 
         from bench.ranking import splits, tiekey_of
         from streamdp.methods.als import default_settings
-        from streamdp.ranking import default_threshold
+        from streamdp.serving.ranking import default_threshold
 
         self.np, self.st = np, st
         self.train, self.test = splits(st)

@@ -36,8 +36,8 @@ def main(argv=None) -> dict:
                     "LocalCluster")
     a = ap.parse_args(argv)
 
-    from streamdp.api import train
     from streamdp.storage.generate import generate_store
+    from streamdp.workflows.api import train
 
     tmp = tempfile.mkdtemp(prefix="streamdp-bench-epochs-")
     client = cluster = None

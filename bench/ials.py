@@ -5,7 +5,7 @@
 
 On ``STORE``'s train/test split (e.g. ML-100K ingested with ``--test-fraction 0.2
 --seed 1``), prints Recall@10 and NDCG@10 with ``streamdp evaluate``'s protocol
-(:mod:`streamdp.ranking`: each user's top 10 among the items she did not rate in
+(:mod:`streamdp.serving.ranking`: each user's top 10 among the items she did not rate in
 training; relevant = a held-out rating in the top 20% of the range; users without one
 skipped) of
 
@@ -55,7 +55,7 @@ def matrices(store, test=True):
 
 
 def recall_ndcg(lists, tu, ti, tr, threshold):
-    """Recall@k and NDCG@k of ``lists`` (``n_users x k`` item indices, -1 padding) as :mod:`streamdp.ranking`."""
+    """Recall@k and NDCG@k of ``lists`` (``n_users x k`` item indices, -1 padding) as :mod:`streamdp.serving.ranking`."""
     rel = tr >= threshold
     relevant = {}
     for u, j in zip(tu[rel], ti[rel]):
@@ -98,7 +98,7 @@ def implicit_lists(X, k, reg, alpha, factors=64, iterations=15, threads=2, seed=
 
 def ials_metrics(store, epsilon, seed, workers, **opts):
     """``(recall, ndcg, private-chart recall, fit seconds)`` of one ials model, evaluated by streamdp."""
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     f, secs = fit_timed(store, "ials", epsilon, seed, workers=workers, **opts)
     d = tempfile.mkdtemp(prefix="bench-ials-")
@@ -160,7 +160,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="--speed: interleaved repeats of the three fits")
     ap.add_argument("--iters", type=int, default=4, help="--speed: iterations per fit (the first is not counted)")
     a = ap.parse_args(argv)
-    from streamdp.ranking import default_threshold
+    from streamdp.serving.ranking import default_threshold
     from streamdp.storage.store import open_store
 
     if a.clustered:

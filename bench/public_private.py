@@ -47,8 +47,8 @@ PRIVATE_FRACTIONS = (0.0, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
 
 def fit(store, tmp, seed, epsilon=math.inf, **opts):
     """Test RMSE of one ``public-private`` model (saved, evaluated as users' devices would) and its model info."""
-    from streamdp.evaluate import evaluate_model
     from streamdp.methods import get_method
+    from streamdp.serving.evaluate import evaluate_model
     from streamdp.stream.engine import Engine
 
     m = get_method("public-private")(epsilon=epsilon, delta=delta_for(store), seed=seed, **opts)

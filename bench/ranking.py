@@ -30,7 +30,7 @@ bar streamdp is held to is therefore a high one. Their lists go through streamdp
 metric code (:func:`streamdp.kernels.topk.ranking_sums`, the kernel ``evaluate`` uses)
 with ``evaluate``'s protocol: each user's top k among the items she did not rate in
 training, ties by ascending item id, relevant = a held-out rating in the top 20% of the
-rating range (:func:`streamdp.ranking.default_threshold`), users without a relevant
+rating range (:func:`streamdp.serving.ranking.default_threshold`), users without a relevant
 held-out rating not evaluated. The exact most-popular list is computed both ways (through
 ``evaluate`` and through the peers' path) and the two must agree: the run stops if not.
 """
@@ -184,9 +184,9 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True) -> dict:
     """The two most-popular lists, the default model's lists (new and, with ``old_lists``, old scorer) and ``ials``
     at each epsilon (with the chart by its own released counts, the floor its lists are held to)."""
     import streamdp
-    from streamdp.evaluate import evaluate_model
     from streamdp.methods import load_builtin
-    from streamdp.model import load_model
+    from streamdp.serving.evaluate import evaluate_model
+    from streamdp.serving.model import load_model
 
     def ranked(model, **kw):
         # every user, as the references (metrics_of_scores) are computed
@@ -297,7 +297,7 @@ def open_stores(names, tmp, big: bool):
 
 def run_store(name, st, tmp, a, old_lists=True) -> dict:
     """Every list of one store on its one split (``a``: this script's parsed arguments, or the same fields)."""
-    from streamdp.ranking import default_threshold
+    from streamdp.serving.ranking import default_threshold
 
     t = time.perf_counter()
     rows, ref = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed, a.workers,

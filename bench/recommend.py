@@ -5,7 +5,7 @@
 Generates a store in a temporary directory (``streamdp generate``, rank 8), trains
 one private ``als`` model on it (epsilon 1, rank 8) and times, on the same model:
 
-* **streamdp**: :meth:`streamdp.model.Model.recommend_all` writing the Parquet file
+* **streamdp**: :meth:`streamdp.serving.model.Model.recommend_all` writing the Parquet file
   (reading the blocks, each user's local solve, the Numba top-N, the Arrow table and
   the write), 1 and 2 workers;
 * **dense NumPy**: every user's training ratings and factor in memory (the same local
@@ -51,10 +51,10 @@ def dense_topn(U, Q, bias, mu, indptr, items, n, chunk=4096):
 def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
-    from streamdp.api import train
-    from streamdp.local import local_design, solve_block
-    from streamdp.model import load_model
+    from streamdp.serving.local import local_design, solve_block
+    from streamdp.serving.model import load_model
     from streamdp.storage.generate import generate_store
+    from streamdp.workflows.api import train
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=200_000)

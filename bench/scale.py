@@ -254,7 +254,7 @@ def _fit_passes(run: dict) -> list[float]:
 def _same_factors(a: str, b: str) -> bool:
     import numpy as np
 
-    from streamdp.model import load_model
+    from streamdp.serving.model import load_model
 
     return bool(np.array_equal(load_model(a).item_factors, load_model(b).item_factors))
 

@@ -9,7 +9,7 @@ split, declared rating ranges; a generated power-law store of
 ``bench/als_privacy.py``), trains ``sgd`` (non-private, the accuracy reference)
 and ``sgld`` at each epsilon for ``--seeds`` seeds with the same rank/epochs/tau,
 and prints the median test RMSE of the released model (users' factors solved
-locally from V, :mod:`streamdp.evaluate`, with the ridge the model states)
+locally from V, :mod:`streamdp.serving.evaluate`, with the ridge the model states)
 with the range over seeds, next to the non-private global-mean and item-mean
 baselines, and the same models solved with the prior's lambda as the ridge (the
 tempered conditional of ``u_i``, which models stated before :func:`streamdp.methods.sgld.local_ridge`).
@@ -63,7 +63,7 @@ def fit(store, method, epsilon, seed, a, workers):
 
 
 def table(store, name, a):
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     ridges = [float(x) for x in a.ridges.split(",")] if a.ridges else []
     t0 = time.perf_counter()
@@ -82,7 +82,7 @@ def table(store, name, a):
                 res.append(ev["rmse"])
                 ridge = ev["ridge"]
                 if method == "sgld":
-                    from streamdp.model import load_model
+                    from streamdp.serving.model import load_model
 
                     lam = load_model(out).info["parameters"]["reg"]
                     at_ridge["lam"].append(evaluate_model(out, store, ridge=lam, baselines=False, ranking=False,
@@ -133,7 +133,7 @@ def netflix(a):
     """Figure 7 on the Netflix-shaped store: runs what ``--results`` lacks, prints the table, plots the curve."""
     import json
 
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     tmp = None
     if a.store:

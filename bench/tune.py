@@ -5,8 +5,8 @@ Usage::
     python bench/tune.py                       # ML-100K, FilmTrust, two generated stores; E = 1, 2; seeds 0-3
     python bench/tune.py --epsilons 1 --seeds 0 --stores G1
 
-For each store, epsilon and seed: ``streamdp.tune.tune`` (default grid of ``als``) and
-``streamdp.training.train`` (``als`` defaults), same seed, each charged to the store's
+For each store, epsilon and seed: ``streamdp.workflows.tune.tune`` (default grid of ``als``) and
+``streamdp.workflows.training.train`` (``als`` defaults), same seed, each charged to the store's
 budget; prints both test RMSEs, their difference, the configuration tune chose (or
 why it chose nothing), and the medians over seeds. Stores go to a temporary directory,
 removed at the end.
@@ -47,9 +47,9 @@ def main(argv=None):
     ap.add_argument("--seeds", default="0,1,2,3")
     ap.add_argument("--method", default="als")
     a = ap.parse_args(argv)
-    from streamdp.api import default_delta
-    from streamdp.training import train
-    from streamdp.tune import config_name, tune
+    from streamdp.workflows.api import default_delta
+    from streamdp.workflows.training import train
+    from streamdp.workflows.tune import config_name, tune
 
     tmp = tempfile.mkdtemp(prefix="streamdp-bench-tune-")
     try:

@@ -309,7 +309,7 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
     from click.core import ParameterSource
 
     from streamdp.errors import ParameterError
-    from streamdp.rehearse import generate_like
+    from streamdp.workflows.rehearse import generate_like
 
     fixed = {"n_items": "--items", "scale": "--scale", "test_fraction": "--test-fraction", "implicit": "--implicit",
              "count_cap": "--count-cap"}
@@ -391,8 +391,8 @@ def ingest(inputs, out, train_files, test_files, fmt, sep, columns, implicit, co
 
     The test split: your own files (--train FILE --test FILE), or held out from each user's ratings
     (--split random|temporal|last-n); recorded in the store (streamdp info shows it)."""
-    from streamdp.api import ingest as ingest_files
     from streamdp.errors import ParameterError
+    from streamdp.workflows.api import ingest as ingest_files
 
     inputs = list(inputs) + list(train_files)
     if not inputs:
@@ -517,7 +517,7 @@ class _TrainCommand(click.Command):
         if getattr(self, "_method_options_loaded", False):
             return
         from streamdp.methods import METHODS, load_builtin
-        from streamdp.train_help import rank_help
+        from streamdp.workflows.train_help import rank_help
 
         load_builtin()
         for p in self.params:
@@ -531,14 +531,14 @@ class _TrainCommand(click.Command):
         self._method_options_loaded = True
 
     def parse_args(self, ctx, args):
-        from streamdp.train_help import HELP_METHOD, method_in_args
+        from streamdp.workflows.train_help import HELP_METHOD, method_in_args
 
         self._load_method_options()
         ctx.meta[HELP_METHOD] = method_in_args(args)  # `--method X --help` shows only X's options
         return super().parse_args(ctx, args)
 
     def format_options(self, ctx, formatter):
-        from streamdp.train_help import format_train_options
+        from streamdp.workflows.train_help import format_train_options
 
         self._load_method_options()
         format_train_options(self, ctx, formatter, self._method_option_names)
@@ -588,7 +588,7 @@ def train(store, method, epsilon, delta, users_bound, items, rank, out, seed, wo
 
     from streamdp.errors import ParameterError
     from streamdp.methods import get_method
-    from streamdp.training import train as train_model
+    from streamdp.workflows.training import train as train_model
 
     # `train` only: `sweep --rank` gives one rank to every method it runs and the Python API keeps accepting it
     # (unused, and said so in the summary), so a means point of a sweep is not refused
@@ -609,7 +609,7 @@ def train(store, method, epsilon, delta, users_bound, items, rank, out, seed, wo
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def methods(as_json):
     """The methods: guarantee (exact/approximate), what is released, when to use each."""
-    from streamdp.catalog import format_methods, methods_listing
+    from streamdp.workflows.catalog import format_methods, methods_listing
 
     rows = methods_listing()
     if as_json:
@@ -620,7 +620,7 @@ def methods(as_json):
 
 def format_train_summary(summary: dict) -> str:
     """The lines ``streamdp train`` prints: what was written, the privacy spent, the RMSE beside the baselines."""
-    from streamdp.evaluate import format_baselines, format_verdict, statistics_note
+    from streamdp.serving.evaluate import format_baselines, format_verdict, statistics_note
 
     eps = summary["epsilon_spent"]
     if summary["guarantee"] == "non-private":
@@ -657,13 +657,13 @@ def format_train_summary(summary: dict) -> str:
     if "release_choice" in summary:
         lines.append("choice: " + summary["release_choice"])
     if not summary.get("factors_released", True):
-        from streamdp.local import not_personalised_note
+        from streamdp.serving.local import not_personalised_note
 
         lines.append("note: " + not_personalised_note(chart=lists_model))
     if (note := statistics_note(summary)) is not None:
         lines.append("note: " + note)
     if summary.get("ranking"):
-        from streamdp.ranking import format_ranking_short, format_ranking_verdict
+        from streamdp.serving.ranking import format_ranking_short, format_ranking_verdict
 
         lines.append("ranking: " + format_ranking_short(summary["ranking"]))
         lines.append("ranking verdict: " + format_ranking_verdict(summary["ranking_verdict"]))
@@ -712,11 +712,11 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, items, seed, wor
     """
     import math
 
-    from streamdp.tune import tune as run_tune
+    from streamdp.workflows.tune import tune as run_tune
 
     if math.isinf(epsilon):
         confirm_infinite(store, yes, "--epsilon inf")
-    # the run's summary (streamdp.api.tune's model.summary adds what the loaded model is)
+    # the run's summary (streamdp.workflows.api.tune's model.summary adds what the loaded model is)
     summary = run_tune(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
                        seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
                        users_bound=users_bound, items=items)
@@ -725,7 +725,7 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, items, seed, wor
 
 def format_tune_summary(summary: dict) -> str:
     """``train``'s lines, then each candidate's noisy loss and the configuration chosen."""
-    from streamdp.tune import config_name
+    from streamdp.workflows.tune import config_name
 
     t = summary["tuning"]
     lines = [format_train_summary(summary)]
@@ -793,8 +793,8 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
     and table of a finished sweep again.
     """
     from streamdp.errors import ParameterError
-    from streamdp.sweep import format_table, rehearse as run_rehearsal, replot as run_replot
-    from streamdp.sweep import sweep as run_sweep
+    from streamdp.workflows.sweep import format_table, rehearse as run_rehearsal, replot as run_replot
+    from streamdp.workflows.sweep import sweep as run_sweep
 
     echo = None if as_json else click.echo
     if replot is not None:
@@ -862,7 +862,7 @@ def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_
 
     STORE must be the store MODEL was trained on (same checksum) unless --allow-other-store.
     """
-    from streamdp.evaluate import evaluate_model, format_evaluation
+    from streamdp.serving.evaluate import evaluate_model, format_evaluation
 
     ev = evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
                         allow_other_store=allow_other_store, scheduler=scheduler, k=k,
@@ -915,8 +915,8 @@ def recommend(model, ratings_file, store, out, users_file, top, item_names, ridg
     user's own data only: it may be shown to that user, but the file (every user's list) must not be published.
     """
     from streamdp.errors import ParameterError
-    from streamdp.local import not_personalised_note, personalised, rating_range, read_user_ratings
-    from streamdp.model import load_model
+    from streamdp.serving.local import not_personalised_note, personalised, rating_range, read_user_ratings
+    from streamdp.serving.model import load_model
 
     if (ratings_file is None) == (store is None):
         raise ParameterError("give either --ratings FILE (one user) or --store STORE --out FILE (every user)")
@@ -926,7 +926,7 @@ def recommend(model, ratings_file, store, out, users_file, top, item_names, ridg
                 raise ParameterError(f"{flag}: only with --store (batch recommendations)")
     elif out is None:
         raise ParameterError("--store: give --out FILE, the Parquet file to write")
-    from streamdp.serving import check_n
+    from streamdp.serving.serve import check_n
 
     top = check_n(top, "--top")  # the library's own check would name its parameter n
     m = load_model(model)
@@ -979,7 +979,7 @@ def recommend(model, ratings_file, store, out, users_file, top, item_names, ridg
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def demo(out, force, epsilon, as_json):
     """Main job end to end: generate a store -> train als -> evaluate, print RMSE, baselines and privacy spent."""
-    from streamdp.demo import run_demo
+    from streamdp.workflows.demo import run_demo
 
     res = run_demo(out, epsilon=epsilon, force=force, echo=None if as_json else click.echo)
     if as_json:
@@ -1012,10 +1012,10 @@ def lowrank(store, rank, epsilon, delta, out, seed, workers, memory_limit, sched
     The guarantee holds for Hardt & Roth's relation (one user's clipped row changes by L2 norm <= L, users and
     items fixed): WEAKER than the user-level add/remove guarantee of `train`; the output says what it covers.
     """
-    from streamdp.privacy.params import default_delta
     from streamdp.methods.lowrank import format_lowrank_summary
-    from streamdp.training import lowrank as run_lowrank
+    from streamdp.privacy.params import default_delta
     from streamdp.storage.store import open_store
+    from streamdp.workflows.training import lowrank as run_lowrank
 
     import math
 

@@ -23,7 +23,7 @@ Non-private evaluation on the test split and exact training statistics (train RM
 epoch, clipped users, per-user epsilons, timings) are ``owner`` fields: printed for the
 data owner by ``train``/``evaluate`` (:data:`SUMMARY`), never written into a model.
 
-:func:`check_release` runs inside :func:`streamdp.model.save_model`: a field that is not
+:func:`check_release` runs inside :func:`streamdp.serving.model.save_model`: a field that is not
 declared here (or a ``nonprivate`` one in a private model) stops the write, so a new
 field cannot leak silently; ``tests/test_manifest.py`` trains every method and checks
 every field of what it wrote.
@@ -90,7 +90,7 @@ MODEL_JSON = {
     "local_implicit": (PUBLIC, "ials: how the local solve turns a user's values into confidences (options, the "
                                "declared range)"),
     "local_user_bias": (PUBLIC, "whether the local solve fits the user's own intercept"),
-    "list_scorer": (POST, "how lists rank items (streamdp.local.list_scorer): the predicted rating, plus a weight "
+    "list_scorer": (POST, "how lists rank items (streamdp.serving.local.list_scorer): the predicted rating, plus a weight "
                           "(from the declared rating range) times the log of the released item counts"),
     "ridge": (POST, "ridge of the local solve (option, default, or chosen on public ratings)"),
     "ridge_rule": (PUBLIC, "how sgld's local ridge follows from its options"),
@@ -219,7 +219,7 @@ def released_digest(model_json: dict) -> str:
 
     Every field of ``model.json`` may change what a user is shown (the local solve's settings, the list scorer,
     the chart threshold of ``selection.chart_below``, ``factors_released``...), and the file is written once, with
-    the ledger, and never rewritten: so all of it is covered, and :func:`streamdp.model.check_agrees` refuses a
+    the ledger, and never rewritten: so all of it is covered, and :func:`streamdp.serving.model.check_agrees` refuses a
     ``model.json`` that does not match. A digest of the released fields, public themselves, says nothing more.
 
     >>> released_digest({"b": 1, "a": [1.5, "inf"]}) == released_digest({"a": [1.5, "inf"], "b": 1})

@@ -1,6 +1,6 @@
 """What makes a directory a streamdp model: its ``model.json`` names the format; and which budget entry released it.
 
-Read by :mod:`streamdp.model` (writing and loading models) and by the store budget
+Read by :mod:`streamdp.serving.model` (writing and loading models) and by the store budget
 (:mod:`streamdp.privacy.budget`, which settles a reservation by whether its model is
 in place) without either importing the other.
 """

@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from streamdp.cli import main
-from streamdp.local import local_design, recommend, solve_block
-from streamdp.model import load_model
+from streamdp.serving.local import local_design, recommend, solve_block
+from streamdp.serving.model import load_model
 from streamdp.storage.ids import find
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def _dense_topn(model, store, n):
 
 @pytest.fixture(scope="module")
 def model(small_store, tmp_path_factory):
-    from streamdp.api import train
+    from streamdp.workflows.api import train
 
     out = str(tmp_path_factory.mktemp("batch") / "m")
     train(small_store, method="als", epsilon=float("inf"), allow_nonprivate=True,
@@ -106,8 +106,8 @@ def test_single_user_ranks_by_the_unclipped_prediction():
 
 
 def test_string_ids_and_the_users_filter(tmp_path):
-    from streamdp.api import train
     from streamdp.storage.generate import generate_store
+    from streamdp.workflows.api import train
 
     st = generate_store(str(tmp_path / "s.zarr"), n_users=400, n_items=60, ratings_per_user=8, rank=2, seed=3,
                         block_users=150, string_ids=True)
@@ -167,11 +167,11 @@ def test_bad_users_files_and_arguments_are_one_line_errors_and_write_nothing(sma
 
 
 def test_no_partial_file_on_failure_and_no_overwrite_without_force(small_store, model, tmp_path, monkeypatch):
-    import streamdp.batch
+    import streamdp.serving.batch
 
     out = tmp_path / "r.parquet"
     calls = []
-    real = streamdp.batch.solve_block
+    real = streamdp.serving.batch.solve_block
 
     def failing(*a, **kw):
         calls.append(1)
@@ -179,11 +179,11 @@ def test_no_partial_file_on_failure_and_no_overwrite_without_force(small_store, 
             raise RuntimeError("disk on fire")
         return real(*a, **kw)
 
-    monkeypatch.setattr(streamdp.batch, "solve_block", failing)
+    monkeypatch.setattr(streamdp.serving.batch, "solve_block", failing)
     with pytest.raises(RuntimeError, match="disk on fire"):
         load_model(model).recommend_all(small_store, 5, str(out), workers=1)
     assert len(calls) >= 3 and os.listdir(tmp_path) == []  # neither the file nor its temporary
-    monkeypatch.setattr(streamdp.batch, "solve_block", real)
+    monkeypatch.setattr(streamdp.serving.batch, "solve_block", real)
     out.write_text("mine")
     res = CliRunner().invoke(main, ["recommend", model, "--store", small_store.path, "--out", str(out)])
     assert res.exit_code == 2 and "already exists (use --force" in res.stderr and out.read_text() == "mine"
@@ -227,7 +227,7 @@ def test_blocked_scoring_keeps_the_per_user_lists_with_ties(small_store, model):
     import dataclasses
 
     from streamdp.kernels.topk import topn_scores
-    from streamdp.local import list_bias
+    from streamdp.serving.local import list_bias
 
     m = load_model(model)
     V = np.round(np.asarray(m.item_factors, np.float64))

@@ -21,7 +21,7 @@ def tiny(tmp_path_factory):
 @pytest.mark.slow
 def test_one_run_is_the_default_evaluated_over_every_user(tiny, tmp_path):
     import streamdp
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
     from streamdp.storage.store import open_store
 
     st = open_store(tiny)

@@ -12,9 +12,9 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from streamdp import demo as demo_module
 from streamdp.cli import main
 from streamdp.privacy.budget import StoreBudget
+from streamdp.workflows import demo as demo_module
 
 SMALL = ["--users", "300", "--items", "20", "--ratings-per-user", "5", "--rank", "2"]
 

@@ -11,10 +11,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from streamdp import demo as demo_module
 from streamdp.cli import main
-from streamdp.model import load_model
 from streamdp.privacy.budget import StoreBudget
+from streamdp.serving.model import load_model
+from streamdp.workflows import demo as demo_module
 from tests.privacy.test_budget_settle import run_dirs, training, wait_for
 
 
@@ -53,7 +53,7 @@ def test_interrupt_during_evaluation(store, tmp_path, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("streamdp.training.evaluate_model", interrupted)
+    monkeypatch.setattr("streamdp.workflows.training.evaluate_model", interrupted)
     out = tmp_path / "model"
     r = CliRunner().invoke(main, train_args(store, out))
     assert r.exit_code == 130
@@ -66,16 +66,16 @@ def test_interrupt_during_evaluation(store, tmp_path, monkeypatch):
 @pytest.mark.parametrize("after_rename", [False, True])
 def test_interrupt_while_writing_the_model(store, tmp_path, monkeypatch, after_rename):
     """Ctrl-C right before / right after the model's rename: the entry says exactly that."""
-    import streamdp.model
+    import streamdp.serving.model
 
-    real = streamdp.model.install_dir
+    real = streamdp.serving.model.install_dir
 
     def install_then_interrupt(tmp, dest, **kw):
         if after_rename:
             real(tmp, dest, **kw)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(streamdp.model, "install_dir", install_then_interrupt)
+    monkeypatch.setattr(streamdp.serving.model, "install_dir", install_then_interrupt)
     out = tmp_path / "model"
     r = CliRunner().invoke(main, train_args(store, out))
     assert r.exit_code == 130
@@ -109,8 +109,8 @@ def test_interrupted_demo(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(demo_module, "DEMO_STORE", {**demo_module.DEMO_STORE, "n_users": 2000, "n_items": 50})
-    monkeypatch.setattr("streamdp.training.evaluate_model", interrupted)  # train's evaluation
-    monkeypatch.setattr("streamdp.demo.evaluate_model", interrupted)  # the demo's own evaluation
+    monkeypatch.setattr("streamdp.workflows.training.evaluate_model", interrupted)  # train's evaluation
+    monkeypatch.setattr("streamdp.workflows.demo.evaluate_model", interrupted)  # the demo's own evaluation
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     r = CliRunner().invoke(main, ["demo"])
     assert r.exit_code == 130

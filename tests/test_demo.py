@@ -6,8 +6,8 @@ import json
 
 from click.testing import CliRunner
 
-from streamdp import demo
 from streamdp.cli import main
+from streamdp.workflows import demo
 
 
 def test_demo_cli(tmp_path, monkeypatch):

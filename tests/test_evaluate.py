@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from streamdp.cli import main
-from streamdp.evaluate import evaluate_model
-from streamdp.local import predict_block, solve_block
-from streamdp.model import load_model
+from streamdp.serving.evaluate import evaluate_model
+from streamdp.serving.local import predict_block, solve_block
+from streamdp.serving.model import load_model
 
 
 def _direct(model, store, ridge):
@@ -97,10 +97,10 @@ def test_released_items_are_in_id_order_not_popularity_order(tmp_path):
     and evaluation maps them back by id: the same RMSE as the arrays in the store's order."""
     import csv
 
-    from streamdp.evaluate import evaluate_model
-    from streamdp.training import train
-    from streamdp.model import load_model
+    from streamdp.serving.evaluate import evaluate_model
+    from streamdp.serving.model import load_model
     from streamdp.storage.ingest import ingest
+    from streamdp.workflows.training import train
 
     rng = np.random.default_rng(0)
     path = tmp_path / "r.csv"

@@ -8,12 +8,12 @@ from click.testing import CliRunner
 
 import streamdp
 from streamdp.cli import format_train_summary, main
-from streamdp.evaluate import evaluate_model, format_evaluation
 from streamdp.methods import get_method
-from streamdp.ranking import IMPLICIT_RELEVANT
+from streamdp.serving.evaluate import evaluate_model, format_evaluation
+from streamdp.serving.ranking import IMPLICIT_RELEVANT
 from streamdp.storage.generate import generate_store
 from streamdp.storage.ingest import ingest
-from streamdp.training import train
+from streamdp.workflows.training import train
 
 N_ITEMS = 40
 

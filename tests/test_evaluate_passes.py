@@ -11,11 +11,11 @@ import pytest
 import zarr
 
 from streamdp.cli import format_train_summary
-from streamdp.evaluate import evaluate_model, format_evaluation
+from streamdp.serving.evaluate import evaluate_model, format_evaluation
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import block_item_stats
 from streamdp.stream.engine import Engine
-from streamdp.training import train
+from streamdp.workflows.training import train
 
 
 def without_item_stats(src: str, dst: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 NOT_FOR_TRAINING = ("dask", "distributed", "matplotlib", "pyarrow", "pandas")
 
 
-@pytest.mark.parametrize("module", ["streamdp.training", "streamdp.api", "streamdp.cli"])
+@pytest.mark.parametrize("module", ["streamdp.workflows.training", "streamdp.workflows.api", "streamdp.cli"])
 def test_training_modules_do_not_import_schedulers_plots_or_arrow(module):
     code = f"import json, sys, {module}; print(json.dumps(sorted(set(sys.modules) & set({NOT_FOR_TRAINING!r}))))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -25,7 +25,7 @@ def test_training_modules_do_not_import_schedulers_plots_or_arrow(module):
 #: What ``streamdp ingest`` of a file must not load: its --memory-limit comes on top of a runtime
 #: without them (tests/storage/test_ingest_memory.py measures that runtime); dp-accounting and SciPy
 #: cost 59 MB, and only a --budget needs the ledger (numba loads the top of scipy, which is light).
-NOT_FOR_INGEST = ("dp_accounting", "scipy.sparse", "scipy.stats", "streamdp.privacy", "streamdp.training", "streamdp.methods")
+NOT_FOR_INGEST = ("dp_accounting", "scipy.sparse", "scipy.stats", "streamdp.privacy", "streamdp.workflows.training", "streamdp.methods")
 
 
 def test_ingest_of_a_file_does_not_import_the_ledger_or_scipy(tmp_path):

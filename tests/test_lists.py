@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from streamdp.cli import main
-from streamdp.local import NOT_PERSONALISED, list_offset, personalised
-from streamdp.model import load_model
-from streamdp.ranking import format_ranking_verdict, ranking_verdict
+from streamdp.serving.local import NOT_PERSONALISED, list_offset, personalised
+from streamdp.serving.model import load_model
+from streamdp.serving.ranking import format_ranking_verdict, ranking_verdict
 
 
 def _write(path, rows):
@@ -24,7 +24,7 @@ def _write(path, rows):
 def two_stores(tmp_path_factory):
     """Store A (120 users x 30 items) and store B: A plus 150 users who all rate items 20..29 with a 1, so B's
     exact item counts and means differ from A's while A's users hold the same ratings in both."""
-    from streamdp.api import ingest
+    from streamdp.workflows.api import ingest
 
     d = tmp_path_factory.mktemp("lists")
     rng = np.random.default_rng(3)
@@ -40,7 +40,7 @@ def two_stores(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_a(two_stores, tmp_path_factory):
-    from streamdp.api import train
+    from streamdp.workflows.api import train
 
     out = str(tmp_path_factory.mktemp("lists-model") / "m")
     train(two_stores[0], method="als", epsilon=float("inf"), allow_nonprivate=True,

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from streamdp.cli import main
 from streamdp.errors import InputError
-from streamdp.local import read_user_ratings, recommend, solve_user
+from streamdp.serving.local import read_user_ratings, recommend, solve_user
 
 
 def _model(n=20, k=3, seed=0):
@@ -38,9 +38,9 @@ def test_solve_user_matches_numpy():
 def test_every_method_declares_a_local_solver_this_module_runs():
     """``Method.LOCAL_SOLVER`` is what a method writes as ``model.json``'s ``local``: a kind :func:`solve_block`
     dispatches on."""
-    from streamdp.local import LOCAL_KINDS
     from streamdp.methods import METHODS, load_builtin
     from streamdp.methods.lowrank import LowRank
+    from streamdp.serving.local import LOCAL_KINDS
 
     load_builtin()
     solvers = {name: cls.LOCAL_SOLVER for name, cls in {**METHODS, "lowrank": LowRank}.items()}

@@ -21,9 +21,9 @@ import pytest
 import zarr
 
 from streamdp import manifest
-from streamdp.training import lowrank as run_lowrank, train
-from streamdp.model import load_model, save_model
 from streamdp.privacy import GUARANTEE_NONE, Ledger
+from streamdp.serving.model import load_model, save_model
+from streamdp.workflows.training import lowrank as run_lowrank, train
 
 EXACT = {"users_clipped_by_iteration", "train_rmse_by_epoch", "n_train_used", "per_user_epsilon", "epoch_seconds",
          "seconds", "seconds_fit", "responders", "responders_by_round", "store_checksum"}
@@ -226,7 +226,7 @@ def test_public_fields_do_not_depend_on_the_ratings(rating_twins, tmp_path, name
         if name == "lowrank":
             run_lowrank(st, rank=3, epsilon=1.0, delta=1e-5, out=out, seed=7, workers=1, memory_limit="4GB")
         elif name == "tune":
-            from streamdp.tune import tune
+            from streamdp.workflows.tune import tune
 
             tune(st, epsilon=2.0, method="means", out=out, seed=7, workers=1, evaluate_test=False, memory_limit="4GB")
         else:

@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from streamdp.cli import main
-from streamdp.local import NOT_PERSONALISED, NOT_PERSONALISED_CHART
 from streamdp.methods import METHODS, load_builtin
+from streamdp.serving.local import NOT_PERSONALISED, NOT_PERSONALISED_CHART
 
 load_builtin()
 

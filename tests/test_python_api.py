@@ -18,19 +18,19 @@ from click.testing import CliRunner
 import streamdp
 from streamdp.cli import main
 from streamdp.errors import InputError, ParameterError
-from streamdp.model import Model, load_model
+from streamdp.serving.model import Model, load_model
 
 
 # -- the top-level names --------------------------------------------------------------------------------------------
 def test_top_level_functions_whatever_was_imported_before():
-    import streamdp.evaluate  # noqa: F401  the modules of the same names, loaded: the attributes stay the functions
-    import streamdp.tune  # noqa: F401
-    from streamdp import api
+    import streamdp.serving.evaluate  # noqa: F401  the modules of the same names, loaded: the attributes stay the functions
+    import streamdp.workflows.tune  # noqa: F401
+    from streamdp.workflows import api
 
     for name in ("ingest", "train", "tune", "evaluate", "generate", "load_model"):
         assert callable(getattr(streamdp, name)), name
     assert streamdp.evaluate is api.evaluate and streamdp.tune is api.tune and streamdp.ingest is api.ingest
-    from streamdp.evaluate import evaluate_model  # the module itself is still importable by name
+    from streamdp.serving.evaluate import evaluate_model  # the module itself is still importable by name
 
     assert callable(evaluate_model)
     assert {"ingest", "tune", "evaluate"} <= set(dir(streamdp))
@@ -225,7 +225,7 @@ def test_recommend_all_arrays_equal_the_batch_tables(frame_model):
 
 
 def test_recommend_all_arrays_pad_short_lists(monkeypatch):
-    import streamdp.serving as serving
+    import streamdp.serving.serve as serving
 
     # two users of a block: one with two unseen items left, one with one
     tables = [pa.table({"user_id": [5, 5, 6], "rank": pa.array([1, 2, 1], pa.int32()), "item_id": [20, 30, 10],

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from streamdp.cli import main
-from streamdp.evaluate import evaluate_model
 from streamdp.kernels.topk import SUMS, ranking_sums, topn_blocked, topn_by_order, topn_reference, topn_scores
-from streamdp.local import local_design, solve_block
-from streamdp.model import load_model
-from streamdp.ranking import default_threshold, format_ranking, popularity_order
+from streamdp.serving.evaluate import evaluate_model
+from streamdp.serving.local import local_design, solve_block
+from streamdp.serving.model import load_model
+from streamdp.serving.ranking import default_threshold, format_ranking, popularity_order
 
 
 def _sums(lists, test, threshold, pop):
@@ -166,7 +166,7 @@ def _dense_ranking(model, store, k, threshold):
 
 @pytest.fixture(scope="module")
 def als_model(small_store, tmp_path_factory):
-    from streamdp.api import train
+    from streamdp.workflows.api import train
 
     out = str(tmp_path_factory.mktemp("rank") / "m")
     train(small_store, method="als", epsilon=float("inf"), allow_nonprivate=True,
@@ -293,7 +293,7 @@ def test_ranking_users_option(small_store, als_model, tmp_path):
 def test_solve_rows_is_the_block_solve_of_the_wanted_users(small_store, als_model):
     """An implicit evaluation (no RMSE) solves only the sampled users' rows: each the row the whole block's
     solve gives her, bit for bit; the others 0."""
-    from streamdp.evaluate import solve_rows
+    from streamdp.serving.evaluate import solve_rows
 
     m = load_model(als_model).in_order_of(small_store.item_ids())
     tr = small_store.read_block(1)

@@ -149,7 +149,7 @@ def test_every_option_the_docs_name_exists():
 
 
 def test_readme_methods_table_lists_every_method():
-    from streamdp.catalog import methods_listing
+    from streamdp.workflows.catalog import methods_listing
 
     rows = {first.split("`")[0].strip() for first, _ in _table_rows(README.read_text(), "Methods")}
     assert rows == {m["name"] for m in methods_listing()}

@@ -41,7 +41,7 @@ def test_shape_from_histogram_fits_the_generators_activity_law():
     """The mean ratings per user is that of the generator's law whose histogram fits the released one: exact on the
     law's own histogram, within 3% under Laplace noise of std 10 on 400 users; noise in a bin no user can be in is left
     out of the user count."""
-    from streamdp.rehearse import activity_histogram, generator_mean, shape_from_histogram
+    from streamdp.workflows.rehearse import activity_histogram, generator_mean, shape_from_histogram
 
     h = 400 * activity_histogram(9.0, 60, 0.2)
     h[-1] = 30.0  # noise in a bin no user can be in (4096+ ratings on 60 items): ignored
@@ -56,8 +56,8 @@ def test_shape_from_histogram_fits_the_generators_activity_law():
 def test_drawing_weights_undo_the_flattening_of_realized_counts(tmp_path):
     """A store's realized item counts are flatter than the power law that drew them (a heavy user rates the top item
     once); :func:`drawing_weights` recovers the law's top shares from the counts and the activity law."""
-    from streamdp.rehearse import _activity, drawing_weights
     from streamdp.storage.generate import generate_store
+    from streamdp.workflows.rehearse import _activity, drawing_weights
 
     g = generate_store(str(tmp_path / "z.zarr"), n_users=2000, n_items=80, ratings_per_user=15, seed=5)
     counts = g.array("item_counts")[:].astype(np.float64)
@@ -72,7 +72,7 @@ def test_drawing_weights_undo_the_flattening_of_realized_counts(tmp_path):
 def test_drawing_weights_stay_bounded_on_a_large_catalogue_and_unreachable_totals():
     """Past 2,048 items the tail is solved in groups; a total no user of the generator's activity can reach (the top
     item's share above one rating per user) moves its weight at most MAX_CORRECTION (renormalised), never to 1."""
-    from streamdp.rehearse import GROUPS, MAX_CORRECTION, _activity, drawing_weights
+    from streamdp.workflows.rehearse import GROUPS, MAX_CORRECTION, _activity, drawing_weights
 
     n_items = GROUPS + 952
     tot = np.arange(1, n_items + 1) ** -0.9
@@ -86,7 +86,7 @@ def test_drawing_weights_stay_bounded_on_a_large_catalogue_and_unreachable_total
 def test_the_item_means_draw_is_scaled_as_the_released_models_posterior():
     """:func:`item_mean_draw`: over 20,000 items each, the draw's std is the prior's t = 0.4 for unrated items and
     ``sqrt(1 / (1 / t^2 + C / s^2))`` for items of C ratings (within 3%), more with noise on the sums; seeded."""
-    from streamdp.rehearse import item_mean_draw
+    from streamdp.workflows.rehearse import item_mean_draw
 
     n = 20_000
     for C, sigma, want in ((0.0, 0.0, 0.4), (25.0, 0.0, (1 / (1 / 0.16 + 25.0)) ** 0.5),
@@ -101,7 +101,7 @@ def test_the_item_means_draw_is_scaled_as_the_released_models_posterior():
 def test_a_models_validation_losses_are_a_source_of_the_split():
     """An als model's ``--select auto`` losses (exact at inf, noisy otherwise) give the factors-over-biases ratio;
     a selection without a factors or a biases candidate gives nothing."""
-    from streamdp.rehearse import _selection_source
+    from streamdp.workflows.rehearse import _selection_source
 
     names = ["factors, ridge 10", "factors, ridge 30", "bias, ridge 3", "bias, no intercept", "mean, no intercept"]
     exact = {"method": "als", "epsilon": "inf", "selection": {"candidates": names, "validation_losses":
@@ -120,7 +120,7 @@ def test_a_models_validation_losses_are_a_source_of_the_split():
 def test_the_split_search_steps_towards_the_released_ratio_and_converges():
     """:func:`_next_split` on a ratio that rises with the noise (as the factors' held-out loss does): more noise when
     the pilot's factors do better than the released ones, less when worse; the secant reaches the target."""
-    from streamdp.rehearse import SPLIT_RANGE, _next_split
+    from streamdp.workflows.rehearse import SPLIT_RANGE, _next_split
 
     def ratio(split):  # saturates as the interaction vanishes, as measured on the noisy store
         return 1.04 - 0.1 / (1.0 + split ** 2)
@@ -161,8 +161,8 @@ def test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byt
     assert 6 <= like["shape"]["ratings_per_user"]["value"] <= 20
     # the item side is the model's: its noisy item weight totals (floored) for popularity, its global mean and item
     # biases for the items' mean ratings once the generator's spread, rounding and clipping are added
-    from streamdp.model import load_model
-    from streamdp.rehearse import clipped_mean, item_side
+    from streamdp.serving.model import load_model
+    from streamdp.workflows.rehearse import clipped_mean, item_side
 
     assert "item popularity: noisy item weight totals" in r.output and "item means: global mean" in r.output
     m = load_model(str(tmp_path / "m"))
@@ -208,8 +208,8 @@ def test_the_spread_weighs_users_by_their_test_ratings_as_far_as_its_noise_allow
     the released totals are the store's weighted ones (the noise std at 200 is below 0.002 of a weight's term)."""
     import zarr
 
-    from streamdp.rehearse import _spread_model, spread_bounds, spread_sums, spread_targets, spread_weight_cap
     from streamdp.storage.schema import ATTRS_KEY
+    from streamdp.workflows.rehearse import _spread_model, spread_bounds, spread_sums, spread_targets, spread_weight_cap
 
     r = _run("generate", "--like", released.path, "--out", tmp_path / "a.zarr", "--shape-epsilon", shape_epsilon)
     assert r.exit_code == 0, r.output
@@ -379,7 +379,7 @@ def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int, dr
     * ``r`` the spread release's own noise, as the rehearsal says it (``about ... in the curve's RMSE``: the noise
       std of the released mean squared residual over twice the root of it): the whole curve moves with that draw,
       and a rehearsal run again on the same store draws it anew (0.004-0.007 here at epsilon 10, by design of
-      :func:`streamdp.rehearse.spread_weight_cap`; 0.0004-0.001 when the spread was a per-user mean, whose bias on a
+      :func:`streamdp.workflows.rehearse.spread_weight_cap`; 0.0004-0.001 when the spread was a per-user mean, whose bias on a
       store where heavy users spread more was 0.02).
 
     Returns ``{epsilon: gap}``, ``gap`` the distance outside the widened band (0 inside), and checks that the
@@ -387,8 +387,8 @@ def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int, dr
     import statistics
 
     import streamdp
-    from streamdp.rehearse import release_noise_rmse, generate_like
-    from streamdp.sweep import parse_epsilons, rehearse
+    from streamdp.workflows.rehearse import release_noise_rmse, generate_like
+    from streamdp.workflows.sweep import parse_epsilons, rehearse
 
     eps = parse_epsilons(epsilons)
     real = {}
@@ -422,7 +422,7 @@ def synthetic_draw_spread(store, tmp_path, method: str, draws: int = DRAW_SEEDS)
     import statistics
 
     import streamdp
-    from streamdp.rehearse import generate_like
+    from streamdp.workflows.rehearse import generate_like
 
     got = []
     for s in range(draws):
@@ -458,9 +458,9 @@ def test_rehearsal_curve_lies_near_the_spread_of_the_real_sweep_cheap(tmp_path, 
     The release's noise is drawn from a fixed seed (two of them), so that the guard checks the modelling, not one
     draw of OS entropy (over 18 such draws the gap was 0-0.010, once above 0.015: Laplace noise has long tails).
     """
-    import streamdp.rehearse
+    import streamdp.workflows.rehearse
 
-    monkeypatch.setattr(streamdp.rehearse, "_release_rng", lambda: np.random.default_rng(release_seed))
+    monkeypatch.setattr(streamdp.workflows.rehearse, "_release_rng", lambda: np.random.default_rng(release_seed))
     _acceptance(tmp_path, "strong", "means", "1", 2, n_users=600, n_items=50, tolerance=CHEAP_TOLERANCE, draws=0)
 
 

@@ -10,11 +10,12 @@ Rules checked here:
   module of the package;
 * **no import cycles** in the package, nor among ``bench/``'s modules, counting imports
   inside functions too (they run as well, only later);
-* **layers** (:data:`LAYERS`, lowest first): base (errors, outputs, progress, memory,
-  jsonio, owner, manifest, model_dir) < kernels < storage < privacy < stream < models
-  (model format, local solve, ranking, batch, evaluate) < methods < entry points
-  (training, api, sweep, demo, cli). A module imports only its own layer and those
-  below; the exceptions are listed with their reason in :data:`ALLOWED_UPWARD`;
+* **layers** (:data:`LAYERS`, lowest first): base (the package root: errors, outputs,
+  progress, memory, jsonio, owner, manifest, model_dir) < kernels < storage < privacy <
+  stream < models (``serving/``: model format, local solve, ranking, batch, evaluate) <
+  methods < entry points (``workflows/``: training, api, sweep, demo; at the root: cli). A
+  module imports only its own layer and those below; the exceptions are listed with their
+  reason in :data:`ALLOWED_UPWARD`;
 * **short functions**: no function or method in ``streamdp/`` or ``bench/`` is over
   :data:`MAX_FUNCTION_LINES` lines (``def`` line to last line, decorators not counted, a
   nested function counted in its own right and inside the one around it); split a long
@@ -171,12 +172,9 @@ LAYERS = (
     ("storage", ("streamdp.storage",)),
     ("privacy", ("streamdp.privacy",)),
     ("stream", ("streamdp.stream",)),
-    ("models", ("streamdp.model", "streamdp.local", "streamdp.ranking", "streamdp.batch", "streamdp.evaluate",
-                "streamdp.serving")),
+    ("models", ("streamdp.serving",)),
     ("methods", ("streamdp.methods",)),
-    ("entry points", ("streamdp.training", "streamdp.api", "streamdp.sweep", "streamdp.rehearse", "streamdp.demo",
-                      "streamdp.cli", "streamdp.tune", "streamdp.catalog", "streamdp.train_help", "streamdp.__main__",
-                      "streamdp")),
+    ("entry points", ("streamdp.workflows", "streamdp.cli", "streamdp.__main__", "streamdp")),
 )
 
 #: Imports that go up a layer, each with its reason; a new one fails the test until it is moved or listed here.
@@ -200,6 +198,21 @@ def layer_of(name: str) -> int:
 def test_every_module_has_a_layer():
     for m in MODULES:
         layer_of(m)
+
+
+def test_the_folders_show_the_layers():
+    """The package root holds the base layer and the package's front door; each folder is one layer."""
+    front = {"streamdp.__main__", "streamdp.cli"}
+    bad = []
+    for m, path in MODULES.items():
+        if path.parent == PKG and path.name != "__init__.py" and m not in front and layer_of(m) != 0:
+            bad.append(f"{m} ({LAYERS[layer_of(m)][0]}) sits at the package root, which holds the base layer: "
+                       f"move it to its layer's folder")
+        elif path.parent != PKG:
+            folder = f"streamdp.{path.relative_to(PKG).parts[0]}"
+            if layer_of(m) != layer_of(folder):
+                bad.append(f"{m} ({LAYERS[layer_of(m)][0]}) is not in the layer of its folder {folder}")
+    assert not bad, "\n".join(bad)
 
 
 def upward_imports(m: str, source: str | None = None) -> list[str]:
@@ -280,7 +293,7 @@ BEING_SPLIT = {
     "streamdp/storage/ingest.py::_build": "being split",
     "streamdp/storage/ingest.py::ingest": "being split",
     "streamdp/storage/generate.py::generate_store": "being split",
-    "streamdp/evaluate.py::evaluate_model": "being split",
+    "streamdp/serving/evaluate.py::evaluate_model": "being split",
 }
 
 

@@ -52,7 +52,7 @@ def test_sweep_plot_has_an_ndcg_panel(tmp_path):
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread
 
-    from streamdp.sweep import plot
+    from streamdp.workflows.sweep import plot
 
     summary = [{"method": "als", "epsilon": "1", "rmse_mean": 1.0, "rmse_std": 0.0},
                {"method": "als", "epsilon": "2", "rmse_mean": 0.9, "rmse_std": 0.0}]

@@ -15,13 +15,13 @@ from click.testing import CliRunner
 
 from streamdp.cli import main
 from streamdp.errors import ParameterError
-from streamdp.methods import get_method
-from streamdp.training import train
 from streamdp.errors import BudgetExceededError
+from streamdp.methods import get_method
 from streamdp.privacy import compose, epsilon_of, gaussian_event
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import Ledger
-from streamdp.tune import SAMPLE_RATE, _configs, _leaner, _Sampled, gaussian_equivalent, parse_grid, sampled_users, tune
+from streamdp.workflows.training import train
+from streamdp.workflows.tune import SAMPLE_RATE, _configs, _leaner, _Sampled, gaussian_equivalent, parse_grid, sampled_users, tune
 
 #: Users' own rating levels differ by N(0, 1) here: the users' intercepts (``user_intercept``) are clearly
 #: better than the item means alone, so ``means``' default (no intercept) is the obviously bad candidate.
@@ -204,7 +204,7 @@ def test_a_budget_that_cannot_take_epsilon_is_refused_before_any_pass(tmp_path, 
     monkeypatch.setattr(als._AlsBase, "fit", lambda self, *a, **k: passes.append("fit"))
     monkeypatch.setattr(_profile, "user_profile", lambda *a, **k: passes.append("histogram"))
     monkeypatch.setattr(als, "user_profile", lambda *a, **k: passes.append("histogram"))
-    tune_module = sys.modules["streamdp.tune"]  # the attribute streamdp.tune is the API function
+    tune_module = sys.modules["streamdp.workflows.tune"]  # the attribute streamdp.tune is the API function
     monkeypatch.setattr(tune_module, "user_profile", lambda *a, **k: passes.append("histogram"))
     monkeypatch.setattr(tune_module, "_losses", lambda *a, **k: passes.append("losses"))
     with pytest.raises(BudgetExceededError, match="past its budget epsilon=1"):

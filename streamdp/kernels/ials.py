@@ -218,7 +218,7 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
     (written). A user without pairs gets 0.
 
     The exact solve: the user's own device runs this same kernel on the released rows
-    (:func:`streamdp.local.implicit_rows`) with no previous factor to start from, and a
+    (:func:`streamdp.serving.local.implicit_rows`) with no previous factor to start from, and a
     cold start needs as many conjugate-gradient steps as the exact solve costs (a
     non-private training, which keeps each user's previous row, takes
     :func:`ials_cg_users`' few warm-started steps instead). A user with fewer pairs

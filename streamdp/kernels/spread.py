@@ -2,7 +2,7 @@
 
 :func:`residual_spread` takes one CSR user block (local ``indptr``, ``items``, ``ratings``), each item's mean rating
 and, optionally, item factors, and adds to ``out`` four sums over the block's users with at least two ratings, each
-user's term clipped so that one user moves each sum by at most its bound (:mod:`streamdp.rehearse` releases them).
+user's term clipped so that one user moves each sum by at most its bound (:mod:`streamdp.workflows.rehearse` releases them).
 The first two are weighted: a user of ``n`` ratings counts ``w = min(n, cap) / cap`` (``cap <= 0``: 1 for everyone),
 so that the sums over users approach sums over ratings (what a test RMSE weighs) while one user still moves each by
 at most its bound:

@@ -3,7 +3,7 @@
 Each method is a small class (see :class:`streamdp.methods.base.Method`) registered
 under its ``--method`` name with :func:`register`. Method modules import only the
 shared parts (``base``, ``options`` and ``_*.py``), never each other. Training one
-(plan, budget, fit, ledger, save) is :func:`streamdp.training.train`.
+(plan, budget, fit, ledger, save) is :func:`streamdp.workflows.training.train`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ A candidate is a complete released model: ``("factors", r)`` the fitted factors 
 local ridge ``r``; ``("bias", r)`` the item biases without factors and a user
 intercept of ridge ``r`` (``inf``: no intercept); ``("mean", r)`` the global mean
 alone. For each, every validation user solves their row from their remaining
-training ratings exactly as they would on their device (:mod:`streamdp.local`) and
+training ratings exactly as they would on their device (:mod:`streamdp.serving.local`) and
 predicts their held-out ratings, clipped to the range; their loss is the mean of
 the squared errors clipped to ``h^2`` (``h`` half the rating range). The candidates'
 summed losses form a vector to which one user adds at most ``h^2`` per coordinate:

@@ -18,7 +18,7 @@ from streamdp.kernels.linalg import gram_apply, residuals
 from streamdp.privacy.bounding import clip_rows
 from streamdp.stream.engine import add_into as _add
 
-#: Default ridge of the local user solve (see :mod:`streamdp.local`).
+#: Default ridge of the local user solve (see :mod:`streamdp.serving.local`).
 DEFAULT_RIDGE = 1.0
 
 

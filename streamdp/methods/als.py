@@ -5,7 +5,7 @@ of Krichene et al. (ICML 2023), and the ALS / regularized IRLS of the Huber-mech
 paper, with its Gaussian, Laplace and Huber mechanisms (``--mechanism``). Released: the
 item side only (item factors ``V``, item biases ``b``, a global mean ``mu``) and the
 ledger. Every user solves her own row ``[u_i, c_i]`` locally from ``V`` and her own
-ratings (:mod:`streamdp.local`); user rows are never released nor stored. ``means``
+ratings (:mod:`streamdp.serving.local`); user rows are never released nor stored. ``means``
 (biases only) shares the statistics pass. Public names: the methods registered as
 ``als``, ``irls`` and ``means`` (:class:`ALS`, :class:`IRLS`, :class:`PrivateMeans`), :func:`default_settings`
 (the iterations from the released shape), :func:`offset_moments` and :func:`offset_ridge`, and the
@@ -50,10 +50,10 @@ from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
 from streamdp.kernels.linalg import residuals, solve_users_huber, solve_users_ridges
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
-from streamdp.methods._profile import MEANS_PROFILE_SHARE, PROFILE_SHARE, UserProfile, mean_weight_cap, user_profile
-from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
-from streamdp.methods._psd import psd
 from streamdp.methods._notes import range_notes, seed_notes
+from streamdp.methods._profile import MEANS_PROFILE_SHARE, PROFILE_SHARE, UserProfile, mean_weight_cap, user_profile
+from streamdp.methods._psd import psd
+from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import compose, epsilon_of
@@ -395,7 +395,7 @@ def count_share_default(private_rating_model: bool, iters: int) -> float:
     releases item biases only (``iters == 0``), else :data:`COUNT_SHARE`.
 
     Why: a biases-only release gives every user the same list, the list score's ranking of
-    ``b_j + w log(1 + C_j)`` (:func:`streamdp.local.list_offset`), and its count term is the one whose noise
+    ``b_j + w log(1 + C_j)`` (:func:`streamdp.serving.local.list_offset`), and its count term is the one whose noise
     costs the lists most. Measured at epsilon 1 (split seed 1, training seeds 1-3; Recall@10, test RMSE): with
     the *exact* training counts in place of the noisy ones the same released biases list at 0.185 on ML-100K
     (exact chart 0.171, the released lists 0.162); counts' part 0.2 / 0.4 / 0.6 gave ML-100K Recall@10 0.163 /

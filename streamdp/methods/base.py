@@ -4,7 +4,7 @@ A method is constructed from keyword-only privacy arguments and its own options,
 exposes the privacy events it will spend **before** it runs (:meth:`Method.plan`,
 so that a store budget can refuse it), and ``fit(store, engine)`` returns a
 :class:`Fitted` whose :meth:`Fitted.save` writes the common model layout of
-:mod:`streamdp.model`.
+:mod:`streamdp.serving.model`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.methods.options import MethodOptions
-from streamdp.model import save_model
 from streamdp.privacy import GUARANTEE_NONE, Ledger, compose, epsilon_of
 from streamdp.privacy.accountant import parse_epsilon
 from streamdp.privacy.catalogue import epsilon_alone
 from streamdp.privacy.users import UserCount, release_user_count
+from streamdp.serving.model import save_model
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.stream.driver import Run, fingerprint
 
@@ -146,13 +146,13 @@ class Method:
     #: One line for ``streamdp train --help`` and ``streamdp methods``.
     SUMMARY: ClassVar[str] = ""
     #: The computation a user runs on her device from the model (``model.json``'s ``local``, one of
-    #: :data:`streamdp.local.LOCAL_KINDS`): ``ridge`` (default, the key is then left out), ``frank_wolfe``...
+    #: :data:`streamdp.serving.local.LOCAL_KINDS`): ``ridge`` (default, the key is then left out), ``frank_wolfe``...
     LOCAL_SOLVER: ClassVar[str] = "ridge"
     #: The entropy of a run this method is one candidate of (``None``: its own, from ``seed``): candidates that
     #: share it see the same held-out ratings (als' non-private choice of its item ridge).
     shared_entropy: int | None = None
     #: Whether ``streamdp tune`` can choose this method's configuration (its releases are Gaussian and planned in
-    #: full before the run, so candidates compose under one envelope: :mod:`streamdp.tune`).
+    #: full before the run, so candidates compose under one envelope: :mod:`streamdp.workflows.tune`).
     TUNABLE: ClassVar[bool] = False
     #: Whether the run's number of users is released with noise (or declared): ``False`` for a method whose
     #: neighbouring relation leaves the count unchanged (public-private), which then reads the exact count.

@@ -5,7 +5,7 @@ completion by Frank-Wolfe, split into a **global component**, the only thing
 released (each iteration a noisy top eigenvector ``v_t`` of the users' clipped
 residual rows' Gramian and its eigenvalue, by noisy power passes shared with ``oja``:
 :mod:`streamdp.methods._subspace`), and a **local component**, each user's own row
-update, never released (:func:`streamdp.local.fw_local_rows` replays it on her
+update, never released (:func:`streamdp.serving.local.fw_local_rows` replays it on her
 device). The per-user outputs are therefore **joint** (epsilon, delta)-DP (the
 billboard lemma); the ledger's guarantee is :data:`streamdp.privacy.GUARANTEE_JOINT_DP`.
 Ratings are centred on a private global mean and item biases first (``--center
@@ -343,7 +343,7 @@ class PrivateFrankWolfe(Method):
                 "local_fw": {"k": s.k, "clip": s.clip if math.isfinite(s.clip) else None,
                              "bound": s.bound if math.isfinite(s.bound) else None},
                 "item_factors": "the released Frank-Wolfe basis v_1..v_T (columns); a user's row is c_i V^T with "
-                                "c_i from her local steps (streamdp.local.fw_local_rows)",
+                                "c_i from her local steps (streamdp.serving.local.fw_local_rows)",
                 "resumed_from_iteration": run.start - 1 if run.start > 1 else None, "run_id": run.run_id,
                 "run_directory": None if run.own_dir else run.dir,
                 "rating_range": {"min": s.rating_min, "max": s.rating_max}}

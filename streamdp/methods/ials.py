@@ -8,14 +8,14 @@ options :class:`IalsOptions`, and the rules of a private run :func:`tau_from_pro
 :func:`private_rank` and :func:`item_floor_count`.
 
 The model: every user-item pair counts, an observed pair with preference 1 and a
-confidence ``c_uj >= 1`` (:func:`streamdp.local.implicit_pairs`), the rest preference 0
+confidence ``c_uj >= 1`` (:func:`streamdp.serving.local.implicit_pairs`), the rest preference 0
 and weight 1; alternating ridge solves with the Gramian trick (``G = sum_u x_u x_u^T``),
 so unobserved pairs cost ``O(k^2)`` per user and per item. One private run releases,
 with Gaussian noise calibrated jointly by the PLD accountant
 (:func:`streamdp.privacy.release.calibrate_releases`): the item counts ``N_j`` (the
 chart), then per iteration the users' Gramian ``G`` and the items' right-hand sides
 ``B`` (with ``--gramian item`` every ``A_j`` too). Each user's row is solved on her
-device from the released item side (:func:`streamdp.local.implicit_rows`, exact:
+device from the released item side (:func:`streamdp.serving.local.implicit_rows`, exact:
 :func:`streamdp.kernels.ials.ials_solve_users`) and never released: joint DP, as ``als``.
 
 Decisions a reader must know:
@@ -52,17 +52,17 @@ from streamdp.kernels.als import symmetrize_upper, unpack_upper
 from streamdp.kernels.ials import (ials_accumulate, ials_cg_users, ials_item_products, ials_solve_items,
                                    ials_solve_users)
 from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_by_order, topn_prepare
-from streamdp.local import implicit_pairs
 from streamdp.methods import register
-from streamdp.methods._psd import psd
 from streamdp.methods._notes import seed_notes
 from streamdp.methods._profile import EDGES, UserProfile, user_profile
+from streamdp.methods._psd import psd
 from streamdp.methods._selection import MARGIN, held_positions, holdout
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy.bounding import contribution_weights
-from streamdp.ranking import default_threshold
 from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.serving.local import implicit_pairs
+from streamdp.serving.ranking import default_threshold
 from streamdp.stream.engine import add_into as _add
 
 #: Key of this module's random streams.
@@ -236,7 +236,7 @@ class IalsSettings(RunSettings):
     min_pairs: int = 1
 
     def local(self) -> dict:
-        """``model.json``'s ``local_implicit``: what :func:`streamdp.local.implicit_pairs` needs."""
+        """``model.json``'s ``local_implicit``: what :func:`streamdp.serving.local.implicit_pairs` needs."""
         return {"implicit": self.implicit, "preference": self.preference, "alpha": self.alpha,
                 "max_confidence": self.max_confidence, "count_scale": self.count_scale,
                 "rating_min": self.rating_min, "rating_max": self.rating_max}
@@ -870,7 +870,7 @@ def _selection_record(private: bool, released: bool, choice: float, light: float
                       sd: float | None = None) -> dict:
     """``model.json``'s ``selection``: the candidates, what was chosen for whom, the (noisy) validation losses
     (minus the sums of :meth:`IALS._class_sums`) and why. ``chart_below``: users of fewer training items than this
-    get the chart by the released counts from their local solve (:func:`streamdp.local.implicit_rows`).
+    get the chart by the released counts from their local solve (:func:`streamdp.serving.local.implicit_rows`).
     ``noise_std``: the noise standard deviation of each sum (a private run's; the margin is 3 of it).
 
     >>> r = _selection_record(True, True, 59.0, -4.0, 5, 1.0)

@@ -44,8 +44,8 @@ from scipy.stats import chi2
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.sketch import csr_matmul, csr_t_matmul
-from streamdp.methods._subspace import DEFAULT_RIDGE, residual_values, scaled_factors
 from streamdp.methods._notes import range_notes, seed_notes
+from streamdp.methods._subspace import DEFAULT_RIDGE, residual_values, scaled_factors
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import compose, epsilon_of, gaussian_event

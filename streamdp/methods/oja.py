@@ -40,8 +40,8 @@ from streamdp.kernels.linalg import gram_apply, gram_apply_range
 from streamdp.methods import register
 from streamdp.methods._centering import (CenterOptions, CenterSettings, center_releases, center_settings,
                                          private_center, settings_shares)
-from streamdp.methods._subspace import DEFAULT_RIDGE, power_pass, residual_values, scaled_factors
 from streamdp.methods._notes import range_notes, seed_notes
+from streamdp.methods._subspace import DEFAULT_RIDGE, power_pass, residual_values, scaled_factors
 from streamdp.methods.base import Fitted, Method, Plan
 from streamdp.methods.options import option
 from streamdp.privacy import paper_sigma_jain, spawn_rngs

@@ -3,7 +3,7 @@
 A few **public** users share their ratings openly; the item model (item means ``mu``
 and a low-rank ``Sigma = W W^T``, ``W``: ``n_items x k``) is estimated from their ratings
 alone, with no noise, by the paper's EM. Every other user is **private**: her ratings
-are not used, and she predicts locally with eq. 4 (:func:`streamdp.local.eq4_rows`).
+are not used, and she predicts locally with eq. 4 (:func:`streamdp.serving.local.eq4_rows`).
 Optionally, private users then contribute once each through one of the paper's
 2nd-order mechanisms, PMD (discrete ratings) or PMC (continuous), which are **not**
 differential privacy (first-order deniability), or through a Laplace-noised vector,
@@ -440,7 +440,7 @@ class PublicPrivate(Method):
         constant direction. Read as the Gaussian model eq. 4 is the posterior mean of,
         ``Sigma + s^2 1 1^T`` adds a user offset with prior variance ``s^2`` to every item;
         in factor form it is one more column of ``W``, constant ``s``, and each user's
-        local ridge solve (unchanged: :func:`streamdp.local.eq4_rows`) then fits her own
+        local ridge solve (unchanged: :func:`streamdp.serving.local.eq4_rows`) then fits her own
         offset with ridge ``lambda' / s^2`` = ``r`` in rating units. ``r`` is chosen among
         :data:`OFFSET_RIDGES` and no offset on the held-out public ratings (public data, no
         privacy cost; the last EM iterations saw them, which favours the candidates

@@ -3,7 +3,7 @@
 Liu, Wang & Smola (RecSys 2015): sample ``(U, V)`` from ``exp(-epsilon/(4B) F(U, V))``
 with Stochastic Gradient Langevin Dynamics, streaming user blocks, and release
 ``V``, the item biases and the global mean; users solve their own ``u_i`` locally
-(eq. 5, :mod:`streamdp.local`). The same kernels without noise are ``--method sgd``,
+(eq. 5, :mod:`streamdp.serving.local`). The same kernels without noise are ``--method sgd``,
 the project's non-private speed reference (scikit-surprise's ``SVD`` update). Public
 names: :class:`SGLD`, :class:`SGD` (options :class:`SgldOptions`, :class:`SgdOptions`),
 :func:`local_ridge`, :func:`default_step_users`, :func:`read_user_weights`.

@@ -17,7 +17,7 @@ SVD-based algorithm of their supplement), in the style of McSherry & Mironov
 2. **Local** (on each user's device, no noise): user ``i`` projects her zero-filled
    row of centred ratings on ``V_r``, rescaled by the inverse of her sampling rate,
    ``Y_i = (n / n_i) P_Omega(r_i - mid) V_r V_r^T``
-   (:func:`streamdp.local.projection_rows`); the paper's "appropriate scaling" is
+   (:func:`streamdp.serving.local.projection_rows`); the paper's "appropriate scaling" is
    ``m n / |Omega|``, the user's own ``n / n_i`` is its local, free version.
 
 Sensitivity: adding a user adds ``x_i x_i^T``, whose upper triangle has L2 norm
@@ -181,7 +181,7 @@ class PrivateSVD(Method):
                                "stats_share": s.stats_share, "mean_share": s.mean_share},
                 "local": self.LOCAL_SOLVER, "local_user_bias": False,
                 "item_factors": "top-r eigenvectors of the noisy covariance; a user's row is (n / n_i) x_i V V^T "
-                                "(streamdp.local.projection_rows)",
+                                "(streamdp.serving.local.projection_rows)",
                 "rating_range": {"min": s.rating_min, "max": s.rating_max}}
         return Fitted(item_factors=V.astype(np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,

@@ -196,7 +196,7 @@ def generate_store(
     ``taste_clusters``/``taste_strength`` (clustered tastes) and ``implicit``/``count_cap``
     (an interaction log) are described in the module docstring; with their defaults the
     store is the one earlier versions wrote, bit for bit. ``like``: a record of the store this one
-    rehearses and where its shape came from (:mod:`streamdp.rehearse`), kept in ``params.like``.
+    rehearses and where its shape came from (:mod:`streamdp.workflows.rehearse`), kept in ``params.like``.
 
     ``item_weights`` (``n_items`` numbers >= 0, not all 0): each item's drawing weight, in place of the power law
     ``(i + 1) ** -item_exponent``; the items are numbered by descending weight (stable), as the store requires, and

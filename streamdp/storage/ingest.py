@@ -136,8 +136,8 @@ from streamdp.memory import format_size, release_freed_memory, resolve_memory_li
 from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
 from streamdp.storage import formats as F
-from streamdp.storage.schema import default_block_users, storable_ratings
 from streamdp.storage.names import read_item_names
+from streamdp.storage.schema import default_block_users, storable_ratings
 from streamdp.storage.split import block_seed, check_fraction, latest_mask, split_block, split_by_mask
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import StoreWriter, check_destination
@@ -399,7 +399,7 @@ def ingest(
     (temporary files removed). ``check_users(n_users)`` is called once the input is
     parsed, before anything is written (a caller's check that may refuse the ingest);
     ``after_write(store)`` once the store is in place, before it is returned (the
-    Python API's :func:`streamdp.api.ingest` sets a privacy budget with these). Raises :class:`InputError` (file and line) for bad
+    Python API's :func:`streamdp.workflows.api.ingest` sets a privacy budget with these). Raises :class:`InputError` (file and line) for bad
     input (also a header naming no rating column, or a column of unknown name, see
     :mod:`streamdp.storage.formats`), :class:`ParameterError` for bad options (also a
     ``memory_limit`` below :func:`min_memory_limit`); nothing is left at ``out`` (nor

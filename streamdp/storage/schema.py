@@ -68,7 +68,7 @@ a store written without it gets:
   sum and count of training ratings, added block by block by the writer
   (:func:`streamdp.storage.writer.block_item_stats`). They are the owner's statistics of
   the raw data, never released: ``evaluate`` reads them for its non-private baselines and
-  popularity chart instead of a pass of their own (:mod:`streamdp.evaluate`), a read
+  popularity chart instead of a pass of their own (:mod:`streamdp.serving.evaluate`), a read
   checks them against the digest, ``verify`` recomputes them from the ratings. Outside
   the checksum (derived from the ratings it covers, like ``item_counts``), so the same data
   keeps its checksum. A store without them is evaluated with that extra pass, and says so.

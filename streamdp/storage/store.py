@@ -508,7 +508,7 @@ class RatingStore:
         for a store written before they were (no ``train_item_stats`` attribute).
 
         They are the owner's statistics of the raw data, never released: the non-private baselines and
-        popularity chart of :mod:`streamdp.evaluate` read them instead of a pass over the training split. Raises
+        popularity chart of :mod:`streamdp.serving.evaluate` read them instead of a pass over the training split. Raises
         :class:`StoreError` when the arrays do not match the digest recorded with them (or their counts do not
         add up to the training ratings).
         """

@@ -175,7 +175,7 @@ def store(tmp_path):
 
 def test_train_on_a_full_disk(tmp_path, store, full_disk, monkeypatch):
     """The model write fails (its factors, model.json or ledger): one line naming the model, nothing there."""
-    import streamdp.model as model_mod
+    import streamdp.serving.model as model_mod
 
     real_save = model_mod.save_model
 

@@ -62,7 +62,7 @@ def test_the_literal_inf_still_trains_without_noise(store, tmp_path, text):
 
 def test_python_api_parses_strings_strictly(store, tmp_path):
     import streamdp
-    from streamdp import api
+    from streamdp.workflows import api
 
     with pytest.raises(ParameterError, match=r"--epsilon 1e309: overflows"):
         streamdp.train(str(store), epsilon="1e309", out=str(tmp_path / "m"))

@@ -16,8 +16,8 @@ import zarr
 from click.testing import CliRunner
 
 from streamdp.cli import main
-from streamdp.model import save_model
 from streamdp.privacy import GUARANTEE_NONE, Ledger
+from streamdp.serving.model import save_model
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_a_model_json_that_is_not_an_object_is_refused(model):
 def absurd(tmp_path_factory):
     """A non-private als model of a small store whose factors were all set to 1e30 (finite: it loads)."""
     from streamdp.storage.generate import generate_store
-    from streamdp.training import train
+    from streamdp.workflows.training import train
 
     d = tmp_path_factory.mktemp("absurd")
     st = generate_store(str(d / "s.zarr"), n_users=300, n_items=60, ratings_per_user=10, rank=2, seed=1,

@@ -156,7 +156,7 @@ def test_every_methods_own_calibration_path_1e9(store):
         import json
         from streamdp.errors import ParameterError
         from streamdp.methods import METHODS, load_builtin
-        from streamdp.training import prepare
+        from streamdp.workflows.training import prepare
         load_builtin()
         res = {{}}
         for m in sorted(METHODS):
@@ -229,7 +229,7 @@ def test_calibration_above_max_epsilon_is_refused():
 def test_every_methods_plan_at_max_epsilon(store, method):
     """At 500, the ledger a method reserves (its calibration path end to end) spends <= the target and close to
     it, without numpy's overflow warnings (printed before; sgld's pure-DP path was already right)."""
-    from streamdp.training import prepare
+    from streamdp.workflows.training import prepare
 
     epsilon = MAX_EPSILON
     with warnings.catch_warnings():

@@ -20,7 +20,7 @@ from streamdp.cli import main
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     from streamdp.storage.generate import generate_store
-    from streamdp.training import train
+    from streamdp.workflows.training import train
 
     d = tmp_path_factory.mktemp("claims")
     st = generate_store(str(d / "s.zarr"), n_users=300, n_items=40, ratings_per_user=8, rank=2, seed=4,
@@ -80,7 +80,7 @@ def test_an_edited_claim_is_refused_in_one_line(trained, tmp_path, changes, fiel
 
 @pytest.fixture(scope="module")
 def ials_model(trained):
-    from streamdp.training import train
+    from streamdp.workflows.training import train
 
     out = trained / "ials"
     if not out.exists():

@@ -392,7 +392,7 @@ def test_tune_candidates_see_the_catalogues_items(tmp_path):
     """``tune`` on a store with a private catalogue stopped with "item_ids: has 31 entries, not 29 (the store is
     damaged)": its candidates' held-out view took the store's items, not the catalogue view's it wraps."""
     from streamdp.storage.catalogue import CatalogueView
-    from streamdp.tune import _Sampled
+    from streamdp.workflows.tune import _Sampled
 
     st = streamdp.ingest(_frame(TWINS["lone-item"], n_users=60), str(tmp_path / "s.zarr"), rating_range="1,5")
     view = CatalogueView(st, np.arange(0, 30, 2))

@@ -29,8 +29,8 @@ import time
 
 import pytest
 
-from streamdp.model import load_model
 from streamdp.privacy.budget import StoreBudget
+from streamdp.serving.model import load_model
 from tests import test_cli_interrupt as interrupt_tests
 from tests.privacy.test_budget_settle import run_dirs, training, wait_for
 
@@ -43,9 +43,9 @@ HOOKS = textwrap.dedent("""
             f.write(tag + "\\n")
         time.sleep(1.0)
 
-    import streamdp.model
+    import streamdp.serving.model
     from streamdp.privacy.budget import StoreBudget
-    real_fail, real_writing, real_install = StoreBudget.fail, StoreBudget.writing, streamdp.model.install_dir
+    real_fail, real_writing, real_install = StoreBudget.fail, StoreBudget.writing, streamdp.serving.model.install_dir
 
     def fail(self, *a, **k):  # every call is counted; with hook=settle it pauses first
         with open(mark, "a") as f:
@@ -65,7 +65,7 @@ HOOKS = textwrap.dedent("""
             pause("installing")
         return real_install(*a, **k)
 
-    StoreBudget.fail, StoreBudget.writing, streamdp.model.install_dir = fail, writing, install_dir
+    StoreBudget.fail, StoreBudget.writing, streamdp.serving.model.install_dir = fail, writing, install_dir
     sys.argv[0] = "streamdp"
     from streamdp.cli import main
     main()

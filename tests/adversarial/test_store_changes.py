@@ -169,7 +169,7 @@ def test_verify_of_a_store_written_before_attributes_were_covered_notes_it(tmp_p
 
 
 def _train(store, out):
-    from streamdp.training import train
+    from streamdp.workflows.training import train
 
     return train(store, method="als", out=out, epsilon=1.0, delta=1e-6, seed=0, workers=1, evaluate_test=False)
 

@@ -13,7 +13,7 @@ from streamdp.methods import get_method
 from streamdp.methods._biases import item_biases
 from streamdp.methods.als import RNG_KEY
 from streamdp.stream.engine import Engine
-from streamdp.training import train
+from streamdp.workflows.training import train
 
 INF = float("inf")
 
@@ -171,8 +171,8 @@ def test_temporary_run_directory_is_removed(small_store):
 
 
 def test_irls_model_solves_locally_with_the_huber_loss(small_store, tmp_path):
-    from streamdp.local import local_loss
-    from streamdp.model import load_model
+    from streamdp.serving.local import local_loss
+    from streamdp.serving.model import load_model
 
     out = str(tmp_path / "irls")
     s = train(small_store, method="irls", out=out, epsilon=2.0, delta=1e-6, rank=4, seed=1, iters=2,
@@ -210,7 +210,7 @@ def _real_store(tmp_path, name):
 
 
 def _rmse(store, tmp_path, method="als", epsilon=INF, seed=0, **opts):
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     _, f = _fit(store, method=method, epsilon=epsilon, rank=8, seed=seed, **opts)
     out = f.save(str(tmp_path / f"{method}-{epsilon}-{seed}"))
@@ -251,7 +251,7 @@ def test_issue_store_epsilon_1_closes_most_of_the_gap(tmp_path):
                         seed=11, test_fraction=0.2, show_progress=False)
     als = _rmse(st, tmp_path, epsilon=1.0)["rmse"]
     means = _rmse(st, tmp_path, method="means", epsilon=1.0)["rmse"]
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     m = get_method("oja")(epsilon=1.0, delta=1e-6, rank=8, seed=0)
     with Engine(st, workers=2, memory_limit="2GB") as eng:

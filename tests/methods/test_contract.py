@@ -21,7 +21,7 @@ from streamdp.errors import ParameterError
 from streamdp.methods import METHODS, load_builtin
 from streamdp.privacy import GUARANTEE_NONE
 from streamdp.privacy.ledger import GUARANTEE_NOT_DP_PREFIX, GUARANTEE_PUBLIC_ONLY
-from streamdp.model import load_model
+from streamdp.serving.model import load_model
 from streamdp.stream.engine import Engine
 
 load_builtin()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamdp.api import train
+from streamdp.workflows.api import train
 
 INF = float("inf")
 

@@ -10,8 +10,8 @@ import pytest
 
 from streamdp.errors import ParameterError
 from streamdp.methods import get_method
-from streamdp.methods.frank_wolfe import RNG_KEY, passes_in
 from streamdp.methods._subspace import canonical_signs
+from streamdp.methods.frank_wolfe import RNG_KEY, passes_in
 from streamdp.stream.engine import Engine
 
 INF = float("inf")
@@ -93,8 +93,8 @@ def dense_fw(store, *, T, P, k, bound, seed):
 
 
 def test_non_private_fw_matches_dense_numpy(rank1_store, tmp_path):
-    from streamdp.local import predict_block, solve_block
-    from streamdp.model import load_model
+    from streamdp.serving.local import predict_block, solve_block
+    from streamdp.serving.model import load_model
 
     st = rank1_store
     m, f = _fit(st, rank=6, passes=3, workers=2)
@@ -132,8 +132,8 @@ def test_non_private_fw_descends_up_to_the_gap(rank1_store):
 
 def test_streamed_training_objective_falls(rank1_store, tmp_path):
     """The streamed run (coefficients on disk, local replay) reproduces the dense objective curve."""
-    from streamdp.local import predict_block, solve_block
-    from streamdp.model import load_model
+    from streamdp.serving.local import predict_block, solve_block
+    from streamdp.serving.model import load_model
 
     st = rank1_store
     k = 0.6 * math.sqrt(st.n_users * st.n_items)
@@ -169,7 +169,7 @@ def test_private_ledger_is_joint_dp_with_every_release(rank1_store):
 def test_private_centring_is_released_first_and_used_locally(rank1_store, tmp_path, method):
     """``--center private`` (default): a private global mean and item biases, two more Gaussian releases in the one
     composed ledger; non-private, the exact mean of user means; the model centres the users' devices on them."""
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     st = rank1_store
     m, f = _fit(st, method=method, epsilon=1.0, rank=3, seed=1, center="private")
@@ -215,8 +215,8 @@ def test_svd_ledger_and_paper_sigma(rank1_store):
 
 
 def test_non_private_svd_is_the_top_subspace_and_projects(rank1_store, tmp_path):
-    from streamdp.local import solve_block
-    from streamdp.model import load_model
+    from streamdp.serving.local import solve_block
+    from streamdp.serving.model import load_model
 
     st = rank1_store
     _, f = _fit(st, method="svd", rank=2)
@@ -233,7 +233,7 @@ def test_non_private_svd_is_the_top_subspace_and_projects(rank1_store, tmp_path)
 
 
 def test_fw_beats_svd_on_the_small_rank1_store(rank1_store, tmp_path):
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     out = {}
     for meth, eps, opts in (("fw", INF, {"rank": 20}), ("svd", INF, {"rank": 1})):
@@ -323,7 +323,7 @@ def test_rank_above_the_number_of_items_is_refused_only_where_rank_counts_factor
     columns (later directions repeat earlier ones) trains, saves and predicts; a method whose rank counts factors
     (als) is refused before anything runs."""
     from streamdp.storage.generate import generate_store
-    from streamdp.training import train
+    from streamdp.workflows.training import train
 
     st = generate_store(str(tmp_path / "s.zarr"), n_users=300, n_items=12, ratings_per_user=6, rank=2, seed=3,
                         test_fraction=0.2, block_users=100)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from streamdp.kernels.ials import ials_cg_users_reference, ials_solve_users_reference
-from streamdp.local import implicit_pairs, solve_block
 from streamdp.methods import get_method
-from streamdp.model import load_model
+from streamdp.serving.local import implicit_pairs, solve_block
+from streamdp.serving.model import load_model
 from streamdp.stream.engine import Engine
 from tests.methods.test_als import _all_ratings
 from tests.methods.test_als import _fit as _fit_method
@@ -192,7 +192,7 @@ def test_implicit_store_takes_confidence_from_counts(small_store, monkeypatch):
 
 
 def test_recommend_scores_are_not_clipped_to_the_rating_range(small_store, tmp_path):
-    from streamdp.local import recommend
+    from streamdp.serving.local import recommend
 
     _, f = _fit(small_store, iters=2)
     f.save(str(tmp_path / "m"))
@@ -202,7 +202,7 @@ def test_recommend_scores_are_not_clipped_to_the_rating_range(small_store, tmp_p
 
 
 def test_lists_beat_the_chart_without_privacy(small_store):
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     import tempfile
 
@@ -216,7 +216,7 @@ def test_lists_beat_the_chart_without_privacy(small_store):
 
 def _recalls(f, store, path) -> tuple:
     """``(model, exact chart)`` Recall@10 of a fitted model on every user of ``store`` (evaluate's protocol)."""
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     f.save(str(path))
     r = evaluate_model(str(path), store, baselines=False, ranking_users="all", workers=1)["ranking"]
@@ -297,7 +297,7 @@ def test_dask_scheduler_gives_the_thread_engines_model(small_store):
 
 
 def test_without_factor_signal_the_lists_are_the_released_chart(small_store, tmp_path):
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     _, f = _fit(small_store, epsilon=0.05, iters=2)
     assert not f.model_info["factors_released"] and not np.any(f.item_factors[:, :3])
@@ -422,8 +422,8 @@ def test_evaluate_reports_lists_only_for_an_ials_model_on_ratings(small_store, t
     """ials's scores rank items and are not ratings: evaluate (and train's summary) report its lists, no RMSE or
     rating verdict (it read 'NO BETTER than the baselines' on every store); sweep refuses it in one line."""
     from streamdp.errors import ParameterError
-    from streamdp.evaluate import evaluate_model, format_evaluation
-    from streamdp.sweep import sweep
+    from streamdp.serving.evaluate import evaluate_model, format_evaluation
+    from streamdp.workflows.sweep import sweep
 
     _, f = _fit(small_store, epsilon=INF, iters=1)
     f.save(str(tmp_path / "m"))
@@ -480,7 +480,7 @@ def test_adaptive_item_weights_spend_each_users_whole_bound_over_all_her_pairs(s
 
 
 def test_private_lists_are_never_below_the_released_chart_on_a_small_store(small_store, tmp_path):
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     for eps in (0.5, 4.0):
         _, f = _fit(small_store, epsilon=eps)
@@ -574,7 +574,7 @@ def _product_shaped_recalls(tmp_path, runs):
     ``docs/ranking.md`` scaled down): ``{name: [Recall@10 over every user, training seeds 1-3]}`` of ials at epsilon
     3 (at epsilon 1 it released no factors before ``--min-pairs``) with each of ``runs`` (``{name: options}``);
     each model's rank is checked against ``options["expect_rank"]``."""
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
     from streamdp.storage.store import open_store
     from tests.conftest import Cli
 
@@ -721,7 +721,7 @@ def test_the_local_solve_gives_users_below_chart_below_the_chart(small_store, tm
     loaded, a user of 2 items gets the row that scores the popularity column alone (her list: the chart by the
     released counts), a user of 6 the implicit-ALS solve; the ledger has the two-sum release, sensitivity 1."""
     import streamdp.methods.ials as ials
-    from streamdp.local import implicit_rows
+    from streamdp.serving.local import implicit_rows
 
     monkeypatch.setattr(ials.IALS, "_class_sums", lambda self, *a: np.array([1000.0, -200.0]))
     monkeypatch.setattr(ials, "_signal_z", lambda B, sd: math.inf)  # past the signal gate, to the choice
@@ -750,7 +750,7 @@ def test_a_user_whose_items_all_have_zero_rows_gets_the_chart(small_store, tmp_p
     """A user whose every item has a zero row (no factors, no released popularity: e.g. below the item floor,
     counts clipped to 0) solves to zero and would list by the tie-break alone; her local solve gives her the
     popularity column's row, the chart by the released counts. Another user's solve is untouched."""
-    from streamdp.local import implicit_rows
+    from streamdp.serving.local import implicit_rows
 
     _, f = _fit(small_store, epsilon=2.0, iters=1, select="off")
     f.save(str(tmp_path / "m"))

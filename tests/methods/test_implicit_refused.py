@@ -11,8 +11,8 @@ from streamdp.errors import ParameterError
 from streamdp.methods import METHODS, load_builtin
 from streamdp.methods.lowrank import LowRank
 from streamdp.storage.ingest import ingest
-from streamdp.training import prepare
-from streamdp.tune import tune
+from streamdp.workflows.training import prepare
+from streamdp.workflows.tune import tune
 
 load_builtin()
 RATING_METHODS = sorted(n for n, c in METHODS.items() if not c.ACCEPTS_IMPLICIT) + ["lowrank"]
@@ -54,7 +54,7 @@ def test_train_and_tune_refuse_in_one_line(log_store, tmp_path):
 def test_sweep_refuses_an_implicit_store_for_any_method(log_store, tmp_path):
     """A sweep plots test RMSE, which an implicit store does not have (even for a method that trains on it)."""
     import streamdp.methods as registry
-    from streamdp.sweep import sweep
+    from streamdp.workflows.sweep import sweep
 
     class Accepting(registry.get_method("means")):
         name = "means-accepting-implicit"

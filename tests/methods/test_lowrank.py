@@ -18,15 +18,15 @@ from streamdp.cli import main
 from streamdp.errors import ParameterError
 from streamdp.methods.lowrank import (_OMEGA, _PROJECTION, _RR_NOISE, _SKETCH, NOISE_GROUP_USERS, LowRank,
                                       _noise_rows, _orthonormalizer)
-from streamdp.model import load_model
 from streamdp.privacy import epsilon_of
 from streamdp.privacy.accountant import BOUNDED_ROW_CHANGE_RELATION, NEIGHBOURING_RELATION
 from streamdp.privacy.ledger import GUARANTEE_ROW_DP, Ledger
+from streamdp.serving.model import load_model
 from streamdp.storage.coherence import generate_coherence_store
-from streamdp.training import lowrank
 from streamdp.storage.store import open_store
 from streamdp.storage.writer import StoreWriter
 from streamdp.stream.engine import Engine
+from streamdp.workflows.training import lowrank
 
 EPS, DELTA = 2.0, 1e-6
 

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from streamdp.cli import main
 from streamdp.errors import ParameterError
 from streamdp.methods import METHODS, load_builtin
-from streamdp.catalog import CATALOG, GUARANTEE_KINDS, default_rank, guarantee_kind
 from streamdp.methods.options import merge_options
+from streamdp.workflows.catalog import CATALOG, GUARANTEE_KINDS, default_rank, guarantee_kind
 
 load_builtin()
 NAMES = sorted(METHODS)
@@ -144,7 +144,7 @@ def test_methods_command_describes_every_method():
     rows = {row["name"]: row for row in json.loads(r.output)["methods"]}
     assert set(rows) == set(METHODS) | {"lowrank"}
     for name, row in rows.items():
-        assert name in CATALOG, f"{name} has no entry in streamdp/catalog.py"
+        assert name in CATALOG, f"{name} has no entry in streamdp/workflows/catalog.py"
         assert row["kind"] in GUARANTEE_KINDS and row["releases"] and row["when"] and row["guarantee"]
     assert rows["sgld"]["kind"] == "approximate" and rows["sgd"]["kind"] == "non-private"
     assert rows["als"]["kind"] == rows["fw"]["kind"] == "exact" and "joint" in rows["fw"]["guarantee"]

@@ -172,7 +172,7 @@ def test_ml100k_rmse_at_several_epsilons(tmp_path):
     subspace with the local ridge solve must beat the item mean.
     """
     from tests.conftest import shared_file
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
     from streamdp.storage.ingest import ingest
 
     st = ingest([str(shared_file("ml-100k", "u.data"))], str(tmp_path / "ml.zarr"), test_fraction=0.2, seed=1,

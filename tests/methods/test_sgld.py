@@ -16,7 +16,7 @@ import pytest
 from streamdp.kernels import sgd as K
 from streamdp.methods import get_method
 from streamdp.privacy.users import UserCount
-from streamdp.training import train
+from streamdp.workflows.training import train
 from tests.conftest import shared_file
 
 INF = float("inf")
@@ -159,7 +159,7 @@ def test_sgld_posterior_mean_close_to_map(small_store):
 
 def test_checkpoint_resume_same_result_and_interrupted_spend_kept(small_store, tmp_path, monkeypatch):
     from streamdp.privacy.budget import StoreBudget
-    from streamdp.model import load_model
+    from streamdp.serving.model import load_model
     import streamdp.methods.sgld as M
 
     st = small_store
@@ -296,7 +296,7 @@ def test_released_sgd_model_on_ml100k_matches_surprise(tmp_path):
     0.929 against 0.93; the local ridge 1 of before gave 0.957)."""
     from surprise import SVD, Dataset, Reader
 
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
     from streamdp.storage.ingest import ingest
 
     st = ingest([str(shared_file("ml-100k", "u.data"))], str(tmp_path / "ml.zarr"), test_fraction=0.2, seed=1,

@@ -12,7 +12,7 @@ from streamdp.kernels import sgd as K
 from streamdp.methods import get_method
 from streamdp.privacy.users import UserCount
 from streamdp.stream.engine import Engine
-from streamdp.training import train
+from streamdp.workflows.training import train
 
 
 def _settings(store, **opts):

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import zarr
 
-from streamdp.training import train
+from streamdp.workflows.training import train
 
 RUNS = 80  # per store; about a minute on 2 cores
 EPSILON = 4.0

@@ -1,7 +1,7 @@
 """``generate --taste-clusters`` (preference beyond popularity) and ``--implicit`` (issue 29, item 5).
 
 The measure of "preference is more than popularity" is the one ``evaluate`` uses
-(:mod:`streamdp.ranking`): Recall@10 of each user's top 10 among the items she did not
+(:mod:`streamdp.serving.ranking`): Recall@10 of each user's top 10 among the items she did not
 rate in training; relevant: a held-out rating in the top 20% of the range, or on an
 implicit store every held-out interaction. A non-private personalized reference (EASE,
 Steck 2019, closed form in NumPy) must beat the exact most-popular list by 1.5x or more on
@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from streamdp.cli import main
 from streamdp.errors import ParameterError
-from streamdp.ranking import default_threshold
+from streamdp.serving.ranking import default_threshold
 from streamdp.storage.generate import generate_store
 from streamdp.storage.store import open_store
 
@@ -63,9 +63,9 @@ def test_clustered_tastes_let_a_personalized_model_beat_the_chart(tmp_path, impl
 
 def test_reference_protocol_is_evaluates(tmp_path):
     """The reference's most-popular Recall@10 is ``evaluate``'s own non-private popularity baseline, to the bit."""
-    from streamdp.evaluate import evaluate_model
     from streamdp.methods import get_method
-    from streamdp.training import train
+    from streamdp.serving.evaluate import evaluate_model
+    from streamdp.workflows.training import train
 
     class Accepting(get_method("means")):  # any model: only the baseline's figures are compared
         ACCEPTS_IMPLICIT = True

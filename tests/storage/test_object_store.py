@@ -510,7 +510,7 @@ def test_every_method_on_a_cluster_reading_an_s3_store_equals_local(s3_store_url
     """The store and the per-user state on S3, the passes on 2 worker processes: the same model and test RMSE as
     local threads reading the same store, and the budget charged once per release."""
     import streamdp
-    from streamdp.api import train
+    from streamdp.workflows.api import train
 
     st = streamdp.open_store(s3_store_url)
     kw = dict(method=method, epsilon=1.0, rank=3, seed=4, over_budget=True, evaluate=True, workers=1)

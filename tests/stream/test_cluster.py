@@ -98,7 +98,7 @@ def test_in_process_dask_equals_threads(store):
 def test_fw_with_state_url_in_process_dask_equals_threads(store, tmp_path, monkeypatch):
     """fw refused any Dask scheduler; its coefficients now go to --state and the model is bit-identical."""
     import streamdp.stream.driver as driver
-    from streamdp.api import train
+    from streamdp.workflows.api import train
 
     roots = []
 
@@ -192,7 +192,7 @@ def test_every_method_on_the_cluster_equals_local(store, tmp_path, cluster_clien
     sgd/sgld run their epochs on the cluster with --epoch-scheme blocks (Hogwild is refused there,
     tests/methods/test_epoch_scheme.py).
     """
-    from streamdp.api import train
+    from streamdp.workflows.api import train
 
     kw = dict(method=method, epsilon=1.0, rank=3, seed=4, over_budget=True, evaluate=True, workers=1)
     kw.update(options)
@@ -205,8 +205,8 @@ def test_every_method_on_the_cluster_equals_local(store, tmp_path, cluster_clien
 
 @pytest.mark.slow
 def test_lowrank_on_the_cluster_equals_local(store, tmp_path, cluster_client):
-    from streamdp.training import lowrank
-    from streamdp.model import load_model
+    from streamdp.serving.model import load_model
+    from streamdp.workflows.training import lowrank
 
     kw = dict(rank=3, epsilon=1.0, delta=1e-6, seed=4, over_budget=True)
     a = lowrank(store, out=str(tmp_path / "a"), workers=2, **kw)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from streamdp.cli import main
 from streamdp.errors import StoreError
-from streamdp.model import load_model
+from streamdp.serving.model import load_model
 from streamdp.stream.verify import verify_store
 
 distributed = pytest.importorskip("distributed")
@@ -91,7 +91,7 @@ def test_cli_verify_and_sweep_take_scheduler(store, tmp_path):
 
 
 def _sweep(store, out, methods="means", **kw):
-    from streamdp.sweep import sweep
+    from streamdp.workflows.sweep import sweep
 
     return sweep(store, methods=methods, epsilons="1", out=str(out), seed=3, workers=2, over_budget=True,
                  **kw)

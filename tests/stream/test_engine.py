@@ -257,7 +257,7 @@ def test_passes_draw_a_progress_bar_only_when_enabled(small_store, monkeypatch):
 
 _KEEP = """
 import sys, threading
-from streamdp.model import load_model
+from streamdp.serving.model import load_model
 m = load_model(sys.argv[1])
 G = m.recommend_all(sys.argv[2], 3, workers=2)
 print(next(G).num_rows, flush=True)

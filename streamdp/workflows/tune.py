@@ -32,7 +32,7 @@ Decisions a reader must know:
 The run's stages are the functions :func:`tune` calls in order (check, plan the choice,
 pin the iterations, plan the candidates, run and choose, release). The reasoning in
 full and the measurements (``bench/tune.py``): ``docs/design-notes.md``, section
-``streamdp/tune.py``, and ``docs/tune.md``.
+``streamdp/workflows/tune.py``, and ``docs/tune.md``.
 """
 
 from __future__ import annotations
@@ -48,23 +48,23 @@ from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDp
 from dp_accounting import dp_event as E
 
 from streamdp.errors import BudgetExceededError, Interrupted, ParameterError
-from streamdp.local import model_ridge, predict_block, solve_block
 from streamdp.methods import METHODS, get_method, load_builtin
 from streamdp.methods._profile import user_profile
 from streamdp.methods._selection import MARGIN, MIX, choose, holdout, loss_sensitivity, mix
 from streamdp.methods.als import PROFILE_STREAM, RNG_KEY, SELECT_USEFUL, default_settings
 from streamdp.methods.base import Method, Plan, user_count_for
 from streamdp.methods.options import MethodOptions
-from streamdp.model import check_model_destination
 from streamdp.privacy import calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of, gaussian_event
 from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.catalogue import catalogue_for, declared_items
 from streamdp.privacy.params import default_delta
 from streamdp.privacy.release import Release
+from streamdp.serving.local import model_ridge, predict_block, solve_block
+from streamdp.serving.model import check_model_destination
 from streamdp.storage.store import Block, RatingStore, open_store
 from streamdp.stream.engine import Engine, add_into
-from streamdp.training import release, run_summary
+from streamdp.workflows.training import release, run_summary
 
 __all__ = ["tune", "parse_grid", "default_grid", "tunable_methods", "SELECT_SHARE", "SAMPLE_RATE", "CANDIDATE_NOMINAL_SHARE"]
 

@@ -1,9 +1,9 @@
 """Ranking metrics of the lists users would see: Precision@k, Recall@k, NDCG@k, MAP@k, coverage, popularity bias.
 
-Computed on the users' side exactly as ``recommend`` does (:mod:`streamdp.local`):
+Computed on the users' side exactly as ``recommend`` does (:mod:`streamdp.serving.local`):
 each user solves her row from her own *training* ratings and the released model,
 scores every item, and her top-``k`` list is taken among the items she did **not**
-rate in training, ranked by the model's list score (:func:`streamdp.local.list_scorer`:
+rate in training, ranked by the model's list score (:func:`streamdp.serving.local.list_scorer`:
 the unclipped prediction, plus the released-count term for a model that declares
 one), ties broken by the lower position in the released model (ascending item id). Streamed by user block
 through the engine, scored as float32 matrix products over tiles of users and selected
@@ -58,7 +58,7 @@ import numpy as np
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.topk import SUMS, ranking_sums, topn_blocked, topn_by_order, topn_prepare
-from streamdp.local import RELEASED_COUNTS, list_bias, list_scorer, local_design, not_personalised_note, personalised
+from streamdp.serving.local import RELEASED_COUNTS, list_bias, list_scorer, local_design, not_personalised_note, personalised
 from streamdp.storage.ids import find
 
 #: Default list length of the metrics (``--k``).
@@ -159,7 +159,7 @@ class Ranking:
     Parameters
     ----------
     model : Model
-        In the store's item order (:meth:`streamdp.model.Model.in_order_of`).
+        In the store's item order (:meth:`streamdp.serving.model.Model.in_order_of`).
     tiekey : ndarray of int
         Each store item's position in the released model (the tie-break).
     train_counts : ndarray
@@ -182,7 +182,7 @@ class Ranking:
             threshold_source
         released = model if released is None else released
         self.Q, bias = local_design(model)
-        self.bias = list_bias(released, bias, tiekey)  # the list score's item term (streamdp.local.list_offset)
+        self.bias = list_bias(released, bias, tiekey)  # the list score's item term (streamdp.serving.local.list_offset)
         # items outside the model's catalogue (Model.padded_to) are never listed: last in every released order
         unlisted = getattr(model, "unlisted", None)
         if unlisted is not None and unlisted.any():
@@ -215,7 +215,7 @@ class Ranking:
         return want
 
     def block(self, U, train, test) -> np.ndarray:
-        """The partial of one user block: ``U`` solved from ``train`` (:func:`streamdp.local.solve_block`)."""
+        """The partial of one user block: ``U`` solved from ``train`` (:func:`streamdp.serving.local.solve_block`)."""
         n_users = len(train.indptr) - 1
         rel = test.ratings >= self.threshold
         users = np.repeat(np.arange(n_users), np.diff(test.indptr))

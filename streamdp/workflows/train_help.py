@@ -7,7 +7,7 @@ main options (its ``MAIN_OPTIONS``: iterations, mechanism...), then under "Exper
 options" the rest of ``X``'s options (in declaration order) and the run's resources
 (workers, memory, scheduler), each with the default the declaration gives, and ``--rank`` with ``X``'s default rank
 (:meth:`~streamdp.methods.base.Method.default_rank`) and what the rank means for
-``X`` (:mod:`streamdp.catalog`).
+``X`` (:mod:`streamdp.workflows.catalog`).
 
 Parsing is unchanged: every method's flags are accepted by ``train``, and a flag of
 another method is refused by the method with a one-line error (``--passes: not an
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from streamdp.catalog import CATALOG, default_rank, guarantee_kind
 from streamdp.methods import METHODS, get_method
+from streamdp.workflows.catalog import CATALOG, default_rank, guarantee_kind
 
 __all__ = ["method_in_args", "option_record", "rank_help", "split_options", "format_train_options",
            "HELP_METHOD", "EXPERT_RUN_OPTIONS"]

@@ -1,6 +1,6 @@
 """``streamdp sweep``: test RMSE against epsilon for several methods, with the privacy it costs.
 
-Each ``(method, epsilon, repeat)`` is one ``streamdp train`` run (:func:`streamdp.api.train`):
+Each ``(method, epsilon, repeat)`` is one ``streamdp train`` run (:func:`streamdp.workflows.api.train`):
 a release, reserved in the store's privacy budget like any other, its model kept under
 ``OUT/models/``. The total spend of the whole sweep is computed **before** anything
 runs, by composing the planned ledgers of every point with the store's counted
@@ -26,7 +26,6 @@ import shutil
 import statistics
 import time
 
-from streamdp.api import train
 from streamdp.errors import BudgetExceededError, ParameterError
 from streamdp.methods import get_method
 from streamdp.outputs import check_destination
@@ -35,10 +34,11 @@ from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.ledger import atomic_write_json
 from streamdp.privacy.params import default_delta
 from streamdp.privacy.users import check_users_bound, release_user_count
-from streamdp.rehearse import REHEARSAL_NOTE, check_like, generate_like
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import dask_session
+from streamdp.workflows.api import train
+from streamdp.workflows.rehearse import REHEARSAL_NOTE, check_like, generate_like
 
 __all__ = ["sweep", "rehearse", "replot", "parse_epsilons", "format_spend", "format_table"]
 
@@ -84,7 +84,7 @@ def _name(e: float) -> str:
 def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: float | None = None,
              shape_epsilon: float | None = None, over_budget: bool = False, force: bool = False, echo=None,
              seed: int | None = None, dry_run: bool = False, synthetic_seed: int = 0, **options) -> dict:
-    """The sweep on a synthetic store shaped like ``store`` (:mod:`streamdp.rehearse`), kept in ``OUT/synthetic.zarr``.
+    """The sweep on a synthetic store shaped like ``store`` (:mod:`streamdp.workflows.rehearse`), kept in ``OUT/synthetic.zarr``.
 
     ``store``'s ratings are never read and its budget is left as it was, unless a shape statistic it has not
     released must be (``users`` / ``ratings_per_user`` avoid it; ``shape_epsilon`` its cost, ``over_budget`` past

@@ -36,15 +36,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import zarr
 
-from streamdp.batch import recommend_all
 from streamdp.errors import InputError, ParameterError
-from streamdp.local import default_list_scorer, popular_list, recommend, user_scores
 from streamdp.manifest import check_release, released_digest
 from streamdp.model_dir import MODEL_FORMAT, MODEL_FORMAT_VERSION, is_model_dir
 from streamdp.outputs import check_destination, deferred_interrupts, install_dir, owned_temp_dir
 from streamdp.privacy import Ledger
 from streamdp.privacy.ledger import encode_json
-from streamdp.serving import Summary, check_n, describe, recommend_arrays, recommend_user, similar_items
+from streamdp.serving.batch import recommend_all
+from streamdp.serving.local import default_list_scorer, popular_list, recommend, user_scores
+from streamdp.serving.serve import Summary, check_n, describe, recommend_arrays, recommend_user, similar_items
 from streamdp.storage.ids import as_ids, find, numeric, parse_id
 
 _CORE_ARRAYS = ("item_factors", "item_bias", "item_ids")
@@ -55,7 +55,7 @@ class Recommendations(list):
 
     ``source`` is ``"model"`` (the user's own list) or ``"most_popular"`` (none of her
     rated items is known to the model: the fallback list of
-    :func:`streamdp.local.popular_list`, not personalised); ``note`` says so in words
+    :func:`streamdp.serving.local.popular_list`, not personalised); ``note`` says so in words
     (empty for ``"model"``). ``names``: the items' names, in list order, when they are
     known (:meth:`Model.recommend_user` on a store that keeps names), else ``None``.
     """
@@ -139,7 +139,7 @@ class Model:
         ``user_ratings`` is the user's own ratings: a dict ``{item_id: rating}``, a
         pandas DataFrame with ``item`` and ``rating`` columns, or ``(item, rating)``
         pairs; items the model does not know are ignored. The user's row is solved on
-        their side (:mod:`streamdp.local`); nothing leaves the device.
+        their side (:mod:`streamdp.serving.local`); nothing leaves the device.
 
         >>> import numpy as np
         >>> m = Model("(example)", np.eye(3, dtype=np.float32), np.zeros(3, np.float32), np.array([10, 20, 30]),
@@ -166,9 +166,9 @@ class Model:
         """The ``n`` best unseen items for a user, as ``(item_id, predicted_rating)`` pairs, best first.
 
         ``user_ratings`` as for :meth:`predict`. Ranked by the model's list score
-        (:func:`streamdp.local.list_scorer`). When none of the rated items is known to
+        (:func:`streamdp.serving.local.list_scorer`). When none of the rated items is known to
         the model, the list is the most popular items by the model's released counts
-        (:func:`streamdp.local.popular_list`), and the returned
+        (:func:`streamdp.serving.local.popular_list`), and the returned
         :class:`Recommendations` says so (``source == "most_popular"``, ``note``).
 
         >>> import numpy as np
@@ -194,8 +194,8 @@ class Model:
         """Top-``n`` unseen items for every user of ``store`` (or the original ids in ``users``), each from her
         own training ratings: an iterator of pyarrow Tables ``user_id, rank, item_id, score`` (one per user
         block), or, with ``path``, a Parquet file written atomically (then a summary dict), or, with
-        ``as_arrays=True``, NumPy arrays ``(user_ids, item_ids, scores)`` (:class:`streamdp.serving.Recommendations`:
-        ``item_ids`` and ``scores`` have ``n`` columns, best first). See :mod:`streamdp.batch` (each list may be
+        ``as_arrays=True``, NumPy arrays ``(user_ids, item_ids, scores)`` (:class:`streamdp.serving.serve.Recommendations`:
+        ``item_ids`` and ``scores`` have ``n`` columns, best first). See :mod:`streamdp.serving.batch` (each list may be
         shown to its user, not published: joint DP). The tables and the file have an ``item_name`` column
         when the store keeps item names or ``item_names`` (a store, an ``id,name`` file, a DataFrame, a Series
         indexed by id or a dict; ``True``: the store's, ``False``: none) gives them; the arrays do not.
@@ -245,7 +245,7 @@ class Model:
         """What this model is: a dict (``method``, ``guarantee``, ``epsilon``, ``delta``, ``epsilon_spent``,
         ``rank``, ``n_items``, ``factors_released``, ``personalised``, ``released``, ...) that prints as plain text.
 
-        Read from ``model.json`` and ``privacy.json`` (:func:`streamdp.serving.describe`);
+        Read from ``model.json`` and ``privacy.json`` (:func:`streamdp.serving.serve.describe`);
         a model returned by :func:`streamdp.train` or :func:`streamdp.tune` also carries its
         run's summary (``test_rmse``, ``baselines``, ``verdict``, ``ranking``, ...).
         """
@@ -288,7 +288,7 @@ class Model:
 
     def padded_to(self, item_ids) -> "Model":
         """This model with a cold row for every id of ``item_ids`` it does not hold (zero factors and bias, zero
-        per-item extras), ``unlisted`` marking them: what :func:`streamdp.evaluate.evaluate_model` scores a model
+        per-item extras), ``unlisted`` marking them: what :func:`streamdp.serving.evaluate.evaluate_model` scores a model
         with on a store of more items than its catalogue (their ratings are predicted as a cold item's, and no
         list names them). The model itself when it holds every id."""
         ids, mine = as_ids(item_ids), as_ids(self.item_ids)

@@ -1,7 +1,7 @@
 """Metrics on a store's held-out split: ``streamdp evaluate MODEL STORE``.
 
 For every user block, each user's factor is solved locally from their *training*
-ratings (:mod:`streamdp.local`, exactly what the user's device would do) and
+ratings (:mod:`streamdp.serving.local`, exactly what the user's device would do) and
 their test ratings are predicted. Four non-private baselines (:data:`BASELINES`) are
 computed in the same run from the training split: the global mean, the per-item mean
 (an item without training ratings falls back to the global mean), the damped item mean
@@ -21,7 +21,7 @@ chart made from them are labelled non-private), and the evaluation reads them
 (:func:`train_item_statistics`). Then one pass solves every user, gives the model's
 RMSE and MAE over every test rating (exact, never sampled), the baselines' errors, and
 the ranking metrics of a seeded sample of users (``ranking_users``,
-:mod:`streamdp.ranking`: their lists scored as float32 matrix products over tiles of
+:mod:`streamdp.serving.ranking`: their lists scored as float32 matrix products over tiles of
 users and rescored exactly). A store written before the statistics were recorded gets
 them from a pass of their own first (``evaluate: baselines``: the same per-block
 partials added in the same order, so the same bits), and the result says so
@@ -31,7 +31,7 @@ On an **implicit store** (interaction logs, ``RatingStore.implicit``) a held-out
 is a count, not a rating: there is no RMSE, no rating baseline and no rating-range
 threshold. Only the ranking metrics are reported (always, whatever ``ranking``), every
 held-out interaction being a relevant item, beside the most-popular lists
-(:mod:`streamdp.ranking`).
+(:mod:`streamdp.serving.ranking`).
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ import math
 import numpy as np
 
 from streamdp.errors import StoreError
-from streamdp.local import check_finite, local_kind, model_ridge, predict_block, solve_block
-from streamdp.model import Model, load_model
-from streamdp.privacy.budget import StoreBudget
 from streamdp.kernels.topk import TILE_BYTES
-from streamdp.ranking import (DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users, format_ranking,
+from streamdp.privacy.budget import StoreBudget
+from streamdp.serving.local import check_finite, local_kind, model_ridge, predict_block, solve_block
+from streamdp.serving.model import Model, load_model
+from streamdp.serving.ranking import (DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users, format_ranking,
                               ranking_verdict, setup)
-from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.catalogue import catalogue_view, store_catalogue
+from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.writer import block_item_stats
 from streamdp.stream.engine import Engine
@@ -64,7 +64,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
     Parameters
     ----------
     model : str or Model
-        A model directory or a loaded :class:`streamdp.model.Model`.
+        A model directory or a loaded :class:`streamdp.serving.model.Model`.
     store : str or RatingStore
         Must have a test split; its items must be the model's items.
     ridge : float, optional
@@ -79,7 +79,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         the same ratings has test ratings the model was trained on, and its RMSE
         is optimistic.
     ranking : bool
-        Also compute the ranking metrics of each user's top-``k`` list (:mod:`streamdp.ranking`) in the same
+        Also compute the ranking metrics of each user's top-``k`` list (:mod:`streamdp.serving.ranking`) in the same
         pass, beside the most-popular baselines.
     k : int
         List length of the ranking metrics.
@@ -87,7 +87,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         A held-out rating at or above it is relevant (default: the top 20% of the rating range).
     ranking_users : int or "all"
         How many users the ranking metrics are drawn from (a seeded sample,
-        :func:`streamdp.ranking.ranking_sample`), or ``"all"`` (every user). RMSE and MAE
+        :func:`streamdp.serving.ranking.ranking_sample`), or ``"all"`` (every user). RMSE and MAE
         always cover every test rating.
 
     Returns
@@ -98,8 +98,8 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         ``rmse, mae, n_ratings, n_users, ridge, method, guarantee`` and, with
         baselines, ``baselines: {global_mean: {rmse, mae}, item_mean: {rmse, mae}}``;
         ``store_matches_model`` (``None`` for a model that records no store fingerprint); with ranking,
-        ``ranking`` (:meth:`streamdp.ranking.Ranking.result`) and ``ranking_verdict``
-        (:func:`streamdp.ranking.ranking_verdict`: do the lists beat the most-popular chart by the released counts).
+        ``ranking`` (:meth:`streamdp.serving.ranking.Ranking.result`) and ``ranking_verdict``
+        (:func:`streamdp.serving.ranking.ranking_verdict`: do the lists beat the most-popular chart by the released counts).
 
     Raises
     ------
@@ -258,7 +258,7 @@ def statistics_note(ev: dict) -> str | None:
 
 
 def solve_rows(model, block, want, ridge: float) -> np.ndarray:
-    """:func:`streamdp.local.solve_block` for the users with ``want[u]`` only (each user's solve is her own);
+    """:func:`streamdp.serving.local.solve_block` for the users with ``want[u]`` only (each user's solve is her own);
     the other rows are 0. A block of only wanted users is solved whole."""
     rows = np.flatnonzero(want)
     if len(rows) == block.n_users:

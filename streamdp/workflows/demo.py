@@ -16,15 +16,15 @@ import tempfile
 import time
 
 from streamdp.errors import Interrupted, StoreError
-from streamdp.evaluate import evaluate_model, format_baselines, format_verdict
-from streamdp.local import NOT_PERSONALISED
-from streamdp.model import check_model_destination
 from streamdp.privacy import Ledger
 from streamdp.privacy.accountant import check_calibratable, parse_epsilon
-from streamdp.ranking import format_ranking_short, format_ranking_verdict
+from streamdp.serving.evaluate import evaluate_model, format_baselines, format_verdict
+from streamdp.serving.local import NOT_PERSONALISED
+from streamdp.serving.model import check_model_destination
+from streamdp.serving.ranking import format_ranking_short, format_ranking_verdict
 from streamdp.storage.generate import generate_store
 from streamdp.storage.writer import check_destination
-from streamdp.training import train
+from streamdp.workflows.training import train
 
 #: Shape of the demo store: large enough for epsilon 1 to be useful, small enough to run in seconds.
 DEMO_STORE = dict(n_users=100_000, n_items=1_000, ratings_per_user=40, rank=8, noise=0.5, seed=2026,

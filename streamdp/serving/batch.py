@@ -1,9 +1,9 @@
 """Top-N recommendations for every user of a store: ``streamdp recommend MODEL --store STORE --out recs.parquet``.
 
-Each user's list is what :func:`streamdp.local.recommend` would give her on her own
+Each user's list is what :func:`streamdp.serving.local.recommend` would give her on her own
 device: her row solved from the released model and her own *training* ratings, every
 item she did not rate scored, the ``n`` best kept (ranked by the model's list score,
-:func:`streamdp.local.list_scorer`, ties by ascending item id; the score written is the
+:func:`streamdp.serving.local.list_scorer`, ties by ascending item id; the score written is the
 predicted rating clipped to the rating range). Streamed block by block on the engine (local threads or a Dask
 cluster) with the scoring as float32 matrix products over tiles of a block's users and the
 selection in Numba (:func:`streamdp.kernels.topk.topn_blocked`: the lists and scores of
@@ -34,10 +34,10 @@ import numpy as np
 
 from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_prepare
-from streamdp.local import check_finite, list_bias, local_design, model_ridge, score_range, solve_block
 from streamdp.outputs import deferred_interrupts
-from streamdp.storage.ids import as_ids, find, numeric, parse_id, utf8_lines
+from streamdp.serving.local import check_finite, list_bias, local_design, model_ridge, score_range, solve_block
 from streamdp.storage.catalogue import catalogue_view
+from streamdp.storage.ids import as_ids, find, numeric, parse_id, utf8_lines
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.engine import Engine
 
@@ -202,7 +202,7 @@ def recommend_all(model, store, n: int = 10, *, path=None, users=None, ridge: fl
     Parameters
     ----------
     model : Model
-        A loaded model (:meth:`streamdp.model.Model.recommend_all` is the public entry point).
+        A loaded model (:meth:`streamdp.serving.model.Model.recommend_all` is the public entry point).
     store : str or RatingStore
         Its items must be the model's items; each user's training ratings are her own data.
     n : int

@@ -32,7 +32,7 @@ budget: STORE's is left byte for byte unless a statistic had to be released.
 
 Each source and reading in full, the measurements behind them and how close the
 rehearsal's curve lies to the real one: ``docs/design-notes.md``, section
-``streamdp/rehearse.py``, and ``docs/choosing-epsilon.md`` (``rehearsal_gaps`` in
+``streamdp/workflows/rehearse.py``, and ``docs/choosing-epsilon.md`` (``rehearsal_gaps`` in
 ``tests/test_rehearse.py``).
 """
 
@@ -50,12 +50,12 @@ from scipy.special import ndtr
 from streamdp.errors import ParameterError, StreamdpError
 from streamdp.kernels.spread import residual_spread
 from streamdp.methods._profile import EDGES, WHAT as PROFILE_WHAT, exact_histogram
-from streamdp.model import load_model
-from streamdp.privacy.mechanisms import huber_variance
 from streamdp.privacy.budget import COUNTED, StoreBudget
 from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
+from streamdp.privacy.mechanisms import huber_variance
 from streamdp.privacy.release import Release
-from streamdp.serving import factors_released
+from streamdp.serving.model import load_model
+from streamdp.serving.serve import factors_released
 from streamdp.storage.catalogue import catalogue_view, store_catalogue
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.generate import generate_store
@@ -1076,7 +1076,7 @@ def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple
     the pilot's item order, and its selection's :func:`selection_ratio` (``None``: no such candidates). The real
     store's statistics were read against the released model's means and factors, fitted to its own training ratings
     (with their estimation error and shrinkage); the pilot's are read against its own, fitted alike."""
-    from streamdp.training import train as train_model
+    from streamdp.workflows.training import train as train_model
 
     info = _read_json(os.path.join(where, "model.json")) or {}
     eps = info.get("epsilon")

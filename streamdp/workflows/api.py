@@ -38,7 +38,7 @@ __all__ = ["train", "tune", "evaluate", "generate", "ingest", "default_delta"]
 #: Names re-exported here from modules that load dp-accounting and SciPy (59 MB of RSS), imported on first
 #: use as each function imports what it runs: ``streamdp ingest`` (through :func:`ingest`) then stays within
 #: the runtime its ``--memory-limit`` comes on top of (tests/storage/test_ingest_memory.py).
-_LAZY = {"default_delta": "streamdp.privacy.params", "Model": "streamdp.model", "load_model": "streamdp.model"}
+_LAZY = {"default_delta": "streamdp.privacy.params", "Model": "streamdp.serving.model", "load_model": "streamdp.serving.model"}
 
 
 def __getattr__(name):
@@ -46,7 +46,7 @@ def __getattr__(name):
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'streamdp.api' has no attribute {name!r}")
+    raise AttributeError(f"module 'streamdp.workflows.api' has no attribute {name!r}")
 
 
 def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
@@ -56,13 +56,13 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
           allow_nonprivate: bool = False, **options) -> Model:
     """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
 
-    Exactly what ``streamdp train`` runs (:func:`streamdp.training.train`): the
+    Exactly what ``streamdp train`` runs (:func:`streamdp.workflows.training.train`): the
     release is reserved in the store's privacy budget before anything is computed,
     the model is written atomically, and, when the store has a test split, evaluated
     beside the non-private baselines. ``out=None`` writes the model to a temporary
     directory, loads it and removes the directory (the budget entry says so):
-    :meth:`~streamdp.model.Model.save` writes it somewhere later. The returned
-    :class:`~streamdp.model.Model` carries the run's summary in ``model.summary``
+    :meth:`~streamdp.serving.model.Model.save` writes it somewhere later. The returned
+    :class:`~streamdp.serving.model.Model` carries the run's summary in ``model.summary``
     (``test_rmse``, ``baselines``, ``verdict``, ``epsilon_spent``, ...).
 
     Parameters
@@ -94,7 +94,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
-    from streamdp.training import train as train_model
+    from streamdp.workflows.training import train as train_model
 
     _confirm_nonprivate(store, epsilon, allow_nonprivate)
     return _released(out, lambda out: train_model(
@@ -127,7 +127,7 @@ def _released(out: str | None, run) -> Model:
     ``out=None``: the model is written to a temporary directory, loaded, and the
     directory removed (``model.path`` is then ``"(in memory)"``).
     """
-    from streamdp.model import load_model
+    from streamdp.serving.model import load_model
 
     tmp = None
     if out is None:
@@ -151,14 +151,14 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
          force: bool = False, evaluate: bool = True, users_bound: int | None = None, items=None) -> Model:
     """Choose ``method``'s configuration privately and return the released model (``streamdp tune``).
 
-    Exactly what ``streamdp tune`` runs (:func:`streamdp.tune.tune`): the grid's
+    Exactly what ``streamdp tune`` runs (:func:`streamdp.workflows.tune.tune`): the grid's
     candidates, their noisy validation losses and the chosen configuration's release
     are composed in one ledger within ``epsilon`` and charged to the store's budget.
     ``grid`` is ``{"rank": [4, 8], "iters": [0, 5]}`` or ``["rank=4,8", ...]`` (``None``:
     the method's default grid). ``out=None``, ``users_bound`` and ``items`` work as for :func:`train`.
     ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice.
     """
-    from streamdp.tune import tune as run_tune
+    from streamdp.workflows.tune import tune as run_tune
 
     return _released(out, lambda out: run_tune(
         store, epsilon=epsilon, method=method, out=out, grid=grid, delta=delta, seed=seed, workers=workers,
@@ -293,7 +293,7 @@ def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = No
              ranking_users: int | str = 10_000) -> dict:
     """Evaluate ``model`` on ``store``'s test split: the dict ``streamdp evaluate --json`` prints.
 
-    Exactly what ``streamdp evaluate`` runs (:func:`streamdp.evaluate.evaluate_model`), with
+    Exactly what ``streamdp evaluate`` runs (:func:`streamdp.serving.evaluate.evaluate_model`), with
     its numbers as plain Python floats and ints: ``rmse``, ``mae`` and ``baselines`` (the
     non-private global-mean, item-mean, damped-item-mean and user-item-bias predictors),
     ``verdict`` (whether the model beats the best of them), and ``ranking``
@@ -319,7 +319,7 @@ def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = No
     ridge : float, optional
         Ridge of each user's local solve (default: the model's).
     """
-    from streamdp.evaluate import evaluate_model
+    from streamdp.serving.evaluate import evaluate_model
 
     return as_printed(evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
                                      allow_other_store=allow_other_store, scheduler=scheduler, k=k,

@@ -45,7 +45,7 @@ the noisy item weight totals; ``public-private``: the public users' counts),
 ``weight * log(1 + max(count, 0))``. The term is a per-item offset computed from
 released values and public parameters only (:func:`list_offset`): post-processing,
 no privacy cost, the same for every user. ``recommend``, the batch form
-(:mod:`streamdp.batch`), ``evaluate``'s ranking metrics (:mod:`streamdp.ranking`) and
+(:mod:`streamdp.serving.batch`), ``evaluate``'s ranking metrics (:mod:`streamdp.serving.ranking`) and
 the Python API all rank through it; the score they show stays the predicted rating.
 
 Why: ranking by the predicted rating alone fills lists with items that few users
@@ -221,7 +221,7 @@ def list_bias(model, bias, pos=None) -> np.ndarray:
 
     ``model`` is the model as released (its per-item extras in ascending-id order);
     ``pos[j]``, when given, is the model position of ``bias``'s item ``j`` (a store's
-    order, :meth:`streamdp.model.Model.in_order_of`).
+    order, :meth:`streamdp.serving.model.Model.in_order_of`).
     """
     off = list_offset(model)
     b = np.asarray(bias, np.float64)
@@ -521,7 +521,7 @@ def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = Non
     clipping to the rating range would tie every item predicted above the top of the
     scale), ties broken by the lower index (a released model lists its items by
     ascending id); the ratings returned are the predictions, clipped. The batch form
-    (:mod:`streamdp.batch`) and the ranking metrics (:mod:`streamdp.ranking`) rank the
+    (:mod:`streamdp.serving.batch`) and the ranking metrics (:mod:`streamdp.serving.ranking`) rank the
     same way. A rating outside the model's rating range is an :class:`InputError`.
     """
     if top < 1:

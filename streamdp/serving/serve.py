@@ -1,15 +1,15 @@
 """Serving a released model from Python: a stored user's list, every user's list as arrays, similar items, a summary.
 
-The :class:`~streamdp.model.Model` methods ``recommend_user``, ``recommend_all(...,
+The :class:`~streamdp.serving.model.Model` methods ``recommend_user``, ``recommend_all(...,
 as_arrays=True)``, ``similar_items`` and ``summary`` are thin wrappers over these
 functions. None of them spends privacy budget:
 
-* :func:`recommend_user` is :meth:`Model.recommend <streamdp.model.Model.recommend>`
+* :func:`recommend_user` is :meth:`Model.recommend <streamdp.serving.model.Model.recommend>`
   with the user's own *training* ratings read from the store (her row of the one block
   that holds her, found through the store's user ids block by block, never the whole
   store). Under joint DP her list may be shown to her, not published (as
-  :mod:`streamdp.batch` says of every list).
-* :func:`recommend_arrays` gathers :func:`streamdp.batch.recommend_all`'s per-block
+  :mod:`streamdp.serving.batch` says of every list).
+* :func:`recommend_arrays` gathers :func:`streamdp.serving.batch.recommend_all`'s per-block
   tables (streamed on the engine, within ``memory_limit``) into NumPy arrays.
 * :func:`similar_items` is post-processing of the released item factors only (cosine
   similarity), at no privacy cost and with no user data.
@@ -37,9 +37,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from streamdp.batch import dense_users, recommend_all
 from streamdp.errors import InputError, ParameterError
 from streamdp.manifest import ARRAYS, ATTRS
+from streamdp.serving.batch import dense_users, recommend_all
 from streamdp.storage.ids import find, numeric, parse_id
 from streamdp.storage.store import RatingStore, open_store
 
@@ -59,7 +59,7 @@ def stored_ratings(store, user_id) -> tuple[np.ndarray, np.ndarray]:
     """``(item ids, ratings)`` of user ``user_id`` (her original id) in ``store``'s training split.
 
     Her dense index comes from the store's user ids, read block by block
-    (:func:`streamdp.batch.dense_users`); then only the block that holds her is read.
+    (:func:`streamdp.serving.batch.dense_users`); then only the block that holds her is read.
     An id of the wrong kind or not in the store is an :class:`InputError`.
     """
     st = store if isinstance(store, RatingStore) else open_store(store)
@@ -95,7 +95,7 @@ def recommend_user(model, store, user_id, n: int = 10, *, ridge: float | None = 
 
 
 def recommend_arrays(model, store, n: int = 10, **kw) -> Recommendations:
-    """Every user's top-``n`` list (:func:`streamdp.batch.recommend_all`, same ``kw``) as NumPy arrays."""
+    """Every user's top-``n`` list (:func:`streamdp.serving.batch.recommend_all`, same ``kw``) as NumPy arrays."""
     users, items, scores = [], [], []
     for t in recommend_all(model, store, n, **kw):
         if not t.num_rows:

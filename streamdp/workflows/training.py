@@ -1,6 +1,6 @@
 """Training orchestration: plan -> reserve the budget -> fit -> ledger -> save, the one path every release takes.
 
-:func:`train` is what ``streamdp train``, :func:`streamdp.api.train` and ``streamdp
+:func:`train` is what ``streamdp train``, :func:`streamdp.workflows.api.train` and ``streamdp
 sweep`` run for every registered method (:mod:`streamdp.methods`): check the privacy
 parameters and the destination (:func:`prepare`), reserve the planned release in the
 store's budget **before** anything is written, fit on the stream engine, write the
@@ -19,13 +19,10 @@ import time
 import numpy as np
 
 from streamdp.errors import InputError, Interrupted, ParameterError, StreamdpError
-from streamdp.evaluate import evaluate_model
 from streamdp.manifest import public_parameters
 from streamdp.methods import Method, get_method
 from streamdp.methods.base import user_count_for
 from streamdp.methods.lowrank import WEAKER_NOTE, LowRank
-from streamdp.local import FALLBACK_RIDGE, model_ridge, rating_range, user_scores
-from streamdp.model import Model, check_model_destination
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import interrupt_signal
 from streamdp.privacy import GUARANTEE_NONE, check_privacy_params
@@ -34,7 +31,10 @@ from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.catalogue import catalogue_for, declared_items
 from streamdp.privacy.ledger import privacy_warnings
 from streamdp.privacy.params import default_delta
-from streamdp.ranking import DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users
+from streamdp.serving.evaluate import evaluate_model
+from streamdp.serving.local import FALLBACK_RIDGE, model_ridge, rating_range, user_scores
+from streamdp.serving.model import Model, check_model_destination
+from streamdp.serving.ranking import DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.stream.driver import sweep_stale_runs
@@ -50,7 +50,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
 
     The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
     accountant's ``epsilon_spent`` and, when the store has a test split,
-    ``test_rmse`` / ``test_mae`` (local ridge solves, see :mod:`streamdp.evaluate`);
+    ``test_rmse`` / ``test_mae`` (local ridge solves, see :mod:`streamdp.serving.evaluate`);
     ``stale_runs_removed`` lists the run directories of dead processes removed from
     ``STORE.state/`` first (:func:`streamdp.stream.driver.sweep_stale_runs`), if any.
     Options that are ``None`` are left at the method's defaults. ``force`` replaces
@@ -65,7 +65,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     data owner declares), else the count released with noise (:mod:`streamdp.privacy.users`),
     never the exact count. ``users``: a count released already (``sweep`` shares one).
     ``k`` and ``ranking_users`` are the evaluation's list length and users of the ranking
-    metrics (:func:`streamdp.evaluate.evaluate_model`: a seeded sample by default, ``"all"``). ``items``: the
+    metrics (:func:`streamdp.serving.evaluate.evaluate_model`: a seeded sample by default, ``"all"``). ``items``: the
     catalogue the owner declares (ids, or the path of a file of ids, ``--items``); without it the store's declared
     catalogue, or one selected privately (:mod:`streamdp.privacy.catalogue`): the model's items are never the
     store's items as read off the data.
