@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -200,3 +201,21 @@ def test_catalogue_public_parameter_names_its_source():
     c = Catalogue(np.array([1, 2]), "declared", by="--items")
     assert c.public_parameter()["release"].startswith("declared by the data owner (--items)")
     assert c.spent() == [] and c.elsewhere().in_plan is False
+
+
+@pytest.mark.slow  # 600 trainings: about 10 minutes on 2 cores
+@pytest.mark.parametrize("method", ["means", "als", "ials"])
+def test_lone_item_is_never_released_over_200_unseeded_trainings(twins, tmp_path, method):
+    """Issue 40's acceptance: 200 unseeded trainings of each method on D + a user alone on item 777; the ledger
+    states the probability of releasing it (2.5e-5 at delta 1e-4): 200 runs see it with probability <= 0.5%, so
+    none may. Every model's ``n_items`` is its released catalogue's size."""
+    _, d1 = twins
+    for i in range(200):
+        out = tmp_path / f"m{i}"
+        streamdp.train(d1, method=method, epsilon=2.0, delta=1e-4, out=str(out), evaluate=False, workers=1)
+        model, ledger = _model(out)
+        ids = streamdp.load_model(str(out)).item_ids.tolist()
+        assert 777 not in ids and model["n_items"] == len(ids) == ledger["public_parameters"]["items"]["n_items"]
+        cut = [r for r in ledger["bounds"]["releases"] if r.get("mechanism") == "threshold (partition selection)"]
+        assert cut[0]["delta"] == pytest.approx(2.5e-5)
+        shutil.rmtree(out)
