@@ -293,7 +293,6 @@ BEING_SPLIT = {
     "streamdp/storage/ingest.py::_build": "being split",
     "streamdp/storage/ingest.py::ingest": "being split",
     "streamdp/storage/generate.py::generate_store": "being split",
-    "streamdp/serving/evaluate.py::evaluate_model": "being split",
 }
 
 

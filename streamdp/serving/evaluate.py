@@ -111,6 +111,32 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         or a store replaced while it was read.
     """
     m = model if isinstance(model, Model) else load_model(model)
+    st, match = _store_for(m, store, allow_other_store)
+    # counts are no ratings, and an implicit model's scores (ials) are no predicted ratings: its lists only
+    lists_only = st.implicit or local_kind(m) == "implicit"
+    if lists_only:  # ranking metrics only (module docstring)
+        ranking, baselines = True, False
+    if ranking:
+        k = check_k(k)
+        ranking_users = check_ranking_users(ranking_users)
+    # a model's items are its catalogue (streamdp.privacy.catalogue): a store item outside it is a cold item,
+    # predicted from the global mean and the user's intercept, and never listed (Model.padded_to)
+    released = m.padded_to(st.item_ids())
+    m = released.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
+    ridge = model_ridge(m, ridge)
+    tot, width, rank, source = _measure(m, released, st, ridge, lists_only=lists_only, baselines=baselines,
+                                        ranking=ranking, k=k, relevant_threshold=relevant_threshold,
+                                        ranking_users=ranking_users, workers=workers, scheduler=scheduler,
+                                        memory_limit=memory_limit)
+    st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
+    return _result(m, released, st, tot, width, rank, source, match=match, ridge=ridge, lists_only=lists_only,
+                   baselines=baselines)
+
+
+def _store_for(m, store, allow_other_store: bool):
+    """``(st, match)``: the store to score ``m`` on (a view of its declared catalogue, if any) and whether it is the
+    store the model was trained on (``None``: the model records no fingerprint), after the checks
+    :func:`evaluate_model` documents (a test split, undamaged chunks, the model's store)."""
     st = store if isinstance(store, RatingStore) else open_store(store)
     if not st.has_test:
         raise StoreError(f"{st.path}: store has no test split (generate or ingest it with --test-fraction)")
@@ -136,23 +162,16 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                          f"other ratings, or the store was replaced since): its test split may hold ratings the model "
                          f"was trained on and give an "
                          f"optimistic RMSE; pass --allow-other-store to evaluate it anyway")
-    implicit = st.implicit
-    # counts are no ratings, and an implicit model's scores (ials) are no predicted ratings: its lists only
-    lists_only = implicit or local_kind(m) == "implicit"
-    if lists_only:  # ranking metrics only (module docstring)
-        ranking, baselines = True, False
-    if ranking:
-        k = check_k(k)
-        ranking_users = check_ranking_users(ranking_users)
-    # a model's items are its catalogue (streamdp.privacy.catalogue): a store item outside it is a cold item,
-    # predicted from the global mean and the user's intercept, and never listed (Model.padded_to)
-    m = m.padded_to(st.item_ids())
-    released = m
-    m = m.in_order_of(st.item_ids())  # the model lists items by id, the store by popularity
-    ridge = model_ridge(m, ridge)
+    return st, match
+
+
+def _measure(m, released, st, ridge: float, *, lists_only: bool, baselines: bool, ranking: bool, k: int,
+             relevant_threshold, ranking_users, workers, scheduler, memory_limit):
+    """The evaluation's pass: ``(tot, width, rank, source)``, the summed per-block row (squared and absolute
+    errors, count, then each baseline's, in ``tot[:width]``; the ranking's partials after), the ranking's setup
+    (``None`` without it) and where the item statistics came from (``None`` when none were needed)."""
     n = st.n_items
     lo, hi = st.rating_min, st.rating_max
-
     with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
                 state_bytes=m.item_factors.nbytes * 5) as eng:  # + the ranking's float32 and transposed copies
         item_mean = damped = gm = rank = None
@@ -191,9 +210,15 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         tot = eng.map_reduce(fn, _add, np.zeros(width + (rank.part_size if rank is not None else 0)),
                              extra_per_block=(8 * rank.part_size + TILE_BYTES + 16 * n) if rank is not None else 0,
                              desc="evaluate")
-    st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
+    return tot, width, rank, source
+
+
+def _result(m, released, st, tot, width, rank, source, *, match, ridge: float, lists_only: bool,
+            baselines: bool) -> dict:
+    """:func:`evaluate_model`'s result from the pass's sums (:func:`_measure`)."""
     said = {} if source is None else {"item_statistics": source}
     if lists_only:
+        implicit = st.implicit
         return {"implicit": implicit, "lists_only": True,
                 ("n_interactions" if implicit else "n_ratings"): int(tot[2]), "n_users": st.n_users, "ridge": ridge,
                 "method": m.method, "guarantee": getattr(m.ledger, "guarantee", None), "epsilon": m.info.get("epsilon"),
