@@ -423,65 +423,19 @@ def ingest(
     (['a', 'b'], [7, 9])
     """
     t0 = time.perf_counter()
-    if not inputs:
-        raise ParameterError("ingest: no input files given")
-    rr = _parse_range(rating_range)
-    if out_of_range is not None:
-        if out_of_range not in OUT_OF_RANGE:
-            raise ParameterError(f"--out-of-range: expected one of {', '.join(OUT_OF_RANGE)}, got {out_of_range!r}")
-        if rr is None:
-            raise ParameterError(f"--out-of-range {out_of_range}: only with a declared --rating-range MIN,MAX (without "
-                                 f"one the range is the observed one and no rating is outside it)")
-    oor = out_of_range or "error"
-    test_fraction = check_fraction(test_fraction)
-    test_inputs = list(test_inputs or [])
-    how = resolve_split(split, test_fraction, last_n, seed, bool(test_inputs))
-    _check_distinct_files(inputs, test_inputs)
-    if block_users is not None and block_users < 1:
-        raise ParameterError(f"--block-users must be >= 1, got {block_users}")
-    limit = resolve_memory_limit(memory_limit)
-    if limit < min_memory_limit():
-        need = min_memory_limit()
-        raise ParameterError(
-            f"--memory-limit {format_size(limit)} is too small for ingest: its working buffers need at least "
-            f"{format_size(need)} ({_threads()} parsing threads, each reading ahead up to {_PARSE_SHARE} blocks of "
-            f"{_MIN_PARSE_BLOCK >> 10} KiB; the Python runtime, about 230 MB, comes on top); use --memory-limit "
-            f"{-(-need // 10**6)}MB or more")
+    rr, oor, test_fraction, test_inputs, how, limit = _check_options(
+        inputs, test_inputs, rating_range=rating_range, out_of_range=out_of_range, test_fraction=test_fraction,
+        split=split, last_n=last_n, seed=seed, block_users=block_users, memory_limit=memory_limit)
     check_destination(out, force)
     unmap_large_frees()  # else glibc's arenas keep the freed partitions and blocks resident (module docstring)
     tmp = None
     try:
-        specs = [p if isinstance(p, F.Spec) else F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns,
-                                                                implicit=implicit) for p in inputs + test_inputs]
-        is_implicit = _check_kind(specs, rr, out_of_range, count_cap)
-        if how["kind"] in ("temporal", "last-n"):
-            for s in specs:
-                if not s.has_timestamp:
-                    raise InputError(f"{s.path}: --split {how['kind']} holds out each user's latest ratings, but this "
-                                     f"file has no timestamp column (integer times); name it with --columns "
-                                     f"U,I,R,T, or use --split random")
+        specs, is_implicit = _input_specs(inputs + test_inputs, how, fmt=fmt, sep=sep, columns=columns,
+                                          implicit=implicit, rr=rr, out_of_range=out_of_range, count_cap=count_cap)
         tmp = owned_temp_dir(_spill_beside(out), "ingest")
-        int_ids = [True, True]
-        for s in specs:
-            a, b = F.sniff_id_kinds(s)
-            int_ids[0] &= a
-            int_ids[1] &= b
-        while True:
-            try:
-                parsed = _pass_parse(specs, tmp, tuple(int_ids), rr, skip_bad_lines, limit, show_progress, oor,
-                                     implicit=is_implicit)
-                for src in parsed.sources[len(inputs):]:
-                    src.flag = 1
-                parsed.phases["parse"] = round(time.perf_counter() - t0, 3)
-                break
-            except F._IdNotInteger as exc:
-                int_ids[0 if exc.role == "user" else 1] = False
-        if rr is None and not is_implicit and test_inputs:
-            _train_range(parsed)
-        if rr is None and not is_implicit:  # counts all 1 (a two-column log) are a log, not a degenerate scale
-            check_observed_range(parsed.rmin, parsed.rmax, inputs)
-        if check_users is not None:
-            check_users(len(parsed.users))
+        parsed, int_ids = _parse_inputs(specs, len(inputs), tmp, rr, skip_bad_lines, limit, show_progress, oor,
+                                        is_implicit, t0)
+        _check_parsed(parsed, rr, is_implicit, inputs, test_inputs, check_users)
         names = None if item_names is None else read_item_names(item_names, parsed.items, limit)
         catalogue = None if items is None else _declared_catalogue(items, numeric_ids=int_ids[1])
         params = dict(format=fmt, sep=sep, columns=columns, rating_range=list(rr) if rr else None,
@@ -508,6 +462,87 @@ def ingest(
     finally:
         if tmp is not None:
             remove_temp_dir(tmp)
+
+
+def _check_options(inputs, test_inputs, *, rating_range, out_of_range, test_fraction, split, last_n, seed,
+                   block_users, memory_limit):
+    """:func:`ingest`'s options checked before anything is read or written: ``(rr, oor, test_fraction,
+    test_inputs, how, limit)``, the declared rating range (``None``: the observed one), what becomes of a rating
+    outside it, the held-out fraction, the test files (a list), the split (:func:`resolve_split`) and the memory
+    limit in bytes. Raises :class:`ParameterError`."""
+    if not inputs:
+        raise ParameterError("ingest: no input files given")
+    rr = _parse_range(rating_range)
+    if out_of_range is not None:
+        if out_of_range not in OUT_OF_RANGE:
+            raise ParameterError(f"--out-of-range: expected one of {', '.join(OUT_OF_RANGE)}, got {out_of_range!r}")
+        if rr is None:
+            raise ParameterError(f"--out-of-range {out_of_range}: only with a declared --rating-range MIN,MAX (without "
+                                 f"one the range is the observed one and no rating is outside it)")
+    oor = out_of_range or "error"
+    test_fraction = check_fraction(test_fraction)
+    test_inputs = list(test_inputs or [])
+    how = resolve_split(split, test_fraction, last_n, seed, bool(test_inputs))
+    _check_distinct_files(inputs, test_inputs)
+    if block_users is not None and block_users < 1:
+        raise ParameterError(f"--block-users must be >= 1, got {block_users}")
+    limit = resolve_memory_limit(memory_limit)
+    if limit < min_memory_limit():
+        need = min_memory_limit()
+        raise ParameterError(
+            f"--memory-limit {format_size(limit)} is too small for ingest: its working buffers need at least "
+            f"{format_size(need)} ({_threads()} parsing threads, each reading ahead up to {_PARSE_SHARE} blocks of "
+            f"{_MIN_PARSE_BLOCK >> 10} KiB; the Python runtime, about 230 MB, comes on top); use --memory-limit "
+            f"{-(-need // 10**6)}MB or more")
+    return rr, oor, test_fraction, test_inputs, how, limit
+
+
+def _input_specs(inputs, how, *, fmt, sep, columns, implicit, rr, out_of_range, count_cap):
+    """``(specs, is_implicit)``: each input's :class:`~streamdp.storage.formats.Spec` (training files, then test
+    files) and whether they are interaction logs (:func:`_check_kind`); a temporal or last-n split needs a
+    timestamp column in each (:class:`InputError`)."""
+    specs = [p if isinstance(p, F.Spec) else F.resolve_spec(p, fmt=fmt, sep=sep, columns=columns,
+                                                            implicit=implicit) for p in inputs]
+    is_implicit = _check_kind(specs, rr, out_of_range, count_cap)
+    if how["kind"] in ("temporal", "last-n"):
+        for s in specs:
+            if not s.has_timestamp:
+                raise InputError(f"{s.path}: --split {how['kind']} holds out each user's latest ratings, but this "
+                                 f"file has no timestamp column (integer times); name it with --columns "
+                                 f"U,I,R,T, or use --split random")
+    return specs, is_implicit
+
+
+def _parse_inputs(specs, n_train: int, tmp, rr, skip_bad_lines, limit, show_progress, oor, is_implicit, t0):
+    """``(parsed, int_ids)``: every input parsed into ``tmp`` (:func:`_pass_parse`; the files after the first
+    ``n_train`` flagged as test files), user and item ids read as integers where every file's are (sniffed, and
+    parsed again as strings when a later line says otherwise); ``int_ids`` says which were."""
+    int_ids = [True, True]
+    for s in specs:
+        a, b = F.sniff_id_kinds(s)
+        int_ids[0] &= a
+        int_ids[1] &= b
+    while True:
+        try:
+            parsed = _pass_parse(specs, tmp, tuple(int_ids), rr, skip_bad_lines, limit, show_progress, oor,
+                                 implicit=is_implicit)
+            for src in parsed.sources[n_train:]:
+                src.flag = 1
+            parsed.phases["parse"] = round(time.perf_counter() - t0, 3)
+            return parsed, int_ids
+        except F._IdNotInteger as exc:
+            int_ids[0 if exc.role == "user" else 1] = False
+
+
+def _check_parsed(parsed, rr, is_implicit: bool, inputs, test_inputs, check_users) -> None:
+    """The checks of the parsed input before anything is written: the observed rating range (without a declared
+    one) and the caller's ``check_users``."""
+    if rr is None and not is_implicit and test_inputs:
+        _train_range(parsed)
+    if rr is None and not is_implicit:  # counts all 1 (a two-column log) are a log, not a degenerate scale
+        check_observed_range(parsed.rmin, parsed.rmax, inputs)
+    if check_users is not None:
+        check_users(len(parsed.users))
 
 
 def _check_distinct_files(inputs, test_inputs) -> None:
