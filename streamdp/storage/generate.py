@@ -212,6 +212,65 @@ def generate_store(
     nothing left behind: every write goes through :class:`StoreWriter`, which removes
     its temporary directory (and first those of dead runs beside ``out``).
     """
+    item_weights, item_bias, item_factors, test_fraction = _check_options(
+        n_users=n_users, n_items=n_items, rank=rank, ratings_per_user=ratings_per_user, noise=noise,
+        user_exponent=user_exponent, rating_min=rating_min, rating_max=rating_max, user_bias_std=user_bias_std,
+        interaction_scale=interaction_scale, outlier_fraction=outlier_fraction, factors=factors,
+        taste_clusters=taste_clusters, taste_strength=taste_strength, implicit=implicit, count_cap=count_cap,
+        activity_bias=activity_bias, item_weights=item_weights, item_bias=item_bias, item_factors=item_factors,
+        test_fraction=test_fraction)
+    check_destination(out, force)
+    V, bias, w, prob, alias, centers, global_mean, item_bias_std = _truth(
+        seed, n_items, rank, factors=factors, rating_min=rating_min, rating_max=rating_max, global_mean=global_mean,
+        item_bias_std=item_bias_std, interaction_scale=interaction_scale, item_exponent=item_exponent,
+        item_weights=item_weights, item_bias=item_bias, item_factors=item_factors, taste_clusters=taste_clusters,
+        taste_strength=taste_strength)
+    k_taste = int(taste_clusters)
+    expected_total = n_users * min(ratings_per_user, n_items)
+    bu = block_users or default_block_users(n_users, int(expected_total), TARGET_BLOCK_RATINGS)
+    splits = ("train", "test") if test_fraction > 0 else ("train",)
+    workers = workers or min(2, os.cpu_count() or 1)
+
+    def make(b: int):
+        return _make_block(b, bu=bu, n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user,
+                           user_exponent=user_exponent, seed=seed, k_taste=k_taste, prob=prob, alias=alias, V=V,
+                           bias=bias, rank=rank, noise=noise, factors=factors, centers=centers, implicit=implicit,
+                           count_cap=count_cap, global_mean=global_mean, rating_min=rating_min,
+                           rating_max=rating_max, rating_step=rating_step, user_bias_std=user_bias_std,
+                           outlier_fraction=outlier_fraction, activity_bias=activity_bias,
+                           test_fraction=test_fraction)
+
+    t0 = time.perf_counter()
+    with StoreWriter(out, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=force) as w_:
+        item_counts, seen = _write_blocks(w_, make, n_users=n_users, n_items=n_items, bu=bu, workers=workers,
+                                          string_ids=string_ids, show_progress=show_progress)
+        item_ids = np.arange(n_items, dtype=np.int64)
+        w_.write_array("item_ids", np.char.add("B", np.char.zfill(item_ids.astype(str), 8)) if string_ids else item_ids)
+        w_.write_array("item_counts", item_counts)
+        w_.write_array("truth/item_factors", V.astype(np.float32), chunks=(min(n_items, 1 << 16), rank))
+        w_.write_array("truth/item_bias", bias.astype(np.float32))
+        if item_weights is not None:
+            w_.write_array("truth/item_weight", w)
+        if k_taste:
+            w_.write_array("truth/taste_centers", centers.astype(np.float32), chunks=(k_taste, rank))
+        params = dict(n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank, noise=noise,
+                      seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
+                      user_exponent=user_exponent, global_mean=global_mean, item_bias_std=item_bias_std,
+                      rating_step=rating_step, factors=factors, user_bias_std=user_bias_std,
+                      **({"activity_bias": activity_bias} if activity_bias else {}),
+                      outlier_fraction=outlier_fraction, string_ids=string_ids, interaction_scale=interaction_scale)
+        w_.finalize(_attrs(params, seen, t0, k_taste=k_taste, taste_strength=taste_strength,
+                           given=dict(item_weights=item_weights, item_bias=item_bias, item_factors=item_factors),
+                           like=like, implicit=implicit, count_cap=count_cap, rating_min=rating_min,
+                           rating_max=rating_max))
+    return open_store(out)
+
+
+def _check_options(*, n_users, n_items, rank, ratings_per_user, noise, user_exponent, rating_min, rating_max,
+                   user_bias_std, interaction_scale, outlier_fraction, factors, taste_clusters, taste_strength,
+                   implicit, count_cap, activity_bias, item_weights, item_bias, item_factors, test_fraction):
+    """:func:`generate_store`'s parameters checked (:class:`ParameterError`): ``(item_weights, item_bias,
+    item_factors, test_fraction)`` as arrays (``None`` when not given) and a checked fraction."""
     for name, v in (("--users", n_users), ("--items", n_items), ("--rank", rank)):
         if int(v) < 1:
             raise ParameterError(f"{name} must be >= 1, got {v}")
@@ -251,9 +310,15 @@ def generate_store(
                                  f"rank), got shape {item_factors.shape}")
         if factors == "uniform":
             raise ParameterError("item_factors: --factors uniform draws its own truth")
-    test_fraction = check_fraction(test_fraction)
-    check_destination(out, force)
+    return item_weights, item_bias, item_factors, check_fraction(test_fraction)
 
+
+def _truth(seed, n_items, rank, *, factors, rating_min, rating_max, global_mean, item_bias_std, interaction_scale,
+           item_exponent, item_weights, item_bias, item_factors, taste_clusters, taste_strength):
+    """The ground truth of the items, drawn from ``seed``: ``(V, bias, w, prob, alias, centers, global_mean,
+    item_bias_std)``, the item factors and biases (items by descending weight ``w``), the alias tables of each taste
+    cluster (one row without clusters), the clusters' centres, and the global mean and item-bias std the store
+    records (``--factors uniform`` sets its own)."""
     rng = np.random.default_rng(np.random.SeedSequence(entropy=0 if seed is None else seed))
     if factors == "uniform":
         half = (rating_max - rating_min) / 2.0
@@ -283,121 +348,113 @@ def generate_store(
                                                       factors == "uniform")
     else:
         prob, alias, centers = prob[None, :], alias[None, :], np.zeros((1, rank))
+    return V, bias, w, prob, alias, centers, global_mean, item_bias_std
+
+
+def _make_block(b: int, *, bu, n_users, n_items, ratings_per_user, user_exponent, seed, k_taste, prob, alias, V,
+                bias, rank, noise, factors, centers, implicit, count_cap, global_mean, rating_min, rating_max,
+                rating_step, user_bias_std, outlier_fraction, activity_bias, test_fraction):
+    """Block ``b``'s ratings, drawn from its own seeds (so any worker may draw it): ``(train, train_digest, test,
+    test_digest, item_counts, (min, max) or None)``, ``test`` ``None`` without a test split."""
     if implicit:  # the latent preference z, unrounded and unclipped, becomes a count
         gm_, lo_, hi_, step_ = 0.0, -np.inf, np.inf, 0.0
     else:
         gm_, lo_, hi_, step_ = float(global_mean), float(rating_min), float(rating_max), float(rating_step)
-    expected_total = n_users * min(ratings_per_user, n_items)
-    bu = block_users or default_block_users(n_users, int(expected_total), TARGET_BLOCK_RATINGS)
-    splits = ("train", "test") if test_fraction > 0 else ("train",)
-    workers = workers or min(2, os.cpu_count() or 1)
+    first = b * bu
+    n = min(bu, n_users - first)
+    counts = _user_counts(n, ratings_per_user, user_exponent, n_items, seed, b)
+    total = int(counts.sum())
+    ip = np.empty(n + 1, np.int64)
+    it = np.empty(total, np.int32)
+    rt = np.empty(total, np.float32)
+    cl = (np.random.default_rng(block_seed(seed, b, _PURPOSE_TASTE)).integers(0, k_taste, n).astype(np.int32)
+          if k_taste else np.empty(0, np.int32))
+    got = synth_block(block_seed(seed, b, _PURPOSE_RATINGS), counts, prob, alias, V, bias, gm_,
+                      int(rank), float(noise), lo_, hi_, step_, factors == "uniform", ip, it, rt,
+                      cl, centers, TASTE_COHESION)
+    it, rt = it[:got], rt[:got]
+    if implicit:
+        rt = _counts(rt, block_seed(seed, b, _PURPOSE_IMPLICIT), count_cap)
+    if user_bias_std > 0 or outlier_fraction > 0 or activity_bias != 0:
+        rt = _realistic(rt, np.diff(ip), block_seed(seed, b, _PURPOSE_REAL), user_bias_std, outlier_fraction,
+                        float(rating_min), float(rating_max), float(rating_step), float(activity_bias),
+                        float(ratings_per_user))
+    if test_fraction > 0:
+        train, test = split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
+    else:
+        train, test = (ip, it, rt), None
+    # digests and item counts in the worker thread, off the writing thread
+    train_d = block_digest(b, *train)
+    test_d = block_digest(b, *test) if test is not None else None
+    counts_b = np.bincount(it, minlength=n_items)
+    return train, train_d, test, test_d, counts_b, (float(rt.min()), float(rt.max())) if len(rt) else None
 
-    def make(b: int):
-        first = b * bu
-        n = min(bu, n_users - first)
-        counts = _user_counts(n, ratings_per_user, user_exponent, n_items, seed, b)
-        total = int(counts.sum())
-        ip = np.empty(n + 1, np.int64)
-        it = np.empty(total, np.int32)
-        rt = np.empty(total, np.float32)
-        cl = (np.random.default_rng(block_seed(seed, b, _PURPOSE_TASTE)).integers(0, k_taste, n).astype(np.int32)
-              if k_taste else np.empty(0, np.int32))
-        got = synth_block(block_seed(seed, b, _PURPOSE_RATINGS), counts, prob, alias, V, bias, gm_,
-                          int(rank), float(noise), lo_, hi_, step_, factors == "uniform", ip, it, rt,
-                          cl, centers, TASTE_COHESION)
-        it, rt = it[:got], rt[:got]
-        if implicit:
-            rt = _counts(rt, block_seed(seed, b, _PURPOSE_IMPLICIT), count_cap)
-        if user_bias_std > 0 or outlier_fraction > 0 or activity_bias != 0:
-            rt = _realistic(rt, np.diff(ip), block_seed(seed, b, _PURPOSE_REAL), user_bias_std, outlier_fraction,
-                            float(rating_min), float(rating_max), float(rating_step), float(activity_bias),
-                            float(ratings_per_user))
-        if test_fraction > 0:
-            train, test = split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
-        else:
-            train, test = (ip, it, rt), None
-        # digests and item counts in the worker thread, off the writing thread
-        train_d = block_digest(b, *train)
-        test_d = block_digest(b, *test) if test is not None else None
-        counts_b = np.bincount(it, minlength=n_items)
-        return train, train_d, test, test_d, counts_b, (float(rt.min()), float(rt.max())) if len(rt) else None
 
-    t0 = time.perf_counter()
+def _write_blocks(w_, make, *, n_users, n_items, bu, workers, string_ids, show_progress):
+    """Draw the blocks with ``make`` on ``workers`` threads and write them in order with ``w_``, with the users' ids
+    and counts: ``(item_counts, [min, max])``, each item's number of ratings and the observed range."""
     item_counts = np.zeros(n_items, np.int64)
     seen = [np.inf, -np.inf]  # the observed range of an implicit store's counts
-    with StoreWriter(out, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=force) as w_:
-        n_blocks = w_.n_blocks
-        # per-user arrays are written block by block (chunks = blocks): nothing O(n_users) in memory
-        uid = w_.create_array("user_ids", shape=(n_users,), dtype=str if string_ids else "int64", chunks=(bu,))
-        ucnt = w_.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
-        with ThreadPoolExecutor(max_workers=workers) as ex, \
-                progress(total=n_blocks, desc="generate", unit="block", show=show_progress) as bar:
-            # bounded look-ahead keeps memory at ~2 * workers blocks
-            pending = {}
-            next_submit = 0
-            for b in range(n_blocks):
-                while next_submit < n_blocks and next_submit < b + 2 * workers:
-                    pending[next_submit] = ex.submit(make, next_submit)
-                    next_submit += 1
-                train, train_d, test, test_d, counts_b, rng_b = pending.pop(b).result()
-                if rng_b is not None:
-                    seen[0], seen[1] = min(seen[0], rng_b[0]), max(seen[1], rng_b[1])
-                w_.write_block(b, *train, split="train", digest=train_d)
-                uc = np.diff(train[0])
-                item_counts += counts_b
-                if test is not None:
-                    w_.write_block(b, *test, split="test", digest=test_d)
-                    uc = uc + np.diff(test[0])
-                first = b * bu
-                ids = np.arange(first, first + len(uc), dtype=np.int64)
-                uid[first:first + len(uc)] = np.char.add("u", np.char.zfill(ids.astype(str), 8)) if string_ids else ids
-                ucnt[first:first + len(uc)] = uc
-                bar.update(1)
-        item_ids = np.arange(n_items, dtype=np.int64)
-        w_.write_array("item_ids", np.char.add("B", np.char.zfill(item_ids.astype(str), 8)) if string_ids else item_ids)
-        w_.write_array("item_counts", item_counts)
-        w_.write_array("truth/item_factors", V.astype(np.float32), chunks=(min(n_items, 1 << 16), rank))
-        w_.write_array("truth/item_bias", bias.astype(np.float32))
-        if item_weights is not None:
-            w_.write_array("truth/item_weight", w)
-        if k_taste:
-            w_.write_array("truth/taste_centers", centers.astype(np.float32), chunks=(k_taste, rank))
-        params = dict(n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank, noise=noise,
-                      seed=seed, test_fraction=test_fraction, item_exponent=item_exponent,
-                      user_exponent=user_exponent, global_mean=global_mean, item_bias_std=item_bias_std,
-                      rating_step=rating_step, factors=factors, user_bias_std=user_bias_std,
-                      **({"activity_bias": activity_bias} if activity_bias else {}),
-                      outlier_fraction=outlier_fraction, string_ids=string_ids, interaction_scale=interaction_scale)
-        kind = {}
-        if k_taste:  # recorded only when used: the default store's attributes are those of earlier versions
-            params.update(taste_clusters=k_taste, taste_strength=float(taste_strength))
-        if item_weights is not None:  # recorded only when given, as the clusters are
-            params["item_weights"] = "given"
-        if item_bias is not None:
-            params["item_bias"] = "given"
-        if item_factors is not None:
-            params["item_factors"] = "given"
-        if like is not None:
-            params["like"] = like
-        if implicit:
-            params.update(implicit=True, count_cap=count_cap)
-            kind = {"implicit": True, "value": "count", "count_cap": None if count_cap is None else float(count_cap)}
-            if count_cap is not None:
-                rating_min, rating_max, source = 0.0, float(count_cap), "declared"
-            else:
-                rating_min, rating_max, source = seen[0], seen[1], "observed"
+    n_blocks = w_.n_blocks
+    # per-user arrays are written block by block (chunks = blocks): nothing O(n_users) in memory
+    uid = w_.create_array("user_ids", shape=(n_users,), dtype=str if string_ids else "int64", chunks=(bu,))
+    ucnt = w_.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
+    with ThreadPoolExecutor(max_workers=workers) as ex, \
+            progress(total=n_blocks, desc="generate", unit="block", show=show_progress) as bar:
+        # bounded look-ahead keeps memory at ~2 * workers blocks
+        pending = {}
+        next_submit = 0
+        for b in range(n_blocks):
+            while next_submit < n_blocks and next_submit < b + 2 * workers:
+                pending[next_submit] = ex.submit(make, next_submit)
+                next_submit += 1
+            train, train_d, test, test_d, counts_b, rng_b = pending.pop(b).result()
+            if rng_b is not None:
+                seen[0], seen[1] = min(seen[0], rng_b[0]), max(seen[1], rng_b[1])
+            w_.write_block(b, *train, split="train", digest=train_d)
+            uc = np.diff(train[0])
+            item_counts += counts_b
+            if test is not None:
+                w_.write_block(b, *test, split="test", digest=test_d)
+                uc = uc + np.diff(test[0])
+            first = b * bu
+            ids = np.arange(first, first + len(uc), dtype=np.int64)
+            uid[first:first + len(uc)] = np.char.add("u", np.char.zfill(ids.astype(str), 8)) if string_ids else ids
+            ucnt[first:first + len(uc)] = uc
+            bar.update(1)
+    return item_counts, seen
+
+
+def _attrs(params, seen, t0, *, k_taste, taste_strength, given, like, implicit, count_cap, rating_min,
+           rating_max) -> dict:
+    """The generated store's attributes: ``params`` completed with what was used only when used (so that a default
+    store's attributes are those of earlier versions), its kind and rating range."""
+    kind = {}
+    if k_taste:  # recorded only when used: the default store's attributes are those of earlier versions
+        params.update(taste_clusters=k_taste, taste_strength=float(taste_strength))
+    for name, v in given.items():  # recorded only when given, as the clusters are
+        if v is not None:
+            params[name] = "given"
+    if like is not None:
+        params["like"] = like
+    if implicit:
+        params.update(implicit=True, count_cap=count_cap)
+        kind = {"implicit": True, "value": "count", "count_cap": None if count_cap is None else float(count_cap)}
+        if count_cap is not None:
+            rating_min, rating_max, source = 0.0, float(count_cap), "declared"
         else:
-            source = "declared"
-        w_.finalize({
-            **kind,
-            "rating_min": float(rating_min),
-            "rating_max": float(rating_max),
-            "rating_range_source": source,
-            # the items are the generator's parameter, not read off anyone's data: a declared catalogue
-            "catalogue": {"source": "declared", "by": "generate: its items are a parameter of the generator"},
-            "sources": [],
-            "created_with": "generate",
-            "params": params,
-            "seconds": round(time.perf_counter() - t0, 3),
-        })
-    return open_store(out)
+            rating_min, rating_max, source = seen[0], seen[1], "observed"
+    else:
+        source = "declared"
+    return {
+        **kind,
+        "rating_min": float(rating_min),
+        "rating_max": float(rating_max),
+        "rating_range_source": source,
+        # the items are the generator's parameter, not read off anyone's data: a declared catalogue
+        "catalogue": {"source": "declared", "by": "generate: its items are a parameter of the generator"},
+        "sources": [],
+        "created_with": "generate",
+        "params": params,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
