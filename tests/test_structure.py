@@ -288,11 +288,6 @@ def test_no_import_cycles_in_bench():
 #: No function longer than this (lines from ``def`` to its last line; decorators not counted).
 MAX_FUNCTION_LINES = 120
 
-#: Functions over :data:`MAX_FUNCTION_LINES` that are being split now (issue 41); the integrator empties this.
-BEING_SPLIT = {
-    "streamdp/storage/ingest.py::_build": "being split",
-}
-
 
 def function_lengths(source: str, path: str = "<source>") -> dict[str, int]:
     """``"path::qualified.name"`` -> lines (``def`` line to last line) of each function and method in ``source``."""
@@ -328,15 +323,9 @@ def test_the_length_counter_counts_from_def_to_the_last_line_and_nested_ones_too
 
 
 def test_no_function_is_over_120_lines():
-    long = {n: k for n, k in all_function_lengths().items() if k > MAX_FUNCTION_LINES and n not in BEING_SPLIT}
+    long = {n: k for n, k in all_function_lengths().items() if k > MAX_FUNCTION_LINES}
     assert not long, (f"functions over {MAX_FUNCTION_LINES} lines (split them along what they do: parse / validate / "
                       f"write, plan / fit / release): {dict(sorted(long.items()))}")
-
-
-def test_the_functions_being_split_are_still_long():
-    lengths = all_function_lengths()
-    done = sorted(n for n in BEING_SPLIT if lengths.get(n, 0) <= MAX_FUNCTION_LINES)
-    assert not done, f"split (or gone): remove them from BEING_SPLIT: {done}"
 
 
 if __name__ == "__main__":

@@ -854,31 +854,93 @@ def _dedup_workers(limit: int, part_rows: np.ndarray) -> int:
     return max(1, min(_threads(), limit // max(1, biggest * _DEDUP_BYTES_PER_RATING)))
 
 
+@dataclass
+class _Plan:
+    """How :func:`_build` cuts the parsed ratings: users per block, the partitions (block ranges, each worked on in
+    memory in pass 3), and what the split asks of the passes."""
+    n_users: int
+    n_raw_items: int
+    bu: int
+    n_blocks: int
+    parts: list
+    part_first: np.ndarray  # first user of each partition, then n_users
+    has_ts: bool
+    test_fraction: float  # random split: held out when a block is written (pass 4)
+    files: bool  # the user's own test files
+    presplit: bool  # split in pass 3, while each rating's time and file are known
+    base: list  # each partition's temporary file prefix
+
+    @property
+    def n_parts(self) -> int:
+        return len(self.parts)
+
+
 def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, show_progress, *,
            params, t0, count_cap=None, names=None, catalogue=None) -> RatingStore:
+    pl = _plan_build(parsed, tmp, how, block_users, limit)
+    n_groups = _scatter(parsed, pl, limit, show_progress)
+    parsed.phases["partition"] = round(time.perf_counter() - t0, 3)
+    _release_memory()
+    agg = _dedup_pass(parsed, pl, n_groups, how, limit, count_cap, show_progress)
+    item_counts_raw, train_counts_raw = agg["item_counts"], agg["train_counts"]
+    parsed.phases["dedup"] = round(time.perf_counter() - t0, 3)
+    _release_memory()
+    if pl.files:
+        _check_training_left(parsed, train_counts_raw)
+
+    # -- pass 4: items by descending count, write blocks --------------------------------
+    n_raw_items = pl.n_raw_items
+    order = np.lexsort((np.arange(n_raw_items), -item_counts_raw))  # new item k = raw item order[k]
+    new_index = np.empty(n_raw_items, np.int32)
+    new_index[order] = np.arange(n_raw_items, dtype=np.int32)
+    splits = ("train", "test") if pl.test_fraction > 0 or pl.presplit else ("train",)
+    with StoreWriter(out, n_users=pl.n_users, n_items=n_raw_items, block_users=pl.bu, splits=splits,
+                     force=force) as w:
+        n_test_clipped = _write_blocks(w, parsed, pl, new_index, rr, seed, show_progress)
+        w.write_array("user_ids", _ids_numpy(parsed.users), chunks=(pl.bu,))
+        w.write_array("item_ids", _ids_numpy(parsed.items.take(pa.array(order))))
+        w.write_array("item_counts", item_counts_raw[order])
+        if names is not None:
+            names.write(w, order)
+        if catalogue is not None:
+            w.write_array("catalogue_ids", catalogue)
+        w.finalize(_store_attrs(parsed, pl, how, agg, n_test_clipped, rr=rr, count_cap=count_cap, names=names,
+                                catalogue=catalogue, params=params, t0=t0))
+    return open_store(out)
+
+
+def _plan_build(parsed: _Parsed, tmp, how, block_users, limit) -> _Plan:
+    """The blocks and partitions of the store to write from ``parsed`` within ``limit`` bytes."""
     n_users, n_raw_items = len(parsed.users), len(parsed.items)
     bu = int(block_users or default_block_users(n_users, parsed.n_rows))
     n_blocks = -(-n_users // bu)
     cap = max(1 << 12, limit // _BYTES_PER_PART_RATING)
     parts = _plan_partitions(parsed.user_rows, bu, cap)
-    n_parts = len(parts)
     part_first = np.array([b0 * bu for b0, _ in parts] + [n_users], dtype=np.int64)
-    has_ts = parsed.has_ts
     kind = how["kind"]
     test_fraction = how.get("test_fraction", 0.0) if kind == "random" else 0.0  # split when written (pass 4)
     files = kind == "files"
     presplit = kind in ("files", "temporal", "last-n")  # split in pass 3, while each rating's time and file are known
-    umap, imap = _IdMap(parsed.users), _IdMap(parsed.items)
-    base = [os.path.join(tmp, f"part{p}") for p in range(n_parts)]
+    base = [os.path.join(tmp, f"part{p}") for p in range(len(parts))]
+    return _Plan(n_users=n_users, n_raw_items=n_raw_items, bu=bu, n_blocks=n_blocks, parts=parts,
+                 part_first=part_first, has_ts=parsed.has_ts, test_fraction=test_fraction, files=files,
+                 presplit=presplit, base=base)
 
-    # -- pass 2: dense ids, scatter to partition files -----------------------------------
-    # The spills are cut into consecutive groups scattered by parallel threads, each to
-    # its own partition files; pass 3 concatenates them in group order, which keeps
-    # the input order within every partition.
+
+def _scatter(parsed: _Parsed, pl: _Plan, limit, show_progress) -> int:
+    """Pass 2: dense ids, scattered to partition files; returns the number of groups the partitions' files are cut
+    into (which pass 3 concatenates).
+
+    The spills are cut into consecutive groups scattered by parallel threads, each to
+    its own partition files; pass 3 concatenates them in group order, which keeps
+    the input order within every partition.
+    """
+    bu, parts, n_parts, base, has_ts, files = pl.bu, pl.parts, pl.n_parts, pl.base, pl.has_ts, pl.files
+    umap, imap = _IdMap(parsed.users), _IdMap(parsed.items)
     cols = ("u", "i", "r", "t") if has_ts else ("u", "i", "r")
     if files:
         cols += ("s",)
-    part_of_block = np.empty(n_blocks, np.int32)  # partition of each block, for the kernel
+    part_of_block = np.empty(pl.n_blocks, np.int32)  # partition of each block, for the kernel
     for p, (b0, b1) in enumerate(parts):
         part_of_block[b0:b1] = p
     spills = [(sp, src.flag) for src in parsed.sources for sp in src.spills]
@@ -947,7 +1009,16 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
             ThreadPoolExecutor(max_workers=workers) as ex:
         for _ in ex.map(scatter, range(workers)):
             pass
-    n_groups = workers  # the scatter's groups, which pass 3 concatenates (not pass 3's threads)
+    return workers  # the scatter's groups, which pass 3 concatenates (not pass 3's threads)
+
+
+def _dedup_pass(parsed: _Parsed, pl: _Plan, n_groups: int, how, limit, count_cap, show_progress) -> dict:
+    """Pass 3: each partition grouped by user, de-duplicated (or aggregated into counts), held out (a presplit) and
+    written to its files; returns the sums over the partitions: ``item_counts``, ``train_counts`` (presplit),
+    ``n_dup``, ``n_test_only_users``, ``n_across`` and ``values`` (:class:`_ValueStats`)."""
+    parts, part_first, base, has_ts, files, presplit = (pl.parts, pl.part_first, pl.base, pl.has_ts, pl.files,
+                                                         pl.presplit)
+    n_raw_items, n_parts = pl.n_raw_items, pl.n_parts
 
     def load_groups(p: int, col: str, dtype) -> np.ndarray:
         parts_ = [f"{base[p]}.{g}.{col}" for g in range(n_groups)]
@@ -957,10 +1028,6 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
                 os.remove(x)
         return np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
 
-    parsed.phases["partition"] = round(time.perf_counter() - t0, 3)
-    _release_memory()
-
-    # -- pass 3: group by user, de-duplicate, count items -------------------------------
     def dedup(p):
         b0, b1 = parts[p]
         n_loc = int(part_first[p + 1] - part_first[p])
@@ -1014,17 +1081,16 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
                 n_test_only_users += extra[1]
                 n_across += extra[2]
             bar.update(1)
+    return {"item_counts": item_counts_raw, "train_counts": train_counts_raw, "n_dup": n_dup,
+            "n_test_only_users": n_test_only_users, "n_across": n_across, "values": values}
 
-    parsed.phases["dedup"] = round(time.perf_counter() - t0, 3)
-    _release_memory()
-    if files:
-        _check_training_left(parsed, train_counts_raw)
 
-    # -- pass 4: items by descending count, write blocks --------------------------------
-    order = np.lexsort((np.arange(n_raw_items), -item_counts_raw))  # new item k = raw item order[k]
-    new_index = np.empty(n_raw_items, np.int32)
-    new_index[order] = np.arange(n_raw_items, dtype=np.int32)
-    splits = ("train", "test") if test_fraction > 0 or presplit else ("train",)
+def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progress) -> int:
+    """Pass 4: each partition's users read back with the items renumbered by ``new_index`` (the next partition
+    loaded while one is written) and written block by block with ``w``, held out as the split says; returns the
+    number of test ratings clipped into the training files' range."""
+    bu, parts, n_parts, part_first, base = pl.bu, pl.parts, pl.n_parts, pl.part_first, pl.base
+    n_users, files, presplit, test_fraction = pl.n_users, pl.files, pl.presplit, pl.test_fraction
 
     def load(p):
         out_ = []
@@ -1040,91 +1106,90 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
 
     clip_test = files and rr is None and not parsed.implicit
     n_test_clipped = 0
-    with StoreWriter(out, n_users=n_users, n_items=n_raw_items, block_users=bu, splits=splits,
-                     force=force) as w:
-        uc_arr = w.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
-        with ThreadPoolExecutor(max_workers=1) as ex, \
-                progress(total=n_blocks, desc="write", unit="block", show=show_progress) as bar:
-            nxt = ex.submit(load, 0)
-            for p, (b0, b1) in enumerate(parts):
-                loaded = nxt.result()
-                if p + 1 < n_parts:
-                    nxt = ex.submit(load, p + 1)
-                for b in range(b0, b1):
-                    lo = b * bu - part_first[p]
-                    hi = min((b + 1) * bu, n_users) - part_first[p]
-                    bip, bit, brt = _rows(*loaded[0], lo, hi)
-                    if presplit:
-                        test = _rows(*loaded[1], lo, hi)
-                        if clip_test:  # the training files' observed range is the store's (see _train_range)
-                            outside = (test[2] < parsed.rmin) | (test[2] > parsed.rmax)
-                            if outside.any():
-                                n_test_clipped += int(outside.sum())
-                                test = (test[0], test[1],
-                                        np.clip(test[2], parsed.rmin, parsed.rmax).astype(np.float32))
-                        w.write_block(b, bip, bit, brt, split="train")
-                        w.write_block(b, *test, split="test")
-                        uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip) + np.diff(test[0])
-                    elif test_fraction > 0:
-                        train, test = split_block(bip, bit, brt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
-                        w.write_block(b, *train, split="train")
-                        w.write_block(b, *test, split="test")
-                        uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
-                    else:
-                        w.write_block(b, bip, bit, brt, split="train")
-                        uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
-                    bar.update(1)
-                del loaded
-        w.write_array("user_ids", _ids_numpy(parsed.users), chunks=(bu,))
-        w.write_array("item_ids", _ids_numpy(parsed.items.take(pa.array(order))))
-        w.write_array("item_counts", item_counts_raw[order])
-        if names is not None:
-            names.write(w, order)
-        if catalogue is not None:
-            w.write_array("catalogue_ids", catalogue)
-        if rr is not None:
-            rating_min, rating_max, source = rr[0], rr[1], "declared"
-        elif parsed.implicit and count_cap is not None:
-            rating_min, rating_max, source = 0.0, float(count_cap), "declared"
-        elif parsed.implicit:
-            rating_min, rating_max, source = values.lo, values.hi, "observed"
-        else:
-            rating_min, rating_max, source = parsed.rmin, parsed.rmax, "observed"
-        value_kind = values.attrs(n_dup, count_cap) if parsed.implicit else {}
-        split_attr = dict(how)
-        if files:
-            split_attr.update(
-                train=[os.path.basename(s.spec.path) for s in parsed.sources if not s.flag],
-                test=[os.path.basename(s.spec.path) for s in parsed.sources if s.flag],
-                n_test_only_users=n_test_only_users,
-                n_test_only_items=int(((train_counts_raw == 0) & (item_counts_raw > 0)).sum()),
-                n_train_ratings_also_in_test=n_across,
-                **({"n_test_ratings_clipped": n_test_clipped} if n_test_clipped else {}))
-        w.finalize({
-            **value_kind,
-            "split": split_attr,
-            **({} if names is None else {"item_names": names.attrs()}),
-            **({} if catalogue is None else {"catalogue": {"source": "declared", "by": "ingest --items",
-                                                           "n_items": int(len(catalogue))}}),
-            "rating_min": float(rating_min),
-            "rating_max": float(rating_max),
-            "rating_range_source": source,
-            "sources": [{"name": os.path.basename(s.spec.path),
-                         "path": None if s.spec.frame is not None else os.path.abspath(s.spec.path),
-                         "size": s.size, "format": s.spec.format, "rows": s.rows, "header": s.spec.header,
-                         "columns": {r: s.spec.cols.get(r) for r in F.ROLES},
-                         **({"split": "test" if s.flag else "train"} if files else {})} for s in parsed.sources],
-            "created_with": "ingest",
-            "params": params,
-            "n_duplicates_dropped": 0 if parsed.implicit else n_dup,
-            "n_bad_lines_skipped": parsed.n_bad,
-            "out_of_range": parsed.out_of_range,
-            "n_out_of_range_clipped": parsed.n_out_of_range if parsed.out_of_range == "clip" else 0,
-            "n_out_of_range_dropped": parsed.n_out_of_range if parsed.out_of_range == "drop" else 0,
-            "seconds": round(time.perf_counter() - t0, 3),
-            "phase_end_seconds": parsed.phases,
-        })
-    return open_store(out)
+    uc_arr = w.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
+    with ThreadPoolExecutor(max_workers=1) as ex, \
+            progress(total=pl.n_blocks, desc="write", unit="block", show=show_progress) as bar:
+        nxt = ex.submit(load, 0)
+        for p, (b0, b1) in enumerate(parts):
+            loaded = nxt.result()
+            if p + 1 < n_parts:
+                nxt = ex.submit(load, p + 1)
+            for b in range(b0, b1):
+                lo = b * bu - part_first[p]
+                hi = min((b + 1) * bu, n_users) - part_first[p]
+                bip, bit, brt = _rows(*loaded[0], lo, hi)
+                if presplit:
+                    test = _rows(*loaded[1], lo, hi)
+                    if clip_test:  # the training files' observed range is the store's (see _train_range)
+                        outside = (test[2] < parsed.rmin) | (test[2] > parsed.rmax)
+                        if outside.any():
+                            n_test_clipped += int(outside.sum())
+                            test = (test[0], test[1],
+                                    np.clip(test[2], parsed.rmin, parsed.rmax).astype(np.float32))
+                    w.write_block(b, bip, bit, brt, split="train")
+                    w.write_block(b, *test, split="test")
+                    uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip) + np.diff(test[0])
+                elif test_fraction > 0:
+                    train, test = split_block(bip, bit, brt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
+                    w.write_block(b, *train, split="train")
+                    w.write_block(b, *test, split="test")
+                    uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
+                else:
+                    w.write_block(b, bip, bit, brt, split="train")
+                    uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
+                bar.update(1)
+            del loaded
+    return n_test_clipped
+
+
+def _store_attrs(parsed: _Parsed, pl: _Plan, how, agg: dict, n_test_clipped: int, *, rr, count_cap, names,
+                 catalogue, params, t0) -> dict:
+    """The ingested store's attributes: its value kind and rating range, the split, the sources and the counts
+    of what was dropped, clipped or skipped (:func:`ingest`)."""
+    values, n_dup = agg["values"], agg["n_dup"]
+    if rr is not None:
+        rating_min, rating_max, source = rr[0], rr[1], "declared"
+    elif parsed.implicit and count_cap is not None:
+        rating_min, rating_max, source = 0.0, float(count_cap), "declared"
+    elif parsed.implicit:
+        rating_min, rating_max, source = values.lo, values.hi, "observed"
+    else:
+        rating_min, rating_max, source = parsed.rmin, parsed.rmax, "observed"
+    value_kind = values.attrs(n_dup, count_cap) if parsed.implicit else {}
+    split_attr = dict(how)
+    files = pl.files
+    if files:
+        split_attr.update(
+            train=[os.path.basename(s.spec.path) for s in parsed.sources if not s.flag],
+            test=[os.path.basename(s.spec.path) for s in parsed.sources if s.flag],
+            n_test_only_users=agg["n_test_only_users"],
+            n_test_only_items=int(((agg["train_counts"] == 0) & (agg["item_counts"] > 0)).sum()),
+            n_train_ratings_also_in_test=agg["n_across"],
+            **({"n_test_ratings_clipped": n_test_clipped} if n_test_clipped else {}))
+    return {
+        **value_kind,
+        "split": split_attr,
+        **({} if names is None else {"item_names": names.attrs()}),
+        **({} if catalogue is None else {"catalogue": {"source": "declared", "by": "ingest --items",
+                                                       "n_items": int(len(catalogue))}}),
+        "rating_min": float(rating_min),
+        "rating_max": float(rating_max),
+        "rating_range_source": source,
+        "sources": [{"name": os.path.basename(s.spec.path),
+                     "path": None if s.spec.frame is not None else os.path.abspath(s.spec.path),
+                     "size": s.size, "format": s.spec.format, "rows": s.rows, "header": s.spec.header,
+                     "columns": {r: s.spec.cols.get(r) for r in F.ROLES},
+                     **({"split": "test" if s.flag else "train"} if files else {})} for s in parsed.sources],
+        "created_with": "ingest",
+        "params": params,
+        "n_duplicates_dropped": 0 if parsed.implicit else n_dup,
+        "n_bad_lines_skipped": parsed.n_bad,
+        "out_of_range": parsed.out_of_range,
+        "n_out_of_range_clipped": parsed.n_out_of_range if parsed.out_of_range == "clip" else 0,
+        "n_out_of_range_dropped": parsed.n_out_of_range if parsed.out_of_range == "drop" else 0,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "phase_end_seconds": parsed.phases,
+    }
 
 
 def _rows(ip, it, r, lo, hi):
