@@ -113,6 +113,18 @@ def _share_pld_epsilons(config) -> None:
         pass
 
 
+def flat(d: dict, prefix: str = "") -> dict:
+    """A nested dict's leaves by dotted path (``{"a": {"b": 1}} -> {"a.b": 1}``; an empty dict is a leaf)."""
+    out = {}
+    for k, v in d.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flat(v, path + "."))
+        else:
+            out[path] = v
+    return out
+
+
 def shared_file(*parts: str) -> Path:
     """A file under ../shared/data, or skip the test with the reason."""
     p = SHARED_DATA.joinpath(*parts)

@@ -24,6 +24,7 @@ from streamdp import manifest
 from streamdp.privacy import GUARANTEE_NONE, Ledger
 from streamdp.serving.model import load_model, save_model
 from streamdp.workflows.training import lowrank as run_lowrank, train
+from tests.conftest import flat
 
 EXACT = {"users_clipped_by_iteration", "train_rmse_by_epoch", "n_train_used", "per_user_epsilon", "epoch_seconds",
          "seconds", "seconds_fit", "responders", "responders_by_round", "store_checksum"}
@@ -163,22 +164,12 @@ RANDOM = ("model.json:run_id", "model.json:budget_entry", "model.json:store_fing
           "privacy.json:model_digest")  # the digest of model.json, ids included
 
 
-def _flat(d, prefix):
-    out = {}
-    for k, v in d.items():
-        path = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, path + "."))
-        else:
-            out[path] = v
-    return out
-
 
 def _public_fields(path, results=()) -> dict:
     """Every leaf of ``model.json`` and ``privacy.json`` whose provenance is not ``release``, minus results and ids."""
     info, led, arrays, attrs = _fields(path)
     prov = manifest.check_release(info, led, arrays, attrs)
-    leaves = {**_flat(info, "model.json:"), **_flat(led, "privacy.json:")}
+    leaves = {**flat(info, "model.json:"), **flat(led, "privacy.json:")}
     if "privacy.json:bounds.releases" in results:  # only the entries set from a released value may differ
         leaves["privacy.json:bounds.releases"] = [
             {k: v for k, v in e.items() if k not in ("sensitivity", "scale")} if "realized" in

@@ -47,6 +47,7 @@ from click.testing import CliRunner
 import streamdp
 from streamdp import manifest
 from streamdp.cli import main
+from tests.conftest import flat
 
 LONE = 99999
 TWINS = {
@@ -133,16 +134,6 @@ def _rel(v, root):
     return v
 
 
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        path = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, path + "."))
-        else:
-            out[path] = v
-    return out
-
 
 def _same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
@@ -209,8 +200,8 @@ def _model_violations(ra, rb, rel) -> list[str]:
     pa = manifest.check_release(ia, la, aa, ta)
     pb = manifest.check_release(ib, lb, ab, tb)
     bad = []
-    fa = {**_flat(ia, "model.json:"), **_flat(la, "privacy.json:")}
-    fb = {**_flat(ib, "model.json:"), **_flat(lb, "privacy.json:")}
+    fa = {**flat(ia, "model.json:"), **flat(la, "privacy.json:")}
+    fb = {**flat(ib, "model.json:"), **flat(lb, "privacy.json:")}
     for k in _diff(fa, fb):
         prov = pa.get(k, pb.get(k))
         if prov in (manifest.RELEASE, manifest.POST) or k.startswith(RANDOM):
