@@ -504,3 +504,29 @@ def test_a_spread_record_of_another_shape_is_no_source(released, tmp_path, stale
     r = _run("generate", "--like", released.path, "--out", tmp_path / "b.zarr")
     assert r.exit_code == 0, r.output
     assert "charged to" in r.output and "released now: Laplace at epsilon 0.1" in r.output
+
+
+def test_a_spread_no_pilot_user_can_measure_is_one_line(tmp_path):
+    """A thin store (300 users, a private catalogue of a few items at epsilon 2): the pilot's spread sums counted no
+    user and their 0 / 0 became ``--noise nan``; now one line naming the options that give the spread."""
+    import pandas as pd
+    from click.testing import CliRunner
+
+    import streamdp
+    from streamdp.cli import main
+
+    rng = np.random.default_rng(0)
+    p = 1.0 / np.arange(1, 31) ** 0.7
+    rows = [(u, int(i), float(rng.integers(1, 6))) for u in range(300)
+            for i in rng.choice(30, size=8, replace=False, p=p / p.sum())]
+    st = streamdp.ingest(pd.DataFrame(rows, columns=["user", "item", "rating"]), str(tmp_path / "s.zarr"),
+                         rating_range="1,5", test_fraction=0.2, seed=1)
+    r = CliRunner().invoke(main, ["train", st.path, "--method", "means", "--epsilon", "2", "--seed", "1", "--out",
+                                  str(tmp_path / "m")])
+    assert r.exit_code == 0, r.output
+    n_items = streamdp.load_model(str(tmp_path / "m")).n_items
+    r = CliRunner().invoke(main, ["sweep", st.path, "--rehearse", "--methods", "means", "--epsilons", "2", "--out",
+                                  str(tmp_path / "r"), "--users", "200", "--ratings-per-user", "8"])
+    assert n_items < 10  # seeded: the selection keeps the few most rated items (6 when measured)
+    assert r.exit_code == 2 and "nan" not in r.output, r.output
+    assert "cannot match the rating spread" in r.output and "--noise" in r.output

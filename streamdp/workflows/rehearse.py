@@ -1221,6 +1221,11 @@ class _SpreadSearch:
                                 self.t["weight_cap"])[2:]
         if self.find_split and self.selection["model"] != model["path"]:
             _, _, ratio_p = _pilot_release(pilot, self.selection["model"], tmp, seed)
+        if not (s[3] > 0 and (not self.factors or s[4] > 0)):  # no pilot user counted: 0 / 0 was a nan --noise
+            raise ParameterError(f"a rehearsal cannot match the rating spread on {pub['n_items']:,} items: no user of "
+                                 f"its {self.n_pilot:,}-user pilot store has the two ratings there that the spread "
+                                 f"needs; give the spread yourself (--noise, --interaction-scale, --user-bias-std) or "
+                                 f"rehearse a store of more items")
         p = {"total": s[0] / s[3], "offset": s[1] / s[3], "unexplained": s[2] / s[4] if self.factors else None}
         self.spread_p = float(np.var(mean_p))
         self.rounds.append({"interaction_scale": round(math.sqrt(i2), 4), "noise": round(math.sqrt(n2), 4),
