@@ -9,3 +9,21 @@ def shared_data(*parts: str) -> str:
     root = os.environ.get("STREAMDP_SHARED_DATA") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                                                   "..", "shared", "data")
     return os.path.normpath(os.path.join(root, *parts))
+
+
+def declared_items(ratings: str, out_dir: str) -> str:
+    """The item list a benchmark or test on a real set declares (``ingest --items``), as its owner would.
+
+    The peers it is held against (scikit-surprise, ``implicit``, the exact chart) see every item, so the
+    comparison declares the catalogue rather than selecting it privately: MovieLens' ``u.item`` where it sits
+    beside the ratings, otherwise every item id in the file's second column (written to ``out_dir``).
+    """
+    beside = os.path.join(os.path.dirname(ratings), "u.item")
+    if os.path.exists(beside):
+        return beside
+    import numpy as np
+
+    ids = np.unique(np.loadtxt(ratings, usecols=1, dtype=np.int64, ndmin=1))
+    out = os.path.join(out_dir, os.path.basename(os.path.dirname(ratings)) + ".items")
+    np.savetxt(out, ids, fmt="%d")
+    return out

@@ -201,6 +201,7 @@ def generated_store(tmp, users):
 
 def real_store(tmp, name):
     """``name`` of :data:`REAL_STORES` ingested with a 20% per-user split; ``None`` (said) when the data is absent."""
+    from bench import declared_items
     from streamdp.storage.ingest import ingest
 
     rel, rr = REAL_STORES[name]
@@ -208,7 +209,8 @@ def real_store(tmp, name):
     if not os.path.exists(path):
         print(f"\n{name}: {path} absent, skipped")
         return None
-    return ingest([path], f"{tmp}/{name}.zarr", test_fraction=0.2, seed=0, rating_range=rr)
+    return ingest([path], f"{tmp}/{name}.zarr", test_fraction=0.2, seed=0, rating_range=rr,
+                  items=declared_items(path, tmp))
 
 
 if __name__ == "__main__":

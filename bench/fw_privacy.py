@@ -153,8 +153,9 @@ def top_items_store(tmp, n_top=400):
     keep = raw[np.isin(raw[:, 1], top)]
     csv = os.path.join(tmp, "ml100k-top.data")
     np.savetxt(csv, keep, fmt="%d", delimiter="\t")
+    np.savetxt(f"{tmp}/ml100k-top.items", top, fmt="%d")  # declared, as the peers see them (bench.declared_items)
     return ingest([csv], f"{tmp}/ml100k-top{n_top}.zarr", test_fraction=0.2, seed=0, rating_range="1,5",
-                  fmt="udata")
+                  fmt="udata", items=f"{tmp}/ml100k-top.items")
 
 
 def main(argv=None):

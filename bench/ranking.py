@@ -51,7 +51,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import shared_data  # noqa: E402
+from bench import declared_items, shared_data  # noqa: E402
 
 #: Real stores: file under ../shared/data and declared rating range.
 REAL = {"ml-100k": ("ml-100k/u.data", "1,5"), "filmtrust": ("filmtrust/ratings.txt", "0.5,4")}
@@ -271,7 +271,8 @@ def open_stores(names, tmp, big: bool):
             if not os.path.exists(path):
                 print(f"{name}: {path} absent, skipped", file=sys.stderr)
                 continue
-            yield name, ingest([path], os.path.join(tmp, name + ".zarr"), test_fraction=0.2, seed=1, rating_range=rr)
+            yield name, ingest([path], os.path.join(tmp, name + ".zarr"), test_fraction=0.2, seed=1, rating_range=rr,
+                               items=declared_items(path, tmp))
         elif name in GENERATED:
             yield name, streamdp.generate(os.path.join(tmp, name + ".zarr"), seed=1, test_fraction=0.2,
                                           **GENERATED[name])

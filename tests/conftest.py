@@ -133,6 +133,18 @@ def shared_file(*parts: str) -> Path:
     return p
 
 
+def real_store(tmp_path, name: str, *, seed: int = 0, **kw):
+    """``ml-100k`` or ``filmtrust`` ingested with a 20% per-user split and its items declared
+    (:func:`bench.declared_items`: the peers these tests compare with see every item); skips when absent."""
+    from bench import declared_items
+    from streamdp.storage.ingest import ingest
+
+    parts, rr = {"ml-100k": (("ml-100k", "u.data"), (1, 5)), "filmtrust": (("filmtrust", "ratings.txt"), (0.5, 4))}[name]
+    path = str(shared_file(*parts))
+    return ingest([path], str(tmp_path / f"{name}.zarr"), test_fraction=0.2, seed=seed, rating_range=rr,
+                  items=declared_items(path, str(tmp_path)), **kw)
+
+
 @pytest.fixture(scope="session")
 def small_store(tmp_path_factory):
     """A generated store with a 20% test split: 3000 users, 400 items, rank 4, several blocks."""

@@ -13,6 +13,7 @@ from streamdp.methods import get_method
 from streamdp.methods._biases import item_biases
 from streamdp.methods.als import RNG_KEY
 from streamdp.stream.engine import Engine
+from tests.conftest import real_store
 from streamdp.workflows.training import train
 
 INF = float("inf")
@@ -200,15 +201,6 @@ def test_als_cli_end_to_end(small_store, tmp_path):
     assert r.exit_code == 2 and "--irls-iters: not an option of --method als" in r.output
 
 
-def _real_store(tmp_path, name):
-    from streamdp.storage.ingest import ingest
-    from tests.conftest import shared_file
-
-    path, rr = {"ml-100k": (("ml-100k", "u.data"), (1, 5)), "filmtrust": (("filmtrust", "ratings.txt"), (0.5, 4))}[name]
-    return ingest([str(shared_file(*path))], str(tmp_path / f"{name}.zarr"), test_fraction=0.2, seed=0,
-                  rating_range=rr)
-
-
 def _rmse(store, tmp_path, method="als", epsilon=INF, seed=0, **opts):
     from streamdp.serving.evaluate import evaluate_model
 
@@ -227,7 +219,7 @@ def test_real_stores_private_near_item_mean_and_non_private_near_surprise(tmp_pa
     scikit-surprise SVD on the same split, or better (measured: 0.9085 vs 0.9306, 0.789 vs 0.807)."""
     from bench.als_privacy import surprise_rmse
 
-    st = _real_store(tmp_path, name)
+    st = real_store(tmp_path, name)
     item_mean = None
     for eps in (0.5, 1.0, 2.0, 5.0, 10.0):
         evs = [_rmse(st, tmp_path, epsilon=eps, seed=s) for s in range(4)]
@@ -268,7 +260,7 @@ def test_means_is_not_worse_than_the_global_mean_on_ml100k(tmp_path):
     from streamdp.methods.als import AlsOptions, MeansOptions
 
     assert MeansOptions().mean_share == 0.03 and AlsOptions().mean_share == 0.005
-    st = _real_store(tmp_path, "ml-100k")
+    st = real_store(tmp_path, "ml-100k")
     runs = [streamdp.train(st, method="means", epsilon=0.5, seed=s, over_budget=True).summary for s in range(4)]
     assert np.mean([r["test_rmse"] for r in runs]) <= runs[0]["baselines"]["global_mean"]["rmse"] + 0.005
 

@@ -171,12 +171,10 @@ def test_ml100k_rmse_at_several_epsilons(tmp_path):
     near the baselines (the numbers are printed for the report); the non-private
     subspace with the local ridge solve must beat the item mean.
     """
-    from tests.conftest import shared_file
+    from tests.conftest import real_store
     from streamdp.serving.evaluate import evaluate_model
-    from streamdp.storage.ingest import ingest
 
-    st = ingest([str(shared_file("ml-100k", "u.data"))], str(tmp_path / "ml.zarr"), test_fraction=0.2, seed=1,
-                rating_range=(1, 5))
+    st = real_store(tmp_path, "ml-100k", seed=1)
     res = {}
     for eps in (1.0, 10.0, math.inf):
         _, f = _fit(st, epsilon=eps, rank=8, seed=1)

@@ -17,7 +17,7 @@ from streamdp.kernels import sgd as K
 from streamdp.methods import get_method
 from streamdp.privacy.users import UserCount
 from streamdp.workflows.training import train
-from tests.conftest import shared_file
+from tests.conftest import real_store
 
 INF = float("inf")
 
@@ -64,10 +64,8 @@ def test_sgd_ml100k_within_001_of_surprise(tmp_path):
     """ML-100K, 20% per-user split, k=16, 20 epochs, lr 0.005, reg 0.02: |RMSE - surprise SVD| <= 0.01."""
     from surprise import SVD, Dataset, Reader
 
-    from streamdp.storage.ingest import ingest
 
-    path = shared_file("ml-100k", "u.data")
-    st = ingest([str(path)], str(tmp_path / "ml.zarr"), test_fraction=0.2, seed=0, rating_range=(1, 5))
+    st = real_store(tmp_path, "ml-100k")
     fitted = _fit(st, "sgd", rank=16, checkpoint=str(tmp_path / "run"), tiering="off")
     mu = fitted.model_info["mu_train"]  # the learned user biases are used here, so not the released mean
     ours = _test_rmse_with_user_state(st, fitted, mu)
@@ -297,10 +295,8 @@ def test_released_sgd_model_on_ml100k_matches_surprise(tmp_path):
     from surprise import SVD, Dataset, Reader
 
     from streamdp.serving.evaluate import evaluate_model
-    from streamdp.storage.ingest import ingest
 
-    st = ingest([str(shared_file("ml-100k", "u.data"))], str(tmp_path / "ml.zarr"), test_fraction=0.2, seed=1,
-                rating_range=(1, 5))
+    st = real_store(tmp_path, "ml-100k", seed=1)
     fitted = _fit(st, "sgd", rank=16, seed=1, tiering="off")
     ours = evaluate_model(fitted.save(str(tmp_path / "m")), st, baselines=False, ranking=False)["rmse"]
 
