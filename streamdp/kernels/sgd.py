@@ -5,89 +5,29 @@ Model: ``r_ij ~ mu + bu_i + bv_j + <u_i, v_j>``. All kernels work on one user bl
 updated in place and the item state ``V``/``bv`` shared between worker threads
 (Hogwild: no locks, as in Niu et al. and Liu et al. Sec. 5.2).
 
-Processing order and tiering
-----------------------------
-A block's users are taken in **groups** of ``group_users`` consecutive users. Within
-a group all *hot-tier* ratings (item index ``< hot_items``) are processed first, user
-by user, then all cold ratings (see :func:`partition_tiers`, which moves each user's
-hot ratings to the front and records where the cold ones start). Items are numbered
-by popularity in the store, so the hot tier is a prefix ``0..hot_items-1`` of ``V``
-whose rows stay in the core's cache while a group's hot ratings stream past
-(Liu et al. Sec. 5.2, "tiers of popularity"). Without tiering, ``split`` is
-``indptr[1:]`` and each user's ratings are processed in one sweep; the arithmetic
-per rating is the same either way, only the order changes.
+Decisions a reader must know:
 
-SGD (noise off)
----------------
-Per rating, with ``e = r - prediction`` (old values on the right-hand side)::
+* **tiering**: users are taken in groups of ``group_users``; within a group the hot-tier
+  ratings (item index ``< hot_items``, items being numbered by popularity) come first,
+  then the cold ones (:func:`partition_tiers`); only the order changes, not the arithmetic;
+* **SGD** (:func:`sgd_block`) is scikit-surprise's ``SVD`` update (regularization per
+  rating) when the weight ``w = 1``;
+* **SGLD** is one Langevin step of length ``h`` per epoch over the energy with the squared
+  loss truncated at ``c``; the prior and the Brownian noise are applied **lazily** by the
+  exact Ornstein-Uhlenbeck flow at a parameter's first touch in a step, which is exactly
+  equal in distribution to the eager chain (:func:`sgld_epoch_eager_reference`): noise is
+  drawn once per (step, touched item) and once per user per epoch, never per rating.
+  Users' flows: :func:`user_flow_coefficients`; :func:`flush_items` brings every item to
+  the end of the epoch before ``V`` is checkpointed or released. Under Hogwild a lost
+  race can give an item one flow interval twice (more noise, never less);
+* **the kernels draw nothing**: the caller fills ``noise`` with standard normals
+  (:func:`streamdp.privacy.make_rng`/``spawn_rngs``), consumed ``k + 1`` per flow
+  (:func:`count_block_draws` says how many a block needs); ``use_table=True`` reads Liu
+  et al.'s Gaussian lookup table instead (no privacy proof);
+* no ``fastmath`` in the SGLD kernels and flows: only :func:`sgd_block` reorders its arithmetic.
 
-    bu += lr (w e - reg_b bu)        u += lr (w e v - reg u)
-    bv += lr (w e - reg_b bv)        v += lr (w e u - reg v)
-
-the update of scikit-surprise's ``SVD`` (regularization per rating) when ``w = 1``.
-
-SGLD: steps, the energy and lazy noise
---------------------------------------
-SGLD samples ``theta = (U, bu, V, bv)`` from ``p(theta) ~ exp(-E(theta) / T)`` with
-``E = s * F``, ``F = sum_ij w_i l(e_ij) + lam (|U|^2 + |V|^2) + lam_b (|bu|^2 + |bv|^2)``
-and ``l(e) = min(e^2, c^2)`` (the squared loss truncated at the bound ``c``, see
-:mod:`streamdp.methods.sgld` for why). One **epoch** is one Langevin step of length
-``h`` for the whole energy, discretized in the ratings' order: every rating has a
-position ``P`` on a clock (the global, deterministic order: block offset + local
-position) and one unit of the clock is ``delta = h / N`` of Langevin time. A **step**
-of the chain is one group of users. The likelihood part of the drift acts on the
-touched parameters only, as a kick ``lr * w * l'(e) / 2`` per rating
-(``lr = 2 s h``, so in SGD units the kicks are the SGD update above without the
-per-rating regularization). The prior part and the Brownian noise act on *every*
-parameter all the time: between two steps a parameter follows the
-Ornstein-Uhlenbeck flow ``d theta = -a theta dt + sqrt(2 T) dW`` with ``a = 2 s lam``,
-whose exact transition over a duration ``tau`` is::
-
-    theta <- exp(-a tau) theta + N(0, T (1 - exp(-2 a tau)) / a)      (2 T tau when a = 0)
-
-The transitions compose exactly (``flow(t1) o flow(t2) = flow(t1 + t2)`` in law, the
-Gaussian family is closed under these affine maps and under sums of independent
-draws). Hence the **lazy** bookkeeping here is *exactly* equal in distribution to the
-**eager** chain that, at the start of every step, applies the flow of the previous
-step's duration to every parameter of the model and then the step's kicks
-(:func:`sgld_epoch_eager_reference` is that eager chain):
-
-* an item remembers the clock position ``item_last[j]`` of its last flow; at its first
-  touch in a step starting at ``P_s`` it gets one flow of duration
-  ``delta * (P_s - item_last[j])`` - one Gaussian draw per coordinate for all the
-  steps it sat out, instead of one per step (Liu et al. Sec. 5.4: ``c`` additions are
-  one draw from ``N(0, c eta)``; with the prior applied by the same exact flow the
-  equivalence holds also with a non-zero prior, which the paper's plain
-  ``N(0, c eta)`` ignores);
-* a user is touched in exactly one step per epoch, at the same clock position every
-  epoch; its flow at the start of its group covers the time since its previous group
-  (``u_dt0 + u_dt1 * P_s``, see :func:`user_flow_coefficients`);
-* further touches within the same step draw nothing (duration 0), so noise is drawn
-  once per (step, touched item) and once per user per epoch, never per rating per
-  dimension; hot items touched by many users of a group get one draw per group;
-* :func:`flush_items` brings every item up to the end of the epoch before ``V`` is
-  checkpointed or released.
-
-The equivalence needs (i) that a parameter's drift while untouched is the prior's
-(true: the likelihood kicks are sparse) and (ii) that nothing reads a parameter
-between its last touch and its next flow (true: the kernels read ``v_j`` only at a
-touch, after its flow). With several workers (Hogwild) another thread may already
-have moved ``item_last[j]`` past this step's start; the flow is then skipped
-(duration clamped at 0), so an item's total flowed time in an epoch is still exactly
-the epoch (the durations telescope), but the interleaving with kicks is the
-scheduler's, as for any Hogwild update; a lost race on ``item_last`` can also give an
-item one flow interval twice (more noise, never less).
-
-Noise source
-------------
-The kernels draw nothing. The caller fills ``noise`` with standard normals from a
-``numpy.random.Generator`` (:func:`streamdp.privacy.make_rng`/``spawn_rngs``, PCG64)
-and the kernels consume it in a fixed order: ``k + 1`` values per flow (``k``
-coordinates, then the bias). :func:`count_block_draws` says how many values a block
-needs. With ``use_table=True`` the slot of flow ``t`` starts at ``offsets[t]`` in a
-fixed lookup table instead (Liu et al.'s Gaussian table, contiguous segments at
-random offsets; no privacy proof). No ``fastmath`` in the SGLD kernels and flows: only
-:func:`sgd_block` (no noise, no clipping) contracts and reorders its arithmetic.
+Design notes (the update rules, the flow's transition, why lazy equals eager, the noise
+order): docs/design-notes.md#streamdpkernelssgdpy.
 """
 
 from __future__ import annotations

@@ -1,50 +1,28 @@
 """Reads of 1-D slices of a store's Zarr v3 arrays that refuse missing or corrupt chunks.
 
-Why a reader of our own (measured, 20M-rating store, one thread, 5 paired runs):
-reading every user block through ``zarr.Array.__getitem__`` ran at 37M ratings/s;
-reading the same chunk files and decoding them with numcodecs ran at 88M/s (2.35x).
-Zarr v3's synchronous API hands each chunk to its event-loop thread, then to a
-thread pool for the file read and again for the decode; at our 256k-rating chunks
-that hand-off costs about 3 ms per chunk against 1 ms of Blosc decoding, and the
-blocks of every pass are read this way. Reading was as expensive as the SGD kernel
-itself, which left no room for a second worker.
+Public names: :class:`ChunkReader` (the fast path), :class:`ZarrReader` (through Zarr),
+:func:`range_reader` (picks one), :class:`RawChunks` (per-user state),
+:func:`chunk_crcs_digest`.
 
-Chunk CRCs. :meth:`ChunkReader.read` can hand back the CRC32C of every chunk file
-it read, as stored (compressed): the store records one per user block
-(``<split>/block_crc32c``, :func:`chunk_crcs_digest`) so that every read of a block
-can prove cheaply that its bytes are the ones written, whose digest the writer
-recorded (:meth:`streamdp.storage.store.RatingStore.read_block`). Hashing the
-compressed bytes (about 2 bytes per rating) instead of the decoded block (8) is
-what keeps the check within a few percent of a pass; see ``bench/digest.py``.
+Decisions a reader must know:
 
-:class:`ChunkReader` (the fast path) covers exactly what streamdp writes
-(:mod:`streamdp.storage.schema`): a local directory store, a 1-D array with the
-default ``c/<i>`` chunk keys, and the codec chain ``bytes`` (little endian)
-followed by one ``blosc`` or ``zstd`` compressor. Decoding itself is numcodecs'
-(the same library Zarr calls). The same arrays on object storage (an fsspec
-store) are read the same way, the chunks of one read fetched concurrently with
-one GET each: Zarr's path (:class:`ZarrReader`) must first ask for each chunk's
-size to refuse a missing one, a second request per chunk; measured on moto's S3
-server (20,000-user store, structural check plus every block, medians of 5) 3.1 s
-against 5.0 s through Zarr (1.6x). Anything else (other codecs, string ids) is
-read by :class:`ZarrReader` through Zarr; :func:`range_reader` picks one.
-The tests compare both paths on every block.
+* **a reader of our own**: reading the chunk files and decoding them with numcodecs was
+  2.35x faster than ``zarr.Array.__getitem__`` (Zarr's per-chunk thread hand-offs cost
+  more than the decoding); on object storage it fetches a read's chunks concurrently with
+  one GET each (1.6x). :class:`ChunkReader` covers exactly what streamdp writes
+  (:mod:`streamdp.storage.schema`: ``c/<i>`` keys, ``bytes`` then one ``blosc`` or
+  ``zstd`` codec); anything else (other codecs, string ids) goes through Zarr;
+* **chunk CRCs**: :meth:`ChunkReader.read` can return each chunk file's CRC32C as stored
+  (compressed), so every block read proves its bytes are those written
+  (``<split>/block_crc32c``) within a few percent of a pass;
+* **missing chunks are damage**: Zarr would read them as the fill value; the writer
+  writes every chunk, so both readers raise :class:`~streamdp.errors.StoreError` naming
+  the array and chunk for a missing, empty, truncated or undecodable one, and ``check()``
+  verifies every chunk is there without decoding. The one exception is per-user state
+  (:class:`RawChunks`), where an unwritten block holds its fill value.
 
-Missing chunks. Zarr reads a chunk that is not in the store as the array's fill
-value, so a deleted chunk file of ``ratings`` reads as zeros and of ``items`` as
-item -1. In a rating store no chunk may legitimately be absent: the writer
-(:mod:`streamdp.storage.writer`) writes every chunk of every array, including one
-that happens to equal the fill value (``write_empty_chunks``), and the padding
-after a user block never fills a whole chunk (a block starts on a chunk boundary
-and its padding ends at the next one). Both readers therefore raise
-:class:`~streamdp.errors.StoreError` naming the array and the chunk for a missing,
-empty, truncated or undecodable chunk, and ``check()`` verifies that every chunk
-of an array is there (and, for Blosc, that each file is as long as its header says)
-without decoding anything. (Stores written by an earlier streamdp may lack a chunk
-that was all fill value, e.g. a leading ``test/indptr`` chunk of users without test
-ratings; they are reported as damaged and must be re-ingested.) The one place where
-an absent chunk is legitimate is per-user *state* (:class:`RawChunks`): a block
-not written yet holds its fill value.
+Design notes (the measurements, why missing chunks cannot be legitimate, older stores):
+docs/design-notes.md#streamdpstoragechunkspy.
 """
 
 from __future__ import annotations

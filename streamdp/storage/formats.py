@@ -1,71 +1,29 @@
 """Input formats of ``streamdp ingest``: detection, streaming readers, and error location.
 
-Supported (``--format``):
+Supported (``--format``): ``udata`` (MovieLens 100K ``u.data``), ``dat`` (MovieLens 1M/10M
+``ratings.dat``), ``csv`` (comma separated, with or without a header; semicolons are
+detected), ``ws`` (runs of spaces/tabs, FilmTrust) and ``parquet``. Anything else:
+``--sep`` and ``--columns`` (names or 0-based indices). ``.gz`` and other compressions
+pyarrow detects are decompressed on the fly.
 
-``udata``
-    MovieLens 100K ``u.data``: ``user<TAB>item<TAB>rating<TAB>timestamp``, no header.
-``dat``
-    MovieLens 1M/10M ``ratings.dat``: ``user::item::rating::timestamp``, no header.
-``csv``
-    Comma separated, with a header line (MovieLens latest ``userId,movieId,rating,timestamp``)
-    or without one (then the columns are user, item, rating[, timestamp] by position).
-    Semicolon separated (``user;item;rating``, what spreadsheets write in locales whose
-    decimal mark is a comma) is detected too: when the first line has at least as many
-    ``;`` as ``,``. Decimal commas in numbers (``3,5``) are not read: such a rating is an
-    error naming its line.
-``ws``
-    Runs of spaces/tabs separate the fields (FilmTrust ``user item rating``), no header.
-``parquet``
-    A Parquet file; columns found by name (or ``--columns``).
+Decisions a reader must know:
 
-Anything else: ``--sep`` (one character, ``\\t``, a multi-character separator such as
-``::``, or ``ws`` for runs of whitespace) and ``--columns`` (names or 0-based indices
-of ``user,item,rating[,timestamp]``). ``.gz`` (and other pyarrow-detected compressions)
-are decompressed on the fly.
+* text is parsed by pyarrow's streaming CSV reader in blocks of ``block_size`` bytes; a
+  multi-character separator or whitespace runs are first rewritten to one ``\\x1f`` byte,
+  never by a Python loop over lines; a header is recognised when its third field is not a
+  number;
+* header columns are mapped by name, never by position (:data:`COLUMN_NAMES`; case,
+  quotes, ``_``, ``-`` and spaces ignored); an unknown or repeated name, or a missing
+  user, item or rating column, is an error naming the columns found;
+* a ``count`` column or a header of user and item alone makes an **interaction log**
+  (an implicit store, :mod:`streamdp.storage.ingest`);
+* line numbers in errors come from :func:`locate_error`, a plain re-read that runs only
+  after the fast path failed (non-UTF-8 lines, truncated compressed files: :func:`read_error`);
+* UTF-8, with or without a byte-order mark; ids are int64 when every id of the column in
+  every file is an integer, else strings; timestamps are integers.
 
-Text is parsed by pyarrow's streaming CSV reader in blocks of ``block_size`` bytes; a
-multi-character separator or whitespace runs are first rewritten to a single ``\\x1f``
-byte, a whole number of lines at a time (``bytes.replace`` / one ``re.sub`` per chunk,
-never a Python loop over lines). A header line is recognised when its third field is
-not a number. Blank lines are ignored (pyarrow's default).
-
-Header names. The columns of a header line are mapped by name, never by position
-(:data:`COLUMN_NAMES`; case, quotes, ``_``, ``-`` and spaces are ignored, so
-``userId``, ``user_id`` and ``User ID`` are the same name):
-
-=========  ===========================================================
-role       names
-=========  ===========================================================
-user       user, userid, uid, customerid, u
-item       item, itemid, iid, movie, movieid, productid, i
-rating     rating, ratings, score, stars, value, r
-timestamp  timestamp, time, ts, date, datetime, t
-count      count, counts, weight, weights, plays, playcount, clicks, quantity, qty
-=========  ===========================================================
-
-A ``count`` column (instead of a rating column), or a header of user and item
-columns alone, makes the file an **interaction log** (an implicit store, see
-:mod:`streamdp.storage.ingest`); so do ``--columns user,item[,count]`` and
-``--implicit``.
-
-A header with a column of another name, a name used twice, or without a user,
-item or rating column is an error naming the columns found; ``--columns`` (names
-or 0-based indices) maps any header. A Parquet file's columns are found by the
-same names, and its other columns are ignored (they are typed and named, not
-guessed by position).
-
-Line numbers in error messages come from :func:`locate_error`, a plain Python re-read
-of the file that runs **only after** the fast path has failed. It decodes every line
-strictly as UTF-8, so a file in another encoding (latin-1 bytes) is an error naming the
-first line that is not UTF-8; a compressed file that ends early (an interrupted download
-or copy) is an error naming the line where its data stops (:func:`read_error`).
-
-Encoding: UTF-8, with or without a byte-order mark (``EF BB BF``, written by some
-spreadsheet exports): the mark is not part of the first header name.
-
-Decisions: ids are integers (int64) when every id of that column in every file parses
-as an integer, else strings (the integer ids are then compared as their decimal
-text). Timestamps are integers; a file without one gets none (see ``ingest``).
+Design notes (each format, the header names' table, the error rules):
+docs/design-notes.md#streamdpstorageformatspy.
 """
 
 from __future__ import annotations

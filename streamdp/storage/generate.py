@@ -1,65 +1,31 @@
 """``streamdp generate``: synthetic low-rank, power-law rating stores of any size.
 
-The model (all parameters are options of :func:`generate_store`):
+The model (every parameter an option of :func:`generate_store`):
 
-* **Ground truth.** Item factors ``V ~ N(0, I / sqrt(rank))`` (n_items x rank) and
-  item biases ``N(0, item_bias_std^2)``; each user's factor ``u ~ N(0, I/sqrt(rank))``
-  is drawn when its block is written and never stored, so ``u . v`` has unit
-  variance. A rating is ``global_mean + b_i + u . v_i + N(0, noise^2)``, rounded to
-  ``rating_step`` (0 = continuous) and clipped to ``[rating_min, rating_max]``.
-  ``truth/item_factors`` and ``truth/item_bias`` are saved in the store.
-  ``factors="uniform"`` instead draws an exact rank-``rank`` truth without biases,
-  entries inside the rating scale: ``u, v`` uniform in ``[-1, 1]^rank / sqrt(rank)``
-  and a rating ``mid + h u . v + N(0, noise^2)`` (``mid``, ``h``: midpoint and half of
-  the scale), so ``|h u . v| <= h``. With ``rank=1``, ``noise=0`` and the scale
-  ``[-1, 1]`` continuous this is Jain, Thakkar & Thakurta's synthetic set (ICML 2018,
-  Sec. 4: a random rank-one ``Y = u v^T`` with unit l_inf norm).
-* **Item popularity** is a power law (Zipf): item ``i`` is drawn with probability
-  proportional to ``(i + 1) ** -item_exponent``; the default 0.9 puts roughly a fifth
-  of the ratings on the top 1% of items at 20k items, between MovieLens and
-  Netflix. Items are therefore already in popularity order, as the store requires
-  (ties and sampling noise may leave a few neighbours out of order; the store is
-  renumbered by the realized counts, see below).
-* **User activity** is a Pareto (power-law) tail with exponent ``user_exponent``
-  (default 2.0, finite mean, heavy tail like Netflix/Yahoo activity), scaled to mean
-  ``ratings_per_user``, at least 1 rating and at most ``n_items``.
-* **What real sets add** (all off by default, so existing seeds give the same
-  stores): ``user_bias_std``, a per-user offset ``N(0, user_bias_std^2)`` added to each
-  of the user's ratings before rounding and clipping (users' rating levels differ in
-  every real set); ``activity_bias``, a further offset ``activity_bias log(n_i / m)`` for a
-  user of ``n_i`` ratings (``m`` the mean): users' levels that go with their activity, as in
-  MovieLens (heavy users rate lower) or product reviews (one-off reviewers rate at the
-  ends), so that the mean of user means and the mean of ratings differ;
-  ``interaction_scale``, the standard deviation of ``u . v`` (the
-  low-rank signal; 1 by default, about 3 on a -10..10 joke scale); ``outlier_fraction``, that fraction of ratings replaced by one of
-  the scale's two ends at random (ratings beyond a declared range, clipped at
-  ingest); ``string_ids``, user and item ids written as strings (``u00000042``,
-  ``B00000007``: product catalogues).
+* **ground truth**: item factors and biases, a user factor drawn when its block is
+  written (never stored); a rating is ``global_mean + b_i + u . v_i + N(0, noise^2)``,
+  rounded to ``rating_step`` and clipped to the scale; ``truth/item_factors`` and
+  ``truth/item_bias`` are saved in the store. ``factors="uniform"`` draws an exact
+  rank-``rank`` truth inside the scale instead (with ``rank=1``, Jain, Thakkar &
+  Thakurta's synthetic set, ICML 2018 Sec. 4);
+* **item popularity** is a Zipf power law (``item_exponent``, default 0.9); **user
+  activity** a Pareto tail (``user_exponent``, default 2.0) of mean ``ratings_per_user``;
+* **what real sets add**, all off by default so existing seeds give the same stores:
+  ``user_bias_std``, ``activity_bias``, ``interaction_scale``, ``outlier_fraction``,
+  ``string_ids``;
+* **tastes that cluster** (``taste_clusters``, off by default): users belong to clusters
+  whose affinity steers which items they rate (:data:`TASTE_COHESION`), so a personalized
+  model can beat the popularity chart; ``truth/taste_centers`` holds the centers;
+* **interaction logs** (``implicit``): the same choice of items written as an implicit
+  store of counts ``1 + Poisson(exp(z))``, capped at ``count_cap`` if given.
 
-* **Tastes that cluster** (``taste_clusters = K > 0``; off by default): preference is
-  more than popularity. ``K`` cluster centers are drawn in factor space like a user's
-  factor; each user belongs to one cluster (uniformly at random, per block), her factor
-  is ``sqrt(c) center + sqrt(1 - c) u`` (``c`` = :data:`TASTE_COHESION`), and *which*
-  items she rates follows her cluster's distribution: popularity times
-  ``exp(taste_strength * a)``, ``a`` the cluster's affinity ``center . v_i``
-  standardized over the items. So a personalized model can beat the popularity chart
-  (measured in ``tests/storage/test_generate_tastes.py``: EASE against the chart), at
-  any size: a block draws from ``K`` alias tables (``16 K n_items`` bytes in memory).
-  The items are numbered by their marginal drawing probability, as without clusters;
-  ``truth/taste_centers`` holds the centers.
-* **Interaction logs** (``implicit``): the same model (the same choice of items) written
-  as an implicit store (:mod:`streamdp.storage.ingest`): the value of a chosen pair is
-  a count ``1 + Poisson(exp(z))``, ``z = b_i + u . v_i + N(0, noise^2)`` the user's latent
-  preference for the item (capped at ``count_cap`` if given, the store's declared range
-  ``[0, count_cap]``; else the observed range); the rating scale, ``user_bias_std`` and
-  ``outlier_fraction`` do not apply.
+Nothing is materialized: blocks are generated in parallel threads, each from its own
+seed, and written in order, so memory is a few blocks whatever the size. The store's
+item numbering is the drawing order (the expected popularity order); ``item_counts``
+records the realized counts.
 
-Nothing is materialized: blocks are generated (in parallel threads, each from
-its own seed) and written in order, so memory is a few blocks whatever the size.
-Item counts are accumulated on the fly; since the realized popularity order can
-differ from the drawing order by sampling noise, the store's item numbering is
-the drawing order (item 0 = highest drawing probability), which is the expected
-popularity order, and ``item_counts`` records the realized counts.
+Design notes (every distribution and its parameters, the measured shares):
+docs/design-notes.md#streamdpstoragegeneratepy.
 """
 
 from __future__ import annotations

@@ -1,120 +1,34 @@
 """``streamdp ingest``: rating files of any size -> a rating store, out of core.
 
-The pipeline (each pass streams; nothing holds all ratings in memory):
+Four streaming passes (nothing holds all ratings in memory):
 
-1. **Parse** every input with pyarrow's streaming readers (:mod:`streamdp.storage.formats`)
-   in blocks sized from ``memory_limit`` (a large uncompressed text file is cut at
-   line ends into byte ranges parsed by parallel threads); check ratings (finite
-   as the store's float32, inside ``--rating-range``) and ids (not empty); count distinct user and item ids
-   (a dense count array over the id range for integer ids, pyarrow hash group-by
-   otherwise, merged in bounded buffers); spill the parsed columns in Arrow IPC to a
-   temporary directory next to ``--out``.
-2. **Number** users by sorted original id and **partition**: read the spills back
-   (in parallel threads, each with its own partition files), map ids to dense
-   indices (a lookup table for dense-ish integer ids, ``searchsorted`` otherwise,
-   pyarrow ``index_in`` for strings: never a Python dict), and append each rating
-   to the partition file of its user block (Numba :func:`bucket_rows`). A partition
-   is a run of consecutive user blocks holding at most a memory-limit-derived
-   number of ratings (at least one block).
-3. **Group and de-duplicate** each partition (Numba :func:`group_dedup`: counting
-   sort by user, a per-item stamp finds repeated (user, item) pairs), keeping the
-   latest by timestamp, else the last seen in input order (files in the order
-   given, then line order). Exact per-item counts are taken after de-duplication.
-4. **Renumber items** by descending count (ties by original id order), sort each
-   user's items (:func:`remap_sort`, two counting sorts) and **write** the blocks in
-   order through :class:`StoreWriter` (optionally splitting each block with
-   :func:`split_block`, seeded per block so the split does not depend on the
-   partitioning).
+1. **Parse** every input (:mod:`streamdp.storage.formats`) in blocks sized from
+   ``memory_limit``, check ratings and ids, count distinct ids, spill the parsed columns
+   in Arrow IPC to a temporary directory next to ``--out``;
+2. **number** users by sorted original id and **partition** the ratings by user block
+   (:func:`bucket_rows`; ids are mapped to indices by arrays, never a Python dict);
+3. **group and de-duplicate** each partition (:func:`group_dedup`): a repeated (user,
+   item) pair keeps the latest by timestamp, else the last seen in input order; the
+   temporal, last-n and files splits are made here;
+4. **renumber items** by descending count, sort each user's items (:func:`remap_sort`) and
+   **write** the blocks through :class:`StoreWriter` (a random split: :func:`split_block`).
 
-Memory: ``memory_limit`` bounds the working data (parse blocks and pyarrow's
-read-ahead, two partitions in flight, or one when a block alone is larger than the
-limit's share: :func:`_dedup_workers`, write buffers). On top of it come the
-runtime, which does not grow with the input (Python with numpy, pyarrow, zarr and
-numba's LLVM once a kernel is loaded: about 230 MB), and the id maps, which are
-``O(n_users + n_items)`` (about 30 bytes per integer id; strings cost their
-length more). The temporary files need about twice the size of the parsed
-ratings (~30 bytes per rating) of free disk next to ``--out``. A ``memory_limit``
-below :func:`min_memory_limit` (about 84 MB with two threads), where the working
-buffers stop shrinking, is refused rather than silently exceeded.
-Freed working memory must leave the process, or the passes' buffers pile up: glibc
-would keep arrays of a few MB freed by the threads in its arenas (hundreds of MB over
-an ingest), so ingest sets a fixed mmap threshold first
-(:func:`streamdp.memory.unmap_large_frees`: a large array is unmapped when freed),
-and gives pyarrow's pool and glibc's heaps back between passes.
+Decisions a reader must know:
 
-Decisions where the issue is loose: users are numbered by sorted original id
-(integer order for integer ids, code-point order for strings); ids are integers
-when every id of the column is an integer written canonically (``7``, ``-3``, ``0``;
-not ``007``, ``+7`` or ``-0``: :data:`streamdp.storage.formats.CANONICAL_INT`), else
-strings kept exactly as written (no Unicode normalisation, no trimming: ``007`` and
-``7``, ``café`` precomposed and with a combining accent, are different ids; Parquet
-integer columns beyond int64 become strings); when only some input files
-have a timestamp column, timestamps are ignored and the last seen rating of a
-duplicated pair is kept; ``n_bad_lines_skipped`` counts lines dropped by
-``--skip-bad-lines`` (wrong field count, unparsable or non-finite numbers, ratings that
-overflow the store's float32 such as ``1e39``, empty ids, and ratings outside
-``--rating-range`` under ``--out-of-range error``); blank lines are ignored and not counted.
+* ``memory_limit`` bounds the working data; below :func:`min_memory_limit` it is refused,
+  not silently exceeded; freed memory is given back to the OS between passes;
+* ids are integers when every id of the column is a canonical integer, else strings kept
+  exactly as written; users are numbered by sorted original id;
+* ratings outside a declared ``--rating-range``: ``--out-of-range error`` (default),
+  ``clip`` or ``drop``, counted in the store; non-finite ratings are always bad lines;
+* interaction logs (no rating column, or ``--implicit``) make an **implicit** store:
+  repeated pairs are summed, ``--count-cap`` caps the counts (format version 2);
+* splits (:func:`resolve_split`) hold out **per user**, not at a global cutoff time; with
+  ``--train/--test`` a pair in both files is kept in the test split only;
+* a text file without a header has its columns taken by position, and a note says so.
 
-Ratings outside a declared ``--rating-range`` (``out_of_range``): ``error`` (the
-default: the first one is an error naming its line and the options below, or with
-``--skip-bad-lines`` a skipped bad line, as before the option existed), ``clip`` (set
-to the nearer bound: post-processing with the declared, public bounds) or ``drop``.
-The store records the policy (``out_of_range``) and how many ratings were clipped or
-dropped (``n_out_of_range_clipped``, ``n_out_of_range_dropped``: input lines, counted
-before duplicates are removed). Non-finite ratings (also those that overflow float32,
-``1e39``: they are not clipped) are bad lines under every policy.
-Without a declared range the range is the observed one and nothing is out of it, so
-``clip``/``drop`` without ``--rating-range`` is refused. These counts are exact
-statistics of the data and stay in the store (which is private data); nothing
-released from the store reads them.
-
-Interaction logs (clicks, plays, purchases; an **implicit** store): a file whose
-``--columns`` name two columns (``user,item``: each line one interaction) or a count
-column (``user,item,count``; header names :data:`streamdp.storage.formats.COLUMN_NAMES`
-``count``: count, weight, plays, clicks...), whose header has user and item columns and
-no rating column, or any file with ``--implicit`` (a third column is then the count).
-All inputs of one ingest must be of one kind. A count must be finite and positive (a
-bad line otherwise, as a non-finite rating). **Repeated (user, item) pairs are summed**
-into one count (:func:`group_dedup` with ``aggregate``; ``n_duplicates_aggregated``
-says how many lines were merged), instead of keeping the last. The store records
-``implicit: true``, ``value`` (``count`` when every aggregated value is an integer,
-else ``weight``) and ``count_cap``: with ``--count-cap C`` (public, declared like a
-rating range) aggregated counts above ``C`` are set to ``C`` (``n_counts_capped``) and
-the store's range is ``[0, C]`` (declared); without it the range is the observed
-``[min, max]``, an exact statistic of the data: a method may use a declared cap or a
-fixed, public confidence transform, never the observed maximum (which would publish
-it). ``--rating-range``/``--out-of-range`` are for ratings and refused here.
-Implicit stores are written with format version 2 (:mod:`streamdp.storage.schema`).
-
-Splits (the store's ``split`` attribute, :func:`resolve_split`; docs/store.md). ``random``
-is :func:`split_block` in pass 4, as before. ``temporal`` and ``last-n`` hold out each
-user's latest ratings by timestamp (``floor(F n + 1/2)`` of her ``n``, or ``N``; at most
-``n - 1``); ``--train/--test`` files (``files``) tag every rating with its file. Both are
-done in pass 3, where a partition's ratings are grouped by user and each kept rating's
-timestamp and file are still known (:func:`group_dedup` returns them; the mask is
-:func:`streamdp.kernels.csr.hold_out_latest`, the split
-:func:`streamdp.kernels.csr.split_masked`), and the partition is written as a train and a
-test part. Decisions: **per user, not a global cutoff time** (each user solves her own row
-from her own training ratings, and a cutoff at the time quantile would leave the users who
-came after it with none and need a global quantile of every timestamp; per user, every
-user keeps a training rating and the test share matches the random split's; a strict
-global cutoff is the user's to write as two files); ties in time go to the rating seen
-later; with ``--train/--test``, **users and items only in the test file are kept** (ids of
-the store with test ratings only, counted in ``split`` and said by ``ingest``: the
-evaluation then covers the whole test file, as published results on ``u1.test`` do), and
-a pair in both files is **kept in the test split only**, with the test file's rating
-(its training copies are duplicates dropped, ``n_train_ratings_also_in_test``: in training
-they would give the answer away); an interaction log's pair keeps its latest time. Without
-a declared ``--rating-range``, the observed range is the **training files'** alone: a test
-rating outside it is clipped into it, and counted (``n_test_ratings_clipped``; it would
-otherwise widen the scale every method clips to; declare the range to refuse or drop such
-ratings instead).
-
-A text file without a header has its columns taken by position (user, item,
-rating[, timestamp] = 0, 1, 2[, 3]), which nothing in the file can confirm: a note on
-stderr says which column was taken as what (a file in item,user order would
-otherwise silently become a store with users and items swapped), and each source in
-the store's ``sources`` attribute records ``header`` and ``columns``.
+Design notes (the passes in full, memory and disk, the id, range, implicit and split
+rules): docs/design-notes.md#streamdpstorageingestpy.
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 A store is a Zarr v3 group::
 
     STORE/
-      zarr.json              root attributes under the key ``"streamdp"`` (see below)
+      zarr.json              root attributes under the key ``"streamdp"``
       train/indptr           int64 (n_users + 1,)  CSR row pointer, no gaps, chunks = block_users
       train/items            int32 (padded,)       item index of each rating, users in order
       train/ratings          float32 (padded,)     the rating values
       train/block_offsets    int64 (n_blocks + 1,) position in items/ratings where each block starts
       train/block_digests    uint8 (n_blocks, 16)  blake2b digest of each block (``streamdp verify``)
       train/block_crc32c     uint32 (n_blocks,)    CRC32C of each block's chunk files as written
-      train/item_sums        float64 (n_items,)    each item's sum of training ratings (see below)
+      train/item_sums        float64 (n_items,)    each item's sum of training ratings
       train/item_counts      int64 (n_items,)      each item's number of training ratings
       test/...               the CSR and check arrays for the held-out split, if there is one
       user_ids, item_ids     original ids (int64 or str), indexed by the dense index
@@ -19,63 +19,22 @@ A store is a Zarr v3 group::
       item_names             str (n_items,), only with ``ingest --item-names``
       truth/item_factors     float32 (n_items, rank), only in generated stores
 
-Users are grouped into **user blocks** of ``block_users`` consecutive users. Every
-block's ratings start on a chunk boundary of ``items``/``ratings`` (the gap after a
-block is padding: item -1, rating 0), so reading or writing a block touches whole
-chunks only and blocks can be written independently. ``block_offsets[b]`` is the
-padded position of block ``b``'s first rating; the CSR positions in ``indptr``
-are unpadded (``indptr[-1] == n_ratings``).
+Decisions a reader must know:
 
-Items are numbered by descending popularity (item 0 is the most rated, ties broken
-by original id order) so that later methods can tier items by index alone.
+* users are grouped into **user blocks** of ``block_users``; every block starts on a chunk
+  boundary of ``items``/``ratings`` (padding: item -1, rating 0), so a block is read or
+  written as whole chunks; ``indptr`` is unpadded (``indptr[-1] == n_ratings``);
+* items are numbered by descending popularity (ties by original id), so methods can tier
+  items by index alone;
+* every chunk of every array is present: a missing chunk is damage, refused by readers
+  (:mod:`streamdp.storage.chunks`);
+* the format version changes only when a reader of the previous version would misread a
+  new store: an implicit store is version :data:`IMPLICIT_FORMAT_VERSION` (2); additions
+  that older readers ignore (block digests and CRCs, checksum attributes, ``split``,
+  ``item_names``, item statistics, ``generation``) stay within the version.
 
-Every chunk of every array is present: the writer also writes chunks equal to the
-fill value, and the padding after a block never fills a whole chunk. A missing
-chunk is therefore damage, and readers refuse it (:mod:`streamdp.storage.chunks`).
-Format version policy: the version changes only when a reader of the previous
-version would misread a new store. Additions that older readers ignore and newer
-readers do without when absent stay within the version, each listed here with what
-a store written without it gets:
-
-* ``block_digests``: stores without it are read as before and ``verify`` compares
-  only their whole checksum (the attribute ``checksum_ids`` names the id arrays the
-  checksum covers; see :class:`streamdp.storage.writer.ContentHash`).
-* ``block_crc32c`` (CRC32C over the per-chunk CRC32Cs of the chunk files a block
-  read touches: its ``indptr`` chunks, then ``items``, then ``ratings``; see
-  :func:`streamdp.storage.chunks.chunk_crcs_digest`): every
-  :meth:`~streamdp.storage.store.RatingStore.read_block` compares it; without it
-  (or when the chunk files were re-encoded) a read compares the block's
-  ``block_digests`` instead, which is slower; with neither, blocks are not checked.
-* ``checksum_attrs``: the attributes the checksum covers (rating range and its
-  source, counts, block layout, out-of-range policy, rating step); without it the
-  checksum covers the ratings and ids only and ``verify`` notes it.
-* ``implicit`` (``true`` in an **implicit store**: interaction logs, see
-  :mod:`streamdp.storage.ingest`), with ``value`` (``count`` or ``weight``: what the
-  ``ratings`` array holds, positive and summed over repeated interactions) and
-  ``count_cap`` (the declared cap of the counts, or ``null``). A reader of version 1
-  would take counts for ratings, so an implicit store is written with format version
-  :data:`IMPLICIT_FORMAT_VERSION` (2), which older streamdp refuses; a rating store
-  keeps version 1 and has no ``implicit`` attribute, and a store without it (every
-  store written before) reads as a rating store (``RatingStore.implicit`` false).
-* ``split``: how the test split was made (``{"kind": "none" | "random" | "temporal" | "last-n" |
-  "files", ...}``, :func:`streamdp.storage.ingest.resolve_split`); a store without it reads as
-  ``random`` when it has a test split (:func:`streamdp.storage.info.store_split`).
-* ``item_names`` (an array of str indexed like ``item_ids``, ``""`` for unnamed items, and an
-  attribute of the same name: ``ingest --item-names``, public metadata,
-  :mod:`streamdp.storage.names`; outside the checksum): a store without it has no names.
-* ``train/item_sums``, ``train/item_counts`` and the attribute ``train_item_stats`` (a
-  digest of the two, :func:`streamdp.storage.writer.item_stats_digest`): each item's exact
-  sum and count of training ratings, added block by block by the writer
-  (:func:`streamdp.storage.writer.block_item_stats`). They are the owner's statistics of
-  the raw data, never released: ``evaluate`` reads them for its non-private baselines and
-  popularity chart instead of a pass of their own (:mod:`streamdp.serving.evaluate`), a read
-  checks them against the digest, ``verify`` recomputes them from the ratings. Outside
-  the checksum (derived from the ratings it covers, like ``item_counts``), so the same data
-  keeps its checksum. A store without them is evaluated with that extra pass, and says so.
-* ``generation``: a random id of each write of a store (not in the checksum: the
-  same data written twice has the same checksum). A run checks it before releasing
-  (:meth:`~streamdp.storage.store.RatingStore.check_unchanged`); without it the
-  device, inode and mtime of a local ``zarr.json`` stand in.
+Design notes (the root attributes, and each addition with what a store written without
+it gets): docs/design-notes.md#streamdpstorageschemapy.
 """
 
 from __future__ import annotations

@@ -1,62 +1,29 @@
 """Writing a rating store: :class:`StoreWriter`, shared by ``ingest`` and ``generate``.
 
-The writer builds the store in a temporary directory next to the destination
-(:func:`streamdp.outputs.owned_temp_dir`: it records its owner, and the temporary
-directories of dead runs beside the destination are removed first) and renames it into
-place only in :meth:`StoreWriter.finalize`; on any error (or when used as a context
-manager and the body raises) the temporary directory is removed, so nothing is ever
-left at the destination unless the write succeeded. A full, over-quota or read-only
-file system is then one :class:`~streamdp.errors.StoreError` naming the destination
-(:func:`streamdp.outputs.no_space_error`), not a traceback. With
-``force`` only an existing *rating store* is replaced (anything else there is refused
-and left untouched, see :mod:`streamdp.outputs`), and its privacy-budget ledger is
-carried over into the new store with a record that the data changed: budget spent on
-the old data is never forgotten. The ledger belongs to the privacy layer, above this one,
-so the writer does not import it: the package root installs it as the
-:class:`LedgerKeeper` (:func:`install_ledger_keeper`, :func:`streamdp.privacy.budget.carried_over`
-and :class:`~streamdp.privacy.budget.StoreBudget`), and without one a replacement is refused.
+Decisions a reader must know:
 
-Every write into the temporary directory runs with Ctrl-C deferred
-(:func:`streamdp.outputs.deferred_interrupts`; it is taken between writes): Zarr does
-the I/O on a thread of its own, and a write cut off in the main thread would go on
-there and could recreate files in the temporary directory after
-:meth:`StoreWriter.abort` removed it.
+* **nothing at the destination unless the write succeeded**: the store is built in an
+  owned temporary directory next to it (:func:`streamdp.outputs.owned_temp_dir`) and
+  renamed into place in :meth:`StoreWriter.finalize`; any error removes it, and a full or
+  read-only file system is one :class:`~streamdp.errors.StoreError`;
+* ``force`` replaces only an existing *rating store*, and its privacy-budget ledger is
+  carried over with a record that the data changed; the ledger belongs to the layer above,
+  installed by the package root as the :class:`LedgerKeeper` (:func:`install_ledger_keeper`);
+  without one a replacement is refused;
+* every write runs with Ctrl-C deferred (:func:`streamdp.outputs.deferred_interrupts`),
+  since Zarr writes on a thread of its own;
+* every chunk of every array is written, also one equal to the fill value, so a reader
+  can tell a deleted chunk from data (:mod:`streamdp.storage.chunks`);
+* the content checksum is :class:`ContentHash` (the :func:`block_digest` of every block,
+  the id arrays, then :data:`CHECKSUM_ATTRS`); per-block digests and chunk CRC32Cs are
+  kept for ``verify`` and every read; a random ``generation`` id is outside the checksum;
+* on object storage (an fsspec URL, no rename) a store is a store only once its root
+  ``zarr.json`` carries the ``streamdp`` attributes, written last; a new store is written
+  in place behind a :data:`~streamdp.storage.remote.WRITING_MARKER`, a replacement beside
+  the old one and then copied over it; the ledger's objects are never deleted.
 
-Every chunk of every array is written, also one equal to the fill value (Zarr
-skips those by default), so that a reader can tell a deleted chunk file from
-data (see :mod:`streamdp.storage.chunks`).
-
-The content checksum (the ``checksum`` attribute) is :class:`ContentHash`: per
-split, the :func:`block_digest` of every block in block order; then the id arrays
-that were written whole with :meth:`StoreWriter.write_array` (their names are
-recorded in the ``checksum_ids`` attribute); then the attributes that give the
-ratings their meaning (:data:`CHECKSUM_ATTRS`, recorded in ``checksum_attrs``).
-``streamdp verify`` recomputes it with the same class, block by block. The block
-digests themselves are kept in ``<split>/block_digests`` so that ``verify`` can
-name the first damaged block, and the CRC32C of each block's chunk files in
-``<split>/block_crc32c`` (read back right after each block is written) so that
-every read can check its block for a few percent (:mod:`streamdp.storage.chunks`).
-Each store gets a random ``generation`` id, outside the checksum.
-
-Object storage
---------------
-A destination that is an fsspec URL (``s3://bucket/r.zarr``) has no rename, so the
-rule "a store is visible only once complete" is kept by ordering instead: the store
-is a store only when its root ``zarr.json`` carries the ``streamdp`` attributes, and
-:meth:`StoreWriter.finalize` writes them last. A new store is written in place under
-its URL, with an object :data:`~streamdp.storage.remote.WRITING_MARKER` (the writer's
-owner record) first, so that :func:`~streamdp.storage.store.open_store` refuses a
-half-written one saying why (:func:`~streamdp.storage.remote.incomplete_reason`); a
-failed write removes its objects, a killed one leaves them for ``--force``. Replacing
-a store (``--force``) writes the new one under ``.NAME.tmp-HEX`` beside it, so the
-old one stays readable meanwhile, then publishes it: the old root ``zarr.json`` is
-deleted first (nothing can read a mix of the two), the old data deleted, the new
-objects copied server-side, its root ``zarr.json`` last. The budget ledger's objects
-(``privacy_budget.*``) are never deleted: on object storage the ledger stays at the
-store's URL and records that the data was replaced
-(``data_replaced`` of the :class:`LedgerKeeper`'s ledger). Only a replacement, which
-must keep the old store readable until the new one is complete, pays for the copy
-(measured: ``docs/design-notes.md``, section ``streamdp/storage/writer.py``).
+Design notes (the rules in full, object storage, the measured choice of in-place or
+copy): docs/design-notes.md#streamdpstoragewriterpy.
 """
 
 from __future__ import annotations
