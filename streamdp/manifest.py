@@ -1,45 +1,34 @@
 """The release manifest: every byte a model directory holds, declared once with its provenance.
 
 A released model is ``model.json``, ``privacy.json`` and ``factors.zarr`` (arrays and
-attributes). Every field that may appear in them is declared here with where its value
+attributes). Every field that may appear in them is declared here (:data:`MODEL_JSON`,
+:data:`PRIVACY_JSON`, :data:`BOUNDS`, :data:`ARRAYS`, :data:`ATTRS`) with where its value
 comes from:
 
-``public``
-    a public parameter: an option of the run (or its default), the declared rating
-    range, the item catalogue (item ids and their number), software versions, random
-    identifiers (run id, budget entry);
-``release``
-    a noisy release named in the ledger (``privacy.json``: ``bounds.releases`` and
-    ``events``), accounted by the accountant;
-``post``
-    post-processing of released values and public parameters only (factors fitted on
-    noisy statistics, choices made on noisy losses, defaults derived from the noisy
-    profile);
-``nonprivate``
-    an exact statistic of the training data, allowed only in a model whose guarantee is
-    "non-private" (``--epsilon inf``): a private model holding one is refused.
+* ``public``: a public parameter (an option or its default, the declared rating range,
+  the item catalogue, software versions, random identifiers);
+* ``release``: a noisy release named in the ledger, accounted by the accountant;
+* ``post``: post-processing of released values and public parameters only;
+* ``nonprivate``: an exact statistic of the training data, allowed only in a
+  "non-private" model (``--epsilon inf``): a private model holding one is refused.
 
-Non-private evaluation on the test split and exact training statistics (train RMSE by
-epoch, clipped users, per-user epsilons, timings) are ``owner`` fields: printed for the
-data owner by ``train``/``evaluate`` (:data:`SUMMARY`), never written into a model.
+Non-private evaluation and exact training statistics are ``owner`` fields
+(:data:`SUMMARY`): printed for the data owner by ``train``/``evaluate``, never written
+into a model.
 
-:func:`check_release` runs inside :func:`streamdp.serving.model.save_model`: a field that is not
-declared here (or a ``nonprivate`` one in a private model) stops the write, so a new
-field cannot leak silently; ``tests/test_manifest.py`` trains every method and checks
-every field of what it wrote.
+Decisions a reader must know:
 
-The number of users
--------------------
-Under add/remove one user the number of users changes by one, so the exact count is
-never written and no default is derived from it (:mod:`streamdp.privacy.users`):
-``n_users`` in ``model.json`` and ``public_parameters.n_users`` in the ledger are the
-count **released** with Laplace noise at a small share of epsilon (the ledger's first
-event, "number of users"), or the number the data owner **declared** public with
-``--users-bound`` (nothing spent). The default delta, ALS's iterations, oja's and fw's
-shares, steps and nuclear-norm bound, every ``delta < 1/n_users`` check and every
-``... / n_users`` in a released value read that number. It is exact only where the
-guarantee does not hide a user's presence: non-private runs, and ``lowrank`` and
-``public-private``, whose relations keep the users fixed (their ledgers say so).
+* :func:`check_release` runs inside :func:`streamdp.serving.model.save_model`: an
+  undeclared field (or a ``nonprivate`` one in a private model) stops the write, so a new
+  field cannot leak silently; ``tests/test_manifest.py`` checks every method's fields;
+* the exact number of users is never written and no default is derived from it
+  (:mod:`streamdp.privacy.users`): ``n_users`` is the count **released** with Laplace
+  noise, or the number the owner **declared** public with ``--users-bound``; it is exact
+  only where the guarantee keeps the users fixed (non-private runs, ``lowrank``,
+  ``public-private``).
+
+Design notes (each provenance in full, what reads the number of users):
+docs/design-notes.md#streamdpmanifestpy.
 """
 
 from __future__ import annotations

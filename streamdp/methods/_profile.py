@@ -1,46 +1,29 @@
 """The shape of a store's users, released with noise: how many training ratings users have.
 
 Defaults that only look at ``n_users epsilon / n_items`` assume that every user rates
-many items. On a store where most users rate one or two (a product catalogue), a
-user's factor cannot be estimated from their own ratings and the factors a private
-ALS fits are noise; on a store of a hundred items rated seventy times each, they are
-excellent. What separates the two is the distribution of ratings per user, a
-statistic of the data: it is released here with noise and accounted, before the
-rest of the plan is made from it.
+many items; where most users rate one or two, a private ALS's factors are noise. What
+separates the two is the distribution of ratings per user, a statistic of the data: it
+is released here with noise and accounted, before the rest of the plan is made from it.
+Public names: :func:`user_profile` (:class:`UserProfile`), :func:`profile_release`,
+:func:`exact_histogram`, :func:`effective_users`, :func:`mean_weight_cap`.
 
-The release
------------
-A histogram of the users' **training** ratings over fixed public bins
-(:data:`EDGES`, half octaves: 1, 2, 3, 4, 6, 8, 12, ...). Each user falls in exactly
-one bin, so adding or removing a user changes one count by one: L2 and L1
-sensitivity 1. Its noise is fixed before the rest of the plan exists (the plan
-depends on it), at the share :data:`PROFILE_SHARE` of the run's budget:
+Decisions a reader must know:
 
-* Gaussian plans: noise multiplier ``z_0 / sqrt(PROFILE_SHARE)``, ``z_0`` the
-  multiplier of one Gaussian release at the run's (epsilon, delta); Gaussian
-  releases compose through ``sum 1 / z_i^2``, so this takes that share of it;
-* pure plans (``--mechanism laplace``/``huber``): a Laplace release at
-  ``PROFILE_SHARE x epsilon``, so the run stays pure DP.
+* the release is a histogram of the users' **training** ratings over fixed public
+  half-octave bins (:data:`EDGES`): one user, one bin, sensitivity 1;
+* its noise is fixed at the share :data:`PROFILE_SHARE` of the run's budget (Gaussian
+  plans: noise multiplier ``z_0 / sqrt(PROFILE_SHARE)``; pure plans: a Laplace release at
+  ``PROFILE_SHARE x epsilon``), and the rest of the plan is calibrated with it composed in
+  (:func:`streamdp.privacy.release.calibrate_releases`, ``fixed=``): the run's epsilon
+  is still the target and the histogram is the ledger's first event;
+* it is drawn before the budget is reserved but never leaves the process unless a model
+  is released, so a refused reservation released nothing;
+* :func:`effective_users` counts the users whose own ratings can pin down a rank-``k``
+  factor, ``n_eff = sum_i clip((n_i - k/2) / k, 0, 1)`` (the weight set from measurements);
+  the methods use it where they used ``n_users`` in their signal-to-noise proxies.
 
-The rest of the plan is then calibrated with this release composed in
-(:func:`streamdp.privacy.release.calibrate_releases`, ``fixed=``): the whole run's
-epsilon is still the target, and the ledger lists the histogram as its first event.
-The draw happens when the plan is made, before the budget is reserved; it never
-leaves the process unless the run releases a model (then it is in the ledger), so a
-refused reservation released nothing.
-
-What is made of it
-------------------
-:func:`effective_users`: the users whose own ratings can pin down a rank-``k``
-factor, ``n_eff = sum_i w(n_i)`` with ``w(n) = clip((n - k/2) / k, 0, 1)``. Measured
-on generated stores of 50,000 users x 1,000 items (rank-8 truth, nearly equal
-activity, 20% test split; test RMSE of the biases-only release against the factors at
-epsilon 2 and 10): users with 4 training ratings never gained from factors (1.011
-against 1.043, 1.009 against 1.033), with 6.4 only at epsilon 10 (1.009 against 0.991),
-with 9.6 at both (1.013 against 0.967, 1.012 against 0.895). ``w`` is 0, 0.3 and 0.7
-there. The methods use ``n_eff`` where they used ``n_users`` in their
-signal-to-noise proxies; on stores whose users all rate ``1.5 k`` items or more
-(MovieLens, the 200k-user store) nothing changes.
+Design notes (the calibration, the measurements behind ``w``):
+docs/design-notes.md#streamdpmethods_profilepy.
 """
 
 from __future__ import annotations

@@ -1,48 +1,30 @@
 """Private choice of the released model among candidates, by held-out training ratings.
 
-Users cannot tune on private data, and a default that is right on one store is
-wrong on another: the factors of a private ALS help on a store whose users rate many
-items and hurt where they rate one or two; a user's own intercept helps where users'
-rating levels differ and only adds noise where they do not. So the run itself
-chooses, privately, among a few candidate releases that it computes anyway.
+Users cannot tune on private data, and a default that is right on one store is wrong
+on another (a private ALS's factors, a user's own intercept). So the run itself chooses,
+privately, among a few candidate releases that it computes anyway. Public names:
+:func:`holdout`, :func:`held_positions`, :func:`loss_sensitivity`, :func:`choose`,
+:func:`candidate_name`, :data:`MARGIN`, :data:`VALIDATION_CAP`.
 
-Validation ratings
-------------------
-Every user with at least two training ratings gives 10% of them (at least one, at
-most :data:`VALIDATION_CAP`; chosen by a keyed hash of the run's entropy and the
-user's index, the same in every pass) to validation. Private runs leave them out of
-the users' own solves and of the factor iterations, not of the item biases (see
-``streamdp.methods.als._training``); non-private runs leave them out of the whole
-fit, choose, and refit the choice on every rating. The test split is never looked
-at.
+Decisions a reader must know:
 
-Candidates and their scores
----------------------------
-A candidate is a complete released model: ``("factors", r)`` the fitted factors with
-local ridge ``r``; ``("bias", r)`` the item biases without factors and a user
-intercept of ridge ``r`` (``inf``: no intercept); ``("mean", r)`` the global mean
-alone. For each, every validation user solves their row from their remaining
-training ratings exactly as they would on their device (:mod:`streamdp.serving.local`) and
-predicts their held-out ratings, clipped to the range; their loss is the mean of
-the squared errors clipped to ``h^2`` (``h`` half the rating range). The candidates'
-summed losses form a vector to which one user adds at most ``h^2`` per coordinate:
-L2 sensitivity ``h^2 sqrt(m)``, L1 ``h^2 m`` for ``m`` candidates. It is released
-with the run's mechanism (one release in the ledger, calibrated jointly with the
-others).
+* **validation ratings**: every user with at least two training ratings gives 10% of
+  them (at least one, at most :data:`VALIDATION_CAP`; a keyed hash, the same in every
+  pass); private runs leave them out of the users' solves and the factor iterations, not
+  of the item biases; non-private runs leave them out of the whole fit and refit the
+  choice; the test split is never looked at;
+* **candidates** are complete released models (``("factors", r)``, ``("bias", r)``,
+  ``("mean", r)``); each validation user solves her row as on her device
+  (:mod:`streamdp.serving.local`) and her loss is the mean of her squared errors clipped
+  to ``h^2``, so the summed losses have L2 sensitivity ``h^2 sqrt(m)`` (L1 ``h^2 m``) and
+  are one release of the run's mechanism, calibrated jointly with the others;
+* **per user, not per rating**: capping per-rating weights threw away most of the signal;
+* **the choice** (post-processing) keeps the default candidate unless another one's noisy
+  loss is lower by more than :data:`MARGIN` noise standard deviations; non-private runs
+  take the argmin.
 
-Why per user, not per rating: a per-rating weight (the test RMSE's) would have to be
-capped to bound a user's contribution, and the cap throws away most of the signal
-(on a generated 5,000-user store with ~14 ratings each, per-rating weights capped at
-8 could not tell a release of noisy factors, test RMSE 4.46, from the biases, 4.12,
-at epsilon 2; per-user means could).
-
-The choice
-----------
-Post-processing of the noisy scores: the default candidate (the method's rule, what
-was released before selection existed) is kept unless another one's noisy loss is
-lower by more than :data:`MARGIN` noise standard deviations. On small stores the
-noise swamps the differences and the default stands; where the data speak clearly
-the better candidate is taken. Non-private runs (no noise) take the argmin.
+Design notes (the candidates and scores in full, the measurement behind per user):
+docs/design-notes.md#streamdpmethods_selectionpy.
 """
 
 from __future__ import annotations

@@ -4,68 +4,31 @@
 and reports ``epsilon`` at ``delta`` from the **PLD** accountant
 (``dp_accounting.pld.PLDAccountant``) and, beside it, from the **RDP** accountant
 (``dp_accounting.rdp.RdpAccountant``). Composition is always done by
-dp-accounting; nothing here adds epsilons by hand.
+dp-accounting; nothing here adds epsilons by hand. Also here: :func:`pld_grid`,
+:func:`check_calibratable` and :data:`MAX_EPSILON`, :func:`parse_epsilon`,
+:func:`check_privacy_params`, :class:`AccountingResult`.
 
 Neighbouring relation: add/remove one user and all of their ratings
 (``NeighborRel.ADD_OR_REMOVE_ONE``); the event's sensitivities must be user-level
 (after trimming and clipping, :mod:`streamdp.privacy.bounding`).
 
-PLD accuracy
-------------
-The PLD accountant discretizes the privacy loss on a grid of width
-``value_discretization_interval`` and rounds **pessimistically** (losses rounded
-up, truncated tail mass counted as infinite loss), so its epsilon is an upper
-bound on the true epsilon of the composed event. The rounding costs at most one
-grid width per discretized factor (one for a Gaussian release repeated any number
-of times, which dp-accounting collapses into a single Gaussian; one per repetition
-for Laplace and pure-DP events), and in practice far less. :func:`pld_grid` chooses
-the width: ``1e-4 * max(epsilon_rdp, 1)`` (RDP's epsilon, also an upper bound and
-cheap, sets the scale; relative, so a Gaussian's PLD has about 2 10^4 points
-whatever its epsilon: a width capped at 0.1 needed 135 GiB at epsilon 10^9); at
-most 1/50 of the smallest per-release Laplace epsilon; and shrunk so that the largest pure epsilon
-of the event is an exact multiple of it (then pure-DP releases are represented
-exactly, however many: one is reported as epsilon, not epsilon plus a grid width,
-and 10^4 releases of 1e-4 compose to 0.053 at delta 1e-10 rather than to the 1.0 a
-misaligned grid would give). Pure-DP events with epsilon > 500 are reported as
-non-private (inf): dp-accounting overflows on them, and inf is a valid upper
-bound; so is any event whose PLD overflows (dp-accounting evaluates ``exp`` of
-the losses in float64, which overflows above 709.78). Measured: Gaussian or
-Laplace counts up to 10^4 cost 0.02-0.2 s and agree with a 10x finer grid to
-better than 1e-5 relative; a Gaussian of noise multiplier 10^-3 (epsilon 5 10^5)
-0.02 s, where the capped grid took 14 s and 1.6 GB.
+Decisions a reader must know:
 
-What the accountant can resolve
--------------------------------
-Calibration refuses targets above :data:`MAX_EPSILON` = 500
-(:func:`check_calibratable`): from about 700 on, dp-accounting's PLD epsilon is
-``inf`` or an ``OverflowError`` at some noise levels and finite at others (a
-Gaussian of true epsilon 713 at delta 1e-6 is reported as inf; one of 1091 as
-1092), so a search over it is not monotone; and pure-DP events above 500 are
-already inf. 500 leaves a margin below the overflow and is one number for every
-mechanism. An epsilon that large bounds no realistic attack (``e^500`` is
-10^217); a non-private run is ``--epsilon inf``.
+* the PLD's epsilon is an **upper bound** (its grid rounds pessimistically);
+  :func:`pld_grid` sets the width from RDP's epsilon (``1e-4 * max(epsilon_rdp, 1)``,
+  relative, so memory does not grow with epsilon), at most 1/50 of the smallest Laplace
+  epsilon, and aligned so that pure-DP releases are represented exactly;
+* pure-DP events above 500 and any PLD that overflows float64 are reported as ``inf``
+  (a valid upper bound); calibration refuses targets above :data:`MAX_EPSILON` = 500,
+  where dp-accounting's answers stop being monotone; a non-private run is ``--epsilon inf``;
+* RDP is reported beside PLD as a cross-check: it is looser by a known gap (measured
+  3-12 % for Gaussians) and never below; the tests require ``pld <= rdp <= 1.25 pld``;
+* pure epsilon-DP events (:class:`~streamdp.privacy.events.PureDpEvent`, Huber) are
+  accounted through their dominating pair, binary randomized response, exact for
+  ``delta = 0``.
 
-RDP cross-check
----------------
-RDP is looser than PLD by a known gap (the RDP-to-(epsilon, delta) conversion is
-lossy; PLD is tight up to its grid): for Gaussian releases we measured RDP 3-12 %
-above PLD (z=106, 1 release, delta 1e-10: 0.0500 vs 0.0537; z=1, delta 1e-5: 4.38
-vs 4.73; z=1, 1000 releases: 633.9 vs 654.9; z=0.6, delta 1e-3: 5.98 vs 6.67), and
-never below it. Both are reported; the tests require ``pld <= rdp <= 1.25 pld``.
-
-Pure epsilon-DP events (Huber)
-------------------------------
-dp-accounting has no "pure epsilon-DP" event, so :class:`PureDpEvent` is accounted
-through its dominating pair, binary randomized response with ``P(truth) =
-e^eps / (1 + e^eps)``: every epsilon-DP mechanism is a post-processing of it
-(Kairouz, Oh & Viswanath 2015), so its PLD and RDP curves bound those of the
-mechanism, and for pure DP (``delta = 0``) the bound is exact. In the PLD
-accountant this is ``privacy_loss_distribution.from_privacy_parameters(
-DifferentialPrivacyParameters(eps, 0))`` (the pessimistic PLD dp-accounting builds
-from (eps, delta)); in the RDP accountant it is dp-accounting's Renyi divergence of
-binary randomized response (its replace-one formula, which is the divergence of the
-dominating pair for any relation). Composition of these with the other events is
-dp-accounting's own.
+Design notes (the grid's accuracy and measurements, the overflow limits, the RDP gap,
+the pure-DP dominating pair): docs/design-notes.md#streamdpprivacyaccountantpy.
 """
 
 from __future__ import annotations

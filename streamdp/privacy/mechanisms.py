@@ -1,60 +1,31 @@
 """Random streams and the three additive noise mechanisms: Gaussian, Laplace, Huber.
 
-Randomness
-----------
-All noise comes from :class:`numpy.random.Generator` over the ``PCG64DXSM`` bit
-generator, seeded from OS entropy unless a ``seed`` is given. A seeded run is
-*reproducible, not private against whoever knows the seed*: the ledger records
-``seeded`` so that nobody mistakes one for the other. Independent streams for
-blocks (or passes) come from :meth:`numpy.random.SeedSequence.spawn`, so block
-``b`` always gets the same stream whatever order the scheduler runs blocks in.
+Public names: :func:`make_rng`, :func:`spawn_rngs`, :func:`gaussian_noise`,
+:func:`laplace_noise`, :func:`huber_noise` and the Huber mechanism's
+:func:`huber_loss`, :func:`huber_log_density`, :func:`huber_variance`,
+:func:`huber_epsilon`.
 
-``PCG64DXSM`` is a statistical PRNG, not a cryptographic one, and noise is sampled
-in double precision (no floating-point hardening a la Mironov 2012); this is the
-usual practice of DP libraries built on numpy (opacus, dp-accounting's samplers)
-and is stated here rather than hidden.
+Decisions a reader must know:
 
-The Huber mechanism
--------------------
-Noise with density ``p(x) ∝ exp(-H_c(x) / b)`` per coordinate, where ``H_c`` is the
-Huber loss with transition ``c >= 0``::
+* all noise comes from :class:`numpy.random.Generator` over ``PCG64DXSM``, seeded from
+  OS entropy unless a ``seed`` is given; a seeded run is *reproducible, not private
+  against whoever knows the seed*, and the ledger records ``seeded``;
+* independent streams per block or pass come from :meth:`numpy.random.SeedSequence.spawn`,
+  so a block's stream does not depend on the scheduler's order;
+* ``PCG64DXSM`` is not a cryptographic generator and noise is sampled in double precision
+  (no floating-point hardening a la Mironov 2012), as in the usual numpy-based DP
+  libraries: stated, not hidden;
+* the **Huber mechanism** (density ``∝ exp(-H_c(x) / b)``, the paper's, ../shared/seeds/001;
+  ``c = 0`` is Laplace) is pure DP with ``epsilon = Δ / b`` **exactly**, for L1
+  sensitivity ``Δ`` and any ``c`` (``H_c`` is 1-Lipschitz and the bound is attained;
+  checked numerically by ``tests/privacy/test_mechanisms.py``);
+* at equal epsilon its variance *grows* with ``c`` (``2 b^2`` at ``c = 0``, about ``b c``
+  for ``c >> b``): never less noisy than Laplace; offered because the paper's methods use it;
+* its sampler is exact: a truncated Gaussian core or one of two exponential tails, each
+  picked with its mass.
 
-    H_c(x) = x**2 / (2 c)      if |x| <= c
-           = |x| - c / 2       otherwise
-
-(the paper's Huber mechanism, ../shared/seeds/001, whose Thm 2.1 calibrates it for
-epsilon-DP). ``c = 0`` is the Laplace mechanism with scale ``b``.
-
-**Exact epsilon** (our derivation, which the paper states only informally): for
-outputs ``y = f(D) + x`` and ``y' = f(D') + x`` with ``v = f(D) - f(D')``,
-``||v||_1 <= Δ``, the log density ratio at ``y`` is::
-
-    sum_i (H_c(y_i - f(D')_i) - H_c(y_i - f(D)_i)) / b  <=  sum_i |v_i| / b  <=  Δ / b
-
-because ``H_c`` is 1-Lipschitz (``|H_c'| = min(|x|/c, 1) <= 1``). The bound is
-attained: put the whole shift on one coordinate and take ``y`` so that both
-arguments lie in the linear region on the same side (``|x| >= c`` and
-``|x - Δ| >= c``), where ``H_c`` has slope exactly 1. So the mechanism is
-``epsilon = Δ / b`` pure DP, **exactly** (the supremum of the privacy loss), for
-vectors of any dimension with L1 sensitivity ``Δ``, independently of ``c``. (The bound is also attained for
-a shift spread over several coordinates whenever every ``|x_i|`` lies in the linear
-region, so it is exact for any sensitivity set containing a vector of L1 norm ``Δ``.)
-``tests/privacy/test_mechanisms.py`` checks this numerically on a grid.
-
-Consequence (measured, worth knowing before choosing it): at equal epsilon (equal
-``b``) the variance *grows* with ``c``: ``2 b^2`` at ``c = 0`` (Laplace), ``2.07 b^2``
-at ``c = b/2``, ``2.24 b^2`` at ``c = b``, ``2.79 b^2`` at ``c = 2b``, about ``b c`` for
-``c >> b``. Under pure-DP accounting the Huber mechanism is therefore never less
-noisy than Laplace; streamdp offers it because the paper's methods use it, and
-accounts it as pure ``Δ/b``-DP (exact at delta = 0; for delta > 0 an upper bound,
-the worst-case pure-DP pair's curve).
-
-**Exact sampler.** The unnormalized density splits into a Gaussian core on
-``[-c, c]`` (``N(0, b c)`` truncated) with mass ``sqrt(2 pi b c) erf(sqrt(c / (2 b)))``
-and two exponential tails ``|x| = c + Exp(b)`` with mass ``b exp(-c / (2 b))``
-each. We pick the component with those probabilities, then sample it exactly: the
-truncated normal by inverse CDF on the lower half (``ndtri`` of a uniform in
-``[Phi(-a), 1/2]``, which is accurate in the tail) and a random sign.
+Design notes (the Huber density, the epsilon's derivation, the measured variances, the
+sampler): docs/design-notes.md#streamdpprivacymechanismspy.
 """
 
 from __future__ import annotations

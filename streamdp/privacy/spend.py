@@ -1,52 +1,30 @@
 """A store's spend, composed incrementally: each release adds its own events to the composition of those before.
 
 :meth:`streamdp.privacy.budget.StoreBudget.reserve` composes every counted release of
-the store with the accountant, before and after the new one. Composed from scratch,
-that cost grew with the store's history (each Gaussian of each release is one PLD
-built and convolved: a store with 400 releases took seconds per ``train``). Here the
-composition is the same dp-accounting composition, in the same order, continued from
-where the previous one stopped: the accountants' states after the first ``n`` releases
-(RDP: the vector over orders; PLD: the discretized privacy-loss distribution) are kept in
-``STORE/privacy_budget.spend``, and a composition of ``n + m`` releases composes only the
-last ``m`` onto them. dp-accounting does every composition (``PLDAccountant`` and
-``RdpAccountant`` with their state restored); nothing here adds epsilons.
+the store with the accountant. Composed from scratch, that cost grew with the store's
+history (a store with 400 releases took seconds per ``train``). Here the accountants'
+states after the first ``n`` releases (RDP: the vector over orders; PLD: the discretized
+privacy-loss distribution) are kept in ``STORE/privacy_budget.spend``
+(:class:`SpendComposer`), and ``n + m`` releases compose only the last ``m`` onto them.
+dp-accounting does every composition; nothing here adds epsilons.
 
-It equals the composition from scratch
---------------------------------------
-Composing is sequential in both accountants (the PLD is convolved with one release's
-PLD after another, the RDP vector summed), so continuing from the state after ``n``
-releases performs the very operations a full composition performs, on the same floats
-(the state is stored as float64 arrays, exactly): the result is the same float
-(``tests/privacy/test_spend.py`` checks it against :func:`full_spend`).
+Decisions a reader must know:
 
-Its grid
---------
-A PLD can only be continued on its own grid. :func:`~streamdp.privacy.accountant.epsilon_of`
-sets the grid from the composition's RDP epsilon (``1e-4 * max(eps_rdp, 1)``), which moves
-with every release; the ledger's composition uses that rule with ``eps_rdp`` rounded
-*down* to a power of two (:func:`ledger_grid`): never coarser than the per-release rule
-(so the reported spend is as tight), and the same for every release until the spend
-doubles (or a release brings a Laplace or pure-DP epsilon that moves the grid): then the
-composition is made once from scratch on the new grid. That happens a logarithmic number
-of times in a store's history, so the cost of a release does not grow with it.
+* it **equals the composition from scratch**, to the float: both accountants compose
+  sequentially and the state is stored exactly (checked against :func:`full_spend`);
+* a PLD is continued only on its own grid: :func:`ledger_grid` rounds the RDP epsilon
+  *down* to a power of two (never coarser than the per-release rule), so the composition
+  is redone from scratch a logarithmic number of times in a store's history;
+* a state is used only if the chained SHA-256 of the ledger's first ``n`` releases
+  matches; a damaged file is ignored; it is a cache, not a record;
+* whoever can write the store can forge it, so a state's RDP vector is checked against
+  the ledger's closed-form RDP composition, and :class:`~streamdp.privacy.budget.StoreBudget`
+  recomposes from scratch (:meth:`SpendComposer.recompose`) when a claim is below the
+  largest single release or a budget decision rests on the cache; ``streamdp budget
+  --verify`` recomposes from scratch.
 
-What the cache is keyed by, and how far it is trusted
------------------------------------------------------
-Each state is stored with the number of releases it composes, its grid, the dp-accounting
-version, and a chained SHA-256 of the releases' events (canonical JSON, in ledger order);
-it is used only if that hash equals the hash of the first ``n`` counted releases of the
-ledger as it is now. A changed ledger (an edited entry, a refunded release, a cut
-journal that was rebuilt) has another hash and the composition is made from scratch. A
-checksum of the file's own content catches a damaged file (it is then ignored, never an
-error). It is a cache, not a record: deleting it costs one composition from scratch.
-Whoever can write the store can forge it, as they can rewrite the journal (the chain is a
-check, not a signature: see :mod:`streamdp.privacy.budget`). So a state is also checked
-against the ledger it claims to compose, cheaply: its RDP vector must equal the RDP
-composition of those releases from scratch (closed forms, no PLD), or nothing of the file
-is used; and :class:`~streamdp.privacy.budget.StoreBudget` recomposes from scratch
-(:meth:`SpendComposer.recompose`) when a claim is below the largest single release's
-epsilon, and whenever a budget decision rests on the cache (basic composition alone would
-not keep the store within its budget); ``streamdp budget --verify`` recomposes from scratch.
+Design notes (why it equals a full composition, the grid, the cache's key and trust):
+docs/design-notes.md#streamdpprivacyspendpy.
 """
 
 from __future__ import annotations
