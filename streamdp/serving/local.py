@@ -7,58 +7,31 @@ user combines it with their own ratings ``r`` on items ``I``::
     (u, c) = argmin_{x, c}  sum_{j in I} (r_j - mu - b_j - c - Q_j . x)^2 + ridge (||x||^2 + c^2)
 
 (Jain et al. 2018, local component; Liu et al. 2015 eq. 5; Xin & Jaakkola eq. 4),
-and predicts ``mu + b_j + c + Q_j . u`` clipped to the rating range. Models of
-``--method irls`` replace the squared loss by the Huber loss (IRLS, the same kernel
-the training's user side ran; :func:`local_loss`).
+and predicts ``mu + b_j + c + Q_j . u`` clipped to the rating range. Public names:
+:func:`solve_user`, :func:`user_scores`, :func:`recommend`, :func:`solve_block`,
+:func:`predict_block`, :func:`list_scorer`, :func:`list_offset`, :func:`local_kind`.
 
-The papers' local solve has no user intercept ``c``. We add one (a column of ones
-next to ``Q``, shrunk by the same ridge) because users' rating levels differ far
-more than a released low-rank ``Q`` can express: measured on ML-100K (20% split,
-rank 16) it lowers the test RMSE of a released SGD model by about 0.1. It costs no
-privacy (it is part of the user's own solve) and can be turned off per model
-(``model.json`` key ``local_user_bias: false``) or per call (``user_bias=False``).
+Decisions a reader must know:
 
-Models of ``--method fw`` and ``--method svd`` carry their own local computation
-(``model.json`` key ``local``, :func:`local_kind`): a ``fw`` user replays Jain et
-al.'s local Frank-Wolfe steps on the released basis (:func:`fw_local_rows`), an
-``svd`` user projects her rescaled ratings on the released subspace
-(:func:`projection_rows`); both give coefficients ``c`` on ``Q`` (no intercept) and
-predict ``mu + b_j + Q_j . c`` like every other model. A ``public-private`` model
-(Xin & Jaakkola) is predicted by the paper's eq. 4 (:func:`eq4_rows`, ``local:
-xin_jaakkola_eq4``), with no intercept. An ``ials`` model (``local: implicit``) is
-solved as Hu, Koren & Volinsky's implicit-feedback ALS (:func:`implicit_rows`): her
-rated items are positives with a confidence from her own values
-(:func:`implicit_pairs`, ``model.json`` ``local_implicit``), every other item a zero
-of weight 1; its scores rank items and are not ratings (:func:`score_range`).
+* **a user intercept** ``c``, which the papers' local solve lacks: users' rating levels
+  differ more than a low-rank ``Q`` can express (about 0.1 RMSE on ML-100K); off per model
+  (``local_user_bias: false``) or per call (``user_bias=False``);
+* models carry their own local computation (``model.json`` ``local``, :func:`local_kind`):
+  ``irls`` uses the Huber loss (:func:`local_loss`), ``fw`` replays local Frank-Wolfe
+  steps (:func:`fw_local_rows`), ``svd`` projects (:func:`projection_rows`),
+  ``public-private`` uses eq. 4 (:func:`eq4_rows`), ``ials`` the implicit-feedback solve
+  (:func:`implicit_rows`, :func:`implicit_pairs`; its scores rank, :func:`score_range`);
+* the ridge default comes from the model (``model.json`` ``ridge``); being local, a user
+  may choose any ridge at no privacy cost;
+* **lists** rank the unrated items by the model's list score (:func:`list_scorer`): the
+  unclipped prediction plus, for a model that released item counts,
+  ``weight * log(1 + max(count, 0))`` (:func:`list_offset`: post-processing, the same for
+  every user); ``recommend``, the batch form, ``evaluate``'s ranking metrics and the API
+  all rank through it. The weight ``(rating max - rating min) / 4``
+  (:data:`LIST_WEIGHT_SHARE`) never fell below the most-popular chart where measured.
 
-The ridge default comes from the model (``model.json`` key ``ridge``; for
-``--method oja`` the factors are scaled to rows of mean squared norm 1, so the
-ridge is the ratio of residual to signal variance and is dimensionless); since the
-solve is local, a user may choose any ridge at no privacy cost.
-
-Lists
------
-A list ranks the items a user did not rate by the model's **list score**
-(``model.json`` key ``list_scorer``, :func:`list_scorer`): the unclipped predicted
-rating, plus, for a model that released item counts (``als``/``irls``/``means``:
-the noisy item weight totals; ``public-private``: the public users' counts),
-``weight * log(1 + max(count, 0))``. The term is a per-item offset computed from
-released values and public parameters only (:func:`list_offset`): post-processing,
-no privacy cost, the same for every user. ``recommend``, the batch form
-(:mod:`streamdp.serving.batch`), ``evaluate``'s ranking metrics (:mod:`streamdp.serving.ranking`) and
-the Python API all rank through it; the score they show stays the predicted rating.
-
-Why: ranking by the predicted rating alone fills lists with items that few users
-rated and whose noisy mean is high; the chart of the most popular items beats those
-lists on every store we measured (issue 29, docs/ranking.md). A user's chance of
-liking an item she has not rated is the chance she picks it at all (popularity)
-times the chance she rates it high (the prediction); the offset is the log of the
-first. The weight rule, ``(rating max - rating min) / 4`` (1 per log-count on a 1..5
-scale; :data:`LIST_WEIGHT_SHARE`), reads only the declared rating range. It was
-measured on ML-100K, FilmTrust and two generated stores against half and twice that
-weight: it is the one of the three that never fell below the most-popular list by the
-released counts (docs/ranking.md has the table). A model written before list scorers
-existed (no ``list_scorer`` key) ranks by the predicted rating, as it did.
+Design notes (the local kinds, why the list score, the weight's measurements):
+docs/design-notes.md#streamdpservinglocalpy.
 """
 
 from __future__ import annotations

@@ -1,55 +1,30 @@
 """Ranking metrics of the lists users would see: Precision@k, Recall@k, NDCG@k, MAP@k, coverage, popularity bias.
 
 Computed on the users' side exactly as ``recommend`` does (:mod:`streamdp.serving.local`):
-each user solves her row from her own *training* ratings and the released model,
-scores every item, and her top-``k`` list is taken among the items she did **not**
-rate in training, ranked by the model's list score (:func:`streamdp.serving.local.list_scorer`:
-the unclipped prediction, plus the released-count term for a model that declares
-one), ties broken by the lower position in the released model (ascending item id). Streamed by user block
-through the engine, scored as float32 matrix products over tiles of users and selected
-in Numba (:func:`streamdp.kernels.topk.topn_blocked`: the lists of the float64 per-user
-kernel, bit for bit, ties included).
+each user solves her row from her own *training* ratings and the released model, and her
+top-``k`` list is taken among the items she did **not** rate in training, ranked by the
+model's list score (:func:`streamdp.serving.local.list_scorer`), ties by ascending item
+id. Streamed by user block through the engine, selected in Numba
+(:func:`streamdp.kernels.topk.topn_blocked`). Public names: :class:`Ranking`,
+:func:`setup`, :func:`ranking_sample`, :func:`ranking_verdict`, :func:`format_ranking`.
 
-**Which users.** By default the metrics cover a seeded sample of the store's users
-(:func:`ranking_sample`: ``--ranking-users``, default :data:`DEFAULT_RANKING_USERS`
-drawn uniformly without replacement from the dense user positions ``0..n_users-1`` with
-the fixed public seed :data:`SAMPLE_SEED`: deterministic, chosen from positions alone,
-the same users for the model's lists and the baselines'); ``--ranking-users all``
-measures every user. The sampled users with a relevant held-out item are measured; the
-output says how many (``n_users``) out of how many such users the store holds
-(``n_users_evaluable``), and each mean's **standard error** (``standard_error``: the
-sample standard deviation over ``sqrt(n_users)``, with the finite-population correction
-``sqrt(1 - n_users / n_users_evaluable)``; 0 when every user is measured). Coverage and
-popularity bias are of the measured users' lists.
+Decisions a reader must know:
 
-Relevance: a held-out (test split) rating ``>= threshold``; the default threshold is
-the top 20% of the store's rating range, ``lo + 0.8 (hi - lo)`` (4.2 on a 1..5
-scale: only the 5s are relevant). On an implicit store (interaction counts) every
-held-out interaction is relevant (threshold 0: counts are positive; a given
-``--relevant-threshold`` is then a minimum count). Users without a relevant test item are not
-evaluated. Per user, with ``h`` hits among the ``k`` listed and ``R`` relevant items:
+* **which users**: a seeded uniform sample of :data:`DEFAULT_RANKING_USERS` user positions
+  (fixed public seed :data:`SAMPLE_SEED`, the same users for the model and the baselines),
+  or ``--ranking-users all``; each mean comes with its standard error (finite-population
+  corrected);
+* **relevance**: a held-out rating ``>=`` the threshold, by default the top 20% of the
+  rating range (:func:`default_threshold`); on an implicit store every held-out
+  interaction; users without a relevant test item are not evaluated;
+* binary gains; coverage and popularity bias are of the measured users' lists;
+* **baselines**: ``private_popularity`` (the counts the model itself released:
+  post-processing) and ``popularity`` (exact training counts: non-private, a reference);
+* the metrics are the data owner's (they read the test split): printed, never written
+  into a model.
 
-* precision ``h / k``; recall ``h / R``;
-* NDCG: ``sum over hits of 1 / log2(rank + 1)`` divided by the ideal
-  ``sum_{i=1..min(R, k)} 1 / log2(i + 1)`` (binary gains);
-* MAP: ``sum over hits of Precision@rank / min(R, k)``;
-
-each averaged over the evaluated users. Of the lists: **coverage** is the share of
-the catalogue that appears in at least one evaluated user's list, **popularity
-bias** the mean training-rating count of a listed item divided by the catalogue's
-mean count (1: no bias; larger: the lists favour popular items).
-
-Baselines beside each, listed with the same candidates and tie-break:
-
-* ``private_popularity``: the most-popular unseen items by the counts the model
-  itself **released** (ALS's noisy item weight totals; a public-private model's
-  public users' counts): post-processing of the release, no further privacy cost;
-  absent when the model releases no counts;
-* ``popularity``: the most-popular unseen items by the exact training counts:
-  **non-private**, a reference point only.
-
-The metrics are the data owner's (they read the test split): printed by
-``evaluate``/``train``, never written into a model.
+Design notes (the sample and its errors, each metric's formula, the baselines):
+docs/design-notes.md#streamdpservingrankingpy.
 """
 
 from __future__ import annotations

@@ -1,39 +1,22 @@
 """The per-run driver of multi-pass methods: run directory, random families, checkpoints, per-user state.
 
-Every iterative method (``sgd``/``sgld`` epochs, ``als``/``irls`` iterations) needs
-the same machinery around its passes, written once here:
+Every iterative method (``sgd``/``sgld`` epochs, ``als``/``irls`` iterations) needs the
+same machinery around its passes, written once here in :class:`Run` (also
+:func:`sweep_stale_runs`, :func:`fingerprint`). Decisions a reader must know:
 
-* **Run directory.** ``--checkpoint DIR`` names it (kept, and resumed from); without
-  it a private temporary directory beside the store (``STORE.state/<method>-XXXX``)
-  is used and removed when the run ends, also on failure, and the ``STORE.state``
-  folder itself when nothing else is left in it. It holds private state (per-user
-  rows, the noise's root entropy): keep a named one private and delete it after.
-  A temporary one records its owner (``owner.json``, :mod:`streamdp.owner`): if the
-  process is killed before it can clean up, :func:`sweep_stale_runs` removes the
-  directory later (``streamdp train`` on that store and ``streamdp budget --settle``
-  call it and say so).
-* **Randomness.** One root entropy per run (the seed, or 63 bits from the OS), saved
-  with the checkpoint so a resumed run continues the same streams. Every use draws
-  from its own family ``(purpose, epoch)`` and, per user group, from the group's
-  child stream (:meth:`Run.group_rng`), so results do not depend on scheduling or on
-  how users are cut into blocks, and an interrupted run resumes bit for bit.
-* **Checkpoints.** After each epoch the method's item-side arrays, the epoch number,
-  the root entropy and a run id are written atomically to ``DIR/checkpoint.npz``
-  together with a fingerprint of the settings; a run started with the same
-  ``--checkpoint`` and settings resumes after the last finished epoch, a run with
-  other settings is refused (one line naming the directory).
-* **Where.** The temporary run directory lives under the state root: ``STORE.state``
-  by default, or ``state=`` (``--state URL``), a local directory or any fsspec URL
-  that a cluster's workers can reach (the per-user arrays are written there by the
-  tasks). Under a URL the run's files (owner record, checkpoint, arrays) are objects
-  under the prefix ``URL/<method>-XXXX/``, removed the same way when the run ends;
-  :func:`sweep_stale_runs` looks there too.
-* **Per-user state.** :meth:`Run.user_state` gives two
-  :class:`~streamdp.stream.state.UserState` arrays used alternately by epoch
-  (epoch ``e`` reads one and writes the other), so the state at the end of the last
-  finished epoch is always intact for a resume.
-* **Progress.** :meth:`Run.epochs` yields the epochs to run with a progress line on
-  a terminal (:mod:`streamdp.progress`).
+* **run directory**: ``--checkpoint DIR`` (kept, resumed from), else a private temporary
+  directory ``STORE.state/<method>-XXXX`` (or under ``--state URL``, reachable by a
+  cluster's workers) removed when the run ends; it holds private state; a killed run's
+  directory is found by its owner record and removed by :func:`sweep_stale_runs`;
+* **randomness**: one root entropy per run, saved with the checkpoint; every use draws
+  from its own family ``(purpose, epoch)`` and per group (:meth:`Run.group_rng`), so
+  results do not depend on scheduling or blocking and a resumed run continues bit for bit;
+* **checkpoints**: after each epoch, atomically, with a fingerprint of the settings; the
+  same settings resume, other settings are refused;
+* **per-user state**: :meth:`Run.user_state` gives two arrays used alternately by epoch,
+  so the last finished epoch's state is always intact; :meth:`Run.epochs` shows progress.
+
+Design notes (each rule in full): docs/design-notes.md#streamdpstreamdriverpy.
 
 Examples
 --------

@@ -1,60 +1,28 @@
 """The stream engine: every pass of every method is a map over user blocks plus a reduction.
 
-:class:`Engine` owns three decisions that no method should make on its own:
+:class:`Engine` (``map_reduce``, ``imap``, ``foreach``) owns the decisions that no
+method should make on its own:
 
-* **Scheduling.** Every pass runs on Dask. Locally (the default) it is one task graph
-  on Dask's threaded scheduler (:func:`pass_graph`: read, compute, hand over per block,
-  in this process, nothing pickled; the Numba kernels release the GIL, so threads run on
-  all cores without copying blocks); with ``scheduler="tcp://..."`` (or a
-  :class:`distributed.Client`) the same pass is submitted to a Dask distributed
-  cluster, one task per block, each task reading its own block from the store's URL.
-  Both bound the blocks in flight and hand the partials to ``combine`` in block order
-  as soon as they are next (see "Decision" below for why not one distributed client
-  for everything).
-* **Memory.** At most :attr:`Engine.in_flight` blocks are read-but-not-combined at
-  any moment; the number comes from ``memory_limit`` minus what the process uses,
-  divided by the largest block's footprint. What the process uses is the larger of
-  its RSS now and its baseline (RSS when the engine was made, freed memory given back
-  first) plus what the caller declares it holds in item-side state plus Numba's code
-  (:data:`~streamdp.memory.KERNEL_CODE_BYTES`, loaded at the first kernel call): the
-  state and code are counted once, whether or not they are resident yet. Locally, up to ``workers``
-  further tasks read and decompress the next blocks while ``workers`` compute (prefetch).
-* **Progress.** Every pass draws a bar of its blocks on a terminal's stderr
-  (:mod:`streamdp.progress`; never under ``--json``, in a pipe or with
-  ``STREAMDP_PROGRESS=0``), labelled with the caller's ``desc`` (``"als iteration 3/7"``).
-* **Determinism.** ``map_reduce`` combines partials strictly in block order, so the
-  result is bit-for-bit the same for 1 or N workers and on a cluster; randomness must
-  come from per-block/per-step generators (``streamdp.privacy.spawn_rngs``), never
-  from which thread ran a block.
+* **scheduling**: every pass runs on Dask; locally (the default) as one task graph on
+  Dask's threaded scheduler in this process (:func:`pass_graph`; the Numba kernels release
+  the GIL); with ``scheduler=`` (``"dask"``, ``"processes"``, an address or a
+  :class:`distributed.Client`) on Dask distributed, one task per block, each reading its
+  own block from the store's URL; both paths bound the blocks in flight and combine in
+  block order, bit-identical;
+* **memory**: at most :attr:`Engine.in_flight` blocks are read-but-not-combined, from
+  ``memory_limit`` minus what the process uses (RSS or baseline, declared item-side state,
+  Numba's code), over the largest block; locally ``workers`` further blocks are prefetched;
+* **progress**: a bar of each pass's blocks on a terminal (:mod:`streamdp.progress`);
+* **determinism**: partials are combined strictly in block order, so the result is the
+  same for 1 or N workers and on a cluster; randomness comes from per-block generators;
+* **threads**: workers x Numba threads x BLAS threads <= cores
+  (:mod:`streamdp.stream.threads`), set for a pass and restored after;
+* **why not one distributed client for everything** (issue 30, measured): in-process
+  distributed cost 6.9 ms of CPU per block against 0.14 ms for the threaded-scheduler
+  graph, so the distributed client runs only where needed (several processes or a cluster).
 
-Thread budget: workers x Numba threads x BLAS threads <= cores (see
-:mod:`streamdp.stream.threads`); set for the duration of a pass and restored after.
-
-Schedulers (one interface, ``scheduler=``): ``None`` Dask's threaded scheduler in
-this process (:meth:`Engine._run_local`); ``"dask"`` Dask distributed in this
-process; ``"processes"`` a ``LocalCluster`` of ``workers`` processes; an address or
-client, a running cluster. Every distributed variant takes one path
-(:meth:`Engine._run_distributed`: one task per block, the same bounded window,
-in-order combination), bit-identical to the local one.
-
-Decision (issue 30, measured with ``bench/scale.py --overhead`` and an als iteration
-pass on the 18M and 100M stores of docs/scale.md, a 2-core machine at load average
-13-28, so CPU seconds, not wall, are compared): a Dask distributed client in this
-process costs 6.9 ms of CPU per block (client, scheduler and worker bookkeeping on
-the event loop, holding the GIL; pickling is negligible: ~0.4 small pickles per
-task, the blocks and the state a task references are not pickled in-process) and
-0.1 s of latency per block under load (its event loop starved by the compute
-threads), against 0.11 ms CPU for the former hand-written thread pool and 0.14 ms for
-the pass as one graph on Dask's threaded scheduler. An als iteration at 100M (90
-blocks): pool 8.7 s CPU, distributed in-process +6.5% CPU (and +30% wall in issue
-30's idle measurement); Dask's threaded scheduler +0.6-3% CPU per pass at 18M and
-100M, wall x0.98-1.06 (within the +-10% noise of that machine), bit-identical (two
-whole 100M fits run one after the other: wall x0.91 and x1.03, CPU +10%: the item to
-re-measure idle, docs/scale.md "Measured at scale"). So the local default
-runs on Dask's threaded scheduler (the per-block cost of the pool, no client to
-start), and the distributed client only where it is needed: several processes or a
-cluster, where a task pays pickling and a round trip, worth it when the cluster has
-more cores than this machine.
+Design notes (the memory rule, the schedulers, the issue 30 measurements):
+docs/design-notes.md#streamdpstreamenginepy.
 """
 
 from __future__ import annotations
