@@ -19,7 +19,12 @@ Rules checked here:
 * **short functions**: no function or method in ``streamdp/`` or ``bench/`` is over
   :data:`MAX_FUNCTION_LINES` lines (``def`` line to last line, decorators not counted, a
   nested function counted in its own right and inside the one around it); split a long
-  one along what it does (parse / validate / write, plan / fit / release).
+  one along what it does (parse / validate / write, plan / fit / release);
+* **short module docstrings**: every module docstring in ``streamdp/`` is at most
+  :data:`MAX_DOCSTRING_LINES` lines (what the module does, its public names, the decisions
+  a reader must know); the derivations, tables and measurements go to
+  ``docs/design-notes.md``, and every ``docs/design-notes.md#anchor`` a module names is a
+  heading there.
 
 ``python tests/test_structure.py [N]`` lists the functions over N lines (default 80), longest first.
 """
@@ -27,6 +32,7 @@ Rules checked here:
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -326,6 +332,48 @@ def test_no_function_is_over_120_lines():
     long = {n: k for n, k in all_function_lengths().items() if k > MAX_FUNCTION_LINES}
     assert not long, (f"functions over {MAX_FUNCTION_LINES} lines (split them along what they do: parse / validate / "
                       f"write, plan / fit / release): {dict(sorted(long.items()))}")
+
+
+#: No module docstring in ``streamdp/`` longer than this (lines of its text, as ``ast.get_docstring`` gives it).
+MAX_DOCSTRING_LINES = 40
+DESIGN_NOTES = ROOT / "docs" / "design-notes.md"
+
+
+def docstring_lines(source: str, path: str = "<source>") -> int:
+    """Lines of the module docstring of ``source`` (0 without one)."""
+    doc = ast.get_docstring(ast.parse(source, path), clean=False)
+    return len(doc.splitlines()) if doc else 0
+
+
+def test_the_docstring_counter_counts_the_docstrings_lines():
+    assert docstring_lines('"""One line."""\n\nx = 1\n') == 1
+    assert docstring_lines('"""Title.\n\nBody.\n"""\n') == 3
+    assert docstring_lines("x = 1\n") == 0
+    assert docstring_lines('"""' + "line\n" * 41 + '"""\n') == 41 > MAX_DOCSTRING_LINES
+
+
+def test_no_module_docstring_is_over_40_lines():
+    long = {p.relative_to(ROOT).as_posix(): n for p in sorted(PKG.rglob("*.py"))
+            if (n := docstring_lines(p.read_text(), str(p))) > MAX_DOCSTRING_LINES}
+    assert not long, (f"module docstrings over {MAX_DOCSTRING_LINES} lines (keep what the module does, its public names "
+                      f"and the decisions; move derivations, tables, measurements and history to "
+                      f"docs/design-notes.md, a section per module, and link it): {long}")
+
+
+def markdown_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page (lower case, punctuation dropped, spaces to ``-``)."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_the_design_notes_links_in_the_package_name_sections_that_exist():
+    assert "streamdpstorageingestpy" in markdown_anchors("## `streamdp/storage/ingest.py`\n")
+    anchors = markdown_anchors(DESIGN_NOTES.read_text())
+    links = {(p.relative_to(ROOT).as_posix(), a) for p in sorted(PKG.rglob("*.py"))
+             for a in re.findall(r"docs/design-notes\.md#([\w-]+)", p.read_text())}
+    assert links, "no module links a section of docs/design-notes.md"
+    bad = sorted((p, a) for p, a in links if a not in anchors)
+    assert not bad, f"links to sections docs/design-notes.md does not have: {bad}"
 
 
 if __name__ == "__main__":
