@@ -363,7 +363,7 @@ def test_no_module_docstring_is_over_40_lines():
 def markdown_anchors(text: str) -> set[str]:
     """The anchors GitHub gives the headings of a Markdown page (lower case, punctuation dropped, spaces to ``-``)."""
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
-            for h in re.findall(r"^#+ (.+)$", text, re.M)}
+            for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
 
 
 def test_the_design_notes_links_in_the_package_name_sections_that_exist():
