@@ -59,7 +59,7 @@ def ledger_grid(event, eps_rdp: float) -> float:
     """The PLD grid of a ledger's composition: :func:`~streamdp.privacy.accountant.pld_grid` at ``eps_rdp`` rounded
     down to a power of two (see "Its grid").
 
-    >>> ledger_grid(compose([]), 3.0) == ledger_grid(compose([]), 2.0) == 2e-4
+    >>> ledger_grid(compose([]), 3.0) == ledger_grid(compose([]), 2.0) == 2e-3
     True
     """
     scale = max(eps_rdp, 1.0) if math.isfinite(eps_rdp) else 1.0

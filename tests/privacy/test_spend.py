@@ -13,7 +13,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as _pld
 
 from streamdp.privacy import GUARANTEE_USER_DP, Ledger
-from streamdp.privacy.accountant import epsilon_of
+from streamdp.privacy.accountant import GRID_REL, epsilon_of
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.events import (
     compose, event_from_dict, event_to_dict, gaussian_event, huber_event, laplace_event,
@@ -139,7 +139,7 @@ def test_the_budget_decision_is_the_composition_from_scratch(store):
     assert (store / SPEND_FILE).exists()
 
 
-@pytest.mark.parametrize("rdp, grid", [(0.5, 1e-4), (1.99, 1e-4), (2.0, 2e-4), (7.9, 4e-4), (8.1, 8e-4)])
+@pytest.mark.parametrize("rdp, grid", [(0.5, 1e-3), (1.99, 1e-3), (2.0, 2e-3), (7.9, 4e-3), (8.1, 8e-3)])
 def test_the_ledger_grid_is_never_coarser_than_the_per_release_rule(rdp, grid):
     e = gaussian_event(1.0)
-    assert ledger_grid(e, rdp) == pytest.approx(grid) and ledger_grid(e, rdp) <= 1e-4 * max(rdp, 1.0)
+    assert ledger_grid(e, rdp) == pytest.approx(grid) and ledger_grid(e, rdp) <= GRID_REL * max(rdp, 1.0)
