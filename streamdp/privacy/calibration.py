@@ -7,10 +7,10 @@ bracket, then dp-accounting's ``mechanism_calibration.calibrate_dp_mechanism``
 epsilon gap), then a final check with :func:`streamdp.privacy.accountant.epsilon_of`
 exactly as the ledger will compute it, nudging ``z`` up if the grids disagree. The
 result therefore never overshoots the target (property-tested), and is within a
-relative ``1e-4`` of the smallest such ``z``.
+relative ``1e-5`` of the smallest such ``z`` (so the epsilon spent prints as the target).
 
 The result is rounded up to :data:`Z_BITS` significant bits (a relative step of at
-most ``2^-19``, about ``2e-6``: well inside the search's ``1e-4``; rounding up only adds
+most ``2^-19``, about ``2e-6``: inside the search's ``1e-5``; rounding up only adds
 noise, so it never overshoots). That makes it the same number on every machine:
 the accountant's arithmetic (NumPy's and SciPy's ``exp``/``log``, whose last bits
 depend on the CPU's SIMD path: AVX-512 or AVX2 give different ones) moves the search's
@@ -45,7 +45,7 @@ from streamdp.privacy.events import gaussian_event, huber_event, laplace_event
 
 __all__ = ["calibrate", "calibrate_gaussian", "calibrate_laplace", "calibrate_huber", "paper_sigma_jain"]
 
-_REL_TOL = 1e-4
+_REL_TOL = 1e-5
 #: Significant bits kept of a calibrated noise parameter (rounded up): see the module docstring.
 Z_BITS = 20
 

@@ -30,8 +30,8 @@ The fixture holds on any x86-64 machine. Two kinds of array are compared:
   far more (``test_the_fixture_catches_a_last_bit_and_a_noise_draw``).
 
 Re-record only for an intended change of results:
-``STREAMDP_RECORD_BIT_IDENTICAL=1 python -m pytest tests/methods/test_bit_identical.py``
-(add ``-m ''`` to record the slow cases too).
+``STREAMDP_RECORD_BIT_IDENTICAL=1 python -m pytest -n 0 tests/methods/test_bit_identical.py``
+(serial, ``-n 0``: two workers would write the fixture over each other; add ``-m ''`` for the slow cases too).
 """
 
 from __future__ import annotations
