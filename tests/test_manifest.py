@@ -204,7 +204,7 @@ def rating_twins(tmp_path_factory):
     return _twin_stores(tmp_path_factory.mktemp("twins"), seeds=(5, 6))
 
 
-@pytest.mark.parametrize("name", [*TWIN_RUNS, "lowrank", "tune"])
+@pytest.mark.parametrize("name", [*TWIN_RUNS, "lowrank", pytest.param("tune", marks=pytest.mark.slow)])
 def test_public_fields_do_not_depend_on_the_ratings(rating_twins, tmp_path, name):
     """Finding 1: sgld published step_users = ceil(16 n_items n_users / n_ratings), the exact rating count to 0.5%.
 

@@ -135,7 +135,8 @@ def test_train_1e9_is_one_line_in_bounded_memory(store, tmp_path, method):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["lowrank", "{store}", "--rank", "2", "--epsilon", "1e9", "--out", "{tmp}/lr"], TOO_BIG),
+    pytest.param(["lowrank", "{store}", "--rank", "2", "--epsilon", "1e9", "--out", "{tmp}/lr"], TOO_BIG,
+                 marks=pytest.mark.slow),  # train's own case (default run) takes the same path
     (["sweep", "{store}", "--epsilons", "1,1e9", "--out", "{tmp}/sw", "--dry-run"],
      "--epsilons 1e9: above what the accountant can resolve (max 500)"),
     pytest.param(["demo", "--epsilon", "1e9", "--out", "{tmp}/demo"], TOO_BIG, marks=pytest.mark.slow),  # as train's
@@ -244,7 +245,7 @@ def test_every_methods_plan_at_max_epsilon(store, method):
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("z,expect", [("1e-3", 504752.0), ("1e-5", math.inf)])
+@pytest.mark.parametrize("z,expect", [pytest.param("1e-3", 504752.0, marks=pytest.mark.slow), ("1e-5", math.inf)])
 def test_privacy_epsilon_of_tiny_noise_in_bounded_memory(z, expect):
     """A Gaussian of noise multiplier 1e-3 has epsilon ~5.05e5 at delta 1e-6 (analytic Gaussian); the PLD's
     upper bound is reported. At 1e-5 (epsilon ~5e9) dp-accounting overflows: inf, an upper bound."""

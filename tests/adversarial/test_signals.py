@@ -132,7 +132,8 @@ def test_sigterm_while_training_settles_like_ctrl_c(store, tmp_path):
     assert e["status"] == "failed" and e["reason"] == "interrupted (SIGTERM)" and not out.exists()
 
 
-@pytest.mark.parametrize("sig,code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow), (signal.SIGTERM, 143)],
+@pytest.mark.parametrize("sig,code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
+                                      pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow)],
                          ids=["SIGINT", "SIGTERM"])  # SIGINT's path is the same handler (and tests/test_cli_interrupt.py)
 def test_burst_of_five_while_training_settles_once(store, tmp_path, sig, code):
     """Five signals in 50 ms: the first interrupts, the others are ignored, also after the (quick) settlement."""
@@ -145,7 +146,8 @@ def test_burst_of_five_while_training_settles_once(store, tmp_path, sig, code):
     assert assert_settled(store, out, tmp_path)["status"] == "failed"
 
 
-@pytest.mark.parametrize("sig,code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow), (signal.SIGTERM, 143)],
+@pytest.mark.parametrize("sig,code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
+                                      pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow)],
                          ids=["SIGINT", "SIGTERM"])  # SIGINT's path is the same handler (and tests/test_cli_interrupt.py)
 def test_burst_during_settling_marks_the_entry_failed_once(store, tmp_path, sig, code):
     """One signal stops training; five more arrive while the reservation is being settled (before
@@ -167,7 +169,7 @@ def test_burst_during_settling_marks_the_entry_failed_once(store, tmp_path, sig,
     assert assert_settled(store, out, tmp_path)["status"] == "failed"
 
 
-@pytest.mark.parametrize("hook", ["install", "writing"])
+@pytest.mark.parametrize("hook", [pytest.param("install", marks=pytest.mark.slow), "writing"])
 def test_sigterm_during_the_model_write(store, tmp_path, hook):
     """install: SIGTERM while the model's files are written (held until the rename: the model is in place and
     its entry complete). writing: SIGTERM after the entry says 'writing', before the write: nothing is

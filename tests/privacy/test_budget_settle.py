@@ -82,6 +82,7 @@ def store(tmp_path):
     return p
 
 
+@pytest.mark.slow  # issue 41: a SIGKILLed train is settled in the default run by test_kill_after_a_checkpoint_is_never_refunded
 def test_sigkill_during_train_then_settle(store, tmp_path):
     out = tmp_path / "model"
     with training(store, out) as (proc, entry):

@@ -104,6 +104,7 @@ def model_arrays(path) -> dict:
 
 # -- the commands ---------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # issue 41: 2-8 s on the mock S3; the default run keeps the ingest, train and file:// cases
 def test_generate_info_verify_on_s3(url, tmp_path):
     ok("generate", "--out", url, *GEN)
     local = tmp_path / "local.zarr"
@@ -179,6 +180,7 @@ def _ledger(eps):
     return Ledger(method="demo", guarantee=GUARANTEE_USER_DP, epsilon=eps, delta=1e-6, events=[gaussian_event(sigma)])
 
 
+@pytest.mark.slow  # issue 41: 2-8 s on the mock S3; the default run keeps the ingest, train and file:// cases
 def test_two_reservations_racing_on_s3_one_is_refused(url):
     """Both runs read the ledger before either writes (forced with a barrier): the second commit loses the
     conditional create, reads again, and is refused by the budget; without the conditional write both would
@@ -224,6 +226,7 @@ def test_two_reservations_racing_on_s3_one_is_refused(url):
     assert names == ["000000000001", "000000000002"]  # budget, one reservation: the loser wrote nothing
 
 
+@pytest.mark.slow  # issue 41: 2-8 s on the mock S3; the default run keeps the ingest, train and file:// cases
 def test_conflicting_commit_writes_nothing(url):
     from streamdp.privacy.budget import StoreBudget
     from streamdp.privacy.object_journal import Conflict
@@ -269,6 +272,7 @@ def _abandoned_writer(url):
     return w
 
 
+@pytest.mark.slow  # issue 41: 2-8 s on the mock S3; the default run keeps the ingest, train and file:// cases
 def test_half_written_store_is_not_a_store_and_says_why(url):
     from streamdp import open_store
 
@@ -324,6 +328,7 @@ def test_writer_that_raises_leaves_nothing(url):
         open_store(url)
 
 
+@pytest.mark.slow  # issue 41: 2-8 s on the mock S3; the default run keeps the ingest, train and file:// cases
 def test_force_replaces_s3_store_keeping_its_ledger(url):
     ok("generate", "--out", url, *GEN)
     ok("budget", url, "--set", "4,1e-6")
@@ -358,6 +363,7 @@ def test_file_url_store_is_written_and_budgeted_like_an_object_store(tmp_path):
     assert not (tmp_path / "f.zarr" / ".streamdp-writing").exists()
 
 
+@pytest.mark.slow  # issue 41: 2-8 s on the mock S3; the default run keeps the ingest, train and file:// cases
 def test_replacement_failing_midway_publishes_no_mix_and_keeps_the_new_copy(url, monkeypatch):
     import s3fs
 
@@ -386,6 +392,7 @@ def test_replacement_failing_midway_publishes_no_mix_and_keeps_the_new_copy(url,
     assert s["budget"]["epsilon"] == 4.0  # the ledger stayed at the URL throughout
 
 
+@pytest.mark.slow  # issue 41: 2-8 s on the mock S3; the default run keeps the ingest, train and file:// cases
 def test_s3_blocks_read_by_chunk_reader_equal_zarr_and_refuse_a_deleted_chunk(url):
     """Blocks on S3 are read one GET per chunk (the chunk reader), equal to Zarr's own reads; a deleted chunk
     object is refused by the structural check and by the read, naming the array and chunk."""
@@ -411,6 +418,7 @@ def test_s3_blocks_read_by_chunk_reader_equal_zarr_and_refuse_a_deleted_chunk(ur
             s.read_block(b)
 
 
+@pytest.mark.slow  # issue 41: 2-8 s on the mock S3; the default run keeps the ingest, train and file:// cases
 def test_s3_ledger_is_the_journal_objects_replay(url):
     """privacy_budget.json on S3 is a copy: lost, it is rebuilt from the journal objects on the next read; edited,
     it is refused until ``budget --restore`` rewrites it; a journal object removed breaks the chain and is refused."""
@@ -439,6 +447,7 @@ def test_s3_ledger_is_the_journal_objects_replay(url):
     assert code != 0 and "out of sequence" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # issue 41: 2-8 s on the mock S3; the default run keeps the ingest, train and file:// cases
 def test_s3_store_that_released_refuses_to_forget_its_history(url):
     """Issue 28, findings 2 and 8 on object storage: the ledger and every journal object deleted, then the last
     journal object alone, then the release key: each refused in one line (the old code took the first for a

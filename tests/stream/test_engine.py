@@ -201,6 +201,7 @@ def test_user_state_roundtrip(tmp_path, small_store):
         UserState(str(tmp_path), "U", n_users=small_store.n_users + 1, k=3, block_users=10, mode="a")
 
 
+@pytest.mark.slow  # issue 41: a process LocalCluster costs ~5 s; the in-process Dask cases (tests/stream/test_cluster*.py) stay in the default run
 def test_local_cluster_equals_threads(small_store, tmp_path, monkeypatch, capsys):
     distributed = pytest.importorskip("distributed")
     import dask  # a dependency of distributed
@@ -267,7 +268,7 @@ if sys.argv[3] == "drop":  # dropped: closed by the garbage collector, its pass'
 """
 
 
-@pytest.mark.parametrize("how", ["keep", "drop"])
+@pytest.mark.parametrize("how", [pytest.param("keep", marks=pytest.mark.slow), "drop"])
 def test_a_generator_read_in_part_does_not_hold_the_interpreter(tmp_path, how):
     """Issue 40: a ``recommend_all`` generator read in part and kept in a global held the process forever (a pool
     thread waited to hand over its block). Kept or dropped, the process now exits."""
