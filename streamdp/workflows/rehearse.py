@@ -1,39 +1,28 @@
 """Choosing epsilon without spending it: a synthetic store shaped like a real one.
 
-``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse``
-write a store from :func:`streamdp.storage.generate.generate_store` whose shape is
-STORE's, made only from what is public or released (already, or once now, accounted),
-never trained on STORE's ratings. Public names: :func:`generate_like` (the command),
-:func:`released_shape` (what STORE's models and earlier rehearsals released),
-:func:`shape_from_histogram`, :func:`calibrate_spread`, :data:`SHAPE_EPSILON` and
-:data:`REHEARSAL_NOTE` (the sweep's note).
+``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse`` write a store from
+:func:`streamdp.storage.generate.generate_store` whose shape is STORE's, made only from what is public or released,
+never trained on STORE's ratings. Public names: :func:`generate_like` (the command), :func:`check_like`,
+:func:`released_shape`, :func:`shape_from_histogram`, :func:`calibrate_spread`, :data:`SHAPE_EPSILON`,
+:data:`REHEARSAL_NOTE`.
 
-Where each number comes from:
+Where each number comes from (a generator option given wins):
 
-* **free**: the public parameters (the items, the declared rating range and step, the
-  test fraction) and the statistics STORE's models already released (the number of
-  users, the histogram of ratings per user, the item side of the least noisy als,
-  irls or means model, ``--select auto`` validation losses), or what earlier
-  rehearsals released (kept in their synthetic store);
+* **free**: the public parameters (items, rating range and step, test fraction) and what STORE's models or earlier
+  rehearsals released (users, the histogram of ratings per user, the item side of the least noisy als, irls or
+  means model, ``--select auto`` validation losses);
 * **given**: ``--users`` / ``--ratings-per-user``, at no cost, the user's to vouch for;
-* **released now**, once, at ``--shape-epsilon`` and charged to STORE's budget (ledger
-  method ``shape``, said in the output, reused by later rehearsals for free): a
-  Laplace histogram of ratings per user (it reads row pointers, never ratings), and,
-  once a model released an item side, the rating spread (three clipped, weighted sums
-  over the users, :func:`streamdp.kernels.spread.residual_spread`). Their noise always
-  comes from OS entropy: a rehearsal's ``--seed`` never seeds a release from STORE.
+* **released now**, once, at ``--shape-epsilon`` and charged to STORE's budget (ledger method ``shape``, said, reused
+  for free later): a Laplace histogram of ratings per user (row pointers only) and, once a model released an item
+  side, the rating spread (:func:`streamdp.kernels.spread.residual_spread`). Their noise comes from OS entropy,
+  never from a rehearsal's ``--seed``.
 
-From them, by post-processing: the mean ratings per user fitted to the histogram
-(:func:`fit_activity`), the item popularity and means from the released item side
-(:func:`drawing_weights`, :func:`pre_clip_means`), and the generator's interaction,
-noise and user offsets matched by simulated pilot stores (:func:`calibrate_spread`).
-A generator option given wins. The sweep on the synthetic store charges only its own
-budget: STORE's is left byte for byte unless a statistic had to be released.
+Post-processing turns them into the generator's options: the activity law (:func:`fit_activity`), item popularity
+and means (:func:`drawing_weights`, :func:`pre_clip_means`), and interaction, noise and user offsets matched on
+pilot stores (:func:`calibrate_spread`). The sweep on the synthetic store charges only its own budget.
 
-Each source and reading in full, the measurements behind them and how close the
-rehearsal's curve lies to the real one: ``docs/design-notes.md``, section
-``streamdp/workflows/rehearse.py``, and ``docs/choosing-epsilon.md`` (``rehearsal_gaps`` in
-``tests/test_rehearse.py``).
+The reasoning and measurements behind each step: ``docs/design-notes.md``, section
+``streamdp/workflows/rehearse.py``; how close the curve comes: ``docs/choosing-epsilon.md``.
 """
 
 from __future__ import annotations
@@ -367,8 +356,7 @@ def _inclusion(p: np.ndarray, n: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 #: :func:`drawing_weights` moves a weight at most this factor away from its item's share of the totals: a total beyond
-#: what every user rating the item once would give (noise, or a heavier activity than the generator's) is not chased
-#: to a weight that makes every user rate it first (measured corrections on generated stores: 1.5 at the top).
+#: reach (noise, or a heavier activity than the generator's) is not chased to a weight that every user rates first.
 MAX_CORRECTION = 4.0
 #: :func:`drawing_weights` solves for the top items one by one and for the rest in groups of alike totals, at most
 #: this many unknowns in all (memory and time: ``len(activity) x GROUPS`` numbers, whatever the catalogue).
@@ -876,10 +864,8 @@ def spread_sums(store, item_mean, V, bounds, cap: float = 1.0) -> np.ndarray:
     ratings there; ``cap`` 1: one user one weight), the third over its training ratings, one user one weight
     (``V`` ``None``: no factors, 0 and 0 users).
 
-    The item means were fitted to the training ratings: the test ratings spread around them as a prediction's error
-    does (what a sweep's test RMSE measures), the training ratings less (by about ``1 / n_j`` of the spread: measured
-    1.409 against 1.442, 2,000 users x 400 items). The unexplained residual is out of sample already (leave one
-    out) and needs more ratings per user than a test split holds."""
+    Test ratings, because the item means were fitted to the training ones; the unexplained residual is out of sample
+    already (leave one out) and needs more ratings per user than a test split holds (docs/design-notes.md)."""
     item_mean = np.ascontiguousarray(item_mean, np.float64)
     bounds = np.asarray(bounds, np.float64)
     out, none = np.zeros(4), np.zeros((len(item_mean), 0))
@@ -897,11 +883,8 @@ def spread_sums(store, item_mean, V, bounds, cap: float = 1.0) -> np.ndarray:
 
 def _unit_factors(V, weights) -> np.ndarray:
     """The directions of ``V``'s rows (a row of zeros: a fixed random one), scaled so that ``u . v`` (``u ~ N(0,
-    I / sqrt(k))``, the generator's users) has unit variance over ratings drawn with ``weights``.
-
-    Directions only: a released model shrinks the factors of its rarely rated items towards 0 (regularisation,
-    noise), and those norms as the truth's would put the whole interaction on the popular items (measured: a
-    light user's residual then spreads more than a heavy user's, which the real store's do not)."""
+    I / sqrt(k))``, the generator's users) has unit variance over ratings drawn with ``weights``. Directions only: the
+    released norms are shrunk on rarely rated items and would put the whole interaction on the popular ones."""
     V = np.asarray(V, np.float64)
     norm = np.sqrt((V * V).sum(axis=1))[:, None]
     fill = np.random.default_rng(0).standard_normal(V.shape)
@@ -975,17 +958,8 @@ def item_mean_draw(prior: dict | None, n: int, seed: int) -> np.ndarray | None:
     the released total, floored at 0): ``t`` for an item without ratings, about ``s / sqrt(C_j)`` for a popular one.
 
     :func:`calibrate_spread` adds ``sqrt(mu)`` times it to the released means (the synthetic truth's), ``mu`` matched
-    so that the pilot's released item means spread as the real ones did (module docstring). Why: a released item
-    mean is a posterior mean, shrunk the more the fewer its ratings; taken as the truth, the synthetic items' means
-    spread less than the real ones, and a private model trained on the synthetic store loses less to its own
-    (stronger) shrinkage than on the real one. Decision, measured on the acceptance's stores (``tests/test_rehearse.py``,
-    spread released without noise; ``means``' loss from privacy, test RMSE at epsilon 0.5 minus at inf, synthetic over
-    real): the released means as the truth gave 80% on the default store (their spread 0.262 against the truth's
-    0.300) and 77% on the taste-cluster store; a fixed draw (``mu = 1``, the model's own prior) gave 107% and 90%, but
-    185% on the strong-interaction store, whose released means are noisier than the model's prior assumed and need no
-    draw; an empirical-Bayes spread read off the released means with the model's shrinkage formula put the items'
-    spread at 0.19-0.22 (the truth's 0.30: a non-private ``means`` model's held-out choice shrinks more than that
-    formula) and lost 62% of the noisy store's loss. Matching on pilots needs no formula for how the model shrank.
+    so that the pilot's released item means spread as the real ones did: a released mean is shrunk, and taken as the
+    truth it makes privacy look cheaper (why, and the alternatives measured: docs/design-notes.md).
 
     >>> prior = {"counts": np.array([1e8, 0.0]), "t2": 0.16, "s2": 1.0, "sigma_S": 0.0}
     >>> d = item_mean_draw(prior, 2, 0)  # a well rated item has nothing to add, an unrated one its prior
@@ -1025,12 +999,8 @@ def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict
                     user_exponent: float = 2.0) -> tuple[dict, Release]:
     """The spread statistics of ``st`` against ``model`` with Laplace noise (OS entropy): the three sums and the
     weights counted (:func:`spread_sums`). One user moves each sum by at most its bound and each count by at most 1:
-    L1 sensitivity ``B + 1`` (``B`` the bounds' sum), ``B + 2`` with factors (the users of the third sum counted too).
-
-    Decision, measured: the counts used to be released times ``B``, so that every coordinate moved by at most ``B``
-    (sensitivity ``2 B``, ``3 B`` with factors): the counts then took half the budget (two thirds with factors) for a
-    precision the sums never had. Counted once each, the first sum's noise std falls by a factor 1.7 (2.5 with
-    factors) and a count's noise, relative to the counts, stays below the sum's."""
+    L1 sensitivity ``B + 1`` (``B`` the bounds' sum), ``B + 2`` with factors (the users of the third sum counted too;
+    why the counts are not scaled by ``B``: docs/design-notes.md)."""
     factors = model["V"] is not None
     bounds = spread_bounds(pub["rating_min"], pub["rating_max"], factors)
     V = _unit_factors(model["V"], weights) if factors else None
