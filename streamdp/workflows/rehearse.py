@@ -41,8 +41,7 @@ from streamdp.kernels.spread import residual_spread
 from streamdp.methods._profile import EDGES, WHAT as PROFILE_WHAT, exact_histogram
 from streamdp.privacy.budget import COUNTED, StoreBudget
 from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
-from streamdp.privacy.mechanisms import huber_variance
-from streamdp.privacy.release import Release
+from streamdp.privacy.release import Release, entry_std
 from streamdp.serving.model import load_model
 from streamdp.serving.serve import factors_released
 from streamdp.storage.catalogue import catalogue_view, store_catalogue
@@ -160,16 +159,12 @@ def generator_mean(mean: float, n_items: int, user_exponent: float = 2.0) -> flo
     15.0
     """
     n = float(n_items)
-
-    def capped(m):
-        return _capped_mean(m, n, user_exponent)
-
-    if mean >= capped(n * 1e6):
+    if mean >= _capped_mean(n * 1e6, n, user_exponent):
         return float(n)
     lo, hi = 1.0, n * 1e6
     for _ in range(200):
         mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if capped(mid) < mean else (lo, mid)
+        lo, hi = (mid, hi) if _capped_mean(mid, n, user_exponent) < mean else (lo, mid)
     return round(max(lo, 1.0), 3)
 
 
@@ -194,11 +189,7 @@ def _sources(entry: dict) -> list[dict]:
     if model is not None and ledger is not None:
         n = (ledger.get("public_parameters") or {}).get("n_users")
         if isinstance(n, dict) and isinstance(n.get("value"), int):
-            std = 0.0
-            if n.get("source") == "released":
-                rel = [r for r in (ledger.get("bounds") or {}).get("releases", [])
-                       if str(r.get("release", "")).startswith("number of users")]
-                std = math.sqrt(2.0) * float(rel[0]["scale"]) if rel else math.inf
+            std = _release_std(ledger, "number of users") if n.get("source") == "released" else 0.0
             out.append({"what": "n_users", "value": n["value"], "std": std, "from": frm})
         prof = model.get("user_profile")
         if isinstance(prof, dict) and prof.get("bin_lower_edges") == EDGES.tolist():
@@ -272,16 +263,11 @@ ITEM_METHODS = ("als", "irls", "means")
 _COUNTS_RELEASE = "item weight totals C_j"
 
 
-def _noise_std(rel: dict) -> float:
-    """Standard deviation of one coordinate of the noise of a ledger's release entry."""
-    mech, scale = rel.get("mechanism"), float(rel.get("scale", math.inf))
-    if mech == "gaussian":
-        return scale
-    if mech == "laplace":
-        return math.sqrt(2.0) * scale
-    if mech == "huber":
-        return math.sqrt(huber_variance(scale, float(rel.get("huber_transition", 0.0))))
-    return math.inf
+def _release_std(ledger: dict, name: str) -> float:
+    """The noise standard deviation (one coordinate, :func:`streamdp.privacy.release.entry_std`) of the first release
+    in ``ledger`` whose name starts with ``name``; ``inf`` when there is none."""
+    rel = [r for r in (ledger.get("bounds") or {}).get("releases", []) if str(r.get("release", "")).startswith(name)]
+    return entry_std(rel[0]) if rel else math.inf
 
 
 def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
@@ -298,14 +284,8 @@ def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
     if counts is None:
         return None
     counts = np.asarray(counts, np.float64)
-    if m.ledger.epsilon == math.inf or model.get("epsilon") == "inf":
-        std = 0.0
-    else:
-        rel = [r for r in (ledger.get("bounds") or {}).get("releases", [])
-               if str(r.get("release", "")).startswith(_COUNTS_RELEASE)]
-        if not rel:
-            return None
-        std = _noise_std(rel[0])
+    private = not (m.ledger.epsilon == math.inf or model.get("epsilon") == "inf")
+    std = _release_std(ledger, _COUNTS_RELEASE) if private else 0.0
     total = float(np.maximum(counts, 0.0).sum())
     if not (total > 0 and math.isfinite(std)):
         return None
@@ -313,7 +293,8 @@ def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
     rule = {"private": std > 0, "sampling": par.get("sampling", "adaptive"), "tau": float(par.get("tau") or 1.0),
             "l1": par.get("mechanism") in ("laplace", "huber"), "centred": std > 0 and model["method"] == "means"}
     return {"what": "items", "std": std / total, "model": where,
-            "value": {"counts": counts, "counts_floored": np.maximum(counts, std / math.sqrt(2.0 * math.pi)), "bias": np.asarray(m.item_bias, np.float64), "user_weight": rule,
+            "value": {"counts": counts, "counts_floored": np.maximum(counts, std / math.sqrt(2.0 * math.pi)),
+                      "bias": np.asarray(m.item_bias, np.float64), "user_weight": rule,
                       "global_mean": float(m.global_mean), "count_std": std, "method": model["method"]}}
 
 
@@ -364,15 +345,11 @@ GROUPS = 2048
 
 
 def drawing_weights(totals, activity, user_weight, iters: int = 20) -> np.ndarray:
-    """The generator's drawing weights whose expected item weight totals are proportional to ``totals``.
-
-    Released totals are flatter than the probabilities that drew them: a heavy user rates each item at most once,
-    so the top items' share of her ratings is below their drawing probability. Drawing with the totals themselves
-    would flatten the synthetic store twice. The weights ``p`` solve ``sum_users c(n) pi_j(n, p) ~ totals_j``
-    (``c`` the model's per-user weight, ``pi_j`` :func:`_inclusion`, users at :func:`_activity`'s quantiles) by
-    ``iters`` multiplicative steps ``p_j <- p_j totals_j / E_j(p)``, kept within :data:`MAX_CORRECTION` of the
-    totals. Past the first ``GROUPS / 2`` items (by total)
-    the items are solved in ``GROUPS / 2`` groups of consecutive totals (one factor ``p / total`` a group)."""
+    """The generator's drawing weights whose expected item weight totals are proportional to ``totals`` (released
+    totals are flatter than the law that drew them: a heavy user rates an item once). The weights ``p`` solve
+    ``sum_users c(n) pi_j(n, p) ~ totals_j`` (``c`` the per-user weight, ``pi_j`` :func:`_inclusion`, users at
+    :func:`_activity`'s quantiles) by ``iters`` multiplicative steps, within :data:`MAX_CORRECTION` of the totals;
+    past the first ``GROUPS / 2`` items, in ``GROUPS / 2`` groups of consecutive totals."""
     tot = np.asarray(totals, np.float64)
     tot = tot / tot.sum()
     order = np.argsort(-tot, kind="stable")
@@ -439,14 +416,9 @@ def pre_clip_means(target, s, lo: float, hi: float, step: float) -> np.ndarray:
 
 def item_side(counts, count_std: float, bias) -> tuple[np.ndarray, np.ndarray]:
     """The synthetic store's item drawing weights and biases from a model's released item weight totals (noise
-    standard deviation ``count_std``) and item biases (post-processing), most popular first.
-
-    A noisy total is clipped at ``sigma / sqrt(2 pi)``, the mean of pure noise clipped at 0 (``sigma`` its standard
-    deviation): an item whose total is within the noise is still drawn, about as often as the noise alone says,
-    rather than never (a negative total) or as often as the noise's upward swings. Under the generator's model (a
-    user's items drawn independently of her activity) a total ``C_j = sum_i c_ij`` is proportional to item ``j``'s
-    drawing probability in expectation, whatever the per-user weights ``c_ij``, so the clipped totals serve as the
-    weights themselves. Each item keeps its own released bias: popular items' means stay theirs.
+    standard deviation ``count_std``) and item biases, most popular first. A noisy total is floored at ``sigma /
+    sqrt(2 pi)``, the mean of pure noise clipped at 0: an item within the noise is still drawn, about as often as
+    the noise alone says. Each item keeps its own released bias.
 
     >>> w, b = item_side([5.0, -3.0, 20.0], 2.5, [0.1, -0.2, 0.3])
     >>> w.round(3).tolist(), b.tolist()
@@ -530,11 +502,13 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
     side, the spread statistics. ``options``: the generator's other parameters (rank, noise,
     seed, item_exponent, ...). ``echo`` gets the lines saying where each number came from.
 
-    The stages: :func:`_checked_like` (the arguments), :func:`_known_shape` (what is given or already
+    The stages: :func:`check_like` (the arguments), :func:`_known_shape` (what is given or already
     released), :func:`_histogram_released` and :func:`_spread_matched` (what is released now), :func:`_generate`.
     """
     say = echo or (lambda *a, **k: None)
-    st, eps = _checked_like(store, users, ratings_per_user, shape_epsilon, options)
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    eps = check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon, options=options)
+    st = rehearsal_items(st)
     pub = _public(st)
     shape, found, items = _known_shape(st, pub, users, ratings_per_user, options)
     # the store named by its keyed fingerprint (set below, once a release has made its key), never by its checksum
@@ -557,13 +531,6 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
         say(line)
     _say_shape(say, st, pub, shape, like["items"], like["spread"])
     return syn
-
-
-def _checked_like(store, users, ratings_per_user, shape_epsilon, options) -> tuple[RatingStore, float]:
-    """``(the store opened, the shape's epsilon)``: the rehearsal's arguments checked before anything is read."""
-    st = store if isinstance(store, RatingStore) else open_store(store)
-    eps = check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon, options=options)
-    return rehearsal_items(st), eps
 
 
 def check_like(st: RatingStore, *, users=None, ratings_per_user=None, shape_epsilon=None, options=()) -> float:
@@ -622,14 +589,14 @@ def _histogram_released(st, eps, pub, shape, like, options, stack, *, budget, ov
     entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, "the histogram of training "
                                                              "ratings per user"),
                                                over_budget=over_budget, model=model))
-    h = shape_from_histogram(hist, math.sqrt(2.0) * rel.scale, pub["n_items"], pub["test_fraction"],
+    h = shape_from_histogram(hist, rel.std, pub["n_items"], pub["test_fraction"],
                              options.get("user_exponent", 2.0))
     src = f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}"
     for key in ("n_users", "ratings_per_user"):
         if shape[key] is None:
             shape[key] = {"value": h[key], "source": src}
     like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
-                             "noise_std": math.sqrt(2.0) * rel.scale}
+                             "noise_std": rel.std}
     return (f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of "
             f"training ratings per user, which it had not released (entry {entry}; later rehearsals "
             f"reuse it for free)")
@@ -709,13 +676,18 @@ def _generate(out, shape, pub, like, force, options) -> RatingStore:
     m = _generator_rpu(shape, pub, options)
     rule = options.pop("user_weight", None)
     if rule is not None:
-        n = _activity(m, pub["n_items"], options.get("user_exponent", 2.0))
-        c = _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), rule)
-        options["item_weights"] = drawing_weights(options["item_weights"], n, c)
+        options["item_weights"] = _weights_for(options["item_weights"], rule, m, pub, options)
     return generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"], ratings_per_user=m,
                           rating_min=pub["rating_min"], rating_max=pub["rating_max"],
                           rating_step=pub["rating_step"], test_fraction=pub["test_fraction"], force=force,
                           like={**like, "shape": shape}, **options)
+
+
+def _weights_for(totals, rule: dict, m: float, pub: dict, options: dict) -> np.ndarray:
+    """:func:`drawing_weights` for the generator's users of mean ``m`` weighted as the model's ``rule`` weighed its
+    users' training ratings (:func:`_user_weight`)."""
+    n = _activity(m, pub["n_items"], options.get("user_exponent", 2.0))
+    return drawing_weights(totals, n, _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), rule))
 
 
 def _generator_rpu(shape, pub, options) -> float:
@@ -764,15 +736,14 @@ def _items(found: dict | None, pub: dict, options: dict) -> dict:
     return out
 
 
-def _say_shape(say, st, pub, shape, items=None, spread=None) -> None:
+def _say_shape(say, st, pub, shape, items, spread) -> None:
     say(f"shaped like {st.path}: {pub['n_items']:,} items, ratings {pub['rating_min']:g}..{pub['rating_max']:g} "
         f"(step {pub['rating_step']:g}), test fraction {pub['test_fraction']:g} (public parameters)")
     say(f"  {shape['n_users']['value']:,} users: {shape['n_users']['source']}")
     say(f"  {shape['ratings_per_user']['value']:g} ratings per user (mean): {shape['ratings_per_user']['source']}")
-    if items is not None:
-        say(f"  item popularity: {items['popularity']}")
-        say(f"  item means: {items['means']}")
-    if spread is not None and "targets" in spread:
+    say(f"  item popularity: {items['popularity']}")
+    say(f"  item means: {items['means']}")
+    if "targets" in spread:
         t = spread["targets"]
         say(f"  rating spread: interaction scale {spread['interaction_scale']:g}, noise {spread['noise']:g}, user "
             f"offsets std {spread['user_bias_std']:g}, matched to the mean squared residual {t['total']:.3f}"
@@ -782,7 +753,7 @@ def _say_shape(say, st, pub, shape, items=None, spread=None) -> None:
             + (f", unexplained by the released factors {t['unexplained']:.3f}" if t["unexplained"] is not None
                else "") + f" (noise std {t['std']:.3g}, about {release_noise_rmse(t):.2g} in the curve's RMSE; "
             f"{spread['source']}); factors: {spread['factors']}")
-    elif spread is not None:
+    else:
         say(f"  rating spread: {spread['source']}")
 
 
@@ -934,14 +905,10 @@ def _bias_prior(where: str, m, h: float) -> dict | None:
     counts = m.extras.get("noisy_item_weight")
     if counts is None or m.method != "means":
         return None
-    sigma = 0.0
-    if m.ledger.epsilon != math.inf:
-        ledger = _read_json(os.path.join(where, "privacy.json")) or {}
-        rel = [r for r in (ledger.get("bounds") or {}).get("releases", [])
-               if str(r.get("release", "")).startswith(_SUMS_RELEASE)]
-        if not rel:
-            return None
-        sigma = _noise_std(rel[0])
+    sigma = 0.0 if m.ledger.epsilon == math.inf else _release_std(
+        _read_json(os.path.join(where, "privacy.json")) or {}, _SUMS_RELEASE)
+    if not math.isfinite(sigma):
+        return None
     try:
         clip = float((m.info.get("parameters") or {}).get("bias_clip", "inf"))
     except (TypeError, ValueError):
@@ -952,11 +919,8 @@ def _bias_prior(where: str, m, h: float) -> dict | None:
 
 def item_mean_draw(prior: dict | None, n: int, seed: int) -> np.ndarray | None:
     """One seeded draw of how far each item's true mean may lie from its released one, scaled as the released
-    model's posterior (``None``: no prior, the released means kept): ``sd_j z_j``, ``z_j`` standard normal and
-    ``sd_j^2 = t^2 (s^2 C_j + sigma_S^2) / (t^2 C_j^2 + s^2 C_j + sigma_S^2)`` under the model's public prior
-    ``N(0, t^2)``, spread ``s`` and sums' noise ``sigma_S`` (:func:`streamdp.methods._biases.item_biases`; ``C_j``
-    the released total, floored at 0): ``t`` for an item without ratings, about ``s / sqrt(C_j)`` for a popular one.
-
+    model's posterior (``None``: no prior): ``sd_j z_j``, ``sd_j^2 = 1 / (1 / t^2 + C_j^2 / (s^2 C_j + sigma_S^2))``
+    under the model's prior ``N(0, t^2)``, spread ``s`` and sums' noise ``sigma_S`` (``C_j`` the released total).
     :func:`calibrate_spread` adds ``sqrt(mu)`` times it to the released means (the synthetic truth's), ``mu`` matched
     so that the pilot's released item means spread as the real ones did: a released mean is shrunk, and taken as the
     truth it makes privacy look cheaper (why, and the alternatives measured: docs/design-notes.md).
@@ -1013,7 +977,7 @@ def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict
     if not factors:
         noisy[[2, 4]] = 0.0  # 0 exactly (nothing to fit on, no user counted): nothing is learnt from their noise
     return {"values": [float(x) for x in noisy], "bound_sum": B, "count_scale": 1.0, "bounds": bounds.tolist(),
-            "noise_std": math.sqrt(2.0) * rel.scale, "model": model["path"], "factors": factors,
+            "noise_std": rel.std, "model": model["path"], "factors": factors,
             "factors_model": model["factors_path"], "ridge": SPREAD_RIDGE, "weight_cap": cap,
             "split": "test" if st.has_test else "train"}, rel
 
@@ -1088,21 +1052,11 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
                      global_mean: float, seed: int, selection: dict | None = None) -> dict:
     """The generator's ``interaction_scale``, ``noise`` and ``user_bias_std`` (and the item biases that keep the
     released item means; the released factors, if any, as the truth's) whose store has the released spread
-    statistics: at most :data:`PILOT_ROUNDS` pilot stores of ``min(n_users, PILOT_USERS)`` users (the synthetic
-    store's own seed), each read with :func:`spread_sums` against its own release (:func:`_pilot_release`), and
-    updates of the variances (the user offsets' by ``offset``; with factors the noise by ``unexplained`` and the
-    interaction by ``total - offset - unexplained``, without them ``total - offset`` split between the two).
-
-    Without released factors the split (noise over interaction) is :data:`DEFAULT_SPLIT`, unless a model released
-    the validation losses of a factors candidate and a biases one (``selection``, :func:`_selection_source`: als's
-    ``--select auto``): then the split is the one whose pilot, trained as that model was (its method, epsilon, rank),
-    has the same :func:`selection_ratio` (:func:`_next_split`; at most :data:`SPLIT_ROUNDS` rounds). Why the split
-    is matched, and what it gave on the acceptance's noisy store: docs/design-notes.md, "The rehearsal's spread".
-
-    The stages: :class:`_SpreadSearch` (the items' order and weights, the first variances), its :meth:`pilot`
-    (one pilot store and its statistics), :meth:`step` (the secant updates) and :meth:`record`.
-
-    Returns ``{"options": the generator's options, "record": what was matched, round by round}``."""
+    statistics: at most :data:`PILOT_ROUNDS` pilot stores of ``min(n_users, PILOT_USERS)`` users, each read against
+    its own release (:func:`_pilot_release`), and secant updates of the variances (:class:`_SpreadSearch`).
+    Without released factors the split (noise over interaction) is :data:`DEFAULT_SPLIT`, or matched to a released
+    ``selection`` (:func:`_selection_source`, :func:`_next_split`; at most :data:`SPLIT_ROUNDS` rounds); why:
+    docs/design-notes.md. Returns ``{"options": the generator's options, "record": what was matched}``."""
     search = _SpreadSearch(targets, shape, pub, options, model, w_model, global_mean, seed, selection)
     with tempfile.TemporaryDirectory(prefix="streamdp-pilot-") as tmp:
         for _ in range(SPLIT_ROUNDS if search.find_split else PILOT_ROUNDS):
@@ -1126,9 +1080,7 @@ class _SpreadSearch:
         self.m = m = _generator_rpu({"ratings_per_user": dict(shape["ratings_per_user"])}, pub, opts)
         wts = np.asarray(w_model, np.float64)[order]
         if "user_weight" in options:
-            n = _activity(m, pub["n_items"], opts.get("user_exponent", 2.0))
-            c = _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), options["user_weight"])
-            wts = drawing_weights(wts, n, c)
+            wts = _weights_for(wts, options["user_weight"], m, pub, opts)
         final = order[np.argsort(-wts, kind="stable")]  # the generator numbers its items so: nothing moves in it
         self.wts = wts = np.sort(wts)[::-1].copy()
         prior = model.get("bias_prior")
