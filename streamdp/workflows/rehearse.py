@@ -200,7 +200,7 @@ def _sources(entry: dict) -> list[dict]:
         items = _item_source(where, model, ledger)
         if items is not None:
             out.append({**items, "from": frm})
-            if (model.get("summary") or {}).get("factors_released", model.get("factors_released")):
+            if model.get("factors_released"):
                 out.append({**items, "what": "factor_items", "from": frm})
         return out
     try:
@@ -953,7 +953,7 @@ def _spread_record_ok(rel, entry_id) -> bool:
     try:
         return (isinstance(rel, dict) and rel.get("entry") == entry_id and os.path.isdir(str(rel.get("model")))
                 and len(rel["values"]) == 5 and all(math.isfinite(float(x)) for x in rel["values"])
-                and float(rel["count_scale"]) > 0 and float(rel["noise_std"]) >= 0 and "factors" in rel
+                and float(rel["noise_std"]) >= 0 and "factors" in rel
                 and 1 <= int(rel["weight_cap"]) <= SPREAD_WEIGHT_CAP)
     except (KeyError, TypeError, ValueError):
         return False
@@ -976,7 +976,7 @@ def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict
     noisy = rel.add(sums, _release_rng())
     if not factors:
         noisy[[2, 4]] = 0.0  # 0 exactly (nothing to fit on, no user counted): nothing is learnt from their noise
-    return {"values": [float(x) for x in noisy], "bound_sum": B, "count_scale": 1.0, "bounds": bounds.tolist(),
+    return {"values": [float(x) for x in noisy], "bound_sum": B, "bounds": bounds.tolist(),
             "noise_std": rel.std, "model": model["path"], "factors": factors,
             "factors_model": model["factors_path"], "ridge": SPREAD_RIDGE, "weight_cap": cap,
             "split": "test" if st.has_test else "train"}, rel
@@ -988,13 +988,13 @@ def spread_targets(record: dict) -> dict:
     the noise standard deviation of the total (its sum's and its count's) and the weights' cap
     (:func:`spread_weight_cap`).
 
-    >>> t = spread_targets({"values": [1000.0, 100.0, 0.0, 1000.0, 0.0], "count_scale": 1.0, "noise_std": 20.0,
-    ...                     "factors": False, "weight_cap": 8})
+    >>> t = spread_targets({"values": [1000.0, 100.0, 0.0, 1000.0, 0.0], "noise_std": 20.0, "factors": False,
+    ...                     "weight_cap": 8})
     >>> t["total"], t["offset"], t["unexplained"], t["users"], round(t["std"], 4), t["weight_cap"]  # std: 0.02 sqrt 2
     (1.0, 0.1, None, 1000.0, 0.0283, 8)
     """
-    v, k = record["values"], float(record.get("count_scale", 1.0))
-    n, n_tr = max(v[3] / k, 1.0), max(v[4] / k, 1.0)
+    v = record["values"]
+    n, n_tr = max(v[3], 1.0), max(v[4], 1.0)
     total = v[0] / n
     # the total is a ratio of two noisy numbers: the count's noise (relative std sigma / n) moves it as much as the
     # sum's does once it is near 1
