@@ -28,7 +28,6 @@ The reasoning and measurements behind each step: ``docs/design-notes.md``, secti
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import tempfile
@@ -39,6 +38,7 @@ from scipy.special import ndtr
 from streamdp.errors import ParameterError, StreamdpError
 from streamdp.kernels.spread import residual_spread
 from streamdp.methods._profile import EDGES, WHAT as PROFILE_WHAT, exact_histogram
+from streamdp.model_dir import read_model_json
 from streamdp.privacy.budget import COUNTED, StoreBudget
 from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
 from streamdp.privacy.release import Release, entry_std
@@ -168,15 +168,6 @@ def generator_mean(mean: float, n_items: int, user_exponent: float = 2.0) -> flo
     return round(max(lo, 1.0), 3)
 
 
-def _read_json(path) -> dict | None:
-    try:
-        with open(path) as f:
-            d = json.load(f)
-        return d if isinstance(d, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
 def _sources(entry: dict) -> list[dict]:
     """What one budget entry's output (a model, or a rehearsal's synthetic store) released about the shape:
     ``{"what": "n_users"|"histogram", "value", "std", "from"}`` (``std`` 0: exact or declared)."""
@@ -184,7 +175,7 @@ def _sources(entry: dict) -> list[dict]:
     if not where or not os.path.isdir(where):
         return []
     frm = f"budget entry {entry['id']} ({where})"
-    model, ledger = _read_json(os.path.join(where, "model.json")), _read_json(os.path.join(where, "privacy.json"))
+    model, ledger = read_model_json(where), read_model_json(where, "privacy.json")
     out = []
     if model is not None and ledger is not None:
         n = (ledger.get("public_parameters") or {}).get("n_users")
@@ -562,8 +553,7 @@ def _known_shape(st, pub, users, ratings_per_user, options):
     found = released_shape(st)
     if found["spread"] is not None:  # the item side the spread was read against, so that the two agree
         where = found["spread"]["value"]["model"]
-        src = _item_source(where, _read_json(os.path.join(where, "model.json")) or {},
-                           _read_json(os.path.join(where, "privacy.json")) or {})
+        src = _item_source(where, read_model_json(where) or {}, read_model_json(where, "privacy.json") or {})
         if src is not None:
             found["items"] = {**src, "from": found["spread"]["from"] + f", read against the model {where}"}
     items = _items(found["items"], pub, options)
@@ -572,14 +562,17 @@ def _known_shape(st, pub, users, ratings_per_user, options):
             shape["n_users"] = {"value": int(found["n_users"]["value"]),
                                 "source": f"released: {found['n_users']['from']}"}
         if found["histogram"] is not None:
-            h = shape_from_histogram(found["histogram"]["value"], found["histogram"]["std"], pub["n_items"],
-                                     pub["test_fraction"], options.get("user_exponent", 2.0))
-            src = f"released histogram of ratings per user: {found['histogram']['from']}"
-            if shape["n_users"] is None:
-                shape["n_users"] = {"value": h["n_users"], "source": src}
-            if shape["ratings_per_user"] is None:
-                shape["ratings_per_user"] = {"value": h["ratings_per_user"], "source": src}
+            _fill(shape, shape_from_histogram(found["histogram"]["value"], found["histogram"]["std"], pub["n_items"],
+                                              pub["test_fraction"], options.get("user_exponent", 2.0)),
+                  f"released histogram of ratings per user: {found['histogram']['from']}")
     return shape, found, items
+
+
+def _fill(shape: dict, values: dict, source: str) -> None:
+    """What ``shape`` lacks (users, ratings per user) from ``values``, said to come from ``source``."""
+    for key in ("n_users", "ratings_per_user"):
+        if shape[key] is None:
+            shape[key] = {"value": values[key], "source": source}
 
 
 def _histogram_released(st, eps, pub, shape, like, options, stack, *, budget, over_budget, model) -> str:
@@ -589,12 +582,9 @@ def _histogram_released(st, eps, pub, shape, like, options, stack, *, budget, ov
     entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, "the histogram of training "
                                                              "ratings per user"),
                                                over_budget=over_budget, model=model))
-    h = shape_from_histogram(hist, rel.std, pub["n_items"], pub["test_fraction"],
-                             options.get("user_exponent", 2.0))
-    src = f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}"
-    for key in ("n_users", "ratings_per_user"):
-        if shape[key] is None:
-            shape[key] = {"value": h[key], "source": src}
+    _fill(shape, shape_from_histogram(hist, rel.std, pub["n_items"], pub["test_fraction"],
+                                      options.get("user_exponent", 2.0)),
+          f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}")
     like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
                              "noise_std": rel.std}
     return (f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of "
@@ -906,7 +896,7 @@ def _bias_prior(where: str, m, h: float) -> dict | None:
     if counts is None or m.method != "means":
         return None
     sigma = 0.0 if m.ledger.epsilon == math.inf else _release_std(
-        _read_json(os.path.join(where, "privacy.json")) or {}, _SUMS_RELEASE)
+        read_model_json(where, "privacy.json") or {}, _SUMS_RELEASE)
     if not math.isfinite(sigma):
         return None
     try:
@@ -1012,7 +1002,7 @@ def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple
     (with their estimation error and shrinkage); the pilot's are read against its own, fitted alike."""
     from streamdp.workflows.training import train as train_model
 
-    info = _read_json(os.path.join(where, "model.json")) or {}
+    info = read_model_json(where) or {}
     eps = info.get("epsilon")
     eps = math.inf if eps in ("inf", None) else float(eps)
     out = os.path.join(tmp, "pilot-model")
@@ -1022,7 +1012,7 @@ def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple
     pos = find(as_ids(m.item_ids), as_ids(pilot.item_ids()))
     mean = float(m.global_mean) + np.asarray(m.item_bias, np.float64)[pos]
     V = np.asarray(m.item_factors, np.float64)[pos, : m.rank] if factors_released(m) else None
-    sel = _selection_source(out, _read_json(os.path.join(out, "model.json")) or {})
+    sel = _selection_source(out, read_model_json(out) or {})
     return mean, V, None if sel is None else sel["value"]["ratio"]
 
 
@@ -1063,7 +1053,7 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
             p, ratio_p = search.pilot(tmp)
             if search.step(p, ratio_p):
                 break
-    return {"options": search.options_for(search.i2, search.n2, search.u2, search.mu), "record": search.record()}
+    return {"options": search.options_for(), "record": search.record()}
 
 
 class _SpreadSearch:
@@ -1115,9 +1105,9 @@ class _SpreadSearch:
     def split_rest(q, split):
         return q / (1 + split ** 2), q * split ** 2 / (1 + split ** 2)
 
-    def options_for(self, i2, n2, u2, mu) -> dict:
-        """The generator's options at these variances (and the item means' draw scale ``mu``)."""
-        V = self.V
+    def options_for(self) -> dict:
+        """The generator's options at the current variances (and the item means' draw scale ``mu``)."""
+        V, i2, n2, u2, mu = self.V, self.i2, self.n2, self.u2, self.mu
         per_item = (i2 * (V * V).sum(axis=1) / math.sqrt(V.shape[1]) if self.factors else i2) + n2 + u2
         target_mean = self.released_mean if self.draw is None else self.released_mean + math.sqrt(mu) * self.draw
         a = pre_clip_means(target_mean, np.sqrt(per_item), self.lo, self.hi, self.step_)
@@ -1129,7 +1119,7 @@ class _SpreadSearch:
         (the round is recorded)."""
         model, seed, pub = self.model, self.seed, self.pub
         i2, n2, u2, mu = self.i2, self.n2, self.u2, self.mu
-        o = {k: v for k, v in self.options_for(i2, n2, u2, mu).items() if k not in ("seed", "show_progress")}
+        o = {k: v for k, v in self.options_for().items() if k not in ("seed", "show_progress")}
         pilot = generate_store(os.path.join(tmp, "p.zarr"), n_users=self.n_pilot, n_items=pub["n_items"],
                                ratings_per_user=self.m, rating_min=self.lo, rating_max=self.hi,
                                rating_step=self.step_, test_fraction=pub["test_fraction"], force=True, seed=seed,
