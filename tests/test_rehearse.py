@@ -244,12 +244,18 @@ def test_a_missing_statistic_is_released_charged_and_said_then_reused(store, tmp
 
 @pytest.mark.usefixtures("one_pilot")
 @pytest.mark.parametrize("shape_epsilon", [0.1, 200.0])
-def test_the_spread_weighs_users_by_their_test_ratings_as_far_as_its_noise_allows(released, tmp_path, shape_epsilon):
+def test_the_spread_weighs_users_by_their_test_ratings_as_far_as_its_noise_allows(released, tmp_path, shape_epsilon,
+                                                                                   monkeypatch):
     """The spread's users are weighted by their test ratings up to the cap that :func:`spread_weight_cap` predicts
     from the released shape and the shape epsilon: at the default 0.1 on 800 users every user alike (cap 1: the noise
     is already more than the weighting would remove), at 200 heavily; the record keeps it, the output says it, and
-    the released totals are the store's weighted ones (the noise std at 200 is below 0.002 of a weight's term)."""
+    the released totals are the store's weighted ones, within four of the noise std the record states (at 200 the
+    cap, 256, leaves about 0.012: a bound of 0.02 failed about one run in ten); the noise from a fixed seed."""
     import zarr
+
+    import streamdp.workflows.rehearse
+
+    monkeypatch.setattr(streamdp.workflows.rehearse, "_release_rng", lambda: np.random.default_rng(0))
 
     from streamdp.storage.schema import ATTRS_KEY
     from streamdp.workflows.rehearse import _spread_model, spread_bounds, spread_sums, spread_targets, spread_weight_cap
@@ -269,7 +275,8 @@ def test_the_spread_weighs_users_by_their_test_ratings_as_far_as_its_noise_allow
         m = _spread_model(rec["model"], released)
         exact = spread_targets({**rec, "values": spread_sums(released, m["mean"][m["pos"]], None, bounds, cap).tolist(),
                                 "noise_std": 0.0})
-        assert spread_targets(rec)["total"] == pytest.approx(exact["total"], abs=0.02)
+        got = spread_targets(rec)  # within 4 of its stated noise std (0.012 here) of the store's weighted total
+        assert got["total"] == pytest.approx(exact["total"], abs=4 * got["std"]) and got["std"] < 0.02
 
 
 def test_given_numbers_cost_nothing_and_fixed_parameters_are_refused(store, tmp_path, cli):
