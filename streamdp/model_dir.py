@@ -15,10 +15,11 @@ MODEL_FORMAT = "streamdp-model"
 MODEL_FORMAT_VERSION = 1
 
 
-def read_model_json(path) -> dict | None:
-    """``path/model.json`` as a dict, or ``None`` (absent, unreadable, not an object)."""
+def read_model_json(path, name: str = "model.json") -> dict | None:
+    """``path/model.json`` (or another of the model's JSON files: ``privacy.json``) as a dict, or ``None`` (absent,
+    unreadable, not an object)."""
     try:
-        with open(os.path.join(path, "model.json")) as f:
+        with open(os.path.join(path, name)) as f:
             info = json.load(f)
     except (OSError, ValueError):
         return None

@@ -29,12 +29,48 @@ def store(tmp_path):
 
 
 @pytest.fixture()
-def released(store, tmp_path):
-    """``store`` after one released means model (its ledger holds the released user count and histogram)."""
-    import streamdp
+def one_pilot(monkeypatch):
+    """The spread calibration in one pilot round: the tests that take it check what is released, charged, recorded and
+    said, not how closely the spread is matched (the acceptance measures that: the cheap guard below, and -m slow)."""
+    import streamdp.workflows.rehearse
 
-    streamdp.train(store.path, method="means", epsilon=2.0, out=str(tmp_path / "m"), seed=1, evaluate=False)
-    return store
+    monkeypatch.setattr(streamdp.workflows.rehearse, "PILOT_ROUNDS", 1)
+
+
+@pytest.fixture()
+def no_plot(monkeypatch):
+    """The sweep's figure left out where no assertion reads it (matplotlib's import and drawing cost seconds)."""
+    import streamdp.workflows.sweep
+
+    monkeypatch.setattr(streamdp.workflows.sweep, "plot", lambda result, path: None)
+
+
+@pytest.fixture(scope="module")
+def _released_once(tmp_path_factory):
+    """The ``store`` fixture's store after one released means model, made once for the module: ``released`` copies it
+    (its budget entry points at this model, which no test changes)."""
+    import streamdp
+    from streamdp.storage.generate import generate_store
+
+    d = tmp_path_factory.mktemp("released")
+    s = generate_store(str(d / "s.zarr"), n_users=800, n_items=60, ratings_per_user=12, rank=3, seed=4,
+                       test_fraction=0.2, show_progress=False)
+    streamdp.train(s.path, method="means", epsilon=2.0, out=str(d / "m"), seed=1, evaluate=False)
+    return s.path, str(d / "m")
+
+
+@pytest.fixture()
+def released(_released_once, tmp_path):
+    """A store after one released means model (its ledger holds the released user count and histogram), a fresh
+    copy per test; ``released.model_dir`` is the model."""
+    import shutil
+
+    from streamdp.storage.store import open_store
+
+    shutil.copytree(_released_once[0], tmp_path / "s.zarr")
+    st = open_store(str(tmp_path / "s.zarr"))
+    st.model_dir = _released_once[1]
+    return st
 
 
 def test_shape_from_histogram_fits_the_generators_activity_law():
@@ -69,12 +105,17 @@ def test_drawing_weights_undo_the_flattening_of_realized_counts(tmp_path):
     assert abs(top(p) - top(law)) < 0.03 < abs(top(counts) - top(law))
 
 
-def test_drawing_weights_stay_bounded_on_a_large_catalogue_and_unreachable_totals():
-    """Past 2,048 items the tail is solved in groups; a total no user of the generator's activity can reach (the top
-    item's share above one rating per user) moves its weight at most MAX_CORRECTION (renormalised), never to 1."""
-    from streamdp.workflows.rehearse import GROUPS, MAX_CORRECTION, _activity, drawing_weights
+@pytest.mark.parametrize("groups", [256, pytest.param(None, marks=pytest.mark.slow)])  # None: the module's GROUPS
+def test_drawing_weights_stay_bounded_on_a_large_catalogue_and_unreachable_totals(monkeypatch, groups):
+    """Past GROUPS items the tail is solved in groups; a total no user of the generator's activity can reach (the top
+    item's share above one rating per user) moves its weight at most MAX_CORRECTION (renormalised), never to 1. The
+    default run solves with 256 unknowns (the same grouping, an eighth of the work); -m slow with the module's 2,048."""
+    import streamdp.workflows.rehearse
+    from streamdp.workflows.rehearse import MAX_CORRECTION, _activity, drawing_weights
 
-    n_items = GROUPS + 952
+    if groups is not None:
+        monkeypatch.setattr(streamdp.workflows.rehearse, "GROUPS", groups)
+    n_items = streamdp.workflows.rehearse.GROUPS + 952
     tot = np.arange(1, n_items + 1) ** -0.9
     n = _activity(50.0, n_items, 2.0)
     p = drawing_weights(tot, n, np.ones(len(n)))
@@ -134,6 +175,7 @@ def test_the_split_search_steps_towards_the_released_ratio_and_converges():
     assert _next_split(15.0, ratio(15.0), 1.5, (10.0, ratio(10.0))) == SPLIT_RANGE[1]  # out of reach: at the bound
 
 
+@pytest.mark.usefixtures("one_pilot")
 def test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byte(released, tmp_path):
     # the released model has no spread statistics: they are released once, charged and said ...
     r = _run("generate", "--like", released.path, "--out", tmp_path / "first.zarr")
@@ -147,7 +189,7 @@ def test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byt
     r = _run("generate", "--like", released.path, "--out", tmp_path / "syn.zarr")
     assert r.exit_code == 0, r.output
     assert _budget_bytes(released.path) == before
-    ledger = json.load(open(tmp_path / "m" / "privacy.json"))
+    ledger = json.load(open(os.path.join(released.model_dir, "privacy.json")))
     n = ledger["public_parameters"]["n_users"]["value"]
     assert f"{n:,} users: released: budget entry" in r.output and "charged" not in r.output
     assert "none of its ratings read" in r.output and "rating spread: interaction scale" in r.output
@@ -165,7 +207,7 @@ def test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byt
     from streamdp.workflows.rehearse import clipped_mean, item_side
 
     assert "item popularity: noisy item weight totals" in r.output and "item means: global mean" in r.output
-    m = load_model(str(tmp_path / "m"))
+    m = load_model(released.model_dir)
     rel = [x for x in ledger["bounds"]["releases"] if x["release"].startswith("item weight totals C_j")][0]
     w, b = item_side(m.extras["noisy_item_weight"], rel["scale"], m.item_bias)
     p = syn.array("truth/item_weight")[:]
@@ -200,13 +242,20 @@ def test_a_missing_statistic_is_released_charged_and_said_then_reused(store, tmp
     assert _budget_bytes(store.path) == before
 
 
+@pytest.mark.usefixtures("one_pilot")
 @pytest.mark.parametrize("shape_epsilon", [0.1, 200.0])
-def test_the_spread_weighs_users_by_their_test_ratings_as_far_as_its_noise_allows(released, tmp_path, shape_epsilon):
+def test_the_spread_weighs_users_by_their_test_ratings_as_far_as_its_noise_allows(released, tmp_path, shape_epsilon,
+                                                                                   monkeypatch):
     """The spread's users are weighted by their test ratings up to the cap that :func:`spread_weight_cap` predicts
     from the released shape and the shape epsilon: at the default 0.1 on 800 users every user alike (cap 1: the noise
     is already more than the weighting would remove), at 200 heavily; the record keeps it, the output says it, and
-    the released totals are the store's weighted ones (the noise std at 200 is below 0.002 of a weight's term)."""
+    the released totals are the store's weighted ones, within four of the noise std the record states (at 200 the
+    cap, 256, leaves about 0.012: a bound of 0.02 failed about one run in ten); the noise from a fixed seed."""
     import zarr
+
+    import streamdp.workflows.rehearse
+
+    monkeypatch.setattr(streamdp.workflows.rehearse, "_release_rng", lambda: np.random.default_rng(0))
 
     from streamdp.storage.schema import ATTRS_KEY
     from streamdp.workflows.rehearse import _spread_model, spread_bounds, spread_sums, spread_targets, spread_weight_cap
@@ -226,7 +275,8 @@ def test_the_spread_weighs_users_by_their_test_ratings_as_far_as_its_noise_allow
         m = _spread_model(rec["model"], released)
         exact = spread_targets({**rec, "values": spread_sums(released, m["mean"][m["pos"]], None, bounds, cap).tolist(),
                                 "noise_std": 0.0})
-        assert spread_targets(rec)["total"] == pytest.approx(exact["total"], abs=0.02)
+        got = spread_targets(rec)  # within 4 of its stated noise std (0.012 here) of the store's weighted total
+        assert got["total"] == pytest.approx(exact["total"], abs=4 * got["std"]) and got["std"] < 0.02
 
 
 def test_given_numbers_cost_nothing_and_fixed_parameters_are_refused(store, tmp_path, cli):
@@ -248,6 +298,7 @@ def test_given_numbers_cost_nothing_and_fixed_parameters_are_refused(store, tmp_
     assert not (tmp_path / "h.zarr").exists()
 
 
+@pytest.mark.usefixtures("one_pilot", "no_plot")
 def test_rehearsal_sweep_never_charges_the_store_and_says_it_is_synthetic(released, tmp_path):
     r = _run("sweep", released.path, "--rehearse", "--methods", "means", "--epsilons", "1", "--out", tmp_path / "r0")
     assert r.exit_code == 0, r.output  # the first rehearsal releases the rating spread, charged and said
@@ -275,6 +326,7 @@ def test_a_rehearsal_of_a_store_without_a_test_split_is_refused_before_anything_
     assert not (tmp_path / "reh").exists() and _budget_bytes(s.path) is None
 
 
+@pytest.mark.usefixtures("no_plot")
 def test_sweep_prints_the_baselines_beside_each_point_and_a_table(store, tmp_path):
     r = _run("sweep", store.path, "--methods", "means", "--epsilons", "2", "--out", tmp_path / "sw", "--seed", "1")
     assert r.exit_code == 0, r.output
@@ -355,7 +407,8 @@ ACCEPTANCE_SHAPE_EPSILON = 10.0
 DRAW_SEEDS = 4
 
 
-def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int, draws: int = DRAW_SEEDS) -> dict:
+def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int, draws: int = DRAW_SEEDS,
+                   reuse: bool = True) -> dict:
     """Issue 31's acceptance: how far the rehearsal's curve lies outside the run-to-run spread of the real sweep.
 
     The real sweep: ``method`` trained at each epsilon with ``repeats`` training seeds (100, 101, ...; at ``inf``
@@ -383,7 +436,8 @@ def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int, dr
       store where heavy users spread more was 0.02).
 
     Returns ``{epsilon: gap}``, ``gap`` the distance outside the widened band (0 inside), and checks that the
-    rehearsal charged only its spread, once, and that a second one charges nothing."""
+    rehearsal charged only its spread, once, and (``reuse``) that a second one charges nothing (a second calibration:
+    the cheap guard leaves it to ``test_generate_like_uses_what_was_released_and_leaves_the_budget_byte_for_byte``)."""
     import statistics
 
     import streamdp
@@ -404,7 +458,8 @@ def rehearsal_gaps(store, tmp_path, method: str, epsilons: str, repeats: int, dr
     assert _budget_bytes(store.path) != before  # the spread, released once ...
     reh = _curve(res)
     before = _budget_bytes(store.path)
-    generate_like(store, str(tmp_path / "again.zarr"), show_progress=False)
+    if reuse:
+        generate_like(store, str(tmp_path / "again.zarr"), show_progress=False)
     d = synthetic_draw_spread(store, tmp_path, method, draws) if draws else 0.0
     assert _budget_bytes(store.path) == before  # ... and reused
     gaps = {}
@@ -434,12 +489,12 @@ def synthetic_draw_spread(store, tmp_path, method: str, draws: int = DRAW_SEEDS)
 
 
 def _acceptance(tmp_path, store_name, method, epsilons, repeats, n_users=2000, n_items=400, tolerance=0.0,
-                draws=DRAW_SEEDS):
+                draws=DRAW_SEEDS, reuse=True):
     from streamdp.storage.generate import generate_store
 
     g = generate_store(str(tmp_path / "g.zarr"), n_users=n_users, n_items=n_items, ratings_per_user=15,
                        test_fraction=0.2, seed=11, show_progress=False, **STORES[store_name])
-    gaps = rehearsal_gaps(g, tmp_path, method, epsilons, repeats, draws)
+    gaps = rehearsal_gaps(g, tmp_path, method, epsilons, repeats, draws, reuse)
     assert max(gaps.values()) <= tolerance, gaps
 
 
@@ -451,6 +506,7 @@ DEFAULT_EPSILONS = "0.1,0.5,1,2,5,10,inf"
 CHEAP_TOLERANCE = 0.015
 
 
+@pytest.mark.usefixtures("no_plot")
 @pytest.mark.parametrize("release_seed", [1, pytest.param(2, marks=pytest.mark.slow)])  # the second seed: -m slow
 def test_rehearsal_curve_lies_near_the_spread_of_the_real_sweep_cheap(tmp_path, monkeypatch, release_seed):
     """The cheap case of the acceptance (:func:`rehearsal_gaps`), a regression guard: ``means`` at epsilon 1, two
@@ -461,7 +517,8 @@ def test_rehearsal_curve_lies_near_the_spread_of_the_real_sweep_cheap(tmp_path, 
     import streamdp.workflows.rehearse
 
     monkeypatch.setattr(streamdp.workflows.rehearse, "_release_rng", lambda: np.random.default_rng(release_seed))
-    _acceptance(tmp_path, "strong", "means", "1", 2, n_users=600, n_items=50, tolerance=CHEAP_TOLERANCE, draws=0)
+    _acceptance(tmp_path, "strong", "means", "1", 2, n_users=600, n_items=50, tolerance=CHEAP_TOLERANCE, draws=0,
+                reuse=release_seed != 1)
 
 
 #: The cases of the acceptance the rehearsal does not meet, with the gaps measured outside the band widened as
@@ -484,6 +541,7 @@ def test_rehearsal_curve_lies_within_the_spread_of_the_real_sweep(tmp_path, stor
     _acceptance(tmp_path, store_name, method, DEFAULT_EPSILONS, 3)
 
 
+@pytest.mark.usefixtures("one_pilot")
 @pytest.mark.parametrize("stale", ["four values", pytest.param("no weight cap", marks=pytest.mark.slow)])
 def test_a_spread_record_of_another_shape_is_no_source(released, tmp_path, stale):
     """A synthetic store whose spread record is not this version's (4 values; or no ``weight_cap``: a record of the

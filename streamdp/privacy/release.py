@@ -50,9 +50,9 @@ import numpy as np
 from streamdp.errors import ParameterError
 from streamdp.privacy.calibration import calibrate
 from streamdp.privacy.events import compose, gaussian_event, huber_event, laplace_event
-from streamdp.privacy.mechanisms import gaussian_noise, huber_noise, laplace_noise
+from streamdp.privacy.mechanisms import gaussian_noise, huber_noise, huber_variance, laplace_noise
 
-__all__ = ["MECHANISMS", "Release", "Share", "calibrate_releases", "pure_epsilon"]
+__all__ = ["MECHANISMS", "Release", "Share", "calibrate_releases", "entry_std", "pure_epsilon"]
 
 #: Additive mechanisms, and the norm each one's sensitivity is measured in.
 MECHANISMS = {"gaussian": "l2", "laplace": "l1", "huber": "l1"}
@@ -121,6 +121,11 @@ class Release:
     def scale(self) -> float:
         """The noise scale: Gaussian ``sigma`` or Laplace/Huber ``b``."""
         return float(self.noise_multiplier) * float(self.sensitivity)
+
+    @property
+    def std(self) -> float:
+        """Standard deviation of one coordinate of the noise (:func:`entry_std` of :meth:`entry`)."""
+        return entry_std(self.entry())
 
     @property
     def epsilon_each(self) -> float:
@@ -237,6 +242,25 @@ def calibrate_releases(shares: list[Share], epsilon: float, delta: float, *, fix
     before = [r.event() for r in fixed]
     z = calibrate(lambda z: compose(before + [s.at(z).event() for s in shares]), epsilon, delta)
     return [s.at(z) for s in shares]
+
+
+def entry_std(entry: dict) -> float:
+    """Standard deviation of one coordinate of the noise of a ledger's release entry (:meth:`Release.entry`): 0
+    without noise, ``inf`` for a mechanism it does not know.
+
+    >>> entry_std(Release("x", "laplace", 1.0, 2.0).entry()) == 2.0 * math.sqrt(2.0)
+    True
+    """
+    mech, scale = entry.get("mechanism"), float(entry.get("scale", math.inf))
+    if scale == 0.0:
+        return 0.0
+    if mech == "gaussian":
+        return scale
+    if mech == "laplace":
+        return math.sqrt(2.0) * scale
+    if mech == "huber":
+        return math.sqrt(huber_variance(scale, float(entry.get("huber_transition", 0.0))))
+    return math.inf
 
 
 def replace_release(r: Release, noise_multiplier: float) -> Release:

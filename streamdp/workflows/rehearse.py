@@ -1,45 +1,33 @@
 """Choosing epsilon without spending it: a synthetic store shaped like a real one.
 
-``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse``
-write a store from :func:`streamdp.storage.generate.generate_store` whose shape is
-STORE's, made only from what is public or released (already, or once now, accounted),
-never trained on STORE's ratings. Public names: :func:`generate_like` (the command),
-:func:`released_shape` (what STORE's models and earlier rehearsals released),
-:func:`shape_from_histogram`, :func:`calibrate_spread`, :data:`SHAPE_EPSILON` and
-:data:`REHEARSAL_NOTE` (the sweep's note).
+``streamdp generate --like STORE --out SYN`` and ``streamdp sweep STORE --rehearse`` write a store from
+:func:`streamdp.storage.generate.generate_store` whose shape is STORE's, made only from what is public or released,
+never trained on STORE's ratings. Public names: :func:`generate_like` (the command), :func:`check_like`,
+:func:`released_shape`, :func:`shape_from_histogram`, :func:`calibrate_spread`, :data:`SHAPE_EPSILON`,
+:data:`REHEARSAL_NOTE`.
 
-Where each number comes from:
+Where each number comes from (a generator option given wins):
 
-* **free**: the public parameters (the items, the declared rating range and step, the
-  test fraction) and the statistics STORE's models already released (the number of
-  users, the histogram of ratings per user, the item side of the least noisy als,
-  irls or means model, ``--select auto`` validation losses), or what earlier
-  rehearsals released (kept in their synthetic store);
+* **free**: the public parameters (items, rating range and step, test fraction) and what STORE's models or earlier
+  rehearsals released (users, the histogram of ratings per user, the item side of the least noisy als, irls or
+  means model, ``--select auto`` validation losses);
 * **given**: ``--users`` / ``--ratings-per-user``, at no cost, the user's to vouch for;
-* **released now**, once, at ``--shape-epsilon`` and charged to STORE's budget (ledger
-  method ``shape``, said in the output, reused by later rehearsals for free): a
-  Laplace histogram of ratings per user (it reads row pointers, never ratings), and,
-  once a model released an item side, the rating spread (three clipped, weighted sums
-  over the users, :func:`streamdp.kernels.spread.residual_spread`). Their noise always
-  comes from OS entropy: a rehearsal's ``--seed`` never seeds a release from STORE.
+* **released now**, once, at ``--shape-epsilon`` and charged to STORE's budget (ledger method ``shape``, said, reused
+  for free later): a Laplace histogram of ratings per user (row pointers only) and, once a model released an item
+  side, the rating spread (:func:`streamdp.kernels.spread.residual_spread`). Their noise comes from OS entropy,
+  never from a rehearsal's ``--seed``.
 
-From them, by post-processing: the mean ratings per user fitted to the histogram
-(:func:`fit_activity`), the item popularity and means from the released item side
-(:func:`drawing_weights`, :func:`pre_clip_means`), and the generator's interaction,
-noise and user offsets matched by simulated pilot stores (:func:`calibrate_spread`).
-A generator option given wins. The sweep on the synthetic store charges only its own
-budget: STORE's is left byte for byte unless a statistic had to be released.
+Post-processing turns them into the generator's options: the activity law (:func:`fit_activity`), item popularity
+and means (:func:`drawing_weights`, :func:`pre_clip_means`), and interaction, noise and user offsets matched on
+pilot stores (:func:`calibrate_spread`). The sweep on the synthetic store charges only its own budget.
 
-Each source and reading in full, the measurements behind them and how close the
-rehearsal's curve lies to the real one: ``docs/design-notes.md``, section
-``streamdp/workflows/rehearse.py``, and ``docs/choosing-epsilon.md`` (``rehearsal_gaps`` in
-``tests/test_rehearse.py``).
+The reasoning and measurements behind each step: ``docs/design-notes.md``, section
+``streamdp/workflows/rehearse.py``; how close the curve comes: ``docs/choosing-epsilon.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import tempfile
@@ -50,10 +38,10 @@ from scipy.special import ndtr
 from streamdp.errors import ParameterError, StreamdpError
 from streamdp.kernels.spread import residual_spread
 from streamdp.methods._profile import EDGES, WHAT as PROFILE_WHAT, exact_histogram
+from streamdp.model_dir import read_model_json
 from streamdp.privacy.budget import COUNTED, StoreBudget
 from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
-from streamdp.privacy.mechanisms import huber_variance
-from streamdp.privacy.release import Release
+from streamdp.privacy.release import Release, entry_std
 from streamdp.serving.model import load_model
 from streamdp.serving.serve import factors_released
 from streamdp.storage.catalogue import catalogue_view, store_catalogue
@@ -171,26 +159,13 @@ def generator_mean(mean: float, n_items: int, user_exponent: float = 2.0) -> flo
     15.0
     """
     n = float(n_items)
-
-    def capped(m):
-        return _capped_mean(m, n, user_exponent)
-
-    if mean >= capped(n * 1e6):
+    if mean >= _capped_mean(n * 1e6, n, user_exponent):
         return float(n)
     lo, hi = 1.0, n * 1e6
     for _ in range(200):
         mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if capped(mid) < mean else (lo, mid)
+        lo, hi = (mid, hi) if _capped_mean(mid, n, user_exponent) < mean else (lo, mid)
     return round(max(lo, 1.0), 3)
-
-
-def _read_json(path) -> dict | None:
-    try:
-        with open(path) as f:
-            d = json.load(f)
-        return d if isinstance(d, dict) else None
-    except (OSError, ValueError):
-        return None
 
 
 def _sources(entry: dict) -> list[dict]:
@@ -200,16 +175,12 @@ def _sources(entry: dict) -> list[dict]:
     if not where or not os.path.isdir(where):
         return []
     frm = f"budget entry {entry['id']} ({where})"
-    model, ledger = _read_json(os.path.join(where, "model.json")), _read_json(os.path.join(where, "privacy.json"))
+    model, ledger = read_model_json(where), read_model_json(where, "privacy.json")
     out = []
     if model is not None and ledger is not None:
         n = (ledger.get("public_parameters") or {}).get("n_users")
         if isinstance(n, dict) and isinstance(n.get("value"), int):
-            std = 0.0
-            if n.get("source") == "released":
-                rel = [r for r in (ledger.get("bounds") or {}).get("releases", [])
-                       if str(r.get("release", "")).startswith("number of users")]
-                std = math.sqrt(2.0) * float(rel[0]["scale"]) if rel else math.inf
+            std = _release_std(ledger, "number of users") if n.get("source") == "released" else 0.0
             out.append({"what": "n_users", "value": n["value"], "std": std, "from": frm})
         prof = model.get("user_profile")
         if isinstance(prof, dict) and prof.get("bin_lower_edges") == EDGES.tolist():
@@ -220,7 +191,7 @@ def _sources(entry: dict) -> list[dict]:
         items = _item_source(where, model, ledger)
         if items is not None:
             out.append({**items, "from": frm})
-            if (model.get("summary") or {}).get("factors_released", model.get("factors_released")):
+            if model.get("factors_released"):
                 out.append({**items, "what": "factor_items", "from": frm})
         return out
     try:
@@ -283,16 +254,11 @@ ITEM_METHODS = ("als", "irls", "means")
 _COUNTS_RELEASE = "item weight totals C_j"
 
 
-def _noise_std(rel: dict) -> float:
-    """Standard deviation of one coordinate of the noise of a ledger's release entry."""
-    mech, scale = rel.get("mechanism"), float(rel.get("scale", math.inf))
-    if mech == "gaussian":
-        return scale
-    if mech == "laplace":
-        return math.sqrt(2.0) * scale
-    if mech == "huber":
-        return math.sqrt(huber_variance(scale, float(rel.get("huber_transition", 0.0))))
-    return math.inf
+def _release_std(ledger: dict, name: str) -> float:
+    """The noise standard deviation (one coordinate, :func:`streamdp.privacy.release.entry_std`) of the first release
+    in ``ledger`` whose name starts with ``name``; ``inf`` when there is none."""
+    rel = [r for r in (ledger.get("bounds") or {}).get("releases", []) if str(r.get("release", "")).startswith(name)]
+    return entry_std(rel[0]) if rel else math.inf
 
 
 def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
@@ -309,14 +275,8 @@ def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
     if counts is None:
         return None
     counts = np.asarray(counts, np.float64)
-    if m.ledger.epsilon == math.inf or model.get("epsilon") == "inf":
-        std = 0.0
-    else:
-        rel = [r for r in (ledger.get("bounds") or {}).get("releases", [])
-               if str(r.get("release", "")).startswith(_COUNTS_RELEASE)]
-        if not rel:
-            return None
-        std = _noise_std(rel[0])
+    private = not (m.ledger.epsilon == math.inf or model.get("epsilon") == "inf")
+    std = _release_std(ledger, _COUNTS_RELEASE) if private else 0.0
     total = float(np.maximum(counts, 0.0).sum())
     if not (total > 0 and math.isfinite(std)):
         return None
@@ -324,7 +284,8 @@ def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
     rule = {"private": std > 0, "sampling": par.get("sampling", "adaptive"), "tau": float(par.get("tau") or 1.0),
             "l1": par.get("mechanism") in ("laplace", "huber"), "centred": std > 0 and model["method"] == "means"}
     return {"what": "items", "std": std / total, "model": where,
-            "value": {"counts": counts, "counts_floored": np.maximum(counts, std / math.sqrt(2.0 * math.pi)), "bias": np.asarray(m.item_bias, np.float64), "user_weight": rule,
+            "value": {"counts": counts, "counts_floored": np.maximum(counts, std / math.sqrt(2.0 * math.pi)),
+                      "bias": np.asarray(m.item_bias, np.float64), "user_weight": rule,
                       "global_mean": float(m.global_mean), "count_std": std, "method": model["method"]}}
 
 
@@ -367,8 +328,7 @@ def _inclusion(p: np.ndarray, n: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 #: :func:`drawing_weights` moves a weight at most this factor away from its item's share of the totals: a total beyond
-#: what every user rating the item once would give (noise, or a heavier activity than the generator's) is not chased
-#: to a weight that makes every user rate it first (measured corrections on generated stores: 1.5 at the top).
+#: reach (noise, or a heavier activity than the generator's) is not chased to a weight that every user rates first.
 MAX_CORRECTION = 4.0
 #: :func:`drawing_weights` solves for the top items one by one and for the rest in groups of alike totals, at most
 #: this many unknowns in all (memory and time: ``len(activity) x GROUPS`` numbers, whatever the catalogue).
@@ -376,15 +336,11 @@ GROUPS = 2048
 
 
 def drawing_weights(totals, activity, user_weight, iters: int = 20) -> np.ndarray:
-    """The generator's drawing weights whose expected item weight totals are proportional to ``totals``.
-
-    Released totals are flatter than the probabilities that drew them: a heavy user rates each item at most once,
-    so the top items' share of her ratings is below their drawing probability. Drawing with the totals themselves
-    would flatten the synthetic store twice. The weights ``p`` solve ``sum_users c(n) pi_j(n, p) ~ totals_j``
-    (``c`` the model's per-user weight, ``pi_j`` :func:`_inclusion`, users at :func:`_activity`'s quantiles) by
-    ``iters`` multiplicative steps ``p_j <- p_j totals_j / E_j(p)``, kept within :data:`MAX_CORRECTION` of the
-    totals. Past the first ``GROUPS / 2`` items (by total)
-    the items are solved in ``GROUPS / 2`` groups of consecutive totals (one factor ``p / total`` a group)."""
+    """The generator's drawing weights whose expected item weight totals are proportional to ``totals`` (released
+    totals are flatter than the law that drew them: a heavy user rates an item once). The weights ``p`` solve
+    ``sum_users c(n) pi_j(n, p) ~ totals_j`` (``c`` the per-user weight, ``pi_j`` :func:`_inclusion`, users at
+    :func:`_activity`'s quantiles) by ``iters`` multiplicative steps, within :data:`MAX_CORRECTION` of the totals;
+    past the first ``GROUPS / 2`` items, in ``GROUPS / 2`` groups of consecutive totals."""
     tot = np.asarray(totals, np.float64)
     tot = tot / tot.sum()
     order = np.argsort(-tot, kind="stable")
@@ -451,14 +407,9 @@ def pre_clip_means(target, s, lo: float, hi: float, step: float) -> np.ndarray:
 
 def item_side(counts, count_std: float, bias) -> tuple[np.ndarray, np.ndarray]:
     """The synthetic store's item drawing weights and biases from a model's released item weight totals (noise
-    standard deviation ``count_std``) and item biases (post-processing), most popular first.
-
-    A noisy total is clipped at ``sigma / sqrt(2 pi)``, the mean of pure noise clipped at 0 (``sigma`` its standard
-    deviation): an item whose total is within the noise is still drawn, about as often as the noise alone says,
-    rather than never (a negative total) or as often as the noise's upward swings. Under the generator's model (a
-    user's items drawn independently of her activity) a total ``C_j = sum_i c_ij`` is proportional to item ``j``'s
-    drawing probability in expectation, whatever the per-user weights ``c_ij``, so the clipped totals serve as the
-    weights themselves. Each item keeps its own released bias: popular items' means stay theirs.
+    standard deviation ``count_std``) and item biases, most popular first. A noisy total is floored at ``sigma /
+    sqrt(2 pi)``, the mean of pure noise clipped at 0: an item within the noise is still drawn, about as often as
+    the noise alone says. Each item keeps its own released bias.
 
     >>> w, b = item_side([5.0, -3.0, 20.0], 2.5, [0.1, -0.2, 0.3])
     >>> w.round(3).tolist(), b.tolist()
@@ -542,11 +493,13 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
     side, the spread statistics. ``options``: the generator's other parameters (rank, noise,
     seed, item_exponent, ...). ``echo`` gets the lines saying where each number came from.
 
-    The stages: :func:`_checked_like` (the arguments), :func:`_known_shape` (what is given or already
+    The stages: :func:`check_like` (the arguments), :func:`_known_shape` (what is given or already
     released), :func:`_histogram_released` and :func:`_spread_matched` (what is released now), :func:`_generate`.
     """
     say = echo or (lambda *a, **k: None)
-    st, eps = _checked_like(store, users, ratings_per_user, shape_epsilon, options)
+    st = store if isinstance(store, RatingStore) else open_store(store)
+    eps = check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon, options=options)
+    st = rehearsal_items(st)
     pub = _public(st)
     shape, found, items = _known_shape(st, pub, users, ratings_per_user, options)
     # the store named by its keyed fingerprint (set below, once a release has made its key), never by its checksum
@@ -569,13 +522,6 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
         say(line)
     _say_shape(say, st, pub, shape, like["items"], like["spread"])
     return syn
-
-
-def _checked_like(store, users, ratings_per_user, shape_epsilon, options) -> tuple[RatingStore, float]:
-    """``(the store opened, the shape's epsilon)``: the rehearsal's arguments checked before anything is read."""
-    st = store if isinstance(store, RatingStore) else open_store(store)
-    eps = check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon, options=options)
-    return rehearsal_items(st), eps
 
 
 def check_like(st: RatingStore, *, users=None, ratings_per_user=None, shape_epsilon=None, options=()) -> float:
@@ -607,8 +553,7 @@ def _known_shape(st, pub, users, ratings_per_user, options):
     found = released_shape(st)
     if found["spread"] is not None:  # the item side the spread was read against, so that the two agree
         where = found["spread"]["value"]["model"]
-        src = _item_source(where, _read_json(os.path.join(where, "model.json")) or {},
-                           _read_json(os.path.join(where, "privacy.json")) or {})
+        src = _item_source(where, read_model_json(where) or {}, read_model_json(where, "privacy.json") or {})
         if src is not None:
             found["items"] = {**src, "from": found["spread"]["from"] + f", read against the model {where}"}
     items = _items(found["items"], pub, options)
@@ -617,14 +562,17 @@ def _known_shape(st, pub, users, ratings_per_user, options):
             shape["n_users"] = {"value": int(found["n_users"]["value"]),
                                 "source": f"released: {found['n_users']['from']}"}
         if found["histogram"] is not None:
-            h = shape_from_histogram(found["histogram"]["value"], found["histogram"]["std"], pub["n_items"],
-                                     pub["test_fraction"], options.get("user_exponent", 2.0))
-            src = f"released histogram of ratings per user: {found['histogram']['from']}"
-            if shape["n_users"] is None:
-                shape["n_users"] = {"value": h["n_users"], "source": src}
-            if shape["ratings_per_user"] is None:
-                shape["ratings_per_user"] = {"value": h["ratings_per_user"], "source": src}
+            _fill(shape, shape_from_histogram(found["histogram"]["value"], found["histogram"]["std"], pub["n_items"],
+                                              pub["test_fraction"], options.get("user_exponent", 2.0)),
+                  f"released histogram of ratings per user: {found['histogram']['from']}")
     return shape, found, items
+
+
+def _fill(shape: dict, values: dict, source: str) -> None:
+    """What ``shape`` lacks (users, ratings per user) from ``values``, said to come from ``source``."""
+    for key in ("n_users", "ratings_per_user"):
+        if shape[key] is None:
+            shape[key] = {"value": values[key], "source": source}
 
 
 def _histogram_released(st, eps, pub, shape, like, options, stack, *, budget, over_budget, model) -> str:
@@ -634,14 +582,11 @@ def _histogram_released(st, eps, pub, shape, like, options, stack, *, budget, ov
     entry = stack.enter_context(budget.release(_shape_ledger(st, eps, rel, "the histogram of training "
                                                              "ratings per user"),
                                                over_budget=over_budget, model=model))
-    h = shape_from_histogram(hist, math.sqrt(2.0) * rel.scale, pub["n_items"], pub["test_fraction"],
-                             options.get("user_exponent", 2.0))
-    src = f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}"
-    for key in ("n_users", "ratings_per_user"):
-        if shape[key] is None:
-            shape[key] = {"value": h[key], "source": src}
+    _fill(shape, shape_from_histogram(hist, rel.std, pub["n_items"], pub["test_fraction"],
+                                      options.get("user_exponent", 2.0)),
+          f"released now: Laplace histogram of ratings per user at epsilon {eps:g}, budget entry {entry}")
     like["shape_release"] = {"entry": entry, "epsilon": eps, "histogram": [round(float(x), 3) for x in hist],
-                             "noise_std": math.sqrt(2.0) * rel.scale}
+                             "noise_std": rel.std}
     return (f"charged to {st.path}'s budget: epsilon {eps:g} (pure, Laplace) for its histogram of "
             f"training ratings per user, which it had not released (entry {entry}; later rehearsals "
             f"reuse it for free)")
@@ -721,13 +666,18 @@ def _generate(out, shape, pub, like, force, options) -> RatingStore:
     m = _generator_rpu(shape, pub, options)
     rule = options.pop("user_weight", None)
     if rule is not None:
-        n = _activity(m, pub["n_items"], options.get("user_exponent", 2.0))
-        c = _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), rule)
-        options["item_weights"] = drawing_weights(options["item_weights"], n, c)
+        options["item_weights"] = _weights_for(options["item_weights"], rule, m, pub, options)
     return generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"], ratings_per_user=m,
                           rating_min=pub["rating_min"], rating_max=pub["rating_max"],
                           rating_step=pub["rating_step"], test_fraction=pub["test_fraction"], force=force,
                           like={**like, "shape": shape}, **options)
+
+
+def _weights_for(totals, rule: dict, m: float, pub: dict, options: dict) -> np.ndarray:
+    """:func:`drawing_weights` for the generator's users of mean ``m`` weighted as the model's ``rule`` weighed its
+    users' training ratings (:func:`_user_weight`)."""
+    n = _activity(m, pub["n_items"], options.get("user_exponent", 2.0))
+    return drawing_weights(totals, n, _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), rule))
 
 
 def _generator_rpu(shape, pub, options) -> float:
@@ -776,15 +726,14 @@ def _items(found: dict | None, pub: dict, options: dict) -> dict:
     return out
 
 
-def _say_shape(say, st, pub, shape, items=None, spread=None) -> None:
+def _say_shape(say, st, pub, shape, items, spread) -> None:
     say(f"shaped like {st.path}: {pub['n_items']:,} items, ratings {pub['rating_min']:g}..{pub['rating_max']:g} "
         f"(step {pub['rating_step']:g}), test fraction {pub['test_fraction']:g} (public parameters)")
     say(f"  {shape['n_users']['value']:,} users: {shape['n_users']['source']}")
     say(f"  {shape['ratings_per_user']['value']:g} ratings per user (mean): {shape['ratings_per_user']['source']}")
-    if items is not None:
-        say(f"  item popularity: {items['popularity']}")
-        say(f"  item means: {items['means']}")
-    if spread is not None and "targets" in spread:
+    say(f"  item popularity: {items['popularity']}")
+    say(f"  item means: {items['means']}")
+    if "targets" in spread:
         t = spread["targets"]
         say(f"  rating spread: interaction scale {spread['interaction_scale']:g}, noise {spread['noise']:g}, user "
             f"offsets std {spread['user_bias_std']:g}, matched to the mean squared residual {t['total']:.3f}"
@@ -794,7 +743,7 @@ def _say_shape(say, st, pub, shape, items=None, spread=None) -> None:
             + (f", unexplained by the released factors {t['unexplained']:.3f}" if t["unexplained"] is not None
                else "") + f" (noise std {t['std']:.3g}, about {release_noise_rmse(t):.2g} in the curve's RMSE; "
             f"{spread['source']}); factors: {spread['factors']}")
-    elif spread is not None:
+    else:
         say(f"  rating spread: {spread['source']}")
 
 
@@ -876,10 +825,8 @@ def spread_sums(store, item_mean, V, bounds, cap: float = 1.0) -> np.ndarray:
     ratings there; ``cap`` 1: one user one weight), the third over its training ratings, one user one weight
     (``V`` ``None``: no factors, 0 and 0 users).
 
-    The item means were fitted to the training ratings: the test ratings spread around them as a prediction's error
-    does (what a sweep's test RMSE measures), the training ratings less (by about ``1 / n_j`` of the spread: measured
-    1.409 against 1.442, 2,000 users x 400 items). The unexplained residual is out of sample already (leave one
-    out) and needs more ratings per user than a test split holds."""
+    Test ratings, because the item means were fitted to the training ones; the unexplained residual is out of sample
+    already (leave one out) and needs more ratings per user than a test split holds (docs/design-notes.md)."""
     item_mean = np.ascontiguousarray(item_mean, np.float64)
     bounds = np.asarray(bounds, np.float64)
     out, none = np.zeros(4), np.zeros((len(item_mean), 0))
@@ -897,11 +844,8 @@ def spread_sums(store, item_mean, V, bounds, cap: float = 1.0) -> np.ndarray:
 
 def _unit_factors(V, weights) -> np.ndarray:
     """The directions of ``V``'s rows (a row of zeros: a fixed random one), scaled so that ``u . v`` (``u ~ N(0,
-    I / sqrt(k))``, the generator's users) has unit variance over ratings drawn with ``weights``.
-
-    Directions only: a released model shrinks the factors of its rarely rated items towards 0 (regularisation,
-    noise), and those norms as the truth's would put the whole interaction on the popular items (measured: a
-    light user's residual then spreads more than a heavy user's, which the real store's do not)."""
+    I / sqrt(k))``, the generator's users) has unit variance over ratings drawn with ``weights``. Directions only: the
+    released norms are shrunk on rarely rated items and would put the whole interaction on the popular ones."""
     V = np.asarray(V, np.float64)
     norm = np.sqrt((V * V).sum(axis=1))[:, None]
     fill = np.random.default_rng(0).standard_normal(V.shape)
@@ -951,14 +895,10 @@ def _bias_prior(where: str, m, h: float) -> dict | None:
     counts = m.extras.get("noisy_item_weight")
     if counts is None or m.method != "means":
         return None
-    sigma = 0.0
-    if m.ledger.epsilon != math.inf:
-        ledger = _read_json(os.path.join(where, "privacy.json")) or {}
-        rel = [r for r in (ledger.get("bounds") or {}).get("releases", [])
-               if str(r.get("release", "")).startswith(_SUMS_RELEASE)]
-        if not rel:
-            return None
-        sigma = _noise_std(rel[0])
+    sigma = 0.0 if m.ledger.epsilon == math.inf else _release_std(
+        read_model_json(where, "privacy.json") or {}, _SUMS_RELEASE)
+    if not math.isfinite(sigma):
+        return None
     try:
         clip = float((m.info.get("parameters") or {}).get("bias_clip", "inf"))
     except (TypeError, ValueError):
@@ -969,23 +909,11 @@ def _bias_prior(where: str, m, h: float) -> dict | None:
 
 def item_mean_draw(prior: dict | None, n: int, seed: int) -> np.ndarray | None:
     """One seeded draw of how far each item's true mean may lie from its released one, scaled as the released
-    model's posterior (``None``: no prior, the released means kept): ``sd_j z_j``, ``z_j`` standard normal and
-    ``sd_j^2 = t^2 (s^2 C_j + sigma_S^2) / (t^2 C_j^2 + s^2 C_j + sigma_S^2)`` under the model's public prior
-    ``N(0, t^2)``, spread ``s`` and sums' noise ``sigma_S`` (:func:`streamdp.methods._biases.item_biases`; ``C_j``
-    the released total, floored at 0): ``t`` for an item without ratings, about ``s / sqrt(C_j)`` for a popular one.
-
+    model's posterior (``None``: no prior): ``sd_j z_j``, ``sd_j^2 = 1 / (1 / t^2 + C_j^2 / (s^2 C_j + sigma_S^2))``
+    under the model's prior ``N(0, t^2)``, spread ``s`` and sums' noise ``sigma_S`` (``C_j`` the released total).
     :func:`calibrate_spread` adds ``sqrt(mu)`` times it to the released means (the synthetic truth's), ``mu`` matched
-    so that the pilot's released item means spread as the real ones did (module docstring). Why: a released item
-    mean is a posterior mean, shrunk the more the fewer its ratings; taken as the truth, the synthetic items' means
-    spread less than the real ones, and a private model trained on the synthetic store loses less to its own
-    (stronger) shrinkage than on the real one. Decision, measured on the acceptance's stores (``tests/test_rehearse.py``,
-    spread released without noise; ``means``' loss from privacy, test RMSE at epsilon 0.5 minus at inf, synthetic over
-    real): the released means as the truth gave 80% on the default store (their spread 0.262 against the truth's
-    0.300) and 77% on the taste-cluster store; a fixed draw (``mu = 1``, the model's own prior) gave 107% and 90%, but
-    185% on the strong-interaction store, whose released means are noisier than the model's prior assumed and need no
-    draw; an empirical-Bayes spread read off the released means with the model's shrinkage formula put the items'
-    spread at 0.19-0.22 (the truth's 0.30: a non-private ``means`` model's held-out choice shrinks more than that
-    formula) and lost 62% of the noisy store's loss. Matching on pilots needs no formula for how the model shrank.
+    so that the pilot's released item means spread as the real ones did: a released mean is shrunk, and taken as the
+    truth it makes privacy look cheaper (why, and the alternatives measured: docs/design-notes.md).
 
     >>> prior = {"counts": np.array([1e8, 0.0]), "t2": 0.16, "s2": 1.0, "sigma_S": 0.0}
     >>> d = item_mean_draw(prior, 2, 0)  # a well rated item has nothing to add, an unrated one its prior
@@ -1015,7 +943,7 @@ def _spread_record_ok(rel, entry_id) -> bool:
     try:
         return (isinstance(rel, dict) and rel.get("entry") == entry_id and os.path.isdir(str(rel.get("model")))
                 and len(rel["values"]) == 5 and all(math.isfinite(float(x)) for x in rel["values"])
-                and float(rel["count_scale"]) > 0 and float(rel["noise_std"]) >= 0 and "factors" in rel
+                and float(rel["noise_std"]) >= 0 and "factors" in rel
                 and 1 <= int(rel["weight_cap"]) <= SPREAD_WEIGHT_CAP)
     except (KeyError, TypeError, ValueError):
         return False
@@ -1025,12 +953,8 @@ def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict
                     user_exponent: float = 2.0) -> tuple[dict, Release]:
     """The spread statistics of ``st`` against ``model`` with Laplace noise (OS entropy): the three sums and the
     weights counted (:func:`spread_sums`). One user moves each sum by at most its bound and each count by at most 1:
-    L1 sensitivity ``B + 1`` (``B`` the bounds' sum), ``B + 2`` with factors (the users of the third sum counted too).
-
-    Decision, measured: the counts used to be released times ``B``, so that every coordinate moved by at most ``B``
-    (sensitivity ``2 B``, ``3 B`` with factors): the counts then took half the budget (two thirds with factors) for a
-    precision the sums never had. Counted once each, the first sum's noise std falls by a factor 1.7 (2.5 with
-    factors) and a count's noise, relative to the counts, stays below the sum's."""
+    L1 sensitivity ``B + 1`` (``B`` the bounds' sum), ``B + 2`` with factors (the users of the third sum counted too;
+    why the counts are not scaled by ``B``: docs/design-notes.md)."""
     factors = model["V"] is not None
     bounds = spread_bounds(pub["rating_min"], pub["rating_max"], factors)
     V = _unit_factors(model["V"], weights) if factors else None
@@ -1042,8 +966,8 @@ def _release_spread(st: RatingStore, model: dict, weights, eps: float, pub: dict
     noisy = rel.add(sums, _release_rng())
     if not factors:
         noisy[[2, 4]] = 0.0  # 0 exactly (nothing to fit on, no user counted): nothing is learnt from their noise
-    return {"values": [float(x) for x in noisy], "bound_sum": B, "count_scale": 1.0, "bounds": bounds.tolist(),
-            "noise_std": math.sqrt(2.0) * rel.scale, "model": model["path"], "factors": factors,
+    return {"values": [float(x) for x in noisy], "bound_sum": B, "bounds": bounds.tolist(),
+            "noise_std": rel.std, "model": model["path"], "factors": factors,
             "factors_model": model["factors_path"], "ridge": SPREAD_RIDGE, "weight_cap": cap,
             "split": "test" if st.has_test else "train"}, rel
 
@@ -1054,13 +978,13 @@ def spread_targets(record: dict) -> dict:
     the noise standard deviation of the total (its sum's and its count's) and the weights' cap
     (:func:`spread_weight_cap`).
 
-    >>> t = spread_targets({"values": [1000.0, 100.0, 0.0, 1000.0, 0.0], "count_scale": 1.0, "noise_std": 20.0,
-    ...                     "factors": False, "weight_cap": 8})
+    >>> t = spread_targets({"values": [1000.0, 100.0, 0.0, 1000.0, 0.0], "noise_std": 20.0, "factors": False,
+    ...                     "weight_cap": 8})
     >>> t["total"], t["offset"], t["unexplained"], t["users"], round(t["std"], 4), t["weight_cap"]  # std: 0.02 sqrt 2
     (1.0, 0.1, None, 1000.0, 0.0283, 8)
     """
-    v, k = record["values"], float(record.get("count_scale", 1.0))
-    n, n_tr = max(v[3] / k, 1.0), max(v[4] / k, 1.0)
+    v = record["values"]
+    n, n_tr = max(v[3], 1.0), max(v[4], 1.0)
     total = v[0] / n
     # the total is a ratio of two noisy numbers: the count's noise (relative std sigma / n) moves it as much as the
     # sum's does once it is near 1
@@ -1078,7 +1002,7 @@ def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple
     (with their estimation error and shrinkage); the pilot's are read against its own, fitted alike."""
     from streamdp.workflows.training import train as train_model
 
-    info = _read_json(os.path.join(where, "model.json")) or {}
+    info = read_model_json(where) or {}
     eps = info.get("epsilon")
     eps = math.inf if eps in ("inf", None) else float(eps)
     out = os.path.join(tmp, "pilot-model")
@@ -1088,7 +1012,7 @@ def _pilot_release(pilot: RatingStore, where: str, tmp: str, seed: int) -> tuple
     pos = find(as_ids(m.item_ids), as_ids(pilot.item_ids()))
     mean = float(m.global_mean) + np.asarray(m.item_bias, np.float64)[pos]
     V = np.asarray(m.item_factors, np.float64)[pos, : m.rank] if factors_released(m) else None
-    sel = _selection_source(out, _read_json(os.path.join(out, "model.json")) or {})
+    sel = _selection_source(out, read_model_json(out) or {})
     return mean, V, None if sel is None else sel["value"]["ratio"]
 
 
@@ -1118,28 +1042,18 @@ def calibrate_spread(targets: dict, shape: dict, pub: dict, options: dict, model
                      global_mean: float, seed: int, selection: dict | None = None) -> dict:
     """The generator's ``interaction_scale``, ``noise`` and ``user_bias_std`` (and the item biases that keep the
     released item means; the released factors, if any, as the truth's) whose store has the released spread
-    statistics: at most :data:`PILOT_ROUNDS` pilot stores of ``min(n_users, PILOT_USERS)`` users (the synthetic
-    store's own seed), each read with :func:`spread_sums` against its own release (:func:`_pilot_release`), and
-    updates of the variances (the user offsets' by ``offset``; with factors the noise by ``unexplained`` and the
-    interaction by ``total - offset - unexplained``, without them ``total - offset`` split between the two).
-
-    Without released factors the split (noise over interaction) is :data:`DEFAULT_SPLIT`, unless a model released
-    the validation losses of a factors candidate and a biases one (``selection``, :func:`_selection_source`: als's
-    ``--select auto``): then the split is the one whose pilot, trained as that model was (its method, epsilon, rank),
-    has the same :func:`selection_ratio` (:func:`_next_split`; at most :data:`SPLIT_ROUNDS` rounds). Why the split
-    is matched, and what it gave on the acceptance's noisy store: docs/design-notes.md, "The rehearsal's spread".
-
-    The stages: :class:`_SpreadSearch` (the items' order and weights, the first variances), its :meth:`pilot`
-    (one pilot store and its statistics), :meth:`step` (the secant updates) and :meth:`record`.
-
-    Returns ``{"options": the generator's options, "record": what was matched, round by round}``."""
+    statistics: at most :data:`PILOT_ROUNDS` pilot stores of ``min(n_users, PILOT_USERS)`` users, each read against
+    its own release (:func:`_pilot_release`), and secant updates of the variances (:class:`_SpreadSearch`).
+    Without released factors the split (noise over interaction) is :data:`DEFAULT_SPLIT`, or matched to a released
+    ``selection`` (:func:`_selection_source`, :func:`_next_split`; at most :data:`SPLIT_ROUNDS` rounds); why:
+    docs/design-notes.md. Returns ``{"options": the generator's options, "record": what was matched}``."""
     search = _SpreadSearch(targets, shape, pub, options, model, w_model, global_mean, seed, selection)
     with tempfile.TemporaryDirectory(prefix="streamdp-pilot-") as tmp:
         for _ in range(SPLIT_ROUNDS if search.find_split else PILOT_ROUNDS):
             p, ratio_p = search.pilot(tmp)
             if search.step(p, ratio_p):
                 break
-    return {"options": search.options_for(search.i2, search.n2, search.u2, search.mu), "record": search.record()}
+    return {"options": search.options_for(), "record": search.record()}
 
 
 class _SpreadSearch:
@@ -1156,9 +1070,7 @@ class _SpreadSearch:
         self.m = m = _generator_rpu({"ratings_per_user": dict(shape["ratings_per_user"])}, pub, opts)
         wts = np.asarray(w_model, np.float64)[order]
         if "user_weight" in options:
-            n = _activity(m, pub["n_items"], opts.get("user_exponent", 2.0))
-            c = _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), options["user_weight"])
-            wts = drawing_weights(wts, n, c)
+            wts = _weights_for(wts, options["user_weight"], m, pub, opts)
         final = order[np.argsort(-wts, kind="stable")]  # the generator numbers its items so: nothing moves in it
         self.wts = wts = np.sort(wts)[::-1].copy()
         prior = model.get("bias_prior")
@@ -1193,9 +1105,9 @@ class _SpreadSearch:
     def split_rest(q, split):
         return q / (1 + split ** 2), q * split ** 2 / (1 + split ** 2)
 
-    def options_for(self, i2, n2, u2, mu) -> dict:
-        """The generator's options at these variances (and the item means' draw scale ``mu``)."""
-        V = self.V
+    def options_for(self) -> dict:
+        """The generator's options at the current variances (and the item means' draw scale ``mu``)."""
+        V, i2, n2, u2, mu = self.V, self.i2, self.n2, self.u2, self.mu
         per_item = (i2 * (V * V).sum(axis=1) / math.sqrt(V.shape[1]) if self.factors else i2) + n2 + u2
         target_mean = self.released_mean if self.draw is None else self.released_mean + math.sqrt(mu) * self.draw
         a = pre_clip_means(target_mean, np.sqrt(per_item), self.lo, self.hi, self.step_)
@@ -1207,7 +1119,7 @@ class _SpreadSearch:
         (the round is recorded)."""
         model, seed, pub = self.model, self.seed, self.pub
         i2, n2, u2, mu = self.i2, self.n2, self.u2, self.mu
-        o = {k: v for k, v in self.options_for(i2, n2, u2, mu).items() if k not in ("seed", "show_progress")}
+        o = {k: v for k, v in self.options_for().items() if k not in ("seed", "show_progress")}
         pilot = generate_store(os.path.join(tmp, "p.zarr"), n_users=self.n_pilot, n_items=pub["n_items"],
                                ratings_per_user=self.m, rating_min=self.lo, rating_max=self.hi,
                                rating_step=self.step_, test_fraction=pub["test_fraction"], force=True, seed=seed,

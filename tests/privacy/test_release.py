@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from streamdp.errors import ParameterError
 from streamdp.privacy import compose, epsilon_of, make_rng
 from streamdp.privacy.mechanisms import huber_variance
-from streamdp.privacy.release import Release, Share, calibrate_releases, pure_epsilon
+from streamdp.privacy.release import Release, Share, calibrate_releases, entry_std, pure_epsilon
 
 
 @pytest.mark.parametrize("mech,var", [("gaussian", 9.0), ("laplace", 2 * 9.0), ("huber", huber_variance(3.0, 3.0))])
@@ -19,6 +19,10 @@ def test_noise_variance_per_mechanism(mech, var):
     x = r.noise(make_rng(1))
     assert abs(x.mean()) < 0.05
     assert abs(x.var() / var - 1) < 0.02
+    # the standard deviation the rehearsal reads back from a ledger entry (and from the release itself)
+    assert r.std ** 2 == pytest.approx(var) and entry_std(r.entry()) == r.std
+    assert entry_std(Release("x", mech, 1.5, 0.0).entry()) == 0.0
+    assert entry_std({"mechanism": "?", "scale": 1.0}) == math.inf
 
 
 def test_symmetric_noise_is_mirrored_upper_triangle():
