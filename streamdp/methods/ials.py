@@ -24,8 +24,7 @@ Decisions a reader must know:
   from the released counts, so where the factors are noise a user's list falls back
   toward the chart, with no weight tuned on private data;
 * the released counts (the chart) take every pair of a user, weight ``min(1, sqrt(tau / n_u))``
-  (:func:`spread_weights`, ``--count-weights spread``): on a thin store a sample of ``tau`` of a heavy
-  user's pairs left the chart's top under the noise spikes of the rarely rated items;
+  (:func:`spread_weights`, ``--count-weights spread``; why: the design notes);
 * a user's factor part is clipped to ``--clip`` and her popularity weight apart
   (``--clip-popularity``); only pairs of items above the **item floor**
   (:func:`item_floor_count`) reach the item side, with adaptive weights of L2 norm
@@ -38,8 +37,8 @@ Decisions a reader must know:
 * non-private runs are plain iALS (every pair, no clip, no popularity column, conjugate
   gradients warm-started as ``implicit`` does, :meth:`IALS._cg_iteration`).
 
-The derivation, the sensitivity table and the measurements behind every default (and
-the alternatives not kept): ``docs/design-notes.md``, section ``streamdp/methods/ials.py``.
+Derivation, sensitivities, measurements and alternatives not kept: ``docs/design-notes.md``,
+section ``streamdp/methods/ials.py``.
 """
 
 from __future__ import annotations
