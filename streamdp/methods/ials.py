@@ -2,10 +2,9 @@
 
 Hu, Koren & Volinsky (ICDM 2008) implicit ALS, made user-level DP in the style of
 Chien et al. (ICML 2021) DP-ALS (which ``als`` implements for ratings). It learns
-*which* items a user chose, not how she rated them, so its lists are what it is for
-(``docs/ranking.md``). Public names: :class:`IALS` (registered as ``ials``) with its
-options :class:`IalsOptions`, and the rules of a private run :func:`tau_from_profile`,
-:func:`private_rank` and :func:`item_floor_count`.
+*which* items a user chose, not how she rated them: its lists are what it is for
+(``docs/ranking.md``). Public names: :class:`IALS` (``ials``), :class:`IalsOptions`, and the
+rules of a private run :func:`tau_from_profile`, :func:`private_rank`, :func:`item_floor_count`.
 
 The model: every user-item pair counts, an observed pair with preference 1 and a
 confidence ``c_uj >= 1`` (:func:`streamdp.serving.local.implicit_pairs`), the rest preference 0
