@@ -110,6 +110,9 @@ class RunDefaults:
     reg: float
     #: The bias statistic's clip as a fraction of half the rating range.
     bias_clip_fraction: float
+    #: The public signal-to-noise proxy ``q`` of the item statistics (``n_users``, not ``n_eff``; Laplace and Huber
+    #: ``/ 20``): :func:`count_share_default` reads it.
+    q: float = math.inf
 
 
 def default_settings(n_users: int, n_items: int, epsilon: float, rank: int, mechanism: str = "gaussian",
@@ -154,7 +157,8 @@ def default_settings(n_users: int, n_items: int, epsilon: float, rank: int, mech
     # measured on ML-100K and FilmTrust (10 seeds, fractions 1/8 .. 1): 1/8, 3/16, 5/16, 1/2, 5/8, 5/8-3/4 at
     # q = 0.14-0.18, 0.28-0.36, 0.56-0.73, 1.1-1.5, 2.8-3.6, 5.6-7.3, which 0.5 + 0.45 log10 q follows
     bias_clip = min(max(0.5 + 0.45 * math.log10(max(q, 1e-9)), 0.125), 1.0)
-    return RunDefaults(iters=iters, clip=0.3, ridge=10.0 if iters > 0 else 3.0, reg=10.0, bias_clip_fraction=bias_clip)
+    return RunDefaults(iters=iters, clip=0.3, ridge=10.0 if iters > 0 else 3.0, reg=10.0, bias_clip_fraction=bias_clip,
+                       q=q)
 
 
 @dataclass(frozen=True)
@@ -181,7 +185,8 @@ class StatisticsOptions(MethodOptions):
                                 maximum=1)
     count_share: float | None = option("part of the statistics' share for the counts (the rest for the sums)",
                                        default_text="0.4 when a private als/irls run releases item biases only "
-                                       "(no iterations), else 0.2", **_POS, maximum=1)
+                                       "(no iterations), down to 0.2 on the smallest stores (signal-to-noise proxy "
+                                       "below 0.5), else 0.2", **_POS, maximum=1)
     rating_tilt: float | None = option(
         "how much more a high rating weighs in the released item weight totals, each rating's share of its user's "
         "weights growing with the rating before the user's norm is fixed (scaled by exp(a (r - rating max) / h), h "
@@ -338,6 +343,9 @@ class AlsSettings(RunSettings):
 
 #: ``--count-share`` by default: the counts' part of the statistics' share (``count_share_default``).
 COUNT_SHARE, COUNT_SHARE_BIASES = 0.2, 0.4
+#: The signal-to-noise proxies ``q`` between which a biases-only release's counts' part grows from
+#: :data:`COUNT_SHARE` to :data:`COUNT_SHARE_BIASES` (``count_share_default``).
+COUNT_SHARE_RAMP = (0.25, 0.5)
 #: ``--rating-tilt`` of a private ``als``/``irls`` run that releases item biases only, and the largest released
 #: global mean (a share of the way up the rating range) at which the tilted counts are released
 #: (``rating_tilt_default``).
@@ -345,8 +353,8 @@ RATING_TILT_BIASES, TILT_MAX_MEAN = 0.5, 0.7
 
 
 def rating_tilt_default(private_rating_model: bool, iters: int) -> float:
-    """``--rating-tilt`` by default: :data:`RATING_TILT_BIASES` where :func:`count_share_default` gives the biases'
-    share (a private ``als``/``irls`` run with no iterations), else 0 (every rating of a user weighs the same).
+    """``--rating-tilt`` by default: :data:`RATING_TILT_BIASES` where :func:`count_share_default` may raise the
+    counts' share (a private ``als``/``irls`` run with no iterations), else 0 (every rating of a user weighs the same).
 
     What it does: the item weight totals ``C_j`` (the list score's popularity term, the
     chart by released counts, the item biases' denominators) are released with user ``i``'s
@@ -390,11 +398,13 @@ def rating_scales(r, rating_max: float, half_range: float, tilt: float):
     return np.exp(tilt * (np.asarray(r, np.float64) - rating_max) / half_range)
 
 
-def count_share_default(private_rating_model: bool, iters: int) -> float:
+def count_share_default(private_rating_model: bool, iters: int, q: float = math.inf) -> float:
     """The counts' part of the statistics' share: :data:`COUNT_SHARE_BIASES` when a private ``als``/``irls`` run
-    releases item biases only (``iters == 0``), else :data:`COUNT_SHARE`.
+    releases item biases only (``iters == 0``) and the signal-to-noise proxy ``q`` (:func:`default_settings`) is at
+    least the top of :data:`COUNT_SHARE_RAMP`, :data:`COUNT_SHARE` at or below its bottom (and whenever factors are
+    fitted), linear in ``q`` between.
 
-    Why: a biases-only release gives every user the same list, the list score's ranking of
+    Why the larger part: a biases-only release gives every user the same list, the list score's ranking of
     ``b_j + w log(1 + C_j)`` (:func:`streamdp.serving.local.list_offset`), and its count term is the one whose noise
     costs the lists most. Measured at epsilon 1 (split seed 1, training seeds 1-3; Recall@10, test RMSE): with
     the *exact* training counts in place of the noisy ones the same released biases list at 0.185 on ML-100K
@@ -403,10 +413,24 @@ def count_share_default(private_rating_model: bool, iters: int) -> float:
     +0.0004 / +0.001. 0.4 keeps the RMSE within +0.005; 0.6 does not. Runs that fit factors keep 0.2: their
     lists come from the factors, their RMSE from the sums. ``means`` keeps 0.2 (a rating baseline).
 
+    Why the ramp: every point of the counts' part comes out of the item sums (a biases-only run's budget is
+    nearly all statistics: 0.4 raises the sums' noise std by ``sqrt(0.8 / 0.6)``, 15%), and where ``q`` is small
+    the private biases are already barely better than nothing: on ML-100K at epsilon 0.5 (``q`` 0.28; split seed
+    0, training seeds 0-3, rank 8) the test RMSE was 1.0232 with 0.2, within 0.005 of the non-private item mean
+    (1.0190), and 1.0253 with 0.4, beyond it (0.3: 1.0242); Recall@10 0.100 / 0.128. At epsilon 1 (``q`` 0.56)
+    0.4 costs +0.003 (1.0114 -> 1.0145) with the item mean's bound 0.010 away, and FilmTrust at epsilon 0.5
+    (``q`` 0.36) +0.0006 (0.8144 -> 0.8150; item mean 0.927). The released user count sets ``q``, so a ramp
+    rather than a step: its noise moves ML-100K's ``q`` by about 0.08 at epsilon 0.5.
+
     >>> count_share_default(True, 0), count_share_default(True, 5), count_share_default(False, 0)
     (0.4, 0.2, 0.2)
+    >>> [round(count_share_default(True, 0, q), 3) for q in (0.2, 0.28, 0.375, 0.56)]
+    [0.2, 0.224, 0.3, 0.4]
     """
-    return COUNT_SHARE_BIASES if private_rating_model and iters == 0 else COUNT_SHARE
+    if not (private_rating_model and iters == 0):
+        return COUNT_SHARE
+    lo, hi = COUNT_SHARE_RAMP
+    return COUNT_SHARE + (COUNT_SHARE_BIASES - COUNT_SHARE) * min(max((q - lo) / (hi - lo), 0.0), 1.0)
 
 
 def _or(value, derived):
@@ -449,7 +473,7 @@ class _AlsBase(Method):
             bias_clip=_or(o.bias_clip, d.bias_clip_fraction * h), reg=_or(f.reg, d.reg),
             reg_exponent=_or(f.reg_exponent, 0.0), noise_ridge=f.noise_ridge, ridge=ridge, gramian=gramian,
             center=o.center, stats_share=o.stats_share, count_share=_or(o.count_share, count_share_default(
-                private and self.FIXED_ITERS is None, iters)),
+                private and self.FIXED_ITERS is None, iters, d.q)),
             rating_tilt=_or(o.rating_tilt, rating_tilt_default(
                 private and self.FIXED_ITERS is None and o.sampling != "uniform", iters)),
             mean_share=o.mean_share if o.center == "private" else 0.0,
