@@ -1,9 +1,10 @@
 """The ALS-family kernels as they were before issue 44 (commit d658e6d): ``bench/roofline.py``'s "before" rows.
 
 Verbatim copies of :func:`streamdp.kernels.linalg.solve_users_huber` and
-:func:`streamdp.kernels.als.als_accumulate` of that commit (the helpers they call, unchanged
-since, are imported), kept here so that one run measures the old and the new kernel side by
-side. Not part of the package.
+:func:`streamdp.kernels.als.als_accumulate` of that commit, with the helpers only they used
+(``ridge_solve``, ``add_packed_outer``; ``clip_row``, unchanged since, is imported), kept
+here so that one run measures the old and the new kernel side by side. Not part of the
+package.
 """
 
 from __future__ import annotations
@@ -11,8 +12,42 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import add_packed_outer, clip_row
-from streamdp.kernels.linalg import ridge_solve
+from streamdp.kernels.als import clip_row
+
+
+@njit(cache=True, nogil=True)
+def ridge_solve(G, rhs, k):
+    """Solve ``G x = rhs`` in place for a symmetric positive definite ``G`` (Cholesky)."""
+    for i in range(k):
+        for j in range(i + 1):
+            acc = G[i, j]
+            for m in range(j):
+                acc -= G[i, m] * G[j, m]
+            if i == j:
+                G[i, i] = np.sqrt(acc) if acc > 0 else 1e-300
+            else:
+                G[i, j] = acc / G[j, j]
+    for i in range(k):
+        acc = rhs[i]
+        for m in range(i):
+            acc -= G[i, m] * rhs[m]
+        rhs[i] = acc / G[i, i]
+    for i in range(k - 1, -1, -1):
+        acc = rhs[i]
+        for m in range(i + 1, k):
+            acc -= G[m, i] * rhs[m]
+        rhs[i] = acc / G[i, i]
+
+
+@njit(cache=True, nogil=True)
+def add_packed_outer(A, j, w, x, d):
+    """``A[j] += w x x^T`` on the packed upper triangle (layout of :func:`packed_index`)."""
+    q = 0
+    for a in range(d):
+        wa = w * x[a]
+        for b in range(a, d):
+            A[j, q] += wa * x[b]
+            q += 1
 
 
 @njit(cache=True, nogil=True)

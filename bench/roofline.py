@@ -1,6 +1,6 @@
 """The ALS-family kernels against the machine: ratings/s per core beside the same run's dgemm and a plain kernel.
 
-    python bench/roofline.py [--quick] [--ks 8,16,64] [--repeats 3] [--out FILE]
+    python bench/roofline.py [--quick] [--ks 8,16,64] [--repeats 3] [--only TEXT] [--out FILE]
 
 On a generated in-memory CSR (200,000 users x 20,000 items, 10M ratings: user lengths
 lognormal around 50, item popularity a power law; ``--quick``: 1,000 x 400, 20,000
@@ -23,8 +23,8 @@ ratings, a smoke test) each kernel of the ALS family runs on one thread
 Per kernel and ``k`` the table gives the rate of today's kernel; the **before** kernel
 (``bench/_before.py``: the kernel as it was before issue 44, where it changed) and its
 speed-up; a **plain** Numba kernel doing the same arithmetic as a simple triple loop (per
-rating ``for a: for b >= a: G[a, b] += w q_a q_b`` plus the right-hand side, then the same
-Cholesky solve; for the scorer :func:`streamdp.kernels.topk.topn_scores`, its float64 loop);
+rating ``for a: for b >= a: G[a, b] += w q_a q_b`` plus the right-hand side, then the old
+row-by-row Cholesky solve; for the scorer :func:`streamdp.kernels.topk.topn_scores`, its float64 loop);
 and the **roofline**: the same run's dgemm rate (``numpy.matmul`` of two 1,500 x 1,500
 float64 matrices, ``1500^3`` multiply-adds) divided by the kernel's multiply-adds per rating
 (column ``madds``):
@@ -58,7 +58,7 @@ if __package__ in (None, ""):  # run as a file: make ``bench`` importable
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
-from streamdp.kernels.linalg import ridge_solve  # noqa: E402
+from bench._before import ridge_solve  # noqa: E402
 
 #: ``(users, items, ratings)`` of the generated CSR: full and ``--quick``.
 FULL, QUICK = (200_000, 20_000, 10_000_000), (1_000, 400, 20_000)
@@ -101,7 +101,7 @@ def dgemm_rate(n: int) -> float:
 @njit(cache=True, nogil=True)
 def plain_user_solve(indptr, items, val, wts, Q, G0, U):
     """Per user: ``G = G0 + sum_p w_p q_p q_p^T`` (upper triangle, per rating ``for a: for b >= a``),
-    ``x = sum_p val_p q_p``, then :func:`streamdp.kernels.linalg.ridge_solve`'s Cholesky."""
+    ``x = sum_p val_p q_p``, then the old row-by-row Cholesky (``bench/_before.py: ridge_solve``)."""
     d = Q.shape[1]
     G = np.empty((d, d))
     x = np.empty(d)
@@ -269,7 +269,7 @@ def _rate(m):
     return f"{m / 1e6:.1f}M" if m >= 1e5 else f"{m / 1e6:.3f}M"
 
 
-def run(quick: bool = False, ks=(8, 16, 64), repeats: int = 3, log=None) -> str:
+def run(quick: bool = False, ks=(8, 16, 64), repeats: int = 3, log=None, only: str = "") -> str:
     """Measure every kernel at each ``k`` (see the module docstring); the markdown table."""
     import numba
     from threadpoolctl import threadpool_limits
@@ -280,7 +280,7 @@ def run(quick: bool = False, ks=(8, 16, 64), repeats: int = 3, log=None) -> str:
     numba.set_num_threads(1)
     with threadpool_limits(1):
         data = generate(users, n_items, ratings)
-        all_cases = [c for k in ks for c in cases(data, n_items, k, budget)]
+        all_cases = [c for k in ks for c in cases(data, n_items, k, budget) if only in c.name]
         for c in all_cases:  # compile and warm
             for f in c.calls.values():
                 f()
@@ -317,6 +317,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a small CSR (a smoke test, seconds)")
     p.add_argument("--ks", default="8,16,64", help="factor counts (default 8,16,64)")
     p.add_argument("--repeats", type=int, default=3, help="repeats; medians (default 3)")
+    p.add_argument("--only", default="", help="only the kernels whose name contains this text")
     p.add_argument("--out", help="also write the table to this file")
     a = p.parse_args(argv)
     try:
@@ -327,7 +328,7 @@ def main(argv=None) -> int:
         print(f"roofline: --ks must be positive integers and --repeats >= 1 (got {a.ks!r}, {a.repeats})",
               file=sys.stderr)
         return 2
-    text = run(a.quick, ks, a.repeats, log=lambda m: print(m, file=sys.stderr, flush=True))
+    text = run(a.quick, ks, a.repeats, log=lambda m: print(m, file=sys.stderr, flush=True), only=a.only)
     print(text, end="")
     if a.out:
         with open(a.out, "w") as f:

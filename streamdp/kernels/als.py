@@ -54,14 +54,159 @@ def clip_row(U, u, k, clip, x):
 
 
 @njit(cache=True, nogil=True)
-def add_packed_outer(A, j, w, x, d):
-    """``A[j] += w x x^T`` on the packed upper triangle (layout of :func:`packed_index`)."""
-    q = 0
-    for a in range(d):
-        wa = w * x[a]
-        for b in range(a, d):
-            A[j, q] += wa * x[b]
-            q += 1
+def clipped_rows(indptr, U, k, clip, X):
+    """``X[u, :k]``: user ``u``'s row clipped to norm ``clip`` (:func:`clip_row`), users with ratings only; returns
+    the number of clipped users. ``X``'s other columns are left to the caller."""
+    x = np.empty(k, dtype=np.float64)
+    clipped = 0
+    for u in range(len(indptr) - 1):
+        if indptr[u + 1] == indptr[u]:
+            continue
+        clipped += clip_row(U, u, k, clip, x)
+        for a in range(k):
+            X[u, a] = x[a]
+    return clipped
+
+
+@njit(cache=True, nogil=True)
+def pairs_by_item(indptr, items, weights, n_items):
+    """The block's pairs of nonzero weight grouped by item: ``(start (n_items + 1), pair, user)`` (counting sort)."""
+    start = np.zeros(n_items + 1, dtype=np.int64)
+    for u in range(len(indptr) - 1):
+        for p in range(indptr[u], indptr[u + 1]):
+            if weights[p] != 0.0:
+                start[items[p] + 1] += 1
+    for j in range(n_items):
+        start[j + 1] += start[j]
+    fill = start[:-1].copy()
+    pair = np.empty(start[n_items], dtype=np.int64)
+    user = np.empty(start[n_items], dtype=np.int64)
+    for u in range(len(indptr) - 1):
+        for p in range(indptr[u], indptr[u + 1]):
+            if weights[p] != 0.0:
+                j = items[p]
+                pair[fill[j]] = p
+                user[fill[j]] = u
+                fill[j] += 1
+    return start, pair, user
+
+
+@njit(cache=True, nogil=True)
+def _sweep(pair, user, weights, bsrc, asrc, a_one, q, e, us, bw, aw):
+    """One sweep's pairs ``q .. q + len(us) - 1`` of an item (those before ``e``): users, ``bw = w b`` and ``aw = w``
+    (``a_one``) or ``w (a - 1)``; missing pairs are the first's with weight 0 (they add exact zeros)."""
+    for r in range(len(us)):
+        if q + r < e:
+            p = pair[q + r]
+            us[r] = user[q + r]
+            bw[r] = weights[p] * bsrc[p]
+            aw[r] = weights[p] if a_one else weights[p] * (asrc[p] - 1.0)
+        else:
+            us[r] = user[q]
+            bw[r] = 0.0
+            aw[r] = 0.0
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def accumulate_by_item(start, pair, user, weights, bsrc, asrc, a_one, X, B, A):
+    """``B_j += w_p b_p x_u[:k]`` and ``A_j += a_p x_u x_u^T`` (packed), item by item, eight pairs per sweep.
+
+    The item side of als (``b_p`` the clipped residual, ``a_p = w_p``: ``a_one``) and of
+    ials (``b_p = c_p``, ``a_p = w_p (c_p - 1)``), one implementation. ``(start, pair,
+    user)`` from :func:`pairs_by_item`; ``X`` the block's clipped user rows
+    (``n_users x d``), ``B`` ``(n_items, k)``, ``k <= d``, ``A`` ``(n_items, d (d + 1) / 2)``.
+    An item's ``A_j`` row (``d (d + 1) / 2`` doubles, 16 KB at ``d = 64``) stays in cache
+    while all of the block's pairs of that item are added to it; per pair in the users'
+    order, every pair reaches a different row of an ``A`` far larger than the caches
+    (33 MB for 2,000 items). Measured on a 1M-pair block at k=64 (busy machine): per pair
+    in the users' order 8.5-9.2 s; item by item two / four / eight pairs per sweep 1.23 /
+    0.73 / 0.57 s (each entry of ``A_j`` loaded and stored once per eight multiply-adds).
+    Missing pairs of the last sweep are repeats of its first with weight 0 (exact zeros).
+    Multiply-adds may fuse (``contract``: FMA only, no reassociation).
+    """
+    d = X.shape[1]
+    k = B.shape[1]
+    do_a = A.shape[0] > 0
+    us = np.empty(8, dtype=np.int64)
+    bw = np.empty(8, dtype=np.float64)
+    aw = np.empty(8, dtype=np.float64)
+    for j in range(len(start) - 1):
+        q = start[j]
+        e = start[j + 1]
+        while q < e:
+            _sweep(pair, user, weights, bsrc, asrc, a_one, q, e, us, bw, aw)
+            u0, u1, u2, u3, u4, u5, u6, u7 = us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7]
+            for a in range(k):
+                B[j, a] += (bw[0] * X[u0, a] + bw[1] * X[u1, a] + bw[2] * X[u2, a] + bw[3] * X[u3, a]
+                            + bw[4] * X[u4, a] + bw[5] * X[u5, a] + bw[6] * X[u6, a] + bw[7] * X[u7, a])
+            if do_a:
+                off = 0
+                for a in range(d):
+                    f0 = aw[0] * X[u0, a]
+                    f1 = aw[1] * X[u1, a]
+                    f2 = aw[2] * X[u2, a]
+                    f3 = aw[3] * X[u3, a]
+                    f4 = aw[4] * X[u4, a]
+                    f5 = aw[5] * X[u5, a]
+                    f6 = aw[6] * X[u6, a]
+                    f7 = aw[7] * X[u7, a]
+                    base = off - a
+                    for b in range(a, d):
+                        A[j, base + b] += (f0 * X[u0, b] + f1 * X[u1, b] + f2 * X[u2, b] + f3 * X[u3, b]
+                                           + f4 * X[u4, b] + f5 * X[u5, b] + f6 * X[u6, b] + f7 * X[u7, b])
+                    off += d - a
+            q += 8
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def gramian_upper(X, G):
+    """``G += X^T X`` on the upper triangle, four rows of ``X`` per sweep of ``G`` (zero rows add exact zeros)."""
+    n, d = X.shape
+    u = 0
+    while u + 3 < n:
+        for a in range(d):
+            x0, x1, x2, x3 = X[u, a], X[u + 1, a], X[u + 2, a], X[u + 3, a]
+            for b in range(a, d):
+                G[a, b] += x0 * X[u, b] + x1 * X[u + 1, b] + x2 * X[u + 2, b] + x3 * X[u + 3, b]
+        u += 4
+    while u < n:
+        for a in range(d):
+            xa = X[u, a]
+            for b in range(a, d):
+                G[a, b] += xa * X[u, b]
+        u += 1
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def accumulate_rhs(indptr, items, weights, bsrc, X, B):
+    """``B_j += w_p b_p x_u[:k]`` in the users' order: without per-item Gramians, ``B`` (``n_items x k``, megabytes)
+    stays in cache and each user's row is read once, where the item order gathers a row per pair."""
+    k = B.shape[1]
+    for u in range(len(indptr) - 1):
+        for p in range(indptr[u], indptr[u + 1]):
+            f = weights[p] * bsrc[p]
+            if f == 0.0:
+                continue
+            j = np.uint64(items[p])
+            for a in range(k):
+                B[j, a] += f * X[u, a]
+
+
+@njit(cache=True, nogil=True)
+def _clipped_residuals(indptr, target, weights, U, k, R, y):
+    """``y_p = clip(target_p - c_u, -R, R)`` for the pairs of nonzero weight (``c_u = U[u, k]``, the intercept)."""
+    for u in range(len(indptr) - 1):
+        c = U[u, k]
+        for p in range(indptr[u], indptr[u + 1]):
+            if weights[p] == 0.0:
+                y[p] = 0.0
+                continue
+            v = target[p] - c
+            if v > R:
+                v = R
+            elif v < -R:
+                v = -R
+            y[p] = v
 
 
 @njit(cache=True, nogil=True)
@@ -74,41 +219,33 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     side).
     ``B`` is ``(n_items, d)`` with ``d = k`` or ``k + 1`` (then ``x`` ends with ``beta``),
     ``A`` ``(n_items, d (d + 1) / 2)`` or empty, ``S`` ``(d, d)`` or empty.
+
+    The clipped rows ``x_u`` (``n_users x d``) and residuals ``y_p`` are formed first, then
+    the sums are taken by the kernels ials shares: ``S`` by :func:`gramian_upper`, ``B``
+    and ``A`` item by item (:func:`accumulate_by_item`, eight pairs per sweep of ``A_j``)
+    or, without ``A``, ``B`` in the users' order (:func:`accumulate_rhs`). Each output
+    entry is the same sum of the same products as in one pass per rating; only the
+    rounding differs (multiply-adds fused, eight pairs summed before they are added):
+    within ``1e-12`` relative of that order.
     """
     k = U.shape[1] - 1
     d = B.shape[1]
-    do_a = A.shape[0] > 0
-    do_s = S.shape[0] > 0
-    x = np.empty(d, dtype=np.float64)
-    clipped = 0
-    for u in range(len(indptr) - 1):
-        s = indptr[u]
-        e = indptr[u + 1]
-        if e == s:
-            continue
-        clipped += clip_row(U, u, k, clip, x)
-        if d > k:
-            x[k] = beta
-        c = U[u, k]
-        if do_s:
-            for a in range(d):
-                for b in range(a, d):
-                    S[a, b] += x[a] * x[b]
-        for p in range(s, e):
-            w = weights[p]
-            if w == 0.0:
-                continue
-            j = items[p]
-            y = target[p] - c
-            if y > R:
-                y = R
-            elif y < -R:
-                y = -R
-            wy = w * y
-            for a in range(d):
-                B[j, a] += wy * x[a]
-            if do_a:
-                add_packed_outer(A, j, w, x, d)
+    n_u = len(indptr) - 1
+    X = np.zeros((n_u, d), dtype=np.float64)
+    clipped = clipped_rows(indptr, U, k, clip, X)
+    if d > k:
+        for u in range(n_u):
+            if indptr[u + 1] > indptr[u]:
+                X[u, k] = beta
+    y = np.empty(indptr[n_u], dtype=np.float64)
+    _clipped_residuals(indptr, target, weights, U, k, R, y)
+    if S.shape[0] > 0:
+        gramian_upper(X, S)
+    if A.shape[0] > 0:
+        start, pair, user = pairs_by_item(indptr, items, weights, B.shape[0])
+        accumulate_by_item(start, pair, user, weights, y, y, True, X, B, A)
+    else:
+        accumulate_rhs(indptr, items, weights, y, X, B)
     return clipped
 
 

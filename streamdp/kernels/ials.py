@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import clip_row
+from streamdp.kernels.als import accumulate_by_item, accumulate_rhs, clip_row, gramian_upper, pairs_by_item
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
@@ -35,9 +35,9 @@ def chol_factor(M, k):
     """Overwrite the upper triangle of ``M[:k, :k]`` (symmetric positive definite) with ``R``, ``R^T R = M``.
 
     Row-oriented (right-looking) Cholesky: every inner loop is a contiguous ``axpy`` on a
-    row of the upper triangle, which vectorizes, where the left-looking dot-product form
-    (:func:`streamdp.kernels.linalg.ridge_solve`) is a chain of dependent multiply-adds.
-    A non-positive pivot is taken as ``1e-300``, as ``ridge_solve`` does. Multiply-adds
+    row of the upper triangle, where the row-by-row dot-product form is a chain of dependent
+    multiply-adds (:func:`streamdp.kernels.linalg.cholesky_lower` takes the dot products a
+    column at a time instead). A non-positive pivot is taken as ``1e-300``. Multiply-adds
     may fuse (``contract``: FMA only, no reassociation); no clipping or noise is computed here.
     """
     for i in range(k):
@@ -347,109 +347,6 @@ def _clip_rows(indptr, U, k, clip, clip_last, X):
 
 
 @njit(cache=True, nogil=True)
-def _by_item(indptr, items, weights, n_items):
-    """The block's pairs of nonzero weight grouped by item: ``(start (n_items + 1), pair, user)`` (counting sort)."""
-    start = np.zeros(n_items + 1, dtype=np.int64)
-    for p in range(len(items)):
-        if weights[p] != 0.0:
-            start[items[p] + 1] += 1
-    for j in range(n_items):
-        start[j + 1] += start[j]
-    fill = start[:-1].copy()
-    pair = np.empty(start[n_items], dtype=np.int64)
-    user = np.empty(start[n_items], dtype=np.int64)
-    for u in range(len(indptr) - 1):
-        for p in range(indptr[u], indptr[u + 1]):
-            if weights[p] != 0.0:
-                j = items[p]
-                pair[fill[j]] = p
-                user[fill[j]] = u
-                fill[j] += 1
-    return start, pair, user
-
-
-@njit(cache=True, nogil=True)
-def _sweep(pair, user, conf, weights, q, e, us, bw, aw):
-    """One sweep's pairs ``q .. q + len(us) - 1`` of an item (those before ``e``): users, ``w c`` and ``w (c - 1)``;
-    missing pairs are the first's with weight 0 (they add exact zeros)."""
-    for r in range(len(us)):
-        if q + r < e:
-            p = pair[q + r]
-            us[r] = user[q + r]
-            bw[r] = weights[p] * conf[p]
-            aw[r] = weights[p] * (conf[p] - 1.0)
-        else:
-            us[r] = user[q]
-            bw[r] = 0.0
-            aw[r] = 0.0
-
-
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _accumulate_by_item(start, pair, user, conf, weights, X, B, A):
-    """``B_j += w c x_u[:k]`` and ``A_j += w (c - 1) x_u x_u^T`` (packed), item by item, eight pairs per sweep.
-
-    An item's ``A_j`` row (``d (d + 1) / 2`` doubles, 16 KB at ``d = 64``) stays in cache
-    while all of the block's pairs of that item are added to it; per pair in the users'
-    order, every pair reaches a different row of an ``A`` far larger than the caches
-    (33 MB for 2,000 items). Measured on a 1M-pair block at k=64 (busy machine): per pair
-    in the users' order 8.5-9.2 s; item by item two / four / eight pairs per sweep 1.23 /
-    0.73 / 0.57 s (each entry of ``A_j`` loaded and stored once per eight multiply-adds).
-    Missing pairs of the last sweep are repeats of its first with weight 0 (exact zeros).
-    """
-    d = X.shape[1]
-    k = B.shape[1]
-    do_a = A.shape[0] > 0
-    us = np.empty(8, dtype=np.int64)
-    bw = np.empty(8, dtype=np.float64)
-    aw = np.empty(8, dtype=np.float64)
-    for j in range(len(start) - 1):
-        q = start[j]
-        e = start[j + 1]
-        while q < e:
-            _sweep(pair, user, conf, weights, q, e, us, bw, aw)
-            u0, u1, u2, u3, u4, u5, u6, u7 = us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7]
-            for a in range(k):
-                B[j, a] += (bw[0] * X[u0, a] + bw[1] * X[u1, a] + bw[2] * X[u2, a] + bw[3] * X[u3, a]
-                            + bw[4] * X[u4, a] + bw[5] * X[u5, a] + bw[6] * X[u6, a] + bw[7] * X[u7, a])
-            if do_a:
-                off = 0
-                for a in range(d):
-                    f0 = aw[0] * X[u0, a]
-                    f1 = aw[1] * X[u1, a]
-                    f2 = aw[2] * X[u2, a]
-                    f3 = aw[3] * X[u3, a]
-                    f4 = aw[4] * X[u4, a]
-                    f5 = aw[5] * X[u5, a]
-                    f6 = aw[6] * X[u6, a]
-                    f7 = aw[7] * X[u7, a]
-                    base = off - a
-                    for b in range(a, d):
-                        A[j, base + b] += (f0 * X[u0, b] + f1 * X[u1, b] + f2 * X[u2, b] + f3 * X[u3, b]
-                                           + f4 * X[u4, b] + f5 * X[u5, b] + f6 * X[u6, b] + f7 * X[u7, b])
-                    off += d - a
-            q += 8
-
-
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _gramian_upper(X, G):
-    """``G += X^T X`` on the upper triangle, four rows of ``X`` per sweep of ``G`` (zero rows add exact zeros)."""
-    n, d = X.shape
-    u = 0
-    while u + 3 < n:
-        for a in range(d):
-            x0, x1, x2, x3 = X[u, a], X[u + 1, a], X[u + 2, a], X[u + 3, a]
-            for b in range(a, d):
-                G[a, b] += x0 * X[u, b] + x1 * X[u + 1, b] + x2 * X[u + 2, b] + x3 * X[u + 3, b]
-        u += 4
-    while u < n:
-        for a in range(d):
-            xa = X[u, a]
-            for b in range(a, d):
-                G[a, b] += xa * X[u, b]
-        u += 1
-
-
-@njit(cache=True, nogil=True)
 def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     """Accumulate one block's item-side sums (module docstring); returns the number of clipped users.
 
@@ -461,34 +358,19 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     and the first ``k`` to norm ``clip``, and ``B`` gets the first ``k`` only; otherwise the
     whole row is clipped to ``clip``. Users without pairs add nothing. The rows are
     clipped first (:func:`_clip_rows`), then the pairs are taken item by item
-    (:func:`_accumulate_by_item`).
+    (:func:`streamdp.kernels.als.accumulate_by_item`, shared with als).
     """
     d = U.shape[1]
     k = B.shape[1]
     X = np.zeros((len(indptr) - 1, d), dtype=np.float64)
     clipped = _clip_rows(indptr, U, k, clip, clip_last, X)
-    _gramian_upper(X, G)
+    gramian_upper(X, G)
     if A.shape[0] > 0:
-        start, pair, user = _by_item(indptr, items, weights, B.shape[0])
-        _accumulate_by_item(start, pair, user, conf, weights, X, B, A)
+        start, pair, user = pairs_by_item(indptr, items, weights, B.shape[0])
+        accumulate_by_item(start, pair, user, weights, conf, conf, False, X, B, A)
     else:
-        _accumulate_rhs(indptr, items, conf, weights, X, B)
+        accumulate_rhs(indptr, items, weights, conf, X, B)
     return clipped
-
-
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _accumulate_rhs(indptr, items, conf, weights, X, B):
-    """``B_j += w c x_u[:k]`` in the users' order: without per-item Gramians, ``B`` (``n_items x k``, megabytes)
-    stays in cache and each user's row is read once, where the item order gathers a row per pair."""
-    k = B.shape[1]
-    for u in range(len(indptr) - 1):
-        for p in range(indptr[u], indptr[u + 1]):
-            f = weights[p] * conf[p]
-            if f == 0.0:
-                continue
-            j = np.uint64(items[p])
-            for a in range(k):
-                B[j, a] += f * X[u, a]
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
