@@ -365,11 +365,12 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     X = np.zeros((len(indptr) - 1, d), dtype=np.float64)
     clipped = _clip_rows(indptr, U, k, clip, clip_last, X)
     gramian_upper(X, G)
+    zero = np.zeros(len(indptr) - 1, dtype=np.float64)
     if A.shape[0] > 0:
-        start, pair, user = pairs_by_item(indptr, items, weights, B.shape[0])
-        accumulate_by_item(start, pair, user, weights, conf, conf, False, X, B, A)
+        start, user, bw, aw = pairs_by_item(indptr, items, weights, conf, zero, np.inf, conf, False, B.shape[0])
+        accumulate_by_item(start, user, bw, aw, X, B, A)
     else:
-        accumulate_rhs(indptr, items, weights, conf, X, B)
+        accumulate_rhs(indptr, items, weights, conf, zero, np.inf, X, B)
     return clipped
 
 
