@@ -168,7 +168,7 @@ def _prefix(indptr, madds, budget):
 
 def cases(data, n_items, k, budget):
     """Every kernel's :class:`Case` at ``k`` on ``data`` (the CSR of :func:`generate`)."""
-    from bench._before import als_accumulate_before, solve_users_huber_before
+    from bench._before import als_accumulate_before, ials_solve_users_before, solve_users_huber_before
     from streamdp.kernels.als import als_accumulate
     from streamdp.kernels.ials import ials_accumulate, ials_solve_users
     from streamdp.kernels.linalg import solve_users_huber
@@ -233,6 +233,7 @@ def cases(data, n_items, k, budget):
     G0 = YtY + 0.5 * np.eye(k)
     out.append(Case("ials user sweep", k, madds, n, {
         "now": lambda ip=ip, it=it, c=c, U=U: ials_solve_users(ip, it, c, Y, YtY, 0.5, U),
+        "before": lambda ip=ip, it=it, c=c, U=U: ials_solve_users_before(ip, it, c, Y, YtY, 0.5, U),
         "plain": lambda ip=ip, it=it, c=c, U=U, cm=c - 1.0, G0=G0: plain_user_solve(ip, it, c, cm, Y, G0, U),
     }))
     madds = k + k * (k + 1) / 2
