@@ -27,3 +27,15 @@ def test_bad_arguments_are_one_line(capsys):
     assert roofline.main(["--ks", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--ks" in err
+
+
+def test_bench_write_keeps_the_roofline_section(tmp_path):
+    from bench.run import kept_sections
+
+    page = tmp_path / "b.md"
+    assert kept_sections(str(page)) == ""
+    page.write_text("# Benchmarks\n\n| a |\n\n## ALS-family kernels against the machine (`bench/roofline.py`)\n\n"
+                    "| kernel |\n|---|\n\n## Training at scale\n\nx\n")
+    kept = kept_sections(str(page))
+    assert kept.startswith("\n## ALS-family kernels against the machine") and kept.endswith("|---|\n")
+    assert "Training at scale" not in kept
