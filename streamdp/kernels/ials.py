@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from streamdp.kernels.als import accumulate_by_item, accumulate_rhs, clip_row, gramian_upper, pairs_by_item
-from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower
+from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
@@ -88,7 +88,7 @@ def _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x, T, W, cv):
     """One user's ``x = (YtY + ridge I + sum (c - 1) y y^T)^-1 sum c y`` by forming the ``d x d`` system.
 
     The user's rows ``y_j`` are gathered into a dense tile, transposed and padded with zero
-    columns to a multiple of 8 (``T``; ``W`` the rows times ``c - 1``, ``cv`` the
+    columns to a multiple of :data:`streamdp.kernels.linalg.TILE_PAD` (``T``; ``W`` the rows times ``c - 1``, ``cv`` the
     confidences), so that ``sum (c - 1) y y^T`` is a small dense product
     (:func:`streamdp.kernels.linalg.gram_lower`, as the als user solve forms its Gramian)
     and ``sum c y`` one contiguous dot product per coordinate; then ``YtY + ridge I`` is
@@ -98,7 +98,7 @@ def _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x, T, W, cv):
     """
     d = Y.shape[1]
     n = e - s
-    m = (n + 7) // 8 * 8
+    m = padded(n)
     for i in range(n):
         j = np.uint64(items[s + i])
         c = conf[s + i]
@@ -249,7 +249,7 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
     longest = 0
     for u in range(len(indptr) - 1):
         longest = max(longest, indptr[u + 1] - indptr[u])
-    cap = max((longest + 7) // 8 * 8, 8) if longest >= d else 8
+    cap = padded(longest) if longest >= d else padded(1)
     Tt = np.empty((d, cap), dtype=np.float64)
     Wt = np.empty((d, cap), dtype=np.float64)
     cv = np.empty(cap, dtype=np.float64)
