@@ -20,8 +20,10 @@ side always sees all of them):
 One user's contribution to ``B`` has L2 norm ``<= R ||x|| ||w_i||_2`` and L1 norm
 ``<= R ||x||_1 ||w_i||_1``; to ``A`` (packed) ``<= ||x||^2 ||w_i||_2`` in L2; to ``S``
 ``<= ||x||^2``. :mod:`streamdp.methods.als` turns these into the released
-sensitivities. Raw arrays in, preallocated outputs accumulated into; float64; no
-``fastmath`` (clipping is computed here).
+sensitivities. Raw arrays in, preallocated outputs accumulated into; float64. The rows
+are clipped without ``fastmath``; the sums' kernels (shared with ials) let multiply-adds
+fuse (``contract``: FMA only, no reassociation), which changes the rounding of the sums,
+never a clipped value (the residual's clip is a subtraction, a ``max`` and a ``min``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,10 @@ weight 1. With the Gramian trick the unobserved pairs cost ``O(k^2)`` per user:
 One user's contribution has L2 norm ``<= ||x||^2`` to ``G``, ``<= ||x_B|| ||w c||_2`` to
 ``B`` (``x_B`` the coordinates ``B`` holds) and ``<= ||x||^2 ||w (c - 1)||_2`` to ``A``: :mod:`streamdp.methods.ials`
 turns these into the released sensitivities. Raw arrays in, preallocated outputs
-accumulated into; float64; no ``fastmath`` (clipping is computed here).
+accumulated into; float64. The rows are clipped without ``fastmath``; the item-side sums
+(:func:`streamdp.kernels.als.accumulate_by_item`, shared with als) let multiply-adds fuse
+(``contract``), the user solves also reassociate their sums (``reassoc``): the rounding of
+sums, never a clipped value.
 """
 
 from __future__ import annotations
