@@ -443,6 +443,26 @@ The `bench/*.py` scripts go further on one subject each ([development.md](develo
     return head + "\n" + body
 
 
+#: Sections of the page written by another script (``bench/roofline.py``), kept when ``--write`` rewrites it.
+KEPT_HEADINGS = ("## ALS-family kernels against the machine",)
+
+
+def kept_sections(path: str) -> str:
+    """The sections of the page at ``path`` under :data:`KEPT_HEADINGS` (each up to the next ``## ``), or ``""``."""
+    try:
+        with open(path) as f:
+            old = f.read()
+    except OSError:
+        return ""
+    out = []
+    for head in KEPT_HEADINGS:
+        i = old.find("\n" + head)
+        if i >= 0:
+            j = old.find("\n## ", i + 1)
+            out.append(old[i:j if j >= 0 else len(old)].rstrip("\n") + "\n")
+    return "".join(out)
+
+
 def _cpu() -> float:
     """CPU seconds of this process and its finished children (every thread)."""
     import resource
@@ -529,6 +549,8 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     text = page(rep, "".join(scaled), argv=argv, started=started, load_start=load_start, load_end=_load(),
                 seconds=seconds, repeats=a.repeats, ials_repeats=a.ials_repeats, exclude=a.write)
+    if a.write:
+        text = text.rstrip("\n") + "\n" + kept_sections(a.write)
     print("\n" + text)
     if a.write:
         dest = a.write + ".failed" if failed else a.write

@@ -19,7 +19,10 @@ weight 1. With the Gramian trick the unobserved pairs cost ``O(k^2)`` per user:
 One user's contribution has L2 norm ``<= ||x||^2`` to ``G``, ``<= ||x_B|| ||w c||_2`` to
 ``B`` (``x_B`` the coordinates ``B`` holds) and ``<= ||x||^2 ||w (c - 1)||_2`` to ``A``: :mod:`streamdp.methods.ials`
 turns these into the released sensitivities. Raw arrays in, preallocated outputs
-accumulated into; float64; no ``fastmath`` (clipping is computed here).
+accumulated into; float64. The rows are clipped without ``fastmath``; the item-side sums
+(:func:`streamdp.kernels.als.accumulate_by_item`, shared with als) let multiply-adds fuse
+(``contract``), the user solves also reassociate their sums (``reassoc``): the rounding of
+sums, never a clipped value.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import clip_row
+from streamdp.kernels.als import accumulate_by_item, accumulate_rhs, clip_row, gramian_upper, pairs_by_item
+from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
@@ -35,9 +39,9 @@ def chol_factor(M, k):
     """Overwrite the upper triangle of ``M[:k, :k]`` (symmetric positive definite) with ``R``, ``R^T R = M``.
 
     Row-oriented (right-looking) Cholesky: every inner loop is a contiguous ``axpy`` on a
-    row of the upper triangle, which vectorizes, where the left-looking dot-product form
-    (:func:`streamdp.kernels.linalg.ridge_solve`) is a chain of dependent multiply-adds.
-    A non-positive pivot is taken as ``1e-300``, as ``ridge_solve`` does. Multiply-adds
+    row of the upper triangle, where the row-by-row dot-product form is a chain of dependent
+    multiply-adds (:func:`streamdp.kernels.linalg.cholesky_lower` takes the dot products a
+    column at a time instead). A non-positive pivot is taken as ``1e-300``. Multiply-adds
     may fuse (``contract``: FMA only, no reassociation); no clipping or noise is computed here.
     """
     for i in range(k):
@@ -69,48 +73,60 @@ def chol_apply(R, x, k):
 
 @njit(cache=True, nogil=True)
 def chol_solve(M, x, k):
-    """Solve ``M[:k, :k] z = x[:k]`` in place (``z`` into ``x``); ``M``'s upper triangle is overwritten."""
-    chol_factor(M, k)
-    chol_apply(M, x, k)
+    """Solve ``M[:k, :k] z = x[:k]`` in place (``z`` into ``x``) from ``M``'s upper triangle; ``M`` is overwritten.
+
+    The upper triangle is mirrored into the lower and factored column by column
+    (:func:`streamdp.kernels.linalg.cholesky_lower`: at ``d = 65`` about a tenth of
+    :func:`chol_factor`'s time, whose row updates do not vectorize).
+    """
+    for a in range(k):
+        for b in range(a + 1, k):
+            M[b, a] = M[a, b]
+    cholesky_lower(M, k)
+    cholesky_lower_apply(M, x, k)
 
 
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x):
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x, T, W, cv):
     """One user's ``x = (YtY + ridge I + sum (c - 1) y y^T)^-1 sum c y`` by forming the ``d x d`` system.
 
-    ``sum (c - 1) y y^T`` is accumulated on the upper triangle two pairs per sweep of its
-    rows (contiguous ``axpy``: half the loads and stores of ``M`` of one pair per sweep).
-    Cost ``n d^2 / 2 + d^3 / 6`` multiply-adds for ``n`` pairs.
+    The user's rows ``y_j`` are gathered into a dense tile, transposed and padded with zero
+    columns to a multiple of :data:`streamdp.kernels.linalg.TILE_PAD` (``T``; ``W`` the rows times ``c - 1``, ``cv`` the
+    confidences), so that ``sum (c - 1) y y^T`` is a small dense product
+    (:func:`streamdp.kernels.linalg.gram_lower`, as the als user solve forms its Gramian)
+    and ``sum c y`` one contiguous dot product per coordinate; then ``YtY + ridge I`` is
+    added and the system solved (:func:`streamdp.kernels.linalg.cholesky_lower`). Cost
+    ``n d^2 / 2 + d^3 / 6`` multiply-adds for ``n`` pairs. The sums may be reassociated
+    (``fastmath`` ``reassoc``): the same bits on one machine.
     """
     d = Y.shape[1]
-    for a in range(d):
-        x[a] = 0.0
-        for b in range(a, d):
-            M[a, b] = YtY[a, b]
-        M[a, a] += ridge
-    p = s
-    while p + 1 < e:
-        j0, j1 = np.uint64(items[p]), np.uint64(items[p + 1])
-        c0, c1 = conf[p], conf[p + 1]
-        m0, m1 = c0 - 1.0, c1 - 1.0
-        for a in range(d):
-            y0, y1 = Y[j0, a], Y[j1, a]
-            x[a] += c0 * y0 + c1 * y1
-            w0, w1 = m0 * y0, m1 * y1
-            for b in range(a, d):
-                M[a, b] += w0 * Y[j0, b] + w1 * Y[j1, b]
-        p += 2
-    if p < e:
-        j = np.uint64(items[p])
-        c = conf[p]
+    n = e - s
+    m = padded(n)
+    for i in range(n):
+        j = np.uint64(items[s + i])
+        c = conf[s + i]
+        cv[i] = c
         cm = c - 1.0
         for a in range(d):
             ya = Y[j, a]
-            x[a] += c * ya
-            w = cm * ya
-            for b in range(a, d):
-                M[a, b] += w * Y[j, b]
-    chol_solve(M, x, d)
+            T[a, i] = ya
+            W[a, i] = cm * ya
+    for i in range(n, m):
+        cv[i] = 0.0
+        for a in range(d):
+            T[a, i] = 0.0
+            W[a, i] = 0.0
+    gram_lower(W, T, m, d, M)
+    for a in range(d):
+        acc = 0.0
+        for i in range(m):
+            acc += cv[i] * T[a, i]
+        x[a] = acc
+        for b in range(a + 1):
+            M[a, b] += YtY[a, b]
+        M[a, a] += ridge
+    cholesky_lower(M, d)
+    cholesky_lower_apply(M, x, d)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
@@ -224,7 +240,7 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
     :func:`ials_cg_users`' few warm-started steps instead). A user with fewer pairs
     than ``d`` is solved through the Woodbury identity (:func:`_solve_woodbury`, an
     ``n x n`` system on rows ``P^-1 y_j`` computed once per call), one with more by
-    forming the ``d x d`` system (:func:`_solve_direct`); both with :func:`chol_factor`.
+    forming the ``d x d`` system (:func:`_solve_direct`); both with :func:`chol_solve`.
     """
     d = Y.shape[1]
     M = np.empty((d, d), dtype=np.float64)
@@ -233,6 +249,13 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
     V = np.empty((d, d), dtype=np.float64)
     W = np.empty((d, d), dtype=np.float64)
     pos, Z = _prepared_rows(indptr, items, Y, YtY, ridge)
+    longest = 0
+    for u in range(len(indptr) - 1):
+        longest = max(longest, indptr[u + 1] - indptr[u])
+    cap = padded(longest) if longest >= d else padded(1)
+    Tt = np.empty((d, cap), dtype=np.float64)
+    Wt = np.empty((d, cap), dtype=np.float64)
+    cv = np.empty(cap, dtype=np.float64)
     for u in range(len(indptr) - 1):
         s = indptr[u]
         e = indptr[u + 1]
@@ -243,7 +266,7 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U):
         if e - s < d:
             _solve_woodbury(Y, Z, pos, items, conf, s, e, M, V, W, t, x)
         else:
-            _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x)
+            _solve_direct(Y, items, conf, s, e, YtY, ridge, M, x, Tt, Wt, cv)
         for a in range(d):
             U[u, a] = x[a]
 
@@ -347,109 +370,6 @@ def _clip_rows(indptr, U, k, clip, clip_last, X):
 
 
 @njit(cache=True, nogil=True)
-def _by_item(indptr, items, weights, n_items):
-    """The block's pairs of nonzero weight grouped by item: ``(start (n_items + 1), pair, user)`` (counting sort)."""
-    start = np.zeros(n_items + 1, dtype=np.int64)
-    for p in range(len(items)):
-        if weights[p] != 0.0:
-            start[items[p] + 1] += 1
-    for j in range(n_items):
-        start[j + 1] += start[j]
-    fill = start[:-1].copy()
-    pair = np.empty(start[n_items], dtype=np.int64)
-    user = np.empty(start[n_items], dtype=np.int64)
-    for u in range(len(indptr) - 1):
-        for p in range(indptr[u], indptr[u + 1]):
-            if weights[p] != 0.0:
-                j = items[p]
-                pair[fill[j]] = p
-                user[fill[j]] = u
-                fill[j] += 1
-    return start, pair, user
-
-
-@njit(cache=True, nogil=True)
-def _sweep(pair, user, conf, weights, q, e, us, bw, aw):
-    """One sweep's pairs ``q .. q + len(us) - 1`` of an item (those before ``e``): users, ``w c`` and ``w (c - 1)``;
-    missing pairs are the first's with weight 0 (they add exact zeros)."""
-    for r in range(len(us)):
-        if q + r < e:
-            p = pair[q + r]
-            us[r] = user[q + r]
-            bw[r] = weights[p] * conf[p]
-            aw[r] = weights[p] * (conf[p] - 1.0)
-        else:
-            us[r] = user[q]
-            bw[r] = 0.0
-            aw[r] = 0.0
-
-
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _accumulate_by_item(start, pair, user, conf, weights, X, B, A):
-    """``B_j += w c x_u[:k]`` and ``A_j += w (c - 1) x_u x_u^T`` (packed), item by item, eight pairs per sweep.
-
-    An item's ``A_j`` row (``d (d + 1) / 2`` doubles, 16 KB at ``d = 64``) stays in cache
-    while all of the block's pairs of that item are added to it; per pair in the users'
-    order, every pair reaches a different row of an ``A`` far larger than the caches
-    (33 MB for 2,000 items). Measured on a 1M-pair block at k=64 (busy machine): per pair
-    in the users' order 8.5-9.2 s; item by item two / four / eight pairs per sweep 1.23 /
-    0.73 / 0.57 s (each entry of ``A_j`` loaded and stored once per eight multiply-adds).
-    Missing pairs of the last sweep are repeats of its first with weight 0 (exact zeros).
-    """
-    d = X.shape[1]
-    k = B.shape[1]
-    do_a = A.shape[0] > 0
-    us = np.empty(8, dtype=np.int64)
-    bw = np.empty(8, dtype=np.float64)
-    aw = np.empty(8, dtype=np.float64)
-    for j in range(len(start) - 1):
-        q = start[j]
-        e = start[j + 1]
-        while q < e:
-            _sweep(pair, user, conf, weights, q, e, us, bw, aw)
-            u0, u1, u2, u3, u4, u5, u6, u7 = us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7]
-            for a in range(k):
-                B[j, a] += (bw[0] * X[u0, a] + bw[1] * X[u1, a] + bw[2] * X[u2, a] + bw[3] * X[u3, a]
-                            + bw[4] * X[u4, a] + bw[5] * X[u5, a] + bw[6] * X[u6, a] + bw[7] * X[u7, a])
-            if do_a:
-                off = 0
-                for a in range(d):
-                    f0 = aw[0] * X[u0, a]
-                    f1 = aw[1] * X[u1, a]
-                    f2 = aw[2] * X[u2, a]
-                    f3 = aw[3] * X[u3, a]
-                    f4 = aw[4] * X[u4, a]
-                    f5 = aw[5] * X[u5, a]
-                    f6 = aw[6] * X[u6, a]
-                    f7 = aw[7] * X[u7, a]
-                    base = off - a
-                    for b in range(a, d):
-                        A[j, base + b] += (f0 * X[u0, b] + f1 * X[u1, b] + f2 * X[u2, b] + f3 * X[u3, b]
-                                           + f4 * X[u4, b] + f5 * X[u5, b] + f6 * X[u6, b] + f7 * X[u7, b])
-                    off += d - a
-            q += 8
-
-
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _gramian_upper(X, G):
-    """``G += X^T X`` on the upper triangle, four rows of ``X`` per sweep of ``G`` (zero rows add exact zeros)."""
-    n, d = X.shape
-    u = 0
-    while u + 3 < n:
-        for a in range(d):
-            x0, x1, x2, x3 = X[u, a], X[u + 1, a], X[u + 2, a], X[u + 3, a]
-            for b in range(a, d):
-                G[a, b] += x0 * X[u, b] + x1 * X[u + 1, b] + x2 * X[u + 2, b] + x3 * X[u + 3, b]
-        u += 4
-    while u < n:
-        for a in range(d):
-            xa = X[u, a]
-            for b in range(a, d):
-                G[a, b] += xa * X[u, b]
-        u += 1
-
-
-@njit(cache=True, nogil=True)
 def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     """Accumulate one block's item-side sums (module docstring); returns the number of clipped users.
 
@@ -461,34 +381,20 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     and the first ``k`` to norm ``clip``, and ``B`` gets the first ``k`` only; otherwise the
     whole row is clipped to ``clip``. Users without pairs add nothing. The rows are
     clipped first (:func:`_clip_rows`), then the pairs are taken item by item
-    (:func:`_accumulate_by_item`).
+    (:func:`streamdp.kernels.als.accumulate_by_item`, shared with als).
     """
     d = U.shape[1]
     k = B.shape[1]
     X = np.zeros((len(indptr) - 1, d), dtype=np.float64)
     clipped = _clip_rows(indptr, U, k, clip, clip_last, X)
-    _gramian_upper(X, G)
+    gramian_upper(X, G)
+    zero = np.zeros(len(indptr) - 1, dtype=np.float64)
     if A.shape[0] > 0:
-        start, pair, user = _by_item(indptr, items, weights, B.shape[0])
-        _accumulate_by_item(start, pair, user, conf, weights, X, B, A)
+        start, user, bw, aw = pairs_by_item(indptr, items, weights, conf, zero, np.inf, conf, False, B.shape[0])
+        accumulate_by_item(start, user, bw, aw, X, B, A)
     else:
-        _accumulate_rhs(indptr, items, conf, weights, X, B)
+        accumulate_rhs(indptr, items, weights, conf, zero, np.inf, X, B)
     return clipped
-
-
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _accumulate_rhs(indptr, items, conf, weights, X, B):
-    """``B_j += w c x_u[:k]`` in the users' order: without per-item Gramians, ``B`` (``n_items x k``, megabytes)
-    stays in cache and each user's row is read once, where the item order gathers a row per pair."""
-    k = B.shape[1]
-    for u in range(len(indptr) - 1):
-        for p in range(indptr[u], indptr[u + 1]):
-            f = weights[p] * conf[p]
-            if f == 0.0:
-                continue
-            j = np.uint64(items[p])
-            for a in range(k):
-                B[j, a] += f * X[u, a]
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})

@@ -1110,7 +1110,11 @@ class _AlsBase(Method):
                 acc[5] += part[5]
             return acc
 
-        per_block = 8 * n * d + (8 * n * npk if item_mode else 0) + 48 * store.block_users
+        # the partials B (and A); per block: the users' rows, their clipped copies and intercepts (als_accumulate's
+        # X and shift) and, with per-item Gramians, the item-major users and weights of the pairs (20 bytes each)
+        nnz = store.block_nnz("train")
+        per_block = 8 * n * d + (8 * n * npk + 8 * (n + 1) + 20 * (int(nnz.max()) if len(nnz) else 0)
+                                 if item_mode else 0) + (48 + 8 * (d + 1)) * store.block_users
         acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
         if acc is None:
             raise ParameterError(f"{store.path}: the training split has no users")

@@ -695,10 +695,10 @@ class IALS(Method):
             return acc
 
         # the partials B (and A); per block: the users' rows and their clipped copies, the Woodbury rows P^-1 y_j
-        # with their index, and the item-major pair and user indices of the item-side sums
+        # with their index, and the item-major users and weights of the item-side sums (20 bytes per pair)
         nnz = store.block_nnz("train")
         per_block = (8 * n * k + (8 * n * npk if item_mode else 0) + 16 * d * store.block_users + 8 * n * (d + 2)
-                     + 16 * (int(nnz.max()) if len(nnz) else 0))
+                     + 20 * (int(nnz.max()) if len(nnz) else 0))
         acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
         if acc is None:
             raise ParameterError(f"{store.path}: the training split has no users")

@@ -88,3 +88,54 @@ def test_packed_index_is_row_by_row():
     d = 4
     iu = np.triu_indices(d)
     assert [packed_index(a, b, d) for a, b in zip(*iu)] == list(range(len(iu[0])))
+
+
+def _ragged(seed, n_users, n_items, longest):
+    """A CSR whose users rate 0 .. ``longest`` items (some none, some more than ``k``), with repeats of an item."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, longest + 1, n_users)
+    lengths[3] = 0
+    ip = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    it = rng.integers(0, n_items, ip[-1]).astype(np.int32)
+    return ip, it, rng
+
+
+@pytest.mark.parametrize("k", [3, 8, 16, 64])
+@pytest.mark.parametrize("iters", [0, 2])
+def test_user_solve_is_the_old_kernel_within_1e_10(k, iters):
+    """The tiled Gramian and the column-wise Cholesky (issue 44) against the per-rating kernel they replaced."""
+    from bench._before import solve_users_huber_before
+
+    ip, it, rng = _ragged(k, 70, 90, 3 * k)
+    Q = np.hstack([rng.normal(0, 0.5, (90, k - 1)), np.ones((90, 1))])
+    v = rng.normal(0, 1.0, len(it))
+    v[::5] *= 6.0
+    got, want = np.full((70, k), np.nan), np.full((70, k), np.nan)
+    solve_users_huber(ip, it, v, Q, 0.3, iters, 0.7, got)
+    solve_users_huber_before(ip, it, v, Q, 0.3, iters, 0.7, want)
+    assert not got[3].any()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("k", [8, 16, 64])
+@pytest.mark.parametrize("item_mode", [False, True])
+def test_item_side_is_the_old_kernel_within_1e_10(k, item_mode):
+    """The item-by-item and two-pairs-per-step sums (issue 44) against the per-rating kernel they replaced; the
+    same users clipped, zero weights dropped, the residual clipped."""
+    from bench._before import als_accumulate_before
+
+    ip, it, rng = _ragged(k + 1, 60, 40, 30)
+    U = rng.normal(0, 0.6, (60, k + 1))
+    target = rng.normal(0, 2.0, len(it))
+    w = rng.uniform(0.2, 1.0, len(it))
+    w[::4] = 0.0
+    d = k + 1
+    out = []
+    for f in (als_accumulate, als_accumulate_before):
+        B = np.zeros((40, d))
+        A = np.zeros((40, d * (d + 1) // 2) if item_mode else (0, 1))
+        S = np.zeros((0, 0) if item_mode else (d, d))
+        out.append((f(ip, it, target, w, U, 1.5, 1.0, 0.5, B, A, S), B, A, S))
+    assert out[0][0] == out[1][0] > 0
+    for got, want in zip(out[0][1:], out[1][1:]):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * max(np.abs(want).max(initial=0.0), 1e-300))

@@ -185,3 +185,23 @@ def test_user_conjugate_gradients_reach_the_exact_solve():
     X = exact.copy()
     ials_cg_users(ip, it, conf, Y, YtY, 0.2, 3, X)
     np.testing.assert_allclose(X, exact, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("d", [4, 9, 24])
+def test_user_solve_is_the_old_kernel_within_1e_10(d):
+    """The tiled Gramian and the column-wise Cholesky (issue 44) against the kernel they replaced: users with fewer
+    pairs than ``d`` (Woodbury), more (the direct form), none."""
+    from bench._before import ials_solve_users_before
+
+    rng = np.random.default_rng(d)
+    lengths = rng.integers(0, 3 * d, 50)
+    lengths[7] = 0
+    ip = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    it = rng.integers(0, 70, ip[-1]).astype(np.int32)
+    conf = 1.0 + rng.uniform(0.0, 20.0, ip[-1])
+    Y = rng.normal(0, 0.4, (70, d))
+    got, want = np.full((50, d), np.nan), np.full((50, d), np.nan)
+    ials_solve_users(ip, it, conf, Y, Y.T @ Y, 0.3, got)
+    ials_solve_users_before(ip, it, conf, Y, Y.T @ Y, 0.3, want)
+    assert not got[7].any()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
