@@ -75,8 +75,8 @@ def test_ledger_is_what_the_budget_charged_and_within_epsilon(biased):
     released = [gaussian_event(e["noise_multiplier"], e["count"]) for e in led.bounds["releases"][final[0]:]]
     assert gaussian_equivalent(compose(released)) >= z_env
     # the store composes its releases on its own PLD grid (never coarser: streamdp/privacy/spend.py, ledger_grid),
-    # so its figure may be a hair tighter than the model's own
-    assert shown["spent"]["epsilon"] == pytest.approx(total, rel=1e-6)
+    # so its figure may be a hair tighter than the model's own (grids of GRID_REL = 1e-3 of the answer: about 1e-5)
+    assert shown["spent"]["epsilon"] == pytest.approx(total, rel=2e-5) and shown["spent"]["epsilon"] <= total
     assert any("envelope" in n for n in led.notes)
 
 
@@ -181,7 +181,9 @@ def test_als_without_iters_releases_one_histogram_for_every_configuration(biased
     t = s["tuning"]
     assert not t["skipped"] and all("iters" in c["config"] for c in t["candidates"])
     led = Ledger.read(tmp_path / "m")
-    assert sum("histogram" in e["release"] for e in led.bounds["releases"]) == 1
+    from streamdp.methods._profile import WHAT
+
+    assert sum(WHAT in e["release"] for e in led.bounds["releases"]) == 1  # (the global mean's name says histogram)
     assert s["epsilon_spent"] <= 2.0
     assert "user_profile" in json.loads((tmp_path / "m" / "model.json").read_text())
 

@@ -122,10 +122,12 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
                                    bracket_interval=_mc.ExplicitBracketInterval(float(lower), float(upper)),
                                    tol=_REL_TOL * float(lower))
     z = _round_up(float(z))
-    for _ in range(100):  # the reported epsilon may use another PLD grid: make sure it is within budget
+    step = _REL_TOL
+    for _ in range(60):  # the reported epsilon may use another PLD grid (a coarser one): nudge z up, doubling
         if epsilon_of(make_event(z), delta).epsilon <= epsilon:
             return z
-        z = _round_up(z * (1.0 + _REL_TOL))
+        z = _round_up(z * (1.0 + step))
+        step *= 2.0
     raise ParameterError(f"calibration did not converge for epsilon={epsilon}, delta={delta}")  # pragma: no cover
 
 

@@ -513,7 +513,7 @@ def s3_store_url(s3_env):
 @pytest.mark.parametrize("method, options", [
     ("als", {}), ("means", {}), ("oja", {}), ("svd", {}), ("fw", {}), ("public-private", {"public_fraction": 0.3}),
     ("sgld", {"epochs": 2, "epoch_scheme": "blocks"}),
-    ("sgd", {"epsilon": float("inf"), "epochs": 2, "epoch_scheme": "blocks"}),
+    ("sgd", {"epsilon": float("inf"), "allow_nonprivate": True, "epochs": 2, "epoch_scheme": "blocks"}),
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_every_method_on_a_cluster_reading_an_s3_store_equals_local(s3_store_url, s3_cluster, method, options):
     """The store and the per-user state on S3, the passes on 2 worker processes: the same model and test RMSE as

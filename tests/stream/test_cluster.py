@@ -180,7 +180,7 @@ def test_killed_worker_mid_pass_result_unchanged(store, tmp_path, cluster_client
 METHODS = [
     ("als", {}), ("means", {}), ("oja", {}), ("svd", {}), ("fw", {}), ("public-private", {"public_fraction": 0.3}),
     ("sgld", {"epochs": 2, "epoch_scheme": "blocks"}),
-    ("sgd", {"epsilon": float("inf"), "epochs": 2, "epoch_scheme": "blocks"}),
+    ("sgd", {"epsilon": float("inf"), "allow_nonprivate": True, "epochs": 2, "epoch_scheme": "blocks"}),
 ]
 
 
