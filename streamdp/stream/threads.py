@@ -51,16 +51,33 @@ def thread_limits(inner_threads: int):
     process-wide through threadpoolctl and restored on exit.
     """
     import numba
-    from threadpoolctl import threadpool_limits
 
     n = max(1, min(int(inner_threads), numba.config.NUMBA_NUM_THREADS))
     old = numba.get_num_threads()
     numba.set_num_threads(n)
     try:
-        with threadpool_limits(limits=n):
+        with _controller().limit(limits=n):
             yield n
     finally:
         numba.set_num_threads(old)
+
+
+_CONTROLLER: list = [None, -1]
+
+
+def _controller():
+    """threadpoolctl's view of the loaded BLAS/OpenMP pools, made again only when modules were imported since.
+
+    Making one walks every loaded shared library (4-6 ms: it was 5% of a small store's training, called
+    around every pass); a new pool can only arrive with a new import (or ctypes, which streamdp does not use).
+    """
+    import sys
+
+    from threadpoolctl import ThreadpoolController
+
+    if _CONTROLLER[0] is None or _CONTROLLER[1] != len(sys.modules):
+        _CONTROLLER[:] = [ThreadpoolController(), len(sys.modules)]
+    return _CONTROLLER[0]
 
 
 @contextlib.contextmanager
