@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import accumulate_by_item, accumulate_rhs, clip_row, gramian_upper, pairs_by_item
+from streamdp.kernels.als import accumulate_by_item, accumulate_rhs, clipped_rows, gramian_upper, pairs_by_item
 from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded
 
 
@@ -355,17 +355,11 @@ def _user_product(Y, items, conf, s, e, M, v, out, residual):
 @njit(cache=True, nogil=True)
 def _clip_rows(indptr, U, k, clip, clip_last, X):
     """``X[u]``: user ``u``'s row clipped (see :func:`ials_accumulate`); returns the number of clipped users."""
-    d = U.shape[1]
-    x = np.empty(d, dtype=np.float64)
-    clipped = 0
-    for u in range(len(indptr) - 1):
-        if indptr[u + 1] == indptr[u]:
-            continue
-        clipped += clip_row(U, u, k, clip, x)
-        if k < d:
-            x[k] = min(max(U[u, k], -clip_last), clip_last)
-        for a in range(d):
-            X[u, a] = x[a]
+    clipped = clipped_rows(indptr, U, k, clip, X)
+    if k < U.shape[1]:
+        for u in range(len(indptr) - 1):
+            if indptr[u + 1] > indptr[u]:
+                X[u, k] = min(max(U[u, k], -clip_last), clip_last)
     return clipped
 
 

@@ -202,6 +202,16 @@ def _gather_tile(items, s, e, Q, T, cap):
 
 
 @njit(cache=True, nogil=True)
+def _gather_user(items, resid, s, e, Q, T, y, cap):
+    """One user's tile (:func:`_gather_tile`) and her residuals ``y[:e - s]``, both zero-padded up to ``cap``."""
+    _gather_tile(items, s, e, Q, T, cap)
+    for i in range(e - s):
+        y[i] = resid[s + i]
+    for i in range(e - s, cap):
+        y[i] = 0.0
+
+
+@njit(cache=True, nogil=True)
 def solve_users(indptr, items, resid, Q, ridge, U):
     """Per-user ridge regression: ``U[u] = argmin ||resid_u - Q_{I_u} x||^2 + ridge ||x||^2``.
 
@@ -253,11 +263,7 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
                 U[u, a] = 0.0
             continue
         m = padded(n)
-        _gather_tile(items, s, e, Q, T, m)
-        for i in range(n):
-            y[i] = resid[s + i]
-        for i in range(n, m):
-            y[i] = 0.0
+        _gather_user(items, resid, s, e, Q, T, y, m)
         Wt = T
         for it in range(irls_iters + 1):
             _gram_rhs(Wt, T, y, m, k, G, x)
@@ -313,11 +319,7 @@ def solve_users_ridges(indptr, items, resid, Q, ridges, U):
                     U[r, u, a] = 0.0
             continue
         m = padded(n)
-        _gather_tile(items, s, e, Q, T, m)
-        for i in range(n):
-            y[i] = resid[s + i]
-        for i in range(n, m):
-            y[i] = 0.0
+        _gather_user(items, resid, s, e, Q, T, y, m)
         _gram_rhs(T, T, y, m, k, G, x)
         for r in range(m_r):
             for a in range(k):
