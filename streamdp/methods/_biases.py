@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from streamdp.stream.threads import thread_limits
+
 
 def item_biases(S, C, sigma_S: float, half_range: float, sigma_C: float = 0.0, clip: float = math.inf, *,
                 prior_scale: float | None = None, spread: float | None = None) -> np.ndarray:
@@ -104,8 +106,8 @@ def _total_prior(C, sigma_C: float, points: int = PRIOR_POINTS, sample: int = PR
     x = C[:: max(1, len(C) // sample)][:sample]
     L = np.exp(-0.5 * ((x[:, None] - grid[None]) / sigma_C) ** 2)
     w = np.full(len(grid), 1.0 / len(grid))
-    for _ in range(iters):
-        P = L * w
-        P /= P.sum(axis=1, keepdims=True) + 1e-300
-        w = P.mean(axis=0)
+    Lt = np.ascontiguousarray(L.T)
+    with thread_limits(1):  # matrix-vector products this small only lose to a second BLAS thread spinning
+        for _ in range(iters):  # w_j <- mean_i L_ij w_j / sum_k L_ik w_k, as two matrix-vector products
+            w = w * (Lt @ (1.0 / (L @ w + 1e-300))) / len(x)
     return grid, w
