@@ -674,12 +674,14 @@ def format_train_summary(summary: dict) -> str:
 @click.argument("store")
 @click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon of the whole run: the candidates, "
               "their noisy validation losses and the released model, composed in one ledger.")
-@click.option("--method", default="als", show_default=True, help="Method to tune: als, irls or means.")
+@click.option("--method", default="als", show_default=True, help="Method to tune: als, irls, means (scored by "
+              "held-out squared errors) or ials (by held-out items in each user's top 10).")
 @click.option("--out", required=True, help="Model directory to write (atomically): the chosen configuration.")
 @click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2,...",
               help="Values to try for rank or one of the method's options (repeatable; the grid is their product). "
                    "Default: als/irls rank=4,8 (iters, unless given, from one released histogram of ratings per "
-                   "user, as train sets it); means user_intercept=false,true.")
+                   "user, as train sets it); means user_intercept=false,true; ials rank=16,32,64 alpha=3,10 (its "
+                   "default alpha and 10; ranks at most the items).")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: a power of ten below one over ten times the number of users, at "
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
@@ -733,14 +735,17 @@ def format_tune_summary(summary: dict) -> str:
         lines.append(f"tune: no choice made: {t['skipped']}; trained {config_name(t['chosen'])} with the whole "
                      f"epsilon")
     else:
+        what = "hits" if "noisy_hits" in t["candidates"][0] else "loss"
         lines.append(f"tune: {len(t['candidates'])} candidates at the noise of epsilon {t['candidate_epsilon']:.4g} "
                      f"each on a Poisson sample of {t['sample_rate']:.0%} of the users, noisy "
-                     f"validation losses (std {t['selection_noise_std']:.4g}; per user in brackets):")
+                     + ("held-out hits in the top 10 (higher is better" if what == "hits" else
+                        "validation losses (lower is better")
+                     + f"; std {t['selection_noise_std']:.4g}; per user in brackets):")
         for c in t["candidates"]:
             mark = "  <- chosen" if c["config"] == t["chosen"] else ""
             dflt = " (default)" if c["config"] == t["default"] else ""
-            lines.append(f"  {config_name(c['config'])}{dflt}: {c['noisy_loss']:.6g} "
-                         f"({c['noisy_mean_loss']:.4f}){mark}")
+            lines.append(f"  {config_name(c['config'])}{dflt}: {c['noisy_' + what]:.6g} "
+                         f"({c['noisy_mean_' + what]:.4f}){mark}")
         lines.append(f"tune: chose {config_name(t['chosen'])} ({t['rule']}); released model at epsilon "
                      f"{t['final_epsilon']:.4g}; total epsilon {summary['epsilon_spent']:.4g} (target "
                      f"{summary['epsilon']})")
