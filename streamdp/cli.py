@@ -791,7 +791,9 @@ def format_tune_summary(summary: dict) -> str:
 def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed, workers, memory_limit, scheduler,
           state, dry_run, over_budget, force, rehearse, rehearse_users, rehearse_rpu, shape_epsilon, replot, yes,
           as_json):
-    """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget.
+    """Test RMSE, Recall@10 and NDCG@10 against epsilon for several methods: results.csv/json and a plot, spend
+    charged to the budget. A list method (ials) has no test RMSE: its points are its Recall@10 and NDCG@10, beside
+    the most-popular chart's (an implicit store takes list methods only; --rehearse does not take them yet).
 
     With --rehearse, the same on a synthetic store shaped like STORE, whose budget pays only for a shape statistic
     it has not released yet (--shape-epsilon each, said when charged; never for the sweep); with --replot, the plot
