@@ -8,7 +8,7 @@ on every training rating and writes it: all of it in ONE ledger whose PLD epsilo
 the run's delta is at most ``E``, the whole ``E`` reserved in the store's budget
 before any candidate reads a rating. Public names: :func:`tune`, :func:`default_grid`,
 :func:`parse_grid`, :func:`tunable_methods`, :func:`config_name`, :func:`sampled_users`,
-:func:`gaussian_equivalent` and the shares :data:`SAMPLE_RATE`, :data:`SELECT_SHARE`,
+:func:`gaussian_equivalent`, :func:`hits_sensitivity`, :data:`HITS_K` and the shares :data:`SAMPLE_RATE`, :data:`SELECT_SHARE`,
 :data:`CANDIDATE_NOMINAL_SHARE`.
 
 Decisions a reader must know:
@@ -16,7 +16,11 @@ Decisions a reader must know:
 * **the choice** is that of the private defaults (:mod:`streamdp.methods._selection`):
   report-noisy-min over the candidates' summed clipped losses (L2 sensitivity
   ``h^2 sqrt(m)``), keeping the default unless another, not leaner (:func:`_leaner`), is
-  lower by ``MARGIN`` noise stds; not Papernot-Steinke random stopping;
+  lower by ``MARGIN`` noise stds; not Papernot-Steinke random stopping. A method whose scores
+  rank items (``ials``, ``Method.TUNE_SCORE == "hits"``) is scored by its held-out hits in each
+  user's top 10 instead (:func:`_hits`, each user in ``[0, 1]``: L2 sensitivity ``sqrt(m)``,
+  :func:`hits_sensitivity`), chosen by report-noisy-max with the margin mirrored, and neither a
+  leaner nor a noise-favoured configuration (:func:`_favoured_by_noise`) replaces the default;
 * **the budget**: candidates are planned at ``E sqrt(CANDIDATE_NOMINAL_SHARE / m)`` and
   trained on a keyed Poisson sample (amplification makes them cheap), the losses take
   :data:`SELECT_SHARE` of the squared scale, the released model the rest (about
@@ -69,7 +73,8 @@ from streamdp.storage.store import Block, RatingStore, open_store
 from streamdp.stream.engine import Engine, add_into
 from streamdp.workflows.training import release, run_summary
 
-__all__ = ["tune", "parse_grid", "default_grid", "tunable_methods", "SELECT_SHARE", "SAMPLE_RATE", "CANDIDATE_NOMINAL_SHARE"]
+__all__ = ["tune", "parse_grid", "default_grid", "tunable_methods", "hits_sensitivity", "SELECT_SHARE", "SAMPLE_RATE",
+           "CANDIDATE_NOMINAL_SHARE", "HITS_K"]
 
 def tunable_methods() -> list[str]:
     """The registered methods ``tune`` runs (``Method.TUNABLE``: Gaussian releases planned in full)."""
