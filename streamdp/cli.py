@@ -680,8 +680,8 @@ def format_train_summary(summary: dict) -> str:
 @click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2,...",
               help="Values to try for rank or one of the method's options (repeatable; the grid is their product). "
                    "Default: als/irls rank=4,8 (iters, unless given, from one released histogram of ratings per "
-                   "user, as train sets it); means user_intercept=false,true; ials rank=16,32,64 alpha=3,10 (its "
-                   "default alpha and 10; ranks at most the items).")
+                   "user, as train sets it); means user_intercept=false,true; ials rank=16,32,64 (at most the "
+                   "items) by alpha its default and 10 (on an implicit store 1 and its default).")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: a power of ten below one over ten times the number of users, at "
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
@@ -707,7 +707,8 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, items, seed, wor
     validation losses (every user's) are released with
     Gaussian noise; the default configuration is kept unless another, not leaner,
     beats it by 3 noise standard deviations; the chosen one is trained on all
-    training ratings.
+    training ratings. --method ials (its scores rank items) is scored instead by
+    each user's held-out items in its top 10 (higher is better), by the same rule.
     All of it is composed in one ledger within --epsilon and reserved in the store's
     budget before the candidates run (see docs/tune.md). On a store too small for the noisy losses to tell
     configurations apart, nothing is tuned and the default gets the whole epsilon.

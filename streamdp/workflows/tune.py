@@ -842,9 +842,10 @@ def _record_choice(r, c, tuning, configs, chosen, noisy, final, default, std) ->
     better, best = ("higher", "noisy argmax") if _by_hits(r) else ("lower", "noisy argmin")
     tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=c.e_c,
                   sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=c.z_f,
-                  rule=(f"default unless another, not leaner (rank, iters"
-                        + (", nor favoured by noise: a larger reg, a larger alpha under the same confidence cap"
-                           if _by_hits(r) else "") + f"), is {better} by {MARGIN:g} noise stds"
+                  rule=(f"default unless another, "
+                        + ("neither leaner (rank, iters) nor favoured by noise (a larger reg; a larger alpha under "
+                           "the same confidence cap)" if _by_hits(r) else "not leaner (rank, iters)")
+                        + f", is {better} by {MARGIN:g} noise stds"
                         if default is not None
                         else f"{best} (the grid has no default configuration)"))
 
