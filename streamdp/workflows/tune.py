@@ -8,8 +8,8 @@ on every training rating and writes it: all of it in ONE ledger whose PLD epsilo
 the run's delta is at most ``E``, the whole ``E`` reserved in the store's budget
 before any candidate reads a rating. Public names: :func:`tune`, :func:`default_grid`,
 :func:`parse_grid`, :func:`tunable_methods`, :func:`config_name`, :func:`sampled_users`,
-:func:`gaussian_equivalent`, :func:`hits_sensitivity`, :data:`HITS_K` and the shares :data:`SAMPLE_RATE`, :data:`SELECT_SHARE`,
-:data:`CANDIDATE_NOMINAL_SHARE`.
+:func:`gaussian_equivalent`, :func:`hits_sensitivity`, :data:`HITS_K` and the shares :data:`SAMPLE_RATE`,
+:data:`SELECT_SHARE`, :data:`CANDIDATE_NOMINAL_SHARE`.
 
 Decisions a reader must know:
 
@@ -52,6 +52,7 @@ from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDp
 from dp_accounting import dp_event as E
 
 from streamdp.errors import BudgetExceededError, Interrupted, ParameterError
+from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_prepare
 from streamdp.methods import METHODS, get_method, load_builtin
 from streamdp.methods._profile import user_profile
 from streamdp.methods._selection import MARGIN, MIX, choose, holdout, loss_sensitivity, mix
@@ -64,11 +65,10 @@ from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.catalogue import catalogue_for, declared_items
 from streamdp.privacy.params import default_delta
 from streamdp.privacy.release import Release
-from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_prepare
 from streamdp.serving.evaluate import solve_rows
 from streamdp.serving.local import list_bias, local_design, model_ridge, predict_block, solve_block
-from streamdp.serving.ranking import DEFAULT_K, default_threshold
 from streamdp.serving.model import check_model_destination
+from streamdp.serving.ranking import DEFAULT_K, default_threshold
 from streamdp.storage.store import Block, RatingStore, open_store
 from streamdp.stream.engine import Engine, add_into
 from streamdp.workflows.training import release, run_summary
@@ -522,9 +522,10 @@ def _hits(st, models, key: int, workers, memory_limit) -> np.ndarray:
             out[c] = float(np.sum(hit / denom))
         return out
 
+    d = max((int(v[1].shape[1]) for v in views), default=1)  # a user's row: the widest candidate's
     with Engine(st, workers=workers, memory_limit=memory_limit) as eng:
         return eng.map_reduce(fn, add_into, np.zeros(len(views)),
-                              extra_per_block=(16 * HITS_K + 8 * 65) * st.block_users + TILE_BYTES,
+                              extra_per_block=(16 * HITS_K + 16 * d) * st.block_users + TILE_BYTES,
                               desc="tune: held-out hits")
 
 
@@ -842,7 +843,7 @@ def _record_choice(r, c, tuning, configs, chosen, noisy, final, default, std) ->
     better, best = ("higher", "noisy argmax") if _by_hits(r) else ("lower", "noisy argmin")
     tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=c.e_c,
                   sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=c.z_f,
-                  rule=(f"default unless another, "
+                  rule=("default unless another, "
                         + ("neither leaner (rank, iters) nor favoured by noise (a larger reg; a larger alpha under "
                            "the same confidence cap)" if _by_hits(r) else "not leaner (rank, iters)")
                         + f", is {better} by {MARGIN:g} noise stds"
