@@ -144,7 +144,8 @@ def _check_run_options(st, options: dict) -> None:
     lists = [m for m in methods if is_list_method(m)]
     if lists:
         raise ParameterError(f"--rehearse --methods {lists[0]}: a rehearsal of a list method is not built yet (the "
-                             f"synthetic store is shaped for test RMSE, not for lists); sweep STORE itself")
+                             f"synthetic store's users choose items by popularity alone, so its lists could only "
+                             f"show the chart); sweep STORE itself")
     check_users_bound(options.get("users_bound"))
     delta = options.get("delta")
     if delta is not None:
