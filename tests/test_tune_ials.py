@@ -31,10 +31,13 @@ def implicit_store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tuned(implicit_store, tmp_path_factory):
+    """One tuning run through the public API (``streamdp.tune``), as the CLI's is."""
+    import streamdp
+
     out = tmp_path_factory.mktemp("tune_ials_model") / "m"
-    s = tune(implicit_store, epsilon=3.0, method="ials", out=str(out), grid=GRID, seed=1, workers=1,
-             evaluate_test=False)
-    return s, out
+    model = streamdp.tune(implicit_store, epsilon=3.0, method="ials", out=str(out), grid=GRID, seed=1, workers=1,
+                          evaluate=False)
+    return model.summary, out
 
 
 def test_tune_ials_writes_a_ledger_within_epsilon(tuned):
@@ -47,6 +50,15 @@ def test_tune_ials_writes_a_ledger_within_epsilon(tuned):
     total = epsilon_of(led.event(), led.delta).epsilon
     assert total <= 3.0 and total == pytest.approx(s["epsilon_spent"], rel=1e-9)
     assert t["final_epsilon"] > 0.95 * 3.0  # the candidates and the choice are cheap
+
+
+def test_the_summary_prints_each_candidates_noisy_hits(tuned):
+    from streamdp.cli import format_tune_summary
+
+    s, _ = tuned
+    text = format_tune_summary(s)
+    assert "noisy held-out hits in the top 10 (higher is better" in text and text.count("<- chosen") == 1
+    assert "neither leaner (rank, iters) nor favoured by noise" in text
 
 
 def test_the_hits_release_has_the_stated_sensitivity(tuned):
