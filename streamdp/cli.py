@@ -674,12 +674,14 @@ def format_train_summary(summary: dict) -> str:
 @click.argument("store")
 @click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon of the whole run: the candidates, "
               "their noisy validation losses and the released model, composed in one ledger.")
-@click.option("--method", default="als", show_default=True, help="Method to tune: als, irls or means.")
+@click.option("--method", default="als", show_default=True, help="Method to tune: als, irls, means (scored by "
+              "held-out squared errors) or ials (by held-out items in each user's top 10).")
 @click.option("--out", required=True, help="Model directory to write (atomically): the chosen configuration.")
 @click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2,...",
               help="Values to try for rank or one of the method's options (repeatable; the grid is their product). "
                    "Default: als/irls rank=4,8 (iters, unless given, from one released histogram of ratings per "
-                   "user, as train sets it); means user_intercept=false,true.")
+                   "user, as train sets it); means user_intercept=false,true; ials rank=16,32,64 (at most the "
+                   "items) by alpha 1 and its default.")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: a power of ten below one over ten times the number of users, at "
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
@@ -705,7 +707,8 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, items, seed, wor
     validation losses (every user's) are released with
     Gaussian noise; the default configuration is kept unless another, not leaner,
     beats it by 3 noise standard deviations; the chosen one is trained on all
-    training ratings.
+    training ratings. --method ials (its scores rank items) is scored instead by
+    each user's held-out items in its top 10 (higher is better), by the same rule.
     All of it is composed in one ledger within --epsilon and reserved in the store's
     budget before the candidates run (see docs/tune.md). On a store too small for the noisy losses to tell
     configurations apart, nothing is tuned and the default gets the whole epsilon.
@@ -733,14 +736,17 @@ def format_tune_summary(summary: dict) -> str:
         lines.append(f"tune: no choice made: {t['skipped']}; trained {config_name(t['chosen'])} with the whole "
                      f"epsilon")
     else:
+        what = "hits" if "noisy_hits" in t["candidates"][0] else "loss"
         lines.append(f"tune: {len(t['candidates'])} candidates at the noise of epsilon {t['candidate_epsilon']:.4g} "
                      f"each on a Poisson sample of {t['sample_rate']:.0%} of the users, noisy "
-                     f"validation losses (std {t['selection_noise_std']:.4g}; per user in brackets):")
+                     + ("held-out hits in the top 10 (higher is better" if what == "hits" else
+                        "validation losses (lower is better")
+                     + f"; std {t['selection_noise_std']:.4g}; per user in brackets):")
         for c in t["candidates"]:
             mark = "  <- chosen" if c["config"] == t["chosen"] else ""
             dflt = " (default)" if c["config"] == t["default"] else ""
-            lines.append(f"  {config_name(c['config'])}{dflt}: {c['noisy_loss']:.6g} "
-                         f"({c['noisy_mean_loss']:.4f}){mark}")
+            lines.append(f"  {config_name(c['config'])}{dflt}: {c['noisy_' + what]:.6g} "
+                         f"({c['noisy_mean_' + what]:.4f}){mark}")
         lines.append(f"tune: chose {config_name(t['chosen'])} ({t['rule']}); released model at epsilon "
                      f"{t['final_epsilon']:.4g}; total epsilon {summary['epsilon_spent']:.4g} (target "
                      f"{summary['epsilon']})")
@@ -786,7 +792,9 @@ def format_tune_summary(summary: dict) -> str:
 def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed, workers, memory_limit, scheduler,
           state, dry_run, over_budget, force, rehearse, rehearse_users, rehearse_rpu, shape_epsilon, replot, yes,
           as_json):
-    """Test RMSE against epsilon for several methods: results.csv/json and a plot, spend charged to the budget.
+    """Test RMSE, Recall@10 and NDCG@10 against epsilon for several methods: results.csv/json and a plot, spend
+    charged to the budget. A list method (ials) has no test RMSE: its points are its Recall@10 and NDCG@10, beside
+    the most-popular chart's (an implicit store takes list methods only; --rehearse does not take them yet).
 
     With --rehearse, the same on a synthetic store shaped like STORE, whose budget pays only for a shape statistic
     it has not released yet (--shape-epsilon each, said when charged; never for the sweep); with --replot, the plot

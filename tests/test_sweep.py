@@ -79,3 +79,56 @@ def test_bad_sweep_parameters(store, tmp_path):
                       (["--repeats", "0"], "--repeats")):
         r = CliRunner().invoke(main, ["sweep", store.path, "--out", str(tmp_path / "sw"), *args])
         assert r.exit_code == 2 and msg in r.output, r.output
+
+
+@pytest.fixture(scope="module")
+def implicit_store(tmp_path_factory):
+    from streamdp.storage.generate import generate_store
+
+    return generate_store(str(tmp_path_factory.mktemp("sweep_ials") / "imp.zarr"), n_users=1000, n_items=60,
+                          ratings_per_user=12, rank=3, seed=4, test_fraction=0.2, implicit=True, taste_clusters=4,
+                          show_progress=False)
+
+
+def test_sweep_of_ials_rows_carry_recall_and_no_rmse(implicit_store, tmp_path):
+    """A list method's points are its Recall@10 and NDCG@10 (no test RMSE: left empty, not made up); the plot has
+    the Recall and NDCG panels only."""
+    out = tmp_path / "sw"
+    r = CliRunner().invoke(main, ["sweep", implicit_store.path, "--methods", "ials", "--epsilons", "1,10",
+                                  "--out", str(out), "--seed", "1", "--workers", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [row["epsilon"] for row in rows] == ["1", "10"]
+    assert all(row["test_rmse"] == "" and row["test_mae"] == "" for row in rows)
+    assert all(0 < float(row["recall_at_k"]) <= 1 and 0 < float(row["ndcg_at_k"]) <= 1 for row in rows)
+    assert all("rmse_mean" not in s and s["recall_mean"] > 0 for s in res["summary"])
+    assert {"popularity", "private_popularity", "k"} <= set(res["ranking_baselines"])
+    assert (out / "rmse_vs_epsilon.png").stat().st_size > 1000
+    from streamdp.workflows.sweep import format_table
+
+    assert "- (lists only)" in format_table(res)
+
+
+def test_sweep_plot_of_list_methods_has_recall_and_ndcg_panels_only(tmp_path):
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from streamdp.workflows.sweep import plot
+
+    summary = [{"method": "ials", "epsilon": e, "n": 1, "recall_mean": v, "recall_std": 0.0, "ndcg_mean": v,
+                "ndcg_std": 0.0} for e, v in (("1", 0.1), ("10", 0.2))]
+    res = {"methods": ["ials"], "summary": summary, "store": "s.zarr", "delta": 1e-6, "repeats": 1,
+           "ranking_baselines": {"k": 10, "popularity": {"recall": 0.12, "ndcg": 0.1}}}
+    two = imread(plot(res, str(tmp_path / "a.png")))
+    summary += [{"method": "als", "epsilon": "1", "n": 1, "rmse_mean": 1.0, "rmse_std": 0.0}]
+    res["methods"].append("als")
+    three = imread(plot(res, str(tmp_path / "b.png")))
+    assert three.shape[0] > 1.4 * two.shape[0]
+
+
+def test_rehearse_refuses_a_list_method_in_one_line(store, tmp_path):
+    r = CliRunner().invoke(main, ["sweep", store.path, "--methods", "ials", "--epsilons", "1", "--rehearse",
+                                  "--out", str(tmp_path / "sw")])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--rehearse --methods ials" in r.stderr, r.stderr
+    assert not (tmp_path / "sw").exists()

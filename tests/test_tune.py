@@ -156,7 +156,7 @@ def test_unsupported_method_names_the_supported_ones(tmp_path):
     r = CliRunner().invoke(main, ["tune", str(st.path), "--epsilon", "1", "--method", "oja", "--out",
                                   str(tmp_path / "m")])
     assert r.exit_code != 0
-    assert r.output.strip() == ("streamdp: error: --method oja: tune supports als, irls, means (their releases are "
+    assert r.output.strip() == ("streamdp: error: --method oja: tune supports als, ials, irls, means (their releases are "
                                 "Gaussian and planned in full)")
 
 

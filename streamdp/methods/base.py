@@ -154,6 +154,9 @@ class Method:
     #: Whether ``streamdp tune`` can choose this method's configuration (its releases are Gaussian and planned in
     #: full before the run, so candidates compose under one envelope: :mod:`streamdp.workflows.tune`).
     TUNABLE: ClassVar[bool] = False
+    #: What ``streamdp tune`` scores its candidates by: ``"loss"`` (clipped held-out squared errors, lower is better)
+    #: or ``"hits"`` (held-out items in each user's top 10, higher is better: a method whose scores rank items).
+    TUNE_SCORE: ClassVar[str] = "loss"
     #: Whether the run's number of users is released with noise (or declared): ``False`` for a method whose
     #: neighbouring relation leaves the count unchanged (public-private), which then reads the exact count.
     RELEASES_USER_COUNT: ClassVar[bool] = True

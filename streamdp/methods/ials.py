@@ -264,6 +264,10 @@ class IALS(Method):
     Options = IalsOptions
     LOCAL_SOLVER = "implicit"
     ACCEPTS_IMPLICIT = True
+    #: ``streamdp tune --method ials``: its releases are Gaussian and planned in full; candidates are scored by their
+    #: held-out hits in each user's top 10 (:func:`streamdp.workflows.tune._hits`).
+    TUNABLE = True
+    TUNE_SCORE = "hits"
 
     def default_rank(self) -> int:
         """16; a private run without ``--rank`` then takes 8 where the released counts are low against the noise

@@ -156,7 +156,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
     are composed in one ledger within ``epsilon`` and charged to the store's budget.
     ``grid`` is ``{"rank": [4, 8], "iters": [0, 5]}`` or ``["rank=4,8", ...]`` (``None``:
     the method's default grid). ``out=None``, ``users_bound`` and ``items`` work as for :func:`train`.
-    ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice.
+    ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice (``method="ials"``: each
+    candidate's noisy held-out hits in the users' top 10, ``noisy_hits``, higher is better).
     """
     from streamdp.workflows.tune import tune as run_tune
 

@@ -1,4 +1,4 @@
-"""``streamdp sweep``: test RMSE against epsilon for several methods, with the privacy it costs.
+"""``streamdp sweep``: test RMSE, Recall@10 and NDCG@10 against epsilon for several methods, with the privacy it costs.
 
 Each ``(method, epsilon, repeat)`` is one ``streamdp train`` run (:func:`streamdp.workflows.api.train`):
 a release, reserved in the store's privacy budget like any other, its model kept under
@@ -12,8 +12,12 @@ Outputs (written into ``OUT``, created or, with ``--force``, replacing an earlie
 (rows, per-point mean and spread, the non-private baselines, the spend) and
 ``rmse_vs_epsilon.png`` (log epsilon axis, one line per method with error bars from
 repeats, the non-private item-mean baseline and each method's non-private RMSE as
-horizontal lines; a second panel the same for NDCG@10, with the most-popular lists as
+horizontal lines; two more panels the same for Recall@10 and NDCG@10, with the most-popular lists as
 horizontal lines: by the released counts and non-private; needs the ``plot`` extra).
+
+A list method (``ials``: its scores rank items and are not ratings) has no test RMSE: its rows leave
+``test_rmse`` empty (``None``; never a number made up) and it is drawn in the Recall and NDCG panels
+only; a sweep of list methods alone (an implicit store's) has no RMSE panel.
 """
 
 from __future__ import annotations
@@ -137,6 +141,11 @@ def _check_run_options(st, options: dict) -> None:
     twin share their public parameters). Builds no plan and releases nothing."""
     methods, epsilons = check_points(st, options.get("methods", ""), options.get("epsilons", ""),
                                      options.get("repeats", 1))
+    lists = [m for m in methods if is_list_method(m)]
+    if lists:
+        raise ParameterError(f"--rehearse --methods {lists[0]}: a rehearsal of a list method is not built yet (the "
+                             f"synthetic store's users choose items by popularity alone, so its lists could only "
+                             f"show the chart); sweep STORE itself")
     check_users_bound(options.get("users_bound"))
     delta = options.get("delta")
     if delta is not None:
@@ -269,19 +278,22 @@ def check_points(st, methods, epsilons, repeats) -> tuple[list[str], list[float]
         raise ParameterError("--methods: give at least one method")
     for m in methods:
         get_method(m).check_store(st)
-    lists = [m for m in methods if get_method(m).LOCAL_SOLVER == "implicit"]
-    if lists:  # its scores rank items: no test RMSE to plot
-        raise ParameterError(f"--methods {lists[0]}: its scores rank items and are not ratings, so it has no test "
-                             f"RMSE, which a sweep plots against epsilon; train each epsilon and read evaluate's "
-                             f"ranking metrics (or bench/ranking.py) instead")
-    if st.implicit:  # a method that trains on counts passed check_store: but the sweep's points are test RMSEs
-        raise ParameterError(f"{st.path}: an implicit store has no ratings and so no test RMSE, which a sweep plots "
-                             f"against epsilon; train each epsilon and read evaluate's ranking metrics instead")
+    rated = [m for m in methods if not is_list_method(m)]
+    if st.implicit and rated:  # a rating method that trains on counts passed check_store: its points are RMSEs
+        raise ParameterError(f"{st.path}: an implicit store has no ratings and so no test RMSE, which --methods "
+                             f"{rated[0]} is plotted by; sweep a list method (--methods ials: Recall@10 and "
+                             f"NDCG@10 against epsilon)")
     epsilons = parse_epsilons(epsilons) if isinstance(epsilons, str) else [parse_epsilon(e, "--epsilons")
                                                                            for e in epsilons]
     if isinstance(repeats, bool) or int(repeats) != repeats or repeats < 1:
         raise ParameterError(f"--repeats must be a positive integer, got {repeats}")
     return methods, epsilons
+
+
+def is_list_method(name: str) -> bool:
+    """Whether a method's scores rank items and are not ratings (``ials``): its sweep points are Recall@k and
+    NDCG@k, with no test RMSE."""
+    return get_method(name).LOCAL_SOLVER == "implicit"
 
 
 def prepare_out(out: str, force: bool) -> None:
@@ -297,9 +309,12 @@ def prepare_out(out: str, force: bool) -> None:
 def _row(m, e, r, model, model_dir) -> dict:
     s = model.summary
     rk = s.get("ranking") or {}
-    return {"method": m, "epsilon": _name(e), "repeat": r, "test_rmse": s["test_rmse"], "test_mae": s["test_mae"],
-            "recall_at_k": rk.get("recall"), "ndcg_at_k": rk.get("ndcg"), "epsilon_spent": s["epsilon_spent"], "guarantee": s["guarantee"],
-            "better_than_baselines": s["verdict"]["better"], "seconds": s["train_seconds"], "model": model_dir}
+    # a list method (ials) has no test RMSE nor rating verdict: left empty (None), never a number
+    return {"method": m, "epsilon": _name(e), "repeat": r, "test_rmse": s.get("test_rmse"),
+            "test_mae": s.get("test_mae"), "recall_at_k": rk.get("recall"), "ndcg_at_k": rk.get("ndcg"),
+            "epsilon_spent": s["epsilon_spent"], "guarantee": s["guarantee"],
+            "better_than_baselines": (s.get("verdict") or {}).get("better"), "seconds": s["train_seconds"],
+            "model": model_dir}
 
 
 def point_line(row: dict, summary: dict) -> str:
@@ -312,14 +327,16 @@ def point_line(row: dict, summary: dict) -> str:
     'test RMSE 0.9500 (damped item mean 1.0000), Recall@10 0.3000 (most popular 0.2500), NDCG@10 0.2000'
     """
     b = (summary.get("baselines") or {}).get("damped_item_mean")
-    text = f"test RMSE {row['test_rmse']:.4f}" + (f" (damped item mean {b['rmse']:.4f})" if b else "")
+    parts = []
+    if row.get("test_rmse") is not None:
+        parts.append(f"test RMSE {row['test_rmse']:.4f}" + (f" (damped item mean {b['rmse']:.4f})" if b else ""))
     rk = summary.get("ranking") or {}
     if rk and row.get("recall_at_k") is not None:
         pop = (rk.get("baselines") or {}).get("popularity")
-        text += (f", Recall@{rk['k']} {row['recall_at_k']:.4f}" + (f" (most popular {pop['recall']:.4f})" if pop
-                                                                    else "")
-                 + f", NDCG@{rk['k']} {row['ndcg_at_k']:.4f}")
-    return text
+        parts.append(f"Recall@{rk['k']} {row['recall_at_k']:.4f}" + (f" (most popular {pop['recall']:.4f})" if pop
+                                                                      else "")
+                     + f", NDCG@{rk['k']} {row['ndcg_at_k']:.4f}")
+    return ", ".join(parts) or "no test RMSE and no lists measured"
 
 
 def _aggregate(rows) -> list[dict]:
@@ -328,9 +345,11 @@ def _aggregate(rows) -> list[dict]:
         groups.setdefault((row["method"], row["epsilon"]), []).append(row)
     out = []
     for (m, e), g in groups.items():
-        v = [row["test_rmse"] for row in g]
-        d = {"method": m, "epsilon": e, "n": len(v), "rmse_mean": statistics.fmean(v),
-             "rmse_std": statistics.stdev(v) if len(v) > 1 else 0.0, "rmse_min": min(v), "rmse_max": max(v)}
+        d = {"method": m, "epsilon": e, "n": len(g)}
+        v = [row["test_rmse"] for row in g if row.get("test_rmse") is not None]  # none for a list method
+        if v:
+            d.update(rmse_mean=statistics.fmean(v), rmse_std=statistics.stdev(v) if len(v) > 1 else 0.0,
+                     rmse_min=min(v), rmse_max=max(v))
         for key in ("ndcg", "recall"):
             v = [row[f"{key}_at_k"] for row in g if row.get(f"{key}_at_k") is not None]
             if v:
@@ -357,8 +376,8 @@ def format_table(result: dict) -> str:
     for s in sorted(result["summary"], key=lambda s: (order.get(s["method"], 0), eps_key(s))):
         rec = f"{s['recall_mean']:.4f}" if "recall_mean" in s else "-"
         nd = f"{s['ndcg_mean']:.4f}" if "ndcg_mean" in s else "-"
-        lines.append(f"{s['method']:<10} {s['epsilon']:>8} {s['n']:>3}  "
-                     f"{s['rmse_mean']:.4f} +- {s['rmse_std']:.4f}{'':<8} {rec:>9} {nd:>8}")
+        rmse = f"{s['rmse_mean']:.4f} +- {s['rmse_std']:.4f}" if "rmse_mean" in s else "- (lists only)"
+        lines.append(f"{s['method']:<10} {s['epsilon']:>8} {s['n']:>3}  {rmse:<24} {rec:>9} {nd:>8}")
     b = result.get("baselines") or {}
     refs = [f"{label} RMSE {b[key]['rmse']:.4f}" for key, label in
             (("damped_item_mean", "damped item mean"), ("item_mean", "item mean")) if key in b]
@@ -402,8 +421,9 @@ def _write(out, result) -> None:
 
 
 def plot(result: dict, path: str) -> str | None:
-    """The RMSE-vs-epsilon figure (PNG), with an NDCG@k-vs-epsilon panel below it when the runs were ranked;
-    ``None`` when matplotlib (the ``plot`` extra) is absent."""
+    """The RMSE-vs-epsilon figure (PNG), with Recall@k- and NDCG@k-vs-epsilon panels below it when the runs were
+    ranked (a sweep of list methods alone: those two panels only); ``None`` when matplotlib (the ``plot`` extra) is
+    absent."""
     try:
         import matplotlib
 
@@ -412,24 +432,31 @@ def plot(result: dict, path: str) -> str | None:
     except ImportError:
         return None
     finite = sorted({float(s["epsilon"]) for s in result["summary"] if s["epsilon"] != "inf"})
-    ranked = any("ndcg_mean" in s for s in result["summary"])
-    fig, axes = plt.subplots(2 if ranked else 1, 1, figsize=(9, 8.5 if ranked else 4.5), squeeze=False)
-    b = result.get("baselines") or {}
-    lines = [(b[key]["rmse"], f"{label}, non-private", style) for key, label, style in
-             (("item_mean", "item mean", "--"), ("damped_item_mean", "damped item mean", "-."),
-              ("user_item_bias", "user+item bias", (0, (1, 3)))) if key in b]
-    _panel(plt, axes[0][0], result, finite, "rmse", "test RMSE", lines)
+    listed = [key for key in ("recall", "ndcg") if any(f"{key}_mean" in s for s in result["summary"])]
+    ranked = bool(listed)
+    rated = any("rmse_mean" in s for s in result["summary"]) or not ranked  # list methods alone: no RMSE panel
+    n = int(rated) + len(listed)
+    fig, axes = plt.subplots(n, 1, figsize=(9, 4.25 * n if n > 1 else 4.5), squeeze=False)
+    panels = iter(ax[0] for ax in axes)
+    if rated:
+        b = result.get("baselines") or {}
+        lines = [(b[key]["rmse"], f"{label}, non-private", style) for key, label, style in
+                 (("item_mean", "item mean", "--"), ("damped_item_mean", "damped item mean", "-."),
+                  ("user_item_bias", "user+item bias", (0, (1, 3)))) if key in b]
+        _panel(plt, next(panels), result, finite, "rmse", "test RMSE", lines)
     if ranked:
         rb = result.get("ranking_baselines") or {}
         k = rb.get("k", 10)
-        lines = [(rb[key]["ndcg"], label, style) for key, label, style in
-                 (("private_popularity", "most popular by released counts", "--"),
-                  ("popularity", "most popular, non-private", "-.")) if key in rb]
-        _panel(plt, axes[1][0], result, finite, "ndcg", f"test NDCG@{k} (unrated items)", lines)
+        for key in listed:
+            label = f"test {'Recall' if key == 'recall' else 'NDCG'}@{k} (unrated items)"
+            lines = [(rb[b_][key], what, style) for b_, what, style in
+                     (("private_popularity", "most popular by released counts", "--"),
+                      ("popularity", "most popular, non-private", "-.")) if b_ in rb and key in rb[b_]]
+            _panel(plt, next(panels), result, finite, key, label, lines)
     rehearsal = (f"REHEARSAL on synthetic data shaped like {os.path.basename(result['rehearsal']['like'].rstrip('/'))}"
                  "\n" if result.get("rehearsal") else "")
-    axes[0][0].set_title(rehearsal + f"{os.path.basename(result['store'].rstrip('/'))}: test RMSE"
-                         + (" and NDCG" if ranked else "") + f" vs epsilon "
+    what = " and ".join((["test RMSE"] if rated else []) + (["Recall and NDCG"] if ranked else []))
+    axes[0][0].set_title(rehearsal + f"{os.path.basename(result['store'].rstrip('/'))}: {what} vs epsilon "
                          f"(delta {result['delta']:.0e}, {result['repeats']} repeat(s))")
     fig.tight_layout()
     tmp = path + ".tmp.png"

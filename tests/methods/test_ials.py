@@ -422,10 +422,9 @@ def test_default_rank_is_capped_at_the_items_a_given_rank_is_not(small_store):
 
 def test_evaluate_reports_lists_only_for_an_ials_model_on_ratings(small_store, tmp_path):
     """ials's scores rank items and are not ratings: evaluate (and train's summary) report its lists, no RMSE or
-    rating verdict (it read 'NO BETTER than the baselines' on every store); sweep refuses it in one line."""
-    from streamdp.errors import ParameterError
+    rating verdict (it read 'NO BETTER than the baselines' on every store); a sweep's rows leave its RMSE empty
+    (tests/test_sweep.py)."""
     from streamdp.serving.evaluate import evaluate_model, format_evaluation
-    from streamdp.workflows.sweep import sweep
 
     _, f = _fit(small_store, epsilon=INF, iters=1)
     f.save(str(tmp_path / "m"))
@@ -433,8 +432,6 @@ def test_evaluate_reports_lists_only_for_an_ials_model_on_ratings(small_store, t
     assert ev["lists_only"] and not ev["implicit"] and "rmse" not in ev and "verdict" not in ev
     assert ev["n_ratings"] == small_store.n_test and ev["ranking"]["recall"] > 0
     assert "no RMSE" in format_evaluation(ev) and "ranking verdict" in format_evaluation(ev)
-    with pytest.raises(ParameterError, match="--methods ials: its scores rank items"):
-        sweep(small_store, methods="ials", epsilons="1", out=str(tmp_path / "sw"))
 
 
 def test_item_floor_keeps_factors_and_pairs_to_items_above_it_at_no_privacy_cost(small_store):
