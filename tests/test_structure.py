@@ -32,6 +32,7 @@ Rules checked here:
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -64,7 +65,14 @@ def _resolve(target: str) -> str | None:
     return target if target in MODULES else None
 
 
-def imports_of(name: str, source: str | None = None) -> list[tuple[str, str, int, bool]]:
+@functools.lru_cache(maxsize=None)
+def _parse(source: str, path: str) -> ast.Module:
+    """``ast.parse``, once per text and run: the tests here walk the same ~200 files several times (only read)."""
+    return ast.parse(source, path)
+
+
+@functools.lru_cache(maxsize=None)
+def imports_of(name: str, source: str | None = None) -> tuple[tuple[str, str, int, bool], ...]:
     """``(module imported, name imported or "", line, inside a function)`` for each import in module ``name``.
 
     ``source``: read that text as the module's instead of its file (to test the rules themselves).
@@ -94,8 +102,8 @@ def imports_of(name: str, source: str | None = None) -> list[tuple[str, str, int
                         out.append((_resolve(base), a.name, child.lineno, inner))
             visit(child, inner)
 
-    visit(ast.parse(path.read_text() if source is None else source, str(path)), False)
-    return out
+    visit(_parse(path.read_text() if source is None else source, str(path)), False)
+    return tuple(out)
 
 
 def graph(modules=None) -> dict[str, set[str]]:
@@ -309,7 +317,7 @@ def function_lengths(source: str, path: str = "<source>") -> dict[str, int]:
             else:
                 visit(child, prefix)
 
-    visit(ast.parse(source, path), "")
+    visit(_parse(source, path), "")
     return out
 
 
@@ -341,7 +349,7 @@ DESIGN_NOTES = ROOT / "docs" / "design-notes.md"
 
 def docstring_lines(source: str, path: str = "<source>") -> int:
     """Lines of the module docstring of ``source`` (0 without one)."""
-    doc = ast.get_docstring(ast.parse(source, path), clean=False)
+    doc = ast.get_docstring(_parse(source, path), clean=False)
     return len(doc.splitlines()) if doc else 0
 
 
