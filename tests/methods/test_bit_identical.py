@@ -59,7 +59,9 @@ CASES = {
     "als-huber": ("als", 2.0, {"iters": 1, "mechanism": "huber", "select": "off"}),
     "als-nonprivate": ("als", INF, {"iters": 2}),
     "ials": ("ials", 2.0, {"iters": 2}),
-    "ials-nonprivate": ("ials", INF, {"iters": 2, "select": "off"}),  # the factors (conjugate gradients)
+    # the factors (conjugate gradients); alpha as recorded (the tiny store's few pairs per user would take
+    # default_alpha's 10: tests/methods/test_ials_defaults.py)
+    "ials-nonprivate": ("ials", INF, {"iters": 2, "select": "off", "alpha": 3.0}),
     "ials-nonprivate-select": ("ials", INF, {"iters": 2}),  # the exact choice: the chart on this popularity store
     "irls": ("irls", 2.0, {"iters": 2, "sampling": "uniform", "tau": 5}),
     "means": ("means", 2.0, {}),
