@@ -681,7 +681,7 @@ def format_train_summary(summary: dict) -> str:
               help="Values to try for rank or one of the method's options (repeatable; the grid is their product). "
                    "Default: als/irls rank=4,8 (iters, unless given, from one released histogram of ratings per "
                    "user, as train sets it); means user_intercept=false,true; ials rank=16,32,64 (at most the "
-                   "items) by alpha 1 and its default.")
+                   "items) by alpha=1 and --alpha's default.")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: a power of ten below one over ten times the number of users, at "
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "

@@ -7,16 +7,13 @@ Chien et al. (ICML 2021) DP-ALS (which ``als`` implements for ratings). It learn
 rules of a private run :func:`tau_from_profile`, :func:`private_rank`, :func:`item_floor_count`,
 :func:`private_max_confidence`, and of a non-private one :func:`default_alpha`.
 
-The model: every user-item pair counts, an observed pair with preference 1 and a
-confidence ``c_uj >= 1`` (:func:`streamdp.serving.local.implicit_pairs`), the rest preference 0
-and weight 1; alternating ridge solves with the Gramian trick (``G = sum_u x_u x_u^T``),
-so unobserved pairs cost ``O(k^2)`` per user and per item. One private run releases,
-with Gaussian noise calibrated jointly by the PLD accountant
-(:func:`streamdp.privacy.release.calibrate_releases`): the item counts ``N_j`` (the
-chart), then per iteration the users' Gramian ``G`` and the items' right-hand sides
-``B`` (with ``--gramian item`` every ``A_j`` too). Each user's row is solved on her
-device from the released item side (:func:`streamdp.serving.local.implicit_rows`, exact:
-:func:`streamdp.kernels.ials.ials_solve_users`) and never released: joint DP, as ``als``.
+The model: an observed pair has preference 1 and confidence ``c_uj >= 1``
+(:func:`streamdp.serving.local.implicit_pairs`), the rest preference 0 and weight 1; alternating
+ridge solves with the Gramian trick (``G = sum_u x_u x_u^T``). A private run releases, calibrated
+jointly by the PLD accountant, the item counts ``N_j`` (the chart), then per iteration the users'
+Gramian ``G`` and the items' right-hand sides ``B`` (``--gramian item``: every ``A_j`` too). Each
+user's row is solved on her device from the released item side
+(:func:`streamdp.serving.local.implicit_rows`) and never released: joint DP, as ``als``.
 
 Decisions a reader must know:
 
