@@ -50,8 +50,11 @@ FORMAT_NAME = "streamdp-ratings"
 FORMAT_VERSION = 1
 #: The format version of an implicit store (interaction counts in ``ratings``): older readers refuse it.
 IMPLICIT_FORMAT_VERSION = 2
+#: The format version of a store with committed segments (``ingest --append``; rating or implicit: ``implicit``
+#: says which): older readers refuse it rather than read its base alone. ``compact`` writes version 1 or 2 again.
+SEGMENTED_FORMAT_VERSION = 3
 #: The versions this streamdp reads.
-READ_VERSIONS = (FORMAT_VERSION, IMPLICIT_FORMAT_VERSION)
+READ_VERSIONS = (FORMAT_VERSION, IMPLICIT_FORMAT_VERSION, SEGMENTED_FORMAT_VERSION)
 ATTRS_KEY = "streamdp"
 
 SPLITS = ("train", "test")

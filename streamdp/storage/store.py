@@ -79,7 +79,7 @@ class RatingStore:
         A local directory or any fsspec URL that Zarr can open.
     """
 
-    def __init__(self, path: str, storage_options: dict | None = None):
+    def __init__(self, path: str, storage_options: dict | None = None, *, _attrs: dict | None = None):
         self.path = str(path)
         if self.local and not os.path.lexists(self.path):
             raise StoreError(f"{self.path}: does not exist")
@@ -88,14 +88,16 @@ class RatingStore:
             self._root = zarr.open_group(self.path, mode="r", **kw)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, ValueError, OSError) as exc:
             raise self._not_a_store(f"not a streamdp rating store ({exc.__class__.__name__})") from None
-        attrs = dict(self._root.attrs).get(ATTRS_KEY)
+        # ``_attrs``: the attributes an append is about to commit, to read the store as it will be (segments.py)
+        attrs = _attrs if _attrs is not None else dict(self._root.attrs).get(ATTRS_KEY)
         if not isinstance(attrs, dict) or attrs.get("format") != FORMAT_NAME:
             raise self._not_a_store(f"not a streamdp rating store (no '{ATTRS_KEY}' attributes)")
         version = attrs.get("format_version")
         if version not in READ_VERSIONS:
             raise StoreError(
                 f"{self.path}: store format version {version}, but this streamdp reads version "
-                f"{FORMAT_VERSION} (and {READ_VERSIONS[1]} for implicit stores); re-ingest the data with this version"
+                f"{FORMAT_VERSION} (and {READ_VERSIONS[1]} for implicit stores, {READ_VERSIONS[2]} for segmented "
+                f"ones); re-ingest the data with this version"
             )
         self.attrs: dict = attrs
         self.info = StoreInfo(
@@ -118,6 +120,12 @@ class RatingStore:
         self.identity = self._identity(attrs)
         #: Blocks whose chunk files differed from their recorded CRC and were checked by their digest instead.
         self.digest_fallbacks = 0
+        #: The whole store when this is a part (the base or a segment) of a segmented store, else None.
+        self._owner = None
+        if attrs.get("segments") is not None:  # the segment list is read once, here (storage/segments.py)
+            from streamdp.storage.segments import become_segmented
+
+            become_segmented(self)
 
     def _not_a_store(self, why: str) -> StoreError:
         """The error for a path that holds no store; on object storage, also why (a write that did not finish,
@@ -164,7 +172,10 @@ class RatingStore:
             return None
 
     def changed(self) -> bool:
-        """Whether the store at :attr:`path` is no longer the one opened (replaced, rewritten or removed)."""
+        """Whether the store at :attr:`path` is no longer the one opened (replaced, rewritten, removed, or a
+        segment appended or compacted away since)."""
+        if self._owner is not None:
+            return self._owner.changed()
         return self.current_identity() != self.identity
 
     def check_unchanged(self) -> None:
@@ -177,6 +188,8 @@ class RatingStore:
             raise self._replaced()
 
     def _replaced(self) -> StoreError:
+        if self._owner is not None:
+            return self._owner._replaced()
         # each write named by its random generation id, never by its checksum (an unkeyed hash of the ratings,
         # which whoever knows all users but one could test the last one against: docs/privacy.md)
         def name(ident):

@@ -1,0 +1,73 @@
+"""Merging a user block's rows across the segments of a store (:mod:`streamdp.storage.segments`)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def merge_rows(n_users, indptrs, starts, items, ratings, split_of, want, implicit, cap,
+               out_indptr, out_items, out_ratings):
+    """One split of a block merged from ``K`` sources (each a part's split of the block).
+
+    Source ``k``'s user ``u`` holds ``items[starts[k] + indptrs[k, u]: starts[k] + indptrs[k, u + 1]]``
+    (and the ratings beside them); sources come by part (0 the base, then the segments in commit order),
+    each part's splits in turn, and ``split_of[k]`` is source ``k``'s split (0 train, 1 test). For each user, a (user, item) pair rated in
+    several parts is one rating: of the latest part, in that part's split (explicit ratings: its value,
+    the store's "last seen wins"); with ``implicit``, the sum of all its values, capped at ``cap`` when
+    ``cap > 0`` (the store's "repeated pairs are summed"). Only pairs whose kept split is ``want`` are
+    written. A user with rows in one source only keeps their order (as the part stores them); a user
+    with rows in several gets them sorted by item (the order ingest writes).
+
+    Returns the number of ratings written (``out_indptr`` is filled, ``n_users + 1`` long).
+    """
+    K = indptrs.shape[0]
+    pos = 0
+    out_indptr[0] = 0
+    for u in range(n_users):
+        n = 0
+        only = -1
+        for k in range(K):
+            c = indptrs[k, u + 1] - indptrs[k, u]
+            if c > 0:
+                only = k if n == 0 else -2
+                n += c
+        if only >= 0:
+            if split_of[only] == want:
+                s = starts[only] + indptrs[only, u]
+                for j in range(n):
+                    out_items[pos + j] = items[s + j]
+                    out_ratings[pos + j] = ratings[s + j]
+                pos += n
+        elif n > 0:
+            keys = np.empty(n, np.int64)
+            src = np.empty(n, np.int64)
+            m = 0
+            for k in range(K):
+                s = starts[k] + indptrs[k, u]
+                for j in range(indptrs[k, u + 1] - indptrs[k, u]):
+                    keys[m] = np.int64(items[s + j]) * K + k
+                    src[m] = s + j
+                    m += 1
+            order = np.argsort(keys)
+            j = 0
+            while j < n:
+                item = keys[order[j]] // K
+                total = np.float32(0.0)
+                e = j
+                while e < n and keys[order[e]] // K == item:
+                    total += ratings[src[order[e]]]
+                    e += 1
+                last = order[e - 1]  # the largest k: the latest part (a part holds a pair in one split only)
+                k = keys[last] % K
+                if split_of[k] == want:
+                    out_items[pos] = items[src[last]]
+                    if implicit:
+                        out_ratings[pos] = min(total, np.float32(cap)) if cap > 0 else total
+                    else:
+                        out_ratings[pos] = ratings[src[last]]
+                    pos += 1
+                j = e
+        out_indptr[u + 1] = pos
+    return pos
