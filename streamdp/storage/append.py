@@ -54,7 +54,8 @@ from streamdp.storage.segments import (BASE_KEYS, SEGMENTS_DIR, append_lock, com
                                        sweep_uncommitted)
 from streamdp.storage.split import block_seed
 from streamdp.storage.store import RatingStore, open_store
-from streamdp.storage.writer import StoreWriter, ledger_keeper
+from streamdp.storage.ids import as_ids
+from streamdp.storage.writer import ContentHash, StoreWriter, ledger_keeper
 
 _PURPOSE_APPEND = 11  # the seed of a segment's random split: (store seed, segment number)
 _ARRAY_CONFIG = {"write_empty_chunks": True}
@@ -314,11 +315,7 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
                    config=_ARRAY_CONFIG)[:] = item_delta
     g.create_array("merge/block_nnz", shape=(2 * n_blocks,), dtype="int64", chunks=(max(1, 2 * n_blocks),),
                    config=_ARRAY_CONFIG)[:] = block_delta.reshape(-1)
-    h = hashlib.blake2b(digest_size=16)
-    h.update(hu.digest())
-    h.update(np.ascontiguousarray(item_delta, dtype="<i8"))
-    h.update(np.ascontiguousarray(block_delta, dtype="<i8"))
-    digest = "blake2b:" + h.hexdigest()
+    digest = _digest(hu, item_delta, block_delta.reshape(-1), seg)
     added = int(sum(int(seg_nnz[s].sum()) for s in splits))
     entry.update(merge_digest=digest, n_ratings_added=int(block_delta[0].sum()),
                  n_test_added=int(block_delta[1].sum()),
@@ -338,8 +335,21 @@ def merge_arrays_digest(seg: RatingStore) -> str:
     for b in range(n_blocks):
         first, end = b * bu, min((b + 1) * bu, n_users)
         hu.update(np.ascontiguousarray(seg._per_entity("merge/user_counts", n_users, first, end), dtype="<i8"))
+    return _digest(hu, seg._per_entity("merge/item_counts", n_items), seg._per_entity("merge/block_nnz", 2 * n_blocks),
+                   seg)
+
+
+def _digest(hu, item_delta, block_delta, seg: RatingStore) -> str:
+    """The digest of a segment's ``merge/...`` arrays (``hu``: the user counts' hash, fed block by block) and of
+    its new users' and items' ids (outside the segment's own checksum, which covers its blocks)."""
+    ids = ContentHash()
+    a = seg.attrs["appended"]
+    for kind in ("user", "item"):
+        n = int(a[f"n_new_{kind}s"])
+        ids.add_ids(f"new_{kind}_ids", as_ids(seg._per_entity(f"new_{kind}_ids", n)))
     h = hashlib.blake2b(digest_size=16)
     h.update(hu.digest())
-    h.update(np.ascontiguousarray(seg._per_entity("merge/item_counts", n_items), dtype="<i8"))
-    h.update(np.ascontiguousarray(seg._per_entity("merge/block_nnz", 2 * n_blocks), dtype="<i8"))
+    h.update(np.ascontiguousarray(item_delta, dtype="<i8"))
+    h.update(np.ascontiguousarray(block_delta, dtype="<i8"))
+    h.update(ids.hexdigest().encode())
     return "blake2b:" + h.hexdigest()

@@ -40,7 +40,7 @@ from streamdp.storage.store import Block, RatingStore, StoreInfo
 
 #: The directory of the segments inside a store.
 SEGMENTS_DIR = "segments"
-#: The lock file taken by an append or a compaction (one writer at a time).
+#: The lock file taken by an append or a compaction (one writer at a time), ``.STORE.append.lock`` beside it.
 LOCK_NAME = ".append.lock"
 #: The arrays each segment records besides its CSR: the change it makes to the merged store's counts.
 MERGE_ARRAYS = ("merge/user_counts", "merge/item_counts", "merge/block_nnz")
@@ -322,7 +322,8 @@ def append_lock(path: str):
     """The store's writer lock (an append or a compaction at a time; a second one is refused, not queued)."""
     import fcntl
 
-    lock = os.path.join(path, LOCK_NAME)
+    parent, name = os.path.split(os.path.abspath(path).rstrip(os.sep))
+    lock = os.path.join(parent, f".{name}{LOCK_NAME}")  # beside the store: a compaction renames the store
     fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         try:

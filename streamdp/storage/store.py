@@ -491,10 +491,15 @@ class RatingStore:
 
     def _per_entity(self, name: str, n: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Entries ``start..stop`` of a per-user (``n = n_users``) or per-item array."""
-        r = self._reader(name)
-        if r.shape != n:
-            raise self._damaged(name, None, f"has {r.shape} entries, not {n}")
-        return r.read(start, n if stop is None else stop)
+        try:
+            r = self._reader(name)
+            if r.shape != n:
+                raise self._damaged(name, None, f"has {r.shape} entries, not {n}")
+            return r.read(start, n if stop is None else stop)
+        except StoreError:
+            if self.changed():  # arrays of a store replaced, appended to or compacted since: say so
+                raise self._replaced() from None
+            raise
 
     def user_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Original user ids of dense users ``start..stop`` (``int64``, or ``object`` of ``str``: :mod:`.ids`)."""

@@ -206,6 +206,10 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
         (:class:`streamdp.privacy.budget.StoreBudget`), checked before anything is
         read (and against the number of users once the input is parsed, before
         anything is written), set once the store is in place.
+    append : bool, in ``**options``
+        ``out`` is an existing store: add the data to it as a new segment (``streamdp ingest NEW --append
+        STORE``, :mod:`streamdp.storage.append`); its rating range, pair rule, split and id kinds apply, its
+        budget ledger is kept; ``streamdp compact`` (:func:`streamdp.storage.compact.compact`) folds the segments.
     test_fraction, seed, force, **options
         As the flags of ``streamdp ingest`` (:func:`streamdp.storage.ingest.ingest`:
         ``rating_range``, ``out_of_range``, ``count_cap``, ``skip_bad_lines``,
@@ -246,6 +250,9 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
                    split=split, last_n=last_n, item_names=None if item_names is None else os.fspath(item_names))
     if budget is None:
         return ingest_files(inputs, out, **options)
+    if options.get("append"):
+        raise ParameterError("--budget: not with --append (the store's budget ledger is kept as it is; "
+                             "streamdp budget STORE --set changes it)")
     from streamdp.privacy import check_privacy_params  # the ledger (dp-accounting): only with a budget
     from streamdp.privacy.budget import StoreBudget, parse_budget
 
