@@ -285,7 +285,6 @@ def ingest(
     test_inputs: list | None = None,
     item_names: str | None = None,
     items=None,
-    append: bool = False,
 ) -> RatingStore:
     """Ingest rating files into a store at ``out`` and return it opened.
 
@@ -336,19 +335,7 @@ def ingest(
     (2, 2, 3, 1)
     >>> list(s.item_ids()), [int(x) for x in s.user_ids()]
     (['a', 'b'], [7, 9])
-
-    ``append``: ``out`` is an existing store, and the input is added to it as a new segment
-    (:func:`streamdp.storage.append.append`; ``ingest --append``): the store's rating range, pair rule,
-    split and id kinds apply, and options that would change them are refused.
     """
-    if append:
-        from streamdp.storage.append import append as _append
-
-        return _append(inputs, out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
-                       test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
-                       memory_limit=memory_limit, block_users=block_users, force=force, show_progress=show_progress,
-                       out_of_range=out_of_range, notes=notes, implicit=implicit, count_cap=count_cap, split=split,
-                       last_n=last_n, test_inputs=test_inputs, item_names=item_names, items=items)
     t0 = time.perf_counter()
     rr, oor, test_fraction, test_inputs, how, limit = _check_options(
         inputs, test_inputs, rating_range=rating_range, out_of_range=out_of_range, test_fraction=test_fraction,

@@ -36,6 +36,7 @@ from streamdp.errors import StoreError
 from streamdp.kernels.segments import merge_rows
 from streamdp.storage.ids import as_ids
 from streamdp.storage.schema import ATTRS_KEY, SEGMENTED_FORMAT_VERSION, SPLITS
+from streamdp.storage import store as _store
 from streamdp.storage.store import Block, RatingStore, StoreInfo
 
 #: The directory of the segments inside a store.
@@ -284,6 +285,9 @@ class SegmentedStore(RatingStore):
             raise StoreError(f"{self.path}: {name} describes the generated items only, and items were appended "
                              f"since")
         return self.base.array(name)
+
+
+_store._become_segmented = become_segmented
 
 
 # -- the commit point -------------------------------------------------------------------------------

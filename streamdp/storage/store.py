@@ -28,6 +28,9 @@ from streamdp.storage.writer import block_digest, item_stats_digest
 
 
 _fallback_lock = threading.Lock()
+#: What turns an opened store whose attributes list segments into a merged view: installed by
+#: :mod:`streamdp.storage.segments` (imported by the package ``streamdp.storage``, so before any store is opened).
+_become_segmented = None
 
 
 class Block(NamedTuple):
@@ -123,9 +126,10 @@ class RatingStore:
         #: The whole store when this is a part (the base or a segment) of a segmented store, else None.
         self._owner = None
         if attrs.get("segments") is not None:  # the segment list is read once, here (storage/segments.py)
-            from streamdp.storage.segments import become_segmented
-
-            become_segmented(self)
+            if _become_segmented is None:
+                raise StoreError(f"{self.path}: a segmented store, and nothing that reads one is installed "
+                                 f"(streamdp.storage.segments)")
+            _become_segmented(self)
 
     def _not_a_store(self, why: str) -> StoreError:
         """The error for a path that holds no store; on object storage, also why (a write that did not finish,

@@ -241,6 +241,12 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
     # ingest reads files and frames with pyarrow (42 MB of RSS): imported here, so that streamdp.train does not
     from streamdp.storage.ingest import ingest as ingest_files
 
+    if options.pop("append", False):  # onto an existing store, as a new segment (storage/append.py)
+        from streamdp.storage.append import append as ingest_files  # noqa: F811 - the same signature
+        if budget is not None:
+            raise ParameterError("--budget: not with --append (the store's budget ledger is kept as it is; "
+                                 "streamdp budget STORE --set changes it)")
+
     inputs = _inputs(train if source is None else source, columns, implicit, options)
     if test is not None:
         options["test_inputs"] = _inputs(test, columns, implicit, options)
@@ -250,9 +256,6 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
                    split=split, last_n=last_n, item_names=None if item_names is None else os.fspath(item_names))
     if budget is None:
         return ingest_files(inputs, out, **options)
-    if options.get("append"):
-        raise ParameterError("--budget: not with --append (the store's budget ledger is kept as it is; "
-                             "streamdp budget STORE --set changes it)")
     from streamdp.privacy import check_privacy_params  # the ledger (dp-accounting): only with a budget
     from streamdp.privacy.budget import StoreBudget, parse_budget
 
