@@ -33,7 +33,6 @@ import numpy as np
 import zarr
 
 from streamdp.errors import StoreError
-from streamdp.kernels.segments import merge_rows
 from streamdp.storage.ids import as_ids
 from streamdp.storage.schema import ATTRS_KEY, SEGMENTED_FORMAT_VERSION, SPLITS
 from streamdp.storage import store as _store
@@ -159,6 +158,8 @@ class SegmentedStore(RatingStore):
         items = np.concatenate([s[2] for s in src]).astype(np.int32)
         ratings = np.concatenate([s[3] for s in src]).astype(np.float32)
         split_of = np.array([s[0] for s in src], np.int64)
+        from streamdp.kernels.segments import merge_rows  # numba: on first read, not at import (streamdp stays light)
+
         cap = self.attrs.get("count_cap") if self.info.implicit else None
         out_ip = np.empty(n + 1, np.int64)
         out_items = np.empty(len(items), np.int32)
