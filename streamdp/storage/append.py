@@ -55,6 +55,7 @@ from streamdp.storage.segments import (BASE_KEYS, SEGMENTS_DIR, append_lock, com
 from streamdp.storage.split import block_seed
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.ids import as_ids
+from streamdp.storage.info import store_split
 from streamdp.storage.writer import ContentHash, StoreWriter, ledger_keeper
 
 _PURPOSE_APPEND = 11  # the seed of a segment's random split: (store seed, segment number)
@@ -101,8 +102,11 @@ def append(inputs, out, *, fmt=None, sep=None, columns=None, rating_range=None, 
                                             memory_limit=memory_limit)
     st = open_store(out)
     out = st.path
-    how = dict(st.attrs.get("split") or {"kind": "none"})
+    how = dict(store_split(st.attrs, st.n_test))  # a store written before "split" was recorded: its parameters'
     kind = how.get("kind", "none")
+    if kind == "random" and not how.get("test_fraction"):
+        raise ParameterError(f"--append {out}: the store records no fraction for its random test split, so appended "
+                             f"ratings cannot be held out alike; re-ingest everything")
     if test_inputs and kind != "files":
         raise ParameterError(f"--test: only onto a store split by files (--train/--test); {out} is split {kind}")
     if kind == "files":

@@ -250,3 +250,41 @@ def test_append_cli_and_implicit_counts(tmp_path):
     assert r.exit_code == 0 and _triples(open_store(p)) == merged == t | {(1, 0): 5.0, (99, 5): 5.0}, r.output
     with pytest.raises(StoreError, match="changed while this run read it"):
         st.user_ids()  # a store opened before the compaction says so, not that it is damaged
+
+
+@pytest.mark.parametrize("split", [dict(split="temporal", test_fraction=0.2), dict(split="last-n", last_n=1),
+                                   dict(test_fraction=0.3)])
+def test_append_holds_out_by_the_stores_split(tmp_path, split):
+    def rows(seed, n, t0):
+        r = np.random.default_rng(seed)
+        return pd.DataFrame({"user": r.integers(0, 200, n), "item": r.integers(0, 30, n),
+                             "rating": r.integers(1, 6, n).astype(float), "timestamp": t0 + r.integers(0, 1000, n)})
+
+    p = str(tmp_path / "s.zarr")
+    old = streamdp.ingest(rows(0, 3000, 0), p, block_users=32, **split)
+    st = streamdp.ingest(rows(1, 800, 2000), p, append=True)
+    assert st.attrs["segments"][0]["n_test_added"] > 0 and st.n_test > old.n_test
+    assert not set(_triples(st)) & set(_triples(st, "test"))
+    from streamdp.stream.verify import verify_store
+
+    assert verify_store(p)["ok"]
+    if split.get("split"):  # a temporal split needs the appended ratings' times
+        with pytest.raises(InputError, match="no timestamp column"):
+            streamdp.ingest(rows(2, 10, 0).drop(columns="timestamp"), p, append=True)
+
+
+def test_append_to_a_generated_store_and_workers_refuse_another_write(tmp_path):
+    from streamdp.storage.generate import generate_store
+    from streamdp.stream import engine
+
+    p = str(tmp_path / "g.zarr")
+    generate_store(p, n_users=300, n_items=40, ratings_per_user=10, rank=2, seed=0, test_fraction=0.2)
+    gen = open_store(p).attrs["generation"]
+    st = streamdp.ingest(pd.DataFrame({"user": [1, 999], "item": [0, 5], "rating": [3.0, 2.0]}), p, append=True)
+    assert st.n_users == 301 and st.attrs["generation"] != gen
+    # a cluster worker opening the store by path for a run that opened the earlier write refuses
+    with pytest.raises(StoreError, match="changed while this run read it"):
+        engine._cached_store(p, gen)
+    assert engine._cached_store(p, st.attrs["generation"]).n_users == 301
+    with pytest.raises(ParameterError, match="--block-users: not with --append"):
+        streamdp.ingest(pd.DataFrame({"user": [1], "item": [0], "rating": [3.0]}), p, append=True, block_users=4)
