@@ -205,7 +205,7 @@ def _write_segment(st, parsed, how, seg_path, name, number, tmp, limit, show_pro
     """Passes 2-4 of ingest onto the store's indices: the segment written and renamed into place (not committed);
     returns its entry for the segment list."""
     n_old_users, n_old_items, bu = st.info.n_users, st.info.n_items, st.info.block_users
-    uidx, new_users = _onto(parsed.users, st.user_ids(), n_old_users, None)
+    uidx, new_users = _users_onto(parsed.users, st)
     iidx, new_items = _onto(parsed.items, st.item_ids(), n_old_items, parsed.item_rows)
     n_users, n_items = n_old_users + len(new_users), n_old_items + len(new_items)
     user_rows = np.zeros(n_users, np.int64)
@@ -253,6 +253,36 @@ def _write_segment(st, parsed, how, seg_path, name, number, tmp, limit, show_pro
     seg_root = zarr.open_group(seg_path, mode="r")
     return {"name": name, "checksum": dict(seg_root.attrs)["streamdp"]["checksum"], **appended,
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _users_onto(keys: pa.Array, st: RatingStore):
+    """:func:`_onto` for the users, reading the store's user ids block by block (never all of them at once): a
+    store's users are numbered by sorted id within its base and within each segment's new users, so each block's
+    ids are matched against the parsed keys (sorted unique) by binary search; a run of ids that is not sorted
+    (a store written otherwise) is matched by a hash lookup instead."""
+    is_str = _id_kind_is_str(st, "user")
+    keys = keys.cast(pa.string() if is_str else pa.int64())
+    k = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object if is_str else np.int64)
+    index = np.full(len(k), -1, np.int64)
+    bu, n = st.info.block_users, st.info.n_users
+    for a in range(0, n, bu):
+        ids = st.user_ids(a, min(a + bu, n))
+        ids = np.asarray(ids, dtype=object if is_str else np.int64)
+        if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+            vs = pa.array(ids.tolist(), pa.string()) if is_str else pa.array(ids)
+            found = pc.index_in(keys, value_set=vs)
+            hit = ~found.is_null().to_numpy(zero_copy_only=False)
+            index[hit] = a + np.asarray(found.to_numpy(zero_copy_only=False)[hit], np.int64)
+            continue
+        lo, hi = np.searchsorted(k, ids[0], "left"), np.searchsorted(k, ids[-1], "right")
+        if hi > lo:
+            pos = np.searchsorted(ids, k[lo:hi])
+            pos_c = np.minimum(pos, len(ids) - 1)
+            hit = ids[pos_c] == k[lo:hi]
+            index[lo:hi][hit] = a + pos_c[hit]
+    new_pos = np.flatnonzero(index < 0)
+    index[new_pos] = n + np.arange(len(new_pos))
+    return index, keys.take(pa.array(new_pos, pa.int64()))
 
 
 def _onto(keys: pa.Array, store_ids: np.ndarray, n_old: int, rows: np.ndarray | None):

@@ -114,7 +114,8 @@ def _verify_segmented(st, t0, *, workers, scheduler, memory_limit, show_progress
         for s in splits:
             h.add_split(s)
         digests = {s: part.block_digests(s) for s in splits}
-        item_counts, mism, stats = _blocks_checked(part, splits, digests, h, workers=workers, scheduler=scheduler,
+        # in local threads: a cluster worker opens a store by its path, where the base alone is not a store
+        item_counts, mism, stats = _blocks_checked(part, splits, digests, h, workers=workers, scheduler=None,
                                                    memory_limit=memory_limit, show_progress=show_progress)
         mismatches += mism
         got, _ = _whole_checked(part, h, item_counts, stats)
