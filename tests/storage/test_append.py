@@ -293,3 +293,20 @@ def test_append_to_a_generated_store_and_workers_refuse_another_write(tmp_path):
     assert engine._cached_store(p, st.attrs["generation"]).n_users == 301
     with pytest.raises(ParameterError, match="--block-users: not with --append"):
         streamdp.ingest(pd.DataFrame({"user": [1], "item": [0], "rating": [3.0]}), p, append=True, block_users=4)
+
+
+def test_the_budget_ledger_is_kept_across_an_append(tmp_path, parts):
+    from streamdp.privacy.budget import StoreBudget
+
+    old, new = parts
+    p = str(tmp_path / "s.zarr")
+    streamdp.ingest(old, p, block_users=64, budget=(20.0, 1e-6))
+    _train(open_store(p))
+    spent = StoreBudget(p).show()["spent"]["epsilon"]
+    assert spent > 0
+    streamdp.ingest(new, p, append=True)
+    s = StoreBudget(p).show()
+    assert s["spent"]["epsilon"] == spent and s["budget"]["epsilon"] == 20.0 and len(s["entries"]) == 1
+    assert s["history"][-1]["by"] == "ingest --append"
+    with pytest.raises(ParameterError, match="--budget: not with --append"):
+        streamdp.ingest(new, p, append=True, budget=(1.0, 1e-6))
