@@ -221,7 +221,7 @@ def test_info_verify_evaluate_on_a_segmented_store(tmp_path, parts):
     assert r.exit_code == 0 and "OK" in r.output, r.output
     m = _train(open_store(p))
     res = streamdp.evaluate(m, p)
-    assert np.isfinite(res["rmse"])
+    assert np.isfinite(res["rmse"]) and res["item_statistics"] == "pass (segments)"  # merged, by one pass
     # damage in a segment is found
     st = open_store(p)
     arr = os.path.join(st.segments[0].path, "merge", "item_counts")
