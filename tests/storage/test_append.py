@@ -310,3 +310,27 @@ def test_the_budget_ledger_is_kept_across_an_append(tmp_path, parts):
     assert s["history"][-1]["by"] == "ingest --append"
     with pytest.raises(ParameterError, match="--budget: not with --append"):
         streamdp.ingest(new, p, append=True, budget=(1.0, 1e-6))
+
+
+def test_killed_compaction_leaves_the_segmented_store(tmp_path, parts, monkeypatch):
+    from streamdp.storage import writer
+
+    old, new = parts
+    p = str(tmp_path / "s.zarr")
+    streamdp.ingest(old, p, block_users=64)
+    streamdp.ingest(new, p, append=True)
+    before, merged = _snapshot(p), _triples(open_store(p))
+    calls = []
+
+    def boom(self, b, *a, **k):
+        calls.append(b)
+        if len(calls) > 2:
+            raise RuntimeError("killed")
+        return orig(self, b, *a, **k)
+
+    orig = writer.StoreWriter.write_block
+    monkeypatch.setattr(writer.StoreWriter, "write_block", boom)
+    with pytest.raises(RuntimeError):
+        compact(p)
+    assert _snapshot(p) == before and _triples(open_store(p)) == merged
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".s.zarr.tmp")]
