@@ -334,3 +334,18 @@ def test_killed_compaction_leaves_the_segmented_store(tmp_path, parts, monkeypat
         compact(p)
     assert _snapshot(p) == before and _triples(open_store(p)) == merged
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".s.zarr.tmp")]
+
+
+@pytest.mark.parametrize("method", ["ials", "sgld", "fw"])
+def test_other_methods_train_the_same_model_on_the_compacted_twin(tmp_path, parts, method):
+    """Seeded and on one worker (sgld's Hogwild threads on several are not reproducible even on one store)."""
+    old, new = parts
+    p, c = str(tmp_path / "s.zarr"), str(tmp_path / "c.zarr")
+    streamdp.ingest(old, p, block_users=64, test_fraction=0.2, rating_range=(1, 5))
+    streamdp.ingest(new, p, append=True)
+    import shutil
+
+    shutil.copytree(p, c)
+    compact(c)
+    kw = dict(epsilon=5.0, method=method, seed=2, evaluate=False, workers=1)
+    assert np.array_equal(streamdp.train(p, **kw).item_factors, streamdp.train(c, **kw).item_factors)
