@@ -71,3 +71,26 @@ def merge_rows(n_users, indptrs, starts, items, ratings, split_of, want, implici
                 j = e
         out_indptr[u + 1] = pos
     return pos
+
+
+def merge_rows_reference(n_users, indptrs, starts, items, ratings, split_of, want, implicit, cap):
+    """:func:`merge_rows` in plain Python (dicts per user), for the tests: ``(indptr, items, ratings)``."""
+    K = indptrs.shape[0]
+    ip, out_i, out_r = [0], [], []
+    for u in range(n_users):
+        kept: dict = {}
+        for k in range(K):
+            s = starts[k]
+            for j in range(s + indptrs[k, u], s + indptrs[k, u + 1]):
+                i = int(items[j])
+                total = kept[i][2] if i in kept else np.float32(0.0)
+                kept[i] = (k, ratings[j], np.float32(total + ratings[j]))
+        srcs = {k for k in range(K) if indptrs[k, u + 1] > indptrs[k, u]}
+        row = kept.items() if len(srcs) > 1 else [(int(items[j]), kept[int(items[j])]) for k in srcs
+                                                   for j in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1])]
+        for i, (k, r, total) in (sorted(row) if len(srcs) > 1 else row):
+            if split_of[k] == want:
+                out_i.append(i)
+                out_r.append((min(total, np.float32(cap)) if cap > 0 else total) if implicit else r)
+        ip.append(len(out_i))
+    return np.array(ip, np.int64), np.array(out_i, np.int32), np.array(out_r, np.float32)

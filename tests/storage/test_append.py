@@ -214,7 +214,8 @@ def test_info_verify_evaluate_on_a_segmented_store(tmp_path, parts):
     old, new = parts
     p = str(tmp_path / "s.zarr")
     streamdp.ingest(old, p, block_users=64, test_fraction=0.2)
-    streamdp.ingest(new, p, append=True)
+    streamdp.ingest(new.iloc[:1500], p, append=True)
+    streamdp.ingest(new.iloc[1500:], p, append=True)
     r = CliRunner().invoke(main, ["info", p])
     assert r.exit_code == 0 and "segment " in r.output, r.output
     r = CliRunner().invoke(main, ["verify", p])
