@@ -144,10 +144,10 @@ def append(inputs, out, *, fmt=None, sep=None, columns=None, rating_range=None, 
                 raise ParameterError(f"{names}: {role} ids are not all integers, but the store's {role} ids are "
                                      f"integers (--append maps ids onto the store's; re-ingest everything to mix them)")
         if not declared and not is_implicit and (parsed.rmin < st.info.rating_min or parsed.rmax > st.info.rating_max):
-            raise ParameterError(f"{names}: ratings in [{parsed.rmin:g}, {parsed.rmax:g}], outside the store's observed "
-                                 f"rating range [{st.info.rating_min:g}, {st.info.rating_max:g}] (--rating-range): an "
-                                 f"append keeps the store's range; re-ingest everything, or ingest with a declared "
-                                 f"--rating-range")
+            lo, hi = st.info.rating_min, st.info.rating_max
+            raise ParameterError(f"{names}: ratings in [{parsed.rmin:g}, {parsed.rmax:g}], outside the store's "
+                                 f"observed rating range [{lo:g}, {hi:g}] (--rating-range): an append keeps the "
+                                 f"store's range; re-ingest everything, or ingest with a declared --rating-range")
         with append_lock(out):
             now = open_store(out)
             if now.identity != st.identity:
@@ -157,8 +157,11 @@ def append(inputs, out, *, fmt=None, sep=None, columns=None, rating_range=None, 
             committed = [e["name"] for e in st.attrs.get("segments") or []]
             for gone in sweep_uncommitted(out, committed):
                 note(f"removed {gone}: a segment of an append that did not finish (never committed)")
-            ledger = ledger_keeper().ledger(out)
-            ledger.check()  # a corrupt ledger refuses the append before anything is written
+            # a store with a ledger (any of its files: a lost ledger beside its journal is the ledger's to say): it is
+            # checked before anything is written (a corrupt one refuses the append) and records the append
+            ledger = ledger_keeper().ledger(out) if _has_ledger(out) else None
+            if ledger is not None:
+                ledger.check()
             seg_dir = os.path.join(out, SEGMENTS_DIR)
             made_dir = not os.path.isdir(seg_dir)
             os.makedirs(seg_dir, exist_ok=True)
@@ -169,8 +172,9 @@ def append(inputs, out, *, fmt=None, sep=None, columns=None, rating_range=None, 
                                    is_implicit, t0)
             new_attrs = _commit(st, out, seg_path, entry, show_progress)
             seg_path = None  # committed: the store's now
-            ledger.data_replaced(by="ingest --append", old_checksum=st.attrs.get("checksum"),
-                                 new_checksum=new_attrs["checksum"])
+            if ledger is not None:
+                ledger.data_replaced(by="ingest --append", old_checksum=st.attrs.get("checksum"),
+                                     new_checksum=new_attrs["checksum"])
     except BaseException:
         if seg_path is not None and os.path.lexists(seg_path):
             shutil.rmtree(seg_path, ignore_errors=True)
@@ -186,6 +190,13 @@ def append(inputs, out, *, fmt=None, sep=None, columns=None, rating_range=None, 
     if notes:
         note(append_summary(out, entry, implicit=is_implicit))
     return open_store(out)
+
+
+def _has_ledger(path: str) -> bool:
+    """Whether the store holds any file of a privacy-budget ledger (``privacy_budget.*``,
+    :mod:`streamdp.privacy.budget`): without one there is nothing to keep, and the privacy layer (dp-accounting,
+    2 s to import) is not loaded."""
+    return any(n.startswith("privacy_budget.") for n in os.listdir(path))
 
 
 def append_summary(out: str, e: dict, *, implicit: bool) -> str:
@@ -330,19 +341,14 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
         first, end = view.block_range(b)
         du = np.zeros(end - first, np.int64)
         if any(seg_nnz[s][b] for s in splits):
+            # one read of every part's block: merged with the new segment, and without it (the store as it was)
+            after, before = view.read_splits(b), view.read_splits(b, len(view.parts) - 1)
             for s in splits:
                 k = SPLITS.index(s)
-                nb = view.read_block(b, s)
-                c = np.diff(nb.indptr)
-                du += c
-                block_delta[k, b] += len(nb.items)
-                item_delta += np.bincount(nb.items, minlength=n_items)
-                if b < st.info.n_blocks:
-                    ob = st.read_block(b, s)
-                    oc = np.diff(ob.indptr)
-                    du[:len(oc)] -= oc
-                    block_delta[k, b] -= len(ob.items)
-                    item_delta -= np.bincount(ob.items, minlength=n_items)
+                for sign, blk in ((1, after[s]), (-1, before[s])):
+                    du += sign * np.diff(blk.indptr)
+                    block_delta[k, b] += sign * len(blk.items)
+                    item_delta += sign * np.bincount(blk.items, minlength=n_items)
         ua[first:end] = du
         hu.update(np.ascontiguousarray(du, dtype="<i8"))
     g.create_array("merge/item_counts", shape=(n_items,), dtype="int64", chunks=(max(1, min(n_items, 1 << 20)),),

@@ -124,7 +124,7 @@ class SegmentedStore(RatingStore):
     parts: list
 
     # -- blocks ---------------------------------------------------------------------------
-    def _sources(self, b: int, split: str, read) -> list:
+    def _sources(self, b: int, read) -> list:
         """For each part and split (train, test), block ``b``'s rows padded to the merged block's users:
         ``(split index, indptr, items, ratings, crc_ok)``."""
         first, end = self.block_range(b)
@@ -149,8 +149,20 @@ class SegmentedStore(RatingStore):
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
         if split not in self.base._root:
             raise StoreError(f"{self.path}: store has no '{split}' split")
+        return self._merge(b, self._sources(b, read), split)
+
+    def read_splits(self, b: int, n_parts: int | None = None) -> dict:
+        """``{split: Block}``: block ``b`` of every split, merged over the first ``n_parts`` parts (all by default),
+        from one read of each part's blocks (an append compares the store before and after it this way)."""
+        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True))
+        splits = [s for s in SPLITS if s in self.base._root]
+        if n_parts is not None:
+            src = src[:n_parts * len(splits)]
+        return {s: self._merge(b, src, s)[0] for s in splits}
+
+    def _merge(self, b: int, src: list, split: str) -> tuple[Block, bool | None]:
+        """The kernel's merge of ``src`` (:meth:`_sources`) for ``split``, and whether every part's CRC matched."""
         first, end = self.block_range(b)
-        src = self._sources(b, split, read)
         n = end - first
         indptrs = np.stack([s[1] for s in src]).astype(np.int64)
         sizes = np.array([len(s[2]) for s in src], np.int64)
@@ -158,14 +170,15 @@ class SegmentedStore(RatingStore):
         items = np.concatenate([s[2] for s in src]).astype(np.int32)
         ratings = np.concatenate([s[3] for s in src]).astype(np.float32)
         split_of = np.array([s[0] for s in src], np.int64)
+        part_of = np.arange(len(src), dtype=np.int64) // len([s for s in SPLITS if s in self.base._root])
         from streamdp.kernels.segments import merge_rows  # numba: on first read, not at import (streamdp stays light)
 
         cap = self.attrs.get("count_cap") if self.info.implicit else None
         out_ip = np.empty(n + 1, np.int64)
         out_items = np.empty(len(items), np.int32)
         out_ratings = np.empty(len(items), np.float32)
-        nnz = merge_rows(n, indptrs, starts, items, ratings, split_of, SPLITS.index(split), self.info.implicit,
-                         float(cap or 0.0), out_ip, out_items, out_ratings)
+        nnz = merge_rows(n, indptrs, starts, items, ratings, part_of, split_of, SPLITS.index(split),
+                         self.info.implicit, float(cap or 0.0), out_ip, out_items, out_ratings)
         oks = [s[4] for s in src]
         ok = False if any(o is False for o in oks) else (True if all(o is True for o in oks) else None)
         return Block(first, out_ip, out_items[:nnz].copy(), out_ratings[:nnz].copy()), ok
