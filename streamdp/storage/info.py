@@ -134,8 +134,8 @@ def format_info(d: dict) -> str:
     for src in d.get("sources") or []:
         lines.append(f"source           {src.get('name')} ({src.get('size', '?')} bytes)")
     for e in d.get("segments") or []:
-        lines.append(f"segment          {e['name']} (appended {e['created_at']}): {e['n_input_ratings']:,} ratings read, "
-                     f"+{e['n_ratings_added']:,} train, +{e['n_test_added']:,} test, {e['n_new_users']:,} new users, "
+        lines.append(f"segment          {e['name']} (appended {e['created_at']}): {e['n_input_ratings']:,} ratings "
+                     f"read, +{e['n_ratings_added']:,} train, +{e['n_test_added']:,} test, {e['n_new_users']:,} new users, "
                      f"{e['n_new_items']:,} new items, {e['n_pairs_merged']:,} pairs already in the store merged")
     return "\n".join(lines)
 
