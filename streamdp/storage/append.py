@@ -363,7 +363,7 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
     new.update(n_ratings=int(old["n_ratings"]) + int(block_delta[0].sum()),
                n_test=int(old.get("n_test", 0)) + int(block_delta[1].sum()),
                checksum=merged_checksum(old.get("checksum"), entry["checksum"], digest))
-    commit_attrs(out, new)
+    commit_attrs(out, new, expect_generation=old.get("generation"))
     return new
 
 

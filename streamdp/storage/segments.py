@@ -310,10 +310,16 @@ def read_root_json(path: str) -> dict:
         return json.load(fh)
 
 
-def commit_attrs(path: str, attrs: dict) -> None:
+def commit_attrs(path: str, attrs: dict, *, expect_generation: str | None) -> None:
     """Replace the root ``zarr.json``'s ``streamdp`` attributes atomically: written beside, flushed, renamed over
-    it (the commit point of an append or a compaction)."""
+    it (the commit point of an append). ``expect_generation``: the write of the store the new attributes were
+    made from; another one there now (the store replaced by ``ingest --force``, which takes no append lock) is
+    refused with nothing changed."""
     doc = read_root_json(path)
+    now = (doc.get("attributes") or {}).get(ATTRS_KEY) or {}
+    if now.get("generation") != expect_generation:
+        raise StoreError(f"{path}: the store was replaced while this append wrote its segment; nothing was appended, "
+                         f"run again")
     doc.setdefault("attributes", {})[ATTRS_KEY] = attrs
     tmp = os.path.join(path, f".zarr.json.{secrets.token_hex(6)}")
     try:

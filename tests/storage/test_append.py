@@ -350,3 +350,23 @@ def test_other_methods_train_the_same_model_on_the_compacted_twin(tmp_path, part
     compact(c)
     kw = dict(epsilon=5.0, method=method, seed=2, evaluate=False, workers=1)
     assert np.array_equal(streamdp.train(p, **kw).item_factors, streamdp.train(c, **kw).item_factors)
+
+
+def test_a_segmented_store_on_dask_workers(tmp_path, parts):
+    """Workers open the store by path: they see the merged store of the run's generation."""
+    from streamdp.stream.verify import verify_store
+
+    old, new = parts
+    p = str(tmp_path / "s.zarr")
+    streamdp.ingest(old, p, block_users=64, test_fraction=0.2)
+    streamdp.ingest(new, p, append=True)
+    assert verify_store(p, scheduler="dask", workers=2)["ok"]
+    from streamdp.stream.engine import Engine
+
+    st = open_store(p)
+    with Engine(st, workers=2, scheduler="dask", memory_limit="2GB") as eng:
+        nnz = eng.map_reduce(lambda blk, b: (b, len(blk.items), float(blk.ratings.sum())),
+                             lambda acc, x: acc + [x], [], desc="count")
+    assert [n for _, n, _ in sorted(nnz)] == st.block_nnz().tolist()
+    assert sum(r for _, _, r in nnz) == pytest.approx(sum(float(st.read_block(b).ratings.sum())
+                                                          for b in range(st.n_blocks)))
