@@ -258,8 +258,9 @@ def _whole_checked(st, h, item_counts, stats):
 
 def format_verify(r: dict) -> str:
     """One line for :func:`verify_store`'s result (and a note for what it could not cover)."""
+    segs = f", the base and {r['segments']} appended segment(s) each checked" if r.get("segments") else ""
     lines = [f"{r['store']}: OK, checksum {r['checksum']} ({r['n_ratings']:,} train + {r['n_test']:,} test "
-             f"ratings in {r['n_blocks']:,} blocks, {r['seconds']:.1f}s)"]
+             f"ratings in {r['n_blocks']:,} blocks{segs}, {r['seconds']:.1f}s)"]
     if not r["attributes_covered"]:
         lines.append("note: this store was written before its checksum covered its attributes (rating range, "
                      "counts): they were not verified; re-ingest it to cover them")

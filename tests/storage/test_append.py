@@ -219,7 +219,7 @@ def test_info_verify_evaluate_on_a_segmented_store(tmp_path, parts):
     r = CliRunner().invoke(main, ["info", p])
     assert r.exit_code == 0 and "segment " in r.output, r.output
     r = CliRunner().invoke(main, ["verify", p])
-    assert r.exit_code == 0 and "OK" in r.output, r.output
+    assert r.exit_code == 0 and "OK" in r.output and "2 appended segment(s) each checked" in r.output, r.output
     m = _train(open_store(p))
     res = streamdp.evaluate(m, p)
     assert np.isfinite(res["rmse"]) and res["item_statistics"] == "pass (segments)"  # merged, by one pass
