@@ -34,7 +34,7 @@ import zarr
 
 from streamdp.errors import StoreError
 from streamdp.storage.ids import as_ids
-from streamdp.storage.schema import ATTRS_KEY, SEGMENTED_FORMAT_VERSION, SPLITS
+from streamdp.storage.schema import ATTRS_KEY, SPLITS
 from streamdp.storage import store as _store
 from streamdp.storage.store import Block, RatingStore, StoreInfo
 
@@ -47,10 +47,6 @@ MERGE_ARRAYS = ("merge/user_counts", "merge/item_counts", "merge/block_nnz")
 #: The keys of the base store's own attributes that the merged store's attributes replace.
 BASE_KEYS = ("n_users", "n_items", "n_ratings", "n_test", "n_blocks", "checksum", "generation", "format_version",
              "train_item_stats", "checksum_ids", "checksum_attrs")
-
-
-def is_segmented(attrs: dict) -> bool:
-    return isinstance(attrs, dict) and attrs.get("segments") is not None
 
 
 def info_from(attrs: dict) -> StoreInfo:
@@ -388,11 +384,4 @@ def merged_checksum(previous: str, segment_checksum: str, merge_digest: str) -> 
     return "blake2b:" + h.hexdigest()
 
 
-def merge_digest(user_delta: np.ndarray, item_delta: np.ndarray, block_delta: np.ndarray) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for a in (user_delta, item_delta, block_delta):
-        h.update(np.ascontiguousarray(a, dtype="<i8"))
-    return "blake2b:" + h.hexdigest()
-
-
-__all__ = ["SegmentedStore", "SEGMENTED_FORMAT_VERSION", "commit_attrs", "append_lock", "is_segmented"]
+__all__ = ["SegmentedStore", "append_lock", "base_attrs", "commit_attrs", "merged_checksum", "sweep_uncommitted"]
