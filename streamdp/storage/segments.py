@@ -358,14 +358,16 @@ def append_lock(path: str):
 
 def sweep_uncommitted(path: str, committed) -> list[str]:
     """Remove segment directories that no committed segment list names (an interrupted append's), under the
-    lock; their temporary directories are removed by their writer's own sweep (dead owners only)."""
+    lock, and the temporary directories of segment writers whose process is gone (owner record)."""
     import shutil
+
+    from streamdp.outputs import remove_dead_owned_dirs
 
     d = os.path.join(path, SEGMENTS_DIR)
     if not os.path.isdir(d):
         return []
     keep = set(committed)
-    removed = []
+    removed = remove_dead_owned_dirs(d, lambda name, _: name.startswith("."))
     for name in sorted(os.listdir(d)):
         full = os.path.join(d, name)
         if name.startswith(".") or name in keep or not os.path.isdir(full) or os.path.islink(full):

@@ -182,9 +182,16 @@ def test_killed_append_leaves_the_store(tmp_path, parts, monkeypatch):
     # removes it
     stale = os.path.join(p, SEGMENTS_DIR, "000001-deadbeef")
     os.makedirs(os.path.join(stale, "train"))
+    import json
+    import socket
+
+    dead_tmp = os.path.join(p, SEGMENTS_DIR, ".000001-deadbeef.tmp-0123456789ab")  # its writer's, owner gone
+    os.makedirs(dead_tmp)
+    with open(os.path.join(dead_tmp, "owner.json"), "w") as fh:
+        json.dump({"pid": 2**22 + 1, "host": socket.gethostname()}, fh)
     assert open_store(p).n_ratings == open_store(p).block_nnz().sum()
     st = streamdp.ingest(new, p, append=True)
-    assert not os.path.exists(stale) and len(st.segments) == 1
+    assert not os.path.exists(stale) and not os.path.exists(dead_tmp) and len(st.segments) == 1
 
 
 def test_train_racing_append_reads_one_list_and_refuses(tmp_path, parts):
