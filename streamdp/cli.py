@@ -331,8 +331,13 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
 
 @main.command()
 @click.argument("inputs", nargs=-1, metavar="[INPUT]...")
-@click.option("--out", required=True, help="Destination store: a directory, or an fsspec URL such as "
+@click.option("--out", default=None, help="Destination store: a directory, or an fsspec URL such as "
               "s3://bucket/ratings.zarr (credentials from the environment; see docs/cluster.md).")
+@click.option("--append", "append_to", default=None, metavar="STORE",
+              help="Add the files to the existing STORE (instead of --out) as a new segment, without rewriting it: "
+              "the store's rating range, pair rule, split and ids apply; new users and items are added, and a pair "
+              "already in the store takes the appended rating (counted in the output). Its budget ledger is kept. "
+              "A local store only; `streamdp compact STORE` folds the segments.")
 @click.option("--train", "train_files", multiple=True, metavar="FILE",
               help="Your own split: the training ratings (like INPUT; repeatable). Goes with --test.")
 @click.option("--test", "test_files", multiple=True, metavar="FILE",
@@ -383,9 +388,9 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
 @click.option("--budget", default=None, metavar="EPSILON,DELTA",
               help="Set the store's total privacy budget (see `streamdp budget`).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print a JSON summary.")
-def ingest(inputs, out, train_files, test_files, fmt, sep, columns, implicit, count_cap, rating_range, out_of_range,
-           split, test_fraction, last_n, seed, item_names, items, skip_bad_lines, memory_limit, block_users, force,
-           budget, as_json):
+def ingest(inputs, out, append_to, train_files, test_files, fmt, sep, columns, implicit, count_cap, rating_range,
+           out_of_range, split, test_fraction, last_n, seed, item_names, items, skip_bad_lines, memory_limit,
+           block_users, force, budget, as_json):
     """Ingest rating files (u.data, ::-.dat, CSV, ;-separated, whitespace, Parquet; .gz) into a store, out of core;
     or interaction logs (user,item[,count]: clicks, plays, purchases) into an implicit store.
 
@@ -395,16 +400,32 @@ def ingest(inputs, out, train_files, test_files, fmt, sep, columns, implicit, co
     from streamdp.workflows.api import ingest as ingest_files
 
     inputs = list(inputs) + list(train_files)
+    if (out is None) == (append_to is None):
+        raise ParameterError("ingest: give --out STORE (a new store) or --append STORE (an existing one), not "
+                             + ("both" if out is not None else "neither"))
     if not inputs:
         raise ParameterError("ingest: give the rating files (INPUT...), or --train FILE --test FILE")
-    if train_files and not test_files:
+    if train_files and not test_files and append_to is None:
         raise ParameterError("--train: give the held-out ratings with --test FILE (or list the files as INPUT...)")
-    s = ingest_files(inputs, out, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
+    s = ingest_files(inputs, out or append_to, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
                      memory_limit=memory_limit, block_users=block_users, force=force, budget=budget,
                      out_of_range=out_of_range, implicit=implicit, count_cap=count_cap, split=split, last_n=last_n,
-                     test=list(test_files) or None, item_names=item_names, items=items)
+                     test=list(test_files) or None, item_names=item_names, items=items,
+                     **({"append": True, "notes": False} if append_to else {}))
     a = s.attrs
+    if append_to is not None:
+        from streamdp.storage.append import append_summary
+
+        e = a["segments"][-1]
+        if as_json:
+            print_json({"store": s.path, "segment": e, "n_users": s.n_users, "n_items": s.n_items,
+                        "n_ratings": s.n_ratings, "n_test": s.n_test, "n_segments": len(a["segments"])})
+            return
+        click.echo(append_summary(s.path, e, implicit=s.implicit))
+        click.echo(f"  now {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + {s.n_test:,} test "
+                   f"{'pairs' if s.implicit else 'ratings'} in {len(a['segments'])} segment(s) over the base")
+        return
     if as_json:
         extra = {k: a[k] for k in ("value", "count_cap", "n_duplicates_aggregated", "n_counts_capped")} \
             if s.implicit else {}
@@ -438,6 +459,21 @@ def ingest(inputs, out, train_files, test_files, fmt, sep, columns, implicit, co
     for line in notes:
         if line:
             click.echo(f"  {line}")
+
+
+@main.command()
+@click.argument("store")
+@click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print a JSON summary.")
+def compact(store, as_json):
+    """Fold the segments that `ingest --append` added to STORE into one store, out of core and atomically
+    (written beside, renamed into place); the ratings, ids and split stay the same, and so does its budget
+    ledger."""
+    from streamdp.storage.compact import compact as compact_store
+
+    s = compact_store(store, notes=not as_json)
+    if as_json:
+        print_json({"store": s.path, "n_users": s.n_users, "n_items": s.n_items, "n_ratings": s.n_ratings,
+                    "n_test": s.n_test, "compacted": s.attrs.get("compacted")})
 
 
 # ---------------------------------------------------------------------------------------

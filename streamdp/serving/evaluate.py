@@ -249,7 +249,7 @@ def _result(m, released, st, tot, width, rank, source, *, match, ridge: float, l
 
 
 #: ``item_statistics`` of an evaluation: read from the store, or summed by a pass of their own.
-RECORDED, OWN_PASS = "recorded", "pass"
+RECORDED, OWN_PASS, SEGMENTED_PASS = "recorded", "pass", "pass (segments)"
 
 
 def train_item_statistics(store, eng) -> tuple[np.ndarray, str]:
@@ -270,11 +270,16 @@ def train_item_statistics(store, eng) -> tuple[np.ndarray, str]:
         return block_item_stats(block.items, block.ratings, n)
 
     S = eng.map_reduce(part, _add, np.zeros((2, n)), extra_per_block=16 * n, desc="evaluate: baselines")
-    return S, OWN_PASS
+    # a store with appended segments records no merged statistics (storage/segments.py): the same pass
+    return S, SEGMENTED_PASS if getattr(store, "segments", None) else OWN_PASS
 
 
 def statistics_note(ev: dict) -> str | None:
     """The note of an evaluation whose item statistics took a pass of their own (``None`` otherwise)."""
+    if ev.get("item_statistics") == SEGMENTED_PASS:
+        return ("the store has appended segments, whose training items' sums and counts are not recorded merged, so "
+                "the baselines and the exact popularity chart took a pass of their own over the training split "
+                "(streamdp compact the store to evaluate in one pass)")
     if ev.get("item_statistics") != OWN_PASS:
         return None
     return ("the store was written before streamdp recorded its training items' sums and counts, so the "

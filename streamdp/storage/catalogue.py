@@ -90,6 +90,21 @@ class CatalogueView(RatingStore):
         return np.diff(self.read_block(b, split).indptr)
 
     # block_nnz stays the store's: an upper bound, which is what memory planning needs
+    # the user side is the store's own (a segmented store merges it: storage/segments.py)
+    def block_nnz(self, split: str = "train") -> np.ndarray:
+        return self._catalogue_base.block_nnz(split)
+
+    def block_digests(self, split: str = "train"):
+        return self._catalogue_base.block_digests(split)
+
+    def user_counts(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._catalogue_base.user_counts(start, stop)
+
+    def user_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._catalogue_base.user_ids(start, stop)
+
+    def check_chunks(self) -> None:
+        self._catalogue_base.check_chunks()
 
     # -- per-item arrays ---------------------------------------------------------------
     def _per_item(self, values: np.ndarray, fill=0) -> np.ndarray:

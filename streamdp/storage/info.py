@@ -44,6 +44,9 @@ def store_summary(path: str) -> dict:
         "item_names": a.get("item_names"),
         "sources": a.get("sources", []),
         "params": a.get("params", {}),
+        "segments": [{k: e.get(k) for k in ("name", "created_at", "n_input_ratings", "n_new_users", "n_new_items",
+                                            "n_ratings_added", "n_test_added", "n_pairs_merged")}
+                     for e in a.get("segments") or []],
     }
 
 
@@ -130,6 +133,10 @@ def format_info(d: dict) -> str:
     ]
     for src in d.get("sources") or []:
         lines.append(f"source           {src.get('name')} ({src.get('size', '?')} bytes)")
+    for e in d.get("segments") or []:
+        lines.append(f"segment          {e['name']} (appended {e['created_at']}): {e['n_input_ratings']:,} ratings "
+                     f"read, +{e['n_ratings_added']:,} train, +{e['n_test_added']:,} test, {e['n_new_users']:,} new users, "
+                     f"{e['n_new_items']:,} new items, {e['n_pairs_merged']:,} pairs already in the store merged")
     return "\n".join(lines)
 
 

@@ -427,11 +427,12 @@ def _input_specs(inputs, how, *, fmt, sep, columns, implicit, rr, out_of_range, 
     return specs, is_implicit
 
 
-def _parse_inputs(specs, n_train: int, tmp, rr, skip_bad_lines, limit, show_progress, oor, is_implicit, t0):
+def _parse_inputs(specs, n_train: int, tmp, rr, skip_bad_lines, limit, show_progress, oor, is_implicit, t0,
+                  as_strings=(False, False)):
     """``(parsed, int_ids)``: every input parsed into ``tmp`` (:func:`_pass_parse`; the files after the first
     ``n_train`` flagged as test files), user and item ids read as integers where every file's are (sniffed, and
     parsed again as strings when a later line says otherwise); ``int_ids`` says which were."""
-    int_ids = [True, True]
+    int_ids = [not as_strings[0], not as_strings[1]]  # --append onto a store of string ids: read them as strings
     for s in specs:
         a, b = F.sniff_id_kinds(s)
         int_ids[0] &= a
@@ -597,6 +598,7 @@ class _Parsed:
     out_of_range: str = "error"
     n_out_of_range: int = 0
     implicit: bool = False
+    item_rows: np.ndarray | None = None  # ratings per distinct item (``items`` order)
 
 
 def _checked_batch(b, spec, rr, oor: str, implicit: bool, skip: bool):
@@ -740,9 +742,9 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
             sources.append(src)
     _release_memory()
     users, user_rows = ucount.finish()
-    items, _ = icount.finish()
+    items, item_rows = icount.finish()
     return _Parsed(sources, users, user_rows, items, int(user_rows.sum()), n_bad, rmin, rmax,
-                   all(s.spec.has_timestamp for s in sources), {}, oor, n_oor, implicit)
+                   all(s.spec.has_timestamp for s in sources), {}, oor, n_oor, implicit, item_rows)
 
 
 def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int, int]]:
@@ -783,6 +785,9 @@ class _Plan:
     files: bool  # the user's own test files
     presplit: bool  # split in pass 3, while each rating's time and file are known
     base: list  # each partition's temporary file prefix
+    #: ``--append``: the store's index of each parsed user and item (``parsed.users``/``items`` order), else None
+    user_index: np.ndarray | None = None
+    item_index: np.ndarray | None = None
 
     @property
     def n_parts(self) -> int:
@@ -851,6 +856,14 @@ def _scatter(parsed: _Parsed, pl: _Plan, limit, show_progress) -> int:
     """
     bu, parts, n_parts, base, has_ts, files = pl.bu, pl.parts, pl.n_parts, pl.base, pl.has_ts, pl.files
     umap, imap = _IdMap(parsed.users), _IdMap(parsed.items)
+    if pl.user_index is not None:  # --append: onto the store's indices
+        umap_, imap_ = umap, imap
+
+        def umap(arr):
+            return pl.user_index[umap_(arr)]
+
+        def imap(arr):
+            return pl.item_index[imap_(arr)]
     cols = ("u", "i", "r", "t") if has_ts else ("u", "i", "r")
     if files:
         cols += ("s",)

@@ -1,4 +1,4 @@
-"""The on-disk layout of a streamdp rating store (format version 1; 2 for an implicit store).
+"""The on-disk layout of a streamdp rating store (format version 1; 2 for an implicit store; 3 with segments).
 
 A store is a Zarr v3 group::
 
@@ -24,8 +24,11 @@ Decisions a reader must know:
 * users are grouped into **user blocks** of ``block_users``; every block starts on a chunk
   boundary of ``items``/``ratings`` (padding: item -1, rating 0), so a block is read or
   written as whole chunks; ``indptr`` is unpadded (``indptr[-1] == n_ratings``);
-* items are numbered by descending popularity (ties by original id), so methods can tier
-  items by index alone;
+* items are numbered by descending popularity (ties by original id) in an ingested or generated store;
+  appended items come after (also once compacted): sgld's hot tier, the order's one reader, only runs slower;
+* **segments** (``ingest --append``): ``segments/NAME`` are store-shaped groups on the same user
+  blocks, listed in the root attributes (``segments``; the base's own counts and checksum under
+  ``base``), which are the commit point (:mod:`streamdp.storage.segments`, docs/design-notes.md);
 * every chunk of every array is present: a missing chunk is damage, refused by readers
   (:mod:`streamdp.storage.chunks`);
 * the format version changes only when a reader of the previous version would misread a
@@ -50,8 +53,11 @@ FORMAT_NAME = "streamdp-ratings"
 FORMAT_VERSION = 1
 #: The format version of an implicit store (interaction counts in ``ratings``): older readers refuse it.
 IMPLICIT_FORMAT_VERSION = 2
+#: The format version of a store with committed segments (``ingest --append``; rating or implicit: ``implicit``
+#: says which): older readers refuse it rather than read its base alone. ``compact`` writes version 1 or 2 again.
+SEGMENTED_FORMAT_VERSION = 3
 #: The versions this streamdp reads.
-READ_VERSIONS = (FORMAT_VERSION, IMPLICIT_FORMAT_VERSION)
+READ_VERSIONS = (FORMAT_VERSION, IMPLICIT_FORMAT_VERSION, SEGMENTED_FORMAT_VERSION)
 ATTRS_KEY = "streamdp"
 
 SPLITS = ("train", "test")

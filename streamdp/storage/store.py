@@ -28,6 +28,9 @@ from streamdp.storage.writer import block_digest, item_stats_digest
 
 
 _fallback_lock = threading.Lock()
+#: What turns an opened store whose attributes list segments into a merged view: installed by
+#: :mod:`streamdp.storage.segments` (imported by the package ``streamdp.storage``, so before any store is opened).
+_become_segmented = None
 
 
 class Block(NamedTuple):
@@ -79,7 +82,7 @@ class RatingStore:
         A local directory or any fsspec URL that Zarr can open.
     """
 
-    def __init__(self, path: str, storage_options: dict | None = None):
+    def __init__(self, path: str, storage_options: dict | None = None, *, _attrs: dict | None = None):
         self.path = str(path)
         if self.local and not os.path.lexists(self.path):
             raise StoreError(f"{self.path}: does not exist")
@@ -88,14 +91,16 @@ class RatingStore:
             self._root = zarr.open_group(self.path, mode="r", **kw)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, ValueError, OSError) as exc:
             raise self._not_a_store(f"not a streamdp rating store ({exc.__class__.__name__})") from None
-        attrs = dict(self._root.attrs).get(ATTRS_KEY)
+        # ``_attrs``: the attributes an append is about to commit, to read the store as it will be (segments.py)
+        attrs = _attrs if _attrs is not None else dict(self._root.attrs).get(ATTRS_KEY)
         if not isinstance(attrs, dict) or attrs.get("format") != FORMAT_NAME:
             raise self._not_a_store(f"not a streamdp rating store (no '{ATTRS_KEY}' attributes)")
         version = attrs.get("format_version")
         if version not in READ_VERSIONS:
             raise StoreError(
                 f"{self.path}: store format version {version}, but this streamdp reads version "
-                f"{FORMAT_VERSION} (and {READ_VERSIONS[1]} for implicit stores); re-ingest the data with this version"
+                f"{FORMAT_VERSION} (and {READ_VERSIONS[1]} for implicit stores, {READ_VERSIONS[2]} for segmented "
+                f"ones); re-ingest the data with this version"
             )
         self.attrs: dict = attrs
         self.info = StoreInfo(
@@ -118,6 +123,13 @@ class RatingStore:
         self.identity = self._identity(attrs)
         #: Blocks whose chunk files differed from their recorded CRC and were checked by their digest instead.
         self.digest_fallbacks = 0
+        #: The whole store when this is a part (the base or a segment) of a segmented store, else None.
+        self._owner = None
+        if attrs.get("segments") is not None:  # the segment list is read once, here (storage/segments.py)
+            if _become_segmented is None:
+                raise StoreError(f"{self.path}: a segmented store, and nothing that reads one is installed "
+                                 f"(streamdp.storage.segments)")
+            _become_segmented(self)
 
     def _not_a_store(self, why: str) -> StoreError:
         """The error for a path that holds no store; on object storage, also why (a write that did not finish,
@@ -164,7 +176,10 @@ class RatingStore:
             return None
 
     def changed(self) -> bool:
-        """Whether the store at :attr:`path` is no longer the one opened (replaced, rewritten or removed)."""
+        """Whether the store at :attr:`path` is no longer the one opened (replaced, rewritten, removed, or a
+        segment appended or compacted away since)."""
+        if self._owner is not None:
+            return self._owner.changed()
         return self.current_identity() != self.identity
 
     def check_unchanged(self) -> None:
@@ -177,6 +192,8 @@ class RatingStore:
             raise self._replaced()
 
     def _replaced(self) -> StoreError:
+        if self._owner is not None:
+            return self._owner._replaced()
         # each write named by its random generation id, never by its checksum (an unkeyed hash of the ratings,
         # which whoever knows all users but one could test the last one against: docs/privacy.md)
         def name(ident):
@@ -478,10 +495,15 @@ class RatingStore:
 
     def _per_entity(self, name: str, n: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Entries ``start..stop`` of a per-user (``n = n_users``) or per-item array."""
-        r = self._reader(name)
-        if r.shape != n:
-            raise self._damaged(name, None, f"has {r.shape} entries, not {n}")
-        return r.read(start, n if stop is None else stop)
+        try:
+            r = self._reader(name)
+            if r.shape != n:
+                raise self._damaged(name, None, f"has {r.shape} entries, not {n}")
+            return r.read(start, n if stop is None else stop)
+        except StoreError:
+            if self.changed():  # arrays of a store replaced, appended to or compacted since: say so
+                raise self._replaced() from None
+            raise
 
     def user_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Original user ids of dense users ``start..stop`` (``int64``, or ``object`` of ``str``: :mod:`.ids`)."""

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from streamdp.errors import ParameterError
+from streamdp.errors import ParameterError, StoreError
 from streamdp.outputs import deferred_interrupts
 from streamdp.progress import progress
 from streamdp.storage.store import Block, RatingStore, open_store
@@ -83,18 +83,28 @@ _store_cache: dict[str, RatingStore] = {}
 _store_lock = threading.Lock()
 
 
-def _cached_store(path: str) -> RatingStore:
-    """One opened store per process and path (used by tasks on cluster workers)."""
+def _cached_store(path: str, generation: str | None = None) -> RatingStore:
+    """One opened store per process, path and write of the store (used by tasks on cluster workers).
+
+    ``generation``: the write the run opened (its ``generation`` attribute); a worker that opens another (the store
+    replaced, or a segment appended or compacted since: ``ingest --append``) refuses, so that no pass reads blocks
+    of two segment lists.
+    """
     with _store_lock:
-        s = _store_cache.get(path)
+        s = _store_cache.get((path, generation))
         if s is None:
-            s = _store_cache[path] = open_store(path)
+            s = open_store(path)
+            if generation is not None and s.attrs.get("generation") != generation:
+                raise StoreError(f"{path}: the store changed while this run read it (now generation "
+                                 f"{s.attrs.get('generation')}, opened as generation {generation}): its results would "
+                                 f"mix two stores' ratings; nothing was released, run again")
+            _store_cache[(path, generation)] = s
         return s
 
 
-def _remote_block(path: str, b: int, split: str, fn: Callable, inner: int):
+def _remote_block(path: str, b: int, split: str, fn: Callable, inner: int, generation: str | None = None):
     """A task on a distributed worker: read block ``b`` there and apply ``fn``."""
-    blk = None if split is None else _cached_store(path).read_block(b, split)
+    blk = None if split is None else _cached_store(path, generation).read_block(b, split)
     with numba_threads(inner):
         return fn(blk, b)
 
@@ -370,6 +380,7 @@ class Engine:
     def _run_distributed(self, fn, order, split, window):
         client = self._client
         path = _worker_path(self.store.path)
+        generation = (getattr(self.store, "attrs", None) or {}).get("generation")
         inner = self.inner_threads
         pending: collections.deque = collections.deque()
         it = iter(order)
@@ -378,7 +389,7 @@ class Engine:
             # one task per block; a task lost with its worker is run again by Dask on another worker (up to
             # distributed.scheduler.allowed-failures times): a pass's fn must therefore be idempotent, which
             # per-user state written to the owning block's own chunk (slot chosen by epoch) is
-            return client.submit(_remote_block, path, b, split, fn, inner, pure=False)
+            return client.submit(_remote_block, path, b, split, fn, inner, generation, pure=False)
 
         limits = thread_limits(inner) if self.in_process else contextlib.nullcontext()
         try:

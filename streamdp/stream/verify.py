@@ -70,6 +70,9 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
     """
     t0 = time.perf_counter()
     st = _opened(path)
+    if getattr(st, "segments", None):
+        return _verify_segmented(st, t0, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
+                                 show_progress=show_progress)
     splits = [s for s in SPLITS if s in st.root]
     digests = {s: st.block_digests(s) for s in splits}  # (shape checked)
     h = ContentHash()
@@ -92,6 +95,72 @@ def verify_store(path: str, *, show_progress: bool | None = None, workers: int |
         "ids_covered": list(checksum_ids(st.attrs)),
         "chunk_crc_mismatches": crc_mismatches,
         "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def _verify_segmented(st, t0, *, workers, scheduler, memory_limit, show_progress) -> dict:
+    """A segmented store (``ingest --append``, :mod:`streamdp.storage.segments`): each part (the base, each
+    segment) verified as a store of its own (blocks against their digests, counts, its checksum), each segment's
+    ``merge/...`` arrays and new ids against the digest committed with it, the store's checksum recomputed from
+    the parts', and one pass over the merged blocks against the merged per-user, per-item and per-block counts."""
+    from streamdp.storage.append import merge_arrays_digest
+    from streamdp.storage.segments import merged_checksum
+
+    splits = [s for s in SPLITS if s in st.root]
+    mismatches = 0
+    chain = None
+    for part, entry in zip(st.parts, [None] + list(st.attrs["segments"])):
+        h = ContentHash()
+        for s in splits:
+            h.add_split(s)
+        digests = {s: part.block_digests(s) for s in splits}
+        # in local threads: a cluster worker opens a store by its path, where the base alone is not a store
+        item_counts, mism, stats = _blocks_checked(part, splits, digests, h, workers=workers, scheduler=None,
+                                                   memory_limit=memory_limit, show_progress=show_progress)
+        mismatches += mism
+        got, _ = _whole_checked(part, h, item_counts, stats)
+        if entry is None:
+            chain = got
+            continue
+        merge = merge_arrays_digest(part)
+        if merge != entry.get("merge_digest"):
+            raise StoreError(f"{part.path}: its merge arrays or new ids do not match the digest committed with the "
+                             f"segment (the store is damaged)")
+        chain = merged_checksum(chain, got, merge)
+    if chain != st.checksum:
+        raise StoreError(f"{st.path}: checksum mismatch: the parts give {chain}, the store records {st.checksum} "
+                         f"(its segment list or attributes were altered)")
+    n_items = st.n_items
+
+    def check_block(_, b):
+        first, end = st.block_range(b)
+        per_user = np.zeros(end - first, np.int64)
+        counts = np.zeros(n_items, np.int64)
+        nnz = []
+        for s in splits:
+            blk = st.read_block(b, s)
+            per_user += np.diff(blk.indptr)
+            counts += np.bincount(blk.items, minlength=n_items)
+            nnz.append(len(blk.items))
+        if not np.array_equal(st.user_counts(first, end), per_user):
+            raise StoreError(f"{st.path}: user_counts (merged): block {b} (users {first}..{end - 1}) does not match "
+                             f"the ratings stored (the store is damaged)")
+        if any(int(st.block_nnz(s)[b]) != n for s, n in zip(splits, nnz)):
+            raise StoreError(f"{st.path}: block {b}: its merged rating counts do not match the ratings stored (the "
+                             f"store is damaged)")
+        return counts
+
+    with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit, state_bytes=16 * n_items) as eng:
+        counts = eng.map_reduce(check_block, lambda acc, c: acc.__iadd__(c), np.zeros(n_items, np.int64),
+                                split=None, extra_per_block=32 * n_items, desc="verify merged", show=show_progress)
+    if not np.array_equal(st.item_counts(), counts):
+        raise StoreError(f"{st.path}: item_counts (merged) do not match the ratings stored (the store is damaged)")
+    st.check_unchanged()
+    return {
+        "store": st.path, "ok": True, "checksum": chain, "n_blocks": st.n_blocks, "n_ratings": st.n_ratings,
+        "n_test": st.n_test, "splits": splits, "segments": len(st.segments), "block_digests": True,
+        "attributes_covered": list(checksum_attrs(st.base.attrs)), "ids_covered": list(checksum_ids(st.base.attrs)),
+        "chunk_crc_mismatches": mismatches, "seconds": round(time.perf_counter() - t0, 3),
     }
 
 
@@ -189,8 +258,9 @@ def _whole_checked(st, h, item_counts, stats):
 
 def format_verify(r: dict) -> str:
     """One line for :func:`verify_store`'s result (and a note for what it could not cover)."""
+    segs = f", the base and {r['segments']} appended segment(s) each checked" if r.get("segments") else ""
     lines = [f"{r['store']}: OK, checksum {r['checksum']} ({r['n_ratings']:,} train + {r['n_test']:,} test "
-             f"ratings in {r['n_blocks']:,} blocks, {r['seconds']:.1f}s)"]
+             f"ratings in {r['n_blocks']:,} blocks{segs}, {r['seconds']:.1f}s)"]
     if not r["attributes_covered"]:
         lines.append("note: this store was written before its checksum covered its attributes (rating range, "
                      "counts): they were not verified; re-ingest it to cover them")

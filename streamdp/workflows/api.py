@@ -207,6 +207,10 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
         (:class:`streamdp.privacy.budget.StoreBudget`), checked before anything is
         read (and against the number of users once the input is parsed, before
         anything is written), set once the store is in place.
+    append : bool, in ``**options``
+        ``out`` is an existing store: add the data to it as a new segment (``streamdp ingest NEW --append
+        STORE``, :mod:`streamdp.storage.append`); its rating range, pair rule, split and id kinds apply, its
+        budget ledger is kept; ``streamdp compact`` (:func:`streamdp.storage.compact.compact`) folds the segments.
     test_fraction, seed, force, **options
         As the flags of ``streamdp ingest`` (:func:`streamdp.storage.ingest.ingest`:
         ``rating_range``, ``out_of_range``, ``count_cap``, ``skip_bad_lines``,
@@ -237,6 +241,12 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
         raise ParameterError("ingest: train= goes with test=, the held-out ratings (or pass the data as source)")
     # ingest reads files and frames with pyarrow (42 MB of RSS): imported here, so that streamdp.train does not
     from streamdp.storage.ingest import ingest as ingest_files
+
+    if options.pop("append", False):  # onto an existing store, as a new segment (storage/append.py)
+        from streamdp.storage.append import append as ingest_files  # noqa: F811 - the same signature
+        if budget is not None:
+            raise ParameterError("--budget: not with --append (the store's budget ledger is kept as it is; "
+                                 "streamdp budget STORE --set changes it)")
 
     inputs = _inputs(train if source is None else source, columns, implicit, options)
     if test is not None:

@@ -327,6 +327,22 @@ class _HeldOut(RatingStore):
     def read_block_unchecked(self, b: int, split: str = "train"):
         return self._inner.read_block_unchecked(b, split)
 
+    # the user side too: a segmented store merges it (storage/segments.py), RatingStore's would read its base
+    def block_nnz(self, split: str = "train"):
+        return self._inner.block_nnz(split)
+
+    def block_digests(self, split: str = "train"):
+        return self._inner.block_digests(split)
+
+    def user_counts(self, start: int = 0, stop: int | None = None):
+        return self._inner.user_counts(start, stop)
+
+    def user_ids(self, start: int = 0, stop: int | None = None):
+        return self._inner.user_ids(start, stop)
+
+    def check_chunks(self) -> None:
+        self._inner.check_chunks()
+
 
 def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
     """Which of users ``first_user .. first_user + n - 1`` are in the candidates' Poisson sample (rate ``q``).

@@ -1,0 +1,389 @@
+"""A store that grows by immutable segments: reading one (:class:`SegmentedStore`), the commit point, ``compact``.
+
+The layout (format version :data:`~streamdp.storage.schema.SEGMENTED_FORMAT_VERSION`) and every decision are
+in :mod:`streamdp.storage.schema` ("Segments") and docs/design-notes.md; ``ingest --append`` writes a segment
+(:func:`streamdp.storage.ingest.ingest` with ``append=True``), ``streamdp compact`` folds them (:func:`compact`).
+
+Decisions a reader must know:
+
+* the **commit point** is the root ``zarr.json``: its ``streamdp`` attributes list the committed segments
+  (``segments``) and the merged store's shape; an append or a compaction writes it to a temporary name and
+  renames it over the old one (:func:`commit_attrs`), so a reader that opened the store sees the segment list
+  of before or of after, never a mix; each opening reads the list once, and every read of that
+  :class:`SegmentedStore` uses it;
+* a segment is a complete store-shaped Zarr group under ``segments/NAME`` on the store's user blocks (global
+  user and item indices at the time of its append), written beside and renamed into place before the commit;
+  a segment directory not in the committed list is the leftover of an interrupted append, removed by the next
+  append or compaction (under the store's append lock, :func:`append_lock`);
+* a (user, item) pair rated in several parts is one rating: the latest part's, in that part's split (the
+  store's pair rule, "last seen wins"; an implicit store's counts are summed, capped at ``count_cap``):
+  :func:`streamdp.kernels.segments.merge_rows`; each segment records the change it makes to the merged
+  per-user, per-item and per-block counts (``merge/...``), computed when it was appended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+
+import numpy as np
+import zarr
+
+from streamdp.errors import StoreError
+from streamdp.storage.ids import as_ids
+from streamdp.storage.schema import ATTRS_KEY, SPLITS
+from streamdp.storage import store as _store
+from streamdp.storage.store import Block, RatingStore, StoreInfo
+
+#: The directory of the segments inside a store.
+SEGMENTS_DIR = "segments"
+#: The lock file taken by an append or a compaction (one writer at a time), ``.STORE.append.lock`` beside it.
+LOCK_NAME = ".append.lock"
+#: The arrays each segment records besides its CSR: the change it makes to the merged store's counts.
+MERGE_ARRAYS = ("merge/user_counts", "merge/item_counts", "merge/block_nnz")
+#: The keys of the base store's own attributes that the merged store's attributes replace.
+BASE_KEYS = ("n_users", "n_items", "n_ratings", "n_test", "n_blocks", "checksum", "generation", "format_version",
+             "train_item_stats", "checksum_ids", "checksum_attrs")
+
+
+def info_from(attrs: dict) -> StoreInfo:
+    return StoreInfo(
+        n_users=int(attrs["n_users"]), n_items=int(attrs["n_items"]), n_ratings=int(attrs["n_ratings"]),
+        n_test=int(attrs.get("n_test", 0)), block_users=int(attrs["block_users"]), n_blocks=int(attrs["n_blocks"]),
+        rating_min=float(attrs["rating_min"]), rating_max=float(attrs["rating_max"]),
+        rating_range_source=str(attrs.get("rating_range_source", "observed")), checksum=str(attrs.get("checksum", "")),
+        implicit=bool(attrs.get("implicit", False)))
+
+
+def base_attrs(attrs: dict) -> dict:
+    """The base store's own attributes (as it was before its first append) from a segmented store's."""
+    out = {k: v for k, v in attrs.items() if k not in ("segments", "base")}
+    for k in BASE_KEYS:
+        out.pop(k, None)
+    out.update(attrs["base"])
+    return out
+
+
+def _part(owner: RatingStore, path: str, group: zarr.Group, attrs: dict) -> RatingStore:
+    """One part (the base or a segment) of a segmented store, read like a plain store; errors name ``path`` and
+    a change of the store is told by its owner (the whole store)."""
+    p = object.__new__(RatingStore)
+    p.path = path
+    p._root = group
+    p.attrs = attrs
+    p.info = info_from(attrs)
+    p._cache, p._readers, p._nnz = {}, {}, {}
+    p._storage_options = owner._storage_options
+    p.identity = owner.identity
+    p.digest_fallbacks = 0
+    p._owner = owner
+    return p
+
+
+def become_segmented(st: RatingStore) -> None:
+    """Turn the opened ``st`` (whose attributes list segments) into a :class:`SegmentedStore`: its parts are
+    opened from the segment list read once, here."""
+    st.__class__ = SegmentedStore
+    attrs = st.attrs
+    st.base = _part(st, st.path, st._root, base_attrs(attrs))
+    st.segments = []
+    for entry in attrs["segments"]:
+        name = entry["name"]
+        where = f"{SEGMENTS_DIR}/{name}"
+        label = f"{st.path.rstrip('/')}/{where}"
+        try:
+            g = st._root[where]
+        except (KeyError, ValueError, OSError):
+            g = None
+        seg_attrs = dict(g.attrs).get(ATTRS_KEY) if isinstance(g, zarr.Group) else None
+        if not isinstance(seg_attrs, dict):
+            raise StoreError(f"{label}: segment listed in the store but missing or unreadable (the store is damaged)")
+        if seg_attrs.get("checksum") != entry.get("checksum"):
+            raise StoreError(f"{label}: segment's checksum is not the one committed (the store is damaged)")
+        st.segments.append(_part(st, label, g, seg_attrs))
+    st.parts = [st.base] + st.segments
+
+
+class SegmentedStore(RatingStore):
+    """A store with committed segments: every read merges the base's and the segments' rows block by block.
+
+    Opened by :class:`~streamdp.storage.store.RatingStore` itself (``open_store``) when the root attributes list
+    segments; ``base`` and ``segments`` are its parts, each read (and checked: chunk CRCs, digests, values)
+    like a plain store.
+    """
+
+    base: RatingStore
+    segments: list
+    parts: list
+
+    # -- blocks ---------------------------------------------------------------------------
+    def _sources(self, b: int, read) -> list:
+        """For each part and split (train, test), block ``b``'s rows padded to the merged block's users:
+        ``(split index, indptr, items, ratings, crc_ok)``."""
+        first, end = self.block_range(b)
+        n = end - first
+        out = []
+        splits = [s for s in SPLITS if s in self.base._root]  # every part has the store's splits
+        for p in self.parts:
+            for s in splits:
+                if b < p.info.n_blocks and s in p._root:
+                    blk, ok = read(p, b, s)
+                    ip = blk.indptr
+                    if len(ip) - 1 < n:
+                        ip = np.concatenate([ip, np.full(n - (len(ip) - 1), ip[-1], np.int64)])
+                    out.append((SPLITS.index(s), ip, blk.items, blk.ratings, ok))
+                else:
+                    out.append((SPLITS.index(s), np.zeros(n + 1, np.int64), np.empty(0, np.int32),
+                                np.empty(0, np.float32), True))
+        return out
+
+    def _merged(self, b: int, split: str, read) -> tuple[Block, bool | None]:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+        if split not in self.base._root:
+            raise StoreError(f"{self.path}: store has no '{split}' split")
+        return self._merge(b, self._sources(b, read), split)
+
+    def read_splits(self, b: int, n_parts: int | None = None) -> dict:
+        """``{split: Block}``: block ``b`` of every split, merged over the first ``n_parts`` parts (all by default),
+        from one read of each part's blocks (an append compares the store before and after it this way)."""
+        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True))
+        splits = [s for s in SPLITS if s in self.base._root]
+        if n_parts is not None:
+            src = src[:n_parts * len(splits)]
+        return {s: self._merge(b, src, s)[0] for s in splits}
+
+    def _merge(self, b: int, src: list, split: str) -> tuple[Block, bool | None]:
+        """The kernel's merge of ``src`` (:meth:`_sources`) for ``split``, and whether every part's CRC matched."""
+        first, end = self.block_range(b)
+        n = end - first
+        indptrs = np.stack([s[1] for s in src]).astype(np.int64)
+        sizes = np.array([len(s[2]) for s in src], np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        items = np.concatenate([s[2] for s in src]).astype(np.int32)
+        ratings = np.concatenate([s[3] for s in src]).astype(np.float32)
+        split_of = np.array([s[0] for s in src], np.int64)
+        part_of = np.arange(len(src), dtype=np.int64) // len([s for s in SPLITS if s in self.base._root])
+        from streamdp.kernels.segments import merge_rows  # numba: on first read, not at import (streamdp stays light)
+
+        cap = self.attrs.get("count_cap") if self.info.implicit else None
+        out_ip = np.empty(n + 1, np.int64)
+        out_items = np.empty(len(items), np.int32)
+        out_ratings = np.empty(len(items), np.float32)
+        nnz = merge_rows(n, indptrs, starts, items, ratings, part_of, split_of, SPLITS.index(split),
+                         self.info.implicit, float(cap or 0.0), out_ip, out_items, out_ratings)
+        oks = [s[4] for s in src]
+        ok = False if any(o is False for o in oks) else (True if all(o is True for o in oks) else None)
+        return Block(first, out_ip, out_items[:nnz].copy(), out_ratings[:nnz].copy()), ok
+
+    def read_block(self, b: int, split: str = "train") -> Block:
+        """Block ``b`` of ``split`` merged over the parts, each part's block read and checked by
+        :meth:`RatingStore.read_block` (a change of the store since it was opened is said as such)."""
+        return self._merged(b, split, lambda p, bb, s: (p.read_block(bb, s), True))[0]
+
+    def read_block_unchecked(self, b: int, split: str = "train"):
+        return self._merged(b, split, lambda p, bb, s: p.read_block_unchecked(bb, s))
+
+    def block_nnz(self, split: str = "train") -> np.ndarray:
+        nnz = self._nnz.get(split)
+        if nnz is None:
+            nb = self.info.n_blocks
+            nnz = np.zeros(nb, np.int64)
+            base = self.base.block_nnz(split)
+            nnz[:len(base)] += base
+            k = SPLITS.index(split)
+            for seg in self.segments:
+                d = np.asarray(seg._per_entity("merge/block_nnz", 2 * seg.info.n_blocks), np.int64)
+                d = d.reshape(2, seg.info.n_blocks)[k]
+                nnz[:len(d)] += d
+            total = self.info.n_ratings if split == "train" else self.info.n_test
+            if (nnz < 0).any() or int(nnz.sum()) != total:
+                raise self._damaged(f"{SEGMENTS_DIR}/*/merge/block_nnz", None,
+                                    "the merged block counts do not add up to the split's rating count")
+            self._nnz[split] = nnz
+        return nnz
+
+    def block_user_counts(self, b: int, split: str = "train") -> np.ndarray:
+        return np.diff(self.read_block(b, split).indptr)
+
+    def block_digests(self, split: str = "train"):
+        """None: a merged block has no recorded digest (each part's block is checked by its own when read)."""
+        return None
+
+    # -- per user and per item ------------------------------------------------------------------
+    def _summed(self, base_name: str, delta_name: str, n: int, start: int, stop: int | None) -> np.ndarray:
+        stop = n if stop is None else min(stop, n)
+        out = np.zeros(max(stop - start, 0), np.int64)
+        for p, name in [(self.base, base_name)] + [(s, delta_name) for s in self.segments]:
+            pn = p.info.n_users if "user" in base_name else p.info.n_items
+            a, z = start, min(stop, pn)
+            if z > a:
+                out[:z - a] += np.asarray(p._per_entity(name, pn, a, z), np.int64)
+        return out
+
+    def user_counts(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._summed("user_counts", "merge/user_counts", self.info.n_users, start, stop)
+
+    def item_counts(self) -> np.ndarray:
+        return self._summed("item_counts", "merge/item_counts", self.info.n_items, 0, None)
+
+    def _ids(self, kind: str, start: int, stop: int | None) -> np.ndarray:
+        n = self.info.n_users if kind == "user" else self.info.n_items
+        stop = n if stop is None else min(stop, n)
+        pieces, lo = [], 0
+        for p in self.parts:
+            if p is self.base:
+                hi = p.info.n_users if kind == "user" else p.info.n_items
+                name = f"{kind}_ids"
+            else:
+                e = p.attrs["appended"]
+                hi = lo + int(e[f"n_new_{kind}s"])
+                name = f"new_{kind}_ids"
+            a, z = max(start, lo), min(stop, hi)
+            if z > a:
+                pieces.append(as_ids(p._per_entity(name, hi - lo, a - lo, z - lo)))
+            lo = hi
+        if lo != n:
+            raise self._damaged(f"{kind}_ids", None, f"the parts hold {lo} {kind} ids, not {n}")
+        if not pieces:
+            return as_ids(self.base._per_entity(f"{kind}_ids", self.base.info.n_users if kind == "user"
+                                                else self.base.info.n_items, 0, 0))
+        if any(x.dtype == object for x in pieces):
+            return np.concatenate([x.astype(object) for x in pieces])
+        return np.concatenate(pieces)
+
+    def user_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._ids("user", start, stop)
+
+    def item_ids(self) -> np.ndarray:
+        return self._ids("item", 0, None)
+
+    def item_names(self) -> np.ndarray | None:
+        """The base's item names, ``""`` for the items appended after it (an append takes no names)."""
+        names = self.base.item_names()
+        if names is None:
+            return None
+        return np.concatenate([names, np.full(self.info.n_items - len(names), "", dtype=object)])
+
+    def train_item_stats(self):
+        """None: a segmented store records no merged item statistics; whoever needs them computes them in one
+        pass over the merged training blocks, in block order (the same bits as a compacted store's)."""
+        return None
+
+    def check_chunks(self) -> None:
+        """:meth:`RatingStore.check_chunks` of the base, and of each segment its CSR, id and merge arrays."""
+        self.base.check_chunks()
+        for seg in self.segments:
+            names = [f"{s}/{a}" for s in SPLITS if s in seg._root
+                     for a in ("indptr", "items", "ratings", "block_offsets")]
+            names += ["new_user_ids", "new_item_ids", *MERGE_ARRAYS]
+            for name in names:
+                seg._reader(name).check()
+            for s in SPLITS:
+                if s in seg._root:
+                    seg.block_nnz(s)
+        for s in SPLITS:
+            if s in self.base._root:
+                self.block_nnz(s)
+        self.item_ids()
+
+    def array(self, name: str):
+        if name.startswith("truth/") and self.info.n_items != self.base.info.n_items:
+            raise StoreError(f"{self.path}: {name} describes the generated items only, and items were appended "
+                             f"since")
+        return self.base.array(name)
+
+
+_store._become_segmented = become_segmented
+
+
+# -- the commit point -------------------------------------------------------------------------------
+def read_root_json(path: str) -> dict:
+    with open(os.path.join(path, "zarr.json")) as fh:
+        return json.load(fh)
+
+
+def commit_attrs(path: str, attrs: dict, *, expect_generation: str | None) -> None:
+    """Replace the root ``zarr.json``'s ``streamdp`` attributes atomically: written beside, flushed, renamed over
+    it (the commit point of an append). ``expect_generation``: the write of the store the new attributes were
+    made from; another one there now (the store replaced by ``ingest --force``, which takes no append lock) is
+    refused with nothing changed."""
+    doc = read_root_json(path)
+    now = (doc.get("attributes") or {}).get(ATTRS_KEY) or {}
+    if now.get("generation") != expect_generation:
+        raise StoreError(f"{path}: the store was replaced while this append wrote its segment; nothing was appended, "
+                         f"run again")
+    doc.setdefault("attributes", {})[ATTRS_KEY] = attrs
+    tmp = os.path.join(path, f".zarr.json.{secrets.token_hex(6)}")
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(path, "zarr.json"))
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def append_lock(path: str):
+    """The store's writer lock (an append or a compaction at a time; a second one is refused, not queued)."""
+    import fcntl
+
+    parent, name = os.path.split(os.path.abspath(path).rstrip(os.sep))
+    lock = os.path.join(parent, f".{name}{LOCK_NAME}")  # beside the store: a compaction renames the store
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise StoreError(f"{path}: another append or compaction is writing this store; run again when it "
+                             f"has finished") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def sweep_uncommitted(path: str, committed) -> list[str]:
+    """Remove segment directories that no committed segment list names (an interrupted append's), under the
+    lock, and the temporary directories of segment writers whose process is gone (owner record)."""
+    import shutil
+
+    from streamdp.outputs import remove_dead_owned_dirs
+
+    d = os.path.join(path, SEGMENTS_DIR)
+    if not os.path.isdir(d):
+        return []
+    keep = set(committed)
+    removed = remove_dead_owned_dirs(d, lambda name, _: name.startswith("."))
+    for name in sorted(os.listdir(d)):
+        full = os.path.join(d, name)
+        if name.startswith(".") or name in keep or not os.path.isdir(full) or os.path.islink(full):
+            continue
+        shutil.rmtree(full, ignore_errors=True)
+        removed.append(full)
+    return removed
+
+
+def merged_checksum(previous: str, segment_checksum: str, merge_digest: str) -> str:
+    """The checksum of a store after an append: its previous checksum, the segment's and its merge arrays'."""
+    h = hashlib.blake2b(digest_size=16)
+    for x in (previous, segment_checksum, merge_digest):
+        h.update(str(x).encode())
+        h.update(b"\x1f")
+    return "blake2b:" + h.hexdigest()
+
+
+__all__ = ["SegmentedStore", "append_lock", "base_attrs", "commit_attrs", "merged_checksum", "sweep_uncommitted"]

@@ -1,0 +1,54 @@
+"""The merge of a block's rows across segments against its plain-Python reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamdp.kernels.segments import merge_rows, merge_rows_reference
+
+
+def _sources(rng, n_users, n_parts, n_items):
+    """Each part's train and test rows: a pair in one split of a part, items sorted within a user."""
+    ips, its, rs, split_of = [], [], [], []
+    for _ in range(n_parts):
+        rows = [[], []]
+        for _u in range(n_users):
+            chosen = np.sort(rng.choice(n_items, rng.integers(0, 6), replace=False))
+            test = rng.random(len(chosen)) < 0.3
+            for s in (0, 1):
+                rows[s].append(chosen[test == bool(s)])
+        for s in (0, 1):
+            ips.append(np.concatenate([[0], np.cumsum([len(x) for x in rows[s]])]).astype(np.int64))
+            its.append(np.concatenate(rows[s]).astype(np.int32) if rows[s] else np.empty(0, np.int32))
+            rs.append(rng.integers(1, 6, len(its[-1])).astype(np.float32))
+            split_of.append(s)
+    starts = np.concatenate([[0], np.cumsum([len(x) for x in its])[:-1]]).astype(np.int64)
+    part_of = np.arange(len(split_of), dtype=np.int64) // 2
+    return np.stack(ips), starts, np.concatenate(its), np.concatenate(rs), part_of, np.array(split_of, np.int64)
+
+
+@pytest.mark.parametrize("implicit,cap", [(False, 0.0), (True, 0.0), (True, 6.0)])
+@pytest.mark.parametrize("seed", range(5))
+def test_merge_rows_matches_its_reference(seed, implicit, cap):
+    rng = np.random.default_rng(seed)
+    n_users = 30
+    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, int(rng.integers(1, 4)), 12)
+    for want in (0, 1):
+        ip, oi, orr = (np.empty(n_users + 1, np.int64), np.empty(len(items), np.int32),
+                       np.empty(len(items), np.float32))
+        nnz = merge_rows(n_users, ips, starts, items, ratings, part_of, split_of, want, implicit, cap, ip, oi, orr)
+        ref = merge_rows_reference(n_users, ips, starts, items, ratings, part_of, split_of, want, implicit, cap)
+        assert np.array_equal(ip, ref[0]) and np.array_equal(oi[:nnz], ref[1]) and np.array_equal(orr[:nnz], ref[2])
+
+
+def test_the_latest_part_wins_in_its_split():
+    # user 0: item 3 in the base's train (4.0), then in a segment's test (2.0): test only, the segment's rating
+    ips = np.array([[0, 1], [0, 0], [0, 0], [0, 1]], np.int64)
+    items, ratings = np.array([3, 3], np.int32), np.array([4.0, 2.0], np.float32)
+    starts, split_of = np.array([0, 1, 1, 1], np.int64), np.array([0, 1, 0, 1], np.int64)
+    part_of = np.array([0, 0, 1, 1], np.int64)
+    out = [np.empty(2, np.int64), np.empty(2, np.int32), np.empty(2, np.float32)]
+    assert merge_rows(1, ips, starts, items, ratings, part_of, split_of, 0, False, 0.0, *out) == 0
+    assert merge_rows(1, ips, starts, items, ratings, part_of, split_of, 1, False, 0.0, *out) == 1
+    assert out[2][0] == 2.0
