@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 #: Pages whose examples take more than a few seconds: run with ``-m slow`` (the README's own run by default, in
 #: ``tests/test_readme.py``).
-SLOW_PAGES = {"docs/guide.md", "docs/choosing-epsilon.md", "docs/python-api.md"}
+#: ``docs/store.md``: about 20 processes (15 s of CPU) since its append and compact example; their commands run in process
+#: in tests/storage/test_append.py and tests/storage/test_ingest*.py.
+SLOW_PAGES = {"docs/guide.md", "docs/choosing-epsilon.md", "docs/python-api.md", "docs/store.md"}
 
 
 def _name(page: Path) -> str:
