@@ -212,6 +212,16 @@ class RatingStore:
                           f"{what}): its results would mix two stores' ratings; nothing was released, run again")
 
     # -- public shape -----------------------------------------------------------------
+    def remote_view(self):
+        """How a cluster worker, which opens the store by its path, reads blocks as this object does.
+
+        ``None`` for a store itself. A view of a store (a subclass whose ``read_block`` changes the blocks: a
+        catalogue, tune's held-out and sampled views) returns a picklable spec with a hashable ``key`` and
+        ``view(store)``; :class:`~streamdp.stream.engine.Engine` applies it on the workers and refuses a view that
+        has none (its tasks would read the store's own blocks).
+        """
+        return None
+
     def __getattr__(self, name):
         # n_users, n_items, ... straight from StoreInfo
         info = self.__dict__.get("info")

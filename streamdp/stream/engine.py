@@ -41,6 +41,7 @@ import numpy as np
 from streamdp.errors import ParameterError, StoreError
 from streamdp.outputs import deferred_interrupts
 from streamdp.progress import progress
+from streamdp.storage.segments import SegmentedStore
 from streamdp.storage.store import Block, RatingStore, open_store
 from streamdp.memory import (KERNEL_CODE_BYTES, current_rss, format_size, kernel_code_loaded, release_freed_memory,
                              resolve_memory_limit, unmap_large_frees)
@@ -79,17 +80,27 @@ IN_PROCESS = "dask"
 #: ``scheduler=`` value of a Dask ``LocalCluster`` of ``workers`` single-threaded processes started for the run.
 PROCESSES = "processes"
 
-_store_cache: dict[str, RatingStore] = {}
+_store_cache: dict[tuple, RatingStore] = {}
+#: The block readers of a store itself, which a worker opening it by path has too (a view adds its own).
+_PLAIN_READS = (RatingStore.read_block, SegmentedStore.read_block)
 _store_lock = threading.Lock()
 
 
-def _cached_store(path: str, generation: str | None = None) -> RatingStore:
+def _cached_store(path: str, generation: str | None = None, spec=None) -> RatingStore:
     """One opened store per process, path and write of the store (used by tasks on cluster workers).
 
     ``generation``: the write the run opened (its ``generation`` attribute); a worker that opens another (the store
     replaced, or a segment appended or compacted since: ``ingest --append``) refuses, so that no pass reads blocks
-    of two segment lists.
+    of two segment lists. ``spec``: the view of it the run reads (:meth:`RatingStore.remote_view`), made once per
+    process too.
     """
+    if spec is not None:
+        base = _cached_store(path, generation)
+        with _store_lock:
+            s = _store_cache.get((path, generation, spec.key))
+            if s is None:
+                s = _store_cache[(path, generation, spec.key)] = spec.view(base)
+            return s
     with _store_lock:
         s = _store_cache.get((path, generation))
         if s is None:
@@ -102,11 +113,20 @@ def _cached_store(path: str, generation: str | None = None) -> RatingStore:
         return s
 
 
-def _remote_block(path: str, b: int, split: str, fn: Callable, inner: int, generation: str | None = None):
-    """A task on a distributed worker: read block ``b`` there and apply ``fn``."""
-    blk = None if split is None else _cached_store(path, generation).read_block(b, split)
+def _remote_block(path: str, b: int, split: str, fn: Callable, inner: int, generation: str | None = None,
+                  spec=None):
+    """A task on a distributed worker: read block ``b`` there (through the run's view ``spec``) and apply ``fn``."""
+    blk = None if split is None else _cached_store(path, generation, spec).read_block(b, split)
     with numba_threads(inner):
         return fn(blk, b)
+
+
+def _remote_spec(store):
+    """``store.remote_view()``; a view that cannot be made on a worker is refused (its tasks would read other blocks)."""
+    spec = store.remote_view() if isinstance(store, RatingStore) else None
+    if spec is None and isinstance(store, RatingStore) and type(store).read_block not in _PLAIN_READS:
+        raise NotImplementedError(f"{type(store).__name__} has no remote_view(): cluster workers cannot read it")
+    return spec
 
 
 def add_into(acc, part):
@@ -381,6 +401,7 @@ class Engine:
         client = self._client
         path = _worker_path(self.store.path)
         generation = (getattr(self.store, "attrs", None) or {}).get("generation")
+        spec = _remote_spec(self.store)
         inner = self.inner_threads
         pending: collections.deque = collections.deque()
         it = iter(order)
@@ -389,7 +410,7 @@ class Engine:
             # one task per block; a task lost with its worker is run again by Dask on another worker (up to
             # distributed.scheduler.allowed-failures times): a pass's fn must therefore be idempotent, which
             # per-user state written to the owning block's own chunk (slot chosen by epoch) is
-            return client.submit(_remote_block, path, b, split, fn, inner, generation, pure=False)
+            return client.submit(_remote_block, path, b, split, fn, inner, generation, spec, pure=False)
 
         limits = thread_limits(inner) if self.in_process else contextlib.nullcontext()
         try:

@@ -343,6 +343,21 @@ class _HeldOut(RatingStore):
     def check_chunks(self) -> None:
         self._inner.check_chunks()
 
+    def remote_view(self):
+        return _ViewSpec(_HeldOut, self._inner.remote_view(), (self._holdout_key,))
+
+
+class _ViewSpec:
+    """How a cluster worker makes a view of the store it opens (:meth:`RatingStore.remote_view`): ``cls(inner view
+    or store, *args)``."""
+
+    def __init__(self, cls, inner, args: tuple):  # noqa: D107 - picklable: a class, a spec and plain values
+        self.cls, self.inner, self.args = cls, inner, args
+        self.key = (cls.__name__, None if inner is None else inner.key, args)
+
+    def view(self, store: RatingStore) -> RatingStore:
+        return self.cls(store if self.inner is None else self.inner.view(store), *self.args)
+
 
 def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
     """Which of users ``first_user .. first_user + n - 1`` are in the candidates' Poisson sample (rate ``q``).
@@ -368,7 +383,11 @@ class _Sampled(_HeldOut):
     def __init__(self, store: RatingStore, key: int, q: float, n_users: int):  # noqa: D107 - a view of a store
         super().__init__(store, key)
         self._sample_q = float(q)
+        self._sample_n = int(n_users)
         self.expected_users = max(float(q) * n_users, 1.0)
+
+    def remote_view(self):
+        return _ViewSpec(_Sampled, self._inner.remote_view(), (self._holdout_key, self._sample_q, self._sample_n))
 
     def read_block(self, b: int, split: str = "train") -> Block:
         blk = super().read_block(b, split)

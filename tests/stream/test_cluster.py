@@ -119,6 +119,60 @@ def test_fw_with_state_url_in_process_dask_equals_threads(store, tmp_path, monke
     assert os.listdir(tmp_path / "st") == []  # the run directory under --state went with the run
 
 
+def test_a_privately_selected_catalogue_on_dask_equals_threads(tmp_path):
+    """An ingested store declares no items: a private run selects its catalogue and reads the store through a view.
+    The Dask tasks read blocks by the store's path: they failed ("could not broadcast (60,) into (16,)") until the
+    engine sent the view along (``RatingStore.remote_view``)."""
+    import pandas as pd
+
+    import streamdp
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"user": rng.integers(0, 3000, 20000), "item": rng.zipf(1.3, 20000) % 60,
+                       "rating": rng.integers(1, 6, 20000).astype(float)})
+    st = streamdp.ingest(df, str(tmp_path / "s.zarr"), block_users=500, test_fraction=0.2)
+    kw = dict(epsilon=1.0, seed=1, evaluate=False, workers=2, over_budget=True)
+    a = streamdp.train(st, **kw)
+    b = streamdp.train(st, scheduler="dask", **kw)
+    assert 0 < len(a.item_ids) < 60 and list(a.item_ids) == list(b.item_ids)
+    assert np.array_equal(a.item_factors, b.item_factors) and np.array_equal(a.item_bias, b.item_bias)
+
+
+def test_tunes_views_read_the_same_blocks_on_dask(store):
+    """tune's held-out and Poisson-sampled views (and a catalogue under them) are made again on the workers."""
+    from streamdp.storage.catalogue import CatalogueView
+    from streamdp.workflows.tune import _HeldOut, _Sampled
+
+    cat = CatalogueView(store, store.item_ids()[::2])
+
+    def sums(blk, b):
+        return np.bincount(blk.items, weights=blk.ratings.astype(np.float64), minlength=120)
+
+    for view in (_HeldOut(store, 7), _Sampled(cat, 7, 0.3, store.n_users)):
+        with Engine(view, workers=2, memory_limit="2GB") as eng:
+            ref = eng.map_reduce(sums, _add, np.zeros(120))
+        with Engine(view, workers=2, scheduler="dask", memory_limit="2GB") as eng:
+            assert np.array_equal(eng.map_reduce(sums, _add, np.zeros(120)), ref)
+    with Engine(store, workers=2, memory_limit="2GB") as eng:
+        assert not np.array_equal(eng.map_reduce(sums, _add, np.zeros(120)), ref)  # the views do change the blocks
+
+
+def test_a_view_without_a_remote_view_is_refused_on_dask(store):
+    from streamdp.storage.store import RatingStore
+
+    class Halved(RatingStore):
+        def __init__(self, inner):
+            self.__dict__.update(inner.__dict__)
+            self._inner = inner
+
+        def read_block(self, b, split="train"):
+            return self._inner.read_block(b, split)
+
+    with Engine(Halved(store), workers=2, scheduler="dask", memory_limit="2GB") as eng:
+        with pytest.raises(NotImplementedError, match="remote_view"):
+            eng.map_reduce(_sum_fn, _add, np.zeros(120))
+
+
 # -- a 2-process cluster ------------------------------------------------------------------------------------------
 def _write_pid(state):
     def fn(block, b):
