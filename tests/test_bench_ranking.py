@@ -45,15 +45,3 @@ def test_bench_ranking_smoke(tmp_path, monkeypatch, capsys):
         assert "skipped" in als
     else:
         assert als["setting"]["factors"] == 64 and 0 <= als["10"]["recall"] <= 1
-
-
-def test_a_tie_wider_than_the_margin_breaks_by_the_tiekey():
-    """Every item ties (the chart's counts on a heavy user's unseen tail): the top k is the k smallest tie keys, not
-    the partition's arbitrary picks (before: the first 37 items by position were the candidates, so item 99, first
-    by its key, was never listed)."""
-    n = 100
-    train = sp.csr_matrix((np.ones(1), ([0], [50])), shape=(1, n))
-    test = sp.csr_matrix((np.full(1, 5.0), ([0], [99])), shape=(1, n))
-    tiekey = np.arange(n)[::-1].copy()  # item 99 first
-    r = ranking.metrics_of_scores(lambda a, b: np.ones((b - a, n)), train, test, tiekey, 4.0, [5])
-    assert r[5]["recall"] == 1.0 and r[5]["ndcg"] == 1.0
