@@ -343,6 +343,14 @@ class AlsSettings(RunSettings):
     #: The model a ``--warm-start`` run starts from (its path and run id; empty: a cold run): in the run's fingerprint.
     warm_start: str = ""
 
+    def as_dict(self) -> dict:
+        """:meth:`RunSettings.as_dict`, without ``warm_start`` in a cold run (its fingerprint and run id stay those of
+        the runs before warm starts existed, so their ``--checkpoint`` directories still resume)."""
+        out = super().as_dict()
+        if not self.warm_start:
+            del out["warm_start"]
+        return out
+
 
 #: ``--count-share`` by default: the counts' part of the statistics' share (``count_share_default``).
 COUNT_SHARE, COUNT_SHARE_BIASES = 0.2, 0.4
