@@ -565,7 +565,7 @@ class _TrainCommand(click.Command):
               "(als/irls, same rank; --rank defaults to its rank): its item factors replace the random initial ones "
               "(items matched by id; new items start cold; non-private runs also start from its item biases). "
               "Post-processing of a release: free in privacy, the epsilon is a cold run's. The iterations then "
-              "default to half the cold default (rounded up); refused with a checkpoint directory.")
+              "default to a quarter of the cold default (rounded up); refused with a checkpoint directory.")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "
               "with --scheduler, the cluster's thread count, which sizes the blocks in flight).")

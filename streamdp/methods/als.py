@@ -218,7 +218,7 @@ class AlsOptions(StatisticsOptions):
         "ALS iterations (0: release item biases only, no factors)", minimum=0,
         default_text="0-9, more when there are many users with enough ratings for a factor per item at this "
         "epsilon (the proxy n_eff epsilon / n_items, n_eff from a released histogram of ratings per user); "
-        "15 non-private; under --warm-start half of that, rounded up")
+        "15 non-private; under --warm-start a quarter of that, rounded up")
     clip: float | None = option("largest norm a user's factor may have on the item side: "
                                 "bounds each user's influence (clip Delta)",
                                 default_text="0.3 private, none non-private", **_POS)

@@ -94,7 +94,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     warm_start : path or Model, optional
         A model released earlier (``als``/``irls``, same rank) whose item factors start the run instead of random
         ones (``--warm-start``): post-processing, free in privacy (the ledger's epsilon is a cold run's); items
-        matched by id, new items start cold; ``iters`` defaults to half the cold default.
+        matched by id, new items start cold; ``iters`` defaults to a quarter of the cold default.
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """

@@ -97,8 +97,8 @@ def test_a_model_sharing_no_item_starts_every_item_cold(store, earlier, tmp_path
     assert warm.info["warm_start"]["items_new"] == 60 and warm.info["warm_start"]["items_dropped"] == 60
 
 
-def test_a_warm_start_takes_half_the_default_iterations(store, earlier):
-    assert [warm_iters(t) for t in (0, 5, 7, 9, 15)] == [0, 3, 4, 5, 8]
+def test_a_warm_start_takes_a_quarter_of_the_default_iterations(store, earlier):
+    assert [warm_iters(t) for t in (0, 5, 7, 9, 15)] == [0, 2, 2, 3, 4]
     cls = get_method("als")
     for eps in (float("inf"), 200.0):  # non-private 15, private from the signal-to-noise proxy
         m = cls(epsilon=eps, delta=1e-6, rank=2, seed=1)
