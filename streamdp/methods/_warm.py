@@ -91,10 +91,10 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
     if m.method not in families:
         raise ParameterError(f"{where}: a model of --method {m.method}, which cannot start --method {method} "
                              f"(it needs a model of {' or '.join(families)})")
-    V = np.asarray(m.item_factors)
-    if V.ndim != 2 or V.shape[1] != rank:
-        raise ParameterError(f"{where}: a model of rank {V.shape[1] if V.ndim == 2 else '?'}, this run's rank is "
-                             f"{rank} (give --rank {V.shape[1] if V.ndim == 2 else rank} or leave --rank out)")
+    if np.ndim(m.item_factors) != 2 or m.rank != rank:
+        raise ParameterError(f"{where}: a model of rank {m.rank}, this run's rank is {rank} (give --rank {m.rank} or "
+                             f"leave --rank out)")
+    V = np.asarray(m.item_factors)[:, :rank]  # an ials model's popularity column is not a factor
     eps = m.info.get("epsilon")
     if private and (eps == "inf" or (isinstance(eps, (int, float)) and math.isinf(eps))):
         raise ParameterError(f"{where}: a non-private model (epsilon inf) cannot start a private run (its factors "
@@ -105,8 +105,8 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
         raise ParameterError(f"{where}: its item ids are {kind[mine.dtype.kind == 'i']} ids, the store's are "
                              f"{kind[ids.dtype.kind == 'i']} ids")
     if not np.any(V):
-        raise ParameterError(f"{where}: the model released no item factors (item biases only): nothing to start "
-                             f"from; train without --warm-start")
+        raise ParameterError(f"{where}: the model released no item factors (item biases or a chart only): nothing "
+                             f"to start from; train without --warm-start")
     pos = find(mine, ids) if len(mine) else np.full(len(ids), -1, np.int64)
     # an item whose released row is zero (not among the model's factored items) starts cold, as a new one
     matched = pos >= 0

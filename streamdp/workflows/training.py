@@ -84,7 +84,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     if warm_start is not None:  # every check that needs no store pass, before anything is released
         warm = warm_model(cls, warm_start, checkpoint=options.get("checkpoint"))
         if rank is None:
-            rank = int(np.asarray(warm.item_factors).shape[1]) if np.ndim(warm.item_factors) == 2 else None
+            rank = warm.rank if np.ndim(warm.item_factors) == 2 else None
     if users is None or not cls.RELEASES_USER_COUNT:
         users = user_count_for(cls, store, epsilon=epsilon, seed=seed, users_bound=users_bound)
     if delta is None:

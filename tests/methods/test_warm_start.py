@@ -169,3 +169,24 @@ def test_incompatible_models_are_one_line(store, earlier, tmp_path):
     line = _cli_error(store.path, "--epsilon", "1", "--out", out, "--warm-start", tmp_path / "means")
     assert "a model of --method means, which cannot start --method als" in line
     assert means.method == "means"
+
+
+def test_ials_starts_from_an_ials_model_only(store, earlier, tmp_path):
+    """Non-private with the choice off: the tiny store's private ials releases the chart, no factors to start from."""
+    m0 = _run(store, tmp_path / "i0", method="ials", iters=1, select="off", epsilon=float("inf"))
+    cold = _run(store, tmp_path / "cold", method="ials", iters=1, select="off", epsilon=float("inf"), seed=2)
+    warm = _run(store, tmp_path / "warm", method="ials", iters=1, select="off", epsilon=float("inf"), seed=2, warm_start=str(tmp_path / "i0"))
+    again = _run(store, tmp_path / "again", method="ials", iters=1, select="off", epsilon=float("inf"), seed=2,
+                 warm_start=str(tmp_path / "i0"))
+    assert m0.info["factors_released"] and warm.info["warm_start"]["method"] == "ials"
+    assert not np.allclose(warm.item_factors, cold.item_factors)
+    np.testing.assert_array_equal(warm.item_factors, again.item_factors)
+    out = tmp_path / "x"
+    line = _cli_error(store.path, "--epsilon", "1", "--out", out, "--method", "ials", "--warm-start", earlier)
+    assert "a model of --method als, which cannot start --method ials (it needs a model of ials)" in line
+    cls = get_method("ials")
+    for eps, cold in ((float("inf"), 10), (1.0, 3)):
+        m = cls(epsilon=eps, delta=1e-6, rank=2, seed=1)
+        m.warm = warm_start_from(str(tmp_path / "i0"), store.item_ids(), method="ials", families=("ials",), rank=2,
+                                 private=False)
+        assert m.settings(store).iters == warm_iters(cold) < cold
