@@ -562,8 +562,9 @@ class _TrainCommand(click.Command):
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @items_option
 @click.option("--warm-start", "warm_start", default=None, metavar="MODEL", help="Start from MODEL, released earlier "
-              "(als/irls, same rank; --rank defaults to its rank): its item factors replace the random initial ones "
-              "(items matched by id; new items start cold; non-private runs also start from its item biases). "
+              "(als/irls, or ials from an ials model; same rank; --rank defaults to its rank): its item factors "
+              "replace the random initial ones (items matched by id; new items start cold; non-private als/irls "
+              "runs also start from its item biases). "
               "Post-processing of a release: free in privacy, the epsilon is a cold run's. The iterations then "
               "default to a quarter of the cold default (rounded up); refused with a checkpoint directory.")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")

@@ -92,7 +92,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
         nothing released) without it, unless the store's spend is infinite already (as the CLI, which then asks
         nothing). Decision: an argument, not a prompt, since a library call has no terminal to ask on.
     warm_start : path or Model, optional
-        A model released earlier (``als``/``irls``, same rank) whose item factors start the run instead of random
+        A model released earlier (``als``/``irls``, or ``ials`` from ``ials``; same rank) whose item factors start the run instead of random
         ones (``--warm-start``): post-processing, free in privacy (the ledger's epsilon is a cold run's); items
         matched by id, new items start cold; ``iters`` defaults to a quarter of the cold default.
     **options
