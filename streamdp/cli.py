@@ -655,6 +655,11 @@ def format_train_summary(summary: dict) -> str:
     lines = [f"wrote {summary['out']}: {summary['method']} {shape}, {privacy}, {timing}"]
     if "items" in summary:
         lines.append("items: " + summary["items"])
+    if "warm_start" in summary:
+        w = summary["warm_start"]
+        lines.append(f"warm start: from {w['model']} ({w['method']}), {summary['iterations_run']} iterations; items "
+                     f"{w['items_matched']:,} from it, {w['items_new']:,} cold, {w['items_dropped']:,} of its dropped "
+                     f"(post-processing of its release: no privacy cost)")
     if "test_rmse" in summary:
         b = summary.get("baselines", {})
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "

@@ -203,6 +203,7 @@ SUMMARY = {
     "release_choice": POST,  # ials: whether the factors or the chart was released, and on what
     "items": RELEASE,  # the catalogue: declared, selected privately (a ledgered release) or exact (non-private)
     "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
+    "warm_start": POST, "iterations_run": POST,  # train --warm-start: model.json's warm_start, the iterations run
 }
 
 

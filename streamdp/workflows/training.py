@@ -301,6 +301,9 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
     }
     if getattr(m, "catalogue", None) is not None:
         summary["items"] = m.catalogue.describe()
+    if "warm_start" in info:
+        summary["warm_start"] = {k: v for k, v in info["warm_start"].items() if k != "privacy"}
+        summary["iterations_run"] = info.get("iterations_run")
     if (why := (info.get("selection") or {}).get("why")) is not None:  # ials: the factors or the chart, and why
         summary["release_choice"] = why
     if fitted.owner:

@@ -190,3 +190,15 @@ def test_ials_starts_from_an_ials_model_only(store, earlier, tmp_path):
         m.warm = warm_start_from(str(tmp_path / "i0"), store.item_ids(), method="ials", families=("ials",), rank=2,
                                  private=False)
         assert m.settings(store).iters == warm_iters(cold) < cold
+
+
+def test_the_python_api_and_the_cli_say_what_started_the_run(store, earlier, tmp_path):
+    import streamdp
+
+    m = streamdp.train(store.path, epsilon=1.0, out=str(tmp_path / "api"), rank=2, seed=1, iters=1, select="off",
+                       evaluate=False, warm_start=str(earlier))
+    assert m.summary["warm_start"]["model"] == str(earlier) and m.info["iterations_run"] == 1
+    r = CliRunner().invoke(main, ["train", str(store.path), "--epsilon", "1", "--out", str(tmp_path / "cli"),
+                                  "--seed", "1", "--iters", "1", "--warm-start", str(earlier)])
+    assert r.exit_code == 0, r.output
+    assert f"warm start: from {earlier} (als), 1 iterations; items 60 from it, 0 cold, 0 of its dropped" in r.output
