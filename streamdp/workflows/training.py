@@ -128,12 +128,12 @@ def warm_model(cls, warm_start, *, checkpoint=None):
     the run by :func:`streamdp.methods._warm.warm_start_from`.
     """
     from streamdp.methods import METHODS
-    from streamdp.serving.model import Model, load_model
+    from streamdp.serving.model import load_model
 
     if not cls.WARM_START_FAMILIES:
         takes = sorted(n for n, c in METHODS.items() if c.WARM_START_FAMILIES)
-        raise ParameterError(f"--warm-start: --method {cls.name} iterates on no item factors a model could start "
-                             f"(--warm-start works with --method {', '.join(takes)})")
+        raise ParameterError(f"--warm-start: --method {cls.name} takes no warm start (its fit does not iterate from "
+                             f"item factors a model releases; --warm-start works with --method {', '.join(takes)})")
     if checkpoint:
         raise ParameterError("--warm-start with --checkpoint: refused (a resumed run would not start from the model); "
                              "resume without --warm-start, or warm start without --checkpoint")

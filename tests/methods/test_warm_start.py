@@ -136,7 +136,7 @@ def _cli_error(*args):
 
 @pytest.mark.parametrize("extra, words", [
     (["--rank", "3"], "a model of rank 2, this run's rank is 3"),
-    (["--method", "means"], "--method means iterates on no item factors"),
+    (["--method", "means"], "--method means takes no warm start"),
     (["--method", "svd"], "--warm-start works with --method als, ials, irls"),
     (["--checkpoint", "CK"], "--warm-start with --checkpoint: refused"),
 ])
