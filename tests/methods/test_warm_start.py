@@ -202,3 +202,13 @@ def test_the_python_api_and_the_cli_say_what_started_the_run(store, earlier, tmp
                                   "--seed", "1", "--iters", "1", "--warm-start", str(earlier)])
     assert r.exit_code == 0, r.output
     assert f"warm start: from {earlier} (als), 1 iterations; items 60 from it, 0 cold, 0 of its dropped" in r.output
+
+
+def test_a_model_of_integer_ids_cannot_start_a_store_of_string_ids(earlier, tmp_path):
+    from streamdp.storage.generate import generate_store
+
+    s = generate_store(str(tmp_path / "str.zarr"), n_users=300, n_items=60, ratings_per_user=8, rank=2, seed=3,
+                       string_ids=True, show_progress=False)
+    line = _cli_error(s.path, "--epsilon", "1", "--out", tmp_path / "m", "--warm-start", earlier)
+    assert "its item ids are integer ids, the store's are string ids" in line
+    assert not (tmp_path / "m").exists()
