@@ -154,4 +154,4 @@ def warm_iters(cold_default: int) -> int:
     >>> [warm_iters(t) for t in (0, 5, 7, 9, 15)]
     [0, 2, 2, 3, 4]
     """
-    return int(math.ceil(WARM_ITERS_FRACTION * cold_default))
+    return math.ceil(WARM_ITERS_FRACTION * cold_default)
