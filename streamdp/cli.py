@@ -597,6 +597,12 @@ class _TrainCommand(click.Command):
 @click.option("--rank", type=int, default=None, help="Number of factors k (generated from the methods).")
 @click.option("--out", required=True, help="Model directory to write (atomically).")
 @items_option
+@click.option("--warm-start", "warm_start", default=None, metavar="MODEL", help="Start from MODEL, released earlier "
+              "(als/irls, or ials from an ials model; same rank; --rank defaults to its rank): its item factors "
+              "replace the random initial ones (items matched by id; new items start cold; non-private als/irls "
+              "runs also start from its item biases). "
+              "Post-processing of a release: free in privacy, the epsilon is a cold run's. The iterations then "
+              "default to a quarter of the cold default (rounded up); refused with a checkpoint directory.")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "
               "with --scheduler, the cluster's thread count, which sizes the blocks in flight).")
@@ -617,8 +623,8 @@ class _TrainCommand(click.Command):
 @k_option
 @ranking_users_option
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def train(store, method, epsilon, delta, users_bound, items, rank, out, seed, workers, memory_limit, scheduler, state,
-          over_budget, force, yes, k, ranking_users, as_json, **options):
+def train(store, method, epsilon, delta, users_bound, items, warm_start, rank, out, seed, workers, memory_limit,
+          scheduler, state, over_budget, force, yes, k, ranking_users, as_json, **options):
     """Train a private model on STORE and write it to --out."""
     import math
 
@@ -637,7 +643,7 @@ def train(store, method, epsilon, delta, users_bound, items, rank, out, seed, wo
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
                           force=force, state=state, users_bound=users_bound, k=k, ranking_users=ranking_users,
-                          items=items, **options)
+                          items=items, warm_start=warm_start, **options)
     _report(summary, as_json, format_train_summary)
 
 
@@ -685,6 +691,11 @@ def format_train_summary(summary: dict) -> str:
     lines = [f"wrote {summary['out']}: {summary['method']} {shape}, {privacy}, {timing}"]
     if "items" in summary:
         lines.append("items: " + summary["items"])
+    if "warm_start" in summary:
+        w = summary["warm_start"]
+        lines.append(f"warm start: from {w['model']} ({w['method']}), {summary['iterations_run']} iterations; items "
+                     f"{w['items_matched']:,} from it, {w['items_new']:,} cold, {w['items_dropped']:,} of its dropped "
+                     f"(post-processing of its release: no privacy cost)")
     if "test_rmse" in summary:
         b = summary.get("baselines", {})
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "

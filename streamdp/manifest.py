@@ -67,6 +67,9 @@ MODEL_JSON = {
                        "--checkpoint resumes), then a random part"),
     "run_directory": (PUBLIC, "the --checkpoint directory given (None: a private run directory)"),
     "resumed_from_iteration": (PUBLIC, "iteration a --checkpoint run resumed from"),
+    "warm_start": (POST, "--warm-start: the model the run started from (path, method, run id, budget entry: public) and "
+                         "how many of its items matched the run's catalogue by id, were new or dropped (of two "
+                         "public item lists: the released model's and the run's catalogue)"),
     "resumed_from_epoch": (PUBLIC, "epoch a --checkpoint run resumed from"),
     "parameters": (POST, "settings of the run: options as given, or defaults derived from public parameters and "
                          "released values (e.g. ALS iterations from the noisy user profile)"),
@@ -200,6 +203,7 @@ SUMMARY = {
     "release_choice": POST,  # ials: whether the factors or the chart was released, and on what
     "items": RELEASE,  # the catalogue: declared, selected privately (a ledgered release) or exact (non-private)
     "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
+    "warm_start": POST, "iterations_run": POST,  # train --warm-start: model.json's warm_start, the iterations run
 }
 
 

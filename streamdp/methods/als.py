@@ -54,6 +54,7 @@ from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods._profile import MEANS_PROFILE_SHARE, PROFILE_SHARE, UserProfile, mean_weight_cap, user_profile
 from streamdp.methods._psd import psd
 from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
+from streamdp.methods._warm import WarmStart, initial_factors, warm_iters
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import compose, epsilon_of
@@ -217,7 +218,7 @@ class AlsOptions(StatisticsOptions):
         "ALS iterations (0: release item biases only, no factors)", minimum=0,
         default_text="0-9, more when there are many users with enough ratings for a factor per item at this "
         "epsilon (the proxy n_eff epsilon / n_items, n_eff from a released histogram of ratings per user); "
-        "15 non-private")
+        "15 non-private; under --warm-start a quarter of that, rounded up")
     clip: float | None = option("largest norm a user's factor may have on the item side: "
                                 "bounds each user's influence (clip Delta)",
                                 default_text="0.3 private, none non-private", **_POS)
@@ -339,6 +340,16 @@ class AlsSettings(RunSettings):
     #: Whether a user with one training rating gives its item ``clip(r - mu, c)`` in the item sums, ``mu`` the global
     #: mean released first, rather than her user-centred residual (always 0): ``als``/``irls`` (see ``_statistics``).
     single_residual: bool = False
+    #: The model a ``--warm-start`` run starts from (its path and run id; empty: a cold run): in the run's fingerprint.
+    warm_start: str = ""
+
+    def as_dict(self) -> dict:
+        """:meth:`RunSettings.as_dict`, without ``warm_start`` in a cold run (its fingerprint and run id stay those of
+        the runs before warm starts existed, so their ``--checkpoint`` directories still resume)."""
+        out = super().as_dict()
+        if not self.warm_start:
+            del out["warm_start"]
+        return out
 
 
 #: ``--count-share`` by default: the counts' part of the statistics' share (``count_share_default``).
@@ -445,6 +456,8 @@ class _AlsBase(Method):
     irls = False
     #: ``means`` fits no factors: its iterations are fixed at 0.
     FIXED_ITERS: int | None = None
+    #: The earlier model's item side a ``--warm-start`` run starts from (:mod:`streamdp.methods._warm`), or ``None``.
+    warm: WarmStart | None = None
 
     def _factor_options(self) -> AlsOptions:
         """The options of the factor iterations (``means`` runs none; model.json records als' defaults for it)."""
@@ -460,7 +473,8 @@ class _AlsBase(Method):
         lo, hi = float(store.rating_min), float(store.rating_max)
         h = (hi - lo) / 2.0
         private = self.private
-        iters = _or(f.iters, d.iters) if self.FIXED_ITERS is None else self.FIXED_ITERS
+        cold = d.iters if self.warm is None else warm_iters(d.iters)  # a warm start needs fewer (_warm.py)
+        iters = _or(f.iters, cold) if self.FIXED_ITERS is None else self.FIXED_ITERS
         # the local ridge goes with what is fitted (a given --iters 0 gets the biases' 3, not the factors' 10)
         ridge = _or(f.ridge, (10.0 if iters > 0 else 3.0) if f.is_given("iters") else d.ridge)
         gramian = ("shared" if private else "item") if f.gramian == "auto" else f.gramian
@@ -483,7 +497,8 @@ class _AlsBase(Method):
             weight_counts=private and gramian == "shared" and (
                 o.sampling == "tail" or (o.sampling == "adaptive" and f.adaptive_exponent != 0.0)),
             profile=profile, centred_counts=self.FIXED_ITERS == 0 and private,
-            single_residual=self.FIXED_ITERS is None)
+            single_residual=self.FIXED_ITERS is None,
+            warm_start="" if self.warm is None else f"{self.warm.path} (run {self.warm.run_id})")
         if s.rating_tilt and o.sampling == "uniform":
             raise ParameterError("--rating-tilt needs --sampling adaptive or tail (uniform keeps weight 1 per rating)")
         used = s.stats_share + s.mean_share + (s.gram_share if s.iters > 0 else 0.0)
@@ -721,6 +736,7 @@ class _AlsBase(Method):
             m = type(self)(epsilon=self.epsilon, delta=self.delta, rank=self.rank, seed=self.seed,
                            users=self.user_count(store), **{**self.opts.user_values(), "reg": reg, "reg_exponent": rho})
             m.shared_entropy = entropy
+            m.warm = self.warm
             plan = m.plan(store)
             with m.open_run(store, plan, rng_key=RNG_KEY, exclude=("profile",), engine=engine) as run:
                 choice = m._fit(store, engine, run, plan, refit=False)
@@ -753,7 +769,8 @@ class _AlsBase(Method):
         else:
             mu, bias, C, S1 = self._statistics(store, engine, run, s, rel)
             keep = _top_items(C, s.item_frac)
-            V = run.rng(_INIT, 0).standard_normal((n, k))
+            # the cold draw always (an item new to a warm start keeps its cold row), the model's rows over it
+            V = initial_factors(run.rng(_INIT, 0).standard_normal((n, k)), self.warm)
             V[~keep] = 0.0
             if s.iters == 0:  # nothing fitted: release no factors (random ones would only add noise)
                 V[:] = 0.0
@@ -761,6 +778,10 @@ class _AlsBase(Method):
                 V = _normalize(V, keep)
             history = []
             bias0 = bias.copy()  # the statistics' biases: those of the candidates without factors
+            if self.warm is not None and s.fit_bias:
+                # [v_j, b_j] refitted jointly (non-private): the model's biases start them where it holds the item;
+                # a private run's biases are the fresh statistics' (the iterations do not refit them)
+                bias = np.where(self.warm.matched, self.warm.bias, bias)
             Cw = C  # the item-side weight totals: the statistics' counts, or released in iteration 1
 
         def gated_out():
@@ -822,6 +843,7 @@ class _AlsBase(Method):
                 o["ridge"] = lam
         m = type(self)(epsilon=self.epsilon, delta=self.delta, rank=self.rank, seed=self.seed,
                        users=self.user_count(store), **o)
+        m.warm = self.warm
         fitted = m.fit(store, engine)
         V, bias = fitted.item_factors, fitted.item_bias
         if kind != "factors":
@@ -1265,6 +1287,8 @@ class _AlsBase(Method):
             notes.append(f"the user intercept's local ridge ({'none: no intercept' if math.isinf(local) else f'{local:.4g}'}"
                          f") is the residual variance over the users' offset variance, read off the released offset "
                          f"moments (post-processing)")
+        if self.warm is not None:
+            notes.append(self.warm.note())
         ledger = self.ledger(store, plan, notes=notes)
         params = {key: getattr(s, key) for key in MODEL_PARAMETERS}
         params["select"] = "auto" if s.select else "off"
@@ -1287,6 +1311,8 @@ class _AlsBase(Method):
             info["selection"]["offset_ridge"] = offset
         if s.profile is not None:
             info["user_profile"] = s.profile.to_dict()
+        if self.warm is not None:
+            info["warm_start"] = self.warm.describe()
         return Fitted(item_factors=np.asarray(V, np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
                       owner={"users_clipped_by_iteration": list(history)},
@@ -1451,6 +1477,7 @@ class ALS(_AlsBase):
 
     name = "als"
     MAIN_OPTIONS = ("iters", "mechanism", "select", "checkpoint")
+    WARM_START_FAMILIES = ("als", "irls")
     SUMMARY = "private alternating least squares, DP-ALS (Chien et al. 2021) with Gaussian/Laplace/Huber noise"
     Options = AlsOptions
 
@@ -1461,6 +1488,7 @@ class IRLS(_AlsBase):
 
     name = "irls"
     MAIN_OPTIONS = ("iters", "mechanism", "huber_delta", "irls_iters", "select", "checkpoint")
+    WARM_START_FAMILIES = ("als", "irls")
     SUMMARY = "ALS with Huber-loss IRLS user solves (the Huber-mechanism paper's R-IRLS), same item side"
     Options = IrlsOptions
     irls = True

@@ -168,6 +168,9 @@ class Method:
     #: Whether the method fits factors at all (``means`` releases the global mean and item biases only: its
     #: rank is unused, and a store of fewer items than the default rank is no reason to refuse it).
     FITS_FACTORS: ClassVar[bool] = True
+    #: The methods whose released models can start this one's item factors (``train --warm-start MODEL``,
+    #: :mod:`streamdp.methods._warm`); empty: the method takes no warm start.
+    WARM_START_FAMILIES: ClassVar[tuple[str, ...]] = ()
     #: The options most runs set (names of ``OPTIONS``): ``streamdp train --method X --help`` lists them first and
     #: the rest under "Expert options" (their defaults are derived from the store and epsilon).
     MAIN_OPTIONS: ClassVar[tuple[str, ...]] = ()

@@ -58,6 +58,7 @@ from streamdp.methods._notes import seed_notes
 from streamdp.methods._profile import EDGES, UserProfile, user_profile
 from streamdp.methods._psd import psd
 from streamdp.methods._selection import MARGIN, held_positions, holdout
+from streamdp.methods._warm import WarmStart, initial_factors, warm_iters
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy.bounding import contribution_weights
@@ -147,7 +148,8 @@ class IalsOptions(MethodOptions):
                       "(bound tau)",
                       default=32, minimum=1, default_text="32; private --item-weights uniform: from a released "
                       "histogram of pairs per user, the count 75% of users are within, in 4..32")
-    iters: int | None = option("ALS iterations", minimum=1, default_text="10 non-private, 3 private")
+    iters: int | None = option("ALS iterations", minimum=1, default_text="10 non-private, 3 private; under "
+                               "--warm-start a quarter of that, rounded up")
     clip: float | None = option("largest norm a user's factor may have on the item side: "
                                 "bounds each user's influence (clip Delta)",
                                 default_text="0.4 private, none non-private", **_POS)
@@ -251,6 +253,15 @@ class IalsSettings(RunSettings):
     min_pairs: int = 1
     #: Private runs: the weights of a user's pairs in the released item counts (``--count-weights``).
     count_weights: str = "uniform"
+    #: The model a ``--warm-start`` run starts from (its path and run id; empty: a cold run): in the run's fingerprint.
+    warm_start: str = ""
+
+    def as_dict(self) -> dict:
+        """:meth:`RunSettings.as_dict`, without ``warm_start`` in a cold run (its fingerprint stays as it was)."""
+        out = super().as_dict()
+        if not self.warm_start:
+            del out["warm_start"]
+        return out
 
     def local(self) -> dict:
         """``model.json``'s ``local_implicit``: what :func:`streamdp.serving.local.implicit_pairs` needs."""
@@ -265,6 +276,9 @@ class IALS(Method):
 
     name = "ials"
     MAIN_OPTIONS = ("iters", "preference", "alpha", "select", "checkpoint")
+    WARM_START_FAMILIES = ("ials",)
+    #: The earlier model's item rows a ``--warm-start`` run starts from (:mod:`streamdp.methods._warm`), or ``None``.
+    warm: WarmStart | None = None
     SUMMARY = ("private implicit-feedback ALS (Hu, Koren & Volinsky 2008) with DP-ALS noise: ranks items, for "
                "lists; trains on ratings or on implicit data")
     Options = IalsOptions
@@ -321,7 +335,8 @@ class IALS(Method):
             implicit=implicit, preference="counts" if implicit else o.preference, alpha=alpha,
             max_confidence=cmax, count_scale=o.count_scale,
             tau=o.tau if profile is None else tau_from_profile(profile.counts),  # adaptive: --tau (32), no profile
-            iters=o.iters if o.iters is not None else (3 if private else 10),
+            iters=o.iters if o.iters is not None else (
+                (3 if private else 10) if self.warm is None else warm_iters(3 if private else 10)),
             clip=o.clip if o.clip is not None else (0.4 if private else math.inf),
             clip_popularity=o.clip_popularity if private else math.inf, reg=o.reg,
             ridge=o.ridge if o.ridge is not None else (1.0 if private else max(o.reg, 1e-6)),
@@ -333,7 +348,8 @@ class IALS(Method):
             select=o.select == "auto", item_floor=o.item_floor if private else 0.0,
             item_weights=o.item_weights if private else "uniform", adaptive_exponent=o.adaptive_exponent,
             reg_scaled=o.reg_scaled and private, min_pairs=o.min_pairs if private else 1,
-            count_weights=o.count_weights if private else "uniform")
+            count_weights=o.count_weights if private else "uniform",
+            warm_start="" if self.warm is None else f"{self.warm.path} (run {self.warm.run_id})")
         if private and s.count_share + s.gram_share >= 1.0:
             raise ParameterError(f"--count-share + --gram-share = {s.count_share + s.gram_share:g} leaves no budget "
                                  f"for the right-hand sides (must be < 1)")
@@ -496,7 +512,9 @@ class IALS(Method):
         if ck is None:
             g = run.rng(_INIT, 0)
             Y = np.zeros((n, self._d(s)))
-            Y[:, :k] = g.standard_normal((n, k)) * (1.0 / math.sqrt(k) if self.private else 0.01)
+            # the cold draw always (an item new to a warm start keeps its cold row), the model's rows over it
+            Y[:, :k] = initial_factors(g.standard_normal((n, k)) * (1.0 / math.sqrt(k) if self.private else 0.01),
+                                       self.warm)
             if self._keep is not None:
                 Y[~self._keep, :k] = 0.0
             if s.popularity:
@@ -864,6 +882,8 @@ class IALS(Method):
                          f"(the last iteration's noisy right-hand sides stood less than {SIGNAL_Z:g} noise standard "
                          f"deviations above pure noise); the lists are the chart by the released counts (the "
                          f"popularity column)")
+        if self.warm is not None:
+            notes.append(self.warm.note())
         ledger = self.ledger(store, plan, notes=notes)
         pop_column = s.popularity or Y.shape[1] > self.rank  # a non-private run's chart (:func:`_chart_rows`)
         info = {"method": self.name, "factors_released": released, "rank": self.rank,
@@ -883,6 +903,8 @@ class IALS(Method):
                                  "implicit-ALS item rows; scores rank items, they are not ratings")}
         if s.profile is not None:
             info["user_profile"] = s.profile.to_dict()
+        if self.warm is not None:
+            info["warm_start"] = self.warm.describe()
         if choice is not None:
             info["selection"] = _selection_record(self.private, released, choice, light, below, sd)
 

@@ -53,7 +53,7 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
           rank: int | None = None, seed: int | None = None, workers: int | None = None, memory_limit=None,
           scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True,
           users_bound: int | None = None, k: int = 10, ranking_users: int | str = 10_000,
-          allow_nonprivate: bool = False, **options) -> Model:
+          allow_nonprivate: bool = False, warm_start=None, **options) -> Model:
     """Train ``method`` on ``store`` with user-level privacy ``epsilon`` and return the released model.
 
     Exactly what ``streamdp train`` runs (:func:`streamdp.workflows.training.train`): the
@@ -91,6 +91,10 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
         store's spend infinite for good, so ``epsilon=inf`` is refused (:class:`~streamdp.errors.ParameterError`,
         nothing released) without it, unless the store's spend is infinite already (as the CLI, which then asks
         nothing). Decision: an argument, not a prompt, since a library call has no terminal to ask on.
+    warm_start : path or Model, optional
+        A model released earlier (``als``/``irls``, or ``ials`` from ``ials``; same rank) whose item factors start the run instead of random
+        ones (``--warm-start``): post-processing, free in privacy (the ledger's epsilon is a cold run's); items
+        matched by id, new items start cold; ``iters`` defaults to a quarter of the cold default.
     **options
         The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
     """
@@ -100,7 +104,8 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     return _released(out, lambda out: train_model(
         store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, workers=workers,
         scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget, force=force,
-        evaluate_test=evaluate, users_bound=users_bound, k=k, ranking_users=ranking_users, **options))
+        evaluate_test=evaluate, users_bound=users_bound, k=k, ranking_users=ranking_users, warm_start=warm_start,
+        **options))
 
 
 def _confirm_nonprivate(store, epsilon, allow: bool) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 from streamdp.errors import InputError, Interrupted, ParameterError, StreamdpError
 from streamdp.manifest import public_parameters
 from streamdp.methods import Method, get_method
+from streamdp.methods._warm import warm_start_from
 from streamdp.methods.base import user_count_for
 from streamdp.methods.lowrank import WEAKER_NOTE, LowRank
 from streamdp.model_dir import model_budget_entry
@@ -45,7 +46,8 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
           seed: int | None = None,
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
           force: bool = False, evaluate_test: bool = True, state: str | None = None, users_bound: int | None = None,
-          users=None, k: int = DEFAULT_K, ranking_users=DEFAULT_RANKING_USERS, items=None, **options) -> dict:
+          users=None, k: int = DEFAULT_K, ranking_users=DEFAULT_RANKING_USERS, items=None, warm_start=None,
+          **options) -> dict:
     """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
 
     The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
@@ -68,7 +70,9 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     metrics (:func:`streamdp.serving.evaluate.evaluate_model`: a seeded sample by default, ``"all"``). ``items``: the
     catalogue the owner declares (ids, or the path of a file of ids, ``--items``); without it the store's declared
     catalogue, or one selected privately (:mod:`streamdp.privacy.catalogue`): the model's items are never the
-    store's items as read off the data.
+    store's items as read off the data. ``warm_start``: a model released earlier (a path or a loaded
+    :class:`~streamdp.serving.model.Model`) whose item factors start the run (``--warm-start``,
+    :func:`warm_model`): free post-processing, fewer iterations by default; ``rank=None`` is then the model's rank.
     """
     t0 = time.perf_counter()
     epsilon = parse_epsilon(epsilon)  # "1e309" is an error, only "inf" is infinite
@@ -76,6 +80,11 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     k, ranking_users = check_k(k), check_ranking_users(ranking_users)  # before anything is spent
     store = store if isinstance(store, RatingStore) else open_store(store)
     cls = get_method(method) if isinstance(method, str) else method
+    warm = None
+    if warm_start is not None:  # every check that needs no store pass, before anything is released
+        warm = warm_model(cls, warm_start, checkpoint=options.get("checkpoint"))
+        if rank is None:
+            rank = warm.rank if np.ndim(warm.item_factors) == 2 else None
     if users is None or not cls.RELEASES_USER_COUNT:
         users = user_count_for(cls, store, epsilon=epsilon, seed=seed, users_bound=users_bound)
     if delta is None:
@@ -88,6 +97,9 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
                                      items=declared_items(items, store))
     st, m = prepare(store, method=cls, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                     force=force, users=users, catalogue=catalogue, **options)
+    if warm is not None:
+        m.warm = warm_start_from(warm, st.item_ids(), method=m.name, families=cls.WARM_START_FAMILIES, rank=m.rank,
+                                 private=m.private)
     with dask_session(scheduler, workers) as scheduler:
         m.check_scheduler(scheduler)  # before anything is reserved
         fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler,
@@ -101,6 +113,36 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
         except KeyboardInterrupt:
             raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
                               f"evaluation skipped") from None
+
+
+def warm_model(cls, warm_start, *, checkpoint=None):
+    """The model ``train --warm-start`` starts from, loaded (one-line :class:`ParameterError` when it cannot be).
+
+    Refused before anything is read or released: a method that takes no warm start
+    (``WARM_START_FAMILIES`` empty: it iterates on no item factors), a path that is not a
+    model, and ``--checkpoint`` with it. Decision: the two are refused together rather than
+    letting the checkpoint win, since a resumed run would ignore the model the user named
+    and a fresh one would be a run of another fingerprint than a later resume of it; resume
+    without ``--warm-start`` (the checkpoint holds the iterate), or warm start without
+    ``--checkpoint``. The model's method family, rank and item ids are checked against
+    the run by :func:`streamdp.methods._warm.warm_start_from`.
+    """
+    from streamdp.methods import METHODS
+    from streamdp.serving.model import load_model
+
+    if not cls.WARM_START_FAMILIES:
+        takes = sorted(n for n, c in METHODS.items() if c.WARM_START_FAMILIES)
+        raise ParameterError(f"--warm-start: --method {cls.name} takes no warm start (its fit does not iterate from "
+                             f"item factors a model releases; --warm-start works with --method {', '.join(takes)})")
+    if checkpoint:
+        raise ParameterError("--warm-start with --checkpoint: refused (a resumed run would not start from the model); "
+                             "resume without --warm-start, or warm start without --checkpoint")
+    if isinstance(warm_start, Model):
+        return warm_start
+    try:
+        return load_model(os.fspath(warm_start))
+    except StreamdpError as exc:
+        raise ParameterError(f"--warm-start {os.fspath(warm_start)}: not a model ({exc})") from None
 
 
 def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delta: float, rank: int | None = None,
@@ -259,6 +301,9 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
     }
     if getattr(m, "catalogue", None) is not None:
         summary["items"] = m.catalogue.describe()
+    if "warm_start" in info:
+        summary["warm_start"] = {k: v for k, v in info["warm_start"].items() if k != "privacy"}
+        summary["iterations_run"] = info.get("iterations_run")
     if (why := (info.get("selection") or {}).get("why")) is not None:  # ials: the factors or the chart, and why
         summary["release_choice"] = why
     if fitted.owner:

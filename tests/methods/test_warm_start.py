@@ -1,0 +1,214 @@
+"""``train --warm-start MODEL`` (issue 43, part 3): als/irls start their item factors from a released model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from streamdp.cli import main
+from streamdp.errors import ParameterError
+from streamdp.methods import get_method
+from streamdp.methods._warm import initial_factors, warm_iters, warm_start_from
+from streamdp.serving.model import Model, load_model
+from streamdp.workflows.training import train
+
+#: A run small enough to be quick: factors (iterations given, no choice), one worker.
+FAST = dict(epsilon=1.0, delta=1e-6, seed=1, iters=2, select="off", workers=1, evaluate_test=False)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from streamdp.storage.generate import generate_store
+
+    p = tmp_path_factory.mktemp("warm") / "s.zarr"
+    return generate_store(str(p), n_users=1500, n_items=60, ratings_per_user=10, rank=2, seed=3,
+                          test_fraction=0.2, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def earlier(store, tmp_path_factory):
+    """A model released earlier from the store (rank 2)."""
+    out = tmp_path_factory.mktemp("earlier") / "m"
+    train(store.path, method="als", out=str(out), rank=2, **FAST)
+    return out
+
+
+def _run(store, out, **kw):
+    train(store.path, method=kw.pop("method", "als"), out=str(out), **{**FAST, "rank": 2, **kw})
+    return load_model(str(out))
+
+
+def _shifted(model: Model, offset: int) -> Model:
+    """``model`` with every item id moved by ``offset`` (items the store does not have)."""
+    return Model(path=model.path, item_factors=model.item_factors, item_bias=model.item_bias,
+                 item_ids=np.asarray(model.item_ids) + offset, global_mean=model.global_mean, info=model.info,
+                 ledger=model.ledger, extras={})
+
+
+def test_a_warm_start_changes_the_initial_factors_and_a_seeded_one_repeats(store, earlier, tmp_path):
+    cold = _run(store, tmp_path / "cold", seed=2)
+    warm1 = _run(store, tmp_path / "w1", seed=2, warm_start=str(earlier))
+    warm2 = _run(store, tmp_path / "w2", seed=2, warm_start=load_model(str(earlier)))  # a path or a Model
+    assert not np.allclose(warm1.item_factors, cold.item_factors)
+    np.testing.assert_array_equal(warm1.item_factors, warm2.item_factors)
+    np.testing.assert_array_equal(warm1.item_bias, cold.item_bias)  # private: the biases are the fresh statistics'
+    ws = warm1.info["warm_start"]
+    assert ws["model"] == str(earlier) and ws["method"] == "als"
+    assert (ws["items_matched"], ws["items_new"], ws["items_dropped"]) == (60, 0, 0)
+    assert any(n.startswith(f"warm start from the model {earlier}") and "free in privacy" in n
+               for n in warm1.ledger.notes)
+
+
+def test_the_ledger_epsilon_is_the_cold_runs(store, earlier, tmp_path):
+    _run(store, tmp_path / "cold", seed=2)
+    _run(store, tmp_path / "warm", seed=2, warm_start=str(earlier))
+    c, w = (json.loads((tmp_path / d / "privacy.json").read_text()) for d in ("cold", "warm"))
+    assert w["epsilon"] == c["epsilon"] and w["delta"] == c["delta"]
+    assert w["accounting"] == c["accounting"]
+    assert w["events"] == c["events"]
+
+
+def test_new_items_start_cold_and_the_models_other_items_are_dropped(store, earlier):
+    m = load_model(str(earlier))
+    ids = np.asarray(store.item_ids())
+    keep = np.arange(len(ids)) % 3 != 0  # the model lacks every third item of the store ...
+    extra = np.array([10_000, 10_001])  # ... and holds two the store lacks
+    part = Model(path=m.path, item_factors=np.vstack([m.item_factors[keep], np.ones((2, 2), np.float32)]),
+                 item_bias=np.concatenate([m.item_bias[keep], [1.0, 1.0]]).astype(np.float32),
+                 item_ids=np.concatenate([ids[keep], extra]), global_mean=m.global_mean, info=m.info,
+                 ledger=m.ledger, extras={})
+    w = warm_start_from(part, ids, method="als", families=("als", "irls"), rank=2, private=True)
+    np.testing.assert_array_equal(w.matched, keep & np.any(m.item_factors != 0, axis=1))
+    assert w.dropped == 2
+    cold = np.random.default_rng(0).standard_normal((len(ids), 2))
+    v0 = initial_factors(cold, w)
+    np.testing.assert_array_equal(v0[~w.matched], cold[~w.matched])  # a new item: the cold run's row
+    np.testing.assert_allclose(v0[w.matched], m.item_factors[w.matched])
+
+
+def test_a_model_sharing_no_item_starts_every_item_cold(store, earlier, tmp_path):
+    """Every item new: the warm run's initial factors are the cold run's, so a seeded release is the same."""
+    cold = _run(store, tmp_path / "cold", seed=4)
+    warm = _run(store, tmp_path / "warm", seed=4, warm_start=_shifted(load_model(str(earlier)), 100_000))
+    np.testing.assert_array_equal(warm.item_factors, cold.item_factors)
+    assert warm.info["warm_start"]["items_new"] == 60 and warm.info["warm_start"]["items_dropped"] == 60
+
+
+def test_a_warm_start_takes_a_quarter_of_the_default_iterations(store, earlier):
+    assert [warm_iters(t) for t in (0, 5, 7, 9, 15)] == [0, 2, 2, 3, 4]
+    cls = get_method("als")
+    for eps in (float("inf"), 200.0):  # non-private 15, private from the signal-to-noise proxy
+        m = cls(epsilon=eps, delta=1e-6, rank=2, seed=1)
+        cold = m.settings(store).iters
+        m.warm = warm_start_from(str(earlier), store.item_ids(), method="als", families=cls.WARM_START_FAMILIES,
+                                 rank=2, private=m.private)
+        assert cold > 0 and m.settings(store).iters == warm_iters(cold) < cold
+    m = cls(epsilon=float("inf"), delta=1e-6, rank=2, seed=1, iters=6)
+    m.warm = warm_start_from(str(earlier), store.item_ids(), method="als", families=("als", "irls"), rank=2,
+                             private=False)
+    assert m.settings(store).iters == 6  # a given --iters stands
+
+
+def test_irls_starts_from_an_als_model(store, earlier, tmp_path):
+    w = _run(store, tmp_path / "irls", method="irls", warm_start=str(earlier))
+    assert w.info["warm_start"]["method"] == "als" and w.method == "irls"
+
+
+def test_a_non_private_warm_start_begins_at_the_models_biases(store, tmp_path):
+    nonpriv = dict(epsilon=float("inf"), delta=1e-6, iters=1)
+    m0 = _run(store, tmp_path / "m0", **nonpriv)
+    cold = _run(store, tmp_path / "cold", seed=3, **nonpriv)
+    warm = _run(store, tmp_path / "warm", seed=3, warm_start=str(tmp_path / "m0"), **nonpriv)
+    assert not np.allclose(warm.item_bias, cold.item_bias)
+    assert m0.info["parameters"]["iters"] == 1
+
+
+def _cli_error(*args):
+    r = CliRunner().invoke(main, ["train", *map(str, args)])
+    assert r.exit_code == 2, r.output
+    (line,) = r.output.splitlines()
+    assert line.startswith("streamdp: error: ")
+    return line
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--rank", "3"], "a model of rank 2, this run's rank is 3"),
+    (["--method", "means"], "--method means takes no warm start"),
+    (["--method", "svd"], "--warm-start works with --method als, ials, irls"),
+    (["--checkpoint", "CK"], "--warm-start with --checkpoint: refused"),
+])
+def test_incompatible_runs_are_one_line(store, earlier, tmp_path, extra, words):
+    extra = [str(tmp_path / "ck") if a == "CK" else a for a in extra]
+    out = tmp_path / "m"
+    line = _cli_error(store.path, "--epsilon", "1", "--out", out, "--warm-start", earlier, *extra)
+    assert words in line
+    assert not out.exists()
+
+
+def test_incompatible_models_are_one_line(store, earlier, tmp_path):
+    out = tmp_path / "m"
+    assert "not a model" in _cli_error(store.path, "--epsilon", "1", "--out", out, "--warm-start", tmp_path)
+    m = load_model(str(earlier))
+    with pytest.raises(ParameterError, match="its item ids are string ids, the store's are integer ids"):
+        warm_start_from(Model(path="x", item_factors=m.item_factors, item_bias=m.item_bias,
+                              item_ids=np.array([f"i{j:03d}" for j in range(60)], object), global_mean=3.0,
+                              info=m.info, ledger=m.ledger, extras={}),
+                        store.item_ids(), method="als", families=("als", "irls"), rank=2, private=True)
+    zeros = Model(path="z", item_factors=np.zeros_like(m.item_factors), item_bias=m.item_bias,
+                  item_ids=m.item_ids, global_mean=3.0, info=m.info, ledger=m.ledger, extras={})
+    with pytest.raises(ParameterError, match="released no item factors"):
+        warm_start_from(zeros, store.item_ids(), method="als", families=("als",), rank=2, private=True)
+    nonpriv = Model(path="n", item_factors=m.item_factors, item_bias=m.item_bias, item_ids=m.item_ids,
+                    global_mean=3.0, info={**m.info, "epsilon": "inf"}, ledger=m.ledger, extras={})
+    with pytest.raises(ParameterError, match="a non-private model"):
+        warm_start_from(nonpriv, store.item_ids(), method="als", families=("als",), rank=2, private=True)
+    means = _run(store, tmp_path / "means", method="means", iters=None)
+    line = _cli_error(store.path, "--epsilon", "1", "--out", out, "--warm-start", tmp_path / "means")
+    assert "a model of --method means, which cannot start --method als" in line
+    assert means.method == "means"
+
+
+def test_ials_starts_from_an_ials_model_only(store, earlier, tmp_path):
+    """Non-private with the choice off: the tiny store's private ials releases the chart, no factors to start from."""
+    m0 = _run(store, tmp_path / "i0", method="ials", iters=1, select="off", epsilon=float("inf"))
+    cold = _run(store, tmp_path / "cold", method="ials", iters=1, select="off", epsilon=float("inf"), seed=2)
+    warm = _run(store, tmp_path / "warm", method="ials", iters=1, select="off", epsilon=float("inf"), seed=2, warm_start=str(tmp_path / "i0"))
+    again = _run(store, tmp_path / "again", method="ials", iters=1, select="off", epsilon=float("inf"), seed=2,
+                 warm_start=str(tmp_path / "i0"))
+    assert m0.info["factors_released"] and warm.info["warm_start"]["method"] == "ials"
+    assert not np.allclose(warm.item_factors, cold.item_factors)
+    np.testing.assert_array_equal(warm.item_factors, again.item_factors)
+    out = tmp_path / "x"
+    line = _cli_error(store.path, "--epsilon", "1", "--out", out, "--method", "ials", "--warm-start", earlier)
+    assert "a model of --method als, which cannot start --method ials (it needs a model of ials)" in line
+    cls = get_method("ials")
+    for eps, cold in ((float("inf"), 10), (1.0, 3)):
+        m = cls(epsilon=eps, delta=1e-6, rank=2, seed=1)
+        m.warm = warm_start_from(str(tmp_path / "i0"), store.item_ids(), method="ials", families=("ials",), rank=2,
+                                 private=False)
+        assert m.settings(store).iters == warm_iters(cold) < cold
+
+
+def test_the_python_api_and_the_cli_say_what_started_the_run(store, earlier, tmp_path):
+    import streamdp
+
+    m = streamdp.train(store.path, epsilon=1.0, out=str(tmp_path / "api"), rank=2, seed=1, iters=1, select="off",
+                       evaluate=False, warm_start=str(earlier))
+    assert m.summary["warm_start"]["model"] == str(earlier) and m.info["iterations_run"] == 1
+    r = CliRunner().invoke(main, ["train", str(store.path), "--epsilon", "1", "--out", str(tmp_path / "cli"),
+                                  "--seed", "1", "--iters", "1", "--warm-start", str(earlier)])
+    assert r.exit_code == 0, r.output
+    assert f"warm start: from {earlier} (als), 1 iterations; items 60 from it, 0 cold, 0 of its dropped" in r.output
+
+
+def test_a_model_of_integer_ids_cannot_start_a_store_of_string_ids(earlier, tmp_path):
+    from streamdp.storage.generate import generate_store
+
+    s = generate_store(str(tmp_path / "str.zarr"), n_users=300, n_items=60, ratings_per_user=8, rank=2, seed=3,
+                       string_ids=True, show_progress=False)
+    line = _cli_error(s.path, "--epsilon", "1", "--out", tmp_path / "m", "--warm-start", earlier)
+    assert "its item ids are integer ids, the store's are string ids" in line
+    assert not (tmp_path / "m").exists()
