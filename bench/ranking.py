@@ -142,9 +142,13 @@ def metrics_of_scores(score_block, train, test, tiekey, threshold, ks, block=204
         S[rows, tr.indices] = -np.inf
         m = min(kmax + 32, n_items)  # a margin for ties at the partition's edge, then an exact sort
         part = np.argpartition(-S, m - 1, axis=1)[:, :m] if m < n_items else np.tile(np.arange(n_items), (len(S), 1))
+        # the kmax-th score: where more than m items reach it (ties wider than the margin, e.g. the chart's counts
+        # on a heavy user's unseen tail) the candidates are every item that reaches it, so the tie-break is exact
+        kth = np.partition(S, n_items - kmax, axis=1)[:, n_items - kmax] if kmax < n_items else S.min(axis=1)
+        wide = (S >= kth[:, None]).sum(axis=1) > m
         lists = np.full((len(S), kmax), -1, np.int32)
         for u in range(len(S)):
-            cand = part[u]
+            cand = np.flatnonzero(S[u] >= kth[u]) if wide[u] else part[u]
             order = cand[np.lexsort((tiekey[cand], -S[u, cand]))][:kmax]
             order = order[np.isfinite(S[u, order])]
             lists[u, :len(order)] = order

@@ -443,8 +443,9 @@ The `bench/*.py` scripts go further on one subject each ([development.md](develo
     return head + "\n" + body
 
 
-#: Sections of the page written by another script (``bench/roofline.py``), kept when ``--write`` rewrites it.
-KEPT_HEADINGS = ("## ALS-family kernels against the machine",)
+#: Sections of the page written by other scripts (``bench/roofline.py``; ``bench/ranking.py`` on issue 42's shapes,
+#: tens of minutes, too long for this run), kept when ``--write`` rewrites it.
+KEPT_HEADINGS = ("## ALS-family kernels against the machine", "## Lists on issue 42's shapes")
 
 
 def kept_sections(path: str) -> str:
