@@ -110,12 +110,13 @@ def splits(st):
 def tiekey_of(st, model=None) -> np.ndarray:
     """Each store item's position in the released ``model`` (``None``: ascending original id, the order of a model
     of a store with declared items): ``evaluate``'s tie-break. A log ingested without its items declared has a
-    private catalogue, whose order is the model's own."""
+    private catalogue: the model's own items in its order, then the store's others in the store's order
+    (``Model.padded_to``, as ``evaluate`` scores it)."""
     ids = st.item_ids()
     if model is not None:
         from streamdp.storage.ids import find
 
-        return np.asarray(find(model.item_ids, ids), np.int64)
+        return np.asarray(find(model.padded_to(ids).item_ids, ids), np.int64)
     key = np.empty(len(ids), np.int64)
     key[np.argsort(ids, kind="stable")] = np.arange(len(ids))
     return key
@@ -440,6 +441,50 @@ def format_table(res, ks) -> str:
     return "\n".join(lines)
 
 
+def summary_table(results, k=10) -> str:
+    """One line per store: Recall@``k`` of the exact chart, ``ials`` at each epsilon run (``x`` the exact chart for
+    a private one; for epsilon 10, non-private and the tuned rows ``x`` implicit's best), the default's, the peers';
+    the floor (each ials row over the chart by its own released counts, the lowest); issue 42's targets read off it.
+    ``results``: :func:`run_store`'s dicts, or the same read back from ``--json`` (string keys)."""
+    def rec(row):
+        if not row or "skipped" in row:
+            return None
+        return (row.get(k) or row.get(str(k)))["recall"]
+
+    def cell(v, ref=None, what=""):
+        if v is None:
+            return ""
+        return f"{v:.3f}" + (f" ({v / ref:.2f}x{what})" if ref else "")
+
+    labels = [lab for r in results for lab in r["rows"] if lab.startswith("ials ")]
+    ials = list(dict.fromkeys(lab for lab in labels if not lab.startswith("ials tune")))
+    tuned = list(dict.fromkeys(lab for lab in labels if lab.startswith("ials tune")))
+    head = (["store", "exact chart"] + [f"`{lab}`" for lab in ials + tuned]
+            + ["default eps 1", "implicit's ALS (best)", "EASE (best)", "ials / its released chart (lowest)"])
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        rows = r["rows"]
+        chart = rec(rows.get("most popular (exact counts, non-private)"))
+        imp = rec(rows.get("implicit ALS (non-private, best of grid)"))
+        vals = [f"{r['store']} ({r['n_users']:,} x {r['n_items']:,})", cell(chart)]
+        floor = []
+        for lab in ials + tuned:
+            v = rec(rows.get(lab))
+            eps = lab.split("eps ")[-1]
+            big = eps in ("10", "inf") or lab in tuned
+            vals.append(cell(v, imp if big else chart, " implicit" if big else " chart"))
+            rel = (rows.get(lab) or {}).get("released_chart")
+            if v is not None and rel:
+                floor.append(v / max(rec(rel), 1e-12))
+        vals.append(cell(rec(rows.get("default (als eps 1): list score")), chart, " chart"))
+        setting = (rows.get("implicit ALS (non-private, best of grid)") or {}).get("setting")
+        vals.append(cell(imp) + (" (" + ", ".join(f"{a} {b:g}" for a, b in setting.items()) + ")" if setting else ""))
+        vals.append(cell(rec(rows.get("EASE (non-private, best lambda)"))))
+        vals.append(f"{min(floor):.2f}x" if floor else "")
+        out.append("| " + " | ".join(vals) + " |")
+    return "\n".join(out)
+
+
 def _floats(text):
     return [float(x) for x in text.split(",") if x]
 
@@ -517,6 +562,8 @@ def main(argv=None) -> int:
             res = run_store(name, st, tmp, a)
             results.append(res)
             print(format_table(res, a.k) + "\n", flush=True)
+        if results:
+            print(f"### Recall@{a.k[0]}, every store\n\n" + summary_table(results, a.k[0]) + "\n", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if a.json:

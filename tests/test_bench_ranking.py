@@ -91,3 +91,16 @@ def test_a_tie_wider_than_the_margin_breaks_by_the_tiekey():
     tiekey = np.arange(n)[::-1].copy()  # item 99 first
     r = ranking.metrics_of_scores(lambda a, b: np.ones((b - a, n)), train, test, tiekey, 4.0, [5])
     assert r[5]["recall"] == 1.0 and r[5]["ndcg"] == 1.0
+
+
+def test_the_tiekey_of_a_catalogue_model_is_evaluates_padded_order():
+    """A model of a private catalogue (items 5 and 2 of a store of 2, 7, 5, 3): ``evaluate`` scores it padded with
+    the store's other items in the store's order (``Model.padded_to``), so the exact chart's ties break by 5, 2, 7,
+    3 (before: the items outside the model all had key -1, and the log's chart check failed at k=20 by one swap)."""
+    from streamdp.serving.model import Model
+
+    m = Model(path="m", item_factors=np.zeros((2, 1)), item_bias=np.zeros(2), item_ids=np.array([5, 2]),
+              global_mean=0.0, info={}, ledger=None)
+    st = type("St", (), {"item_ids": lambda self: np.array([2, 7, 5, 3])})()
+    assert ranking.tiekey_of(st, m).tolist() == [1, 2, 0, 3]
+    assert ranking.tiekey_of(st).tolist() == [0, 3, 2, 1]  # no model: ascending original id
