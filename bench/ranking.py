@@ -30,6 +30,10 @@ ingested with ``--columns user,item``), Recall@k and NDCG@k for each ``--k`` of:
   EASE (Steck 2019: ``B = I - P diag(1/diag(P))``, ``P = (X^T X + lambda I)^-1``, closed
   form in NumPy, for up to ``--ease-max-items`` items; best ``lambda`` of a grid reported).
 
+After the stores' tables, one line per store of Recall@k (:func:`summary_table`): each list over the exact chart
+(private ``ials``, the default) or over implicit's best (epsilon 10, non-private, tuned), and the lowest ratio of an
+``ials`` model's lists to the chart by its own released counts: issue 42's targets read off it.
+
 The peers' best setting is chosen on the test split itself: optimistic for them, the
 bar streamdp is held to is therefore a high one. Their lists go through streamdp's own
 metric code (:func:`streamdp.kernels.topk.ranking_sums`, the kernel ``evaluate`` uses)
