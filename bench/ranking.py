@@ -4,12 +4,15 @@
     python bench/ranking.py --stores ml-100k --k 10,20 --json out.json
     python bench/ranking.py --stores regimes                 # the regime suite's stores (bench/regimes.py)
     python bench/ranking.py --stores clustered-10k           # 10,000 users in 20 taste groups (bench/ials.py's)
+    python bench/ranking.py --stores product-72k,log-6k,thin-600,repeat-log --implicit-grid issue42 \
+        --epsilons 1,10,inf                                  # issue 42's shapes, its peers' grid (docs/benchmarks.md)
     python bench/ranking.py --methods-table [--seeds 2]      # docs/methods.md's table: means, oja, als per epsilon
 
 Per store (real sets ingested from ``../shared/data`` with ``--test-fraction 0.2 --seed 1``
 and their declared ranges; generated ones with ``streamdp generate``; the clustered one written
-by :func:`bench.ials.clustered_csv` and ingested as the real sets), Recall@k and
-NDCG@k for each ``--k`` of:
+by :func:`bench.ials.clustered_csv` and ingested as the real sets; issue 42's shapes, :data:`SHAPES`,
+generated with ``--test-fraction 0.2 --seed 1``, ``log-6k``'s pairs then written as ``user,item`` files and
+ingested with ``--columns user,item``), Recall@k and NDCG@k for each ``--k`` of:
 
 * the two most-popular lists: by the exact training counts (non-private) and by the
   counts the default model released (post-processing of its release);
@@ -18,12 +21,18 @@ NDCG@k for each ``--k`` of:
   released counts) and, for comparison, by the predicted rating alone (the lists of
   streamdp before list scorers), with its test RMSE (unchanged by the scorer);
 * ``--method ials`` at each ``--epsilons`` value (``inf``: non-private), when a method
-  of that name is registered (:data:`streamdp.methods.METHODS`);
+  of that name is registered (:data:`streamdp.methods.METHODS`), and ``streamdp tune
+  --method ials`` (its default grid) at each ``--tune-epsilons`` value (default 10);
 * two non-private references fitted in the same run on the same training split:
   ``implicit``'s ALS (a bench-only import, skipped when it is not installed; a grid of
-  factors x regularization x alpha on the binary training matrix, best reported) and
+  factors x regularization x alpha on the binary training matrix, best reported;
+  ``--implicit-grid issue42``: issue 42's 27 settings) and
   EASE (Steck 2019: ``B = I - P diag(1/diag(P))``, ``P = (X^T X + lambda I)^-1``, closed
   form in NumPy, for up to ``--ease-max-items`` items; best ``lambda`` of a grid reported).
+
+After the stores' tables, one line per store of Recall@k (:func:`summary_table`): each list over the exact chart
+(private ``ials``, the default) or over implicit's best (epsilon 10, non-private, tuned), and the lowest ratio of an
+``ials`` model's lists to the chart by its own released counts: issue 42's targets read off it.
 
 The peers' best setting is chosen on the test split itself: optimistic for them, the
 bar streamdp is held to is therefore a high one. Their lists go through streamdp's own
@@ -63,6 +72,24 @@ GENERATED = {"gen-30k": dict(users=30_000, items=2_000, ratings_per_user=10),
 CLUSTERED = {"clustered-10k": dict(n_users=10_000, n_items=1_000, per_user=20)}
 #: The grids of the non-private references.
 IMPLICIT_GRID = [dict(factors=f, regularization=r, alpha=a) for f in (32, 64) for r in (0.01, 0.1) for a in (1.0, 10.0)]
+#: Issue 42's grid for implicit's ALS (its targets' "best of implicit's ALS"): factors x alpha x regularisation.
+ISSUE42_GRID = [dict(factors=f, regularization=r, alpha=a) for f in (16, 32, 64) for a in (1.0, 10.0, 40.0)
+                for r in (0.01, 0.1, 1.0)]
+#: Issue 42's shapes (``streamdp generate`` options, ``--test-fraction 0.2 --seed 1``). ``log_pairs``: the
+#: generated ratings' train and test pairs written as ``user,item`` files and ingested with ``--columns user,item``
+#: (an interaction log, every count 1: tests/methods/test_ials_log.py's recipe).
+SHAPES = {
+    # the real product set's shape (docs/ranking.md, "lighter, as the real set"): 85% of users with one rating
+    "product-72k": dict(users=72_000, items=2_400, ratings_per_user=1.3, user_exponent=1.5, taste_clusters=20,
+                        taste_strength=4.0),
+    # the 6,040 x 3,706 movie set as an interaction log, ~165 interactions per user
+    "log-6k": dict(users=6_040, items=3_706, ratings_per_user=165, item_exponent=0.9, taste_clusters=20,
+                   taste_strength=2.0, log_pairs=True),
+    # issue 42 part 4's thin store: 600 users x 10,000 items, ~165 ratings per user
+    "thin-600": dict(users=600, items=10_000, ratings_per_user=165, taste_clusters=20, taste_strength=2.0),
+    # an implicit log with repeat counts (``generate --implicit``)
+    "repeat-log": dict(users=15_000, items=2_000, ratings_per_user=20, taste_clusters=20, implicit=True),
+}
 EASE_LAMBDAS = (10.0, 50.0, 200.0, 1000.0)
 
 
@@ -84,9 +111,16 @@ def splits(st):
     return out
 
 
-def tiekey_of(st) -> np.ndarray:
-    """Each store item's position in a released model (ascending original id): ``evaluate``'s tie-break."""
+def tiekey_of(st, model=None) -> np.ndarray:
+    """Each store item's position in the released ``model`` (``None``: ascending original id, the order of a model
+    of a store with declared items): ``evaluate``'s tie-break. A log ingested without its items declared has a
+    private catalogue: the model's own items in its order, then the store's others in the store's order
+    (``Model.padded_to``, as ``evaluate`` scores it)."""
     ids = st.item_ids()
+    if model is not None:
+        from streamdp.storage.ids import find
+
+        return np.asarray(find(model.padded_to(ids).item_ids, ids), np.int64)
     key = np.empty(len(ids), np.int64)
     key[np.argsort(ids, kind="stable")] = np.arange(len(ids))
     return key
@@ -113,9 +147,13 @@ def metrics_of_scores(score_block, train, test, tiekey, threshold, ks, block=204
         S[rows, tr.indices] = -np.inf
         m = min(kmax + 32, n_items)  # a margin for ties at the partition's edge, then an exact sort
         part = np.argpartition(-S, m - 1, axis=1)[:, :m] if m < n_items else np.tile(np.arange(n_items), (len(S), 1))
+        # the kmax-th score: where more than m items reach it (ties wider than the margin, e.g. the chart's counts
+        # on a heavy user's unseen tail) the candidates are every item that reaches it, so the tie-break is exact
+        kth = np.partition(S, n_items - kmax, axis=1)[:, n_items - kmax] if kmax < n_items else S.min(axis=1)
+        wide = (S >= kth[:, None]).sum(axis=1) > m
         lists = np.full((len(S), kmax), -1, np.int32)
         for u in range(len(S)):
-            cand = part[u]
+            cand = np.flatnonzero(S[u] >= kth[u]) if wide[u] else part[u]
             order = cand[np.lexsort((tiekey[cand], -S[u, cand]))][:kmax]
             order = order[np.isfinite(S[u, order])]
             lists[u, :len(order)] = order
@@ -180,9 +218,10 @@ def peers(train, test, tiekey, threshold, ks, *, seed: int, threads: int, ease_m
 
 
 # -- streamdp's models ------------------------------------------------------------------------------------------
-def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True) -> dict:
-    """The two most-popular lists, the default model's lists (new and, with ``old_lists``, old scorer) and ``ials``
-    at each epsilon (with the chart by its own released counts, the floor its lists are held to)."""
+def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True, tune_epsilons=()) -> dict:
+    """The two most-popular lists, the default model's lists (new and, with ``old_lists``, old scorer), ``ials``
+    at each epsilon and ``tune --method ials`` at each of ``tune_epsilons`` (each with the chart by its own released
+    counts, the floor its lists are held to)."""
     import streamdp
     from streamdp.methods import load_builtin
     from streamdp.serving.evaluate import evaluate_model
@@ -194,37 +233,59 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True) -> dict:
                                   **kw)["ranking"] for k in ks}
 
     rows = {}
-    path = os.path.join(tmp, f"default-{seed}")
-    streamdp.train(st, epsilon=1.0, out=path, seed=seed, workers=workers, evaluate=False)
-    m = load_model(path)
-    ev = evaluate_model(m, st, workers=workers, k=min(ks), ranking_users="all")
-    new = ranked(m)
     k0 = min(ks)
 
     def pick(r, key=None):
         return {k: {"recall": (r[k] if key is None else r[k]["baselines"][key])["recall"],
                     "ndcg": (r[k] if key is None else r[k]["baselines"][key])["ndcg"]} for k in ks}
 
-    rows["most popular (exact counts, non-private)"] = pick(new, "popularity")
-    if "private_popularity" in new[k0]["baselines"]:
-        rows["most popular (default model's released counts)"] = pick(new, "private_popularity")
-    rows["default (als eps 1): list score"] = {**pick(new), "rmse": ev["rmse"],
-                                               "personalised": new[k0]["personalised"],
-                                               "list_scorer": new[k0]["list_scorer"]}
-    if old_lists:
-        old_m = load_model(path)
-        old_m.info = {**old_m.info, "list_scorer": {"kind": "predicted_rating"}}
-        rows["default (als eps 1): predicted rating (old lists)"] = {**pick(ranked(old_m)), "rmse": ev["rmse"]}
+    if st.implicit:  # als trains on ratings (it refuses a log): the exact chart comes from ials' first model below
+        ref = None
+        rows["most popular (exact counts, non-private)"] = None
+        rows["default (als eps 1): list score"] = {"skipped": "an implicit store: als trains on ratings"}
+    else:
+        path = os.path.join(tmp, f"default-{seed}")
+        streamdp.train(st, epsilon=1.0, out=path, seed=seed, workers=workers, evaluate=False)
+        m = load_model(path)
+        ev = evaluate_model(m, st, workers=workers, k=min(ks), ranking_users="all")
+        new = ref = ranked(m)
+        ref_model = m
+        rows["most popular (exact counts, non-private)"] = pick(new, "popularity")
+        if "private_popularity" in new[k0]["baselines"]:
+            rows["most popular (default model's released counts)"] = pick(new, "private_popularity")
+        rows["default (als eps 1): list score"] = {**pick(new), "rmse": ev["rmse"],
+                                                   "personalised": new[k0]["personalised"],
+                                                   "list_scorer": new[k0]["list_scorer"]}
+        if old_lists:
+            old_m = load_model(path)
+            old_m.info = {**old_m.info, "list_scorer": {"kind": "predicted_rating"}}
+            rows["default (als eps 1): predicted rating (old lists)"] = {**pick(ranked(old_m)), "rmse": ev["rmse"]}
     if "ials" in load_builtin():
         for e in epsilons:
             p = os.path.join(tmp, f"ials-{e:g}-{seed}")
             streamdp.train(st, method="ials", epsilon=e, allow_nonprivate=True,
                            out=p, seed=seed, workers=workers, evaluate=False)
             r = ranked(load_model(p))
+            if ref is None:
+                ref, ref_model = r, load_model(p)
+                rows["most popular (exact counts, non-private)"] = pick(r, "popularity")
             rows[f"ials eps {e:g}"] = pick(r)
             if "private_popularity" in r[k0]["baselines"]:
                 rows[f"ials eps {e:g}"]["released_chart"] = pick(r, "private_popularity")
-    return rows, new[k0]
+        for e in tune_epsilons:
+            p = os.path.join(tmp, f"ials-tune-{e:g}-{seed}")
+            t = time.perf_counter()
+            tuning = streamdp.tune(st, epsilon=e, method="ials", out=p, seed=seed, workers=workers,
+                                   evaluate=False).summary["tuning"]
+            r = ranked(load_model(p))
+            label = f"ials tune eps {e:g}"
+            rows[label] = {**pick(r), "chosen": tuning["chosen"], "tune_skipped": tuning.get("skipped"),
+                           "seconds": round(time.perf_counter() - t, 1)}
+            if "private_popularity" in r[k0]["baselines"]:
+                rows[label]["released_chart"] = pick(r, "private_popularity")
+    if ref is None:
+        raise SystemExit(f"{st.path}: an implicit store needs ials (--epsilons) for its lists")
+    return rows, ref[k0], tiekey_of(st, ref_model)
 
 
 # -- docs/methods.md's table: streamdp's methods on the real stores -------------------------------------------
@@ -259,6 +320,36 @@ def methods_table(st, name, seeds, epsilons) -> None:
 
 
 # -- stores ------------------------------------------------------------------------------------------------------
+def log_of(st, tmp, out):
+    """``st``'s train and test pairs as an interaction log: written as ``user,item`` CSV files (original ids) and
+    ingested with ``--columns user,item --train ... --test ...`` (every count 1), as tests/methods/test_ials_log.py
+    builds the issue's movie log."""
+    import streamdp
+
+    uids, iids = st.user_ids(), st.item_ids()
+    files = {}
+    for split in ("train", "test"):
+        files[split] = os.path.join(tmp, f"{os.path.basename(out)}-{split}.csv")
+        with open(files[split], "w") as fh:
+            fh.write("user,item\n")
+            for b in st.blocks(split):
+                n = np.diff(b.indptr)
+                u = np.repeat(np.arange(b.first_user, b.first_user + len(n)), n)
+                np.savetxt(fh, np.c_[uids[u], iids[b.items]], fmt="%s", delimiter=",")
+    return streamdp.ingest(train=files["train"], test=files["test"], out=out, columns="user,item")
+
+
+def shaped_store(name, tmp):
+    """Issue 42's store ``name`` (:data:`SHAPES`), generated (and, for a log, re-ingested) under ``tmp``."""
+    import streamdp
+
+    kw = dict(SHAPES[name])
+    log_pairs = kw.pop("log_pairs", False)
+    path = os.path.join(tmp, name + ".zarr")
+    st = streamdp.generate(path + (".ratings" if log_pairs else ""), seed=1, test_fraction=0.2, **kw)
+    return log_of(st, tmp, path) if log_pairs else st
+
+
 def open_stores(names, tmp, big: bool):
     """``(name, store)`` of each of ``names`` (``regimes``: every regime of bench/regimes.py)."""
     import streamdp
@@ -276,6 +367,8 @@ def open_stores(names, tmp, big: bool):
         elif name in GENERATED:
             yield name, streamdp.generate(os.path.join(tmp, name + ".zarr"), seed=1, test_fraction=0.2,
                                           **GENERATED[name])
+        elif name in SHAPES:
+            yield name, shaped_store(name, tmp)
         elif name in CLUSTERED:
             from bench.ials import clustered_csv
 
@@ -293,7 +386,7 @@ def open_stores(names, tmp, big: bool):
                                                        **kw)
         else:
             raise SystemExit(f"--stores: unknown store {name!r} (known: "
-                             f"{', '.join([*REAL, *GENERATED, *CLUSTERED, 'regimes'])})")
+                             f"{', '.join([*REAL, *GENERATED, *CLUSTERED, *SHAPES, 'regimes'])})")
 
 
 def run_store(name, st, tmp, a, old_lists=True) -> dict:
@@ -301,10 +394,11 @@ def run_store(name, st, tmp, a, old_lists=True) -> dict:
     from streamdp.serving.ranking import default_threshold
 
     t = time.perf_counter()
-    rows, ref = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed, a.workers,
-                              old_lists=old_lists)
+    rows, ref, tiekey = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed, a.workers,
+                              old_lists=old_lists, tune_epsilons=getattr(a, "tune_epsilons", ()))
     train, test = splits(st)
-    tiekey, thr = tiekey_of(st), default_threshold(st.rating_min, st.rating_max)
+    # evaluate's relevance: on an implicit store every held-out interaction (counts > 0)
+    thr = 0.0 if st.implicit else default_threshold(st.rating_min, st.rating_max)
     pop = np.bincount(train.indices, minlength=train.shape[1]).astype(np.float64)
     check = metrics_of_scores(lambda f, e: np.tile(pop, (e - f, 1)), train, test, tiekey, thr, a.k)
     for k in a.k:  # the peers' path must reproduce evaluate's exact chart
@@ -318,14 +412,16 @@ def run_store(name, st, tmp, a, old_lists=True) -> dict:
                  "ease": "EASE (non-private, best lambda)"}[peer]
         rows[label] = r
     return {"store": name, "n_users": st.n_users, "n_items": st.n_items, "n_ratings": st.n_ratings,
-            "evaluated_users": ref["n_users"], "relevant_threshold": thr, "seconds": round(time.perf_counter() - t, 1),
-            "rows": rows}
+            "implicit": bool(st.implicit), "evaluated_users": ref["n_users"], "relevant_threshold": thr,
+            "seconds": round(time.perf_counter() - t, 1), "rows": rows}
 
 
 def format_table(res, ks) -> str:
     head = [f"{m}@{k}" for k in ks for m in ("Recall", "NDCG")]
+    held = ("interaction" if res.get("implicit") else f"rating >= {res['relevant_threshold']:g}")
     lines = [f"### {res['store']}: {res['n_users']:,} users x {res['n_items']:,} items, {res['n_ratings']:,} training "
-             f"ratings; {res['evaluated_users']:,} users with a held-out rating >= {res['relevant_threshold']:g}",
+             f"{'interactions' if res.get('implicit') else 'ratings'}; {res['evaluated_users']:,} users with a held-out "
+             f"{held}",
              "", "| list | " + " | ".join(head) + " | note |", "|---|" + "---|" * (len(head) + 1)]
     for label, r in res["rows"].items():
         if "skipped" in r:
@@ -339,18 +435,91 @@ def format_table(res, ks) -> str:
             note.append("biases only: one list for all")
         if "setting" in r:
             note.append(", ".join(f"{k} {v:g}" for k, v in r["setting"].items()))
+        if "chosen" in r:
+            note.append("chose " + ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}"
+                                             for k, v in r["chosen"].items())
+                        + (f" (no choice made: {r['tune_skipped']})" if r.get("tune_skipped") else ""))
+        if "released_chart" in r:
+            note.append(f"its released chart {r['released_chart'][ks[0]]['recall']:.4f}")
         lines.append(f"| {label} | " + " | ".join(vals) + f" | {'; '.join(note)} |")
     return "\n".join(lines)
+
+
+def summary_table(results, k=10) -> str:
+    """One line per store: Recall@``k`` of the exact chart, ``ials`` at each epsilon run (``x`` the exact chart for
+    a private one; for epsilon 10, non-private and the tuned rows ``x`` implicit's best), the default's, the peers';
+    the floor (each ials row over the chart by its own released counts, the lowest); issue 42's targets read off it.
+    ``results``: :func:`run_store`'s dicts, or the same read back from ``--json`` (string keys)."""
+    def rec(row):
+        if not row or "skipped" in row:
+            return None
+        return (row.get(k) or row.get(str(k)))["recall"]
+
+    def cell(v, ref=None, what=""):
+        if v is None:
+            return ""
+        return f"{v:.3f}" + (f" ({v / ref:.2f}x{what})" if ref else "")
+
+    labels = [lab for r in results for lab in r["rows"] if lab.startswith("ials ")]
+    ials = list(dict.fromkeys(lab for lab in labels if not lab.startswith("ials tune")))
+    tuned = list(dict.fromkeys(lab for lab in labels if lab.startswith("ials tune")))
+    head = (["store", "exact chart"] + [f"`{lab}`" for lab in ials + tuned]
+            + ["default eps 1", "implicit's ALS (best)", "EASE (best)", "ials / its released chart (lowest)"])
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        rows = r["rows"]
+        chart = rec(rows.get("most popular (exact counts, non-private)"))
+        imp = rec(rows.get("implicit ALS (non-private, best of grid)"))
+        vals = [f"{r['store']} ({r['n_users']:,} x {r['n_items']:,})", cell(chart)]
+        floor = []
+        for lab in ials + tuned:
+            v = rec(rows.get(lab))
+            eps = lab.split("eps ")[-1]
+            big = eps in ("10", "inf") or lab in tuned
+            vals.append(cell(v, imp if big else chart, " implicit" if big else " chart"))
+            rel = (rows.get(lab) or {}).get("released_chart")
+            if v is not None and rel:
+                floor.append(v / max(rec(rel), 1e-12))
+        vals.append(cell(rec(rows.get("default (als eps 1): list score")), chart, " chart"))
+        setting = (rows.get("implicit ALS (non-private, best of grid)") or {}).get("setting")
+        vals.append(cell(imp) + (" (" + ", ".join(f"{a} {b:g}" for a, b in setting.items()) + ")" if setting else ""))
+        vals.append(cell(rec(rows.get("EASE (non-private, best lambda)"))))
+        vals.append(f"{min(floor):.2f}x" if floor else "")
+        out.append("| " + " | ".join(vals) + " |")
+    return "\n".join(out)
 
 
 def _floats(text):
     return [float(x) for x in text.split(",") if x]
 
 
+def parse_grid(text):
+    """``--implicit-grid``: ``issue42`` (:data:`ISSUE42_GRID`), ``default`` (:data:`IMPLICIT_GRID`) or
+    ``factors=16,32;alpha=1,10;regularization=0.1`` (their product; a key left out keeps the default's first value).
+
+    >>> len(parse_grid("factors=16,32;alpha=1,10,40"))
+    6
+    """
+    if text in (None, "", "default"):
+        return None
+    if text == "issue42":
+        return list(ISSUE42_GRID)
+    import itertools
+
+    axes = {"factors": [32], "regularization": [0.01], "alpha": [1.0]}
+    for part in filter(None, text.split(";")):
+        key, _, vals = part.partition("=")
+        if key.strip() not in axes or not vals:
+            raise SystemExit(f"--implicit-grid: {part!r} is not KEY=V1,V2 with KEY one of {', '.join(axes)}")
+        axes[key.strip()] = [int(v) if key.strip() == "factors" else float(v) for v in vals.split(",") if v]
+    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stores", default="ml-100k,filmtrust,gen-30k,gen-10k",
-                    help="comma-separated: ml-100k, filmtrust, gen-30k, gen-10k, clustered-10k, regimes")
+                    help="comma-separated: ml-100k, filmtrust, gen-30k, gen-10k, clustered-10k, regimes, and issue "
+                    "42's shapes: " + ", ".join(SHAPES))
     ap.add_argument("--k", default="10,20", help="list lengths (comma-separated)")
     ap.add_argument("--epsilons", default=None, help="ials's epsilons, when ials is registered (default "
                     "0.5,1,2,5,10,inf); with --methods-table als's (default 0.5,1,2,10,inf)")
@@ -358,6 +527,11 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--ease-max-items", type=int, default=20_000)
     ap.add_argument("--ease-lambdas", default=",".join(f"{x:g}" for x in EASE_LAMBDAS))
+    ap.add_argument("--tune-epsilons", default="10", help="epsilons of `tune --method ials` rows, when ials is "
+                    "registered (comma-separated; empty: none)")
+    ap.add_argument("--implicit-grid", default="default", help="implicit's ALS grid: default (factors 32,64 x reg "
+                    "0.01,0.1 x alpha 1,10), issue42 (factors 16,32,64 x alpha 1,10,40 x reg 0.01,0.1,1) or "
+                    "'factors=16,64;alpha=10;regularization=0.1'")
     ap.add_argument("--quick", action="store_true", help="one implicit ALS setting (64 factors, 0.01, alpha 1)")
     ap.add_argument("--big", action="store_true", help="with --stores regimes: also the 200k-user regime")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
@@ -383,7 +557,8 @@ def main(argv=None) -> int:
         raise SystemExit("--k: positive integers, e.g. 10,20")
     a.epsilons = _floats(a.epsilons or "0.5,1,2,5,10,inf")
     a.ease_lambdas = _floats(a.ease_lambdas)
-    a.grid = [dict(factors=64, regularization=0.01, alpha=1.0)] if a.quick else None
+    a.tune_epsilons = _floats(a.tune_epsilons)
+    a.grid = [dict(factors=64, regularization=0.01, alpha=1.0)] if a.quick else parse_grid(a.implicit_grid)
     tmp = tempfile.mkdtemp(prefix="bench-ranking-")
     results = []
     try:
@@ -391,6 +566,8 @@ def main(argv=None) -> int:
             res = run_store(name, st, tmp, a)
             results.append(res)
             print(format_table(res, a.k) + "\n", flush=True)
+        if results:
+            print(f"### Recall@{a.k[0]}, every store\n\n" + summary_table(results, a.k[0]) + "\n", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if a.json:

@@ -53,7 +53,9 @@ noisy (``--repeats`` 2 by default, to keep the whole run near 12 minutes on a bu
 2-core machine: at load average 15, about 11 minutes for 4 minutes of CPU). ``--write PATH`` writes the whole page (a header with the date, the commit,
 the machine's CPUs, its load average at the start and the end and the run's time,
 then the tables) to ``PATH`` through a temporary file renamed over it:
-``python -m bench --write docs/benchmarks.md`` is how that page is made. A part that
+``python -m bench --write docs/benchmarks.md`` is how that page is made (the sections other
+scripts write there, ``bench/roofline.py``'s and ``bench/ranking.py``'s on issue 42's shapes, are
+kept: :data:`KEPT_HEADINGS`). A part that
 fails is a row saying so; the page then goes to ``PATH.failed`` instead, the exit
 status is 1. The temporary stores are removed at the end.
 """
@@ -443,8 +445,9 @@ The `bench/*.py` scripts go further on one subject each ([development.md](develo
     return head + "\n" + body
 
 
-#: Sections of the page written by another script (``bench/roofline.py``), kept when ``--write`` rewrites it.
-KEPT_HEADINGS = ("## ALS-family kernels against the machine",)
+#: Sections of the page written by other scripts (``bench/roofline.py``; ``bench/ranking.py`` on issue 42's shapes,
+#: tens of minutes, too long for this run), kept when ``--write`` rewrites it.
+KEPT_HEADINGS = ("## ALS-family kernels against the machine", "## Lists on issue 42's shapes")
 
 
 def kept_sections(path: str) -> str:

@@ -75,3 +75,15 @@ def test_bad_arguments_are_refused_before_the_run(tmp_path):
         with pytest.raises(SystemExit) as exc:
             run.main(argv)
         assert exc.value.code == 2, argv
+
+
+def test_the_kept_sections_are_the_roofline_and_the_issue_42_lists(tmp_path):
+    """The sections other scripts write survive ``--write``: bench/roofline.py's and bench/ranking.py's table on issue
+    42's shapes (each up to the next ``## ``), nothing else of the old page."""
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\nold table\n\n## Training at scale (`bench/scale.py`)\n\nold scale\n\n"
+                    "## ALS-family kernels against the machine (`bench/roofline.py`)\n\nroofline\n\n"
+                    "## Lists on issue 42's shapes (`bench/ranking.py`)\n\n| a | b |\n")
+    kept = run.kept_sections(str(page))
+    assert "roofline" in kept and "| a | b |" in kept and "old" not in kept
+    assert kept.index("roofline") < kept.index("| a | b |")
