@@ -169,7 +169,7 @@ def als_model(small_store, tmp_path_factory):
     from streamdp.workflows.api import train
 
     out = str(tmp_path_factory.mktemp("rank") / "m")
-    train(small_store, method="als", epsilon=float("inf"), allow_nonprivate=True,
+    train(small_store, method="als", epsilon=float("inf"), allow_nonprivate=True, reg=10.0,  # one fit (no ridge choice)
           rank=4, out=out, seed=1, workers=1, evaluate=False)
     return out
 
@@ -207,15 +207,14 @@ def test_evaluate_cli_ranking_options(small_store, als_model):
 def test_train_summary_carries_the_ranking(small_store, tmp_path):
     runner = CliRunner()
     out = str(tmp_path / "t")
-    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--yes", "--rank", "4", "--out", out, "--seed",
-                               "1", "--json", "--workers", "1"])
+    fit = ("--epsilon", "inf", "--yes", "--rank", "4", "--iters", "5", "--reg", "10")  # one fit: no ridge to choose
+    res = runner.invoke(main, ["train", small_store.path, *fit, "--out", out, "--seed", "1", "--json", "--workers", "1"])
     assert res.exit_code == 0, res.output
     r = json.loads(res.stdout)["ranking"]
     ev = evaluate_model(out, small_store, workers=1)["ranking"]
     assert r["k"] == 10 and r["ndcg"] == pytest.approx(ev["ndcg"]) and r["recall"] == pytest.approx(ev["recall"])
     assert r["baselines"]["popularity"]["recall"] == pytest.approx(ev["baselines"]["popularity"]["recall"])
-    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--yes", "--rank", "4", "--out", out, "--seed",
-                               "1", "--force", "--workers", "1"])
+    res = runner.invoke(main, ["train", small_store.path, *fit, "--out", out, "--seed", "1", "--force", "--workers", "1"])
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("ranking: "))
     assert f"Recall@10 {r['recall']:.4f}  NDCG@10 {r['ndcg']:.4f}" in line and "most popular, non-private" in line
