@@ -282,8 +282,8 @@ def test_ranking_users_option(small_store, als_model, tmp_path):
     assert res.exit_code == 2
     assert res.stderr.strip() == "streamdp: error: --ranking-users must be a positive integer or 'all', got 'some'"
     out = str(tmp_path / "t")
-    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "4", "--out", out, "--seed",
-                               "1", "--workers", "1", "--k", "5", "--ranking-users", "400"])
+    res = runner.invoke(main, ["train", small_store.path, "--epsilon", "inf", "--rank", "4", "--iters", "5", "--reg", "10",
+                               "--out", out, "--seed", "1", "--workers", "1", "--k", "5", "--ranking-users", "400"])
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("ranking: "))
     assert "Recall@5" in line and "sampled users, standard error" in line
