@@ -75,7 +75,7 @@ def _part(owner: RatingStore, path: str, group: zarr.Group, attrs: dict) -> Rati
     p._root = group
     p.attrs = attrs
     p.info = info_from(attrs)
-    p._cache, p._readers, p._nnz = {}, {}, {}
+    p._cache, p._readers, p._members, p._nnz = {}, {}, {}, {}
     p._storage_options = owner._storage_options
     p.identity = owner.identity
     p.digest_fallbacks = 0
@@ -126,10 +126,10 @@ class SegmentedStore(RatingStore):
         first, end = self.block_range(b)
         n = end - first
         out = []
-        splits = [s for s in SPLITS if s in self.base._root]  # every part has the store's splits
+        splits = [s for s in SPLITS if self.base._has(s)]  # every part has the store's splits
         for p in self.parts:
             for s in splits:
-                if b < p.info.n_blocks and s in p._root:
+                if b < p.info.n_blocks and p._has(s):
                     blk, ok = read(p, b, s)
                     ip = blk.indptr
                     if len(ip) - 1 < n:
@@ -143,7 +143,7 @@ class SegmentedStore(RatingStore):
     def _merged(self, b: int, split: str, read) -> tuple[Block, bool | None]:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
-        if split not in self.base._root:
+        if not self.base._has(split):
             raise StoreError(f"{self.path}: store has no '{split}' split")
         return self._merge(b, self._sources(b, read), split)
 
@@ -151,7 +151,7 @@ class SegmentedStore(RatingStore):
         """``{split: Block}``: block ``b`` of every split, merged over the first ``n_parts`` parts (all by default),
         from one read of each part's blocks (an append compares the store before and after it this way)."""
         src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True))
-        splits = [s for s in SPLITS if s in self.base._root]
+        splits = [s for s in SPLITS if self.base._has(s)]
         if n_parts is not None:
             src = src[:n_parts * len(splits)]
         return {s: self._merge(b, src, s)[0] for s in splits}
@@ -166,7 +166,7 @@ class SegmentedStore(RatingStore):
         items = np.concatenate([s[2] for s in src]).astype(np.int32)
         ratings = np.concatenate([s[3] for s in src]).astype(np.float32)
         split_of = np.array([s[0] for s in src], np.int64)
-        part_of = np.arange(len(src), dtype=np.int64) // len([s for s in SPLITS if s in self.base._root])
+        part_of = np.arange(len(src), dtype=np.int64) // len([s for s in SPLITS if self.base._has(s)])
         from streamdp.kernels.segments import merge_rows  # numba: on first read, not at import (streamdp stays light)
 
         cap = self.attrs.get("count_cap") if self.info.implicit else None
@@ -277,16 +277,16 @@ class SegmentedStore(RatingStore):
         """:meth:`RatingStore.check_chunks` of the base, and of each segment its CSR, id and merge arrays."""
         self.base.check_chunks()
         for seg in self.segments:
-            names = [f"{s}/{a}" for s in SPLITS if s in seg._root
+            names = [f"{s}/{a}" for s in SPLITS if seg._has(s)
                      for a in ("indptr", "items", "ratings", "block_offsets")]
             names += ["new_user_ids", "new_item_ids", *MERGE_ARRAYS]
             for name in names:
                 seg._reader(name).check()
             for s in SPLITS:
-                if s in seg._root:
+                if seg._has(s):
                     seg.block_nnz(s)
         for s in SPLITS:
-            if s in self.base._root:
+            if self.base._has(s):
                 self.block_nnz(s)
         self.item_ids()
 

@@ -118,6 +118,7 @@ class RatingStore:
         )
         self._cache: dict[str, dict] = {}
         self._readers: dict = {}
+        self._members: dict[str, bool] = {}
         self._nnz: dict[str, np.ndarray] = {}
         self._storage_options = storage_options
         self.identity = self._identity(attrs)
@@ -243,7 +244,7 @@ class RatingStore:
 
     @property
     def has_test(self) -> bool:
-        return "test" in self._root and self.info.n_test > 0
+        return self._has("test") and self.info.n_test > 0
 
     def block_range(self, b: int) -> tuple[int, int]:
         """``(first_user, end_user)`` of block ``b``."""
@@ -256,6 +257,14 @@ class RatingStore:
     # Every read goes through a range reader of streamdp.storage.chunks, which refuses a
     # missing, empty, truncated or undecodable chunk with a StoreError naming the array;
     # blocks are validated here, at the edge, so kernels never see out-of-range indices.
+    def _has(self, name: str) -> bool:
+        """Whether the store holds ``name`` (an array or a group), asked of Zarr once per opened store (each
+        question is a round trip through Zarr's I/O thread, and a run asked the same ones a hundred times)."""
+        has = self._members.get(name)
+        if has is None:
+            has = self._members[name] = name in self._root
+        return has
+
     def _reader(self, name: str):
         """The checked range reader of array ``name`` (e.g. ``train/items``), cached."""
         r = self._readers.get(name)
@@ -279,7 +288,7 @@ class RatingStore:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
         sp = self._cache.get(split)
         if sp is None:
-            if split not in self._root:
+            if not self._has(split):
                 raise StoreError(f"{self.path}: store has no '{split}' split")
             readers = {n: self._reader(f"{split}/{n}") for n in CSR_ARRAYS}
             nb, chunk = self.info.n_blocks, readers["items"].chunk
@@ -303,7 +312,7 @@ class RatingStore:
 
     def _recorded(self, name: str, shape: tuple, dtype) -> np.ndarray | None:
         """A per-block array of checks (``None`` if the store was written without it), of ``shape``."""
-        if name not in self._root:
+        if not self._has(name):
             return None
         a = np.asarray(self.array(name)[...], dtype)
         if a.shape != shape:
@@ -492,14 +501,14 @@ class RatingStore:
         ``item_ids``. Raises :class:`StoreError` naming the store, the array and the
         chunk; ``streamdp verify`` reads everything and recomputes the checksum.
         """
-        names = [f"{s}/{a}" for s in SPLITS if s in self._root for a in CSR_ARRAYS]
-        names += ["user_ids", "item_ids"] + [a for a in ("user_counts", "item_counts") if a in self._root]
+        names = [f"{s}/{a}" for s in SPLITS if self._has(s) for a in CSR_ARRAYS]
+        names += ["user_ids", "item_ids"] + [a for a in ("user_counts", "item_counts") if self._has(a)]
         if "train_item_stats" in self.attrs:
             names += ["train/item_sums", "train/item_counts"]
         for name in names:
             self._reader(name).check()
         for s in SPLITS:
-            if s in self._root:
+            if self._has(s):
                 self.block_nnz(s)
         self.item_ids()  # item-side and small: decoded once, since every model releases them
 
@@ -526,7 +535,7 @@ class RatingStore:
     def item_names(self) -> np.ndarray | None:
         """Names of the items (``ingest --item-names``; public metadata: :mod:`streamdp.storage.names`), indexed
         like :meth:`item_ids` (``""`` for an unnamed item), or ``None`` for a store without names."""
-        if "item_names" not in self._root:
+        if not self._has("item_names"):
             return None
         return np.asarray(self._per_entity("item_names", self.info.n_items), dtype=object)
 
@@ -563,7 +572,7 @@ class RatingStore:
     def array(self, name: str) -> zarr.Array:
         """Any other array of the store by path (e.g. ``truth/item_factors``), after checking
         that all its chunks are present."""
-        if name not in self._root:
+        if not self._has(name):
             raise StoreError(f"{self.path}: store has no array '{name}'")
         arr = self._root[name]
         ZarrReader(arr, f"{self.path}: {name}").check()
