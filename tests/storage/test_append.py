@@ -82,6 +82,12 @@ def _train(store, seed=3):
     return streamdp.train(store, epsilon=5.0, seed=seed, evaluate=False, rank=4)
 
 
+def _fit_once(store, seed=3):
+    """A non-private als model fitted once (an explicit item ridge: nothing to choose), where any model will do."""
+    return streamdp.train(store, epsilon=float("inf"), allow_nonprivate=True, reg=10.0, iters=3, seed=seed,
+                          evaluate=False, rank=4)
+
+
 def test_append_then_train_equals_ingest_of_everything(tmp_path):
     """Seeded, the same model bit for bit: new users' ids sort after the old ones, the append adds as many ratings
     to every old item (their popularity order stays) and new items are the least rated, so both stores number
@@ -119,16 +125,16 @@ def test_compact_equals_segmented(tmp_path, parts):
     train, test = _triples(st), _triples(st, "test")
     assert not set(train) & set(test)  # a pair is in one split of the merged store
     uc, ic, uid, iid = st.user_counts(), st.item_counts(), list(st.user_ids()), list(st.item_ids())
-    m1 = _train(st)
+    m1 = _fit_once(st)
     c = compact(p)
     assert not isinstance(c, SegmentedStore) and c.attrs["format_version"] == 1
     assert not os.path.exists(os.path.join(p, SEGMENTS_DIR))
     assert _triples(c) == train and _triples(c, "test") == test
     assert np.array_equal(c.user_counts(), uc) and np.array_equal(c.item_counts(), ic)
     assert list(c.user_ids()) == uid and list(c.item_ids()) == iid
-    m2 = _train(c)
+    m2 = _fit_once(c)
     assert np.array_equal(m1.item_factors, m2.item_factors)
-    # the ledger went along: both releases are on it
+    # the ledger went along: both runs are on it
     from streamdp.privacy.budget import StoreBudget
 
     assert len(StoreBudget(p).entries()) == 2
@@ -227,7 +233,7 @@ def test_info_verify_evaluate_on_a_segmented_store(tmp_path, parts):
     assert r.exit_code == 0 and "segment " in r.output, r.output
     r = CliRunner().invoke(main, ["verify", p])
     assert r.exit_code == 0 and "OK" in r.output and "2 appended segment(s) each checked" in r.output, r.output
-    m = _train(open_store(p))
+    m = _fit_once(open_store(p))
     res = streamdp.evaluate(m, p)
     assert np.isfinite(res["rmse"]) and res["item_statistics"] == "pass (segments)"  # merged, by one pass
     # damage in a segment is found
@@ -265,7 +271,8 @@ def test_append_cli_and_implicit_counts(tmp_path):
         st.user_ids()  # a store opened before the compaction says so, not that it is damaged
 
 
-@pytest.mark.parametrize("split", [dict(split="temporal", test_fraction=0.2), dict(split="last-n", last_n=1),
+@pytest.mark.parametrize("split", [dict(split="temporal", test_fraction=0.2),
+                                   pytest.param(dict(split="last-n", last_n=1), marks=pytest.mark.slow),  # issue 41
                                    dict(test_fraction=0.3)])
 def test_append_holds_out_by_the_stores_split(tmp_path, split):
     def rows(seed, n, t0):
