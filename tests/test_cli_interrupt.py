@@ -36,6 +36,8 @@ def train_args(store, out):
     return ["train", str(store), "--epsilon", "1", "--delta", "1e-6", "--rank", "2", "--out", str(out)]
 
 
+@pytest.mark.slow  # issue 41: a real SIGINT is test_sigint_exit_code_of_a_real_process, a real train interrupted is
+# tests/adversarial/test_signals.py::test_sigterm_while_training_settles_like_ctrl_c (both by default)
 def test_sigint_while_training(store, tmp_path):
     out = tmp_path / "model"
     with training(store, out) as (proc, entry):

@@ -245,7 +245,8 @@ def test_every_methods_plan_at_max_epsilon(store, method):
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("z,expect", [pytest.param("1e-3", 504752.0, marks=pytest.mark.slow), ("1e-5", math.inf)])
+@pytest.mark.parametrize("z,expect", [pytest.param("1e-3", 504752.0, marks=pytest.mark.slow),
+                                      pytest.param("1e-5", math.inf, marks=pytest.mark.slow)])  # issue 41: below
 def test_privacy_epsilon_of_tiny_noise_in_bounded_memory(z, expect):
     """A Gaussian of noise multiplier 1e-3 has epsilon ~5.05e5 at delta 1e-6 (analytic Gaussian); the PLD's
     upper bound is reported. At 1e-5 (epsilon ~5e9) dp-accounting overflows: inf, an upper bound."""
@@ -258,3 +259,25 @@ def test_privacy_epsilon_of_tiny_noise_in_bounded_memory(z, expect):
         assert r["epsilon"] in ("inf", "Infinity") or r["epsilon"] == math.inf, r
     else:
         assert expect <= r["epsilon"] <= expect * (1 + 1e-3) and r["epsilon"] <= r["epsilon_rdp"], r
+
+
+def test_privacy_epsilon_of_tiny_noise_in_process_is_inf_in_bounded_memory(capsys):
+    """The default run's guard of the subprocess case above (-m slow): ``privacy epsilon`` of a noise multiplier of
+    1e-5 reports inf (dp-accounting overflows: an upper bound), quickly and without a large allocation."""
+    import time
+    import tracemalloc
+
+    from click.testing import CliRunner
+
+    from streamdp.cli import main
+
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        r = CliRunner().invoke(main, ["privacy", "epsilon", "--noise-multiplier", "1e-5", "--delta", "1e-6", "--json"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["epsilon"] in ("inf", "Infinity", math.inf)
+    assert peak < 512 * 2**20 and time.perf_counter() - t0 < 60, (peak, time.perf_counter() - t0)

@@ -169,7 +169,10 @@ def test_burst_during_settling_marks_the_entry_failed_once(store, tmp_path, sig,
     assert assert_settled(store, out, tmp_path)["status"] == "failed"
 
 
-@pytest.mark.parametrize("hook", [pytest.param("install", marks=pytest.mark.slow), "writing"])
+# issue 41: both with -m slow (5 s each); the default run interrupts the model write in process
+# (tests/test_cli_interrupt.py::test_interrupt_while_writing_the_model) and SIGTERMs a real train (below)
+@pytest.mark.parametrize("hook", [pytest.param("install", marks=pytest.mark.slow),
+                                  pytest.param("writing", marks=pytest.mark.slow)])
 def test_sigterm_during_the_model_write(store, tmp_path, hook):
     """install: SIGTERM while the model's files are written (held until the rename: the model is in place and
     its entry complete). writing: SIGTERM after the entry says 'writing', before the write: nothing is

@@ -97,6 +97,7 @@ def _sweep(store, out, methods="means", **kw):
                  **kw)
 
 
+@pytest.mark.slow  # issue 41: 3 s; training on Dask equals threads by default (tests/stream/test_cluster.py)
 def test_sweep_on_in_process_dask_equals_threads(store, tmp_path):
     a = _sweep(store, tmp_path / "a")
     b = _sweep(store, tmp_path / "b", scheduler="dask", state=str(tmp_path / "st"))
