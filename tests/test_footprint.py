@@ -40,3 +40,26 @@ def test_ingest_of_a_file_does_not_import_the_ledger_or_scipy(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == [], f"streamdp ingest loads {p.stdout.strip()}"
+
+
+#: What answering from a released model must not load: the ledger is read as recorded, never recomposed, so
+#: dp-accounting and the SciPy it brings (1.5 s and about 60 MB per process) stay out of ``recommend``.
+NOT_FOR_SERVING = ("dp_accounting", "scipy.stats", "scipy.signal", "streamdp.privacy.accountant")
+
+
+def test_recommend_from_a_model_does_not_import_the_accountant(tmp_path, cli):
+    from streamdp.storage.generate import generate_store
+
+    st = generate_store(str(tmp_path / "s.zarr"), n_users=300, n_items=40, ratings_per_user=8, rank=2, seed=1)
+    assert cli.run("train", st.path, "--method", "means", "--epsilon", "1", "--out", tmp_path / "m")[0] == 0
+    mine = tmp_path / "mine.csv"
+    mine.write_text("3,5\n4,1\n")
+    code = ("import json, sys; from streamdp.cli import main\n"
+            "try:\n"
+            f"    main(['recommend', {str(tmp_path / 'm')!r}, '--ratings', {str(mine)!r}, '--top', '3'])\n"
+            "except SystemExit as e:\n"
+            "    assert not e.code, e.code\n"
+            f"print(json.dumps(sorted(set(sys.modules) & set({NOT_FOR_SERVING!r}))))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [], f"streamdp recommend loads {p.stdout.strip()}"

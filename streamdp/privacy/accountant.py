@@ -37,7 +37,6 @@ import functools
 import math
 import re
 import sys
-from dataclasses import asdict, dataclass
 
 import dp_accounting
 import numpy as np
@@ -49,6 +48,12 @@ from dp_accounting.rdp import rdp_privacy_accountant as _rdp_acc
 
 from streamdp.errors import ParameterError
 from streamdp.privacy.events import DeltaDpEvent, PureDpEvent
+from streamdp.privacy.result import (
+    BOUNDED_ROW_CHANGE_RELATION,
+    DP_ACCOUNTING_VERSION,
+    NEIGHBOURING_RELATION,
+    AccountingResult,
+)
 
 __all__ = [
     "NEIGHBOURING_RELATION",
@@ -65,23 +70,6 @@ __all__ = [
     "pld_grid",
     "rdp_accountant",
 ]
-
-#: The neighbouring relation of every guarantee streamdp reports (unless its ledger states another one).
-NEIGHBOURING_RELATION = "add/remove one user and all of their ratings"
-
-#: The weaker relation of ``streamdp lowrank`` (Hardt & Roth, Def. 2.1, with unit ``L``): the users and items
-#: are fixed and public, and one user's row changes by a bounded amount. For a Gaussian release the PLD
-#: accountant's epsilon depends only on noise / L2 sensitivity, so it is exact for this relation when every
-#: sensitivity is taken under it (see :mod:`streamdp.methods.lowrank`).
-BOUNDED_ROW_CHANGE_RELATION = ("one user's row of the clipped matrix changes by a vector of L2 norm at most L "
-                               "(bounds.clip_L); users and items fixed and public (Hardt & Roth, Def. 2.1, unit L)")
-
-try:
-    from importlib.metadata import version as _version
-
-    DP_ACCOUNTING_VERSION = _version("dp-accounting")
-except Exception:  # pragma: no cover - metadata missing in odd installs
-    DP_ACCOUNTING_VERSION = "unknown"
 
 _REL = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -388,42 +376,6 @@ def check_calibratable(epsilon: float, flag: str = "--epsilon", *,
     if math.isfinite(epsilon) and epsilon > MAX_EPSILON:
         raise ParameterError(f"{flag} {_fmt_number(epsilon)}: above what the accountant can resolve "
                              f"(max {MAX_EPSILON:g}); {instead.format(flag=flag)}")
-
-
-@dataclass(frozen=True)
-class AccountingResult:
-    """Epsilon of a composed event at ``delta``, from PLD (the reported one) and RDP.
-
-    Attributes
-    ----------
-    epsilon : float
-        PLD epsilon (pessimistic upper bound; ``inf`` for a non-private event).
-    epsilon_rdp : float
-        RDP epsilon, a cross-check (never smaller than ``epsilon`` up to PLD's grid).
-    delta : float
-    accountant : str
-        ``"pld"``: the accountant ``epsilon`` comes from.
-    value_discretization_interval : float
-        PLD grid width used.
-    rdp_order : float
-        Renyi order that gave ``epsilon_rdp``.
-    dp_accounting_version : str
-    """
-
-    epsilon: float
-    epsilon_rdp: float
-    delta: float
-    accountant: str = "pld"
-    value_discretization_interval: float = 1e-4
-    rdp_order: float = float("nan")
-    dp_accounting_version: str = DP_ACCOUNTING_VERSION
-
-    def to_dict(self) -> dict:
-        """JSON-ready dict (``inf``/``nan`` kept as floats; ``json`` writes them as Infinity/NaN)."""
-        d = asdict(self)
-        d["cross_check"] = "rdp"
-        d["neighbouring_relation"] = NEIGHBOURING_RELATION
-        return d
 
 
 def _compose_checked(accountant, event):

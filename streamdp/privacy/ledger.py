@@ -17,17 +17,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import dp_accounting
-
 from streamdp.errors import ParameterError, StoreError
 from streamdp.jsonio import atomic_write_json, encode_json
-from streamdp.privacy.accountant import (
-    DP_ACCOUNTING_VERSION,
-    NEIGHBOURING_RELATION,
-    AccountingResult,
-    epsilon_of,
-)
-from streamdp.privacy.events import compose, event_from_dict, event_to_dict
+from streamdp.privacy.result import DP_ACCOUNTING_VERSION, NEIGHBOURING_RELATION, AccountingResult
 
 __all__ = [
     "Ledger",
@@ -166,7 +158,7 @@ class Ledger:
                                  f"relation {self.relation!r}")
         self.epsilon = float(self.epsilon)
         self.delta = float(self.delta)
-        self.events = [event_to_dict(e) if isinstance(e, dp_accounting.DpEvent) else dict(e) for e in self.events]
+        self.events = [dict(e) if isinstance(e, dict) else _event_dict(e) for e in self.events]
         if self.guarantee == GUARANTEE_NONE:
             if not math.isinf(self.epsilon):
                 raise ParameterError("a non-private ledger must have epsilon = inf")
@@ -182,12 +174,16 @@ class Ledger:
                 raise ParameterError(f"ledger: the accountant's epsilon {self.accounting.epsilon:.6g} exceeds the "
                                      f"claimed epsilon {self.epsilon:.6g}")
 
-    def event(self) -> dp_accounting.DpEvent:
-        """The composition of the recorded events, as one DpEvent."""
+    def event(self):
+        """The composition of the recorded events, as one ``dp_accounting.DpEvent``."""
+        from streamdp.privacy.events import compose, event_from_dict
+
         return compose([event_from_dict(e) for e in self.events])
 
     def recompute(self) -> AccountingResult:
         """Recompose the recorded events with the accountant (at the recorded delta)."""
+        from streamdp.privacy.accountant import epsilon_of
+
         return epsilon_of(self.event(), self.delta if self.delta > 0 else 1e-12)
 
     def to_dict(self) -> dict:
@@ -277,3 +273,11 @@ def privacy_warnings(ledger) -> list[str]:
     if g.startswith("not DP:"):
         out.insert(0, "the guarantee is NOT differential privacy: " + g[len("not DP:"):].strip())
     return out
+
+
+def _event_dict(event) -> dict:
+    """A ``dp_accounting.DpEvent`` as the ledger records it (the accountant is imported only by who builds events:
+    reading a ledger needs neither it nor SciPy)."""
+    from streamdp.privacy.events import event_to_dict
+
+    return event_to_dict(event)
