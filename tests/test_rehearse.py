@@ -534,10 +534,14 @@ OUTSIDE: dict = {}
 @pytest.mark.parametrize("store_name,method", [
     pytest.param(s, m, marks=[pytest.mark.xfail(reason=OUTSIDE[(s, m)])] if (s, m) in OUTSIDE else [])
     for s in STORES for m in ("means", "als")])
-def test_rehearsal_curve_lies_within_the_spread_of_the_real_sweep(tmp_path, store_name, method):
+def test_rehearsal_curve_lies_within_the_spread_of_the_real_sweep(tmp_path, monkeypatch, store_name, method):
     """The acceptance at the default sweep's epsilons, three repeats (:func:`rehearsal_gaps`); the cases measured
-    outside are expected to fail, not strictly: the spread is released with fresh noise (OS entropy) at every run,
-    which moves a gap by up to about 0.01 at inf, so a case near the band may land inside (an XPASS to read)."""
+    outside are expected to fail, not strictly. The spread's release noise is drawn from a fixed seed (it moves a
+    gap by up to about 0.01 at inf, and the band is two standard errors wide: with fresh OS entropy in every run,
+    one case of the 56 gaps landed outside by 0.0022 in one run of several, ``noisy`` with ``means``)."""
+    import streamdp.workflows.rehearse
+
+    monkeypatch.setattr(streamdp.workflows.rehearse, "_release_rng", lambda: np.random.default_rng(1))
     _acceptance(tmp_path, store_name, method, DEFAULT_EPSILONS, 3)
 
 
