@@ -691,6 +691,8 @@ def format_train_summary(summary: dict) -> str:
     lines = [f"wrote {summary['out']}: {summary['method']} {shape}, {privacy}, {timing}"]
     if "items" in summary:
         lines.append("items: " + summary["items"])
+    if "rating_range" in summary:
+        lines.append("rating range: " + summary["rating_range"])
     if "warm_start" in summary:
         w = summary["warm_start"]
         lines.append(f"warm start: from {w['model']} ({w['method']}), {summary['iterations_run']} iterations; items "

@@ -207,6 +207,8 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
             fitted.model_info.setdefault("engine", engine.describe())
             if not st.implicit or st.rating_range_source == "declared":  # an observed count range is not published
                 fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
+                # declared, selected privately (streamdp.privacy.rating_range) or observed (a non-private run)
+                fitted.model_info["rating_range"]["source"] = st.rating_range_source
         st.check_unchanged()  # the model records the fingerprint of the store opened: it must be the store read
         seconds = time.perf_counter() - t0
         fp = store_fingerprint(st)
@@ -301,6 +303,8 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
     }
     if getattr(m, "catalogue", None) is not None:
         summary["items"] = m.catalogue.describe()
+        if getattr(m.catalogue, "range", None) is not None:
+            summary["rating_range"] = m.catalogue.range.describe()
     if "warm_start" in info:
         summary["warm_start"] = {k: v for k, v in info["warm_start"].items() if k != "privacy"}
         summary["iterations_run"] = info.get("iterations_run")
