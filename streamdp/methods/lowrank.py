@@ -385,7 +385,8 @@ class LowRank(Method):
         ledger = self.ledger(store, plan, notes=notes)
         rel = state.get("projection_release")
         if rel is not None:  # the projection's sensitivity, realized from the released sketch
-            ledger.bounds["releases"][1] = {**rel.entry(), "sensitivity_rule": "L max_i ||Q_i|| (realized)"}
+            at = len(self.spent_first(store)) + 1  # after the releases made first (a selected range) and the sketch
+            ledger.bounds["releases"][at] = {**rel.entry(), "sensitivity_rule": "L max_i ||Q_i|| (realized)"}
             ledger.bounds["projection_mu"] = state["mu"]
         released = ["item_factors: scaled item basis for a local solve (n_items x k)",
                     "basis: item basis V_k (n_items x k)", "singular_values: S_k (k)"]

@@ -231,12 +231,8 @@ def catalogue_for(cls, store, *, epsilon: float, delta: float, seed: int | None 
 
     ``items``: ids the owner declares (``--items``/``items=``); else the store's declared catalogue; else,
     for a private run of a method that releases its items, the private selection; else the store's items.
-    Then, for a private run on a store whose rating range was not declared, the range selected privately
-    (:func:`streamdp.privacy.rating_range.range_for`, on the catalogue's ratings), held in ``Catalogue.range`` and
-    spent with the items' selection.
+    (Runs call :func:`streamdp.privacy.rating_range.catalogue_and_range_for`, which adds the rating range.)
     """
-    from streamdp.privacy.rating_range import range_for
-
     if items is not None:
         cat = Catalogue(as_ids(np.asarray(items)), "declared", by=items_source)
     elif (declared := store_catalogue(store)) is not None:
@@ -253,11 +249,7 @@ def catalogue_for(cls, store, *, epsilon: float, delta: float, seed: int | None 
                              + ("cleared the private selection's threshold; declare the items with --items FILE "
                                 "(a list the owner publishes anyway), or train on more users or a larger epsilon"
                                 if cat.source == "selected" else "was declared"))
-    view = store if cat.source == "exact" else catalogue_view(store, cat.ids)
-    if not getattr(cls, "SELECTS_RATING_RANGE", True):
-        return view, cat
-    view, rng = range_for(view, epsilon=epsilon, delta=delta, seed=seed)
-    return view, (replace(cat, range=rng) if rng is not None else cat)
+    return (store if cat.source == "exact" else catalogue_view(store, cat.ids)), cat
 
 
 def epsilon_alone(releases, delta: float) -> float:

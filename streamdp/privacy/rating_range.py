@@ -7,46 +7,45 @@ from ``generate``): public, nothing spent; or ``selected`` here; a non-private r
 store's observed range (nothing private is claimed), and an implicit store's counts are left alone (methods use
 only a declared ``--count-cap``, never the observed maximum).
 
-Selection: private partition selection over rating VALUES, the machinery of :mod:`streamdp.privacy.catalogue`
-(its threshold, noise share scheme and :class:`~streamdp.privacy.catalogue.ThresholdRelease`). Each user
-contributes her lowest and highest rating (:func:`streamdp.kernels.values.user_extremes`, one Numba pass block
-by block): ``m = 2`` values of weight ``1/sqrt(2)`` each, or ``m = 1`` of weight 1 when they are equal (L2 norm
-1). Every value some user contributes gets Gaussian noise of multiplier ``z``; the values whose noisy total
-exceeds ``T = threshold(z, delta_t, cap=2)`` are kept, and the range is ``[min kept, max kept]``. A value only the
-added user holds is kept with probability at most ``delta_t`` (``DeltaDpEvent``); the others see a Gaussian
-mechanism of sensitivity 1 (``GaussianDpEvent(z)``). Both are composed with the rest of the run by the
-accountant, like the catalogue's selection (they ride on its :class:`~streamdp.privacy.catalogue.Catalogue`, so
-``train`` and ``tune`` spend them once, first). Training ratings outside the range are clipped into it on read
-(:class:`~streamdp.storage.range_view.RangeView`: post-processing).
+Selection: private partition selection over rating VALUES, with :mod:`streamdp.privacy.catalogue`'s machinery
+(its threshold, budget share scheme and :class:`~streamdp.privacy.catalogue.ThresholdRelease`). Each user gives
+her lowest and highest rating (:func:`user_extremes`, a Numba kernel; one pass, block by block): ``m = 2`` values
+of weight ``1/sqrt(2)``, or one of weight 1 when they are equal (L2 norm 1). Every value some user gives gets
+Gaussian noise of multiplier ``z``; those whose noisy total exceeds ``T = threshold(z, delta_t, cap=2)`` are kept,
+and the range is ``[min kept, max kept]``. A value only the added user holds is kept with probability at most
+``delta_t`` (``DeltaDpEvent``); the others see a Gaussian of sensitivity 1 (``GaussianDpEvent(z)``). Both ride on
+the run's :class:`~streamdp.privacy.catalogue.Catalogue` (``range``), so ``train`` and ``tune`` spend them once,
+first, composed by the accountant with the rest (the method's noise is calibrated to what is left). Training
+ratings outside the range are clipped into it on read (:class:`~streamdp.storage.range_view.RangeView`).
 
-Decisions: a user's two extremes, not all her distinct values: only the extremes decide the range, and two
-values weigh ``1/sqrt(2)`` each where five levels would weigh ``1/sqrt(5)`` (any fixed rule of at most ``m``
-values per user has the same analysis). Budget: :data:`SHARE` = 2% of the run's Gaussian budget (``1/z^2``,
-``z = z_run / sqrt(SHARE)``) and :data:`DELTA_SHARE` = 5% of delta, fixed from the target alone: the extremes of a
-rating scale are held by hundreds of users on any store a private model is worth training on (on ml-100k, 723
-of 943 users rate a 1 and 928 a 5, against a threshold near 80 at epsilon 1), and the method's own noise grows
-by only about 1% for it. Fewer than two values kept (a small store, a continuous scale whose extremes few users
-share, a small epsilon): refused in one line asking the owner to declare ``--rating-range``; no range is guessed.
-More than :data:`MAX_VALUES` distinct extremes (a continuous scale): refused the same way (memory bound).
+Decisions. A user's two extremes, not all her distinct values: only extremes decide the range, and two values
+weigh ``1/sqrt(2)`` each where five levels would weigh ``1/sqrt(5)``. Budget: :data:`SHARE` = 2% of the run's
+Gaussian budget (``z = z_run / sqrt(SHARE)``; the method's noise grows by about 1%) and :data:`DELTA_SHARE` = 5% of
+delta, fixed from the target alone: a scale's ends are shared by a large part of the users (ml-100k: 723 of 943
+users rate a 1, 928 a 5: weighted totals 511 and 656 against ``T`` = 164 at epsilon 1, delta 1e-6), unlike items,
+so a smaller share than the catalogue's 10% suffices. Fewer than two values kept (few users, a continuous scale,
+a small epsilon), or more than :data:`MAX_VALUES` distinct extremes (memory): refused in one line asking the owner
+to declare ``--rating-range``; no range is guessed. ``public-private`` selects none (its ledger notes it).
 
-Public names: :class:`RangeSelection`, :func:`select_range`, :func:`range_for`, :func:`value_weights`.
+Public names: :class:`RangeSelection`, :func:`select_range`, :func:`range_for`, :func:`value_weights`,
+:func:`catalogue_and_range_for` (what ``train`` and ``tune`` call).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+from numba import njit
 
 from streamdp.errors import ParameterError
-from streamdp.kernels.values import user_extremes
-from streamdp.privacy.catalogue import ThresholdRelease, selection_noise, threshold
+from streamdp.privacy.catalogue import ThresholdRelease, catalogue_for, selection_noise, threshold
 from streamdp.privacy.release import Release
 from streamdp.storage.range_view import RangeView
 
 __all__ = ["SHARE", "DELTA_SHARE", "VALUES_PER_USER", "MAX_VALUES", "RNG_KEY", "RangeSelection", "range_for",
-           "select_range", "value_weights"]
+           "select_range", "value_weights", "user_extremes", "catalogue_and_range_for"]
 
 #: Share of the run's Gaussian budget (``1 / z^2``) the selection takes.
 SHARE = 0.02
@@ -101,6 +100,34 @@ class RangeSelection:
                     f"{self.threshold:.4g}; a value one user alone holds is kept with probability at most "
                     f"{self.cut.delta:.2g})")
         return f"[{self.lo:g}, {self.hi:g}] " + ("declared" if self.source == "declared" else "observed (non-private)")
+
+
+@njit(cache=True, nogil=True)
+def user_extremes(indptr, ratings, lo, hi):  # pragma: no cover - numba
+    """``lo[u]``, ``hi[u]``: user ``u``'s lowest and highest rating in a block (local ``indptr``), left alone for a
+    user with none (a kernel on raw arrays, as :func:`streamdp.privacy.bounding.hash_keys`: ``privacy`` imports no
+    kernel module).
+
+    Returns ``has``: a ``uint8`` per user, 1 when she has ratings.
+    """
+    n = len(indptr) - 1
+    has = np.zeros(n, np.uint8)
+    for u in range(n):
+        s, e = indptr[u], indptr[u + 1]
+        if e <= s:
+            continue
+        a = ratings[s]
+        b = ratings[s]
+        for p in range(s + 1, e):
+            r = ratings[p]
+            if r < a:
+                a = r
+            elif r > b:
+                b = r
+        lo[u] = a
+        hi[u] = b
+        has[u] = 1
+    return has
 
 
 def value_weights(store) -> tuple[np.ndarray, np.ndarray]:
@@ -168,3 +195,20 @@ def range_for(store, *, epsilon: float, delta: float, seed: int | None = None):
         return store, None
     sel = select_range(store, epsilon=epsilon, delta=delta, seed=seed)
     return RangeView(store, sel.lo, sel.hi), sel
+
+
+def catalogue_and_range_for(cls, store, *, epsilon: float, delta: float, seed: int | None = None, items=None,
+                            items_source: str = "--items"):
+    """``(store seen through the run's catalogue and rating range, Catalogue)`` for a run of method class ``cls``.
+
+    The items as :func:`streamdp.privacy.catalogue.catalogue_for` chooses them; then, for a private run of a method
+    that selects its range (``cls.SELECTS_RATING_RANGE``) on a store whose range was not declared, the range selected
+    on the catalogue's ratings (:func:`range_for`), held in ``Catalogue.range`` and spent with the items' selection
+    (``Catalogue.spent``: first, in the method's plan or in ``tune``'s prefix).
+    """
+    view, cat = catalogue_for(cls, store, epsilon=epsilon, delta=delta, seed=seed, items=items,
+                              items_source=items_source)
+    if not getattr(cls, "SELECTS_RATING_RANGE", True):
+        return view, cat
+    view, sel = range_for(view, epsilon=epsilon, delta=delta, seed=seed)
+    return view, (replace(cat, range=sel) if sel is not None else cat)

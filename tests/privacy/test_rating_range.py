@@ -12,10 +12,10 @@ import pytest
 
 import streamdp
 from streamdp.errors import ParameterError
-from streamdp.kernels.values import user_extremes
 from streamdp.methods import get_method
-from streamdp.privacy.catalogue import catalogue_for, selection_noise
-from streamdp.privacy.rating_range import DELTA_SHARE, SHARE, range_for, select_range, value_weights
+from streamdp.privacy.catalogue import selection_noise
+from streamdp.privacy.rating_range import (DELTA_SHARE, SHARE, catalogue_and_range_for, range_for, select_range,
+                                           user_extremes, value_weights)
 from streamdp.storage.range_view import RangeView
 from streamdp.workflows.training import train
 
@@ -121,7 +121,8 @@ def test_view_clips_training_ratings_only(stores):
     assert np.array_equal(te, np.concatenate([b.ratings for b in outlier.blocks("test")]))
     spec = view.remote_view()
     again = spec.view(outlier)
-    assert np.array_equal(again.read_block(0).ratings, view.read_block(0).ratings) and spec.key == again.remote_view().key
+    assert np.array_equal(again.read_block(0).ratings, view.read_block(0).ratings)
+    assert spec.key == again.remote_view().key
 
 
 def _model(path):
@@ -153,7 +154,7 @@ def test_private_run_publishes_the_selected_range_and_stays_on_target(stores, tm
 
 def test_declared_range_spends_nothing(stores, tmp_path):
     _, _, declared = stores
-    view, cat = catalogue_for(get_method("als"), declared, epsilon=1.0, delta=1e-5, seed=0)
+    view, cat = catalogue_and_range_for(get_method("als"), declared, epsilon=1.0, delta=1e-5, seed=0)
     assert cat.range is None and cat.spent() == [] and view.rating_range_source == "declared"
     assert range_for(declared, epsilon=1.0, delta=1e-5)[1] is None
     out = tmp_path / "m"
@@ -172,3 +173,34 @@ def test_non_private_run_keeps_the_observed_range(stores, tmp_path):
     model, ledger = _model(out)
     assert model["rating_range"] == {"min": 0.0, "max": 9.0, "source": "observed"}
     assert not any(r["release"].startswith("rating range") for r in ledger["bounds"]["releases"])
+
+
+def test_tune_selects_the_range_once_for_the_whole_run(stores, tmp_path):
+    """tune: the range's two releases are in the run's prefix once (not once per candidate), the model publishes the
+    selected range, and the whole ledger stays within epsilon."""
+    from streamdp.workflows.tune import tune
+
+    _, outlier, _ = stores
+    out = tmp_path / "t"
+    s = tune(outlier, epsilon=2.0, delta=1e-5, method="means", out=str(out), grid={"user_intercept": [False, True]},
+             seed=3, evaluate_test=False)
+    model, ledger = _model(out)
+    assert model["rating_range"] == {"min": 1.0, "max": 5.0, "source": "selected"}
+    whats = [r["release"] for r in ledger["bounds"]["releases"]]
+    assert sum(w.startswith("tune: rating range:") for w in whats) == 2
+    assert sum("rating range" in w for w in whats) == 2
+    assert ledger["accounting"]["epsilon"] <= 2.0 and s["epsilon_spent"] <= 2.0
+
+
+def test_lowrank_selects_the_range_and_counts_it_under_replace_one(stores, tmp_path):
+    """``streamdp lowrank``: the range is selected (users and items stay exact under its relation), spent in its plan,
+    and its replace-one epsilon counts the selection at sensitivity sqrt(2)."""
+    from streamdp.workflows.training import lowrank
+
+    _, outlier, _ = stores
+    out = tmp_path / "lr"
+    s = lowrank(outlier, rank=2, epsilon=2.0, delta=1e-5, out=str(out), seed=1)
+    model, ledger = _model(out)
+    assert model["rating_range"] == {"min": 1.0, "max": 5.0, "source": "selected"}
+    assert sum(r["release"].startswith("rating range:") for r in ledger["bounds"]["releases"]) == 2
+    assert ledger["accounting"]["epsilon"] <= 2.0 and s["epsilon_replace_one"] > 2.0
