@@ -357,7 +357,7 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
               "(default: none, the observed range, which a method must not publish).")
 @click.option("--rating-range", default=None, metavar="MIN,MAX",
               help="Declared rating range (public); ratings outside it are errors unless --out-of-range clip/drop "
-              "(default: the observed range).")
+              "(default: none: a private run selects one privately, a non-private one uses the observed range).")
 @click.option("--out-of-range", type=click.Choice(["error", "clip", "drop"]), default=None,
               help="Ratings outside the declared --rating-range: error (default; with --skip-bad-lines they are "
               "skipped as bad lines), clip to the range, or drop; the count is recorded in the store.")
