@@ -587,8 +587,9 @@ class _TrainCommand(click.Command):
 @main.command(cls=_TrainCommand)
 @click.argument("store")
 @click.option("--method", default="als", show_default=True, help="Training method.")
-@click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon; 'inf' trains without noise "
-              "(non-private, labelled so).")
+@click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon of the whole release (with the "
+              "private selections of the items and the rating range when the store declares neither); 'inf' trains "
+              "without noise (non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: a power of ten below one over ten times the number of users, at "
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "

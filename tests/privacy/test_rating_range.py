@@ -204,3 +204,12 @@ def test_lowrank_selects_the_range_and_counts_it_under_replace_one(stores, tmp_p
     assert model["rating_range"] == {"min": 1.0, "max": 5.0, "source": "selected"}
     assert sum(r["release"].startswith("rating range:") for r in ledger["bounds"]["releases"]) == 2
     assert ledger["accounting"]["epsilon"] <= 2.0 and s["epsilon_replace_one"] > 2.0
+
+
+def test_train_prints_the_selected_range(stores, tmp_path, cli):
+    _, outlier, _ = stores
+    code, out, err, _ = cli.run("train", outlier.path, "--method", "means", "--epsilon", "1", "--delta", "1e-5",
+                                "--out", tmp_path / "m")
+    assert code == 0, err
+    assert "rating range: [1, 5] selected privately" in out
+    assert "observed" not in err  # no warning of an observed range
