@@ -213,3 +213,16 @@ def test_train_prints_the_selected_range(stores, tmp_path, cli):
     assert code == 0, err
     assert "rating range: [1, 5] selected privately" in out
     assert "observed" not in err  # no warning of an observed range
+
+
+def test_a_rehearsal_knows_a_released_range_never_the_observed_one(tmp_path):
+    """``generate --like``/``sweep --rehearse`` on a store without a declared range: refused until a private model
+    released one, then that model's range (selected privately), not the store's observed [0, 9]."""
+    from streamdp.workflows.rehearse import check_like, rehearsal_range
+
+    st = streamdp.ingest(_frame(extra=OUTLIER), str(tmp_path / "s.zarr"), items=list(range(20)), test_fraction=0.2,
+                         seed=1)
+    with pytest.raises(ParameterError, match="a rehearsal needs the store's rating range"):
+        check_like(st)
+    train(st, method="means", epsilon=1.0, delta=1e-5, out=str(tmp_path / "m"), evaluate_test=False)
+    assert rehearsal_range(st) == (1.0, 5.0)
