@@ -99,7 +99,9 @@ class Catalogue:
 
     ``release`` and ``cut`` are the selection's Gaussian release and threshold (``selected`` only);
     ``counts`` the released noisy totals of the selected items (in ``ids`` order). ``in_plan``: whether the
-    method's plan spends it (``False`` when a wrapping run, ``tune``, accounts it once).
+    method's plan spends it (``False`` when a wrapping run, ``tune``, accounts it once). ``range``: the run's rating
+    range when selected privately (:class:`streamdp.privacy.rating_range.RangeSelection`), whose two releases ride
+    here so that every run spends them where it spends the items' selection.
     """
 
     ids: np.ndarray
@@ -110,9 +112,7 @@ class Catalogue:
     counts: np.ndarray | None = None
     by: str = ""
     in_plan: bool = True
-    #: The run's rating range when selected privately (:class:`streamdp.privacy.rating_range.RangeSelection`),
-    #: spent with the items' selection; ``None`` when declared (or a non-private run, or counts).
-    range: object = None
+    range: object = None  # RangeSelection | None: declared, a non-private run, counts or public-private
 
     @property
     def n(self) -> int:
@@ -227,7 +227,7 @@ def declared_items(items, store, flag: str = "--items"):
 
 def catalogue_for(cls, store, *, epsilon: float, delta: float, seed: int | None = None, items=None,
                   items_source: str = "--items"):
-    """``(store seen through the catalogue and the rating range, Catalogue)`` for a run of method class ``cls``.
+    """``(store seen through the catalogue, Catalogue)`` for a run of method class ``cls``.
 
     ``items``: ids the owner declares (``--items``/``items=``); else the store's declared catalogue; else,
     for a private run of a method that releases its items, the private selection; else the store's items.

@@ -92,10 +92,10 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
         delta = default_delta(users.n)
     check_model_destination(str(out), force)
     cls.check_store(store)
-    store.check_chunks()  # a damaged store fails here, before the catalogue's pass
+    store.check_chunks()  # a damaged store fails here, before the catalogue's (and the range's) pass
     check_privacy_params(epsilon, delta, n_users=users.n)
     store, catalogue = catalogue_and_range_for(cls, store, epsilon=epsilon, delta=delta, seed=seed,
-                                     items=declared_items(items, store))
+                                               items=declared_items(items, store))
     st, m = prepare(store, method=cls, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                     force=force, users=users, catalogue=catalogue, **options)
     if warm is not None:
