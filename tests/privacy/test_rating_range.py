@@ -226,3 +226,17 @@ def test_a_rehearsal_knows_a_released_range_never_the_observed_one(tmp_path):
         check_like(st)
     train(st, method="means", epsilon=1.0, delta=1e-5, out=str(tmp_path / "m"), evaluate_test=False)
     assert rehearsal_range(st) == (1.0, 5.0)
+
+
+@pytest.mark.parametrize("method", ["oja", "fw", "svd", "sgld", "ials", "irls"])
+def test_every_private_method_trains_on_the_selected_range(stores, tmp_path, method):
+    """Every method that scales its noise to the range: the selected one in model.json, its two releases in the
+    ledger, the whole within epsilon, and no observed-range note."""
+    _, outlier, _ = stores
+    out = tmp_path / method
+    train(outlier, method=method, epsilon=2.0, delta=1e-5, out=str(out), seed=1, evaluate_test=False)
+    model, ledger = _model(out)
+    assert model["rating_range"] == {"min": 1.0, "max": 5.0, "source": "selected"}
+    assert sum(r["release"].startswith("rating range:") for r in ledger["bounds"]["releases"]) == 2
+    assert 1.9 < ledger["accounting"]["epsilon"] <= 2.0
+    assert not any("observed" in n for n in ledger["notes"])
