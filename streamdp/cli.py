@@ -357,7 +357,7 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
               "(default: none, the observed range, which a method must not publish).")
 @click.option("--rating-range", default=None, metavar="MIN,MAX",
               help="Declared rating range (public); ratings outside it are errors unless --out-of-range clip/drop "
-              "(default: the observed range).")
+              "(default: none: a private run selects one privately, a non-private one uses the observed range).")
 @click.option("--out-of-range", type=click.Choice(["error", "clip", "drop"]), default=None,
               help="Ratings outside the declared --rating-range: error (default; with --skip-bad-lines they are "
               "skipped as bad lines), clip to the range, or drop; the count is recorded in the store.")
@@ -587,8 +587,9 @@ class _TrainCommand(click.Command):
 @main.command(cls=_TrainCommand)
 @click.argument("store")
 @click.option("--method", default="als", show_default=True, help="Training method.")
-@click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon; 'inf' trains without noise "
-              "(non-private, labelled so).")
+@click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon of the whole release (with the "
+              "private selections of the items and the rating range when the store declares neither); 'inf' trains "
+              "without noise (non-private, labelled so).")
 @click.option("--delta", type=float, default=None,
               help="User-level delta (default: a power of ten below one over ten times the number of users, at "
               "most 1e-6; the number of users is the count released with noise or --users-bound (the largest "
@@ -691,6 +692,8 @@ def format_train_summary(summary: dict) -> str:
     lines = [f"wrote {summary['out']}: {summary['method']} {shape}, {privacy}, {timing}"]
     if "items" in summary:
         lines.append("items: " + summary["items"])
+    if "rating_range" in summary:
+        lines.append("rating range: " + summary["rating_range"])
     if "warm_start" in summary:
         w = summary["warm_start"]
         lines.append(f"warm start: from {w['model']} ({w['method']}), {summary['iterations_run']} iterations; items "

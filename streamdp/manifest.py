@@ -59,7 +59,9 @@ MODEL_JSON = {
     "n_items": (RELEASE, "number of items of the model's catalogue: declared by the data owner (public), or selected "
                          "privately (ledger: 'item catalogue'; streamdp.privacy.catalogue); exact only in non-private "
                          "runs and where the relation fixes the items"),
-    "rating_range": (PUBLIC, "rating range: declared at ingest (an observed range is noted in the ledger)"),
+    "rating_range": (RELEASE, "rating range: declared at ingest (public), or selected privately (source 'selected'; "
+                             "ledger: 'rating range', streamdp.privacy.rating_range); observed only in non-private "
+                             "runs (and public-private, noted in its ledger)"),
     "store_fingerprint": (PUBLIC, "keyed HMAC of the store's checksum (streamdp.storage.fingerprint): random "
                                   "without the store's key"),
     "budget_entry": (PUBLIC, "random id of the store-budget entry that released the model"),
@@ -202,6 +204,7 @@ SUMMARY = {
     "ranking": OWNER, "ranking_verdict": OWNER, "n_test_users": OWNER, "n_unknown_items": OWNER, "unknown_item_ratings": OWNER,
     "release_choice": POST,  # ials: whether the factors or the chart was released, and on what
     "items": RELEASE,  # the catalogue: declared, selected privately (a ledgered release) or exact (non-private)
+    "rating_range": RELEASE,  # the rating range selected privately (a ledgered release), when it was
     "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
     "warm_start": POST, "iterations_run": POST,  # train --warm-start: model.json's warm_start, the iterations run
 }
@@ -327,14 +330,18 @@ def public_parameters(store, users, catalogue=None) -> dict:
                                   "declared --count-cap (the observed maximum is an exact statistic and is not "
                                   "published)"),
         }
+    selected = getattr(catalogue, "range", None)
     return {
         "n_users": users.public_parameter(),
         "n_items": int(store.n_items),
         **items,
-        "rating_range": {"min": float(store.rating_min), "max": float(store.rating_max),
-                         "source": getattr(store, "rating_range_source", "unknown")},
-        "note": users_note + ("the rating range is the one declared at ingest, or, with source 'observed', the "
-                              "data's own minimum and maximum (an exact statistic: declare the range at ingest)"),
+        "rating_range": (selected.public_parameter() if selected is not None else
+                         {"min": float(store.rating_min), "max": float(store.rating_max),
+                          "source": getattr(store, "rating_range_source", "unknown")}),
+        "note": users_note + ("the rating range is the one declared at ingest, or, with source 'selected', one "
+                              "selected privately (its release is in the ledger; training ratings outside it are "
+                              "clipped into it); 'observed' (the data's own minimum and maximum, exact statistics) "
+                              "only in a non-private run or a method that selects none (its ledger notes it)"),
     }
 
 

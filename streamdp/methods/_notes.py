@@ -4,7 +4,11 @@ from __future__ import annotations
 
 
 SEEDED_NOTE = "seeded run: reproducible, not private against whoever knows the seed"
-OBSERVED_RANGE_NOTE = "rating range was observed from the data, not declared; declare it at ingest for an exact guarantee"
+#: A private release whose rating range is the store's observed one: only where no run selected it privately
+#: (public-private selects none; a method fitted directly, not through train or tune).
+OBSERVED_RANGE_NOTE = ("rating range observed from the data (its minimum and maximum, exact statistics), neither "
+                       "declared nor selected privately: the guarantee does not cover them; train through train or "
+                       "tune (which select it privately) or declare it at ingest (--rating-range)")
 
 
 def seed_notes(method) -> list[str]:
@@ -12,9 +16,10 @@ def seed_notes(method) -> list[str]:
     return [SEEDED_NOTE] if method.seed is not None else []
 
 
-def range_notes(rating_range_source: str) -> list[str]:
-    """The note of a rating range that was not declared at ingest (the guarantee assumes the declared range)."""
-    return [OBSERVED_RANGE_NOTE] if rating_range_source != "declared" else []
+def range_notes(rating_range_source: str, private: bool = True) -> list[str]:
+    """The note of a private release on a rating range read off the data (neither declared nor selected privately:
+    :mod:`streamdp.privacy.rating_range`); none for a non-private run, which claims nothing."""
+    return [OBSERVED_RANGE_NOTE] if private and rating_range_source not in ("declared", "selected") else []
 
 
 def joint_dp_notes(method, bounds: dict, what: str) -> list[str]:
@@ -23,4 +28,4 @@ def joint_dp_notes(method, bounds: dict, what: str) -> list[str]:
     ledger's)."""
     notes = [f"joint DP: {what}, so the per-user outputs are (epsilon, delta)-jointly DP (Kearns et al. 2014)"
              if method.private else "non-private: --epsilon inf, no noise and no clipping"]
-    return notes + seed_notes(method) + range_notes(bounds["rating_range_source"])
+    return notes + seed_notes(method) + range_notes(bounds["rating_range_source"], method.private)

@@ -1264,7 +1264,7 @@ class _AlsBase(Method):
         if not self.private:
             notes.append("non-private: --epsilon inf, no noise and no contribution bounding")
         notes += seed_notes(self)
-        notes += range_notes(plan.bounds["rating_range_source"])
+        notes += range_notes(plan.bounds["rating_range_source"], self.private)
         if s.iters == 0 and self.FIXED_ITERS is None:
             notes.append("no factors fitted (--iters 0 given): the release is the private item biases and global "
                          "mean only; users' own intercepts do the rest" if self.opts.is_given("iters") else

@@ -160,6 +160,9 @@ class Method:
     #: Whether the run's number of users is released with noise (or declared): ``False`` for a method whose
     #: neighbouring relation leaves the count unchanged (public-private), which then reads the exact count.
     RELEASES_USER_COUNT: ClassVar[bool] = True
+    #: Whether a private run on a store whose rating range was not declared selects the range privately
+    #: (:mod:`streamdp.privacy.rating_range`, spent first with the catalogue's selection).
+    SELECTS_RATING_RANGE: ClassVar[bool] = True
     #: Whether ``--rank`` is a number of factors (so at most ``n_items``); ``fw``'s is its number of iterations.
     RANK_IS_FACTORS: ClassVar[bool] = True
     #: Whether the method trains on an implicit store (interaction counts, ``RatingStore.implicit``); rating

@@ -257,7 +257,7 @@ class LowRank(Method):
                         settings=s, bounds=bounds)
         releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
                                       fixed=self.spent_first(store))
-        bounds["epsilon_replace_one"] = self._epsilon_replace_one(releases)
+        bounds["epsilon_replace_one"] = self._epsilon_replace_one(releases, self.spent_first(store))
         bounds["relation_covers"] = dict(RELATION_COVERS)
         entries = [r.entry() for r in releases]
         entries.append({"release": "item basis V_k and singular values S_k (top-k of the noisy projection / matrix)",
@@ -265,11 +265,17 @@ class LowRank(Method):
         return Plan(events=[r.event() for r in releases], entries=entries, settings=s, bounds=bounds,
                     releases=releases)
 
-    def _epsilon_replace_one(self, releases) -> float:
+    def _epsilon_replace_one(self, releases, first=()) -> float:
         """Epsilon when one user's row may be replaced by any other: the sensitivities of ``L`` double (the sketch's
-        ``2C`` covers it already); same accountant, same delta."""
+        ``2C`` covers it already); same accountant, same delta. ``first``: the releases spent before the plan (a
+        rating range selected privately, :mod:`streamdp.privacy.rating_range`): its Gaussian's sensitivity grows
+        from 1 to ``sqrt(2)`` (two users' contributions of norm 1 with non-negative entries), its threshold's delta
+        stays (only the replaced user's own values can appear or vanish)."""
         zs = [r.noise_multiplier / (1.0 if "sketch rows" in r.what else 2.0) for r in releases]
-        return float(epsilon_of(compose([gaussian_event(z) for z in zs]), self.delta).epsilon)
+        events = [gaussian_event(z) for z in zs]
+        events += [gaussian_event(r.noise_multiplier / math.sqrt(2.0)) if r.mechanism == "gaussian" else r.event()
+                   for r in first]
+        return float(epsilon_of(compose(events), self.delta).epsilon)
 
     def state_bytes(self, store) -> int:
         """Item-side state: ``Omega``/``V`` and their products (``n_items x k'`` float64), a few of them."""
@@ -373,13 +379,14 @@ class LowRank(Method):
         notes = [WEAKER_NOTE] if self.private else [
             "non-private: --epsilon inf, no noise added (clipping still applied, sketch rows not clipped)"]
         notes += seed_notes(self)
-        notes += range_notes(plan.bounds["rating_range_source"])
+        notes += range_notes(plan.bounds["rating_range_source"], self.private)
         if V.shape[1] < self.rank:
             notes.append(f"the noisy range has rank {V.shape[1]} < k = {self.rank}: {V.shape[1]} factors released")
         ledger = self.ledger(store, plan, notes=notes)
         rel = state.get("projection_release")
         if rel is not None:  # the projection's sensitivity, realized from the released sketch
-            ledger.bounds["releases"][1] = {**rel.entry(), "sensitivity_rule": "L max_i ||Q_i|| (realized)"}
+            at = len(self.spent_first(store)) + 1  # after the releases made first (a selected range) and the sketch
+            ledger.bounds["releases"][at] = {**rel.entry(), "sensitivity_rule": "L max_i ||Q_i|| (realized)"}
             ledger.bounds["projection_mu"] = state["mu"]
         released = ["item_factors: scaled item basis for a local solve (n_items x k)",
                     "basis: item basis V_k (n_items x k)", "singular_values: S_k (k)"]

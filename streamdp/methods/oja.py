@@ -236,7 +236,7 @@ class PrivateOja(Method):
                          "assigned to steps by their position in the store, so "
                          "the accounting holds for the zero-out neighbouring relation (one user's ratings replaced "
                          "by none); use --schedule power for add/remove one user")
-        notes += range_notes(plan.bounds["rating_range_source"])
+        notes += range_notes(plan.bounds["rating_range_source"], self.private)
         ledger = self.ledger(store, plan, notes=notes)
         info = {"method": self.name, "rank": k, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,

@@ -196,6 +196,9 @@ class PublicPrivate(Method):
     #: the Laplace run's accounting is for a change of one private user's ratings, zero-out, under which the count
     #: does not move; the others are not DP), so nothing is spent on it.
     RELEASES_USER_COUNT = False
+    #: No private range selection: its ledger's epsilon is the private users' Laplace responses alone (0 with no
+    #: responses), which a selection spent first would not fit; an undeclared range is noted in the ledger.
+    SELECTS_RATING_RANGE = False
 
     name = "public-private"
     MAIN_OPTIONS = ("public_users", "public_fraction", "private_mechanism", "iters", "checkpoint")
@@ -629,7 +632,7 @@ class PublicPrivate(Method):
         s = plan.settings
         notes = []
         notes += seed_notes(self)
-        notes += range_notes(plan.bounds["rating_range_source"])
+        notes += range_notes(plan.bounds["rating_range_source"], self.private)
         ledger = self.ledger(store, plan, notes=notes)
         ledger.bounds["public_users_count"] = stats["n_public"]
         ledger.bounds["public_ratings"] = stats["n_ratings"]

@@ -711,7 +711,7 @@ class _SgdBase(Method):
             notes.append("non-private: no privacy noise (" + ("--method sgd" if not self.noisy else
                                                               "--epsilon inf: SGLD of the unscaled posterior") + ")")
         notes += seed_notes(self)
-        notes += range_notes(getattr(store, "rating_range_source", "unknown"))
+        notes += range_notes(getattr(store, "rating_range_source", "unknown"), self.private)
         return notes
 
     def _train_mean(self, store, engine) -> float:

@@ -99,7 +99,9 @@ class Catalogue:
 
     ``release`` and ``cut`` are the selection's Gaussian release and threshold (``selected`` only);
     ``counts`` the released noisy totals of the selected items (in ``ids`` order). ``in_plan``: whether the
-    method's plan spends it (``False`` when a wrapping run, ``tune``, accounts it once).
+    method's plan spends it (``False`` when a wrapping run, ``tune``, accounts it once). ``range``: the run's rating
+    range when selected privately (:class:`streamdp.privacy.rating_range.RangeSelection`), whose two releases ride
+    here so that every run spends them where it spends the items' selection.
     """
 
     ids: np.ndarray
@@ -110,6 +112,7 @@ class Catalogue:
     counts: np.ndarray | None = None
     by: str = ""
     in_plan: bool = True
+    range: object = None  # RangeSelection | None: declared, a non-private run, counts or public-private
 
     @property
     def n(self) -> int:
@@ -120,11 +123,14 @@ class Catalogue:
         return replace(self, in_plan=False)
 
     def releases(self) -> list:
-        """The selection's releases (its Gaussian and its threshold), whoever accounts them."""
-        return [self.release, self.cut] if self.source == "selected" else []
+        """The selections' releases (the items' Gaussian and threshold, then the rating range's), whoever accounts
+        them."""
+        items = [self.release, self.cut] if self.source == "selected" else []
+        return items + (self.range.releases() if self.range is not None else [])
 
     def spent(self) -> list:
-        """The releases a plan holding this catalogue spends on it (``[]`` when declared, exact or elsewhere)."""
+        """The releases a plan holding this catalogue spends on it and on the range (``[]`` when both are declared
+        or exact, or accounted elsewhere)."""
         return self.releases() if self.in_plan else []
 
     def public_parameter(self) -> dict:
@@ -165,9 +171,12 @@ def threshold(z: float, delta_t: float, cap: int = ITEMS_PER_USER) -> float:
 
 
 @functools.lru_cache(maxsize=64)
-def selection_noise(epsilon: float, delta: float) -> tuple[float, float]:
-    """``(z, delta_threshold)`` of the selection for a run's target (module docstring: fixed from it alone)."""
-    return calibrate_gaussian(epsilon, delta) / math.sqrt(SHARE), DELTA_SHARE * float(delta)
+def selection_noise(epsilon: float, delta: float, share: float = SHARE,
+                    delta_share: float = DELTA_SHARE) -> tuple[float, float]:
+    """``(z, delta_threshold)`` of a selection taking ``share`` of the run's Gaussian budget and ``delta_share`` of
+    its delta (the items' by default; the rating range's: :mod:`streamdp.privacy.rating_range`), fixed from the
+    run's target alone (module docstring)."""
+    return calibrate_gaussian(epsilon, delta) / math.sqrt(share), delta_share * float(delta)
 
 
 def weighted_counts(store, *, key: int, cap: int = ITEMS_PER_USER) -> np.ndarray:
@@ -222,6 +231,7 @@ def catalogue_for(cls, store, *, epsilon: float, delta: float, seed: int | None 
 
     ``items``: ids the owner declares (``--items``/``items=``); else the store's declared catalogue; else,
     for a private run of a method that releases its items, the private selection; else the store's items.
+    (Runs call :func:`streamdp.privacy.rating_range.catalogue_and_range_for`, which adds the rating range.)
     """
     if items is not None:
         cat = Catalogue(as_ids(np.asarray(items)), "declared", by=items_source)
@@ -230,8 +240,8 @@ def catalogue_for(cls, store, *, epsilon: float, delta: float, seed: int | None 
     elif not math.isfinite(epsilon):
         return store, Catalogue(as_ids(store.item_ids()), "exact", by="a non-private run")
     elif not getattr(cls, "RELEASES_USER_COUNT", True):
-        return store, Catalogue(as_ids(store.item_ids()), "exact",
-                                by=f"public under {cls.name}'s neighbouring relation (users and items fixed)")
+        cat = Catalogue(as_ids(store.item_ids()), "exact",
+                        by=f"public under {cls.name}'s neighbouring relation (users and items fixed)")
     else:
         cat = select_catalogue(store, epsilon=epsilon, delta=delta, seed=seed)
     if cat.n == 0:
@@ -239,7 +249,7 @@ def catalogue_for(cls, store, *, epsilon: float, delta: float, seed: int | None 
                              + ("cleared the private selection's threshold; declare the items with --items FILE "
                                 "(a list the owner publishes anyway), or train on more users or a larger epsilon"
                                 if cat.source == "selected" else "was declared"))
-    return catalogue_view(store, cat.ids), cat
+    return (store if cat.source == "exact" else catalogue_view(store, cat.ids)), cat
 
 
 def epsilon_alone(releases, delta: float) -> float:

@@ -42,6 +42,7 @@ from streamdp.model_dir import read_model_json
 from streamdp.privacy.budget import COUNTED, StoreBudget
 from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
 from streamdp.privacy.release import Release, entry_std
+from streamdp.serving.local import rating_range
 from streamdp.serving.model import load_model
 from streamdp.serving.serve import factors_released
 from streamdp.storage.catalogue import catalogue_view, store_catalogue
@@ -459,10 +460,33 @@ def rehearsal_items(st: RatingStore) -> RatingStore:
                          f"then uses that model's catalogue)")
 
 
+def rehearsal_range(st: RatingStore) -> tuple[float, float]:
+    """The rating range a rehearsal may know (:mod:`streamdp.privacy.rating_range`): the one the store declares, else
+    the private one of the least noisy model released from it (post-processing); neither is a one-line
+    :class:`ParameterError` (an observed range is the data's exact minimum and maximum, which no rehearsal
+    publishes)."""
+    if st.rating_range_source == "declared":
+        return float(st.attrs["rating_min"]), float(st.attrs["rating_max"])
+    found = released_shape(st)
+    for key in ("spread", "items", "factor_items", "histogram"):
+        src = found.get(key)
+        where = (src or {}).get("model") or ((src or {}).get("value") or {}).get("model")
+        if where:
+            try:
+                rr = load_model(where).info.get("rating_range") or {}
+            except StreamdpError:
+                continue
+            if rr.get("source") in ("selected", "declared"):
+                return float(rr["min"]), float(rr["max"])
+    raise ParameterError(f"{st.path}: a rehearsal needs the store's rating range, which is never read off the data: "
+                         f"declare it (ingest --rating-range LO,HI), or release a private model from it first (a "
+                         f"rehearsal then uses that model's range, selected privately)")
+
+
 def _public(st: RatingStore) -> dict:
     """The generator's parameters that STORE's public parameters fix (module docstring)."""
-    a, p = st.attrs, st.attrs.get("params") or {}
-    lo, hi = float(a["rating_min"]), float(a["rating_max"])
+    p = st.attrs.get("params") or {}
+    lo, hi = rehearsal_range(st)
     step = p.get("rating_step")
     if step is None:
         step = 1.0 if lo == int(lo) and hi == int(hi) else 0.0
@@ -542,6 +566,7 @@ def check_like(st: RatingStore, *, users=None, ratings_per_user=None, shape_epsi
     if not (math.isfinite(eps) and eps > 0):
         raise ParameterError(f"--shape-epsilon must be a finite number > 0, got {shape_epsilon}")
     rehearsal_items(st)  # the items it may know: declared, or a released model's
+    rehearsal_range(st)  # and the rating range, the same way
     return eps
 
 
@@ -878,7 +903,16 @@ def _spread_model(where: str, st: RatingStore, factors_from: str | None = None) 
         V[pos] = np.asarray(f.item_factors, np.float64)[fpos, : f.rank]  # in the means model's item order
     mean = float(m.global_mean) + np.asarray(m.item_bias, np.float64)
     return {"path": where, "factors_path": None if V is None else factors_from, "pos": pos, "mean": mean, "V": V,
-            "bias_prior": _bias_prior(where, m, (float(st.attrs["rating_max"]) - float(st.attrs["rating_min"])) / 2.0)}
+            "bias_prior": _bias_prior(where, m, _half_range(m, st))}
+
+
+def _half_range(m, st: RatingStore) -> float:
+    """Half the rating range the model ``m`` was trained on (its own, declared or selected privately), else the one
+    a rehearsal may know of ``st`` (:func:`rehearsal_range`)."""
+    lo, hi = rating_range(m)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        lo, hi = rehearsal_range(st)
+    return (hi - lo) / 2.0
 
 
 #: The release of the item sums behind a model's item biases in its ledger (its name starts so).

@@ -29,7 +29,8 @@ from streamdp.outputs import interrupt_signal
 from streamdp.privacy import GUARANTEE_NONE, check_privacy_params
 from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
-from streamdp.privacy.catalogue import catalogue_for, declared_items
+from streamdp.privacy.catalogue import declared_items
+from streamdp.privacy.rating_range import catalogue_and_range_for
 from streamdp.privacy.ledger import privacy_warnings
 from streamdp.privacy.params import default_delta
 from streamdp.serving.evaluate import evaluate_model
@@ -91,10 +92,10 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
         delta = default_delta(users.n)
     check_model_destination(str(out), force)
     cls.check_store(store)
-    store.check_chunks()  # a damaged store fails here, before the catalogue's pass
+    store.check_chunks()  # a damaged store fails here, before the catalogue's (and the range's) pass
     check_privacy_params(epsilon, delta, n_users=users.n)
-    store, catalogue = catalogue_for(cls, store, epsilon=epsilon, delta=delta, seed=seed,
-                                     items=declared_items(items, store))
+    store, catalogue = catalogue_and_range_for(cls, store, epsilon=epsilon, delta=delta, seed=seed,
+                                               items=declared_items(items, store))
     st, m = prepare(store, method=cls, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                     force=force, users=users, catalogue=catalogue, **options)
     if warm is not None:
@@ -207,6 +208,8 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
             fitted.model_info.setdefault("engine", engine.describe())
             if not st.implicit or st.rating_range_source == "declared":  # an observed count range is not published
                 fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
+                # declared, selected privately (streamdp.privacy.rating_range) or observed (a non-private run)
+                fitted.model_info["rating_range"]["source"] = st.rating_range_source
         st.check_unchanged()  # the model records the fingerprint of the store opened: it must be the store read
         seconds = time.perf_counter() - t0
         fp = store_fingerprint(st)
@@ -301,6 +304,8 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
     }
     if getattr(m, "catalogue", None) is not None:
         summary["items"] = m.catalogue.describe()
+        if getattr(m.catalogue, "range", None) is not None:
+            summary["rating_range"] = m.catalogue.range.describe()
     if "warm_start" in info:
         summary["warm_start"] = {k: v for k, v in info["warm_start"].items() if k != "privacy"}
         summary["iterations_run"] = info.get("iterations_run")
@@ -347,10 +352,19 @@ def lowrank(store, *, rank: int, epsilon: float, delta: float, out: str, seed: i
     (:func:`release`, as ``train`` does). Options: those of
     :class:`~streamdp.methods.lowrank.LowRank` (``mechanism``, ``oversampling``, ``clip``, ``sketch_share``,
     ``prune``, ``power_iters``). ``scheduler`` and ``state`` as for ``train``. The number of users is public
-    under this method's relation (users fixed, :data:`~streamdp.methods.lowrank.RELATION_COVERS`): exact.
+    under this method's relation (users fixed, :data:`~streamdp.methods.lowrank.RELATION_COVERS`): exact; so are the
+    items. A private run on a store whose rating range was not declared selects it privately first
+    (:mod:`streamdp.privacy.rating_range`), as ``train`` does.
     """
+    epsilon = parse_epsilon(epsilon)
+    check_model_destination(str(out), force)
+    store = store if isinstance(store, RatingStore) else open_store(store)
+    LowRank.check_store(store)
+    store.check_chunks()  # a damaged store fails here, before the range's pass
+    check_privacy_params(epsilon, delta)
+    store, cat = catalogue_and_range_for(LowRank, store, epsilon=epsilon, delta=delta, seed=seed)
     st, m = prepare(store, method=LowRank, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed, force=force,
-                    **options)
+                    catalogue=cat if cat.range is not None else None, **options)
     fitted, seconds, stale = release(st, m, out, workers=workers, memory_limit=memory_limit, scheduler=scheduler,
                                      over_budget=over_budget, force=force, state=state)
     led, info = fitted.ledger, fitted.model_info

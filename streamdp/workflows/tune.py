@@ -62,7 +62,8 @@ from streamdp.methods.options import MethodOptions
 from streamdp.privacy import calibrate, calibrate_gaussian, check_privacy_params, compose, epsilon_of, gaussian_event
 from streamdp.privacy.accountant import check_calibratable, parse_epsilon
 from streamdp.privacy.budget import StoreBudget
-from streamdp.privacy.catalogue import catalogue_for, declared_items
+from streamdp.privacy.catalogue import declared_items
+from streamdp.privacy.rating_range import catalogue_and_range_for
 from streamdp.privacy.params import default_delta
 from streamdp.privacy.release import Release
 from streamdp.serving.evaluate import solve_rows
@@ -650,11 +651,13 @@ def _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_bud
     delta = default_delta(n_users) if delta is None else float(delta)
     check_privacy_params(epsilon, delta, n_users=n_users)
     # the count, released once: the first event of every path's ledger; every method below reads it (elsewhere())
-    # the items: declared, or selected privately once for the whole run (its release composed like the count's)
+    # the items and the rating range: declared, or selected privately once for the whole run (their releases composed
+    # like the count's)
     if grid is not None:  # checked before the catalogue's pass over the ratings
         grid = (parse_grid(list(grid), cls) if not isinstance(grid, dict) else
                 parse_grid([f"{k}={','.join(str(v) for v in vs)}" for k, vs in grid.items()], cls))
-    st, cat = catalogue_for(cls, st, epsilon=epsilon, delta=delta, seed=seed, items=declared_items(items, st))
+    st, cat = catalogue_and_range_for(cls, st, epsilon=epsilon, delta=delta, seed=seed,
+                                      items=declared_items(items, st))
     first = users.spent() + cat.spent()
     count_events = [r.event() for r in first]
     count_entries = [{**r.entry(), "release": "tune: " + r.entry()["release"]} for r in first]
