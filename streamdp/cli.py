@@ -584,6 +584,24 @@ class _TrainCommand(click.Command):
         return super().get_params(ctx)
 
 
+def period_options(f):
+    """``train``'s options naming the period of the store a model is trained on (:mod:`streamdp.storage.timeline`)."""
+    for opt in reversed([
+        click.option("--since", default=None, metavar="DATE", help="Train on the ratings made at or after DATE only "
+                     "(ISO date or date and time, UTC unless an offset is given; a store that keeps rating times). "
+                     "Recorded in the model (data_window)."),
+        click.option("--until", default=None, metavar="DATE", help="Train on the ratings made before DATE only "
+                     "(as --since)."),
+        click.option("--window", default=None, metavar="LENGTH", help="Train on the ratings of the LENGTH (e.g. 90d, "
+                     "12w, 36h) before --until, or before now (the clock of the run: never before the newest "
+                     "rating, which is read off the data)."),
+        click.option("--until-segment", "until_segment", type=int, default=None, metavar="N",
+                     help="Train on the store as it was after its N-th append (0: before the first); "
+                     "`evaluate --segment N+1` then scores the model on what came next.")]):
+        f = opt(f)
+    return f
+
+
 @main.command(cls=_TrainCommand)
 @click.argument("store")
 @click.option("--method", default="als", show_default=True, help="Training method.")
@@ -622,9 +640,11 @@ class _TrainCommand(click.Command):
 @yes_option
 @k_option
 @ranking_users_option
+@period_options
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def train(store, method, epsilon, delta, users_bound, items, warm_start, rank, out, seed, workers, memory_limit,
-          scheduler, state, over_budget, force, yes, k, ranking_users, as_json, **options):
+          scheduler, state, over_budget, force, yes, k, ranking_users, since, until, window, until_segment, as_json,
+          **options):
     """Train a private model on STORE and write it to --out."""
     import math
 
@@ -643,7 +663,8 @@ def train(store, method, epsilon, delta, users_bound, items, warm_start, rank, o
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
                           force=force, state=state, users_bound=users_bound, k=k, ranking_users=ranking_users,
-                          items=items, warm_start=warm_start, **options)
+                          items=items, warm_start=warm_start, since=since, until=until, window=window,
+                          until_segment=until_segment, **options)
     _report(summary, as_json, format_train_summary)
 
 
@@ -907,9 +928,12 @@ def encode_json_safe(obj):
 @k_option
 @ranking_users_option
 @relevant_threshold_option
+@click.option("--segment", default=None, metavar="N|last", help="Score MODEL on segment N's ratings (1: the first "
+              "append; 'last') as the future it must predict, each user's training ratings being the store before "
+              "it: MODEL must have been trained on that store (train --until-segment N-1, or before the append).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_store, k, ranking_users,
-             relevant_threshold, as_json):
+             relevant_threshold, segment, as_json):
     """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines, and the ranking metrics
     (Precision/Recall/NDCG/MAP@k, coverage, popularity bias) of each user's top-k list of items unrated in
     training, beside the most-popular lists (by the model's released counts, and non-private), and a ranking
@@ -921,7 +945,7 @@ def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_
 
     ev = evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
                         allow_other_store=allow_other_store, scheduler=scheduler, k=k,
-                        relevant_threshold=relevant_threshold, ranking_users=ranking_users)
+                        relevant_threshold=relevant_threshold, ranking_users=ranking_users, segment=segment)
     if as_json:
         print_json(ev)
     else:

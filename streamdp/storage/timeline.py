@@ -36,7 +36,7 @@ from streamdp.storage.schema import SPLITS
 from streamdp.storage.segments import SegmentedStore, merged_checksum
 from streamdp.storage.store import Block, RatingStore
 
-__all__ = ["TimeWindowView", "format_time", "parse_time", "parse_window", "resolve_window", "segment_future",
+__all__ = ["TimeWindowView", "check_contributions", "data_period", "format_time", "parse_time", "parse_window", "resolve_window", "segment_future",
            "store_as_of", "time_window"]
 
 _UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400}
@@ -388,6 +388,14 @@ class _Future(SegmentedStore):
 
     def remote_view(self):
         return _Spec(segment_future, None, (self._segment_number,))
+
+
+def data_period(store: RatingStore, *, since=None, until=None, window=None, until_segment=None) -> RatingStore:
+    """``store`` as ``train`` reads it: as of segment ``until_segment`` (:func:`store_as_of`), then through the
+    window of ``since``/``until``/``window`` (:func:`time_window`); itself when none is given."""
+    if until_segment is not None:
+        store = store_as_of(store, until_segment)
+    return time_window(store, since=since, until=until, window=window)
 
 
 def check_contributions(store) -> None:
