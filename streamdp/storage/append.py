@@ -18,7 +18,7 @@ Decisions a reader must know:
   each block drawn with a seed of its own for this segment; temporal and last-n: among each user's appended
   ratings; files: ``--test`` files of the append are its held-out ratings);
 * a (user, item) pair already in the store: the appended rating replaces it (the store's rule, the last seen
-  wins: the store keeps no timestamps to compare, and the append is the later input), in the appended
+  wins: the append is the later input, whatever the times a store keeps say), in the appended
   rating's split; an implicit store adds the counts (capped at its ``count_cap``; an implicit store without a
   cap is refused, its observed count range would change); the output says how many;
 * the privacy-budget ledger stays where it is, in the store: the same users' spend keeps counting, and the

@@ -348,8 +348,8 @@ class _SplitWriter:
             ratings = np.ascontiguousarray(ratings, dtype=np.float32)
         check_finite_ratings(b, ratings)
         if (times is None) != (self.times is None) or (times is not None and len(times) != nnz):
-            raise ValueError(f"block {b}: this store's blocks are written {'with' if self.times is not None else 'without'}"
-                             f" one time per rating")
+            how = "with" if self.times is not None else "without"
+            raise ValueError(f"block {b}: this store's blocks are written {how} one time per rating")
         start = self.padded
         end = start + nnz
         padded_end = -(-end // self.chunk) * self.chunk

@@ -120,3 +120,22 @@ def test_the_store_as_of_a_segment_and_a_segment_as_its_future(tmp_path):
             segment_future(st, bad)
     with pytest.raises(ParameterError, match="has no segments"):
         segment_future(base, "last")
+
+
+def test_a_cluster_worker_rebuilds_each_view_from_its_spec(tmp_path):
+    """What a Dask worker reads (``remote_view().view(store opened by path)``) is what the view reads."""
+    import pickle
+
+    from streamdp.storage.catalogue import CatalogueView
+    from streamdp.storage.store import open_store
+
+    path = str(tmp_path / "s.zarr")
+    ingest([_csv(tmp_path / "a.csv", ROWS)], path, block_users=2)
+    st = append([_csv(tmp_path / "b.csv", [(5, 13, 2, 11 * DAY), (1, 10, 1, 12 * DAY)])], path, notes=False)
+    views = [time_window(st, since="1970-01-03"), store_as_of(st, 0), segment_future(st, 1),
+             CatalogueView(time_window(store_as_of(st, 0), until="1970-01-06"), [10, 12])]
+    for v in views:
+        w = pickle.loads(pickle.dumps(v.remote_view())).view(open_store(path))
+        assert w.checksum == v.checksum and w.n_items == v.n_items
+        for split in ("train", "test") if v.has_test else ("train",):
+            assert _pairs(w, split) == _pairs(v, split)
