@@ -255,6 +255,12 @@ def verify(store, workers, memory_limit, scheduler, as_json):
               "same model: each chosen item's count grows with the user's preference for it.")
 @click.option("--count-cap", type=float, default=None, metavar="C",
               help="With --implicit: cap the counts at C (declared; default: the observed range).")
+@click.option("--timestamps", type=float, default=None, metavar="DAYS",
+              help="Give every rating a time over DAYS days from 2024-01-01 (UTC): users arrive in turn, a fifth of "
+              "the items appear during the span, and ratings come after both (a log to replay as appends).")
+@click.option("--taste-drift", type=float, default=0.0, show_default=True,
+              help="With --timestamps: how far each item's appeal moves over the span (rating points, times a "
+              "standard normal per item).")
 @click.option("--block-users", type=int, default=None,
               help="Users per block (default: about 1M ratings a block, train and test together).")
 @click.option("--workers", type=int, default=None, help="Threads generating blocks (default: 2, or 1 on one core).")
@@ -274,8 +280,8 @@ def verify(store, workers, memory_limit, scheduler, as_json):
 @click.pass_context
 def generate(ctx, out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fraction, item_exponent,
              user_exponent, scale, factors, user_bias_std, activity_bias, interaction_scale, outlier_fraction,
-             string_ids, taste_clusters, taste_strength, implicit, count_cap, block_users, workers, force, like,
-             shape_epsilon, over_budget):
+             string_ids, taste_clusters, taste_strength, implicit, count_cap, timestamps, taste_drift, block_users,
+             workers, force, like, shape_epsilon, over_budget):
     """Write a synthetic low-rank, power-law rating store, block by block (or one shaped like --like STORE)."""
     from streamdp.errors import ParameterError
     from streamdp.storage.generate import generate_store
@@ -296,7 +302,7 @@ def generate(ctx, out, n_users, n_items, ratings_per_user, rank, noise, seed, te
                        factors=factors, user_bias_std=user_bias_std, activity_bias=activity_bias,
                        interaction_scale=interaction_scale, outlier_fraction=outlier_fraction,
                        taste_clusters=taste_clusters, taste_strength=taste_strength, implicit=implicit,
-                       count_cap=count_cap,
+                       count_cap=count_cap, timestamps=timestamps, taste_drift=taste_drift,
                        string_ids=string_ids, block_users=block_users, workers=workers, force=force)
     what = "interactions (implicit: counts)" if s.implicit else "ratings"
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
