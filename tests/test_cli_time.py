@@ -107,3 +107,14 @@ def test_evaluate_segment_last_scores_on_the_last_segments_ratings_only(weeks, c
     cli.error(cli.run("evaluate", str(tmp / "all"), store, "--segment", "1"), "was not trained on the store before "
               "segment 1")
     cli.error(cli.run("evaluate", str(tmp / "past"), store, "--segment", "2"), "has segments 1..1")
+
+
+def test_the_python_api_takes_the_period_and_the_segment(weeks):
+    import streamdp
+
+    tmp, store = weeks
+    m = streamdp.train(store, method="als", epsilon=float("inf"), allow_nonprivate=True, seed=1, iters=2,
+                       out=str(tmp / "api"), until_segment=0, ranking_users=50, evaluate=False)
+    assert m.info["data_window"] == {"until_segment": 0}
+    ev = streamdp.evaluate(str(tmp / "api"), store, segment="last", ranking_users=50)
+    assert ev["segment"]["number"] == 1 and ev["store_matches_model"] is True
