@@ -687,6 +687,17 @@ def methods(as_json):
         click.echo(format_methods(rows))
 
 
+def describe_period(w: dict) -> str:
+    """One line on the period a model was trained on (``data_window``)."""
+    parts = []
+    if "until_segment" in w:
+        parts.append(f"the store as of its segment {w['until_segment']} (0: before the first append)")
+    if w.get("since_utc") or w.get("until_utc"):
+        span = f"ratings from {w.get('since_utc') or 'the start'} to {w.get('until_utc') or 'the end'}"
+        parts.append(span + (f" (--window {w['window']}, ending at {w['ends_at']})" if w.get("window") else ""))
+    return "; ".join(parts)
+
+
 def format_train_summary(summary: dict) -> str:
     """The lines ``streamdp train`` prints: what was written, the privacy spent, the RMSE beside the baselines."""
     from streamdp.serving.evaluate import format_baselines, format_verdict, statistics_note
@@ -718,6 +729,8 @@ def format_train_summary(summary: dict) -> str:
     lines = [f"wrote {summary['out']}: {summary['method']} {shape}, {privacy}, {timing}"]
     if "items" in summary:
         lines.append("items: " + summary["items"])
+    if summary.get("data_window"):
+        lines.append("period: " + describe_period(summary["data_window"]))
     if "warm_start" in summary:
         w = summary["warm_start"]
         lines.append(f"warm start: from {w['model']} ({w['method']}), {summary['iterations_run']} iterations; items "

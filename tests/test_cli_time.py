@@ -41,8 +41,9 @@ def _train(cli, store, out, *extra):
 def test_train_since_and_window_record_the_period_and_count_only_its_users(weeks, cli):
     tmp, store = weeks
     out = str(tmp / "m")
-    code, _, err, exc = _train(cli, store, out, "--since", "2024-01-08")
+    code, printed, err, exc = _train(cli, store, out, "--since", "2024-01-08")
     assert code == 0, (err, exc)
+    assert "period: ratings from 2024-01-08T00:00:00Z to the end" in printed
     model = json.load(open(os.path.join(out, "model.json")))
     assert model["data_window"]["since_utc"] == "2024-01-08T00:00:00Z" and model["data_window"]["until"] is None
     privacy = json.load(open(os.path.join(out, "privacy.json")))

@@ -310,6 +310,8 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
     }
     if getattr(m, "catalogue", None) is not None:
         summary["items"] = m.catalogue.describe()
+    if "data_window" in info:
+        summary["data_window"] = info["data_window"]
     if "warm_start" in info:
         summary["warm_start"] = {k: v for k, v in info["warm_start"].items() if k != "privacy"}
         summary["iterations_run"] = info.get("iterations_run")
