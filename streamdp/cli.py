@@ -255,6 +255,12 @@ def verify(store, workers, memory_limit, scheduler, as_json):
               "same model: each chosen item's count grows with the user's preference for it.")
 @click.option("--count-cap", type=float, default=None, metavar="C",
               help="With --implicit: cap the counts at C (declared; default: the observed range).")
+@click.option("--timestamps", type=float, default=None, metavar="DAYS",
+              help="Give every rating a time over DAYS days from 2024-01-01 (UTC): users arrive in turn, a fifth of "
+              "the items appear during the span, and ratings come after both (a log to replay as appends).")
+@click.option("--taste-drift", type=float, default=0.0, show_default=True,
+              help="With --timestamps: how far each item's appeal moves over the span (rating points, times a "
+              "standard normal per item).")
 @click.option("--block-users", type=int, default=None,
               help="Users per block (default: about 1M ratings a block, train and test together).")
 @click.option("--workers", type=int, default=None, help="Threads generating blocks (default: 2, or 1 on one core).")
@@ -274,8 +280,8 @@ def verify(store, workers, memory_limit, scheduler, as_json):
 @click.pass_context
 def generate(ctx, out, n_users, n_items, ratings_per_user, rank, noise, seed, test_fraction, item_exponent,
              user_exponent, scale, factors, user_bias_std, activity_bias, interaction_scale, outlier_fraction,
-             string_ids, taste_clusters, taste_strength, implicit, count_cap, block_users, workers, force, like,
-             shape_epsilon, over_budget):
+             string_ids, taste_clusters, taste_strength, implicit, count_cap, timestamps, taste_drift, block_users,
+             workers, force, like, shape_epsilon, over_budget):
     """Write a synthetic low-rank, power-law rating store, block by block (or one shaped like --like STORE)."""
     from streamdp.errors import ParameterError
     from streamdp.storage.generate import generate_store
@@ -296,7 +302,7 @@ def generate(ctx, out, n_users, n_items, ratings_per_user, rank, noise, seed, te
                        factors=factors, user_bias_std=user_bias_std, activity_bias=activity_bias,
                        interaction_scale=interaction_scale, outlier_fraction=outlier_fraction,
                        taste_clusters=taste_clusters, taste_strength=taste_strength, implicit=implicit,
-                       count_cap=count_cap,
+                       count_cap=count_cap, timestamps=timestamps, taste_drift=taste_drift,
                        string_ids=string_ids, block_users=block_users, workers=workers, force=force)
     what = "interactions (implicit: counts)" if s.implicit else "ratings"
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
@@ -584,6 +590,24 @@ class _TrainCommand(click.Command):
         return super().get_params(ctx)
 
 
+def period_options(f):
+    """``train``'s options naming the period of the store a model is trained on (:mod:`streamdp.storage.timeline`)."""
+    for opt in reversed([
+        click.option("--since", default=None, metavar="DATE", help="Train on the ratings made at or after DATE only "
+                     "(ISO date or date and time, UTC unless an offset is given; a store that keeps rating times). "
+                     "Recorded in the model (data_window)."),
+        click.option("--until", default=None, metavar="DATE", help="Train on the ratings made before DATE only "
+                     "(as --since)."),
+        click.option("--window", default=None, metavar="LENGTH", help="Train on the ratings of the LENGTH (e.g. 90d, "
+                     "12w, 36h) before --until, or before now (the clock of the run: never before the newest "
+                     "rating, which is read off the data)."),
+        click.option("--until-segment", "until_segment", type=int, default=None, metavar="N",
+                     help="Train on the store as it was after its N-th append (0: before the first); "
+                     "`evaluate --segment N+1` then scores the model on what came next.")]):
+        f = opt(f)
+    return f
+
+
 @main.command(cls=_TrainCommand)
 @click.argument("store")
 @click.option("--method", default="als", show_default=True, help="Training method.")
@@ -623,9 +647,11 @@ class _TrainCommand(click.Command):
 @yes_option
 @k_option
 @ranking_users_option
+@period_options
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def train(store, method, epsilon, delta, users_bound, items, warm_start, rank, out, seed, workers, memory_limit,
-          scheduler, state, over_budget, force, yes, k, ranking_users, as_json, **options):
+          scheduler, state, over_budget, force, yes, k, ranking_users, since, until, window, until_segment, as_json,
+          **options):
     """Train a private model on STORE and write it to --out."""
     import math
 
@@ -644,7 +670,8 @@ def train(store, method, epsilon, delta, users_bound, items, warm_start, rank, o
     summary = train_model(store, method=method, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
                           force=force, state=state, users_bound=users_bound, k=k, ranking_users=ranking_users,
-                          items=items, warm_start=warm_start, **options)
+                          items=items, warm_start=warm_start, since=since, until=until, window=window,
+                          until_segment=until_segment, **options)
     _report(summary, as_json, format_train_summary)
 
 
@@ -659,6 +686,17 @@ def methods(as_json):
         print_json({"methods": rows})
     else:
         click.echo(format_methods(rows))
+
+
+def describe_period(w: dict) -> str:
+    """One line on the period a model was trained on (``data_window``)."""
+    parts = []
+    if "until_segment" in w:
+        parts.append(f"the store as of its segment {w['until_segment']} (0: before the first append)")
+    if w.get("since_utc") or w.get("until_utc"):
+        span = f"ratings from {w.get('since_utc') or 'the start'} to {w.get('until_utc') or 'the end'}"
+        parts.append(span + (f" (--window {w['window']}, ending at {w['ends_at']})" if w.get("window") else ""))
+    return "; ".join(parts)
 
 
 def format_train_summary(summary: dict) -> str:
@@ -694,6 +732,8 @@ def format_train_summary(summary: dict) -> str:
         lines.append("items: " + summary["items"])
     if "rating_range" in summary:
         lines.append("rating range: " + summary["rating_range"])
+    if summary.get("data_window"):
+        lines.append("period: " + describe_period(summary["data_window"]))
     if "warm_start" in summary:
         w = summary["warm_start"]
         lines.append(f"warm start: from {w['model']} ({w['method']}), {summary['iterations_run']} iterations; items "
@@ -910,9 +950,12 @@ def encode_json_safe(obj):
 @k_option
 @ranking_users_option
 @relevant_threshold_option
+@click.option("--segment", default=None, metavar="N|last", help="Score MODEL on segment N's ratings (1: the first "
+              "append; 'last') as the future it must predict, each user's training ratings being the store before "
+              "it: MODEL must have been trained on that store (train --until-segment N-1, or before the append).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_store, k, ranking_users,
-             relevant_threshold, as_json):
+             relevant_threshold, segment, as_json):
     """RMSE/MAE of MODEL on STORE's test split, next to non-private baselines, and the ranking metrics
     (Precision/Recall/NDCG/MAP@k, coverage, popularity bias) of each user's top-k list of items unrated in
     training, beside the most-popular lists (by the model's released counts, and non-private), and a ranking
@@ -924,7 +967,7 @@ def evaluate(model, store, ridge, workers, memory_limit, scheduler, allow_other_
 
     ev = evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
                         allow_other_store=allow_other_store, scheduler=scheduler, k=k,
-                        relevant_threshold=relevant_threshold, ranking_users=ranking_users)
+                        relevant_threshold=relevant_threshold, ranking_users=ranking_users, segment=segment)
     if as_json:
         print_json(ev)
     else:

@@ -69,6 +69,9 @@ MODEL_JSON = {
                        "--checkpoint resumes), then a random part"),
     "run_directory": (PUBLIC, "the --checkpoint directory given (None: a private run directory)"),
     "resumed_from_iteration": (PUBLIC, "iteration a --checkpoint run resumed from"),
+    "data_window": (PUBLIC, "the period of the store trained on, as the user named it: --since/--until/--window (a "
+                            "window ends at --until or at the clock of the run, never at a time read off the data), "
+                            "--until-segment (streamdp.storage.timeline)"),
     "warm_start": (POST, "--warm-start: the model the run started from (path, method, run id, budget entry: public) and "
                          "how many of its items matched the run's catalogue by id, were new or dropped (of two "
                          "public item lists: the released model's and the run's catalogue)"),
@@ -207,6 +210,8 @@ SUMMARY = {
     "rating_range": RELEASE,  # the rating range selected privately (a ledgered release), when it was
     "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
     "warm_start": POST, "iterations_run": POST,  # train --warm-start: model.json's warm_start, the iterations run
+    "segment": OWNER,  # evaluate --segment: the segment scored on and its number of ratings
+    "data_window": PUBLIC,  # train --since/--until/--window/--until-segment: the period trained on (options)
 }
 
 

@@ -109,11 +109,12 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr,
 
 
 @njit(cache=True, nogil=True)
-def remap_sort(indptr, items, ratings, new_index):
+def remap_sort(indptr, items, ratings, new_index, ts=np.empty(0, np.int64)):
     """Renumber items by ``new_index`` and sort each user's ratings by the new index (in place).
 
     Two stable counting sorts (by new item, then by user) instead of one sort per
     user: O(n + n_items) with sequential passes. Items must be distinct within a user.
+    ``ts`` (as long as ``items``, or empty): each rating's timestamp, moved with it.
     """
     n_users = len(indptr) - 1
     n = len(items)
@@ -126,6 +127,8 @@ def remap_sort(indptr, items, ratings, new_index):
     t_item = np.empty(n, np.int32)
     t_rating = np.empty(n, np.float32)
     t_user = np.empty(n, np.int32)
+    has_ts = len(ts) > 0
+    t_ts = np.empty(n if has_ts else 0, np.int64)
     for u in range(n_users):
         for k in range(indptr[u], indptr[u + 1]):
             key = new_index[items[k]]
@@ -134,6 +137,8 @@ def remap_sort(indptr, items, ratings, new_index):
             t_item[p] = key
             t_rating[p] = ratings[k]
             t_user[p] = u
+            if has_ts:
+                t_ts[p] = ts[k]
     fill = indptr[:-1].copy()
     for p in range(n):
         u = t_user[p]
@@ -141,6 +146,8 @@ def remap_sort(indptr, items, ratings, new_index):
         fill[u] += 1
         items[q] = t_item[p]
         ratings[q] = t_rating[p]
+        if has_ts:
+            ts[q] = t_ts[p]
 
 
 @njit(cache=True, nogil=True)

@@ -8,7 +8,7 @@ from numba import njit
 
 @njit(cache=True, nogil=True)
 def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want, implicit, cap,
-               out_indptr, out_items, out_ratings):
+               out_indptr, out_items, out_ratings, out_src=np.empty(0, np.int64)):
     """One split of a block merged from ``K`` sources (each a part's split of the block).
 
     Source ``k``'s user ``u`` holds ``items[starts[k] + indptrs[k, u]: starts[k] + indptrs[k, u + 1]]``
@@ -21,8 +21,12 @@ def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want
     written. A user with rows in one part only keeps their order (as the part stores them; a part holds a
     pair in one split only); a user with rows in several gets them sorted by item (the order ingest writes).
 
+    ``out_src`` (as long as ``out_items``, or empty): the position in ``items`` each written rating was taken
+    from (the latest part's; what a rating's timestamp is read by).
+
     Returns the number of ratings written (``out_indptr`` is filled, ``n_users + 1`` long).
     """
+    want_src = len(out_src) > 0
     K = indptrs.shape[0]
     pos = 0
     out_indptr[0] = 0
@@ -45,6 +49,8 @@ def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want
                     for j in range(c):
                         out_items[pos + j] = items[s + j]
                         out_ratings[pos + j] = ratings[s + j]
+                        if want_src:
+                            out_src[pos + j] = s + j
                     pos += c
         elif n > 0:
             keys = np.empty(n, np.int64)
@@ -69,6 +75,8 @@ def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want
                 k = keys[last] % K
                 if split_of[k] == want:
                     out_items[pos] = items[src[last]]
+                    if want_src:
+                        out_src[pos] = src[last]
                     if implicit:
                         out_ratings[pos] = min(total, np.float32(cap)) if cap > 0 else total
                     else:

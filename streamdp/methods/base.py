@@ -108,7 +108,9 @@ def user_count_for(cls, store, *, epsilon: float, seed: int | None = None,
     ``epsilon`` from ``seed``'s stream, or ``users_bound`` declared (exact for a method whose relation keeps it)."""
     if not cls.RELEASES_USER_COUNT:
         return UserCount(int(store.n_users), "exact")
-    return release_user_count(store.n_users, epsilon=epsilon, seed=seed, users_bound=users_bound)
+    # a store seen through a time window (storage/timeline.py): only the users with a rating in it take part
+    n = store.n_contributors() if hasattr(store, "n_contributors") else store.n_users
+    return release_user_count(n, epsilon=epsilon, seed=seed, users_bound=users_bound)
 
 
 class Method:

@@ -50,6 +50,7 @@ from streamdp.serving.ranking import (DEFAULT_K, DEFAULT_RANKING_USERS, check_k,
 from streamdp.storage.catalogue import catalogue_view, store_catalogue
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
+from streamdp.storage.timeline import segment_future
 from streamdp.storage.writer import block_item_stats
 from streamdp.stream.engine import Engine
 from streamdp.stream.engine import add_into as _add
@@ -57,8 +58,8 @@ from streamdp.stream.engine import add_into as _add
 
 def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=None, ridge: float | None = None,
                    baselines: bool = True, allow_other_store: bool = False, ranking: bool = True, k: int = DEFAULT_K,
-                   relevant_threshold: float | None = None, ranking_users: int | str | None = DEFAULT_RANKING_USERS
-                   ) -> dict:
+                   relevant_threshold: float | None = None, ranking_users: int | str | None = DEFAULT_RANKING_USERS,
+                   segment=None) -> dict:
     """RMSE and MAE of ``model`` on ``store``'s test split (+ baselines).
 
     Parameters
@@ -89,6 +90,9 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         How many users the ranking metrics are drawn from (a seeded sample,
         :func:`streamdp.serving.ranking.ranking_sample`), or ``"all"`` (every user). RMSE and MAE
         always cover every test rating.
+    segment : int or "last", optional
+        Score on this segment's ratings (``evaluate --segment``) as the future of the store before it, which is
+        the store the model must have been trained on (:func:`streamdp.storage.timeline.segment_future`).
 
     Returns
     -------
@@ -111,7 +115,7 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
         or a store replaced while it was read.
     """
     m = model if isinstance(model, Model) else load_model(model)
-    st, match = _store_for(m, store, allow_other_store)
+    st, match = _store_for(m, store, allow_other_store, segment)
     # counts are no ratings, and an implicit model's scores (ials) are no predicted ratings: its lists only
     lists_only = st.implicit or local_kind(m) == "implicit"
     if lists_only:  # ranking metrics only (module docstring)
@@ -129,15 +133,20 @@ def evaluate_model(model, store, *, workers=None, scheduler=None, memory_limit=N
                                         ranking_users=ranking_users, workers=workers, scheduler=scheduler,
                                         memory_limit=memory_limit)
     st.check_unchanged()  # the figures are of the store opened, not of one that replaced it meanwhile
-    return _result(m, released, st, tot, width, rank, source, match=match, ridge=ridge, lists_only=lists_only,
-                   baselines=baselines)
+    out = _result(m, released, st, tot, width, rank, source, match=match, ridge=ridge, lists_only=lists_only,
+                  baselines=baselines)
+    if segment is not None:
+        out["segment"] = st.segment_record
+    return out
 
 
-def _store_for(m, store, allow_other_store: bool):
+def _store_for(m, store, allow_other_store: bool, segment=None):
     """``(st, match)``: the store to score ``m`` on (a view of its declared catalogue, if any) and whether it is the
     store the model was trained on (``None``: the model records no fingerprint), after the checks
     :func:`evaluate_model` documents (a test split, undamaged chunks, the model's store)."""
     st = store if isinstance(store, RatingStore) else open_store(store)
+    if segment is not None:  # the segment's ratings as the test split of the store before it (storage/timeline.py)
+        st = segment_future(getattr(st, "_catalogue_base", st), segment)
     if not st.has_test:
         raise StoreError(f"{st.path}: store has no test split (generate or ingest it with --test-fraction)")
     st.check_chunks()  # a damaged store fails here with one line, not with a wrong RMSE
@@ -157,6 +166,11 @@ def _store_for(m, store, allow_other_store: bool):
             raise StoreError(f"{lost}; pass --allow-other-store to evaluate the model anyway")
     elif m.info.get("store_checksum"):  # a model of an older streamdp (which released the plain checksum)
         match = m.info["store_checksum"] == st.checksum
+    if match is False and not allow_other_store and segment is not None:
+        raise StoreError(f"{st.path}: the model {m.path} was not trained on the store before segment "
+                         f"{st.segment_record['number']} (train --until-segment {st.segment_record['number'] - 1}, "
+                         f"or train before that append): it may have seen the ratings it is scored on; pass "
+                         f"--allow-other-store to evaluate it anyway")
     if match is False and not allow_other_store:
         raise StoreError(f"{st.path}: not the store the model {m.path} was trained on (its fingerprint differs: "
                          f"other ratings, or the store was replaced since): its test split may hold ratings the model "
@@ -271,7 +285,7 @@ def train_item_statistics(store, eng) -> tuple[np.ndarray, str]:
 
     S = eng.map_reduce(part, _add, np.zeros((2, n)), extra_per_block=16 * n, desc="evaluate: baselines")
     # a store with appended segments records no merged statistics (storage/segments.py): the same pass
-    return S, SEGMENTED_PASS if getattr(store, "segments", None) else OWN_PASS
+    return S, SEGMENTED_PASS if getattr(store, "segments", None) is not None else OWN_PASS
 
 
 def statistics_note(ev: dict) -> str | None:
@@ -410,6 +424,10 @@ def format_evaluation(ev: dict) -> str:
     else:
         lines = [f"{ev['method']} ({ev.get('guarantee')}): RMSE {ev['rmse']:.4f}  MAE {ev['mae']:.4f}  "
                  f"on {ev['n_ratings']:,} test ratings (local ridge {ev['ridge']:g})"]
+    if ev.get("segment"):
+        sg = ev["segment"]
+        lines.append(f"segment {sg['number']} ({sg['name']}): its {sg['n_ratings']:,} ratings scored as the future of "
+                     f"the store before it (each user's training ratings)")
     for name, b in (ev.get("baselines") or {}).items():
         what = f" ({b['what']})" if b.get("what") else ""
         lines.append(f"baseline {name.replace('_', '-')} (non-private): RMSE {b['rmse']:.4f}  MAE {b['mae']:.4f}"

@@ -18,7 +18,7 @@ Decisions a reader must know:
   each block drawn with a seed of its own for this segment; temporal and last-n: among each user's appended
   ratings; files: ``--test`` files of the append are its held-out ratings);
 * a (user, item) pair already in the store: the appended rating replaces it (the store's rule, the last seen
-  wins: the store keeps no timestamps to compare, and the append is the later input), in the appended
+  wins: the append is the later input, whatever the times a store keeps say), in the appended
   rating's split; an implicit store adds the counts (capped at its ``count_cap``; an implicit store without a
   cap is refused, its observed count range would change); the output says how many;
 * the privacy-budget ledger stays where it is, in the store: the same users' spend keeps counting, and the
@@ -49,7 +49,7 @@ from streamdp.outputs import note, owned_temp_dir, remove_temp_dir
 from streamdp.storage import formats as F
 from streamdp.storage import ingest as I
 from streamdp.storage import remote
-from streamdp.storage.schema import SEGMENTED_FORMAT_VERSION, SPLITS
+from streamdp.storage.schema import SEGMENTED_FORMAT_VERSION, SPLITS, time_attrs
 from streamdp.storage.segments import (BASE_KEYS, SEGMENTS_DIR, append_lock, commit_attrs, merged_checksum,
                                        sweep_uncommitted)
 from streamdp.storage.split import block_seed
@@ -148,6 +148,9 @@ def append(inputs, out, *, fmt=None, sep=None, columns=None, rating_range=None, 
             raise ParameterError(f"{names}: ratings in [{parsed.rmin:g}, {parsed.rmax:g}], outside the store's "
                                  f"observed rating range [{lo:g}, {hi:g}] (--rating-range): an append keeps the "
                                  f"store's range; re-ingest everything, or ingest with a declared --rating-range")
+        if st.attrs.get("times") and not parsed.has_ts:
+            raise ParameterError(f"{names}: no timestamp column, but the store {out} keeps each rating's time "
+                                 f"(every append must bring its ratings' times; name the column with --columns)")
         with append_lock(out):
             now = open_store(out)
             if now.identity != st.identity:
@@ -231,7 +234,8 @@ def _write_segment(st, parsed, how, seg_path, name, number, tmp, limit, show_pro
                  test_fraction=how.get("test_fraction", 0.0) if kind == "random" else 0.0, files=kind == "files",
                  presplit=kind in ("files", "temporal", "last-n"),
                  base=[os.path.join(tmp, f"part{p}") for p in range(len(parts))],
-                 user_index=uidx.astype(np.int32), item_index=iidx.astype(np.int32))
+                 user_index=uidx.astype(np.int32), item_index=iidx.astype(np.int32),
+                 keep_times=bool(st.attrs.get("times")))
     parsed.user_rows = user_rows  # pass 3 sizes its threads by the partitions' ratings
     n_groups = I._scatter(parsed, pl, limit, show_progress)
     I._release_memory()
@@ -241,7 +245,8 @@ def _write_segment(st, parsed, how, seg_path, name, number, tmp, limit, show_pro
         I._check_training_left(parsed, agg["train_counts"])
     splits = tuple(s for s in SPLITS if s in st._root)
     seg_seed = block_seed(how.get("seed"), number, _PURPOSE_APPEND)
-    with StoreWriter(seg_path, n_users=n_users, n_items=n_items, block_users=bu, splits=splits) as w:
+    with StoreWriter(seg_path, n_users=n_users, n_items=n_items, block_users=bu, splits=splits,
+                     times=pl.keep_times) as w:
         I._write_blocks(w, parsed, pl, np.arange(n_items, dtype=np.int32), rr, seg_seed, show_progress)
         w.write_array("new_user_ids", I._ids_numpy(new_users), chunks=(bu,))
         w.write_array("new_item_ids", I._ids_numpy(new_items))
@@ -360,6 +365,9 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
     entry.update(merge_digest=digest, n_ratings_added=int(block_delta[0].sum()),
                  n_test_added=int(block_delta[1].sum()),
                  n_pairs_merged=added - int(block_delta.sum()))
+    if old.get("times"):  # the span of the merged store's times (replaced pairs' old times included: owner's only)
+        new["times"] = time_attrs([[old["times"].get("min"), old["times"].get("max")],
+                                   [seg.attrs["times"].get("min"), seg.attrs["times"].get("max")]])
     new.update(n_ratings=int(old["n_ratings"]) + int(block_delta[0].sum()),
                n_test=int(old.get("n_test", 0)) + int(block_delta[1].sum()),
                checksum=merged_checksum(old.get("checksum"), entry["checksum"], digest))

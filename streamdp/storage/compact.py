@@ -59,7 +59,9 @@ def compact(path: str, *, show_progress: bool | None = None, notes: bool = True)
         attrs["created_with"] = "compact"
         if "item_names" in attrs and n_items != st.base.info.n_items:
             attrs["item_names"] = dict(attrs["item_names"], n_appended_unnamed=n_items - st.base.info.n_items)
-        with StoreWriter(path, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=True) as w:
+        times = st.has_times  # each rating's time, merged with it (the kept rating's)
+        with StoreWriter(path, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=True,
+                         times=times) as w:
             uc = w.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
             uid = w.create_array("user_ids", shape=(n_users,), dtype=str if st.user_ids(0, 1).dtype == object
                                  else "int64", chunks=(bu,))
@@ -67,8 +69,8 @@ def compact(path: str, *, show_progress: bool | None = None, notes: bool = True)
                 for b in range(st.info.n_blocks):
                     first, end = st.block_range(b)
                     for s in splits:
-                        blk = st.read_block(b, s)
-                        w.write_block(b, blk.indptr, blk.items, blk.ratings, split=s)
+                        blk, t = st.read_block_times(b, s) if times else (st.read_block(b, s), None)
+                        w.write_block(b, blk.indptr, blk.items, blk.ratings, split=s, times=t)
                     uc[first:end] = st.user_counts(first, end)
                     uid[first:end] = st.user_ids(first, end)
                     bar.update(1)

@@ -42,6 +42,7 @@ from streamdp.progress import progress
 from streamdp.storage.schema import TARGET_BLOCK_RATINGS, default_block_users
 from streamdp.storage.split import block_seed, check_fraction, split_block
 from streamdp.storage.store import RatingStore, open_store
+from streamdp.storage.timegen import NEW_ITEM_SHARE, START, block_times, time_truth
 from streamdp.storage.writer import StoreWriter, block_digest, check_destination
 
 _PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT, _PURPOSE_REAL, _PURPOSE_TASTE, _PURPOSE_IMPLICIT = 1, 2, 3, 4, 5, 6
@@ -156,6 +157,8 @@ def generate_store(
     item_bias=None,
     item_factors=None,
     like: dict | None = None,
+    timestamps: float | None = None,
+    taste_drift: float = 0.0,
 ) -> RatingStore:
     """Write a synthetic store to ``out`` and return it opened.
 
@@ -163,6 +166,7 @@ def generate_store(
     (an interaction log) are described in the module docstring; with their defaults the
     store is the one earlier versions wrote, bit for bit. ``like``: a record of the store this one
     rehearses and where its shape came from (:mod:`streamdp.workflows.rehearse`), kept in ``params.like``.
+    ``timestamps`` (days) and ``taste_drift``: a time order for every rating (:mod:`streamdp.storage.timegen`).
 
     ``item_weights`` (``n_items`` numbers >= 0, not all 0): each item's drawing weight, in place of the power law
     ``(i + 1) ** -item_exponent``; the items are numbered by descending weight (stable), as the store requires, and
@@ -192,6 +196,7 @@ def generate_store(
         item_weights=item_weights, item_bias=item_bias, item_factors=item_factors, taste_clusters=taste_clusters,
         taste_strength=taste_strength)
     k_taste = int(taste_clusters)
+    times = time_truth(seed, n_items, timestamps, taste_drift)
     expected_total = n_users * min(ratings_per_user, n_items)
     bu = block_users or default_block_users(n_users, int(expected_total), TARGET_BLOCK_RATINGS)
     splits = ("train", "test") if test_fraction > 0 else ("train",)
@@ -204,10 +209,11 @@ def generate_store(
                            count_cap=count_cap, global_mean=global_mean, rating_min=rating_min,
                            rating_max=rating_max, rating_step=rating_step, user_bias_std=user_bias_std,
                            outlier_fraction=outlier_fraction, activity_bias=activity_bias,
-                           test_fraction=test_fraction)
+                           test_fraction=test_fraction, times=times)
 
     t0 = time.perf_counter()
-    with StoreWriter(out, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=force) as w_:
+    with StoreWriter(out, n_users=n_users, n_items=n_items, block_users=bu, splits=splits, force=force,
+                     times=times is not None) as w_:
         item_counts, seen = _write_blocks(w_, make, n_users=n_users, n_items=n_items, bu=bu, workers=workers,
                                           string_ids=string_ids, show_progress=show_progress)
         item_ids = np.arange(n_items, dtype=np.int64)
@@ -217,6 +223,8 @@ def generate_store(
         w_.write_array("truth/item_bias", bias.astype(np.float32))
         if item_weights is not None:
             w_.write_array("truth/item_weight", w)
+        if times is not None:  # when each item appeared (seconds since the epoch)
+            w_.write_array("truth/item_appears", START + np.floor(times.appears).astype(np.int64))
         if k_taste:
             w_.write_array("truth/taste_centers", centers.astype(np.float32), chunks=(k_taste, rank))
         params = dict(n_users=n_users, n_items=n_items, ratings_per_user=ratings_per_user, rank=rank, noise=noise,
@@ -225,6 +233,9 @@ def generate_store(
                       rating_step=rating_step, factors=factors, user_bias_std=user_bias_std,
                       **({"activity_bias": activity_bias} if activity_bias else {}),
                       outlier_fraction=outlier_fraction, string_ids=string_ids, interaction_scale=interaction_scale)
+        if times is not None:  # recorded only when used: a default store's attributes are those of earlier versions
+            params.update(timestamps=float(timestamps), taste_drift=float(taste_drift), time_start=START,
+                          new_item_share=NEW_ITEM_SHARE)
         w_.finalize(_attrs(params, seen, t0, k_taste=k_taste, taste_strength=taste_strength,
                            given=dict(item_weights=item_weights, item_bias=item_bias, item_factors=item_factors),
                            like=like, implicit=implicit, count_cap=count_cap, rating_min=rating_min,
@@ -319,7 +330,7 @@ def _truth(seed, n_items, rank, *, factors, rating_min, rating_max, global_mean,
 
 def _make_block(b: int, *, bu, n_users, n_items, ratings_per_user, user_exponent, seed, k_taste, prob, alias, V,
                 bias, rank, noise, factors, centers, implicit, count_cap, global_mean, rating_min, rating_max,
-                rating_step, user_bias_std, outlier_fraction, activity_bias, test_fraction):
+                rating_step, user_bias_std, outlier_fraction, activity_bias, test_fraction, times=None):
     """Block ``b``'s ratings, drawn from its own seeds (so any worker may draw it): ``(train, train_digest, test,
     test_digest, item_counts, (min, max) or None)``, ``test`` ``None`` without a test split."""
     if implicit:  # the latent preference z, unrounded and unclipped, becomes a count
@@ -345,13 +356,17 @@ def _make_block(b: int, *, bu, n_users, n_items, ratings_per_user, user_exponent
         rt = _realistic(rt, np.diff(ip), block_seed(seed, b, _PURPOSE_REAL), user_bias_std, outlier_fraction,
                         float(rating_min), float(rating_max), float(rating_step), float(activity_bias),
                         float(ratings_per_user))
+    ts = None
+    if times is not None:  # each rating's time, and its drift (storage/timegen.py)
+        ts, rt = block_times(times, seed, b, first, n_users, ip, it, rt, lo=float(rating_min), hi=float(rating_max),
+                             step=float(rating_step), implicit=implicit)
     if test_fraction > 0:
-        train, test = split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
+        train, test = split_block(ip, it, rt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT), times=ts)
     else:
-        train, test = (ip, it, rt), None
+        train, test = (ip, it, rt) + (() if ts is None else (ts,)), None
     # digests and item counts in the worker thread, off the writing thread
-    train_d = block_digest(b, *train)
-    test_d = block_digest(b, *test) if test is not None else None
+    train_d = block_digest(b, *train[:3])
+    test_d = block_digest(b, *test[:3]) if test is not None else None
     counts_b = np.bincount(it, minlength=n_items)
     return train, train_d, test, test_d, counts_b, (float(rt.min()), float(rt.max())) if len(rt) else None
 
@@ -377,11 +392,11 @@ def _write_blocks(w_, make, *, n_users, n_items, bu, workers, string_ids, show_p
             train, train_d, test, test_d, counts_b, rng_b = pending.pop(b).result()
             if rng_b is not None:
                 seen[0], seen[1] = min(seen[0], rng_b[0]), max(seen[1], rng_b[1])
-            w_.write_block(b, *train, split="train", digest=train_d)
+            w_.write_block(b, *train[:3], split="train", digest=train_d, times=train[3] if len(train) > 3 else None)
             uc = np.diff(train[0])
             item_counts += counts_b
             if test is not None:
-                w_.write_block(b, *test, split="test", digest=test_d)
+                w_.write_block(b, *test[:3], split="test", digest=test_d, times=test[3] if len(test) > 3 else None)
                 uc = uc + np.diff(test[0])
             first = b * bu
             ids = np.arange(first, first + len(uc), dtype=np.int64)

@@ -41,6 +41,8 @@ def store_summary(path: str) -> dict:
         "created_at": a.get("created_at"),
         "created_with": a.get("created_with"),
         "split": store_split(a, i.n_test),
+        # the span is read off the data: the owner's metadata, shown here, never put in a model release
+        "times": a.get("times") if s.has_times else None,
         "item_names": a.get("item_names"),
         "sources": a.get("sources", []),
         "params": a.get("params", {}),
@@ -90,6 +92,23 @@ def describe_split(split: dict, n_test: int) -> str:
     return "split: none (no test split)"
 
 
+def describe_times(times: dict | None) -> str:
+    """Whether the store keeps each rating's time, and their span (UTC).
+
+    >>> describe_times({"unit": "s", "min": 0, "max": 86400})
+    'kept, 1970-01-01T00:00:00Z .. 1970-01-02T00:00:00Z (seconds since the epoch; read off the data, never released)'
+    >>> describe_times(None)
+    'none (the input had no timestamp column: train --since/--window refuse this store)'
+    """
+    if not times:
+        return "none (the input had no timestamp column: train --since/--window refuse this store)"
+    from streamdp.storage.timeline import format_time
+
+    span = (f"{format_time(times['min'])} .. {format_time(times['max'])}" if times.get("min") is not None
+            else "no ratings")
+    return f"kept, {span} (seconds since the epoch; read off the data, never released)"
+
+
 def describe_item_names(names: dict) -> str:
     """One line on the item names a store keeps."""
     return (f"item names: {names.get('n_named', 0):,} items named from {names.get('file')} (public metadata)"
@@ -127,6 +146,7 @@ def format_info(d: dict) -> str:
         f"blocks           {d['n_blocks']:,} of {d['block_users']:,} users",
         f"top 1% of items  hold {100 * d['top1pct_items_share']:.1f}% of the ratings",
         f"split            {describe_split(d['split'], d['n_test']).split(': ', 1)[1]}",
+        f"times            {describe_times(d.get('times'))}",
         *([f"item names       {describe_item_names(d['item_names']).split(': ', 1)[1]}"] if d.get("item_names")
           else []),
         f"checksum         {d['checksum']}",

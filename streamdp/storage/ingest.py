@@ -788,6 +788,8 @@ class _Plan:
     #: ``--append``: the store's index of each parsed user and item (``parsed.users``/``items`` order), else None
     user_index: np.ndarray | None = None
     item_index: np.ndarray | None = None
+    #: each rating's time goes into the store (``train/times``): the input has them (an append: the store keeps them)
+    keep_times: bool = False
 
     @property
     def n_parts(self) -> int:
@@ -814,7 +816,7 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
     new_index[order] = np.arange(n_raw_items, dtype=np.int32)
     splits = ("train", "test") if pl.test_fraction > 0 or pl.presplit else ("train",)
     with StoreWriter(out, n_users=pl.n_users, n_items=n_raw_items, block_users=pl.bu, splits=splits,
-                     force=force) as w:
+                     force=force, times=pl.keep_times) as w:
         n_test_clipped = _write_blocks(w, parsed, pl, new_index, rr, seed, show_progress)
         w.write_array("user_ids", _ids_numpy(parsed.users), chunks=(pl.bu,))
         w.write_array("item_ids", _ids_numpy(parsed.items.take(pa.array(order))))
@@ -843,7 +845,7 @@ def _plan_build(parsed: _Parsed, tmp, how, block_users, limit) -> _Plan:
     base = [os.path.join(tmp, f"part{p}") for p in range(len(parts))]
     return _Plan(n_users=n_users, n_raw_items=n_raw_items, bu=bu, n_blocks=n_blocks, parts=parts,
                  part_first=part_first, has_ts=parsed.has_ts, test_fraction=test_fraction, files=files,
-                 presplit=presplit, base=base)
+                 presplit=presplit, base=base, keep_times=parsed.has_ts)
 
 
 def _scatter(parsed: _Parsed, pl: _Plan, limit, show_progress) -> int:
@@ -966,7 +968,8 @@ def _dedup_pass(parsed: _Parsed, pl: _Plan, n_groups: int, how, limit, count_cap
         ip = np.empty(n_loc + 1, np.int64)
         oi = np.empty(len(u), np.int32)
         orr = np.empty(len(u), np.float32)
-        ots = np.empty(len(u) if presplit and not files else 0, np.int64)
+        keep = pl.keep_times
+        ots = np.empty(len(u) if (presplit and not files) or keep else 0, np.int64)
         ofl = np.empty(len(fl), np.uint8)
         nnz, dropped, across = group_dedup(u, it, r, t, has_ts and not parsed.implicit, n_loc, n_raw_items, ip, oi,
                                            orr, parsed.implicit, fl, ots, ofl)
@@ -978,9 +981,12 @@ def _dedup_pass(parsed: _Parsed, pl: _Plan, n_groups: int, how, limit, count_cap
         if presplit:
             held = ofl[:nnz] if files else latest_mask(ip, ots[:nnz], fraction=how.get("test_fraction", 0.0),
                                                         last_n=how.get("last_n", 0))
-            (ip, oi, vals), test = split_by_mask(ip, oi[:nnz], vals, held)
+            if keep:
+                (ip, oi, vals, times), test = split_by_mask(ip, oi[:nnz], vals, held, times=ots[:nnz])
+            else:
+                (ip, oi, vals), test = split_by_mask(ip, oi[:nnz], vals, held)
             del orr, ots, ofl, held  # the partition's arrays before the split
-            for c, a in zip(("tip", "ti", "tr"), test):
+            for c, a in zip(("tip", "ti", "tr", "tts"), test):
                 _tofile(a, f"{base[p]}.{c}")
             test_only = int(((np.diff(ip) == 0) & (np.diff(test[0]) > 0)).sum())
             extra = (np.bincount(oi, minlength=n_raw_items).astype(np.int64), test_only, int(across))
@@ -988,6 +994,8 @@ def _dedup_pass(parsed: _Parsed, pl: _Plan, n_groups: int, how, limit, count_cap
         _tofile(ip, f"{base[p]}.ip")
         _tofile(oi[:nnz], f"{base[p]}.i")
         _tofile(vals, f"{base[p]}.r")
+        if keep:
+            _tofile(times if presplit else ots[:nnz], f"{base[p]}.ts")
         return counts, int(dropped), stats, extra
 
     item_counts_raw = np.zeros(n_raw_items, np.int64)
@@ -1019,16 +1027,20 @@ def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progr
     bu, parts, n_parts, part_first, base = pl.bu, pl.parts, pl.n_parts, pl.part_first, pl.base
     n_users, files, presplit, test_fraction = pl.n_users, pl.files, pl.presplit, pl.test_fraction
 
+    keep = pl.keep_times
+
     def load(p):
         out_ = []
-        for c in (("ip", "i", "r"), ("tip", "ti", "tr"))[:2 if presplit else 1]:
+        for c in (("ip", "i", "r", "ts"), ("tip", "ti", "tr", "tts"))[:2 if presplit else 1]:
+            c = c if keep else c[:3]
             ip = np.fromfile(f"{base[p]}.{c[0]}", np.int64)
             it = np.fromfile(f"{base[p]}.{c[1]}", np.int32)
             r = np.fromfile(f"{base[p]}.{c[2]}", np.float32)
-            remap_sort(ip, it, r, new_index)
+            ts = np.fromfile(f"{base[p]}.{c[3]}", np.int64) if keep else np.empty(0, np.int64)
+            remap_sort(ip, it, r, new_index, ts)
             for x in c:
                 os.remove(f"{base[p]}.{x}")
-            out_.append((ip, it, r))
+            out_.append((ip, it, r, ts) if keep else (ip, it, r))
         return out_
 
     clip_test = files and rr is None and not parsed.implicit
@@ -1044,25 +1056,27 @@ def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progr
             for b in range(b0, b1):
                 lo = b * bu - part_first[p]
                 hi = min((b + 1) * bu, n_users) - part_first[p]
-                bip, bit, brt = _rows(*loaded[0], lo, hi)
+                bip, bit, brt, *bts = _rows(loaded[0], lo, hi)
+                bts = bts[0] if keep else None
                 if presplit:
-                    test = _rows(*loaded[1], lo, hi)
+                    test = _rows(loaded[1], lo, hi)
                     if clip_test:  # the training files' observed range is the store's (see _train_range)
                         outside = (test[2] < parsed.rmin) | (test[2] > parsed.rmax)
                         if outside.any():
                             n_test_clipped += int(outside.sum())
                             test = (test[0], test[1],
-                                    np.clip(test[2], parsed.rmin, parsed.rmax).astype(np.float32))
-                    w.write_block(b, bip, bit, brt, split="train")
-                    w.write_block(b, *test, split="test")
+                                    np.clip(test[2], parsed.rmin, parsed.rmax).astype(np.float32)) + test[3:]
+                    w.write_block(b, bip, bit, brt, split="train", times=bts)
+                    w.write_block(b, *test[:3], split="test", times=test[3] if keep else None)
                     uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip) + np.diff(test[0])
                 elif test_fraction > 0:
-                    train, test = split_block(bip, bit, brt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT))
-                    w.write_block(b, *train, split="train")
-                    w.write_block(b, *test, split="test")
+                    train, test = split_block(bip, bit, brt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT),
+                                              times=bts)
+                    w.write_block(b, *train[:3], split="train", times=train[3] if keep else None)
+                    w.write_block(b, *test[:3], split="test", times=test[3] if keep else None)
                     uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
                 else:
-                    w.write_block(b, bip, bit, brt, split="train")
+                    w.write_block(b, bip, bit, brt, split="train", times=bts)
                     uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
                 bar.update(1)
             del loaded
@@ -1119,10 +1133,12 @@ def _store_attrs(parsed: _Parsed, pl: _Plan, how, agg: dict, n_test_clipped: int
     }
 
 
-def _rows(ip, it, r, lo, hi):
-    """Users ``lo..hi`` of a partition's CSR part, as a block (local row pointer)."""
+def _rows(part, lo, hi):
+    """Users ``lo..hi`` of a partition's CSR part ``(indptr, items, ratings[, times])``, as a block (local row
+    pointer), the times fourth when the part has them."""
+    ip = part[0]
     s, e = ip[lo], ip[hi]
-    return ip[lo:hi + 1] - s, it[s:e], r[s:e]
+    return (ip[lo:hi + 1] - s,) + tuple(a[s:e] for a in part[1:])
 
 
 def _value_stats(vals: np.ndarray, cap: float | None) -> tuple[int, float, float, bool]:

@@ -7,6 +7,7 @@ A store is a Zarr v3 group::
       train/indptr           int64 (n_users + 1,)  CSR row pointer, no gaps, chunks = block_users
       train/items            int32 (padded,)       item index of each rating, users in order
       train/ratings          float32 (padded,)     the rating values
+      train/times            int64 (padded,)       each rating's time (seconds since the epoch), if kept
       train/block_offsets    int64 (n_blocks + 1,) position in items/ratings where each block starts
       train/block_digests    uint8 (n_blocks, 16)  blake2b digest of each block (``streamdp verify``)
       train/block_crc32c     uint32 (n_blocks,)    CRC32C of each block's chunk files as written
@@ -34,10 +35,9 @@ Decisions a reader must know:
 * the format version changes only when a reader of the previous version would misread a
   new store: an implicit store is version :data:`IMPLICIT_FORMAT_VERSION` (2); additions
   that older readers ignore (block digests and CRCs, checksum attributes, ``split``,
-  ``item_names``, item statistics, ``generation``) stay within the version.
+  ``item_names``, item statistics, ``generation``, ``times``) stay within the version.
 
-Design notes (the root attributes, and each addition with what a store written without
-it gets): docs/design-notes.md#streamdpstorageschemapy.
+Design notes (the root attributes, each addition): docs/design-notes.md#streamdpstorageschemapy.
 """
 
 from __future__ import annotations
@@ -73,6 +73,20 @@ DEFAULT_CHUNK_RATINGS = 1 << 18
 #: (about 8 MB of items + ratings before compression; the padding after a block's
 #: last chunk then costs at most a quarter, on average an eighth, of a block's reads).
 TARGET_BLOCK_RATINGS = 1 << 20
+
+
+def time_attrs(spans) -> dict:
+    """The ``times`` attribute of a store that keeps each rating's time (an input with a timestamp column): the
+    unit (integer times are read as seconds since the epoch, as MovieLens writes them) and the span of
+    ``spans`` (``[min, max]`` pairs, ``None`` for a part without ratings): read off the data, so store metadata
+    shown to the owner (``info``), never put in a model release.
+
+    >>> time_attrs([[5, 9], [None, None], [2, 7]])
+    {'unit': 's', 'min': 2, 'max': 9}
+    """
+    lo = [a for a, _ in spans if a is not None]
+    hi = [z for _, z in spans if z is not None]
+    return {"unit": "s", "min": min(lo) if lo else None, "max": max(hi) if hi else None}
 
 
 def rating_compressor():

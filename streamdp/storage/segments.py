@@ -120,9 +120,9 @@ class SegmentedStore(RatingStore):
     parts: list
 
     # -- blocks ---------------------------------------------------------------------------
-    def _sources(self, b: int, read) -> list:
+    def _sources(self, b: int, read, times: bool = False) -> list:
         """For each part and split (train, test), block ``b``'s rows padded to the merged block's users:
-        ``(split index, indptr, items, ratings, crc_ok)``."""
+        ``(split index, indptr, items, ratings, crc_ok)``, and with ``times`` the ratings' times sixth."""
         first, end = self.block_range(b)
         n = end - first
         out = []
@@ -134,10 +134,11 @@ class SegmentedStore(RatingStore):
                     ip = blk.indptr
                     if len(ip) - 1 < n:
                         ip = np.concatenate([ip, np.full(n - (len(ip) - 1), ip[-1], np.int64)])
-                    out.append((SPLITS.index(s), ip, blk.items, blk.ratings, ok))
+                    t = (p.block_times(b, s, blk.nnz),) if times else ()
+                    out.append((SPLITS.index(s), ip, blk.items, blk.ratings, ok) + t)
                 else:
                     out.append((SPLITS.index(s), np.zeros(n + 1, np.int64), np.empty(0, np.int32),
-                                np.empty(0, np.float32), True))
+                                np.empty(0, np.float32), True) + ((np.empty(0, np.int64),) if times else ()))
         return out
 
     def _merged(self, b: int, split: str, read) -> tuple[Block, bool | None]:
@@ -156,8 +157,18 @@ class SegmentedStore(RatingStore):
             src = src[:n_parts * len(splits)]
         return {s: self._merge(b, src, s)[0] for s in splits}
 
-    def _merge(self, b: int, src: list, split: str) -> tuple[Block, bool | None]:
-        """The kernel's merge of ``src`` (:meth:`_sources`) for ``split``, and whether every part's CRC matched."""
+    def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
+        """:meth:`read_block` and the merged ratings' times (each kept rating's, from the part it was kept from)."""
+        if not self.has_times:
+            raise StoreError(f"{self.path}: the store keeps no rating times (its input had no timestamp column)")
+        if not self.base._has(split):
+            raise StoreError(f"{self.path}: store has no '{split}' split")
+        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True), times=True)
+        return self._merge(b, src, split, times=True)
+
+    def _merge(self, b: int, src: list, split: str, times: bool = False):
+        """The kernel's merge of ``src`` (:meth:`_sources`) for ``split``, and whether every part's CRC matched
+        (with ``times``: the merged block and its ratings' times instead)."""
         first, end = self.block_range(b)
         n = end - first
         indptrs = np.stack([s[1] for s in src]).astype(np.int64)
@@ -173,8 +184,12 @@ class SegmentedStore(RatingStore):
         out_ip = np.empty(n + 1, np.int64)
         out_items = np.empty(len(items), np.int32)
         out_ratings = np.empty(len(items), np.float32)
+        out_src = np.empty(len(items) if times else 0, np.int64)
         nnz = merge_rows(n, indptrs, starts, items, ratings, part_of, split_of, SPLITS.index(split),
-                         self.info.implicit, float(cap or 0.0), out_ip, out_items, out_ratings)
+                         self.info.implicit, float(cap or 0.0), out_ip, out_items, out_ratings, out_src)
+        if times:
+            ts = np.concatenate([s[5] for s in src]).astype(np.int64)
+            return Block(first, out_ip, out_items[:nnz].copy(), out_ratings[:nnz].copy()), ts[out_src[:nnz]]
         oks = [s[4] for s in src]
         ok = False if any(o is False for o in oks) else (True if all(o is True for o in oks) else None)
         return Block(first, out_ip, out_items[:nnz].copy(), out_ratings[:nnz].copy()), ok
@@ -278,7 +293,7 @@ class SegmentedStore(RatingStore):
         self.base.check_chunks()
         for seg in self.segments:
             names = [f"{s}/{a}" for s in SPLITS if seg._has(s)
-                     for a in ("indptr", "items", "ratings", "block_offsets")]
+                     for a in ("indptr", "items", "ratings", "block_offsets") + (("times",) if seg.has_times else ())]
             names += ["new_user_ids", "new_item_ids", *MERGE_ARRAYS]
             for name in names:
                 seg._reader(name).check()

@@ -25,8 +25,19 @@ def _outputs(n: int, n_train: int, n_test: int):
             np.empty(n + 1, np.int64), np.empty(n_test, np.int32), np.empty(n_test, np.float32))
 
 
-def split_by_mask(indptr, items, ratings, held):
-    """``((indptr, items, ratings), (indptr, items, ratings))``: the ratings with ``held == 0``, then the others."""
+def _with_times(split, indptr, items, ratings, times):
+    """``split`` (a function of ``(indptr, items, ratings)`` that only moves ratings) also moving ``times``: it
+    is run on each rating's position in place of its item, and items and times are gathered by the positions."""
+    pos = np.arange(len(items), dtype=np.int32)
+    items, times = np.asarray(items, np.int32), np.asarray(times, np.int64)
+    return tuple((ip, items[p], r, times[p]) for ip, p, r in split(indptr, pos, ratings))
+
+
+def split_by_mask(indptr, items, ratings, held, *, times=None):
+    """``((indptr, items, ratings), (indptr, items, ratings))``: the ratings with ``held == 0``, then the others
+    (with ``times``, each part also has its ratings' times, fourth)."""
+    if times is not None:
+        return _with_times(lambda ip, it, r: split_by_mask(ip, it, r, held), indptr, items, ratings, times)
     held = np.asarray(held, np.uint8)
     n_test = int(np.count_nonzero(held))
     tr_ip, tr_it, tr_r, te_ip, te_it, te_r = _outputs(len(indptr) - 1, len(items) - n_test, n_test)
@@ -42,14 +53,16 @@ def latest_mask(indptr, ts, *, fraction: float = 0.0, last_n: int = 0) -> np.nda
     return held
 
 
-def split_block(indptr, items, ratings, fraction: float, seed: int):
+def split_block(indptr, items, ratings, fraction: float, seed: int, *, times=None):
     """Hold out about ``fraction`` of each user's ratings (at most all but one).
 
     Each user with ``n`` ratings gives ``floor(fraction * n + 1/2)`` of them (capped at
     ``n - 1``) to the test part, so the per-user test fraction is within one rating
     of ``fraction``. Returns ``((indptr, items, ratings), (indptr, items, ratings))``
-    for train and test.
+    for train and test (with ``times``, four arrays each: the choice depends on no item, so it is the same).
     """
+    if times is not None:
+        return _with_times(lambda ip, it, r: split_block(ip, it, r, fraction, seed), indptr, items, ratings, times)
     n = len(indptr) - 1
     nnz = len(items)
     tr_ip, tr_it, tr_r, te_ip, te_it, te_r = _outputs(n, nnz, nnz)

@@ -428,6 +428,33 @@ class RatingStore:
             raise
         return Block(first, indptr - indptr[0], items, ratings), crc_ok
 
+    @property
+    def has_times(self) -> bool:
+        """Whether the store keeps each rating's time (``SPLIT/times``, :func:`~streamdp.storage.schema.time_attrs`)."""
+        return isinstance(self.attrs.get("times"), dict)
+
+    def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
+        """Block ``b`` of ``split`` (:meth:`read_block`) and its ratings' times (int64, aligned with its items);
+        :class:`StoreError` for a store that keeps no times."""
+        blk = self.read_block(b, split)
+        return blk, self.block_times(b, split, blk.nnz)
+
+    def block_times(self, b: int, split: str, nnz: int) -> np.ndarray:
+        """The times of the ``nnz`` ratings of block ``b`` of ``split`` (read beside the block's items)."""
+        if not self.has_times:
+            raise StoreError(f"{self.path}: the store keeps no rating times (its input had no timestamp column)")
+        sp = self._split(split)
+        start = int(sp["offsets"][b])
+        try:
+            r = self._reader(f"{split}/times")
+            if r.shape != sp["readers"]["items"].shape:
+                raise self._damaged(f"{split}/times", None, f"has {r.shape} entries, not one per item position")
+            return np.asarray(r.read(start, start + nnz), np.int64)
+        except StoreError:
+            if self.changed():
+                raise self._replaced() from None
+            raise
+
     def blocks(self, split: str = "train", *, start: int = 0, stop: int | None = None) -> Iterator[Block]:
         """Iterate over the user blocks of ``split`` in order."""
         stop = self.info.n_blocks if stop is None else min(stop, self.info.n_blocks)
@@ -505,6 +532,8 @@ class RatingStore:
         names += ["user_ids", "item_ids"] + [a for a in ("user_counts", "item_counts") if self._has(a)]
         if "train_item_stats" in self.attrs:
             names += ["train/item_sums", "train/item_counts"]
+        if self.has_times:
+            names += [f"{s}/times" for s in SPLITS if self._has(s)]
         for name in names:
             self._reader(name).check()
         for s in SPLITS:

@@ -58,6 +58,7 @@ from streamdp.storage.schema import (
     DEFAULT_CHUNK_RATINGS,
     FORMAT_NAME,
     FORMAT_VERSION,
+    time_attrs,
     IMPLICIT_FORMAT_VERSION,
     ITEM_PAD,
     is_store_dir,
@@ -296,7 +297,7 @@ def check_destination(path: str, force: bool) -> None:
 
 class _SplitWriter:
     def __init__(self, group: zarr.Group, n_users: int, n_blocks: int, block_users: int, chunk: int,
-                 n_items: int | None = None):
+                 n_items: int | None = None, times: bool = False):
         self.g = group
         # the exact per-item sums and counts of the split's ratings, added block by block (train only: n_items)
         self.n_items = n_items
@@ -312,6 +313,10 @@ class _SplitWriter:
                                         compressors=rating_compressor(), config=_ARRAY_CONFIG)
         self.ratings = group.create_array("ratings", shape=(0,), dtype="float32", chunks=(chunk,), fill_value=0.0,
                                           compressors=rating_compressor(), config=_ARRAY_CONFIG)
+        # each rating's time (int64, aligned with items; padding 0), only in a store that keeps times (schema.py)
+        self.times = group.create_array("times", shape=(0,), dtype="int64", chunks=(chunk,), fill_value=0,
+                                        compressors=rating_compressor(), config=_ARRAY_CONFIG) if times else None
+        self.time_span = [None, None]
         self.offsets = np.zeros(n_blocks + 1, dtype=np.int64)
         self.next_block = 0
         self.nnz = 0
@@ -327,7 +332,7 @@ class _SplitWriter:
         self.chunk_crcs: list[list[int]] = []
 
     def write(self, b: int, indptr: np.ndarray, items: np.ndarray, ratings: np.ndarray,
-              digest: bytes | None = None) -> None:
+              digest: bytes | None = None, times: np.ndarray | None = None) -> None:
         if b != self.next_block:
             raise ValueError(f"blocks must be written in order: expected {self.next_block}, got {b}")
         first = b * self.block_users
@@ -342,17 +347,28 @@ class _SplitWriter:
         with np.errstate(over="ignore"):
             ratings = np.ascontiguousarray(ratings, dtype=np.float32)
         check_finite_ratings(b, ratings)
+        if (times is None) != (self.times is None) or (times is not None and len(times) != nnz):
+            how = "with" if self.times is not None else "without"
+            raise ValueError(f"block {b}: this store's blocks are written {how} one time per rating")
         start = self.padded
         end = start + nnz
         padded_end = -(-end // self.chunk) * self.chunk
         if padded_end > self.items.shape[0]:
             self.items.resize((padded_end,))
             self.ratings.resize((padded_end,))
+            if self.times is not None:
+                self.times.resize((padded_end,))
         if nnz:
             # Write whole chunks: pad the tail of the block's last chunk ourselves.
             pad = padded_end - end
             self.items[start:padded_end] = np.concatenate([items, np.full(pad, ITEM_PAD, np.int32)])
             self.ratings[start:padded_end] = np.concatenate([ratings, np.zeros(pad, np.float32)])
+            if self.times is not None:
+                times = np.asarray(times, np.int64)
+                self.times[start:padded_end] = np.concatenate([times, np.zeros(pad, np.int64)])
+                lo, hi = int(times.min()), int(times.max())
+                a, z = self.time_span
+                self.time_span = [lo if a is None else min(a, lo), hi if z is None else max(z, hi)]
         self.indptr[first : first + n_local] = indptr[:-1] + self.nnz
         if self.crc_readers is not None:  # the block's items and ratings chunks are final once written
             C = self.chunk
@@ -455,6 +471,7 @@ class StoreWriter:
         splits: tuple[str, ...] = ("train",),
         force: bool = False,
         chunk_ratings: int = DEFAULT_CHUNK_RATINGS,
+        times: bool = False,
     ):
         if n_users < 1 or n_items < 1:
             raise StoreError(f"{path}: a store needs at least one user and one item")
@@ -477,7 +494,7 @@ class StoreWriter:
                 self.root = zarr.open_group(self.tmp, mode="a", **kw)
                 self.splits = {
                     s: _SplitWriter(self.root.create_group(s), self.n_users, self.n_blocks, self.block_users,
-                                    chunk_ratings, n_items=self.n_items if s == "train" else None)
+                                    chunk_ratings, n_items=self.n_items if s == "train" else None, times=times)
                     for s in splits
                 }
         except BaseException as exc:
@@ -532,14 +549,15 @@ class StoreWriter:
     # -- content ------------------------------------------------------------------------
     @deferred_interrupts()
     def write_block(self, b: int, indptr, items, ratings, split: str = "train", *,
-                    digest: bytes | None = None) -> None:
+                    digest: bytes | None = None, times=None) -> None:
         """Write block ``b`` of ``split``; blocks of one split must come in order.
 
         ``digest`` is :func:`block_digest` of the same arrays if the caller already
         computed it (e.g. in a worker thread); it is computed here otherwise. A train
-        block's items' sums and counts are added to the store's (:func:`block_item_stats`).
+        block's items' sums and counts are added to the store's (:func:`block_item_stats`). ``times``: each
+        rating's time, in a store written with ``times=True`` (and only there).
         """
-        self.splits[split].write(b, indptr, items, ratings, digest)
+        self.splits[split].write(b, indptr, items, ratings, digest, times)
 
     @deferred_interrupts()
     def write_array(self, name: str, data: np.ndarray, chunks: tuple[int, ...] | None = None) -> zarr.Array:
@@ -611,6 +629,8 @@ class StoreWriter:
         # the digest of the exact per-item training sums and counts (outside the checksum: storage/schema.py)
         full["train_item_stats"] = self.splits["train"].stats_digest
         full["created_by"] = f"streamdp {__version__}"
+        if any(w.times is not None for w in self.splits.values()):
+            full["times"] = time_attrs([w.time_span for w in self.splits.values()])
         for k, v in attrs.items():
             full.setdefault(k, v)
         for k in ("rating_min", "rating_max", "rating_range_source"):

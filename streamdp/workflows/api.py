@@ -96,7 +96,8 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
         ones (``--warm-start``): post-processing, free in privacy (the ledger's epsilon is a cold run's); items
         matched by id, new items start cold; ``iters`` defaults to a quarter of the cold default.
     **options
-        The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``).
+        The method's options, as the CLI's flags without dashes (``iters=5``, ``mechanism="laplace"``), and the
+        period to train on: ``since``, ``until``, ``window``, ``until_segment`` (as ``train``'s flags).
     """
     from streamdp.workflows.training import train as train_model
 
@@ -306,7 +307,7 @@ def _inputs(source, columns, implicit: bool, options: dict) -> list:
 
 def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = None, ridge: float | None = None,
              allow_other_store: bool = False, workers: int | None = None, memory_limit=None, scheduler=None,
-             ranking_users: int | str = 10_000) -> dict:
+             ranking_users: int | str = 10_000, segment=None) -> dict:
     """Evaluate ``model`` on ``store``'s test split: the dict ``streamdp evaluate --json`` prints.
 
     Exactly what ``streamdp evaluate`` runs (:func:`streamdp.serving.evaluate.evaluate_model`), with
@@ -334,12 +335,15 @@ def evaluate(model, store, *, k: int = 10, relevant_threshold: float | None = No
         or ``"all"``. RMSE and MAE always cover every test rating.
     ridge : float, optional
         Ridge of each user's local solve (default: the model's).
+    segment : int or "last", optional
+        Score on this segment's ratings as the future of the store before it (``evaluate --segment``).
     """
     from streamdp.serving.evaluate import evaluate_model
 
     return as_printed(evaluate_model(model, store, workers=workers, memory_limit=memory_limit, ridge=ridge,
                                      allow_other_store=allow_other_store, scheduler=scheduler, k=k,
-                                     relevant_threshold=relevant_threshold, ranking_users=ranking_users))
+                                     relevant_threshold=relevant_threshold, ranking_users=ranking_users,
+                                     segment=segment))
 
 
 def generate(out: str, *, users: int = 10_000, items: int = 2_000, ratings_per_user: float = 50.0, rank: int = 8,

@@ -39,6 +39,7 @@ from streamdp.serving.model import Model, check_model_destination
 from streamdp.serving.ranking import DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
+from streamdp.storage.timeline import check_contributions, data_period
 from streamdp.stream.driver import sweep_stale_runs
 from streamdp.stream.engine import Engine, dask_session
 
@@ -48,7 +49,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
           force: bool = False, evaluate_test: bool = True, state: str | None = None, users_bound: int | None = None,
           users=None, k: int = DEFAULT_K, ranking_users=DEFAULT_RANKING_USERS, items=None, warm_start=None,
-          **options) -> dict:
+          since=None, until=None, window=None, until_segment=None, **options) -> dict:
     """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
 
     The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
@@ -74,12 +75,16 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     store's items as read off the data. ``warm_start``: a model released earlier (a path or a loaded
     :class:`~streamdp.serving.model.Model`) whose item factors start the run (``--warm-start``,
     :func:`warm_model`): free post-processing, fewer iterations by default; ``rank=None`` is then the model's rank.
+    ``since``/``until``/``window``, ``until_segment``: train on a period of the store only
+    (:func:`streamdp.storage.timeline.data_period`; recorded in the model and its ledger as ``data_window``).
     """
     t0 = time.perf_counter()
     epsilon = parse_epsilon(epsilon)  # "1e309" is an error, only "inf" is infinite
     check_calibratable(epsilon)  # one message for every method, before the store is opened
     k, ranking_users = check_k(k), check_ranking_users(ranking_users)  # before anything is spent
     store = store if isinstance(store, RatingStore) else open_store(store)
+    store = data_period(store, since=since, until=until, window=window, until_segment=until_segment)
+    check_contributions(store)  # an empty period: refused before anything is reserved
     cls = get_method(method) if isinstance(method, str) else method
     warm = None
     if warm_start is not None:  # every check that needs no store pass, before anything is released
@@ -217,6 +222,10 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         fitted.model_info["budget_entry"] = entry
         fitted.ledger.store_fingerprint = fp
         fitted.ledger.public_parameters = public_parameters(st, m.user_count(st), getattr(m, "catalogue", None))
+        window = getattr(st, "data_window", None)
+        if window:  # the period trained on: public, the user chose it (storage/timeline.py)
+            fitted.model_info["data_window"] = window
+            fitted.ledger.public_parameters["data_window"] = window
         if fitted.ledger.guarantee == GUARANTEE_NONE:
             fitted.model_info["delta"] = None  # a non-private model has no (epsilon, delta) guarantee
         check_local_solve(fitted, out)
@@ -306,6 +315,8 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         summary["items"] = m.catalogue.describe()
         if getattr(m.catalogue, "range", None) is not None:
             summary["rating_range"] = m.catalogue.range.describe()
+    if "data_window" in info:
+        summary["data_window"] = info["data_window"]
     if "warm_start" in info:
         summary["warm_start"] = {k: v for k, v in info["warm_start"].items() if k != "privacy"}
         summary["iterations_run"] = info.get("iterations_run")
