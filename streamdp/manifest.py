@@ -156,6 +156,9 @@ PRIVACY_JSON = {
     "bounds.releases": (PUBLIC, "every noisy release: what, mechanism, sensitivity, noise scale, shape"),
     "model_digest": (PUBLIC, "sha256 of model.json's fields as released (streamdp.manifest.released_digest): a "
                              "model.json edited after release is refused when the model is loaded"),
+    "individual_privacy": (PUBLIC, "a store with a per-user budget: its cap, the Renyi filter's order and bound, the "
+                                   "per-user guarantee and this release's RDP (functions of public parameters and "
+                                   "noise scales; the exact counts of retired users stay in the store's ledger)"),
 }
 
 #: The contribution bounds a ledger may carry (``privacy.json: bounds.<key>``): each an option, a default
@@ -204,6 +207,7 @@ SUMMARY = {
     "items": RELEASE,  # the catalogue: declared, selected privately (a ledgered release) or exact (non-private)
     "item_statistics": PUBLIC,  # where evaluate took its baselines' item sums from: the store, or a pass
     "warm_start": POST, "iterations_run": POST,  # train --warm-start: model.json's warm_start, the iterations run
+    "user_filter": OWNER,  # a per-user budget: the exact counts of users taking part and retired (privacy/filter.py)
 }
 
 

@@ -106,9 +106,11 @@ def user_count_for(cls, store, *, epsilon: float, seed: int | None = None,
                    users_bound: int | None = None) -> UserCount:
     """The :class:`~streamdp.privacy.users.UserCount` a run of method class ``cls`` on ``store`` reads: released at
     ``epsilon`` from ``seed``'s stream, or ``users_bound`` declared (exact for a method whose relation keeps it)."""
+    # a store whose retired users are left out (storage/retired.py) counts the users it keeps
+    n = store.n_users if getattr(store, "n_counted", None) is None else store.n_counted
     if not cls.RELEASES_USER_COUNT:
-        return UserCount(int(store.n_users), "exact")
-    return release_user_count(store.n_users, epsilon=epsilon, seed=seed, users_bound=users_bound)
+        return UserCount(int(n), "exact")
+    return release_user_count(n, epsilon=epsilon, seed=seed, users_bound=users_bound)
 
 
 class Method:

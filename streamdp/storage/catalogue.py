@@ -130,18 +130,20 @@ class CatalogueView(RatingStore):
 
     def remote_view(self):
         """What a cluster worker applies to the store it opens by path to see this view (picklable)."""
-        return _Spec(self._cat_ids)
+        return _Spec(self._cat_ids, self._catalogue_base.remote_view())
 
 
 class _Spec:
-    """A catalogue to apply on a worker: ``spec.view(store)``; equal specs share one view per process."""
+    """A catalogue to apply on a worker: ``spec.view(store)`` (over ``inner``'s view of it, when the catalogue's
+    store is itself a view: one without retired users, :mod:`streamdp.storage.retired`); equal specs share one
+    view per process."""
 
-    def __init__(self, ids):
-        self.ids = ids
-        self.key = catalogue_digest(ids)
+    def __init__(self, ids, inner=None):
+        self.ids, self.inner = ids, inner
+        self.key = catalogue_digest(ids) if inner is None else (catalogue_digest(ids), inner.key)
 
     def view(self, store: RatingStore) -> CatalogueView:
-        return CatalogueView(store, self.ids)
+        return CatalogueView(store if self.inner is None else self.inner.view(store), self.ids)
 
 
 def catalogue_view(store: RatingStore, ids) -> RatingStore:
