@@ -513,7 +513,7 @@ def rdp_epsilon(alpha: float, rdp: float, delta: float) -> float:
     (``rdp_privacy_accountant.compute_epsilon``), nothing hand-rolled.
 
     >>> round(rdp_epsilon(8.0, 1.0, 1e-6), 4)
-    2.7034
+    2.543
     """
     if not math.isfinite(rdp):
         return math.inf

@@ -58,7 +58,7 @@ def filter_parameters(epsilon: float, delta: float) -> dict:
 
     >>> p = filter_parameters(5.0, 1e-6)
     >>> p["alpha"], round(p["bound"], 3), p["epsilon_guarantee"] <= 5.0
-    (8.7, 3.067, True)
+    (6.1, 2.825, True)
     """
     best = None
     for a in filter_orders():
