@@ -49,6 +49,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -60,7 +61,7 @@ from streamdp.outputs import deferred_interrupts
 from streamdp.owner import current_owner, describe_owner, owner_status
 from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, parse_epsilon, rdp_at_order
 from streamdp.privacy.events import compose, event_from_dict
-from streamdp.privacy.filter import advance, distribution, filter_parameters, prune
+from streamdp.privacy.filter import FILTER_DIR, advance, distribution, filter_parameters, prune
 from streamdp.privacy.filter import current as filter_current
 from streamdp.privacy.journal import (
     GENESIS,
@@ -1184,12 +1185,21 @@ def carried_over(old_store: str | os.PathLike, new_store: str | os.PathLike, *, 
     before journals gets its journal started there). Every entry keeps counting
     against the new store's budget. An old ledger that is corrupt, missing while its
     journal says it existed, or unlike its journal raises :class:`StoreError` and
-    nothing is replaced.
+    nothing is replaced. A per-user budget's state (:mod:`streamdp.privacy.filter`) moves too when the same users
+    keep their rows (``by="compact"``); replacing the data of a store that has one is refused (its users' spend is
+    tied to their rows).
     """
     old = StoreBudget(old_store)
     new = Path(new_store)
     with old._locked():
         st = old._checked()
+        if st.mode != "fresh" and st.d.get("user_budget") is not None:
+            if by != "compact":
+                raise StoreError(f"{old.store}: has a per-user budget, and each user's spend is tied to her row: "
+                                 f"its data cannot be replaced (add data with `streamdp ingest NEW --append "
+                                 f"{old.store}`, or write the new data to a new store)")
+            if (old.store / FILTER_DIR).is_dir():
+                shutil.copytree(old.store / FILTER_DIR, new / FILTER_DIR)
         if st.mode != "fresh":
             record = {"event": "data replaced", "at": _now(), "by": by, "old_checksum": _store_checksum(old.store),
                       "new_checksum": checksum, "n_entries": len(st.d["entries"])}

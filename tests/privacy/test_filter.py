@@ -207,3 +207,37 @@ def test_a_cap_is_set_once(tmp_path, cli):
     _train(s.path, tmp_path / "m1")
     cli.error(cli.run("budget", s.path, "--set-user", "5,1e-3"), "cannot be changed")
     shutil.rmtree(tmp_path / "m1")
+
+
+def test_compaction_keeps_the_users_spend_and_replacing_the_data_is_refused(tmp_path, cli):
+    from streamdp.storage.compact import compact
+
+    s = _store(tmp_path)
+    _train(s.path, tmp_path / "m1")
+    ingest(_frame(range(1000, 1000 + N_NEW), 1), s.path, append=True)
+    before = _state(s.path)
+    compact(s.path)
+    after = _state(s.path)
+    assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
+    f = tmp_path / "r.csv"
+    _frame(range(5), 0).to_csv(f, index=False)
+    cli.error(cli.run("ingest", f, "--out", s.path, "--force"), "has a per-user budget", "--append")
+    assert np.array_equal(_state(s.path)[0], before[0])  # the store as it was
+
+
+def test_a_cluster_worker_reads_the_same_view(scenario):
+    """The view's spec (what a Dask worker applies to the store it opens) leaves out the same users."""
+    from streamdp.privacy.filter import FilterMask
+    from streamdp.storage.catalogue import CatalogueView
+    from streamdp.storage.retired import RetiredView
+    from streamdp.storage.store import open_store
+
+    st = open_store(scenario["store"])
+    d = StoreBudget(st.path)._load()
+    view = CatalogueView(RetiredView(st, FilterMask(st.path, d["user_budget"], current(d["entries"]))),
+                         st.item_ids()[:6])
+    remote = view.remote_view().view(open_store(scenario["store"]))
+    for b in range(st.n_blocks):
+        mine, theirs = view.read_block(b), remote.read_block(b)
+        assert np.array_equal(mine.indptr, theirs.indptr) and np.array_equal(mine.items, theirs.items)
+    assert view.read_block(0).indptr[N_OLD] == 0  # the retired users' rows are empty
