@@ -46,8 +46,10 @@ __all__ = ["FILTER_DIR", "BLOCK", "filter_parameters", "parse_user_budget", "cur
 
 #: Where the generations of the per-user state live, inside the store's directory.
 FILTER_DIR = "user_spend"
-#: Users a block of the per-user state holds (its Zarr chunk; one block is read or written at a time).
+#: Users a pass over the per-user state reads or writes at a time.
 BLOCK = 1 << 20
+#: Users a Zarr chunk of a generation holds (a divisor of :data:`BLOCK`): a view reads the chunks of one store block.
+CHUNK = 1 << 16
 #: The statuses whose entries count (as :data:`streamdp.privacy.budget.COUNTED`).
 _COUNTED = ("reserved", "complete", "stale")
 PAPER = "individual Renyi filter (Feldman & Zrnic 2021, 'Individual privacy accounting via a Renyi filter')"
@@ -230,7 +232,7 @@ def advance(store: str | os.PathLike, user_budget: dict, entries: list, entry: d
     counts = {"participants": 0, "retired_now": 0, "retired_total": 0}
     try:
         g = zarr.open_group(str(tmp), mode="w")
-        chunk = (max(1, min(n, BLOCK)),)
+        chunk = (max(1, min(n, CHUNK)),)
         out_rdp = g.create_array("rdp", shape=(n,), dtype="float64", chunks=chunk)
         out_ret = g.create_array("retired", shape=(n,), dtype="bool", chunks=chunk)
         for lo in range(0, n, BLOCK):

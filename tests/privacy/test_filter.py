@@ -241,3 +241,28 @@ def test_a_cluster_worker_reads_the_same_view(scenario):
         mine, theirs = view.read_block(b), remote.read_block(b)
         assert np.array_equal(mine.indptr, theirs.indptr) and np.array_equal(mine.items, theirs.items)
     assert view.read_block(0).indptr[N_OLD] == 0  # the retired users' rows are empty
+
+
+def test_the_state_streams_by_blocks_and_charges_contributors_only(tmp_path, monkeypatch):
+    """Blocks of 7 users in chunks of 4 give what one block gives; a user who did not contribute (the hook a time
+    window fills) is charged nothing; users present when the cap was set start at the releases before it."""
+    from streamdp.privacy import filter as flt
+
+    ub = {**filter_parameters(3.0, 1e-3), "carried_rdp": 0.25, "carried_users": 30}
+    ev = [event_to_dict(gaussian_event(2.0))]
+    results = []
+    for block, chunk in ((1 << 20, 1 << 16), (7, 4)):
+        monkeypatch.setattr(flt, "BLOCK", block)
+        monkeypatch.setattr(flt, "CHUNK", chunk)
+        store = tmp_path / f"s{block}"
+        store.mkdir()
+        e = {"id": "e0", "status": "complete", "events": ev}
+        rec = advance(store, ub, [], e, FilterRequest(None, 50, contributors=lambda lo, hi: np.arange(lo, hi) % 2 == 0))
+        g = zarr.open_group(str(store / FILTER_DIR / "e0"), mode="r")
+        dist = flt.distribution(store, ub, [{**e, "user_filter": rec}], 50)
+        results.append((g["rdp"][:], g["retired"][:], rec["participants"], dist))
+    (a, ra, pa, da), (b, rb, pb, db) = results
+    assert np.array_equal(a, b) and np.array_equal(ra, rb) and pa == pb == 25 and da == db
+    r = ub["alpha"] / 8.0
+    expect = np.where(np.arange(50) < 30, 0.25, 0.0) + np.where(np.arange(50) % 2 == 0, r, 0.0)
+    assert np.allclose(a, expect) and not ra.any()
