@@ -393,10 +393,14 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
               "an error); its privacy-budget ledger is carried over.")
 @click.option("--budget", default=None, metavar="EPSILON,DELTA",
               help="Set the store's total privacy budget (see `streamdp budget`).")
+@click.option("--user-budget", default=None, metavar="EPSILON[,DELTA]",
+              help="Cap every user's privacy loss over all releases from the store (an individual Renyi filter: a "
+              "user whose next release would cross it is left out of it and of all later ones; see `streamdp "
+              "budget`). DELTA defaults to the store's default delta.")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print a JSON summary.")
 def ingest(inputs, out, append_to, train_files, test_files, fmt, sep, columns, implicit, count_cap, rating_range,
            out_of_range, split, test_fraction, last_n, seed, item_names, items, skip_bad_lines, memory_limit,
-           block_users, force, budget, as_json):
+           block_users, force, budget, user_budget, as_json):
     """Ingest rating files (u.data, ::-.dat, CSV, ;-separated, whitespace, Parquet; .gz) into a store, out of core;
     or interaction logs (user,item[,count]: clicks, plays, purchases) into an implicit store.
 
@@ -416,6 +420,7 @@ def ingest(inputs, out, append_to, train_files, test_files, fmt, sep, columns, i
     s = ingest_files(inputs, out or append_to, fmt=fmt, sep=sep, columns=columns, rating_range=rating_range,
                      test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
                      memory_limit=memory_limit, block_users=block_users, force=force, budget=budget,
+                     **({"user_budget": user_budget} if user_budget is not None else {}),
                      out_of_range=out_of_range, implicit=implicit, count_cap=count_cap, split=split, last_n=last_n,
                      test=list(test_files) or None, item_names=item_names, items=items,
                      **({"append": True, "notes": False} if append_to else {}))
@@ -739,6 +744,10 @@ def format_train_summary(summary: dict) -> str:
         lines.append(f"warm start: from {w['model']} ({w['method']}), {summary['iterations_run']} iterations; items "
                      f"{w['items_matched']:,} from it, {w['items_new']:,} cold, {w['items_dropped']:,} of its dropped "
                      f"(post-processing of its release: no privacy cost)")
+    if "user_filter" in summary:
+        u = summary["user_filter"]
+        lines.append(f"per-user budget: {u['participants']:,} users took part, {u['retired_now']:,} retired now "
+                     f"(their cap would be crossed), {u['retired_total']:,} retired in all (see streamdp budget)")
     if "test_rmse" in summary:
         b = summary.get("baselines", {})
         lines.append(f"test RMSE {summary['test_rmse']:.4f}  MAE {summary['test_mae']:.4f} on "
@@ -1204,6 +1213,9 @@ def privacy_calibrate(epsilon, delta, count, as_json):
 @main.command()
 @click.argument("store")
 @click.option("--set", "set_budget", default=None, metavar="EPSILON,DELTA", help="Set the store's total budget.")
+@click.option("--set-user", "set_user", default=None, metavar="EPSILON[,DELTA]",
+              help="Set the per-user lifetime cap (an individual Renyi filter; set once: it cannot change after a "
+              "release under it). DELTA defaults to the store's default delta.")
 @click.option("--settle", is_flag=True, help="Settle reservations of runs that are gone (killed): complete if their "
               "model is in place, else 'stale' (counted as spent); remove their run directories in STORE.state/.")
 @click.option("--refund-unreleased", is_flag=True, help="With --settle: mark 'failed' (not counted) the reservations "
@@ -1216,8 +1228,9 @@ def privacy_calibrate(epsilon, delta, count, as_json):
               "compare with the spend the composition cache (STORE/privacy_budget.spend) gives: a mismatch is an "
               "error (the cache is then replaced).")
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def budget(store, set_budget, settle, refund_unreleased, restore, verify, as_json):
-    """Show (or --set, --settle, --restore, --verify) the privacy budget of STORE and everything released from it."""
+def budget(store, set_budget, set_user, settle, refund_unreleased, restore, verify, as_json):
+    """Show (or --set, --set-user, --settle, --restore, --verify) the privacy budget of STORE and everything released
+    from it; with a per-user budget, the distribution of the users' spend and how many are retired."""
     from streamdp.errors import ParameterError, StoreError
     from streamdp.privacy.budget import StoreBudget, format_budget, parse_budget, shown
     from streamdp.privacy.ledger import encode_json
@@ -1242,13 +1255,24 @@ def budget(store, set_budget, settle, refund_unreleased, restore, verify, as_jso
                        + "".join(f"; the file it replaced is kept as {p}" for p in restored["set_aside"]))
     if set_budget is not None:
         b.set(*parse_budget(set_budget, name="--set"))
+    if set_user is not None:
+        from streamdp.privacy.filter import parse_user_budget
+        from streamdp.storage.store import open_store
+
+        n_users = open_store(store).n_users
+        b.set_user(*parse_user_budget(set_user, n_users=n_users, flag="--set-user"), n_users=n_users)
     settled = stale = None
     if settle:
         from streamdp.stream.driver import sweep_stale_runs
 
         settled = b.settle(refund_unreleased=refund_unreleased)
         stale = sweep_stale_runs(store)
-    s = shown(b.show())  # the ledger's records of the data's checksums stay in the store's files
+    n_users = None
+    if b.user_budget() is not None:  # the users' spend: read by blocks over the store's users
+        from streamdp.storage.store import open_store
+
+        n_users = open_store(store).n_users
+    s = shown(b.show(n_users))  # the ledger's records of the data's checksums stay in the store's files
     if as_json:
         extra = {} if settled is None else {"settled": settled, "stale_runs_removed": stale}
         print_json(encode_json({**s, **extra, **({} if restored is None else {"restored": restored})}))

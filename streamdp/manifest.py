@@ -161,6 +161,9 @@ PRIVACY_JSON = {
     "bounds.releases": (PUBLIC, "every noisy release: what, mechanism, sensitivity, noise scale, shape"),
     "model_digest": (PUBLIC, "sha256 of model.json's fields as released (streamdp.manifest.released_digest): a "
                              "model.json edited after release is refused when the model is loaded"),
+    "individual_privacy": (PUBLIC, "a store with a per-user budget: its cap, the Renyi filter's order and bound, the "
+                                   "per-user guarantee and this release's RDP (functions of public parameters and "
+                                   "noise scales; the exact counts of retired users stay in the store's ledger)"),
 }
 
 #: The contribution bounds a ledger may carry (``privacy.json: bounds.<key>``): each an option, a default
@@ -212,6 +215,7 @@ SUMMARY = {
     "warm_start": POST, "iterations_run": POST,  # train --warm-start: model.json's warm_start, the iterations run
     "segment": OWNER,  # evaluate --segment: the segment scored on and its number of ratings
     "data_window": PUBLIC,  # train --since/--until/--window/--until-segment: the period trained on (options)
+    "user_filter": OWNER,  # a per-user budget: the exact counts of users taking part and retired (privacy/filter.py)
 }
 
 

@@ -273,3 +273,29 @@ def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, gl
             out_ratings[p] = r
         out_indptr[j + 1] = pos
     return pos
+
+
+@njit(cache=True, nogil=True)
+def keep_rows(indptr, items, ratings, keep):
+    """The CSR rows of the users with ``keep[u]`` set (the others become empty): ``(indptr, items, ratings)``.
+
+    One pass: a dropped user's ratings are not copied; the kept ones keep their order. Used by the view that
+    leaves retired users out of every block (:mod:`streamdp.storage.retired`).
+    """
+    n_users = len(indptr) - 1
+    out_indptr = np.zeros(n_users + 1, indptr.dtype)
+    total = 0
+    for u in range(n_users):
+        if keep[u]:
+            total += indptr[u + 1] - indptr[u]
+        out_indptr[u + 1] = total
+    out_items = np.empty(total, items.dtype)
+    out_ratings = np.empty(total, ratings.dtype)
+    k = 0
+    for u in range(n_users):
+        if keep[u]:
+            for j in range(indptr[u], indptr[u + 1]):
+                out_items[k] = items[j]
+                out_ratings[k] = ratings[j]
+                k += 1
+    return out_indptr, out_items, out_ratings

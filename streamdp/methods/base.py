@@ -106,10 +106,12 @@ def user_count_for(cls, store, *, epsilon: float, seed: int | None = None,
                    users_bound: int | None = None) -> UserCount:
     """The :class:`~streamdp.privacy.users.UserCount` a run of method class ``cls`` on ``store`` reads: released at
     ``epsilon`` from ``seed``'s stream, or ``users_bound`` declared (exact for a method whose relation keeps it)."""
+    # a store whose retired users are left out (storage/retired.py) counts the users it keeps
+    n = store.n_users if getattr(store, "n_counted", None) is None else store.n_counted
     if not cls.RELEASES_USER_COUNT:
-        return UserCount(int(store.n_users), "exact")
-    # a store seen through a time window (storage/timeline.py): only the users with a rating in it take part
-    n = store.n_contributors() if hasattr(store, "n_contributors") else store.n_users
+        return UserCount(int(n), "exact")
+    if hasattr(store, "n_contributors"):  # a time window (storage/timeline.py): only the users with a rating in it
+        n = store.n_contributors()
     return release_user_count(n, epsilon=epsilon, seed=seed, users_bound=users_bound)
 
 

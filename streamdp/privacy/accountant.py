@@ -69,6 +69,9 @@ __all__ = [
     "pld_epsilon",
     "pld_grid",
     "rdp_accountant",
+    "rdp_at_order",
+    "rdp_epsilon",
+    "filter_orders",
 ]
 
 _REL = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -450,3 +453,36 @@ def epsilon_of(event: dp_accounting.DpEvent, delta: float, *,
     return AccountingResult(epsilon=eps, epsilon_rdp=eps_rdp, delta=delta, accountant="pld",
                             value_discretization_interval=value_discretization_interval,
                             rdp_order=float(order) if order is not None else float("nan"))
+
+
+def filter_orders() -> tuple:
+    """dp-accounting's default RDP orders above 1.01 (below it its conversion to (epsilon, delta) is undefined)."""
+    return tuple(float(a) for a in _rdp_acc.DEFAULT_RDP_ORDERS if a > 1.01)
+
+
+def rdp_epsilon(alpha: float, rdp: float, delta: float) -> float:
+    """The epsilon at ``delta`` of an RDP guarantee ``rdp`` at the one order ``alpha``: dp-accounting's conversion
+    (``rdp_privacy_accountant.compute_epsilon``), nothing hand-rolled.
+
+    >>> round(rdp_epsilon(8.0, 1.0, 1e-6), 4)
+    2.543
+    """
+    if not math.isfinite(rdp):
+        return math.inf
+    return float(_rdp_acc.compute_epsilon([float(alpha)], [float(rdp)], float(delta))[0])
+
+
+def rdp_at_order(event: dp_accounting.DpEvent, alpha: float) -> float:
+    """The Renyi divergence at order ``alpha`` of ``event``, composed by dp-accounting's RDP accountant
+    (pure-DP events through their dominating pair, as everywhere here). A ``(0, delta)`` event has no finite Renyi
+    divergence: ``ParameterError`` (an individual Renyi filter cannot charge it).
+
+    >>> from streamdp.privacy.events import gaussian_event
+    >>> rdp_at_order(gaussian_event(2.0), 4.0)  # alpha / (2 sigma^2)
+    0.5
+    """
+    acc = _compose_checked(_RdpAccountant(orders=[float(alpha)], neighboring_relation=_REL), event)
+    if acc.extra_delta > 0:
+        raise ParameterError("the release has a (0, delta) event, which has no Renyi divergence: a store with a "
+                             "per-user budget cannot charge it to its users")
+    return float(acc._rdp[0])

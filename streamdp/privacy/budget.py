@@ -49,6 +49,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -58,7 +59,10 @@ from streamdp.errors import BudgetExceededError, ParameterError, StoreError
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import deferred_interrupts
 from streamdp.owner import current_owner, describe_owner, owner_status
-from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, parse_epsilon
+from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, parse_epsilon, rdp_at_order
+from streamdp.privacy.events import compose, event_from_dict
+from streamdp.privacy.filter import FILTER_DIR, advance, distribution, filter_parameters, prune
+from streamdp.privacy.filter import current as filter_current
 from streamdp.privacy.journal import (
     GENESIS,
     JOURNAL_FILE,
@@ -540,8 +544,57 @@ class StoreBudget:
             self._commit(st, [{"at": _now(), "op": "budget",
                                "budget": {"epsilon": float(epsilon), "delta": float(delta), "set": _now()}}])
 
-    def show(self) -> dict:
-        """The budget, the total spend (accountant and basic composition) and every entry."""
+    @_retried
+    def set_user(self, epsilon: float, delta: float, *, n_users: int) -> dict:
+        """Set the per-user lifetime cap ``(epsilon, delta)`` (:mod:`streamdp.privacy.filter`); returns its record.
+
+        Decision: a cap is set once. It may be set again to the same values (nothing is written), or replaced
+        while no release was made under it; after one, its order ``alpha`` fixes what every user's accumulated RDP
+        means, so another cap (looser or tighter) is refused. The releases counted before it are charged to
+        every one of the store's ``n_users`` users now (``carried_rdp``, their RDP at ``alpha`` composed by
+        dp-accounting): users appended later start at zero.
+        """
+        if self.remote:
+            raise ParameterError(f"{self.store}: a per-user budget keeps per-user state beside the store: on a local "
+                                 f"disk only")
+        params = filter_parameters(epsilon, delta)
+        with self._locked():
+            st = self._checked()
+            d = st.d
+            old = d.get("user_budget")
+            if old is not None and (old["epsilon"], old["delta"]) == (params["epsilon"], params["delta"]):
+                return old
+            if old is not None and filter_current(d["entries"]) is not None:
+                raise ParameterError(f"{self.store}: already has a per-user budget epsilon={old['epsilon']:g}, "
+                                     f"delta={old['delta']:g}, and releases were made under it: it cannot be "
+                                     f"changed (each user's spend is accounted at its Renyi order)")
+            counted = [e for e in d["entries"] if e["status"] in COUNTED]
+            carried = 0.0
+            for e in counted:
+                if e.get("guarantee") == GUARANTEE_PUBLIC_ONLY:
+                    continue
+                try:
+                    carried += rdp_at_order(compose([event_from_dict(x) for x in e.get("events") or []]),
+                                            params["alpha"]) if e.get("events") else math.inf
+                except ParameterError:  # a (0, delta) event: no Renyi bound
+                    carried = math.inf
+            record = {**params, "set": _now(), "carried_rdp": carried, "carried_users": int(n_users),
+                      "carried_releases": len(counted)}
+            self._commit(st, [{"at": _now(), "op": "user_budget", "user_budget": record}])
+            return record
+
+    def user_budget(self) -> dict | None:
+        """The per-user cap and its filter (``None``: the store has none)."""
+        return self._load().get("user_budget")
+
+    def filter_view_state(self) -> tuple[dict | None, str | None]:
+        """``(user budget, current generation)``: what a release's view of the store reads."""
+        d = self._load()
+        return d.get("user_budget"), filter_current(d["entries"])
+
+    def show(self, n_users: int | None = None) -> dict:
+        """The budget, the total spend (accountant and basic composition) and every entry; with a per-user budget,
+        ``user_budget`` and, given the store's ``n_users``, ``users``: the distribution of their spend."""
         d = self._checked(key=True).d
         budget = d.get("budget")
         counted = [e for e in d["entries"] if e["status"] in COUNTED]
@@ -554,9 +607,14 @@ class StoreBudget:
             remaining = max(budget["epsilon"] - spend["epsilon"], 0.0) if math.isfinite(spend["epsilon"]) else 0.0
         # a spend that composes releases under different relations holds for the weakest of them only
         relations = sorted({e.get("neighbouring_relation", NEIGHBOURING_RELATION) for e in counted})
-        return {"store": str(self.store), "budget": budget, "spent": spend, "remaining_epsilon": remaining,
-                "within_budget": self._within(spend, budget), "entries": d["entries"],
-                "history": d.get("history", []), "neighbouring_relations": relations}
+        out = {"store": str(self.store), "budget": budget, "spent": spend, "remaining_epsilon": remaining,
+               "within_budget": self._within(spend, budget), "entries": d["entries"],
+               "history": d.get("history", []), "neighbouring_relations": relations}
+        if d.get("user_budget") is not None:
+            out["user_budget"] = d["user_budget"]
+            if n_users is not None:
+                out["users"] = distribution(self.store, d["user_budget"], d["entries"], n_users)
+        return out
 
     def entries(self) -> list[dict]:
         """The ledger's entries, read and checked without writing anything (not even the composition cache):
@@ -588,7 +646,7 @@ class StoreBudget:
                 "sweep": self._spend(new, delta), "within_budget": self._within(after, budget)}
 
     @_retried
-    def reserve(self, ledger, *, over_budget: bool = False, model: str | None = None) -> str:
+    def reserve(self, ledger, *, over_budget: bool = False, model: str | None = None, user_filter=None) -> str:
         """Record a release before its model is written; refuse it if it would exceed the budget.
 
         Parameters
@@ -599,6 +657,9 @@ class StoreBudget:
             Record and allow a release that exceeds the budget.
         model : str, optional
             Where the model will be written (for the record).
+        user_filter : FilterRequest, optional
+            On a store with a per-user budget (required there): the release's users, its generation advanced
+            here (:func:`streamdp.privacy.filter.advance`), recorded in the entry's ``user_filter``.
 
         Returns
         -------
@@ -639,8 +700,23 @@ class StoreBudget:
             # the key its model's fingerprint will use (made now by the store's first release): recorded, so that
             # a key deleted later is seen (see _key_problem) instead of silently made again
             entry["release_key"] = key_id(release_key(self.store, create=True))
-            self._commit(st, [{"at": _now(), "op": "reserve", "entry": entry}])
+            self._filtered(d, entry, user_filter)
+            try:
+                self._commit(st, [{"at": _now(), "op": "reserve", "entry": entry}])
+            finally:  # a generation whose entry was not recorded, or one superseded: removed
+                if d.get("user_budget") is not None:
+                    prune(self.store, st.d["entries"])
         return entry["id"]
+
+    def _filtered(self, d: dict, entry: dict, request) -> None:
+        """With a per-user budget: advance the filter for ``entry`` (its ``user_filter`` record)."""
+        ub = d.get("user_budget")
+        if ub is None:
+            return
+        if request is None:
+            raise ParameterError(f"{self.store}: has a per-user budget; this kind of release cannot leave retired "
+                                 f"users out, so only `streamdp train` releases from it")
+        entry["user_filter"] = request.result = advance(self.store, ub, d["entries"], entry, request)
 
     @_retried
     def _update(self, entry_id: str, by: str, change) -> None:
@@ -871,13 +947,17 @@ class _State:
 def _new_ledger(state: dict, *, copied: bool = True) -> dict:
     """A ledger holding ``state`` (``copied=False``: its very objects, for a state nothing else holds)."""
     part = {"budget": state.get("budget"), "entries": state["entries"], "history": state.get("history", [])}
+    if state.get("user_budget") is not None:
+        part["user_budget"] = state["user_budget"]
     return {"format": BUDGET_FORMAT, "format_version": 1, **(copy.deepcopy(part) if copied else part)}
 
 
 def _adopt(d: dict, note: dict) -> dict:
     """The first journal record of a ledger taken as it is, with ``note`` appended to its history."""
     return {"at": _now(), "op": "adopt", "state": {"budget": d.get("budget"), "entries": d["entries"],
-                                                   "history": [*d.get("history", []), note]}}
+                                                   "history": [*d.get("history", []), note],
+                                                   **({"user_budget": d["user_budget"]} if d.get("user_budget")
+                                                      else {})}}
 
 
 def _expected_key(d: dict) -> tuple[str, int, str] | None:
@@ -1105,12 +1185,21 @@ def carried_over(old_store: str | os.PathLike, new_store: str | os.PathLike, *, 
     before journals gets its journal started there). Every entry keeps counting
     against the new store's budget. An old ledger that is corrupt, missing while its
     journal says it existed, or unlike its journal raises :class:`StoreError` and
-    nothing is replaced.
+    nothing is replaced. A per-user budget's state (:mod:`streamdp.privacy.filter`) moves too when the same users
+    keep their rows (``by="compact"``); replacing the data of a store that has one is refused (its users' spend is
+    tied to their rows).
     """
     old = StoreBudget(old_store)
     new = Path(new_store)
     with old._locked():
         st = old._checked()
+        if st.mode != "fresh" and st.d.get("user_budget") is not None:
+            if by != "compact":
+                raise StoreError(f"{old.store}: has a per-user budget, and each user's spend is tied to her row: "
+                                 f"its data cannot be replaced (add data with `streamdp ingest NEW --append "
+                                 f"{old.store}`, or write the new data to a new store)")
+            if (old.store / FILTER_DIR).is_dir():
+                shutil.copytree(old.store / FILTER_DIR, new / FILTER_DIR)
         if st.mode != "fresh":
             record = {"event": "data replaced", "at": _now(), "by": by, "old_checksum": _store_checksum(old.store),
                       "new_checksum": checksum, "n_entries": len(st.d["entries"])}
@@ -1164,6 +1253,7 @@ def format_budget(s: dict) -> str:
     if b is not None:
         lines.append(f"remaining        epsilon={s['remaining_epsilon']:.6g}"
                      + ("" if s["within_budget"] else "  (OVER BUDGET)"))
+    lines += _user_lines(s)
     weaker = [r for r in s.get("neighbouring_relations", []) if r != NEIGHBOURING_RELATION]
     if weaker:
         lines.append(f"relation         some releases hold only for a weaker relation than add/remove one user "
@@ -1177,6 +1267,35 @@ def format_budget(s: dict) -> str:
     for h in s.get("history", []):
         lines.append(f"  {h['at']}  {_history_line(h)}")
     return "\n".join(lines)
+
+
+def _user_lines(s: dict) -> list[str]:
+    """The per-user budget's lines of :func:`format_budget`: the cap, its filter, the spend's distribution."""
+    ub = s.get("user_budget")
+    if ub is None:
+        return []
+    lines = [f"user budget      epsilon={ub['epsilon']:.6g}  delta={ub['delta']:.3g} per user, lifetime  (Renyi "
+             f"filter at order {ub['alpha']:g}, bound {ub['bound']:.6g}; each user "
+             f"({ub['epsilon_guarantee']:.6g}, {ub['delta']:.3g})-DP)"]
+    if ub.get("carried_releases"):
+        lines.append(f"                 {ub['carried_releases']} release(s) before it charged to its "
+                     f"{ub['carried_users']:,} users then (RDP {ub['carried_rdp']:.6g})")
+    u = s.get("users")
+    if u is None:
+        return lines
+    q = "  ".join(f"{'max' if k == '1' else 'min' if k == '0' else 'p' + format(float(k) * 100, 'g')} "
+                  f"{v:.4g}" for k, v in u["quantiles"].items())
+    lines.append(f"users            {u['n_users']:,}, {u['retired']:,} retired (left out of every later release)")
+    lines.append(f"users' spend     epsilon at delta={ub['delta']:.3g}: {q}")
+    rows = [("nothing", "", u["none"])]
+    rows += [(f"{lo:4.0%}-{hi:4.0%}", f"epsilon <= {e:.4g}", c) for lo, hi, e, c in u["histogram"]]
+    if u["over_cap"]:
+        rows.append(("over the bound", "(carried from before the cap)", u["over_cap"]))
+    top = max([c for _, _, c in rows] + [1])
+    lines.append("  share of the bound spent (RDP), users:")
+    for what, note, c in rows:
+        lines.append(f"  {what:<10} {note:<20} {'#' * math.ceil(30 * c / top) if c else '':<30} {c:,}")
+    return lines
 
 
 def _history_line(h: dict) -> str:

@@ -20,7 +20,8 @@ Records (``op``):
   or ``stale``; a ``stale`` entry only by ``settle`` (to ``complete`` when its model
   proves it was released, to ``failed`` when it is proven nothing was); the stage
   only from ``training`` to ``writing``, while ``reserved``;
-* ``history``: ``record`` appended to the history (e.g. the data was replaced).
+* ``history``: ``record`` appended to the history (e.g. the data was replaced);
+* ``user_budget``: the per-user cap and its filter (:mod:`streamdp.privacy.filter`) were set.
 
 The chain makes a hand edit, a deleted line or a flipped status visible; it is not
 a signature: whoever can write the store can rewrite the whole chain with this code.
@@ -142,6 +143,21 @@ def check_budget(b) -> None:
     _number(b.get("delta"), "budget delta", allow_inf=False, upper=1.0)
 
 
+def check_user_budget(b) -> None:
+    """A per-user cap: ``epsilon``, ``delta``, the filter's ``alpha`` and ``bound``, what it ``carried`` over."""
+    if b is None:
+        return
+    if not isinstance(b, dict):
+        raise LedgerInvalid(f"user_budget is {b!r}, not an object")
+    _number(b.get("epsilon"), "user_budget epsilon", allow_inf=False)
+    _number(b.get("delta"), "user_budget delta", allow_inf=False, upper=1.0)
+    _number(b.get("alpha"), "user_budget alpha", allow_inf=False)
+    _number(b.get("bound"), "user_budget bound", allow_inf=False)
+    _number(b.get("carried_rdp", 0.0), "user_budget carried_rdp", allow_inf=True)
+    if not (b["alpha"] > 1 and b["bound"] > 0 and type(b.get("carried_users", 0)) is int):
+        raise LedgerInvalid(f"user_budget {b!r}: expected alpha > 1, bound > 0 and an integer carried_users")
+
+
 def check_entry(e, where: str) -> None:
     """One ledger entry: required keys and types, non-negative epsilon (inf: a non-private release) and delta."""
     if not isinstance(e, dict):
@@ -173,6 +189,7 @@ def check_entry(e, where: str) -> None:
 def check_state(d: dict) -> None:
     """``budget``, ``entries`` (unique ids) and ``history`` of a ledger (decoded: floats are floats)."""
     check_budget(d.get("budget"))
+    check_user_budget(d.get("user_budget"))
     entries = d.get("entries")
     if not isinstance(entries, list):
         raise LedgerInvalid(f"entries is {type(entries).__name__}, not a list")
@@ -205,13 +222,17 @@ def apply_record(state: dict, r: dict) -> None:
         new = r.get("state")
         if not isinstance(new, dict):
             raise LedgerInvalid("'adopt' without a state")
-        new = {"budget": new.get("budget"), "entries": new.get("entries"), "history": new.get("history", [])}
+        new = {"budget": new.get("budget"), "entries": new.get("entries"), "history": new.get("history", []),
+               **({"user_budget": new["user_budget"]} if new.get("user_budget") is not None else {})}
         check_state(new)
         state.clear()
         state.update(new, _ids={e["id"]: e for e in new["entries"]})
     elif op == "budget":
         check_budget(r.get("budget"))
         state["budget"] = r.get("budget")
+    elif op == "user_budget":
+        check_user_budget(r.get("user_budget"))
+        state["user_budget"] = r.get("user_budget")
     elif op == "reserve":
         e = r.get("entry")
         check_entry(e, "the reserved entry")
@@ -307,6 +328,8 @@ class Journal:
 def state_text(state: dict) -> str:
     """:func:`canonical` text of the state (what a ledger and its journal must agree on)."""
     part = {"budget": state.get("budget"), "entries": state.get("entries"), "history": state.get("history", [])}
+    if state.get("user_budget") is not None:  # only then: a ledger without one reads as it always did
+        part["user_budget"] = state["user_budget"]
     try:  # a decoded state holds plain JSON values: canonical as it is, unless a float is not finite
         return json.dumps(part, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (ValueError, TypeError):

@@ -150,6 +150,8 @@ class Ledger:
     #: The digest of the model's ``model.json`` as released (:func:`streamdp.manifest.released_digest`; set when
     #: the model is written, checked when it is loaded).
     model_digest: str = ""
+    #: The per-user guarantee of a store with a user budget (:func:`streamdp.privacy.filter.statement`).
+    individual: dict = field(default_factory=dict)
 
     def __post_init__(self):
         _check_guarantee(self.guarantee)
@@ -215,6 +217,7 @@ class Ledger:
             "notes": list(self.notes),
             **({"public_parameters": self.public_parameters} if self.public_parameters else {}),
             **({"model_digest": self.model_digest} if self.model_digest else {}),
+            **({"individual_privacy": self.individual} if self.individual else {}),
         }
 
     @classmethod
@@ -233,7 +236,7 @@ class Ledger:
                        notes=d.get("notes", []), store_fingerprint=d.get("store_fingerprint", ""),
                        public_parameters=d.get("public_parameters", {}),
                        relation=d.get("neighbouring_relation", NEIGHBOURING_RELATION),
-                       model_digest=d.get("model_digest", ""))
+                       model_digest=d.get("model_digest", ""), individual=d.get("individual_privacy", {}))
         except KeyError as exc:
             raise StoreError(f"privacy ledger: missing field {exc}") from None
 

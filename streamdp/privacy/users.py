@@ -46,7 +46,7 @@ import numpy as np
 from streamdp.errors import ParameterError
 from streamdp.privacy.release import Release
 
-__all__ = ["COUNT_SHARE", "RNG_KEY", "UserCount", "release_user_count", "check_users_bound"]
+__all__ = ["COUNT_SHARE", "RNG_KEY", "UserCount", "release_user_count", "check_users_bound", "count_release"]
 
 #: Share of the run's epsilon spent on the count (a pure Laplace release at ``COUNT_SHARE * epsilon``).
 COUNT_SHARE = 0.01
@@ -133,7 +133,13 @@ def release_user_count(n_exact: int, *, epsilon: float, seed: int | None = None,
         return UserCount(bound, "declared")
     if not math.isfinite(epsilon):
         return UserCount(int(n_exact), "exact")
-    rel = Release(WHAT, "laplace", 1.0, 1.0 / (COUNT_SHARE * float(epsilon)))
+    rel = count_release(epsilon)
     seq = np.random.SeedSequence(seed, spawn_key=(RNG_KEY,)) if seed is not None else None
     noisy = float(rel.add(float(n_exact), np.random.default_rng(seq)))
     return UserCount(max(1, int(round(noisy))), "released", rel)
+
+
+def count_release(epsilon: float) -> Release:
+    """The Laplace release of the count at ``epsilon`` (its noise not drawn): what a run spends on it, known
+    before the data is read (a per-user filter charges it first, :mod:`streamdp.privacy.filter`)."""
+    return Release(WHAT, "laplace", 1.0, 1.0 / (COUNT_SHARE * float(epsilon)))

@@ -134,12 +134,12 @@ class CatalogueView(RatingStore):
 
 
 class _Spec:
-    """A catalogue to apply on a worker: ``spec.view(store)``; equal specs share one view per process. ``inner``:
-    the spec of the view the catalogue is applied to (a time window, :mod:`streamdp.storage.timeline`), or None."""
+    """A catalogue to apply on a worker: ``spec.view(store)`` (over ``inner``'s view of it, when the catalogue's
+    store is itself a view: a time window, :mod:`streamdp.storage.timeline`, or one without retired users,
+    :mod:`streamdp.storage.retired`); equal specs share one view per process."""
 
     def __init__(self, ids, inner=None):
-        self.ids = ids
-        self.inner = inner
+        self.ids, self.inner = ids, inner
         self.key = catalogue_digest(ids) if inner is None else (catalogue_digest(ids), inner.key)
 
     def view(self, store: RatingStore) -> CatalogueView:

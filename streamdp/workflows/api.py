@@ -174,7 +174,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
 
 
 def ingest(source=None, out: str | None = None, *, train=None, test=None, columns=None, implicit: bool = False,
-           budget=None, test_fraction: float = 0.0, split: str | None = None, last_n: int | None = None,
+           budget=None, user_budget=None, test_fraction: float = 0.0, split: str | None = None, last_n: int | None = None,
            item_names: str | None = None, seed: int | None = 0, force: bool = False, **options) -> RatingStore:
     """Build a rating store at ``out`` from files or in-memory data (``streamdp ingest``) and return it opened.
 
@@ -213,6 +213,9 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
         (:class:`streamdp.privacy.budget.StoreBudget`), checked before anything is
         read (and against the number of users once the input is parsed, before
         anything is written), set once the store is in place.
+    user_budget : str or (float, float), optional
+        ``"EPS[,DELTA]"``: also cap every user's loss over all releases from the store (``--user-budget``,
+        :mod:`streamdp.privacy.filter`); checked like ``budget``.
     append : bool, in ``**options``
         ``out`` is an existing store: add the data to it as a new segment (``streamdp ingest NEW --append
         STORE``, :mod:`streamdp.storage.append`); its rating range, pair rule, split and id kinds apply, its
@@ -250,6 +253,8 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
 
     if options.pop("append", False):  # onto an existing store, as a new segment (storage/append.py)
         from streamdp.storage.append import append as ingest_files  # noqa: F811 - the same signature
+        if user_budget is not None:
+            raise ParameterError("--user-budget: not with --append (streamdp budget STORE --set-user sets it)")
         if budget is not None:
             raise ParameterError("--budget: not with --append (the store's budget ledger is kept as it is; "
                                  "streamdp budget STORE --set changes it)")
@@ -261,6 +266,8 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
         columns = ",".join(str(c) for c in columns)
     options.update(columns=columns, implicit=implicit, test_fraction=test_fraction, seed=seed, force=force,
                    split=split, last_n=last_n, item_names=None if item_names is None else os.fspath(item_names))
+    if user_budget is not None:
+        return _ingest_user_budget(inputs, out, budget, user_budget, options, ingest_files)
     if budget is None:
         return ingest_files(inputs, out, **options)
     from streamdp.privacy import check_privacy_params  # the ledger (dp-accounting): only with a budget
@@ -282,6 +289,33 @@ def ingest(source=None, out: str | None = None, *, train=None, test=None, column
                              f"streamdp budget {store.path} --set {budget[0]:g},{budget[1]:g}") from None
 
     return ingest_files(inputs, out, check_users=check_users, after_write=set_budget, **options)
+
+
+def _ingest_user_budget(inputs, out, budget, user_budget, options, ingest_files) -> RatingStore:
+    """:func:`ingest` with ``user_budget`` (and maybe ``budget``): both checked against the number of users once the
+    input is parsed, before anything is written, and set once the store is in place."""
+    from streamdp.privacy import check_privacy_params
+    from streamdp.privacy.budget import StoreBudget, parse_budget
+    from streamdp.privacy.filter import filter_parameters, parse_user_budget
+
+    budget = parse_budget(budget)
+    parse_user_budget(user_budget, n_users=1)  # its form, before anything is read
+    caps = {}
+
+    def check_users(n_users: int) -> None:
+        if budget is not None:
+            check_privacy_params(*budget, n_users=n_users)
+        caps["user"] = parse_user_budget(user_budget, n_users=n_users)
+        filter_parameters(*caps["user"])  # a cap no order converts to: refused before anything is written
+        caps["n_users"] = n_users
+
+    def set_budgets(store) -> None:
+        b = StoreBudget(store.path)
+        if budget is not None:
+            b.set(*budget)
+        b.set_user(*caps["user"], n_users=store.n_users)
+
+    return ingest_files(inputs, out, check_users=check_users, after_write=set_budgets, **options)
 
 
 def _inputs(source, columns, implicit: bool, options: dict) -> list:

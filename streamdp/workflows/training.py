@@ -91,6 +91,7 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
         warm = warm_model(cls, warm_start, checkpoint=options.get("checkpoint"))
         if rank is None:
             rank = warm.rank if np.ndim(warm.item_factors) == 2 else None
+    store, user_filter = filtered_store(store, cls, epsilon=epsilon, items=items, users_bound=users_bound)  # a per-user budget's view
     if users is None or not cls.RELEASES_USER_COUNT:
         users = user_count_for(cls, store, epsilon=epsilon, seed=seed, users_bound=users_bound)
     if delta is None:
@@ -109,16 +110,60 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     with dask_session(scheduler, workers) as scheduler:
         m.check_scheduler(scheduler)  # before anything is reserved
         fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler,
-                                         memory_limit=memory_limit, over_budget=over_budget, force=force, state=state)
+                                         memory_limit=memory_limit, over_budget=over_budget, force=force, state=state,
+                                         user_filter=user_filter)
         try:
             summary = run_summary(st, m, fitted, out, seconds, epsilon=epsilon, delta=delta, seed=seed, stale=stale,
                                evaluate_test=evaluate_test, workers=workers, memory_limit=memory_limit,
                                scheduler=scheduler, k=k, ranking_users=ranking_users)
+            if user_filter is not None:
+                from streamdp.privacy.filter import summary as filter_summary
+
+                summary["user_filter"] = filter_summary(user_filter.result)
             summary["total_seconds"] = round(time.perf_counter() - t0, 3)
             return summary
         except KeyboardInterrupt:
             raise Interrupted(f"interrupted after the model was written to {out} and its budget recorded; "
                               f"evaluation skipped") from None
+
+
+def filtered_store(store, cls, *, epsilon: float, items=None, users_bound=None):
+    """``(store, FilterRequest)``: on a store with a per-user budget (:mod:`streamdp.privacy.filter`), the store
+    seen without the users retired so far nor those who cannot afford the count of users, the first stage of
+    this release (:class:`~streamdp.storage.retired.RetiredView`, ``n_counted`` its users), and the request its
+    reservation advances the filter with; ``(store, None)`` without one.
+
+    Refused there, before anything is read: a non-private run (no user could afford it), and a private selection
+    of the catalogue (its threshold is a ``(0, delta)`` event, which no Renyi filter can charge: declare the items).
+    """
+    from streamdp.privacy.accountant import rdp_at_order
+    from streamdp.privacy.filter import FilterMask, FilterRequest
+    from streamdp.privacy.users import count_release
+    from streamdp.storage.catalogue import store_catalogue
+    from streamdp.storage.retired import RetiredView
+
+    if not store.local:
+        return store, None  # a per-user budget is refused on object storage (StoreBudget.set_user)
+    ub, generation = StoreBudget(store.path).filter_view_state()
+    if ub is None:
+        return store, None
+    if not math.isfinite(epsilon):
+        raise ParameterError(f"--epsilon inf: {store.path} has a per-user budget; a non-private model would cross "
+                             f"every user's cap")
+    if items is None and store_catalogue(store) is None and cls.RELEASES_USER_COUNT:
+        raise ParameterError(f"{store.path} has a per-user budget: declare the catalogue (train --items FILE, or "
+                             f"ingest --items); its private selection ends in a (0, delta) event, which no Renyi "
+                             f"filter can charge")
+    counted = cls.RELEASES_USER_COUNT and users_bound is None  # the count is released: the first stage
+    first = rdp_at_order(count_release(epsilon).event(), ub["alpha"]) if counted else 0.0
+    mask = FilterMask(store.path, ub, generation, threshold=first)
+    view = RetiredView(store, mask)
+    view.n_counted = mask.count(store.n_users)
+    if view.n_counted == 0:
+        raise ParameterError(f"{store.path}: every user has reached her per-user cap (epsilon={ub['epsilon']:g}): "
+                             f"nothing can be released from it")
+    return view, FilterRequest(generation=generation, n_users=int(store.n_users), stages=[first], view=view,
+                               user_budget=ub)
 
 
 def warm_model(cls, warm_start, *, checkpoint=None):
@@ -180,7 +225,7 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
 
 
 def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_limit=None, over_budget: bool = False,
-            force: bool = False, state: str | None = None, entry: str | None = None):
+            force: bool = False, state: str | None = None, entry: str | None = None, user_filter=None):
     """Reserve ``m``'s planned release in the store's budget, fit it, write it to ``out``: ``(fitted, seconds, stale)``.
 
     The one path from a method instance to a released model directory (``train``
@@ -190,7 +235,9 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     its recorded check or the store was replaced during the run
     (:meth:`~streamdp.storage.store.RatingStore.check_unchanged`, before the write). ``stale`` lists the run directories of
     dead processes removed from ``STORE.state/`` first. ``entry``: a reservation made already (``tune``
-    reserves its whole run before its candidates), used instead of a new one. Ctrl-C raises
+    reserves its whole run before its candidates), used instead of a new one. ``user_filter``: a per-user budget's
+    request (:func:`filtered_store`): the reservation advances the filter, the fit reads without the users it
+    retired, ``privacy.json`` states the per-user guarantee. Ctrl-C raises
     :class:`~streamdp.errors.Interrupted` saying what was released.
     """
     out = str(out)
@@ -199,7 +246,11 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     planned = m.planned_ledger(st)
     budget = StoreBudget(st.path)
     if entry is None:
-        entry = budget.reserve(planned, over_budget=over_budget, model=os.path.abspath(out))
+        entry = budget.reserve(planned, over_budget=over_budget, model=os.path.abspath(out), user_filter=user_filter)
+    if user_filter is not None:  # the fit reads the users who take part in this release only
+        from streamdp.privacy.filter import FilterMask
+
+        user_filter.view.use(FilterMask(user_filter.view.path, user_filter.user_budget, entry))
     # a --checkpoint directory is the user's: its noisy iterates count as released from the first
     # checkpoint on, so the entry is never refunded (stage "writing" before the run; "stale", counted,
     # if the run then fails); only a private run directory keeps the proof that nothing left the process
@@ -226,6 +277,10 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         if window:  # the period trained on: public, the user chose it (storage/timeline.py)
             fitted.model_info["data_window"] = window
             fitted.ledger.public_parameters["data_window"] = window
+        if user_filter is not None:
+            from streamdp.privacy.filter import statement
+
+            fitted.ledger.individual = statement(user_filter.user_budget, user_filter.result)
         if fitted.ledger.guarantee == GUARANTEE_NONE:
             fitted.model_info["delta"] = None  # a non-private model has no (epsilon, delta) guarantee
         check_local_solve(fitted, out)
