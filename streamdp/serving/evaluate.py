@@ -152,6 +152,9 @@ def _store_for(m, store, allow_other_store: bool, segment=None):
     st.check_chunks()  # a damaged store fails here with one line, not with a wrong RMSE
     # scored on every test rating of the store's items: those of a catalogue it declares (no other item exists for
     # its models), else all of them, an item outside the model's catalogue predicted as a cold one
+    # the store itself, as `streamdp evaluate STORE` opens it: not a run's view of its selected range (which clips
+    # training ratings: streamdp.storage.range_view) nor of its catalogue
+    st = getattr(st, "_range_inner", st)
     st = getattr(st, "_catalogue_base", st)
     declared = store_catalogue(st)
     if declared is not None:

@@ -240,3 +240,15 @@ def test_every_private_method_trains_on_the_selected_range(stores, tmp_path, met
     assert sum(r["release"].startswith("rating range:") for r in ledger["bounds"]["releases"]) == 2
     assert 1.9 < ledger["accounting"]["epsilon"] <= 2.0
     assert not any("observed" in n for n in ledger["notes"])
+
+
+def test_train_evaluates_on_the_store_as_evaluate_does(stores, tmp_path):
+    """The evaluation after a run scores the store itself (its raw training ratings for the users' local solves),
+    not the run's clipped view: the figures ``streamdp evaluate`` gives."""
+    from streamdp.serving.evaluate import evaluate_model
+
+    plain, outlier, _ = stores
+    out = tmp_path / "m"
+    s = train(outlier, method="als", epsilon=1.0, delta=1e-5, out=str(out), seed=4, ranking_users="all")
+    ev = evaluate_model(str(out), outlier.path, ranking_users="all")
+    assert s["test_rmse"] == ev["rmse"] and s["test_ratings"] == ev["n_ratings"]
