@@ -699,8 +699,8 @@ class StoreBudget:
                     entry["over_budget"] = True
             # the key its model's fingerprint will use (made now by the store's first release): recorded, so that
             # a key deleted later is seen (see _key_problem) instead of silently made again
+            self._filtered(d, entry, user_filter)  # before anything else is made: a refusal leaves nothing
             entry["release_key"] = key_id(release_key(self.store, create=True))
-            self._filtered(d, entry, user_filter)
             try:
                 self._commit(st, [{"at": _now(), "op": "reserve", "entry": entry}])
             finally:  # a generation whose entry was not recorded, or one superseded: removed
@@ -714,8 +714,9 @@ class StoreBudget:
         if ub is None:
             return
         if request is None:
-            raise ParameterError(f"{self.store}: has a per-user budget; this kind of release cannot leave retired "
-                                 f"users out, so only `streamdp train` releases from it")
+            raise ParameterError(f"{self.store}: has a per-user budget, and this release was prepared without it "
+                                 f"(it cannot leave retired users out, or the cap was set while it ran): refused, "
+                                 f"nothing released; only `streamdp train` releases from such a store")
         entry["user_filter"] = request.result = advance(self.store, ub, d["entries"], entry, request)
 
     @_retried

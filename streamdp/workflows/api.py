@@ -174,7 +174,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
 
 
 def ingest(source=None, out: str | None = None, *, train=None, test=None, columns=None, implicit: bool = False,
-           budget=None, user_budget=None, test_fraction: float = 0.0, split: str | None = None, last_n: int | None = None,
+           budget=None, user_budget=None, test_fraction: float = 0.0, split: str | None = None,
+           last_n: int | None = None,
            item_names: str | None = None, seed: int | None = 0, force: bool = False, **options) -> RatingStore:
     """Build a rating store at ``out`` from files or in-memory data (``streamdp ingest``) and return it opened.
 

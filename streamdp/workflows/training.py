@@ -91,7 +91,8 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
         warm = warm_model(cls, warm_start, checkpoint=options.get("checkpoint"))
         if rank is None:
             rank = warm.rank if np.ndim(warm.item_factors) == 2 else None
-    store, user_filter = filtered_store(store, cls, epsilon=epsilon, items=items, users_bound=users_bound)  # a per-user budget's view
+    # a per-user budget: the store without its retired users, and what the reservation advances the filter with
+    store, user_filter = filtered_store(store, cls, epsilon=epsilon, items=items, users_bound=users_bound)
     if users is None or not cls.RELEASES_USER_COUNT:
         users = user_count_for(cls, store, epsilon=epsilon, seed=seed, users_bound=users_bound)
     if delta is None:

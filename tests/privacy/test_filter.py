@@ -266,3 +266,18 @@ def test_the_state_streams_by_blocks_and_charges_contributors_only(tmp_path, mon
     r = ub["alpha"] / 8.0
     expect = np.where(np.arange(50) < 30, 0.25, 0.0) + np.where(np.arange(50) % 2 == 0, r, 0.0)
     assert np.allclose(a, expect) and not ra.any()
+
+
+def test_releases_before_the_cap_are_charged_to_the_users_then(tmp_path, cli):
+    s = _store(tmp_path, user_budget=None)
+    b = StoreBudget(s.path)
+    led = Ledger(method="demo", guarantee=GUARANTEE_USER_DP, epsilon=1.0, delta=1e-6, events=[gaussian_event(8.0)])
+    b.complete(b.reserve(led))
+    assert cli.run("budget", s.path, "--set-user", CAP)[0] == 0
+    ub = b.user_budget()
+    assert ub["carried_rdp"] == pytest.approx(ub["alpha"] / 128) and ub["carried_users"] == N_OLD
+    ingest(_frame(range(1000, 1000 + N_NEW), 1), s.path, append=True)
+    _train(s.path, tmp_path / "m1")
+    rdp, retired, _ = _state(s.path)
+    r = json.loads((tmp_path / "m1" / "privacy.json").read_text())["individual_privacy"]["release_rdp"]
+    assert np.allclose(rdp[:N_OLD], ub["carried_rdp"] + r) and np.allclose(rdp[N_OLD:], r) and not retired.any()
