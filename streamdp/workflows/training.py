@@ -135,7 +135,8 @@ def filtered_store(store, cls, *, epsilon: float, items=None, users_bound=None):
     reservation advances the filter with; ``(store, None)`` without one.
 
     Refused there, before anything is read: a non-private run (no user could afford it), and a private selection
-    of the catalogue (its threshold is a ``(0, delta)`` event, which no Renyi filter can charge: declare the items).
+    of the catalogue or of the rating range (each threshold is a ``(0, delta)`` event, which no Renyi filter can
+    charge: declare the items and the range).
     """
     from streamdp.privacy.accountant import rdp_at_order
     from streamdp.privacy.filter import FilterMask, FilterRequest
@@ -155,6 +156,11 @@ def filtered_store(store, cls, *, epsilon: float, items=None, users_bound=None):
         raise ParameterError(f"{store.path} has a per-user budget: declare the catalogue (train --items FILE, or "
                              f"ingest --items); its private selection ends in a (0, delta) event, which no Renyi "
                              f"filter can charge")
+    if (getattr(cls, "SELECTS_RATING_RANGE", True) and not store.implicit
+            and getattr(store, "rating_range_source", "declared") != "declared"):
+        raise ParameterError(f"{store.path} has a per-user budget: declare the rating range (ingest --rating-range "
+                             f"MIN,MAX); its private selection ends in a (0, delta) event, which no Renyi filter can "
+                             f"charge")
     counted = cls.RELEASES_USER_COUNT and users_bound is None  # the count is released: the first stage
     first = rdp_at_order(count_release(epsilon).event(), ub["alpha"]) if counted else 0.0
     mask = FilterMask(store.path, ub, generation, threshold=first)

@@ -281,3 +281,17 @@ def test_releases_before_the_cap_are_charged_to_the_users_then(tmp_path, cli):
     rdp, retired, _ = _state(s.path)
     r = json.loads((tmp_path / "m1" / "privacy.json").read_text())["individual_privacy"]["release_rdp"]
     assert np.allclose(rdp[:N_OLD], ub["carried_rdp"] + r) and np.allclose(rdp[N_OLD:], r) and not retired.any()
+
+
+@pytest.mark.parametrize("undeclared", ["items", "rating_range"])
+def test_a_private_selection_is_refused_on_a_capped_store(tmp_path, cli, undeclared):
+    """The catalogue's and the rating range's private selections each end in a ``(0, delta)`` threshold event,
+    which no Renyi filter charges: on a store with a per-user cap both must be declared, said in one line."""
+    items = tmp_path / "items.txt"
+    items.write_text("\n".join(str(i) for i in range(N_ITEMS)) + "\n")
+    kw = {"items": str(items), "rating_range": "1,5"}
+    kw.pop(undeclared)
+    s = ingest(_frame(range(N_OLD), 0), str(tmp_path / "s.zarr"), user_budget=CAP, **kw)
+    cli.error(cli.run("train", s.path, "--epsilon", str(EPS), "--out", tmp_path / "m", "--users-bound", "100"),
+              "per-user budget", "--rating-range" if undeclared == "rating_range" else "--items")
+    assert not (tmp_path / "m").exists()
