@@ -21,7 +21,7 @@ Decisions a reader must know:
   from the released counts, so where the factors are noise a user's list falls back
   toward the chart, with no weight tuned on private data;
 * the released counts (the chart) take every pair of a user, weight ``min(1, sqrt(tau / n_u))``
-  (:func:`spread_weights`, ``--count-weights spread``; why: the design notes);
+  (:func:`spread_weights`); on a thin store the chart lists first a private top-K selection (``privacy/topk.py``);
 * a user's factor part is clipped to ``--clip`` and her popularity weight apart
   (``--clip-popularity``); only pairs of items above the **item floor**
   (:func:`item_floor_count`) reach the item side, with adaptive weights of L2 norm
@@ -372,8 +372,10 @@ class IALS(Method):
         return s
 
     def _topk_share(self, store, s) -> float:
-        """The top-K chart's budget share (:func:`streamdp.privacy.topk.topk_chart`: public numbers only, the released
-        number of users, the items, ``tau`` and the target), taken from the right-hand sides': at most half of theirs."""
+        """The top-K chart's budget share (:func:`streamdp.privacy.topk.topk_chart`: public numbers only, the
+        released number of users, the items, ``tau`` and the target), from the right-hand sides': at most half."""
+        if not getattr(self, "chart_topk", True):  # tune's candidates and model: Gaussian releases only
+            return 0.0
         n_users = getattr(store, "expected_users", None) or self.n_users(store)
         if not topk_chart(n_users, store.n_items, math.sqrt(s.tau), self.epsilon, self.delta, s.count_share):
             return 0.0
@@ -919,10 +921,10 @@ class IALS(Method):
             notes.append(self.warm.note())
         topk = getattr(self, "_topk", None)
         if topk is not None:
-            notes.append(f"the chart (the popularity column, the released noisy_item_weight) lists first the {len(topk)} "
-                         f"items of a private top-{len(topk)} selection, in its order, then the rest by the released "
-                         f"counts: on a store this thin the counts' noise over its {store.n_items:,} items swamps their "
-                         f"top (streamdp.privacy.topk)")
+            notes.append(f"the chart (the popularity column, the released noisy_item_weight) lists first the "
+                         f"{len(topk)} items of a private top-{len(topk)} selection, in its order, then the rest by "
+                         f"the released counts: on a store this thin the counts' noise over its {store.n_items:,} items "
+                         f"swamps their top (streamdp.privacy.topk)")
         ledger = self.ledger(store, plan, notes=notes)
         pop_column = s.popularity or Y.shape[1] > self.rank  # a non-private run's chart (:func:`_chart_rows`)
         info = {"method": self.name, "factors_released": released, "rank": self.rank,

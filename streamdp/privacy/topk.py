@@ -46,7 +46,7 @@ K = 10
 #: Budget share of the selection (in the Gaussian releases' ``1 / z^2`` terms) when it is made.
 SHARE = 0.4
 #: The selection is made when the counts' expected largest noise over the items is at least this share of the users.
-THIN_RATIO = 0.2
+THIN_RATIO = 0.15
 MECHANISM = "exponential (one-shot Gumbel top-K, monotone)"
 
 

@@ -79,3 +79,16 @@ def test_plentiful_stores_keep_the_released_counts(small_store):
     _, f = _fit(small_store, method="ials", epsilon=10.0, iters=1, rank=3, seed=1)
     assert "chart" not in f.model_info
     assert not [e for e in f.ledger.to_dict()["bounds"]["releases"] if e["release"].startswith("the chart")]
+
+
+def test_tune_keeps_gaussian_releases_only(thin):
+    """``tune`` needs every candidate's releases Gaussian (its envelope): its ials runs keep the released counts."""
+    from streamdp.methods import get_method
+    from streamdp.workflows.tune import _gaussian_only, gaussian_equivalent
+    from streamdp.privacy.events import compose
+
+    m = get_method("ials")(epsilon=1.0, delta=1e-6, seed=1)
+    assert "topk" in m.plan(thin).releases
+    g = _gaussian_only(get_method("ials")(epsilon=1.0, delta=1e-6, seed=1))
+    plan = g.plan(thin)
+    assert "topk" not in plan.releases and gaussian_equivalent(compose([r.event() for r in plan.releases.values()])) > 0
