@@ -681,7 +681,7 @@ def _check_configs(r, configs: list[dict]) -> None:
     """Every configuration of the grid is one the method takes, at a rank the store's items allow."""
     for c in configs:
         try:
-            m = r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, **c)
+            m = _gaussian_only(r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, **c))
             if _by_hits(r):  # ials' settings refuse what its options alone do not (an alpha above the cap)
                 m.settings(r.st)
         except ParameterError as exc:

@@ -92,3 +92,15 @@ def test_tune_keeps_gaussian_releases_only(thin):
     g = _gaussian_only(get_method("ials")(epsilon=1.0, delta=1e-6, seed=1))
     plan = g.plan(thin)
     assert "topk" not in plan.releases and gaussian_equivalent(compose([r.event() for r in plan.releases.values()])) > 0
+
+
+def test_a_resumed_run_keeps_its_chart(thin, tmp_path, interrupted_after_checkpoint):
+    """The selection is made once, before the iterations: a run resumed from its checkpoint lists the same chart."""
+    opts = dict(method="ials", epsilon=1.0, iters=2, rank=4, seed=3)
+    _, full = _fit(thin, checkpoint=str(tmp_path / "full"), **opts)
+    with interrupted_after_checkpoint(1):
+        _fit(thin, checkpoint=str(tmp_path / "ck"), **opts)
+    _, res = _fit(thin, checkpoint=str(tmp_path / "ck"), **opts)
+    assert res.model_info["resumed_from_iteration"] == 1 and "chart" in res.model_info
+    np.testing.assert_array_equal(res.extras["noisy_item_weight"], full.extras["noisy_item_weight"])
+    np.testing.assert_array_equal(res.item_factors, full.item_factors)
