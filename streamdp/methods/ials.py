@@ -21,7 +21,7 @@ Decisions a reader must know:
   from the released counts, so where the factors are noise a user's list falls back
   toward the chart, with no weight tuned on private data;
 * the released counts (the chart) take every pair of a user, weight ``min(1, sqrt(tau / n_u))``
-  (:func:`spread_weights`); on a thin store the chart lists first a private top-K selection (``privacy/topk.py``);
+  (:func:`spread_weights`, ``--count-weights``); on a thin store a private top-K selection lists first (``topk.py``);
 * a user's factor part is clipped to ``--clip`` and her popularity weight apart
   (``--clip-popularity``); only pairs of items above the **item floor**
   (:func:`item_floor_count`) reach the item side, with adaptive weights of L2 norm
