@@ -106,6 +106,8 @@ MODEL_JSON = {
     "selection.classes": (RELEASE, "ials, private: per class of users by training items (5+, fewer) the noisy sum "
                                    "of held-out hit differences and what it chose for them (ledger: 'validation: "
                                    "sums over users ...')"),
+    "chart": (POST, "ials: the chart is a private top-K selection's items first, in order, then the released "
+                    "counts (streamdp.privacy.topk; ledger: 'the chart: its top K items'); its kind and K"),
     "selection.chart_below": (POST, "ials: users of fewer training items than this list the chart by the released "
                                     "counts from their local solve (chosen on the noisy sums; 0: none)"),
     "selection.item_ridges": (NONPRIVATE, "the item-side ridges tried and their exact validation losses "
@@ -186,7 +188,8 @@ ARRAYS = {
     "item_ids": (RELEASE, "the model's item catalogue, ascending: declared (public) or selected privately (ledger: "
                           "'item catalogue')"),
     "noisy_item_weight": (RELEASE, "als: noisy item weight totals C_j (ledger: 'item weight totals'); ials: noisy "
-                                   "item counts N_j (ledger: 'item counts')"),
+                                   "item counts N_j (ledger: 'item counts'), with model.json's chart the top-K "
+                                   "selection's items lifted above the rest in its order (post-processing of both)"),
     "singular_values": (POST, "oja/lowrank: singular values of the noisy iteration or sketch"),
     "signal_share": (POST, "oja: share of each released direction above its noise"),
     "basis": (POST, "oja/lowrank: the item basis"),

@@ -21,7 +21,7 @@ Decisions a reader must know:
   from the released counts, so where the factors are noise a user's list falls back
   toward the chart, with no weight tuned on private data;
 * the released counts (the chart) take every pair of a user, weight ``min(1, sqrt(tau / n_u))``
-  (:func:`spread_weights`, ``--count-weights spread``; why: the design notes);
+  (:func:`spread_weights`, ``--count-weights``); on a thin store a private top-K selection lists first (``topk.py``);
 * a user's factor part is clipped to ``--clip`` and her popularity weight apart
   (``--clip-popularity``); only pairs of items above the **item floor**
   (:func:`item_floor_count`) reach the item side, with adaptive weights of L2 norm
@@ -63,13 +63,14 @@ from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy.bounding import contribution_weights
 from streamdp.privacy.release import Share, calibrate_releases
+from streamdp.privacy.topk import K as TOPK_K, SHARE as TOPK_SHARE, TopKShare, chart_scores, topk_chart
 from streamdp.serving.local import implicit_pairs
 from streamdp.serving.ranking import default_threshold
 from streamdp.stream.engine import add_into as _add
 
 #: Key of this module's random streams.
 RNG_KEY = 0x1A15
-_INIT, _STATS, _ITER, _PROFILE, _SELECT = 1, 2, 3, 4, 5
+_INIT, _STATS, _ITER, _PROFILE, _SELECT, _TOPK = 1, 2, 3, 4, 5, 6
 #: Budget share of the private choice between the factors and the chart (``--select auto``).
 SELECT_SHARE = 0.05
 #: Users with fewer training items than this hold none out for the choice (``floor(0.1 n + 1/2) >= 1`` from 5): on
@@ -255,12 +256,18 @@ class IalsSettings(RunSettings):
     count_weights: str = "uniform"
     #: The model a ``--warm-start`` run starts from (its path and run id; empty: a cold run): in the run's fingerprint.
     warm_start: str = ""
+    #: Private runs: the chart's budget share of a private top-K selection (:mod:`streamdp.privacy.topk`), 0: the
+    #: chart is the released counts alone.
+    topk_share: float = 0.0
 
     def as_dict(self) -> dict:
-        """:meth:`RunSettings.as_dict`, without ``warm_start`` in a cold run (its fingerprint stays as it was)."""
+        """:meth:`RunSettings.as_dict`, without ``warm_start`` in a cold run and ``topk_share`` when 0 (the
+        fingerprints stay as they were)."""
         out = super().as_dict()
         if not self.warm_start:
             del out["warm_start"]
+        if not self.topk_share:
+            del out["topk_share"]
         return out
 
     def local(self) -> dict:
@@ -353,6 +360,8 @@ class IALS(Method):
         if private and s.count_share + s.gram_share >= 1.0:
             raise ParameterError(f"--count-share + --gram-share = {s.count_share + s.gram_share:g} leaves no budget "
                                  f"for the right-hand sides (must be < 1)")
+        if private:
+            s = replace(s, topk_share=self._topk_share(store, s))
         if pop and not private:
             raise ParameterError("--popularity on needs a private run (its column comes from the released counts)")
         if not implicit and 1.0 + o.alpha > cmax and o.is_given("alpha") and not o.is_given("max_confidence"):
@@ -361,6 +370,17 @@ class IALS(Method):
                                  f"--max-confidence {cmax:g} (the cap that bounds each user's influence): pass "
                                  f"--max-confidence {1.0 + o.alpha:g} to use it in full, or a smaller --alpha")
         return s
+
+    def _topk_share(self, store, s) -> float:
+        """The top-K chart's budget share (:func:`streamdp.privacy.topk.topk_chart`: public numbers only, the
+        released number of users, the items, ``tau`` and the target), from the right-hand sides': at most half."""
+        if not getattr(self, "chart_topk", True):  # tune's candidates and model: Gaussian releases only
+            return 0.0
+        n_users = getattr(store, "expected_users", None) or self.n_users(store)
+        if not topk_chart(n_users, store.n_items, math.sqrt(s.tau), self.epsilon, self.delta, s.count_share):
+            return 0.0
+        left = 1.0 - s.count_share - s.gram_share - (SELECT_SHARE if s.select else 0.0)
+        return float(min(TOPK_SHARE, left / 2.0))
 
     def _pairs_per_user(self, store) -> float:
         """A non-private run's mean training pairs per user (exact: nothing of the run is private)."""
@@ -392,12 +412,16 @@ class IALS(Method):
                              s.gram_share * 0.1, count=T, shape=(d, d), symmetric=True))
         sel = SELECT_SHARE if s.select else 0.0
         out.append(Share("item right-hand sides B_j = sum_u c_uj x_u (one per iteration)", "gaussian", cm * D * rt,
-                         1.0 - s.count_share - s.gram_share - sel, count=T, shape=(n, self.rank)))
+                         1.0 - s.count_share - s.gram_share - sel - s.topk_share, count=T, shape=(n, self.rank)))
         if s.select:
             out.append(Share(f"validation: sums over users of {HOLDOUT_MIN_COUNT}+ and of 2-{HOLDOUT_MIN_COUNT - 1} "
                              f"items of (hits of her held-out items in the model's top {SELECT_K} - hits in the "
                              f"chart's) / her held-out count (each user in [-1, 1], in one of the sums)",
                              "gaussian", 1.0, sel, shape=(2,)))
+        if s.topk_share:
+            out.append(TopKShare(f"the chart: its top {TOPK_K} items in order, chosen from the {n:,} items by their "
+                                 f"users (one-shot Gumbel top-K: the exponential mechanism {TOPK_K} times by peeling)",
+                                 TOPK_K, s.topk_share, n))
         return out
 
     @staticmethod
@@ -427,7 +451,8 @@ class IALS(Method):
         releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
                                       fixed=self.spent_first(store) + fixed)
         names = ["counts"] + (["wtotals"] if self._w_release(s) else []) + \
-            (["gram"] if s.gramian == "shared" else ["agram", "gram"]) + ["rhs"] + (["select"] if s.select else [])
+            (["gram"] if s.gramian == "shared" else ["agram", "gram"]) + ["rhs"] + (["select"] if s.select else []) + \
+            (["topk"] if s.topk_share else [])
         counts_w = f"weight 1 on at most tau = {s.tau} positive pairs per user"
         if s.item_weights == "adaptive":
             mu = f"released N_j^{s.adaptive_exponent:g}" if s.adaptive_exponent else "one weight per user"
@@ -497,11 +522,14 @@ class IALS(Method):
         self._choice = self._light_choice = self._choice_sd = None
         self._chart_below = 0
         ck = run.checkpoint
-        self._keep = self._N = None
+        self._keep = self._N = self._topk = None
         if ck is not None:
             N, W, Y = ck["N"].copy(), ck["W"].copy(), ck["Y"].copy()
+            self._topk = ck["topk"].copy() if "topk" in rel else None
         else:
             N, W = self._counts(store, engine, run, s, rel)
+        # the chart: the released counts' order, or the top-K selection's items first (post-processing of both)
+        P = N if self._topk is None else chart_scores(N, self._topk)
         if self.private:  # post-processing of the released counts: the rank, the items that get factors
             if not self._rank_given:
                 self.rank = k = private_rank(s, N, rel["rhs"].scale, self.rank)
@@ -518,7 +546,7 @@ class IALS(Method):
             if self._keep is not None:
                 Y[~self._keep, :k] = 0.0
             if s.popularity:
-                Y[:, k] = _popularity(N)
+                Y[:, k] = _popularity(P)
         history = []
         n_users = getattr(store, "expected_users", self.n_users(store))
         rows = self._cg_rows(run, s) if self._item_cg(s) and run.start <= s.iters else None
@@ -530,15 +558,15 @@ class IALS(Method):
                 signal = -math.inf if few else _signal_z(B[self._keep], rel["rhs"].scale)
                 if signal < SIGNAL_Z:  # no factor signal to speak of: release the chart (popularity column) alone
                     Y[:, :k] = 0.0
-                elif s.select and self._chart_wins(store, engine, run, s, rel, Y, N):
+                elif s.select and self._chart_wins(store, engine, run, s, rel, Y, P):
                     Y[:, :k] = 0.0
             elif t == s.iters and s.select and self._chart_wins(store, engine, run, s, rel, Y, N):
                 Y = _chart_rows(N, k)  # non-private: the exact chart, as a private run's popularity column
             history.append(int(clipped))
-            run.save(t, Y=Y, N=N, W=W)
+            run.save(t, Y=Y, N=N, W=W, **({} if self._topk is None else {"topk": self._topk}))
         for r in rows or ():  # kept in a --checkpoint directory while the fit may still be resumed, then removed
             r.remove()
-        return self._fitted(store, plan, run, Y, N, history)
+        return self._fitted(store, plan, run, Y, P, history)
 
     def _iteration(self, store, engine, run, s, rel, Y, W, n_users, t, rows):
         """One iteration: ``(Y, B, users clipped)``, ``B`` the (noisy) right-hand sides."""
@@ -681,17 +709,24 @@ class IALS(Method):
         return np.asarray(diff, np.float64)
 
     def _counts(self, store, engine, run, s, rel):
-        """The item counts ``N_j`` and confidence totals ``W_j`` (noisy when private): one pass."""
+        """The item counts ``N_j`` and confidence totals ``W_j`` (noisy when private): one pass. With a top-K chart
+        (``rel["topk"]``) the same pass counts each item's users (weight 1 per pair), from which the chart's items are
+        chosen (``self._topk``, best first)."""
         n, seed, private = store.n_items, run.entropy, self.private
+        rows = 3 if "topk" in rel else 2
 
         def fn(block, b):
             ip, it, conf, w = self._pairs(block, s, seed)
-            return np.stack([np.bincount(it, weights=w, minlength=n),
-                             np.bincount(it, weights=w * (conf - 1.0), minlength=n)])
+            out = [np.bincount(it, weights=w, minlength=n), np.bincount(it, weights=w * (conf - 1.0), minlength=n)]
+            if rows == 3:  # a store holds each pair once: each count changes by at most 1 with a user
+                out.append(np.bincount(it, minlength=n).astype(np.float64))
+            return np.stack(out)
 
-        tot = engine.map_reduce(fn, _add, np.zeros((2, n)), extra_per_block=16 * n + 64 * store.block_users,
+        tot = engine.map_reduce(fn, _add, np.zeros((rows, n)), extra_per_block=8 * rows * n + 64 * store.block_users,
                                 desc=f"{self.name} counts")
         N, W = tot[0], tot[1]
+        if rows == 3:
+            self._topk = rel["topk"].select(tot[2], run.rng(_TOPK, 0))
         if private:
             g = run.rng(_STATS, 0)
             N = rel["counts"].add(N, g)
@@ -884,6 +919,12 @@ class IALS(Method):
                          f"popularity column)")
         if self.warm is not None:
             notes.append(self.warm.note())
+        topk = getattr(self, "_topk", None)
+        if topk is not None:
+            notes.append(f"the chart (the popularity column, the released noisy_item_weight) lists first the "
+                         f"{len(topk)} items of a private top-{len(topk)} selection, in its order, then the rest by "
+                         f"the released counts: on a store this thin the counts' noise over its {store.n_items:,} items "
+                         f"swamps their top (streamdp.privacy.topk)")
         ledger = self.ledger(store, plan, notes=notes)
         pop_column = s.popularity or Y.shape[1] > self.rank  # a non-private run's chart (:func:`_chart_rows`)
         info = {"method": self.name, "factors_released": released, "rank": self.rank,
@@ -905,6 +946,9 @@ class IALS(Method):
             info["user_profile"] = s.profile.to_dict()
         if self.warm is not None:
             info["warm_start"] = self.warm.describe()
+        if topk is not None:
+            info["chart"] = {"kind": "top-k selection", "k": int(len(topk)),
+                             "then": "the released item counts (noisy_item_weight holds the chart's scores)"}
         if choice is not None:
             info["selection"] = _selection_record(self.private, released, choice, light, below, sd)
 

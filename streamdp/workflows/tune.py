@@ -402,6 +402,13 @@ class _Sampled(_HeldOut):
         return Block(blk.first_user, ip, blk.items[mask], blk.ratings[mask])
 
 
+def _gaussian_only(m: Method) -> Method:
+    """``m`` planning Gaussian releases only (:func:`gaussian_equivalent` needs them): ``ials`` keeps the chart of its
+    released counts, not the top-K selection it makes on a thin store (:mod:`streamdp.privacy.topk`, pure-DP events)."""
+    m.chart_topk = False
+    return m
+
+
 def gaussian_equivalent(event) -> float:
     """The noise multiplier of the one Gaussian that ``event`` (Gaussian releases only, composed) is.
 
@@ -589,8 +596,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     sel, tuning, skip = _selection_plan(r, configs, dflt, default)
     if skip is not None:
         chosen = default if default is not None else 0
-        final = r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, users=r.users, catalogue=r.catalogue,
-                      **configs[chosen])  # spends the count and the items' selection
+        final = _gaussian_only(r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, users=r.users,
+                                     catalogue=r.catalogue, **configs[chosen]))  # spends the count and the items'
         tuning.update(skipped=skip, chosen=configs[chosen], split=None,
                       rule="none: the whole epsilon went to the released model")
         wrapper = _Tuned(final, [], [], [f"tune: no choice was made ({skip}); configuration "
@@ -677,7 +684,7 @@ def _check_configs(r, configs: list[dict]) -> None:
     """Every configuration of the grid is one the method takes, at a rank the store's items allow."""
     for c in configs:
         try:
-            m = r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, **c)
+            m = _gaussian_only(r.cls(epsilon=r.epsilon, delta=r.delta, seed=r.seed, **c))
             if _by_hits(r):  # ials' settings refuse what its options alone do not (an alpha above the cap)
                 m.settings(r.st)
         except ParameterError as exc:
@@ -775,8 +782,8 @@ def _candidates_planned(r, configs, sel, pre_events, pre_entries):
            else int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1)))
     view = _Sampled(r.st, key, SAMPLE_RATE, n_users)
     e_c = epsilon * math.sqrt(CANDIDATE_NOMINAL_SHARE / m_c)
-    cands = [r.cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off",
-                   users=r.shared, catalogue=r.shared_cat, **c) for i, c in enumerate(configs)]
+    cands = [_gaussian_only(r.cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off",
+                                  users=r.shared, catalogue=r.shared_cat, **c)) for i, c in enumerate(configs)]
     plans = [m.plan(view) for m in cands]
     z_cands = [gaussian_equivalent(compose(list(p.events))) for p in plans]
     # every candidate accounted at the smallest of their equivalent multipliers (they differ by the calibration's
@@ -948,8 +955,8 @@ def _calibrated(cls, config, prefix_events, epsilon, delta, seed, st, users, z_f
             z_f = calibrate(lambda z: compose(prefix_events + [gaussian_event(z)]), epsilon, delta)
         e = epsilon_of(gaussian_event(z_f), delta).epsilon
     for _ in range(50):
-        f = cls(epsilon=e, delta=delta, seed=seed, users=users, catalogue=catalogue,  # train's seed: candidates'
-                **config)  # are children
+        f = _gaussian_only(cls(epsilon=e, delta=delta, seed=seed, users=users, catalogue=catalogue,  # train's seed:
+                               **config))  # the candidates' are children
         ev = list(f.plan(st).events)
         if (epsilon_of(compose(list(prefix_events) + ev), delta).epsilon <= epsilon
                 and (z_f is None or gaussian_equivalent(compose(ev)) >= z_f)):
