@@ -102,3 +102,14 @@ def test_info_says_whether_a_store_keeps_times_and_their_span(tmp_path):
     with_times = format_info(store_summary(str(tmp_path / "t.zarr")))
     assert "times            kept, 1970-01-02T00:00:00Z .. 1970-01-03T00:00:00Z" in with_times
     assert "times            none" in format_info(store_summary(str(tmp_path / "n.zarr")))
+
+
+@pytest.mark.parametrize("name, text", [
+    ("u.data", "1\t10\t4\t881250949\n2\t10\t3\t891717742\n1\t11\t5\t878887116\n"),
+    ("ratings.dat", "1::10::4::978300760\n2::10::3::978302109\n1::11::5::978301968\n"),
+])
+def test_movielens_files_keep_their_fourth_field_as_the_time(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    st = ingest([str(tmp_path / name)], str(tmp_path / "s.zarr"))
+    times = sorted(t for _, t in _timed(st).values())
+    assert times == sorted(int(line.replace("::", "\t").split("\t")[3]) for line in text.splitlines())
