@@ -122,6 +122,8 @@ class TimeWindowView(RatingStore):
         self._hi = _OPEN_HI if hi is None else int(hi)
         self.data_window = _with_window(store, record or {"since": lo, "until": hi})
         self._counts: dict = {}
+        # what a block read adds to the engine's per-rating budget: the times read (8 bytes) and the kept copy (20)
+        self.extra_bytes_per_rating = int(getattr(store, "extra_bytes_per_rating", 0)) + 28
 
     def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
         from streamdp.kernels.window import keep_window  # numba: on first read, not at import
