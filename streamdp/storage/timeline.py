@@ -264,6 +264,9 @@ def _prefix(st: RatingStore, n: int, cls, *, shape_of=None):
 def store_as_of(st: RatingStore, n: int) -> RatingStore:
     """The store as it read after its ``n``-th append (``train --until-segment N``; 0: the store before its first)."""
     total = len(_segments(st))
+    if total == 0 and st.attrs.get("compacted"):
+        raise ParameterError(f"--until-segment {n}: {st.path} was compacted (its segments folded into one store): "
+                             f"what it held before each append is no longer told apart")
     if not 0 <= int(n) <= total:
         raise ParameterError(f"--until-segment {n}: {st.path} has {total} segment(s) (0 is the store before its "
                              f"first append)")

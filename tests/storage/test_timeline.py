@@ -124,6 +124,11 @@ def test_the_store_as_of_a_segment_and_a_segment_as_its_future(tmp_path):
             segment_future(st, bad)
     with pytest.raises(ParameterError, match="has no segments"):
         segment_future(base, "last")
+    from streamdp.storage.compact import compact
+
+    folded = compact(path, notes=False)
+    with pytest.raises(ParameterError, match="was compacted"):
+        store_as_of(folded, 0)
 
 
 def test_a_cluster_worker_rebuilds_each_view_from_its_spec(tmp_path):
