@@ -119,3 +119,17 @@ def test_the_python_api_takes_the_period_and_the_segment(weeks):
     assert m.info["data_window"] == {"until_segment": 0}
     ev = streamdp.evaluate(str(tmp / "api"), store, segment="last", ranking_users=50)
     assert ev["segment"]["number"] == 1 and ev["store_matches_model"] is True
+
+
+def test_a_checkpoint_resumes_only_a_run_of_the_same_period(weeks, cli):
+    tmp, store = weeks
+    ck, items = str(tmp / "ck"), tmp / "items.txt"
+    items.write_text("".join(f"{i}\n" for i in range(25)))
+
+    def private(out, since):
+        return cli.run("train", store, "--epsilon", "5", "--items", items, "--seed", "1", "--out", out, "--iters",
+                       "2", "--since", since, "--checkpoint", ck, "--ranking-users", "50")
+
+    code, _, err, exc = private(str(tmp / "m1"), "2024-01-03")
+    assert code == 0, (err, exc)
+    cli.error(private(str(tmp / "m2"), "2024-01-05"), "a checkpoint of a different run")

@@ -331,7 +331,7 @@ class Method:
         """The :class:`~streamdp.stream.driver.Run` of one fit of ``plan`` on ``store`` (state, checkpoints, RNG).
 
         Its fingerprint covers the method, rank, privacy target, seed, store (its keyed
-        fingerprint, :func:`_run_store_name`) and every planned setting but ``exclude`` and
+        fingerprint, :func:`_run_store_name`; its period, ``data_window``) and every planned setting but ``exclude`` and
         the derived entries (releases, bounds, the checkpoint path), so ``--checkpoint``
         resumes only the very same run. The temporary run directory goes under
         ``engine.state`` (``--state``) when set.
@@ -339,6 +339,8 @@ class Method:
         skip = {"checkpoint", *exclude}
         keep = {key: v for key, v in plan.settings.as_dict().items() if key not in skip}
         cat = {"items": store.catalogue_digest} if getattr(store, "catalogue_digest", None) else {}
+        if getattr(store, "data_window", None):  # a period of the store (storage/timeline.py): another run's data
+            cat["period"] = store.data_window
         fp = fingerprint(m=self.name, k=self.rank, eps=str(self.epsilon), delta=self.delta, seed=self.seed,
                          store=_run_store_name(store), s=keep, **cat)
         # a method fitted as one of several candidates of a run shares that run's entropy (same held-out ratings)

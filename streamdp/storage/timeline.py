@@ -122,6 +122,8 @@ class TimeWindowView(RatingStore):
         self._hi = _OPEN_HI if hi is None else int(hi)
         self.data_window = _with_window(store, record or {"since": lo, "until": hi})
         self._counts: dict = {}
+        # what a block read adds to the engine's per-rating budget: the times read (8 bytes) and the kept copy (20)
+        self.extra_bytes_per_rating = int(getattr(store, "extra_bytes_per_rating", 0)) + 28
 
     def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
         from streamdp.kernels.window import keep_window  # numba: on first read, not at import
@@ -262,6 +264,9 @@ def _prefix(st: RatingStore, n: int, cls, *, shape_of=None):
 def store_as_of(st: RatingStore, n: int) -> RatingStore:
     """The store as it read after its ``n``-th append (``train --until-segment N``; 0: the store before its first)."""
     total = len(_segments(st))
+    if total == 0 and st.attrs.get("compacted"):
+        raise ParameterError(f"--until-segment {n}: {st.path} was compacted (its segments folded into one store): "
+                             f"what it held before each append is no longer told apart")
     if not 0 <= int(n) <= total:
         raise ParameterError(f"--until-segment {n}: {st.path} has {total} segment(s) (0 is the store before its "
                              f"first append)")

@@ -82,6 +82,15 @@ def block_digest(b: int, indptr, items, ratings) -> bytes:
     return h.digest()
 
 
+def times_digest(b: int, times) -> bytes:
+    """Content digest of one block's rating times (its index and the times, in the block's order): the checksum
+    covers a store's times as ``SPLIT/times`` blocks beside its splits' (``streamdp verify`` recomputes it)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.int64(b).tobytes())
+    h.update(np.ascontiguousarray(times, dtype="<i8"))
+    return h.digest()
+
+
 def block_item_stats(items, ratings, n_items: int, out: np.ndarray | None = None) -> np.ndarray:
     """``(2, n_items)`` float64: each item's sum of the block's ratings (row 0) and their count (row 1).
 
@@ -317,6 +326,7 @@ class _SplitWriter:
         self.times = group.create_array("times", shape=(0,), dtype="int64", chunks=(chunk,), fill_value=0,
                                         compressors=rating_compressor(), config=_ARRAY_CONFIG) if times else None
         self.time_span = [None, None]
+        self.time_digests: list[bytes] = []
         self.offsets = np.zeros(n_blocks + 1, dtype=np.int64)
         self.next_block = 0
         self.nnz = 0
@@ -369,6 +379,8 @@ class _SplitWriter:
                 lo, hi = int(times.min()), int(times.max())
                 a, z = self.time_span
                 self.time_span = [lo if a is None else min(a, lo), hi if z is None else max(z, hi)]
+        if self.times is not None:
+            self.time_digests.append(times_digest(b, times))
         self.indptr[first : first + n_local] = indptr[:-1] + self.nnz
         if self.crc_readers is not None:  # the block's items and ratings chunks are final once written
             C = self.chunk
@@ -612,6 +624,10 @@ class StoreWriter:
             self._hash.add_split(s)
             for d in w.digests:
                 self._hash.add_block(s, d)
+            if w.times is not None:  # the times are content too (a store without them: the checksum as it was)
+                self._hash.add_split(f"{s}/times")
+                for d in w.time_digests:
+                    self._hash.add_block(f"{s}/times", d)
         full = {
             "format": FORMAT_NAME,
             "format_version": IMPLICIT_FORMAT_VERSION if attrs.get("implicit") else FORMAT_VERSION,

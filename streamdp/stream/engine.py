@@ -219,7 +219,9 @@ class Engine:
             self._nnz_cache[split] = self.store.block_nnz(split)
         nnz = self._nnz_cache[split]
         biggest = int(nnz.max()) if len(nnz) else 0
-        return biggest * BYTES_PER_RATING + (self.store.block_users + 1) * 16 + int(extra_per_block)
+        # a view that copies blocks as it reads them (a time window: storage/timeline.py) says what it adds
+        per = BYTES_PER_RATING + int(getattr(self.store, "extra_bytes_per_rating", 0))
+        return biggest * per + (self.store.block_users + 1) * 16 + int(extra_per_block)
 
     def blocks_in_flight(self, split: str = "train", extra_per_block: int = 0) -> int:
         """How many blocks may be read-but-not-combined at once within the memory budget.

@@ -44,7 +44,8 @@ import numpy as np
 from streamdp.errors import StoreError
 from streamdp.storage.schema import SPLITS, storable_ratings
 from streamdp.storage.store import open_store
-from streamdp.storage.writer import ContentHash, block_digest, block_item_stats, checksum_attrs, checksum_ids
+from streamdp.storage.writer import (ContentHash, block_digest, block_item_stats, checksum_attrs, checksum_ids,
+                                     times_digest)
 from streamdp.stream.engine import Engine
 
 
@@ -182,6 +183,7 @@ def _blocks_checked(st, splits, digests, h, *, workers, scheduler, memory_limit,
     added to ``h`` in block order. ``(item counts, chunk CRC mismatches, training item sums and counts)``."""
     has_uc = "user_counts" in st.root
     has_stats = "train_item_stats" in st.attrs
+    has_times = st.has_times
     n_items = st.n_items
 
     def check_block(_, b):
@@ -198,6 +200,8 @@ def _blocks_checked(st, splits, digests, h, *, workers, scheduler, memory_limit,
                 raise StoreError(f"{st.path}: {s}: block {b} (users {first}..{end - 1}) does not match its "
                                  f"recorded digest (its ratings or {s}/block_digests were altered)")
             found.append((s, d))
+            if has_times:  # each rating's time, covered by the checksum as the writer covered it
+                found.append((f"{s}/times", times_digest(b, st.block_times(b, s, blk.nnz))))
             per_user += np.diff(blk.indptr)
             counts += np.bincount(blk.items, minlength=n_items)
             if s == "train" and has_stats:
@@ -244,6 +248,7 @@ def _whole_checked(st, h, item_counts, stats):
     got, recorded = h.hexdigest(), st.checksum
     if got != recorded:
         what = "ids or attributes (" + ", ".join(attrs) + ")" if attrs else "ids"
+        what = f"rating times ({'/'.join(SPLITS)}/times), " + what if st.has_times else what
         raise StoreError(f"{st.path}: checksum mismatch: the content gives {got}, the store records {recorded} "
                          f"({what} were altered)")
     # after the checksum: altered ratings are named as such, these arrays only when they alone differ

@@ -85,6 +85,10 @@ def test_since_until_and_window_select_exactly_the_ratings_of_the_period(tmp_pat
     assert v.user_counts().tolist() == [2, 1, 0, 0] and v.user_counts(1, 3).tolist() == [1, 0]
     counts = dict(zip(st.item_ids().tolist(), v.item_counts().tolist()))
     assert counts == {10: 1, 11: 1, 12: 1}
+    from streamdp.stream.engine import Engine
+
+    with Engine(st, workers=1) as plain, Engine(v, workers=1) as windowed:  # the window's copies are budgeted
+        assert windowed.block_bytes() - plain.block_bytes() == 28 * int(st.block_nnz().max())
     assert v.data_window["since_utc"] == "1970-01-03T00:00:00Z" and v.data_window["until_utc"] == "1970-01-07T00:00:00Z"
 
 
@@ -120,6 +124,11 @@ def test_the_store_as_of_a_segment_and_a_segment_as_its_future(tmp_path):
             segment_future(st, bad)
     with pytest.raises(ParameterError, match="has no segments"):
         segment_future(base, "last")
+    from streamdp.storage.compact import compact
+
+    folded = compact(path, notes=False)
+    with pytest.raises(ParameterError, match="was compacted"):
+        store_as_of(folded, 0)
 
 
 def test_a_cluster_worker_rebuilds_each_view_from_its_spec(tmp_path):

@@ -102,3 +102,32 @@ def test_info_says_whether_a_store_keeps_times_and_their_span(tmp_path):
     with_times = format_info(store_summary(str(tmp_path / "t.zarr")))
     assert "times            kept, 1970-01-02T00:00:00Z .. 1970-01-03T00:00:00Z" in with_times
     assert "times            none" in format_info(store_summary(str(tmp_path / "n.zarr")))
+
+
+@pytest.mark.parametrize("name, text", [
+    ("u.data", "1\t10\t4\t881250949\n2\t10\t3\t891717742\n1\t11\t5\t878887116\n"),
+    ("ratings.dat", "1::10::4::978300760\n2::10::3::978302109\n1::11::5::978301968\n"),
+])
+def test_movielens_files_keep_their_fourth_field_as_the_time(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    st = ingest([str(tmp_path / name)], str(tmp_path / "s.zarr"))
+    times = sorted(t for _, t in _timed(st).values())
+    assert times == sorted(int(line.replace("::", "\t").split("\t")[3]) for line in text.splitlines())
+
+
+def test_the_checksum_covers_the_times_and_verify_finds_one_altered(tmp_path):
+    import zarr
+
+    from streamdp.stream.verify import verify_store
+
+    path = str(tmp_path / "s.zarr")
+    rows = _log(3, 300, 30, 12, 100)
+    ingest([_csv(tmp_path / "a.csv", rows)], path, block_users=7, test_fraction=0.2)
+    append([_csv(tmp_path / "b.csv", _log(4, 60, 40, 12, 9000))], path, notes=False)
+    assert verify_store(path)["ok"]
+    compact(path, notes=False)
+    assert verify_store(path)["ok"]
+    t = zarr.open_array(f"{path}/train/times", mode="r+")
+    t[0] = t[0] + 1  # one time moved by a second: the same ratings, another log
+    with pytest.raises(StoreError, match=r"checksum mismatch.*rating times"):
+        verify_store(path)
