@@ -23,8 +23,10 @@ PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 #: Pages whose examples take more than a few seconds: run with ``-m slow`` (the README's own run by default, in
 #: ``tests/test_readme.py``).
 #: ``docs/store.md``: about 20 processes (15 s of CPU) since its append and compact example; their commands run in process
-#: in tests/storage/test_append.py and tests/storage/test_ingest*.py.
-SLOW_PAGES = {"docs/guide.md", "docs/choosing-epsilon.md", "docs/python-api.md", "docs/store.md"}
+#: in tests/storage/test_append.py and tests/storage/test_ingest*.py. ``docs/privacy-user-budget.md``: three trains
+#: and an append as processes (30 s on a busy machine); tests/privacy/test_filter.py runs the same scenario in process.
+SLOW_PAGES = {"docs/guide.md", "docs/choosing-epsilon.md", "docs/python-api.md", "docs/store.md",
+              "docs/privacy-user-budget.md"}
 
 
 def _name(page: Path) -> str:
