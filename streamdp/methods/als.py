@@ -39,6 +39,7 @@ Each step in full, the sensitivity table and the measurements behind these choic
 from __future__ import annotations
 
 import math
+import os
 import secrets
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -732,9 +733,10 @@ class _AlsBase(Method):
         """
         entropy = self.seed if self.seed is not None else secrets.randbits(63)
         best, tried = None, []
-        for reg, rho in NONPRIVATE_ITEM_RIDGES:
+        for i, (reg, rho) in enumerate(NONPRIVATE_ITEM_RIDGES):
+            o = _own_checkpoint({**self.opts.user_values(), "reg": reg, "reg_exponent": rho}, f"ridge-{i}")
             m = type(self)(epsilon=self.epsilon, delta=self.delta, rank=self.rank, seed=self.seed,
-                           users=self.user_count(store), **{**self.opts.user_values(), "reg": reg, "reg_exponent": rho})
+                           users=self.user_count(store), **o)
             m.shared_entropy = entropy
             m.warm = self.warm
             plan = m.plan(store)
@@ -837,6 +839,7 @@ class _AlsBase(Method):
         """
         kind, lam = s.candidates[choice[0]]
         o = {**self.opts.user_values(), "select": "off"}
+        _own_checkpoint(o, "refit")
         if self.FIXED_ITERS is None:
             o["iters"] = s.iters if kind == "factors" else 0
             if not math.isinf(lam):
@@ -1413,6 +1416,14 @@ def offset_ridge(moments, noise_std: float) -> dict:
     ridge = math.inf if upper <= 0.0 else max(s2 / upper, OFFSET_RIDGE_FLOOR)
     return {"ridge": ridge if math.isinf(ridge) else round(ridge, 3), "offset_variance": round(t2, 6),
             "offset_variance_upper": round(upper, 6), "residual_variance": round(s2, 6), "users": round(n, 1)}
+
+
+def _own_checkpoint(opts: dict, name: str) -> dict:
+    """``opts`` with a given ``--checkpoint`` directory's sub-directory ``name``: a non-private run fits one run per
+    item ridge and refits the choice, each with its own fingerprint, so each resumes from a checkpoint of its own."""
+    if opts.get("checkpoint"):
+        opts["checkpoint"] = os.path.join(str(opts["checkpoint"]), name)
+    return opts
 
 
 def _training(block, s, seed, factors: bool = False):

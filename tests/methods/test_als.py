@@ -164,6 +164,19 @@ def test_resume_after_interruption_gives_the_same_model(small_store, tmp_path, i
         _fit(small_store, checkpoint=str(tmp_path / "ck"), **{**opts, "iters": 4})
 
 
+def test_a_non_private_run_resumes_from_its_checkpoint(small_store, tmp_path, interrupted_after_checkpoint):
+    """A non-private run fits one run per item ridge and refits the choice, each with a fingerprint of its own: each
+    keeps its checkpoint in a sub-directory of ``--checkpoint`` (one directory for all was refused as "a checkpoint
+    of a different run" by the second ridge), and an interrupted run resumes to the same model."""
+    opts = dict(rank=3, iters=2, seed=7)
+    _, full = _fit(small_store, checkpoint=str(tmp_path / "full"), **opts)
+    with interrupted_after_checkpoint(1):
+        _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
+    _, res = _fit(small_store, checkpoint=str(tmp_path / "ck"), **opts)
+    np.testing.assert_array_equal(res.item_factors, full.item_factors)
+    np.testing.assert_array_equal(res.item_bias, full.item_bias)
+
+
 def test_temporary_run_directory_is_removed(small_store):
     import os
 
