@@ -402,7 +402,7 @@ class _Contributors:
     """``(lo, hi) -> bool array``: which users ``lo .. hi - 1`` contribute a rating to a release reading the period
     view ``store`` (:func:`contributors`); one store block read at a time, the last one kept for the next call."""
 
-    def __init__(self, store: RatingStore):  # noqa: D107
+    def __init__(self, store: RatingStore):
         self.store, self._last = store, (None, None)
 
     def _block(self, b: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from streamdp.storage.store import open_store
 DAY = 86400
 T0 = 1704067200  # 2024-01-01T00:00:00Z
 #: users who rate in week 1 only, in week 2 only, and in both
-EARLY, LATE, BOTH = range(0, 12), range(12, 24), range(24, 30)
+EARLY, LATE, BOTH = range(12), range(12, 24), range(24, 30)
 CAP, EPS = "5,1e-3", 3.7  # two releases fit under the cap, a third does not (checked below)
 
 
@@ -63,7 +63,7 @@ def test_disjoint_windows_charge_each_user_for_her_own_window_only(tmp_path, cli
     assert code == 0, (err, exc)
 
     def train(name, *period):
-        code, printed, err, exc = cli.run("train", store, "--method", "als", "--epsilon", EPS, "--seed", "1",
+        code, _, err, exc = cli.run("train", store, "--method", "als", "--epsilon", EPS, "--seed", "1",
                                           "--iters", "2", "--out", tmp_path / name, *period)
         assert code == 0, (err, exc)
         return json.loads((tmp_path / name / "privacy.json").read_text())["individual_privacy"]
