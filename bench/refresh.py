@@ -60,11 +60,14 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--log", default=None, help="a timestamped log to replay instead (user item rating timestamp)")
     p.add_argument("--method", default="als")
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--select", choices=("auto", "off"), default=None,
+                   help="als/irls --select (default the method's, auto: the release may be biases only, then "
+                        "there is nothing to warm-start from; off: factors always)")
     p.add_argument("--iters", type=int, default=None,
                    help="a cold fit's iterations (default: the method's; a warm start runs a quarter of them)")
     p.add_argument("--epsilon", type=float, default=1.0, help="epsilon of every release (default 1)")
     p.add_argument("--delta", type=float, default=1e-6, help="delta of every release (default 1e-6)")
-    p.add_argument("--budget", type=float, default=4.0, help="(b)'s store budget epsilon (delta 1e-4; default 4)")
+    p.add_argument("--budget", type=float, default=2.0, help="(b)'s store budget epsilon (delta 1e-4; default 2)")
     p.add_argument("--user-budget", type=float, default=5.0, help="(c)'s per-user cap epsilon (delta 1e-4; default 5)")
     p.add_argument("--window-weeks", type=int, default=4, help="(c)'s window in weeks (default 4)")
     p.add_argument("--ranking-users", type=int, default=None, help="users sampled for Recall@10 (default 2000)")
@@ -173,6 +176,8 @@ class Replay:
 
         a = self.args
         out = os.path.join(self.root, f"{arm}{step:02d}")
+        if a.select is not None:
+            kw["select"] = a.select
         if a.iters is not None:
             from streamdp.methods._warm import warm_iters
 
@@ -243,7 +248,8 @@ def table(rows: list) -> str:
     for r in rows:
         cells = [r["week"], f"{r['new ratings']:,}", f"{r['a'][0]:.4f}", f"{r['a'][1]:.4f}",
                  f"{r['b_note']}{r['b'][0]:.4f}", f"{r['b'][1]:.4f}", f"{r['c'][0]:.4f}", f"{r['c'][1]:.4f}",
-                 f"{r['retired']:.1%}", f"{r['c_s']:.2f}{'' if r['c_warm'] else ' (cold)'}", f"{r['full_s']:.2f}", f"{r['c_s'] / r['full_s']:.2f}"]
+                 f"{r['retired']:.1%}", f"{r['c_s']:.2f}{'' if r['c_warm'] else ' (cold)'}", f"{r['full_s']:.2f}",
+                 f"{r['c_s'] / r['full_s']:.2f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -259,7 +265,7 @@ def plot(rows: list, path: str) -> str | None:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     weeks = [r["week"] for r in rows]
-    for key, label in (("a", "(a) once"), ("b", "(b) full retrain (then (b') without budget)"),
+    for key, label in (("a", "(a) once"), ("b", "(b) full retrain (then (b') past its budget)"),
                        ("c", "(c) windowed warm refresh, per-user cap")):
         for ax, i in zip(axes, (0, 1)):
             ax.plot(weeks, [r[key][i] for r in rows], marker="o", label=label)
@@ -272,6 +278,19 @@ def plot(rows: list, path: str) -> str | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def header(args, b_stopped, seconds: float) -> str:
+    """What was replayed and how: the line above the table."""
+    src = args.log or (f"generate --timestamps {7 * (args.first_weeks + args.weeks)} --users {args.users} --items "
+                       f"{args.items} --ratings-per-user {args.ratings_per_user:g} --taste-drift {args.taste_drift:g}")
+    opts = f"--method {args.method} --rank {args.rank}"
+    opts += "" if args.iters is None else f" --iters {args.iters}"
+    opts += "" if args.select is None else f" --select {args.select}"
+    stop = "" if b_stopped is None else f"; (b) stopped at week {args.first_weeks + b_stopped}"
+    return (f"Replay of {src}: {args.first_weeks} first weeks, then {args.weeks} weekly appends; {opts}, epsilon "
+            f"{args.epsilon:g} per release; (b) store budget {args.budget:g}; (c) --window {7 * args.window_weeks}d, "
+            f"warm-started, per-user cap {args.user_budget:g}{stop} ({seconds:.0f} s in all)\n")
 
 
 def main(argv=None) -> int:
@@ -292,13 +311,7 @@ def main(argv=None) -> int:
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
-    src = args.log or (f"generate --timestamps {7 * (args.first_weeks + args.weeks)} --users {args.users} --items "
-                       f"{args.items} --ratings-per-user {args.ratings_per_user:g} --taste-drift {args.taste_drift:g}")
-    head = (f"Replay of {src}: {args.first_weeks} first weeks, then {args.weeks} weekly appends; --method "
-            f"{args.method} --rank {args.rank}{'' if args.iters is None else f' --iters {args.iters}'}, epsilon {args.epsilon:g} per release; (b) store budget "
-            f"{args.budget:g}; (c) --window {7 * args.window_weeks}d, warm-started, per-user cap {args.user_budget:g}"
-            f"{'' if replay.b_stopped is None else f'; (b) stopped at week {args.first_weeks + replay.b_stopped}'}"
-            f" ({time.perf_counter() - t0:.0f} s in all)\n")
+    head = header(args, replay.b_stopped, time.perf_counter() - t0)
     text = head + "\n" + table(replay.rows) + "\n"
     print(text)
     if args.out:
