@@ -189,32 +189,47 @@ class Replay:
     def train_step(self, step: int) -> dict:
         """Train the arms on the store as of segment ``step``: their models and fit seconds."""
         from streamdp.errors import BudgetExceededError
-        from streamdp.storage.timeline import format_time
 
-        a, got = self.args, {}
+        got = {}
         if self.b_stopped is None:
             try:
                 got["b"], s = self._train("b", "B", step)
                 got["full_s"] = s["train_seconds"]
             except BudgetExceededError:
                 self.b_stopped = step
-        if step == 0:  # (a) is the first full retrain (the same run on the same ratings)
-            self.models["a"] = got["b"] if "b" in got else got["b'"]
         if self.b_stopped is not None:  # (b'): the same full retrain past the budget, the cost's reference
             got["b'"], s = self._train("b_", "B", step, over_budget=True)
             got["full_s"] = s["train_seconds"]
+        if step == 0:  # (a) is the first full retrain (the same run on the same ratings)
+            self.models["a"] = got["b"] if "b" in got else got["b'"]
+        self._refresh(step, got)
+        return got
+
+    def _refresh(self, step: int, got: dict) -> None:
+        """(c): the windowed, warm-started refresh under the per-user cap (none when every user of the window is
+        retired: the last (c) model is scored again)."""
+        from streamdp.errors import ParameterError
+        from streamdp.storage.store import open_store
+        from streamdp.storage.timeline import format_time
+
+        a = self.args
         until = format_time(self.weeks.t0 + (a.first_weeks + step) * WEEK)
         warm = self.models.get("c")
-        got["c"], s = self._train("c", "C", step, window=f"{7 * a.window_weeks}d", until=until, warm_start=warm)
+        try:
+            got["c"], s = self._train("c", "C", step, window=f"{7 * a.window_weeks}d", until=until, warm_start=warm)
+        except ParameterError as exc:
+            if "per-user cap" not in str(exc) or self.models.get("c_last") is None:
+                raise
+            got.update(c=None, c_s=math.nan, c_warm=False, retired=self.models["retired"])
+            return
+        self.models["c_last"] = got["c"]
         # the next refresh starts from the last one that released item factors (a model of biases only has none)
         if s.get("factors_released"):
             self.models["c"] = got["c"]
         got["c_s"], got["c_warm"] = s["train_seconds"], warm is not None
         uf = s.get("user_filter") or {}
-        from streamdp.storage.store import open_store
-
-        got["retired"] = uf.get("retired_total", 0) / max(1, open_store(self.stores["C"]).n_users)
-        return got
+        got["retired"] = self.models["retired"] = uf.get("retired_total", 0) / max(1, open_store(
+            self.stores["C"]).n_users)
 
     def score(self, model: str, store: str, segment: int, other: bool = False) -> tuple[float, float]:
         from streamdp.workflows.api import evaluate
@@ -237,19 +252,23 @@ class Replay:
             rb, b_note = self.score(got["b"], "B", seg), ""
         else:
             rb, b_note = self.score(got["b'"], "B", seg), "stopped: budget spent; (b') "
-        rc = self.score(got["c"], "C", seg)
+        if got["c"] is not None:
+            rc, c_note = self.score(got["c"], "C", seg), ""
+        else:
+            rc, c_note = self.score(self.models["c_last"], "C", seg, other=True), "no release (all retired): last; "
         self.rows.append({"week": week, "new ratings": self.weeks.counts[week], "a": ra, "b": rb, "b_note": b_note,
-                          "c": rc, "retired": got["retired"], "c_s": got["c_s"], "c_warm": got["c_warm"],
-                          "full_s": got["full_s"]})
+                          "c": rc, "c_note": c_note, "retired": got["retired"], "c_s": got["c_s"],
+                          "c_warm": got["c_warm"], "full_s": got["full_s"]})
 
 
 def table(rows: list) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
+        fit = "-" if math.isnan(r["c_s"]) else f"{r['c_s']:.2f}{'' if r['c_warm'] else ' (cold)'}"
         cells = [r["week"], f"{r['new ratings']:,}", f"{r['a'][0]:.4f}", f"{r['a'][1]:.4f}",
-                 f"{r['b_note']}{r['b'][0]:.4f}", f"{r['b'][1]:.4f}", f"{r['c'][0]:.4f}", f"{r['c'][1]:.4f}",
-                 f"{r['retired']:.1%}", f"{r['c_s']:.2f}{'' if r['c_warm'] else ' (cold)'}", f"{r['full_s']:.2f}",
-                 f"{r['c_s'] / r['full_s']:.2f}"]
+                 f"{r['b_note']}{r['b'][0]:.4f}", f"{r['b'][1]:.4f}", f"{r['c_note']}{r['c'][0]:.4f}",
+                 f"{r['c'][1]:.4f}", f"{r['retired']:.1%}", fit, f"{r['full_s']:.2f}",
+                 "-" if math.isnan(r["c_s"]) else f"{r['c_s'] / r['full_s']:.2f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -301,6 +320,8 @@ def main(argv=None) -> int:
     root = args.dir or tempfile.mkdtemp(prefix="bench-refresh-")
     os.makedirs(root, exist_ok=True)
     t0 = time.perf_counter()
+    from streamdp.errors import StreamdpError
+
     try:
         make = weeks_from_log if args.log else weeks_from_generated
         weeks, items, scale = make(args, root)
@@ -308,6 +329,9 @@ def main(argv=None) -> int:
         for step in range(args.weeks):
             replay.step(step)
             print(f"week {args.first_weeks + step} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    except StreamdpError as exc:  # e.g. a cap too small for one release: one line, as the CLI says it
+        print(f"bench/refresh.py: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
