@@ -66,9 +66,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=None,
                    help="a cold fit's iterations (default: the method's; a warm start runs a quarter of them)")
     p.add_argument("--epsilon", type=float, default=1.0, help="epsilon of every release (default 1)")
-    p.add_argument("--delta", type=float, default=1e-6, help="delta of every release (default 1e-6)")
-    p.add_argument("--budget", type=float, default=2.0, help="(b)'s store budget epsilon (delta 1e-4; default 2)")
-    p.add_argument("--user-budget", type=float, default=5.0, help="(c)'s per-user cap epsilon (delta 1e-4; default 5)")
+    p.add_argument("--delta", type=float, default=1e-6,
+                   help="delta of every release and of both budgets (default 1e-6: below one over the users the "
+                        "store will ever hold, as a cap set once must be)")
+    p.add_argument("--budget", type=float, default=2.0, help="(b)'s store budget epsilon (at --delta; default 2)")
+    p.add_argument("--user-budget", type=float, default=5.0, help="(c)'s per-user cap epsilon (at --delta; default 5)")
     p.add_argument("--window-weeks", type=int, default=4, help="(c)'s window in weeks (default 4)")
     p.add_argument("--ranking-users", type=int, default=None, help="users sampled for Recall@10 (default 2000)")
     p.add_argument("--seed", type=int, default=1)
@@ -165,8 +167,8 @@ class Replay:
         first = weeks.paths[:args.first_weeks]
         common = {"items": items, "rating_range": f"{scale[0]:g},{scale[1]:g}", "memory_limit": args.memory_limit}
         self.stores = {k: os.path.join(root, f"{k}.zarr") for k in "BC"}
-        ingest(first, self.stores["B"], budget=f"{args.budget:g},1e-4", **common)
-        ingest(first, self.stores["C"], user_budget=f"{args.user_budget:g},1e-4", **common)
+        ingest(first, self.stores["B"], budget=f"{args.budget:g},{args.delta:g}", **common)
+        ingest(first, self.stores["C"], user_budget=f"{args.user_budget:g},{args.delta:g}", **common)
         self.models: dict = {}
         self.b_stopped = None  # the step at which (b)'s budget refused a release
         self.rows: list = []

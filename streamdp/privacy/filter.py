@@ -192,8 +192,9 @@ class FilterRequest:
     filter since); ``n_users``: the store's users at release time; ``stages``: the RDP at the filter's order of the
     parts of the release that read the data before the rest (the count of users), charged first;
     ``contributors(lo, hi)``: which users contributed a rating to it (``None``: every user of the store; a period's
-    users, :func:`streamdp.storage.timeline.contributors`, for a run on a time window or the store as of a segment). ``result`` is set by the reservation (the entry's ``user_filter`` record), ``view`` is the
-    run's :class:`~streamdp.storage.retired.RetiredView`.
+    users, :func:`streamdp.storage.timeline.contributors`, for a run on a time window or the store as of a
+    segment). ``result`` is set by the reservation (the entry's ``user_filter`` record), ``view`` is the run's
+    :class:`~streamdp.storage.retired.RetiredView`.
     """
 
     generation: str | None

@@ -36,8 +36,8 @@ from streamdp.storage.schema import SPLITS
 from streamdp.storage.segments import SegmentedStore, merged_checksum
 from streamdp.storage.store import Block, RatingStore
 
-__all__ = ["TimeWindowView", "check_contributions", "contributors", "data_period", "format_time", "parse_time", "parse_window",
-           "resolve_window", "segment_future", "store_as_of", "time_window"]
+__all__ = ["TimeWindowView", "check_contributions", "contributors", "data_period", "format_time", "parse_time",
+           "parse_window", "resolve_window", "segment_future", "store_as_of", "time_window"]
 
 _UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400}
 _OPEN_LO, _OPEN_HI = np.iinfo(np.int64).min, np.iinfo(np.int64).max
