@@ -10,6 +10,7 @@ import pytest
 import zarr
 
 from streamdp.methods import base
+from streamdp.privacy.accountant import rdp_epsilon
 from streamdp.privacy.budget import StoreBudget
 from streamdp.privacy.filter import FILTER_DIR, current
 from streamdp.storage.store import open_store
@@ -96,6 +97,9 @@ def test_disjoint_windows_charge_each_user_for_her_own_window_only(tmp_path, cli
     for u in BOTH:
         assert after3[u] == pytest.approx((2 * r + first, True)) and after4[u] == after3[u]
     assert max(v for v, _ in after4.values()) <= bound
+    # every user's lifetime loss, converted by dp-accounting at the cap's order and delta, is within the cap
+    worst = rdp_epsilon(p1["alpha"], max(v for v, _ in after4.values()), p1["cap"]["delta"])
+    assert worst <= p1["cap"]["epsilon"] == 5.0
 
 
 def test_a_window_whose_every_user_is_retired_is_refused_in_one_line(tmp_path, cli):
