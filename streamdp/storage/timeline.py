@@ -41,6 +41,8 @@ __all__ = ["TimeWindowView", "check_contributions", "contributors", "data_period
 
 _UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400}
 _OPEN_LO, _OPEN_HI = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+#: Bytes of a window view's cache of which users contribute (one bit a user: 512M users).
+CONTRIBUTED_CACHE = 64 << 20
 
 
 def format_time(t: int) -> str:
@@ -145,8 +147,18 @@ class TimeWindowView(RatingStore):
         return np.diff(self.read_block(b, split).indptr)
 
     def contributed(self, b: int) -> np.ndarray:
-        """Which users of block ``b`` have a training rating in the window (bool): those a release reads."""
-        return self.block_user_counts(b, "train") > 0
+        """Which users of block ``b`` have a training rating in the window (bool): those a release reads.
+
+        Kept as bits (up to :data:`CONTRIBUTED_CACHE` bytes, then read again): the count of users, the per-user
+        filter's count and its charge ask the same blocks, each a pass over the window otherwise.
+        """
+        cache = self._counts.setdefault("contributed", {})
+        if b in cache:
+            return np.unpackbits(cache[b][1], count=cache[b][0]).astype(bool)
+        c = self.block_user_counts(b, "train") > 0
+        if sum(len(v[1]) for v in cache.values()) + len(c) // 8 + 1 <= CONTRIBUTED_CACHE:
+            cache[b] = (len(c), np.packbits(c))
+        return c
 
     def n_contributors(self) -> int:
         """How many users have a training rating in the window (exact: the owner's; released only with noise)."""

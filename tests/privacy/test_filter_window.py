@@ -135,3 +135,29 @@ def test_the_store_as_of_a_segment_charges_its_users_only_and_keeps_the_later_us
     spend = _spend(store)
     assert all(spend[u] == pytest.approx((2 * r, False)) for u in EARLY)
     assert all(spend[u] == pytest.approx((r, False)) for u in LATE)  # not yet users as of segment 0
+
+
+def test_who_contributes_to_a_window_is_read_once_and_the_same_without_the_cache(tmp_path, cli, monkeypatch):
+    from streamdp.storage import timeline
+
+    store = str(tmp_path / "s.zarr")
+    code, _, err, exc = cli.run("ingest", _log(tmp_path / "log.csv", [(EARLY, 0), (BOTH, 0), (LATE, 1)]), "--out",
+                                store, "--block-users", "7")
+    assert code == 0, (err, exc)
+    reads = []
+    real = timeline.TimeWindowView.block_user_counts
+    monkeypatch.setattr(timeline.TimeWindowView, "block_user_counts",
+                        lambda self, b, split="train": reads.append(b) or real(self, b, split))
+
+    def who(cache_bytes):
+        monkeypatch.setattr(timeline, "CONTRIBUTED_CACHE", cache_bytes)
+        view = timeline.time_window(open_store(store), since="2024-01-01", until="2024-01-08")
+        reads.clear()
+        n = view.n_contributors()
+        mask = np.concatenate([timeline.contributors(view)(lo, lo + 10) for lo in range(0, view.n_users, 10)])
+        return n, mask, len(reads), view.n_blocks
+
+    n, mask, n_reads, n_blocks = who(timeline.CONTRIBUTED_CACHE)
+    assert n_blocks > 2 and n_reads == n_blocks  # one pass: the count and the filter's masks share it
+    n0, mask0, n_reads0, _ = who(0)
+    assert n_reads0 > n_blocks and n == n0 == int(mask.sum()) == 18 and np.array_equal(mask, mask0)
