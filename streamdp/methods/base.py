@@ -106,11 +106,13 @@ def user_count_for(cls, store, *, epsilon: float, seed: int | None = None,
                    users_bound: int | None = None) -> UserCount:
     """The :class:`~streamdp.privacy.users.UserCount` a run of method class ``cls`` on ``store`` reads: released at
     ``epsilon`` from ``seed``'s stream, or ``users_bound`` declared (exact for a method whose relation keeps it)."""
-    # a store whose retired users are left out (storage/retired.py) counts the users it keeps
-    n = store.n_users if getattr(store, "n_counted", None) is None else store.n_counted
+    # a store whose retired users are left out (storage/retired.py) counts the users it keeps with a rating in the
+    # period read (a retired view over a time window: workflows/training.py filtered_store)
+    counted = getattr(store, "n_counted", None)
+    n = store.n_users if counted is None else counted
     if not cls.RELEASES_USER_COUNT:
         return UserCount(int(n), "exact")
-    if hasattr(store, "n_contributors"):  # a time window (storage/timeline.py): only the users with a rating in it
+    if counted is None and hasattr(store, "n_contributors"):  # a time window (storage/timeline.py): its users only
         n = store.n_contributors()
     return release_user_count(n, epsilon=epsilon, seed=seed, users_bound=users_bound)
 

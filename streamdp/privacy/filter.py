@@ -191,9 +191,10 @@ class FilterRequest:
     ``generation``: the generation its view was made from (the release is refused if another release advanced the
     filter since); ``n_users``: the store's users at release time; ``stages``: the RDP at the filter's order of the
     parts of the release that read the data before the rest (the count of users), charged first;
-    ``contributors(lo, hi)``: which users contributed a rating to it (``None``: every user of the store; the hook a
-    time window fills). ``result`` is set by the reservation (the entry's ``user_filter`` record), ``view`` is the
-    run's :class:`~streamdp.storage.retired.RetiredView`.
+    ``contributors(lo, hi)``: which users contributed a rating to it (``None``: every user of the store; a period's
+    users, :func:`streamdp.storage.timeline.contributors`, for a run on a time window or the store as of a
+    segment). ``result`` is set by the reservation (the entry's ``user_filter`` record), ``view`` is the run's
+    :class:`~streamdp.storage.retired.RetiredView`.
     """
 
     generation: str | None
@@ -228,7 +229,7 @@ def advance(store: str | os.PathLike, user_budget: dict, entries: list, entry: d
     old = FilterState(str(store), user_budget, gen)
     final = Path(store) / FILTER_DIR / entry["id"]
     tmp = final.with_name(f".{entry['id']}.{uuid.uuid4().hex[:8]}.tmp")
-    n = int(request.n_users)
+    n = max(int(request.n_users), old.n)  # a view of fewer users (the store as of a segment) keeps the others' spend
     counts = {"participants": 0, "retired_now": 0, "retired_total": 0}
     try:
         g = zarr.open_group(str(tmp), mode="w")

@@ -36,11 +36,13 @@ from streamdp.storage.schema import SPLITS
 from streamdp.storage.segments import SegmentedStore, merged_checksum
 from streamdp.storage.store import Block, RatingStore
 
-__all__ = ["TimeWindowView", "check_contributions", "data_period", "format_time", "parse_time", "parse_window",
-           "resolve_window", "segment_future", "store_as_of", "time_window"]
+__all__ = ["TimeWindowView", "check_contributions", "contributors", "data_period", "format_time", "parse_time",
+           "parse_window", "resolve_window", "segment_future", "store_as_of", "time_window"]
 
 _UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400}
 _OPEN_LO, _OPEN_HI = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+#: Bytes of a window view's cache of which users contribute (one bit a user: 512M users).
+CONTRIBUTED_CACHE = 64 << 20
 
 
 def format_time(t: int) -> str:
@@ -147,8 +149,18 @@ class TimeWindowView(RatingStore):
         return np.diff(self.read_block(b, split).indptr)
 
     def contributed(self, b: int) -> np.ndarray:
-        """Which users of block ``b`` have a training rating in the window (bool): those a release reads."""
-        return self.block_user_counts(b, "train") > 0
+        """Which users of block ``b`` have a training rating in the window (bool): those a release reads.
+
+        Kept as bits (up to :data:`CONTRIBUTED_CACHE` bytes, then read again): the count of users, the per-user
+        filter's count and its charge ask the same blocks, each a pass over the window otherwise.
+        """
+        cache = self._counts.setdefault("contributed", {})
+        if b in cache:
+            return np.unpackbits(cache[b][1], count=cache[b][0]).astype(bool)
+        c = self.block_user_counts(b, "train") > 0
+        if sum(len(v[1]) for v in cache.values()) + len(c) // 8 + 1 <= CONTRIBUTED_CACHE:
+            cache[b] = (len(c), np.packbits(c))
+        return c
 
     def n_contributors(self) -> int:
         """How many users have a training rating in the window (exact: the owner's; released only with noise)."""
@@ -401,6 +413,41 @@ def data_period(store: RatingStore, *, since=None, until=None, window=None, unti
     if until_segment is not None:
         store = store_as_of(store, until_segment)
     return time_window(store, since=since, until=until, window=window)
+
+
+class _Contributors:
+    """``(lo, hi) -> bool array``: which users ``lo .. hi - 1`` contribute a rating to a release reading the period
+    view ``store`` (:func:`contributors`); one store block read at a time, the last one kept for the next call."""
+
+    def __init__(self, store: RatingStore):
+        self.store, self._last = store, (None, None)
+
+    def _block(self, b: int) -> np.ndarray:
+        if self._last[0] != b:
+            st = self.store
+            first, end = st.block_range(b)
+            self._last = (b, st.contributed(b) if hasattr(st, "contributed") else np.ones(end - first, bool))
+        return self._last[1]
+
+    def __call__(self, lo: int, hi: int) -> np.ndarray:
+        out = np.zeros(hi - lo, bool)
+        st = self.store
+        top, bu = min(hi, st.n_users), st.info.block_users
+        for b in range(lo // bu, -(-top // bu)) if lo < top else ():
+            first, end = st.block_range(b)
+            a, z = max(lo, first), min(top, end)
+            out[a - lo:z - lo] = self._block(b)[a - first:z - first]
+        return out
+
+
+def contributors(store: RatingStore):
+    """Who contributes to a release reading ``store`` as :func:`data_period` made it: ``None`` for the whole store
+    (every user), else ``(lo, hi) -> bool array``: a user with a training rating in the window
+    (:meth:`TimeWindowView.contributed`), or a user of the store as of the segment; one who is not (no rating in
+    the period, or not yet a user then) contributes nothing (the per-user filter charges her nothing)."""
+    if not isinstance(store, (TimeWindowView, _AsOf, _PlainAsOf)):
+        return None
+    return _Contributors(store)
 
 
 def check_contributions(store) -> None:

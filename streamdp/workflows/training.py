@@ -39,7 +39,7 @@ from streamdp.serving.model import Model, check_model_destination
 from streamdp.serving.ranking import DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
-from streamdp.storage.timeline import check_contributions, data_period
+from streamdp.storage.timeline import check_contributions, contributors, data_period
 from streamdp.stream.driver import sweep_stale_runs
 from streamdp.stream.engine import Engine, dask_session
 
@@ -131,8 +131,10 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
 def filtered_store(store, cls, *, epsilon: float, items=None, users_bound=None):
     """``(store, FilterRequest)``: on a store with a per-user budget (:mod:`streamdp.privacy.filter`), the store
     seen without the users retired so far nor those who cannot afford the count of users, the first stage of
-    this release (:class:`~streamdp.storage.retired.RetiredView`, ``n_counted`` its users), and the request its
-    reservation advances the filter with; ``(store, None)`` without one.
+    this release (:class:`~streamdp.storage.retired.RetiredView`, ``n_counted`` its users with a rating in the
+    period trained on), and the request its reservation advances the filter with (``contributors``: the users of
+    the period, :func:`~streamdp.storage.timeline.contributors`: a user with no rating in it is charged nothing);
+    ``(store, None)`` without one.
 
     Refused there, before anything is read: a non-private run (no user could afford it), and a private selection
     of the catalogue or of the rating range (each threshold is a ``(0, delta)`` event, which no Renyi filter can
@@ -164,13 +166,29 @@ def filtered_store(store, cls, *, epsilon: float, items=None, users_bound=None):
     counted = cls.RELEASES_USER_COUNT and users_bound is None  # the count is released: the first stage
     first = rdp_at_order(count_release(epsilon).event(), ub["alpha"]) if counted else 0.0
     mask = FilterMask(store.path, ub, generation, threshold=first)
+    contrib = contributors(store)  # a period: only its users take part, and only they are charged
     view = RetiredView(store, mask)
-    view.n_counted = mask.count(store.n_users)
+    view.n_counted = _count_kept(mask, contrib, store.n_users)
     if view.n_counted == 0:
+        if contrib is not None and _count_kept(mask, None, store.n_users):
+            raise ParameterError(f"{store.path}: every user with a rating in the period has reached her per-user cap "
+                                 f"(epsilon={ub['epsilon']:g}): nothing can be released from it")
         raise ParameterError(f"{store.path}: every user has reached her per-user cap (epsilon={ub['epsilon']:g}): "
                              f"nothing can be released from it")
     return view, FilterRequest(generation=generation, n_users=int(store.n_users), stages=[first], view=view,
-                               user_budget=ub)
+                               user_budget=ub, contributors=contrib)
+
+
+def _count_kept(mask, contrib, n_users: int) -> int:
+    """How many of the first ``n_users`` users ``mask`` keeps who contribute (``contrib``; ``None``: all do)."""
+    from streamdp.privacy.filter import BLOCK
+
+    n = 0
+    for lo in range(0, n_users, BLOCK):
+        hi = min(n_users, lo + BLOCK)
+        keep = mask.keep(lo, hi)
+        n += int((keep if contrib is None else keep & contrib(lo, hi)).sum())
+    return n
 
 
 def warm_model(cls, warm_start, *, checkpoint=None):

@@ -1,0 +1,25 @@
+"""``bench/refresh.py``: a replay of weekly appends and refreshes on a tiny generated store, end to end."""
+
+from __future__ import annotations
+
+from bench import refresh
+
+
+def test_refresh_quick_prints_the_table_and_b_stops_when_its_budget_runs_out(tmp_path, capsys):
+    out = tmp_path / "t.md"
+    # a store budget of 1: one release at epsilon 1 fits, the second does not
+    assert refresh.main(["--quick", "--users", "200", "--weeks", "2", "--first-weeks", "1", "--budget", "1",
+                         "--ranking-users", "50", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text in capsys.readouterr().out
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    assert lines[0] == "| " + " | ".join(refresh.COLUMNS) + " |"
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+    assert [r[0] for r in rows] == ["1", "2"]  # weeks 1 and 2 scored as the future of the store before them
+    assert not rows[0][4].startswith("stopped") and rows[1][4].startswith("stopped: budget spent")
+    assert "(b) stopped at week 2" in text
+    for r in rows:
+        for c in (2, 3, 5, 6, 7):
+            assert 0 <= float(r[c]) < 5
+        assert r[8].endswith("%") and float(r[11]) > 0
+    assert not list(tmp_path.glob("bench-refresh-*"))
