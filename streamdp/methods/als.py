@@ -47,13 +47,14 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
-from streamdp.kernels.linalg import residuals, solve_users_huber, solve_users_ridges
+from streamdp.kernels.linalg import residuals, selection_losses, solve_users_huber
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
 from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods._profile import MEANS_PROFILE_SHARE, PROFILE_SHARE, UserProfile, mean_weight_cap, user_profile
 from streamdp.methods._psd import psd
-from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
+from streamdp.methods._selection import (MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, holdout_strides,
+                                         loss_sensitivity)
 from streamdp.methods._warm import WarmStart, initial_factors, warm_iters
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
@@ -1156,57 +1157,32 @@ class _AlsBase(Method):
         n, k = store.n_items, self.rank
         lo, hi, h = s.rating_min, s.rating_max, s.half_range
         Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
-        ones = np.ones((n, 1))
         bias_of = {"factors": np.ascontiguousarray(bias, np.float64), "bias": np.ascontiguousarray(bias0, np.float64),
                    "mean": np.zeros(n)}
         seed = run.entropy
-        # private runs validate on items whose released totals make one rating's pull on their parameters small
-        eligible = None
-        # the factor candidates differ by their ridge alone: with the squared loss (irls: each ridge reweights
-        # differently) one accumulation of each user's Gramian serves them all, bit-identical to a solve each
-        shared_ridges = np.array(sorted({float(lam) for kind, lam in cands if kind == "factors"
-                                         and not math.isinf(lam)}) if s.irls_iters == 0 else [], np.float64)
+        biases = np.ascontiguousarray(np.stack([bias_of[kind] for kind in ("factors", "bias", "mean")]))
+        kinds = np.array([("factors", "bias", "mean").index(kind) for kind, _ in cands], np.int64)
+        lams = np.array([float(lam) for _, lam in cands], np.float64)
 
         def fn(block, b):
-            (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user,
-                                                seed % (1 << 64), eligible)
-            it = np.ascontiguousarray(it, dtype=np.int32)
-            r = np.clip(r, np.float32(lo), np.float32(hi))
-            vr = np.clip(vr.astype(np.float64), lo, hi)
             out = np.zeros(m + 3)
-            resid = {}
             if moments:  # her residuals on the released biases, over every training rating (nothing is validated)
                 ait = np.ascontiguousarray(block.items, dtype=np.int32)
                 ares = np.empty(len(ait), np.float64)
                 residuals(ait, np.clip(block.ratings, np.float32(lo), np.float32(hi)), float(mu), bias_of["bias"], ares)
                 out[m:] = offset_moments(block.indptr, ares, h)
-            if not len(vu):
+            ip = np.asarray(block.indptr, np.int64)
+            v, start = holdout_strides(ip, block.first_user, seed % (1 << 64))
+            nv = int(v.sum())
+            if not nv:
                 return out
-            wv = 1.0 / np.bincount(vu, minlength=block.n_users)[vu]  # a user's loss: the mean over theirs
-            shared = {}  # the factor candidates' rows, from one Gramian per user (squared loss only)
-            for c, (kind, lam) in enumerate(cands):
-                bv = bias_of[kind]
-                pred = mu + bv[vi]
-                if not math.isinf(lam):
-                    if kind not in resid:
-                        resid[kind] = np.empty(len(it), np.float64)
-                        residuals(it, r, float(mu), bv, resid[kind])
-                    design = Q if kind == "factors" else ones
-                    if kind == "factors" and len(shared_ridges) > 1:
-                        if not shared:
-                            Us = np.zeros((len(shared_ridges), block.n_users, design.shape[1]))
-                            solve_users_ridges(ip, it, resid[kind], design, shared_ridges, Us)
-                            shared.update(zip(shared_ridges.tolist(), Us))
-                        U = shared[float(lam)]
-                    else:
-                        U = np.zeros((block.n_users, design.shape[1]))
-                        solve_users_huber(ip, it, resid[kind], design, float(lam), s.irls_iters,
-                                          float(s.huber_delta), U)
-                    pred = pred + U[vu, -1]
-                    if kind == "factors":
-                        pred = pred + np.einsum("ij,ij->i", U[vu, :k], V[vi])
-                e = np.clip(pred, lo, hi) - vr
-                out[c] = float(np.sum(np.minimum(e * e, h * h) * wv))
+            # each candidate's loss on each validation rating (one compiled pass: solves, predictions, clips), summed
+            # per candidate here in the order of the NumPy form it replaced (the same bits)
+            L = np.empty((m, nv))
+            selection_losses(ip - ip[0], block.items, block.ratings, v, start, float(lo), float(hi), float(mu), Q,
+                             biases, kinds, lams, int(s.irls_iters), float(s.huber_delta), float(h), L)
+            for c in range(m):
+                out[c] = float(np.sum(L[c]))
             return out
 
         tot = engine.map_reduce(fn, _add, np.zeros(m + 3), extra_per_block=48 * store.block_users,
