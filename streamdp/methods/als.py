@@ -27,7 +27,9 @@ Decisions a reader must know:
   few candidates and replaces the default only when another wins by 3 noise stds;
 * the gate: with the choice on, it is made after half of the iterations; when biases
   win, the rest of the Gaussian budget buys a second release of the item statistics
-  (fully adaptive composition of Gaussian mechanisms keeps the plan's guarantee);
+  (fully adaptive composition of Gaussian mechanisms keeps the plan's guarantee); its
+  pass also computes the next iteration's sums (``_select_riding``: one read of each block),
+  released only if the factors win;
 * the shared Gramian is the private default (``--gramian item`` is available); biases
   come from the statistics pass, not refitted; residuals and the bias statistic are
   clipped so that every sensitivity holds; the item ridge grows with the noise.
