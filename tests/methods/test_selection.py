@@ -197,6 +197,28 @@ def test_gated_run_whose_factors_lose_spends_the_rest_on_the_statistics(jokes_st
     assert gated.summary["test_rmse"] <= biases.summary["test_rmse"] + 0.015
 
 
+@pytest.mark.parametrize("store, epsilon, wins", [("small_store", 20.0, True), ("jokes_store", 2.0, False)])
+def test_choice_riding_the_next_iteration_is_the_two_passes_bit_for_bit(store, epsilon, wins, request, monkeypatch):
+    """The gate's one pass (the choice and iteration gate + 1's sums) releases what the two passes did: the factors
+    winning (the sums used) and losing (the sums dropped)."""
+    from streamdp.methods import als
+
+    st = request.getfixturevalue(store)
+    riding = streamdp.train(st, epsilon=epsilon, seed=0, evaluate=False)
+
+    def two_passes(self, store, engine, run, s, rel, mu, bias0, bias, V, C, d, t):
+        return (self._select(store, engine, run, s, rel, mu, bias0, bias, V, C),
+                self._iteration_sums(store, engine, run, s, mu, bias, V, C, d, validation=False))
+
+    monkeypatch.setattr(als._AlsBase, "_select_riding", two_passes)
+    separate = streamdp.train(st, epsilon=epsilon, seed=0, evaluate=False)
+    assert 0 < riding.info["selection"]["chosen_after_iteration"] < riding.info["parameters"]["iters"]
+    assert riding.info["selection"]["chosen"].startswith("factors") == wins
+    assert riding.info["selection"] == separate.info["selection"]
+    assert np.array_equal(riding.item_factors, separate.item_factors)
+    assert np.array_equal(riding.item_bias, separate.item_bias) and riding.global_mean == separate.global_mean
+
+
 def test_gated_run_resumes_across_the_gate(jokes_store, tmp_path, interrupted_after_checkpoint):
     opts = dict(epsilon=2.0, seed=0)
     full = streamdp.train(jokes_store, checkpoint=str(tmp_path / "full"), **opts)
@@ -297,8 +319,9 @@ def test_iterations_after_the_gate_use_the_validation_ratings_again(small_store,
     assert calls == [True] * gate + [False] * (T - gate)
     # the choice rides along iteration gate + 1's pass: one read of each block serves both
     fit = [p for p in passes if "iteration" in p or "selection" in p]
-    assert fit == [f"als iteration {t}/{T}" for t in range(1, gate + 1)] + [f"als selection + iteration {gate + 1}/{T}"] \
-        + [f"als iteration {t}/{T}" for t in range(gate + 2, T + 1)]
+    before, after = range(1, gate + 1), range(gate + 2, T + 1)
+    assert fit == [f"als iteration {t}/{T}" for t in before] + [f"als selection + iteration {gate + 1}/{T}"] + \
+        [f"als iteration {t}/{T}" for t in after]
 
 
 @pytest.mark.slow  # four trainings of a 30,000-user store (about 20 s busy)
