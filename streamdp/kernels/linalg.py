@@ -264,27 +264,34 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
             continue
         m = padded(n)
         _gather_user(items, resid, s, e, Q, T, y, m)
-        Wt = T
-        for it in range(irls_iters + 1):
-            _gram_rhs(Wt, T, y, m, k, G, x)
-            for a in range(k):
-                G[a, a] += ridge
-            cholesky_lower(G, k)
-            cholesky_lower_apply(G, x, k)
-            if it < irls_iters:
-                for i in range(m):
-                    e_[i] = y[i]
-                for a in range(k):
-                    xa = x[a]
-                    for i in range(m):
-                        e_[i] -= xa * T[a, i]
-                for a in range(k):
-                    for i in range(m):
-                        r = abs(e_[i])
-                        W[a, i] = T[a, i] if r <= delta else T[a, i] * (delta / r)
-                Wt = W
+        _solve_tile_huber(T, W, y, e_, m, k, G, x, ridge, irls_iters, delta)
         for a in range(k):
             U[u, a] = x[a]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _solve_tile_huber(T, W, y, e_, m, k, G, x, ridge, irls_iters, delta):
+    """One user's row into ``x[:k]``: :func:`solve_users_huber` on her gathered tile ``T`` and residuals ``y`` (``m``
+    padded columns); ``W``, ``e_`` and ``G`` are scratch of the tile's shapes."""
+    Wt = T
+    for it in range(irls_iters + 1):
+        _gram_rhs(Wt, T, y, m, k, G, x)
+        for a in range(k):
+            G[a, a] += ridge
+        cholesky_lower(G, k)
+        cholesky_lower_apply(G, x, k)
+        if it < irls_iters:
+            for i in range(m):
+                e_[i] = y[i]
+            for a in range(k):
+                xa = x[a]
+                for i in range(m):
+                    e_[i] -= xa * T[a, i]
+            for a in range(k):
+                for i in range(m):
+                    r = abs(e_[i])
+                    W[a, i] = T[a, i] if r <= delta else T[a, i] * (delta / r)
+            Wt = W
 
 
 @njit(cache=True, nogil=True)
@@ -322,15 +329,145 @@ def solve_users_ridges(indptr, items, resid, Q, ridges, U):
         _gather_user(items, resid, s, e, Q, T, y, m)
         _gram_rhs(T, T, y, m, k, G, x)
         for r in range(m_r):
-            for a in range(k):
-                z[a] = x[a]
-                for b in range(a + 1):
-                    H[a, b] = G[a, b]
-                H[a, a] += ridges[r]
-            cholesky_lower(H, k)
-            cholesky_lower_apply(H, z, k)
+            _solve_ridge(G, x, ridges[r], H, z, k)
             for a in range(k):
                 U[r, u, a] = z[a]
+
+
+@njit(cache=True, nogil=True)
+def _solve_ridge(G, x, ridge, H, z, k):
+    """``z = (G + ridge I)^-1 x`` from a user's Gramian (lower triangle, :func:`_gram_rhs`) and right-hand side,
+    through the scratch ``H``; ``G`` and ``x`` are kept for the next ridge. The same operations as
+    :func:`solve_users_huber`'s plain solve, so the same bits."""
+    for a in range(k):
+        z[a] = x[a]
+        for b in range(a + 1):
+            H[a, b] = G[a, b]
+        H[a, a] += ridge
+    cholesky_lower(H, k)
+    cholesky_lower_apply(H, z, k)
+
+
+@njit(cache=True, nogil=True)
+def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, kinds, lams, irls_iters, delta, h,
+                     out):
+    """Every candidate release's clipped, capped, weighted loss on each validation rating of a block, in one pass.
+
+    The block's validation ratings are those of :func:`streamdp.methods._selection.holdout`
+    (``v[u]`` of user ``u``'s ``n`` ratings, at offsets ``(start[u] + j (n // v[u])) % n``,
+    ``indptr[0] == 0``); the rest train her rows. Candidate ``c`` is the release of kind
+    ``kinds[c]`` (0: the item factors ``Q[:, :-1]`` with the item biases ``biases[0]``; 1, 2:
+    the item biases ``biases[1]``, ``biases[2]`` alone) with her local ridge ``lams[c]``
+    (``inf``: no row of hers; else her row is solved on her training ratings' residuals
+    ``clip(r, lo, hi) - mu - biases[kind]`` (ratings clipped in float32), against ``Q`` for
+    the factors, a column of ones for a biases' intercept, by :func:`solve_users_huber`'s
+    arithmetic with ``irls_iters`` and ``delta``; with the squared loss one Gramian per
+    user and design serves every ridge, the same bits). Written: ``out[c, q]`` =
+    ``min(e^2, h^2) / v[u]`` for validation rating ``q`` (users in order, ``j`` in order)
+    of user ``u``, ``e = clip(mu + b_j + x_u . q_j, lo, hi) - clip(r, lo, hi)``, as the
+    NumPy form it replaced computed it (``streamdp.methods.als._AlsBase._select``): summed
+    per candidate by the caller in the same order, the same losses bit for bit. Users
+    without validation ratings are skipped (they have no loss); no temporaries per
+    candidate, and the GIL is released.
+    """
+    d = Q.shape[1]
+    k = d - 1
+    n_c = len(kinds)
+    need = np.zeros(3, np.bool_)
+    gram_of = np.zeros(3, np.bool_)  # one Gramian per design and residual serves every ridge (squared loss)
+    for c in range(n_c):
+        if np.isfinite(lams[c]):
+            need[kinds[c]] = True
+            gram_of[kinds[c]] = irls_iters == 0
+    longest = 1
+    for u in range(len(indptr) - 1):
+        longest = max(longest, indptr[u + 1] - indptr[u])
+    cap = padded(longest)
+    T = np.zeros((d, cap), dtype=np.float64)
+    T1 = np.zeros((1, cap), dtype=np.float64)
+    W = np.zeros((d, cap), dtype=np.float64)
+    y = np.zeros((3, cap), dtype=np.float64)
+    e_ = np.zeros(cap, dtype=np.float64)
+    G = np.empty((3, d, d), dtype=np.float64)
+    x = np.empty((3, d), dtype=np.float64)
+    H = np.empty((d, d), dtype=np.float64)
+    z = np.empty(d, dtype=np.float64)
+    held = np.empty(max(1, int(v.max()) if len(v) else 1), np.int64)
+    lo32, hi32 = np.float32(lo), np.float32(hi)
+    hh = h * h
+    q0 = 0
+    for u in range(len(indptr) - 1):
+        vv = v[u]
+        if vv == 0:
+            continue
+        s = indptr[u]
+        n = indptr[u + 1] - s
+        step = n // vv
+        for j in range(vv):
+            held[j] = (start[u] + j * step) % n
+        i = 0
+        for p in range(n):
+            out_ = False
+            for j in range(vv):
+                if held[j] == p:
+                    out_ = True
+            if out_:
+                continue
+            jj = np.uint64(items[s + p])
+            if need[0]:
+                for a in range(d):
+                    T[a, i] = Q[jj, a]
+            T1[0, i] = 1.0
+            r = ratings[s + p]
+            r = lo32 if r < lo32 else (hi32 if r > hi32 else r)
+            for kk in range(3):
+                if need[kk]:
+                    y[kk, i] = r - mu - biases[kk, jj]
+            i += 1
+        m = padded(i)
+        for a in range(d):
+            for t in range(i, m):
+                T[a, t] = 0.0
+        for t in range(i, m):
+            T1[0, t] = 0.0
+            for kk in range(3):
+                y[kk, t] = 0.0
+        for kk in range(3):
+            if gram_of[kk]:
+                if kk == 0:
+                    _gram_rhs(T, T, y[kk], m, d, G[kk], x[kk])
+                else:
+                    _gram_rhs(T1, T1, y[kk], m, 1, G[kk], x[kk])
+        wv = 1.0 / vv
+        for c in range(n_c):
+            kind = kinds[c]
+            lam = lams[c]
+            dk = d if kind == 0 else 1
+            solved = np.isfinite(lam)
+            if solved:
+                if gram_of[kind]:
+                    _solve_ridge(G[kind], x[kind], lam, H, z, dk)
+                elif kind == 0:
+                    _solve_tile_huber(T, W, y[kind], e_, m, dk, H, z, lam, irls_iters, delta)
+                else:
+                    _solve_tile_huber(T1, W, y[kind], e_, m, dk, H, z, lam, irls_iters, delta)
+            for j in range(vv):
+                p = s + held[j]
+                jj = np.uint64(items[p])
+                pred = mu + biases[kind, jj]
+                if solved:
+                    pred = pred + z[dk - 1]
+                    if kind == 0:
+                        dot = 0.0
+                        for a in range(k):
+                            dot += z[a] * Q[jj, a]
+                        pred = pred + dot
+                pred = lo if pred < lo else (hi if pred > hi else pred)
+                rv = np.float64(ratings[p])
+                rv = lo if rv < lo else (hi if rv > hi else rv)
+                e = pred - rv
+                out[c, q0 + j] = min(e * e, hh) * wv
+        q0 += vv
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})

@@ -3,7 +3,7 @@
 Users cannot tune on private data, and a default that is right on one store is wrong
 on another (a private ALS's factors, a user's own intercept). So the run itself chooses,
 privately, among a few candidate releases that it computes anyway. Public names:
-:func:`holdout`, :func:`held_positions`, :func:`loss_sensitivity`, :func:`choose`,
+:func:`holdout`, :func:`held_positions`, :func:`holdout_strides`, :func:`loss_sensitivity`, :func:`choose`,
 :func:`candidate_name`, :data:`MARGIN`, :data:`VALIDATION_CAP`.
 
 Decisions a reader must know:
@@ -35,8 +35,8 @@ import numpy as np
 
 from streamdp.kernels.csr import holdout_strided
 
-__all__ = ["MARGIN", "VALIDATION_CAP", "VALIDATION_FRACTION", "holdout", "choose", "candidate_name",
-           "loss_sensitivity"]
+__all__ = ["MARGIN", "VALIDATION_CAP", "VALIDATION_FRACTION", "holdout", "holdout_strides", "choose",
+           "candidate_name", "loss_sensitivity"]
 
 #: Noise standard deviations by which a candidate must beat the default to replace it.
 MARGIN = 3.0
@@ -126,6 +126,17 @@ def held_positions(indptr, first_user: int, key: int, min_count: int = 2) -> np.
     return ip[users][rep] + (start[rep] + j * (n // vv)[rep]) % n[rep]
 
 
+def holdout_strides(indptr, first_user: int, key: int, min_count: int = 2):
+    """``(v, start)``: each user's number of :func:`holdout` validation ratings (no ``eligible_items``) and the
+    keyed offset of the first (0 where ``v`` is 0); held out are the offsets ``(start + j (n // v)) % n``, ``j < v``."""
+    cnt = np.diff(np.asarray(indptr, np.int64))
+    v = _counts(cnt, cnt, min_count)
+    users = np.flatnonzero(v > 0)
+    start = np.zeros(len(cnt), np.int64)
+    start[users] = _starts(users, cnt[users], key, first_user)
+    return v, start
+
+
 def _counts(cnt, ecnt, min_count: int) -> np.ndarray:
     """Validation ratings per user: ``floor(0.1 n + 1/2)``, at least 1, at most ``n - 1``, ``e`` and the cap."""
     v = np.maximum(np.floor(VALIDATION_FRACTION * cnt + 0.5).astype(np.int64), 1)
@@ -146,10 +157,8 @@ def _holdout_kernel(ip, items, ratings, cnt, first_user: int, key: int, min_coun
     (:func:`streamdp.kernels.csr.holdout_strided`); the same arrays as its NumPy path. Every pass of a run that holds
     items out (``ials`` with ``--select auto``) calls it on every block: the NumPy path took 31 ms of CPU per
     1M-pair block (13% of a non-private ``ials`` iteration at 64 factors)."""
-    v = _counts(cnt, cnt, min_count)
+    v, start = holdout_strides(ip, first_user, key, min_count)
     users = np.flatnonzero(v > 0)
-    start = np.zeros(len(cnt), np.int64)
-    start[users] = _starts(users, cnt[users], key, first_user)
     tip = np.empty(len(ip), np.int64)
     tit, tr = np.empty(len(items), items.dtype), np.empty(len(ratings), ratings.dtype)
     pos = np.empty(int(v.sum()), np.int64)

@@ -27,7 +27,9 @@ Decisions a reader must know:
   few candidates and replaces the default only when another wins by 3 noise stds;
 * the gate: with the choice on, it is made after half of the iterations; when biases
   win, the rest of the Gaussian budget buys a second release of the item statistics
-  (fully adaptive composition of Gaussian mechanisms keeps the plan's guarantee);
+  (fully adaptive composition of Gaussian mechanisms keeps the plan's guarantee); its
+  pass also computes the next iteration's sums (``_select_riding``: one read of each block),
+  released only if the factors win;
 * the shared Gramian is the private default (``--gramian item`` is available); biases
   come from the statistics pass, not refitted; residuals and the bias statistic are
   clipped so that every sensitivity holds; the item ridge grows with the noise.
@@ -48,13 +50,14 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
-from streamdp.kernels.linalg import residuals, solve_users_huber, solve_users_ridges
+from streamdp.kernels.linalg import residuals, selection_losses, solve_users_huber
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
 from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods._profile import MEANS_PROFILE_SHARE, PROFILE_SHARE, UserProfile, mean_weight_cap, user_profile
 from streamdp.methods._psd import psd
-from streamdp.methods._selection import MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, loss_sensitivity
+from streamdp.methods._selection import (MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, holdout_strides,
+                                         loss_sensitivity)
 from streamdp.methods._warm import WarmStart, initial_factors, warm_iters
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
@@ -790,10 +793,14 @@ class _AlsBase(Method):
             return bool(chosen) and s.candidates[int(chosen["choice"])][0] != "factors"
 
         last = gate if gated_out() else s.iters
+        ahead = None  # the next iteration's exact sums, from the gate's pass (_select_riding)
         for t in run.epochs(last, desc=f"{self.name} iterations"):
-            acc = self._iteration_sums(store, engine, run, s, mu, bias, V, C, d,
-                                       desc=f"{self.name} iteration {t}/{s.iters}",
-                                       validation=not (gate and t > gate))
+            if ahead is not None:
+                acc, ahead = ahead, None
+            else:
+                acc = self._iteration_sums(store, engine, run, s, mu, bias, V, C, d,
+                                           desc=f"{self.name} iteration {t}/{s.iters}",
+                                           validation=not (gate and t > gate))
             B, A, G, clipped = acc[:4]
             g = run.rng(_ITER, t)
             if t == 1 and s.weight_counts:
@@ -813,7 +820,10 @@ class _AlsBase(Method):
             if self.private:
                 V = _normalize(V, keep)
             history.append(int(clipped))
-            if t == gate:
+            if t == gate and t < s.iters:  # the choice rides along the next iteration's pass (dropped if it loses)
+                (c, losses, _), ahead = self._select_riding(store, engine, run, s, rel, mu, bias0, bias, V, C, d, t)
+                chosen = {"choice": np.array(c), "choice_losses": np.asarray(losses)}
+            elif t == gate:
                 c, losses, _ = self._select(store, engine, run, s, rel, mu, bias0, bias, V, C)
                 chosen = {"choice": np.array(c), "choice_losses": np.asarray(losses)}
             run.save(t, V=V, mu=mu, bias=bias, C=C, Cw=Cw, keep=keep, bias0=bias0, S1=S1, **chosen)
@@ -1090,6 +1100,20 @@ class _AlsBase(Method):
 
     # -- one iteration's item-side sums --------------------------------------------------
     def _iteration_sums(self, store, engine, run, s, mu, bias, V, C, d, desc="iteration", validation=True):
+        """``[B, A, G, users clipped, users, weight totals or None]``: one iteration's exact item-side sums."""
+        fn, combine, per_block = self._iteration_pass(store, run, s, mu, bias, V, C, d, validation=validation)
+        return self._iteration_finish(store, s, engine.map_reduce(fn, combine, None, extra_per_block=per_block,
+                                                                  desc=desc))
+
+    def _iteration_finish(self, store, s, acc):
+        if acc is None:
+            raise ParameterError(f"{store.path}: the training split has no users")
+        if s.gramian != "item":
+            acc[2] = symmetrize_upper(acc[2])
+        return acc
+
+    def _iteration_pass(self, store, run, s, mu, bias, V, C, d, validation=True):
+        """``(fn, combine, bytes per block)`` of an iteration's pass (:meth:`Engine.map_reduce`, initial ``None``)."""
         n, k = store.n_items, self.rank
         lo, hi = s.rating_min, s.rating_max
         Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
@@ -1140,88 +1164,96 @@ class _AlsBase(Method):
         nnz = store.block_nnz("train")
         per_block = 8 * n * d + (8 * n * npk + 8 * (n + 1) + 20 * (int(nnz.max()) if len(nnz) else 0)
                                  if item_mode else 0) + (48 + 8 * (d + 1)) * store.block_users
-        acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
-        if acc is None:
-            raise ParameterError(f"{store.path}: the training split has no users")
-        if not item_mode:
-            acc[2] = symmetrize_upper(acc[2])
-        return acc
+        return fn, combine, per_block
 
     # -- the private choice of the release (streamdp.methods._selection) ------------------------
     def _select(self, store, engine, run, s, rel, mu, bias0, bias, V, C):
         """``(index of the chosen candidate, noisy losses or None, noisy offset moments or None)``: one pass scoring
         every candidate (and, ``_offset_moments``, summing the users' offset moments: ``offset_ridge``)."""
-        cands = s.candidates
         if not s.select:
             return s.default_candidate, None, None
-        m = len(cands)
-        moments = self._offset_moments(s)
-        n, k = store.n_items, self.rank
-        lo, hi, h = s.rating_min, s.rating_max, s.half_range
-        Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
-        ones = np.ones((n, 1))
-        bias_of = {"factors": np.ascontiguousarray(bias, np.float64), "bias": np.ascontiguousarray(bias0, np.float64),
-                   "mean": np.zeros(n)}
-        seed = run.entropy
-        # private runs validate on items whose released totals make one rating's pull on their parameters small
-        eligible = None
-        # the factor candidates differ by their ridge alone: with the squared loss (irls: each ridge reweights
-        # differently) one accumulation of each user's Gramian serves them all, bit-identical to a solve each
-        shared_ridges = np.array(sorted({float(lam) for kind, lam in cands if kind == "factors"
-                                         and not math.isinf(lam)}) if s.irls_iters == 0 else [], np.float64)
+        fn, per_block = self._selection_pass(store, run, s, mu, bias0, bias, V)
+        tot = engine.map_reduce(fn, _add, np.zeros(len(s.candidates) + 3), extra_per_block=per_block,
+                                desc=f"{self.name} selection")
+        return self._selection_release(run, s, rel, tot)
+
+    def _select_riding(self, store, engine, run, s, rel, mu, bias0, bias, V, C, d, t):
+        """A gated run's choice after iteration ``t`` and iteration ``t + 1``'s exact sums, from one read of each block.
+
+        Both read every block with the same ``V``, ``mu`` and biases (iteration ``t + 1`` on every
+        training rating: see :func:`_training`), so one pass computes both: ``(_select's triple,
+        the sums of _iteration_sums)``. The sums are released (noised) only if the factors win, as
+        iteration ``t + 1``; otherwise they are dropped unreleased (no privacy cost, nothing
+        derived from them). Each part is computed as in its own pass, combined in block order:
+        the same bits. Measured on a 16M-rating store (400k users x 2k items, epsilon 1, rank 8):
+        see docs/scale.md.
+        """
+        it_fn, it_combine, it_bytes = self._iteration_pass(store, run, s, mu, bias, V, C, d, validation=False)
+        sel_fn, sel_bytes = self._selection_pass(store, run, s, mu, bias0, bias, V)
 
         def fn(block, b):
-            (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user,
-                                                seed % (1 << 64), eligible)
-            it = np.ascontiguousarray(it, dtype=np.int32)
-            r = np.clip(r, np.float32(lo), np.float32(hi))
-            vr = np.clip(vr.astype(np.float64), lo, hi)
-            out = np.zeros(m + 3)
-            resid = {}
-            if moments:  # her residuals on the released biases, over every training rating (nothing is validated)
-                ait = np.ascontiguousarray(block.items, dtype=np.int32)
-                ares = np.empty(len(ait), np.float64)
-                residuals(ait, np.clip(block.ratings, np.float32(lo), np.float32(hi)), float(mu), bias_of["bias"], ares)
-                out[m:] = offset_moments(block.indptr, ares, h)
-            if not len(vu):
-                return out
-            wv = 1.0 / np.bincount(vu, minlength=block.n_users)[vu]  # a user's loss: the mean over theirs
-            shared = {}  # the factor candidates' rows, from one Gramian per user (squared loss only)
-            for c, (kind, lam) in enumerate(cands):
-                bv = bias_of[kind]
-                pred = mu + bv[vi]
-                if not math.isinf(lam):
-                    if kind not in resid:
-                        resid[kind] = np.empty(len(it), np.float64)
-                        residuals(it, r, float(mu), bv, resid[kind])
-                    design = Q if kind == "factors" else ones
-                    if kind == "factors" and len(shared_ridges) > 1:
-                        if not shared:
-                            Us = np.zeros((len(shared_ridges), block.n_users, design.shape[1]))
-                            solve_users_ridges(ip, it, resid[kind], design, shared_ridges, Us)
-                            shared.update(zip(shared_ridges.tolist(), Us))
-                        U = shared[float(lam)]
-                    else:
-                        U = np.zeros((block.n_users, design.shape[1]))
-                        solve_users_huber(ip, it, resid[kind], design, float(lam), s.irls_iters,
-                                          float(s.huber_delta), U)
-                    pred = pred + U[vu, -1]
-                    if kind == "factors":
-                        pred = pred + np.einsum("ij,ij->i", U[vu, :k], V[vi])
-                e = np.clip(pred, lo, hi) - vr
-                out[c] = float(np.sum(np.minimum(e * e, h * h) * wv))
-            return out
+            return it_fn(block, b), sel_fn(block, b)
 
-        tot = engine.map_reduce(fn, _add, np.zeros(m + 3), extra_per_block=48 * store.block_users,
-                                desc=f"{self.name} selection")
+        def combine(acc, part):
+            return part if acc is None else (it_combine(acc[0], part[0]), _add(acc[1], part[1]))
+
+        acc = engine.map_reduce(fn, combine, None, extra_per_block=it_bytes + sel_bytes,
+                                desc=f"{self.name} selection + iteration {t + 1}/{s.iters}")
+        if acc is None:
+            raise ParameterError(f"{store.path}: the training split has no users")
+        return self._selection_release(run, s, rel, acc[1]), self._iteration_finish(store, s, acc[0])
+
+    def _selection_release(self, run, s, rel, tot):
+        """The noisy choice from the selection pass's exact totals (see :meth:`_select`)."""
+        m = len(s.candidates)
         losses, mom = tot[:m], None
         std = 0.0
         if self.private:
             losses = rel["select"].add(losses, run.rng(_SELECT, 0))
             std = _std(rel["select"])
-        if moments:
+        if self._offset_moments(s):
             mom = (rel["offsets"].add(tot[m:], run.rng(_SELECT, 1)), _std(rel["offsets"]))
         return choose(losses, s.default_candidate, std), losses, mom
+
+    def _selection_pass(self, store, run, s, mu, bias0, bias, V):
+        """``(fn, bytes per block)`` of the selection's pass: per block, every candidate's summed loss on the
+        validation ratings, then the offset moments (``[m losses, 3 moments]``, summed by ``_add``)."""
+        cands = s.candidates
+        m = len(cands)
+        moments = self._offset_moments(s)
+        n, k = store.n_items, self.rank
+        lo, hi, h = s.rating_min, s.rating_max, s.half_range
+        Q = np.ascontiguousarray(np.hstack([V, np.ones((n, 1))]), dtype=np.float64)
+        bias_of = {"factors": np.ascontiguousarray(bias, np.float64), "bias": np.ascontiguousarray(bias0, np.float64),
+                   "mean": np.zeros(n)}
+        seed = run.entropy
+        biases = np.ascontiguousarray(np.stack([bias_of[kind] for kind in ("factors", "bias", "mean")]))
+        kinds = np.array([("factors", "bias", "mean").index(kind) for kind, _ in cands], np.int64)
+        lams = np.array([float(lam) for _, lam in cands], np.float64)
+
+        def fn(block, b):
+            out = np.zeros(m + 3)
+            if moments:  # her residuals on the released biases, over every training rating (nothing is validated)
+                ait = np.ascontiguousarray(block.items, dtype=np.int32)
+                ares = np.empty(len(ait), np.float64)
+                residuals(ait, np.clip(block.ratings, np.float32(lo), np.float32(hi)), float(mu), bias_of["bias"], ares)
+                out[m:] = offset_moments(block.indptr, ares, h)
+            ip = np.asarray(block.indptr, np.int64)
+            v, start = holdout_strides(ip, block.first_user, seed % (1 << 64))
+            nv = int(v.sum())
+            if not nv:
+                return out
+            # each candidate's loss on each validation rating (one compiled pass: solves, predictions, clips), summed
+            # per candidate here in the order of the NumPy form it replaced (the same bits)
+            L = np.empty((m, nv))
+            selection_losses(ip - ip[0], block.items, block.ratings, v, start, float(lo), float(hi), float(mu), Q,
+                             biases, kinds, lams, int(s.irls_iters), float(s.huber_delta), float(h), L)
+            for c in range(m):
+                out[c] = float(np.sum(L[c]))
+            return out
+
+        # per block: the users' validation counts and starts, the losses of each candidate on each validation rating
+        return fn, (16 + 8 * m * VALIDATION_CAP) * store.block_users
 
     # -- the item solves -----------------------------------------------------------------
     def _solve_items(self, s, B, A, G, C, keep, rel, n_users: int):

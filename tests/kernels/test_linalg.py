@@ -1,10 +1,11 @@
 """Block linear-algebra kernels against NumPy/SciPy references."""
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 from streamdp.kernels.linalg import (gram_apply, gram_apply_range, gram_apply_reference, predict_rows, residuals,
-                                     solve_users, solve_users_ridges)
+                                     selection_losses, solve_users, solve_users_huber, solve_users_ridges)
 
 
 def _csr(seed=0, n_users=60, n_items=25, density=0.2):
@@ -74,3 +75,61 @@ def test_solve_users_ridges_is_solve_users_per_ridge_bit_for_bit():
         solve_users(ip, it, v, Q, lam, ref)
         assert np.array_equal(U[r], ref)
     assert not U[:, 4].any()
+
+
+def _selection_reference(ip, it, r, first_user, key, Q, biases, cands, mu, lo, hi, h, irls_iters, delta):
+    """The NumPy form ``_AlsBase._select`` ran per block before :func:`selection_losses` (summed per candidate)."""
+    import math
+
+    from streamdp.methods._selection import holdout
+
+    k = Q.shape[1] - 1
+    (tip, tit, tr), (vu, vi, vr) = holdout(ip, it, r, first_user, key)
+    tit = np.ascontiguousarray(tit, dtype=np.int32)
+    tr = np.clip(tr, np.float32(lo), np.float32(hi))
+    vr = np.clip(vr.astype(np.float64), lo, hi)
+    ones = np.ones((Q.shape[0], 1))
+    wv = 1.0 / np.bincount(vu, minlength=len(ip) - 1)[vu]
+    out = np.zeros(len(cands))
+    for c, (kind, lam) in enumerate(cands):
+        bv = biases[kind]
+        pred = mu + bv[vi]
+        if not math.isinf(lam):
+            res = np.empty(len(tit))
+            residuals(tit, tr, float(mu), bv, res)
+            design = Q if kind == 0 else ones
+            U = np.zeros((len(ip) - 1, design.shape[1]))
+            solve_users_huber(tip, tit, res, design, float(lam), irls_iters, delta, U)
+            pred = pred + U[vu, -1]
+            if kind == 0:
+                pred = pred + np.einsum("ij,ij->i", U[vu, :k], Q[vi, :k])
+        e = np.clip(pred, lo, hi) - vr
+        out[c] = float(np.sum(np.minimum(e * e, h * h) * wv))
+    return out
+
+
+@pytest.mark.parametrize("irls_iters", [0, 2])
+def test_selection_losses_are_the_numpy_forms_bit_for_bit(irls_iters):
+    """The selection's fused kernel: every candidate (factors at two ridges and at none, biases with and without an
+    intercept, the mean with one) scores each block as its NumPy form did, summed in the same order: the same bits."""
+    from streamdp.methods._selection import holdout_strides
+
+    rng = np.random.default_rng(5)
+    n_users, n_items, k = 300, 40, 8
+    cnt = rng.integers(0, 30, n_users)
+    cnt[:5] = [0, 1, 2, 3, 1]
+    ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    it = np.concatenate([np.sort(rng.choice(n_items, c, replace=False)) for c in cnt]).astype(np.int32)
+    r = rng.integers(0, 7, len(it)).astype(np.float32)  # outside the range [1, 5] on both sides: clipped
+    Q = np.hstack([rng.normal(size=(n_items, k)), np.ones((n_items, 1))])
+    biases = np.stack([rng.normal(size=n_items), rng.normal(size=n_items), np.zeros(n_items)])
+    cands = [(0, 10.0), (0, 30.0), (0, np.inf), (1, 3.0), (1, np.inf), (2, 3.0), (2, np.inf)]
+    kinds = np.array([c[0] for c in cands], np.int64)
+    lams = np.array([c[1] for c in cands], np.float64)
+    for first_user, key in ((0, 7), (1000, 2**63 + 5)):
+        want = _selection_reference(ip, it, r, first_user, key, Q, biases, cands, 3.2, 1.0, 5.0, 2.0, irls_iters, 1.0)
+        v, start = holdout_strides(ip, first_user, key)
+        L = np.empty((len(cands), int(v.sum())))
+        selection_losses(ip, it, r, v, start, 1.0, 5.0, 3.2, Q, biases, kinds, lams, irls_iters, 1.0, 2.0, L)
+        got = np.array([float(np.sum(L[c])) for c in range(len(cands))])
+        assert np.array_equal(got, want), (got, want)

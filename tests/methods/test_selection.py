@@ -197,6 +197,28 @@ def test_gated_run_whose_factors_lose_spends_the_rest_on_the_statistics(jokes_st
     assert gated.summary["test_rmse"] <= biases.summary["test_rmse"] + 0.015
 
 
+@pytest.mark.parametrize("store, epsilon, wins", [("small_store", 20.0, True), ("jokes_store", 2.0, False)])
+def test_choice_riding_the_next_iteration_is_the_two_passes_bit_for_bit(store, epsilon, wins, request, monkeypatch):
+    """The gate's one pass (the choice and iteration gate + 1's sums) releases what the two passes did: the factors
+    winning (the sums used) and losing (the sums dropped)."""
+    from streamdp.methods import als
+
+    st = request.getfixturevalue(store)
+    riding = streamdp.train(st, epsilon=epsilon, seed=0, evaluate=False)
+
+    def two_passes(self, store, engine, run, s, rel, mu, bias0, bias, V, C, d, t):
+        return (self._select(store, engine, run, s, rel, mu, bias0, bias, V, C),
+                self._iteration_sums(store, engine, run, s, mu, bias, V, C, d, validation=False))
+
+    monkeypatch.setattr(als._AlsBase, "_select_riding", two_passes)
+    separate = streamdp.train(st, epsilon=epsilon, seed=0, evaluate=False)
+    assert 0 < riding.info["selection"]["chosen_after_iteration"] < riding.info["parameters"]["iters"]
+    assert riding.info["selection"]["chosen"].startswith("factors") == wins
+    assert riding.info["selection"] == separate.info["selection"]
+    assert np.array_equal(riding.item_factors, separate.item_factors)
+    assert np.array_equal(riding.item_bias, separate.item_bias) and riding.global_mean == separate.global_mean
+
+
 def test_gated_run_resumes_across_the_gate(jokes_store, tmp_path, interrupted_after_checkpoint):
     opts = dict(epsilon=2.0, seed=0)
     full = streamdp.train(jokes_store, checkpoint=str(tmp_path / "full"), **opts)
@@ -276,18 +298,30 @@ def test_iterations_after_the_gate_use_the_validation_ratings_again(small_store,
     """The choice is made at the gate; the factors' later iterations train on every rating."""
     from streamdp.methods import als
 
-    calls = []
-    original = als._AlsBase._iteration_sums
+    from streamdp.stream.engine import Engine
+
+    calls, passes = [], []
+    original, map_reduce = als._AlsBase._iteration_pass, Engine.map_reduce
 
     def spy(self, *a, validation=True, **kw):
         calls.append(validation)
         return original(self, *a, validation=validation, **kw)
 
-    monkeypatch.setattr(als._AlsBase, "_iteration_sums", spy)
+    def seen(self, *a, desc="pass", **kw):
+        passes.append(desc)
+        return map_reduce(self, *a, desc=desc, **kw)
+
+    monkeypatch.setattr(als._AlsBase, "_iteration_pass", spy)
+    monkeypatch.setattr(Engine, "map_reduce", seen)
     m = streamdp.train(small_store, epsilon=20.0, seed=0)
     gate, T = m.info["selection"]["chosen_after_iteration"], m.info["parameters"]["iters"]
     assert m.info["selection"]["chosen"].startswith("factors") and 0 < gate < T
     assert calls == [True] * gate + [False] * (T - gate)
+    # the choice rides along iteration gate + 1's pass: one read of each block serves both
+    fit = [p for p in passes if "iteration" in p or "selection" in p]
+    before, after = range(1, gate + 1), range(gate + 2, T + 1)
+    assert fit == [f"als iteration {t}/{T}" for t in before] + [f"als selection + iteration {gate + 1}/{T}"] + \
+        [f"als iteration {t}/{T}" for t in after]
 
 
 @pytest.mark.slow  # four trainings of a 30,000-user store (about 20 s busy)
@@ -306,7 +340,7 @@ def test_selection_costs_the_factors_little_where_they_clearly_win(tmp_path):
 
 def test_factor_candidates_share_each_users_gramian_bit_for_bit(small_store, monkeypatch):
     import streamdp.methods.als as als
-    from streamdp.kernels.linalg import solve_users
+    from streamdp.kernels.linalg import selection_losses
 
     losses = []
 
@@ -318,12 +352,13 @@ def test_factor_candidates_share_each_users_gramian_bit_for_bit(small_store, mon
     shared = streamdp.train(small_store, epsilon=1.0, seed=0, iters=2, evaluate=False)
     calls = []
 
-    def one_solve_per_ridge(ip, it, resid, Q, ridges, U):  # what the pass did before the shared kernel
-        calls.append(ridges.tolist())
-        for r, lam in enumerate(ridges):
-            solve_users(ip, it, resid, Q, lam, U[r])
+    def one_candidate_at_a_time(ip, it, r, v, start, lo, hi, mu, Q, biases, kinds, lams, irls, delta, h, out):
+        calls.append(lams[kinds == 0].tolist())  # each candidate alone: a Gramian of its own per user
+        for c in range(len(kinds)):
+            selection_losses(ip, it, r, v, start, lo, hi, mu, Q, biases, kinds[c:c + 1], lams[c:c + 1], irls, delta,
+                             h, out[c:c + 1])
 
-    monkeypatch.setattr(als, "solve_users_ridges", one_solve_per_ridge)
+    monkeypatch.setattr(als, "selection_losses", one_candidate_at_a_time)
     separate = streamdp.train(small_store, epsilon=1.0, seed=0, iters=2, evaluate=False)
     assert calls and calls[0] == [10.0, 30.0]
     factors = [c for c in shared.info["selection"]["candidates"] if c.startswith("factors")]
