@@ -25,8 +25,10 @@ PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 #: ``docs/store.md``: about 20 processes (15 s of CPU) since its append and compact example; their commands run in process
 #: in tests/storage/test_append.py and tests/storage/test_ingest*.py. ``docs/privacy-user-budget.md``: three trains
 #: and an append as processes (30 s on a busy machine); tests/privacy/test_filter.py runs the same scenario in process.
+#: ``docs/stream.md``: three weeks of appends, trains and evaluations as processes (35 s); in process in
+#: tests/privacy/test_filter_window.py and tests/test_cli_time.py.
 SLOW_PAGES = {"docs/guide.md", "docs/choosing-epsilon.md", "docs/python-api.md", "docs/store.md",
-              "docs/privacy-user-budget.md"}
+              "docs/privacy-user-budget.md", "docs/stream.md"}
 
 
 def _name(page: Path) -> str:
