@@ -20,11 +20,9 @@ Decisions a reader must know:
   ``n_items (hi - lo)``, not the paper's per-rating scale), accounted by PLD;
   ``exact`` is non-private;
 * **the rating range** is the store's declared one, else the public users' lowest and
-  highest training rating (``rating_range.source`` ``public users``: public data, nothing
-  spent), found in the roles pass before any private user responds; the private users'
-  ratings never set it (outside it they are clipped into it), whatever the mechanism. The
-  Laplace release is calibrated in the plan (its noise multiplier) and takes its
-  sensitivity ``n_items (hi - lo)`` from that range;
+  highest training rating (source ``public users``: public data), found in the roles pass
+  before any private user responds (:meth:`PublicPrivate._with_range` then sets the Laplace
+  sensitivity ``n_items (hi - lo)``); private users' ratings never set it, whatever the mechanism;
 * **the public set** comes from ``--public-users FILE`` and/or ``--public-fraction``
   (a keyed hash of the user's original id); private users' counts never decide who
   is public (``most-active`` ranks the FILE's candidates only);
