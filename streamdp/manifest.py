@@ -60,8 +60,9 @@ MODEL_JSON = {
                          "privately (ledger: 'item catalogue'; streamdp.privacy.catalogue); exact only in non-private "
                          "runs and where the relation fixes the items"),
     "rating_range": (RELEASE, "rating range: declared at ingest (public), or selected privately (source 'selected'; "
-                             "ledger: 'rating range', streamdp.privacy.rating_range); observed only in non-private "
-                             "runs (and public-private, noted in its ledger)"),
+                             "ledger: 'rating range', streamdp.privacy.rating_range), or public-private's public "
+                             "users' lowest and highest rating (source 'public users': public data); observed only "
+                             "in non-private runs"),
     "store_fingerprint": (PUBLIC, "keyed HMAC of the store's checksum (streamdp.storage.fingerprint): random "
                                   "without the store's key"),
     "budget_entry": (PUBLIC, "random id of the store-budget entry that released the model"),
@@ -311,11 +312,12 @@ def check_release(model_json: dict, privacy_json: dict, arrays, attrs) -> dict:
     return prov
 
 
-def public_parameters(store, users, catalogue=None) -> dict:
+def public_parameters(store, users, catalogue=None, rating_range=None) -> dict:
     """The ledger's ``public_parameters``: the run's number of users (a
     :class:`~streamdp.privacy.users.UserCount`: released, declared or exact), its items (a
     :class:`~streamdp.privacy.catalogue.Catalogue`: declared, selected privately or exact) and what a model
-    publishes exactly.
+    publishes exactly. ``rating_range``: the model's (``model.json``'s), which is the run's range when its source is
+    ``public users`` (``public-private`` on a store that declares none: the public users' lowest and highest rating).
 
     Of an implicit store (interaction counts) the count range is published only when
     declared (``--count-cap``): its observed maximum is an exact statistic of one user's
@@ -343,17 +345,26 @@ def public_parameters(store, users, catalogue=None) -> dict:
                                   "published)"),
         }
     selected = getattr(catalogue, "range", None)
+    if selected is not None:
+        rr = selected.public_parameter()
+    elif (rating_range or {}).get("source") == "public users":
+        rr = {"min": float(rating_range["min"]), "max": float(rating_range["max"]), "source": "public users",
+              "release": "the public users' lowest and highest training rating (public data, nothing spent); the "
+                         "private users' ratings never set it and are clipped into it"}
+    else:
+        rr = {"min": float(store.rating_min), "max": float(store.rating_max),
+              "source": getattr(store, "rating_range_source", "unknown")}
     return {
         "n_users": users.public_parameter(),
         "n_items": int(store.n_items),
         **items,
-        "rating_range": (selected.public_parameter() if selected is not None else
-                         {"min": float(store.rating_min), "max": float(store.rating_max),
-                          "source": getattr(store, "rating_range_source", "unknown")}),
+        "rating_range": rr,
         "note": users_note + ("the rating range is the one declared at ingest, or, with source 'selected', one "
                               "selected privately (its release is in the ledger; training ratings outside it are "
-                              "clipped into it); 'observed' (the data's own minimum and maximum, exact statistics) "
-                              "only in a non-private run or a method that selects none (its ledger notes it)"),
+                              "clipped into it), or, with source 'public users' (public-private), the public users' "
+                              "lowest and highest rating (public data); 'observed' (the data's own minimum and "
+                              "maximum, exact statistics) only in a non-private run or a method fitted directly, "
+                              "not through train or tune (its ledger notes it)"),
     }
 
 

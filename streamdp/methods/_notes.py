@@ -5,7 +5,7 @@ from __future__ import annotations
 
 SEEDED_NOTE = "seeded run: reproducible, not private against whoever knows the seed"
 #: A private release whose rating range is the store's observed one: only where no run selected it privately
-#: (public-private selects none; a method fitted directly, not through train or tune).
+#: (a method fitted directly, not through train or tune; public-private takes the public users' range instead).
 OBSERVED_RANGE_NOTE = ("rating range observed from the data (its minimum and maximum, exact statistics), neither "
                        "declared nor selected privately: the guarantee does not cover them; train through train or "
                        "tune (which select it privately) or declare it at ingest (--rating-range)")

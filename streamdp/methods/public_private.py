@@ -19,6 +19,10 @@ Decisions a reader must know:
   store budget; ``laplace`` is user-level DP of the whole vector (L1 sensitivity
   ``n_items (hi - lo)``, not the paper's per-rating scale), accounted by PLD;
   ``exact`` is non-private;
+* **the rating range** is the store's declared one, else the public users' lowest and
+  highest training rating (source ``public users``: public data), found in the roles pass
+  before any private user responds (:meth:`PublicPrivate._with_range` then sets the Laplace
+  sensitivity ``n_items (hi - lo)``); private users' ratings never set it, whatever the mechanism;
 * **the public set** comes from ``--public-users FILE`` and/or ``--public-fraction``
   (a keyed hash of the user's original id); private users' counts never decide who
   is public (``most-active`` ranks the FILE's candidates only);
@@ -41,7 +45,7 @@ import csv
 import hashlib
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -59,11 +63,12 @@ from streamdp.kernels.public_private import (
     private_sketch,
 )
 from streamdp.methods import register
-from streamdp.methods._notes import range_notes, seed_notes
+from streamdp.methods._notes import seed_notes
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import GUARANTEE_NONE, Ledger, epsilon_of
 from streamdp.privacy.bounding import hash_keys
+from streamdp.privacy.rating_range import user_extremes
 from streamdp.privacy.ledger import GUARANTEE_PRIVATE_USERS_DP, GUARANTEE_PUBLIC_ONLY
 from streamdp.privacy.release import Share, calibrate_releases, pure_epsilon
 from streamdp.storage.ids import as_ids, parse_id, utf8_lines
@@ -92,6 +97,11 @@ WEIGHTS = (0.5, 0.125, 0.03125, 0.0078125, 0.001953125, 0.0)
 OFFSET_RIDGES = (3.0, 10.0, 30.0)
 #: Scratch bytes per call of the private-response kernel (Laplace noise rows).
 RESPONSE_SCRATCH_BYTES = 16 << 20
+#: ``model.json``'s ``rating_range.source`` on a store whose range was not declared: the public users' lowest and
+#: highest training rating (public data, nothing spent), found in the roles pass; private users' never set it.
+PUBLIC_RANGE = "public users"
+PUBLIC_RANGE_NOTE = ("rating range: the public users' lowest and highest training rating (public data, nothing "
+                     "spent; the store declares none), never the private users' ratings, which are clipped into it")
 
 GUARANTEE_PMD = ("not DP: first-order deniability (Xin & Jaakkola 2014) for private users (PMD: each coordinate of "
                  "a response is uniform on the rating levels; the relations between a user's ratings are released); "
@@ -148,7 +158,10 @@ RECORDED = ("iters", "reg", "public_users", "public_fraction", "public_selection
 
 @dataclass(frozen=True)
 class PublicPrivateSettings(RunSettings):
-    """A run's resolved settings on one store: the options with the store's rating range and derived defaults.
+    """A run's resolved settings on one store: the options with the run's rating range and derived defaults.
+
+    ``rating_min``/``rating_max`` are the store's declared range; ``None`` on a store that declares none until the
+    roles pass finds the public users' range (:meth:`PublicPrivate._with_range`), as are PMD's ``levels``.
 
     ``private_rounds`` is 0 without a private mechanism, ``public_selection`` is
     ``random`` without a FILE (each user by her key), ``sketch`` is at most ``n_items``.
@@ -160,8 +173,8 @@ class PublicPrivateSettings(RunSettings):
     leaves them out.
     """
 
-    rating_min: float
-    rating_max: float
+    rating_min: float | None
+    rating_max: float | None
     private_mechanism: Mechanism
     iters: int
     reg: float | None
@@ -196,8 +209,9 @@ class PublicPrivate(Method):
     #: the Laplace run's accounting is for a change of one private user's ratings, zero-out, under which the count
     #: does not move; the others are not DP), so nothing is spent on it.
     RELEASES_USER_COUNT = False
-    #: No private range selection: its ledger's epsilon is the private users' Laplace responses alone (0 with no
-    #: responses), which a selection spent first would not fit; an undeclared range is noted in the ledger.
+    #: No private range selection (its ledger's epsilon is the private users' Laplace responses alone, 0 with no
+    #: responses, which a selection spent first would not fit): a range the store does not declare is the public
+    #: users' lowest and highest rating (public data), never the private users' (:data:`PUBLIC_RANGE`).
     SELECTS_RATING_RANGE = False
 
     name = "public-private"
@@ -243,9 +257,14 @@ class PublicPrivate(Method):
         return min(self.opts.sketch if self.opts.sketch is not None else 4 * self.rank + 8, n_items)
 
     def settings(self, store) -> PublicPrivateSettings:
-        """The options resolved on ``store``; reads the ``--public-users`` FILE (its users' ids and counts)."""
+        """The options resolved on ``store``; reads the ``--public-users`` FILE (its users' ids and counts).
+
+        The rating range is the store's when declared, else left to the run (``None``: the public users' range).
+        """
         o = self.opts
-        lo, hi = float(store.rating_min), float(store.rating_max)
+        lo = hi = None
+        if getattr(store, "rating_range_source", "observed") == "declared":
+            lo, hi = float(store.rating_min), float(store.rating_max)
         mech = o.private_mechanism
         return PublicPrivateSettings(
             rating_min=lo, rating_max=hi, private_mechanism=mech, iters=o.iters, reg=o.reg,
@@ -254,32 +273,57 @@ class PublicPrivate(Method):
             private_fraction=o.private_fraction, private_rounds=o.private_rounds if mech != "none" else 0,
             round_iters=o.round_iters, private_weight=o.private_weight, sketch=self._sketch(store.n_items),
             pmd_sweeps=o.pmd_sweeps, pmd_swaps=o.pmd_swaps, pmc_h=o.pmc_h, rating_step=o.rating_step,
-            levels=tuple(rating_levels(lo, hi, o.rating_step).tolist()) if mech == "pmd" else None,
+            levels=tuple(rating_levels(lo, hi, o.rating_step).tolist()) if mech == "pmd" and lo is not None else None,
             candidates=public_candidates(store, o.public_users) if o.public_users else None)
 
     # -- privacy plan --------------------------------------------------------------------
     def _plan(self, store) -> Plan:
+        """The releases; on a store that declares no range, bound to the public users' range by :meth:`_fit`.
+
+        The Laplace release is calibrated here (its noise multiplier, scale over sensitivity, is what the
+        accountant reads: the range does not move it); its sensitivity ``n_items (max - min)`` is set with the
+        range (:meth:`_with_range`), before any private user responds.
+        """
         s = self.settings(store)
+        declared = s.rating_min is not None
         bounds = {"rating_min": s.rating_min, "rating_max": s.rating_max,
-                  "rating_range_source": getattr(store, "rating_range_source", "unknown"),
+                  "rating_range_source": "declared" if declared else PUBLIC_RANGE,
                   "public_users": _public_rule(s, store),
                   "private_users": _private_rule(s)}
         releases, rel = [], None  # rel: the Laplace release, the one ``Plan.releases`` holds (None otherwise)
         if s.private_mechanism == "laplace":
-            width = s.rating_max - s.rating_min
             share = Share("each responding private user's completed rating vector, clipped to the rating range, with "
                           "Laplace noise on every item (released once by the user: local, parallel over users)",
-                          "laplace", store.n_items * width, 1.0, shape=(store.n_items,))
+                          "laplace", store.n_items, 1.0, shape=(store.n_items,))  # x (max - min): _with_range
             releases = calibrate_releases([share], self.epsilon, self.delta)
             rel = releases[0]
             bounds["pure_epsilon"] = pure_epsilon(releases)
-            bounds["sensitivity"] = (f"L1 n_items (max - min) = {store.n_items} x {width:g}: any two completed vectors "
-                                     f"clipped to the range")
+            bounds["sensitivity"] = (f"L1 n_items (max - min) = {store.n_items} x (the public users' range, found in "
+                                     f"the run): any two completed vectors clipped to the range")
         entries = [r.entry() for r in releases]
         if s.private_mechanism in ("pmd", "pmc", "exact"):
             entries.append({"release": f"one {s.private_mechanism.upper()} response per responding private user",
                             "mechanism": f"{s.private_mechanism} (not DP)", "count": 1})
-        return Plan(events=[r.event() for r in releases], entries=entries, settings=s, bounds=bounds, releases=rel)
+        plan = Plan(events=[r.event() for r in releases], entries=entries, settings=s, bounds=bounds, releases=rel)
+        return self._with_range(plan, store, s.rating_min, s.rating_max) if declared else plan
+
+    def _with_range(self, plan: Plan, store, lo: float, hi: float) -> Plan:
+        """``plan`` bound to the rating range ``[lo, hi]``: the settings (and PMD's levels), the ledger's bounds and
+        the Laplace release's sensitivity ``n_items (hi - lo)`` (its noise multiplier, and so its event, unchanged).
+        """
+        s = plan.settings
+        levels = tuple(rating_levels(lo, hi, s.rating_step).tolist()) if s.private_mechanism == "pmd" else None
+        bounds = dict(plan.bounds, rating_min=float(lo), rating_max=float(hi))
+        rel, entries = plan.releases, list(plan.entries)
+        if rel is not None:
+            width = hi - lo
+            bound = replace(rel, sensitivity=store.n_items * width)
+            entries = [bound.entry() if e == rel.entry() else e for e in entries]
+            bounds["sensitivity"] = (f"L1 n_items (max - min) = {store.n_items} x {width:g}: any two completed "
+                                     f"vectors clipped to the range")
+            rel = bound
+        return replace(plan, settings=replace(s, rating_min=float(lo), rating_max=float(hi), levels=levels),
+                       bounds=bounds, entries=entries, releases=rel)
 
     def ledger(self, store, plan: Plan, *, notes=()):
         mech = plan.settings.private_mechanism
@@ -358,11 +402,20 @@ class PublicPrivate(Method):
         ck = run.checkpoint
         if ck is not None:
             stats = {name: ck[name].copy() for name in ("item_sum", "item_count", "responders")}
-            stats.update(n_public=int(ck["n_public"]), n_ratings=int(ck["n_ratings"]))
+            stats.update(n_public=int(ck["n_public"]), n_ratings=int(ck["n_ratings"]),
+                         public_min=float(ck["public_min"]), public_max=float(ck["public_max"]))
         else:
             stats = self._roles_pass(store, engine, roles, public, int(keys[1]), s)
         if stats["n_ratings"] == 0:
             raise ParameterError(f"{store.path}: the public users ({stats['n_public']}) have no training ratings")
+        if s.rating_min is None:  # no declared range: the public users' (public data), before any private response
+            lo, hi = stats["public_min"], stats["public_max"]
+            if not hi > lo:
+                raise ParameterError(f"{store.path}: declares no rating range and the public users' ratings are all "
+                                     f"{lo:g}: declare the scale with ingest --rating-range LO,HI")
+            plan = self._with_range(plan, store, lo, hi)
+            s = plan.settings
+        rr = (s.rating_min, s.rating_max)
         gm = float(stats["item_sum"].sum() / stats["n_ratings"])
         mu = (stats["item_sum"] + MEAN_PRIOR * gm) / (stats["item_count"] + MEAN_PRIOR)
         bias = mu - gm
@@ -404,21 +457,22 @@ class PublicPrivate(Method):
             if kind.startswith("em"):
                 held_out = VALIDATION_FRACTION if kind != "em" else 0.0
                 lams = lam * np.array(LAMBDA_STEPS if kind == "em-validate" else [1.0])
-                CQ, sse = self._em_pass(store, engine, roles, gm, bias, W, Q, lams, int(keys[2]), held_out, desc)
+                CQ, sse = self._em_pass(store, engine, roles, gm, bias, W, Q, lams, int(keys[2]), held_out, rr,
+                                        desc)
                 if kind == "em-validate":
                     lam = float(lams[int(np.argmin(sse))])
                 last = (CQ, Q)
                 W, Q, sigma = _m_step(CQ, private_part(Q, mult), Q, stats["n_public"], n)
             elif kind == "respond":
                 if s.private_mechanism == "pmc" and s.pmc_h == "public" and h_public is None:
-                    h_public = self._public_h(store, engine, roles, gm, bias, W, lam)
+                    h_public = self._public_h(store, engine, roles, gm, bias, W, lam, rr)
                 Y += self._respond_pass(store, engine, run, roles, t, mu, gm, bias, W, lam, Omega, h_public, plan,
                                         desc)
                 factors = _nystrom(Y, Omega)
             else:  # weigh: the private weight whose M-step predicts the held-out public ratings best
                 cands = [_m_step(last[0], private_part(last[1], m), last[1], stats["n_public"], n) for m in WEIGHTS]
                 sse = self._validation_pass(store, engine, roles, gm, bias, [c[0] for c in cands], lam,
-                                            int(keys[2]), desc)
+                                            int(keys[2]), rr, desc)
                 g = int(np.argmin(sse))
                 mult = WEIGHTS[g]
                 W, Q, sigma = cands[g]
@@ -429,13 +483,14 @@ class PublicPrivate(Method):
                      history=np.asarray(history), lam_history=np.asarray(lam_history),
                      mult_history=np.asarray(mult_history), n_public=stats["n_public"], n_ratings=stats["n_ratings"],
                      item_sum=stats["item_sum"], item_count=stats["item_count"], responders=stats["responders"],
+                     public_min=stats["public_min"], public_max=stats["public_max"],
                      h_public=-1.0 if h_public is None else h_public)
-        W, offset = self._user_offset(store, engine, roles, gm, bias, W, lam, int(keys[2]))
+        W, offset = self._user_offset(store, engine, roles, gm, bias, W, lam, int(keys[2]), rr)
         return self._fitted(store, plan, run, public, stats, W, sigma, gm, bias, lam, h_public,
                             dict(sigma_trace=history, lambda_prime=lam_history, private_weight=mult_history), rho,
                             offset)
 
-    def _user_offset(self, store, engine, roles, gm, bias, W, lam, seed):
+    def _user_offset(self, store, engine, roles, gm, bias, W, lam, seed, rr):
         """``W`` with a user-offset column ``sqrt(lambda' / r) 1`` appended, or ``W``; and ``r`` (``inf``: none).
 
         Eq. 4 has no user intercept: a private user whose ratings sit above the item means
@@ -455,16 +510,22 @@ class PublicPrivate(Method):
         """
         ones = np.ones((W.shape[0], 1))
         cands = [W] + [np.hstack([W, math.sqrt(lam / r) * ones]) for r in OFFSET_RIDGES]
-        sse = self._validation_pass(store, engine, roles, gm, bias, cands, lam, seed, f"{self.name} user offset")
+        sse = self._validation_pass(store, engine, roles, gm, bias, cands, lam, seed, rr,
+                                    f"{self.name} user offset")
         g = int(np.argmin(sse))
         return cands[g], (math.inf if g == 0 else OFFSET_RIDGES[g - 1])
 
     # -- passes ----------------------------------------------------------------------------
     def _roles_pass(self, store, engine, roles, public, contributor_seed, s) -> dict:
-        """Decide and write every user's role; sum the public users' ratings per item (their data only)."""
+        """Decide and write every user's role; sum the public users' ratings per item and find their lowest and
+        highest rating (``public_min``, ``public_max``: the run's range when none is declared), their data only.
+
+        Ratings are clipped to a declared range; with none the public users' own range holds them all.
+        """
         n, R = store.n_items, s.private_rounds
-        lo, hi = s.rating_min, s.rating_max
+        lo, hi = (-math.inf, math.inf) if s.rating_min is None else (s.rating_min, s.rating_max)
         frac = s.private_fraction
+        m = 2 * n + 2 + R  # the sums, then the public ratings' -lowest and highest (combined by maximum)
 
         def fn(block, b):
             first, end = block.first_user, block.first_user + block.n_users
@@ -478,20 +539,33 @@ class PublicPrivate(Method):
                 role[respond] = (ROUND0 + rnd[respond]).astype(np.int16)
             roles.write(b, role[:, None])
             ip, it, r, _ = select_rows(block.indptr, block.items, block.ratings, pub)
+            out = np.zeros(m + 2)
+            out[m:] = -math.inf
+            if len(it):
+                ulo, uhi = np.empty(len(ip) - 1, np.float32), np.empty(len(ip) - 1, np.float32)
+                has = user_extremes(ip, np.ascontiguousarray(r, np.float32), ulo, uhi).astype(bool)
+                out[m:] = -float(ulo[has].min()), float(uhi[has].max())
             r = np.clip(r.astype(np.float64), lo, hi)
-            out = np.zeros(2 * n + 2 + R)
             out[:n] = np.bincount(it, weights=r, minlength=n)
             out[n:2 * n] = np.bincount(it, minlength=n)
             out[2 * n] = pub.sum()
             out[2 * n + 1] = len(it)
             if R > 0:
-                out[2 * n + 2:] = np.bincount(role[role > ROUND0] - ROUND0 - 1, minlength=R)
+                out[2 * n + 2:m] = np.bincount(role[role > ROUND0] - ROUND0 - 1, minlength=R)
             return out
 
-        tot = engine.map_reduce(fn, _add, np.zeros(2 * n + 2 + R), extra_per_block=24 * n + 16 * store.block_users,
+        def combine(acc, part):
+            acc[:m] += part[:m]
+            np.maximum(acc[m:], part[m:], out=acc[m:])
+            return acc
+
+        init = np.zeros(m + 2)
+        init[m:] = -math.inf
+        tot = engine.map_reduce(fn, combine, init, extra_per_block=24 * n + 16 * store.block_users,
                                 desc=f"{self.name} roles")
         return dict(item_sum=tot[:n], item_count=tot[n:2 * n], n_public=int(tot[2 * n]),
-                    n_ratings=int(tot[2 * n + 1]), responders=tot[2 * n + 2:].astype(np.int64))
+                    n_ratings=int(tot[2 * n + 1]), responders=tot[2 * n + 2:m].astype(np.int64),
+                    public_min=-float(tot[m]), public_max=float(tot[m + 1]))
 
     def _user_rows(self, block, roles, b, role_value, gm, bias, lo, hi):
         """The block's users with ``role_value``: their CSR rows, centred ratings ``x`` and local indices."""
@@ -527,7 +601,7 @@ class PublicPrivate(Method):
         predict_rows(vip, vit, U, W, bias, float(gm), lo, hi, pred)
         return float(np.sum((pred - (vx + gm + bias[vit])) ** 2))
 
-    def _em_pass(self, store, engine, roles, gm, bias, W, Q, lams, seed, held_out, desc):
+    def _em_pass(self, store, engine, roles, gm, bias, W, Q, lams, seed, held_out, rr, desc):
         """``C Q`` of the public users' completed vectors (one pass) and held-out errors.
 
         The E-step uses ``lams[0]``. With ``held_out > 0`` the held-out public ratings
@@ -536,7 +610,7 @@ class PublicPrivate(Method):
         """
         n, k = W.shape
         H, G = Q.T @ W, W.T @ W
-        lo, hi = float(store.rating_min), float(store.rating_max)
+        lo, hi = rr
 
         def fn(block, b):
             ip, it, x, local = self._user_rows(block, roles, b, PUBLIC, gm, bias, lo, hi)
@@ -554,9 +628,10 @@ class PublicPrivate(Method):
                                 desc=desc)
         return W @ acc[0] + acc[1], acc[2]
 
-    def _validation_pass(self, store, engine, roles, gm, bias, Ws, lam, seed, desc) -> np.ndarray:
-        """Held-out squared error of each model ``W`` of ``Ws`` (one pass over the public users)."""
-        lo, hi = float(store.rating_min), float(store.rating_max)
+    def _validation_pass(self, store, engine, roles, gm, bias, Ws, lam, seed, rr, desc) -> np.ndarray:
+        """Held-out squared error of each model ``W`` of ``Ws`` (one pass over the public users; ``rr``: the run's
+        rating range)."""
+        lo, hi = rr
 
         def fn(block, b):
             ip, it, x, local = self._user_rows(block, roles, b, PUBLIC, gm, bias, lo, hi)
@@ -565,9 +640,9 @@ class PublicPrivate(Method):
 
         return engine.map_reduce(fn, _add, np.zeros(len(Ws)), extra_per_block=32 * store.block_users, desc=desc)
 
-    def _public_h(self, store, engine, roles, gm, bias, W, lam) -> float:
+    def _public_h(self, store, engine, roles, gm, bias, W, lam, rr) -> float:
         """PMC's shared ``h``: the mean over public users of ``mean_j |r_j - mu_j|`` of their completed vectors."""
-        lo, hi = float(store.rating_min), float(store.rating_max)
+        lo, hi = rr
 
         def fn(block, b):
             ip, it, x, _ = self._user_rows(block, roles, b, PUBLIC, gm, bias, lo, hi)
@@ -632,7 +707,8 @@ class PublicPrivate(Method):
         s = plan.settings
         notes = []
         notes += seed_notes(self)
-        notes += range_notes(plan.bounds["rating_range_source"], self.private)
+        if plan.bounds["rating_range_source"] == PUBLIC_RANGE:
+            notes.append(PUBLIC_RANGE_NOTE)
         ledger = self.ledger(store, plan, notes=notes)
         ledger.bounds["public_users_count"] = stats["n_public"]
         ledger.bounds["public_ratings"] = stats["n_ratings"]
@@ -657,7 +733,8 @@ class PublicPrivate(Method):
                                 "column of the item factors: ridge lambda' / its value^2)"},
                 "by_step": {key: [float(x) for x in v] for key, v in trace.items()}, "run_id": run.run_id,
                 "run_directory": None if run.own_dir else run.dir,
-                "rating_range": {"min": s.rating_min, "max": s.rating_max}}
+                "rating_range": {"min": s.rating_min, "max": s.rating_max,
+                                 "source": plan.bounds["rating_range_source"]}}
         return Fitted(item_factors=np.asarray(W, np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(gm), model_info=info, ledger=ledger,
                       extras={"sigma_eigenvalues": np.asarray(sigma, np.float64),
@@ -838,8 +915,8 @@ def rating_levels(lo: float, hi: float, step: float) -> np.ndarray:
     """
     K = (hi - lo) / step
     if not (abs(K - round(K)) <= 1e-6 * max(1.0, K)) or round(K) < 1 or round(K) + 1 > 127:
-        raise ParameterError(f"--rating-step {step:g} must divide the declared rating range [{lo:g}, {hi:g}] into 1 "
-                             f"to 126 steps")
+        raise ParameterError(f"--rating-step {step:g} must divide the rating range [{lo:g}, {hi:g}] into 1 to 126 "
+                             f"steps")
     return lo + step * np.arange(int(round(K)) + 1, dtype=np.float64)
 
 

@@ -25,7 +25,7 @@ delta, fixed from the target alone: a scale's ends are shared by a large part of
 users rate a 1, 928 a 5: weighted totals 511 and 656 against ``T`` = 164 at epsilon 1, delta 1e-6), unlike items,
 so a smaller share than the catalogue's 10% suffices. Fewer than two values kept (few users, a continuous scale,
 a small epsilon), or more than :data:`MAX_VALUES` distinct extremes (memory): refused in one line asking the owner
-to declare ``--rating-range``; no range is guessed. ``public-private`` selects none (its ledger notes it).
+to declare ``--rating-range``; no range is guessed. ``public-private`` selects none: it takes the public users' range (public data).
 
 Public names: :class:`RangeSelection`, :func:`select_range`, :func:`range_for`, :func:`value_weights`,
 :func:`catalogue_and_range_for` (what ``train`` and ``tune`` call).

@@ -289,15 +289,17 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
             fitted.model_info.setdefault("engine", engine.describe())
             if not st.implicit or st.rating_range_source == "declared":  # an observed count range is not published
                 fitted.model_info.setdefault("rating_range", {"min": st.rating_min, "max": st.rating_max})
-                # declared, selected privately (streamdp.privacy.rating_range) or observed (a non-private run)
-                fitted.model_info["rating_range"]["source"] = st.rating_range_source
+                # declared, selected privately (streamdp.privacy.rating_range) or observed (a non-private run); a
+                # method that sets its own (public-private: the public users' range) says so
+                fitted.model_info["rating_range"].setdefault("source", st.rating_range_source)
         st.check_unchanged()  # the model records the fingerprint of the store opened: it must be the store read
         seconds = time.perf_counter() - t0
         fp = store_fingerprint(st)
         fitted.model_info["store_fingerprint"] = fp
         fitted.model_info["budget_entry"] = entry
         fitted.ledger.store_fingerprint = fp
-        fitted.ledger.public_parameters = public_parameters(st, m.user_count(st), getattr(m, "catalogue", None))
+        fitted.ledger.public_parameters = public_parameters(st, m.user_count(st), getattr(m, "catalogue", None),
+                                                            fitted.model_info.get("rating_range"))
         window = getattr(st, "data_window", None)
         if window:  # the period trained on: public, the user chose it (storage/timeline.py)
             fitted.model_info["data_window"] = window

@@ -414,3 +414,113 @@ def test_user_offset_column_is_chosen_where_users_levels_differ(tmp_path):
     without = evaluate_model(f.save(str(tmp_path / "m2")), st, baselines=False, ranking=False)["rmse"]
     print(f"public-private with the offset column {with_offset:.4f}, without {without:.4f}")
     assert with_offset <= without - 0.015
+
+
+# -- the rating range of a store that declares none: the public users', never a private user's ---------------------
+
+
+def _undeclared_store(path, public_values=(2.0, 3.0, 4.0), rating_range=None):
+    """300 users on 20 items, none declaring the range: users 0-59 (public) rate in ``public_values``, the others
+    1..5, and private user 9999 alone holds a 0 and a 9 (the observed range is [0, 9])."""
+    import pandas as pd
+
+    import streamdp
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for u in range(300):
+        vals = public_values if u < 60 else (1.0, 2.0, 3.0, 4.0, 5.0)
+        for j, i in enumerate(rng.choice(20, size=8, replace=False)):
+            rows.append((u, int(i), float(vals[j % len(vals)])))
+    rows += [(9999, i, v) for i, v in enumerate([0.0, 0.0, 9.0, 9.0, 0.0, 9.0, 3.0, 3.0, 0.0, 9.0])]
+    df = pd.DataFrame(rows, columns=["user", "item", "rating"])
+    return streamdp.ingest(df, str(path), items=list(range(20)), test_fraction=0.2, seed=1,
+                           **({"rating_range": rating_range} if rating_range else {}))
+
+
+PUBLIC_IDS = list(range(60))
+
+
+@pytest.fixture(scope="module")
+def undeclared(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pprange")
+    st = _undeclared_store(d / "u.zarr")
+    assert st.rating_range_source == "observed" and (st.rating_min, st.rating_max) == (0.0, 9.0)
+    return st, _ids_file(d, PUBLIC_IDS)
+
+
+@pytest.mark.parametrize("mech,eps", [("none", 1.0), ("laplace", 1.0), ("pmd", INF), ("pmc", INF), ("exact", INF)])
+def test_an_undeclared_range_is_the_public_users_never_a_private_users(undeclared, mech, eps):
+    """Only private user 9999 holds a 0 and a 9: whatever the mechanism the range is the public users' [2, 4]."""
+    st, public = undeclared
+    extra = {} if mech == "none" else dict(private_mechanism=mech, private_rounds=1, round_iters=1)
+    _, f = _fit(st, epsilon=eps, public_users=public, iters=2, **extra)
+    assert f.model_info["rating_range"] == {"min": 2.0, "max": 4.0, "source": "public users"}
+    led = f.ledger
+    assert (led.bounds["rating_min"], led.bounds["rating_max"]) == (2.0, 4.0)
+    assert led.bounds["rating_range_source"] == "public users"
+    assert not any("guarantee does not cover" in n for n in led.notes)
+    assert any(n.startswith("rating range: the public users'") for n in led.notes)
+    if mech == "laplace":
+        (rel,) = led.bounds["releases"]
+        assert rel["sensitivity"] == pytest.approx(st.n_items * 2.0) and "x 2:" in led.bounds["sensitivity"]
+        assert led.accounting.epsilon <= 1.0
+    if mech == "pmd":
+        assert f.model_info["parameters"]["rating_step"] == 1.0
+
+
+def test_train_publishes_the_public_users_range(undeclared, tmp_path):
+    """model.json and privacy.json's public_parameters carry [2, 4], source 'public users', never [0, 9]."""
+    st, public = undeclared
+    train(st, method="public-private", out=str(tmp_path / "m"), epsilon=1.0, delta=1e-6, rank=2, seed=1,
+          public_users=public, iters=2, private_mechanism="laplace", private_rounds=1, round_iters=1)
+    model = json.loads((tmp_path / "m" / "model.json").read_text())
+    ledger = json.loads((tmp_path / "m" / "privacy.json").read_text())
+    assert model["rating_range"] == {"min": 2.0, "max": 4.0, "source": "public users"}
+    pp = ledger["public_parameters"]["rating_range"]
+    assert (pp["min"], pp["max"], pp["source"]) == (2.0, 4.0, "public users") and "public data" in pp["release"]
+    assert (ledger["bounds"]["rating_min"], ledger["bounds"]["rating_max"]) == (2.0, 4.0)
+    assert not any("observed" in n for n in ledger["notes"])
+
+
+def test_a_declared_range_stays_the_declared_one(tmp_path):
+    st = _undeclared_store(tmp_path / "d.zarr", rating_range="0,10")
+    _, f = _fit(st, epsilon=1.0, public_users=_ids_file(tmp_path, PUBLIC_IDS), iters=2, private_mechanism="laplace",
+                private_rounds=1, round_iters=1)
+    assert f.model_info["rating_range"] == {"min": 0.0, "max": 10.0, "source": "declared"}
+    assert f.ledger.bounds["releases"][0]["sensitivity"] == pytest.approx(st.n_items * 10.0)
+    assert not any("rating range" in n for n in f.ledger.notes)
+
+
+def test_public_users_of_one_rating_value_are_refused(tmp_path):
+    st = _undeclared_store(tmp_path / "one.zarr", public_values=(3.0,))
+    with pytest.raises(ParameterError, match=r"public users' ratings are all 3: declare the scale"):
+        _fit(st, epsilon=1.0, public_users=_ids_file(tmp_path, PUBLIC_IDS), iters=1)
+
+
+def test_a_resumed_run_keeps_the_public_users_range(undeclared, tmp_path, monkeypatch):
+    """The range is found in the roles pass and kept in the checkpoint: a resume (no roles pass) ends on the same
+    model, PMD levels and all."""
+    from streamdp.methods import public_private as pp
+
+    st, public = undeclared
+    opts = dict(epsilon=INF, public_users=public, iters=3, private_mechanism="pmd", private_rounds=2, round_iters=1)
+    _, want = _fit(st, **opts)
+    ck = str(tmp_path / "ck")
+    real = pp.PublicPrivate._respond_pass
+    calls = []
+
+    def stop_in_round_two(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pp.PublicPrivate, "_respond_pass", stop_in_round_two)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(st, checkpoint=ck, **opts)
+    monkeypatch.setattr(pp.PublicPrivate, "_respond_pass", real)
+    monkeypatch.setattr(pp.PublicPrivate, "_roles_pass", None)  # a resume reads the roles and range back
+    _, got = _fit(st, checkpoint=ck, **opts)
+    np.testing.assert_array_equal(got.item_factors, want.item_factors)
+    assert got.model_info["rating_range"] == {"min": 2.0, "max": 4.0, "source": "public users"}
