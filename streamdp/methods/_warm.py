@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.methods._selection import candidate_name
 from streamdp.storage.ids import as_ids, find
 
 #: ``--iters`` by default under ``--warm-start``: this fraction of the cold default, rounded up (at least 1 when the
@@ -44,6 +45,12 @@ class WarmStart:
     #: The model's run id and budget entry (``model.json``), to name it.
     run_id: str | None = None
     budget_entry: str | None = None
+    #: The model's released global mean (public): the centre of a one-rating user's residual in the refresh's
+    #: statistics pass, which then releases the new global mean from its own sums (no pass of its own).
+    global_mean: float | None = None
+    #: The model's released choice ``(kind, local ridge)`` (``selection.chosen`` of ``model.json``) when it chose its
+    #: factors: a private refresh reuses it instead of releasing a choice of its own (:func:`reused_choice`).
+    choice: tuple | None = None
 
     @property
     def rank(self) -> int:
@@ -54,6 +61,7 @@ class WarmStart:
         return {"model": self.path, "method": self.method, "run_id": self.run_id, "budget_entry": self.budget_entry,
                 "items_matched": int(self.matched.sum()), "items_new": int((~self.matched).sum()),
                 "items_dropped": int(self.dropped),
+                **({"choice_reused": candidate_name(self.choice)} if self.choice is not None else {}),
                 "privacy": "post-processing of the model's released item factors and biases: no privacy cost "
                            "here (the model's own release is counted where it was recorded)"}
 
@@ -118,9 +126,29 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
     bias[matched] = np.asarray(m.item_bias, np.float64)[pos[matched]]
     if not np.all(np.isfinite(factors)) or not np.all(np.isfinite(bias)):
         raise ParameterError(f"{where}: its item factors or biases are not all finite")
+    mu = float(m.global_mean) if m.global_mean is not None and math.isfinite(float(m.global_mean)) else None
     return WarmStart(path=str(m.path), method=m.method, factors=factors, bias=bias, matched=matched,
                      dropped=int(len(mine) - (pos >= 0).sum()), run_id=m.info.get("run_id"),
-                     budget_entry=m.info.get("budget_entry"))
+                     budget_entry=m.info.get("budget_entry"), global_mean=mu, choice=released_choice(m.info))
+
+
+def released_choice(info: dict) -> tuple | None:
+    """The factor candidate ``("factors", local ridge)`` a model's ``--select auto`` released (``model.json``'s
+    ``selection.chosen``), or ``None`` (no choice released, or biases won).
+
+    >>> released_choice({"selection": {"chosen": "factors, ridge 30"}})
+    ('factors', 30.0)
+    >>> released_choice({"selection": {"chosen": "bias, ridge 3"}}) is None
+    True
+    """
+    chosen = (info.get("selection") or {}).get("chosen")
+    if not isinstance(chosen, str) or not chosen.startswith("factors, ridge "):
+        return None
+    try:
+        lam = float(chosen[len("factors, ridge "):])
+    except ValueError:
+        return None
+    return ("factors", lam) if math.isfinite(lam) and lam > 0 else None
 
 
 def initial_factors(cold: np.ndarray, warm: WarmStart | None) -> np.ndarray:
