@@ -9,8 +9,14 @@ the earlier model's ``privacy.json``); the new model names the model it started 
 Items are matched by their ORIGINAL ids (the model's ``item_ids`` against the store's): an
 item of the store the model does not hold starts as a cold run starts it (its random row,
 a zero bias), an item of the model the store lacks is dropped; an item whose released row is
-zero (the model fitted no factor for it) starts cold too. Public names:
-:class:`WarmStart`, :func:`warm_start_from`, :func:`initial_factors`, :data:`WARM_ITERS_FRACTION`.
+zero (the model fitted no factor for it) starts cold too.
+
+Two more things the model released stand in a private refresh (``methods/als.py``): its
+global mean centres a one-rating user's residual in the statistics pass (no pass of its own
+for the new mean), and its ``--select auto`` choice of factors is released again instead of
+choosing (no selection pass or release): :func:`released_choice`. Public names:
+:class:`WarmStart`, :func:`warm_start_from`, :func:`initial_factors`, :func:`released_choice`,
+:data:`WARM_ITERS_FRACTION`.
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamdp.errors import ParameterError
-from streamdp.methods._selection import candidate_name
 from streamdp.storage.ids import as_ids, find
 
 #: ``--iters`` by default under ``--warm-start``: this fraction of the cold default, rounded up (at least 1 when the
@@ -61,7 +66,6 @@ class WarmStart:
         return {"model": self.path, "method": self.method, "run_id": self.run_id, "budget_entry": self.budget_entry,
                 "items_matched": int(self.matched.sum()), "items_new": int((~self.matched).sum()),
                 "items_dropped": int(self.dropped),
-                **({"choice_reused": candidate_name(self.choice)} if self.choice is not None else {}),
                 "privacy": "post-processing of the model's released item factors and biases: no privacy cost "
                            "here (the model's own release is counted where it was recorded)"}
 

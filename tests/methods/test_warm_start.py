@@ -261,7 +261,6 @@ def test_a_private_warm_fit_reuses_the_models_released_choice(store, earlier, tm
     warm = load_model(str(tmp_path / "warm"))
     assert warm.info["selection"] == {"chosen": "factors, ridge 30", "reused_from": str(earlier)}
     assert warm.info["ridge"] == 30.0 and warm.info["parameters"]["select"] == "reused"
-    assert warm.info["warm_start"]["choice_reused"] == "factors, ridge 30"
     assert any("is reused (post-processing of its model.json)" in n for n in warm.ledger.notes)
     _run(store, tmp_path / "off", seed=2)  # --select off: the same releases, the same budget
     w, off = (json.loads((tmp_path / d / "privacy.json").read_text()) for d in ("warm", "off"))
