@@ -9,8 +9,14 @@ the earlier model's ``privacy.json``); the new model names the model it started 
 Items are matched by their ORIGINAL ids (the model's ``item_ids`` against the store's): an
 item of the store the model does not hold starts as a cold run starts it (its random row,
 a zero bias), an item of the model the store lacks is dropped; an item whose released row is
-zero (the model fitted no factor for it) starts cold too. Public names:
-:class:`WarmStart`, :func:`warm_start_from`, :func:`initial_factors`, :data:`WARM_ITERS_FRACTION`.
+zero (the model fitted no factor for it) starts cold too.
+
+Two more things the model released stand in a private refresh (``methods/als.py``): its
+global mean centres a one-rating user's residual in the statistics pass (no pass of its own
+for the new mean), and its ``--select auto`` choice of factors is released again instead of
+choosing (no selection pass or release): :func:`released_choice`. Public names:
+:class:`WarmStart`, :func:`warm_start_from`, :func:`initial_factors`, :func:`released_choice`,
+:data:`WARM_ITERS_FRACTION`.
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ class WarmStart:
     #: The model's run id and budget entry (``model.json``), to name it.
     run_id: str | None = None
     budget_entry: str | None = None
+    #: The model's released global mean (public): the centre of a one-rating user's residual in the refresh's
+    #: statistics pass, which then releases the new global mean from its own sums (no pass of its own).
+    global_mean: float | None = None
+    #: The model's released choice ``(kind, local ridge)`` (``selection.chosen`` of ``model.json``) when it chose its
+    #: factors: a private refresh reuses it instead of releasing a choice of its own (:func:`reused_choice`).
+    choice: tuple | None = None
 
     @property
     def rank(self) -> int:
@@ -118,9 +130,29 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
     bias[matched] = np.asarray(m.item_bias, np.float64)[pos[matched]]
     if not np.all(np.isfinite(factors)) or not np.all(np.isfinite(bias)):
         raise ParameterError(f"{where}: its item factors or biases are not all finite")
+    mu = float(m.global_mean) if m.global_mean is not None and math.isfinite(float(m.global_mean)) else None
     return WarmStart(path=str(m.path), method=m.method, factors=factors, bias=bias, matched=matched,
                      dropped=int(len(mine) - (pos >= 0).sum()), run_id=m.info.get("run_id"),
-                     budget_entry=m.info.get("budget_entry"))
+                     budget_entry=m.info.get("budget_entry"), global_mean=mu, choice=released_choice(m.info))
+
+
+def released_choice(info: dict) -> tuple | None:
+    """The factor candidate ``("factors", local ridge)`` a model's ``--select auto`` released (``model.json``'s
+    ``selection.chosen``), or ``None`` (no choice released, or biases won).
+
+    >>> released_choice({"selection": {"chosen": "factors, ridge 30"}})
+    ('factors', 30.0)
+    >>> released_choice({"selection": {"chosen": "bias, ridge 3"}}) is None
+    True
+    """
+    chosen = (info.get("selection") or {}).get("chosen")
+    if not isinstance(chosen, str) or not chosen.startswith("factors, ridge "):
+        return None
+    try:
+        lam = float(chosen[len("factors, ridge "):])
+    except ValueError:
+        return None
+    return ("factors", lam) if math.isfinite(lam) and lam > 0 else None
 
 
 def initial_factors(cold: np.ndarray, warm: WarmStart | None) -> np.ndarray:

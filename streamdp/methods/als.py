@@ -346,13 +346,18 @@ class AlsSettings(RunSettings):
     single_residual: bool = False
     #: The model a ``--warm-start`` run starts from (its path and run id; empty: a cold run): in the run's fingerprint.
     warm_start: str = ""
+    #: The earlier model's released choice a private ``--warm-start`` run reuses (``"factors, ridge 30"``; empty: none,
+    #: the run chooses for itself or not at all): ``_AlsBase._reused_choice``.
+    reused_choice: str = ""
 
     def as_dict(self) -> dict:
-        """:meth:`RunSettings.as_dict`, without ``warm_start`` in a cold run (its fingerprint and run id stay those of
-        the runs before warm starts existed, so their ``--checkpoint`` directories still resume)."""
+        """:meth:`RunSettings.as_dict`, without ``warm_start`` and ``reused_choice`` in a cold run (its fingerprint
+        and run id stay those of the runs before warm starts existed, so their ``--checkpoint`` directories still
+        resume)."""
         out = super().as_dict()
-        if not self.warm_start:
-            del out["warm_start"]
+        for key in ("warm_start", "reused_choice"):
+            if not getattr(self, key):
+                del out[key]
         return out
 
 
@@ -509,7 +514,27 @@ class _AlsBase(Method):
         if private and used >= 1.0:
             raise ParameterError(f"--stats-share + --mean-share + --gram-share = {used:g} leaves no budget for the "
                                  f"iterations (must be < 1)")
+        if self._reused_choice(s) is not None:
+            # the earlier model's released choice stands: no selection release (post-processing of model.json)
+            s = s.replace(select=False, reused_choice=candidate_name(self.warm.choice))
         return self._with_choice(s)
+
+    def _reused_choice(self, s: AlsSettings):
+        """The earlier model's released choice ``("factors", ridge)`` a private ``--warm-start`` run releases again
+        instead of choosing (``None``: it chooses as a cold run does).
+
+        Decision: a refresh of a model whose ``--select auto`` chose its factors keeps that
+        choice, the local ridge included, when ``--select`` and ``--ridge`` are not given:
+        the choice was released in its ``model.json`` (reusing it is post-processing), the
+        store changed by what was appended since, and the selection's pass and budget share
+        (the validation losses) go to the factors. Measured in docs/design-notes.md, section
+        ``streamdp/methods/_warm.py``. ``--select auto`` given chooses afresh.
+        """
+        w, o, f = self.warm, self.opts, self._factor_options()
+        if (w is None or w.choice is None or not self.private or self.FIXED_ITERS is not None or s.iters == 0
+                or not s.select or o.is_given("select") or f.is_given("ridge")):
+            return None
+        return w.choice
 
     def _with_choice(self, s: AlsSettings) -> AlsSettings:
         """``s`` with the candidate releases, the default one and the gate that its ``select`` implies."""
@@ -593,6 +618,8 @@ class _AlsBase(Method):
         no intercept unless ``--user-intercept``). A given ``--ridge`` fixes every candidate's ridge.
         """
         ridge_given = self._factor_options().is_given("ridge")
+        if s.reused_choice:
+            return (self.warm.choice,), 0
         if self.FIXED_ITERS == 0:
             grid = ([s.ridge] if ridge_given else [3.0]) if self.opts.user_intercept else [math.inf]
             cands = [("bias", r) for r in grid] + [("mean", r) for r in grid]
@@ -938,8 +965,15 @@ class _AlsBase(Method):
         g = run.rng(_STATS, 0)
         # the mean released first draws from a stream of its own: the sums' and counts' draws stay those of a run whose
         # mean came after them (a seeded run on a store without one-rating users keeps its item statistics)
-        mu = self._global_mean(store, engine, run, s, rel, run.rng(_STATS, 2)) if s.single_residual else None
-        S, C, Tm, Um, Ct = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics", centre=mu)
+        centre = self._warm_centre(s)
+        if centre is not None:  # one pass: the earlier model's released mean centres, the new one is released after
+            S, C, Tm, Um, Ct = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics",
+                                                      centre=centre)
+            mu = self._mean_of(s, rel, Tm, Um, run.rng(_STATS, 2))
+        else:
+            mu = self._global_mean(store, engine, run, s, rel, run.rng(_STATS, 2)) if s.single_residual else None
+            S, C, Tm, Um, Ct = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics",
+                                                      centre=mu)
         sigma_S = sigma_C = 0.0
         noise_C = 0.0
         if self.private:
@@ -953,6 +987,20 @@ class _AlsBase(Method):
         C = (Ct if self._tilts(s, mu) else C) + noise_C
         bias = item_biases(S, C, sigma_S, h, sigma_C=sigma_C, clip=s.bias_clip)
         return mu, bias, C, S
+
+    def _warm_centre(self, s) -> float | None:
+        """The centre of a one-rating user's residual in a ``--warm-start`` run's statistics pass: the earlier model's
+        released global mean (public), clipped to the rating range, so that the pass also gives the new global mean's
+        sums and the mean needs no pass of its own (``None``: a cold run, or nothing to centre on).
+
+        The release is the one a cold run makes (the same sums, sensitivity and noise draw: a
+        residual ``clip(r - centre, c)`` is within ``[-c, c]`` whatever the public centre);
+        only the centre differs, by how far the mean moved since the earlier model.
+        """
+        w = self.warm
+        if w is None or w.global_mean is None or not s.single_residual or s.center != "private":
+            return None
+        return float(min(max(w.global_mean, s.rating_min), s.rating_max))
 
     def _global_mean(self, store, engine, run, s, rel, g) -> float:
         """The released global mean from a pass of its own (the public midpoint with ``--center midpoint``)."""
@@ -1315,6 +1363,10 @@ class _AlsBase(Method):
                          f"global mean is at most {TILT_MAX_MEAN:g} of the way up the rating range; it is {pos:.2f})")
         if s.select:
             notes.append(self._selection_note(s, kind, lam))
+        elif s.reused_choice:
+            notes.append(f"--select auto: the choice released by the warm-start model {self.warm.path} "
+                         f"({s.reused_choice}) is reused (post-processing of its model.json): no selection release, "
+                         f"its budget share went to the other releases")
         elif self.opts.select == "auto":  # asked for, but skipped by _plan
             notes.append("--select auto: no choice was made (its noise on a store of this size would swamp any "
                          "difference it could see); the default configuration is released")
@@ -1326,7 +1378,7 @@ class _AlsBase(Method):
             notes.append(self.warm.note())
         ledger = self.ledger(store, plan, notes=notes)
         params = {key: getattr(s, key) for key in MODEL_PARAMETERS}
-        params["select"] = "auto" if s.select else "off"
+        params["select"] = "auto" if s.select else "reused" if s.reused_choice else "off"
         info = {"method": self.name, "rank": self.rank, "epsilon": self.epsilon if self.private else "inf",
                 "delta": self.delta, "seed": self.seed,
                 "n_users": self.n_users(store), "n_items": store.n_items, "n_items_with_factors": int(keep.sum()),
@@ -1342,6 +1394,8 @@ class _AlsBase(Method):
         info["iterations_run"] = len(history) + (run.start - 1)
         if s.select:
             info["selection"] = self._selection_info(s, kind, lam, losses)
+        elif s.reused_choice:
+            info["selection"] = {"chosen": s.reused_choice, "reused_from": self.warm.path}
         if offset is not None:
             info["selection"]["offset_ridge"] = offset
         if s.profile is not None:

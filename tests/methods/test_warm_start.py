@@ -212,3 +212,71 @@ def test_a_model_of_integer_ids_cannot_start_a_store_of_string_ids(earlier, tmp_
     line = _cli_error(s.path, "--epsilon", "1", "--out", tmp_path / "m", "--warm-start", earlier)
     assert "its item ids are integer ids, the store's are string ids" in line
     assert not (tmp_path / "m").exists()
+
+
+def _passes(monkeypatch) -> list:
+    """The progress labels of every engine pass from now on (``map_reduce``: every pass of an als fit)."""
+    from streamdp.stream.engine import Engine
+
+    seen, orig = [], Engine.map_reduce
+
+    def spy(self, *a, desc="pass", **k):
+        seen.append(desc)
+        return orig(self, *a, desc=desc, **k)
+
+    monkeypatch.setattr(Engine, "map_reduce", spy)
+    return seen
+
+
+def _chose_factors(model: Model, ridge: float = 30.0) -> Model:
+    """``model`` as if its ``--select auto`` had released the factors with the local ridge ``ridge``."""
+    info = {**model.info, "selection": {"chosen": f"factors, ridge {ridge:g}"}}
+    return Model(path=model.path, item_factors=model.item_factors, item_bias=model.item_bias,
+                 item_ids=model.item_ids, global_mean=model.global_mean, info=info, ledger=model.ledger, extras={})
+
+
+def test_a_warm_fit_releases_the_global_mean_from_its_statistics_pass(store, earlier, tmp_path, monkeypatch):
+    """No pass of its own for the mean: the earlier model's released mean centres the one-rating users' residuals,
+    and the new mean is released from the statistics pass's sums, with the cold run's noise and ledger."""
+    seen = _passes(monkeypatch)
+    cold = _run(store, tmp_path / "cold", seed=2)
+    cold_passes = list(seen)
+    seen.clear()
+    warm = _run(store, tmp_path / "warm", seed=2, warm_start=str(earlier))
+    assert cold_passes == ["als global mean", "als statistics", "als iteration 1/2", "als iteration 2/2"]
+    assert seen == ["als statistics", "als iteration 1/2", "als iteration 2/2"]
+    assert warm.global_mean == cold.global_mean  # the same sums, the same noise draw
+    c, w = (json.loads((tmp_path / d / "privacy.json").read_text()) for d in ("cold", "warm"))
+    assert w["events"] == c["events"] and w["accounting"] == c["accounting"]
+
+
+def test_a_private_warm_fit_reuses_the_models_released_choice(store, earlier, tmp_path, monkeypatch):
+    """A model whose --select auto chose its factors: the refresh releases that choice again (post-processing of
+    model.json) with no selection pass and no selection release; its ledger is a run's without --select."""
+    chose = _chose_factors(load_model(str(earlier)))
+    kw = {k: v for k, v in FAST.items() if k != "select"}  # --select not given: auto
+    seen = _passes(monkeypatch)
+    train(store.path, method="als", out=str(tmp_path / "warm"), rank=2, warm_start=chose, **{**kw, "seed": 2})
+    assert seen == ["als statistics", "als iteration 1/2", "als iteration 2/2"]
+    warm = load_model(str(tmp_path / "warm"))
+    assert warm.info["selection"] == {"chosen": "factors, ridge 30", "reused_from": str(earlier)}
+    assert warm.info["ridge"] == 30.0 and warm.info["parameters"]["select"] == "reused"
+    assert any("is reused (post-processing of its model.json)" in n for n in warm.ledger.notes)
+    _run(store, tmp_path / "off", seed=2)  # --select off: the same releases, the same budget
+    w, off = (json.loads((tmp_path / d / "privacy.json").read_text()) for d in ("warm", "off"))
+    assert w["events"] == off["events"] and w["accounting"] == off["accounting"]
+    assert "validation losses" not in json.dumps(w)
+    seen.clear()  # --select auto given: the refresh chooses afresh
+    train(store.path, method="als", out=str(tmp_path / "auto"), rank=2, warm_start=chose,
+          **{**kw, "seed": 2, "select": "auto"})
+    auto = load_model(str(tmp_path / "auto"))
+    assert "reused_from" not in auto.info.get("selection", {}) and auto.info["parameters"]["select"] != "reused"
+
+
+def test_a_choice_of_biases_or_none_is_not_reused():
+    from streamdp.methods._warm import released_choice
+
+    assert released_choice({"selection": {"chosen": "factors, ridge 10"}}) == ("factors", 10.0)
+    assert released_choice({"selection": {"chosen": "bias, ridge 3"}}) is None
+    assert released_choice({"selection": {"chosen": "mean, no intercept"}}) is None
+    assert released_choice({}) is None
