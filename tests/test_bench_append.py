@@ -16,8 +16,9 @@ def test_append_quick_prints_both_tables_and_the_twins_give_the_same_model(tmp_p
     steps = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:lines.index(
         "| target (issue 43) | measured | target | met |")]]
     assert [r[0] for r in steps] == ["ingest the base", "append 1 of 2", "append 2 of 2", "train, 3 segments",
-                                     "compact", "train, compacted"]
-    assert [r[1] for r in steps[:3]] == ["3,960", "20", "20"]  # 1% of 4,000 in two appends
+                                     "compact", "train, compacted",
+                                     append.ONE_APPEND]
+    assert [r[1] for r in steps[:3]] == ["3,960", "20", "20"] and steps[6][1] == "40"  # 1% of 4,000: in 2, in 1
     for r in steps:
         assert len(r) == len(append.COLUMNS) and float(r[2]) > 0 and float(r[3]) >= 0 and r[4] == "in process"
     assert steps[3][5].startswith("fit ") and steps[5][5].startswith("fit ")
@@ -25,6 +26,7 @@ def test_append_quick_prints_both_tables_and_the_twins_give_the_same_model(tmp_p
     same = next(r for k, r in targets.items() if k.startswith("seeded, the same model"))
     assert same[1:] == ["identical", "identical", "yes"]
     assert any(k.startswith("all 2 appends (40 ratings) / ingesting the whole store") for k in targets)
+    assert any(k.startswith("one append of all 40 ratings / ingesting the whole store") for k in targets)
     text = page.read_text()
     assert append.HEADING in text and "## Another section\n\nkept" in text and "| ingest the base | 3,960 |" in text
     assert not list((tmp_path / "w").iterdir())  # the files and stores removed
