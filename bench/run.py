@@ -54,8 +54,8 @@ noisy (``--repeats`` 2 by default, to keep the whole run near 12 minutes on a bu
 the machine's CPUs, its load average at the start and the end and the run's time,
 then the tables) to ``PATH`` through a temporary file renamed over it:
 ``python -m bench --write docs/benchmarks.md`` is how that page is made (the sections other
-scripts write there, ``bench/roofline.py``'s, ``bench/ranking.py``'s on issue 42's shapes and
-``bench/refresh.py``'s, are kept: :data:`KEPT_HEADINGS`). A part that
+scripts write there, ``bench/roofline.py``'s, ``bench/ranking.py``'s on issue 42's shapes,
+``bench/refresh.py``'s and ``bench/append.py``'s, are kept: :data:`KEPT_HEADINGS`). A part that
 fails is a row saying so; the page then goes to ``PATH.failed`` instead, the exit
 status is 1. The temporary stores are removed at the end.
 """
@@ -446,9 +446,10 @@ The `bench/*.py` scripts go further on one subject each ([development.md](develo
 
 
 #: Sections of the page written by other scripts (``bench/roofline.py``; ``bench/ranking.py`` on issue 42's shapes,
-#: tens of minutes, too long for this run; ``bench/refresh.py``'s weekly replay), kept when ``--write`` rewrites it.
+#: tens of minutes, too long for this run; ``bench/refresh.py``'s weekly replay; ``bench/append.py``'s appends to a
+#: 100M-rating store), kept when ``--write`` rewrites it.
 KEPT_HEADINGS = ("## ALS-family kernels against the machine", "## Lists on issue 42's shapes",
-                 "## A store that grows week by week")
+                 "## A store that grows week by week", "## Appending to a big store")
 
 
 def kept_sections(path: str) -> str:

@@ -87,3 +87,12 @@ def test_the_kept_sections_are_the_roofline_and_the_issue_42_lists(tmp_path):
     kept = run.kept_sections(str(page))
     assert "roofline" in kept and "| a | b |" in kept and "old" not in kept
     assert kept.index("roofline") < kept.index("| a | b |")
+
+
+def test_bench_append_section_is_kept(tmp_path):
+    """``bench/append.py --write``'s section (its :data:`bench.append.HEADING`) survives ``python -m bench --write``."""
+    from bench import append
+
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\nold table\n\n" + append.HEADING + "\n\n| appended |\n")
+    assert "| appended |" in run.kept_sections(str(page)) and "old" not in run.kept_sections(str(page))

@@ -1,0 +1,367 @@
+"""Issue 43's at-scale targets for a growing store: append 1% to a big store, compact it, train both.
+
+Usage::
+
+    python bench/append.py --quick                         # a tiny store, in process (the smoke test's run)
+    python bench/append.py --size 100M --dir /tmp/a43      # issue 43's store: 2M users x 20k items
+    python bench/append.py --size 20M --appends 1          # one append of the whole 1%
+    python bench/append.py --size 100M --write docs/benchmarks.md   # also keep the table in that page
+
+Rating files (Parquet, ``userId,movieId,rating``; power-law items, 50 ratings per user on average) are written
+out of core, a row group at a time: the base (``1 - --append-fraction`` of ``--size``) and ``--appends`` files
+that together hold the rest (new ratings of the base's users, a few new users, some pairs rated again). Then,
+each in a child process (``python -m streamdp ...``) with its wall and CPU seconds and the peak RSS of its process
+tree (psutil, polled; :func:`bench.ingest.run_measured`):
+
+* ``ingest BASE --out STORE --rating-range 0.5,5 --items items.txt --memory-limit M`` (the base, timed);
+* ``ingest FILE --append STORE --memory-limit M``, one per append file;
+* ``train STORE --method als --epsilon 1 --seed 1 --memory-limit M`` on the segmented store;
+* ``compact STORE`` (it has no ``--memory-limit``: its peak RSS is what it takes);
+* the same ``train`` on the compacted store; the two models' item factors compared;
+* the whole share again as one append (fresh ratings) onto the compacted store (``--onto STORE``: that step alone).
+
+Targets (issue 43): all the appends together cost at most 0.1x ingesting the whole store (the base's ingest
+scaled to the whole store's ratings); the segmented store trains within 1.2x its compacted twin's fit seconds
+(``train_seconds``, the engine's own measure) and gives the same model. ``--quick`` runs everything in this
+process (no child, no peak RSS): seconds, for the smoke test. ``--write PATH`` puts the table into PATH under
+:data:`HEADING` (a section ``python -m bench --write`` keeps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: make ``bench`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.ingest import run_measured  # noqa: E402
+
+#: The section of docs/benchmarks.md this script writes (kept by ``python -m bench --write``).
+HEADING = "## Appending to a big store, compacting, training both (`bench/append.py`)"
+COLUMNS = ("step", "ratings", "wall s", "CPU s", "peak RSS", "note")
+RATING_RANGE = "0.5,5"
+
+
+def _size(text: str) -> int:
+    t = text.strip().upper()
+    mult = {"K": 1e3, "M": 1e6, "G": 1e9}.get(t[-1:], 1)
+    return int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a tiny store (default 20k ratings), all in this process")
+    p.add_argument("--size", default=None, help="ratings in the whole store (default 100M; quick 20k)")
+    p.add_argument("--items", type=int, default=None, help="items (default 20000; quick 300)")
+    p.add_argument("--per-user", type=int, default=50, help="ratings per user on average (default 50)")
+    p.add_argument("--append-fraction", type=float, default=0.01, help="share of the store appended (0.01)")
+    p.add_argument("--appends", type=int, default=10, help="appends sharing that share (default 10)")
+    p.add_argument("--memory-limit", default="512MB")
+    p.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed)")
+    p.add_argument("--keep", action="store_true", help="keep the files and stores in --dir")
+    p.add_argument("--write", default=None, metavar="PATH", help="put the table into PATH (docs/benchmarks.md)")
+    p.add_argument("--onto", default=None, metavar="STORE", help="only the one append of the whole share, onto STORE "
+                   "(a store an earlier run kept with --keep), in a child process")
+    a = p.parse_args(argv)
+    a.size = _size(a.size or ("20k" if a.quick else "100M"))
+    a.items = a.items or (300 if a.quick else 20_000)
+    if not 0 < a.append_fraction < 1 or a.appends < 1 or a.size < 1000:
+        p.error("--append-fraction in (0, 1), --appends >= 1, --size >= 1000")
+    return a
+
+
+# ---------------------------------------------------------------- the rating files, out of core
+
+
+class Ratings:
+    """Power-law items over fixed ids, users ``u * 3 + 11`` (non-contiguous ids), ratings 0.5..5 by halves."""
+
+    def __init__(self, n_users: int, n_items: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        w = np.arange(1, n_items + 1, dtype=np.float64) ** -0.9
+        self.cdf = np.cumsum(w) / w.sum()
+        self.item_ids = rng.permutation(n_items).astype(np.int64) * 7 + 1
+        self.n_users, self.n_items = n_users, n_items
+
+    def write(self, path: str, n: int, *, users: tuple[int, int], seed: int, chunk: int = 4_000_000) -> None:
+        """``n`` ratings of users ``users[0] <= u < users[1]`` into a Parquet file, ``chunk`` rows at a time."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rng = np.random.default_rng(seed)
+        schema = pa.schema([("userId", pa.int64()), ("movieId", pa.int64()), ("rating", pa.float64())])
+        with pq.ParquetWriter(path, schema) as wr:
+            done = 0
+            while done < n:
+                m = min(chunk, n - done)
+                u = rng.integers(users[0], users[1], m) * 3 + 11
+                i = self.item_ids[np.minimum(np.searchsorted(self.cdf, rng.random(m)), self.n_items - 1)]
+                r = rng.integers(1, 11, m) / 2.0
+                wr.write_table(pa.table({"userId": u, "movieId": i, "rating": r}, schema=schema))
+                done += m
+
+
+def write_files(a, root: str) -> tuple[str, list[str], int, list[int]]:
+    """The base file and the append files (and ``items.txt``, the declared catalogue): ``(base, appends, base
+    ratings, ratings of each append)``."""
+    n_users = max(a.size // a.per_user, 10)
+    gen = Ratings(n_users, a.items)
+    n_new = int(round(a.size * a.append_fraction))
+    n_base = a.size - n_new
+    sizes = [n_new // a.appends + (1 if k < n_new % a.appends else 0) for k in range(a.appends)]
+    base = os.path.join(root, "base.parquet")
+    np.savetxt(os.path.join(root, "items.txt"), gen.item_ids, fmt="%d")
+    gen.write(base, n_base, users=(0, n_users), seed=1)
+    extra = max(n_users // 100, 1)  # 1% more users: some appended ratings are of new users
+    appends = []
+    for k, n in enumerate(sizes):
+        appends.append(os.path.join(root, f"append{k:02d}.parquet"))
+        gen.write(appends[-1], n, users=(0, n_users + extra), seed=100 + k)
+    return base, appends, n_base, sizes
+
+
+# ---------------------------------------------------------------- the steps, each measured
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "streamdp", *args]
+
+
+class Steps:
+    """Each step measured, in a child process (peak RSS of its tree) or, ``in_process``, here (no RSS)."""
+
+    def __init__(self, in_process: bool):
+        self.in_process = in_process
+        self.rows: list[tuple] = []
+
+    def run(self, label: str, n: int | str, cmd: list[str], here, note: str = "") -> dict:
+        """Run ``cmd`` (or ``here()`` in process); a row of the table; the step's JSON output (``--json``)."""
+        if self.in_process:
+            t, c = time.perf_counter(), time.process_time()
+            out = here()
+            wall, cpu, peak = time.perf_counter() - t, time.process_time() - c, None
+        else:
+            wall, peak, _err, cpu, stdout = run_measured(cmd, with_cpu=True, with_stdout=True)
+            out = json.loads(stdout) if "--json" in cmd else {}
+        self.rows.append((label, n, wall, cpu, peak, note))
+        print(f"  {label}: {wall:.2f} s wall, {cpu:.2f} s CPU" + (f", peak RSS {peak / 1e6:.0f} MB" if peak else "")
+              + (f" ({note})" if note else ""), flush=True)
+        return out
+
+
+def ingest_all(steps: Steps, a, store: str, base: str, appends: list[str], n_base: int, sizes: list[int]) -> None:
+    from streamdp.workflows import api
+
+    lim, items = a.memory_limit, os.path.join(os.path.dirname(base), "items.txt")
+    steps.run("ingest the base", n_base, _cli("ingest", base, "--out", store, "--rating-range", RATING_RANGE,
+                                                "--items", items, "--memory-limit", lim, "--json"),
+              lambda: api.ingest(base, store, rating_range=RATING_RANGE, items=items, memory_limit=lim))
+    for k, (path, n) in enumerate(zip(appends, sizes)):
+        steps.run(f"append {k + 1} of {len(appends)}", n,
+                  _cli("ingest", path, "--append", store, "--memory-limit", lim, "--json"),
+                  lambda path=path: api.ingest(path, store, append=True, memory_limit=lim))
+
+
+def train_one(steps: Steps, a, store: str, out: str, label: str) -> float:
+    """``train --method als --epsilon 1 --seed 1``: its fit seconds (``train_seconds``)."""
+    from streamdp.workflows import api
+
+    def here():
+        return api.train(store, method="als", epsilon=1.0, seed=1, out=out, evaluate=False,
+                         memory_limit=a.memory_limit).summary
+
+    s = steps.run(label, "", _cli("train", store, "--method", "als", "--epsilon", "1", "--seed", "1", "--out", out,
+                                  "--memory-limit", a.memory_limit, "--json"), here)
+    steps.rows[-1] = steps.rows[-1][:5] + (f"fit {s['train_seconds']:.2f} s",)
+    return float(s["train_seconds"])
+
+
+def compare(m1: str, m2: str) -> tuple[bool, float]:
+    """Whether the two models' item ids and factors are identical, and the largest factor difference."""
+    from streamdp import load_model
+
+    a, b = load_model(m1), load_model(m2)
+    if a.item_factors.shape != b.item_factors.shape or not np.array_equal(a.item_ids, b.item_ids):
+        return False, float("inf")
+    diff = float(np.max(np.abs(a.item_factors - b.item_factors))) if a.item_factors.size else 0.0
+    same = np.array_equal(a.item_factors, b.item_factors) and np.array_equal(a.item_bias, b.item_bias)
+    return bool(same), diff
+
+
+def measure(a, root: str) -> dict:
+    """The whole run: files, base ingest, appends, train (segmented), compact, train (compacted)."""
+    from streamdp import open_store
+
+    t = time.perf_counter()
+    base, appends, n_base, sizes = write_files(a, root)
+    print(f"files: {n_base:,} + {sum(sizes):,} ratings in {len(sizes)} appends, written in "
+          f"{time.perf_counter() - t:.0f} s", flush=True)
+    steps, store = Steps(a.quick), os.path.join(root, "store.zarr")
+    if not a.quick:  # compile the kernels into their cache first, so no step pays for it
+        warm = os.path.join(root, "warm")
+        os.makedirs(warm, exist_ok=True)
+        Ratings(2000, 200).write(os.path.join(warm, "w.parquet"), 20_000, users=(0, 2000), seed=3)
+        np.savetxt(os.path.join(warm, "items.txt"), Ratings(2000, 200).item_ids, fmt="%d")
+        Steps(False).run("warm-up", "", _cli("ingest", os.path.join(warm, "w.parquet"), "--out",
+                                             os.path.join(warm, "w.zarr"), "--rating-range", RATING_RANGE,
+                                             "--items", os.path.join(warm, "items.txt")), None)
+        Steps(False).run("warm-up", "", _cli("train", os.path.join(warm, "w.zarr"), "--epsilon", "1", "--out",
+                                             os.path.join(warm, "m")), None)
+        shutil.rmtree(warm, ignore_errors=True)
+    ingest_all(steps, a, store, base, appends, n_base, sizes)
+    st = open_store(store)
+    n_segments, n_ratings = len(getattr(st, "segments", ())) + 1, st.n_ratings
+    fit_seg = train_one(steps, a, store, os.path.join(root, "m_segmented"), f"train, {n_segments} segments")
+    steps.run("compact", n_ratings, _cli("compact", store, "--json"), lambda: _compact(store))
+    fit_cmp = train_one(steps, a, store, os.path.join(root, "m_compacted"), "train, compacted")
+    same, diff = compare(os.path.join(root, "m_segmented"), os.path.join(root, "m_compacted"))
+    one_append(steps, a, root, store)
+    return {"steps": steps, "n_base": n_base, "sizes": sizes, "n_ratings": n_ratings, "n_segments": n_segments,
+            "fit": (fit_seg, fit_cmp), "same": same, "diff": diff}
+
+
+ONE_APPEND = "one append of the whole share, onto the compacted store"
+
+
+def one_append(steps: Steps, a, root: str, store: str) -> int:
+    """The whole ``--append-fraction`` of ``--size`` as one append (fresh ratings) onto ``store``: its ratings."""
+    from streamdp.workflows import api
+
+    n_users = max(a.size // a.per_user, 10)
+    n = int(round(a.size * a.append_fraction))
+    path = os.path.join(root, "append_all.parquet")
+    Ratings(n_users, a.items).write(path, n, users=(0, n_users + max(n_users // 100, 1)), seed=200)
+    steps.run(ONE_APPEND, n, _cli("ingest", path, "--append", store, "--memory-limit", a.memory_limit, "--json"),
+              lambda: api.ingest(path, store, append=True, memory_limit=a.memory_limit))
+    os.remove(path)
+    return n
+
+
+def _compact(store: str):
+    from streamdp.storage.compact import compact
+
+    return compact(store, show_progress=False, notes=False)
+
+
+# ---------------------------------------------------------------- the table and the page
+
+
+def _mb(peak) -> str:
+    return "in process" if peak is None else f"{peak / 1e6:.0f} MB"
+
+
+def table_of_steps(rows: list) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for label, n, wall, cpu, peak, note in rows:
+        lines.append(f"| {label} | {n if isinstance(n, str) else f'{n:,}'} | {wall:.2f} | {cpu:.2f} | {_mb(peak)} "
+                     f"| {note} |")
+    return "\n".join(lines)
+
+
+def table(res: dict) -> str:
+    """The steps, then the targets: markdown."""
+    rows = res["steps"].rows
+    lines = table_of_steps(rows).splitlines()
+    ing = rows[0]
+    app = [r for r in rows if r[0].startswith("append ")]
+    whole = res["n_base"] + sum(res["sizes"])
+    scale = whole / res["n_base"]  # the base's ingest scaled to the whole store's ratings
+    w_app, c_app = sum(r[2] for r in app), sum(r[3] for r in app)
+    fit_seg, fit_cmp = res["fit"]
+    comp = next(r for r in rows if r[0] == "compact")
+    peaks = [r[4] for r in app if r[4] is not None]
+    lines += ["", "| target (issue 43) | measured | target | met |", "|---|---|---|---|"]
+
+    def add(what, measured, target, ok):
+        lines.append(f"| {what} | {measured} | {target} | {'yes' if ok else 'no'} |")
+
+    add(f"all {len(app)} appends ({sum(res['sizes']):,} ratings) / ingesting the whole store ({whole:,}; the base's "
+        "ingest x " + f"{scale:.4f}), wall", f"{w_app:.2f} s / {ing[2] * scale:.2f} s = {w_app / (ing[2] * scale):.3f}",
+        "<= 0.1", w_app <= 0.1 * ing[2] * scale)
+    add("the same, CPU seconds", f"{c_app:.2f} s / {ing[3] * scale:.2f} s = {c_app / (ing[3] * scale):.3f}",
+        "<= 0.1", c_app <= 0.1 * ing[3] * scale)
+    add(f"fit of the {res['n_segments']}-segment store / its compacted twin's (`train_seconds`)",
+        f"{fit_seg:.2f} s / {fit_cmp:.2f} s = {fit_seg / fit_cmp:.3f}", "<= 1.2", fit_seg <= 1.2 * fit_cmp)
+    add("seeded, the same model (item ids, factors, biases bit for bit)",
+        "identical" if res["same"] else f"differ (largest factor difference {res['diff']:.3g})", "identical",
+        res["same"])
+    one = next((r for r in rows if r[0] == ONE_APPEND), None)
+    if one is not None:
+        add(f"one append of all {one[1]:,} ratings / ingesting the whole store, wall (CPU)",
+            f"{one[2] / (ing[2] * scale):.3f} ({one[3] / (ing[3] * scale):.3f})", "<= 0.1",
+            max(one[2] / ing[2], one[3] / ing[3]) <= 0.1 * scale)
+        peaks.append(one[4]) if one[4] is not None else None
+    if peaks:
+        add("peak RSS of `ingest --append` (largest of the appends)", _mb(max(peaks)), "under --memory-limit "
+            f"({res['limit']})", max(peaks) <= _size(res["limit"].upper().replace("B", "")))
+        add("peak RSS of `compact` (no --memory-limit option: as it runs)", _mb(comp[4]), "(measured)", True)
+    return "\n".join(lines) + "\n"
+
+
+def header(a, res: dict, seconds: float) -> str:
+    return (f"`python bench/append.py {' '.join(a.argv)}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+            f"{res['n_ratings']:,} ratings after the appends (pairs rated twice kept once; {res['n_base']:,} ingested, then {len(res['sizes'])} "
+            f"append(s) of {a.append_fraction / len(res['sizes']):.2%} each), {max(a.size // a.per_user, 10):,} users "
+            f"(+1% new in the appends) x {a.items:,} items, Parquet files; `--memory-limit {a.memory_limit}`; "
+            f"{os.cpu_count()} CPUs, load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} at the end "
+            f"({seconds:.0f} s in all). " + ("All in this process (`--quick`): no peak RSS.\n" if a.quick else
+                                             "Each step a child process (wall, CPU of the child, peak RSS of its "
+                                             "tree by psutil), in the order run.\n"))
+
+
+def write_section(path: str, text: str) -> None:
+    """Put ``text`` under :data:`HEADING` in the page at ``path`` (replacing that section, or at the end)."""
+    with open(path) as f:
+        old = f.read()
+    section = "\n" + HEADING + "\n\n" + text.strip() + "\n"
+    i = old.find("\n" + HEADING)
+    if i >= 0:
+        j = old.find("\n## ", i + 1)
+        new = old[:i].rstrip("\n") + "\n" + section + (old[j:] if j >= 0 else "")
+    else:
+        new = old.rstrip("\n") + "\n" + section
+    with open(path + ".tmp", "w") as f:
+        f.write(new)
+    os.replace(path + ".tmp", path)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = parse(argv)
+    a.argv = argv
+    root = a.dir or tempfile.mkdtemp(prefix="bench-append-")
+    os.makedirs(root, exist_ok=True)
+    t0 = time.perf_counter()
+    if a.onto:
+        steps = Steps(False)
+        one_append(steps, a, root, a.onto)
+        print(table_of_steps(steps.rows))
+        return 0
+    try:
+        res = measure(a, root)
+    finally:
+        if a.dir is None or not a.keep:
+            for name in os.listdir(root) if os.path.isdir(root) else ():
+                p = os.path.join(root, name)
+                shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.remove(p)
+            if a.dir is None:
+                shutil.rmtree(root, ignore_errors=True)
+    res["limit"] = a.memory_limit
+    text = header(a, res, time.perf_counter() - t0) + "\n" + table(res)
+    print("\n" + text)
+    if a.write:
+        write_section(a.write, text)
+        print(f"written to {a.write}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

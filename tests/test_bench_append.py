@@ -1,0 +1,32 @@
+"""``bench/append.py --quick``: base ingest, appends, train on the segments, compact, train again, in process."""
+
+from __future__ import annotations
+
+from bench import append
+
+
+def test_append_quick_prints_both_tables_and_the_twins_give_the_same_model(tmp_path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("# Benchmarks\n\n## Another section\n\nkept\n")
+    assert append.main(["--quick", "--size", "4000", "--items", "100", "--appends", "2", "--dir", str(tmp_path / "w"),
+                        "--write", str(page)]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("|")]
+    assert lines[0] == "| " + " | ".join(append.COLUMNS) + " |"
+    steps = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:lines.index(
+        "| target (issue 43) | measured | target | met |")]]
+    assert [r[0] for r in steps] == ["ingest the base", "append 1 of 2", "append 2 of 2", "train, 3 segments",
+                                     "compact", "train, compacted",
+                                     append.ONE_APPEND]
+    assert [r[1] for r in steps[:3]] == ["3,960", "20", "20"] and steps[6][1] == "40"  # 1% of 4,000: in 2, in 1
+    for r in steps:
+        assert len(r) == len(append.COLUMNS) and float(r[2]) > 0 and float(r[3]) >= 0 and r[4] == "in process"
+    assert steps[3][5].startswith("fit ") and steps[5][5].startswith("fit ")
+    targets = {r[0]: r for r in ([c.strip() for c in ln.strip("|").split("|")] for ln in lines) if len(r) == 4}
+    same = next(r for k, r in targets.items() if k.startswith("seeded, the same model"))
+    assert same[1:] == ["identical", "identical", "yes"]
+    assert any(k.startswith("all 2 appends (40 ratings) / ingesting the whole store") for k in targets)
+    assert any(k.startswith("one append of all 40 ratings / ingesting the whole store") for k in targets)
+    text = page.read_text()
+    assert append.HEADING in text and "## Another section\n\nkept" in text and "| ingest the base | 3,960 |" in text
+    assert not list((tmp_path / "w").iterdir())  # the files and stores removed
