@@ -98,7 +98,9 @@ MODEL_JSON = {
     "iterations_run": (POST, "als/irls: iterations run (fewer than planned when a gated choice dropped the factors)"),
     "factors_released": (POST, "whether the release holds factors (iterations > 0, chosen on released values)"),
     "n_items_with_factors": (POST, "items whose noisy weight total (als) or count (ials) passed the public threshold"),
-    "selection": (POST, "the candidate chosen on the noisy validation losses (streamdp.methods._selection)"),
+    "selection": (POST, "the candidate chosen on the noisy validation losses (streamdp.methods._selection); under "
+                        "--warm-start, the warm-start model's released choice reused (`reused_from`: post-processing "
+                        "of its model.json, no release)"),
     "selection.noisy_validation_losses": (RELEASE, "noisy validation losses of the candidates (ledger: "
                                                    "'validation losses of the N candidate releases')"),
     "selection.validation_losses": (NONPRIVATE, "exact validation losses (non-private runs only)"),
