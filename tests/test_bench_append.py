@@ -8,8 +8,9 @@ from bench import append
 def test_append_quick_prints_both_tables_and_the_twins_give_the_same_model(tmp_path, capsys):
     page = tmp_path / "page.md"
     page.write_text("# Benchmarks\n\n## Another section\n\nkept\n")
+    # in process: the limit is the test worker's, which holds the interpreter and everything earlier tests loaded
     assert append.main(["--quick", "--size", "4000", "--items", "100", "--appends", "2", "--dir", str(tmp_path / "w"),
-                        "--write", str(page)]) == 0
+                        "--memory-limit", "4GB", "--write", str(page)]) == 0
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("|")]
     assert lines[0] == "| " + " | ".join(append.COLUMNS) + " |"
