@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench import append
 
 
+@pytest.mark.slow  # a bench smoke run (3 s on an idle machine, 10-40 s beside other jobs); the guard is below
 def test_append_quick_prints_both_tables_and_the_twins_give_the_same_model(tmp_path, capsys):
     page = tmp_path / "page.md"
     page.write_text("# Benchmarks\n\n## Another section\n\nkept\n")
@@ -31,3 +34,9 @@ def test_append_quick_prints_both_tables_and_the_twins_give_the_same_model(tmp_p
     text = page.read_text()
     assert append.HEADING in text and "## Another section\n\nkept" in text and "| ingest the base | 3,960 |" in text
     assert not list((tmp_path / "w").iterdir())  # the files and stores removed
+
+
+def test_bad_arguments_are_refused_before_anything_is_made(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        append.main(["--quick", "--appends", "0", "--dir", str(tmp_path / "w")])
+    assert e.value.code == 2 and not (tmp_path / "w").exists()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench import refresh
 
 
+@pytest.mark.slow  # a bench smoke run (7 s warm, more from a cold cache); the argument check below is its guard
 def test_refresh_quick_prints_the_table_and_b_stops_when_its_budget_runs_out(tmp_path, capsys):
     out = tmp_path / "t.md"
     # a store budget of 1: one release at epsilon 1 fits, the second does not
@@ -23,3 +26,9 @@ def test_refresh_quick_prints_the_table_and_b_stops_when_its_budget_runs_out(tmp
             assert 0 <= float(r[c]) < 5
         assert r[8].endswith("%") and float(r[11]) > 0
     assert not list(tmp_path.glob("bench-refresh-*"))
+
+
+def test_bad_arguments_are_refused_before_anything_is_made(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        refresh.main(["--quick", "--weeks", "0", "--dir", str(tmp_path / "w")])
+    assert e.value.code == 2 and not (tmp_path / "w").exists()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench import roofline
 
 
+@pytest.mark.slow  # a bench smoke run (20-30 s from a cold Numba cache: the "before" kernels compile); guards below
 def test_quick_roofline_table(capsys):
     assert roofline.main(["--quick"]) == 0
     out = capsys.readouterr().out
