@@ -46,7 +46,8 @@ def _expected(*logs) -> dict:
     return out
 
 
-@pytest.mark.parametrize("split", [None, "random", "temporal"])
+@pytest.mark.parametrize("split", [pytest.param(None, marks=pytest.mark.slow),  # the temporal case keeps every
+                                   pytest.param("random", marks=pytest.mark.slow), "temporal"])  # path: the default
 def test_times_round_trip_through_ingest_append_and_compact(tmp_path, split):
     old, new = _log(0, 400, 40, 15, 1000), _log(1, 150, 50, 18, 5000)
     kw = {} if split is None else {"split": split, "test_fraction": 0.25}
