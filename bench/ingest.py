@@ -44,30 +44,50 @@ np.savez(sys.argv[2], users=u[o], items=i[o].astype(np.int32), ratings=r[o], tim
 """
 
 
-def write_synthetic_csv(path: str, n_ratings: int, *, n_users: int | None = None, n_items: int = 20_000,
-                        seed: int = 0, chunk: int = 2_000_000, dup_fraction: float = 0.001) -> int:
-    """Write a ``userId,movieId,rating,timestamp`` CSV of ``n_ratings`` rows in chunks; returns its size."""
+def _synthetic_tables(n_ratings: int, n_users: int | None, n_items: int, seed: int, chunk: int):
+    """``userId,movieId,rating,timestamp`` tables of ``chunk`` rows, ``n_ratings`` in all (power-law items,
+    non-contiguous ids, ratings 0.5..5 by halves)."""
     import pyarrow as pa
-    import pyarrow.csv as pacsv
 
     rng = np.random.default_rng(seed)
     n_users = n_users or max(1, n_ratings // 100)
     w = np.arange(1, n_items + 1, dtype=np.float64) ** -0.9
     cdf = np.cumsum(w) / w.sum()
     item_ids = rng.permutation(n_items).astype(np.int64) * 7 + 1  # non-contiguous original ids
-    opts = pacsv.WriteOptions(include_header=True)
-    with pacsv.CSVWriter(path, pa.schema([("userId", pa.int64()), ("movieId", pa.int64()),
-                                          ("rating", pa.float64()), ("timestamp", pa.int64())]),
-                         write_options=opts) as wr:
-        done = 0
-        while done < n_ratings:
-            n = min(chunk, n_ratings - done)
-            u = rng.integers(0, n_users, n) * 3 + 11
-            i = item_ids[np.minimum(np.searchsorted(cdf, rng.random(n)), n_items - 1)]
-            r = rng.integers(1, 11, n) / 2.0
-            t = rng.integers(800_000_000, 1_600_000_000, n)
-            wr.write_table(pa.table({"userId": u, "movieId": i, "rating": r, "timestamp": t}))
-            done += n
+    done = 0
+    while done < n_ratings:
+        n = min(chunk, n_ratings - done)
+        u = rng.integers(0, n_users, n) * 3 + 11
+        i = item_ids[np.minimum(np.searchsorted(cdf, rng.random(n)), n_items - 1)]
+        r = rng.integers(1, 11, n) / 2.0
+        t = rng.integers(800_000_000, 1_600_000_000, n)
+        yield pa.table({"userId": u, "movieId": i, "rating": r, "timestamp": t})
+        done += n
+
+
+def write_synthetic_csv(path: str, n_ratings: int, *, n_users: int | None = None, n_items: int = 20_000,
+                        seed: int = 0, chunk: int = 2_000_000, dup_fraction: float = 0.001) -> int:
+    """Write a ``userId,movieId,rating,timestamp`` CSV of ``n_ratings`` rows in chunks; returns its size."""
+    import pyarrow.csv as pacsv
+
+    wr = None
+    for t in _synthetic_tables(n_ratings, n_users, n_items, seed, chunk):
+        wr = wr or pacsv.CSVWriter(path, t.schema, write_options=pacsv.WriteOptions(include_header=True))
+        wr.write_table(t)
+    wr.close()
+    return os.path.getsize(path)
+
+
+def write_synthetic_parquet(path: str, n_ratings: int, *, n_users: int | None = None, n_items: int = 20_000,
+                            seed: int = 0, chunk: int = 2_000_000, row_group: int = 1 << 20) -> int:
+    """The same ratings as :func:`write_synthetic_csv` into a Parquet file of ``row_group``-row groups."""
+    import pyarrow.parquet as pq
+
+    wr = None
+    for t in _synthetic_tables(n_ratings, n_users, n_items, seed, chunk):
+        wr = wr or pq.ParquetWriter(path, t.schema)
+        wr.write_table(t, row_group_size=row_group)
+    wr.close()
     return os.path.getsize(path)
 
 

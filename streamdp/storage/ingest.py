@@ -156,6 +156,7 @@ class _IntCounter:
     def __init__(self, max_range: int, max_buffered: int):
         self.max_range, self.max_buffered = max_range, max_buffered
         self.lo = 0
+        self.seen = (0, -1)  # the smallest and largest id counted
         self.counts: np.ndarray | None = None
         self.fallback: _KeyCounter | None = None
 
@@ -164,8 +165,8 @@ class _IntCounter:
             return self.fallback.add(arr)
         a = arr.to_numpy()
         lo, hi = int(a.min()), int(a.max())
-        if self.counts is not None:
-            lo, hi = min(lo, self.lo), max(hi, self.lo + len(self.counts) - 1)
+        if self.counts is not None:  # the ids seen, not the array's slack, decide the fallback
+            lo, hi = min(lo, self.seen[0]), max(hi, self.seen[1])
         if hi - lo + 1 > self.max_range:
             self.fallback = _KeyCounter(self.max_buffered)
             if self.counts is not None:
@@ -173,14 +174,18 @@ class _IntCounter:
                 self.fallback.add_counts(pa.array(nz + self.lo), pa.array(self.counts[nz]))
                 self.counts = None
             return self.fallback.add(arr)
+        self.seen = (lo, hi)
         if self.counts is None or lo < self.lo or hi >= self.lo + len(self.counts):
-            # grow with slack so that a slowly widening range is not copied every batch
+            # grow with slack (on the side that grew, within max_range) so that a slowly widening range is not
+            # copied every batch
             old = 0 if self.counts is None else len(self.counts)
-            hi = max(hi, min(lo + 2 * old, lo + self.max_range - 1))
-            new = np.zeros(hi - lo + 1, np.int64)
+            size = min(max(hi - lo + 1, 2 * old), self.max_range)
+            start = hi - size + 1 if self.counts is not None and lo < self.lo else lo
+            new = np.zeros(size, np.int64)
             if self.counts is not None:
-                new[self.lo - lo: self.lo - lo + len(self.counts)] = self.counts
-            self.counts, self.lo = new, lo
+                nz = np.flatnonzero(self.counts)  # the old slack may reach outside the new array: copy what counts
+                new[nz + self.lo - start] = self.counts[nz]
+            self.counts, self.lo = new, start
         count_into(self.counts, a, self.lo)
 
     def finish(self) -> tuple[pa.Array, np.ndarray]:
