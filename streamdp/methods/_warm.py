@@ -16,7 +16,8 @@ global mean centres a one-rating user's residual in the statistics pass (no pass
 for the new mean), and its ``--select auto`` choice of factors is released again instead of
 choosing (no selection pass or release): :func:`released_choice`. Public names:
 :class:`WarmStart`, :func:`warm_start_from`, :func:`initial_factors`, :func:`released_choice`,
-:data:`WARM_ITERS_FRACTION`.
+:func:`released_chart_choice` (ials' choice of its factors over the chart, reused as als' is:
+``methods/ials.py``), :data:`WARM_ITERS_FRACTION`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class WarmStart:
     #: The model's released choice ``(kind, local ridge)`` (``selection.chosen`` of ``model.json``) when it chose its
     #: factors: a private refresh reuses it instead of releasing a choice of its own (:func:`reused_choice`).
     choice: tuple | None = None
+    #: An ials model's released choice of its factors over the chart (:func:`released_chart_choice`): ``(chosen,
+    #: chart_below)``, which a private ials refresh reuses (``IALS._reused_choice``); ``None`` when it made none.
+    chart_choice: tuple | None = None
 
     @property
     def rank(self) -> int:
@@ -133,7 +137,8 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
     mu = float(m.global_mean) if m.global_mean is not None and math.isfinite(float(m.global_mean)) else None
     return WarmStart(path=str(m.path), method=m.method, factors=factors, bias=bias, matched=matched,
                      dropped=int(len(mine) - (pos >= 0).sum()), run_id=m.info.get("run_id"),
-                     budget_entry=m.info.get("budget_entry"), global_mean=mu, choice=released_choice(m.info))
+                     budget_entry=m.info.get("budget_entry"), global_mean=mu, choice=released_choice(m.info),
+                     chart_choice=released_chart_choice(m.info) if m.method == "ials" else None)
 
 
 def released_choice(info: dict) -> tuple | None:
@@ -153,6 +158,27 @@ def released_choice(info: dict) -> tuple | None:
     except ValueError:
         return None
     return ("factors", lam) if math.isfinite(lam) and lam > 0 else None
+
+
+def released_chart_choice(info: dict) -> tuple | None:
+    """An ials model's released choice of its factors over the chart (``model.json``'s ``selection``): ``(chosen,
+    chart_below)``, ``chart_below`` the training items below which a user lists the chart (0: none); ``None`` when
+    it chose the chart or made no choice (a choice it reused from its own warm start is passed on, as als' is).
+
+    >>> released_chart_choice({"selection": {"chosen": "factors"}})
+    ('factors', 0)
+    >>> released_chart_choice({"selection": {"chosen": "factors for users of 5 or more ...", "chart_below": 5}})
+    ('factors for users of 5 or more ...', 5)
+    >>> released_chart_choice({"selection": {"chosen": "chart by the released counts"}}) is None
+    True
+    """
+    sel = info.get("selection") or {}
+    chosen, below = sel.get("chosen"), sel.get("chart_below", 0)
+    if not isinstance(chosen, str) or not chosen.startswith("factors"):
+        return None
+    if isinstance(below, bool) or not isinstance(below, int) or below < 0:
+        return None
+    return chosen, below
 
 
 def initial_factors(cold: np.ndarray, warm: WarmStart | None) -> np.ndarray:

@@ -259,15 +259,18 @@ class IalsSettings(RunSettings):
     #: Private runs: the chart's budget share of a private top-K selection (:mod:`streamdp.privacy.topk`), 0: the
     #: chart is the released counts alone.
     topk_share: float = 0.0
+    #: The warm-start model's released choice a private ``--warm-start`` run reuses (its ``selection.chosen``; empty:
+    #: none) and its ``chart_below``: :meth:`IALS._reused_choice`.
+    reused_choice: str = ""
+    reused_chart_below: int = 0
 
     def as_dict(self) -> dict:
-        """:meth:`RunSettings.as_dict`, without ``warm_start`` in a cold run and ``topk_share`` when 0 (the
-        fingerprints stay as they were)."""
+        """:meth:`RunSettings.as_dict`, without ``warm_start`` and the reused choice in a cold run and ``topk_share``
+        when 0 (the fingerprints stay as they were)."""
         out = super().as_dict()
-        if not self.warm_start:
-            del out["warm_start"]
-        if not self.topk_share:
-            del out["topk_share"]
+        for key in ("warm_start", "topk_share", "reused_choice", "reused_chart_below"):
+            if not out[key]:
+                del out[key]
         return out
 
     def local(self) -> dict:
@@ -360,6 +363,10 @@ class IALS(Method):
         if private and s.count_share + s.gram_share >= 1.0:
             raise ParameterError(f"--count-share + --gram-share = {s.count_share + s.gram_share:g} leaves no budget "
                                  f"for the right-hand sides (must be < 1)")
+        if self._reused_choice(s) is not None:
+            # the earlier model's released choice stands: no held-out items, no choice pass, no choice release
+            chosen, below = self.warm.chart_choice
+            s = replace(s, select=False, reused_choice=chosen, reused_chart_below=below)
         if private:
             s = replace(s, topk_share=self._topk_share(store, s))
         if pop and not private:
@@ -370,6 +377,25 @@ class IALS(Method):
                                  f"--max-confidence {cmax:g} (the cap that bounds each user's influence): pass "
                                  f"--max-confidence {1.0 + o.alpha:g} to use it in full, or a smaller --alpha")
         return s
+
+    def _reused_choice(self, s):
+        """The warm-start model's released choice of its factors over the chart ``(chosen, chart_below)`` that a
+        private ``--warm-start`` run makes again instead of choosing (``None``: it chooses as a cold run does).
+
+        Decision, as ``als``'s (:meth:`streamdp.methods.als._AlsBase._reused_choice`): a refresh of
+        a model whose ``--select auto`` kept its factors keeps them (for the same users: its
+        ``chart_below``) when ``--select`` is not given. The choice is released in the model's
+        ``model.json`` (an ials model only: ``WARM_START_FAMILIES``), so reusing it is
+        post-processing; the refresh saves the choice's pass and its budget share, which goes to the
+        right-hand sides, and its iterations keep the items the choice would hold out. The factors
+        still go out only when they stand :data:`SIGNAL_Z` above the noise. ``--select auto``
+        given chooses afresh.
+        """
+        w = self.warm
+        if (w is None or w.chart_choice is None or not self.private or s.iters == 0 or not s.select
+                or self.opts.is_given("select")):
+            return None
+        return w.chart_choice
 
     def _topk_share(self, store, s) -> float:
         """The top-K chart's budget share (:func:`streamdp.privacy.topk.topk_chart`: public numbers only, the
@@ -520,7 +546,7 @@ class IALS(Method):
         s, rel = plan.settings, plan.releases
         n, k = store.n_items, self.rank
         self._choice = self._light_choice = self._choice_sd = None
-        self._chart_below = 0
+        self._chart_below = s.reused_chart_below  # a reused choice's (0 without one)
         ck = run.checkpoint
         self._keep = self._N = self._topk = None
         if ck is not None:
@@ -912,6 +938,11 @@ class IALS(Method):
         sd = getattr(self, "_choice_sd", None)  # the noise std of each private sum
         if choice is not None:
             notes.append(_choice_note(self.private, released, choice, light, below, sd))
+        elif s.reused_choice and released:
+            reused = (f"--select auto: the choice released by the warm-start model {self.warm.path} ({s.reused_choice}) "
+                      f"is reused (post-processing of its model.json): no choice pass and no choice release, its budget "
+                      f"share went to the right-hand sides")
+            notes.append(reused)
         elif self.private and not released:
             notes.append(f"no factors released: at this epsilon they carried too little signal above the noise "
                          f"(the last iteration's noisy right-hand sides stood less than {SIGNAL_Z:g} noise standard "
@@ -951,6 +982,9 @@ class IALS(Method):
                              "then": "the released item counts (noisy_item_weight holds the chart's scores)"}
         if choice is not None:
             info["selection"] = _selection_record(self.private, released, choice, light, below, sd)
+        elif s.reused_choice and released:
+            info["selection"] = {"chosen": s.reused_choice, "reused_from": self.warm.path,
+                                 **({"chart_below": int(below)} if below else {}), "why": reused}
 
         n = store.n_items
         return Fitted(item_factors=np.asarray(Y, np.float32), item_bias=np.zeros(n, np.float32),

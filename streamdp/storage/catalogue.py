@@ -27,6 +27,7 @@ import numpy as np
 from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.storage.ids import as_ids, find, parse_id
 from streamdp.storage.store import Block, RatingStore
+from streamdp.storage.view import StoreView
 
 __all__ = ["CatalogueView", "catalogue_view", "catalogue_digest", "catalogue_ids", "read_catalogue", "store_catalogue"]
 
@@ -40,16 +41,19 @@ def catalogue_digest(ids) -> str:
     return h.hexdigest()
 
 
-class CatalogueView(RatingStore):
+class CatalogueView(StoreView):
     """``store`` with ``ids`` as its items (see the module docstring).
 
     ``ids`` must be of the store's id kind (integers or strings). Blocks are read from the
-    store and filtered here (vectorised: one gather and one cumulative sum per block).
+    store and filtered here (vectorised: one gather and one cumulative sum per block); a
+    catalogue view of a catalogue view reads the store beneath both.
     """
+
+    recounts = True  # ratings of items outside the catalogue leave the rows
 
     def __init__(self, store: RatingStore, ids):  # noqa: D107 - a view of an opened store
         base = store._catalogue_base if isinstance(store, CatalogueView) else store
-        self.__dict__.update(store.__dict__)
+        super().__init__(base)
         ids = as_ids(ids)
         if len(np.unique(ids)) != len(ids):
             raise ParameterError("catalogue: an item id appears twice")
@@ -62,15 +66,14 @@ class CatalogueView(RatingStore):
         absent = ids[pos < 0]
         col_map = np.full(len(store_ids), -1, np.int32)
         col_map[present] = np.arange(len(present), dtype=np.int32)
-        self._catalogue_base = base
+        self._catalogue_base = base  # the store without its catalogue (serving reads it)
         self._col_map = col_map
         self._present = present  # view index -> store index, for the first len(present) view items
         self._cat_ids = np.concatenate([store_ids[present], absent]) if len(absent) else store_ids[present]
         self.catalogue_digest = catalogue_digest(ids)
         self.info = replace(base.info, n_items=len(ids))
 
-    # -- blocks ------------------------------------------------------------------------
-    def _filter(self, blk: Block) -> Block:
+    def _filter(self, blk: Block, split: str) -> Block:
         mapped = self._col_map[blk.items]
         keep = mapped >= 0
         if keep.all():
@@ -79,34 +82,7 @@ class CatalogueView(RatingStore):
         np.cumsum(keep, out=cs[1:])
         return Block(blk.first_user, cs[blk.indptr], mapped[keep].astype(np.int32), blk.ratings[keep])
 
-    def read_block(self, b: int, split: str = "train") -> Block:
-        return self._filter(self._catalogue_base.read_block(b, split))
-
-    def read_block_unchecked(self, b: int, split: str = "train"):
-        blk, ok = self._catalogue_base.read_block_unchecked(b, split)
-        return self._filter(blk), ok
-
-    def block_user_counts(self, b: int, split: str = "train") -> np.ndarray:
-        return np.diff(self.read_block(b, split).indptr)
-
-    # block_nnz stays the store's: an upper bound, which is what memory planning needs
-    # the user side is the store's own (a segmented store merges it: storage/segments.py)
-    def block_nnz(self, split: str = "train") -> np.ndarray:
-        return self._catalogue_base.block_nnz(split)
-
-    def block_digests(self, split: str = "train"):
-        return self._catalogue_base.block_digests(split)
-
-    def user_counts(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._catalogue_base.user_counts(start, stop)
-
-    def user_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._catalogue_base.user_ids(start, stop)
-
-    def check_chunks(self) -> None:
-        self._catalogue_base.check_chunks()
-
-    # -- per-item arrays ---------------------------------------------------------------
+    # -- per-item arrays: the catalogue's ------------------------------------------------
     def _per_item(self, values: np.ndarray, fill=0) -> np.ndarray:
         out = np.full(self.info.n_items, fill, dtype=values.dtype)
         out[:len(self._present)] = values[self._present]
@@ -116,34 +92,23 @@ class CatalogueView(RatingStore):
         return self._cat_ids.copy()
 
     def item_names(self) -> np.ndarray | None:
-        names = self._catalogue_base.item_names()
+        names = self._inner.item_names()
         return None if names is None else self._per_item(np.asarray(names, dtype=object), "")
 
     def item_counts(self) -> np.ndarray:
-        return self._per_item(self._catalogue_base.item_counts())
+        return self._per_item(self._inner.item_counts())
 
     def train_item_stats(self):
-        stats = self._catalogue_base.train_item_stats()
+        stats = self._inner.train_item_stats()
         if stats is None:
             return None
         return self._per_item(stats[0]), self._per_item(stats[1])
 
-    def remote_view(self):
-        """What a cluster worker applies to the store it opens by path to see this view (picklable)."""
-        return _Spec(self._cat_ids, self._catalogue_base.remote_view())
+    def _spec_args(self) -> tuple:
+        return (self._cat_ids,)
 
-
-class _Spec:
-    """A catalogue to apply on a worker: ``spec.view(store)`` (over ``inner``'s view of it, when the catalogue's
-    store is itself a view: a time window, :mod:`streamdp.storage.timeline`, or one without retired users,
-    :mod:`streamdp.storage.retired`); equal specs share one view per process."""
-
-    def __init__(self, ids, inner=None):
-        self.ids, self.inner = ids, inner
-        self.key = catalogue_digest(ids) if inner is None else (catalogue_digest(ids), inner.key)
-
-    def view(self, store: RatingStore) -> CatalogueView:
-        return CatalogueView(store if self.inner is None else self.inner.view(store), self.ids)
+    def _spec_key(self):
+        return catalogue_digest(self._cat_ids)
 
 
 def catalogue_view(store: RatingStore, ids) -> RatingStore:

@@ -16,21 +16,23 @@ from dataclasses import replace
 import numpy as np
 
 from streamdp.storage.store import Block, RatingStore
+from streamdp.storage.view import StoreView
 
 __all__ = ["RangeView"]
 
 
-class RangeView(RatingStore):
-    """``store`` (a store or a view of one) with the rating range ``[lo, hi]``, selected privately."""
+class RangeView(StoreView):
+    """``store`` (a store or a view of one) with the rating range ``[lo, hi]``, selected privately; all but its
+    training ratings is the inner store's (a catalogue view's items, a segmented store's users)."""
 
     def __init__(self, store: RatingStore, lo: float, hi: float):  # noqa: D107 - a view of an opened store
-        self.__dict__.update(store.__dict__)
-        self._range_inner = store
+        super().__init__(store)
+        self._range_inner = store  # the store without its selected range (serving/evaluate.py reads it)
         self._range = (float(lo), float(hi))
         self.info = replace(store.info, rating_min=float(lo), rating_max=float(hi), rating_range_source="selected")
 
-    # -- blocks: the training ratings clipped into the range -------------------------------
-    def _clip(self, blk: Block, split: str) -> Block:
+    def _filter(self, blk: Block, split: str) -> Block:
+        """The training ratings clipped into the range."""
         if split != "train" or not blk.nnz:
             return blk
         lo, hi = np.float32(self._range[0]), np.float32(self._range[1])
@@ -39,61 +41,6 @@ class RangeView(RatingStore):
             return blk
         return Block(blk.first_user, blk.indptr, blk.items, np.clip(r, lo, hi))
 
-    def read_block(self, b: int, split: str = "train") -> Block:
-        return self._clip(self._range_inner.read_block(b, split), split)
-
-    def read_block_unchecked(self, b: int, split: str = "train"):
-        blk, ok = self._range_inner.read_block_unchecked(b, split)
-        return self._clip(blk, split), ok
-
-    # -- everything else is the inner store's (a catalogue view's items, a segmented store's users) --
-    def block_user_counts(self, b: int, split: str = "train"):
-        return self._range_inner.block_user_counts(b, split)
-
-    def block_nnz(self, split: str = "train"):
-        return self._range_inner.block_nnz(split)
-
-    def block_digests(self, split: str = "train"):
-        return self._range_inner.block_digests(split)
-
-    def user_counts(self, start: int = 0, stop: int | None = None):
-        return self._range_inner.user_counts(start, stop)
-
-    def user_ids(self, start: int = 0, stop: int | None = None):
-        return self._range_inner.user_ids(start, stop)
-
-    def item_ids(self):
-        return self._range_inner.item_ids()
-
-    def item_names(self):
-        return self._range_inner.item_names()
-
-    def item_counts(self):
-        return self._range_inner.item_counts()
-
-    def train_item_stats(self):
-        return self._range_inner.train_item_stats()  # the owner's exact sums (evaluate's baselines), never released
-
-    def check_chunks(self) -> None:
-        self._range_inner.check_chunks()
-
-    def changed(self) -> bool:
-        return self._range_inner.changed()
-
-    def check_unchanged(self) -> None:
-        self._range_inner.check_unchanged()
-
-    def remote_view(self):
-        """What a cluster worker applies to the store it opens by path to see this view (picklable)."""
-        return _Spec(self._range_inner.remote_view(), self._range)
-
-
-class _Spec:
-    """The view to make on a worker: the inner view's spec (``None``: the store itself), then the range."""
-
-    def __init__(self, inner, rng: tuple):
-        self.inner, self.range = inner, rng
-        self.key = ("RangeView", None if inner is None else inner.key, rng)
-
-    def view(self, store: RatingStore) -> RangeView:
-        return RangeView(store if self.inner is None else self.inner.view(store), *self.range)
+    # train_item_stats stays the inner store's: the owner's exact sums (evaluate's baselines), never released
+    def _spec_args(self) -> tuple:
+        return self._range

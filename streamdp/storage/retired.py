@@ -21,16 +21,18 @@ import numpy as np
 
 from streamdp.kernels.csr import keep_rows
 from streamdp.storage.store import Block, RatingStore
+from streamdp.storage.view import StoreView
 
 __all__ = ["RetiredView"]
 
 
-class RetiredView(RatingStore):
+class RetiredView(StoreView):
     """``store`` with the rows of the users ``mask`` does not keep left out (see the module docstring)."""
 
+    recounts = True
+
     def __init__(self, store: RatingStore, mask):  # noqa: D107 - a view of an opened store (or of a view)
-        self.__dict__.update(store.__dict__)
-        self._inner = store
+        super().__init__(store)
         self._mask = mask
 
     def use(self, mask) -> None:
@@ -45,67 +47,24 @@ class RetiredView(RatingStore):
         """Which of users ``lo .. hi - 1`` the view keeps (a boolean array)."""
         return np.asarray(self._mask.keep(lo, hi), dtype=bool)
 
-    def _filter(self, blk: Block) -> Block:
+    def _filter(self, blk: Block, split: str) -> Block:
         keep = self.kept(blk.first_user, blk.first_user + blk.n_users)
         if keep.all():
             return blk
         indptr, items, ratings = keep_rows(blk.indptr, blk.items, blk.ratings, keep.view(np.uint8))
         return blk._replace(indptr=indptr, items=items, ratings=ratings)
 
-    def read_block(self, b: int, split: str = "train") -> Block:
-        return self._filter(self._inner.read_block(b, split))
-
-    def read_block_unchecked(self, b: int, split: str = "train"):
-        blk, ok = self._inner.read_block_unchecked(b, split)
-        return self._filter(blk), ok
-
-    def block_user_counts(self, b: int, split: str = "train") -> np.ndarray:
-        return np.diff(self.read_block(b, split).indptr)
-
-    # what a read does not change is the store's: block_nnz an upper bound (memory planning), ids, per-item arrays
-    def block_nnz(self, split: str = "train") -> np.ndarray:
-        return self._inner.block_nnz(split)
-
-    def block_digests(self, split: str = "train"):
-        return self._inner.block_digests(split)
-
+    # what a read does not change is the store's (StoreView): block_nnz an upper bound, ids, per-item arrays
     def user_counts(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         counts = np.array(self._inner.user_counts(start, stop), copy=True)
         counts[~self.kept(start, start + len(counts))] = 0
         return counts
 
-    def user_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._inner.user_ids(start, stop)
-
-    def item_ids(self) -> np.ndarray:
-        return self._inner.item_ids()
-
-    def item_names(self):
-        return self._inner.item_names()
-
-    def item_counts(self) -> np.ndarray:
-        return self._inner.item_counts()
-
-    def train_item_stats(self):
-        return self._inner.train_item_stats()
-
-    def check_chunks(self) -> None:
-        self._inner.check_chunks()
-
     def array(self, name: str):
         return self._inner.array(name)
 
-    def remote_view(self):
-        """What a cluster worker applies to the store it opens by path to see this view (picklable)."""
-        return _Spec(self._inner.remote_view(), self._mask)
+    def _spec_args(self) -> tuple:
+        return (self._mask,)
 
-
-class _Spec:
-    """The view to apply on a worker: ``spec.view(store)`` (the inner view's first, when there is one)."""
-
-    def __init__(self, inner, mask):
-        self.inner, self.mask = inner, mask
-        self.key = ("retired", None if inner is None else inner.key, mask.key)
-
-    def view(self, store: RatingStore) -> RetiredView:
-        return RetiredView(store if self.inner is None else self.inner.view(store), self.mask)
+    def _spec_key(self):
+        return self._mask.key

@@ -35,6 +35,7 @@ from streamdp.errors import ParameterError, StoreError
 from streamdp.storage.schema import SPLITS
 from streamdp.storage.segments import SegmentedStore, merged_checksum
 from streamdp.storage.store import Block, RatingStore
+from streamdp.storage.view import StoreView, ViewSpec
 
 __all__ = ["TimeWindowView", "check_contributions", "contributors", "data_period", "format_time", "parse_time",
            "parse_window", "resolve_window", "segment_future", "store_as_of", "time_window"]
@@ -106,7 +107,7 @@ def _with_window(inner: RatingStore, rec: dict) -> dict:
     return {**(getattr(inner, "data_window", None) or {}), **rec}
 
 
-class TimeWindowView(RatingStore):
+class TimeWindowView(StoreView):
     """``store`` seen through the period ``[lo, hi)`` of its ratings' times (module docstring).
 
     Per-user and per-item counts are counted from the kept ratings (a pass, on demand); ``block_nnz`` stays the
@@ -114,12 +115,13 @@ class TimeWindowView(RatingStore):
     makes a pass).
     """
 
+    recounts = True
+
     def __init__(self, store: RatingStore, lo: int | None, hi: int | None, record: dict | None = None):  # noqa: D107
         if not store.has_times:
             raise ParameterError(f"--since/--until/--window: {store.path} keeps no rating times (its input had no "
                                  f"timestamp column); ingest it from a file with one")
-        self.__dict__.update(store.__dict__)
-        self._inner = store
+        super().__init__(store)
         self._lo = _OPEN_LO if lo is None else int(lo)
         self._hi = _OPEN_HI if hi is None else int(hi)
         self.data_window = _with_window(store, record or {"since": lo, "until": hi})
@@ -145,9 +147,6 @@ class TimeWindowView(RatingStore):
     def read_block_unchecked(self, b: int, split: str = "train"):
         return self.read_block(b, split), True  # checked by the inner store's read
 
-    def block_user_counts(self, b: int, split: str = "train") -> np.ndarray:
-        return np.diff(self.read_block(b, split).indptr)
-
     def contributed(self, b: int) -> np.ndarray:
         """Which users of block ``b`` have a training rating in the window (bool): those a release reads.
 
@@ -167,9 +166,6 @@ class TimeWindowView(RatingStore):
         if "contributors" not in self._counts:
             self._counts["contributors"] = int(sum(int(self.contributed(b).sum()) for b in range(self.n_blocks)))
         return self._counts["contributors"]
-
-    def block_nnz(self, split: str = "train") -> np.ndarray:
-        return self._inner.block_nnz(split)
 
     def block_digests(self, split: str = "train"):
         return None
@@ -200,31 +196,11 @@ class TimeWindowView(RatingStore):
     def train_item_stats(self):
         return None
 
-    def user_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._inner.user_ids(start, stop)
+    def _spec_args(self) -> tuple:
+        return (self._lo, self._hi, self.data_window)
 
-    def item_ids(self) -> np.ndarray:
-        return self._inner.item_ids()
-
-    def item_names(self):
-        return self._inner.item_names()
-
-    def check_chunks(self) -> None:
-        self._inner.check_chunks()
-
-    def remote_view(self):
-        return _Spec(TimeWindowView, self._inner.remote_view(), (self._lo, self._hi, self.data_window))
-
-
-class _Spec:
-    """How a cluster worker makes a view of the store it opens: ``cls(inner view or store, *args)``."""
-
-    def __init__(self, cls, inner, args: tuple):  # noqa: D107 - picklable: a class, a spec and plain values
-        self.cls, self.inner, self.args = cls, inner, args
-        self.key = (cls.__name__, None if inner is None else inner.key, repr(args))
-
-    def view(self, store: RatingStore) -> RatingStore:
-        return self.cls(store if self.inner is None else self.inner.view(store), *self.args)
+    def _spec_key(self):
+        return repr(self._spec_args())  # data_window is a dict
 
 
 def time_window(store: RatingStore, *, since=None, until=None, window=None, now=None) -> RatingStore:
@@ -297,14 +273,14 @@ class _AsOf(SegmentedStore):
     """:func:`store_as_of` of a segmented store."""
 
     def remote_view(self):
-        return _Spec(store_as_of, None, (self._as_of,))
+        return ViewSpec(store_as_of, None, (self._as_of,))
 
 
 class _PlainAsOf(RatingStore):
     """:func:`store_as_of` of a store without segments (itself, with its ``data_window`` recorded)."""
 
     def remote_view(self):
-        return _Spec(store_as_of, None, (self._as_of,))
+        return ViewSpec(store_as_of, None, (self._as_of,))
 
 
 def segment_future(st: RatingStore, k) -> RatingStore:
@@ -404,7 +380,7 @@ class _Future(SegmentedStore):
         self._whole.check_chunks()
 
     def remote_view(self):
-        return _Spec(segment_future, None, (self._segment_number,))
+        return ViewSpec(segment_future, None, (self._segment_number,))
 
 
 def data_period(store: RatingStore, *, since=None, until=None, window=None, until_segment=None) -> RatingStore:

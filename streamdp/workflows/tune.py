@@ -71,6 +71,7 @@ from streamdp.serving.local import list_bias, local_design, model_ridge, predict
 from streamdp.serving.model import check_model_destination
 from streamdp.serving.ranking import DEFAULT_K, default_threshold
 from streamdp.storage.store import Block, RatingStore, open_store
+from streamdp.storage.view import StoreView
 from streamdp.stream.engine import Engine, add_into
 from streamdp.workflows.training import release, run_summary
 
@@ -289,75 +290,26 @@ def config_name(c: dict) -> str:
     return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(c.items())) or "defaults"
 
 
-class _HeldOut(RatingStore):
+class _HeldOut(StoreView):
     """The store as the candidates see it: each user's training ratings minus their validation ratings.
 
     Every block of the training split goes through :func:`streamdp.methods._selection.holdout`
-    with the run's key, exactly as the scoring pass splits it.
+    with the run's key, exactly as the scoring pass splits it; the rest (a catalogue view's items, a segmented
+    store's users) is the inner store's (:class:`~streamdp.storage.view.StoreView`).
     """
 
     def __init__(self, store: RatingStore, key: int):  # noqa: D107 - a view of an opened store (or of a view)
-        self.__dict__.update(store.__dict__)
+        super().__init__(store)
         self._holdout_key = int(key)
-        self._inner = store
 
-    def read_block(self, b: int, split: str = "train") -> Block:
-        blk = self._inner.read_block(b, split)
+    def _filter(self, blk: Block, split: str) -> Block:
         if split != "train":
             return blk
         (ip, it, r), _ = holdout(blk.indptr, blk.items, blk.ratings, blk.first_user, self._holdout_key)
         return Block(blk.first_user, ip, it, r)
 
-    # the items are the inner store's: a catalogue view (streamdp.storage.catalogue) has its own ids and per-item
-    # arrays, and its blocks leave out the items outside the catalogue (RatingStore's would read the store's own)
-    def item_ids(self):
-        return self._inner.item_ids()
-
-    def item_names(self):
-        return self._inner.item_names()
-
-    def item_counts(self):
-        return self._inner.item_counts()
-
-    def train_item_stats(self):
-        return self._inner.train_item_stats()
-
-    def block_user_counts(self, b: int, split: str = "train"):
-        return self._inner.block_user_counts(b, split)
-
-    def read_block_unchecked(self, b: int, split: str = "train"):
-        return self._inner.read_block_unchecked(b, split)
-
-    # the user side too: a segmented store merges it (storage/segments.py), RatingStore's would read its base
-    def block_nnz(self, split: str = "train"):
-        return self._inner.block_nnz(split)
-
-    def block_digests(self, split: str = "train"):
-        return self._inner.block_digests(split)
-
-    def user_counts(self, start: int = 0, stop: int | None = None):
-        return self._inner.user_counts(start, stop)
-
-    def user_ids(self, start: int = 0, stop: int | None = None):
-        return self._inner.user_ids(start, stop)
-
-    def check_chunks(self) -> None:
-        self._inner.check_chunks()
-
-    def remote_view(self):
-        return _ViewSpec(_HeldOut, self._inner.remote_view(), (self._holdout_key,))
-
-
-class _ViewSpec:
-    """How a cluster worker makes a view of the store it opens (:meth:`RatingStore.remote_view`): ``cls(inner view
-    or store, *args)``."""
-
-    def __init__(self, cls, inner, args: tuple):  # noqa: D107 - picklable: a class, a spec and plain values
-        self.cls, self.inner, self.args = cls, inner, args
-        self.key = (cls.__name__, None if inner is None else inner.key, args)
-
-    def view(self, store: RatingStore) -> RatingStore:
-        return self.cls(store if self.inner is None else self.inner.view(store), *self.args)
+    def _spec_args(self) -> tuple:
+        return (self._holdout_key,)
 
 
 def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
@@ -387,11 +339,11 @@ class _Sampled(_HeldOut):
         self._sample_n = int(n_users)
         self.expected_users = max(float(q) * n_users, 1.0)
 
-    def remote_view(self):
-        return _ViewSpec(_Sampled, self._inner.remote_view(), (self._holdout_key, self._sample_q, self._sample_n))
+    def _spec_args(self) -> tuple:
+        return (self._holdout_key, self._sample_q, self._sample_n)
 
-    def read_block(self, b: int, split: str = "train") -> Block:
-        blk = super().read_block(b, split)
+    def _filter(self, blk: Block, split: str) -> Block:
+        blk = super()._filter(blk, split)
         if split != "train":
             return blk
         keep = sampled_users(blk.first_user, blk.n_users, self._holdout_key, self._sample_q)
