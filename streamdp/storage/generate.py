@@ -50,9 +50,11 @@ _PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT, _PURPOSE_REAL, _PURPOSE_TASTE
 TASTE_COHESION = 0.7
 
 
-def _taste_tables(seed, V, bias, w, k: int, strength: float, uniform: bool):
+def _taste_tables(seed, V, bias, w, k: int, strength: float, uniform: bool, keep_marginal: bool = False):
     """The taste clusters' centers and item tables (module docstring), with the items renumbered by their
-    marginal drawing probability: ``(V, bias, prob (k, n), alias (k, n), centers)``."""
+    marginal drawing probability: ``(V, bias, prob (k, n), alias (k, n), centers)``. ``keep_marginal`` (given
+    ``item_weights``): each item's weight is divided so that the marginal over clusters stays proportional to ``w``
+    (the tilts reshuffle popularity otherwise; a rehearsal's weights are the released popularity)."""
     n, rank = V.shape
     rng = np.random.default_rng(np.random.SeedSequence(entropy=0 if seed is None else seed,
                                                        spawn_key=(_PURPOSE_TASTE,)))
@@ -63,6 +65,11 @@ def _taste_tables(seed, V, bias, w, k: int, strength: float, uniform: bool):
     a = V @ centers.T
     a = (a - a.mean(axis=0)) / np.maximum(a.std(axis=0), 1e-12)
     W = (w[:, None] * np.exp(strength * a)).T  # (k, n)
+    if keep_marginal:  # multiplicative steps on a common per-item factor: the marginal back to w's shares
+        target = w / w.sum()
+        for _ in range(30):
+            m = (W / W.sum(axis=1, keepdims=True)).mean(axis=0)
+            W = W * np.divide(target, m, out=np.ones_like(m), where=m > 0)[None, :]
     marginal = (W / W.sum(axis=1, keepdims=True)).mean(axis=0)
     order = np.argsort(-marginal, kind="stable")
     W = np.ascontiguousarray(W[:, order])
@@ -322,7 +329,7 @@ def _truth(seed, n_items, rank, *, factors, rating_min, rating_max, global_mean,
     k_taste = int(taste_clusters)
     if k_taste:
         V, bias, prob, alias, centers = _taste_tables(seed, V, bias, w, k_taste, float(taste_strength),
-                                                      factors == "uniform")
+                                                      factors == "uniform", keep_marginal=item_weights is not None)
     else:
         prob, alias, centers = prob[None, :], alias[None, :], np.zeros((1, rank))
     return V, bias, w, prob, alias, centers, global_mean, item_bias_std
