@@ -893,11 +893,12 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
           as_json):
     """Test RMSE, Recall@10 and NDCG@10 against epsilon for several methods: results.csv/json and a plot, spend
     charged to the budget. A list method (ials) has no test RMSE: its points are its Recall@10 and NDCG@10, beside
-    the most-popular chart's (an implicit store takes list methods only; --rehearse does not take them yet).
+    the most-popular chart's (an implicit store takes list methods only; --rehearse takes them too).
 
     With --rehearse, the same on a synthetic store shaped like STORE, whose budget pays only for a shape statistic
-    it has not released yet (--shape-epsilon each, said when charged; never for the sweep); with --replot, the plot
-    and table of a finished sweep again.
+    it has not released yet (--shape-epsilon each, said when charged; never for the sweep); a list method's
+    synthetic users get taste clusters (an assumption, said), an implicit STORE's synthetic store holds counts. With
+    --replot, the plot and table of a finished sweep again.
     """
     from streamdp.errors import ParameterError
     from streamdp.workflows.sweep import format_table, rehearse as run_rehearsal, replot as run_replot
