@@ -20,6 +20,8 @@ Where each number comes from (a generator option given wins):
 Post-processing turns them into the generator's options: the activity law (:func:`fit_activity`), item popularity
 and means (:func:`drawing_weights`, :func:`pre_clip_means`), and interaction, noise and user offsets matched on
 pilot stores (:func:`calibrate_spread`). The sweep on the synthetic store charges only its own budget.
+An implicit STORE gives an implicit store (counts; no rating range or spread), its popularity from a released ials
+model's item counts; a list method's rehearsal adds the generator's taste clusters (``sweep.LIST_TASTES``).
 
 The reasoning and measurements behind each step: ``docs/design-notes.md``, section
 ``streamdp/workflows/rehearse.py``; how close the curve comes: ``docs/choosing-epsilon.md``.
