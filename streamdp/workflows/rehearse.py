@@ -704,7 +704,8 @@ def _generate(out, shape, pub, like, force, options) -> RatingStore:
     m = _generator_rpu(shape, pub, options)
     rule = options.pop("user_weight", None)
     if rule is not None:
-        options["item_weights"] = _weights_for(options["item_weights"], rule, m, pub, options)
+        options["item_weights"] = _weights_for(options["item_weights"], rule, m, pub, options,
+                                               shape["n_users"]["value"])
     scale = ({"implicit": True, "count_cap": pub["count_cap"]} if pub.get("implicit") else
              {k: pub[k] for k in ("rating_min", "rating_max", "rating_step")})
     return generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"], ratings_per_user=m,
@@ -712,11 +713,44 @@ def _generate(out, shape, pub, like, force, options) -> RatingStore:
                           **options)
 
 
-def _weights_for(totals, rule: dict, m: float, pub: dict, options: dict) -> np.ndarray:
+def _weights_for(totals, rule: dict, m: float, pub: dict, options: dict, n_users: int) -> np.ndarray:
     """:func:`drawing_weights` for the generator's users of mean ``m`` weighted as the model's ``rule`` weighed its
-    users' training ratings (:func:`_user_weight`)."""
+    users' training ratings (:func:`_user_weight`); with taste clusters, refined on pilot stores
+    (:func:`_taste_weights`)."""
     n = _activity(m, pub["n_items"], options.get("user_exponent", 2.0))
-    return drawing_weights(totals, n, _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), rule))
+    w = drawing_weights(totals, n, _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), rule))
+    return _taste_weights(w, totals, rule, m, pub, options, n_users) if options.get("taste_clusters") else w
+
+
+#: Pilot stores that refine the drawing weights under taste clusters (:func:`_taste_weights`).
+TASTE_ROUNDS = 3
+#: The generator's options that decide which items its users pick (a pilot of :func:`_taste_weights` takes them).
+_CHOICE_OPTIONS = ("taste_clusters", "taste_strength", "rank", "item_factors", "user_exponent", "factors")
+
+
+def _taste_weights(w, totals, rule: dict, m: float, pub: dict, options: dict, n_users: int) -> np.ndarray:
+    """Drawing weights ``w`` (in the order of ``totals``) refined so that a store with taste clusters has the totals:
+    :func:`drawing_weights` models users who draw from one popularity law, and a user of a cluster draws her
+    cluster's favourites, rates them once and flattens the totals more (measured: docs/design-notes.md).
+    :data:`TASTE_ROUNDS` pilot stores of ``min(n_users, PILOT_USERS)`` users (seeds apart from the store's), each
+    item's weight times its released share over the pilot's (one added to both), within :data:`MAX_CORRECTION`."""
+    t = np.asarray(totals, np.float64)
+    w0 = w = np.asarray(w, np.float64)
+    choice = {k: options[k] for k in _CHOICE_OPTIONS if k in options}
+    seed = int(options.get("seed") or 0)
+    with tempfile.TemporaryDirectory(prefix="streamdp-pilot-") as tmp:
+        for r in range(TASTE_ROUNDS):
+            pilot = generate_store(os.path.join(tmp, "p.zarr"), n_users=min(int(n_users), PILOT_USERS),
+                                   n_items=pub["n_items"], ratings_per_user=m, test_fraction=pub["test_fraction"],
+                                   item_weights=w, seed=seed + 1 + r, force=True, show_progress=False, **choice)
+            got = np.zeros(len(w))
+            for blk in pilot.blocks("train"):  # the pilot's totals, weighed as the model weighed its users
+                k = np.diff(blk.indptr)
+                np.add.at(got, blk.items, np.repeat(_user_weight(k, rule), k))
+            got[np.argsort(-w, kind="stable")] = got.copy()  # the generator numbered its items by weight
+            ratio = (t * (got.sum() / max(t.sum(), 1e-300)) + 1.0) / (got + 1.0)
+            w = np.clip(w * ratio, w0 / MAX_CORRECTION, w0 * MAX_CORRECTION)
+    return w / w.sum()
 
 
 def _generator_rpu(shape, pub, options) -> float:
@@ -1124,7 +1158,7 @@ class _SpreadSearch:
         self.m = m = _generator_rpu({"ratings_per_user": dict(shape["ratings_per_user"])}, pub, opts)
         wts = np.asarray(w_model, np.float64)[order]
         if "user_weight" in options:
-            wts = _weights_for(wts, options["user_weight"], m, pub, opts)
+            wts = _weights_for(wts, options["user_weight"], m, pub, opts, shape["n_users"]["value"])
         final = order[np.argsort(-wts, kind="stable")]  # the generator numbers its items so: nothing moves in it
         self.wts = wts = np.sort(wts)[::-1].copy()
         prior = model.get("bias_prior")
