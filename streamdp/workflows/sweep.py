@@ -17,7 +17,8 @@ horizontal lines: by the released counts and non-private; needs the ``plot`` ext
 
 A list method (``ials``: its scores rank items and are not ratings) has no test RMSE: its rows leave
 ``test_rmse`` empty (``None``; never a number made up) and it is drawn in the Recall and NDCG panels
-only; a sweep of list methods alone (an implicit store's) has no RMSE panel.
+only; a sweep of list methods alone (an implicit store's) has no RMSE panel. :func:`rehearse` takes list methods
+too (the synthetic users then have tastes: :data:`LIST_TASTES`).
 """
 
 from __future__ import annotations
@@ -99,8 +100,9 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     released must be (``users`` / ``ratings_per_user`` avoid it; ``shape_epsilon`` its cost, ``over_budget`` past
     the budget): then that one release is charged to it, and said. The sweep's releases are charged to the
     synthetic store's own budget. ``synthetic_seed``: the generator's (its default, 0, as ``streamdp generate``'s;
-    ``seed`` seeds the runs, as in :func:`sweep`). ``options``: :func:`sweep`'s. Returns the results, with
-    ``rehearsal``.
+    ``seed`` seeds the runs, as in :func:`sweep`). ``options``: :func:`sweep`'s. With a list method among them the
+    synthetic users get :data:`LIST_TASTES` (said, and recorded under ``rehearsal["tastes"]``). Returns the results,
+    with ``rehearsal``.
     """
     say = echo or (lambda *a, **k: None)
     if dry_run:
@@ -116,8 +118,7 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
                              f"fraction for the synthetic store to take, and a sweep needs a test split; sweep "
                              f"STORE itself, or rehearse a store ingested with --test-fraction")
     check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon)
-    _check_run_options(st, options)
-    methods = check_points(st, options.get("methods", ""), options.get("epsilons", ""), options.get("repeats", 1))[0]
+    methods = _check_run_options(st, options)
     tastes = dict(LIST_TASTES) if any(is_list_method(m) for m in methods) else {}
     check_destination(out, force, what="sweep directory", is_ours=_is_sweep_dir)
     say(REHEARSAL_NOTE.format(store=st.path))
@@ -146,10 +147,10 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     return res
 
 
-def _check_run_options(st, options: dict) -> None:
+def _check_run_options(st, options: dict) -> list[str]:
     """What :func:`sweep` would refuse of ``options`` once the synthetic store exists, checked on STORE first:
     methods, epsilons, repeats, delta's range, users_bound, rank and the methods' options (STORE and its synthetic
-    twin share their public parameters). Builds no plan and releases nothing."""
+    twin share their public parameters). Builds no plan and releases nothing; returns the methods."""
     methods, epsilons = check_points(st, options.get("methods", ""), options.get("epsilons", ""),
                                      options.get("repeats", 1))
     check_users_bound(options.get("users_bound"))
@@ -160,6 +161,7 @@ def _check_run_options(st, options: dict) -> None:
         for e in epsilons:  # a method's own refusals (sgd: only inf) too
             get_method(m)(epsilon=e, delta=1e-6 if delta is None else float(delta),
                           rank=options.get("rank")).check_rank(st.n_items)
+    return methods
 
 
 def planned_spend(store, points, *, delta, rank, seed, users=None) -> dict:
