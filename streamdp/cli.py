@@ -331,8 +331,9 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
                       seed=ctx.params["seed"], **given)
     read = ("its ratings read once for the rating spread released now" if "spread_release" in
             s.attrs["params"]["like"] else "none of its ratings read")
+    what = "interactions (implicit: counts)" if s.implicit else "ratings"
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
-               f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s (synthetic: shaped like {like}, {read})")
+               f"{s.n_test:,} test {what} in {s.attrs['seconds']:.1f}s (synthetic: shaped like {like}, {read})")
 
 
 @main.command()
