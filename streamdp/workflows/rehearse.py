@@ -290,7 +290,8 @@ def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
     rule = {"private": std > 0, "sampling": par.get("sampling", "adaptive"), "tau": float(par.get("tau") or 1.0),
             "l1": par.get("mechanism") in ("laplace", "huber"), "centred": std > 0 and model["method"] == "means"}
     if chart:  # ials.COUNT_WEIGHTS: spread, min(1, sqrt(tau / n)) per pair; uniform, at most tau pairs
-        rule.update(sampling="uniform" if par.get("count_weights") == "uniform" else "adaptive", l1=False, cap=True)
+        rule.update(sampling="uniform" if par.get("count_weights") == "uniform" else "adaptive", l1=False, cap=True,
+                    every_pair=par.get("preference") != "above")  # else only a rating store's high ratings counted
     return {"what": "chart" if chart else "items", "std": std / total, "model": where,
             "value": {"counts": counts, "counts_floored": np.maximum(counts, std / math.sqrt(2.0 * math.pi)),
                       "bias": np.asarray(m.item_bias, np.float64), "user_weight": rule,
@@ -592,7 +593,8 @@ def _known_shape(st, pub, users, ratings_per_user, options):
         src = _item_source(where, read_model_json(where) or {}, read_model_json(where, "privacy.json") or {})
         if src is not None:
             found["items"] = {**src, "from": found["spread"]["from"] + f", read against the model {where}"}
-    items = _items(found["chart"] if pub.get("implicit") else found["items"], pub, options)
+    chart = found["chart"] if found["chart"] and found["chart"]["value"]["user_weight"]["every_pair"] else None
+    items = _items(chart if pub.get("implicit") else found["items"] or chart, pub, options)
     if None in shape.values():
         if shape["n_users"] is None and found["n_users"] is not None:
             shape["n_users"] = {"value": int(found["n_users"]["value"]),
@@ -785,7 +787,7 @@ def _items(found: dict | None, pub: dict, options: dict) -> dict:
     mine = {"global_mean", "item_bias_std"} & set(options) or options.get("factors") == "uniform"
     if pub.get("implicit"):
         means = "none: an implicit store's counts 1 + Poisson(exp(z)), z the generator's (item biases, tastes)"
-    elif v is not None and not mine:
+    elif v is not None and not mine and v["method"] != "ials":
         # most popular first by the released counts, with or without their weights: the generator's power law, when
         # given, numbers its items so too
         spread = math.sqrt(options.get("interaction_scale", 1.0) ** 2 + options.get("noise", 0.5) ** 2
@@ -796,8 +798,8 @@ def _items(found: dict | None, pub: dict, options: dict) -> dict:
                  f"once the generator's spread (std {spread:.3g}), rounding and clipping are added")
     else:
         means = ("the generator's global mean and N(0, item_bias_std^2) item biases ("
-                 + ("given" if mine else "no model of an item release")
-                 + ")")
+                 + ("given" if mine else "no model of an item release" if v is None else
+                    "an ials model releases no item means") + ")")
     out["record"] = {"popularity": popularity, "means": means}
     return out
 
