@@ -331,8 +331,9 @@ def _generate_like(ctx, like, out, shape_epsilon, over_budget, force) -> None:
                       seed=ctx.params["seed"], **given)
     read = ("its ratings read once for the rating spread released now" if "spread_release" in
             s.attrs["params"]["like"] else "none of its ratings read")
+    what = "interactions (implicit: counts)" if s.implicit else "ratings"
     click.echo(f"wrote {s.path}: {s.n_users:,} users, {s.n_items:,} items, {s.n_ratings:,} train + "
-               f"{s.n_test:,} test ratings in {s.attrs['seconds']:.1f}s (synthetic: shaped like {like}, {read})")
+               f"{s.n_test:,} test {what} in {s.attrs['seconds']:.1f}s (synthetic: shaped like {like}, {read})")
 
 
 @main.command()
@@ -893,11 +894,12 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
           as_json):
     """Test RMSE, Recall@10 and NDCG@10 against epsilon for several methods: results.csv/json and a plot, spend
     charged to the budget. A list method (ials) has no test RMSE: its points are its Recall@10 and NDCG@10, beside
-    the most-popular chart's (an implicit store takes list methods only; --rehearse does not take them yet).
+    the most-popular chart's (an implicit store takes list methods only; --rehearse takes them too).
 
     With --rehearse, the same on a synthetic store shaped like STORE, whose budget pays only for a shape statistic
-    it has not released yet (--shape-epsilon each, said when charged; never for the sweep); with --replot, the plot
-    and table of a finished sweep again.
+    it has not released yet (--shape-epsilon each, said when charged; never for the sweep); a list method's
+    synthetic users get taste clusters (an assumption, said), an implicit STORE's synthetic store holds counts. With
+    --replot, the plot and table of a finished sweep again.
     """
     from streamdp.errors import ParameterError
     from streamdp.workflows.sweep import format_table, rehearse as run_rehearsal, replot as run_replot

@@ -592,3 +592,24 @@ def test_a_spread_no_pilot_user_can_measure_is_one_line(tmp_path):
     assert n_items < 10  # seeded: the selection keeps the few most rated items (6 when measured)
     assert r.exit_code == 2 and "nan" not in r.output, r.output
     assert "cannot match the rating spread" in r.output and "--noise" in r.output
+
+
+def test_an_implicit_store_rehearses_as_counts_shaped_by_a_released_ials_model(tmp_path):
+    """``generate --like`` an implicit store (interaction logs): an implicit synthetic store (counts, no rating range
+    nor spread to match), its users, activity and popularity from what a released ials model carries (its user count,
+    noisy item counts: post-processing; the activity given, as a default ials run releases no histogram of pairs per
+    user), the store's budget left byte for byte."""
+    import streamdp
+    from streamdp.storage.generate import generate_store
+    from streamdp.workflows.rehearse import generate_like
+
+    st = generate_store(str(tmp_path / "i.zarr"), n_users=600, n_items=60, ratings_per_user=12, rank=3, seed=4,
+                        test_fraction=0.2, implicit=True, taste_clusters=4, show_progress=False)
+    streamdp.train(st.path, method="ials", epsilon=2.0, out=str(tmp_path / "m"), seed=1, evaluate=False)
+    before, said = _budget_bytes(st.path), []
+    syn = generate_like(st, str(tmp_path / "syn.zarr"), ratings_per_user=12, echo=said.append, show_progress=False)
+    like = syn.attrs["params"]["like"]
+    assert syn.implicit and syn.n_items == 60 and _budget_bytes(st.path) == before
+    assert like["shape"]["n_users"]["source"].startswith("released: budget entry")
+    assert like["items"]["popularity"].startswith("noisy item counts") and "ials model" in like["items"]["popularity"]
+    assert like["spread"]["source"].startswith("none: an implicit store") and "counts (an implicit store)" in said[0]

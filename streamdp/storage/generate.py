@@ -50,9 +50,21 @@ _PURPOSE_COUNTS, _PURPOSE_RATINGS, _PURPOSE_SPLIT, _PURPOSE_REAL, _PURPOSE_TASTE
 TASTE_COHESION = 0.7
 
 
-def _taste_tables(seed, V, bias, w, k: int, strength: float, uniform: bool):
+def _tilts(V, centers, strength: float) -> np.ndarray:
+    """Each cluster's affinity ``exp(strength * a)`` for each item, ``a`` its standardised ``center . v_i``: (n, k)."""
+    a = V @ centers.T
+    return np.exp(strength * (a - a.mean(axis=0)) / np.maximum(a.std(axis=0), 1e-12))
+
+
+def _taste_tables(seed, V, bias, w, k: int, strength: float, uniform: bool, keep_marginal: bool = False,
+                  pair_exponent: float | None = None):
     """The taste clusters' centers and item tables (module docstring), with the items renumbered by their
-    marginal drawing probability: ``(V, bias, prob (k, n), alias (k, n), centers)``."""
+    marginal drawing probability: ``(V, bias, prob (k, n), alias (k, n), centers)``. ``keep_marginal`` (given
+    ``item_weights``): each item's weight is divided so that the marginal over clusters stays proportional to ``w``
+    (the tilts reshuffle popularity otherwise; a rehearsal's weights are the released popularity). ``pair_exponent``
+    (with it, factors of the generator's own draw): the rows of ``V`` go to the items as in a store of the power law
+    of that exponent, the k-th most popular there to the k-th largest ``w``, so that popularity and tastes go
+    together as in the generator's own stores (an item is popular partly because clusters favour it)."""
     n, rank = V.shape
     rng = np.random.default_rng(np.random.SeedSequence(entropy=0 if seed is None else seed,
                                                        spawn_key=(_PURPOSE_TASTE,)))
@@ -60,9 +72,19 @@ def _taste_tables(seed, V, bias, w, k: int, strength: float, uniform: bool):
         centers = rng.uniform(-1.0, 1.0, (k, rank)) / np.sqrt(rank)
     else:
         centers = rng.standard_normal((k, rank)) / np.sqrt(np.sqrt(rank))
-    a = V @ centers.T
-    a = (a - a.mean(axis=0)) / np.maximum(a.std(axis=0), 1e-12)
-    W = (w[:, None] * np.exp(strength * a)).T  # (k, n)
+    if keep_marginal and pair_exponent is not None:
+        Wb = np.arange(1, n + 1, dtype=np.float64)[:, None] ** -float(pair_exponent) * _tilts(V, centers, strength)
+        V = V.copy()
+        V[np.argsort(-w, kind="stable")] = V[np.argsort(-(Wb / Wb.sum(axis=0)).mean(axis=1), kind="stable")]
+    W = (w[:, None] * _tilts(V, centers, strength)).T  # (k, n)
+    if keep_marginal:  # multiplicative steps on a common per-item factor: the marginal back to w's shares
+        target = w / w.sum()
+        for _ in range(200):
+            m = (W / W.sum(axis=1, keepdims=True)).mean(axis=0)
+            step = np.divide(target, m, out=np.ones_like(m), where=m > 0)
+            W = W * step[None, :]
+            if np.abs(step - 1.0).max() < 1e-9:
+                break
     marginal = (W / W.sum(axis=1, keepdims=True)).mean(axis=0)
     order = np.argsort(-marginal, kind="stable")
     W = np.ascontiguousarray(W[:, order])
@@ -322,7 +344,8 @@ def _truth(seed, n_items, rank, *, factors, rating_min, rating_max, global_mean,
     k_taste = int(taste_clusters)
     if k_taste:
         V, bias, prob, alias, centers = _taste_tables(seed, V, bias, w, k_taste, float(taste_strength),
-                                                      factors == "uniform")
+                                                      factors == "uniform", keep_marginal=item_weights is not None,
+                                                      pair_exponent=item_exponent if item_factors is None else None)
     else:
         prob, alias, centers = prob[None, :], alias[None, :], np.zeros((1, rank))
     return V, bias, w, prob, alias, centers, global_mean, item_bias_std

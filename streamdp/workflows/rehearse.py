@@ -20,6 +20,8 @@ Where each number comes from (a generator option given wins):
 Post-processing turns them into the generator's options: the activity law (:func:`fit_activity`), item popularity
 and means (:func:`drawing_weights`, :func:`pre_clip_means`), and interaction, noise and user offsets matched on
 pilot stores (:func:`calibrate_spread`). The sweep on the synthetic store charges only its own budget.
+An implicit STORE gives an implicit store (counts; no rating range or spread), its popularity from a released ials
+model's item counts; a list method's rehearsal adds the generator's taste clusters (``sweep.LIST_TASTES``).
 
 The reasoning and measurements behind each step: ``docs/design-notes.md``, section
 ``streamdp/workflows/rehearse.py``; how close the curve comes: ``docs/choosing-epsilon.md``.
@@ -192,7 +194,7 @@ def _sources(entry: dict) -> list[dict]:
         items = _item_source(where, model, ledger)
         if items is not None:
             out.append({**items, "from": frm})
-            if model.get("factors_released"):
+            if model.get("factors_released") and items["what"] == "items":
                 out.append({**items, "what": "factor_items", "from": frm})
         return out
     try:
@@ -251,8 +253,9 @@ def selection_ratio(names, losses) -> float | None:
 #: The methods whose models release item counts and biases on the rating scale (als, irls, means: the noisy item
 #: weight totals ``C_j``, the item biases and global mean of their statistics pass).
 ITEM_METHODS = ("als", "irls", "means")
-#: The released item weight totals' release in the ledger (its name starts so).
-_COUNTS_RELEASE = "item weight totals C_j"
+#: The released item weight totals' release in the ledger (its name starts so); an ials model's item counts (the
+#: chart's): a source of an implicit store's popularity only (``"chart"``: no biases on a rating scale).
+_COUNTS_RELEASE, _CHART_RELEASE = "item weight totals C_j", "item counts N_j"
 
 
 def _release_std(ledger: dict, name: str) -> float:
@@ -265,8 +268,10 @@ def _release_std(ledger: dict, name: str) -> float:
 def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
     """The item side a model released (its noisy item weight totals, item biases and global mean), or ``None``:
     ``{"what": "items", "value": {"counts", "bias", "global_mean", "count_std", "method"}, "std"}``, ``std`` the
-    counts' noise standard deviation over their (clipped) total, so that models of different bounds compare."""
-    if model.get("method") not in ITEM_METHODS:
+    counts' noise standard deviation over their (clipped) total, so that models of different bounds compare. An ials
+    model's released counts: ``"what": "chart"`` (its biases are 0, its scale no rating's)."""
+    chart = model.get("method") == "ials"
+    if model.get("method") not in ITEM_METHODS and not chart:
         return None
     try:
         m = load_model(where)
@@ -277,14 +282,17 @@ def _item_source(where: str, model: dict, ledger: dict) -> dict | None:
         return None
     counts = np.asarray(counts, np.float64)
     private = not (m.ledger.epsilon == math.inf or model.get("epsilon") == "inf")
-    std = _release_std(ledger, _COUNTS_RELEASE) if private else 0.0
+    std = _release_std(ledger, _CHART_RELEASE if chart else _COUNTS_RELEASE) if private else 0.0
     total = float(np.maximum(counts, 0.0).sum())
     if not (total > 0 and math.isfinite(std)):
         return None
     par = model.get("parameters") or {}
     rule = {"private": std > 0, "sampling": par.get("sampling", "adaptive"), "tau": float(par.get("tau") or 1.0),
             "l1": par.get("mechanism") in ("laplace", "huber"), "centred": std > 0 and model["method"] == "means"}
-    return {"what": "items", "std": std / total, "model": where,
+    if chart:  # ials.COUNT_WEIGHTS: spread, min(1, sqrt(tau / n)) per pair; uniform, at most tau pairs
+        rule.update(sampling="uniform" if par.get("count_weights") == "uniform" else "adaptive", l1=False, cap=True,
+                    every_pair=par.get("preference") != "above")  # else only a rating store's high ratings counted
+    return {"what": "chart" if chart else "items", "std": std / total, "model": where,
             "value": {"counts": counts, "counts_floored": np.maximum(counts, std / math.sqrt(2.0 * math.pi)),
                       "bias": np.asarray(m.item_bias, np.float64), "user_weight": rule,
                       "global_mean": float(m.global_mean), "count_std": std, "method": model["method"]}}
@@ -300,6 +308,7 @@ def _user_weight(n_train: np.ndarray, rule: dict) -> np.ndarray:
         c = np.minimum(n, rule["tau"]) / n
     else:  # adaptive (with exponent 0; other rules are read as it)
         c = rule["tau"] / n if rule["l1"] else np.sqrt(rule["tau"] / n)
+        c = np.minimum(c, 1.0) if rule.get("cap") else c
     return c * (1.0 - 1.0 / n) if rule["centred"] else c
 
 
@@ -429,7 +438,7 @@ def released_shape(store) -> dict:
     Reads the budget and the outputs its entries point at; writes nothing."""
     path = store.path if isinstance(store, RatingStore) else str(store)
     best: dict = {"n_users": None, "histogram": None, "items": None, "factor_items": None, "spread": None,
-                  "selection": None}
+                  "selection": None, "chart": None}
     for e in StoreBudget(path).entries():
         if e.get("status") not in COUNTED or e.get("status") == "reserved":
             continue
@@ -447,7 +456,7 @@ def rehearsal_items(st: RatingStore) -> RatingStore:
     if declared is not None:
         return catalogue_view(st, declared[0])
     found = released_shape(st)
-    for key in ("spread", "items", "factor_items"):
+    for key in ("spread", "items", "factor_items", "chart"):
         src = found.get(key)
         where = (src or {}).get("model") or ((src or {}).get("value") or {}).get("model")
         if where:
@@ -484,8 +493,13 @@ def rehearsal_range(st: RatingStore) -> tuple[float, float]:
 
 
 def _public(st: RatingStore) -> dict:
-    """The generator's parameters that STORE's public parameters fix (module docstring)."""
+    """The generator's parameters that STORE's public parameters fix (module docstring); an implicit store's: its
+    items, test fraction and declared count cap (an implicit synthetic store, counts ``1 + Poisson(exp(z))``)."""
     p = st.attrs.get("params") or {}
+    if st.implicit:
+        cap = st.attrs.get("count_cap") if st.rating_range_source == "declared" else None
+        return {"n_items": int(st.n_items), "test_fraction": float(p.get("test_fraction") or 0.0), "implicit": True,
+                "count_cap": None if cap is None else float(cap)}
     lo, hi = rehearsal_range(st)
     step = p.get("rating_step")
     if step is None:
@@ -539,7 +553,7 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
         if spread_model is not None:
             options = _spread_matched(st, eps, pub, shape, like, options, found, spread_model, said, stack, **charge)
         else:
-            like["spread"] = {"source": _no_spread_reason(found, options, items)}
+            like["spread"] = {"source": _no_spread_reason(found, options, items, st.implicit)}
         like["store_fingerprint"] = store_fingerprint(st, create=False)
         syn = _generate(out, shape, pub, like, force, options)
     for line in said:
@@ -551,9 +565,6 @@ def generate_like(store, out: str, *, users: int | None = None, ratings_per_user
 def check_like(st: RatingStore, *, users=None, ratings_per_user=None, shape_epsilon=None, options=()) -> float:
     """Check :func:`generate_like`'s arguments (one-line :class:`ParameterError`) and return the shape epsilon.
     Reads no rating and charges nothing: ``sweep --rehearse`` runs it before it prints or charges anything."""
-    if st.implicit:
-        raise ParameterError(f"{st.path}: an implicit store (counts, no ratings): a rehearsal writes ratings; "
-                             f"generate an implicit store with `streamdp generate --implicit` instead")
     for name in ("n_items", "rating_min", "rating_max", "rating_step", "test_fraction", "n_users", "implicit"):
         if name in options:
             raise ParameterError(f"--like: {name} comes from {st.path} (its public parameters or released "
@@ -566,7 +577,8 @@ def check_like(st: RatingStore, *, users=None, ratings_per_user=None, shape_epsi
     if not (math.isfinite(eps) and eps > 0):
         raise ParameterError(f"--shape-epsilon must be a finite number > 0, got {shape_epsilon}")
     rehearsal_items(st)  # the items it may know: declared, or a released model's
-    rehearsal_range(st)  # and the rating range, the same way
+    if not st.implicit:  # an implicit store's counts have no range to know (a declared cap is public)
+        rehearsal_range(st)  # and the rating range, the same way
     return eps
 
 
@@ -581,7 +593,8 @@ def _known_shape(st, pub, users, ratings_per_user, options):
         src = _item_source(where, read_model_json(where) or {}, read_model_json(where, "privacy.json") or {})
         if src is not None:
             found["items"] = {**src, "from": found["spread"]["from"] + f", read against the model {where}"}
-    items = _items(found["items"], pub, options)
+    chart = found["chart"] if found["chart"] and found["chart"]["value"]["user_weight"]["every_pair"] else None
+    items = _items(chart if pub.get("implicit") else found["items"] or chart, pub, options)
     if None in shape.values():
         if shape["n_users"] is None and found["n_users"] is not None:
             shape["n_users"] = {"value": int(found["n_users"]["value"]),
@@ -660,7 +673,7 @@ def _shape_ledger(st: RatingStore, eps: float, rel: Release, what: str) -> Ledge
 def _spread_wanted(st: RatingStore, found: dict, options: dict, items: dict) -> dict | None:
     """The model the spread statistics are (to be) read against, or ``None`` when there is no spread to match: no
     model released an item side, the item side is the generator's (an option given), or the spread's options are."""
-    if found["items"] is None or "item_weights" not in items or "item_bias" not in items:
+    if st.implicit or found["items"] is None or "item_weights" not in items or "item_bias" not in items:
         return None
     if set(SPREAD_OPTIONS) & set(options):
         return None
@@ -675,7 +688,9 @@ def _spread_wanted(st: RatingStore, found: dict, options: dict, items: dict) -> 
     return model
 
 
-def _no_spread_reason(found: dict, options: dict, items: dict) -> str:
+def _no_spread_reason(found: dict, options: dict, items: dict, implicit: bool = False) -> str:
+    if implicit:
+        return "none: an implicit store has counts, not ratings"
     if set(SPREAD_OPTIONS) & set(options):
         return "the generator's options given (" + ", ".join(sorted(set(SPREAD_OPTIONS) & set(options))) + ")"
     if found["items"] is None:
@@ -691,18 +706,53 @@ def _generate(out, shape, pub, like, force, options) -> RatingStore:
     m = _generator_rpu(shape, pub, options)
     rule = options.pop("user_weight", None)
     if rule is not None:
-        options["item_weights"] = _weights_for(options["item_weights"], rule, m, pub, options)
+        options["item_weights"] = _weights_for(options["item_weights"], rule, m, pub, options,
+                                               shape["n_users"]["value"])
+    scale = ({"implicit": True, "count_cap": pub["count_cap"]} if pub.get("implicit") else
+             {k: pub[k] for k in ("rating_min", "rating_max", "rating_step")})
     return generate_store(out, n_users=shape["n_users"]["value"], n_items=pub["n_items"], ratings_per_user=m,
-                          rating_min=pub["rating_min"], rating_max=pub["rating_max"],
-                          rating_step=pub["rating_step"], test_fraction=pub["test_fraction"], force=force,
-                          like={**like, "shape": shape}, **options)
+                          test_fraction=pub["test_fraction"], force=force, like={**like, "shape": shape}, **scale,
+                          **options)
 
 
-def _weights_for(totals, rule: dict, m: float, pub: dict, options: dict) -> np.ndarray:
+def _weights_for(totals, rule: dict, m: float, pub: dict, options: dict, n_users: int) -> np.ndarray:
     """:func:`drawing_weights` for the generator's users of mean ``m`` weighted as the model's ``rule`` weighed its
-    users' training ratings (:func:`_user_weight`)."""
+    users' training ratings (:func:`_user_weight`); with taste clusters, refined on pilot stores
+    (:func:`_taste_weights`)."""
     n = _activity(m, pub["n_items"], options.get("user_exponent", 2.0))
-    return drawing_weights(totals, n, _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), rule))
+    w = drawing_weights(totals, n, _user_weight(np.maximum(np.rint(n * (1.0 - pub["test_fraction"])), 1.0), rule))
+    return _taste_weights(w, totals, rule, m, pub, options, n_users) if options.get("taste_clusters") else w
+
+
+#: Pilot stores that refine the drawing weights under taste clusters (:func:`_taste_weights`).
+TASTE_ROUNDS = 3
+#: The generator's options that decide which items its users pick (a pilot of :func:`_taste_weights` takes them).
+_CHOICE_OPTIONS = ("taste_clusters", "taste_strength", "rank", "item_factors", "user_exponent", "factors")
+
+
+def _taste_weights(w, totals, rule: dict, m: float, pub: dict, options: dict, n_users: int) -> np.ndarray:
+    """Drawing weights ``w`` (in the order of ``totals``) refined so that a store with taste clusters has the totals:
+    :func:`drawing_weights` models users who draw from one popularity law, and a user of a cluster draws her
+    cluster's favourites, rates them once and flattens the totals more (measured: docs/design-notes.md).
+    :data:`TASTE_ROUNDS` pilot stores of ``min(n_users, PILOT_USERS)`` users (seeds apart from the store's), each
+    item's weight times its released share over the pilot's (one added to both), within :data:`MAX_CORRECTION`."""
+    t = np.asarray(totals, np.float64)
+    w0 = w = np.asarray(w, np.float64)
+    choice = {k: options[k] for k in _CHOICE_OPTIONS if k in options}
+    seed = int(options.get("seed") or 0)
+    with tempfile.TemporaryDirectory(prefix="streamdp-pilot-") as tmp:
+        for r in range(TASTE_ROUNDS):
+            pilot = generate_store(os.path.join(tmp, "p.zarr"), n_users=min(int(n_users), PILOT_USERS),
+                                   n_items=pub["n_items"], ratings_per_user=m, test_fraction=pub["test_fraction"],
+                                   item_weights=w, seed=seed + 1 + r, force=True, show_progress=False, **choice)
+            got = np.zeros(len(w))
+            for blk in pilot.blocks("train"):  # the pilot's totals, weighed as the model weighed its users
+                k = np.diff(blk.indptr)
+                np.add.at(got, blk.items, np.repeat(_user_weight(k, rule), k))
+            got[np.argsort(-w, kind="stable")] = got.copy()  # the generator numbered its items by weight
+            ratio = (t * (got.sum() / max(t.sum(), 1e-300)) + 1.0) / (got + 1.0)
+            w = np.clip(w * ratio, w0 / MAX_CORRECTION, w0 * MAX_CORRECTION)
+    return w / w.sum()
 
 
 def _generator_rpu(shape, pub, options) -> float:
@@ -725,16 +775,19 @@ def _items(found: dict | None, pub: dict, options: dict) -> dict:
     w, b = (None, None) if v is None else item_side(v["counts"], v["count_std"], v["bias"])
     if v is not None and "item_exponent" not in options:
         out["item_weights"], out["user_weight"] = w, v["user_weight"]
-        popularity = ((f"noisy item weight totals (noise std {v['count_std']:.3g}, floored at "
+        what = "item counts" if v["method"] == "ials" else "item weight totals"
+        popularity = ((f"noisy {what} (noise std {v['count_std']:.3g}, floored at "
                        f"{v['count_std'] / math.sqrt(2.0 * math.pi):.3g}) " if v["count_std"] > 0 else
-                       "item weight totals (exact: a non-private release) ") + src
+                       f"{what} (exact: a non-private release) ") + src
                       + ", turned into drawing weights for the generator's users (heavy users rate an item once)")
     else:
         popularity = (f"the generator's power law, exponent {options.get('item_exponent', 0.9):g} ("
                       + ("given" if "item_exponent" in options else "no model of an item release")
                       + ")")
     mine = {"global_mean", "item_bias_std"} & set(options) or options.get("factors") == "uniform"
-    if v is not None and not mine:
+    if pub.get("implicit"):
+        means = "none: an implicit store's counts 1 + Poisson(exp(z)), z the generator's (item biases, tastes)"
+    elif v is not None and not mine and v["method"] != "ials":
         # most popular first by the released counts, with or without their weights: the generator's power law, when
         # given, numbers its items so too
         spread = math.sqrt(options.get("interaction_scale", 1.0) ** 2 + options.get("noise", 0.5) ** 2
@@ -745,15 +798,18 @@ def _items(found: dict | None, pub: dict, options: dict) -> dict:
                  f"once the generator's spread (std {spread:.3g}), rounding and clipping are added")
     else:
         means = ("the generator's global mean and N(0, item_bias_std^2) item biases ("
-                 + ("given" if mine else "no model of an item release")
-                 + ")")
+                 + ("given" if mine else "no model of an item release" if v is None else
+                    "an ials model releases no item means") + ")")
     out["record"] = {"popularity": popularity, "means": means}
     return out
 
 
 def _say_shape(say, st, pub, shape, items, spread) -> None:
-    say(f"shaped like {st.path}: {pub['n_items']:,} items, ratings {pub['rating_min']:g}..{pub['rating_max']:g} "
-        f"(step {pub['rating_step']:g}), test fraction {pub['test_fraction']:g} (public parameters)")
+    scale = ((f"counts (an implicit store; cap {pub['count_cap']:g})" if pub["count_cap"] else
+              "counts (an implicit store)") if pub.get("implicit") else
+             f"ratings {pub['rating_min']:g}..{pub['rating_max']:g} (step {pub['rating_step']:g})")
+    say(f"shaped like {st.path}: {pub['n_items']:,} items, {scale}, test fraction {pub['test_fraction']:g} (public "
+        f"parameters)")
     say(f"  {shape['n_users']['value']:,} users: {shape['n_users']['source']}")
     say(f"  {shape['ratings_per_user']['value']:g} ratings per user (mean): {shape['ratings_per_user']['source']}")
     say(f"  item popularity: {items['popularity']}")
@@ -1104,7 +1160,7 @@ class _SpreadSearch:
         self.m = m = _generator_rpu({"ratings_per_user": dict(shape["ratings_per_user"])}, pub, opts)
         wts = np.asarray(w_model, np.float64)[order]
         if "user_weight" in options:
-            wts = _weights_for(wts, options["user_weight"], m, pub, opts)
+            wts = _weights_for(wts, options["user_weight"], m, pub, opts, shape["n_users"]["value"])
         final = order[np.argsort(-wts, kind="stable")]  # the generator numbers its items so: nothing moves in it
         self.wts = wts = np.sort(wts)[::-1].copy()
         prior = model.get("bias_prior")

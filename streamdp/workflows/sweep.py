@@ -17,7 +17,8 @@ horizontal lines: by the released counts and non-private; needs the ``plot`` ext
 
 A list method (``ials``: its scores rank items and are not ratings) has no test RMSE: its rows leave
 ``test_rmse`` empty (``None``; never a number made up) and it is drawn in the Recall and NDCG panels
-only; a sweep of list methods alone (an implicit store's) has no RMSE panel.
+only; a sweep of list methods alone (an implicit store's) has no RMSE panel. :func:`rehearse` takes list methods
+too (the synthetic users then have tastes: :data:`LIST_TASTES`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ PLOT_PNG = "rmse_vs_epsilon.png"
 SWEEP_MARKER = ".streamdp-sweep"
 #: A rehearsal's synthetic store, inside its sweep directory.
 SYNTHETIC = "synthetic.zarr"
+#: A rehearsal of a list method: the synthetic users' tastes (``generate --taste-clusters/--taste-strength``), so that
+#: which items a user picks depends on her taste and not on popularity alone (``bench/ranking.py``'s shapes').
+LIST_TASTES = {"taste_clusters": 20, "taste_strength": 2.0}
+TASTES_SOURCE = ("the generator's assumption (bench/ranking.py's shapes): no release says how personal the "
+                 "store's choices are, so the lists' gain over the chart is the regime's, not the store's")
 
 
 def parse_epsilons(text: str) -> list[float]:
@@ -94,8 +100,9 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     released must be (``users`` / ``ratings_per_user`` avoid it; ``shape_epsilon`` its cost, ``over_budget`` past
     the budget): then that one release is charged to it, and said. The sweep's releases are charged to the
     synthetic store's own budget. ``synthetic_seed``: the generator's (its default, 0, as ``streamdp generate``'s;
-    ``seed`` seeds the runs, as in :func:`sweep`). ``options``: :func:`sweep`'s. Returns the results, with
-    ``rehearsal``.
+    ``seed`` seeds the runs, as in :func:`sweep`). ``options``: :func:`sweep`'s. With a list method among them the
+    synthetic users get :data:`LIST_TASTES` (said, and recorded under ``rehearsal["tastes"]``). Returns the results,
+    with ``rehearsal``.
     """
     say = echo or (lambda *a, **k: None)
     if dry_run:
@@ -111,17 +118,21 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
                              f"fraction for the synthetic store to take, and a sweep needs a test split; sweep "
                              f"STORE itself, or rehearse a store ingested with --test-fraction")
     check_like(st, users=users, ratings_per_user=ratings_per_user, shape_epsilon=shape_epsilon)
-    _check_run_options(st, options)
+    methods = _check_run_options(st, options)
+    tastes = dict(LIST_TASTES) if any(is_list_method(m) for m in methods) else {}
     check_destination(out, force, what="sweep directory", is_ours=_is_sweep_dir)
     say(REHEARSAL_NOTE.format(store=st.path))
     prepare_out(out, force)
     try:
         syn = generate_like(st, os.path.join(out, SYNTHETIC), users=users, ratings_per_user=ratings_per_user,
                             shape_epsilon=shape_epsilon, over_budget=over_budget, echo=say,
-                            seed=int(synthetic_seed), show_progress=False)
+                            seed=int(synthetic_seed), show_progress=False, **tastes)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
+    if tastes:
+        say(f"  tastes (lists): {tastes['taste_clusters']} clusters of strength {tastes['taste_strength']:g}, "
+            f"{TASTES_SOURCE}")
     like = syn.attrs["params"]["like"]
     shape = like["shape"]
     say(f"the spend below is the synthetic store's ({syn.path}); {st.path}'s budget is not charged for the sweep")
@@ -129,23 +140,19 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     # its checksum, an unkeyed hash of its ratings (docs/privacy.md)
     rehearsal = {"like": st.path, "like_fingerprint": like.get("store_fingerprint"), "synthetic_store": syn.path,
                  "n_users": shape["n_users"], "ratings_per_user": shape["ratings_per_user"], "items": like["items"],
-                 "spread": {k: v for k, v in like["spread"].items() if k != "rounds"}}
+                 "spread": {k: v for k, v in like["spread"].items() if k != "rounds"},
+                 **({"tastes": {**tastes, "source": TASTES_SOURCE}} if tastes else {})}
     res = sweep(syn, out=out, seed=seed, echo=echo, prepared=True, rehearsal=rehearsal, **options)
     say(f"REHEARSAL: the curve above is on synthetic data shaped like {st.path}, not on its ratings")
     return res
 
 
-def _check_run_options(st, options: dict) -> None:
+def _check_run_options(st, options: dict) -> list[str]:
     """What :func:`sweep` would refuse of ``options`` once the synthetic store exists, checked on STORE first:
     methods, epsilons, repeats, delta's range, users_bound, rank and the methods' options (STORE and its synthetic
-    twin share their public parameters). Builds no plan and releases nothing."""
+    twin share their public parameters). Builds no plan and releases nothing; returns the methods."""
     methods, epsilons = check_points(st, options.get("methods", ""), options.get("epsilons", ""),
                                      options.get("repeats", 1))
-    lists = [m for m in methods if is_list_method(m)]
-    if lists:
-        raise ParameterError(f"--rehearse --methods {lists[0]}: a rehearsal of a list method is not built yet (the "
-                             f"synthetic store's users choose items by popularity alone, so its lists could only "
-                             f"show the chart); sweep STORE itself")
     check_users_bound(options.get("users_bound"))
     delta = options.get("delta")
     if delta is not None:
@@ -154,6 +161,7 @@ def _check_run_options(st, options: dict) -> None:
         for e in epsilons:  # a method's own refusals (sgd: only inf) too
             get_method(m)(epsilon=e, delta=1e-6 if delta is None else float(delta),
                           rank=options.get("rank")).check_rank(st.n_items)
+    return methods
 
 
 def planned_spend(store, points, *, delta, rank, seed, users=None) -> dict:
@@ -364,8 +372,11 @@ def format_table(result: dict) -> str:
     Recall@k and NDCG@k, then the non-private baselines they are to be compared with."""
     rb = result.get("ranking_baselines") or {}
     k = rb.get("k", 10)
-    lines = [("REHEARSAL on synthetic data shaped like " + result["rehearsal"]["like"] + "\n"
-              if result.get("rehearsal") else "")
+    reh = result.get("rehearsal") or {}
+    tastes = reh.get("tastes")
+    lines = [("REHEARSAL on synthetic data shaped like " + reh["like"] + "\n" if reh else "")
+             + (f"(rehearsal lists: synthetic tastes, {tastes['taste_clusters']} clusters of strength "
+                f"{tastes['taste_strength']:g}: the generator's assumption)\n" if tastes else "")
              + f"{'method':<10} {'epsilon':>8} {'n':>3}  {'test RMSE (mean +- std)':<24} {'Recall@' + str(k):>9} "
                f"{'NDCG@' + str(k):>8}"]
     order = {m: i for i, m in enumerate(result["methods"])}

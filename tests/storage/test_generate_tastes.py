@@ -201,3 +201,24 @@ def _implicit_als_recall10(store, factors: int = 64):
 
 if __name__ == "__main__":
     _main()
+
+
+def test_given_item_weights_stay_the_marginal_popularity_under_tastes():
+    """``item_weights`` with taste clusters (a list rehearsal's released popularity): the tilts would reshuffle the
+    marginal drawing probability (the items' shares, most popular first, 77% off the weights' on this draw); the
+    tables keep it proportional to the weights, also when the generator's factors are paired with popularity
+    (``pair_exponent``)."""
+    from streamdp.storage.generate import _taste_tables
+
+    rng = np.random.default_rng(0)
+    V, w = rng.standard_normal((300, 8)), np.arange(1, 301, dtype=np.float64) ** -0.9
+    for keep, pair, tol in ((False, None, None), (True, None, 1e-6), (True, 0.9, 1e-6)):
+        V2, _, prob, alias, _ = _taste_tables(1, V, np.zeros(300), w, 20, 2.0, False, keep_marginal=keep,
+                                              pair_exponent=pair)
+        assert sorted(map(tuple, V2)) == sorted(map(tuple, V))  # pairing only moves the rows among the items
+        p = np.zeros((20, 300))  # each cluster's drawing probability back from its alias table
+        for c in range(20):
+            np.add.at(p[c], np.arange(300), prob[c] / 300)
+            np.add.at(p[c], alias[c], (1.0 - prob[c]) / 300)
+        err = np.abs(p.mean(axis=0) / (np.sort(w)[::-1] / w.sum()) - 1.0).max()
+        assert err < tol if keep else err > 0.5
