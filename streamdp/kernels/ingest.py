@@ -180,3 +180,31 @@ def count_into(counts, keys, lo):
     """``counts[k - lo] += 1`` for every key (the caller guarantees the range)."""
     for k in range(len(keys)):
         counts[keys[k] - lo] += 1
+
+
+@njit(cache=True, nogil=True)
+def hash_strings(offsets, data, out):
+    """64-bit FNV-1a hash of each string of an Arrow string array: string ``k`` is
+    ``data[offsets[k]:offsets[k + 1]]`` (``offsets`` as long as ``out`` plus one, already shifted by
+    the array's offset). Equal strings hash equal; :class:`streamdp.storage.ingest._IdMap` checks
+    every match against the string itself, so a collision is never a wrong id."""
+    for k in range(len(out)):
+        h = np.uint64(14695981039346656037)
+        for j in range(offsets[k], offsets[k + 1]):
+            h = (h ^ np.uint64(data[j])) * np.uint64(1099511628211)
+        out[k] = h
+
+
+@njit(cache=True, nogil=True)
+def same_strings(offsets, data, a, b, out):
+    """``out[k]``: whether strings ``a[k]`` and ``b[k]`` of one Arrow string array (``offsets`` shifted by
+    its offset, ``data`` its bytes) are equal."""
+    for k in range(len(a)):
+        s, t = offsets[a[k]], offsets[b[k]]
+        n = offsets[a[k] + 1] - s
+        eq = n == offsets[b[k] + 1] - t
+        j = 0
+        while eq and j < n:
+            eq = data[s + j] == data[t + j]
+            j += 1
+        out[k] = eq

@@ -45,7 +45,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.kernels.ingest import bucket_rows, count_into, group_dedup, remap_sort
+from streamdp.kernels.ingest import (bucket_rows, count_into, group_dedup, hash_strings, remap_sort,
+                                     same_strings)
 from streamdp.memory import format_size, release_freed_memory, resolve_memory_limit, unmap_large_frees
 from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
@@ -107,20 +108,26 @@ class _BadLine(Exception):
 
 
 class _KeyCounter:
-    """Distinct keys and their counts, merged in bounded buffers (pyarrow hash group-by)."""
+    """Distinct keys and their counts, merged in bounded buffers.
+
+    A merge sorts the keys by their 64-bit hash (:func:`_key_hashes`: an integer key is its own) and sums the
+    counts of equal hashes, each group's strings checked equal byte for byte (a kernel on the Arrow buffers: no
+    copy); a true collision of two keys merges exactly through pyarrow's group-by instead. Measured on 30M
+    ratings of 2M string user ids: 393 MB of Arrow memory at the peak of pyarrow's group-by alone.
+    """
 
     def __init__(self, max_buffered: int = 1 << 20):
         self.max_buffered = max_buffered
-        self.keys: pa.Array | None = None
-        self.counts: pa.Array | None = None
+        self.keys: pa.Array | None = None  # in the order of their hashes
+        self.hashes: np.ndarray | None = None
+        self.counts: np.ndarray | None = None
         self.buf: list = []
         self.buffered = 0
 
     def add(self, arr: pa.Array) -> None:
         vc = pc.value_counts(arr)
-        self.buf.append((vc.field("values"), vc.field("counts")))
-        self.buffered += len(vc)
-        if self.buffered > max(self.max_buffered, 0 if self.keys is None else len(self.keys)):
+        self.add_counts(vc.field("values"), vc.field("counts"))
+        if self.buffered > max(self.max_buffered, 0 if self.keys is None else len(self.keys) // 4):
             self._merge()
 
     def add_counts(self, keys: pa.Array, counts: pa.Array) -> None:
@@ -128,24 +135,41 @@ class _KeyCounter:
         self.buffered += len(keys)
 
     def _merge(self) -> None:
+        if not self.buf:
+            return
         ks = [k for k, _ in self.buf]
-        cs = [c for _, c in self.buf]
+        cs = [c.to_numpy().astype(np.int64) for _, c in self.buf]
+        hs = [_key_hashes(k) for k in ks]
         if self.keys is not None:
             ks.insert(0, self.keys)
             cs.insert(0, self.counts)
+            hs.insert(0, self.hashes)
         self.buf, self.buffered = [], 0
-        if not ks:
-            return
-        t = pa.table({"k": pa.concat_arrays(ks), "c": pa.concat_arrays(cs)})
-        g = t.group_by("k", use_threads=False).aggregate([("c", "sum")])
-        self.keys = g.column("k").combine_chunks()
-        self.counts = g.column("c_sum").combine_chunks()
+        k, c, h = pa.concat_arrays(ks), np.concatenate(cs), np.concatenate(hs)
+        order = np.argsort(h, kind="stable")
+        h = h[order]
+        starts = np.flatnonzero(np.concatenate([[True], h[1:] != h[:-1]]))
+        rep = order[starts]  # each group's first key
+        if not pa.types.is_integer(k.type):
+            group = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(h))))
+            same = np.empty(len(order), np.bool_)
+            same_strings(*_string_buffers(k), order, rep[group], same)
+            if not same.all():  # two keys share a hash: the exact merge
+                t = pa.table({"k": k, "c": pa.array(c)}).group_by("k", use_threads=False).aggregate([("c", "sum")])
+                k, c = t.column("k").combine_chunks(), t.column("c_sum").to_numpy()
+                h = _key_hashes(k)
+                order = np.argsort(h, kind="stable")
+                self.keys, self.hashes, self.counts = k.take(pa.array(order)), h[order], c[order]
+                return
+        self.keys = k.take(pa.array(rep))
+        self.hashes = h[starts]
+        self.counts = np.add.reduceat(c[order], starts)
 
     def finish(self) -> tuple[pa.Array, np.ndarray]:
         """(keys sorted ascending, counts as int64)."""
         self._merge()
         idx = pc.sort_indices(self.keys)
-        return self.keys.take(idx), self.counts.take(idx).to_numpy().astype(np.int64)
+        return self.keys.take(idx), self.counts[idx.to_numpy()]
 
 
 class _IntCounter:
@@ -196,7 +220,13 @@ class _IntCounter:
 
 
 class _IdMap:
-    """Original id -> dense index for sorted unique ``keys`` (never a Python dict)."""
+    """Original id -> dense index for sorted unique ``keys`` (never a Python dict).
+
+    Integer ids: a lookup table over their range, or a binary search. String ids: a binary search of each
+    id's 64-bit hash (:func:`_string_hashes`) among the keys' sorted hashes, every match checked against the
+    key itself; the few ids whose hash is shared go through ``pyarrow.compute.index_in``, which builds a hash
+    table of every key at each call (100x slower with 2M keys: 0.2M ratings/s).
+    """
 
     def __init__(self, keys: pa.Array):
         self.is_int = pa.types.is_integer(keys.type)
@@ -210,6 +240,9 @@ class _IdMap:
                 self.lut[self.np - lo] = np.arange(len(self.np), dtype=np.int32)
         else:
             self.keys = keys
+            h = _string_hashes(keys)
+            self.order = np.argsort(h, kind="stable").astype(np.int32)
+            self.hashes = h[self.order]
 
     def __call__(self, arr: pa.Array) -> np.ndarray:
         if self.is_int:
@@ -217,7 +250,43 @@ class _IdMap:
             if self.lut is not None:
                 return self.lut[a - self.lo]
             return np.searchsorted(self.np, a).astype(np.int32)
-        return pc.index_in(arr, value_set=self.keys).to_numpy().astype(np.int32)
+        if len(self.keys) == 0 or len(arr) == 0:
+            return _index_in(arr, self.keys)
+        pos = np.minimum(np.searchsorted(self.hashes, _string_hashes(arr)), len(self.hashes) - 1)
+        idx = self.order[pos]
+        ok = pc.equal(self.keys.take(pa.array(idx)), arr.cast(self.keys.type)).to_numpy(zero_copy_only=False)
+        if not ok.all():  # a hash shared by two keys: looked up exactly
+            bad = np.flatnonzero(~ok)
+            idx[bad] = _index_in(arr.take(pa.array(bad)), self.keys)
+        return idx
+
+
+def _index_in(arr: pa.Array, keys: pa.Array) -> np.ndarray:
+    return pc.fill_null(pc.index_in(arr, value_set=keys), -1).to_numpy(zero_copy_only=False).astype(np.int32)
+
+
+def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The offsets (shifted by the array's offset) and the bytes of a string (or large string) array."""
+    off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], off_type, count=len(arr) + 1, offset=arr.offset * np.dtype(off_type).itemsize)
+    return offsets, (np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8))
+
+
+def _string_hashes(arr: pa.Array) -> np.ndarray:
+    """Each string's 64-bit FNV-1a hash (:func:`~streamdp.kernels.ingest.hash_strings`)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    out = np.empty(len(arr), np.uint64)
+    hash_strings(*_string_buffers(arr), out)
+    return out
+
+
+def _key_hashes(keys: pa.Array) -> np.ndarray:
+    """Each key's 64-bit hash: an integer key's own value, a string's :func:`_string_hashes`."""
+    if pa.types.is_integer(keys.type):
+        return keys.to_numpy().astype(np.int64).view(np.uint64)
+    return _string_hashes(keys)
 
 
 def _release_memory() -> None:

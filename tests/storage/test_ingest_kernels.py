@@ -111,6 +111,48 @@ def test_int_counter_stays_dense_while_the_ids_span_less_than_its_range():
     assert keys.to_numpy()[-1] == ref_k[0] + 1000 and counts.sum() == sum(len(p) for p in parts) + 1
 
 
+@pytest.mark.parametrize("collide", [False, True])
+def test_key_counter_counts_string_ids_exactly(monkeypatch, collide):
+    """String ids are counted by hash, every group checked byte for byte: the counts of np.unique, also when
+    many keys share a hash (the exact merge then)."""
+    import pyarrow as pa
+
+    from streamdp.storage import ingest as I
+
+    if collide:
+        real = I._string_hashes
+        monkeypatch.setattr(I, "_string_hashes", lambda a: real(a) % np.uint64(7))
+    rng = np.random.default_rng(9)
+    c = I._KeyCounter(max_buffered=300)
+    parts = [[f"id{v}" for v in rng.integers(0, 2000, 500)] + ["", "é" * (k % 3)] for k in range(12)]
+    for p in parts:
+        c.add(pa.array(p))
+    keys, counts = c.finish()
+    ref_k, ref_c = np.unique(np.concatenate(parts), return_counts=True)
+    assert keys.to_pylist() == sorted(ref_k.tolist(), key=lambda x: x.encode())
+    np.testing.assert_array_equal(counts, ref_c[np.argsort([x.encode() for x in ref_k.tolist()], kind="stable")])
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_string_id_map_is_index_in(monkeypatch, collide):
+    """String ids map through their hashes, each match checked: the same indices as pyarrow's index_in, with
+    hashes shared by many keys too (a collision is looked up exactly, never a wrong id)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from streamdp.storage import ingest as I
+
+    if collide:
+        real = I._string_hashes
+        monkeypatch.setattr(I, "_string_hashes", lambda a: real(a) % np.uint64(7))
+    rng = np.random.default_rng(5)
+    keys = pa.array(sorted({f"u{v}" for v in rng.integers(0, 5000, 3000)} | {"", "é", "u1" * 40}))
+    m = I._IdMap(keys)
+    batch = pa.array(rng.choice(keys.to_pylist(), 2000).tolist()).slice(7, 1500)  # a slice: offsets shifted
+    np.testing.assert_array_equal(m(batch), pc.index_in(batch, value_set=keys).to_numpy())
+    assert m(pa.array([], pa.string())).shape == (0,)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_group_dedup_aggregates_repeated_pairs(seed):
     """Interaction logs (implicit stores): the values of a repeated (user, item) pair are summed."""
