@@ -397,6 +397,10 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
         summary["items"] = m.catalogue.describe()
         if getattr(m.catalogue, "range", None) is not None:
             summary["rating_range"] = m.catalogue.range.describe()
+    rr = info.get("rating_range") or {}
+    if "rating_range" not in summary and rr.get("source") == "public users":  # public-private on an undeclared range
+        summary["rating_range"] = (f"[{rr['min']:g}, {rr['max']:g}] the public users' lowest and highest training "
+                                   f"rating (public data, nothing spent)")
     if "data_window" in info:
         summary["data_window"] = info["data_window"]
     if "warm_start" in info:

@@ -472,8 +472,9 @@ def test_an_undeclared_range_is_the_public_users_never_a_private_users(undeclare
 def test_train_publishes_the_public_users_range(undeclared, tmp_path):
     """model.json and privacy.json's public_parameters carry [2, 4], source 'public users', never [0, 9]."""
     st, public = undeclared
-    train(st, method="public-private", out=str(tmp_path / "m"), epsilon=1.0, delta=1e-6, rank=2, seed=1,
-          public_users=public, iters=2, private_mechanism="laplace", private_rounds=1, round_iters=1)
+    summary = train(st, method="public-private", out=str(tmp_path / "m"), epsilon=1.0, delta=1e-6, rank=2, seed=1,
+                    public_users=public, iters=2, private_mechanism="laplace", private_rounds=1, round_iters=1)
+    assert summary["rating_range"].startswith("[2, 4] the public users'")  # train's output has a line for it
     model = json.loads((tmp_path / "m" / "model.json").read_text())
     ledger = json.loads((tmp_path / "m" / "privacy.json").read_text())
     assert model["rating_range"] == {"min": 2.0, "max": 4.0, "source": "public users"}
