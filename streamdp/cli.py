@@ -616,7 +616,8 @@ def period_options(f):
 
 @main.command(cls=_TrainCommand)
 @click.argument("store")
-@click.option("--method", default="als", show_default=True, help="Training method.")
+@click.option("--method", default=None, help="Training method (see `streamdp methods`)  [default: als; ials on an "
+              "interaction log]")
 @click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon of the whole release (with the "
               "private selections of the items and the rating range when the store declares neither); 'inf' trains "
               "without noise (non-private, labelled so).")
@@ -667,7 +668,7 @@ def train(store, method, epsilon, delta, users_bound, items, warm_start, rank, o
 
     # `train` only: `sweep --rank` gives one rank to every method it runs and the Python API keeps accepting it
     # (unused, and said so in the summary), so a means point of a sweep is not refused
-    if rank is not None and not get_method(method).FITS_FACTORS:
+    if rank is not None and method is not None and not get_method(method).FITS_FACTORS:
         raise ParameterError(f"--rank: --method {method} fits no factors (it releases item biases and the global "
                              f"mean only); leave --rank out")
     if math.isinf(epsilon):
@@ -734,6 +735,8 @@ def format_train_summary(summary: dict) -> str:
     if "total_seconds" in summary:
         timing += f" ({summary['total_seconds']:.1f}s in all, with checks and evaluation)"
     lines = [f"wrote {summary['out']}: {summary['method']} {shape}, {privacy}, {timing}"]
+    if "method_default" in summary:
+        lines.append("method: " + summary["method_default"])
     if "items" in summary:
         lines.append("items: " + summary["items"])
     if "rating_range" in summary:

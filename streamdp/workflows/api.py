@@ -49,7 +49,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'streamdp.workflows.api' has no attribute {name!r}")
 
 
-def train(store, *, epsilon: float, method: str = "als", delta: float | None = None, out: str | None = None,
+def train(store, *, epsilon: float, method: str | None = None, delta: float | None = None, out: str | None = None,
           rank: int | None = None, seed: int | None = None, workers: int | None = None, memory_limit=None,
           scheduler=None, over_budget: bool = False, force: bool = False, evaluate: bool = True,
           users_bound: int | None = None, k: int = 10, ranking_users: int | str = 10_000,
@@ -71,8 +71,9 @@ def train(store, *, epsilon: float, method: str = "als", delta: float | None = N
     epsilon : float
         User-level epsilon; ``float("inf")`` trains without noise (labelled non-private), with
         ``allow_nonprivate=True``.
-    method : str
-        ``streamdp train --method`` name (see ``streamdp.methods.METHODS``).
+    method : str, optional
+        ``streamdp train --method`` name (see ``streamdp.methods.METHODS``); default ``als``, ``ials`` on an
+        interaction log (:func:`streamdp.workflows.training.default_method`).
     delta : float, optional
         Default :func:`default_delta` of the run's number of users (``users_bound``, or the count released with
         noise: :mod:`streamdp.privacy.users`).

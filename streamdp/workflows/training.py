@@ -44,13 +44,24 @@ from streamdp.stream.driver import sweep_stale_runs
 from streamdp.stream.engine import Engine, dask_session
 
 
-def train(store, *, method: str, out: str, epsilon: float, delta: float | None = None, rank: int | None = None,
+def default_method(store: RatingStore) -> str:
+    """The method ``train`` runs when none is named: ``als``, or ``ials`` on an interaction log (an implicit store:
+    counts, no ratings, which ``als`` refuses); read off the store's kind, a public parameter of its format."""
+    return "ials" if store.info.implicit else "als"
+
+
+#: What ``train``'s summary says when it chose ``ials`` for an interaction log (:func:`default_method`).
+DEFAULT_IALS_NOTE = "ials, the default on an interaction log (als trains on ratings; --method names another)"
+
+
+def train(store, *, method: str | None, out: str, epsilon: float, delta: float | None = None, rank: int | None = None,
           seed: int | None = None,
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
           force: bool = False, evaluate_test: bool = True, state: str | None = None, users_bound: int | None = None,
           users=None, k: int = DEFAULT_K, ranking_users=DEFAULT_RANKING_USERS, items=None, warm_start=None,
           since=None, until=None, window=None, until_segment=None, **options) -> dict:
-    """Train ``method`` on ``store`` and write the model to ``out``; return a summary dict.
+    """Train ``method`` (``None``: :func:`default_method`) on ``store`` and write the model to ``out``; return a summary
+    dict.
 
     The summary has ``method, epsilon, delta, rank, guarantee, seconds, out``, the
     accountant's ``epsilon_spent`` and, when the store has a test split,
@@ -85,7 +96,8 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
     store = store if isinstance(store, RatingStore) else open_store(store)
     store = data_period(store, since=since, until=until, window=window, until_segment=until_segment)
     check_contributions(store)  # an empty period: refused before anything is reserved
-    cls = get_method(method) if isinstance(method, str) else method
+    defaulted = method is None
+    cls = get_method(default_method(store) if defaulted else method) if not callable(method) else method
     warm = None
     if warm_start is not None:  # every check that needs no store pass, before anything is released
         warm = warm_model(cls, warm_start, checkpoint=options.get("checkpoint"))
@@ -121,6 +133,8 @@ def train(store, *, method: str, out: str, epsilon: float, delta: float | None =
                 from streamdp.privacy.filter import summary as filter_summary
 
                 summary["user_filter"] = filter_summary(user_filter.result)
+            if defaulted and cls.name == "ials":
+                summary["method_default"] = DEFAULT_IALS_NOTE
             summary["total_seconds"] = round(time.perf_counter() - t0, 3)
             return summary
         except KeyboardInterrupt:

@@ -40,8 +40,24 @@ def test_prepare_refuses_an_implicit_store(log_store, tmp_path, name):
     assert not (tmp_path / "m").exists()
 
 
+def test_train_without_a_method_trains_ials_on_an_interaction_log(log_store, tmp_path):
+    """The default method is ials on an implicit store (als would refuse it), and train says so; a rating store's
+    default stays als."""
+    from streamdp.workflows.training import default_method
+
+    items = tmp_path / "items.txt"
+    items.write_text("".join(f"{i}\n" for i in range(50)))  # declared: 300 users are too few to select them
+    r = CliRunner().invoke(main, ["train", log_store.path, "--epsilon", "1", "--seed", "1", "--items", str(items),
+                                  "--out", str(tmp_path / "m")])
+    assert r.exit_code == 0, r.output
+    assert "wrote " in r.output and ": ials " in r.output.splitlines()[0], r.output
+    assert "method: ials, the default on an interaction log" in r.output
+    assert default_method(log_store) == "ials"
+
+
 def test_train_and_tune_refuse_in_one_line(log_store, tmp_path):
-    r = CliRunner().invoke(main, ["train", log_store.path, "--epsilon", "1", "--out", str(tmp_path / "m")])
+    r = CliRunner().invoke(main, ["train", log_store.path, "--method", "als", "--epsilon", "1",
+                                  "--out", str(tmp_path / "m")])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "use --method ials" in r.stderr, r.stderr
     with pytest.raises(ParameterError, match="use --method ials"):
         tune(log_store, epsilon=1.0, method="als", out=str(tmp_path / "t"))
