@@ -306,6 +306,9 @@ def _check_user_budget(st, methods, epsilons, users_bound) -> None:
 
     if not st.local or StoreBudget(st.path).user_budget() is None:
         return
+    if any(math.isinf(e) for e in epsilons):
+        raise ParameterError(f"--epsilons inf: {st.path} has a per-user budget; a non-private model would cross "
+                             f"every user's cap")
     for m in methods:
         filtered_store(st, get_method(m), epsilon=max(epsilons), users_bound=users_bound)
     if users_bound is None:
