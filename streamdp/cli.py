@@ -813,8 +813,8 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, items, seed, wor
     each user's held-out items in its top 10 (higher is better), by the same rule.
     All of it is composed in one ledger within --epsilon and reserved in the store's
     budget before the candidates run (see docs/tune.md). On a store too small for the noisy losses to tell
-    configurations apart, nothing is tuned and the default gets the whole epsilon. --since/--until/--window/
-    --until-segment tune and train on that period of STORE only, as train does.
+    configurations apart, nothing is tuned and the default gets the whole epsilon. --since, --until, --window
+    and --until-segment tune and train on that period of STORE only, as train does.
     """
     import math
 
@@ -904,9 +904,9 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
     With --rehearse, the same on a synthetic store shaped like STORE, whose budget pays only for a shape statistic
     it has not released yet (--shape-epsilon each, said when charged; never for the sweep); a list method's
     synthetic users get taste clusters (an assumption, said), an implicit STORE's synthetic store holds counts. With
-    --replot, the plot and table of a finished sweep again. --since/--until/--window/--until-segment train and
-    evaluate every point on that period of STORE only, as train does (not with --rehearse); a store with a per-user
-    budget needs --users-bound.
+    --replot, the plot and table of a finished sweep again. --since, --until, --window and --until-segment train
+    and evaluate every point on that period of STORE only, as train does (not with --rehearse); a store with a
+    per-user budget needs --users-bound.
     """
     from streamdp.errors import ParameterError
     from streamdp.workflows.sweep import format_table, rehearse as run_rehearsal, replot as run_replot
