@@ -947,8 +947,9 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
         return
     if not dry_run:
         click.echo(format_table(res))
-        if res.get("data_window"):
-            click.echo("period: " + describe_period(res["data_window"]))
+    if res.get("data_window"):
+        click.echo("period: " + describe_period(res["data_window"]))
+    if not dry_run:
         click.echo(f"wrote {out}/results.csv, results.json" + (f", {res['plot']}" if res.get("plot") else
                    " (no plot: pip install 'streamdp[plot]')"))
 
