@@ -597,11 +597,12 @@ class _TrainCommand(click.Command):
 
 
 def period_options(f):
-    """``train``'s options naming the period of the store a model is trained on (:mod:`streamdp.storage.timeline`)."""
+    """The options naming the period of the store a model is trained on (:mod:`streamdp.storage.timeline`):
+    ``train``'s, ``tune``'s and ``sweep``'s, one meaning."""
     for opt in reversed([
         click.option("--since", default=None, metavar="DATE", help="Train on the ratings made at or after DATE only "
                      "(ISO date or date and time, UTC unless an offset is given; a store that keeps rating times). "
-                     "Recorded in the model (data_window)."),
+                     "Recorded in the model (data_window; a sweep's results.json too)."),
         click.option("--until", default=None, metavar="DATE", help="Train on the ratings made before DATE only "
                      "(as --since)."),
         click.option("--window", default=None, metavar="LENGTH", help="Train on the ratings of the LENGTH (e.g. 90d, "
@@ -799,9 +800,10 @@ def format_train_summary(summary: dict) -> str:
 @click.option("--force", is_flag=True, help="Replace an existing streamdp model at --out (anything else there is "
               "an error).")
 @yes_option
+@period_options
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def tune(store, epsilon, method, out, grid, delta, users_bound, items, seed, workers, memory_limit, over_budget,
-         force, yes, as_json):
+         force, yes, since, until, window, until_segment, as_json):
     """Choose a method's configuration privately on STORE, train it and write it to --out.
 
     Every configuration of the grid is trained privately on a Poisson sample of the
@@ -814,7 +816,8 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, items, seed, wor
     each user's held-out items in its top 10 (higher is better), by the same rule.
     All of it is composed in one ledger within --epsilon and reserved in the store's
     budget before the candidates run (see docs/tune.md). On a store too small for the noisy losses to tell
-    configurations apart, nothing is tuned and the default gets the whole epsilon.
+    configurations apart, nothing is tuned and the default gets the whole epsilon. --since, --until, --window
+    and --until-segment tune and train on that period of STORE only, as train does.
     """
     import math
 
@@ -825,7 +828,8 @@ def tune(store, epsilon, method, out, grid, delta, users_bound, items, seed, wor
     # the run's summary (streamdp.workflows.api.tune's model.summary adds what the loaded model is)
     summary = run_tune(store, epsilon=epsilon, method=method, out=out, grid=list(grid) or None, delta=delta,
                        seed=seed, workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
-                       users_bound=users_bound, items=items)
+                       users_bound=users_bound, items=items, since=since, until=until, window=window,
+                       until_segment=until_segment)
     _report(summary, as_json, format_tune_summary)
 
 
@@ -891,10 +895,11 @@ def format_tune_summary(summary: dict) -> str:
 @click.option("--replot", default=None, metavar="RESULTS", help="Redraw the plot and print the table of a finished "
               "sweep from its results.json (or its directory): no training, no budget touched.")
 @yes_option
+@period_options
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
 def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed, workers, memory_limit, scheduler,
           state, dry_run, over_budget, force, rehearse, rehearse_users, rehearse_rpu, shape_epsilon, replot, yes,
-          as_json):
+          since, until, window, until_segment, as_json):
     """Test RMSE, Recall@10 and NDCG@10 against epsilon for several methods: results.csv/json and a plot, spend
     charged to the budget. A list method (ials) has no test RMSE: its points are its Recall@10 and NDCG@10, beside
     the most-popular chart's (an implicit store takes list methods only; --rehearse takes them too).
@@ -902,7 +907,9 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
     With --rehearse, the same on a synthetic store shaped like STORE, whose budget pays only for a shape statistic
     it has not released yet (--shape-epsilon each, said when charged; never for the sweep); a list method's
     synthetic users get taste clusters (an assumption, said), an implicit STORE's synthetic store holds counts. With
-    --replot, the plot and table of a finished sweep again.
+    --replot, the plot and table of a finished sweep again. --since, --until, --window and --until-segment train
+    and evaluate every point on that period of STORE only, as train does (not with --rehearse); a store with a
+    per-user budget needs --users-bound.
     """
     from streamdp.errors import ParameterError
     from streamdp.workflows.sweep import format_table, rehearse as run_rehearsal, replot as run_replot
@@ -910,8 +917,10 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
 
     echo = None if as_json else click.echo
     if replot is not None:
-        if store is not None or out is not None or rehearse:
-            raise ParameterError("--replot RESULTS: redraws a finished sweep; give no STORE, --out or --rehearse")
+        if store is not None or out is not None or rehearse or any(
+                v is not None for v in (since, until, window, until_segment)):
+            raise ParameterError("--replot RESULTS: redraws a finished sweep; give no STORE, --out, --rehearse or "
+                                 "period")
         res = run_replot(replot, echo=echo)
         if as_json:
             print_json(encode_json_safe(res))
@@ -929,7 +938,8 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
                 raise ParameterError(f"{flag}: only with --rehearse")
     common = dict(methods=methods, epsilons=epsilons, out=out, repeats=repeats, seed=seed, delta=delta, rank=rank,
                   workers=workers, memory_limit=memory_limit, scheduler=scheduler, state=state,
-                  over_budget=over_budget, dry_run=dry_run, force=force, echo=echo, users_bound=users_bound)
+                  over_budget=over_budget, dry_run=dry_run, force=force, echo=echo, users_bound=users_bound,
+                  since=since, until=until, window=window, until_segment=until_segment)
     if rehearse:
         res = run_rehearsal(store, users=rehearse_users, ratings_per_user=rehearse_rpu, shape_epsilon=shape_epsilon,
                             **common)
@@ -940,6 +950,9 @@ def sweep(store, methods, epsilons, out, repeats, delta, users_bound, rank, seed
         return
     if not dry_run:
         click.echo(format_table(res))
+    if res.get("data_window"):
+        click.echo("period: " + describe_period(res["data_window"]))
+    if not dry_run:
         click.echo(f"wrote {out}/results.csv, results.json" + (f", {res['plot']}" if res.get("plot") else
                    " (no plot: pip install 'streamdp[plot]')"))
 

@@ -59,12 +59,17 @@ def test_train_since_and_window_record_the_period_and_count_only_its_users(weeks
     assert json.load(open(tmp / "m2" / "model.json"))["n_users"] <= 120
 
 
-@pytest.mark.parametrize("args, needles", [
+#: Periods refused in one line by every command that takes them (train, tune, sweep: tests/test_cli_time_tune_sweep.py).
+BAD_PERIODS = [
     (("--since", "2024-02-30"), ("--since '2024-02-30': not an ISO date",)),
     (("--window", "90x"), ("--window '90x'",)),
     (("--since", "2024-01-02", "--window", "1d"), ("give one",)),
     (("--since", "2024-01-05", "--until", "2024-01-02"), ("is not before --until",)),
     (("--since", "2030-01-01"), ("no training rating in the window",)),
+]
+
+
+@pytest.mark.parametrize("args, needles", BAD_PERIODS + [
     (("--until-segment", "3"), ("--until-segment 3", "has 1 segment")),
 ])
 def test_bad_periods_are_one_line_errors_and_leave_nothing(weeks, cli, args, needles):

@@ -24,6 +24,7 @@ from streamdp.privacy.catalogue import epsilon_alone
 from streamdp.privacy.users import UserCount, release_user_count
 from streamdp.serving.model import save_model
 from streamdp.storage.fingerprint import store_fingerprint
+from streamdp.storage.timeline import period_users
 from streamdp.stream.driver import Run, fingerprint
 
 
@@ -112,8 +113,8 @@ def user_count_for(cls, store, *, epsilon: float, seed: int | None = None,
     n = store.n_users if counted is None else counted
     if not cls.RELEASES_USER_COUNT:
         return UserCount(int(n), "exact")
-    if counted is None and hasattr(store, "n_contributors"):  # a time window (storage/timeline.py): its users only
-        n = store.n_contributors()
+    if counted is None:  # a time window (storage/timeline.py): its users only
+        n = period_users(store)
     return release_user_count(n, epsilon=epsilon, seed=seed, users_bound=users_bound)
 
 

@@ -38,7 +38,7 @@ from streamdp.storage.store import Block, RatingStore
 from streamdp.storage.view import StoreView, ViewSpec
 
 __all__ = ["TimeWindowView", "check_contributions", "contributors", "data_period", "format_time", "parse_time",
-           "parse_window", "resolve_window", "segment_future", "store_as_of", "time_window"]
+           "parse_window", "period_users", "resolve_window", "segment_future", "store_as_of", "time_window"]
 
 _UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400}
 _OPEN_LO, _OPEN_HI = np.iinfo(np.int64).min, np.iinfo(np.int64).max
@@ -424,6 +424,13 @@ def contributors(store: RatingStore):
     if not isinstance(store, (TimeWindowView, _AsOf, _PlainAsOf)):
         return None
     return _Contributors(store)
+
+
+def period_users(store: RatingStore) -> int:
+    """The exact number of users a release reading ``store`` counts: a time window's contributors
+    (:meth:`TimeWindowView.n_contributors`), else the store's users (released only with noise, or checked against a
+    declared bound)."""
+    return store.n_contributors() if hasattr(store, "n_contributors") else int(store.n_users)
 
 
 def check_contributions(store) -> None:

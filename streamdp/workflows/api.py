@@ -155,14 +155,16 @@ def _released(out: str | None, run) -> Model:
 
 def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
-         force: bool = False, evaluate: bool = True, users_bound: int | None = None, items=None) -> Model:
+         force: bool = False, evaluate: bool = True, users_bound: int | None = None, items=None,
+         since=None, until=None, window=None, until_segment=None) -> Model:
     """Choose ``method``'s configuration privately and return the released model (``streamdp tune``).
 
     Exactly what ``streamdp tune`` runs (:func:`streamdp.workflows.tune.tune`): the grid's
     candidates, their noisy validation losses and the chosen configuration's release
     are composed in one ledger within ``epsilon`` and charged to the store's budget.
     ``grid`` is ``{"rank": [4, 8], "iters": [0, 5]}`` or ``["rank=4,8", ...]`` (``None``:
-    the method's default grid). ``out=None``, ``users_bound`` and ``items`` work as for :func:`train`.
+    the method's default grid). ``out=None``, ``users_bound``, ``items`` and the period (``since``, ``until``,
+    ``window``, ``until_segment``) work as for :func:`train`.
     ``model.summary["tuning"]`` holds every candidate's noisy loss and the choice (``method="ials"``: each
     candidate's noisy held-out hits in the users' top 10, ``noisy_hits``, higher is better).
     """
@@ -171,7 +173,7 @@ def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, 
     return _released(out, lambda out: run_tune(
         store, epsilon=epsilon, method=method, out=out, grid=grid, delta=delta, seed=seed, workers=workers,
         memory_limit=memory_limit, over_budget=over_budget, force=force, evaluate_test=evaluate,
-        users_bound=users_bound, items=items))
+        users_bound=users_bound, items=items, since=since, until=until, window=window, until_segment=until_segment))
 
 
 def ingest(source=None, out: str | None = None, *, train=None, test=None, columns=None, implicit: bool = False,

@@ -41,6 +41,7 @@ from streamdp.privacy.params import default_delta
 from streamdp.privacy.users import check_users_bound, release_user_count
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.store import RatingStore, open_store
+from streamdp.storage.timeline import check_contributions, data_period, period_users
 from streamdp.stream.engine import dask_session
 from streamdp.workflows.api import train
 from streamdp.workflows.rehearse import REHEARSAL_NOTE, check_like, generate_like
@@ -105,6 +106,10 @@ def rehearse(store, *, out: str, users: int | None = None, ratings_per_user: flo
     with ``rehearsal``.
     """
     say = echo or (lambda *a, **k: None)
+    period = [f for f in ("since", "until", "window", "until_segment") if options.get(f) is not None]
+    if period:
+        raise ParameterError(f"--{period[0].replace('_', '-')}: a rehearsal is shaped by numbers released of the "
+                             f"whole store, not of a period; sweep the period itself (without --rehearse)")
     if dry_run:
         raise ParameterError("--dry-run: a rehearsal spends nothing of the store's (it says so if it must release "
                              "its shape first); leave --dry-run out, or dry-run the real sweep without --rehearse")
@@ -206,7 +211,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
           delta: float | None = None, rank: int | None = None, workers=None, memory_limit=None, scheduler=None,
           state: str | None = None, over_budget: bool = False, dry_run: bool = False, force: bool = False,
           echo=None, users_bound: int | None = None, prepared: bool = False, rehearsal: dict | None = None,
-          confirm_infinite=None) -> dict:
+          confirm_infinite=None, since=None, until=None, window=None, until_segment=None) -> dict:
     """Train and evaluate every (method, epsilon) ``repeats`` times; write the results and the plot.
 
     ``scheduler`` and ``state`` as for ``train`` (docs/cluster.md): every run's passes and
@@ -222,6 +227,12 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     ``confirm_infinite``: called, once the sweep is checked and before anything is released, when it has an ``inf``
     point (the CLI's confirmation; it raises to stop).
 
+    ``since``/``until``/``window``, ``until_segment``: every run trains and is evaluated on that period of the store
+    only, as ``train`` (:func:`streamdp.storage.timeline.data_period`; the count is of the period's users), recorded
+    as ``data_window`` in every model and in the results. On a store with a per-user budget the runs go through
+    ``train``'s filter (:func:`~streamdp.workflows.training.filtered_store`), checked for every method before
+    anything is released, and ``users_bound`` is required (:func:`_check_user_budget`).
+
     Returns the ``results.json`` content (with ``dry_run: true`` and no rows for a dry run).
     """
     say = echo or (lambda *a, **k: None)
@@ -229,8 +240,11 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     if not st.has_test:
         raise ParameterError(f"{st.path}: a sweep needs a test split (ingest or generate with --test-fraction)")
     methods, epsilons = check_points(st, methods, epsilons, repeats)
+    st = data_period(st, since=since, until=until, window=window, until_segment=until_segment)
+    check_contributions(st)  # an empty period: refused before anything is released
+    _check_user_budget(st, methods, epsilons, users_bound)
     finite = [e for e in epsilons if math.isfinite(e)]
-    users = release_user_count(st.n_users, epsilon=min(finite) if finite else math.inf, seed=seed,
+    users = release_user_count(period_users(st), epsilon=min(finite) if finite else math.inf, seed=seed,
                                users_bound=users_bound)
     delta = default_delta(users.n) if delta is None else float(delta)
     points = [(m, e, r) for m in methods for e in epsilons for r in range(int(repeats) if math.isfinite(e) else 1)]
@@ -239,6 +253,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     # the store named by its keyed fingerprint (None until its first release makes its key), never by its checksum
     result = {"store": st.path, "store_fingerprint": store_fingerprint(st, create=False), "methods": methods,
               "epsilons": [_name(e) for e in epsilons], "repeats": int(repeats), "delta": delta, "spend": spend,
+              **({"data_window": st.data_window} if getattr(st, "data_window", None) else {}),
               **({"rehearsal": rehearsal} if rehearsal else {})}
     if dry_run:
         return {**result, "dry_run": True, "rows": []}
@@ -258,6 +273,7 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
             model = train(st, method=m, epsilon=e, delta=delta, out=model_dir, rank=rank,
                           seed=None if seed is None else seed + r, workers=workers, memory_limit=memory_limit,
                           scheduler=client, state=state, over_budget=over_budget, users=users,
+                          users_bound=users_bound,  # a declared count: the per-user filter charges no count stage
                           allow_nonprivate=True)  # an inf point: confirm_infinite asked above
             s = model.summary
             baselines = baselines or s.get("baselines")
@@ -275,6 +291,30 @@ def sweep(store, *, methods, epsilons, out: str, repeats: int = 1, seed: int | N
     _write(out, result)
     result["plot"] = plot(result, os.path.join(out, PLOT_PNG))
     return result
+
+
+def _check_user_budget(st, methods, epsilons, users_bound) -> None:
+    """On a store with a per-user budget, refuse (one line, before anything is released) what ``train`` would refuse
+    of any point (:func:`~streamdp.workflows.training.filtered_store`: a non-private point, an undeclared catalogue or
+    rating range, a period whose users are all retired), and a sweep without ``users_bound``.
+
+    Decision: the sweep shares one count of users across its runs, released once, while the filter charges each
+    run's own users, who change as users retire: no run could charge that one count to the users it counted, so the
+    count is declared (``--users-bound``: public, nothing released) instead.
+    """
+    from streamdp.workflows.training import filtered_store
+
+    if not st.local or StoreBudget(st.path).user_budget() is None:
+        return
+    if any(math.isinf(e) for e in epsilons):
+        raise ParameterError(f"--epsilons inf: {st.path} has a per-user budget; a non-private model would cross "
+                             f"every user's cap")
+    for m in methods:
+        filtered_store(st, get_method(m), epsilon=max(epsilons), users_bound=users_bound)
+    if users_bound is None:
+        raise ParameterError(f"{st.path} has a per-user budget: give --users-bound N (a public bound on its number "
+                             f"of users); a sweep shares one count of users across its runs, which the per-user "
+                             f"filter cannot charge to each run's users")
 
 
 def check_points(st, methods, epsilons, repeats) -> tuple[list[str], list[float]]:

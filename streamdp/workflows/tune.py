@@ -71,6 +71,7 @@ from streamdp.serving.local import list_bias, local_design, model_ridge, predict
 from streamdp.serving.model import check_model_destination
 from streamdp.serving.ranking import DEFAULT_K, default_threshold
 from streamdp.storage.store import Block, RatingStore, open_store
+from streamdp.storage.timeline import check_contributions, data_period
 from streamdp.storage.view import StoreView
 from streamdp.stream.engine import Engine, add_into
 from streamdp.workflows.training import release, run_summary
@@ -518,7 +519,8 @@ def _hits(st, models, key: int, workers, memory_limit) -> np.ndarray:
 
 def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
-         force: bool = False, evaluate_test: bool = True, users_bound: int | None = None, items=None) -> dict:
+         force: bool = False, evaluate_test: bool = True, users_bound: int | None = None, items=None,
+         since=None, until=None, window=None, until_segment=None) -> dict:
     """Choose ``method``'s configuration on ``grid`` privately, train it, write it to ``out``: the summary dict.
 
     ``grid`` maps option names (and ``rank``) to lists of values, or is a list of
@@ -528,6 +530,9 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     the split of the budget and whether the choice was skipped (and why). The number of users (the default
     delta, the public rules below) is released once for the whole run (the ledger's first event, composed with the
     rest) or declared with ``users_bound``, as for ``train`` (:mod:`streamdp.privacy.users`).
+    ``since``/``until``/``window``, ``until_segment``: tune and train on a period of the store only, as ``train``
+    (:func:`streamdp.storage.timeline.data_period`: the candidates, the losses and the model read its ratings, the
+    count is of its users; recorded in the model as ``data_window``).
 
     The stages: :func:`_checked_run` (arguments, grid, budget: before any rating is read),
     :func:`_selection_plan` (the choice's noise, or why there is no choice), :func:`_pinned_iters`
@@ -537,7 +542,8 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     """
     r = _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_budget, users_bound, items,
                      dict(workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
-                          evaluate_test=evaluate_test))
+                          evaluate_test=evaluate_test),
+                     dict(since=since, until=until, window=window, until_segment=until_segment))
     configs = _configs(r.grid, r.cls)
     _check_configs(r, configs)
     # a store whose budget cannot take E is refused before any pass over its ratings (the whole E is reserved
@@ -588,8 +594,10 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
                     entry=entry, **r.release_kw)
 
 
-def _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_budget, users_bound, items, release_kw):
-    """The run's arguments checked and its store opened, the count released (or declared), the grid parsed."""
+def _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_budget, users_bound, items, release_kw,
+                 period=None):
+    """The run's arguments checked and its store opened (through its ``period``, as ``train`` reads it), the count
+    released (or declared), the grid parsed."""
     t0 = time.perf_counter()
     if not get_method(method).TUNABLE:  # an unknown name: the registry's message
         raise ParameterError(f"--method {method}: tune supports {', '.join(tunable_methods())} (their releases are "
@@ -602,6 +610,8 @@ def _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_bud
     cls = get_method(method)
     check_model_destination(str(out), force)
     st = store if isinstance(store, RatingStore) else open_store(store)
+    st = data_period(st, **(period or {}))
+    check_contributions(st)  # an empty period: refused before anything is reserved
     cls.check_store(st)
     st.check_chunks()
     epsilon = float(epsilon)

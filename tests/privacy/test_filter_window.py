@@ -161,3 +161,33 @@ def test_who_contributes_to_a_window_is_read_once_and_the_same_without_the_cache
     assert n_blocks > 2 and n_reads == n_blocks  # one pass: the count and the filter's masks share it
     n0, mask0, n_reads0, _ = who(0)
     assert n_reads0 > n_blocks and n == n0 == int(mask.sum()) == 18 and np.array_equal(mask, mask0)
+
+
+def test_a_sweep_of_a_window_charges_its_users_only_and_tune_stays_refused(tmp_path, cli):
+    (tmp_path / "items.txt").write_text("\n".join(str(i) for i in range(12)) + "\n")
+    store = str(tmp_path / "s.zarr")
+    code, _, err, exc = cli.run("ingest", _log(tmp_path / "log.csv", [(EARLY, 0), (LATE, 1)]), "--out", store,
+                                "--items", tmp_path / "items.txt", "--rating-range", "1,5", "--user-budget", CAP,
+                                "--test-fraction", "0.2", "--seed", "1")
+    assert code == 0, (err, exc)
+    args = ("sweep", store, "--methods", "als", "--epsilons", EPS, "--seed", "1", "--since", "2024-01-08")
+    # one count shared by the runs cannot be charged to each run's users: declared instead
+    cli.error(cli.run(*args, "--out", tmp_path / "sw"), "has a per-user budget: give --users-bound")
+    # what train refuses of any point, refused before anything is released
+    cli.error(cli.run("sweep", store, "--methods", "als", "--epsilons", f"{EPS},inf", "--yes", "--users-bound",
+                      "100", "--out", tmp_path / "sw"), "--epsilons inf", "per-user budget")
+    assert not (tmp_path / "sw").exists() and not StoreBudget(store).entries()
+    code, _, err, exc = cli.run(*args, "--users-bound", "100", "--out", tmp_path / "sw")
+    assert code == 0, (err, exc)
+    model = tmp_path / "sw" / "models" / f"als-eps{EPS:g}-r0"
+    p = json.loads((model / "privacy.json").read_text())["individual_privacy"]
+    assert p["stages_rdp"] == [p["release_rdp"]]  # a declared count: no count stage before the rest
+    spend = _spend(store)
+    assert all(spend[u] == (0.0, False) for u in EARLY)  # no rating in the window: charged nothing
+    assert all(spend[u] == pytest.approx((p["release_rdp"], False)) for u in LATE)
+    assert json.loads((tmp_path / "sw" / "results.json").read_text())["data_window"]["since_utc"] == \
+        "2024-01-08T00:00:00Z"
+    # tune still releases from no store with a per-user budget, a period or not
+    cli.error(cli.run("tune", store, "--epsilon", EPS, "--since", "2024-01-08", "--out", tmp_path / "t"),
+              "only `streamdp train` releases from such a store")
+    assert not (tmp_path / "t").exists()
