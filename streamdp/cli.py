@@ -778,8 +778,8 @@ def format_train_summary(summary: dict) -> str:
 @click.argument("store")
 @click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon of the whole run: the candidates, "
               "their noisy validation losses and the released model, composed in one ledger.")
-@click.option("--method", default="als", show_default=True, help="Method to tune: als, irls, means (scored by "
-              "held-out squared errors) or ials (by held-out items in each user's top 10).")
+@click.option("--method", default=None, help="Method to tune: als, irls, means (scored by held-out squared "
+              "errors) or ials (by held-out items in each user's top 10)  [default: als; ials on an interaction log]")
 @click.option("--out", required=True, help="Model directory to write (atomically): the chosen configuration.")
 @click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2,...",
               help="Values to try for rank or one of the method's options (repeatable; the grid is their product). "

@@ -153,7 +153,7 @@ def _released(out: str | None, run) -> Model:
     return model
 
 
-def tune(store, *, epsilon: float, method: str = "als", out: str | None = None, grid=None, delta: float | None = None,
+def tune(store, *, epsilon: float, method: str | None = None, out: str | None = None, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
          force: bool = False, evaluate: bool = True, users_bound: int | None = None, items=None,
          since=None, until=None, window=None, until_segment=None) -> Model:

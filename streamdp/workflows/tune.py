@@ -74,7 +74,7 @@ from streamdp.storage.store import Block, RatingStore, open_store
 from streamdp.storage.timeline import check_contributions, data_period
 from streamdp.storage.view import StoreView
 from streamdp.stream.engine import Engine, add_into
-from streamdp.workflows.training import release, run_summary
+from streamdp.workflows.training import default_method, release, run_summary
 
 __all__ = ["tune", "parse_grid", "default_grid", "tunable_methods", "hits_sensitivity", "SELECT_SHARE", "SAMPLE_RATE",
            "CANDIDATE_NOMINAL_SHARE", "HITS_K"]
@@ -517,13 +517,14 @@ def _hits(st, models, key: int, workers, memory_limit) -> np.ndarray:
                               desc="tune: held-out hits")
 
 
-def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, delta: float | None = None,
+def tune(store, *, epsilon: float, method: str | None = None, out: str, grid=None, delta: float | None = None,
          seed: int | None = None, workers: int | None = None, memory_limit=None, over_budget: bool = False,
          force: bool = False, evaluate_test: bool = True, users_bound: int | None = None, items=None,
          since=None, until=None, window=None, until_segment=None) -> dict:
     """Choose ``method``'s configuration on ``grid`` privately, train it, write it to ``out``: the summary dict.
 
-    ``grid`` maps option names (and ``rank``) to lists of values, or is a list of
+    ``method=None`` is ``train``'s default (:func:`streamdp.workflows.training.default_method`). ``grid`` maps option
+    names (and ``rank``) to lists of values, or is a list of
     ``KEY=V1,V2`` strings (:func:`parse_grid`); ``None`` is :func:`default_grid`. The
     summary is ``train``'s (``epsilon_spent`` is the whole run's) plus ``tuning``:
     the candidates with their noisy losses, the default and chosen configurations,
@@ -540,6 +541,9 @@ def tune(store, *, epsilon: float, method: str = "als", out: str, grid=None, del
     (their accounting and the released model's envelope), :func:`_candidates_run` (reserve, fit,
     choose) and :func:`_release`.
     """
+    if method is None:  # train's default: als, ials on an interaction log
+        store = store if isinstance(store, RatingStore) else open_store(store)
+        method = default_method(store)
     r = _checked_run(store, method, epsilon, delta, seed, grid, out, force, over_budget, users_bound, items,
                      dict(workers=workers, memory_limit=memory_limit, over_budget=over_budget, force=force,
                           evaluate_test=evaluate_test),

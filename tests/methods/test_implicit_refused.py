@@ -53,6 +53,9 @@ def test_train_without_a_method_trains_ials_on_an_interaction_log(log_store, tmp
     assert "wrote " in r.output and ": ials " in r.output.splitlines()[0], r.output
     assert "method: ials, the default on an interaction log" in r.output
     assert default_method(log_store) == "ials"
+    r = CliRunner().invoke(main, ["tune", log_store.path, "--epsilon", "1", "--seed", "1", "--items", str(items),
+                                  "--grid", "rank=4", "--out", str(tmp_path / "t")])
+    assert r.exit_code == 0 and ": ials " in r.output.splitlines()[0], r.output
 
 
 def test_train_and_tune_refuse_in_one_line(log_store, tmp_path):
