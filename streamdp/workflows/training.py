@@ -133,6 +133,8 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
                 from streamdp.privacy.filter import summary as filter_summary
 
                 summary["user_filter"] = filter_summary(user_filter.result)
+                if (w := cap_delta_warning(user_filter)) is not None:
+                    summary.setdefault("privacy_warnings", []).append(w)
             if defaulted and cls.name == "ials":
                 summary["method_default"] = DEFAULT_IALS_NOTE
             summary["total_seconds"] = round(time.perf_counter() - t0, 3)
@@ -191,6 +193,17 @@ def filtered_store(store, cls, *, epsilon: float, items=None, users_bound=None):
                              f"nothing can be released from it")
     return view, FilterRequest(generation=generation, n_users=int(store.n_users), stages=[first], view=view,
                                user_budget=ub, contributors=contrib)
+
+
+def cap_delta_warning(request) -> str | None:
+    """A warning when the per-user cap's delta is no longer below one over the store's users (appends added users
+    since it was set; it cannot change once releases were made under it: docs/privacy-user-budget.md)."""
+    d, n = float(request.user_budget["delta"]), int(request.n_users)
+    if d * n < 1:
+        return None
+    return (f"the per-user cap's delta={d:g} is no longer below 1/n_users ({n:,} users now, after appends): each "
+            f"user's guarantee still holds at that delta, but it is weak at this size (a cap cannot change once "
+            f"releases were made under it: see docs/privacy-user-budget.md)")
 
 
 def _count_kept(mask, contrib, n_users: int) -> int:

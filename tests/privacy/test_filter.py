@@ -295,3 +295,12 @@ def test_a_private_selection_is_refused_on_a_capped_store(tmp_path, cli, undecla
     cli.error(cli.run("train", s.path, "--epsilon", str(EPS), "--out", tmp_path / "m", "--users-bound", "100"),
               "per-user budget", "--rating-range" if undeclared == "rating_range" else "--items")
     assert not (tmp_path / "m").exists()
+
+
+def test_a_cap_delta_no_longer_below_one_over_the_users_is_warned_of():
+    """Appends may add users until the cap's delta is no longer below 1/n_users (set once, it cannot change): train
+    warns, naming both; below it, nothing is said."""
+    ub = {"delta": 1e-3}
+    assert training.cap_delta_warning(FilterRequest(generation=None, n_users=999, user_budget=ub)) is None
+    w = training.cap_delta_warning(FilterRequest(generation=None, n_users=1000, user_budget=ub))
+    assert "delta=0.001 is no longer below 1/n_users (1,000 users now" in w
