@@ -347,7 +347,7 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
         du = np.zeros(end - first, np.int64)
         if any(seg_nnz[s][b] for s in splits):
             # one read of every part's block: merged with the new segment, and without it (the store as it was)
-            after, before = view.read_splits(b), view.read_splits(b, len(view.parts) - 1)
+            after, before = view.read_splits(b)
             for s in splits:
                 k = SPLITS.index(s)
                 for sign, blk in ((1, after[s]), (-1, before[s])):

@@ -120,42 +120,54 @@ class SegmentedStore(RatingStore):
     parts: list
 
     # -- blocks ---------------------------------------------------------------------------
-    def _sources(self, b: int, read, times: bool = False) -> list:
-        """For each part and split (train, test), block ``b``'s rows padded to the merged block's users:
-        ``(split index, indptr, items, ratings, crc_ok)``, and with ``times`` the ratings' times sixth."""
+    def _sources(self, b: int, read, times: bool = False, want: str | None = None) -> list:
+        """For each part and split, block ``b``'s rows padded to the merged block's users: ``(part, split index,
+        indptr, items, ratings, crc_ok)``, and with ``times`` the ratings' times seventh; in part order, the base's
+        ``want`` split first (the merge reads it in place). ``want``: only the sources a merge of that split
+        needs (:meth:`_needed`); all by default."""
         first, end = self.block_range(b)
         n = end - first
         out = []
         splits = [s for s in SPLITS if self.base._has(s)]  # every part has the store's splits
-        for p in self.parts:
+        if want is not None:
+            splits.sort(key=lambda s: s != want)
+        for i, p in enumerate(self.parts):
             for s in splits:
+                if want is not None and not self._needed(i, b, s, want):
+                    continue
                 if b < p.info.n_blocks and p._has(s):
                     blk, ok = read(p, b, s)
                     ip = blk.indptr
                     if len(ip) - 1 < n:
                         ip = np.concatenate([ip, np.full(n - (len(ip) - 1), ip[-1], np.int64)])
                     t = (p.block_times(b, s, blk.nnz),) if times else ()
-                    out.append((SPLITS.index(s), ip, blk.items, blk.ratings, ok) + t)
+                    out.append((i, SPLITS.index(s), ip, blk.items, blk.ratings, ok) + t)
                 else:
-                    out.append((SPLITS.index(s), np.zeros(n + 1, np.int64), np.empty(0, np.int32),
+                    out.append((i, SPLITS.index(s), np.zeros(n + 1, np.int64), np.empty(0, np.int32),
                                 np.empty(0, np.float32), True) + ((np.empty(0, np.int64),) if times else ()))
         return out
+
+    def _needed(self, part: int, b: int, split: str, want: str) -> bool:
+        """Whether a merge of split ``want`` of block ``b`` needs ``part``'s rows of ``split``: its own split's, and
+        the other's only where they can supersede an earlier part's rating of ``want`` (a later rating of a pair
+        in the other split removes it from ``want``). An implicit store sums a pair over every part: all needed."""
+        return split == want or self.info.implicit
 
     def _merged(self, b: int, split: str, read) -> tuple[Block, bool | None]:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
         if not self.base._has(split):
             raise StoreError(f"{self.path}: store has no '{split}' split")
-        return self._merge(b, self._sources(b, read), split)
+        return self._merge(b, self._sources(b, read, want=split), split)
 
-    def read_splits(self, b: int, n_parts: int | None = None) -> dict:
-        """``{split: Block}``: block ``b`` of every split, merged over the first ``n_parts`` parts (all by default),
-        from one read of each part's blocks (an append compares the store before and after it this way)."""
+    def read_splits(self, b: int) -> tuple[dict, dict]:
+        """``({split: Block}, {split: Block})``: block ``b`` of every split merged over all the parts, and over all
+        but the last, from one read of each part's blocks (an append compares the store after and before it)."""
         src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True))
         splits = [s for s in SPLITS if self.base._has(s)]
-        if n_parts is not None:
-            src = src[:n_parts * len(splits)]
-        return {s: self._merge(b, src, s)[0] for s in splits}
+        last = len(self.parts) - 1
+        before = [x for x in src if x[0] < last]
+        return ({s: self._merge(b, src, s)[0] for s in splits}, {s: self._merge(b, before, s)[0] for s in splits})
 
     def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
         """:meth:`read_block` and the merged ratings' times (each kept rating's, from the part it was kept from)."""
@@ -163,36 +175,43 @@ class SegmentedStore(RatingStore):
             raise StoreError(f"{self.path}: the store keeps no rating times (its input had no timestamp column)")
         if not self.base._has(split):
             raise StoreError(f"{self.path}: store has no '{split}' split")
-        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True), times=True)
+        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True), times=True, want=split)
         return self._merge(b, src, split, times=True)
 
     def _merge(self, b: int, src: list, split: str, times: bool = False):
         """The kernel's merge of ``src`` (:meth:`_sources`) for ``split``, and whether every part's CRC matched
-        (with ``times``: the merged block and its ratings' times instead)."""
+        (with ``times``: the merged block and its ratings' times instead). The first source (the base's) is read
+        in place; the outputs are sized by the sources of ``split`` (a merge keeps at most those rows) and
+        returned as views, not copied."""
         first, end = self.block_range(b)
         n = end - first
-        indptrs = np.stack([s[1] for s in src]).astype(np.int64)
-        sizes = np.array([len(s[2]) for s in src], np.int64)
+        want = SPLITS.index(split)
+        src = sorted(src, key=lambda x: (x[0], x[1] != want))  # by part: the latest part last, its k largest
+        indptrs = np.stack([s[2] for s in src]).astype(np.int64, copy=False)
+        sizes = np.array([len(s[3]) for s in src], np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        items = np.concatenate([s[2] for s in src]).astype(np.int32)
-        ratings = np.concatenate([s[3] for s in src]).astype(np.float32)
-        split_of = np.array([s[0] for s in src], np.int64)
-        part_of = np.arange(len(src), dtype=np.int64) // len([s for s in SPLITS if self.base._has(s)])
+        items0, ratings0 = (np.ascontiguousarray(src[0][3], np.int32), np.ascontiguousarray(src[0][4], np.float32))
+        rest = src[1:]
+        items = np.concatenate([s[3] for s in rest] or [np.empty(0, np.int32)]).astype(np.int32, copy=False)
+        ratings = np.concatenate([s[4] for s in rest] or [np.empty(0, np.float32)]).astype(np.float32, copy=False)
+        split_of = np.array([s[1] for s in src], np.int64)
+        part_of = np.array([s[0] for s in src], np.int64)
         from streamdp.kernels.segments import merge_rows  # numba: on first read, not at import (streamdp stays light)
 
         cap = self.attrs.get("count_cap") if self.info.implicit else None
+        room = int(sizes[split_of == want].sum())
         out_ip = np.empty(n + 1, np.int64)
-        out_items = np.empty(len(items), np.int32)
-        out_ratings = np.empty(len(items), np.float32)
-        out_src = np.empty(len(items) if times else 0, np.int64)
-        nnz = merge_rows(n, indptrs, starts, items, ratings, part_of, split_of, SPLITS.index(split),
-                         self.info.implicit, float(cap or 0.0), out_ip, out_items, out_ratings, out_src)
+        out_items = np.empty(room, np.int32)
+        out_ratings = np.empty(room, np.float32)
+        out_src = np.empty(room if times else 0, np.int64)
+        nnz = merge_rows(n, indptrs, starts, items, ratings, part_of, split_of, want, self.info.implicit,
+                         float(cap or 0.0), out_ip, out_items, out_ratings, out_src, items0, ratings0)
         if times:
-            ts = np.concatenate([s[5] for s in src]).astype(np.int64)
-            return Block(first, out_ip, out_items[:nnz].copy(), out_ratings[:nnz].copy()), ts[out_src[:nnz]]
-        oks = [s[4] for s in src]
+            ts = np.concatenate([s[6] for s in src]).astype(np.int64)
+            return Block(first, out_ip, out_items[:nnz], out_ratings[:nnz]), ts[out_src[:nnz]]
+        oks = [s[5] for s in src]
         ok = False if any(o is False for o in oks) else (True if all(o is True for o in oks) else None)
-        return Block(first, out_ip, out_items[:nnz].copy(), out_ratings[:nnz].copy()), ok
+        return Block(first, out_ip, out_items[:nnz], out_ratings[:nnz]), ok
 
     def read_block(self, b: int, split: str = "train") -> Block:
         """Block ``b`` of ``split`` merged over the parts, each part's block read and checked by

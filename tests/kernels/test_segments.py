@@ -8,14 +8,17 @@ import pytest
 from streamdp.kernels.segments import merge_rows, merge_rows_reference
 
 
-def _sources(rng, n_users, n_parts, n_items):
-    """Each part's train and test rows: a pair in one split of a part, items sorted within a user."""
+def _sources(rng, n_users, n_parts, n_items, shuffled=False):
+    """Each part's train and test rows: a pair in one split of a part, items sorted within a user (``shuffled``:
+    in any order, as a store not written by ingest could hold them)."""
     ips, its, rs, split_of = [], [], [], []
     for _ in range(n_parts):
         rows = [[], []]
         for _u in range(n_users):
             chosen = np.sort(rng.choice(n_items, rng.integers(0, 6), replace=False))
             test = rng.random(len(chosen)) < 0.3
+            if shuffled:
+                chosen = rng.permutation(chosen)
             for s in (0, 1):
                 rows[s].append(chosen[test == bool(s)])
         for s in (0, 1):
@@ -33,13 +36,20 @@ def _sources(rng, n_users, n_parts, n_items):
 def test_merge_rows_matches_its_reference(seed, implicit, cap):
     rng = np.random.default_rng(seed)
     n_users = 30
-    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, int(rng.integers(1, 4)), 12)
+    shuffled = seed == 4  # runs out of item order: the merge sorts the user's rows instead of walking them
+    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, int(rng.integers(1, 4)), 12, shuffled)
+    n0 = int(starts[1]) if len(starts) > 1 else len(items)
     for want in (0, 1):
-        ip, oi, orr = (np.empty(n_users + 1, np.int64), np.empty(len(items), np.int32),
-                       np.empty(len(items), np.float32))
-        nnz = merge_rows(n_users, ips, starts, items, ratings, part_of, split_of, want, implicit, cap, ip, oi, orr)
         ref = merge_rows_reference(n_users, ips, starts, items, ratings, part_of, split_of, want, implicit, cap)
-        assert np.array_equal(ip, ref[0]) and np.array_equal(oi[:nnz], ref[1]) and np.array_equal(orr[:nnz], ref[2])
+        for apart in (False, True):  # source 0 in the one array, or in arrays of its own (read in place)
+            ip, oi, orr, src = (np.empty(n_users + 1, np.int64), np.empty(len(items), np.int32),
+                                np.empty(len(items), np.float32), np.empty(len(items), np.int64))
+            args = (items[n0:], ratings[n0:], part_of, split_of, want, implicit, cap, ip, oi, orr, src,
+                    items[:n0], ratings[:n0]) if apart else (items, ratings, part_of, split_of, want, implicit,
+                                                             cap, ip, oi, orr, src)
+            nnz = merge_rows(n_users, ips, starts, *args)
+            assert np.array_equal(ip, ref[0]) and np.array_equal(oi[:nnz], ref[1])
+            assert np.array_equal(orr[:nnz], ref[2]) and np.array_equal(items[src[:nnz]], oi[:nnz])
 
 
 def test_the_latest_part_wins_in_its_split():
