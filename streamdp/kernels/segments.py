@@ -145,6 +145,22 @@ def _merge_sorting(u, n, K, indptrs, starts, items0, ratings0, items, ratings, n
     return pos
 
 
+@njit(cache=True, nogil=True)
+def shares_a_pair(n_users, ip_a, items_a, ip_b, items_b, n_items):
+    """Whether some user of a block holds an item in both ``a`` and ``b`` (two CSR blocks over the same users):
+    whether a part's rows ``a`` of one split replace rows ``b`` of the other split of the store before it.
+    Linear in the rows of the users with rows in both."""
+    mark = np.full(n_items, -1, np.int32)
+    for u in range(n_users):
+        if ip_a[u + 1] > ip_a[u] and ip_b[u + 1] > ip_b[u]:
+            for j in range(ip_a[u], ip_a[u + 1]):
+                mark[items_a[j]] = u
+            for j in range(ip_b[u], ip_b[u + 1]):
+                if mark[items_b[j]] == u:
+                    return True
+    return False
+
+
 def merge_rows_reference(n_users, indptrs, starts, items, ratings, part_of, split_of, want, implicit, cap):
     """:func:`merge_rows` in plain Python (dicts per user), for the tests: ``(indptr, items, ratings)``."""
     K = indptrs.shape[0]

@@ -44,6 +44,13 @@ SEGMENTS_DIR = "segments"
 LOCK_NAME = ".append.lock"
 #: The arrays each segment records besides its CSR: the change it makes to the merged store's counts.
 MERGE_ARRAYS = ("merge/user_counts", "merge/item_counts", "merge/block_nnz")
+#: Per split and block of a segment (``2 x n_blocks``, uint8): whether its rows of the split replace a rating of the
+#: other split before it; a read of one split reads a segment's other split only there (absent: everywhere).
+SUPERSEDES = "merge/supersedes"
+#: The most memory a segmented store keeps its small segments' decoded blocks in, between reads (they are read
+#: with every block of the store: a zarr read and a CRC each, per pass). A segment is kept whole or not at all, at
+#: most 16 bytes a rating; the engine counts what a store may keep (``cache_bytes``) against --memory-limit.
+CACHE_BYTES = 32 << 20
 #: The keys of the base store's own attributes that the merged store's attributes replace.
 BASE_KEYS = ("n_users", "n_items", "n_ratings", "n_test", "n_blocks", "checksum", "generation", "format_version",
              "train_item_stats", "checksum_ids", "checksum_attrs")
@@ -105,6 +112,15 @@ def become_segmented(st: RatingStore) -> None:
             raise StoreError(f"{label}: segment's checksum is not the one committed (the store is damaged)")
         st.segments.append(_part(st, label, g, seg_attrs))
     st.parts = [st.base] + st.segments
+    st._flags, st._kept = {}, {}
+    st._keeps, room = set(), CACHE_BYTES
+    for i, seg in enumerate(st.segments, 1):
+        need = 16 * (seg.info.n_ratings + seg.info.n_test) + 2048 * seg.info.n_blocks
+        if need <= room:
+            st._keeps.add(i)
+            room -= need
+    #: the most bytes the store keeps its small segments' blocks in (:data:`CACHE_BYTES`)
+    st.cache_bytes = CACHE_BYTES - room
 
 
 class SegmentedStore(RatingStore):
@@ -120,11 +136,12 @@ class SegmentedStore(RatingStore):
     parts: list
 
     # -- blocks ---------------------------------------------------------------------------
-    def _sources(self, b: int, read, times: bool = False, want: str | None = None) -> list:
+    def _sources(self, b: int, read, times: bool = False, want: str | None = None, keep: bool = False) -> list:
         """For each part and split, block ``b``'s rows padded to the merged block's users: ``(part, split index,
         indptr, items, ratings, crc_ok)``, and with ``times`` the ratings' times seventh; in part order, the base's
         ``want`` split first (the merge reads it in place). ``want``: only the sources a merge of that split
-        needs (:meth:`_needed`); all by default."""
+        needs (:meth:`_needed`); all by default. ``keep``: small segments' blocks from memory (:meth:`_kept_read`;
+        ``read`` is then the checked read)."""
         first, end = self.block_range(b)
         n = end - first
         out = []
@@ -136,7 +153,7 @@ class SegmentedStore(RatingStore):
                 if want is not None and not self._needed(i, b, s, want):
                     continue
                 if b < p.info.n_blocks and p._has(s):
-                    blk, ok = read(p, b, s)
+                    blk, ok = self._kept_read(i, b, s, read) if keep and i in self._keeps else read(p, b, s)
                     ip = blk.indptr
                     if len(ip) - 1 < n:
                         ip = np.concatenate([ip, np.full(n - (len(ip) - 1), ip[-1], np.int64)])
@@ -147,27 +164,76 @@ class SegmentedStore(RatingStore):
                                 np.empty(0, np.float32), True) + ((np.empty(0, np.int64),) if times else ()))
         return out
 
+    def _kept_read(self, i: int, b: int, s: str, read) -> tuple[Block, bool]:
+        """Part ``i``'s block ``b`` of split ``s``, read (checked) once and then kept: users with rows and their
+        counts, items and ratings (a small segment's block holds few users of the block)."""
+        got = self._kept.get((i, b, s))
+        p = self.parts[i]
+        if got is None:
+            blk, ok = read(p, b, s)
+            c = np.diff(blk.indptr)
+            rows = np.flatnonzero(c)
+            self._kept[(i, b, s)] = (len(c), rows.astype(np.int32), c[rows].astype(np.int32), blk.items, blk.ratings)
+            return blk, ok
+        n, rows, counts, items, ratings = got
+        ip = np.zeros(n + 1, np.int64)
+        ip[rows.astype(np.int64) + 1] = counts
+        np.cumsum(ip, out=ip)
+        return Block(p.block_range(b)[0], ip, items, ratings), True
+
     def _needed(self, part: int, b: int, split: str, want: str) -> bool:
         """Whether a merge of split ``want`` of block ``b`` needs ``part``'s rows of ``split``: its own split's, and
-        the other's only where they can supersede an earlier part's rating of ``want`` (a later rating of a pair
-        in the other split removes it from ``want``). An implicit store sums a pair over every part: all needed."""
-        return split == want or self.info.implicit
+        the other's only where they replace an earlier rating of the pair in ``want`` (a later rating in the other
+        split takes the pair out of ``want``), as the segment recorded when it was appended (``merge/supersedes``;
+        a segment without the record: always). The base's other split never: nothing precedes it. An implicit
+        store sums a pair over every part: all needed. A user's rows are then sorted by item when they come from
+        several of the parts read (what ingest writes, so the same rows as a merge of every source)."""
+        if split == want or self.info.implicit:
+            return True
+        if part == 0:
+            return False
+        flags = self._supersedes(part)
+        return flags is None or (b < flags.shape[1] and bool(flags[SPLITS.index(split), b]))
 
-    def _merged(self, b: int, split: str, read) -> tuple[Block, bool | None]:
+    def _supersedes(self, part: int) -> np.ndarray | None:
+        """Segment ``part``'s ``merge/supersedes`` as ``(2, its n_blocks)`` booleans, None if it has none."""
+        got = self._flags.get(part, False)
+        if got is False:
+            seg = self.parts[part]
+            nb = seg.info.n_blocks
+            got = None
+            if seg._has(SUPERSEDES):
+                got = np.asarray(seg._per_entity(SUPERSEDES, 2 * nb), np.uint8).reshape(2, nb).astype(bool)
+            self._flags[part] = got
+        return got
+
+    def _merged(self, b: int, split: str, read, keep: bool = False) -> tuple[Block, bool | None]:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
         if not self.base._has(split):
             raise StoreError(f"{self.path}: store has no '{split}' split")
-        return self._merge(b, self._sources(b, read, want=split), split)
+        return self._merge(b, self._sources(b, read, want=split, keep=keep), split)
 
-    def read_splits(self, b: int) -> tuple[dict, dict]:
-        """``({split: Block}, {split: Block})``: block ``b`` of every split merged over all the parts, and over all
-        but the last, from one read of each part's blocks (an append compares the store after and before it)."""
+    def read_splits(self, b: int) -> tuple[dict, dict, dict]:
+        """Block ``b`` of every split merged over all the parts, and over all but the last (``{split: Block}``
+        each), from one read of each part's blocks (an append compares the store after and before it); and for
+        each split, whether the last part's rows of it replace rows of the other split before it (the
+        segment's ``merge/supersedes``, :meth:`_needed`)."""
+        from streamdp.kernels.segments import shares_a_pair
+
         src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True))
         splits = [s for s in SPLITS if self.base._has(s)]
         last = len(self.parts) - 1
         before = [x for x in src if x[0] < last]
-        return ({s: self._merge(b, src, s)[0] for s in splits}, {s: self._merge(b, before, s)[0] for s in splits})
+        after, was = {s: self._merge(b, src, s)[0] for s in splits}, {s: self._merge(b, before, s)[0] for s in splits}
+        n = len(after[splits[0]].indptr) - 1
+        replaces = {}
+        for x in src:
+            if x[0] == last:
+                s, o = SPLITS[x[1]], SPLITS[1 - x[1]]
+                replaces[s] = o in was and bool(shares_a_pair(n, x[2], x[3], was[o].indptr, was[o].items,
+                                                              self.info.n_items))
+        return after, was, replaces
 
     def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
         """:meth:`read_block` and the merged ratings' times (each kept rating's, from the part it was kept from)."""
@@ -215,8 +281,9 @@ class SegmentedStore(RatingStore):
 
     def read_block(self, b: int, split: str = "train") -> Block:
         """Block ``b`` of ``split`` merged over the parts, each part's block read and checked by
-        :meth:`RatingStore.read_block` (a change of the store since it was opened is said as such)."""
-        return self._merged(b, split, lambda p, bb, s: (p.read_block(bb, s), True))[0]
+        :meth:`RatingStore.read_block` (a change of the store since it was opened is said as such); a small
+        segment's blocks once, then from memory (:data:`CACHE_BYTES`)."""
+        return self._merged(b, split, lambda p, bb, s: (p.read_block(bb, s), True), keep=True)[0]
 
     def read_block_unchecked(self, b: int, split: str = "train"):
         return self._merged(b, split, lambda p, bb, s: p.read_block_unchecked(bb, s))
@@ -313,7 +380,7 @@ class SegmentedStore(RatingStore):
         for seg in self.segments:
             names = [f"{s}/{a}" for s in SPLITS if seg._has(s)
                      for a in ("indptr", "items", "ratings", "block_offsets") + (("times",) if seg.has_times else ())]
-            names += ["new_user_ids", "new_item_ids", *MERGE_ARRAYS]
+            names += ["new_user_ids", "new_item_ids", *MERGE_ARRAYS] + ([SUPERSEDES] if seg._has(SUPERSEDES) else [])
             for name in names:
                 seg._reader(name).check()
             for s in SPLITS:
