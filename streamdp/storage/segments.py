@@ -308,6 +308,10 @@ class SegmentedStore(RatingStore):
         return nnz
 
     def block_user_counts(self, b: int, split: str = "train") -> np.ndarray:
+        """Ratings of each user of block ``b`` in ``split``: of a store with one split, the merged per-user counts
+        (:meth:`user_counts`, recorded by each append: no block merged); else from the merged block."""
+        if split in SPLITS and self.base._has(split) and not any(self.base._has(o) for o in SPLITS if o != split):
+            return self.user_counts(*self.block_range(b))
         return np.diff(self.read_block(b, split).indptr)
 
     def block_digests(self, split: str = "train"):

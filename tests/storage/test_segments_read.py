@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import streamdp
 from streamdp.storage.segments import CACHE_BYTES, SegmentedStore
 from streamdp.storage.store import open_store
 
 
-def _segmented(tmp_path) -> SegmentedStore:
+def _segmented(tmp_path, test_fraction: float = 0.3) -> SegmentedStore:
     """A base split at random and three appends re-rating some of its pairs (so held out now and then) and
     adding new ones, all of users 0..99: the blocks of users 100.. untouched."""
     rng = np.random.default_rng(3)
     old = pd.DataFrame({"user": rng.integers(0, 200, 4000), "item": rng.integers(0, 30, 4000),
                         "rating": rng.integers(1, 6, 4000).astype(float)})
     p = str(tmp_path / "s.zarr")
-    streamdp.ingest(old, p, block_users=32, test_fraction=0.3, seed=1)
+    streamdp.ingest(old, p, block_users=32, test_fraction=test_fraction, seed=1)
     for k in range(3):
         again = old[old.user < 100].sample(15, random_state=k).assign(rating=float(k + 1))
         fresh = pd.DataFrame({"user": rng.integers(0, 100, 30), "item": rng.integers(0, 35, 30),
@@ -57,3 +58,11 @@ def test_a_read_of_one_split_skips_what_changes_nothing(tmp_path):
                                               if flags[i][1, b]])
         reads[:] = []
     assert not reads and 0 < st.cache_bytes <= CACHE_BYTES  # the third time from memory (a few KB here)
+
+
+@pytest.mark.parametrize("test_fraction", [0.0, 0.3])
+def test_block_user_counts_are_the_merged_blocks(tmp_path, test_fraction):
+    st = _segmented(tmp_path, test_fraction)  # one split: from the appends' recorded per-user counts
+    for b in range(st.n_blocks):
+        for s in ("train", "test") if test_fraction else ("train",):
+            assert np.array_equal(st.block_user_counts(b, s), np.diff(st.read_block(b, s).indptr))
