@@ -18,7 +18,10 @@ Decisions a reader must know:
 * a (user, item) pair rated in several parts is one rating: the latest part's, in that part's split (the
   store's pair rule, "last seen wins"; an implicit store's counts are summed, capped at ``count_cap``):
   :func:`streamdp.kernels.segments.merge_rows`; each segment records the change it makes to the merged
-  per-user, per-item and per-block counts (``merge/...``), computed when it was appended.
+  per-user, per-item and per-block counts (``merge/...``), computed when it was appended;
+* a read of one split reads a segment's other split only in the blocks where that split replaces a rating of
+  the wanted one (:data:`SUPERSEDES`, recorded at its append), the base's other split never; small segments'
+  blocks are kept in memory after their first read (:data:`CACHE_BYTES`, counted by the engine).
 """
 
 from __future__ import annotations
