@@ -1,4 +1,13 @@
-"""Merging a user block's rows across the segments of a store (:mod:`streamdp.storage.segments`)."""
+"""Merging a user block's rows across the segments of a store (:mod:`streamdp.storage.segments`): :func:`merge_rows`,
+:func:`shares_a_pair`.
+
+A user with rows in several parts is merged by a walk of the cursors of the sources holding her rows, in ascending
+item (ingest sorts each user's items): a run of one source below every other source's next item is copied in one
+loop; an item in several sources is taken in ascending source (the order its values are summed in). A run found out
+of item order on the way: the user's rows are sorted instead (:func:`_merge_sorting`). Elements are read inline, not
+through a helper: a call that takes arrays counts references to each (measured: 20x the read). On a 10M-rating
+store of 10 small segments: 2.5 ms a block of 0.9M ratings (a sort per user: 11-20 ms).
+"""
 
 from __future__ import annotations
 
@@ -14,25 +23,16 @@ def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want
 
     Source ``k``'s user ``u`` holds ``items[starts[k] + indptrs[k, u]: starts[k] + indptrs[k, u + 1]]``
     (and the ratings beside them); sources come by part (0 the base, then the segments in commit order),
-    each part's splits in turn: ``part_of[k]`` is source ``k``'s part and ``split_of[k]`` its split (0 train,
-    1 test). For each user, a (user, item) pair rated in
-    several parts is one rating: of the latest part, in that part's split (explicit ratings: its value,
-    the store's "last seen wins"); with ``implicit``, the sum of all its values, capped at ``cap`` when
-    ``cap > 0`` (the store's "repeated pairs are summed"). Only pairs whose kept split is ``want`` are
-    written. A user with rows in one part only keeps their order (as the part stores them; a part holds a
-    pair in one split only); a user with rows in several gets them sorted by item (the order ingest writes).
+    ``part_of[k]`` is source ``k``'s part and ``split_of[k]`` its split (0 train, 1 test). A (user, item) pair
+    rated in several parts is one rating: of the latest part, in that part's split (explicit ratings: its value,
+    "last seen wins"); with ``implicit``, the sum of all its values, capped at ``cap`` when ``cap > 0``. Only
+    pairs whose kept split is ``want`` are written. A user with rows in one part only keeps their order (as the
+    part stores them; a part holds a pair in one split only); one with rows in several gets them sorted by item.
 
     ``items0``, ``ratings0`` (optional): source 0's rows in arrays of their own (``starts[0] == 0``; ``items``
-    then holds the other sources from position ``len(items0)`` on, as if laid after them): the base's block
-    is read in place, not copied into one array with the segments'. ``out_src`` (as long as ``out_items``, or
-    empty): the position (in that laying end to end) each written rating was taken from (the latest part's; what
-    a rating's timestamp is read by). The outputs need room for the rows of the sources of split ``want``.
-
-    A user with rows in several parts is merged by a walk of the cursors of the sources holding her rows, in
-    ascending item (ingest sorts each user's items); an item in several sources is taken in ascending source
-    (the order its values are summed in). A run found out of item order on the way: the user's rows are sorted
-    instead (:func:`_merge_sorting`). Elements are read inline, not through a helper: a call that takes arrays
-    counts references to each (measured: 20x the read).
+    then holds the other sources from position ``len(items0)`` on): the base's block read in place. ``out_src``
+    (as long as ``out_items``, or empty): the position (sources laid end to end) each written rating was taken
+    from (what a rating's timestamp is read by). The outputs need room for the rows of the sources of ``want``.
 
     Returns the number of ratings written (``out_indptr`` is filled, ``n_users + 1`` long).
     """
@@ -73,12 +73,42 @@ def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want
         elif only == -2:
             start, ok = pos, True
             while m > 0 and ok:
-                item = np.int64(1) << 62
+                item, second, bk = np.int64(1) << 62, np.int64(1) << 62, 0
                 for a in range(m):
                     c = cur[act[a]]
                     x = np.int64(items0[c] if c < n0 else items[c - n0])
                     if x < item:
-                        item = x
+                        item, second, bk = x, item, act[a]
+                    elif x < second:
+                        second = x
+                if item < second:  # source bk's run alone up to the next item of another: copied in one loop
+                    c, e, prev = cur[bk], stop[bk], item - 1
+                    src_items, src_ratings, off = (items0, ratings0, 0) if c < n0 else (items, ratings, n0)
+                    emit = split_of[bk] == want
+                    while c < e:
+                        x = np.int64(src_items[c - off])
+                        if x <= prev:
+                            ok = False  # a run out of item order
+                            break
+                        if x >= second:
+                            break
+                        if emit:
+                            r = src_ratings[c - off]
+                            out_items[pos] = np.int32(x)
+                            out_ratings[pos] = min(r, np.float32(cap)) if implicit and cap > 0 else r
+                            if want_src:
+                                out_src[pos] = c
+                            pos += 1
+                        prev, c = x, c + 1
+                    cur[bk] = c
+                    if c == e:
+                        j = 0
+                        for a in range(m):
+                            if act[a] != bk:
+                                act[j] = act[a]
+                                j += 1
+                        m = j
+                    continue
                 total, last, lk = np.float32(0.0), np.int64(-1), 0
                 for a in range(m):
                     k = act[a]
