@@ -119,12 +119,8 @@ def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want
                         if c + 1 < stop[k] and np.int64(items0[c + 1] if c + 1 < n0 else items[c + 1 - n0]) <= item:
                             ok = False  # a run out of item order
                 if split_of[lk] == want:
-                    out_items[pos] = np.int32(item)
-                    if want_src:
-                        out_src[pos] = last
                     kept = ratings0[last] if last < n0 else ratings[last - n0]
-                    out_ratings[pos] = (min(total, np.float32(cap)) if cap > 0 else total) if implicit else kept
-                    pos += 1
+                    pos = _emit(out_items, out_ratings, out_src, pos, item, last, total, kept, implicit, cap)
                 j = 0
                 for a in range(m):  # the exhausted sources dropped, the others kept in ascending order
                     if cur[act[a]] < stop[act[a]]:
@@ -143,7 +139,6 @@ def _merge_sorting(u, n, K, indptrs, starts, items0, ratings0, items, ratings, n
                    out_items, out_ratings, out_src, pos):
     """User ``u``'s ``n`` rows merged as :func:`merge_rows` does, for runs in any order: sorted by (item, source)
     first. Returns the new ``pos``."""
-    want_src = len(out_src) > 0
     keys = np.empty(n, np.int64)
     src = np.empty(n, np.int64)
     m = 0
@@ -165,14 +160,21 @@ def _merge_sorting(u, n, K, indptrs, starts, items0, ratings0, items, ratings, n
             e += 1
         last = src[order[e - 1]]  # the largest k: the latest part (a part holds a pair in one split only)
         if split_of[keys[order[e - 1]] % K] == want:
-            out_items[pos] = np.int32(item)
-            if want_src:
-                out_src[pos] = last
             kept = ratings0[last] if last < n0 else ratings[last - n0]
-            out_ratings[pos] = (min(total, np.float32(cap)) if cap > 0 else total) if implicit else kept
-            pos += 1
+            pos = _emit(out_items, out_ratings, out_src, pos, item, last, total, kept, implicit, cap)
         j = e
     return pos
+
+
+@njit(cache=True, nogil=True)
+def _emit(out_items, out_ratings, out_src, pos, item, last, total, kept, implicit, cap):
+    """Write the rating kept of a pair rated in several sources at ``pos`` (``kept``: the latest one's value,
+    ``total``: all of them summed; ``last``: its position) and return the next position."""
+    out_items[pos] = np.int32(item)
+    if len(out_src) > 0:
+        out_src[pos] = last
+    out_ratings[pos] = (min(total, np.float32(cap)) if cap > 0 else total) if implicit else kept
+    return pos + 1
 
 
 @njit(cache=True, nogil=True)
