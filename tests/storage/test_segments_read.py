@@ -66,3 +66,22 @@ def test_block_user_counts_are_the_merged_blocks(tmp_path, test_fraction):
     for b in range(st.n_blocks):
         for s in ("train", "test") if test_fraction else ("train",):
             assert np.array_equal(st.block_user_counts(b, s), np.diff(st.read_block(b, s).indptr))
+
+
+def test_an_append_onto_a_store_with_a_ledger_does_not_load_the_accountant(tmp_path):
+    """The ledger is checked and records the data change without dp-accounting (0.65 s of an append's import)."""
+    import subprocess
+    import sys
+
+    from streamdp.privacy.budget import StoreBudget
+
+    p = str(tmp_path / "s.zarr")
+    streamdp.ingest(pd.DataFrame({"user": [1, 2, 3], "item": [1, 2, 3], "rating": [1.0, 2.0, 3.0]}), p)
+    StoreBudget(p).set(1.0, 1e-6)
+    new = tmp_path / "new.csv"
+    new.write_text("user,item,rating\n1,2,3\n4,1,2\n")
+    code = ("import sys, streamdp; streamdp.ingest(sys.argv[1], sys.argv[2], append=True); "
+            "assert 'dp_accounting' not in sys.modules, 'dp_accounting loaded'")
+    done = subprocess.run([sys.executable, "-c", code, str(new), p], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert [e for e in StoreBudget(p).show()["history"] if e.get("event") == "data replaced"]
