@@ -1,5 +1,5 @@
 """Merging a user block's rows across the segments of a store (:mod:`streamdp.storage.segments`): :func:`merge_rows`,
-:func:`shares_a_pair`.
+:func:`append_delta`.
 
 A user with rows in several parts is merged by a walk of the cursors of the sources holding her rows, in ascending
 item (ingest sorts each user's items): a run of one source below every other source's next item is copied in one
@@ -178,19 +178,48 @@ def _emit(out_items, out_ratings, out_src, pos, item, last, total, kept, implici
 
 
 @njit(cache=True, nogil=True)
-def shares_a_pair(n_users, ip_a, items_a, ip_b, items_b, n_items):
-    """Whether some user of a block holds an item in both ``a`` and ``b`` (two CSR blocks over the same users):
-    whether a part's rows ``a`` of one split replace rows ``b`` of the other split of the store before it.
-    Linear in the rows of the users with rows in both."""
-    mark = np.full(n_items, -1, np.int32)
+def append_delta(n_users, indptrs, starts, items, part_of, split_of, last, n_items, out_users, out_items, out_splits,
+                 out_replaces, items0=np.empty(0, np.int32)):
+    """What the last part (sources with ``part_of[k] == last``) changes in a block's merged counts, visiting only
+    the users it has rows of (sources as :func:`merge_rows`'s, without ratings).
+
+    A pair of the last part is new (+1 for its user in ``out_users``, its item in ``out_items`` and its split in
+    ``out_splits``) or replaces the latest earlier part's rating of it (-1 in that rating's split, +1 in its own:
+    the user's and item's counts do not change); ``out_replaces[s] = 1`` when a pair of split ``s`` replaces one of
+    the other split (where a read of the other split needs this part's ``s`` rows, ``merge/supersedes``). The
+    same counts as merging the block with and without the part, without either merge.
+    """
+    n0 = len(items0)
+    K = indptrs.shape[0]
+    mark = np.zeros(n_items, np.int8)  # 1 + split of the latest earlier rating of the pair, 0: none
     for u in range(n_users):
-        if ip_a[u + 1] > ip_a[u] and ip_b[u + 1] > ip_b[u]:
-            for j in range(ip_a[u], ip_a[u + 1]):
-                mark[items_a[j]] = u
-            for j in range(ip_b[u], ip_b[u + 1]):
-                if mark[items_b[j]] == u:
-                    return True
-    return False
+        touched = False
+        for k in range(K):
+            if part_of[k] == last and indptrs[k, u + 1] > indptrs[k, u]:
+                touched = True
+        if not touched:
+            continue
+        for k in range(K):  # in part order: a later part's rating of a pair overwrites an earlier one's
+            if part_of[k] < last:
+                for p in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]):
+                    mark[items0[p] if p < n0 else items[p - n0]] = split_of[k] + 1
+        for k in range(K):
+            if part_of[k] == last:
+                s = split_of[k]
+                for p in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]):
+                    i = items0[p] if p < n0 else items[p - n0]
+                    out_splits[s] += 1
+                    if mark[i] == 0:
+                        out_users[u] += 1
+                        out_items[i] += 1
+                    else:
+                        out_splits[mark[i] - 1] -= 1
+                        if mark[i] - 1 != s:
+                            out_replaces[s] = 1
+        for k in range(K):
+            if part_of[k] < last:
+                for p in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]):
+                    mark[items0[p] if p < n0 else items[p - n0]] = 0
 
 
 def merge_rows_reference(n_users, indptrs, starts, items, ratings, part_of, split_of, want, implicit, cap):

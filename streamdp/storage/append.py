@@ -5,8 +5,9 @@ user block, de-duplicate, write), with the ids mapped onto the store's: a user o
 its index; new users get the indices after the store's (in sorted id order, as ingest numbers them), new items
 the indices after the store's items (by descending count in the new input, ties by id). The segment is a store
 of its own on the store's user blocks (:mod:`streamdp.storage.segments`), written beside and renamed into
-``STORE/segments/``; then the change it makes to the merged counts is computed from the blocks it touches (old
-and new merged reads), and the root attributes listing it are committed by one atomic rename.
+``STORE/segments/``; then the change it makes to the merged counts is computed from the blocks it touches (its
+pairs looked up among the earlier parts' rows of its users, no merge), and the root attributes listing it are
+committed by one atomic rename.
 
 Decisions a reader must know:
 
@@ -347,16 +348,8 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
         first, end = view.block_range(b)
         du = np.zeros(end - first, np.int64)
         if any(seg_nnz[s][b] for s in splits):
-            # one read of every part's block: merged with the new segment, and without it (the store as it was)
-            after, before, replaces = view.read_splits(b)
-            for s, yes in replaces.items():
-                supersedes[SPLITS.index(s), b] = yes
-            for s in splits:
-                k = SPLITS.index(s)
-                for sign, blk in ((1, after[s]), (-1, before[s])):
-                    du += sign * np.diff(blk.indptr)
-                    block_delta[k, b] += sign * len(blk.items)
-                    item_delta += sign * np.bincount(blk.items, minlength=n_items)
+            # one read of every part's block, the change counted over the users the segment has rows of
+            du, block_delta[:, b], supersedes[:, b] = view.last_part_delta(b, item_delta)
         ua[first:end] = du
         hu.update(np.ascontiguousarray(du, dtype="<i8"))
     g.create_array("merge/item_counts", shape=(n_items,), dtype="int64", chunks=(max(1, min(n_items, 1 << 20)),),

@@ -217,26 +217,23 @@ class SegmentedStore(RatingStore):
             raise StoreError(f"{self.path}: store has no '{split}' split")
         return self._merge(b, self._sources(b, read, want=split, keep=keep), split)
 
-    def read_splits(self, b: int) -> tuple[dict, dict, dict]:
-        """Block ``b`` of every split merged over all the parts, and over all but the last (``{split: Block}``
-        each), from one read of each part's blocks (an append compares the store after and before it); and for
-        each split, whether the last part's rows of it replace rows of the other split before it (the
-        segment's ``merge/supersedes``, :meth:`_needed`)."""
-        from streamdp.kernels.segments import shares_a_pair
+    def last_part_delta(self, b: int, item_delta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What the last part changes in block ``b``'s merged counts, from one read of each part's block and no
+        merge (:func:`~streamdp.kernels.segments.append_delta`; an append records it): ``(per user of the block,
+        per split, whether its rows of each split replace a rating of the other)``; the per-item change is added
+        into ``item_delta``."""
+        from streamdp.kernels.segments import append_delta
 
+        first, end = self.block_range(b)
         src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True))
-        splits = [s for s in SPLITS if self.base._has(s)]
-        last = len(self.parts) - 1
-        before = [x for x in src if x[0] < last]
-        after, was = {s: self._merge(b, src, s)[0] for s in splits}, {s: self._merge(b, before, s)[0] for s in splits}
-        n = len(after[splits[0]].indptr) - 1
-        replaces = {}
-        for x in src:
-            if x[0] == last:
-                s, o = SPLITS[x[1]], SPLITS[1 - x[1]]
-                replaces[s] = o in was and bool(shares_a_pair(n, x[2], x[3], was[o].indptr, was[o].items,
-                                                              self.info.n_items))
-        return after, was, replaces
+        indptrs = np.stack([x[2] for x in src]).astype(np.int64, copy=False)
+        sizes = np.array([len(x[3]) for x in src], np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        du, splits, replaces = np.zeros(end - first, np.int64), np.zeros(2, np.int64), np.zeros(2, np.uint8)
+        append_delta(end - first, indptrs, starts, np.concatenate([x[3] for x in src[1:]] or [np.empty(0, np.int32)]),
+                     np.array([x[0] for x in src], np.int64), np.array([x[1] for x in src], np.int64),
+                     len(self.parts) - 1, self.info.n_items, du, item_delta, splits, replaces, src[0][3])
+        return du, splits, replaces
 
     def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
         """:meth:`read_block` and the merged ratings' times (each kept rating's, from the part it was kept from)."""
