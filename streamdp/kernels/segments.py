@@ -1,4 +1,13 @@
-"""Merging a user block's rows across the segments of a store (:mod:`streamdp.storage.segments`)."""
+"""Merging a user block's rows across the segments of a store (:mod:`streamdp.storage.segments`): :func:`merge_rows`,
+:func:`append_delta`.
+
+A user with rows in several parts is merged by a walk of the cursors of the sources holding her rows, in ascending
+item (ingest sorts each user's items): a run of one source below every other source's next item is copied in one
+loop; an item in several sources is taken in ascending source (the order its values are summed in). A run found out
+of item order on the way: the user's rows are sorted instead (:func:`_merge_sorting`). Elements are read inline, not
+through a helper: a call that takes arrays counts references to each (measured: 20x the read). On a 10M-rating
+store of 10 small segments: 2.5 ms a block of 0.9M ratings (a sort per user: 11-20 ms).
+"""
 
 from __future__ import annotations
 
@@ -8,83 +17,209 @@ from numba import njit
 
 @njit(cache=True, nogil=True)
 def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want, implicit, cap,
-               out_indptr, out_items, out_ratings, out_src=np.empty(0, np.int64)):
+               out_indptr, out_items, out_ratings, out_src=np.empty(0, np.int64), items0=np.empty(0, np.int32),
+               ratings0=np.empty(0, np.float32)):
     """One split of a block merged from ``K`` sources (each a part's split of the block).
 
     Source ``k``'s user ``u`` holds ``items[starts[k] + indptrs[k, u]: starts[k] + indptrs[k, u + 1]]``
     (and the ratings beside them); sources come by part (0 the base, then the segments in commit order),
-    each part's splits in turn: ``part_of[k]`` is source ``k``'s part and ``split_of[k]`` its split (0 train,
-    1 test). For each user, a (user, item) pair rated in
-    several parts is one rating: of the latest part, in that part's split (explicit ratings: its value,
-    the store's "last seen wins"); with ``implicit``, the sum of all its values, capped at ``cap`` when
-    ``cap > 0`` (the store's "repeated pairs are summed"). Only pairs whose kept split is ``want`` are
-    written. A user with rows in one part only keeps their order (as the part stores them; a part holds a
-    pair in one split only); a user with rows in several gets them sorted by item (the order ingest writes).
+    ``part_of[k]`` is source ``k``'s part and ``split_of[k]`` its split (0 train, 1 test). A (user, item) pair
+    rated in several parts is one rating: of the latest part, in that part's split (explicit ratings: its value,
+    "last seen wins"); with ``implicit``, the sum of all its values, capped at ``cap`` when ``cap > 0``. Only
+    pairs whose kept split is ``want`` are written. A user with rows in one part only keeps their order (as the
+    part stores them; a part holds a pair in one split only); one with rows in several gets them sorted by item.
 
-    ``out_src`` (as long as ``out_items``, or empty): the position in ``items`` each written rating was taken
-    from (the latest part's; what a rating's timestamp is read by).
+    ``items0``, ``ratings0`` (optional): source 0's rows in arrays of their own (``starts[0] == 0``; ``items``
+    then holds the other sources from position ``len(items0)`` on): the base's block read in place. ``out_src``
+    (as long as ``out_items``, or empty): the position (sources laid end to end) each written rating was taken
+    from (what a rating's timestamp is read by). The outputs need room for the rows of the sources of ``want``.
 
     Returns the number of ratings written (``out_indptr`` is filled, ``n_users + 1`` long).
     """
     want_src = len(out_src) > 0
+    n0 = len(items0)
     K = indptrs.shape[0]
+    cur, stop, act = np.empty(K, np.int64), np.empty(K, np.int64), np.empty(K, np.int64)
     pos = 0
     out_indptr[0] = 0
     for u in range(n_users):
-        n = 0
+        m, n = 0, 0
         only = -1  # the one part with rows of the user, -2 several
         for k in range(K):
-            c = indptrs[k, u + 1] - indptrs[k, u]
-            if c > 0:
+            if indptrs[k, u + 1] > indptrs[k, u]:
+                cur[k], stop[k] = starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]
+                act[m] = k
+                m += 1
+                n += stop[k] - cur[k]
                 if only == -1:
                     only = part_of[k]
                 elif only != part_of[k]:
                     only = -2
-                n += c
         if only >= 0:
-            for k in range(K):
-                if part_of[k] == only and split_of[k] == want:
-                    s = starts[k] + indptrs[k, u]
-                    c = indptrs[k, u + 1] - indptrs[k, u]
-                    for j in range(c):
-                        out_items[pos + j] = items[s + j]
-                        out_ratings[pos + j] = ratings[s + j]
-                        if want_src:
+            for a in range(m):
+                k = act[a]
+                if split_of[k] == want:
+                    s, c = cur[k], stop[k] - cur[k]
+                    if s < n0:  # source 0 (a source lies wholly in one of the two arrays)
+                        out_items[pos:pos + c] = items0[s:s + c]
+                        out_ratings[pos:pos + c] = ratings0[s:s + c]
+                    else:
+                        out_items[pos:pos + c] = items[s - n0:s - n0 + c]
+                        out_ratings[pos:pos + c] = ratings[s - n0:s - n0 + c]
+                    if want_src:
+                        for j in range(c):
                             out_src[pos + j] = s + j
                     pos += c
-        elif n > 0:
-            keys = np.empty(n, np.int64)
-            src = np.empty(n, np.int64)
-            m = 0
-            for k in range(K):
-                s = starts[k] + indptrs[k, u]
-                for j in range(indptrs[k, u + 1] - indptrs[k, u]):
-                    keys[m] = np.int64(items[s + j]) * K + k
-                    src[m] = s + j
-                    m += 1
-            order = np.argsort(keys)
-            j = 0
-            while j < n:
-                item = keys[order[j]] // K
-                total = np.float32(0.0)
-                e = j
-                while e < n and keys[order[e]] // K == item:
-                    total += ratings[src[order[e]]]
-                    e += 1
-                last = order[e - 1]  # the largest k: the latest part (a part holds a pair in one split only)
-                k = keys[last] % K
-                if split_of[k] == want:
-                    out_items[pos] = items[src[last]]
-                    if want_src:
-                        out_src[pos] = src[last]
-                    if implicit:
-                        out_ratings[pos] = min(total, np.float32(cap)) if cap > 0 else total
-                    else:
-                        out_ratings[pos] = ratings[src[last]]
-                    pos += 1
-                j = e
+        elif only == -2:
+            start, ok = pos, True
+            while m > 0 and ok:
+                item, second, bk = np.int64(1) << 62, np.int64(1) << 62, 0
+                for a in range(m):
+                    c = cur[act[a]]
+                    x = np.int64(items0[c] if c < n0 else items[c - n0])
+                    if x < item:
+                        item, second, bk = x, item, act[a]
+                    elif x < second:
+                        second = x
+                if item < second:  # source bk's run alone up to the next item of another: copied in one loop
+                    c, e, prev = cur[bk], stop[bk], item - 1
+                    src_items, src_ratings, off = (items0, ratings0, 0) if c < n0 else (items, ratings, n0)
+                    emit = split_of[bk] == want
+                    while c < e:
+                        x = np.int64(src_items[c - off])
+                        if x <= prev:
+                            ok = False  # a run out of item order
+                            break
+                        if x >= second:
+                            break
+                        if emit:
+                            r = src_ratings[c - off]
+                            out_items[pos] = np.int32(x)
+                            out_ratings[pos] = min(r, np.float32(cap)) if implicit and cap > 0 else r
+                            if want_src:
+                                out_src[pos] = c
+                            pos += 1
+                        prev, c = x, c + 1
+                    cur[bk] = c
+                    if c == e:
+                        j = 0
+                        for a in range(m):
+                            if act[a] != bk:
+                                act[j] = act[a]
+                                j += 1
+                        m = j
+                    continue
+                total, last, lk = np.float32(0.0), np.int64(-1), 0
+                for a in range(m):
+                    k = act[a]
+                    c = cur[k]
+                    if np.int64(items0[c] if c < n0 else items[c - n0]) == item:
+                        total += ratings0[c] if c < n0 else ratings[c - n0]
+                        last, lk, cur[k] = c, k, c + 1
+                        if c + 1 < stop[k] and np.int64(items0[c + 1] if c + 1 < n0 else items[c + 1 - n0]) <= item:
+                            ok = False  # a run out of item order
+                if split_of[lk] == want:
+                    kept = ratings0[last] if last < n0 else ratings[last - n0]
+                    pos = _emit(out_items, out_ratings, out_src, pos, item, last, total, kept, implicit, cap)
+                j = 0
+                for a in range(m):  # the exhausted sources dropped, the others kept in ascending order
+                    if cur[act[a]] < stop[act[a]]:
+                        act[j] = act[a]
+                        j += 1
+                m = j
+            if not ok:
+                pos = _merge_sorting(u, n, K, indptrs, starts, items0, ratings0, items, ratings, n0, split_of, want,
+                                     implicit, cap, out_items, out_ratings, out_src, start)
         out_indptr[u + 1] = pos
     return pos
+
+
+@njit(cache=True, nogil=True)
+def _merge_sorting(u, n, K, indptrs, starts, items0, ratings0, items, ratings, n0, split_of, want, implicit, cap,
+                   out_items, out_ratings, out_src, pos):
+    """User ``u``'s ``n`` rows merged as :func:`merge_rows` does, for runs in any order: sorted by (item, source)
+    first. Returns the new ``pos``."""
+    keys = np.empty(n, np.int64)
+    src = np.empty(n, np.int64)
+    m = 0
+    for k in range(K):
+        s = starts[k] + indptrs[k, u]
+        for j in range(indptrs[k, u + 1] - indptrs[k, u]):
+            keys[m] = np.int64(items0[s + j] if s + j < n0 else items[s + j - n0]) * K + k
+            src[m] = s + j
+            m += 1
+    order = np.argsort(keys)
+    j = 0
+    while j < n:
+        item = keys[order[j]] // K
+        total = np.float32(0.0)
+        e = j
+        while e < n and keys[order[e]] // K == item:
+            p = src[order[e]]
+            total += ratings0[p] if p < n0 else ratings[p - n0]
+            e += 1
+        last = src[order[e - 1]]  # the largest k: the latest part (a part holds a pair in one split only)
+        if split_of[keys[order[e - 1]] % K] == want:
+            kept = ratings0[last] if last < n0 else ratings[last - n0]
+            pos = _emit(out_items, out_ratings, out_src, pos, item, last, total, kept, implicit, cap)
+        j = e
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def _emit(out_items, out_ratings, out_src, pos, item, last, total, kept, implicit, cap):
+    """Write the rating kept of a pair rated in several sources at ``pos`` (``kept``: the latest one's value,
+    ``total``: all of them summed; ``last``: its position) and return the next position."""
+    out_items[pos] = np.int32(item)
+    if len(out_src) > 0:
+        out_src[pos] = last
+    out_ratings[pos] = (min(total, np.float32(cap)) if cap > 0 else total) if implicit else kept
+    return pos + 1
+
+
+@njit(cache=True, nogil=True)
+def append_delta(n_users, indptrs, starts, items, part_of, split_of, last, n_items, out_users, out_items, out_splits,
+                 out_replaces, items0=np.empty(0, np.int32)):
+    """What the last part (sources with ``part_of[k] == last``) changes in a block's merged counts, visiting only
+    the users it has rows of (sources as :func:`merge_rows`'s, without ratings).
+
+    A pair of the last part is new (+1 for its user in ``out_users``, its item in ``out_items`` and its split in
+    ``out_splits``) or replaces the latest earlier part's rating of it (-1 in that rating's split, +1 in its own:
+    the user's and item's counts do not change); ``out_replaces[s] = 1`` when a pair of split ``s`` replaces one of
+    the other split (where a read of the other split needs this part's ``s`` rows, ``merge/supersedes``). The
+    same counts as merging the block with and without the part, without either merge.
+    """
+    n0 = len(items0)
+    K = indptrs.shape[0]
+    mark = np.zeros(n_items, np.int8)  # 1 + split of the latest earlier rating of the pair, 0: none
+    for u in range(n_users):
+        touched = False
+        for k in range(K):
+            if part_of[k] == last and indptrs[k, u + 1] > indptrs[k, u]:
+                touched = True
+        if not touched:
+            continue
+        for k in range(K):  # in part order: a later part's rating of a pair overwrites an earlier one's
+            if part_of[k] < last:
+                for p in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]):
+                    mark[items0[p] if p < n0 else items[p - n0]] = split_of[k] + 1
+        for k in range(K):
+            if part_of[k] == last:
+                s = split_of[k]
+                for p in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]):
+                    i = items0[p] if p < n0 else items[p - n0]
+                    out_splits[s] += 1
+                    if mark[i] == 0:
+                        out_users[u] += 1
+                        out_items[i] += 1
+                    else:
+                        out_splits[mark[i] - 1] -= 1
+                        if mark[i] - 1 != s:
+                            out_replaces[s] = 1
+        for k in range(K):
+            if part_of[k] < last:
+                for p in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]):
+                    mark[items0[p] if p < n0 else items[p - n0]] = 0
 
 
 def merge_rows_reference(n_users, indptrs, starts, items, ratings, part_of, split_of, want, implicit, cap):

@@ -59,10 +59,7 @@ from streamdp.errors import BudgetExceededError, ParameterError, StoreError
 from streamdp.model_dir import model_budget_entry
 from streamdp.outputs import deferred_interrupts
 from streamdp.owner import current_owner, describe_owner, owner_status
-from streamdp.privacy.accountant import NEIGHBOURING_RELATION, check_privacy_params, parse_epsilon, rdp_at_order
-from streamdp.privacy.events import compose, event_from_dict
-from streamdp.privacy.filter import FILTER_DIR, advance, distribution, filter_parameters, prune
-from streamdp.privacy.filter import current as filter_current
+from streamdp.privacy.result import NEIGHBOURING_RELATION
 from streamdp.privacy.journal import (
     GENESIS,
     JOURNAL_FILE,
@@ -80,7 +77,6 @@ from streamdp.privacy.journal import (
     state_text,
 )
 from streamdp.privacy.object_journal import JOURNAL_OBJECTS, Conflict, append_objects, read_object_journal
-from streamdp.privacy.spend import SPEND_FILE, SpendComposer
 from streamdp.storage import remote
 from streamdp.storage.fingerprint import KEY_FILE as KEY_FILE_NAME, key_id, key_path, release_key
 from streamdp.storage.schema import is_store_dir
@@ -108,6 +104,15 @@ MARKER = "streamdp privacy budget journal started"
 
 #: Statuses whose entries count as spent (``stale``: reserved by a run that is gone, see ``settle``).
 COUNTED = ("reserved", "complete", "stale")
+
+
+def _lazy(name: str):
+    """``streamdp.privacy.NAME`` imported when first used: the accountant, events, filter and spend modules load
+    dp-accounting (0.65 s), which a ledger needs to compose or cap a spend, not to be checked or to record that
+    the store's data changed (``ingest --append`` onto a store with a ledger did both, and paid the import)."""
+    import importlib
+
+    return importlib.import_module(f"streamdp.privacy.{name}")
 
 
 def _now() -> str:
@@ -427,7 +432,9 @@ class StoreBudget:
 
     def _composer(self) -> SpendComposer:
         """Composes the ledger's releases from where the last composition stopped (:mod:`streamdp.privacy.spend`)."""
-        return SpendComposer(remote.join(self.store, SPEND_FILE) if self.remote else self.store / SPEND_FILE)
+        spend = _lazy("spend")
+        return spend.SpendComposer(remote.join(self.store, spend.SPEND_FILE) if self.remote else
+                                   self.store / spend.SPEND_FILE)
 
     @staticmethod
     def _spend(entries: list, delta: float | None, composer: SpendComposer | None = None, *,
@@ -458,7 +465,7 @@ class StoreBudget:
             delta = max(delta_basic, 1e-12) if delta_basic > 0 else 1e-9
             out["delta"] = delta
         if all(e.get("events") for e in entries):
-            composer = composer or SpendComposer(None)
+            composer = composer or _lazy("spend").SpendComposer(None)
             lists = [e["events"] for e in entries]
             eps, eps_rdp = composer.recompose(lists, delta) if fresh else composer.spend(lists, delta)
             single = max((e["epsilon"] for e in entries if e["delta"] >= delta), default=0.0)
@@ -492,8 +499,9 @@ class StoreBudget:
         budget = d.get("budget")
         counted = [e for e in d["entries"] if e["status"] in COUNTED]
         delta = budget["delta"] if budget else None
-        cached = self._spend(counted, delta, SpendComposer(self._composer().cache, checked=False))["epsilon"]
-        composer = SpendComposer(self._composer().cache)
+        spend = _lazy("spend")
+        cached = self._spend(counted, delta, spend.SpendComposer(self._composer().cache, checked=False))["epsilon"]
+        composer = spend.SpendComposer(self._composer().cache)
         fresh = self._spend(counted, delta, composer, fresh=True)["epsilon"]
         match = cached == fresh or (math.isinf(cached) and math.isinf(fresh))
         if not match:
@@ -538,7 +546,7 @@ class StoreBudget:
     @_retried
     def set(self, epsilon: float, delta: float) -> None:
         """Set the store's total budget ``(epsilon, delta)`` (``epsilon = inf``: unlimited)."""
-        check_privacy_params(epsilon, delta)
+        _lazy("accountant").check_privacy_params(epsilon, delta)
         with self._locked():
             st = self._checked()
             self._commit(st, [{"at": _now(), "op": "budget",
@@ -557,14 +565,14 @@ class StoreBudget:
         if self.remote:
             raise ParameterError(f"{self.store}: a per-user budget keeps per-user state beside the store: on a local "
                                  f"disk only")
-        params = filter_parameters(epsilon, delta)
+        params = _lazy("filter").filter_parameters(epsilon, delta)
         with self._locked():
             st = self._checked()
             d = st.d
             old = d.get("user_budget")
             if old is not None and (old["epsilon"], old["delta"]) == (params["epsilon"], params["delta"]):
                 return old
-            if old is not None and filter_current(d["entries"]) is not None:
+            if old is not None and _lazy("filter").current(d["entries"]) is not None:
                 raise ParameterError(f"{self.store}: already has a per-user budget epsilon={old['epsilon']:g}, "
                                      f"delta={old['delta']:g}, and releases were made under it: it cannot be "
                                      f"changed (each user's spend is accounted at its Renyi order)")
@@ -574,8 +582,10 @@ class StoreBudget:
                 if e.get("guarantee") == GUARANTEE_PUBLIC_ONLY:
                     continue
                 try:
-                    carried += rdp_at_order(compose([event_from_dict(x) for x in e.get("events") or []]),
-                                            params["alpha"]) if e.get("events") else math.inf
+                    ev = _lazy("events")
+                    carried += _lazy("accountant").rdp_at_order(
+                        ev.compose([ev.event_from_dict(x) for x in e.get("events") or []]),
+                        params["alpha"]) if e.get("events") else math.inf
                 except ParameterError:  # a (0, delta) event: no Renyi bound
                     carried = math.inf
             record = {**params, "set": _now(), "carried_rdp": carried, "carried_users": int(n_users),
@@ -590,7 +600,7 @@ class StoreBudget:
     def filter_view_state(self) -> tuple[dict | None, str | None]:
         """``(user budget, current generation)``: what a release's view of the store reads."""
         d = self._load()
-        return d.get("user_budget"), filter_current(d["entries"])
+        return d.get("user_budget"), _lazy("filter").current(d["entries"])
 
     def show(self, n_users: int | None = None) -> dict:
         """The budget, the total spend (accountant and basic composition) and every entry; with a per-user budget,
@@ -613,7 +623,7 @@ class StoreBudget:
         if d.get("user_budget") is not None:
             out["user_budget"] = d["user_budget"]
             if n_users is not None:
-                out["users"] = distribution(self.store, d["user_budget"], d["entries"], n_users)
+                out["users"] = _lazy("filter").distribution(self.store, d["user_budget"], d["entries"], n_users)
         return out
 
     def entries(self) -> list[dict]:
@@ -705,7 +715,7 @@ class StoreBudget:
                 self._commit(st, [{"at": _now(), "op": "reserve", "entry": entry}])
             finally:  # a generation whose entry was not recorded, or one superseded: removed
                 if d.get("user_budget") is not None:
-                    prune(self.store, st.d["entries"])
+                    _lazy("filter").prune(self.store, st.d["entries"])
         return entry["id"]
 
     def _filtered(self, d: dict, entry: dict, request) -> None:
@@ -717,7 +727,7 @@ class StoreBudget:
             raise ParameterError(f"{self.store}: has a per-user budget, and this release was prepared without it "
                                  f"(it cannot leave retired users out, or the cap was set while it ran): refused, "
                                  f"nothing released; only `streamdp train` releases from such a store")
-        entry["user_filter"] = request.result = advance(self.store, ub, d["entries"], entry, request)
+        entry["user_filter"] = request.result = _lazy("filter").advance(self.store, ub, d["entries"], entry, request)
 
     @_retried
     def _update(self, entry_id: str, by: str, change) -> None:
@@ -1199,8 +1209,9 @@ def carried_over(old_store: str | os.PathLike, new_store: str | os.PathLike, *, 
                 raise StoreError(f"{old.store}: has a per-user budget, and each user's spend is tied to her row: "
                                  f"its data cannot be replaced (add data with `streamdp ingest NEW --append "
                                  f"{old.store}`, or write the new data to a new store)")
-            if (old.store / FILTER_DIR).is_dir():
-                shutil.copytree(old.store / FILTER_DIR, new / FILTER_DIR)
+            filter_dir = _lazy("filter").FILTER_DIR
+            if (old.store / filter_dir).is_dir():
+                shutil.copytree(old.store / filter_dir, new / filter_dir)
         if st.mode != "fresh":
             record = {"event": "data replaced", "at": _now(), "by": by, "old_checksum": _store_checksum(old.store),
                       "new_checksum": checksum, "n_entries": len(st.d["entries"])}
@@ -1334,7 +1345,7 @@ def parse_budget(budget, *, name: str = "--budget") -> tuple[float, float] | Non
     except ValueError:
         raise ParameterError(f"{name}: expected EPSILON,DELTA, got {budget!r}") from None
     if not (e > 0 or math.isinf(e)):  # 0, negative, nan: the budget's own message (it names epsilon)
-        check_privacy_params(e, d)
-    e = parse_epsilon(parts[0], name)  # only the literal inf is infinite ("1e309" is an error)
-    check_privacy_params(e, d)
+        _lazy("accountant").check_privacy_params(e, d)
+    e = _lazy("accountant").parse_epsilon(parts[0], name)  # only the literal inf is infinite ("1e309" is an error)
+    _lazy("accountant").check_privacy_params(e, d)
     return e, d

@@ -5,8 +5,9 @@ user block, de-duplicate, write), with the ids mapped onto the store's: a user o
 its index; new users get the indices after the store's (in sorted id order, as ingest numbers them), new items
 the indices after the store's items (by descending count in the new input, ties by id). The segment is a store
 of its own on the store's user blocks (:mod:`streamdp.storage.segments`), written beside and renamed into
-``STORE/segments/``; then the change it makes to the merged counts is computed from the blocks it touches (old
-and new merged reads), and the root attributes listing it are committed by one atomic rename.
+``STORE/segments/``; then the change it makes to the merged counts is computed from the blocks it touches (its
+pairs looked up among the earlier parts' rows of its users, no merge), and the root attributes listing it are
+committed by one atomic rename.
 
 Decisions a reader must know:
 
@@ -50,8 +51,8 @@ from streamdp.storage import formats as F
 from streamdp.storage import ingest as I
 from streamdp.storage import remote
 from streamdp.storage.schema import SEGMENTED_FORMAT_VERSION, SPLITS, time_attrs
-from streamdp.storage.segments import (BASE_KEYS, SEGMENTS_DIR, append_lock, commit_attrs, merged_checksum,
-                                       sweep_uncommitted)
+from streamdp.storage.segments import (BASE_KEYS, SEGMENTS_DIR, SUPERSEDES, append_lock, commit_attrs,
+                                       merged_checksum, sweep_uncommitted)
 from streamdp.storage.split import block_seed
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.ids import as_ids
@@ -341,26 +342,23 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
     ua = g.create_array("merge/user_counts", shape=(n_users,), dtype="int64", chunks=(bu,), config=_ARRAY_CONFIG)
     item_delta = np.zeros(n_items, np.int64)
     block_delta = np.zeros((2, n_blocks), np.int64)
+    supersedes = np.zeros((2, n_blocks), np.uint8)
     hu = hashlib.blake2b(digest_size=16)
     for b in range(n_blocks):
         first, end = view.block_range(b)
         du = np.zeros(end - first, np.int64)
         if any(seg_nnz[s][b] for s in splits):
-            # one read of every part's block: merged with the new segment, and without it (the store as it was)
-            after, before = view.read_splits(b), view.read_splits(b, len(view.parts) - 1)
-            for s in splits:
-                k = SPLITS.index(s)
-                for sign, blk in ((1, after[s]), (-1, before[s])):
-                    du += sign * np.diff(blk.indptr)
-                    block_delta[k, b] += sign * len(blk.items)
-                    item_delta += sign * np.bincount(blk.items, minlength=n_items)
+            # one read of every part's block, the change counted over the users the segment has rows of
+            du, block_delta[:, b], supersedes[:, b] = view.last_part_delta(b, item_delta)
         ua[first:end] = du
         hu.update(np.ascontiguousarray(du, dtype="<i8"))
     g.create_array("merge/item_counts", shape=(n_items,), dtype="int64", chunks=(max(1, min(n_items, 1 << 20)),),
                    config=_ARRAY_CONFIG)[:] = item_delta
     g.create_array("merge/block_nnz", shape=(2 * n_blocks,), dtype="int64", chunks=(max(1, 2 * n_blocks),),
                    config=_ARRAY_CONFIG)[:] = block_delta.reshape(-1)
-    digest = _digest(hu, item_delta, block_delta.reshape(-1), seg)
+    g.create_array(SUPERSEDES, shape=(2 * n_blocks,), dtype="uint8", chunks=(max(1, 2 * n_blocks),),
+                   config=_ARRAY_CONFIG)[:] = supersedes.reshape(-1)
+    digest = _digest(hu, item_delta, block_delta.reshape(-1), seg, supersedes.reshape(-1))
     added = int(sum(int(seg_nnz[s].sum()) for s in splits))
     entry.update(merge_digest=digest, n_ratings_added=int(block_delta[0].sum()),
                  n_test_added=int(block_delta[1].sum()),
@@ -383,13 +381,15 @@ def merge_arrays_digest(seg: RatingStore) -> str:
     for b in range(n_blocks):
         first, end = b * bu, min((b + 1) * bu, n_users)
         hu.update(np.ascontiguousarray(seg._per_entity("merge/user_counts", n_users, first, end), dtype="<i8"))
+    flags = seg._per_entity(SUPERSEDES, 2 * n_blocks) if seg._has(SUPERSEDES) else None
     return _digest(hu, seg._per_entity("merge/item_counts", n_items), seg._per_entity("merge/block_nnz", 2 * n_blocks),
-                   seg)
+                   seg, flags)
 
 
-def _digest(hu, item_delta, block_delta, seg: RatingStore) -> str:
-    """The digest of a segment's ``merge/...`` arrays (``hu``: the user counts' hash, fed block by block) and of
-    its new users' and items' ids (outside the segment's own checksum, which covers its blocks)."""
+def _digest(hu, item_delta, block_delta, seg: RatingStore, supersedes=None) -> str:
+    """The digest of a segment's ``merge/...`` arrays (``hu``: the user counts' hash, fed block by block;
+    ``supersedes``: None for a segment appended before it was recorded) and of its new users' and items' ids
+    (outside the segment's own checksum, which covers its blocks)."""
     ids = ContentHash()
     a = seg.attrs["appended"]
     for kind in ("user", "item"):
@@ -400,4 +400,6 @@ def _digest(hu, item_delta, block_delta, seg: RatingStore) -> str:
     h.update(np.ascontiguousarray(item_delta, dtype="<i8"))
     h.update(np.ascontiguousarray(block_delta, dtype="<i8"))
     h.update(ids.hexdigest().encode())
+    if supersedes is not None:
+        h.update(np.ascontiguousarray(supersedes, dtype=np.uint8))
     return "blake2b:" + h.hexdigest()

@@ -18,7 +18,10 @@ Decisions a reader must know:
 * a (user, item) pair rated in several parts is one rating: the latest part's, in that part's split (the
   store's pair rule, "last seen wins"; an implicit store's counts are summed, capped at ``count_cap``):
   :func:`streamdp.kernels.segments.merge_rows`; each segment records the change it makes to the merged
-  per-user, per-item and per-block counts (``merge/...``), computed when it was appended.
+  per-user, per-item and per-block counts (``merge/...``), computed when it was appended;
+* a read of one split reads a segment's other split only in the blocks where that split replaces a rating of
+  the wanted one (:data:`SUPERSEDES`, recorded at its append), the base's other split never; small segments'
+  blocks are kept in memory after their first read (:data:`CACHE_BYTES`, counted by the engine).
 """
 
 from __future__ import annotations
@@ -44,6 +47,13 @@ SEGMENTS_DIR = "segments"
 LOCK_NAME = ".append.lock"
 #: The arrays each segment records besides its CSR: the change it makes to the merged store's counts.
 MERGE_ARRAYS = ("merge/user_counts", "merge/item_counts", "merge/block_nnz")
+#: Per split and block of a segment (``2 x n_blocks``, uint8): whether its rows of the split replace a rating of the
+#: other split before it; a read of one split reads a segment's other split only there (absent: everywhere).
+SUPERSEDES = "merge/supersedes"
+#: The most memory a segmented store keeps its small segments' decoded blocks in, between reads (they are read
+#: with every block of the store: a zarr read and a CRC each, per pass). A segment is kept whole or not at all, at
+#: most 16 bytes a rating; the engine counts what a store may keep (``cache_bytes``) against --memory-limit.
+CACHE_BYTES = 32 << 20
 #: The keys of the base store's own attributes that the merged store's attributes replace.
 BASE_KEYS = ("n_users", "n_items", "n_ratings", "n_test", "n_blocks", "checksum", "generation", "format_version",
              "train_item_stats", "checksum_ids", "checksum_attrs")
@@ -105,6 +115,15 @@ def become_segmented(st: RatingStore) -> None:
             raise StoreError(f"{label}: segment's checksum is not the one committed (the store is damaged)")
         st.segments.append(_part(st, label, g, seg_attrs))
     st.parts = [st.base] + st.segments
+    st._flags, st._kept = {}, {}
+    st._keeps, room = set(), CACHE_BYTES
+    for i, seg in enumerate(st.segments, 1):
+        need = 16 * (seg.info.n_ratings + seg.info.n_test) + 2048 * seg.info.n_blocks
+        if need <= room:
+            st._keeps.add(i)
+            room -= need
+    #: the most bytes the store keeps its small segments' blocks in (:data:`CACHE_BYTES`)
+    st.cache_bytes = CACHE_BYTES - room
 
 
 class SegmentedStore(RatingStore):
@@ -120,42 +139,101 @@ class SegmentedStore(RatingStore):
     parts: list
 
     # -- blocks ---------------------------------------------------------------------------
-    def _sources(self, b: int, read, times: bool = False) -> list:
-        """For each part and split (train, test), block ``b``'s rows padded to the merged block's users:
-        ``(split index, indptr, items, ratings, crc_ok)``, and with ``times`` the ratings' times sixth."""
+    def _sources(self, b: int, read, times: bool = False, want: str | None = None, keep: bool = False) -> list:
+        """For each part and split, block ``b``'s rows padded to the merged block's users: ``(part, split index,
+        indptr, items, ratings, crc_ok)``, and with ``times`` the ratings' times seventh; in part order, the base's
+        ``want`` split first (the merge reads it in place). ``want``: only the sources a merge of that split
+        needs (:meth:`_needed`); all by default. ``keep``: small segments' blocks from memory (:meth:`_kept_read`;
+        ``read`` is then the checked read)."""
         first, end = self.block_range(b)
         n = end - first
         out = []
         splits = [s for s in SPLITS if self.base._has(s)]  # every part has the store's splits
-        for p in self.parts:
+        if want is not None:
+            splits.sort(key=lambda s: s != want)
+        for i, p in enumerate(self.parts):
             for s in splits:
+                if want is not None and not self._needed(i, b, s, want):
+                    continue
                 if b < p.info.n_blocks and p._has(s):
-                    blk, ok = read(p, b, s)
+                    blk, ok = self._kept_read(i, b, s, read) if keep and i in self._keeps else read(p, b, s)
                     ip = blk.indptr
                     if len(ip) - 1 < n:
                         ip = np.concatenate([ip, np.full(n - (len(ip) - 1), ip[-1], np.int64)])
                     t = (p.block_times(b, s, blk.nnz),) if times else ()
-                    out.append((SPLITS.index(s), ip, blk.items, blk.ratings, ok) + t)
+                    out.append((i, SPLITS.index(s), ip, blk.items, blk.ratings, ok) + t)
                 else:
-                    out.append((SPLITS.index(s), np.zeros(n + 1, np.int64), np.empty(0, np.int32),
+                    out.append((i, SPLITS.index(s), np.zeros(n + 1, np.int64), np.empty(0, np.int32),
                                 np.empty(0, np.float32), True) + ((np.empty(0, np.int64),) if times else ()))
         return out
 
-    def _merged(self, b: int, split: str, read) -> tuple[Block, bool | None]:
+    def _kept_read(self, i: int, b: int, s: str, read) -> tuple[Block, bool]:
+        """Part ``i``'s block ``b`` of split ``s``, read (checked) once and then kept: users with rows and their
+        counts, items and ratings (a small segment's block holds few users of the block)."""
+        got = self._kept.get((i, b, s))
+        p = self.parts[i]
+        if got is None:
+            blk, ok = read(p, b, s)
+            c = np.diff(blk.indptr)
+            rows = np.flatnonzero(c)
+            self._kept[(i, b, s)] = (len(c), rows.astype(np.int32), c[rows].astype(np.int32), blk.items, blk.ratings)
+            return blk, ok
+        n, rows, counts, items, ratings = got
+        ip = np.zeros(n + 1, np.int64)
+        ip[rows.astype(np.int64) + 1] = counts
+        np.cumsum(ip, out=ip)
+        return Block(p.block_range(b)[0], ip, items, ratings), True
+
+    def _needed(self, part: int, b: int, split: str, want: str) -> bool:
+        """Whether a merge of split ``want`` of block ``b`` needs ``part``'s rows of ``split``: its own split's, and
+        the other's only where they replace an earlier rating of the pair in ``want`` (a later rating in the other
+        split takes the pair out of ``want``), as the segment recorded when it was appended (``merge/supersedes``;
+        a segment without the record: always). The base's other split never: nothing precedes it. An implicit
+        store sums a pair over every part: all needed. A user's rows are then sorted by item when they come from
+        several of the parts read (what ingest writes, so the same rows as a merge of every source)."""
+        if split == want or self.info.implicit:
+            return True
+        if part == 0:
+            return False
+        flags = self._supersedes(part)
+        return flags is None or (b < flags.shape[1] and bool(flags[SPLITS.index(split), b]))
+
+    def _supersedes(self, part: int) -> np.ndarray | None:
+        """Segment ``part``'s ``merge/supersedes`` as ``(2, its n_blocks)`` booleans, None if it has none."""
+        got = self._flags.get(part, False)
+        if got is False:
+            seg = self.parts[part]
+            nb = seg.info.n_blocks
+            got = None
+            if seg._has(SUPERSEDES):
+                got = np.asarray(seg._per_entity(SUPERSEDES, 2 * nb), np.uint8).reshape(2, nb).astype(bool)
+            self._flags[part] = got
+        return got
+
+    def _merged(self, b: int, split: str, read, keep: bool = False) -> tuple[Block, bool | None]:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
         if not self.base._has(split):
             raise StoreError(f"{self.path}: store has no '{split}' split")
-        return self._merge(b, self._sources(b, read), split)
+        return self._merge(b, self._sources(b, read, want=split, keep=keep), split)
 
-    def read_splits(self, b: int, n_parts: int | None = None) -> dict:
-        """``{split: Block}``: block ``b`` of every split, merged over the first ``n_parts`` parts (all by default),
-        from one read of each part's blocks (an append compares the store before and after it this way)."""
+    def last_part_delta(self, b: int, item_delta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What the last part changes in block ``b``'s merged counts, from one read of each part's block and no
+        merge (:func:`~streamdp.kernels.segments.append_delta`; an append records it): ``(per user of the block,
+        per split, whether its rows of each split replace a rating of the other)``; the per-item change is added
+        into ``item_delta``."""
+        from streamdp.kernels.segments import append_delta
+
+        first, end = self.block_range(b)
         src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True))
-        splits = [s for s in SPLITS if self.base._has(s)]
-        if n_parts is not None:
-            src = src[:n_parts * len(splits)]
-        return {s: self._merge(b, src, s)[0] for s in splits}
+        indptrs = np.stack([x[2] for x in src]).astype(np.int64, copy=False)
+        sizes = np.array([len(x[3]) for x in src], np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        du, splits, replaces = np.zeros(end - first, np.int64), np.zeros(2, np.int64), np.zeros(2, np.uint8)
+        append_delta(end - first, indptrs, starts, np.concatenate([x[3] for x in src[1:]] or [np.empty(0, np.int32)]),
+                     np.array([x[0] for x in src], np.int64), np.array([x[1] for x in src], np.int64),
+                     len(self.parts) - 1, self.info.n_items, du, item_delta, splits, replaces, src[0][3])
+        return du, splits, replaces
 
     def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
         """:meth:`read_block` and the merged ratings' times (each kept rating's, from the part it was kept from)."""
@@ -163,41 +241,49 @@ class SegmentedStore(RatingStore):
             raise StoreError(f"{self.path}: the store keeps no rating times (its input had no timestamp column)")
         if not self.base._has(split):
             raise StoreError(f"{self.path}: store has no '{split}' split")
-        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True), times=True)
+        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True), times=True, want=split)
         return self._merge(b, src, split, times=True)
 
     def _merge(self, b: int, src: list, split: str, times: bool = False):
         """The kernel's merge of ``src`` (:meth:`_sources`) for ``split``, and whether every part's CRC matched
-        (with ``times``: the merged block and its ratings' times instead)."""
+        (with ``times``: the merged block and its ratings' times instead). The first source (the base's) is read
+        in place; the outputs are sized by the sources of ``split`` (a merge keeps at most those rows) and
+        returned as views, not copied."""
         first, end = self.block_range(b)
         n = end - first
-        indptrs = np.stack([s[1] for s in src]).astype(np.int64)
-        sizes = np.array([len(s[2]) for s in src], np.int64)
+        want = SPLITS.index(split)
+        src = sorted(src, key=lambda x: (x[0], x[1] != want))  # by part: the latest part last, its k largest
+        indptrs = np.stack([s[2] for s in src]).astype(np.int64, copy=False)
+        sizes = np.array([len(s[3]) for s in src], np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        items = np.concatenate([s[2] for s in src]).astype(np.int32)
-        ratings = np.concatenate([s[3] for s in src]).astype(np.float32)
-        split_of = np.array([s[0] for s in src], np.int64)
-        part_of = np.arange(len(src), dtype=np.int64) // len([s for s in SPLITS if self.base._has(s)])
+        items0, ratings0 = (np.ascontiguousarray(src[0][3], np.int32), np.ascontiguousarray(src[0][4], np.float32))
+        rest = src[1:]
+        items = np.concatenate([s[3] for s in rest] or [np.empty(0, np.int32)]).astype(np.int32, copy=False)
+        ratings = np.concatenate([s[4] for s in rest] or [np.empty(0, np.float32)]).astype(np.float32, copy=False)
+        split_of = np.array([s[1] for s in src], np.int64)
+        part_of = np.array([s[0] for s in src], np.int64)
         from streamdp.kernels.segments import merge_rows  # numba: on first read, not at import (streamdp stays light)
 
         cap = self.attrs.get("count_cap") if self.info.implicit else None
+        room = int(sizes[split_of == want].sum())
         out_ip = np.empty(n + 1, np.int64)
-        out_items = np.empty(len(items), np.int32)
-        out_ratings = np.empty(len(items), np.float32)
-        out_src = np.empty(len(items) if times else 0, np.int64)
-        nnz = merge_rows(n, indptrs, starts, items, ratings, part_of, split_of, SPLITS.index(split),
-                         self.info.implicit, float(cap or 0.0), out_ip, out_items, out_ratings, out_src)
+        out_items = np.empty(room, np.int32)
+        out_ratings = np.empty(room, np.float32)
+        out_src = np.empty(room if times else 0, np.int64)
+        nnz = merge_rows(n, indptrs, starts, items, ratings, part_of, split_of, want, self.info.implicit,
+                         float(cap or 0.0), out_ip, out_items, out_ratings, out_src, items0, ratings0)
         if times:
-            ts = np.concatenate([s[5] for s in src]).astype(np.int64)
-            return Block(first, out_ip, out_items[:nnz].copy(), out_ratings[:nnz].copy()), ts[out_src[:nnz]]
-        oks = [s[4] for s in src]
+            ts = np.concatenate([s[6] for s in src]).astype(np.int64)
+            return Block(first, out_ip, out_items[:nnz], out_ratings[:nnz]), ts[out_src[:nnz]]
+        oks = [s[5] for s in src]
         ok = False if any(o is False for o in oks) else (True if all(o is True for o in oks) else None)
-        return Block(first, out_ip, out_items[:nnz].copy(), out_ratings[:nnz].copy()), ok
+        return Block(first, out_ip, out_items[:nnz], out_ratings[:nnz]), ok
 
     def read_block(self, b: int, split: str = "train") -> Block:
         """Block ``b`` of ``split`` merged over the parts, each part's block read and checked by
-        :meth:`RatingStore.read_block` (a change of the store since it was opened is said as such)."""
-        return self._merged(b, split, lambda p, bb, s: (p.read_block(bb, s), True))[0]
+        :meth:`RatingStore.read_block` (a change of the store since it was opened is said as such); a small
+        segment's blocks once, then from memory (:data:`CACHE_BYTES`)."""
+        return self._merged(b, split, lambda p, bb, s: (p.read_block(bb, s), True), keep=True)[0]
 
     def read_block_unchecked(self, b: int, split: str = "train"):
         return self._merged(b, split, lambda p, bb, s: p.read_block_unchecked(bb, s))
@@ -222,6 +308,10 @@ class SegmentedStore(RatingStore):
         return nnz
 
     def block_user_counts(self, b: int, split: str = "train") -> np.ndarray:
+        """Ratings of each user of block ``b`` in ``split``: of a store with one split, the merged per-user counts
+        (:meth:`user_counts`, recorded by each append: no block merged); else from the merged block."""
+        if split in SPLITS and self.base._has(split) and not any(self.base._has(o) for o in SPLITS if o != split):
+            return self.user_counts(*self.block_range(b))
         return np.diff(self.read_block(b, split).indptr)
 
     def block_digests(self, split: str = "train"):
@@ -294,7 +384,7 @@ class SegmentedStore(RatingStore):
         for seg in self.segments:
             names = [f"{s}/{a}" for s in SPLITS if seg._has(s)
                      for a in ("indptr", "items", "ratings", "block_offsets") + (("times",) if seg.has_times else ())]
-            names += ["new_user_ids", "new_item_ids", *MERGE_ARRAYS]
+            names += ["new_user_ids", "new_item_ids", *MERGE_ARRAYS] + ([SUPERSEDES] if seg._has(SUPERSEDES) else [])
             for name in names:
                 seg._reader(name).check()
             for s in SPLITS:

@@ -253,10 +253,11 @@ class Engine:
         """``(bytes, code)``: what the process holds besides the blocks in flight, its RSS now or, when larger
         (state not yet allocated, kernels not yet loaded), the baseline plus the declared item-side state plus
         ``code``, Numba's code still to load in this process (0 once loaded, or when the kernels run on a
-        cluster's workers)."""
+        cluster's workers), plus what a segmented store may keep of its small segments (``cache_bytes``)."""
         local = self._client is None or self.in_process
         code = KERNEL_CODE_BYTES if local and not kernel_code_loaded() else 0
-        return max(current_rss(), self.baseline + self.state_bytes + code), code
+        kept = int(getattr(self.store, "cache_bytes", 0))  # a segmented store's small segments, kept as read
+        return max(current_rss(), self.baseline + self.state_bytes + code + kept), code
 
     @property
     def n_blocks(self) -> int:

@@ -5,17 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamdp.kernels.segments import merge_rows, merge_rows_reference
+from streamdp.kernels.segments import append_delta, merge_rows, merge_rows_reference
 
 
-def _sources(rng, n_users, n_parts, n_items):
-    """Each part's train and test rows: a pair in one split of a part, items sorted within a user."""
+def _sources(rng, n_users, n_parts, n_items, shuffled=False):
+    """Each part's train and test rows: a pair in one split of a part, items sorted within a user (``shuffled``:
+    in any order, as a store not written by ingest could hold them)."""
     ips, its, rs, split_of = [], [], [], []
     for _ in range(n_parts):
         rows = [[], []]
         for _u in range(n_users):
             chosen = np.sort(rng.choice(n_items, rng.integers(0, 6), replace=False))
             test = rng.random(len(chosen)) < 0.3
+            if shuffled:
+                chosen = rng.permutation(chosen)
             for s in (0, 1):
                 rows[s].append(chosen[test == bool(s)])
         for s in (0, 1):
@@ -33,13 +36,20 @@ def _sources(rng, n_users, n_parts, n_items):
 def test_merge_rows_matches_its_reference(seed, implicit, cap):
     rng = np.random.default_rng(seed)
     n_users = 30
-    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, int(rng.integers(1, 4)), 12)
+    shuffled = seed == 4  # runs out of item order: the merge sorts the user's rows instead of walking them
+    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, int(rng.integers(1, 4)), 12, shuffled)
+    n0 = int(starts[1]) if len(starts) > 1 else len(items)
     for want in (0, 1):
-        ip, oi, orr = (np.empty(n_users + 1, np.int64), np.empty(len(items), np.int32),
-                       np.empty(len(items), np.float32))
-        nnz = merge_rows(n_users, ips, starts, items, ratings, part_of, split_of, want, implicit, cap, ip, oi, orr)
         ref = merge_rows_reference(n_users, ips, starts, items, ratings, part_of, split_of, want, implicit, cap)
-        assert np.array_equal(ip, ref[0]) and np.array_equal(oi[:nnz], ref[1]) and np.array_equal(orr[:nnz], ref[2])
+        for apart in (False, True):  # source 0 in the one array, or in arrays of its own (read in place)
+            ip, oi, orr, src = (np.empty(n_users + 1, np.int64), np.empty(len(items), np.int32),
+                                np.empty(len(items), np.float32), np.empty(len(items), np.int64))
+            args = (items[n0:], ratings[n0:], part_of, split_of, want, implicit, cap, ip, oi, orr, src,
+                    items[:n0], ratings[:n0]) if apart else (items, ratings, part_of, split_of, want, implicit,
+                                                             cap, ip, oi, orr, src)
+            nnz = merge_rows(n_users, ips, starts, *args)
+            assert np.array_equal(ip, ref[0]) and np.array_equal(oi[:nnz], ref[1])
+            assert np.array_equal(orr[:nnz], ref[2]) and np.array_equal(items[src[:nnz]], oi[:nnz])
 
 
 def test_the_latest_part_wins_in_its_split():
@@ -52,3 +62,38 @@ def test_the_latest_part_wins_in_its_split():
     assert merge_rows(1, ips, starts, items, ratings, part_of, split_of, 0, False, 0.0, *out) == 0
     assert merge_rows(1, ips, starts, items, ratings, part_of, split_of, 1, False, 0.0, *out) == 1
     assert out[2][0] == 2.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_append_delta_is_the_merges_with_and_without_the_last_part(seed):
+    rng = np.random.default_rng(seed)
+    n_users, n_items = 30, 12
+    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, int(rng.integers(2, 5)), n_items)
+    last = int(part_of.max())
+    before = part_of < last
+
+    def merged(keep, want):
+        ip, oi, _ = merge_rows_reference(n_users, ips[keep], starts[keep], items, ratings, part_of[keep],
+                                         split_of[keep], want, False, 0.0)
+        return ip, oi
+
+    du, di = np.zeros(n_users, np.int64), np.zeros(n_items, np.int64)
+    ds, dr = np.zeros(2, np.int64), np.zeros(2, np.uint8)
+    n0 = int(starts[1])
+    append_delta(n_users, ips, starts, items[n0:], part_of, split_of, last, n_items, du, di, ds, dr, items[:n0])
+    all_ = np.ones(len(part_of), bool)
+    want_du, want_di = np.zeros(n_users, np.int64), np.zeros(n_items, np.int64)
+    for s in (0, 1):
+        (ip1, i1), (ip0, i0) = merged(all_, s), merged(before, s)
+        want_du += np.diff(ip1) - np.diff(ip0)
+        want_di += np.bincount(i1, minlength=n_items) - np.bincount(i0, minlength=n_items)
+        assert ds[s] == len(i1) - len(i0)
+        # the last part's rows of split s replace a pair that was in the other split before it
+        u_o = np.repeat(np.arange(n_users), np.diff(merged(before, 1 - s)[0]))
+        other = set(zip(u_o.tolist(), merged(before, 1 - s)[1].tolist()))
+        mine = set()
+        for k in np.flatnonzero((part_of == last) & (split_of == s)):
+            for u in range(n_users):
+                mine |= {(u, int(i)) for i in items[starts[k] + ips[k, u]: starts[k] + ips[k, u + 1]]}
+        assert dr[s] == bool(mine & other)
+    assert np.array_equal(du, want_du) and np.array_equal(di, want_di)
