@@ -128,6 +128,26 @@ def _share_pld_epsilons(config) -> None:
         pass
 
 
+#: A small process that runs its arguments and writes their peak RSS (``ru_maxrss``, KiB) to the file named first.
+_RSS_LAUNCHER = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[2:]); _, s, u = os.wait4(p.pid, 0); "
+                 "open(sys.argv[1], 'w').write(str(u.ru_maxrss)); sys.exit(os.waitstatus_to_exitcode(s))")
+
+
+def peak_rss(cmd: list, tmp_path: Path, **popen) -> tuple[int, str, str, int]:
+    """Run ``cmd``: ``(returncode, stdout, stderr, peak RSS in bytes)``, the peak by ``wait4`` in a small launcher.
+
+    Not by ``wait4`` here: a child spawned by this (large) test worker has the worker's address space until it
+    execs, and Linux counts that space's high-water mark into the child's ``ru_maxrss`` (an ials test "peaked" at
+    709 MiB, the worker's RSS after the slow tests before it, where the run itself takes 370). The launcher is a
+    bare interpreter of ~10 MB, which is all its own child can inherit.
+    """
+    import subprocess
+
+    f = tmp_path / f"maxrss-{os.getpid()}-{len(list(tmp_path.iterdir()))}.txt"
+    p = subprocess.run([sys.executable, "-c", _RSS_LAUNCHER, str(f), *map(str, cmd)], capture_output=True, **popen)
+    return p.returncode, p.stdout.decode(), p.stderr.decode(), int(f.read_text()) * 1024
+
+
 def flat(d: dict, prefix: str = "") -> dict:
     """A nested dict's leaves by dotted path (``{"a": {"b": 1}} -> {"a.b": 1}``; an empty dict is a leaf)."""
     out = {}

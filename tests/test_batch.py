@@ -192,6 +192,8 @@ def test_no_partial_file_on_failure_and_no_overwrite_without_force(small_store, 
 @pytest.mark.slow
 def test_one_million_users_within_one_gigabyte(tmp_path_factory):
     """1M users x 2,000 items, 5 ratings each: the whole batch within --memory-limit 1GB, peak RSS by wait4."""
+    from tests.conftest import peak_rss
+
     d = Path(tempfile.mkdtemp(prefix="batch-1m-", dir="/tmp"))
     try:
         exe = [sys.executable, "-m", "streamdp"]
@@ -199,14 +201,10 @@ def test_one_million_users_within_one_gigabyte(tmp_path_factory):
                               "--ratings-per-user", "5", "--seed", "1"], check=True, capture_output=True, cwd=REPO)
         subprocess.run(exe + ["train", str(d / "s.zarr"), "--epsilon", "1", "--iters", "2", "--out", str(d / "m")],
                        check=True, capture_output=True, cwd=REPO)
-        proc = subprocess.Popen(exe + ["recommend", str(d / "m"), "--store", str(d / "s.zarr"), "--out",
-                                       str(d / "r.parquet"), "--memory-limit", "1GB", "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
-        _, status, usage = os.wait4(proc.pid, 0)
-        out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
-        assert os.waitstatus_to_exitcode(status) == 0, err[-2000:]
+        code, out, err, peak = peak_rss(exe + ["recommend", str(d / "m"), "--store", str(d / "s.zarr"), "--out",
+                                               str(d / "r.parquet"), "--memory-limit", "1GB", "--json"], d, cwd=REPO)
+        assert code == 0, err[-2000:]
         res = json.loads(out)
-        peak = usage.ru_maxrss * 1024
         print(f"1M users: {res['seconds']:.0f}s, {1e6 / res['seconds']:.0f} users/s, peak RSS {peak / 2**20:.0f} MiB")
         from streamdp.storage.store import open_store
 

@@ -365,20 +365,18 @@ def test_cli_train_then_recommend_with_the_implicit_local_solve(small_store, tmp
 def test_peak_memory_stays_under_the_limit(tmp_path, epsilon):
     """200,000 users x 5,000 items, 20 ratings each: ials at epsilon 1 (shared Gramian) and non-private (the item
     side's conjugate-gradient passes, the users' rows on disk) within --memory-limit 600MB (wait4)."""
-    import os
     import subprocess
     import sys
+
+    from tests.conftest import peak_rss
 
     exe = [sys.executable, "-m", "streamdp"]
     subprocess.run(exe + ["generate", "--out", str(tmp_path / "s.zarr"), "--users", "200000", "--items", "5000",
                           "--ratings-per-user", "20", "--seed", "1"], check=True, capture_output=True)
-    proc = subprocess.Popen(exe + ["train", str(tmp_path / "s.zarr"), "--method", "ials", "--epsilon", epsilon,
-                                   "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB", "--yes"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    err = proc.stderr.read().decode()
-    assert os.waitstatus_to_exitcode(status) == 0, err[-2000:]
-    peak = usage.ru_maxrss * 1024
+    code, _, err, peak = peak_rss(exe + ["train", str(tmp_path / "s.zarr"), "--method", "ials", "--epsilon", epsilon,
+                                         "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB",
+                                         "--yes"], tmp_path)
+    assert code == 0, err[-2000:]
     print(f"ials 200k x 5k, epsilon {epsilon}: peak RSS {peak / 2**20:.0f} MiB")
     assert peak < 600 * 2**20, f"peak RSS {peak / 2**20:.0f} MiB"
 
