@@ -363,6 +363,8 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
     entry.update(merge_digest=digest, n_ratings_added=int(block_delta[0].sum()),
                  n_test_added=int(block_delta[1].sum()),
                  n_pairs_merged=added - int(block_delta.sum()))
+    if old.get("times") and "segments" not in old:  # the base's own span, kept (a window skips an older base)
+        new["base_times"] = old["times"]
     if old.get("times"):  # the span of the merged store's times (replaced pairs' old times included: owner's only)
         new["times"] = time_attrs([[old["times"].get("min"), old["times"].get("max")],
                                    [seg.attrs["times"].get("min"), seg.attrs["times"].get("max")]])

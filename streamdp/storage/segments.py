@@ -139,12 +139,13 @@ class SegmentedStore(RatingStore):
     parts: list
 
     # -- blocks ---------------------------------------------------------------------------
-    def _sources(self, b: int, read, times: bool = False, want: str | None = None, keep: bool = False) -> list:
+    def _sources(self, b: int, read, times: bool = False, want: str | None = None, keep: bool = False,
+                 skip: int = 0) -> list:
         """For each part and split, block ``b``'s rows padded to the merged block's users: ``(part, split index,
         indptr, items, ratings, crc_ok)``, and with ``times`` the ratings' times seventh; in part order, the base's
         ``want`` split first (the merge reads it in place). ``want``: only the sources a merge of that split
         needs (:meth:`_needed`); all by default. ``keep``: small segments' blocks from memory (:meth:`_kept_read`;
-        ``read`` is then the checked read)."""
+        ``read`` is then the checked read). ``skip``: the first ``skip`` parts left out (:meth:`parts_before`)."""
         first, end = self.block_range(b)
         n = end - first
         out = []
@@ -152,6 +153,8 @@ class SegmentedStore(RatingStore):
         if want is not None:
             splits.sort(key=lambda s: s != want)
         for i, p in enumerate(self.parts):
+            if i < skip:
+                continue
             for s in splits:
                 if want is not None and not self._needed(i, b, s, want):
                     continue
@@ -235,14 +238,34 @@ class SegmentedStore(RatingStore):
                      len(self.parts) - 1, self.info.n_items, du, item_delta, splits, replaces, src[0][3])
         return du, splits, replaces
 
-    def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
-        """:meth:`read_block` and the merged ratings' times (each kept rating's, from the part it was kept from)."""
+    def read_block_times(self, b: int, split: str = "train", since: int | None = None) -> tuple[Block, np.ndarray]:
+        """:meth:`read_block` and the merged ratings' times (each kept rating's, from the part it was kept from).
+
+        ``since``: the caller drops every rating made before it (a time window): the leading parts whose ratings
+        are all older are not read (:meth:`parts_before`; the merged rows from ``since`` on are the same)."""
         if not self.has_times:
             raise StoreError(f"{self.path}: the store keeps no rating times (its input had no timestamp column)")
         if not self.base._has(split):
             raise StoreError(f"{self.path}: store has no '{split}' split")
-        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True), times=True, want=split)
+        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True), times=True, want=split,
+                            skip=self.parts_before(since))
         return self._merge(b, src, split, times=True)
+
+    def parts_before(self, since: int | None) -> int:
+        """How many leading parts hold only ratings made before ``since`` (at most all but the last part).
+
+        Leaving them out of a merge changes no merged rating made from ``since`` on: a pair's kept rating is its
+        latest part's, so a rating kept from a later part is kept whatever came before it, and a pair whose latest
+        part is left out had its kept rating, and all others, before ``since``. The base's own span is recorded by
+        the first append (``base_times``); a store appended to before that records none, and nothing is skipped."""
+        if since is None:
+            return 0
+        spans = [self.attrs.get("base_times")] + [seg.attrs.get("times") for seg in self.segments]
+        k = 0
+        while k < len(self.parts) - 1 and isinstance(spans[k], dict) and spans[k].get("max") is not None \
+                and int(spans[k]["max"]) < int(since):
+            k += 1
+        return k
 
     def _merge(self, b: int, src: list, split: str, times: bool = False):
         """The kernel's merge of ``src`` (:meth:`_sources`) for ``split``, and whether every part's CRC matched

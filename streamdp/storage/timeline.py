@@ -132,7 +132,10 @@ class TimeWindowView(StoreView):
     def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
         from streamdp.kernels.window import keep_window  # numba: on first read, not at import
 
-        blk, t = self._inner.read_block_times(b, split)
+        if isinstance(self._inner, SegmentedStore) and self._lo != _OPEN_LO:  # older parts are not read
+            blk, t = self._inner.read_block_times(b, split, since=self._lo)
+        else:
+            blk, t = self._inner.read_block_times(b, split)
         n = len(blk.items)
         ip, it, r, ts = np.empty_like(blk.indptr), np.empty(n, np.int32), np.empty(n, np.float32), np.empty(n, np.int64)
         w = keep_window(blk.indptr, blk.items, blk.ratings, t, self._lo, self._hi, ip, it, r, ts)
@@ -354,8 +357,8 @@ class _Future(SegmentedStore):
     def read_block(self, b: int, split: str = "train") -> Block:
         return self._future(b, False) if split == "test" else super().read_block(b, split)
 
-    def read_block_times(self, b: int, split: str = "train"):
-        return self._future(b, True) if split == "test" else super().read_block_times(b, split)
+    def read_block_times(self, b: int, split: str = "train", since: int | None = None):
+        return self._future(b, True) if split == "test" else super().read_block_times(b, split, since)
 
     def read_block_unchecked(self, b: int, split: str = "train"):
         return self.read_block(b, split), True

@@ -9,6 +9,7 @@ from streamdp.errors import ParameterError
 from streamdp.kernels.window import keep_window, keep_window_reference
 from streamdp.storage.append import append
 from streamdp.storage.ingest import ingest
+from streamdp.storage.store import RatingStore
 from streamdp.storage.timeline import (TimeWindowView, parse_time, parse_window, resolve_window, segment_future,
                                        store_as_of, time_window)
 
@@ -148,3 +149,41 @@ def test_a_cluster_worker_rebuilds_each_view_from_its_spec(tmp_path):
         assert w.checksum == v.checksum and w.n_items == v.n_items
         for split in ("train", "test") if v.has_test else ("train",):
             assert _pairs(w, split) == _pairs(v, split)
+
+
+def test_a_window_reads_only_the_parts_that_reach_into_it(tmp_path, monkeypatch):
+    """A window from day 15 on a store whose base (days 0-9) and first segment (days 11-13) are older: neither is
+    read, and every block of the window is what a merge of every part gives (a re-rating in the last segment
+    included); a window reaching into the first segment reads it; nothing is skipped without a start."""
+    from streamdp.storage.segments import SegmentedStore
+
+    path = str(tmp_path / "s.zarr")
+    ingest([_csv(tmp_path / "a.csv", ROWS)], path, block_users=2)
+    append([_csv(tmp_path / "b.csv", [(5, 13, 2, 11 * DAY), (1, 10, 1, 12 * DAY), (2, 13, 4, 13 * DAY)])], path,
+           notes=False)
+    st = append([_csv(tmp_path / "c.csv", [(1, 10, 3, 20 * DAY), (6, 11, 5, 21 * DAY), (2, 12, 1, 22 * DAY)])],
+                path, notes=False)
+    assert st.attrs["base_times"]["max"] == 9 * DAY
+    assert [st.parts_before(x if x is None else x * DAY) for x in (None, 0, 10, 12, 15, 30)] == [0, 0, 1, 1, 2, 2]
+
+    def windowed(store, lo):
+        v = TimeWindowView(store, lo * DAY, None)
+        return [(b, v.read_block_times(b, "train")) for b in range(v.n_blocks)]
+
+    full = windowed(st, 15)
+    reads = []
+    for i, p in enumerate(st.parts):
+        monkeypatch.setattr(p, "read_block", lambda b, s, p=p, i=i: reads.append(i) or RatingStore.read_block(p, b, s))
+    assert [x[1][0].nnz for x in full] and reads == []  # read before the patch: count again
+    again = windowed(st, 15)
+    assert set(reads) == {2}
+    reads.clear()
+    monkeypatch.setattr(SegmentedStore, "parts_before", lambda self, since: 0)
+    every = windowed(st, 15)
+    assert set(reads) == {0, 1, 2}
+    for (b, (x, tx)), (_, (y, ty)) in zip(again, every):
+        np.testing.assert_array_equal(x.indptr, y.indptr)
+        np.testing.assert_array_equal(x.items, y.items)
+        np.testing.assert_array_equal(x.ratings, y.ratings)
+        np.testing.assert_array_equal(tx, ty)
+    assert sum(x.nnz for _, (x, _) in again) == 3
