@@ -571,7 +571,8 @@ class _TrainCommand(click.Command):
         for p in self.params:
             if p.name == "method":
                 p.type = click.Choice(sorted(METHODS))
-                p.help = "Training method (listed below; `streamdp methods` compares them)."
+                p.help = ("Training method (listed below; `streamdp methods` compares them)  [default: als; ials on "
+                          "an interaction log]")
             elif p.name == "rank":
                 p.help = rank_help(METHODS)
         params, self._method_option_names = _option_params(METHODS)
@@ -617,8 +618,7 @@ def period_options(f):
 
 @main.command(cls=_TrainCommand)
 @click.argument("store")
-@click.option("--method", default=None, help="Training method (see `streamdp methods`)  [default: als; ials on an "
-              "interaction log]")
+@click.option("--method", default=None, help="Training method.")  # its help and choices: _load_method_options
 @click.option("--epsilon", type=EPSILON, required=True, help="User-level epsilon of the whole release (with the "
               "private selections of the items and the rating range when the store declares neither); 'inf' trains "
               "without noise (non-private, labelled so).")
