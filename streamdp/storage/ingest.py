@@ -742,24 +742,26 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
     ucount = _IntCounter(max(limit // 32, 1 << 16), nbuf) if int_ids[0] else _KeyCounter(nbuf)
     icount = _IntCounter(max(limit // 32, 1 << 16), nbuf) if int_ids[1] else _KeyCounter(nbuf)
     lock = threading.Lock()
-    failed = threading.Event()
+    failed_at = [np.inf]  # the first range that failed (a list: the threads set it)
     utype = pa.int64() if int_ids[0] else pa.string()
     itype = pa.int64() if int_ids[1] else pa.string()
     schema = pa.schema([("u", utype), ("i", itype), ("r", pa.float32()), ("t", pa.int64())])
 
-    def parse_range(spec, spill, byte_range, bar):
-        """Parse one file or byte range into ``spill``; returns (rows, rmin, rmax, n_bad, n_out_of_range)."""
+    def parse_range(spec, spill, byte_range, bar, j):
+        """Parse range ``j`` of a file (its bytes, or its row groups), or the whole file, into ``spill``; returns
+        (rows, rmin, rmax, n_bad, n_out_of_range). A range stops early once an earlier one failed: the error said
+        is the first range's that fails, its first bad row (a later range's is said only if no earlier one fails)."""
         bad = [0]
         rows, rmin, rmax, n_batches, n_oor = 0, np.inf, -np.inf, 0, 0
         if spec.columnar:
-            it = F.iter_parquet(spec, int_ids=int_ids, batch_rows=max(block_size // 32, 4096))
+            it = F.iter_parquet(spec, int_ids=int_ids, batch_rows=max(block_size // 32, 4096), row_groups=byte_range)
         else:
             it = F.iter_text(spec, int_ids=int_ids, block_size=block_size, skip=skip, bad=bad,
                              byte_range=byte_range)
         with pa.OSFile(spill, "wb") as sink, pa.ipc.new_stream(sink, schema) as w:
             try:
                 for b in it:
-                    if failed.is_set():
+                    if failed_at[0] < j:
                         return rows, rmin, rmax, bad[0], n_oor
                     u, i, r, ts, nb, no = _checked_batch(b, spec, rr, oor, implicit, skip)
                     bad[0] += nb
@@ -780,14 +782,14 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                     if n_batches % 16 == 0:
                         pool.release_unused()  # mimalloc keeps freed pages otherwise
             except (pa.ArrowInvalid, _BadLine) as exc:
-                failed.set()
+                failed_at[0] = min(failed_at[0], j)
                 # the slow path: re-read the file in Python to name the first bad line
                 line, why = F.locate_error(spec, int_ids, rr if oor == "error" else None)
                 if line:
                     raise F.error_at(spec, line, why) from None
                 raise InputError(f"{spec.path}: {str(exc).splitlines()[0] if str(exc) else 'bad input'}") from None
             except BaseException:
-                failed.set()
+                failed_at[0] = min(failed_at[0], j)
                 raise
         return rows, rmin, rmax, bad[0], n_oor
 
@@ -797,11 +799,11 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
     with progress(total=None, desc="parse", unit="rating", show=show_progress, unit_scale=True) as bar, \
             ThreadPoolExecutor(max_workers=workers) as ex:
         for k, spec in enumerate(specs):
-            ranges = [None] if spec.columnar else F.byte_ranges(spec.path, workers)
+            ranges = F.row_group_ranges(spec, workers) if spec.columnar else F.byte_ranges(spec.path, workers)
             size = spec.frame.nbytes if spec.frame is not None else F.check_file(spec.path)
             src = _Source(spec, size, [os.path.join(tmp, f"spill{k}_{j}.arrow")
                                                           for j in range(len(ranges))])
-            futs = [ex.submit(parse_range, spec, sp, br, bar) for sp, br in zip(src.spills, ranges)]
+            futs = [ex.submit(parse_range, spec, sp, br, bar, j) for j, (sp, br) in enumerate(zip(src.spills, ranges))]
             results = []
             for f in futs:  # surface the first error in file order
                 results.append(f.result())

@@ -385,6 +385,32 @@ def test_bad_gz_and_parquet(tmp_path):
     assert _leftovers(tmp_path, ["in.data.gz", "in.parquet"]) == []
 
 
+def test_a_parquet_file_of_many_row_groups_is_parsed_in_parallel_runs_and_its_first_bad_row_named(tmp_path):
+    """Row groups are cut into runs parsed by parallel threads, rows numbered from the file's first: the store is
+    the one-thread parse's, and with bad rows in both runs the error names the first (row 1,501, not 4,001)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from streamdp.storage.formats import resolve_spec, row_group_ranges
+
+    rng = np.random.default_rng(2)
+    n = 6000
+    t = pa.table({"userId": rng.integers(0, 300, n), "movieId": rng.integers(0, 50, n),
+                  "rating": rng.integers(1, 6, n).astype(float)})
+    q = tmp_path / "in.parquet"
+    pq.write_table(t, q, row_group_size=1000)
+    assert row_group_ranges(resolve_spec(str(q)), 2) == [(0, 3), (3, 6)]
+    assert row_group_ranges(resolve_spec(str(q)), 1) == [None]
+    ingest_ok(q, "--out", tmp_path / "s.zarr")
+    df = pd.DataFrame({"user": t["userId"].to_numpy(), "item": t["movieId"].to_numpy(), "rating": t["rating"].to_numpy()})
+    same(read_store(tmp_path / "s.zarr"), expected_after_dedup(df, use_ts=False))
+    r = t["rating"].to_numpy().copy()
+    r[[1500, 4000]] = np.nan
+    pq.write_table(t.set_column(2, "rating", pa.array(r)), q, row_group_size=1000)
+    code, _, err = run_cli("ingest", q, "--out", tmp_path / "t.zarr")
+    assert code == 2 and "in.parquet: row 1501: rating nan is not finite" in err, err
+
+
 # --------------------------------------------------------------------------------------
 # careless input: header names, memory limit
 # --------------------------------------------------------------------------------------
