@@ -239,10 +239,11 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True, tune_eps
         return {k: {"recall": (r[k] if key is None else r[k]["baselines"][key])["recall"],
                     "ndcg": (r[k] if key is None else r[k]["baselines"][key])["ndcg"]} for k in ks}
 
-    if st.implicit:  # als trains on ratings (it refuses a log): the exact chart comes from ials' first model below
+    if st.implicit:  # the default on a log is ials (als refuses it): its row is ials eps 1's, the chart from it
         ref = None
         rows["most popular (exact counts, non-private)"] = None
-        rows["default (als eps 1): list score"] = {"skipped": "an implicit store: als trains on ratings"}
+        rows["default (als eps 1): list score"] = {"skipped": "an interaction log: the default is ials, the ials "
+                                                              "eps 1 row"}
     else:
         path = os.path.join(tmp, f"default-{seed}")
         streamdp.train(st, epsilon=1.0, out=path, seed=seed, workers=workers, evaluate=False)
@@ -480,7 +481,8 @@ def summary_table(results, k=10) -> str:
             rel = (rows.get(lab) or {}).get("released_chart")
             if v is not None and rel:
                 floor.append(v / max(rec(rel), 1e-12))
-        vals.append(cell(rec(rows.get("default (als eps 1): list score")), chart, " chart"))
+        default = rows.get("ials eps 1") if r.get("implicit") else rows.get("default (als eps 1): list score")
+        vals.append(cell(rec(default), chart, " chart") + (" (ials)" if r.get("implicit") and default else ""))
         setting = (rows.get("implicit ALS (non-private, best of grid)") or {}).get("setting")
         vals.append(cell(imp) + (" (" + ", ".join(f"{a} {b:g}" for a, b in setting.items()) + ")" if setting else ""))
         vals.append(cell(rec(rows.get("EASE (non-private, best lambda)"))))
