@@ -30,8 +30,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import (USER_ORDER_BYTES, accumulate_by_item, accumulate_by_user, clipped_rows, gramian_upper,
-                                  pairs_by_item)
+from streamdp.kernels.als import (USER_ORDER_BYTES, accumulate_by_item, accumulate_by_user, accumulate_rhs,
+                                  clipped_rows, gramian_upper, pairs_by_item)
 from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded
 
 
@@ -387,8 +387,10 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     if A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES:
         start, user, bw, aw = pairs_by_item(indptr, items, weights, conf, zero, np.inf, conf, False, B.shape[0])
         accumulate_by_item(start, user, bw, aw, X, B, A)
-    else:
+    elif A.shape[0] > 0:
         accumulate_by_user(indptr, items, weights, conf, zero, np.inf, conf, False, X, B, A)
+    else:
+        accumulate_rhs(indptr, items, weights, conf, zero, np.inf, X, B)
     return clipped
 
 
