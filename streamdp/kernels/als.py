@@ -238,11 +238,15 @@ def accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
-    """``B_j += w_p clip(bsrc_p - shift_u, -R, R) x_u[:k]`` in the users' order: :func:`accumulate_by_user` without
-    ``A``, a kernel of its own (measured at k = 8, 10M ratings, one core: 1.2x the same loop inside
-    :func:`accumulate_by_user`, where LLVM vectorizes the row's update too wide for ``k = 9``, and 1.2x two pairs
-    per step). The user's row is copied to a scratch vector once (1.9x reading it through ``X`` per pair). A pair
-    of weight 0 adds exact zeros.
+    """``B_j += w_p clip(bsrc_p - shift_u, -R, R) x_u[:k]`` in the users' order, two pairs per step.
+
+    als: ``bsrc`` the targets, ``shift`` the users' intercepts, ``R`` the residual clip;
+    ials: ``bsrc`` the confidences, ``shift`` zeros, ``R = inf`` (then the factor is
+    ``w c`` exactly). Without per-item Gramians ``B`` (``n_items x k``, megabytes) stays in
+    cache and each user's row is read once, where the item order gathers a row per pair.
+    The user's row is copied to a scratch vector once, so the inner loops read it without
+    Numba's view of ``X`` (measured at k = 8, 10M ratings, one core: 1.9x the per-pair
+    loop with the clip and the row read in it). A pair of weight 0 adds exact zeros.
     """
     k = B.shape[1]
     x = np.empty(k, dtype=np.float64)
@@ -250,11 +254,23 @@ def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
         c = shift[u]
         for a in range(k):
             x[a] = X[u, a]
-        for p in range(indptr[u], indptr[u + 1]):
-            f = weights[p] * min(max(bsrc[p] - c, -R), R)
-            j = np.uint64(items[p])
+        p = indptr[u]
+        e = indptr[u + 1]
+        while p + 1 < e:
+            f0 = weights[p] * min(max(bsrc[p] - c, -R), R)
+            f1 = weights[p + 1] * min(max(bsrc[p + 1] - c, -R), R)
+            j0 = np.uint64(items[p])
+            j1 = np.uint64(items[p + 1])
             for a in range(k):
-                B[j, a] += f * x[a]
+                B[j0, a] += f0 * x[a]
+            for a in range(k):
+                B[j1, a] += f1 * x[a]
+            p += 2
+        if p < e:
+            f0 = weights[p] * min(max(bsrc[p] - c, -R), R)
+            j0 = np.uint64(items[p])
+            for a in range(k):
+                B[j0, a] += f0 * x[a]
 
 
 @njit(cache=True, nogil=True)
@@ -269,12 +285,13 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     ``A`` ``(n_items, d (d + 1) / 2)`` or empty, ``S`` ``(d, d)`` or empty.
 
     The clipped rows ``x_u`` (``n_users x d``) are formed first, then the sums are taken
-    by the kernels ials shares (the residuals clipped on the way): ``S`` by :func:`gramian_upper`, ``B``
-    and ``A`` item by item (:func:`accumulate_by_item`, eight pairs per sweep of ``A_j``)
-    or, without ``A``, ``B`` in the users' order (:func:`accumulate_rhs`). Each output
-    entry is the same sum of the same products as in one pass per rating; only the
-    rounding differs (multiply-adds fused, eight pairs summed before they are added):
-    within ``1e-12`` relative of that order.
+    by the kernels ials shares (the residuals clipped on the way): ``S`` by :func:`gramian_upper`; ``B``
+    and ``A`` in the users' order while they fit in cache (:func:`accumulate_by_user`,
+    :data:`USER_ORDER_BYTES`), item by item beyond (:func:`accumulate_by_item`, eight pairs
+    per sweep of ``A_j``); without ``A``, ``B`` in the users' order (:func:`accumulate_rhs`).
+    Each output entry is the same sum of the same products as in one pass per rating; only
+    the rounding differs (multiply-adds fused, ``w (x_a x_b)`` or eight pairs summed before
+    they are added): within ``1e-12`` relative of that order.
     """
     k = U.shape[1] - 1
     d = B.shape[1]
