@@ -20,7 +20,7 @@ One user's contribution has L2 norm ``<= ||x||^2`` to ``G``, ``<= ||x_B|| ||w c|
 ``B`` (``x_B`` the coordinates ``B`` holds) and ``<= ||x||^2 ||w (c - 1)||_2`` to ``A``: :mod:`streamdp.methods.ials`
 turns these into the released sensitivities. Raw arrays in, preallocated outputs
 accumulated into; float64. The rows are clipped without ``fastmath``; the item-side sums
-(:func:`streamdp.kernels.als.accumulate_by_item`, shared with als) let multiply-adds fuse
+(:func:`streamdp.kernels.als.accumulate_by_user` and ``accumulate_by_item``, shared with als) let multiply-adds fuse
 (``contract``), the user solves also reassociate their sums (``reassoc``): the rounding of
 sums, never a clipped value.
 """
@@ -30,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import accumulate_by_item, accumulate_rhs, clipped_rows, gramian_upper, pairs_by_item
+from streamdp.kernels.als import (USER_ORDER_BYTES, accumulate_by_item, accumulate_by_user, accumulate_rhs,
+                                  clipped_rows, gramian_upper, pairs_by_item)
 from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded
 
 
@@ -374,8 +375,9 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     weight on the popularity column) is clipped on its own to ``[-clip_last, clip_last]``
     and the first ``k`` to norm ``clip``, and ``B`` gets the first ``k`` only; otherwise the
     whole row is clipped to ``clip``. Users without pairs add nothing. The rows are
-    clipped first (:func:`_clip_rows`), then the pairs are taken item by item
-    (:func:`streamdp.kernels.als.accumulate_by_item`, shared with als).
+    clipped first (:func:`_clip_rows`), then the pairs are taken by the kernels shared with als
+    (:func:`streamdp.kernels.als.als_accumulate`: in the users' order while ``A`` and ``B``
+    fit in cache, item by item beyond).
     """
     d = U.shape[1]
     k = B.shape[1]
@@ -383,9 +385,11 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     clipped = _clip_rows(indptr, U, k, clip, clip_last, X)
     gramian_upper(X, G)
     zero = np.zeros(len(indptr) - 1, dtype=np.float64)
-    if A.shape[0] > 0:
+    if A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES:
         start, user, bw, aw = pairs_by_item(indptr, items, weights, conf, zero, np.inf, conf, False, B.shape[0])
         accumulate_by_item(start, user, bw, aw, X, B, A)
+    elif A.shape[0] > 0:
+        accumulate_by_user(indptr, items, weights, conf, zero, np.inf, conf, False, X, B, A)
     else:
         accumulate_rhs(indptr, items, weights, conf, zero, np.inf, X, B)
     return clipped

@@ -139,3 +139,28 @@ def test_item_side_is_the_old_kernel_within_1e_10(k, item_mode):
     assert out[0][0] == out[1][0] > 0
     for got, want in zip(out[0][1:], out[1][1:]):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * max(np.abs(want).max(initial=0.0), 1e-300))
+
+
+@pytest.mark.parametrize("k,d", [(3, 3), (8, 9), (16, 17), (63, 64)])
+@pytest.mark.parametrize("a_one", [True, False])
+def test_the_users_order_is_the_items_order_within_1e_12(k, d, a_one):
+    """The two orders :func:`als_accumulate` and ials pick between by the outputs' size (``USER_ORDER_BYTES``): the
+    same sums of the same products, zero weights dropped, residuals clipped (als) or not (ials, ``a_one`` False)."""
+    from streamdp.kernels.als import accumulate_by_item, accumulate_by_user, pairs_by_item
+
+    ip, it, rng = _ragged(k, 60, 40, 30)
+    X = rng.normal(0, 0.6, (60, d))
+    bsrc = rng.normal(0, 2.0, len(it)) if a_one else 1.0 + rng.exponential(3.0, len(it))
+    w = rng.uniform(0.2, 1.0, len(it))
+    w[::4] = 0.0
+    shift, R = (rng.normal(0, 0.5, 60), 1.0) if a_one else (np.zeros(60), np.inf)
+    out = []
+    for by_user in (True, False):
+        B, A = np.zeros((40, k)), np.zeros((40, d * (d + 1) // 2))
+        if by_user:
+            accumulate_by_user(ip, it, w, bsrc, shift, R, bsrc, a_one, X, B, A)
+        else:
+            accumulate_by_item(*pairs_by_item(ip, it, w, bsrc, shift, R, bsrc, a_one, 40), X, B, A)
+        out.append((B, A))
+    for got, want in zip(*out):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
