@@ -30,7 +30,10 @@ def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want
     part stores them; a part holds a pair in one split only); one with rows in several gets them sorted by item.
 
     ``items0``, ``ratings0`` (optional): source 0's rows in arrays of their own (``starts[0] == 0``; ``items``
-    then holds the other sources from position ``len(items0)`` on): the base's block read in place. ``out_src``
+    then holds the other sources from position ``len(items0)`` on): the base's block read in place. They may lie
+    at the end of ``out_items``, ``out_ratings`` themselves, after a gap of the other sources' rows plus source 0's
+    longest row: no write for a user then reaches a row of source 0 of hers or after (the rows written before hers
+    are at most the sources' rows before hers), so her rows stay whole if they must be sorted. ``out_src``
     (as long as ``out_items``, or empty): the position (sources laid end to end) each written rating was taken
     from (what a rating's timestamp is read by). The outputs need room for the rows of the sources of ``want``.
 

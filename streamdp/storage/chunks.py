@@ -211,14 +211,15 @@ class ChunkReader:
                                     f"holding {nbytes})")
         return raw
 
-    def read(self, start: int, stop: int, crcs: list | None = None) -> np.ndarray:
-        """Elements ``start <= i < stop`` (clipped to the array) as a new array.
+    def read(self, start: int, stop: int, crcs: list | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """Elements ``start <= i < stop`` (clipped to the array) as a new array, or in the leading elements of
+        ``out`` (contiguous, of the array's dtype, long enough), returned as a view of them.
 
         With a list ``crcs``, the CRC32C of each chunk file read (as stored, before
         decoding) is appended to it, in chunk order (:func:`chunk_crcs_digest`).
         """
         start, stop = max(0, int(start)), min(self.shape, int(stop))
-        out = np.empty(max(0, stop - start), self.dtype)
+        out = np.empty(max(0, stop - start), self.dtype) if out is None else out[:max(0, stop - start)]
         if stop <= start:
             return out
         C = self.chunk
@@ -331,13 +332,18 @@ class ZarrReader:
             if size == 0:
                 raise self._fail(c, "is empty")
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Elements ``start <= i < stop`` (clipped to the array)."""
+    def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Elements ``start <= i < stop`` (clipped to the array); with ``out``, copied into its leading elements
+        (a view of them returned)."""
         start, stop = max(0, int(start)), min(self.shape, int(stop))
         if stop > start:
             self._require([(c,) for c in range(start // self.chunk, (stop - 1) // self.chunk + 1)])
         try:
-            return np.asarray(self.arr[start:max(start, stop)])
+            got = np.asarray(self.arr[start:max(start, stop)])
+            if out is None:
+                return got
+            out[:len(got)] = got
+            return out[:len(got)]
         except _DECODE_ERRORS as exc:
             raise StoreError(f"{self.label}: a chunk of [{start}, {stop}) cannot be decoded ({exc}) "
                              f"(the store is damaged)") from None

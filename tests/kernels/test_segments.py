@@ -52,6 +52,40 @@ def test_merge_rows_matches_its_reference(seed, implicit, cap):
             assert np.array_equal(orr[:nnz], ref[2]) and np.array_equal(items[src[:nnz]], oi[:nnz])
 
 
+@pytest.mark.parametrize("implicit,cap", [(False, 0.0), (True, 6.0)])
+@pytest.mark.parametrize("seed", range(6))
+def test_merge_rows_in_place_over_the_base_it_reads(seed, implicit, cap):
+    # the segmented store's layout (SegmentedStore._read_base_into): the base's rows of the wanted split at the end
+    # of the output arrays, after a gap of the other sources' rows plus the base's longest row
+    rng = np.random.default_rng(100 + seed)
+    n_users = 40
+    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, int(rng.integers(2, 5)), 12, seed >= 4)
+    n0 = int(starts[1])
+    gap = len(items) - n0 + int(np.diff(ips[0]).max())
+    ref = merge_rows_reference(n_users, ips, starts, items, ratings, part_of, split_of, 0, implicit, cap)
+    bi, br = np.empty(gap + n0, np.int32), np.empty(gap + n0, np.float32)
+    bi[gap:], br[gap:] = items[:n0], ratings[:n0]
+    ip = np.empty(n_users + 1, np.int64)
+    nnz = merge_rows(n_users, ips, starts, items[n0:], ratings[n0:], part_of, split_of, 0, implicit, cap, ip, bi,
+                     br, np.empty(0, np.int64), bi[gap:], br[gap:])
+    assert np.array_equal(ip, ref[0]) and np.array_equal(bi[:nnz], ref[1]) and np.array_equal(br[:nnz], ref[2])
+
+
+def test_merge_rows_in_place_keeps_a_user_s_rows_it_sorts():
+    # the last user's base rows out of item order, one segment row: the walk writes before it finds the disorder,
+    # then sorts the user's rows; the base's longest row in the gap keeps them unwritten until read
+    base_items, base_r = np.array([1, 2, 5, 4, 3], np.int32), np.array([1, 2, 5, 4, 3], np.float32)
+    ips = np.array([[0, 5], [0, 1]], np.int64)
+    starts, part_of, split_of = np.array([0, 5], np.int64), np.array([0, 1], np.int64), np.zeros(2, np.int64)
+    gap = 1 + 5
+    bi, br = np.zeros(gap + 5, np.int32), np.zeros(gap + 5, np.float32)
+    bi[gap:], br[gap:] = base_items, base_r
+    ip = np.empty(2, np.int64)
+    nnz = merge_rows(1, ips, starts, np.array([0], np.int32), np.array([0.5], np.float32), part_of, split_of, 0,
+                     False, 0.0, ip, bi, br, np.empty(0, np.int64), bi[gap:], br[gap:])
+    assert nnz == 6 and list(bi[:6]) == [0, 1, 2, 3, 4, 5] and list(br[:6]) == [0.5, 1, 2, 3, 4, 5]
+
+
 def test_the_latest_part_wins_in_its_split():
     # user 0: item 3 in the base's train (4.0), then in a segment's test (2.0): test only, the segment's rating
     ips = np.array([[0, 1], [0, 0], [0, 0], [0, 1]], np.int64)
