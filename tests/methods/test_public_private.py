@@ -368,12 +368,11 @@ def test_cli_prints_the_guarantee_and_warns(tiny_store, tmp_path):
     assert r.exit_code != 0 and "nope.txt: no such file" in r.stderr and not (tmp_path / "m3").exists()
 
 
-def test_an_interrupted_run_resumes_to_the_same_model(tiny_store, tmp_path, monkeypatch):
+def _interrupt_in_round_two(monkeypatch, fit) -> None:
+    """Run ``fit`` with Ctrl-C at the second private round's response pass (a checkpointed run stops there), then
+    put the pass back."""
     from streamdp.methods import public_private as pp
 
-    opts = dict(epsilon=INF, public_fraction=0.2, iters=4, private_mechanism="pmd", private_rounds=2, round_iters=1)
-    _, want = _fit(tiny_store, **opts)
-    ck = str(tmp_path / "ck")
     real = pp.PublicPrivate._respond_pass
     calls = []
 
@@ -385,8 +384,15 @@ def test_an_interrupted_run_resumes_to_the_same_model(tiny_store, tmp_path, monk
 
     monkeypatch.setattr(pp.PublicPrivate, "_respond_pass", stop_in_round_two)
     with pytest.raises(KeyboardInterrupt):
-        _fit(tiny_store, checkpoint=ck, **opts)
+        fit()
     monkeypatch.setattr(pp.PublicPrivate, "_respond_pass", real)
+
+
+def test_an_interrupted_run_resumes_to_the_same_model(tiny_store, tmp_path, monkeypatch):
+    opts = dict(epsilon=INF, public_fraction=0.2, iters=4, private_mechanism="pmd", private_rounds=2, round_iters=1)
+    _, want = _fit(tiny_store, **opts)
+    ck = str(tmp_path / "ck")
+    _interrupt_in_round_two(monkeypatch, lambda: _fit(tiny_store, checkpoint=ck, **opts))
     _, got = _fit(tiny_store, checkpoint=ck, **opts)
     np.testing.assert_array_equal(got.item_factors, want.item_factors)
     assert got.owner["private_responders_by_round"] == want.owner["private_responders_by_round"]
@@ -508,19 +514,7 @@ def test_a_resumed_run_keeps_the_public_users_range(undeclared, tmp_path, monkey
     opts = dict(epsilon=INF, public_users=public, iters=3, private_mechanism="pmd", private_rounds=2, round_iters=1)
     _, want = _fit(st, **opts)
     ck = str(tmp_path / "ck")
-    real = pp.PublicPrivate._respond_pass
-    calls = []
-
-    def stop_in_round_two(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(pp.PublicPrivate, "_respond_pass", stop_in_round_two)
-    with pytest.raises(KeyboardInterrupt):
-        _fit(st, checkpoint=ck, **opts)
-    monkeypatch.setattr(pp.PublicPrivate, "_respond_pass", real)
+    _interrupt_in_round_two(monkeypatch, lambda: _fit(st, checkpoint=ck, **opts))
     monkeypatch.setattr(pp.PublicPrivate, "_roles_pass", None)  # a resume reads the roles and range back
     _, got = _fit(st, checkpoint=ck, **opts)
     np.testing.assert_array_equal(got.item_factors, want.item_factors)
