@@ -748,7 +748,7 @@ def _taste_weights(w, totals, rule: dict, m: float, pub: dict, options: dict, n_
             got = np.zeros(len(w))
             for blk in pilot.blocks("train"):  # the pilot's totals, weighed as the model weighed its users
                 k = np.diff(blk.indptr)
-                np.add.at(got, blk.items, np.repeat(_user_weight(k, rule), k))
+                got += np.bincount(blk.items, weights=np.repeat(_user_weight(k, rule), k), minlength=len(got))
             got[np.argsort(-w, kind="stable")] = got.copy()  # the generator numbered its items by weight
             ratio = (t * (got.sum() / max(t.sum(), 1e-300)) + 1.0) / (got + 1.0)
             w = np.clip(w * ratio, w0 / MAX_CORRECTION, w0 * MAX_CORRECTION)
