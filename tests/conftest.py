@@ -128,13 +128,31 @@ def _share_pld_epsilons(config) -> None:
         pass
 
 
-#: A small process that runs its arguments and writes their peak RSS (``ru_maxrss``, KiB) to the file named first.
-_RSS_LAUNCHER = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[2:]); _, s, u = os.wait4(p.pid, 0); "
-                 "open(sys.argv[1], 'w').write(str(u.ru_maxrss)); sys.exit(os.waitstatus_to_exitcode(s))")
+#: A small process that runs its arguments (under an address-space limit when one is given, killed past a timeout
+#: when one is given) and writes their peak RSS (``ru_maxrss``, KiB) to the file named first.
+_RSS_LAUNCHER = """
+import os, resource, subprocess, sys, time
+path, limit, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+if limit:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+p, t0 = subprocess.Popen(sys.argv[4:]), time.monotonic()
+while True:
+    pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+    if pid:
+        break
+    if timeout and time.monotonic() - t0 > timeout:
+        p.kill()
+        pid, status, usage = os.wait4(p.pid, 0)
+        break
+    time.sleep(0.02)
+open(path, "w").write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
-def peak_rss(cmd: list, tmp_path: Path, **popen) -> tuple[int, str, str, int]:
-    """Run ``cmd``: ``(returncode, stdout, stderr, peak RSS in bytes)``, the peak by ``wait4`` in a small launcher.
+def peak_rss(cmd: list, *, as_limit: int = 0, timeout: float = 0, **popen) -> tuple[int, str, str, int]:
+    """Run ``cmd``: ``(returncode, stdout, stderr, peak RSS in bytes)``, the peak by ``wait4`` in a small launcher
+    (which sets ``as_limit``, an address-space limit, and kills ``cmd`` past ``timeout`` seconds, when given).
 
     Not by ``wait4`` here: a child spawned by this (large) test worker has the worker's address space until it
     execs, and Linux counts that space's high-water mark into the child's ``ru_maxrss`` (an ials test "peaked" at
@@ -142,10 +160,16 @@ def peak_rss(cmd: list, tmp_path: Path, **popen) -> tuple[int, str, str, int]:
     bare interpreter of ~10 MB, which is all its own child can inherit.
     """
     import subprocess
+    import tempfile
 
-    f = tmp_path / f"maxrss-{os.getpid()}-{len(list(tmp_path.iterdir()))}.txt"
-    p = subprocess.run([sys.executable, "-c", _RSS_LAUNCHER, str(f), *map(str, cmd)], capture_output=True, **popen)
-    return p.returncode, p.stdout.decode(), p.stderr.decode(), int(f.read_text()) * 1024
+    fd, f = tempfile.mkstemp(prefix="maxrss-", suffix=".txt")
+    os.close(fd)
+    try:
+        p = subprocess.run([sys.executable, "-c", _RSS_LAUNCHER, f, str(int(as_limit)), str(float(timeout)),
+                            *map(str, cmd)], capture_output=True, **popen)
+        return p.returncode, p.stdout.decode(), p.stderr.decode(), int(Path(f).read_text() or 0) * 1024
+    finally:
+        os.remove(f)
 
 
 def flat(d: dict, prefix: str = "") -> dict:

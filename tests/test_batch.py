@@ -202,7 +202,7 @@ def test_one_million_users_within_one_gigabyte(tmp_path_factory):
         subprocess.run(exe + ["train", str(d / "s.zarr"), "--epsilon", "1", "--iters", "2", "--out", str(d / "m")],
                        check=True, capture_output=True, cwd=REPO)
         code, out, err, peak = peak_rss(exe + ["recommend", str(d / "m"), "--store", str(d / "s.zarr"), "--out",
-                                               str(d / "r.parquet"), "--memory-limit", "1GB", "--json"], d, cwd=REPO)
+                                               str(d / "r.parquet"), "--memory-limit", "1GB", "--json"], cwd=REPO)
         assert code == 0, err[-2000:]
         res = json.loads(out)
         print(f"1M users: {res['seconds']:.0f}s, {1e6 / res['seconds']:.0f} users/s, peak RSS {peak / 2**20:.0f} MiB")

@@ -18,10 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
-import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import warnings
@@ -44,29 +41,15 @@ TOO_BIG = "--epsilon 1e9: above what the accountant can resolve (max 500)"
 
 
 def run_measured(args, *, python=None):
-    """Run ``streamdp ARGS`` (or ``python -c PYTHON``): ``(returncode, stdout, stderr, peak_rss_bytes, seconds)``."""
+    """Run ``streamdp ARGS`` (or ``python -c PYTHON``): ``(returncode, stdout, stderr, peak_rss_bytes, seconds)``,
+    under :data:`AS_LIMIT`, killed past five times :data:`MAX_SECONDS` (:func:`tests.conftest.peak_rss`: the peak is
+    the command's own, not this test worker's)."""
+    from tests.conftest import peak_rss
+
     cmd = [sys.executable, "-c", python] if python is not None else [sys.executable, "-m", "streamdp.cli", *args]
-
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, preexec_fn=limit)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - t0 > 5 * MAX_SECONDS:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.02)
-        seconds = time.monotonic() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-        out.seek(0)
-        err.seek(0)
-        return proc.returncode, out.read().decode(), err.read().decode(), usage.ru_maxrss * 1024, seconds
+    t0 = time.monotonic()
+    code, out, err, rss = peak_rss(cmd, as_limit=AS_LIMIT, timeout=5 * MAX_SECONDS)
+    return code, out, err, rss, time.monotonic() - t0
 
 
 def assert_bounded(rss, seconds, err):

@@ -375,7 +375,7 @@ def test_peak_memory_stays_under_the_limit(tmp_path, epsilon):
                           "--ratings-per-user", "20", "--seed", "1"], check=True, capture_output=True)
     code, _, err, peak = peak_rss(exe + ["train", str(tmp_path / "s.zarr"), "--method", "ials", "--epsilon", epsilon,
                                          "--iters", "2", "--out", str(tmp_path / "m"), "--memory-limit", "600MB",
-                                         "--yes"], tmp_path)
+                                         "--yes"])
     assert code == 0, err[-2000:]
     print(f"ials 200k x 5k, epsilon {epsilon}: peak RSS {peak / 2**20:.0f} MiB")
     assert peak < 600 * 2**20, f"peak RSS {peak / 2**20:.0f} MiB"

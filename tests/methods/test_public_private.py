@@ -404,7 +404,6 @@ def test_user_offset_column_is_chosen_where_users_levels_differ(tmp_path):
     gain measured here is 0.027 RMSE (0.7125 against 0.7392), asserted >= 0.015."""
     from streamdp.methods.public_private import OFFSET_RIDGES
     from streamdp.serving.evaluate import evaluate_model
-    from streamdp.serving.model import load_model
     from streamdp.storage.generate import generate_store
 
     st = generate_store(str(tmp_path / "lv.zarr"), n_users=1500, n_items=80, ratings_per_user=20, rank=3, seed=4,
