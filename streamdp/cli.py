@@ -501,8 +501,9 @@ def _report(summary: dict, as_json: bool, format_text) -> None:
         print_json(summary)
     else:
         click.echo(format_text(summary))
-    for w in summary.get("privacy_warnings", []):
-        click.echo(f"streamdp: warning: {w}", err=True)
+    for w in summary.get("privacy_warnings", []) + [(summary.get("user_filter") or {}).get("warning")]:
+        if w:
+            click.echo(f"streamdp: warning: {w}", err=True)
 
 
 def _note_stale_runs(paths) -> None:

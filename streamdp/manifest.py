@@ -222,6 +222,7 @@ SUMMARY = {
     "segment": OWNER,  # evaluate --segment: the segment scored on and its number of ratings
     "data_window": PUBLIC,  # train --since/--until/--window/--until-segment: the period trained on (options)
     "user_filter": OWNER,  # a per-user budget: the exact counts of users taking part and retired (privacy/filter.py)
+    "method_default": PUBLIC,  # train without --method on an interaction log: ials (the store's kind is public)
 }
 
 

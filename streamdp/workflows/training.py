@@ -133,8 +133,8 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
                 from streamdp.privacy.filter import summary as filter_summary
 
                 summary["user_filter"] = filter_summary(user_filter.result)
-                if (w := cap_delta_warning(user_filter)) is not None:
-                    summary.setdefault("privacy_warnings", []).append(w)
+                if (w := cap_delta_warning(user_filter)) is not None:  # names the exact count: the owner's only
+                    summary["user_filter"]["warning"] = w
             if defaulted and cls.name == "ials":
                 summary["method_default"] = DEFAULT_IALS_NOTE
             summary["total_seconds"] = round(time.perf_counter() - t0, 3)
