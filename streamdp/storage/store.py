@@ -434,9 +434,10 @@ class RatingStore:
         """Whether the store keeps each rating's time (``SPLIT/times``, :func:`~streamdp.storage.schema.time_attrs`)."""
         return isinstance(self.attrs.get("times"), dict)
 
-    def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
+    def read_block_times(self, b: int, split: str = "train", since: int | None = None) -> tuple[Block, np.ndarray]:
         """Block ``b`` of ``split`` (:meth:`read_block`) and its ratings' times (int64, aligned with its items);
-        :class:`StoreError` for a store that keeps no times."""
+        :class:`StoreError` for a store that keeps no times. ``since``: the caller drops the ratings made before
+        it, so a store may leave out what holds only those (a segmented store's older parts); all are read here."""
         blk = self.read_block(b, split)
         return blk, self.block_times(b, split, blk.nnz)
 

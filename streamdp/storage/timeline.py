@@ -129,13 +129,11 @@ class TimeWindowView(StoreView):
         # what a block read adds to the engine's per-rating budget: the times read (8 bytes) and the kept copy (20)
         self.extra_bytes_per_rating = int(getattr(store, "extra_bytes_per_rating", 0)) + 28
 
-    def read_block_times(self, b: int, split: str = "train") -> tuple[Block, np.ndarray]:
+    def read_block_times(self, b: int, split: str = "train", since: int | None = None) -> tuple[Block, np.ndarray]:
         from streamdp.kernels.window import keep_window  # numba: on first read, not at import
 
-        if isinstance(self._inner, SegmentedStore) and self._lo != _OPEN_LO:  # older parts are not read
-            blk, t = self._inner.read_block_times(b, split, since=self._lo)
-        else:
-            blk, t = self._inner.read_block_times(b, split)
+        lo = self._lo if since is None else max(self._lo, int(since))
+        blk, t = self._inner.read_block_times(b, split, since=None if lo == _OPEN_LO else lo)
         n = len(blk.items)
         ip, it, r, ts = np.empty_like(blk.indptr), np.empty(n, np.int32), np.empty(n, np.float32), np.empty(n, np.int64)
         w = keep_window(blk.indptr, blk.items, blk.ratings, t, self._lo, self._hi, ip, it, r, ts)
