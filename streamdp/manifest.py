@@ -89,7 +89,8 @@ MODEL_JSON = {
                                "declared range)"),
     "local_user_bias": (PUBLIC, "whether the local solve fits the user's own intercept"),
     "list_scorer": (POST, "how lists rank items (streamdp.serving.local.list_scorer): the predicted rating, plus a weight "
-                          "(from the declared rating range) times the log of the released item counts"),
+                          "(from the declared rating range and the released share of one-rating users) times the log of "
+                          "the released item counts"),
     "ridge": (POST, "ridge of the local solve (option, default, or chosen on public ratings)"),
     "ridge_rule": (PUBLIC, "how sgld's local ridge follows from its options"),
     "item_factors": (PUBLIC, "what the released item_factors array is (text)"),

@@ -53,6 +53,34 @@ def _lists(model, store, users):
     return list(zip(t.column("user_id").to_pylist(), t.column("item_id").to_pylist()))
 
 
+def test_the_list_weight_grows_with_the_released_share_of_one_rating_users(tmp_path):
+    """Where most users rate once, item biases rank below the counts (a biases-only model listed at 0.90x the chart
+    on a 72k-user product set): the weight is divided by ``1 - s1``, ``s1`` read off the released histogram only."""
+    from streamdp.serving.local import default_list_scorer, one_rating_share
+    from streamdp.workflows.api import train
+
+    info = {"rating_range": {"min": 1, "max": 5}}
+    extras = {"noisy_item_weight": None}
+    plain = default_list_scorer(info, extras)["weight"]
+    many = {"bin_lower_edges": [1, 2, 3], "users": [800.0, 150.0, 50.0], "noise_std": 5.0}
+    sc = default_list_scorer({**info, "user_profile": many}, extras)
+    assert plain == 1.0 and sc["weight"] == pytest.approx(1.0 / (1.0 - 0.79)) and "one training rating" in sc["rule"]
+    # a bin that does not clear twice its noise changes nothing; negative noisy counts are not users
+    assert one_rating_share({"bin_lower_edges": [1, 2], "users": [9.0, 900.0], "noise_std": 5.0}) == 0.0
+    assert one_rating_share({"bin_lower_edges": [1, 2], "users": [500.0, -400.0], "noise_std": 0.0}) == 0.95
+    # end to end: a private model's own released profile sets its weight (no statistic read off the data)
+    rows = [(u, u % 7, 1 + u % 5) for u in range(3000)] + [(u, 7 + k, 4) for u in range(100) for k in range(3)]
+    st = tmp_path / "s.csv"
+    from streamdp.workflows.api import ingest
+
+    store = ingest([_write(st, rows)], str(tmp_path / "s.zarr"), rating_range="1,5")
+    out = str(tmp_path / "m")
+    train(store, method="als", epsilon=1.0, delta=1e-5, out=out, seed=1, workers=1, evaluate=False)
+    m = load_model(out)
+    s1 = one_rating_share(m.info["user_profile"])
+    assert 0.75 < s1 <= 0.95 and m.info["list_scorer"]["weight"] == pytest.approx(1.0 / (1.0 - s1))
+
+
 def test_the_list_score_is_post_processing_of_the_release_only(two_stores, model_a):
     a, b = two_stores
     sc = model_a.info["list_scorer"]

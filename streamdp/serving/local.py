@@ -28,7 +28,8 @@ Decisions a reader must know:
   ``weight * log(1 + max(count, 0))`` (:func:`list_offset`: post-processing, the same for
   every user); ``recommend``, the batch form, ``evaluate``'s ranking metrics and the API
   all rank through it. The weight ``(rating max - rating min) / 4``
-  (:data:`LIST_WEIGHT_SHARE`) never fell below the most-popular chart where measured.
+  (:data:`LIST_WEIGHT_SHARE`) never fell below the most-popular chart where measured; divided by
+  ``1 - s1`` where the model released the share ``s1`` of one-rating users (:func:`one_rating_share`).
 
 Design notes (the local kinds, why the list score, the weight's measurements):
 docs/design-notes.md#streamdpservinglocalpy.
@@ -62,6 +63,9 @@ RELEASED_COUNTS = {
 }
 #: The list score's popularity weight as a share of the declared rating range (module docstring).
 LIST_WEIGHT_SHARE = 0.25
+#: The largest share of one-rating users the weight is divided by ``1 - share`` for (:func:`default_list_scorer`):
+#: at most 20x the weight, where the list is the released chart but for the item term's ties.
+ONE_RATING_MAX = 0.95
 
 
 def model_ridge(model, ridge: float | None = None) -> float:
@@ -153,9 +157,34 @@ def default_list_scorer(info: dict, extras: dict) -> dict:
     lo, hi = rr.get("min"), rr.get("max")
     if counts is None or lo is None or hi is None or not np.isfinite(float(hi) - float(lo)):
         return {"kind": "predicted_rating"}
-    return {"kind": "rating_plus_log_count", "counts": counts,
-            "weight": round(LIST_WEIGHT_SHARE * (float(hi) - float(lo)), 12),
-            "rule": f"weight = {LIST_WEIGHT_SHARE:g} x (rating max - rating min), the declared range"}
+    weight = LIST_WEIGHT_SHARE * (float(hi) - float(lo))
+    rule = f"weight = {LIST_WEIGHT_SHARE:g} x (rating max - rating min), the declared range"
+    s1 = one_rating_share(info.get("user_profile"))
+    if s1 > 0:
+        weight /= 1.0 - s1
+        rule += f", / (1 - {s1:.3f}), the released share of users with one training rating"
+    return {"kind": "rating_plus_log_count", "counts": counts, "weight": round(weight, 12), "rule": rule}
+
+
+def one_rating_share(profile: dict | None) -> float:
+    """The share of users with one training rating in a released ``user_profile`` (``model.json``), at most
+    :data:`ONE_RATING_MAX`; 0 without a profile or where the bin's count does not clear twice its noise.
+
+    Post-processing of the released histogram (:mod:`streamdp.methods._profile`). Negative noisy counts are 0.
+
+    >>> one_rating_share({"bin_lower_edges": [1, 2], "users": [850.0, 150.0], "noise_std": 10.0})
+    0.83
+    >>> one_rating_share({"bin_lower_edges": [1, 2], "users": [15.0, 985.0], "noise_std": 10.0})
+    0.0
+    """
+    if not profile or not profile.get("users") or profile.get("bin_lower_edges", [None])[0] != 1:
+        return 0.0
+    users = np.maximum(np.asarray(profile["users"], np.float64), 0.0)
+    total = users.sum()
+    noise = 2.0 * float(profile.get("noise_std") or 0.0)
+    if total <= 0 or users[0] <= noise:
+        return 0.0
+    return round(min(float(users[0] - noise) / float(total), ONE_RATING_MAX), 6)
 
 
 def list_scorer(model) -> dict:

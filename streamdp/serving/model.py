@@ -365,7 +365,7 @@ def save_model(out: str, *, item_factors, item_bias, item_ids, global_mean: floa
         if name in _CORE_ARRAYS:
             raise ValueError(f"extra array name {name!r} clashes with a core array")
     info = dict(model_info)
-    if "list_scorer" not in info:  # a method may state its own; the default reads only names and the declared range
+    if "list_scorer" not in info:  # a method may state its own; the default reads names, range and user profile
         info["list_scorer"] = default_list_scorer(info, extras)
     _claim_epsilon(info, ledger)
     info.update(format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, n_items=int(n),
