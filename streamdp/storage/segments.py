@@ -263,7 +263,7 @@ class SegmentedStore(RatingStore):
         from streamdp.kernels.segments import append_delta
 
         first, end = self.block_range(b)
-        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True))
+        src = self._sources(b, lambda p, bb, s: (p.read_block_items(bb, s), True))  # the kernel reads no rating
         indptrs = np.stack([x[2] for x in src]).astype(np.int64, copy=False)
         sizes = np.array([len(x[3]) for x in src], np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -350,6 +350,10 @@ class SegmentedStore(RatingStore):
 
     def read_block_unchecked(self, b: int, split: str = "train"):
         return self._merged(b, split, _unchecked)
+
+    def read_block_items(self, b: int, split: str = "train") -> Block:
+        """:meth:`read_block` without the ratings (each part's read whole: a merge needs them)."""
+        return self.read_block(b, split)._replace(ratings=np.empty(0, np.float32))
 
     def block_nnz(self, split: str = "train") -> np.ndarray:
         nnz = self._nnz.get(split)
