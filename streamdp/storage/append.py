@@ -39,6 +39,7 @@ import os
 import secrets
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -359,17 +360,29 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
     supersedes = np.zeros((2, n_blocks), np.uint8)
     hu = hashlib.blake2b(digest_size=16)
     pending, since = [], 0  # consecutive blocks' user counts from user `since`, written together (a Zarr write
-    for b in range(n_blocks):  # costs about a millisecond whatever its size: per block, 96 of them)
-        first, end = view.block_range(b)
-        du = np.zeros(end - first, np.int64)
-        if any(seg_nnz[s][b] for s in splits):
-            # one read of every part's block, the change counted over the users the segment has rows of
-            du, block_delta[:, b], supersedes[:, b] = view.last_part_delta(b, item_delta)
-        pending.append(du)
-        if end - since >= _USERS_PER_WRITE or b == n_blocks - 1:
-            ua[since:end] = np.concatenate(pending)
-            pending, since = [], end
-        hu.update(np.ascontiguousarray(du, dtype="<i8"))
+    touched = [b for b in range(n_blocks) if any(seg_nnz[s][b] for s in splits)]  # costs ~1 ms whatever its size)
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        # one read of every part's block touched, the change counted over the users the segment has rows of; the
+        # next block read (decoded without the GIL) while the kernel counts this one
+        ahead = iter(touched)
+
+        def read_ahead():
+            b_ = next(ahead, None)
+            return None if b_ is None else (b_, ex.submit(view.delta_sources, b_))
+
+        nxt = read_ahead()
+        for b in range(n_blocks):
+            first, end = view.block_range(b)
+            du = np.zeros(end - first, np.int64)
+            if nxt is not None and nxt[0] == b:
+                src, nxt = nxt[1].result(), read_ahead()
+                du, block_delta[:, b], supersedes[:, b] = view.last_part_delta(b, item_delta, src)
+                del src
+            pending.append(du)
+            if end - since >= _USERS_PER_WRITE or b == n_blocks - 1:
+                ua[since:end] = np.concatenate(pending)
+                pending, since = [], end
+            hu.update(np.ascontiguousarray(du, dtype="<i8"))
     g.create_array("merge/item_counts", shape=(n_items,), dtype="int64", chunks=(max(1, min(n_items, 1 << 20)),),
                    config=_ARRAY_CONFIG)[:] = item_delta
     g.create_array("merge/block_nnz", shape=(2 * n_blocks,), dtype="int64", chunks=(max(1, 2 * n_blocks),),
