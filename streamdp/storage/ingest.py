@@ -60,6 +60,8 @@ from streamdp.storage.writer import StoreWriter, check_destination
 _PURPOSE_SPLIT = 3  # same purpose key as generate: the split of block b depends on (seed, b) only
 #: Bytes of working memory per rating of a partition while it is grouped or written.
 _BYTES_PER_PART_RATING = 256
+#: Pass 4 writes the per-user counts of consecutive blocks together, at most this many users at a time (8 MB).
+_USERS_PER_WRITE = 1 << 20
 #: Peak bytes per rating of one partition in pass 3 (:func:`group_dedup`: its input columns, 20 with a
 #: timestamp, one column's concatenation, the kernel's position and timestamp scratch, 16, and its outputs, 16).
 _DEDUP_BYTES_PER_RATING = 64
@@ -1156,11 +1158,13 @@ def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progr
                     w.write_block(b, bip, bit, brt, split="train", times=bts)
                     counts.append(np.diff(bip))
                 bar.update(1)
+                # users' counts written a slice of blocks at a time (a Zarr write costs about a millisecond: per
+                # block, a small append's blocks paid it 96 times), at most _USERS_PER_WRITE users held
+                n_held, end_user = sum(len(c) for c in counts), b * bu + (hi - lo)
+                if n_held >= _USERS_PER_WRITE or b == pl.n_blocks - 1:
+                    uc_arr[end_user - n_held:end_user] = np.concatenate(counts)
+                    counts.clear()
             del loaded
-            # the partition's users' counts in one write (a Zarr write costs about a millisecond: per block, a small
-            # append's blocks paid it 96 times)
-            uc_arr[b0 * bu: b0 * bu + sum(len(c) for c in counts)] = np.concatenate(counts)
-            counts.clear()
     return n_test_clipped
 
 

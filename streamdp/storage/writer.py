@@ -130,8 +130,9 @@ def check_finite_ratings(b: int, ratings: np.ndarray) -> None:
 
 #: Written on every array of a store: chunks equal to the fill value are written too.
 _ARRAY_CONFIG = {"write_empty_chunks": True}
-#: Blocks of a split are gathered until they fill this many rating positions, then written in one write per
-#: array (each Zarr write costs about a millisecond whatever its size: a segment of small blocks paid it per block).
+#: Blocks of a split are gathered until they fill this many rating positions (or hold as many users), then written
+#: in one write per array (each Zarr write costs about a millisecond whatever its size: a segment of small blocks
+#: paid it per block); at most 16 bytes a position (items, ratings, times) or 8 a user are held.
 _FLUSH_RATINGS = DEFAULT_CHUNK_RATINGS
 #: The id arrays covered by the checksum of a store that has no ``checksum_ids``
 #: attribute (written before it was recorded): ``generate`` fills ``user_ids`` by
@@ -378,7 +379,7 @@ class _SplitWriter:
                 self.time_span = [lo if a is None else min(a, lo), hi if z is None else max(z, hi)]
             self.time_digests.append(times_digest(b, times))
         self._pending.append((b, first, indptr[:-1] + self.nnz, start, items, ratings, times))
-        self._pending_rows += padded_end - start
+        self._pending_rows += max(padded_end - start, n_local)  # its row pointers are held too
         self.offsets[b] = start
         self.digests.append(digest if digest is not None else block_digest(b, indptr, items, ratings))
         if self.item_stats is not None:

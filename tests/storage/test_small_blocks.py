@@ -13,6 +13,7 @@ import zarr
 import streamdp
 from streamdp.errors import StoreError
 from streamdp.storage import writer as W
+from streamdp.storage import append as A, ingest as I
 from streamdp.storage.append import segment_chunk
 from streamdp.storage.schema import DEFAULT_CHUNK_RATINGS
 from streamdp.storage.store import open_store
@@ -88,7 +89,7 @@ def test_items_only_read_checks_the_ratings_chunks_too(tmp_path):
         st.read_block_items(1)  # its ratings' chunk CRC differs: read whole, and the digest refuses it
 
 
-def test_a_small_append_gets_chunks_of_its_blocks_size(tmp_path):
+def test_a_small_append_gets_chunks_of_its_blocks_size(tmp_path, monkeypatch):
     assert segment_chunk(np.full(2_012_489, 1, np.int64)[:0], 21183) == 1024
     assert segment_chunk(np.r_[np.full(21183 * 95, 0), np.full(21183, 1)], 21183) == 32768  # non-empty blocks only
     assert segment_chunk(np.full(10**6, 10), 1000) == 16384
@@ -100,11 +101,18 @@ def test_a_small_append_gets_chunks_of_its_blocks_size(tmp_path):
                         "rating": rng.integers(1, 6, 600).astype(float)})
     p, f = str(tmp_path / "s.zarr"), str(tmp_path / "f.zarr")
     streamdp.ingest(old, p, block_users=100)
+    for m in (I, A):  # the per-user counts written in slices of a few blocks
+        monkeypatch.setattr(m, "_USERS_PER_WRITE", 250)
     st = streamdp.ingest(new, p, append=True)
     seg = st.parts[-1]
     assert seg._root["train/items"].chunks == (1024,)  # ~29 ratings a block
     full = streamdp.ingest(pd.concat([old, new]), f, block_users=100)
     assert _triples(st) == _triples(full)
+    assert dict(zip(st.user_ids().tolist(), st.user_counts().tolist())) == \
+        dict(zip(full.user_ids().tolist(), full.user_counts().tolist()))
+    seg_counts = st.parts[-1].user_counts()  # the segment's own, written by pass 4 in slices
+    assert seg_counts.tolist() == [int((new.user == u).any() and new[new.user == u].item.nunique())
+                                   for u in st.user_ids().tolist()]
     st.check_chunks()
 
 
