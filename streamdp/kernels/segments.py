@@ -194,7 +194,9 @@ def append_delta(n_users, indptrs, starts, items, part_of, split_of, last, n_ite
     """
     n0 = len(items0)
     K = indptrs.shape[0]
-    mark = np.zeros(n_items, np.int8)  # 1 + split of the latest earlier rating of the pair, 0: none
+    # 2 * u + split of the latest earlier rating of the pair by user u (another user's mark: none); stamped with the
+    # user, so nothing is cleared between users (a second pass over the earlier parts' rows cost a third of the time)
+    mark = np.full(n_items, -2, np.int32)
     for u in range(n_users):
         touched = False
         for k in range(K):
@@ -204,25 +206,22 @@ def append_delta(n_users, indptrs, starts, items, part_of, split_of, last, n_ite
             continue
         for k in range(K):  # in part order: a later part's rating of a pair overwrites an earlier one's
             if part_of[k] < last:
+                m = np.int32(2 * u + split_of[k])
                 for p in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]):
-                    mark[items0[p] if p < n0 else items[p - n0]] = split_of[k] + 1
+                    mark[items0[p] if p < n0 else items[p - n0]] = m
         for k in range(K):
             if part_of[k] == last:
                 s = split_of[k]
                 for p in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]):
                     i = items0[p] if p < n0 else items[p - n0]
                     out_splits[s] += 1
-                    if mark[i] == 0:
+                    if mark[i] >> 1 != u:
                         out_users[u] += 1
                         out_items[i] += 1
                     else:
-                        out_splits[mark[i] - 1] -= 1
-                        if mark[i] - 1 != s:
+                        out_splits[mark[i] & 1] -= 1
+                        if mark[i] & 1 != s:
                             out_replaces[s] = 1
-        for k in range(K):
-            if part_of[k] < last:
-                for p in range(starts[k] + indptrs[k, u], starts[k] + indptrs[k, u + 1]):
-                    mark[items0[p] if p < n0 else items[p - n0]] = 0
 
 
 def merge_rows_reference(n_users, indptrs, starts, items, ratings, part_of, split_of, want, implicit, cap):

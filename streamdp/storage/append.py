@@ -39,6 +39,7 @@ import os
 import secrets
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -50,7 +51,7 @@ from streamdp.outputs import note, owned_temp_dir, remove_temp_dir
 from streamdp.storage import formats as F
 from streamdp.storage import ingest as I
 from streamdp.storage import remote
-from streamdp.storage.schema import SEGMENTED_FORMAT_VERSION, SPLITS, time_attrs
+from streamdp.storage.schema import DEFAULT_CHUNK_RATINGS, SEGMENTED_FORMAT_VERSION, SPLITS, time_attrs
 from streamdp.storage.segments import (BASE_KEYS, SEGMENTS_DIR, SUPERSEDES, append_lock, commit_attrs,
                                        merged_checksum, sweep_uncommitted)
 from streamdp.storage.split import block_seed
@@ -61,6 +62,7 @@ from streamdp.storage.writer import ContentHash, StoreWriter, ledger_keeper
 
 _PURPOSE_APPEND = 11  # the seed of a segment's random split: (store seed, segment number)
 _ARRAY_CONFIG = {"write_empty_chunks": True}
+_USERS_PER_WRITE = 1 << 20  # the commit's per-user counts are written in slices of about this many users (8 MB)
 
 
 def _refuse_options(**given) -> None:
@@ -247,7 +249,7 @@ def _write_segment(st, parsed, how, seg_path, name, number, tmp, limit, show_pro
     splits = tuple(s for s in SPLITS if s in st._root)
     seg_seed = block_seed(how.get("seed"), number, _PURPOSE_APPEND)
     with StoreWriter(seg_path, n_users=n_users, n_items=n_items, block_users=bu, splits=splits,
-                     times=pl.keep_times) as w:
+                     times=pl.keep_times, chunk_ratings=segment_chunk(user_rows, bu)) as w:
         I._write_blocks(w, parsed, pl, np.arange(n_items, dtype=np.int32), rr, seg_seed, show_progress)
         w.write_array("new_user_ids", I._ids_numpy(new_users), chunks=(bu,))
         w.write_array("new_item_ids", I._ids_numpy(new_items))
@@ -270,6 +272,19 @@ def _write_segment(st, parsed, how, seg_path, name, number, tmp, limit, show_pro
     seg_root = zarr.open_group(seg_path, mode="r")
     return {"name": name, "checksum": dict(seg_root.attrs)["streamdp"]["checksum"], **appended,
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def segment_chunk(user_rows: np.ndarray, bu: int) -> int:
+    """The chunk (ratings) of a segment's ``items`` and ``ratings``: the power of two at or above the mean of its
+    non-empty blocks' input rows (an upper bound of what each holds), within [1024, the store default].
+
+    Every block starts a chunk of its own, so a small append onto a big store, a few ratings in each of its many
+    blocks, wrote and then read back (its commit, every pass over the store) as many store-sized chunks, mostly
+    padding: 1% of a 100M store, 262144-rating chunks for about 10,000 ratings a block."""
+    rows = np.add.reduceat(user_rows, np.arange(0, len(user_rows), bu)) if len(user_rows) else np.zeros(0, np.int64)
+    rows = rows[rows > 0]
+    mean = int(rows.mean()) if len(rows) else 1
+    return int(min(max(1 << max(mean - 1, 1).bit_length(), 1 << 10), DEFAULT_CHUNK_RATINGS))
 
 
 def _users_onto(keys: pa.Array, st: RatingStore):
@@ -344,14 +359,30 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
     block_delta = np.zeros((2, n_blocks), np.int64)
     supersedes = np.zeros((2, n_blocks), np.uint8)
     hu = hashlib.blake2b(digest_size=16)
-    for b in range(n_blocks):
-        first, end = view.block_range(b)
-        du = np.zeros(end - first, np.int64)
-        if any(seg_nnz[s][b] for s in splits):
-            # one read of every part's block, the change counted over the users the segment has rows of
-            du, block_delta[:, b], supersedes[:, b] = view.last_part_delta(b, item_delta)
-        ua[first:end] = du
-        hu.update(np.ascontiguousarray(du, dtype="<i8"))
+    pending, since = [], 0  # consecutive blocks' user counts from user `since`, written together (a Zarr write
+    touched = [b for b in range(n_blocks) if any(seg_nnz[s][b] for s in splits)]  # costs ~1 ms whatever its size)
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        # one read of every part's block touched, the change counted over the users the segment has rows of; the
+        # next block read (decoded without the GIL) while the kernel counts this one
+        ahead = iter(touched)
+
+        def read_ahead():
+            b_ = next(ahead, None)
+            return None if b_ is None else (b_, ex.submit(view.delta_sources, b_))
+
+        nxt = read_ahead()
+        for b in range(n_blocks):
+            first, end = view.block_range(b)
+            du = np.zeros(end - first, np.int64)
+            if nxt is not None and nxt[0] == b:
+                src, nxt = nxt[1].result(), read_ahead()
+                du, block_delta[:, b], supersedes[:, b] = view.last_part_delta(b, item_delta, src)
+                del src
+            pending.append(du)
+            if end - since >= _USERS_PER_WRITE or b == n_blocks - 1:
+                ua[since:end] = np.concatenate(pending)
+                pending, since = [], end
+            hu.update(np.ascontiguousarray(du, dtype="<i8"))
     g.create_array("merge/item_counts", shape=(n_items,), dtype="int64", chunks=(max(1, min(n_items, 1 << 20)),),
                    config=_ARRAY_CONFIG)[:] = item_delta
     g.create_array("merge/block_nnz", shape=(2 * n_blocks,), dtype="int64", chunks=(max(1, 2 * n_blocks),),

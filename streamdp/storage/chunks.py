@@ -243,6 +243,13 @@ class ChunkReader:
             out[lo - start:hi - start] = chunk[lo - c * C:hi - c * C]
         return out
 
+    def read_crcs(self, start: int, stop: int, crcs: list) -> None:
+        """Append to ``crcs`` what :meth:`read` ``(start, stop, crcs)`` would, without decoding: the CRC32C of each
+        chunk file of the range as stored, each refused like :meth:`read` refuses it (missing, empty, truncated)."""
+        rng = self.chunk_range(start, stop)
+        fetched = self._fetch(rng) if self._fs is not None else {}
+        crcs.extend(crc32c(self._raw(c, fetched.get(c))) for c in rng)
+
     def chunk_crc(self, c: int) -> int:
         """CRC32C of chunk file ``c`` as stored (refusing a missing or truncated one like :meth:`read`)."""
         return crc32c(self._raw(c))

@@ -60,6 +60,8 @@ from streamdp.storage.writer import StoreWriter, check_destination
 _PURPOSE_SPLIT = 3  # same purpose key as generate: the split of block b depends on (seed, b) only
 #: Bytes of working memory per rating of a partition while it is grouped or written.
 _BYTES_PER_PART_RATING = 256
+#: Pass 4 writes the per-user counts of consecutive blocks together, at most this many users at a time (8 MB).
+_USERS_PER_WRITE = 1 << 20
 #: Peak bytes per rating of one partition in pass 3 (:func:`group_dedup`: its input columns, 20 with a
 #: timestamp, one column's concatenation, the kernel's position and timestamp scratch, 16, and its outputs, 16).
 _DEDUP_BYTES_PER_RATING = 64
@@ -1125,6 +1127,7 @@ def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progr
     with ThreadPoolExecutor(max_workers=1) as ex, \
             progress(total=pl.n_blocks, desc="write", unit="block", show=show_progress) as bar:
         nxt = ex.submit(load, 0)
+        counts = []
         for p, (b0, b1) in enumerate(parts):
             loaded = nxt.result()
             if p + 1 < n_parts:
@@ -1144,17 +1147,23 @@ def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progr
                                     np.clip(test[2], parsed.rmin, parsed.rmax).astype(np.float32)) + test[3:]
                     w.write_block(b, bip, bit, brt, split="train", times=bts)
                     w.write_block(b, *test[:3], split="test", times=test[3] if keep else None)
-                    uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip) + np.diff(test[0])
+                    counts.append(np.diff(bip) + np.diff(test[0]))
                 elif test_fraction > 0:
                     train, test = split_block(bip, bit, brt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT),
                                               times=bts)
                     w.write_block(b, *train[:3], split="train", times=train[3] if keep else None)
                     w.write_block(b, *test[:3], split="test", times=test[3] if keep else None)
-                    uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
+                    counts.append(np.diff(bip))
                 else:
                     w.write_block(b, bip, bit, brt, split="train", times=bts)
-                    uc_arr[b * bu: b * bu + (hi - lo)] = np.diff(bip)
+                    counts.append(np.diff(bip))
                 bar.update(1)
+                # users' counts written a slice of blocks at a time (a Zarr write costs about a millisecond: per
+                # block, a small append's blocks paid it 96 times), at most _USERS_PER_WRITE users held
+                n_held, end_user = sum(len(c) for c in counts), b * bu + (hi - lo)
+                if n_held >= _USERS_PER_WRITE or b == pl.n_blocks - 1:
+                    uc_arr[end_user - n_held:end_user] = np.concatenate(counts)
+                    counts.clear()
             del loaded
     return n_test_clipped
 

@@ -255,15 +255,20 @@ class SegmentedStore(RatingStore):
             ip = np.concatenate([ip, np.full(end - first - (len(ip) - 1), ip[-1], np.int64)])
         return (0, SPLITS.index(split), ip, blk.items, blk.ratings, ok), held[0]
 
-    def last_part_delta(self, b: int, item_delta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def delta_sources(self, b: int) -> list:
+        """What :meth:`last_part_delta` reads of block ``b``: each part's rows without their ratings (the count
+        reads none); apart, so that a caller reads the next block while the kernel counts this one."""
+        return self._sources(b, lambda p, bb, s: (p.read_block_items(bb, s), True))
+
+    def last_part_delta(self, b: int, item_delta: np.ndarray, src: list | None = None) -> tuple:
         """What the last part changes in block ``b``'s merged counts, from one read of each part's block and no
         merge (:func:`~streamdp.kernels.segments.append_delta`; an append records it): ``(per user of the block,
         per split, whether its rows of each split replace a rating of the other)``; the per-item change is added
-        into ``item_delta``."""
+        into ``item_delta``. ``src``: the block's :meth:`delta_sources`, when already read."""
         from streamdp.kernels.segments import append_delta
 
         first, end = self.block_range(b)
-        src = self._sources(b, lambda p, bb, s: (p.read_block(bb, s), True))
+        src = self.delta_sources(b) if src is None else src
         indptrs = np.stack([x[2] for x in src]).astype(np.int64, copy=False)
         sizes = np.array([len(x[3]) for x in src], np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -350,6 +355,10 @@ class SegmentedStore(RatingStore):
 
     def read_block_unchecked(self, b: int, split: str = "train"):
         return self._merged(b, split, _unchecked)
+
+    def read_block_items(self, b: int, split: str = "train") -> Block:
+        """:meth:`read_block` without the ratings (each part's read whole: a merge needs them)."""
+        return self.read_block(b, split)._replace(ratings=np.empty(0, np.float32))
 
     def block_nnz(self, split: str = "train") -> np.ndarray:
         nnz = self._nnz.get(split)

@@ -339,7 +339,7 @@ class RatingStore:
         if why:
             raise self._damaged(f"{split}/indptr", b, why)
 
-    def _check_values(self, split: str, b: int, items: np.ndarray, ratings: np.ndarray) -> None:
+    def _check_values(self, split: str, b: int, items: np.ndarray, ratings: np.ndarray | None) -> None:
         """Item indices within ``[0, n_items)``; ratings finite and inside the store's rating range.
 
         Four vectorized min/max reductions (and two scalar ``isfinite``: a store whose recorded
@@ -356,6 +356,8 @@ class RatingStore:
         lo, hi = int(items.min()), int(items.max())
         if lo < 0 or hi >= n:
             raise self._damaged(f"{split}/items", b, f"item index {lo if lo < 0 else hi} outside [0, {n})")
+        if ratings is None:  # not read (:meth:`read_block_items`)
+            return
         rlo, rhi = np.float32(self.info.rating_min), np.float32(self.info.rating_max)
         a, z = ratings.min(), ratings.max()
         if not (a >= rlo and z <= rhi and np.isfinite(a) and np.isfinite(z)):  # an inf range holds inf ratings
@@ -428,6 +430,35 @@ class RatingStore:
                 raise self._replaced() from None
             raise
         return Block(first, indptr - indptr[0], items, ratings), crc_ok
+
+    def read_block_items(self, b: int, split: str = "train") -> Block:
+        """Block ``b`` of ``split`` without its ratings (an empty array in their place): its row pointers and items,
+        checked as :meth:`read_block` checks them (the ratings' chunk files are read for the block's CRC32C, not
+        decoded); a block whose CRC does not match, or a store without CRCs, is read whole and checked so. For what
+        needs only which items each user rated (an append's commit: half the decoding)."""
+        sp = self._split(split)
+        r = sp["readers"]
+        if sp["crc"] is None or not isinstance(r["ratings"], ChunkReader):
+            return self.read_block(b, split)._replace(ratings=np.empty(0, np.float32))
+        try:
+            first, end = self.block_range(b)
+            crcs: list = []
+            indptr = np.asarray(r["indptr"].read(first, end + 1, crcs), dtype=np.int64)
+            self._check_indptr(split, b, indptr, sp)
+            start = int(sp["offsets"][b])
+            nnz = int(indptr[-1] - indptr[0])
+            items = _read_into(r["items"], start, start + nnz, crcs, None, np.int32)
+            r["ratings"].read_crcs(start, start + nnz, crcs)
+            ok = chunk_crcs_digest(crcs) == int(sp["crc"][b])
+            if ok:
+                self._check_values(split, b, items, None)
+        except StoreError:
+            if self.changed():
+                raise self._replaced() from None
+            raise
+        if not ok:  # bytes differ from those written (maybe re-encoded): the whole block and its digest decide
+            return self.read_block(b, split)._replace(ratings=np.empty(0, np.float32))
+        return Block(first, indptr - indptr[0], items, np.empty(0, np.float32))
 
     @property
     def has_times(self) -> bool:

@@ -130,6 +130,10 @@ def check_finite_ratings(b: int, ratings: np.ndarray) -> None:
 
 #: Written on every array of a store: chunks equal to the fill value are written too.
 _ARRAY_CONFIG = {"write_empty_chunks": True}
+#: Blocks of a split are gathered until they fill this many rating positions (or hold as many users), then written
+#: in one write per array (each Zarr write costs about a millisecond whatever its size: a segment of small blocks
+#: paid it per block); at most 16 bytes a position (items, ratings, times) or 8 a user are held.
+_FLUSH_RATINGS = DEFAULT_CHUNK_RATINGS
 #: The id arrays covered by the checksum of a store that has no ``checksum_ids``
 #: attribute (written before it was recorded): ``generate`` fills ``user_ids`` by
 #: slices, which were never hashed.
@@ -340,6 +344,10 @@ class _SplitWriter:
             rd = [ChunkReader.for_array(a, remote=False) for a in (self.indptr, self.items, self.ratings)]
             self.crc_readers = rd if all(r is not None for r in rd) else None
         self.chunk_crcs: list[list[int]] = []
+        # blocks written but not yet flushed to the arrays: (block, first user, row pointers, start, items,
+        # ratings, times); small blocks are gathered into one write of several chunks (see :meth:`_flush`)
+        self._pending: list[tuple] = []
+        self._pending_rows = 0
 
     def write(self, b: int, indptr: np.ndarray, items: np.ndarray, ratings: np.ndarray,
               digest: bytes | None = None, times: np.ndarray | None = None) -> None:
@@ -363,29 +371,15 @@ class _SplitWriter:
         start = self.padded
         end = start + nnz
         padded_end = -(-end // self.chunk) * self.chunk
-        if padded_end > self.items.shape[0]:
-            self.items.resize((padded_end,))
-            self.ratings.resize((padded_end,))
-            if self.times is not None:
-                self.times.resize((padded_end,))
-        if nnz:
-            # Write whole chunks: pad the tail of the block's last chunk ourselves.
-            pad = padded_end - end
-            self.items[start:padded_end] = np.concatenate([items, np.full(pad, ITEM_PAD, np.int32)])
-            self.ratings[start:padded_end] = np.concatenate([ratings, np.zeros(pad, np.float32)])
-            if self.times is not None:
-                times = np.asarray(times, np.int64)
-                self.times[start:padded_end] = np.concatenate([times, np.zeros(pad, np.int64)])
+        if times is not None:
+            times = np.asarray(times, np.int64)
+            if nnz:
                 lo, hi = int(times.min()), int(times.max())
                 a, z = self.time_span
                 self.time_span = [lo if a is None else min(a, lo), hi if z is None else max(z, hi)]
-        if self.times is not None:
             self.time_digests.append(times_digest(b, times))
-        self.indptr[first : first + n_local] = indptr[:-1] + self.nnz
-        if self.crc_readers is not None:  # the block's items and ratings chunks are final once written
-            C = self.chunk
-            chunks = range(start // C, (end - 1) // C + 1) if nnz else range(0)
-            self.chunk_crcs.append([r.chunk_crc(c) for r in self.crc_readers[1:] for c in chunks])
+        self._pending.append((b, first, indptr[:-1] + self.nnz, start, items, ratings, times))
+        self._pending_rows += max(padded_end - start, n_local)  # its row pointers are held too
         self.offsets[b] = start
         self.digests.append(digest if digest is not None else block_digest(b, indptr, items, ratings))
         if self.item_stats is not None:
@@ -394,10 +388,55 @@ class _SplitWriter:
         self.padded = padded_end
         self.offsets[b + 1] = padded_end
         self.next_block += 1
+        if self._pending_rows >= _FLUSH_RATINGS:
+            self._flush()
+        else:  # kept until the next flush: copies, not views of the caller's (maybe much larger) arrays
+            self._pending[-1] = self._pending[-1][:4] + tuple(None if x is None else x.copy()
+                                                              for x in (items, ratings, times))
+
+    def _flush(self) -> None:
+        """Write the pending blocks: one write of their items, ratings (and times), each block's tail padded to
+        whole chunks, and one of their row pointers; then the CRCs of their chunk files (final once written).
+
+        A store's arrays grow by doubling (their shape is a metadata write of Zarr's each time: once per block cost
+        as much as writing a small block) and are cut to their size when the split is closed."""
+        if not self._pending:
+            return
+        s0, end = self._pending[0][3], self.padded
+        if end > self.items.shape[0]:
+            size = max(end, 2 * self.items.shape[0])
+            for a in (self.items, self.ratings, self.times):
+                if a is not None:
+                    a.resize((size,))
+        if end > s0:
+            buf_i = np.full(end - s0, ITEM_PAD, np.int32)
+            buf_r = np.zeros(end - s0, np.float32)
+            buf_t = np.zeros(end - s0, np.int64) if self.times is not None else None
+            for _, _, _, start, items, ratings, times in self._pending:
+                buf_i[start - s0:start - s0 + len(items)] = items
+                buf_r[start - s0:start - s0 + len(ratings)] = ratings
+                if buf_t is not None:
+                    buf_t[start - s0:start - s0 + len(times)] = times
+            self.items[s0:end] = buf_i
+            self.ratings[s0:end] = buf_r
+            if buf_t is not None:
+                self.times[s0:end] = buf_t
+        u0 = self._pending[0][1]
+        self.indptr[u0:u0 + sum(len(x[2]) for x in self._pending)] = np.concatenate([x[2] for x in self._pending])
+        if self.crc_readers is not None:  # the blocks' items and ratings chunks are final once written
+            C = self.chunk
+            for _, _, _, start, items, _, _ in self._pending:
+                chunks = range(start // C, (start + len(items) - 1) // C + 1) if len(items) else range(0)
+                self.chunk_crcs.append([r.chunk_crc(c) for r in self.crc_readers[1:] for c in chunks])
+        self._pending, self._pending_rows = [], 0
 
     def close(self, n_blocks: int) -> None:
         if self.next_block != n_blocks:
             raise ValueError(f"only {self.next_block} of {n_blocks} blocks were written")
+        self._flush()
+        for a in (self.items, self.ratings, self.times):
+            if a is not None and a.shape[0] != self.padded:  # the slack of the last doubling: no chunk written there
+                a.resize((self.padded,))
         self.indptr[self.n_users : self.n_users + 1] = np.array([self.nnz], dtype=np.int64)
         if self.item_stats is not None:
             n = max(1, min(self.n_items, 1 << 20))
