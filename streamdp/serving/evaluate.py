@@ -226,7 +226,7 @@ def _measure(m, released, st, ridge: float, *, lists_only: bool, baselines: bool
         width = 3 + 2 * len(BASELINES) if baselines else 3
         tot = eng.map_reduce(fn, _add, np.zeros(width + (rank.part_size if rank is not None else 0)),
                              extra_per_block=(8 * rank.part_size + TILE_BYTES + 16 * n) if rank is not None else 0,
-                             desc="evaluate", keeps_blocks=False)
+                             desc="evaluate")
     return tot, width, rank, source
 
 

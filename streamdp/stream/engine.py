@@ -11,7 +11,8 @@ method should make on its own:
   block order, bit-identical;
 * **memory**: at most :attr:`Engine.in_flight` blocks are read-but-not-combined, from
   ``memory_limit`` minus what the process uses (RSS or baseline, declared item-side state,
-  Numba's code), over the largest block; locally ``workers`` further blocks are prefetched;
+  Numba's code), over the largest block; locally ``workers`` further blocks are prefetched
+  (into reused arrays for a pass whose results keep nothing of them: :class:`_ReadBuffers`);
 * **progress**: a bar of each pass's blocks on a terminal (:mod:`streamdp.progress`);
 * **determinism**: partials are combined strictly in block order, so the result is the
   same for 1 or N workers and on a cluster; randomness comes from per-block generators;
