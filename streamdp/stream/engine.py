@@ -148,13 +148,15 @@ class _ReadBuffers:
     (busy machine), ``read_block`` took 11-12 ns of CPU per rating so, 7.5-8 ns into reused
     arrays, 3.5 ns without the per-block mappings. A pass holds at most as many pairs as
     blocks in flight, each of the largest block's size (what the budget counts per block).
-    A pair goes back to the pool once ``fn`` returned, only if nothing else refers to it (a
-    view of the block's arrays kept in the result: that pair is dropped, never overwritten).
+    A pair goes back to the pool once ``fn`` returned, only if nothing refers to it that did
+    not when it was read (a view of the block's arrays kept in the result: that pair is
+    dropped, never overwritten).
     """
 
     def __init__(self, size: int):
         self.size = size
         self.free: list = []
+        self.lent: dict = {}  # id of a lent item array -> the references counted when its block was read
         self.lock = threading.Lock()
 
     @classmethod
@@ -170,20 +172,34 @@ class _ReadBuffers:
             pair = self.free.pop() if self.free else None
         if pair is None:
             pair = (np.empty(self.size, np.int32), np.empty(self.size, np.float32))
-        return read(b, split, into=lambda indptr: pair)
+        blk = read(b, split, into=lambda indptr: pair)
+        del pair
+        if self._ours(blk):
+            refs = _references(blk)  # counted as release counts them: the same code, whatever the interpreter
+            with self.lock:
+                self.lent[id(blk.items.base)] = refs
+        return blk
 
     def release(self, blk) -> None:
-        """Take back the arrays of ``blk`` (a block :meth:`read` returned) when nothing but ``blk`` refers to them."""
-        if blk is None:
+        """Take back the arrays of ``blk`` (a block :meth:`read` returned) when nothing refers to them that did
+        not when it was read (a view of them kept in ``fn``'s result: the pair is dropped)."""
+        if blk is None or not self._ours(blk):
             return
-        items, ratings = blk.items.base, blk.ratings.base
-        if items is None or ratings is None or len(items) != self.size or len(ratings) != self.size:
-            return
-        # referents: the block's view of each array, the local name and the call's argument (a kept view adds one)
-        if sys.getrefcount(items) == 3 and sys.getrefcount(ratings) == 3 and \
-                sys.getrefcount(blk.items) == 2 and sys.getrefcount(blk.ratings) == 2:
+        with self.lock:
+            refs = self.lent.pop(id(blk.items.base), None)
+        if refs is not None and _references(blk) == refs:
             with self.lock:
-                self.free.append((items, ratings))
+                self.free.append((blk.items.base, blk.ratings.base))
+
+    def _ours(self, blk) -> bool:
+        items, ratings = blk.items.base, blk.ratings.base
+        return items is not None and ratings is not None and len(items) == self.size and len(ratings) == self.size
+
+
+def _references(blk) -> tuple:
+    """The reference counts of a block's item and rating arrays and of the arrays they are views of."""
+    return (sys.getrefcount(blk.items.base), sys.getrefcount(blk.ratings.base), sys.getrefcount(blk.items),
+            sys.getrefcount(blk.ratings))
 
 
 class Engine:

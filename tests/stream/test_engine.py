@@ -310,10 +310,12 @@ def test_blocks_read_into_reused_arrays_give_the_same_partials_and_keep_a_kept_v
         with Engine(small_store, workers=1, memory_limit="4GB") as eng:
             eng.blocks_in_flight = lambda *a, **k: 1  # one block at a time: each read after the last one's release
             got = eng.map_reduce(_gram_fn(V, small_store.n_items), _add, np.zeros_like(ref), keeps_blocks=False)
-            kept = eng.map_reduce(lambda blk, b: [blk.items[:5]], lambda a, x: a + x, [], keeps_blocks=False)
+            kept = eng.map_reduce(lambda blk, b: [(blk.items[:5], blk.ratings)], lambda a, x: a + x, [],
+                                  keeps_blocks=False)
     finally:
         E._ReadBuffers.read = orig
     assert np.array_equal(got, ref)
     assert made[:small_store.n_blocks] == [True] + [False] * (small_store.n_blocks - 1)  # one pair, reused
-    for b, part in enumerate(kept):
-        assert np.array_equal(part, small_store.read_block(b).items[:5])
+    for b, (items, ratings) in enumerate(kept):  # a view of a block's arrays, or the block's own array, kept
+        blk = small_store.read_block(b)
+        assert np.array_equal(items, blk.items[:5]) and np.array_equal(ratings, blk.ratings)
