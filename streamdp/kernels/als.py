@@ -1,5 +1,8 @@
 """The item side of one ALS iteration over a user block: clipped user rows, targets, sums.
 
+:func:`training_residuals` forms a block's training ratings and residuals (the user
+solves' input) in one pass.
+
 After each user of a block has solved their own row ``[u_i, c_i]`` (factor and
 intercept) against the released item factors
 (:func:`streamdp.kernels.linalg.solve_users_huber`, the same kernel a user's device
@@ -30,6 +33,58 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def training_residuals(indptr, items, ratings, v, start, lo, hi, mu, bias, with_target, tr_indptr, tr_items, resid,
+                       target):
+    """A block's training ratings and their residuals in one pass; returns their number.
+
+    User ``u``'s ratings at offsets ``(start[u] + j (n // v[u])) % n``, ``j < v[u]``, are held
+    out (:func:`streamdp.kernels.csr.holdout_strided`'s rule; ``v`` empty: none); the rest
+    are written in order: ``tr_indptr`` (``n_users + 1``), their items ``tr_items`` and
+    ``resid = clip(r, lo, hi) - mu - bias[j]`` (``lo``, ``hi`` float32: the rating is
+    clipped in float32, then widened, as ``np.clip`` and
+    :func:`streamdp.kernels.linalg.residuals` in turn), and with ``with_target``
+    ``target = resid + bias[j]``. The same bits as that copy, clip, residual and sum, with
+    one read of the block and no array of its own.
+    """
+    hold = len(v) > 0
+    cap = 1
+    if hold:
+        for u in range(len(indptr) - 1):
+            cap = max(cap, v[u])
+    held = np.empty(cap + 1, dtype=np.int64)
+    a = 0
+    tr_indptr[0] = 0
+    for u in range(len(indptr) - 1):
+        s = indptr[u]
+        n = indptr[u + 1] - s
+        k = v[u] if hold else 0
+        if k > 0:  # distinct offsets (j (n // k) < n), sorted here: the kept runs between them are copied
+            step = n // k
+            for j in range(k):
+                h = s + (start[u] + j * step) % n
+                i = j
+                while i > 0 and held[i - 1] > h:
+                    held[i] = held[i - 1]
+                    i -= 1
+                held[i] = h
+        held[k] = s + n
+        p = s
+        for j in range(k + 1):
+            q = held[j]
+            for i in range(p, q):
+                it = items[i]
+                x = min(max(ratings[i], lo), hi) - mu - bias[it]
+                tr_items[a + i - p] = it
+                resid[a + i - p] = x
+                if with_target:
+                    target[a + i - p] = x + bias[it]
+            a += q - p
+            p = q + 1
+        tr_indptr[u + 1] = a
+    return a
 
 
 @njit(cache=True, nogil=True)

@@ -49,7 +49,8 @@ from typing import Literal
 import numpy as np
 
 from streamdp.errors import ParameterError
-from streamdp.kernels.als import als_accumulate, symmetrize_upper, unpack_upper
+from streamdp.memory import BufferPool
+from streamdp.kernels.als import als_accumulate, symmetrize_upper, training_residuals, unpack_upper
 from streamdp.kernels.linalg import residuals, selection_losses, solve_users_huber
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
@@ -1036,9 +1037,17 @@ class _AlsBase(Method):
         seed = run.entropy
         tilted = bool(private and s.rating_tilt)
 
+        pool = BufferPool()  # the blocks' ratings in float64 and weights, reused from block to block
+
         def fn(block, b):
-            ip, it, r = _training(block, s, seed)
-            r = np.clip(r.astype(np.float64), lo, hi)
+            with pool.take() as buf:
+                return totals(block, buf)
+
+        def totals(block, buf):
+            ip, it, r32 = _training(block, s, seed)
+            r = buf("r", len(r32), np.float64)
+            r[:] = r32
+            np.clip(r, lo, hi, out=r)
             cnt = np.diff(ip)
             has = cnt > 0
             sums = np.add.reduceat(r, ip[:-1][has]) if has.any() else np.zeros(0)
@@ -1048,23 +1057,24 @@ class _AlsBase(Method):
             if n:
                 if private:
                     w = contribution_weights(ip, it, rule=rule, tau=s.tau, norm=s.norm, first_user=block.first_user,
-                                             seed=seed)
+                                             seed=seed, out=buf("w", len(it), np.float64))
                     wt = w if not s.rating_tilt else contribution_weights(
                         ip, it, rule=rule, tau=s.tau, norm=s.norm, first_user=block.first_user, seed=seed,
                         scales=rating_scales(r, hi, s.half_range, s.rating_tilt))
                 else:
                     w = wt = np.ones(len(it))
-                e = np.clip(r - np.repeat(umean, cnt), -c, c)
+                e = np.subtract(r, np.repeat(umean, cnt), out=buf("e", len(r), np.float64))
+                np.clip(e, -c, c, out=e)
                 if centre is not None:  # a user with one rating: her rating against the released global mean
                     one = np.repeat(cnt == 1, cnt)
                     e[one] = np.clip(r[one] - centre, -c, c)
-                out[:n] = np.bincount(it, weights=w * e, minlength=n)
+                out[:n] = np.bincount(it, weights=np.multiply(w, e, out=e), minlength=n)
                 # a residual centred on the user's own mean carries (1 - 1/n_i) of its item's offset (the rest is
                 # the user's other items'): counted so, S_j / C_j estimates the offset itself, and a user with one
                 # rating (residual 0) no longer dilutes it (means; als keeps w_ij, its users' intercepts absorb the
                 # level, and a one-rating user gives clip(r - mu, c), see _statistics)
                 carried = np.repeat(1.0 - 1.0 / np.maximum(cnt, 1), cnt) if centred else 1.0
-                out[n:2 * n] = np.bincount(it, weights=w * carried, minlength=n)
+                out[n:2 * n] = np.bincount(it, weights=np.multiply(w, carried, out=e), minlength=n)
                 if tilted:
                     out[2 * n + 2:] = np.bincount(it, weights=wt * carried, minlength=n)
             if cap == 1.0:
@@ -1077,7 +1087,7 @@ class _AlsBase(Method):
             return out
 
         tot = engine.map_reduce(fn, _add, np.zeros(3 * n + 2 if tilted else 2 * n + 2),
-                                extra_per_block=24 * n + 64 * store.block_users, desc=desc)
+                                extra_per_block=24 * n + 64 * store.block_users, desc=desc, keeps_blocks=False)
         C = tot[n:2 * n]
         return tot[:n], C, tot[2 * n], tot[2 * n + 1], (tot[2 * n + 2:] if tilted else C)
 
@@ -1151,7 +1161,7 @@ class _AlsBase(Method):
         """``[B, A, G, users clipped, users, weight totals or None]``: one iteration's exact item-side sums."""
         fn, combine, per_block = self._iteration_pass(store, run, s, mu, bias, V, C, d, validation=validation)
         return self._iteration_finish(store, s, engine.map_reduce(fn, combine, None, extra_per_block=per_block,
-                                                                  desc=desc))
+                                                                  desc=desc, keeps_blocks=False))
 
     def _iteration_finish(self, store, s, acc):
         if acc is None:
@@ -1172,29 +1182,27 @@ class _AlsBase(Method):
         Cn = np.maximum(C, 0.0)
         wcounts = s.weight_counts
         fit_bias = s.fit_bias
+        pool = BufferPool()  # the blocks' training ratings and residuals, reused from block to block
 
         def fn(block, b):
-            ip, it, r = _training(block, s, seed, factors=validation)
-            it = np.ascontiguousarray(it, dtype=np.int32)
-            r = np.clip(r, np.float32(lo), np.float32(hi))
-            resid = np.empty(len(it), np.float64)
-            residuals(it, r, float(mu), bias64, resid)
-            # item-side target: with the biases refitted jointly, the old bias is not subtracted
-            target = resid + bias64[it] if fit_bias else resid
-            U = np.zeros((block.n_users, k + 1))
-            solve_users_huber(ip, it, resid, Q, float(s.ridge), int(s.irls_iters), float(s.huber_delta), U)
-            if private:
-                w = contribution_weights(ip, it, rule=s.sampling, tau=s.tau, norm=s.norm,
-                                         first_user=block.first_user, seed=seed, item_counts=Cn,
-                                         exponent=s.adaptive_exponent)
-            else:
-                w = np.ones(len(it))
-            B = np.zeros((n, d))
-            A = np.zeros((n, npk) if item_mode else (0, npk))
-            G = np.zeros((0, 0) if item_mode else (d, d))
-            clipped = als_accumulate(ip, it, target, w, U, float(s.clip), float(s.residual_clip), 1.0, B, A, G)
-            extra = np.bincount(it, weights=w, minlength=n) if wcounts else None
-            return [B, A, G, clipped, int((np.diff(ip) > 0).sum()), extra]
+            with pool.take() as buf:
+                ip, it, resid, target = _training_residuals(block, s, seed, validation, lo, hi, mu, bias64,
+                                                            fit_bias, buf)
+                U = buf("U", block.n_users * (k + 1), np.float64).reshape(block.n_users, k + 1)  # every row written
+                solve_users_huber(ip, it, resid, Q, float(s.ridge), int(s.irls_iters), float(s.huber_delta), U)
+                w = buf("w", len(it), np.float64)
+                if private:
+                    w = contribution_weights(ip, it, rule=s.sampling, tau=s.tau, norm=s.norm,
+                                             first_user=block.first_user, seed=seed, item_counts=Cn,
+                                             exponent=s.adaptive_exponent, out=w)
+                else:
+                    w[:] = 1.0
+                B = np.zeros((n, d))
+                A = np.zeros((n, npk) if item_mode else (0, npk))
+                G = np.zeros((0, 0) if item_mode else (d, d))
+                clipped = als_accumulate(ip, it, target, w, U, float(s.clip), float(s.residual_clip), 1.0, B, A, G)
+                extra = np.bincount(it, weights=w, minlength=n) if wcounts else None
+                return [B, A, G, clipped, int((np.diff(ip) > 0).sum()), extra]
 
         def combine(acc, part):
             if acc is None:
@@ -1222,7 +1230,7 @@ class _AlsBase(Method):
             return s.default_candidate, None, None
         fn, per_block = self._selection_pass(store, run, s, mu, bias0, bias, V)
         tot = engine.map_reduce(fn, _add, np.zeros(len(s.candidates) + 3), extra_per_block=per_block,
-                                desc=f"{self.name} selection")
+                                desc=f"{self.name} selection", keeps_blocks=False)
         return self._selection_release(run, s, rel, tot)
 
     def _select_riding(self, store, engine, run, s, rel, mu, bias0, bias, V, C, d, t):
@@ -1246,7 +1254,7 @@ class _AlsBase(Method):
             return part if acc is None else (it_combine(acc[0], part[0]), _add(acc[1], part[1]))
 
         acc = engine.map_reduce(fn, combine, None, extra_per_block=it_bytes + sel_bytes,
-                                desc=f"{self.name} selection + iteration {t + 1}/{s.iters}")
+                                desc=f"{self.name} selection + iteration {t + 1}/{s.iters}", keeps_blocks=False)
         if acc is None:
             raise ParameterError(f"{store.path}: the training split has no users")
         return self._selection_release(run, s, rel, acc[1]), self._iteration_finish(store, s, acc[0])
@@ -1528,6 +1536,25 @@ def _training(block, s, seed, factors: bool = False):
     if not s.select or (s.private and not factors):
         return block.indptr, block.items, block.ratings
     return holdout(block.indptr, block.items, block.ratings, block.first_user, seed % (1 << 64))[0]
+
+
+def _training_residuals(block, s, seed, factors: bool, lo, hi, mu, bias64, fit_bias: bool, buf):
+    """``(indptr, items, residuals, item-side targets)`` of :func:`_training`'s ratings, clipped to ``[lo, hi]``,
+    in one compiled pass into ``buf``'s arrays (:class:`~streamdp.memory.BufferPool`): residuals
+    ``r - mu - bias_j``; targets the same, or with the biases refitted jointly (``fit_bias``) ``r - mu`` (the old
+    bias is not subtracted)."""
+    ip, nnz = block.indptr, len(block.items)
+    if s.select and (factors or not s.private):
+        v, start = holdout_strides(ip, block.first_user, seed % (1 << 64))
+    else:
+        v = start = np.zeros(0, np.int64)
+    tip = buf("indptr", len(ip), np.int64)
+    it = buf("items", nnz, np.int32)
+    resid = buf("resid", nnz, np.float64)
+    target = buf("target", nnz if fit_bias else 0, np.float64)
+    m = training_residuals(np.asarray(ip, np.int64), block.items, block.ratings, v, start, np.float32(lo),
+                           np.float32(hi), float(mu), bias64, fit_bias, tip, it, resid, target)
+    return tip, it[:m], resid[:m], target[:m] if fit_bias else resid[:m]
 
 
 def _weights_text(s) -> str:

@@ -181,6 +181,14 @@ def _row_norms_kernel(indptr, values, out):  # pragma: no cover - numba
 
 
 @njit(cache=True, nogil=True)
+def _repeat_rows_kernel(indptr, per_row, out):  # pragma: no cover - numba
+    for u in range(indptr.shape[0] - 1):
+        f = per_row[u]
+        for j in range(indptr[u], indptr[u + 1]):
+            out[j] = f
+
+
+@njit(cache=True, nogil=True)
 def _scale_rows_kernel(indptr, values, factors, out):  # pragma: no cover - numba
     for u in range(indptr.shape[0] - 1):
         f = factors[u]
@@ -197,7 +205,7 @@ SAMPLING_RULES = ("uniform", "tail", "adaptive")
 
 
 def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2", first_user: int = 0,
-                         seed: int = 0, item_counts=None, exponent: float = 0.0, scales=None) -> np.ndarray:
+                         seed: int = 0, item_counts=None, exponent: float = 0.0, scales=None, out=None) -> np.ndarray:
     """Per-rating weights ``c_ij`` bounding each user's contribution: ``||c_i||_2 <= sqrt(tau)`` or ``||c_i||_1 <= tau``.
 
     Rules (all public: they use only the user's own ratings, public parameters and
@@ -224,6 +232,8 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
 
     The bound is exact for ``uniform``/``tail`` (``min(n_i, tau)`` ones); for
     ``adaptive`` the weights are scaled by ``1 - 2^-40`` so rounding cannot exceed it.
+    ``out`` (float64, one per rating): the weights are written there and it is returned (a
+    pass's reused buffer: the same values, no array of their own).
 
     >>> ip, it = np.array([0, 4, 5]), np.array([0, 1, 2, 3, 0], np.int32)
     >>> w = contribution_weights(ip, it, rule="adaptive", tau=4)
@@ -250,7 +260,11 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
             raise ParameterError(f"--adaptive-exponent must be <= 0, got {exponent}")
         if exponent == 0.0 and scales is None:  # one weight per user, repeated over their ratings
             per_user = np.where(counts > 0, tau / np.maximum(counts, 1), 0.0)
-            return np.repeat(np.sqrt(per_user) if norm == "l2" else per_user, counts) * _F64_SAFETY
+            per_user = (np.sqrt(per_user) if norm == "l2" else per_user) * _F64_SAFETY
+            if out is None:
+                return np.repeat(per_user, counts)
+            _repeat_rows_kernel(indptr, per_user, out)
+            return out
         else:
             if item_counts is None and exponent != 0.0:
                 raise ParameterError("adaptive weights with a non-zero exponent need the noisy item counts")
@@ -268,7 +282,7 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
             else:
                 tot = np.add.reduceat(nj, starts) if starts.size else np.zeros(0)
                 w = tau * nj / np.repeat(tot, counts[counts > 0])
-        return w * _F64_SAFETY
+        return np.multiply(w, _F64_SAFETY, out=out)
     keys = np.empty(items.size, np.float64)
     hash_keys(np.int64(first_user), indptr, items, np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), keys)
     if rule == "tail":
@@ -276,7 +290,11 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
             raise ParameterError("--sampling tail needs the noisy item counts")
         # rarest first; the hash (in [0, 1)) only breaks ties between equal counts
         keys = np.floor(np.asarray(item_counts, np.float64)[items]) + keys
-    return trim_mask(indptr, keys, tau).astype(np.float64)
+    w = trim_mask(indptr, keys, tau)
+    if out is None:
+        return w.astype(np.float64)
+    out[:] = w
+    return out
 
 
 def row_norms(indptr, values) -> np.ndarray:

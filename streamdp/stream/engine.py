@@ -11,7 +11,8 @@ method should make on its own:
   block order, bit-identical;
 * **memory**: at most :attr:`Engine.in_flight` blocks are read-but-not-combined, from
   ``memory_limit`` minus what the process uses (RSS or baseline, declared item-side state,
-  Numba's code), over the largest block; locally ``workers`` further blocks are prefetched;
+  Numba's code), over the largest block; locally ``workers`` further blocks are prefetched
+  (into reused arrays for a pass whose results keep nothing of them: :class:`_ReadBuffers`);
 * **progress**: a bar of each pass's blocks on a terminal (:mod:`streamdp.progress`);
 * **determinism**: partials are combined strictly in block order, so the result is the
   same for 1 or N workers and on a cluster; randomness comes from per-block generators;
@@ -30,8 +31,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
+import functools
+import inspect
 import os
 import queue
+import sys
 import threading
 import weakref
 from typing import Any, Callable, Iterable, Sequence
@@ -133,6 +137,69 @@ def add_into(acc, part):
     """``acc += part``, returned: the in-place sum that most passes use as :meth:`Engine.map_reduce`'s ``combine``."""
     acc += part
     return acc
+
+
+class _ReadBuffers:
+    """A local pass's blocks read into item and rating arrays reused from one block to the next.
+
+    Under :func:`~streamdp.memory.unmap_large_frees` (a run whose window the memory limit
+    bounds) each block's arrays are fresh mappings, paid in page faults as they are decoded
+    into and unmapped when freed: measured on 1M-rating blocks of the 100M store, one thread
+    (busy machine), ``read_block`` took 11-12 ns of CPU per rating so, 7.5-8 ns into reused
+    arrays, 3.5 ns without the per-block mappings. A pass holds at most as many pairs as
+    blocks in flight, each of the largest block's size (what the budget counts per block).
+    A pair goes back to the pool once ``fn`` returned, only if nothing refers to it that did
+    not when it was read (a view of the block's arrays kept in the result: that pair is
+    dropped, never overwritten).
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self.free: list = []
+        self.lent: dict = {}  # id of a lent item array -> the references counted when its block was read
+        self.lock = threading.Lock()
+
+    @classmethod
+    def of(cls, engine, split: str):
+        """The pool of a pass over ``split``, or ``None`` when the store reads no blocks into given arrays."""
+        if "into" not in inspect.signature(engine.store.read_block).parameters:
+            return None
+        nnz = engine.store.block_nnz(split)
+        return cls(int(nnz.max()) if len(nnz) else 0)
+
+    def read(self, read, b: int, split: str):
+        with self.lock:
+            pair = self.free.pop() if self.free else None
+        if pair is None:
+            pair = (np.empty(self.size, np.int32), np.empty(self.size, np.float32))
+        blk = read(b, split, into=lambda indptr: pair)
+        del pair
+        if self._ours(blk):
+            refs = _references(blk)  # counted as release counts them: the same code, whatever the interpreter
+            with self.lock:
+                self.lent[id(blk.items.base)] = refs
+        return blk
+
+    def release(self, blk) -> None:
+        """Take back the arrays of ``blk`` (a block :meth:`read` returned) when nothing refers to them that did
+        not when it was read (a view of them kept in ``fn``'s result: the pair is dropped)."""
+        if blk is None or not self._ours(blk):
+            return
+        with self.lock:
+            refs = self.lent.pop(id(blk.items.base), None)
+        if refs is not None and _references(blk) == refs:
+            with self.lock:
+                self.free.append((blk.items.base, blk.ratings.base))
+
+    def _ours(self, blk) -> bool:
+        items, ratings = blk.items.base, blk.ratings.base
+        return items is not None and ratings is not None and len(items) == self.size and len(ratings) == self.size
+
+
+def _references(blk) -> tuple:
+    """The reference counts of a block's item and rating arrays and of the arrays they are views of."""
+    return (sys.getrefcount(blk.items.base), sys.getrefcount(blk.ratings.base), sys.getrefcount(blk.items),
+            sys.getrefcount(blk.ratings))
 
 
 class Engine:
@@ -270,7 +337,7 @@ class Engine:
     # -- passes ------------------------------------------------------------------------
     def map_reduce(self, fn: Callable[[Block, int], Any], combine: Callable[[Any, Any], Any], init: Any, *,
                    split: str | None = "train", blocks: Iterable[int] | None = None, extra_per_block: int = 0,
-                   desc: str = "pass", show: bool | None = None) -> Any:
+                   desc: str = "pass", show: bool | None = None, keeps_blocks: bool = True) -> Any:
         """``combine(...combine(combine(init, fn(B0, 0)), fn(B1, 1))..., fn(Bn, n))`` in block order.
 
         ``fn(block, b)`` runs on a worker (it must not mutate shared state; on a
@@ -282,11 +349,17 @@ class Engine:
         ``split=None``: the engine reads nothing and ``fn(None, b)`` reads what it needs
         itself (``streamdp verify`` reads both splits unchecked); the budget is then
         sized by the train blocks plus ``extra_per_block``.
+        ``keeps_blocks=False`` promises that ``fn``'s result holds nothing of its block (no view
+        of its arrays): a local pass then reads the blocks into arrays reused from block to
+        block (:class:`_ReadBuffers`).
         """
         order = list(range(self.n_blocks)) if blocks is None else [int(b) for b in blocks]
         window = self.blocks_in_flight(split or "train", extra_per_block)
         acc = init
-        run = self._run_distributed if self._client is not None else self._run_local
+        if self._client is not None:
+            run = self._run_distributed
+        else:
+            run = functools.partial(self._run_local, reuse=not keeps_blocks)
         # closing(): on an error or Ctrl-C in `combine` the pass stops (and its workers finish) here and
         # now, not whenever the traceback that holds the generator is freed
         with progress(total=len(order), desc=desc, unit="block", show=show) as bar, \
@@ -332,17 +405,20 @@ class Engine:
                 bar.update(1)
         return out
 
-    def _run_local(self, fn, order, split, window):
+    def _run_local(self, fn, order, split, window, reuse: bool = False):
         """The pass as one graph on Dask's threaded scheduler (:func:`pass_graph`); ``(b, part)`` yielded in order.
 
         The graph runs in a driver thread on a pool of ``2 x workers + 1`` threads (``workers`` computing and
         ``workers`` reading ahead at most, one handing over); each block's result waits for the caller to have
         consumed it (``yield`` returned) before the block ``window`` places later may be read, so at most ``window``
-        blocks are read-but-not-combined.
+        blocks are read-but-not-combined. ``reuse``: the blocks are read into :class:`_ReadBuffers`.
         """
         import dask.threaded
 
         read = self.store.read_block if split is not None else (lambda b, split: None)
+        reads = _ReadBuffers.of(self, split) if reuse and split is not None else None
+        if reads is not None:
+            read = functools.partial(reads.read, read)
         inner, w = self.inner_threads, self.workers
         computing, reading = threading.BoundedSemaphore(w), threading.BoundedSemaphore(w)
         handed: queue.Queue = queue.Queue()
@@ -358,7 +434,10 @@ class Engine:
                 if stop.is_set():
                     return None
                 with numba_threads(inner):
-                    return fn(blk, b)
+                    part = fn(blk, b)
+                if reads is not None:
+                    reads.release(blk)
+                return part
 
         def hand_task(i, b, part, _prev):
             if stop.is_set():

@@ -164,3 +164,34 @@ def test_the_users_order_is_the_items_order_within_1e_12(k, d, a_one):
         out.append((B, A))
     for got, want in zip(*out):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("hold,with_target", [(True, False), (True, True), (False, False), (False, True)])
+def test_training_residuals_is_the_holdout_clip_and_residual_it_fuses(hold, with_target):
+    """The same bits as holdout's copy, ``np.clip`` in float32, ``residuals`` and ``resid + bias[it]`` in turn."""
+    from streamdp.kernels.als import training_residuals
+    from streamdp.kernels.linalg import residuals
+    from streamdp.methods._selection import holdout, holdout_strides
+
+    rng = np.random.default_rng(3)
+    cnt = rng.integers(0, 30, size=200)
+    ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    it = rng.integers(0, 50, size=ip[-1]).astype(np.int32)
+    r = rng.uniform(0.0, 6.0, size=ip[-1]).astype(np.float32)
+    bias, mu, lo, hi = rng.normal(size=50), 3.1, 0.7, 5.3
+    if hold:
+        (tip, tit, tr), _ = holdout(ip, it, r, 1000, key=11)
+        v, start = holdout_strides(ip, 1000, 11)
+    else:
+        tip, tit, tr = ip, it, r
+        v = start = np.zeros(0, np.int64)
+    ref = np.empty(len(tit))
+    residuals(tit, np.clip(tr, np.float32(lo), np.float32(hi)), mu, bias, ref)
+    oip, oit = np.empty(len(ip), np.int64), np.full(len(it), -1, np.int32)
+    resid, target = np.empty(len(it)), np.empty(len(it) if with_target else 0)
+    m = training_residuals(ip, it, r, v, start, np.float32(lo), np.float32(hi), mu, bias, with_target, oip, oit,
+                           resid, target)
+    assert m == len(tit) and np.array_equal(oip, tip) and np.array_equal(oit[:m], tit)
+    assert resid[:m].tobytes() == ref.tobytes()
+    if with_target:
+        assert target[:m].tobytes() == (ref + bias[tit]).tobytes()

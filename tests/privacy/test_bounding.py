@@ -230,3 +230,20 @@ def test_scales_lean_a_users_weights_and_need_the_adaptive_rule():
         contribution_weights(ip, items, rule="uniform", tau=9, scales=scales)
     with pytest.raises(ParameterError, match="positive"):
         contribution_weights(ip, items, rule="adaptive", tau=9, scales=np.r_[scales[:4], 0.0])
+
+
+@pytest.mark.parametrize("rule,exponent,norm", [("adaptive", 0.0, "l2"), ("adaptive", 0.0, "l1"),
+                                                 ("adaptive", -0.5, "l2"), ("uniform", 0.0, "l2"),
+                                                 ("tail", 0.0, "l2")])
+def test_contribution_weights_into_a_given_array_are_the_same(rule, exponent, norm):
+    rng = np.random.default_rng(5)
+    cnt = rng.integers(0, 12, size=60)
+    ip = np.r_[0, np.cumsum(cnt)]
+    it = rng.integers(0, 30, size=ip[-1]).astype(np.int32)
+    kw = dict(rule=rule, tau=4, norm=norm, first_user=7, seed=9, item_counts=rng.uniform(1, 50, 30),
+              exponent=exponent)
+    from streamdp.privacy.bounding import contribution_weights
+
+    out = np.full(ip[-1] + 3, np.nan)[:ip[-1]]
+    got = contribution_weights(ip, it, **kw, out=out)
+    assert got is out and got.tobytes() == contribution_weights(ip, it, **kw).tobytes()

@@ -289,3 +289,33 @@ def test_a_generator_read_in_part_does_not_hold_the_interpreter(tmp_path, how):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split()
     assert int(lines[0]) > 0 and (how == "keep" or lines[1] == "0"), r.stdout
+
+
+def test_blocks_read_into_reused_arrays_give_the_same_partials_and_keep_a_kept_view(small_store):
+    """``keeps_blocks=False``: the blocks come in reused arrays (fewer than the blocks), the same partials in the same
+    order; a pass whose parts hold views of their blocks (breaking the promise) still gets each its own block."""
+    from streamdp.stream import engine as E
+
+    V = np.random.default_rng(0).normal(size=(small_store.n_items, 3))
+    ref = _in_memory_gram(small_store, V)
+    made = []
+    orig = E._ReadBuffers.read
+
+    def counted(self, read, b, split):
+        made.append(len(self.free) == 0)
+        return orig(self, read, b, split)
+
+    E._ReadBuffers.read = counted
+    try:
+        with Engine(small_store, workers=1, memory_limit="4GB") as eng:
+            eng.blocks_in_flight = lambda *a, **k: 1  # one block at a time: each read after the last one's release
+            got = eng.map_reduce(_gram_fn(V, small_store.n_items), _add, np.zeros_like(ref), keeps_blocks=False)
+            kept = eng.map_reduce(lambda blk, b: [(blk.items[:5], blk.ratings)], lambda a, x: a + x, [],
+                                  keeps_blocks=False)
+    finally:
+        E._ReadBuffers.read = orig
+    assert np.array_equal(got, ref)
+    assert made[:small_store.n_blocks] == [True] + [False] * (small_store.n_blocks - 1)  # one pair, reused
+    for b, (items, ratings) in enumerate(kept):  # a view of a block's arrays, or the block's own array, kept
+        blk = small_store.read_block(b)
+        assert np.array_equal(items, blk.items[:5]) and np.array_equal(ratings, blk.ratings)

@@ -168,3 +168,22 @@ def test_als_with_20k_items_trains_within_512MB(tmp_path):
           f"baseline {r['baselines'][0] / 1e6:.0f} MB, {r['seconds']:.0f}s")
     assert r["peak_rss"] < 512e6, r
     assert r["baselines"][0] <= 200e6, r
+
+
+def test_buffer_pool_reuses_a_set_per_holder_and_pickles_empty():
+    import pickle
+
+    import numpy as np
+
+    from streamdp.memory import BufferPool
+
+    pool = BufferPool()
+    with pool.take() as buf:
+        a = buf("x", 10, np.float64)
+        with pool.take() as other:  # a second holder at the same time gets a set of its own
+            assert not np.shares_memory(other("x", 10, np.float64), a)
+    with pool.take() as buf:
+        assert np.shares_memory(buf("x", 8, np.float64), a) and len(buf("x", 20, np.float64)) == 20
+    copy = pickle.loads(pickle.dumps(pool))
+    with copy.take() as buf:
+        assert len(buf("x", 3, np.int32)) == 3
