@@ -435,8 +435,10 @@ def test_evaluate_reports_lists_only_for_an_ials_model_on_ratings(small_store, t
 def test_item_floor_keeps_factors_and_pairs_to_items_above_it_at_no_privacy_cost(small_store):
     from streamdp.methods.ials import item_floor_count
 
-    _, f0 = _fit(small_store, epsilon=8.0, iters=2, select="off", item_floor=0, item_weights="uniform")
-    m, f = _fit(small_store, epsilon=8.0, iters=2, select="off", item_floor=3, item_weights="uniform")
+    # every rating a pair (private runs default to --preference above): a heavy user's pairs reach tau
+    kw = dict(epsilon=8.0, iters=2, select="off", item_weights="uniform", preference="binary")
+    _, f0 = _fit(small_store, item_floor=0, **kw)
+    m, f = _fit(small_store, item_floor=3, **kw)
     s = m.plan(small_store).settings
     floor = item_floor_count(s, m.plan(small_store).releases["rhs"].scale, m.rank)
     N = f.extras["noisy_item_weight"]

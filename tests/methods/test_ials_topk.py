@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -104,3 +106,21 @@ def test_a_resumed_run_keeps_its_chart(thin, tmp_path, interrupted_after_checkpo
     assert res.model_info["resumed_from_iteration"] == 1 and "chart" in res.model_info
     np.testing.assert_array_equal(res.extras["noisy_item_weight"], full.extras["noisy_item_weight"])
     np.testing.assert_array_equal(res.item_factors, full.item_factors)
+
+
+def test_the_preference_counts_every_rating_where_the_chart_is_a_top_k_selection(thin, small_store):
+    """Private runs on a rating store take ``--preference above`` (only liked ratings are pairs), except where the
+    chart is a top-K selection: there every rating counts (``binary``), as in non-private runs; a given one stands
+    (:func:`streamdp.methods.ials.default_preference`)."""
+    from streamdp.methods import get_method
+
+    def pref(st, epsilon, **kw):
+        m = get_method("ials")(epsilon=epsilon, delta=1e-6, seed=1, **kw)
+        return m.plan(st).settings.preference, "topk" in m.plan(st).releases
+
+    assert pref(thin, 1.0) == ("binary", True)
+    assert pref(thin, 10.0) == ("above", False)
+    assert pref(small_store, 1.0) == ("above", False)
+    assert pref(small_store, math.inf)[0] == "binary"
+    assert pref(small_store, 1.0, preference="binary")[0] == "binary"
+    assert pref(thin, 1.0, preference="above") == ("above", True)
