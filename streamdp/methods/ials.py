@@ -774,7 +774,7 @@ class IALS(Method):
         def fn(block, b):
             ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
             U = np.zeros((block.n_users, d))
-            ials_solve_users(ip, it, conf, Y, YtY, float(s.ridge), U)
+            ials_solve_users(ip, it, conf, Y, YtY, float(s.ridge), U, self.private)  # private: float32 tiles
             B = np.zeros((n, k))
             A = np.zeros((n, npk) if item_mode else (0, npk))
             G = np.zeros((d, d))

@@ -31,6 +31,19 @@ def test_user_solve_matches_the_reference(seed):
     assert not U[3].any()
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_user_solve_in_float32_tiles_is_the_reference_within_float32_rounding(seed):
+    """``tiles32`` (the private training's user solve): float32 tiles and BLAS, float64 factorization: the reference
+    within 1e-5 of the largest entry (float32 rounding: about 1e-7)."""
+    rng, ip, it, conf, Y = _block(seed)
+    YtY = Y.T @ Y
+    U = np.full((len(ip) - 1, Y.shape[1]), np.nan)
+    ials_solve_users(ip, it, conf, Y, YtY, 0.5, U, True)
+    want = ials_solve_users_reference(ip, it, conf, Y, YtY, 0.5)
+    assert np.abs(U - want).max() <= 1e-5 * np.abs(want).max()
+    assert not U[3].any()
+
+
 def test_user_solve_is_the_weighted_least_squares_over_every_item():
     # the Gramian trick: the solve equals the explicit weighted least squares over all items (zeros weight 1)
     rng, ip, it, conf, Y = _block(2, n_users=5)
