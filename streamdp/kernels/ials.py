@@ -320,9 +320,10 @@ def ials_item_products(indptr, items, conf, weights, X, P, out, residual=False):
     its largest entry; a 1M-pair block at ``d = 64``: 0.032 against 0.042 CPU s in float64,
     half the bytes of the random rows of ``P`` and ``out``). In the users' order (each row
     read once; ``P`` and ``out``, megabytes, stay in cache): 0.05 CPU s per 1M-pair block at
-    ``d = 64`` (float64) against 0.19 s item by item, which gathers a user row per pair. The dot products may be reassociated (``fastmath``
-    ``reassoc``, so that they vectorize): the same bits on one machine, possibly other last
-    bits on a CPU with other vector widths; non-private runs only (no clipping, no noise).
+    ``d = 64`` (float64) against 0.19 s item by item, which gathers a user row per pair. The
+    dot products may be reassociated (``fastmath`` ``reassoc``, so that they vectorize): the
+    same bits on one machine, possibly other last bits on a CPU with other vector widths;
+    non-private runs only (no clipping, no noise).
     """
     d = X.shape[1]
     for u in range(len(indptr) - 1):

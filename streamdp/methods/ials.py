@@ -788,10 +788,11 @@ class IALS(Method):
                 acc[i] += part[i]
             return acc
 
-        # the partials B (and A); per block: the users' rows and their clipped copies, the Woodbury rows P^-1 y_j
-        # with their index, and the item-major users and weights of the item-side sums (20 bytes per pair)
+        # the partials B (and A); per block: the users' rows and their clipped copies, the whitened item rows L^-1 y_j
+        # (float64, and their float32 copy when private), and the item-major users and weights of the item-side sums
+        # (20 bytes per pair)
         nnz = store.block_nnz("train")
-        per_block = (8 * n * k + (8 * n * npk if item_mode else 0) + 16 * d * store.block_users + 8 * n * (d + 2)
+        per_block = (8 * n * k + (8 * n * npk if item_mode else 0) + 16 * d * store.block_users + 12 * n * (d + 2)
                      + 20 * (int(nnz.max()) if len(nnz) else 0))
         acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
         if acc is None:
@@ -870,7 +871,7 @@ class IALS(Method):
                                    + sort, desc=desc + " (item products)")
             return AP + P @ G + s.reg * P
 
-        # per block: the residual's partial, the users' rows (and the exact solve's rows P^-1 y_j), the pairs
+        # per block: the residual's partial, the users' rows (and the exact solve's whitened rows L^-1 y_j), the pairs
         R, G = engine.map_reduce(first, _add_each, [np.zeros((n, d)), np.zeros((d, d))],
                                  extra_per_block=8 * n * d + 16 * d * store.block_users + 8 * n * (d + 2) + sort,
                                  desc=desc)
