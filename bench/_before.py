@@ -3,8 +3,9 @@
 Verbatim copies of :func:`streamdp.kernels.linalg.solve_users_huber`,
 :func:`streamdp.kernels.als.als_accumulate` and :func:`streamdp.kernels.ials.ials_solve_users`
 of that commit (names ending in ``_before``), with the helpers only they used (``ridge_solve``,
-``add_packed_outer``; those unchanged since are imported), kept here so that one run measures
-the old and the new kernel side by side. Not part of the package.
+``add_packed_outer``; ``chol_factor``, ``chol_apply`` and ``_prepared_rows``, which the whitened user solve
+dropped later; those unchanged since are imported), kept here so that one run measures the old and the new
+kernel side by side. Not part of the package.
 """
 
 from __future__ import annotations
@@ -13,7 +14,73 @@ import numpy as np
 from numba import njit
 
 from streamdp.kernels.als import clip_row
-from streamdp.kernels.ials import _prepared_rows, chol_apply, chol_factor
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def chol_factor(M, k):
+    """Overwrite the upper triangle of ``M[:k, :k]`` (symmetric positive definite) with ``R``, ``R^T R = M``.
+
+    Row-oriented (right-looking) Cholesky: every inner loop is a contiguous ``axpy`` on a
+    row of the upper triangle, where the row-by-row dot-product form is a chain of dependent
+    multiply-adds (:func:`streamdp.kernels.linalg.cholesky_lower` takes the dot products a
+    column at a time instead). A non-positive pivot is taken as ``1e-300``. Multiply-adds
+    may fuse (``contract``: FMA only, no reassociation); no clipping or noise is computed here.
+    """
+    for i in range(k):
+        piv = M[i, i]
+        r = np.sqrt(piv) if piv > 0 else 1e-300
+        M[i, i] = r
+        for b in range(i + 1, k):
+            M[i, b] /= r
+        for a in range(i + 1, k):
+            f = M[i, a]
+            for b in range(a, k):
+                M[a, b] -= f * M[i, b]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def chol_apply(R, x, k):
+    """``x[:k] = (R^T R)^-1 x[:k]`` in place, ``R`` the upper triangle :func:`chol_factor` wrote."""
+    for i in range(k):  # R^T y = x
+        x[i] /= R[i, i]
+        xi = x[i]
+        for b in range(i + 1, k):
+            x[b] -= xi * R[i, b]
+    for i in range(k - 1, -1, -1):  # R z = y
+        acc = x[i]
+        for b in range(i + 1, k):
+            acc -= R[i, b] * x[b]
+        x[i] = acc / R[i, i]
+
+
+@njit(cache=True, nogil=True)
+def _prepared_rows(indptr, items, Y, YtY, ridge):
+    """``(pos, Z)``: ``Z[pos[j]] = (YtY + ridge I)^-1 y_j`` for the items of users with fewer pairs than ``d``."""
+    n_items, d = Y.shape
+    pos = np.full(n_items, -1, dtype=np.int64)
+    m = 0
+    for u in range(len(indptr) - 1):
+        if indptr[u + 1] - indptr[u] < d:
+            for p in range(indptr[u], indptr[u + 1]):
+                if pos[items[p]] < 0:
+                    pos[items[p]] = m
+                    m += 1
+    Z = np.empty((m, d), dtype=np.float64)
+    if m == 0:
+        return pos, Z
+    R = np.empty((d, d), dtype=np.float64)
+    for a in range(d):
+        for b in range(a, d):
+            R[a, b] = YtY[a, b]
+        R[a, a] += ridge
+    chol_factor(R, d)
+    for j in range(n_items):
+        q = pos[j]
+        if q >= 0:
+            for a in range(d):
+                Z[q, a] = Y[j, a]
+            chol_apply(R, Z[q], d)
+    return pos, Z
 
 
 @njit(cache=True, nogil=True)

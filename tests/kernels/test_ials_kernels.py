@@ -31,6 +31,19 @@ def test_user_solve_matches_the_reference(seed):
     assert not U[3].any()
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_user_solve_in_float32_tiles_is_the_reference_within_float32_rounding(seed):
+    """``tiles32`` (the private training's user solve): float32 tiles and BLAS, float64 factorization: the reference
+    within 1e-5 of the largest entry (float32 rounding: about 1e-7)."""
+    rng, ip, it, conf, Y = _block(seed)
+    YtY = Y.T @ Y
+    U = np.full((len(ip) - 1, Y.shape[1]), np.nan)
+    ials_solve_users(ip, it, conf, Y, YtY, 0.5, U, True)
+    want = ials_solve_users_reference(ip, it, conf, Y, YtY, 0.5)
+    assert np.abs(U - want).max() <= 1e-5 * np.abs(want).max()
+    assert not U[3].any()
+
+
 def test_user_solve_is_the_weighted_least_squares_over_every_item():
     # the Gramian trick: the solve equals the explicit weighted least squares over all items (zeros weight 1)
     rng, ip, it, conf, Y = _block(2, n_users=5)
@@ -117,17 +130,6 @@ def test_user_solve_both_paths_match_the_reference(ones):
                                atol=1e-11)
 
 
-def test_cholesky_factor_is_numpys():
-    from streamdp.kernels.ials import chol_factor
-
-    rng = np.random.default_rng(3)
-    X = rng.standard_normal((30, 12))
-    M = X.T @ X + 0.1 * np.eye(12)
-    R = M.copy()
-    chol_factor(R, 12)
-    np.testing.assert_allclose(np.triu(R), np.linalg.cholesky(M).T, rtol=1e-10, atol=1e-12)
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_item_products_match_the_reference_and_the_gramians(seed):
     """``A_j p_j`` without forming ``A_j``: the NumPy reference, and ``A_j`` (from the item sums) times ``p_j``."""
@@ -154,6 +156,20 @@ def test_item_products_with_the_residual_are_the_right_hand_sides_minus_the_prod
                                atol=1e-12)
     B, A, _ = ials_accumulate_reference(ip, it, conf, w, X, np.inf, len(Y))
     np.testing.assert_allclose(out, B - np.einsum("jab,jb->ja", A, P), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_item_products_in_float32_are_the_float64_sums_within_float32_rounding(residual):
+    """The non-private item passes run the products in float32 (rows, directions, a block's partial): the float64
+    reference within float32 rounding of sums of about 30 terms (relative to the largest entry)."""
+    rng, ip, it, conf, Y = _block(4)
+    X = rng.standard_normal((len(ip) - 1, Y.shape[1]))
+    w = (rng.uniform(size=len(it)) < 0.8).astype(np.float64)
+    P = rng.standard_normal(Y.shape)
+    out = np.zeros(P.shape, np.float32)
+    ials_item_products(ip, it, conf, w, X.astype(np.float32), P.astype(np.float32), out, residual)
+    want = ials_item_products_reference(ip, it, conf, w, X, P, residual=residual)
+    assert np.abs(out - want).max() <= 1e-5 * np.abs(want).max()
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -180,6 +180,19 @@ def test_at_most_tau_pairs_per_user_reach_the_item_side(small_store):
     assert np.all(per_user == np.minimum(np.diff(ip)[np.diff(ip) > 0], 4))
 
 
+@pytest.mark.parametrize("values", [[0.0, 3.0, 3.0, 70000.0], [0.0, 1.0, 2.0, 9.0], [0.5, 2.0, 7.0, 1.0],
+                                    [-1.0, 2.0, 3.0, 4.0]], ids=["large", "whole", "fraction", "negative"])
+def test_implicit_confidences_by_the_count_table_are_the_per_pair_formula_bit_for_bit(values):
+    """Whole counts below COUNT_TABLE are looked up; others (too large, fractions, negative) computed per pair: the
+    same bits either way."""
+    p = {"implicit": True, "alpha": 2.5, "max_confidence": 30.0, "count_scale": 3.0}
+    rng = np.random.default_rng(0)
+    v = np.asarray(values, np.float32)[rng.integers(0, 4, 500)]
+    _, _, c = implicit_pairs(np.array([0, 500]), np.arange(500), v, p)
+    want = 1.0 + np.minimum(2.5 * np.log1p(np.maximum(v.astype(np.float64), 0.0) / 3.0), 29.0)
+    np.testing.assert_array_equal(c, want)
+
+
 def test_implicit_store_takes_confidence_from_counts(small_store, monkeypatch):
     # the store marked implicit, as an implicit ingest marks it (values: counts)
     monkeypatch.setattr(small_store, "implicit", True, raising=False)
