@@ -215,9 +215,10 @@ class SegmentedStore(RatingStore):
             self._flags[part] = got
         return got
 
-    def _merged(self, b: int, split: str, read, keep: bool = False) -> tuple[Block, bool | None]:
+    def _merged(self, b: int, split: str, read, keep: bool = False, given=None) -> tuple[Block, bool | None]:
         """Block ``b`` of ``split`` merged, and whether every part's CRC matched: the segments' sources read first,
-        then the base's block into the merged block's own arrays (:meth:`_read_base_into`), merged in place."""
+        then the base's block into the merged block's own arrays (:meth:`_read_base_into`; ``given``: as
+        :meth:`read_block`'s ``into``), merged in place."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
         if not self.base._has(split):
@@ -225,10 +226,24 @@ class SegmentedStore(RatingStore):
         if b >= self.base.info.n_blocks:  # a block of appended users only: nothing of the base to read in place
             return self._merge(b, self._sources(b, read, want=split, keep=keep), split)
         src = self._sources(b, read, want=split, keep=keep, base_want=False)
-        base, buffers = self._read_base_into(b, split, read, src)
+        base, buffers = self._read_base_into(b, split, read, src, given)
         return self._merge(b, [base] + src, split, inplace=buffers)
 
-    def _read_base_into(self, b: int, split: str, read, others: list) -> tuple[tuple, tuple]:
+    def read_into_size(self, split: str = "train") -> int:
+        """A length of arrays that a read of any block of ``split`` fits into (:meth:`read_block`'s ``into``): the
+        base's rows of the block, every segment's rows of it in both splits (what the merge may read into the
+        arrays' gap) and the longest row a user can have (the store's items)."""
+        size = np.zeros(self.info.n_blocks, np.int64)
+        base = self.base.block_nnz(split)
+        size[:len(base)] += base
+        for seg in self.segments:
+            for s in SPLITS:
+                if seg._has(s):
+                    d = seg.block_nnz(s)
+                    size[:len(d)] += d
+        return int(size.max()) + self.info.n_items if len(size) else 0
+
+    def _read_base_into(self, b: int, split: str, read, others: list, given=None) -> tuple[tuple, tuple]:
         """The base's source of block ``b`` of ``split`` (as :meth:`_sources` gives it), read into the end of
         arrays the merge then writes its output into from their start: ``(source, (items, ratings, gap))``, the
         base's rows at ``gap`` on. ``gap`` is the rows of the ``others`` sources plus the block's longest row of
@@ -244,7 +259,11 @@ class SegmentedStore(RatingStore):
             counts = np.diff(indptr)
             gap = n + (int(counts.max()) if len(counts) else 0) if n else 0
             nnz = int(indptr[-1])
-            bufs = (np.empty(gap + nnz, np.int32), np.empty(gap + nnz, np.float32), gap)
+            arrays = given(indptr) if given is not None else None
+            if arrays is not None and min(len(arrays[0]), len(arrays[1])) >= gap + nnz:  # the caller's, reused
+                bufs = (arrays[0], arrays[1], gap)
+            else:
+                bufs = (np.empty(gap + nnz, np.int32), np.empty(gap + nnz, np.float32), gap)
             held.append(bufs)
             return bufs[0][gap:], bufs[1][gap:]
 
@@ -347,11 +366,13 @@ class SegmentedStore(RatingStore):
             return Block(first, out_ip, out_items[:nnz], out_ratings[:nnz]), ts[out_src[:nnz]]
         return Block(first, out_ip, out_items[:nnz], out_ratings[:nnz]), ok
 
-    def read_block(self, b: int, split: str = "train") -> Block:
+    def read_block(self, b: int, split: str = "train", into=None) -> Block:
         """Block ``b`` of ``split`` merged over the parts, each part's block read and checked by
         :meth:`RatingStore.read_block` (a change of the store since it was opened is said as such); a small
-        segment's blocks once, then from memory (:data:`CACHE_BYTES`)."""
-        return self._merged(b, split, _checked, keep=True)[0]
+        segment's blocks once, then from memory (:data:`CACHE_BYTES`). ``into``: as :meth:`RatingStore.read_block`'s
+        (the merged block is written into the arrays it returns when they are at least :meth:`read_into_size` long,
+        into arrays of its own otherwise)."""
+        return self._merged(b, split, _checked, keep=True, given=into)[0]
 
     def read_block_unchecked(self, b: int, split: str = "train"):
         return self._merged(b, split, _unchecked)

@@ -496,6 +496,12 @@ class RatingStore:
 
     __iter__ = blocks
 
+    def read_into_size(self, split: str = "train") -> int:
+        """A length of arrays that a read of any block of ``split`` fits into (:meth:`read_block`'s ``into``): the
+        largest block's ratings."""
+        nnz = self.block_nnz(split)
+        return int(nnz.max()) if len(nnz) else 0
+
     def block_nnz(self, split: str = "train") -> np.ndarray:
         """Number of ratings in each block (reads only ``indptr`` at block edges), validated
         against ``block_offsets`` and the split's rating count."""

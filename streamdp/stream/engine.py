@@ -164,8 +164,7 @@ class _ReadBuffers:
         """The pool of a pass over ``split``, or ``None`` when the store reads no blocks into given arrays."""
         if "into" not in inspect.signature(engine.store.read_block).parameters:
             return None
-        nnz = engine.store.block_nnz(split)
-        return cls(int(nnz.max()) if len(nnz) else 0)
+        return cls(engine.store.read_into_size(split))
 
     def read(self, read, b: int, split: str):
         with self.lock:

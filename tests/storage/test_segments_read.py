@@ -85,3 +85,23 @@ def test_an_append_onto_a_store_with_a_ledger_does_not_load_the_accountant(tmp_p
     done = subprocess.run([sys.executable, "-c", code, str(new), p], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-500:]
     assert [e for e in StoreBudget(p).show()["history"] if e.get("event") == "data replaced"]
+
+
+def test_a_merged_read_into_given_arrays_is_the_same_block(tmp_path):
+    """The engine's reused arrays (``read_block(into=)``): a merged block is written into them when they hold
+    :meth:`read_into_size` ratings (its views' base is the given array), into its own arrays when shorter; the
+    same rows either way."""
+    st = _segmented(tmp_path)
+    for s in ("train", "test"):
+        size = st.read_into_size(s)
+        assert size >= st.block_nnz(s).max() + st.info.n_items
+        for b in range(st.n_blocks):
+            ref = st.read_block(b, s)
+            big = (np.full(size, -1, np.int32), np.full(size, np.nan, np.float32))
+            small = (np.empty(1, np.int32), np.empty(1, np.float32))
+            for given, reused in ((big, True), (small, False)):
+                got = st.read_block(b, s, into=lambda indptr, g=given: g)
+                assert np.array_equal(got.indptr, ref.indptr) and np.array_equal(got.items, ref.items)
+                assert np.array_equal(got.ratings, ref.ratings)
+                if b < st.base.info.n_blocks:  # a block of appended users only is merged into new arrays
+                    assert (got.items.base is given[0] and got.ratings.base is given[1]) == reused
