@@ -176,7 +176,12 @@ def store(tmp_path):
 def test_train_on_a_full_disk(tmp_path, store, full_disk, monkeypatch):
     """The model write fails (its factors, model.json or ledger): one line naming the model, nothing there."""
     import streamdp.serving.model as model_mod
+    import streamdp.workflows.training  # noqa: F401
+    from streamdp.methods import load_builtin
 
+    # every module that imports save_model by name is loaded before the patch: one first imported during the run
+    # would bind the patched function for good (and fill the disk of every later test in this process)
+    load_builtin()
     real_save = model_mod.save_model
 
     def save_on_full_disk(*args, **kwargs):  # the disk fills up just as the model is written
