@@ -405,10 +405,13 @@ class RatingStore:
                              f"`streamdp verify {self.path}`")
         return blk
 
-    def read_block_unchecked(self, b: int, split: str = "train", into=None) -> tuple[Block, bool | None]:
+    def read_block_unchecked(self, b: int, split: str = "train", into=None,
+                             ratings: bool = True) -> tuple[Block, bool | None]:
         """Block ``b`` of ``split`` validated like :meth:`read_block`, and whether its chunk files match the
         CRC32C recorded for it (``None``: none recorded, or not read from local chunk files); its digest is
-        not checked (``streamdp verify`` recomputes it anyway). ``into``: as :meth:`read_block`'s."""
+        not checked (``streamdp verify`` recomputes it anyway). ``into``: as :meth:`read_block`'s.
+        ``ratings=False``: the ratings' chunk files are read for the CRC only, not decoded (an empty array in
+        their place; :meth:`read_block_items`)."""
         try:
             first, end = self.block_range(b)
             sp = self._split(split)
@@ -421,15 +424,20 @@ class RatingStore:
             nnz = int(indptr[-1] - indptr[0])
             outs = into(indptr - indptr[0]) if into is not None else (None, None)
             items = _read_into(r["items"], start, start + nnz, crcs, outs[0], np.int32)
-            ratings = _read_into(r["ratings"], start, start + nnz, crcs, outs[1], np.float32)
+            if ratings:
+                values = _read_into(r["ratings"], start, start + nnz, crcs, outs[1], np.float32)
+            else:
+                if crcs is not None:
+                    r["ratings"].read_crcs(start, start + nnz, crcs)
+                values = None
             crc_ok = None if crcs is None else chunk_crcs_digest(crcs) == int(sp["crc"][b])
-            self._check_values(split, b, items, ratings)
+            self._check_values(split, b, items, values)
         except StoreError:
             # blocks of another store than the one opened look damaged: say what happened instead
             if self.changed():
                 raise self._replaced() from None
             raise
-        return Block(first, indptr - indptr[0], items, ratings), crc_ok
+        return Block(first, indptr - indptr[0], items, np.empty(0, np.float32) if values is None else values), crc_ok
 
     def read_block_items(self, b: int, split: str = "train") -> Block:
         """Block ``b`` of ``split`` without its ratings (an empty array in their place): its row pointers and items,
@@ -437,28 +445,12 @@ class RatingStore:
         decoded); a block whose CRC does not match, or a store without CRCs, is read whole and checked so. For what
         needs only which items each user rated (an append's commit: half the decoding)."""
         sp = self._split(split)
-        r = sp["readers"]
-        if sp["crc"] is None or not isinstance(r["ratings"], ChunkReader):
-            return self.read_block(b, split)._replace(ratings=np.empty(0, np.float32))
-        try:
-            first, end = self.block_range(b)
-            crcs: list = []
-            indptr = np.asarray(r["indptr"].read(first, end + 1, crcs), dtype=np.int64)
-            self._check_indptr(split, b, indptr, sp)
-            start = int(sp["offsets"][b])
-            nnz = int(indptr[-1] - indptr[0])
-            items = _read_into(r["items"], start, start + nnz, crcs, None, np.int32)
-            r["ratings"].read_crcs(start, start + nnz, crcs)
-            ok = chunk_crcs_digest(crcs) == int(sp["crc"][b])
+        if sp["crc"] is not None and isinstance(sp["readers"]["ratings"], ChunkReader):
+            blk, ok = self.read_block_unchecked(b, split, ratings=False)
             if ok:
-                self._check_values(split, b, items, None)
-        except StoreError:
-            if self.changed():
-                raise self._replaced() from None
-            raise
-        if not ok:  # bytes differ from those written (maybe re-encoded): the whole block and its digest decide
-            return self.read_block(b, split)._replace(ratings=np.empty(0, np.float32))
-        return Block(first, indptr - indptr[0], items, np.empty(0, np.float32))
+                return blk
+        # bytes differ from those written (maybe re-encoded), or nothing to check them by: the whole block decides
+        return self.read_block(b, split)._replace(ratings=np.empty(0, np.float32))
 
     @property
     def has_times(self) -> bool:
