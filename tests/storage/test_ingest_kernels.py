@@ -172,3 +172,23 @@ def test_group_dedup_aggregates_repeated_pairs(seed):
     got[rows, oi[:nnz]] = orr[:nnz]
     np.testing.assert_array_equal(got, ref)
     assert nnz == np.count_nonzero(ref) and merged == n - nnz
+
+
+@pytest.mark.parametrize("lut_entries", [0, 2 * 10**6])
+def test_id_map_sparse_int_ids_onto_values(lut_entries):
+    """Sparse integer ids (a range 190x the keys): a binary search, or a lookup table when ``lut_entries`` allows
+    it (an append's ids within the memory limit); the same indices either way, and ``values`` (an append's
+    store indices) folded into the result."""
+    import pyarrow as pa
+
+    from streamdp.storage import ingest as I
+
+    rng = np.random.default_rng(11)
+    keys = np.unique(rng.integers(0, 50_000, 10_000)) * 37 + 11
+    values = rng.permutation(len(keys)).astype(np.int64) + 5
+    batch = rng.choice(keys, 4000)
+    plain, onto = I._IdMap(pa.array(keys), lut_entries=lut_entries), I._IdMap(pa.array(keys), values, lut_entries)
+    assert (plain.lut is not None) == (lut_entries > 0)
+    np.testing.assert_array_equal(plain(pa.array(batch)), np.searchsorted(keys, batch))
+    np.testing.assert_array_equal(onto(pa.array(batch)), values[np.searchsorted(keys, batch)])
+    assert onto(pa.array(batch)).dtype == np.int32
