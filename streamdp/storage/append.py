@@ -63,6 +63,7 @@ from streamdp.storage.writer import ContentHash, StoreWriter, ledger_keeper
 _PURPOSE_APPEND = 11  # the seed of a segment's random split: (store seed, segment number)
 _ARRAY_CONFIG = {"write_empty_chunks": True}
 _USERS_PER_WRITE = 1 << 20  # the commit's per-user counts are written in slices of about this many users (8 MB)
+_STR_ID_BYTES = 80  # the memory of a string id read into an object array (its str object and pointer), about
 
 
 def _refuse_options(**given) -> None:
@@ -222,7 +223,7 @@ def _write_segment(st, parsed, how, seg_path, name, number, tmp, limit, show_pro
     """Passes 2-4 of ingest onto the store's indices: the segment written and renamed into place (not committed);
     returns its entry for the segment list."""
     n_old_users, n_old_items, bu = st.info.n_users, st.info.n_items, st.info.block_users
-    uidx, new_users = _users_onto(parsed.users, st)
+    uidx, new_users = _users_onto(parsed.users, st, limit)
     iidx, new_items = _onto(parsed.items, st.item_ids(), n_old_items, parsed.item_rows)
     n_users, n_items = n_old_users + len(new_users), n_old_items + len(new_items)
     user_rows = np.zeros(n_users, np.int64)
@@ -287,19 +288,22 @@ def segment_chunk(user_rows: np.ndarray, bu: int) -> int:
     return int(min(max(1 << max(mean - 1, 1).bit_length(), 1 << 10), DEFAULT_CHUNK_RATINGS))
 
 
-def _users_onto(keys: pa.Array, st: RatingStore):
-    """:func:`_onto` for the users, reading the store's user ids block by block (never all of them at once): a
-    store's users are numbered by sorted id within its base and within each segment's new users, so each block's
-    ids are matched against the parsed keys (sorted unique) by binary search; a run of ids that is not sorted
-    (a store written otherwise) is matched by a hash lookup instead."""
+def _users_onto(keys: pa.Array, st: RatingStore, limit: int):
+    """:func:`_onto` for the users, reading the store's user ids a slice of blocks at a time (at most 1/32 of
+    ``limit``, never all of them at once; a read per block cost ~1 ms of Zarr's each, 96 of them for a 100M store):
+    a store's users are numbered by sorted id within its base and within each segment's new users, so each
+    block's ids are matched against the parsed keys (sorted unique) by binary search; a run of ids that is not
+    sorted (a store written otherwise) is matched by a hash lookup instead."""
     is_str = _id_kind_is_str(st, "user")
     keys = keys.cast(pa.string() if is_str else pa.int64())
     k = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object if is_str else np.int64)
     index = np.full(len(k), -1, np.int64)
     bu, n = st.info.block_users, st.info.n_users
+    per_read = bu * max(1, limit // 32 // ((_STR_ID_BYTES if is_str else 8) * bu))
     for a in range(0, n, bu):
-        ids = st.user_ids(a, min(a + bu, n))
-        ids = np.asarray(ids, dtype=object if is_str else np.int64)
+        if a % per_read == 0:
+            ids_read = np.asarray(st.user_ids(a, min(a + per_read, n)), dtype=object if is_str else np.int64)
+        ids = ids_read[a % per_read:a % per_read + min(bu, n - a)]
         if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
             vs = pa.array(ids.tolist(), pa.string()) if is_str else pa.array(ids)
             found = pc.index_in(keys, value_set=vs)
