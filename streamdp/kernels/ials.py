@@ -32,7 +32,7 @@ from numba import njit
 
 from streamdp.kernels.als import (USER_ORDER_BYTES, accumulate_by_item, accumulate_by_user, accumulate_rhs,
                                   clipped_rows, gramian_upper, pairs_by_item)
-from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply
+from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded
 
 
 @njit(cache=True, nogil=True)
@@ -67,14 +67,17 @@ def _whitening(YtY, ridge, d):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _solve_white(Yw, items, conf, s, n, V, b, t):
+def _solve_white(Yw, items, conf, s, n, Tt, G, b):
     """One user's ``b = (I + V^T V)^-1 sum_i c_i yw_i`` in the whitened basis (``V`` rows ``sqrt(c_i - 1) yw_i``).
 
-    The user's rows are gathered once; with ``n < d`` pairs by the Woodbury identity
-    (``b - V^T (I + V V^T)^-1 V b``: an ``n x n`` system), otherwise by the ``d x d`` system;
-    both Gramians are one BLAS product on the gathered tile (``numpy.dot``: the full
-    square, twice the triangle's multiply-adds, at about three times the rate of the
-    triangle's Numba loops), factored by :func:`streamdp.kernels.linalg.cholesky_lower`.
+    The user's rows ``sqrt(c_i - 1) yw_i`` are gathered once, transposed, into ``Tt``
+    (``d x`` the longest user padded, :func:`streamdp.kernels.linalg.padded`: zero columns
+    add exact zeros); the ``d x d`` Gramian's lower triangle is
+    :func:`streamdp.kernels.linalg.gram_lower` (the als user solve's), factored by
+    :func:`streamdp.kernels.linalg.cholesky_lower`. It replaced a BLAS product per user
+    (``numpy.dot``, with the Woodbury identity for ``n < d``), whose call and result
+    allocation cost more than its arithmetic: 1.6x (d = 8) to 3.4x (d = 64) faster, one
+    thread, 10M ratings (docs/benchmarks.md); the same solution up to rounding.
     """
     d = Yw.shape[1]
     for a in range(d):
@@ -86,28 +89,16 @@ def _solve_white(Yw, items, conf, s, n, V, b, t):
         for a in range(d):
             ya = Yw[j, a]
             b[a] += c * ya
-            V[i, a] = si * ya
-    Vn = V[:n]
-    if n < d:
-        S = np.dot(Vn, Vn.T).astype(np.float64)  # factored in float64 whatever the tile's type
-        for i in range(n):
-            acc = 0.0
-            for a in range(d):
-                acc += V[i, a] * b[a]
-            t[i] = acc
-            S[i, i] += 1.0
-        cholesky_lower(S, n)
-        cholesky_lower_apply(S, t, n)
-        for i in range(n):
-            f = t[i]
-            for a in range(d):
-                b[a] -= f * V[i, a]
-    else:
-        M = np.dot(Vn.T, Vn).astype(np.float64)
-        for a in range(d):
-            M[a, a] += 1.0
-        cholesky_lower(M, d)
-        cholesky_lower_apply(M, b, d)
+            Tt[a, i] = si * ya
+    m = padded(n)
+    for a in range(d):
+        for i in range(n, m):
+            Tt[a, i] = 0.0
+    gram_lower(Tt, Tt, m, d, G)
+    for a in range(d):
+        G[a, a] += 1.0
+    cholesky_lower(G, d)
+    cholesky_lower_apply(G, b, d)
 
 
 @njit(cache=True, nogil=True)
@@ -127,15 +118,15 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U, tiles32=False):
     **Whitened** (issue 44): with ``P = YtY + ridge I = L L^T`` and the item rows
     ``yw_j = L^-1 y_j`` (one ``n_items x d x d`` BLAS product per call), user ``u``'s system
     is ``(I + V^T V) b = sum c_j yw_j`` (``V`` rows ``sqrt(c_j - 1) yw_j``) and ``u = L^-T b``
-    (:func:`_solve_white`): one gather per user where the unwhitened Woodbury form gathered
-    ``y_j`` and ``P^-1 y_j`` both. 1M pairs of 21,000 users, ``d = 65``, one thread: 0.30
-    CPU s against 0.35 s; the same solution within rounding (``1e-15`` relative there).
+    (:func:`_solve_white`: one gather per user, her Gramian by Numba loops on the tile); the
+    same solution within rounding (``1e-14`` relative).
 
-    ``tiles32``: the whitened rows and the users' tiles in float32, their Gramians by a float32
-    BLAS product (twice the rate), each factored and solved in float64: about ``1e-7``
-    relative error (``6e-8`` on the block above, 0.26 against 0.34 CPU s). For the private
-    training, whose rows are then clipped and whose sums get noise many orders above that;
-    the local solve and the non-private runs keep float64.
+    ``tiles32``: the whitened rows and the users' tiles in float32 (products rounded to
+    float32, sums, factorization and solve in float64): about ``1e-7`` relative error. For the
+    private training, whose rows are then clipped and whose sums get noise many orders above
+    that; the local solve and the non-private runs keep float64. Since the Gramians left BLAS
+    it runs at float64's rate (0.95-1.0x at ``d = 8`` to 65, one thread): kept for the half
+    size of the whitened rows.
     """
     d = Y.shape[1]
     Li = _whitening(YtY, ridge, d)
@@ -153,16 +144,16 @@ def _solve_whitened(indptr, items, conf, Yw, Li, U):
     longest = 1
     for u in range(len(indptr) - 1):
         longest = max(longest, indptr[u + 1] - indptr[u])
-    V = np.empty((longest, d), dtype=Yw.dtype)
+    Tt = np.empty((d, padded(longest)), dtype=Yw.dtype)
+    G = np.empty((d, d), dtype=np.float64)
     b = np.empty(d, dtype=np.float64)
-    t = np.empty(d, dtype=np.float64)
     for u in range(len(indptr) - 1):
         s, n = indptr[u], indptr[u + 1] - indptr[u]
         if n == 0:
             for a in range(d):
                 U[u, a] = 0.0
             continue
-        _solve_white(Yw, items, conf, s, n, V, b, t)
+        _solve_white(Yw, items, conf, s, n, Tt, G, b)
         for a in range(d):  # u = L^-T b
             acc = 0.0
             for m in range(a, d):
