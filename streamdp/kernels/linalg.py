@@ -287,10 +287,12 @@ def _solve_tile_huber(T, W, y, e_, m, k, G, x, ridge, irls_iters, delta):
                 xa = x[a]
                 for i in range(m):
                     e_[i] -= xa * T[a, i]
+            for i in range(m):  # the weight, one division per rating: e_ holds it from here
+                r = abs(e_[i])
+                e_[i] = 1.0 if r <= delta else delta / r
             for a in range(k):
                 for i in range(m):
-                    r = abs(e_[i])
-                    W[a, i] = T[a, i] if r <= delta else T[a, i] * (delta / r)
+                    W[a, i] = T[a, i] * e_[i]
             Wt = W
 
 
