@@ -287,13 +287,20 @@ def _solve_tile_huber(T, W, y, e_, m, k, G, x, ridge, irls_iters, delta):
                 xa = x[a]
                 for i in range(m):
                     e_[i] -= xa * T[a, i]
-            for i in range(m):  # the weight, one division per rating: e_ holds it from here
-                r = abs(e_[i])
-                e_[i] = 1.0 if r <= delta else delta / r
-            for a in range(k):
-                for i in range(m):
-                    W[a, i] = T[a, i] * e_[i]
+            _huber_rows(T, W, e_, m, k, delta)
             Wt = W
+
+
+@njit(cache=True, nogil=True)
+def _huber_rows(T, W, e_, m, k, delta):
+    """``W[a, i] = T[a, i] w_i``, ``w_i = min(1, delta / |e_i|)`` each rating's Huber weight (written into ``e_``):
+    one division per rating, not per coordinate. No ``fastmath``: every caller's compiled code the same bits."""
+    for i in range(m):
+        r = abs(e_[i])
+        e_[i] = 1.0 if r <= delta else delta / r
+    for a in range(k):
+        for i in range(m):
+            W[a, i] = T[a, i] * e_[i]
 
 
 @njit(cache=True, nogil=True)
@@ -368,7 +375,8 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
     ``min(e^2, h^2) / v[u]`` for validation rating ``q`` (users in order, ``j`` in order)
     of user ``u``, ``e = clip(mu + b_j + x_u . q_j, lo, hi) - clip(r, lo, hi)``, as the
     NumPy form it replaced computed it (``streamdp.methods.als._AlsBase._select``): summed
-    per candidate by the caller in the same order, the same losses bit for bit. Users
+    per candidate by the caller in the same order, the same losses bit for bit (with reweighting
+    within ``1e-12``: the reassociated sums compiled into another caller). Users
     without validation ratings are skipped (they have no loss); no temporaries per
     candidate, and the GIL is released.
     """
