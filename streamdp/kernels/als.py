@@ -328,6 +328,26 @@ def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
                 B[j0, a] += f0 * x[a]
 
 
+#: Users per chunk of clipped rows in the users' order (:func:`als_accumulate`, ``ials_accumulate``): a multiple
+#: of 4 (:func:`gramian_upper`'s grouping, so the same bits as one chunk). The rows of a chunk stay in cache between
+#: the Gramian and the pairs, where a block's whole ``n_users x d`` array (27 MB at 200,000 users, k = 16) went
+#: to memory and back: measured on 10M ratings, one core, k = 16 shared Gramian 1.24x (docs/benchmarks.md).
+USER_CHUNK = 1024
+
+
+@njit(cache=True, nogil=True)
+def user_order_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A, S):
+    """A chunk of users' item-side sums in the users' order: ``S += X^T X`` (upper, ``S`` non-empty, by
+    :func:`gramian_upper`), then ``B`` and ``A`` by :func:`accumulate_by_user` (``A`` non-empty) or ``B`` alone by
+    :func:`accumulate_rhs`; the arguments as theirs (``X``, ``shift`` the chunk's rows)."""
+    if S.shape[0] > 0:
+        gramian_upper(X, S)
+    if A.shape[0] > 0:
+        accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A)
+    else:
+        accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B)
+
+
 @njit(cache=True, nogil=True)
 def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     """Accumulate one block's item-side sums (see the module docstring); returns the number of clipped users.
@@ -339,7 +359,8 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     ``B`` is ``(n_items, d)`` with ``d = k`` or ``k + 1`` (then ``x`` ends with ``beta``),
     ``A`` ``(n_items, d (d + 1) / 2)`` or empty, ``S`` ``(d, d)`` or empty.
 
-    The clipped rows ``x_u`` (``n_users x d``) are formed first, then the sums are taken
+    The clipped rows ``x_u`` are formed first (a chunk of :data:`USER_CHUNK` users at a time in
+    the users' order, the same bits as all at once; the whole block item by item), then the sums are taken
     by the kernels ials shares (the residuals clipped on the way): ``S`` by :func:`gramian_upper`; ``B``
     and ``A`` in the users' order while they fit in cache (:func:`accumulate_by_user`,
     :data:`USER_ORDER_BYTES`), item by item beyond (:func:`accumulate_by_item`, eight pairs
@@ -351,23 +372,30 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     k = U.shape[1] - 1
     d = B.shape[1]
     n_u = len(indptr) - 1
-    X = np.zeros((n_u, d), dtype=np.float64)
-    clipped = clipped_rows(indptr, U, k, clip, X)
-    if d > k:
-        for u in range(n_u):
-            if indptr[u + 1] > indptr[u]:
-                X[u, k] = beta
     shift = np.ascontiguousarray(U[:, k])
-    if S.shape[0] > 0:
-        gramian_upper(X, S)
-    if A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES:
-        start, user, bw, aw = pairs_by_item(indptr, items, weights, target, shift, R, target, True, B.shape[0])
-        accumulate_by_item(start, user, bw, aw, X, B, A)
-    elif A.shape[0] > 0:
-        accumulate_by_user(indptr, items, weights, target, shift, R, target, True, X, B, A)
-    else:
-        accumulate_rhs(indptr, items, weights, target, shift, R, X, B)
+    by_item = A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES
+    chunk = n_u if by_item else min(n_u, USER_CHUNK)
+    X = np.empty((chunk, d), dtype=np.float64)
+    clipped = 0
+    for c0 in range(0, n_u, max(chunk, 1)):
+        c1 = min(n_u, c0 + chunk)
+        ipc = indptr[c0:c1 + 1]
+        Xc = X[:c1 - c0]
+        Xc[:] = 0.0
+        clipped += clipped_rows(ipc, U[c0:c1], k, clip, Xc)
+        if d > k:
+            for u in range(c1 - c0):
+                if ipc[u + 1] > ipc[u]:
+                    Xc[u, k] = beta
+        if by_item:
+            if S.shape[0] > 0:
+                gramian_upper(Xc, S)
+            start, user, bw, aw = pairs_by_item(ipc, items, weights, target, shift, R, target, True, B.shape[0])
+            accumulate_by_item(start, user, bw, aw, Xc, B, A)
+        else:
+            user_order_sums(ipc, items, weights, target, shift[c0:c1], R, target, True, Xc, B, A, S)
     return clipped
+
 
 
 def symmetrize_upper(S):
