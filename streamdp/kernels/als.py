@@ -302,8 +302,12 @@ def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
     The user's row is copied to a scratch vector once, so the inner loops read it without
     Numba's view of ``X`` (measured at k = 8, 10M ratings, one core: 1.9x the per-pair
     loop with the clip and the row read in it). A pair of weight 0 adds exact zeros.
+    ``B`` of 8 or 9 columns (k = 8) takes :func:`_rhs_registers`: the same bits.
     """
     k = B.shape[1]
+    if k == 8 or k == 9:
+        _rhs_registers(indptr, items, weights, bsrc, shift, R, X, B)
+        return
     x = np.empty(k, dtype=np.float64)
     for u in range(len(indptr) - 1):
         c = shift[u]
@@ -326,6 +330,36 @@ def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
             j0 = np.uint64(items[p])
             for a in range(k):
                 B[j0, a] += f0 * x[a]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _rhs_registers(indptr, items, weights, bsrc, shift, R, X, B):
+    """:func:`accumulate_rhs` for ``B`` of 8 or 9 columns: the user's row in nine scalars, one pair per step.
+
+    A row in a scratch array is read again after every store into ``B`` (the compiler cannot
+    rule out that they overlap) or behind a runtime overlap check per pair; scalars are not.
+    Measured on 10M ratings, one core: 1.2x :func:`accumulate_rhs`'s loop at 8 and 9 columns,
+    0.8x at 17 with a test per column past the eighth (so 8 and 9 only). The same sums in
+    the same order: the same bits.
+    """
+    nine = B.shape[1] == 9
+    for u in range(len(indptr) - 1):
+        c = shift[u]
+        x0, x1, x2, x3, x4, x5, x6, x7 = X[u, 0], X[u, 1], X[u, 2], X[u, 3], X[u, 4], X[u, 5], X[u, 6], X[u, 7]
+        x8 = X[u, 8] if nine else 0.0
+        for p in range(indptr[u], indptr[u + 1]):
+            f = weights[p] * min(max(bsrc[p] - c, -R), R)
+            j = np.uint64(items[p])
+            B[j, 0] += f * x0
+            B[j, 1] += f * x1
+            B[j, 2] += f * x2
+            B[j, 3] += f * x3
+            B[j, 4] += f * x4
+            B[j, 5] += f * x5
+            B[j, 6] += f * x6
+            B[j, 7] += f * x7
+            if nine:
+                B[j, 8] += f * x8
 
 
 #: Users per chunk of clipped rows in the users' order (:func:`als_accumulate`, ``ials_accumulate``): a multiple
