@@ -190,12 +190,32 @@ def padded(n):
 
 @njit(cache=True, nogil=True)
 def _gather_tile(items, s, e, Q, T, cap):
-    """``T[:, :e - s]`` = the rows ``Q[items[s:e]]`` transposed, zero columns up to ``cap`` (:func:`padded`)."""
+    """``T[:, :e - s]`` = the rows ``Q[items[s:e]]`` transposed, zero columns up to ``cap`` (:func:`padded`).
+
+    A row of nine (k = 8 and the intercept) is copied through nine scalars: measured on 10M
+    ratings, one core, the gather 1.5x and the k = 8 user solve 1.2x the loop over ``a``
+    (a row of 17 or 65 as blocks of eight gained 5-10% on the gather, nothing on the solve).
+    """
     d = Q.shape[1]
-    for i in range(e - s):
-        j = np.uint64(items[s + i])
-        for a in range(d):
-            T[a, i] = Q[j, a]
+    if d == 9:
+        for i in range(e - s):
+            j = np.uint64(items[s + i])
+            q0, q1, q2, q3, q4 = Q[j, 0], Q[j, 1], Q[j, 2], Q[j, 3], Q[j, 4]
+            q5, q6, q7, q8 = Q[j, 5], Q[j, 6], Q[j, 7], Q[j, 8]
+            T[0, i] = q0
+            T[1, i] = q1
+            T[2, i] = q2
+            T[3, i] = q3
+            T[4, i] = q4
+            T[5, i] = q5
+            T[6, i] = q6
+            T[7, i] = q7
+            T[8, i] = q8
+    else:
+        for i in range(e - s):
+            j = np.uint64(items[s + i])
+            for a in range(d):
+                T[a, i] = Q[j, a]
     for a in range(d):
         for i in range(e - s, cap):
             T[a, i] = 0.0
