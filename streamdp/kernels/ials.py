@@ -67,6 +67,42 @@ def _whitening(YtY, ridge, d):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _gather_white_registers(Yw, items, conf, s, n, Tt, b):
+    """:func:`_solve_white`'s gather for ``d`` of 8 or 9 (k = 8; 9 with the popularity column): the sums ``b`` in
+    scalars, which a scratch array would reload after every store into the tile. The same sums in the same order."""
+    nine = Yw.shape[1] == 9
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = b8 = 0.0
+    for i in range(n):
+        j = np.uint64(items[s + i])
+        c = conf[s + i]
+        si = np.sqrt(c - 1.0)
+        y0, y1, y2, y3, y4, y5, y6, y7 = Yw[j, 0], Yw[j, 1], Yw[j, 2], Yw[j, 3], Yw[j, 4], Yw[j, 5], Yw[j, 6], Yw[j, 7]
+        b0 += c * y0
+        b1 += c * y1
+        b2 += c * y2
+        b3 += c * y3
+        b4 += c * y4
+        b5 += c * y5
+        b6 += c * y6
+        b7 += c * y7
+        Tt[0, i] = si * y0
+        Tt[1, i] = si * y1
+        Tt[2, i] = si * y2
+        Tt[3, i] = si * y3
+        Tt[4, i] = si * y4
+        Tt[5, i] = si * y5
+        Tt[6, i] = si * y6
+        Tt[7, i] = si * y7
+        if nine:
+            y8 = Yw[j, 8]
+            b8 += c * y8
+            Tt[8, i] = si * y8
+    b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7] = b0, b1, b2, b3, b4, b5, b6, b7
+    if nine:
+        b[8] = b8
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
 def _solve_white(Yw, items, conf, s, n, Tt, G, b):
     """One user's ``b = (I + V^T V)^-1 sum_i c_i yw_i`` in the whitened basis (``V`` rows ``sqrt(c_i - 1) yw_i``).
 
@@ -80,16 +116,19 @@ def _solve_white(Yw, items, conf, s, n, Tt, G, b):
     thread, 10M ratings (docs/benchmarks.md); the same solution up to rounding.
     """
     d = Yw.shape[1]
-    for a in range(d):
-        b[a] = 0.0
-    for i in range(n):
-        j = np.uint64(items[s + i])
-        c = conf[s + i]
-        si = np.sqrt(c - 1.0)
+    if d == 8 or d == 9:
+        _gather_white_registers(Yw, items, conf, s, n, Tt, b)
+    else:
         for a in range(d):
-            ya = Yw[j, a]
-            b[a] += c * ya
-            Tt[a, i] = si * ya
+            b[a] = 0.0
+        for i in range(n):
+            j = np.uint64(items[s + i])
+            c = conf[s + i]
+            si = np.sqrt(c - 1.0)
+            for a in range(d):
+                ya = Yw[j, a]
+                b[a] += c * ya
+                Tt[a, i] = si * ya
     m = padded(n)
     for a in range(d):
         for i in range(n, m):
