@@ -404,9 +404,23 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     they are added): within ``1e-12`` relative of that order.
     """
     k = U.shape[1] - 1
-    d = B.shape[1]
-    n_u = len(indptr) - 1
     shift = np.ascontiguousarray(U[:, k])
+    return item_side_sums(indptr, items, weights, target, shift, R, target, True, U, k, B.shape[1], clip, True, beta,
+                          B, A, S)
+
+
+@njit(cache=True, nogil=True)
+def item_side_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, U, k, d, clip, last_is_beta, last, B, A, S):
+    """The item side of als and ials, one implementation: rows clipped, then the sums; returns the clipped users.
+
+    Row ``x_u`` (``d`` wide): ``U[u, :k]`` clipped to norm ``clip`` (:func:`clipped_rows`), and with
+    ``d > k`` a last coordinate ``last`` (``last_is_beta``: als's ``beta``) or ``U[u, k]`` clipped
+    to ``[-last, last]`` (ials's popularity weight). The pairs' arguments as
+    :func:`accumulate_by_user`'s. In the users' order the rows are formed :data:`USER_CHUNK`
+    users at a time and summed by :func:`user_order_sums` (the same bits as all at once);
+    item by item (``A`` past :data:`USER_ORDER_BYTES`) the whole block's rows first.
+    """
+    n_u = len(indptr) - 1
     by_item = A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES
     chunk = n_u if by_item else min(n_u, USER_CHUNK)
     X = np.empty((chunk, d), dtype=np.float64)
@@ -420,14 +434,14 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
         if d > k:
             for u in range(c1 - c0):
                 if ipc[u + 1] > ipc[u]:
-                    Xc[u, k] = beta
+                    Xc[u, k] = last if last_is_beta else min(max(U[c0 + u, k], -last), last)
         if by_item:
             if S.shape[0] > 0:
                 gramian_upper(Xc, S)
-            start, user, bw, aw = pairs_by_item(ipc, items, weights, target, shift, R, target, True, B.shape[0])
+            start, user, bw, aw = pairs_by_item(ipc, items, weights, bsrc, shift, R, asrc, a_one, B.shape[0])
             accumulate_by_item(start, user, bw, aw, Xc, B, A)
         else:
-            user_order_sums(ipc, items, weights, target, shift[c0:c1], R, target, True, Xc, B, A, S)
+            user_order_sums(ipc, items, weights, bsrc, shift[c0:c1], R, asrc, a_one, Xc, B, A, S)
     return clipped
 
 

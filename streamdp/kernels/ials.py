@@ -30,8 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import (USER_CHUNK, USER_ORDER_BYTES, accumulate_by_item, clipped_rows, gramian_upper,
-                                  pairs_by_item, user_order_sums)
+from streamdp.kernels.als import item_side_sums
 from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded
 
 
@@ -292,17 +291,6 @@ def _tile_product(T, cv, n, M, v, out, residual):
 
 
 @njit(cache=True, nogil=True)
-def _clip_rows(indptr, U, k, clip, clip_last, X):
-    """``X[u]``: user ``u``'s row clipped (see :func:`ials_accumulate`); returns the number of clipped users."""
-    clipped = clipped_rows(indptr, U, k, clip, X)
-    if k < U.shape[1]:
-        for u in range(len(indptr) - 1):
-            if indptr[u + 1] > indptr[u]:
-                X[u, k] = min(max(U[u, k], -clip_last), clip_last)
-    return clipped
-
-
-@njit(cache=True, nogil=True)
 def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     """Accumulate one block's item-side sums (module docstring); returns the number of clipped users.
 
@@ -313,32 +301,13 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     weight on the popularity column) is clipped on its own to ``[-clip_last, clip_last]``
     and the first ``k`` to norm ``clip``, and ``B`` gets the first ``k`` only; otherwise the
     whole row is clipped to ``clip``. Users without pairs add nothing. The rows are
-    clipped first (:func:`_clip_rows`), then the pairs are taken by the kernels shared with als
-    (:func:`streamdp.kernels.als.als_accumulate`: in the users' order, chunks of
-    :data:`streamdp.kernels.als.USER_CHUNK` users, while ``A`` and ``B`` fit in cache, item by
-    item beyond).
+    clipped and the pairs taken by :func:`streamdp.kernels.als.item_side_sums`, shared with als
+    (in the users' order, chunks of :data:`streamdp.kernels.als.USER_CHUNK` users, while ``A``
+    and ``B`` fit in cache, item by item beyond).
     """
-    d = U.shape[1]
-    k = B.shape[1]
-    n_u = len(indptr) - 1
-    zero = np.zeros(n_u, dtype=np.float64)
-    by_item = A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES
-    chunk = n_u if by_item else min(n_u, USER_CHUNK)
-    X = np.empty((chunk, d), dtype=np.float64)
-    clipped = 0
-    for c0 in range(0, n_u, max(chunk, 1)):
-        c1 = min(n_u, c0 + chunk)
-        ipc = indptr[c0:c1 + 1]
-        Xc = X[:c1 - c0]
-        Xc[:] = 0.0
-        clipped += _clip_rows(ipc, U[c0:c1], k, clip, clip_last, Xc)
-        if by_item:
-            gramian_upper(Xc, G)
-            start, user, bw, aw = pairs_by_item(ipc, items, weights, conf, zero, np.inf, conf, False, B.shape[0])
-            accumulate_by_item(start, user, bw, aw, Xc, B, A)
-        else:
-            user_order_sums(ipc, items, weights, conf, zero[c0:c1], np.inf, conf, False, Xc, B, A, G)
-    return clipped
+    zero = np.zeros(len(indptr) - 1, dtype=np.float64)
+    return item_side_sums(indptr, items, weights, conf, zero, np.inf, conf, False, U, B.shape[1], U.shape[1], clip,
+                          False, clip_last, B, A, G)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
