@@ -111,8 +111,9 @@ def _solve_white(Yw, items, conf, s, n, Tt, G, b):
     :func:`streamdp.kernels.linalg.gram_lower` (the als user solve's), factored by
     :func:`streamdp.kernels.linalg.cholesky_lower`. It replaced a BLAS product per user
     (``numpy.dot``, with the Woodbury identity for ``n < d``), whose call and result
-    allocation cost more than its arithmetic: 1.6x (d = 8) to 3.4x (d = 64) faster, one
-    thread, 10M ratings (docs/benchmarks.md); the same solution up to rounding.
+    allocation weigh at small ``d``: on ``bench/roofline.py``'s 10M ratings, one thread, CPU
+    time, with the gather of :func:`_gather_white_registers`, 1.06x at ``d = 8``, 1.10x at
+    16, the same at 64 and 65 (docs/benchmarks.md); the same solution up to rounding.
     """
     d = Yw.shape[1]
     if d == 8 or d == 9:
@@ -163,8 +164,7 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U, tiles32=False):
     float32, sums, factorization and solve in float64): about ``1e-7`` relative error. For the
     private training, whose rows are then clipped and whose sums get noise many orders above
     that; the local solve and the non-private runs keep float64. Since the Gramians left BLAS
-    it runs at float64's rate (0.95-1.0x at ``d = 8`` to 65, one thread): kept for the half
-    size of the whitened rows.
+    it runs at about float64's rate (0.95-1.0x at ``d = 8`` to 65, one thread).
     """
     d = Y.shape[1]
     Li = _whitening(YtY, ridge, d)
