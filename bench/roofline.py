@@ -40,8 +40,10 @@ So ``roofline ratings/s = dgemm multiply-adds/s / madds``: what the kernel would
 ran at dgemm's rate. Rates are medians of ``--repeats`` round-robin repeats (each repeat times
 dgemm and every kernel once, in turn); ratios are of those medians. Each timed call covers
 the first users of the CSR up to about ``BUDGET`` multiply-adds (all of them when cheaper),
-so k = 64 takes seconds, not minutes. The machine is shared: only the ratios of one run mean
-much.
+so k = 64 takes seconds, not minutes. Times are the timing thread's CPU time
+(``time.thread_time``; every kernel and BLAS run on it), so the time slices other jobs take
+on a shared machine do not count; their use of the caches and memory still does: only the
+ratios of one run mean much.
 """
 
 from __future__ import annotations
@@ -87,12 +89,12 @@ def generate(users: int, items: int, ratings: int, seed: int = 0):
 
 
 def dgemm_rate(n: int) -> float:
-    """Multiply-adds/s of one ``n x n`` float64 ``numpy.matmul`` (``n^3`` multiply-adds)."""
+    """Multiply-adds per CPU second of one ``n x n`` float64 ``numpy.matmul`` (``n^3`` multiply-adds)."""
     rng = np.random.default_rng(1)
     a, b = rng.normal(size=(n, n)), rng.normal(size=(n, n))
-    t = time.perf_counter()
+    t = time.thread_time()
     np.matmul(a, b)
-    return n ** 3 / (time.perf_counter() - t)
+    return n ** 3 / (time.thread_time() - t)
 
 
 # -- the plain kernels: simple triple loops ----------------------------------------------
@@ -290,9 +292,9 @@ def run(quick: bool = False, ks=(8, 16, 64), repeats: int = 3, log=None, only: s
             gemm.append(dgemm_rate(dn))
             for c in all_cases:
                 for v, f in c.calls.items():
-                    t = time.perf_counter()
+                    t = time.thread_time()
                     f()
-                    c.times[v].append(time.perf_counter() - t)
+                    c.times[v].append(time.thread_time() - t)
             if log:
                 log(f"repeat {rep + 1}/{repeats} done")
     peak = statistics.median(gemm)

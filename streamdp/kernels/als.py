@@ -302,8 +302,12 @@ def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
     The user's row is copied to a scratch vector once, so the inner loops read it without
     Numba's view of ``X`` (measured at k = 8, 10M ratings, one core: 1.9x the per-pair
     loop with the clip and the row read in it). A pair of weight 0 adds exact zeros.
+    ``B`` of 8 or 9 columns (k = 8) takes :func:`_rhs_registers`: the same bits.
     """
     k = B.shape[1]
+    if k == 8 or k == 9:
+        _rhs_registers(indptr, items, weights, bsrc, shift, R, X, B)
+        return
     x = np.empty(k, dtype=np.float64)
     for u in range(len(indptr) - 1):
         c = shift[u]
@@ -328,6 +332,56 @@ def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
                 B[j0, a] += f0 * x[a]
 
 
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _rhs_registers(indptr, items, weights, bsrc, shift, R, X, B):
+    """:func:`accumulate_rhs` for ``B`` of 8 or 9 columns: the user's row in nine scalars, one pair per step.
+
+    A row in a scratch array is read again after every store into ``B`` (the compiler cannot
+    rule out that they overlap) or behind a runtime overlap check per pair; scalars are not.
+    Measured on 10M ratings, one core: 1.2x :func:`accumulate_rhs`'s loop at 8 and 9 columns,
+    0.8x at 17 with a test per column past the eighth (so 8 and 9 only). The same sums in
+    the same order: the same bits.
+    """
+    nine = B.shape[1] == 9
+    for u in range(len(indptr) - 1):
+        c = shift[u]
+        x0, x1, x2, x3, x4, x5, x6, x7 = X[u, 0], X[u, 1], X[u, 2], X[u, 3], X[u, 4], X[u, 5], X[u, 6], X[u, 7]
+        x8 = X[u, 8] if nine else 0.0
+        for p in range(indptr[u], indptr[u + 1]):
+            f = weights[p] * min(max(bsrc[p] - c, -R), R)
+            j = np.uint64(items[p])
+            B[j, 0] += f * x0
+            B[j, 1] += f * x1
+            B[j, 2] += f * x2
+            B[j, 3] += f * x3
+            B[j, 4] += f * x4
+            B[j, 5] += f * x5
+            B[j, 6] += f * x6
+            B[j, 7] += f * x7
+            if nine:
+                B[j, 8] += f * x8
+
+
+#: Users per chunk of clipped rows in the users' order (:func:`als_accumulate`, ``ials_accumulate``): a multiple
+#: of 4 (:func:`gramian_upper`'s grouping, so the same bits as one chunk). The rows of a chunk stay in cache between
+#: the Gramian and the pairs, where a block's whole ``n_users x d`` array (27 MB at 200,000 users, k = 16) went
+#: to memory and back: measured on 10M ratings, one core, k = 16 shared Gramian 1.24x (docs/benchmarks.md).
+USER_CHUNK = 1024
+
+
+@njit(cache=True, nogil=True)
+def user_order_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A, S):
+    """A chunk of users' item-side sums in the users' order: ``S += X^T X`` (upper, ``S`` non-empty, by
+    :func:`gramian_upper`), then ``B`` and ``A`` by :func:`accumulate_by_user` (``A`` non-empty) or ``B`` alone by
+    :func:`accumulate_rhs`; the arguments as theirs (``X``, ``shift`` the chunk's rows)."""
+    if S.shape[0] > 0:
+        gramian_upper(X, S)
+    if A.shape[0] > 0:
+        accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A)
+    else:
+        accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B)
+
+
 @njit(cache=True, nogil=True)
 def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     """Accumulate one block's item-side sums (see the module docstring); returns the number of clipped users.
@@ -339,7 +393,8 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     ``B`` is ``(n_items, d)`` with ``d = k`` or ``k + 1`` (then ``x`` ends with ``beta``),
     ``A`` ``(n_items, d (d + 1) / 2)`` or empty, ``S`` ``(d, d)`` or empty.
 
-    The clipped rows ``x_u`` (``n_users x d``) are formed first, then the sums are taken
+    The clipped rows ``x_u`` are formed first (a chunk of :data:`USER_CHUNK` users at a time in
+    the users' order, the same bits as all at once; the whole block item by item), then the sums are taken
     by the kernels ials shares (the residuals clipped on the way): ``S`` by :func:`gramian_upper`; ``B``
     and ``A`` in the users' order while they fit in cache (:func:`accumulate_by_user`,
     :data:`USER_ORDER_BYTES`), item by item beyond (:func:`accumulate_by_item`, eight pairs
@@ -349,25 +404,46 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     they are added): within ``1e-12`` relative of that order.
     """
     k = U.shape[1] - 1
-    d = B.shape[1]
-    n_u = len(indptr) - 1
-    X = np.zeros((n_u, d), dtype=np.float64)
-    clipped = clipped_rows(indptr, U, k, clip, X)
-    if d > k:
-        for u in range(n_u):
-            if indptr[u + 1] > indptr[u]:
-                X[u, k] = beta
     shift = np.ascontiguousarray(U[:, k])
-    if S.shape[0] > 0:
-        gramian_upper(X, S)
-    if A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES:
-        start, user, bw, aw = pairs_by_item(indptr, items, weights, target, shift, R, target, True, B.shape[0])
-        accumulate_by_item(start, user, bw, aw, X, B, A)
-    elif A.shape[0] > 0:
-        accumulate_by_user(indptr, items, weights, target, shift, R, target, True, X, B, A)
-    else:
-        accumulate_rhs(indptr, items, weights, target, shift, R, X, B)
+    return item_side_sums(indptr, items, weights, target, shift, R, target, True, U, k, B.shape[1], clip, True, beta,
+                          B, A, S)
+
+
+@njit(cache=True, nogil=True)
+def item_side_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, U, k, d, clip, last_is_beta, last, B, A, S):
+    """The item side of als and ials, one implementation: rows clipped, then the sums; returns the clipped users.
+
+    Row ``x_u`` (``d`` wide): ``U[u, :k]`` clipped to norm ``clip`` (:func:`clipped_rows`), and with
+    ``d > k`` a last coordinate ``last`` (``last_is_beta``: als's ``beta``) or ``U[u, k]`` clipped
+    to ``[-last, last]`` (ials's popularity weight). The pairs' arguments as
+    :func:`accumulate_by_user`'s. In the users' order the rows are formed :data:`USER_CHUNK`
+    users at a time and summed by :func:`user_order_sums` (the same bits as all at once);
+    item by item (``A`` past :data:`USER_ORDER_BYTES`) the whole block's rows first.
+    """
+    n_u = len(indptr) - 1
+    by_item = A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES
+    chunk = n_u if by_item else min(n_u, USER_CHUNK)
+    X = np.empty((chunk, d), dtype=np.float64)
+    clipped = 0
+    for c0 in range(0, n_u, max(chunk, 1)):
+        c1 = min(n_u, c0 + chunk)
+        ipc = indptr[c0:c1 + 1]
+        Xc = X[:c1 - c0]
+        Xc[:] = 0.0
+        clipped += clipped_rows(ipc, U[c0:c1], k, clip, Xc)
+        if d > k:
+            for u in range(c1 - c0):
+                if ipc[u + 1] > ipc[u]:
+                    Xc[u, k] = last if last_is_beta else min(max(U[c0 + u, k], -last), last)
+        if by_item:
+            if S.shape[0] > 0:
+                gramian_upper(Xc, S)
+            start, user, bw, aw = pairs_by_item(ipc, items, weights, bsrc, shift, R, asrc, a_one, B.shape[0])
+            accumulate_by_item(start, user, bw, aw, Xc, B, A)
+        else:
+            user_order_sums(ipc, items, weights, bsrc, shift[c0:c1], R, asrc, a_one, Xc, B, A, S)
     return clipped
+
 
 
 def symmetrize_upper(S):

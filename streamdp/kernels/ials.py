@@ -30,9 +30,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamdp.kernels.als import (USER_ORDER_BYTES, accumulate_by_item, accumulate_by_user, accumulate_rhs,
-                                  clipped_rows, gramian_upper, pairs_by_item)
-from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply
+from streamdp.kernels.als import item_side_sums
+from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded
 
 
 @njit(cache=True, nogil=True)
@@ -67,47 +66,78 @@ def _whitening(YtY, ridge, d):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _solve_white(Yw, items, conf, s, n, V, b, t):
-    """One user's ``b = (I + V^T V)^-1 sum_i c_i yw_i`` in the whitened basis (``V`` rows ``sqrt(c_i - 1) yw_i``).
-
-    The user's rows are gathered once; with ``n < d`` pairs by the Woodbury identity
-    (``b - V^T (I + V V^T)^-1 V b``: an ``n x n`` system), otherwise by the ``d x d`` system;
-    both Gramians are one BLAS product on the gathered tile (``numpy.dot``: the full
-    square, twice the triangle's multiply-adds, at about three times the rate of the
-    triangle's Numba loops), factored by :func:`streamdp.kernels.linalg.cholesky_lower`.
-    """
-    d = Yw.shape[1]
-    for a in range(d):
-        b[a] = 0.0
+def _gather_white_registers(Yw, items, conf, s, n, Tt, b):
+    """:func:`_solve_white`'s gather for ``d`` of 8 or 9 (k = 8; 9 with the popularity column): the sums ``b`` in
+    scalars, which a scratch array would reload after every store into the tile. The same sums in the same order."""
+    nine = Yw.shape[1] == 9
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = b8 = 0.0
     for i in range(n):
         j = np.uint64(items[s + i])
         c = conf[s + i]
         si = np.sqrt(c - 1.0)
-        for a in range(d):
-            ya = Yw[j, a]
-            b[a] += c * ya
-            V[i, a] = si * ya
-    Vn = V[:n]
-    if n < d:
-        S = np.dot(Vn, Vn.T).astype(np.float64)  # factored in float64 whatever the tile's type
-        for i in range(n):
-            acc = 0.0
-            for a in range(d):
-                acc += V[i, a] * b[a]
-            t[i] = acc
-            S[i, i] += 1.0
-        cholesky_lower(S, n)
-        cholesky_lower_apply(S, t, n)
-        for i in range(n):
-            f = t[i]
-            for a in range(d):
-                b[a] -= f * V[i, a]
+        y0, y1, y2, y3, y4, y5, y6, y7 = Yw[j, 0], Yw[j, 1], Yw[j, 2], Yw[j, 3], Yw[j, 4], Yw[j, 5], Yw[j, 6], Yw[j, 7]
+        b0 += c * y0
+        b1 += c * y1
+        b2 += c * y2
+        b3 += c * y3
+        b4 += c * y4
+        b5 += c * y5
+        b6 += c * y6
+        b7 += c * y7
+        Tt[0, i] = si * y0
+        Tt[1, i] = si * y1
+        Tt[2, i] = si * y2
+        Tt[3, i] = si * y3
+        Tt[4, i] = si * y4
+        Tt[5, i] = si * y5
+        Tt[6, i] = si * y6
+        Tt[7, i] = si * y7
+        if nine:
+            y8 = Yw[j, 8]
+            b8 += c * y8
+            Tt[8, i] = si * y8
+    b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7] = b0, b1, b2, b3, b4, b5, b6, b7
+    if nine:
+        b[8] = b8
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _solve_white(Yw, items, conf, s, n, Tt, G, b):
+    """One user's ``b = (I + V^T V)^-1 sum_i c_i yw_i`` in the whitened basis (``V`` rows ``sqrt(c_i - 1) yw_i``).
+
+    The user's rows ``sqrt(c_i - 1) yw_i`` are gathered once, transposed, into ``Tt``
+    (``d x`` the longest user padded, :func:`streamdp.kernels.linalg.padded`: zero columns
+    add exact zeros); the ``d x d`` Gramian's lower triangle is
+    :func:`streamdp.kernels.linalg.gram_lower` (the als user solve's), factored by
+    :func:`streamdp.kernels.linalg.cholesky_lower`. It replaced a BLAS product per user
+    (``numpy.dot``, with the Woodbury identity for ``n < d``), whose call and result
+    allocation weigh at small ``d``: on ``bench/roofline.py``'s 10M ratings, one thread, CPU
+    time, with the gather of :func:`_gather_white_registers`, 1.06x at ``d = 8``, 1.10x at
+    16, the same at 64 and 65 (docs/benchmarks.md); the same solution up to rounding.
+    """
+    d = Yw.shape[1]
+    if d == 8 or d == 9:
+        _gather_white_registers(Yw, items, conf, s, n, Tt, b)
     else:
-        M = np.dot(Vn.T, Vn).astype(np.float64)
         for a in range(d):
-            M[a, a] += 1.0
-        cholesky_lower(M, d)
-        cholesky_lower_apply(M, b, d)
+            b[a] = 0.0
+        for i in range(n):
+            j = np.uint64(items[s + i])
+            c = conf[s + i]
+            si = np.sqrt(c - 1.0)
+            for a in range(d):
+                ya = Yw[j, a]
+                b[a] += c * ya
+                Tt[a, i] = si * ya
+    m = padded(n)
+    for a in range(d):
+        for i in range(n, m):
+            Tt[a, i] = 0.0
+    gram_lower(Tt, Tt, m, d, G)
+    for a in range(d):
+        G[a, a] += 1.0
+    cholesky_lower(G, d)
+    cholesky_lower_apply(G, b, d)
 
 
 @njit(cache=True, nogil=True)
@@ -127,15 +157,14 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U, tiles32=False):
     **Whitened** (issue 44): with ``P = YtY + ridge I = L L^T`` and the item rows
     ``yw_j = L^-1 y_j`` (one ``n_items x d x d`` BLAS product per call), user ``u``'s system
     is ``(I + V^T V) b = sum c_j yw_j`` (``V`` rows ``sqrt(c_j - 1) yw_j``) and ``u = L^-T b``
-    (:func:`_solve_white`): one gather per user where the unwhitened Woodbury form gathered
-    ``y_j`` and ``P^-1 y_j`` both. 1M pairs of 21,000 users, ``d = 65``, one thread: 0.30
-    CPU s against 0.35 s; the same solution within rounding (``1e-15`` relative there).
+    (:func:`_solve_white`: one gather per user, her Gramian by Numba loops on the tile); the
+    same solution within rounding (``1e-14`` relative).
 
-    ``tiles32``: the whitened rows and the users' tiles in float32, their Gramians by a float32
-    BLAS product (twice the rate), each factored and solved in float64: about ``1e-7``
-    relative error (``6e-8`` on the block above, 0.26 against 0.34 CPU s). For the private
-    training, whose rows are then clipped and whose sums get noise many orders above that;
-    the local solve and the non-private runs keep float64.
+    ``tiles32``: the whitened rows and the users' tiles in float32 (products rounded to
+    float32, sums, factorization and solve in float64): about ``1e-7`` relative error. For the
+    private training, whose rows are then clipped and whose sums get noise many orders above
+    that; the local solve and the non-private runs keep float64. Since the Gramians left BLAS
+    it runs at about float64's rate (0.95-1.0x at ``d = 8`` to 65, one thread).
     """
     d = Y.shape[1]
     Li = _whitening(YtY, ridge, d)
@@ -153,16 +182,16 @@ def _solve_whitened(indptr, items, conf, Yw, Li, U):
     longest = 1
     for u in range(len(indptr) - 1):
         longest = max(longest, indptr[u + 1] - indptr[u])
-    V = np.empty((longest, d), dtype=Yw.dtype)
+    Tt = np.empty((d, padded(longest)), dtype=Yw.dtype)
+    G = np.empty((d, d), dtype=np.float64)
     b = np.empty(d, dtype=np.float64)
-    t = np.empty(d, dtype=np.float64)
     for u in range(len(indptr) - 1):
         s, n = indptr[u], indptr[u + 1] - indptr[u]
         if n == 0:
             for a in range(d):
                 U[u, a] = 0.0
             continue
-        _solve_white(Yw, items, conf, s, n, V, b, t)
+        _solve_white(Yw, items, conf, s, n, Tt, G, b)
         for a in range(d):  # u = L^-T b
             acc = 0.0
             for m in range(a, d):
@@ -262,17 +291,6 @@ def _tile_product(T, cv, n, M, v, out, residual):
 
 
 @njit(cache=True, nogil=True)
-def _clip_rows(indptr, U, k, clip, clip_last, X):
-    """``X[u]``: user ``u``'s row clipped (see :func:`ials_accumulate`); returns the number of clipped users."""
-    clipped = clipped_rows(indptr, U, k, clip, X)
-    if k < U.shape[1]:
-        for u in range(len(indptr) - 1):
-            if indptr[u + 1] > indptr[u]:
-                X[u, k] = min(max(U[u, k], -clip_last), clip_last)
-    return clipped
-
-
-@njit(cache=True, nogil=True)
 def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     """Accumulate one block's item-side sums (module docstring); returns the number of clipped users.
 
@@ -283,24 +301,13 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
     weight on the popularity column) is clipped on its own to ``[-clip_last, clip_last]``
     and the first ``k`` to norm ``clip``, and ``B`` gets the first ``k`` only; otherwise the
     whole row is clipped to ``clip``. Users without pairs add nothing. The rows are
-    clipped first (:func:`_clip_rows`), then the pairs are taken by the kernels shared with als
-    (:func:`streamdp.kernels.als.als_accumulate`: in the users' order while ``A`` and ``B``
-    fit in cache, item by item beyond).
+    clipped and the pairs taken by :func:`streamdp.kernels.als.item_side_sums`, shared with als
+    (in the users' order, chunks of :data:`streamdp.kernels.als.USER_CHUNK` users, while ``A``
+    and ``B`` fit in cache, item by item beyond).
     """
-    d = U.shape[1]
-    k = B.shape[1]
-    X = np.zeros((len(indptr) - 1, d), dtype=np.float64)
-    clipped = _clip_rows(indptr, U, k, clip, clip_last, X)
-    gramian_upper(X, G)
     zero = np.zeros(len(indptr) - 1, dtype=np.float64)
-    if A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES:
-        start, user, bw, aw = pairs_by_item(indptr, items, weights, conf, zero, np.inf, conf, False, B.shape[0])
-        accumulate_by_item(start, user, bw, aw, X, B, A)
-    elif A.shape[0] > 0:
-        accumulate_by_user(indptr, items, weights, conf, zero, np.inf, conf, False, X, B, A)
-    else:
-        accumulate_rhs(indptr, items, weights, conf, zero, np.inf, X, B)
-    return clipped
+    return item_side_sums(indptr, items, weights, conf, zero, np.inf, conf, False, U, B.shape[1], U.shape[1], clip,
+                          False, clip_last, B, A, G)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})

@@ -33,7 +33,7 @@ def test_user_solve_matches_the_reference(seed):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_user_solve_in_float32_tiles_is_the_reference_within_float32_rounding(seed):
-    """``tiles32`` (the private training's user solve): float32 tiles and BLAS, float64 factorization: the reference
+    """``tiles32`` (the private training's user solve): float32 tiles, float64 sums and factorization: the reference
     within 1e-5 of the largest entry (float32 rounding: about 1e-7)."""
     rng, ip, it, conf, Y = _block(seed)
     YtY = Y.T @ Y
