@@ -6,6 +6,9 @@
     python bench/ranking.py --stores clustered-10k           # 10,000 users in 20 taste groups (bench/ials.py's)
     python bench/ranking.py --stores product-72k,log-6k,thin-600,repeat-log --implicit-grid issue42 \
         --epsilons 1,10,inf                                  # issue 42's shapes, its peers' grid (docs/benchmarks.md)
+    python bench/ranking.py --stores million --ranking-users 20000 --store-dir /tmp/keep \
+        --implicit-grid 'factors=16,64;alpha=1,10;regularization=1' --ease-max-items 10000 --k 10 \
+        --epsilons 1,10,inf --tune-epsilons ''           # the 1M x 20k store: every list on one users' sample
     python bench/ranking.py --methods-table [--seeds 2]      # docs/methods.md's table: means, oja, als per epsilon
 
 Per store (real sets ingested from ``../shared/data`` with ``--test-fraction 0.2 --seed 1``
@@ -40,8 +43,10 @@ metric code (:func:`streamdp.kernels.topk.ranking_sums`, the kernel ``evaluate``
 with ``evaluate``'s protocol: each user's top k among the items she did not rate in
 training, ties by ascending item id, relevant = a held-out rating in the top 20% of the
 rating range (:func:`streamdp.serving.ranking.default_threshold`), users without a relevant
-held-out rating not evaluated. The exact most-popular list is computed both ways (through
-``evaluate`` and through the peers' path) and the two must agree: the run stops if not.
+held-out rating not evaluated; every user, or with ``--ranking-users N`` ``evaluate --ranking-users N``'s seeded
+sample (:func:`streamdp.serving.ranking.ranking_sample`) for every list, each mean with its standard error. The exact
+most-popular list is computed both ways (through ``evaluate`` and through the peers' path) and the two must agree,
+on the same users and with the same standard errors: the run stops if not.
 """
 
 from __future__ import annotations
@@ -89,6 +94,10 @@ SHAPES = {
     "thin-600": dict(users=600, items=10_000, ratings_per_user=165, taste_clusters=20, taste_strength=2.0),
     # an implicit log with repeat counts (``generate --implicit``)
     "repeat-log": dict(users=15_000, items=2_000, ratings_per_user=20, taste_clusters=20, implicit=True),
+    # a big product catalogue: 1M users x 20k items, ~20 ratings per user (20M), a heavy popularity head (Zipf 1.0)
+    # and a heavy tail of light users (Pareto 1.5), tastes as product-72k's; run with --ranking-users
+    "million": dict(users=1_000_000, items=20_000, ratings_per_user=20, item_exponent=1.0, user_exponent=1.5,
+                    taste_clusters=20, taste_strength=4.0),
 }
 EASE_LAMBDAS = (10.0, 50.0, 200.0, 1000.0)
 
@@ -126,44 +135,61 @@ def tiekey_of(st, model=None) -> np.ndarray:
     return key
 
 
-def metrics_of_scores(score_block, train, test, tiekey, threshold, ks, block=2048) -> dict:
-    """Recall@k and NDCG@k of the lists ranked by ``score_block(first, end)`` (dense ``(users, items)`` scores).
+def metrics_of_scores(score_rows, train, test, tiekey, threshold, ks, block=2048, users=None) -> dict:
+    """Recall@k and NDCG@k (each with its standard error) of the lists ranked by ``score_rows(rows)`` (dense
+    ``(len(rows), items)`` scores of the users at dense positions ``rows``).
 
     Each user's top ``max(ks)`` unseen items by ``(-score, tiekey)``, then
-    :func:`streamdp.kernels.topk.ranking_sums` (``evaluate``'s metric kernel) for each ``k``.
+    :func:`streamdp.kernels.topk.ranking_sums` (``evaluate``'s metric kernel) for each ``k``. ``users``: the sorted
+    dense positions scored (:func:`streamdp.serving.ranking.ranking_sample`, ``evaluate --ranking-users``'s sample);
+    ``None``: every user, standard error 0 (the means are exact).
     """
     from streamdp.kernels.topk import SUMS, ranking_sums
+    from streamdp.serving.ranking import standard_error
 
     kmax = max(ks)
-    n_users, n_items = train.shape
+    n_items = train.shape[1]
     pop = np.bincount(train.indices, minlength=train.shape[1]).astype(np.float64)
     sums = {k: np.zeros(len(SUMS)) for k in ks}
     covered = np.zeros(n_items)
-    for first in range(0, n_users, block):
-        end = min(first + block, n_users)
-        S = np.array(score_block(first, end), np.float64, copy=True)
-        tr = train[first:end]
-        rows = np.repeat(np.arange(end - first), np.diff(tr.indptr))
-        S[rows, tr.indices] = -np.inf
-        m = min(kmax + 32, n_items)  # a margin for ties at the partition's edge, then an exact sort
-        part = np.argpartition(-S, m - 1, axis=1)[:, :m] if m < n_items else np.tile(np.arange(n_items), (len(S), 1))
-        # the kmax-th score: where more than m items reach it (ties wider than the margin, e.g. the chart's counts
-        # on a heavy user's unseen tail) the candidates are every item that reaches it, so the tie-break is exact
-        kth = np.partition(S, n_items - kmax, axis=1)[:, n_items - kmax] if kmax < n_items else S.min(axis=1)
-        wide = (S >= kth[:, None]).sum(axis=1) > m
-        lists = np.full((len(S), kmax), -1, np.int32)
-        for u in range(len(S)):
-            cand = np.flatnonzero(S[u] >= kth[u]) if wide[u] else part[u]
-            order = cand[np.lexsort((tiekey[cand], -S[u, cand]))][:kmax]
-            order = order[np.isfinite(S[u, order])]
-            lists[u, :len(order)] = order
-        te = test[first:end]
+    rows_all = np.arange(train.shape[0]) if users is None else np.asarray(users, np.int64)
+    for first in range(0, len(rows_all), block):
+        rows = rows_all[first:first + block]
+        S = np.array(score_rows(rows), np.float64, copy=True)
+        tr = train[rows]
+        lists = top_lists(S, tr, tiekey, kmax)
+        te = test[rows]
         for k in ks:
             ranking_sums(np.ascontiguousarray(lists[:, :k]), te.indptr.astype(np.int64), te.indices.astype(np.int32),
-                         te.data.astype(np.float64), float(threshold), pop, np.ones(end - first, np.uint8), sums[k],
+                         te.data.astype(np.float64), float(threshold), pop, np.ones(len(rows), np.uint8), sums[k],
                          covered)
-    return {k: {"recall": s[2] / max(s[0], 1), "ndcg": s[3] / max(s[0], 1), "n_users": int(s[0])}
+    # evaluate's population: every user with a relevant held-out item (the sampled ones are only part of them)
+    population = float(np.count_nonzero(np.bincount(np.repeat(np.arange(test.shape[0]), np.diff(test.indptr))[
+        test.data >= threshold], minlength=test.shape[0])))
+    return {k: {"recall": s[2] / max(s[0], 1), "ndcg": s[3] / max(s[0], 1), "n_users": int(s[0]),
+                "standard_error": {m: standard_error(s[i], s[i + 5], s[0], population, users is not None)
+                                   for m, i in (("recall", 2), ("ndcg", 3))}}
             for k, s in sums.items()}
+
+
+def top_lists(S, tr, tiekey, kmax) -> np.ndarray:
+    """Each row's top ``kmax`` items of the scores ``S`` among those not in ``tr`` (CSR, the rows' training
+    ratings), by ``(-score, tiekey)``; ``-1``-padded."""
+    n_items = S.shape[1]
+    S[np.repeat(np.arange(len(S)), np.diff(tr.indptr)), tr.indices] = -np.inf
+    m = min(kmax + 32, n_items)  # a margin for ties at the partition's edge, then an exact sort
+    part = np.argpartition(-S, m - 1, axis=1)[:, :m] if m < n_items else np.tile(np.arange(n_items), (len(S), 1))
+    # the kmax-th score: where more than m items reach it (ties wider than the margin, e.g. the chart's counts
+    # on a heavy user's unseen tail) the candidates are every item that reaches it, so the tie-break is exact
+    kth = np.partition(S, n_items - kmax, axis=1)[:, n_items - kmax] if kmax < n_items else S.min(axis=1)
+    wide = (S >= kth[:, None]).sum(axis=1) > m
+    lists = np.full((len(S), kmax), -1, np.int32)
+    for u in range(len(S)):
+        cand = np.flatnonzero(S[u] >= kth[u]) if wide[u] else part[u]
+        order = cand[np.lexsort((tiekey[cand], -S[u, cand]))][:kmax]
+        order = order[np.isfinite(S[u, order])]
+        lists[u, :len(order)] = order
+    return lists
 
 
 # -- the non-private references --------------------------------------------------------------------------------
@@ -178,8 +204,9 @@ def ease_scores(X, lam: float):
 
 
 def peers(train, test, tiekey, threshold, ks, *, seed: int, threads: int, ease_max_items: int, grid=None,
-          lambdas=EASE_LAMBDAS) -> dict:
-    """The best ``implicit`` ALS and the best EASE of their grids, each with its setting (absent ones say why)."""
+          lambdas=EASE_LAMBDAS, users=None) -> dict:
+    """The best ``implicit`` ALS and the best EASE of their grids, each with its setting (absent ones say why);
+    every list scored on the users ``users`` (:func:`metrics_of_scores`)."""
     X = train.copy()
     X.data[:] = 1.0
     X = X.tocsr()
@@ -197,8 +224,9 @@ def peers(train, test, tiekey, threshold, ks, *, seed: int, threads: int, ease_m
                 model = AlternatingLeastSquares(**g, iterations=15, random_state=seed, num_threads=threads)
                 model.fit(X.astype(np.float32), show_progress=False)
             Uf, Vf = np.asarray(model.user_factors), np.asarray(model.item_factors)
-            r = metrics_of_scores(lambda a, b: Uf[a:b] @ Vf.T, train, test, tiekey, threshold, ks)
+            r = metrics_of_scores(lambda rows: Uf[rows] @ Vf.T, train, test, tiekey, threshold, ks, users=users)
             r["setting"], r["seconds"] = g, round(time.perf_counter() - t, 2)
+            print(f"implicit {g}: Recall@{min(ks)} {r[min(ks)]['recall']:.4f}, {r['seconds']} s", file=sys.stderr)
             if best is None or r[min(ks)]["recall"] > best[min(ks)]["recall"]:
                 best = r
         out["implicit_als"] = best
@@ -209,7 +237,7 @@ def peers(train, test, tiekey, threshold, ks, *, seed: int, threads: int, ease_m
         for lam in lambdas:
             t = time.perf_counter()
             B = ease_scores(X, lam)
-            r = metrics_of_scores(lambda a, b: (X[a:b] @ B), train, test, tiekey, threshold, ks)
+            r = metrics_of_scores(lambda rows: X[rows] @ B, train, test, tiekey, threshold, ks, users=users)
             r["setting"], r["seconds"] = {"lambda": lam}, round(time.perf_counter() - t, 2)
             if best is None or r[min(ks)]["recall"] > best[min(ks)]["recall"]:
                 best = r
@@ -218,26 +246,27 @@ def peers(train, test, tiekey, threshold, ks, *, seed: int, threads: int, ease_m
 
 
 # -- streamdp's models ------------------------------------------------------------------------------------------
-def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True, tune_epsilons=()) -> dict:
+def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True, tune_epsilons=(), ranking_users="all") -> dict:
     """The two most-popular lists, the default model's lists (new and, with ``old_lists``, old scorer), ``ials``
     at each epsilon and ``tune --method ials`` at each of ``tune_epsilons`` (each with the chart by its own released
-    counts, the floor its lists are held to)."""
+    counts, the floor its lists are held to); each scored on ``evaluate --ranking-users ranking_users``'s users."""
     import streamdp
     from streamdp.methods import load_builtin
     from streamdp.serving.evaluate import evaluate_model
     from streamdp.serving.model import load_model
 
     def ranked(model, **kw):
-        # every user, as the references (metrics_of_scores) are computed
-        return {k: evaluate_model(model, st, workers=workers, k=k, baselines=False, ranking_users="all",
+        # the users the references are scored on (metrics_of_scores with ranking_sample's users)
+        return {k: evaluate_model(model, st, workers=workers, k=k, baselines=False, ranking_users=ranking_users,
                                   **kw)["ranking"] for k in ks}
 
     rows = {}
     k0 = min(ks)
 
     def pick(r, key=None):
-        return {k: {"recall": (r[k] if key is None else r[k]["baselines"][key])["recall"],
-                    "ndcg": (r[k] if key is None else r[k]["baselines"][key])["ndcg"]} for k in ks}
+        got = {k: r[k] if key is None else r[k]["baselines"][key] for k in ks}
+        return {k: {"recall": g["recall"], "ndcg": g["ndcg"], "standard_error": {
+            m: g["standard_error"][m] for m in ("recall", "ndcg")}} for k, g in got.items()}
 
     if st.implicit:  # the default on a log is ials (als refuses it): its row is ials eps 1's, the chart from it
         ref = None
@@ -248,7 +277,7 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True, tune_eps
         path = os.path.join(tmp, f"default-{seed}")
         streamdp.train(st, epsilon=1.0, out=path, seed=seed, workers=workers, evaluate=False)
         m = load_model(path)
-        ev = evaluate_model(m, st, workers=workers, k=min(ks), ranking_users="all")
+        ev = evaluate_model(m, st, workers=workers, k=min(ks), ranking=False)
         new = ref = ranked(m)
         ref_model = m
         rows["most popular (exact counts, non-private)"] = pick(new, "popularity")
@@ -340,18 +369,21 @@ def log_of(st, tmp, out):
     return streamdp.ingest(train=files["train"], test=files["test"], out=out, columns="user,item")
 
 
-def shaped_store(name, tmp):
-    """Issue 42's store ``name`` (:data:`SHAPES`), generated (and, for a log, re-ingested) under ``tmp``."""
+def shaped_store(name, tmp, keep=None):
+    """Issue 42's store ``name`` (:data:`SHAPES`), generated (and, for a log, re-ingested) under ``tmp``; with
+    ``keep`` (``--store-dir``) under ``keep`` instead, and reopened from there when a run left it."""
     import streamdp
 
     kw = dict(SHAPES[name])
     log_pairs = kw.pop("log_pairs", False)
-    path = os.path.join(tmp, name + ".zarr")
+    path = os.path.join(keep or tmp, name + ".zarr")
+    if keep and os.path.exists(path):
+        return streamdp.open_store(path)
     st = streamdp.generate(path + (".ratings" if log_pairs else ""), seed=1, test_fraction=0.2, **kw)
     return log_of(st, tmp, path) if log_pairs else st
 
 
-def open_stores(names, tmp, big: bool):
+def open_stores(names, tmp, big: bool, keep=None):
     """``(name, store)`` of each of ``names`` (``regimes``: every regime of bench/regimes.py)."""
     import streamdp
     from streamdp.storage.ingest import ingest
@@ -369,7 +401,7 @@ def open_stores(names, tmp, big: bool):
             yield name, streamdp.generate(os.path.join(tmp, name + ".zarr"), seed=1, test_fraction=0.2,
                                           **GENERATED[name])
         elif name in SHAPES:
-            yield name, shaped_store(name, tmp)
+            yield name, shaped_store(name, tmp, keep)
         elif name in CLUSTERED:
             from bench.ials import clustered_csv
 
@@ -394,27 +426,35 @@ def run_store(name, st, tmp, a, old_lists=True) -> dict:
     """Every list of one store on its one split (``a``: this script's parsed arguments, or the same fields)."""
     from streamdp.serving.ranking import default_threshold
 
+    from streamdp.serving.ranking import ranking_sample
+
     t = time.perf_counter()
-    rows, ref, tiekey = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed, a.workers,
-                              old_lists=old_lists, tune_epsilons=getattr(a, "tune_epsilons", ()))
+    n_drawn = getattr(a, "ranking_users", None)  # None: every user
+    rows, ref, tiekey = streamdp_rows(st, tempfile.mkdtemp(dir=tmp, prefix="models-"), a.k, a.epsilons, a.seed,
+                                      a.workers, old_lists=old_lists, tune_epsilons=getattr(a, "tune_epsilons", ()),
+                                      ranking_users="all" if n_drawn is None else n_drawn)
+    t_streamdp = time.perf_counter() - t
+    users = ranking_sample(st.n_users, n_drawn)  # evaluate's own sample: the same users for every list
     train, test = splits(st)
     # evaluate's relevance: on an implicit store every held-out interaction (counts > 0)
     thr = 0.0 if st.implicit else default_threshold(st.rating_min, st.rating_max)
     pop = np.bincount(train.indices, minlength=train.shape[1]).astype(np.float64)
-    check = metrics_of_scores(lambda f, e: np.tile(pop, (e - f, 1)), train, test, tiekey, thr, a.k)
-    for k in a.k:  # the peers' path must reproduce evaluate's exact chart
-        want = rows["most popular (exact counts, non-private)"][k]
-        if not (math.isclose(check[k]["recall"], want["recall"], rel_tol=1e-9, abs_tol=1e-12)
-                and math.isclose(check[k]["ndcg"], want["ndcg"], rel_tol=1e-9, abs_tol=1e-12)):
+    check = metrics_of_scores(lambda r: np.tile(pop, (len(r), 1)), train, test, tiekey, thr, a.k, users=users)
+    for k in a.k:  # the peers' path must reproduce evaluate's exact chart, on the same users, errors and all
+        want, got = rows["most popular (exact counts, non-private)"][k], check[k]
+        if not (got["n_users"] == ref["n_users"] and all(
+                math.isclose(g[m], w[m], rel_tol=1e-9, abs_tol=1e-12) for m in ("recall", "ndcg")
+                for g, w in ((got, want), (got["standard_error"], want["standard_error"])))):
             raise SystemExit(f"{name}: the peers' metric path disagrees with evaluate's at k={k}: {check[k]} vs {want}")
     for peer, r in peers(train, test, tiekey, thr, a.k, seed=a.seed, threads=a.workers,
-                         ease_max_items=a.ease_max_items, grid=a.grid, lambdas=a.ease_lambdas).items():
+                         ease_max_items=a.ease_max_items, grid=a.grid, lambdas=a.ease_lambdas, users=users).items():
         label = {"implicit_als": "implicit ALS (non-private, best of grid)",
                  "ease": "EASE (non-private, best lambda)"}[peer]
         rows[label] = r
     return {"store": name, "n_users": st.n_users, "n_items": st.n_items, "n_ratings": st.n_ratings,
             "implicit": bool(st.implicit), "evaluated_users": ref["n_users"], "relevant_threshold": thr,
-            "seconds": round(time.perf_counter() - t, 1), "rows": rows}
+            "evaluable_users": ref["n_users_evaluable"], "users_drawn": ref.get("users_drawn"),
+            "seconds": round(time.perf_counter() - t, 1), "streamdp_seconds": round(t_streamdp, 1), "rows": rows}
 
 
 def format_table(res, ks) -> str:
@@ -422,13 +462,16 @@ def format_table(res, ks) -> str:
     held = ("interaction" if res.get("implicit") else f"rating >= {res['relevant_threshold']:g}")
     lines = [f"### {res['store']}: {res['n_users']:,} users x {res['n_items']:,} items, {res['n_ratings']:,} training "
              f"{'interactions' if res.get('implicit') else 'ratings'}; {res['evaluated_users']:,} users with a held-out "
-             f"{held}",
+             f"{held}" + (f" (a seeded sample of {res['users_drawn']:,} of the {res['n_users']:,} users, "
+                          f"`evaluate --ranking-users {res['users_drawn']}`'s: {res['evaluable_users']:,} with one; "
+                          f"each mean ± its standard error)" if res.get("users_drawn") else ""),
              "", "| list | " + " | ".join(head) + " | note |", "|---|" + "---|" * (len(head) + 1)]
     for label, r in res["rows"].items():
         if "skipped" in r:
             lines.append(f"| {label} | " + " | ".join("" for _ in head) + f" | skipped: {r['skipped']} |")
             continue
-        vals = [f"{r[k][m]:.4f}" for k in ks for m in ("recall", "ndcg")]
+        vals = [f"{r[k][m]:.4f}" + (f" ± {se:.4f}" if (se := r[k].get("standard_error", {}).get(m)) else "")
+                for k in ks for m in ("recall", "ndcg")]
         note = []
         if "rmse" in r:
             note.append(f"test RMSE {r['rmse']:.4f}")
@@ -471,7 +514,11 @@ def summary_table(results, k=10) -> str:
         rows = r["rows"]
         chart = rec(rows.get("most popular (exact counts, non-private)"))
         imp = rec(rows.get("implicit ALS (non-private, best of grid)"))
-        vals = [f"{r['store']} ({r['n_users']:,} x {r['n_items']:,})", cell(chart)]
+        ses = [(row.get(k) or row.get(str(k)))["standard_error"]["recall"] for row in rows.values()
+               if row and "skipped" not in row and "standard_error" in (row.get(k) or row.get(str(k)))]
+        sample = (f"; {r['users_drawn']:,} users drawn, standard errors <= {max(ses):.3f}"
+                  if r.get("users_drawn") and ses else "")
+        vals = [f"{r['store']} ({r['n_users']:,} x {r['n_items']:,}{sample})", cell(chart)]
         floor = []
         for lab in ials + tuned:
             v = rec(rows.get(lab))
@@ -534,6 +581,11 @@ def main(argv=None) -> int:
     ap.add_argument("--implicit-grid", default="default", help="implicit's ALS grid: default (factors 32,64 x reg "
                     "0.01,0.1 x alpha 1,10), issue42 (factors 16,32,64 x alpha 1,10,40 x reg 0.01,0.1,1) or "
                     "'factors=16,64;alpha=10;regularization=0.1'")
+    ap.add_argument("--ranking-users", type=int, default=None, metavar="N", help="score every list on a seeded "
+                    "sample of N users (`evaluate --ranking-users N`'s, the same for streamdp's models and the peers; "
+                    "means with their standard errors); default: every user")
+    ap.add_argument("--store-dir", default=None, metavar="DIR", help="keep issue 42's generated stores in DIR and "
+                    "reuse them on the next run (default: a temporary directory, removed)")
     ap.add_argument("--quick", action="store_true", help="one implicit ALS setting (64 factors, 0.01, alpha 1)")
     ap.add_argument("--big", action="store_true", help="with --stores regimes: also the 200k-user regime")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
@@ -564,7 +616,9 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="bench-ranking-")
     results = []
     try:
-        for name, st in open_stores([s for s in a.stores.split(",") if s], tmp, a.big):
+        if a.ranking_users is not None and a.ranking_users < 1:
+            raise SystemExit("--ranking-users: a positive integer")
+        for name, st in open_stores([s for s in a.stores.split(",") if s], tmp, a.big, a.store_dir):
             res = run_store(name, st, tmp, a)
             results.append(res)
             print(format_table(res, a.k) + "\n", flush=True)

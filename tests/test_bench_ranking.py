@@ -56,7 +56,7 @@ TINY_SHAPES = {name: {**kw, "users": 120, "items": 40, "ratings_per_user": min(k
 
 
 def test_issue42_shapes_are_accepted_and_build(tmp_path, monkeypatch):
-    assert set(ranking.SHAPES) == {"product-72k", "log-6k", "thin-600", "repeat-log"}
+    assert set(ranking.SHAPES) == {"product-72k", "log-6k", "thin-600", "repeat-log", "million"}
     assert ranking.SHAPES["product-72k"]["users"] == 72_000 and ranking.SHAPES["thin-600"]["items"] == 10_000
     monkeypatch.setattr(ranking, "SHAPES", TINY_SHAPES)
     built = dict(ranking.open_stores(list(TINY_SHAPES), str(tmp_path), big=False))
@@ -67,7 +67,7 @@ def test_issue42_shapes_are_accepted_and_build(tmp_path, monkeypatch):
     train, test = ranking.splits(built["log-6k"])  # a log of the generated pairs: every count 1, both splits
     assert set(np.unique(train.data)) == {1.0} and test.nnz > 0
     assert built["repeat-log"].n_items == 40 and ranking.splits(built["repeat-log"])[0].data.max() > 1  # repeats
-    with pytest.raises(SystemExit, match="unknown store 'nope'.*product-72k, log-6k, thin-600, repeat-log"):
+    with pytest.raises(SystemExit, match="unknown store 'nope'.*product-72k, log-6k, thin-600, repeat-log, million"):
         list(ranking.open_stores(["nope"], str(tmp_path), big=False))
 
 
@@ -89,7 +89,7 @@ def test_a_tie_wider_than_the_margin_breaks_by_the_tiekey():
     train = sp.csr_matrix((np.ones(1), ([0], [50])), shape=(1, n))
     test = sp.csr_matrix((np.full(1, 5.0), ([0], [99])), shape=(1, n))
     tiekey = np.arange(n)[::-1].copy()  # item 99 first
-    r = ranking.metrics_of_scores(lambda a, b: np.ones((b - a, n)), train, test, tiekey, 4.0, [5])
+    r = ranking.metrics_of_scores(lambda rows: np.ones((len(rows), n)), train, test, tiekey, 4.0, [5])
     assert r[5]["recall"] == 1.0 and r[5]["ndcg"] == 1.0
 
 
