@@ -67,6 +67,7 @@ from streamdp.privacy.topk import K as TOPK_K, SHARE as TOPK_SHARE, TopKShare, c
 from streamdp.serving.local import implicit_pairs
 from streamdp.serving.ranking import default_threshold
 from streamdp.stream.engine import add_into as _add
+from streamdp.stream.memo import BlockMemo
 
 #: Key of this module's random streams.
 RNG_KEY = 0x1A15
@@ -542,6 +543,40 @@ class IALS(Method):
             w = np.ones(len(it))
         return ip, it, conf, w
 
+    def _block_memo(self, store, engine, s):
+        """A :class:`~streamdp.stream.memo.BlockMemo` of the iterations' pairs (the same in every iteration: the
+        held-out items, the bounded weights and the item floor are fixed before them) and, non-private, of the
+        users' rows, when they fit within the memory limit beside the passes' blocks; else ``None``."""
+        nnz = store.block_nnz("train")
+        d = self._d(s)
+        need = 20 * int(nnz.sum()) + 8 * (store.n_users + len(nnz))
+        if self._item_cg(s):
+            need += 8 * d * store.n_users
+        return BlockMemo.within(engine, need, self._iteration_bytes(store, s))
+
+    def _block_pairs(self, block, b, s, seed, sums_only: bool = False):
+        """``(indptr, items, confidence, weights)`` of block ``b`` in the iterations: :meth:`_pairs`, or the memo's."""
+        memo = getattr(self, "_memo", None)
+        hit = None if memo is None else memo.get(b)
+        if hit is not None:
+            return hit[:4]
+        out = self._pairs(block, s, seed, iterations=True, sums_only=sums_only and memo is None)
+        if memo is not None:
+            memo.put(b, out)
+        return out
+
+    def _iteration_bytes(self, store, s) -> int:
+        """Bytes of one block in flight in an iteration's pass beyond the engine's own (its ``extra_per_block``)."""
+        n, d, k = store.n_items, self._d(s), self.rank
+        nnz = store.block_nnz("train")
+        pairs = 20 * (int(nnz.max()) if len(nnz) else 0)
+        if self._item_cg(s):  # the residual's partial, the users' rows (and the exact solve's whitened rows)
+            return 8 * n * d + 16 * d * store.block_users + 8 * n * (d + 2) + pairs
+        # the partials B (and A); the users' rows and their clipped copies, the whitened item rows L^-1 y_j (float64,
+        # and their float32 copy when private), and the item-major users and weights of the item-side sums
+        npk = d * (d + 1) // 2 if s.gramian == "item" else 0
+        return 8 * n * k + 8 * n * npk + 16 * d * store.block_users + 12 * n * (d + 2) + pairs
+
     # -- fitting -------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         plan = self.plan(store)
@@ -551,6 +586,7 @@ class IALS(Method):
                 return self._fit(store, engine, run, plan)
         finally:
             self.rank = rank
+            self._memo = None  # the blocks' pairs (and rows): memory for the next run
 
     def _fit(self, store, engine, run, plan) -> Fitted:
         s, rel = plan.settings, plan.releases
@@ -586,6 +622,7 @@ class IALS(Method):
         history = []
         n_users = getattr(store, "expected_users", self.n_users(store))
         rows = self._cg_rows(run, s) if self._item_cg(s) and run.start <= s.iters else None
+        self._memo = self._block_memo(store, engine, s)
         for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
             Y, B, clipped = self._iteration(store, engine, run, s, rel, Y, W, n_users, t, rows)
             if self.private and t == s.iters:
@@ -782,8 +819,8 @@ class IALS(Method):
         seed = run.entropy
 
         def fn(block, b):
-            ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
-            U = np.zeros((block.n_users, d))
+            ip, it, conf, w = self._block_pairs(block, b, s, seed)
+            U = np.zeros((len(ip) - 1, d))
             ials_solve_users(ip, it, conf, Y, YtY, float(s.ridge), U, self.private)  # private: float32 tiles
             B = np.zeros((n, k))
             A = np.zeros((n, npk) if item_mode else (0, npk))
@@ -798,13 +835,9 @@ class IALS(Method):
                 acc[i] += part[i]
             return acc
 
-        # the partials B (and A); per block: the users' rows and their clipped copies, the whitened item rows L^-1 y_j
-        # (float64, and their float32 copy when private), and the item-major users and weights of the item-side sums
-        # (20 bytes per pair)
-        nnz = store.block_nnz("train")
-        per_block = (8 * n * k + (8 * n * npk if item_mode else 0) + 16 * d * store.block_users + 12 * n * (d + 2)
-                     + 20 * (int(nnz.max()) if len(nnz) else 0))
-        acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
+        split = "train" if self._memo is None else self._memo.split()
+        acc = engine.map_reduce(fn, combine, None, split=split, extra_per_block=self._iteration_bytes(store, s),
+                                desc=desc)
         if acc is None:
             raise ParameterError(f"{store.path}: the training split has no users")
         B, A, G, clipped = acc
@@ -852,18 +885,20 @@ class IALS(Method):
         Y32 = Y.astype(np.float32)
         seed, ridge = run.entropy, float(s.ridge)
         prev, cur = rows[(t - 1) % 2], rows[t % 2]
-        nnz = store.block_nnz("train")
-        sort = 16 * (int(nnz.max()) if len(nnz) else 0)
+        memo = self._memo
 
         def first(block, b):
-            ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
-            if t > 1:  # warm start: the previous iteration's rows
-                U = np.ascontiguousarray(prev.read(b))
-                ials_cg_users(ip, it, conf, Y, YtY, ridge, CG_STEPS, U)
+            hit = None if memo is None else memo.get(b)
+            ip, it, conf, w = self._block_pairs(block, b, s, seed)
+            if t > 1:  # warm start: the previous iteration's rows (the memo's: this fit's last pass wrote them)
+                U = hit[4] if hit is not None and len(hit) > 4 else np.ascontiguousarray(prev.read(b))
+                ials_cg_users(ip, it, conf, Y32, YtY, ridge, CG_STEPS, U)  # float32 tiles, as implicit
             else:
-                U = np.zeros((block.n_users, d))
+                U = np.zeros((len(ip) - 1, d))
                 ials_solve_users(ip, it, conf, Y, YtY, ridge, U)
             cur.write(b, U)
+            if memo is not None:
+                memo.put(b, (ip, it, conf, w, U))
             R = np.zeros((n, d), np.float32)  # a block's partial in float32 (PRODUCT_DTYPE)
             ials_item_products(ip, it, conf, w, U.astype(np.float32), Y32, R, True)
             return [R, U.T @ U]
@@ -872,19 +907,27 @@ class IALS(Method):
             P32 = P.astype(np.float32)
 
             def fn(block, b):
-                ip, it, conf, w = self._pairs(block, s, seed, iterations=True, sums_only=True)
+                hit = None if memo is None else memo.get(b)
+                if hit is not None and len(hit) > 4:
+                    ip, it, conf, w, U = hit
+                else:
+                    ip, it, conf, w = self._block_pairs(block, b, s, seed, sums_only=True)
+                    U = cur.read(b)
                 out = np.zeros((n, d), np.float32)
-                ials_item_products(ip, it, conf, w, cur.read(b).astype(np.float32), P32, out)
+                ials_item_products(ip, it, conf, w, U.astype(np.float32), P32, out)
                 return out
 
-            AP = engine.map_reduce(fn, _add, np.zeros((n, d)), extra_per_block=8 * n * d + 8 * d * store.block_users
-                                   + sort, desc=desc + " (item products)")
+            AP = engine.map_reduce(fn, _add, np.zeros((n, d)), split=split(), extra_per_block=per_block,
+                                   desc=desc + " (item products)")
             return AP + P @ G + s.reg * P
 
+        def split():
+            return "train" if memo is None else memo.split()
+
         # per block: the residual's partial, the users' rows (and the exact solve's whitened rows L^-1 y_j), the pairs
-        R, G = engine.map_reduce(first, _add_each, [np.zeros((n, d)), np.zeros((d, d))],
-                                 extra_per_block=8 * n * d + 16 * d * store.block_users + 8 * n * (d + 2) + sort,
-                                 desc=desc)
+        per_block = self._iteration_bytes(store, s)
+        R, G = engine.map_reduce(first, _add_each, [np.zeros((n, d)), np.zeros((d, d))], split=split(),
+                                 extra_per_block=per_block, desc=desc)
         r = R - Y @ G - s.reg * Y
         p = r.copy()
         rs = np.einsum("ja,ja->j", r, r)
