@@ -32,7 +32,7 @@ from numba import njit
 
 from streamdp.kernels.als import (USER_ORDER_BYTES, accumulate_by_item, accumulate_by_user, accumulate_rhs,
                                   clipped_rows, gramian_upper, pairs_by_item)
-from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply
+from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, syrk_lower
 
 
 @njit(cache=True, nogil=True)
@@ -67,14 +67,15 @@ def _whitening(YtY, ridge, d):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _solve_white(Yw, items, conf, s, n, V, b, t):
+def _solve_white(Yw, items, conf, s, n, V, b, t, C, S, args):
     """One user's ``b = (I + V^T V)^-1 sum_i c_i yw_i`` in the whitened basis (``V`` rows ``sqrt(c_i - 1) yw_i``).
 
     The user's rows are gathered once; with ``n < d`` pairs by the Woodbury identity
     (``b - V^T (I + V V^T)^-1 V b``: an ``n x n`` system), otherwise by the ``d x d`` system;
-    both Gramians are one BLAS product on the gathered tile (``numpy.dot``: the full
-    square, twice the triangle's multiply-adds, at about three times the rate of the
-    triangle's Numba loops), factored by :func:`streamdp.kernels.linalg.cholesky_lower`.
+    either Gramian is one BLAS ``?syrk`` on the gathered tile into ``C`` (the lower triangle,
+    :func:`streamdp.kernels.linalg.syrk_lower`: half the multiply-adds of the full square
+    ``numpy.dot`` took, issue 44), copied into the float64 ``S`` and factored there by
+    :func:`streamdp.kernels.linalg.cholesky_lower`.
     """
     d = Yw.shape[1]
     for a in range(d):
@@ -87,15 +88,18 @@ def _solve_white(Yw, items, conf, s, n, V, b, t):
             ya = Yw[j, a]
             b[a] += c * ya
             V[i, a] = si * ya
-    Vn = V[:n]
+    m = n if n < d else d
+    syrk_lower(V, n, n < d, C, args)
+    for i in range(m):  # factored in float64 whatever the tile's type
+        for a in range(i + 1):
+            S[i, a] = C[i, a]
+        S[i, i] += 1.0
     if n < d:
-        S = np.dot(Vn, Vn.T).astype(np.float64)  # factored in float64 whatever the tile's type
         for i in range(n):
             acc = 0.0
             for a in range(d):
                 acc += V[i, a] * b[a]
             t[i] = acc
-            S[i, i] += 1.0
         cholesky_lower(S, n)
         cholesky_lower_apply(S, t, n)
         for i in range(n):
@@ -103,11 +107,8 @@ def _solve_white(Yw, items, conf, s, n, V, b, t):
             for a in range(d):
                 b[a] -= f * V[i, a]
     else:
-        M = np.dot(Vn.T, Vn).astype(np.float64)
-        for a in range(d):
-            M[a, a] += 1.0
-        cholesky_lower(M, d)
-        cholesky_lower_apply(M, b, d)
+        cholesky_lower(S, d)
+        cholesky_lower_apply(S, b, d)
 
 
 @njit(cache=True, nogil=True)
@@ -156,18 +157,22 @@ def _solve_whitened(indptr, items, conf, Yw, Li, U):
     V = np.empty((longest, d), dtype=Yw.dtype)
     b = np.empty(d, dtype=np.float64)
     t = np.empty(d, dtype=np.float64)
+    C = np.empty((d, d), dtype=Yw.dtype)
+    S = np.empty((d, d), dtype=np.float64)
+    args = np.empty(8, dtype=np.int32)
     for u in range(len(indptr) - 1):
         s, n = indptr[u], indptr[u + 1] - indptr[u]
         if n == 0:
             for a in range(d):
                 U[u, a] = 0.0
             continue
-        _solve_white(Yw, items, conf, s, n, V, b, t)
-        for a in range(d):  # u = L^-T b
-            acc = 0.0
-            for m in range(a, d):
-                acc += Li[m, a] * b[m]
-            U[u, a] = acc
+        _solve_white(Yw, items, conf, s, n, V, b, t, C, S, args)
+        for a in range(d):  # u = L^-T b, by rows of L^-1 (contiguous: a column's sum strides d apart)
+            U[u, a] = 0.0
+        for m in range(d):
+            bm = b[m]
+            for a in range(m + 1):
+                U[u, a] += Li[m, a] * bm
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})

@@ -896,9 +896,9 @@ class IALS(Method):
             else:
                 U = np.zeros((len(ip) - 1, d))
                 ials_solve_users(ip, it, conf, Y, YtY, ridge, U)
-            cur.write(b, U)
-            if memo is not None:
-                memo.put(b, (ip, it, conf, w, U))
+            # on disk for a resume (--checkpoint) or where the memo has no room; a temporary run is never resumed
+            if memo is None or not memo.put(b, (ip, it, conf, w, U)) or not run.own_dir:
+                cur.write(b, U)
             R = np.zeros((n, d), np.float32)  # a block's partial in float32 (PRODUCT_DTYPE)
             ials_item_products(ip, it, conf, w, U.astype(np.float32), Y32, R, True)
             return [R, U.T @ U]

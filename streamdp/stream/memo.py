@@ -41,8 +41,9 @@ class BlockMemo:
         """Block ``b``'s value, or ``None``."""
         return self._values.get(b)
 
-    def put(self, b: int, value: tuple) -> None:
-        """Keep ``value`` (a tuple of arrays) for block ``b`` if the budget allows (replacing an earlier one)."""
+    def put(self, b: int, value: tuple) -> bool:
+        """Keep ``value`` (a tuple of arrays) for block ``b`` if the budget allows (an earlier one is dropped either
+        way); whether it was kept."""
         size = _nbytes(value)
         with self._lock:
             old = self._values.get(b)
@@ -50,9 +51,11 @@ class BlockMemo:
             if old is not None:  # never a stale value: a block's new value replaces it or drops it
                 del self._values[b]
                 self._bytes -= size_old
-            if self._bytes + size <= self.budget:
-                self._values[b] = value
-                self._bytes += size
+            if self._bytes + size > self.budget:
+                return False
+            self._values[b] = value
+            self._bytes += size
+            return True
 
     @property
     def complete(self) -> bool:
