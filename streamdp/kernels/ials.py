@@ -19,7 +19,8 @@ weight 1. With the Gramian trick the unobserved pairs cost ``O(k^2)`` per user:
 One user's contribution has L2 norm ``<= ||x||^2`` to ``G``, ``<= ||x_B|| ||w c||_2`` to
 ``B`` (``x_B`` the coordinates ``B`` holds) and ``<= ||x||^2 ||w (c - 1)||_2`` to ``A``: :mod:`streamdp.methods.ials`
 turns these into the released sensitivities. Raw arrays in, preallocated outputs
-accumulated into; float64. The rows are clipped without ``fastmath``; the item-side sums
+accumulated into; float64 but for the non-private training's conjugate gradients and item products and
+the private user solve's tiles (float32, each kernel says how). The rows are clipped without ``fastmath``; the item-side sums
 (:func:`streamdp.kernels.als.accumulate_by_user` and ``accumulate_by_item``, shared with als) let multiply-adds fuse
 (``contract``), the user solves also reassociate their sums (``reassoc``): the rounding of
 sums, never a clipped value.
@@ -137,19 +138,31 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U, tiles32=False):
     relative error (``6e-8`` on the block above, 0.26 against 0.34 CPU s). For the private
     training, whose rows are then clipped and whose sums get noise many orders above that;
     the local solve and the non-private runs keep float64.
+
+    A training whitens once per iteration (:func:`ials_whitened`) and solves each block by
+    :func:`ials_solve_whitened`, what this kernel does in one call.
     """
     d = Y.shape[1]
     Li = _whitening(YtY, ridge, d)
     Yw = np.dot(Y, Li.T)
     if tiles32:
-        _solve_whitened(indptr, items, conf, Yw.astype(np.float32), Li, U)
+        ials_solve_whitened(indptr, items, conf, Yw.astype(np.float32), Li, U)
     else:
-        _solve_whitened(indptr, items, conf, Yw, Li, U)
+        ials_solve_whitened(indptr, items, conf, Yw, Li, U)
+
+
+def ials_whitened(Y, YtY, ridge, tiles32=False):
+    """``(Yw, Li)`` of :func:`ials_solve_users`: the whitened item rows ``L^-1 y_j`` (float32 with ``tiles32``) and
+    ``L^-1``, for :func:`ials_solve_whitened` on every block of an iteration (whitened once, not per block)."""
+    Li = _whitening(np.ascontiguousarray(YtY, np.float64), float(ridge), Y.shape[1])
+    Yw = np.dot(Y, Li.T)
+    return (Yw.astype(np.float32) if tiles32 else Yw), Li
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _solve_whitened(indptr, items, conf, Yw, Li, U):
-    """Each user's row from the whitened item rows ``Yw`` (float64 or float32: the tiles' type), ``U[u] = L^-T b``."""
+def ials_solve_whitened(indptr, items, conf, Yw, Li, U):
+    """Each user's row from the whitened item rows ``Yw`` (float64 or float32: the tiles' type), ``U[u] = L^-T b``
+    (:func:`ials_solve_users`, :func:`ials_whitened`)."""
     d = Yw.shape[1]
     longest = 1
     for u in range(len(indptr) - 1):

@@ -51,7 +51,7 @@ import numpy as np
 from streamdp.errors import ParameterError
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
 from streamdp.kernels.ials import (ials_accumulate, ials_cg_users, ials_item_products, ials_solve_items,
-                                   ials_solve_users)
+                                   ials_solve_users, ials_solve_whitened, ials_whitened)
 from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_by_order, topn_prepare
 from streamdp.methods import register
 from streamdp.methods._notes import seed_notes
@@ -818,10 +818,12 @@ class IALS(Method):
         npk = d * (d + 1) // 2
         seed = run.entropy
 
+        Yw, Li = ials_whitened(Y, YtY, s.ridge, self.private)  # private: float32 tiles
+
         def fn(block, b):
             ip, it, conf, w = self._block_pairs(block, b, s, seed)
             U = np.zeros((len(ip) - 1, d))
-            ials_solve_users(ip, it, conf, Y, YtY, float(s.ridge), U, self.private)  # private: float32 tiles
+            ials_solve_whitened(ip, it, conf, Yw, Li, U)
             B = np.zeros((n, k))
             A = np.zeros((n, npk) if item_mode else (0, npk))
             G = np.zeros((d, d))
@@ -875,9 +877,12 @@ class IALS(Method):
         (bit-identical on any number of workers). The products run in float32 (the users' rows,
         the directions, each block's partial; summed over blocks in float64): half the bytes of
         the random item rows, 0.78x the CPU time of float64 per product pass (issue 44), rounding
-        well inside what three conjugate-gradient steps leave of the exact solve. The released model's local solve stays
-        exact (:func:`streamdp.kernels.ials.ials_solve_users`). Measured on the 20M-rating bench
-        store: ``docs/ranking.md``.
+        well inside what three conjugate-gradient steps leave of the exact solve; the users' steps run on float32 tiles,
+        as ``implicit``'s. The released model's local solve stays
+        exact (:func:`streamdp.kernels.ials.ials_solve_users`). Where they fit within ``--memory-limit`` the blocks'
+        pairs and the users' rows stay in memory across the passes and iterations (:meth:`_block_memo`: the rows
+        then go to disk only for a ``--checkpoint`` run, which may be resumed). Measured on the 20M-rating bench
+        store: ``docs/ranking.md``, ``docs/benchmarks.md``.
         """
         n, d = Y.shape
         Y = np.ascontiguousarray(Y, np.float64)
@@ -886,6 +891,7 @@ class IALS(Method):
         seed, ridge = run.entropy, float(s.ridge)
         prev, cur = rows[(t - 1) % 2], rows[t % 2]
         memo = self._memo
+        Yw, Li = ials_whitened(Y, YtY, ridge) if t == 1 else (None, None)  # the first iteration's exact solve
 
         def first(block, b):
             hit = None if memo is None else memo.get(b)
@@ -895,7 +901,7 @@ class IALS(Method):
                 ials_cg_users(ip, it, conf, Y32, YtY, ridge, CG_STEPS, U)  # float32 tiles, as implicit
             else:
                 U = np.zeros((len(ip) - 1, d))
-                ials_solve_users(ip, it, conf, Y, YtY, ridge, U)
+                ials_solve_whitened(ip, it, conf, Yw, Li, U)
             # on disk for a resume (--checkpoint) or where the memo has no room; a temporary run is never resumed
             if memo is None or not memo.put(b, (ip, it, conf, w, U)) or not run.own_dir:
                 cur.write(b, U)
