@@ -625,6 +625,8 @@ class IALS(Method):
         self._memo = self._block_memo(store, engine, s)
         for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
             Y, B, clipped = self._iteration(store, engine, run, s, rel, Y, W, n_users, t, rows)
+            if t == s.iters:
+                self._memo = None  # its memory back for the passes of the choice below
             if self.private and t == s.iters:
                 # too few items for k factors (never fewer than for the default rank's: MIN_ITEMS_PER_FACTOR's note)
                 few = int(self._keep.sum()) < MIN_ITEMS_PER_FACTOR * max(k, DEFAULT_RANK)
@@ -965,8 +967,7 @@ class IALS(Method):
             lam = lam * (1.0 + Wn / max(float(n_users), 1.0))
         out = Y.copy()
         if s.gramian == "shared":
-            scale = 1.0 + Wn / max(float(n_users), 1.0)
-            ials_solve_items(B, np.zeros((0, 1)), G, scale, lam, Y, k, out)
+            out[:, :k] = solve_shared(B, G, 1.0 + Wn / max(float(n_users), 1.0), lam, Y, k)
         elif not self.private:
             ials_solve_items(B, A, G, np.ones(n), lam, Y, k, out)
         else:  # noisy per-item Gramians: each projected onto the PSD cone first (NumPy, in chunks)
@@ -1363,6 +1364,22 @@ def _signal_z(B, sd: float) -> float:
     if sd <= 0 or n * k == 0:
         return math.inf
     return float((np.sum(B * B) / (sd * sd) - n * k) / math.sqrt(2.0 * n * k))
+
+
+def solve_shared(B, G, scale, lam, Y, k: int) -> np.ndarray:
+    """``x_j = (scale_j G + lam_j I)^-1 (B_j - Y[j, k] scale_j G[:k, k])`` over ``[:k]`` for every item at once
+    (``--gramian shared``; the popularity coordinate ``Y[j, k]`` fixed when ``G`` has ``k + 1`` rows).
+
+    Every item's system is the one Gramian up to its scale and ridge, so one eigendecomposition ``G[:k, :k] = Q
+    diag(e) Q^T`` solves them all: ``x_j = Q diag(1 / (scale_j e + lam_j)) Q^T rhs_j``, two ``n x k x k`` BLAS
+    products where a Cholesky per item cost ``k^3 / 6`` each (20,000 items at ``k = 64``: 0.13 CPU s, issue 44);
+    the same solution within rounding (``lam_j > 0``; ``G`` positive semi-definite, :func:`~streamdp.methods._psd.psd`).
+    """
+    rhs = np.asarray(B, np.float64)[:, :k]
+    if G.shape[0] > k:
+        rhs = rhs - (scale * Y[:, k])[:, None] * G[None, :k, k]
+    e, Q = np.linalg.eigh(G[:k, :k])
+    return ((rhs @ Q) / (scale[:, None] * e[None, :] + lam[:, None])) @ Q.T
 
 
 def _add_each(acc, part):
