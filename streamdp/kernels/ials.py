@@ -19,7 +19,8 @@ weight 1. With the Gramian trick the unobserved pairs cost ``O(k^2)`` per user:
 One user's contribution has L2 norm ``<= ||x||^2`` to ``G``, ``<= ||x_B|| ||w c||_2`` to
 ``B`` (``x_B`` the coordinates ``B`` holds) and ``<= ||x||^2 ||w (c - 1)||_2`` to ``A``: :mod:`streamdp.methods.ials`
 turns these into the released sensitivities. Raw arrays in, preallocated outputs
-accumulated into; float64. The rows are clipped without ``fastmath``; the item-side sums
+accumulated into; float64 but for the non-private training's conjugate gradients and item products and
+the private user solve's tiles (float32, each kernel says how). The rows are clipped without ``fastmath``; the item-side sums
 (:func:`streamdp.kernels.als.accumulate_by_user` and ``accumulate_by_item``, shared with als) let multiply-adds fuse
 (``contract``), the user solves also reassociate their sums (``reassoc``): the rounding of
 sums, never a clipped value.
@@ -31,7 +32,13 @@ import numpy as np
 from numba import njit
 
 from streamdp.kernels.als import item_side_sums
-from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded
+from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded, syrk_lower
+
+#: Up to this ``d`` a user's whitened Gramian is Numba loops on her tile (:func:`_solve_white`), beyond it one BLAS
+#: ``?syrk`` (:func:`_solve_white_blas`): at ``d = 8`` and 16 the loops were 1.06x and 1.10x a BLAS call per user
+#: (whose call weighs there), at ``d = 64`` ``?syrk`` took 0.4-0.8x their time and float32 tiles run at twice the
+#: rate (issue 44; docs/benchmarks.md).
+BLAS_GRAM_D = 17
 
 
 @njit(cache=True, nogil=True)
@@ -113,7 +120,8 @@ def _solve_white(Yw, items, conf, s, n, Tt, G, b):
     (``numpy.dot``, with the Woodbury identity for ``n < d``), whose call and result
     allocation weigh at small ``d``: on ``bench/roofline.py``'s 10M ratings, one thread, CPU
     time, with the gather of :func:`_gather_white_registers`, 1.06x at ``d = 8``, 1.10x at
-    16, the same at 64 and 65 (docs/benchmarks.md); the same solution up to rounding.
+    16, the same at 64 and 65 (docs/benchmarks.md); the same solution up to rounding. Used
+    below :data:`BLAS_GRAM_D`; beyond it :func:`_solve_white_blas`.
     """
     d = Yw.shape[1]
     if d == 8 or d == 9:
@@ -140,6 +148,51 @@ def _solve_white(Yw, items, conf, s, n, Tt, G, b):
     cholesky_lower_apply(G, b, d)
 
 
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _solve_white_blas(Yw, items, conf, s, n, V, b, t, C, S, args):
+    """One user's ``b = (I + V^T V)^-1 sum_i c_i yw_i`` in the whitened basis (``V`` rows ``sqrt(c_i - 1) yw_i``).
+
+    The user's rows are gathered once; with ``n < d`` pairs by the Woodbury identity
+    (``b - V^T (I + V V^T)^-1 V b``: an ``n x n`` system), otherwise by the ``d x d`` system;
+    either Gramian is one BLAS ``?syrk`` on the gathered tile into ``C`` (the lower triangle,
+    :func:`streamdp.kernels.linalg.syrk_lower`: half the multiply-adds of the full square
+    ``numpy.dot`` took, issue 44), copied into the float64 ``S`` and factored there by
+    :func:`streamdp.kernels.linalg.cholesky_lower`.
+    """
+    d = Yw.shape[1]
+    for a in range(d):
+        b[a] = 0.0
+    for i in range(n):
+        j = np.uint64(items[s + i])
+        c = conf[s + i]
+        si = np.sqrt(c - 1.0)
+        for a in range(d):
+            ya = Yw[j, a]
+            b[a] += c * ya
+            V[i, a] = si * ya
+    m = n if n < d else d
+    syrk_lower(V, n, n < d, C, args)
+    for i in range(m):  # factored in float64 whatever the tile's type
+        for a in range(i + 1):
+            S[i, a] = C[i, a]
+        S[i, i] += 1.0
+    if n < d:
+        for i in range(n):
+            acc = 0.0
+            for a in range(d):
+                acc += V[i, a] * b[a]
+            t[i] = acc
+        cholesky_lower(S, n)
+        cholesky_lower_apply(S, t, n)
+        for i in range(n):
+            f = t[i]
+            for a in range(d):
+                b[a] -= f * V[i, a]
+    else:
+        cholesky_lower(S, d)
+        cholesky_lower_apply(S, b, d)
+
+
 @njit(cache=True, nogil=True)
 def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U, tiles32=False):
     """Each user's row: ``U[u] = (YtY + sum (c - 1) y y^T + ridge I)^-1 sum c y`` over her pairs.
@@ -160,43 +213,66 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U, tiles32=False):
     (:func:`_solve_white`: one gather per user, her Gramian by Numba loops on the tile); the
     same solution within rounding (``1e-14`` relative).
 
-    ``tiles32``: the whitened rows and the users' tiles in float32 (products rounded to
-    float32, sums, factorization and solve in float64): about ``1e-7`` relative error. For the
-    private training, whose rows are then clipped and whose sums get noise many orders above
-    that; the local solve and the non-private runs keep float64. Since the Gramians left BLAS
-    it runs at about float64's rate (0.95-1.0x at ``d = 8`` to 65, one thread).
+    ``tiles32``: the whitened rows and the users' tiles in float32, factored and solved in
+    float64: about ``1e-7`` relative error (``6e-8`` on a 1M-pair block at ``d = 65``). For
+    the private training, whose rows are then clipped and whose sums get noise many orders
+    above that; the local solve and the non-private runs keep float64. Above
+    :data:`BLAS_GRAM_D` the float32 Gramians are a float32 BLAS product (twice the rate);
+    below it Numba loops, at about float64's rate.
+
+    A training whitens once per iteration (:func:`ials_whitened`) and solves each block by
+    :func:`ials_solve_whitened`, what this kernel does in one call.
     """
     d = Y.shape[1]
     Li = _whitening(YtY, ridge, d)
     Yw = np.dot(Y, Li.T)
     if tiles32:
-        _solve_whitened(indptr, items, conf, Yw.astype(np.float32), Li, U)
+        ials_solve_whitened(indptr, items, conf, Yw.astype(np.float32), Li, U)
     else:
-        _solve_whitened(indptr, items, conf, Yw, Li, U)
+        ials_solve_whitened(indptr, items, conf, Yw, Li, U)
+
+
+def ials_whitened(Y, YtY, ridge, tiles32=False):
+    """``(Yw, Li)`` of :func:`ials_solve_users`: the whitened item rows ``L^-1 y_j`` (float32 with ``tiles32``) and
+    ``L^-1``, for :func:`ials_solve_whitened` on every block of an iteration (whitened once, not per block)."""
+    Li = _whitening(np.ascontiguousarray(YtY, np.float64), float(ridge), Y.shape[1])
+    Yw = np.dot(Y, Li.T)
+    return (Yw.astype(np.float32) if tiles32 else Yw), Li
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _solve_whitened(indptr, items, conf, Yw, Li, U):
-    """Each user's row from the whitened item rows ``Yw`` (float64 or float32: the tiles' type), ``U[u] = L^-T b``."""
+def ials_solve_whitened(indptr, items, conf, Yw, Li, U):
+    """Each user's row from the whitened item rows ``Yw`` (float64 or float32: the tiles' type), ``U[u] = L^-T b``
+    (:func:`ials_solve_users`, :func:`ials_whitened`)."""
     d = Yw.shape[1]
     longest = 1
     for u in range(len(indptr) - 1):
         longest = max(longest, indptr[u + 1] - indptr[u])
-    Tt = np.empty((d, padded(longest)), dtype=Yw.dtype)
+    blas = d >= BLAS_GRAM_D
+    Tt = np.empty((d, 1 if blas else padded(longest)), dtype=Yw.dtype)
+    V = np.empty((longest if blas else 1, d), dtype=Yw.dtype)
     G = np.empty((d, d), dtype=np.float64)
     b = np.empty(d, dtype=np.float64)
+    t = np.empty(d, dtype=np.float64)
+    C = np.empty((d, d), dtype=Yw.dtype)
+    S = np.empty((d, d), dtype=np.float64)
+    args = np.empty(8, dtype=np.int32)
     for u in range(len(indptr) - 1):
         s, n = indptr[u], indptr[u + 1] - indptr[u]
         if n == 0:
             for a in range(d):
                 U[u, a] = 0.0
             continue
-        _solve_white(Yw, items, conf, s, n, Tt, G, b)
-        for a in range(d):  # u = L^-T b
-            acc = 0.0
-            for m in range(a, d):
-                acc += Li[m, a] * b[m]
-            U[u, a] = acc
+        if blas:
+            _solve_white_blas(Yw, items, conf, s, n, V, b, t, C, S, args)
+        else:
+            _solve_white(Yw, items, conf, s, n, Tt, G, b)
+        for a in range(d):  # u = L^-T b, by rows of L^-1 (contiguous: a column's sum strides d apart)
+            U[u, a] = 0.0
+        for m in range(d):
+            bm = b[m]
+            for a in range(m + 1):
+                U[u, a] += Li[m, a] * bm
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
@@ -211,24 +287,29 @@ def ials_cg_users(indptr, items, conf, Y, YtY, ridge, steps, X):
     ``n^2 d / 2 + n^3 / 6 + 4 n d`` (``n < d``) or ``n d^2 / 2 + d^3 / 6``. Warm-started from
     the previous iteration's row, 3 steps are what ``implicit`` runs (``use_cg``); from a
     cold start ``d`` steps reach the exact solve (finite termination, up to rounding).
-    Measured per 1M-pair block of 50,000 users, ``d = 64``, one thread (busy machine): 0.18
-    CPU s for 3 steps against 0.44 s for the exact solve. A step stops a user's iteration
-    when her squared residual norm is at most ``1e-20`` or the curvature ``p . A p`` is not
-    positive. ``X`` ``(n_users, d)`` float64, read and written; a user without pairs gets 0
-    (her exact solution). The sums over ``d`` may be reassociated (``fastmath`` ``reassoc``:
-    the same bits on one machine, possibly other last bits on a CPU with other vector widths);
-    no clipping or noise is computed here.
+
+    **float32**, as ``implicit``'s (issue 44): the user's rows ``y_j`` (gathered once into a tile), ``YtY + ridge
+    I`` and the residual, direction and product vectors are float32 (eight lanes a vector instruction where
+    float64 has four), the row ``x`` is accumulated in float64; the scalars ``r . r`` and ``p . A p`` are
+    float64 sums. A 1M-pair block of 21,000 users, ``d = 64``, one thread: 0.063 CPU s against 0.090 s in
+    float64, ``3e-6`` of the largest entry apart, far inside what three steps leave of the exact solve.
+    A step stops a user's iteration when her squared residual norm is at most ``1e-20`` or the curvature
+    ``p . A p`` is not positive. ``Y`` ``(n_items, d)`` float32 or float64 (read as float32), ``X`` ``(n_users,
+    d)`` float64, read and written; a user without pairs gets 0 (her exact solution). The sums over ``d`` may be
+    reassociated (``fastmath`` ``reassoc``: the same bits on one machine, possibly other last bits on a CPU with
+    other vector widths); no clipping or noise is computed here.
     """
     d = Y.shape[1]
-    M = YtY + ridge * np.eye(d)
-    r = np.empty(d, dtype=np.float64)
-    p = np.empty(d, dtype=np.float64)
-    Ap = np.empty(d, dtype=np.float64)
+    M = (YtY + ridge * np.eye(d)).astype(np.float32)
+    r = np.empty(d, dtype=np.float32)
+    p = np.empty(d, dtype=np.float32)
+    Ap = np.empty(d, dtype=np.float32)
+    v = np.empty(d, dtype=np.float32)
     longest = 1
     for u in range(len(indptr) - 1):
         longest = max(longest, indptr[u + 1] - indptr[u])
-    T = np.empty((longest, d), dtype=np.float64)
-    cv = np.empty(longest, dtype=np.float64)
+    T = np.empty((longest, d), dtype=np.float32)
+    cv = np.empty(longest, dtype=np.float32)
     for u in range(len(indptr) - 1):
         x = X[u]
         s, n = indptr[u], indptr[u + 1] - indptr[u]
@@ -240,7 +321,9 @@ def ials_cg_users(indptr, items, conf, Y, YtY, ridge, steps, X):
             cv[i] = conf[s + i]
             for a in range(d):
                 T[i, a] = Y[j, a]
-        _tile_product(T, cv, n, M, x, r, True)
+        for a in range(d):
+            v[a] = x[a]
+        _tile_product(T, cv, n, M, v, r, True)
         rs = 0.0
         for a in range(d):
             p[a] = r[a]
@@ -255,12 +338,13 @@ def ials_cg_users(indptr, items, conf, Y, YtY, ridge, steps, X):
             if not pap > 0.0:
                 break
             step = rs / pap
+            step32 = np.float32(step)
             new = 0.0
             for a in range(d):
                 x[a] += step * p[a]
-                r[a] -= step * Ap[a]
+                r[a] -= step32 * Ap[a]
                 new += r[a] * r[a]
-            beta = new / rs
+            beta = np.float32(new / rs)
             for a in range(d):
                 p[a] = r[a] + beta * p[a]
             rs = new
@@ -270,20 +354,19 @@ def ials_cg_users(indptr, items, conf, Y, YtY, ridge, steps, X):
 def _tile_product(T, cv, n, M, v, out, residual):
     """``out = (M + sum_{i < n} (c_i - 1) t_i t_i^T) v`` over a user's gathered rows ``t_i = T[i]`` (confidences
     ``cv``), never forming the matrix: ``M v`` as contiguous ``axpy`` rows, then ``2 d`` per pair; with
-    ``residual``, ``sum_i c_i t_i`` minus that (the conjugate-gradient residual at ``v``)."""
+    ``residual``, ``sum_i c_i t_i`` minus that (the conjugate-gradient residual at ``v``). All float32."""
     d = len(v)
-    sign = -1.0 if residual else 1.0
     for b in range(d):
         out[b] = 0.0
     for a in range(d):
-        va = sign * v[a]
+        va = -v[a] if residual else v[a]
         for b in range(d):
             out[b] += va * M[a, b]
     for i in range(n):
-        t = 0.0
+        t = np.float32(0.0)
         for a in range(d):
             t += T[i, a] * v[a]
-        t *= cv[i] - 1.0
+        t *= cv[i] - np.float32(1.0)
         if residual:
             t = cv[i] - t
         for a in range(d):

@@ -7,8 +7,18 @@ engine runs blocks on all cores. Each has a NumPy/SciPy reference in the tests.
 
 from __future__ import annotations
 
+import llvmlite.binding as _llvm
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core.extending import get_cython_function_address
+
+# BLAS ?syrk (SciPy's Fortran-ABI pointers) under fixed symbol names, registered before any cached kernel that calls
+# them is loaded (importing this module does it): the cached code links by name, as Numba's own BLAS calls do.
+for _kind in ("s", "d"):
+    _llvm.add_symbol(f"streamdp_{_kind}syrk", get_cython_function_address("scipy.linalg.cython_blas", f"{_kind}syrk"))
+_SYRK_SIG = types.void(*[types.intp] * 10)  # ten pointers (uplo, trans, n, k, alpha, a, lda, beta, c, ldc)
+_ssyrk = types.ExternalFunction("streamdp_ssyrk", _SYRK_SIG)
+_dsyrk = types.ExternalFunction("streamdp_dsyrk", _SYRK_SIG)
 
 
 #: Scratch budget of :func:`gram_apply_range`'s ``A_c V`` buffer, in bytes (per call):
@@ -124,6 +134,36 @@ def cholesky_lower(G, d):
                 t0 += G[i, m] * G[j, m]
             G[i, j] = (G[i, j] - t0) * inv
             i += 1
+
+
+@njit(cache=True, nogil=True)
+def syrk_lower(V, n, rows, C, args):
+    """The lower triangle of ``C`` (C order, float64 or float32 as ``V``) from one BLAS ``?syrk``: ``C[:n, :n] =
+    V[:n] V[:n]^T`` with ``rows``, else ``C[:d, :d] = V[:n]^T V[:n]`` (``V`` C-contiguous ``(m, d)``, ``m >= n``; ``C``
+    C-contiguous with at least as many columns as rows written; the upper triangle untouched).
+
+    Half the multiply-adds of the full product ``numpy.dot`` computes, into a preallocated ``C``;
+    ``args`` is a scratch ``int32`` array of at least 8 entries (the Fortran ABI's by-reference
+    arguments). A user's whitened Gramian (:func:`streamdp.kernels.ials.ials_solve_users`): 1M pairs of
+    21,000 users at ``d = 65`` in float32, the Gramians 0.22 CPU s by ``numpy.dot`` with its result's
+    copies, about half with this.
+    """
+    d = V.shape[1]
+    args[0] = ord("U")  # Fortran's upper triangle of the column-major C: C order's lower
+    args[1] = ord("T") if rows else ord("N")
+    args[2] = n if rows else d
+    args[3] = d if rows else n
+    args[4] = d  # lda: V's rows, Fortran's columns
+    args[5] = C.shape[1]
+    a = args.ctypes.data
+    if V.itemsize == 4:  # float32
+        sc = np.array([1.0, 0.0], dtype=np.float32)
+        _ssyrk(a, a + 4, a + 8, a + 12, sc.ctypes.data, V.ctypes.data, a + 16, sc.ctypes.data + 4, C.ctypes.data,
+               a + 20)
+    else:
+        sc = np.array([1.0, 0.0], dtype=np.float64)
+        _dsyrk(a, a + 4, a + 8, a + 12, sc.ctypes.data, V.ctypes.data, a + 16, sc.ctypes.data + 8, C.ctypes.data,
+               a + 20)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})

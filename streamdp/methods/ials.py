@@ -51,7 +51,7 @@ import numpy as np
 from streamdp.errors import ParameterError
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
 from streamdp.kernels.ials import (ials_accumulate, ials_cg_users, ials_item_products, ials_solve_items,
-                                   ials_solve_users)
+                                   ials_solve_users, ials_solve_whitened, ials_whitened)
 from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_by_order, topn_prepare
 from streamdp.methods import register
 from streamdp.methods._notes import seed_notes
@@ -67,6 +67,7 @@ from streamdp.privacy.topk import K as TOPK_K, SHARE as TOPK_SHARE, TopKShare, c
 from streamdp.serving.local import implicit_pairs
 from streamdp.serving.ranking import default_threshold
 from streamdp.stream.engine import add_into as _add
+from streamdp.stream.memo import BlockMemo
 
 #: Key of this module's random streams.
 RNG_KEY = 0x1A15
@@ -542,6 +543,40 @@ class IALS(Method):
             w = np.ones(len(it))
         return ip, it, conf, w
 
+    def _block_memo(self, store, engine, s):
+        """A :class:`~streamdp.stream.memo.BlockMemo` of the iterations' pairs (the same in every iteration: the
+        held-out items, the bounded weights and the item floor are fixed before them) and, non-private, of the
+        users' rows, when they fit within the memory limit beside the passes' blocks; else ``None``."""
+        nnz = store.block_nnz("train")
+        d = self._d(s)
+        need = 20 * int(nnz.sum()) + 8 * (store.n_users + len(nnz))
+        if self._item_cg(s):
+            need += 8 * d * store.n_users
+        return BlockMemo.within(engine, need, self._iteration_bytes(store, s))
+
+    def _block_pairs(self, block, b, s, seed, sums_only: bool = False):
+        """``(indptr, items, confidence, weights)`` of block ``b`` in the iterations: :meth:`_pairs`, or the memo's."""
+        memo = getattr(self, "_memo", None)
+        hit = None if memo is None else memo.get(b)
+        if hit is not None:
+            return hit[:4]
+        out = self._pairs(block, s, seed, iterations=True, sums_only=sums_only and memo is None)
+        if memo is not None:
+            memo.put(b, out)
+        return out
+
+    def _iteration_bytes(self, store, s) -> int:
+        """Bytes of one block in flight in an iteration's pass beyond the engine's own (its ``extra_per_block``)."""
+        n, d, k = store.n_items, self._d(s), self.rank
+        nnz = store.block_nnz("train")
+        pairs = 20 * (int(nnz.max()) if len(nnz) else 0)
+        if self._item_cg(s):  # the residual's partial, the users' rows (and the exact solve's whitened rows)
+            return 8 * n * d + 16 * d * store.block_users + 8 * n * (d + 2) + pairs
+        # the partials B (and A); the users' rows and their clipped copies, the whitened item rows L^-1 y_j (float64,
+        # and their float32 copy when private), and the item-major users and weights of the item-side sums
+        npk = d * (d + 1) // 2 if s.gramian == "item" else 0
+        return 8 * n * k + 8 * n * npk + 16 * d * store.block_users + 12 * n * (d + 2) + pairs
+
     # -- fitting -------------------------------------------------------------------------
     def fit(self, store, engine) -> Fitted:
         plan = self.plan(store)
@@ -551,6 +586,7 @@ class IALS(Method):
                 return self._fit(store, engine, run, plan)
         finally:
             self.rank = rank
+            self._memo = None  # the blocks' pairs (and rows): memory for the next run
 
     def _fit(self, store, engine, run, plan) -> Fitted:
         s, rel = plan.settings, plan.releases
@@ -586,8 +622,11 @@ class IALS(Method):
         history = []
         n_users = getattr(store, "expected_users", self.n_users(store))
         rows = self._cg_rows(run, s) if self._item_cg(s) and run.start <= s.iters else None
+        self._memo = self._block_memo(store, engine, s)
         for t in run.epochs(s.iters, desc=f"{self.name} iterations"):
             Y, B, clipped = self._iteration(store, engine, run, s, rel, Y, W, n_users, t, rows)
+            if t == s.iters:
+                self._memo = None  # its memory back for the passes of the choice below
             if self.private and t == s.iters:
                 # too few items for k factors (never fewer than for the default rank's: MIN_ITEMS_PER_FACTOR's note)
                 few = int(self._keep.sum()) < MIN_ITEMS_PER_FACTOR * max(k, DEFAULT_RANK)
@@ -781,10 +820,12 @@ class IALS(Method):
         npk = d * (d + 1) // 2
         seed = run.entropy
 
+        Yw, Li = ials_whitened(Y, YtY, s.ridge, self.private)  # private: float32 tiles
+
         def fn(block, b):
-            ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
-            U = np.zeros((block.n_users, d))
-            ials_solve_users(ip, it, conf, Y, YtY, float(s.ridge), U, self.private)  # private: float32 tiles
+            ip, it, conf, w = self._block_pairs(block, b, s, seed)
+            U = np.zeros((len(ip) - 1, d))
+            ials_solve_whitened(ip, it, conf, Yw, Li, U)
             B = np.zeros((n, k))
             A = np.zeros((n, npk) if item_mode else (0, npk))
             G = np.zeros((d, d))
@@ -798,13 +839,9 @@ class IALS(Method):
                 acc[i] += part[i]
             return acc
 
-        # the partials B (and A); per block: the users' rows and their clipped copies, the whitened item rows L^-1 y_j
-        # (float64, and their float32 copy when private), and the item-major users and weights of the item-side sums
-        # (20 bytes per pair)
-        nnz = store.block_nnz("train")
-        per_block = (8 * n * k + (8 * n * npk if item_mode else 0) + 16 * d * store.block_users + 12 * n * (d + 2)
-                     + 20 * (int(nnz.max()) if len(nnz) else 0))
-        acc = engine.map_reduce(fn, combine, None, extra_per_block=per_block, desc=desc)
+        split = "train" if self._memo is None else self._memo.split()
+        acc = engine.map_reduce(fn, combine, None, split=split, extra_per_block=self._iteration_bytes(store, s),
+                                desc=desc)
         if acc is None:
             raise ParameterError(f"{store.path}: the training split has no users")
         B, A, G, clipped = acc
@@ -842,9 +879,12 @@ class IALS(Method):
         (bit-identical on any number of workers). The products run in float32 (the users' rows,
         the directions, each block's partial; summed over blocks in float64): half the bytes of
         the random item rows, 0.78x the CPU time of float64 per product pass (issue 44), rounding
-        well inside what three conjugate-gradient steps leave of the exact solve. The released model's local solve stays
-        exact (:func:`streamdp.kernels.ials.ials_solve_users`). Measured on the 20M-rating bench
-        store: ``docs/ranking.md``.
+        well inside what three conjugate-gradient steps leave of the exact solve; the users' steps run on float32 tiles,
+        as ``implicit``'s. The released model's local solve stays
+        exact (:func:`streamdp.kernels.ials.ials_solve_users`). Where they fit within ``--memory-limit`` the blocks'
+        pairs and the users' rows stay in memory across the passes and iterations (:meth:`_block_memo`: the rows
+        then go to disk only for a ``--checkpoint`` run, which may be resumed). Measured on the 20M-rating bench
+        store: ``docs/ranking.md``, ``docs/benchmarks.md``.
         """
         n, d = Y.shape
         Y = np.ascontiguousarray(Y, np.float64)
@@ -852,18 +892,21 @@ class IALS(Method):
         Y32 = Y.astype(np.float32)
         seed, ridge = run.entropy, float(s.ridge)
         prev, cur = rows[(t - 1) % 2], rows[t % 2]
-        nnz = store.block_nnz("train")
-        sort = 16 * (int(nnz.max()) if len(nnz) else 0)
+        memo = self._memo
+        Yw, Li = ials_whitened(Y, YtY, ridge) if t == 1 else (None, None)  # the first iteration's exact solve
 
         def first(block, b):
-            ip, it, conf, w = self._pairs(block, s, seed, iterations=True)
-            if t > 1:  # warm start: the previous iteration's rows
-                U = np.ascontiguousarray(prev.read(b))
-                ials_cg_users(ip, it, conf, Y, YtY, ridge, CG_STEPS, U)
+            hit = None if memo is None else memo.get(b)
+            ip, it, conf, w = self._block_pairs(block, b, s, seed)
+            if t > 1:  # warm start: the previous iteration's rows (the memo's: this fit's last pass wrote them)
+                U = hit[4] if hit is not None and len(hit) > 4 else np.ascontiguousarray(prev.read(b))
+                ials_cg_users(ip, it, conf, Y32, YtY, ridge, CG_STEPS, U)  # float32 tiles, as implicit
             else:
-                U = np.zeros((block.n_users, d))
-                ials_solve_users(ip, it, conf, Y, YtY, ridge, U)
-            cur.write(b, U)
+                U = np.zeros((len(ip) - 1, d))
+                ials_solve_whitened(ip, it, conf, Yw, Li, U)
+            # on disk for a resume (--checkpoint) or where the memo has no room; a temporary run is never resumed
+            if memo is None or not memo.put(b, (ip, it, conf, w, U)) or not run.own_dir:
+                cur.write(b, U)
             R = np.zeros((n, d), np.float32)  # a block's partial in float32 (PRODUCT_DTYPE)
             ials_item_products(ip, it, conf, w, U.astype(np.float32), Y32, R, True)
             return [R, U.T @ U]
@@ -872,19 +915,27 @@ class IALS(Method):
             P32 = P.astype(np.float32)
 
             def fn(block, b):
-                ip, it, conf, w = self._pairs(block, s, seed, iterations=True, sums_only=True)
+                hit = None if memo is None else memo.get(b)
+                if hit is not None and len(hit) > 4:
+                    ip, it, conf, w, U = hit
+                else:
+                    ip, it, conf, w = self._block_pairs(block, b, s, seed, sums_only=True)
+                    U = cur.read(b)
                 out = np.zeros((n, d), np.float32)
-                ials_item_products(ip, it, conf, w, cur.read(b).astype(np.float32), P32, out)
+                ials_item_products(ip, it, conf, w, U.astype(np.float32), P32, out)
                 return out
 
-            AP = engine.map_reduce(fn, _add, np.zeros((n, d)), extra_per_block=8 * n * d + 8 * d * store.block_users
-                                   + sort, desc=desc + " (item products)")
+            AP = engine.map_reduce(fn, _add, np.zeros((n, d)), split=split(), extra_per_block=per_block,
+                                   desc=desc + " (item products)")
             return AP + P @ G + s.reg * P
 
+        def split():
+            return "train" if memo is None else memo.split()
+
         # per block: the residual's partial, the users' rows (and the exact solve's whitened rows L^-1 y_j), the pairs
-        R, G = engine.map_reduce(first, _add_each, [np.zeros((n, d)), np.zeros((d, d))],
-                                 extra_per_block=8 * n * d + 16 * d * store.block_users + 8 * n * (d + 2) + sort,
-                                 desc=desc)
+        per_block = self._iteration_bytes(store, s)
+        R, G = engine.map_reduce(first, _add_each, [np.zeros((n, d)), np.zeros((d, d))], split=split(),
+                                 extra_per_block=per_block, desc=desc)
         r = R - Y @ G - s.reg * Y
         p = r.copy()
         rs = np.einsum("ja,ja->j", r, r)
@@ -916,8 +967,7 @@ class IALS(Method):
             lam = lam * (1.0 + Wn / max(float(n_users), 1.0))
         out = Y.copy()
         if s.gramian == "shared":
-            scale = 1.0 + Wn / max(float(n_users), 1.0)
-            ials_solve_items(B, np.zeros((0, 1)), G, scale, lam, Y, k, out)
+            out[:, :k] = solve_shared(B, G, 1.0 + Wn / max(float(n_users), 1.0), lam, Y, k)
         elif not self.private:
             ials_solve_items(B, A, G, np.ones(n), lam, Y, k, out)
         else:  # noisy per-item Gramians: each projected onto the PSD cone first (NumPy, in chunks)
@@ -1314,6 +1364,22 @@ def _signal_z(B, sd: float) -> float:
     if sd <= 0 or n * k == 0:
         return math.inf
     return float((np.sum(B * B) / (sd * sd) - n * k) / math.sqrt(2.0 * n * k))
+
+
+def solve_shared(B, G, scale, lam, Y, k: int) -> np.ndarray:
+    """``x_j = (scale_j G + lam_j I)^-1 (B_j - Y[j, k] scale_j G[:k, k])`` over ``[:k]`` for every item at once
+    (``--gramian shared``; the popularity coordinate ``Y[j, k]`` fixed when ``G`` has ``k + 1`` rows).
+
+    Every item's system is the one Gramian up to its scale and ridge, so one eigendecomposition ``G[:k, :k] = Q
+    diag(e) Q^T`` solves them all: ``x_j = Q diag(1 / (scale_j e + lam_j)) Q^T rhs_j``, two ``n x k x k`` BLAS
+    products where a Cholesky per item cost ``k^3 / 6`` each (20,000 items at ``k = 64``: 0.13 CPU s, issue 44);
+    the same solution within rounding (``lam_j > 0``; ``G`` positive semi-definite, :func:`~streamdp.methods._psd.psd`).
+    """
+    rhs = np.asarray(B, np.float64)[:, :k]
+    if G.shape[0] > k:
+        rhs = rhs - (scale * Y[:, k])[:, None] * G[None, :k, k]
+    e, Q = np.linalg.eigh(G[:k, :k])
+    return ((rhs @ Q) / (scale[:, None] * e[None, :] + lam[:, None])) @ Q.T
 
 
 def _add_each(acc, part):

@@ -174,14 +174,16 @@ def test_item_products_in_float32_are_the_float64_sums_within_float32_rounding(r
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_user_conjugate_gradients_match_the_reference(seed):
-    """Three warm-started steps, as the non-private training runs them: the NumPy reference up to rounding."""
+    """Three warm-started steps, as the non-private training runs them: the float64 NumPy reference within the
+    kernel's float32 rounding (1e-5 of the largest entry; measured 1.3e-7 absolute on entries about 0.5)."""
     rng, ip, it, conf, Y = _block(seed, d=8)
     YtY = Y.T @ Y
     exact = ials_solve_users_reference(ip, it, conf, Y, YtY, 0.5)
     X0 = exact + 0.1 * rng.standard_normal(exact.shape)
     X = X0.copy()
     ials_cg_users(ip, it, conf, Y, YtY, 0.5, 3, X)
-    np.testing.assert_allclose(X, ials_cg_users_reference(ip, it, conf, Y, YtY, 0.5, 3, X0), rtol=1e-9, atol=1e-12)
+    want = ials_cg_users_reference(ip, it, conf, Y, YtY, 0.5, 3, X0)
+    assert np.abs(X - want).max() <= 1e-5 * np.abs(want).max()
     assert not X[3].any()  # no pairs: 0, her exact row
     # the warm start pays: three steps leave less than half of the starting error (0.24 of it here)
     has = np.diff(ip) > 0
@@ -189,18 +191,18 @@ def test_user_conjugate_gradients_match_the_reference(seed):
 
 
 def test_user_conjugate_gradients_reach_the_exact_solve():
-    """From zero, ``d`` steps are the exact solve (finite termination) within 1e-8 relative; from the exact rows
-    the rows stay (within 1e-12)."""
+    """From zero, ``d`` steps are the exact solve (finite termination) and from the exact rows the rows stay, both
+    within the kernel's float32 rounding (1e-5 of the largest entry)."""
     rng, ip, it, conf, Y = _block(4, d=6)
     YtY = Y.T @ Y
     exact = np.zeros((len(ip) - 1, 6))
     ials_solve_users(ip, it, conf, Y, YtY, 0.2, exact)
     X = np.zeros_like(exact)
     ials_cg_users(ip, it, conf, Y, YtY, 0.2, 6, X)
-    np.testing.assert_allclose(X, exact, rtol=1e-8, atol=1e-10)
+    assert np.abs(X - exact).max() <= 1e-5 * np.abs(exact).max()
     X = exact.copy()
     ials_cg_users(ip, it, conf, Y, YtY, 0.2, 3, X)
-    np.testing.assert_allclose(X, exact, rtol=1e-12, atol=1e-12)
+    assert np.abs(X - exact).max() <= 1e-5 * np.abs(exact).max()
 
 
 @pytest.mark.parametrize("d", [4, 9, 24])

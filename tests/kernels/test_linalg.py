@@ -138,3 +138,24 @@ def test_selection_losses_are_the_numpy_forms_bit_for_bit(irls_iters):
             assert np.array_equal(got, want), (got, want)
         else:
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 5, 12, 30])
+def test_syrk_lower_is_the_product_on_the_lower_triangle(dtype, n):
+    """``V V^T`` (``rows``) or ``V^T V`` of the first ``n`` rows of a taller tile: the NumPy product on the lower
+    triangle within the type's rounding; the upper triangle untouched."""
+    from streamdp.kernels.linalg import syrk_lower
+
+    rng = np.random.default_rng(n)
+    V = rng.standard_normal((40, 12)).astype(dtype)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for rows, want in ((True, V[:n] @ V[:n].T), (False, V[:n].T @ V[:n])):
+        m = want.shape[0]
+        if m > 12:  # n x n with rows: as the user solve calls it, only for n < d
+            continue
+        C = np.full((12, 12), 7.0, dtype)
+        syrk_lower(V, n, rows, C, np.zeros(8, np.int32))
+        low = np.tril_indices(m)
+        assert np.abs(C[:m, :m][low] - want[low]).max() <= tol * np.abs(want).max()
+        assert (C[np.triu_indices(12, 1)] == 7.0).all() and (C[m:, :] == 7.0).all()

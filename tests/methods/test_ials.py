@@ -803,3 +803,20 @@ def test_an_alpha_above_the_default_confidence_cap_is_refused_with_the_fix(small
     assert s.conf_cap == 41.0
     s = get_method("ials")(epsilon=1.0, delta=1e-6, alpha=20.0, rank=3).plan(small_store).settings
     assert s.conf_cap == 21.0
+
+
+@pytest.mark.parametrize("pop", [False, True])
+def test_shared_gramian_item_solve_is_the_per_item_cholesky_within_rounding(pop):
+    """``--gramian shared``: one eigendecomposition for every item against the kernel's Cholesky per item."""
+    from streamdp.kernels.ials import ials_solve_items
+    from streamdp.methods.ials import solve_shared
+
+    rng = np.random.default_rng(3)
+    n, k = 50, 6
+    d = k + 1 if pop else k
+    X = rng.standard_normal((200, d))
+    G, B, Y = X.T @ X, rng.standard_normal((n, k)), rng.standard_normal((n, d))
+    scale, lam = 1.0 + rng.uniform(0, 3, n), 0.1 + rng.uniform(0, 2, n)
+    want = Y.copy()
+    ials_solve_items(B, np.zeros((0, 1)), G, scale, lam, Y, k, want)
+    np.testing.assert_allclose(solve_shared(B, G, scale, lam, Y, k), want[:, :k], rtol=1e-9, atol=1e-12)
