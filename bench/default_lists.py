@@ -140,7 +140,7 @@ class Exact:
         from bench.ranking import metrics_of_scores
 
         tr, te = self._ev
-        return metrics_of_scores(lambda f, e: self.np.tile(score, (e - f, 1)), tr, te, self.tiekey, self.thr,
+        return metrics_of_scores(lambda rows: self.np.tile(score, (len(rows), 1)), tr, te, self.tiekey, self.thr,
                                  [k])[k]["recall"]
 
     def rmse(self, b, ridge: float = 3.0) -> float:
