@@ -109,6 +109,23 @@ def _gather_white_registers(Yw, items, conf, s, n, Tt, b):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _gather_white(Yw, items, conf, s, n, T, b):
+    """A user's whitened rows gathered once: ``T[:, i] = sqrt(c_i - 1) yw_i`` (``T`` a ``d x`` tile, or the transpose
+    of an ``n x d`` one) and ``b = sum_i c_i yw_i``."""
+    d = Yw.shape[1]
+    for a in range(d):
+        b[a] = 0.0
+    for i in range(n):
+        j = np.uint64(items[s + i])
+        c = conf[s + i]
+        si = np.sqrt(c - 1.0)
+        for a in range(d):
+            ya = Yw[j, a]
+            b[a] += c * ya
+            T[a, i] = si * ya
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
 def _solve_white(Yw, items, conf, s, n, Tt, G, b):
     """One user's ``b = (I + V^T V)^-1 sum_i c_i yw_i`` in the whitened basis (``V`` rows ``sqrt(c_i - 1) yw_i``).
 
@@ -127,16 +144,7 @@ def _solve_white(Yw, items, conf, s, n, Tt, G, b):
     if d == 8 or d == 9:
         _gather_white_registers(Yw, items, conf, s, n, Tt, b)
     else:
-        for a in range(d):
-            b[a] = 0.0
-        for i in range(n):
-            j = np.uint64(items[s + i])
-            c = conf[s + i]
-            si = np.sqrt(c - 1.0)
-            for a in range(d):
-                ya = Yw[j, a]
-                b[a] += c * ya
-                Tt[a, i] = si * ya
+        _gather_white(Yw, items, conf, s, n, Tt, b)
     m = padded(n)
     for a in range(d):
         for i in range(n, m):
@@ -160,16 +168,7 @@ def _solve_white_blas(Yw, items, conf, s, n, V, b, t, C, S, args):
     :func:`streamdp.kernels.linalg.cholesky_lower`.
     """
     d = Yw.shape[1]
-    for a in range(d):
-        b[a] = 0.0
-    for i in range(n):
-        j = np.uint64(items[s + i])
-        c = conf[s + i]
-        si = np.sqrt(c - 1.0)
-        for a in range(d):
-            ya = Yw[j, a]
-            b[a] += c * ya
-            V[i, a] = si * ya
+    _gather_white(Yw, items, conf, s, n, V.T, b)
     m = n if n < d else d
     syrk_lower(V, n, n < d, C, args)
     for i in range(m):  # factored in float64 whatever the tile's type
