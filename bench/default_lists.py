@@ -11,7 +11,7 @@ with the training seed alone (0.167 / 0.165 / 0.169 for seeds 1-3), the size of 
 gap to the chart, so a verdict needs several noise seeds and several splits.
 
 Per store and split (real sets ingested from ``../shared/data`` with ``--test-fraction 0.2
---seed SPLIT`` and their declared ranges; a store path is used as split), each training
+--seed SPLIT``, their declared ranges and their catalogues, :func:`bench.declared_items`; a store path is used as split), each training
 seed runs exactly the default, ``streamdp.train(store, epsilon=1, seed=SEED)`` (options
 such as ``--count-share`` and ``--rating-tilt`` passed through), and ``evaluate``'s ranking metrics over every
 user (``ranking_users="all"``): the model's lists (its list scorer, as ``recommend`` ranks),
@@ -34,6 +34,7 @@ import tempfile
 if __package__ in (None, ""):  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import declared_items, shared_data  # noqa: E402
 from bench.ranking import REAL  # noqa: E402
 
 
@@ -56,10 +57,12 @@ def open_split(name: str, split: int, tmp: str):
     if name not in REAL:
         return open_store(name)
     rel, rr = REAL[name]
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", rel)
+    path = shared_data(rel)
     if not os.path.exists(path):
         raise SystemExit(f"{name}: {path} absent")
-    return ingest([path], os.path.join(tmp, f"{name}-{split}.zarr"), test_fraction=0.2, seed=split, rating_range=rr)
+    # the catalogue declared, as the other benches and the exact chart it is held against do (bench.declared_items)
+    return ingest([path], os.path.join(tmp, f"{name}-{split}.zarr"), test_fraction=0.2, seed=split, rating_range=rr,
+                  items=declared_items(path, tmp))
 
 
 def one_run(st, seed: int, tmp: str, k: int, options: dict) -> dict:
