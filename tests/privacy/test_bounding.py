@@ -247,3 +247,27 @@ def test_contribution_weights_into_a_given_array_are_the_same(rule, exponent, no
     out = np.full(ip[-1] + 3, np.nan)[:ip[-1]]
     got = contribution_weights(ip, it, **kw, out=out)
     assert got is out and got.tobytes() == contribution_weights(ip, it, **kw).tobytes()
+
+
+@pytest.mark.parametrize("norm", ["l2", "l1"])
+@pytest.mark.parametrize("exponent,tilted", [(-0.5, False), (-1.0, True), (0.0, True), (-0.3, False)])
+def test_adaptive_weights_are_the_numpy_expression_bit_for_bit(norm, exponent, tilted):
+    """The kernel (one power per item, the division per rating) gives the bits of the NumPy formula it replaced."""
+    rng = np.random.default_rng(11)
+    cnt = rng.integers(0, 300, size=400) * (rng.random(400) < 0.9)
+    ip = np.r_[0, np.cumsum(cnt)]
+    it = rng.integers(0, 900, size=ip[-1]).astype(np.int32)
+    c = rng.normal(40, 90, 900) * 5  # noisy counts, some negative
+    scales = rng.uniform(0.2, 1.5, ip[-1]) if tilted else None
+    from streamdp.privacy.bounding import _F64_SAFETY, contribution_weights
+
+    nj = np.maximum(c, 1.0)[it] ** exponent if exponent else np.ones(it.size)
+    nj = nj * scales if tilted else nj
+    starts, kept = ip[:-1][cnt > 0], cnt[cnt > 0]
+    if norm == "l2":
+        want = math.sqrt(9) * nj / np.sqrt(np.repeat(np.add.reduceat(nj * nj, starts), kept))
+    else:
+        want = 9 * nj / np.repeat(np.add.reduceat(nj, starts), kept)
+    got = contribution_weights(ip, it, rule="adaptive", tau=9, norm=norm, item_counts=c, exponent=exponent,
+                               scales=scales)
+    assert got.tobytes() == (want * _F64_SAFETY).tobytes()
