@@ -44,8 +44,8 @@ class _F64x8Model(models.PrimitiveModel):
 
 
 def _lanes_pointer(context, builder, sig, args):
-    """``&arr[idx..., 0]`` as a pointer to eight doubles (``arr`` C-contiguous, ``idx`` one index per axis but the
-    last, non-negative and in range: no checks)."""
+    """``&arr[idx..., 0]`` as a pointer to eight doubles (``idx`` one index per axis but the last, non-negative and in
+    range, the last axis contiguous and at least 8 long: the caller's to ensure, no checks)."""
     aryty, idxty = sig.args[0], sig.args[1]
     ary = context.make_array(aryty)(context, builder, args[0])
     inds = [context.cast(builder, v, t, types.intp)
@@ -55,10 +55,10 @@ def _lanes_pointer(context, builder, sig, args):
 
 
 def _check_array(arr, idx):
-    if not (isinstance(arr, types.Array) and arr.dtype == types.float64 and arr.layout == "C"
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float64
             and isinstance(idx, types.BaseTuple) and len(idx) == arr.ndim - 1
             and all(isinstance(t, types.Integer) for t in idx)):
-        raise TypeError(f"lanes of a C-contiguous float64 array by a tuple of {arr} 's leading indices, not {idx}")
+        raise TypeError(f"lanes of a float64 array by a tuple of {arr} 's leading indices, not {idx}")
 
 
 @intrinsic
@@ -107,6 +107,17 @@ def vfma(typingctx, a, b, c):
     def codegen(context, builder, sig, args):
         return _call(builder, "llvm.fma.v8f64", list(args))
     return f64x8(f64x8, f64x8, f64x8), codegen
+
+
+@intrinsic
+def vfma1(typingctx, a, b, c):
+    """``a * b + c`` of three float64 scalars, one rounding (``llvm.fma.f64``, on every CPU)."""
+
+    def codegen(context, builder, sig, args):
+        d = ir.DoubleType()
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d, [d] * 3), "llvm.fma.f64")
+        return builder.call(f, [context.cast(builder, v, t, types.float64) for v, t in zip(args, sig.args)])
+    return types.float64(a, b, c), codegen
 
 
 @intrinsic

@@ -104,12 +104,13 @@ def test_chol_solve_lanes_solves_each_lane_and_a_lanes_bits_are_its_own(d):
     assert np.all(np.diagonal(Z) == 1e-300)
 
 
-@pytest.mark.parametrize("k", [3, LANE_D])
+@pytest.mark.parametrize("k", [3, 9, LANE_D])
 @pytest.mark.parametrize("iters", [0, 2])
 def test_a_users_row_is_hers_alone_bit_for_bit(k, iters):
     """Users are solved in lanes of eight: each row is the one a user's own local solve (her ratings alone) gets,
     bit for bit, whatever her neighbours; a user longer than LANE_TILE with reweighting (solved in lanes of her
-    own) and users without ratings among them."""
+    own) and users without ratings among them. At k = 9 the Gramian from Q's rows (and from a tile where Q's
+    rows are not contiguous: the same rows within rounding)."""
     rng = np.random.default_rng(k + iters)
     cnt = rng.integers(0, 30, 21)
     cnt[[2, 9]] = 0
@@ -127,6 +128,9 @@ def test_a_users_row_is_hers_alone_bit_for_bit(k, iters):
         solve_users_huber(np.array([0, e - s], np.int64), it[s:e], v[s:e], Q, 0.4, iters, 0.8, one)
         assert np.array_equal(U[u], one[0]), u
     assert not U[[2, 9]].any()
+    F = np.full_like(U, np.nan)
+    solve_users_huber(ip, it, v, np.asfortranarray(Q), 0.4, iters, 0.8, F)
+    np.testing.assert_allclose(F, U, rtol=1e-12, atol=1e-12 * np.abs(U).max())
 
 
 def _selection_reference(ip, it, r, first_user, key, Q, biases, cands, mu, lo, hi, h, irls_iters, delta):
