@@ -393,7 +393,8 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
     A user's tile is ``(k, m)``, packed (its rows ``m`` apart, not ``cap``), in a flat buffer: with reweighting the
     eight tiles follow one another."""
     k = Q.shape[1]
-    keep = irls_iters > 0  # the reweighting needs each user's tile again
+    rows = by_rows(Q)
+    keep = irls_iters > 0 and not rows  # the reweighting needs each user's tile again
     tcap = min(cap, LANE_TILE) if keep else cap
     Tb = np.zeros((LANES if keep else 1) * k * tcap + k * cap, dtype=np.float64)  # the group's tiles, a long one
     yb = np.zeros((LANES if keep else 1) * tcap + cap, dtype=np.float64)
@@ -406,8 +407,9 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
     cols = np.zeros((2, LANES + 1), dtype=np.int64)  # [0] the group's tiles' first columns in Tb (and the next)
     cols[1, 0] = LANES * tcap if keep else tcap  # [1] a long user's tile
     who = np.empty(LANES, dtype=np.int64)
-    rows = by_rows(Q)
     S = np.empty((10, LANES), dtype=np.float64)
+    src = (items, resid, Q, rows, S)
+    se = np.empty((2, LANES, 2), dtype=np.int64)  # [0] the group's users' ratings (start, end), [1] a long user's
     nb = 0
     for u in range(len(indptr) - 1):
         s = indptr[u]
@@ -427,20 +429,22 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
         if long_:
             cols[1, 1] = c + m
             _to_lane(G, x, ridge, Gb[1], xb[1], 0, k)
-            _solve_lanes(Tb, yb, cols[1], 1, k, W, e_, G, x, Gb[1], xb[1], ridge, irls_iters, delta)
+            se[1, 0, 0], se[1, 0, 1] = s, e
+            _solve_lanes(Tb, yb, cols[1], 1, k, W, e_, G, x, Gb[1], xb[1], ridge, irls_iters, delta, src, se[1])
             for a in range(k):
                 U[u, a] = xb[1, a, 0]
             continue
         _to_lane(G, x, ridge, Gb[0], xb[0], nb, k)
         who[nb] = u
+        se[0, nb, 0], se[0, nb, 1] = s, e
         cols[0, nb + 1] = c + m
         nb += 1
         if nb == LANES:
-            _solve_lanes(Tb, yb, cols[0], nb, k, W, e_, G, x, Gb[0], xb[0], ridge, irls_iters, delta)
+            _solve_lanes(Tb, yb, cols[0], nb, k, W, e_, G, x, Gb[0], xb[0], ridge, irls_iters, delta, src, se[0])
             _lanes_to_rows(xb[0], who, nb, k, U)
             nb = 0
     if nb > 0:
-        _solve_lanes(Tb, yb, cols[0], nb, k, W, e_, G, x, Gb[0], xb[0], ridge, irls_iters, delta)
+        _solve_lanes(Tb, yb, cols[0], nb, k, W, e_, G, x, Gb[0], xb[0], ridge, irls_iters, delta, src, se[0])
         _lanes_to_rows(xb[0], who, nb, k, U)
 
 
@@ -490,6 +494,54 @@ def _gram_rows9(items, resid, s, e, Q, S, G, x):
         r = vfma(v, vsplat(yp), r)
         g88 = vfma1(q8, q8, g88)
         r8 = vfma1(q8, yp, r8)
+    _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x)
+
+
+@njit(cache=True, nogil=True)
+def _weighted_rows9(items, resid, s, e, Q, xb, g, delta, S, G, x):
+    """:func:`_gram_rows9` reweighted: each rating's Huber weight ``w = min(1, delta / |r|)`` of its residual
+    ``r = resid_p - q_p . xb[:, g]`` (summed over the columns in order, as the tile's :func:`_solve_lanes` does),
+    then ``G = sum_p (w q_p) q_p^T``, ``x = sum_p resid_p (w q_p)`` (``w q_p`` rounded, as :func:`_huber_rows`'s)."""
+    x0, x1, x2, x3, x4 = xb[0, g], xb[1, g], xb[2, g], xb[3, g], xb[4, g]
+    x5, x6, x7, x8 = xb[5, g], xb[6, g], xb[7, g], xb[8, g]
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = r = vsplat(0.0)
+    g88 = 0.0
+    r8 = 0.0
+    for p in range(s, e):
+        j = np.uint64(items[p])
+        yp = resid[p]
+        q0, q1, q2, q3, q4 = Q[j, 0], Q[j, 1], Q[j, 2], Q[j, 3], Q[j, 4]
+        q5, q6, q7, q8 = Q[j, 5], Q[j, 6], Q[j, 7], Q[j, 8]
+        t = vfma1(-x0, q0, yp)
+        t = vfma1(-x1, q1, t)
+        t = vfma1(-x2, q2, t)
+        t = vfma1(-x3, q3, t)
+        t = vfma1(-x4, q4, t)
+        t = vfma1(-x5, q5, t)
+        t = vfma1(-x6, q6, t)
+        t = vfma1(-x7, q7, t)
+        t = abs(vfma1(-x8, q8, t))
+        w = min(1.0, delta / max(t, 1e-300))  # 1 where t <= delta, else delta / t: the same, without a branch
+        v = vmul(vload(Q, (j,)), vsplat(w))
+        c0 = vfma(v, vsplat(q0), c0)
+        c1 = vfma(v, vsplat(q1), c1)
+        c2 = vfma(v, vsplat(q2), c2)
+        c3 = vfma(v, vsplat(q3), c3)
+        c4 = vfma(v, vsplat(q4), c4)
+        c5 = vfma(v, vsplat(q5), c5)
+        c6 = vfma(v, vsplat(q6), c6)
+        c7 = vfma(v, vsplat(q7), c7)
+        q8w = q8 * w
+        c8 = vfma(vload(Q, (j,)), vsplat(q8w), c8)
+        r = vfma(v, vsplat(yp), r)
+        g88 = vfma1(q8w, q8, g88)
+        r8 = vfma1(q8w, yp, r8)
+    _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x)
+
+
+@njit(cache=True, nogil=True)
+def _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x):
+    """:func:`_gram_rows9`'s column vectors and scalars into ``G``'s lower triangle and ``x`` (through ``S``)."""
     vstore(S, (0,), c0)
     vstore(S, (1,), c1)
     vstore(S, (2,), c2)
@@ -529,11 +581,13 @@ def _to_lane(G, x, ridge, Gb, xb, g, k):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _solve_lanes(Tb, yb, cols, nb, k, W, e_, G, x, Gb, xb, ridge, irls_iters, delta):
+def _solve_lanes(Tb, yb, cols, nb, k, W, e_, G, x, Gb, xb, ridge, irls_iters, delta, src, se):
     """Solve the ``nb`` users whose systems are in lanes ``g < nb`` of ``Gb``, ``xb`` (:func:`_to_lane`) into
     ``xb[:k, g]``. With ``irls_iters``, reweight and solve again that many times from their tiles: user ``g``'s
     is ``Tb[k c:k c'].reshape((k, c' - c))`` and her residuals ``yb[c:c']``, ``c, c' = cols[g], cols[g + 1]``
-    (``W``, ``e_`` flat scratch of at least a tile's size). Free lanes get the identity (it solves to zero)."""
+    (``W``, ``e_`` flat scratch of at least a tile's size); or where ``src = (items, resid, Q, rows, S)`` has
+    ``rows`` (:func:`by_rows`), from ``Q``'s rows ``items[p]`` and ``resid[p]``, ``p`` in ``se[g, 0] .. se[g, 1]``
+    (:func:`_weighted_rows9`). Free lanes get the identity (it solves to zero)."""
     for g in range(nb, LANES):
         for a in range(k):
             for b in range(a):
@@ -541,8 +595,13 @@ def _solve_lanes(Tb, yb, cols, nb, k, W, e_, G, x, Gb, xb, ridge, irls_iters, de
             Gb[a, a, g] = 1.0
             xb[a, g] = 0.0
     chol_solve_lanes(Gb, xb, k)
+    items, resid, Q, rows, S = src
     for it in range(irls_iters):
         for g in range(nb):
+            if rows:
+                _weighted_rows9(items, resid, se[g, 0], se[g, 1], Q, xb, g, delta, S, G, x)
+                _to_lane(G, x, ridge, Gb, xb, g, k)
+                continue
             c = cols[g]
             m = cols[g + 1] - c
             T = Tb[k * c:k * (c + m)].reshape((k, m))
@@ -583,11 +642,12 @@ def _solve_tile_huber(T, W, y, e_, m, k, G, x, ridge, irls_iters, delta):
 
 
 @njit(cache=True, nogil=True)
-def _solve_one(T, W, y, e_, m, k, G0, x0, H, z, ridge, irls_iters, delta, Gb, xb, cols):
+def _solve_one(T, W, y, e_, m, k, G0, x0, H, z, ridge, irls_iters, delta, Gb, xb, cols, src, se):
     """One user's row into ``z[:k]`` by :func:`solve_users_huber`'s arithmetic at her ``k`` (in lane 0 up to
     :data:`LANE_D`, so the same bits), from her unweighted system ``G0``, ``x0`` (:func:`_first_system`, kept),
     tile ``T`` (``(k, m)``: ``m`` padded ratings) and residuals ``y[:m]``; ``W``, ``e_`` and ``H`` scratch of at
-    least their sizes, ``Gb``, ``xb`` ``(k, k, LANES)``, ``(k, LANES)``, ``cols`` two int64."""
+    least their sizes, ``Gb``, ``xb`` ``(k, k, LANES)``, ``(k, LANES)``, ``cols`` two int64; ``src``, ``se`` as
+    :func:`_solve_lanes` takes them (her ratings ``se[0]`` of ``src``'s, where its ``rows``)."""
     if k > LANE_D:
         _solve_tile_huber(T, W, y, e_, m, k, H, z, ridge, irls_iters, delta)
         return
@@ -595,7 +655,7 @@ def _solve_one(T, W, y, e_, m, k, G0, x0, H, z, ridge, irls_iters, delta, Gb, xb
     cols[0] = 0
     cols[1] = m
     _solve_lanes(T.reshape(k * m), y, cols, 1, k, W.reshape(W.shape[0] * W.shape[1]), e_, H, z, Gb, xb,
-                 ridge, irls_iters, delta)
+                 ridge, irls_iters, delta, src, se)
     for a in range(k):
         z[a] = xb[a, 0]
 
@@ -729,7 +789,8 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
     Gb = np.empty((d, d, LANES), dtype=np.float64)  # lane 0: the solves of solve_users_huber's lanes (_solve_one)
     xb = np.empty((d, LANES), dtype=np.float64)
     cols = np.empty(2, dtype=np.int64)
-    tr = np.empty(cap, dtype=np.int64)  # a user's training items, in order
+    tr = np.empty(cap, dtype=np.int64)  # a user's training items, in order (se: the range of them)
+    se = np.zeros((1, 2), dtype=np.int64)
     rows = by_rows(Q)
     S = np.empty((10, LANES), dtype=np.float64)
     held = np.empty(max(1, int(v.max()) if len(v) else 1), np.int64)
@@ -746,6 +807,7 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
                               y, tr)
         T = Tb[:d * m].reshape((d, m))
         T1 = T1b[:m].reshape((1, m))
+        se[0, 1] = i
         for kk in range(3):
             if need[kk]:
                 if kk == 0:
@@ -762,10 +824,11 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
                 if irls_iters == 0:
                     _solve_ridge(G[kind], x[kind], lam, H, z, dk, Gb, xb)
                 elif kind == 0:
-                    _solve_one(T, W, y[kind], e_, m, dk, G[kind], x[kind], H, z, lam, irls_iters, delta, Gb, xb, cols)
+                    _solve_one(T, W, y[kind], e_, m, dk, G[kind], x[kind], H, z, lam, irls_iters, delta, Gb, xb, cols,
+                               (tr, y[kind], Q, rows, S), se)
                 else:
                     _solve_one(T1, W, y[kind], e_, m, dk, G[kind], x[kind], H, z, lam, irls_iters, delta, Gb, xb,
-                               cols)
+                               cols, (tr, y[kind], Q, False, S), se)
             for j in range(vv):
                 p = s + held[j]
                 jj = np.uint64(items[p])
