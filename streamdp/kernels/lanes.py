@@ -3,15 +3,16 @@
 A value of type :data:`f64x8` is an LLVM ``<8 x double>`` (one 512-bit register, or two
 256-bit ones where the CPU has no AVX-512). The intrinsics below load and store the last
 axis of a C-contiguous float64 array (``arr[i, j, 0:8]``) and do the arithmetic
-lane by lane: :func:`vfma` and :func:`vfnma` are fused multiply-adds (``llvm.fma``, one
-rounding, on every CPU), the rest IEEE operations, so a lane's bits depend only on its own
+lane by lane: :func:`vfma`, :func:`vfnma` (and :func:`vfma1` on scalars) are fused multiply-adds
+(``llvm.fma``, one rounding, on every CPU), the rest IEEE operations, so a lane's bits depend only on its own
 inputs and the order the caller wrote: not on the other lanes, the vector width or ``fastmath``.
 
 Why not plain loops over the eight lanes: Numba runs LLVM's loop vectorizer but not its SLP
 vectorizer (``NUMBA_SLP_VECTORIZE=0`` by default), and a loop of a constant eight is fully
 unrolled before the loop vectorizer sees it, so such loops compile to scalar code (a batched
 9 x 9 Cholesky: 140-190 ns per system as loops, about 45 ns with these; docs/benchmarks.md).
-Used by :func:`streamdp.kernels.linalg.chol_solve_lanes`.
+Used by :func:`streamdp.kernels.linalg.chol_solve_lanes` (eight users' Cholesky solves) and
+``linalg._gram_rows9`` (a user's 9 x 9 Gramian in nine column vectors).
 """
 
 from __future__ import annotations

@@ -341,14 +341,17 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
 
     Per user, her rows of ``Q`` are gathered into a dense tile, transposed and padded to
     a multiple of :data:`TILE_PAD` ratings (:func:`_gather_tile`); the Gramian is a small dense product
-    on it (:func:`gram_lower`), the ridge added to its diagonal afterwards. Up to
+    on it (:func:`gram_lower`), the ridge added to its diagonal afterwards. At ``k = 9``
+    (k = 8 and the intercept) the Gramians come from ``Q``'s rows instead, in vector
+    registers, without a tile (:func:`_gram_rows9`, :func:`_weighted_rows9`). Up to
     :data:`LANE_D` columns, eight users' systems are then solved together
-    (:func:`chol_solve_lanes`, reweighting them together too); above, each by
+    (:func:`chol_solve_lanes`, reweighted together too); above, each by
     :func:`cholesky_lower`. Measured (``bench/roofline.py``, one core) against the
-    per-rating kernel it replaced: see docs/benchmarks.md. The Gramian's sums may be
-    reassociated (``fastmath`` ``reassoc``): the training and a user's own local solve run
-    this kernel, so they agree bit for bit on one machine; against the old kernel (and
-    across CPUs with other vector widths) the rows agree to about ``1e-13`` relative.
+    per-rating kernel it replaced: see docs/benchmarks.md. The tile's sums may be
+    reassociated (``fastmath`` ``reassoc``); the lanes' and the rows' run in a fixed order,
+    and a user's row does not depend on the users beside her: the training and a user's own
+    local solve run this kernel, so they agree bit for bit on one machine; against the old
+    kernel (and across CPUs with other vector widths) the rows agree to about ``1e-13`` relative.
     """
     k = Q.shape[1]
     longest = 0
@@ -379,8 +382,9 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
             U[u, a] = x[a]
 
 
-#: With reweighting, :func:`solve_users_huber`'s lanes keep their users' tiles, each of up to this many ratings
-#: (eight tiles of ``LANE_D x LANE_TILE`` doubles, 1.1 MB); a longer user is solved in lanes of her own.
+#: With reweighting on tiles (``k != 9``), :func:`solve_users_huber`'s lanes keep their users' tiles, each of up to
+#: this many ratings (eight tiles of ``LANE_D x LANE_TILE`` doubles, 1.1 MB); a longer user is solved in lanes of
+#: her own.
 LANE_TILE = 1024
 
 
