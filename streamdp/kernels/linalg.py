@@ -399,9 +399,12 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
     k = Q.shape[1]
     rows = by_rows(Q)
     keep = irls_iters > 0 and not rows  # the reweighting needs each user's tile again
+    tiles = keep or not rows  # a user's tile is gathered
     tcap = min(cap, LANE_TILE) if keep else cap
-    Tb = np.zeros((LANES if keep else 1) * k * tcap + k * cap, dtype=np.float64)  # the group's tiles, a long one
-    yb = np.zeros((LANES if keep else 1) * tcap + cap, dtype=np.float64)
+    slots = LANES if keep else 1
+    lcap = cap if cap > tcap else 0  # a long user's own tile
+    Tb = np.zeros((slots * k * tcap + k * lcap) if tiles else 0, dtype=np.float64)  # the group's tiles, a long one
+    yb = np.zeros((slots * tcap + lcap) if tiles else 0, dtype=np.float64)
     W = np.zeros(k * cap if keep else 0, dtype=np.float64)
     e_ = np.zeros(cap if keep else 0, dtype=np.float64)
     G = np.empty((k, k), dtype=np.float64)
@@ -409,7 +412,7 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
     Gb = np.empty((2, k, k, LANES), dtype=np.float64)  # [0] the group's lanes, [1] a long user's
     xb = np.empty((2, k, LANES), dtype=np.float64)
     cols = np.zeros((2, LANES + 1), dtype=np.int64)  # [0] the group's tiles' first columns in Tb (and the next)
-    cols[1, 0] = LANES * tcap if keep else tcap  # [1] a long user's tile
+    cols[1, 0] = slots * tcap  # [1] a long user's tile
     who = np.empty(LANES, dtype=np.int64)
     S = np.empty((10, LANES), dtype=np.float64)
     src = (items, resid, Q, rows, S)
@@ -425,10 +428,13 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
         m = padded(e - s)
         long_ = m > tcap
         c = cols[1, 0] if long_ else (cols[0, nb] if keep else 0)
-        T = Tb[k * c:k * (c + m)].reshape((k, m))
-        y = yb[c:c + m]
-        if keep or not rows:
+        if tiles:
+            T = Tb[k * c:k * (c + m)].reshape((k, m))
+            y = yb[c:c + m]
             _gather_user(items, resid, s, e, Q, T, y, m)
+        else:
+            T = Tb[:0].reshape((k, 0))
+            y = yb[:0]
         _first_system(items, resid, s, e, Q, rows, T, y, m, G, x, S)
         if long_:
             cols[1, 1] = c + m
