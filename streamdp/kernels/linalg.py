@@ -12,6 +12,8 @@ import numpy as np
 from numba import njit, types
 from numba.core.extending import get_cython_function_address
 
+from streamdp.kernels.lanes import LANES, vdiv, vfma, vfma1, vfnma, vload, vmul, vpivot, vsplat, vstore, vsub
+
 # BLAS ?syrk (SciPy's Fortran-ABI pointers) under fixed symbol names, registered before any cached kernel that calls
 # them is loaded (importing this module does it): the cached code links by name, as Numba's own BLAS calls do.
 for _kind in ("s", "d"):
@@ -181,6 +183,49 @@ def cholesky_lower_apply(L, x, d):
             x[m] -= xi * L[i, m]
 
 
+#: The largest system (``d``, the intercept included) :func:`solve_users_huber` solves in lanes of
+#: :data:`~streamdp.kernels.lanes.LANES` users (:func:`chol_solve_lanes`); above it, one user at a time.
+LANE_D = 17
+
+
+@njit(cache=True, nogil=True)
+def chol_solve_lanes(G, x, d):
+    """Eight systems at once: for each lane ``g``, ``x[:d, g] = G[:d, :d, g]^-1 x[:d, g]``.
+
+    ``G`` is ``(>= d, >= d, 8)`` C-contiguous, symmetric positive definite per lane (lower
+    triangles read, overwritten by ``L``, ``L L^T = G``), ``x`` ``(>= d, 8)``. Each lane does
+    :func:`cholesky_lower` then :func:`cholesky_lower_apply`'s operations (a non-positive
+    pivot taken as ``1e-300``), in vectors of eight lanes (:mod:`streamdp.kernels.lanes`):
+    one user's Cholesky is a chain of dependent square roots and divisions, and eight users'
+    chains run side by side. Each sum runs from ``m = 0`` up with fused multiply-adds, no
+    reassociation: a lane's bits depend on nothing else, on any CPU. A lane holding the
+    identity and a zero right-hand side stays so.
+    """
+    for j in range(d):
+        t = vsplat(0.0)
+        for m in range(j):
+            a = vload(G, (j, m))
+            t = vfma(a, a, t)
+        r = vpivot(vsub(vload(G, (j, j)), t))
+        vstore(G, (j, j), r)
+        inv = vdiv(vsplat(1.0), r)
+        for i in range(j + 1, d):
+            t = vsplat(0.0)
+            for m in range(j):
+                t = vfma(vload(G, (i, m)), vload(G, (j, m)), t)
+            vstore(G, (i, j), vmul(vsub(vload(G, (i, j)), t), inv))
+    for i in range(d):  # L y = x: row dot products
+        t = vsplat(0.0)
+        for m in range(i):
+            t = vfma(vload(G, (i, m)), vload(x, (m,)), t)
+        vstore(x, (i,), vdiv(vsub(vload(x, (i,)), t), vload(G, (i, i))))
+    for i in range(d - 1, -1, -1):  # L^T z = y: an axpy of row i per step
+        xi = vdiv(vload(x, (i,)), vload(G, (i, i)))
+        vstore(x, (i,), xi)
+        for m in range(i):
+            vstore(x, (m,), vfnma(xi, vload(G, (i, m)), vload(x, (m,))))
+
+
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
 def gram_lower(W, T, n, d, G):
     """``G[a, b] = sum_{i < n} W[a, i] T[b, i]`` for ``b <= a`` (and up to three entries past the diagonal).
@@ -296,17 +341,25 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
 
     Per user, her rows of ``Q`` are gathered into a dense tile, transposed and padded to
     a multiple of :data:`TILE_PAD` ratings (:func:`_gather_tile`); the Gramian is a small dense product
-    on it (:func:`gram_lower`), the ridge added to its diagonal afterwards, then
+    on it (:func:`gram_lower`), the ridge added to its diagonal afterwards. At ``k = 9``
+    (k = 8 and the intercept) the Gramians come from ``Q``'s rows instead, in vector
+    registers, without a tile (:func:`_gram_rows9`, :func:`_weighted_rows9`). Up to
+    :data:`LANE_D` columns, eight users' systems are then solved together
+    (:func:`chol_solve_lanes`, reweighted together too); above, each by
     :func:`cholesky_lower`. Measured (``bench/roofline.py``, one core) against the
-    per-rating triangular update it replaced: see docs/benchmarks.md. The sums may be
-    reassociated (``fastmath`` ``reassoc``): the training and a user's own local solve run
-    this kernel, so they agree bit for bit on one machine; against the old kernel (and
-    across CPUs with other vector widths) the rows agree to about ``1e-13`` relative.
+    per-rating kernel it replaced: see docs/benchmarks.md. The tile's sums may be
+    reassociated (``fastmath`` ``reassoc``); the lanes' and the rows' run in a fixed order,
+    and a user's row does not depend on the users beside her: the training and a user's own
+    local solve run this kernel, so they agree bit for bit on one machine; against the old
+    kernel (and across CPUs with other vector widths) the rows agree to about ``1e-13`` relative.
     """
     k = Q.shape[1]
     longest = 0
     for u in range(len(indptr) - 1):
         longest = max(longest, indptr[u + 1] - indptr[u])
+    if k <= LANE_D:
+        _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, padded(longest))
+        return
     cap = padded(longest)
     T = np.zeros((k, cap), dtype=np.float64)
     W = np.zeros((k, cap), dtype=np.float64)
@@ -329,10 +382,257 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
             U[u, a] = x[a]
 
 
+#: With reweighting on tiles (``k != 9``), :func:`solve_users_huber`'s lanes keep their users' tiles, each of up to
+#: this many ratings (eight tiles of ``LANE_D x LANE_TILE`` doubles, 1.1 MB); a longer user is solved in lanes of
+#: her own.
+LANE_TILE = 1024
+
+
+@njit(cache=True, nogil=True)
+def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap):
+    """:func:`solve_users_huber` in lanes of eight users (``Q``'s ``k <= LANE_D`` columns, users of up to ``cap``
+    padded ratings): each user's Gramian and right-hand side (:func:`_first_system`) copied into a free lane;
+    every eighth user, the lanes are solved (:func:`_solve_lanes`) and written to ``U``.
+
+    A user's tile is ``(k, m)``, packed (its rows ``m`` apart, not ``cap``), in a flat buffer: with reweighting the
+    eight tiles follow one another."""
+    k = Q.shape[1]
+    rows = by_rows(Q)
+    keep = irls_iters > 0 and not rows  # the reweighting needs each user's tile again
+    tiles = keep or not rows  # a user's tile is gathered
+    tcap = min(cap, LANE_TILE) if keep else cap
+    slots = LANES if keep else 1
+    lcap = cap if cap > tcap else 0  # a long user's own tile
+    Tb = np.zeros((slots * k * tcap + k * lcap) if tiles else 0, dtype=np.float64)  # the group's tiles, a long one
+    yb = np.zeros((slots * tcap + lcap) if tiles else 0, dtype=np.float64)
+    W = np.zeros(k * cap if keep else 0, dtype=np.float64)
+    e_ = np.zeros(cap if keep else 0, dtype=np.float64)
+    G = np.empty((k, k), dtype=np.float64)
+    x = np.empty(k, dtype=np.float64)
+    Gb = np.empty((2, k, k, LANES), dtype=np.float64)  # [0] the group's lanes, [1] a long user's
+    xb = np.empty((2, k, LANES), dtype=np.float64)
+    cols = np.zeros((2, LANES + 1), dtype=np.int64)  # [0] the group's tiles' first columns in Tb (and the next)
+    cols[1, 0] = slots * tcap  # [1] a long user's tile
+    who = np.empty(LANES, dtype=np.int64)
+    S = np.empty((10, LANES), dtype=np.float64)
+    src = (items, resid, Q, rows, S)
+    se = np.empty((2, LANES, 2), dtype=np.int64)  # [0] the group's users' ratings (start, end), [1] a long user's
+    nb = 0
+    for u in range(len(indptr) - 1):
+        s = indptr[u]
+        e = indptr[u + 1]
+        if e == s:
+            for a in range(k):
+                U[u, a] = 0.0
+            continue
+        m = padded(e - s)
+        long_ = m > tcap
+        c = cols[1, 0] if long_ else (cols[0, nb] if keep else 0)
+        if tiles:
+            T = Tb[k * c:k * (c + m)].reshape((k, m))
+            y = yb[c:c + m]
+            _gather_user(items, resid, s, e, Q, T, y, m)
+        else:
+            T = Tb[:0].reshape((k, 0))
+            y = yb[:0]
+        _first_system(items, resid, s, e, Q, rows, T, y, m, G, x, S)
+        if long_:
+            cols[1, 1] = c + m
+            _to_lane(G, x, ridge, Gb[1], xb[1], 0, k)
+            se[1, 0, 0], se[1, 0, 1] = s, e
+            _solve_lanes(Tb, yb, cols[1], 1, k, W, e_, G, x, Gb[1], xb[1], ridge, irls_iters, delta, src, se[1])
+            for a in range(k):
+                U[u, a] = xb[1, a, 0]
+            continue
+        _to_lane(G, x, ridge, Gb[0], xb[0], nb, k)
+        who[nb] = u
+        se[0, nb, 0], se[0, nb, 1] = s, e
+        cols[0, nb + 1] = c + m
+        nb += 1
+        if nb == LANES:
+            _solve_lanes(Tb, yb, cols[0], nb, k, W, e_, G, x, Gb[0], xb[0], ridge, irls_iters, delta, src, se[0])
+            _lanes_to_rows(xb[0], who, nb, k, U)
+            nb = 0
+    if nb > 0:
+        _solve_lanes(Tb, yb, cols[0], nb, k, W, e_, G, x, Gb[0], xb[0], ridge, irls_iters, delta, src, se[0])
+        _lanes_to_rows(xb[0], who, nb, k, U)
+
+
+@njit(cache=True, nogil=True)
+def by_rows(Q):
+    """Whether :func:`_first_system` forms a user's Gramian from ``Q``'s rows (:func:`_gram_rows9`): ``k = 9``
+    columns (k = 8 and the intercept), each row contiguous."""
+    return Q.shape[1] == 9 and Q.strides[1] == 8
+
+
+@njit(cache=True, nogil=True)
+def _first_system(items, resid, s, e, Q, rows, T, y, m, G, x, S):
+    """A user's unweighted Gramian (lower triangle) and right-hand side into ``G``, ``x``: from ``Q``'s rows
+    ``items[s:e]`` and ``resid[s:e]`` where ``rows`` (:func:`by_rows`, :func:`_gram_rows9`; ``S`` its
+    ``(10, LANES)`` scratch), else from her gathered tile ``T`` and ``y`` (``m`` padded columns, :func:`_gram_rhs`).
+    Every caller forms it here, so a row is the same bits in the training, the local solve and the selection."""
+    if rows:
+        _gram_rows9(items, resid, s, e, Q, S, G, x)
+    else:
+        _gram_rhs(T, T, y, m, T.shape[0], G, x)
+
+
+@njit(cache=True, nogil=True)
+def _gram_rows9(items, resid, s, e, Q, S, G, x):
+    """``G = sum_p q_p q_p^T`` (lower triangle), ``x = sum_p resid_p q_p`` over ``p in s..e``, ``q_p = Q[items[p]]``
+    of 9 contiguous columns, without a tile: per rating, the row's first eight entries as one vector times each of
+    its nine entries added to nine column vectors held in registers (:mod:`streamdp.kernels.lanes`), the ninth
+    row's two sums in scalars. Sums in the ratings' order, multiply-adds fused. Measured on 2M ratings, one core,
+    the k = 8 user solve 2.9x the gathered tile's (:func:`_gram_rhs`); ``S`` is ``(10, LANES)`` scratch."""
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = r = vsplat(0.0)
+    g88 = 0.0
+    r8 = 0.0
+    for p in range(s, e):
+        j = np.uint64(items[p])
+        v = vload(Q, (j,))
+        q8 = Q[j, 8]
+        yp = resid[p]
+        c0 = vfma(v, vsplat(Q[j, 0]), c0)
+        c1 = vfma(v, vsplat(Q[j, 1]), c1)
+        c2 = vfma(v, vsplat(Q[j, 2]), c2)
+        c3 = vfma(v, vsplat(Q[j, 3]), c3)
+        c4 = vfma(v, vsplat(Q[j, 4]), c4)
+        c5 = vfma(v, vsplat(Q[j, 5]), c5)
+        c6 = vfma(v, vsplat(Q[j, 6]), c6)
+        c7 = vfma(v, vsplat(Q[j, 7]), c7)
+        c8 = vfma(v, vsplat(q8), c8)
+        r = vfma(v, vsplat(yp), r)
+        g88 = vfma1(q8, q8, g88)
+        r8 = vfma1(q8, yp, r8)
+    _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x)
+
+
+@njit(cache=True, nogil=True)
+def _weighted_rows9(items, resid, s, e, Q, xb, g, delta, S, G, x):
+    """:func:`_gram_rows9` reweighted: each rating's Huber weight ``w = min(1, delta / |r|)`` of its residual
+    ``r = resid_p - q_p . xb[:, g]`` (summed over the columns in order, as the tile's :func:`_solve_lanes` does),
+    then ``G = sum_p (w q_p) q_p^T``, ``x = sum_p resid_p (w q_p)`` (``w q_p`` rounded, as :func:`_huber_rows`'s)."""
+    x0, x1, x2, x3, x4 = xb[0, g], xb[1, g], xb[2, g], xb[3, g], xb[4, g]
+    x5, x6, x7, x8 = xb[5, g], xb[6, g], xb[7, g], xb[8, g]
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = r = vsplat(0.0)
+    g88 = 0.0
+    r8 = 0.0
+    for p in range(s, e):
+        j = np.uint64(items[p])
+        yp = resid[p]
+        q0, q1, q2, q3, q4 = Q[j, 0], Q[j, 1], Q[j, 2], Q[j, 3], Q[j, 4]
+        q5, q6, q7, q8 = Q[j, 5], Q[j, 6], Q[j, 7], Q[j, 8]
+        t = vfma1(-x0, q0, yp)
+        t = vfma1(-x1, q1, t)
+        t = vfma1(-x2, q2, t)
+        t = vfma1(-x3, q3, t)
+        t = vfma1(-x4, q4, t)
+        t = vfma1(-x5, q5, t)
+        t = vfma1(-x6, q6, t)
+        t = vfma1(-x7, q7, t)
+        t = abs(vfma1(-x8, q8, t))
+        w = min(1.0, delta / max(t, 1e-300))  # 1 where t <= delta, else delta / t: the same, without a branch
+        v = vmul(vload(Q, (j,)), vsplat(w))
+        c0 = vfma(v, vsplat(q0), c0)
+        c1 = vfma(v, vsplat(q1), c1)
+        c2 = vfma(v, vsplat(q2), c2)
+        c3 = vfma(v, vsplat(q3), c3)
+        c4 = vfma(v, vsplat(q4), c4)
+        c5 = vfma(v, vsplat(q5), c5)
+        c6 = vfma(v, vsplat(q6), c6)
+        c7 = vfma(v, vsplat(q7), c7)
+        q8w = q8 * w
+        c8 = vfma(vload(Q, (j,)), vsplat(q8w), c8)
+        r = vfma(v, vsplat(yp), r)
+        g88 = vfma1(q8w, q8, g88)
+        r8 = vfma1(q8w, yp, r8)
+    _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x)
+
+
+@njit(cache=True, nogil=True)
+def _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x):
+    """:func:`_gram_rows9`'s column vectors and scalars into ``G``'s lower triangle and ``x`` (through ``S``)."""
+    vstore(S, (0,), c0)
+    vstore(S, (1,), c1)
+    vstore(S, (2,), c2)
+    vstore(S, (3,), c3)
+    vstore(S, (4,), c4)
+    vstore(S, (5,), c5)
+    vstore(S, (6,), c6)
+    vstore(S, (7,), c7)
+    vstore(S, (8,), c8)
+    vstore(S, (9,), r)
+    for a in range(8):
+        for b in range(a + 1):
+            G[a, b] = S[b, a]
+        G[8, a] = S[8, a]
+        x[a] = S[9, a]
+    G[8, 8] = g88
+    x[8] = r8
+
+
+@njit(cache=True, nogil=True)
+def _lanes_to_rows(xb, who, nb, k, U):
+    """``U[who[g]] = xb[:k, g]`` for the lanes ``g < nb``."""
+    for g in range(nb):
+        for a in range(k):
+            U[who[g], a] = xb[a, g]
+
+
+@njit(cache=True, nogil=True)
+def _to_lane(G, x, ridge, Gb, xb, g, k):
+    """Lane ``g`` of ``Gb``, ``xb``: a user's Gramian (lower triangle) with ``ridge`` added to its diagonal, and her
+    right-hand side ``x``."""
+    for a in range(k):
+        for b in range(a + 1):
+            Gb[a, b, g] = G[a, b]
+        Gb[a, a, g] += ridge
+        xb[a, g] = x[a]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _solve_lanes(Tb, yb, cols, nb, k, W, e_, G, x, Gb, xb, ridge, irls_iters, delta, src, se):
+    """Solve the ``nb`` users whose systems are in lanes ``g < nb`` of ``Gb``, ``xb`` (:func:`_to_lane`) into
+    ``xb[:k, g]``. With ``irls_iters``, reweight and solve again that many times from their tiles: user ``g``'s
+    is ``Tb[k c:k c'].reshape((k, c' - c))`` and her residuals ``yb[c:c']``, ``c, c' = cols[g], cols[g + 1]``
+    (``W``, ``e_`` flat scratch of at least a tile's size); or where ``src = (items, resid, Q, rows, S)`` has
+    ``rows`` (:func:`by_rows`), from ``Q``'s rows ``items[p]`` and ``resid[p]``, ``p`` in ``se[g, 0] .. se[g, 1]``
+    (:func:`_weighted_rows9`). Free lanes get the identity (it solves to zero)."""
+    for g in range(nb, LANES):
+        for a in range(k):
+            for b in range(a):
+                Gb[a, b, g] = 0.0
+            Gb[a, a, g] = 1.0
+            xb[a, g] = 0.0
+    chol_solve_lanes(Gb, xb, k)
+    items, resid, Q, rows, S = src
+    for it in range(irls_iters):
+        for g in range(nb):
+            if rows:
+                _weighted_rows9(items, resid, se[g, 0], se[g, 1], Q, xb, g, delta, S, G, x)
+                _to_lane(G, x, ridge, Gb, xb, g, k)
+                continue
+            c = cols[g]
+            m = cols[g + 1] - c
+            T = Tb[k * c:k * (c + m)].reshape((k, m))
+            y = yb[c:c + m]
+            Wg = W[:k * m].reshape((k, m))
+            for i in range(m):
+                e_[i] = y[i]
+            for a in range(k):
+                xa = xb[a, g]
+                for i in range(m):
+                    e_[i] -= xa * T[a, i]
+            _huber_rows(T, Wg, e_, m, k, delta)
+            _gram_rhs(Wg, T, y, m, k, G, x)
+            _to_lane(G, x, ridge, Gb, xb, g, k)
+        chol_solve_lanes(Gb, xb, k)
+
+
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
 def _solve_tile_huber(T, W, y, e_, m, k, G, x, ridge, irls_iters, delta):
-    """One user's row into ``x[:k]``: :func:`solve_users_huber` on her gathered tile ``T`` and residuals ``y`` (``m``
-    padded columns); ``W``, ``e_`` and ``G`` are scratch of the tile's shapes."""
+    """One user's row into ``x[:k]`` (``k > LANE_D``): :func:`solve_users_huber` on her gathered tile ``T`` and
+    residuals ``y`` (``m`` padded columns); ``W``, ``e_`` and ``G`` are scratch of the tile's shapes."""
     Wt = T
     for it in range(irls_iters + 1):
         _gram_rhs(Wt, T, y, m, k, G, x)
@@ -349,6 +649,25 @@ def _solve_tile_huber(T, W, y, e_, m, k, G, x, ridge, irls_iters, delta):
                     e_[i] -= xa * T[a, i]
             _huber_rows(T, W, e_, m, k, delta)
             Wt = W
+
+
+@njit(cache=True, nogil=True)
+def _solve_one(T, W, y, e_, m, k, G0, x0, H, z, ridge, irls_iters, delta, Gb, xb, cols, src, se):
+    """One user's row into ``z[:k]`` by :func:`solve_users_huber`'s arithmetic at her ``k`` (in lane 0 up to
+    :data:`LANE_D`, so the same bits), from her unweighted system ``G0``, ``x0`` (:func:`_first_system`, kept),
+    tile ``T`` (``(k, m)``: ``m`` padded ratings) and residuals ``y[:m]``; ``W``, ``e_`` and ``H`` scratch of at
+    least their sizes, ``Gb``, ``xb`` ``(k, k, LANES)``, ``(k, LANES)``, ``cols`` two int64; ``src``, ``se`` as
+    :func:`_solve_lanes` takes them (her ratings ``se[0]`` of ``src``'s, where its ``rows``)."""
+    if k > LANE_D:
+        _solve_tile_huber(T, W, y, e_, m, k, H, z, ridge, irls_iters, delta)
+        return
+    _to_lane(G0, x0, ridge, Gb, xb, 0, k)
+    cols[0] = 0
+    cols[1] = m
+    _solve_lanes(T.reshape(k * m), y, cols, 1, k, W.reshape(W.shape[0] * W.shape[1]), e_, H, z, Gb, xb,
+                 ridge, irls_iters, delta, src, se)
+    for a in range(k):
+        z[a] = xb[a, 0]
 
 
 @njit(cache=True, nogil=True)
@@ -385,6 +704,10 @@ def solve_users_ridges(indptr, items, resid, Q, ridges, U):
     H = np.empty((k, k), dtype=np.float64)
     x = np.empty(k, dtype=np.float64)
     z = np.empty(k, dtype=np.float64)
+    Gb = np.empty((k, k, LANES), dtype=np.float64)
+    xb = np.empty((k, LANES), dtype=np.float64)
+    rows = by_rows(Q)
+    S = np.empty((10, LANES), dtype=np.float64)
     for u in range(len(indptr) - 1):
         s = indptr[u]
         e = indptr[u + 1]
@@ -395,19 +718,32 @@ def solve_users_ridges(indptr, items, resid, Q, ridges, U):
                     U[r, u, a] = 0.0
             continue
         m = padded(n)
-        _gather_user(items, resid, s, e, Q, T, y, m)
-        _gram_rhs(T, T, y, m, k, G, x)
+        if not rows:
+            _gather_user(items, resid, s, e, Q, T, y, m)
+        _first_system(items, resid, s, e, Q, rows, T, y, m, G, x, S)
         for r in range(m_r):
-            _solve_ridge(G, x, ridges[r], H, z, k)
+            _solve_ridge(G, x, ridges[r], H, z, k, Gb, xb)
             for a in range(k):
                 U[r, u, a] = z[a]
 
 
 @njit(cache=True, nogil=True)
-def _solve_ridge(G, x, ridge, H, z, k):
+def _solve_ridge(G, x, ridge, H, z, k, Gb, xb):
     """``z = (G + ridge I)^-1 x`` from a user's Gramian (lower triangle, :func:`_gram_rhs`) and right-hand side,
-    through the scratch ``H``; ``G`` and ``x`` are kept for the next ridge. The same operations as
-    :func:`solve_users_huber`'s plain solve, so the same bits."""
+    through the scratch ``H`` (or lane 0 of ``Gb``, ``xb``: :func:`_solve_one`); ``G`` and ``x`` are kept for the
+    next ridge. The same operations as :func:`solve_users_huber`'s plain solve, so the same bits."""
+    if k <= LANE_D:
+        _to_lane(G, x, ridge, Gb, xb, 0, k)
+        for g in range(1, LANES):
+            for a in range(k):
+                for b in range(a):
+                    Gb[a, b, g] = 0.0
+                Gb[a, a, g] = 1.0
+                xb[a, g] = 0.0
+        chol_solve_lanes(Gb, xb, k)
+        for a in range(k):
+            z[a] = xb[a, 0]
+        return
     for a in range(k):
         z[a] = x[a]
         for b in range(a + 1):
@@ -444,17 +780,15 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
     k = d - 1
     n_c = len(kinds)
     need = np.zeros(3, np.bool_)
-    gram_of = np.zeros(3, np.bool_)  # one Gramian per design and residual serves every ridge (squared loss)
     for c in range(n_c):
         if np.isfinite(lams[c]):
             need[kinds[c]] = True
-            gram_of[kinds[c]] = irls_iters == 0
     longest = 1
     for u in range(len(indptr) - 1):
         longest = max(longest, indptr[u + 1] - indptr[u])
     cap = padded(longest)
-    T = np.zeros((d, cap), dtype=np.float64)
-    T1 = np.zeros((1, cap), dtype=np.float64)
+    Tb = np.zeros(d * cap, dtype=np.float64)  # a user's tiles, packed: (d, m) and (1, m)
+    T1b = np.zeros(cap, dtype=np.float64)
     W = np.zeros((d, cap), dtype=np.float64)
     y = np.zeros((3, cap), dtype=np.float64)
     e_ = np.zeros(cap, dtype=np.float64)
@@ -462,6 +796,13 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
     x = np.empty((3, d), dtype=np.float64)
     H = np.empty((d, d), dtype=np.float64)
     z = np.empty(d, dtype=np.float64)
+    Gb = np.empty((d, d, LANES), dtype=np.float64)  # lane 0: the solves of solve_users_huber's lanes (_solve_one)
+    xb = np.empty((d, LANES), dtype=np.float64)
+    cols = np.empty(2, dtype=np.int64)
+    tr = np.empty(cap, dtype=np.int64)  # a user's training items, in order (se: the range of them)
+    se = np.zeros((1, 2), dtype=np.int64)
+    rows = by_rows(Q)
+    S = np.empty((10, LANES), dtype=np.float64)
     held = np.empty(max(1, int(v.max()) if len(v) else 1), np.int64)
     lo32, hi32 = np.float32(lo), np.float32(hi)
     hh = h * h
@@ -472,42 +813,17 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
             continue
         s = indptr[u]
         n = indptr[u + 1] - s
-        step = n // vv
-        for j in range(vv):
-            held[j] = (start[u] + j * step) % n
-        i = 0
-        for p in range(n):
-            out_ = False
-            for j in range(vv):
-                if held[j] == p:
-                    out_ = True
-            if out_:
-                continue
-            jj = np.uint64(items[s + p])
-            if need[0]:
-                for a in range(d):
-                    T[a, i] = Q[jj, a]
-            T1[0, i] = 1.0
-            r = ratings[s + p]
-            r = lo32 if r < lo32 else (hi32 if r > hi32 else r)
-            for kk in range(3):
-                if need[kk]:
-                    y[kk, i] = r - mu - biases[kk, jj]
-            i += 1
-        m = padded(i)
-        for a in range(d):
-            for t in range(i, m):
-                T[a, t] = 0.0
-        for t in range(i, m):
-            T1[0, t] = 0.0
-            for kk in range(3):
-                y[kk, t] = 0.0
+        m, i = _holdout_tiles(items, ratings, s, n, vv, start[u], held, Q, biases, need, lo32, hi32, mu, Tb, T1b,
+                              y, tr)
+        T = Tb[:d * m].reshape((d, m))
+        T1 = T1b[:m].reshape((1, m))
+        se[0, 1] = i
         for kk in range(3):
-            if gram_of[kk]:
+            if need[kk]:
                 if kk == 0:
-                    _gram_rhs(T, T, y[kk], m, d, G[kk], x[kk])
+                    _first_system(tr, y[kk], 0, i, Q, rows, T, y[kk], m, G[kk], x[kk], S)
                 else:
-                    _gram_rhs(T1, T1, y[kk], m, 1, G[kk], x[kk])
+                    _first_system(tr, y[kk], 0, i, Q, False, T1, y[kk], m, G[kk], x[kk], S)
         wv = 1.0 / vv
         for c in range(n_c):
             kind = kinds[c]
@@ -515,12 +831,14 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
             dk = d if kind == 0 else 1
             solved = np.isfinite(lam)
             if solved:
-                if gram_of[kind]:
-                    _solve_ridge(G[kind], x[kind], lam, H, z, dk)
+                if irls_iters == 0:
+                    _solve_ridge(G[kind], x[kind], lam, H, z, dk, Gb, xb)
                 elif kind == 0:
-                    _solve_tile_huber(T, W, y[kind], e_, m, dk, H, z, lam, irls_iters, delta)
+                    _solve_one(T, W, y[kind], e_, m, dk, G[kind], x[kind], H, z, lam, irls_iters, delta, Gb, xb, cols,
+                               (tr, y[kind], Q, rows, S), se)
                 else:
-                    _solve_tile_huber(T1, W, y[kind], e_, m, dk, H, z, lam, irls_iters, delta)
+                    _solve_one(T1, W, y[kind], e_, m, dk, G[kind], x[kind], H, z, lam, irls_iters, delta, Gb, xb,
+                               cols, (tr, y[kind], Q, False, S), se)
             for j in range(vv):
                 p = s + held[j]
                 jj = np.uint64(items[p])
@@ -538,6 +856,54 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
                 e = pred - rv
                 out[c, q0 + j] = min(e * e, hh) * wv
         q0 += vv
+
+
+@njit(cache=True, nogil=True)
+def _holdout_tiles(items, ratings, s, n, vv, start, held, Q, biases, need, lo32, hi32, mu, Tb, T1b, y, tr):
+    """:func:`selection_losses`' tiles of one user (ratings ``s .. s + n``, ``vv`` held out from offset ``start``,
+    written into ``held``): her training rows of ``Q`` (where ``need[0]``) and a column of ones, packed ``(d, m)``
+    and ``(1, m)`` at the start of ``Tb`` and ``T1b``, her training items ``tr[:i]`` and residuals ``y[kind, :m]``
+    (where ``need[kind]``), zero-padded to ``m`` (:func:`padded`) columns; returns ``(m, i)``."""
+    d = Q.shape[1]
+    step = n // vv
+    for j in range(vv):
+        held[j] = (start + j * step) % n
+    m = n  # her training ratings (the held-out offsets' distinct values removed), padded: the tiles' widths
+    for j in range(vv):
+        first = True
+        for jj in range(j):
+            first = first and held[jj] != held[j]
+        m -= first
+    m = padded(m)
+    T = Tb[:d * m].reshape((d, m))
+    i = 0
+    for p in range(n):
+        out_ = False
+        for j in range(vv):
+            if held[j] == p:
+                out_ = True
+        if out_:
+            continue
+        jj = np.uint64(items[s + p])
+        tr[i] = items[s + p]
+        if need[0]:
+            for a in range(d):
+                T[a, i] = Q[jj, a]
+        T1b[i] = 1.0
+        r = ratings[s + p]
+        r = lo32 if r < lo32 else (hi32 if r > hi32 else r)
+        for kk in range(3):
+            if need[kk]:
+                y[kk, i] = r - mu - biases[kk, jj]
+        i += 1
+    for a in range(d):
+        for t in range(i, m):
+            T[a, t] = 0.0
+    for t in range(i, m):
+        T1b[t] = 0.0
+        for kk in range(3):
+            y[kk, t] = 0.0
+    return m, i
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})

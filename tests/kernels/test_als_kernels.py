@@ -100,7 +100,7 @@ def _ragged(seed, n_users, n_items, longest):
     return ip, it, rng
 
 
-@pytest.mark.parametrize("k", [3, 8, 16, 64])
+@pytest.mark.parametrize("k", [3, 8, 9, 16, 64])
 @pytest.mark.parametrize("iters", [0, 2])
 def test_user_solve_is_the_old_kernel_within_1e_10(k, iters):
     """The tiled Gramian and the column-wise Cholesky (issue 44) against the per-rating kernel they replaced."""

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from streamdp.kernels.linalg import (gram_apply, gram_apply_range, gram_apply_reference, predict_rows, residuals,
-                                     selection_losses, solve_users, solve_users_huber, solve_users_ridges)
+from streamdp.kernels.lanes import LANES
+from streamdp.kernels.linalg import (LANE_D, LANE_TILE, chol_solve_lanes, gram_apply, gram_apply_range,
+                                     gram_apply_reference, predict_rows, residuals, selection_losses, solve_users,
+                                     solve_users_huber, solve_users_ridges)
 
 
 def _csr(seed=0, n_users=60, n_items=25, density=0.2):
@@ -75,6 +77,60 @@ def test_solve_users_ridges_is_solve_users_per_ridge_bit_for_bit():
         solve_users(ip, it, v, Q, lam, ref)
         assert np.array_equal(U[r], ref)
     assert not U[:, 4].any()
+
+
+@pytest.mark.parametrize("d", [1, 9, 17])
+def test_chol_solve_lanes_solves_each_lane_and_a_lanes_bits_are_its_own(d):
+    """Eight systems: each lane the NumPy solve; the same system in lane 0 beside other systems, or beside the
+    identity (the free lanes of a last group), gives the same bits; a non-positive pivot is taken as 1e-300."""
+    rng = np.random.default_rng(d)
+    A = rng.normal(size=(LANES, d, 3 * d))
+    G = np.einsum("gai,gbi->abg", A, A) + 0.3 * np.eye(d)[:, :, None]
+    x = rng.normal(size=(d, LANES))
+    want = np.linalg.solve(G.transpose(2, 0, 1), x.T[..., None])[..., 0].T
+    L, got = G.copy(), x.copy()
+    chol_solve_lanes(L, got, d)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12 * np.abs(want).max())
+    np.testing.assert_allclose(np.tril(L[:, :, 2]) @ np.tril(L[:, :, 2]).T, G[:, :, 2], rtol=1e-12, atol=1e-12)
+    for others in (np.roll(G, 3, axis=2), np.broadcast_to(np.eye(d)[:, :, None], G.shape)):
+        G2 = np.ascontiguousarray(others)
+        G2[:, :, 0] = G[:, :, 0]
+        x2 = rng.normal(size=(d, LANES))
+        x2[:, 0] = x[:, 0]
+        chol_solve_lanes(G2, x2, d)
+        assert np.array_equal(x2[:, 0], got[:, 0])
+    Z = np.zeros((d, d, LANES))
+    chol_solve_lanes(Z, np.ones((d, LANES)), d)
+    assert np.all(np.diagonal(Z) == 1e-300)
+
+
+@pytest.mark.parametrize("k", [3, 9, LANE_D])
+@pytest.mark.parametrize("iters", [0, 2])
+def test_a_users_row_is_hers_alone_bit_for_bit(k, iters):
+    """Users are solved in lanes of eight: each row is the one a user's own local solve (her ratings alone) gets,
+    bit for bit, whatever her neighbours; a user longer than LANE_TILE with reweighting (solved in lanes of her
+    own) and users without ratings among them. At k = 9 the Gramian from Q's rows (and from a tile where Q's
+    rows are not contiguous: the same rows within rounding)."""
+    rng = np.random.default_rng(k + iters)
+    cnt = rng.integers(0, 30, 21)
+    cnt[[2, 9]] = 0
+    cnt[12] = LANE_TILE + 5
+    ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    it = rng.integers(0, 50, ip[-1]).astype(np.int32)
+    v = rng.normal(0, 1.0, ip[-1])
+    v[::7] *= 5.0
+    Q = np.hstack([rng.normal(0, 0.5, (50, k - 1)), np.ones((50, 1))])
+    U = np.full((len(cnt), k), np.nan)
+    solve_users_huber(ip, it, v, Q, 0.4, iters, 0.8, U)
+    for u in range(len(cnt)):
+        one = np.full((1, k), np.nan)
+        s, e = ip[u], ip[u + 1]
+        solve_users_huber(np.array([0, e - s], np.int64), it[s:e], v[s:e], Q, 0.4, iters, 0.8, one)
+        assert np.array_equal(U[u], one[0]), u
+    assert not U[[2, 9]].any()
+    F = np.full_like(U, np.nan)
+    solve_users_huber(ip, it, v, np.asfortranarray(Q), 0.4, iters, 0.8, F)
+    np.testing.assert_allclose(F, U, rtol=1e-12, atol=1e-12 * np.abs(U).max())
 
 
 def _selection_reference(ip, it, r, first_user, key, Q, biases, cands, mu, lo, hi, h, irls_iters, delta):

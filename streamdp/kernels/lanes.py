@@ -1,0 +1,157 @@
+"""Eight float64 lanes as one LLVM vector, for kernels that run eight small independent problems side by side.
+
+A value of type :data:`f64x8` is an LLVM ``<8 x double>`` (one 512-bit register, or two
+256-bit ones where the CPU has no AVX-512). The intrinsics below load and store the last
+axis of a C-contiguous float64 array (``arr[i, j, 0:8]``) and do the arithmetic
+lane by lane: :func:`vfma`, :func:`vfnma` (and :func:`vfma1` on scalars) are fused multiply-adds
+(``llvm.fma``, one rounding, on every CPU), the rest IEEE operations, so a lane's bits depend only on its own
+inputs and the order the caller wrote: not on the other lanes, the vector width or ``fastmath``.
+
+Why not plain loops over the eight lanes: Numba runs LLVM's loop vectorizer but not its SLP
+vectorizer (``NUMBA_SLP_VECTORIZE=0`` by default), and a loop of a constant eight is fully
+unrolled before the loop vectorizer sees it, so such loops compile to scalar code (a batched
+9 x 9 Cholesky: 140-190 ns per system as loops, about 45 ns with these; docs/benchmarks.md).
+Used by :func:`streamdp.kernels.linalg.chol_solve_lanes` (eight users' Cholesky solves) and
+``linalg._gram_rows9`` (a user's 9 x 9 Gramian in nine column vectors).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+#: Lanes per vector.
+LANES = 8
+_VT = ir.VectorType(ir.DoubleType(), LANES)
+
+
+class F64x8(types.Type):
+    """Eight float64 lanes (an LLVM ``<8 x double>``)."""
+
+    def __init__(self):
+        super().__init__(name="F64x8")
+
+
+#: The Numba type of eight lanes.
+f64x8 = F64x8()
+
+
+@register_model(F64x8)
+class _F64x8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VT)
+
+
+def _lanes_pointer(context, builder, sig, args):
+    """``&arr[idx..., 0]`` as a pointer to eight doubles (``idx`` one index per axis but the last, non-negative and in
+    range, the last axis contiguous and at least 8 long: the caller's to ensure, no checks)."""
+    aryty, idxty = sig.args[0], sig.args[1]
+    ary = context.make_array(aryty)(context, builder, args[0])
+    inds = [context.cast(builder, v, t, types.intp)
+            for v, t in zip(cgutils.unpack_tuple(builder, args[1], count=len(idxty)), idxty)]
+    p = cgutils.get_item_pointer(context, builder, aryty, ary, inds + [context.get_constant(types.intp, 0)])
+    return builder.bitcast(p, _VT.as_pointer())
+
+
+def _check_array(arr, idx):
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float64
+            and isinstance(idx, types.BaseTuple) and len(idx) == arr.ndim - 1
+            and all(isinstance(t, types.Integer) for t in idx)):
+        raise TypeError(f"lanes of a float64 array by a tuple of {arr} 's leading indices, not {idx}")
+
+
+@intrinsic
+def vload(typingctx, arr, idx):
+    """``arr[*idx, 0:8]``."""
+    _check_array(arr, idx)
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_lanes_pointer(context, builder, sig, args), align=8)
+    return f64x8(arr, idx), codegen
+
+
+@intrinsic
+def vstore(typingctx, arr, idx, v):
+    """``arr[*idx, 0:8] = v``."""
+    _check_array(arr, idx)
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _lanes_pointer(context, builder, sig, args), align=8)
+        return context.get_dummy_value()
+    return types.void(arr, idx, f64x8), codegen
+
+
+@intrinsic
+def vsplat(typingctx, a):
+    """Eight copies of the float64 ``a``."""
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.float64)
+        out = ir.Constant(_VT, ir.Undefined)
+        for g in range(LANES):
+            out = builder.insert_element(out, v, ir.Constant(ir.IntType(32), g))
+        return out
+    return f64x8(a), codegen
+
+
+def _call(builder, name, args):
+    f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VT, [_VT] * len(args)), name)
+    return builder.call(f, args)
+
+
+@intrinsic
+def vfma(typingctx, a, b, c):
+    """``a * b + c``, one rounding."""
+
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.fma.v8f64", list(args))
+    return f64x8(f64x8, f64x8, f64x8), codegen
+
+
+@intrinsic
+def vfma1(typingctx, a, b, c):
+    """``a * b + c`` of three float64 scalars, one rounding (``llvm.fma.f64``, on every CPU)."""
+
+    def codegen(context, builder, sig, args):
+        d = ir.DoubleType()
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d, [d] * 3), "llvm.fma.f64")
+        return builder.call(f, [context.cast(builder, v, t, types.float64) for v, t in zip(args, sig.args)])
+    return types.float64(a, b, c), codegen
+
+
+@intrinsic
+def vfnma(typingctx, a, b, c):
+    """``c - a * b``, one rounding."""
+
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.fma.v8f64", [builder.fneg(args[0]), args[1], args[2]])
+    return f64x8(f64x8, f64x8, f64x8), codegen
+
+
+def _binary(op, doc):
+    @intrinsic
+    def f(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+        return f64x8(f64x8, f64x8), codegen
+    f.__doc__ = doc
+    return f
+
+
+vsub = _binary("fsub", "``a - b``.")
+vmul = _binary("fmul", "``a * b``.")
+vdiv = _binary("fdiv", "``a / b``.")
+
+
+@intrinsic
+def vpivot(typingctx, a):
+    """``sqrt(a)`` where ``a > 0``, else ``1e-300`` (a Cholesky pivot, as :func:`streamdp.kernels.linalg.cholesky_lower`
+    takes it)."""
+
+    def codegen(context, builder, sig, args):
+        root = _call(builder, "llvm.sqrt.v8f64", [args[0]])
+        positive = builder.fcmp_ordered(">", args[0], ir.Constant(_VT, [0.0] * LANES))
+        return builder.select(positive, root, ir.Constant(_VT, [1e-300] * LANES))
+    return f64x8(f64x8), codegen
