@@ -102,8 +102,16 @@ DEFAULT_RANK = 16
 #: epsilon 0.5 (fewer than the 64 that 16 factors need) passed, and the choice's noise kept factors at 0.91x the chart.
 MIN_ITEMS_PER_FACTOR = 4
 #: A private run without ``--rank`` takes this many factors when the released counts are low against the noise
-#: (:func:`private_rank`): the mean item's count below this many times the item floor's unit.
-LOW_RANK, RANK_SNR = 8, 3.0
+#: (:func:`private_rank`): the mean item's count below this many times the item floor's unit, and fewer than
+#: ``RANK_ITEMS`` items per factor above that unit.
+LOW_RANK, RANK_SNR, RANK_ITEMS = 8, 1.0, 32
+#: ``--clip-popularity`` by default: the bound of a user's weight on the popularity column, which only the users'
+#: Gramian ``G`` takes. It was 1 (the weight is about 0.7 on the bench stores): ``G``'s sensitivity
+#: ``Delta^2 + Delta_pi^2`` was 1.16, 86% of it the weight's, and its noise swamped the factors' block of ``G``; 0.2
+#: makes it 0.2 (the right-hand sides' noise unchanged). Recall@10, seed 1, alone: a 600 x 10,000 store at epsilon
+#: 10 0.113 -> 0.121, issue 42's other shapes and ML-100K at epsilon 1 and 10 0% to +3%; 0.1 and 0.3 within 0.002
+#: of 0.2. With :func:`private_rank`'s change, seeds 1-3: ``docs/benchmarks.md``, thin-600.
+CLIP_POPULARITY = 0.2
 #: Conjugate-gradient steps per iteration of a non-private run's user and item solves (``implicit``'s default), and
 #: the squared residual norm below which an item's solve stops.
 CG_STEPS, CG_TOL = 3, 1e-20
@@ -160,7 +168,7 @@ class IalsOptions(MethodOptions):
                                 default_text="0.4 private, none non-private", **_POS)
     clip_popularity: float = option("largest weight a user may give the popularity column on the item side "
                                     "(bound Delta_pi)",
-                                    default=1.0, **_POS)
+                                    default=CLIP_POPULARITY, **_POS)
     reg: float = option("regularisation of the item solves (ridge lambda)", default=1.0, minimum=0)
     ridge: float | None = option("ridge of each user's solve (training and the released model's local solve)",
                                  default_text="--reg non-private, 1 private", **_POS)
@@ -1233,36 +1241,38 @@ def tau_from_profile(hist) -> int:
 
 def private_rank(s, N, sd: float, rank: int) -> int:
     """A private run's number of factors when ``--rank`` is not given: ``rank`` (:data:`DEFAULT_RANK`), or
-    :data:`LOW_RANK` when the mean item's released count is below :data:`RANK_SNR` times the item floor's unit at
-    ``rank`` factors (:func:`item_floor_count` with ``f = 1``: the count at which an item's right-hand side can at
-    most equal its noise), i.e. when the mean item's right-hand side cannot reach ``RANK_SNR`` times its noise.
+    :data:`LOW_RANK` when the released counts are low against the noise at ``rank`` factors. The unit is
+    :func:`item_floor_count` with ``f = 1`` (the count at which an item's right-hand side can at most equal its
+    noise); ``rank`` is kept when the mean item's count reaches :data:`RANK_SNR` (1) unit, or when at least
+    :data:`RANK_ITEMS` (32) items per factor reach one unit.
 
     Post-processing of the released counts, the noise scale and public bounds; no release is added and no
-    sensitivity changes (the noise of every release is calibrated for any number of factors: the sensitivities
-    bound a user's row whatever its length). Every factor adds noise to every item row; on stores whose users
-    hold few items (a 72,000-user product-shaped store, 79% of users with one item) or at small epsilon, 8 factors
-    carry more of the signal than 16. Measured (5 seeds 16 -> 8, medians, Recall@10; the ratio below is the mean
-    count over the unit): the product shape at epsilon 1 / 10 (ratio 0.2 / 1.8) 0.288 -> 0.317 / 0.357 -> 0.369,
-    ML-100K at epsilon 5 / 10 (1.0 / 1.8) 0.203 -> 0.227 / 0.244 -> 0.250, a 6,040 x 3,706 movie-shaped store at
-    epsilon 1 (1.0) 0.152 -> 0.158, the clustered 10,000-user store at epsilon 1 (0.8) 0.199 -> 0.198; where the
-    counts stand well above the noise 16 keep more: the clustered store at epsilon 10 (6.0) 0.278 against 0.233,
-    the movie shape at epsilon 10 (8.0) 0.230 against 0.215 (8 factors: 3 seeds; ``docs/ranking.md``). On the
-    product shape at epsilon 1, 12 and 4 factors gave 0.297 and 0.323 (3 seeds); 4 lost at epsilon 10 (0.331
-    against 0.369 with 8). These were measured before ``--min-pairs 2``; with it (3 seeds) the product shape at
-    epsilon 10 gives 0.632 with 16 factors against 0.568 with this rule's 8 (0.533 against 0.537 at epsilon 1),
-    while a 24,000-user version of that store at epsilon 3 still gives 0.638 with 8 against 0.576 with 16: the
-    threshold is due a re-measure.
+    sensitivity changes (the sensitivities bound a user's row whatever its length). Every factor adds noise to
+    every item row: where users hold few items or epsilon is small, 8 factors carry more of the signal than 16.
+    The second test is for a long catalogue, whose tail (items below the floor, without factors at any rank)
+    drags the mean down while hundreds of items carry signal: a 600 x 10,000 store of ~130 ratings per user
+    (mean 0.35 / 0.73 unit at epsilon 30 / 100, 681 / 1,808 items above it) lists at 0.141 / 0.156 with 8
+    factors, 0.152 / 0.178 with 16. Where 8 win it stays below both tests: ML-100K at epsilon 5 / 10 (mean
+    0.42 / 0.72 unit, 21 items per factor at 10; 0.267 / 0.299 with 8, 0.180 / 0.292 with 16), the product
+    shape at epsilon 1 (0.26 unit; 0.504 against 0.451), a repeat-count log at epsilon 1 (0.58; 0.260 against
+    0.251). The threshold was 3 units before: the product shape at epsilon 10 (1.55 units) now takes 16 factors,
+    0.571 -> 0.622 (Recall@10, seed 1, every user; the table: ``docs/benchmarks.md``, thin-600).
 
     >>> from types import SimpleNamespace
     >>> s = SimpleNamespace(conf_cap=4.0, clip=0.4)
-    >>> private_rank(s, np.full(100, 40.0), 10.0, 16), private_rank(s, np.full(100, 400.0), 10.0, 16)
+    >>> private_rank(s, np.full(100, 20.0), 10.0, 16), private_rank(s, np.full(100, 40.0), 10.0, 16)
     (8, 16)
+    >>> tail = lambda m: np.where(np.arange(10_000) < m, 30.0, 0.0)  # m items at 30 >= 25, the rest 0: mean < 25
+    >>> private_rank(s, tail(600), 10.0, 16), private_rank(s, tail(300), 10.0, 16)  # 37.5 / 18.75 items per factor
+    (16, 8)
     """
     if rank <= LOW_RANK:
         return int(rank)
     unit = math.sqrt(rank) * float(sd) / (float(s.conf_cap) * float(s.clip))
-    mean = float(np.mean(np.maximum(np.asarray(N, np.float64), 0.0))) if len(N) else 0.0
-    return int(rank) if mean >= RANK_SNR * unit else LOW_RANK
+    N = np.maximum(np.asarray(N, np.float64), 0.0)
+    mean = float(np.mean(N)) if len(N) else 0.0
+    above = int(np.count_nonzero(N >= unit))
+    return int(rank) if mean >= RANK_SNR * unit or above >= RANK_ITEMS * rank else LOW_RANK
 
 
 def _with_rank(plan, k: int, d: int):
