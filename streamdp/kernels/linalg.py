@@ -580,6 +580,17 @@ def _lanes_to_rows(xb, who, nb, k, U):
 
 
 @njit(cache=True, nogil=True)
+def _identity_lanes(Gb, xb, first, k):
+    """Lanes ``first`` on of ``Gb``, ``xb`` set to the identity and a zero right-hand side (they solve to zero)."""
+    for g in range(first, LANES):
+        for a in range(k):
+            for b in range(a):
+                Gb[a, b, g] = 0.0
+            Gb[a, a, g] = 1.0
+            xb[a, g] = 0.0
+
+
+@njit(cache=True, nogil=True)
 def _to_lane(G, x, ridge, Gb, xb, g, k):
     """Lane ``g`` of ``Gb``, ``xb``: a user's Gramian (lower triangle) with ``ridge`` added to its diagonal, and her
     right-hand side ``x``."""
@@ -598,12 +609,7 @@ def _solve_lanes(Tb, yb, cols, nb, k, W, e_, G, x, Gb, xb, ridge, irls_iters, de
     (``W``, ``e_`` flat scratch of at least a tile's size); or where ``src = (items, resid, Q, rows, S)`` has
     ``rows`` (:func:`by_rows`), from ``Q``'s rows ``items[p]`` and ``resid[p]``, ``p`` in ``se[g, 0] .. se[g, 1]``
     (:func:`_weighted_rows9`). Free lanes get the identity (it solves to zero)."""
-    for g in range(nb, LANES):
-        for a in range(k):
-            for b in range(a):
-                Gb[a, b, g] = 0.0
-            Gb[a, a, g] = 1.0
-            xb[a, g] = 0.0
+    _identity_lanes(Gb, xb, nb, k)
     chol_solve_lanes(Gb, xb, k)
     items, resid, Q, rows, S = src
     for it in range(irls_iters):
@@ -734,12 +740,7 @@ def _solve_ridge(G, x, ridge, H, z, k, Gb, xb):
     next ridge. The same operations as :func:`solve_users_huber`'s plain solve, so the same bits."""
     if k <= LANE_D:
         _to_lane(G, x, ridge, Gb, xb, 0, k)
-        for g in range(1, LANES):
-            for a in range(k):
-                for b in range(a):
-                    Gb[a, b, g] = 0.0
-                Gb[a, a, g] = 1.0
-                xb[a, g] = 0.0
+        _identity_lanes(Gb, xb, 1, k)
         chol_solve_lanes(Gb, xb, k)
         for a in range(k):
             z[a] = xb[a, 0]
