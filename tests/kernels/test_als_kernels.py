@@ -195,3 +195,24 @@ def test_training_residuals_is_the_holdout_clip_and_residual_it_fuses(hold, with
     assert resid[:m].tobytes() == ref.tobytes()
     if with_target:
         assert target[:m].tobytes() == (ref + bias[tit]).tobytes()
+
+
+@pytest.mark.parametrize("k", [8, 9])
+def test_the_vector_right_hand_side_is_the_scalar_loops_bit_for_bit(k):
+    """``accumulate_rhs`` at 8 and 9 columns (a vector fused multiply-add per pair, ``_rhs_registers``) adds the
+    same fused terms in the same order as its loop for other widths: ``B`` of 10 columns, its first ``k`` bit
+    for bit (``X``'s extra columns zero), onto a ``B`` that already holds sums."""
+    from streamdp.kernels.als import accumulate_rhs
+
+    ip, it, rng = _ragged(k, 300, 50, 40)
+    X = rng.normal(0, 0.6, (300, 10))
+    X[:, k:] = 0.0
+    bsrc, w = rng.normal(0, 2.0, len(it)), rng.uniform(0.2, 1.0, len(it))
+    w[::5] = 0.0
+    shift = rng.normal(0, 0.5, 300)
+    start = rng.normal(0, 1.0, (50, 10))
+    vec, loop = start[:, :k].copy(), start.copy()
+    accumulate_rhs(ip, it, w, bsrc, shift, 1.5, np.ascontiguousarray(X[:, :k]), vec)
+    accumulate_rhs(ip, it, w, bsrc, shift, 1.5, X, loop)
+    assert np.array_equal(vec, loop[:, :k])
+    assert not np.array_equal(vec, start[:, :k])
