@@ -32,13 +32,16 @@ import numpy as np
 from numba import njit
 
 from streamdp.kernels.als import item_side_sums
-from streamdp.kernels.linalg import cholesky_lower, cholesky_lower_apply, gram_lower, padded, syrk_lower
+from streamdp.kernels.linalg import (LANE_D, cholesky_lower, cholesky_lower_apply, gather_conf, solve_users_conf,
+                                    syrk_lower)
 
-#: Up to this ``d`` a user's whitened Gramian is Numba loops on her tile (:func:`_solve_white`), beyond it one BLAS
-#: ``?syrk`` (:func:`_solve_white_blas`): at ``d = 8`` and 16 the loops were 1.06x and 1.10x a BLAS call per user
-#: (whose call weighs there), at ``d = 64`` ``?syrk`` took 0.4-0.8x their time and float32 tiles run at twice the
-#: rate (issue 44; docs/benchmarks.md).
-BLAS_GRAM_D = 17
+#: From this ``d`` on a user's whitened Gramian is one BLAS ``?syrk`` and her system is solved alone
+#: (:func:`_solve_white_blas`); below it, up to :data:`streamdp.kernels.linalg.LANE_D`, eight users' systems are solved
+#: together in vector lanes (:func:`streamdp.kernels.linalg.solve_users_conf`). Numba loops on a tile were 1.06x and
+#: 1.10x a BLAS call per user at ``d = 8`` and 16 (whose call weighs there), the lanes about 1.5x it at ``d = 17`` in
+#: float64 and as fast in float32; at ``d = 64`` ``?syrk`` took 0.4-0.8x the loops' time and float32 tiles run at
+#: twice the rate (issue 44; docs/benchmarks.md).
+BLAS_GRAM_D = LANE_D + 1
 
 
 @njit(cache=True, nogil=True)
@@ -73,90 +76,6 @@ def _whitening(YtY, ridge, d):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _gather_white_registers(Yw, items, conf, s, n, Tt, b):
-    """:func:`_solve_white`'s gather for ``d`` of 8 or 9 (k = 8; 9 with the popularity column): the sums ``b`` in
-    scalars, which a scratch array would reload after every store into the tile. The same sums in the same order."""
-    nine = Yw.shape[1] == 9
-    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = b8 = 0.0
-    for i in range(n):
-        j = np.uint64(items[s + i])
-        c = conf[s + i]
-        si = np.sqrt(c - 1.0)
-        y0, y1, y2, y3, y4, y5, y6, y7 = Yw[j, 0], Yw[j, 1], Yw[j, 2], Yw[j, 3], Yw[j, 4], Yw[j, 5], Yw[j, 6], Yw[j, 7]
-        b0 += c * y0
-        b1 += c * y1
-        b2 += c * y2
-        b3 += c * y3
-        b4 += c * y4
-        b5 += c * y5
-        b6 += c * y6
-        b7 += c * y7
-        Tt[0, i] = si * y0
-        Tt[1, i] = si * y1
-        Tt[2, i] = si * y2
-        Tt[3, i] = si * y3
-        Tt[4, i] = si * y4
-        Tt[5, i] = si * y5
-        Tt[6, i] = si * y6
-        Tt[7, i] = si * y7
-        if nine:
-            y8 = Yw[j, 8]
-            b8 += c * y8
-            Tt[8, i] = si * y8
-    b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7] = b0, b1, b2, b3, b4, b5, b6, b7
-    if nine:
-        b[8] = b8
-
-
-@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _gather_white(Yw, items, conf, s, n, T, b):
-    """A user's whitened rows gathered once: ``T[:, i] = sqrt(c_i - 1) yw_i`` (``T`` a ``d x`` tile, or the transpose
-    of an ``n x d`` one) and ``b = sum_i c_i yw_i``."""
-    d = Yw.shape[1]
-    for a in range(d):
-        b[a] = 0.0
-    for i in range(n):
-        j = np.uint64(items[s + i])
-        c = conf[s + i]
-        si = np.sqrt(c - 1.0)
-        for a in range(d):
-            ya = Yw[j, a]
-            b[a] += c * ya
-            T[a, i] = si * ya
-
-
-@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _solve_white(Yw, items, conf, s, n, Tt, G, b):
-    """One user's ``b = (I + V^T V)^-1 sum_i c_i yw_i`` in the whitened basis (``V`` rows ``sqrt(c_i - 1) yw_i``).
-
-    The user's rows ``sqrt(c_i - 1) yw_i`` are gathered once, transposed, into ``Tt``
-    (``d x`` the longest user padded, :func:`streamdp.kernels.linalg.padded`: zero columns
-    add exact zeros); the ``d x d`` Gramian's lower triangle is
-    :func:`streamdp.kernels.linalg.gram_lower` (the als user solve's), factored by
-    :func:`streamdp.kernels.linalg.cholesky_lower`. It replaced a BLAS product per user
-    (``numpy.dot``, with the Woodbury identity for ``n < d``), whose call and result
-    allocation weigh at small ``d``: on ``bench/roofline.py``'s 10M ratings, one thread, CPU
-    time, with the gather of :func:`_gather_white_registers`, 1.06x at ``d = 8``, 1.10x at
-    16, the same at 64 and 65 (docs/benchmarks.md); the same solution up to rounding. Used
-    below :data:`BLAS_GRAM_D`; beyond it :func:`_solve_white_blas`.
-    """
-    d = Yw.shape[1]
-    if d == 8 or d == 9:
-        _gather_white_registers(Yw, items, conf, s, n, Tt, b)
-    else:
-        _gather_white(Yw, items, conf, s, n, Tt, b)
-    m = padded(n)
-    for a in range(d):
-        for i in range(n, m):
-            Tt[a, i] = 0.0
-    gram_lower(Tt, Tt, m, d, G)
-    for a in range(d):
-        G[a, a] += 1.0
-    cholesky_lower(G, d)
-    cholesky_lower_apply(G, b, d)
-
-
-@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
 def _solve_white_blas(Yw, items, conf, s, n, V, b, t, C, S, args):
     """One user's ``b = (I + V^T V)^-1 sum_i c_i yw_i`` in the whitened basis (``V`` rows ``sqrt(c_i - 1) yw_i``).
 
@@ -168,7 +87,7 @@ def _solve_white_blas(Yw, items, conf, s, n, V, b, t, C, S, args):
     :func:`streamdp.kernels.linalg.cholesky_lower`.
     """
     d = Yw.shape[1]
-    _gather_white(Yw, items, conf, s, n, V.T, b)
+    gather_conf(Yw, items, conf, s, n, V.T, b)
     m = n if n < d else d
     syrk_lower(V, n, n < d, C, args)
     for i in range(m):  # factored in float64 whatever the tile's type
@@ -209,15 +128,17 @@ def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U, tiles32=False):
     **Whitened** (issue 44): with ``P = YtY + ridge I = L L^T`` and the item rows
     ``yw_j = L^-1 y_j`` (one ``n_items x d x d`` BLAS product per call), user ``u``'s system
     is ``(I + V^T V) b = sum c_j yw_j`` (``V`` rows ``sqrt(c_j - 1) yw_j``) and ``u = L^-T b``
-    (:func:`_solve_white`: one gather per user, her Gramian by Numba loops on the tile); the
-    same solution within rounding (``1e-14`` relative).
+    (:func:`ials_solve_whitened`); the same solution within rounding (``1e-14`` relative). A
+    user's row depends on her pairs alone: the same bits whatever the users beside her, so her
+    local solve is her training row bit for bit on one machine (with the same ``tiles32``).
 
-    ``tiles32``: the whitened rows and the users' tiles in float32, factored and solved in
-    float64: about ``1e-7`` relative error (``6e-8`` on a 1M-pair block at ``d = 65``). For
-    the private training, whose rows are then clipped and whose sums get noise many orders
-    above that; the local solve and the non-private runs keep float64. Above
-    :data:`BLAS_GRAM_D` the float32 Gramians are a float32 BLAS product (twice the rate);
-    below it Numba loops, at about float64's rate.
+    ``tiles32``: the whitened rows (and, from ``d = 10``, the users' tiles) in float32,
+    factored and solved in float64: about ``1e-7`` relative error (``6e-8`` on a 1M-pair
+    block at ``d = 65``). For the private training, whose rows are then clipped and whose sums
+    get noise many orders above that; the local solve and the non-private runs keep float64.
+    From :data:`BLAS_GRAM_D` on the float32 Gramians are a float32 BLAS product (twice the
+    rate); below it Numba loops, at about float64's rate (at ``d = 8, 9`` from the rows,
+    read as float64).
 
     A training whitens once per iteration (:func:`ials_whitened`) and solves each block by
     :func:`ials_solve_whitened`, what this kernel does in one call.
@@ -242,16 +163,25 @@ def ials_whitened(Y, YtY, ridge, tiles32=False):
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
 def ials_solve_whitened(indptr, items, conf, Yw, Li, U):
     """Each user's row from the whitened item rows ``Yw`` (float64 or float32: the tiles' type), ``U[u] = L^-T b``
-    (:func:`ials_solve_users`, :func:`ials_whitened`)."""
+    (:func:`ials_solve_users`, :func:`ials_whitened`).
+
+    Below :data:`BLAS_GRAM_D` the systems ``(I + V^T V) b = sum c_j yw_j`` are
+    :func:`streamdp.kernels.linalg.solve_users_conf`'s (eight users solved together in vector lanes; at ``d`` of 8
+    or 9, k = 8 with or without the popularity column, each Gramian from the rows in registers, no tile: 2-3x
+    main's rate at k = 8, docs/benchmarks.md); from it on one user at a time, :func:`_solve_white_blas`."""
     d = Yw.shape[1]
+    b = np.empty(d, dtype=np.float64)
+    if d < BLAS_GRAM_D:
+        solve_users_conf(indptr, items, conf, Yw, U)
+        for u in range(len(indptr) - 1):
+            for a in range(d):
+                b[a] = U[u, a]
+            _unwhiten(Li, b, U, u)
+        return
     longest = 1
     for u in range(len(indptr) - 1):
         longest = max(longest, indptr[u + 1] - indptr[u])
-    blas = d >= BLAS_GRAM_D
-    Tt = np.empty((d, 1 if blas else padded(longest)), dtype=Yw.dtype)
-    V = np.empty((longest if blas else 1, d), dtype=Yw.dtype)
-    G = np.empty((d, d), dtype=np.float64)
-    b = np.empty(d, dtype=np.float64)
+    V = np.empty((longest, d), dtype=Yw.dtype)
     t = np.empty(d, dtype=np.float64)
     C = np.empty((d, d), dtype=Yw.dtype)
     S = np.empty((d, d), dtype=np.float64)
@@ -262,16 +192,20 @@ def ials_solve_whitened(indptr, items, conf, Yw, Li, U):
             for a in range(d):
                 U[u, a] = 0.0
             continue
-        if blas:
-            _solve_white_blas(Yw, items, conf, s, n, V, b, t, C, S, args)
-        else:
-            _solve_white(Yw, items, conf, s, n, Tt, G, b)
-        for a in range(d):  # u = L^-T b, by rows of L^-1 (contiguous: a column's sum strides d apart)
-            U[u, a] = 0.0
-        for m in range(d):
-            bm = b[m]
-            for a in range(m + 1):
-                U[u, a] += Li[m, a] * bm
+        _solve_white_blas(Yw, items, conf, s, n, V, b, t, C, S, args)
+        _unwhiten(Li, b, U, u)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _unwhiten(Li, b, U, u):
+    """``U[u] = L^-T b``, by rows of ``L^-1`` (contiguous: a column's sum strides ``d`` apart)."""
+    d = len(b)
+    for a in range(d):
+        U[u, a] = 0.0
+    for m in range(d):
+        bm = b[m]
+        for a in range(m + 1):
+            U[u, a] += Li[m, a] * bm
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})

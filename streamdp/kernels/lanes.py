@@ -2,7 +2,8 @@
 
 A value of type :data:`f64x8` is an LLVM ``<8 x double>`` (one 512-bit register, or two
 256-bit ones where the CPU has no AVX-512). The intrinsics below load and store the last
-axis of a C-contiguous float64 array (``arr[i, j, 0:8]``) and do the arithmetic
+axis of a C-contiguous float64 array (``arr[i, j, 0:8]``; :func:`vload` also reads float32, widened: exact) and do
+the arithmetic
 lane by lane: :func:`vfma`, :func:`vfnma` (and :func:`vfma1` on scalars) are fused multiply-adds
 (``llvm.fma``, one rounding, on every CPU), the rest IEEE operations, so a lane's bits depend only on its own
 inputs and the order the caller wrote: not on the other lanes, the vector width or ``fastmath``.
@@ -12,7 +13,7 @@ vectorizer (``NUMBA_SLP_VECTORIZE=0`` by default), and a loop of a constant eigh
 unrolled before the loop vectorizer sees it, so such loops compile to scalar code (a batched
 9 x 9 Cholesky: 140-190 ns per system as loops, about 45 ns with these; docs/benchmarks.md).
 Used by :func:`streamdp.kernels.linalg.chol_solve_lanes` (eight users' Cholesky solves) and
-``linalg._gram_rows9`` (a user's 9 x 9 Gramian in nine column vectors).
+``linalg._gram_rows`` (a user's 8 x 8 or 9 x 9 Gramian in column vectors).
 """
 
 from __future__ import annotations
@@ -44,30 +45,36 @@ class _F64x8Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _VT)
 
 
-def _lanes_pointer(context, builder, sig, args):
-    """``&arr[idx..., 0]`` as a pointer to eight doubles (``idx`` one index per axis but the last, non-negative and in
-    range, the last axis contiguous and at least 8 long: the caller's to ensure, no checks)."""
+def _lanes_pointer(context, builder, sig, args, vt=_VT):
+    """``&arr[idx..., 0]`` as a pointer to eight lanes of ``vt`` (``idx`` one index per axis but the last, non-negative
+    and in range, the last axis contiguous and at least 8 long: the caller's to ensure, no checks)."""
     aryty, idxty = sig.args[0], sig.args[1]
     ary = context.make_array(aryty)(context, builder, args[0])
     inds = [context.cast(builder, v, t, types.intp)
             for v, t in zip(cgutils.unpack_tuple(builder, args[1], count=len(idxty)), idxty)]
     p = cgutils.get_item_pointer(context, builder, aryty, ary, inds + [context.get_constant(types.intp, 0)])
-    return builder.bitcast(p, _VT.as_pointer())
+    return builder.bitcast(p, vt.as_pointer())
 
 
-def _check_array(arr, idx):
-    if not (isinstance(arr, types.Array) and arr.dtype == types.float64
+def _check_array(arr, idx, dtypes=(types.float64,)):
+    if not (isinstance(arr, types.Array) and arr.dtype in dtypes
             and isinstance(idx, types.BaseTuple) and len(idx) == arr.ndim - 1
             and all(isinstance(t, types.Integer) for t in idx)):
-        raise TypeError(f"lanes of a float64 array by a tuple of {arr} 's leading indices, not {idx}")
+        raise TypeError(f"lanes of a {' or '.join(map(str, dtypes))} array by a tuple of {arr} 's leading indices, "
+                        f"not {idx}")
+
+
+_VT32 = ir.VectorType(ir.FloatType(), LANES)
 
 
 @intrinsic
 def vload(typingctx, arr, idx):
-    """``arr[*idx, 0:8]``."""
-    _check_array(arr, idx)
+    """``arr[*idx, 0:8]`` of a float64 array, or of a float32 one widened to float64 (exact)."""
+    _check_array(arr, idx, (types.float64, types.float32))
 
     def codegen(context, builder, sig, args):
+        if sig.args[0].dtype == types.float32:
+            return builder.fpext(builder.load(_lanes_pointer(context, builder, sig, args, _VT32), align=4), _VT)
         return builder.load(_lanes_pointer(context, builder, sig, args), align=8)
     return f64x8(arr, idx), codegen
 

@@ -183,8 +183,8 @@ def cholesky_lower_apply(L, x, d):
             x[m] -= xi * L[i, m]
 
 
-#: The largest system (``d``, the intercept included) :func:`solve_users_huber` solves in lanes of
-#: :data:`~streamdp.kernels.lanes.LANES` users (:func:`chol_solve_lanes`); above it, one user at a time.
+#: The largest system (``d``, the intercept included) :func:`solve_users_huber` and :func:`solve_users_conf` solve in
+#: lanes of :data:`~streamdp.kernels.lanes.LANES` users (:func:`chol_solve_lanes`); above it, one user at a time.
 LANE_D = 17
 
 
@@ -343,7 +343,7 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
     a multiple of :data:`TILE_PAD` ratings (:func:`_gather_tile`); the Gramian is a small dense product
     on it (:func:`gram_lower`), the ridge added to its diagonal afterwards. At ``k = 9``
     (k = 8 and the intercept) the Gramians come from ``Q``'s rows instead, in vector
-    registers, without a tile (:func:`_gram_rows9`, :func:`_weighted_rows9`). Up to
+    registers, without a tile (:func:`_gram_rows`, :func:`_weighted_rows9`). Up to
     :data:`LANE_D` columns, eight users' systems are then solved together
     (:func:`chol_solve_lanes`, reweighted together too); above, each by
     :func:`cholesky_lower`. Measured (``bench/roofline.py``, one core) against the
@@ -459,8 +459,74 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
 
 
 @njit(cache=True, nogil=True)
+def solve_users_conf(indptr, items, conf, Q, U):
+    """Each user's ``U[u] = (I + sum_p (c_p - 1) q_p q_p^T)^-1 sum_p c_p q_p`` over her pairs ``p`` (``q_p =
+    Q[items[p]]``, ``c_p = conf[p] >= 1``): the implicit-feedback user system in a whitened basis
+    (:func:`streamdp.kernels.ials.ials_solve_whitened`).
+
+    ``Q`` has ``d <= LANE_D`` columns, float64 or float32; ``U`` float64, written; a user without pairs gets 0.
+    Each Gramian and right-hand side from ``Q``'s rows in vector registers at ``d`` of 8 or 9 (rows contiguous:
+    :func:`_gram_rows`, read as float64), else from her tile (:func:`gather_conf`, in ``Q``'s type, and
+    :func:`gram_lower`); every eighth user the eight systems are solved together (:func:`chol_solve_lanes`). A
+    user's row depends on her pairs alone: the same bits whatever the users beside her.
+    """
+    d = Q.shape[1]
+    rows = (d == 8 or d == 9) and Q.strides[1] == Q.itemsize
+    longest = 1
+    for u in range(len(indptr) - 1):
+        longest = max(longest, indptr[u + 1] - indptr[u])
+    T = np.empty((d, 0 if rows else padded(longest)), dtype=Q.dtype)  # a user's tile
+    G, x, S = np.empty((d, d)), np.empty(d), np.empty((10, LANES))  # her system, _gram_rows' scratch
+    Gb, xb, who = np.empty((d, d, LANES)), np.empty((d, LANES)), np.empty(LANES, np.int64)  # the group's lanes
+    nb = 0
+    for u in range(len(indptr) - 1):
+        s, e = indptr[u], indptr[u + 1]
+        U[u, :] = 0.0  # a user without pairs; the others' rows are written by their group
+        if e == s:
+            continue
+        if rows:
+            _gram_rows(items, conf, s, e, Q, True, S, G, x)
+        else:
+            gather_conf(Q, items, conf, s, e - s, T, x)
+            m = padded(e - s)
+            for a in range(d):
+                for i in range(e - s, m):
+                    T[a, i] = 0.0
+            gram_lower(T, T, m, d, G)
+        _to_lane(G, x, 1.0, Gb, xb, nb, d)
+        who[nb] = u
+        nb += 1
+        if nb == LANES:
+            chol_solve_lanes(Gb, xb, d)
+            _lanes_to_rows(xb, who, nb, d, U)
+            nb = 0
+    if nb > 0:
+        _identity_lanes(Gb, xb, nb, d)
+        chol_solve_lanes(Gb, xb, d)
+        _lanes_to_rows(xb, who, nb, d, U)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def gather_conf(Q, items, conf, s, n, T, x):
+    """A user's rows gathered once for her implicit-feedback Gramian: ``T[:, i] = sqrt(c_i - 1) q_i`` (``T`` a
+    ``d x`` tile, or the transpose of an ``n x d`` one), ``q_i = Q[items[s + i]]``, ``c_i = conf[s + i]``, and ``x =
+    sum_i c_i q_i``."""
+    d = Q.shape[1]
+    for a in range(d):
+        x[a] = 0.0
+    for i in range(n):
+        j = np.uint64(items[s + i])
+        c = conf[s + i]
+        si = np.sqrt(c - 1.0)
+        for a in range(d):
+            ya = Q[j, a]
+            x[a] += c * ya
+            T[a, i] = si * ya
+
+
+@njit(cache=True, nogil=True)
 def by_rows(Q):
-    """Whether :func:`_first_system` forms a user's Gramian from ``Q``'s rows (:func:`_gram_rows9`): ``k = 9``
+    """Whether :func:`_first_system` forms a user's Gramian from ``Q``'s rows (:func:`_gram_rows`): ``k = 9``
     columns (k = 8 and the intercept), each row contiguous."""
     return Q.shape[1] == 9 and Q.strides[1] == 8
 
@@ -468,48 +534,55 @@ def by_rows(Q):
 @njit(cache=True, nogil=True)
 def _first_system(items, resid, s, e, Q, rows, T, y, m, G, x, S):
     """A user's unweighted Gramian (lower triangle) and right-hand side into ``G``, ``x``: from ``Q``'s rows
-    ``items[s:e]`` and ``resid[s:e]`` where ``rows`` (:func:`by_rows`, :func:`_gram_rows9`; ``S`` its
+    ``items[s:e]`` and ``resid[s:e]`` where ``rows`` (:func:`by_rows`, :func:`_gram_rows`; ``S`` its
     ``(10, LANES)`` scratch), else from her gathered tile ``T`` and ``y`` (``m`` padded columns, :func:`_gram_rhs`).
     Every caller forms it here, so a row is the same bits in the training, the local solve and the selection."""
     if rows:
-        _gram_rows9(items, resid, s, e, Q, S, G, x)
+        _gram_rows(items, resid, s, e, Q, False, S, G, x)
     else:
         _gram_rhs(T, T, y, m, T.shape[0], G, x)
 
 
 @njit(cache=True, nogil=True)
-def _gram_rows9(items, resid, s, e, Q, S, G, x):
-    """``G = sum_p q_p q_p^T`` (lower triangle), ``x = sum_p resid_p q_p`` over ``p in s..e``, ``q_p = Q[items[p]]``
-    of 9 contiguous columns, without a tile: per rating, the row's first eight entries as one vector times each of
-    its nine entries added to nine column vectors held in registers (:mod:`streamdp.kernels.lanes`), the ninth
-    row's two sums in scalars. Sums in the ratings' order, multiply-adds fused. Measured on 2M ratings, one core,
-    the k = 8 user solve 2.9x the gathered tile's (:func:`_gram_rhs`); ``S`` is ``(10, LANES)`` scratch."""
+def _gram_rows(items, resid, s, e, Q, conf, S, G, x):
+    """``G = sum_p w_p q_p q_p^T`` (lower triangle), ``x = sum_p resid_p q_p`` over ``p in s..e``, ``q_p =
+    Q[items[p]]`` of 8 or 9 contiguous columns (float64, or float32 read as float64: exact), ``w_p = 1``, or with
+    ``conf`` ``w_p = resid_p - 1`` (``resid`` the confidences: :func:`solve_users_conf`), without a tile: per rating,
+    the row's first eight entries as one vector, times ``w_p``, times each of its entries added to eight or nine
+    column vectors held in registers (:mod:`streamdp.kernels.lanes`), a ninth row's two sums in scalars. Sums in the
+    ratings' order, multiply-adds fused (``w_p = 1`` multiplies exactly). Measured on 2M ratings, one core, the k = 8
+    user solve 2.9x the gathered tile's (:func:`_gram_rhs`); ``S`` is ``(10, LANES)`` scratch."""
+    nine = Q.shape[1] == 9
     c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = r = vsplat(0.0)
     g88 = 0.0
     r8 = 0.0
     for p in range(s, e):
         j = np.uint64(items[p])
         v = vload(Q, (j,))
-        q8 = Q[j, 8]
         yp = resid[p]
-        c0 = vfma(v, vsplat(Q[j, 0]), c0)
-        c1 = vfma(v, vsplat(Q[j, 1]), c1)
-        c2 = vfma(v, vsplat(Q[j, 2]), c2)
-        c3 = vfma(v, vsplat(Q[j, 3]), c3)
-        c4 = vfma(v, vsplat(Q[j, 4]), c4)
-        c5 = vfma(v, vsplat(Q[j, 5]), c5)
-        c6 = vfma(v, vsplat(Q[j, 6]), c6)
-        c7 = vfma(v, vsplat(Q[j, 7]), c7)
-        c8 = vfma(v, vsplat(q8), c8)
+        w = yp - 1.0 if conf else 1.0
+        vw = vmul(v, vsplat(w))
+        c0 = vfma(vw, vsplat(Q[j, 0]), c0)
+        c1 = vfma(vw, vsplat(Q[j, 1]), c1)
+        c2 = vfma(vw, vsplat(Q[j, 2]), c2)
+        c3 = vfma(vw, vsplat(Q[j, 3]), c3)
+        c4 = vfma(vw, vsplat(Q[j, 4]), c4)
+        c5 = vfma(vw, vsplat(Q[j, 5]), c5)
+        c6 = vfma(vw, vsplat(Q[j, 6]), c6)
+        c7 = vfma(vw, vsplat(Q[j, 7]), c7)
         r = vfma(v, vsplat(yp), r)
-        g88 = vfma1(q8, q8, g88)
-        r8 = vfma1(q8, yp, r8)
-    _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x)
+        if nine:
+            q8 = np.float64(Q[j, 8])
+            q8w = q8 * w
+            c8 = vfma(v, vsplat(q8w), c8)
+            g88 = vfma1(q8w, q8, g88)
+            r8 = vfma1(q8, yp, r8)
+    _rows_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, nine, S, G, x)
 
 
 @njit(cache=True, nogil=True)
 def _weighted_rows9(items, resid, s, e, Q, xb, g, delta, S, G, x):
-    """:func:`_gram_rows9` reweighted: each rating's Huber weight ``w = min(1, delta / |r|)`` of its residual
+    """:func:`_gram_rows` reweighted: each rating's Huber weight ``w = min(1, delta / |r|)`` of its residual
     ``r = resid_p - q_p . xb[:, g]`` (summed over the columns in order, as the tile's :func:`_solve_lanes` does),
     then ``G = sum_p (w q_p) q_p^T``, ``x = sum_p resid_p (w q_p)`` (``w q_p`` rounded, as :func:`_huber_rows`'s)."""
     x0, x1, x2, x3, x4 = xb[0, g], xb[1, g], xb[2, g], xb[3, g], xb[4, g]
@@ -546,12 +619,13 @@ def _weighted_rows9(items, resid, s, e, Q, xb, g, delta, S, G, x):
         r = vfma(v, vsplat(yp), r)
         g88 = vfma1(q8w, q8, g88)
         r8 = vfma1(q8w, yp, r8)
-    _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x)
+    _rows_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, True, S, G, x)
 
 
 @njit(cache=True, nogil=True)
-def _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x):
-    """:func:`_gram_rows9`'s column vectors and scalars into ``G``'s lower triangle and ``x`` (through ``S``)."""
+def _rows_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, nine, S, G, x):
+    """:func:`_gram_rows`'s column vectors and scalars into ``G``'s lower triangle and ``x`` (through ``S``): the
+    ninth row and column where ``nine``."""
     vstore(S, (0,), c0)
     vstore(S, (1,), c1)
     vstore(S, (2,), c2)
@@ -565,10 +639,12 @@ def _rows9_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, S, G, x):
     for a in range(8):
         for b in range(a + 1):
             G[a, b] = S[b, a]
-        G[8, a] = S[8, a]
         x[a] = S[9, a]
-    G[8, 8] = g88
-    x[8] = r8
+    if nine:
+        for a in range(8):
+            G[8, a] = S[8, a]
+        G[8, 8] = g88
+        x[8] = r8
 
 
 @njit(cache=True, nogil=True)

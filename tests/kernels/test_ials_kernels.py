@@ -205,10 +205,12 @@ def test_user_conjugate_gradients_reach_the_exact_solve():
     assert np.abs(X - exact).max() <= 1e-5 * np.abs(exact).max()
 
 
-@pytest.mark.parametrize("d", [4, 9, 24])
+@pytest.mark.parametrize("d", [4, 8, 9, 17, 24])
 def test_user_solve_is_the_old_kernel_within_1e_10(d):
-    """The tiled Gramian and the column-wise Cholesky (issue 44) against the kernel they replaced: users with fewer
-    pairs than ``d`` (Woodbury), more (the direct form), none."""
+    """The tiled Gramian, the column-wise Cholesky and the lanes (issue 44) against the kernel they replaced: users
+    with fewer pairs than ``d`` (Woodbury), more (the direct form), none. (On bench/roofline.py's first 2M ratings the
+    rows moved against main's lanes-free kernel by at most 7e-16 of their norm in float64, 2e-9 with tiles32 at
+    d = 8, 9, where the rows are now read as float64; docs/benchmarks.md.)"""
     from bench._before import ials_solve_users_before
 
     rng = np.random.default_rng(d)
@@ -223,3 +225,33 @@ def test_user_solve_is_the_old_kernel_within_1e_10(d):
     ials_solve_users_before(ip, it, conf, Y, Y.T @ Y, 0.3, want)
     assert not got[7].any()
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("d", [5, 8, 9, 16, 17])
+@pytest.mark.parametrize("tiles32", [False, True])
+def test_a_users_row_is_hers_alone_bit_for_bit(d, tiles32):
+    """Users are solved in lanes of eight (d <= LANE_D): each row is the one her own local solve (her pairs alone,
+    :func:`streamdp.serving.local.implicit_rows`) gets, bit for bit, whatever her neighbours, users without pairs
+    among them and last. At d = 8, 9 the Gramian from the whitened rows (and from a tile where the rows are not
+    contiguous: the same rows within rounding)."""
+    from streamdp.kernels.ials import ials_solve_whitened, ials_whitened
+
+    rng = np.random.default_rng(d + 100 * tiles32)
+    cnt = rng.integers(0, 3 * d, 21)
+    cnt[[2, 9, 20]] = 0
+    ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    it = rng.integers(0, 50, ip[-1]).astype(np.int32)
+    conf = 1.0 + rng.uniform(0.0, 20.0, ip[-1]) * (rng.random(ip[-1]) < 0.8)
+    Y = rng.normal(0, 0.4, (50, d))
+    U = np.full((len(cnt), d), np.nan)
+    ials_solve_users(ip, it, conf, Y, Y.T @ Y, 0.3, U, tiles32)
+    for u in range(len(cnt)):
+        one = np.full((1, d), np.nan)
+        s, e = ip[u], ip[u + 1]
+        ials_solve_users(np.array([0, e - s], np.int64), it[s:e], conf[s:e], Y, Y.T @ Y, 0.3, one, tiles32)
+        assert np.array_equal(U[u], one[0]), u
+    assert not U[[2, 9, 20]].any()
+    Yw, Li = ials_whitened(Y, Y.T @ Y, 0.3, tiles32)
+    F = np.full_like(U, np.nan)
+    ials_solve_whitened(ip, it, conf, np.asfortranarray(Yw), Li, F)
+    np.testing.assert_allclose(F, U, rtol=0, atol=(1e-5 if tiles32 else 1e-12) * np.abs(U).max())
