@@ -90,7 +90,7 @@ def test_tiering_auto_on_off(small_store, monkeypatch, method):
     assert m(epsilon=eps, delta=1e-6, rank=4).settings(small_store).tiering is None  # auto is the default
     assert m(epsilon=eps, delta=1e-6, rank=4, tiering="off").settings(small_store).tiering is False
     assert m(epsilon=eps, delta=1e-6, rank=4, tiering="on").settings(small_store).tiering is True
-    with Engine(small_store, workers=2, memory_limit="1GB") as engine:
+    with Engine(small_store, workers=2, memory_limit="4GB") as engine:
         fitted = m(epsilon=eps, delta=1e-6, rank=4, seed=0, epochs=1, tau=20).fit(small_store, engine)
     assert seen == [(4, small_store.n_items, method == "sgld", 2)]
     assert fitted.model_info["parameters"]["tiering"] is True

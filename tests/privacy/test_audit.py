@@ -32,7 +32,7 @@ EPSILON = 4.0
 
 def _run(store, out, seed):
     train(store, method="means", epsilon=EPSILON, out=out, seed=seed, workers=1, evaluate_test=False,
-          over_budget=True, memory_limit="1GB")
+          over_budget=True, memory_limit="4GB")
     with open(os.path.join(out, "model.json")) as f:
         info = json.load(f)
     with open(os.path.join(out, "privacy.json")) as f:
