@@ -51,6 +51,7 @@ from streamdp.outputs import note, owned_temp_dir, remove_temp_dir
 from streamdp.storage import formats as F
 from streamdp.storage import ingest as I
 from streamdp.storage import remote
+from streamdp.storage.chunks import ChunkWriter, write_slice
 from streamdp.storage.schema import DEFAULT_CHUNK_RATINGS, SEGMENTED_FORMAT_VERSION, SPLITS, time_attrs
 from streamdp.storage.segments import (BASE_KEYS, SEGMENTS_DIR, SUPERSEDES, append_lock, commit_attrs,
                                        merged_checksum, sweep_uncommitted)
@@ -359,6 +360,7 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
     bu = st.info.block_users
     g = zarr.open_group(seg_path, mode="a")
     ua = g.create_array("merge/user_counts", shape=(n_users,), dtype="int64", chunks=(bu,), config=_ARRAY_CONFIG)
+    ua_raw = ChunkWriter.for_array(ua)  # whole chunks as files of our own (Zarr's write: ~0.5 ms a chunk)
     item_delta = np.zeros(n_items, np.int64)
     block_delta = np.zeros((2, n_blocks), np.int64)
     supersedes = np.zeros((2, n_blocks), np.uint8)
@@ -384,7 +386,7 @@ def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress
                 del src
             pending.append(du)
             if end - since >= _USERS_PER_WRITE or b == n_blocks - 1:
-                ua[since:end] = np.concatenate(pending)
+                write_slice(ua, ua_raw, since, np.concatenate(pending))
                 pending, since = [], end
             hu.update(np.ascontiguousarray(du, dtype="<i8"))
     g.create_array("merge/item_counts", shape=(n_items,), dtype="int64", chunks=(max(1, min(n_items, 1 << 20)),),
