@@ -1,8 +1,8 @@
 """Reads of 1-D slices of a store's Zarr v3 arrays that refuse missing or corrupt chunks.
 
 Public names: :class:`ChunkReader` (the fast path), :class:`ZarrReader` (through Zarr),
-:func:`range_reader` (picks one), :class:`RawChunks` (per-user state),
-:func:`chunk_crcs_digest`.
+:func:`range_reader` (picks one), :class:`ChunkWriter` and :func:`write_slice` (the writer's fast
+path), :class:`RawChunks` (per-user state), :func:`chunk_crcs_digest`.
 
 Decisions a reader must know:
 
