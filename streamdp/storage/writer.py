@@ -410,6 +410,7 @@ class _SplitWriter:
         if not self._pending:
             return
         s0, end = self._pending[0][3], self.padded
+        written = [[], []]  # each chunk's CRC as written, items and ratings (the raw path)
         if end > self.items.shape[0]:
             size = max(end, 2 * self.items.shape[0])
             for a in (self.items, self.ratings, self.times):
