@@ -52,7 +52,7 @@ from streamdp.outputs import (
     remove_temp_dir,
 )
 from streamdp.storage import remote
-from streamdp.storage.chunks import FAST_CRC, ChunkReader, chunk_crcs_digest
+from streamdp.storage.chunks import FAST_CRC, ChunkReader, ChunkWriter, chunk_crcs_digest, write_slice
 from streamdp.storage.schema import (
     ATTRS_KEY,
     DEFAULT_CHUNK_RATINGS,
@@ -344,6 +344,13 @@ class _SplitWriter:
             rd = [ChunkReader.for_array(a, remote=False) for a in (self.indptr, self.items, self.ratings)]
             self.crc_readers = rd if all(r is not None for r in rd) else None
         self.chunk_crcs: list[list[int]] = []
+        # items, ratings (and times) written as chunk files of our own (local stores; Zarr's write costs ~0.5 ms a
+        # chunk, storage/chunks.py), their CRCs known as written; None: through Zarr
+        self.raw = None
+        if self.crc_readers is not None:
+            rw = [ChunkWriter.for_array(a) for a in (self.items, self.ratings, self.times) if a is not None]
+            self.raw = rw if all(w is not None for w in rw) else None
+        self.raw_indptr = ChunkWriter.for_array(self.indptr) if self.raw is not None else None
         # blocks written but not yet flushed to the arrays: (block, first user, row pointers, start, items,
         # ratings, times); small blocks are gathered into one write of several chunks (see :meth:`_flush`)
         self._pending: list[tuple] = []
@@ -403,6 +410,7 @@ class _SplitWriter:
         if not self._pending:
             return
         s0, end = self._pending[0][3], self.padded
+        written = [[], []]  # each chunk's CRC as written, items and ratings (the raw path)
         if end > self.items.shape[0]:
             size = max(end, 2 * self.items.shape[0])
             for a in (self.items, self.ratings, self.times):
@@ -417,13 +425,27 @@ class _SplitWriter:
                 buf_r[start - s0:start - s0 + len(ratings)] = ratings
                 if buf_t is not None:
                     buf_t[start - s0:start - s0 + len(times)] = times
-            self.items[s0:end] = buf_i
-            self.ratings[s0:end] = buf_r
-            if buf_t is not None:
-                self.times[s0:end] = buf_t
+            if self.raw is not None:
+                written = [w.write(s0, buf) for w, buf in zip(self.raw, (buf_i, buf_r, buf_t))]
+            else:
+                self.items[s0:end] = buf_i
+                self.ratings[s0:end] = buf_r
+                if buf_t is not None:
+                    self.times[s0:end] = buf_t
         u0 = self._pending[0][1]
-        self.indptr[u0:u0 + sum(len(x[2]) for x in self._pending)] = np.concatenate([x[2] for x in self._pending])
-        if self.crc_readers is not None:  # the blocks' items and ratings chunks are final once written
+        # the blocks' row pointers: whole chunks (a chunk per block), the last one's padded (close() writes the final
+        # pointer into it)
+        ip = np.concatenate([x[2] for x in self._pending])
+        if self.raw_indptr is not None and self.raw_indptr.fits(u0, len(ip), pad_last=True):
+            self.raw_indptr.write(u0, ip, pad_last=True)
+        else:
+            self.indptr[u0:u0 + len(ip)] = ip
+        if self.raw is not None:  # the CRCs of the chunk files as written
+            C = self.chunk
+            for _, _, _, start, items, _, _ in self._pending:
+                chunks = range(start // C, (start + len(items) - 1) // C + 1) if len(items) else range(0)
+                self.chunk_crcs.append([written[k][c - s0 // C] for k in (0, 1) for c in chunks])
+        elif self.crc_readers is not None:  # the blocks' items and ratings chunks are final once written
             C = self.chunk
             for _, _, _, start, items, _, _ in self._pending:
                 chunks = range(start // C, (start + len(items) - 1) // C + 1) if len(items) else range(0)
@@ -479,6 +501,7 @@ class _FilledArray:
         self.array = array
         self._hash = hash_as  # (ContentHash, name) or None
         self.filled = 0
+        self._raw = ChunkWriter.for_array(array)  # whole chunks of a local array: written as files of our own
 
     @deferred_interrupts()
     def __setitem__(self, key, value) -> None:
@@ -488,6 +511,12 @@ class _FilledArray:
             value = np.asarray(value)
             self._hash[0].add_ids(self._hash[1], value)
             self.filled += len(value)
+        if self._raw is not None and isinstance(key, slice) and key.step in (None, 1) and key.stop is not None:
+            value = np.asarray(value)
+            start = key.start or 0
+            if value.ndim == 1 and len(value) == key.stop - start and np.can_cast(value.dtype, self.array.dtype):
+                write_slice(self.array, self._raw, start, value)
+                return
         self.array[key] = value
 
     def __getattr__(self, name):

@@ -104,3 +104,29 @@ def test_user_state_raw_chunks_round_trip_through_zarr(tmp_path):
     z2[4:8] = 5.0                                      # and what Zarr writes, the fast path reads
     np.testing.assert_array_equal(st.read(1), 5.0)
     assert st.read(2).shape == (2, 3) and not list(tmp_path.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32", "int64"])
+@pytest.mark.parametrize("codec", ["blosc", "zstd"])
+def test_chunk_writer_writes_the_bytes_zarr_writes(tmp_path, dtype, codec):
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    from streamdp.storage.chunks import ChunkWriter, write_slice
+
+    comp = BloscCodec(cname="lz4", clevel=5, shuffle="shuffle") if codec == "blosc" else ZstdCodec()
+    a, b = (zarr.create_array(str(tmp_path / f"{n}.zarr"), shape=(1000,), chunks=(64,), dtype=dtype, fill_value=3,
+                              compressors=[comp], config={"write_empty_chunks": True}) for n in "ab")
+    data = np.sort(np.random.default_rng(0).integers(0, 500, 1000)).astype(dtype)
+    a[0:128], a[128:992], a[992:1000] = data[:128], data[128:992], data[992:]  # whole chunks, a short last one
+    w = ChunkWriter.for_array(b)
+    assert w is not None and not w.fits(10, 64) and not w.fits(0, 100) and w.fits(960, 40) and w.fits(0, 1000)
+    crcs = w.write(0, data[:128]) + w.write(128, data[128:992], pad_last=True)  # the last chunk in part: fill value
+    write_slice(b, w, 992, data[992:])   # a slice inside the last chunk, not from its start: through Zarr
+    reader = ChunkReader.for_array(b)
+    for c in range(a.cdata_shape[0]):
+        assert (tmp_path / f"a.zarr/c/{c}").read_bytes() == (tmp_path / f"b.zarr/c/{c}").read_bytes(), c
+    assert crcs[:15] == [reader.chunk_crc(c) for c in range(15)]
+    np.testing.assert_array_equal(b[:], data)
+    with pytest.raises(ValueError, match="not whole chunks"):
+        w.write(10, data[:64])
+    assert not list(tmp_path.rglob("*.partial"))

@@ -15,6 +15,7 @@ from streamdp.errors import StoreError
 from streamdp.storage import writer as W
 from streamdp.storage import append as A, ingest as I
 from streamdp.storage.append import segment_chunk
+from streamdp.storage.chunks import ChunkWriter
 from streamdp.storage.schema import DEFAULT_CHUNK_RATINGS
 from streamdp.storage.store import open_store
 from streamdp.storage.writer import StoreWriter
@@ -40,6 +41,8 @@ def test_small_blocks_are_gathered_into_few_writes_and_read_back(tmp_path, monke
     orig_resize, orig_set = zarr.Array.resize, zarr.Array.__setitem__
     monkeypatch.setattr(zarr.Array, "resize", lambda a, s: (resizes.append(a.path), orig_resize(a, s))[1])
     monkeypatch.setattr(zarr.Array, "__setitem__", lambda a, k, v: (writes.append(a.path), orig_set(a, k, v))[1])
+    orig_raw = ChunkWriter.write  # a local store's chunk files are written by streamdp's own writer
+    monkeypatch.setattr(ChunkWriter, "write", lambda w, *a, **k: (writes.append(w._arr.path), orig_raw(w, *a, **k))[1])
     monkeypatch.setattr(W, "_FLUSH_RATINGS", 256)  # several flushes, each of several blocks
     p = str(tmp_path / "s.zarr")
     with StoreWriter(p, n_users=n_users, n_items=n_items, block_users=bu, splits=("train", "test"), times=True,
