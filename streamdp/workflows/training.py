@@ -371,7 +371,7 @@ def check_local_solve(fitted, out: str) -> None:
     """Refuse a fitted model whose users' local solve is not finite, before anything is written.
 
     Its arrays may be finite (``save_model`` checks them) while every user's solve on it overflows (``ials`` with
-    confidences of ``1e300``): found only by the evaluation after the write, such a model was left in place, its
+    confidences near float64's largest): found only by the evaluation after the write, such a model was left in place, its
     budget entry complete, behind an error exit. A probe user who rates the first items at both ends of the
     rating range (1 where the model has none: counts), and one who rates a single item, are solved here, as her device would (post-processing).
     """

@@ -42,7 +42,9 @@ def test_a_cap_below_the_bound_is_accepted():
 
 
 def test_a_model_whose_local_solve_overflows_is_never_written(store, tmp_path, monkeypatch):
-    """The bound lifted: the non-private 1e300 fit reaches the write; the probe refuses it, nothing is left."""
+    """The bound lifted: the non-private fit at confidences near float64's largest reaches the write (its arrays
+    finite); a probe user's sum of two such confidences overflows, the probe refuses the model, nothing is left.
+    (At 1e300 the lanes' solve, since ials8, gets a one-item user right where the old tile path overflowed.)"""
     import streamdp
     import streamdp.methods.ials as ials
     from streamdp.errors import StreamdpError
@@ -50,7 +52,7 @@ def test_a_model_whose_local_solve_overflows_is_never_written(store, tmp_path, m
     monkeypatch.setattr(ials, "MAX_CONFIDENCE", math.inf)
     out = tmp_path / "m"
     with pytest.raises(StreamdpError, match="local solve is not finite"):
-        streamdp.train(store, method="ials", out=str(out), epsilon=math.inf, alpha=1e300, max_confidence=1e300,
+        streamdp.train(store, method="ials", out=str(out), epsilon=math.inf, alpha=1.7e308, max_confidence=1.7e308,
                        iters=2, allow_nonprivate=True)
     assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".")]
     last = StoreBudget(store.path).entries()[-1]
