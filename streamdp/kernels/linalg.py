@@ -35,7 +35,7 @@ def gram_apply(indptr, items, values, V, out):
     ``V`` is ``(n_items, k)`` float64, ``out`` the same shape (accumulated into).
     Cost ``2 nnz k`` multiply-adds; see :func:`gram_apply_range` for the loop order.
     """
-    gram_apply_range(indptr, items, values, V, 0, len(indptr) - 1, out)
+    gram_apply_range(indptr, items, values, V, ZERO, len(indptr) - 1, out)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
@@ -183,6 +183,14 @@ def cholesky_lower_apply(L, x, d):
             x[m] -= xi * L[i, m]
 
 
+#: Typed constants for the kernels' calls of one another: a literal ``0``, ``1`` or ``False`` passed to a jitted
+#: function compiles it again for that literal (Numba types a constant argument as ``Literal[int](0)``), and
+#: :func:`_solve_lanes`' chain is ~4 s of compile per copy: these are ``int64`` and ``bool``, the types a call from
+#: Python has, so every caller shares one compiled copy (11 copies of :func:`_solve_lanes` were compiled in a run of
+#: the test suite, 3 of :func:`solve_users_huber`).
+ZERO, ONE, NO, YES = np.int64(0), np.int64(1), np.bool_(False), np.bool_(True)
+
+
 #: The largest system (``d``, the intercept included) :func:`solve_users_huber` and :func:`solve_users_conf` solve in
 #: lanes of :data:`~streamdp.kernels.lanes.LANES` users (:func:`chol_solve_lanes`); above it, one user at a time.
 LANE_D = 17
@@ -324,7 +332,7 @@ def solve_users(indptr, items, resid, Q, ridge, U):
     A user without ratings gets ``x = 0``. (:func:`solve_users_huber` with no
     reweighting.)
     """
-    solve_users_huber(indptr, items, resid, Q, ridge, 0, np.inf, U)
+    solve_users_huber(indptr, items, resid, Q, ridge, ZERO, np.inf, U)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
@@ -417,7 +425,7 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
     S = np.empty((10, LANES), dtype=np.float64)
     src = (items, resid, Q, rows, S)
     se = np.empty((2, LANES, 2), dtype=np.int64)  # [0] the group's users' ratings (start, end), [1] a long user's
-    nb = 0
+    nb = ZERO  # int64, not Literal[int](0): see ZERO
     for u in range(len(indptr) - 1):
         s = indptr[u]
         e = indptr[u + 1]
@@ -438,9 +446,9 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
         _first_system(items, resid, s, e, Q, rows, T, y, m, G, x, S)
         if long_:
             cols[1, 1] = c + m
-            _to_lane(G, x, ridge, Gb[1], xb[1], 0, k)
+            _to_lane(G, x, ridge, Gb[1], xb[1], ZERO, k)
             se[1, 0, 0], se[1, 0, 1] = s, e
-            _solve_lanes(Tb, yb, cols[1], 1, k, W, e_, G, x, Gb[1], xb[1], ridge, irls_iters, delta, src, se[1])
+            _solve_lanes(Tb, yb, cols[1], ONE, k, W, e_, G, x, Gb[1], xb[1], ridge, irls_iters, delta, src, se[1])
             for a in range(k):
                 U[u, a] = xb[1, a, 0]
             continue
@@ -452,7 +460,7 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
         if nb == LANES:
             _solve_lanes(Tb, yb, cols[0], nb, k, W, e_, G, x, Gb[0], xb[0], ridge, irls_iters, delta, src, se[0])
             _lanes_to_rows(xb[0], who, nb, k, U)
-            nb = 0
+            nb = ZERO
     if nb > 0:
         _solve_lanes(Tb, yb, cols[0], nb, k, W, e_, G, x, Gb[0], xb[0], ridge, irls_iters, delta, src, se[0])
         _lanes_to_rows(xb[0], who, nb, k, U)
@@ -478,7 +486,7 @@ def solve_users_conf(indptr, items, conf, Q, U):
     T = np.empty((d, 0 if rows else padded(longest)), dtype=Q.dtype)  # a user's tile
     G, x, S = np.empty((d, d)), np.empty(d), np.empty((10, LANES))  # her system, _gram_rows' scratch
     Gb, xb, who = np.empty((d, d, LANES)), np.empty((d, LANES)), np.empty(LANES, np.int64)  # the group's lanes
-    nb = 0
+    nb = ZERO  # int64, not Literal[int](0): see ZERO
     for u in range(len(indptr) - 1):
         s, e = indptr[u], indptr[u + 1]
         U[u, :] = 0.0  # a user without pairs; the others' rows are written by their group
@@ -499,7 +507,7 @@ def solve_users_conf(indptr, items, conf, Q, U):
         if nb == LANES:
             chol_solve_lanes(Gb, xb, d)
             _lanes_to_rows(xb, who, nb, d, U)
-            nb = 0
+            nb = ZERO
     if nb > 0:
         _identity_lanes(Gb, xb, nb, d)
         chol_solve_lanes(Gb, xb, d)
@@ -619,7 +627,7 @@ def _weighted_rows9(items, resid, s, e, Q, xb, g, delta, S, G, x):
         r = vfma(v, vsplat(yp), r)
         g88 = vfma1(q8w, q8, g88)
         r8 = vfma1(q8w, yp, r8)
-    _rows_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, True, S, G, x)
+    _rows_out(c0, c1, c2, c3, c4, c5, c6, c7, c8, r, g88, r8, YES, S, G, x)
 
 
 @njit(cache=True, nogil=True)
@@ -743,10 +751,10 @@ def _solve_one(T, W, y, e_, m, k, G0, x0, H, z, ridge, irls_iters, delta, Gb, xb
     if k > LANE_D:
         _solve_tile_huber(T, W, y, e_, m, k, H, z, ridge, irls_iters, delta)
         return
-    _to_lane(G0, x0, ridge, Gb, xb, 0, k)
+    _to_lane(G0, x0, ridge, Gb, xb, ZERO, k)
     cols[0] = 0
     cols[1] = m
-    _solve_lanes(T.reshape(k * m), y, cols, 1, k, W.reshape(W.shape[0] * W.shape[1]), e_, H, z, Gb, xb,
+    _solve_lanes(T.reshape(k * m), y, cols, ONE, k, W.reshape(W.shape[0] * W.shape[1]), e_, H, z, Gb, xb,
                  ridge, irls_iters, delta, src, se)
     for a in range(k):
         z[a] = xb[a, 0]
@@ -815,8 +823,8 @@ def _solve_ridge(G, x, ridge, H, z, k, Gb, xb):
     through the scratch ``H`` (or lane 0 of ``Gb``, ``xb``: :func:`_solve_one`); ``G`` and ``x`` are kept for the
     next ridge. The same operations as :func:`solve_users_huber`'s plain solve, so the same bits."""
     if k <= LANE_D:
-        _to_lane(G, x, ridge, Gb, xb, 0, k)
-        _identity_lanes(Gb, xb, 1, k)
+        _to_lane(G, x, ridge, Gb, xb, ZERO, k)
+        _identity_lanes(Gb, xb, ONE, k)
         chol_solve_lanes(Gb, xb, k)
         for a in range(k):
             z[a] = xb[a, 0]
@@ -898,9 +906,9 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
         for kk in range(3):
             if need[kk]:
                 if kk == 0:
-                    _first_system(tr, y[kk], 0, i, Q, rows, T, y[kk], m, G[kk], x[kk], S)
+                    _first_system(tr, y[kk], ZERO, i, Q, rows, T, y[kk], m, G[kk], x[kk], S)
                 else:
-                    _first_system(tr, y[kk], 0, i, Q, False, T1, y[kk], m, G[kk], x[kk], S)
+                    _first_system(tr, y[kk], ZERO, i, Q, NO, T1, y[kk], m, G[kk], x[kk], S)
         wv = 1.0 / vv
         for c in range(n_c):
             kind = kinds[c]

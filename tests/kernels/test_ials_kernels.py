@@ -227,15 +227,9 @@ def test_user_solve_is_the_old_kernel_within_1e_10(d):
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("d", [5, 8, 9, 16, 17])
-@pytest.mark.parametrize("tiles32", [False, True])
-def test_a_users_row_is_hers_alone_bit_for_bit(d, tiles32):
-    """Users are solved in lanes of eight (d <= LANE_D): each row is the one her own local solve (her pairs alone,
-    :func:`streamdp.serving.local.implicit_rows`) gets, bit for bit, whatever her neighbours, users without pairs
-    among them and last. At d = 8, 9 the Gramian from the whitened rows (and from a tile where the rows are not
-    contiguous: the same rows within rounding)."""
-    from streamdp.kernels.ials import ials_solve_whitened, ials_whitened
-
+def _conf_users(d, tiles32):
+    """21 users' implicit pairs over 50 items (three without pairs, one last), item rows ``Y``, and every user's
+    row from one :func:`ials_solve_users` call."""
     rng = np.random.default_rng(d + 100 * tiles32)
     cnt = rng.integers(0, 3 * d, 21)
     cnt[[2, 9, 20]] = 0
@@ -245,12 +239,33 @@ def test_a_users_row_is_hers_alone_bit_for_bit(d, tiles32):
     Y = rng.normal(0, 0.4, (50, d))
     U = np.full((len(cnt), d), np.nan)
     ials_solve_users(ip, it, conf, Y, Y.T @ Y, 0.3, U, tiles32)
-    for u in range(len(cnt)):
+    return ip, it, conf, Y, U
+
+
+@pytest.mark.parametrize("d", [5, 8, 9, 16, 17])
+@pytest.mark.parametrize("tiles32", [False, True])
+def test_a_users_row_is_hers_alone_bit_for_bit(d, tiles32):
+    """Users are solved in lanes of eight (d <= LANE_D): each row is the one her own local solve (her pairs alone,
+    :func:`streamdp.serving.local.implicit_rows`) gets, bit for bit, whatever her neighbours, users without pairs
+    among them and last."""
+    ip, it, conf, Y, U = _conf_users(d, tiles32)
+    for u in range(len(ip) - 1):
         one = np.full((1, d), np.nan)
         s, e = ip[u], ip[u + 1]
         ials_solve_users(np.array([0, e - s], np.int64), it[s:e], conf[s:e], Y, Y.T @ Y, 0.3, one, tiles32)
         assert np.array_equal(U[u], one[0]), u
     assert not U[[2, 9, 20]].any()
+
+
+@pytest.mark.slow  # a layout no caller passes: its own compile of the lanes' chain (~10 s)
+@pytest.mark.parametrize("d", [5, 8, 9, 16, 17])
+@pytest.mark.parametrize("tiles32", [False, True])
+def test_rows_not_contiguous_give_the_same_users_within_rounding(d, tiles32):
+    """Whitened item rows in Fortran order (at d = 8, 9 the Gramian then comes from a tile, not from the rows):
+    the same users' rows within rounding."""
+    from streamdp.kernels.ials import ials_solve_whitened, ials_whitened
+
+    ip, it, conf, Y, U = _conf_users(d, tiles32)
     Yw, Li = ials_whitened(Y, Y.T @ Y, 0.3, tiles32)
     F = np.full_like(U, np.nan)
     ials_solve_whitened(ip, it, conf, np.asfortranarray(Yw), Li, F)

@@ -104,13 +104,9 @@ def test_chol_solve_lanes_solves_each_lane_and_a_lanes_bits_are_its_own(d):
     assert np.all(np.diagonal(Z) == 1e-300)
 
 
-@pytest.mark.parametrize("k", [3, 9, LANE_D])
-@pytest.mark.parametrize("iters", [0, 2])
-def test_a_users_row_is_hers_alone_bit_for_bit(k, iters):
-    """Users are solved in lanes of eight: each row is the one a user's own local solve (her ratings alone) gets,
-    bit for bit, whatever her neighbours; a user longer than LANE_TILE with reweighting (solved in lanes of her
-    own) and users without ratings among them. At k = 9 the Gramian from Q's rows (and from a tile where Q's
-    rows are not contiguous: the same rows within rounding)."""
+def _huber_users(k, iters):
+    """21 users' residuals over 50 items (two without ratings, one longer than LANE_TILE), ``Q`` with an intercept
+    column, and every user's row from one :func:`solve_users_huber` call."""
     rng = np.random.default_rng(k + iters)
     cnt = rng.integers(0, 30, 21)
     cnt[[2, 9]] = 0
@@ -122,12 +118,31 @@ def test_a_users_row_is_hers_alone_bit_for_bit(k, iters):
     Q = np.hstack([rng.normal(0, 0.5, (50, k - 1)), np.ones((50, 1))])
     U = np.full((len(cnt), k), np.nan)
     solve_users_huber(ip, it, v, Q, 0.4, iters, 0.8, U)
-    for u in range(len(cnt)):
+    return ip, it, v, Q, U
+
+
+@pytest.mark.parametrize("k", [3, 9, LANE_D])
+@pytest.mark.parametrize("iters", [0, 2])
+def test_a_users_row_is_hers_alone_bit_for_bit(k, iters):
+    """Users are solved in lanes of eight: each row is the one a user's own local solve (her ratings alone) gets,
+    bit for bit, whatever her neighbours; a user longer than LANE_TILE with reweighting (solved in lanes of her
+    own) and users without ratings among them. At k = 9 the Gramian from Q's rows."""
+    ip, it, v, Q, U = _huber_users(k, iters)
+    for u in range(len(ip) - 1):
         one = np.full((1, k), np.nan)
         s, e = ip[u], ip[u + 1]
         solve_users_huber(np.array([0, e - s], np.int64), it[s:e], v[s:e], Q, 0.4, iters, 0.8, one)
         assert np.array_equal(U[u], one[0]), u
     assert not U[[2, 9]].any()
+
+
+@pytest.mark.slow  # a layout no caller passes: its own compile of the lanes' chain (~20 s)
+@pytest.mark.parametrize("k", [3, 9, LANE_D])
+@pytest.mark.parametrize("iters", [0, 2])
+def test_rows_not_contiguous_give_the_same_users_within_rounding(k, iters):
+    """``Q`` in Fortran order (at k = 9 the Gramian then comes from a tile, not from Q's rows): the same users'
+    rows within rounding."""
+    ip, it, v, Q, U = _huber_users(k, iters)
     F = np.full_like(U, np.nan)
     solve_users_huber(ip, it, v, np.asfortranarray(Q), 0.4, iters, 0.8, F)
     np.testing.assert_allclose(F, U, rtol=1e-12, atol=1e-12 * np.abs(U).max())
