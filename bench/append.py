@@ -318,9 +318,13 @@ def header(a, res: dict, seconds: float) -> str:
 
 
 def write_section(path: str, text: str) -> None:
-    """Put ``text`` under :data:`HEADING` in the page at ``path`` (replacing that section, or at the end)."""
-    with open(path) as f:
-        old = f.read()
+    """Put ``text`` under :data:`HEADING` in the page at ``path`` (replacing that section, or at the end; a page
+    that does not exist yet is made with the section alone)."""
+    try:
+        with open(path) as f:
+            old = f.read()
+    except FileNotFoundError:
+        old = ""
     section = "\n" + HEADING + "\n\n" + text.strip() + "\n"
     i = old.find("\n" + HEADING)
     if i >= 0:
