@@ -202,11 +202,8 @@ class _IntCounter:
             return self.fallback.add(arr)
         self.seen = (lo, hi)
         if self.counts is None or lo < self.lo or hi >= self.lo + len(self.counts):
-            # grow with slack (on the side that grew, within max_range) so that a slowly widening range is not
-            # copied every batch
             old = 0 if self.counts is None else len(self.counts)
-            size = min(max(hi - lo + 1, 2 * old), self.max_range)
-            start = hi - size + 1 if self.counts is not None and lo < self.lo else lo
+            start, size = self._grown(lo, hi)
             new = np.zeros(size, np.int64)
             at, old_end = self.lo - start, self.lo - start + old
             if self.counts is not None and 0 <= at and old_end <= size:  # the old array inside the new: one copy
@@ -216,6 +213,27 @@ class _IntCounter:
                 new[nz + self.lo - start] = self.counts[nz]
             self.counts, self.lo = new, start
         count_into(self.counts, a, self.lo)
+
+    def _grown(self, lo: int, hi: int) -> tuple[int, int]:
+        """``(start, size)`` of the array that holds ids ``lo..hi`` (every id seen), within ``max_range``.
+
+        Slack of an eighth of the ids' span (and at least a quarter of the old size, so that a slowly widening
+        range is copied a geometric number of times) goes on the side that grew; ids that start near 0 are
+        counted from 0. Each grown array is written in full by the copy and the counts, so its size is what
+        the pass pays in page faults: doubling it (as this did) made a 1M-rating append of user ids up to 6M
+        fault in 278 MB where 54 MB hold them (0.6 s of a 4 s command).
+        """
+        need = hi - lo + 1
+        old = 0 if self.counts is None else len(self.counts)
+        size = min(max(need + need // 8, old + old // 4), self.max_range)
+        slack = size - need
+        if self.counts is None or hi >= self.lo + old:  # grew upwards (or the first batch): slack above
+            below = slack // 2 if self.counts is not None and lo < self.lo else 0
+        else:
+            below = slack
+        if 0 <= lo <= slack or (lo >= 0 and lo - below < 0):  # ids counted from (near) 0: no slack below 0
+            below = lo
+        return lo - below, size
 
     def finish(self) -> tuple[pa.Array, np.ndarray]:
         if self.fallback is not None:
