@@ -1,5 +1,5 @@
 """``python -m streamdp``: the command line (:mod:`streamdp.cli`)."""
 
-from streamdp.cli import main
+from streamdp.cli import run
 
-main()
+run()

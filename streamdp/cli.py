@@ -180,6 +180,25 @@ def main():
     """Train recommender models with user-level differential privacy, out of core."""
 
 
+def run() -> None:
+    """The console script ``streamdp`` and ``python -m streamdp``: :func:`main`, then an exit that skips the
+    interpreter's closing garbage collections.
+
+    ``gc.freeze()`` once the command has returned (or raised) moves every object into the permanent generation,
+    which the collections of the interpreter's shutdown do not traverse. Numba's registries make them slow:
+    0.3-0.45 s of every command that ran a kernel (an append of 1% of a store took 4 s in all), against
+    0.03 s frozen. Nothing is lost: ``atexit`` handlers (temporary directories' finalizers, progress bars,
+    Dask clients) still run, and every output was written and renamed before the command returned. Not done
+    by :func:`main` itself: a process that goes on after a command (tests, ``CliRunner``) needs its collector.
+    """
+    import gc
+
+    try:
+        main()
+    finally:
+        gc.freeze()
+
+
 # ---------------------------------------------------------------------------------------
 # storage: info / generate / ingest
 # ---------------------------------------------------------------------------------------
