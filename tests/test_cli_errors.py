@@ -84,3 +84,24 @@ def test_a_users_bound_below_the_stores_users_is_one_line(store, tmp_path):
     led = json.loads((out / "privacy.json").read_text())
     assert info["n_users"] == 1500 and led["public_parameters"]["n_users"]["source"] == "declared"
     assert not any(e["release"].startswith("number of users") for e in led["bounds"]["releases"])
+
+
+@pytest.mark.parametrize("code", [0, 2])
+def test_the_console_script_freezes_the_collector_after_the_command_and_keeps_its_exit_code(monkeypatch, code):
+    """``streamdp.cli.run`` (the console script, ``python -m streamdp``): the command's exit code unchanged, the
+    collector frozen only once the command returned (the interpreter's closing collections skipped)."""
+    import gc
+
+    import streamdp.cli as cli
+
+    calls = []
+
+    def command():
+        calls.append("command")
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli, "main", command)
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    with pytest.raises(SystemExit) as exc:
+        cli.run()
+    assert exc.value.code == code and calls == ["command", "freeze"]
