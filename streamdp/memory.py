@@ -153,7 +153,7 @@ class BufferPool:
     per-block temporaries it replaces, which the engine's per-rating budget already counts.
 
     Why: under :func:`unmap_large_frees` (a run whose window the memory limit bounds) every array
-    of a megabyte or more is a fresh mapping, paid in page faults as it is first written, and
+    of :data:`LARGE_ALLOCATION` or more is a fresh mapping, paid in page faults as it is first written, and
     unmapped when freed. Measured on 1M-rating blocks of the 100M store, one thread (busy
     machine): an als iteration's training copy, clipped ratings and residuals took 11-12 ns of
     CPU per rating mapped per block; the one compiled pass that replaced them
