@@ -106,8 +106,8 @@ _M_MMAP_THRESHOLD = -3
 #: scratch: each decompression of a chunk of our stores (512 KB Blosc blocks) allocates about 1.5 MB
 #: (``3 x`` its block) and frees it; at 1 MB every chunk read mapped it afresh and faulted in the pages
 #: the decompressor wrote (measured: 130 page faults per items chunk, a third of a 100M-rating ALS fit's
-#: 2.1M faults; at 2 MB the fit took 0.76-0.78M, 4.5 s of system CPU against 8.9-10.2 s, the same
-#: peak RSS within 45 MB).
+#: 2.0-2.1M faults; at 2 MB the fit took 0.75-0.84M, 4.5-4.9 s of system CPU against 8.9-10.2 s, its
+#: peak RSS up by 25-45 MB, docs/scale.md).
 LARGE_ALLOCATION = 2 << 20
 
 
