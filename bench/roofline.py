@@ -234,7 +234,7 @@ def cases(data, n_items, k, budget):
     c, U = conf[:n], np.zeros((u, k))
     G0 = YtY + 0.5 * np.eye(k)
     out.append(Case("ials user sweep", k, madds, n, {
-        "now": lambda ip=ip, it=it, c=c, U=U: ials_solve_users(ip, it, c, Y, YtY, 0.5, U),
+        "now": lambda ip=ip, it=it, c=c, U=U: ials_solve_users(ip, it, c, Y, YtY, 0.5, U, False),
         "before": lambda ip=ip, it=it, c=c, U=U: ials_solve_users_before(ip, it, c, Y, YtY, 0.5, U),
         "plain": lambda ip=ip, it=it, c=c, U=U, cm=c - 1.0, G0=G0: plain_user_solve(ip, it, c, cm, Y, G0, U),
     }))

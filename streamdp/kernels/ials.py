@@ -112,7 +112,7 @@ def _solve_white_blas(Yw, items, conf, s, n, V, b, t, C, S, args):
 
 
 @njit(cache=True, nogil=True)
-def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U, tiles32=False):
+def ials_solve_users(indptr, items, conf, Y, YtY, ridge, U, tiles32):
     """Each user's row: ``U[u] = (YtY + sum (c - 1) y y^T + ridge I)^-1 sum c y`` over her pairs.
 
     ``Y`` is ``(n_items, d)`` float64 (item rows), ``YtY`` its ``d x d`` Gramian over
@@ -327,7 +327,7 @@ def ials_accumulate(indptr, items, conf, weights, U, clip, clip_last, B, A, G):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def ials_item_products(indptr, items, conf, weights, X, P, out, residual=False):
+def ials_item_products(indptr, items, conf, weights, X, P, out, residual):
     """``out_j += sum_{u in j} w_uj (c_uj - 1) (x_u . p_j) x_u`` over a block's pairs: ``A_j p_j`` without ``A_j``.
 
     With ``residual``, ``out_j += sum_{u in j} w_uj (c_uj - (c_uj - 1) x_u . p_j) x_u`` instead:

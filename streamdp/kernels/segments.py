@@ -17,8 +17,7 @@ from numba import njit
 
 @njit(cache=True, nogil=True)
 def merge_rows(n_users, indptrs, starts, items, ratings, part_of, split_of, want, implicit, cap,
-               out_indptr, out_items, out_ratings, out_src=np.empty(0, np.int64), items0=np.empty(0, np.int32),
-               ratings0=np.empty(0, np.float32)):
+               out_indptr, out_items, out_ratings, out_src, items0, ratings0):
     """One split of a block merged from ``K`` sources (each a part's split of the block).
 
     Source ``k``'s user ``u`` holds ``items[starts[k] + indptrs[k, u]: starts[k] + indptrs[k, u + 1]]``

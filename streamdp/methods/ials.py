@@ -770,7 +770,7 @@ class IALS(Method):
             mine = np.repeat(want.astype(bool), per)
             Us = np.zeros((len(sel), d))
             ials_solve_users(np.r_[0, np.cumsum(per[sel])].astype(np.int64), np.ascontiguousarray(pit[mine]),
-                             np.ascontiguousarray(conf[mine]), Y, YtY, float(s.ridge), Us)
+                             np.ascontiguousarray(conf[mine]), Y, YtY, float(s.ridge), Us, False)
             U = np.zeros((block.n_users, d))
             U[sel] = Us
             ip64, it32 = np.asarray(ip, np.int64), np.asarray(it, np.int32)
@@ -930,7 +930,7 @@ class IALS(Method):
                     ip, it, conf, w = self._block_pairs(block, b, s, seed, sums_only=True)
                     U = cur.read(b)
                 out = np.zeros((n, d), np.float32)
-                ials_item_products(ip, it, conf, w, U.astype(np.float32), P32, out)
+                ials_item_products(ip, it, conf, w, U.astype(np.float32), P32, out, False)
                 return out
 
             AP = engine.map_reduce(fn, _add, np.zeros((n, d)), split=split(), extra_per_block=per_block,

@@ -431,7 +431,7 @@ def implicit_rows(model, indptr, items, values, Q, ridge: float) -> np.ndarray:
         except AttributeError:
             pass
     U = np.zeros((len(ip) - 1, Q.shape[1]))
-    ials_solve_users(ip, it, conf, Q, cache[1], float(ridge), U)
+    ials_solve_users(ip, it, conf, Q, cache[1], float(ridge), U, False)
     if model.info.get("popularity_column"):
         below = int((model.info.get("selection") or {}).get("chart_below") or 0)
         if below:  # the release chose the chart for users this light: their rows start from zero

@@ -348,7 +348,8 @@ class _Future(SegmentedStore):
         ip, oi, orr = np.empty(n + 1, np.int64), np.empty(len(items), np.int32), np.empty(len(items), np.float32)
         osrc = np.empty(len(items) if times else 0, np.int64)
         w = merge_rows(n, indptrs, starts, items, ratings, zeros, zeros, 0, self.info.implicit,
-                       float(self.attrs.get("count_cap") or 0.0) if self.info.implicit else 0.0, ip, oi, orr, osrc)
+                       float(self.attrs.get("count_cap") or 0.0) if self.info.implicit else 0.0, ip, oi, orr, osrc,
+                       np.empty(0, np.int32), np.empty(0, np.float32))
         blk = Block(first, ip, oi[:w].copy(), orr[:w].copy())
         return (blk, np.concatenate([s[5] for s in src]).astype(np.int64)[osrc[:w]]) if times else blk
 

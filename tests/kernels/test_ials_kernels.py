@@ -26,7 +26,7 @@ def test_user_solve_matches_the_reference(seed):
     rng, ip, it, conf, Y = _block(seed)
     YtY = Y.T @ Y
     U = np.full((len(ip) - 1, Y.shape[1]), np.nan)
-    ials_solve_users(ip, it, conf, Y, YtY, 0.5, U)
+    ials_solve_users(ip, it, conf, Y, YtY, 0.5, U, False)
     np.testing.assert_allclose(U, ials_solve_users_reference(ip, it, conf, Y, YtY, 0.5), rtol=1e-9, atol=1e-12)
     assert not U[3].any()
 
@@ -48,7 +48,7 @@ def test_user_solve_is_the_weighted_least_squares_over_every_item():
     # the Gramian trick: the solve equals the explicit weighted least squares over all items (zeros weight 1)
     rng, ip, it, conf, Y = _block(2, n_users=5)
     U = np.zeros((5, Y.shape[1]))
-    ials_solve_users(ip, it, conf, Y, Y.T @ Y, 0.3, U)
+    ials_solve_users(ip, it, conf, Y, Y.T @ Y, 0.3, U, False)
     for u in range(5):
         c = np.ones(len(Y))
         p = np.zeros(len(Y))
@@ -125,7 +125,7 @@ def test_user_solve_both_paths_match_the_reference(ones):
     conf = np.ones(len(items)) if ones else 1.0 + rng.uniform(0, 20, len(items)) * (rng.random(len(items)) < 0.7)
     Y = rng.standard_normal((n_items, d)) * 0.3
     U = np.full((len(counts), d), np.nan)
-    ials_solve_users(indptr, items, conf, Y, Y.T @ Y, 0.05, U)
+    ials_solve_users(indptr, items, conf, Y, Y.T @ Y, 0.05, U, False)
     np.testing.assert_allclose(U, ials_solve_users_reference(indptr, items, conf, Y, Y.T @ Y, 0.05), rtol=1e-8,
                                atol=1e-11)
 
@@ -138,7 +138,7 @@ def test_item_products_match_the_reference_and_the_gramians(seed):
     w = (rng.uniform(size=len(it)) < 0.8).astype(np.float64)  # weight 0: a pair left out of the item side
     P = rng.standard_normal(Y.shape)
     out = np.zeros(P.shape)
-    ials_item_products(ip, it, conf, w, X, P, out)
+    ials_item_products(ip, it, conf, w, X, P, out, False)
     np.testing.assert_allclose(out, ials_item_products_reference(ip, it, conf, w, X, P), rtol=1e-10, atol=1e-12)
     _, A, _ = ials_accumulate_reference(ip, it, conf, w, X, np.inf, len(Y))
     np.testing.assert_allclose(out, np.einsum("jab,jb->ja", A, P), rtol=1e-10, atol=1e-12)
@@ -196,7 +196,7 @@ def test_user_conjugate_gradients_reach_the_exact_solve():
     rng, ip, it, conf, Y = _block(4, d=6)
     YtY = Y.T @ Y
     exact = np.zeros((len(ip) - 1, 6))
-    ials_solve_users(ip, it, conf, Y, YtY, 0.2, exact)
+    ials_solve_users(ip, it, conf, Y, YtY, 0.2, exact, False)
     X = np.zeros_like(exact)
     ials_cg_users(ip, it, conf, Y, YtY, 0.2, 6, X)
     assert np.abs(X - exact).max() <= 1e-5 * np.abs(exact).max()
@@ -221,7 +221,7 @@ def test_user_solve_is_the_old_kernel_within_1e_10(d):
     conf = 1.0 + rng.uniform(0.0, 20.0, ip[-1])
     Y = rng.normal(0, 0.4, (70, d))
     got, want = np.full((50, d), np.nan), np.full((50, d), np.nan)
-    ials_solve_users(ip, it, conf, Y, Y.T @ Y, 0.3, got)
+    ials_solve_users(ip, it, conf, Y, Y.T @ Y, 0.3, got, False)
     ials_solve_users_before(ip, it, conf, Y, Y.T @ Y, 0.3, want)
     assert not got[7].any()
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())

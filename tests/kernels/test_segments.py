@@ -7,6 +7,10 @@ import pytest
 
 from streamdp.kernels.segments import append_delta, merge_rows, merge_rows_reference
 
+#: merge_rows's base arrays when every source is in the one array (none read in place): empty, as the stores pass
+#: them (every argument given, so that the tests and the stores share one compiled signature)
+NO_BASE = (np.empty(0, np.int32), np.empty(0, np.float32))
+
 
 def _sources(rng, n_users, n_parts, n_items, shuffled=False):
     """Each part's train and test rows: a pair in one split of a part, items sorted within a user (``shuffled``:
@@ -46,7 +50,7 @@ def test_merge_rows_matches_its_reference(seed, implicit, cap):
                                 np.empty(len(items), np.float32), np.empty(len(items), np.int64))
             args = (items[n0:], ratings[n0:], part_of, split_of, want, implicit, cap, ip, oi, orr, src,
                     items[:n0], ratings[:n0]) if apart else (items, ratings, part_of, split_of, want, implicit,
-                                                             cap, ip, oi, orr, src)
+                                                             cap, ip, oi, orr, src, *NO_BASE)
             nnz = merge_rows(n_users, ips, starts, *args)
             assert np.array_equal(ip, ref[0]) and np.array_equal(oi[:nnz], ref[1])
             assert np.array_equal(orr[:nnz], ref[2]) and np.array_equal(items[src[:nnz]], oi[:nnz])
@@ -92,7 +96,7 @@ def test_the_latest_part_wins_in_its_split():
     items, ratings = np.array([3, 3], np.int32), np.array([4.0, 2.0], np.float32)
     starts, split_of = np.array([0, 1, 1, 1], np.int64), np.array([0, 1, 0, 1], np.int64)
     part_of = np.array([0, 0, 1, 1], np.int64)
-    out = [np.empty(2, np.int64), np.empty(2, np.int32), np.empty(2, np.float32)]
+    out = [np.empty(2, np.int64), np.empty(2, np.int32), np.empty(2, np.float32), np.empty(0, np.int64), *NO_BASE]
     assert merge_rows(1, ips, starts, items, ratings, part_of, split_of, 0, False, 0.0, *out) == 0
     assert merge_rows(1, ips, starts, items, ratings, part_of, split_of, 1, False, 0.0, *out) == 1
     assert out[2][0] == 2.0

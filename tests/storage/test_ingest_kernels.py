@@ -7,6 +7,10 @@ import pytest
 
 from streamdp.kernels.ingest import bucket_rows, group_dedup, remap_sort
 
+#: group_dedup's optional arguments as ingest passes them when nothing is split or timed (every argument given,
+#: so that the tests and ingest share one compiled signature)
+NO_SPLIT = (False, np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.uint8))
+
 
 def group_dedup_reference(users, items, ratings, ts, has_ts, n_users):
     """Sort by (user, item), keep per pair the max (timestamp, input position)."""
@@ -33,7 +37,7 @@ def test_group_dedup_matches_reference(has_ts, seed):
     ip = np.empty(n_users + 1, np.int64)
     oi = np.empty(n, np.int32)
     orr = np.empty(n, np.float32)
-    nnz, dropped, _ = group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, ip, oi, orr)
+    nnz, dropped, _ = group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, ip, oi, orr, *NO_SPLIT)
     rip, ri, rr, rd = group_dedup_reference(users, items, ratings, ts, has_ts, n_users)
     assert nnz == len(ri) and dropped == rd
     np.testing.assert_array_equal(ip, rip)
@@ -54,7 +58,7 @@ def test_remap_sort_and_bucket_rows():
     ratings = rng.random(len(items)).astype(np.float32)
     perm = rng.permutation(n_items).astype(np.int32)
     it, rt = items.copy(), ratings.copy()
-    remap_sort(indptr, it, rt, perm)
+    remap_sort(indptr, it, rt, perm, np.empty(0, np.int64))  # every argument, as ingest passes them
     for u in range(n_users):
         s, e = indptr[u], indptr[u + 1]
         o = np.argsort(perm[items[s:e]])
@@ -197,7 +201,8 @@ def test_group_dedup_aggregates_repeated_pairs(seed):
     ip = np.empty(n_users + 1, np.int64)
     oi = np.empty(n, np.int32)
     orr = np.empty(n, np.float32)
-    nnz, merged, _ = group_dedup(users, items, counts, np.empty(0, np.int64), False, n_users, n_items, ip, oi, orr, True)
+    nnz, merged, _ = group_dedup(users, items, counts, np.empty(0, np.int64), False, n_users, n_items, ip, oi, orr, True,
+                                 *NO_SPLIT[1:])
     ref = np.zeros((n_users, n_items))
     np.add.at(ref, (users, items), counts)
     got = np.zeros((n_users, n_items))
