@@ -172,23 +172,28 @@ def _selection_reference(ip, it, r, first_user, key, Q, biases, cands, mu, lo, h
             U = np.zeros((len(ip) - 1, design.shape[1]))
             solve_users_huber(tip, tit, res, design, float(lam), irls_iters, delta, U)
             pred = pred + U[vu, -1]
-            if kind == 0:
-                pred = pred + np.einsum("ij,ij->i", U[vu, :k], Q[vi, :k])
+            if kind == 0:  # summed coordinate by coordinate, as the kernel does (einsum's order is NumPy's choice)
+                dot = np.zeros(len(vu))
+                for a in range(k):
+                    dot = dot + U[vu, a] * Q[vi, a]
+                pred = pred + dot
         e = np.clip(pred, lo, hi) - vr
         out[c] = float(np.sum(np.minimum(e * e, h * h) * wv))
     return out
 
 
 @pytest.mark.parametrize("irls_iters", [0, 2])
-def test_selection_losses_are_the_numpy_forms_bit_for_bit(irls_iters):
+@pytest.mark.parametrize("k", [8, 16, 20])
+def test_selection_losses_are_the_numpy_forms_bit_for_bit(irls_iters, k):
     """The selection's fused kernel: every candidate (factors at two ridges and at none, biases with and without an
-    intercept, the mean with one) scores each block as its NumPy form did, summed in the same order: the same bits.
-    With reweighting the two run the reassociated sums of ``_solve_tile_huber`` compiled into different callers, whose
-    vector orders may differ: there within 1e-12 relative."""
+    intercept, the mean with one) scores each block as its NumPy form did, summed in the same order: the same bits,
+    whether eight users' solves run side by side (k = 8 from ``Q``'s rows, k = 16 from tiles) or one at a time
+    (k = 20, beyond the lanes). With reweighting the two run the reassociated sums of ``_solve_tile_huber`` compiled
+    into different callers, whose vector orders may differ: there within 1e-12 relative."""
     from streamdp.methods._selection import holdout_strides
 
     rng = np.random.default_rng(5)
-    n_users, n_items, k = 300, 40, 8
+    n_users, n_items = 300, 40
     cnt = rng.integers(0, 30, n_users)
     cnt[:5] = [0, 1, 2, 3, 1]
     ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
