@@ -7,7 +7,7 @@ import scipy.sparse as sp
 from streamdp.kernels.lanes import LANES
 from streamdp.kernels.linalg import (LANE_D, LANE_TILE, chol_solve_lanes, gram_apply, gram_apply_range,
                                      gram_apply_reference, predict_rows, residuals, selection_losses, solve_users,
-                                     solve_users_huber, solve_users_ridges)
+                                     solve_users_huber)
 
 
 def _csr(seed=0, n_users=60, n_items=25, density=0.2):
@@ -62,21 +62,6 @@ def test_solve_users_and_predict_match_numpy():
     rows = np.repeat(np.arange(30), np.diff(ip))
     ref = np.clip(3.0 + bias[it] + np.einsum("pk,pk->p", U[rows], Q[it]), 1.0, 5.0)
     np.testing.assert_allclose(out, ref, rtol=1e-12)
-
-
-def test_solve_users_ridges_is_solve_users_per_ridge_bit_for_bit():
-    ip, it, v, A = _csr(6, n_users=40, n_items=15, density=0.3)
-    ip[5:] = ip[4:-1].copy()  # user 4 rates nothing
-    ip[-1] = len(it)
-    Q = np.random.default_rng(7).normal(size=(15, 5))
-    ridges = np.array([10.0, 30.0, 0.5])
-    U = np.full((3, 40, 5), np.nan)
-    solve_users_ridges(ip, it, v, Q, ridges, U)
-    for r, lam in enumerate(ridges):
-        ref = np.zeros((40, 5))
-        solve_users(ip, it, v, Q, lam, ref)
-        assert np.array_equal(U[r], ref)
-    assert not U[:, 4].any()
 
 
 @pytest.mark.parametrize("d", [1, 9, 17])
