@@ -79,6 +79,8 @@ except (AttributeError, RuntimeError):  # pragma: no cover - not CPython, or imp
     pass
 #: Upper bound on blocks in flight per worker (beyond that, prefetching gains nothing).
 MAX_IN_FLIGHT_PER_WORKER = 3
+#: Blocks in flight beyond one per worker when the memory limit bounds the window (``Engine.blocks_in_flight``).
+TIGHT_LOOKAHEAD = 1
 #: ``scheduler=`` value of Dask in this process (``distributed.Client(processes=False)``).
 IN_PROCESS = "dask"
 #: ``scheduler=`` value of a Dask ``LocalCluster`` of ``workers`` single-threaded processes started for the run.
@@ -311,8 +313,13 @@ class Engine:
             # back to the system when freed. Otherwise glibc keeps each thread's freed blocks in its arenas (up to
             # 64 MB each), which no planning sees: at 1e9 ratings under --memory-limit 512MB the fit's RSS
             # crept to 565 MB over its 11 passes. It costs page faults on every fresh block (a 100M-rating fit
-            # under 512MB: peak 492 -> 384 MB, 28.7 -> 38.0 s), so a run with room to spare does not pay it.
+            # under 512MB: peak 492 -> 384 MB, 28.7 -> 38.0 s; under 2GB, 20.0-22.3 s unbounded against 22.9-23.9 s
+            # so), so a run with room to spare does not pay it.
             unmap_large_frees()
+            # And the window holds one block beyond the workers': the 100M fit under 512MB took the same wall
+            # time with 3 blocks in flight on 2 workers as with the 4-5 the limit allowed (18.8 / 22.5 / 20.9 s
+            # against 22.9 / 20.6 s, alternated), its peak RSS 388-393 MB against 420-422 MB.
+            n = min(n, self.workers + TIGHT_LOOKAHEAD)
         return max(1, min(n, cap))
 
     def memory_used(self) -> tuple[int, int]:

@@ -175,6 +175,20 @@ def test_a_window_bounded_by_the_limit_unmaps_freed_blocks(small_store, monkeypa
     assert eng.blocks_in_flight() < 7 and calls
 
 
+def test_a_window_bounded_by_the_limit_holds_one_block_beyond_the_workers(small_store, monkeypatch):
+    """Under a limit that bounds the window, blocks in flight beyond the workers' own buy no speed but cost their
+    memory: at most one more, however many the limit would allow; with room to spare, the cap."""
+    import streamdp.stream.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "unmap_large_frees", lambda: None)
+    eng = Engine(small_store, workers=2, memory_limit="64GB")
+    assert eng.in_flight == 7
+    used, _ = eng.memory_used()
+    for fit, want in ((6, 3), (3, 3), (2, 2)):
+        eng.memory_limit = used + fit * eng.block_bytes() + eng.block_bytes() // 2
+        assert eng.blocks_in_flight() == want, fit
+
+
 def test_thread_budget():
     assert thread_budget(None, cores=2) == (2, 1)
     assert thread_budget(1, cores=2) == (1, 2)
