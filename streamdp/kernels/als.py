@@ -90,6 +90,37 @@ def training_residuals(indptr, items, ratings, v, start, lo, hi, mu, bias, with_
 
 
 @njit(cache=True, nogil=True)
+def statistic_sums(indptr, items, r, umean, w, wt, c, centre, centre_ones, carried_on, tilted, n, out):
+    """The item statistics of a block's training ratings, added into ``out`` in one pass (the statistics pass of
+    :mod:`streamdp.methods.als`; it computed them as NumPy temporaries and ``np.bincount``, the same bits):
+
+    * ``out[j] += w_p e_p``, ``e_p = clip(r_p - umean_i, -c, c)`` the rating's residual against its user's mean
+      (``clip(r_p - centre, -c, c)`` for a user with one rating, where ``centre_ones``);
+    * ``out[n + j] += w_p a_i``, ``a_i = 1 - 1 / n_i`` where ``carried_on`` (the share of the item's offset a
+      residual centred on its user's mean carries), else ``1``;
+    * with ``tilted``, ``out[2 n + 2 + j] += wt_p a_i``.
+
+    Each sum runs over the ratings in order, as ``np.bincount`` adds its weights; a product is rounded once, as
+    NumPy's elementwise multiply rounds it. ``r`` float64 (clipped to the range), ``w``/``wt`` float64 per rating."""
+    for u in range(len(indptr) - 1):
+        s0 = indptr[u]
+        e0 = indptr[u + 1]
+        cnt = e0 - s0
+        if cnt == 0:
+            continue
+        m = centre if centre_ones and cnt == 1 else umean[u]
+        a = 1.0 - 1.0 / max(cnt, 1) if carried_on else 1.0
+        for p in range(s0, e0):
+            e = r[p] - m
+            e = min(max(e, -c), c)
+            j = items[p]
+            out[j] += w[p] * e
+            out[n + j] += w[p] * a
+            if tilted:
+                out[2 * n + 2 + j] += wt[p] * a
+
+
+@njit(cache=True, nogil=True)
 def packed_index(a, b, d):
     """Position of entry ``(a, b)``, ``a <= b``, in a row-by-row packed upper triangle of a ``d x d`` matrix."""
     return a * d - (a * (a - 1)) // 2 + (b - a)

@@ -50,7 +50,7 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.memory import BufferPool
-from streamdp.kernels.als import als_accumulate, symmetrize_upper, training_residuals, unpack_upper
+from streamdp.kernels.als import als_accumulate, statistic_sums, symmetrize_upper, training_residuals, unpack_upper
 from streamdp.kernels.linalg import residuals, selection_losses, solve_users_huber
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
@@ -1063,20 +1063,15 @@ class _AlsBase(Method):
                         scales=rating_scales(r, hi, s.half_range, s.rating_tilt))
                 else:
                     w = wt = np.ones(len(it))
-                e = np.subtract(r, np.repeat(umean, cnt), out=buf("e", len(r), np.float64))
-                np.clip(e, -c, c, out=e)
-                if centre is not None:  # a user with one rating: her rating against the released global mean
-                    one = np.repeat(cnt == 1, cnt)
-                    e[one] = np.clip(r[one] - centre, -c, c)
-                out[:n] = np.bincount(it, weights=np.multiply(w, e, out=e), minlength=n)
-                # a residual centred on the user's own mean carries (1 - 1/n_i) of its item's offset (the rest is
-                # the user's other items'): counted so, S_j / C_j estimates the offset itself, and a user with one
-                # rating (residual 0) no longer dilutes it (means; als keeps w_ij, its users' intercepts absorb the
-                # level, and a one-rating user gives clip(r - mu, c), see _statistics)
-                carried = np.repeat(1.0 - 1.0 / np.maximum(cnt, 1), cnt) if centred else 1.0
-                out[n:2 * n] = np.bincount(it, weights=np.multiply(w, carried, out=e), minlength=n)
-                if tilted:
-                    out[2 * n + 2:] = np.bincount(it, weights=wt * carried, minlength=n)
+                # each residual clip(r - her mean, c) (a user with one rating: her rating against the released
+                # global mean, `centre`) weighted into S_j; a residual centred on the user's own mean carries
+                # (1 - 1/n_i) of its item's offset (the rest is the user's other items'): counted so, S_j / C_j
+                # estimates the offset itself, and a user with one rating (residual 0) no longer dilutes it (means;
+                # als keeps w_ij, its users' intercepts absorb the level, and a one-rating user gives clip(r - mu,
+                # c), see _statistics). One compiled pass (statistic_sums), the sums of the NumPy form it replaced.
+                statistic_sums(np.asarray(ip, np.int64), np.asarray(it, np.int32), r, umean, w, wt, float(c),
+                               float(centre if centre is not None else 0.0), centre is not None, bool(centred), tilted,
+                               n, out)
             if cap == 1.0:
                 out[2 * n] = float(np.sum(umean[has] - mid))
                 out[2 * n + 1] = float(has.sum())

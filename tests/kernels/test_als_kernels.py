@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from streamdp.kernels.als import als_accumulate, als_accumulate_reference, packed_index, symmetrize_upper, unpack_upper
+from streamdp.kernels.als import (als_accumulate, als_accumulate_reference, packed_index, statistic_sums,
+                                  symmetrize_upper, unpack_upper)
 from streamdp.kernels.linalg import solve_users, solve_users_huber
 
 
@@ -216,3 +217,46 @@ def test_the_vector_right_hand_side_is_the_scalar_loops_bit_for_bit(k):
     accumulate_rhs(ip, it, w, bsrc, shift, 1.5, X, loop)
     assert np.array_equal(vec, loop[:, :k])
     assert not np.array_equal(vec, start[:, :k])
+
+
+def _statistic_sums_numpy(ip, it, r, umean, w, wt, c, centre, centred, tilted, n):
+    """The NumPy form of the statistics pass before :func:`statistic_sums` (``_AlsBase._statistic_totals``)."""
+    cnt = np.diff(ip)
+    out = np.zeros(3 * n + 2 if tilted else 2 * n + 2)
+    e = np.subtract(r, np.repeat(umean, cnt))
+    np.clip(e, -c, c, out=e)
+    if centre is not None:
+        one = np.repeat(cnt == 1, cnt)
+        e[one] = np.clip(r[one] - centre, -c, c)
+    out[:n] = np.bincount(it, weights=np.multiply(w, e, out=e), minlength=n)
+    carried = np.repeat(1.0 - 1.0 / np.maximum(cnt, 1), cnt) if centred else 1.0
+    out[n:2 * n] = np.bincount(it, weights=np.multiply(w, carried, out=e), minlength=n)
+    if tilted:
+        out[2 * n + 2:] = np.bincount(it, weights=wt * carried, minlength=n)
+    return out
+
+
+@pytest.mark.parametrize("centre", [None, 3.1])
+@pytest.mark.parametrize("centred", [False, True])
+@pytest.mark.parametrize("tilted", [False, True])
+def test_statistic_sums_are_the_numpy_form_bit_for_bit(centre, centred, tilted):
+    """The statistics pass's sums: each item's weighted clipped residuals against the user's mean (a one-rating
+    user's against the released centre), weight totals (carried shares) and tilted totals, as its NumPy form summed
+    them with np.bincount: the same bits."""
+    rng = np.random.default_rng(11)
+    n_users, n = 400, 60
+    cnt = rng.integers(0, 25, n_users)
+    cnt[:6] = [0, 1, 1, 2, 0, 1]
+    ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    it = np.concatenate([np.sort(rng.choice(n, k, replace=False)) for k in cnt]).astype(np.int32)
+    r = np.clip(rng.normal(3.0, 1.5, len(it)), 1.0, 5.0)
+    has = cnt > 0
+    umean = np.zeros(n_users)
+    umean[has] = np.add.reduceat(r, ip[:-1][has]) / cnt[has]
+    w, wt = rng.random(len(it)), rng.random(len(it))
+    want = _statistic_sums_numpy(ip, it, r, umean, w, wt, 0.7, centre, centred, tilted, n)
+    got = np.zeros_like(want)
+    statistic_sums(ip, it, r, umean, w, wt, 0.7, 0.0 if centre is None else centre, centre is not None, centred,
+                   tilted, n, got)
+    assert np.array_equal(got, want)
+    assert got[:n].any() and got[n:2 * n].any() and (not tilted or got[2 * n + 2:].any())
