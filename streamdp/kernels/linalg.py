@@ -793,7 +793,6 @@ def _solve_ridge(G, x, ridge, H, z, k, Gb, xb):
     cholesky_lower_apply(H, z, k)
 
 
-@njit(cache=True, nogil=True)
 def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, kinds, lams, irls_iters, delta, h,
                      out):
     """Every candidate release's clipped, capped, weighted loss on each validation rating of a block, in one pass.
@@ -814,18 +813,30 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
     per candidate by the caller in the same order, the same losses bit for bit (with reweighting
     within ``1e-12``: the reassociated sums compiled into another caller). Users
     without validation ratings are skipped (they have no loss); no temporaries per
-    candidate, and the GIL is released. Without reweighting, the solves of :data:`LANES` users run side by
-    side, one :func:`chol_solve_lanes` per candidate (each lane's bits its own: the same as one user at a time,
+    candidate, and the GIL is released. Two kernels, so that the default (no reweighting) does not compile the
+    reweighted solves (a cold compile 20.6 s as one kernel, 12.2-12.8 s without them): without reweighting
+    (:func:`_selection_lanes`), the solves of :data:`LANES` users run side by side, one :func:`chol_solve_lanes` per candidate (each lane's bits its own: the same as one user at a time,
     in lane 0 with seven idle lanes, as before), and a user's Gramian comes from ``Q``'s rows without gathering her
     tile where :func:`by_rows`. Measured on a 1M-rating block of the 100M store (21k users), k = 8, eight
     candidates (the factors at three ridges): 74-107 ms before, 34-44 ms; the 100M fit's selection pass 3.3-3.8 s
     of wall time before, 1.9-2.1 s.
     """
+    if irls_iters == 0:
+        _selection_lanes(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, kinds, lams, h, out)
+    else:
+        _selection_reweighted(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, kinds, lams, irls_iters, delta,
+                              h, out)
+
+
+@njit(cache=True, nogil=True)
+def _selection_scratch(indptr, v, Q, kinds, lams, reweighted):
+    """:func:`selection_losses`' per-block scratch: which designs a candidate solves (``need``), whether the
+    Gramians come from ``Q``'s rows and whether a user's tile is gathered, the tiles, residuals and systems (lane
+    ``g``: ``GB[kind, g]``, ``XB[kind, g]``), the solves' scratch, the waiting users' validation offsets and
+    ``(first rating, validation count, first output column)``."""
     d = Q.shape[1]
-    k = d - 1
-    n_c = len(kinds)
     need = np.zeros(3, np.bool_)
-    for c in range(n_c):
+    for c in range(len(kinds)):
         if np.isfinite(lams[c]):
             need[kinds[c]] = True
     longest = 1
@@ -833,59 +844,77 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
         longest = max(longest, indptr[u + 1] - indptr[u])
     cap = padded(longest)
     rows = by_rows(Q)
-    tiles = need[0] and (irls_iters > 0 or not rows)  # her gathered tile: the Gramian from it, or reweighting
-    Tb = np.zeros(d * cap, dtype=np.float64)  # a user's tiles, packed: (d, m) and (1, m)
-    T1b = np.zeros(cap, dtype=np.float64)
-    W = np.zeros((d, cap), dtype=np.float64)
-    y = np.zeros((3, cap), dtype=np.float64)
-    e_ = np.zeros(cap, dtype=np.float64)
-    # the systems of the users waiting for their lanes (lane g: GB[kind, g], XB[kind, g]; without reweighting)
-    GB = np.empty((3, LANES, d, d), dtype=np.float64)
-    XB = np.empty((3, LANES, d), dtype=np.float64)
-    H = np.empty((d, d), dtype=np.float64)
-    z = np.empty(d, dtype=np.float64)
-    Gb = np.empty((d, d, LANES), dtype=np.float64)
-    xb = np.empty((d, LANES), dtype=np.float64)
-    cols = np.empty(2, dtype=np.int64)
-    tr = np.empty(cap, dtype=np.int64)  # a user's training items, in order (se: the range of them)
-    se = np.zeros((1, 2), dtype=np.int64)
-    S = np.empty((10, LANES), dtype=np.float64)
+    tiles = need[0] and (reweighted or not rows)  # her gathered tile: the Gramian from it, or reweighting
     vmax = max(1, int(v.max()) if len(v) else 1)
-    held = np.empty((LANES, vmax), np.int64)  # the waiting users' validation offsets
-    who = np.empty((LANES, 3), np.int64)  # and their first rating, validation count, first output column
-    lo32, hi32 = np.float32(lo), np.float32(hi)
-    hh = h * h
-    q0 = 0
-    nb = 0
+    return (need, rows, tiles, np.zeros(d * cap, dtype=np.float64), np.zeros(cap, dtype=np.float64),
+            np.zeros((d, cap), dtype=np.float64), np.zeros((3, cap), dtype=np.float64), np.zeros(cap, dtype=np.float64),
+            np.empty((3, LANES, d, d), dtype=np.float64), np.empty((3, LANES, d), dtype=np.float64),
+            np.empty((d, d), dtype=np.float64), np.empty(d, dtype=np.float64),
+            np.empty((d, d, LANES), dtype=np.float64), np.empty((d, LANES), dtype=np.float64),
+            np.empty(2, dtype=np.int64), np.empty(cap, dtype=np.int64), np.zeros((1, 2), dtype=np.int64),
+            np.empty((10, LANES), dtype=np.float64), np.empty((LANES, vmax), np.int64), np.empty((LANES, 3), np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _user_systems(u, indptr, v, start, q0, items, ratings, held, who, g, Q, biases, need, rows, tiles, lo, hi, mu,
+                  Tb, T1b, y, tr, GB, XB, S):
+    """Validation user ``u`` into slot ``g``: her tiles (:func:`_holdout_tiles`, her offsets into ``held[g]``), the
+    unweighted systems of the designs ``need`` names into ``GB[kind, g]``, ``XB[kind, g]``, and ``who[g]`` (her first
+    rating, her validation count, ``q0`` the first output column of her losses); returns ``(m, i)``."""
+    d = Q.shape[1]
+    s = indptr[u]
+    who[g, 0] = s
+    who[g, 1] = v[u]
+    who[g, 2] = q0
+    m, i = _holdout_tiles(items, ratings, s, indptr[u + 1] - s, v[u], start[u], held, g, Q, biases, need, tiles,
+                          np.float32(lo), np.float32(hi), mu, Tb, T1b, y, tr)
+    T = Tb[:d * m].reshape((d, m))
+    T1 = T1b[:m].reshape((1, m))
+    for kk in range(3):
+        if need[kk]:
+            if kk == 0:
+                _first_system(tr, y[kk], ZERO, i, Q, rows, T, y[kk], m, GB[kk, g], XB[kk, g], S)
+            else:
+                _first_system(tr, y[kk], ZERO, i, Q, NO, T1, y[kk], m, GB[kk, g], XB[kk, g], S)
+    return m, i
+
+
+@njit(cache=True, nogil=True)
+def _selection_lanes(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, kinds, lams, h, out):
+    """:func:`selection_losses` without reweighting: each user's systems wait in a lane; every :data:`LANES`
+    users, :func:`_held_out_lanes` solves and scores them."""
+    (need, rows, tiles, Tb, T1b, W, y, e_, GB, XB, H, z, Gb, xb, cols, tr, se, S, held,
+     who) = _selection_scratch(indptr, v, Q, kinds, lams, False)
+    q0 = nb = 0
     for u in range(len(indptr) - 1):
-        vv = v[u]
-        if vv == 0:
-            continue
-        s = indptr[u]
-        n = indptr[u + 1] - s
-        m, i = _holdout_tiles(items, ratings, s, n, vv, start[u], held, nb, Q, biases, need, tiles, lo32, hi32, mu,
-                              Tb, T1b, y, tr)
+        if v[u] > 0:
+            _user_systems(u, indptr, v, start, q0, items, ratings, held, who, nb, Q, biases, need, rows, tiles, lo, hi,
+                          mu, Tb, T1b, y, tr, GB, XB, S)
+            q0 += v[u]
+            nb += 1
+        if nb == LANES or (nb and u == len(indptr) - 2):
+            _held_out_lanes(nb, who, held, items, ratings, Q, biases, kinds, lams, GB, XB, H, z, Gb, xb, lo, hi, mu,
+                            h * h, out)
+            nb = 0
+
+
+@njit(cache=True, nogil=True)
+def _selection_reweighted(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, kinds, lams, irls_iters, delta, h,
+                          out):
+    """:func:`selection_losses` with ``irls_iters`` reweighting steps: one user at a time, each candidate's row
+    by :func:`_solve_one` (lane 0, as :func:`solve_users_huber` solves her), then its losses."""
+    d = Q.shape[1]
+    (need, rows, tiles, Tb, T1b, W, y, e_, GB, XB, H, z, Gb, xb, cols, tr, se, S, held,
+     who) = _selection_scratch(indptr, v, Q, kinds, lams, True)
+    q0 = 0
+    for u in np.flatnonzero(v):  # the validation users
+        m, i = _user_systems(u, indptr, v, start, q0, items, ratings, held, who, 0, Q, biases, need, rows, tiles, lo,
+                             hi, mu, Tb, T1b, y, tr, GB, XB, S)
+        q0 += v[u]
         T = Tb[:d * m].reshape((d, m))
         T1 = T1b[:m].reshape((1, m))
         se[0, 1] = i
-        for kk in range(3):
-            if need[kk]:
-                if kk == 0:
-                    _first_system(tr, y[kk], ZERO, i, Q, rows, T, y[kk], m, GB[kk, nb], XB[kk, nb], S)
-                else:
-                    _first_system(tr, y[kk], ZERO, i, Q, NO, T1, y[kk], m, GB[kk, nb], XB[kk, nb], S)
-        who[nb, 0] = s
-        who[nb, 1] = vv
-        who[nb, 2] = q0
-        q0 += vv
-        if irls_iters == 0:
-            nb += 1
-            if nb == LANES:
-                _held_out_lanes(nb, who, held, items, ratings, Q, biases, kinds, lams, GB, XB, H, z, Gb, xb, lo, hi,
-                                mu, hh, out)
-                nb = 0
-            continue
-        for c in range(n_c):
+        for c in range(len(kinds)):
             kind = kinds[c]
             dk = d if kind == 0 else 1
             if np.isfinite(lams[c]):
@@ -898,10 +927,7 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
                 for a in range(dk):
                     xb[a, 0] = z[a]
             _held_out_losses(items, ratings, who, held, 0, kind, np.isfinite(lams[c]), xb, 0, dk, Q, biases, lo, hi, mu,
-                             hh, out, c)
-    if nb:
-        _held_out_lanes(nb, who, held, items, ratings, Q, biases, kinds, lams, GB, XB, H, z, Gb, xb, lo, hi, mu, hh,
-                        out)
+                             h * h, out, c)
 
 
 @njit(cache=True, nogil=True)
