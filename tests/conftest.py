@@ -69,6 +69,51 @@ def pytest_configure(config):
             os.environ.setdefault(name, share)
     if not os.environ.get("STREAMDP_TEST_FRESH_PLD"):
         _share_pld_epsilons(config)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _compile_once_across_workers()
+
+
+def _compile_once_across_workers() -> None:
+    """Have the xdist workers compile each Numba function one at a time, so that the ones that come second load
+    what the first wrote to the cache instead of compiling it again.
+
+    On a cold cache the workers start on the same kinds of tests and race: the last cold run compiled the
+    selection's kernel twice and ``synth_block`` three times, 33 s of its 256 s of compile CPU. A worker about to
+    compile a function takes a file lock named after it (``fcntl.flock``, held while it compiles); Numba's own
+    ``Dispatcher.compile`` looks in its cache first, so a worker that waited finds the other's result there. The
+    lock is taken inside Numba's own (one compile at a time in a process), and a function compiling its callees
+    takes their locks inside its own, in the order of the call graph, which has no cycles: no two workers can
+    wait on each other. Only the test workers do this, not streamdp or the processes the tests start.
+    """
+    try:
+        import fcntl
+
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.core.dispatcher import Dispatcher
+    except ImportError:  # pragma: no cover - not POSIX, or another Numba
+        return
+    compile_ = getattr(Dispatcher, "compile", None)
+    if compile_ is None or getattr(compile_, "_streamdp_once", False):
+        return
+    locks = Path(os.environ.get("TMPDIR", "/tmp")) / f"streamdp-numba-locks-{os.getuid()}"
+    locks.mkdir(exist_ok=True)
+    held: set[str] = set()  # the locks this process holds (a function may be compiled inside its own compile)
+
+    def compile_once(self, sig):
+        name = f"{getattr(self.py_func, '__module__', '')}.{getattr(self.py_func, '__qualname__', '')}"
+        if name in held:
+            return compile_(self, sig)
+        with global_compiler_lock, open(locks / hashlib.sha1(name.encode()).hexdigest()[:24], "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            held.add(name)
+            try:
+                return compile_(self, sig)
+            finally:
+                held.discard(name)
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    compile_once._streamdp_once = True
+    Dispatcher.compile = compile_once
 
 
 class _SharedPLDEpsilons(dict):
