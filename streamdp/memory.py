@@ -103,11 +103,11 @@ def release_freed_memory() -> None:
 #: ``mallopt`` parameter number of glibc's mmap threshold (``M_MMAP_THRESHOLD`` in malloc.h).
 _M_MMAP_THRESHOLD = -3
 #: Allocations of this size or more get their own mapping under :func:`unmap_large_frees`. Above Blosc's
-#: scratch: each decompression of a chunk of our stores (512 KB Blosc blocks) allocates about 1.5 MB
-#: (``3 x`` its block) and frees it; at 1 MB every chunk read mapped it afresh and faulted in the pages
+#: scratch: each decompression of a chunk of our stores (512 KB Blosc blocks) allocates just over 1 MB
+#: (twice its block) and frees it; at exactly 1 MB every chunk read mapped it afresh and faulted in the pages
 #: the decompressor wrote (measured: 130 page faults per items chunk, a third of a 100M-rating ALS fit's
 #: 2.0-2.1M faults; at 2 MB the fit took 0.75-0.84M, 4.5-4.9 s of system CPU against 8.9-10.2 s, its
-#: peak RSS up by 25-45 MB, docs/scale.md).
+#: peak RSS up by 25-45 MB, docs/scale.md; a threshold of 1.02 MB already kept the faults at 0.79M).
 LARGE_ALLOCATION = 2 << 20
 
 

@@ -814,10 +814,11 @@ def selection_losses(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
     within ``1e-12``: the reassociated sums compiled into another caller). Users
     without validation ratings are skipped (they have no loss); no temporaries per
     candidate, and the GIL is released. Two kernels, so that the default (no reweighting) does not compile the
-    reweighted solves (a cold compile 20.6 s as one kernel, 12.2-12.8 s without them): without reweighting
-    (:func:`_selection_lanes`), the solves of :data:`LANES` users run side by side, one :func:`chol_solve_lanes` per candidate (each lane's bits its own: the same as one user at a time,
-    in lane 0 with seven idle lanes, as before), and a user's Gramian comes from ``Q``'s rows without gathering her
-    tile where :func:`by_rows`. Measured on a 1M-rating block of the 100M store (21k users), k = 8, eight
+    reweighted solves (a cold compile 20.6 s as one kernel, 14.3-15.4 s without them): without reweighting
+    (:func:`_selection_lanes`), the solves of :data:`LANES` users run side by side, one
+    :func:`chol_solve_lanes` per candidate (each lane's bits its own: the same as one user at a time, in lane 0
+    with seven idle lanes, as before), and a user's Gramian comes from ``Q``'s rows without gathering her tile
+    where :func:`by_rows`. Measured on a 1M-rating block of the 100M store (21k users), k = 8, eight
     candidates (the factors at three ridges): 74-107 ms before, 34-44 ms; the 100M fit's selection pass 3.3-3.8 s
     of wall time before, 1.9-2.1 s.
     """
