@@ -5,21 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamdp.kernels.segments import append_delta, merge_rows, merge_rows_reference
+from streamdp.kernels.segments import SMALL_MAX, append_delta, merge_rows, merge_rows_reference
 
 #: merge_rows's base arrays when every source is in the one array (none read in place): empty, as the stores pass
 #: them (every argument given, so that the tests and the stores share one compiled signature)
 NO_BASE = (np.empty(0, np.int32), np.empty(0, np.float32))
 
 
-def _sources(rng, n_users, n_parts, n_items, shuffled=False):
-    """Each part's train and test rows: a pair in one split of a part, items sorted within a user (``shuffled``:
-    in any order, as a store not written by ingest could hold them)."""
+def _sources(rng, n_users, n_parts, n_items, shuffled=False, most=5):
+    """Each part's train and test rows (0 to ``most`` a user): a pair in one split of a part, items sorted within a
+    user (``shuffled``: in any order, as a store not written by ingest could hold them)."""
     ips, its, rs, split_of = [], [], [], []
     for _ in range(n_parts):
         rows = [[], []]
         for _u in range(n_users):
-            chosen = np.sort(rng.choice(n_items, rng.integers(0, 6), replace=False))
+            chosen = np.sort(rng.choice(n_items, rng.integers(0, most + 1), replace=False))
             test = rng.random(len(chosen)) < 0.3
             if shuffled:
                 chosen = rng.permutation(chosen)
@@ -36,12 +36,20 @@ def _sources(rng, n_users, n_parts, n_items, shuffled=False):
 
 
 @pytest.mark.parametrize("implicit,cap", [(False, 0.0), (True, 0.0), (True, 6.0)])
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(7))
 def test_merge_rows_matches_its_reference(seed, implicit, cap):
     rng = np.random.default_rng(seed)
     n_users = 30
-    shuffled = seed == 4  # runs out of item order: the merge sorts the user's rows instead of walking them
-    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, int(rng.integers(1, 4)), 12, shuffled)
+    shuffled = seed in (4, 6)  # runs out of item order: the merge sorts the user's rows instead of walking them
+    # seeds 5 and 6: up to 14 rows a part in 3 or 4 parts, so that many users hold more than SMALL_MAX rows outside
+    # their longest source (the cursors' walk); the others at most 15 (each placed in the longest source's run)
+    parts, most = (int(rng.integers(3, 5)), 14) if seed >= 5 else (int(rng.integers(1, 4)), 5)
+    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, parts, 40 if seed >= 5 else 12,
+                                                              shuffled, most)
+    if seed >= 5:
+        outside = [int(sum(np.diff(ips[:, u:u + 2], axis=1).ravel()) - np.diff(ips[:, u:u + 2], axis=1).max())
+                   for u in range(n_users)]
+        assert max(outside) > SMALL_MAX >= min(outside)
     n0 = int(starts[1]) if len(starts) > 1 else len(items)
     for want in (0, 1):
         ref = merge_rows_reference(n_users, ips, starts, items, ratings, part_of, split_of, want, implicit, cap)
