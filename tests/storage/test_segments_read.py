@@ -1,6 +1,6 @@
 """What a segmented store's read of one split skips gives the blocks of a merge of every part's every split: a
 segment's other split where it replaces nothing of the wanted one, the base's other split, small segments' blocks
-kept in memory after their first read."""
+kept in memory after their first read (each segment's, or all of them merged among themselves)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,16 @@ def _segmented(tmp_path, test_fraction: float = 0.3) -> SegmentedStore:
     return st
 
 
-def test_a_read_of_one_split_skips_what_changes_nothing(tmp_path):
+@pytest.mark.parametrize("premerge", [False, True])
+def test_a_read_of_one_split_skips_what_changes_nothing(tmp_path, premerge, monkeypatch):
+    import streamdp.storage.segments as S
+
     st = _segmented(tmp_path)
+    assert st._premerge  # three small segments of an explicit store: merged among themselves by default
+    if not premerge:  # each segment's blocks kept alone
+        monkeypatch.setattr(S, "PREMERGED_BYTES", 0)
+        st = open_store(st.path)
+        assert not st._premerge and st._keeps == {1, 2, 3}
     flags = [st._supersedes(i) for i in range(1, len(st.parts))]
     assert all(f is not None for f in flags)
     assert any(f.any() for f in flags) and not all(f.all() for f in flags)  # some blocks read the other split
@@ -52,12 +60,26 @@ def test_a_read_of_one_split_skips_what_changes_nothing(tmp_path):
                 got, ref = st.read_block(b, s), every_source(b, s)
                 assert got.first_user == ref.first_user and np.array_equal(got.indptr, ref.indptr)
                 assert np.array_equal(got.items, ref.items) and np.array_equal(got.ratings, ref.ratings)
-        if rep == 0:  # every segment's train blocks once, its test blocks only where they replace a train rating
+        if rep == 0 and premerge:  # every segment's every block once, merged among themselves for good
+            assert sorted(reads) == sorted((i, b, s) for i in range(3) for b in range(st.n_blocks)
+                                           for s in ("train", "test"))
+        elif rep == 0:  # every segment's train blocks once, its test blocks only where they replace a train rating
             assert sorted(reads) == sorted([(i, b, "train") for i in range(3) for b in range(st.n_blocks)]
                                            + [(i, b, "test") for i in range(3) for b in range(st.n_blocks)
                                               if flags[i][1, b]])
         reads[:] = []
     assert not reads and 0 < st.cache_bytes <= CACHE_BYTES  # the third time from memory (a few KB here)
+    assert bool(st._kept) and all((k[0] == "merged") == premerge for k in st._kept)
+
+
+def test_segments_merged_among_themselves_only_where_they_fit_and_ratings_are_not_summed(tmp_path, monkeypatch):
+    import streamdp.storage.segments as S
+
+    p = _segmented(tmp_path).path
+    assert open_store(p)._premerge
+    monkeypatch.setattr(S, "PREMERGED_BYTES", 1000)  # the three segments' bound is over 1,000 bytes: each kept alone
+    st = open_store(p)
+    assert not st._premerge and st._keeps == {1, 2, 3}
 
 
 @pytest.mark.parametrize("test_fraction", [0.0, 0.3])
