@@ -50,6 +50,7 @@ import zarr
 from streamdp.errors import ParameterError, StoreError
 from streamdp.outputs import note, owned_temp_dir, remove_temp_dir
 from streamdp.storage import formats as F
+from streamdp.storage.formats import to_arrow, to_numpy
 from streamdp.storage import ingest as I
 from streamdp.storage import remote
 from streamdp.storage.chunks import ChunkWriter, write_slice
@@ -299,7 +300,7 @@ def _users_onto(keys: pa.Array, st: RatingStore, limit: int):
     sorted (a store written otherwise) is matched by a hash lookup instead."""
     is_str = _id_kind_is_str(st, "user")
     keys = keys.cast(pa.string() if is_str else pa.int64())
-    k = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object if is_str else np.int64)
+    k = np.asarray(to_numpy(keys), dtype=object if is_str else np.int64)
     index = np.full(len(k), -1, np.int64)
     bu, n = st.info.block_users, st.info.n_users
     per_read = bu * max(1, limit // 32 // ((_STR_ID_BYTES if is_str else 8) * bu))
@@ -308,10 +309,10 @@ def _users_onto(keys: pa.Array, st: RatingStore, limit: int):
             ids_read = np.asarray(st.user_ids(a, min(a + per_read, n)), dtype=object if is_str else np.int64)
         ids = ids_read[a % per_read:a % per_read + min(bu, n - a)]
         if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
-            vs = pa.array(ids.tolist(), pa.string()) if is_str else pa.array(ids)
+            vs = pa.array(ids.tolist(), pa.string()) if is_str else to_arrow(ids)
             found = pc.index_in(keys, value_set=vs)
-            hit = ~found.is_null().to_numpy(zero_copy_only=False)
-            index[hit] = a + np.asarray(found.to_numpy(zero_copy_only=False)[hit], np.int64)
+            hit = ~to_numpy(found.is_null())
+            index[hit] = a + np.asarray(to_numpy(found, fill=0)[hit], np.int64)
             continue
         lo, hi = np.searchsorted(k, ids[0], "left"), np.searchsorted(k, ids[-1], "right")
         if hi > lo:
@@ -321,7 +322,7 @@ def _users_onto(keys: pa.Array, st: RatingStore, limit: int):
             index[lo:hi][hit] = a + pos_c[hit]
     new_pos = np.flatnonzero(index < 0)
     index[new_pos] = n + np.arange(len(new_pos))
-    return index, keys.take(pa.array(new_pos, pa.int64()))
+    return index, keys.take(to_arrow(new_pos.astype(np.int64)))
 
 
 def _onto(keys: pa.Array, store_ids: np.ndarray, n_old: int, rows: np.ndarray | None):
@@ -331,16 +332,16 @@ def _onto(keys: pa.Array, store_ids: np.ndarray, n_old: int, rows: np.ndarray | 
         value_set = pa.array(store_ids.tolist(), pa.string())
         keys = keys.cast(pa.string())
     else:
-        value_set = pa.array(store_ids.astype(np.int64))
+        value_set = to_arrow(store_ids.astype(np.int64))
         keys = keys.cast(pa.int64())
     found = pc.index_in(keys, value_set=value_set)
-    is_new = found.is_null().to_numpy(zero_copy_only=False)
-    index = np.asarray(found.fill_null(0).to_numpy(zero_copy_only=False), np.int64)
+    is_new = to_numpy(found.is_null())
+    index = np.asarray(to_numpy(found, fill=0), np.int64)
     new_pos = np.flatnonzero(is_new)
     if rows is not None and len(new_pos):
         new_pos = new_pos[np.lexsort((new_pos, -rows[new_pos]))]
     index[new_pos] = n_old + np.arange(len(new_pos))
-    return index, keys.take(pa.array(new_pos, pa.int64()))
+    return index, keys.take(to_arrow(new_pos.astype(np.int64)))
 
 
 def _commit(st: RatingStore, out: str, seg_path: str, entry: dict, show_progress) -> dict:

@@ -65,6 +65,59 @@ _NAMES_HINT = ("user/userId/user_id/uid, item/itemId/movieId/item_id/iid, rating
                "an interaction log: user, item and optionally count/weight/plays/clicks")
 
 
+# pyarrow's pa.array and Array.to_numpy convert through its pandas layer, which imports pandas on first use: 0.3-0.4 s
+# of every command that parses or maps ids (an append of 1M ratings took 2.4 s in all). Fixed-width numbers go
+# between NumPy and Arrow through their buffers instead.
+_FIXED = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
+          pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64,
+          pa.float32(): np.float32, pa.float64(): np.float64}
+_ARROW_OF = {np.dtype(v): k for k, v in _FIXED.items()}
+
+
+def to_arrow(a) -> pa.Array:
+    """A 1-D array of fixed-width numbers (or booleans) as an Arrow array without nulls, sharing its buffer where
+    it is contiguous; anything else (strings, objects) through ``pa.array``.
+
+    >>> to_arrow(np.array([3, 1], np.int64)).to_pylist(), to_arrow(np.array([True, False])).type
+    ([3, 1], DataType(bool))
+    """
+    a = np.asarray(a)
+    if a.dtype == np.bool_:
+        bits = np.packbits(a, bitorder="little")
+        return pa.Array.from_buffers(pa.bool_(), len(a), [None, pa.py_buffer(bits)])
+    typ = _ARROW_OF.get(a.dtype)
+    if typ is None or a.ndim != 1:
+        return pa.array(a)
+    return pa.Array.from_buffers(typ, len(a), [None, pa.py_buffer(np.ascontiguousarray(a))])
+
+
+def _bits(buf, offset: int, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(buf, np.uint8), count=offset + n, bitorder="little")[offset:].astype(bool)
+
+
+def to_numpy(a, fill=None) -> np.ndarray:
+    """An Arrow array (or chunked array) as NumPy: fixed-width numbers without nulls as a read-only view of their
+    buffer (with ``fill``: their nulls replaced by it, in a copy), booleans without nulls unpacked; anything else
+    (strings, nulls without ``fill``) through pyarrow's ``to_numpy``.
+
+    >>> to_numpy(pa.chunked_array([to_arrow(np.array([1, 2])), to_arrow(np.array([3]))])).tolist()
+    [1, 2, 3]
+    """
+    if isinstance(a, pa.ChunkedArray):
+        parts = [to_numpy(c, fill) for c in a.chunks]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty(0, _FIXED.get(a.type, object))
+    dt = _FIXED.get(a.type)
+    if a.null_count == 0 and pa.types.is_boolean(a.type):
+        return _bits(a.buffers()[1], a.offset, len(a))
+    if dt is None or (a.null_count and fill is None):
+        return a.to_numpy(zero_copy_only=False)
+    v = np.frombuffer(a.buffers()[1], dt, count=len(a), offset=a.offset * np.dtype(dt).itemsize)
+    if a.null_count:
+        v = np.where(_bits(a.buffers()[0], a.offset, len(a)), v, dt(fill))
+    return v
+
 def column_role(name: str) -> str | None:
     """The role (user, item, rating, timestamp, count) a header name stands for, or None.
 
@@ -670,13 +723,13 @@ def iter_text(spec: Spec, *, int_ids: tuple[bool, bool], block_size: int, skip: 
                     if m is not None:
                         bad_mask |= m
                 if bad_mask.any():
-                    keep = pa.array(~bad_mask)
+                    keep = to_arrow(~bad_mask)
                     bad[0] += int(bad_mask.sum())
                     out = {r: pc.filter(a, keep) for r, a in out.items()}
                 cols = out
-            rating = cols["rating"].to_numpy(zero_copy_only=False).astype(np.float64, copy=False) \
+            rating = to_numpy(cols["rating"]).astype(np.float64, copy=False) \
                 if "rating" in cols else np.ones(len(cols["user"]))  # an interaction log: one interaction a row
-            ts = cols["timestamp"].to_numpy(zero_copy_only=False).astype(np.int64, copy=False) \
+            ts = to_numpy(cols["timestamp"]).astype(np.int64, copy=False) \
                 if "timestamp" in cols else None
             yield Batch(cols["user"], cols["item"], rating, ts, row)
             row += n
@@ -745,7 +798,7 @@ def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int,
         for r in roles:
             a = rb.column(spec.cols[r])
             if a.null_count:
-                k = int(np.flatnonzero(a.is_null().to_numpy(zero_copy_only=False))[0])
+                k = int(np.flatnonzero(to_numpy(a.is_null()))[0])
                 if r == "rating":  # pandas reads NaN as missing: in a float column the two are one
                     what = "count" if spec.implicit else "rating"
                     raise InputError(f"{spec.path}: row {row + k + 1}: {what} is "
@@ -783,8 +836,8 @@ def iter_parquet(spec: Spec, *, int_ids: tuple[bool, bool], batch_rows: int,
                                      f"integer or timestamp") from None
             out[r] = a
         yield Batch(out["user"], out["item"],
-                    out["rating"].to_numpy(zero_copy_only=False) if "rating" in out else np.ones(n),
-                    out["timestamp"].to_numpy(zero_copy_only=False) if "timestamp" in out else None, row)
+                    to_numpy(out["rating"]) if "rating" in out else np.ones(n),
+                    to_numpy(out["timestamp"]) if "timestamp" in out else None, row)
         row += n
 
 

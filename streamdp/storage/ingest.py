@@ -51,6 +51,7 @@ from streamdp.memory import format_size, release_freed_memory, resolve_memory_li
 from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
 from streamdp.storage import formats as F
+from streamdp.storage.formats import to_arrow, to_numpy
 from streamdp.storage.names import read_item_names
 from streamdp.storage.schema import default_block_users, storable_ratings
 from streamdp.storage.split import block_seed, check_fraction, latest_mask, split_block, split_by_mask
@@ -140,7 +141,7 @@ class _KeyCounter:
         if not self.buf:
             return
         ks = [k for k, _ in self.buf]
-        cs = [c.to_numpy().astype(np.int64) for _, c in self.buf]
+        cs = [to_numpy(c).astype(np.int64) for _, c in self.buf]
         hs = [_key_hashes(k) for k in ks]
         if self.keys is not None:
             ks.insert(0, self.keys)
@@ -157,13 +158,13 @@ class _KeyCounter:
             same = np.empty(len(order), np.bool_)
             same_strings(*_string_buffers(k), order, rep[group], same)
             if not same.all():  # two keys share a hash: the exact merge
-                t = pa.table({"k": k, "c": pa.array(c)}).group_by("k", use_threads=False).aggregate([("c", "sum")])
-                k, c = t.column("k").combine_chunks(), t.column("c_sum").to_numpy()
+                t = pa.table({"k": k, "c": to_arrow(c)}).group_by("k", use_threads=False).aggregate([("c", "sum")])
+                k, c = t.column("k").combine_chunks(), to_numpy(t.column("c_sum"))
                 h = _key_hashes(k)
                 order = np.argsort(h, kind="stable")
-                self.keys, self.hashes, self.counts = k.take(pa.array(order)), h[order], c[order]
+                self.keys, self.hashes, self.counts = k.take(to_arrow(order)), h[order], c[order]
                 return
-        self.keys = k.take(pa.array(rep))
+        self.keys = k.take(to_arrow(rep))
         self.hashes = h[starts]
         self.counts = np.add.reduceat(c[order], starts)
 
@@ -171,7 +172,7 @@ class _KeyCounter:
         """(keys sorted ascending, counts as int64)."""
         self._merge()
         idx = pc.sort_indices(self.keys)
-        return self.keys.take(idx), self.counts[idx.to_numpy()]
+        return self.keys.take(idx), self.counts[to_numpy(idx)]
 
 
 class _IntCounter:
@@ -189,7 +190,7 @@ class _IntCounter:
     def add(self, arr: pa.Array) -> None:
         if self.fallback is not None:
             return self.fallback.add(arr)
-        a = arr.to_numpy()
+        a = to_numpy(arr)
         lo, hi = int(a.min()), int(a.max())
         if self.counts is not None:  # the ids seen, not the array's slack, decide the fallback
             lo, hi = min(lo, self.seen[0]), max(hi, self.seen[1])
@@ -197,7 +198,7 @@ class _IntCounter:
             self.fallback = _KeyCounter(self.max_buffered)
             if self.counts is not None:
                 nz = np.flatnonzero(self.counts)
-                self.fallback.add_counts(pa.array(nz + self.lo), pa.array(self.counts[nz]))
+                self.fallback.add_counts(to_arrow(nz + self.lo), to_arrow(self.counts[nz]))
                 self.counts = None
             return self.fallback.add(arr)
         self.seen = (lo, hi)
@@ -239,7 +240,7 @@ class _IntCounter:
         if self.fallback is not None:
             return self.fallback.finish()
         nz = np.flatnonzero(self.counts)
-        return pa.array(nz + self.lo, pa.int64()), self.counts[nz]
+        return to_arrow((nz + self.lo).astype(np.int64)), self.counts[nz]
 
 
 class _IdMap:
@@ -259,7 +260,7 @@ class _IdMap:
         self.lut = None
         self.values = None if values is None else np.asarray(values).astype(np.int32)
         if self.is_int:
-            self.np = keys.to_numpy()
+            self.np = to_numpy(keys)
             lo, hi = (int(self.np[0]), int(self.np[-1])) if len(self.np) else (0, -1)
             if hi - lo + 1 <= max(4 * len(self.np) + (1 << 20), lut_entries):
                 self.lo = lo
@@ -274,7 +275,7 @@ class _IdMap:
 
     def __call__(self, arr: pa.Array) -> np.ndarray:
         if self.is_int:
-            a = arr.to_numpy()
+            a = to_numpy(arr)
             if self.lut is not None:
                 return self.lut[a - self.lo]
             return self._mapped(np.searchsorted(self.np, a).astype(np.int32))
@@ -282,10 +283,10 @@ class _IdMap:
             return _index_in(arr, self.keys)
         pos = np.minimum(np.searchsorted(self.hashes, _string_hashes(arr)), len(self.hashes) - 1)
         idx = self.order[pos]
-        ok = pc.equal(self.keys.take(pa.array(idx)), arr.cast(self.keys.type)).to_numpy(zero_copy_only=False)
+        ok = to_numpy(pc.equal(self.keys.take(to_arrow(idx)), arr.cast(self.keys.type)))
         if not ok.all():  # a hash shared by two keys: looked up exactly
             bad = np.flatnonzero(~ok)
-            idx[bad] = _index_in(arr.take(pa.array(bad)), self.keys)
+            idx[bad] = _index_in(arr.take(to_arrow(bad)), self.keys)
         return self._mapped(idx)
 
     def _mapped(self, idx: np.ndarray) -> np.ndarray:
@@ -293,7 +294,7 @@ class _IdMap:
 
 
 def _index_in(arr: pa.Array, keys: pa.Array) -> np.ndarray:
-    return pc.fill_null(pc.index_in(arr, value_set=keys), -1).to_numpy(zero_copy_only=False).astype(np.int32)
+    return to_numpy(pc.index_in(arr, value_set=keys), fill=-1).astype(np.int32)
 
 
 def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -316,7 +317,7 @@ def _string_hashes(arr: pa.Array) -> np.ndarray:
 def _key_hashes(keys: pa.Array) -> np.ndarray:
     """Each key's 64-bit hash: an integer key's own value, a string's :func:`_string_hashes`."""
     if pa.types.is_integer(keys.type):
-        return keys.to_numpy().astype(np.int64).view(np.uint64)
+        return to_numpy(keys).astype(np.int64).view(np.uint64)
     return _string_hashes(keys)
 
 
@@ -735,7 +736,7 @@ def _checked_batch(b, spec, rr, oor: str, implicit: bool, skip: bool):
     u, i, ts = b.user, b.item, b.timestamp
     for ids in (u, i):
         if not pa.types.is_integer(ids.type):  # an empty string is no id
-            badm |= pc.equal(pc.binary_length(ids), 0).to_numpy(zero_copy_only=False)
+            badm |= to_numpy(pc.equal(pc.binary_length(ids), 0))
     if badm.any() or drop is not None:
         if badm.any() and not skip:
             j = int(np.argmax(badm))
@@ -751,7 +752,7 @@ def _checked_batch(b, spec, rr, oor: str, implicit: bool, skip: bool):
             raise _BadLine()
         keep = ~(badm if drop is None else badm | drop)
         n_bad += int(badm.sum())
-        km = pa.array(keep)
+        km = to_arrow(keep)
         u, i, r = pc.filter(u, km), pc.filter(i, km), r[keep]
         ts = ts[keep] if ts is not None else None
     return u, i, r, ts, n_bad, n_oor
@@ -805,8 +806,8 @@ def _pass_parse(specs, tmp, int_ids, rr, skip, limit, show_progress, oor="error"
                     with lock:
                         ucount.add(u)
                         icount.add(i)
-                    t = pa.array(ts) if ts is not None else pa.nulls(n, pa.int64())
-                    w.write_batch(pa.record_batch([u, i, pa.array(r.astype(np.float32)), t], schema=schema))
+                    t = to_arrow(ts) if ts is not None else pa.nulls(n, pa.int64())
+                    w.write_batch(pa.record_batch([u, i, to_arrow(r.astype(np.float32)), t], schema=schema))
                     rows += n
                     bar.update(n)
                     n_batches += 1
@@ -926,7 +927,7 @@ def _build(parsed: _Parsed, out, tmp, rr, how, seed, block_users, limit, force, 
                      force=force, times=pl.keep_times) as w:
         n_test_clipped = _write_blocks(w, parsed, pl, new_index, rr, seed, show_progress)
         w.write_array("user_ids", _ids_numpy(parsed.users), chunks=(pl.bu,))
-        w.write_array("item_ids", _ids_numpy(parsed.items.take(pa.array(order))))
+        w.write_array("item_ids", _ids_numpy(parsed.items.take(to_arrow(order))))
         w.write_array("item_counts", item_counts_raw[order])
         if names is not None:
             names.write(w, order)
@@ -1018,9 +1019,9 @@ def _scatter(parsed: _Parsed, pl: _Plan, limit, show_progress) -> int:
                     for rb in rd:
                         pending["u"].append(umap(rb.column(0)))
                         pending["i"].append(imap(rb.column(1)))
-                        pending["r"].append(rb.column(2).to_numpy())
+                        pending["r"].append(to_numpy(rb.column(2)))
                         if has_ts:
-                            pending["t"].append(rb.column(3).to_numpy())
+                            pending["t"].append(to_numpy(rb.column(3)))
                         if files:
                             pending["s"].append(np.full(rb.num_rows, flag, np.uint8))
                         n_pending += rb.num_rows
@@ -1287,5 +1288,5 @@ def _declared_catalogue(items, *, numeric_ids: bool) -> np.ndarray:
 
 def _ids_numpy(keys: pa.Array) -> np.ndarray:
     if pa.types.is_integer(keys.type):
-        return keys.to_numpy().astype(np.int64)
+        return to_numpy(keys).astype(np.int64)
     return keys.to_numpy(zero_copy_only=False)  # object array of str

@@ -109,6 +109,28 @@ def test_an_append_onto_a_store_with_a_ledger_does_not_load_the_accountant(tmp_p
     assert [e for e in StoreBudget(p).show()["history"] if e.get("event") == "data replaced"]
 
 
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_an_ingest_and_an_append_do_not_import_pandas(tmp_path, fmt):
+    """pyarrow's ``pa.array`` and ``to_numpy`` import pandas on first use (0.3-0.4 s of a command): the parse and
+    the id mapping go through :func:`streamdp.storage.formats.to_arrow` and ``to_numpy`` instead."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    for name, users in (("base", 300), ("more", 400)):
+        df = pd.DataFrame({"user": rng.integers(0, users, 3000), "item": rng.integers(0, 50, 3000),
+                           "rating": rng.integers(1, 6, 3000).astype(float)}).drop_duplicates(["user", "item"])
+        df.to_csv(tmp_path / f"{name}.csv", index=False) if fmt == "csv" else df.to_parquet(tmp_path / f"{name}.pq")
+    files = [str(tmp_path / (f"{n}.csv" if fmt == "csv" else f"{n}.pq")) for n in ("base", "more")]
+    p = str(tmp_path / "s.zarr")
+    code = ("import sys, streamdp; streamdp.ingest(sys.argv[1], sys.argv[3], test_fraction=0.2); "
+            "streamdp.ingest(sys.argv[2], sys.argv[3], append=True); "
+            "assert 'pandas' not in sys.modules, 'pandas imported'")
+    done = subprocess.run([sys.executable, "-c", code, *files, p], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert len(open_store(p).segments) == 1
+
+
 def test_a_merged_read_into_given_arrays_is_the_same_block(tmp_path):
     """The engine's reused arrays (``read_block(into=)``): a merged block is written into them when they hold
     :meth:`read_into_size` ratings (its views' base is the given array), into its own arrays when shorter; the
