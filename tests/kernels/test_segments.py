@@ -41,10 +41,10 @@ def test_merge_rows_matches_its_reference(seed, implicit, cap):
     rng = np.random.default_rng(seed)
     n_users = 30
     shuffled = seed in (4, 6)  # runs out of item order: the merge sorts the user's rows instead of walking them
-    # seeds 5 and 6: up to 14 rows a part in 3 or 4 parts, so that many users hold more than SMALL_MAX rows outside
-    # their longest source (the cursors' walk); the others at most 15 (each placed in the longest source's run)
-    parts, most = (int(rng.integers(3, 5)), 14) if seed >= 5 else (int(rng.integers(1, 4)), 5)
-    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, parts, 40 if seed >= 5 else 12,
+    # seeds 5 and 6: up to 24 rows a part in 6 to 8 parts, so that some users hold more than SMALL_MAX rows outside
+    # their longest source (the cursors' walk) and others fewer (each placed in the longest source's run)
+    parts, most = (int(rng.integers(6, 9)), 24) if seed >= 5 else (int(rng.integers(1, 4)), 5)
+    ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, parts, 300 if seed >= 5 else 12,
                                                               shuffled, most)
     if seed >= 5:
         outside = [int(sum(np.diff(ips[:, u:u + 2], axis=1).ravel()) - np.diff(ips[:, u:u + 2], axis=1).max())
