@@ -3,21 +3,22 @@
 
 A user with rows in several parts gets them in ascending item (ingest sorts each user's items). Where at most
 :data:`SMALL_MAX` of her rows lie outside her longest source (the base and a few appended rows: the common case),
-those few are sorted by (item, source) by insertion and each is placed in the longest source's run by counting the
-run's items below it, the rows between copied as runs; otherwise the sources' cursors are walked, a run of one
-source below every other source's next item copied in one loop. An item in several sources is taken in ascending
-source (the order its values are summed in). A run found out of item order: the user's rows are sorted instead
-(:func:`_merge_sorting`). Elements are read inline, not through a helper: a call that takes arrays counts
-references to each (measured: 20x the read), and slicing does too; the helpers here are inlined into the kernel
-(``inline="always"``), their loops indexed by unsigned integers, which LLVM vectorizes (a signed index is checked
-for wrapping around, which keeps it from doing so: a copy loop 2x slower than a slice, 2x faster unsigned).
+those are sorted by (item, source) by insertion and each is placed in the longest source's run by counting the
+run's items below it, the rows between copied as runs; otherwise, or where the longest source's run is out of item
+order, all her rows are sorted (:func:`_merge_sorting`). An item in several sources is taken in ascending source
+(the order its values are summed in). Elements are read inline: a call that passes arrays counts references to
+each (measured: 20x the read), and slicing does too, so the loop over the users is one function
+(:func:`_merge_users`) and its helpers are inlined (``inline="always"``), their loops indexed by unsigned integers,
+which LLVM vectorizes (Numba checks a signed index for wrapping around, which keeps it from doing so: a copy loop
+2x slower than a slice, 2x faster unsigned).
 
 Measured on a block of the 11-part 91M store (``bench/append.py``: 21,183 users, 13,359 of them with rows in
-several parts, 1 to 4 outside the base; 980,488 ratings), the minimum of 30 interleaved calls: the cursors' walk
-3.60 ms, the placement 2.59 ms; the block's base alone (every segment empty) 1.24 ms with slices, 0.70 ms copied by
-unsigned loops. With many rows in many parts (20,000 users, 6 parts of up to 12 rows each, 0.72M ratings: most users
-with 20-60 rows outside their longest source) the walk took 27.6 ms, the placement 25.0 ms with :data:`SMALL_MAX` at
-64 (28.8 at 32, and 30.6 at 16 with the walk behind a call).
+several parts, 1 to 4 outside the base; 980,488 ratings), the minimum of 30 interleaved calls: the walk of every
+source's cursor this replaced 3.60 ms, the placement 2.59 ms; the block's base alone (every segment empty) 1.24 ms
+with slices, 0.70 ms copied by unsigned loops. With many rows in many parts (20,000 users, 6 parts of up to 12
+rows each, 0.72M ratings: most users 20-60 rows outside their longest source) the walk 27.6 ms, the placement
+24.4 ms with :data:`SMALL_MAX` at 64 (28.8 at 32). The walk is gone (beyond :data:`SMALL_MAX`, the sort): its code
+cost 1.4 s of a cold compile (9.0 s against 7.6 s).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 from numba import njit
 
 #: The most rows a user may hold outside her longest source for the merge to find each in that source's run
-#: (:func:`merge_rows`); beyond it, the cursors' walk.
+#: (:func:`merge_rows`); beyond it, her rows are sorted (:func:`_merge_sorting`).
 SMALL_MAX = 64
 
 
@@ -199,78 +200,9 @@ def _merge_users(n_users, indptrs, starts, items, ratings, part_of, split_of, wa
                         pos += 1
                     i = j
         elif only == -2:
-            pos = _merge_walk(u, n, K, act, m, cur, stop, indptrs, starts, items0, ratings0, items, ratings, n0,
-                              split_of, want, implicit, cap, out_items, out_ratings, out_src, pos)
+            pos = _merge_sorting(u, n, K, indptrs, starts, items0, ratings0, items, ratings, n0, split_of, want,
+                                 implicit, cap, out_items, out_ratings, out_src, pos)
         out_indptr[u + 1] = pos
-    return pos
-
-
-@njit(cache=True, nogil=True)
-def _merge_walk(u, n, K, act, m, cur, stop, indptrs, starts, items0, ratings0, items, ratings, n0, split_of, want,
-                implicit, cap, out_items, out_ratings, out_src, pos):
-    """:func:`merge_rows` for user ``u`` with more than :data:`SMALL_MAX` rows outside her longest source: the ``m``
-    active sources' cursors walked, a run of one source below every other's next item copied in one loop; a run out
-    of item order: :func:`_merge_sorting`. Returns the new ``pos``."""
-    want_src = len(out_src) > 0
-    start, ok = pos, True
-    while m > 0 and ok:
-        item, second, bk = np.int64(1) << 62, np.int64(1) << 62, 0
-        for a in range(m):
-            c = cur[act[a]]
-            x = np.int64(items0[c] if c < n0 else items[c - n0])
-            if x < item:
-                item, second, bk = x, item, act[a]
-            elif x < second:
-                second = x
-        if item < second:  # source bk's run alone up to the next item of another: copied in one loop
-            c, e, prev = cur[bk], stop[bk], item - 1
-            src_items, src_ratings, off = (items0, ratings0, 0) if c < n0 else (items, ratings, n0)
-            emit = split_of[bk] == want
-            while c < e:
-                x = np.int64(src_items[c - off])
-                if x <= prev:
-                    ok = False  # a run out of item order
-                    break
-                if x >= second:
-                    break
-                if emit:
-                    r = src_ratings[c - off]
-                    out_items[pos] = np.int32(x)
-                    out_ratings[pos] = min(r, np.float32(cap)) if implicit and cap > 0 else r
-                    if want_src:
-                        out_src[pos] = c
-                    pos += 1
-                prev, c = x, c + 1
-            cur[bk] = c
-            if c == e:
-                j = 0
-                for a in range(m):
-                    if act[a] != bk:
-                        act[j] = act[a]
-                        j += 1
-                m = j
-            continue
-        total, last, lk = np.float32(0.0), np.int64(-1), 0
-        for a in range(m):
-            k = act[a]
-            c = cur[k]
-            if np.int64(items0[c] if c < n0 else items[c - n0]) == item:
-                total += ratings0[c] if c < n0 else ratings[c - n0]
-                last, lk, cur[k] = c, k, c + 1
-                if c + 1 < stop[k] and np.int64(items0[c + 1] if c + 1 < n0 else items[c + 1 - n0]) <= item:
-                    ok = False  # a run out of item order
-        if split_of[lk] == want:
-            kept = ratings0[last] if last < n0 else ratings[last - n0]
-            pos = _emit(out_items, out_ratings, out_src, pos, item, last, total, kept, implicit, cap)
-        j = 0
-        for a in range(m):  # the exhausted sources dropped, the others kept in ascending order
-            if cur[act[a]] < stop[act[a]]:
-                act[j] = act[a]
-                j += 1
-        m = j
-    if not ok:
-        pos = _merge_sorting(u, n, K, indptrs, starts, items0, ratings0, items, ratings, n0, split_of, want,
-                             implicit, cap, out_items, out_ratings, out_src, start)
     return pos
 
 

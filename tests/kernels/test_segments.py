@@ -40,9 +40,9 @@ def _sources(rng, n_users, n_parts, n_items, shuffled=False, most=5):
 def test_merge_rows_matches_its_reference(seed, implicit, cap):
     rng = np.random.default_rng(seed)
     n_users = 30
-    shuffled = seed in (4, 6)  # runs out of item order: the merge sorts the user's rows instead of walking them
+    shuffled = seed in (4, 6)  # runs out of item order: the merge sorts the user's rows instead of placing them
     # seeds 5 and 6: up to 24 rows a part in 6 to 8 parts, so that some users hold more than SMALL_MAX rows outside
-    # their longest source (the cursors' walk) and others fewer (each placed in the longest source's run)
+    # their longest source (their rows sorted) and others fewer (each placed in the longest source's run)
     parts, most = (int(rng.integers(6, 9)), 24) if seed >= 5 else (int(rng.integers(1, 4)), 5)
     ips, starts, items, ratings, part_of, split_of = _sources(rng, n_users, parts, 300 if seed >= 5 else 12,
                                                               shuffled, most)
@@ -84,8 +84,8 @@ def test_merge_rows_in_place_over_the_base_it_reads(seed, implicit, cap):
 
 
 def test_merge_rows_in_place_keeps_a_user_s_rows_it_sorts():
-    # the last user's base rows out of item order, one segment row: the walk writes before it finds the disorder,
-    # then sorts the user's rows; the base's longest row in the gap keeps them unwritten until read
+    # the last user's base rows out of item order, one segment row: the merge finds the disorder and sorts the
+    # user's rows; the base's longest row in the gap keeps them unwritten until read
     base_items, base_r = np.array([1, 2, 5, 4, 3], np.int32), np.array([1, 2, 5, 4, 3], np.float32)
     ips = np.array([[0, 5], [0, 1]], np.int64)
     starts, part_of, split_of = np.array([0, 5], np.int64), np.array([0, 1], np.int64), np.zeros(2, np.int64)
