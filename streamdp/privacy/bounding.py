@@ -182,9 +182,10 @@ def _row_norms_kernel(indptr, values, out):  # pragma: no cover - numba
 
 @njit(cache=True, nogil=True)
 def _repeat_rows_kernel(indptr, per_row, out):  # pragma: no cover - numba
+    # unsigned: a signed index is checked for wrapping around at each store, which keeps the fill from vectorizing
     for u in range(indptr.shape[0] - 1):
         f = per_row[u]
-        for j in range(indptr[u], indptr[u + 1]):
+        for j in range(np.uint64(indptr[u]), np.uint64(indptr[u + 1])):
             out[j] = f
 
 
