@@ -363,7 +363,7 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
     """
     k = Q.shape[1]
     if irls_iters == 0 and by_rows(Q):
-        _solve_users_rows(indptr, items, resid, Q, ridge, U)
+        _solve_users_rows(indptr, items, resid, Q, ridge, NO, U)
         return
     longest = 0
     for u in range(len(indptr) - 1):
@@ -470,17 +470,19 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
 
 
 @njit(cache=True, nogil=True)
-def _solve_users_rows(indptr, items, resid, Q, ridge, U):
-    """:func:`solve_users_huber` without reweighting where the Gramians come from ``Q``'s rows (:func:`by_rows`:
-    k = 8 and the intercept): :func:`_gram_rows`, :func:`_rows_out` and :func:`_to_lane` written out in the loop
-    over the users, each user's system straight into a free lane, eight solved at a time by
-    :func:`chol_solve_lanes`. The same operations in the same order as :func:`_solve_users_lanes` (a row
-    ``v * 1.0`` there is ``v`` here: exact), so the same bits; without a call per user, each of which passed
-    arrays whose reference counts cost more than the Gramian. One 1M-rating block of the 91M store, one core:
-    its Gramians by calls 4.9 ms, in the loop 2.0 ms; the whole solve 12.6-13.0 ms -> 6.5-6.7 ms."""
-    k = Q.shape[1]
-    Gb = np.empty((k, k, LANES), dtype=np.float64)
-    xb = np.empty((k, LANES), dtype=np.float64)
+def _solve_users_rows(indptr, items, resid, Q, ridge, conf, U):
+    """Users' rows where each Gramian comes from ``Q``'s rows in registers (8 or 9 contiguous columns), without
+    reweighting: :func:`solve_users_huber`'s plain solve at k = 9 (``conf`` false) and :func:`solve_users_conf`'s
+    (``conf``: ``resid`` the confidences, ``w_p = c_p - 1``, ``ridge`` 1). :func:`_gram_rows`, :func:`_rows_out`
+    and :func:`_to_lane` written out in the loop over the users, each user's system straight into a free lane,
+    eight solved at a time by :func:`chol_solve_lanes`: the same operations in the same order as the calls it
+    replaced, so the same bits, without a call per user, each of which passed arrays whose reference counts cost
+    more than the Gramian. One 1M-rating block of the 91M store, one core, k = 9: its Gramians by calls 4.9 ms, in
+    the loop 2.0 ms; the whole solve 12.6-13.0 ms -> 6.5-6.7 ms. A user without ratings gets 0."""
+    d = Q.shape[1]
+    nine = d == 9
+    Gb = np.empty((d, d, LANES), dtype=np.float64)
+    xb = np.empty((d, LANES), dtype=np.float64)
     S = np.empty((10, LANES), dtype=np.float64)
     who = np.empty(LANES, dtype=np.int64)
     nb = ZERO
@@ -488,7 +490,7 @@ def _solve_users_rows(indptr, items, resid, Q, ridge, U):
         s = indptr[u]
         e = indptr[u + 1]
         if e == s:
-            for a in range(k):
+            for a in range(d):
                 U[u, a] = 0.0
             continue
         c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = r = vsplat(0.0)
@@ -498,19 +500,23 @@ def _solve_users_rows(indptr, items, resid, Q, ridge, U):
             j = np.uint64(items[p])
             v = vload(Q, (j,))
             yp = resid[p]
-            c0 = vfma(v, vsplat(Q[j, 0]), c0)
-            c1 = vfma(v, vsplat(Q[j, 1]), c1)
-            c2 = vfma(v, vsplat(Q[j, 2]), c2)
-            c3 = vfma(v, vsplat(Q[j, 3]), c3)
-            c4 = vfma(v, vsplat(Q[j, 4]), c4)
-            c5 = vfma(v, vsplat(Q[j, 5]), c5)
-            c6 = vfma(v, vsplat(Q[j, 6]), c6)
-            c7 = vfma(v, vsplat(Q[j, 7]), c7)
+            w = yp - 1.0 if conf else 1.0
+            vw = vmul(v, vsplat(w))
+            c0 = vfma(vw, vsplat(Q[j, 0]), c0)
+            c1 = vfma(vw, vsplat(Q[j, 1]), c1)
+            c2 = vfma(vw, vsplat(Q[j, 2]), c2)
+            c3 = vfma(vw, vsplat(Q[j, 3]), c3)
+            c4 = vfma(vw, vsplat(Q[j, 4]), c4)
+            c5 = vfma(vw, vsplat(Q[j, 5]), c5)
+            c6 = vfma(vw, vsplat(Q[j, 6]), c6)
+            c7 = vfma(vw, vsplat(Q[j, 7]), c7)
             r = vfma(v, vsplat(yp), r)
-            q8 = np.float64(Q[j, 8])
-            c8 = vfma(v, vsplat(q8), c8)
-            g88 = vfma1(q8, q8, g88)
-            r8 = vfma1(q8, yp, r8)
+            if nine:
+                q8 = np.float64(Q[j, 8])
+                q8w = q8 * w
+                c8 = vfma(v, vsplat(q8w), c8)
+                g88 = vfma1(q8w, q8, g88)
+                r8 = vfma1(q8, yp, r8)
         vstore(S, (0,), c0)
         vstore(S, (1,), c1)
         vstore(S, (2,), c2)
@@ -526,21 +532,22 @@ def _solve_users_rows(indptr, items, resid, Q, ridge, U):
                 Gb[a, b, nb] = S[b, a]
             Gb[a, a, nb] += ridge
             xb[a, nb] = S[9, a]
-        for a in range(8):
-            Gb[8, a, nb] = S[8, a]
-        Gb[8, 8, nb] = g88
-        Gb[8, 8, nb] += ridge
-        xb[8, nb] = r8
+        if nine:
+            for a in range(8):
+                Gb[8, a, nb] = S[8, a]
+            Gb[8, 8, nb] = g88
+            Gb[8, 8, nb] += ridge
+            xb[8, nb] = r8
         who[nb] = u
         nb += 1
         if nb == LANES:
-            chol_solve_lanes(Gb, xb, k)
-            _lanes_to_rows(xb, who, nb, k, U)
+            chol_solve_lanes(Gb, xb, d)
+            _lanes_to_rows(xb, who, nb, d, U)
             nb = ZERO
     if nb > 0:
-        _identity_lanes(Gb, xb, nb, k)
-        chol_solve_lanes(Gb, xb, k)
-        _lanes_to_rows(xb, who, nb, k, U)
+        _identity_lanes(Gb, xb, nb, d)
+        chol_solve_lanes(Gb, xb, d)
+        _lanes_to_rows(xb, who, nb, d, U)
 
 
 @njit(cache=True, nogil=True)
@@ -551,17 +558,20 @@ def solve_users_conf(indptr, items, conf, Q, U):
 
     ``Q`` has ``d <= LANE_D`` columns, float64 or float32; ``U`` float64, written; a user without pairs gets 0.
     Each Gramian and right-hand side from ``Q``'s rows in vector registers at ``d`` of 8 or 9 (rows contiguous:
-    :func:`_gram_rows`, read as float64), else from her tile (:func:`gather_conf`, in ``Q``'s type, and
+    :func:`_solve_users_rows`, read as float64), else from her tile (:func:`gather_conf`, in ``Q``'s type, and
     :func:`gram_lower`); every eighth user the eight systems are solved together (:func:`chol_solve_lanes`). A
     user's row depends on her pairs alone: the same bits whatever the users beside her.
     """
     d = Q.shape[1]
     rows = (d == 8 or d == 9) and Q.strides[1] == Q.itemsize
+    if rows:
+        _solve_users_rows(indptr, items, conf, Q, 1.0, YES, U)
+        return
     longest = 1
     for u in range(len(indptr) - 1):
         longest = max(longest, indptr[u + 1] - indptr[u])
-    T = np.empty((d, 0 if rows else padded(longest)), dtype=Q.dtype)  # a user's tile
-    G, x, S = np.empty((d, d)), np.empty(d), np.empty((10, LANES))  # her system, _gram_rows' scratch
+    T = np.empty((d, padded(longest)), dtype=Q.dtype)  # a user's tile
+    G, x = np.empty((d, d)), np.empty(d)  # her system
     Gb, xb, who = np.empty((d, d, LANES)), np.empty((d, LANES)), np.empty(LANES, np.int64)  # the group's lanes
     nb = ZERO  # int64, not Literal[int](0): see ZERO
     for u in range(len(indptr) - 1):
@@ -569,15 +579,12 @@ def solve_users_conf(indptr, items, conf, Q, U):
         U[u, :] = 0.0  # a user without pairs; the others' rows are written by their group
         if e == s:
             continue
-        if rows:
-            _gram_rows(items, conf, s, e, Q, True, S, G, x)
-        else:
-            gather_conf(Q, items, conf, s, e - s, T, x)
-            m = padded(e - s)
-            for a in range(d):
-                for i in range(e - s, m):
-                    T[a, i] = 0.0
-            gram_lower(T, T, m, d, G)
+        gather_conf(Q, items, conf, s, e - s, T, x)
+        m = padded(e - s)
+        for a in range(d):
+            for i in range(e - s, m):
+                T[a, i] = 0.0
+        gram_lower(T, T, m, d, G)
         _to_lane(G, x, 1.0, Gb, xb, nb, d)
         who[nb] = u
         nb += 1
