@@ -362,8 +362,8 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
     kernel (and across CPUs with other vector widths) the rows agree to about ``1e-13`` relative.
     """
     k = Q.shape[1]
-    if irls_iters == 0 and by_rows(Q):
-        _solve_users_rows(indptr, items, resid, Q, ridge, NO, U)
+    if by_rows(Q):
+        _solve_users_rows(indptr, items, resid, Q, ridge, NO, irls_iters, delta, U)
         return
     longest = 0
     for u in range(len(indptr) - 1):
@@ -470,7 +470,7 @@ def _solve_users_lanes(indptr, items, resid, Q, ridge, irls_iters, delta, U, cap
 
 
 @njit(cache=True, nogil=True)
-def _solve_users_rows(indptr, items, resid, Q, ridge, conf, U):
+def _solve_users_rows(indptr, items, resid, Q, ridge, conf, irls_iters, delta, U):
     """Users' rows where each Gramian comes from ``Q``'s rows in registers (8 or 9 contiguous columns), without
     reweighting: :func:`solve_users_huber`'s plain solve at k = 9 (``conf`` false) and :func:`solve_users_conf`'s
     (``conf``: ``resid`` the confidences, ``w_p = c_p - 1``, ``ridge`` 1). :func:`_gram_rows`, :func:`_rows_out`
@@ -478,13 +478,16 @@ def _solve_users_rows(indptr, items, resid, Q, ridge, conf, U):
     eight solved at a time by :func:`chol_solve_lanes`: the same operations in the same order as the calls it
     replaced, so the same bits, without a call per user, each of which passed arrays whose reference counts cost
     more than the Gramian. One 1M-rating block of the 91M store, one core, k = 9: its Gramians by calls 4.9 ms, in
-    the loop 2.0 ms; the whole solve 12.6-13.0 ms -> 6.5-6.7 ms. A user without ratings gets 0."""
+    the loop 2.0 ms; the whole solve 12.6-13.0 ms -> 6.5-6.7 ms. A user without ratings gets 0. With
+    ``irls_iters`` (k = 9), each full group is solved and reweighted by :func:`_rows_group` (one call per eight
+    users, as :func:`_solve_lanes` and :func:`_weighted_rows9` did it)."""
     d = Q.shape[1]
     nine = d == 9
     Gb = np.empty((d, d, LANES), dtype=np.float64)
     xb = np.empty((d, LANES), dtype=np.float64)
     S = np.empty((10, LANES), dtype=np.float64)
     who = np.empty(LANES, dtype=np.int64)
+    se = np.empty((LANES, 2), dtype=np.int64)
     nb = ZERO
     for u in range(len(indptr) - 1):
         s = indptr[u]
@@ -539,15 +542,81 @@ def _solve_users_rows(indptr, items, resid, Q, ridge, conf, U):
             Gb[8, 8, nb] += ridge
             xb[8, nb] = r8
         who[nb] = u
+        se[nb, 0], se[nb, 1] = s, e
         nb += 1
         if nb == LANES:
-            chol_solve_lanes(Gb, xb, d)
-            _lanes_to_rows(xb, who, nb, d, U)
+            _rows_group(Gb, xb, S, who, se, nb, items, resid, Q, ridge, irls_iters, delta, U)
             nb = ZERO
     if nb > 0:
-        _identity_lanes(Gb, xb, nb, d)
+        _rows_group(Gb, xb, S, who, se, nb, items, resid, Q, ridge, irls_iters, delta, U)
+
+
+@njit(cache=True, nogil=True)
+def _rows_group(Gb, xb, S, who, se, nb, items, resid, Q, ridge, irls_iters, delta, U):
+    """:func:`_solve_users_rows`' group of ``nb`` users waiting in lanes: solved (free lanes the identity), then
+    ``irls_iters`` times each user's system reweighted from ``Q``'s rows (her ratings ``se[g, 0] .. se[g, 1]``:
+    :func:`_weighted_rows9`'s arithmetic, written out) and solved again; written to ``U[who[g]]``."""
+    d = Q.shape[1]
+    _identity_lanes(Gb, xb, nb, d)
+    chol_solve_lanes(Gb, xb, d)
+    for it in range(irls_iters):
+        for g in range(nb):
+            x0, x1, x2, x3, x4 = xb[0, g], xb[1, g], xb[2, g], xb[3, g], xb[4, g]
+            x5, x6, x7, x8 = xb[5, g], xb[6, g], xb[7, g], xb[8, g]
+            c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = r = vsplat(0.0)
+            g88 = 0.0
+            r8 = 0.0
+            for p in range(se[g, 0], se[g, 1]):
+                j = np.uint64(items[p])
+                yp = resid[p]
+                q0, q1, q2, q3, q4 = Q[j, 0], Q[j, 1], Q[j, 2], Q[j, 3], Q[j, 4]
+                q5, q6, q7, q8 = Q[j, 5], Q[j, 6], Q[j, 7], Q[j, 8]
+                t = vfma1(-x0, q0, yp)
+                t = vfma1(-x1, q1, t)
+                t = vfma1(-x2, q2, t)
+                t = vfma1(-x3, q3, t)
+                t = vfma1(-x4, q4, t)
+                t = vfma1(-x5, q5, t)
+                t = vfma1(-x6, q6, t)
+                t = vfma1(-x7, q7, t)
+                t = abs(vfma1(-x8, q8, t))
+                w = min(1.0, delta / max(t, 1e-300))
+                v = vmul(vload(Q, (j,)), vsplat(w))
+                c0 = vfma(v, vsplat(q0), c0)
+                c1 = vfma(v, vsplat(q1), c1)
+                c2 = vfma(v, vsplat(q2), c2)
+                c3 = vfma(v, vsplat(q3), c3)
+                c4 = vfma(v, vsplat(q4), c4)
+                c5 = vfma(v, vsplat(q5), c5)
+                c6 = vfma(v, vsplat(q6), c6)
+                c7 = vfma(v, vsplat(q7), c7)
+                q8w = q8 * w
+                c8 = vfma(vload(Q, (j,)), vsplat(q8w), c8)
+                r = vfma(v, vsplat(yp), r)
+                g88 = vfma1(q8w, q8, g88)
+                r8 = vfma1(q8w, yp, r8)
+            vstore(S, (0,), c0)
+            vstore(S, (1,), c1)
+            vstore(S, (2,), c2)
+            vstore(S, (3,), c3)
+            vstore(S, (4,), c4)
+            vstore(S, (5,), c5)
+            vstore(S, (6,), c6)
+            vstore(S, (7,), c7)
+            vstore(S, (8,), c8)
+            vstore(S, (9,), r)
+            for a in range(8):
+                for b in range(a + 1):
+                    Gb[a, b, g] = S[b, a]
+                Gb[a, a, g] += ridge
+                xb[a, g] = S[9, a]
+            for a in range(8):
+                Gb[8, a, g] = S[8, a]
+            Gb[8, 8, g] = g88
+            Gb[8, 8, g] += ridge
+            xb[8, g] = r8
         chol_solve_lanes(Gb, xb, d)
-        _lanes_to_rows(xb, who, nb, d, U)
+    _lanes_to_rows(xb, who, nb, d, U)
 
 
 @njit(cache=True, nogil=True)
@@ -565,7 +634,7 @@ def solve_users_conf(indptr, items, conf, Q, U):
     d = Q.shape[1]
     rows = (d == 8 or d == 9) and Q.strides[1] == Q.itemsize
     if rows:
-        _solve_users_rows(indptr, items, conf, Q, 1.0, YES, U)
+        _solve_users_rows(indptr, items, conf, Q, 1.0, YES, ZERO, 0.0, U)
         return
     longest = 1
     for u in range(len(indptr) - 1):

@@ -121,10 +121,11 @@ def test_a_users_row_is_hers_alone_bit_for_bit(k, iters):
     assert not U[[2, 9]].any()
 
 
-def test_the_plain_solve_from_rows_is_the_lanes_solve_bit_for_bit():
-    """At k = 9 without reweighting, :func:`solve_users_huber` runs its own loop (``_solve_users_rows``: no call per
-    user): the same rows bit for bit as the general lanes' loop it replaced there, users without ratings and a
-    last group of fewer than eight lanes included."""
+@pytest.mark.parametrize("iters", [0, 2])
+def test_the_solve_from_rows_is_the_lanes_solve_bit_for_bit(iters):
+    """At k = 9, :func:`solve_users_huber` runs its own loop (``_solve_users_rows``: no call per user, a call per
+    group of eight for the reweighting): the same rows bit for bit as the general lanes' loop it replaced there,
+    users without ratings and a last group of fewer than eight lanes included."""
     from streamdp.kernels.linalg import _solve_users_lanes, padded
 
     for seed, n_users in ((0, 61), (1, 8), (2, 3)):
@@ -136,8 +137,9 @@ def test_the_plain_solve_from_rows_is_the_lanes_solve_bit_for_bit():
         v = rng.normal(0, 1.0, ip[-1])
         Q = np.ascontiguousarray(np.hstack([rng.normal(0, 0.5, (200, 8)), np.ones((200, 1))]))
         fast, lanes = np.full((n_users, 9), np.nan), np.full((n_users, 9), np.nan)
-        solve_users_huber(ip, it, v, Q, 0.7, 0, 1.0, fast)
-        _solve_users_lanes(ip, it, v, Q, 0.7, 0, 1.0, lanes, padded(max(int(cnt.max()), 1)))
+        v[::9] *= 6.0  # residuals past delta: reweighted
+        solve_users_huber(ip, it, v, Q, 0.7, iters, 1.0, fast)
+        _solve_users_lanes(ip, it, v, Q, 0.7, iters, 1.0, lanes, padded(max(int(cnt.max()), 1)))
         assert np.array_equal(fast, lanes) and not fast[cnt == 0].any()
 
 
