@@ -351,7 +351,8 @@ def solve_users_huber(indptr, items, resid, Q, ridge, irls_iters, delta, U):
     a multiple of :data:`TILE_PAD` ratings (:func:`_gather_tile`); the Gramian is a small dense product
     on it (:func:`gram_lower`), the ridge added to its diagonal afterwards. At ``k = 9``
     (k = 8 and the intercept) the Gramians come from ``Q``'s rows instead, in vector
-    registers, without a tile (:func:`_gram_rows`, :func:`_weighted_rows9`). Up to
+    registers, without a tile, in one loop with no call per user (:func:`_solve_users_rows`;
+    the reweighting per group of eight, :func:`_rows_group`). Up to
     :data:`LANE_D` columns, eight users' systems are then solved together
     (:func:`chol_solve_lanes`, reweighted together too); above, each by
     :func:`cholesky_lower`. Measured (``bench/roofline.py``, one core) against the
