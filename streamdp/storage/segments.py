@@ -98,6 +98,21 @@ def _part(owner: RatingStore, path: str, group: zarr.Group, attrs: dict) -> Rati
     return p
 
 
+def _sparse_rows(indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A block's row pointers as what a kept block holds: the users with rows (int32) and their counts (int32)."""
+    c = np.diff(indptr)
+    rows = np.flatnonzero(c)
+    return rows.astype(np.int32), c[rows].astype(np.int32)
+
+
+def _full_indptr(rows: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
+    """The ``n + 1`` row pointers of :func:`_sparse_rows`' ``(rows, counts)``."""
+    ip = np.zeros(n + 1, np.int64)
+    ip[rows.astype(np.int64) + 1] = counts
+    np.cumsum(ip, out=ip)
+    return ip
+
+
 def become_segmented(st: RatingStore) -> None:
     """Turn the opened ``st`` (whose attributes list segments) into a :class:`SegmentedStore`: its parts are
     opened from the segment list read once, here."""
@@ -188,22 +203,17 @@ class SegmentedStore(RatingStore):
         p = self.parts[i]
         if got is None:
             blk, ok = read(p, b, s)
-            c = np.diff(blk.indptr)
-            rows = np.flatnonzero(c)
-            self._kept[(i, b, s)] = (len(c), rows.astype(np.int32), c[rows].astype(np.int32), blk.items, blk.ratings)
+            self._kept[(i, b, s)] = (len(blk.indptr) - 1, *_sparse_rows(blk.indptr), blk.items, blk.ratings)
             return blk, ok
         n, rows, counts, items, ratings = got
-        ip = np.zeros(n + 1, np.int64)
-        ip[rows.astype(np.int64) + 1] = counts
-        np.cumsum(ip, out=ip)
-        return Block(p.block_range(b)[0], ip, items, ratings), True
+        return Block(p.block_range(b)[0], _full_indptr(rows, counts, n), items, ratings), True
 
     def _premerged(self, b: int, read) -> list:
         """Every segment's rows of block ``b`` merged among themselves, once, then kept: a source per split (as
         :meth:`_sources` gives them, all of part 1), each pair once, of its latest segment and in that segment's
         split. A read then merges the base with these two instead of with every segment's two: on an 11-part
         store the per-user walk of 12 sources and the rebuilding of each kept segment's rows, every pass, were half
-        a segmented pass's extra time. Only where every segment is kept (:data:`CACHE_BYTES`) and the store is
+        a segmented pass's extra time. Only where the segments fit in :data:`PREMERGED_BYTES` and the store is
         explicit (:attr:`_premerge`): a pair's rating is then its latest part's whichever way the parts are
         grouped, so the merged block is the same bit for bit (an implicit store sums a pair's values, whose
         rounding depends on the order they are added in)."""
@@ -214,18 +224,10 @@ class SegmentedStore(RatingStore):
             got = []
             for s in (s for s in SPLITS if self.base._has(s)):
                 blk = self._merge(b, src, s)[0]
-                c = np.diff(blk.indptr)
-                rows = np.flatnonzero(c)
-                got.append((SPLITS.index(s), rows.astype(np.int32), c[rows].astype(np.int32), blk.items.copy(),
-                            blk.ratings.copy()))
+                got.append((SPLITS.index(s), *_sparse_rows(blk.indptr), blk.items.copy(), blk.ratings.copy()))
             self._kept[("merged", b)] = got
-        out = []
-        for s, rows, counts, items, ratings in got:
-            ip = np.zeros(end - first + 1, np.int64)
-            ip[rows.astype(np.int64) + 1] = counts
-            np.cumsum(ip, out=ip)
-            out.append((1, s, ip, items, ratings, True))
-        return out
+        return [(1, s, _full_indptr(rows, counts, end - first), items, ratings, True)
+                for s, rows, counts, items, ratings in got]
 
     def _needed(self, part: int, b: int, split: str, want: str) -> bool:
         """Whether a merge of split ``want`` of block ``b`` needs ``part``'s rows of ``split``: its own split's, and
