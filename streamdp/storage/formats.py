@@ -109,9 +109,9 @@ def to_numpy(a, fill=None) -> np.ndarray:
             return parts[0]
         return np.concatenate(parts) if parts else np.empty(0, _FIXED.get(a.type, object))
     dt = _FIXED.get(a.type)
-    if a.null_count == 0 and pa.types.is_boolean(a.type):
+    if a.null_count == 0 and pa.types.is_boolean(a.type) and a.buffers()[1] is not None:
         return _bits(a.buffers()[1], a.offset, len(a))
-    if dt is None or (a.null_count and fill is None):
+    if dt is None or (a.null_count and fill is None) or a.buffers()[1] is None:
         return a.to_numpy(zero_copy_only=False)
     v = np.frombuffer(a.buffers()[1], dt, count=len(a), offset=a.offset * np.dtype(dt).itemsize)
     if a.null_count:
