@@ -560,6 +560,9 @@ def _rows_group(Gb, xb, S, who, se, nb, items, resid, Q, ridge, irls_iters, delt
     d = Q.shape[1]
     _identity_lanes(Gb, xb, nb, d)
     chol_solve_lanes(Gb, xb, d)
+    if irls_iters is None:  # solve_users_conf's: pruned when compiled, so that it never compiles the reweighting
+        _lanes_to_rows(xb, who, nb, d, U)
+        return
     for it in range(irls_iters):
         for g in range(nb):
             x0, x1, x2, x3, x4 = xb[0, g], xb[1, g], xb[2, g], xb[3, g], xb[4, g]
@@ -635,7 +638,7 @@ def solve_users_conf(indptr, items, conf, Q, U):
     d = Q.shape[1]
     rows = (d == 8 or d == 9) and Q.strides[1] == Q.itemsize
     if rows:
-        _solve_users_rows(indptr, items, conf, Q, 1.0, YES, ZERO, 0.0, U)
+        _solve_users_rows(indptr, items, conf, Q, 1.0, YES, None, 0.0, U)
         return
     longest = 1
     for u in range(len(indptr) - 1):
