@@ -797,10 +797,11 @@ class _AlsBase(Method):
             V, Cw = ck["V"].copy(), ck["Cw"].copy()
             history = []  # exact counts are never written to a checkpoint (a --checkpoint directory is released)
             bias0, S1 = ck["bias0"].copy(), ck["S1"].copy()
+            exact = None  # the statistics' exact sums are not in it either: a second release sums them again
             if "choice" in ck:
                 chosen = {"choice": ck["choice"].copy(), "choice_losses": ck["choice_losses"].copy()}
         else:
-            mu, bias, C, S1 = self._statistics(store, engine, run, s, rel)
+            mu, bias, C, S1, exact = self._statistics(store, engine, run, s, rel)
             keep = _top_items(C, s.item_frac)
             # the cold draw always (an item new to a warm start keeps its cold row), the model's rows over it
             V = initial_factors(run.rng(_INIT, 0).standard_normal((n, k)), self.warm)
@@ -865,7 +866,8 @@ class _AlsBase(Method):
             return self._refit(store, engine, s, choice) if refit else choice
         if gated_out():
             # the factors lost: the rest of the iterations' budget buys a second release of the item statistics
-            bias, C, plan = self._restatistics(store, engine, run, plan, S1, C, bias0, mu, self._tilts(s, mu))
+            bias, C, plan = self._restatistics(store, engine, run, plan, S1, C, bias0, mu, self._tilts(s, mu),
+                                               exact=exact)
             keep = _top_items(C, s.item_frac)
         return self._fitted(store, plan, run, V, bias, mu, C, keep, history, choice)
 
@@ -971,10 +973,12 @@ class _AlsBase(Method):
             S, C, Tm, Um, Ct = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics",
                                                       centre=centre)
             mu = self._mean_of(s, rel, Tm, Um, run.rng(_STATS, 2))
+            exact = None  # centred on the earlier model's mean: not what a second release sums (the new mean)
         else:
             mu = self._global_mean(store, engine, run, s, rel, run.rng(_STATS, 2)) if s.single_residual else None
             S, C, Tm, Um, Ct = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics",
                                                       centre=mu)
+            exact = (S, C, Ct)
         sigma_S = sigma_C = 0.0
         noise_C = 0.0
         if self.private:
@@ -987,7 +991,7 @@ class _AlsBase(Method):
         # the counts' sensitivity, so the release is the planned one either way)
         C = (Ct if self._tilts(s, mu) else C) + noise_C
         bias = item_biases(S, C, sigma_S, h, sigma_C=sigma_C, clip=s.bias_clip)
-        return mu, bias, C, S
+        return mu, bias, C, S, exact
 
     def _warm_centre(self, s) -> float | None:
         """The centre of a one-rating user's residual in a ``--warm-start`` run's statistics pass: the earlier model's
@@ -1119,19 +1123,28 @@ class _AlsBase(Method):
         return sums2, counts2, Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases],
                                     settings=s, bounds=plan.bounds, releases=rel)
 
-    def _restatistics(self, store, engine, run, plan: Plan, S1, C1, bias0, mu: float, tilted: bool = False):
+    def _restatistics(self, store, engine, run, plan: Plan, S1, C1, bias0, mu: float, tilted: bool = False,
+                      exact=None):
         """A gated run whose factors lost: second item statistics, combined with the first by their noise
         (``tilted``: the first weight totals were the ``--rating-tilt`` ones, and so are the second; ``mu``: the
         released global mean, a one-rating user's centre as in the first).
 
-        Returns ``(item biases, weight totals, the Plan of what was spent)``.
+        ``exact``: the first release's exact ``(item sums, weight totals, tilted weight totals)``, which are the
+        second's too (the same ratings, weights and centre: a pass of its own summed them again, the same bits), or
+        ``None`` (a warm start's first sums were centred on the earlier model's mean; a run resumed from a
+        checkpoint keeps only what was released): then a pass sums them. The second release adds its own noise to
+        them either way. Returns ``(item biases, weight totals, the Plan of what was spent)``.
         """
         s, rel = plan.settings, plan.releases
         if s.gate_after >= s.iters:  # nothing left to spend
             return bias0, C1, plan
         sums2, counts2, spent = self._gated_releases(plan)
-        S, C, _, _, Ct = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics (second release)",
-                                                centre=mu if s.single_residual else None)
+        if exact is not None:
+            S, C, Ct = exact
+        else:
+            S, C, _, _, Ct = self._statistic_totals(store, engine, run, s,
+                                                    desc=f"{self.name} statistics (second release)",
+                                                    centre=mu if s.single_residual else None)
         C = Ct if tilted else C
         g = run.rng(_STATS, 1)
         S2, C2 = sums2.add(S, g), counts2.add(C, g)

@@ -197,6 +197,31 @@ def test_gated_run_whose_factors_lose_spends_the_rest_on_the_statistics(jokes_st
     assert gated.summary["test_rmse"] <= biases.summary["test_rmse"] + 0.015
 
 
+def test_the_second_release_adds_its_noise_to_the_first_pass_sums(jokes_store, monkeypatch):
+    """The second release sums what the first statistics pass summed (the same ratings, weights and centre): it
+    takes those exact sums instead of a pass of its own, and the model is the one the pass gave, bit for bit."""
+    from streamdp.methods.als import ALS
+    from streamdp.stream.engine import Engine
+
+    seen, orig = [], Engine.map_reduce
+
+    def spy(self, *a, desc="pass", **k):
+        seen.append(desc)
+        return orig(self, *a, desc=desc, **k)
+
+    monkeypatch.setattr(Engine, "map_reduce", spy)
+    reused = streamdp.train(jokes_store, epsilon=2.0, seed=0)
+    assert not reused.info["factors_released"]
+    assert not [d for d in seen if "second release" in d] and sum("statistics" in d for d in seen) == 1
+    stats = ALS._statistics
+    monkeypatch.setattr(ALS, "_statistics", lambda *a, **k: stats(*a, **k)[:4] + (None,))  # as if resumed
+    seen.clear()
+    summed = streamdp.train(jokes_store, epsilon=2.0, seed=0)
+    assert [d for d in seen if "second release" in d]
+    assert np.array_equal(reused.item_bias, summed.item_bias) and reused.global_mean == summed.global_mean
+    assert np.array_equal(reused.extras["noisy_item_weight"], summed.extras["noisy_item_weight"])
+
+
 @pytest.mark.parametrize("store, epsilon, wins", [("small_store", 20.0, True), ("jokes_store", 2.0, False)])
 def test_choice_riding_the_next_iteration_is_the_two_passes_bit_for_bit(store, epsilon, wins, request, monkeypatch):
     """The gate's one pass (the choice and iteration gate + 1's sums) releases what the two passes did: the factors
