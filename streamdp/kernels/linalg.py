@@ -1058,6 +1058,7 @@ def _selection_lanes(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
      who) = _selection_scratch(indptr, v, Q, kinds, lams, False)
     q0 = nb = 0
     written = rows and need[0] and not tiles
+    T1w = T1b.reshape((1, len(T1b)))  # the biases' tile, a view made once: its first m columns are her tile
     for u in range(len(indptr) - 1):
         if v[u] > 0 and written:
             s = indptr[u]
@@ -1140,10 +1141,9 @@ def _selection_lanes(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
                     T1b[t] = 0.0
                     for kk in range(1, 3):
                         y[kk, t] = 0.0
-                T1 = T1b[:m].reshape((1, m))
                 for kk in range(1, 3):
                     if need[kk]:
-                        _gram_rhs(T1, T1, y[kk], m, 1, GB[kk, nb], XB[kk, nb])
+                        _gram_rhs(T1w, T1w, y[kk], m, 1, GB[kk, nb], XB[kk, nb])
             q0 += v[u]
             nb += 1
         elif v[u] > 0:
