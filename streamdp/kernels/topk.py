@@ -131,8 +131,12 @@ def topn_rescore(S, rows, indptr, items, U, QT, base, tiekey, margin, out_items,
             out_scores[u, a] = bscore[a]
 
 
-#: Bytes of one float32 score tile of :func:`topn_blocked` (users x items).
-TILE_BYTES = 2 << 20
+#: Bytes of one float32 score tile of :func:`topn_blocked` (users x items). Each tile's sgemm packs the whole item
+#: side ``[Q, mu + b]`` again, so a tile of few users pays that copy more than its products: at 20,000 items and
+#: k = 64 (one core, a quarter of a 20k-user block's users), 2 MiB (26 users a tile) 0.94-0.99 s, where OpenBLAS's
+#: packing took twice its kernel's time in a profile; 4 MiB 0.71-0.85 s, 8 MiB 0.60-0.65 s, 12 MiB 0.57-0.64 s,
+#: 32 MiB 0.73-0.76 s (the tile no longer in the cache).
+TILE_BYTES = 8 << 20
 
 
 def topn_prepare(Q, item_bias, global_mean):
