@@ -80,6 +80,34 @@ def vload(typingctx, arr, idx):
 
 
 @intrinsic
+def prefetch_row(typingctx, arr, j):
+    """Ask for every 64-byte line of row ``j`` of the 2-D C-contiguous ``arr`` to be fetched into the caches
+    (``llvm.prefetch``, a read, kept in every level): a hint, no effect on any result (``j`` in range: the caller's
+    to ensure). For a loop whose rows of a table too large for the core's cache come in an order it knows ahead:
+    the loads of a later step are asked for while this one computes."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C" and isinstance(j, types.Integer)):
+        raise TypeError(f"prefetch_row of a 2-D C-contiguous array by an integer row, not {arr}, {j}")
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        row = context.cast(builder, args[1], sig.args[1], types.intp)
+        p = cgutils.get_item_pointer(context, builder, aryty, ary, [row, context.get_constant(types.intp, 0)])
+        byte = ir.IntType(8).as_pointer()
+        base = builder.bitcast(p, byte)
+        width = builder.mul(cgutils.unpack_tuple(builder, ary.shape, 2)[1],
+                            context.get_constant(types.intp, context.get_abi_sizeof(context.get_data_type(aryty.dtype))))
+        i32 = ir.IntType(32)
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
+                                           "llvm.prefetch.p0")
+        with cgutils.for_range_slice(builder, context.get_constant(types.intp, 0), width,
+                                     context.get_constant(types.intp, 64)) as (off, _):
+            builder.call(f, [builder.gep(base, [off]), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.void(arr, j), codegen
+
+
+@intrinsic
 def vstore(typingctx, arr, idx, v):
     """``arr[*idx, 0:8] = v``."""
     _check_array(arr, idx)
