@@ -18,6 +18,7 @@ Used by :func:`streamdp.kernels.linalg.chol_solve_lanes` (eight users' Cholesky 
 
 from __future__ import annotations
 
+import llvmlite.binding as _llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -79,6 +80,11 @@ def vload(typingctx, arr, idx):
     return f64x8(arr, idx), codegen
 
 
+#: ``llvm.prefetch``'s name as this LLVM mangles its pointer argument: opaque pointers (``p0``) from LLVM 15 on, an
+#: ``i8*`` (``p0i8``) before (numba 0.60's LLVM 14).
+_PREFETCH = "llvm.prefetch.p0" if _llvm.llvm_version_info[0] >= 15 else "llvm.prefetch.p0i8"
+
+
 @intrinsic
 def prefetch_row(typingctx, arr, j):
     """Ask for every 64-byte line of row ``j`` of the 2-D C-contiguous ``arr`` to be fetched into the caches
@@ -99,7 +105,7 @@ def prefetch_row(typingctx, arr, j):
                             context.get_constant(types.intp, context.get_abi_sizeof(context.get_data_type(aryty.dtype))))
         i32 = ir.IntType(32)
         f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
-                                           "llvm.prefetch.p0")
+                                           _PREFETCH)
         with cgutils.for_range_slice(builder, context.get_constant(types.intp, 0), width,
                                      context.get_constant(types.intp, 64)) as (off, _):
             builder.call(f, [builder.gep(base, [off]), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
