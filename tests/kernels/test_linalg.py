@@ -203,6 +203,8 @@ def test_selection_losses_are_the_numpy_forms_bit_for_bit(irls_iters, k):
     n_users, n_items = 300, 40
     cnt = rng.integers(0, 30, n_users)
     cnt[:5] = [0, 1, 2, 3, 1]
+    cnt[5:15] = rng.integers(40, 150, 10)  # long enough for the reassociated sums' vector loops (32 and more)
+    n_items = max(n_items, int(cnt.max()))
     ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
     it = np.concatenate([np.sort(rng.choice(n_items, c, replace=False)) for c in cnt]).astype(np.int32)
     r = rng.integers(0, 7, len(it)).astype(np.float32)  # outside the range [1, 5] on both sides: clipped
