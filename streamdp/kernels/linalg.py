@@ -701,11 +701,32 @@ def _first_system(items, resid, s, e, Q, rows, T, y, m, G, x, S):
     """A user's unweighted Gramian (lower triangle) and right-hand side into ``G``, ``x``: from ``Q``'s rows
     ``items[s:e]`` and ``resid[s:e]`` where ``rows`` (:func:`by_rows`, :func:`_gram_rows`; ``S`` its
     ``(10, LANES)`` scratch), else from her gathered tile ``T`` and ``y`` (``m`` padded columns, :func:`_gram_rhs`).
-    Every caller forms it here, so a row is the same bits in the training, the local solve and the selection."""
+    Every caller forms it here, so a row is the same bits in the training, the local solve and the selection. A
+    one-column design (the biases' intercept) is summed in order (:func:`_column_system`)."""
     if rows:
         _gram_rows(items, resid, s, e, Q, False, S, G, x)
+    elif T.shape[0] == 1:
+        _column_system(T, y, m, G, x)
     else:
         _gram_rhs(T, T, y, m, T.shape[0], G, x)
+
+
+@njit(cache=True, nogil=True)
+def _column_system(T, y, m, G, x):
+    """:func:`_gram_rhs` of a one-column tile ``T`` (``(1, >= m)``): ``G[0, 0] = sum_i t_i^2``, ``x[0] = sum_i t_i
+    y_i``, summed in order, neither reassociated nor fused. :func:`_gram_rhs` reassociates its sums so that they
+    vectorize, and the order LLVM then picks depends on the code around it where it is inlined, which is not the
+    same in the selection's loop and in the solve (and a callee loaded from Numba's cache is not inlined at all):
+    on a 1M-rating block the selection's biases' losses came 2e-15 apart between two builds of the same code. In
+    order, every caller gets the same bits; at one column there is nothing to vectorize."""
+    g = 0.0
+    r = 0.0
+    for i in range(m):
+        t = T[0, i]
+        g += t * t
+        r += t * y[i]
+    G[0, 0] = g
+    x[0] = r
 
 
 @njit(cache=True, nogil=True)
@@ -1047,8 +1068,8 @@ def _selection_lanes(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
     :func:`_user_systems`: :func:`_holdout_tiles`' residuals, and :func:`_gram_rows`' sums in her training ratings'
     order, straight into her lane, the same operations in the same order, so the same bits. Each of the calls it
     replaces passed two dozen arrays, whose reference counts cost more than her Gramian (:func:`_solve_users_rows`).
-    Her biases' systems still go through :func:`_gram_rhs`, the function :func:`solve_users_huber` forms them by,
-    whose sums are reassociated: the same function, the same bits. Her held-out offsets are sorted first (a few,
+    Her biases' systems go through :func:`_column_system`, as :func:`_first_system` forms every one-column
+    system (:func:`solve_users_huber`'s too): summed in order, the same bits whatever the code around it. Her held-out offsets are sorted first (a few,
     by insertion), so that the loop over her ratings compares each with the next one only (each compared with all
     of them was a vectorized loop per rating). Indices into the block unsigned (:mod:`streamdp.kernels.segments`).
     One 1M-rating block of the 91M store (21k users), k = 8, the default five candidates, one core: 28.5-32 ms ->
@@ -1143,7 +1164,7 @@ def _selection_lanes(indptr, items, ratings, v, start, lo, hi, mu, Q, biases, ki
                         y[kk, t] = 0.0
                 for kk in range(1, 3):
                     if need[kk]:
-                        _gram_rhs(T1w, T1w, y[kk], m, 1, GB[kk, nb], XB[kk, nb])
+                        _column_system(T1w, y[kk], m, GB[kk, nb], XB[kk, nb])
             q0 += v[u]
             nb += 1
         elif v[u] > 0:
