@@ -36,7 +36,7 @@ from streamdp.privacy.calibration import calibrate_gaussian
 from streamdp.privacy.release import Release
 
 __all__ = ["EDGES", "PROFILE_SHARE", "UserProfile", "exact_histogram", "profile_release", "user_profile",
-           "effective_users", "mean_weight_cap", "MEANS_PROFILE_SHARE"]
+           "effective_users", "mean_weight_cap", "MEANS_PROFILE_SHARE", "ONE_RATING_NOISE"]
 
 #: Lower edges of the bins of training ratings per user (the last bin is open): half octaves.
 EDGES = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
@@ -47,6 +47,9 @@ PROFILE_SHARE = 0.01
 #: on stores of a few hundred users (its noise std there is about 42 users per bin at epsilon 1; 19 at 5%).
 MEANS_PROFILE_SHARE = 0.05
 WHAT = "histogram of training ratings per user (public half-octave bins; one user, one bin)"
+#: A released bin "holds users" when its noisy count exceeds this many noise standard deviations (the serving
+#: layer's one-rating share reads a released ``user_profile`` with the same rule).
+ONE_RATING_NOISE = 2.0
 
 
 def exact_histogram(store, split: str = "train") -> np.ndarray:
@@ -87,11 +90,28 @@ class UserProfile:
     def to_dict(self) -> dict:
         """The released histogram (for ``model.json``): bin lower edges and noisy counts."""
         return {"bin_lower_edges": EDGES.tolist(), "users": [round(float(x), 3) for x in self.counts],
-                "noise_std": self.release.scale if self.release.mechanism == "gaussian" else
-                math.sqrt(2.0) * self.release.scale}
+                "noise_std": self.noise_std()}
 
     def effective_users(self, rank: int) -> float:
         return effective_users(self.counts, rank)
+
+    def noise_std(self) -> float:
+        """The standard deviation of each bin's noise (0 for an exact histogram)."""
+        rel = self.release
+        return float(rel.scale if rel.mechanism == "gaussian" else math.sqrt(2.0) * rel.scale)
+
+    def has_one_rating_users(self) -> bool:
+        """Whether the first bin (users with one training rating) clears :data:`ONE_RATING_NOISE` times its noise.
+
+        Post-processing of the release. An exact histogram (non-private) says so when any user has one rating.
+
+        >>> rel = Release(WHAT, "gaussian", 1.0, 10.0, shape=(len(EDGES),))
+        >>> UserProfile(np.r_[25.0, np.zeros(len(EDGES) - 1)], rel).has_one_rating_users()
+        True
+        >>> UserProfile(np.r_[15.0, np.full(len(EDGES) - 1, 900.0)], rel).has_one_rating_users()
+        False
+        """
+        return bool(self.counts[0] > ONE_RATING_NOISE * self.noise_std())
 
 
 def user_profile(store, mechanism: str, epsilon: float, delta: float, rng: np.random.Generator,

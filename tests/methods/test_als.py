@@ -443,3 +443,41 @@ def test_biases_only_count_share_ramps_down_where_the_sums_are_noise(small_store
     assert share(0.05) == pytest.approx(0.3)  # q 0.375, half way
     assert share(0.08) == 0.4  # q 0.6
     assert share(0.05, count_share=0.35) == 0.35
+
+
+def test_the_global_mean_rides_the_statistics_pass_where_no_user_has_one_rating(tmp_path, monkeypatch):
+    """The released profile finds no user with one training rating: the mean's totals are summed by the statistics
+    pass (no pass of its own) and the model is the one the pass gave, bit for bit (a one-rating user's centre is all
+    the pass served); the ledger no longer names a centre for users there are none of."""
+    from streamdp.methods._profile import UserProfile, exact_histogram
+    from streamdp.serving.model import load_model
+    from streamdp.storage.generate import generate_store
+
+    st = generate_store(str(tmp_path / "g.zarr"), n_users=600, n_items=60, ratings_per_user=12, rank=2, seed=4,
+                        test_fraction=0.2, show_progress=False)
+    assert exact_histogram(st)[0] == 0
+    seen, orig = [], Engine.map_reduce
+
+    def spy(self, *a, desc="pass", **k):
+        seen.append(desc)
+        return orig(self, *a, desc=desc, **k)
+
+    monkeypatch.setattr(Engine, "map_reduce", spy)
+    runs = {}
+    for one_rating in (False, True):
+        monkeypatch.setattr(UserProfile, "has_one_rating_users", lambda self, v=one_rating: v)
+        seen.clear()
+        out = tmp_path / f"m{one_rating}"
+        train(st.path, method="als", out=str(out), epsilon=1.0, delta=1e-6, seed=3, rank=2, workers=1,
+              evaluate_test=False)
+        runs[one_rating] = (list(seen), load_model(str(out)), json.loads((out / "privacy.json").read_text()))
+    (passes, model, ledger), (passes_then, then, ledger_then) = runs[False], runs[True]
+    assert passes_then[:2] == ["als global mean", "als statistics"] and passes == passes_then[1:]
+    assert model.global_mean == then.global_mean
+    for name in ("item_bias", "item_factors"):
+        assert np.array_equal(getattr(model, name), getattr(then, name)), name
+    centre = "(a user with one rating: clip(r - global mean, c))"
+    sums = [e["release"] for e in ledger["bounds"]["releases"] if e["release"].startswith("item sums")]
+    sums_then = [e["release"] for e in ledger_then["bounds"]["releases"] if e["release"].startswith("item sums")]
+    assert centre in sums_then[0] and centre not in sums[0]
+    assert ledger["events"] == ledger_then["events"] and ledger["accounting"] == ledger_then["accounting"]
