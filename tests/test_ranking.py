@@ -221,12 +221,13 @@ def test_train_summary_carries_the_ranking(small_store, tmp_path):
 
 
 @settings(max_examples=80, deadline=None)
-@given(hs.integers(0, 10_000), hs.integers(1, 9), hs.booleans(), hs.integers(1, 5))
-def test_blocked_topn_is_the_per_user_kernel_bit_for_bit(seed, n, integer_scores, tile_rows):
+@given(hs.integers(0, 10_000), hs.integers(1, 9), hs.booleans(), hs.integers(1, 5), hs.sampled_from([12, 64, 130, 201]))
+def test_blocked_topn_is_the_per_user_kernel_bit_for_bit(seed, n, integer_scores, tile_rows, n_items):
     """float32 sgemm tiles + float64 rescoring of the candidates == the float64 per-user kernel: same items, same
-    order, same scores; with ties (integer factors, repeated items), users who rated every item, and several tiles."""
+    order, same scores; with ties (integer factors, repeated items), users who rated every item, several tiles, and
+    catalogues of whole and partial chunks of the rescoring's scans (``SCAN_CHUNK``, 64 items)."""
     rng = np.random.default_rng(seed)
-    n_users, n_items, k = 9, 12, 3
+    n_users, k = 9, 3
     U = rng.integers(-2, 3, (n_users, k)).astype(float) if integer_scores else rng.normal(size=(n_users, k)) * 10
     Q = rng.integers(-2, 3, (n_items, k)).astype(float) if integer_scores else rng.normal(size=(n_items, k))
     Q[n_items // 2:] = Q[:n_items - n_items // 2]  # repeated items: tied scores whatever the user

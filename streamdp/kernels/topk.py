@@ -77,6 +77,22 @@ def topn_scores(indptr, items, want, U, Q, item_bias, global_mean, tiekey, out_i
             out_scores[u, a] = bscore[a]
 
 
+#: Items per chunk of :func:`topn_rescore`'s scans (a constant: each chunk's count is one vectorized loop).
+SCAN_CHUNK = 64
+
+
+@njit(cache=True, nogil=True)
+def _chunk_reaches(row, j, thr):
+    """Whether any of ``row[j:j + SCAN_CHUNK]`` is at least ``thr`` (a count over a slice of constant length, which
+    LLVM vectorizes: 3 us for 20,000 float32 scores, where a loop over a range from ``j`` ran item by item, 26 us)."""
+    chunk = row[j:j + SCAN_CHUNK]
+    hits = 0
+    for q in range(SCAN_CHUNK):
+        if chunk[q] >= thr:
+            hits += 1
+    return hits > 0
+
+
 @njit(cache=True, nogil=True)
 def topn_rescore(S, rows, indptr, items, U, QT, base, tiekey, margin, out_items, out_scores):
     """Top ``n`` unseen items of each user ``rows[r]`` from her float32 score row ``S[r]``, rescored in float64.
@@ -89,6 +105,13 @@ def topn_rescore(S, rows, indptr, items, U, QT, base, tiekey, margin, out_items,
     same order) and inserted with its tie-break (``tiekey`` ascending), so the lists and
     scores are those of :func:`topn_scores`, bit for bit. A user's seen items are her
     CSR row ``items[indptr[u]:indptr[u + 1]]`` of the block's training ratings.
+
+    Both scans pass a chunk of :data:`SCAN_CHUNK` items with one vectorized count when no score in it can enter
+    (:func:`_chunk_reaches`: the first scan's once its list is full, against just above its last score; the second's
+    against the candidates' bound), and test an item's score before looking up whether the user saw it. An item so
+    passed is one the item-by-item scans skipped, seen or not, so the items inserted and their order are theirs.
+    Measured at 20,000 items, one core, a tile of 2,000 users: 46-50 us a user before (the float32 scan 14 us, the
+    candidates' 7 us, their reading of ``S`` from memory the rest), more than the sgemm's 22-43 us at k = 8 and 64.
     """
     n_items = S.shape[1]
     k = QT.shape[0]
@@ -97,35 +120,43 @@ def topn_rescore(S, rows, indptr, items, U, QT, base, tiekey, margin, out_items,
     best = np.empty(n, np.int64)
     bscore = np.empty(n, np.float64)
     top = np.empty(n, np.float32)
+    whole = n_items - n_items % SCAN_CHUNK  # the items in whole chunks
     for r in range(len(rows)):
         u = rows[r]
         for p in range(indptr[u], indptr[u + 1]):
             seen[items[p]] = u
         row = S[r]
         c = 0
-        for j in range(n_items):  # the n-th best float32 score, ties ignored
-            if seen[j] == u:
+        for j0 in range(0, n_items, SCAN_CHUNK):  # the n-th best float32 score, ties ignored
+            # a full list takes only a score above its last: none in the chunk, nothing to do
+            if c == n and j0 < whole and not _chunk_reaches(row, j0, np.nextafter(top[n - 1], np.float32(np.inf))):
                 continue
-            s = row[j]
-            if c == n:
-                if s <= top[n - 1]:
+            for j in range(j0, min(j0 + SCAN_CHUNK, n_items)):
+                s = row[j]
+                if c == n and s <= top[n - 1]:
                     continue
-                p = n - 1
-            else:
-                p = c
-                c += 1
-            while p > 0 and s > top[p - 1]:
-                top[p] = top[p - 1]
-                p -= 1
-            top[p] = s
+                if seen[j] == u:
+                    continue
+                if c == n:
+                    p = n - 1
+                else:
+                    p = c
+                    c += 1
+                while p > 0 and s > top[p - 1]:
+                    top[p] = top[p - 1]
+                    p -= 1
+                top[p] = s
         thr = -np.inf if c < n else np.float64(top[n - 1]) - margin[r]
         c = 0
-        for j in range(n_items):
-            if seen[j] != u and row[j] >= thr:
-                sc = base[j]
-                for d in range(k):
-                    sc += U[u, d] * QT[d, j]
-                c = _insert(j, sc, tiekey, c, n, best, bscore)
+        for j0 in range(0, n_items, SCAN_CHUNK):
+            if j0 < whole and not _chunk_reaches(row, j0, thr):
+                continue
+            for j in range(j0, min(j0 + SCAN_CHUNK, n_items)):
+                if row[j] >= thr and seen[j] != u:
+                    sc = base[j]
+                    for d in range(k):
+                        sc += U[u, d] * QT[d, j]
+                    c = _insert(j, sc, tiekey, c, n, best, bscore)
         for a in range(c):
             out_items[u, a] = best[a]
             out_scores[u, a] = bscore[a]
