@@ -963,8 +963,9 @@ class _AlsBase(Method):
         with one training rating clear twice their bin's noise; post-processing) says there are
         such users; elsewhere the statistics pass sums the mean's totals too, and the mean is
         drawn from its own stream as before. Where no user has one rating the model is the
-        same bit for bit, one pass sooner (the 100M store of docs/scale.md: 1.2-1.4 s of a
-        17 s fit); users hidden under the noise (fewer than about 100 of 2M users at epsilon 1)
+        same bit for bit, one pass sooner (the 100M store of docs/scale.md: that pass took 0.76 s
+        of a 14 s fit, and the fit about 0.4 s less, the first pass also carrying the run's
+        start); users hidden under the noise (fewer than about 100 of 2M users at epsilon 1)
         give residuals of 0, as ``means``' users do.
 
         With ``--rating-tilt`` (:func:`rating_tilt_default`) the same pass sums the plain and
