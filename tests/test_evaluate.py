@@ -183,3 +183,21 @@ def test_evaluate_on_another_store_is_an_error_unless_allowed(tmp_path):
     with pytest.raises(StoreError, match="not the store the model"):
         evaluate_model(out, b)
     assert evaluate_model(out, b, allow_other_store=True)["store_matches_model"] is False
+
+
+def test_user_biases_are_the_numpy_forms_bits():
+    """The compiled per-user mean residual is the weighted bincount it replaced, bit for bit (float32 ratings, users
+    without ratings, long rows)."""
+    from streamdp.serving.evaluate import USER_DAMPING, user_biases
+
+    rng = np.random.default_rng(7)
+    n = rng.integers(0, 400, size=300)
+    n[:5] = 0
+    indptr = np.r_[0, np.cumsum(n)].astype(np.int64)
+    items = rng.integers(0, 50, size=indptr[-1]).astype(np.int32)
+    ratings = rng.uniform(-10, 10, size=indptr[-1]).astype(np.float32)
+    damped = rng.normal(size=50) * 3
+    res = np.asarray(ratings, np.float64) - damped[items]
+    want = np.bincount(np.repeat(np.arange(len(n)), n), weights=res, minlength=len(n)) / (n + USER_DAMPING)
+    got = user_biases(indptr, items, ratings, 0.0, damped)
+    assert got.dtype == np.float64 and np.array_equal(got, want)

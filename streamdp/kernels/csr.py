@@ -1,4 +1,4 @@
-"""CSR helpers used when building stores: held-out split, per-user sort, synthetic rows."""
+"""CSR helpers: held-out split, per-user sort, synthetic rows (building stores); users' mean residuals."""
 
 from __future__ import annotations
 
@@ -299,3 +299,20 @@ def keep_rows(indptr, items, ratings, keep):
                 out_ratings[k] = ratings[j]
                 k += 1
     return out_indptr, out_items, out_ratings
+
+
+@njit(cache=True, nogil=True)
+def user_residual_means(indptr, items, ratings, item_value, damping, out):
+    """``out[u] = sum_p (ratings[p] - item_value[items[p]]) / (n_u + damping)`` over user ``u``'s CSR row.
+
+    Each residual in float64 (a float32 rating widened), summed in the row's order from 0: the
+    bits of ``np.bincount(users, weights=residuals) / (n + damping)``, the NumPy form it replaced in
+    ``evaluate``'s user+item bias baseline, which took 20-40 ms a 1M-rating block (a float64 copy,
+    a gather, ``np.repeat`` of the users, the weighted bincount) against an iteration's user solve
+    of 7-10 ms.
+    """
+    for u in range(len(indptr) - 1):
+        s = 0.0
+        for p in range(indptr[u], indptr[u + 1]):
+            s += np.float64(ratings[p]) - item_value[items[p]]
+        out[u] = s / (indptr[u + 1] - indptr[u] + damping)

@@ -41,6 +41,7 @@ import math
 import numpy as np
 
 from streamdp.errors import StoreError
+from streamdp.kernels.csr import user_residual_means
 from streamdp.kernels.topk import TILE_BYTES
 from streamdp.privacy.budget import StoreBudget
 from streamdp.serving.local import check_finite, local_kind, model_ridge, predict_block, solve_block
@@ -352,10 +353,10 @@ def user_biases(indptr, items, ratings, gm: float, damped) -> np.ndarray:
     >>> user_biases(np.array([0, 2, 2]), np.array([0, 1]), np.array([5.0, 3.0]), 3.0, np.array([4.0, 3.0]))
     array([0.05882353, 0.        ])
     """
-    res = np.asarray(ratings, np.float64) - np.asarray(damped)[items]
-    n = np.diff(indptr)
-    users = np.repeat(np.arange(len(n)), n)
-    return np.bincount(users, weights=res, minlength=len(n)) / (n + USER_DAMPING)
+    out = np.empty(len(indptr) - 1, np.float64)
+    user_residual_means(np.asarray(indptr, np.int64), np.asarray(items, np.int32), ratings,
+                        np.ascontiguousarray(damped, np.float64), float(USER_DAMPING), out)
+    return out
 
 
 def verdict(rmse: float, baselines: dict) -> dict:
