@@ -58,7 +58,7 @@ from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods._profile import MEANS_PROFILE_SHARE, PROFILE_SHARE, UserProfile, mean_weight_cap, user_profile
 from streamdp.methods._psd import psd
 from streamdp.methods._selection import (MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, holdout_strides,
-                                         loss_sensitivity)
+                                         loss_sensitivity, sample_record, validation_rate)
 from streamdp.methods._warm import WarmStart, initial_factors, warm_iters
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
@@ -330,6 +330,9 @@ class AlsSettings(RunSettings):
     default_candidate: int = 0
     #: The iteration after which a gated run chooses (0: at the end; ``_gate_after``).
     gate_after: int = 0
+    #: The probability that a user validates (:func:`~streamdp.methods._selection.validation_rate` of the run's
+    #: public or released user count): every user up to 100,000 of them, a keyed sample of about that many above.
+    validation_rate: float = 1.0
     #: The releases in the order they are spent (private runs; ``"profile"`` first when the histogram was
     #: released): a run whose iterations came from a released profile never resumes one whose were given.
     release_order: tuple = ()
@@ -509,6 +512,7 @@ class _AlsBase(Method):
                 o.sampling == "tail" or (o.sampling == "adaptive" and f.adaptive_exponent != 0.0)),
             profile=profile, centred_counts=self.FIXED_ITERS == 0 and private,
             single_residual=self.FIXED_ITERS is None and (profile is None or profile.has_one_rating_users()),
+            validation_rate=validation_rate(self.n_users(store)),
             warm_start="" if self.warm is None else f"{self.warm.path} (run {self.warm.run_id})")
         if s.rating_tilt and o.sampling == "uniform":
             raise ParameterError("--rating-tilt needs --sampling adaptive or tail (uniform keeps weight 1 per rating)")
@@ -909,13 +913,15 @@ class _AlsBase(Method):
                 "default": candidate_name(s.candidates[s.default_candidate]),
                 "chosen": candidate_name((kind, lam)),
                 "noisy_validation_losses" if self.private else "validation_losses":
-                    [round(float(x), 4) for x in losses]}
+                    [round(float(x), 4) for x in losses], **sample_record(s.validation_rate)}
 
     def _selection_note(self, s, kind, lam) -> str:
         how = ("privately, by 10% of each user's training ratings (at most 2) held out of their own solves and "
                "the factor iterations up to the choice" if self.private else
                "by 10% of each user's training ratings (at most 2) "
                "held out of the fit, then refitted on all of them")
+        if s.validation_rate < 1.0:
+            how += f", of a keyed sample of the users (each with probability {s.validation_rate:.4g})"
         what = {"factors": "the factors", "bias": "item biases and the global mean",
                 "mean": "the global mean only, no item biases"}[kind]
         if kind != "factors" and s.candidates[s.default_candidate][0] == "factors":
@@ -1314,7 +1320,7 @@ class _AlsBase(Method):
                 residuals(ait, np.clip(block.ratings, np.float32(lo), np.float32(hi)), float(mu), bias_of["bias"], ares)
                 out[m:] = offset_moments(block.indptr, ares, h)
             ip = np.asarray(block.indptr, np.int64)
-            v, start = holdout_strides(ip, block.first_user, seed % (1 << 64))
+            v, start = holdout_strides(ip, block.first_user, seed % (1 << 64), rate=s.validation_rate)
             nv = int(v.sum())
             if not nv:
                 return out
@@ -1554,7 +1560,8 @@ def _training(block, s, seed, factors: bool = False):
     """
     if not s.select or (s.private and not factors):
         return block.indptr, block.items, block.ratings
-    return holdout(block.indptr, block.items, block.ratings, block.first_user, seed % (1 << 64))[0]
+    return holdout(block.indptr, block.items, block.ratings, block.first_user, seed % (1 << 64),
+                   rate=s.validation_rate)[0]
 
 
 def _training_residuals(block, s, seed, factors: bool, lo, hi, mu, bias64, fit_bias: bool, buf):
@@ -1564,7 +1571,7 @@ def _training_residuals(block, s, seed, factors: bool, lo, hi, mu, bias64, fit_b
     bias is not subtracted)."""
     ip, nnz = block.indptr, len(block.items)
     if s.select and (factors or not s.private):
-        v, start = holdout_strides(ip, block.first_user, seed % (1 << 64))
+        v, start = holdout_strides(ip, block.first_user, seed % (1 << 64), rate=s.validation_rate)
     else:
         v = start = np.zeros(0, np.int64)
     tip = buf("indptr", len(ip), np.int64)

@@ -57,7 +57,7 @@ from streamdp.methods import register
 from streamdp.methods._notes import seed_notes
 from streamdp.methods._profile import EDGES, UserProfile, user_profile
 from streamdp.methods._psd import psd
-from streamdp.methods._selection import MARGIN, held_positions, holdout
+from streamdp.methods._selection import MARGIN, held_positions, holdout, sample_record, validation_rate
 from streamdp.methods._warm import WarmStart, initial_factors, warm_iters
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
@@ -255,6 +255,9 @@ class IalsSettings(RunSettings):
     conf_cap: float
     #: Whether the release is chosen between the factors and the chart on held-out items (private runs).
     select: bool = False
+    #: The probability that a user holds items out for the choice (:func:`~streamdp.methods._selection.validation_rate`
+    #: of the run's public or released user count): every user up to 100,000 of them, a keyed sample above.
+    validation_rate: float = 1.0
     #: The released histogram of training ratings per user ``tau`` came from (model.json; not fingerprinted).
     profile: UserProfile | None = None
     #: Items get factors when their released count reaches this many times :func:`item_floor_count`'s unit.
@@ -367,7 +370,8 @@ class IALS(Method):
             gram_share=o.gram_share if o.gram_share is not None else (0.02 if gramian == "shared" else 0.3),
             graded=graded and min(cmax, 1.0 + alpha) > 1.0,
             conf_cap=cmax if implicit else min(cmax, 1.0 + alpha), profile=profile,
-            select=o.select == "auto", item_floor=o.item_floor if private else 0.0,
+            select=o.select == "auto", validation_rate=validation_rate(self.n_users(store)),
+            item_floor=o.item_floor if private else 0.0,
             item_weights=o.item_weights if private else "uniform", adaptive_exponent=o.adaptive_exponent,
             reg_scaled=o.reg_scaled and private, min_pairs=o.min_pairs if private else 1,
             count_weights=o.count_weights if private else "uniform",
@@ -538,10 +542,12 @@ class IALS(Method):
                 and len(ip) > 1 and ip[0] == 0):  # "above" drops pairs: the positions would move
             ip, it, conf = implicit_pairs(ip, it, r, s.local())
             w = np.ones(len(it))
-            w[held_positions(block.indptr, block.first_user, seed % (1 << 64), HOLDOUT_MIN_COUNT)] = 0.0
+            w[held_positions(block.indptr, block.first_user, seed % (1 << 64), HOLDOUT_MIN_COUNT,
+                             rate=s.validation_rate)] = 0.0
             return ip, it, conf, w
         if iterations and s.select:
-            ip, it, r = holdout(ip, it, r, block.first_user, seed % (1 << 64), min_count=HOLDOUT_MIN_COUNT)[0]
+            ip, it, r = holdout(ip, it, r, block.first_user, seed % (1 << 64), min_count=HOLDOUT_MIN_COUNT,
+                                rate=s.validation_rate)[0]
         ip, it, conf = implicit_pairs(ip, it, r, s.local())
         if self.private:
             keep = getattr(self, "_keep", None) if iterations else None
@@ -756,7 +762,7 @@ class IALS(Method):
         def fn(block, b):
             # the same keyed held-out items as the iterations' for users of HOLDOUT_MIN_COUNT+ (min_count only zeroes)
             (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user,
-                                                seed % (1 << 64), min_count=lightest)
+                                                seed % (1 << 64), min_count=lightest, rate=s.validation_rate)
             # the held-out items a list should hold: on ratings, those in the top of the range (evaluate's relevance)
             keep = np.ones(len(vi), bool) if s.implicit else vr >= relevant
             vu, vi = vu[keep], vi[keep]
@@ -1056,7 +1062,8 @@ class IALS(Method):
             info["chart"] = {"kind": "top-k selection", "k": int(len(topk)),
                              "then": "the released item counts (noisy_item_weight holds the chart's scores)"}
         if choice is not None:
-            info["selection"] = _selection_record(self.private, released, choice, light, below, sd)
+            info["selection"] = {**_selection_record(self.private, released, choice, light, below, sd),
+                                 **sample_record(s.validation_rate)}
         elif s.reused_choice and released:
             info["selection"] = {"chosen": s.reused_choice, "reused_from": self.warm.path,
                                  **({"chart_below": int(below)} if below else {}), "why": reused}

@@ -76,6 +76,57 @@ def test_holdout_kernel_gives_the_numpy_paths_arrays(min_count):
         assert len(got[1][0]) > 0
 
 
+def test_validation_sample_keeps_the_sampled_users_holdout_and_spares_the_rest():
+    """Above VALIDATION_USERS users a keyed sample validates: a sampled user holds out exactly what she holds out
+    when every user validates (the sample's hash is not the starts'), the others nothing; every entry point (the
+    compiled hold-out, its NumPy reference, the positions, the strides) agrees; the sample is keyed and of the size
+    asked: 200,000 users at rate 0.05 give 10,000 +- 4 standard deviations (sqrt(200,000 0.05 0.95) = 97)."""
+    from streamdp.methods._selection import _holdout_numpy, _sampled, held_positions, holdout_strides
+
+    rng = np.random.default_rng(5)
+    cnt = rng.integers(0, 30, 2000)
+    ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    it = rng.integers(0, 300, ip[-1]).astype(np.int32)
+    r = rng.uniform(1, 5, ip[-1]).astype(np.float32)
+    (_, _, _), (vu_all, vi_all, _) = holdout(ip, it, r, 777, key=11)
+    got = holdout(ip, it, r, 777, key=11, rate=0.3)
+    want = _holdout_numpy(ip, it, r, np.diff(ip), 777, 11, None, 2, 0.3)
+    for g, w in zip(got[0] + got[1], want[0] + want[1]):
+        np.testing.assert_array_equal(g, w)
+    (tip, tit, tr), (vu, vi, vr) = got
+    inside = _sampled(len(cnt), 777, 11, 0.3)
+    assert set(vu.tolist()) == set(vu_all.tolist()) & set(np.flatnonzero(inside).tolist())
+    assert 0.2 < len(set(vu.tolist())) / len(set(vu_all.tolist())) < 0.4
+    mine = np.isin(vu_all, np.flatnonzero(inside))
+    np.testing.assert_array_equal(vi, vi_all[mine])  # the sampled users' held-out items, unchanged
+    out = np.flatnonzero(~inside)
+    np.testing.assert_array_equal(np.diff(tip)[out], cnt[out])  # the others keep every rating
+    np.testing.assert_array_equal(np.delete(it, held_positions(ip, 777, 11, rate=0.3)), tit)
+    v, _ = holdout_strides(ip, 777, 11, rate=0.3)
+    assert np.bincount(vu, minlength=len(cnt)).tolist() == v.tolist()
+    n = int(_sampled(200_000, 0, 3, 0.05).sum())
+    assert abs(n - 10_000) < 4 * 97
+    assert not np.array_equal(_sampled(1000, 0, 3, 0.5), _sampled(1000, 0, 4, 0.5))
+    assert _sampled(10, 0, 3, 1.0) is None
+
+
+def test_a_store_of_more_users_than_the_validation_sample_validates_on_a_sample(small_store, monkeypatch):
+    """With the sample's size set below the store's users, the run records the rate (of its released user count)
+    and the choice still stands within the budget."""
+    import streamdp.methods._selection as sel
+
+    monkeypatch.setattr(sel, "VALIDATION_USERS", 1000)
+    m = streamdp.train(small_store, epsilon=1.0, seed=0)
+    rec = m.info["selection"]
+    assert rec["validation_rate"] == pytest.approx(1000 / m.info["n_users"])
+    assert rec["validation_users"].startswith("a keyed sample of about 1,000 users")
+    assert "keyed sample of the users" in " ".join(m.ledger.notes)
+    acc = epsilon_of(compose([event_from_dict(e) for e in m.ledger.events]), m.ledger.delta)
+    assert acc.epsilon <= 1.0 + 1e-9
+    monkeypatch.setattr(sel, "VALIDATION_USERS", 100_000)
+    assert "validation_rate" not in streamdp.train(small_store, epsilon=1.0, seed=0).info["selection"]
+
+
 def test_choose_keeps_the_default_unless_clearly_beaten():
     assert choose(np.array([100.0, 99.0, 101.0]), 0, 1.0) == 0
     assert choose(np.array([100.0, 90.0, 101.0]), 0, 1.0) == 1
