@@ -681,7 +681,7 @@ class _AlsBase(Method):
         fixed = [profile.release] if profile is not None else []
         releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
                                       fixed=self.spent_first(store) + fixed)
-        if s.select and not _selection_can_pay(releases[-1], s, self.n_users(store)):
+        if s.select and not _selection_can_pay(releases[-1], s, self.n_users(store) * s.validation_rate):
             # the choice's noise would swamp any difference it could see: spend nothing on it
             s = self._with_choice(s.replace(select=False))
             releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
@@ -1445,8 +1445,9 @@ class _AlsBase(Method):
 SELECT_USEFUL = 0.05
 
 
-def _selection_can_pay(release, s, n_users: int) -> bool:
-    """Whether the selection's noise leaves it able to see a difference of 5% of ``h^2`` per user.
+def _selection_can_pay(release, s, n_users: float) -> bool:
+    """Whether the selection's noise leaves it able to see a difference of 5% of ``h^2`` per user (``n_users``: the
+    users expected to validate, the released count times :func:`~streamdp.methods._selection.validation_rate`).
 
     From public quantities only (the release's noise, ``n_users``, the range): on ML-100K
     at epsilon 0.5 to 2 it cannot (the default stands anyway), and the budget it would take
@@ -1465,7 +1466,12 @@ def _select_share(release, s, n_users: int) -> float:
     of the budget: a Gaussian release's noise std goes as ``1 / sqrt(share)``, so the
     share is scaled by the squared ratio (the calibration that follows checks the total).
     From public quantities only (the release's noise, ``n_users``, the range), like
-    :func:`_selection_can_pay`. Why: on a generated 200,000-user x 1,000-item store
+    :func:`_selection_can_pay`. ``n_users`` is the store's (released) user count, not the validation sample's
+    (:func:`~streamdp.methods._selection.validation_rate`: about 100,000 above that many): sized by the sample,
+    the share would grow back toward 15% on a large store (2M users: from the 2% floor), taking budget from the
+    factors to see differences a thousand times finer than the choice is for; sized by the store, a sample's
+    resolution is ``1 / rate`` times coarser (2M users at the floor: 0.19% of ``h^2`` per user, against the 5%
+    :func:`_selection_can_pay` asks and the factors' usual 30%). Why: on a generated 200,000-user x 1,000-item store
     (rank 8, ~16 training ratings per user, epsilon 1) the fixed 15% could see a
     difference of 0.04% of ``h^2`` per user, where the factors beat the biases by about
     30%; its budget cost the factors 0.0035 test RMSE (seeds 1 and 2: 0.8104 / 0.8172 at

@@ -111,20 +111,24 @@ def test_validation_sample_keeps_the_sampled_users_holdout_and_spares_the_rest()
 
 
 def test_a_store_of_more_users_than_the_validation_sample_validates_on_a_sample(small_store, monkeypatch):
-    """With the sample's size set below the store's users, the run records the rate (of its released user count)
-    and the choice still stands within the budget."""
+    """With the sample's size set below the store's 3,000 users, the run records the rate (of its released user
+    count) and its choice stands within the budget; whether the choice can see anything is judged on the sample:
+    1,000 validating users at epsilon 1 cannot (no choice, nothing spent on it), where all 3,000 could."""
     import streamdp.methods._selection as sel
 
+    assert "selection" in streamdp.train(small_store, epsilon=1.0, seed=0).info
     monkeypatch.setattr(sel, "VALIDATION_USERS", 1000)
-    m = streamdp.train(small_store, epsilon=1.0, seed=0)
+    m = streamdp.train(small_store, epsilon=4.0, seed=0)
     rec = m.info["selection"]
     assert rec["validation_rate"] == pytest.approx(1000 / m.info["n_users"])
     assert rec["validation_users"].startswith("a keyed sample of about 1,000 users")
     assert "keyed sample of the users" in " ".join(m.ledger.notes)
     acc = epsilon_of(compose([event_from_dict(e) for e in m.ledger.events]), m.ledger.delta)
-    assert acc.epsilon <= 1.0 + 1e-9
+    assert acc.epsilon <= 4.0 + 1e-9
+    small = streamdp.train(small_store, epsilon=1.0, seed=0)
+    assert "selection" not in small.info and "no choice was made" in " ".join(small.ledger.notes)
     monkeypatch.setattr(sel, "VALIDATION_USERS", 100_000)
-    assert "validation_rate" not in streamdp.train(small_store, epsilon=1.0, seed=0).info["selection"]
+    assert "validation_rate" not in streamdp.train(small_store, epsilon=4.0, seed=0).info["selection"]
 
 
 def test_choose_keeps_the_default_unless_clearly_beaten():
