@@ -17,7 +17,7 @@ Decisions a reader must know:
   sample of about that many (each user with probability :func:`validation_rate` of the run's public or
   released user count, by a keyed hash of her index independent of her start), the others holding nothing out.
   The choice's noise is fixed by its sensitivity, its signal grows with the validation users: 100,000 of them
-  tell the candidates apart where the measured choices were made (thousands to tens of thousands), while
+  tell the candidates apart where the measured choices were made (mostly thousands to tens of thousands), while
   scoring every user cost a large store's fit most of a pass for nothing (2M users, ``als``: the choice 1.3 s of
   a 10.9 s fit; 400,000 users, ``ials``: 5.5 s of 8.8 s). The users left out train on all their ratings;
 * **candidates** are complete released models (``("factors", r)``, ``("bias", r)``,
