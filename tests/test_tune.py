@@ -262,6 +262,31 @@ def test_the_candidates_see_a_poisson_sample_of_the_held_out_view(tmp_path):
     assert 0.15 * 4000 < kept < 0.25 * 4000
 
 
+def test_above_the_validation_sample_the_candidates_hold_out_only_the_sampled_users_ratings(tmp_path, monkeypatch):
+    """On a store of more users than the validation sample (set to 1,000 here), the candidates' view holds out the
+    ratings of the validating users only, as ``--select auto`` does, and whether tune can tell configurations apart
+    is judged on those: 1,000 validating users of 4,000 cannot where all 4,000 could not either (the message counts
+    1,000)."""
+    import streamdp.methods._selection as sel
+    from streamdp.methods._selection import _sampled, holdout
+
+    st = _store(tmp_path / "s.zarr", n_users=4000, n_items=40, ratings_per_user=6, rank=2, seed=3, test_fraction=0.2,
+                show_progress=False)
+    view = _Sampled(st, key=11, q=0.2, n_users=4000, rate=0.25)
+    for b in range(st.n_blocks):
+        full, blk = st.read_block(b), view.read_block(b)
+        (ip, _, _), _ = holdout(full.indptr, full.items, full.ratings, full.first_user, 11, rate=0.25)
+        inside = sampled_users(full.first_user, full.n_users, 11, 0.2)
+        validating = _sampled(full.n_users, full.first_user, 11, 0.25)
+        n = np.diff(blk.indptr)
+        assert np.array_equal(n[inside], np.diff(ip)[inside])
+        both = inside & ~validating
+        assert np.array_equal(n[both], np.diff(full.indptr)[both])  # sampled, not validating: every rating
+    monkeypatch.setattr(sel, "VALIDATION_USERS", 1000)
+    s = tune(st, epsilon=1.0, method="means", out=str(tmp_path / "m"), grid=GRID, seed=1)
+    assert s["tuning"]["skipped"] and "over 1,000 users" in s["tuning"]["skipped"]
+
+
 def test_a_composition_of_gaussians_is_the_gaussian_it_is_subsampled():
     ev = compose([gaussian_event(2.0), gaussian_event(3.0, 4), compose([gaussian_event(5.0)])])
     z = gaussian_equivalent(ev)

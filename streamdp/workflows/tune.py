@@ -2,8 +2,8 @@
 
 ``tune(STORE, epsilon=E, method="als", grid={"rank": [4, 8], "iters": [0, 5]})``
 trains every configuration of the grid privately on a Poisson sample of the users
-(each user's training ratings minus a few held out), scores them on every user's
-held-out ratings with one noisy release, picks one, trains the picked configuration
+(each user's training ratings minus a few held out; above 100,000 users, a keyed sample's: ``--select auto``'s),
+scores them on the held-out ratings with one noisy release, picks one, trains the picked configuration
 on every training rating and writes it: all of it in ONE ledger whose PLD epsilon at
 the run's delta is at most ``E``, the whole ``E`` reserved in the store's budget
 before any candidate reads a rating. Public names: :func:`tune`, :func:`default_grid`,
@@ -55,7 +55,8 @@ from streamdp.errors import BudgetExceededError, Interrupted, ParameterError
 from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_prepare
 from streamdp.methods import METHODS, get_method, load_builtin
 from streamdp.methods._profile import user_profile
-from streamdp.methods._selection import MARGIN, MIX, choose, holdout, loss_sensitivity, mix
+from streamdp.methods._selection import (MARGIN, MIX, choose, holdout, loss_sensitivity, mix, sample_record,
+                                         validation_rate)
 from streamdp.methods.als import PROFILE_STREAM, RNG_KEY, SELECT_USEFUL, default_settings
 from streamdp.methods.base import Method, Plan, user_count_for
 from streamdp.methods.options import MethodOptions
@@ -299,18 +300,20 @@ class _HeldOut(StoreView):
     store's users) is the inner store's (:class:`~streamdp.storage.view.StoreView`).
     """
 
-    def __init__(self, store: RatingStore, key: int):  # noqa: D107 - a view of an opened store (or of a view)
+    def __init__(self, store: RatingStore, key: int, rate: float = 1.0):  # noqa: D107 - a view of an opened store
         super().__init__(store)
         self._holdout_key = int(key)
+        self._holdout_rate = float(rate)
 
     def _filter(self, blk: Block, split: str) -> Block:
         if split != "train":
             return blk
-        (ip, it, r), _ = holdout(blk.indptr, blk.items, blk.ratings, blk.first_user, self._holdout_key)
+        (ip, it, r), _ = holdout(blk.indptr, blk.items, blk.ratings, blk.first_user, self._holdout_key,
+                                 rate=self._holdout_rate)
         return Block(blk.first_user, ip, it, r)
 
     def _spec_args(self) -> tuple:
-        return (self._holdout_key,)
+        return (self._holdout_key, self._holdout_rate)
 
 
 def sampled_users(first_user: int, n: int, key: int, q: float) -> np.ndarray:
@@ -334,14 +337,14 @@ class _Sampled(_HeldOut):
     sample's size, which would depend on whether a given user was sampled.
     """
 
-    def __init__(self, store: RatingStore, key: int, q: float, n_users: int):  # noqa: D107 - a view of a store
-        super().__init__(store, key)
+    def __init__(self, store: RatingStore, key: int, q: float, n_users: int, rate: float = 1.0):  # noqa: D107
+        super().__init__(store, key, rate)
         self._sample_q = float(q)
         self._sample_n = int(n_users)
         self.expected_users = max(float(q) * n_users, 1.0)
 
     def _spec_args(self) -> tuple:
-        return (self._holdout_key, self._sample_q, self._sample_n)
+        return (self._holdout_key, self._sample_q, self._sample_n, self._holdout_rate)
 
     def _filter(self, blk: Block, split: str) -> Block:
         blk = super()._filter(blk, split)
@@ -436,7 +439,7 @@ def _child_seed(seed: int | None, *key) -> int | None:
     return int(np.random.SeedSequence([int(seed), *key]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
-def _losses(st, models, key: int, workers, memory_limit) -> np.ndarray:
+def _losses(st, models, key: int, workers, memory_limit, rate: float = 1.0) -> np.ndarray:
     """Summed per-user validation losses of ``models`` (each user: mean squared error over their held-out
     ratings, clipped to ``h^2``), every user solving their row from the rest of their training ratings."""
     lo, hi = float(st.rating_min), float(st.rating_max)
@@ -445,7 +448,8 @@ def _losses(st, models, key: int, workers, memory_limit) -> np.ndarray:
                              info=f.model_info) for f in models]
 
     def fn(block, b):
-        (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user, key)
+        (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user, key,
+                                            rate=rate)
         out = np.zeros(len(views))
         if not len(vu):
             return out
@@ -464,7 +468,7 @@ def _losses(st, models, key: int, workers, memory_limit) -> np.ndarray:
                               desc="tune: validation losses")
 
 
-def _hits(st, models, key: int, workers, memory_limit) -> np.ndarray:
+def _hits(st, models, key: int, workers, memory_limit, rate: float = 1.0) -> np.ndarray:
     """Summed per-user held-out hits of ``models`` (methods whose scores rank items: ``ials``).
 
     Each user with relevant held-out items (:func:`streamdp.methods._selection.holdout` with the run's key, the
@@ -488,7 +492,8 @@ def _hits(st, models, key: int, workers, memory_limit) -> np.ndarray:
         views.append((mv, Q, b, topn_prepare(Q, b, float(mv.global_mean))))
 
     def fn(block, b_):
-        (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user, key)
+        (ip, it, r), (vu, vi, vr) = holdout(block.indptr, block.items, block.ratings, block.first_user, key,
+                                            rate=rate)
         out = np.zeros(len(views))
         if not implicit:
             keep = vr >= thr
@@ -689,15 +694,17 @@ def _selection_plan(r, configs: list[dict], dflt: dict, default: int | None):
     skip = None
     if m_c == 1:
         skip = "the grid has one configuration: nothing to choose"
-    elif _by_hits(r) and MARGIN * std > SELECT_USEFUL * r.n_users:
+    elif _by_hits(r) and MARGIN * std > SELECT_USEFUL * _validating(r.n_users):
         skip = (f"the store is too small to tell configurations apart: the noise on their held-out hits (std "
                 f"{std:.4g}) would hide any difference smaller than {SELECT_USEFUL:.0%} of the held-out items in the "
-                f"top {HITS_K} per user over {r.n_users:,} users ({MARGIN:g} noise stds below {SELECT_USEFUL:g} per "
+                f"top {HITS_K} per user over {_validating(r.n_users):,.0f} users ({MARGIN:g} noise stds "
+                f"below {SELECT_USEFUL:g} per "
                 f"user)")
-    elif not _by_hits(r) and MARGIN * std > SELECT_USEFUL * _h(r) ** 2 * r.n_users:
+    elif not _by_hits(r) and MARGIN * std > SELECT_USEFUL * _h(r) ** 2 * _validating(r.n_users):
         skip = (f"the store is too small to tell configurations apart: the noise on their validation losses "
                 f"(std {std:.4g}) would hide any difference smaller than {SELECT_USEFUL:.0%} of the largest error "
-                f"per user over {r.n_users:,} users ({MARGIN:g} noise stds below {SELECT_USEFUL:g} h^2 per user, h "
+                f"per user over {_validating(r.n_users):,.0f} users ({MARGIN:g} noise stds below "
+                f"{SELECT_USEFUL:g} h^2 per user, h "
                 f"half the rating range)")
     return sel, tuning, skip
 
@@ -746,7 +753,7 @@ def _candidates_planned(r, configs, sel, pre_events, pre_entries):
     m_c = len(configs)
     key = (_child_seed(seed, _SELECT_RNG, 1) if seed is not None
            else int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1)))
-    view = _Sampled(r.st, key, SAMPLE_RATE, n_users)
+    view = _Sampled(r.st, key, SAMPLE_RATE, n_users, validation_rate(n_users))
     e_c = epsilon * math.sqrt(CANDIDATE_NOMINAL_SHARE / m_c)
     cands = [_gaussian_only(r.cls(epsilon=e_c, delta=delta, seed=_child_seed(seed, _SELECT_RNG, 2, i), select="off",
                                   users=r.shared, catalogue=r.shared_cat, **c)) for i, c in enumerate(configs)]
@@ -769,7 +776,7 @@ def _candidates_planned(r, configs, sel, pre_events, pre_entries):
     prefix_events.append(sel.event())
     prefix_entries.append(sel.entry())
     z_f = _envelope_multiplier(r, pre_events, sel, sampled, m_c, z_c, prefix_events)
-    return SimpleNamespace(key=key, view=view, e_c=e_c, cands=cands, z_cands=z_cands, z_c=z_c,
+    return SimpleNamespace(key=key, rate=validation_rate(n_users), view=view, e_c=e_c, cands=cands, z_cands=z_cands, z_c=z_c,
                            prefix_events=prefix_events, prefix_entries=prefix_entries, z_f=z_f)
 
 
@@ -811,7 +818,7 @@ def _candidates_run(r, c, configs, default, sel, tuning):
             with Engine(c.view, workers=workers, memory_limit=memory_limit, state_bytes=m.state_bytes(c.view)) as eng:
                 fitted.append(m.fit(c.view, eng))
         hits = _by_hits(r)
-        scores = (_hits if hits else _losses)(r.st, fitted, c.key, workers, memory_limit)
+        scores = (_hits if hits else _losses)(r.st, fitted, c.key, workers, memory_limit, c.rate)
         rng = np.random.default_rng(np.random.SeedSequence([int(r.seed), _SELECT_RNG, 4]) if r.seed is not None
                                     else None)
         noisy = sel.add(scores, rng)
@@ -842,8 +849,9 @@ def _record_choice(r, c, tuning, configs, chosen, noisy, final, default, std) ->
         k["noise_multiplier"] = c.z_cands[i]
         k["accounted_noise_multiplier"] = c.z_c
         k[f"noisy_{what}"] = float(noisy[i])
-        k[f"noisy_mean_{what}"] = float(noisy[i]) / max(r.n_users, 1)
+        k[f"noisy_mean_{what}"] = float(noisy[i]) / max(_validating(r.n_users), 1.0)
     better, best = ("higher", "noisy argmax") if _by_hits(r) else ("lower", "noisy argmin")
+    tuning.update(sample_record(c.rate))
     tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=c.e_c,
                   sample_rate=SAMPLE_RATE, final_epsilon=final.epsilon, final_noise_multiplier=c.z_f,
                   rule=("default unless another, "
@@ -874,6 +882,12 @@ class _Envelope(Method):
 def _h(r) -> float:
     """Half the declared rating range: a user's squared error is clipped to its square."""
     return (float(r.st.rating_max) - float(r.st.rating_min)) / 2.0
+
+
+def _validating(n_users: float) -> float:
+    """The users expected to validate of ``n_users`` (released or declared): all of them up to 100,000, a keyed
+    sample of about that many above (:func:`streamdp.methods._selection.validation_rate`, as ``--select auto``)."""
+    return float(n_users) * validation_rate(n_users)
 
 
 def _by_hits(r) -> bool:
