@@ -43,7 +43,7 @@ import numpy as np
 from streamdp.kernels.csr import holdout_strided
 
 __all__ = ["MARGIN", "VALIDATION_CAP", "VALIDATION_FRACTION", "VALIDATION_USERS", "holdout", "holdout_strides",
-           "validation_rate", "sample_record", "choose",
+           "validation_rate", "validating_users", "sample_record", "choose",
            "candidate_name", "loss_sensitivity"]
 
 #: Noise standard deviations by which a candidate must beat the default to replace it.
@@ -103,6 +103,17 @@ def validation_rate(n_users: float) -> float:
     """
     n = float(n_users)
     return 1.0 if not n > VALIDATION_USERS else VALIDATION_USERS / n
+
+
+def validating_users(n_users: float) -> float:
+    """How many of ``n_users`` (public or released) are expected to validate: ``n_users`` times
+    :func:`validation_rate` (``min(n_users, VALIDATION_USERS)``); what a test of whether the choice can see a
+    difference counts.
+
+    >>> validating_users(943), validating_users(2_000_000)
+    (943.0, 100000.0)
+    """
+    return float(n_users) * validation_rate(n_users)
 
 
 def sample_record(rate: float) -> dict:

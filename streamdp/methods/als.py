@@ -58,7 +58,7 @@ from streamdp.methods._notes import range_notes, seed_notes
 from streamdp.methods._profile import MEANS_PROFILE_SHARE, PROFILE_SHARE, UserProfile, mean_weight_cap, user_profile
 from streamdp.methods._psd import psd
 from streamdp.methods._selection import (MARGIN, VALIDATION_CAP, candidate_name, choose, holdout, holdout_strides,
-                                         loss_sensitivity, sample_record, validation_rate)
+                                         loss_sensitivity, sample_record, validating_users, validation_rate)
 from streamdp.methods._warm import WarmStart, initial_factors, warm_iters
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
@@ -681,7 +681,7 @@ class _AlsBase(Method):
         fixed = [profile.release] if profile is not None else []
         releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,
                                       fixed=self.spent_first(store) + fixed)
-        if s.select and not _selection_can_pay(releases[-1], s, self.n_users(store) * s.validation_rate):
+        if s.select and not _selection_can_pay(releases[-1], s, validating_users(self.n_users(store))):
             # the choice's noise would swamp any difference it could see: spend nothing on it
             s = self._with_choice(s.replace(select=False))
             releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta,

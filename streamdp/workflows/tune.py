@@ -56,7 +56,7 @@ from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_prepare
 from streamdp.methods import METHODS, get_method, load_builtin
 from streamdp.methods._profile import user_profile
 from streamdp.methods._selection import (MARGIN, MIX, choose, holdout, loss_sensitivity, mix, sample_record,
-                                         validation_rate)
+                                         validating_users, validation_rate)
 from streamdp.methods.als import PROFILE_STREAM, RNG_KEY, SELECT_USEFUL, default_settings
 from streamdp.methods.base import Method, Plan, user_count_for
 from streamdp.methods.options import MethodOptions
@@ -694,16 +694,16 @@ def _selection_plan(r, configs: list[dict], dflt: dict, default: int | None):
     skip = None
     if m_c == 1:
         skip = "the grid has one configuration: nothing to choose"
-    elif _by_hits(r) and MARGIN * std > SELECT_USEFUL * _validating(r.n_users):
+    elif _by_hits(r) and MARGIN * std > SELECT_USEFUL * validating_users(r.n_users):
         skip = (f"the store is too small to tell configurations apart: the noise on their held-out hits (std "
                 f"{std:.4g}) would hide any difference smaller than {SELECT_USEFUL:.0%} of the held-out items in the "
-                f"top {HITS_K} per user over {_validating(r.n_users):,.0f} users ({MARGIN:g} noise stds "
+                f"top {HITS_K} per user over {validating_users(r.n_users):,.0f} users ({MARGIN:g} noise stds "
                 f"below {SELECT_USEFUL:g} per "
                 f"user)")
-    elif not _by_hits(r) and MARGIN * std > SELECT_USEFUL * _h(r) ** 2 * _validating(r.n_users):
+    elif not _by_hits(r) and MARGIN * std > SELECT_USEFUL * _h(r) ** 2 * validating_users(r.n_users):
         skip = (f"the store is too small to tell configurations apart: the noise on their validation losses "
                 f"(std {std:.4g}) would hide any difference smaller than {SELECT_USEFUL:.0%} of the largest error "
-                f"per user over {_validating(r.n_users):,.0f} users ({MARGIN:g} noise stds below "
+                f"per user over {validating_users(r.n_users):,.0f} users ({MARGIN:g} noise stds below "
                 f"{SELECT_USEFUL:g} h^2 per user, h "
                 f"half the rating range)")
     return sel, tuning, skip
@@ -776,8 +776,8 @@ def _candidates_planned(r, configs, sel, pre_events, pre_entries):
     prefix_events.append(sel.event())
     prefix_entries.append(sel.entry())
     z_f = _envelope_multiplier(r, pre_events, sel, sampled, m_c, z_c, prefix_events)
-    return SimpleNamespace(key=key, rate=validation_rate(n_users), view=view, e_c=e_c, cands=cands, z_cands=z_cands, z_c=z_c,
-                           prefix_events=prefix_events, prefix_entries=prefix_entries, z_f=z_f)
+    return SimpleNamespace(key=key, rate=validation_rate(n_users), view=view, e_c=e_c, cands=cands, z_cands=z_cands,
+                           z_c=z_c, prefix_events=prefix_events, prefix_entries=prefix_entries, z_f=z_f)
 
 
 def _envelope_multiplier(r, pre_events, sel, sampled, m_c, z_c, prefix_events) -> float:
@@ -849,7 +849,7 @@ def _record_choice(r, c, tuning, configs, chosen, noisy, final, default, std) ->
         k["noise_multiplier"] = c.z_cands[i]
         k["accounted_noise_multiplier"] = c.z_c
         k[f"noisy_{what}"] = float(noisy[i])
-        k[f"noisy_mean_{what}"] = float(noisy[i]) / max(_validating(r.n_users), 1.0)
+        k[f"noisy_mean_{what}"] = float(noisy[i]) / max(validating_users(r.n_users), 1.0)
     better, best = ("higher", "noisy argmax") if _by_hits(r) else ("lower", "noisy argmin")
     tuning.update(sample_record(c.rate))
     tuning.update(chosen=configs[chosen], skipped=None, selection_noise_std=std, candidate_epsilon=c.e_c,
@@ -882,12 +882,6 @@ class _Envelope(Method):
 def _h(r) -> float:
     """Half the declared rating range: a user's squared error is clipped to its square."""
     return (float(r.st.rating_max) - float(r.st.rating_min)) / 2.0
-
-
-def _validating(n_users: float) -> float:
-    """The users expected to validate of ``n_users`` (released or declared): all of them up to 100,000, a keyed
-    sample of about that many above (:func:`streamdp.methods._selection.validation_rate`, as ``--select auto``)."""
-    return float(n_users) * validation_rate(n_users)
 
 
 def _by_hits(r) -> bool:
