@@ -265,8 +265,7 @@ def test_the_candidates_see_a_poisson_sample_of_the_held_out_view(tmp_path):
 def test_above_the_validation_sample_the_candidates_hold_out_only_the_sampled_users_ratings(tmp_path, monkeypatch):
     """On a store of more users than the validation sample (set to 1,000 here), the candidates' view holds out the
     ratings of the validating users only, as ``--select auto`` does, and whether tune can tell configurations apart
-    is judged on those: 1,000 validating users of 4,000 cannot where all 4,000 could not either (the message counts
-    1,000)."""
+    is judged on those: its message counts the 1,000 expected to validate, not the store's 4,000."""
     import streamdp.methods._selection as sel
     from streamdp.methods._selection import _sampled, holdout
 

@@ -148,7 +148,8 @@ def test_tunes_views_read_the_same_blocks_on_dask(store):
     def sums(blk, b):
         return np.bincount(blk.items, weights=blk.ratings.astype(np.float64), minlength=120)
 
-    for view in (_HeldOut(store, 7), _Sampled(cat, 7, 0.3, store.n_users), _Sampled(store, 7, 0.3, store.n_users, 0.5)):
+    views = (_HeldOut(store, 7), _Sampled(cat, 7, 0.3, store.n_users), _Sampled(store, 7, 0.3, store.n_users, 0.5))
+    for view in views:
         with Engine(view, workers=2, memory_limit="2GB") as eng:
             ref = eng.map_reduce(sums, _add, np.zeros(120))
         with Engine(view, workers=2, scheduler="dask", memory_limit="2GB") as eng:
