@@ -5,7 +5,7 @@ many items; where most users rate one or two, a private ALS's factors are noise.
 separates the two is the distribution of ratings per user, a statistic of the data: it
 is released here with noise and accounted, before the rest of the plan is made from it.
 Public names: :func:`user_profile` (:class:`UserProfile`), :func:`profile_release`,
-:func:`exact_histogram`, :func:`effective_users`, :func:`mean_weight_cap`.
+:func:`exact_histogram`, :func:`effective_users`, :func:`mean_ratings`, :func:`mean_weight_cap`.
 
 Decisions a reader must know:
 
@@ -36,7 +36,7 @@ from streamdp.privacy.calibration import calibrate_gaussian
 from streamdp.privacy.release import Release
 
 __all__ = ["EDGES", "PROFILE_SHARE", "UserProfile", "exact_histogram", "profile_release", "user_profile",
-           "effective_users", "mean_weight_cap", "MEANS_PROFILE_SHARE", "ONE_RATING_NOISE"]
+           "effective_users", "mean_ratings", "mean_weight_cap", "MEANS_PROFILE_SHARE", "ONE_RATING_NOISE"]
 
 #: Lower edges of the bins of training ratings per user (the last bin is open): half octaves.
 EDGES = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
@@ -95,6 +95,9 @@ class UserProfile:
     def effective_users(self, rank: int) -> float:
         return effective_users(self.counts, rank)
 
+    def mean_ratings(self) -> float:
+        return mean_ratings(self.counts)
+
     def noise_std(self) -> float:
         """The standard deviation of each bin's noise (0 for an exact histogram)."""
         rel = self.release
@@ -135,6 +138,21 @@ def effective_users(hist, rank: int) -> float:
     k = float(rank)
     w = np.clip((centre - k / 2.0) / k, 0.0, 1.0)
     return float(np.sum(np.maximum(np.asarray(hist, np.float64), 0.0) * w))
+
+
+def mean_ratings(hist) -> float:
+    """The mean training ratings per user of a (released) histogram: each bin's users at its geometric centre
+    (as :func:`effective_users`), negative counts as 0; 0 for an empty histogram.
+
+    >>> h = np.zeros(len(EDGES)); h[0], h[list(EDGES).index(64)] = 30.0, 10.0  # 30 users with 1, 10 with 64-95
+    >>> round(mean_ratings(h), 1)
+    20.2
+    """
+    upper = np.r_[EDGES[1:], 2 * EDGES[-1]].astype(np.float64)
+    centre = np.sqrt(EDGES * np.maximum(upper - 1, EDGES))
+    c = np.maximum(np.asarray(hist, np.float64), 0.0)
+    total = float(c.sum())
+    return float(c @ centre) / total if total > 0 else 0.0
 
 
 #: Prior scale of how far users' mean ratings move per unit of log activity, as a share of half the rating range

@@ -724,8 +724,8 @@ def _pinned_iters(r, configs, dflt, default, sel, tuning):
 
     def with_iters(c):
         rank = c.get("rank", base_rank)
-        it = default_settings(r.n_users, st.n_items, e_nominal, rank,
-                              n_eff=profile.effective_users(rank)).iters
+        it = default_settings(r.n_users, st.n_items, e_nominal, rank, n_eff=profile.effective_users(rank),
+                              per_user=profile.mean_ratings()).iters
         c = {**c, "iters": it}
         if it == 0:
             c.pop("rank", None)
