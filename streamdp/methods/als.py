@@ -91,16 +91,18 @@ BIAS_RIDGES = (3.0, 10.0, 30.0, math.inf)
 MEAN_RIDGES = (math.inf,)
 #: Item-side ridges ``(--reg, --reg-exponent)`` a non-private run chooses among (``_fit_item_ridges``).
 NONPRIVATE_ITEM_RIDGES = ((10.0, 0.0), (0.3, 1.0))
-#: ``default_settings``: ``RICH_ITERS`` iterations instead of the middle band's 7 where the released mean training
-#: ratings per user is at least ``RICH_RATINGS`` times the rank. Measured at epsilon 1 (test RMSE, 2 training seeds,
-#: rank 8; 5 / 7 / 9 iterations): generated 100,000 x 1,000 (mean 39 per user in the histogram) 0.735 / 0.753 /
-#: 0.767 (Recall@10 0.305 / 0.302 / 0.302), 200,000 x 2,000 (36) 0.750 / 0.766 / 0.782, 300,000 x 2,000 (72) 0.638
-#: / 0.649 / 0.660 (Recall@10 0.272 / 0.274 / 0.272), the 100M store of docs/scale.md (45) 0.737 / 0.751 (7), the
+#: ``default_settings``: one band of iterations fewer (7 -> 5, 9 -> 7) where the released mean training ratings per
+#: user is at least ``RICH_RATINGS`` times the rank. Measured at epsilon 1 (test RMSE, 2 training seeds, rank 8; 5 /
+#: 7 / 9 iterations): generated 100,000 x 1,000 (mean 39 per user in the histogram) 0.735 / 0.753 / 0.767
+#: (Recall@10 0.305 / 0.302 / 0.302), 200,000 x 2,000 (36) 0.750 / 0.766 / 0.782, 300,000 x 2,000 (72) 0.638 /
+#: 0.649 / 0.660 (Recall@10 0.272 / 0.274 / 0.272), the 100M store of docs/scale.md (45) 0.737 / 0.751 (7), the
 #: regime suite's 200k (49) 0.674 / 0.685, jokes70 (69, -10..10) 4.102 / 4.115; at epsilon 3 the first three keep
 #: the order, 200k 0.646 / 0.647, jokes70 4.058 / 4.053 (its ratings' noise is larger than their low-rank part:
-#: more iterations pay there; at epsilon 10 it is in the 9-iteration band, unchanged). Where users rate fewer,
-#: more iterations pay: 200,000 x 5,000 (16) 0.972 / 0.965 / 0.965; 60,000 x 2,000 clustered (24) flat.
-RICH_RATINGS, RICH_ITERS = 4.0, 5
+#: more iterations pay there). In the 9-iteration band: the 100M store at epsilon 10 0.6473 / 0.6482 / 0.6493
+#: (Recall@10 0.158 / 0.157 / 0.158), jokes70 at epsilon 10 and 30 4.0446 / 4.0441 and 4.0438 / 4.0431 (7 / 9).
+#: Where users rate fewer, more iterations pay: 200,000 x 5,000 (16) 0.972 / 0.965 / 0.965; 60,000 x 2,000
+#: clustered (24) flat.
+RICH_RATINGS = 4.0
 #: Fraction of the iterations after which a gated run chooses its release (``_gate_after``).
 GATE_FRACTION = 0.5
 #: Private runs validate only on items of at least this released weight total (see ``_select``).
@@ -161,13 +163,15 @@ def default_settings(n_users: int, n_items: int, epsilon: float, rank: int, mech
     0
 
     ``per_user`` (the mean training ratings per user of the same histogram:
-    :func:`~streamdp.methods._profile.mean_ratings`) makes the middle band's 7 iterations
-    :data:`RICH_ITERS` where users rate at least :data:`RICH_RATINGS` ``x rank`` items each:
-    their factors are pinned down by their own ratings, ALS converges in fewer iterations,
-    and each iteration not run leaves its budget to the others.
+    :func:`~streamdp.methods._profile.mean_ratings`) takes one band fewer (7 -> 5, 9 -> 7)
+    where users rate at least :data:`RICH_RATINGS` ``x rank`` items each: their factors are
+    pinned down by their own ratings, ALS converges in fewer iterations, and each iteration
+    not run leaves its budget to the others.
 
     >>> default_settings(200_000, 1_000, 1.0, 8, per_user=40.0).iters
     5
+    >>> default_settings(2_000_000, 1_000, 1.0, 8, per_user=40.0).iters
+    7
     """
     if not math.isfinite(epsilon):
         return RunDefaults(iters=15, clip=math.inf, ridge=10.0, reg=10.0, bias_clip_fraction=math.inf)
@@ -177,8 +181,9 @@ def default_settings(n_users: int, n_items: int, epsilon: float, rank: int, mech
         # 200k-user store, Laplace at epsilon 10 does what Gaussian does at epsilon 0.5-1
         q /= 20.0
     qf = q if n_eff is None else q * n_eff / max(n_users, 1)
-    rich = per_user is not None and per_user >= RICH_RATINGS * rank
-    iters = 0 if qf < 25 else 5 if qf < 60 else (RICH_ITERS if rich else 7) if qf < 1000 else 9
+    iters = 0 if qf < 25 else 5 if qf < 60 else 7 if qf < 1000 else 9
+    if per_user is not None and per_user >= RICH_RATINGS * rank and iters > 5:
+        iters -= 2  # one band fewer: 7 -> 5, 9 -> 7
     # the bias statistic's clip (a fraction of half the range): tight when noise dominates. Best fraction
     # measured on ML-100K and FilmTrust (10 seeds, fractions 1/8 .. 1): 1/8, 3/16, 5/16, 1/2, 5/8, 5/8-3/4 at
     # q = 0.14-0.18, 0.28-0.36, 0.56-0.73, 1.1-1.5, 2.8-3.6, 5.6-7.3, which 0.5 + 0.45 log10 q follows

@@ -503,18 +503,19 @@ def test_the_global_mean_rides_the_statistics_pass_where_no_user_has_one_rating(
 
 
 def test_users_who_rate_many_items_get_fewer_iterations(small_store):
-    """The released histogram's mean ratings per user sets the middle band's iterations: 5 where users rate at least
-    4 x rank items each, the 7 of users per item and epsilon otherwise; a histogram of the same users rating fewer
-    keeps 7. Read from the release only (the store is the same in both)."""
+    """The released histogram's mean ratings per user takes one band of iterations fewer (7 -> 5, 9 -> 7) where users
+    rate at least 4 x rank items each; a histogram of the same users rating fewer keeps the band of users per item
+    and epsilon. Read from the release only (the store is the same in both)."""
     from streamdp.methods._profile import EDGES, UserProfile, profile_release
 
     rel = profile_release("gaussian", 1.0, 1e-6)
     n = small_store.n_users
 
-    def iters(per_user_bin):
+    def iters(per_user_bin, epsilon=50.0):  # q = 375 users per item: the 7 band; at epsilon 200, 1,500: the 9 band
         h = np.zeros(len(EDGES))
         h[list(EDGES).index(per_user_bin)] = n
-        m = get_method("als")(epsilon=50.0, delta=1e-6, rank=8)  # q = 375 users per item: the 7 band
+        m = get_method("als")(epsilon=epsilon, delta=1e-6, rank=8)
         return m.settings(small_store, UserProfile(h, rel)).iters
 
     assert iters(48) == 5 and iters(16) == 7
+    assert iters(48, 200.0) == 7 and iters(16, 200.0) == 9
