@@ -33,7 +33,11 @@ def item_biases(S, C, sigma_S: float, half_range: float, sigma_C: float = 0.0, c
     their distribution over items is estimated from the released totals themselves
     (a nonparametric maximum-likelihood prior on a grid, by EM:
     :func:`_total_prior`), and the offset is the mean of ``E[b_j | S_j, C]`` over the
-    posterior of ``C`` given both ``C~_j`` and ``S_j``. Post-processing of released
+    posterior of ``C`` given both ``C~_j`` and ``S_j``: on that grid where it resolves the
+    noise (spacing ``sigma_C / 4``), else on each item's own points (:data:`LOCAL_SPAN`
+    noise stds either side of ``C~_j``, the same spacing, the prior interpolated between
+    its grid points; a grid of 512 points up to the largest of totals 30,000 times the
+    noise put every total between its points at 0). Post-processing of released
     values only; clipped to ``[-h, h]``. ``prior_scale`` and ``spread`` replace ``t`` and
     ``s`` (the private centring of ``oja``, ``fw`` and ``svd`` uses ``h / 4`` for both).
 
