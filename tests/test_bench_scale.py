@@ -18,10 +18,11 @@ def test_kinds_and_sizes():
 def test_scale_bench_end_to_end(tmp_path, capsys):
     out = tmp_path / "t.md"
     assert scale.main(["--sizes", "60K", "--repeats", "1", "--dir", str(tmp_path), "--overhead", "--dask",
-                       "--out", str(out)]) == 0
+                       "--fits", "2", "--out", str(out)]) == 0
     text = out.read_text()
     assert text in capsys.readouterr().out
     assert "K (1,200 users," in text and "fit / scipy pass" in text and "| als statistics | 1 |" in text
     assert "local engine (Dask threaded scheduler)" in text and "its pass graph alone" in text
     assert "| True |" in text  # dask's model is bit-identical to the thread pool's
+    assert "K: 2 fits, each against the scipy pass measured before it" in text
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("bench-scale-")]  # its stores are removed
