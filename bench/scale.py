@@ -247,7 +247,7 @@ def measure(size: int, path: str, tmp: str, args, generated: float | None) -> di
             sp_sec, sp_cpu, sp_note = scipy_pass(st, args.repeats)
         t = train_measured(path, out, args.memory_limit, args.workers)
         runs.append((t["summary"]["train_seconds"] / sp_sec, t, sp_sec, sp_cpu))
-    ratio, res["threads"], res["scipy"], res["scipy_cpu"] = sorted(runs, key=lambda x: x[0])[(len(runs) - 1) // 2]
+    _, res["threads"], res["scipy"], res["scipy_cpu"] = sorted(runs, key=lambda x: x[0])[(len(runs) - 1) // 2]
     res["fit_ratios"] = [x[0] for x in runs]
     if args.dask:
         out2 = os.path.join(tmp, "model-dask")
