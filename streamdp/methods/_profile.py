@@ -5,7 +5,8 @@ many items; where most users rate one or two, a private ALS's factors are noise.
 separates the two is the distribution of ratings per user, a statistic of the data: it
 is released here with noise and accounted, before the rest of the plan is made from it.
 Public names: :func:`user_profile` (:class:`UserProfile`), :func:`profile_release`,
-:func:`exact_histogram`, :func:`effective_users`, :func:`mean_ratings`, :func:`mean_weight_cap`.
+:func:`exact_histogram`, :func:`bin_centres`, :func:`effective_users`, :func:`mean_ratings`,
+:func:`mean_weight_cap`.
 
 Decisions a reader must know:
 
@@ -36,7 +37,8 @@ from streamdp.privacy.calibration import calibrate_gaussian
 from streamdp.privacy.release import Release
 
 __all__ = ["EDGES", "PROFILE_SHARE", "UserProfile", "exact_histogram", "profile_release", "user_profile",
-           "effective_users", "mean_ratings", "mean_weight_cap", "MEANS_PROFILE_SHARE", "ONE_RATING_NOISE"]
+           "bin_centres", "effective_users", "mean_ratings", "mean_weight_cap", "MEANS_PROFILE_SHARE",
+           "ONE_RATING_NOISE"]
 
 #: Lower edges of the bins of training ratings per user (the last bin is open): half octaves.
 EDGES = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
@@ -124,6 +126,17 @@ def user_profile(store, mechanism: str, epsilon: float, delta: float, rng: np.ra
     return UserProfile(rel.add(exact_histogram(store), rng), rel)
 
 
+def bin_centres() -> np.ndarray:
+    """Each bin's geometric centre, ``sqrt(lower x (upper - 1))`` (the open last bin's upper edge taken as twice its
+    lower): the number of ratings a bin's users are counted at.
+
+    >>> bin_centres()[:3].tolist()
+    [1.0, 2.0, 3.0]
+    """
+    upper = np.r_[EDGES[1:], 2 * EDGES[-1]].astype(np.float64)
+    return np.sqrt(EDGES * np.maximum(upper - 1, EDGES))
+
+
 def effective_users(hist, rank: int) -> float:
     """``sum_i w(n_i)``, ``w(n) = clip((n - k/2) / k, 0, 1)`` at each bin's geometric centre (negative counts as 0).
 
@@ -133,8 +146,7 @@ def effective_users(hist, rank: int) -> float:
     >>> effective_users(h, 8)
     50.0
     """
-    upper = np.r_[EDGES[1:], 2 * EDGES[-1]].astype(np.float64)
-    centre = np.sqrt(EDGES * np.maximum(upper - 1, EDGES))
+    centre = bin_centres()
     k = float(rank)
     w = np.clip((centre - k / 2.0) / k, 0.0, 1.0)
     return float(np.sum(np.maximum(np.asarray(hist, np.float64), 0.0) * w))
@@ -148,8 +160,7 @@ def mean_ratings(hist) -> float:
     >>> round(mean_ratings(h), 1)
     20.2
     """
-    upper = np.r_[EDGES[1:], 2 * EDGES[-1]].astype(np.float64)
-    centre = np.sqrt(EDGES * np.maximum(upper - 1, EDGES))
+    centre = bin_centres()
     c = np.maximum(np.asarray(hist, np.float64), 0.0)
     total = float(c.sum())
     return float(c @ centre) / total if total > 0 else 0.0
@@ -190,8 +201,7 @@ def mean_weight_cap(hist, noise_std: float, half_range: float, threshold: float 
     3.0
     """
     H = _contiguous(hist, threshold)
-    upper = np.r_[EDGES[1:], 2 * EDGES[-1]].astype(np.float64)
-    x = np.sqrt(EDGES * np.maximum(upper - 1, EDGES))
+    x = bin_centres()
     if not H.sum() > 0:
         return 1.0
     lx = np.log(x)
