@@ -99,32 +99,84 @@ def training_residuals(indptr, items, ratings, v, start, lo, hi, mu, bias, with_
 
 
 @njit(cache=True, nogil=True)
-def statistic_sums(indptr, items, r, umean, w, wt, c, centre, centre_ones, carried_on, tilted, n, out):
+def _pairwise_clipped(r, s0, n, lo, hi):
+    """``sum(clip(float64(r[s0:s0 + n]), lo, hi))`` added in NumPy's pairwise order (its ``pairwise_sum``: runs of
+    eight partial sums up to 128 values, halves above), so that :func:`user_means` gives ``np.add.reduceat``'s bits."""
+    if n < 8:
+        acc = -0.0
+        for p in range(s0, s0 + n):
+            acc += min(max(np.float64(r[p]), lo), hi)
+        return acc
+    if n <= 128:
+        acc8 = np.empty(8, dtype=np.float64)
+        for j in range(8):
+            acc8[j] = min(max(np.float64(r[s0 + j]), lo), hi)
+        i = 8
+        while i < n - n % 8:
+            for j in range(8):
+                acc8[j] += min(max(np.float64(r[s0 + i + j]), lo), hi)
+            i += 8
+        acc = ((acc8[0] + acc8[1]) + (acc8[2] + acc8[3])) + ((acc8[4] + acc8[5]) + (acc8[6] + acc8[7]))
+        while i < n:
+            acc += min(max(np.float64(r[s0 + i]), lo), hi)
+            i += 1
+        return acc
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_clipped(r, s0, n2, lo, hi) + _pairwise_clipped(r, s0 + n2, n - n2, lo, hi)
+
+
+@njit(cache=True, nogil=True)
+def user_mean(r, s0, n, lo, hi):
+    """The mean of ``clip(float64(r[s0:s0 + n]), lo, hi)`` (``n >= 1``) with the bits of ``np.add.reduceat`` over the
+    widened, clipped copy divided by ``n``: the first value, plus the pairwise sum of the rest (how a reduction
+    starts from its first element)."""
+    first = min(max(np.float64(r[s0]), lo), hi)
+    if n == 1:
+        return first / n
+    return (first + _pairwise_clipped(r, s0 + 1, n - 1, lo, hi)) / n
+
+
+@njit(cache=True, nogil=True)
+def statistic_sums(indptr, items, r, lo, hi, wu, w, wt, c, centre, centre_ones, carried_on, tilted, n, out, umean):
     """The item statistics of a block's training ratings, added into ``out`` in one pass (the statistics pass of
     :mod:`streamdp.methods.als`; it computed them as NumPy temporaries and ``np.bincount``, the same bits):
 
+    * ``umean[i]``: user ``i``'s mean of her ratings widened to float64 and clipped to ``[lo, hi]``
+      (:func:`user_mean`; 0 for a user with none);
     * ``out[j] += w_p e_p``, ``e_p = clip(r_p - umean_i, -c, c)`` the rating's residual against its user's mean
       (``clip(r_p - centre, -c, c)`` for a user with one rating, where ``centre_ones``);
     * ``out[n + j] += w_p a_i``, ``a_i = 1 - 1 / n_i`` where ``carried_on`` (the share of the item's offset a
       residual centred on its user's mean carries), else ``1``;
     * with ``tilted``, ``out[2 n + 2 + j] += wt_p a_i``.
 
-    Each sum runs over the ratings in order, as ``np.bincount`` adds its weights; a product is rounded once, as
-    NumPy's elementwise multiply rounds it. ``r`` float64 (clipped to the range), ``w``/``wt`` float64 per rating."""
+    ``w_p`` is ``w[p]`` (one weight per rating), or where ``w`` is empty ``wu[i]``, one per user (the adaptive
+    rule's weights without item counts, :func:`streamdp.privacy.bounding.adaptive_user_weights`: no array of
+    per-rating weights). ``r`` is the block's ratings as stored (float32), widened and clipped here. ``n = 0``:
+    the users' means only. Each sum runs over the ratings in order, as ``np.bincount`` adds its weights; a
+    product is rounded once, as NumPy's elementwise multiply rounds it."""
+    per_rating = len(w) > 0
     for u in range(len(indptr) - 1):
         s0 = indptr[u]
         e0 = indptr[u + 1]
         cnt = e0 - s0
         if cnt == 0:
+            umean[u] = 0.0
             continue
-        m = centre if centre_ones and cnt == 1 else umean[u]
+        mean = user_mean(r, s0, cnt, lo, hi)
+        umean[u] = mean
+        if n == 0:
+            continue
+        m = centre if centre_ones and cnt == 1 else mean
         a = 1.0 - 1.0 / max(cnt, 1) if carried_on else 1.0
+        wi = 0.0 if per_rating else wu[u]
         for p in range(s0, e0):
-            e = r[p] - m
+            e = min(max(np.float64(r[p]), lo), hi) - m
             e = min(max(e, -c), c)
             j = items[p]
-            out[j] += w[p] * e
-            out[n + j] += w[p] * a
+            wp = w[p] if per_rating else wi
+            out[j] += wp * e
+            out[n + j] += wp * a
             if tilted:
                 out[2 * n + 2 + j] += wt[p] * a
 

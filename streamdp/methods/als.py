@@ -63,7 +63,7 @@ from streamdp.methods._warm import WarmStart, initial_factors, warm_iters
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import compose, epsilon_of
-from streamdp.privacy.bounding import contribution_weights
+from streamdp.privacy.bounding import adaptive_user_weights, check_tau, contribution_weights
 from streamdp.privacy.mechanisms import huber_variance
 from streamdp.privacy.release import MECHANISMS, Share, calibrate_releases, pure_epsilon
 from streamdp.stream.engine import add_into as _add
@@ -1083,8 +1083,10 @@ class _AlsBase(Method):
         rule = s.sampling if s.sampling == "uniform" else "adaptive"
         seed = run.entropy
         tilted = bool(private and s.rating_tilt)
+        if private:
+            check_tau(s.tau)
 
-        pool = BufferPool()  # the blocks' ratings in float64 and weights, reused from block to block
+        pool = BufferPool()  # the blocks' users' means and weights, reused from block to block
 
         def fn(block, b):
             with pool.take() as buf:
@@ -1092,33 +1094,35 @@ class _AlsBase(Method):
 
         def totals(block, buf):
             ip, it, r32 = _training(block, s, seed)
-            r = buf("r", len(r32), np.float64)
-            r[:] = r32
-            np.clip(r, lo, hi, out=r)
+            ip = np.asarray(ip, np.int64)
             cnt = np.diff(ip)
             has = cnt > 0
-            sums = np.add.reduceat(r, ip[:-1][has]) if has.any() else np.zeros(0)
-            umean = np.zeros(len(cnt))
-            umean[has] = sums / cnt[has]
+            umean = buf("umean", len(cnt), np.float64)  # every user's written by statistic_sums
             out = np.zeros(3 * n + 2 if tilted else 2 * n + 2)
-            if n:
-                if private:
-                    w = contribution_weights(ip, it, rule=rule, tau=s.tau, norm=s.norm, first_user=block.first_user,
-                                             seed=seed, out=buf("w", len(it), np.float64))
-                    wt = w if not s.rating_tilt else contribution_weights(
-                        ip, it, rule=rule, tau=s.tau, norm=s.norm, first_user=block.first_user, seed=seed,
-                        scales=rating_scales(r, hi, s.half_range, s.rating_tilt))
-                else:
-                    w = wt = np.ones(len(it))
-                # each residual clip(r - her mean, c) (a user with one rating: her rating against the released
-                # global mean, `centre`) weighted into S_j; a residual centred on the user's own mean carries
-                # (1 - 1/n_i) of its item's offset (the rest is the user's other items'): counted so, S_j / C_j
-                # estimates the offset itself, and a user with one rating (residual 0) no longer dilutes it (means;
-                # als keeps w_ij, its users' intercepts absorb the level, and a one-rating user gives clip(r - mu,
-                # c), see _statistics). One compiled pass (statistic_sums), the sums of the NumPy form it replaced.
-                statistic_sums(np.asarray(ip, np.int64), np.asarray(it, np.int32), r, umean, w, wt, float(c),
-                               float(centre if centre is not None else 0.0), centre is not None, bool(centred), tilted,
-                               n, out)
+            per_user = w = wt = _NONE
+            if not private:
+                per_user = np.ones(len(cnt))
+            elif rule == "adaptive":  # one weight per user (no item counts yet): no array of per-rating weights
+                per_user = adaptive_user_weights(cnt, s.tau, s.norm)
+            else:
+                w = contribution_weights(ip, it, rule=rule, tau=s.tau, norm=s.norm, first_user=block.first_user,
+                                         seed=seed, out=buf("w", len(it), np.float64))
+            if tilted:  # the tilt's scales read the ratings, widened and clipped
+                r = buf("r", len(r32), np.float64)
+                r[:] = r32
+                np.clip(r, lo, hi, out=r)
+                wt = contribution_weights(ip, it, rule=rule, tau=s.tau, norm=s.norm, first_user=block.first_user,
+                                          seed=seed, scales=rating_scales(r, hi, s.half_range, s.rating_tilt))
+            # each user's mean of her clipped ratings; each residual clip(r - her mean, c) (a user with one rating:
+            # her rating against the released global mean, `centre`) weighted into S_j; a residual centred on the
+            # user's own mean carries (1 - 1/n_i) of its item's offset (the rest is the user's other items'):
+            # counted so, S_j / C_j estimates the offset itself, and a user with one rating (residual 0) no longer
+            # dilutes it (means; als keeps w_ij, its users' intercepts absorb the level, and a one-rating user gives
+            # clip(r - mu, c), see _statistics). One compiled pass over the stored ratings (statistic_sums), the
+            # bits of the NumPy form it replaced (a widened, clipped copy, np.add.reduceat, np.bincount).
+            statistic_sums(ip, np.asarray(it, np.int32), r32, float(lo), float(hi), per_user, w, wt, float(c),
+                           float(centre if centre is not None else 0.0), centre is not None, bool(centred), tilted,
+                           n, out, umean)
             if cap == 1.0:
                 out[2 * n] = float(np.sum(umean[has] - mid))
                 out[2 * n + 1] = float(has.sum())
@@ -1575,6 +1579,10 @@ def _own_checkpoint(opts: dict, name: str) -> dict:
     if opts.get("checkpoint"):
         opts["checkpoint"] = os.path.join(str(opts["checkpoint"]), name)
     return opts
+
+
+#: An empty float64 array: the weights :func:`statistic_sums` is not given.
+_NONE = np.zeros(0)
 
 
 def _training(block, s, seed, factors: bool = False):

@@ -28,7 +28,7 @@ from numba import njit
 from streamdp.errors import ParameterError
 from streamdp.privacy.mechanisms import make_rng
 
-__all__ = ["trim_block", "trim_mask", "contribution_weights", "SAMPLING_RULES", "clip_rows", "row_norms", "weight_rows",
+__all__ = ["trim_block", "trim_mask", "contribution_weights", "adaptive_user_weights", "SAMPLING_RULES", "clip_rows", "row_norms", "weight_rows",
            "personalized_weights", "center_ratings",
            "contribution_bounds", "check_tau", "check_clip"]
 
@@ -221,6 +221,19 @@ def _scale_rows_kernel(indptr, values, factors, out):  # pragma: no cover - numb
 SAMPLING_RULES = ("uniform", "tail", "adaptive")
 
 
+def adaptive_user_weights(counts, tau: int, norm: str = "l2") -> np.ndarray:
+    """The ``adaptive`` rule's weights without item counts, one per user (:func:`contribution_weights` repeats each
+    over the user's ratings): ``sqrt(tau / n_i)`` (``norm="l2"``) or ``tau / n_i`` (``"l1"``), scaled by ``1 - 2^-40``;
+    0 for a user with no rating. ``counts`` are the users' rating counts.
+
+    >>> adaptive_user_weights(np.array([4, 0, 1]), 4).round(9).tolist()
+    [1.0, 0.0, 2.0]
+    """
+    counts = np.asarray(counts)
+    per_user = np.where(counts > 0, tau / np.maximum(counts, 1), 0.0)
+    return (np.sqrt(per_user) if norm == "l2" else per_user) * _F64_SAFETY
+
+
 def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2", first_user: int = 0,
                          seed: int = 0, item_counts=None, exponent: float = 0.0, scales=None, out=None) -> np.ndarray:
     """Per-rating weights ``c_ij`` bounding each user's contribution: ``||c_i||_2 <= sqrt(tau)`` or ``||c_i||_1 <= tau``.
@@ -276,8 +289,7 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
         if exponent > 0 or not math.isfinite(exponent):
             raise ParameterError(f"--adaptive-exponent must be <= 0, got {exponent}")
         if exponent == 0.0 and scales is None:  # one weight per user, repeated over their ratings
-            per_user = np.where(counts > 0, tau / np.maximum(counts, 1), 0.0)
-            per_user = (np.sqrt(per_user) if norm == "l2" else per_user) * _F64_SAFETY
+            per_user = adaptive_user_weights(counts, tau, norm)
             if out is None:
                 return np.repeat(per_user, counts)
             _repeat_rows_kernel(indptr, per_user, out)

@@ -219,9 +219,14 @@ def test_the_vector_right_hand_side_is_the_scalar_loops_bit_for_bit(k):
     assert not np.array_equal(vec, start[:, :k])
 
 
-def _statistic_sums_numpy(ip, it, r, umean, w, wt, c, centre, centred, tilted, n):
-    """The NumPy form of the statistics pass before :func:`statistic_sums` (``_AlsBase._statistic_totals``)."""
+def _statistic_sums_numpy(ip, it, r32, lo, hi, w, wt, c, centre, centred, tilted, n):
+    """The NumPy form of the statistics pass before :func:`statistic_sums` (``_AlsBase._statistic_totals``): the
+    ratings widened and clipped, the users' means by ``np.add.reduceat``, the sums by ``np.bincount``."""
+    r = np.clip(r32.astype(np.float64), lo, hi)
     cnt = np.diff(ip)
+    has = cnt > 0
+    umean = np.zeros(len(cnt))
+    umean[has] = np.add.reduceat(r, ip[:-1][has]) / cnt[has]
     out = np.zeros(3 * n + 2 if tilted else 2 * n + 2)
     e = np.subtract(r, np.repeat(umean, cnt))
     np.clip(e, -c, c, out=e)
@@ -233,33 +238,44 @@ def _statistic_sums_numpy(ip, it, r, umean, w, wt, c, centre, centred, tilted, n
     out[n:2 * n] = np.bincount(it, weights=np.multiply(w, carried, out=e), minlength=n)
     if tilted:
         out[2 * n + 2:] = np.bincount(it, weights=wt * carried, minlength=n)
-    return out
+    return out, umean
 
 
 @pytest.mark.parametrize("centre", [None, 3.1])
 @pytest.mark.parametrize("centred", [False, True])
 @pytest.mark.parametrize("tilted", [False, True])
-def test_statistic_sums_are_the_numpy_form_bit_for_bit(centre, centred, tilted):
-    """The statistics pass's sums: each item's weighted clipped residuals against the user's mean (a one-rating
-    user's against the released centre), weight totals (carried shares) and tilted totals, as its NumPy form summed
-    them with np.bincount: the same bits."""
+@pytest.mark.parametrize("per_user", [False, True])
+def test_statistic_sums_are_the_numpy_form_bit_for_bit(centre, centred, tilted, per_user):
+    """The statistics pass's users' means and sums: each item's weighted clipped residuals against the user's mean
+    (a one-rating user's against the released centre), weight totals (carried shares) and tilted totals, as its
+    NumPy form computed them (widened, clipped copy; np.add.reduceat; np.bincount): the same bits. Ratings with
+    many significant bits and users of up to 400 of them (NumPy's pairwise sums, halves above 128), some outside
+    the range; weights per rating, or one per user repeated (``per_user``)."""
     rng = np.random.default_rng(11)
     n_users, n = 400, 60
     cnt = rng.integers(0, 25, n_users)
-    cnt[:6] = [0, 1, 1, 2, 0, 1]
+    cnt[:9] = [0, 1, 1, 2, 0, 1, 129, 400, 8]
     ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
-    it = np.concatenate([np.sort(rng.choice(n, k, replace=False)) for k in cnt]).astype(np.int32)
-    r = np.clip(rng.normal(3.0, 1.5, len(it)), 1.0, 5.0)
-    has = cnt > 0
-    umean = np.zeros(n_users)
-    umean[has] = np.add.reduceat(r, ip[:-1][has]) / cnt[has]
-    w, wt = rng.random(len(it)), rng.random(len(it))
-    want = _statistic_sums_numpy(ip, it, r, umean, w, wt, 0.7, centre, centred, tilted, n)
-    got = np.zeros_like(want)
-    statistic_sums(ip, it, r, umean, w, wt, 0.7, 0.0 if centre is None else centre, centre is not None, centred,
-                   tilted, n, got)
+    it = np.concatenate([rng.integers(0, n, k) for k in cnt]).astype(np.int32)
+    r32 = rng.normal(3.0, 1.5, len(it)).astype(np.float32) * np.float32(1.0 + 1e-3 / 3)
+    lo, hi = 1.0, 4.9
+    wu = rng.random(n_users)
+    w = np.repeat(wu, cnt) if per_user else rng.random(len(it))
+    wt = rng.random(len(it))
+    want, want_mean = _statistic_sums_numpy(ip, it, r32, lo, hi, w, wt, 0.7, centre, centred, tilted, n)
+    got, mean = np.zeros_like(want), np.full(n_users, np.nan)
+    statistic_sums(ip, it, r32, lo, hi, wu, np.zeros(0) if per_user else w, wt if tilted else np.zeros(0), 0.7,
+                   0.0 if centre is None else centre, centre is not None, centred, tilted, n, got, mean)
+    assert np.array_equal(mean, want_mean)
     assert np.array_equal(got, want)
     assert got[:n].any() and got[n:2 * n].any() and (not tilted or got[2 * n + 2:].any())
+    # the means' order matters for these ratings: a plain running sum differs from NumPy's in some user
+    plain = np.array([sum(np.clip(r32[a:b].astype(np.float64), lo, hi).tolist()) for a, b in zip(ip[:-1], ip[1:])])
+    assert (plain[cnt > 0] / cnt[cnt > 0] != want_mean[cnt > 0]).any()
+    means_only = np.zeros(2)
+    statistic_sums(ip, it, r32, lo, hi, wu, np.zeros(0), np.zeros(0), 0.7, 0.0, False, False, False, 0, means_only,
+                   mean)
+    assert np.array_equal(mean, want_mean) and not means_only.any()
 
 
 @pytest.mark.parametrize("heavy", [True, False])
