@@ -82,6 +82,9 @@ SELECT_SHARE_FLOOR, SELECT_RESOLUTION = 0.02, 0.001
 #: Budget share of the users' offset moments (``offset_ridge``), relative like the biases-only selection's: half of
 #: it (about 3% of the budget; the other releases' noise grows by 1.5%).
 OFFSET_SHARE = 0.005
+#: Share of a gated run's left-over budget (the iterations not run) for the users' offset moments when the factors
+#: lost (:meth:`_AlsBase._gated_offsets`): about the share a biases-only run gives them (3% of its budget).
+OFFSET_GATED_SHARE = 0.03
 #: Noise standard deviations added to the offset variance's estimate before the ridge is read off it, and the
 #: smallest ridge it gives (the biases' default before it existed): ``offset_ridge``.
 OFFSET_UPPER, OFFSET_RIDGE_FLOOR = 2.0, 3.0
@@ -624,10 +627,7 @@ class _AlsBase(Method):
         if s.select:
             m = len(s.candidates)
             if self._offset_moments(s):
-                add(f"users' offset moments: over users with at least two training ratings, sums "
-                    f"of the mean product of two of her residuals r - mu - b_j (each clipped to h), of her mean squared "
-                    f"residual, and of 1 (each user at most h^2, h^2 and 1)", math.sqrt(2 * h ** 4 + 1),
-                    2 * h * h + 1, OFFSET_SHARE, shape=(3,))
+                out.append(_offset_share(s, OFFSET_SHARE))
             add(f"validation losses of the {m} candidate releases (per user, the mean squared error clipped to "
                 f"h^2, h half the range, over up to {VALIDATION_CAP} held-out training ratings: each user at most "
                 f"h^2 per candidate)", loss_sensitivity(h, m, "l2"),
@@ -638,7 +638,24 @@ class _AlsBase(Method):
         """Whether the selection pass also releases the users' offset moments (``offset_ridge``): private ``als``/
         ``irls`` runs that choose among item-bias releases with a user intercept and fit no factors, ``--ridge`` not
         given (a given ridge is the user's)."""
-        return (self.private and s.select and s.iters == 0 and self.FIXED_ITERS is None
+        return s.iters == 0 and self._intercept_ridge_chosen(s)
+
+    def _gated_offsets(self, s: AlsSettings) -> bool:
+        """Whether a gated run whose factors lose releases the users' offset moments (:meth:`_offset_pass`, then
+        :meth:`_gated_releases`: from the budget of the iterations not run), for its intercepts' ridge.
+
+        Why: a release of item biases is as good as its users' intercepts, and their ridge read off the offset
+        moments beat the candidates' fixed ones where users' levels differ. Without it a gated run whose factors
+        lost released worse biases-only models than ``--iters 0`` did: on the regime suite's jokes14 store (5,000
+        users, -10..10) at epsilon 10, test RMSE 4.7231 against 4.7071 (ridge 3 against the moments' 5.5; the
+        gated model's own biases scored with ridge 5.5 give 4.7093)."""
+        return (s.iters > 0 and 0 < s.gate_after < s.iters and s.mechanism == "gaussian"
+                and self._intercept_ridge_chosen(s))
+
+    def _intercept_ridge_chosen(self, s: AlsSettings) -> bool:
+        """A private run that chooses among candidates with an item-bias release and a user intercept, ``--ridge``
+        not given (a given ridge is the user's): the intercept's ridge may come from the users' offset moments."""
+        return (self.private and s.select and self.FIXED_ITERS is None
                 and not self._factor_options().is_given("ridge")
                 and any(kind == "bias" and not math.isinf(lam) for kind, lam in s.candidates))
 
@@ -892,13 +909,17 @@ class _AlsBase(Method):
         if not gate:
             choice = self._select(store, engine, run, s, rel, mu, bias0, bias, V, C)
         else:
-            choice = (int(chosen["choice"]), chosen["choice_losses"])
+            choice = (int(chosen["choice"]), chosen["choice_losses"], None)
         if s.select and not self.private:
             return self._refit(store, engine, s, choice) if refit else choice
         if gated_out():
+            # the users' offset moments on the first biases: a pass of their own, only now (the iterations not
+            # run pay for it), so that a run whose factors win reads nothing more
+            moments = self._offset_pass(store, engine, s, mu, bias0) if self._gated_offsets(s) else None
             # the factors lost: the rest of the iterations' budget buys a second release of the item statistics
-            bias, C, plan = self._restatistics(store, engine, run, plan, S1, C, bias0, mu, self._tilts(s, mu),
-                                               exact=exact)
+            bias, C, plan, offsets = self._restatistics(store, engine, run, plan, S1, C, bias0, mu,
+                                                        self._tilts(s, mu), exact=exact, moments=moments)
+            choice = choice[:2] + (offsets,)
             keep = _top_items(C, s.item_frac)
         return self._fitted(store, plan, run, V, bias, mu, C, keep, history, choice)
 
@@ -1137,13 +1158,15 @@ class _AlsBase(Method):
         C = tot[n:2 * n]
         return tot[:n], C, tot[2 * n], tot[2 * n + 1], (tot[2 * n + 2:] if tilted else C)
 
-    def _gated_releases(self, plan: Plan):
-        """The releases a gated run spent when the factors lost: ``(second sums, second counts, Plan)``.
+    def _gated_releases(self, plan: Plan, offsets: bool = False):
+        """The releases a gated run spent when the factors lost: ``(second sums, second counts, offset moments or
+        None, Plan)``.
 
         The iterations after the gate are not run; their Gaussian releases' total
         ``sum count_i / z_i^2`` (the whole run's Gaussian ``mu^2`` is the sum of these
         terms) goes to a second release of the item sums and weight totals, split as the
-        statistics' share is (``--count-share``). The run's releases therefore compose to
+        statistics' share is (``--count-share``), and with ``offsets`` (:meth:`_gated_offsets`)
+        :data:`OFFSET_GATED_SHARE` of it first to the users' offset moments. The run's releases therefore compose to
         the same Gaussian whichever branch the noisy choice took; the ledger lists what
         was spent, and the accountant's epsilon of it is checked against the target.
         """
@@ -1155,37 +1178,42 @@ class _AlsBase(Method):
                          for name in s.release_order]
         m2 = (T - gate) * sum(1.0 / rel[name].noise_multiplier ** 2 for name in ("gram", "rhs"))
         cs = s.count_share
+        fo = OFFSET_GATED_SHARE if offsets else 0.0
         factor = 1.0
         while True:
             sums2 = replace(rel["sums"], what="second release of the item sums (the factors lost the gated choice: "
                             "the budget of the iterations not run)",
-                            noise_multiplier=factor / math.sqrt((1.0 - cs) * m2))
+                            noise_multiplier=factor / math.sqrt((1.0 - fo) * (1.0 - cs) * m2))
             counts2 = replace(rel["counts"], what="second release of the item weight totals (the factors lost the "
-                              "gated choice)", noise_multiplier=factor / math.sqrt(cs * m2))
-            releases = spent + [sums2, counts2]
+                              "gated choice)", noise_multiplier=factor / math.sqrt((1.0 - fo) * cs * m2))
+            moments = _offset_share(s, fo).at(factor / math.sqrt(m2)) if offsets else None
+            releases = spent + [sums2, counts2] + ([moments] if offsets else [])
             eps = epsilon_of(compose([r.event() for r in releases]), self.delta).epsilon
             if eps <= self.epsilon:
                 break
             factor *= 1.001  # the accountant's discretization: never report above the target
-        return sums2, counts2, Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases],
-                                    settings=s, bounds=plan.bounds, releases=rel)
+        return sums2, counts2, moments, Plan(events=[r.event() for r in releases],
+                                             entries=[r.entry() for r in releases], settings=s, bounds=plan.bounds,
+                                             releases=rel)
 
     def _restatistics(self, store, engine, run, plan: Plan, S1, C1, bias0, mu: float, tilted: bool = False,
-                      exact=None):
+                      exact=None, moments=None):
         """A gated run whose factors lost: second item statistics, combined with the first by their noise
         (``tilted``: the first weight totals were the ``--rating-tilt`` ones, and so are the second; ``mu``: the
-        released global mean, a one-rating user's centre as in the first).
+        released global mean, a one-rating user's centre as in the first), and with ``moments`` (the users' exact
+        offset moments of the gate's pass, :meth:`_gated_offsets`) their release.
 
         ``exact``: the first release's exact ``(item sums, weight totals, tilted weight totals)``, which are the
         second's too (the same ratings, weights and centre: a pass of its own summed them again, the same bits), or
         ``None`` (a warm start's first sums were centred on the earlier model's mean; a run resumed from a
         checkpoint keeps only what was released): then a pass sums them. The second release adds its own noise to
-        them either way. Returns ``(item biases, weight totals, the Plan of what was spent)``.
+        them either way. Returns ``(item biases, weight totals, the Plan of what was spent, (noisy offset moments,
+        their noise std) or None)``.
         """
         s, rel = plan.settings, plan.releases
         if s.gate_after >= s.iters:  # nothing left to spend
-            return bias0, C1, plan
-        sums2, counts2, spent = self._gated_releases(plan)
+            return bias0, C1, plan, None
+        sums2, counts2, offsets2, spent = self._gated_releases(plan, offsets=moments is not None)
         if exact is not None:
             S, C, Ct = exact
         else:
@@ -1203,7 +1231,10 @@ class _AlsBase(Method):
         C = (w1 * C1 + w2 * C2) / (w1 + w2)
         sigma_C = 1.0 / math.sqrt(w1 + w2)
         bias = item_biases(S, C, sigma_S, s.half_range, sigma_C=sigma_C, clip=s.bias_clip)
-        return bias, C, spent
+        offsets = None
+        if offsets2 is not None:  # drawn after the statistics': their draws are a run's without it
+            offsets = (offsets2.add(np.asarray(moments, np.float64), g), _std(offsets2))
+        return bias, C, spent, offsets
 
     def _tilts(self, s, mu: float) -> bool:
         """Whether the released weight totals are the ``--rating-tilt`` ones: a tilt is set and the released global
@@ -1345,10 +1376,7 @@ class _AlsBase(Method):
         def fn(block, b):
             out = np.zeros(m + 3)
             if moments:  # her residuals on the released biases, over every training rating (nothing is validated)
-                ait = np.ascontiguousarray(block.items, dtype=np.int32)
-                ares = np.empty(len(ait), np.float64)
-                residuals(ait, np.clip(block.ratings, np.float32(lo), np.float32(hi)), float(mu), bias_of["bias"], ares)
-                out[m:] = offset_moments(block.indptr, ares, h)
+                out[m:] = _block_offset_moments(block, s, mu, bias_of["bias"])
             ip = np.asarray(block.indptr, np.int64)
             v, start = holdout_strides(ip, block.first_user, seed % (1 << 64), rate=s.validation_rate)
             nv = int(v.sum())
@@ -1365,6 +1393,15 @@ class _AlsBase(Method):
 
         # per block: the users' validation counts and starts, the losses of each candidate on each validation rating
         return fn, (16 + 8 * m * VALIDATION_CAP) * store.block_users
+
+    def _offset_pass(self, store, engine, s, mu, bias0) -> np.ndarray:
+        """The users' exact offset moments on the biases ``bias0``: a gated run whose factors lost
+        (:meth:`_gated_offsets`), in a pass of their own."""
+        b0 = np.ascontiguousarray(bias0, np.float64)
+        nnz = store.block_nnz("train")
+        return engine.map_reduce(lambda block, b: _block_offset_moments(block, s, mu, b0), _add, np.zeros(3),
+                                 extra_per_block=40 * (int(nnz.max()) if len(nnz) else 0),
+                                 desc=f"{self.name} offset moments", keeps_blocks=False)
 
     # -- the item solves -----------------------------------------------------------------
     def _solve_items(self, s, B, A, G, C, keep, rel, n_users: int):
@@ -1535,6 +1572,25 @@ def offset_moments(indptr, resid, h: float) -> np.ndarray:
     n = cnt[k].astype(np.float64)
     y = np.clip((sx[k] ** 2 - sxx[k]) / (n * (n - 1.0)), -h * h, h * h)
     return np.array([float(y.sum()), float((sxx[k] / n).sum()), float(k.sum())])
+
+
+def _block_offset_moments(block, s, mu: float, bias) -> np.ndarray:
+    """:func:`offset_moments` of a block's users: their residuals ``clip(r, lo, hi) - mu - bias_j`` on every training
+    rating (``bias`` float64)."""
+    items = np.ascontiguousarray(block.items, dtype=np.int32)
+    res = np.empty(len(items), np.float64)
+    residuals(items, np.clip(block.ratings, np.float32(s.rating_min), np.float32(s.rating_max)), float(mu), bias, res)
+    return offset_moments(block.indptr, res, s.half_range)
+
+
+def _offset_share(s, share: float) -> Share:
+    """The users' offset moments' release (:func:`offset_moments`) before calibration, at budget ``share``."""
+    h = s.half_range
+    return Share(f"users' offset moments: over users with at least two training ratings, sums of the mean product "
+                 f"of two of her residuals r - mu - b_j (each clipped to h), of her mean squared residual, and of 1 "
+                 f"(each user at most h^2, h^2 and 1)", s.mechanism,
+                 math.sqrt(2 * h ** 4 + 1) if s.norm == "l2" else 2 * h * h + 1, share,
+                 huber_c=s.huber_transition, shape=(3,))
 
 
 def offset_ridge(moments, noise_std: float) -> dict:

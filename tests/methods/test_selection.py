@@ -250,6 +250,38 @@ def test_gated_run_whose_factors_lose_spends_the_rest_on_the_statistics(jokes_st
     # the second release makes the biases-only choice about as good as a biases-only run
     assert gated.summary["test_rmse"] < late.summary["test_rmse"]
     assert gated.summary["test_rmse"] <= biases.summary["test_rmse"] + 0.015
+    # and the users' intercepts take the ridge of the offset moments released from the same left-over budget
+    assert releases["users' offset moments: over users with at least two training ratings, sums of the mean "
+                    "product of two of her residuals r - mu - b_j"]["count"] == 1
+    assert gated.info["ridge"] == gated.info["selection"]["offset_ridge"]["ridge"]
+
+
+@pytest.mark.parametrize("factors_win", [False, True])
+def test_a_gated_run_reads_the_offset_moments_only_when_its_factors_lose(jokes_store, monkeypatch, factors_win):
+    """The offset moments of a gated run cost a pass of their own, made only once the factors lost (the iterations
+    not run pay for it): a run whose factors win (the choice forced here) reads no more than before, and its ledger
+    holds no such release. Where they lose, the intercepts' ridge is read off the moments: on this store at epsilon
+    10 (seed 0) the model beats the same biases with the candidate's ridge 3 (scored locally, no privacy cost)."""
+    import streamdp.methods.als as als_mod
+    from streamdp.stream.engine import Engine
+
+    seen, orig = [], Engine.map_reduce
+
+    def spy(self, *a, desc="pass", **k):
+        seen.append(desc)
+        return orig(self, *a, desc=desc, **k)
+
+    monkeypatch.setattr(Engine, "map_reduce", spy)
+    if factors_win:
+        monkeypatch.setattr(als_mod, "choose", lambda noisy, default, std: 0)  # "factors, ridge 10"
+    m = streamdp.train(jokes_store, epsilon=10.0, seed=0)
+    offsets = [e for e in m.ledger.bounds["releases"] if e["release"].startswith("users' offset moments")]
+    assert m.info["factors_released"] is factors_win
+    assert bool(offsets) is not factors_win and any("offset moments" in d for d in seen) is not factors_win
+    if not factors_win:
+        ridge = m.info["ridge"]
+        assert ridge == m.info["selection"]["offset_ridge"]["ridge"] and ridge > 3.0
+        assert m.summary["test_rmse"] < streamdp.evaluate(m, jokes_store, ridge=3.0)["rmse"]
 
 
 def test_the_second_release_adds_its_noise_to_the_first_pass_sums(jokes_store, monkeypatch):
