@@ -641,8 +641,9 @@ class _AlsBase(Method):
         return s.iters == 0 and self._intercept_ridge_chosen(s)
 
     def _gated_offsets(self, s: AlsSettings) -> bool:
-        """Whether a gated run whose factors lose releases the users' offset moments (:meth:`_offset_pass`, then
-        :meth:`_gated_releases`: from the budget of the iterations not run), for its intercepts' ridge.
+        """Whether a gated run whose factors lose to item biases with a user intercept releases the users' offset
+        moments (:meth:`_offset_pass`, then :meth:`_gated_releases`: from the budget of the iterations not run), for
+        the intercepts' ridge.
 
         Why: a release of item biases is as good as its users' intercepts, and their ridge read off the offset
         moments beat the candidates' fixed ones where users' levels differ. Without it a gated run whose factors
@@ -913,9 +914,12 @@ class _AlsBase(Method):
         if s.select and not self.private:
             return self._refit(store, engine, s, choice) if refit else choice
         if gated_out():
-            # the users' offset moments on the first biases: a pass of their own, only now (the iterations not
-            # run pay for it), so that a run whose factors win reads nothing more
-            moments = self._offset_pass(store, engine, s, mu, bias0) if self._gated_offsets(s) else None
+            # the users' offset moments on the first biases, for the chosen intercepts' ridge: a pass of their own,
+            # only now (the iterations not run pay for it), so that a run whose factors win reads nothing more, and
+            # only for a choice with an intercept
+            kind, lam = s.candidates[choice[0]]
+            moments = (self._offset_pass(store, engine, s, mu, bias0)
+                       if self._gated_offsets(s) and kind == "bias" and not math.isinf(lam) else None)
             # the factors lost: the rest of the iterations' budget buys a second release of the item statistics
             bias, C, plan, offsets = self._restatistics(store, engine, run, plan, S1, C, bias0, mu,
                                                         self._tilts(s, mu), exact=exact, moments=moments)
