@@ -966,7 +966,7 @@ class _AlsBase(Method):
                 "noisy_validation_losses" if self.private else "validation_losses":
                     [round(float(x), 4) for x in losses], **sample_record(s.validation_rate)}
 
-    def _selection_note(self, s, kind, lam) -> str:
+    def _selection_note(self, s, kind, lam, offsets: bool = False) -> str:
         how = ("privately, by 10% of each user's training ratings (at most 2) held out of their own solves and "
                "the factor iterations up to the choice" if self.private else
                "by 10% of each user's training ratings (at most 2) "
@@ -985,7 +985,9 @@ class _AlsBase(Method):
         elif gate and gate < T:
             note += (f", after iteration {gate} of {T}: the factors lost, the {T - gate} iterations after it were "
                      f"not run and their Gaussian budget (the same sum of 1 / z^2) went to a second release of the "
-                     f"item sums and weight totals, combined with the first by their noise; both branches compose "
+                     f"item sums and weight totals, combined with the first by their noise"
+                     + (f" (and {OFFSET_GATED_SHARE:.0%} of it to the users' offset moments, for the intercepts' "
+                        f"ridge)" if offsets else "") + "; both branches compose "
                      f"to the same Gaussian mechanism (fully adaptive composition of Gaussian mechanisms: Smith & "
                      f"Thakurta 2022, Whitehouse et al. 2023), and the accountant's epsilon of what was spent is "
                      f"the reported one")
@@ -1205,7 +1207,7 @@ class _AlsBase(Method):
         """A gated run whose factors lost: second item statistics, combined with the first by their noise
         (``tilted``: the first weight totals were the ``--rating-tilt`` ones, and so are the second; ``mu``: the
         released global mean, a one-rating user's centre as in the first), and with ``moments`` (the users' exact
-        offset moments of the gate's pass, :meth:`_gated_offsets`) their release.
+        offset moments, :meth:`_offset_pass`) their release.
 
         ``exact``: the first release's exact ``(item sums, weight totals, tilted weight totals)``, which are the
         second's too (the same ratings, weights and centre: a pass of its own summed them again, the same bits), or
@@ -1466,7 +1468,7 @@ class _AlsBase(Method):
                          f"item weight totals not tilted (--rating-tilt {s.rating_tilt:g} applies when the released "
                          f"global mean is at most {TILT_MAX_MEAN:g} of the way up the rating range; it is {pos:.2f})")
         if s.select:
-            notes.append(self._selection_note(s, kind, lam))
+            notes.append(self._selection_note(s, kind, lam, offsets=offset is not None))
         elif s.reused_choice:
             notes.append(f"--select auto: the choice released by the warm-start model {self.warm.path} "
                          f"({s.reused_choice}) is reused (post-processing of its model.json): no selection release, "
