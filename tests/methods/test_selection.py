@@ -431,9 +431,10 @@ def test_iterations_after_the_gate_use_the_validation_ratings_again(small_store,
     assert calls == [True] * gate + [False] * (T - gate)
     # the choice rides along iteration gate + 1's pass: one read of each block serves both
     fit = [p for p in passes if "iteration" in p or "selection" in p]
-    before, after = range(1, gate + 1), range(gate + 2, T + 1)
-    assert fit == [f"als iteration {t}/{T}" for t in before] + [f"als selection + iteration {gate + 1}/{T}"] + \
-        [f"als iteration {t}/{T}" for t in after]
+    # and the first rides along the statistics pass (_first_rides)
+    before, after = range(2, gate + 1), range(gate + 2, T + 1)
+    assert fit == [f"als statistics + iteration 1/{T}"] + [f"als iteration {t}/{T}" for t in before] + \
+        [f"als selection + iteration {gate + 1}/{T}"] + [f"als iteration {t}/{T}" for t in after]
 
 
 @pytest.mark.slow  # four trainings of a 30,000-user store (about 20 s busy)
