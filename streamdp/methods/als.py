@@ -1212,7 +1212,7 @@ class _AlsBase(Method):
         C = tot[n:2 * n]
         return tot[:n], C, tot[2 * n], tot[2 * n + 1], (tot[2 * n + 2:] if tilted else C)
 
-    def _gated_releases(self, plan: Plan, offsets: bool = False):
+    def _gated_releases(self, store, plan: Plan, offsets: bool = False):
         """The releases a gated run spent when the factors lost: ``(second sums, second counts, offset moments or
         None, Plan)``.
 
@@ -1226,7 +1226,9 @@ class _AlsBase(Method):
         """
         s, rel = plan.settings, plan.releases
         T, gate = s.iters, s.gate_after
-        first = self.users.spent() if self.private and self.users is not None else []  # the count, planned first
+        # what was spent before the plan (the count, the item catalogue's and the rating range's selections), as
+        # plan() puts it first: composed in the search below and listed in the ledger
+        first = self.spent_first(store)
         spent = first + [s.profile.release if name == "profile" else
                          replace(rel[name], count=gate) if name in ("gram", "rhs") else rel[name]
                          for name in s.release_order]
@@ -1267,7 +1269,7 @@ class _AlsBase(Method):
         s, rel = plan.settings, plan.releases
         if s.gate_after >= s.iters:  # nothing left to spend
             return bias0, C1, plan, None
-        sums2, counts2, offsets2, spent = self._gated_releases(plan, offsets=moments is not None)
+        sums2, counts2, offsets2, spent = self._gated_releases(store, plan, offsets=moments is not None)
         if exact is not None:
             S, C, Ct = exact
         else:

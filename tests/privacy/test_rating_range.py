@@ -129,6 +129,28 @@ def _model(path):
     return json.load(open(path / "model.json")), json.load(open(path / "privacy.json"))
 
 
+
+@pytest.mark.parametrize("factors_win", [False, True])
+def test_a_gated_run_keeps_the_selected_range_in_its_ledger_and_on_target(stores, tmp_path, monkeypatch, factors_win):
+    """A gated als run whose factors lose (the choice forced here; a noisy choice may make it) spends the rest of its
+    budget again: that second calibration composes the releases made before the plan (the rating range's selection)
+    and its ledger lists them. It once composed only the user count: the range's two events left out of the ledger
+    and out of the search, the total above the target."""
+    import streamdp.methods.als as als_mod
+
+    _, outlier, _ = stores
+    # "factors, ridge 10" or "bias, ridge 3"
+    monkeypatch.setattr(als_mod, "choose", lambda noisy, default, std: 0 if factors_win else 2)
+    out = tmp_path / "m"
+    train(outlier, method="als", epsilon=1.0, delta=1e-5, out=str(out), evaluate_test=False, seed=0, iters=4)
+    model, ledger = _model(out)
+    assert model["factors_released"] is factors_win and model["selection"]["chosen_after_iteration"] == 2
+    whats = [r["release"] for r in ledger["bounds"]["releases"]]
+    assert sum(w.startswith("rating range:") for w in whats) == 2
+    assert any(w.startswith("second release of the item sums") for w in whats) is not factors_win
+    acc = ledger["accounting"]
+    assert acc["epsilon"] <= 1.0 and acc["epsilon"] == pytest.approx(1.0, abs=5e-3)
+
 @pytest.mark.parametrize("method", ["als", "means"])
 def test_private_run_publishes_the_selected_range_and_stays_on_target(stores, tmp_path, method):
     """On the outlier store (observed range [0, 9]) the model's range is the selected [1, 5]; the ledger lists the
