@@ -87,9 +87,10 @@ def test_a_users_bound_below_the_stores_users_is_one_line(store, tmp_path):
 
 
 @pytest.mark.parametrize("code", [0, 2])
-def test_the_console_script_freezes_the_collector_after_the_command_and_keeps_its_exit_code(monkeypatch, code):
+def test_the_console_script_freezes_the_collector_around_the_command_and_keeps_its_exit_code(monkeypatch, code):
     """``streamdp.cli.run`` (the console script, ``python -m streamdp``): the command's exit code unchanged, the
-    collector frozen only once the command returned (the interpreter's closing collections skipped)."""
+    collector frozen before the command (its imports) and once it returned (the interpreter's closing
+    collections skipped)."""
     import gc
 
     import streamdp.cli as cli
@@ -104,4 +105,4 @@ def test_the_console_script_freezes_the_collector_after_the_command_and_keeps_it
     monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
     with pytest.raises(SystemExit) as exc:
         cli.run()
-    assert exc.value.code == code and calls == ["command", "freeze"]
+    assert exc.value.code == code and calls == ["freeze", "command", "freeze"]

@@ -47,8 +47,8 @@ from streamdp.outputs import deferred_interrupts
 from streamdp.progress import progress
 from streamdp.storage.segments import SegmentedStore
 from streamdp.storage.store import Block, RatingStore, open_store
-from streamdp.memory import (KERNEL_CODE_BYTES, current_rss, format_size, kernel_code_loaded, release_freed_memory,
-                             resolve_memory_limit, unmap_large_frees)
+from streamdp.memory import (KERNEL_CODE_BYTES, current_rss, format_size, frozen_collector, kernel_code_loaded,
+                             release_freed_memory, resolve_memory_limit, unmap_large_frees)
 from streamdp.stream.state import UserState  # noqa: F401  (re-exported: part of the engine API)
 from streamdp.stream.threads import available_cores, numba_threads, thread_budget, thread_limits
 
@@ -534,10 +534,18 @@ class Engine:
         self._cluster = None
 
     def __enter__(self):
+        # the passes' full garbage collections traverse only what the run creates (memory.frozen_collector)
+        self._frozen = frozen_collector()
+        self._frozen.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        try:
+            self.close()
+        finally:
+            frozen, self._frozen = getattr(self, "_frozen", None), None
+            if frozen is not None:
+                frozen.__exit__(None, None, None)
 
     def describe(self) -> dict:
         """The engine's configuration, for a model's ``model.json``.

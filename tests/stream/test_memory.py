@@ -187,3 +187,38 @@ def test_buffer_pool_reuses_a_set_per_holder_and_pickles_empty():
     copy = pickle.loads(pickle.dumps(pool))
     with copy.take() as buf:
         assert len(buf("x", 3, np.int32)) == 3
+
+
+def test_an_engine_keeps_the_objects_alive_on_entry_out_of_full_collections_and_gives_them_back(tmp_path):
+    """``Engine``'s ``with`` (:func:`streamdp.memory.frozen_collector`): the objects alive on entry frozen (a full
+    collection does not traverse them), unfrozen on exit; under an outer freeze (the command line's) they stay
+    frozen; a cycle of garbage made during the run is collected as usual."""
+    import gc
+
+    from streamdp.storage.generate import generate_store
+    from streamdp.stream.engine import Engine
+
+    class Cycle:
+        pass
+
+    gc.unfreeze()
+    st = generate_store(str(tmp_path / "s.zarr"), n_users=60, n_items=10, ratings_per_user=4, rank=2, seed=0,
+                        block_users=20)
+    try:
+        with Engine(st, workers=1) as eng:
+            assert gc.get_freeze_count() > 0
+            c = Cycle()
+            c.self = c
+            gone = __import__("weakref").ref(c)
+            del c
+            gc.collect()
+            assert gone() is None  # made during the run: not frozen
+            assert eng.map_reduce(lambda blk, b: blk.nnz, lambda a, x: a + x, 0) == st.n_ratings
+        assert gc.get_freeze_count() == 0
+        gc.freeze()
+        outer = gc.get_freeze_count()
+        with Engine(st, workers=1):
+            pass
+        assert gc.get_freeze_count() >= outer  # the outer freeze is left as it was
+    finally:
+        gc.unfreeze()
