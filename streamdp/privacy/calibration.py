@@ -43,7 +43,8 @@ from streamdp.privacy.accountant import (check_calibratable, check_privacy_param
                                          pld_grid, rdp_accountant)
 from streamdp.privacy.events import gaussian_event, huber_event, laplace_event
 
-__all__ = ["calibrate", "calibrate_gaussian", "calibrate_laplace", "calibrate_huber", "paper_sigma_jain"]
+__all__ = ["calibrate", "calibrate_bound", "calibrate_gaussian", "calibrate_laplace", "calibrate_huber",
+           "paper_sigma_jain"]
 
 _REL_TOL = 1e-5
 #: Significant bits kept of a calibrated noise parameter (rounded up): see the module docstring.
@@ -129,6 +130,45 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
         z = _round_up(z * (1.0 + step))
         step *= 2.0
     raise ParameterError(f"calibration did not converge for epsilon={epsilon}, delta={delta}")  # pragma: no cover
+
+
+def calibrate_bound(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: float, delta: float, *,
+                    margin: float = 1e-3, accept: Callable[[float], bool] | None = None) -> float | None:
+    """A noise parameter no smaller than :func:`calibrate`'s answer, for a decision that only needs to know the
+    noise is at most so much: RDP's calibration (microseconds an evaluation) times ``1 + margin``, accepted when one
+    PLD evaluation (the ledger's accountant, on :func:`calibrate`'s grid) finds it within the target; ``None``
+    otherwise (then only :func:`calibrate` can say), for ``epsilon = inf``, and where ``accept(z)`` (the caller's
+    decision on the bound, asked before the PLD evaluation) is false.
+
+    ``calibrate`` returns the smallest ``z`` within budget up to its tolerance (``1e-5`` relative, rounded up to
+    :data:`Z_BITS` bits; ``margin`` covers that and a few of its final nudges), and PLD's epsilon falls as ``z``
+    grows, so its answer is at most this. One PLD evaluation against the dozen of a calibration: a plan that
+    calibrates a first time only to decide a share (:meth:`streamdp.methods.als._AlsBase._plan`) decides on this.
+
+    >>> from streamdp.privacy.events import gaussian_event
+    >>> calibrate_bound(lambda z: gaussian_event(z, 10), 1.0, 1e-5) >= calibrate(lambda z: gaussian_event(z, 10),
+    ...                                                                         1.0, 1e-5)
+    True
+    """
+    check_privacy_params(epsilon, delta)
+    epsilon, delta = float(epsilon), float(delta)
+    if math.isinf(epsilon):
+        return None
+    check_calibratable(epsilon)
+
+    def rdp_gap(z: float) -> float:
+        acc = rdp_accountant()
+        acc.compose(make_event(z))
+        return acc.get_epsilon(delta) - epsilon
+
+    lo, hi = _bracket(rdp_gap, 1.0, epsilon)
+    z = float(_mc.calibrate_dp_mechanism(rdp_accountant, make_event, epsilon, delta,
+                                         bracket_interval=_mc.ExplicitBracketInterval(lo, hi), tol=1e-3 * lo))
+    z *= 1.0 + margin  # calibrate_dp_mechanism returns the within-budget side of RDP's answer
+    if accept is not None and not accept(z):
+        return None
+    event = make_event(z)
+    return z if pld_epsilon(event, pld_grid(event, epsilon), delta) <= epsilon else None
 
 
 def _round_up(z: float) -> float:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from streamdp.errors import ParameterError
-from streamdp.privacy.calibration import calibrate
+from streamdp.privacy.calibration import calibrate, calibrate_bound
 from streamdp.privacy.events import compose, gaussian_event, huber_event, laplace_event
 from streamdp.privacy.mechanisms import gaussian_noise, huber_noise, huber_variance, laplace_noise
 
@@ -242,6 +242,26 @@ def calibrate_releases(shares: list[Share], epsilon: float, delta: float, *, fix
     before = [r.event() for r in fixed]
     z = calibrate(lambda z: compose(before + [s.at(z).event() for s in shares]), epsilon, delta)
     return [s.at(z) for s in shares]
+
+
+def bound_releases(shares: list[Share], epsilon: float, delta: float, *, fixed=(), accept=None
+                   ) -> list[Release] | None:
+    """Releases whose noise is at least :func:`calibrate_releases`' for the same arguments (every release's, the
+    budget's one scalar being at least its: :func:`~streamdp.privacy.calibration.calibrate_bound`), or ``None`` where
+    that cheap bound cannot be had (then calibrate). For a decision monotone in the noise, not for a release.
+    ``accept(releases)``: the caller's decision on the bound, asked before its one PLD evaluation (false: ``None``).
+
+    >>> shares = [Share("a", "gaussian", 1.0, 0.9, count=3), Share("b", "gaussian", 2.0, 0.1)]
+    >>> up, rs = bound_releases(shares, 1.0, 1e-6), calibrate_releases(shares, 1.0, 1e-6)
+    >>> all(u.noise_multiplier >= r.noise_multiplier for u, r in zip(up, rs))
+    True
+    """
+    if not shares or not math.isfinite(epsilon):
+        return None
+    before = [r.event() for r in fixed]
+    z = calibrate_bound(lambda z: compose(before + [s.at(z).event() for s in shares]), epsilon, delta,
+                        accept=None if accept is None else (lambda z: accept([s.at(z) for s in shares])))
+    return None if z is None else [s.at(z) for s in shares]
 
 
 def entry_std(entry: dict) -> float:

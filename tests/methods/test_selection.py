@@ -478,3 +478,53 @@ def test_factor_candidates_share_each_users_gramian_bit_for_bit(small_store, mon
     assert factors == ["factors, ridge 10", "factors, ridge 30"]
     assert len(losses) == 2 and np.array_equal(losses[0], losses[1])
     assert np.array_equal(shared.item_factors, separate.item_factors)
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 10.0, 100.0, 500.0])
+def test_a_plan_that_skips_the_first_calibration_is_the_plan_that_makes_it(small_store, monkeypatch, epsilon):
+    """``_choice_at_floor``: where a bound on the noise already puts the choice's share at the floor, the plan is
+    made with one calibration; its settings, releases and events are those of the plan that calibrates first (the
+    shortcut turned off), and at epsilon 500 on this store (3,000 users) it is taken."""
+    from streamdp.methods import als
+    from streamdp.methods.als import SELECT_SHARE_FLOOR
+    from streamdp.workflows.training import prepare
+
+    def plan(shortcut: bool):
+        taken = []
+        original = als._AlsBase._choice_at_floor
+
+        def spy(self, *a, **k):
+            got = original(self, *a, **k) if shortcut else None
+            taken.append(got is not None)
+            return got
+
+        with monkeypatch.context() as mp:
+            mp.setattr(als._AlsBase, "_choice_at_floor", spy)
+            _, m = prepare(small_store, method="als", out=str(small_store.path) + ".unused", epsilon=epsilon,
+                           delta=1e-6, seed=0)
+            return m.plan(small_store), taken
+
+    fast, taken = plan(True)
+    slow, _ = plan(False)
+    assert fast.settings.replace(profile=None) == slow.settings.replace(profile=None)  # the profile: same draw
+    assert [repr(e) for e in fast.events] == [repr(e) for e in slow.events] and fast.entries == slow.entries
+    if epsilon >= 500.0:
+        assert taken == [True] and fast.settings.select_share == SELECT_SHARE_FLOOR
+
+
+def test_the_bound_on_a_calibration_is_at_least_it_and_asks_before_its_pld_evaluation():
+    """``calibrate_bound``: at least ``calibrate``'s answer (and within budget); ``None`` where the caller's
+    ``accept`` refuses the bound (no PLD evaluation made) or epsilon is infinite."""
+    from streamdp.privacy import calibrate, epsilon_of, gaussian_event, compose, laplace_event
+    from streamdp.privacy.calibration import calibrate_bound
+
+    for make, eps, delta in [(lambda z: gaussian_event(z, 10), 1.0, 1e-6),
+                             (lambda z: compose([laplace_event(100.0, 1), gaussian_event(z, 7)]), 0.5, 1e-8),
+                             (lambda z: gaussian_event(z, 3), 50.0, 1e-5)]:
+        up = calibrate_bound(make, eps, delta)
+        assert up is not None and up >= calibrate(make, eps, delta)
+        assert epsilon_of(make(up), delta).epsilon <= eps
+        asked = []
+        assert calibrate_bound(make, eps, delta, accept=lambda z: asked.append(z) or False) is None
+        assert asked == [pytest.approx(up)]
+    assert calibrate_bound(lambda z: gaussian_event(z, 1), math.inf, 1e-6) is None
