@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import ctypes.util
+import gc
 import re
 import sys
 import threading

@@ -514,8 +514,8 @@ def test_a_plan_that_skips_the_first_calibration_is_the_plan_that_makes_it(small
 
 def test_the_bound_on_a_calibration_is_at_least_it_and_asks_before_its_pld_evaluation():
     """``calibrate_bound``: at least ``calibrate``'s answer (and within budget); ``None`` where the caller's
-    ``accept`` refuses the bound (no PLD evaluation made) or epsilon is infinite."""
-    from streamdp.privacy import calibrate, epsilon_of, gaussian_event, compose, laplace_event
+    ``accept``, asked once with the bound, refuses it, or epsilon is infinite."""
+    from streamdp.privacy import calibrate, compose, epsilon_of, gaussian_event, laplace_event
     from streamdp.privacy.calibration import calibrate_bound
 
     for make, eps, delta in [(lambda z: gaussian_event(z, 10), 1.0, 1e-6),

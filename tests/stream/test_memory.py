@@ -194,6 +194,7 @@ def test_an_engine_keeps_the_objects_alive_on_entry_out_of_full_collections_and_
     collection does not traverse them), unfrozen on exit; under an outer freeze (the command line's) they stay
     frozen; a cycle of garbage made during the run is collected as usual."""
     import gc
+    import weakref
 
     from streamdp.storage.generate import generate_store
     from streamdp.stream.engine import Engine
@@ -209,7 +210,7 @@ def test_an_engine_keeps_the_objects_alive_on_entry_out_of_full_collections_and_
             assert gc.get_freeze_count() > 0
             c = Cycle()
             c.self = c
-            gone = __import__("weakref").ref(c)
+            gone = weakref.ref(c)
             del c
             gc.collect()
             assert gone() is None  # made during the run: not frozen
