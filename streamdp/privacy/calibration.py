@@ -108,15 +108,7 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: flo
     if lower is None or upper is None:
         # RDP upper-bounds PLD and costs microseconds even where PLD is slow (tiny noise,
         # huge epsilon), so bracket with RDP first: its answer is within PLD's budget.
-        def rdp_gap(z: float) -> float:
-            acc = rdp_accountant()
-            acc.compose(make_event(z))
-            return acc.get_epsilon(delta) - epsilon
-
-        lo, hi = _bracket(rdp_gap, 1.0 if upper is None else float(upper), epsilon)
-        z_rdp = float(_mc.calibrate_dp_mechanism(rdp_accountant, make_event, epsilon, delta,
-                                                 bracket_interval=_mc.ExplicitBracketInterval(lo, hi),
-                                                 tol=1e-3 * lo))
+        z_rdp = _rdp_answer(make_event, epsilon, delta, 1.0 if upper is None else float(upper))
         lower, upper = _bracket(gap, z_rdp, epsilon, factor=1.25)
     # Whatever grid the search uses, the final check below is the one the ledger makes.
     z = _mc.calibrate_dp_mechanism(lambda: _PldAtEpsilon(epsilon), make_event, epsilon, delta,
@@ -156,19 +148,28 @@ def calibrate_bound(make_event: Callable[[float], dp_accounting.DpEvent], epsilo
         return None
     check_calibratable(epsilon)
 
+    z = _rdp_answer(make_event, epsilon, delta) * (1.0 + margin)  # RDP's answer is on its within-budget side
+    if accept is not None and not accept(z):
+        return None
+    event = make_event(z)
+    return z if pld_epsilon(event, pld_grid(event, epsilon), delta) <= epsilon else None
+
+
+def _rdp_answer(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: float, delta: float,
+                start: float = 1.0) -> float:
+    """The RDP accountant's calibration to ``1e-3`` of its bracket (``start`` begins the search): an upper bound on
+    PLD's answer in microseconds an evaluation, where PLD is slow (tiny noise, huge epsilon). dp-accounting's
+    ``calibrate_dp_mechanism`` returns the within-budget side of its last bracket. :func:`calibrate` starts its
+    PLD search from it, :func:`calibrate_bound` widens it."""
+
     def rdp_gap(z: float) -> float:
         acc = rdp_accountant()
         acc.compose(make_event(z))
         return acc.get_epsilon(delta) - epsilon
 
-    lo, hi = _bracket(rdp_gap, 1.0, epsilon)
-    z = float(_mc.calibrate_dp_mechanism(rdp_accountant, make_event, epsilon, delta,
-                                         bracket_interval=_mc.ExplicitBracketInterval(lo, hi), tol=1e-3 * lo))
-    z *= 1.0 + margin  # calibrate_dp_mechanism returns the within-budget side of RDP's answer
-    if accept is not None and not accept(z):
-        return None
-    event = make_event(z)
-    return z if pld_epsilon(event, pld_grid(event, epsilon), delta) <= epsilon else None
+    lo, hi = _bracket(rdp_gap, start, epsilon)
+    return float(_mc.calibrate_dp_mechanism(rdp_accountant, make_event, epsilon, delta,
+                                            bracket_interval=_mc.ExplicitBracketInterval(lo, hi), tol=1e-3 * lo))
 
 
 def _round_up(z: float) -> float:
