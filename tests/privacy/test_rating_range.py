@@ -129,7 +129,6 @@ def _model(path):
     return json.load(open(path / "model.json")), json.load(open(path / "privacy.json"))
 
 
-
 @pytest.mark.parametrize("factors_win", [False, True])
 def test_a_gated_run_keeps_the_selected_range_in_its_ledger_and_on_target(stores, tmp_path, monkeypatch, factors_win):
     """A gated als run whose factors lose (the choice forced here; a noisy choice may make it) spends the rest of its
