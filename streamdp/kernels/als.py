@@ -220,7 +220,7 @@ def clipped_rows(indptr, U, k, clip, X):
 
 
 @njit(cache=True, nogil=True)
-def pairs_by_item(indptr, items, weights, bsrc, shift, R, asrc, a_one, n_items):
+def pairs_by_item(indptr, items, weights, bsrc, shift, R, asrc, a_one, n_items, per_user=False):
     """The block's pairs of nonzero weight grouped by item (counting sort), with what the item side adds per pair:
     ``(start (n_items + 1), user (int32), bw, aw)``, ``bw = w b`` with ``b = clip(bsrc_p - shift_u, -R, R)`` (as
     :func:`accumulate_rhs`), ``aw = w`` (``a_one``) or ``w (asrc_p - 1)``.
@@ -228,12 +228,13 @@ def pairs_by_item(indptr, items, weights, bsrc, shift, R, asrc, a_one, n_items):
     The weights are formed in the users' order (sequential reads of ``weights``, ``bsrc``,
     ``asrc``) and stored beside the user in the item order, so that
     :func:`accumulate_by_item` reads them sequentially, where looking them up by pair
-    index from the item order is a random read per pair.
+    index from the item order is a random read per pair. ``per_user``: ``weights`` holds one weight per user
+    (each of her pairs weighs it), as in :func:`item_side_sums`.
     """
     start = np.zeros(n_items + 1, dtype=np.int64)
     for u in range(len(indptr) - 1):
         for p in range(indptr[u], indptr[u + 1]):
-            if weights[p] != 0.0:
+            if (weights[u] if per_user else weights[p]) != 0.0:
                 start[items[p] + 1] += 1
     for j in range(n_items):
         start[j + 1] += start[j]
@@ -245,7 +246,7 @@ def pairs_by_item(indptr, items, weights, bsrc, shift, R, asrc, a_one, n_items):
     for u in range(len(indptr) - 1):
         c = shift[u]
         for p in range(indptr[u], indptr[u + 1]):
-            w = weights[p]
+            w = weights[u] if per_user else weights[p]
             if w != 0.0:
                 j = items[p]
                 q = fill[j]
@@ -341,7 +342,7 @@ USER_ORDER_BYTES = 32 * 2 ** 20
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A):
+def accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A, per_user=False):
     """``B_j += w_p b_p x_u[:k]`` and ``A_j += aw_p x_u x_u^T`` (packed) in the users' order.
 
     ``b_p = clip(bsrc_p - shift_u, -R, R)``, ``aw_p = w_p`` (``a_one``) or ``w_p (asrc_p - 1)``,
@@ -352,7 +353,7 @@ def accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B
     rows: no sort, no gather of a row per pair. Fast while ``B`` and ``A`` stay in cache
     (:data:`USER_ORDER_BYTES`); :func:`accumulate_by_item` otherwise. Pairs of weight 0 are
     skipped (they add exact zeros). ``A_j`` gets ``aw (x_a x_b)`` where the item order adds
-    ``(aw x_a) x_b``: the same sum up to rounding.
+    ``(aw x_a) x_b``: the same sum up to rounding. ``per_user``: one weight per user (:func:`item_side_sums`).
     """
     d = X.shape[1]
     k = B.shape[1]
@@ -373,7 +374,7 @@ def accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B
                 q += 1
         c = shift[u]
         for p in range(s, e):
-            w = weights[p]
+            w = weights[u] if per_user else weights[p]
             if w == 0.0:
                 continue
             j = np.uint64(items[p])
@@ -386,7 +387,7 @@ def accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
+def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B, per_user=False):
     """``B_j += w_p clip(bsrc_p - shift_u, -R, R) x_u[:k]`` in the users' order, two pairs per step.
 
     als: ``bsrc`` the targets, ``shift`` the users' intercepts, ``R`` the residual clip;
@@ -396,22 +397,24 @@ def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
     The user's row is copied to a scratch vector once, so the inner loops read it without
     Numba's view of ``X`` (measured at k = 8, 10M ratings, one core: 1.9x the per-pair
     loop with the clip and the row read in it). A pair of weight 0 adds exact zeros.
-    ``B`` of 8 or 9 columns (k = 8) takes :func:`_rhs_registers`: the same bits.
+    ``B`` of 8 or 9 columns (k = 8) takes :func:`_rhs_registers`: the same bits. ``per_user``: one weight per user
+    (:func:`item_side_sums`).
     """
     k = B.shape[1]
     if k == 8 or k == 9:
-        _rhs_registers(indptr, items, weights, bsrc, shift, R, X, B)
+        _rhs_registers(indptr, items, weights, bsrc, shift, R, X, B, per_user)
         return
     x = np.empty(k, dtype=np.float64)
     for u in range(len(indptr) - 1):
         c = shift[u]
+        wu = weights[u] if per_user else 0.0
         for a in range(k):
             x[a] = X[u, a]
         p = indptr[u]
         e = indptr[u + 1]
         while p + 1 < e:
-            f0 = weights[p] * min(max(bsrc[p] - c, -R), R)
-            f1 = weights[p + 1] * min(max(bsrc[p + 1] - c, -R), R)
+            f0 = (wu if per_user else weights[p]) * min(max(bsrc[p] - c, -R), R)
+            f1 = (wu if per_user else weights[p + 1]) * min(max(bsrc[p + 1] - c, -R), R)
             j0 = np.uint64(items[p])
             j1 = np.uint64(items[p + 1])
             for a in range(k):
@@ -420,14 +423,14 @@ def accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B):
                 B[j1, a] += f1 * x[a]
             p += 2
         if p < e:
-            f0 = weights[p] * min(max(bsrc[p] - c, -R), R)
+            f0 = (wu if per_user else weights[p]) * min(max(bsrc[p] - c, -R), R)
             j0 = np.uint64(items[p])
             for a in range(k):
                 B[j0, a] += f0 * x[a]
 
 
 @njit(cache=True, nogil=True)
-def _rhs_registers(indptr, items, weights, bsrc, shift, R, X, B):
+def _rhs_registers(indptr, items, weights, bsrc, shift, R, X, B, per_user):
     """:func:`accumulate_rhs` for ``B`` of 8 or 9 columns: ``B_j[0:8] += f x_u[0:8]`` as one vector multiply-add.
 
     The user's first eight coordinates are one ``<8 x double>`` (:mod:`streamdp.kernels.lanes`) and each pair
@@ -442,10 +445,11 @@ def _rhs_registers(indptr, items, weights, bsrc, shift, R, X, B):
     nine = B.shape[1] == 9
     for u in range(len(indptr) - 1):
         c = shift[u]
+        wu = weights[u] if per_user else 0.0
         xv = vload(X, (u,))
         x8 = X[u, 8] if nine else 0.0
         for p in range(np.uint64(indptr[u]), np.uint64(indptr[u + 1])):  # unsigned: no negative-index wraparound
-            f = weights[p] * min(max(bsrc[p] - c, -R), R)
+            f = (wu if per_user else weights[p]) * min(max(bsrc[p] - c, -R), R)
             j = np.uint64(items[p])
             vstore(B, (j,), vfma(vsplat(f), xv, vload(B, (j,))))
             if nine:
@@ -460,26 +464,27 @@ USER_CHUNK = 1024
 
 
 @njit(cache=True, nogil=True)
-def user_order_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A, S):
+def user_order_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A, S, per_user=False):
     """A chunk of users' item-side sums in the users' order: ``S += X^T X`` (upper, ``S`` non-empty, by
     :func:`gramian_upper`), then ``B`` and ``A`` by :func:`accumulate_by_user` (``A`` non-empty) or ``B`` alone by
     :func:`accumulate_rhs`; the arguments as theirs (``X``, ``shift`` the chunk's rows)."""
     if S.shape[0] > 0:
         gramian_upper(X, S)
     if A.shape[0] > 0:
-        accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A)
+        accumulate_by_user(indptr, items, weights, bsrc, shift, R, asrc, a_one, X, B, A, per_user)
     else:
-        accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B)
+        accumulate_rhs(indptr, items, weights, bsrc, shift, R, X, B, per_user)
 
 
 @njit(cache=True, nogil=True)
-def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
+def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S, per_user=False):
     """Accumulate one block's item-side sums (see the module docstring); returns the number of clipped users.
 
     ``U`` is ``(n_users, k + 1)`` (factor, intercept), ``target`` the ratings minus
     the global mean and the item bias (minus the global mean only when the item bias is
     refitted as ``x``'s last coordinate), ``weights`` one per rating (0: not on the item
-    side).
+    side), or with ``per_user`` one per user, the weight of each of her ratings (the adaptive rule without item
+    counts, :func:`streamdp.privacy.bounding.adaptive_user_weights`: the same products, no per-rating array).
     ``B`` is ``(n_items, d)`` with ``d = k`` or ``k + 1`` (then ``x`` ends with ``beta``),
     ``A`` ``(n_items, d (d + 1) / 2)`` or empty, ``S`` ``(d, d)`` or empty.
 
@@ -496,11 +501,12 @@ def als_accumulate(indptr, items, target, weights, U, clip, R, beta, B, A, S):
     k = U.shape[1] - 1
     shift = np.ascontiguousarray(U[:, k])
     return item_side_sums(indptr, items, weights, target, shift, R, target, True, U, k, B.shape[1], clip, True, beta,
-                          B, A, S)
+                          B, A, S, per_user)
 
 
 @njit(cache=True, nogil=True)
-def item_side_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, U, k, d, clip, last_is_beta, last, B, A, S):
+def item_side_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, U, k, d, clip, last_is_beta, last, B, A, S,
+                   per_user=False):
     """The item side of als and ials, one implementation: rows clipped, then the sums; returns the clipped users.
 
     Row ``x_u`` (``d`` wide): ``U[u, :k]`` clipped to norm ``clip`` (:func:`clipped_rows`), and with
@@ -508,7 +514,9 @@ def item_side_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, U, k, d,
     to ``[-last, last]`` (ials's popularity weight). The pairs' arguments as
     :func:`accumulate_by_user`'s. In the users' order the rows are formed :data:`USER_CHUNK`
     users at a time and summed by :func:`user_order_sums` (the same bits as all at once);
-    item by item (``A`` past :data:`USER_ORDER_BYTES`) the whole block's rows first.
+    item by item (``A`` past :data:`USER_ORDER_BYTES`) the whole block's rows first. ``per_user``: ``weights``
+    holds one weight per user, each of her pairs weighing it (where a per-rating array would repeat it: the same
+    products, without writing and reading 8 bytes a rating).
     """
     n_u = len(indptr) - 1
     by_item = A.shape[0] > 0 and (A.size + B.size) * 8 > USER_ORDER_BYTES
@@ -528,10 +536,11 @@ def item_side_sums(indptr, items, weights, bsrc, shift, R, asrc, a_one, U, k, d,
         if by_item:
             if S.shape[0] > 0:
                 gramian_upper(Xc, S)
-            start, user, bw, aw = pairs_by_item(ipc, items, weights, bsrc, shift, R, asrc, a_one, B.shape[0])
+            start, user, bw, aw = pairs_by_item(ipc, items, weights, bsrc, shift, R, asrc, a_one, B.shape[0], per_user)
             accumulate_by_item(start, user, bw, aw, Xc, B, A)
         else:
-            user_order_sums(ipc, items, weights, bsrc, shift[c0:c1], R, asrc, a_one, Xc, B, A, S)
+            wc = weights[c0:c1] if per_user else weights
+            user_order_sums(ipc, items, wc, bsrc, shift[c0:c1], R, asrc, a_one, Xc, B, A, S, per_user)
     return clipped
 
 

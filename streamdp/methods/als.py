@@ -1349,6 +1349,9 @@ class _AlsBase(Method):
         private, seed = self.private, run.entropy
         Cn = np.maximum(C, 0.0)
         wcounts = s.weight_counts
+        # the adaptive rule without item counts weighs each of a user's ratings alike (contribution_weights repeats
+        # her weight): the item side then takes the users' weights, the same products without a per-rating array
+        per_user = private and s.sampling == "adaptive" and s.adaptive_exponent == 0.0 and not wcounts
         fit_bias = s.fit_bias
         pool = BufferPool()  # the blocks' training ratings and residuals, reused from block to block
 
@@ -1358,17 +1361,20 @@ class _AlsBase(Method):
                                                             fit_bias, buf)
                 U = buf("U", block.n_users * (k + 1), np.float64).reshape(block.n_users, k + 1)  # every row written
                 solve_users_huber(ip, it, resid, Q, float(s.ridge), int(s.irls_iters), float(s.huber_delta), U)
-                w = buf("w", len(it), np.float64)
-                if private:
+                if per_user:  # one weight per user (the adaptive rule without item counts), not one per rating
+                    w = adaptive_user_weights(np.diff(ip), s.tau, s.norm)
+                elif private:
                     w = contribution_weights(ip, it, rule=s.sampling, tau=s.tau, norm=s.norm,
                                              first_user=block.first_user, seed=seed, item_counts=Cn,
-                                             exponent=s.adaptive_exponent, out=w)
+                                             exponent=s.adaptive_exponent, out=buf("w", len(it), np.float64))
                 else:
+                    w = buf("w", len(it), np.float64)
                     w[:] = 1.0
                 B = np.zeros((n, d))
                 A = np.zeros((n, npk) if item_mode else (0, npk))
                 G = np.zeros((0, 0) if item_mode else (d, d))
-                clipped = als_accumulate(ip, it, target, w, U, float(s.clip), float(s.residual_clip), 1.0, B, A, G)
+                clipped = als_accumulate(ip, it, target, w, U, float(s.clip), float(s.residual_clip), 1.0, B, A, G,
+                                         per_user)
                 extra = np.bincount(it, weights=w, minlength=n) if wcounts else None
                 return [B, A, G, clipped, int((np.diff(ip) > 0).sum()), extra]
 

@@ -167,6 +167,46 @@ def test_the_users_order_is_the_items_order_within_1e_12(k, d, a_one):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("k,item_mode", [(3, False), (8, False), (8, True), (16, True)])
+def test_one_weight_per_user_is_her_weight_repeated_bit_for_bit(k, item_mode):
+    """``per_user`` (the adaptive rule without item counts: the item side reads each user's weight, no per-rating
+    array) gives the same bits as the weights repeated over her ratings, in every order the sums can take: the
+    users' (with and without per-item Gramians, the vector right-hand side at k = 8 and 9 included, chunks of
+    ``USER_CHUNK`` users) and the items' (``pairs_by_item``)."""
+    from streamdp.kernels.als import USER_CHUNK, accumulate_by_item, pairs_by_item
+
+    n_users = USER_CHUNK + 300  # two chunks: each chunk reads its own users' weights
+    ip, it, rng = _ragged(k, n_users, 50, 12)
+    U = rng.normal(0, 0.6, (n_users, k + 1))
+    target = rng.normal(0, 2.0, len(it))
+    wu = rng.uniform(0.2, 1.0, n_users)
+    wu[::7] = 0.0
+    w = np.repeat(wu, np.diff(ip))
+    d = k + 1
+    out = []
+    for weights, per_user in ((w, False), (wu, True)):
+        B = np.full((50, d), 0.25)
+        A = np.zeros((50, d * (d + 1) // 2) if item_mode else (0, 1))
+        S = np.zeros((0, 0) if item_mode else (d, d))
+        clipped = als_accumulate(ip, it, target, weights, U, 0.8, 1.5, 1.0, B, A, S, per_user)
+        out.append((clipped, B, A, S))
+    assert out[0][0] == out[1][0]
+    for got, want in zip(out[0][1:], out[1][1:]):
+        assert got.tobytes() == want.tobytes()
+    X = rng.normal(0, 0.6, (n_users, d))
+    shift = rng.normal(0, 0.5, n_users)
+    pairs = [pairs_by_item(ip, it, weights, target, shift, 1.5, target, True, 50, per_user)
+             for weights, per_user in ((w, False), (wu, True))]
+    for got, want in zip(*pairs):
+        assert got.tobytes() == want.tobytes()
+    sums = []
+    for p in pairs:
+        B, A = np.zeros((50, d)), np.zeros((50, d * (d + 1) // 2))
+        accumulate_by_item(*p, X, B, A)
+        sums.append((B, A))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(*sums))
+
+
 @pytest.mark.parametrize("hold,with_target", [(True, False), (True, True), (False, False), (False, True)])
 def test_training_residuals_is_the_holdout_clip_and_residual_it_fuses(hold, with_target):
     """The same bits as holdout's copy, ``np.clip`` in float32, ``residuals`` and ``resid + bias[it]`` in turn."""
