@@ -40,7 +40,7 @@ import math
 
 import numpy as np
 
-from streamdp.kernels.csr import holdout_strided
+from streamdp.kernels.csr import holdout_counts, holdout_strided
 
 __all__ = ["MARGIN", "VALIDATION_CAP", "VALIDATION_FRACTION", "VALIDATION_USERS", "holdout", "holdout_strides",
            "validation_rate", "validating_users", "sample_record", "choose",
@@ -136,7 +136,12 @@ def _sampled(n: int, first_user: int, key: int, rate: float) -> np.ndarray | Non
     users = np.arange(n, dtype=np.uint64) + np.uint64(first_user)
     with np.errstate(over="ignore"):
         h = mix((np.uint64(key) * MIX) ^ SAMPLE_SALT ^ users * MIX)
-    return h < np.uint64(min(int(rate * 2.0 ** 64), 2 ** 64 - 1))
+    return h < _threshold(rate)
+
+
+def _threshold(rate: float) -> np.uint64:
+    """The hash below which a user is in the keyed validation sample of probability ``rate`` (:func:`_sampled`)."""
+    return np.uint64(min(int(min(rate, 1.0) * 2.0 ** 64), 2 ** 64 - 1))
 
 
 def _holdout_numpy(ip, items, ratings, cnt, first_user: int, key: int, eligible_items, min_count: int,
@@ -189,11 +194,12 @@ def held_positions(indptr, first_user: int, key: int, min_count: int = 2, rate: 
 def holdout_strides(indptr, first_user: int, key: int, min_count: int = 2, rate: float = 1.0):
     """``(v, start)``: each user's number of :func:`holdout` validation ratings (no ``eligible_items``) and the
     keyed offset of the first (0 where ``v`` is 0); held out are the offsets ``(start + j (n // v)) % n``, ``j < v``."""
-    cnt = np.diff(np.asarray(indptr, np.int64))
-    v = _counts(cnt, cnt, min_count, first_user, key, rate)
-    users = np.flatnonzero(v > 0)
-    start = np.zeros(len(cnt), np.int64)
-    start[users] = _starts(users, cnt[users], key, first_user)
+    ip = np.asarray(indptr, np.int64)
+    v, start = np.empty(len(ip) - 1, np.int64), np.empty(len(ip) - 1, np.int64)
+    with np.errstate(over="ignore"):
+        key_mix = np.uint64(key) * MIX
+    holdout_counts(ip, int(first_user), key_mix, MIX, int(min_count), VALIDATION_FRACTION, VALIDATION_CAP,
+                   rate < 1.0, SAMPLE_SALT, _threshold(rate), v, start)
     return v, start
 
 

@@ -76,6 +76,26 @@ def test_holdout_kernel_gives_the_numpy_paths_arrays(min_count):
         assert len(got[1][0]) > 0
 
 
+def test_holdout_strides_compiled_are_the_numpy_counts_and_starts():
+    """``holdout_strides`` (one compiled loop over a block's users, every block of every validating pass) gives
+    ``_counts``' and ``_starts``' numbers: every minimum count (0 and 1 included, where NumPy's count of a user
+    without ratings is -1), sampled and not, keys up to 2^64 and first users up to 2^63 (the hashes wrap)."""
+    from streamdp.methods._selection import _counts, _starts, holdout_strides
+
+    rng = np.random.default_rng(8)
+    for trial in range(60):
+        cnt = rng.integers(0, 40, int(rng.integers(0, 400))) * (rng.random() < 0.95)
+        ip = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+        first, key = int(rng.integers(0, 2 ** 63 - 1)), int(rng.integers(0, 2 ** 63)) * 2 + 1
+        rate, min_count = (1.0, 0.3, 0.05)[trial % 3], trial % 4
+        v, start = holdout_strides(ip, first, key, min_count, rate)
+        want = _counts(cnt, cnt, min_count, first, key, rate)
+        users = np.flatnonzero(want > 0)
+        want_start = np.zeros(len(cnt), np.int64)
+        want_start[users] = _starts(users, cnt[users], key, first)
+        assert v.tolist() == want.tolist() and start.tolist() == want_start.tolist()
+
+
 def test_validation_sample_keeps_the_sampled_users_holdout_and_spares_the_rest():
     """Above VALIDATION_USERS users a keyed sample validates: a sampled user holds out exactly what she holds out
     when every user validates (the sample's hash is not the starts'), the others nothing; every entry point (the
