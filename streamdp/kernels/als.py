@@ -101,29 +101,48 @@ def training_residuals(indptr, items, ratings, v, start, lo, hi, mu, bias, with_
 @njit(cache=True, nogil=True)
 def _pairwise_clipped(r, s0, n, lo, hi):
     """``sum(clip(float64(r[s0:s0 + n]), lo, hi))`` added in NumPy's pairwise order (its ``pairwise_sum``: runs of
-    eight partial sums up to 128 values, halves above), so that :func:`user_means` gives ``np.add.reduceat``'s bits."""
+    eight partial sums up to 128 values, halves above), so that :func:`user_means` gives ``np.add.reduceat``'s bits.
+
+    The eight partial sums are eight scalars (an array of eight, allocated per call, took half the statistics
+    pass's time for the users' means: 1.1-1.3 -> 0.6 ms a 0.94M-rating block, one core) and the indices unsigned
+    (no check of each for wrapping around); the same additions in the same order."""
     if n < 8:
         acc = -0.0
-        for p in range(s0, s0 + n):
-            acc += min(max(np.float64(r[p]), lo), hi)
+        for p in range(np.uint64(s0), np.uint64(s0 + n)):
+            acc += _clipped(r, p, lo, hi)
         return acc
     if n <= 128:
-        acc8 = np.empty(8, dtype=np.float64)
-        for j in range(8):
-            acc8[j] = min(max(np.float64(r[s0 + j]), lo), hi)
+        q = np.uint64(s0)
+        a0, a1, a2, a3 = _clipped(r, q, lo, hi), _clipped(r, q + 1, lo, hi), _clipped(r, q + 2, lo, hi), \
+            _clipped(r, q + 3, lo, hi)
+        a4, a5, a6, a7 = _clipped(r, q + 4, lo, hi), _clipped(r, q + 5, lo, hi), _clipped(r, q + 6, lo, hi), \
+            _clipped(r, q + 7, lo, hi)
         i = 8
         while i < n - n % 8:
-            for j in range(8):
-                acc8[j] += min(max(np.float64(r[s0 + i + j]), lo), hi)
+            q = np.uint64(s0 + i)
+            a0 += _clipped(r, q, lo, hi)
+            a1 += _clipped(r, q + 1, lo, hi)
+            a2 += _clipped(r, q + 2, lo, hi)
+            a3 += _clipped(r, q + 3, lo, hi)
+            a4 += _clipped(r, q + 4, lo, hi)
+            a5 += _clipped(r, q + 5, lo, hi)
+            a6 += _clipped(r, q + 6, lo, hi)
+            a7 += _clipped(r, q + 7, lo, hi)
             i += 8
-        acc = ((acc8[0] + acc8[1]) + (acc8[2] + acc8[3])) + ((acc8[4] + acc8[5]) + (acc8[6] + acc8[7]))
+        acc = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
         while i < n:
-            acc += min(max(np.float64(r[s0 + i]), lo), hi)
+            acc += _clipped(r, np.uint64(s0 + i), lo, hi)
             i += 1
         return acc
     n2 = n // 2
     n2 -= n2 % 8
     return _pairwise_clipped(r, s0, n2, lo, hi) + _pairwise_clipped(r, s0 + n2, n - n2, lo, hi)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clipped(r, p, lo, hi):
+    """``r[p]`` widened to float64 and clipped to ``[lo, hi]`` (``p`` unsigned)."""
+    return min(max(np.float64(r[p]), lo), hi)
 
 
 @njit(cache=True, nogil=True)
@@ -156,6 +175,7 @@ def statistic_sums(indptr, items, r, lo, hi, wu, w, wt, c, centre, centre_ones, 
     the users' means only. Each sum runs over the ratings in order, as ``np.bincount`` adds its weights; a
     product is rounded once, as NumPy's elementwise multiply rounds it."""
     per_rating = len(w) > 0
+    nu, tu = np.uint64(n), np.uint64(2 * n + 2)
     for u in range(len(indptr) - 1):
         s0 = indptr[u]
         e0 = indptr[u + 1]
@@ -170,15 +190,15 @@ def statistic_sums(indptr, items, r, lo, hi, wu, w, wt, c, centre, centre_ones, 
         m = centre if centre_ones and cnt == 1 else mean
         a = 1.0 - 1.0 / max(cnt, 1) if carried_on else 1.0
         wi = 0.0 if per_rating else wu[u]
-        for p in range(s0, e0):
+        for p in range(np.uint64(s0), np.uint64(e0)):  # unsigned: no index checked for wrapping around (-20%)
             e = min(max(np.float64(r[p]), lo), hi) - m
             e = min(max(e, -c), c)
-            j = items[p]
+            j = np.uint64(items[p])
             wp = w[p] if per_rating else wi
             out[j] += wp * e
-            out[n + j] += wp * a
+            out[nu + j] += wp * a
             if tilted:
-                out[2 * n + 2 + j] += wt[p] * a
+                out[tu + j] += wt[p] * a
 
 
 @njit(cache=True, nogil=True)
