@@ -224,6 +224,12 @@ def cases(data, n_items, k, budget):
         }
         out.append(Case("als item side, " + ("per-item Gramians" if per_item else "shared Gramian"), k, madds, n,
                         calls))
+        if not per_item:  # the fit's form under the default adaptive rule: one weight per user, no per-rating array
+            wu = np.ones(u)
+            out.append(Case("als item side, shared Gramian, a weight per user", k, madds, n, {
+                "now": lambda ip=ip, it=it, tgt=tgt, wu=wu, Uf=Uf, B=B, A=A, S=S: als_accumulate(
+                    ip, it, tgt, wu, Uf, 1.0, 2.0, 1.0, B, A, S, True),
+                "before": calls["before"], "plain": calls["plain"]}))
 
     # ials: d = k, confidence 1 + 10 r
     conf = 1.0 + 10.0 * r / 5.0
