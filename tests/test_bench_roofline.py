@@ -14,10 +14,11 @@ def test_quick_roofline_table(capsys):
     rows = [ln for ln in out.splitlines() if ln.startswith("| ")]
     assert rows[0] == "| " + " | ".join(roofline.COLUMNS) + " |"
     body = [r.strip("|").split(" | ") for r in rows[1:]]
-    assert len(body) == 7 * 3 and all(len(c) == len(roofline.COLUMNS) for c in body)
+    assert len(body) == 8 * 3 and all(len(c) == len(roofline.COLUMNS) for c in body)
     names = {c[0].strip() for c in body}
-    assert {"als user solve", "als item side, shared Gramian", "als item side, per-item Gramians", "ials user sweep",
-            "ials item sums, per-item Gramians", "top-10 scorer"} <= names
+    assert {"als user solve", "als item side, shared Gramian", "als item side, shared Gramian, a weight per user",
+            "als item side, per-item Gramians", "ials user sweep", "ials item sums, per-item Gramians",
+            "top-10 scorer"} <= names
     assert sorted({int(c[1]) for c in body}) == [8, 16, 64]
     for c in body:  # a rate, the roofline and the fraction of it are always there
         assert c[3].endswith("M") and c[8].endswith("M") and float(c[9]) > 0

@@ -97,12 +97,16 @@ def prefetch_row(typingctx, arr, j):
     """Ask for every 64-byte line of row ``j`` of the 2-D C-contiguous ``arr`` to be fetched into the caches
     (``llvm.prefetch``, a read, kept in every level): a hint, no effect on any result (``j`` in range: the caller's
     to ensure). For a loop whose rows of a table too large for the core's cache come in an order it knows ahead:
-    the loads of a later step are asked for while this one computes."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C" and isinstance(j, types.Integer)):
-        raise TypeError(f"prefetch_row of a 2-D C-contiguous array by an integer row, not {arr}, {j}")
+    the loads of a later step are asked for while this one computes. Of an array that is not C-contiguous (a
+    kernel compiled for any layout, e.g. ``Q`` in Fortran order, whose rows are not contiguous) it asks for
+    nothing."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and isinstance(j, types.Integer)):
+        raise TypeError(f"prefetch_row of a 2-D array by an integer row, not {arr}, {j}")
 
     def codegen(context, builder, sig, args):
         aryty = sig.args[0]
+        if aryty.layout != "C":  # a row is not contiguous: no hint
+            return context.get_dummy_value()
         ary = context.make_array(aryty)(context, builder, args[0])
         row = context.cast(builder, args[1], sig.args[1], types.intp)
         p = cgutils.get_item_pointer(context, builder, aryty, ary, [row, context.get_constant(types.intp, 0)])
