@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streamdp.kernels.hashing import splitmix64
+
 
 @njit(cache=True, nogil=True)
 def split_holdout(indptr, items, ratings, fraction, seed, tr_indptr, tr_items, tr_ratings,
@@ -97,14 +99,6 @@ def split_masked(indptr, items, ratings, held, tr_indptr, tr_items, tr_ratings, 
 
 
 @njit(cache=True, nogil=True)
-def _splitmix(x):
-    """splitmix64's finalizer on one uint64 (wrapping arithmetic): :func:`streamdp.methods._selection.mix`'s."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-@njit(cache=True, nogil=True)
 def holdout_counts(indptr, first_user, key_mix, mix_c, min_count, fraction, cap, sampled, salt, threshold, v, start):
     """Each user's number of validation ratings ``v[u]`` and the keyed offset of the first, ``start[u]`` (0 where
     ``v[u]`` is 0): :func:`streamdp.methods._selection.holdout_strides` in one loop over the users, the same numbers
@@ -121,12 +115,12 @@ def holdout_counts(indptr, first_user, key_mix, mix_c, min_count, fraction, cap,
         k = min(min(k, n - 1), min(n, cap))
         if n < min_count:
             k = 0
-        elif sampled and not _splitmix(key_mix ^ salt ^ (g * mix_c)) < threshold:
+        elif sampled and not splitmix64(key_mix ^ salt ^ (g * mix_c)) < threshold:
             k = 0
         v[u] = k
         start[u] = 0
         if k > 0:
-            start[u] = np.int64(_splitmix(key_mix ^ (g * mix_c)) % np.uint64(n))
+            start[u] = np.int64(splitmix64(key_mix ^ (g * mix_c)) % np.uint64(n))
 
 
 @njit(cache=True, nogil=True)

@@ -33,6 +33,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streamdp.kernels.hashing import GOLDEN, splitmix64, unit_float
+
 #: Mechanism codes of :func:`private_sketch`.
 MECH_EXACT, MECH_PMC, MECH_PMD, MECH_LAPLACE = 0, 1, 2, 3
 
@@ -94,13 +96,8 @@ def em_accumulate(indptr, items, x, U, W, Q, H, G, MC, T):
 @njit(cache=True, nogil=True)
 def _next(state):
     """splitmix64: the next state and a uniform float in [0, 1) (53 bits)."""
-    m = np.uint64(_MASK64)
-    state = (state + np.uint64(0x9E3779B97F4A7C15)) & m
-    z = state
-    z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & m
-    z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & m
-    z = z ^ (z >> np.uint64(31))
-    return state, np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    state = state + GOLDEN
+    return state, unit_float(splitmix64(state))
 
 
 @njit(cache=True, nogil=True)

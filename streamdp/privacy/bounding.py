@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit
 
 from streamdp.errors import ParameterError
+from streamdp.kernels.hashing import GOLDEN, splitmix64, unit_float
 from streamdp.privacy.mechanisms import make_rng
 
 __all__ = ["trim_block", "trim_mask", "contribution_weights", "adaptive_user_weights", "SAMPLING_RULES", "clip_rows", "row_norms", "weight_rows",
@@ -92,17 +93,11 @@ def _keep_smallest(indptr, keys, tau, mask):  # pragma: no cover - numba
 @njit(cache=True, nogil=True)
 def hash_keys(first_user, indptr, items, seed, out):  # pragma: no cover - numba
     """``out[p]`` uniform in [0, 1): splitmix64 of (seed, global user, item) for each rating."""
-    m = np.uint64(0xFFFFFFFFFFFFFFFF)
     for u in range(indptr.shape[0] - 1):
         gu = np.uint64(first_user + u)
         for p in range(indptr[u], indptr[u + 1]):
-            z = (np.uint64(seed) ^ (gu * np.uint64(0x9E3779B97F4A7C15)) ^
-                 (np.uint64(items[p]) * np.uint64(0xC2B2AE3D27D4EB4F))) & m
-            z = (z + np.uint64(0x9E3779B97F4A7C15)) & m
-            z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & m
-            z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & m
-            z = z ^ (z >> np.uint64(31))
-            out[p] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+            z = np.uint64(seed) ^ (gu * GOLDEN) ^ (np.uint64(items[p]) * np.uint64(0xC2B2AE3D27D4EB4F))
+            out[p] = unit_float(splitmix64(z + GOLDEN))
 
 
 def trim_mask(indptr, keys, tau) -> np.ndarray:
