@@ -63,7 +63,8 @@ from streamdp.methods._warm import WarmStart, initial_factors, warm_iters
 from streamdp.methods.base import Fitted, Method, Plan, RunSettings
 from streamdp.methods.options import MethodOptions, option
 from streamdp.privacy import compose, epsilon_of
-from streamdp.privacy.bounding import adaptive_user_weights, check_tau, contribution_weights
+from streamdp.privacy.bounding import (adaptive_user_weights, check_tau, contribution_weights, user_uniform_weights,
+                                      weighs_users_alike)
 from streamdp.privacy.mechanisms import huber_variance
 from streamdp.privacy.release import MECHANISMS, Share, bound_releases, calibrate_releases, pure_epsilon
 from streamdp.stream.engine import add_into as _add
@@ -1349,9 +1350,9 @@ class _AlsBase(Method):
         private, seed = self.private, run.entropy
         Cn = np.maximum(C, 0.0)
         wcounts = s.weight_counts
-        # the adaptive rule without item counts weighs each of a user's ratings alike (contribution_weights repeats
-        # her weight): the item side then takes the users' weights, the same products without a per-rating array
-        per_user = private and s.sampling == "adaptive" and s.adaptive_exponent == 0.0 and not wcounts
+        # where the rule weighs each of a user's ratings alike (user_uniform_weights), the item side takes the
+        # users' weights: the same products without a per-rating array (the weight counts need one)
+        per_user = private and not wcounts and weighs_users_alike(s.sampling, s.adaptive_exponent)
         fit_bias = s.fit_bias
         pool = BufferPool()  # the blocks' training ratings and residuals, reused from block to block
 
@@ -1361,8 +1362,9 @@ class _AlsBase(Method):
                                                             fit_bias, buf)
                 U = buf("U", block.n_users * (k + 1), np.float64).reshape(block.n_users, k + 1)  # every row written
                 solve_users_huber(ip, it, resid, Q, float(s.ridge), int(s.irls_iters), float(s.huber_delta), U)
-                if per_user:  # one weight per user (the adaptive rule without item counts), not one per rating
-                    w = adaptive_user_weights(np.diff(ip), s.tau, s.norm)
+                if per_user:  # one weight per user, not one per rating
+                    w = user_uniform_weights(np.diff(ip), rule=s.sampling, tau=s.tau, norm=s.norm,
+                                             exponent=s.adaptive_exponent)
                 elif private:
                     w = contribution_weights(ip, it, rule=s.sampling, tau=s.tau, norm=s.norm,
                                              first_user=block.first_user, seed=seed, item_counts=Cn,

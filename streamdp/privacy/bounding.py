@@ -29,7 +29,8 @@ from streamdp.errors import ParameterError
 from streamdp.kernels.hashing import GOLDEN, splitmix64, unit_float
 from streamdp.privacy.mechanisms import make_rng
 
-__all__ = ["trim_block", "trim_mask", "contribution_weights", "adaptive_user_weights", "SAMPLING_RULES", "clip_rows", "row_norms", "weight_rows",
+__all__ = ["trim_block", "trim_mask", "contribution_weights", "adaptive_user_weights", "user_uniform_weights",
+           "weighs_users_alike", "SAMPLING_RULES", "clip_rows", "row_norms", "weight_rows",
            "personalized_weights", "center_ratings",
            "contribution_bounds", "check_tau", "check_clip"]
 
@@ -229,6 +230,28 @@ def adaptive_user_weights(counts, tau: int, norm: str = "l2") -> np.ndarray:
     return (np.sqrt(per_user) if norm == "l2" else per_user) * _F64_SAFETY
 
 
+def user_uniform_weights(counts, *, rule: str, tau: int, norm: str = "l2", exponent: float = 0.0,
+                         scales=None) -> np.ndarray | None:
+    """:func:`contribution_weights`' weights, one per user, where the rule weighs every rating of a user alike
+    (``adaptive`` with exponent 0 and no per-rating scales: :func:`adaptive_user_weights`); ``None`` for a rule
+    whose weights differ within a user. A kernel that takes a weight per user (the ALS item side) reads these
+    instead of the per-rating array that repeats them.
+
+    >>> user_uniform_weights(np.array([4, 1]), rule="adaptive", tau=4).round(9).tolist()
+    [1.0, 2.0]
+    >>> user_uniform_weights(np.array([4, 1]), rule="tail", tau=4) is None
+    True
+    """
+    if not weighs_users_alike(rule, exponent, scales):
+        return None
+    return adaptive_user_weights(counts, tau, norm)
+
+
+def weighs_users_alike(rule: str, exponent: float = 0.0, scales=None) -> bool:
+    """Whether the rule gives every rating of a user the same weight (:func:`user_uniform_weights`)."""
+    return rule == "adaptive" and exponent == 0.0 and scales is None
+
+
 def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2", first_user: int = 0,
                          seed: int = 0, item_counts=None, exponent: float = 0.0, scales=None, out=None) -> np.ndarray:
     """Per-rating weights ``c_ij`` bounding each user's contribution: ``||c_i||_2 <= sqrt(tau)`` or ``||c_i||_1 <= tau``.
@@ -283,8 +306,8 @@ def contribution_weights(indptr, items, *, rule: str, tau: int, norm: str = "l2"
     if rule == "adaptive":
         if exponent > 0 or not math.isfinite(exponent):
             raise ParameterError(f"--adaptive-exponent must be <= 0, got {exponent}")
-        if exponent == 0.0 and scales is None:  # one weight per user, repeated over their ratings
-            per_user = adaptive_user_weights(counts, tau, norm)
+        per_user = user_uniform_weights(counts, rule=rule, tau=tau, norm=norm, exponent=exponent, scales=scales)
+        if per_user is not None:  # one weight per user, repeated over their ratings
             if out is None:
                 return np.repeat(per_user, counts)
             _repeat_rows_kernel(indptr, per_user, out)
