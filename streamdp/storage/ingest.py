@@ -1123,10 +1123,12 @@ def _dedup_pass(parsed: _Parsed, pl: _Plan, n_groups: int, how, limit, count_cap
             "n_test_only_users": n_test_only_users, "n_across": n_across, "values": values}
 
 
-def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progress) -> int:
+def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progress, written=None) -> int:
     """Pass 4: each partition's users read back with the items renumbered by ``new_index`` (the next partition
     loaded while one is written) and written block by block with ``w``, held out as the split says; returns the
-    number of test ratings clipped into the training files' range."""
+    number of test ratings clipped into the training files' range. ``written(b, rows)``, when given, is called once
+    block ``b`` is written, ``rows`` its ``(split, indptr, items)`` as written (an append counts its change to the
+    merged counts from them, :class:`streamdp.storage.append._MergeCounts`)."""
     bu, parts, n_parts, part_first, base = pl.bu, pl.parts, pl.n_parts, pl.part_first, pl.base
     n_users, files, presplit, test_fraction = pl.n_users, pl.files, pl.presplit, pl.test_fraction
 
@@ -1173,15 +1175,20 @@ def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progr
                     w.write_block(b, bip, bit, brt, split="train", times=bts)
                     w.write_block(b, *test[:3], split="test", times=test[3] if keep else None)
                     counts.append(np.diff(bip) + np.diff(test[0]))
+                    rows = (("train", bip, bit), ("test", test[0], test[1]))
                 elif test_fraction > 0:
                     train, test = split_block(bip, bit, brt, test_fraction, block_seed(seed, b, _PURPOSE_SPLIT),
                                               times=bts)
                     w.write_block(b, *train[:3], split="train", times=train[3] if keep else None)
                     w.write_block(b, *test[:3], split="test", times=test[3] if keep else None)
                     counts.append(np.diff(bip))
+                    rows = (("train", train[0], train[1]), ("test", test[0], test[1]))
                 else:
                     w.write_block(b, bip, bit, brt, split="train", times=bts)
                     counts.append(np.diff(bip))
+                    rows = (("train", bip, bit),)
+                if written is not None:
+                    written(b, rows)
                 bar.update(1)
                 # users' counts written a slice of blocks at a time (a Zarr write costs about a millisecond: per
                 # block, a small append's blocks paid it 96 times), at most _USERS_PER_WRITE users held

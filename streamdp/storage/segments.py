@@ -151,6 +151,42 @@ def become_segmented(st: RatingStore) -> None:
     st.cache_bytes = CACHE_BYTES - room
 
 
+def items_sources(parts: list, b: int, n: int, splits) -> list:
+    """Block ``b`` of each of ``parts`` (a store's base and segments, in order) without its ratings, for
+    :func:`count_delta`: per part and split (of ``splits``, in that order) ``(part, split index, indptr, items)``,
+    the row pointers padded to the merged block's ``n`` users (a part's last block may hold fewer; a part without
+    the block, or without the split, has none of its rows)."""
+    out = []
+    for i, p in enumerate(parts):
+        for s in splits:
+            if b < p.info.n_blocks and p._has(s):
+                blk = p.read_block_items(b, s)
+                ip = blk.indptr
+                if len(ip) - 1 < n:
+                    ip = np.concatenate([ip, np.full(n - (len(ip) - 1), ip[-1], np.int64)])
+                out.append((i, SPLITS.index(s), ip, blk.items))
+            else:
+                out.append((i, SPLITS.index(s), np.zeros(n + 1, np.int64), np.empty(0, np.int32)))
+    return out
+
+
+def count_delta(src: list, n: int, last: int, n_items: int, item_delta: np.ndarray) -> tuple:
+    """What part ``last`` (an append's new segment, the last of ``src``'s parts) changes in a block's merged counts,
+    from its parts' rows (:func:`items_sources`, the new part's appended alike) and no merge
+    (:func:`~streamdp.kernels.segments.append_delta`): ``(per user of the block's ``n``, per split, whether its
+    rows of each split replace a rating of the other)``; the per-item change is added into ``item_delta``."""
+    from streamdp.kernels.segments import append_delta
+
+    indptrs = np.stack([x[2] for x in src]).astype(np.int64, copy=False)
+    sizes = np.array([len(x[3]) for x in src], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    du, splits, replaces = np.zeros(n, np.int64), np.zeros(2, np.int64), np.zeros(2, np.uint8)
+    append_delta(n, indptrs, starts, np.concatenate([x[3] for x in src[1:]] or [np.empty(0, np.int32)]),
+                 np.array([x[0] for x in src], np.int64), np.array([x[1] for x in src], np.int64),
+                 last, n_items, du, item_delta, splits, replaces, src[0][3])
+    return du, splits, replaces
+
+
 class SegmentedStore(RatingStore):
     """A store with committed segments: every read merges the base's and the segments' rows block by block.
 
@@ -315,29 +351,6 @@ class SegmentedStore(RatingStore):
         if len(ip) - 1 < end - first:
             ip = np.concatenate([ip, np.full(end - first - (len(ip) - 1), ip[-1], np.int64)])
         return (0, SPLITS.index(split), ip, blk.items, blk.ratings, ok), held[0]
-
-    def delta_sources(self, b: int) -> list:
-        """What :meth:`last_part_delta` reads of block ``b``: each part's rows without their ratings (the count
-        reads none); apart, so that a caller reads the next block while the kernel counts this one."""
-        return self._sources(b, lambda p, bb, s: (p.read_block_items(bb, s), True))
-
-    def last_part_delta(self, b: int, item_delta: np.ndarray, src: list | None = None) -> tuple:
-        """What the last part changes in block ``b``'s merged counts, from one read of each part's block and no
-        merge (:func:`~streamdp.kernels.segments.append_delta`; an append records it): ``(per user of the block,
-        per split, whether its rows of each split replace a rating of the other)``; the per-item change is added
-        into ``item_delta``. ``src``: the block's :meth:`delta_sources`, when already read."""
-        from streamdp.kernels.segments import append_delta
-
-        first, end = self.block_range(b)
-        src = self.delta_sources(b) if src is None else src
-        indptrs = np.stack([x[2] for x in src]).astype(np.int64, copy=False)
-        sizes = np.array([len(x[3]) for x in src], np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        du, splits, replaces = np.zeros(end - first, np.int64), np.zeros(2, np.int64), np.zeros(2, np.uint8)
-        append_delta(end - first, indptrs, starts, np.concatenate([x[3] for x in src[1:]] or [np.empty(0, np.int32)]),
-                     np.array([x[0] for x in src], np.int64), np.array([x[1] for x in src], np.int64),
-                     len(self.parts) - 1, self.info.n_items, du, item_delta, splits, replaces, src[0][3])
-        return du, splits, replaces
 
     def read_block_times(self, b: int, split: str = "train", since: int | None = None) -> tuple[Block, np.ndarray]:
         """:meth:`read_block` and the merged ratings' times (each kept rating's, from the part it was kept from).

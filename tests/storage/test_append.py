@@ -177,7 +177,9 @@ def test_killed_append_leaves_the_store(tmp_path, parts, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("killed")
 
-    for target, name in ((I, "_write_blocks"), (A, "commit_attrs")):  # mid-write; written but not committed
+    # mid-write; counting the change to the merged counts (its own thread, beside the writer); written but not
+    # committed
+    for target, name in ((I, "_write_blocks"), (A, "count_delta"), (A, "commit_attrs")):
         with monkeypatch.context() as m:
             m.setattr(target, name, boom)
             with pytest.raises(RuntimeError):
