@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -101,8 +102,37 @@ def test_the_console_script_freezes_the_collector_around_the_command_and_keeps_i
         calls.append("command")
         raise SystemExit(code)
 
+    def exit_now(c):
+        calls.append(f"exit {c}")
+        raise SystemExit(c)
+
     monkeypatch.setattr(cli, "main", command)
+    monkeypatch.setattr(cli, "exit_now", exit_now)
     monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
     with pytest.raises(SystemExit) as exc:
         cli.run()
-    assert exc.value.code == code and calls == ["freeze", "command", "freeze"]
+    assert exc.value.code == code and calls == ["freeze", "command", "freeze", f"exit {code}", "freeze"]
+
+
+@pytest.mark.parametrize("code, status", [(None, 0), (3, 3), ("streamdp: a message", 1)])
+def test_the_console_scripts_exit_runs_the_atexit_handlers_flushes_and_keeps_the_status(tmp_path, code, status):
+    """:func:`streamdp.cli.exit_now` (the console script's exit, past the interpreter's teardown), in a child
+    process: every ``atexit`` handler has run, the buffered output reached the pipe, and the exit status is the
+    interpreter's for that ``SystemExit`` code."""
+    import subprocess
+
+    mark = tmp_path / "atexit.txt"
+    prog = ("import atexit, sys\n"
+            "import streamdp.cli as cli\n"
+            f"atexit.register(lambda: open({str(mark)!r}, 'w').write('ran'))\n"
+            "def command():\n"
+            "    sys.stdout.write('x' * 100000)\n"  # buffered, unflushed
+            f"    raise SystemExit({code!r})\n"
+            "cli.main = command\n"
+            "cli.run()\n"
+            "print('not reached')\n")
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
+    assert r.returncode == status, r.stderr
+    assert r.stdout == "x" * 100000
+    assert mark.read_text() == "ran"
+    assert r.stderr.strip() == (code if isinstance(code, str) else "")
