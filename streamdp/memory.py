@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import gc
 import re
 import sys
@@ -79,12 +78,14 @@ def current_rss() -> int:
 
 
 def _libc():
-    name = ctypes.util.find_library("c")
+    """The C library's symbols as this process has them loaded (``dlopen(NULL)``), or ``None`` without
+    ``malloc_trim`` (not glibc). Not ``ctypes.util.find_library("c")``, which forks ``ldconfig -p`` at every
+    import: a fork of the whole process, in every command."""
     try:
-        lib = ctypes.CDLL(name) if name else None
+        lib = ctypes.CDLL(None)
     except OSError:  # pragma: no cover - no C library to load: nothing to trim
         return None
-    return lib if lib is not None and hasattr(lib, "malloc_trim") else None
+    return lib if hasattr(lib, "malloc_trim") else None
 
 
 _LIBC = _libc()
