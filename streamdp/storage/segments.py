@@ -135,6 +135,16 @@ def become_segmented(st: RatingStore) -> None:
             raise StoreError(f"{label}: segment's checksum is not the one committed (the store is damaged)")
         st.segments.append(_part(st, label, g, seg_attrs))
     st.parts = [st.base] + st.segments
+    plan_kept_blocks(st)
+
+
+def plan_kept_blocks(st: SegmentedStore) -> None:
+    """What ``st`` keeps of its segments' blocks in memory, decided from its own ``segments``: its caches emptied,
+    then :attr:`_premerge` (the segments' rows merged among themselves, kept whole) or :attr:`_keeps` (the small
+    segments kept as read), within :data:`CACHE_BYTES`. Called again for a view of fewer segments (the store as of
+    an earlier append, :mod:`streamdp.storage.timeline`): the whole store's choice and kept blocks are not its own
+    (a base alone has nothing to premerge, and a block premerged over every segment would put later ratings into
+    an earlier store)."""
     st._flags, st._kept = {}, {}
     st._keeps, room = set(), CACHE_BYTES
     need = [16 * (seg.info.n_ratings + seg.info.n_test) + 2048 * seg.info.n_blocks for seg in st.segments]

@@ -33,7 +33,7 @@ import numpy as np
 
 from streamdp.errors import ParameterError, StoreError
 from streamdp.storage.schema import SPLITS
-from streamdp.storage.segments import SegmentedStore, merged_checksum
+from streamdp.storage.segments import SegmentedStore, merged_checksum, plan_kept_blocks
 from streamdp.storage.store import Block, RatingStore
 from streamdp.storage.view import StoreView, ViewSpec
 
@@ -247,6 +247,7 @@ def _prefix(st: RatingStore, n: int, cls, *, shape_of=None):
                    n_blocks=v.info.n_blocks, n_ratings=n_ratings, n_test=n_test, checksum=checksum)
     v._nnz = {}
     v._whole = st
+    plan_kept_blocks(v)
     return v
 
 

@@ -132,6 +132,25 @@ def test_the_store_as_of_a_segment_and_a_segment_as_its_future(tmp_path):
         store_as_of(folded, 0)
 
 
+def test_the_store_as_of_each_of_several_segments_reads_its_own_rows(tmp_path):
+    """A store of three segments merges its segments' rows among themselves once and keeps them (``_premerged``):
+    the store as of an earlier append, and a segment's future, read their own parts, not the whole store's kept
+    merge (a base alone has none: ``evaluate --segment 1`` failed on such a store), whichever is read first."""
+    path = str(tmp_path / "s.zarr")
+    snaps = [_pairs(ingest([_csv(tmp_path / "a.csv", ROWS)], path, block_users=2))]
+    for k, rows in enumerate(([(5, 13, 2, 11 * DAY), (1, 10, 1, 12 * DAY)], [(2, 13, 4, 13 * DAY), (6, 10, 3, 14 * DAY)],
+                              [(1, 10, 5, 15 * DAY), (3, 12, 2, 16 * DAY)])):
+        snaps.append(_pairs(append([_csv(tmp_path / f"s{k}.csv", rows)], path, notes=False)))
+    st = RatingStore(path)
+    assert st._premerge and _pairs(st) == snaps[3]  # the whole store read (and its merge kept) first
+    for n in (0, 1, 2, 3):
+        assert _pairs(store_as_of(st, n)) == snaps[n], n
+    for k in (1, 2, 3):
+        assert _pairs(segment_future(st, k), "train") == snaps[k - 1], k
+    st = RatingStore(path)  # and the views first
+    assert [_pairs(store_as_of(st, n)) for n in (0, 1, 2)] == snaps[:3] and _pairs(st) == snaps[3]
+
+
 def test_a_cluster_worker_rebuilds_each_view_from_its_spec(tmp_path):
     """What a Dask worker reads (``remote_view().view(store opened by path)``) is what the view reads."""
     import pickle
