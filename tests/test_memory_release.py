@@ -34,3 +34,20 @@ def test_unmap_large_frees_returns_a_freed_array():
     if _retained(False) < 12_000_000:  # glibc's default keeps the freed 16 MB resident, mostly: not always in the
         pytest.skip("glibc gave the freed array back by itself here (the heap could not grow in place)")  # suite
     assert _retained(True) < 2_000_000
+
+
+@pytest.mark.skipif(memory._LIBC is None or not hasattr(memory._LIBC, "prctl"), reason="no prctl (not Linux glibc)")
+def test_small_pages_turns_huge_pages_off_inside_and_restores_the_setting():
+    """``small_pages`` (an append's): ``PR_GET_THP_DISABLE`` says 1 inside, what it said before once left, also
+    when the block raises, and a process that had them off already keeps them off."""
+    get = lambda: memory._LIBC.prctl(memory._PR_GET_THP_DISABLE, 0, 0, 0, 0)  # noqa: E731
+    before = get()
+    with memory.small_pages():
+        assert get() == 1
+        with memory.small_pages():  # nested: the outer block's setting stays
+            assert get() == 1
+        assert get() == 1
+    assert get() == before
+    with pytest.raises(RuntimeError), memory.small_pages():
+        raise RuntimeError("boom")
+    assert get() == before

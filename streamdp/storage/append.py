@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 import zarr
 
 from streamdp.errors import ParameterError, StoreError
+from streamdp.memory import small_pages
 from streamdp.outputs import note, owned_temp_dir, remove_temp_dir
 from streamdp.storage import formats as F
 from streamdp.storage.formats import to_arrow, to_numpy
@@ -89,6 +90,7 @@ def _id_kind_is_str(st: RatingStore, kind: str) -> bool:
     return np.asarray(a).dtype == object
 
 
+@small_pages()  # its many short-lived buffers: memory.small_pages
 def append(inputs, out, *, fmt=None, sep=None, columns=None, rating_range=None, test_fraction=0.0, seed=0,
            skip_bad_lines=False, memory_limit=None, block_users=None, force=False, show_progress=None,
            out_of_range=None, notes=True, implicit=False, count_cap=None, split=None, last_n=None, test_inputs=None,
