@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 import zarr
 
 from streamdp.errors import ParameterError, StoreError
-from streamdp.memory import small_pages
+from streamdp.memory import frozen_collector, small_pages
 from streamdp.outputs import note, owned_temp_dir, remove_temp_dir
 from streamdp.storage import formats as F
 from streamdp.storage.formats import to_arrow, to_numpy
@@ -163,7 +163,9 @@ def append(inputs, out, *, fmt=None, sep=None, columns=None, rating_range=None, 
         if st.attrs.get("times") and not parsed.has_ts:
             raise ParameterError(f"{names}: no timestamp column, but the store {out} keeps each rating's time "
                                  f"(every append must bring its ratings' times; name the column with --columns)")
-        with append_lock(out):
+        # the full collections of the passes below traverse only what they create, not Numba's registries that
+        # the parse's first kernel loaded (memory.frozen_collector)
+        with append_lock(out), frozen_collector():
             now = open_store(out)
             if now.identity != st.identity:
                 raise StoreError(f"{out}: the store changed while this append read its input (another append or a "
