@@ -254,16 +254,16 @@ def _write_segment(st, parsed, how, seg_path, name, number, tmp, limit, show_pro
     splits = tuple(s for s in SPLITS if s in st._root)
     counts = _MergeCounts(st, n_users, n_items, splits, user_rows)  # reading the earlier parts from here on
     try:
-        entry = _write_parts(st, parsed, how, seg_path, name, number, tmp, limit, show_progress, rr, cap, t0, pl,
-                             new_users, new_items, splits, counts)
+        entry = _write_parts(st, parsed, how, seg_path, name, number, limit, show_progress, rr, cap, t0, pl, new_users,
+                             new_items, splits, counts)
         counts.finish()
     finally:
         counts.close()
     return entry, counts
 
 
-def _write_parts(st, parsed, how, seg_path, name, number, tmp, limit, show_progress, rr, cap, t0, pl, new_users,
-                 new_items, splits, counts) -> dict:
+def _write_parts(st, parsed, how, seg_path, name, number, limit, show_progress, rr, cap, t0, pl, new_users, new_items,
+                 splits, counts) -> dict:
     """:func:`_write_segment`'s passes 3-4 and the segment's attributes, each block handed to ``counts`` once
     written."""
     n_users, n_items, bu = pl.n_users, pl.n_raw_items, pl.bu
