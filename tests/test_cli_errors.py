@@ -114,11 +114,11 @@ def test_the_console_script_freezes_the_collector_around_the_command_and_keeps_i
     assert exc.value.code == code and calls == ["freeze", "command", "freeze", f"exit {code}", "freeze"]
 
 
-@pytest.mark.parametrize("code, status", [(None, 0), (3, 3), ("streamdp: a message", 1)])
-def test_the_console_scripts_exit_runs_the_atexit_handlers_flushes_and_keeps_the_status(tmp_path, code, status):
+def test_the_console_scripts_exit_runs_the_atexit_handlers_flushes_and_keeps_the_status(tmp_path):
     """:func:`streamdp.cli.exit_now` (the console script's exit, past the interpreter's teardown), in a child
-    process: every ``atexit`` handler has run, the buffered output reached the pipe, and the exit status is the
-    interpreter's for that ``SystemExit`` code."""
+    process (the one thing an in-process runner cannot show, since it ends the process): every ``atexit`` handler
+    has run, the buffered output reached the pipe, and the exit status is the interpreter's for that ``SystemExit``
+    code (a message: printed, status 1)."""
     import subprocess
 
     mark = tmp_path / "atexit.txt"
@@ -127,12 +127,36 @@ def test_the_console_scripts_exit_runs_the_atexit_handlers_flushes_and_keeps_the
             f"atexit.register(lambda: open({str(mark)!r}, 'w').write('ran'))\n"
             "def command():\n"
             "    sys.stdout.write('x' * 100000)\n"  # buffered, unflushed
-            f"    raise SystemExit({code!r})\n"
+            "    raise SystemExit('streamdp: a message')\n"
             "cli.main = command\n"
             "cli.run()\n"
             "print('not reached')\n")
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
-    assert r.returncode == status, r.stderr
+    assert r.returncode == 1, r.stderr
     assert r.stdout == "x" * 100000
     assert mark.read_text() == "ran"
-    assert r.stderr.strip() == (code if isinstance(code, str) else "")
+    assert r.stderr.strip() == "streamdp: a message"
+
+
+@pytest.mark.parametrize("code, status", [(None, 0), (3, 3), (256 + 2, 2)])
+def test_the_console_scripts_exit_status_is_the_interpreters(monkeypatch, capsys, code, status):
+    """:func:`streamdp.cli.exit_now`'s status for ``SystemExit(None)`` and an int (as the interpreter's, modulo 256),
+    its ``atexit`` run and flush, in process (``os._exit`` and the ``atexit`` run stood in for)."""
+    import atexit
+
+    import streamdp.cli as cli
+
+    calls = []
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(s):
+        calls.append(("exit", s))
+        raise Exited
+
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: calls.append("atexit"))
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    with pytest.raises(Exited):
+        cli.exit_now(code)
+    assert calls == ["atexit", ("exit", status)] and capsys.readouterr().err == ""
