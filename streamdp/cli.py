@@ -691,7 +691,8 @@ def period_options(f):
               "replace the random initial ones (items matched by id; new items start cold; non-private als/irls "
               "runs also start from its item biases). "
               "Post-processing of a release: free in privacy, the epsilon is a cold run's. The iterations then "
-              "default to a quarter of the cold default (rounded up); refused with a checkpoint directory.")
+              "default to a quarter of the cold default (rounded up); refused with a checkpoint directory. A MODEL "
+              "that released no item factors (biases only) starts nothing: the run is a cold one, said so.")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "
               "with --scheduler, the cluster's thread count, which sizes the blocks in flight).")
@@ -800,7 +801,11 @@ def format_train_summary(summary: dict) -> str:
         lines.append("rating range: " + summary["rating_range"])
     if summary.get("data_window"):
         lines.append("period: " + describe_period(summary["data_window"]))
-    if "warm_start" in summary:
+    if "warm_start" in summary and "started_cold" in summary["warm_start"]:
+        w = summary["warm_start"]
+        lines.append(f"warm start: none from {w['model']} ({w['method']}): {w['started_cold']}, so every item "
+                     f"started cold, as in a cold run ({summary['iterations_run']} iterations)")
+    elif "warm_start" in summary:
         w = summary["warm_start"]
         lines.append(f"warm start: from {w['model']} ({w['method']}), {summary['iterations_run']} iterations; items "
                      f"{w['items_matched']:,} from it, {w['items_new']:,} cold, {w['items_dropped']:,} of its dropped "

@@ -48,6 +48,8 @@ class WarmStart:
     matched: np.ndarray
     #: The model's items the store lacks (dropped).
     dropped: int
+    #: Whether the model released item factors (:func:`released_factors`); without them no item starts warm.
+    released: bool = True
     #: The model's run id and budget entry (``model.json``), to name it.
     run_id: str | None = None
     budget_entry: str | None = None
@@ -64,6 +66,18 @@ class WarmStart:
     @property
     def rank(self) -> int:
         return int(self.factors.shape[1])
+
+    @property
+    def starts_nothing(self) -> bool:
+        """True when no item of the store starts from the model (it released no item factors, or holds none of the
+        store's items with a factor): the run is then a cold run (``train`` drops the warm start and says so)."""
+        return not bool(np.any(self.matched))
+
+    def cold_reason(self) -> str:
+        """Why :attr:`starts_nothing`, in words for ``train``'s summary."""
+        if not self.released:
+            return "it released no item factors (item biases or a chart only)"
+        return "none of the store's items has a released factor row in it"
 
     def describe(self) -> dict:
         """What ``model.json`` records of the warm start (``warm_start``)."""
@@ -88,9 +102,15 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
     ``method`` at ``rank`` on a store of items ``store_item_ids``; a one-line :class:`ParameterError` when the model
     cannot start it.
 
-    Refused: a path that is not a model, a model of a method outside ``families`` or of another rank, a model whose
-    item ids are of another kind than the store's, and a non-private model for a private run (its factors would
-    carry the ratings, unprotected, into a release labelled private).
+    Refused: a path that is not a model, a model of a method outside ``families`` or (when it released factors) of
+    another rank, a model whose item ids are of another kind than the store's, and a non-private model for a private
+    run (its factors would carry the ratings, unprotected, into a release labelled private).
+
+    A model that released no item factors (item biases or a chart: ``--select auto`` chose them, or too few users
+    per item) gives a warm start that starts no item (:attr:`WarmStart.starts_nothing`). Decision: ``train`` then
+    runs cold and says so, rather than refusing: a weekly refresh names the model released the week before, and
+    whether that one fitted factors is the release's own (private) choice; every item of such a model is in the
+    position of a new item, which starts cold.
     """
     from streamdp.errors import StreamdpError
     from streamdp.serving.model import Model, load_model
@@ -107,10 +127,11 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
     if m.method not in families:
         raise ParameterError(f"{where}: a model of --method {m.method}, which cannot start --method {method} "
                              f"(it needs a model of {' or '.join(families)})")
-    if np.ndim(m.item_factors) != 2 or m.rank != rank:
+    released = released_factors(m)
+    if released and m.rank != rank:
         raise ParameterError(f"{where}: a model of rank {m.rank}, this run's rank is {rank} (give --rank {m.rank} or "
                              f"leave --rank out)")
-    V = np.asarray(m.item_factors)[:, :rank]  # an ials model's popularity column is not a factor
+    V = np.asarray(m.item_factors)[:, :rank] if released else np.zeros((len(m.item_ids), rank))
     eps = m.info.get("epsilon")
     if private and (eps == "inf" or (isinstance(eps, (int, float)) and math.isinf(eps))):
         raise ParameterError(f"{where}: a non-private model (epsilon inf) cannot start a private run (its factors "
@@ -120,9 +141,6 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
         kind = {True: "integer", False: "string"}
         raise ParameterError(f"{where}: its item ids are {kind[mine.dtype.kind == 'i']} ids, the store's are "
                              f"{kind[ids.dtype.kind == 'i']} ids")
-    if not np.any(V):
-        raise ParameterError(f"{where}: the model released no item factors (item biases or a chart only): nothing "
-                             f"to start from; train without --warm-start")
     pos = find(mine, ids) if len(mine) else np.full(len(ids), -1, np.int64)
     # an item whose released row is zero (not among the model's factored items) starts cold, as a new one
     matched = pos >= 0
@@ -136,9 +154,21 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
         raise ParameterError(f"{where}: its item factors or biases are not all finite")
     mu = float(m.global_mean) if m.global_mean is not None and math.isfinite(float(m.global_mean)) else None
     return WarmStart(path=str(m.path), method=m.method, factors=factors, bias=bias, matched=matched,
-                     dropped=int(len(mine) - (pos >= 0).sum()), run_id=m.info.get("run_id"),
+                     dropped=int(len(mine) - (pos >= 0).sum()), released=released, run_id=m.info.get("run_id"),
                      budget_entry=m.info.get("budget_entry"), global_mean=mu, choice=released_choice(m.info),
                      chart_choice=released_chart_choice(m.info) if m.method == "ials" else None)
+
+
+def released_factors(model) -> bool:
+    """Whether a loaded model released item factors: a 2-d factor array with a non-zero entry among its rank's
+    columns (an ials model's popularity column is not a factor; a biases-only or chart release holds zeros).
+
+    >>> from types import SimpleNamespace as M
+    >>> released_factors(M(item_factors=np.zeros((3, 2)), rank=2)), released_factors(M(item_factors=np.eye(3), rank=3))
+    (False, True)
+    """
+    V = np.asarray(model.item_factors)
+    return V.ndim == 2 and bool(np.any(V[:, :model.rank]))
 
 
 def released_choice(info: dict) -> tuple | None:

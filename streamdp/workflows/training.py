@@ -21,7 +21,7 @@ import numpy as np
 from streamdp.errors import InputError, Interrupted, ParameterError, StreamdpError
 from streamdp.manifest import public_parameters
 from streamdp.methods import Method, get_method
-from streamdp.methods._warm import warm_start_from
+from streamdp.methods._warm import released_factors, warm_start_from
 from streamdp.methods.base import user_count_for
 from streamdp.methods.lowrank import WEAKER_NOTE, LowRank
 from streamdp.model_dir import model_budget_entry
@@ -101,8 +101,8 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
     warm = None
     if warm_start is not None:  # every check that needs no store pass, before anything is released
         warm = warm_model(cls, warm_start, checkpoint=options.get("checkpoint"))
-        if rank is None:
-            rank = warm.rank if np.ndim(warm.item_factors) == 2 else None
+        if rank is None and released_factors(warm):  # a biases-only model's rank was never used
+            rank = warm.rank
     # a per-user budget: the store without its retired users, and what the reservation advances the filter with
     store, user_filter = filtered_store(store, cls, epsilon=epsilon, items=items, users_bound=users_bound)
     if users is None or not cls.RELEASES_USER_COUNT:
@@ -117,9 +117,13 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
                                                items=declared_items(items, store))
     st, m = prepare(store, method=cls, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                     force=force, users=users, catalogue=catalogue, **options)
+    started_cold = None
     if warm is not None:
         m.warm = warm_start_from(warm, st.item_ids(), method=m.name, families=cls.WARM_START_FAMILIES, rank=m.rank,
                                  private=m.private)
+        if m.warm.starts_nothing:  # nothing to start from: exactly a cold run (its iterations, its own passes)
+            started_cold = {"model": m.warm.path, "method": m.warm.method, "started_cold": m.warm.cold_reason()}
+            m.warm = None
     with dask_session(scheduler, workers) as scheduler:
         m.check_scheduler(scheduler)  # before anything is reserved
         fitted, seconds, stale = release(st, m, out, workers=workers, scheduler=scheduler,
@@ -137,6 +141,9 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
                     summary["user_filter"]["warning"] = w
             if defaulted and cls.name == "ials":
                 summary["method_default"] = DEFAULT_IALS_NOTE
+            if started_cold is not None:
+                summary["warm_start"] = started_cold
+                summary["iterations_run"] = fitted.model_info.get("iterations_run")
             summary["total_seconds"] = round(time.perf_counter() - t0, 3)
             return summary
         except KeyboardInterrupt:

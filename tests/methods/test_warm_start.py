@@ -90,11 +90,17 @@ def test_new_items_start_cold_and_the_models_other_items_are_dropped(store, earl
 
 
 def test_a_model_sharing_no_item_starts_every_item_cold(store, earlier, tmp_path):
-    """Every item new: the warm run's initial factors are the cold run's, so a seeded release is the same."""
+    """Every item new: the run is the cold run (its initial factors, its iterations), so a seeded release is the same
+    and records no warm start; train's summary says why."""
     cold = _run(store, tmp_path / "cold", seed=4)
-    warm = _run(store, tmp_path / "warm", seed=4, warm_start=_shifted(load_model(str(earlier)), 100_000))
+    shifted = _shifted(load_model(str(earlier)), 100_000)
+    summary = train(store.path, method="als", out=str(tmp_path / "warm"), **{**FAST, "rank": 2, "seed": 4,
+                                                                              "warm_start": shifted})
+    warm = load_model(str(tmp_path / "warm"))
     np.testing.assert_array_equal(warm.item_factors, cold.item_factors)
-    assert warm.info["warm_start"]["items_new"] == 60 and warm.info["warm_start"]["items_dropped"] == 60
+    assert "warm_start" not in warm.info
+    assert warm.info["run_id"].split("-")[0] == cold.info["run_id"].split("-")[0]  # the cold run's fingerprint
+    assert summary["warm_start"]["started_cold"] == "none of the store's items has a released factor row in it"
 
 
 def test_a_warm_start_takes_a_quarter_of_the_default_iterations(store, earlier):
@@ -159,8 +165,10 @@ def test_incompatible_models_are_one_line(store, earlier, tmp_path):
                         store.item_ids(), method="als", families=("als", "irls"), rank=2, private=True)
     zeros = Model(path="z", item_factors=np.zeros_like(m.item_factors), item_bias=m.item_bias,
                   item_ids=m.item_ids, global_mean=3.0, info=m.info, ledger=m.ledger, extras={})
-    with pytest.raises(ParameterError, match="released no item factors"):
-        warm_start_from(zeros, store.item_ids(), method="als", families=("als",), rank=2, private=True)
+    for rank in (2, 5):  # no factors: nothing to start (train runs cold), whatever the run's rank
+        w = warm_start_from(zeros, store.item_ids(), method="als", families=("als",), rank=rank, private=True)
+        assert w.starts_nothing and not w.released and w.factors.shape == (60, rank)
+        assert "released no item factors" in w.cold_reason()
     nonpriv = Model(path="n", item_factors=m.item_factors, item_bias=m.item_bias, item_ids=m.item_ids,
                     global_mean=3.0, info={**m.info, "epsilon": "inf"}, ledger=m.ledger, extras={})
     with pytest.raises(ParameterError, match="a non-private model"):
@@ -353,3 +361,26 @@ def test_an_ials_choice_is_reused_with_its_chart_class_and_only_when_it_kept_the
     assert sel == {"chosen": chosen, "reused_from": str(m0.path), "chart_below": 5}  # serving lists the chart below 5
     assert released_chart_choice({"selection": {"chosen": "chart by the released counts"}}) is None
     assert released_chart_choice({}) is None
+
+
+def test_a_model_without_factors_gives_a_cold_run_and_says_so(store, earlier, tmp_path):
+    """A biases-only earlier model (a weekly refresh names last week's, whatever it chose): the run is the cold run,
+    bit for bit, at a cold run's iterations, and the output says no item started warm."""
+    biases = tmp_path / "biases"
+    train(store.path, method="als", out=str(biases), **{**FAST, "rank": 2, "iters": 0})
+    assert not np.any(load_model(str(biases)).item_factors)
+    kw = {"rank": None, "iters": None, "select": "off", "seed": 2, "epsilon": 30.0}  # factors by default at 30
+    cold = _run(store, tmp_path / "cold", **kw)
+    res = CliRunner().invoke(main, ["train", store.path, "--epsilon", "30", "--delta", "1e-6", "--seed", "2",
+                                    "--select", "off", "--workers", "1", "--warm-start", str(biases),
+                                    "--out", str(tmp_path / "w")])
+    assert res.exit_code == 0, res.output
+    assert (f"warm start: none from {biases} (als): it released no item factors (item biases or a chart only), so "
+            f"every item started cold, as in a cold run ({cold.info['iterations_run']} iterations)") in res.output
+    w = load_model(str(tmp_path / "w"))
+    assert "warm_start" not in w.info and w.info["iterations_run"] == cold.info["iterations_run"] > 1
+    np.testing.assert_array_equal(w.item_factors, cold.item_factors)
+    assert w.info["run_id"].split("-")[0] == cold.info["run_id"].split("-")[0]  # its fingerprint: no warm start
+    # items it does not share are the other way to start nothing: also cold
+    assert warm_start_from(_shifted(load_model(str(earlier)), 10_000), store.item_ids(), method="als",
+                           families=("als",), rank=2, private=True).starts_nothing
