@@ -73,7 +73,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--user-budget", type=float, default=5.0, help="(c)'s per-user cap epsilon (at --delta; default 5)")
     p.add_argument("--window-weeks", type=int, default=4, help="(c)'s window in weeks (default 4)")
     p.add_argument("--ranking-users", type=int, default=None, help="users sampled for Recall@10 (default 2000)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="the generated log's seed, and the training runs' unless "
+                   "--train-seed is given")
+    p.add_argument("--train-seed", type=int, default=None,
+                   help="every training run's seed (default --seed): replay the same log with other noise draws")
     p.add_argument("--memory-limit", default=None)
     p.add_argument("--dir", default=None, help="where the stores go (a temporary directory, removed, by default)")
     p.add_argument("--out", default=None, help="also write the markdown table to this file")
@@ -84,6 +87,8 @@ def parse(argv=None) -> argparse.Namespace:
                               ("ratings_per_user", 40.0, 25.0), ("ranking_users", 2_000, 200)):
         if getattr(a, name) is None:
             setattr(a, name, quick if q else full)
+    if a.train_seed is None:
+        a.train_seed = a.seed
     if a.weeks < 1 or a.first_weeks < 1 or a.window_weeks < 1:
         p.error("--weeks, --first-weeks and --window-weeks must be at least 1")
     return a
@@ -184,7 +189,7 @@ class Replay:
             from streamdp.methods._warm import warm_iters
 
             kw["iters"] = warm_iters(a.iters) if kw.get("warm_start") is not None else a.iters
-        m = train(self.stores[store], method=a.method, epsilon=a.epsilon, delta=a.delta, rank=a.rank, seed=a.seed,
+        m = train(self.stores[store], method=a.method, epsilon=a.epsilon, delta=a.delta, rank=a.rank, seed=a.train_seed,
                   out=out, evaluate=False, memory_limit=a.memory_limit, **kw)
         return out, m.summary
 
@@ -309,6 +314,8 @@ def header(args, b_stopped, seconds: float) -> str:
     opts += "" if args.iters is None else f" --iters {args.iters}"
     opts += "" if args.select is None else f" --select {args.select}"
     stop = "" if b_stopped is None else f"; (b) stopped at week {args.first_weeks + b_stopped}"
+    if args.train_seed != args.seed:
+        opts += f"; log seed {args.seed}, training seed {args.train_seed}"
     return (f"Replay of {src}: {args.first_weeks} first weeks, then {args.weeks} weekly appends; {opts}, epsilon "
             f"{args.epsilon:g} per release; (b) store budget {args.budget:g}; (c) --window {7 * args.window_weeks}d, "
             f"warm-started, per-user cap {args.user_budget:g}{stop} ({seconds:.0f} s in all)\n")

@@ -32,3 +32,11 @@ def test_bad_arguments_are_refused_before_anything_is_made(tmp_path):
     with pytest.raises(SystemExit) as e:
         refresh.main(["--quick", "--weeks", "0", "--dir", str(tmp_path / "w")])
     assert e.value.code == 2 and not (tmp_path / "w").exists()
+
+
+def test_a_training_seed_of_its_own_replays_the_same_log_and_is_said():
+    a = refresh.parse(["--quick", "--seed", "3", "--train-seed", "5"])
+    assert (a.seed, a.train_seed) == (3, 5)
+    assert "log seed 3, training seed 5" in refresh.header(a, None, 1.0)
+    b = refresh.parse(["--quick", "--seed", "3"])
+    assert b.train_seed == 3 and "training seed" not in refresh.header(b, None, 1.0)
