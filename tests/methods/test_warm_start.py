@@ -236,9 +236,13 @@ def _passes(monkeypatch) -> list:
     return seen
 
 
-def _chose_factors(model: Model, ridge: float = 30.0) -> Model:
-    """``model`` as if its ``--select auto`` had released the factors with the local ridge ``ridge``."""
-    info = {**model.info, "selection": {"chosen": f"factors, ridge {ridge:g}"}}
+def _chose_factors(model: Model, ridge: float = 30.0, losses: list | None = None) -> Model:
+    """``model`` as if its ``--select auto`` had released the factors with the local ridge ``ridge`` (and, given,
+    the noisy ``losses`` of the candidates ``factors, ridge {ridge}`` and ``bias, ridge 3``)."""
+    sel = {"chosen": f"factors, ridge {ridge:g}"}
+    if losses is not None:
+        sel.update(candidates=[sel["chosen"], "bias, ridge 3"], noisy_validation_losses=list(losses))
+    info = {**model.info, "selection": sel}
     return Model(path=model.path, item_factors=model.item_factors, item_bias=model.item_bias,
                  item_ids=model.item_ids, global_mean=model.global_mean, info=info, ledger=model.ledger, extras={})
 
@@ -279,6 +283,12 @@ def test_a_private_warm_fit_reuses_the_models_released_choice(store, earlier, tm
           **{**kw, "seed": 2, "select": "auto"})
     auto = load_model(str(tmp_path / "auto"))
     assert "reused_from" not in auto.info.get("selection", {}) and auto.info["parameters"]["select"] != "reused"
+    # factors kept as the default while the biases' noisy loss was lower: not evidence, so chosen afresh
+    for losses, reused in (([3280.0, 3518.0], True), ([3518.0, 3280.0], False)):
+        out = tmp_path / f"kept{int(reused)}"
+        train(store.path, method="als", out=str(out), rank=2, **{**kw, "seed": 2},
+              warm_start=_chose_factors(load_model(str(earlier)), losses=losses))
+        assert (load_model(str(out)).info["parameters"]["select"] == "reused") == reused
 
 
 def test_a_choice_of_biases_or_none_is_not_reused():
@@ -288,6 +298,12 @@ def test_a_choice_of_biases_or_none_is_not_reused():
     assert released_choice({"selection": {"chosen": "bias, ridge 3"}}) is None
     assert released_choice({"selection": {"chosen": "mean, no intercept"}}) is None
     assert released_choice({}) is None
+    kept = {"chosen": "factors, ridge 10", "candidates": ["factors, ridge 10", "factors, ridge 30", "bias, ridge 3",
+                                                          "mean, no intercept"]}
+    assert released_choice({"selection": {**kept, "noisy_validation_losses": [10.0, 9.0, 11.0, 12.0]}}) == (
+        "factors", 10.0)  # the other factors' loss lower: still the factors over every candidate without them
+    assert released_choice({"selection": {**kept, "noisy_validation_losses": [10.0, 9.0, 11.0, 9.5]}}) is None
+    assert released_choice({"selection": {**kept, "noisy_validation_losses": [10.0, 9.0]}}) == ("factors", 10.0)
 
 
 @pytest.fixture(scope="module")
