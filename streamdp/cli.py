@@ -693,6 +693,14 @@ def period_options(f):
               "Post-processing of a release: free in privacy, the epsilon is a cold run's. The iterations then "
               "default to a quarter of the cold default (rounded up); refused with a checkpoint directory. A MODEL "
               "that released no item factors (biases only) starts nothing: the run is a cold one, said so.")
+@click.option("--lists", type=click.Choice(["auto", "own", "ials"]), default="auto", show_default=True,
+              help="Where the model's lists come from: 'ials' trains an ials model on which items each user rated "
+              "in the same release (at --lists-share of epsilon; the rating model is calibrated so that the whole "
+              "composes to --epsilon) and lists by it when its private choice kept its factors; 'own': the rating "
+              "model's list score; 'auto': 'ials' when no --method is given, the run is private and the store holds "
+              "ratings of 5,000 users or more (the released count), else 'own'.")
+@click.option("--lists-share", type=float, default=None, help="The ials lists part's share of epsilon (default: "
+              "0.45 where the rating model plans no factors, else 0.2).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "
               "with --scheduler, the cluster's thread count, which sizes the blocks in flight).")
@@ -714,9 +722,9 @@ def period_options(f):
 @ranking_users_option
 @period_options
 @click.option("--json", "as_json", is_flag=True, callback=_quiet_under_json, help="Print one JSON object.")
-def train(store, method, epsilon, delta, users_bound, items, warm_start, rank, out, seed, workers, memory_limit,
-          scheduler, state, over_budget, force, yes, k, ranking_users, since, until, window, until_segment, as_json,
-          **options):
+def train(store, method, epsilon, delta, users_bound, items, warm_start, rank, out, lists, lists_share, seed, workers,
+          memory_limit, scheduler, state, over_budget, force, yes, k, ranking_users, since, until, window,
+          until_segment, as_json, **options):
     """Train a private model on STORE and write it to --out."""
     import math
 
@@ -736,7 +744,7 @@ def train(store, method, epsilon, delta, users_bound, items, warm_start, rank, o
                           workers=workers, scheduler=scheduler, memory_limit=memory_limit, over_budget=over_budget,
                           force=force, state=state, users_bound=users_bound, k=k, ranking_users=ranking_users,
                           items=items, warm_start=warm_start, since=since, until=until, window=window,
-                          until_segment=until_segment, **options)
+                          until_segment=until_segment, lists=lists, lists_share=lists_share, **options)
     _report(summary, as_json, format_train_summary)
 
 
@@ -821,7 +829,12 @@ def format_train_summary(summary: dict) -> str:
         lines.append("verdict: " + format_verdict(summary["verdict"], summary["test_rmse"]))
     if "release_choice" in summary:
         lines.append("choice: " + summary["release_choice"])
-    if not summary.get("factors_released", True):
+    lists = summary.get("lists_part")
+    if lists:
+        lines.append(f"lists: {'from' if lists['used'] else 'not from'} the {lists['method']} part trained in the same "
+                     f"release (epsilon {lists['epsilon']:.4g} of it alone, {lists['share']:g} of --epsilon; the "
+                     f"whole composes to the epsilon above): {lists['why']}")
+    if not summary.get("factors_released", True) and not (lists and lists["used"]):
         from streamdp.serving.local import not_personalised_note
 
         lines.append("note: " + not_personalised_note(chart=lists_model))

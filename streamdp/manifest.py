@@ -38,6 +38,8 @@ import json
 import math
 
 PUBLIC, RELEASE, POST, NONPRIVATE, OWNER = "public", "release", "post", "nonprivate", "owner"
+#: The prefix of a lists part's arrays (:mod:`streamdp.methods._lists`): each declared as the array it names.
+LISTS_PREFIX = "lists_"
 
 #: ``model.json``: a key (dotted path into nested objects) -> (provenance, what it is). A key declared
 #: at some level covers everything below it.
@@ -99,6 +101,10 @@ MODEL_JSON = {
     "iterations_run": (POST, "als/irls: iterations run (fewer than planned when a gated choice dropped the factors)"),
     "factors_released": (POST, "whether the release holds factors (iterations > 0, chosen on released values)"),
     "n_items_with_factors": (POST, "items whose noisy weight total (als) or count (ials) passed the public threshold"),
+    "lists": (POST, "the lists part trained in the same release (streamdp.methods._lists): its method, share of "
+                    "epsilon, whether the lists are its (chosen on released values) and why, and, when they are, its "
+                    "model.json fields (each checked against this manifest as a model.json of its own) and the "
+                    "names of its released arrays (factors.zarr lists_*)"),
     "selection": (POST, "the candidate chosen on the noisy validation losses (streamdp.methods._selection); under "
                         "--warm-start, the warm-start model's released choice reused (`reused_from`: post-processing "
                         "of its model.json, no release)"),
@@ -183,6 +189,7 @@ BOUNDS = {
     "sketch_quantile", "sketch_share", "oversampling", "columns", "prune", "prune_bound", "power_iters",
     "midpoint", "range", "pure_epsilon", "sensitivity", "epsilon_replace_one", "relation_covers", "centre",
     "sketch_clip_C", "target", "clip_popularity", "values", "mean_weight_cap_c",
+    "lists",  # the lists part's own bounds (streamdp.methods._lists), each of them one of these
 }
 
 #: ``factors.zarr`` arrays and attributes.
@@ -224,6 +231,7 @@ SUMMARY = {
     "data_window": PUBLIC,  # train --since/--until/--window/--until-segment: the period trained on (options)
     "user_filter": OWNER,  # a per-user budget: the exact counts of users taking part and retired (privacy/filter.py)
     "method_default": PUBLIC,  # train without --method on an interaction log: ials (the store's kind is public)
+    "lists_part": POST,  # train --lists: model.json's lists without the part's fields (streamdp.methods._lists)
 }
 
 
@@ -294,9 +302,10 @@ def provenance(model_json: dict, privacy_json: dict, arrays, attrs) -> dict:
             raise UndeclaredField(f"privacy.json: {path} is not declared in streamdp.manifest")
         out[f"privacy.json:{path}"] = hit[0]
     for name in arrays:
-        if name not in ARRAYS:
+        own = name[len(LISTS_PREFIX):] if name.startswith(LISTS_PREFIX) else name  # a lists part's array: its own
+        if own not in ARRAYS or (own != name and own == "item_ids"):  # the part shares the model's items
             raise UndeclaredField(f"factors.zarr: array {name} is not declared in streamdp.manifest")
-        out[f"factors.zarr/{name}"] = ARRAYS[name][0]
+        out[f"factors.zarr/{name}"] = ARRAYS[own][0]
     for name in attrs:
         if name not in ATTRS:
             raise UndeclaredField(f"factors.zarr: attribute {name} is not declared in streamdp.manifest")

@@ -51,6 +51,9 @@ class Plan:
     #: What a private run claims, when not the method's ``guarantee`` at ``--epsilon``: a privacy object whose
     #: guarantee holds at another epsilon (SGLD at temperature T claims ``epsilon / T``, labelled) says so here.
     claim: tuple[str, float] | None = None
+    #: The plan's own releases in the order of its events, without those spent first (the count, the catalogue):
+    #: what another run composes in when this one is a part of its release (:mod:`streamdp.methods._lists`).
+    own: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.events and self.event is None:
@@ -246,12 +249,15 @@ class Method:
         return self.user_count(store).n
 
     def spent_first(self, store) -> list:
-        """Releases made before the plan (the count, the item catalogue's selection), which the plan's calibration
-        composes in (``fixed``)."""
+        """Releases made before the plan (the count, the item catalogue's selection and, when a lists part is
+        trained with this run, its releases: :mod:`streamdp.methods._lists`), which the plan's calibration composes
+        in (``fixed``)."""
         if not self.private:
             return []
         cat = getattr(self, "catalogue", None)
-        return self.user_count(store).spent() + (cat.spent() if cat is not None else [])
+        part = getattr(self, "lists_part", None)
+        return (self.user_count(store).spent() + (cat.spent() if cat is not None else [])
+                + (part.method.plan(store).own if part is not None else []))
 
     def epsilon_after_first(self, store) -> float:
         """The epsilon left once the releases made first are spent: for a release calibrated on its own (a paper's

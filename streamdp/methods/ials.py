@@ -518,7 +518,7 @@ class IALS(Method):
         rel = dict(zip(names, releases))
         releases = fixed + releases
         return Plan(events=[r.event() for r in releases], entries=[r.entry() for r in releases], settings=s,
-                    bounds=bounds, releases=rel)
+                    bounds=bounds, releases=rel, own=releases)
 
     # -- memory --------------------------------------------------------------------------
     def state_bytes(self, store) -> int:

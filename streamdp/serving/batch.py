@@ -35,7 +35,8 @@ import numpy as np
 from streamdp.errors import InputError, ParameterError, StoreError
 from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_prepare
 from streamdp.outputs import deferred_interrupts
-from streamdp.serving.local import check_finite, list_bias, local_design, model_ridge, score_range, solve_block
+from streamdp.serving.local import (check_finite, list_bias, list_model, local_design, model_ridge, predict_block,
+                                    score_range, solve_block)
 from streamdp.storage.catalogue import catalogue_view
 from streamdp.storage.ids import as_ids, find, numeric, parse_id, utf8_lines
 from streamdp.storage.store import RatingStore, open_store
@@ -147,10 +148,13 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, names=None, *, wor
     """Yield one pyarrow Table per block (users in store order, ranks from 1)."""
     import pyarrow as pa
 
-    Q, bias = local_design(mo)
-    rank_bias = list_bias(m, bias, tiekey)  # the list score's item term; the score written is the prediction
+    lm = list_model(m)  # a lists part ranks (streamdp.methods._lists); the score written is the model's prediction
+    lo_ = mo if lm is m else lm.in_order_of(mo.item_ids)
+    l_ridge = ridge if lm is m else model_ridge(lm)
+    Q, bias = local_design(lo_)
+    rank_bias = list_bias(lm, bias, tiekey)  # the list score's item term; the score written is the prediction
     offset = rank_bias - bias
-    mu = float(mo.global_mean)
+    mu = float(lo_.global_mean)
     lo, hi = score_range(mo)
     tiekey = np.ascontiguousarray(tiekey, np.int64)
     prepared = topn_prepare(Q, rank_bias, mu)  # the item side of the scoring, once
@@ -169,15 +173,22 @@ def _tables(m, st, mo, ids, tiekey, ridge, wanted, n, schema, names=None, *, wor
             want = np.zeros(nu, np.uint8)
             sel = wanted[(wanted >= first) & (wanted < first + nu)] - first
             want[sel] = 1
-        U = solve_block(mo, block.indptr, block.items, block.ratings, ridge)
-        check_finite(mo, U, "users' local solutions")
+        U = solve_block(lo_, block.indptr, block.items, block.ratings, l_ridge)
+        check_finite(lo_, U, "users' local solutions")
         lists = np.empty((nu, n), np.int32)
         scores = np.empty((nu, n), np.float64)
         topn_blocked(np.asarray(block.indptr, np.int64), np.asarray(block.items, np.int32), want,
                      np.ascontiguousarray(U, np.float64), Q, rank_bias, mu, tiekey, lists, scores, prepared=prepared)
         ok = lists >= 0
-        check_finite(mo, scores[ok], "scores")
-        pred = scores[ok] - offset[lists[ok]]
+        check_finite(lo_, scores[ok], "scores")
+        if lm is m:
+            pred = scores[ok] - offset[lists[ok]]
+        else:  # the rating model's predictions of the items listed
+            Um = solve_block(mo, block.indptr, block.items, block.ratings, ridge)
+            check_finite(mo, Um, "users' local solutions")
+            row_counts = ok.sum(axis=1)
+            pred = predict_block(mo, Um, np.concatenate([[0], np.cumsum(row_counts)]).astype(np.int64),
+                                 lists[ok].astype(np.int32))
         row, rank = np.nonzero(ok)  # row-major: by user, then rank
         uids = st.user_ids(first, first + nu)[row]
         named = [pa.array(names[lists[ok]], pa.string())] if names is not None else []

@@ -44,7 +44,7 @@ from streamdp.errors import StoreError
 from streamdp.kernels.csr import user_residual_means
 from streamdp.kernels.topk import TILE_BYTES
 from streamdp.privacy.budget import StoreBudget
-from streamdp.serving.local import check_finite, local_kind, model_ridge, predict_block, solve_block
+from streamdp.serving.local import check_finite, list_model, local_kind, model_ridge, predict_block, solve_block
 from streamdp.serving.model import Model, load_model
 from streamdp.serving.ranking import (DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users, format_ranking,
                               ranking_verdict, setup)
@@ -199,8 +199,11 @@ def _measure(m, released, st, ridge: float, *, lists_only: bool, baselines: bool
             gm = float(S[0].sum() / max(S[1].sum(), 1.0))
             item_mean = np.where(S[1] > 0, S[0] / np.maximum(S[1], 1.0), gm)
             damped = (S[0] + ITEM_DAMPING * gm) / (S[1] + ITEM_DAMPING)  # shrunk toward the global mean
+        lm = list_model(released)  # a lists part (streamdp.methods._lists) ranks by its own users' solves
         if ranking:
-            rank = setup(released, st, S[1], k=k, relevant_threshold=relevant_threshold, ranking_users=ranking_users)
+            rank = setup(lm, st, S[1], k=k, relevant_threshold=relevant_threshold, ranking_users=ranking_users)
+            if lm is not released:
+                rank.lists_part = released.info["lists"]
 
         def fn(block, b):
             test = st.read_block(b, "test")
@@ -222,7 +225,12 @@ def _measure(m, released, st, ridge: float, *, lists_only: bool, baselines: bool
                     e = np.clip(guess, lo, hi) - y
                     row += [np.sum(e * e), np.sum(np.abs(e))]
             row = np.asarray(row, np.float64)
-            return row if rank is None else np.concatenate([row, rank.block(U, block, test)])
+            if rank is None:
+                return row
+            if lm is not released:
+                U = solve_rows(rank.model, block, rank.sampled(block.first_user, block.n_users), model_ridge(lm))
+                check_finite(lm, U, "users' local solutions")
+            return np.concatenate([row, rank.block(U, block, test)])
 
         width = 3 + 2 * len(BASELINES) if baselines else 3
         tot = eng.map_reduce(fn, _add, np.zeros(width + (rank.part_size if rank is not None else 0)),

@@ -232,13 +232,47 @@ def list_bias(model, bias, pos=None) -> np.ndarray:
     return np.ascontiguousarray(b if off is None else b + off)
 
 
+def list_model(model):
+    """The model lists are ranked by: a rating model's lists part (``model.json``'s ``lists``, the ``lists_*``
+    arrays: :mod:`streamdp.methods._lists`) when its lists are the part's, else ``model`` itself.
+
+    Built from the model as it is (released, padded by :meth:`~streamdp.serving.model.Model.padded_to`): the part
+    shares its items and their order; reorder the result with its own ``in_order_of``.
+    """
+    lists = (getattr(model, "info", None) or {}).get("lists") or {}
+    if not lists.get("used"):
+        return model
+    cached = getattr(model, "_lists_model", None)
+    if cached is not None:
+        return cached
+    import dataclasses
+
+    from streamdp.manifest import LISTS_PREFIX as P
+
+    ex = model.extras
+    try:  # the model's own class (a Model), its items, ledger and padding
+        lm = dataclasses.replace(model, item_factors=np.asarray(ex[P + "item_factors"], np.float32),
+                                 item_bias=np.asarray(ex[P + "item_bias"], np.float32),
+                                 global_mean=float(lists["global_mean"]), info=dict(lists["model"]),
+                                 extras={n: ex[P + n] for n in lists.get("extras", ())})
+    except KeyError as exc:
+        raise InputError(f"{model.path}: model.json's lists part names {exc} and the model does not hold it") from None
+    try:
+        model._lists_model = lm
+    except AttributeError:  # a frozen or slotted stand-in: no caching
+        pass
+    return lm
+
+
 def personalised(model) -> bool:
-    """Whether the model's lists differ between users beyond the items each rated: it released factors.
+    """Whether the model's lists differ between users beyond the items each rated: its lists model
+    (:func:`list_model`) released factors.
 
     A release of item biases only (``factors_released: false``, or all-zero factors)
     ranks every user's unrated items the same way: her own intercept shifts every
     score alike.
     """
+    model = list_model(model)
     released = (getattr(model, "info", None) or {}).get("factors_released")
     if released is not None:
         return bool(released)
@@ -256,7 +290,7 @@ def not_personalised_note(model=None, *, chart: bool | None = None) -> str:
     """What to say of a release without factors: :data:`NOT_PERSONALISED_CHART` for an implicit model (``local:
     implicit``, or ``chart=True``), :data:`NOT_PERSONALISED` otherwise."""
     if chart is None:
-        chart = model is not None and local_kind(model) == "implicit"
+        chart = model is not None and local_kind(list_model(model)) == "implicit"
     return NOT_PERSONALISED_CHART if chart else NOT_PERSONALISED
 
 
@@ -272,7 +306,7 @@ def popular_list(model, top: int):
         raise ParameterError(f"--top must be >= 1, got {top}")
     lo, hi = rating_range(model)
     base = float(model.global_mean) + np.asarray(model.item_bias, np.float64)
-    extras = getattr(model, "extras", None) or {}
+    extras = getattr(list_model(model), "extras", None) or {}  # a lists part's counts: its chart
     name = next((n for n in RELEASED_COUNTS if n in extras), None)
     idx = np.arange(len(base))
     if name is not None:
@@ -552,8 +586,10 @@ def recommend(model, items, ratings, *, top: int = 10, ridge: float | None = Non
     if top < 1:
         raise ParameterError(f"--top must be >= 1, got {top}")
     raw = _raw_scores(model, items, ratings, ridge, user_bias)
-    off = list_offset(model)
-    score = raw if off is None else raw + off
+    lm = list_model(model)  # a lists part ranks (at its own ridge); the ratings shown are the model's predictions
+    ranked = raw if lm is model else _raw_scores(lm, items, ratings, None, None)
+    off = list_offset(lm)
+    score = ranked if off is None else ranked + off
     seen = np.zeros(len(raw), bool)
     seen[np.asarray(items, np.int64)] = True
     cand = np.flatnonzero(~seen)

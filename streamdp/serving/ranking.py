@@ -174,6 +174,8 @@ class Ranking:
         self.scorer, self.personalised = list_scorer(released), personalised(released)
         self.prepared = topn_prepare(self.Q, self.bias, float(model.global_mean))  # the scoring's item side, once
         self.sources["popularity"] = popularity_order(self.pop, self.tiekey)
+        #: ``model.json``'s ``lists`` when the lists are a lists part's (:mod:`streamdp.methods._lists`): said so
+        self.lists_part = None
 
     @property
     def part_size(self) -> int:
@@ -235,6 +237,8 @@ class Ranking:
                "sample_seed": None if self.sample is None else SAMPLE_SEED,
                "candidates": "items the user did not rate in training",
                "list_scorer": self.scorer, "personalised": self.personalised, **per.pop("model")}
+        if self.lists_part is not None:
+            out["lists_part"] = {k: self.lists_part[k] for k in ("method", "epsilon", "share", "why")}
         b = {}
         if "private_popularity" in per:
             b["private_popularity"] = {**per["private_popularity"], "guarantee": "post-processing",
@@ -367,10 +371,15 @@ def format_ranking(r: dict, *, lists_only: bool = False) -> str:
         lines.append(f"  most popular (released):   n/a: {r.get('private_popularity_absent', '')}")
     if "popularity" in b:
         lines.append("  most popular (non-private): " + row(b["popularity"]))
-    scorer = "the model's preference score" if lists_only else describe_scorer(r.get("list_scorer"))
+    part = r.get("lists_part")
+    if part is not None:  # a rating model's lists part (streamdp.methods._lists)
+        scorer = (f"the {part['method']} part trained in the same release (its preference score; epsilon "
+                  f"{part['epsilon']:.4g} of it alone): {part['why']}")
+    else:
+        scorer = "the model's preference score" if lists_only else describe_scorer(r.get("list_scorer"))
     lines.append(f"  lists ranked by {scorer}")
     if r.get("personalised") is False:
-        lines.append("  note: " + not_personalised_note(chart=lists_only))
+        lines.append("  note: " + not_personalised_note(chart=lists_only or part is not None))
     lines.append("ranking verdict: " + format_ranking_verdict(ranking_verdict(r)))
     return "\n".join(lines)
 

@@ -38,8 +38,9 @@ from typing import NamedTuple
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.manifest import ARRAYS, ATTRS
+from streamdp.manifest import ARRAYS, ATTRS, LISTS_PREFIX
 from streamdp.serving.batch import dense_users, recommend_all
+from streamdp.serving.local import list_model
 from streamdp.storage.ids import find, numeric, parse_id
 from streamdp.storage.store import RatingStore, open_store
 
@@ -151,6 +152,8 @@ def similar_items(model, item_id, n: int = 10) -> list:
     left out; ties go to the smaller item id (module docstring).
     """
     n = check_n(n)
+    if not factors_released(model):  # a rating model of item biases only: its lists part's factors, if any
+        model = list_model(model)
     if not factors_released(model):
         raise InputError(f"{model.path}: this {model.method} model released no item factors (only item biases and "
                          f"the global mean), so items have no similarity; train with factors (e.g. a larger epsilon "
@@ -226,9 +229,13 @@ def describe(model) -> Summary:
     for name in ("item_factors", "item_bias", *sorted(model.extras)):
         if name == "item_factors" and not has_factors:
             continue
-        released[name] = ARRAYS.get(name, ("", name))[1]
-    lists = ("personalised: each user's list is solved from the released item factors and her own ratings, on "
-             "her side" if has_factors else
+        own = name[len(LISTS_PREFIX):] if name.startswith(LISTS_PREFIX) else name
+        released[name] = ARRAYS.get(own, ("", name))[1] + (" (the lists part's)" if own != name else "")
+    lm = list_model(model)
+    part = (f"the item factors of the {model.info['lists']['method']} part trained in the same release (epsilon "
+            f"{model.info['lists']['epsilon']:.4g} of it alone)" if lm is not model else "the released item factors")
+    listed = factors_released(lm)
+    lists = (f"personalised: each user's list is solved from {part} and her own ratings, on her side" if listed else
              "not personalised: only item biases released, so every user gets the same list (minus the items she "
              "rated)")
     return Summary(
@@ -242,7 +249,7 @@ def describe(model) -> Summary:
         effective_rank=model.rank if has_factors else 0,
         n_items=model.n_items,
         factors_released=has_factors,
-        personalised=has_factors,
+        personalised=listed,
         released=released,
         lists=lists,
         path=model.path,

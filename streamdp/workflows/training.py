@@ -21,6 +21,7 @@ import numpy as np
 from streamdp.errors import InputError, Interrupted, ParameterError, StreamdpError
 from streamdp.manifest import public_parameters
 from streamdp.methods import Method, get_method
+from streamdp.methods._lists import attach as attach_lists, lists_part_for
 from streamdp.methods._warm import released_factors, warm_start_from
 from streamdp.methods.base import user_count_for
 from streamdp.methods.lowrank import WEAKER_NOTE, LowRank
@@ -59,7 +60,8 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
           workers: int | None = None, scheduler=None, memory_limit=None, over_budget: bool = False,
           force: bool = False, evaluate_test: bool = True, state: str | None = None, users_bound: int | None = None,
           users=None, k: int = DEFAULT_K, ranking_users=DEFAULT_RANKING_USERS, items=None, warm_start=None,
-          since=None, until=None, window=None, until_segment=None, **options) -> dict:
+          since=None, until=None, window=None, until_segment=None, lists: str = "auto", lists_share=None,
+          **options) -> dict:
     """Train ``method`` (``None``: :func:`default_method`) on ``store`` and write the model to ``out``; return a summary
     dict.
 
@@ -88,6 +90,10 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
     :func:`warm_model`): free post-processing, fewer iterations by default; ``rank=None`` is then the model's rank.
     ``since``/``until``/``window``, ``until_segment``: train on a period of the store only
     (:func:`streamdp.storage.timeline.data_period`; recorded in the model and its ledger as ``data_window``).
+    ``lists``/``lists_share``: the lists part (:mod:`streamdp.methods._lists`): ``"auto"`` trains an ``ials`` part
+    at ``lists_share`` of epsilon (default 0.45 where the rating model plans no factors, else 0.2) in the same
+    release when no ``method`` is named on a private run on a rating store of 5,000 or more users (the released
+    count); ``"ials"`` asks for it, ``"own"`` never.
     """
     t0 = time.perf_counter()
     epsilon = parse_epsilon(epsilon)  # "1e309" is an error, only "inf" is infinite
@@ -117,6 +123,9 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
                                                items=declared_items(items, store))
     st, m = prepare(store, method=cls, out=out, epsilon=epsilon, delta=delta, rank=rank, seed=seed,
                     force=force, users=users, catalogue=catalogue, **options)
+    m.lists_part = lists_part_for(cls, st, lists=lists, share=lists_share, epsilon=epsilon, delta=delta, seed=seed,
+                                  users=users, catalogue=catalogue, defaulted=defaulted,
+                                  checkpoint=options.get("checkpoint"))
     started_cold = None
     if warm is not None:
         m.warm = warm_start_from(warm, st.item_ids(), method=m.name, families=cls.WARM_START_FAMILIES, rank=m.rank,
@@ -314,11 +323,14 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     # checkpoint on, so the entry is never refunded (stage "writing" before the run; "stale", counted,
     # if the run then fails); only a private run directory keeps the proof that nothing left the process
     checkpoint = m.checkpoint
+    part = getattr(m, "lists_part", None)  # an ials part trained in the same release (streamdp.methods._lists)
     try:
         if checkpoint:
             budget.writing(entry)
+        held = max(m.state_bytes(st), part.method.state_bytes(st)) if part is not None else m.state_bytes(st)
         with Engine(st, workers=workers, scheduler=scheduler, memory_limit=memory_limit,
-                    state_bytes=m.state_bytes(st), state=state) as engine:
+                    state_bytes=held, state=state) as engine:
+            part_fit = part.method.fit(st, engine) if part is not None else None
             fitted = m.fit(st, engine)
             fitted.model_info.setdefault("engine", engine.describe())
             if not st.implicit or st.rating_range_source == "declared":  # an observed count range is not published
@@ -345,6 +357,11 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
         if fitted.ledger.guarantee == GUARANTEE_NONE:
             fitted.model_info["delta"] = None  # a non-private model has no (epsilon, delta) guarantee
         check_local_solve(fitted, out)
+        if part_fit is not None:  # its local solve reads the run's rating range, as the rating model's does
+            if "rating_range" in fitted.model_info:
+                part_fit.model_info.setdefault("rating_range", dict(fitted.model_info["rating_range"]))
+            check_local_solve(part_fit, out)
+            attach_lists(fitted, part_fit, part)
         budget.writing(entry)
         fitted.save(out, force=force)
         budget.complete(entry)
@@ -440,6 +457,8 @@ def run_summary(st, m, fitted, out, seconds, *, epsilon, delta, seed, stale, eva
     if "warm_start" in info:
         summary["warm_start"] = {k: v for k, v in info["warm_start"].items() if k != "privacy"}
         summary["iterations_run"] = info.get("iterations_run")
+    if "lists" in info:  # the lists part (streamdp.methods._lists): its share, whether the lists are its, why
+        summary["lists_part"] = {k: v for k, v in info["lists"].items() if k not in ("model", "extras", "global_mean")}
     if (why := (info.get("selection") or {}).get("why")) is not None:  # ials: the factors or the chart, and why
         summary["release_choice"] = why
     if fitted.owner:
