@@ -17,8 +17,9 @@ from ``--stores``. Then, in the same run:
   memory, k 8, one thread, median of ``--repeats`` (the yardstick of issue 30). Stores
   over 100M training ratings use their first 100M ratings' blocks, the time scaled by
   the ratings (said in the row).
-* **train**: ``streamdp train STORE --epsilon 1 --seed 0 --memory-limit LIMIT --json``
-  (the default method, als, and its evaluation) in a child process whose peak RSS
+* **train**: ``streamdp train STORE --epsilon 1 --seed 0 --memory-limit LIMIT --json --lists own``
+  (the default method, als, and its evaluation; ``--lists own``: without the ``ials`` lists part the default
+  adds on stores of 5,000+ users, which streams the store again: docs/scale.md) in a child process whose peak RSS
   (the process tree, psutil) is polled; the child times every engine pass
   (``Engine.map_reduce``/``imap``/``foreach``) under its progress label. Printed per
   kind of pass: count, seconds and scipy-pass equivalents; in all: passes, the fit
@@ -132,7 +133,7 @@ def train_measured(store: str, out: str, limit: str, workers: int | None, schedu
     """``streamdp train`` in a child process: its JSON summary, wall seconds, peak RSS and timed passes."""
     log = out + ".passes.json"
     cmd = [sys.executable, os.path.abspath(__file__), "--child", log, "--", "train", store, "--epsilon", "1",
-           "--seed", "0", "--out", out, "--memory-limit", limit, "--json", "--force", "--over-budget"]
+           "--seed", "0", "--out", out, "--memory-limit", limit, "--json", "--force", "--over-budget", "--lists", "own"]
     if workers:
         cmd += ["--workers", str(workers)]
     if scheduler:

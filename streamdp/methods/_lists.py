@@ -32,6 +32,8 @@ Decisions a reader must know:
   (``ials`` is then the method), a store of fewer users (released count) than :data:`LISTS_MIN_USERS` (``ials``
   keeps its chart there at these shares: 600 users x 10,000 items), and a run with ``--checkpoint`` (the
   ``ials`` part keeps none). ``--warm-start`` warms the ``als`` part; the ``ials`` part runs cold.
+
+Design notes (the single lists tried, the shares measured, the cost): docs/design-notes.md#streamdpmethods_listspy.
 """
 
 from __future__ import annotations
