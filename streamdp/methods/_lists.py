@@ -146,11 +146,12 @@ def lists_part_for(cls, store, *, lists: str, share, epsilon: float, delta: floa
                      n_items=int(store.n_items), share=share, requested=lists)
 
 
-def _uses_part(part_info: dict) -> tuple[bool, str]:
+def _uses_part(part_info: dict, private: bool = True) -> tuple[bool, str]:
     """Whether the model lists by the ``ials`` part, and why (released values only: post-processing)."""
+    choice = "private choice" if private else "choice (exact: non-private)"
     if part_info.get("factors_released"):
-        return True, "the ials part's private choice kept its factors"
-    return False, "the ials part's private choice kept its chart: the rating model's own lists are kept"
+        return True, f"the ials part's {choice} kept its factors"
+    return False, f"the ials part's {choice} kept its chart: the rating model's own lists are kept"
 
 
 def attach(fitted, part_fit, part: ListsPart) -> dict:
@@ -165,7 +166,7 @@ def attach(fitted, part_fit, part: ListsPart) -> dict:
     pinfo = dict(part_fit.model_info)
     if "list_scorer" not in pinfo:
         pinfo["list_scorer"] = default_list_scorer(pinfo, part_fit.extras)
-    used, why = _uses_part(pinfo)
+    used, why = _uses_part(pinfo, math.isfinite(part.method.epsilon))
     check_release(pinfo, {"epsilon": fitted.ledger.epsilon}, [], [])  # its fields, as a model.json of its own
     lists = {"method": part.method.name, "share": part.share, "epsilon": part.method.epsilon, "used": used,
              "why": why, "requested": part.requested}
