@@ -283,10 +283,15 @@ def streamdp_rows(st, tmp, ks, epsilons, seed, workers, old_lists=True, tune_eps
         rows["most popular (exact counts, non-private)"] = pick(new, "popularity")
         if "private_popularity" in new[k0]["baselines"]:
             rows["most popular (default model's released counts)"] = pick(new, "private_popularity")
+        part = (m.info.get("lists") or {})
         rows["default (als eps 1): list score"] = {**pick(new), "rmse": ev["rmse"],
                                                    "personalised": new[k0]["personalised"],
-                                                   "list_scorer": new[k0]["list_scorer"]}
-        if old_lists:
+                                                   "list_scorer": new[k0]["list_scorer"],
+                                                   **({"lists_part": {k: part[k] for k in ("used", "epsilon")}}
+                                                      if part else {})}
+        if part.get("used"):  # the lists are the ials part's (streamdp.methods._lists): no old lists to compare
+            rows["default (als eps 1): predicted rating (old lists)"] = {"skipped": "the lists are its ials part's"}
+        elif old_lists:
             old_m = load_model(path)
             old_m.info = {**old_m.info, "list_scorer": {"kind": "predicted_rating"}}
             rows["default (als eps 1): predicted rating (old lists)"] = {**pick(ranked(old_m)), "rmse": ev["rmse"]}
@@ -475,6 +480,10 @@ def format_table(res, ks) -> str:
         note = []
         if "rmse" in r:
             note.append(f"test RMSE {r['rmse']:.4f}")
+        if "lists_part" in r:
+            lp = r["lists_part"]
+            note.append(f"lists {'from' if lp['used'] else 'not from'} its ials part (epsilon {lp['epsilon']:g} of "
+                        f"it alone, composed with the rest to 1)")
         if r.get("personalised") is False:
             note.append("biases only: one list for all")
         if "setting" in r:

@@ -58,7 +58,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--ratings-per-user", type=float, default=None, help="generated (default 40; quick 25)")
     p.add_argument("--taste-drift", type=float, default=1.0, help="generate --taste-drift (default 1.0)")
     p.add_argument("--log", default=None, help="a timestamped log to replay instead (user item rating timestamp)")
-    p.add_argument("--method", default="als")
+    p.add_argument("--method", default="als", help="the training method (default als); 'default': none named, as "
+                   "`train` without --method runs it (als with its ials lists part on a store of 5,000+ users)")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--select", choices=("auto", "off"), default=None,
                    help="als/irls --select (default the method's, auto: the release may be biases only, then "
@@ -189,7 +190,8 @@ class Replay:
             from streamdp.methods._warm import warm_iters
 
             kw["iters"] = warm_iters(a.iters) if kw.get("warm_start") is not None else a.iters
-        m = train(self.stores[store], method=a.method, epsilon=a.epsilon, delta=a.delta, rank=a.rank, seed=a.train_seed,
+        m = train(self.stores[store], method=None if a.method == "default" else a.method, epsilon=a.epsilon,
+                  delta=a.delta, rank=a.rank, seed=a.train_seed,
                   out=out, evaluate=False, memory_limit=a.memory_limit, **kw)
         return out, m.summary
 
