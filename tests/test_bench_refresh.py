@@ -40,3 +40,23 @@ def test_a_training_seed_of_its_own_replays_the_same_log_and_is_said():
     assert "log seed 3, training seed 5" in refresh.header(a, None, 1.0)
     b = refresh.parse(["--quick", "--seed", "3"])
     assert b.train_seed == 3 and "training seed" not in refresh.header(b, None, 1.0)
+
+
+def test_method_default_trains_as_train_without_method(monkeypatch, tmp_path):
+    """``--method default`` names no method: ``train`` then runs its default (als with its lists part)."""
+    import types
+
+    import streamdp.workflows.api as api
+
+    seen = {}
+
+    def fake_train(store, *, method, **kw):
+        seen["method"] = method
+        return types.SimpleNamespace(summary={"train_seconds": 0.1})
+
+    monkeypatch.setattr(api, "train", fake_train)
+    a = refresh.parse(["--quick", "--method", "default"])
+    r = refresh.Replay.__new__(refresh.Replay)
+    r.args, r.root, r.stores = a, str(tmp_path), {"B": "b.zarr"}
+    r._train("b", "B", 0)
+    assert seen["method"] is None and "--method default" in refresh.header(a, None, 1.0)
