@@ -1105,7 +1105,8 @@ def recommend(model, ratings_file, store, out, users_file, top, item_names, ridg
 
     One user: solved locally from MODEL and their ratings file; prints a header line (item_id, predicted_rating),
     then one tab-separated line per item. Items are ranked by the model's list score (model.json list_scorer: the
-    predicted rating plus a weight times the log of the item counts the model released, free post-processing);
+    predicted rating plus a weight times the log of the item counts the model released, free post-processing), or,
+    for a model whose lists are its ials part's (train --lists; model.json lists), by that part's scores;
     the score shown is the predicted rating. A user none of whose items the model knows gets the most popular
     items by the model's released counts, said on stderr.
 
