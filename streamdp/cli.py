@@ -832,8 +832,9 @@ def format_train_summary(summary: dict) -> str:
     lists = summary.get("lists_part")
     if lists:
         lines.append(f"lists: {'from' if lists['used'] else 'not from'} the {lists['method']} part trained in the same "
-                     f"release (epsilon {lists['epsilon']:.4g} of it alone, {lists['share']:g} of --epsilon; the "
-                     f"whole composes to the epsilon above): {lists['why']}")
+                     f"release ({lists['share']:g} of the epsilon the releases made first left: epsilon "
+                     f"{lists['epsilon']:.4g} with them alone; the whole composes to the epsilon above): "
+                     f"{lists['why']}")
     if not summary.get("factors_released", True) and not (lists and lists["used"]):
         from streamdp.serving.local import not_personalised_note
 

@@ -74,16 +74,24 @@ class ListsPart:
         self.share: float | None = None
         self._method = None
 
-    def decide(self, fits_factors: bool) -> None:
+    def decide(self, fits_factors: bool, store) -> None:
         """Set the share (``--lists-share``, else :data:`LISTS_SHARE` or :data:`LISTS_SHARE_BIASES` by
-        ``fits_factors``) and build the ``ials`` method; the first call decides (a plan is made once)."""
+        ``fits_factors``) and build the ``ials`` method; the first call decides (a plan is made once).
+
+        The share is of the epsilon left once the releases made first are spent (the count of users, a private
+        catalogue's and rating range's selections, which both parts share): the part's target is their epsilon
+        plus the share of the rest (what :meth:`~streamdp.methods.base.Method.epsilon_after_first` leaves), so a
+        store whose items are selected privately still gives the part its share."""
         if self._method is not None:
             return
         from streamdp.methods import get_method
 
         self.share = self.given if self.given is not None else LISTS_SHARE if fits_factors else LISTS_SHARE_BIASES
-        eps = self.share * self.epsilon if math.isfinite(self.epsilon) else self.epsilon
         icls = get_method("ials")
+        eps = self.epsilon
+        if math.isfinite(eps):
+            left = icls(epsilon=eps, **self._kw).epsilon_after_first(store)
+            eps = (eps - left) + self.share * left
         m = icls(epsilon=eps, **self._kw)
         if m.rank > self.n_items >= 1:
             m = icls(epsilon=eps, rank=self.n_items, **self._kw)
@@ -91,15 +99,14 @@ class ListsPart:
 
     def plan(self, store):
         """The ``ials`` part's plan (made once), or a one-line :class:`ParameterError` when its share cannot pay
-        for its releases after what was spent first (the count of users)."""
+        for its releases (a share so small that the accountant finds no noise for it)."""
         try:
             return self.method.plan(store)
         except ParameterError as exc:
             if not str(exc).startswith("calibration:"):
                 raise
-            raise ParameterError(f"--lists-share {self.share:g}: the ials part's epsilon {self.method.epsilon:g} does "
-                                 f"not pay for its releases once the count of users is spent; give a larger share"
-                                 ) from None
+            raise ParameterError(f"--lists-share {self.share:g}: the ials part's epsilon {self.method.epsilon:.4g} "
+                                 f"does not pay for its releases; give a larger share") from None
 
     @property
     def method(self):

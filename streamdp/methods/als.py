@@ -737,7 +737,7 @@ class _AlsBase(Method):
                                    share=MEANS_PROFILE_SHARE if self._weighs_mean() else PROFILE_SHARE)
         s = self.settings(store, profile)
         if getattr(self, "lists_part", None) is not None:  # its share follows whether factors are planned
-            self.lists_part.decide(s.iters > 0)
+            self.lists_part.decide(s.iters > 0, store)
             self.lists_part.plan(store)
         bounds = {"rating_min": s.rating_min, "rating_max": s.rating_max,
                   "rating_range_source": getattr(store, "rating_range_source", "unknown")}

@@ -14,6 +14,7 @@ from streamdp.cli import main
 from streamdp.errors import ParameterError
 from streamdp.methods import get_method
 from streamdp.methods._lists import LISTS_MIN_USERS, LISTS_SHARE, LISTS_SHARE_BIASES, lists_part_for
+from streamdp.privacy.users import COUNT_SHARE
 from streamdp.serving.local import list_model
 from streamdp.serving.model import load_model
 from streamdp.workflows.training import train
@@ -62,14 +63,16 @@ def test_the_ledger_composes_both_parts_to_the_target(store, tmp_path):
     assert 0.98 <= eps <= 1.0 + 1e-9, eps  # calibrated to the target, never above it
     assert p["bounds"]["lists"]["method"] == "ials" and "tau" in p["bounds"]["lists"]
     lists = m.info["lists"]
-    assert lists["share"] in (LISTS_SHARE, LISTS_SHARE_BIASES) and lists["epsilon"] == pytest.approx(lists["share"])
+    assert lists["share"] in (LISTS_SHARE, LISTS_SHARE_BIASES)
+    # the count's epsilon (pure) plus the share of what it leaves
+    assert lists["epsilon"] == pytest.approx(COUNT_SHARE + lists["share"] * (1 - COUNT_SHARE))
     assert s["lists_part"]["used"] == lists["used"]
 
 
 def test_a_given_share_is_the_parts_epsilon(store, tmp_path):
     out = tmp_path / "m"
     train(store.path, method="als", out=str(out), lists="ials", lists_share=0.3, **RUN)
-    assert load_model(str(out)).info["lists"]["epsilon"] == pytest.approx(0.3)
+    assert load_model(str(out)).info["lists"]["epsilon"] == pytest.approx(COUNT_SHARE + 0.3 * (1 - COUNT_SHARE))
     assert _composed_epsilon(out) <= 1.0 + 1e-9
 
 
@@ -119,8 +122,8 @@ def test_a_part_that_keeps_its_chart_is_not_listed_by(store, tmp_path):
 
 
 def test_a_share_too_small_for_the_part_is_one_line(store, tmp_path):
-    with pytest.raises(ParameterError, match=r"--lists-share 0.01: the ials part's epsilon 0.01"):
-        train(store.path, method="als", out=str(tmp_path / "m"), lists="ials", lists_share=0.01, **RUN)
+    with pytest.raises(ParameterError, match=r"--lists-share 1e-06: the ials part's epsilon 0.01 does not pay"):
+        train(store.path, method="als", out=str(tmp_path / "m"), lists="ials", lists_share=1e-6, **RUN)
     assert not (tmp_path / "m").exists()
 
 
@@ -183,3 +186,26 @@ def test_a_biases_only_model_lists_and_finds_similar_items_by_the_part(store, tm
     sims = m.similar_items(m.item_ids[0], 3)
     assert len(sims) == 3 and sims == list_model(m).similar_items(m.item_ids[0], 3)
     assert s["lists_part"]["share"] == 0.6
+
+
+def test_a_private_catalogue_and_range_are_spent_once_and_the_part_gets_its_share_of_the_rest(tmp_path):
+    """Items and rating range selected privately (spent first, shared by both parts): the part's target is their
+    epsilon plus its share of what they leave, so it pays for its releases (a share of epsilon did not)."""
+    import pandas as pd
+
+    import streamdp
+
+    rng = np.random.default_rng(2)
+    users = np.repeat(np.arange(4000), 6)
+    df = pd.DataFrame({"user": users, "item": rng.integers(0, 25, len(users)),
+                       "rating": rng.integers(1, 6, len(users)).astype(float)}).drop_duplicates(["user", "item"])
+    st = streamdp.ingest(df, str(tmp_path / "s.zarr"), test_fraction=0.2)
+    out = tmp_path / "m"
+    train(st.path, method="als", out=str(out), lists="ials", **RUN)
+    p = json.loads((out / "privacy.json").read_text())
+    whats = [e["release"] for e in p["bounds"]["releases"]]
+    for first in ("number of users", "item catalogue: each item", "rating range: each rating value"):
+        assert sum(w.startswith(first) for w in whats) == 1, first
+    lists = load_model(str(out)).info["lists"]
+    assert lists["epsilon"] > LISTS_SHARE + 0.05  # the selections' epsilon, then its share of the rest
+    assert _composed_epsilon(out) <= 1.0 + 1e-9
