@@ -695,11 +695,14 @@ def period_options(f):
               "that released no item factors (biases only) starts nothing: the run is a cold one, said so.")
 @click.option("--lists", type=click.Choice(["auto", "own", "ials"]), default="auto", show_default=True,
               help="Where the model's lists come from: 'ials' trains an ials model on which items each user rated "
-              "in the same release (at --lists-share of epsilon; the rating model is calibrated so that the whole "
+              "in the same release (at --lists-share of the epsilon left after the count of users; the rating model "
+              "is calibrated so that the whole "
               "composes to --epsilon) and lists by it when its private choice kept its factors; 'own': the rating "
               "model's list score; 'auto': 'ials' when no --method is given, the run is private and the store holds "
               "ratings of 5,000 users or more (the released count), else 'own'.")
-@click.option("--lists-share", type=float, default=None, help="The ials lists part's share of epsilon (default: "
+@click.option("--lists-share", type=float, default=None, help="The ials lists part's share of the epsilon left "
+              "after the releases made first: the count of users, a private selection of the items or the rating "
+              "range (default: "
               "0.45 where the rating model plans no factors, else 0.2).")
 @click.option("--seed", type=int, default=None, help="Seed: reproducible, not private against whoever knows it.")
 @click.option("--workers", type=int, default=None, help="Worker threads of the local pool (default: all cores; "

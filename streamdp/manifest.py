@@ -101,10 +101,11 @@ MODEL_JSON = {
     "iterations_run": (POST, "als/irls: iterations run (fewer than planned when a gated choice dropped the factors)"),
     "factors_released": (POST, "whether the release holds factors (iterations > 0, chosen on released values)"),
     "n_items_with_factors": (POST, "items whose noisy weight total (als) or count (ials) passed the public threshold"),
-    "lists": (POST, "the lists part trained in the same release (streamdp.methods._lists): its method, share of "
-                    "epsilon, whether the lists are its (chosen on released values) and why, and, when they are, its "
-                    "model.json fields (each checked against this manifest as a model.json of its own) and the "
-                    "names of its released arrays (factors.zarr lists_*)"),
+    "lists": (POST, "the lists part trained in the same release (streamdp.methods._lists): its method, share (of "
+                    "the epsilon the releases made first left) and epsilon, whether the lists are its (chosen on "
+                    "released values) and why, and, when they are, its model.json fields (each checked against this "
+                    "manifest as a model.json of its own) and the names of its released arrays (factors.zarr "
+                    "lists_*)"),
     "selection": (POST, "the candidate chosen on the noisy validation losses (streamdp.methods._selection); under "
                         "--warm-start, the warm-start model's released choice reused (`reused_from`: post-processing "
                         "of its model.json, no release)"),

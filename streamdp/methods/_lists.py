@@ -10,7 +10,8 @@ auto``) trains both in one release.
 
 Decisions a reader must know:
 
-* **the budget**: the ``ials`` part is calibrated alone at a share of epsilon (``--lists-share``; by default
+* **the budget**: the ``ials`` part is calibrated alone at its share of the epsilon the releases made first
+  (the count of users, private selections of the items or range) leave, plus theirs (``--lists-share``; by default
   :data:`LISTS_SHARE_BIASES` where the ``als`` plan fits no factors, ``--iters 0`` by default, decided on the
   released count and histogram of users before anything else is released: its RMSE barely moves with epsilon and
   its lists are one list for all; :data:`LISTS_SHARE` where it plans factors, whose RMSE needs the budget). Its
@@ -65,7 +66,8 @@ WITH = ("als",)
 
 class ListsPart:
     """A run's lists part: its ``ials`` method, built once the rating model's plan knows whether it fits factors
-    (:meth:`decide`, called by the rating method's plan before its calibration), and its share of epsilon."""
+    (:meth:`decide`, called by the rating method's plan before its calibration), and its share of the epsilon left
+    after the releases made first."""
 
     def __init__(self, *, epsilon: float, delta: float, seed, users, catalogue, n_items: int, share: float | None,
                  requested: str):
@@ -122,7 +124,8 @@ def check_share(share) -> float:
     except (TypeError, ValueError):
         raise ParameterError(f"--lists-share must be a number in (0, 1), got {share!r}") from None
     if not 0.0 < s < 1.0:
-        raise ParameterError(f"--lists-share must be in (0, 1) (the ials part's share of epsilon), got {share}")
+        raise ParameterError(f"--lists-share must be in (0, 1) (the ials part's share of the epsilon left after the "
+                             f"count of users), got {share}")
     return s
 
 

@@ -91,7 +91,8 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
     ``since``/``until``/``window``, ``until_segment``: train on a period of the store only
     (:func:`streamdp.storage.timeline.data_period`; recorded in the model and its ledger as ``data_window``).
     ``lists``/``lists_share``: the lists part (:mod:`streamdp.methods._lists`): ``"auto"`` trains an ``ials`` part
-    at ``lists_share`` of epsilon (default 0.45 where the rating model plans no factors, else 0.2) in the same
+    at ``lists_share`` of the epsilon the releases made first leave (default 0.45 where the rating model plans no
+    factors, else 0.2) in the same
     release when no ``method`` is named on a private run on a rating store of 5,000 or more users (the released
     count); ``"ials"`` asks for it, ``"own"`` never.
     """
