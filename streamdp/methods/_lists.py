@@ -18,7 +18,7 @@ Decisions a reader must know:
   releases are then spent first, like the count of users, and the ``als`` part's noise is calibrated so that
   everything composes (dp-accounting's PLD) to the run's epsilon: one ledger (its contribution bounds under
   ``bounds.lists``), one reservation of the store's budget, one charge per user of a per-user budget. Measured at
-  epsilon 1 (seeds 1-2, docs/ranking.md): test RMSE +0.0001 to +0.0021 against ``--lists own``;
+  epsilon 1 (seeds 1-3, docs/ranking.md): test RMSE +0.0000 to +0.0021 against ``--lists own``;
 * **which lists are used** (post-processing of released values only): the ``ials`` part's when its own private
   choice kept its factors, else the ``als`` model's own (an ``ials`` chart is not a better list than the biases'
   one: 0.0469 against 0.0578 on a 6,040-user store). Where ratings carry the taste and the choice of items does
