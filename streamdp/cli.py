@@ -834,9 +834,10 @@ def format_train_summary(summary: dict) -> str:
         lines.append("choice: " + summary["release_choice"])
     lists = summary.get("lists_part")
     if lists:
+        warmed = "; warm-started from the earlier model's part" if lists.get("warm_started") else ""
         lines.append(f"lists: {'from' if lists['used'] else 'not from'} the {lists['method']} part trained in the same "
                      f"release ({lists['share']:g} of the epsilon the releases made first left: epsilon "
-                     f"{lists['epsilon']:.4g} with them alone; the whole composes to the epsilon above): "
+                     f"{lists['epsilon']:.4g} with them alone; the whole composes to the epsilon above{warmed}): "
                      f"{lists['why']}")
     if not summary.get("factors_released", True) and not (lists and lists["used"]):
         from streamdp.serving.local import not_personalised_note

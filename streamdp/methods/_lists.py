@@ -32,7 +32,8 @@ Decisions a reader must know:
 * ``--lists auto`` is ``own`` (the old behaviour) for a named ``--method``, a non-private run, an interaction log
   (``ials`` is then the method), a store of fewer users (released count) than :data:`LISTS_MIN_USERS` (``ials``
   keeps its chart there at these shares: 600 users x 10,000 items), and a run with ``--checkpoint`` (the
-  ``ials`` part keeps none). ``--warm-start`` warms the ``als`` part; the ``ials`` part runs cold.
+  ``ials`` part keeps none). ``--warm-start MODEL`` warms both parts: the ``ials`` one from MODEL's lists part
+  when MODEL listed by one (at its rank, a quarter of the iterations, its released choice reused), else cold.
 
 Design notes (the single lists tried, the shares measured, the cost): docs/design-notes.md#streamdpmethods_listspy.
 """
@@ -75,6 +76,9 @@ class ListsPart:
         self.epsilon, self.n_items, self.given, self.requested = epsilon, n_items, share, requested
         self.share: float | None = None
         self._method = None
+        #: The lists part of a ``--warm-start`` model (:func:`streamdp.serving.local.list_model`), when it listed:
+        #: this part starts from it, at its rank (``None``: a cold part).
+        self.warm = None
 
     def decide(self, fits_factors: bool, store) -> None:
         """Set the share (``--lists-share``, else :data:`LISTS_SHARE` or :data:`LISTS_SHARE_BIASES` by
@@ -94,9 +98,18 @@ class ListsPart:
         if math.isfinite(eps):
             left = icls(epsilon=eps, **self._kw).epsilon_after_first(store)
             eps = (eps - left) + self.share * left
-        m = icls(epsilon=eps, **self._kw)
-        if m.rank > self.n_items >= 1:
-            m = icls(epsilon=eps, rank=self.n_items, **self._kw)
+        if self.warm is not None:  # the earlier part's rank, as an als --warm-start takes its model's
+            m = icls(epsilon=eps, rank=self.warm.rank, **self._kw)
+        else:
+            m = icls(epsilon=eps, **self._kw)
+            if m.rank > self.n_items >= 1:
+                m = icls(epsilon=eps, rank=self.n_items, **self._kw)
+        if self.warm is not None:
+            from streamdp.methods._warm import warm_start_from
+
+            w = warm_start_from(self.warm, store.item_ids(), method=m.name, families=icls.WARM_START_FAMILIES,
+                                rank=m.rank, private=m.private)
+            m.warm = None if w.starts_nothing else w
         self._method = m
 
     def plan(self, store):
@@ -179,7 +192,7 @@ def attach(fitted, part_fit, part: ListsPart) -> dict:
     used, why = _uses_part(pinfo, math.isfinite(part.method.epsilon))
     check_release(pinfo, {"epsilon": fitted.ledger.epsilon}, [], [])  # its fields, as a model.json of its own
     lists = {"method": part.method.name, "share": part.share, "epsilon": part.method.epsilon, "used": used,
-             "why": why, "requested": part.requested}
+             "why": why, "requested": part.requested, "warm_started": part.method.warm is not None}
     if used:
         lists.update(model=pinfo, global_mean=float(part_fit.global_mean),
                      extras=sorted(part_fit.extras))

@@ -268,8 +268,10 @@ class Model:
 
     @property
     def method(self) -> str:
-        """The method, as the ledger (``privacy.json``) records it."""
-        return str(getattr(self.ledger, "method", None) or self.info.get("method", "?"))
+        """The method, as ``model.json`` records it (the ledger's, which :func:`check_agrees` compares at load; a
+        lists part, :func:`streamdp.serving.local.list_model`, shares its model's ledger and says its own), else
+        as the ledger (``privacy.json``) does."""
+        return str(self.info.get("method") or getattr(self.ledger, "method", None) or "?")
 
     def in_order_of(self, item_ids) -> "Model":
         """This model with its per-item arrays reordered to ``item_ids`` (e.g. a store's dense order), which may

@@ -35,7 +35,7 @@ from streamdp.privacy.rating_range import catalogue_and_range_for
 from streamdp.privacy.ledger import privacy_warnings
 from streamdp.privacy.params import default_delta
 from streamdp.serving.evaluate import evaluate_model
-from streamdp.serving.local import FALLBACK_RIDGE, model_ridge, rating_range, user_scores
+from streamdp.serving.local import FALLBACK_RIDGE, list_model, model_ridge, rating_range, user_scores
 from streamdp.serving.model import Model, check_model_destination
 from streamdp.serving.ranking import DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users
 from streamdp.storage.fingerprint import store_fingerprint
@@ -127,6 +127,8 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
     m.lists_part = lists_part_for(cls, st, lists=lists, share=lists_share, epsilon=epsilon, delta=delta, seed=seed,
                                   users=users, catalogue=catalogue, defaulted=defaulted,
                                   checkpoint=options.get("checkpoint"))
+    if m.lists_part is not None and warm is not None and list_model(warm) is not warm:
+        m.lists_part.warm = list_model(warm)  # the earlier lists part starts this one (streamdp.methods._lists)
     started_cold = None
     if warm is not None:
         m.warm = warm_start_from(warm, st.item_ids(), method=m.name, families=cls.WARM_START_FAMILIES, rank=m.rank,

@@ -209,3 +209,25 @@ def test_a_private_catalogue_and_range_are_spent_once_and_the_part_gets_its_shar
     lists = load_model(str(out)).info["lists"]
     assert lists["epsilon"] > LISTS_SHARE + 0.05  # the selections' epsilon, then its share of the rest
     assert _composed_epsilon(out) <= 1.0 + 1e-9
+
+
+def test_a_warm_start_warms_the_part_from_the_earlier_models_part(store, strong, tmp_path):
+    """``--warm-start MODEL`` where MODEL lists by its part: this run's part starts from it, at its rank, with a
+    quarter of the iterations and its released choice reused; the ledger still composes to the target."""
+    out = tmp_path / "w"
+    s = train(store.path, method="als", out=str(out), lists="ials", lists_share=0.6, warm_start=strong.path,
+              **{**RUN, "epsilon": 30.0, "seed": 2})
+    lists = load_model(str(out)).info["lists"]
+    assert lists["warm_started"] and s["lists_part"]["warm_started"]
+    part = lists["model"]
+    assert part["warm_start"]["method"] == "ials" and part["selection"]["reused_from"] == strong.path
+    assert part["rank"] == strong.info["lists"]["model"]["rank"]
+    assert part["iterations_run"] < strong.info["lists"]["model"]["iterations_run"]
+    assert _composed_epsilon(out) <= 30.0 + 1e-9
+
+
+def test_a_cold_part_when_the_earlier_model_did_not_list_by_one(store, tmp_path):
+    first, out = tmp_path / "a", tmp_path / "b"
+    train(store.path, method="als", out=str(first), lists="own", **RUN)
+    train(store.path, method="als", out=str(out), lists="ials", warm_start=str(first), **RUN)
+    assert not load_model(str(out)).info["lists"]["warm_started"]
