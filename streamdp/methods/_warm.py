@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamdp.errors import ParameterError
+from streamdp.serving.local import factors_released
 from streamdp.storage.ids import as_ids, find
 
 #: ``--iters`` by default under ``--warm-start``: this fraction of the cold default, rounded up (at least 1 when the
@@ -48,7 +49,8 @@ class WarmStart:
     matched: np.ndarray
     #: The model's items the store lacks (dropped).
     dropped: int
-    #: Whether the model released item factors (:func:`released_factors`); without them no item starts warm.
+    #: Whether the model released item factors (:func:`~streamdp.serving.local.factors_released`); without them no
+    #: item starts warm.
     released: bool = True
     #: The model's run id and budget entry (``model.json``), to name it.
     run_id: str | None = None
@@ -127,7 +129,7 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
     if m.method not in families:
         raise ParameterError(f"{where}: a model of --method {m.method}, which cannot start --method {method} "
                              f"(it needs a model of {' or '.join(families)})")
-    released = released_factors(m)
+    released = factors_released(m)
     if released and m.rank != rank:
         raise ParameterError(f"{where}: a model of rank {m.rank}, this run's rank is {rank} (give --rank {m.rank} or "
                              f"leave --rank out)")
@@ -157,18 +159,6 @@ def warm_start_from(model, store_item_ids, *, method: str, families: tuple, rank
                      dropped=int(len(mine) - (pos >= 0).sum()), released=released, run_id=m.info.get("run_id"),
                      budget_entry=m.info.get("budget_entry"), global_mean=mu, choice=released_choice(m.info),
                      chart_choice=released_chart_choice(m.info) if m.method == "ials" else None)
-
-
-def released_factors(model) -> bool:
-    """Whether a loaded model released item factors: a 2-d factor array with a non-zero entry among its rank's
-    columns (an ials model's popularity column is not a factor; a biases-only or chart release holds zeros).
-
-    >>> from types import SimpleNamespace as M
-    >>> released_factors(M(item_factors=np.zeros((3, 2)), rank=2)), released_factors(M(item_factors=np.eye(3), rank=3))
-    (False, True)
-    """
-    V = np.asarray(model.item_factors)
-    return V.ndim == 2 and bool(np.any(V[:, :model.rank]))
 
 
 def released_choice(info: dict) -> tuple | None:

@@ -264,19 +264,35 @@ def list_model(model):
     return lm
 
 
+def factors_released(model) -> bool:
+    """Whether ``model`` released item factors: a non-zero entry among its factor columns (an ``ials`` model's
+    popularity column is not a factor; a release of item biases or of a chart holds zeros), unless ``model.json``'s
+    ``factors_released`` says it did not. The one test of it (``recommend``, ``similar_items``, ``--warm-start``,
+    rehearse).
+
+    >>> from types import SimpleNamespace as M
+    >>> factors_released(M(item_factors=np.zeros((3, 2)), rank=2, info={}))
+    False
+    >>> factors_released(M(item_factors=np.eye(3), rank=3))
+    True
+    >>> factors_released(M(item_factors=np.eye(3), rank=3, info={"factors_released": False}))
+    False
+    """
+    if (getattr(model, "info", None) or {}).get("factors_released") is False:
+        return False
+    V = np.asarray(model.item_factors)
+    return V.ndim == 2 and bool(np.any(V[:, :getattr(model, "rank", V.shape[1])]))
+
+
 def personalised(model) -> bool:
     """Whether the model's lists differ between users beyond the items each rated: its lists model
-    (:func:`list_model`) released factors.
+    (:func:`list_model`) released factors (:func:`factors_released`).
 
     A release of item biases only (``factors_released: false``, or all-zero factors)
     ranks every user's unrated items the same way: her own intercept shifts every
     score alike.
     """
-    model = list_model(model)
-    released = (getattr(model, "info", None) or {}).get("factors_released")
-    if released is not None:
-        return bool(released)
-    return bool(np.any(np.asarray(model.item_factors)))
+    return factors_released(list_model(model))
 
 
 #: What ``recommend``/``evaluate``/``train`` say of a release without factors (a rating model: its item biases).

@@ -40,7 +40,7 @@ import numpy as np
 from streamdp.errors import InputError, ParameterError
 from streamdp.manifest import ARRAYS, ATTRS, LISTS_PREFIX
 from streamdp.serving.batch import dense_users, recommend_all
-from streamdp.serving.local import list_model
+from streamdp.serving.local import factors_released, list_model
 from streamdp.storage.ids import find, numeric, parse_id
 from streamdp.storage.store import RatingStore, open_store
 
@@ -120,12 +120,6 @@ def recommend_arrays(model, store, n: int = 10, **kw) -> Recommendations:
         ukind = np.int64 if numeric(st.user_ids(0, min(1, st.n_users))) else object
         return Recommendations(np.empty(0, ukind), np.empty((0, n), kind), np.empty((0, n), np.float32))
     return Recommendations(np.concatenate(users), np.concatenate(items), np.concatenate(scores))
-
-
-def factors_released(model) -> bool:
-    """Whether the model released item factors (not only biases and the global mean)."""
-    V = model.item_factors
-    return bool(model.info.get("factors_released", V.size > 0 and bool(np.any(V))))
 
 
 def check_n(n, name: str = "n") -> int:

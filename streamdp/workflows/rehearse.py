@@ -46,7 +46,7 @@ from streamdp.privacy.ledger import GUARANTEE_USER_DP, Ledger
 from streamdp.privacy.release import Release, entry_std
 from streamdp.serving.local import rating_range
 from streamdp.serving.model import load_model
-from streamdp.serving.serve import factors_released
+from streamdp.serving.local import factors_released
 from streamdp.storage.catalogue import catalogue_view, store_catalogue
 from streamdp.storage.fingerprint import store_fingerprint
 from streamdp.storage.generate import generate_store

@@ -22,7 +22,7 @@ from streamdp.errors import InputError, Interrupted, ParameterError, StreamdpErr
 from streamdp.manifest import public_parameters
 from streamdp.methods import Method, get_method
 from streamdp.methods._lists import attach as attach_lists, lists_part_for
-from streamdp.methods._warm import released_factors, warm_start_from
+from streamdp.methods._warm import warm_start_from
 from streamdp.methods.base import user_count_for
 from streamdp.methods.lowrank import WEAKER_NOTE, LowRank
 from streamdp.model_dir import model_budget_entry
@@ -35,7 +35,8 @@ from streamdp.privacy.rating_range import catalogue_and_range_for
 from streamdp.privacy.ledger import privacy_warnings
 from streamdp.privacy.params import default_delta
 from streamdp.serving.evaluate import evaluate_model
-from streamdp.serving.local import FALLBACK_RIDGE, list_model, model_ridge, rating_range, user_scores
+from streamdp.serving.local import (FALLBACK_RIDGE, factors_released, list_model, model_ridge, rating_range,
+                                    user_scores)
 from streamdp.serving.model import Model, check_model_destination
 from streamdp.serving.ranking import DEFAULT_K, DEFAULT_RANKING_USERS, check_k, check_ranking_users
 from streamdp.storage.fingerprint import store_fingerprint
@@ -108,7 +109,7 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
     warm = None
     if warm_start is not None:  # every check that needs no store pass, before anything is released
         warm = warm_model(cls, warm_start, checkpoint=options.get("checkpoint"))
-        if rank is None and released_factors(warm):  # a biases-only model's rank was never used
+        if rank is None and factors_released(warm):  # a biases-only model's rank was never used
             rank = warm.rank
     # a per-user budget: the store without its retired users, and what the reservation advances the filter with
     store, user_filter = filtered_store(store, cls, epsilon=epsilon, items=items, users_bound=users_bound)
