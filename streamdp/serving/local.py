@@ -44,7 +44,7 @@ import numpy as np
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.fw import fw_replay, project_rows
-from streamdp.kernels.ials import ials_solve_users
+from streamdp.kernels.ials import ials_solve_users, rating_confidences, rating_pairs
 from streamdp.kernels.linalg import predict_rows, residuals, solve_users, solve_users_huber
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 
@@ -421,21 +421,22 @@ def implicit_pairs(indptr, items, values, params: dict):
             return indptr, items, table[0][table[1]]
         v = np.asarray(values, np.float64)
         f = np.log1p(np.maximum(v, 0.0) / float(params.get("count_scale", 1.0)))
-    else:
-        v = np.asarray(values, np.float64)
-        lo, hi = float(params["rating_min"]), float(params["rating_max"])
-        pref = params["preference"]
-        if pref == "graded":
-            f = (np.clip(v, lo, hi) - lo) / max(hi - lo, 1e-300)
-        else:
-            f = np.ones(len(v))
-        if pref == "above":
-            keep = v > (lo + hi) / 2.0
-            n_u = len(indptr) - 1
-            users = np.repeat(np.arange(n_u), np.diff(indptr))
-            indptr = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=n_u))]).astype(np.int64)
-            items, f = np.ascontiguousarray(items[keep]), f[keep]
-    return indptr, items, 1.0 + np.minimum(alpha * f, cmax - 1.0)
+        return indptr, items, 1.0 + np.minimum(alpha * f, cmax - 1.0)
+    # a rating store's graded or above pairs: one kernel pass each way, no temporary per rating
+    lo, hi = float(params["rating_min"]), float(params["rating_max"])
+    above, graded = params["preference"] == "above", params["preference"] == "graded"
+    values = np.asarray(values)
+    if values.dtype not in (np.float32, np.float64):
+        values = values.astype(np.float64)
+    if not above:
+        conf = np.empty(len(items))
+        rating_confidences(items, values, False, graded, lo, hi, alpha, cmax, np.empty(0, np.int32), conf)
+        return indptr, items, conf
+    out_ip = np.empty(len(indptr), np.int64)
+    n = rating_pairs(indptr, values, (lo + hi) / 2.0, out_ip)
+    out_it, conf = np.empty(n, np.int32), np.empty(n)
+    rating_confidences(items, values, True, graded, lo, hi, alpha, cmax, out_it, conf)
+    return out_ip, out_it, conf
 
 
 #: Counts below this are looked up (:func:`_count_table`) instead of computed per pair.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
 from streamdp.kernels.ials import (ials_accumulate, ials_accumulate_reference, ials_cg_users, ials_cg_users_reference,
@@ -270,3 +272,40 @@ def test_rows_not_contiguous_give_the_same_users_within_rounding(d, tiles32):
     F = np.full_like(U, np.nan)
     ials_solve_whitened(ip, it, conf, np.asfortranarray(Yw), Li, F)
     np.testing.assert_allclose(F, U, rtol=0, atol=(1e-5 if tiles32 else 1e-12) * np.abs(U).max())
+
+
+def _rating_pairs_numpy(indptr, items, values, preference, lo, hi, alpha, cmax):
+    """What :func:`streamdp.serving.local.implicit_pairs` computed before its kernels, in NumPy: the reference."""
+    v = np.asarray(values, np.float64)
+    f = (np.clip(v, lo, hi) - lo) / max(hi - lo, 1e-300) if preference == "graded" else np.ones(len(v))
+    if preference == "above":
+        keep = v > (lo + hi) / 2.0
+        users = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=len(indptr) - 1))])
+        items, f = items[keep], f[keep]
+    return np.asarray(indptr, np.int64), np.asarray(items, np.int32), 1.0 + np.minimum(alpha * f, cmax - 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), preference=st.sampled_from(["above", "graded"]),
+       dtype=st.sampled_from([np.float32, np.float64]), offset=st.integers(0, 5),
+       alpha=st.floats(0.0, 50.0), cap=st.floats(1.0, 60.0))
+def test_rating_confidences_match_numpy_bit_for_bit(seed, preference, dtype, offset, alpha, cap):
+    """The rating path of ``implicit_pairs`` (:func:`rating_pairs`, :func:`rating_confidences`): the same pairs,
+    confidences and dtypes as the NumPy form, bit for bit, on blocks with users of no positive rating, ratings at the
+    midpoint and outside the range, and an ``indptr`` that does not start at 0 (a slice of a block)."""
+    from streamdp.serving.local import implicit_pairs
+
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 7, rng.integers(0, 30))
+    indptr = offset + np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    items = rng.integers(0, 50, int(counts.sum())).astype(np.int32)
+    values = (rng.integers(-1, 12, len(items)) / 2.0).astype(dtype)  # -0.5..5.5 by halves: the midpoint 3, outside 1..5
+    lo, hi = 1.0, 5.0
+    params = {"implicit": False, "preference": preference, "alpha": alpha, "max_confidence": cap,
+              "rating_min": lo, "rating_max": hi}
+    got = implicit_pairs(indptr, items, values, params)
+    ref = _rating_pairs_numpy(indptr, items, values, preference, lo, hi, alpha, cap)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype
+        np.testing.assert_array_equal(g, r)
