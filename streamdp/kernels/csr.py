@@ -303,6 +303,22 @@ def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, gl
 
 
 @njit(cache=True, nogil=True)
+def masked_indptr(indptr, mask, out):
+    """CSR offsets, from 0, of the pairs with ``mask`` set (``mask[p - indptr[0]]`` for ``p`` in user ``u``'s
+    ``indptr[u]:indptr[u + 1]``) into ``out`` (int64, ``len(indptr)``); returns their number. What
+    ``concatenate([[0], cumsum(mask)])[indptr - indptr[0]]`` gives, without an int64 per pair (8 of the 10 ms that
+    form took per 1M-pair block)."""
+    n = 0
+    base = indptr[0]
+    out[0] = 0
+    for u in range(len(indptr) - 1):
+        for p in range(indptr[u] - base, indptr[u + 1] - base):
+            n += mask[p]
+        out[u + 1] = n
+    return n
+
+
+@njit(cache=True, nogil=True)
 def keep_rows(indptr, items, ratings, keep):
     """The CSR rows of the users with ``keep[u]`` set (the others become empty): ``(indptr, items, ratings)``.
 

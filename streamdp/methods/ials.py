@@ -50,6 +50,7 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.als import symmetrize_upper, unpack_upper
+from streamdp.kernels.csr import masked_indptr
 from streamdp.kernels.ials import (ials_accumulate, ials_cg_users, ials_item_products, ials_solve_items,
                                    ials_solve_users, ials_solve_whitened, ials_whitened)
 from streamdp.kernels.topk import TILE_BYTES, topn_blocked, topn_by_order, topn_prepare
@@ -1327,11 +1328,12 @@ def _bounded_weights(ip, it, s, first_user: int, seed: int, keep=None, N=None) -
                                  **extra)
         return _without_lone(np.asarray(ip, np.int64), w, lone)
     m = keep[it]
-    cm = np.concatenate([[0], np.cumsum(m)])
-    sub = contribution_weights(cm[np.asarray(ip, np.int64)], it[m], rule=rule, tau=s.tau, norm="l2",
-                               first_user=first_user, seed=seed, **extra)
+    sub_ip = np.empty(len(ip), np.int64)
+    masked_indptr(np.asarray(ip, np.int64), m, sub_ip)
+    sub = contribution_weights(sub_ip, it[m], rule=rule, tau=s.tau, norm="l2", first_user=first_user, seed=seed,
+                               **extra)
     w = np.zeros(len(it))
-    w[m] = _without_lone(cm[np.asarray(ip, np.int64)], sub, lone)
+    w[m] = _without_lone(sub_ip, sub, lone)
     return w
 
 

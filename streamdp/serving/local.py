@@ -44,7 +44,8 @@ import numpy as np
 
 from streamdp.errors import InputError, ParameterError
 from streamdp.kernels.fw import fw_replay, project_rows
-from streamdp.kernels.ials import ials_solve_users, rating_confidences, rating_pairs
+from streamdp.kernels.csr import masked_indptr
+from streamdp.kernels.ials import ials_solve_users, rating_confidences
 from streamdp.kernels.linalg import predict_rows, residuals, solve_users, solve_users_huber
 from streamdp.storage.ids import find, numeric, parse_id, utf8_lines
 
@@ -433,10 +434,10 @@ def implicit_pairs(indptr, items, values, params: dict):
         rating_confidences(items, values, False, graded, lo, hi, alpha, cmax, np.empty(0, np.int32), conf)
         return indptr, items, conf
     out_ip = np.empty(len(indptr), np.int64)
-    n = rating_pairs(indptr, values, (lo + hi) / 2.0, out_ip)
-    out_it, conf = np.empty(n, np.int32), np.empty(n)
+    n = masked_indptr(indptr, values > (lo + hi) / 2.0, out_ip)
+    out_it, conf = np.empty(n + 1, np.int32), np.empty(n + 1)  # one spare slot: rating_confidences writes past
     rating_confidences(items, values, True, graded, lo, hi, alpha, cmax, out_it, conf)
-    return out_ip, out_it, conf
+    return out_ip, out_it[:n], conf[:n]
 
 
 #: Counts below this are looked up (:func:`_count_table`) instead of computed per pair.
