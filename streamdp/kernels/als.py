@@ -157,6 +157,23 @@ def user_mean(r, s0, n, lo, hi):
 
 
 @njit(cache=True, nogil=True)
+def clipped_user_sums(indptr, x, h, sx, sxx):
+    """Each user's sum of her values clipped to ``[-h, h]`` and of their squares, in order (the bits of
+    ``bincount(users, clip(x, -h, h))`` and of its squares), into ``sx`` and ``sxx``: the per-user sums of
+    :func:`streamdp.methods.als.offset_moments` without a user index, a clipped copy and a square per rating."""
+    base = indptr[0]
+    for u in range(len(indptr) - 1):
+        a = 0.0
+        aa = 0.0
+        for p in range(indptr[u] - base, indptr[u + 1] - base):
+            v = min(max(x[p], -h), h)
+            a += v
+            aa += v * v
+        sx[u] = a
+        sxx[u] = aa
+
+
+@njit(cache=True, nogil=True)
 def statistic_sums(indptr, items, r, lo, hi, wu, w, wt, c, centre, centre_ones, carried_on, tilted, n, out, umean):
     """The item statistics of a block's training ratings, added into ``out`` in one pass (the statistics pass of
     :mod:`streamdp.methods.als`; it computed them as NumPy temporaries and ``np.bincount``, the same bits):

@@ -50,7 +50,8 @@ import numpy as np
 
 from streamdp.errors import ParameterError
 from streamdp.memory import BufferPool
-from streamdp.kernels.als import als_accumulate, statistic_sums, symmetrize_upper, training_residuals, unpack_upper
+from streamdp.kernels.als import (als_accumulate, clipped_user_sums, statistic_sums, symmetrize_upper, training_residuals,
+                                  unpack_upper)
 from streamdp.kernels.linalg import residuals, selection_losses, solve_users_huber
 from streamdp.methods import register
 from streamdp.methods._biases import POSTERIOR_CELLS, PRIOR_POINTS, PRIOR_SAMPLE, item_biases
@@ -1657,10 +1658,8 @@ def offset_moments(indptr, resid, h: float) -> np.ndarray:
     """
     ip = np.asarray(indptr, np.int64)
     cnt = np.diff(ip)
-    x = np.clip(np.asarray(resid, np.float64), -h, h)
-    users = np.repeat(np.arange(len(cnt)), cnt)
-    sx = np.bincount(users, x, minlength=len(cnt))
-    sxx = np.bincount(users, x * x, minlength=len(cnt))
+    sx, sxx = np.empty(len(cnt)), np.empty(len(cnt))
+    clipped_user_sums(ip, np.asarray(resid, np.float64), float(h), sx, sxx)
     k = cnt >= 2
     n = cnt[k].astype(np.float64)
     y = np.clip((sx[k] ** 2 - sxx[k]) / (n * (n - 1.0)), -h * h, h * h)

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamdp.kernels.als import (als_accumulate, als_accumulate_reference, packed_index, statistic_sums,
                                   symmetrize_upper, unpack_upper)
@@ -353,3 +355,22 @@ def test_grid_em_is_the_dense_em_over_the_nonzero_runs(heavy):
         for _ in range(200):
             ref = ref * (L.T @ (1.0 / (L @ ref + 1e-300))) / len(x)
         assert np.max(np.abs(w2 - ref)) <= 1e-12 * np.max(ref)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), h=st.floats(0.01, 20.0), offset=st.integers(0, 4))
+def test_clipped_user_sums_match_bincount_bit_for_bit(seed, h, offset):
+    """:func:`clipped_user_sums` (``offset_moments``' per-user sums): the bits of NumPy's ``bincount`` over the
+    clipped values and their squares, users without ratings 0, an ``indptr`` that does not start at 0."""
+    from streamdp.kernels.als import clipped_user_sums
+
+    rng = np.random.default_rng(seed)
+    cnt = rng.integers(0, 9, rng.integers(0, 40))
+    ip = offset + np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
+    x = rng.standard_normal(int(cnt.sum())) * 3.0
+    sx, sxx = np.full(len(cnt), np.nan), np.full(len(cnt), np.nan)
+    clipped_user_sums(ip, x, h, sx, sxx)
+    users = np.repeat(np.arange(len(cnt)), cnt)
+    c = np.clip(x, -h, h)
+    np.testing.assert_array_equal(sx, np.bincount(users, c, minlength=len(cnt)))
+    np.testing.assert_array_equal(sxx, np.bincount(users, c * c, minlength=len(cnt)))
