@@ -306,8 +306,8 @@ def synth_block(seed, counts, item_prob, item_alias, item_factors, item_bias, gl
 def masked_indptr(indptr, mask, out):
     """CSR offsets, from 0, of the pairs with ``mask`` set (``mask[p - indptr[0]]`` for ``p`` in user ``u``'s
     ``indptr[u]:indptr[u + 1]``) into ``out`` (int64, ``len(indptr)``); returns their number. What
-    ``concatenate([[0], cumsum(mask)])[indptr - indptr[0]]`` gives, without an int64 per pair (8 of the 10 ms that
-    form took per 1M-pair block)."""
+    ``concatenate([[0], cumsum(mask)])[indptr - indptr[0]]`` gives, without an int64 per pair (``ials``' item floor
+    and rating pairs, every block of every pass)."""
     n = 0
     base = indptr[0]
     out[0] = 0

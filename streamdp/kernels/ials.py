@@ -488,7 +488,6 @@ def ials_solve_items(B, A, G, scale, lam, Y, k, out):
             out[j, a] = x[a]
 
 
-
 @njit(cache=True, nogil=True)
 def rating_confidences(items, values, above, graded, lo, hi, alpha, cmax, out_items, out_conf):
     """One pass over a rating block for :func:`streamdp.serving.local.implicit_pairs`: each positive pair's

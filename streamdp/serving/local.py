@@ -435,8 +435,9 @@ def implicit_pairs(indptr, items, values, params: dict):
         return indptr, items, conf
     out_ip = np.empty(len(indptr), np.int64)
     n = masked_indptr(indptr, values > (lo + hi) / 2.0, out_ip)
-    out_it, conf = np.empty(n + 1, np.int32), np.empty(n + 1)  # one spare slot: rating_confidences writes past
-    rating_confidences(items, values, True, graded, lo, hi, alpha, cmax, out_it, conf)
+    # one spare slot: the kernel writes the ratings after the last pair there (branch-free)
+    out_it, conf = np.empty(n + 1, np.int32), np.empty(n + 1)
+    rating_confidences(items, values, True, False, lo, hi, alpha, cmax, out_it, conf)
     return out_ip, out_it[:n], conf[:n]
 
 
