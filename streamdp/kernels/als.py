@@ -173,6 +173,14 @@ def clipped_user_sums(indptr, x, h, sx, sxx):
         sxx[u] = aa
 
 
+def clipped_user_sums_reference(indptr, x, h):
+    """The NumPy form of :func:`clipped_user_sums`: ``(sx, sxx)`` by two weighted ``bincount``\ s."""
+    cnt = np.diff(np.asarray(indptr, np.int64))
+    users = np.repeat(np.arange(len(cnt)), cnt)
+    c = np.clip(np.asarray(x, np.float64), -h, h)
+    return np.bincount(users, c, minlength=len(cnt)), np.bincount(users, c * c, minlength=len(cnt))
+
+
 @njit(cache=True, nogil=True)
 def statistic_sums(indptr, items, r, lo, hi, wu, w, wt, c, centre, centre_ones, carried_on, tilted, n, out, umean):
     """The item statistics of a block's training ratings, added into ``out`` in one pass (the statistics pass of

@@ -516,3 +516,16 @@ def rating_confidences(items, values, above, graded, lo, hi, alpha, cmax, out_it
         out_conf[min(n, last)] = c
         n += np.float64(values[p]) > mid
     return n
+
+
+def rating_confidences_reference(indptr, items, values, above, graded, lo, hi, alpha, cmax):
+    """The NumPy form of :func:`rating_confidences` (with :func:`streamdp.kernels.csr.masked_indptr`), what
+    :func:`streamdp.serving.local.implicit_pairs` computed before them: ``(indptr, items, confidences)``."""
+    v = np.asarray(values, np.float64)
+    f = (np.clip(v, lo, hi) - lo) / max(hi - lo, 1e-300) if graded else np.ones(len(v))
+    if above:
+        keep = v > (lo + hi) / 2.0
+        users = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=len(indptr) - 1))])
+        items, f = items[keep], f[keep]
+    return np.asarray(indptr, np.int64), np.asarray(items, np.int32), 1.0 + np.minimum(alpha * f, cmax - 1.0)

@@ -274,18 +274,6 @@ def test_rows_not_contiguous_give_the_same_users_within_rounding(d, tiles32):
     np.testing.assert_allclose(F, U, rtol=0, atol=(1e-5 if tiles32 else 1e-12) * np.abs(U).max())
 
 
-def _rating_pairs_numpy(indptr, items, values, preference, lo, hi, alpha, cmax):
-    """What :func:`streamdp.serving.local.implicit_pairs` computed before its kernels, in NumPy: the reference."""
-    v = np.asarray(values, np.float64)
-    f = (np.clip(v, lo, hi) - lo) / max(hi - lo, 1e-300) if preference == "graded" else np.ones(len(v))
-    if preference == "above":
-        keep = v > (lo + hi) / 2.0
-        users = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-        indptr = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=len(indptr) - 1))])
-        items, f = items[keep], f[keep]
-    return np.asarray(indptr, np.int64), np.asarray(items, np.int32), 1.0 + np.minimum(alpha * f, cmax - 1.0)
-
-
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), preference=st.sampled_from(["above", "graded"]),
        dtype=st.sampled_from([np.float32, np.float64]), offset=st.integers(0, 5),
@@ -294,6 +282,7 @@ def test_rating_confidences_match_numpy_bit_for_bit(seed, preference, dtype, off
     """The rating path of ``implicit_pairs`` (:func:`rating_pairs`, :func:`rating_confidences`): the same pairs,
     confidences and dtypes as the NumPy form, bit for bit, on blocks with users of no positive rating, ratings at the
     midpoint and outside the range, and an ``indptr`` that does not start at 0 (a slice of a block)."""
+    from streamdp.kernels.ials import rating_confidences_reference
     from streamdp.serving.local import implicit_pairs
 
     rng = np.random.default_rng(seed)
@@ -305,7 +294,8 @@ def test_rating_confidences_match_numpy_bit_for_bit(seed, preference, dtype, off
     params = {"implicit": False, "preference": preference, "alpha": alpha, "max_confidence": cap,
               "rating_min": lo, "rating_max": hi}
     got = implicit_pairs(indptr, items, values, params)
-    ref = _rating_pairs_numpy(indptr, items, values, preference, lo, hi, alpha, cap)
+    ref = rating_confidences_reference(indptr, items, values, preference == "above", preference == "graded", lo, hi,
+                                       alpha, cap)
     for g, r in zip(got, ref):
         assert g.dtype == r.dtype
         np.testing.assert_array_equal(g, r)
