@@ -489,38 +489,45 @@ def ials_solve_items(B, A, G, scale, lam, Y, k, out):
 
 
 @njit(cache=True, nogil=True)
-def rating_confidences(items, values, above, graded, lo, hi, alpha, cmax, out_items, out_conf):
-    """One pass over a rating block for :func:`streamdp.serving.local.implicit_pairs`: each positive pair's
-    confidence ``c = 1 + min(alpha f, cmax - 1)``, ``f = (clip(r, lo, hi) - lo) / (hi - lo)`` (``graded``) or 1,
-    into ``out_conf``; with ``above`` only the ratings ``> (lo + hi) / 2`` are pairs, their items into
-    ``out_items`` (both of the pairs' count plus one spare slot, which the rejected ratings after the
-    last pair are written to; without ``above`` every rating is a pair, ``out_items`` untouched: the block's items
-    are theirs). The same float64 operations as NumPy's form, so the same bits; no temporary per rating
+def rating_confidences(items, values, keep, graded, lo, hi, alpha, cmax, out_items, out_conf):
+    """One pass over a rating block for :func:`streamdp.serving.local.implicit_pairs`: each pair's confidence
+    ``c = 1 + min(alpha f, cmax - 1)``, ``f = (clip(r, lo, hi) - lo) / (hi - lo)`` (``graded``) or 1, into
+    ``out_conf``. ``keep`` empty: every rating is a pair, ``out_items`` untouched (the block's items are theirs);
+    else only the ratings with ``keep`` set are (above the middle of the range, not held out), their items into
+    ``out_items``; both outputs then hold the pairs' count plus one spare slot, which the rejected ratings after the
+    last pair are written to. The same float64 operations as NumPy's form, so the same bits; no temporary per rating
     (the NumPy form made eight: a third of a private ``ials`` run's CPU on a 90M-rating store)."""
-    mid = (lo + hi) / 2.0
     span = max(hi - lo, 1e-300)
     top = cmax - 1.0
-    if not above:
+    if len(keep) == 0:
         for p in range(len(items)):
             r = np.float64(values[p])
             f = (min(max(r, lo), hi) - lo) / span if graded else 1.0
             out_conf[p] = 1.0 + min(alpha * f, top)
         return len(items)
-    c = 1.0 + min(alpha, top)  # f = 1 above the midpoint
     n = 0
     last = len(out_items) - 1
     for p in range(len(items)):
         # written whether kept or not, then overwritten by the next pair unless kept: no branch to mispredict (the
         # comparison is a coin flip on real ratings); min() keeps a short array's writes inside it
+        r = np.float64(values[p])
+        f = (min(max(r, lo), hi) - lo) / span if graded else 1.0
         out_items[min(n, last)] = items[p]
-        out_conf[min(n, last)] = c
-        n += np.float64(values[p]) > mid
+        out_conf[min(n, last)] = 1.0 + min(alpha * f, top)
+        n += keep[p]
     return n
 
 
-def rating_confidences_reference(indptr, items, values, above, graded, lo, hi, alpha, cmax):
+def rating_confidences_reference(indptr, items, values, above, graded, lo, hi, alpha, cmax, drop=None):
     """The NumPy form of :func:`rating_confidences` (with :func:`streamdp.kernels.csr.masked_indptr`), what
-    :func:`streamdp.serving.local.implicit_pairs` computed before them: ``(indptr, items, confidences)``."""
+    :func:`streamdp.serving.local.implicit_pairs` computed before them: ``(indptr, items, confidences)``; ``drop``:
+    positions removed first (``np.delete``), as the training's held-out ratings were by a copy of the block."""
+    if drop is not None and len(drop):
+        keep = np.ones(len(items), bool)
+        keep[np.asarray(drop, np.int64)] = False
+        users = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=len(indptr) - 1))])
+        items, values = np.asarray(items)[keep], np.asarray(values)[keep]
     v = np.asarray(values, np.float64)
     f = (np.clip(v, lo, hi) - lo) / max(hi - lo, 1e-300) if graded else np.ones(len(v))
     if above:

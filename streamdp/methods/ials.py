@@ -546,10 +546,13 @@ class IALS(Method):
             w[held_positions(block.indptr, block.first_user, seed % (1 << 64), HOLDOUT_MIN_COUNT,
                              rate=s.validation_rate)] = 0.0
             return ip, it, conf, w
-        if iterations and s.select:
+        drop = None
+        if iterations and s.select and ip[0] == 0:  # the held-out ratings left out as the pairs are formed: no copy
+            drop = held_positions(ip, block.first_user, seed % (1 << 64), HOLDOUT_MIN_COUNT, rate=s.validation_rate)
+        elif iterations and s.select:
             ip, it, r = holdout(ip, it, r, block.first_user, seed % (1 << 64), min_count=HOLDOUT_MIN_COUNT,
                                 rate=s.validation_rate)[0]
-        ip, it, conf = implicit_pairs(ip, it, r, s.local())
+        ip, it, conf = implicit_pairs(ip, it, r, s.local(), drop=drop)
         if self.private:
             keep = getattr(self, "_keep", None) if iterations else None
             w = _bounded_weights(ip, it, s, block.first_user, seed, keep,

@@ -392,7 +392,7 @@ def eq4_rows(indptr, items, x, W, lam: float) -> np.ndarray:
 PREFERENCES = ("binary", "graded", "above")
 
 
-def implicit_pairs(indptr, items, values, params: dict):
+def implicit_pairs(indptr, items, values, params: dict, drop=None):
     """``(indptr, items, confidence)``: a CSR block's positive pairs and their confidences ``c >= 1``.
 
     ``params`` is ``model.json``'s ``local_implicit`` (the training uses the same
@@ -405,40 +405,62 @@ def implicit_pairs(indptr, items, values, params: dict):
       ``above``: only ratings above the range's midpoint are positives, ``c = 1 + alpha``;
       every ``c`` capped at ``max_confidence``.
 
+    ``drop``: positions in the block's arrays left out first (the training's held-out validation ratings,
+    :func:`streamdp.methods._selection.held_positions`; ``indptr[0] == 0``): the pairs of the block without them,
+    as if those ratings were not there. On a rating store the positions, the preference's filter and the
+    confidences are one kernel pass (:func:`streamdp.kernels.ials.rating_confidences`), no copy of the block.
+
     >>> p = {"implicit": False, "preference": "above", "alpha": 3.0, "max_confidence": 10.0,
     ...      "rating_min": 1.0, "rating_max": 5.0, "count_scale": 1.0}
     >>> ip, it, c = implicit_pairs(np.array([0, 3]), np.array([4, 5, 6]), np.array([5.0, 2.0, 4.0]), p)
     >>> ip.tolist(), it.tolist(), c.tolist()
     ([0, 2], [4, 6], [4.0, 4.0])
+    >>> implicit_pairs(np.array([0, 3]), np.array([4, 5, 6]), np.array([5.0, 2.0, 4.0]), p, drop=[0])[1].tolist()
+    [6]
     """
     indptr = np.asarray(indptr, np.int64)
     items = np.asarray(items, np.int32)
     alpha, cmax = float(params["alpha"]), float(params["max_confidence"])
-    if not params.get("implicit") and params["preference"] == "binary":  # one confidence: no per-rating arithmetic
-        return indptr, items, np.full(len(items), 1.0 + min(alpha, cmax - 1.0))
+    dropping = drop is not None and len(drop) > 0
     if params.get("implicit"):
+        if dropping:
+            keep = np.ones(len(items), bool)
+            keep[np.asarray(drop, np.int64)] = False
+            out_ip = np.empty(len(indptr), np.int64)
+            masked_indptr(indptr, keep, out_ip)
+            indptr, items, values = out_ip, items[keep], np.asarray(values)[keep]
         table = _count_table(values, float(params.get("count_scale", 1.0)), alpha, cmax)
         if table is not None:
             return indptr, items, table[0][table[1]]
         v = np.asarray(values, np.float64)
         f = np.log1p(np.maximum(v, 0.0) / float(params.get("count_scale", 1.0)))
         return indptr, items, 1.0 + np.minimum(alpha * f, cmax - 1.0)
-    # a rating store's graded or above pairs: one kernel pass each way, no temporary per rating
-    lo, hi = float(params["rating_min"]), float(params["rating_max"])
-    above, graded = params["preference"] == "above", params["preference"] == "graded"
+    pref = params["preference"]
+    if pref == "binary" and not dropping:  # one confidence: no per-rating arithmetic
+        return indptr, items, np.full(len(items), 1.0 + min(alpha, cmax - 1.0))
+    # a rating store's pairs: one kernel pass, no temporary per rating
+    above, graded = pref == "above", pref == "graded"
+    lo, hi = (float(params["rating_min"]), float(params["rating_max"])) if above or graded else (0.0, 1.0)
     values = np.asarray(values)
     if values.dtype not in (np.float32, np.float64):
         values = values.astype(np.float64)
-    if not above:
+    if not above and not dropping:
         conf = np.empty(len(items))
-        rating_confidences(items, values, False, graded, lo, hi, alpha, cmax, np.empty(0, np.int32), conf)
+        rating_confidences(items, values, _ALL, graded, lo, hi, alpha, cmax, np.empty(0, np.int32), conf)
         return indptr, items, conf
+    keep = values > (lo + hi) / 2.0 if above else np.ones(len(items), bool)
+    if dropping:
+        keep[np.asarray(drop, np.int64)] = False
     out_ip = np.empty(len(indptr), np.int64)
-    n = masked_indptr(indptr, values > (lo + hi) / 2.0, out_ip)
+    n = masked_indptr(indptr, keep, out_ip)
     # one spare slot: the kernel writes the ratings after the last pair there (branch-free)
     out_it, conf = np.empty(n + 1, np.int32), np.empty(n + 1)
-    rating_confidences(items, values, True, False, lo, hi, alpha, cmax, out_it, conf)
+    rating_confidences(items, values, keep, graded, lo, hi, alpha, cmax, out_it, conf)
     return out_ip, out_it[:n], conf[:n]
+
+
+#: ``rating_confidences``' mask meaning every rating is a pair.
+_ALL = np.zeros(0, np.bool_)
 
 
 #: Counts below this are looked up (:func:`_count_table`) instead of computed per pair.

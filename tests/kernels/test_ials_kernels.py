@@ -274,28 +274,52 @@ def test_rows_not_contiguous_give_the_same_users_within_rounding(d, tiles32):
     np.testing.assert_allclose(F, U, rtol=0, atol=(1e-5 if tiles32 else 1e-12) * np.abs(U).max())
 
 
-@settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2 ** 32 - 1), preference=st.sampled_from(["above", "graded"]),
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), preference=st.sampled_from(["above", "graded", "binary"]),
        dtype=st.sampled_from([np.float32, np.float64]), offset=st.integers(0, 5),
-       alpha=st.floats(0.0, 50.0), cap=st.floats(1.0, 60.0))
-def test_rating_confidences_match_numpy_bit_for_bit(seed, preference, dtype, offset, alpha, cap):
-    """The rating path of ``implicit_pairs`` (:func:`rating_pairs`, :func:`rating_confidences`): the same pairs,
+       alpha=st.floats(0.0, 50.0), cap=st.floats(1.0, 60.0), dropped=st.floats(0.0, 0.5))
+def test_rating_confidences_match_numpy_bit_for_bit(seed, preference, dtype, offset, alpha, cap, dropped):
+    """The rating path of ``implicit_pairs`` (:func:`masked_indptr`, :func:`rating_confidences`): the same pairs,
     confidences and dtypes as the NumPy form, bit for bit, on blocks with users of no positive rating, ratings at the
-    midpoint and outside the range, and an ``indptr`` that does not start at 0 (a slice of a block)."""
+    midpoint and outside the range, an ``indptr`` that does not start at 0 (a slice of a block), and with positions
+    dropped first (the training's held-out ratings: ``drop``, on blocks from 0) as the copy of the block did."""
     from streamdp.kernels.ials import rating_confidences_reference
     from streamdp.serving.local import implicit_pairs
 
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, 7, rng.integers(0, 30))
+    drop = None
+    if dropped:
+        offset = 0
+        drop = np.flatnonzero(rng.random(int(counts.sum())) < dropped)
     indptr = offset + np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     items = rng.integers(0, 50, int(counts.sum())).astype(np.int32)
     values = (rng.integers(-1, 12, len(items)) / 2.0).astype(dtype)  # -0.5..5.5 by halves: the midpoint 3, outside 1..5
     lo, hi = 1.0, 5.0
     params = {"implicit": False, "preference": preference, "alpha": alpha, "max_confidence": cap,
               "rating_min": lo, "rating_max": hi}
-    got = implicit_pairs(indptr, items, values, params)
+    got = implicit_pairs(indptr, items, values, params, drop=drop)
     ref = rating_confidences_reference(indptr, items, values, preference == "above", preference == "graded", lo, hi,
-                                       alpha, cap)
+                                       alpha, cap, drop=drop)
     for g, r in zip(got, ref):
         assert g.dtype == r.dtype
+        np.testing.assert_array_equal(g, r)
+
+
+def test_implicit_pairs_drop_on_counts_is_the_block_without_them():
+    """An interaction log's pairs with ``drop``: those of the block with the dropped positions deleted first."""
+    from streamdp.serving.local import implicit_pairs
+
+    rng = np.random.default_rng(3)
+    counts = rng.integers(0, 6, 40)
+    ip = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    it = rng.integers(0, 30, ip[-1]).astype(np.int32)
+    v = rng.integers(1, 9, ip[-1]).astype(np.float32)
+    drop = np.flatnonzero(rng.random(ip[-1]) < 0.3)
+    p = {"implicit": True, "alpha": 2.0, "max_confidence": 5.0, "count_scale": 1.0}
+    keep = np.ones(ip[-1], bool)
+    keep[drop] = False
+    users = np.repeat(np.arange(len(counts)), counts)
+    ip2 = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=len(counts)))])
+    for g, r in zip(implicit_pairs(ip, it, v, p, drop=drop), implicit_pairs(ip2, it[keep], v[keep], p)):
         np.testing.assert_array_equal(g, r)
