@@ -522,17 +522,17 @@ def rating_confidences_reference(indptr, items, values, above, graded, lo, hi, a
     """The NumPy form of :func:`rating_confidences` (with :func:`streamdp.kernels.csr.masked_indptr`), what
     :func:`streamdp.serving.local.implicit_pairs` computed before them: ``(indptr, items, confidences)``; ``drop``:
     positions removed first (``np.delete``), as the training's held-out ratings were by a copy of the block."""
+    def kept(indptr, keep):  # the offsets of the pairs kept, by a user index and bincount
+        users = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        return np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=len(indptr) - 1))])
+
     if drop is not None and len(drop):
         keep = np.ones(len(items), bool)
         keep[np.asarray(drop, np.int64)] = False
-        users = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-        indptr = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=len(indptr) - 1))])
-        items, values = np.asarray(items)[keep], np.asarray(values)[keep]
+        indptr, items, values = kept(indptr, keep), np.asarray(items)[keep], np.asarray(values)[keep]
     v = np.asarray(values, np.float64)
     f = (np.clip(v, lo, hi) - lo) / max(hi - lo, 1e-300) if graded else np.ones(len(v))
     if above:
         keep = v > (lo + hi) / 2.0
-        users = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-        indptr = np.concatenate([[0], np.cumsum(np.bincount(users[keep], minlength=len(indptr) - 1))])
-        items, f = items[keep], f[keep]
+        indptr, items, f = kept(indptr, keep), items[keep], f[keep]
     return np.asarray(indptr, np.int64), np.asarray(items, np.int32), 1.0 + np.minimum(alpha * f, cmax - 1.0)

@@ -40,7 +40,7 @@ import math
 
 import numpy as np
 
-from streamdp.kernels.csr import holdout_counts, holdout_strided
+from streamdp.kernels.csr import holdout_counts, holdout_strided, masked_indptr
 
 __all__ = ["MARGIN", "VALIDATION_CAP", "VALIDATION_FRACTION", "VALIDATION_USERS", "holdout", "holdout_strides",
            "validation_rate", "validating_users", "sample_record", "choose",
@@ -153,7 +153,9 @@ def _holdout_numpy(ip, items, ratings, cnt, first_user: int, key: int, eligible_
     else:
         ok = np.asarray(eligible_items, bool)[items]
         P = np.flatnonzero(ok).astype(np.int64)
-        ecnt = np.diff(np.r_[0, np.cumsum(ok)][ip])
+        eip = np.empty(len(ip), np.int64)
+        masked_indptr(ip, ok, eip)
+        ecnt = np.diff(eip)
     estart = np.cumsum(ecnt) - ecnt  # offset of each user's first eligible rating in P
     v = _counts(cnt, ecnt, min_count, first_user, key, rate)
     users = np.flatnonzero(v > 0)

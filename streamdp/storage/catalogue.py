@@ -25,6 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from streamdp.errors import InputError, ParameterError, StoreError
+from streamdp.kernels.csr import masked_indptr
 from streamdp.storage.ids import as_ids, find, parse_id
 from streamdp.storage.store import Block, RatingStore
 from streamdp.storage.view import StoreView
@@ -78,9 +79,9 @@ class CatalogueView(StoreView):
         keep = mapped >= 0
         if keep.all():
             return Block(blk.first_user, blk.indptr, mapped.astype(np.int32), blk.ratings)
-        cs = np.zeros(len(keep) + 1, np.int64)
-        np.cumsum(keep, out=cs[1:])
-        return Block(blk.first_user, cs[blk.indptr], mapped[keep].astype(np.int32), blk.ratings[keep])
+        ip = np.empty(len(blk.indptr), np.int64)
+        masked_indptr(np.asarray(blk.indptr, np.int64), keep, ip)  # no int64 per rating
+        return Block(blk.first_user, ip, mapped[keep].astype(np.int32), blk.ratings[keep])
 
     # -- per-item arrays: the catalogue's ------------------------------------------------
     def _per_item(self, values: np.ndarray, fill=0) -> np.ndarray:
