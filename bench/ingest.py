@@ -98,6 +98,27 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def kernel_cache_state() -> dict[str, int]:
+    """The Numba cache's index files (``*.nbi``) of streamdp's kernels and their change times (ns).
+
+    A kernel compiled for a new signature rewrites its index, so two states taken around a timed step tell whether
+    the step paid for a compilation (:func:`compiled_between`): a warm-up that misses a kernel the step uses (a
+    small store takes other paths than a big one) is then said, not hidden in the step's seconds. The cache is
+    ``NUMBA_CACHE_DIR`` when set, else each package directory's ``__pycache__`` (Numba's default).
+    """
+    import glob
+
+    import streamdp
+
+    root = os.environ.get("NUMBA_CACHE_DIR") or os.path.dirname(os.path.abspath(streamdp.__file__))
+    return {f: os.stat(f).st_mtime_ns for f in glob.glob(os.path.join(root, "**", "*.nbi"), recursive=True)}
+
+
+def compiled_between(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """The kernels (``module.function``) whose cache index was written between two :func:`kernel_cache_state`."""
+    return sorted(os.path.basename(f).split("-")[0] for f, t in after.items() if before.get(f) != t)
+
+
 def run_measured(cmd: list[str], poll: float = 0.02, with_cpu: bool = False, with_stdout: bool = False):
     """Run ``cmd``; return (seconds, peak RSS bytes of the child tree, stderr[, CPU seconds][, stdout])."""
     import psutil

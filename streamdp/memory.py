@@ -72,6 +72,26 @@ def kernel_code_loaded() -> bool:
     return "numba.np.arrayobj" in sys.modules
 
 
+def kernels_compiled_here() -> int:
+    """How many kernel signatures this process compiled rather than loaded from Numba's cache (streamdp's own).
+
+    On a cold cache (a fresh install, a new Numba, edited kernels) a run compiles its kernels and keeps what LLVM
+    made of them: after a 2M-rating ALS fit that compiled 76 signatures the process held 487 MB, against 288 MB
+    with the kernels loaded from the cache (x86-64 Linux, Numba 0.68; the live C++ heap 220 against 59 MB, so not
+    memory ``malloc_trim`` can return). The cache keeps them, so the next run does not hold it; the engine says so
+    when it runs out of room (:meth:`~streamdp.stream.engine.Engine.blocks_in_flight`).
+    """
+    from numba.core.registry import CPUDispatcher
+
+    n = 0
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("streamdp.") and mod is not None:
+            for v in list(vars(mod).values()):
+                if isinstance(v, CPUDispatcher):
+                    n += sum(getattr(v, "_cache_misses", {}).values())
+    return n
+
+
 def current_rss() -> int:
     """Resident set size of this process in bytes."""
     return psutil.Process().memory_info().rss

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bench import append
@@ -40,3 +42,18 @@ def test_bad_arguments_are_refused_before_anything_is_made(tmp_path):
     with pytest.raises(SystemExit) as e:
         append.main(["--quick", "--appends", "0", "--dir", str(tmp_path / "w")])
     assert e.value.code == 2 and not (tmp_path / "w").exists()
+
+
+def test_a_step_that_compiles_a_kernel_is_said(tmp_path, monkeypatch):
+    """The guard against a warm-up that missed a path: a kernel index written during a step names the kernel."""
+    from bench.ingest import compiled_between, kernel_cache_state
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    (tmp_path / "kernels").mkdir()
+    old = tmp_path / "kernels" / "als.grid_em-626.py311.nbi"
+    old.write_bytes(b"1")
+    before = kernel_cache_state()
+    assert compiled_between(before, kernel_cache_state()) == []
+    os.utime(old, ns=(before[str(old)] + 10**9,) * 2)  # recompiled: its index rewritten
+    (tmp_path / "kernels" / "ingest.bucket_rows-153.py311.nbi").write_bytes(b"2")  # compiled for the first time
+    assert compiled_between(before, kernel_cache_state()) == ["als.grid_em", "ingest.bucket_rows"]

@@ -51,3 +51,18 @@ def test_small_pages_turns_huge_pages_off_inside_and_restores_the_setting():
     with pytest.raises(RuntimeError), memory.small_pages():
         raise RuntimeError("boom")
     assert get() == before
+
+
+def test_kernels_compiled_here_counts_compilations_not_cache_loads(tmp_path):
+    """A cold cache (its own NUMBA_CACHE_DIR) compiles the kernel; a second process loads it and counts none."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from streamdp.kernels.hashing import splitmix64; "
+            "from streamdp.memory import kernels_compiled_here; splitmix64(np.uint64(7)); "
+            "print(kernels_compiled_here())")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+            for _ in range(2)]
+    assert [r.stdout.split() for r in runs] == [["1"], ["0"]]

@@ -48,7 +48,7 @@ from streamdp.progress import progress
 from streamdp.storage.segments import SegmentedStore
 from streamdp.storage.store import Block, RatingStore, open_store
 from streamdp.memory import (KERNEL_CODE_BYTES, current_rss, format_size, frozen_collector, kernel_code_loaded,
-                             release_freed_memory, resolve_memory_limit, unmap_large_frees)
+                             kernels_compiled_here, release_freed_memory, resolve_memory_limit, unmap_large_frees)
 from streamdp.stream.state import UserState  # noqa: F401  (re-exported: part of the engine API)
 from streamdp.stream.threads import available_cores, numba_threads, thread_budget, thread_limits
 
@@ -304,6 +304,12 @@ class Engine:
             parts = f"{format_size(self.baseline)} of interpreter and libraries, " \
                     f"{format_size(self.state_bytes)} of item-side state" + \
                     (f", {format_size(code)} for Numba's code" if code else "")
+            compiled = kernels_compiled_here() if kernel_code_loaded() else 0
+            rest = used - self.baseline - self.state_bytes - code
+            if compiled and rest > 0:  # a cold cache: what LLVM keeps of the kernels this run compiled
+                parts += (f"; the rest, {format_size(rest)}, mostly Numba's compiler after compiling {compiled} "
+                          "kernel(s) in this run: they are cached now, so the same command run again holds that "
+                          "much less")
             raise ParameterError(
                 f"--memory-limit {format_size(self.memory_limit)} is too small: the process holds "
                 f"{format_size(used)} besides its blocks ({parts}) and one block needs {format_size(per)}")
