@@ -256,7 +256,7 @@ def warm(root: str, a) -> None:
     gen.write(os.path.join(w, "w2.parquet"), n_users // 10, users=(0, n_users + n_users // 100 + 1), seed=4)
     steps.run("warm-up", "", _cli("ingest", os.path.join(w, "w2.parquet"), "--append", store, "--memory-limit",
                                   a.memory_limit), None)
-    # no limit here: compiling holds ~200 MB (streamdp.memory.kernels_compiled_here), more than 512MB leaves room for
+    # no limit here: where kernels compile in this process (STREAMDP_COMPILE=here) they hold ~200 MB more
     steps.run("warm-up", "", _cli("train", store, "--method", "als", "--epsilon", "1", "--seed", "1",
                                   "--memory-limit", "8GB", "--out", os.path.join(w, "m")), None)
     steps.run("warm-up", "", _cli("compact", store), None)

@@ -78,8 +78,10 @@ def kernels_compiled_here() -> int:
     On a cold cache (a fresh install, a new Numba, edited kernels) a run compiles its kernels and keeps what LLVM
     made of them: after a 2M-rating ALS fit that compiled 76 signatures the process held 487 MB, against 288 MB
     with the kernels loaded from the cache (x86-64 Linux, Numba 0.68; the live C++ heap 220 against 59 MB, so not
-    memory ``malloc_trim`` can return). The cache keeps them, so the next run does not hold it; the engine says so
-    when it runs out of room (:meth:`~streamdp.stream.engine.Engine.blocks_in_flight`).
+    memory ``malloc_trim`` can return). Kernels therefore compile in a helper process (:mod:`streamdp.kernels.jit`)
+    and this counts none; it counts those compiled here anyway (``STREAMDP_COMPILE=here``, or a helper that could
+    not do it), whose memory the engine names when it runs out of room
+    (:meth:`~streamdp.stream.engine.Engine.blocks_in_flight`): the cache keeps them, so the next run does not hold it.
     """
     from numba.core.registry import CPUDispatcher
 

@@ -54,7 +54,8 @@ def test_small_pages_turns_huge_pages_off_inside_and_restores_the_setting():
 
 
 def test_kernels_compiled_here_counts_compilations_not_cache_loads(tmp_path):
-    """A cold cache (its own NUMBA_CACHE_DIR) compiles the kernel; a second process loads it and counts none."""
+    """A cold cache (its own NUMBA_CACHE_DIR) compiles the kernel; a second process loads it and counts none
+    (compiled here, as Numba does: ``STREAMDP_COMPILE=here``; the default's helper: tests/kernels/test_jit.py)."""
     import os
     import subprocess
     import sys
@@ -62,7 +63,7 @@ def test_kernels_compiled_here_counts_compilations_not_cache_loads(tmp_path):
     code = ("import numpy as np; from streamdp.kernels.hashing import splitmix64; "
             "from streamdp.memory import kernels_compiled_here; splitmix64(np.uint64(7)); "
             "print(kernels_compiled_here())")
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), STREAMDP_COMPILE="here")
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             for _ in range(2)]
     assert [r.stdout.split() for r in runs] == [["1"], ["0"]]

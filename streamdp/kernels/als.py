@@ -33,7 +33,7 @@ never a clipped value (the residual's clip is a subtraction, a ``max`` and a ``m
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 from streamdp.kernels.lanes import vfma, vfma1, vload, vsplat, vstore
 

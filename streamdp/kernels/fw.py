@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 
 @njit(cache=True, nogil=True)

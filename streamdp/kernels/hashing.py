@@ -8,7 +8,7 @@ compiled kernels' reference, is :func:`streamdp.methods._selection.mix`.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 #: splitmix64's increment (2^64 / the golden ratio).
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -29,7 +29,7 @@ sums, never a clipped value.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 from streamdp.kernels.als import item_side_sums
 from streamdp.kernels.lanes import prefetch_row

@@ -7,7 +7,7 @@ implementations in NumPy live in ``tests/storage/test_ingest_kernels.py``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 
 @njit(cache=True, nogil=True)

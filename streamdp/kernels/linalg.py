@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import llvmlite.binding as _llvm
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.core.extending import get_cython_function_address
 
+from streamdp.kernels.jit import njit
 from streamdp.kernels.lanes import (LANES, ROWS_AHEAD, prefetch_row, vdiv, vfma, vfma1, vfnma, vload, vmul, vpivot,
                                    vsplat, vstore, vsub)
 

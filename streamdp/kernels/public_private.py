@@ -31,7 +31,7 @@ kernel has a NumPy reference below, checked in ``tests/kernels/test_public_priva
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 from streamdp.kernels.hashing import GOLDEN, splitmix64, unit_float
 

@@ -24,7 +24,7 @@ cost 1.4 s of a cold compile (9.0 s against 7.6 s).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 #: The most rows a user may hold outside her longest source for the merge to find each in that source's run
 #: (:func:`merge_rows`); beyond it, her rows are sorted (:func:`_merge_sorting`).

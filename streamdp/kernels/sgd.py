@@ -37,9 +37,11 @@ import os
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from streamdp.kernels.jit import njit
 
 # ---------------------------------------------------------------------------------------
 # block preparation

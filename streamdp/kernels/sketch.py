@@ -17,7 +17,7 @@ checked in ``tests/kernels/test_sketch.py``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 
 @njit(cache=True, nogil=True)

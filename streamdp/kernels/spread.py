@@ -23,7 +23,7 @@ A NumPy reference (:func:`residual_spread_reference`) is tested against it.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 
 @njit(cache=True, nogil=True)

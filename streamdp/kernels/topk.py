@@ -11,7 +11,7 @@ Each kernel has a NumPy reference here (``*_reference``) that the tests compare 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 
 @njit(cache=True, nogil=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 from streamdp.errors import ParameterError
 from streamdp.kernels.hashing import GOLDEN, splitmix64, unit_float

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
-from numba import njit
+from streamdp.kernels.jit import njit
 
 from streamdp.errors import ParameterError
 from streamdp.privacy.catalogue import ThresholdRelease, catalogue_for, selection_noise, threshold
