@@ -111,9 +111,7 @@ class _Helper:
             return False
 
     def _start(self):
-        import streamdp
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(streamdp.__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # streamdp's parent
         env = dict(os.environ, **{MODE_ENV: "here"})
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         try:
