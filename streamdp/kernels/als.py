@@ -174,7 +174,7 @@ def clipped_user_sums(indptr, x, h, sx, sxx):
 
 
 def clipped_user_sums_reference(indptr, x, h):
-    """The NumPy form of :func:`clipped_user_sums`: ``(sx, sxx)`` by two weighted ``bincount``\ s."""
+    """The NumPy form of :func:`clipped_user_sums`: ``(sx, sxx)`` by two weighted bincounts."""
     cnt = np.diff(np.asarray(indptr, np.int64))
     users = np.repeat(np.arange(len(cnt)), cnt)
     c = np.clip(np.asarray(x, np.float64), -h, h)
