@@ -15,8 +15,11 @@ def test_kinds_and_sizes():
 
 
 @pytest.mark.slow
-def test_scale_bench_end_to_end(tmp_path, capsys):
+def test_scale_bench_end_to_end(tmp_path, capsys, monkeypatch):
     out = tmp_path / "t.md"
+    calls = []  # the warm-up's fit, then the measured ones "compile" (a kernel cache index written during each)
+    monkeypatch.setattr(scale, "compiled_between",
+                        lambda a, b: calls.append(1) or (["als.grid_em"] if len(calls) > 1 else []))
     assert scale.main(["--sizes", "60K", "--repeats", "1", "--dir", str(tmp_path), "--overhead", "--dask",
                        "--fits", "2", "--out", str(out)]) == 0
     text = out.read_text()
@@ -25,4 +28,6 @@ def test_scale_bench_end_to_end(tmp_path, capsys):
     assert "local engine (Dask threaded scheduler)" in text and "its pass graph alone" in text
     assert "| True |" in text  # dask's model is bit-identical to the thread pool's
     assert "K: 2 fits, each against the scipy pass measured before it" in text
+    assert ("K: the fit compiled 1 kernel(s) while timed (the warm-up missed their path; its seconds include "
+            "compiling): als.grid_em") in text
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("bench-scale-")]  # its stores are removed
