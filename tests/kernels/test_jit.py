@@ -65,6 +65,12 @@ def test_the_helper_compiles_into_the_cache_answers_errors_and_exits_when_idle(t
     req_w.close()  # end of input: the helper returns
     server.join(10)
     assert not server.is_alive()
+    req_r, req_w, rep_r, rep_w = _pipes()
+    full = threading.Thread(target=jit.serve, args=(req_r, rep_w, 5.0, 0))  # past its RSS cap: one answer, then out
+    full.start()
+    assert _ask(req_w, rep_r, ("streamdp.kernels.hashing", "splitmix64", sig)) == "ok"
+    full.join(10)
+    assert not full.is_alive()
     idle = threading.Thread(target=jit.serve, args=(*_pipes()[::3], 0.05))  # nothing asked: it exits by itself
     idle.start()
     idle.join(10)
