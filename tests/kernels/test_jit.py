@@ -162,3 +162,16 @@ def test_a_helper_that_could_not_cache_leaves_compiling_here(monkeypatch):
     assert pickle.loads(proc.stdin.sent[jit._HEADER.size:]) == ("streamdp.kernels.hashing", "splitmix64",
                                                                  (types.uint64,))
     assert helper.compile(hashing.splitmix64, (types.uint64,)) is False  # off: not asked again
+
+
+def test_a_forked_child_starts_its_own_helper():
+    """The parent's helper pipe is not shared with a forked child (two writers would interleave requests)."""
+    jit._HELPER._proc = object()  # as if a helper were running here
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports by its exit code
+            os._exit(0 if jit._HELPER._proc is None and not jit._HELPER._broken else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+    finally:
+        jit._HELPER._proc = None
