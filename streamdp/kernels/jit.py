@@ -130,7 +130,8 @@ class _Helper:
 
 _HELPER = _Helper()
 # a forked child must not share the parent's helper (two writers on one pipe): its first signature starts its own
-os.register_at_fork(after_in_child=lambda: _HELPER.__init__())
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=lambda: _HELPER.__init__())
 
 
 def _read_message(stream):
