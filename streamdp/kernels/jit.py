@@ -110,6 +110,7 @@ class _Helper:
                     reply = _read_message(proc.stdout)
                 except (OSError, EOFError, pickle.UnpicklingError):
                     self._proc = None
+                    _reap(proc)
                     continue
                 if reply != "ok":  # it could not (a cache it cannot write, say): from now on, compile here
                     self._broken = True
@@ -126,6 +127,15 @@ class _Helper:
         except OSError:
             self._broken, self._proc = True, None
         return self._proc
+
+
+def _reap(proc) -> None:
+    """Collect a helper that left (idle, past its cap): no process of ours is left a zombie."""
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=5)
+    except Exception:  # still going after its pipe closed: it ends with it; nothing to wait for here
+        pass
 
 
 _HELPER = _Helper()

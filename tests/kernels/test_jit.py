@@ -41,10 +41,14 @@ def _pipes():
     return os.fdopen(r1, "rb"), os.fdopen(w1, "wb"), os.fdopen(r2, "rb"), os.fdopen(w2, "wb")
 
 
-def _ask(to, back, message):
+def _ask(to, back, message, wait: float = 60.0):
+    """Send ``message`` to the server and read its answer, failing (never hanging the suite) without one."""
+    import select
+
     body = pickle.dumps(message)
     to.write(jit._HEADER.pack(len(body)) + body)
     to.flush()
+    assert select.select([back], [], [], wait)[0], "the helper did not answer"
     return jit._read_message(back)
 
 
@@ -53,7 +57,8 @@ def test_the_helper_compiles_into_the_cache_answers_errors_and_exits_when_idle(t
 
     monkeypatch.setenv(jit.MODE_ENV, "here")
     req_r, req_w, rep_r, rep_w = _pipes()
-    server = threading.Thread(target=jit.serve, args=(req_r, rep_w, 5.0))
+    # no RSS cap here: a test worker's own RSS may be past the helper's (it answered once and left: a hang)
+    server = threading.Thread(target=jit.serve, args=(req_r, rep_w, 5.0, 1 << 62), daemon=True)
     server.start()
     sig = (types.uint64,)
     assert _ask(req_w, rep_r, ("streamdp.kernels.hashing", "splitmix64", sig)) == "ok"
@@ -66,12 +71,12 @@ def test_the_helper_compiles_into_the_cache_answers_errors_and_exits_when_idle(t
     server.join(10)
     assert not server.is_alive()
     req_r, req_w, rep_r, rep_w = _pipes()
-    full = threading.Thread(target=jit.serve, args=(req_r, rep_w, 5.0, 0))  # past its RSS cap: one answer, then out
+    full = threading.Thread(target=jit.serve, args=(req_r, rep_w, 5.0, 0), daemon=True)  # past its cap: one answer
     full.start()
     assert _ask(req_w, rep_r, ("streamdp.kernels.hashing", "splitmix64", sig)) == "ok"
     full.join(10)
     assert not full.is_alive()
-    idle = threading.Thread(target=jit.serve, args=(*_pipes()[::3], 0.05))  # nothing asked: it exits by itself
+    idle = threading.Thread(target=jit.serve, args=(*_pipes()[::3], 0.05), daemon=True)  # nothing asked: it exits
     idle.start()
     idle.join(10)
     assert not idle.is_alive()
