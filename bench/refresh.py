@@ -25,7 +25,9 @@ k+1``: ratings no model saw, each user's own history (the store before it) solve
 
 Columns: next-week Recall@10 (a sample of ``--ranking-users`` users) and RMSE of each arm, the share of C's users
 retired, and (c)'s fit seconds against the full retrain's of the same week ("cold": last week's (c) model released
-no item factors, biases only, so there was nothing to warm-start from). ``--plot FILE`` draws Recall@10 and RMSE
+no item factors, biases only, so there was nothing to warm-start from; "compiling": the fit compiled a kernel, a
+path run for the first time on a cold Numba cache, and its seconds include that: ``bench.ingest.compiled_between``).
+``--plot FILE`` draws Recall@10 and RMSE
 by week (matplotlib, if installed). Nothing loads a whole store: the weeks are written and read block by block.
 """
 
@@ -190,10 +192,14 @@ class Replay:
             from streamdp.methods._warm import warm_iters
 
             kw["iters"] = warm_iters(a.iters) if kw.get("warm_start") is not None else a.iters
+        from bench.ingest import compiled_between, kernel_cache_state
+
+        cache = kernel_cache_state()
         m = train(self.stores[store], method=None if a.method == "default" else a.method, epsilon=a.epsilon,
                   delta=a.delta, rank=a.rank, seed=a.train_seed,
                   out=out, evaluate=False, memory_limit=a.memory_limit, **kw)
-        return out, m.summary
+        # a fit that compiled a kernel (its first run of a path, on a cold cache) is marked in the table's seconds
+        return out, dict(m.summary, compiled=bool(compiled_between(cache, kernel_cache_state())))
 
     def train_step(self, step: int) -> dict:
         """Train the arms on the store as of segment ``step``: their models and fit seconds."""
@@ -203,12 +209,12 @@ class Replay:
         if self.b_stopped is None:
             try:
                 got["b"], s = self._train("b", "B", step)
-                got["full_s"] = s["train_seconds"]
+                got["full_s"], got["full_compiled"] = s["train_seconds"], s["compiled"]
             except BudgetExceededError:
                 self.b_stopped = step
         if self.b_stopped is not None:  # (b'): the same full retrain past the budget, the cost's reference
             got["b'"], s = self._train("b_", "B", step, over_budget=True)
-            got["full_s"] = s["train_seconds"]
+            got["full_s"], got["full_compiled"] = s["train_seconds"], s["compiled"]
         if step == 0:  # (a) is the first full retrain (the same run on the same ratings)
             self.models["a"] = got["b"] if "b" in got else got["b'"]
         self._refresh(step, got)
@@ -229,13 +235,13 @@ class Replay:
         except ParameterError as exc:
             if "per-user cap" not in str(exc) or self.models.get("c_last") is None:
                 raise
-            got.update(c=None, c_s=math.nan, c_warm=False, retired=self.models["retired"])
+            got.update(c=None, c_s=math.nan, c_warm=False, c_compiled=False, retired=self.models["retired"])
             return
         self.models["c_last"] = got["c"]
         # the next refresh starts from the last one that released item factors (a model of biases only has none)
         if s.get("factors_released"):
             self.models["c"] = got["c"]
-        got["c_s"], got["c_warm"] = s["train_seconds"], warm is not None
+        got["c_s"], got["c_warm"], got["c_compiled"] = s["train_seconds"], warm is not None, s["compiled"]
         uf = s.get("user_filter") or {}
         got["retired"] = self.models["retired"] = uf.get("retired_total", 0) / max(1, open_store(
             self.stores["C"]).n_users)
@@ -267,16 +273,19 @@ class Replay:
             rc, c_note = self.score(self.models["c_last"], "C", seg, other=True), "no release (all retired): last; "
         self.rows.append({"week": week, "new ratings": self.weeks.counts[week], "a": ra, "b": rb, "b_note": b_note,
                           "c": rc, "c_note": c_note, "retired": got["retired"], "c_s": got["c_s"],
-                          "c_warm": got["c_warm"], "full_s": got["full_s"]})
+                          "c_warm": got["c_warm"], "full_s": got["full_s"], "c_compiled": got["c_compiled"],
+                          "full_compiled": got["full_compiled"]})
 
 
 def table(rows: list) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
-        fit = "-" if math.isnan(r["c_s"]) else f"{r['c_s']:.2f}{'' if r['c_warm'] else ' (cold)'}"
+        fit = "-" if math.isnan(r["c_s"]) else (f"{r['c_s']:.2f}{'' if r['c_warm'] else ' (cold)'}"
+                                                f"{' (compiling)' if r.get('c_compiled') else ''}")
+        full = f"{r['full_s']:.2f}{' (compiling)' if r.get('full_compiled') else ''}"
         cells = [r["week"], f"{r['new ratings']:,}", f"{r['a'][0]:.4f}", f"{r['a'][1]:.4f}",
                  f"{r['b_note']}{r['b'][0]:.4f}", f"{r['b'][1]:.4f}", f"{r['c_note']}{r['c'][0]:.4f}",
-                 f"{r['c'][1]:.4f}", f"{r['retired']:.1%}", fit, f"{r['full_s']:.2f}",
+                 f"{r['c'][1]:.4f}", f"{r['retired']:.1%}", fit, full,
                  "-" if math.isnan(r["c_s"]) else f"{r['c_s'] / r['full_s']:.2f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)

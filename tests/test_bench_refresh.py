@@ -25,7 +25,16 @@ def test_refresh_quick_prints_the_table_and_b_stops_when_its_budget_runs_out(tmp
         for c in (2, 3, 5, 6, 7):
             assert 0 <= float(r[c]) < 5
         assert r[8].endswith("%") and float(r[11]) > 0
+        assert float(r[10].removesuffix(" (compiling)")) > 0  # full fit seconds, marked when they compiled
     assert not list(tmp_path.glob("bench-refresh-*"))
+
+
+def test_a_fit_that_compiled_is_marked():
+    row = {"week": 3, "new ratings": 10, "a": (0.1, 1.0), "b": (0.1, 1.0), "b_note": "", "c": (0.2, 0.9),
+           "c_note": "", "retired": 0.0, "c_s": 0.5, "c_warm": True, "full_s": 1.0, "c_compiled": True,
+           "full_compiled": False}
+    cells = [c.strip() for c in refresh.table([row]).splitlines()[2].strip("|").split("|")]
+    assert cells[9:] == ["0.50 (compiling)", "1.00", "0.50"]
 
 
 def test_bad_arguments_are_refused_before_anything_is_made(tmp_path):
