@@ -47,7 +47,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.ingest import compiled_between, kernel_cache_state, run_measured  # noqa: E402
+from bench.ingest import compiled_between, kernel_cache_state, run_measured, warm_shape  # noqa: E402
 
 #: The section of docs/benchmarks.md this script writes (kept by ``python -m bench --write``).
 HEADING = "## Appending to a big store, compacting, training both (`bench/append.py`)"
@@ -244,9 +244,8 @@ def warm(root: str, a) -> None:
     """
     w = os.path.join(root, "warm")
     os.makedirs(w, exist_ok=True)
-    users = max(a.size // a.per_user, 10)
-    n_users = min(users, 200_000)
-    gen = Ratings(n_users, max(a.items * n_users // users, 10))  # as many users per item as the bench's store
+    n_users, n_items = warm_shape(max(a.size // a.per_user, 10), a.items)
+    gen = Ratings(n_users, n_items)
     store, half = os.path.join(w, "w.zarr"), f"{_size(a.memory_limit.upper().rstrip('B')) // 2 // 1_000_000}MB"
     gen.write(os.path.join(w, "w.parquet"), n_users * a.per_user, users=(0, n_users), seed=3)
     np.savetxt(os.path.join(w, "items.txt"), gen.item_ids, fmt="%d")

@@ -114,6 +114,19 @@ def kernel_cache_state() -> dict[str, int]:
     return {f: os.stat(f).st_mtime_ns for f in glob.glob(os.path.join(root, "**", "*.nbi"), recursive=True)}
 
 
+#: The most users a warm-up store gets (:func:`warm_shape`): 10M ratings at 50 a user, a few seconds to make.
+WARM_USERS = 200_000
+
+
+def warm_shape(users: int, items: int, min_items: int = 10) -> tuple[int, int]:
+    """``(users, items)`` of a warm-up store for a measured one of ``users`` x ``items``: at most
+    :data:`WARM_USERS` users and as many users per item. The paths a fit takes follow those (below some users per
+    item the ALS fits no factors, with few users it skips its parameter selection), so a warm-up of another shape
+    leaves kernels to the first timed step (:func:`compiled_between` says which)."""
+    n = min(users, WARM_USERS)
+    return n, max(items * n // max(users, 1), min_items)
+
+
 def compiled_between(before: dict[str, int], after: dict[str, int]) -> list[str]:
     """The kernels (``module.function``) whose cache index was written between two :func:`kernel_cache_state`."""
     return sorted(os.path.basename(f).split("-")[0] for f, t in after.items() if before.get(f) != t)

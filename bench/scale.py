@@ -57,7 +57,7 @@ import time
 if __package__ in (None, ""):  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.ingest import compiled_between, kernel_cache_state, run_measured  # noqa: E402
+from bench.ingest import compiled_between, kernel_cache_state, run_measured, warm_shape  # noqa: E402
 
 #: Items of the generated stores and ratings per user (issue 30's stores: 20k items, 2M users for 100M).
 ITEMS, PER_USER = 20_000, 50
@@ -358,9 +358,9 @@ def warm_up(tmp: str, args, first) -> None:
         users, items, per_user = st.n_users, st.n_items, max(int((st.n_ratings + st.info.n_test) / st.n_users), 1)
     else:
         users, items, per_user = max(first // PER_USER, 100), ITEMS, PER_USER
-    n = min(users, 200_000)
+    n, n_items = warm_shape(users, items, min_items=100)
     subprocess.run([sys.executable, "-m", "streamdp", "generate", "--out", f"{tmp}/warm.zarr", "--users", str(n),
-                    "--items", str(max(items * n // users, 100)), "--ratings-per-user", str(per_user),
+                    "--items", str(n_items), "--ratings-per-user", str(per_user),
                     "--test-fraction", "0.1", "--seed", "1"], check=True, capture_output=True)
     train_measured(f"{tmp}/warm.zarr", f"{tmp}/m0", args.memory_limit, args.workers)
     shutil.rmtree(f"{tmp}/warm.zarr", ignore_errors=True)

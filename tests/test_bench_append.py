@@ -57,3 +57,11 @@ def test_a_step_that_compiles_a_kernel_is_said(tmp_path, monkeypatch):
     os.utime(old, ns=(before[str(old)] + 10**9,) * 2)  # recompiled: its index rewritten
     (tmp_path / "kernels" / "ingest.bucket_rows-153.py311.nbi").write_bytes(b"2")  # compiled for the first time
     assert compiled_between(before, kernel_cache_state()) == ["als.grid_em", "ingest.bucket_rows"]
+
+
+def test_the_warm_up_keeps_users_per_item_with_at_most_its_users():
+    from bench.ingest import WARM_USERS, warm_shape
+
+    assert warm_shape(2_000_000, 20_000) == (WARM_USERS, 2_000)  # 100 users per item, as the 100M bench store
+    assert warm_shape(1_200, 20_000) == (1_200, 20_000)  # small enough: its own shape
+    assert warm_shape(10_000_000, 500, min_items=100) == (WARM_USERS, 100)
