@@ -109,12 +109,13 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr,
 
 
 @njit(cache=True, nogil=True)
-def remap_sort(indptr, items, ratings, new_index, ts=np.empty(0, np.int64)):
+def remap_sort(indptr, items, ratings, new_index, ts):
     """Renumber items by ``new_index`` and sort each user's ratings by the new index (in place).
 
     Two stable counting sorts (by new item, then by user) instead of one sort per
     user: O(n + n_items) with sequential passes. Items must be distinct within a user.
-    ``ts`` (as long as ``items``, or empty): each rating's timestamp, moved with it.
+    ``ts`` (as long as ``items``, or empty): each rating's timestamp, moved with it. It has no default: Numba's
+    cache never matches a signature whose omitted argument defaults to an array, so each process compiled it anew.
     """
     n_users = len(indptr) - 1
     n = len(items)

@@ -65,6 +65,7 @@ def _hooked(dispatcher):
     load = getattr(cache, "load_overload", None)
     if load is None or not hasattr(cache, "_cache_file"):
         return dispatcher  # no disk cache (cache=False): nothing a helper could hand over
+    load = _without_refresh(cache, load)
 
     def load_overload(sig, target_context):
         got = load(sig, target_context)
@@ -74,6 +75,34 @@ def _hooked(dispatcher):
 
     cache.load_overload = load_overload
     return dispatcher
+
+
+def _without_refresh(cache, load):
+    """The cache's ``load_overload`` without its refresh of the target context: what a kernel loaded from the cache
+    needs is Numba's runtime (NRT, started here), not the registries of every implementation Numba can lower.
+
+    Numba refreshes the target context before every cache lookup, and the first refresh of a process imports and
+    registers all of them (``numba.np.arraymath`` imports ``scipy.linalg``, which imports ``numpy.f2py``; 1,000
+    typing templates): 0.22 s of the first kernel call of every command, against 0.026 s for the load itself (a 1%
+    append onto a 100M store took 1.3 s in all). A compilation, here or in the helper, refreshes both contexts
+    itself (``numba.core.compiler.compile_extra``), so nothing that is compiled misses a registry. A Numba without
+    the private ``_load_overload`` gets its own ``load_overload``."""
+    inner = getattr(cache, "_load_overload", None)
+    guard = getattr(cache, "_guard_against_spurious_io_errors", None)
+    try:
+        from numba.core.runtime import rtsys
+    except ImportError:  # another Numba's layout
+        rtsys = None
+    if inner is None or guard is None or rtsys is None or not hasattr(rtsys, "initialize"):
+        return load
+
+    def load_overload(sig, target_context):
+        rtsys.initialize(target_context)  # what the refresh did first: idempotent
+        with guard():
+            return inner(sig, target_context)
+        return None  # the guard swallowed an error (Windows: a cache file another process holds)
+
+    return load_overload
 
 
 def _helper_mode() -> bool:
