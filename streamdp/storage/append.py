@@ -239,8 +239,7 @@ def _write_segment(st, parsed, how, seg_path, name, number, tmp, limit, show_pro
     user_rows = np.zeros(n_users, np.int64)
     user_rows[uidx] = parsed.user_rows
     n_blocks = -(-n_users // bu)
-    cap_rows = max(1 << 12, limit // I._BYTES_PER_PART_RATING)
-    parts = I._plan_partitions(user_rows, bu, cap_rows)
+    parts = I._plan_partitions(user_rows, bu, I._partition_cap(limit, parsed.n_rows))
     part_first = np.array([b0 * bu for b0, _ in parts] + [n_users], dtype=np.int64)
     kind = how["kind"]
     pl = I._Plan(n_users=n_users, n_raw_items=n_items, bu=bu, n_blocks=n_blocks, parts=parts,
