@@ -184,6 +184,25 @@ def count_into(counts, keys, lo):
 
 
 @njit(cache=True, nogil=True)
+def nonzero_counts(counts, lo):
+    """``(keys, counts)`` of the entries of ``counts`` that are not zero, entry ``k`` the key ``lo + k``, in key
+    order: ``np.flatnonzero`` and its gathers in two passes (6.8M entries, 2M not zero: 11 ms against 17-36 ms)."""
+    n = 0
+    for k in range(len(counts)):
+        if counts[k] != 0:
+            n += 1
+    keys = np.empty(n, np.int64)
+    out = np.empty(n, counts.dtype)
+    j = 0
+    for k in range(len(counts)):
+        if counts[k] != 0:
+            keys[j] = lo + k
+            out[j] = counts[k]
+            j += 1
+    return keys, out
+
+
+@njit(cache=True, nogil=True)
 def hash_strings(offsets, data, out):
     """64-bit FNV-1a hash of each string of an Arrow string array: string ``k`` is
     ``data[offsets[k]:offsets[k + 1]]`` (``offsets`` as long as ``out`` plus one, already shifted by

@@ -45,8 +45,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamdp.errors import InputError, ParameterError
-from streamdp.kernels.ingest import (bucket_rows, count_into, group_dedup, hash_strings, remap_sort,
-                                     same_strings)
+from streamdp.kernels.ingest import (bucket_rows, count_into, group_dedup, hash_strings, nonzero_counts,
+                                     remap_sort, same_strings)
 from streamdp.memory import format_size, release_freed_memory, resolve_memory_limit, unmap_large_frees
 from streamdp.outputs import is_no_space, no_space_error, note, owned_temp_dir, remove_temp_dir
 from streamdp.progress import progress
@@ -239,8 +239,8 @@ class _IntCounter:
     def finish(self) -> tuple[pa.Array, np.ndarray]:
         if self.fallback is not None:
             return self.fallback.finish()
-        nz = np.flatnonzero(self.counts)
-        return to_arrow((nz + self.lo).astype(np.int64)), self.counts[nz]
+        keys, counts = nonzero_counts(self.counts, self.lo)
+        return to_arrow(keys), counts
 
 
 class _IdMap:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamdp.kernels.ingest import bucket_rows, group_dedup, remap_sort
+from streamdp.kernels.ingest import bucket_rows, group_dedup, nonzero_counts, remap_sort
 
 #: group_dedup's optional arguments as ingest passes them when nothing is split or timed (every argument given,
 #: so that the tests and ingest share one compiled signature)
@@ -72,6 +72,19 @@ def test_remap_sort_and_bucket_rows():
     bucket_rows(users, 13, part_of_block, order, starts)
     np.testing.assert_array_equal(order, np.argsort(part, kind="stable"))
     np.testing.assert_array_equal(starts, np.concatenate([[0], np.cumsum(np.bincount(part, minlength=7))]))
+
+
+@pytest.mark.parametrize("lo", [0, -7, 10**12])
+def test_nonzero_counts_is_flatnonzero_and_its_gathers(lo):
+    rng = np.random.default_rng(5)
+    counts = np.where(rng.random(5000) < 0.3, rng.integers(1, 9, 5000), 0).astype(np.int64)
+    counts[0], counts[-1] = 0, 4
+    keys, got = nonzero_counts(counts, lo)
+    nz = np.flatnonzero(counts)
+    np.testing.assert_array_equal(keys, nz.astype(np.int64) + lo)
+    np.testing.assert_array_equal(got, counts[nz])
+    empty = nonzero_counts(np.zeros(3, np.int64), lo)
+    assert len(empty[0]) == len(empty[1]) == 0
 
 
 @pytest.mark.parametrize("max_range", [10, 1000, 10**6])
