@@ -11,9 +11,10 @@ Rating files (Parquet, ``userId,movieId,rating``; power-law items, 50 ratings pe
 out of core, a row group at a time: the base (``1 - --append-fraction`` of ``--size``) and ``--appends`` files
 that together hold the rest (new ratings of the base's users, a few new users, some pairs rated again). A tiny
 store is ingested, trained, appended to, trained again and compacted first, so that no timed step compiles a
-kernel; the disk is synced before each step, so that none pays for the one before's writeback. Then,
+kernel; the disk is synced before each step, so that none pays for the one before's writeback, and the files a
+step reads are read through once before it (:func:`_cached`), so that each finds them in the page cache. Then,
 each in a child process (``python -m streamdp ...``) with its wall and CPU seconds and the peak RSS of its process
-tree (psutil, polled; :func:`bench.ingest.run_measured`):
+tree (its own high-water mark, and its descendants' polled; :func:`bench.ingest.run_measured`):
 
 * ``ingest BASE --out STORE --rating-range 0.5,5 --items items.txt --memory-limit M`` (the base, timed; run again
   into a scratch store between the one append's runs below, ``--repeats`` runs in all);
@@ -23,7 +24,7 @@ tree (psutil, polled; :func:`bench.ingest.run_measured`):
 * the same ``train`` on the compacted store; the two models' item factors compared;
 * the whole share again as one append (fresh ratings) onto the compacted store, ``--repeats`` times (default 3),
   each onto a fresh copy of it, alternated with the base's ingest again: the target reads the two medians
-  (``--onto STORE``: the appends alone).
+  (``--onto STORE``: the appends alone, onto copies of STORE).
 
 Targets (issue 43): all the appends together cost at most 0.1x ingesting the whole store (the base's ingest
 scaled to the whole store's ratings); the segmented store trains within 1.2x its compacted twin's fit seconds
@@ -77,7 +78,7 @@ def parse(argv=None) -> argparse.Namespace:
                    "whole share (onto fresh copies of the compacted store), whose medians the targets read (default 3; "
                    "quick 1)")
     p.add_argument("--onto", default=None, metavar="STORE", help="only the one append of the whole share, onto STORE "
-                   "(a store an earlier run kept with --keep), in a child process")
+                   "(a store an earlier run kept with --keep; each run onto a copy of it), in child processes")
     a = p.parse_args(argv)
     a.size = _size(a.size or ("20k" if a.quick else "100M"))
     a.items = a.items or (300 if a.quick else 20_000)
@@ -188,6 +189,14 @@ def ingest_all(steps: Steps, a, store: str, base: str, appends: list[str], n_bas
                   lambda path=path: api.ingest(path, store, append=True, memory_limit=lim))
 
 
+def _cached(*paths: str) -> None:
+    """Read each file through once (untimed), so that the step after finds it in the page cache."""
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
 def ingest_base(steps: Steps, a, base: str, out: str, r: int) -> None:
     """Run ``r`` (from 0) of the base's ingest into ``out``: the first writes the store the other steps use, the
     others (alternated with the one append's runs, :func:`one_append`) a scratch store, removed."""
@@ -195,6 +204,7 @@ def ingest_base(steps: Steps, a, base: str, out: str, r: int) -> None:
 
     lim, items = a.memory_limit, os.path.join(os.path.dirname(base), "items.txt")
     label = INGEST_BASE if a.repeats == 1 else f"{INGEST_BASE} ({r + 1} of {a.repeats})"
+    _cached(base, items)
     steps.run(label, a.n_base, _cli("ingest", base, "--out", out, "--rating-range", RATING_RANGE, "--items", items,
                                     "--memory-limit", lim, "--json"),
               lambda: api.ingest(base, out, rating_range=RATING_RANGE, items=items, memory_limit=lim))
@@ -293,9 +303,14 @@ def one_append(steps: Steps, a, root: str, store: str, base: str | None = None) 
     """The whole ``--append-fraction`` of ``--size`` as one append (fresh ratings) onto ``store``: its ratings.
 
     ``--repeats`` runs (a shared host's speed moves one run by 10-40%, and for minutes at a time), each onto a fresh
-    copy of ``store`` (copied before the step, untimed; the last run onto ``store`` itself), alternated with as many
-    more runs of the base's ingest (``base``, into a scratch store) as make ``--repeats`` of those: the target reads
-    the two medians (:func:`median_row`), measured side by side rather than minutes apart."""
+    copy of ``store`` (copied before the step, untimed; ``store`` is left as it was), alternated with as many more
+    runs of the base's ingest (``base``, into a scratch store) as make ``--repeats`` of those: the target reads the
+    two medians (:func:`median_row`), measured side by side rather than minutes apart.
+
+    Each run finds what it reads in the page cache (the copy just written, the input read through: :func:`_cached`),
+    as the base's ingest finds its input. This host gives back pages untouched for some 30 s: an append onto a
+    store left idle that long read 18 MB from the disk and took 1.21 s, against 1.00-1.05 s onto fresh copies; the
+    last run, onto ``store`` itself (as this did), was the slowest of every run at 1.27-1.31 s."""
     from streamdp.workflows import api
 
     n_users = max(a.size // a.per_user, 10)
@@ -303,14 +318,13 @@ def one_append(steps: Steps, a, root: str, store: str, base: str | None = None) 
     path = os.path.join(root, "append_all.parquet")
     Ratings(n_users, a.items).write(path, n, users=(0, n_users + max(n_users // 100, 1)), seed=200)
     for r in range(a.repeats):
-        onto = store if r == a.repeats - 1 else os.path.join(root, "onto.zarr")
-        if onto != store:
-            shutil.copytree(store, onto)
+        onto = os.path.join(root, "onto.zarr")
+        shutil.copytree(store, onto)
+        _cached(path)
         label = ONE_APPEND if a.repeats == 1 else f"{ONE_APPEND} ({r + 1} of {a.repeats})"
         steps.run(label, n, _cli("ingest", path, "--append", onto, "--memory-limit", a.memory_limit, "--json"),
                   lambda onto=onto: api.ingest(path, onto, append=True, memory_limit=a.memory_limit))
-        if onto != store:
-            shutil.rmtree(onto)
+        shutil.rmtree(onto)
         if base is not None and r + 1 < a.repeats:
             ingest_base(steps, a, base, os.path.join(root, "scratch.zarr"), r + 1)
     os.remove(path)
