@@ -416,7 +416,8 @@ def header(a, res: dict, seconds: float) -> str:
             f"{os.cpu_count()} CPUs, load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} at the end "
             f"({seconds:.0f} s in all). " + ("All in this process (`--quick`): no peak RSS.\n" if a.quick else
                                              "Each step a child process (wall, CPU of the child, peak RSS of its "
-                                             "tree by psutil), in the order run.\n"))
+                                             "tree: its own high-water mark, its descendants' polled), in the order "
+                                             "run.\n"))
 
 
 def write_section(path: str, text: str) -> None:

@@ -7,7 +7,8 @@ Usage::
 
 Writes a synthetic MovieLens-latest style CSV (``userId,movieId,rating,timestamp``,
 power-law items, some duplicated pairs) to a temporary directory, then in the same
-run times, each in a fresh subprocess with its peak RSS measured by polling psutil:
+run times, each in a fresh subprocess with its peak RSS (its own high-water mark, its descendants' polled by
+psutil: :func:`run_measured`):
 
 * ``streamdp ingest CSV --out STORE --memory-limit M``;
 * the baseline: ``pyarrow.csv.read_csv`` of the whole file, a stable sort by user,

@@ -40,7 +40,7 @@
   the oja pass; 2 workers against 1 for oja, als and sgd.
 * **memory**: for each size in ``--rss-sizes``, a generated store of that many
   ratings, then ``streamdp train --method als --iters 1`` in a subprocess under
-  ``--memory-limit``; its peak RSS (the child tree, polled by psutil). The curve
+  ``--memory-limit``; its peak RSS (the child tree: its own high-water mark, its descendants polled). The curve
   must be flat: the last row is largest / smallest peak.
 * **scale**: ``bench/scale.py`` at ``--scale-sizes`` (small by default; its own
   defaults are 20M and 100M, docs/scale.md): ``streamdp train``'s passes, fit,

@@ -20,8 +20,8 @@ from ``--stores``. Then, in the same run:
 * **train**: ``streamdp train STORE --epsilon 1 --seed 0 --memory-limit LIMIT --json --lists own``
   (the default method, als, and its evaluation; ``--lists own``: without the ``ials`` lists part the default
   adds on stores of 5,000+ users, which streams the store again: docs/scale.md) in a child process whose peak RSS
-  (the process tree, psutil) is polled; the child times every engine pass
-  (``Engine.map_reduce``/``imap``/``foreach``) under its progress label. Printed per
+  (the process tree: its own high-water mark, its descendants polled; ``bench.ingest.run_measured``) is taken;
+  the child times every engine pass (``Engine.map_reduce``/``imap``/``foreach``) under its progress label. Printed per
   kind of pass: count, seconds and scipy-pass equivalents; in all: passes, the fit
   (``train_seconds``), checks + evaluation (``total_seconds`` minus the fit), peak RSS,
   and each as a ratio to the scipy pass. ``--fits N`` trains N times, the scipy pass measured
