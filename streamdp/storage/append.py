@@ -63,7 +63,7 @@ from streamdp.storage.split import block_seed
 from streamdp.storage.store import RatingStore, open_store
 from streamdp.storage.ids import as_ids
 from streamdp.storage.info import store_split
-from streamdp.storage.writer import ContentHash, StoreWriter, ledger_keeper
+from streamdp.storage.writer import ContentHash, StoreWriter, ledger_keeper, padded_positions
 
 _PURPOSE_APPEND = 11  # the seed of a segment's random split: (store seed, segment number)
 _ARRAY_CONFIG = {"write_empty_chunks": True}
@@ -274,8 +274,11 @@ def _write_parts(st, parsed, how, seg_path, name, number, limit, show_progress, 
     if pl.files:
         I._check_training_left(parsed, agg["train_counts"])
     seg_seed = block_seed(how.get("seed"), number, _PURPOSE_APPEND)
+    chunk = segment_chunk(user_rows, bu)
+    block_rows = np.add.reduceat(user_rows, np.arange(0, n_users, bu))  # the input's: at least what is written
     with StoreWriter(seg_path, n_users=n_users, n_items=n_items, block_users=bu, splits=splits,
-                     times=pl.keep_times, chunk_ratings=segment_chunk(user_rows, bu)) as w:
+                     times=pl.keep_times, chunk_ratings=chunk,
+                     train_positions=padded_positions(block_rows, chunk)) as w:
         I._write_blocks(w, parsed, pl, np.arange(n_items, dtype=np.int32), rr, seg_seed, show_progress,
                         written=counts.written)
         w.write_array("new_user_ids", I._ids_numpy(new_users), chunks=(bu,))

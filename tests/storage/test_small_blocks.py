@@ -75,6 +75,35 @@ def test_small_blocks_are_gathered_into_few_writes_and_read_back(tmp_path, monke
     assert st.n_ratings == sum(len(t[1]) for t in train)
 
 
+@pytest.mark.parametrize("hint", ["exact", "over", "under", "none"])
+def test_a_train_split_sized_ahead_is_cut_to_what_was_written(tmp_path, monkeypatch, hint):
+    """``train_positions`` (an append's bound from its input rows) is the arrays' first shape: exactly right, no
+    resize at all; too large, one cut at the close; too small or absent, grown as written. The same store each way."""
+    n_users, bu, n_items, chunk = 600, 40, 50, 16
+    train = _blocks(2, n_users, bu, n_items, 0.6)
+    need = W.padded_positions([len(t[1]) for t in train], chunk)
+    positions = {"exact": need, "over": need + 5 * chunk, "under": need // 3, "none": 0}[hint]
+    resizes = []
+    orig_resize = zarr.Array.resize
+    monkeypatch.setattr(zarr.Array, "resize", lambda a, s: (resizes.append(a.path), orig_resize(a, s))[1])
+    p = str(tmp_path / "s.zarr")
+    with StoreWriter(p, n_users=n_users, n_items=n_items, block_users=bu, times=True, chunk_ratings=chunk,
+                     train_positions=positions) as w:
+        for b, (ip, it, r, ts) in enumerate(train):
+            w.write_block(b, ip, it, r, times=ts)
+        w.finalize({"rating_min": 0.5, "rating_max": 5.0, "rating_range_source": "declared"})
+    assert (len(resizes) == 0) == (hint == "exact") and (hint != "over" or len(resizes) == 3), resizes
+    st = open_store(p)
+    assert st._root["train/items"].shape == st._root["train/ratings"].shape == st._root["train/times"].shape == (need,)
+    for b, (ip, it, r, ts) in enumerate(train):
+        blk, crc_ok = st.read_block_unchecked(b, "train")
+        assert crc_ok
+        np.testing.assert_array_equal(blk.indptr, ip)
+        np.testing.assert_array_equal(blk.items, it)
+        np.testing.assert_array_equal(blk.ratings, r)
+        np.testing.assert_array_equal(st.block_times(b, "train", blk.nnz), ts)
+
+
 def test_items_only_read_checks_the_ratings_chunks_too(tmp_path):
     p = str(tmp_path / "s.zarr")
     rng = np.random.default_rng(0)
