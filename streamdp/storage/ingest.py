@@ -61,7 +61,8 @@ from streamdp.storage.writer import StoreWriter, check_destination
 _PURPOSE_SPLIT = 3  # same purpose key as generate: the split of block b depends on (seed, b) only
 #: Bytes of working memory per rating of a partition while it is grouped or written.
 _BYTES_PER_PART_RATING = 256
-#: Pass 4 writes the per-user counts of consecutive blocks together, at most this many users at a time (8 MB).
+#: Pass 4 writes the per-user counts of consecutive blocks together, at most this many users at a time (8 MB; one
+#: slice is written by a thread while the next is gathered, 16 MB at most).
 _USERS_PER_WRITE = 1 << 20
 #: Peak bytes per rating of one partition in pass 3 (:func:`group_dedup`: its input columns, 20 with a
 #: timestamp, one column's concatenation, the kernel's position and timestamp scratch, 16, and its outputs, 16).
@@ -1158,10 +1159,13 @@ def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progr
     clip_test = files and rr is None and not parsed.implicit
     n_test_clipped = 0
     uc_arr = w.create_array("user_counts", shape=(n_users,), dtype="int64", chunks=(bu,))
-    with ThreadPoolExecutor(max_workers=1) as ex, \
+    # the users' counts are written by a thread of their own, one slice at a time, beside the blocks (96 chunk files
+    # of a 100M store's 2M users: 0.05 s of a 1% append's write pass on the writing thread)
+    with ThreadPoolExecutor(max_workers=1) as ex, ThreadPoolExecutor(max_workers=1) as uc_ex, \
             progress(total=pl.n_blocks, desc="write", unit="block", show=show_progress) as bar:
         nxt = ex.submit(load, 0)
         counts = []
+        uc_write = None
         for p, (b0, b1) in enumerate(parts):
             loaded = nxt.result()
             if p + 1 < n_parts:
@@ -1201,9 +1205,14 @@ def _write_blocks(w, parsed: _Parsed, pl: _Plan, new_index, rr, seed, show_progr
                 # block, a small append's blocks paid it 96 times), at most _USERS_PER_WRITE users held
                 n_held, end_user = sum(len(c) for c in counts), b * bu + (hi - lo)
                 if n_held >= _USERS_PER_WRITE or b == pl.n_blocks - 1:
-                    uc_arr[end_user - n_held:end_user] = np.concatenate(counts)
+                    if uc_write is not None:  # one slice in flight at most (another held while it is written)
+                        uc_write.result()
+                    uc_write = uc_ex.submit(uc_arr.__setitem__, slice(end_user - n_held, end_user),
+                                            np.concatenate(counts))
                     counts.clear()
             del loaded
+        if uc_write is not None:
+            uc_write.result()
     return n_test_clipped
 
 
