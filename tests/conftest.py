@@ -8,6 +8,7 @@ import os
 import signal
 import sqlite3
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -125,12 +126,15 @@ class _SharedPLDEpsilons(dict):
     and again in every run. The file's table is named by a hash of the accountant's source and the
     dp-accounting and numpy versions, so a change to either computes afresh; a value is stored as its
     ``repr`` (exact, inf included). Only the test processes use it: the ``streamdp`` processes tests start,
-    and streamdp itself, compute as before.
+    and streamdp itself, compute as before. A test's own threads may calibrate too (two budget reservations
+    racing): the connection is shared across threads, one statement at a time (SQLite's default refused it in
+    any thread but the one that opened it, and the racing test failed whenever it was first to need its epsilon).
     """
 
     def __init__(self, path: Path, table: str):
         super().__init__()
-        self._db = sqlite3.connect(path, timeout=60, isolation_level=None)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._table = table
         self._db.execute(f"CREATE TABLE IF NOT EXISTS {table} (key TEXT PRIMARY KEY, eps TEXT)")
@@ -138,7 +142,8 @@ class _SharedPLDEpsilons(dict):
     def get(self, key, default=None):
         eps = super().get(key)
         if eps is None:
-            row = self._db.execute(f"SELECT eps FROM {self._table} WHERE key = ?", (repr(key),)).fetchone()
+            with self._lock:
+                row = self._db.execute(f"SELECT eps FROM {self._table} WHERE key = ?", (repr(key),)).fetchone()
             if row is None:
                 return default
             eps = float(row[0])
@@ -147,7 +152,8 @@ class _SharedPLDEpsilons(dict):
 
     def __setitem__(self, key, eps):
         super().__setitem__(key, eps)
-        self._db.execute(f"INSERT OR IGNORE INTO {self._table} VALUES (?, ?)", (repr(key), repr(float(eps))))
+        with self._lock:
+            self._db.execute(f"INSERT OR IGNORE INTO {self._table} VALUES (?, ?)", (repr(key), repr(float(eps))))
 
 
 def _share_pld_epsilons(config) -> None:
