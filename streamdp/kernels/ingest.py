@@ -12,8 +12,7 @@ from streamdp.kernels.jit import njit
 
 @njit(cache=True, nogil=True)
 def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr, out_items, out_ratings,
-                aggregate=False, flags=np.empty(0, np.uint8), out_ts=np.empty(0, np.int64),
-                out_flags=np.empty(0, np.uint8)):
+                aggregate, flags, out_ts, out_flags):
     """Group ratings by user and keep one rating per (user, item), or with ``aggregate`` sum them.
 
     Parameters
@@ -28,12 +27,14 @@ def group_dedup(users, items, ratings, ts, has_ts, n_users, n_items, out_indptr,
     out_indptr : int64 array (n_users + 1)
     out_items, out_ratings : arrays as long as the input
 
-    flags : uint8 array, optional
+    aggregate : bool
+        Sum a pair's ratings instead of keeping one (below).
+    flags : uint8 array (empty for none)
         The split each rating comes from (0 train, 1 test: ``ingest --train/--test``), or empty.
         A pair with ratings in both keeps the test one only (its training copies are dropped:
         the answer would otherwise be in the training data); among ratings of one flag the
         rule below applies. ``out_flags`` (as long as the input) receives the kept rating's flag.
-    out_ts : int64 array, optional
+    out_ts : int64 array (empty for none)
         If not empty (as long as the input), the kept rating's timestamp (``ts`` must then be
         given): with ``aggregate``, the latest of the pair's timestamps.
 

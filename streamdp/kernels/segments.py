@@ -251,7 +251,7 @@ def _emit(out_items, out_ratings, out_src, pos, item, last, total, kept, implici
 
 @njit(cache=True, nogil=True)
 def append_delta(n_users, indptrs, starts, items, part_of, split_of, last, n_items, out_users, out_items, out_splits,
-                 out_replaces, items0=np.empty(0, np.int32)):
+                 out_replaces, items0):
     """What the last part (sources with ``part_of[k] == last``) changes in a block's merged counts, visiting only
     the users it has rows of (sources as :func:`merge_rows`'s, without ratings).
 
@@ -259,7 +259,8 @@ def append_delta(n_users, indptrs, starts, items, part_of, split_of, last, n_ite
     ``out_splits``) or replaces the latest earlier part's rating of it (-1 in that rating's split, +1 in its own:
     the user's and item's counts do not change); ``out_replaces[s] = 1`` when a pair of split ``s`` replaces one of
     the other split (where a read of the other split needs this part's ``s`` rows, ``merge/supersedes``). The
-    same counts as merging the block with and without the part, without either merge.
+    same counts as merging the block with and without the part, without either merge. ``items0``: source 0's items
+    in an array of their own, as :func:`merge_rows` takes them (empty: every source in ``items``).
     """
     n0 = len(items0)
     K = indptrs.shape[0]

@@ -55,6 +55,30 @@ def test_a_cached_kernel_loads_without_numbas_registries_and_a_compile_after_it_
     assert out[-8:] == cold[:6] + ["1", "True"]  # the float64 signature compiled here, after the float32 one loaded
 
 
+def test_no_kernel_takes_an_array_as_a_default_argument():
+    """Numba's cache never matches a signature whose omitted argument defaults to an array (the default is in the
+    key, and two arrays do not compare as one value): ``remap_sort``'s default ``ts`` had every process compile it
+    anew, and the helper answered that it compiled it but could not cache it, which left every later signature of the
+    run to compile in its own process. So every kernel's arguments are given."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from numba.core.registry import CPUDispatcher
+
+    import streamdp.kernels as kernels
+
+    found = []
+    for info in pkgutil.iter_modules(kernels.__path__):
+        mod = importlib.import_module(f"streamdp.kernels.{info.name}")
+        for name, v in vars(mod).items():
+            if isinstance(v, CPUDispatcher) and v.py_func.__module__ == mod.__name__:
+                found.append(name)
+                for p in inspect.signature(v.py_func).parameters.values():
+                    assert not isinstance(p.default, np.ndarray), f"{mod.__name__}.{name}: {p.name} defaults to an array"
+    assert {"remap_sort", "group_dedup", "append_delta", "merge_rows"} <= set(found)
+
+
 def _pipes():
     r1, w1 = os.pipe()
     r2, w2 = os.pipe()
