@@ -75,7 +75,8 @@ def test_no_kernel_takes_an_array_as_a_default_argument():
             if isinstance(v, CPUDispatcher) and v.py_func.__module__ == mod.__name__:
                 found.append(name)
                 for p in inspect.signature(v.py_func).parameters.values():
-                    assert not isinstance(p.default, np.ndarray), f"{mod.__name__}.{name}: {p.name} defaults to an array"
+                    assert not isinstance(p.default, np.ndarray), \
+                        f"{mod.__name__}.{name}: {p.name} defaults to an array"
     assert {"remap_sort", "group_dedup", "append_delta", "merge_rows"} <= set(found)
 
 
