@@ -275,10 +275,9 @@ def _write_parts(st, parsed, how, seg_path, name, number, limit, show_progress, 
         I._check_training_left(parsed, agg["train_counts"])
     seg_seed = block_seed(how.get("seed"), number, _PURPOSE_APPEND)
     chunk = segment_chunk(user_rows, bu)
-    block_rows = np.add.reduceat(user_rows, np.arange(0, n_users, bu))  # the input's: at least what is written
     with StoreWriter(seg_path, n_users=n_users, n_items=n_items, block_users=bu, splits=splits,
-                     times=pl.keep_times, chunk_ratings=chunk,
-                     train_positions=padded_positions(block_rows, chunk)) as w:
+                     times=pl.keep_times, chunk_ratings=chunk,  # the input's rows: at least what is written
+                     train_positions=padded_positions(I.block_rows(user_rows, bu), chunk)) as w:
         I._write_blocks(w, parsed, pl, np.arange(n_items, dtype=np.int32), rr, seg_seed, show_progress,
                         written=counts.written)
         w.write_array("new_user_ids", I._ids_numpy(new_users), chunks=(bu,))
@@ -311,7 +310,7 @@ def segment_chunk(user_rows: np.ndarray, bu: int) -> int:
     Every block starts a chunk of its own, so a small append onto a big store, a few ratings in each of its many
     blocks, wrote and then read back (its commit, every pass over the store) as many store-sized chunks, mostly
     padding: 1% of a 100M store, 262144-rating chunks for about 10,000 ratings a block."""
-    rows = np.add.reduceat(user_rows, np.arange(0, len(user_rows), bu)) if len(user_rows) else np.zeros(0, np.int64)
+    rows = I.block_rows(user_rows, bu)
     rows = rows[rows > 0]
     mean = int(rows.mean()) if len(rows) else 1
     return int(min(max(1 << max(mean - 1, 1).bit_length(), 1 << 10), DEFAULT_CHUNK_RATINGS))
@@ -397,7 +396,7 @@ class _MergeCounts:
         self.supersedes = np.zeros((2, self.n_blocks), np.uint8)
         #: block -> (the block's users whose count changes, by how much)
         self.users: dict = {}
-        rows = np.add.reduceat(user_rows, np.arange(0, n_users, self.bu)) if n_users else np.zeros(0, np.int64)
+        rows = I.block_rows(user_rows, self.bu)
         self._ahead = collections.deque(int(b) for b in np.flatnonzero(rows > 0))
         self._reads: dict = {}
         self._lock = threading.Lock()

@@ -864,17 +864,23 @@ def _partition_cap(limit: int, n_rows: int) -> int:
     return max(1 << 12, min(limit // _BYTES_PER_PART_RATING, -(-int(n_rows) // _threads())))
 
 
+def block_rows(user_rows: np.ndarray, bu: int) -> np.ndarray:
+    """The rows of each block of ``bu`` users, from each user's (int64; empty for no users)."""
+    if not len(user_rows):
+        return np.zeros(0, np.int64)
+    return np.add.reduceat(np.asarray(user_rows, np.int64), np.arange(0, len(user_rows), bu))
+
+
 def _plan_partitions(user_rows: np.ndarray, bu: int, cap: int) -> list[tuple[int, int]]:
     """Runs of consecutive blocks ``(b0, b1)`` holding at most ``cap`` ratings (or one block)."""
-    n_users = len(user_rows)
-    block_rows = np.add.reduceat(user_rows, np.arange(0, n_users, bu))
+    rows = block_rows(user_rows, bu)
     parts, b0, acc = [], 0, 0
-    for b, c in enumerate(block_rows.tolist()):
+    for b, c in enumerate(rows.tolist()):
         if b > b0 and acc + c > cap:
             parts.append((b0, b))
             b0, acc = b, 0
         acc += c
-    parts.append((b0, len(block_rows)))
+    parts.append((b0, len(rows)))
     return parts
 
 
