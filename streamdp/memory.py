@@ -70,7 +70,10 @@ KERNEL_CODE_BYTES = 50_000_000
 
 
 def kernel_code_loaded() -> bool:
-    """Whether this process has paid :data:`KERNEL_CODE_BYTES` (Numba's target context is initialized)."""
+    """Whether this process has paid :data:`KERNEL_CODE_BYTES`: Numba's array implementations are loaded, as every
+    compilation and every kernel loaded from the cache that allocates an array loads them. A process that has loaded
+    only kernels that allocate nothing counts as not yet having paid, and the engine keeps the reserve (the safe
+    side)."""
     return "numba.np.arrayobj" in sys.modules
 
 
