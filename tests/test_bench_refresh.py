@@ -69,3 +69,22 @@ def test_method_default_trains_as_train_without_method(monkeypatch, tmp_path):
     r.args, r.root, r.stores = a, str(tmp_path), {"B": "b.zarr"}
     r._train("b", "B", 0)
     assert seen["method"] is None and "--method default" in refresh.header(a, None, 1.0)
+
+
+def test_the_verdict_names_the_weeks_below_the_trained_once_model_and_the_ratio_to_the_full_retrain():
+    def row(week, a, b, c, retired=0.0):
+        return {"week": week, "a": (a, 1.0), "b": (b, 1.0), "c": (c, 1.0), "retired": retired}
+
+    text = refresh.verdict([row(4, 0.10, 0.10, 0.10), row(5, 0.12, 0.14, 0.11), row(6, 0.10, 0.16, 0.15, 0.25)])
+    assert text.startswith("(c) at least (a) in 2 of 3 weeks (below: 5 (-0.0100));")
+    assert "0.900x the full retrain's" in text and "25.0% of (c)'s users retired" in text
+    assert "below" not in refresh.verdict([row(4, 0.1, 0.1, 0.1)])
+
+
+def test_als_replays_warm_started_refreshes_by_default_and_auto_is_asked_for():
+    a = refresh.parse([])
+    assert (a.select, a.iters, a.weeks, a.ranking_users) == ("off", 4, 20, "all")
+    assert refresh.parse(["--select", "auto"]).select == "auto"
+    assert refresh.parse(["--method", "ials"]).select is None
+    with pytest.raises(SystemExit):
+        refresh.parse(["--ranking-users", "0"])
