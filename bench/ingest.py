@@ -159,12 +159,18 @@ def run_measured(cmd: list[str], poll: float = 0.02, with_cpu: bool = False, wit
     them reads every process of the machine, 0.7 ms: every 20 ms that took 4% of a core beside the measured
     command, and made a 1% append onto a 100M store, 1.05 s on 1.4 cores of a 2-core machine, 5% slower). Not
     the kernel's ``ru_maxrss`` of the reaped child: it counts the parent's pages the child held before its
-    ``exec`` (every command measured from a 383 MB bench process reported 383 MB)."""
+    ``exec`` (every command measured from a 383 MB bench process reported 383 MB).
+
+    The child may write Python's bytecode cache (``PYTHONDONTWRITEBYTECODE`` left out of its environment), as an
+    installed package's modules are compiled once: where the variable is set (this project's sandbox sets it) and
+    the sources have no fresh cache (a clean clone, any edit), every child compiled streamdp's modules again, 50-70
+    ms of a 1.0 s append's imports, 0.36 against 0.41-0.43 s. A bench's warm-up run writes the cache."""
     import psutil
 
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     c0 = _children_cpu()
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     proc = psutil.Process(p.pid)
     peak, stop, got = [0], threading.Event(), {}
 

@@ -65,3 +65,17 @@ def test_the_warm_up_keeps_users_per_item_with_at_most_its_users():
     assert warm_shape(2_000_000, 20_000) == (WARM_USERS, 2_000)  # 100 users per item, as the 100M bench store
     assert warm_shape(1_200, 20_000) == (1_200, 20_000)  # small enough: its own shape
     assert warm_shape(10_000_000, 500, min_items=100) == (WARM_USERS, 100)
+
+
+def test_a_measured_child_may_write_the_bytecode_cache(monkeypatch):
+    """``run_measured``'s child runs as an installed package does: with Python's bytecode cache (a sandbox's
+    ``PYTHONDONTWRITEBYTECODE`` made every child compile streamdp's sources again)."""
+    import sys
+
+    from bench.ingest import run_measured
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("STREAMDP_BENCH_PROBE", "kept")
+    _, _, _, out = run_measured([sys.executable, "-c", "import os, sys; print(sys.flags.dont_write_bytecode, "
+                                 "os.environ['STREAMDP_BENCH_PROBE'])"], with_stdout=True)
+    assert out.split() == ["0", "kept"]
