@@ -549,6 +549,10 @@ class RatingStore:
                                  f"{lo:g}): methods scale clipping and noise to it; re-ingest with --rating-range "
                                  f"LO,HI (the scale the ratings are on)")
 
+    def read_ahead(self) -> None:
+        """Start, in the background, what the first pass over the blocks will need (a segmented store: its segments'
+        blocks merged among themselves, :meth:`SegmentedStore.read_ahead`); a plain store has nothing to start."""
+
     def check_chunks(self) -> None:
         """The cheap structural check run before anything is spent or written.
 

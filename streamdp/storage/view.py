@@ -75,6 +75,9 @@ class StoreView(RatingStore):
     def check_chunks(self) -> None:
         self._inner.check_chunks()
 
+    def read_ahead(self) -> None:
+        self._inner.read_ahead()
+
     def changed(self) -> bool:
         return self._inner.changed()
 

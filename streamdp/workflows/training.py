@@ -280,6 +280,7 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
     """
     check_model_destination(str(out), force)
     st = store if isinstance(store, RatingStore) else open_store(store)
+    st.read_ahead()  # what the first pass needs starts now, beside the checks (a damaged store stops it: raised below)
     st.check_chunks()  # a damaged store fails here, before any privacy budget is reserved
     cls = get_method(method) if isinstance(method, str) else method
     cls.check_store(st)
@@ -315,6 +316,8 @@ def release(st, m: Method, out: str, *, workers=None, scheduler=None, memory_lim
     out = str(out)
     stale = sweep_stale_runs(st) + (sweep_stale_runs(st, state) if state is not None else [])
     t0 = time.perf_counter()
+    if scheduler is None:  # the blocks are read in this process: what the first pass needs starts beside the setup
+        st.read_ahead()
     planned = m.planned_ledger(st)
     budget = StoreBudget(st.path)
     if entry is None:

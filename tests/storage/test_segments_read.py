@@ -149,3 +149,50 @@ def test_a_merged_read_into_given_arrays_is_the_same_block(tmp_path):
                 assert np.array_equal(got.ratings, ref.ratings)
                 if b < st.base.info.n_blocks:  # a block of appended users only is merged into new arrays
                     assert (got.items.base is given[0] and got.ratings.base is given[1]) == reused
+
+
+def test_read_ahead_merges_every_block_once_in_the_background_and_the_reads_are_the_same(tmp_path):
+    st = _segmented(tmp_path)
+    ref = [open_store(st.path).read_block(b, s) for b in range(st.n_blocks) for s in ("train", "test")]
+    reads = []
+    for i, seg in enumerate(st.segments):
+        seg.read_block = lambda b, s, i=i, f=seg.read_block: reads.append((i, b, s)) or f(b, s)
+    st.read_ahead()
+    st.read_ahead()  # started once
+    st._ahead.join(timeout=60)
+    assert not st._ahead.is_alive() and {k[1] for k in st._kept} == set(range(st.n_blocks))
+    assert sorted(reads) == sorted((i, b, s) for i in range(3) for b in range(st.n_blocks) for s in ("train", "test"))
+    got = [st.read_block(b, s) for b in range(st.n_blocks) for s in ("train", "test")]
+    assert len(reads) == 3 * st.n_blocks * 2  # the reads found every block merged: no segment read again
+    for g, r in zip(got, ref):
+        assert np.array_equal(g.indptr, r.indptr) and np.array_equal(g.items, r.items)
+        assert np.array_equal(g.ratings, r.ratings)
+
+
+def test_read_ahead_stops_at_a_damaged_segment_and_the_read_of_that_block_says_so(tmp_path):
+    from streamdp.errors import StoreError
+
+    st = _segmented(tmp_path)
+    seg = st.segments[1]
+    chunk = next((tmp_path / "s.zarr").glob(f"segments/{seg.path.rsplit('/', 1)[-1]}/train/items/c/0"))
+    chunk.write_bytes(chunk.read_bytes()[:-3])  # truncated
+    st.read_ahead()
+    st._ahead.join(timeout=60)
+    assert not st._ahead.is_alive() and ("merged", 0) not in st._kept
+    with pytest.raises(StoreError, match="chunk 0"):
+        st.read_block(0, "train")
+
+
+def test_a_view_reads_its_store_ahead_and_a_plain_store_has_nothing_to_start(tmp_path):
+    import threading
+
+    from streamdp.storage.view import StoreView
+
+    st = _segmented(tmp_path)
+    StoreView(st).read_ahead()  # the view starts its store's
+    st._ahead.join(timeout=60)
+    assert {k[1] for k in st._kept} == set(range(st.n_blocks))
+    streamdp.ingest(pd.DataFrame({"user": [1, 2], "item": [1, 2], "rating": [3.0, 4.0]}), str(tmp_path / "p.zarr"))
+    before = {t.name for t in threading.enumerate()}
+    open_store(str(tmp_path / "p.zarr")).read_ahead()
+    assert {t.name for t in threading.enumerate()} - before == set()
