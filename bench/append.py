@@ -22,7 +22,7 @@ tree (its own high-water mark, and its descendants' polled; :func:`bench.ingest.
 * ``train STORE --method als --epsilon 1 --seed 1 --memory-limit M`` on the segmented store;
 * ``compact STORE`` (it has no ``--memory-limit``: its peak RSS is what it takes);
 * the same ``train`` on the compacted store; the two models' item factors compared;
-* the whole share again as one append (fresh ratings) onto the compacted store, ``--repeats`` times (default 3),
+* the whole share again as one append (fresh ratings) onto the compacted store, ``--repeats`` times (default 5),
   each onto a fresh copy of it, alternated with the base's ingest again: the target reads the two medians
   (``--onto STORE``: the appends alone, onto copies of STORE).
 
@@ -74,9 +74,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed)")
     p.add_argument("--keep", action="store_true", help="keep the files and stores in --dir")
     p.add_argument("--write", default=None, metavar="PATH", help="put the table into PATH (docs/benchmarks.md)")
-    p.add_argument("--repeats", type=int, default=3, help="runs of the base's ingest and of the one append of the "
-                   "whole share (onto fresh copies of the compacted store), whose medians the targets read (default 3; "
-                   "quick 1)")
+    p.add_argument("--repeats", type=int, default=5, help="runs of the base's ingest and of the one append of the "
+                   "whole share (onto fresh copies of the compacted store), whose medians the targets read (default 5: "
+                   "on a shared host one run moves by 10-20%%; quick 1)")
     p.add_argument("--onto", default=None, metavar="STORE", help="only the one append of the whole share, onto STORE "
                    "(a store an earlier run kept with --keep; each run onto a copy of it), in child processes")
     a = p.parse_args(argv)
