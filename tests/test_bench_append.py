@@ -79,3 +79,24 @@ def test_a_measured_child_may_write_the_bytecode_cache(monkeypatch):
     _, _, _, out = run_measured([sys.executable, "-c", "import os, sys; print(sys.flags.dont_write_bytecode, "
                                  "os.environ['STREAMDP_BENCH_PROBE'])"], with_stdout=True)
     assert out.split() == ["0", "kept"]
+
+
+def test_fit_repeats_default_to_three_and_quick_runs_one():
+    assert append.parse(["--size", "100M"]).fit_repeats == 3 and append.parse(["--quick"]).fit_repeats == 1
+    assert append.parse(["--quick", "--fit-repeats", "2"]).fit_repeats == 2
+    with pytest.raises(SystemExit):
+        append.parse(["--fit-repeats", "0"])
+
+
+@pytest.mark.slow  # a second bench smoke run (1 s idle); the argument check above is its guard
+def test_the_fits_alternate_and_the_target_reads_their_medians(tmp_path, capsys):
+    assert append.main(["--quick", "--size", "4000", "--items", "100", "--appends", "2", "--dir", str(tmp_path / "w"),
+                        "--memory-limit", "4GB", "--fit-repeats", "2"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+    labels = [ln.strip("|").split("|")[0].strip() for ln in lines]
+    fits = [x for x in labels if x.startswith("train, ")]
+    assert fits == ["train, 3 segments (1 of 2)", "train, compacted (1 of 2)", "train, 3 segments (2 of 2)",
+                    "train, compacted (2 of 2)"]
+    assert labels.index("compact") == labels.index("train, 3 segments (1 of 2)") + 1
+    assert any(x.endswith("(`train_seconds`, medians of 2 alternated runs each)") for x in labels)
+    assert not (tmp_path / "w" / "segmented.zarr").exists()
