@@ -82,7 +82,7 @@ def test_means_trains_on_fewer_items_than_the_default_rank(few_items, tmp_path, 
                       tmp_path / "a"), "--rank 8 exceeds the number of items (5)")
     code, out, err, exc = cli.run("train", few_items / "s.zarr", "--method", "als", "--epsilon", "1", "--seed", "1",
                                   "--out", tmp_path / "b")
-    assert code == 0 and json.load(open(tmp_path / "b" / "model.json"))["rank"] <= 5, (err, exc)
+    assert code == 0 and json.loads((tmp_path / "b" / "model.json").read_text())["rank"] <= 5, (err, exc)
 
 
 def test_top_beyond_the_items_is_capped_and_said(few_items, tmp_path, cli):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 from streamdp.owner import OWNER_FILE, current_owner
@@ -15,7 +16,7 @@ def test_sweep_removes_only_dead_owners_runs(tmp_path):
     state = tmp_path / "s.zarr.state"
     with Run(store, method="demo", fingerprint="f", seed=1, rng_key=1) as run:
         live = run.dir
-        assert json.loads(open(os.path.join(live, OWNER_FILE)).read())["pid"] == os.getpid()
+        assert json.loads(Path(live, OWNER_FILE).read_text())["pid"] == os.getpid()
         me = current_owner()
         dead = state / "sgld-dead"
         dead.mkdir()
