@@ -168,6 +168,9 @@ class TimeWindowView(StoreView):
             self._counts["contributors"] = int(sum(int(self.contributed(b).sum()) for b in range(self.n_blocks)))
         return self._counts["contributors"]
 
+    def read_ahead(self) -> None:
+        """Nothing: a period's reads merge the parts with their times (``read_block_times``), which keep nothing."""
+
     def block_digests(self, split: str = "train"):
         return None
 

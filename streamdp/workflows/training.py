@@ -103,6 +103,8 @@ def train(store, *, method: str | None, out: str, epsilon: float, delta: float |
     k, ranking_users = check_k(k), check_ranking_users(ranking_users)  # before anything is spent
     store = store if isinstance(store, RatingStore) else open_store(store)
     store = data_period(store, since=since, until=until, window=window, until_segment=until_segment)
+    if scheduler is None:  # the blocks are read in this process: what the first pass needs starts now, beside the
+        store.read_ahead()  # checks and the releases before the fit (a damaged store stops it: raised below)
     check_contributions(store)  # an empty period: refused before anything is reserved
     defaulted = method is None
     cls = get_method(default_method(store) if defaulted else method) if not callable(method) else method
@@ -280,7 +282,6 @@ def prepare(store, *, method: str | type[Method], out: str, epsilon: float, delt
     """
     check_model_destination(str(out), force)
     st = store if isinstance(store, RatingStore) else open_store(store)
-    st.read_ahead()  # what the first pass needs starts now, beside the checks (a damaged store stops it: raised below)
     st.check_chunks()  # a damaged store fails here, before any privacy budget is reserved
     cls = get_method(method) if isinstance(method, str) else method
     cls.check_store(st)

@@ -206,3 +206,17 @@ def test_a_window_reads_only_the_parts_that_reach_into_it(tmp_path, monkeypatch)
         np.testing.assert_array_equal(x.ratings, y.ratings)
         np.testing.assert_array_equal(tx, ty)
     assert sum(x.nnz for _, (x, _) in again) == 3
+
+
+def test_a_window_starts_no_read_ahead_and_its_store_does(tmp_path):
+    """A period's reads merge with times and keep nothing: its view starts no background merge; the store without
+    the period does (two segments of an explicit store: merged among themselves)."""
+    path = str(tmp_path / "s.zarr")
+    ingest([_csv(tmp_path / "a.csv", ROWS)], path, block_users=2)
+    append([_csv(tmp_path / "b.csv", [(5, 13, 2, 11 * DAY), (1, 10, 1, 12 * DAY)])], path, notes=False)
+    st = append([_csv(tmp_path / "c.csv", [(1, 10, 3, 20 * DAY), (6, 11, 5, 21 * DAY)])], path, notes=False)
+    TimeWindowView(st, 15 * DAY, None).read_ahead()
+    assert st._ahead is None and not st._kept
+    st.read_ahead()
+    st._ahead.join(timeout=60)
+    assert {k[1] for k in st._kept if k[0] == "merged"} == set(range(st.n_blocks))
