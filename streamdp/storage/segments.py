@@ -21,8 +21,10 @@ Decisions a reader must know:
   per-user, per-item and per-block counts (``merge/...``), computed when it was appended;
 * a read of one split reads a segment's other split only in the blocks where that split replaces a rating of
   the wanted one (:data:`SUPERSEDES`, recorded at its append), the base's other split never; small segments'
-  blocks are kept in memory after their first read (:data:`CACHE_BYTES`, counted by the engine); the base's block
-  is read into the merged block's own arrays and merged in place (:meth:`SegmentedStore._read_base_into`).
+  blocks are kept in memory after their first read (:data:`CACHE_BYTES`, counted by the engine), or merged among
+  themselves and kept (:meth:`SegmentedStore._premerged`; ``train`` starts that merge in the background as it
+  opens the store, :meth:`SegmentedStore.read_ahead`); the base's block is read into the merged block's own arrays
+  and merged in place (:meth:`SegmentedStore._read_base_into`).
 """
 
 from __future__ import annotations
