@@ -88,3 +88,12 @@ def test_als_replays_warm_started_refreshes_by_default_and_auto_is_asked_for():
     assert refresh.parse(["--method", "ials"]).select is None
     with pytest.raises(SystemExit):
         refresh.parse(["--ranking-users", "0"])
+
+
+def test_the_verdict_holds_the_refresh_to_the_exact_chart_when_every_week_has_it():
+    def row(week, c, chart):
+        return {"week": week, "a": (0.1, 1.0), "b": (0.2, 1.0), "c": (c, 1.0), "retired": 0.0, "chart": chart}
+
+    text = refresh.verdict([row(5, 0.3, 0.1), row(6, 0.05, 0.1)])
+    assert "(c)'s average 1.750x the exact most-popular chart's (non-private, 0.1000), below it in 1 of 2 weeks" in text
+    assert "chart" not in refresh.verdict([row(5, 0.3, None), row(6, 0.05, 0.1)])
