@@ -92,7 +92,7 @@ MODEL_JSON = {
     "local_user_bias": (PUBLIC, "whether the local solve fits the user's own intercept"),
     "list_scorer": (POST, "how lists rank items (streamdp.serving.local.list_scorer): the predicted rating, plus a weight "
                           "(from the declared rating range and the released share of one-rating users) times the log of "
-                          "the released item counts"),
+                          "the released item counts; with chart_first, a private top-K chart's items first"),
     "ridge": (POST, "ridge of the local solve (option, default, or chosen on public ratings)"),
     "ridge_rule": (PUBLIC, "how sgld's local ridge follows from its options"),
     "item_factors": (PUBLIC, "what the released item_factors array is (text)"),
@@ -117,8 +117,8 @@ MODEL_JSON = {
     "selection.classes": (RELEASE, "ials, private: per class of users by training items (5+, fewer) the noisy sum "
                                    "of held-out hit differences and what it chose for them (ledger: 'validation: "
                                    "sums over users ...')"),
-    "chart": (POST, "ials: the chart is a private top-K selection's items first, in order, then the released "
-                    "counts (streamdp.privacy.topk; ledger: 'the chart: its top K items'); its kind and K"),
+    "chart": (POST, "ials, and als on a thin store: the chart is a private top-K selection's items first, in order, "
+                    "then the released counts (als: its lists take them first, then the list score) (streamdp.privacy.topk; ledger: 'the chart: its top K items'); its kind and K"),
     "selection.chart_below": (POST, "ials: users of fewer training items than this list the chart by the released "
                                     "counts from their local solve (chosen on the noisy sums; 0: none)"),
     "selection.item_ridges": (NONPRIVATE, "the item-side ridges tried and their exact validation losses "
@@ -200,8 +200,9 @@ ARRAYS = {
     "item_ids": (RELEASE, "the model's item catalogue, ascending: declared (public) or selected privately (ledger: "
                           "'item catalogue')"),
     "noisy_item_weight": (RELEASE, "als: noisy item weight totals C_j (ledger: 'item weight totals'); ials: noisy "
-                                   "item counts N_j (ledger: 'item counts'), with model.json's chart the top-K "
-                                   "selection's items lifted above the rest in its order (post-processing of both)"),
+                                   "item counts N_j (ledger: 'item counts'); with model.json's chart (both), the "
+                                   "top-K selection's items lifted above the rest in its order (post-processing of "
+                                   "both)"),
     "singular_values": (POST, "oja/lowrank: singular values of the noisy iteration or sketch"),
     "signal_share": (POST, "oja: share of each released direction above its noise"),
     "basis": (POST, "oja/lowrank: the item basis"),

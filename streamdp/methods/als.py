@@ -68,13 +68,17 @@ from streamdp.privacy.bounding import (adaptive_user_weights, check_tau, contrib
                                       weighs_users_alike)
 from streamdp.privacy.mechanisms import huber_variance
 from streamdp.privacy.release import MECHANISMS, Share, bound_releases, calibrate_releases, pure_epsilon
+from streamdp.privacy.topk import K as TOPK_K, SHARE as TOPK_SHARE, TopKShare, chart_scores
 from streamdp.stream.engine import add_into as _add
 
 #: Key of this module's random streams.
 RNG_KEY = 0x0A15
-_INIT, _STATS, _ITER, _PROFILE, _SELECT = 1, 2, 3, 4, 5
+_INIT, _STATS, _ITER, _PROFILE, _SELECT, _TOPK = 1, 2, 3, 4, 5, 6
 #: The random stream of the released user profile (``tune`` draws the same histogram as ``train``).
 PROFILE_STREAM = _PROFILE
+#: A private run's lists add a top-K chart where its counts' largest noise reaches this many times the users
+#: (``_AlsBase._thin_chart``).
+THIN_COUNTS = 1.0
 #: Budget share of the selection's release: of the whole when factors are fitted, relative to the statistics'
 #: shares (0.155) when not (there it is about 6% of the budget).
 SELECT_SHARE_FACTORS, SELECT_SHARE_BIASES = 0.15, 0.01
@@ -384,13 +388,16 @@ class AlsSettings(RunSettings):
     #: The earlier model's released choice a private ``--warm-start`` run reuses (``"factors, ridge 30"``; empty: none,
     #: the run chooses for itself or not at all): ``_AlsBase._reused_choice``.
     reused_choice: str = ""
+    #: Private runs that list by their own score on a thin store: the budget share of a private top-K chart
+    #: (:mod:`streamdp.privacy.topk`, :meth:`_AlsBase._thin_chart`); 0: none, the lists rank by the released counts.
+    topk_share: float = 0.0
 
     def as_dict(self) -> dict:
-        """:meth:`RunSettings.as_dict`, without ``warm_start`` and ``reused_choice`` in a cold run (its fingerprint
-        and run id stay those of the runs before warm starts existed, so their ``--checkpoint`` directories still
-        resume)."""
+        """:meth:`RunSettings.as_dict`, without ``warm_start``, ``reused_choice`` and ``topk_share`` when empty (the
+        fingerprint and run id of a run without them stay those of the runs before they existed, so their
+        ``--checkpoint`` directories still resume)."""
         out = super().as_dict()
-        for key in ("warm_start", "reused_choice"):
+        for key in ("warm_start", "reused_choice", "topk_share"):
             if not getattr(self, key):
                 del out[key]
         return out
@@ -626,6 +633,9 @@ class _AlsBase(Method):
                     tau * (k + 1) * D * D / 2, s.gram_share, count=T, shape=(n, d, d), symmetric=True)
             add("item right-hand sides sum_i c_ij y_ij x_i (one per iteration)", R * D * math.sqrt(tau),
                 tau * R * math.sqrt(k) * D, rest, count=T, shape=(n, d))
+        if s.topk_share:  # before the choice's: _plan reads the choice's release as the last
+            out.append(TopKShare(f"the chart: its top {TOPK_K} items in order, chosen from the {n:,} items by their "
+                                 f"users (each distinct pair counts 1)", TOPK_K, s.topk_share, n))
         if s.select:
             m = len(s.candidates)
             if self._offset_moments(s):
@@ -635,6 +645,34 @@ class _AlsBase(Method):
                 f"h^2 per candidate)", loss_sensitivity(h, m, "l2"),
                 loss_sensitivity(h, m, "l1"), s.select_share, shape=(m,))
         return out
+
+    def _thin_chart(self, store, releases) -> bool:
+        """Whether a private run that lists by its own score adds a top-K chart (:mod:`streamdp.privacy.topk`) at
+        :data:`~streamdp.privacy.topk.SHARE` of the budget: where its planned counts' expected largest noise over the
+        items (``sigma sqrt(2 ln n_items)``, ``releases`` as calibrated without it: public numbers only) is at least
+        :data:`THIN_COUNTS` times the released number of users, the most an item's count can be. Never for ``tune``'s
+        candidates (``chart_topk``: Gaussian releases only), a run whose lists come from an ``ials`` part (that part
+        makes its own chart), nor a Laplace or Huber run (the rule's largest noise is a Gaussian's).
+
+        Why: the list score adds ``w log(1 + C_j)`` of the released weight totals, whose L2 noise (a user's weights
+        have norm ``sqrt(tau)``) on a thin store outranks every count. On ML-100K's log replayed week by week
+        (``bench/refresh.py``, 150-750 users a release, epsilon 1, factors) the counts' noise std was 244, its
+        largest over the 1,682 items 1.3-5.3 times the users, and every arm listed at 0.01-0.05 against the exact
+        chart's 0.094; with the chart, 0.02-0.13 (docs/benchmarks.md). A selection of the top items by their users
+        (L-infinity sensitivity 1, the exponential mechanism) sees through far more of a thin store. Decision: the
+        threshold is 1, not ``ials``' :data:`~streamdp.privacy.topk.THIN_RATIO` (0.15), because here the counts
+        are only a bonus on the predicted rating: on ML-100K's 20% split (biases only, ratio 0.27) the chart cost
+        0.010 of test RMSE and lowered Recall@10 from 0.170 to 0.152 (seeds 1-3), so it stays out there.
+        """
+        if (not getattr(self, "chart_topk", True) or getattr(self, "lists_part", None) is not None
+                or self.opts.mechanism != "gaussian"):
+            return False
+        counts = next((r for r in releases if str(getattr(r, "what", "")).startswith("item weight totals C_j")), None)
+        n_items = store.n_items
+        if counts is None or n_items <= TOPK_K:
+            return False
+        n_users = getattr(store, "expected_users", None) or self.n_users(store)
+        return _std(counts) * math.sqrt(2.0 * math.log(n_items)) >= THIN_COUNTS * max(float(n_users), 1.0)
 
     def _offset_moments(self, s: AlsSettings) -> bool:
         """Whether the selection pass also releases the users' offset moments (``offset_ridge``): private ``als``/
@@ -765,10 +803,14 @@ class _AlsBase(Method):
                 if share < s.select_share:  # the choice can see far less than matters: the rest goes to the factors
                     s = s.replace(select_share=share)
                     releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=first)
+        if self._thin_chart(store, releases):  # the counts' noise outranks any item: a top-K chart lists first
+            s = s.replace(topk_share=TOPK_SHARE)
+            releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=first)
         names = ["mean"] if s.center == "private" else []
         names += ["sums", "counts"]
         if s.iters > 0:
             names += (["wcounts"] if s.weight_counts else []) + ["gram", "rhs"]
+        names += ["topk"] if s.topk_share else []
         names += ["offsets"] if self._offset_moments(s) else []
         names += ["select"] if s.select else []
         rel = dict(zip(names, releases))
@@ -903,6 +945,7 @@ class _AlsBase(Method):
             exact = None  # the statistics' exact sums are not in it either: a second release sums them again
             if "choice" in ck:
                 chosen = {"choice": ck["choice"].copy(), "choice_losses": ck["choice_losses"].copy()}
+            self._topk = ck["topk"].copy() if "topk" in ck else None  # released: resumed, never drawn again
         else:
             # the cold draw always (an item new to a warm start keeps its cold row), the model's rows over it
             V0 = initial_factors(run.rng(_INIT, 0).standard_normal((n, k)), self.warm)
@@ -964,7 +1007,8 @@ class _AlsBase(Method):
             elif t == gate:
                 c, losses, _ = self._select(store, engine, run, s, rel, mu, bias0, bias, V, C)
                 chosen = {"choice": np.array(c), "choice_losses": np.asarray(losses)}
-            run.save(t, V=V, mu=mu, bias=bias, C=C, Cw=Cw, keep=keep, bias0=bias0, S1=S1, **chosen)
+            run.save(t, V=V, mu=mu, bias=bias, C=C, Cw=Cw, keep=keep, bias0=bias0, S1=S1, **chosen,
+                     **({} if self._topk is None else {"topk": self._topk}))
             if gated_out():
                 break
         if not gate:
@@ -1099,16 +1143,19 @@ class _AlsBase(Method):
         # the mean released first draws from a stream of its own: the sums' and counts' draws stay those of a run whose
         # mean came after them (a seeded run on a store without one-rating users keeps its item statistics)
         centre = self._warm_centre(s)
+        topk = "topk" in rel
         if centre is not None:  # one pass: the earlier model's released mean centres, the new one is released after
-            S, C, Tm, Um, Ct = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics",
-                                                      centre=centre, ride=ride)
+            S, C, Tm, Um, Ct, P = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics",
+                                                         centre=centre, ride=ride, pairs=topk)
             mu = self._mean_of(s, rel, Tm, Um, run.rng(_STATS, 2))
             exact = None  # centred on the earlier model's mean: not what a second release sums (the new mean)
         else:
             mu = self._global_mean(store, engine, run, s, rel, run.rng(_STATS, 2)) if s.single_residual else None
-            S, C, Tm, Um, Ct = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics",
-                                                      centre=mu, ride=ride)
+            S, C, Tm, Um, Ct, P = self._statistic_totals(store, engine, run, s, desc=f"{self.name} statistics",
+                                                         centre=mu, ride=ride, pairs=topk)
             exact = (S, C, Ct)
+        # the chart's items, best first (a stream of their own: every other draw stays that of a run without it)
+        self._topk = rel["topk"].select(P, run.rng(_TOPK, 0)) if topk else None
         sigma_S = sigma_C = 0.0
         noise_C = 0.0
         if self.private:
@@ -1141,7 +1188,7 @@ class _AlsBase(Method):
         """The released global mean from a pass of its own (the public midpoint with ``--center midpoint``)."""
         if s.center != "private":
             return self._mean_of(s, rel, 0.0, 0.0, g)
-        _, _, Tm, Um, _ = self._statistic_totals(store, engine, run, s, desc=f"{self.name} global mean", items=False)
+        _, _, Tm, Um, _, _ = self._statistic_totals(store, engine, run, s, desc=f"{self.name} global mean", items=False)
         return self._mean_of(s, rel, Tm, Um, g)
 
     def _mean_of(self, s, rel, Tm, Um, g) -> float:
@@ -1155,9 +1202,10 @@ class _AlsBase(Method):
         return float(min(max(mid + Tm / max(Um, 1.0), lo), hi))
 
     def _statistic_totals(self, store, engine, run, s, desc, centre: float | None = None, items: bool = True,
-                          ride=None):
-        """The exact item sums ``S``, weight totals ``C``, the global mean's (sum, count) and the weight totals of
-        the ``--rating-tilt`` weights (``C`` itself when there is no tilt): one pass.
+                          ride=None, pairs: bool = False):
+        """The exact item sums ``S``, weight totals ``C``, the global mean's (sum, count), the weight totals of
+        the ``--rating-tilt`` weights (``C`` itself when there is no tilt) and, with ``pairs``, each item's number of
+        users (the top-K chart's scores: each distinct pair counts 1; else ``None``): one pass.
 
         ``centre``: a one-rating user's residual is ``clip(r - centre, c)`` (``_statistics``);
         ``items=False``: the global mean's sums only (``S``, ``C`` and the tilted totals are empty).
@@ -1176,6 +1224,7 @@ class _AlsBase(Method):
         tilted = bool(private and s.rating_tilt)
         if private:
             check_tau(s.tau)
+        width = (3 * n + 2 if tilted else 2 * n + 2) + (n if pairs else 0)
 
         pool = BufferPool()  # the blocks' users' means and weights, reused from block to block
 
@@ -1189,7 +1238,7 @@ class _AlsBase(Method):
             cnt = np.diff(ip)
             has = cnt > 0
             umean = buf("umean", len(cnt), np.float64)  # every user's written by statistic_sums
-            out = np.zeros(3 * n + 2 if tilted else 2 * n + 2)
+            out = np.zeros(width)
             per_user = w = wt = _NONE
             if not private:
                 per_user = np.ones(len(cnt))
@@ -1221,10 +1270,12 @@ class _AlsBase(Method):
                 wu = np.minimum(cnt[has], cap) / cap if math.isfinite(cap) else cnt[has].astype(np.float64)
                 out[2 * n] = float(np.sum(wu * (umean[has] - mid)))
                 out[2 * n + 1] = float(wu.sum())
+            if pairs:  # a store holds each pair once: one user moves each count by at most 1
+                out[width - n:] = np.bincount(it, minlength=n)
             return out
 
-        extra = 24 * n + 64 * store.block_users
-        init = np.zeros(3 * n + 2 if tilted else 2 * n + 2)
+        extra = 24 * n + 64 * store.block_users + (8 * n if pairs else 0)
+        init = np.zeros(width)
         if ride is None:
             tot = engine.map_reduce(fn, _add, init, extra_per_block=extra, desc=desc, keeps_blocks=False)
         else:
@@ -1241,7 +1292,8 @@ class _AlsBase(Method):
             if ride["acc"] is None:
                 raise ParameterError(f"{store.path}: the training split has no users")
         C = tot[n:2 * n]
-        return tot[:n], C, tot[2 * n], tot[2 * n + 1], (tot[2 * n + 2:] if tilted else C)
+        return (tot[:n], C, tot[2 * n], tot[2 * n + 1], (tot[2 * n + 2:3 * n + 2] if tilted else C),
+                tot[width - n:] if pairs else None)
 
     def _gated_releases(self, store, plan: Plan, offsets: bool = False):
         """The releases a gated run spent when the factors lost: ``(second sums, second counts, offset moments or
@@ -1304,7 +1356,7 @@ class _AlsBase(Method):
         if exact is not None:
             S, C, Ct = exact
         else:
-            S, C, _, _, Ct = self._statistic_totals(store, engine, run, s,
+            S, C, _, _, Ct, _ = self._statistic_totals(store, engine, run, s,
                                                     desc=f"{self.name} statistics (second release)",
                                                     centre=mu if s.single_residual else None)
         C = Ct if tilted else C
@@ -1570,6 +1622,13 @@ class _AlsBase(Method):
                          f"moments (post-processing)")
         if self.warm is not None:
             notes.append(self.warm.note())
+        topk = getattr(self, "_topk", None)
+        if topk is not None:
+            C = chart_scores(C, topk)  # post-processing of both releases: the chart's items above every count
+            notes.append(f"lists (and the chart of the released noisy_item_weight) take first the {len(topk)} items "
+                         f"of a private top-{len(topk)} selection, in its order, then the list score: on a store "
+                         f"this thin the released counts' noise over its {store.n_items:,} items swamps their top "
+                         f"(streamdp.privacy.topk)")
         ledger = self.ledger(store, plan, notes=notes)
         params = {key: getattr(s, key) for key in MODEL_PARAMETERS}
         params["select"] = "auto" if s.select else "reused" if s.reused_choice else "off"
@@ -1596,6 +1655,9 @@ class _AlsBase(Method):
             info["user_profile"] = s.profile.to_dict()
         if self.warm is not None:
             info["warm_start"] = self.warm.describe()
+        if topk is not None:
+            info["chart"] = {"kind": "top-k selection", "k": int(len(topk)),
+                             "then": "the list score (noisy_item_weight holds the chart's scores)"}
         return Fitted(item_factors=np.asarray(V, np.float32), item_bias=np.asarray(bias, np.float32),
                       item_ids=store.item_ids(), global_mean=float(mu), model_info=info, ledger=ledger,
                       owner={"users_clipped_by_iteration": list(history)},

@@ -64,6 +64,9 @@ RELEASED_COUNTS = {
 }
 #: The list score's popularity weight as a share of the declared rating range (module docstring).
 LIST_WEIGHT_SHARE = 0.25
+#: ``chart_first``: the list score's lift per place of a private top-K chart's items (:func:`list_offset`), far above
+#: any difference of predicted ratings and log counts, so the chart's items list first, in its order.
+CHART_FIRST_STEP = 1e6
 #: The largest share of one-rating users the weight is divided by ``1 - share`` for (:func:`default_list_scorer`):
 #: at most 20x the weight, where the list is the released chart but for the item term's ties.
 ONE_RATING_MAX = 0.95
@@ -164,7 +167,12 @@ def default_list_scorer(info: dict, extras: dict) -> dict:
     if s1 > 0:
         weight /= 1.0 - s1
         rule += f", / (1 - {s1:.3f}), the released share of users with one training rating"
-    return {"kind": "rating_plus_log_count", "counts": counts, "weight": round(weight, 12), "rule": rule}
+    out = {"kind": "rating_plus_log_count", "counts": counts, "weight": round(weight, 12), "rule": rule}
+    chart = info.get("chart") or {}
+    if chart.get("kind") == "top-k selection":  # its items hold the K largest counts (privacy.topk.chart_scores)
+        out["chart_first"] = int(chart["k"])
+        out["rule"] += f"; the {int(chart['k'])} items of the private top-K chart first, in its order"
+    return out
 
 
 def one_rating_share(profile: dict | None) -> float:
@@ -209,6 +217,13 @@ def list_offset(model) -> np.ndarray | None:
     ...                     extras={"c": np.array([-5.0, 0.0, np.e - 1])})
     >>> list_offset(m).round(6).tolist()
     [0.0, 0.0, 1.0]
+
+    With ``chart_first`` (a private top-K chart, :func:`default_list_scorer`) the ``K`` largest counts, the chart's
+    items, are lifted by :data:`CHART_FIRST_STEP` a place, in their order:
+
+    >>> m.info["list_scorer"]["chart_first"] = 2
+    >>> (list_offset(m) // CHART_FIRST_STEP).tolist()
+    [0.0, 1.0, 2.0]
     """
     sc = list_scorer(model)
     if sc["kind"] == "predicted_rating":
@@ -216,7 +231,12 @@ def list_offset(model) -> np.ndarray | None:
     c = np.asarray((getattr(model, "extras", None) or {}).get(sc["counts"], ()), np.float64)
     if c.shape != (model.n_items if hasattr(model, "n_items") else len(c),):
         raise InputError(f"model.json: list scorer reads {sc['counts']!r}, which the model does not hold per item")
-    return float(sc["weight"]) * np.log1p(np.maximum(c, 0.0))
+    off = float(sc["weight"]) * np.log1p(np.maximum(c, 0.0))
+    k = min(int(sc.get("chart_first") or 0), len(c))
+    if k:  # a private top-K chart's items, lifted above every count in its order (privacy.topk.chart_scores)
+        first = np.lexsort((np.arange(len(c)), -c))[:k]
+        off[first] += CHART_FIRST_STEP * (k - np.arange(k))
+    return off
 
 
 def list_bias(model, bias, pos=None) -> np.ndarray:

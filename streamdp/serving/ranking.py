@@ -408,8 +408,11 @@ def describe_scorer(sc) -> str:
     sc = sc or {"kind": "predicted_rating"}
     if sc["kind"] == "predicted_rating":
         return "predicted rating"
-    return (f"predicted rating plus a bonus for items popular by the released counts (predicted rating + "
+    text = (f"predicted rating plus a bonus for items popular by the released counts (predicted rating + "
             f"{sc['weight']:g} x log(1 + released {sc['counts']}))")
+    if sc.get("chart_first"):
+        text += f", after the {sc['chart_first']} items of the private top-K chart"
+    return text
 
 
 def format_ranking_short(r: dict) -> str:
