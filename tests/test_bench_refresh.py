@@ -97,3 +97,9 @@ def test_the_verdict_holds_the_refresh_to_the_exact_chart_when_every_week_has_it
     text = refresh.verdict([row(5, 0.3, 0.1), row(6, 0.05, 0.1)])
     assert "(c)'s average 1.750x the exact most-popular chart's (non-private, 0.1000), below it in 1 of 2 weeks" in text
     assert "chart" not in refresh.verdict([row(5, 0.3, None), row(6, 0.05, 0.1)])
+
+
+def test_the_window_is_4_weeks_on_the_generated_log_and_the_whole_log_with_log():
+    assert refresh.parse([]).window_weeks == 4
+    assert refresh.parse(["--log", "u.data", "--weeks", "20"]).window_weeks == 24  # the first 4 weeks + 20
+    assert refresh.parse(["--log", "u.data", "--window-weeks", "4"]).window_weeks == 4
