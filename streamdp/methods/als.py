@@ -652,7 +652,9 @@ class _AlsBase(Method):
         items (``sigma sqrt(2 ln n_items)``, ``releases`` as calibrated without it: public numbers only) is at least
         :data:`THIN_COUNTS` times the released number of users, the most an item's count can be. Never for ``tune``'s
         candidates (``chart_topk``: Gaussian releases only), a run whose lists come from an ``ials`` part (that part
-        makes its own chart), nor a Laplace or Huber run (the rule's largest noise is a Gaussian's).
+        makes its own chart), a Laplace or Huber run (the rule's largest noise is a Gaussian's), nor ``means``
+        (``sweep --rehearse`` reads its released weight totals back as the biases' denominators, which the chart's
+        lifted scores would misstate).
 
         Why: the list score adds ``w log(1 + C_j)`` of the released weight totals, whose L2 noise (a user's weights
         have norm ``sqrt(tau)``) on a thin store outranks every count. On ML-100K's log replayed week by week
@@ -665,7 +667,7 @@ class _AlsBase(Method):
         0.010 of test RMSE and lowered Recall@10 from 0.170 to 0.152 (seeds 1-3), so it stays out there.
         """
         if (not getattr(self, "chart_topk", True) or getattr(self, "lists_part", None) is not None
-                or self.opts.mechanism != "gaussian"):
+                or self.opts.mechanism != "gaussian" or self.FIXED_ITERS == 0):
             return False
         counts = next((r for r in releases if str(getattr(r, "what", "")).startswith("item weight totals C_j")), None)
         n_items = store.n_items
