@@ -21,10 +21,9 @@ k+1``: ratings no model saw, each user's own history (the store before it) solve
   full retrain runs past the budget (``over_budget``: what an uncapped retrain gives and costs), the reference of
   the cost column (while (b) runs, (b) is it);
 * (c) **refresh**: ``--window`` of the last ``--window-weeks`` weeks (ending at the week's end, ``--until``; by
-  default 4 on the generated log and the whole log with ``--log``: a window must hold enough users for its releases
-  to rise above their noise, and ML-100K's log holds 141-287 users in any 4 weeks, 943 in all. With 4 weeks there
-  (c) listed at 0.31x the exact chart and 0.44x the full retrain, below (a) in 4 of 20 weeks; with the whole log
-  0.72x the chart, 1.03x the full retrain, at least (a) every week: docs/benchmarks.md),
+  default the shortest of 4, 8, 12, ... weeks whose every refresh holds ``--window-users`` users, or every user so
+  far when fewer: :func:`window_weeks`, :data:`WINDOW_USERS`; a window must hold enough users for its releases to
+  rise above their noise),
   warm-started from last week's (c) model, on store C with a per-user cap (``ingest --user-budget``): a user with
   no rating in the window is charged nothing, a user whose cap would be crossed is retired.
 
@@ -61,6 +60,14 @@ COLUMNS = ("week", "new ratings", "(a) once R@10", "(a) RMSE", "(b) full R@10", 
 #: the replay's size (20,000 users, epsilon 1) ``--select auto`` releases biases every week, every refresh then runs
 #: cold, and (a) and (c) are two noisy one-list-for-all charts whose order in a week is a draw (docs/benchmarks.md).
 WARM_METHODS = ("als", "irls")
+
+#: ``--window-users``: a refresh's window holds at least this many users (or every user so far, if fewer) when
+#: ``--window-weeks`` is not given (:func:`window_weeks`). About where als's released counts stop being noise at
+#: epsilon 1: their noise std with factors is 244 (``tau`` 100), its largest over 2,000 items 3.9 times that, 950.
+#: Measured (docs/benchmarks.md): ML-100K's log holds 141-287 users in any 4 weeks (4 weeks: 16 of 20 weeks at
+#: least (a), 0.44x the full retrain; 8 weeks: 20 of 20, 0.78x; 12: 20 of 20, 0.99x; the whole log, the size this
+#: picks: 20 of 20, 1.03x); generated logs of 1,000 to 20,000 users meet the targets at the sizes it picks.
+WINDOW_USERS = 1000
 
 
 def _users(text: str):
@@ -103,8 +110,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=2.0, help="(b)'s store budget epsilon (at --delta; default 2)")
     p.add_argument("--user-budget", type=float, default=5.0, help="(c)'s per-user cap epsilon (at --delta; default 5)")
     p.add_argument("--window-weeks", type=int, default=None,
-                   help="(c)'s window in weeks (default 4 on the generated log; with --log, the whole log: a real "
-                        "log's weeks may hold too few users for a short window: the module docstring)")
+                   help="(c)'s window in weeks (default: the shortest of 4, 8, 12, ... weeks, or the whole log, whose "
+                        "every refresh holds --window-users users, or every user so far if fewer)")
+    p.add_argument("--window-users", type=int, default=WINDOW_USERS,
+                   help=f"users a refresh's window must hold when --window-weeks is not given (default "
+                        f"{WINDOW_USERS:,})")
     p.add_argument("--ranking-users", type=_users, default=None,
                    help="users sampled for Recall@10, or 'all' (default all; quick 200)")
     p.add_argument("--seed", type=int, default=1, help="the generated log's seed, and the training runs' unless "
@@ -124,12 +134,10 @@ def parse(argv=None) -> argparse.Namespace:
     if a.method in WARM_METHODS:
         a.select = a.select or "off"
         a.iters = a.iters if a.iters is not None or q else 4
-    if a.window_weeks is None:
-        a.window_weeks = a.first_weeks + a.weeks if a.log else 4
     if a.train_seed is None:
         a.train_seed = a.seed
-    if a.weeks < 1 or a.first_weeks < 1 or a.window_weeks < 1:
-        p.error("--weeks, --first-weeks and --window-weeks must be at least 1")
+    if a.weeks < 1 or a.first_weeks < 1 or (a.window_weeks is not None and a.window_weeks < 1) or a.window_users < 1:
+        p.error("--weeks, --first-weeks, --window-weeks and --window-users must be at least 1")
     return a
 
 
@@ -198,6 +206,39 @@ def weeks_from_log(args, root: str) -> tuple[_Weeks, str, tuple]:
     path = os.path.join(root, "items.txt")
     np.savetxt(path, sorted(items), fmt="%s")
     return weeks, path, (lo, hi)
+
+
+def week_users(weeks: _Weeks) -> list:
+    """The set of users of each week (a week's file read in chunks, its user column only)."""
+    import pandas as pd
+
+    out = []
+    for path in weeks.paths:
+        users = set()
+        for chunk in pd.read_csv(path, usecols=["user"], dtype={"user": str}, chunksize=500_000):
+            users.update(chunk["user"].tolist())
+        out.append(users)
+    return out
+
+
+def window_weeks(users: list, first: int, steps: int, want: int, start: int = 4) -> int:
+    """The shortest window of ``start``, ``2 start``, ... weeks (at most every week there is) such that before each
+    of the ``steps`` refreshes (the store then holds weeks ``0 .. first + k - 1``) the window holds at least ``want``
+    users, or every user so far when fewer: the harness's sizing of a window by the users it holds
+    (docs/stream.md), read off the log it replays.
+
+    >>> w = [{1, 2}, {3}, {4}, {5}, {6}, {7}]
+    >>> window_weeks(w, 2, 4, want=2, start=1), window_weeks(w, 2, 4, want=3, start=1)
+    (2, 3)
+    >>> window_weeks(w, 2, 4, want=100, start=1)  # never enough: every week the last refresh sees
+    5
+    """
+    total = first + steps
+    for n in range(start, total, start):
+        if all(len(set().union(*users[max(0, first + k - n):first + k]))
+               >= min(want, len(set().union(*users[:first + k]))) for k in range(steps)):
+            return n
+    return total
 
 
 # -- the replay --------------------------------------------------------------------------------------------------
@@ -384,10 +425,14 @@ def header(args, b_stopped, seconds: float) -> str:
     opts += "" if args.iters is None else f" --iters {args.iters}"
     opts += "" if args.select is None else f" --select {args.select}"
     stop = "" if b_stopped is None else f"; (b) stopped at week {args.first_weeks + b_stopped}"
+    window = (f"a window sized by the users it holds (--window-users {args.window_users:,})"
+              if args.window_weeks is None else f"--window {7 * args.window_weeks}d")
+    if getattr(args, "window_auto", False):
+        window += f" (sized: at least {args.window_users:,} users, or all so far)"
     if args.train_seed != args.seed:
         opts += f"; log seed {args.seed}, training seed {args.train_seed}"
     return (f"Replay of {src}: {args.first_weeks} first weeks, then {args.weeks} weekly appends; {opts}, epsilon "
-            f"{args.epsilon:g} per release; (b) store budget {args.budget:g}; (c) --window {7 * args.window_weeks}d, "
+            f"{args.epsilon:g} per release; (b) store budget {args.budget:g}; (c) {window}, "
             f"warm-started, per-user cap {args.user_budget:g}{stop} ({seconds:.0f} s in all)\n")
 
 
@@ -404,6 +449,9 @@ def main(argv=None) -> int:
     try:
         make = weeks_from_log if args.log else weeks_from_generated
         weeks, items, scale = make(args, root)
+        if args.window_weeks is None:
+            args.window_weeks = window_weeks(week_users(weeks), args.first_weeks, args.weeks, args.window_users)
+            args.window_auto = True
         replay = Replay(args, root, weeks, items, scale)
         for step in range(args.weeks):
             replay.step(step)

@@ -99,7 +99,11 @@ def test_the_verdict_holds_the_refresh_to_the_exact_chart_when_every_week_has_it
     assert "chart" not in refresh.verdict([row(5, 0.3, None), row(6, 0.05, 0.1)])
 
 
-def test_the_window_is_4_weeks_on_the_generated_log_and_the_whole_log_with_log():
-    assert refresh.parse([]).window_weeks == 4
-    assert refresh.parse(["--log", "u.data", "--weeks", "20"]).window_weeks == 24  # the first 4 weeks + 20
-    assert refresh.parse(["--log", "u.data", "--window-weeks", "4"]).window_weeks == 4
+def test_the_window_is_sized_by_the_users_it_holds_unless_given():
+    assert refresh.parse([]).window_weeks is None and refresh.parse([]).window_users == refresh.WINDOW_USERS
+    assert refresh.parse(["--window-weeks", "4"]).window_weeks == 4
+    # 10 new users a week, each active 2 weeks: 4 weeks hold 50 users (the first 4 weeks' 40 when the replay starts)
+    weeks = [set(range(10 * w - 10, 10 * w + 10)) - set(range(-10, 0)) for w in range(12)]
+    assert refresh.window_weeks(weeks, 4, 8, want=30) == 4
+    assert refresh.window_weeks(weeks, 4, 8, want=60) == 8  # 8 weeks hold 90 users once there are that many
+    assert refresh.window_weeks(weeks, 4, 8, want=1000) == 12  # never that many: every week there is

@@ -1,5 +1,5 @@
 """``als`` on a thin store: a private top-K chart (:mod:`streamdp.privacy.topk`) lists first where the released
-counts' noise outranks every item (``_AlsBase._thin_chart``); elsewhere the release is unchanged."""
+counts' largest noise reaches half the users (``_AlsBase._thin_chart``); elsewhere the release is unchanged."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def test_the_ledger_lists_the_selections_and_keeps_the_target(thin):
 
 
 def test_a_plentiful_store_keeps_its_counts(tmp_path):
-    """No chart where the counts' largest noise is below the users (3,000 users x 200 items, factors or not)."""
+    """No chart where the counts' largest noise is below half the users (3,000 users x 200 items: about a quarter
+    with factors, less without)."""
     big = streamdp.generate(str(tmp_path / "big.zarr"), users=3000, items=200, ratings_per_user=20,
                             test_fraction=0.2, seed=0)
     for opts in ({"iters": 1, "select": "off"}, {"iters": 0}):
