@@ -646,33 +646,40 @@ class _AlsBase(Method):
                 loss_sensitivity(h, m, "l1"), s.select_share, shape=(m,))
         return out
 
-    def _thin_chart(self, store, releases) -> bool:
-        """Whether a private run that lists by its own score adds a top-K chart (:mod:`streamdp.privacy.topk`) at
-        :data:`~streamdp.privacy.topk.SHARE` of the budget: where its planned counts' expected largest noise over the
-        items (``sigma sqrt(2 ln n_items)``, ``releases`` as calibrated without it: public numbers only) is at least
-        :data:`THIN_COUNTS` times the released number of users, the most an item's count can be. Never for ``tune``'s
-        candidates (``chart_topk``: Gaussian releases only), a run whose lists come from an ``ials`` part (that part
-        makes its own chart), a Laplace or Huber run (the rule's largest noise is a Gaussian's), nor ``means``
-        (``sweep --rehearse`` reads its released weight totals back as the biases' denominators, which the chart's
-        lifted scores would misstate).
+    def _thin_chart(self, store, s, releases) -> bool:
+        """Whether a private run that fits factors and lists by its own score adds a top-K chart
+        (:mod:`streamdp.privacy.topk`) at :data:`~streamdp.privacy.topk.SHARE` of the budget: where its planned
+        counts' expected largest noise over the items (``sigma sqrt(2 ln n_items)``, ``releases`` as calibrated
+        without it: public numbers only) is at least :data:`THIN_COUNTS` times the released number of users, the
+        most an item's count can be. Never for ``tune``'s candidates (``chart_topk``: Gaussian releases only), a run
+        whose lists come from an ``ials`` part (that part makes its own chart), a Laplace or Huber run (the rule's
+        largest noise is a Gaussian's), nor a run that plans no factors (``means`` among them).
 
-        Why: the list score adds ``w log(1 + C_j)`` of the released weight totals, whose L2 noise (a user's weights
-        have norm ``sqrt(tau)``) on a thin store outranks every count. On ML-100K's log replayed week by week
-        (``bench/refresh.py``, 150-750 users a release, epsilon 1, factors) the counts' noise std was 244, its
-        largest over the 1,682 items 1.3-5.3 times the users, and every arm listed at 0.01-0.05 against the exact
-        chart's 0.094; with the chart, 0.02-0.13 (docs/benchmarks.md). A selection of the top items by their users
-        (L-infinity sensitivity 1, the exponential mechanism) sees through far more of a thin store.
+        Why: the list score adds ``w log(1 + C_j)`` of the released weight totals to the predicted rating. On a
+        thin store those totals' L2 noise (a user's weights have norm ``sqrt(tau)``) outranks the counts, and with
+        factors the noisy predictions spread far more than the count term: the lists rank noise. On ML-100K's log
+        replayed week by week (``bench/refresh.py``, 150-750 users a release, epsilon 1, factors) the counts' noise
+        std was 244, its largest over the 1,682 items 1.3-5.3 times the users, and every arm listed at 0.01-0.05
+        against the exact chart's 0.094; with the chart, 0.02-0.13 (docs/benchmarks.md). On 600 generated users x
+        3,000 items at epsilon 1, 2 iterations (ratio 1.8): Recall@10 0.021 without it, 0.156 with it (the exact
+        chart 0.194), test RMSE +0.003. A selection of the top items by their users (L-infinity sensitivity 1, the
+        exponential mechanism) sees through far more of a thin store.
 
-        Decision: the threshold (:data:`THIN_COUNTS`) is 0.5, not ``ials``' :data:`~streamdp.privacy.topk.THIN_RATIO`
-        (0.15), because here the counts are only a bonus on the predicted rating; it sits where the chart and the
-        counts list alike (ML-100K's 20% split, biases only, seeds 1-3: at epsilon 1, ratio 0.27, the chart lowered
-        Recall@10 from 0.170 to 0.152 at +0.010 of test RMSE, so it stays out; at epsilon 0.5, ratio 0.55, it lists
-        at 0.109 against 0.113, at +0.008 of RMSE). At 1, a replayed log of 5,000 generated users fell below its
-        trained-once model in 2 weeks: that model, on the first weeks' few users, had the chart, the refreshes on
-        windows of about 1,000 users (ratio 0.9) had not, and listed at 0.03 against its 0.06.
+        Decisions: only with factors, because a release of item biases predicts nearly alike for every item and
+        its count term leads the list: there the counts listed better than the chart even at ratio 1.09 (the
+        default run on that store, biases only, seeds 1-4: 0.174 / 0.165 / 0.160 / 0.175 against 0.162 / 0.158 /
+        0.152 / 0.164; ML-100K's 20% split at epsilon 0.5, ratio 0.55: 0.113 against 0.109 at +0.008 of RMSE).
+        ``means`` fits none either (and ``sweep --rehearse`` reads its released weight totals back as the biases'
+        denominators). The threshold is 0.5, not ``ials``' :data:`~streamdp.privacy.topk.THIN_RATIO` (0.15): a
+        replayed log of 5,000 generated users, refreshed on windows of about 1,000 users (ratio 0.9), fell below
+        its trained-once model in 2 weeks at a threshold of 1 (that model, on the first weeks' fewer users, had the
+        chart and listed at 0.06, the refreshes 0.03), and met every week at 0.5; at ratio 0.30 (3,000 generated
+        users x 1,000 items, 4 iterations, seeds 1-3) the chart listed as the counts (0.184 against 0.184) at
+        +0.0026 of test RMSE. With factors on ML-100K's 20% split (``--select off``, 4 iterations, ratio 1.0, seeds
+        1-3): Recall@10 0.044 -> 0.107, test RMSE +0.0022.
         """
         if (not getattr(self, "chart_topk", True) or getattr(self, "lists_part", None) is not None
-                or self.opts.mechanism != "gaussian" or self.FIXED_ITERS == 0):
+                or self.opts.mechanism != "gaussian" or s.iters == 0):
             return False
         counts = next((r for r in releases if str(getattr(r, "what", "")).startswith("item weight totals C_j")), None)
         n_items = store.n_items
@@ -810,7 +817,7 @@ class _AlsBase(Method):
                 if share < s.select_share:  # the choice can see far less than matters: the rest goes to the factors
                     s = s.replace(select_share=share)
                     releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=first)
-        if self._thin_chart(store, releases):  # the counts are mostly noise: a top-K chart lists first
+        if self._thin_chart(store, s, releases):  # the counts are mostly noise: a top-K chart lists first
             s = s.replace(topk_share=TOPK_SHARE)
             releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=first)
         names = ["mean"] if s.center == "private" else []
