@@ -68,7 +68,7 @@ from streamdp.privacy.bounding import (adaptive_user_weights, check_tau, contrib
                                       weighs_users_alike)
 from streamdp.privacy.mechanisms import huber_variance
 from streamdp.privacy.release import MECHANISMS, Share, bound_releases, calibrate_releases, pure_epsilon
-from streamdp.privacy.topk import K as TOPK_K, SHARE as TOPK_SHARE, TopKShare, chart_scores
+from streamdp.privacy.topk import K as TOPK_K, SHARE as TOPK_SHARE, TopKShare, chart_scores, noise_ratio
 from streamdp.stream.engine import add_into as _add
 
 #: Key of this module's random streams.
@@ -681,12 +681,22 @@ class _AlsBase(Method):
         if (not getattr(self, "chart_topk", True) or getattr(self, "lists_part", None) is not None
                 or self.opts.mechanism != "gaussian" or s.iters == 0):
             return False
-        counts = next((r for r in releases if str(getattr(r, "what", "")).startswith("item weight totals C_j")), None)
-        n_items = store.n_items
-        if counts is None or n_items <= TOPK_K:
+        if store.n_items <= TOPK_K:
             return False
+        counts = dict(zip(self._release_names(s), releases))["counts"]
         n_users = getattr(store, "expected_users", None) or self.n_users(store)
-        return _std(counts) * math.sqrt(2.0 * math.log(n_items)) >= THIN_COUNTS * max(float(n_users), 1.0)
+        return noise_ratio(_std(counts), store.n_items, n_users) >= THIN_COUNTS
+
+    def _release_names(self, s) -> list:
+        """The names of :meth:`_shares`' releases, in their order (``Plan.releases``' keys)."""
+        names = ["mean"] if s.center == "private" else []
+        names += ["sums", "counts"]
+        if s.iters > 0:
+            names += (["wcounts"] if s.weight_counts else []) + ["gram", "rhs"]
+        names += ["topk"] if s.topk_share else []
+        names += ["offsets"] if self._offset_moments(s) else []
+        names += ["select"] if s.select else []
+        return names
 
     def _offset_moments(self, s: AlsSettings) -> bool:
         """Whether the selection pass also releases the users' offset moments (``offset_ridge``): private ``als``/
@@ -820,13 +830,7 @@ class _AlsBase(Method):
         if self._thin_chart(store, s, releases):  # the counts are mostly noise: a top-K chart lists first
             s = s.replace(topk_share=TOPK_SHARE)
             releases = calibrate_releases(self._shares(store, s), self.epsilon, self.delta, fixed=first)
-        names = ["mean"] if s.center == "private" else []
-        names += ["sums", "counts"]
-        if s.iters > 0:
-            names += (["wcounts"] if s.weight_counts else []) + ["gram", "rhs"]
-        names += ["topk"] if s.topk_share else []
-        names += ["offsets"] if self._offset_moments(s) else []
-        names += ["select"] if s.select else []
+        names = self._release_names(s)
         rel = dict(zip(names, releases))
         if self._weighs_mean() and profile is not None:
             s = s.replace(mean_cap=mean_weight_cap(profile.counts, _std(rel["mean"]), s.half_range,

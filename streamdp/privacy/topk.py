@@ -23,7 +23,8 @@ mostly noise and the selection is made with :data:`SHARE` of the budget; below i
 (:func:`chart_scores`). Measured: ``docs/ranking.md``, "A private top-K chart on thin stores".
 
 Public names: :class:`TopKRelease`, :class:`TopKShare`, :func:`topk_chart`, :func:`chart_noise_ratio`,
-:func:`chart_scores`, :data:`K`, :data:`SHARE`, :data:`THIN_RATIO`.
+:func:`noise_ratio` (``als``' own rule reads it too), :func:`chart_scores`, :data:`K`, :data:`SHARE`,
+:data:`THIN_RATIO`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from streamdp.errors import ParameterError
 from streamdp.privacy.calibration import calibrate_gaussian
 from streamdp.privacy.events import pure_dp_event
 
-__all__ = ["K", "SHARE", "THIN_RATIO", "TopKRelease", "TopKShare", "topk_chart", "chart_noise_ratio",
+__all__ = ["K", "SHARE", "THIN_RATIO", "TopKRelease", "TopKShare", "topk_chart", "chart_noise_ratio", "noise_ratio",
            "chart_scores"]
 
 #: Items selected: a user's list of 10 takes the selected items she has not rated, then the noisy counts' order.
@@ -145,8 +146,20 @@ def chart_noise_ratio(n_users: float, n_items: int, sensitivity: float, epsilon:
     """
     if not math.isfinite(epsilon) or n_items < 2:
         return 0.0
-    sigma = _z(float(epsilon), float(delta)) / math.sqrt(count_share) * float(sensitivity)
-    return sigma * math.sqrt(2.0 * math.log(n_items)) / max(float(n_users), 1.0)
+    return noise_ratio(_z(float(epsilon), float(delta)) / math.sqrt(count_share) * float(sensitivity), n_items,
+                       n_users)
+
+
+def noise_ratio(sigma: float, n_items: int, n_users: float) -> float:
+    """The expected largest of ``n_items`` Gaussian noises of std ``sigma`` (``sigma sqrt(2 ln n_items)``) over
+    ``n_users``, the most any item's count can be (0 for fewer than 2 items). Public numbers only.
+
+    >>> round(noise_ratio(100.0, 1000, 371.7), 3)
+    1.0
+    """
+    if n_items < 2:
+        return 0.0
+    return float(sigma) * math.sqrt(2.0 * math.log(n_items)) / max(float(n_users), 1.0)
 
 
 def topk_chart(n_users: float, n_items: int, sensitivity: float, epsilon: float, delta: float,
