@@ -100,7 +100,8 @@ def test_ials_grid_keys_are_its_options():
 def test_ials_default_grid_is_rank_by_alpha_within_the_items(implicit_store):
     g = default_grid("ials", implicit_store, 1.0)
     a = get_method("ials")(epsilon=1.0, delta=1e-6).opts.alpha
-    assert g["rank"] == [16, 32] and len(g["alpha"]) == 2 and a in g["alpha"]  # 60 items: no 64 factors
+    # the default rank is the private rule's (train's without --rank: 16 or 8); 60 items: no 64 factors
+    assert g["rank"] == [None, 32] and len(g["alpha"]) == 2 and a in g["alpha"]
     assert min(g["alpha"]) < a or a == 1.0  # a larger alpha could never be chosen (next test)
 
 
@@ -124,3 +125,35 @@ def test_an_alpha_above_the_cap_is_refused_before_any_pass(tmp_path):
         tune(st, epsilon=1.0, method="ials", out=str(tmp_path / "m"), grid={"alpha": [3, 40]}, seed=0)
     assert not (tmp_path / "m").exists()
     assert StoreBudget(st.path).show()["entries"] == []
+
+
+def test_rank_auto_is_trains_rule_and_never_leaner_than_a_number():
+    """``rank=auto`` (``None``): the rank ``train`` takes without ``--rank`` (ials' private rule, 16 or 8), the default
+    grid's default; a number below the method's default rank is leaner than it, one above is not."""
+    from streamdp.workflows.tune import _leaner, config_name
+
+    assert parse_grid(["rank=auto,32"], get_method("ials")) == {"rank": [None, 32]}
+    assert config_name({"rank": None, "alpha": 3.0}) == "alpha=3.0 rank=auto"
+    d = {"rank": None, "alpha": 3.0}
+    assert not _leaner({"rank": 32, "alpha": 3.0}, d, 16) and _leaner({"rank": 8, "alpha": 3.0}, d, 16)
+    assert not _leaner({"rank": None, "alpha": 1.0}, d, 16)
+    with pytest.raises(ParameterError, match="positive integer or auto"):
+        parse_grid(["rank=automatic"], get_method("ials"))
+
+
+def test_the_default_candidate_trains_with_the_private_rank_rule(implicit_store, tmp_path):
+    """The default grid's default candidate, and the released model when it is chosen, take ials' private rank rule
+    (:func:`streamdp.methods.ials.private_rank`): on this store at epsilon 1 the rule takes 8 factors, where the grid's
+    16 before took 16 (train's default was then no candidate)."""
+    import streamdp
+    from streamdp.serving.model import load_model
+
+    grid = {"rank": [None, 32], "alpha": [3.0]}
+    model = streamdp.tune(implicit_store, epsilon=1.0, method="ials", out=str(tmp_path / "m"), grid=grid, seed=1,
+                          workers=1, evaluate=False)
+    t = model.summary["tuning"]
+    assert t["default"] == {"rank": None, "alpha": 3.0}
+    trained = streamdp.train(implicit_store, method="ials", epsilon=1.0, out=str(tmp_path / "t"), seed=1, workers=1,
+                             evaluate=False)
+    rule = load_model(str(tmp_path / "t")).info["rank"]
+    assert t["chosen"] == t["default"] and load_model(str(tmp_path / "m")).info["rank"] == rule == 8 + 1, (t, rule)
