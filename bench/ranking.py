@@ -489,7 +489,8 @@ def format_table(res, ks) -> str:
         if "setting" in r:
             note.append(", ".join(f"{k} {v:g}" for k, v in r["setting"].items()))
         if "chosen" in r:
-            note.append("chose " + ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}"
+            note.append("chose " + ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else
+                                             f"{k} auto" if v is None else f"{k} {v}"
                                              for k, v in r["chosen"].items())
                         + (f" (no choice made: {r['tune_skipped']})" if r.get("tune_skipped") else ""))
         if "released_chart" in r:

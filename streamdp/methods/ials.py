@@ -117,8 +117,8 @@ CLIP_POPULARITY = 0.2
 #: and the right-hand sides') spent on the last one, the rest split evenly over the earlier ones
 #: (:meth:`IALS._per_iteration`). The released factors are solved from the last iteration's sums alone; the earlier
 #: ones only steer the users' rows toward the item space. Recall@10, 3 iterations, seeds 1-3 (medians), even split
-#: -> 0.5 -> 0.6: a 600 x 10,000 store at epsilon 10 0.121 -> 0.131 -> 0.132; the 72,000-user product shape at
-#: epsilon 1 0.511 -> 0.521 -> 0.525; measured per store in ``docs/benchmarks.md`` (issue 42, part 4).
+#: -> 0.6: a 600 x 10,000 store at epsilon 10 0.121 -> 0.131; the 72,000-user product shape at epsilon 1 0.511 ->
+#: 0.523; 0.4, 0.5, 0.7 and 0.75 listed lower or alike; per store in ``docs/benchmarks.md`` (issue 42, part 4).
 LAST_SHARE = 0.6
 #: Conjugate-gradient steps per iteration of a non-private run's user and item solves (``implicit``'s default), and
 #: the squared residual norm below which an item's solve stops.
@@ -487,11 +487,19 @@ class IALS(Method):
         return rel[name + "_last"] if t == s.iters and name + "_last" in rel else rel[name]
 
     @staticmethod
-    def _noisiest_rhs(rel: dict) -> float:
-        """The noise scale of the noisiest iteration's right-hand sides: the item floor's and the rank's (what every
-        iteration's sums of an item must stand above; measured against the last's, which let more items in: 0.121
-        against 0.131 on the 600 x 10,000 store at epsilon 10)."""
-        return max(rel[name].scale for name in ("rhs", "rhs_last") if name in rel)
+    def _even_rhs_scale(rel: dict) -> float:
+        """The right-hand sides' noise scale at an even split of the iterations' budget, ``sqrt(T / sum_t
+        1 / sigma_t^2)``: what the item floor and the rank read, so that ``--last-share`` moves noise between the
+        iterations and never changes which items get factors (up to the calibration's last digits).
+
+        Decision: the floor at the noisiest iteration's scale listed a little better on the 600 x 10,000 store at
+        epsilon 10 (0.1321 against 0.1305, seeds 1-3) but left the default model's ``ials`` lists part on the product shape
+        (epsilon 0.46) with fewer items than its factors need (:data:`MIN_ITEMS_PER_FACTOR`): the chart, 0.230
+        against 0.390; at the last iteration's scale, more items got factors and listed worse (0.121)."""
+        if "rhs_last" not in rel:
+            return rel["rhs"].scale
+        early, last = rel["rhs"], rel["rhs_last"]
+        return math.sqrt((early.count + 1) / (early.count / early.scale ** 2 + 1.0 / last.scale ** 2))
 
     def _named_shares(self, store, s) -> list:
         """``[(name, Share)]``: the plan's releases by the names :meth:`_fit` reads them under."""
@@ -673,10 +681,10 @@ class IALS(Method):
         P = N if self._topk is None else chart_scores(N, self._topk)
         if self.private:  # post-processing of the released counts: the rank, the items that get factors
             if not self._rank_given:
-                self.rank = k = private_rank(s, N, self._noisiest_rhs(rel), self.rank)
+                self.rank = k = private_rank(s, N, self._even_rhs_scale(rel), self.rank)
                 plan = _with_rank(plan, k, self._d(s))
                 rel = plan.releases
-            self._keep = (N >= item_floor_count(s, self._noisiest_rhs(rel), k) if s.item_floor > 0
+            self._keep = (N >= item_floor_count(s, self._even_rhs_scale(rel), k) if s.item_floor > 0
                           else np.ones(n, bool))
             self._N = N
         if ck is None:
