@@ -493,9 +493,10 @@ class IALS(Method):
         iterations and never changes which items get factors (up to the calibration's last digits).
 
         Decision: the floor at the noisiest iteration's scale listed a little better on the 600 x 10,000 store at
-        epsilon 10 (0.1321 against 0.1305, seeds 1-3) but left the default model's ``ials`` lists part on the product shape
-        (epsilon 0.46) with fewer items than its factors need (:data:`MIN_ITEMS_PER_FACTOR`): the chart, 0.230
-        against 0.390; at the last iteration's scale, more items got factors and listed worse (0.121)."""
+        epsilon 10 (0.1321 against 0.1305, seeds 1-3) but left the default model's ``ials`` lists part on the
+        product shape (epsilon 0.46) with fewer items than its factors need (:data:`MIN_ITEMS_PER_FACTOR`): the
+        chart, 0.230 against 0.390; at the last iteration's scale, more items got factors and listed worse
+        (0.121)."""
         if "rhs_last" not in rel:
             return rel["rhs"].scale
         early, last = rel["rhs"], rel["rhs_last"]
@@ -524,10 +525,10 @@ class IALS(Method):
         out += self._per_iteration(s, "rhs", "item right-hand sides B_j = sum_u c_uj x_u", cm * D * rt,
                                    1.0 - s.count_share - s.gram_share - sel - s.topk_share, shape=(n, self.rank))
         if s.select:
-            out.append(("select", Share(f"validation: sums over users of {HOLDOUT_MIN_COUNT}+ and of 2-{HOLDOUT_MIN_COUNT - 1} "
-                             f"items of (hits of her held-out items in the model's top {SELECT_K} - hits in the "
-                             f"chart's) / her held-out count (each user in [-1, 1], in one of the sums)",
-                             "gaussian", 1.0, sel, shape=(2,))))
+            out.append(("select", Share(f"validation: sums over users of {HOLDOUT_MIN_COUNT}+ and of "
+                                        f"2-{HOLDOUT_MIN_COUNT - 1} items of (hits of her held-out items in the "
+                                        f"model's top {SELECT_K} - hits in the chart's) / her held-out count (each "
+                                        f"user in [-1, 1], in one of the sums)", "gaussian", 1.0, sel, shape=(2,))))
         if s.topk_share:
             out.append(("topk", TopKShare(f"the chart: its top {TOPK_K} items in order, chosen from the {n:,} items "
                                           f"by their users (one-shot Gumbel top-K: the exponential mechanism "
