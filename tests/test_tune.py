@@ -175,11 +175,12 @@ def test_cli_prints_every_candidate_and_the_total(biased, tmp_path):
 def test_als_without_iters_releases_one_histogram_for_every_configuration(biased, tmp_path):
     """Without ``iters`` an als plan releases a histogram read from the data while planning: every candidate
     (and every calibration attempt of the released model) would draw its own. tune releases one and pins
-    every configuration's iterations from it."""
+    every configuration's iterations from it. ``rank=auto`` (the default rank) is pinned as the default's."""
     st, _, _ = biased
-    s = tune(st, epsilon=2.0, method="als", out=str(tmp_path / "m"), grid=["rank=2,4"], seed=0)
+    s = tune(st, epsilon=2.0, method="als", out=str(tmp_path / "m"), grid=["rank=auto,4"], seed=0)
     t = s["tuning"]
     assert not t["skipped"] and all("iters" in c["config"] for c in t["candidates"])
+    assert t["default"]["rank"] is None and {c["config"].get("rank") for c in t["candidates"]} <= {None, 4}
     led = Ledger.read(tmp_path / "m")
     from streamdp.methods._profile import WHAT
 

@@ -747,7 +747,7 @@ def _pinned_iters(r, configs, dflt, default, sel, tuning):
     base_rank = r.cls(epsilon=epsilon, delta=delta).rank
 
     def with_iters(c):
-        rank = c.get("rank", base_rank)
+        rank = base_rank if c.get("rank") is None else c["rank"]  # None (rank=auto): the method's default
         it = default_settings(r.n_users, st.n_items, e_nominal, rank, n_eff=profile.effective_users(rank),
                               per_user=profile.mean_ratings()).iters
         c = {**c, "iters": it}
