@@ -120,6 +120,16 @@ CLIP_POPULARITY = 0.2
 #: -> 0.6: a 600 x 10,000 store at epsilon 10 0.121 -> 0.131; the 72,000-user product shape at epsilon 1 0.511 ->
 #: 0.523; 0.4, 0.5, 0.7 and 0.75 listed lower or alike; per store in ``docs/benchmarks.md`` (issue 42, part 4).
 LAST_SHARE = 0.6
+#: ``--local-alpha`` by default in a private run: the confidence scale of each user's local solve from the released
+#: rows (at most ``--alpha``), 1 against the iterations' 3. The iterations' confidences weigh each pair's term in the
+#: item sums; the local solve weighs the released rows, which are noisy, clipped and bounded per user, and leans on
+#: a few of them less at 1. Recall@10, seeds 4-8 (means), ``--alpha`` 3 -> 1 in the local solve alone: a 600 x
+#: 10,000 store at epsilon 10 0.129 -> 0.131, issue 42's product shape at 1 / 10 0.534 / 0.624 -> 0.536 / 0.633,
+#: the repeat-count log 0.265 / 0.277 -> 0.269 / 0.282, log-6k +0.5%, ML-100K the same; 0, 0.25 and 0.5 within
+#: 0.4% of 1 except the repeat-count log (0: -1.5%); in the iterations too, 1 listed far worse (the 600-user store
+#: 0.086). A non-private model's rows are fitted exactly to its ``--alpha``: there 1 listed lower (the 600-user
+#: store 0.174 -> 0.170, the product shape 0.674 -> 0.668). Per store in ``docs/benchmarks.md``.
+PRIVATE_LOCAL_ALPHA = 1.0
 #: Conjugate-gradient steps per iteration of a non-private run's user and item solves (``implicit``'s default), and
 #: the squared residual norm below which an item's solve stops.
 CG_STEPS, CG_TOL = 3, 1e-20
@@ -130,7 +140,7 @@ SOLVE_CHUNK = 1 << 13
 DEFAULT_ALPHA, SPARSE_ALPHA, SPARSE_PAIRS = 3.0, 10.0, 10.0
 #: The settings ``model.json`` records as the run's ``parameters``.
 MODEL_PARAMETERS = ("preference", "alpha", "max_confidence", "count_scale", "implicit", "tau", "iters", "clip", "select",
-                    "clip_popularity", "last_share",
+                    "clip_popularity", "last_share", "local_alpha",
                     "reg", "ridge", "noise_ridge", "gramian", "popularity", "shrink", "count_share", "gram_share",
                     "item_floor", "item_weights", "adaptive_exponent", "reg_scaled", "min_pairs",
                     "count_weights")
@@ -175,6 +185,10 @@ class IalsOptions(MethodOptions):
         "private runs of 2+ iterations: the share of the iterations' budget (their Gramians and right-hand sides) "
         "spent on the last, whose sums the released factors are solved from; the earlier ones split the rest evenly",
         default_text=f"{LAST_SHARE:g} (1 / --iters is an even split)", maximum=1, **_POS)
+    local_alpha: float | None = option(
+        "the confidence scale of each user's solve from the released item rows (the model's local solve and the "
+        "private choice's; c = 1 + local_alpha f(value)); a user may solve with any on her device",
+        default_text=f"private runs: {PRIVATE_LOCAL_ALPHA:g}, at most --alpha; non-private: --alpha", minimum=0)
     clip: float | None = option("largest norm a user's factor may have on the item side: "
                                 "bounds each user's influence (clip Delta)",
                                 default_text="0.4 private, none non-private", **_POS)
@@ -289,6 +303,8 @@ class IalsSettings(RunSettings):
     #: Private runs of 2+ iterations: the last iteration's share of the iterations' Gramians and right-hand sides
     #: (:meth:`IALS._per_iteration`; 0: one noise scale for all, a run of one iteration or a non-private one).
     last_share: float = 0.0
+    #: The confidence scale of the users' solves from the released rows (:meth:`local`; ``None``: ``alpha``).
+    local_alpha: float | None = None
     #: The warm-start model's released choice a private ``--warm-start`` run reuses (its ``selection.chosen``; empty:
     #: none) and its ``chart_below``: :meth:`IALS._reused_choice`.
     reused_choice: str = ""
@@ -296,18 +312,26 @@ class IalsSettings(RunSettings):
 
     def as_dict(self) -> dict:
         """:meth:`RunSettings.as_dict`, without ``warm_start`` and the reused choice in a cold run, ``topk_share`` and
-        ``last_share`` when 0 (the fingerprints stay as they were)."""
+        ``last_share`` when 0, ``local_alpha`` when ``alpha``'s (the fingerprints stay as they were)."""
         out = super().as_dict()
         for key in ("warm_start", "topk_share", "reused_choice", "reused_chart_below", "last_share"):
             if not out[key]:
                 del out[key]
+        if out["local_alpha"] is None:
+            del out["local_alpha"]
         return out
 
-    def local(self) -> dict:
-        """``model.json``'s ``local_implicit``: what :func:`streamdp.serving.local.implicit_pairs` needs."""
+    def confidences(self) -> dict:
+        """How the iterations (and the released counts' confidence totals) turn a user's values into confidences:
+        :func:`streamdp.serving.local.implicit_pairs`'s parameters, at ``alpha``."""
         return {"implicit": self.implicit, "preference": self.preference, "alpha": self.alpha,
                 "max_confidence": self.max_confidence, "count_scale": self.count_scale,
                 "rating_min": self.rating_min, "rating_max": self.rating_max}
+
+    def local(self) -> dict:
+        """``model.json``'s ``local_implicit``: :meth:`confidences` at ``local_alpha``, how each user solves her row
+        from the released rows (the private choice's solves too)."""
+        return {**self.confidences(), "alpha": self.alpha if self.local_alpha is None else self.local_alpha}
 
 
 @register
@@ -406,6 +430,8 @@ class IALS(Method):
             s = replace(s, topk_share=self._topk_share(store, s))
             if s.iters > 1:
                 s = replace(s, last_share=o.last_share if o.last_share is not None else LAST_SHARE)
+        if o.local_alpha is not None or private:
+            s = replace(s, local_alpha=o.local_alpha if o.local_alpha is not None else min(alpha, PRIVATE_LOCAL_ALPHA))
         if pop and not private:
             raise ParameterError("--popularity on needs a private run (its column comes from the released counts)")
         if not implicit and 1.0 + o.alpha > cmax and o.is_given("alpha") and not o.is_given("max_confidence"):
@@ -601,7 +627,7 @@ class IALS(Method):
         ip, it, r = block.indptr, block.items, block.ratings
         if (iterations and s.select and sums_only and not self.private and s.preference != "above"
                 and len(ip) > 1 and ip[0] == 0):  # "above" drops pairs: the positions would move
-            ip, it, conf = implicit_pairs(ip, it, r, s.local())
+            ip, it, conf = implicit_pairs(ip, it, r, s.confidences())
             w = np.ones(len(it))
             w[held_positions(block.indptr, block.first_user, seed % (1 << 64), HOLDOUT_MIN_COUNT,
                              rate=s.validation_rate)] = 0.0
@@ -612,7 +638,7 @@ class IALS(Method):
         elif iterations and s.select:
             ip, it, r = holdout(ip, it, r, block.first_user, seed % (1 << 64), min_count=HOLDOUT_MIN_COUNT,
                                 rate=s.validation_rate)[0]
-        ip, it, conf = implicit_pairs(ip, it, r, s.local(), drop=drop)
+        ip, it, conf = implicit_pairs(ip, it, r, s.confidences(), drop=drop)
         if self.private:
             keep = getattr(self, "_keep", None) if iterations else None
             w = _bounded_weights(ip, it, s, block.first_user, seed, keep,

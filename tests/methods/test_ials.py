@@ -203,8 +203,10 @@ def test_implicit_store_takes_confidence_from_counts(small_store, monkeypatch):
     m, f = _fit(small_store, epsilon=2.0, iters=1, alpha=2.0, max_confidence=5.0, tau=32)
     p = f.model_info["local_implicit"]
     assert p["implicit"] and f.model_info["parameters"]["preference"] == "counts"
+    # the users' solve from the released rows at --local-alpha (private: 1, at most --alpha), the cap the iterations'
+    assert p["alpha"] == 1.0 and f.model_info["parameters"]["alpha"] == 2.0
     ip, it, c = implicit_pairs(np.array([0, 3]), np.array([1, 2, 3]), np.array([1.0, 4.0, 1000.0]), p)
-    np.testing.assert_allclose(c, [1 + 2 * math.log(2), 1 + 2 * math.log(5), 5.0])
+    np.testing.assert_allclose(c, [1 + math.log(2), 1 + math.log(5), 5.0])
     # the sensitivities use c_max on an implicit store (counts are unbounded)
     rhs = [e for e in f.ledger.bounds["releases"] if e["release"].startswith("item right")][0]
     assert rhs["sensitivity"] == pytest.approx(5.0 * 0.4 * math.sqrt(32))
