@@ -461,7 +461,7 @@ def test_item_floor_keeps_factors_and_pairs_to_items_above_it_at_no_privacy_cost
     _, f0 = _fit(small_store, item_floor=0, **kw)
     m, f = _fit(small_store, item_floor=3, **kw)
     s = m.plan(small_store).settings
-    floor = item_floor_count(s, m._even_rhs_scale(m.plan(small_store).releases), m.rank)
+    floor = item_floor_count(s, m._floor_rhs_scale(m.plan(small_store).releases), m.rank)
     N = f.extras["noisy_item_weight"]
     keep = N >= floor
     assert 0 < keep.sum() < len(keep)  # the floor cuts the catalogue in two on this store

@@ -11,8 +11,8 @@ import pytest
 
 from streamdp.methods import get_method
 from streamdp.errors import ParameterError
-from streamdp.methods.ials import (CLIP_POPULARITY, DEFAULT_ALPHA, LAST_SHARE, LOW_RANK, PRIVATE_LOCAL_ALPHA, RANK_ITEMS,
-                                  SPARSE_ALPHA, default_alpha, private_rank)
+from streamdp.methods.ials import (CLIP_POPULARITY, DEFAULT_ALPHA, LAST_SHARE, LOW_RANK, PRIVATE_ITERS,
+                                  PRIVATE_LOCAL_ALPHA, RANK_ITEMS, SPARSE_ALPHA, default_alpha, private_rank)
 
 
 def _settings(store, epsilon=math.inf, **kw):
@@ -133,18 +133,26 @@ def test_the_popularity_clip_and_the_rank_lift_a_thin_stores_lists(tmp_path):
     rank (1,808 items above the unit, 0.73 unit on average) 0.178 against 0.156 with 8 (the old rule's;
     ``--clip-popularity 1`` both); asserted: the rule takes 16 and lists at least 1.08x 8's. ``--local-alpha``'s
     default 1 against 3 (the iterations' alpha, the default before; the figures above are at 3): 0.129 / 0.135 / 0.137
-    against 0.124 / 0.131 / 0.132 at epsilon 10; asserted: the median at least 1.02x (1.03x measured)."""
+    against 0.124 / 0.131 / 0.132 at epsilon 10; asserted: the median at least 1.02x (1.03x measured). ``--average``
+    with 4 iterations and ``--last-share 0.4`` (the defaults now): 0.131 / 0.141 / 0.143 against 0.126 / 0.136 /
+    0.134 without the average and the 3 iterations' 0.129 / 0.135 / 0.137; asserted: at least 1.04x and 1.03x (1.06x
+    and 1.05x measured)."""
     from statistics import median
 
-    r10 = _thin_recalls(tmp_path, 10.0, {"default": {}, "old clip": {"clip_popularity": 1.0, "local_alpha": 3.0},
-                                         "even": {"last_share": 1.0 / 3.0, "local_alpha": 3.0},
-                                         "local 3": {"local_alpha": 3.0}})
-    assert median(r for _, r in r10["local 3"]) >= 1.02 * median(r for _, r in r10["old clip"]), r10
-    # --last-share 0.6 (the default) against the even split of the iterations' budget
-    assert median(r for _, r in r10["local 3"]) >= 1.04 * median(r for _, r in r10["even"]), r10
-    # --local-alpha 1 (the default) against the iterations' alpha 3 in the users' solves from the released rows
-    assert median(r for _, r in r10["default"]) >= 1.02 * median(r for _, r in r10["local 3"]), r10
-    old = {"clip_popularity": 1.0, "local_alpha": 3.0}
+    three = {"iters": 3, "last_share": 0.6, "average": "off"}  # the defaults before --average
+    r10 = _thin_recalls(tmp_path, 10.0, {"default": {}, "no average": {"average": "off"}, "three": three,
+                                         "old clip": {**three, "clip_popularity": 1.0, "local_alpha": 3.0},
+                                         "even": {**three, "last_share": 1.0 / 3.0, "local_alpha": 3.0},
+                                         "local 3": {**three, "local_alpha": 3.0}})
+    med = {name: median(r for _, r in runs) for name, runs in r10.items()}
+    assert med["local 3"] >= 1.02 * med["old clip"], r10
+    # --last-share 0.6 (3 iterations) against the even split of the iterations' budget
+    assert med["local 3"] >= 1.04 * med["even"], r10
+    # --local-alpha 1 against the iterations' alpha 3 in the users' solves from the released rows
+    assert med["three"] >= 1.02 * med["local 3"], r10
+    # --average (4 iterations, --last-share 0.4) against the last iteration's sums alone and the 3 iterations before
+    assert med["default"] >= 1.04 * med["no average"] and med["default"] >= 1.03 * med["three"], r10
+    old = {**three, "clip_popularity": 1.0, "local_alpha": 3.0}
     r100 = _thin_recalls(tmp_path, 100.0, {"rule": old, "8": {"rank": 8, **old}}, seeds=(1,))
     (rank, rule), (_, eight) = r100["rule"][0], r100["8"][0]
     assert rank == 16 and rule >= 1.08 * eight, r100
@@ -159,28 +167,37 @@ def _iteration_releases(store, **kw):
 
 
 def test_the_last_iteration_takes_its_share_of_the_iterations_budget(small_store):
-    """``--last-share`` (0.6 by default): the last iteration's Gramian and right-hand sides take that share of the
-    iterations' budget, the earlier ones the rest evenly; Gaussian releases compose by ``count / z^2``, so with 3
-    iterations ``z_early / z_last = sqrt((2 / 0.4) / (1 / 0.6)) = sqrt(3)``, at the same sensitivities, within the
-    same epsilon; ``1 / iters`` is the old even split (one scale); one iteration or a non-private run has one."""
+    """``--last-share`` (0.4 by default, of :data:`PRIVATE_ITERS` 4 iterations): the last iteration's Gramian and
+    right-hand sides take that share of the iterations' budget, the earlier ones the rest evenly; Gaussian releases
+    compose by ``count / z^2``, so ``z_early / z_last = sqrt((3 / 0.6) / (1 / 0.4)) = sqrt(2)`` (3 iterations at 0.6:
+    ``sqrt((2 / 0.4) / (1 / 0.6)) = sqrt(3)``), at the same sensitivities, within the same epsilon; ``1 / iters`` is
+    the old even split (one scale); one iteration or a non-private run has one."""
     from streamdp.privacy import epsilon_of
 
-    assert LAST_SHARE == 0.6
-    rel, plan = _iteration_releases(small_store, iters=3)
-    assert plan.settings.last_share == 0.6
+    assert (LAST_SHARE, PRIVATE_ITERS) == (0.4, 4)
+    rel, plan = _iteration_releases(small_store)
+    assert plan.settings.last_share == 0.4 and plan.settings.iters == 4
     for name in ("gram", "rhs"):
         (c0, z0, s0), (c1, z1, s1) = rel[name], rel[name + "_last"]
-        assert (c0, c1) == (2, 1) and s0 == s1
-        assert z0 / z1 == pytest.approx(math.sqrt(3.0), rel=1e-9)
+        assert (c0, c1) == (3, 1) and s0 == s1
+        assert z0 / z1 == pytest.approx(math.sqrt(2.0), rel=1e-9)
+    rel3, _ = _iteration_releases(small_store, iters=3, last_share=0.6)
+    assert rel3["rhs"][1] / rel3["rhs_last"][1] == pytest.approx(math.sqrt(3.0), rel=1e-9)
     assert epsilon_of(plan.event, 1e-6).epsilon <= 2.0 + 1e-9
-    even, p = _iteration_releases(small_store, iters=3, last_share=1.0 / 3.0)  # the old split: one scale
+    even, p = _iteration_releases(small_store, last_share=0.25)  # the even split: one scale
     assert even["rhs"][1] == pytest.approx(even["rhs_last"][1], rel=1e-9)
     assert epsilon_of(p.event, 1e-6).epsilon <= 2.0 + 1e-9
-    # the item floor and the rank read the even split's scale whatever the split: the same items get factors
-    from streamdp.methods.ials import IALS
+    # the item floor and the rank read the even split's scale over at most 3 iterations whatever the split and the
+    # iterations: the same items get factors as with the 3 iterations before (FLOOR_ITERS)
+    from streamdp.methods.ials import FLOOR_ITERS, IALS
 
-    assert IALS._even_rhs_scale(plan.releases) == pytest.approx(p.releases["rhs"].scale, rel=1e-4)
-    assert IALS._even_rhs_scale(plan.releases) < plan.releases["rhs"].scale  # not the noisiest iteration's
+    _, p3 = _iteration_releases(small_store, iters=3, last_share=1.0 / 3.0)
+    floor = IALS._floor_rhs_scale(plan.releases)
+    assert FLOOR_ITERS == 3 and floor == pytest.approx(p3.releases["rhs"].scale, rel=1e-4)
+    assert floor == pytest.approx(IALS._floor_rhs_scale(p.releases), rel=1e-4)
+    assert floor == pytest.approx(p.releases["rhs"].scale * math.sqrt(3.0 / 4.0), rel=1e-4)  # 4 iterations' even
+    assert IALS._floor_rhs_scale(p3.releases) == pytest.approx(p3.releases["rhs"].scale, rel=1e-9)
+    assert floor < plan.releases["rhs"].scale  # not the noisiest iteration's
     single, p = _iteration_releases(small_store, iters=1)
     assert set(single) == {"gram", "rhs"} and single["rhs"][0] == 1 and p.settings.last_share == 0.0
     assert "last_share" not in p.settings.as_dict()  # a one-iteration run's fingerprint is what it was
