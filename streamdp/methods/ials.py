@@ -540,7 +540,7 @@ class IALS(Method):
         the calibration's last digits), and neither does a 4th iteration and more: with the iterations after the
         first averaged (:meth:`_averaged`) the released rows are no noisier for them. At the even split's scale of
         4 iterations the floor rose by ``sqrt(4 / 3)``: the default model's ``ials`` lists part on the product shape
-        (epsilon 0.46) fell below the items its factors need on seeds 1-3 (its lists the chart, 0.230 against 0.43).
+        (epsilon 0.46) fell below the items its factors need on seeds 1-3 (its lists the chart, 0.230 against 0.45).
 
         Decision: the floor at the noisiest iteration's scale listed a little better on the 600 x 10,000 store at
         epsilon 10 (0.1321 against 0.1305, seeds 1-3) but left the default model's ``ials`` lists part on the
