@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from streamdp.methods import get_method
+from streamdp.methods.ials import PRIVATE_ITERS
 from tests.methods.test_als import _fit
 
 
@@ -78,12 +79,12 @@ def test_the_average_is_post_processing_on_by_default_in_private_runs(small_stor
     opts = dict(epsilon=2.0, seed=3, select="off")
     m, on = _fit(small_store, method="ials", **opts)
     _, off = _fit(small_store, method="ials", average="off", **opts)
-    assert m.plan(small_store).settings.average and on.model_info["parameters"]["iters"] == 4
+    assert m.plan(small_store).settings.average and on.model_info["parameters"]["iters"] == PRIVATE_ITERS == 5
     assert on.ledger.to_dict()["events"] == off.ledger.to_dict()["events"]
     assert on.ledger.to_dict()["bounds"] == off.ledger.to_dict()["bounds"]
     assert not np.array_equal(on.item_factors, off.item_factors)
     note = [x for x in on.ledger.notes if x.startswith("--average auto")]
-    assert len(note) == 1 and "iterations 2-4" in note[0], on.ledger.notes
+    assert len(note) == 1 and "iterations 2-5" in note[0], on.ledger.notes
     assert not [x for x in off.ledger.notes if x.startswith("--average")]
     assert not get_method("ials")(epsilon=2.0, delta=1e-6, rank=3, iters=2).plan(small_store).settings.average
     assert not get_method("ials")(epsilon=2.0, delta=1e-6, rank=3, gramian="item").plan(small_store).settings.average

@@ -193,7 +193,9 @@ def test_ials_starts_from_an_ials_model_only(store, earlier, tmp_path):
     line = _cli_error(store.path, "--epsilon", "1", "--out", out, "--method", "ials", "--warm-start", earlier)
     assert "a model of --method als, which cannot start --method ials (it needs a model of ials)" in line
     cls = get_method("ials")
-    for eps, cold in ((float("inf"), 10), (1.0, 3)):
+    from streamdp.methods.ials import PRIVATE_ITERS
+
+    for eps, cold in ((float("inf"), 10), (1.0, PRIVATE_ITERS)):
         m = cls(epsilon=eps, delta=1e-6, rank=2, seed=1)
         m.warm = warm_start_from(str(tmp_path / "i0"), store.item_ids(), method="ials", families=("ials",), rank=2,
                                  private=False)
@@ -337,7 +339,10 @@ def test_a_private_warm_ials_fit_reuses_the_models_released_choice(clustered, tm
     reused = list(seen)
     seen.clear()  # --select auto given: the refresh chooses afresh
     train(clustered.path, out=str(tmp_path / "auto"), seed=2, warm_start=str(tmp_path / "m0"), select="auto", **IALS)
-    assert seen == ["ials counts", "ials iteration 1/1", "ials choice"]
+    from streamdp.methods.ials import PRIVATE_ITERS
+
+    n = warm_iters(PRIVATE_ITERS)  # 2 of 5
+    assert seen == ["ials counts", *[f"ials iteration {t}/{n}" for t in range(1, n + 1)], "ials choice"]
     assert reused == seen[:-1]
     warm, auto = load_model(str(tmp_path / "warm")), load_model(str(tmp_path / "auto"))
     why = warm.info["selection"].pop("why")
